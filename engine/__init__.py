@@ -1,0 +1,1 @@
+"""The coordinator: relations, appends, frontiers, snapshots, restart recovery."""

@@ -1,0 +1,113 @@
+"""The catalog: which relations exist, their schemas, ids and ``since`` frontiers.
+
+Each relation is one metadata key, ``catalog/relations/<name>``, holding a small
+JSON document (docs/formats.md, "Catalog entry"). Every change is a
+compare-and-set on that key's version, so the same code runs on the local journal
+and on ZooKeeper. Relation ids come from a counter key and are never reused: WAL
+records of a dropped relation can never be taken for those of a new relation
+with the same name.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+
+from sediment.engine.metadata import MetadataStore
+from sediment.errors import MetadataConflict, MetadataCorruption, RelationExists, UnknownRelation
+
+RELATIONS = "catalog/relations/"
+NEXT_ID = "catalog/next-relation-id"
+EPOCH = "engine/epoch"
+FORMAT = "sediment.relation"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class RelationEntry:
+    """A relation as the catalog records it. ``version`` is the metadata key's version."""
+
+    name: str
+    id: int
+    schema: pa.Schema
+    since: int = 0
+    version: int = -1
+
+    def encode(self) -> bytes:
+        return json.dumps({
+            "format": FORMAT,
+            "version": VERSION,
+            "name": self.name,
+            "id": self.id,
+            "since": self.since,
+            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
+        }, sort_keys=True).encode()
+
+    @staticmethod
+    def decode(raw: bytes, version: int, key: str) -> RelationEntry:
+        try:
+            doc = json.loads(raw)
+            if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+                raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}")
+            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(doc["schema"])))
+            return RelationEntry(doc["name"], int(doc["id"]), schema, int(doc["since"]), version)
+        except (ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
+            raise MetadataCorruption(f"catalog entry {key!r} is unreadable: {exc}") from None
+
+
+class Catalog:
+    """Relations in a MetadataStore."""
+
+    def __init__(self, store: MetadataStore):
+        self.store = store
+
+    def load(self) -> dict[str, RelationEntry]:
+        out = {}
+        for key in self.store.list(RELATIONS):
+            got = self.store.get(key)
+            if got is not None:
+                entry = RelationEntry.decode(got.value, got.version, key)
+                out[entry.name] = entry
+        return out
+
+    def get(self, name: str) -> RelationEntry:
+        got = self.store.get(RELATIONS + name)
+        if got is None:
+            raise UnknownRelation(f"no relation named {name!r}; `sediment relation list` shows the relations")
+        return RelationEntry.decode(got.value, got.version, RELATIONS + name)
+
+    def _bump(self, key: str) -> int:
+        """Atomically increment a counter key; the new value."""
+        while True:
+            got = self.store.get(key)
+            value = (int(got.value) if got else 0) + 1
+            try:
+                self.store.compare_and_set(key, str(value).encode(), got.version if got else None)
+                return value
+            except MetadataConflict:
+                continue
+
+    def next_epoch(self) -> int:
+        """A number no earlier opening of this engine used: the high bits of transaction ids."""
+        return self._bump(EPOCH)
+
+    def create(self, name: str, schema: pa.Schema) -> RelationEntry:
+        if self.store.get(RELATIONS + name) is not None:
+            raise RelationExists(f"relation {name!r} already exists; drop it first or pick another name")
+        entry = RelationEntry(name, self._bump(NEXT_ID), schema)
+        try:
+            version = self.store.compare_and_set(RELATIONS + name, entry.encode(), None)
+        except MetadataConflict:
+            raise RelationExists(f"relation {name!r} already exists (created concurrently)") from None
+        return replace(entry, version=version)
+
+    def update(self, entry: RelationEntry) -> RelationEntry:
+        """Write a changed entry; MetadataConflict if someone else changed it since it was read."""
+        version = self.store.compare_and_set(RELATIONS + entry.name, entry.encode(), entry.version)
+        return replace(entry, version=version)
+
+    def drop(self, entry: RelationEntry) -> None:
+        self.store.delete(RELATIONS + entry.name, entry.version)

@@ -1,0 +1,103 @@
+"""Key and value rules shared by every metadata store.
+
+All stores accept exactly the same keys and value sizes, so code tested against the
+in-memory store cannot write a key that ZooKeeper would later refuse. The character
+rules are ZooKeeper's path rules; the size limit keeps a value (plus the znode header
+and path) under ZooKeeper's default 1 MiB packet limit (``jute.maxbuffer``).
+"""
+
+from __future__ import annotations
+
+from sediment.errors import InvalidMetadataRequest
+
+MAX_KEY_BYTES = 1024
+MAX_VALUE_BYTES = 1_000_000
+
+
+def _bad_char(ch: str) -> bool:
+    o = ord(ch)
+    return (
+        o < 0x20
+        or 0x7F <= o <= 0x9F
+        or 0xD800 <= o <= 0xF8FF
+        or 0xFFF0 <= o <= 0xFFFF
+    )
+
+
+def _check_chars(text: str, what: str) -> None:
+    for i, ch in enumerate(text):
+        if _bad_char(ch):
+            raise InvalidMetadataRequest(
+                f"metadata {what} {text!r} has a disallowed character {ch!r} at index {i}; "
+                "use printable characters only"
+            )
+
+
+def validate_key(key: str) -> str:
+    """Check ``key`` is a relative ``/``-separated path and return it.
+
+    Rejected: non-str, empty, a leading ``/``, empty segments (``a//b``, trailing
+    ``/``), ``.`` or ``..`` segments, control characters, more than MAX_KEY_BYTES.
+    """
+    if not isinstance(key, str) or not key:
+        raise InvalidMetadataRequest(f"metadata key must be a non-empty str, got {key!r}")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise InvalidMetadataRequest(
+            f"metadata key {key[:64]!r}... is longer than {MAX_KEY_BYTES} bytes; use a shorter key"
+        )
+    _check_chars(key, "key")
+    if key.startswith("/"):
+        raise InvalidMetadataRequest(
+            f"metadata key {key!r} starts with '/'; keys are relative paths like 'trace/17'"
+        )
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            raise InvalidMetadataRequest(
+                f"metadata key {key!r} has an empty, '.' or '..' segment; "
+                "keys are '/'-separated names like 'catalog/relations/orders'"
+            )
+    return key
+
+
+def validate_prefix(prefix: str) -> str:
+    """Check a ``list`` prefix: a key's leading characters (may be empty or end in ``/``)."""
+    if not isinstance(prefix, str):
+        raise InvalidMetadataRequest(f"metadata prefix must be a str, got {prefix!r}")
+    if not prefix:
+        return prefix
+    _check_chars(prefix, "prefix")
+    if prefix.startswith("/"):
+        raise InvalidMetadataRequest(
+            f"metadata prefix {prefix!r} starts with '/'; prefixes are relative like 'trace/'"
+        )
+    for segment in prefix.split("/")[:-1]:
+        if segment in ("", ".", ".."):
+            raise InvalidMetadataRequest(
+                f"metadata prefix {prefix!r} has an empty, '.' or '..' segment"
+            )
+    return prefix
+
+
+def validate_value(key: str, value: bytes) -> bytes:
+    """Check ``value`` is bytes within MAX_VALUE_BYTES and return it as ``bytes``."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidMetadataRequest(
+            f"metadata value for {key!r} must be bytes, got {type(value).__name__}"
+        )
+    value = bytes(value)
+    if len(value) > MAX_VALUE_BYTES:
+        raise InvalidMetadataRequest(
+            f"metadata value for {key!r} is {len(value)} bytes, over the {MAX_VALUE_BYTES}-byte "
+            "limit; store large data as a blob and keep its key here"
+        )
+    return value
+
+
+def validate_expected(key: str, expected_version: int | None) -> None:
+    """Check an ``expected_version`` argument: None or a non-negative int."""
+    if expected_version is None:
+        return
+    if isinstance(expected_version, bool) or not isinstance(expected_version, int) or expected_version < 0:
+        raise InvalidMetadataRequest(
+            f"expected_version for {key!r} must be None or an int >= 0, got {expected_version!r}"
+        )

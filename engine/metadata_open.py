@@ -1,0 +1,45 @@
+"""Open a metadata store from a one-string spec (config files, the CLI's ``--metadata``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sediment.engine.metadata import MetadataStore
+from sediment.errors import InvalidMetadataRequest
+
+
+def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> MetadataStore:
+    """Open the store ``spec`` names.
+
+    * ``zk://host:port[,host:port...]/root``: :class:`ZooKeeperMetadataStore` (root
+      defaults to ``/sediment``); options such as ``timeout`` are passed through.
+    * ``memory://``: a fresh :class:`MemoryMetadataStore`.
+    * anything else: a local directory, opened as :class:`JournalMetadataStore`.
+    """
+    text = os.fspath(spec)
+    if text.startswith("zk://"):
+        from sediment.engine.metadata_zk import ZooKeeperMetadataStore
+
+        rest = text[len("zk://") :]
+        hosts, slash, root = rest.partition("/")
+        if not hosts:
+            raise InvalidMetadataRequest(
+                f"metadata spec {text!r} names no ZooKeeper host; use zk://127.0.0.1:2181/sediment"
+            )
+        root = "/" + root if slash and root.strip("/") else "/sediment"
+        return ZooKeeperMetadataStore(hosts, root, **options)
+    if text.startswith("memory://"):
+        from sediment.engine.metadata_memory import MemoryMetadataStore
+
+        if options:
+            raise InvalidMetadataRequest(f"memory:// takes no options, got {sorted(options)}")
+        return MemoryMetadataStore()
+    if "://" in text:
+        raise InvalidMetadataRequest(
+            f"metadata spec {text!r} has an unknown scheme; use zk://host:port/root, memory:// "
+            "or a directory path"
+        )
+    from sediment.engine.metadata_journal import JournalMetadataStore
+
+    return JournalMetadataStore(text, **options)

@@ -1,0 +1,150 @@
+"""Relation schemas: which column types a relation may have, and checking appended updates.
+
+A relation's stored updates are its own columns plus ``time`` and ``diff`` (both
+int64). Those two names are reserved. Column types must be ones that Arrow can
+sort and group by, since consolidation does both: numbers, booleans, strings,
+binary, dates, timestamps and decimals; nested types are refused.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sediment.errors import InvalidRelationName, InvalidUpdates, SchemaMismatch
+
+RESERVED = ("time", "diff")
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
+
+_SPEC_TYPES: dict[str, pa.DataType] = {
+    "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
+    "uint8": pa.uint8(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
+    "float32": pa.float32(), "float": pa.float32(), "float64": pa.float64(), "double": pa.float64(),
+    "bool": pa.bool_(), "boolean": pa.bool_(),
+    "string": pa.string(), "utf8": pa.string(), "large_string": pa.large_string(),
+    "binary": pa.binary(), "large_binary": pa.large_binary(),
+    "date32": pa.date32(), "date": pa.date32(), "date64": pa.date64(),
+    "timestamp[s]": pa.timestamp("s"), "timestamp[ms]": pa.timestamp("ms"),
+    "timestamp[us]": pa.timestamp("us"), "timestamp[ns]": pa.timestamp("ns"),
+    "timestamp": pa.timestamp("us"),
+}
+
+
+def check_name(name: object) -> str:
+    """The relation name, if valid: ``[A-Za-z_][A-Za-z0-9_.-]{0,127}``, never a path."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise InvalidRelationName(
+            f"invalid relation name {name!r}: use 1-128 characters from [A-Za-z0-9_.-], starting with a "
+            "letter or underscore"
+        )
+    return name
+
+
+def _supported(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+        or pa.types.is_string(t) or pa.types.is_large_string(t)
+        or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+        or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_decimal(t)
+    )
+
+
+def check_schema(schema: object) -> pa.Schema:
+    """A relation schema, checked: at least one column, unique names, no reserved names,
+    sortable types. Metadata on the schema is dropped."""
+    if not isinstance(schema, pa.Schema):
+        raise SchemaMismatch(f"a relation schema must be a pyarrow.Schema, not {type(schema).__name__}")
+    if len(schema) == 0:
+        raise SchemaMismatch("a relation needs at least one column")
+    names = schema.names
+    if len(set(names)) != len(names):
+        raise SchemaMismatch(f"duplicate column names in schema: {names}")
+    for field in schema:
+        if field.name in RESERVED:
+            raise SchemaMismatch(
+                f"column {field.name!r} is reserved: every relation's updates carry `time` and `diff` "
+                "themselves; rename the column"
+            )
+        if not field.name:
+            raise SchemaMismatch("column names must not be empty")
+        if not _supported(field.type):
+            raise SchemaMismatch(
+                f"column {field.name!r} has type {field.type}, which cannot be sorted and grouped; use numbers, "
+                "booleans, strings, binary, dates, timestamps or decimals"
+            )
+    return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+
+
+def parse_schema_spec(spec: str) -> pa.Schema:
+    """``'id:int64,name:string'`` to a schema (the CLI's ``--schema``)."""
+    fields = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        name, colon, type_name = part.partition(":")
+        name, type_name = name.strip(), type_name.strip().lower()
+        if not colon or not name:
+            raise SchemaMismatch(f"bad column spec {part!r}: write NAME:TYPE, e.g. id:int64")
+        if type_name not in _SPEC_TYPES:
+            raise SchemaMismatch(
+                f"unknown type {type_name!r} for column {name!r}; known: {', '.join(sorted(_SPEC_TYPES))}"
+            )
+        fields.append(pa.field(name, _SPEC_TYPES[type_name]))
+    if not fields:
+        raise SchemaMismatch("empty schema: give at least one NAME:TYPE")
+    return check_schema(pa.schema(fields))
+
+
+def update_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema of a relation's stored updates: its columns, then ``time`` and ``diff``."""
+    return pa.schema(list(schema) + [pa.field("time", pa.int64(), nullable=False),
+                                     pa.field("diff", pa.int64(), nullable=False)])
+
+
+def conform_updates(relation: str, schema: pa.Schema, updates: object) -> pa.Table:
+    """``updates`` as a table of exactly the relation's update schema, or a typed error.
+
+    Columns are matched by name (order does not matter). Types that differ are cast
+    only when the cast is safe (no overflow, no truncation), so an int32 column may
+    feed an int64 one but a string column never feeds an int64 one.
+    """
+    if isinstance(updates, pa.RecordBatch):
+        updates = pa.Table.from_batches([updates])
+    if not isinstance(updates, pa.Table):
+        raise InvalidUpdates(f"updates for {relation!r} must be a pyarrow.Table, not {type(updates).__name__}")
+    target = update_schema(schema)
+    have = set(updates.column_names)
+    if len(have) != updates.num_columns:
+        raise SchemaMismatch(f"updates for {relation!r} have duplicate columns: {updates.column_names}")
+    missing = [n for n in target.names if n not in have]
+    extra = [n for n in updates.column_names if n not in target.names]
+    if "time" in missing or "diff" in missing:
+        raise InvalidUpdates(
+            f"updates for {relation!r} lack {' and '.join(n for n in RESERVED if n in missing)}: every update "
+            "carries an int64 `time` (>= 0) and an int64 `diff`"
+        )
+    if missing or extra:
+        raise SchemaMismatch(
+            f"updates for {relation!r} do not match its schema: missing {missing}, unexpected {extra}; "
+            f"expected columns {target.names}"
+        )
+    columns = []
+    for field in target:
+        col = updates.column(field.name)
+        if col.type != field.type:
+            try:
+                col = pc.cast(col, field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                kind = InvalidUpdates if field.name in RESERVED else SchemaMismatch
+                raise kind(
+                    f"column {field.name!r} of updates for {relation!r} has type {updates.column(field.name).type}, "
+                    f"which does not convert safely to {field.type}: {exc}"
+                ) from None
+        columns.append(col)
+    table = pa.Table.from_arrays(columns, schema=target.remove_metadata()) if updates.num_rows else target.empty_table()
+    for name in RESERVED:
+        if table.column(name).null_count:
+            raise InvalidUpdates(f"column {name!r} of updates for {relation!r} contains nulls")
+    if table.num_rows and pc.min(table.column("time")).as_py() < 0:
+        raise InvalidUpdates(f"updates for {relation!r} have a negative time; times are >= 0")
+    return table

@@ -1,0 +1,113 @@
+"""Write transactions: appends to any relations that become visible together, or never.
+
+In the log a transaction is a BEGIN record, UPDATES records carrying its id (which
+may interleave with other appends), then COMMIT or ABORT (the NiFi design). Replay
+discards a transaction that has no COMMIT, so a crash, an abort, or a failed
+Spark job leaves nothing visible.
+
+Times are checked twice: at each append (against the frontier then) and at commit,
+because a relation may be sealed while the transaction is open; a commit whose
+times are now sealed is aborted instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from sediment.errors import TimeAlreadySealed, TransactionError
+from sediment.wal.record import Record, RecordKind
+
+if TYPE_CHECKING:
+    from sediment.engine.engine import Engine, _Relation
+
+
+class Transaction:
+    """Created by :meth:`Engine.transaction`. Use as a context manager: commits on success,
+    aborts on an exception."""
+
+    def __init__(self, engine: Engine, txn_id: int):
+        self._engine = engine
+        self.id = txn_id
+        self._begun = False
+        self._state = "open"
+        self._touched: dict[str, tuple[_Relation, int]] = {}  # name -> (relation, least time)
+        self._mutex = threading.Lock()
+
+    @property
+    def state(self) -> str:
+        """``open``, ``committed`` or ``aborted``."""
+        return self._state
+
+    def _check(self) -> None:
+        if self._state != "open":
+            raise TransactionError(f"transaction {self.id:#x} is already {self._state}")
+
+    def append(self, name: str, updates: pa.Table) -> None:
+        """Add updates to the transaction; durable (but invisible) on return."""
+        eng = self._engine
+        with self._mutex:
+            self._check()
+            rel, table, t_min = eng._prepare(name, updates)
+            if table.num_rows == 0:
+                return
+            records = eng._encode(rel, table, self.id)
+            if not self._begun:
+                records.insert(0, Record(RecordKind.BEGIN, txn_id=self.id))
+            with eng._lock:
+                eng._check_open()
+                eng._admit(rel, name, t_min)
+                ticket = eng._log.submit(records, eng._on_durable)
+            self._begun = True
+            prev = self._touched.get(name)
+            self._touched[name] = (rel, t_min if prev is None else min(prev[1], t_min))
+        ticket.wait()
+
+    def commit(self) -> None:
+        """Make every append of the transaction visible at once; durable on return.
+        Raises TransactionError (and aborts) if one of its times was sealed meanwhile."""
+        eng = self._engine
+        with self._mutex:
+            self._check()
+            if not self._begun:
+                self._state = "committed"
+                return
+            with eng._lock:
+                eng._check_open()
+                try:
+                    for name, (rel, t_min) in self._touched.items():
+                        eng._admit(rel, name, t_min)
+                except (TimeAlreadySealed, LookupError) as exc:
+                    ticket = eng._log.submit([Record(RecordKind.ABORT, txn_id=self.id)], eng._on_durable)
+                    self._state = "aborted"
+                    failure = exc
+                else:
+                    ticket = eng._log.submit([Record(RecordKind.COMMIT, txn_id=self.id)], eng._on_durable)
+                    self._state = "committed"
+                    failure = None
+        ticket.wait()
+        if failure is not None:
+            raise TransactionError(f"transaction {self.id:#x} was aborted: {failure}") from failure
+
+    def abort(self) -> None:
+        """Discard every append of the transaction. Aborting twice is harmless."""
+        eng = self._engine
+        with self._mutex:
+            if self._state != "open":
+                return
+            self._state = "aborted"
+            if not self._begun:
+                return
+            ticket = eng._log.submit([Record(RecordKind.ABORT, txn_id=self.id)], eng._on_durable)
+        ticket.wait()
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()

@@ -1,0 +1,1 @@
+"""Spark jobs that feed the WAL and read consolidated traces."""

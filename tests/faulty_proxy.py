@@ -1,0 +1,223 @@
+"""A fault-injecting HTTP proxy for S3 tests: real sockets on 127.0.0.1, in front of moto.
+
+It forwards every request to the upstream endpoint unchanged, except the ones it has
+been told to sabotage: answer with a 5xx, stall without answering, forward but lose the
+answer, or cut the response body short. Faults apply to the next N requests that match
+an optional predicate, so a test can, say, fail only multipart part uploads.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+Match = Callable[[str, str], bool]
+"""Predicate on (method, path-with-query) choosing which requests a fault applies to."""
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
+_S3_CODES = {500: "InternalError", 502: "BadGateway", 503: "ServiceUnavailable", 504: "GatewayTimeout"}
+
+
+@dataclass
+class _Fault:
+    kind: str
+    remaining: int
+    match: Match | None
+    status: int = 503
+    code: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class ProxyLog:
+    """What the proxy saw: every request, and the ones it sabotaged, as (method, path, fault kind)."""
+
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    faults: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+class FaultyProxy:
+    """Threaded HTTP/1.1 proxy on 127.0.0.1 with scripted faults. Use as a context manager or call close()."""
+
+    def __init__(self, upstream: str) -> None:
+        target = urlsplit(upstream)
+        if target.scheme != "http" or not target.hostname or not target.port:
+            raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
+        self.upstream_host: str = target.hostname
+        self.upstream_port: int = target.port
+        self.log = ProxyLog()
+        self._faults: list[_Fault] = []
+        self._lock = threading.Lock()
+        self._release = threading.Event()
+        self._sockets: set[socket.socket] = set()
+        proxy = self
+
+        class Handler(_Handler):
+            owner = proxy
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = False
+        self._server.block_on_close = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="faulty-proxy", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> FaultyProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- scripting faults -------------------------------------------------------------------
+
+    def _add(self, fault: _Fault) -> None:
+        with self._lock:
+            self._faults.append(fault)
+
+    def fail_next(self, n: int, status: int = 503, match: Match | None = None, code: str = "") -> None:
+        """Answer the next ``n`` matching requests with ``status`` and an S3 XML error, without forwarding."""
+        self._add(_Fault("fail", n, match, status=status, code=code or _S3_CODES.get(status, "InternalError")))
+
+    def stall_next(self, n: int, seconds: float = 5.0, match: Match | None = None) -> None:
+        """Hold the next ``n`` matching requests for ``seconds`` (or until close), never forwarding or answering."""
+        self._add(_Fault("stall", n, match, seconds=seconds))
+
+    def drop_response_next(self, n: int, match: Match | None = None) -> None:
+        """Forward the next ``n`` matching requests, then close the connection instead of answering."""
+        self._add(_Fault("drop", n, match))
+
+    def truncate_body_next(self, n: int, match: Match | None = None) -> None:
+        """Forward, then send the full headers but only half the body before closing the connection."""
+        self._add(_Fault("truncate", n, match))
+
+    def pending(self) -> int:
+        """Faults scripted but not yet triggered."""
+        with self._lock:
+            return sum(f.remaining for f in self._faults)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def _take(self, method: str, path: str) -> _Fault | None:
+        with self._lock:
+            self.log.requests.append((method, path))
+            for fault in self._faults:
+                if fault.remaining > 0 and (fault.match is None or fault.match(method, path)):
+                    fault.remaining -= 1
+                    self.log.faults.append((method, path, fault.kind))
+                    return fault
+            return None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def _track(self, sock: socket.socket, add: bool) -> None:
+        with self._lock:
+            (self._sockets.add if add else self._sockets.discard)(sock)
+
+    def close(self) -> None:
+        """Stop serving, release stalled handlers, cut idle keep-alive connections, join every thread."""
+        self._release.set()
+        self._server.shutdown()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._server.server_close()
+        self._thread.join()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    owner: FaultyProxy
+
+    def setup(self) -> None:
+        super().setup()
+        self.owner._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.owner._track(self.connection, False)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _handle(self) -> None:
+        body = self._read_body()
+        fault = self.owner._take(self.command, self.path)
+        if fault is not None and fault.kind == "fail":
+            self._send_error(fault)
+            return
+        if fault is not None and fault.kind == "stall":
+            self.owner._release.wait(fault.seconds)
+            self.close_connection = True
+            return
+        status, reason, headers, payload = self._forward(body)
+        if fault is not None and fault.kind == "drop":
+            self.close_connection = True
+            return
+        self.send_response_only(status, reason)
+        for name, value in headers:
+            if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+                self.send_header(name, value)
+        length = int(dict((k.lower(), v) for k, v in headers).get("content-length", len(payload)))
+        self.send_header("Content-Length", str(length if self.command == "HEAD" else len(payload)))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if fault is not None and fault.kind == "truncate":
+            self.wfile.write(payload[: len(payload) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(payload)
+
+    def _forward(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        conn = http.client.HTTPConnection(self.owner.upstream_host, self.owner.upstream_port, timeout=30)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            headers["Content-Length"] = str(len(body))
+            conn.request(self.command, self.path, body=body, headers=headers)
+            response = conn.getresponse()
+            payload = response.read()
+            return response.status, response.reason, response.getheaders(), payload
+        finally:
+            conn.close()
+
+    def _send_error(self, fault: _Fault) -> None:
+        payload = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{fault.code}</Code><Message>injected by the faulty proxy</Message>"
+            "<RequestId>faulty-proxy</RequestId></Error>"
+        ).encode()
+        self.send_response_only(fault.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", "0" if self.command == "HEAD" else str(len(payload)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle

@@ -1,0 +1,159 @@
+"""Fixtures for ZooKeeper tests: a real server from Debian's package.
+
+One server per test session (start-up costs a JVM). ``stop()``/``start()`` restart it
+on the same port and data directory so tests can take ZooKeeper away mid-operation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
+SLF4J_JAR = "/usr/share/java/slf4j-simple.jar"
+READY_TIMEOUT = 20.0
+STOP_TIMEOUT = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def four_letter_word(port: int, word: str, timeout: float = 1.0) -> str:
+    """Send a ZooKeeper four-letter command and return the reply ('' when unreachable)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(word.encode())
+            chunks = []
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class ZooKeeperServer:
+    """A ZooKeeperServerMain JVM on 127.0.0.1, started and stopped by PID."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = _free_port()
+        self.hosts = f"127.0.0.1:{self.port}"
+        self.data_dir = workdir / "data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config = workdir / "zoo.cfg"
+        self.config.write_text(
+            "tickTime=2000\n"
+            f"dataDir={self.data_dir}\n"
+            "clientPortAddress=127.0.0.1\n"
+            f"clientPort={self.port}\n"
+            "admin.enableServer=false\n"
+            "4lw.commands.whitelist=ruok,srvr,stat,envi\n"
+        )
+        self.log_path = workdir / "zookeeper.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def _log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self) -> None:
+        if self._process is not None:
+            return
+        log = open(self.log_path, "ab")
+        try:
+            self._process = subprocess.Popen(
+                [
+                    "java",
+                    "-Xmx256m",
+                    "-cp",
+                    f"{ZOOKEEPER_JAR}:{SLF4J_JAR}",
+                    "org.apache.zookeeper.server.ZooKeeperServerMain",
+                    str(self.config),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+            )
+        finally:
+            log.close()
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                self._process = None
+                pytest.fail(f"ZooKeeper exited during start-up; log tail:\n{self._log_tail()}")
+            if four_letter_word(self.port, "ruok", timeout=0.5) == "imok":
+                return
+            time.sleep(0.1)
+        self.stop()
+        pytest.fail(
+            f"ZooKeeper on {self.hosts} did not answer 'ruok' within {READY_TIMEOUT}s; log tail:\n"
+            f"{self._log_tail()}"
+        )
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            os.kill(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while four_letter_word(self.port, "ruok", timeout=0.2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """A real ZooKeeper for the whole session; tests may stop() and start() it."""
+    if not os.path.exists(ZOOKEEPER_JAR):
+        pytest.fail(
+            f"{ZOOKEEPER_JAR} is missing: run `make zookeeper` (apt-get install zookeeper) to "
+            "install Debian's ZooKeeper for these tests"
+        )
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def zookeeper(zookeeper_server: ZooKeeperServer) -> ZooKeeperServer:
+    """The session server, started again if an earlier test left it stopped."""
+    zookeeper_server.start()
+    return zookeeper_server
+
+
+@pytest.fixture
+def zk_root(request: pytest.FixtureRequest) -> str:
+    """A znode root unique to this test, so tests sharing the server never collide."""
+    name = "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
+    return f"/sediment-test/{name}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,1 @@
+"""Traces: a relation's compacted Parquet batches, consolidation and the compacter."""

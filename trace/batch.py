@@ -1,0 +1,416 @@
+"""The batch format: one Parquet object per batch, self-describing and checksummed.
+
+A batch holds a relation's consolidated updates with ``lower <= time < upper`` (times
+advanced to the batch's ``since``), sorted by (row, time). Its :class:`BatchDescription`
+travels inside the object as Parquet key-value metadata under ``sediment.*`` keys, so
+a batch found by listing can be understood without the trace state, and a batch read
+through the trace state is checked against what the state says it is. Parquet page
+checksums (CRC32) catch damaged data pages; the footer's description and row count
+catch a swapped or truncated object.
+
+Compression is zstd: batches live on object storage where every byte is paid for on
+each put, get and compaction rewrite; zstd was ~20% smaller than snappy on trace-like
+data for ~10% more write time, and decompression is still far faster than S3. Row
+groups default to 64Ki rows so a streaming reader holds one bounded row group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+import secrets
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from sediment.blob.protocol import BlobStore
+from sediment.errors import BatchCorruption, BlobNotFound, TraceError
+
+FORMAT_NAME = "sediment-trace-batch"
+FORMAT_VERSION = 1
+META_PREFIX = "sediment."
+DEFAULT_ROW_GROUP_ROWS = 64 * 1024
+COMPRESSION = "zstd"
+U64_MAX = (1 << 64) - 1
+
+_KEY_RE = re.compile(r"^trace/([0-9a-f]{16})/([0-9a-f]{16})-([0-9a-f]{16})-([0-9a-z]{1,64})\.parquet$")
+_NONCE_RE = re.compile(r"^[0-9a-z]{1,64}$")
+
+
+@dataclass(frozen=True)
+class BatchDescription:
+    """What a batch claims to be; stored in its footer and compared with the trace state.
+
+    ``since`` is the compaction frontier the times were advanced to, so a stored time
+    lies in ``[max(lower, since), max(upper, since + 1))``. ``wal_first``/``wal_last``
+    are the WAL LSN range a batch was cut from, both None for merged batches (and for
+    batches built from other sources). ``level`` counts merge generations: 0 when cut
+    from the WAL, ``1 + max(inputs)`` when merged (informational; the planner uses sizes).
+    """
+
+    relation_id: int
+    lower: int
+    upper: int
+    since: int
+    rows: int
+    wal_first: int | None = None
+    wal_last: int | None = None
+    level: int = 0
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        where = f"batch description of relation {self.relation_id} [{self.lower}, {self.upper})"
+        for name in ("relation_id", "lower", "upper", "since", "rows", "level", "format_version"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > U64_MAX:
+                raise TraceError(f"{where}: {name}={v!r} must be an integer in [0, 2^64)")
+        if self.lower >= self.upper:
+            raise TraceError(f"{where}: lower must be < upper (a batch covers a non-empty interval)")
+        if (self.wal_first is None) != (self.wal_last is None):
+            raise TraceError(f"{where}: wal_first and wal_last must both be set or both be None")
+        if self.wal_first is not None and not (0 <= self.wal_first <= self.wal_last):  # type: ignore[operator]
+            raise TraceError(f"{where}: WAL range {self.wal_first}..{self.wal_last} is not 0 <= first <= last")
+
+    @property
+    def min_time(self) -> int:
+        """The smallest time a stored update may carry."""
+        return max(self.lower, self.since)
+
+    @property
+    def max_time(self) -> int:
+        """The largest time a stored update may carry."""
+        return max(self.upper - 1, self.since)
+
+    def to_metadata(self) -> dict[str, str]:
+        """The Parquet key-value metadata (all values decimal text; None is the empty string)."""
+        out = {f"{META_PREFIX}format": FORMAT_NAME}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[META_PREFIX + f.name] = "" if v is None else str(v)
+        return out
+
+    @classmethod
+    def from_metadata(cls, meta: dict[bytes, bytes] | dict[str, str] | None, where: str) -> BatchDescription:
+        """Parse the footer metadata; raises BatchCorruption naming the missing or bad key."""
+        m = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+             for k, v in (meta or {}).items()}
+        fmt = m.get(f"{META_PREFIX}format")
+        if fmt != FORMAT_NAME:
+            raise BatchCorruption(f"{where}: not a sediment batch (sediment.format={fmt!r}, want {FORMAT_NAME!r})")
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = META_PREFIX + f.name
+            if key not in m:
+                raise BatchCorruption(f"{where}: footer metadata lacks key {key!r}; the object is damaged")
+            text = m[key]
+            if text == "" and f.name in ("wal_first", "wal_last"):
+                kwargs[f.name] = None
+                continue
+            if not text.isdigit():
+                raise BatchCorruption(f"{where}: footer metadata {key}={text!r} is not a decimal integer")
+            kwargs[f.name] = int(text)
+        if kwargs["format_version"] != FORMAT_VERSION:
+            raise BatchCorruption(
+                f"{where}: batch format version {kwargs['format_version']} is not supported "
+                f"(this build reads version {FORMAT_VERSION}); upgrade sediment"
+            )
+        try:
+            return cls(**kwargs)
+        except TraceError as e:
+            raise BatchCorruption(f"{where}: footer metadata is inconsistent: {e}") from e
+
+    def check_matches(self, expected: BatchDescription, where: str) -> None:
+        """Raise BatchCorruption naming the first field that differs from ``expected``."""
+        for f in dataclasses.fields(self):
+            got, want = getattr(self, f.name), getattr(expected, f.name)
+            if got != want:
+                raise BatchCorruption(
+                    f"{where}: metadata key {META_PREFIX}{f.name} is {got!r} but the trace state expects "
+                    f"{want!r}; the object is not the batch the state references (run sediment verify)"
+                )
+
+
+class BatchKey(NamedTuple):
+    relation_id: int
+    lower: int
+    upper: int
+    nonce: str
+
+
+def new_nonce() -> str:
+    """16 random lowercase hex digits: a retried or merged batch never reuses a key."""
+    return secrets.token_hex(8)
+
+
+def batch_prefix(relation_id: int) -> str:
+    """The listing prefix of a relation's batches."""
+    return f"trace/{relation_id:016x}/"
+
+
+def batch_key(relation_id: int, lower: int, upper: int, nonce: str) -> str:
+    """``trace/<relation 16 hex>/<lower 16 hex>-<upper 16 hex>-<nonce>.parquet``.
+
+    Fixed-width lowercase hex makes text order (how blob stores list) equal time order.
+    """
+    for name, v in (("relation_id", relation_id), ("lower", lower), ("upper", upper)):
+        if not 0 <= v <= U64_MAX:
+            raise TraceError(f"batch key: {name}={v} must be in [0, 2^64)")
+    if not _NONCE_RE.match(nonce):
+        raise TraceError(f"batch key: nonce {nonce!r} must be 1-64 characters of [0-9a-z]")
+    return f"{batch_prefix(relation_id)}{lower:016x}-{upper:016x}-{nonce}.parquet"
+
+
+def parse_batch_key(key: str) -> BatchKey:
+    """Inverse of :func:`batch_key`; raises BatchCorruption for anything else (a stray object)."""
+    m = _KEY_RE.match(key)
+    if not m:
+        raise BatchCorruption(
+            f"object {key!r} is not a batch key (want trace/<16 hex>/<16 hex>-<16 hex>-<nonce>.parquet)"
+        )
+    return BatchKey(int(m[1], 16), int(m[2], 16), int(m[3], 16), m[4])
+
+
+def _check_times(table: pa.Table | pa.RecordBatch, desc: BatchDescription) -> None:
+    if table.num_rows == 0:
+        return
+    mm = pc.min_max(table.column("time"))
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    if lo is None or lo < desc.min_time or hi > desc.max_time:
+        raise TraceError(
+            f"batch of relation {desc.relation_id} [{desc.lower}, {desc.upper}) since {desc.since}: "
+            f"times span [{lo}, {hi}] but must lie in [{desc.min_time}, {desc.max_time}] (and not be null); "
+            "advance times to since and cut updates at the batch bounds before writing"
+        )
+
+
+class BatchWriter:
+    """Write a batch incrementally to a sink, so a merge never holds its whole output.
+
+    The description's ``rows`` is ignored on input: :meth:`finish` counts the rows
+    written, stores the description in the footer and returns it.
+    """
+
+    def __init__(
+        self,
+        sink: str | pa.NativeFile | io.IOBase,
+        schema: pa.Schema,
+        desc: BatchDescription,
+        *,
+        row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    ) -> None:
+        if "time" not in schema.names or "diff" not in schema.names:
+            raise TraceError(f"batch schema {schema} must have 'time' and 'diff' columns")
+        self._desc = desc
+        self._schema = schema
+        self._rows = 0
+        self._row_group_rows = row_group_rows
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._writer = pq.ParquetWriter(
+            sink,
+            schema,
+            compression=COMPRESSION,
+            write_page_checksum=True,
+            write_statistics=True,
+        )
+
+    def write(self, table: pa.Table | pa.RecordBatch) -> None:
+        """Append rows (already consolidated and sorted, continuing the previous ones)."""
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        if not table.schema.equals(self._schema):
+            table = table.select(self._schema.names).cast(self._schema)
+        _check_times(table, self._desc)
+        self._rows += table.num_rows
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= self._row_group_rows:
+            self._flush(final=False)
+
+    def _flush(self, *, final: bool) -> None:
+        # Whole row groups only, so small chunks from a merge do not become tiny row groups.
+        buffered = pa.concat_tables(self._pending) if self._pending else None
+        self._pending, self._pending_rows = [], 0
+        if buffered is None:
+            return
+        full = buffered.num_rows if final else buffered.num_rows - buffered.num_rows % self._row_group_rows
+        if full:
+            self._writer.write_table(buffered.slice(0, full), row_group_size=self._row_group_rows)
+        if full < buffered.num_rows:
+            self._pending = [buffered.slice(full)]
+            self._pending_rows = buffered.num_rows - full
+
+    def finish(self) -> BatchDescription:
+        """Write the footer (with the description) and return the final description."""
+        self._flush(final=True)
+        desc = dataclasses.replace(self._desc, rows=self._rows)
+        self._writer.add_key_value_metadata(desc.to_metadata())
+        self._writer.close()
+        return desc
+
+
+def encode_batch(
+    table: pa.Table, desc: BatchDescription, *, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS
+) -> bytes:
+    """The Parquet bytes of a batch. ``desc.rows`` must equal the table's row count."""
+    if table.num_rows != desc.rows:
+        raise TraceError(
+            f"batch of relation {desc.relation_id} [{desc.lower}, {desc.upper}): description says "
+            f"{desc.rows} rows but the table has {table.num_rows}"
+        )
+    sink = pa.BufferOutputStream()
+    w = BatchWriter(sink, table.schema, desc, row_group_rows=row_group_rows)
+    w.write(table)
+    w.finish()
+    return sink.getvalue().to_pybytes()
+
+
+def _open(source: Any, where: str, expected: BatchDescription | None) -> tuple[pq.ParquetFile, BatchDescription]:
+    try:
+        pf = pq.ParquetFile(source, page_checksum_verification=True)
+    except (OSError, pa.ArrowException, ValueError) as e:
+        raise BatchCorruption(f"{where}: cannot read the Parquet footer ({e}); the object is truncated or damaged") from e
+    desc = BatchDescription.from_metadata(pf.metadata.metadata, where)
+    if pf.metadata.num_rows != desc.rows:
+        raise BatchCorruption(
+            f"{where}: Parquet footer holds {pf.metadata.num_rows} rows but sediment.rows says {desc.rows}"
+        )
+    if expected is not None:
+        desc.check_matches(expected, where)
+    return pf, desc
+
+
+def _read_group(pf: pq.ParquetFile, i: int, desc: BatchDescription, where: str, columns: list[str] | None) -> pa.Table:
+    try:
+        t = pf.read_row_group(i, columns=columns)
+    except (OSError, pa.ArrowException, ValueError) as e:
+        raise BatchCorruption(
+            f"{where}: row group {i} fails to decode or its page checksum ({e}); the object is damaged"
+        ) from e
+    if "time" in t.column_names:
+        try:
+            _check_times(t, desc)
+        except TraceError as e:
+            raise BatchCorruption(f"{where}: row group {i}: {e}") from e
+    return t
+
+
+def decode_batch(data: bytes, expected: BatchDescription | None = None, *, where: str = "batch") -> pa.Table:
+    """The whole table of an in-memory batch, every page checksum and the description verified."""
+    pf, desc = _open(pa.BufferReader(data), where, expected)
+    groups = [_read_group(pf, i, desc, where, None) for i in range(pf.num_row_groups)]
+    if not groups:
+        return pf.schema_arrow.empty_table()
+    return pa.concat_tables(groups)
+
+
+def read_description(data: bytes, *, where: str = "batch") -> BatchDescription:
+    """Just the description from a batch's footer (for listing-based recovery)."""
+    return _open(pa.BufferReader(data), where, None)[1]
+
+
+class BlobReader(io.RawIOBase):
+    """A seekable read-only file over ``store.get_range``: Parquet fetches the footer
+    and then one column chunk at a time, never the whole object."""
+
+    def __init__(self, store: BlobStore, key: str, size: int | None = None) -> None:
+        super().__init__()
+        self._store = store
+        self._key = key
+        self._size = store.size(key) if size is None else size
+        self._pos = 0
+        self.bytes_fetched = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buf: Any) -> int:
+        n = min(len(buf), max(0, self._size - self._pos))
+        if n == 0:
+            return 0
+        data = self._store.get_range(self._key, self._pos, n)
+        buf[: len(data)] = data
+        self._pos += len(data)
+        self.bytes_fetched += len(data)
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            size = max(0, self._size - self._pos)
+        size = min(size, max(0, self._size - self._pos))
+        if size == 0:
+            return b""
+        data = self._store.get_range(self._key, self._pos, size)
+        self._pos += len(data)
+        self.bytes_fetched += len(data)
+        return data
+
+
+def iter_batch(
+    store: BlobStore,
+    key: str,
+    expected: BatchDescription | None = None,
+    *,
+    expected_bytes: int | None = None,
+    columns: list[str] | None = None,
+) -> Iterator[pa.Table]:
+    """Stream a stored batch one row group at a time (bounded memory), verifying the footer
+    description against ``expected``, the object size against ``expected_bytes`` and
+    every page checksum. Yields nothing for an empty batch."""
+    where = f"batch {key!r}"
+    try:
+        size = store.size(key)
+    except BlobNotFound as e:
+        raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
+    if expected_bytes is not None and size != expected_bytes:
+        raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {expected_bytes}")
+    raw = BlobReader(store, key, size)
+    pf, desc = _open(pa.PythonFile(raw, mode="r"), where, expected)
+    for i in range(pf.num_row_groups):
+        yield _read_group(pf, i, desc, where, columns)
+
+
+def read_batch(
+    store: BlobStore, key: str, expected: BatchDescription | None = None, *, expected_bytes: int | None = None
+) -> pa.Table:
+    """A whole stored batch in memory (small batches, tests); see :func:`iter_batch`."""
+    try:
+        data = store.get(key)
+    except BlobNotFound as e:
+        raise BatchCorruption(f"batch {key!r} is missing from the blob store; the trace state references it") from e
+    if expected_bytes is not None and len(data) != expected_bytes:
+        raise BatchCorruption(f"batch {key!r}: object is {len(data)} bytes but the trace state says {expected_bytes}")
+    return decode_batch(data, expected, where=f"batch {key!r}")
+
+
+def write_batch_stream(
+    chunks: Iterable[pa.Table | pa.RecordBatch],
+    schema: pa.Schema,
+    desc: BatchDescription,
+    sink: str | pa.NativeFile | io.IOBase,
+    *,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+) -> BatchDescription:
+    """Write sorted, consolidated chunks as one batch to ``sink`` (a local path or stream);
+    returns the description with the row count filled in."""
+    w = BatchWriter(sink, schema, desc, row_group_rows=row_group_rows)
+    for c in chunks:
+        if c.num_rows:
+            w.write(c)
+    return w.finish()

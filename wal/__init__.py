@@ -1,0 +1,1 @@
+"""The write-ahead log: checksummed records in file segments or a device ring."""

@@ -1,0 +1,207 @@
+"""The control file: the storage directory's identity and each partition's session state.
+
+Waltz layout (docs/formats.md, "Control file"): a 128-byte header (magic, format
+version, creation time, cluster key, partition count, header CRC), then one
+partition-info record per partition holding two alternating copies of the
+partition's state. A state update overwrites the older copy in place and
+fdatasyncs; a copy torn by a crash fails its CRC and the other copy is used, which
+rolls the partition back to its previous session.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import uuid
+from dataclasses import dataclass
+
+from sediment.errors import WalCorruption, WalError
+from sediment.wal.record import crc32c
+
+CONTROL_NAME = "sediment-wal.ctl"
+MAGIC = b"SDCT"
+VERSION = 1
+HEADER = struct.Struct("<4sIq16sII")  # magic, version, created_ns, cluster key, partitions, header crc
+HEADER_SIZE = 128
+STATE = struct.Struct("<qqqQI")  # session id, low-water mark, local low-water mark, sequence, crc
+PARTITION = struct.Struct("<I")
+PARTITION_SIZE = PARTITION.size + 2 * STATE.size  # 4 + 2 * 36 = 76 bytes
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """What a partition's last session recorded (Waltz's partition info struct).
+
+    ``low_water_mark``: the partition's high-water mark in the cluster when the session
+    started. ``local_low_water_mark``: the highest valid LSN this storage held then.
+    Both are -1 for an empty log. ``sequence`` picks the newer of the two copies.
+    """
+
+    session_id: int = 0
+    low_water_mark: int = -1
+    local_low_water_mark: int = -1
+    sequence: int = 0
+
+
+@dataclass(frozen=True)
+class ControlHeader:
+    version: int
+    created_ns: int
+    cluster_key: uuid.UUID
+    partitions: int
+
+
+def _pack_state(state: PartitionState) -> bytes:
+    body = STATE.pack(state.session_id, state.low_water_mark, state.local_low_water_mark, state.sequence, 0)
+    return body[:-4] + struct.pack("<I", crc32c(body[:-4]))
+
+
+def _unpack_state(buf: bytes) -> PartitionState | None:
+    session, lwm, llwm, seq, crc = STATE.unpack(buf)
+    if crc32c(buf[:-4]) != crc or (session == 0 and seq == 0 and crc == 0):
+        return None
+    return PartitionState(session, lwm, llwm, seq)
+
+
+class ControlFile:
+    """The control file of one storage directory. Not thread-safe; its owner serialises."""
+
+    def __init__(self, path: str, header: ControlHeader, partition_ids: list[int]):
+        self.path = path
+        self.header = header
+        self._ids = partition_ids
+
+    @classmethod
+    def create(cls, directory: str, cluster_key: uuid.UUID | None = None) -> ControlFile:
+        path = os.path.join(directory, CONTROL_NAME)
+        header = ControlHeader(VERSION, time.time_ns(), cluster_key or uuid.uuid4(), 0)
+        cls._write_whole(path, header, {})
+        return cls(path, header, [])
+
+    @classmethod
+    def open(cls, directory: str) -> ControlFile:
+        path = os.path.join(directory, CONTROL_NAME)
+        with open(path, "rb") as f:
+            data = f.read()
+        header = _parse_header(data, path)
+        ids = []
+        for i in range(header.partitions):
+            off = HEADER_SIZE + i * PARTITION_SIZE
+            if len(data) < off + PARTITION_SIZE:
+                raise WalCorruption(
+                    f"control file {path} is truncated at partition {i} (offset {off}); restore it from a copy",
+                    path=path, offset=off, reason="truncated",
+                )
+            ids.append(PARTITION.unpack_from(data, off)[0])
+        return cls(path, header, ids)
+
+    @classmethod
+    def open_or_create(cls, directory: str, cluster_key: uuid.UUID | None = None) -> ControlFile:
+        if os.path.exists(os.path.join(directory, CONTROL_NAME)):
+            ctl = cls.open(directory)
+            if cluster_key is not None and ctl.header.cluster_key != cluster_key:
+                raise WalError(
+                    f"{ctl.path} belongs to cluster {ctl.header.cluster_key}, not {cluster_key}; "
+                    "point this node at its own storage directory"
+                )
+            return ctl
+        return cls.create(directory, cluster_key)
+
+    @property
+    def partitions(self) -> list[int]:
+        return list(self._ids)
+
+    def add_partition(self, partition_id: int) -> None:
+        """Add a partition with an empty state: the file is rewritten whole (temp, fsync, rename)."""
+        if partition_id in self._ids:
+            return
+        states = {pid: self.read_state(pid) for pid in self._ids}
+        states[partition_id] = PartitionState()
+        self.header = ControlHeader(self.header.version, self.header.created_ns, self.header.cluster_key,
+                                    len(states))
+        self._write_whole(self.path, self.header, states)
+        self._ids = list(states)
+
+    def read_state(self, partition_id: int) -> PartitionState:
+        """The newer valid copy of the partition's state. Raises WalCorruption when both are bad."""
+        off = self._offset(partition_id)
+        with open(self.path, "rb") as f:
+            f.seek(off + PARTITION.size)
+            raw = f.read(2 * STATE.size)
+        copies = [_unpack_state(raw[:STATE.size]), _unpack_state(raw[STATE.size:])]
+        valid = [c for c in copies if c is not None]
+        if not valid:
+            if raw == bytes(len(raw)):
+                return PartitionState()
+            raise WalCorruption(
+                f"both partition-info copies of partition {partition_id} in {self.path} fail their "
+                f"checksums (offset {off}); the partition cannot be opened: restore the control file",
+                path=self.path, offset=off, reason="both partition-info copies invalid",
+            )
+        return max(valid, key=lambda s: s.sequence)
+
+    def write_state(self, partition_id: int, state: PartitionState) -> PartitionState:
+        """Overwrite the older copy with ``state`` (its sequence is set here) and fdatasync."""
+        current = self.read_state(partition_id)
+        seq = current.sequence + 1
+        new = PartitionState(state.session_id, state.low_water_mark, state.local_low_water_mark, seq)
+        off = self._offset(partition_id) + PARTITION.size + (seq % 2) * STATE.size
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, _pack_state(new), off)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        return new
+
+    def _offset(self, partition_id: int) -> int:
+        try:
+            return HEADER_SIZE + self._ids.index(partition_id) * PARTITION_SIZE
+        except ValueError:
+            raise WalError(f"partition {partition_id} is not in control file {self.path}") from None
+
+    @staticmethod
+    def _write_whole(path: str, header: ControlHeader, states: dict[int, PartitionState]) -> None:
+        head = HEADER.pack(MAGIC, header.version, header.created_ns, header.cluster_key.bytes, len(states), 0)
+        head = head[:-4] + struct.pack("<I", crc32c(head[:-4]))
+        out = bytearray(head.ljust(HEADER_SIZE, b"\0"))
+        for pid, state in states.items():
+            out += PARTITION.pack(pid)
+            first = _pack_state(state) if state.sequence % 2 == 0 else bytes(STATE.size)
+            second = _pack_state(state) if state.sequence % 2 == 1 else bytes(STATE.size)
+            out += first + second
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, bytes(out))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def _parse_header(data: bytes, path: str) -> ControlHeader:
+    if len(data) < HEADER_SIZE:
+        raise WalCorruption(f"control file {path} is shorter than its 128-byte header", path=path, offset=0,
+                            reason="truncated header")
+    magic, version, created, key, parts, crc = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise WalCorruption(f"{path} is not a sediment control file (magic {magic!r})", path=path, offset=0,
+                            reason="bad magic")
+    if version != VERSION:
+        raise WalError(f"{path} has control-file format version {version}; this build reads {VERSION}")
+    if crc32c(data[: HEADER.size - 4]) != crc:
+        raise WalCorruption(f"control file {path} header fails its checksum (offset 0)", path=path, offset=0,
+                            reason="header checksum")
+    return ControlHeader(version, created, uuid.UUID(bytes=key), parts)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (created, renamed, deleted files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

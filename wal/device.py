@@ -1,0 +1,1049 @@
+"""The raw-device WAL backend: a ring buffer of 4 KiB-aligned blocks on a block device
+or a preallocated file, written with Direct I/O by a small pool of threads.
+
+Why a ring: the WAL only buffers what the compacter has not yet turned into batches,
+so a fixed region reused round and round needs no file system, no allocation and no
+file deletion, and recovery reads one contiguous range. See docs/formats-device.md
+for the byte layout and the recovery rules; the short version:
+
+* LSN = the record's logical byte offset; it only grows. Physical position =
+  header area + LSN mod data capacity. A record's ``lsn`` field must equal its
+  position, which is how bytes left by an earlier pass round the ring are rejected.
+* Records are packed into blocks starting at block-aligned LSNs; a block is one
+  aligned write, zero-filled to the block size. A record never straddles the
+  physical end: a PADDING record (or, for gaps under 64 bytes, zeros) fills it.
+* Appends are acknowledged in LSN order, so the durable log is always a prefix.
+  Recovery keeps exactly the valid prefix from the trim offset; records found after
+  the first invalid position (blocks that parallel I/O threads landed out of order)
+  were never acknowledged and are discarded and reported, and the space they used is
+  zeroed before new writes, so they can never be resurrected behind newer records.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import stat
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sediment.errors import EngineClosed, WalCorruption, WalError, WalFull
+from sediment.wal.protocol import OpenReport
+from sediment.wal.record import (
+    HEADER,
+    HEADER_SIZE,
+    Header,
+    Record,
+    RecordKind,
+    crc32c,
+    decode_frontiers,
+    decode_header,
+    encode,
+    encode_frontiers,
+    to_record,
+)
+
+_log = logging.getLogger(__name__)
+
+RING_MAGIC = b"SDMTRING"
+FORMAT_VERSION = 1
+SLOT = struct.Struct("<8sIIQQQQIIQ")
+SLOT_CRC = struct.Struct("<I")
+SHUTDOWN_RUNNING = 0
+SHUTDOWN_CLEAN = 1
+MIN_DATA_BYTES = 64 * 1024
+READ_CHUNK = 8 * 1024 * 1024
+ZERO_CHUNK = 4 * 1024 * 1024
+
+PWrite = Callable[[int, Any, int], int]
+
+
+def _align_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def _align_down(x: int, a: int) -> int:
+    return x // a * a
+
+
+@dataclass(frozen=True, slots=True)
+class RingHeader:
+    """One copy of the ring header (see docs/formats-device.md, "Header slot")."""
+
+    block_size: int
+    capacity: int
+    trim: int
+    seq: int
+    window: int
+    shutdown: int
+    clean_end: int
+
+    def pack(self) -> bytes:
+        body = SLOT.pack(
+            RING_MAGIC, FORMAT_VERSION, self.block_size, self.capacity, self.trim, self.seq,
+            self.window, self.shutdown, 0, self.clean_end,
+        )
+        return body + SLOT_CRC.pack(crc32c(body))
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> RingHeader | None:
+        """The header in ``buf``, or None when the magic, version or CRC is wrong."""
+        if len(buf) < SLOT.size + 4:
+            return None
+        body = bytes(buf[: SLOT.size])
+        (magic, version, bs, cap, trim, seq, window, shutdown, _r, clean_end) = SLOT.unpack(body)
+        if magic != RING_MAGIC or version != FORMAT_VERSION:
+            return None
+        if SLOT_CRC.unpack_from(buf, SLOT.size)[0] != crc32c(body):
+            return None
+        return cls(bs, cap, trim, seq, window, shutdown, clean_end)
+
+
+class _Block:
+    """A run of records written with one aligned pwrite."""
+
+    __slots__ = ("start", "fill", "buf", "pooled", "event", "done", "durable", "frontiers_end", "born")
+
+    def __init__(self, start: int, buf: mmap.mmap, pooled: bool) -> None:
+        self.start = start
+        self.fill = 0
+        self.buf = buf
+        self.pooled = pooled
+        self.event = threading.Event()
+        self.done = False
+        self.durable = False
+        self.frontiers_end = -1
+        self.born = time.monotonic()
+
+    @property
+    def end(self) -> int:
+        return self.start + self.fill
+
+
+class _Plan:
+    """Allocation state; planned twice per append (a dry run to check for room, then
+    for real) through the same code, so the room check is exact."""
+
+    __slots__ = ("next", "open", "start", "fill", "cap")
+
+    def __init__(self, next_: int, open_: bool, start: int, fill: int, cap: int) -> None:
+        self.next = next_
+        self.open = open_
+        self.start = start
+        self.fill = fill
+        self.cap = cap
+
+
+class _Reader:
+    """Aligned, chunked reads of the data area (Direct I/O when the fd allows it)."""
+
+    def __init__(self, log: DeviceLog, chunk: int = READ_CHUNK) -> None:
+        self.log = log
+        self.chunk = max(chunk, log.block_size)
+        self.buf = mmap.mmap(-1, self.chunk)
+        self.lo = 0
+        self.hi = 0
+        self.lo_lsn = -1
+
+    def close(self) -> None:
+        self.buf.close()
+
+    def get(self, lsn: int, n: int) -> memoryview:
+        """Bytes [lsn, lsn + n) of the ring; the range must not cross the physical end.
+        Valid until the next call."""
+        log = self.log
+        d = log.data_capacity
+        phys = lsn % d
+        base = lsn - phys
+        if self.lo_lsn == base and self.lo <= phys and phys + n <= self.hi:
+            return memoryview(self.buf)[phys - self.lo : phys - self.lo + n]
+        bs = log.block_size
+        lo = _align_down(phys, bs)
+        want = _align_up(phys + n, bs) - lo
+        if want > self.chunk:
+            big = mmap.mmap(-1, want)
+            log._pread_into(memoryview(big), log.header_bytes + lo)
+            return memoryview(big)[phys - lo : phys - lo + n]
+        length = min(self.chunk, d - lo)
+        log._pread_into(memoryview(self.buf)[:length], log.header_bytes + lo)
+        self.lo, self.hi, self.lo_lsn = lo, lo + length, base
+        return memoryview(self.buf)[phys - lo : phys - lo + n]
+
+
+class DeviceLog:
+    """A write-ahead log in a ring on a raw device or preallocated file.
+
+    Implements :class:`sediment.wal.protocol.WriteAheadLog`. Use :meth:`open`.
+    """
+
+    report: OpenReport
+
+    # ---------------------------------------------------------------- opening
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        capacity: int | None = None,
+        *,
+        create: bool = False,
+        block_size: int = 4096,
+        max_block_bytes: int = 256 * 1024,
+        max_block_age: float = 0.001,
+        io_threads: int = 4,
+        window_bytes: int | None = None,
+        segment_bytes: int = 64 * 1024 * 1024,
+        full_timeout: float = 10.0,
+        direct: bool = True,
+        repair: bool = False,
+        pwrite: PWrite = os.pwrite,
+    ) -> DeviceLog:
+        """Open (recovering) the ring at ``path``; with ``create``, initialise one there
+        first if it holds none. ``capacity`` counts the whole ring, header area included;
+        it is fixed at creation. ``window_bytes`` (default ``io_threads * 2 *
+        max_block_bytes``) bounds the bytes in flight, and so how far past the first gap
+        recovery looks. ``repair`` cuts the log at damage instead of refusing to open.
+        ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests."""
+        log = cls(
+            os.fspath(path), block_size=block_size, max_block_bytes=max_block_bytes,
+            max_block_age=max_block_age, io_threads=io_threads, window_bytes=window_bytes,
+            segment_bytes=segment_bytes, full_timeout=full_timeout, direct=direct, pwrite=pwrite,
+        )
+        try:
+            log._open(capacity, create, repair)
+        except BaseException:
+            log._close_fds()
+            raise
+        return log
+
+    def __init__(
+        self, path: str, *, block_size: int, max_block_bytes: int, max_block_age: float,
+        io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
+        direct: bool, pwrite: PWrite,
+    ) -> None:
+        if block_size < 4096 or block_size & (block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 4096, not {block_size}")
+        if io_threads < 1:
+            raise ValueError("io_threads must be >= 1")
+        self.path = path
+        self.block_size = block_size
+        self.header_bytes = 2 * block_size
+        self.max_block_bytes = max(block_size, max_block_bytes)
+        self.max_block_age = max_block_age
+        self.io_threads = io_threads
+        self.configured_window = _align_up(
+            window_bytes if window_bytes is not None else io_threads * 2 * self.max_block_bytes, block_size
+        )
+        self.segment_bytes = segment_bytes
+        self.full_timeout = full_timeout
+        self._pwrite = pwrite
+        self._want_direct = direct
+        self._direct = False
+        self._rdirect = False
+        self._fd = -1
+        self._rfd = -1
+        self._old_fds: list[int] = []
+        self._fd_lock = threading.Lock()
+        self._warned = False
+        self.report = OpenReport()
+        self.capacity = 0
+        self.data_capacity = 0
+        self._hdr_lock = threading.Lock()
+        self._seq = 0
+        self._trim = 0
+        self._window = self.configured_window
+        self._lock = threading.Lock()
+        self._work_cv = threading.Condition(self._lock)
+        self._space_cv = threading.Condition(self._lock)
+        self._alloc_lock = threading.Lock()
+        self._notify_lock = threading.Lock()
+        self._pool: list[mmap.mmap] = []
+        self._pool_size = _align_up(self.max_block_bytes, block_size)
+        self._cur: _Block | None = None
+        self._next = 0
+        self._pending: deque[_Block] = deque()
+        self._inflight: deque[_Block] = deque()
+        self._durable_end = 0
+        self._finished = 0
+        self._notified = -1
+        self._frontiers: dict[int, int] = {}
+        self._frontier_lsns: deque[int] = deque()
+        self._seg_start = 0
+        self._seg_records = 0
+        self._listener: Callable[[int], None] | None = None
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+
+    def _open_fds(self, create: bool) -> bool:
+        """Open the write and read fds; returns whether the file was created now."""
+        created = False
+        flags = os.O_RDWR | os.O_DSYNC | os.O_CLOEXEC
+        if create and not os.path.exists(self.path):
+            flags |= os.O_CREAT | os.O_EXCL
+            created = True
+        self._fd = self._open_one(flags, write=True)
+        self._rfd = self._open_one(os.O_RDONLY | os.O_CLOEXEC, write=False)
+        return created
+
+    def _open_one(self, flags: int, *, write: bool) -> int:
+        if self._want_direct:
+            try:
+                fd = os.open(self.path, flags | os.O_DIRECT, 0o644)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self._warn_fallback(f"open with O_DIRECT failed ({e})")
+            else:
+                if write:
+                    self._direct = True
+                else:
+                    self._rdirect = True
+                return fd
+        return os.open(self.path, flags & ~os.O_EXCL if not write else flags, 0o644)
+
+    def _warn_fallback(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            _log.warning(
+                "%s: %s; falling back to buffered writes with O_DSYNC (same bytes on disk, "
+                "but page-cache traffic). Put the WAL on a device or file system with Direct I/O.",
+                self.path, why,
+            )
+
+    def _open(self, capacity: int | None, create: bool, repair: bool) -> None:
+        created = self._open_fds(create)
+        st = os.fstat(self._fd)
+        regular = stat.S_ISREG(st.st_mode)
+        size = os.lseek(self._fd, 0, os.SEEK_END)
+        raw = self._pread_exact(0, self.header_bytes) if size >= self.header_bytes else b""
+        bs = self.block_size
+        copies = [RingHeader.unpack(raw[i * bs : (i + 1) * bs]) for i in range(2)] if raw else [None, None]
+        valid = [c for c in copies if c is not None]
+        if not valid:
+            if raw and any(raw):
+                raise WalError(
+                    f"{self.path}: both ring header copies (bytes 0-{self.header_bytes}) are invalid and "
+                    "not blank: this is a damaged sediment ring or foreign data, and cannot be recovered. "
+                    f"If its contents may be discarded, zero the first {self.header_bytes} bytes and open "
+                    "with create=True."
+                )
+            if not create:
+                raise WalError(
+                    f"{self.path}: no sediment ring header found (both copies invalid or blank); "
+                    "a fresh device cannot be recovered. Open with create=True to initialise a ring."
+                )
+            self._init_ring(capacity, size, regular, created)
+            return
+        hdr = max(valid, key=lambda h: h.seq)
+        if hdr.block_size != bs:
+            raise WalError(
+                f"{self.path}: ring was created with block size {hdr.block_size}, not {bs}; "
+                f"open it with block_size={hdr.block_size}."
+            )
+        if capacity is not None and capacity != hdr.capacity:
+            raise WalError(
+                f"{self.path}: ring capacity is fixed at {hdr.capacity} bytes, but {capacity} was "
+                f"configured; open with capacity={hdr.capacity} (or None), or create a new ring."
+            )
+        if size < hdr.capacity:
+            raise WalError(
+                f"{self.path}: device is {size} bytes but the ring header says {hdr.capacity}; "
+                "the device shrank or is the wrong one. Restore the device or create a new ring."
+            )
+        self.capacity = hdr.capacity
+        self.data_capacity = hdr.capacity - self.header_bytes
+        self._seq = hdr.seq
+        self._trim = hdr.trim
+        if regular:
+            os.posix_fallocate(self._fd, 0, self.capacity)
+        self._recover(hdr, repair)
+        self._start()
+
+    def _init_ring(self, capacity: int | None, size: int, regular: bool, created: bool) -> None:
+        bs = self.block_size
+        if capacity is None:
+            raise WalError(f"{self.path}: creating a ring needs a capacity (bytes, a multiple of {bs}).")
+        if capacity % bs or capacity - self.header_bytes < MIN_DATA_BYTES:
+            raise WalError(
+                f"{self.path}: capacity {capacity} must be a multiple of {bs} and leave at least "
+                f"{MIN_DATA_BYTES} bytes after the {self.header_bytes}-byte header area."
+            )
+        if size < capacity and not regular:
+            raise WalError(
+                f"{self.path}: device is {size} bytes, smaller than the configured capacity {capacity}; "
+                "use a bigger device or a smaller capacity."
+            )
+        if regular:
+            os.posix_fallocate(self._fd, 0, capacity)
+        self.capacity = capacity
+        self.data_capacity = capacity - self.header_bytes
+        if not (created and regular):
+            self._zero(0, self.data_capacity)
+        self._seq = 0
+        self._trim = 0
+        self._write_header(SHUTDOWN_RUNNING, 0)
+        self._start()
+
+    # ---------------------------------------------------------------- raw I/O
+
+    def _pread_into(self, view: memoryview, offset: int) -> None:
+        """Fill ``view`` (aligned memory) from ``offset``; short reads past EOF are errors."""
+        got = 0
+        while got < len(view):
+            try:
+                n = os.preadv(self._rfd, [view[got:]], offset + got)
+            except OSError as e:
+                if e.errno == errno.EINVAL and self._rdirect:
+                    self._reopen_read_buffered(e)
+                    continue
+                raise WalError(f"{self.path}: read of {len(view)} bytes at offset {offset} failed: {e}") from e
+            if n == 0:
+                raise WalError(f"{self.path}: unexpected end of device at offset {offset + got}")
+            got += n
+
+    def _pread_exact(self, offset: int, n: int) -> bytes:
+        buf = mmap.mmap(-1, _align_up(n, self.block_size))
+        try:
+            self._pread_into(memoryview(buf)[: len(buf)], offset)
+            return bytes(buf[:n])
+        finally:
+            buf.close()
+
+    def _reopen_read_buffered(self, e: OSError) -> None:
+        with self._fd_lock:
+            if self._rdirect:
+                self._old_fds.append(self._rfd)
+                self._rfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                self._rdirect = False
+
+    def _write_at(self, view: memoryview, offset: int) -> None:
+        """One aligned write of ``view`` at device ``offset``, durable on return."""
+        done = 0
+        while done < len(view):
+            fd = self._fd
+            try:
+                n = self._pwrite(fd, view[done:], offset + done)
+            except OSError as e:
+                if e.errno == errno.EINVAL and self._direct:
+                    self._fall_back(fd, e)
+                    continue
+                raise WalError(
+                    f"{self.path}: write of {len(view) - done} bytes at offset {offset + done} failed: {e}. "
+                    "The log is unusable; check the device and reopen to recover."
+                ) from e
+            if n <= 0:
+                raise WalError(f"{self.path}: write at offset {offset + done} wrote nothing")
+            done += n
+
+    def _fall_back(self, fd: int, e: OSError) -> None:
+        with self._fd_lock:
+            if self._direct and self._fd == fd:
+                self._warn_fallback(f"Direct I/O write refused ({e})")
+                self._old_fds.append(fd)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_DSYNC | os.O_CLOEXEC)
+                self._direct = False
+
+    def _zero(self, lsn: int, n: int, keep: bytes = b"") -> None:
+        """Write zeros over ring bytes [lsn, lsn + n) (block-aligned), with ``keep``
+        written first (to zero the tail of a partly valid block)."""
+        bs = self.block_size
+        d = self.data_capacity
+        buf = mmap.mmap(-1, ZERO_CHUNK)
+        try:
+            first = True
+            while n > 0:
+                phys = lsn % d
+                step = min(n, ZERO_CHUNK, d - phys)
+                if first and keep:
+                    buf[: len(keep)] = keep
+                self._write_at(memoryview(buf)[:step], self.header_bytes + phys)
+                if first and keep:
+                    buf[: len(keep)] = bytes(len(keep))
+                first = False
+                lsn += step
+                n -= step
+            assert lsn % bs == 0
+        finally:
+            buf.close()
+
+    def _write_header(self, shutdown: int, clean_end: int, window: int | None = None, trim: int | None = None) -> None:
+        with self._hdr_lock:
+            if window is not None:
+                self._window = window
+            if trim is not None:
+                self._trim = trim
+            self._seq += 1
+            hdr = RingHeader(self.block_size, self.capacity, self._trim, self._seq, self._window, shutdown, clean_end)
+            buf = mmap.mmap(-1, self.block_size)
+            try:
+                buf[: SLOT.size + 4] = hdr.pack()
+                self._write_at(memoryview(buf), (self._seq % 2) * self.block_size)
+            finally:
+                buf.close()
+
+    # ---------------------------------------------------------------- recovery
+
+    def _check(self, rd: _Reader, pos: int) -> tuple[Header | None, str]:
+        """The valid record at ``pos``, or (None, why not)."""
+        d = self.data_capacity
+        phys = pos % d
+        if d - phys < HEADER_SIZE:
+            return None, "too close to the ring end for a header"
+        hb = rd.get(pos, HEADER_SIZE)
+        h = decode_header(hb)
+        if h is None:
+            return None, ("blank (never written)" if not any(hb) else "bad record header (checksum/magic)")
+        if h.lsn != pos:
+            return None, f"stale record (lsn {h.lsn}, from an earlier pass round the ring)"
+        if phys + h.frame_size > d:
+            return None, "record crosses the ring end"
+        if crc32c(rd.get(pos + HEADER_SIZE, h.body_len)) != h.body_crc:
+            return None, "body checksum mismatch"
+        return h, ""
+
+    def _walk(self, rd: _Reader, pos: int, limit: int) -> Iterator[tuple[int, Header]]:
+        """Valid records from ``pos`` while they chain; zero block tails are stepped
+        over. Stops at ``limit`` or the first invalid position (``self._stop``)."""
+        bs = self.block_size
+        self._stop = (pos, "")
+        while pos < limit:
+            h, why = self._check(rd, pos)
+            if h is None:
+                if pos % bs:
+                    up = min(_align_up(pos, bs), limit)
+                    if not any(rd.get(pos, up - pos)):
+                        pos = up
+                        continue
+                    why = f"{why}; block tail not blank"
+                self._stop = (pos, why)
+                return
+            yield pos, h
+            pos += h.frame_size
+        self._stop = (pos, "")
+
+    def _recover(self, hdr: RingHeader, repair: bool) -> None:
+        rd = _Reader(self)
+        bs = self.block_size
+        d = self.data_capacity
+        trim = hdr.trim
+        clean = hdr.shutdown == SHUTDOWN_CLEAN
+        limit = hdr.clean_end if clean else trim + d
+        last_end = trim
+        records = 0
+        try:
+            for pos, h in self._walk(rd, trim, limit):
+                last_end = pos + h.frame_size
+                records += h.kind != RecordKind.PADDING
+                if h.kind == RecordKind.PROGRESS:
+                    self._frontiers[h.relation_id] = max(self._frontiers.get(h.relation_id, h.t_hi), h.t_hi)
+                elif h.kind == RecordKind.FRONTIERS:
+                    body = bytes(rd.get(pos + HEADER_SIZE, h.body_len))
+                    for rel, t in decode_frontiers(body).items():
+                        self._frontiers[rel] = max(self._frontiers.get(rel, t), t)
+                    self._frontier_lsns.append(pos)
+                    self._finished = last_end
+                    self._seg_start = last_end
+                    self._seg_records = -1
+                self._seg_records += 1
+            stop, why = self._stop
+            window = max(hdr.window, bs)
+            found_end = stop
+            found = 0
+            if why:
+                q = _align_up(stop + 1, bs)
+                while q < min(stop + window, trim + d):
+                    h, _ = self._check(rd, q)
+                    if h is None:
+                        q += bs
+                        continue
+                    for p2, h2 in self._walk(rd, q, trim + d):
+                        found += 1
+                        found_end = p2 + h2.frame_size
+                    q = _align_up(max(found_end, q + 1), bs)
+            damaged = bool(why) and (clean or found_end > stop + window)
+            if damaged and not repair:
+                detail = (
+                    f"the ring was shut down cleanly at end {hdr.clean_end}" if clean
+                    else f"{found} valid records follow it up to {found_end}, beyond the "
+                    f"{window}-byte in-flight window, so they were acknowledged"
+                )
+                raise WalCorruption(
+                    f"{self.path}: WAL damaged at logical offset {stop} (device offset "
+                    f"{self.header_bytes + stop % d}): {why}, yet {detail}. Refusing to open; "
+                    "reopen with repair=True (sediment verify --repair) to cut the log there "
+                    "once the loss is accepted.",
+                    path=self.path, offset=stop, reason=why,
+                )
+            if why:
+                kind = "damage" if damaged else "torn tail"
+                cut = max(found_end, _align_up(stop, bs)) - stop
+                extra = f"; discarded {found} unacknowledged records after it, up to {found_end}" if found else ""
+                self.report.torn_tails.append((self.path, stop, cut, f"{kind}: {why}{extra}"))
+        finally:
+            rd.close()
+        self.report.records = records
+        self._durable_end = last_end
+        self._next = _align_up(last_end, bs)
+        self._finished = max(self._finished, trim)
+        if self._seg_start < trim:
+            self._seg_start = trim
+        if not clean or why:
+            zero_to = min(max(self._next + window, _align_up(found_end, bs)), _align_down(trim + d, bs))
+            lo = _align_down(last_end, bs)
+            keep = self._pread_exact(self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
+            if zero_to > lo:
+                self._zero(lo, zero_to - lo, keep)
+        self._write_header(SHUTDOWN_RUNNING, 0, window=self.configured_window)
+
+    # ---------------------------------------------------------------- threads
+
+    def _start(self) -> None:
+        self._durable_end = max(self._durable_end, 0)
+        for i in range(self.io_threads):
+            t = threading.Thread(target=self._worker, name=f"sediment-wal-io-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _eligible(self, blk: _Block) -> bool:
+        if not self._inflight:
+            return True
+        wlen = _align_up(blk.fill, self.block_size)
+        return blk.start + wlen <= self._inflight[0].start + self._window
+
+    def _seal(self) -> None:
+        cur = self._cur
+        if cur is not None:
+            self._cur = None
+            self._next = _align_up(self._next, self.block_size)
+            self._pending.append(cur)
+            self._work_cv.notify()
+
+    def _worker(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    if self._failed is not None:
+                        return
+                    if self._pending and self._eligible(self._pending[0]):
+                        blk = self._pending.popleft()
+                        break
+                    cur = self._cur
+                    if cur is not None and not self._pending:
+                        age = time.monotonic() - cur.born
+                        if not self._inflight or age >= self.max_block_age:
+                            self._seal()
+                            continue
+                        self._work_cv.wait(self.max_block_age - age)
+                        continue
+                    if self._closed and not self._pending and not self._inflight:
+                        return
+                    self._work_cv.wait()
+                self._inflight.append(blk)
+            try:
+                self._write_block(blk)
+            except BaseException as e:  # noqa: BLE001 - any failure poisons the log
+                self._fail(e)
+                return
+            self._complete(blk)
+
+    def _write_block(self, blk: _Block) -> None:
+        bs = self.block_size
+        wlen = _align_up(blk.fill, bs)
+        if wlen > self._window:
+            self._write_header(SHUTDOWN_RUNNING, 0, window=wlen)
+        if wlen > blk.fill:
+            blk.buf[blk.fill : wlen] = bytes(wlen - blk.fill)
+        self._write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
+
+    def _complete(self, blk: _Block) -> None:
+        done: list[_Block] = []
+        with self._lock:
+            blk.done = True
+            while self._inflight and self._inflight[0].done:
+                b = self._inflight.popleft()
+                b.durable = True
+                self._durable_end = b.end
+                if b.frontiers_end >= 0:
+                    self._finished = b.frontiers_end
+                done.append(b)
+                if b.pooled and len(self._pool) < 2 * self.io_threads + 2:
+                    self._pool.append(b.buf)
+                else:
+                    b.buf.close()
+                b.buf = None  # type: ignore[assignment]
+            self._work_cv.notify_all()
+        with self._notify_lock:
+            for b in done:
+                if b.frontiers_end > self._notified:
+                    self._notified = b.frontiers_end
+                    cb = self._listener
+                    if cb is not None:
+                        try:
+                            cb(b.frontiers_end)
+                        except Exception:
+                            _log.exception("%s: finish listener failed", self.path)
+                b.event.set()
+
+    def _fail(self, e: BaseException) -> None:
+        with self._lock:
+            if self._failed is None:
+                self._failed = e
+            blocks = list(self._inflight) + list(self._pending)
+            if self._cur is not None:
+                blocks.append(self._cur)
+            self._work_cv.notify_all()
+            self._space_cv.notify_all()
+        for b in blocks:
+            b.event.set()
+
+    # ---------------------------------------------------------------- appending
+
+    def _plan_block(self, p: _Plan, n: int, out: list | None) -> int:
+        """Reserve ``n`` bytes in the open block (opening or sealing as needed); the
+        caller has made sure they do not cross the ring end."""
+        if p.open and p.fill + n > p.cap:
+            self._plan_seal(p, out)
+        if not p.open:
+            p.open, p.start, p.fill = True, p.next, 0
+            p.cap = self._pool_size if n <= self._pool_size else _align_up(n, self.block_size)
+            if out is not None:
+                out.append(("open", p.start, p.cap))
+        lsn = p.next
+        p.fill += n
+        p.next += n
+        return lsn
+
+    def _plan_seal(self, p: _Plan, out: list | None) -> None:
+        if p.open:
+            p.open = False
+            p.next = _align_up(p.next, self.block_size)
+            if out is not None:
+                out.append(("seal",))
+
+    def _plan_frame(self, p: _Plan, n: int, out: list | None) -> int:
+        d = self.data_capacity
+        while True:
+            phys = p.next % d
+            if phys + n <= d:
+                break
+            gap = d - phys
+            if gap < HEADER_SIZE:
+                p.fill += gap
+                p.next += gap
+                if out is not None:
+                    out.append(("zeros", gap))
+            elif p.open and p.fill + gap > p.cap:
+                self._plan_seal(p, out)
+                continue
+            else:
+                lsn = self._plan_block(p, gap, out)
+                if out is not None:
+                    out.append(("pad", lsn, gap))
+            self._plan_seal(p, out)
+        lsn = self._plan_block(p, n, out)
+        if out is not None:
+            out.append(("frame", lsn, n))
+        if p.fill >= self.max_block_bytes:
+            self._plan_seal(p, out)
+        return lsn
+
+    def _plan_call(self, sizes: Sequence[int], fsize: int, out: list | None) -> int:
+        cur = self._cur
+        p = _Plan(self._next, cur is not None, cur.start if cur else 0, cur.fill if cur else 0,
+                  len(cur.buf) if cur else 0)
+        for n in sizes:
+            self._plan_frame(p, n, out)
+        if fsize:
+            self._plan_frame(p, fsize, out)
+            self._plan_seal(p, out)
+        return _align_up(p.next, self.block_size)
+
+    def _apply(self, out: list, frames: list[bytes | Record]) -> list[int]:
+        lsns: list[int] = []
+        fi = 0
+        for step in out:
+            op = step[0]
+            if op == "open":
+                _, start, cap = step
+                if cap == self._pool_size and self._pool:
+                    buf, pooled = self._pool.pop(), True
+                else:
+                    buf, pooled = mmap.mmap(-1, cap), cap == self._pool_size
+                self._cur = _Block(start, buf, pooled)
+                self._next = start
+            elif op == "seal":
+                self._seal()
+            elif op == "zeros":
+                cur = self._cur
+                assert cur is not None
+                cur.buf[cur.fill : cur.fill + step[1]] = bytes(step[1])
+                cur.fill += step[1]
+                self._next += step[1]
+            else:
+                _, lsn, n = step
+                cur = self._cur
+                assert cur is not None and lsn == self._next
+                if op == "pad":
+                    frame = encode(Record(RecordKind.PADDING, body=bytes(n - HEADER_SIZE)), lsn)
+                else:
+                    frame = frames[fi](lsn) if callable(frames[fi]) else frames[fi]
+                    fi += 1
+                    lsns.append(lsn)
+                cur.buf[cur.fill : cur.fill + n] = frame
+                cur.fill += n
+                self._next += n
+        return lsns
+
+    def append(self, records: Sequence[Record]) -> int:
+        """Append ``records`` contiguously; return once they and everything before them
+        are durable. Waits up to ``full_timeout`` for room, then raises WalFull."""
+        if not records:
+            raise ValueError("append needs at least one record")
+        crcs = [crc32c(r.body) for r in records]
+        sizes = [r.frame_size for r in records]
+        d = self.data_capacity
+        for r, n in zip(records, sizes, strict=True):
+            if n > d:
+                raise WalError(
+                    f"{self.path}: a record of {n} bytes cannot fit a ring whose data area is {d} bytes; "
+                    "raise the WAL capacity or split the record."
+                )
+        return self._append(records, crcs, sizes, force_frontiers=False)[0]
+
+    def _append(self, records: Sequence[Record], crcs: list[int], sizes: list[int],
+                force_frontiers: bool) -> tuple[int, _Block | None]:
+        deadline = time.monotonic() + self.full_timeout
+        if not self._alloc_lock.acquire(timeout=self.full_timeout):
+            raise self._full(sum(sizes))
+        try:
+            with self._lock:
+                while True:
+                    self._check_open()
+                    frontiers = self._frontiers
+                    progress = [r for r in records if r.kind == RecordKind.PROGRESS]
+                    if progress:
+                        frontiers = dict(frontiers)
+                        for r in progress:
+                            frontiers[r.relation_id] = max(frontiers.get(r.relation_id, r.t_hi), r.t_hi)
+                    seg_records = self._seg_records + sum(r.kind != RecordKind.PADDING for r in records)
+                    finish = (force_frontiers and seg_records > 0) or (
+                        bool(records) and self._next + sum(sizes) - self._seg_start >= self.segment_bytes
+                    )
+                    fbody = encode_frontiers(frontiers) if finish else b""
+                    fsize = HEADER_SIZE + len(fbody) if finish else 0
+                    end = self._plan_call(sizes, fsize, None)
+                    if end - self._next > d_room(self):
+                        raise WalError(
+                            f"{self.path}: an append of {sum(sizes)} bytes can never fit the "
+                            f"{self.data_capacity}-byte ring; raise the WAL capacity or append less at once."
+                        )
+                    if end <= self._trim + self.data_capacity:
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise self._full(sum(sizes))
+                    self._space_cv.wait(left)
+                out: list = []
+                self._plan_call(sizes, fsize, out)
+                frames: list[Any] = [
+                    (lambda lsn, r=r, c=c: encode(r, lsn, c)) for r, c in zip(records, crcs, strict=True)
+                ]
+                if finish:
+                    frec = Record(RecordKind.FRONTIERS, count=len(frontiers), body=fbody)
+                    frames.append(lambda lsn: encode(frec, lsn))
+                lsns = self._apply(out, frames)
+                for r, lsn in zip(records, lsns, strict=False):
+                    r.lsn = lsn
+                self._frontiers = frontiers
+                self._seg_records = seg_records
+                last_blk: _Block | None = None
+                if finish:
+                    flsn = lsns[-1]
+                    fend = flsn + fsize
+                    blk = self._pending[-1]
+                    blk.frontiers_end = fend
+                    self._frontier_lsns.append(flsn)
+                    self._seg_start = fend
+                    self._seg_records = 0
+                    last_blk = blk
+                    if not records:
+                        frec.lsn = flsn
+                # the block holding the last frame: the open block, or the last sealed one
+                wait_blk = self._cur if self._cur is not None and self._cur.start <= lsns[-1] else self._pending[-1]
+                if last_blk is None:
+                    last_blk = wait_blk
+                self._work_cv.notify()
+        finally:
+            self._alloc_lock.release()
+        self._await(wait_blk)
+        return (records[-1].lsn if records else -1), last_blk
+
+    def _await(self, blk: _Block) -> None:
+        blk.event.wait()
+        if not blk.durable:
+            err = self._failed
+            if isinstance(err, WalError):
+                raise WalError(str(err)) from err
+            raise WalError(f"{self.path}: the WAL failed before the append was durable: {err!r}") from err
+
+    def _full(self, n: int) -> WalFull:
+        return WalFull(
+            f"{self.path}: WAL ring full: no room for {n} bytes within {self.full_timeout}s "
+            f"(trim offset {self._trim}, write offset {self._next}, data capacity {self.data_capacity}). "
+            "Raise the WAL capacity or let the compacter catch up and trim."
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed(f"{self.path}: the WAL is closed")
+        if self._failed is not None:
+            raise WalError(f"{self.path}: the WAL failed earlier and accepts no appends: {self._failed!r}")
+
+    # ---------------------------------------------------------------- segments and trim
+
+    def set_finish_listener(self, callback: Callable[[int], None] | None) -> None:
+        self._listener = callback
+
+    def finish_segment(self) -> None:
+        """Append a FRONTIERS record now (if the segment holds any record) and wait until
+        it is durable and the listener has been told."""
+        _, blk = self._append([], [], [], force_frontiers=True)
+        if blk is not None:
+            self._await(blk)
+
+    def trim(self, lsn: int) -> None:
+        """Let the ring reuse space below ``lsn``. The trim offset moves to the start of
+        the last finished FRONTIERS record at or below ``lsn`` (never past a finished
+        segment, and the kept FRONTIERS record carries every relation's frontier across
+        restarts); trimming past the durable end raises WalError."""
+        with self._lock:
+            self._check_open()
+            if lsn > self._durable_end:
+                raise WalError(
+                    f"{self.path}: cannot trim to {lsn}: only records below {self._durable_end} are durable. "
+                    "Trim only LSNs that append() returned and the compacter has finished with."
+                )
+            target = -1
+            while self._frontier_lsns and self._frontier_lsns[0] <= lsn and self._frontier_lsns[0] < self._finished:
+                target = self._frontier_lsns.popleft()
+            if self._frontier_lsns and target >= 0:
+                pass
+            if target < 0 or target <= self._trim:
+                if target >= 0:
+                    self._frontier_lsns.appendleft(target)
+                return
+            self._frontier_lsns.appendleft(target)
+        self._write_header(SHUTDOWN_RUNNING, 0, trim=target)
+        with self._lock:
+            self._space_cv.notify_all()
+
+    # ---------------------------------------------------------------- reading
+
+    @property
+    def start_lsn(self) -> int:
+        return self._trim
+
+    @property
+    def end_lsn(self) -> int:
+        return self._next
+
+    @property
+    def durable_lsn(self) -> int:
+        """Every record below this offset is durable."""
+        return self._durable_end
+
+    @property
+    def finished_lsn(self) -> int:
+        return self._finished
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether writes currently bypass the page cache."""
+        return self._direct
+
+    def read(self, lsn: int) -> Record:
+        """The record at ``lsn`` (both CRCs verified)."""
+        if self._rfd < 0:
+            raise EngineClosed(f"{self.path}: the WAL is closed")
+        if lsn < self._trim or lsn >= self._durable_end:
+            raise WalError(
+                f"{self.path}: no durable record at {lsn}: the log holds [{self._trim}, {self._durable_end})."
+            )
+        rd = _Reader(self, chunk=self.block_size * 2)
+        try:
+            h, why = self._check(rd, lsn)
+            if h is None:
+                raise WalError(f"{self.path}: no valid record at logical offset {lsn}: {why}")
+            rec = to_record(h, bytes(rd.get(lsn + HEADER_SIZE, h.body_len)))
+        finally:
+            rd.close()
+        if lsn < self._trim:
+            raise WalError(f"{self.path}: record {lsn} was trimmed while being read")
+        return rec
+
+    def scan(self, start: int | None = None) -> Iterator[Record]:
+        """Records from ``start`` (default and minimum: the trim offset) to the durable end
+        as of the call, in order; PADDING is skipped. Damage raises WalCorruption."""
+        pos = self._trim if start is None else max(start, self._trim)
+        limit = self._durable_end
+        rd = _Reader(self)
+        try:
+            for p, h in self._walk(rd, pos, limit):
+                if h.kind == RecordKind.PADDING:
+                    continue
+                rec = to_record(h, bytes(rd.get(p + HEADER_SIZE, h.body_len)))
+                if p < self._trim:
+                    raise WalError(f"{self.path}: records at {p} were trimmed during the scan")
+                yield rec
+            stop, why = self._stop
+            if why:
+                raise WalCorruption(
+                    f"{self.path}: invalid record at logical offset {stop} below the durable end {limit}: "
+                    f"{why}. Run sediment verify.", path=self.path, offset=stop, reason=why,
+                )
+        finally:
+            rd.close()
+
+    # ---------------------------------------------------------------- closing
+
+    def close(self) -> None:
+        """Write out the open block, stop the threads, and mark the header clean."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._seal()
+            self._work_cv.notify_all()
+        for t in self._threads:
+            t.join()
+        if self._failed is None:
+            self._write_header(SHUTDOWN_CLEAN, self._durable_end)
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        for fd in [self._fd, self._rfd, *self._old_fds]:
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._rfd = -1
+        self._old_fds = []
+        for b in self._pool:
+            b.close()
+        self._pool = []
+
+    def __enter__(self) -> DeviceLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def d_room(log: DeviceLog) -> int:
+    return log.data_capacity

@@ -1,0 +1,107 @@
+"""The log protocol every WAL backend implements (file segments, device ring).
+
+One log serves a whole engine: records of every relation go into it, tagged with
+the relation's id, so one fdatasync makes a group of appends to many relations
+durable and a transaction over several relations commits with one record. The
+engine decides what records mean; the log only keeps them, in order, durably.
+
+Positions (LSNs) are integers that only grow; the file backend numbers records
+0, 1, 2, ...; the device backend uses logical byte offsets. Callers must only
+compare them, never do arithmetic on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from sediment.wal.record import Record
+
+
+@dataclass
+class OpenReport:
+    """What a log found and did when it opened: torn tails cut, index entries rebuilt."""
+
+    torn_tails: list[tuple[str, int, int, str]] = field(default_factory=list)  # (file, offset, bytes cut, reason)
+    rebuilt_index_entries: int = 0
+    records: int = 0
+
+    def describe(self) -> list[str]:
+        return [f"{path}: cut torn tail at offset {off} ({n} bytes): {why}" for path, off, n, why in self.torn_tails]
+
+
+class Ticket(Protocol):
+    """An append in flight."""
+
+    def wait(self) -> int:
+        """Block until durable; the last record's LSN. Raises the write's error."""
+        ...
+
+
+@runtime_checkable
+class WriteAheadLog(Protocol):
+    """An append-only, checksummed, durable sequence of records."""
+
+    report: OpenReport
+
+    def append(self, records: Sequence[Record]) -> int:
+        """Append ``records`` contiguously (no other call's records come between them) and
+        return once they are durable. Sets each record's ``lsn`` and returns the last one.
+        Safe to call from many threads: concurrent calls share one fdatasync."""
+        ...
+
+    def submit(self, records: Sequence[Record],
+               on_durable: Callable[[Sequence[Record]], None] | None = None) -> Ticket:
+        """Queue ``records`` (queue order is log order) and return at once; the ticket's
+        ``wait()`` returns when they are durable. ``on_durable(records)`` runs right after
+        they become durable, in log order, before any waiter wakes; it must not raise."""
+        ...
+
+    @property
+    def sealed_frontiers(self) -> dict[int, int]:
+        """The greatest ``close t`` of each relation id seen in the log, including what
+        FRONTIERS records carried over from trimmed segments."""
+        ...
+
+    def scan(self, start: int | None = None) -> Iterator[Record]:
+        """Every record from ``start`` (default: the oldest kept) to the end, in order."""
+        ...
+
+    def read(self, lsn: int) -> Record:
+        """The record at ``lsn``. Raises WalError if it was trimmed or never written."""
+        ...
+
+    @property
+    def start_lsn(self) -> int:
+        """The oldest LSN still kept (records below it were trimmed)."""
+        ...
+
+    @property
+    def end_lsn(self) -> int:
+        """The LSN the next record will get (for the device: may skip padding)."""
+        ...
+
+    @property
+    def finished_lsn(self) -> int:
+        """Every record below this LSN lies in a finished segment: it will never move or
+        change, and the compacter may turn it into batches."""
+        ...
+
+    def set_finish_listener(self, callback: Callable[[int], None] | None) -> None:
+        """Call ``callback(finished_lsn)`` (from the writer's thread; keep it short) each
+        time a segment is finished."""
+        ...
+
+    def finish_segment(self) -> None:
+        """Finish the current segment now if it holds any record (tests, shutdown, tools)."""
+        ...
+
+    def trim(self, lsn: int) -> None:
+        """Records below ``lsn`` are no longer needed; the log may discard them. Never
+        discards a record at or above ``lsn``, nor anything not yet finished."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release files and threads. Appends after close raise EngineClosed."""
+        ...

@@ -1,0 +1,150 @@
+"""The WAL record: what a record says, and its byte frame.
+
+One frame format serves every WAL backend (file segments, the device ring, and
+replica storage): a 64-byte header with its own CRC32C, then the body with a
+second CRC32C. The header's CRC lets a reader trust ``body_len`` before it reads
+the body, which is how a torn tail is told from damage. See docs/formats.md,
+"WAL record frame". All integers are little-endian.
+
+    off size field
+      0    4 header_crc   crc32c of header bytes [4, 64)
+      4    2 magic        0x5344 ("DS" on disk)
+      6    1 version      1
+      7    1 kind         RecordKind
+      8    4 body_len
+     12    4 body_crc     crc32c of the body
+     16    8 lsn          file backend: sequence number; device: logical byte offset
+     24    8 relation_id  0 when the record belongs to no relation
+     32    8 txn_id       0: the record commits by itself
+     40    8 t_lo         UPDATES: least time; PROGRESS: t of "close t"
+     48    8 t_hi         UPDATES: greatest time; PROGRESS: t
+     56    4 count        UPDATES: rows; FRONTIERS: entries; else 0
+     60    4 reserved     0
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+import crc32c as _crc32c
+
+MAGIC = 0x5344
+VERSION = 1
+HEADER = struct.Struct("<IHBBIIQQQqqII")
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 64
+MAX_BODY = 1 << 30
+FRONTIER_ENTRY = struct.Struct("<Qq")
+
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC32C (Castagnoli), the checksum of every byte sediment writes."""
+    return _crc32c.crc32c(data, value)
+
+
+class RecordKind(IntEnum):
+    UPDATES = 1  # an Arrow IPC record batch of (columns..., time, diff)
+    PROGRESS = 2  # "close t": no more updates at times <= t for relation_id
+    BEGIN = 3  # a transaction starts; its records carry txn_id
+    COMMIT = 4  # the transaction's records take effect, all at once
+    ABORT = 5  # the transaction's records are discarded
+    FRONTIERS = 6  # every relation's sealed frontier, at a segment boundary
+    PADDING = 7  # device ring: fills the gap before wrapping; carries nothing
+
+
+@dataclass(slots=True)
+class Record:
+    """One WAL record. ``lsn`` is assigned by the log when the record is appended."""
+
+    kind: RecordKind
+    relation_id: int = 0
+    txn_id: int = 0
+    t_lo: int = 0
+    t_hi: int = 0
+    count: int = 0
+    body: bytes = b""  # any buffer (bytes, pyarrow.Buffer, memoryview)
+    lsn: int = -1
+
+    @property
+    def frame_size(self) -> int:
+        return HEADER_SIZE + len(self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A decoded, checksum-verified record header."""
+
+    kind: int
+    body_len: int
+    body_crc: int
+    lsn: int
+    relation_id: int
+    txn_id: int
+    t_lo: int
+    t_hi: int
+    count: int
+
+    @property
+    def frame_size(self) -> int:
+        return HEADER_SIZE + self.body_len
+
+
+def encode_header(record: Record, lsn: int, body_crc: int | None = None) -> bytes:
+    """The 64-byte header of the record's frame at ``lsn``; the body follows it unchanged.
+    Pass ``body_crc`` when it was computed earlier (outside the writer's critical section)."""
+    body = record.body
+    if len(body) > MAX_BODY:
+        raise ValueError(f"record body of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
+    if body_crc is None:
+        body_crc = crc32c(body)
+    head = HEADER.pack(
+        0, MAGIC, VERSION, int(record.kind), len(body), body_crc, lsn,
+        record.relation_id, record.txn_id, record.t_lo, record.t_hi, record.count, 0,
+    )
+    return struct.pack("<I", crc32c(memoryview(head)[4:])) + head[4:]
+
+
+def encode(record: Record, lsn: int, body_crc: int | None = None) -> bytes:
+    """The record's whole frame (header and body) at ``lsn``."""
+    return encode_header(record, lsn, body_crc) + bytes(record.body)
+
+
+def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header | None:
+    """The header at ``offset``, or None if it is short, fails its CRC, or has a wrong
+    magic, version or kind. Never raises on garbage."""
+    if len(buf) - offset < HEADER_SIZE:
+        return None
+    view = memoryview(buf)[offset : offset + HEADER_SIZE]
+    (hcrc, magic, version, kind, body_len, body_crc, lsn, rel, txn, t_lo, t_hi, count, _r) = HEADER.unpack(view)
+    if magic != MAGIC or version != VERSION:
+        return None
+    if crc32c(view[4:]) != hcrc:
+        return None
+    if kind not in _KINDS or body_len > MAX_BODY:
+        return None
+    return Header(kind, body_len, body_crc, lsn, rel, txn, t_lo, t_hi, count)
+
+
+def body_ok(header: Header, body: bytes | bytearray | memoryview) -> bool:
+    return len(body) == header.body_len and crc32c(body) == header.body_crc
+
+
+def to_record(header: Header, body: bytes) -> Record:
+    return Record(
+        RecordKind(header.kind), header.relation_id, header.txn_id,
+        header.t_lo, header.t_hi, header.count, bytes(body), header.lsn,
+    )
+
+
+def encode_frontiers(frontiers: dict[int, int]) -> bytes:
+    """FRONTIERS body: (relation_id u64, sealed i64) pairs sorted by relation id."""
+    return b"".join(FRONTIER_ENTRY.pack(r, t) for r, t in sorted(frontiers.items()))
+
+
+def decode_frontiers(body: bytes) -> dict[int, int]:
+    return {r: t for r, t in FRONTIER_ENTRY.iter_unpack(body)}
+
+
+_KINDS = frozenset(int(k) for k in RecordKind)
