@@ -154,7 +154,7 @@ class FileBlobStore:
         try:
             tmp = self._write_temp(path, key, data)
             try:
-                os.replace(tmp, path)
+                os.link(tmp, path)
             except FileExistsError:
                 if path.is_dir():
                     raise BlobError(

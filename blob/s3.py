@@ -86,7 +86,9 @@ class S3BlobStore:
         if not bucket:
             raise ValueError("S3 bucket name is empty; use s3://bucket/prefix")
         if part_size < MIN_PART_SIZE:
-            raise ValueError(f"S3 part_size {part_size} is below S3's minimum of {MIN_PART_SIZE} bytes (5 MiB)")
+            raise ValueError(
+                f"S3 part_size {part_size} is below S3's minimum of {MIN_PART_SIZE} bytes (5 MiB); raise it"
+            )
         if max_attempts < 1:
             raise ValueError(f"S3 max_attempts must be >= 1 (the first attempt counts), got {max_attempts}")
         if multipart_concurrency < 1:
@@ -141,7 +143,8 @@ class S3BlobStore:
 
     def _fail(self, op: str, key: str, e: Exception, extra: str = "") -> BlobError:
         if isinstance(e, ClientError):
-            what = f"{_error_code(e) or _status(e)}: {e.response.get('Error', {}).get('Message', '')}".rstrip(": ")
+            message = e.response.get("Error", {}).get("Message", "")
+            what = f"{_error_code(e) or _status(e)}: {message}".rstrip(": ")
             attempts = f"{_retries(e) + 1} attempt(s)"
         else:
             what = f"{type(e).__name__}: {e}"
@@ -248,7 +251,7 @@ class S3BlobStore:
             code = _error_code(e)
             if code in _EXISTS_CODES or _status(e) in (409, 412):
                 if _retries(e) > 0 and self._holds(key, data):
-                    log.info("S3 put_if_absent of %s: an earlier attempt of this call landed", self._where(key))
+                    log.info("S3 put_if_absent of %s: an earlier attempt of this call landed", full)
                     return
                 raise BlobAlreadyExists(
                     f"an object already exists at {self._where(key)}; put_if_absent never replaces one"
@@ -339,7 +342,10 @@ class S3BlobStore:
 
     def list(self, prefix: str = "") -> list[str]:
         if self._closed:
-            raise BlobError(f"list of prefix {prefix!r} in s3://{self.bucket}/{self.prefix}: the store is closed")
+            raise BlobError(
+                f"list of prefix {prefix!r} in s3://{self.bucket}/{self.prefix}: "
+                "the store is closed; open a new one"
+            )
         keys: list[str] = []
         try:
             pages = self._client.get_paginator("list_objects_v2").paginate(

@@ -41,7 +41,9 @@ def open_blob_store(uri: str, **options: Any) -> BlobStore:
         raise ValueError(f"unknown blob store option(s) {unknown}; known: {sorted(_S3_OPTIONS)}")
     if "://" not in uri:
         if not uri:
-            raise ValueError("blob store URI is empty; use memory://, file:///path, a path, or s3://bucket/prefix")
+            raise ValueError(
+                "blob store URI is empty; use memory://, file:///path, a path, or s3://bucket/prefix"
+            )
         _no_options(uri, opts)
         return FileBlobStore(uri)
     parts = urlsplit(uri)
@@ -54,7 +56,8 @@ def open_blob_store(uri: str, **options: Any) -> BlobStore:
         _no_options(uri, opts)
         if parts.netloc not in ("", "localhost"):
             raise ValueError(
-                f"blob store URI {uri!r} names host {parts.netloc!r}; file URIs are local: use file:///abs/path"
+                f"blob store URI {uri!r} names host {parts.netloc!r}; "
+                "file URIs are local: use file:///abs/path"
             )
         if not parts.path:
             raise ValueError(f"blob store URI {uri!r} has no path; use file:///abs/path")

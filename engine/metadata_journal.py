@@ -296,9 +296,7 @@ def _replay(
         if e.op == OP_SET:
             want = 0 if current is None else current.version + 1
             if e.version != want:
-                raise _corruption(
-                    path, e.offset, f"set of {e.key!r} to version {e.version}, expected {want}"
-                )
+                raise _corruption(path, e.offset, f"set of {e.key!r} to version {e.version}, expected {want}")
             state[e.key] = Versioned(e.value, e.version)
         else:
             state.pop(e.key, None)

@@ -16,12 +16,7 @@ MAX_VALUE_BYTES = 1_000_000
 
 def _bad_char(ch: str) -> bool:
     o = ord(ch)
-    return (
-        o < 0x20
-        or 0x7F <= o <= 0x9F
-        or 0xD800 <= o <= 0xF8FF
-        or 0xFFF0 <= o <= 0xFFFF
-    )
+    return o < 0x20 or 0x7F <= o <= 0x9F or 0xD800 <= o <= 0xF8FF or 0xFFF0 <= o <= 0xFFFF
 
 
 def _check_chars(text: str, what: str) -> None:
@@ -72,18 +67,14 @@ def validate_prefix(prefix: str) -> str:
         )
     for segment in prefix.split("/")[:-1]:
         if segment in ("", ".", ".."):
-            raise InvalidMetadataRequest(
-                f"metadata prefix {prefix!r} has an empty, '.' or '..' segment"
-            )
+            raise InvalidMetadataRequest(f"metadata prefix {prefix!r} has an empty, '.' or '..' segment")
     return prefix
 
 
 def validate_value(key: str, value: bytes) -> bytes:
     """Check ``value`` is bytes within MAX_VALUE_BYTES and return it as ``bytes``."""
     if not isinstance(value, bytes | bytearray | memoryview):
-        raise InvalidMetadataRequest(
-            f"metadata value for {key!r} must be bytes, got {type(value).__name__}"
-        )
+        raise InvalidMetadataRequest(f"metadata value for {key!r} must be bytes, got {type(value).__name__}")
     value = bytes(value)
     if len(value) > MAX_VALUE_BYTES:
         raise InvalidMetadataRequest(

@@ -238,9 +238,7 @@ class ZooKeeperMetadataStore:
             except MetadataError:
                 raise
             except KazooException as exc:
-                raise MetadataError(
-                    f"ZooKeeper at {self.hosts} refused to {what}: {exc!r}"
-                ) from exc
+                raise MetadataError(f"ZooKeeper at {self.hosts} refused to {what}: {exc!r}") from exc
 
     def _get_node(self, path: str, deadline: float) -> tuple[tuple[int, bytes, bytes] | None, Any] | None:
         """(decoded, stat) of ``path``, or None when the znode does not exist."""
@@ -275,7 +273,9 @@ class ZooKeeperMetadataStore:
         def create(deadline: float) -> int:
             try:
                 self._call(
-                    lambda: self._client.create_async(path, encode_key_node(value, 0, write_id), makepath=True),
+                    lambda: self._client.create_async(
+                        path, encode_key_node(value, 0, write_id), makepath=True
+                    ),
                     deadline,
                     f"create {path}",
                 )

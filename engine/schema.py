@@ -95,6 +95,24 @@ def parse_schema_spec(spec: str) -> pa.Schema:
     return check_schema(pa.schema(fields))
 
 
+def _family(t: pa.DataType) -> str:
+    for name, test in (("int", pa.types.is_integer), ("float", pa.types.is_floating),
+                       ("str", lambda x: pa.types.is_string(x) or pa.types.is_large_string(x)),
+                       ("bin", lambda x: pa.types.is_binary(x) or pa.types.is_large_binary(x)),
+                       ("bool", pa.types.is_boolean), ("date", pa.types.is_date),
+                       ("ts", pa.types.is_timestamp), ("dec", pa.types.is_decimal), ("null", pa.types.is_null)):
+        if test(t):
+            return name
+    return str(t)
+
+
+def _may_cast(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Only conversions that keep the meaning: within a family (or ints into floats), never
+    strings parsed into numbers."""
+    a, b = _family(src), _family(dst)
+    return a == b or a == "null" or (a == "int" and b == "float")
+
+
 def update_schema(schema: pa.Schema) -> pa.Schema:
     """The schema of a relation's stored updates: its columns, then ``time`` and ``diff``."""
     return pa.schema(list(schema) + [pa.field("time", pa.int64(), nullable=False),
@@ -132,6 +150,10 @@ def conform_updates(relation: str, schema: pa.Schema, updates: object) -> pa.Tab
     for field in target:
         col = updates.column(field.name)
         if col.type != field.type:
+            if not _may_cast(col.type, field.type):
+                kind = InvalidUpdates if field.name in RESERVED else SchemaMismatch
+                raise kind(f"column {field.name!r} of updates for {relation!r} has type {col.type}; the relation "
+                           f"needs {field.type}")
             try:
                 col = pc.cast(col, field.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

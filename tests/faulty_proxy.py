@@ -64,7 +64,9 @@ class FaultyProxy:
         self._server.daemon_threads = False
         self._server.block_on_close = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="faulty-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="faulty-proxy", daemon=True
+        )
         self._thread.start()
 
     def __enter__(self) -> FaultyProxy:
@@ -81,10 +83,11 @@ class FaultyProxy:
 
     def fail_next(self, n: int, status: int = 503, match: Match | None = None, code: str = "") -> None:
         """Answer the next ``n`` matching requests with ``status`` and an S3 XML error, without forwarding."""
-        self._add(_Fault("fail", n, match, status=status, code=code or _S3_CODES.get(status, "InternalError")))
+        code = code or _S3_CODES.get(status, "InternalError")
+        self._add(_Fault("fail", n, match, status=status, code=code))
 
     def stall_next(self, n: int, seconds: float = 5.0, match: Match | None = None) -> None:
-        """Hold the next ``n`` matching requests for ``seconds`` (or until close), never forwarding or answering."""
+        """Hold the next ``n`` matching requests for ``seconds`` (or until close); never forward or answer."""
         self._add(_Fault("stall", n, match, seconds=seconds))
 
     def drop_response_next(self, n: int, match: Match | None = None) -> None:

@@ -4,6 +4,7 @@ file-store crash-safety and S3 fault tolerance through a real fault-injecting pr
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -454,13 +455,15 @@ def test_s3_put_if_absent_whose_answer_was_lost_succeeds(proxied: Any) -> None:
 
 @pytest.mark.s3
 def test_s3_unreachable_endpoint_is_a_clear_error() -> None:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     store = S3BlobStore(
-        "bucket", endpoint_url=f"http://127.0.0.1:{port}", connect_timeout=0.2, read_timeout=0.2, max_attempts=2
+        "bucket",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        connect_timeout=0.2,
+        read_timeout=0.2,
+        max_attempts=2,
     )
     try:
         with pytest.raises(BlobError, match="'k'") as info:

@@ -518,7 +518,9 @@ def test_zookeeper_connect_timeout_when_down(zookeeper, zk_root: str) -> None:
 @pytest.mark.zookeeper
 def test_zookeeper_session_expiry_is_observable(zookeeper, zk_root: str) -> None:
     lost = threading.Event()
-    s = ZooKeeperMetadataStore(zookeeper.hosts, zk_root, timeout=5, session_timeout=4, on_session_lost=lost.set)
+    s = ZooKeeperMetadataStore(
+        zookeeper.hosts, zk_root, timeout=5, session_timeout=4, on_session_lost=lost.set
+    )
     try:
         s.compare_and_set("x", b"1", None)
         assert not s.session_lost

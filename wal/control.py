@@ -22,7 +22,8 @@ from sediment.wal.record import crc32c
 CONTROL_NAME = "sediment-wal.ctl"
 MAGIC = b"SDCT"
 VERSION = 1
-HEADER = struct.Struct("<4sIq16sII")  # magic, version, created_ns, cluster key, partitions, header crc
+HEADER = struct.Struct("<4sIq16sI")  # magic, version, created_ns, cluster key, partitions
+CRC_OFFSET = 124  # crc32c of header bytes [0, 124)
 HEADER_SIZE = 128
 STATE = struct.Struct("<qqqQI")  # session id, low-water mark, local low-water mark, sequence, crc
 PARTITION = struct.Struct("<I")
@@ -163,9 +164,9 @@ class ControlFile:
 
     @staticmethod
     def _write_whole(path: str, header: ControlHeader, states: dict[int, PartitionState]) -> None:
-        head = HEADER.pack(MAGIC, header.version, header.created_ns, header.cluster_key.bytes, len(states), 0)
-        head = head[:-4] + struct.pack("<I", crc32c(head[:-4]))
-        out = bytearray(head.ljust(HEADER_SIZE, b"\0"))
+        head = HEADER.pack(MAGIC, header.version, header.created_ns, header.cluster_key.bytes,
+                           len(states)).ljust(CRC_OFFSET, b"\0")
+        out = bytearray(head + struct.pack("<I", crc32c(head)))
         for pid, state in states.items():
             out += PARTITION.pack(pid)
             first = _pack_state(state) if state.sequence % 2 == 0 else bytes(STATE.size)
@@ -186,13 +187,14 @@ def _parse_header(data: bytes, path: str) -> ControlHeader:
     if len(data) < HEADER_SIZE:
         raise WalCorruption(f"control file {path} is shorter than its 128-byte header", path=path, offset=0,
                             reason="truncated header")
-    magic, version, created, key, parts, crc = HEADER.unpack_from(data, 0)
+    magic, version, created, key, parts = HEADER.unpack_from(data, 0)
+    (crc,) = struct.unpack_from("<I", data, CRC_OFFSET)
     if magic != MAGIC:
         raise WalCorruption(f"{path} is not a sediment control file (magic {magic!r})", path=path, offset=0,
                             reason="bad magic")
     if version != VERSION:
         raise WalError(f"{path} has control-file format version {version}; this build reads {VERSION}")
-    if crc32c(data[: HEADER.size - 4]) != crc:
+    if crc32c(data[:CRC_OFFSET]) != crc:
         raise WalCorruption(f"control file {path} header fails its checksum (offset 0)", path=path, offset=0,
                             reason="header checksum")
     return ControlHeader(version, created, uuid.UUID(bytes=key), parts)

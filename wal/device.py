@@ -37,7 +37,6 @@ from typing import Any
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalFull
 from sediment.wal.protocol import OpenReport
 from sediment.wal.record import (
-    HEADER,
     HEADER_SIZE,
     Header,
     Record,
@@ -45,8 +44,8 @@ from sediment.wal.record import (
     crc32c,
     decode_frontiers,
     decode_header,
-    encode,
     encode_frontiers,
+    encode_header,
     to_record,
 )
 
@@ -109,7 +108,7 @@ class RingHeader:
 class _Block:
     """A run of records written with one aligned pwrite."""
 
-    __slots__ = ("start", "fill", "buf", "pooled", "event", "done", "durable", "frontiers_end", "born")
+    __slots__ = ("start", "fill", "buf", "pooled", "event", "done", "durable", "frontiers_end", "born", "tickets")
 
     def __init__(self, start: int, buf: mmap.mmap, pooled: bool) -> None:
         self.start = start
@@ -121,10 +120,31 @@ class _Block:
         self.durable = False
         self.frontiers_end = -1
         self.born = time.monotonic()
+        self.tickets: list[DeviceTicket] = []
 
     @property
     def end(self) -> int:
         return self.start + self.fill
+
+
+class DeviceTicket:
+    """An append in flight (see ``DeviceLog.submit``)."""
+
+    __slots__ = ("records", "on_durable", "block", "log")
+
+    def __init__(self, log: DeviceLog, records: Sequence[Record],
+                 on_durable: Callable[[Sequence[Record]], None] | None) -> None:
+        self.log = log
+        self.records = records
+        self.on_durable = on_durable
+        self.block: _Block | None = None
+
+    def wait(self) -> int:
+        """Block until the records (and everything before them) are durable; the last
+        record's LSN. Raises WalError if the log failed first."""
+        assert self.block is not None
+        self.log._await(self.block)
+        return self.records[-1].lsn
 
 
 class _Plan:
@@ -263,7 +283,6 @@ class DeviceLog:
         self._work_cv = threading.Condition(self._lock)
         self._space_cv = threading.Condition(self._lock)
         self._alloc_lock = threading.Lock()
-        self._notify_lock = threading.Lock()
         self._pool: list[mmap.mmap] = []
         self._pool_size = _align_up(self.max_block_bytes, block_size)
         self._cur: _Block | None = None
@@ -281,6 +300,10 @@ class DeviceLog:
         self._failed: BaseException | None = None
         self._closed = False
         self._threads: list[threading.Thread] = []
+        self._full_waiters = 0
+        self._done_q: deque[_Block] = deque()
+        self._notifying = False
+        self._sealed: dict[int, int] = {}
 
     def _open_fds(self, create: bool) -> bool:
         """Open the write and read fds; returns whether the file was created now."""
@@ -307,7 +330,7 @@ class DeviceLog:
                 else:
                     self._rdirect = True
                 return fd
-        return os.open(self.path, flags & ~os.O_EXCL if not write else flags, 0o644)
+        return os.open(self.path, flags & ~os.O_EXCL, 0o644)
 
     def _warn_fallback(self, why: str) -> None:
         if not self._warned:
@@ -475,19 +498,19 @@ class DeviceLog:
             buf.close()
 
     def _write_header(self, shutdown: int, clean_end: int, window: int | None = None, trim: int | None = None) -> None:
+        """Write the next header copy (slot = seq % 2); new values take effect only once
+        it is durable."""
         with self._hdr_lock:
-            if window is not None:
-                self._window = window
-            if trim is not None:
-                self._trim = trim
-            self._seq += 1
-            hdr = RingHeader(self.block_size, self.capacity, self._trim, self._seq, self._window, shutdown, clean_end)
+            window = self._window if window is None else window
+            trim = self._trim if trim is None else max(trim, self._trim)
+            hdr = RingHeader(self.block_size, self.capacity, trim, self._seq + 1, window, shutdown, clean_end)
             buf = mmap.mmap(-1, self.block_size)
             try:
                 buf[: SLOT.size + 4] = hdr.pack()
-                self._write_at(memoryview(buf), (self._seq % 2) * self.block_size)
+                self._write_at(memoryview(buf), (hdr.seq % 2) * self.block_size)
             finally:
                 buf.close()
+            self._seq, self._window, self._trim = hdr.seq, window, trim
 
     # ---------------------------------------------------------------- recovery
 
@@ -551,8 +574,9 @@ class DeviceLog:
                     self._frontier_lsns.append(pos)
                     self._finished = last_end
                     self._seg_start = last_end
-                    self._seg_records = -1
-                self._seg_records += 1
+                    self._seg_records = 0
+                elif h.kind != RecordKind.PADDING:
+                    self._seg_records += 1
             stop, why = self._stop
             window = max(hdr.window, bs)
             found_end = stop
@@ -584,12 +608,13 @@ class DeviceLog:
                 )
             if why:
                 kind = "damage" if damaged else "torn tail"
-                cut = max(found_end, _align_up(stop, bs)) - stop
+                cut = max(found_end, _align_up(stop + 1, bs)) - stop
                 extra = f"; discarded {found} unacknowledged records after it, up to {found_end}" if found else ""
                 self.report.torn_tails.append((self.path, stop, cut, f"{kind}: {why}{extra}"))
         finally:
             rd.close()
         self.report.records = records
+        self._sealed = dict(self._frontiers)
         self._durable_end = last_end
         self._next = _align_up(last_end, bs)
         self._finished = max(self._finished, trim)
@@ -664,7 +689,8 @@ class DeviceLog:
         self._write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
 
     def _complete(self, blk: _Block) -> None:
-        done: list[_Block] = []
+        """Advance the durable end over blocks finished in order; then (one thread at a
+        time, no lock held, in log order) run callbacks and wake waiters."""
         with self._lock:
             blk.done = True
             while self._inflight and self._inflight[0].done:
@@ -673,15 +699,33 @@ class DeviceLog:
                 self._durable_end = b.end
                 if b.frontiers_end >= 0:
                     self._finished = b.frontiers_end
-                done.append(b)
                 if b.pooled and len(self._pool) < 2 * self.io_threads + 2:
                     self._pool.append(b.buf)
                 else:
                     b.buf.close()
                 b.buf = None  # type: ignore[assignment]
+                self._done_q.append(b)
             self._work_cv.notify_all()
-        with self._notify_lock:
-            for b in done:
+            if self._notifying:
+                return
+            self._notifying = True
+        while True:
+            with self._lock:
+                if not self._done_q:
+                    self._notifying = False
+                    return
+                batch = list(self._done_q)
+                self._done_q.clear()
+            for b in batch:
+                for t in b.tickets:
+                    for r in t.records:
+                        if r.kind == RecordKind.PROGRESS:
+                            self._sealed[r.relation_id] = max(self._sealed.get(r.relation_id, r.t_hi), r.t_hi)
+                    if t.on_durable is not None:
+                        try:
+                            t.on_durable(t.records)
+                        except Exception:
+                            _log.exception("%s: on_durable callback failed", self.path)
                 if b.frontiers_end > self._notified:
                     self._notified = b.frontiers_end
                     cb = self._listener
@@ -766,63 +810,77 @@ class DeviceLog:
             self._plan_seal(p, out)
         return _align_up(p.next, self.block_size)
 
-    def _apply(self, out: list, frames: list[bytes | Record]) -> list[int]:
-        lsns: list[int] = []
+    def _apply(self, out: list, frames: list[tuple[Record, int | None]]) -> list[tuple[int, _Block]]:
+        """Carry out a plan; returns each frame's LSN and block."""
+        placed: list[tuple[int, _Block]] = []
         fi = 0
         for step in out:
             op = step[0]
             if op == "open":
                 _, start, cap = step
                 if cap == self._pool_size and self._pool:
-                    buf, pooled = self._pool.pop(), True
+                    buf = self._pool.pop()
                 else:
-                    buf, pooled = mmap.mmap(-1, cap), cap == self._pool_size
-                self._cur = _Block(start, buf, pooled)
-                self._next = start
+                    buf = mmap.mmap(-1, cap)
+                self._cur = _Block(start, buf, cap == self._pool_size)
             elif op == "seal":
                 self._seal()
-            elif op == "zeros":
+            else:
                 cur = self._cur
                 assert cur is not None
-                cur.buf[cur.fill : cur.fill + step[1]] = bytes(step[1])
-                cur.fill += step[1]
-                self._next += step[1]
-            else:
-                _, lsn, n = step
-                cur = self._cur
-                assert cur is not None and lsn == self._next
-                if op == "pad":
-                    frame = encode(Record(RecordKind.PADDING, body=bytes(n - HEADER_SIZE)), lsn)
+                n = step[-1]
+                at = cur.fill
+                if op == "zeros":
+                    cur.buf[at : at + n] = bytes(n)
                 else:
-                    frame = frames[fi](lsn) if callable(frames[fi]) else frames[fi]
-                    fi += 1
-                    lsns.append(lsn)
-                cur.buf[cur.fill : cur.fill + n] = frame
+                    lsn = step[1]
+                    assert lsn == self._next
+                    if op == "pad":
+                        rec, crc = Record(RecordKind.PADDING, body=bytes(n - HEADER_SIZE)), None
+                    else:
+                        rec, crc = frames[fi]
+                        fi += 1
+                        placed.append((lsn, cur))
+                    cur.buf[at : at + HEADER_SIZE] = encode_header(rec, lsn, crc)
+                    cur.buf[at + HEADER_SIZE : at + n] = rec.body
                 cur.fill += n
                 self._next += n
-        return lsns
+        return placed
 
     def append(self, records: Sequence[Record]) -> int:
         """Append ``records`` contiguously; return once they and everything before them
         are durable. Waits up to ``full_timeout`` for room, then raises WalFull."""
+        return self.submit(records).wait()
+
+    def submit(self, records: Sequence[Record],
+               on_durable: Callable[[Sequence[Record]], None] | None = None) -> DeviceTicket:
+        """Place ``records`` in the ring (placement order is log order) and return a
+        ticket whose ``wait()`` returns once they are durable; ``on_durable(records)``
+        runs on an I/O thread right after that, in log order, before any waiter wakes.
+        Returns at once unless the ring is full (then waits up to ``full_timeout``)."""
         if not records:
-            raise ValueError("append needs at least one record")
+            raise ValueError("submit needs at least one record")
         crcs = [crc32c(r.body) for r in records]
         sizes = [r.frame_size for r in records]
         d = self.data_capacity
-        for r, n in zip(records, sizes, strict=True):
+        for n in sizes:
             if n > d:
                 raise WalError(
                     f"{self.path}: a record of {n} bytes cannot fit a ring whose data area is {d} bytes; "
                     "raise the WAL capacity or split the record."
                 )
-        return self._append(records, crcs, sizes, force_frontiers=False)[0]
+        ticket = DeviceTicket(self, records, on_durable)
+        self._place(records, crcs, sizes, False, ticket)
+        return ticket
 
-    def _append(self, records: Sequence[Record], crcs: list[int], sizes: list[int],
-                force_frontiers: bool) -> tuple[int, _Block | None]:
+    def _place(self, records: Sequence[Record], crcs: list[int], sizes: list[int],
+               force_frontiers: bool, ticket: DeviceTicket | None) -> _Block | None:
+        """Place the frames (and a FRONTIERS record at a segment boundary); returns the
+        FRONTIERS record's block, if one was written."""
         deadline = time.monotonic() + self.full_timeout
+        total = sum(sizes)
         if not self._alloc_lock.acquire(timeout=self.full_timeout):
-            raise self._full(sum(sizes))
+            raise self._full(total)
         try:
             with self._lock:
                 while True:
@@ -833,58 +891,54 @@ class DeviceLog:
                         frontiers = dict(frontiers)
                         for r in progress:
                             frontiers[r.relation_id] = max(frontiers.get(r.relation_id, r.t_hi), r.t_hi)
-                    seg_records = self._seg_records + sum(r.kind != RecordKind.PADDING for r in records)
-                    finish = (force_frontiers and seg_records > 0) or (
-                        bool(records) and self._next + sum(sizes) - self._seg_start >= self.segment_bytes
+                    seg_records = self._seg_records + len(records)
+                    finish = seg_records > 0 and (
+                        force_frontiers or self._next + total - self._seg_start >= self.segment_bytes
                     )
+                    if not records and not finish:
+                        return None
                     fbody = encode_frontiers(frontiers) if finish else b""
                     fsize = HEADER_SIZE + len(fbody) if finish else 0
                     end = self._plan_call(sizes, fsize, None)
-                    if end - self._next > d_room(self):
+                    if end - self._next > self.data_capacity:
                         raise WalError(
-                            f"{self.path}: an append of {sum(sizes)} bytes can never fit the "
+                            f"{self.path}: an append of {total} bytes can never fit the "
                             f"{self.data_capacity}-byte ring; raise the WAL capacity or append less at once."
                         )
                     if end <= self._trim + self.data_capacity:
                         break
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise self._full(sum(sizes))
-                    self._space_cv.wait(left)
+                        raise self._full(total)
+                    self._full_waiters += 1
+                    try:
+                        self._space_cv.wait(left)
+                    finally:
+                        self._full_waiters -= 1
                 out: list = []
                 self._plan_call(sizes, fsize, out)
-                frames: list[Any] = [
-                    (lambda lsn, r=r, c=c: encode(r, lsn, c)) for r, c in zip(records, crcs, strict=True)
-                ]
+                frames: list[tuple[Record, int | None]] = list(zip(records, crcs, strict=True))
                 if finish:
-                    frec = Record(RecordKind.FRONTIERS, count=len(frontiers), body=fbody)
-                    frames.append(lambda lsn: encode(frec, lsn))
-                lsns = self._apply(out, frames)
-                for r, lsn in zip(records, lsns, strict=False):
+                    frames.append((Record(RecordKind.FRONTIERS, count=len(frontiers), body=fbody), None))
+                placed = self._apply(out, frames)
+                for r, (lsn, _) in zip(records, placed, strict=False):
                     r.lsn = lsn
+                if ticket is not None:
+                    ticket.block = placed[len(records) - 1][1]
+                    ticket.block.tickets.append(ticket)
                 self._frontiers = frontiers
                 self._seg_records = seg_records
-                last_blk: _Block | None = None
+                fblk = None
                 if finish:
-                    flsn = lsns[-1]
-                    fend = flsn + fsize
-                    blk = self._pending[-1]
-                    blk.frontiers_end = fend
+                    flsn, fblk = placed[-1]
+                    fblk.frontiers_end = flsn + fsize
                     self._frontier_lsns.append(flsn)
-                    self._seg_start = fend
+                    self._seg_start = flsn + fsize
                     self._seg_records = 0
-                    last_blk = blk
-                    if not records:
-                        frec.lsn = flsn
-                # the block holding the last frame: the open block, or the last sealed one
-                wait_blk = self._cur if self._cur is not None and self._cur.start <= lsns[-1] else self._pending[-1]
-                if last_blk is None:
-                    last_blk = wait_blk
                 self._work_cv.notify()
+                return fblk
         finally:
             self._alloc_lock.release()
-        self._await(wait_blk)
-        return (records[-1].lsn if records else -1), last_blk
 
     def _await(self, blk: _Block) -> None:
         blk.event.wait()
@@ -915,7 +969,7 @@ class DeviceLog:
     def finish_segment(self) -> None:
         """Append a FRONTIERS record now (if the segment holds any record) and wait until
         it is durable and the listener has been told."""
-        _, blk = self._append([], [], [], force_frontiers=True)
+        blk = self._place([], [], [], True, None)
         if blk is not None:
             self._await(blk)
 
@@ -932,17 +986,16 @@ class DeviceLog:
                     "Trim only LSNs that append() returned and the compacter has finished with."
                 )
             target = -1
-            while self._frontier_lsns and self._frontier_lsns[0] <= lsn and self._frontier_lsns[0] < self._finished:
-                target = self._frontier_lsns.popleft()
-            if self._frontier_lsns and target >= 0:
-                pass
-            if target < 0 or target <= self._trim:
-                if target >= 0:
-                    self._frontier_lsns.appendleft(target)
+            for f in self._frontier_lsns:
+                if f > lsn or f >= self._finished:
+                    break
+                target = f
+            if target <= self._trim:
                 return
-            self._frontier_lsns.appendleft(target)
         self._write_header(SHUTDOWN_RUNNING, 0, trim=target)
         with self._lock:
+            while self._frontier_lsns and self._frontier_lsns[0] < target:
+                self._frontier_lsns.popleft()
             self._space_cv.notify_all()
 
     # ---------------------------------------------------------------- reading
@@ -963,6 +1016,17 @@ class DeviceLog:
     @property
     def finished_lsn(self) -> int:
         return self._finished
+
+    @property
+    def sealed_frontiers(self) -> dict[int, int]:
+        """The greatest ``close t`` of each relation id in the durable log, including what
+        FRONTIERS records carried over from trimmed segments."""
+        return dict(self._sealed)
+
+    @property
+    def full_waiters(self) -> int:
+        """Appends now waiting for room in a full ring (for metrics and tests)."""
+        return self._full_waiters
 
     @property
     def direct_io(self) -> bool:
@@ -1022,6 +1086,7 @@ class DeviceLog:
             self._closed = True
             self._seal()
             self._work_cv.notify_all()
+            self._space_cv.notify_all()
         for t in self._threads:
             t.join()
         if self._failed is None:
@@ -1044,6 +1109,3 @@ class DeviceLog:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def d_room(log: DeviceLog) -> int:
-    return log.data_capacity

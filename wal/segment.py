@@ -23,7 +23,8 @@ from sediment.wal import record as rec
 SEG_MAGIC = b"SDSG"
 IDX_MAGIC = b"SDIX"
 VERSION = 1
-HEADER = struct.Struct("<4sIq16sIIqQI")  # magic, version, created, key, partition, reserved, first, ckpt, crc
+HEADER = struct.Struct("<4sIq16sIIqQ")  # magic, version, created, key, partition, reserved, first, checkpoint
+CRC_OFFSET = 124  # crc32c of bytes [0, 124): the whole header, reserved bytes included
 HEADER_SIZE = 128
 NAME_DIGITS = 19
 _MAGIC_BYTES = struct.pack("<H", rec.MAGIC)
@@ -57,19 +58,19 @@ class SegmentHeader:
 
     def pack(self) -> bytes:
         raw = HEADER.pack(self.magic, self.version, self.created_ns, self.cluster_key.bytes, self.partition, 0,
-                          self.first_lsn, self.checkpoint, 0)
-        raw = raw[:-4] + struct.pack("<I", rec.crc32c(raw[:-4]))
-        return raw.ljust(HEADER_SIZE, b"\0")
+                          self.first_lsn, self.checkpoint).ljust(CRC_OFFSET, b"\0")
+        return raw + struct.pack("<I", rec.crc32c(raw))
 
 
 def parse_header(buf: bytes | memoryview) -> SegmentHeader | None:
     """The header, or None when short, of the wrong format, or failing its CRC."""
     if len(buf) < HEADER_SIZE:
         return None
-    magic, version, created, key, part, _res, first, ckpt, crc = HEADER.unpack_from(buf, 0)
+    magic, version, created, key, part, _res, first, ckpt = HEADER.unpack_from(buf, 0)
     if magic not in (SEG_MAGIC, IDX_MAGIC) or version != VERSION:
         return None
-    if rec.crc32c(bytes(buf[: HEADER.size - 4])) != crc:
+    (crc,) = struct.unpack_from("<I", buf, CRC_OFFSET)
+    if rec.crc32c(bytes(buf[:CRC_OFFSET])) != crc:
         return None
     return SegmentHeader(magic, version, created, uuid.UUID(bytes=key), part, first, ckpt)
 

@@ -1,0 +1,559 @@
+"""The ``sediment`` command: manage relations, append files, seal, read, verify a data directory.
+
+    sediment [--data-dir DIR] relation add NAME --schema 'id:int64,name:string'
+    sediment relation drop NAME | relation list
+    sediment append NAME FILE.csv|FILE.parquet
+    sediment seal NAME T      sediment since NAME T
+    sediment read NAME --as-of T [--out FILE.csv|FILE.parquet]
+    sediment verify [--repair]
+    sediment demo [--rows N]
+
+Users never see a traceback: every failure is one ``sediment: error: ...`` line on
+stderr, exit code 2 for a malformed command line and 1 for an operation that
+failed (``SEDIMENT_DEBUG=1`` re-raises, for developers). A failed command leaves
+the data directory's contents as they were: inputs are checked before anything is
+written, and an append is one transaction, so it lands whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from typing import NoReturn
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+import sediment
+from sediment.engine.schema import _SPEC_TYPES, check_name, conform_updates, parse_schema_spec, update_schema
+from sediment.errors import SedimentError, TimeAlreadySealed
+from sediment.progress import Progress
+
+DEFAULT_DATA_DIR = "./sediment-data"
+DEFAULT_CHUNK_BYTES = 8 << 20  # CSV read block: the unit of an append chunk
+PARQUET_BATCH_ROWS = 65536
+KEEP_VALIDATED_BYTES = 256 << 20  # below this, the checked chunks are appended without reading the file again
+
+FORMATS = ("csv", "parquet")
+_EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet"}
+
+
+class UsageError(Exception):
+    """A command line that cannot be carried out as written (exit code 2)."""
+
+
+class InputError(SedimentError, ValueError):
+    """An input file that cannot be read or does not fit the relation."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (argparse prints the usage block too)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"sediment: error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _time_arg(text: str) -> int:
+    """A time on the command line: an integer in [0, 2**63)."""
+    try:
+        t = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: times are integers >= 0") from None
+    if not 0 <= t < 1 << 63:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: times are integers in [0, 2**63)")
+    return t
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a positive integer") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a positive integer")
+    return n
+
+
+def _file_format(path: str, given: str | None, what: str) -> str:
+    """``csv`` or ``parquet``, from ``--format`` or else the file's extension."""
+    if given:
+        return given
+    ext = os.path.splitext(path)[1].lower()
+    if ext in _EXTENSIONS:
+        return _EXTENSIONS[ext]
+    raise UsageError(f"cannot tell the format of {what} {path!r} from its extension; name it .csv or .parquet, "
+                     "or pass --format csv|parquet")
+
+
+def _type_name(t: pa.DataType) -> str:
+    """The ``--schema`` spelling of a column type, so `relation list` output can be fed back."""
+    for name, spec_type in _SPEC_TYPES.items():
+        if spec_type == t:
+            return name
+    return str(t)
+
+
+def _schema_spec(schema: pa.Schema) -> str:
+    return ",".join(f"{f.name}:{_type_name(f.type)}" for f in schema)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip()) or text
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as the one line a user reads."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = exc.filename if exc.filename is not None else ""
+        text = f"{where}: {exc.strerror}" if where else exc.strerror
+    else:
+        text = str(exc) or type(exc).__name__
+    return _one_line(text)
+
+
+def _data_dir(args: argparse.Namespace) -> str:
+    return os.path.abspath(os.path.expanduser(args.data_dir))
+
+
+def _open(args: argparse.Namespace, *, create: bool = False, **options: object) -> sediment.Engine:
+    """Open the engine; only commands that create things may create the data directory."""
+    data_dir = _data_dir(args)
+    if not create and not os.path.isdir(data_dir):
+        raise SedimentError(f"no data directory at {data_dir}; `sediment relation add` creates one, or pass "
+                            "--data-dir")
+    return sediment.open(data_dir, **options)
+
+
+def _progress(args: argparse.Namespace, total: int | None, label: str, unit: str) -> Progress:
+    return Progress(total, label, unit, force=getattr(args, "progress", None))
+
+
+# --- relation -------------------------------------------------------------------------------
+
+
+def cmd_relation_add(args: argparse.Namespace) -> int:
+    """Checks the name and schema before opening, so a bad command creates no directory."""
+    check_name(args.name)
+    schema = parse_schema_spec(args.schema)
+    with _open(args, create=True) as engine:
+        engine.add_relation(args.name, schema)
+    print(f"added relation {args.name} ({_schema_spec(schema)})")
+    return 0
+
+
+def cmd_relation_drop(args: argparse.Namespace) -> int:
+    check_name(args.name)
+    with _open(args) as engine:
+        engine.drop_relation(args.name)
+    print(f"dropped relation {args.name}")
+    return 0
+
+
+def cmd_relation_list(args: argparse.Namespace) -> int:
+    """One line per relation, tab-separated: name, schema (as --schema spells it), since, sealed."""
+    with _open(args) as engine:
+        rows = [(name, _schema_spec(engine.schema(name)), engine.since(name), engine.sealed(name))
+                for name in engine.relations()]
+    for name, spec, since, sealed in rows:
+        print(f"{name}\t{spec}\tsince={since}\tsealed={sealed}")
+    if not rows:
+        print(f"no relations in {_data_dir(args)}", file=sys.stderr)
+    return 0
+
+
+# --- append ---------------------------------------------------------------------------------
+
+
+_CSV_COLUMN = re.compile(r"In CSV column #(\d+)")
+
+
+def _csv_error(path: str, exc: pa.ArrowInvalid, names: list[str] | None, offset: int) -> InputError:
+    """Name the column (pyarrow only numbers it) and roughly where in the file it broke."""
+    text = _one_line(str(exc))
+    match = _CSV_COLUMN.search(text)
+    if match and names is not None and int(match.group(1)) < len(names):
+        text = text.replace(match.group(0), f"{match.group(0)} ({names[int(match.group(1))]!r})", 1)
+    return InputError(f"{path}: {text} (in the block starting near byte {offset})")
+
+
+def _csv_chunks(path: str, target: pa.Schema, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
+    """(chunk, bytes of the file read so far). The relation's types drive the CSV parser,
+    so a column reads as the type it will be stored as and a bad value is a parse error."""
+    with open(path, "rb") as f:
+        types = {field.name: field.type for field in target}
+        try:
+            reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=chunk_bytes),
+                                    convert_options=pacsv.ConvertOptions(column_types=types))
+        except pa.ArrowInvalid as exc:
+            raise _csv_error(path, exc, None, 0) from None
+        names = reader.schema.names
+        offset = 0
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except pa.ArrowInvalid as exc:
+                raise _csv_error(path, exc, names, offset) from None
+            offset = f.tell()
+            yield pa.Table.from_batches([batch]), offset
+
+
+def _parquet_chunks(path: str) -> Iterator[tuple[pa.Table, int]]:
+    """(chunk, rows read so far)."""
+    try:
+        pf = pq.ParquetFile(path)
+    except pa.ArrowInvalid as exc:
+        raise InputError(f"{path}: not a readable Parquet file: {_one_line(str(exc))}") from None
+    with pf:
+        done = 0
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            done += batch.num_rows
+            yield pa.Table.from_batches([batch]), done
+
+
+def _input_size(path: str, fmt: str) -> int:
+    """The progress total: bytes for CSV, rows for Parquet."""
+    if fmt == "csv":
+        return os.path.getsize(path)
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except pa.ArrowInvalid as exc:
+        raise InputError(f"{path}: not a readable Parquet file: {_one_line(str(exc))}") from None
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    """Two passes so that bad input never touches the log: first every chunk is parsed and
+    checked against the relation (types, nulls, negative or sealed times), then the chunks
+    go into one transaction, committed at the end, so the file lands whole or not at all."""
+    path = args.file
+    fmt = _file_format(path, args.format, "input file")
+    if not os.path.isfile(path):
+        if os.path.exists(path):
+            raise InputError(f"{path}: not a regular file")
+        raise InputError(f"{path}: no such file")
+    check_name(args.name)
+    with _open(args) as engine:
+        schema = engine.schema(args.name)
+        target = update_schema(schema)
+        sealed = engine.sealed(args.name)
+        total = _input_size(path, fmt)
+        unit = "B" if fmt == "csv" else "rows"
+
+        def chunks() -> Iterator[tuple[pa.Table, int]]:
+            return _csv_chunks(path, target, args.chunk_bytes) if fmt == "csv" else _parquet_chunks(path)
+
+        kept: list[pa.Table] | None = []
+        kept_bytes = 0
+        rows = 0
+        t_lo: int | None = None
+        t_hi: int | None = None
+        with _progress(args, total, f"check {os.path.basename(path)}", unit) as bar:
+            for chunk, position in chunks():
+                try:
+                    table = conform_updates(args.name, schema, chunk)
+                except SedimentError as exc:
+                    raise type(exc)(f"{path}: {exc}") from None
+                if table.num_rows:
+                    lo, hi = (v.as_py() for v in pc.min_max(table.column("time")).values())
+                    if lo <= sealed:
+                        raise TimeAlreadySealed(
+                            f"{path}: relation {args.name!r} is sealed through time {sealed}, but the file has "
+                            f"updates at time {lo}; append at times > {sealed}")
+                    t_lo = lo if t_lo is None else min(t_lo, lo)
+                    t_hi = hi if t_hi is None else max(t_hi, hi)
+                    rows += table.num_rows
+                    if kept is not None:
+                        kept.append(table)
+                        kept_bytes += table.nbytes
+                        if kept_bytes > KEEP_VALIDATED_BYTES:
+                            kept = None  # too big to hold: read the file again to append
+                bar.set(position)
+        if rows == 0:
+            print(f"appended 0 rows to {args.name} from {path} (the file has no updates)")
+            return 0
+
+        again = (t for t, _ in chunks()) if kept is None else iter(kept)
+        txn = engine.transaction()
+        try:
+            with _progress(args, rows, f"append {os.path.basename(path)}", "rows") as bar:
+                for table in again:
+                    if table.num_rows:
+                        txn.append(args.name, table)
+                        bar.update(table.num_rows)
+            txn.commit()
+        except BaseException:
+            try:
+                txn.abort()
+            except Exception:  # noqa: BLE001 - report the first failure, not the abort's
+                pass
+            raise
+    print(f"appended {rows} rows to {args.name} from {path} (times {t_lo}..{t_hi})")
+    return 0
+
+
+# --- frontiers ------------------------------------------------------------------------------
+
+
+def cmd_seal(args: argparse.Namespace) -> int:
+    with _open(args) as engine:
+        engine.seal(args.name, args.t)
+    print(f"sealed {args.name} through time {args.t}")
+    return 0
+
+
+def cmd_since(args: argparse.Namespace) -> int:
+    with _open(args) as engine:
+        engine.set_since(args.name, args.t)
+    print(f"since of {args.name} is now {args.t}")
+    return 0
+
+
+# --- read -----------------------------------------------------------------------------------
+
+
+def _write_atomically(table: pa.Table, out: str, fmt: str) -> None:
+    """Write to a temporary name beside ``out`` and rename, so a failure leaves no partial file."""
+    directory = os.path.dirname(os.path.abspath(out))
+    tmp = os.path.join(directory, f".{os.path.basename(out)}.tmp-{os.getpid()}")
+    try:
+        if fmt == "csv":
+            pacsv.write_csv(table, tmp)
+        else:
+            pq.write_table(table, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_stdout_csv(table: pa.Table) -> None:
+    sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is not None:
+        pacsv.write_csv(table, buffer)
+        buffer.flush()
+    else:  # a text-only stdout (some embedders)
+        sink = pa.BufferOutputStream()
+        pacsv.write_csv(table, sink)
+        sys.stdout.write(sink.getvalue().to_pybytes().decode("utf-8"))
+        sys.stdout.flush()
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    """The relation as of ``--as-of``: its columns plus ``diff``, consolidated and sorted."""
+    fmt = _file_format(args.out, args.format, "output file") if args.out else "csv"
+    if not args.out and args.format == "parquet":
+        raise UsageError("--format parquet needs --out FILE; stdout gets CSV")
+    with _open(args) as engine:
+        table = engine.snapshot(args.name, args.as_of)
+    if args.out:
+        _write_atomically(table, args.out, fmt)
+        print(f"wrote {table.num_rows} rows of {args.name} as of {args.as_of} to {args.out}")
+    else:
+        _write_stdout_csv(table)
+    return 0
+
+
+# --- verify ---------------------------------------------------------------------------------
+
+
+def _print_report(report: object, verbose: bool) -> None:
+    checked = report.checked  # type: ignore[attr-defined]
+    print(f"checked {len(checked)} files")
+    if verbose:
+        for path in checked:
+            print(f"  {path}")
+    for note in report.notes:  # type: ignore[attr-defined]
+        print(f"note: {_one_line(note)}")
+    for problem in report.problems:  # type: ignore[attr-defined]
+        print(f"problem: {_one_line(problem)}")
+    problems = len(report.problems)  # type: ignore[attr-defined]
+    print("ok: no problems" if not problems else f"{problems} problem{'s' if problems != 1 else ''} found")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Read-only unless ``--repair``: then the engine opens with repair=True, which cuts a
+    damaged log at the damage (losing the records after it), and the directory is checked again."""
+    from sediment.engine.verify import verify_data_dir
+
+    data_dir = _data_dir(args)
+    report = verify_data_dir(data_dir)
+    _print_report(report, args.verbose)
+    if args.repair and os.path.isdir(data_dir):
+        with sediment.open(data_dir, repair=True) as engine:
+            cuts = engine.wal.report.describe()
+        for line in cuts:
+            print(f"repaired: {_one_line(line)}")
+        if not cuts:
+            print("repaired: nothing to cut")
+        print("after repair:")
+        report = verify_data_dir(data_dir)
+        _print_report(report, args.verbose)
+    elif not report.ok and os.path.isdir(data_dir):
+        print("`sediment verify --repair` cuts a damaged log at the damage; records after it are lost")
+    return 0 if report.ok else 1
+
+
+# --- demo -----------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        demo = importlib.import_module("sediment.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name != "sediment.demo":
+            raise
+        raise SedimentError("the demo is not part of this build (sediment/demo.py is missing)") from None
+    result = demo.run(args)
+    return result if isinstance(result, int) else 0
+
+
+# --- the parser -----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line. ``--data-dir`` and ``--progress`` work before or after the subcommand:
+    the subcommands' copies default to SUPPRESS so they only override when given."""
+    def add_common(p: argparse.ArgumentParser, top: bool) -> None:
+        # separate actions per parser: parents= would share them, and set_defaults on one changes all
+        p.add_argument("--data-dir", default=default_dir if top else argparse.SUPPRESS, metavar="DIR",
+                       help=f"the data directory (default $SEDIMENT_DATA_DIR or {DEFAULT_DATA_DIR})")
+        bar = p.add_mutually_exclusive_group()
+        bar.add_argument("--progress", dest="progress", action="store_const", const=True,
+                         default=None if top else argparse.SUPPRESS,
+                         help="always show progress bars on stderr (default: only on a terminal)")
+        bar.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                         default=None if top else argparse.SUPPRESS, help="never show progress bars")
+
+    default_dir = os.environ.get("SEDIMENT_DATA_DIR", DEFAULT_DATA_DIR)
+    parser = _Parser(prog="sediment", description="A write-ahead log plus compacted traces: manage a "
+                     "sediment data directory.")
+    add_common(parser, top=True)
+    parser.add_argument("--version", action="version", version=f"sediment {sediment.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help_text: str,
+                where: argparse._SubParsersAction = sub) -> argparse.ArgumentParser:
+        p = where.add_parser(name, help=help_text, description=help_text)
+        add_common(p, top=False)
+        p.set_defaults(func=func)
+        return p
+
+    relation = sub.add_parser("relation", help="add, drop or list relations", description="Add, drop or list "
+                              "relations.")
+    add_common(relation, top=False)
+    rel_sub = relation.add_subparsers(dest="relation_command", required=True, metavar="ACTION")
+    p = command("add", cmd_relation_add, "create an empty relation", rel_sub)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--schema", required=True, metavar="SPEC",
+                   help="the columns, e.g. 'id:int64,name:string' (time and diff are added)")
+    p = command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub)
+    p.add_argument("name", metavar="NAME")
+    command("list", cmd_relation_list, "list relations: name, schema, since, sealed", rel_sub)
+
+    p = command("append", cmd_append, "append a CSV or Parquet file of updates (all or nothing)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("file", metavar="FILE", help="the relation's columns plus int64 time and diff")
+    p.add_argument("--format", choices=FORMATS, help="the file's format (default: from its extension)")
+    p.add_argument("--chunk-bytes", type=_positive_int, default=DEFAULT_CHUNK_BYTES, metavar="N",
+                   help="CSV block size: the file is checked and appended in chunks of about N bytes")
+
+    p = command("seal", cmd_seal, "close time T: no more updates at times <= T")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("t", type=_time_arg, metavar="T")
+
+    p = command("since", cmd_since, "advance the compaction frontier to T (reads below T become impossible)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("t", type=_time_arg, metavar="T")
+
+    p = command("read", cmd_read, "print or write the relation as of a time (columns + diff)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--as-of", type=_time_arg, required=True, metavar="T")
+    p.add_argument("--out", metavar="FILE", help="write FILE.csv or FILE.parquet instead of CSV on stdout")
+    p.add_argument("--format", choices=FORMATS, help="the output format (default: from --out's extension)")
+
+    p = command("verify", cmd_verify, "check every checksum in the data directory (exit 1 on damage)")
+    p.add_argument("--repair", action="store_true", help="cut a damaged log at the damage, then check again")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every file checked")
+
+    p = command("demo", cmd_demo, "run a demonstration workload")
+    p.add_argument("--rows", type=_positive_int, default=100_000, metavar="N")
+    return parser
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stderr.write(f"sediment: error: {code}\n")
+    return 2
+
+
+def _fail(message: str) -> None:
+    try:
+        sys.stderr.write(f"sediment: error: {message}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit code (0 ok, 1 operation failed, 2 bad command line).
+
+    The one place errors become messages, so no command needs its own handler and no
+    user sees a traceback; ``SEDIMENT_DEBUG=1`` re-raises instead."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors (already printed)
+        return _exit_code(exc.code)
+    debug = os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0")
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        if debug:
+            raise
+        _fail(_describe(exc))
+        return 2
+    except BrokenPipeError:  # `sediment read ... | head`: the reader left, nothing to report
+        if sys.stdout is sys.__stdout__:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush is quiet too
+        return 1
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _fail("interrupted")
+        return 130
+    except (SedimentError, OSError, ValueError, pa.ArrowException) as exc:
+        if debug:
+            raise
+        _fail(_describe(exc))
+        return 1
+    except Exception as exc:  # a bug: still one line, with the way to see more
+        if debug:
+            raise
+        _fail(f"internal error: {type(exc).__name__}: {_describe(exc)} (rerun with SEDIMENT_DEBUG=1 for the "
+              "traceback, and please report it)")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
