@@ -18,6 +18,7 @@ written, and an append is one transaction, so it lands whole or not at all.
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib
 import os
 import re
@@ -32,6 +33,7 @@ import pyarrow.parquet as pq
 
 import sediment
 from sediment.engine.schema import _SPEC_TYPES, check_name, conform_updates, parse_schema_spec, update_schema
+from sediment.engine.verify import VerifyReport, verify_data_dir
 from sediment.errors import SedimentError, TimeAlreadySealed
 from sediment.progress import Progress
 
@@ -152,6 +154,7 @@ def cmd_relation_add(args: argparse.Namespace) -> int:
 
 
 def cmd_relation_drop(args: argparse.Namespace) -> int:
+    """The relation's WAL records stay until the log is trimmed, but are ignored from now on."""
     check_name(args.name)
     with _open(args) as engine:
         engine.drop_relation(args.name)
@@ -186,6 +189,16 @@ def _csv_error(path: str, exc: pa.ArrowInvalid, names: list[str] | None, offset:
     return InputError(f"{path}: {text} (in the block starting near byte {offset})")
 
 
+def _csv_header(path: str) -> list[str] | None:
+    """The column names from the first line, to name a column in an error that pyarrow
+    raised before it produced a schema."""
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            return next(csv.reader(f), None)
+    except (OSError, csv.Error):
+        return None
+
+
 def _csv_chunks(path: str, target: pa.Schema, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
     """(chunk, bytes of the file read so far). The relation's types drive the CSV parser,
     so a column reads as the type it will be stored as and a bad value is a parse error."""
@@ -195,7 +208,7 @@ def _csv_chunks(path: str, target: pa.Schema, chunk_bytes: int) -> Iterator[tupl
             reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=chunk_bytes),
                                     convert_options=pacsv.ConvertOptions(column_types=types))
         except pa.ArrowInvalid as exc:
-            raise _csv_error(path, exc, None, 0) from None
+            raise _csv_error(path, exc, _csv_header(path), 0) from None
         names = reader.schema.names
         offset = 0
         while True:
@@ -306,6 +319,7 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
+    """Promise no more updates at times <= T, which makes reads as of T possible."""
     with _open(args) as engine:
         engine.seal(args.name, args.t)
     print(f"sealed {args.name} through time {args.t}")
@@ -313,6 +327,7 @@ def cmd_seal(args: argparse.Namespace) -> int:
 
 
 def cmd_since(args: argparse.Namespace) -> int:
+    """Let history below T be consolidated away (reads below T become impossible)."""
     with _open(args) as engine:
         engine.set_since(args.name, args.t)
     print(f"since of {args.name} is now {args.t}")
@@ -373,25 +388,23 @@ def cmd_read(args: argparse.Namespace) -> int:
 # --- verify ---------------------------------------------------------------------------------
 
 
-def _print_report(report: object, verbose: bool) -> None:
-    checked = report.checked  # type: ignore[attr-defined]
-    print(f"checked {len(checked)} files")
+def _print_report(report: VerifyReport, verbose: bool) -> None:
+    """One line per note and problem (each names its file and offset), so scripts can grep them."""
+    print(f"checked {len(report.checked)} files")
     if verbose:
-        for path in checked:
+        for path in report.checked:
             print(f"  {path}")
-    for note in report.notes:  # type: ignore[attr-defined]
+    for note in report.notes:
         print(f"note: {_one_line(note)}")
-    for problem in report.problems:  # type: ignore[attr-defined]
+    for problem in report.problems:
         print(f"problem: {_one_line(problem)}")
-    problems = len(report.problems)  # type: ignore[attr-defined]
+    problems = len(report.problems)
     print("ok: no problems" if not problems else f"{problems} problem{'s' if problems != 1 else ''} found")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Read-only unless ``--repair``: then the engine opens with repair=True, which cuts a
     damaged log at the damage (losing the records after it), and the directory is checked again."""
-    from sediment.engine.verify import verify_data_dir
-
     data_dir = _data_dir(args)
     report = verify_data_dir(data_dir)
     _print_report(report, args.verbose)
@@ -414,6 +427,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """Hands ``args`` (data_dir, rows, progress) to ``sediment.demo.run``; its int result is the exit code."""
     try:
         demo = importlib.import_module("sediment.demo")
     except ModuleNotFoundError as exc:

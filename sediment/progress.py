@@ -33,15 +33,13 @@ def progress_forced() -> bool | None:
 
 
 def _human(n: float, unit: str) -> str:
-    """``1536, "B"`` -> ``1.5 KiB``; rows and other units use k/M/G steps of 1000."""
-    if unit == "B":
-        steps, base, suffix = ("B", "KiB", "MiB", "GiB", "TiB"), 1024.0, ""
-    else:
-        steps, base, suffix = ("", "k", "M", "G", "T"), 1000.0, f" {unit}" if unit else ""
+    """``1536, "B"`` -> ``1.5 KiB``; other units step by 1000 with no unit (``12.3k``)."""
+    binary = unit == "B"
+    steps, base = (("B", "KiB", "MiB", "GiB", "TiB"), 1024.0) if binary else (("", "k", "M", "G", "T"), 1000.0)
     for step in steps:
         if abs(n) < base or step == steps[-1]:
             text = f"{n:.0f}" if step in ("", "B") else f"{n:.1f}"
-            return f"{text}{' ' if unit == 'B' else ''}{step}{suffix}".strip()
+            return f"{text} {step}" if binary else f"{text}{step}"
         n /= base
     raise AssertionError("unreachable")
 
@@ -76,6 +74,7 @@ class Progress:
         self._clock = clock
         self._start = clock()
         self._last_draw = float("-inf")
+        self._suffix = f" {unit}" if unit and unit != "B" else ""
         self._width = 0  # length of the last line drawn, to blank leftovers of a longer one
 
     def update(self, n: int = 1) -> None:
@@ -101,10 +100,10 @@ class Progress:
             frac = min(1.0, self.done / self.total)
             filled = int(frac * _WIDTH)
             parts.append("[" + "#" * filled + "." * (_WIDTH - filled) + f"] {frac * 100:5.1f}%")
-            parts.append(f"{_human(self.done, self.unit)}/{_human(self.total, self.unit)}")
+            parts.append(f"{_human(self.done, self.unit)}/{_human(self.total, self.unit)}{self._suffix}")
         else:
-            parts.append(_human(self.done, self.unit))
-        parts.append(f"{_human(rate, self.unit)}/s")
+            parts.append(_human(self.done, self.unit) + self._suffix)
+        parts.append(f"{_human(rate, self.unit)}{self._suffix}/s")
         if self.total and rate > 0 and self.done < self.total:
             parts.append(f"ETA {_clock((self.total - self.done) / rate)}")
         else:

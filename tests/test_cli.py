@@ -87,6 +87,14 @@ def write_csv(path: os.PathLike[str], body: str, header: str = HEADER) -> str:
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def small_segments(monkeypatch):
+    """1 MiB WAL segments instead of 64 MiB: opening a log reads its whole preallocated
+    segment, and these tests open engines a few hundred times."""
+    real = sediment.open
+    monkeypatch.setattr(sediment, "open", lambda data_dir, **kw: real(data_dir, **{"segment_bytes": 1 << 20, **kw}))
+
+
 @pytest.fixture
 def ddir(tmp_path, capsys):
     """A data directory with relation ``orders`` (id:int64,name:string), updates at times
@@ -133,7 +141,10 @@ def test_append_seal_read_consolidates(ddir, capsys):
     assert ok(capsys, ddir, "read", "orders", "--as-of", "2") == '"id","name","diff"\n2,"bob",1\n3,"carol",2\n'
 
 
-def test_append_prints_summary_and_is_one_transaction(tmp_path, capsys):
+@pytest.mark.parametrize("keep", [True, False], ids=["checked-chunks-kept", "file-read-twice"])
+def test_append_prints_summary_and_is_one_transaction(tmp_path, capsys, monkeypatch, keep):
+    if not keep:  # a file too big to hold: the second pass reads it again
+        monkeypatch.setattr(cli, "KEEP_VALIDATED_BYTES", 0)
     d = tmp_path / "data"
     ok(capsys, d, "relation", "add", "orders", "--schema", SCHEMA)
     body = "".join(f"{i},name-{i:05d},{i % 7},1\n" for i in range(3000))
@@ -150,6 +161,35 @@ def test_append_prints_summary_and_is_one_transaction(tmp_path, capsys):
     assert {r.txn_id for r in updates} != {0} and len({r.txn_id for r in updates}) == 1
     assert kinds[kinds.index(RecordKind.BEGIN)] == RecordKind.BEGIN and RecordKind.COMMIT in kinds
     assert sum(r.count for r in updates) == 3000
+
+
+def test_append_failure_midway_aborts_the_transaction(ddir, tmp_path, capsys, monkeypatch):
+    from sediment.engine.transaction import Transaction
+
+    real_append, calls = Transaction.append, []
+
+    def failing_append(self, name, table):
+        calls.append(table.num_rows)
+        if len(calls) == 3:
+            raise OSError(5, "Input/output error")
+        real_append(self, name, table)
+
+    monkeypatch.setattr(Transaction, "append", failing_append)
+    src = write_csv(tmp_path / "many.csv", "".join(f"{i},n{i:04d},5,1\n" for i in range(1000)))
+    before = state(ddir)["relations"]
+    rc, _, err = run(capsys, ddir, "append", "orders", src, "--chunk-bytes", "2048")
+    assert_one_line_error(rc, err, "Input/output error")
+    assert len(calls) == 3
+    assert state(ddir)["relations"] == before  # two chunks were logged, but never committed
+    with sediment.open(ddir) as engine:
+        assert RecordKind.ABORT in [r.kind for r in engine.wal.scan()]
+
+
+def test_header_only_file_appends_nothing(ddir, tmp_path, capsys):
+    before = state(ddir)
+    out = ok(capsys, ddir, "append", "orders", write_csv(tmp_path / "empty.csv", ""))
+    assert out.startswith("appended 0 rows to orders")
+    assert state(ddir) == before
 
 
 def test_parquet_in_and_out_round_trip(tmp_path, capsys):
@@ -264,20 +304,27 @@ def test_progress_bar_only_when_forced(tmp_path, capsys):
     assert rc == 0 and err == ""  # stderr is not a terminal: no bar
     rc, _, err = run(capsys, d, "append", "orders", src, "--progress", "--chunk-bytes", "1024")
     assert rc == 0
-    assert "append u.csv" in err and "100.0%" in err and "500/500 rows" in err
+    assert "check u.csv" in err and "append u.csv" in err and "500/500 rows" in err and "100.0%" in err
+    assert err.endswith("\n") and "\r" in err
 
 
-def test_progress_line_rate_and_eta():
+def test_progress_line_rate_and_eta(monkeypatch):
     now = [0.0]
     stream = io.StringIO()
     bar = Progress(1000, "copy", "rows", stream=stream, force=True, clock=lambda: now[0])
     now[0] = 2.0
     bar.update(250)
-    assert bar.line() == "copy [######..................]  25.0% 250 rows/1.0k rows 125 rows/s ETA 0:06"
+    assert bar.line() == "copy [######..................]  25.0% 250/1.0k rows 125 rows/s ETA 0:06"
     now[0] = 8.0
     bar.update(750)
     bar.close()
     assert stream.getvalue().endswith("\n") and "100.0%" in stream.getvalue() and "in 0:08" in stream.getvalue()
+    forced = io.StringIO()
+    monkeypatch.setenv("SEDIMENT_PROGRESS", "1")
+    with Progress(10, "env", stream=forced) as on:
+        on.update(10)
+    assert "env [" in forced.getvalue()
+    monkeypatch.delenv("SEDIMENT_PROGRESS")
     quiet = io.StringIO()
     with Progress(10, stream=quiet) as off:  # a StringIO is no terminal
         off.update(10)
@@ -292,6 +339,8 @@ def test_verify_clean(ddir, capsys):
     assert rc == 0
     assert out.splitlines()[0].startswith("checked ") and int(out.split()[1]) >= 3
     assert out.splitlines()[-1] == "ok: no problems"
+    rc, out, _ = run(capsys, ddir, "verify", "--repair")
+    assert rc == 0 and "repaired: nothing to cut" in out
 
 
 def test_verify_finds_damage_and_repair_cuts_it(tmp_path, capsys):
@@ -322,9 +371,9 @@ def test_verify_finds_damage_and_repair_cuts_it(tmp_path, capsys):
     assert len(repaired) == 1 and str(seg) in repaired[0] and f"offset {offset}" in repaired[0]
     assert out.splitlines()[-1] == "ok: no problems"
     rc, out, _ = run(capsys, d, "verify")
-    assert rc == 0 and "problem" not in out
-    with sediment.open(d) as engine:  # the damaged record and everything after it are gone
-        assert list(engine.replay("orders")) == [] or sum(b.num_rows for b in engine.replay("orders")) == 0
+    assert rc == 0 and "problem:" not in out and out.splitlines()[-1] == "ok: no problems"
+    with sediment.open(d) as engine:  # the damaged (first) record and everything after it are gone
+        assert sum(b.num_rows for b in engine.replay("orders")) == 0
 
 
 def test_verify_missing_dir(tmp_path, capsys):
@@ -491,6 +540,10 @@ def test_entry_point_end_to_end(tmp_path):
     assert (tmp_path / "sediment-data" / "LOCK").exists()
     proc = _sediment("--version", cwd=tmp_path)
     assert proc.stdout.strip() == f"sediment {sediment.__version__}"
+    script = os.path.join(os.path.dirname(sys.executable), "sediment")  # the console script
+    if os.path.exists(script):
+        proc = subprocess.run([script, "relation", "list"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert (proc.returncode, proc.stdout) == (0, "orders\tid:int64,name:string\tsince=0\tsealed=1\n")
 
 
 def test_entry_point_errors_have_no_traceback(tmp_path):

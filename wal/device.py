@@ -130,7 +130,7 @@ class _Block:
 class DeviceTicket:
     """An append in flight (see ``DeviceLog.submit``)."""
 
-    __slots__ = ("records", "on_durable", "block", "log")
+    __slots__ = ("records", "on_durable", "block", "log", "sync")
 
     def __init__(self, log: DeviceLog, records: Sequence[Record],
                  on_durable: Callable[[Sequence[Record]], None] | None) -> None:
@@ -138,6 +138,7 @@ class DeviceTicket:
         self.records = records
         self.on_durable = on_durable
         self.block: _Block | None = None
+        self.sync = False
 
     def wait(self) -> int:
         """Block until the records (and everything before them) are durable; the last
@@ -301,6 +302,7 @@ class DeviceLog:
         self._closed = False
         self._threads: list[threading.Thread] = []
         self._full_waiters = 0
+        self._writing = 0
         self._done_q: deque[_Block] = deque()
         self._notifying = False
         self._sealed: dict[int, int] = {}
@@ -649,7 +651,33 @@ class DeviceLog:
             self._cur = None
             self._next = _align_up(self._next, self.block_size)
             self._pending.append(cur)
-            self._work_cv.notify()
+
+    def _take(self) -> _Block | None:
+        """Under the lock: the next block to write, if an I/O slot is free and the window
+        allows. Seals the open block when no write is in flight (nothing to wait for) or
+        when it is ``max_block_age`` old."""
+        if self._failed is not None or self._writing >= self.io_threads:
+            return None
+        cur = self._cur
+        if not self._pending and cur is not None:
+            if not self._inflight or time.monotonic() - cur.born >= self.max_block_age:
+                self._seal()
+        if self._pending and self._eligible(self._pending[0]):
+            blk = self._pending.popleft()
+            self._inflight.append(blk)
+            self._writing += 1
+            return blk
+        return None
+
+    def _run(self, blk: _Block) -> bool:
+        try:
+            self._write_block(blk)
+        except BaseException as e:  # noqa: BLE001 - any failure poisons the log
+            _log.error("%s: WAL write failed: %s", self.path, e)
+            self._fail(e)
+            return False
+        self._complete(blk)
+        return True
 
     def _worker(self) -> None:
         while True:
@@ -657,27 +685,18 @@ class DeviceLog:
                 while True:
                     if self._failed is not None:
                         return
-                    if self._pending and self._eligible(self._pending[0]):
-                        blk = self._pending.popleft()
+                    blk = self._take()
+                    if blk is not None:
                         break
-                    cur = self._cur
-                    if cur is not None and not self._pending:
-                        age = time.monotonic() - cur.born
-                        if not self._inflight or age >= self.max_block_age:
-                            self._seal()
-                            continue
-                        self._work_cv.wait(self.max_block_age - age)
-                        continue
-                    if self._closed and not self._pending and not self._inflight:
+                    if self._closed and not self._pending and not self._inflight and self._cur is None:
                         return
-                    self._work_cv.wait()
-                self._inflight.append(blk)
-            try:
-                self._write_block(blk)
-            except BaseException as e:  # noqa: BLE001 - any failure poisons the log
-                self._fail(e)
+                    timeout = None
+                    cur = self._cur
+                    if cur is not None and not self._pending and self._writing < self.io_threads:
+                        timeout = max(0.0, self.max_block_age - (time.monotonic() - cur.born))
+                    self._work_cv.wait(timeout)
+            if not self._run(blk):
                 return
-            self._complete(blk)
 
     def _write_block(self, blk: _Block) -> None:
         bs = self.block_size
@@ -693,6 +712,7 @@ class DeviceLog:
         time, no lock held, in log order) run callbacks and wake waiters."""
         with self._lock:
             blk.done = True
+            self._writing -= 1
             while self._inflight and self._inflight[0].done:
                 b = self._inflight.popleft()
                 b.durable = True
@@ -705,7 +725,8 @@ class DeviceLog:
                     b.buf.close()
                 b.buf = None  # type: ignore[assignment]
                 self._done_q.append(b)
-            self._work_cv.notify_all()
+            if self._pending or self._cur is not None:
+                self._work_cv.notify()
             if self._notifying:
                 return
             self._notifying = True
@@ -850,10 +871,10 @@ class DeviceLog:
     def append(self, records: Sequence[Record]) -> int:
         """Append ``records`` contiguously; return once they and everything before them
         are durable. Waits up to ``full_timeout`` for room, then raises WalFull."""
-        return self.submit(records).wait()
+        return self.submit(records, _sync=True).wait()
 
     def submit(self, records: Sequence[Record],
-               on_durable: Callable[[Sequence[Record]], None] | None = None) -> DeviceTicket:
+               on_durable: Callable[[Sequence[Record]], None] | None = None, *, _sync: bool = False) -> DeviceTicket:
         """Place ``records`` in the ring (placement order is log order) and return a
         ticket whose ``wait()`` returns once they are durable; ``on_durable(records)``
         runs on an I/O thread right after that, in log order, before any waiter wakes.
@@ -870,6 +891,7 @@ class DeviceLog:
                     "raise the WAL capacity or split the record."
                 )
         ticket = DeviceTicket(self, records, on_durable)
+        ticket.sync = _sync
         self._place(records, crcs, sizes, False, ticket)
         return ticket
 
@@ -935,18 +957,25 @@ class DeviceLog:
                     self._frontier_lsns.append(flsn)
                     self._seg_start = flsn + fsize
                     self._seg_records = 0
-                self._work_cv.notify()
+                if ticket is not None and not ticket.sync:
+                    self._work_cv.notify()
                 return fblk
         finally:
             self._alloc_lock.release()
 
     def _await(self, blk: _Block) -> None:
-        blk.event.wait()
+        """Wait until ``blk`` is durable, writing blocks on this thread meanwhile when an
+        I/O slot is free (saves two thread hand-offs per append)."""
+        while not blk.event.is_set():
+            with self._lock:
+                job = self._take()
+            if job is None:
+                blk.event.wait()
+                break
+            self._run(job)
         if not blk.durable:
             err = self._failed
-            if isinstance(err, WalError):
-                raise WalError(str(err)) from err
-            raise WalError(f"{self.path}: the WAL failed before the append was durable: {err!r}") from err
+            raise WalError(f"{self.path}: the WAL failed before the append was durable: {err}") from err
 
     def _full(self, n: int) -> WalFull:
         return WalFull(

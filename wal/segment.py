@@ -98,16 +98,8 @@ class SegmentScan:
         return self.bad_offset < 0
 
 
-def _all_zero(view: memoryview, start: int, end: int) -> bool:
-    step = 1 << 20
-    zeros = bytes(step)
-    pos = start
-    while pos < end:
-        n = min(step, end - pos)
-        if view[pos : pos + n] != zeros[:n]:
-            return False
-        pos += n
-    return True
+def _all_zero(data: bytes, start: int, end: int) -> bool:
+    return data.count(0, start, end) == end - start
 
 
 def _valid_record_after(view: memoryview, start: int, min_lsn: int) -> bool:
@@ -129,6 +121,22 @@ def _valid_record_after(view: memoryview, start: int, min_lsn: int) -> bool:
             return True
 
 
+def _written_extent(fd: int, size: int) -> int:
+    """How much of a preallocated file can hold non-zero bytes: up to its first hole when no
+    data lies beyond it (ext4 reports fallocated, never-written extents as holes), else all."""
+    try:
+        hole = os.lseek(fd, 0, os.SEEK_HOLE)
+    except OSError:
+        return size
+    try:
+        os.lseek(fd, hole, os.SEEK_DATA)
+    except OSError:
+        return hole
+    finally:
+        os.lseek(fd, 0, os.SEEK_SET)
+    return size
+
+
 def scan_segment(path: str, first_lsn: int, *, want_records: bool = False):
     """Read every record frame of a data file, checking each header, LSN and body CRC.
 
@@ -143,7 +151,8 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False):
     if size <= HEADER_SIZE:
         return (scan, records) if want_records else scan
     with open(path, "rb") as f:
-        data = f.read()
+        data = f.read(_written_extent(f.fileno(), size))
+    size = len(data)  # past the written extent the file reads as zeros
     view = memoryview(data)
     pos = HEADER_SIZE
     expected = first_lsn
@@ -161,7 +170,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False):
             if not rec.body_ok(head, body):
                 reason = "record body fails its checksum"
         if reason:
-            if _all_zero(view, pos, size):
+            if _all_zero(data, pos, size):
                 break
             scan.bad_offset = pos
             scan.reason = reason
