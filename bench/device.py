@@ -76,9 +76,9 @@ def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: i
 
 
 def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: int) -> dict:
-    """Each thread: aligned O_DIRECT|O_DSYNC pwrite of ``size`` bytes (rounded up to 4 KiB,
-    as the ring's blocks are) at the next sequential offset, one at a time."""
-    wsize = (size + 4095) // 4096 * 4096
+    """Each thread: aligned O_DIRECT|O_DSYNC pwrite of ``size`` bytes (a multiple of the
+    512-byte logical block) at the next sequential offset, one at a time."""
+    wsize = (size + 511) // 512 * 512
     if os.path.exists(path):
         os.unlink(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_DSYNC, 0o644)
@@ -116,11 +116,11 @@ def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: 
 def bench_fio(path: str, size: int, threads: int, seconds: float, file_bytes: int) -> dict | None:
     if shutil.which("fio") is None:
         return None
-    wsize = (size + 4095) // 4096 * 4096
+    wsize = (size + 511) // 512 * 512
     cmd = ["fio", "--name=plain", f"--filename={path}", "--rw=write", f"--bs={wsize}", "--direct=1",
            "--sync=dsync", "--ioengine=psync", f"--numjobs={threads}", "--thread", "--group_reporting",
            f"--size={file_bytes}", "--time_based", f"--runtime={seconds}", "--output-format=json",
-           "--offset_increment=0"]
+           f"--offset_increment={file_bytes}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if os.path.exists(path):
         os.unlink(path)
@@ -130,6 +130,12 @@ def bench_fio(path: str, size: int, threads: int, seconds: float, file_bytes: in
     pctl = w["clat_ns"].get("percentile", {})
     return {"mbps": w["bw_bytes"] * size / wsize / 1e6, "p50": pctl.get("50.000000", 0) / 1e6,
             "p99": pctl.get("99.000000", 0) / 1e6}
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Per key, the median over repeated runs (the machine may be shared and noisy)."""
+    return {k: (statistics.median(r[k] for r in runs) if isinstance(runs[0][k], float | int) and not
+                isinstance(runs[0][k], bool) else runs[0][k]) for k in runs[0]}
 
 
 def bench_recovery(path: str, fill_bytes: int, record: int) -> dict:
@@ -172,21 +178,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ring-mib", type=int, default=256)
     ap.add_argument("--recovery-mib", type=int, default=1024)
     ap.add_argument("--recovery-record", type=int, default=4096)
-    ap.add_argument("--quick", action="store_true", help="1.5 s per case, 128 MiB recovery ring")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per case, alternating; medians are shown")
+    ap.add_argument("--quick", action="store_true", help="1.5 s per case, one run, 128 MiB recovery ring")
     a = ap.parse_args(argv)
     if a.quick:
-        a.seconds, a.recovery_mib = 1.5, 128
+        a.seconds, a.recovery_mib, a.repeat = 1.5, 128, 1
     d = tempfile.mkdtemp(prefix="sediment-bench-", dir=a.dir)
     try:
         ring = os.path.join(d, "ring")
         plain = os.path.join(d, "plain")
-        print(f"dir={d} threads={a.threads} seconds={a.seconds} ring={a.ring_mib} MiB fio={shutil.which('fio')}")
+        print(f"dir={d} threads={a.threads} seconds={a.seconds} repeat={a.repeat} ring={a.ring_mib} MiB "
+              f"fio={shutil.which('fio')} load={os.getloadavg()[0]:.1f} cpus={os.cpu_count()}")
         print(f"{'record':>7} | {'ring MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} | {'plain MB/s':>10} {'p50 ms':>7} "
               f"{'p99 ms':>7} | {'ratio':>6} | {'fio MB/s':>8} {'ratio':>6}")
         for size in (1024, 4096, 64 * 1024):
-            r = bench_ring(ring, size, a.threads, a.seconds, a.ring_mib * MiB)
-            p = bench_plain(plain, size, a.threads, a.seconds, a.ring_mib * MiB)
-            f = bench_fio(plain, size, a.threads, a.seconds, a.ring_mib * MiB // a.threads)
+            runs = []
+            for _ in range(a.repeat):
+                runs.append((bench_ring(ring, size, a.threads, a.seconds, a.ring_mib * MiB),
+                             bench_plain(plain, size, a.threads, a.seconds, a.ring_mib * MiB),
+                             bench_fio(plain, size, a.threads, max(1, int(a.seconds)), a.ring_mib * MiB // a.threads)))
+            r = median_run([x[0] for x in runs])
+            p = median_run([x[1] for x in runs])
+            f = median_run([x[2] for x in runs]) if all(x[2] for x in runs) else None
             fio = f"{f['mbps']:8.1f} {r['mbps'] / f['mbps']:6.2f}" if f else f"{'-':>8} {'-':>6}"
             print(f"{size // 1024:>5}Ki | {r['mbps']:9.1f} {r['p50']:7.2f} {r['p99']:7.2f} | {p['mbps']:10.1f} "
                   f"{p['p50']:7.2f} {p['p99']:7.2f} | {r['mbps'] / p['mbps']:6.2f} | {fio}"

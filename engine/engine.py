@@ -14,6 +14,7 @@ fdatasync, so concurrent appends share one group commit.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -34,14 +35,22 @@ from sediment.errors import (
     FrontierRegression,
     RelationExists,
     TimeAlreadySealed,
+    TraceInvariantViolation,
     UnknownRelation,
 )
+from sediment.trace import compacter as cmp
+from sediment.trace.consolidate import consolidate
 from sediment.trace.consolidate import snapshot as consolidate_snapshot
+from sediment.trace.planner import plan_merges
+from sediment.trace.state import TraceState
+from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
 from sediment.wal.record import Record, RecordKind
 
 DEFAULT_MAX_RECORD_BYTES = 8 << 20
+DEFAULT_MEMORY_BOUND = 256 << 20
 LOCK_NAME = "LOCK"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +67,17 @@ class TailEntry:
 class _Relation:
     entry: RelationEntry
     update_schema: pa.Schema
+    trace: TraceState
     sealed: int = -1  # admitted seals: appends at times <= this are refused
     sealed_durable: int = -1  # durable seals: reads may ask for as_of <= this
     tail: list[TailEntry] = field(default_factory=list)
+    progress: list[tuple[int, int]] = field(default_factory=list)  # (lsn, t) of close records not in the trace
     seal_ticket: Any = None
+
+    def needs_from(self) -> int | None:
+        """The least LSN of this relation's records that are not yet in its trace."""
+        lsns = [e.lsn for e in self.tail] + [lsn for lsn, _t in self.progress]
+        return min(lsns) if lsns else None
 
     @property
     def keys(self) -> list[str]:
@@ -85,26 +101,47 @@ class Engine:
         segment_bytes: int = 64 << 20,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         metadata: str | MetadataStore | None = None,
+        blob: str | Any | None = None,
+        s3_endpoint: str | None = None,
+        compact_interval: float | None = 5.0,
+        compact: bool = True,
+        merge_factor: float = 2.0,
+        memory_bound: int = DEFAULT_MEMORY_BOUND,
         repair: bool = False,
     ) -> None:
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_fd = self._take_lock()
         self._lock = threading.RLock()
+        self._compact_lock = threading.Lock()
         self._closed = False
         self._max_record_bytes = max(1024, int(max_record_bytes))
+        self._merge_factor = merge_factor
+        self._memory_bound = max(1 << 20, int(memory_bound))
         self._relations: dict[str, _Relation] = {}
         self._by_id: dict[int, _Relation] = {}
         self._open_txns: dict[int, list[tuple[int, TailEntry]]] = {}
+        self._txn_first: dict[int, int] = {}
+        self._readers = 0
+        self._garbage: list[str] = []
+        self._trim_to: int | None = None
+        self._compacter: cmp.Compacter | None = None
         try:
             self._meta = self._open_metadata(metadata)
+            self._blobs = self._open_blobs(blob, s3_endpoint)
+            self.traces = TraceStore(self._meta, self._blobs)
             self.catalog = Catalog(self._meta)
             self._epoch = self.catalog.next_epoch()
             self._txn_counter = 0
             self._log = self._open_wal(wal, segment_bytes, repair)
             for entry in self.catalog.load().values():
-                self._register(entry)
+                self._register(entry, self.traces.load(entry.id))
             self._recover()
+            self.swept = self.traces.sweep_orphans(self._referenced_blobs())
+            if compact:
+                self._compacter = cmp.Compacter(self._background_pass, compact_interval)
+                self._compacter.start()
+                self._log.set_finish_listener(self._compacter.notify)
         except BaseException:
             self._release_all()
             raise
@@ -133,6 +170,16 @@ class Engine:
             return open_metadata_store(metadata)
         return metadata
 
+    def _open_blobs(self, blob: Any, s3_endpoint: str | None):
+        if blob is None:
+            blob = "file://" + os.path.join(self.data_dir, "blobs")
+        if isinstance(blob, str):
+            from sediment.blob.uri import open_blob_store
+
+            return open_blob_store(blob, s3_endpoint=s3_endpoint) if blob.startswith("s3://") else \
+                open_blob_store(blob)
+        return blob
+
     def _open_wal(self, wal: str, segment_bytes: int, repair: bool) -> WriteAheadLog:
         if wal == "file":
             from sediment.wal.file_log import FileLog
@@ -140,11 +187,16 @@ class Engine:
             return FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes, repair=repair)
         raise ValueError(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
 
-    def _register(self, entry: RelationEntry) -> _Relation:
-        rel = _Relation(entry, update_schema(entry.schema))
+    def _register(self, entry: RelationEntry, trace: TraceState | None = None) -> _Relation:
+        trace = trace or TraceState(entry.id)
+        rel = _Relation(entry, update_schema(entry.schema), trace)
+        rel.sealed = rel.sealed_durable = trace.upper - 1
         self._relations[entry.name] = rel
         self._by_id[entry.id] = rel
         return rel
+
+    def _referenced_blobs(self) -> set[str]:
+        return {k for rel in self._relations.values() for k in rel.trace.keys()}
 
     def _recover(self) -> None:
         for rel_id, t in self._log.sealed_frontiers.items():
@@ -173,25 +225,31 @@ class Engine:
         if kind == RecordKind.UPDATES:
             entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count)
             if r.txn_id == 0:
-                rel = self._by_id.get(r.relation_id)
-                if rel is not None:
-                    rel.tail.append(entry)
+                self._add_tail(r.relation_id, entry)
             else:
                 self._open_txns.setdefault(r.txn_id, []).append((r.relation_id, entry))
+                self._txn_first.setdefault(r.txn_id, r.lsn)
         elif kind == RecordKind.PROGRESS:
             rel = self._by_id.get(r.relation_id)
-            if rel is not None:
+            if rel is not None and r.lsn >= rel.trace.wal_through:
                 rel.sealed = max(rel.sealed, r.t_hi)
                 rel.sealed_durable = max(rel.sealed_durable, r.t_hi)
+                rel.progress.append((r.lsn, r.t_hi))
         elif kind == RecordKind.BEGIN:
             self._open_txns.setdefault(r.txn_id, [])
+            self._txn_first.setdefault(r.txn_id, r.lsn)
         elif kind == RecordKind.COMMIT:
+            self._txn_first.pop(r.txn_id, None)
             for rel_id, entry in self._open_txns.pop(r.txn_id, []):
-                rel = self._by_id.get(rel_id)
-                if rel is not None:
-                    rel.tail.append(entry)
+                self._add_tail(rel_id, entry)
         elif kind == RecordKind.ABORT:
+            self._txn_first.pop(r.txn_id, None)
             self._open_txns.pop(r.txn_id, None)
+
+    def _add_tail(self, rel_id: int, entry: TailEntry) -> None:
+        rel = self._by_id.get(rel_id)
+        if rel is not None and entry.lsn >= rel.trace.wal_through:  # below it: already in the trace
+            rel.tail.append(entry)
 
     # --- relations -----------------------------------------------------------------------------
 
@@ -222,11 +280,17 @@ class Engine:
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data. Its WAL records are ignored from now on and
         go away when the log is trimmed."""
-        with self._lock:
+        with self._compact_lock, self._lock:
             rel = self._rel(name)
             self.catalog.drop(rel.entry)
             del self._relations[name]
             del self._by_id[rel.entry.id]
+            self._garbage += rel.trace.keys()
+            try:
+                self._meta.delete(f"trace/{rel.entry.id:016x}")
+            except Exception as exc:  # noqa: BLE001 - the start-up sweep removes what is left
+                log.warning("could not delete the trace state of dropped relation %r: %s", name, exc)
+        self._collect()
 
     def relations(self) -> list[str]:
         """Names of all relations, sorted."""
@@ -364,6 +428,28 @@ class Engine:
     def _decode(self, rel: _Relation, record: Record) -> pa.RecordBatch:
         return pa.ipc.read_record_batch(pa.py_buffer(record.body), rel.update_schema)
 
+    def _pin(self) -> None:
+        self._readers += 1
+
+    def _unpin(self) -> None:
+        with self._lock:
+            self._readers -= 1
+        self._collect()
+
+    def _collect(self) -> None:
+        """Delete replaced blobs and trim the log, once no reader may still need them."""
+        with self._lock:
+            if self._readers or self._closed and not hasattr(self, "_log"):
+                return
+            garbage, self._garbage = self._garbage, []
+            trim, self._trim_to = self._trim_to, None
+        try:
+            self.traces.delete(garbage)
+        except Exception as exc:  # noqa: BLE001 - orphans are swept at the next start
+            log.warning("could not delete replaced batches (swept at next start): %s", exc)
+        if trim is not None:
+            self._log.trim(trim)
+
     def snapshot(self, name: str, as_of: int) -> pa.Table:
         """The relation as of ``as_of``: its columns plus ``diff``, one row per distinct row
         whose diffs at times <= as_of sum to non-zero, sorted by the columns. Valid for
@@ -376,36 +462,166 @@ class Engine:
                     f"as_of {as_of} for {name!r} is outside [since {rel.entry.since}, sealed "
                     f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "")
                 )
+            trace = rel.trace
             entries = [e for e in rel.tail if e.t_lo <= as_of]
-        batches = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
-        table = pa.Table.from_batches(batches, schema=rel.update_schema)
-        return consolidate_snapshot(table, rel.keys, as_of)
+            self._pin()
+        try:
+            keys = rel.keys
+            partial = []
+            for ref in (*trace.batches, *trace.pending):
+                if ref.key is not None and ref.lower <= as_of:
+                    table = self.traces.read(rel.entry.id, ref)
+                    if table is not None:
+                        partial.append(consolidate_snapshot(table, keys, as_of))
+            if entries:
+                batches = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+                tail = pa.Table.from_batches(batches, schema=rel.update_schema)
+                partial.append(consolidate_snapshot(tail, keys, as_of))
+        finally:
+            self._unpin()
+        if not partial:
+            return consolidate_snapshot(rel.update_schema.empty_table(), keys, as_of)
+        if len(partial) == 1:
+            return partial[0]
+        combined = pa.concat_tables(partial)
+        combined = combined.append_column("time", pa.array([0] * combined.num_rows, pa.int64()))
+        return consolidate_snapshot(combined.select(rel.update_schema.names), keys, 0)
 
     def replay(self, name: str, *, batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
         """Every stored update of the relation in time order, as record batches of the
-        relation's columns plus ``time`` and ``diff``; memory holds only the records whose
-        time ranges overlap the current time, not the whole relation."""
+        relation's columns plus ``time`` and ``diff``. Compacted updates appear with their
+        times advanced to the trace's ``since``. Memory holds only the records (and batch
+        row groups) whose time ranges overlap the current time, not the whole relation."""
         with self._lock:
             rel = self._rel(name)
+            trace = rel.trace
             entries = list(rel.tail)
+            self._pin()
 
-        def load(e: TailEntry) -> pa.Table:
-            return pa.Table.from_batches([self._decode(rel, self._log.read(e.lsn))])
+        def load(item) -> pa.Table:
+            if isinstance(item, TailEntry):
+                return pa.Table.from_batches([self._decode(rel, self._log.read(item.lsn))])
+            return self.traces.read_row_group(rel.entry.id, item)
 
-        return replay_mod.time_ordered(entries, load, rel.update_schema, batch_rows)
+        def generate() -> Iterator[pa.RecordBatch]:
+            try:
+                items: list[Any] = []
+                for ref in (*trace.batches, *trace.pending):
+                    items += self.traces.row_groups(rel.entry.id, ref)
+                items += entries
+                yield from replay_mod.time_ordered(items, load, rel.update_schema, batch_rows)
+            finally:
+                self._unpin()
+
+        return generate()
+
+    # --- compaction ----------------------------------------------------------------------------
+
+    def compact(self, name: str | None = None) -> None:
+        """Finish the current WAL segment, turn everything durable into batches, merge, and
+        trim the log; returns when the pass is done (for tests and tools)."""
+        with self._lock:
+            names = None if name is None else {self._rel(name).entry.name}
+            self._check_open()
+        self._log.finish_segment()
+        self._compaction_pass(names)
+
+    def _background_pass(self) -> None:
+        self._compaction_pass(None)
+
+    def _compaction_pass(self, names: set[str] | None) -> None:
+        with self._compact_lock:
+            with self._lock:
+                if self._closed:
+                    return
+                cut = cmp.plan_wal_cut(self._log.finished_lsn, self._txn_first.values())
+                rels = [r for r in self._relations.values() if names is None or r.entry.name in names]
+                work = []
+                for rel in rels:
+                    entries = [e for e in rel.tail if e.lsn < cut.safe]
+                    progress = [t for lsn, t in rel.progress if lsn < cut.safe]
+                    if entries or progress:
+                        work.append((rel, entries, progress, rel.trace, rel.entry.since))
+            for item in work:
+                self._compact_relation(cut.safe, *item)
+            for rel in rels:
+                self._merge_relation(rel)
+            with self._lock:
+                needed = [n for n in (r.needs_from() for r in self._relations.values()) if n is not None]
+                point = cmp.trim_point(cut.safe, [*needed, *self._txn_first.values()])
+                self._trim_to = max(self._trim_to or 0, point)
+        self._collect()
+
+    def _compact_relation(self, safe: int, rel: _Relation, entries: list[TailEntry], progress: list[int],
+                          trace: TraceState, since: int) -> None:
+        rid = rel.entry.id
+        upper = cmp.new_upper(trace.upper, progress)
+        since = min(since, upper - 1) if upper > 0 else 0
+        parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+        tables = [pa.Table.from_batches(parts, schema=rel.update_schema)]
+        tables += [t for t in (self.traces.read(rid, p) for p in trace.pending) if t is not None]
+        table = pa.concat_tables(tables)
+        time = table.column("time")
+        if table.num_rows and pc.min(time).as_py() < trace.upper:
+            raise TraceInvariantViolation(
+                f"relation {rel.entry.name!r}: WAL records below LSN {safe} hold times below the trace's upper "
+                f"{trace.upper}; the log and the trace disagree: run `sediment verify`")
+        below = table.filter(pc.less(time, upper))
+        above = table.filter(pc.greater_equal(time, upper))
+        batches = trace.batches
+        if upper > trace.upper:
+            wal_range = (entries[0].lsn, max(e.lsn for e in entries)) if entries else None
+            batches += (self.traces.write(rid, consolidate(below, rel.keys, since), trace.upper, upper, since,
+                                          wal_range=wal_range),)
+        pending: tuple = ()
+        if above.num_rows:
+            folded = consolidate(above, rel.keys, None)
+            if folded.num_rows:
+                lo, hi = pc.min_max(folded.column("time")).values()
+                pending = (self.traces.write(rid, folded, lo.as_py(), hi.as_py() + 1, since),)
+        new = replace(trace, since=since, upper=upper, batches=batches, pending=pending, wal_through=safe,
+                      version=trace.version + 1)
+        self.traces.commit(new)
+        with self._lock:
+            rel.trace = new
+            rel.tail = [e for e in rel.tail if e.lsn >= safe]
+            rel.progress = [(lsn, t) for lsn, t in rel.progress if lsn >= safe]
+            self._garbage += [p.key for p in trace.pending if p.key]
+
+    def _merge_relation(self, rel: _Relation) -> None:
+        with self._lock:
+            trace, since = rel.trace, min(rel.entry.since, max(rel.trace.upper - 1, 0))
+        tasks = plan_merges(trace.batches, factor=self._merge_factor)
+        for task in reversed(tasks):  # from the newest, so earlier indices stay valid
+            refs = list(trace.batches[task.start:task.stop])
+            stored = sum(r.bytes for r in refs) or 1
+            per_row = max(64, 8 * stored // max(1, sum(r.rows for r in refs)))
+            chunk_rows = max(1024, self._memory_bound // (4 * len(refs) * per_row))
+            merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, since, task.level,
+                                       chunk_rows=chunk_rows)
+            new = replace(trace.apply_merge(task.start, task.stop, merged, inputs=refs), since=since)
+            self.traces.commit(new)
+            with self._lock:
+                rel.trace = trace = new
+                self._garbage += [r.key for r in refs if r.key]
 
     # --- closing -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush and release everything. Idempotent."""
+        """Stop the compacter, flush and release everything. Idempotent."""
         with self._lock:
             if self._closed:
                 return
+        if self._compacter is not None:
+            self._compacter.stop()
+        with self._compact_lock, self._lock:
             self._closed = True
         self._release_all()
 
     def _release_all(self) -> None:
-        for closer in (getattr(self, "_log", None), getattr(self, "_meta", None)):
+        if getattr(self, "_compacter", None) is not None:
+            self._compacter.stop()
+        for closer in (getattr(self, "_log", None), getattr(self, "_meta", None), getattr(self, "_blobs", None)):
             if closer is not None:
                 try:
                     closer.close()

@@ -115,8 +115,7 @@ def _may_cast(src: pa.DataType, dst: pa.DataType) -> bool:
 
 def update_schema(schema: pa.Schema) -> pa.Schema:
     """The schema of a relation's stored updates: its columns, then ``time`` and ``diff``."""
-    return pa.schema(list(schema) + [pa.field("time", pa.int64(), nullable=False),
-                                     pa.field("diff", pa.int64(), nullable=False)])
+    return pa.schema(list(schema) + [pa.field("time", pa.int64()), pa.field("diff", pa.int64())])
 
 
 def conform_updates(relation: str, schema: pa.Schema, updates: object) -> pa.Table:

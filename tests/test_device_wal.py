@@ -63,6 +63,8 @@ def test_round_trip_scan_read_and_protocol(tmp_path: Path) -> None:
     assert [(g.lsn, g.body, g.t_hi) for g in got] == [(r.lsn, r.body, r.t_hi) for r in recs]
     assert [g.lsn for g in log.scan(recs[10].lsn)] == [r.lsn for r in recs[10:]]
     assert log.read(recs[17].lsn).body == recs[17].body
+    with pytest.raises(WalError, match="not the LSN of a record"):
+        list(log.scan(recs[3].lsn + 8))
     with pytest.raises(WalError, match="no durable record"):
         log.read(log.durable_lsn + BS)
     with pytest.raises(WalError, match="no valid record"):
@@ -304,8 +306,10 @@ def test_stale_records_from_previous_cycle_are_not_resurrected(tmp_path: Path) -
     log = DeviceLog.open(path)
     bodies = [g.body for g in log.scan() if g.kind == RecordKind.UPDATES]
     assert bodies == [r.body for r in new]
-    ((_, off, _, why),) = log.report.torn_tails
-    assert off >= new[-1].lsn and "stale record" in why
+    assert log.report.torn_tails == [] and log.report.records == len(new) + 1
+    after = (new[-1].lsn + new[-1].frame_size + BS - 1) // BS * BS
+    stale = raw_record_at(image, after)
+    assert stale is not None and stale.lsn == after - DATA
     log.close()
 
 
@@ -559,3 +563,78 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_record(tmp_path: Path) -> N
     log.append([upd(1)])
     log.close()
     assert RING_MAGIC in path.read_bytes()[:HDR]
+
+
+def test_submit_runs_on_durable_in_log_order_before_waiters(tmp_path: Path) -> None:
+    log = open_log(tmp_path / "ring", capacity=4 << 20)
+    order: list[int] = []
+    tickets = []
+    woke: list[bool] = []
+
+    def cb(records) -> None:
+        assert log.durable_lsn >= records[-1].lsn + records[-1].frame_size
+        order.append(records[0].lsn)
+
+    for i in range(200):
+        t = log.submit([upd(i, 1 + i * 37 % 5000), Record(RecordKind.PROGRESS, relation_id=3, t_lo=i, t_hi=i)], cb)
+        tickets.append(t)
+    for t in tickets:
+        last = t.wait()
+        woke.append(t.records[0].lsn in order)
+        assert last == t.records[-1].lsn
+    assert order == sorted(order) and len(order) == 200 and all(woke)
+    assert log.sealed_frontiers == {3: 199}
+    log.close()
+    log = DeviceLog.open(tmp_path / "ring")
+    assert log.sealed_frontiers == {3: 199}
+    log.close()
+
+
+def test_write_error_fails_the_log_and_reopen_keeps_acknowledged(tmp_path: Path) -> None:
+    path = tmp_path / "ring"
+    calls = {"n": 0, "fail_after": None}
+
+    def flaky(fd: int, data, offset: int) -> int:
+        calls["n"] += 1
+        if calls["fail_after"] is not None and calls["n"] > calls["fail_after"]:
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return os.pwrite(fd, data, offset)
+
+    log = open_log(path, pwrite=flaky)
+    ok = [upd(i) for i in range(5)]
+    for r in ok:
+        log.append([r])
+    calls["fail_after"] = calls["n"]
+    with pytest.raises(WalError, match="failed before the append was durable"):
+        log.append([upd(99)])
+    with pytest.raises(WalError, match="failed earlier"):
+        log.append([upd(100)])
+    log.close()
+    log = DeviceLog.open(path)
+    assert [g.body for g in log.scan()] == [r.body for r in ok]
+    log.close()
+
+
+def test_torn_block_tail_is_blanked_so_later_records_chain(tmp_path: Path) -> None:
+    path = tmp_path / "ring"
+    log = open_log(path)
+    call = [upd(i, 300) for i in range(3)]
+    log.append(call)
+    image = bytearray(snapshot(path))
+    log.close()
+    assert call[2].lsn % BS != 0
+    image[HDR + call[2].lsn + HEADER_SIZE + 10] ^= 0xFF
+    path.write_bytes(image)
+    log = DeviceLog.open(path)
+    assert [g.body for g in log.scan()] == [r.body for r in call[:2]]
+    new = upd(7, 200)
+    log.append([new])
+    assert new.lsn == BS
+    crashed_again = snapshot(path)
+    log.close()
+    assert crashed_again[HDR + call[2].lsn : HDR + BS] == bytes(BS - call[2].lsn)
+    path.write_bytes(crashed_again)
+    log = DeviceLog.open(path)
+    assert [g.body for g in log.scan()] == [r.body for r in call[:2]] + [new.body]
+    assert not log.report.torn_tails
+    log.close()

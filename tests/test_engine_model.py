@@ -109,6 +109,10 @@ class EngineMachine(RuleBasedStateMachine):
         self.engine.set_since(rel, t)
         self.model.since[rel] = t
 
+    @rule(which=st.sampled_from([None, *RELATIONS]))
+    def compact(self, which):
+        self.engine.compact(which)
+
     @rule()
     def restart(self):
         self.engine.close()
@@ -118,6 +122,12 @@ class EngineMachine(RuleBasedStateMachine):
     @invariant()
     def snapshots_match_the_model(self):
         for rel in RELATIONS:
+            # replay is every stored update; compacted ones may have times advanced to at most since
+            replayed = [tuple(r.values()) for b in self.engine.replay(rel) for r in b.to_pylist()]
+            times = [t for _k, _v, t, _d in replayed]
+            assert times == sorted(times)
+            s = self.model.since[rel]
+            assert _consolidated(replayed, s) == _consolidated(self.model.updates[rel], s), rel
             assert self.engine.sealed(rel) == self.model.sealed[rel]
             assert self.engine.since(rel) == self.model.since[rel]
             for as_of in range(self.model.since[rel], self.model.sealed[rel] + 1):
@@ -128,6 +138,13 @@ class EngineMachine(RuleBasedStateMachine):
         if self.engine is not None:
             self.engine.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _consolidated(updates, since):
+    acc = defaultdict(int)
+    for k, v, t, d in updates:
+        acc[(k, v, max(t, since))] += d
+    return sorted((key, d) for key, d in acc.items() if d)
 
 
 def _table(batch):

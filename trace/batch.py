@@ -20,7 +20,7 @@ import dataclasses
 import io
 import re
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from sediment.blob.protocol import BlobStore
 from sediment.errors import BatchCorruption, BlobNotFound, TraceError
+from sediment.trace.consolidate import first_unsorted
 
 FORMAT_NAME = "sediment-trace-batch"
 FORMAT_VERSION = 1
@@ -300,10 +301,41 @@ def _read_group(pf: pq.ParquetFile, i: int, desc: BatchDescription, where: str, 
     return t
 
 
-def decode_batch(data: bytes, expected: BatchDescription | None = None, *, where: str = "batch") -> pa.Table:
-    """The whole table of an in-memory batch, every page checksum and the description verified."""
+class _OrderCheck:
+    """Checks that row groups continue strictly increasing (row, time) order, when asked."""
+
+    def __init__(self, key_columns: Sequence[str] | None, where: str) -> None:
+        self._cols = None if key_columns is None else [*key_columns, "time"]
+        self._where = where
+        self._last: pa.Table | None = None
+
+    def __call__(self, i: int, t: pa.Table) -> pa.Table:
+        if self._cols is None or t.num_rows == 0:
+            return t
+        part = t.select(self._cols)
+        joined = part if self._last is None else pa.concat_tables([self._last, part])
+        bad = first_unsorted(joined, self._cols, strict=True)
+        if bad is not None:
+            raise BatchCorruption(
+                f"{self._where}: row group {i} row {bad - (self._last is not None)} does not follow its "
+                f"predecessor in strictly increasing {self._cols} order; the batch is not consolidated"
+            )
+        self._last = part.slice(part.num_rows - 1)
+        return t
+
+
+def decode_batch(
+    data: bytes,
+    expected: BatchDescription | None = None,
+    *,
+    where: str = "batch",
+    key_columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """The whole table of an in-memory batch, every page checksum and the description
+    verified; with ``key_columns``, also the strictly increasing (row, time) order."""
     pf, desc = _open(pa.BufferReader(data), where, expected)
-    groups = [_read_group(pf, i, desc, where, None) for i in range(pf.num_row_groups)]
+    check = _OrderCheck(key_columns, where)
+    groups = [check(i, _read_group(pf, i, desc, where, None)) for i in range(pf.num_row_groups)]
     if not groups:
         return pf.schema_arrow.empty_table()
     return pa.concat_tables(groups)
@@ -369,10 +401,12 @@ def iter_batch(
     *,
     expected_bytes: int | None = None,
     columns: list[str] | None = None,
+    key_columns: Sequence[str] | None = None,
 ) -> Iterator[pa.Table]:
     """Stream a stored batch one row group at a time (bounded memory), verifying the footer
-    description against ``expected``, the object size against ``expected_bytes`` and
-    every page checksum. Yields nothing for an empty batch."""
+    description against ``expected``, the object size against ``expected_bytes``, every
+    page checksum and, given ``key_columns``, the strictly increasing (row, time) order
+    (they must then be among ``columns``). Yields nothing for an empty batch."""
     where = f"batch {key!r}"
     try:
         size = store.size(key)
@@ -382,8 +416,9 @@ def iter_batch(
         raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {expected_bytes}")
     raw = BlobReader(store, key, size)
     pf, desc = _open(pa.PythonFile(raw, mode="r"), where, expected)
+    check = _OrderCheck(key_columns, where)
     for i in range(pf.num_row_groups):
-        yield _read_group(pf, i, desc, where, columns)
+        yield check(i, _read_group(pf, i, desc, where, columns))
 
 
 def read_batch(
@@ -414,3 +449,18 @@ def write_batch_stream(
         if c.num_rows:
             w.write(c)
     return w.finish()
+
+
+def open_batch(
+    source: Any, expected: BatchDescription | None = None, *, where: str = "batch"
+) -> tuple[pq.ParquetFile, BatchDescription]:
+    """Open a batch from any pyarrow-readable source (e.g. ``pa.PythonFile(BlobReader(...))``),
+    checking the footer and description; read its groups with :func:`read_row_group`."""
+    return _open(source, where, expected)
+
+
+def read_row_group(
+    pf: pq.ParquetFile, index: int, desc: BatchDescription, *, where: str = "batch", columns: list[str] | None = None
+) -> pa.Table:
+    """One row group of an opened batch, page checksums and time bounds verified."""
+    return _read_group(pf, index, desc, where, columns)

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.errors import TraceError
 from sediment.trace.batch import DEFAULT_ROW_GROUP_ROWS, BatchDescription, write_batch_stream
-from sediment.trace.consolidate import DIFF, TIME, advance_times, sort_keys
+from sediment.trace.consolidate import DIFF, TIME, advance_times, first_unsorted, sort_keys, sum_sorted
 
 DEFAULT_CHUNK_ROWS = 64 * 1024
 _SRC = "__sediment_src"
@@ -44,16 +45,8 @@ def _as_table(chunk: pa.Table | pa.RecordBatch, cols: list[str]) -> pa.Table:
     return chunk.select(cols)
 
 
-def _group_sum_sorted(table: pa.Table, group_cols: list[str]) -> pa.Table:
-    g = table.select([*group_cols, DIFF]).group_by(group_cols, use_threads=False).aggregate([(DIFF, "sum")])
-    return g.rename_columns([*group_cols, DIFF])
-
-
-def _drop_zeros(table: pa.Table) -> pa.Table:
-    return table.filter(pc.not_equal(table.column(DIFF), 0))
-
-
 def _consolidated_stream(
+    which: int,
     chunks: Iterable[pa.Table | pa.RecordBatch],
     key_columns: list[str],
     since: int | None,
@@ -65,6 +58,7 @@ def _consolidated_stream(
     (before zero-dropping, as the next chunk may continue it)."""
     cols = [*key_columns, TIME]
     carry: pa.Table | None = None
+    seen = 0
     for chunk in chunks:
         table = _as_table(chunk, [*cols, DIFF])
         stats.rows_in += table.num_rows
@@ -72,13 +66,21 @@ def _consolidated_stream(
             piece = advance_times(table.slice(start, chunk_rows), since)
             if carry is not None:
                 piece = pa.concat_tables([carry, piece])
-            summed = _group_sum_sorted(piece, cols)
+            bad = first_unsorted(piece, cols, strict=False)
+            if bad is not None:
+                raise TraceError(
+                    f"merge input {which}: row {seen + start + bad - (carry is not None)} is not "
+                    f"sorted after its predecessor by {cols} (nulls last); sort each input before merging"
+                )
+            summed = sum_sorted(piece, cols, drop_zeros=False)
             carry = summed.slice(summed.num_rows - 1)
-            out = _drop_zeros(summed.slice(0, summed.num_rows - 1))
+            out = summed.slice(0, summed.num_rows - 1)
+            out = out.filter(pc.not_equal(out.column(DIFF), 0))
             if out.num_rows:
                 yield out
+        seen += table.num_rows
     if carry is not None:
-        carry = _drop_zeros(carry)
+        carry = carry.filter(pc.not_equal(carry.column(DIFF), 0))
         if carry.num_rows:
             yield carry
 
@@ -96,7 +98,9 @@ def merge_sorted(
     Output: tables with columns ``key_columns + ["time", "diff"]`` of at most
     ``chunk_rows`` rows, sorted across chunks, no zero diff, and no (row, time) twice
     anywhere in the output. Inputs need not be consolidated, only sorted (NULLs last,
-    as pyarrow sorts). Buffered rows stay below ``len(inputs) * (chunk_rows + 1)``.
+    NaN before NULL, as pyarrow sorts); order is checked as rows arrive (vectorised)
+    and an unsorted input raises TraceError naming it and the row. Buffered rows stay
+    below ``len(inputs) * (chunk_rows + 1)``.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
@@ -104,7 +108,7 @@ def merge_sorted(
     keys = list(key_columns)
     cols = [*keys, TIME]
     order = sort_keys(keys)
-    streams = {i: _consolidated_stream(inp, keys, since, chunk_rows, stats) for i, inp in enumerate(inputs)}
+    streams = {i: _consolidated_stream(i, inp, keys, since, chunk_rows, stats) for i, inp in enumerate(inputs)}
     last: dict[int, pa.Table] = {}
     pending: pa.Table | None = None
     need = set(streams)
@@ -144,12 +148,17 @@ def merge_sorted(
         pending = merged.slice(cut + 1)
         remaining = set(pc.unique(pending.column(_SRC)).to_pylist())
         need = {i for i in streams if i not in remaining}
+        if not need:
+            raise TraceError(
+                f"merge inputs {sorted(streams)} are not sorted by (row, time) as pyarrow sorts them "
+                "(nulls last); sort each input before merging"
+            )
 
 
 def _emit(sorted_rows: pa.Table, cols: list[str], chunk_rows: int, stats: MergeStats) -> Iterator[pa.Table]:
     if sorted_rows.num_rows == 0:
         return
-    out = _drop_zeros(_group_sum_sorted(sorted_rows, cols))
+    out = sum_sorted(sorted_rows, cols)
     for start in range(0, out.num_rows, chunk_rows):
         piece = out.slice(start, chunk_rows)
         stats.rows_out += piece.num_rows

@@ -17,6 +17,10 @@ for the byte layout and the recovery rules; the short version:
   the first invalid position (blocks that parallel I/O threads landed out of order)
   were never acknowledged and are discarded and reported, and the space they used is
   zeroed before new writes, so they can never be resurrected behind newer records.
+* ``trim(lsn)`` moves the trim offset to the last finished FRONTIERS record at or
+  below ``lsn`` (a clamp, never an error) and raises past the durable end.
+* An appender waiting for its block writes pending blocks itself when one of the
+  ``io_threads`` slots is free; the threads do the rest (``submit``, sealing by age).
 """
 
 from __future__ import annotations
@@ -31,22 +35,26 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from crc32c import crc32c as _crc
 
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalFull
 from sediment.wal.protocol import OpenReport
 from sediment.wal.record import (
+    HEADER,
     HEADER_SIZE,
-    Header,
+    MAGIC,
+    MAX_BODY,
+    VERSION,
     Record,
     RecordKind,
     crc32c,
     decode_frontiers,
-    decode_header,
     encode_frontiers,
     encode_header,
-    to_record,
 )
 
 _log = logging.getLogger(__name__)
@@ -62,6 +70,9 @@ READ_CHUNK = 8 * 1024 * 1024
 ZERO_CHUNK = 4 * 1024 * 1024
 
 PWrite = Callable[[int, Any, int], int]
+_KINDS = frozenset(int(k) for k in RecordKind)
+_unpack_header = HEADER.unpack_from
+_ZEROS = bytes(64 * 1024)
 
 
 def _align_up(x: int, a: int) -> int:
@@ -163,39 +174,76 @@ class _Plan:
 
 
 class _Reader:
-    """Aligned, chunked reads of the data area (Direct I/O when the fd allows it)."""
+    """Aligned, chunked reads of the data area (Direct I/O when the fd allows it). A
+    sequential reader reads the next chunk on a helper thread while the caller parses
+    the current one (preadv releases the GIL), which keeps recovery disk-bound."""
 
-    def __init__(self, log: DeviceLog, chunk: int = READ_CHUNK) -> None:
+    def __init__(self, log: DeviceLog, chunk: int = READ_CHUNK, sequential: bool = False) -> None:
         self.log = log
-        self.chunk = max(chunk, log.block_size)
-        self.buf = mmap.mmap(-1, self.chunk)
+        self.chunk = min(max(chunk, log.block_size), log.data_capacity)
+        self.bufs = [mmap.mmap(-1, self.chunk)] + ([mmap.mmap(-1, self.chunk)] if sequential else [])
+        self.views = [memoryview(b) for b in self.bufs]
+        self.cur = 0
         self.lo = 0
         self.hi = 0
-        self.lo_lsn = -1
+        self.base = -1
+        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1) if sequential else None
+        self.ahead: tuple[int, int, int, Future[None]] | None = None
 
     def close(self) -> None:
-        self.buf.close()
+        if self.ahead is not None:
+            self.ahead[3].exception()
+        if self.pool is not None:
+            self.pool.shutdown()
+        for v in self.views:
+            v.release()
+        for b in self.bufs:
+            b.close()
 
-    def get(self, lsn: int, n: int) -> memoryview:
-        """Bytes [lsn, lsn + n) of the ring; the range must not cross the physical end.
-        Valid until the next call."""
+    def _read(self, idx: int, base: int, lo: int, length: int) -> None:
+        self.log._pread_into(self.views[idx][:length], self.log.header_bytes + lo)
+
+    def at(self, lsn: int, n: int) -> tuple[memoryview, int]:
+        """(view, offset) such that view[offset:offset + n] are ring bytes [lsn, lsn + n);
+        the range must not cross the physical end. Valid until the next call."""
         log = self.log
         d = log.data_capacity
         phys = lsn % d
         base = lsn - phys
-        if self.lo_lsn == base and self.lo <= phys and phys + n <= self.hi:
-            return memoryview(self.buf)[phys - self.lo : phys - self.lo + n]
+        if self.base == base and self.lo <= phys and phys + n <= self.hi:
+            return self.views[self.cur], phys - self.lo
         bs = log.block_size
         lo = _align_down(phys, bs)
         want = _align_up(phys + n, bs) - lo
         if want > self.chunk:
             big = mmap.mmap(-1, want)
             log._pread_into(memoryview(big), log.header_bytes + lo)
-            return memoryview(big)[phys - lo : phys - lo + n]
-        length = min(self.chunk, d - lo)
-        log._pread_into(memoryview(self.buf)[:length], log.header_bytes + lo)
-        self.lo, self.hi, self.lo_lsn = lo, lo + length, base
-        return memoryview(self.buf)[phys - lo : phys - lo + n]
+            return memoryview(big), phys - lo
+        ahead = self.ahead
+        if ahead is not None and ahead[0] == base and ahead[1] <= lo and phys + n <= ahead[1] + ahead[2]:
+            ahead[3].result()
+            self.cur = 1 - self.cur
+            self.base, self.lo, self.hi = base, ahead[1], ahead[1] + ahead[2]
+            self.ahead = None
+        else:
+            if ahead is not None:
+                ahead[3].exception()
+                self.ahead = None
+            length = min(self.chunk, d - lo)
+            self._read(self.cur, base, lo, length)
+            self.base, self.lo, self.hi = base, lo, lo + length
+        if self.pool is not None:
+            nlo, nbase = self.hi, self.base
+            if nlo >= d:
+                nlo, nbase = 0, nbase + d
+            length = min(self.chunk, d - nlo)
+            fut = self.pool.submit(self._read, 1 - self.cur, nbase, nlo, length)
+            self.ahead = (nbase, nlo, length, fut)
+        return self.views[self.cur], phys - self.lo
+
+    def get(self, lsn: int, n: int) -> memoryview:
+        view, off = self.at(lsn, n)
+        return view[off : off + n]
 
 
 class DeviceLog:
@@ -249,8 +297,8 @@ class DeviceLog:
         io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
         direct: bool, pwrite: PWrite,
     ) -> None:
-        if block_size < 4096 or block_size & (block_size - 1):
-            raise ValueError(f"block_size must be a power of two >= 4096, not {block_size}")
+        if block_size < 4096 or block_size > 65536 or block_size & (block_size - 1):
+            raise ValueError(f"block_size must be a power of two from 4096 to 65536, not {block_size}")
         if io_threads < 1:
             raise ValueError("io_threads must be >= 1")
         self.path = path
@@ -414,7 +462,7 @@ class DeviceLog:
             self._zero(0, self.data_capacity)
         self._seq = 0
         self._trim = 0
-        self._write_header(SHUTDOWN_RUNNING, 0)
+        self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity))
         self._start()
 
     # ---------------------------------------------------------------- raw I/O
@@ -503,6 +551,8 @@ class DeviceLog:
         """Write the next header copy (slot = seq % 2); new values take effect only once
         it is durable."""
         with self._hdr_lock:
+            if self._fd < 0:
+                raise EngineClosed(f"{self.path}: the WAL is closed")
             window = self._window if window is None else window
             trim = self._trim if trim is None else max(trim, self._trim)
             hdr = RingHeader(self.block_size, self.capacity, trim, self._seq + 1, window, shutdown, clean_end)
@@ -516,46 +566,59 @@ class DeviceLog:
 
     # ---------------------------------------------------------------- recovery
 
-    def _check(self, rd: _Reader, pos: int) -> tuple[Header | None, str]:
-        """The valid record at ``pos``, or (None, why not)."""
+    def _check(self, rd: _Reader, pos: int) -> tuple[tuple | None, str]:
+        """The valid record at ``pos`` as the unpacked header tuple (see record.HEADER),
+        or (None, why not). Same checks as record.decode_header plus position and body
+        CRC, without building objects: recovery speed rests on this loop."""
         d = self.data_capacity
         phys = pos % d
         if d - phys < HEADER_SIZE:
             return None, "too close to the ring end for a header"
-        hb = rd.get(pos, HEADER_SIZE)
-        h = decode_header(hb)
-        if h is None:
-            return None, ("blank (never written)" if not any(hb) else "bad record header (checksum/magic)")
-        if h.lsn != pos:
-            return None, f"stale record (lsn {h.lsn}, from an earlier pass round the ring)"
-        if phys + h.frame_size > d:
+        view, o = rd.at(pos, HEADER_SIZE)
+        u = _unpack_header(view, o)
+        if (u[1] != MAGIC or u[2] != VERSION or u[3] not in _KINDS or u[4] > MAX_BODY
+                or _crc(view[o + 4 : o + HEADER_SIZE]) != u[0]):
+            blank = not any(view[o : o + HEADER_SIZE])
+            return None, ("blank (never written)" if blank else "bad record header (checksum/magic)")
+        if u[6] != pos:
+            return None, f"stale record (lsn {u[6]}, from an earlier pass round the ring)"
+        n = u[4]
+        if phys + HEADER_SIZE + n > d:
             return None, "record crosses the ring end"
-        if crc32c(rd.get(pos + HEADER_SIZE, h.body_len)) != h.body_crc:
+        o += HEADER_SIZE
+        if phys + HEADER_SIZE + n > rd.hi or rd.base != pos - phys:
+            view, o = rd.at(pos + HEADER_SIZE, n)
+        if _crc(view[o : o + n]) != u[5]:
             return None, "body checksum mismatch"
-        return h, ""
+        return u, ""
 
-    def _walk(self, rd: _Reader, pos: int, limit: int) -> Iterator[tuple[int, Header]]:
+    @staticmethod
+    def _record(u: tuple, body: memoryview) -> Record:
+        return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6])
+
+    def _walk(self, rd: _Reader, pos: int, limit: int, stop: list) -> Iterator[tuple[int, tuple]]:
         """Valid records from ``pos`` while they chain; zero block tails are stepped
-        over. Stops at ``limit`` or the first invalid position (``self._stop``)."""
+        over. Ends at ``limit`` or the first invalid position; ``stop[0]`` is then
+        (position, why) with why empty at ``limit``."""
         bs = self.block_size
-        self._stop = (pos, "")
+        stop[:] = [(pos, "")]
         while pos < limit:
-            h, why = self._check(rd, pos)
-            if h is None:
+            u, why = self._check(rd, pos)
+            if u is None:
                 if pos % bs:
                     up = min(_align_up(pos, bs), limit)
                     if not any(rd.get(pos, up - pos)):
                         pos = up
                         continue
                     why = f"{why}; block tail not blank"
-                self._stop = (pos, why)
+                stop[0] = (pos, why)
                 return
-            yield pos, h
-            pos += h.frame_size
-        self._stop = (pos, "")
+            yield pos, u
+            pos += HEADER_SIZE + u[4]
+        stop[0] = (pos, "")
 
     def _recover(self, hdr: RingHeader, repair: bool) -> None:
-        rd = _Reader(self)
+        rd = _Reader(self, sequential=True)
         bs = self.block_size
         d = self.data_capacity
         trim = hdr.trim
@@ -564,35 +627,37 @@ class DeviceLog:
         last_end = trim
         records = 0
         try:
-            for pos, h in self._walk(rd, trim, limit):
-                last_end = pos + h.frame_size
-                records += h.kind != RecordKind.PADDING
-                if h.kind == RecordKind.PROGRESS:
-                    self._frontiers[h.relation_id] = max(self._frontiers.get(h.relation_id, h.t_hi), h.t_hi)
-                elif h.kind == RecordKind.FRONTIERS:
-                    body = bytes(rd.get(pos + HEADER_SIZE, h.body_len))
+            stopped: list = []
+            for pos, u in self._walk(rd, trim, limit, stopped):
+                kind = u[3]
+                last_end = pos + HEADER_SIZE + u[4]
+                records += kind != RecordKind.PADDING
+                if kind == RecordKind.PROGRESS:
+                    self._frontiers[u[7]] = max(self._frontiers.get(u[7], u[10]), u[10])
+                elif kind == RecordKind.FRONTIERS:
+                    body = bytes(rd.get(pos + HEADER_SIZE, u[4]))
                     for rel, t in decode_frontiers(body).items():
                         self._frontiers[rel] = max(self._frontiers.get(rel, t), t)
                     self._frontier_lsns.append(pos)
                     self._finished = last_end
                     self._seg_start = last_end
                     self._seg_records = 0
-                elif h.kind != RecordKind.PADDING:
+                elif kind != RecordKind.PADDING:
                     self._seg_records += 1
-            stop, why = self._stop
+            stop, why = stopped[0]
             window = max(hdr.window, bs)
             found_end = stop
             found = 0
             if why:
                 q = _align_up(stop + 1, bs)
                 while q < min(stop + window, trim + d):
-                    h, _ = self._check(rd, q)
-                    if h is None:
+                    u, _ = self._check(rd, q)
+                    if u is None:
                         q += bs
                         continue
-                    for p2, h2 in self._walk(rd, q, trim + d):
+                    for p2, u2 in self._walk(rd, q, trim + d, []):
                         found += 1
-                        found_end = p2 + h2.frame_size
+                        found_end = p2 + HEADER_SIZE + u2[4]
                     q = _align_up(max(found_end, q + 1), bs)
             damaged = bool(why) and (clean or found_end > stop + window)
             if damaged and not repair:
@@ -608,7 +673,8 @@ class DeviceLog:
                     "once the loss is accepted.",
                     path=self.path, offset=stop, reason=why,
                 )
-            if why:
+            normal_end = why.startswith(("blank", "stale")) and not found and not damaged
+            if why and not normal_end:
                 kind = "damage" if damaged else "torn tail"
                 cut = max(found_end, _align_up(stop + 1, bs)) - stop
                 extra = f"; discarded {found} unacknowledged records after it, up to {found_end}" if found else ""
@@ -628,7 +694,7 @@ class DeviceLog:
             keep = self._pread_exact(self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
             if zero_to > lo:
                 self._zero(lo, zero_to - lo, keep)
-        self._write_header(SHUTDOWN_RUNNING, 0, window=self.configured_window)
+        self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity))
 
     # ---------------------------------------------------------------- threads
 
@@ -704,7 +770,7 @@ class DeviceLog:
         if wlen > self._window:
             self._write_header(SHUTDOWN_RUNNING, 0, window=wlen)
         if wlen > blk.fill:
-            blk.buf[blk.fill : wlen] = bytes(wlen - blk.fill)
+            blk.buf[blk.fill : wlen] = _ZEROS[: wlen - blk.fill]
         self._write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
 
     def _complete(self, blk: _Block) -> None:
@@ -725,7 +791,9 @@ class DeviceLog:
                     b.buf.close()
                 b.buf = None  # type: ignore[assignment]
                 self._done_q.append(b)
-            if self._pending or self._cur is not None:
+            if self._closed:
+                self._work_cv.notify_all()
+            elif self._pending or self._cur is not None:
                 self._work_cv.notify()
             if self._notifying:
                 return
@@ -921,6 +989,11 @@ class DeviceLog:
                         return None
                     fbody = encode_frontiers(frontiers) if finish else b""
                     fsize = HEADER_SIZE + len(fbody) if finish else 0
+                    bs = self.block_size
+                    pad = max(max(sizes, default=0), fsize)
+                    bound = _align_up(self._next, bs) + total + fsize + pad + 2 * (len(sizes) + 3) * bs
+                    if bound <= self._trim + self.data_capacity:
+                        break
                     end = self._plan_call(sizes, fsize, None)
                     if end - self._next > self.data_capacity:
                         raise WalError(
@@ -1072,10 +1145,10 @@ class DeviceLog:
             )
         rd = _Reader(self, chunk=self.block_size * 2)
         try:
-            h, why = self._check(rd, lsn)
-            if h is None:
+            u, why = self._check(rd, lsn)
+            if u is None:
                 raise WalError(f"{self.path}: no valid record at logical offset {lsn}: {why}")
-            rec = to_record(h, bytes(rd.get(lsn + HEADER_SIZE, h.body_len)))
+            rec = self._record(u, rd.get(lsn + HEADER_SIZE, u[4]))
         finally:
             rd.close()
         if lsn < self._trim:
@@ -1087,16 +1160,19 @@ class DeviceLog:
         as of the call, in order; PADDING is skipped. Damage raises WalCorruption."""
         pos = self._trim if start is None else max(start, self._trim)
         limit = self._durable_end
-        rd = _Reader(self)
+        rd = _Reader(self, sequential=True)
+        stopped: list = []
         try:
-            for p, h in self._walk(rd, pos, limit):
-                if h.kind == RecordKind.PADDING:
+            for p, u in self._walk(rd, pos, limit, stopped):
+                if u[3] == RecordKind.PADDING:
                     continue
-                rec = to_record(h, bytes(rd.get(p + HEADER_SIZE, h.body_len)))
+                rec = self._record(u, rd.get(p + HEADER_SIZE, u[4]))
                 if p < self._trim:
                     raise WalError(f"{self.path}: records at {p} were trimmed during the scan")
                 yield rec
-            stop, why = self._stop
+            stop, why = stopped[0]
+            if why and stop == pos and start is not None and start > self._trim:
+                raise WalError(f"{self.path}: scan start {start} is not the LSN of a record: {why}")
             if why:
                 raise WalCorruption(
                     f"{self.path}: invalid record at logical offset {stop} below the durable end {limit}: "
@@ -1123,11 +1199,12 @@ class DeviceLog:
         self._close_fds()
 
     def _close_fds(self) -> None:
-        for fd in [self._fd, self._rfd, *self._old_fds]:
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._rfd = -1
-        self._old_fds = []
+        with self._hdr_lock, self._fd_lock:
+            for fd in [self._fd, self._rfd, *self._old_fds]:
+                if fd >= 0:
+                    os.close(fd)
+            self._fd = self._rfd = -1
+            self._old_fds = []
         for b in self._pool:
             b.close()
         self._pool = []

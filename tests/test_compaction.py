@@ -1,0 +1,250 @@
+"""The compacter: WAL to batches, pending updates, since consolidation, merges, trims, crashes."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pyarrow as pa
+import pytest
+
+from sediment import errors
+
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
+
+
+def ups(rows):
+    ks, vs, ts, ds = zip(*rows, strict=True)
+    return pa.table({"k": pa.array(ks, pa.int64()), "v": pa.array(vs, pa.string()),
+                     "time": pa.array(ts, pa.int64()), "diff": pa.array(ds, pa.int64())})
+
+
+def rows(table):
+    return [tuple(r.values()) for r in table.to_pylist()]
+
+
+def segments(data_dir):
+    d = os.path.join(data_dir, "wal", "0")
+    return sorted(n for n in os.listdir(d) if n.endswith(".seg"))
+
+
+def blob_keys(data_dir):
+    root = os.path.join(data_dir, "blobs")
+    out = []
+    for base, _dirs, files in os.walk(root):
+        out += [os.path.relpath(os.path.join(base, f), root) for f in files]
+    return sorted(out)
+
+
+@pytest.fixture
+def eng(open_engine):
+    e = open_engine(compact=False, segment_bytes=1 << 14)
+    e.add_relation("r", SCHEMA)
+    return e
+
+
+def test_compaction_moves_the_wal_into_batches_and_trims_it(eng, open_engine, tmp_path):
+    data = str(tmp_path / "data")
+    for t in range(1, 30):
+        eng.append("r", ups([(t % 7, "x" * 900, t, 1), (t % 5, "y", t, 1)]))
+        eng.seal("r", t)
+    before = {t: rows(eng.snapshot("r", t)) for t in (1, 10, 29)}
+    assert len(segments(data)) >= 3
+    eng.compact()
+    assert len(segments(data)) == 1, "every finished segment was compacted and trimmed"
+    trace = eng._relations["r"].trace
+    assert trace.upper == 30 and trace.batches and not eng._relations["r"].tail
+    assert {t: rows(eng.snapshot("r", t)) for t in (1, 10, 29)} == before
+    eng.close()
+    again = open_engine(compact=False, segment_bytes=1 << 14)
+    assert again.sealed("r") == 29
+    assert {t: rows(again.snapshot("r", t)) for t in (1, 10, 29)} == before
+
+
+def test_updates_at_unsealed_times_wait_in_pending_until_sealed(eng, open_engine):
+    eng.append("r", ups([(1, "now", 1, 1), (2, "later", 10, 1), (3, "later", 12, 1)]))
+    eng.seal("r", 2)
+    eng.compact()
+    trace = eng._relations["r"].trace
+    assert trace.upper == 3 and len(trace.pending) == 1
+    assert (trace.pending[0].lower, trace.pending[0].upper) == (10, 13)
+    assert rows(eng.snapshot("r", 2)) == [(1, "now", 1)]
+    eng.seal("r", 10)
+    eng.compact()
+    trace = eng._relations["r"].trace
+    assert trace.upper == 11 and len(trace.pending) == 1 and trace.pending[0].lower == 12
+    assert rows(eng.snapshot("r", 10)) == [(1, "now", 1), (2, "later", 1)]
+    eng.seal("r", 12)
+    eng.compact()
+    assert not eng._relations["r"].trace.pending
+    assert rows(eng.snapshot("r", 12)) == [(1, "now", 1), (2, "later", 1), (3, "later", 1)]
+    assert sorted(rows(pa.Table.from_batches(list(eng.replay("r"))))) == [
+        (1, "now", 1, 1), (2, "later", 10, 1), (3, "later", 12, 1)]
+
+
+def test_since_consolidates_history_away(eng):
+    for t in range(1, 41):
+        eng.append("r", ups([(1, "hot", t, 1 if t % 2 else -1), (2, "cold", t, 1)]))
+    eng.seal("r", 40)
+    eng.set_since("r", 40)
+    eng.compact()
+    stored = pa.Table.from_batches(list(eng.replay("r")))
+    assert rows(stored) == [(2, "cold", 40, 40)]
+    assert rows(eng.snapshot("r", 40)) == [(2, "cold", 40)]
+
+
+def test_merges_keep_the_batch_count_logarithmic(eng):
+    for t in range(1, 65):
+        eng.append("r", ups([(t, "v" * 20, t, 1)]))
+        eng.seal("r", t)
+        eng.compact()
+    batches = eng._relations["r"].trace.batches
+    assert len(batches) <= 8, [b.rows for b in batches]
+    assert sum(b.rows for b in batches) == 64
+    assert rows(eng.snapshot("r", 64)) == [(t, "v" * 20, 1) for t in range(1, 65)]
+
+
+def test_open_transaction_holds_back_the_cut(eng):
+    tx = eng.transaction()
+    tx.append("r", ups([(9, "tx", 5, 1)]))
+    eng.append("r", ups([(1, "a", 1, 1)]))
+    eng.seal("r", 1)
+    eng.compact()
+    assert eng._relations["r"].tail, "records after an open BEGIN stay in the WAL"
+    tx.commit()
+    eng.seal("r", 5)
+    eng.compact()
+    assert not eng._relations["r"].tail
+    assert rows(eng.snapshot("r", 5)) == [(1, "a", 1), (9, "tx", 1)]
+
+
+def test_crash_after_commit_before_trim_counts_nothing_twice(eng, open_engine, tmp_path):
+    data = str(tmp_path / "data")
+    for t in range(1, 20):
+        eng.append("r", ups([(t % 3, "x", t, 1)]))
+    eng.seal("r", 19)
+    expected = rows(eng.snapshot("r", 19))
+    eng._log.finish_segment()
+    shutil.copytree(os.path.join(data, "wal"), str(tmp_path / "wal-before"))
+    eng.compact()
+    eng.close()
+    shutil.rmtree(os.path.join(data, "wal"))
+    shutil.copytree(str(tmp_path / "wal-before"), os.path.join(data, "wal"))  # the trim never happened
+    again = open_engine(compact=False, segment_bytes=1 << 14)
+    assert rows(again.snapshot("r", 19)) == expected
+    again.compact()
+    assert rows(again.snapshot("r", 19)) == expected
+
+
+def test_orphan_batches_from_a_crash_before_commit_are_swept(eng, open_engine, tmp_path):
+    data = str(tmp_path / "data")
+    eng.append("r", ups([(1, "a", 1, 1)]))
+    eng.seal("r", 1)
+    eng.compact()
+    kept = blob_keys(data)
+    orphan = os.path.join(data, "blobs", "trace", f"{999:016x}")
+    os.makedirs(orphan)
+    with open(os.path.join(orphan, f"{0:016x}-{5:016x}-abc.parquet"), "wb") as f:
+        f.write(b"half a batch")
+    eng.close()
+    again = open_engine(compact=False, segment_bytes=1 << 14)
+    assert blob_keys(data) == kept
+    assert again.swept and rows(again.snapshot("r", 1)) == [(1, "a", 1)]
+
+
+def test_missing_or_damaged_batch_is_reported_with_its_key(eng, tmp_path):
+    data = str(tmp_path / "data")
+    eng.append("r", ups([(1, "a", 1, 1)]))
+    eng.seal("r", 1)
+    eng.compact()
+    (key,) = [b.key for b in eng._relations["r"].trace.batches if b.key]
+    path = os.path.join(data, "blobs", key)
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(b"\x00\x01\x02\x03")
+    with pytest.raises(errors.BatchCorruption) as err:
+        eng.snapshot("r", 1)
+    assert key in str(err.value)
+    os.unlink(path)
+    with pytest.raises(errors.BatchCorruption) as err:
+        eng.snapshot("r", 1)
+    assert key in str(err.value)
+
+
+def test_drop_relation_removes_its_trace(eng, tmp_path):
+    data = str(tmp_path / "data")
+    eng.append("r", ups([(1, "a", 1, 1)]))
+    eng.seal("r", 1)
+    eng.compact()
+    assert blob_keys(data)
+    eng.drop_relation("r")
+    assert blob_keys(data) == []
+    assert eng._meta.list("trace/") == []
+
+
+def test_background_compacter_wakes_on_finished_segments(open_engine):
+    eng = open_engine(segment_bytes=1 << 13, compact_interval=None)
+    eng.add_relation("r", SCHEMA)
+    for t in range(1, 40):
+        eng.append("r", ups([(t, "z" * 100, t, 1)]))
+        eng.seal("r", t)
+    eng._compacter.stop()  # finishes the pass under way
+    assert eng._compacter.passes >= 1 and eng._compacter.last_error is None
+    assert eng._relations["r"].trace.batches
+    assert rows(eng.snapshot("r", 39)) == [(t, "z" * 100, 1) for t in range(1, 40)]
+
+
+CRASHER = textwrap.dedent("""
+    import sys, pyarrow as pa, sediment
+    eng = sediment.open(sys.argv[1], segment_bytes=1 << 13, compact_interval=0.01)
+    if "r" not in eng.relations():
+        eng.add_relation("r", pa.schema([("k", pa.int64())]))
+    stored = [b.column("time") for b in eng.replay("r")]  # an append may be durable without its seal
+    t = max([1, eng.sealed("r") + 1] + [max(c.to_pylist()) + 1 for c in stored if len(c)])
+    while True:
+        eng.append("r", pa.table({"k": [t % 13, t % 7], "time": [t, t], "diff": [1, 1]}))
+        eng.seal("r", t)
+        if t % 5 == 0:
+            eng.set_since("r", t - 3)
+        if t % 9 == 0:
+            eng.compact()
+        print(t, flush=True)
+        t += 1
+""")
+
+
+def model(upto):
+    acc = {}
+    for t in range(1, upto + 1):
+        for k in (t % 13, t % 7):
+            acc[k] = acc.get(k, 0) + 1
+    return sorted(acc.items())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sigkill_during_compaction_loses_nothing(open_engine, tmp_path, seed):
+    data = str(tmp_path / "data")
+    rnd = random.Random(seed)
+    acked = 0
+    for _round in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", CRASHER, data], stdout=subprocess.PIPE, text=True)
+        stop_after = rnd.randint(20, 120)
+        try:
+            for n, line in enumerate(proc.stdout):
+                acked = max(acked, int(line))
+                if n >= stop_after:
+                    break
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+    eng = open_engine(data, segment_bytes=1 << 13, compact=False)
+    sealed = eng.sealed("r")
+    assert sealed >= acked
+    assert [tuple(r.values()) for r in eng.snapshot("r", sealed).to_pylist()] == model(sealed)
+    eng.compact()
+    assert [tuple(r.values()) for r in eng.snapshot("r", sealed).to_pylist()] == model(sealed)

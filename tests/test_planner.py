@@ -1,0 +1,152 @@
+"""The compaction planner: shape of its tasks and the amortised cost of following it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sediment.trace.planner import MergeTask, plan_merges
+from sediment.trace.state import BatchRef
+
+
+def refs(sizes: list[int]) -> list[BatchRef]:
+    return [BatchRef(None if s == 0 else f"k{i}", i, i + 1, s, 0, 0) for i, s in enumerate(sizes)]
+
+
+def run(batches: list[BatchRef], tasks: list[MergeTask]) -> tuple[list[BatchRef], int]:
+    """Apply tasks (as the compacter would); returns the new list and rows rewritten."""
+    rewritten = 0
+    for t in sorted(tasks, key=lambda t: -t.start):
+        rows = sum(b.rows for b in batches[t.start : t.stop])
+        rewritten += rows
+        key = None if rows == 0 else f"m{t.lower}-{t.upper}"
+        batches[t.start : t.stop] = [BatchRef(key, t.lower, t.upper, rows, 0, t.level)]
+    return batches, rewritten
+
+
+def settle(batches: list[BatchRef], **kw) -> tuple[list[BatchRef], int]:
+    total = 0
+    for _ in range(100):
+        tasks = plan_merges(batches, **kw)
+        if not tasks:
+            return batches, total
+        batches, r = run(batches, tasks)
+        total += r
+    raise AssertionError("planning did not reach a fixed point")
+
+
+def simulate(sizes: list[int], **kw) -> tuple[int, list[BatchRef], int]:
+    """Append one batch at a time, settling after each; returns (rows rewritten, final list, max length)."""
+    batches: list[BatchRef] = []
+    total = longest = 0
+    for i, s in enumerate(sizes):
+        batches.append(BatchRef(None if s == 0 else f"a{i}", i, i + 1, s, 0, 0))
+        batches, r = settle(batches, **kw)
+        total += r
+        longest = max(longest, len(batches))
+    return total, batches, longest
+
+
+sizes_st = st.lists(st.sampled_from([0, 0, 1, 5, 100, 1000, 10**5]), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes_st, st.sets(st.integers(0, 39), max_size=5), st.sampled_from([1.5, 2.0, 4.0]), st.sampled_from([1, 64]))
+def test_tasks_are_adjacent_disjoint_and_described(sizes, busy, factor, min_rows):
+    batches = refs(sizes)
+    tasks = plan_merges(batches, factor=factor, min_rows=min_rows, in_flight=busy)
+    used: set[int] = set()
+    for t in tasks:
+        assert len(t.indices) >= 2
+        assert list(t.indices) == list(range(t.start, t.stop))
+        assert not used & set(t.indices)
+        assert not busy & set(t.indices)
+        used |= set(t.indices)
+        assert (t.lower, t.upper) == (batches[t.start].lower, batches[t.stop - 1].upper)
+        assert t.rows == sum(b.rows for b in batches[t.start : t.stop])
+        assert t.level == 1 + max(b.level for b in batches[t.start : t.stop])
+    assert [t.start for t in tasks] == sorted(t.start for t in tasks)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes_st, st.sampled_from([2.0, 4.0]))
+def test_fixed_point_is_geometric(sizes, factor):
+    batches, _ = settle(refs(sizes), factor=factor, min_rows=1)
+    data = [b.rows for b in batches if b.rows]
+    for older, newer in zip(data, data[1:], strict=False):
+        assert older > factor * newer
+    for a, b in zip(batches, batches[1:], strict=False):
+        assert not (a.key is None and b.key is None), "adjacent empty intervals should coalesce"
+
+
+@pytest.mark.parametrize("factor,bound", [(2.0, 1.0), (4.0, 1.5)])
+def test_equal_appends_cost_n_log_n(factor, bound):
+    n, s = 4096, 100
+    rewritten, final, longest = simulate([s] * n, factor=factor, min_rows=1)
+    assert rewritten <= bound * n * s * math.log2(n)
+    assert len(final) <= math.log(n, factor) + 2
+    assert longest <= 2 * math.log(n, factor) + 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 10**6), min_size=2, max_size=300))
+def test_any_append_sizes_cost_n_log_n(sizes):
+    rewritten, final, _ = simulate(sizes, factor=2.0, min_rows=1)
+    total = sum(sizes)
+    assert rewritten <= 2 * total * math.log2(len(sizes) + 1)
+    assert len(final) <= math.log2(total) + 2
+
+
+def test_huge_batch_is_not_rewritten_for_a_trickle_of_small_ones():
+    batches = [BatchRef("huge", 0, 1, 10**7)]
+    rewrites_of_huge = 0
+    for i in range(1, 3001):
+        batches.append(BatchRef(f"s{i}", i, i + 1, 1000))
+        tasks = plan_merges(batches, min_rows=1)
+        rewrites_of_huge += sum(1 for t in tasks if t.start == 0)
+        batches, _ = run(batches, tasks)
+        batches, _ = settle(batches, min_rows=1)
+    # 3M rows of small batches against 10M: the huge one joins once the tail reaches half its size.
+    assert rewrites_of_huge <= 1
+    assert len(batches) <= 2 * math.log2(3000) + 2
+
+
+def test_tiny_batches_collapse_under_min_rows():
+    final, _ = settle(refs([3] * 500), min_rows=4096)
+    assert len(final) == 1
+
+
+def test_empty_intervals_ride_along_or_coalesce():
+    b = refs([0, 0, 0, 10**6, 0, 100, 0, 100, 0, 0])
+    tasks = plan_merges(b, min_rows=1)
+    # Three empties coalesce without I/O; the two 100s merge and take the empties around them.
+    assert [(t.start, t.stop, t.rows) for t in tasks] == [(0, 3, 0), (4, 10, 200)]
+
+
+def test_a_big_newer_batch_absorbs_the_small_older_ones_once():
+    b = refs([100, 10, 10**6])
+    assert [(t.start, t.stop) for t in plan_merges(b, min_rows=1)] == [(0, 3)]
+    final, rewritten = settle(b, min_rows=1)
+    assert len(final) == 1 and rewritten == 10**6 + 110
+
+
+def test_in_flight_batches_are_walls():
+    b = refs([100] * 6)
+    tasks = plan_merges(b, min_rows=1, in_flight={2})
+    assert all(2 not in t.indices for t in tasks)
+    assert any(t.indices == (0, 1) for t in tasks)
+
+
+def test_factor_must_exceed_one():
+    with pytest.raises(ValueError, match="factor"):
+        plan_merges(refs([1, 1]), factor=1.0)
+
+
+def test_planning_by_bytes():
+    b = [BatchRef(f"k{i}", i, i + 1, rows=1, bytes=s) for i, s in enumerate([10**6, 10**6])]
+    assert plan_merges(b, min_rows=1, weight=lambda r: r.bytes)
+    b = [BatchRef(f"k{i}", i, i + 1, rows=1, bytes=s) for i, s in enumerate([10**9, 10**6])]
+    assert not plan_merges(b, min_rows=1, weight=lambda r: r.bytes)

@@ -1,0 +1,217 @@
+"""Traces at rest: trace states in the metadata store, batch objects in the blob store.
+
+A trace state is committed with one compare-and-set on ``trace/<relation id, 16 hex>``;
+batches are only ever written under fresh keys before the commit that references
+them, and deleted after the commit that stops referencing them. So at every instant
+the committed state names complete objects, and anything in the blob store that no
+state names is garbage (a crash between a put and its commit), swept at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from sediment.blob.protocol import BlobStore
+from sediment.engine.metadata import MetadataStore
+from sediment.errors import BatchCorruption, BlobNotFound, MetadataConflict, TraceError
+from sediment.trace.batch import (
+    BatchDescription,
+    BlobReader,
+    batch_key,
+    encode_batch,
+    iter_batch,
+    new_nonce,
+    parse_batch_key,
+)
+from sediment.trace.batch import _open as open_parquet
+from sediment.trace.batch import _read_group as read_group
+from sediment.trace.merge import merge_to_batch
+from sediment.trace.state import BatchRef, TraceState
+
+STATE_PREFIX = "trace/"
+
+
+def state_key(relation_id: int) -> str:
+    return f"{STATE_PREFIX}{relation_id:016x}"
+
+
+def describe(relation_id: int, ref: BatchRef) -> BatchDescription:
+    """What the batch's footer must say, given the trace state's reference to it."""
+    return BatchDescription(relation_id, ref.lower, ref.upper, ref.since, ref.rows, ref.wal_first, ref.wal_last,
+                            ref.level)
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One row group of a stored batch, with its time range from the Parquet statistics."""
+
+    ref: BatchRef
+    index: int
+    t_lo: int
+    t_hi: int
+    rows: int
+
+
+class TraceStore:
+    """Loads, writes and commits traces. Thread-safe as long as each relation's trace
+    has one writer at a time (the compacter)."""
+
+    def __init__(self, meta: MetadataStore, blobs: BlobStore, *, spill_dir: str | None = None):
+        self.meta = meta
+        self.blobs = blobs
+        self.spill_dir = spill_dir
+        self._versions: dict[int, int | None] = {}  # metadata version of each loaded state
+
+    def load(self, relation_id: int) -> TraceState:
+        got = self.meta.get(state_key(relation_id))
+        if got is None:
+            self._versions[relation_id] = None
+            return TraceState(relation_id)
+        state = TraceState.decode(got.value)
+        if state.relation_id != relation_id:
+            raise TraceError(f"trace state at {state_key(relation_id)} belongs to relation {state.relation_id}")
+        self._versions[relation_id] = got.version
+        return state
+
+    def commit(self, new: TraceState) -> TraceState:
+        """Replace the trace state by compare-and-set; raises MetadataConflict if it changed."""
+        new.check_invariants()
+        expected = self._versions.get(new.relation_id)
+        version = self.meta.compare_and_set(state_key(new.relation_id), new.encode(), expected)
+        self._versions[new.relation_id] = version
+        return new
+
+    def forget(self, relation_id: int, state: TraceState) -> None:
+        """Remove a dropped relation's state and objects (best effort: the sweep catches the rest)."""
+        try:
+            self.meta.delete(state_key(relation_id))
+        except MetadataConflict:
+            pass
+        self._versions.pop(relation_id, None)
+        self.delete(state.keys())
+
+    # --- batches -------------------------------------------------------------------------------
+
+    def write(self, relation_id: int, table: pa.Table, lower: int, upper: int, since: int,
+              *, level: int = 0, wal_range: tuple[int, int] | None = None) -> BatchRef:
+        """Put a consolidated, sorted table as a batch [lower, upper); an empty table is an
+        interval with no object."""
+        if table.num_rows == 0:
+            return BatchRef(None, lower, upper)
+        first, last = wal_range if wal_range else (None, None)
+        desc = BatchDescription(relation_id, lower, upper, since, table.num_rows, first, last, level)
+        data = encode_batch(table, desc)
+        key = batch_key(relation_id, lower, upper, new_nonce())
+        self.blobs.put_if_absent(key, data)
+        return BatchRef(key, lower, upper, table.num_rows, len(data), level, since, first, last)
+
+    def merge(self, relation_id: int, refs: list[BatchRef], key_columns: list[str], schema: pa.Schema,
+              since: int, level: int, *, chunk_rows: int) -> BatchRef:
+        """Stream-merge adjacent batches into one, through a local spill file, never holding
+        the inputs or the output whole."""
+        lower, upper = refs[0].lower, refs[-1].upper
+        inputs = [self.read_stream(relation_id, r) for r in refs if r.key is not None]
+        if not inputs:
+            return BatchRef(None, lower, upper, level=level)
+        desc = BatchDescription(relation_id, lower, upper, since, 0, level=level)
+        fd, path = tempfile.mkstemp(prefix="sediment-merge-", suffix=".parquet", dir=self.spill_dir)
+        os.close(fd)
+        try:
+            final = merge_to_batch(inputs, key_columns, schema, desc, path, chunk_rows=chunk_rows)
+            if final.rows == 0:
+                return BatchRef(None, lower, upper, level=level)
+            key = batch_key(relation_id, lower, upper, new_nonce())
+            size = os.path.getsize(path)
+            put_file = getattr(self.blobs, "put_file", None)
+            if put_file is not None:
+                put_file(key, path, if_absent=True)
+            else:
+                with open(path, "rb") as f:
+                    self.blobs.put_if_absent(key, f.read())
+            return BatchRef(key, lower, upper, final.rows, size, level, since)
+        finally:
+            os.unlink(path)
+
+    def read_stream(self, relation_id: int, ref: BatchRef) -> Iterator[pa.Table]:
+        """A batch's row groups one at a time, each checked against the trace state."""
+        if ref.key is None:
+            return iter(())
+        return iter_batch(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes)
+
+    def read(self, relation_id: int, ref: BatchRef) -> pa.Table | None:
+        tables = list(self.read_stream(relation_id, ref))
+        return pa.concat_tables(tables) if tables else None
+
+    def _open(self, relation_id: int, ref: BatchRef):
+        where = f"batch {ref.key!r}"
+        try:
+            size = self.blobs.size(ref.key)
+        except BlobNotFound as e:
+            raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
+        if size != ref.bytes:
+            raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {ref.bytes}")
+        return open_parquet(pa.PythonFile(BlobReader(self.blobs, ref.key, size), mode="r"), where,
+                            describe(relation_id, ref))
+
+    def row_groups(self, relation_id: int, ref: BatchRef) -> list[RowGroup]:
+        """The batch's row groups with their time ranges (from the footer's statistics)."""
+        if ref.key is None:
+            return []
+        pf, _desc = self._open(relation_id, ref)
+        col = pf.schema_arrow.get_field_index("time")
+        out = []
+        for i in range(pf.metadata.num_row_groups):
+            group = pf.metadata.row_group(i)
+            stats = group.column(col).statistics
+            lo, hi = (stats.min, stats.max) if stats is not None and stats.has_min_max else (ref.lower, ref.upper)
+            out.append(RowGroup(ref, i, lo, hi, group.num_rows))
+        return out
+
+    def read_row_group(self, relation_id: int, group: RowGroup) -> pa.Table:
+        pf, desc = self._open(relation_id, group.ref)
+        return read_group(pf, group.index, desc, f"batch {group.ref.key!r}", None)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.blobs.delete(key)
+
+    def sweep_orphans(self, referenced: set[str]) -> list[str]:
+        """Delete every object under ``trace/`` that no trace state references."""
+        orphans = [k for k in self.blobs.list(STATE_PREFIX) if k not in referenced]
+        self.delete(orphans)
+        sweep = getattr(self.blobs, "sweep_temporaries", None)
+        if sweep is not None:
+            orphans += sweep()
+        return orphans
+
+    def verify(self, state: TraceState) -> list[str]:
+        """Problems with a trace: invariants, and every referenced object read in full with
+        its checksums and description checked."""
+        problems = []
+        try:
+            state.check_invariants()
+        except TraceError as exc:
+            problems.append(str(exc))
+        for ref in (*state.batches, *state.pending):
+            if ref.key is None:
+                continue
+            try:
+                rows = sum(t.num_rows for t in self.read_stream(state.relation_id, ref))
+                if rows != ref.rows:
+                    problems.append(f"batch {ref.key!r}: holds {rows} rows, the trace state says {ref.rows}")
+            except (BatchCorruption, TraceError) as exc:
+                problems.append(str(exc))
+        return problems
+
+
+def parse_relation(key: str) -> int | None:
+    try:
+        return parse_batch_key(key).relation_id
+    except BatchCorruption:
+        return None
+
