@@ -6,7 +6,9 @@ recovery. So in one run we measure, on the same file system:
 * durable append throughput and latency (p50/p99) for 1 KiB, 4 KiB and 64 KiB records
   with several concurrent appenders, beside a plain writer: the same number of threads
   each doing aligned O_DIRECT|O_DSYNC pwrites of the same size, one at a time (the same
-  queue depth), and fio with the same settings when it is installed;
+  queue depth), and fio with the same settings when it is installed. Table 1: each
+  appender calls append() (one record outstanding); table 2: each keeps ``--depth``
+  submit() tickets in flight, against a plain writer/fio with threads x depth threads;
 * recovery scan speed for a ring filled with ``--recovery-mib`` of records.
 
     .venv/bin/python bench/device.py                 # full run (1 GiB recovery ring)
@@ -16,6 +18,7 @@ recovery. So in one run we measure, on the same file system:
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import mmap
@@ -39,8 +42,10 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: int) -> dict:
-    """Appenders each append one record of ``size`` bytes (frame included) at a time."""
+def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: int, depth: int = 1) -> dict:
+    """Appenders each append one record of ``size`` bytes (frame included) at a time
+    (``depth`` 1: ``append``), or keep ``depth`` ``submit`` tickets in flight each.
+    Latency: from the call to the moment the record is known durable."""
     if os.path.exists(path):
         os.unlink(path)
     log = DeviceLog.open(path, ring_bytes, create=True, segment_bytes=ring_bytes // 8, full_timeout=60)
@@ -51,14 +56,20 @@ def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: i
 
     def work(k: int) -> None:
         mine = lats[k]
-        while True:
-            t0 = time.perf_counter()
-            if t0 > stop + 0.0:
-                break
-            log.append([Record(RecordKind.UPDATES, relation_id=k, body=body)])
-            mine.append(time.perf_counter() - t0)
-            if time.monotonic() > stop:
-                break
+        if depth == 1:
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                log.append([Record(RecordKind.UPDATES, relation_id=k, body=body)])
+                mine.append(time.perf_counter() - t0)
+            return
+        q: collections.deque = collections.deque()
+        while time.monotonic() < stop or q:
+            if time.monotonic() < stop:
+                q.append((time.perf_counter(), log.submit([Record(RecordKind.UPDATES, relation_id=k, body=body)])))
+            if len(q) >= depth or time.monotonic() >= stop:
+                t0, ticket = q.popleft()
+                ticket.wait()
+                mine.append(time.perf_counter() - t0)
 
     ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
     t0 = time.perf_counter()
@@ -178,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ring-mib", type=int, default=256)
     ap.add_argument("--recovery-mib", type=int, default=1024)
     ap.add_argument("--recovery-record", type=int, default=4096)
+    ap.add_argument("--depth", type=int, default=4, help="submit() tickets in flight per appender, second table")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case, alternating; medians are shown")
     ap.add_argument("--quick", action="store_true", help="1.5 s per case, one run, 128 MiB recovery ring")
     a = ap.parse_args(argv)
@@ -191,19 +203,23 @@ def main(argv: list[str] | None = None) -> int:
               f"fio={shutil.which('fio')} load={os.getloadavg()[0]:.1f} cpus={os.cpu_count()}")
         print(f"{'record':>7} | {'ring MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} | {'plain MB/s':>10} {'p50 ms':>7} "
               f"{'p99 ms':>7} | {'ratio':>6} | {'fio MB/s':>8} {'ratio':>6}")
-        for size in (1024, 4096, 64 * 1024):
-            runs = []
-            for _ in range(a.repeat):
-                runs.append((bench_ring(ring, size, a.threads, a.seconds, a.ring_mib * MiB),
-                             bench_plain(plain, size, a.threads, a.seconds, a.ring_mib * MiB),
-                             bench_fio(plain, size, a.threads, max(1, int(a.seconds)), a.ring_mib * MiB // a.threads)))
-            r = median_run([x[0] for x in runs])
-            p = median_run([x[1] for x in runs])
-            f = median_run([x[2] for x in runs]) if all(x[2] for x in runs) else None
-            fio = f"{f['mbps']:8.1f} {r['mbps'] / f['mbps']:6.2f}" if f else f"{'-':>8} {'-':>6}"
-            print(f"{size // 1024:>5}Ki | {r['mbps']:9.1f} {r['p50']:7.2f} {r['p99']:7.2f} | {p['mbps']:10.1f} "
-                  f"{p['p50']:7.2f} {p['p99']:7.2f} | {r['mbps'] / p['mbps']:6.2f} | {fio}"
-                  + ("" if r["direct"] else "  (ring fell back to buffered I/O)"))
+        for depth in (1, a.depth):
+            qd = a.threads * depth
+            print(f"-- ring: {a.threads} appenders, " + ("append() each" if depth == 1 else
+                  f"{depth} submit() tickets in flight each") + f"; plain/fio: {qd} threads, one write each (QD {qd})")
+            for size in (1024, 4096, 64 * 1024):
+                runs = []
+                for _ in range(a.repeat):
+                    runs.append((bench_ring(ring, size, a.threads, a.seconds, a.ring_mib * MiB, depth),
+                                 bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB),
+                                 bench_fio(plain, size, qd, max(1, int(a.seconds)), a.ring_mib * MiB // qd)))
+                r = median_run([x[0] for x in runs])
+                p = median_run([x[1] for x in runs])
+                f = median_run([x[2] for x in runs]) if all(x[2] for x in runs) else None
+                fio = f"{f['mbps']:8.1f} {r['mbps'] / f['mbps']:6.2f}" if f else f"{'-':>8} {'-':>6}"
+                print(f"{size // 1024:>5}Ki | {r['mbps']:9.1f} {r['p50']:7.2f} {r['p99']:7.2f} | {p['mbps']:10.1f} "
+                      f"{p['p50']:7.2f} {p['p99']:7.2f} | {r['mbps'] / p['mbps']:6.2f} | {fio}"
+                      + ("" if r["direct"] else "  (ring fell back to buffered I/O)"))
         rec = bench_recovery(ring, a.recovery_mib * MiB, a.recovery_record)
         print(f"recovery: {rec['bytes'] / MiB:.0f} MiB, {rec['records']} records of {a.recovery_record} B "
               f"in {rec['secs']:.2f} s = {rec['mbps']:.0f} MB/s (target: 1 GiB < 3 s); fill took {rec['fill_s']:.1f} s")

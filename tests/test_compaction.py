@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -33,12 +34,8 @@ def segments(data_dir):
     return sorted(n for n in os.listdir(d) if n.endswith(".seg"))
 
 
-def blob_keys(data_dir):
-    root = os.path.join(data_dir, "blobs")
-    out = []
-    for base, _dirs, files in os.walk(root):
-        out += [os.path.relpath(os.path.join(base, f), root) for f in files]
-    return sorted(out)
+def blob_keys(engine):
+    return engine._blobs.list("")
 
 
 @pytest.fixture
@@ -141,49 +138,42 @@ def test_crash_after_commit_before_trim_counts_nothing_twice(eng, open_engine, t
     assert rows(again.snapshot("r", 19)) == expected
 
 
-def test_orphan_batches_from_a_crash_before_commit_are_swept(eng, open_engine, tmp_path):
-    data = str(tmp_path / "data")
+def test_orphan_batches_from_a_crash_before_commit_are_swept(eng, open_engine):
     eng.append("r", ups([(1, "a", 1, 1)]))
     eng.seal("r", 1)
     eng.compact()
-    kept = blob_keys(data)
-    orphan = os.path.join(data, "blobs", "trace", f"{999:016x}")
-    os.makedirs(orphan)
-    with open(os.path.join(orphan, f"{0:016x}-{5:016x}-abc.parquet"), "wb") as f:
-        f.write(b"half a batch")
+    kept = blob_keys(eng)
+    eng._blobs.put(f"trace/{999:016x}/{0:016x}-{5:016x}-abc.parquet", b"half a batch")
     eng.close()
     again = open_engine(compact=False, segment_bytes=1 << 14)
-    assert blob_keys(data) == kept
+    assert blob_keys(again) == kept
     assert again.swept and rows(again.snapshot("r", 1)) == [(1, "a", 1)]
 
 
-def test_missing_or_damaged_batch_is_reported_with_its_key(eng, tmp_path):
-    data = str(tmp_path / "data")
+def test_missing_or_damaged_batch_is_reported_with_its_key(eng):
     eng.append("r", ups([(1, "a", 1, 1)]))
     eng.seal("r", 1)
     eng.compact()
     (key,) = [b.key for b in eng._relations["r"].trace.batches if b.key]
-    path = os.path.join(data, "blobs", key)
-    with open(path, "r+b") as f:
-        f.seek(8)
-        f.write(b"\x00\x01\x02\x03")
+    data = bytearray(eng._blobs.get(key))
+    data[8:12] = b"\x00\x01\x02\x03"
+    eng._blobs.put(key, bytes(data))
     with pytest.raises(errors.BatchCorruption) as err:
         eng.snapshot("r", 1)
     assert key in str(err.value)
-    os.unlink(path)
+    eng._blobs.delete(key)
     with pytest.raises(errors.BatchCorruption) as err:
         eng.snapshot("r", 1)
     assert key in str(err.value)
 
 
-def test_drop_relation_removes_its_trace(eng, tmp_path):
-    data = str(tmp_path / "data")
+def test_drop_relation_removes_its_trace(eng):
     eng.append("r", ups([(1, "a", 1, 1)]))
     eng.seal("r", 1)
     eng.compact()
-    assert blob_keys(data)
+    assert blob_keys(eng)
     eng.drop_relation("r")
-    assert blob_keys(data) == []
+    assert blob_keys(eng) == []
     assert eng._meta.list("trace/") == []
 
 
@@ -200,8 +190,8 @@ def test_background_compacter_wakes_on_finished_segments(open_engine):
 
 
 CRASHER = textwrap.dedent("""
-    import sys, pyarrow as pa, sediment
-    eng = sediment.open(sys.argv[1], segment_bytes=1 << 13, compact_interval=0.01)
+    import json, sys, pyarrow as pa, sediment
+    eng = sediment.open(sys.argv[1], segment_bytes=1 << 13, compact_interval=0.01, **json.loads(sys.argv[2]))
     if "r" not in eng.relations():
         eng.add_relation("r", pa.schema([("k", pa.int64())]))
     stored = [b.column("time") for b in eng.replay("r")]  # an append may be durable without its seal
@@ -227,12 +217,13 @@ def model(upto):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_sigkill_during_compaction_loses_nothing(open_engine, tmp_path, seed):
+def test_sigkill_during_compaction_loses_nothing(open_engine, blob_options, tmp_path, seed):
     data = str(tmp_path / "data")
     rnd = random.Random(seed)
     acked = 0
     for _round in range(3):
-        proc = subprocess.Popen([sys.executable, "-c", CRASHER, data], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-c", CRASHER, data, json.dumps(blob_options)],
+                                stdout=subprocess.PIPE, text=True)
         stop_after = rnd.randint(20, 120)
         try:
             for n, line in enumerate(proc.stdout):

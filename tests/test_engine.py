@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -274,8 +275,8 @@ def test_second_engine_on_same_dir_is_refused(open_engine, tmp_path):
 
 
 CRASHER = textwrap.dedent("""
-    import sys, pyarrow as pa, sediment
-    eng = sediment.open(sys.argv[1], segment_bytes=1 << 16)
+    import json, sys, pyarrow as pa, sediment
+    eng = sediment.open(sys.argv[1], segment_bytes=1 << 16, **json.loads(sys.argv[2]))
     if "r" not in eng.relations():
         eng.add_relation("r", pa.schema([("k", pa.int64())]))
         eng.add_relation("s", pa.schema([("k", pa.int64())]))
@@ -298,9 +299,10 @@ CRASHER = textwrap.dedent("""
 """)
 
 
-def test_sigkill_mid_appends_keeps_acknowledged_and_no_partial_transaction(open_engine, tmp_path):
+def test_sigkill_mid_appends_keeps_acknowledged_and_no_partial_transaction(open_engine, blob_options, tmp_path):
     data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(data)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(data), json.dumps(blob_options)],
+                            stdout=subprocess.PIPE, text=True)
     acked = -1
     try:
         for line in proc.stdout:
