@@ -515,6 +515,17 @@ class Engine:
 
         return generate()
 
+    def trace_info(self, name: str) -> dict[str, int]:
+        """The relation's stored shape: batches, pending batches, rows and bytes in them, the
+        trace's upper, and the WAL records not yet compacted."""
+        with self._lock:
+            rel = self._rel(name)
+            t = rel.trace
+            return {"batches": len(t.batches), "pending": len(t.pending),
+                    "rows": sum(b.rows for b in (*t.batches, *t.pending)),
+                    "bytes": sum(b.bytes for b in (*t.batches, *t.pending)),
+                    "upper": t.upper, "since": t.since, "tail_records": len(rel.tail)}
+
     # --- compaction ----------------------------------------------------------------------------
 
     def compact(self, name: str | None = None) -> None:

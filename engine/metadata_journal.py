@@ -366,6 +366,26 @@ def verify(path: str | os.PathLike[str]) -> list[str]:
     return problems
 
 
+def load_readonly(path: str | os.PathLike[str]) -> dict[str, Versioned]:
+    """The store's contents as an open would restore them, without the lock and without
+    writing anything (for ``sediment verify`` and other read-only tools). Raises
+    MetadataCorruption where open would."""
+    directory = os.fspath(path)
+    snap = _read(os.path.join(directory, SNAPSHOT_NAME))
+    source = SNAPSHOT_NAME if snap is not None else PARTIAL_NAME
+    data = snap if snap is not None else _read(os.path.join(directory, PARTIAL_NAME))
+    txid, state = _decode_snapshot(data, os.path.join(directory, source)) if data is not None else (0, {})
+    journal_path = os.path.join(directory, JOURNAL_NAME)
+    journal = _read(journal_path)
+    if journal is not None:
+        scan = _scan_journal(journal, journal_path)
+        if scan.corruption is not None:
+            raise _corruption(journal_path, *scan.corruption)
+        state = dict(state)
+        _replay(scan.entries, txid, state, journal_path)
+    return state
+
+
 class JournalMetadataStore:
     """A durable, thread-safe, single-process :class:`~sediment.engine.metadata.MetadataStore`."""
 

@@ -133,6 +133,9 @@ def _open(args: argparse.Namespace, *, create: bool = False, **options: object) 
     if not create and not os.path.isdir(data_dir):
         raise SedimentError(f"no data directory at {data_dir}; `sediment relation add` creates one, or pass "
                             "--data-dir")
+    if getattr(args, "blob", None):
+        options.setdefault("blob", args.blob)
+        options.setdefault("s3_endpoint", getattr(args, "s3_endpoint", None))
     return sediment.open(data_dir, **options)
 
 
@@ -326,6 +329,19 @@ def cmd_seal(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    """Run one full compaction pass and wait for it (the background compacter does the same)."""
+    with _open(args) as engine:
+        names = [args.name] if args.name else engine.relations()
+        before = {n: engine.trace_info(n) for n in names}
+        engine.compact(args.name)
+        for n in names:
+            info = engine.trace_info(n)
+            print(f"compacted {n}: {info['batches']} batches, {info['rows']} rows, upper {info['upper']}, "
+                  f"{info['tail_records']} WAL records left (was {before[n]['tail_records']})")
+    return 0
+
+
 def cmd_since(args: argparse.Namespace) -> int:
     """Let history below T be consolidated away (reads below T become impossible)."""
     with _open(args) as engine:
@@ -406,17 +422,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Read-only unless ``--repair``: then the engine opens with repair=True, which cuts a
     damaged log at the damage (losing the records after it), and the directory is checked again."""
     data_dir = _data_dir(args)
-    report = verify_data_dir(data_dir)
+    blob_options = {"blob": getattr(args, "blob", None), "s3_endpoint": getattr(args, "s3_endpoint", None)}
+    report = verify_data_dir(data_dir, **blob_options)
     _print_report(report, args.verbose)
     if args.repair and os.path.isdir(data_dir):
-        with sediment.open(data_dir, repair=True) as engine:
+        with _open(args, repair=True, compact=False) as engine:
             cuts = engine.wal.report.describe()
         for line in cuts:
             print(f"repaired: {_one_line(line)}")
         if not cuts:
             print("repaired: nothing to cut")
         print("after repair:")
-        report = verify_data_dir(data_dir)
+        report = verify_data_dir(data_dir, **blob_options)
         _print_report(report, args.verbose)
     elif not report.ok and os.path.isdir(data_dir):
         print("`sediment verify --repair` cuts a damaged log at the damage; records after it are lost")
@@ -448,6 +465,11 @@ def build_parser() -> argparse.ArgumentParser:
         # separate actions per parser: parents= would share them, and set_defaults on one changes all
         p.add_argument("--data-dir", default=default_dir if top else argparse.SUPPRESS, metavar="DIR",
                        help=f"the data directory (default $SEDIMENT_DATA_DIR or {DEFAULT_DATA_DIR})")
+        p.add_argument("--blob", default=os.environ.get("SEDIMENT_BLOB") if top else argparse.SUPPRESS,
+                       metavar="URI", help="where batches live: file:///path or s3://bucket/prefix "
+                       "(default $SEDIMENT_BLOB or <data-dir>/blobs)")
+        p.add_argument("--s3-endpoint", default=os.environ.get("AWS_ENDPOINT_URL") if top else argparse.SUPPRESS,
+                       metavar="URL", help="S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)")
         bar = p.add_mutually_exclusive_group()
         bar.add_argument("--progress", dest="progress", action="store_const", const=True,
                          default=None if top else argparse.SUPPRESS,
@@ -495,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("since", cmd_since, "advance the compaction frontier to T (reads below T become impossible)")
     p.add_argument("name", metavar="NAME")
     p.add_argument("t", type=_time_arg, metavar="T")
+
+    p = command("compact", cmd_compact, "turn the WAL into batches, merge them, and trim the WAL now")
+    p.add_argument("name", metavar="NAME", nargs="?", default=None)
 
     p = command("read", cmd_read, "print or write the relation as of a time (columns + diff)")
     p.add_argument("name", metavar="NAME")

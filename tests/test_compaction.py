@@ -239,3 +239,30 @@ def test_sigkill_during_compaction_loses_nothing(open_engine, blob_options, tmp_
     assert [tuple(r.values()) for r in eng.snapshot("r", sealed).to_pylist()] == model(sealed)
     eng.compact()
     assert [tuple(r.values()) for r in eng.snapshot("r", sealed).to_pylist()] == model(sealed)
+
+
+def test_cli_compact_then_verify_names_a_damaged_or_missing_batch(tmp_path, capsys):
+    from sediment.cli import main
+
+    data = str(tmp_path / "cli")
+    csv = tmp_path / "u.csv"
+    csv.write_text("k,v,time,diff\n1,a,1,1\n2,b,2,1\n")
+    assert main(["--data-dir", data, "relation", "add", "r", "--schema", "k:int64,v:string"]) == 0
+    assert main(["--data-dir", data, "append", "r", str(csv)]) == 0
+    assert main(["--data-dir", data, "seal", "r", "2"]) == 0
+    assert main(["--data-dir", data, "compact"]) == 0
+    assert "compacted r: 1 batches, 2 rows, upper 3" in capsys.readouterr().out
+    assert main(["--data-dir", data, "verify"]) == 0
+    blobs = os.path.join(data, "blobs")
+    (key,) = [os.path.relpath(os.path.join(b, f), blobs) for b, _d, fs in os.walk(blobs) for f in fs]
+    path = os.path.join(blobs, key)
+    raw = bytearray(open(path, "rb").read())
+    raw[len(raw) // 3] ^= 0xFF
+    open(path, "wb").write(bytes(raw))
+    capsys.readouterr()
+    assert main(["--data-dir", data, "verify"]) == 1
+    assert key in capsys.readouterr().out
+    os.unlink(path)
+    assert main(["--data-dir", data, "verify"]) == 1
+    out = capsys.readouterr().out
+    assert key in out and "missing" in out
