@@ -17,6 +17,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -61,6 +62,27 @@ class TailEntry:
     t_lo: int
     t_hi: int
     rows: int
+
+
+@dataclass
+class ReadPlan:
+    """What a distributed reader (Spark) needs to read a relation as of a time without the
+    engine in the data path: the batches to fetch straight from the blob store, plus the
+    WAL tail rows. The batches stay in the store until :meth:`Engine.release_read` (or the
+    lease expires)."""
+
+    lease: int
+    relation: str
+    relation_id: int
+    update_schema: pa.Schema
+    key_columns: list[str]
+    since: int
+    sealed: int
+    as_of: int
+    blob_uri: str
+    s3_endpoint: str | None
+    batches: list[dict]  # BatchRef fields, for sediment.trace.store.TraceStore.read_stream
+    tail: pa.Table  # WAL updates not yet in batches, times <= as_of (and > from_t when given)
 
 
 @dataclass
@@ -123,6 +145,8 @@ class Engine:
         self._open_txns: dict[int, list[tuple[int, TailEntry]]] = {}
         self._txn_first: dict[int, int] = {}
         self._readers = 0
+        self._leases: dict[int, float] = {}  # read-plan lease -> monotonic deadline
+        self._lease_counter = 0
         self._garbage: list[str] = []
         self._trim_to: int | None = None
         self._compacter: cmp.Compacter | None = None
@@ -173,6 +197,8 @@ class Engine:
     def _open_blobs(self, blob: Any, s3_endpoint: str | None):
         if blob is None:
             blob = "file://" + os.path.join(self.data_dir, "blobs")
+        self.blob_uri = blob if isinstance(blob, str) else None
+        self.s3_endpoint = s3_endpoint
         if isinstance(blob, str):
             from sediment.blob.uri import open_blob_store
 
@@ -439,6 +465,11 @@ class Engine:
     def _collect(self) -> None:
         """Delete replaced blobs and trim the log, once no reader may still need them."""
         with self._lock:
+            now = time.monotonic()
+            for lease, deadline in list(self._leases.items()):
+                if deadline <= now:
+                    del self._leases[lease]
+                    self._readers -= 1
             if self._readers or self._closed and not hasattr(self, "_log"):
                 return
             garbage, self._garbage = self._garbage, []
@@ -486,6 +517,50 @@ class Engine:
         combined = pa.concat_tables(partial)
         combined = combined.append_column("time", pa.array([0] * combined.num_rows, pa.int64()))
         return consolidate_snapshot(combined.select(rel.update_schema.names), keys, 0)
+
+    def plan_read(self, name: str, as_of: int, *, from_t: int | None = None,
+                  lease_seconds: float = 600.0) -> ReadPlan:
+        """Pin the relation's current batches for ``lease_seconds`` and describe how to read it
+        as of ``as_of`` (changes in (from_t, as_of] when ``from_t`` is given) directly from
+        the blob store. Call :meth:`release_read` when done."""
+        as_of = _check_time(as_of, "as_of")
+        with self._lock:
+            rel = self._rel(name)
+            low = rel.entry.since if from_t is None else from_t
+            if not rel.entry.since <= low <= as_of <= rel.sealed_durable:
+                raise AsOfOutOfRange(f"reading {name!r} as of {as_of}" +
+                                     (f" from {from_t}" if from_t is not None else "") +
+                                     f" is outside [since {rel.entry.since}, sealed {rel.sealed_durable}]")
+            if self.blob_uri is None:
+                raise ValueError("plan_read needs an engine opened with a blob URI (file:// or s3://)")
+            trace = rel.trace
+            entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
+            self._lease_counter += 1
+            lease = self._lease_counter
+            self._leases[lease] = time.monotonic() + lease_seconds
+            self._pin()
+        try:
+            parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+            tail = pa.Table.from_batches(parts, schema=rel.update_schema)
+            keep = pc.less_equal(tail.column("time"), as_of)
+            if from_t is not None:
+                keep = pc.and_(keep, pc.greater(tail.column("time"), from_t))
+            tail = tail.filter(keep)
+        except BaseException:
+            self.release_read(lease)
+            raise
+        refs = [ref.to_json() for ref in (*trace.batches, *trace.pending)
+                if ref.key is not None and ref.lower <= as_of and (from_t is None or max(ref.upper - 1, ref.since) > from_t)]
+        return ReadPlan(lease, name, rel.entry.id, rel.update_schema, rel.keys, rel.entry.since,
+                        rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail)
+
+    def release_read(self, lease: int) -> None:
+        """End a read plan's lease: its batches may now be replaced and deleted."""
+        with self._lock:
+            if self._leases.pop(lease, None) is None:
+                return
+            self._readers -= 1
+        self._collect()
 
     def replay(self, name: str, *, batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
         """Every stored update of the relation in time order, as record batches of the

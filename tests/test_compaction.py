@@ -266,3 +266,37 @@ def test_cli_compact_then_verify_names_a_damaged_or_missing_batch(tmp_path, caps
     assert main(["--data-dir", data, "verify"]) == 1
     out = capsys.readouterr().out
     assert key in out and "missing" in out
+
+
+def test_read_plan_reproduces_the_snapshot_and_pins_its_batches(eng):
+    from sediment.blob.uri import open_blob_store
+    from sediment.trace.consolidate import changes, snapshot
+    from sediment.trace.state import BatchRef
+    from sediment.trace.store import TraceStore
+
+    for t in range(1, 9):
+        eng.append("r", ups([(t % 3, "a", t, 1), (t % 2, "b", t, -1 if t % 4 == 0 else 1)]))
+        eng.seal("r", t)
+        if t in (3, 6):
+            eng.compact()
+    plan = eng.plan_read("r", 7)
+    store = TraceStore(None, open_blob_store(plan.blob_uri, s3_endpoint=plan.s3_endpoint)
+                       if plan.blob_uri.startswith("s3://") else open_blob_store(plan.blob_uri))
+    parts = [t for ref in plan.batches for t in store.read_stream(plan.relation_id, BatchRef(**ref))]
+    everything = pa.concat_tables([*parts, plan.tail.select(parts[0].column_names)])
+    assert rows(snapshot(everything, plan.key_columns, 7)) == rows(eng.snapshot("r", 7))
+    keys = {ref["key"] for ref in plan.batches}
+    for t in range(9, 40):  # enough compactions to merge (and replace) the planned batches
+        eng.append("r", ups([(t, "c", t, 1)]))
+        eng.seal("r", t)
+        eng.compact()
+    current = {b.key for b in eng._relations["r"].trace.batches}
+    assert keys - current, "the planned batches were merged away"
+    assert all(k in eng._blobs.list("trace/") for k in keys), "a leased batch was deleted"
+    eng.release_read(plan.lease)
+    assert not (keys - current) & set(eng._blobs.list("trace/"))
+    delta = eng.plan_read("r", 8, from_t=6)
+    got = [t for ref in delta.batches for t in store.read_stream(delta.relation_id, BatchRef(**ref))]
+    table = pa.concat_tables([*got, delta.tail.select(got[0].column_names)]) if got else delta.tail
+    assert rows(changes(table, delta.key_columns, 6, 8)) == [(0, "b", 8, -1), (1, "a", 7, 1), (1, "b", 7, 1), (2, "a", 8, 1)]
+    eng.release_read(delta.lease)
