@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from sediment.engine import replay as replay_mod
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.metadata import MetadataStore
-from sediment.engine.schema import check_name, check_schema, conform_updates, update_schema
+from sediment.engine.schema import check_name, check_schema, conform_updates, time_range, update_schema
 from sediment.errors import (
     AsOfOutOfRange,
     DataDirLocked,
@@ -346,8 +346,13 @@ class Engine:
             self._txn_counter += 1
             return (self._epoch << 32) | self._txn_counter
 
-    def _encode(self, rel: _Relation, table: pa.Table, txn_id: int) -> list[Record]:
+    def _encode(self, rel: _Relation, table: pa.Table, txn_id: int,
+                bounds: tuple[int, int] | None = None) -> list[Record]:
         """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches)."""
+        if table.num_rows <= 64 and len(table.column(0).chunks) == 1:  # small appends: one record, no sizing
+            batch = table.to_batches()[0]
+            lo, hi = bounds or time_range(table)
+            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, batch.serialize())]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self._max_record_bytes // per_row)
         records = []
@@ -359,15 +364,15 @@ class Engine:
                                   batch.num_rows, batch.serialize()))
         return records
 
-    def _prepare(self, name: str, updates: object) -> tuple[_Relation, pa.Table, int]:
+    def _prepare(self, name: str, updates: object) -> tuple[_Relation, pa.Table, tuple[int, int] | None]:
         with self._lock:
             rel = self._rel(name)
-        table = conform_updates(name, rel.entry.schema, updates)
-        t_min = pc.min(table.column("time")).as_py() if table.num_rows else None
-        return rel, table, t_min
+        table, bounds = conform_updates(name, rel.entry.schema, updates, rel.update_schema)
+        return rel, table, bounds
 
-    def _admit(self, rel: _Relation, name: str, t_min: int | None) -> None:
+    def _admit(self, rel: _Relation, name: str, bounds: tuple[int, int] | int | None) -> None:
         """Under the lock: the relation still exists and the times are not sealed."""
+        t_min = bounds[0] if isinstance(bounds, tuple) else bounds
         if self._relations.get(name) is not rel:
             raise UnknownRelation(f"relation {name!r} was dropped while the append was being prepared")
         if t_min is not None and t_min <= rel.sealed:
@@ -382,7 +387,7 @@ class Engine:
         rel, table, t_min = self._prepare(name, updates)
         if table.num_rows == 0:
             return
-        records = self._encode(rel, table, 0)
+        records = self._encode(rel, table, 0, t_min)
         if len(records) > 1:  # too big for one record: make it one transaction
             txn = self._next_txn_id()
             for r in records:

@@ -118,8 +118,10 @@ def update_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(list(schema) + [pa.field("time", pa.int64()), pa.field("diff", pa.int64())])
 
 
-def conform_updates(relation: str, schema: pa.Schema, updates: object) -> pa.Table:
-    """``updates`` as a table of exactly the relation's update schema, or a typed error.
+def conform_updates(relation: str, schema: pa.Schema, updates: object, target: pa.Schema | None = None,
+                    ) -> tuple[pa.Table, tuple[int, int] | None]:
+    """``updates`` as a table of exactly the relation's update schema, with its (least,
+    greatest) time (None when empty), or a typed error.
 
     Columns are matched by name (order does not matter). Types that differ are cast
     only when the cast is safe (no overflow, no truncation), so an int32 column may
@@ -129,7 +131,9 @@ def conform_updates(relation: str, schema: pa.Schema, updates: object) -> pa.Tab
         updates = pa.Table.from_batches([updates])
     if not isinstance(updates, pa.Table):
         raise InvalidUpdates(f"updates for {relation!r} must be a pyarrow.Table, not {type(updates).__name__}")
-    target = update_schema(schema)
+    target = target if target is not None else update_schema(schema)
+    if updates.schema.equals(target):  # the common case: nothing to convert
+        return updates, _check_time_and_diff(relation, updates)
     have = set(updates.column_names)
     if len(have) != updates.num_columns:
         raise SchemaMismatch(f"updates for {relation!r} have duplicate columns: {updates.column_names}")
@@ -163,9 +167,26 @@ def conform_updates(relation: str, schema: pa.Schema, updates: object) -> pa.Tab
                 ) from None
         columns.append(col)
     table = pa.Table.from_arrays(columns, schema=target.remove_metadata()) if updates.num_rows else target.empty_table()
+    return table, _check_time_and_diff(relation, table)
+
+
+def time_range(table: pa.Table) -> tuple[int, int] | None:
+    """(least, greatest) time of the updates, or None when there are none."""
+    if not table.num_rows:
+        return None
+    time = table.column("time")
+    if table.num_rows <= 16:
+        values = time.to_pylist()
+        return min(values), max(values)
+    lo, hi = pc.min_max(time).values()
+    return lo.as_py(), hi.as_py()
+
+
+def _check_time_and_diff(relation: str, table: pa.Table) -> tuple[int, int] | None:
     for name in RESERVED:
         if table.column(name).null_count:
             raise InvalidUpdates(f"column {name!r} of updates for {relation!r} contains nulls")
-    if table.num_rows and pc.min(table.column("time")).as_py() < 0:
+    bounds = time_range(table)
+    if bounds is not None and bounds[0] < 0:
         raise InvalidUpdates(f"updates for {relation!r} have a negative time; times are >= 0")
-    return table
+    return bounds

@@ -50,10 +50,11 @@ class Transaction:
         eng = self._engine
         with self._mutex:
             self._check()
-            rel, table, t_min = eng._prepare(name, updates)
+            rel, table, bounds = eng._prepare(name, updates)
             if table.num_rows == 0:
                 return
-            records = eng._encode(rel, table, self.id)
+            t_min = bounds[0]
+            records = eng._encode(rel, table, self.id, bounds)
             if not self._begun:
                 records.insert(0, Record(RecordKind.BEGIN, txn_id=self.id))
             with eng._lock:

@@ -277,7 +277,7 @@ def cmd_append(args: argparse.Namespace) -> int:
         with _progress(args, total, f"check {os.path.basename(path)}", unit) as bar:
             for chunk, position in chunks():
                 try:
-                    table = conform_updates(args.name, schema, chunk)
+                    table, _bounds = conform_updates(args.name, schema, chunk)
                 except SedimentError as exc:
                     raise type(exc)(f"{path}: {exc}") from None
                 if table.num_rows:

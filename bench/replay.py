@@ -1,0 +1,307 @@
+"""Replay and snapshot throughput of a compacted relation, beside pyarrow reading the same files.
+
+Why: the target is relative (``Engine.replay`` >= 60% of a plain ``pq.read_table`` of the
+relation's batch files), and this machine is shared and noisy, so the peer is measured
+in the same run, on the same files, in alternating rounds; each figure is the best of
+its rounds.
+
+Set-up: an engine (``compact=False``; compaction driven by ``engine.compact()``) gets
+N rows of ``k int64, v binary (16 B)`` plus ``time`` and ``diff`` in ``--steps`` steps;
+each step appends its rows (times in its own slice of ``--times`` timestamps, ~10%
+repeated (k, v, time) with diff +-1), seals, and compacts, so the relation ends as a
+few size-tiered, merged batches and an empty WAL tail. ``since`` stays 0, so the batches
+keep every time and replay has real time-ordering work.
+
+Cases, alternated in each round:
+
+* ``replay``: iterate ``engine.replay("r")`` to the end (time-ordered record batches);
+* ``snapshot``: ``engine.snapshot("r", sealed)`` (consolidated as of the last time);
+* ``pq.read_table``: each batch file under ``<data-dir>/blobs/trace/...`` read whole
+  (pyarrow defaults: threaded), concatenated: the peer;
+* ``pq.read_table``, ``use_threads=False``, and ``ParquetFile.read_row_group`` one group
+  at a time with page-checksum verification (what the engine's reader asks for), for
+  reference.
+
+    .venv/bin/python bench/replay.py            # about 1-1.5 min: 4M rows, 3 rounds
+    .venv/bin/python bench/replay.py --quick    # about 20-30 s: 1.5M rows, 2 rounds
+    .venv/bin/python bench/replay.py --profile  # also cProfile one replay and one snapshot
+    .venv/bin/python bench/replay.py --patch    # also measure the prototype read paths (monkeypatched here only)
+
+Temp directories go under ``--dir`` (default /tmp) and are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import glob
+import io
+import json
+import os
+import platform
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import sediment
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compact import KEYS, SCHEMA, fmt_rate, make_updates, status  # noqa: E402
+
+MiB = 1 << 20
+
+
+def build(root: str, rows: int, times: int, steps: int) -> tuple[str, object, int]:
+    d = tempfile.mkdtemp(prefix="sed-replay-", dir=root)
+    engine = sediment.open(d, compact=False, segment_bytes=1 << 30)
+    engine.add_relation("r", SCHEMA)
+    per_t = max(1, times // steps)
+    for s in range(steps):
+        table = make_updates(rows // steps, per_t, seed_keys=rows, t0=s * per_t)
+        for piece in table.to_batches(max_chunksize=100_000):
+            engine.append("r", pa.Table.from_batches([piece]))
+        engine.seal("r", (s + 1) * per_t - 1)
+        engine.compact()
+    return d, engine, steps * per_t - 1
+
+
+def batch_files(d: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(d, "blobs", "trace", "**", "*.parquet"), recursive=True))
+
+
+def run_replay(engine) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    n = 0
+    last = -1
+    for b in engine.replay("r"):
+        n += b.num_rows
+    return time.perf_counter() - t0, n
+
+
+def run_snapshot(engine, as_of: int) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    t = engine.snapshot("r", as_of)
+    return time.perf_counter() - t0, t.num_rows
+
+
+def run_plain(files: list[str], **kw) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    t = pa.concat_tables([pq.read_table(f, **kw) for f in files])
+    return time.perf_counter() - t0, t.num_rows
+
+
+def run_groups(files: list[str]) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    n = 0
+    for f in files:
+        pf = pq.ParquetFile(f, page_checksum_verification=True)
+        for i in range(pf.num_row_groups):
+            n += pf.read_row_group(i).num_rows
+    return time.perf_counter() - t0, n
+
+
+# --- prototypes (monkeypatched in this process only) ------------------------------------------
+
+
+def patch_cached_open(engine):
+    """TraceStore.read_row_group re-opens the Parquet footer (size call + footer read +
+    description check) for every row group, through a Python BlobReader. Prototype: open
+    each batch once and reuse the ParquetFile."""
+    store = engine.traces
+    orig = store.read_row_group
+    cache: dict = {}
+    from sediment.trace.batch import _read_group
+
+    def read_row_group(relation_id, group):
+        key = group.ref.key
+        if key not in cache:
+            cache[key] = store._open(relation_id, group.ref)
+        pf, desc = cache[key]
+        return _read_group(pf, group.index, desc, f"batch {key!r}", None)
+
+    store.read_row_group = read_row_group
+    return lambda: setattr(store, "read_row_group", orig)
+
+
+def patch_native_file(engine):
+    """Additionally: for a FileBlobStore, open the object with pyarrow's native file
+    (pa.memory_map / OSFile) instead of pa.PythonFile(BlobReader): no Python per read."""
+    store = engine.traces
+    orig_open = store._open
+    from sediment.trace.batch import _open as open_parquet
+    from sediment.trace.store import describe
+
+    def _open(relation_id, ref):
+        root = getattr(store.blobs, "root", None)
+        if root is None:
+            return orig_open(relation_id, ref)
+        path = os.path.join(str(root), *ref.key.split("/"))
+        if os.path.getsize(path) != ref.bytes:
+            return orig_open(relation_id, ref)
+        return open_parquet(pa.memory_map(path, "r"), f"batch {ref.key!r}", describe(relation_id, ref))
+
+    store._open = _open
+    undo_cache = patch_cached_open(engine)
+
+    def undo():
+        undo_cache()
+        store._open = orig_open
+
+    return undo
+
+
+def patch_time_ordered_take(engine):
+    """Additionally: replay's time_ordered sorts the whole active set with
+    ``Table.sort_by`` (which gathers every column); prototype: sort only the time column
+    with pc.sort_indices and gather once (same output)."""
+    import pyarrow.compute as pc
+
+    from sediment.engine import replay as rmod
+
+    orig = rmod.time_ordered
+
+    def time_ordered(items, load, schema, batch_rows=65536):
+        pending = sorted(items, key=lambda e: e.t_lo)
+        active: list = []
+        i = 0
+        while i < len(pending) or active:
+            if not active:
+                lo = pending[i].t_lo
+                while i < len(pending) and pending[i].t_lo == lo:
+                    active.append(load(pending[i]))
+                    i += 1
+            boundary = pending[i].t_lo if i < len(pending) else None
+            take, keep = [], []
+            for table in active:
+                if boundary is None:
+                    take.append(table)
+                    continue
+                below = pc.less(table.column("time"), boundary)
+                take.append(table.filter(below))
+                rest = table.filter(pc.invert(below))
+                if rest.num_rows:
+                    keep.append(rest)
+            if take:
+                out = pa.concat_tables(take)
+                if out.num_rows:
+                    idx = pc.sort_indices(out.column("time"))
+                    out = out.combine_chunks().take(idx)
+                    yield from out.cast(schema).to_batches(max_chunksize=batch_rows)
+            active = keep
+            if boundary is not None:
+                while i < len(pending) and pending[i].t_lo == boundary:
+                    active.append(load(pending[i]))
+                    i += 1
+
+    rmod.time_ordered = time_ordered
+    undo_native = patch_native_file(engine)
+
+    def undo():
+        undo_native()
+        rmod.time_ordered = orig
+
+    return undo
+
+
+PATCHES = {"replay+cached-open": patch_cached_open, "replay+native-file": patch_native_file,
+           "replay+native+sort-indices": patch_time_ordered_take}
+
+
+def profile(fn, n: int = 24) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(n)
+    s2 = io.StringIO()
+    pstats.Stats(prof, stream=s2).sort_stats("tottime").print_stats(14)
+    return s.getvalue() + "\n--- by tottime ---\n" + s2.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rows", type=int, help="default 4M, quick 1.5M")
+    ap.add_argument("--times", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=4, help="append+seal+compact steps")
+    ap.add_argument("--rounds", type=int, help="default 3, quick 2")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--patch", action="store_true")
+    ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    args.rows = args.rows or (1_500_000 if args.quick else 4_000_000)
+    args.rounds = args.rounds or (2 if args.quick else 3)
+    print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, pyarrow {pa.__version__}, "
+          f"load average {os.getloadavg()[0]:.1f}; dir {args.dir}")
+    t_start = time.perf_counter()
+    d, engine, sealed = build(args.dir, args.rows, args.times, args.steps)
+    try:
+        info = engine.trace_info("r")
+        files = batch_files(d)
+        stored_rows = info["rows"]
+        print(f"relation: {stored_rows:,} stored rows in {info['batches']} batches ({len(files)} files, "
+              f"{info['bytes'] / 1e6:.0f} MB), tail records {info['tail_records']}, sealed {sealed}, since {info['since']}; "
+              f"built in {time.perf_counter() - t_start:.1f} s", flush=True)
+        cases = {
+            "replay": lambda: run_replay(engine),
+            "snapshot": lambda: run_snapshot(engine, sealed),
+            "pq.read_table": lambda: run_plain(files),
+            "pq.read_table use_threads=False": lambda: run_plain(files, use_threads=False),
+            "read_row_group + checksums": lambda: run_groups(files),
+        }
+        results: dict[str, list[tuple[float, int]]] = {}
+        for r in range(args.rounds):
+            for name, fn in cases.items():
+                results.setdefault(name, []).append(fn())
+            if args.patch:
+                for name, patch in PATCHES.items():
+                    undo = patch(engine)
+                    try:
+                        results.setdefault(name, []).append(run_replay(engine))
+                    finally:
+                        undo()
+            print("  round " + str(r + 1) + ": " + ", ".join(
+                f"{n} {v[-1][0]:.2f} s" for n, v in results.items()), flush=True)
+        best = {n: min(v) for n, v in results.items()}
+        peer = best["pq.read_table"][0]
+        print("\n| case | seconds | rows | rows/s (stored rows / s) | ratio to pq.read_table |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for n, (s, rows) in best.items():
+            print(f"| {n} | {s:.3f} | {rows:,} | {fmt_rate(stored_rows / s)} | {peer / s:.2f}x |")
+        rep = peer / best["replay"][0]
+        print("\n| target | ours | peer | ratio | need | status |")
+        print("| --- | ---: | ---: | ---: | ---: | --- |")
+        print(f"| replay rows/s >= 60% of pq.read_table | {fmt_rate(stored_rows / best['replay'][0])} | "
+              f"{fmt_rate(stored_rows / peer)} | {rep:.2f}x | 0.60x | {status(rep >= 0.6)} |")
+        snap = peer / best["snapshot"][0]
+        print(f"| (snapshot, no target) | {fmt_rate(stored_rows / best['snapshot'][0])} | {fmt_rate(stored_rows / peer)} | "
+              f"{snap:.2f}x | - | - |")
+        for n in PATCHES:
+            if n in best:
+                x = peer / best[n][0]
+                print(f"| (prototype {n}) | {fmt_rate(stored_rows / best[n][0])} | {fmt_rate(stored_rows / peer)} | "
+                      f"{x:.2f}x | 0.60x | {status(x >= 0.6)} |")
+        profs = {}
+        if args.profile:
+            profs["replay"] = profile(lambda: run_replay(engine))
+            profs["snapshot"] = profile(lambda: run_snapshot(engine, sealed))
+            for n, p in profs.items():
+                print(f"\ncProfile of one {n}:\n{p}")
+        print(f"\ntotal {time.perf_counter() - t_start:.0f} s; load average {os.getloadavg()[0]:.1f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "info": info, "results": results, "profiles": profs}, f, indent=1)
+    finally:
+        engine.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
