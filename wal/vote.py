@@ -37,7 +37,7 @@ def resolve_closing_hwm(reported: Mapping[str, int], replica_count: int) -> int 
     replicas could still give that higher mark a quorum, and the answer is None.
     Returns -1 when no record can have reached a quorum. The EMPTY candidate needs no
     reports: every replica, offline ones included, votes for it, so e.g. one replica of
-    two reporting -1 decides -1 (a literal reading of the seed would wait instead; the
+    two reporting -1 decides -1 (but one of three does not: the other two may hold more) (a literal reading of the seed would wait instead; the
     brute-force test against all completions of the offline replicas shows -1 is exact).
     """
     if len(reported) > replica_count:
@@ -45,6 +45,8 @@ def resolve_closing_hwm(reported: Mapping[str, int], replica_count: int) -> int 
     quorum = quorum_size(replica_count)
     offline = replica_count - len(reported)
     marks = sorted(reported.values(), reverse=True)
+    if offline >= quorum:
+        return None  # the offline replicas alone could hold a quorum above everything reported
     for candidate in sorted(set(marks) | {EMPTY}, reverse=True):
         if candidate == EMPTY:
             # Every replica, offline or not, holds the empty prefix: nothing lower can win.
