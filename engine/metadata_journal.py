@@ -12,7 +12,7 @@ Recovery (on every open) applies NiFi's four restore rules to ``snapshot`` and
 leaves a short or zero-filled last entry, which was never acknowledged), refuses to
 open when damage is followed by valid entries (that is lost acknowledged data, not a
 crash), and then checkpoints before accepting writes so new entries are never
-appended after a torn tail. Byte layouts are in docs/formats-metadata.md.
+appended after a torn tail. Byte layouts are in docs/formats.md ("Metadata store formats").
 """
 
 from __future__ import annotations

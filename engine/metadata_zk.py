@@ -18,7 +18,7 @@ the first attempt succeeded, so a lost reply never turns into a false conflict.
 Every call is bounded by ``timeout``: when ZooKeeper cannot be reached, calls raise
 MetadataUnavailable instead of hanging. ``session_lost`` reports a lost session (after
 which ephemeral state and any fencing assumptions are void). Layout in
-docs/formats-metadata.md.
+docs/formats.md ("Metadata store formats").
 """
 
 from __future__ import annotations
