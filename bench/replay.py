@@ -19,11 +19,12 @@ Cases, alternated in each round:
 * ``pq.read_table``: each batch file under ``<data-dir>/blobs/trace/...`` read whole
   (pyarrow defaults: threaded), concatenated: the peer;
 * ``pq.read_table``, ``use_threads=False``, and ``ParquetFile.read_row_group`` one group
-  at a time with page-checksum verification (what the engine's reader asks for), for
-  reference.
+  at a time with page-checksum verification (what the engine's reader asks for), and
+  ``pq.read_table`` + ``sort_by(time)`` (the least a time-ordered replay of key-sorted
+  batches must do), for reference.
 
-    .venv/bin/python bench/replay.py            # about 1-1.5 min: 4M rows, 3 rounds
-    .venv/bin/python bench/replay.py --quick    # about 20-30 s: 1.5M rows, 2 rounds
+    .venv/bin/python bench/replay.py            # about 1 min: 10M rows, 5 rounds
+    .venv/bin/python bench/replay.py --quick    # about 10-20 s: 3M rows, 5 rounds
     .venv/bin/python bench/replay.py --profile  # also cProfile one replay and one snapshot
     .venv/bin/python bench/replay.py --patch    # also measure the prototype read paths (monkeypatched here only)
 
@@ -51,7 +52,7 @@ import pyarrow.parquet as pq
 import sediment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compact import KEYS, SCHEMA, fmt_rate, make_updates, status  # noqa: E402
+from compact import SCHEMA, fmt_rate, make_updates, status  # noqa: E402
 
 MiB = 1 << 20
 
@@ -77,7 +78,6 @@ def batch_files(d: str) -> list[str]:
 def run_replay(engine) -> tuple[float, int]:
     t0 = time.perf_counter()
     n = 0
-    last = -1
     for b in engine.replay("r"):
         n += b.num_rows
     return time.perf_counter() - t0, n
@@ -92,6 +92,13 @@ def run_snapshot(engine, as_of: int) -> tuple[float, int]:
 def run_plain(files: list[str], **kw) -> tuple[float, int]:
     t0 = time.perf_counter()
     t = pa.concat_tables([pq.read_table(f, **kw) for f in files])
+    return time.perf_counter() - t0, t.num_rows
+
+
+def run_plain_sorted(files: list[str]) -> tuple[float, int]:
+    """What any time-ordered replay of key-sorted batches must at least do: read, then sort by time."""
+    t0 = time.perf_counter()
+    t = pa.concat_tables([pq.read_table(f, use_threads=False) for f in files]).sort_by([("time", "ascending")])
     return time.perf_counter() - t0, t.num_rows
 
 
@@ -208,6 +215,30 @@ def patch_time_ordered_take(engine):
     return undo
 
 
+def patch_snapshot_presorted(engine):
+    """engine.snapshot calls consolidate.snapshot on each whole batch, which sorts by the row
+    columns although a batch is already sorted by (row, time). Prototype: skip the sort
+    when the (filtered) table is already in row order (one vectorised check)."""
+    import pyarrow.compute as pc
+
+    import sediment.engine.engine as eng_mod
+    from sediment.trace.consolidate import DIFF, TIME, first_unsorted, sort_keys, sum_sorted
+
+    orig = eng_mod.consolidate_snapshot
+
+    def snap(table, key_columns, as_of):
+        table = table.filter(pc.less_equal(table.column(TIME), pa.scalar(as_of, pa.int64())))
+        table = table.select([*key_columns, DIFF])
+        if first_unsorted(table, key_columns, strict=False) is not None:
+            table = table.sort_by(sort_keys(key_columns, with_time=False))
+        return sum_sorted(table, key_columns)
+
+    eng_mod.consolidate_snapshot = snap
+    return lambda: setattr(eng_mod, "consolidate_snapshot", orig)
+
+
+SNAPSHOT_PATCHES = {"snapshot+skip-sort-if-sorted": patch_snapshot_presorted}
+
 PATCHES = {"replay+cached-open": patch_cached_open, "replay+native-file": patch_native_file,
            "replay+native+sort-indices": patch_time_ordered_take}
 
@@ -227,17 +258,17 @@ def profile(fn, n: int = 24) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--rows", type=int, help="default 4M, quick 1.5M")
+    ap.add_argument("--rows", type=int, help="default 10M, quick 3M")
     ap.add_argument("--times", type=int, default=300)
     ap.add_argument("--steps", type=int, default=4, help="append+seal+compact steps")
-    ap.add_argument("--rounds", type=int, help="default 3, quick 2")
+    ap.add_argument("--rounds", type=int, help="default 5")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--patch", action="store_true")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json")
     args = ap.parse_args()
-    args.rows = args.rows or (1_500_000 if args.quick else 4_000_000)
-    args.rounds = args.rounds or (2 if args.quick else 3)
+    args.rows = args.rows or (3_000_000 if args.quick else 10_000_000)
+    args.rounds = args.rounds or 5
     print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, pyarrow {pa.__version__}, "
           f"load average {os.getloadavg()[0]:.1f}; dir {args.dir}")
     t_start = time.perf_counter()
@@ -255,6 +286,7 @@ def main() -> None:
             "pq.read_table": lambda: run_plain(files),
             "pq.read_table use_threads=False": lambda: run_plain(files, use_threads=False),
             "read_row_group + checksums": lambda: run_groups(files),
+            "pq.read_table + sort_by(time) (kernel for time order)": lambda: run_plain_sorted(files),
         }
         results: dict[str, list[tuple[float, int]]] = {}
         for r in range(args.rounds):
@@ -265,6 +297,12 @@ def main() -> None:
                     undo = patch(engine)
                     try:
                         results.setdefault(name, []).append(run_replay(engine))
+                    finally:
+                        undo()
+                for name, patch in SNAPSHOT_PATCHES.items():
+                    undo = patch(engine)
+                    try:
+                        results.setdefault(name, []).append(run_snapshot(engine, sealed))
                     finally:
                         undo()
             print("  round " + str(r + 1) + ": " + ", ".join(
@@ -286,6 +324,11 @@ def main() -> None:
         snap = peer / best["snapshot"][0]
         print(f"| (snapshot, no target) | {fmt_rate(stored_rows / best['snapshot'][0])} | {fmt_rate(stored_rows / peer)} | "
               f"{snap:.2f}x | - | - |")
+        for n in SNAPSHOT_PATCHES:
+            if n in best:
+                x = peer / best[n][0]
+                print(f"| (prototype {n}, rows {best[n][1]:,}) | {fmt_rate(stored_rows / best[n][0])} | "
+                      f"{fmt_rate(stored_rows / peer)} | {x:.2f}x | - | - |")
         for n in PATCHES:
             if n in best:
                 x = peer / best[n][0]

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from sediment.engine import replay as replay_mod
 from sediment.engine.catalog import Catalog, RelationEntry
+from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.metadata import MetadataStore
 from sediment.engine.schema import check_name, check_schema, conform_updates, time_range, update_schema
 from sediment.errors import (
@@ -120,6 +121,7 @@ class Engine:
         data_dir: str | os.PathLike[str],
         *,
         wal: str = "file",
+        wal_capacity: int | None = None,
         segment_bytes: int = 64 << 20,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         metadata: str | MetadataStore | None = None,
@@ -129,6 +131,7 @@ class Engine:
         compact: bool = True,
         merge_factor: float = 2.0,
         memory_bound: int = DEFAULT_MEMORY_BOUND,
+        lock_slots: int = DEFAULT_SLOTS,
         repair: bool = False,
     ) -> None:
         self.data_dir = os.path.abspath(os.fspath(data_dir))
@@ -144,6 +147,8 @@ class Engine:
         self._by_id: dict[int, _Relation] = {}
         self._open_txns: dict[int, list[tuple[int, TailEntry]]] = {}
         self._txn_first: dict[int, int] = {}
+        self._max_time = -1  # greatest time of any durable update seen (the lock table's floor)
+        self._lock_slots = lock_slots
         self._readers = 0
         self._leases: dict[int, float] = {}  # read-plan lease -> monotonic deadline
         self._lease_counter = 0
@@ -157,10 +162,13 @@ class Engine:
             self.catalog = Catalog(self._meta)
             self._epoch = self.catalog.next_epoch()
             self._txn_counter = 0
-            self._log = self._open_wal(wal, segment_bytes, repair)
+            self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity)
             for entry in self.catalog.load().values():
-                self._register(entry, self.traces.load(entry.id))
+                rel = self._register(entry, self.traces.load(entry.id))
+                self._max_time = max(self._max_time, rel.trace.upper - 1,
+                                     *(p.upper - 1 for p in rel.trace.pending))
             self._recover()
+            self.locks = LockTable(self._lock_slots, floor=self._max_time)
             self.swept = self.traces.sweep_orphans(self._referenced_blobs())
             if compact:
                 self._compacter = cmp.Compacter(self._background_pass, compact_interval)
@@ -206,11 +214,18 @@ class Engine:
                 open_blob_store(blob)
         return blob
 
-    def _open_wal(self, wal: str, segment_bytes: int, repair: bool) -> WriteAheadLog:
+    def _open_wal(self, wal: str, segment_bytes: int, repair: bool, capacity: int | None) -> WriteAheadLog:
         if wal == "file":
             from sediment.wal.file_log import FileLog
 
             return FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes, repair=repair)
+        if isinstance(wal, str) and wal.startswith("device:") and len(wal) > len("device:"):
+            from sediment.wal.device import DeviceLog
+
+            path = wal[len("device:"):]
+            if capacity is None and not os.path.exists(path):
+                raise ValueError(f"{wal!r} does not exist yet: pass wal_capacity=<bytes> to create the ring")
+            return DeviceLog.open(path, capacity, create=True, segment_bytes=segment_bytes, repair=repair)
         raise ValueError(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
 
     def _register(self, entry: RelationEntry, trace: TraceState | None = None) -> _Relation:
@@ -274,6 +289,8 @@ class Engine:
 
     def _add_tail(self, rel_id: int, entry: TailEntry) -> None:
         rel = self._by_id.get(rel_id)
+        if entry.t_hi > self._max_time:
+            self._max_time = entry.t_hi
         if rel is not None and entry.lsn >= rel.trace.wal_through:  # below it: already in the trace
             rel.tail.append(entry)
 
@@ -381,13 +398,17 @@ class Engine:
                 f"append at times > {rel.sealed}"
             )
 
-    def append(self, name: str, updates: pa.Table) -> None:
+    def append(self, name: str, updates: pa.Table, *, locks: Locks | None = None) -> None:
         """Append updates: the relation's columns plus ``time`` (int64 >= 0, above the sealed
-        frontier) and ``diff`` (int64). Returns once they are durable. All or nothing."""
-        rel, table, t_min = self._prepare(name, updates)
+        frontier) and ``diff`` (int64). Returns once they are durable. All or nothing.
+
+        With ``locks``, the append is refused with LockConflict (writing nothing) when a
+        write- or read-locked id was written after ``locks.high_water``; its write and
+        append locks record the append's greatest time."""
+        rel, table, bounds = self._prepare(name, updates)
         if table.num_rows == 0:
             return
-        records = self._encode(rel, table, 0, t_min)
+        records = self._encode(rel, table, 0, bounds)
         if len(records) > 1:  # too big for one record: make it one transaction
             txn = self._next_txn_id()
             for r in records:
@@ -395,12 +416,15 @@ class Engine:
             records = [Record(RecordKind.BEGIN, txn_id=txn), *records, Record(RecordKind.COMMIT, txn_id=txn)]
         with self._lock:
             self._check_open()
-            self._admit(rel, name, t_min)
+            self._admit(rel, name, bounds)
+            if locks is not None:
+                self.locks.check_and_record(locks, bounds[1])
             ticket = self._log.submit(records, self._on_durable)
         ticket.wait()
 
-    def append_many(self, updates: Mapping[str, pa.Table]) -> None:
-        """Append to several relations atomically: after a crash, all or none are there."""
+    def append_many(self, updates: Mapping[str, pa.Table], *, locks: Locks | None = None) -> None:
+        """Append to several relations atomically: after a crash, all or none are there.
+        ``locks`` as for :meth:`append`, checked once for the whole append."""
         txn = self._next_txn_id()
         prepared = [(name, *self._prepare(name, table)) for name, table in updates.items()]
         records = [Record(RecordKind.BEGIN, txn_id=txn)]
@@ -413,6 +437,8 @@ class Engine:
             self._check_open()
             for name, rel, _table, t_min in prepared:
                 self._admit(rel, name, t_min)
+            if locks is not None:
+                self.locks.check_and_record(locks, max(b[1] for *_r, b in prepared if b is not None))
             ticket = self._log.submit(records, self._on_durable)
         ticket.wait()
 

@@ -11,14 +11,18 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sediment import errors
 from sediment.engine.engine import Engine
+from sediment.engine.locks import Locks
 from sediment.engine.schema import parse_schema_spec
 from sediment.engine.transaction import Transaction
 
-__all__ = ["Engine", "Transaction", "errors", "open", "parse_schema_spec"]
+if TYPE_CHECKING:
+    from sediment.client import Client
+
+__all__ = ["Engine", "Locks", "Transaction", "connect", "errors", "open", "parse_schema_spec"]
 __version__ = "0.1.0"
 
 
@@ -27,7 +31,21 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
 
     Options: ``wal`` ("file", or "device:<path>" with ``wal_capacity``),
     ``segment_bytes``, ``max_record_bytes``, ``metadata`` (a MetadataStore or a spec
-    such as "zk://127.0.0.1:2181/sediment"), ``repair`` (cut a damaged log instead
-    of refusing to open).
+    such as "zk://127.0.0.1:2181/sediment"), ``blob`` ("file:///path", "memory://",
+    "s3://bucket/prefix" with ``s3_endpoint``; default ``<data_dir>/blobs``),
+    ``compact`` (run the background compacter, default True), ``compact_interval``
+    (seconds between passes besides the wake-up on every finished segment; None: only
+    on those), ``merge_factor``, ``memory_bound`` (bytes a merge may hold, default
+    256 MiB), ``lock_slots`` (size of the optimistic lock table), ``repair`` (cut a
+    damaged log instead of refusing to open).
     """
     return Engine(data_dir, **options)
+
+
+def connect(uri: str, token: str | None = None, **options: Any) -> Client:
+    """Connect to a ``sediment serve`` coordinator at ``grpc://HOST:PORT``: a client with the
+    Engine's methods (``token`` defaults to $SEDIMENT_TOKEN). Imported on use, so ``import
+    sediment`` does not load Arrow Flight."""
+    from sediment.client import connect as _connect
+
+    return _connect(uri, token, **options)

@@ -7,6 +7,7 @@
     sediment read NAME --as-of T [--out FILE.csv|FILE.parquet]
     sediment verify [--repair]
     sediment demo [--rows N]
+    sediment serve --listen HOST:PORT [--token T]     (clients: sediment.connect)
 
 Users never see a traceback: every failure is one ``sediment: error: ...`` line on
 stderr, exit code 2 for a malformed command line and 1 for an operation that
@@ -533,6 +534,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("demo", cmd_demo, "run a demonstration workload")
     p.add_argument("--rows", type=_positive_int, default=100_000, metavar="N")
+
+    from sediment.serve import add_serve_parser  # the network coordinator: sediment/serve.py
+
+    add_serve_parser(command)
     return parser
 
 

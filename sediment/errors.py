@@ -58,6 +58,17 @@ class TransactionError(SedimentError):
     example one of its times was sealed while it was open)."""
 
 
+class LockConflict(SedimentError):
+    """An append's write or read lock names an id written after the client's high-water
+    mark: what the client read is stale. Nothing was written; read again and retry.
+    ``time`` is the conflicting write's time, ``lock`` the (name, id) pair."""
+
+    def __init__(self, message: str, *, lock: object = None, time: int = -1):
+        super().__init__(message)
+        self.lock = lock
+        self.time = time
+
+
 class EngineClosed(SedimentError):
     """The engine (or the object being used) was already closed."""
 

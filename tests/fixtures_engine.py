@@ -3,18 +3,56 @@
 ``open_engine(**options)`` opens (or reopens) an engine on the test's data
 directory with the WAL backend and blob store of the current parameters. Every
 engine test uses it, so adding a backend here runs the whole engine suite on it.
+
+``access`` runs each test twice: on the engine itself ("embedded"), and through a
+SedimentFlightServer on a free loopback port and a sediment.client.Client ("server"),
+whose close() also stops the server and closes the engine. Tests that reach into
+engine internals are marked ``embedded_only`` and are not run through the server. The
+network path does not depend on the backends, so "server" runs with the file WAL and
+the file blob store only (SEDIMENT_TEST_SERVER_MATRIX=full runs every combination).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
 
 import sediment
 
-WAL_BACKENDS = ["file"]
+WAL_BACKENDS = ["file", "device"]
+DEVICE_CAPACITY = 32 << 20
 BLOB_BACKENDS = ["file", pytest.param("s3", marks=pytest.mark.s3)]
+ACCESS = ["embedded", "server"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "embedded_only: uses engine internals, so not run through the server")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the "server" runs of embedded_only tests, and (unless the full matrix is
+    asked for) those on other backends than the file WAL and file blob store."""
+    full = os.environ.get("SEDIMENT_TEST_SERVER_MATRIX") == "full"
+    drop = []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("access") != "server":
+            continue
+        if item.get_closest_marker("embedded_only") or not full and (
+                params.get("wal_backend", "file") != "file" or params.get("blob_options", "file") != "file"):
+            drop.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        dropped = set(map(id, drop))
+        items[:] = [item for item in items if id(item) not in dropped]
+
+
+@pytest.fixture(params=ACCESS)
+def access(request):
+    """How the test reaches the engine: in process, or over the network (see the module doc)."""
+    return request.param
 
 
 @pytest.fixture(params=WAL_BACKENDS)
@@ -33,15 +71,35 @@ def blob_options(request):
 
 
 @pytest.fixture
-def open_engine(tmp_path, wal_backend, blob_options):
+def engine_options(wal_backend, blob_options):
+    """``engine_options(data_dir)``: the options that select this test's backends, also for
+    child processes (crash tests), which must open the same WAL and blob store."""
+
+    def options(data_dir) -> dict:
+        out = dict(blob_options)
+        if wal_backend == "device":  # a preallocated file beside the data directory stands for the device
+            out.update(wal=f"device:{data_dir}.ring", wal_capacity=DEVICE_CAPACITY)
+        else:
+            out["wal"] = wal_backend
+        return out
+
+    return options
+
+
+@pytest.fixture
+def open_engine(tmp_path, engine_options, access):
     opened = []
 
     def _open(data_dir=None, **options):
-        options.setdefault("wal", wal_backend)
-        options.setdefault("segment_bytes", 1 << 20)
-        for key, value in blob_options.items():
+        data_dir = str(data_dir or tmp_path / "data")
+        for key, value in engine_options(data_dir).items():
             options.setdefault(key, value)
-        engine = sediment.open(data_dir or tmp_path / "data", **options)
+        options.setdefault("segment_bytes", 1 << 20)
+        engine = sediment.open(data_dir, **options)
+        if access == "server":
+            from sediment.server import serve_local
+
+            engine = serve_local(engine)  # its close() stops the server and closes the engine
         opened.append(engine)
         return engine
 

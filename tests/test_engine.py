@@ -101,6 +101,7 @@ def test_replay_is_time_ordered_and_complete(open_engine):
     )
 
 
+@pytest.mark.embedded_only  # reads eng.wal
 def test_large_append_splits_into_one_atomic_transaction(open_engine):
     eng = open_engine(max_record_bytes=4096)
     eng.add_relation("r", SCHEMA)
@@ -161,6 +162,7 @@ def test_append_many_is_atomic_across_relations(open_engine):
     assert rows(eng.snapshot("a", 5)) == [(1, "a", 1)] and rows(eng.snapshot("b", 5)) == [(1, "b", 1)]
 
 
+@pytest.mark.embedded_only  # scans eng.wal
 def test_concurrent_appends_and_seals_never_violate_the_frontier(open_engine):
     eng = open_engine()
     eng.add_relation("r", SCHEMA)
@@ -299,9 +301,9 @@ CRASHER = textwrap.dedent("""
 """)
 
 
-def test_sigkill_mid_appends_keeps_acknowledged_and_no_partial_transaction(open_engine, blob_options, tmp_path):
+def test_sigkill_mid_appends_keeps_acknowledged_and_no_partial_transaction(open_engine, engine_options, tmp_path):
     data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(data), json.dumps(blob_options)],
+    proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(data), json.dumps(engine_options(str(data)))],
                             stdout=subprocess.PIPE, text=True)
     acked = -1
     try:

@@ -29,6 +29,7 @@ bytes are kept: tests run it over in-memory streams with :class:`MemoryPartition
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import struct
@@ -356,12 +357,17 @@ class _Partition:
     def __init__(self, pid: int, store: PartitionStore) -> None:
         self.pid = pid
         self.store = store
-        state = store.read_state()
-        self.highest_session = state.session_id
+        self.state = store.read_state()  # cached: replies carry it, and reading the file each time is slow
+        self.highest_session = self.state.session_id
         self.reserved_next = store.next_lsn
         self.queue: list[tuple[str, object, trio.Event, list]] = []
         self.wake = trio.Event()
         self.failed: str = ""
+
+    def set_state(self, state: PartitionState) -> None:
+        """Persist (worker thread), then publish: replies never show an undurable state."""
+        self.store.write_state(state)
+        self.state = state
 
     async def io(self, fn: Callable, *args):
         if self.store.blocking:
@@ -437,7 +443,7 @@ class StorageNode:
                payload: bytes = b"") -> Response:
         if part is None:
             return Response(req.request_id, status, message, payload=payload)
-        state = part.store.read_state()
+        state = part.state
         return Response(req.request_id, status, message, part.highest_session, part.store.next_lsn - 1,
                         state.low_water_mark, state.local_low_water_mark, payload)
 
@@ -456,12 +462,12 @@ class StorageNode:
                                f"partition {req.partition}: session {req.session_id} was superseded by session "
                                f"{part.highest_session}; this coordinator must stop")
         if req.type == MsgType.OPEN:
-            before = part.store.read_state()
+            before = part.state
             part.highest_session = req.session_id
             if before.session_id == req.session_id:
                 return self._reply(req, part, payload=OPEN_PAYLOAD.pack(before.session_id))
             new = PartitionState(req.session_id, before.low_water_mark, before.local_low_water_mark)
-            return self._after(req, part, part.enqueue("call", (part.store.write_state, new)),
+            return self._after(req, part, part.enqueue("call", (part.set_state, new)),
                                OPEN_PAYLOAD.pack(before.session_id))
         if req.session_id > part.highest_session:
             return self._reply(req, part, Status.BAD_REQUEST,
@@ -486,7 +492,7 @@ class StorageNode:
             return self._after(req, part, part.enqueue("call", (part.store.truncate, req.arg1)))
         if req.type == MsgType.SET_LWM:
             new = PartitionState(req.session_id, req.arg1, min(req.arg1, part.reserved_next - 1))
-            return self._after(req, part, part.enqueue("call", (part.store.write_state, new)))
+            return self._after(req, part, part.enqueue("call", (part.set_state, new)))
         return self._reply(req, part, Status.BAD_REQUEST, f"unknown request type {req.type}")
 
     async def _after(self, req: Request, part: _Partition, waiter: tuple[trio.Event, list],
@@ -526,8 +532,8 @@ class StorageNode:
                             await stream.send_all(wire.encode_response(result))
                     else:
                         nursery.start_soon(finish, result)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, WireError) as exc:
-            log.info("connection dropped: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - a broken or lying peer ends only its own connection
+            log.info("connection dropped: %r", exc)
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -553,7 +559,7 @@ async def serve_tcp(directory: str, host: str, port: int, cluster_key: uuid.UUID
     node = StorageNode(cluster_key, open_directory(directory, cluster_key, segment_bytes))
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
-        listeners = await nursery.start(trio.serve_tcp, node.serve, port, host)
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, node.serve, port, host=host))
         task_status.started(listeners)
 
 

@@ -1,0 +1,401 @@
+"""A network client for a sediment server, with the Engine's methods and semantics.
+
+Spark executors and other processes reach the coordinator through this instead of
+opening the data directory (only one process may). Code written against
+:class:`~sediment.engine.engine.Engine` runs unchanged against a :class:`Client`:
+the same methods, the same return types, the same durability (a call returns once
+the server has made it durable) and the same typed errors from
+:mod:`sediment.errors`, carried in the Flight error's detail. The wire protocol is
+described in :mod:`sediment.server`.
+
+    import sediment
+    with sediment.connect("grpc://127.0.0.1:8815", token="...") as db:
+        db.append("orders", updates)
+        with db.transaction() as tx:
+            tx.append("orders", more)
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import math
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from sediment import errors
+from sediment.engine.engine import ReadPlan
+from sediment.engine.schema import check_name
+from sediment.errors import EngineClosed, InvalidUpdates, SchemaMismatch, SedimentError, TransactionError
+from sediment.server import (
+    AUTH_HEADER,
+    BUILTIN_ERRORS,
+    PLAN_METADATA_KEY,
+    PROTOCOL_VERSION,
+    TOKEN_ENV,
+    _schema_from_b64,
+    _schema_to_b64,
+    _tuples,
+)
+
+PUT_CHUNK_BYTES = 4 << 20  # record batches on the wire stay well below gRPC's message limits
+
+
+class ServerError(SedimentError):
+    """The server failed with an error that is not one of sediment's typed errors (a bug or an
+    environment problem on the server); the message carries the server's error type and text."""
+
+
+def typed_error(exc: flight.FlightError) -> BaseException:
+    """The error the server raised, rebuilt from the Flight error's detail: the same class
+    from :mod:`sediment.errors` (or a builtin ValueError/TypeError/...) with the same message
+    and attributes. Flight errors without that detail (authentication, an unreachable server)
+    are returned as they are."""
+    try:
+        detail = json.loads(exc.extra_info.decode("utf-8")) if exc.extra_info else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        detail = None
+    if not isinstance(detail, dict) or "error" not in detail:
+        return exc
+    name, module, message = str(detail["error"]), detail.get("module"), str(detail.get("message", ""))
+    cls: Any = None
+    if module == "sediment.errors":
+        cls = getattr(errors, name, None)
+    elif module == "builtins" and name in BUILTIN_ERRORS:
+        cls = getattr(builtins, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return ServerError(f"the server failed: {name}: {message}")
+    typed = cls.__new__(cls)
+    Exception.__init__(typed, message)
+    attrs = detail.get("attrs")
+    if isinstance(attrs, dict):
+        typed.__dict__.update({key: _tuples(value) for key, value in attrs.items()})
+    return typed
+
+
+def _as_table(name: str, updates: object) -> pa.Table:
+    """Tables and record batches travel as they are; anything else is refused here with the
+    engine's own error, since it cannot be streamed."""
+    if isinstance(updates, pa.RecordBatch):
+        return pa.Table.from_batches([updates])
+    if not isinstance(updates, pa.Table):
+        raise InvalidUpdates(f"updates for {name!r} must be a pyarrow.Table, not {type(updates).__name__}")
+    return updates
+
+
+def encode_locks(locks: Any) -> dict[str, Any] | None:
+    """A ``sediment.Locks`` as the wire's JSON object (ids must be JSON scalars or tuples of them)."""
+    if locks is None:
+        return None
+    spec = {"high_water": locks.high_water,
+            **{kind: [list(lock) for lock in getattr(locks, kind)] for kind in ("write", "read", "append")}}
+    try:
+        json.dumps(spec)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"lock ids must be strings, numbers, booleans or tuples of them to cross the network "
+                         f"({exc})") from None
+    return spec
+
+
+class RemoteTransaction:
+    """A write transaction held open on the server; created by :meth:`Client.transaction`.
+    Like :class:`sediment.Transaction`: appends are durable but invisible until ``commit()``;
+    as a context manager it commits on success and aborts on an exception."""
+
+    def __init__(self, client: Client, txn_id: int) -> None:
+        self._client = client
+        self.id = txn_id
+        self._state = "open"
+        self._mutex = threading.Lock()
+
+    @property
+    def state(self) -> str:
+        """``open``, ``committed`` or ``aborted``."""
+        return self._state
+
+    def _check(self) -> None:
+        if self._state != "open":
+            raise TransactionError(f"transaction {self.id:#x} is already {self._state}")
+
+    def append(self, name: str, updates: pa.Table) -> None:
+        """Add updates to the transaction; durable (but invisible) on return."""
+        with self._mutex:
+            self._check()
+            self._client._put({"op": "append", "relation": name, "txn": self.id}, _as_table(name, updates))
+
+    def commit(self) -> None:
+        """Make every append visible at once; durable on return. Raises TransactionError (and
+        the transaction is aborted) if one of its times was sealed meanwhile."""
+        with self._mutex:
+            self._check()
+            try:
+                self._state = self._client._action("commit", txn=self.id)
+            except TransactionError:
+                self._state = self._remote_state()
+                raise
+
+    def _remote_state(self) -> str:
+        """After a refused commit: the server's word on the transaction (aborted, unless it
+        somehow finished otherwise); a server that no longer knows it has aborted it."""
+        try:
+            state = self._client._action("txn_state", txn=self.id)
+        except Exception:  # noqa: BLE001 - a commit the server refused did not happen
+            return "aborted"
+        return state if state in ("committed", "aborted") else "aborted"
+
+    def abort(self) -> None:
+        """Discard every append of the transaction. Aborting twice is harmless."""
+        with self._mutex:
+            if self._state != "open":
+                return
+            self._state = "aborted"
+            self._client._action("abort", txn=self.id)
+
+    def __enter__(self) -> RemoteTransaction:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class Client:
+    """A connection to a sediment server with the methods of :class:`sediment.Engine`.
+    Thread-safe: calls from many threads share one gRPC channel. Use as a context manager."""
+
+    def __init__(self, uri: str, token: str | None = None, *, timeout: float | None = None) -> None:
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        if not token:
+            raise ValueError(f"no token to connect to {uri}: pass token=..., or set ${TOKEN_ENV}")
+        self.uri = uri
+        self._options = flight.FlightCallOptions(timeout=timeout,
+                                                 headers=[(AUTH_HEADER.encode(), f"Bearer {token}".encode())])
+        self._flight = flight.FlightClient(uri)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._on_close: list[Callable[[], None]] = []
+        try:
+            info = self._action("ping")
+        except BaseException:
+            self._flight.close()
+            raise
+        if info.get("protocol") != PROTOCOL_VERSION:
+            self._flight.close()
+            raise ServerError(f"the server at {uri} speaks sediment protocol {info.get('protocol')}, this client "
+                              f"{PROTOCOL_VERSION}; use matching sediment versions")
+        self.data_dir: str = info.get("data_dir", "")
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed(f"the client of {self.uri} is closed; connect again")
+
+    @contextmanager
+    def _remote(self) -> Iterator[None]:
+        """Turn the server's errors back into the typed errors they were."""
+        self._check_open()
+        try:
+            yield
+        except flight.FlightError as exc:
+            typed = typed_error(exc)
+            if typed is exc:
+                raise
+            raise typed from None
+
+    def _action(self, op: str, **args: Any) -> Any:
+        body = json.dumps(args, default=repr).encode()
+        with self._remote():
+            results = list(self._flight.do_action(flight.Action(op, body), options=self._options))
+        return json.loads(results[0].body.to_pybytes())["result"] if results else None
+
+    def _ticket(self, **args: Any) -> flight.Ticket:
+        return flight.Ticket(json.dumps(args, default=repr).encode())
+
+    def _put(self, command: dict[str, Any], table: pa.Table) -> None:
+        """Stream ``table``; returns once the server has finished with it (made it durable),
+        or raises the server's error."""
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(command, default=repr).encode())
+        per_row = max(1, table.nbytes // max(1, table.num_rows))
+        with self._remote():
+            writer, _reader = self._flight.do_put(descriptor, table.schema, options=self._options)
+            failure: BaseException | None = None
+            try:
+                writer.write_table(table, max_chunksize=max(1, math.floor(PUT_CHUNK_BYTES / per_row)))
+                writer.done_writing()
+            except (flight.FlightError, pa.ArrowException, OSError) as exc:
+                failure = exc  # the server may have refused early: close() reports why
+            writer.close()
+            if failure is not None:
+                raise failure
+
+    def add_close_callback(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` after :meth:`close` (used to stop an in-process server with its client)."""
+        self._on_close.append(callback)
+
+    # --- relations -----------------------------------------------------------------------------
+
+    def add_relation(self, name: str, schema: pa.Schema) -> None:
+        """Create an empty relation (see :meth:`sediment.Engine.add_relation`)."""
+        if not isinstance(schema, pa.Schema):
+            check_name(name)
+            raise SchemaMismatch(f"a relation schema must be a pyarrow.Schema, not {type(schema).__name__}")
+        self._action("add_relation", name=name, schema=_schema_to_b64(schema))
+
+    def drop_relation(self, name: str) -> None:
+        """Forget a relation and its data."""
+        self._action("drop_relation", name=name)
+
+    def relations(self) -> list[str]:
+        """Names of all relations, sorted."""
+        return list(self._action("relations"))
+
+    def schema(self, name: str) -> pa.Schema:
+        """The relation's own columns (without ``time`` and ``diff``)."""
+        return _schema_from_b64(self._action("schema", name=name))
+
+    def since(self, name: str) -> int:
+        """The compaction frontier."""
+        return int(self._action("since", name=name))
+
+    def sealed(self, name: str) -> int:
+        """The greatest sealed time (-1 when never sealed)."""
+        return int(self._action("sealed", name=name))
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
+        """Append updates (columns plus ``time`` and ``diff``); durable on return, all or nothing.
+        ``locks``: a ``sediment.Locks``, checked by the server as by the engine."""
+        command: dict[str, Any] = {"op": "append", "relation": name, "txn": None}
+        if locks is not None:
+            command["locks"] = encode_locks(locks)
+        self._put(command, _as_table(name, updates))
+
+    def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
+        """Append to several relations atomically. The tables are staged on the server (in
+        memory, nothing written) and then appended by one ``Engine.append_many``, so a refused
+        call writes nothing, exactly as with the engine."""
+        tables = {name: _as_table(name, table) for name, table in updates.items()}
+        if not tables:
+            return
+        lock_spec = encode_locks(locks)
+        stage = uuid.uuid4().hex
+        try:
+            for name, table in tables.items():
+                self._put({"op": "stage", "relation": name, "stage": stage}, table)
+            if lock_spec is None:
+                self._action("append_many", stage=stage)
+            else:
+                self._action("append_many", stage=stage, locks=lock_spec)
+        except BaseException:
+            try:
+                self._action("discard_stage", stage=stage)
+            except Exception:  # noqa: BLE001 - report the first failure; the server drops stages at stop
+                pass
+            raise
+
+    def transaction(self) -> RemoteTransaction:
+        """A write transaction: appends to any relations, visible only after ``commit()``."""
+        return RemoteTransaction(self, int(self._action("begin")))
+
+    def seal(self, name: str, t: int) -> None:
+        """Write ``close t``: no further updates at times <= t. Durable on return."""
+        self._action("seal", name=name, t=t)
+
+    def set_since(self, name: str, t: int) -> None:
+        """Advance the compaction frontier."""
+        self._action("set_since", name=name, t=t)
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def snapshot(self, name: str, as_of: int) -> pa.Table:
+        """The relation as of ``as_of`` (its columns plus ``diff``), consolidated and sorted."""
+        with self._remote():
+            reader = self._flight.do_get(self._ticket(op="snapshot", relation=name, as_of=as_of),
+                                         options=self._options)
+            return reader.read_all()
+
+    def replay(self, name: str, *, batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
+        """Every stored update of the relation in time order, streamed as record batches."""
+        with self._remote():  # an unknown relation fails here, as with the engine
+            reader = self._flight.do_get(self._ticket(op="replay", relation=name, batch_rows=batch_rows),
+                                         options=self._options)
+
+        def generate() -> Iterator[pa.RecordBatch]:
+            with self._remote():
+                for chunk in reader:
+                    yield chunk.data
+
+        return generate()
+
+    def plan_read(self, name: str, as_of: int, *, from_t: int | None = None,
+                  lease_seconds: float = 600.0) -> ReadPlan:
+        """A leased read plan (see :meth:`sediment.Engine.plan_read`); end it with
+        :meth:`release_read`. The WAL-tail rows come in the stream, the rest in its metadata."""
+        ticket = self._ticket(op="plan", relation=name, as_of=as_of, **{"from": from_t},
+                              lease_seconds=lease_seconds)
+        with self._remote():
+            tail = self._flight.do_get(ticket, options=self._options).read_all()
+        metadata = dict(tail.schema.metadata or {})
+        meta = json.loads(metadata.pop(PLAN_METADATA_KEY))
+        tail = tail.replace_schema_metadata(metadata or None)
+        return ReadPlan(meta["lease"], meta["relation"], meta["relation_id"], tail.schema, meta["key_columns"],
+                        meta["since"], meta["sealed"], meta["as_of"], meta["blob_uri"], meta["s3_endpoint"],
+                        meta["batches"], tail)
+
+    def release_read(self, lease: int) -> None:
+        """End a read plan's lease."""
+        self._action("release_read", lease=lease)
+
+    def trace_info(self, name: str) -> dict[str, int]:
+        """The relation's stored shape (batches, pending, rows, bytes, upper, since, tail_records)."""
+        return dict(self._action("trace_info", name=name))
+
+    def compact(self, name: str | None = None) -> None:
+        """Run a compaction pass on the server and wait for it."""
+        self._action("compact", name=name)
+
+    # --- closing -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (transactions left open stay open on the server until it
+        stops). Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            callbacks, self._on_close = self._on_close, []
+        try:
+            self._flight.close()
+        finally:
+            failures = []
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception as exc:  # noqa: BLE001 - run them all, then report
+                    failures.append(exc)
+            if failures:
+                raise failures[0]
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(uri: str, token: str | None = None, *, timeout: float | None = None) -> Client:
+    """Connect to a sediment server (``sediment serve``) at ``grpc://HOST:PORT``. ``token`` is
+    the server's shared secret (default ``$SEDIMENT_TOKEN``); a wrong one fails here with
+    ``pyarrow.flight.FlightUnauthenticatedError``."""
+    return Client(uri, token, timeout=timeout)

@@ -1,0 +1,85 @@
+"""``sediment serve``: run the engine on a data directory as a network coordinator.
+
+    sediment serve --data-dir DIR --listen 127.0.0.1:8815 [--token T]   (or $SEDIMENT_TOKEN)
+
+Kept apart from :mod:`sediment.server` so that building the CLI parser does not import
+Arrow Flight; the server is imported only when ``serve`` runs. Prints one line,
+``serving <data-dir> on grpc://HOST:PORT``, once clients can connect (scripts and
+tests wait for it; ``--listen HOST:0`` picks a free port and the line names it), and
+serves until SIGTERM or SIGINT. Then it stops listening, lets calls under way finish,
+aborts the transactions clients left open and closes the engine, exiting 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_LISTEN = "127.0.0.1:8815"
+
+
+def _listen_arg(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6); port 0 picks a free one."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not sep or not host or not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid --listen {text!r}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    return host, number
+
+
+def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Adds ``serve`` through the CLI's ``command(name, func, help)`` helper (sediment/cli.py)."""
+    p = command("serve", cmd_serve, "serve the data directory to clients over Arrow Flight until SIGTERM")
+    p.add_argument("--listen", type=_listen_arg, default=_listen_arg(DEFAULT_LISTEN), metavar="HOST:PORT",
+                   help=f"where to listen (default {DEFAULT_LISTEN}; port 0 picks a free port)")
+    p.add_argument("--token", default=None, metavar="T",
+                   help="the shared secret every client must send (default $SEDIMENT_TOKEN; prefer the "
+                        "variable: a command line is visible to other users)")
+    return p
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Opens the engine (creating the directory, as a coordinator's first start must), serves,
+    and on SIGTERM/SIGINT shuts down in order: no new calls, calls under way finish, open
+    transactions are aborted (so they never become visible), the engine closes."""
+    from sediment.cli import UsageError, _data_dir, _open
+    from sediment.server import TOKEN_ENV, SedimentFlightServer
+
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    if not token:
+        raise UsageError(f"serve needs a token: pass --token T or set ${TOKEN_ENV} (clients send the same)")
+    host, port = args.listen
+    location = f"grpc://[{host}]:{port}" if ":" in host else f"grpc://{host}:{port}"
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        engine = _open(args, create=True)
+        try:
+            server = SedimentFlightServer(engine, location, token)
+            try:
+                print(f"serving {_data_dir(args)} on {server.uri}", flush=True)
+                stop.wait()  # a signal handler runs in this thread and sets it
+                print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
+                      file=sys.stderr, flush=True)
+            finally:
+                server.stop()
+        finally:
+            engine.close()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(f"stopped serving {_data_dir(args)}", flush=True)
+    return 0

@@ -1,0 +1,204 @@
+"""A WriteAheadLog over replicated storage nodes, for the engine.
+
+    log = ReplicatedLog.open(replicas=["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"],
+                             metadata=store, partition=0, cluster_key=key)
+
+The coordinator (wal/store_session.py) runs on trio in a background thread; this class
+is the thread-safe, blocking face the engine expects. An append is acknowledged only
+once a write quorum made it durable. If the quorum is lost, waiting appends fail with
+QuorumLost and the coordinator recovers a new store session by itself; if another
+coordinator takes over (or the ZooKeeper session is lost) they fail with
+SessionFenced and the log stays fenced: open a new one.
+
+Not yet: ``trim`` keeps everything (storage nodes have no trim request yet).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+
+import trio
+
+from sediment.engine.metadata import MetadataStore
+from sediment.errors import EngineClosed, ReplicationError, WalError
+from sediment.wal import record as rec
+from sediment.wal.partition_meta import PartitionMetaStore
+from sediment.wal.protocol import OpenReport
+from sediment.wal.replica import tcp_connect
+from sediment.wal.store_session import Coordinator
+from sediment.wal.wire import iter_records
+
+
+class _Ticket:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.lsn = -1
+        self.error: BaseException | None = None
+
+    def wait(self) -> int:
+        """Block until a quorum made the records durable; their last LSN. Raises QuorumLost,
+        SessionFenced or EngineClosed: then they were not acknowledged."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.lsn
+
+
+class ReplicatedLog:
+    """A WriteAheadLog whose records live on a quorum of storage nodes."""
+
+    def __init__(self) -> None:
+        raise TypeError("use ReplicatedLog.open(replicas=..., metadata=..., partition=..., cluster_key=...)")
+
+    @classmethod
+    def open(cls, replicas: Sequence[str], metadata: MetadataStore, partition: int = 0,
+             cluster_key: uuid.UUID | str | None = None, *, timeout: float = 5.0,
+             open_timeout: float = 30.0) -> ReplicatedLog:
+        """Start a store session (recovery included) and return once it accepts writes.
+        Raises ReplicationError if no write quorum is reachable within ``open_timeout``."""
+        if cluster_key is None:
+            raise ReplicationError("a replicated log needs the cluster key its storage nodes were started with")
+        self = object.__new__(cls)
+        self.report = OpenReport()
+        self.partition = partition
+        self._meta_store = metadata
+        self._closed = False
+        self._sealed: dict[int, int] = {}
+        self._finished = 0
+        self._listener: Callable[[int], None] | None = None
+        self._lock = threading.Lock()
+        key = cluster_key if isinstance(cluster_key, uuid.UUID) else uuid.UUID(cluster_key)
+        self.coordinator = Coordinator(replicas, PartitionMetaStore(metadata, partition), key, partition,
+                                       connect=tcp_connect, timeout=timeout)
+        self.coordinator.listeners.append(self._note)
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.CancelScope | None = None
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True,
+                                        name=f"replicated-log-{partition}")
+        self._thread.start()
+        if not self._ready.wait(open_timeout) or not self.coordinator.writable.is_set():
+            self.close()
+            raise ReplicationError(f"partition {partition}: no write quorum of {list(replicas)} became available "
+                                   f"within {open_timeout}s; start the storage nodes and check the cluster key")
+        lost = getattr(metadata, "add_session_lost_listener", None)
+        if lost is not None:
+            lost(lambda: self._call_soon(self.coordinator.fence, "the ZooKeeper session was lost"))
+        for r in self.scan():
+            self.report.records += 1
+            self._note([r])
+        return self
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        with trio.CancelScope() as self._stop:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.coordinator.run)
+                self._ready.set()
+        self._ready.set()
+
+    def _call_soon(self, fn: Callable, *args) -> None:
+        if self._token is not None and not self._closed:
+            try:
+                self._token.run_sync_soon(fn, *args)
+            except trio.RunFinishedError:
+                pass
+
+    def _run(self, afn: Callable, *args):
+        if self._closed:
+            raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
+        return trio.from_thread.run(afn, *args, trio_token=self._token)
+
+    def _note(self, records: Sequence[rec.Record]) -> None:
+        for r in records:
+            if r.kind == rec.RecordKind.PROGRESS:
+                self._sealed[r.relation_id] = max(self._sealed.get(r.relation_id, -1), r.t_hi)
+            elif r.kind == rec.RecordKind.FRONTIERS:
+                for rel, t in rec.decode_frontiers(bytes(r.body)).items():
+                    self._sealed[rel] = max(self._sealed.get(rel, -1), t)
+
+    # --- writing -------------------------------------------------------------------------
+
+    def submit(self, records: Sequence[rec.Record],
+               on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> _Ticket:
+        ticket = _Ticket()
+
+        def done(lsn: int, err: BaseException | None) -> None:
+            if err is None and on_durable is not None and records:
+                on_durable(records)
+            ticket.lsn, ticket.error = lsn, err
+            ticket.done.set()
+
+        if self._closed:
+            raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
+        trio.from_thread.run_sync(self.coordinator.submit, list(records), done, trio_token=self._token)
+        return ticket
+
+    def append(self, records: Sequence[rec.Record]) -> int:
+        return self.submit(records).wait()
+
+    # --- reading -------------------------------------------------------------------------
+
+    def scan(self, start: int | None = None) -> Iterator[rec.Record]:
+        lsn = 0 if start is None else start
+        while True:
+            payload = self._run(self.coordinator.read, lsn)
+            if not payload:
+                return
+            for r in iter_records(payload):
+                yield r
+                lsn = r.lsn + 1
+
+    def read(self, lsn: int) -> rec.Record:
+        for r in self.scan(lsn):
+            if r.lsn == lsn:
+                return r
+            break
+        raise WalError(f"LSN {lsn} is not in the replicated log of partition {self.partition} (it holds "
+                       f"[0, {self.end_lsn}))")
+
+    @property
+    def start_lsn(self) -> int:
+        return 0
+
+    @property
+    def end_lsn(self) -> int:
+        return self.coordinator.committed + 1
+
+    @property
+    def finished_lsn(self) -> int:
+        return self._finished
+
+    @property
+    def sealed_frontiers(self) -> dict[int, int]:
+        return dict(self._sealed)
+
+    def set_finish_listener(self, callback: Callable[[int], None] | None) -> None:
+        self._listener = callback
+
+    def finish_segment(self) -> None:
+        """Append a FRONTIERS record (replicated like any other); everything before and
+        including it is finished: committed records never change."""
+        with self._lock:
+            frontiers = rec.Record(rec.RecordKind.FRONTIERS, count=len(self._sealed),
+                                   body=rec.encode_frontiers(self._sealed))
+            lsn = self.append([frontiers])
+            self._finished = max(self._finished, lsn + 1)
+        if self._listener is not None:
+            self._listener(self._finished)
+
+    def trim(self, lsn: int) -> None:
+        """Kept for the protocol: storage nodes keep every record for now (see module doc)."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._token is not None and self._stop is not None:
+            try:
+                self._token.run_sync_soon(self._stop.cancel)
+            except trio.RunFinishedError:
+                pass
+        self._closed = True
+        self._thread.join(timeout=10)

@@ -1,0 +1,453 @@
+"""The coordinator of one replicated partition: store sessions, quorum writes, catch-up.
+
+A store session is one coordinator's tenure, with a session id taken by compare-and-set
+of the partition metadata (wal/recovery.py runs before it writes). Appends are queued,
+batched, given LSNs, and sent to every replica that is in sync, pipelined (a node
+writes everything queued with one sync). A batch is acknowledged, in LSN order, once a
+write quorum (n // 2 + 1) of counting replicas made it durable; never earlier.
+
+* A replica that fails (connection lost, error, timeout) leaves the write set and is
+  caught up in the background: from a peer's storage, then from the batches still in
+  memory, after which it receives new batches again. It counts towards the quorum
+  only once the metadata records it as engaged in this session, so the next recovery
+  vote will count it (otherwise an ack could rest on a replica the vote ignores).
+* When fewer than a quorum of counting replicas remain, every unacknowledged append
+  fails with QuorumLost and the coordinator starts a new store session (recovery
+  waits until the vote is decidable), after which writes resume.
+* A FENCED reply (a newer session exists) or a lost ZooKeeper session fails every
+  append with SessionFenced, and the coordinator stops for good.
+
+Everything runs on trio with streams from ``connect`` and trio's clock, so a whole
+cluster runs in memory under a MockClock (tests/test_replication_sim.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from sediment.errors import MetadataConflict, MetadataError, QuorumLost, ReplicationError, SessionFenced
+from sediment.wal import record as rec
+from sediment.wal.partition_meta import UNRESOLVED, PartitionMetaStore, ReplicaState
+from sediment.wal.recovery import copy_records, open_replica, recover
+from sediment.wal.replica import Call, Connect, ReplicaConnection, ReplicaUnavailable
+from sediment.wal.vote import quorum_size
+from sediment.wal.wire import MsgType, Response, Status
+
+log = logging.getLogger(__name__)
+
+Done = Callable[[int, BaseException | None], None]  # (last LSN, error) once acknowledged or failed
+
+
+@dataclass
+class Batch:
+    first: int
+    last: int
+    payload: bytes
+    sizes: list[int]
+    waiters: list[tuple[Sequence[rec.Record], Done]]
+    acks: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Link:
+    """The coordinator's view of one replica in this session."""
+
+    address: str
+    conn: ReplicaConnection | None = None
+    state: str = "down"  # down | catching | joining | in_sync (only in_sync counts for the quorum)
+    acked: int = -1  # highest LSN the replica acknowledged as durable in this session
+    unacked: deque = field(default_factory=deque)  # (last LSN, sent at) of appends awaiting its reply
+    catching_up: bool = False  # a catch-up task owns this link (at most one)
+
+
+async def run_blocking_in_thread(fn: Callable, *args: Any) -> Any:
+    return await trio.to_thread.run_sync(fn, *args)
+
+
+class Coordinator:
+    """Owns a partition's writes. Call :meth:`submit` from the trio thread; run :meth:`run`."""
+
+    def __init__(self, replicas: Sequence[str], meta: PartitionMetaStore, cluster_key: uuid.UUID,
+                 partition: int = 0, *, connect: Connect, timeout: float = 5.0, retry_interval: float = 0.2,
+                 blocking: Callable[..., Any] = run_blocking_in_thread, max_batch_bytes: int = 4 << 20,
+                 max_inflight: int = 32, retain_bytes: int = 64 << 20, catchup_bytes: int = 1 << 20) -> None:
+        if len(set(replicas)) != len(replicas) or not replicas:
+            raise ReplicationError(f"replicas {list(replicas)} must be distinct and at least one")
+        self.replicas = list(replicas)
+        self.quorum = quorum_size(len(self.replicas))
+        self.meta = meta
+        self.cluster_key = cluster_key
+        self.partition = partition
+        self.connect = connect
+        self.timeout = timeout
+        self.retry_interval = retry_interval
+        self.blocking = blocking
+        self.max_batch_bytes = max_batch_bytes
+        self.max_inflight = max_inflight
+        self.retain_bytes = retain_bytes
+        self.catchup_bytes = catchup_bytes
+        self.session = 0
+        self.meta_version = 0
+        self.replica_states: dict[str, ReplicaState] = {}
+        self.end_lsn = 0  # next LSN to assign
+        self.committed = -1  # highest acknowledged LSN
+        self.links: dict[str, Link] = {}
+        self.queue: list[tuple[Sequence[rec.Record], Done]] = []
+        self.inflight: deque[Batch] = deque()
+        self.retained: deque[Batch] = deque()
+        self._retained_bytes = 0
+        self.fenced: SessionFenced | None = None
+        self.writable = trio.Event()
+        self._wake = trio.Event()
+        self._progress = trio.Event()
+        self._broken: BaseException | None = None
+        self._session_scope: trio.CancelScope | None = None
+        self._nursery_ref: trio.Nursery
+        self.sessions_started = 0
+        self.listeners: list[Callable[[Sequence[rec.Record]], None]] = []
+
+    # --- public (trio thread) ---------------------------------------------------------------
+
+    def submit(self, records: Sequence[rec.Record], done: Done) -> None:
+        """Queue records; ``done(last_lsn, None)`` once a quorum made them durable, or
+        ``done(-1, error)`` (QuorumLost, SessionFenced): then they were not acknowledged."""
+        if self.fenced is not None:
+            done(-1, self.fenced)
+            return
+        if not self.writable.is_set():
+            done(-1, QuorumLost(f"partition {self.partition}: no write quorum right now (recovering a new "
+                                f"store session over {self.replicas}); nothing was written, retry later"))
+            return
+        self.queue.append((records, done))
+        self._wake.set()
+
+    def fence(self, why: str) -> None:
+        """Stop for good: another coordinator (or a lost ZooKeeper session) superseded us."""
+        if self.fenced is None:
+            self.fenced = SessionFenced(f"partition {self.partition} session {self.session}: {why}; this "
+                                        "coordinator was superseded and must stop (open a new one to write)")
+            log.warning("%s", self.fenced)
+        self._fail_all(self.fenced)
+        if self._session_scope is not None:
+            self._session_scope.cancel()
+
+    def in_sync(self) -> list[str]:
+        return [a for a, link in self.links.items() if link.state == "in_sync"]
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Recover, write, and on quorum loss recover again; returns only when fenced."""
+        started = False
+        while self.fenced is None:
+            self.writable = trio.Event()
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._session_scope = nursery.cancel_scope
+                    await self._start_session(nursery)
+                    if not started:
+                        task_status.started()
+                        started = True
+                    await self._write_loop()
+            except* SessionFenced as group:
+                self.fence(str(group.exceptions[0]))
+            except* (MetadataError, ReplicaUnavailable) as group:
+                log.warning("partition %d: starting a session failed: %s", self.partition, group.exceptions[0])
+                await trio.sleep(self.retry_interval)
+            if self._broken is not None:
+                log.warning("partition %d: session %d ended: %s", self.partition, self.session, self._broken)
+        if not started:
+            task_status.started()
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    async def _start_session(self, nursery: trio.Nursery) -> None:
+        self._broken = None
+        res = await recover(self, nursery)
+        self.session = res.session_id
+        self.meta_version = res.meta_version
+        self.replica_states = dict(res.meta.replicas)
+        self.end_lsn = res.closing_hwm + 1
+        self.committed = res.closing_hwm
+        self.inflight.clear()
+        self.retained.clear()
+        self._retained_bytes = 0
+        self.links = {a: Link(a) for a in self.replicas}
+        for a, conn in res.clean.items():
+            link = self.links[a]
+            link.conn, link.state, link.acked = conn, "in_sync", res.closing_hwm
+        self._nursery_ref = nursery
+        for link in self.links.values():
+            if link.state == "down":
+                self._spawn_catch_up(link)
+        nursery.start_soon(self._watchdog)
+        self.sessions_started += 1
+        if len(res.clean) < self.quorum:
+            raise_quorum = QuorumLost(f"partition {self.partition}: only {sorted(res.clean)} are clean after "
+                                      f"recovery; a quorum of {self.quorum} is needed")
+            self._broken = raise_quorum
+            await trio.sleep(self.retry_interval)
+            nursery.cancel_scope.cancel()
+            return
+        self.writable.set()
+
+    async def _watchdog(self) -> None:
+        """Drop a replica whose oldest unacknowledged append is older than ``timeout``: a
+        node that stopped answering (partitioned, hung) must not hold the session up."""
+        while True:
+            await trio.sleep(self.timeout / 4)
+            now = trio.current_time()
+            for link in list(self.links.values()):
+                if link.state != "down" and link.unacked and now - link.unacked[0][1] > self.timeout:
+                    self._drop(link, f"no reply to an append within {self.timeout}s")
+
+    async def _write_loop(self) -> None:
+        while True:
+            while not self.queue:
+                await self._wake.wait()
+                self._wake = trio.Event()
+            while len(self.inflight) >= self.max_inflight:
+                await self._progress.wait()
+            self._send_batch()
+            await trio.lowlevel.checkpoint()
+
+    def _send_batch(self) -> None:
+        taken: list[tuple[Sequence[rec.Record], Done]] = []
+        size = 0
+        while self.queue and (not taken or size < self.max_batch_bytes):
+            item = self.queue.pop(0)
+            taken.append(item)
+            size += sum(r.frame_size for r in item[0])
+        first = self.end_lsn
+        parts: list[bytes] = []
+        sizes: list[int] = []
+        lsn = first
+        for records, _ in taken:
+            for r in records:
+                r.lsn = lsn
+                frame = rec.encode(r, lsn)
+                parts.append(frame)
+                sizes.append(len(frame))
+                lsn += 1
+        if lsn == first:  # only empty submissions: acknowledge at the current end
+            for _, done in taken:
+                done(self.committed, None)
+            return
+        batch = Batch(first, lsn - 1, b"".join(parts), sizes, taken)
+        self.end_lsn = lsn
+        self.inflight.append(batch)
+        for link in self.links.values():
+            if link.state in ("joining", "in_sync") and link.conn is not None:
+                self._send_to(link, batch)
+
+    def _send_to(self, link: Link, batch: Batch) -> None:
+        conn = link.conn
+        assert conn is not None
+        link.unacked.append((batch.last, trio.current_time()))
+        conn.request(MsgType.APPEND, self.session, batch.first, 0, batch.payload,
+                     on_reply=lambda call, link=link, batch=batch, conn=conn: self._on_append(link, conn, batch, call))
+
+    def _on_append(self, link: Link, conn: ReplicaConnection, batch: Batch, call: Call) -> None:
+        if link.conn is not conn:
+            return  # a reply from a connection this link already gave up on
+        resp = call.response
+        if call.error is not None or resp is None or not resp.ok:
+            if resp is not None and resp.status == Status.FENCED:
+                self.fence(f"storage node {link.address} says {resp.message}")
+                return
+            why = str(call.error) if call.error is not None else f"{resp.status.name}: {resp.message}"
+            self._drop(link, why)
+            return
+        link.acked = max(link.acked, batch.last)
+        while link.unacked and link.unacked[0][0] <= link.acked:
+            link.unacked.popleft()
+        if link.state == "in_sync":
+            for b in self.inflight:
+                if b.last <= link.acked:
+                    b.acks.add(link.address)
+        self._advance()
+
+    def _advance(self) -> None:
+        while self.inflight and len(self.inflight[0].acks) >= self.quorum:
+            b = self.inflight.popleft()
+            self.committed = b.last
+            for records, done in b.waiters:
+                for listener in self.listeners:
+                    listener(records)
+                done(records[-1].lsn if records else b.last, None)
+            b.waiters = []
+            self.retained.append(b)
+            self._retained_bytes += len(b.payload)
+            while self._retained_bytes > self.retain_bytes and len(self.retained) > 1:
+                self._retained_bytes -= len(self.retained.popleft().payload)
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def _drop(self, link: Link, why: str) -> None:
+        """The replica left the write set: catch it up in the background; check the quorum."""
+        if link.state == "down":
+            return
+        log.warning("partition %d: replica %s dropped: %s", self.partition, link.address, why)
+        if link.conn is not None:
+            link.conn.kill(why)
+        link.conn, link.state = None, "down"
+        link.unacked.clear()
+        if self._session_scope is not None and self.fenced is None and self._broken is None:
+            if len(self.in_sync()) < self.quorum:
+                self._lose_quorum(f"replica {link.address} failed ({why})")
+                return
+            self._spawn_catch_up(link)
+
+    def _spawn_catch_up(self, link: Link) -> None:
+        if not link.catching_up:
+            link.catching_up = True
+            self._nursery_ref.start_soon(self._catch_up, link)
+
+    def _lose_quorum(self, why: str) -> None:
+        err = QuorumLost(f"partition {self.partition} session {self.session}: {why}; only "
+                         f"{self.in_sync() or 'no replicas'} remain in sync, fewer than a quorum of {self.quorum} "
+                         f"of {self.replicas}. Unacknowledged appends were not acknowledged (they may or may "
+                         "not survive recovery); a new store session is being recovered, retry")
+        self._broken = err
+        self.writable = trio.Event()
+        self._fail_all(err)
+        assert self._session_scope is not None
+        self._session_scope.cancel()
+
+    def _fail_all(self, err: BaseException) -> None:
+        pending = [w for b in self.inflight for w in b.waiters] + self.queue
+        for b in self.inflight:
+            b.waiters = []
+        self.queue = []
+        for _records, done in pending:
+            done(-1, err)
+
+    # --- catch-up ---------------------------------------------------------------------------
+
+    async def _catch_up(self, link: Link) -> None:
+        """Reconnect a replica, bring it to the current end, then let it back in."""
+        try:
+            await self._catch_up_loop(link)
+        finally:
+            link.catching_up = False
+
+    async def _catch_up_loop(self, link: Link) -> None:
+        while self.fenced is None:
+            try:
+                await self._catch_up_once(link)
+                return
+            except (ReplicaUnavailable, OSError) as exc:
+                log.info("partition %d: catching up %s failed (%s); retrying", self.partition, link.address, exc)
+                if link.conn is not None:
+                    link.conn.kill(str(exc))
+                link.conn, link.state = None, "down"
+                await trio.sleep(self.retry_interval)
+            except SessionFenced as exc:
+                self.fence(str(exc))
+                return
+
+    async def _catch_up_once(self, link: Link) -> None:
+        conn, max_lsn, _ = await open_replica(self, self._nursery_ref, link.address, self.session,
+                                              self.replica_states)
+        link.conn, link.state, link.acked = conn, "catching", max_lsn
+        nxt = max_lsn + 1
+        while True:
+            mem_first = self.retained[0].first if self.retained else (
+                self.inflight[0].first if self.inflight else self.end_lsn)
+            if nxt >= mem_first:
+                break
+            sources = [self.links[a].conn for a in self.in_sync() if self.links[a].conn is not None]
+            if not sources:
+                raise ReplicaUnavailable("no in-sync replica to catch up from")
+            await copy_records(self, sources[0], conn, self.session, nxt, min(mem_first, self.committed + 1))
+            nxt = min(mem_first, self.committed + 1)
+            link.acked = max(link.acked, nxt - 1)  # copy_records waited for each APPEND's durable reply
+        # From memory, without yielding: every batch from nxt on, then the live stream.
+        last_sent = nxt - 1
+        for b in list(self.retained) + list(self.inflight):
+            if b.last < nxt:
+                continue
+            if b.first < nxt:
+                payload, _ = self.clip(b.payload, nxt, b.last + 1)
+                part = Batch(nxt, b.last, payload, [], [])
+                self._send_to(link, part)
+            else:
+                self._send_to(link, b)
+            last_sent = b.last
+        link.state = "joining"
+        while link.acked < last_sent:
+            if link.conn is not conn or link.state == "down":
+                raise ReplicaUnavailable(f"replica {link.address} failed while catching up")
+            await self._progress.wait()
+        # Counted only once the metadata says it is engaged in this session (see module doc).
+        states = dict(self.replica_states)
+        states[link.address] = ReplicaState(self.session, UNRESOLVED)
+        meta, version = await self.blocking(self.meta.load)
+        if version != self.meta_version or meta.session_id != self.session:
+            raise SessionFenced(f"the partition metadata moved to session {meta.session_id} (version {version})")
+        meta.replicas = states
+        try:
+            self.meta_version = await self.blocking(self.meta.save, meta, version)
+        except MetadataConflict as exc:
+            raise SessionFenced("the partition metadata changed under this session") from exc
+        except MetadataError as exc:
+            raise ReplicaUnavailable(f"cannot record {link.address} as caught up: {exc}") from exc
+        self.replica_states = states
+        if link.conn is conn and link.state == "joining":
+            link.state = "in_sync"
+            for b in self.inflight:
+                if b.last <= link.acked:
+                    b.acks.add(link.address)
+            self._advance()
+            log.info("partition %d: replica %s caught up and back in sync", self.partition, link.address)
+
+    # --- helpers used by recovery ---------------------------------------------------------
+
+    def check_status(self, resp: Response, address: str, what: str) -> None:
+        if resp.status == Status.OK:
+            return
+        if resp.status == Status.FENCED:
+            raise SessionFenced(f"storage node {address} refused {what}: {resp.message}")
+        if resp.status == Status.WRONG_CLUSTER:
+            raise ReplicationError(f"storage node {address} refused {what}: {resp.message}")
+        raise ReplicaUnavailable(f"storage node {address} refused {what}: {resp.status.name}: {resp.message}")
+
+    @staticmethod
+    def clip(payload: bytes, start: int, stop: int) -> tuple[bytes, int]:
+        """The frames of ``payload`` with LSN in [start, stop), and how many there are."""
+        view = memoryview(payload)
+        pos = 0
+        begin = end = -1
+        count = 0
+        while pos < len(payload):
+            head = rec.decode_header(view, pos)
+            if head is None:
+                raise ReplicaUnavailable(f"damaged record frame at payload offset {pos}")
+            if start <= head.lsn < stop:
+                if begin < 0:
+                    begin = pos
+                end = pos + head.frame_size
+                count += 1
+            pos += head.frame_size
+        return (bytes(view[begin:end]) if begin >= 0 else b""), count
+
+    async def read(self, start: int, max_bytes: int = 1 << 20) -> bytes:
+        """Committed record frames from ``start`` (up to the committed end), from an in-sync replica."""
+        if start > self.committed:
+            return b""
+        for a in self.in_sync():
+            conn = self.links[a].conn
+            if conn is None:
+                continue
+            try:
+                resp = await conn.call(MsgType.READ, self.session, start, max_bytes)
+            except ReplicaUnavailable:
+                continue
+            if resp.ok:
+                return self.clip(resp.payload, start, self.committed + 1)[0]
+        raise QuorumLost(f"partition {self.partition}: no in-sync replica answered a read at LSN {start}")
