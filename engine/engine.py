@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from sediment.engine import replay as replay_mod
 from sediment.engine.catalog import Catalog, RelationEntry
+from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, FeedLog, Subscription
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.metadata import MetadataStore
 from sediment.engine.schema import check_name, check_schema, conform_updates, time_range, update_schema
@@ -96,6 +97,7 @@ class _Relation:
     tail: list[TailEntry] = field(default_factory=list)
     progress: list[tuple[int, int]] = field(default_factory=list)  # (lsn, t) of close records not in the trace
     seal_ticket: Any = None
+    feed: FeedLog | None = None
 
     def needs_from(self) -> int | None:
         """The least LSN of this relation's records that are not yet in its trace."""
@@ -230,7 +232,7 @@ class Engine:
 
     def _register(self, entry: RelationEntry, trace: TraceState | None = None) -> _Relation:
         trace = trace or TraceState(entry.id)
-        rel = _Relation(entry, update_schema(entry.schema), trace)
+        rel = _Relation(entry, update_schema(entry.schema), trace, feed=FeedLog(self._lock))
         rel.sealed = rel.sealed_durable = trace.upper - 1
         self._relations[entry.name] = rel
         self._by_id[entry.id] = rel
@@ -276,6 +278,7 @@ class Engine:
                 rel.sealed = max(rel.sealed, r.t_hi)
                 rel.sealed_durable = max(rel.sealed_durable, r.t_hi)
                 rel.progress.append((r.lsn, r.t_hi))
+                rel.feed.add(PROGRESS, r.lsn, r.t_hi)
         elif kind == RecordKind.BEGIN:
             self._open_txns.setdefault(r.txn_id, [])
             self._txn_first.setdefault(r.txn_id, r.lsn)
@@ -293,6 +296,7 @@ class Engine:
             self._max_time = entry.t_hi
         if rel is not None and entry.lsn >= rel.trace.wal_through:  # below it: already in the trace
             rel.tail.append(entry)
+            rel.feed.add(UPDATES, entry.lsn)
 
     # --- relations -----------------------------------------------------------------------------
 
@@ -519,28 +523,36 @@ class Engine:
         as_of = _check_time(as_of, "as_of")
         with self._lock:
             rel = self._rel(name)
-            if not rel.entry.since <= as_of <= rel.sealed_durable:
-                raise AsOfOutOfRange(
-                    f"as_of {as_of} for {name!r} is outside [since {rel.entry.since}, sealed "
-                    f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "")
-                )
-            trace = rel.trace
-            entries = [e for e in rel.tail if e.t_lo <= as_of]
+            self._check_as_of(rel, as_of)
+            trace, entries = rel.trace, list(rel.tail)
             self._pin()
         try:
-            keys = rel.keys
-            partial = []
-            for ref in (*trace.batches, *trace.pending):
-                if ref.key is not None and ref.lower <= as_of:
-                    table = self.traces.read(rel.entry.id, ref)
-                    if table is not None:
-                        partial.append(consolidate_snapshot(table, keys, as_of))
-            if entries:
-                batches = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
-                tail = pa.Table.from_batches(batches, schema=rel.update_schema)
-                partial.append(consolidate_snapshot(tail, keys, as_of))
+            return self._snapshot_of(rel, trace, entries, as_of)
         finally:
             self._unpin()
+
+    def _check_as_of(self, rel: _Relation, as_of: int) -> None:
+        if not rel.entry.since <= as_of <= rel.sealed_durable:
+            raise AsOfOutOfRange(
+                f"as_of {as_of} for {rel.entry.name!r} is outside [since {rel.entry.since}, sealed "
+                f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "")
+            )
+
+    def _load_tail(self, rel: _Relation, entries: list[TailEntry]) -> pa.Table:
+        parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+        return pa.Table.from_batches(parts, schema=rel.update_schema)
+
+    def _snapshot_of(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+        keys = rel.keys
+        partial = []
+        for ref in (*trace.batches, *trace.pending):
+            if ref.key is not None and ref.lower <= as_of:
+                table = self.traces.read(rel.entry.id, ref)
+                if table is not None:
+                    partial.append(consolidate_snapshot(table, keys, as_of))
+        entries = [e for e in entries if e.t_lo <= as_of]
+        if entries:
+            partial.append(consolidate_snapshot(self._load_tail(rel, entries), keys, as_of))
         if not partial:
             return consolidate_snapshot(rel.update_schema.empty_table(), keys, as_of)
         if len(partial) == 1:
@@ -548,6 +560,58 @@ class Engine:
         combined = pa.concat_tables(partial)
         combined = combined.append_column("time", pa.array([0] * combined.num_rows, pa.int64()))
         return consolidate_snapshot(combined.select(rel.update_schema.names), keys, 0)
+
+    def _updates_after(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], t: int) -> pa.Table:
+        """Every stored update at a time > t, sorted by time."""
+        parts = []
+        for ref in (*trace.batches, *trace.pending):
+            if ref.key is not None and max(ref.upper - 1, ref.since) > t:
+                table = self.traces.read(rel.entry.id, ref)
+                if table is not None:
+                    parts.append(table.filter(pc.greater(table.column("time"), t)))
+        entries = [e for e in entries if e.t_hi > t]
+        if entries:
+            tail = self._load_tail(rel, entries)
+            parts.append(tail.filter(pc.greater(tail.column("time"), t)))
+        table = pa.concat_tables([p.select(rel.update_schema.names).cast(rel.update_schema) for p in parts]) \
+            if parts else rel.update_schema.empty_table()
+        return table.sort_by([("time", "ascending")])
+
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> Subscription:
+        """A feed of the relation: a ``snapshot`` event at ``as_of`` (default: the sealed
+        frontier; skipped with ``resume``), an ``updates`` event with every stored update
+        after ``as_of``, a ``progress`` event for the sealed frontier, then every update and
+        progress record as it becomes durable, in order, with no gap and no repeat. Writers
+        never wait for a subscriber; a slow one catches up from the WAL. See
+        :mod:`sediment.engine.feed`."""
+        with self._lock:
+            rel = self._rel(name)
+            as_of = rel.sealed_durable if as_of is None else _check_time(as_of, "as_of")
+            self._check_as_of(rel, as_of)
+            trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
+            feed = rel.feed
+
+            def load(lsn: int) -> pa.Table:
+                return pa.Table.from_batches([self._decode(rel, self._log.read(lsn))])
+
+            sub = Subscription(feed, feed.next_seq, [], load, lambda: not self._closed)
+            self._pin()
+        try:
+            initial = []
+            if not resume:
+                initial.append(FeedEvent(SNAPSHOT, as_of, self._snapshot_of(rel, trace, entries, as_of)))
+            later = self._updates_after(rel, trace, entries, as_of)
+            if later.num_rows:
+                initial.append(FeedEvent(UPDATES, int(later.column("time")[0].as_py()), later))
+            if sealed > as_of:
+                initial.append(FeedEvent(PROGRESS, sealed))
+        except BaseException:
+            sub.close()
+            raise
+        finally:
+            self._unpin()
+        sub._pending.extend(initial)
+        return sub
 
     def plan_read(self, name: str, as_of: int, *, from_t: int | None = None,
                   lease_seconds: float = 600.0) -> ReadPlan:
@@ -665,6 +729,7 @@ class Engine:
                 self._merge_relation(rel)
             with self._lock:
                 needed = [n for n in (r.needs_from() for r in self._relations.values()) if n is not None]
+                needed += [n for n in (r.feed.oldest_lsn() for r in self._relations.values()) if n is not None]
                 point = cmp.trim_point(cut.safe, [*needed, *self._txn_first.values()])
                 self._trim_to = max(self._trim_to or 0, point)
         self._collect()
@@ -733,6 +798,9 @@ class Engine:
             self._compacter.stop()
         with self._compact_lock, self._lock:
             self._closed = True
+            for rel in self._relations.values():
+                rel.feed.closed = True
+                rel.feed.changed.notify_all()
         self._release_all()
 
     def _release_all(self) -> None:

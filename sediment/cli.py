@@ -402,6 +402,33 @@ def cmd_read(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Print the relation's changes as they become durable: CSV lines ``event,time,<columns>,diff``
+    (``snapshot`` rows first, then ``update`` rows and ``progress`` lines), until interrupted,
+    ``--count`` events, or ``--idle-timeout`` seconds without one."""
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    with _open(args) as engine:
+        names = engine.schema(args.name).names
+        out.writerow(["event", "time", *names, "diff"])
+        sys.stdout.flush()
+        seen = 0
+        with engine.subscribe(args.name, args.as_of) as sub:
+            while args.count is None or seen < args.count:
+                event = sub.next(timeout=args.idle_timeout)
+                if event is None:
+                    break
+                seen += 1
+                if event.kind == "progress":
+                    out.writerow(["progress", event.time, *([""] * len(names)), ""])
+                else:
+                    kind = "snapshot" if event.kind == "snapshot" else "update"
+                    for row in event.table.to_pylist():
+                        when = event.time if kind == "snapshot" else row["time"]
+                        out.writerow([kind, when, *(row[n] for n in names), row["diff"]])
+                sys.stdout.flush()
+    return 0
+
+
 # --- verify ---------------------------------------------------------------------------------
 
 
@@ -518,6 +545,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("since", cmd_since, "advance the compaction frontier to T (reads below T become impossible)")
     p.add_argument("name", metavar="NAME")
     p.add_argument("t", type=_time_arg, metavar="T")
+
+    p = command("tail", cmd_tail, "print the relation's changes as they become durable (a feed)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--as-of", type=_time_arg, default=None, metavar="T",
+                   help="start with the snapshot at T (default: the sealed frontier)")
+    p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N events")
+    p.add_argument("--idle-timeout", type=float, default=None, metavar="S",
+                   help="stop after S seconds without an event (default: never)")
 
     p = command("compact", cmd_compact, "turn the WAL into batches, merge them, and trim the WAL now")
     p.add_argument("name", metavar="NAME", nargs="?", default=None)

@@ -133,7 +133,12 @@ class ReplicatedLog:
 
         if self._closed:
             raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
-        trio.from_thread.run_sync(self.coordinator.submit, list(records), done, trio_token=self._token)
+        try:
+            trio.from_thread.run_sync(self.coordinator.submit, list(records), done, trio_token=self._token)
+        except trio.RunFinishedError:
+            # The coordinator stopped: it was fenced (the usual reason) or the log was closed.
+            done(-1, self.coordinator.fenced or EngineClosed(
+                f"the replicated log of partition {self.partition} stopped; open a new one"))
         return ticket
 
     def append(self, records: Sequence[rec.Record]) -> int:
