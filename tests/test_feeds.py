@@ -36,7 +36,7 @@ class Consumer:
             self.future += [(r["k"], r["v"], r["time"], r["diff"]) for r in event.table.to_pylist()]
         else:
             t = event.time
-            for k, v, time, d in [u for u in self.future if u[2] <= t]:
+            for k, v, _time, d in [u for u in self.future if u[2] <= t]:
                 self.state[(k, v)] += d
             self.future = [u for u in self.future if u[2] > t]
             mine = sorted((k, v, d) for (k, v), d in self.state.items() if d)
