@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -171,6 +172,49 @@ class FileBlobStore:
             raise
         except OSError as e:
             raise self._io_error("put_if_absent", key, e) from e
+
+    def spill_path(self) -> str:
+        """A fresh temporary file name inside the store (same file system, so :meth:`put_file`
+        can link it into place; swept like any other temporary if a crash leaves it)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return str(self.root / f"spill-{secrets.token_hex(8)}{TEMP_SUFFIX}")
+
+    def put_file(self, key: str, path: str, *, if_absent: bool = False) -> None:
+        """Store the contents of the local file ``path`` under ``key`` without reading it into
+        memory: fsync it, then link it into place (copying only across file systems)."""
+        target = self._path(key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = Path(path)
+            if src.parent.resolve() != target.parent.resolve():
+                tmp = target.with_name(f"{target.name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
+                try:
+                    os.link(src, tmp)
+                except OSError:  # another file system: copy
+                    shutil.copyfile(src, tmp)
+            else:
+                tmp = src
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                if if_absent:
+                    os.link(tmp, target)
+                else:
+                    os.replace(tmp, target)
+            except FileExistsError:
+                raise BlobAlreadyExists(
+                    f"an object already exists at {self._where(key)}; put_if_absent never replaces one") from None
+            finally:
+                if tmp != src:
+                    Path(tmp).unlink(missing_ok=True)
+            _fsync_dir(target.parent)
+        except BlobError:
+            raise
+        except OSError as e:
+            raise self._io_error("put_file", key, e) from e
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -124,6 +124,8 @@ class Engine:
         *,
         wal: str = "file",
         wal_capacity: int | None = None,
+        replicas: list[str] | None = None,
+        cluster_key: str | None = None,
         segment_bytes: int = 64 << 20,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         metadata: str | MetadataStore | None = None,
@@ -164,7 +166,15 @@ class Engine:
             self.catalog = Catalog(self._meta)
             self._epoch = self.catalog.next_epoch()
             self._txn_counter = 0
-            self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity)
+            if replicas:
+                from sediment.wal.replicated_log import ReplicatedLog
+
+                if metadata is None:
+                    raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
+                                     "metadata='zk://127.0.0.1:2181/sediment'")
+                self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key)
+            else:
+                self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity)
             for entry in self.catalog.load().values():
                 rel = self._register(entry, self.traces.load(entry.id))
                 self._max_time = max(self._max_time, rel.trace.upper - 1,

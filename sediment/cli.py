@@ -573,6 +573,10 @@ def build_parser() -> argparse.ArgumentParser:
     from sediment.serve import add_serve_parser  # the network coordinator: sediment/serve.py
 
     add_serve_parser(command)
+
+    from sediment.wal.storage_node import add_storage_node_parser  # a replica of replicated partitions
+
+    add_storage_node_parser(sub)
     return parser
 
 

@@ -119,8 +119,12 @@ class TraceStore:
         if not inputs:
             return BatchRef(None, lower, upper, level=level)
         desc = BatchDescription(relation_id, lower, upper, since, 0, level=level)
-        fd, path = tempfile.mkstemp(prefix="sediment-merge-", suffix=".parquet", dir=self.spill_dir)
-        os.close(fd)
+        spill = getattr(self.blobs, "spill_path", None)
+        if spill is not None:
+            path = spill()
+        else:
+            fd, path = tempfile.mkstemp(prefix="sediment-merge-", suffix=".parquet", dir=self.spill_dir)
+            os.close(fd)
         try:
             final = merge_to_batch(inputs, key_columns, schema, desc, path, chunk_rows=chunk_rows)
             if final.rows == 0:
@@ -135,7 +139,8 @@ class TraceStore:
                     self.blobs.put_if_absent(key, f.read())
             return BatchRef(key, lower, upper, final.rows, size, level, since)
         finally:
-            os.unlink(path)
+            if os.path.exists(path):
+                os.unlink(path)
 
     def read_stream(self, relation_id: int, ref: BatchRef) -> Iterator[pa.Table]:
         """A batch's row groups one at a time, each checked against the trace state."""
