@@ -27,7 +27,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python bench/append.py
+	$(BIN)/python bench/append.py --quick
+	$(BIN)/python bench/compact.py --quick
+	$(BIN)/python bench/replay.py --quick
+	$(BIN)/python bench/device.py --quick
+	$(BIN)/python bench/replication.py
 
 clean:
 	rm -rf $(VENV) sediment-data

@@ -4,7 +4,7 @@
 
 Writers append one record each per call, concurrently, so group commit (FileLog) and
 batching plus pipelining (coordinator and nodes) both get to work. Results go in
-docs/benchmarks-replication.md.
+docs/benchmarks.md.
 """
 
 from __future__ import annotations

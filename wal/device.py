@@ -3,7 +3,7 @@ or a preallocated file, written with Direct I/O by a small pool of threads.
 
 Why a ring: the WAL only buffers what the compacter has not yet turned into batches,
 so a fixed region reused round and round needs no file system, no allocation and no
-file deletion, and recovery reads one contiguous range. See docs/formats-device.md
+file deletion, and recovery reads one contiguous range. See docs/formats.md ("Device WAL format")
 for the byte layout and the recovery rules; the short version:
 
 * LSN = the record's logical byte offset; it only grows. Physical position =
@@ -85,7 +85,7 @@ def _align_down(x: int, a: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class RingHeader:
-    """One copy of the ring header (see docs/formats-device.md, "Header slot")."""
+    """One copy of the ring header (see docs/formats.md ("Device WAL format"), "Header slot")."""
 
     block_size: int
     capacity: int

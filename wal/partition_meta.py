@@ -1,7 +1,7 @@
 """Partition metadata of a replicated partition, kept in a MetadataStore (Waltz's znode).
 
 Key ``store/partition/<id>`` (under a ZooKeeper store's root: ``<root>/store/partition/<id>``).
-Value: UTF-8 JSON, documented in docs/formats-replication.md::
+Value: UTF-8 JSON, documented in docs/formats.md ("Replication formats")::
 
     {"format": 1, "generation": 0, "session_id": 7,
      "replicas": {"127.0.0.1:7001": {"session_id": 7, "closing_hwm": -2}, ...}}

@@ -1,6 +1,6 @@
 """The storage-node wire protocol: framed, versioned, checksummed messages (pure; no sockets).
 
-Every message is one frame (docs/formats-replication.md). All integers little-endian.
+Every message is one frame (docs/formats.md ("Replication formats")). All integers little-endian.
 
     off size field
       0    4 magic      b"SDRP"
