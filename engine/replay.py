@@ -47,7 +47,11 @@ def time_ordered(
             rest = table.filter(pc.invert(below))
             if rest.num_rows:
                 keep.append(rest)
-        out = pa.concat_tables(take).sort_by([("time", "ascending")]) if take else None
+        out = pa.concat_tables(take) if take else None
+        if out is not None and out.num_rows > 1:
+            lo, hi = pc.min_max(out.column("time")).values()
+            if lo != hi:  # one time only (say, all advanced to since): already in order
+                out = out.sort_by([("time", "ascending")])
         if out is not None and out.num_rows:
             yield from out.cast(schema).to_batches(max_chunksize=batch_rows)
         active = keep

@@ -6,8 +6,9 @@ Kept apart from :mod:`sediment.server` so that building the CLI parser does not 
 Arrow Flight; the server is imported only when ``serve`` runs. Prints one line,
 ``serving <data-dir> on grpc://HOST:PORT``, once clients can connect (scripts and
 tests wait for it; ``--listen HOST:0`` picks a free port and the line names it), and
-serves until SIGTERM or SIGINT. Then it stops listening, lets calls under way finish,
-aborts the transactions clients left open and closes the engine, exiting 0.
+serves until SIGTERM or SIGINT. Then it stops listening, lets calls under way finish
+(for at most ``--shutdown-grace`` seconds), aborts the transactions clients left open
+and closes the engine, exiting 0.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 DEFAULT_LISTEN = "127.0.0.1:8815"
+DEFAULT_GRACE = 30.0
 
 
 def _listen_arg(text: str) -> tuple[str, int]:
@@ -44,6 +46,9 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p.add_argument("--token", default=None, metavar="T",
                    help="the shared secret every client must send (default $SEDIMENT_TOKEN; prefer the "
                         "variable: a command line is visible to other users)")
+    p.add_argument("--shutdown-grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS",
+                   help=f"on SIGTERM, how long calls under way may take to finish before they are cut off "
+                        f"(default {DEFAULT_GRACE:g})")
     return p
 
 
@@ -65,6 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    clean = True
     try:
         engine = _open(args, create=True)
         try:
@@ -75,11 +81,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
                       file=sys.stderr, flush=True)
             finally:
-                server.stop()
+                clean = server.stop(grace=args.shutdown_grace)
         finally:
             engine.close()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print(f"stopped serving {_data_dir(args)}", flush=True)
+    if not clean:
+        # the engine is closed and everything acknowledged is durable; what is left are gRPC
+        # threads blocked on clients that stopped reading, which would hang the interpreter's exit
+        print(f"sediment serve: calls still running after {args.shutdown_grace:g} s were cut off",
+              file=sys.stderr, flush=True)
+        os._exit(0)
     return 0

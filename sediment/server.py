@@ -73,6 +73,7 @@ DEFAULT_LOCATION = "grpc://127.0.0.1:0"
 # builtin exceptions the engine raises on purpose (bad argument types and values); anything
 # else that is not a sediment error comes back as sediment.client.ServerError
 BUILTIN_ERRORS = ("ValueError", "TypeError", "KeyError", "LookupError", "IndexError")
+LOCAL_STOP_GRACE = 10.0  # seconds serve_local's close() waits for calls still running
 _FINISHED_TXN_STATES = 4096  # how many finished transactions' states the server remembers
 
 log = logging.getLogger(__name__)
@@ -395,26 +396,48 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     # --- stopping ------------------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stop listening (waiting for calls under way), abort transactions left open, drop staged
-        tables, and close the engine if this server owns it. Idempotent."""
+    def stop(self, grace: float | None = None) -> bool:
+        """Stop listening, abort the transactions clients left open, drop staged tables, and
+        close the engine if this server owns it. Idempotent.
+
+        Calls under way are waited for: without ``grace``, for as long as they take (a client
+        that stops reading a large stream holds them up); with ``grace``, for that many
+        seconds, after which the transactions are aborted and the engine closed under the
+        calls still running (they fail). Returns False in that case, True when all calls
+        finished in time. gRPC finishes the shutdown once those clients go away."""
         with self._lock:
             if self._stopped:
-                return
+                return True
             self._stopped = True
-        try:
-            self.shutdown()
-        finally:
-            with self._lock:
-                open_txns, self._txns = list(self._txns.values()), {}
-                self._stages.clear()
-            for tx in open_txns:
-                try:
-                    tx.abort()
-                except Exception as exc:  # noqa: BLE001 - replay discards it at the next open anyway
-                    log.warning("could not abort transaction %#x at server stop: %s", tx.id, exc)
-            if self._close_engine:
-                self.engine.close()
+        finished = threading.Event()
+
+        def shut_down() -> None:
+            try:
+                self.shutdown()
+            except Exception as exc:  # noqa: BLE001 - a failed shutdown must not keep the engine open
+                log.warning("sediment server on %s: shutdown failed: %s", self.uri, exc)
+            finally:
+                finished.set()
+
+        if grace is None:
+            shut_down()
+        else:
+            threading.Thread(target=shut_down, name="sediment-server-shutdown", daemon=True).start()
+            finished.wait(max(0.0, grace))
+        clean = finished.is_set()
+        if not clean:
+            log.warning("sediment server on %s: calls still running after %.1f s are cut off", self.uri, grace)
+        with self._lock:
+            open_txns, self._txns = list(self._txns.values()), {}
+            self._stages.clear()
+        for tx in open_txns:
+            try:
+                tx.abort()
+            except Exception as exc:  # noqa: BLE001 - replay discards it at the next open anyway
+                log.warning("could not abort transaction %#x at server stop: %s", tx.id, exc)
+        if self._close_engine:
+            self.engine.close()
+        return clean
 
     @property
     def open_transactions(self) -> list[int]:
@@ -459,6 +482,6 @@ def serve_local(engine: Engine, *, token: str | None = None, close_engine: bool 
     except BaseException:
         server.stop()
         raise
-    client.add_close_callback(server.stop)
+    client.add_close_callback(lambda: server.stop(grace=LOCAL_STOP_GRACE))
     return client
 

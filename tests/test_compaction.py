@@ -329,3 +329,15 @@ def test_read_plan_reproduces_the_snapshot_and_pins_its_batches(eng):
     table = pa.concat_tables([*got, delta.tail.select(got[0].column_names)]) if got else delta.tail
     assert rows(changes(table, delta.key_columns, 6, 8)) == [(0, "b", 8, -1), (1, "a", 7, 1), (1, "b", 7, 1), (2, "a", 8, 1)]
     eng.release_read(delta.lease)
+
+
+@pytest.mark.embedded_only
+def test_unordered_replay_holds_the_same_updates(eng):
+    for t in range(1, 30):
+        eng.append("r", ups([(t % 4, "u", t, 1), (t % 3, "w", 31 - t, 1)]))
+    eng.seal("r", 15)
+    eng.compact()
+    ordered = rows(pa.Table.from_batches(list(eng.replay("r"))))
+    unordered = rows(pa.Table.from_batches(list(eng.replay("r", ordered=False))))
+    assert sorted(ordered) == sorted(unordered)
+    assert [r[2] for r in ordered] == sorted(r[2] for r in ordered)
