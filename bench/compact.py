@@ -363,8 +363,11 @@ def child_main(cfg_path: str) -> None:
     with open(cfg_path) as f:
         cfg = json.load(f)
     from sediment.blob.file import FileBlobStore
+    from sediment.engine.memory import configure_memory_pool
     from sediment.engine.metadata_memory import MemoryMetadataStore
     from sediment.trace import store as store_mod
+
+    configure_memory_pool("system")  # as an engine process does (engine option arrow_memory_pool)
     from sediment.trace.merge import MergeStats
     from sediment.trace.state import BatchRef
 

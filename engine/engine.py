@@ -29,6 +29,7 @@ from sediment.engine import replay as replay_mod
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, FeedLog, Subscription
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
+from sediment.engine.memory import configure_memory_pool
 from sediment.engine.metadata import MetadataStore
 from sediment.engine.schema import check_name, check_schema, conform_updates, time_range, update_schema
 from sediment.errors import (
@@ -136,8 +137,10 @@ class Engine:
         merge_factor: float = 2.0,
         memory_bound: int = DEFAULT_MEMORY_BOUND,
         lock_slots: int = DEFAULT_SLOTS,
+        arrow_memory_pool: str | None = "system",
         repair: bool = False,
     ) -> None:
+        configure_memory_pool(arrow_memory_pool)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_fd = self._take_lock()

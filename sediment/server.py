@@ -196,7 +196,6 @@ class SedimentFlightServer(flight.FlightServerBase):
         parsed = urlparse(location)
         if parsed.scheme not in ("grpc", "grpc+tcp") or not parsed.hostname or parsed.port is None:
             raise ValueError(f"cannot serve on {location!r}: give grpc://HOST:PORT (PORT 0 picks a free port)")
-        super().__init__(location, middleware={"auth": BearerTokenMiddlewareFactory(self._token)})
         self.engine = engine
         self.host = parsed.hostname
         self._close_engine = close_engine
@@ -231,6 +230,11 @@ class SedimentFlightServer(flight.FlightServerBase):
             "release_read": (lambda a: self.engine.release_read(_field(a, "lease", "release_read")),
                              "end a read plan's lease {lease}"),
         }
+        try:  # listens from here on, so everything a handler uses is set above
+            super().__init__(location, middleware={"auth": BearerTokenMiddlewareFactory(self._token)})
+        except pa.ArrowException as exc:  # gRPC only says "Server did not start properly"
+            raise SedimentError(f"could not listen on {location} ({exc}); is the port in use by another process? "
+                                "pick another port (0 picks a free one)") from None
 
     @property
     def uri(self) -> str:

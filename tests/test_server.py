@@ -154,6 +154,11 @@ def test_a_server_needs_a_token(tmp_path, monkeypatch):
         SedimentFlightServer(eng)
 
 
+def test_a_port_in_use_is_a_clear_error(served, tmp_path):
+    with sediment.open(tmp_path / "other") as eng, pytest.raises(errors.SedimentError, match="in use"):
+        SedimentFlightServer(eng, f"grpc://127.0.0.1:{served.server.port}", TOKEN)
+
+
 # --- typed errors ---------------------------------------------------------------------------
 
 
@@ -391,6 +396,33 @@ def test_serve_local_client_close_stops_server_and_engine(tmp_path):
         sediment.connect(uri, token="whatever")
 
 
+def _big(n: int = 200_000) -> pa.Table:
+    """Enough bytes (about 20 MB) that a stream nobody reads fills gRPC's flow-control window."""
+    return pa.table({"id": pa.array(range(n), pa.int64()), "name": pa.array(["x" * 100] * n),
+                     "time": pa.array([1] * n, pa.int64()), "diff": pa.array([1] * n, pa.int64())})
+
+
+def test_stop_with_a_grace_cuts_off_a_stream_nobody_reads(tmp_path):
+    s = Served(str(tmp_path / "data"))
+    c = s.client()
+    c.add_relation("r", SCHEMA)
+    c.append("r", _big())
+    tx = c.transaction()
+    tx.append("r", ups([(1, "open", 2, 1)]))
+    stalled = c.replay("r", batch_rows=1000)
+    next(stalled)  # the server is now blocked writing the rest
+    started = time.monotonic()
+    assert s.server.stop(grace=0.5) is False
+    assert time.monotonic() - started < 10
+    assert s.server.open_transactions == [], "open transactions are aborted even when calls are cut off"
+    stalled.close()  # the client lets go: gRPC finishes its shutdown in the background
+    del stalled
+    s.stop()
+    with sediment.open(tmp_path / "data") as eng:
+        eng.seal("r", 3)
+        assert eng.snapshot("r", 3).num_rows == 200_000
+
+
 # --- `sediment serve` as a real process -----------------------------------------------------
 
 
@@ -476,6 +508,29 @@ def test_sediment_serve_killed_with_an_open_transaction_leaves_nothing_visible(t
     with sediment.open(data) as eng:
         eng.seal("r", 5)
         assert rows(eng.snapshot("r", 5)) == [(1, "a", 1)]
+
+
+def test_sediment_serve_stops_within_its_grace_when_a_client_stops_reading(tmp_path):
+    data = str(tmp_path / "data")
+    proc, uri, lines = _start_serve(data, "--token", TOKEN, "--shutdown-grace", "0.5")
+    try:
+        with sediment.connect(uri, token=TOKEN) as c:
+            c.add_relation("r", SCHEMA)
+            c.append("r", _big())
+            stalled = c.replay("r", batch_rows=1000)
+            next(stalled)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            stalled.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert _rest(lines) == [f"stopped serving {data}"]
+    assert "cut off" in proc.stderr.read()
+    with sediment.open(data) as eng:
+        eng.seal("r", 1)
+        assert eng.snapshot("r", 1).num_rows == 200_000
 
 
 def test_sediment_serve_without_a_token_is_a_usage_error(tmp_path, monkeypatch, capsys):
