@@ -568,7 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="list every file checked")
 
     p = command("demo", cmd_demo, "run a demonstration workload")
-    p.add_argument("--rows", type=_positive_int, default=100_000, metavar="N")
+    p.add_argument("--rows", type=_positive_int, default=1_000_000, metavar="N",
+                   help="about how many updates Spark generates and feeds (default 1000000)")
 
     from sediment.serve import add_serve_parser  # the network coordinator: sediment/serve.py
 

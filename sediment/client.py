@@ -21,6 +21,7 @@ import builtins
 import json
 import math
 import os
+import queue
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -102,6 +103,98 @@ def encode_locks(locks: Any) -> dict[str, Any] | None:
         raise ValueError(f"lock ids must be strings, numbers, booleans or tuples of them to cross the network "
                          f"({exc})") from None
     return spec
+
+
+_END = object()
+
+
+class RemoteSubscription:
+    """A feed from the server, like the engine's Subscription: an iterator of
+    ``sediment.engine.feed.FeedEvent``; ``next(timeout)``; ``last_progress``; close it when
+    done. A background thread reads the stream, so ``next`` can time out; when the server
+    stops, ``next`` raises EngineClosed (subscribe again, with ``resume``, to a new one)."""
+
+    def __init__(self, uri: str, reader: flight.FlightStreamReader) -> None:
+        self._uri = uri
+        self._reader = reader
+        self._events: queue.Queue[Any] = queue.Queue()
+        self._closed = False
+        self.last_progress: int | None = None
+        self._thread = threading.Thread(target=self._pump, name="sediment-feed", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        from sediment.engine.feed import FeedEvent
+
+        parts: list[pa.RecordBatch] = []
+        try:
+            for chunk in self._reader:
+                parts.append(chunk.data)
+                meta = json.loads(chunk.app_metadata.to_pybytes())
+                if not meta["last"]:
+                    continue
+                table = pa.Table.from_batches(parts)
+                parts = []
+                kind, t = meta["kind"], meta["time"]
+                if kind == "progress":
+                    self._events.put(FeedEvent(kind, t))
+                elif kind == "snapshot":
+                    self._events.put(FeedEvent(kind, t, table.drop_columns(["time"])))
+                else:
+                    self._events.put(FeedEvent(kind, t, table))
+            if not self._closed:
+                self._events.put(EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
+                                              "subscribe again with resume=True"))
+        except flight.FlightError as exc:
+            if not self._closed:
+                self._events.put(typed_error(exc))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader of the events
+            if not self._closed:
+                self._events.put(exc)
+        finally:
+            self._events.put(_END)
+
+    def next(self, timeout: float | None = None) -> Any:
+        """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None on
+        timeout or once the subscription is closed."""
+        if self._closed:
+            return None
+        try:
+            item = self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _END:
+            self._events.put(_END)
+            return None
+        if isinstance(item, BaseException):
+            self._events.put(item)  # raise it again on the next call too
+            raise item
+        if item.kind == "progress":
+            self.last_progress = item.time
+        return item
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        event = self.next()
+        if event is None:
+            raise StopIteration
+        return event
+
+    def close(self) -> None:
+        """Stop the feed (the server ends its side); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._reader.cancel()
+        self._thread.join()
+
+    def __enter__(self) -> RemoteSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class RemoteTransaction:
@@ -352,6 +445,13 @@ class Client:
         return ReadPlan(meta["lease"], meta["relation"], meta["relation_id"], tail.schema, meta["key_columns"],
                         meta["since"], meta["sealed"], meta["as_of"], meta["blob_uri"], meta["s3_endpoint"],
                         meta["batches"], tail)
+
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> RemoteSubscription:
+        """A feed of the relation's changes (see :meth:`sediment.Engine.subscribe`)."""
+        with self._remote():
+            reader = self._flight.do_get(self._ticket(op="subscribe", relation=name, as_of=as_of, resume=resume),
+                                         options=self._options)
+        return RemoteSubscription(self.uri, reader)
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease."""

@@ -23,7 +23,11 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   ``{"op": "plan", "relation": NAME, "as_of": T, "from": T|null, "lease_seconds": S}``
   streams the read plan's WAL-tail rows; the stream's schema is the update schema and
   its metadata key ``sediment.plan`` holds the rest of the plan as JSON (lease, relation,
-  relation_id, key_columns, since, sealed, as_of, blob_uri, s3_endpoint, batches).
+  relation_id, key_columns, since, sealed, as_of, blob_uri, s3_endpoint, batches);
+  ``{"op": "subscribe", "relation": NAME, "as_of": T|null, "resume": BOOL}`` streams
+  ``Engine.subscribe``'s events as batches of the update schema, each with app metadata
+  ``{"kind": "snapshot"|"updates"|"progress", "time": T, "last": BOOL}`` (an event may span
+  batches, ``last`` ends it; a snapshot's rows carry time = T; progress is an empty batch).
 * ``do_action``: the type is the operation, the body a JSON object of its arguments, the
   one result ``{"result": ...}``: add_relation {name, schema: base64 Arrow IPC schema},
   drop_relation {name}, relations {}, schema {name} -> base64 IPC schema, seal {name, t},
@@ -74,7 +78,9 @@ DEFAULT_LOCATION = "grpc://127.0.0.1:0"
 # else that is not a sediment error comes back as sediment.client.ServerError
 BUILTIN_ERRORS = ("ValueError", "TypeError", "KeyError", "LookupError", "IndexError")
 LOCAL_STOP_GRACE = 10.0  # seconds serve_local's close() waits for calls still running
-_FINISHED_TXN_STATES = 4096  # how many finished transactions' states the server remembers
+_FINISHED_TXN_STATES = 4096
+FEED_POLL = 1.0  # seconds a feed stream waits for an event before checking that its client is still there
+FEED_BATCH_ROWS = 65536  # how many finished transactions' states the server remembers
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +210,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._finished: OrderedDict[int, str] = OrderedDict()
         self._stages: dict[str, dict[str, list[pa.Table]]] = {}
         self._stopped = False
+        self._subs: set[Any] = set()
         self._actions: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
             "ping": (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": self.engine.data_dir}, "protocol check"),
             "add_relation": (self._add_relation, "create a relation {name, schema: base64 IPC}"),
@@ -379,9 +386,36 @@ class SedimentFlightServer(flight.FlightServerBase):
                 return flight.GeneratorStream(schema, _typed_errors(batches))
             if op == "plan":
                 return self._plan_stream(name, args)
-            raise ValueError(f"unknown do_get op {op!r}: use 'snapshot', 'replay' or 'plan'")
+            if op == "subscribe":
+                schema = update_schema(self.engine.schema(name))
+                sub = self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)))
+                with self._lock:
+                    if self._stopped:
+                        sub.close()
+                        raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
+                    self._subs.add(sub)
+                return flight.GeneratorStream(schema, self._feed(sub, schema, context))
+            raise ValueError(f"unknown do_get op {op!r}: use 'snapshot', 'replay', 'plan' or 'subscribe'")
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
+
+    def _feed(self, sub: Any, schema: pa.Schema, context: flight.ServerCallContext,
+              ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+        """A subscription's events as batches of the update schema, each with app metadata
+        ``{"kind", "time", "last"}``; an event's table may span several batches (``last`` marks
+        its end), a progress event is one empty batch. Wakes every FEED_POLL seconds to notice
+        a client that went away, so its subscription does not pin the feed log forever."""
+        try:
+            while not self._stopped and not context.is_cancelled():
+                event = sub.next(timeout=FEED_POLL)
+                if event is not None:
+                    yield from _event_batches(event, schema)
+        except Exception as exc:  # noqa: BLE001 - every failure goes back typed
+            raise to_flight_error(exc) from exc
+        finally:
+            sub.close()
+            with self._lock:
+                self._subs.discard(sub)
 
     def _plan_stream(self, name: str, args: dict[str, Any]) -> flight.FlightDataStream:
         plan = self.engine.plan_read(name, _field(args, "as_of", "plan ticket"), from_t=args.get("from"),
@@ -413,6 +447,9 @@ class SedimentFlightServer(flight.FlightServerBase):
             if self._stopped:
                 return True
             self._stopped = True
+            subs, self._subs = list(self._subs), set()
+        for sub in subs:  # ends their streams, which would otherwise hold up the shutdown for ever
+            sub.close()
         finished = threading.Event()
 
         def shut_down() -> None:
@@ -454,6 +491,21 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _event_batches(event: Any, schema: pa.Schema) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    """One feed event on the wire (see SedimentFlightServer._feed). A snapshot's rows get
+    ``time`` = the snapshot's time so that every batch has the one update schema."""
+    table = event.table
+    if table is None:
+        table = schema.empty_table()
+    elif "time" not in table.column_names:
+        table = table.append_column("time", pa.array([event.time] * table.num_rows, pa.int64()))
+    batches = table.select(schema.names).cast(schema).to_batches(max_chunksize=FEED_BATCH_ROWS) or \
+        [pa.RecordBatch.from_pylist([], schema=schema)]
+    for i, batch in enumerate(batches):
+        meta = {"kind": event.kind, "time": event.time, "last": i == len(batches) - 1}
+        yield batch, json.dumps(meta).encode()
 
 
 def _typed_errors(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

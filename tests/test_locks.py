@@ -62,7 +62,6 @@ def test_false_conflict_rate_at_the_default_size_is_small():
 
 
 @pytest.mark.embedded_only  # reads eng.wal
-@pytest.mark.embedded_only
 def test_engine_lock_conflict_writes_nothing(open_engine):
     eng = open_engine()
     eng.add_relation("acct", SCHEMA)

@@ -216,8 +216,10 @@ def test_wrong_cluster_key_is_refused(tmp_path: Path) -> None:
     n = Node(tmp_path / "other", key=uuid.uuid4())
     n.start()
     try:
-        with pytest.raises(ReplicationError):
-            ReplicatedLog.open([n.address], MemoryMetadataStore(), 0, KEY, timeout=1.0, open_timeout=3.0)
+        started = time.monotonic()
+        with pytest.raises(ReplicationError, match="belongs to cluster"):
+            ReplicatedLog.open([n.address], MemoryMetadataStore(), 0, KEY, timeout=1.0, open_timeout=30.0)
+        assert time.monotonic() - started < 10, "a definite refusal must not wait for the open timeout"
     finally:
         n.kill()
 

@@ -384,6 +384,42 @@ def test_plan_read_over_the_server_reproduces_the_snapshot(served):
     assert served.engine._leases == {}
 
 
+def test_subscribe_over_the_server_streams_snapshot_updates_progress(tmp_path):
+    s = Served(str(tmp_path / "data"))
+    try:
+        c = s.client()
+        c.add_relation("r", SCHEMA)
+        c.append("r", ups([(1, "a", 1, 1), (2, "b", 1, 1), (3, "later", 9, 1)]))
+        c.seal("r", 1)
+        with pytest.raises(errors.UnknownRelation):
+            c.subscribe("nope")
+        sub = c.subscribe("r")
+        snap, later = sub.next(timeout=10), sub.next(timeout=10)
+        assert (snap.kind, snap.time, rows(snap.table)) == ("snapshot", 1, [(1, "a", 1), (2, "b", 1)])
+        assert (later.kind, rows(later.table)) == ("updates", [(3, "later", 9, 1)])
+        c.append("r", ups([(1, "a", 2, -1)]))
+        c.seal("r", 2)
+        live = [sub.next(timeout=10) for _ in range(2)]
+        assert [(e.kind, e.time) for e in live] == [("updates", 2), ("progress", 2)]
+        assert rows(live[0].table) == [(1, "a", 2, -1)] and sub.last_progress == 2
+        assert sub.next(timeout=0.05) is None
+        sub.close()
+        sub.close()
+        assert sub.next(timeout=0.05) is None
+        deadline = time.monotonic() + 10  # the server notices the cancelled stream and lets go
+        while s.server._subs and time.monotonic() < deadline:
+            threading.Event().wait(0.05)
+        assert not s.server._subs
+        again = c.subscribe("r", as_of=2, resume=True)
+        s.server.stop()
+        with pytest.raises(errors.EngineClosed, match="ended the feed"):
+            while again.next(timeout=10) is not None:
+                pass
+        again.close()
+    finally:
+        s.stop()
+
+
 def test_serve_local_client_close_stops_server_and_engine(tmp_path):
     eng = sediment.open(tmp_path / "d")
     c = serve_local(eng)

@@ -74,12 +74,20 @@ class ReplicatedLog:
                                        connect=tcp_connect, timeout=timeout)
         self.coordinator.listeners.append(self._note)
         self._ready = threading.Event()
+        self._failure: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.CancelScope | None = None
         self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True,
                                         name=f"replicated-log-{partition}")
         self._thread.start()
-        if not self._ready.wait(open_timeout) or not self.coordinator.writable.is_set():
+        ready = self._ready.wait(open_timeout)
+        if self._failure is not None:
+            failure = self._failure
+            self.close()
+            if isinstance(failure, ReplicationError):
+                raise failure
+            raise ReplicationError(f"partition {partition}: the store session failed to start: {failure}") from failure
+        if not ready or not self.coordinator.writable.is_set():
             self.close()
             raise ReplicationError(f"partition {partition}: no write quorum of {list(replicas)} became available "
                                    f"within {open_timeout}s; start the storage nodes and check the cluster key")
@@ -93,11 +101,15 @@ class ReplicatedLog:
 
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        with trio.CancelScope() as self._stop:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.coordinator.run)
-                self._ready.set()
-        self._ready.set()
+        try:
+            with trio.CancelScope() as self._stop:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self.coordinator.run)
+                    self._ready.set()
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller, not lost in a dead thread
+            self._failure = _innermost(exc)
+        finally:
+            self._ready.set()
 
     def _call_soon(self, fn: Callable, *args) -> None:
         if self._token is not None and not self._closed:
@@ -207,3 +219,10 @@ class ReplicatedLog:
                 pass
         self._closed = True
         self._thread.join(timeout=10)
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The first leaf of nested exception groups: the error a caller can act on."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

@@ -1,0 +1,75 @@
+"""A local SparkSession set up the way sediment's jobs, tests and demo need it.
+
+Python Data Sources run their ``read``/``write``/``commit`` in Python workers that
+Spark starts itself, so those workers must run the interpreter that has sediment
+installed (``PYSPARK_PYTHON``); the machine may have no routable address, so Spark
+binds to loopback (``SPARK_LOCAL_IP``); and the UI is off (no port, faster start).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+DEFAULT_MASTER = "local[2]"
+
+
+def python_environment() -> None:
+    """Point Spark's Python workers at this interpreter and Spark itself at loopback, unless
+    the caller already chose (spark-submit on a cluster sets these on purpose)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def local_spark(app_name: str = "sediment", *, master: str | None = None, shuffle_partitions: int = 4,
+                driver_memory: str = "2g", conf: dict[str, Any] | None = None) -> Any:
+    """A SparkSession (``local[2]`` unless ``master`` says otherwise, or one already running)
+    with the sediment data source registered. Few shuffle partitions: the default 200 makes
+    every small consolidation spend most of its time scheduling empty tasks."""
+    python_environment()
+    from pyspark.sql import SparkSession
+
+    from sediment.spark_jobs.datasource import register
+
+    builder = (SparkSession.builder.appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+               .config("spark.driver.memory", driver_memory)
+               .config("spark.driver.host", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
+               .config("spark.sql.session.timeZone", "UTC"))
+    if master is not None or "SPARK_MASTER" not in os.environ and not _submitted():
+        builder = builder.master(master or DEFAULT_MASTER)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, str(value))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def _submitted() -> bool:
+    """Whether spark-submit launched us (it chooses the master; we must not override it)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ or "spark.master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+
+
+def add_connection_args(parser: Any) -> None:
+    """``--uri``, ``--token`` and ``--master``, shared by the jobs' command lines."""
+    parser.add_argument("--uri", default=os.environ.get("SEDIMENT_URI"), required="SEDIMENT_URI" not in os.environ,
+                        help="the coordinator, grpc://HOST:PORT (default $SEDIMENT_URI)")
+    parser.add_argument("--token", default=None,
+                        help="the coordinator's token (default $SEDIMENT_TOKEN; prefer the variable: a command "
+                             "line is visible to other users)")
+    parser.add_argument("--relation", required=True, help="the relation")
+    parser.add_argument("--master", default=None,
+                        help=f"Spark master (default {DEFAULT_MASTER}, or spark-submit's --master)")
+
+
+def token_of(args: Any) -> str:
+    """The token from ``--token`` or $SEDIMENT_TOKEN, or one clear error."""
+    token = args.token or os.environ.get("SEDIMENT_TOKEN")
+    if not token:
+        raise SystemExit("error: no token: pass --token T or set $SEDIMENT_TOKEN")
+    return token

@@ -1,0 +1,76 @@
+"""Fixtures for the Spark tests: one local SparkSession for the whole run, and a coordinator.
+
+``spark`` is a real ``local[2]`` session (UI off, loopback only) with the ``sediment``
+data source registered, started once per test session because a JVM takes seconds to
+start. It depends on ``moto_server`` so that the AWS test credentials are in the
+environment before the JVM starts: Spark's Python workers inherit the JVM's environment,
+and the S3 reads run in them. ``coordinator`` is an engine on the test's directory served
+by a real Flight server on 127.0.0.1 (what ``sediment serve`` runs), with a fresh token.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import sediment
+
+
+@pytest.fixture(scope="session")
+def spark(moto_server: Any) -> Iterator[Any]:
+    """A local[2] SparkSession shared by every Spark test (skipped when PySpark is missing)."""
+    pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
+    from sediment.spark_jobs.session import local_spark
+
+    session = local_spark("sediment-tests", shuffle_partitions=2, driver_memory="1g")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@dataclass
+class Coordinator:
+    """An engine served on a loopback port; ``uri`` and ``token`` are what Spark jobs get."""
+
+    engine: sediment.Engine
+    server: Any
+    token: str
+
+    @property
+    def uri(self) -> str:
+        return self.server.uri
+
+    def options(self, relation: str) -> dict[str, str]:
+        """The data source options that reach ``relation`` on this coordinator."""
+        return {"uri": self.uri, "token": self.token, "relation": relation}
+
+
+@pytest.fixture
+def coordinator(tmp_path: Any) -> Iterator[Callable[..., Coordinator]]:
+    """``coordinator(**engine_options)``: open an engine on the test's directory and serve it."""
+    from sediment.server import SedimentFlightServer
+
+    opened: list[Coordinator] = []
+
+    def start(**options: Any) -> Coordinator:
+        engine = sediment.open(tmp_path / f"data{len(opened)}", **options)
+        token = uuid.uuid4().hex
+        try:
+            server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
+        except BaseException:
+            engine.close()
+            raise
+        opened.append(Coordinator(engine, server, token))
+        return opened[-1]
+
+    yield start
+    for c in opened:
+        try:
+            c.server.stop(grace=10.0)
+        finally:
+            c.engine.close()
