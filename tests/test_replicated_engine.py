@@ -40,3 +40,56 @@ def test_engine_over_three_storage_nodes_survives_a_dead_replica_and_a_restart(t
         for n in nodes:
             if n.proc is not None:
                 n.kill()
+
+
+COORDINATOR = """
+import json, sys, pyarrow as pa, sediment
+options = json.loads(sys.argv[2])
+eng = sediment.open(sys.argv[1], **options)
+if "r" not in eng.relations():
+    eng.add_relation("r", pa.schema([("k", pa.int64())]))
+t = eng.sealed("r") + 1
+while True:
+    eng.append("r", pa.table({"k": [t], "time": [t], "diff": [1]}))
+    eng.seal("r", t)
+    print(t, flush=True)
+    t += 1
+"""
+
+
+def test_coordinator_killed_mid_stream_then_a_new_one_recovers(tmp_path, zookeeper, zk_root):
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
+               "metadata": f"zk://{zookeeper.hosts}{zk_root}", "compact": False}
+    data = str(tmp_path / "coordinator")
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", COORDINATOR, data, json.dumps(options)],
+                                stdout=subprocess.PIPE, text=True)
+        acked = 0
+        try:
+            for line in proc.stdout:
+                acked = int(line)
+                if acked >= 60:
+                    break
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        with sediment.open(data, **options) as eng:  # a new store session: recovery votes and truncates
+            sealed = eng.sealed("r")
+            assert sealed >= acked
+            keys = eng.snapshot("r", sealed).column("k").to_pylist()
+            assert keys == list(range(0, sealed + 1)), "every acknowledged append, nothing else below the seal"
+            eng.append("r", ups([sealed + 1], sealed + 1))  # and writes resume
+            eng.seal("r", sealed + 1)
+            assert eng.snapshot("r", sealed + 1).num_rows == sealed + 2
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
