@@ -11,7 +11,6 @@ import pytest
 from sediment import errors
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
-pytestmark = pytest.mark.embedded_only  # the server's feed stream is tested in test_server.py
 
 
 def ups(rows):
@@ -67,6 +66,7 @@ def test_snapshot_then_live_changes(open_engine):
         assert sub.next(timeout=0.05) is None
 
 
+@pytest.mark.embedded_only  # reads Subscription.lag
 def test_many_writers_fast_and_slow_subscribers_agree_with_snapshots(open_engine):
     eng = open_engine(segment_bytes=1 << 16)
     eng.add_relation("r", SCHEMA)
@@ -141,6 +141,7 @@ def test_resume_after_disconnect_loses_and_repeats_nothing(open_engine):
     assert consumer.checked[-1] == 8
 
 
+@pytest.mark.embedded_only  # looks at the feed log inside the engine
 def test_lagging_subscriber_survives_compaction(open_engine):
     eng = open_engine(segment_bytes=1 << 13, compact=False)
     eng.add_relation("r", SCHEMA)

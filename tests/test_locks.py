@@ -75,7 +75,6 @@ def test_engine_lock_conflict_writes_nothing(open_engine):
     eng.append("acct", row("a", 50, 2), locks=Locks(high_water=1, write=[("acct", "a")]))
 
 
-@pytest.mark.embedded_only
 def test_locks_survive_restart_conservatively(open_engine):
     eng = open_engine()
     eng.add_relation("acct", SCHEMA)
@@ -87,7 +86,6 @@ def test_locks_survive_restart_conservatively(open_engine):
     eng.append("acct", row("a", 2, 8), locks=Locks(high_water=7, write=[("acct", "a")]))
 
 
-@pytest.mark.embedded_only
 def test_contended_read_modify_write_keeps_balances_exact(open_engine):
     """Many clients move money between a few accounts with optimistic retries; the total
     is conserved and every transfer is applied exactly once."""
