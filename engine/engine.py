@@ -245,7 +245,7 @@ class Engine:
 
     def _register(self, entry: RelationEntry, trace: TraceState | None = None) -> _Relation:
         trace = trace or TraceState(entry.id)
-        rel = _Relation(entry, update_schema(entry.schema), trace, feed=FeedLog(self._lock))
+        rel = _Relation(entry, update_schema(entry.schema), trace, feed=FeedLog())
         rel.sealed = rel.sealed_durable = trace.upper - 1
         self._relations[entry.name] = rel
         self._by_id[entry.id] = rel
@@ -607,7 +607,7 @@ class Engine:
             def load(lsn: int) -> pa.Table:
                 return pa.Table.from_batches([self._decode(rel, self._log.read(lsn))])
 
-            sub = Subscription(feed, feed.next_seq, [], load, lambda: not self._closed)
+            sub = Subscription(feed, [], load, lambda: not self._closed)
             self._pin()
         try:
             initial = []
@@ -818,8 +818,7 @@ class Engine:
         with self._compact_lock, self._lock:
             self._closed = True
             for rel in self._relations.values():
-                rel.feed.closed = True
-                rel.feed.changed.notify_all()
+                rel.feed.close()
         self._release_all()
 
     def _release_all(self) -> None:

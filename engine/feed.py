@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from sediment.errors import EngineClosed
 
+_MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber that is behind
 SNAPSHOT = "snapshot"
 UPDATES = "updates"
 PROGRESS = "progress"
@@ -55,10 +56,12 @@ class _Entry:
 
 
 class FeedLog:
-    """One relation's visible events while it has subscribers. Guarded by the engine lock."""
+    """One relation's visible events while it has subscribers. Guarded by its own lock
+    (taken inside the engine lock by writers; readers never take the engine lock, so a
+    hundred waking subscribers do not contend with appends)."""
 
-    def __init__(self, lock: threading.RLock, cache_bytes: int = 64 << 20):
-        self.changed = threading.Condition(lock)
+    def __init__(self, cache_bytes: int = 64 << 20):
+        self.changed = threading.Condition(threading.Lock())
         self.entries: deque[_Entry] = deque()
         self.next_seq = 0
         self.cursors: dict[int, int] = {}  # subscriber id -> next seq it will read
@@ -74,20 +77,30 @@ class FeedLog:
 
     def add(self, kind: str, lsn: int, time: int = 0) -> None:
         """A new visible event (called under the engine lock, from the log's writer thread)."""
-        if not self.cursors:
+        with self.changed:
+            if self.cursors:
+                self.entries.append(_Entry(self.next_seq, kind, lsn, time))
+                self.changed.notify_all()
             self.next_seq += 1
-            return
-        self.entries.append(_Entry(self.next_seq, kind, lsn, time))
-        self.next_seq += 1
-        self.changed.notify_all()
+
+    def register(self, sub_id: int) -> None:
+        with self.changed:
+            self.cursors[sub_id] = self.next_seq
+
+    def close(self) -> None:
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
 
     def trim(self) -> None:
+        """Drop entries every cursor has passed (call with ``changed`` held)."""
         low = min(self.cursors.values(), default=self.next_seq)
         while self.entries and self.entries[0].seq < low:
             self.entries.popleft()
 
     def oldest_lsn(self) -> int | None:
-        return self.entries[0].lsn if self.entries else None
+        with self.changed:
+            return self.entries[0].lsn if self.entries else None
 
     def cached(self, lsn: int, load: Callable[[int], pa.Table]) -> pa.Table:
         with self._cache_lock:
@@ -112,7 +125,7 @@ class Subscription:
     _ids = 0
     _ids_lock = threading.Lock()
 
-    def __init__(self, feed: FeedLog, start_seq: int, initial: list[FeedEvent],
+    def __init__(self, feed: FeedLog, initial: list[FeedEvent],
                  load: Callable[[int], pa.Table], engine_open: Callable[[], bool]):
         with Subscription._ids_lock:
             Subscription._ids += 1
@@ -122,7 +135,7 @@ class Subscription:
         self._load = load
         self._engine_open = engine_open
         self._closed = False
-        feed.cursors[self.id] = start_seq  # the caller holds the engine lock
+        feed.register(self.id)  # the caller holds the engine lock: no event slips between view and cursor
         self.last_progress: int | None = None
 
     def __iter__(self) -> Iterator[FeedEvent]:
@@ -150,7 +163,14 @@ class Subscription:
                 if feed.entries and feed.entries[-1].seq >= cursor:
                     first = feed.entries[0].seq
                     entry = feed.entries[cursor - first]
-                    feed.cursors[self.id] = cursor + 1
+                    taken = [entry]
+                    if entry.kind == UPDATES:  # a subscriber that fell behind catches up in bulk
+                        i = cursor - first + 1
+                        while i < len(feed.entries) and len(taken) < _MAX_BATCHED \
+                                and feed.entries[i].kind == UPDATES:
+                            taken.append(feed.entries[i])
+                            i += 1
+                    feed.cursors[self.id] = cursor + len(taken)
                     if cursor == first:
                         feed.trim()
                     break
@@ -158,7 +178,8 @@ class Subscription:
                     return None
         if entry.kind == PROGRESS:
             return self._note(FeedEvent(PROGRESS, entry.time))
-        table = feed.cached(entry.lsn, self._load)
+        tables = [feed.cached(e.lsn, self._load) for e in taken]
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         return FeedEvent(UPDATES, int(table.column("time")[0].as_py()) if table.num_rows else 0, table)
 
     def _note(self, event: FeedEvent) -> FeedEvent:

@@ -38,7 +38,8 @@ relation as of ``as_of`` (columns + diff), or its consolidated changes in (from,
 (columns + time + diff), as incremental readers of Hudi and Delta expect.
 
 The read plan comes from the coordinator (``plan_read``): one input partition per stored
-batch, which executors read straight from the blob store (a local path or S3, through
+batch (per slice of row groups of a batch above ``option("split_rows", n)``, default a
+million rows), which executors read straight from the blob store (a local path or S3, through
 :class:`sediment.trace.store.TraceStore`, checksums verified), plus partitions holding the
 WAL tail rows the plan carries. The plan pins its batches under a lease. Spark has no hook
 for "this DataFrame will not be read again", so a ``load()`` lets its lease expire
@@ -94,6 +95,7 @@ DEFAULT_LEASE_SECONDS = 3600.0
 APPEND_ROWS = 1 << 18  # rows per append into the transaction: few, large, durable puts
 APPEND_BYTES = 32 << 20
 TAIL_PARTITION_ROWS = 1 << 20  # WAL-tail rows per input partition
+SPLIT_ROWS = 1 << 20  # a batch with more rows is read by several tasks (slices of its row groups)
 TOKEN_ENV = "SEDIMENT_TOKEN"  # as sediment.server.TOKEN_ENV, without importing Flight here
 
 
@@ -239,12 +241,22 @@ class ReadSpec:
 
 
 class BatchPartition(InputPartition):
-    """One stored batch, read by the executor straight from the blob store."""
+    """A stored batch, or the ``part``-th of ``parts`` slices of its row groups, read by the
+    executor straight from the blob store."""
 
-    def __init__(self, spec: ReadSpec, ref: dict) -> None:
-        super().__init__(ref.get("key"))
+    def __init__(self, spec: ReadSpec, ref: dict, part: int = 0, parts: int = 1) -> None:
+        super().__init__((ref.get("key"), part))
         self.spec = spec
         self.ref = ref
+        self.part = part
+        self.parts = parts
+
+
+def _batch_partitions(spec: ReadSpec, ref: dict, split_rows: int) -> list[InputPartition]:
+    """Large batches are read by several tasks, each a contiguous run of row groups, so a
+    trace merged into one big batch still reads in parallel (as Spark splits a Parquet file)."""
+    parts = max(1, -(-int(ref.get("rows") or 0) // max(1, split_rows)))
+    return [BatchPartition(spec, ref, i, parts) for i in range(parts)]
 
 
 class TailPartition(InputPartition):
@@ -305,7 +317,9 @@ class SedimentReader(DataSourceReader):
         else:
             info, tail = plan_relation(self.options)
         spec = ReadSpec.of(info)
-        return [BatchPartition(spec, ref) for ref in info.batches if ref.get("key")] + _tail_partitions(spec, tail)
+        split = _int_option(self.options, "split_rows", SPLIT_ROWS) or SPLIT_ROWS
+        batches = [p for ref in info.batches if ref.get("key") for p in _batch_partitions(spec, ref, split)]
+        return batches + _tail_partitions(spec, tail)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, BatchPartition | TailPartition):
@@ -318,7 +332,14 @@ class SedimentReader(DataSourceReader):
             from sediment.trace.state import BatchRef
 
             store = _trace_store(spec.blob_uri, spec.s3_endpoint)
-            tables = store.read_stream(spec.relation_id, BatchRef(**partition.ref))
+            ref = BatchRef(**partition.ref)
+            if partition.parts == 1:
+                tables = store.read_stream(spec.relation_id, ref)
+            else:
+                groups = store.row_groups(spec.relation_id, ref)
+                lo = len(groups) * partition.part // partition.parts
+                hi = len(groups) * (partition.part + 1) // partition.parts
+                tables = (store.read_row_group(spec.relation_id, g) for g in groups[lo:hi])
         for table in tables:
             times = table.column(TIME)
             keep = pc.less_equal(times, spec.as_of)

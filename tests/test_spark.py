@@ -175,6 +175,18 @@ def test_open_relation_releases_its_lease_and_load_leases_until_expiry(spark, co
     assert len(c.engine._leases) == 1  # planned once per frame, left to expire
 
 
+def test_a_large_batch_is_read_by_several_tasks(spark, coordinator):
+    c = coordinator()
+    c.engine.add_relation("orders", SCHEMA)
+    df = spark.range(0, 150_000, numPartitions=2).select("id", (F.col("id") % 7).cast("string").alias("item"))
+    write(df, c, time=1, seal=True)
+    c.engine.compact()
+    assert c.engine.trace_info("orders")["batches"] == 1  # one batch of three 64Ki-row groups
+    raw = spark.read.format("sediment").options(**c.options("orders")).option("split_rows", 50_000).load()
+    assert raw.rdd.getNumPartitions() == 3
+    assert raw.count() == 150_000 and raw.select("id").distinct().count() == 150_000  # each row exactly once
+
+
 @pytest.mark.s3
 def test_read_from_s3_batches(spark, coordinator, s3_bucket, moto_server):
     endpoint, bucket = s3_bucket
