@@ -146,7 +146,10 @@ class ReplicatedLog:
         if self._closed:
             raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
         try:
-            trio.from_thread.run_sync(self.coordinator.submit, list(records), done, trio_token=self._token)
+            # Not a blocking round trip: callbacks run first in, first out, so the coordinator's
+            # queue keeps submit order, and a caller holding its own lock (the engine does) never
+            # waits for the trio thread, which may itself be waiting for that lock in on_durable.
+            self._token.run_sync_soon(self.coordinator.submit, list(records), done)
         except trio.RunFinishedError:
             # The coordinator stopped: it was fenced (the usual reason) or the log was closed.
             done(-1, self.coordinator.fenced or EngineClosed(
