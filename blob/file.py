@@ -19,17 +19,10 @@ import threading
 import time
 from pathlib import Path
 
+from sediment._fs import fsync_dir as _fsync_dir
 from sediment.errors import BlobAlreadyExists, BlobError, BlobNotFound
 
 from .keys import TEMP_SUFFIX, validate_key, validate_range
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileBlobStore:

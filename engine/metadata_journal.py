@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import crc32c
 
+from sediment._fs import fsync_dir as _fsync_dir
 from sediment.engine.metadata import Versioned
 from sediment.engine.metadata_keys import (
     MAX_KEY_BYTES,
@@ -303,14 +304,6 @@ def _replay(
         last_txid = e.txid
         replayed += 1
     return last_txid, replayed, skipped
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read(path: str) -> bytes | None:

@@ -300,6 +300,31 @@ def _trace_store(blob_uri: str, s3_endpoint: str | None) -> Any:
         return store
 
 
+def _batch_tables(spec: ReadSpec, partition: BatchPartition) -> Iterator[pa.Table]:
+    """The partition's row groups of its batch, opened once, with the footer checked against
+    the plan's reference and every page checksum verified (as TraceStore.read_stream does)."""
+    from sediment.errors import BatchCorruption, BlobNotFound
+    from sediment.trace.batch import BlobReader, open_batch, read_row_group
+    from sediment.trace.state import BatchRef
+    from sediment.trace.store import describe
+
+    ref = BatchRef(**partition.ref)
+    store = _trace_store(spec.blob_uri, spec.s3_endpoint)
+    where = f"batch {ref.key!r}"
+    try:
+        size = store.blobs.size(ref.key)
+    except BlobNotFound as e:
+        raise BatchCorruption(f"{where} is gone from the blob store: the read plan's lease ended (released, or "
+                              "expired after lease_seconds) and compaction replaced the batch; read again") from e
+    if size != ref.bytes:
+        raise BatchCorruption(f"{where}: object is {size} bytes but the read plan says {ref.bytes}")
+    pf, desc = open_batch(pa.PythonFile(BlobReader(store.blobs, ref.key, size), mode="r"),
+                          describe(spec.relation_id, ref), where=where)
+    groups = pf.num_row_groups
+    for i in range(groups * partition.part // partition.parts, groups * (partition.part + 1) // partition.parts):
+        yield read_row_group(pf, i, desc, where=where)
+
+
 class SedimentReader(DataSourceReader):
     """Plans in the planning worker (``partitions``) and reads partitions on executors."""
 
@@ -329,23 +354,16 @@ class SedimentReader(DataSourceReader):
         if isinstance(partition, TailPartition):
             tables: Iterator[pa.Table] = iter([pa.ipc.open_stream(pa.py_buffer(partition.ipc)).read_all()])
         else:
-            from sediment.trace.state import BatchRef
-
-            store = _trace_store(spec.blob_uri, spec.s3_endpoint)
-            ref = BatchRef(**partition.ref)
-            if partition.parts == 1:
-                tables = store.read_stream(spec.relation_id, ref)
-            else:
-                groups = store.row_groups(spec.relation_id, ref)
-                lo = len(groups) * partition.part // partition.parts
-                hi = len(groups) * (partition.part + 1) // partition.parts
-                tables = (store.read_row_group(spec.relation_id, g) for g in groups[lo:hi])
+            tables = _batch_tables(spec, partition)
         for table in tables:
-            times = table.column(TIME)
-            keep = pc.less_equal(times, spec.as_of)
-            if spec.from_t is not None:
-                keep = pc.and_(keep, pc.greater(times, spec.from_t))
-            yield from _conform(table.filter(keep), target).to_batches()
+            lo, hi = pc.min_max(table.column(TIME)).values()
+            if hi.as_py() > spec.as_of or (spec.from_t is not None and lo.as_py() <= spec.from_t):
+                times = table.column(TIME)
+                keep = pc.less_equal(times, spec.as_of)
+                if spec.from_t is not None:
+                    keep = pc.and_(keep, pc.greater(times, spec.from_t))
+                table = table.filter(keep)
+            yield from _conform(table, target).to_batches()
 
 
 def plan_relation(options: Any) -> tuple[PlanInfo, pa.Table]:

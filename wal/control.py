@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from sediment._fs import fsync_dir
 from sediment.errors import WalCorruption, WalError
 from sediment.wal.record import crc32c
 
@@ -200,10 +201,3 @@ def _parse_header(data: bytes, path: str) -> ControlHeader:
     return ControlHeader(version, created, uuid.UUID(bytes=key), parts)
 
 
-def fsync_dir(path: str) -> None:
-    """Make a directory's entries (created, renamed, deleted files) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -26,6 +26,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from sediment._fs import pwrite_all as _pwrite_all
 from sediment.errors import EngineClosed, WalCorruption, WalError
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
@@ -113,14 +114,6 @@ def _pwritev_all(fd: int, buffers: list, offset: int) -> None:
                 chunk.pop(0)
             if chunk and n:
                 chunk[0] = chunk[0][n:]
-
-
-def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
 
 
 def _allocate(fd: int, length: int) -> None:

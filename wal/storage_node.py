@@ -43,6 +43,7 @@ from typing import Protocol
 
 import trio
 
+from sediment._fs import pwrite_all as _pwrite_all
 from sediment.errors import WalCorruption, WalError
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
@@ -85,14 +86,6 @@ class PartitionStore(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
 
 
 @dataclass
