@@ -54,6 +54,7 @@ from sediment.wal.record import Record, RecordKind
 DEFAULT_MAX_RECORD_BYTES = 8 << 20
 DEFAULT_MEMORY_BOUND = 256 << 20
 LOCK_NAME = "LOCK"
+STORAGE_KEY = "engine/storage"
 log = logging.getLogger(__name__)
 
 
@@ -123,7 +124,7 @@ class Engine:
         self,
         data_dir: str | os.PathLike[str],
         *,
-        wal: str = "file",
+        wal: str | None = None,
         wal_capacity: int | None = None,
         replicas: list[str] | None = None,
         cluster_key: str | None = None,
@@ -162,8 +163,19 @@ class Engine:
         self._garbage: list[str] = []
         self._trim_to: int | None = None
         self._compacter: cmp.Compacter | None = None
+        self._record_storage: tuple[bytes, int | None] | None = None
         try:
             self._meta = self._open_metadata(metadata)
+            stored = self._storage_config({"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
+                                           "cluster_key": cluster_key,
+                                           "blob": blob if isinstance(blob, str) or blob is None else "<object>",
+                                           "s3_endpoint": s3_endpoint})
+            wal = stored.get("wal") or "file"
+            wal_capacity, replicas, cluster_key = stored.get("wal_capacity"), stored.get("replicas"), \
+                stored.get("cluster_key")
+            if isinstance(blob, str) or blob is None:
+                blob = stored.get("blob")
+            s3_endpoint = stored.get("s3_endpoint")
             self._blobs = self._open_blobs(blob, s3_endpoint)
             self.traces = TraceStore(self._meta, self._blobs)
             self.catalog = Catalog(self._meta)
@@ -183,6 +195,8 @@ class Engine:
                 self._max_time = max(self._max_time, rel.trace.upper - 1,
                                      *(p.upper - 1 for p in rel.trace.pending))
             self._recover()
+            if self._record_storage is not None:
+                self._meta.compare_and_set(STORAGE_KEY, *self._record_storage)
             self.locks = LockTable(self._lock_slots, floor=self._max_time)
             self.swept = self.traces.sweep_orphans(self._referenced_blobs())
             if compact:
@@ -216,6 +230,31 @@ class Engine:
 
             return open_metadata_store(metadata)
         return metadata
+
+    def _storage_config(self, given: dict[str, Any]) -> dict[str, Any]:
+        """Where this engine's log and batches live, as recorded when the data directory was
+        created. Options left out are filled in from the record, so ``sediment read`` on a
+        directory made with ``wal="device:..."`` or ``blob="s3://..."`` reads the same
+        storage; an option that contradicts the record is refused rather than silently
+        opening an empty log or store."""
+        import json
+
+        wal = given.get("wal")
+        if isinstance(wal, str) and wal.startswith("device:"):
+            given["wal"] = "device:" + os.path.abspath(wal[len("device:"):])
+        got = self._meta.get(STORAGE_KEY)
+        recorded = json.loads(got.value) if got is not None else {}
+        for key, value in given.items():
+            if value is None or value == "<object>":
+                continue
+            if key in recorded and recorded[key] != value and key != "s3_endpoint":
+                raise ValueError(
+                    f"{self.data_dir} was created with {key}={recorded[key]!r}, not {value!r}; open it with the "
+                    f"same {key} (or leave it out: the recorded one is used)")
+        merged = {**recorded, **{k: v for k, v in given.items() if v is not None and v != "<object>"}}
+        if got is None or merged != recorded:  # recorded once the engine has opened with it
+            self._record_storage = (json.dumps(merged, sort_keys=True).encode(), None if got is None else got.version)
+        return merged
 
     def _open_blobs(self, blob: Any, s3_endpoint: str | None):
         if blob is None:
