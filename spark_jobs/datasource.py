@@ -32,7 +32,7 @@ Reading (``spark.read.format("sediment")...load()``)::
       .option("as_of", 7)[.option("from", 3)].load()
 
 yields the stored updates the read needs: the relation's columns plus ``time`` and
-``diff``, with times <= as_of (and > from). They are not consolidated yet: pass the frame
+``diff``, with times <= as_of (default: the sealed frontier) and > from. They are not consolidated yet: pass the frame
 to :func:`consolidate` (or use :func:`read_relation`, which does both) to get the
 relation as of ``as_of`` (columns + diff), or its consolidated changes in (from, as_of]
 (columns + time + diff), as incremental readers of Hudi and Delta expect.
@@ -40,7 +40,7 @@ relation as of ``as_of`` (columns + diff), or its consolidated changes in (from,
 The read plan comes from the coordinator (``plan_read``): one input partition per stored
 batch (per slice of row groups of a batch above ``option("split_rows", n)``, default a
 million rows), which executors read straight from the blob store (a local path or S3, through
-:class:`sediment.trace.store.TraceStore`, checksums verified), plus partitions holding the
+the batch format's reader, footer and checksums verified), plus partitions holding the
 WAL tail rows the plan carries. The plan pins its batches under a lease. Spark has no hook
 for "this DataFrame will not be read again", so a ``load()`` lets its lease expire
 (``option("lease_seconds", ...)``, default one hour); :func:`open_relation` plans on the
@@ -284,41 +284,39 @@ _stores: dict[tuple[str, str | None], Any] = {}
 _stores_lock = threading.Lock()
 
 
-def _trace_store(blob_uri: str, s3_endpoint: str | None) -> Any:
+def _blob_store(blob_uri: str, s3_endpoint: str | None) -> Any:
     """One blob store per Python worker process and URI: Spark reuses workers across tasks,
     and an S3 client costs far more to build than a batch's first request."""
     from sediment.blob.uri import open_blob_store
-    from sediment.trace.store import TraceStore
 
     key = (blob_uri, s3_endpoint)
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
-            blobs = open_blob_store(blob_uri, s3_endpoint=s3_endpoint) if blob_uri.startswith("s3://") \
-                else open_blob_store(blob_uri)
-            store = _stores[key] = TraceStore(None, blobs)  # type: ignore[arg-type] - reads need no metadata
+            store = _stores[key] = open_blob_store(blob_uri, s3_endpoint=s3_endpoint) \
+                if blob_uri.startswith("s3://") else open_blob_store(blob_uri)
         return store
 
 
 def _batch_tables(spec: ReadSpec, partition: BatchPartition) -> Iterator[pa.Table]:
     """The partition's row groups of its batch, opened once, with the footer checked against
-    the plan's reference and every page checksum verified (as TraceStore.read_stream does)."""
+    the plan's reference and every page checksum verified, as :meth:`TraceStore.read_stream` does."""
     from sediment.errors import BatchCorruption, BlobNotFound
     from sediment.trace.batch import BlobReader, open_batch, read_row_group
     from sediment.trace.state import BatchRef
     from sediment.trace.store import describe
 
     ref = BatchRef(**partition.ref)
-    store = _trace_store(spec.blob_uri, spec.s3_endpoint)
+    blobs = _blob_store(spec.blob_uri, spec.s3_endpoint)
     where = f"batch {ref.key!r}"
     try:
-        size = store.blobs.size(ref.key)
+        size = blobs.size(ref.key)
     except BlobNotFound as e:
         raise BatchCorruption(f"{where} is gone from the blob store: the read plan's lease ended (released, or "
                               "expired after lease_seconds) and compaction replaced the batch; read again") from e
     if size != ref.bytes:
         raise BatchCorruption(f"{where}: object is {size} bytes but the read plan says {ref.bytes}")
-    pf, desc = open_batch(pa.PythonFile(BlobReader(store.blobs, ref.key, size), mode="r"),
+    pf, desc = open_batch(pa.PythonFile(BlobReader(blobs, ref.key, size), mode="r"),
                           describe(spec.relation_id, ref), where=where)
     groups = pf.num_row_groups
     for i in range(groups * partition.part // partition.parts, groups * (partition.part + 1) // partition.parts):
@@ -575,7 +573,9 @@ def open_relation(spark: SparkSession, uri: str, relation: str, as_of: int, from
     """Like :func:`read_relation`, but planned here on the driver, and the plan's lease is
     released when the block ends: run every action on the frame inside the block (afterwards
     the compacter may delete the batches it reads). ``consolidated=False`` gives the raw
-    updates (columns + time + diff) instead."""
+    updates (columns + time + diff) instead. The plan's WAL-tail rows travel to the
+    planning worker inside the read options, so with a large uncompacted tail, compact
+    first (or use :func:`read_relation`, which plans in the worker)."""
     token = token or os.environ.get(TOKEN_ENV)
     if not token:
         raise ValueError(f"open_relation needs token=... or ${TOKEN_ENV}")

@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import Any
 
-from sediment.spark_jobs.session import add_connection_args, local_spark, token_of
+from sediment.spark_jobs.session import add_connection_args, local_spark, run_job, token_of
 
 FORMATS = ("csv", "parquet", "json")
 
@@ -108,4 +108,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_job("sediment.spark_jobs.ingest", main))

@@ -9,6 +9,7 @@ binds to loopback (``SPARK_LOCAL_IP``); and the UI is off (no port, faster start
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any
 
@@ -73,3 +74,32 @@ def token_of(args: Any) -> str:
     if not token:
         raise SystemExit("error: no token: pass --token T or set $SEDIMENT_TOKEN")
     return token
+
+
+_CAUSE = re.compile(r"^([a-z_]\w*\.)*[A-Z]\w*: ")  # "sediment.errors.UnknownRelation: ...", "ValueError: ..."
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a failed job. Spark wraps a Python worker's failure in a JVM exception
+    whose text holds the worker's whole traceback; the line that says what went wrong is
+    the last ``SomeError: message`` line of it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    causes = [line for line in lines if _CAUSE.match(line) and not line.startswith("SQLSTATE")]
+    return causes[-1] if causes else lines[0]
+
+
+def run_job(prog: str, job: Any, argv: list[str] | None = None) -> int:
+    """Run a job's ``main``-style function; a failure is one line on stderr and exit code 1
+    (``SEDIMENT_DEBUG=1`` shows the traceback instead)."""
+    try:
+        return int(job(argv) or 0)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted\n")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line
+        if os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0"):
+            raise
+        sys.stderr.write(f"{prog}: error: {describe_error(exc)}\n")
+        return 1

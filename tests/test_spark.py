@@ -88,7 +88,7 @@ def test_a_job_failing_in_one_task_leaves_nothing_visible(spark, coordinator):
     c = coordinator()
     c.engine.add_relation("orders", SCHEMA)
 
-    @F.udf("long")
+    @F.udf("long", useArrow=False)
     def explode_on_last(i):
         if i == 399:
             raise RuntimeError("boom in one task")
@@ -135,6 +135,17 @@ def test_writes_refuse_overwrite_and_mismatched_columns_clearly(spark, coordinat
     with pytest.raises(Exception, match="no 'time' column"):
         write(df, c)
     assert c.server.open_transactions == []
+
+
+def test_a_failed_job_is_described_in_one_line(spark, coordinator):
+    from sediment.spark_jobs.session import describe_error
+
+    c = coordinator()
+    with pytest.raises(Exception) as info:
+        write(spark.createDataFrame([(1, "tea")], ["id", "item"]), c, relation="nope", time=1)
+    assert "Traceback" in str(info.value)  # Spark's text carries the worker's whole traceback...
+    line = describe_error(info.value)
+    assert line.startswith("sediment.errors.UnknownRelation: no relation named 'nope'"), line  # ...this, one line
 
 
 def test_as_of_and_from_reads_match_a_python_model(spark, coordinator):
