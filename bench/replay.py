@@ -26,7 +26,6 @@ Cases, alternated in each round:
     .venv/bin/python bench/replay.py            # about 1 min: 10M rows, 5 rounds
     .venv/bin/python bench/replay.py --quick    # about 10-20 s: 3M rows, 5 rounds
     .venv/bin/python bench/replay.py --profile  # also cProfile one replay and one snapshot
-    .venv/bin/python bench/replay.py --patch    # also measure the prototype read paths (monkeypatched here only)
 
 Temp directories go under ``--dir`` (default /tmp) and are removed afterwards.
 """
@@ -112,135 +111,6 @@ def run_groups(files: list[str]) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
-# --- prototypes (monkeypatched in this process only) ------------------------------------------
-
-
-def patch_cached_open(engine):
-    """TraceStore.read_row_group re-opens the Parquet footer (size call + footer read +
-    description check) for every row group, through a Python BlobReader. Prototype: open
-    each batch once and reuse the ParquetFile."""
-    store = engine.traces
-    orig = store.read_row_group
-    cache: dict = {}
-    from sediment.trace.batch import _read_group
-
-    def read_row_group(relation_id, group):
-        key = group.ref.key
-        if key not in cache:
-            cache[key] = store._open(relation_id, group.ref)
-        pf, desc = cache[key]
-        return _read_group(pf, group.index, desc, f"batch {key!r}", None)
-
-    store.read_row_group = read_row_group
-    return lambda: setattr(store, "read_row_group", orig)
-
-
-def patch_native_file(engine):
-    """Additionally: for a FileBlobStore, open the object with pyarrow's native file
-    (pa.memory_map / OSFile) instead of pa.PythonFile(BlobReader): no Python per read."""
-    store = engine.traces
-    orig_open = store._open
-    from sediment.trace.batch import _open as open_parquet
-    from sediment.trace.store import describe
-
-    def _open(relation_id, ref):
-        root = getattr(store.blobs, "root", None)
-        if root is None:
-            return orig_open(relation_id, ref)
-        path = os.path.join(str(root), *ref.key.split("/"))
-        if os.path.getsize(path) != ref.bytes:
-            return orig_open(relation_id, ref)
-        return open_parquet(pa.memory_map(path, "r"), f"batch {ref.key!r}", describe(relation_id, ref))
-
-    store._open = _open
-    undo_cache = patch_cached_open(engine)
-
-    def undo():
-        undo_cache()
-        store._open = orig_open
-
-    return undo
-
-
-def patch_time_ordered_take(engine):
-    """Additionally: replay's time_ordered sorts the whole active set with
-    ``Table.sort_by`` (which gathers every column); prototype: sort only the time column
-    with pc.sort_indices and gather once (same output)."""
-    import pyarrow.compute as pc
-
-    from sediment.engine import replay as rmod
-
-    orig = rmod.time_ordered
-
-    def time_ordered(items, load, schema, batch_rows=65536):
-        pending = sorted(items, key=lambda e: e.t_lo)
-        active: list = []
-        i = 0
-        while i < len(pending) or active:
-            if not active:
-                lo = pending[i].t_lo
-                while i < len(pending) and pending[i].t_lo == lo:
-                    active.append(load(pending[i]))
-                    i += 1
-            boundary = pending[i].t_lo if i < len(pending) else None
-            take, keep = [], []
-            for table in active:
-                if boundary is None:
-                    take.append(table)
-                    continue
-                below = pc.less(table.column("time"), boundary)
-                take.append(table.filter(below))
-                rest = table.filter(pc.invert(below))
-                if rest.num_rows:
-                    keep.append(rest)
-            if take:
-                out = pa.concat_tables(take)
-                if out.num_rows:
-                    idx = pc.sort_indices(out.column("time"))
-                    out = out.combine_chunks().take(idx)
-                    yield from out.cast(schema).to_batches(max_chunksize=batch_rows)
-            active = keep
-            if boundary is not None:
-                while i < len(pending) and pending[i].t_lo == boundary:
-                    active.append(load(pending[i]))
-                    i += 1
-
-    rmod.time_ordered = time_ordered
-    undo_native = patch_native_file(engine)
-
-    def undo():
-        undo_native()
-        rmod.time_ordered = orig
-
-    return undo
-
-
-def patch_snapshot_presorted(engine):
-    """engine.snapshot calls consolidate.snapshot on each whole batch, which sorts by the row
-    columns although a batch is already sorted by (row, time). Prototype: skip the sort
-    when the (filtered) table is already in row order (one vectorised check)."""
-    import pyarrow.compute as pc
-
-    import sediment.engine.engine as eng_mod
-    from sediment.trace.consolidate import DIFF, TIME, first_unsorted, sort_keys, sum_sorted
-
-    orig = eng_mod.consolidate_snapshot
-
-    def snap(table, key_columns, as_of):
-        table = table.filter(pc.less_equal(table.column(TIME), pa.scalar(as_of, pa.int64())))
-        table = table.select([*key_columns, DIFF])
-        if first_unsorted(table, key_columns, strict=False) is not None:
-            table = table.sort_by(sort_keys(key_columns, with_time=False))
-        return sum_sorted(table, key_columns)
-
-    eng_mod.consolidate_snapshot = snap
-    return lambda: setattr(eng_mod, "consolidate_snapshot", orig)
-
-
-SNAPSHOT_PATCHES = {"snapshot+skip-sort-if-sorted": patch_snapshot_presorted}
-
-PATCHES = {"replay+cached-open": patch_cached_open, "replay+native-file": patch_native_file,
-           "replay+native+sort-indices": patch_time_ordered_take}
 
 
 def profile(fn, n: int = 24) -> str:
@@ -263,7 +133,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="append+seal+compact steps")
     ap.add_argument("--rounds", type=int, help="default 5")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--patch", action="store_true")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -292,19 +161,6 @@ def main() -> None:
         for r in range(args.rounds):
             for name, fn in cases.items():
                 results.setdefault(name, []).append(fn())
-            if args.patch:
-                for name, patch in PATCHES.items():
-                    undo = patch(engine)
-                    try:
-                        results.setdefault(name, []).append(run_replay(engine))
-                    finally:
-                        undo()
-                for name, patch in SNAPSHOT_PATCHES.items():
-                    undo = patch(engine)
-                    try:
-                        results.setdefault(name, []).append(run_snapshot(engine, sealed))
-                    finally:
-                        undo()
             print("  round " + str(r + 1) + ": " + ", ".join(
                 f"{n} {v[-1][0]:.2f} s" for n, v in results.items()), flush=True)
         best = {n: min(v) for n, v in results.items()}
@@ -324,16 +180,6 @@ def main() -> None:
         snap = peer / best["snapshot"][0]
         print(f"| (snapshot, no target) | {fmt_rate(stored_rows / best['snapshot'][0])} | {fmt_rate(stored_rows / peer)} | "
               f"{snap:.2f}x | - | - |")
-        for n in SNAPSHOT_PATCHES:
-            if n in best:
-                x = peer / best[n][0]
-                print(f"| (prototype {n}, rows {best[n][1]:,}) | {fmt_rate(stored_rows / best[n][0])} | "
-                      f"{fmt_rate(stored_rows / peer)} | {x:.2f}x | - | - |")
-        for n in PATCHES:
-            if n in best:
-                x = peer / best[n][0]
-                print(f"| (prototype {n}) | {fmt_rate(stored_rows / best[n][0])} | {fmt_rate(stored_rows / peer)} | "
-                      f"{x:.2f}x | 0.60x | {status(x >= 0.6)} |")
         profs = {}
         if args.profile:
             profs["replay"] = profile(lambda: run_replay(engine))
