@@ -82,6 +82,56 @@ def verify_wal(directory: str, report: VerifyReport) -> None:
                         break
 
 
+def verify_device(path: str, report: VerifyReport) -> None:
+    """Read-only check of a device ring: both header copies, then the chain of records from the
+    trim offset (header CRC, logical offset, body CRC), stepping over zero block tails. On a
+    ring closed cleanly, a chain that ends before the recorded end is damage."""
+    from sediment.wal import record as rec
+    from sediment.wal.device import SHUTDOWN_CLEAN, RingHeader
+
+    if not os.path.exists(path):
+        report.problems.append(f"{path}: the device WAL recorded for this data directory is missing")
+        return
+    report.checked.append(path)
+    with open(path, "rb") as f:
+        first = f.read(8192)
+        copies = [RingHeader.unpack(first[:4096]), RingHeader.unpack(first[4096:8192])]
+        valid = [c for c in copies if c is not None]
+        if not valid:
+            report.problems.append(f"{path}: offset 0: both ring header copies fail their checksums")
+            return
+        if len(valid) == 1:
+            report.notes.append(f"{path}: one ring header copy is damaged; the other is used")
+        hdr = max(valid, key=lambda h: h.seq)
+        area, data = 2 * hdr.block_size, hdr.capacity - 2 * hdr.block_size
+        pos, records, why = hdr.trim, 0, ""
+
+        def read(lsn: int, n: int) -> bytes:
+            f.seek(area + lsn % data)
+            return f.read(n)
+
+        while pos < hdr.trim + data:
+            head_bytes = read(pos, rec.HEADER_SIZE)
+            head = rec.decode_header(head_bytes) if data - pos % data >= rec.HEADER_SIZE else None
+            if head is None or head.lsn != pos:
+                aligned = -(-pos // hdr.block_size) * hdr.block_size
+                if not any(head_bytes) and aligned != pos:
+                    pos = aligned  # the zero tail of a block: the next block starts aligned
+                    continue
+                why = "end of the log" if not any(head_bytes) else "no valid record"
+                break
+            if not rec.body_ok(head, read(pos + rec.HEADER_SIZE, head.body_len)):
+                why = "body checksum mismatch"
+                break
+            records += 1
+            pos += head.frame_size
+    where = f"{path}: logical offset {pos} (physical {area + pos % data})"
+    if hdr.shutdown == SHUTDOWN_CLEAN and hdr.clean_end and pos < hdr.clean_end:
+        report.problems.append(f"{where}: {why} before the clean end {hdr.clean_end}; run `sediment verify --repair`")
+    elif why not in ("", "end of the log"):
+        report.notes.append(f"{where}: {why} after {records} records (a crash's torn tail; cut at open)")
+
+
 def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, report: VerifyReport) -> None:
     """Every relation's trace: its invariants, and every batch it references read in full
     (Parquet page checksums, footer description, row count)."""
@@ -118,6 +168,20 @@ def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, repo
         blobs.close()
 
 
+def _recorded_wal(meta_dir: str) -> str:
+    """The WAL this data directory was created with (``engine/storage`` in its metadata)."""
+    import json
+
+    from sediment.engine.engine import STORAGE_KEY
+    from sediment.engine.metadata_journal import load_readonly
+
+    try:
+        got = load_readonly(meta_dir).get(STORAGE_KEY) if os.path.isdir(meta_dir) else None
+    except SedimentError:
+        return "file"
+    return (json.loads(got.value).get("wal") or "file") if got is not None else "file"
+
+
 def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str | None = None) -> VerifyReport:
     """Verify a whole engine data directory (log, metadata, traces and their batches) without
     opening the engine or changing anything."""
@@ -125,8 +189,12 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
     if not os.path.isdir(data_dir):
         report.problems.append(f"{data_dir}: no such data directory")
         return report
-    verify_wal(os.path.join(data_dir, "wal"), report)
     meta = os.path.join(data_dir, "meta")
+    wal = _recorded_wal(meta)
+    if wal.startswith("device:"):
+        verify_device(wal[len("device:"):], report)
+    else:
+        verify_wal(os.path.join(data_dir, "wal"), report)
     if os.path.isdir(meta):
         from sediment.engine.metadata_journal import verify as verify_journal
 

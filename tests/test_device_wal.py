@@ -639,3 +639,24 @@ def test_torn_block_tail_is_blanked_so_later_records_chain(tmp_path: Path) -> No
     assert [g.body for g in log.scan()] == [r.body for r in call[:2]] + [new.body]
     assert not log.report.torn_tails
     log.close()
+
+
+def test_sediment_verify_checks_a_device_ring(tmp_path, capsys):
+    import pyarrow as pa
+
+    import sediment
+    from sediment.cli import main
+
+    data, ring = tmp_path / "d", tmp_path / "ring.dev"
+    with sediment.open(data, wal=f"device:{ring}", wal_capacity=4 << 20, compact=False) as eng:
+        eng.add_relation("r", pa.schema([("k", pa.int64())]))
+        for t in range(1, 30):
+            eng.append("r", pa.table({"k": [t], "time": [t], "diff": [1]}))
+    assert main(["--data-dir", str(data), "verify"]) == 0
+    raw = bytearray(ring.read_bytes())
+    pos = raw.find(b"DS", 8192 + 64 * 5)  # a record header in the middle of the chain
+    raw[pos + 20] ^= 0xFF
+    ring.write_bytes(bytes(raw))
+    capsys.readouterr()
+    assert main(["--data-dir", str(data), "verify"]) == 1
+    assert str(ring) in capsys.readouterr().out
