@@ -137,6 +137,8 @@ def _open(args: argparse.Namespace, *, create: bool = False, **options: object) 
     if getattr(args, "blob", None):
         options.setdefault("blob", args.blob)
         options.setdefault("s3_endpoint", getattr(args, "s3_endpoint", None))
+    if getattr(args, "metadata", None):
+        options.setdefault("metadata", args.metadata)
     return sediment.open(data_dir, **options)
 
 
@@ -496,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--blob", default=os.environ.get("SEDIMENT_BLOB") if top else argparse.SUPPRESS,
                        metavar="URI", help="where batches live: file:///path or s3://bucket/prefix "
                        "(default $SEDIMENT_BLOB or <data-dir>/blobs)")
+        p.add_argument("--metadata", default=os.environ.get("SEDIMENT_METADATA") if top else argparse.SUPPRESS,
+                       metavar="SPEC", help="where the catalog lives when not in <data-dir>/meta, e.g. "
+                       "zk://127.0.0.1:2181/sediment (default $SEDIMENT_METADATA)")
         p.add_argument("--s3-endpoint", default=os.environ.get("AWS_ENDPOINT_URL") if top else argparse.SUPPRESS,
                        metavar="URL", help="S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)")
         bar = p.add_mutually_exclusive_group()

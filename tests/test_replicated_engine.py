@@ -93,3 +93,25 @@ def test_coordinator_killed_mid_stream_then_a_new_one_recovers(tmp_path, zookeep
         for n in nodes:
             if n.proc is not None:
                 n.kill()
+
+
+def test_cli_reaches_a_replicated_engine_through_its_zookeeper_metadata(tmp_path, zookeeper, zk_root, capsys):
+    from sediment.cli import main
+
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    spec = f"zk://{zookeeper.hosts}{zk_root}"
+    try:
+        with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                           metadata=spec, compact=False) as eng:
+            eng.add_relation("r", SCHEMA)
+            eng.append("r", ups([7], 1))
+            eng.seal("r", 1)
+        capsys.readouterr()
+        assert main(["--data-dir", str(tmp_path / "c"), "--metadata", spec, "read", "r", "--as-of", "1"]) == 0
+        assert capsys.readouterr().out.splitlines() == ['"k","diff"', "7,1"]
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
