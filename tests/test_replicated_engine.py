@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pytest
 from test_replication import KEY, Node
@@ -111,6 +113,66 @@ def test_cli_reaches_a_replicated_engine_through_its_zookeeper_metadata(tmp_path
         capsys.readouterr()
         assert main(["--data-dir", str(tmp_path / "c"), "--metadata", spec, "read", "r", "--as-of", "1"]) == 0
         assert capsys.readouterr().out.splitlines() == ['"k","diff"', "7,1"]
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
+
+
+class SmallNode(Node):
+    """A storage node with small segments, so that trimming shows in its files."""
+
+    def start(self) -> None:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sediment.wal.storage_node", "--dir", str(self.dir), "--listen", self.address,
+             "--cluster-key", str(self.key), "--segment-bytes", str(1 << 14)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith("listening on"), line
+
+    def segments(self) -> list[str]:
+        d = self.dir / "0"
+        return sorted(p.name for p in d.iterdir() if p.suffix == ".seg") if d.exists() else []
+
+
+def test_compaction_trims_the_replicas_and_a_returning_replica_skips_ahead(tmp_path, zookeeper, zk_root):
+    nodes = [SmallNode(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
+               "metadata": f"zk://{zookeeper.hosts}{zk_root}", "compact": False}
+    try:
+        with sediment.open(tmp_path / "c", **options) as eng:
+            eng.add_relation("r", SCHEMA)
+            nodes[2].kill()  # away while the others compact and trim
+            for t in range(1, 121):
+                eng.append("r", ups(list(range(t * 10, t * 10 + 10)), t))
+                eng.seal("r", t)
+                if t % 20 == 0:
+                    eng.compact()
+            assert eng.wal.start_lsn > 0
+        assert nodes[0].segments()[0] != "0000000000000000000.seg", "the live replicas dropped old segments"
+        nodes[2].start()  # behind the others' trim point, and no coordinator holds the records in memory
+        with sediment.open(tmp_path / "c", **options) as eng:
+            for t in range(121, 141):
+                eng.append("r", ups([t * 10], t))
+                eng.seal("r", t)
+            coordinator = eng.wal.coordinator
+            deadline = time.monotonic() + 30
+            while nodes[2].address not in coordinator.in_sync():
+                assert time.monotonic() < deadline, "the returning replica never caught up"
+                time.sleep(0.05)
+            assert nodes[2].segments()[0] != "0000000000000000000.seg", "the returning replica was reset"
+            nodes[0].kill()  # now the reset replica is needed for a quorum
+            for t in range(141, 151):
+                eng.append("r", ups([t * 10], t))
+                eng.seal("r", t)
+            assert eng.snapshot("r", 150).num_rows == 120 * 10 + 30
+        with sediment.open(tmp_path / "c", **options) as eng:
+            assert eng.snapshot("r", 150).num_rows == 120 * 10 + 30
     finally:
         for n in nodes:
             if n.proc is not None:

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import dataclass, field
 
 import trio
@@ -27,7 +28,7 @@ from sediment.errors import MetadataConflict, SessionFenced
 from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, ReplicaState
 from sediment.wal.replica import ReplicaConnection, ReplicaUnavailable
 from sediment.wal.vote import resolve_closing_hwm
-from sediment.wal.wire import MsgType
+from sediment.wal.wire import MsgType, Status
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,12 @@ async def copy_records(coord, source: ReplicaConnection, target: ReplicaConnecti
     nxt = start
     while nxt < stop:
         resp = await source.call(MsgType.READ, session, nxt, coord.catchup_bytes)
+        if resp.status == Status.TRIMMED:  # the source compacted past us: the target skips ahead
+            (first,) = struct.unpack("<Q", resp.payload[:8])
+            reset = await target.call(MsgType.RESET, session, first, 0)
+            coord.check_status(reset, target.address, "RESET")
+            nxt = first
+            continue
         coord.check_status(resp, source.address, "READ")
         if not resp.payload:
             raise ReplicaUnavailable(f"catch-up source {source.address} has nothing at LSN {nxt}")

@@ -10,7 +10,10 @@ QuorumLost and the coordinator recovers a new store session by itself; if anothe
 coordinator takes over (or the ZooKeeper session is lost) they fail with
 SessionFenced and the log stays fenced: open a new one.
 
-Not yet: ``trim`` keeps everything (storage nodes have no trim request yet).
+``trim`` (called by the compacter once records are in batches) tells the storage nodes
+to drop whole segments below the trim point. A replica that was away meanwhile cannot be
+caught up record by record from there: its catch-up finds the source TRIMMED and RESETs
+it to the first kept LSN (the records below live in the batches), then copies the rest.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class ReplicatedLog:
         self._closed = False
         self._sealed: dict[int, int] = {}
         self._finished = 0
+        self._trimmed = 0
         self._listener: Callable[[int], None] | None = None
         self._lock = threading.Lock()
         key = cluster_key if isinstance(cluster_key, uuid.UUID) else uuid.UUID(cluster_key)
@@ -181,7 +185,7 @@ class ReplicatedLog:
 
     @property
     def start_lsn(self) -> int:
-        return 0
+        return self._trimmed
 
     @property
     def end_lsn(self) -> int:
@@ -210,7 +214,11 @@ class ReplicatedLog:
             self._listener(self._finished)
 
     def trim(self, lsn: int) -> None:
-        """Kept for the protocol: storage nodes keep every record for now (see module doc)."""
+        """Records below ``lsn`` are in the engine's batches: storage nodes drop whole segments
+        below it. A replica that was away meanwhile is reset to the first kept LSN when it
+        catches up, since the records below exist nowhere in the log any more."""
+        self._trimmed = max(self._trimmed, lsn)
+        self._call_soon(self.coordinator.trim, lsn)
 
     def close(self) -> None:
         if self._closed:

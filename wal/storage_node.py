@@ -269,6 +269,39 @@ class FilePartitionStore:
             del seg.offsets[keep:]
             seg.end = cut
 
+    def trim_prefix(self, lsn: int) -> None:
+        """Drop whole segments whose records all lie below ``lsn`` (never the active one)."""
+        dropped = []
+        with self._lock:
+            while len(self._segs) > 1 and self._segs[0].next_lsn <= lsn:
+                dropped.append(self._segs.pop(0))
+        for seg in dropped:
+            for path in (seg.path, seg.idx_path):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        if dropped:
+            fsync_dir(self.dir)
+
+    def reset(self, lsn: int) -> None:
+        """Forget every record and continue at ``lsn``: the records below it were trimmed
+        from the other replicas (they live in the engine's batches), so this one cannot be
+        caught up record by record."""
+        with self._lock:
+            old, self._segs = self._segs, []
+        for fd in (self._fd, self._idx_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._idx_fd = -1
+        for seg in old:
+            for path in (seg.path, seg.idx_path):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        self._new_segment(lsn)
+
     def close(self) -> None:
         for fd in (self._fd, self._idx_fd):
             if fd >= 0:
@@ -314,6 +347,12 @@ class MemoryPartitionStore:
                 break
             out += f
         return bytes(out)
+
+    def trim_prefix(self, lsn: int) -> None:
+        """Simulations keep everything (trimming only saves space)."""
+
+    def reset(self, lsn: int) -> None:
+        raise WalError("an in-memory replica never trims, so it is never reset")
 
     def truncate(self, lsn: int) -> None:
         del self.frames[lsn:]
@@ -483,6 +522,11 @@ class StorageNode:
         if req.type == MsgType.TRUNCATE:
             part.reserved_next = min(part.reserved_next, max(req.arg1, part.store.start_lsn))
             return self._after(req, part, part.enqueue("call", (part.store.truncate, req.arg1)))
+        if req.type == MsgType.TRIM:
+            return self._after(req, part, part.enqueue("call", (part.store.trim_prefix, req.arg1)))
+        if req.type == MsgType.RESET:
+            part.reserved_next = req.arg1
+            return self._after(req, part, part.enqueue("call", (part.store.reset, req.arg1)))
         if req.type == MsgType.SET_LWM:
             new = PartitionState(req.session_id, req.arg1, min(req.arg1, part.reserved_next - 1))
             return self._after(req, part, part.enqueue("call", (part.set_state, new)))
@@ -497,6 +541,10 @@ class StorageNode:
         return self._reply(req, part, payload=payload)
 
     async def _read(self, req: Request, part: _Partition) -> Response:
+        if req.arg1 < part.store.start_lsn:
+            return self._reply(req, part, Status.TRIMMED,
+                               f"partition {req.partition}: LSN {req.arg1} was trimmed; the first kept is "
+                               f"{part.store.start_lsn}", payload=struct.pack("<Q", part.store.start_lsn))
         limit = min(max(req.arg2, 1), MAX_READ_BYTES)
         data = await part.io(part.store.read, req.arg1, limit)
         return self._reply(req, part, payload=data)

@@ -24,6 +24,7 @@ cluster runs in memory under a MockClock (tests/test_replication_sim.py).
 from __future__ import annotations
 
 import logging
+import struct
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -91,6 +92,7 @@ class Coordinator:
         self.blocking = blocking
         self.max_batch_bytes = max_batch_bytes
         self.max_inflight = max_inflight
+        self.trimmed = 0
         self.retain_bytes = retain_bytes
         self.catchup_bytes = catchup_bytes
         self.session = 0
@@ -137,6 +139,14 @@ class Coordinator:
         self._fail_all(self.fenced)
         if self._session_scope is not None:
             self._session_scope.cancel()
+
+    def trim(self, lsn: int) -> None:
+        """Tell every connected replica that records below ``lsn`` are no longer needed (they
+        are in the engine's batches). Best effort: a replica that misses it keeps more."""
+        self.trimmed = max(self.trimmed, lsn)
+        for link in self.links.values():
+            if link.conn is not None and link.state in ("in_sync", "joining", "catching"):
+                link.conn.request(MsgType.TRIM, self.session, lsn, 0, b"", on_reply=lambda call: None)
 
     def in_sync(self) -> list[str]:
         return [a for a, link in self.links.items() if link.state == "in_sync"]
@@ -446,6 +456,9 @@ class Coordinator:
                 continue
             try:
                 resp = await conn.call(MsgType.READ, self.session, start, max_bytes)
+                if resp.status == Status.TRIMMED:  # everything below was trimmed: read from the first kept
+                    start = max(start, struct.unpack("<Q", resp.payload[:8])[0])
+                    resp = await conn.call(MsgType.READ, self.session, start, max_bytes)
             except ReplicaUnavailable:
                 continue
             if resp.ok:

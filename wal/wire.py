@@ -50,6 +50,8 @@ class MsgType(IntEnum):
     INFO = 4  # report max LSN and low-water marks
     SET_LWM = 5  # arg1: low-water mark; persisted with the session in the control file
     TRUNCATE = 6  # arg1: drop every record with LSN >= arg1, durably
+    TRIM = 7  # arg1: records below arg1 are compacted elsewhere; drop whole segments below it
+    RESET = 8  # arg1: drop every record and continue at LSN arg1 (a replica behind the others' trim)
     RESPONSE = 128
 
 
@@ -60,6 +62,7 @@ class Status(IntEnum):
     LSN_MISMATCH = 3  # APPEND at an LSN that is not the next one (max LSN tells which is)
     BAD_REQUEST = 4  # malformed, unknown type, or no OPEN for this session yet
     FAILED = 5  # the node could not do it (I/O error); see the message
+    TRIMMED = 6  # READ below the node's first kept LSN; the payload is that LSN (u64)
 
 
 class WireError(ReplicationError):
