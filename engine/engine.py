@@ -438,8 +438,10 @@ class Engine:
         return records
 
     def _prepare(self, name: str, updates: object) -> tuple[_Relation, pa.Table, tuple[int, int] | None]:
-        with self._lock:
-            rel = self._rel(name)
+        rel = self._relations.get(name) if isinstance(name, str) and not self._closed else None  # re-checked under the lock
+        if rel is None:
+            with self._lock:
+                rel = self._rel(name)
         table, bounds = conform_updates(name, rel.entry.schema, updates, rel.update_schema)
         return rel, table, bounds
 
