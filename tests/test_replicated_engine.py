@@ -122,16 +122,8 @@ def test_cli_reaches_a_replicated_engine_through_its_zookeeper_metadata(tmp_path
 class SmallNode(Node):
     """A storage node with small segments, so that trimming shows in its files."""
 
-    def start(self) -> None:
-        import subprocess
-        import sys
-
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sediment.wal.storage_node", "--dir", str(self.dir), "--listen", self.address,
-             "--cluster-key", str(self.key), "--segment-bytes", str(1 << 14)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        assert line.startswith("listening on"), line
+    def __init__(self, directory) -> None:
+        super().__init__(directory, extra_args=("--segment-bytes", str(1 << 14)))
 
     def segments(self) -> list[str]:
         d = self.dir / "0"

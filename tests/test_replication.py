@@ -47,8 +47,9 @@ def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> Non
 class Node:
     """A storage node subprocess (``python -m sediment.wal.storage_node``)."""
 
-    def __init__(self, directory: Path, key: uuid.UUID = KEY) -> None:
+    def __init__(self, directory: Path, key: uuid.UUID = KEY, extra_args: tuple[str, ...] = ()) -> None:
         self.dir = directory
+        self.extra_args = extra_args
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.key = key
@@ -57,7 +58,7 @@ class Node:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sediment.wal.storage_node", "--dir", str(self.dir), "--listen", self.address,
-             "--cluster-key", str(self.key)],
+             "--cluster-key", str(self.key), *self.extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         assert line.startswith("listening on"), f"node did not start: {line!r} {self.proc.stderr.read()}"

@@ -666,14 +666,7 @@ class FileLog:
                 fd = self._read_fds.pop(seg.path, None)
                 if fd is not None:
                     os.close(fd)
-        for seg in dropped:
-            for path in (seg.path, seg.idx_path):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-        if dropped:
-            fsync_dir(self.dir)
+        sg.remove_segment_files(self.dir, dropped)
 
     def close(self) -> None:
         with self._lock:

@@ -18,6 +18,7 @@ import uuid
 from array import array
 from dataclasses import dataclass, field
 
+from sediment._fs import fsync_dir
 from sediment.wal import record as rec
 
 SEG_MAGIC = b"SDSG"
@@ -188,6 +189,19 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False):
         expected += 1
     scan.end = pos if scan.bad_offset < 0 else scan.bad_offset
     return (scan, records) if want_records else scan
+
+
+def remove_segment_files(directory: str, segments: list) -> None:
+    """Delete the ``.seg`` and ``.idx`` files of ``segments`` (objects with ``path`` and
+    ``idx_path``), then make the deletions durable."""
+    for seg in segments:
+        for path in (seg.path, seg.idx_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    if segments:
+        fsync_dir(directory)
 
 
 def read_index(path: str) -> tuple[SegmentHeader | None, array]:

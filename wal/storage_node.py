@@ -275,14 +275,7 @@ class FilePartitionStore:
         with self._lock:
             while len(self._segs) > 1 and self._segs[0].next_lsn <= lsn:
                 dropped.append(self._segs.pop(0))
-        for seg in dropped:
-            for path in (seg.path, seg.idx_path):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-        if dropped:
-            fsync_dir(self.dir)
+        sg.remove_segment_files(self.dir, dropped)
 
     def reset(self, lsn: int) -> None:
         """Forget every record and continue at ``lsn``: the records below it were trimmed
@@ -294,12 +287,7 @@ class FilePartitionStore:
             if fd >= 0:
                 os.close(fd)
         self._fd = self._idx_fd = -1
-        for seg in old:
-            for path in (seg.path, seg.idx_path):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+        sg.remove_segment_files(self.dir, old)
         self._new_segment(lsn)
 
     def close(self) -> None:
