@@ -24,12 +24,10 @@ from sediment.trace.batch import (
     BlobReader,
     batch_key,
     encode_batch,
-    iter_batch,
     new_nonce,
-    parse_batch_key,
+    open_batch,
+    read_row_group,
 )
-from sediment.trace.batch import _open as open_parquet
-from sediment.trace.batch import _read_group as read_group
 from sediment.trace.merge import merge_to_batch
 from sediment.trace.state import BatchRef, TraceState
 
@@ -145,8 +143,10 @@ class TraceStore:
     def read_stream(self, relation_id: int, ref: BatchRef) -> Iterator[pa.Table]:
         """A batch's row groups one at a time, each checked against the trace state."""
         if ref.key is None:
-            return iter(())
-        return iter_batch(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes)
+            return
+        pf, desc = self._open(relation_id, ref)
+        for i in range(pf.metadata.num_row_groups):
+            yield read_row_group(pf, i, desc, where=f"batch {ref.key!r}")
 
     def read(self, relation_id: int, ref: BatchRef) -> pa.Table | None:
         tables = list(self.read_stream(relation_id, ref))
@@ -160,8 +160,8 @@ class TraceStore:
             raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
         if size != ref.bytes:
             raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {ref.bytes}")
-        return open_parquet(pa.PythonFile(BlobReader(self.blobs, ref.key, size), mode="r"), where,
-                            describe(relation_id, ref))
+        return open_batch(pa.PythonFile(BlobReader(self.blobs, ref.key, size), mode="r"),
+                          describe(relation_id, ref), where=where)
 
     def row_groups(self, relation_id: int, ref: BatchRef) -> list[RowGroup]:
         """The batch's row groups with their time ranges (from the footer's statistics)."""
@@ -179,7 +179,7 @@ class TraceStore:
 
     def read_row_group(self, relation_id: int, group: RowGroup) -> pa.Table:
         pf, desc = self._open(relation_id, group.ref)
-        return read_group(pf, group.index, desc, f"batch {group.ref.key!r}", None)
+        return read_row_group(pf, group.index, desc, where=f"batch {group.ref.key!r}")
 
     def delete(self, keys: Iterable[str]) -> None:
         for key in keys:
@@ -212,11 +212,3 @@ class TraceStore:
             except (BatchCorruption, TraceError) as exc:
                 problems.append(str(exc))
         return problems
-
-
-def parse_relation(key: str) -> int | None:
-    try:
-        return parse_batch_key(key).relation_id
-    except BatchCorruption:
-        return None
-

@@ -234,7 +234,8 @@ class FileLog:
                 cut = True
                 continue
             scan = sg.scan_segment(path, first)
-            self._note_progress(path, scan)
+            for rel, t in scan.sealed.items():
+                self._sealed[rel] = max(self._sealed.get(rel, -1), t)
             if not scan.clean:
                 torn = is_last and not scan.valid_after_bad
                 if not torn and not repair:
@@ -263,10 +264,6 @@ class FileLog:
         if os.fstat(self._fd).st_size < self.segment_bytes:
             _allocate(self._fd, self.segment_bytes)
         self._idx_checkpoint = len(active.offsets)
-
-    def _note_progress(self, path: str, scan: sg.SegmentScan) -> None:
-        for rel, t in scan.sealed.items():
-            self._sealed[rel] = max(self._sealed.get(rel, -1), t)
 
     def _read_seg_header(self, path: str) -> sg.SegmentHeader | None:
         with open(path, "rb") as f:
