@@ -132,6 +132,53 @@ def test_kill_one_replica_during_appends_loses_nothing(nodes) -> None:
         assert n.records() == [f"rec-{i}".encode() for i in range(150)]
 
 
+def test_sigkill_under_concurrent_writers_restarts_the_session_and_fails_nothing(nodes) -> None:
+    """Eight writers stream appends; a replica is SIGKILLed mid-stream. The store session
+    closes and a new one recovers (Waltz), and no writer sees an error: appends in flight
+    are settled by the recovery, each exactly once."""
+    meta = MemoryMetadataStore()
+    log = open_log(nodes, meta)
+    first_session = log.coordinator.session
+    stop = threading.Event()
+    acked: dict[int, list[tuple[int, bytes]]] = {w: [] for w in range(8)}
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        i = 0
+        while not stop.is_set():
+            body = f"w{w}-{i}".encode()
+            try:
+                lsn = log.append([rec.Record(rec.RecordKind.UPDATES, relation_id=1, body=body)])
+            except BaseException as exc:  # noqa: BLE001 - the assertion below reports it
+                errors.append(exc)
+                return
+            acked[w].append((lsn, body))
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: sum(map(len, acked.values())) >= 200, what="appends before the kill")
+    nodes[1].kill()
+    wait_until(lambda: log.coordinator.session > first_session, what="a new store session")
+    done_at_restart = sum(map(len, acked.values()))
+    wait_until(lambda: sum(map(len, acked.values())) >= done_at_restart + 200, what="appends after the restart")
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    stored = {x.lsn: x.body for x in log.scan()}
+    every = sorted(a for w in acked.values() for a in w)
+    assert len(stored) == len(every) == len({b for _, b in every})  # exactly once each
+    assert all(stored[lsn] == body for lsn, body in every)
+    for w in acked.values():  # each writer's appends are in its own order
+        assert [lsn for lsn, _ in w] == sorted(lsn for lsn, _ in w)
+    log.close()
+    for n in (nodes[0], nodes[2]):
+        n.kill()
+        assert n.records() == [stored[lsn] for lsn in sorted(stored)]
+
+
 def test_kill_two_fails_without_false_ack_then_recovers(nodes) -> None:
     meta = MemoryMetadataStore()
     log = open_log(nodes, meta)

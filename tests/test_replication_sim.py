@@ -19,7 +19,7 @@ from sediment.errors import QuorumLost, SessionFenced
 from sediment.wal import record as rec
 from sediment.wal.partition_meta import UNRESOLVED, PartitionMetaStore
 from sediment.wal.storage_node import MemoryPartitionStore, StorageNode
-from sediment.wal.store_session import Coordinator
+from sediment.wal.store_session import Batch, Coordinator, Pending
 
 KEY = uuid.UUID(int=7)
 ADDRS = ["a:1", "b:1", "c:1"]
@@ -288,3 +288,137 @@ def test_superseded_coordinator_is_fenced() -> None:
             nursery.cancel_scope.cancel()
 
     run_sim(main)
+
+
+def test_replica_failure_closes_the_session_and_no_append_in_flight_fails() -> None:
+    """Waltz: a failed replica closes the store session and a new one recovers. Appends
+    in flight are settled by the closing high-water mark, never failed or duplicated."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = SimNetwork(nursery)
+            for a in ADDRS:
+                await net.add_node(a)
+            coord = make_coordinator(net, MemoryMetadataStore())
+            await nursery.start(coord.run)
+            first_session = coord.session
+            results: dict[int, tuple[int, BaseException | None]] = {}
+
+            def submit(i: int) -> None:
+                coord.submit([rec_of(i), rec_of(i + 10_000)],
+                             lambda lsn, err, i=i: results.__setitem__(i, (lsn, err)))
+
+            for i in range(100):
+                submit(i)
+            await wait_for(lambda: len(results) >= 30)
+            net.partition("c:1")  # mid-stream: appends in flight to c will never be answered
+            n = 100
+            while coord.session == first_session or n < 300:  # keep appending through the restart
+                submit(n)
+                n += 1
+                await trio.sleep(0.005)
+            await wait_for(lambda: len(results) == n)
+            assert all(err is None for _, err in results.values()), results
+            assert coord.sessions_started == 2 and coord.links["c:1"].state == "down"
+            log_a = bodies(net.log("a:1"))
+            assert log_a == bodies(net.log("b:1"))[:len(log_a)]
+            # every append exactly once, in submit order, at the LSN it was acknowledged with
+            expected = [body for i in range(n) for body in (f"r{i}".encode(), f"r{i + 10_000}".encode())]
+            assert log_a == expected
+            assert [results[i][0] for i in range(n)] == [2 * i + 1 for i in range(n)]
+            net.heal("c:1")
+            await wait_for(lambda: coord.links["c:1"].state == "in_sync")
+            assert await append(coord, [rec_of(999)]) == 2 * n
+            await wait_for(lambda: len(net.stores["c:1"][0].frames) == 2 * n + 1)
+            assert bodies(net.log("c:1")) == expected + [b"r999"]
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)
+
+
+def test_recovery_catches_a_lagging_replica_up_when_the_vote_is_undecidable() -> None:
+    """a holds 12 records, b 10, c is unreachable: 12 is undecidable (c might hold it too)
+    until b catches up from a. The new coordinator does that instead of waiting for c."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = SimNetwork(nursery)
+            for a in ADDRS:
+                await net.add_node(a)
+            meta = MemoryMetadataStore()
+            old = make_coordinator(net, meta)
+            scope = trio.CancelScope()
+
+            async def run_old(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                with scope:
+                    await old.run(task_status=task_status)
+
+            await nursery.start(run_old)
+            for i in range(10):
+                await append(old, [rec_of(i)])
+            net.partition("b:1")
+            net.partition("c:1")
+            old.submit([rec_of(100), rec_of(101)], lambda lsn, err: None)
+            await wait_for(lambda: len(net.stores["a:1"][0].frames) == 12)
+            scope.cancel()
+            net.heal("b:1")  # c stays away
+            new = make_coordinator(net, meta)
+            with trio.fail_after(30):
+                await nursery.start(new.run)
+            assert new.committed == 11
+            expected = [f"r{i}".encode() for i in range(10)] + [b"r100", b"r101"]
+            assert bodies(net.log("a:1")) == bodies(net.log("b:1")) == expected
+            assert await append(new, [rec_of(12)]) == 12
+            state = PartitionMetaStore(meta, 0).load()[0]
+            assert state.replicas["c:1"].closing_hwm == 11  # c, when it returns, keeps at most 11
+            net.heal("c:1")
+            await wait_for(lambda: new.links["c:1"].state == "in_sync")
+            await wait_for(lambda: len(net.stores["c:1"][0].frames) == 13)
+            assert bodies(net.log("c:1")) == expected + [b"r12"]
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)
+
+
+def test_carry_over_acknowledges_what_recovery_kept_and_resends_the_rest_in_order() -> None:
+    """The settlement of a closed session's appends, on its own: records at or below the
+    closing high-water mark are acknowledged; the rest are sent again with new LSNs, and
+    a submission cut by the mark is acknowledged once, whole, after its tail is durable."""
+    coord = Coordinator(ADDRS, PartitionMetaStore(MemoryMetadataStore(), 0), KEY, 0, connect=None)
+    seen: list[list[bytes]] = []
+    coord.listeners.append(lambda records: seen.append([r.body for r in records]))
+    acks: list[tuple[str, int]] = []
+
+    def waiter(name: str, lsns: list[int]) -> Pending:
+        records = []
+        for lsn in lsns:
+            r = rec_of(lsn)
+            r.lsn = lsn
+            records.append(r)
+        return Pending(records, lambda lsn, err: acks.append((name, lsn if err is None else -1)))
+
+    w1, w2, w3 = waiter("w1", [5, 6]), waiter("w2", [7, 8, 9]), waiter("w3", [10])
+    queued = waiter("q", [])
+    queued.records = [rec_of(11)]
+    coord.inflight.extend([Batch(5, 9, b"", [], [w1, w2]), Batch(10, 10, b"", [], [w3])])
+    coord.queue.append(queued)
+    coord.end_lsn, coord.committed = 8, 7  # recovery kept LSNs up to 7
+    coord._carry_over(7)
+    assert acks == [("w1", 6)] and seen == [[b"r5", b"r6"]]
+    assert [(p.records[0].body, p.skip) for p in coord.queue] == [(b"r7", 1), (b"r10", 0), (b"r11", 0)]
+    coord._send_batch()
+    [batch] = coord.inflight
+    assert (batch.first, batch.last) == (8, 11)
+    frames = [rec.to_record(rec.decode_header(f), f[rec.HEADER_SIZE:]) for f in _frames(batch.payload)]
+    assert [(f.lsn, f.body) for f in frames] == [(8, b"r8"), (9, b"r9"), (10, b"r10"), (11, b"r11")]
+    batch.acks.update(ADDRS[:2])
+    coord._advance()
+    assert acks == [("w1", 6), ("w2", 9), ("w3", 10), ("q", 11)]
+    assert seen[1] == [b"r7", b"r8", b"r9"]  # the whole submission, once
+
+
+def _frames(payload: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(payload):
+        size = rec.decode_header(payload, pos).frame_size
+        out.append(payload[pos:pos + size])
+        pos += size
+    return out

@@ -31,7 +31,7 @@ from sediment.errors import EngineClosed, WalCorruption, WalError
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
 from sediment.wal.control import ControlFile, PartitionState, fsync_dir
-from sediment.wal.protocol import OpenReport
+from sediment.wal.protocol import DoneFlag, OpenReport
 
 log = logging.getLogger(__name__)
 
@@ -55,31 +55,6 @@ class _Segment:
         return self.first_lsn + len(self.offsets)
 
 
-class _Done:
-    """A one-shot completion flag: a lock held until set. Cheaper than threading.Event
-    (no condition variable), which matters with dozens of threads appending single rows."""
-
-    __slots__ = ("_lock", "_set")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self._set = False
-
-    def set(self) -> None:
-        if not self._set:
-            self._set = True
-            self._lock.release()
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def wait(self) -> None:
-        if not self._set:
-            self._lock.acquire()
-            self._lock.release()
-
-
 @dataclass
 class _Pending:
     """An append in flight: queued, then written, then durable. Also the caller's ticket."""
@@ -87,7 +62,7 @@ class _Pending:
     records: Sequence[rec.Record]
     crcs: list[int]
     on_durable: Callable[[Sequence[rec.Record]], None] | None = None
-    done: _Done = field(default_factory=_Done)
+    done: DoneFlag = field(default_factory=DoneFlag)
     last_lsn: int = -1
     error: BaseException | None = None
 

@@ -6,8 +6,11 @@
    an older session than the metadata says it was engaged in: e.g. restored from an old
    copy), truncate it to the low-water mark saved in its storage; else if its state
    already has a closing high-water mark, truncate to that. Then report its max LSN.
-4. Vote (wal/vote.py), waiting while undecidable: offline replicas are retried, and a
-   new report re-runs the vote.
+4. Vote (wal/vote.py), waiting while undecidable: offline replicas are retried, and
+   replicas that are online but behind are caught up from the one furthest ahead (the
+   seed's "Replica C catches up with Replica A"); every new report re-runs the vote.
+   Copying is safe because after step 3 every replica holds a prefix of one history.
+   Without it, one dead replica and two that disagree would wait for ever.
 5. On every reachable replica: truncate dirty records above the result, catch up from
    a replica that is ahead, set the low-water mark: it is now clean.
 6. Update the metadata (compare-and-set on the version from step 1, so a coordinator
@@ -124,35 +127,61 @@ async def recover(coord, nursery: trio.Nursery) -> RecoveryResult:
             changed.set()
             return
 
-    async with trio.open_nursery() as joins:
-        for r in coord.replicas:
-            joins.start_soon(join, r)
-        while True:
-            hwm = resolve_closing_hwm(reports, len(coord.replicas))
-            if hwm is not None:
-                decided.append(hwm)
-                joins.cancel_scope.cancel()
-                break
-            await changed.wait()
-            changed = trio.Event()
+    catching: set[str] = set()
+
+    async def catch_up(address: str, source: str) -> None:
+        nonlocal changed
+        try:
+            await copy_records(coord, conns[source], conns[address], session, reports[address] + 1,
+                               reports[source] + 1)
+            reports[address] = max(reports[address], reports[source])
+        except ReplicaUnavailable as exc:
+            log.info("recovery: catching %s up from %s failed: %s", address, source, exc)
+        finally:
+            catching.discard(address)
+            changed.set()
+
+    async with trio.open_nursery() as copiers:
+        async with trio.open_nursery() as joins:
+            for r in coord.replicas:
+                joins.start_soon(join, r)
+            while True:
+                hwm = resolve_closing_hwm(reports, len(coord.replicas))
+                if hwm is not None:
+                    decided.append(hwm)
+                    joins.cancel_scope.cancel()
+                    break
+                if reports:
+                    top = max(reports, key=lambda a: reports[a])
+                    for a in list(reports):
+                        if reports[a] < reports[top] and a not in catching and not conns[a].dead:
+                            catching.add(a)
+                            copiers.start_soon(catch_up, a, top)
+                await changed.wait()
+                changed = trio.Event()
+        # copies still running finish first: clean-up asks each replica where it stands
     hwm = decided[0]
     log.info("partition %d session %d: closing high-water mark %d (reports %s)", coord.partition, session,
              hwm, reports)
 
     clean: dict[str, ReplicaConnection] = {}
-    sources = [a for a in conns if reports[a] >= hwm]
 
     async def clean_up(address: str) -> None:
         conn = conns[address]
         try:
-            if reports[address] > hwm:
+            info = await conn.call(MsgType.INFO, session)
+            coord.check_status(info, address, "INFO")
+            have = info.max_lsn
+            if have > hwm:
                 coord.check_status(await conn.call(MsgType.TRUNCATE, session, hwm + 1), address, "TRUNCATE")
-            elif reports[address] < hwm:
-                for src in sources:
+            elif have < hwm:
+                for src in [a for a in conns if reports[a] >= hwm and a != address]:
                     try:
-                        await copy_records(coord, conns[src], conn, session, reports[address] + 1, hwm + 1)
+                        await copy_records(coord, conns[src], conn, session, have + 1, hwm + 1)
                         break
                     except ReplicaUnavailable:
+                        if conn.dead:
+                            raise
                         continue
                 else:
                     return

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
 import trio
@@ -28,15 +29,17 @@ from sediment.engine.metadata import MetadataStore
 from sediment.errors import EngineClosed, ReplicationError, WalError
 from sediment.wal import record as rec
 from sediment.wal.partition_meta import PartitionMetaStore
-from sediment.wal.protocol import OpenReport
+from sediment.wal.protocol import DoneFlag, OpenReport
 from sediment.wal.replica import tcp_connect
 from sediment.wal.store_session import Coordinator
 from sediment.wal.wire import iter_records
 
 
 class _Ticket:
+    __slots__ = ("done", "lsn", "error")
+
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self.done = DoneFlag()
         self.lsn = -1
         self.error: BaseException | None = None
 
@@ -73,6 +76,9 @@ class ReplicatedLog:
         self._trimmed = 0
         self._listener: Callable[[int], None] | None = None
         self._lock = threading.Lock()
+        self._inbox: deque = deque()  # submissions on their way to the trio thread, in order
+        self._drain_scheduled = False
+        self._stopped = False  # the trio thread is done: nothing will drain the inbox again
         key = cluster_key if isinstance(cluster_key, uuid.UUID) else uuid.UUID(cluster_key)
         self.coordinator = Coordinator(replicas, PartitionMetaStore(metadata, partition), key, partition,
                                        connect=tcp_connect, timeout=timeout)
@@ -113,6 +119,11 @@ class ReplicatedLog:
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, not lost in a dead thread
             self._failure = _innermost(exc)
         finally:
+            self._stopped = True
+            self._drain()
+            self.coordinator._fail_all(self.coordinator.fenced or EngineClosed(
+                f"the replicated log of partition {self.partition} was closed before these appends were "
+                "acknowledged; they may or may not be in the log"))
             self._ready.set()
 
     def _call_soon(self, fn: Callable, *args) -> None:
@@ -149,16 +160,34 @@ class ReplicatedLog:
 
         if self._closed:
             raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
-        try:
-            # Not a blocking round trip: callbacks run first in, first out, so the coordinator's
-            # queue keeps submit order, and a caller holding its own lock (the engine does) never
-            # waits for the trio thread, which may itself be waiting for that lock in on_durable.
-            self._token.run_sync_soon(self.coordinator.submit, list(records), done)
-        except trio.RunFinishedError:
-            # The coordinator stopped: it was fenced (the usual reason) or the log was closed.
+        # Not a blocking round trip: the trio thread takes submissions in order, so the
+        # coordinator's queue keeps submit order, and a caller holding its own lock (the engine
+        # does) never waits for the trio thread, which may itself wait for that lock in
+        # on_durable. One wake-up serves every submission queued before the trio thread runs.
+        self._inbox.append((list(records), done))
+        if self._stopped:
+            self._fail_inbox()
+        elif not self._drain_scheduled:
+            self._drain_scheduled = True
+            try:
+                self._token.run_sync_soon(self._drain)
+            except trio.RunFinishedError:
+                self._fail_inbox()
+        return ticket
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        submit = self.coordinator.submit
+        while self._inbox:
+            records, done = self._inbox.popleft()
+            submit(records, done)
+
+    def _fail_inbox(self) -> None:
+        """The coordinator stopped: it was fenced (the usual reason) or the log was closed."""
+        while self._inbox:
+            _records, done = self._inbox.popleft()
             done(-1, self.coordinator.fenced or EngineClosed(
                 f"the replicated log of partition {self.partition} stopped; open a new one"))
-        return ticket
 
     def append(self, records: Sequence[rec.Record]) -> int:
         return self.submit(records).wait()
@@ -230,6 +259,7 @@ class ReplicatedLog:
                 pass
         self._closed = True
         self._thread.join(timeout=10)
+        self._fail_inbox()
 
 
 def _innermost(exc: BaseException) -> BaseException:

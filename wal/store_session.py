@@ -6,14 +6,21 @@ batched, given LSNs, and sent to every replica that is in sync, pipelined (a nod
 writes everything queued with one sync). A batch is acknowledged, in LSN order, once a
 write quorum (n // 2 + 1) of counting replicas made it durable; never earlier.
 
-* A replica that fails (connection lost, error, timeout) leaves the write set and is
-  caught up in the background: from a peer's storage, then from the batches still in
-  memory, after which it receives new batches again. It counts towards the quorum
-  only once the metadata records it as engaged in this session, so the next recovery
-  vote will count it (otherwise an ack could rest on a replica the vote ignores).
+* A replica of the write set that fails (connection lost, error, timeout) closes the
+  session, and a new store session starts with recovery, as in Waltz. Appends in
+  flight are not failed: recovery's closing high-water mark says which of them a
+  quorum holds (acknowledged now) and which were truncated (sent again, in order,
+  in the new session). Appends submitted meanwhile wait in the queue. If no new
+  session accepts writes within ``timeout``, they all fail with QuorumLost.
+* A replica that is down is caught up in the background: from a peer's storage, then
+  from the batches still in memory, after which it receives new batches again. It
+  counts towards the quorum only once the metadata records it as engaged in this
+  session, so the next recovery vote will count it (otherwise an ack could rest on a
+  replica the vote ignores). A replica failing while it catches up only retries.
 * When fewer than a quorum of counting replicas remain, every unacknowledged append
-  fails with QuorumLost and the coordinator starts a new store session (recovery
-  waits until the vote is decidable), after which writes resume.
+  fails with QuorumLost (its outcome is unknown until recovery) and the coordinator
+  starts a new store session (recovery waits until the vote is decidable), after
+  which writes resume.
 * A FENCED reply (a newer session exists) or a lost ZooKeeper session fails every
   append with SessionFenced, and the coordinator stops for good.
 
@@ -46,13 +53,25 @@ log = logging.getLogger(__name__)
 Done = Callable[[int, BaseException | None], None]  # (last LSN, error) once acknowledged or failed
 
 
+class Pending:
+    """One submission: its records, its callback, and how many of them (a prefix) are
+    already durable from an earlier session (only the rest is sent again)."""
+
+    __slots__ = ("records", "done", "skip")
+
+    def __init__(self, records: Sequence[rec.Record], done: Done, skip: int = 0) -> None:
+        self.records = records
+        self.done = done
+        self.skip = skip
+
+
 @dataclass
 class Batch:
     first: int
     last: int
     payload: bytes
     sizes: list[int]
-    waiters: list[tuple[Sequence[rec.Record], Done]]
+    waiters: list[Pending]
     acks: set[str] = field(default_factory=set)
 
 
@@ -101,12 +120,14 @@ class Coordinator:
         self.end_lsn = 0  # next LSN to assign
         self.committed = -1  # highest acknowledged LSN
         self.links: dict[str, Link] = {}
-        self.queue: list[tuple[Sequence[rec.Record], Done]] = []
+        self.queue: deque[Pending] = deque()
         self.inflight: deque[Batch] = deque()
         self.retained: deque[Batch] = deque()
         self._retained_bytes = 0
         self.fenced: SessionFenced | None = None
         self.writable = trio.Event()
+        self.restarting = False  # a replica failed: a new session is recovering, submissions wait
+        self._restart_by = 0.0  # (trio clock) when waiting submissions fail if no session took them
         self._wake = trio.Event()
         self._progress = trio.Event()
         self._broken: BaseException | None = None
@@ -123,11 +144,11 @@ class Coordinator:
         if self.fenced is not None:
             done(-1, self.fenced)
             return
-        if not self.writable.is_set():
+        if not self.writable.is_set() and not self.restarting:
             done(-1, QuorumLost(f"partition {self.partition}: no write quorum right now (recovering a new "
                                 f"store session over {self.replicas}); nothing was written, retry later"))
             return
-        self.queue.append((records, done))
+        self.queue.append(Pending(records, done))
         self._wake.set()
 
     def fence(self, why: str) -> None:
@@ -178,13 +199,15 @@ class Coordinator:
 
     async def _start_session(self, nursery: trio.Nursery) -> None:
         self._broken = None
+        if self.restarting:
+            nursery.start_soon(self._restart_deadline)
         res = await recover(self, nursery)
         self.session = res.session_id
         self.meta_version = res.meta_version
         self.replica_states = dict(res.meta.replicas)
         self.end_lsn = res.closing_hwm + 1
         self.committed = res.closing_hwm
-        self.inflight.clear()
+        self._carry_over(res.closing_hwm)
         self.retained.clear()
         self._retained_bytes = 0
         self.links = {a: Link(a) for a in self.replicas}
@@ -204,7 +227,39 @@ class Coordinator:
             await trio.sleep(self.retry_interval)
             nursery.cancel_scope.cancel()
             return
+        self.restarting = False
         self.writable.set()
+        if self.queue:
+            self._wake.set()
+
+    def _carry_over(self, closing_hwm: int) -> None:
+        """Settle the appends a closed session left in flight: those the recovery kept (at
+        or below the closing high-water mark, so on a quorum) are acknowledged, in order;
+        the rest go back to the front of the queue, to be sent again with new LSNs."""
+        old, self.inflight = self.inflight, deque()
+        again: list[Pending] = []
+        for b in old:
+            for p in b.waiters:
+                kept = sum(1 for r in p.records if r.lsn <= closing_hwm) if b.first <= closing_hwm else 0
+                if again or kept < len(p.records):
+                    again.append(Pending(p.records, p.done, max(p.skip, kept)))
+                else:
+                    self._acknowledge(p, b.last)
+            b.waiters = []
+        if again:
+            log.info("partition %d: %d appends of the closed session were not kept; sending them again",
+                     self.partition, len(again))
+            self.queue.extendleft(reversed(again))
+
+    async def _restart_deadline(self) -> None:
+        """Appends wait through a session restart, but not for ever."""
+        await trio.sleep_until(self._restart_by)
+        if self.restarting and not self.writable.is_set():
+            self.restarting = False
+            self._fail_all(QuorumLost(
+                f"partition {self.partition}: no write quorum of {self.replicas}: no new store session accepted "
+                f"writes within {self.timeout}s of a replica failure. Unacknowledged appends were not "
+                "acknowledged (they may or may not survive recovery); retry once the storage nodes are reachable"))
 
     async def _watchdog(self) -> None:
         """Drop a replica whose oldest unacknowledged append is older than ``timeout``: a
@@ -227,26 +282,26 @@ class Coordinator:
             await trio.lowlevel.checkpoint()
 
     def _send_batch(self) -> None:
-        taken: list[tuple[Sequence[rec.Record], Done]] = []
+        taken: list[Pending] = []
         size = 0
         while self.queue and (not taken or size < self.max_batch_bytes):
-            item = self.queue.pop(0)
-            taken.append(item)
-            size += sum(r.frame_size for r in item[0])
+            p = self.queue.popleft()
+            taken.append(p)
+            size += sum(r.frame_size for r in p.records[p.skip:])
         first = self.end_lsn
         parts: list[bytes] = []
         sizes: list[int] = []
         lsn = first
-        for records, _ in taken:
-            for r in records:
+        for p in taken:
+            for r in p.records[p.skip:]:
                 r.lsn = lsn
                 frame = rec.encode(r, lsn)
                 parts.append(frame)
                 sizes.append(len(frame))
                 lsn += 1
         if lsn == first:  # only empty submissions: acknowledge at the current end
-            for _, done in taken:
-                done(self.committed, None)
+            for p in taken:
+                self._acknowledge(p, self.committed)
             return
         batch = Batch(first, lsn - 1, b"".join(parts), sizes, taken)
         self.end_lsn = lsn
@@ -286,10 +341,8 @@ class Coordinator:
         while self.inflight and len(self.inflight[0].acks) >= self.quorum:
             b = self.inflight.popleft()
             self.committed = b.last
-            for records, done in b.waiters:
-                for listener in self.listeners:
-                    listener(records)
-                done(records[-1].lsn if records else b.last, None)
+            for p in b.waiters:
+                self._acknowledge(p, b.last)
             b.waiters = []
             self.retained.append(b)
             self._retained_bytes += len(b.payload)
@@ -298,11 +351,19 @@ class Coordinator:
         self._progress.set()
         self._progress = trio.Event()
 
+    def _acknowledge(self, p: Pending, last: int) -> None:
+        if p.records:
+            for listener in self.listeners:
+                listener(p.records)
+        p.done(p.records[-1].lsn if p.records else last, None)
+
     def _drop(self, link: Link, why: str) -> None:
-        """The replica left the write set: catch it up in the background; check the quorum."""
+        """A replica failed. One of the write set closes the session (a new one recovers,
+        see the module doc); one that was catching up only retries in the background."""
         if link.state == "down":
             return
         log.warning("partition %d: replica %s dropped: %s", self.partition, link.address, why)
+        counted = link.state == "in_sync"
         if link.conn is not None:
             link.conn.kill(why)
         link.conn, link.state = None, "down"
@@ -310,8 +371,27 @@ class Coordinator:
         if self._session_scope is not None and self.fenced is None and self._broken is None:
             if len(self.in_sync()) < self.quorum:
                 self._lose_quorum(f"replica {link.address} failed ({why})")
-                return
-            self._spawn_catch_up(link)
+            elif counted:
+                self._close_session(f"replica {link.address} failed ({why})")
+            else:
+                self._spawn_catch_up(link)
+
+    def _close_session(self, why: str) -> None:
+        """End this session without failing anything: the next one recovers, then settles
+        the appends in flight (:meth:`_carry_over`) and sends the queue."""
+        self._broken = ReplicationError(f"partition {self.partition} session {self.session}: {why}; a new "
+                                        "store session is recovering")
+        if not self.restarting:
+            self.restarting = True
+            self._restart_by = trio.current_time() + self.timeout
+        self.writable = trio.Event()
+        for link in self.links.values():
+            conn, link.conn, link.state = link.conn, None, "down"
+            link.unacked.clear()
+            if conn is not None:
+                conn.kill("the store session closed")
+        assert self._session_scope is not None
+        self._session_scope.cancel()
 
     def _spawn_catch_up(self, link: Link) -> None:
         if not link.catching_up:
@@ -330,12 +410,13 @@ class Coordinator:
         self._session_scope.cancel()
 
     def _fail_all(self, err: BaseException) -> None:
-        pending = [w for b in self.inflight for w in b.waiters] + self.queue
+        pending = [w for b in self.inflight for w in b.waiters] + list(self.queue)
         for b in self.inflight:
             b.waiters = []
-        self.queue = []
-        for _records, done in pending:
-            done(-1, err)
+        self.queue.clear()
+        self.restarting = False
+        for p in pending:
+            p.done(-1, err)
 
     # --- catch-up ---------------------------------------------------------------------------
 
