@@ -34,7 +34,13 @@ import pyarrow.flight as flight
 from sediment import errors
 from sediment.engine.engine import ReadPlan
 from sediment.engine.schema import check_name
-from sediment.errors import EngineClosed, InvalidUpdates, SchemaMismatch, SedimentError, TransactionError
+from sediment.errors import (
+    EngineClosed,
+    InvalidUpdates,
+    SchemaMismatch,
+    ServerError,
+    TransactionError,
+)
 from sediment.server import (
     AUTH_HEADER,
     BUILTIN_ERRORS,
@@ -47,11 +53,6 @@ from sediment.server import (
 )
 
 PUT_CHUNK_BYTES = 4 << 20  # record batches on the wire stay well below gRPC's message limits
-
-
-class ServerError(SedimentError):
-    """The server failed with an error that is not one of sediment's typed errors (a bug or an
-    environment problem on the server); the message carries the server's error type and text."""
 
 
 def typed_error(exc: flight.FlightError) -> BaseException:

@@ -174,3 +174,21 @@ class QuorumLost(ReplicationError):
 
 class SessionFenced(ReplicationError):
     """A newer store session exists: this coordinator has been superseded and must stop."""
+
+
+class ReplicaUnavailable(ReplicationError):
+    """The connection to one storage node failed (refused, closed, timed out). Internal to
+    the coordinator, which reconnects or closes the store session; callers see QuorumLost."""
+
+
+class WireError(ReplicationError):
+    """Bytes from a peer are not a valid frame (bad magic, version, CRC or length). The
+    connection is dropped: nothing in it after that point can be trusted."""
+
+
+# --- network coordinator ----------------------------------------------------------------------
+
+
+class ServerError(SedimentError):
+    """The server failed with an error that is not one of sediment's typed errors (a bug or an
+    environment problem on the server); the message carries the server's error type and text."""

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import trio
 
-from sediment.errors import MetadataConflict, SessionFenced
+from sediment.errors import MetadataConflict, ReplicaUnavailable, SessionFenced
 from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, ReplicaState
-from sediment.wal.replica import ReplicaConnection, ReplicaUnavailable
+from sediment.wal.replica import ReplicaConnection
 from sediment.wal.vote import resolve_closing_hwm
 from sediment.wal.wire import MsgType, Status
 

@@ -18,15 +18,11 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from sediment.errors import ReplicationError
+from sediment.errors import ReplicaUnavailable
 from sediment.wal import wire
 from sediment.wal.wire import MsgType, Request, Response
 
 Connect = Callable[[str], Awaitable[trio.abc.Stream]]
-
-
-class ReplicaUnavailable(ReplicationError):
-    """Internal: the connection to a storage node failed; the replica session reconnects."""
 
 
 async def tcp_connect(address: str) -> trio.abc.Stream:

@@ -40,11 +40,18 @@ from typing import Any
 
 import trio
 
-from sediment.errors import MetadataConflict, MetadataError, QuorumLost, ReplicationError, SessionFenced
+from sediment.errors import (
+    MetadataConflict,
+    MetadataError,
+    QuorumLost,
+    ReplicationError,
+    ReplicaUnavailable,
+    SessionFenced,
+)
 from sediment.wal import record as rec
 from sediment.wal.partition_meta import UNRESOLVED, PartitionMetaStore, ReplicaState
 from sediment.wal.recovery import copy_records, open_replica, recover
-from sediment.wal.replica import Call, Connect, ReplicaConnection, ReplicaUnavailable
+from sediment.wal.replica import Call, Connect, ReplicaConnection
 from sediment.wal.vote import quorum_size
 from sediment.wal.wire import MsgType, Response, Status
 

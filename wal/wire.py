@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
-from sediment.errors import ReplicationError
+from sediment.errors import WireError
 from sediment.wal import record as rec
 
 MAGIC = b"SDRP"
@@ -63,11 +63,6 @@ class Status(IntEnum):
     BAD_REQUEST = 4  # malformed, unknown type, or no OPEN for this session yet
     FAILED = 5  # the node could not do it (I/O error); see the message
     TRIMMED = 6  # READ below the node's first kept LSN; the payload is that LSN (u64)
-
-
-class WireError(ReplicationError):
-    """Bytes from a peer are not a valid frame (bad magic, version, CRC or length). The
-    connection is dropped: nothing in it after that point can be trusted."""
 
 
 @dataclass(frozen=True, slots=True)
