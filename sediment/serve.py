@@ -49,6 +49,9 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p.add_argument("--shutdown-grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS",
                    help=f"on SIGTERM, how long calls under way may take to finish before they are cut off "
                         f"(default {DEFAULT_GRACE:g})")
+    p.add_argument("--txn-idle-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="abort a transaction that no call has named for this long: an open transaction "
+                        "holds back compaction (default 600; 0 never)")
     return p
 
 
@@ -74,7 +77,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         engine = _open(args, create=True)
         try:
-            server = SedimentFlightServer(engine, location, token)
+            server = SedimentFlightServer(engine, location, token,
+                                          txn_idle_timeout=args.txn_idle_timeout or None)
             try:
                 print(f"serving {_data_dir(args)} on {server.uri}", flush=True)
                 stop.wait()  # a signal handler runs in this thread and sets it

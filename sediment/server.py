@@ -38,9 +38,11 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   ``{"error": CLASS, "module": "sediment.errors"|"builtins", "message": TEXT, "attrs": {...}}``;
   the client raises the same class with the same message (see :func:`error_detail`).
 
-Transactions live on the server by id between calls; those still open when the server
-stops are aborted, so a client that vanished never leaves a transaction dangling past a
-restart (and the WAL's replay discards one that a crash left open).
+Transactions live on the server by id between calls. One left idle (no call naming it)
+for longer than ``txn_idle_timeout`` is aborted, and so is every one still open when the
+server stops: an open transaction holds back the compacter's WAL cut, so a client that
+vanished must not keep one open for ever (and the WAL's replay discards one that a crash
+left open).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -79,6 +82,7 @@ DEFAULT_LOCATION = "grpc://127.0.0.1:0"
 BUILTIN_ERRORS = ("ValueError", "TypeError", "KeyError", "LookupError", "IndexError")
 LOCAL_STOP_GRACE = 10.0  # seconds serve_local's close() waits for calls still running
 _FINISHED_TXN_STATES = 4096
+DEFAULT_TXN_IDLE_TIMEOUT = 600.0  # seconds without a call before the server aborts a transaction
 FEED_POLL = 1.0  # seconds a feed stream waits for an event before checking that its client is still there
 FEED_BATCH_ROWS = 65536  # how many finished transactions' states the server remembers
 
@@ -197,8 +201,13 @@ class SedimentFlightServer(flight.FlightServerBase):
     transactions clients left open; with ``close_engine=True`` it closes the engine too."""
 
     def __init__(self, engine: Engine, location: str = DEFAULT_LOCATION, token: str | None = None, *,
-                 close_engine: bool = False) -> None:
+                 close_engine: bool = False, txn_idle_timeout: float | None = DEFAULT_TXN_IDLE_TIMEOUT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``txn_idle_timeout``: seconds a transaction may go without a call before it is
+        aborted (None: never); ``clock`` measures it (tests pass their own)."""
         self._token = resolve_token(token)
+        if txn_idle_timeout is not None and txn_idle_timeout <= 0:
+            raise ValueError(f"txn_idle_timeout must be positive seconds or None, not {txn_idle_timeout!r}")
         parsed = urlparse(location)
         if parsed.scheme not in ("grpc", "grpc+tcp") or not parsed.hostname or parsed.port is None:
             raise ValueError(f"cannot serve on {location!r}: give grpc://HOST:PORT (PORT 0 picks a free port)")
@@ -207,6 +216,11 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._close_engine = close_engine
         self._lock = threading.Lock()
         self._txns: dict[int, Transaction] = {}
+        self._txn_used: dict[int, float] = {}  # transaction id -> clock() of the last call naming it
+        self._txn_idle_timeout = txn_idle_timeout
+        self._clock = clock
+        self._idle_aborted: OrderedDict[int, None] = OrderedDict()
+        self._reaper_stop = threading.Event()
         self._finished: OrderedDict[int, str] = OrderedDict()
         self._stages: dict[str, dict[str, list[pa.Table]]] = {}
         self._stopped = False
@@ -242,6 +256,9 @@ class SedimentFlightServer(flight.FlightServerBase):
         except pa.ArrowException as exc:  # gRPC only says "Server did not start properly"
             raise SedimentError(f"could not listen on {location} ({exc}); is the port in use by another process? "
                                 "pick another port (0 picks a free one)") from None
+        if txn_idle_timeout is not None:
+            threading.Thread(target=self._reap_loop, args=(min(txn_idle_timeout / 4, 30.0),),
+                             name="sediment-server-txn-reaper", daemon=True).start()
 
     @property
     def uri(self) -> str:
@@ -261,18 +278,61 @@ class SedimentFlightServer(flight.FlightServerBase):
                 raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping; reconnect to a new one")
             tx = self.engine.transaction()
             self._txns[tx.id] = tx
+            self._txn_used[tx.id] = self._clock()
         return tx.id
 
     def _txn(self, txn_id: object) -> Transaction:
         with self._lock:
             tx = self._txns.get(txn_id) if isinstance(txn_id, int) else None
             state = self._finished.get(txn_id) if isinstance(txn_id, int) else None
+            if tx is not None:
+                self._txn_used[tx.id] = self._clock()
+            idle = txn_id in self._idle_aborted
         if tx is None:
             shown = f"{txn_id:#x}" if isinstance(txn_id, int) else repr(txn_id)
+            if idle:
+                state = (f"{state}: the server aborted it after {self._txn_idle_timeout:g} s without a call "
+                         "(txn_idle_timeout)")
             raise TransactionError(f"transaction {shown} is " + (
                 f"already {state}" if state else "not open on this server (it was never begun here, or the "
                 "server restarted and aborted it); begin a new transaction"))
         return tx
+
+    def reap_idle_transactions(self) -> list[int]:
+        """Abort the transactions idle for longer than ``txn_idle_timeout``; their ids. A
+        background thread calls this; tests call it with their own clock."""
+        if self._txn_idle_timeout is None:
+            return []
+        now = self._clock()
+        with self._lock:
+            idle = [self._txns[i] for i, used in self._txn_used.items()
+                    if now - used > self._txn_idle_timeout and i in self._txns]
+            for tx in idle:  # no call can pick them up any more
+                del self._txns[tx.id]
+                del self._txn_used[tx.id]
+        reaped = []
+        for tx in idle:
+            try:
+                tx.abort()
+            except Exception as exc:  # noqa: BLE001 - replay discards it at the next open anyway
+                log.warning("could not abort idle transaction %#x: %s", tx.id, exc)
+                continue
+            log.warning("aborted transaction %#x: no call for more than %g s", tx.id, self._txn_idle_timeout)
+            with self._lock:
+                self._idle_aborted[tx.id] = None
+                self._finished[tx.id] = tx.state
+                for remembered in (self._idle_aborted, self._finished):
+                    while len(remembered) > _FINISHED_TXN_STATES:
+                        remembered.popitem(last=False)
+            reaped.append(tx.id)
+        return reaped
+
+    def _reap_loop(self, interval: float) -> None:
+        while not self._reaper_stop.wait(interval):
+            try:
+                self.reap_idle_transactions()
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.warning("reaping idle transactions failed: %s", exc)
 
     def _settle(self, tx: Transaction) -> str:
         """Forget a finished transaction, remembering its final state for txn_state."""
@@ -280,6 +340,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         if state != "open":
             with self._lock:
                 self._txns.pop(tx.id, None)
+                self._txn_used.pop(tx.id, None)
                 self._finished[tx.id] = state
                 while len(self._finished) > _FINISHED_TXN_STATES:
                     self._finished.popitem(last=False)
@@ -448,6 +509,7 @@ class SedimentFlightServer(flight.FlightServerBase):
                 return True
             self._stopped = True
             subs, self._subs = list(self._subs), set()
+        self._reaper_stop.set()
         for sub in subs:  # ends their streams, which would otherwise hold up the shutdown for ever
             sub.close()
         finished = threading.Event()

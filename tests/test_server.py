@@ -320,6 +320,47 @@ def test_commit_refused_because_sealed_meanwhile_leaves_it_aborted(served):
     assert c.snapshot("a", 5).num_rows == 0
 
 
+def test_idle_transactions_are_aborted_and_stop_holding_back_compaction(tmp_path):
+    """A client that vanished mid-transaction must not pin the WAL for ever: after
+    txn_idle_timeout without a call naming it, the server aborts it. Time is the test's."""
+    now = [1000.0]
+    engine = sediment.open(str(tmp_path / "data"), segment_bytes=1 << 20)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN, txn_idle_timeout=10.0,
+                                  clock=lambda: now[0])
+    c = sediment.connect(server.uri, token=TOKEN)
+    try:
+        c.add_relation("r", SCHEMA)
+        vanished, alive = c.transaction(), c.transaction()
+        vanished.append("r", ups([(1, "never", 1, 1)]))
+        now[0] += 6
+        alive.append("r", ups([(2, "kept", 1, 1)]))  # a call naming it keeps it alive
+        assert server.reap_idle_transactions() == []
+        now[0] += 6  # vanished: idle 12 s > 10; alive: 6 s
+        assert server.reap_idle_transactions() == [vanished.id]
+        assert server.open_transactions == [alive.id]
+        with pytest.raises(errors.TransactionError, match="txn_idle_timeout"):
+            vanished.commit()
+        assert vanished.state == "aborted"
+        alive.commit()
+        c.seal("r", 1)
+        assert rows(c.snapshot("r", 1)) == [(2, "kept", 1)]
+        c.compact("r")  # nothing open any more: the whole WAL can be compacted
+        assert c.trace_info("r")["tail_records"] == 0
+    finally:
+        c.close()
+        server.stop()
+        engine.close()
+
+
+def test_idle_timeout_must_be_positive(tmp_path):
+    engine = sediment.open(str(tmp_path / "data"))
+    try:
+        with pytest.raises(ValueError, match="txn_idle_timeout"):
+            SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN, txn_idle_timeout=0)
+    finally:
+        engine.close()
+
+
 def test_server_restart_with_an_open_transaction_leaves_nothing_visible(tmp_path):
     data = str(tmp_path / "data")
     first = Served(data)
