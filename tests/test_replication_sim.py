@@ -311,11 +311,21 @@ def test_replica_failure_closes_the_session_and_no_append_in_flight_fails() -> N
                 submit(i)
             await wait_for(lambda: len(results) >= 30)
             net.partition("c:1")  # mid-stream: appends in flight to c will never be answered
+            reads: list[tuple[bool, bytes]] = []
+
+            async def read_now() -> None:
+                restarting = coord.restarting
+                reads.append((restarting, await coord.read(0)))
+
+            close = coord._close_session  # start a read the moment the session closes
+            coord._close_session = lambda why: (close(why), nursery.start_soon(read_now))
             n = 100
             while coord.session == first_session or n < 300:  # keep appending through the restart
                 submit(n)
                 n += 1
                 await trio.sleep(0.005)
+            await wait_for(lambda: len(reads) == 1)
+            assert reads[0][0] and reads[0][1].startswith(rec.encode(rec_of(0), 0))  # served across the restart
             await wait_for(lambda: len(results) == n)
             assert all(err is None for _, err in results.values()), results
             assert coord.sessions_started == 2 and coord.links["c:1"].state == "down"

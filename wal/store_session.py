@@ -135,6 +135,7 @@ class Coordinator:
         self.writable = trio.Event()
         self.restarting = False  # a replica failed: a new session is recovering, submissions wait
         self._restart_by = 0.0  # (trio clock) when waiting submissions fail if no session took them
+        self._restart_over = trio.Event()  # set (and replaced) whenever a restart ends, either way
         self._wake = trio.Event()
         self._progress = trio.Event()
         self._broken: BaseException | None = None
@@ -234,7 +235,7 @@ class Coordinator:
             await trio.sleep(self.retry_interval)
             nursery.cancel_scope.cancel()
             return
-        self.restarting = False
+        self._end_restart()
         self.writable.set()
         if self.queue:
             self._wake.set()
@@ -262,7 +263,6 @@ class Coordinator:
         """Appends wait through a session restart, but not for ever."""
         await trio.sleep_until(self._restart_by)
         if self.restarting and not self.writable.is_set():
-            self.restarting = False
             self._fail_all(QuorumLost(
                 f"partition {self.partition}: no write quorum of {self.replicas}: no new store session accepted "
                 f"writes within {self.timeout}s of a replica failure. Unacknowledged appends were not "
@@ -383,6 +383,12 @@ class Coordinator:
             else:
                 self._spawn_catch_up(link)
 
+    def _end_restart(self) -> None:
+        if self.restarting:
+            self.restarting = False
+            self._restart_over.set()
+            self._restart_over = trio.Event()
+
     def _close_session(self, why: str) -> None:
         """End this session without failing anything: the next one recovers, then settles
         the appends in flight (:meth:`_carry_over`) and sends the queue."""
@@ -421,7 +427,7 @@ class Coordinator:
         for b in self.inflight:
             b.waiters = []
         self.queue.clear()
-        self.restarting = False
+        self._end_restart()
         for p in pending:
             p.done(-1, err)
 
@@ -538,17 +544,23 @@ class Coordinator:
         """Committed record frames from ``start`` (up to the committed end), from an in-sync replica."""
         if start > self.committed:
             return b""
-        for a in self.in_sync():
-            conn = self.links[a].conn
-            if conn is None:
-                continue
-            try:
-                resp = await conn.call(MsgType.READ, self.session, start, max_bytes)
-                if resp.status == Status.TRIMMED:  # everything below was trimmed: read from the first kept
-                    start = max(start, struct.unpack("<Q", resp.payload[:8])[0])
+        for _attempt in range(2):  # a session that closes under the read: once more in the next one
+            if self.restarting:
+                with trio.move_on_at(self._restart_by):
+                    await self._restart_over.wait()
+            for a in self.in_sync():
+                conn = self.links[a].conn
+                if conn is None:
+                    continue
+                try:
                     resp = await conn.call(MsgType.READ, self.session, start, max_bytes)
-            except ReplicaUnavailable:
-                continue
-            if resp.ok:
-                return self.clip(resp.payload, start, self.committed + 1)[0]
+                    if resp.status == Status.TRIMMED:  # everything below was trimmed: read from the first kept
+                        start = max(start, struct.unpack("<Q", resp.payload[:8])[0])
+                        resp = await conn.call(MsgType.READ, self.session, start, max_bytes)
+                except ReplicaUnavailable:
+                    continue
+                if resp.ok:
+                    return self.clip(resp.payload, start, self.committed + 1)[0]
+            if not self.restarting:
+                break
         raise QuorumLost(f"partition {self.partition}: no in-sync replica answered a read at LSN {start}")
