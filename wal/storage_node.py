@@ -22,6 +22,32 @@ Nothing is acknowledged before it is durable (fdatasync). Appends queued while a
 write is in progress are written together with one sync (group commit), which is
 what makes pipelined batches from a coordinator cheap.
 
+How a request flows. The node is CPU-bound under load, so the path of an APPEND costs
+as few trio scheduler passes and thread hops as it can:
+
+1. The connection's receiver task decodes a request and calls :meth:`StorageNode.submit`,
+   which checks and orders it synchronously, in arrival order (cluster key, session
+   fence, OPEN, LSN reservation, record checksums). A request that needs no storage
+   (INFO, a refusal) is answered at once.
+2. A request that changes storage becomes an operation on its partition's queue, with a
+   completion callback. Each partition of a file store has one plain writer thread: it
+   takes everything queued, writes each run of consecutive appends with one pwrite and
+   one fdatasync (group commit), and runs the other operations in order.
+3. The writer then publishes the group's effect (next LSN, partition state) and calls
+   the group's callbacks, which build each reply from the state after the operation and
+   put it on the connection's outbox. A reply is written to the socket right there when
+   nothing is queued ahead of it, so an acknowledgement costs the trio thread nothing;
+   otherwise the connection's sender task writes everything queued with one
+   ``send_all``. Replies leave in any order (the coordinator matches them by request id)
+   but never interleave.
+
+An in-memory store (the simulations) runs each operation at once in the trio thread and
+completes it through the same callbacks: no threads, so a MockClock run stays
+deterministic.
+
+READ runs in a worker thread of its own (it is not on the hot path) and is not ordered
+with the writes.
+
 The request handling (:class:`StorageNode`) is independent of sockets and of where
 bytes are kept: tests run it over in-memory streams with :class:`MemoryPartitionStore`.
 """
@@ -32,6 +58,7 @@ import argparse
 import functools
 import logging
 import os
+import queue
 import struct
 import sys
 import threading
@@ -59,7 +86,9 @@ OPEN_PAYLOAD = struct.Struct("<q")  # OPEN response payload: the session persist
 
 
 class PartitionStore(Protocol):
-    """Where one partition's replica lives. ``blocking``: run calls in a worker thread."""
+    """Where one partition's replica lives. ``blocking``: its calls wait for the disk, so they
+    run in the partition's writer thread (and READs in a worker thread); otherwise they run
+    at once in the trio thread."""
 
     blocking: bool
 
@@ -349,30 +378,68 @@ class MemoryPartitionStore:
         pass
 
 
+_KINDS = frozenset(int(k) for k in rec.RecordKind)
+_unpack_header = rec.HEADER.unpack_from
+
+
 def check_payload(payload: bytes, first_lsn: int) -> list[int]:
     """The frame sizes of the records in an APPEND payload; WireError unless every frame is
-    intact and the LSNs run first_lsn, first_lsn + 1, ... (a node stores nothing it cannot vouch for)."""
+    intact and the LSNs run first_lsn, first_lsn + 1, ... (a node stores nothing it cannot vouch for).
+
+    The checks are record.decode_header's plus the body CRC, without building a Header per
+    record: this runs for every record a node receives."""
     sizes = []
     view = memoryview(payload)
+    end = len(payload)
+    crc = rec.crc32c
     pos = 0
     lsn = first_lsn
-    while pos < len(payload):
-        head = rec.decode_header(view, pos)
-        if head is None or pos + head.frame_size > len(payload):
+    while pos < end:
+        if end - pos < rec.HEADER_SIZE:
             raise WireError(f"APPEND record frame at payload offset {pos} is damaged or cut short")
-        if head.lsn != lsn:
-            raise WireError(f"APPEND record at payload offset {pos} has LSN {head.lsn}, expected {lsn}")
-        if not rec.body_ok(head, view[pos + rec.HEADER_SIZE:pos + head.frame_size]):
+        hcrc, magic, version, kind, body_len, body_crc, head_lsn = _unpack_header(view, pos)[:7]
+        frame_end = pos + rec.HEADER_SIZE + body_len
+        if (magic != rec.MAGIC or version != rec.VERSION or kind not in _KINDS or body_len > rec.MAX_BODY
+                or crc(view[pos + 4:pos + rec.HEADER_SIZE]) != hcrc or frame_end > end):
+            raise WireError(f"APPEND record frame at payload offset {pos} is damaged or cut short")
+        if head_lsn != lsn:
+            raise WireError(f"APPEND record at payload offset {pos} has LSN {head_lsn}, expected {lsn}")
+        if crc(view[pos + rec.HEADER_SIZE:frame_end]) != body_crc:
             raise WireError(f"APPEND record LSN {lsn} fails its body checksum")
-        sizes.append(head.frame_size)
-        pos += head.frame_size
+        sizes.append(frame_end - pos)
+        pos = frame_end
         lsn += 1
     return sizes
 
 
+Done = Callable[[BaseException | None], None]  # an operation's completion: None once durable, else why not
+
+_APPEND, _STATE, _CALL = "append", "state", "call"
+
+
+class _Op:
+    """One storage operation of a partition and whom to tell once it is durable (or failed).
+
+    ``arg``: for an append (payload, first LSN, frame sizes); for a state write the new
+    PartitionState; for a call (store method, LSN)."""
+
+    __slots__ = ("kind", "arg", "done")
+
+    def __init__(self, kind: str, arg: object, done: Done) -> None:
+        self.kind = kind
+        self.arg = arg
+        self.done = done
+
+
 class _Partition:
-    """One partition's request ordering: appends are checked and reserved in arrival order,
-    then written by one writer task that groups everything queued into one sync."""
+    """One partition's request ordering: operations are checked and reserved in arrival order
+    (by StorageNode.submit, in the trio thread), then run in that order by the partition's
+    writer thread, which writes each run of queued appends with one sync (or at once, in the
+    trio thread, for a non-blocking store).
+
+    Who writes what: the trio thread ``highest_session`` and ``reserved_next``; whoever runs
+    the operations (the writer thread) ``next_lsn``, ``state`` and ``failed``. Each is one
+    attribute, read whole by the other side."""
 
     def __init__(self, pid: int, store: PartitionStore) -> None:
         self.pid = pid
@@ -380,59 +447,94 @@ class _Partition:
         self.state = store.read_state()  # cached: replies carry it, and reading the file each time is slow
         self.highest_session = self.state.session_id
         self.reserved_next = store.next_lsn
-        self.queue: list[tuple[str, object, trio.Event, list]] = []
-        self.wake = trio.Event()
+        # The store's next LSN as of the last completed operation: replies read it here rather
+        # than from the store, which the writer thread may be changing.
+        self.next_lsn = store.next_lsn
         self.failed: str = ""
+        self._queue: queue.SimpleQueue[_Op | None] | None = None
+        if store.blocking:
+            self._queue = queue.SimpleQueue()
+            threading.Thread(target=self._writer, name=f"sediment-partition-{pid}-writer", daemon=True).start()
 
-    def set_state(self, state: PartitionState) -> None:
-        """Persist (worker thread), then publish: replies never show an undurable state."""
-        self.store.write_state(state)
-        self.state = state
+    def enqueue(self, kind: str, arg: object, done: Done) -> None:
+        """Queue an operation behind every earlier one. ``done`` runs once it is durable (or
+        failed): in the writer thread, or at once for a non-blocking store."""
+        op = _Op(kind, arg, done)
+        if self._queue is None:
+            self._finish([op], *self._apply([op]))
+        else:
+            self._queue.put(op)
 
-    async def io(self, fn: Callable, *args):
-        if self.store.blocking:
-            return await trio.to_thread.run_sync(fn, *args)
-        return fn(*args)
+    def stop(self) -> None:
+        """Let the writer thread finish what is queued, then exit."""
+        if self._queue is not None:
+            self._queue.put(None)
 
-    def enqueue(self, kind: str, arg: object) -> tuple[trio.Event, list]:
-        done = trio.Event()
-        out: list = []
-        self.queue.append((kind, arg, done, out))
-        self.wake.set()
-        return done, out
-
-    async def writer(self) -> None:
+    def _writer(self) -> None:
+        """The writer thread: everything queued, in order, one sync per run of appends."""
+        q = self._queue
+        assert q is not None
         while True:
-            await self.wake.wait()
-            self.wake = trio.Event()
-            while self.queue:
-                if self.queue[0][0] == "append":
-                    n = 0
-                    while n < len(self.queue) and self.queue[n][0] == "append":
-                        n += 1
-                    group, self.queue = self.queue[:n], self.queue[n:]
-                    payload = b"".join(g[1][0] for g in group)
-                    sizes = [s for g in group for s in g[1][2]]
-                    first = group[0][1][1]
-                    await self._run(group, self.store.write, payload, first, sizes)
-                else:
-                    op, self.queue = self.queue[0], self.queue[1:]
-                    await self._run([op], *op[1])
+            ops = [q.get()]
+            while not q.empty():
+                ops.append(q.get_nowait())
+            stop = None in ops
+            if stop:
+                ops = ops[:ops.index(None)]
+            i = 0
+            while i < len(ops):
+                j = i + 1
+                if ops[i].kind == _APPEND:
+                    while j < len(ops) and ops[j].kind == _APPEND:
+                        j += 1
+                group = ops[i:j]
+                i = j
+                self._finish(group, *self._apply(group))
+            if stop:
+                return
 
-    async def _run(self, ops: list, fn: Callable, *args) -> None:
+    def _apply(self, ops: list[_Op]) -> tuple[BaseException | None, int]:
+        """Run one group (a run of appends, or one other operation) against the store: (error,
+        the store's next LSN after it). After a failure every later operation fails too."""
         try:
             if self.failed:
                 raise WalError(self.failed)
-            await self.io(fn, *args)
+            op = ops[0]
+            if op.kind == _APPEND:
+                if len(ops) == 1:
+                    payload, first, sizes = op.arg
+                else:
+                    first = op.arg[1]
+                    payload = b"".join([o.arg[0] for o in ops])
+                    sizes = [s for o in ops for s in o.arg[2]]
+                self.store.write(payload, first, sizes)
+            elif op.kind == _STATE:
+                self.store.write_state(op.arg)
+            else:
+                fn, lsn = op.arg
+                fn(lsn)
+            return None, self.store.next_lsn
         except Exception as exc:  # noqa: BLE001 - every waiter must hear of it; the partition stops
             self.failed = self.failed or f"partition {self.pid} storage failed: {exc}; restart the node"
             log.error("%s", self.failed)
-            for _k, _a, done, out in ops:
-                out.append(exc)
-                done.set()
-            return
-        for _k, _a, done, _out in ops:
-            done.set()
+            return exc, -1
+
+    def _finish(self, ops: list[_Op], error: BaseException | None, next_lsn: int) -> None:
+        """Publish the group's effect, then complete its operations: their replies show the
+        state after it, and never an undurable one."""
+        if error is None:
+            self.next_lsn = next_lsn
+            for op in ops:
+                if op.kind == _STATE:
+                    self.state = op.arg
+        for op in ops:
+            try:
+                op.done(error)
+            except Exception:  # noqa: BLE001 - a bug in one reply must not stop the writer thread
+                log.exception("partition %d: completing an operation failed", self.pid)
+
+
+Reply = Callable[[Response], None]
 
 
 class StorageNode:
@@ -442,21 +544,29 @@ class StorageNode:
         self.cluster_key = cluster_key
         self._open_store = open_store
         self._parts: dict[int, _Partition] = {}
-        self._nursery: trio.Nursery | None = None
+        self._running = False
+        self._stopped = False
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Own the partitions' writer tasks; serve connections while this runs."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+        """Serve requests while this runs; when it ends (cancelled), the partitions' writer
+        threads finish what is queued and exit, and later requests are refused. Runs once:
+        a second run could open a store whose old writer thread is still finishing."""
+        if self._stopped:
+            raise WalError("this StorageNode has stopped; serve with a new StorageNode")
+        self._running = True
+        try:
             task_status.started()
             await trio.sleep_forever()
+        finally:
+            self._running = False
+            self._stopped = True
+            for part in self._parts.values():
+                part.stop()
 
     def _partition(self, pid: int) -> _Partition:
         part = self._parts.get(pid)
         if part is None:
             part = self._parts[pid] = _Partition(pid, self._open_store(pid))
-            assert self._nursery is not None, "StorageNode.run() must be running"
-            self._nursery.start_soon(part.writer)
         return part
 
     def _reply(self, req: Request, part: _Partition | None, status: Status = Status.OK, message: str = "",
@@ -464,107 +574,207 @@ class StorageNode:
         if part is None:
             return Response(req.request_id, status, message, payload=payload)
         state = part.state
-        return Response(req.request_id, status, message, part.highest_session, part.store.next_lsn - 1,
+        return Response(req.request_id, status, message, part.highest_session, part.next_lsn - 1,
                         state.low_water_mark, state.local_low_water_mark, payload)
 
-    def submit(self, req: Request) -> Response | Awaitable[Response]:
-        """Check and order ``req`` now (arrival order matters for fencing and LSNs); the
-        result, or an awaitable that resolves once the effect is durable."""
+    def submit(self, req: Request, reply: Reply) -> Callable[[], Awaitable[None]] | None:
+        """Check and order ``req`` now (arrival order matters for fencing and LSNs). ``reply``
+        gets the response exactly once: at once, or once the effect is durable (then from the
+        partition's writer thread, for a blocking store). A READ is returned as an async
+        function for the caller to run: it reads in a worker thread and then replies."""
         if req.cluster_key != self.cluster_key:
-            return self._reply(req, None, Status.WRONG_CLUSTER,
-                               f"this storage node belongs to cluster {self.cluster_key}, the request to "
-                               f"{req.cluster_key}; point the coordinator at its own cluster's nodes")
+            reply(self._reply(req, None, Status.WRONG_CLUSTER,
+                              f"this storage node belongs to cluster {self.cluster_key}, the request to "
+                              f"{req.cluster_key}; point the coordinator at its own cluster's nodes"))
+            return None
+        if not self._running:
+            reply(self._reply(req, None, Status.FAILED, "this storage node is not running (it is stopping)"))
+            return None
         part = self._partition(req.partition)
         if part.failed:
-            return self._reply(req, part, Status.FAILED, part.failed)
+            reply(self._reply(req, part, Status.FAILED, part.failed))
+            return None
         if req.session_id < part.highest_session:
-            return self._reply(req, part, Status.FENCED,
-                               f"partition {req.partition}: session {req.session_id} was superseded by session "
-                               f"{part.highest_session}; this coordinator must stop")
+            reply(self._reply(req, part, Status.FENCED,
+                              f"partition {req.partition}: session {req.session_id} was superseded by session "
+                              f"{part.highest_session}; this coordinator must stop"))
+            return None
         if req.type == MsgType.OPEN:
             before = part.state
             part.highest_session = req.session_id
             if before.session_id == req.session_id:
-                return self._reply(req, part, payload=OPEN_PAYLOAD.pack(before.session_id))
+                reply(self._reply(req, part, payload=OPEN_PAYLOAD.pack(before.session_id)))
+                return None
             new = PartitionState(req.session_id, before.low_water_mark, before.local_low_water_mark)
-            return self._after(req, part, part.enqueue("call", (part.set_state, new)),
-                               OPEN_PAYLOAD.pack(before.session_id))
+            part.enqueue(_STATE, new, self._after(req, part, reply, OPEN_PAYLOAD.pack(before.session_id)))
+            return None
         if req.session_id > part.highest_session:
-            return self._reply(req, part, Status.BAD_REQUEST,
-                               f"partition {req.partition}: session {req.session_id} has not sent OPEN")
+            reply(self._reply(req, part, Status.BAD_REQUEST,
+                              f"partition {req.partition}: session {req.session_id} has not sent OPEN"))
+            return None
         if req.type == MsgType.APPEND:
             if req.arg1 != part.reserved_next:
-                return self._reply(req, part, Status.LSN_MISMATCH,
-                                   f"partition {req.partition}: append at LSN {req.arg1}, next is "
-                                   f"{part.reserved_next}; catch this replica up first")
+                reply(self._reply(req, part, Status.LSN_MISMATCH,
+                                  f"partition {req.partition}: append at LSN {req.arg1}, next is "
+                                  f"{part.reserved_next}; catch this replica up first"))
+                return None
             try:
                 sizes = check_payload(req.payload, req.arg1)
             except WireError as exc:
-                return self._reply(req, part, Status.BAD_REQUEST, str(exc))
+                reply(self._reply(req, part, Status.BAD_REQUEST, str(exc)))
+                return None
             part.reserved_next += len(sizes)
-            return self._after(req, part, part.enqueue("append", (req.payload, req.arg1, sizes)))
+            part.enqueue(_APPEND, (req.payload, req.arg1, sizes), self._after(req, part, reply))
+            return None
         if req.type == MsgType.READ:
-            return self._read(req, part)
+            return functools.partial(self._read, req, part, reply)
         if req.type == MsgType.INFO:
-            return self._reply(req, part)
+            reply(self._reply(req, part))
+            return None
         if req.type == MsgType.TRUNCATE:
             part.reserved_next = min(part.reserved_next, max(req.arg1, part.store.start_lsn))
-            return self._after(req, part, part.enqueue("call", (part.store.truncate, req.arg1)))
+            part.enqueue(_CALL, (part.store.truncate, req.arg1), self._after(req, part, reply))
+            return None
         if req.type == MsgType.TRIM:
-            return self._after(req, part, part.enqueue("call", (part.store.trim_prefix, req.arg1)))
+            part.enqueue(_CALL, (part.store.trim_prefix, req.arg1), self._after(req, part, reply))
+            return None
         if req.type == MsgType.RESET:
             part.reserved_next = req.arg1
-            return self._after(req, part, part.enqueue("call", (part.store.reset, req.arg1)))
+            part.enqueue(_CALL, (part.store.reset, req.arg1), self._after(req, part, reply))
+            return None
         if req.type == MsgType.SET_LWM:
             new = PartitionState(req.session_id, req.arg1, min(req.arg1, part.reserved_next - 1))
-            return self._after(req, part, part.enqueue("call", (part.set_state, new)))
-        return self._reply(req, part, Status.BAD_REQUEST, f"unknown request type {req.type}")
+            part.enqueue(_STATE, new, self._after(req, part, reply))
+            return None
+        reply(self._reply(req, part, Status.BAD_REQUEST, f"unknown request type {req.type}"))
+        return None
 
-    async def _after(self, req: Request, part: _Partition, waiter: tuple[trio.Event, list],
-                     payload: bytes = b"") -> Response:
-        done, out = waiter
-        await done.wait()
-        if out:
-            return self._reply(req, part, Status.FAILED, f"partition {req.partition}: {out[0]}")
-        return self._reply(req, part, payload=payload)
+    def _after(self, req: Request, part: _Partition, reply: Reply, payload: bytes = b"") -> Done:
+        """The completion of ``req``'s operation: its reply, built when it runs."""
 
-    async def _read(self, req: Request, part: _Partition) -> Response:
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                reply(self._reply(req, part, Status.FAILED, f"partition {req.partition}: {error}"))
+            else:
+                reply(self._reply(req, part, payload=payload))
+
+        return done
+
+    async def _read(self, req: Request, part: _Partition, reply: Reply) -> None:
         if req.arg1 < part.store.start_lsn:
-            return self._reply(req, part, Status.TRIMMED,
-                               f"partition {req.partition}: LSN {req.arg1} was trimmed; the first kept is "
-                               f"{part.store.start_lsn}", payload=struct.pack("<Q", part.store.start_lsn))
+            reply(self._reply(req, part, Status.TRIMMED,
+                              f"partition {req.partition}: LSN {req.arg1} was trimmed; the first kept is "
+                              f"{part.store.start_lsn}", payload=struct.pack("<Q", part.store.start_lsn)))
+            return
         limit = min(max(req.arg2, 1), MAX_READ_BYTES)
-        data = await part.io(part.store.read, req.arg1, limit)
-        return self._reply(req, part, payload=data)
+        if part.store.blocking:
+            data = await trio.to_thread.run_sync(part.store.read, req.arg1, limit)
+        else:
+            data = part.store.read(req.arg1, limit)
+        reply(self._reply(req, part, payload=data))
 
     async def serve(self, stream: trio.abc.Stream) -> None:
-        """Serve one connection: requests are ordered as they arrive, replies sent when ready."""
-        send_lock = trio.Lock()
+        """Serve one connection: requests are ordered as they arrive, replies sent when ready.
+        At the end of the peer's stream, the replies still owed are sent before closing."""
+        replies = _Replies(stream)
         reader = wire.FrameReader(stream)
-
-        async def finish(pending: Awaitable[Response]) -> None:
-            resp = await pending
-            async with send_lock:
-                await stream.send_all(wire.encode_response(resp))
-
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(replies.sender)
                 while True:
                     msg = await reader.next()
                     if msg is None:
                         break
                     if not isinstance(msg, Request):
                         raise WireError("a storage node received a response frame")
-                    result = self.submit(msg)
-                    if isinstance(result, Response):
-                        async with send_lock:
-                            await stream.send_all(wire.encode_response(result))
-                    else:
-                        nursery.start_soon(finish, result)
+                    replies.received += 1
+                    work = self.submit(msg, replies.put)
+                    if work is not None:
+                        nursery.start_soon(work)
+                replies.end_of_requests()
         except Exception as exc:  # noqa: BLE001 - a broken or lying peer ends only its own connection
             log.info("connection dropped: %r", exc)
         finally:
+            replies.close()
             await trio.aclose_forcefully(stream)
+
+
+class _Replies:
+    """One connection's outgoing replies, put by the trio thread or a partition's writer thread.
+
+    A reply is written to the socket there and then when nothing is queued or being sent
+    ahead of it: no task switch, and from a writer thread no trip through the trio thread
+    either. Otherwise (the socket buffer is full, a send is in progress, or the stream is
+    not a socket) it is queued and the sender task writes everything queued with one
+    send_all. The lock makes the two exclusive, so frames never interleave, and keeps a
+    writer thread off the file descriptor once the connection is closed (its number could
+    be reused). A write error is left to send_all to raise: that ends the connection."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        self._token = trio.lowlevel.current_trio_token()
+        self._trio_thread = threading.get_ident()
+        self._lock = threading.Lock()
+        self._queued: list[bytes] = []
+        self._sending = False
+        self._closed = False
+        self._ended = False  # the peer sent its last request
+        self._wake = trio.Event()
+        self.received = 0  # requests received (trio thread)
+        self._replied = 0
+
+    def put(self, resp: Response) -> None:
+        data = wire.encode_response(resp)
+        with self._lock:
+            self._replied += 1
+            if self._closed:
+                return
+            if self._fd >= 0 and not self._queued and not self._sending:
+                try:
+                    sent = os.write(self._fd, data)
+                except OSError:  # full, or broken: send_all waits, or reports it
+                    sent = 0
+                if sent == len(data) and not (self._ended and self._replied == self.received):
+                    return
+                data = data[sent:]
+            if data:
+                self._queued.append(data)
+        if threading.get_ident() == self._trio_thread:
+            self._wake_sender()
+        else:
+            try:
+                self._token.run_sync_soon(self._wake_sender, idempotent=True)
+            except trio.RunFinishedError:
+                pass  # the node stopped: nobody is left to send to
+
+    def _wake_sender(self) -> None:
+        self._wake.set()
+
+    def end_of_requests(self) -> None:
+        """The peer sent everything it will: the sender stops once every reply is out."""
+        self._ended = True
+        self._wake.set()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    async def sender(self) -> None:
+        while True:
+            with self._lock:
+                data = b"".join(self._queued) if self._queued else b""
+                self._queued = []
+                self._sending = bool(data)
+                finished = not data and self._ended and self._replied == self.received
+                if not data and not finished:
+                    self._wake = trio.Event()
+            if data:
+                await self.stream.send_all(data)
+            elif finished:
+                return
+            else:
+                await self._wake.wait()
 
 
 def open_directory(directory: str, cluster_key: uuid.UUID,
