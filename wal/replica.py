@@ -13,6 +13,7 @@ network in tests); timeouts use trio's clock, so they run on a MockClock in simu
 from __future__ import annotations
 
 import itertools
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -63,6 +64,9 @@ class ReplicaConnection:
         self.timeout = timeout
         self.dead: str = ""
         self._outbox: list[bytes] = []
+        self._sending = False
+        # A socket is written at once when nothing is queued ahead (no task switch per request).
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self._wake = trio.Event()
         self._calls: dict[int, Call] = {}
         self._scope = trio.CancelScope()
@@ -87,8 +91,19 @@ class ReplicaConnection:
             return call
         rid = next(self._ids)
         self._calls[rid] = call
-        self._outbox.append(wire.encode_request(
-            Request(msg_type, rid, self.cluster_key, self.partition, session, arg1, arg2, payload)))
+        data = wire.encode_request(Request(msg_type, rid, self.cluster_key, self.partition, session, arg1, arg2,
+                                           payload))
+        if self._fd >= 0 and not self._outbox and not self._sending:
+            try:
+                data = data[os.write(self._fd, data):]
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                self.kill(f"connection to storage node {self.address} failed: {exc}")
+                return call
+            if not data:
+                return call
+        self._outbox.append(data)
         self._wake.set()
         return call
 
@@ -110,6 +125,7 @@ class ReplicaConnection:
         if self.dead:
             return
         self.dead = why
+        self._fd = -1
         self._scope.cancel()
         calls, self._calls = self._calls, {}
         for c in calls.values():
@@ -134,7 +150,9 @@ class ReplicaConnection:
             self._wake = trio.Event()
             out, self._outbox = self._outbox, []
             if out:
+                self._sending = True
                 await self.stream.send_all(b"".join(out))
+                self._sending = False
 
     async def _receiver(self) -> None:
         reader = wire.FrameReader(self.stream)
