@@ -225,6 +225,29 @@ def test_two_partitioned_fails_with_quorum_lost_then_recovers() -> None:
     run_sim(main)
 
 
+async def crash_with_a_batch_only_on_a(nursery: trio.Nursery, net: SimNetwork, meta: MemoryMetadataStore) -> list:
+    """A coordinator writes r0..r9 to all three replicas, then a batch (r100, r101) that
+    reaches only a (b and c are partitioned, and stay so), and dies. The batch's callbacks."""
+    old = make_coordinator(net, meta)
+    scope = trio.CancelScope()
+
+    async def run_old(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await old.run(task_status=task_status)
+
+    await nursery.start(run_old)
+    for i in range(10):
+        await append(old, [rec_of(i)])
+    net.partition("b:1")
+    net.partition("c:1")
+    acked: list = []
+    old.submit([rec_of(100), rec_of(101)], lambda lsn, err: acked.append((lsn, err)))
+    await wait_for(lambda: len(net.stores["a:1"][0].frames) == 12)  # the batch reached a only
+    scope.cancel()  # the coordinator dies before any quorum
+    await trio.lowlevel.checkpoint()
+    return acked
+
+
 def test_coordinator_crash_mid_batch_recovery_truncates_unacknowledged() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -232,22 +255,7 @@ def test_coordinator_crash_mid_batch_recovery_truncates_unacknowledged() -> None
             for a in ADDRS:
                 await net.add_node(a)
             meta = MemoryMetadataStore()
-            old = make_coordinator(net, meta)
-            scope = trio.CancelScope()
-
-            async def run_old(task_status=trio.TASK_STATUS_IGNORED) -> None:
-                with scope:
-                    await old.run(task_status=task_status)
-
-            await nursery.start(run_old)
-            for i in range(10):
-                await append(old, [rec_of(i)])
-            net.partition("b:1")
-            net.partition("c:1")
-            acked: list = []
-            old.submit([rec_of(100), rec_of(101)], lambda lsn, err: acked.append((lsn, err)))
-            await wait_for(lambda: len(net.stores["a:1"][0].frames) == 12)  # the batch reached a only
-            scope.cancel()  # the coordinator dies before any quorum
+            acked = await crash_with_a_batch_only_on_a(nursery, net, meta)
             assert not any(err is None for _, err in acked)
             net.heal("b:1")
             net.heal("c:1")
@@ -354,21 +362,7 @@ def test_recovery_catches_a_lagging_replica_up_when_the_vote_is_undecidable() ->
             for a in ADDRS:
                 await net.add_node(a)
             meta = MemoryMetadataStore()
-            old = make_coordinator(net, meta)
-            scope = trio.CancelScope()
-
-            async def run_old(task_status=trio.TASK_STATUS_IGNORED) -> None:
-                with scope:
-                    await old.run(task_status=task_status)
-
-            await nursery.start(run_old)
-            for i in range(10):
-                await append(old, [rec_of(i)])
-            net.partition("b:1")
-            net.partition("c:1")
-            old.submit([rec_of(100), rec_of(101)], lambda lsn, err: None)
-            await wait_for(lambda: len(net.stores["a:1"][0].frames) == 12)
-            scope.cancel()
+            await crash_with_a_batch_only_on_a(nursery, net, meta)
             net.heal("b:1")  # c stays away
             new = make_coordinator(net, meta)
             with trio.fail_after(30):
