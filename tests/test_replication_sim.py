@@ -113,6 +113,22 @@ def make_coordinator(net: SimNetwork, meta: MemoryMetadataStore) -> Coordinator:
                        retry_interval=0.05, blocking=direct)
 
 
+async def start_nodes(nursery: trio.Nursery) -> SimNetwork:
+    """A simulated network with the three storage nodes of ADDRS on it."""
+    net = SimNetwork(nursery)
+    for a in ADDRS:
+        await net.add_node(a)
+    return net
+
+
+async def start_cluster(nursery: trio.Nursery) -> tuple[SimNetwork, Coordinator]:
+    """Three storage nodes and a running coordinator over them."""
+    net = await start_nodes(nursery)
+    coord = make_coordinator(net, MemoryMetadataStore())
+    await nursery.start(coord.run)
+    return net, coord
+
+
 def rec_of(i: int) -> rec.Record:
     return rec.Record(rec.RecordKind.UPDATES, relation_id=1, t_lo=i, t_hi=i, body=f"r{i}".encode())
 
@@ -151,9 +167,7 @@ def run_sim(fn) -> None:
 def test_quorum_writes_reach_every_replica() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            for a in ADDRS:
-                await net.add_node(a)
+            net = await start_nodes(nursery)
             meta = MemoryMetadataStore()
             coord = make_coordinator(net, meta)
             await nursery.start(coord.run)
@@ -170,11 +184,7 @@ def test_quorum_writes_reach_every_replica() -> None:
 def test_partitioned_replica_is_caught_up_after_heal() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            for a in ADDRS:
-                await net.add_node(a)
-            coord = make_coordinator(net, MemoryMetadataStore())
-            await nursery.start(coord.run)
+            net, coord = await start_cluster(nursery)
             for i in range(5):
                 await append(coord, [rec_of(i)])
             net.partition("c:1")
@@ -199,11 +209,7 @@ def test_partitioned_replica_is_caught_up_after_heal() -> None:
 def test_two_partitioned_fails_with_quorum_lost_then_recovers() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            for a in ADDRS:
-                await net.add_node(a)
-            coord = make_coordinator(net, MemoryMetadataStore())
-            await nursery.start(coord.run)
+            net, coord = await start_cluster(nursery)
             await append(coord, [rec_of(0)])
             first_session = coord.session
             net.partition("b:1")
@@ -251,9 +257,7 @@ async def crash_with_a_batch_only_on_a(nursery: trio.Nursery, net: SimNetwork, m
 def test_coordinator_crash_mid_batch_recovery_truncates_unacknowledged() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            for a in ADDRS:
-                await net.add_node(a)
+            net = await start_nodes(nursery)
             meta = MemoryMetadataStore()
             acked = await crash_with_a_batch_only_on_a(nursery, net, meta)
             assert not any(err is None for _, err in acked)
@@ -276,9 +280,7 @@ def test_coordinator_crash_mid_batch_recovery_truncates_unacknowledged() -> None
 def test_superseded_coordinator_is_fenced() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            for a in ADDRS:
-                await net.add_node(a)
+            net = await start_nodes(nursery)
             meta = MemoryMetadataStore()
             old = make_coordinator(net, meta)
             await nursery.start(old.run)
@@ -303,11 +305,7 @@ def test_replica_failure_closes_the_session_and_no_append_in_flight_fails() -> N
     in flight are settled by the closing high-water mark, never failed or duplicated."""
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            for a in ADDRS:
-                await net.add_node(a)
-            coord = make_coordinator(net, MemoryMetadataStore())
-            await nursery.start(coord.run)
+            net, coord = await start_cluster(nursery)
             first_session = coord.session
             results: dict[int, tuple[int, BaseException | None]] = {}
 
@@ -358,9 +356,7 @@ def test_recovery_catches_a_lagging_replica_up_when_the_vote_is_undecidable() ->
     until b catches up from a. The new coordinator does that instead of waiting for c."""
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            for a in ADDRS:
-                await net.add_node(a)
+            net = await start_nodes(nursery)
             meta = MemoryMetadataStore()
             await crash_with_a_batch_only_on_a(nursery, net, meta)
             net.heal("b:1")  # c stays away
