@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,7 +49,7 @@ from sediment.trace.planner import plan_merges
 from sediment.trace.state import TraceState
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
-from sediment.wal.record import Record, RecordKind
+from sediment.wal.record import Record, RecordKind, committed_txn_ids
 
 DEFAULT_MAX_RECORD_BYTES = 8 << 20
 DEFAULT_MEMORY_BOUND = 256 << 20
@@ -335,9 +335,10 @@ class Engine:
             self._open_txns.setdefault(r.txn_id, [])
             self._txn_first.setdefault(r.txn_id, r.lsn)
         elif kind == RecordKind.COMMIT:
-            self._txn_first.pop(r.txn_id, None)
-            for rel_id, entry in self._open_txns.pop(r.txn_id, []):
-                self._add_tail(rel_id, entry)
+            for txn in committed_txn_ids(r) if r.body else (r.txn_id,):
+                self._txn_first.pop(txn, None)
+                for rel_id, entry in self._open_txns.pop(txn, []):
+                    self._add_tail(rel_id, entry)
         elif kind == RecordKind.ABORT:
             self._txn_first.pop(r.txn_id, None)
             self._open_txns.pop(r.txn_id, None)
@@ -506,6 +507,16 @@ class Engine:
 
         self._check_open()
         return Transaction(self, self._next_txn_id())
+
+    def commit_all(self, transactions: Sequence[Transaction]) -> None:
+        """Commit several open transactions of this engine as one: one COMMIT record names
+        them all, so after any crash either all or none are visible. For writers that work
+        in parallel pieces and pick the winners at the end (a Spark job's task attempts).
+        Raises TransactionError and aborts them all if one is not open or one of their
+        times was sealed meanwhile."""
+        from sediment.engine.transaction import commit_all
+
+        commit_all(self, transactions)
 
     def seal(self, name: str, t: int) -> None:
         """Write ``close t``: no further updates at times <= t. Durable on return."""

@@ -8,17 +8,23 @@ Spark job leaves nothing visible.
 Times are checked twice: at each append (against the frontier then) and at commit,
 because a relation may be sealed while the transaction is open; a commit whose
 times are now sealed is aborted instead.
+
+:func:`commit_all` commits several transactions with one COMMIT record whose body
+lists the others' ids: all of them become visible together, or (after a crash before
+the record is durable) none does.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from sediment.errors import TimeAlreadySealed, TransactionError
-from sediment.wal.record import Record, RecordKind
+from sediment.wal.record import Record, RecordKind, encode_txn_ids
 
 if TYPE_CHECKING:
     from sediment.engine.engine import Engine, _Relation
@@ -94,15 +100,20 @@ class Transaction:
 
     def abort(self) -> None:
         """Discard every append of the transaction. Aborting twice is harmless."""
-        eng = self._engine
         with self._mutex:
-            if self._state != "open":
-                return
-            self._state = "aborted"
-            if not self._begun:
-                return
-            ticket = eng._log.submit([Record(RecordKind.ABORT, txn_id=self.id)], eng._on_durable)
-        ticket.wait()
+            ticket = self._abort_locked()
+        if ticket is not None:
+            ticket.wait()
+
+    def _abort_locked(self):
+        """Abort with ``_mutex`` held; the ABORT record's ticket, if one was written."""
+        if self._state != "open":
+            return None
+        self._state = "aborted"
+        if not self._begun:
+            return None
+        eng = self._engine
+        return eng._log.submit([Record(RecordKind.ABORT, txn_id=self.id)], eng._on_durable)
 
     def __enter__(self) -> Transaction:
         return self
@@ -112,3 +123,48 @@ class Transaction:
             self.commit()
         else:
             self.abort()
+
+
+def commit_all(engine: Engine, transactions: Sequence[Transaction]) -> None:
+    """See :meth:`Engine.commit_all`."""
+    txns = sorted({id(t): t for t in transactions}.values(), key=lambda t: t.id)
+    for t in txns:
+        if t._engine is not engine:
+            raise TransactionError(f"transaction {t.id:#x} belongs to another engine")
+    with ExitStack() as held:
+        for t in txns:  # in id order, so two concurrent commit_all calls cannot deadlock
+            held.enter_context(t._mutex)
+        closed = [t for t in txns if t._state != "open"]
+        if closed:
+            tickets = [t._abort_locked() for t in txns]
+            for tk in tickets:
+                if tk is not None:
+                    tk.wait()
+            raise TransactionError("cannot commit " + ", ".join(f"{t.id:#x} ({t._state})" for t in closed) +
+                                   ": already finished; every transaction of this commit was aborted")
+        begun = [t for t in txns if t._begun]
+        failure: BaseException | None = None
+        ticket = None
+        with engine._lock:
+            engine._check_open()
+            try:
+                for t in begun:
+                    for name, (rel, t_min) in t._touched.items():
+                        engine._admit(rel, name, t_min)
+            except (TimeAlreadySealed, LookupError) as exc:
+                failure = exc
+                if begun:
+                    ticket = engine._log.submit([Record(RecordKind.ABORT, txn_id=t.id) for t in begun],
+                                                engine._on_durable)
+            else:
+                if begun:
+                    ids = [t.id for t in begun]
+                    ticket = engine._log.submit(
+                        [Record(RecordKind.COMMIT, txn_id=ids[0], body=encode_txn_ids(ids[1:]))],
+                        engine._on_durable)
+            for t in txns:
+                t._state = "aborted" if failure is not None else "committed"
+    if ticket is not None:
+        ticket.wait()
+    if failure is not None:
+        raise TransactionError(f"transactions {[hex(t.id) for t in txns]} were aborted: {failure}") from failure

@@ -24,7 +24,7 @@ import os
 import queue
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -398,9 +398,35 @@ class Client:
                 pass
             raise
 
-    def transaction(self) -> RemoteTransaction:
-        """A write transaction: appends to any relations, visible only after ``commit()``."""
-        return RemoteTransaction(self, int(self._action("begin")))
+    def transaction(self, group: str | None = None) -> RemoteTransaction:
+        """A write transaction: appends to any relations, visible only after ``commit()``.
+        ``group`` names a set of transactions that :meth:`commit_all` or :meth:`abort_group`
+        settles together (one per Spark task attempt of a job, say)."""
+        args = {} if group is None else {"group": group}
+        return RemoteTransaction(self, int(self._action("begin", **args)))
+
+    def commit_all(self, transactions: Sequence[RemoteTransaction | int], group: str | None = None) -> None:
+        """Commit several transactions as one (one COMMIT record: all visible, or none);
+        then, with ``group``, abort that group's other open transactions. Raises
+        TransactionError, and all of them are aborted, if one cannot commit."""
+        ids = [t.id if isinstance(t, RemoteTransaction) else int(t) for t in transactions]
+        args: dict[str, Any] = {"txns": ids}
+        if group is not None:
+            args["group"] = group
+        try:
+            states = self._action("commit_all", **args)
+        except TransactionError:
+            for t in transactions:
+                if isinstance(t, RemoteTransaction):
+                    t._state = t._remote_state()
+            raise
+        for t, state in zip(transactions, states, strict=True):
+            if isinstance(t, RemoteTransaction):
+                t._state = state
+
+    def abort_group(self, group: str) -> int:
+        """Abort every open transaction of ``group``; how many there were."""
+        return int(self._action("abort_group", group=group))
 
     def seal(self, name: str, t: int) -> None:
         """Write ``close t``: no further updates at times <= t. Durable on return."""

@@ -32,7 +32,9 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   one result ``{"result": ...}``: add_relation {name, schema: base64 Arrow IPC schema},
   drop_relation {name}, relations {}, schema {name} -> base64 IPC schema, seal {name, t},
   set_since {name, t}, since {name}, sealed {name}, compact {name|null}, trace_info {name},
-  begin {} -> transaction id, commit {txn}, abort {txn}, txn_state {txn},
+  begin {group|absent} -> transaction id, commit {txn}, abort {txn}, txn_state {txn},
+  commit_all {txns, group|absent} (one COMMIT record for them all; then every other open
+  transaction of the group is aborted), abort_group {group},
   append_many {stage, locks|absent}, discard_stage {stage}, release_read {lease}, ping {}.
 * Errors: a refused call fails with ``FlightServerError`` whose ``extra_info`` is JSON
   ``{"error": CLASS, "module": "sediment.errors"|"builtins", "message": TEXT, "attrs": {...}}``;
@@ -217,6 +219,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self._txns: dict[int, Transaction] = {}
         self._txn_used: dict[int, float] = {}  # transaction id -> clock() of the last call naming it
+        self._groups: dict[str, set[int]] = {}  # group -> its transactions (settled ones drop out lazily)
         self._txn_idle_timeout = txn_idle_timeout
         self._clock = clock
         self._idle_aborted: OrderedDict[int, None] = OrderedDict()
@@ -242,7 +245,10 @@ class SedimentFlightServer(flight.FlightServerBase):
             "compact": (lambda a: self.engine.compact(a.get("name")), "run a compaction pass {name|null}"),
             "trace_info": (lambda a: self.engine.trace_info(_field(a, "name", "trace_info")),
                            "a relation's stored shape {name}"),
-            "begin": (self._begin, "open a transaction -> id"),
+            "begin": (self._begin, "open a transaction {group|absent} -> id"),
+            "commit_all": (self._commit_all, "commit transactions as one {txns, group|absent}; then abort the "
+                                             "group's other open transactions"),
+            "abort_group": (self._abort_group, "abort every open transaction of a group {group}"),
             "commit": (self._commit, "commit a transaction {txn}"),
             "abort": (self._abort, "abort a transaction {txn}"),
             "txn_state": (self._txn_state, "a transaction's state {txn}"),
@@ -279,7 +285,47 @@ class SedimentFlightServer(flight.FlightServerBase):
             tx = self.engine.transaction()
             self._txns[tx.id] = tx
             self._txn_used[tx.id] = self._clock()
+            group = args.get("group")
+            if group is not None:
+                self._groups.setdefault(str(group), set()).add(tx.id)
         return tx.id
+
+    def _commit_all(self, args: dict[str, Any]) -> list[str]:
+        ids = _field(args, "txns", "commit_all")
+        if not isinstance(ids, list):
+            raise ValueError(f"commit_all: txns must be a list of transaction ids, not {ids!r}")
+        txns, unknown = [], []
+        for i in ids:
+            try:
+                txns.append(self._txn(i))
+            except TransactionError as exc:
+                unknown.append(exc)
+        try:
+            if unknown:
+                for tx in txns:
+                    tx.abort()
+                raise TransactionError(f"{unknown[0]}; every transaction of this commit_all was aborted")
+            self.engine.commit_all(txns)
+        finally:
+            for tx in txns:
+                self._settle(tx)
+            group = args.get("group")
+            if group is not None:
+                self._abort_group({"group": group})
+        return [tx.state for tx in txns]
+
+    def _abort_group(self, args: dict[str, Any]) -> int:
+        """Abort the group's transactions still open (a Spark job's losing task attempts); how many."""
+        group = str(_field(args, "group", "abort_group"))
+        with self._lock:
+            ids = self._groups.pop(group, set())
+            txns = [self._txns[i] for i in ids if i in self._txns]
+        for tx in txns:
+            try:
+                tx.abort()
+            finally:
+                self._settle(tx)
+        return len(txns)
 
     def _txn(self, txn_id: object) -> Transaction:
         with self._lock:

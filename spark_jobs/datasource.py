@@ -8,23 +8,24 @@ Writing (``df.write.format("sediment")...mode("append").save()``)::
 
 The DataFrame has the relation's columns, plus ``time`` (or ``option("time", t)``) and
 optionally ``diff`` (or ``option("diff", d)``; default +1). ``option("batch_rows", n)``
-sets how many rows a task gathers per append (default 262144). The whole job is one
-sediment write transaction, so a failed or aborted job leaves nothing visible:
+sets how many rows a task gathers per append (default 262144). The whole job commits
+as one, so a failed or aborted job leaves nothing visible, and a retried or
+speculative task attempt never duplicates rows:
 
 * the writer is built once, in a Python worker the driver starts: it checks the columns
-  against the relation and begins a server transaction; only the transaction's id is
-  pickled into the writer (no clients or locks travel);
-* each task connects, streams its Arrow batches into that transaction by id (appends
-  are durable but invisible) and returns how many rows and which times it wrote;
-* ``commit()`` (another Python worker) commits the transaction, then seals the time when
-  ``seal`` is set; ``abort()`` aborts it.
+  against the relation and names the job's transaction group (a random id); only
+  options and that name are pickled into the writer (no clients or locks travel);
+* each task attempt connects, begins its own server transaction in the group, streams
+  its Arrow batches into it (durable but invisible) and returns the transaction's id
+  with how many rows and which times it wrote;
+* ``commit()`` (another Python worker) commits the transactions of the attempts Spark
+  chose, all with one COMMIT record (``commit_all``: all visible or none), aborts the
+  group's other transactions (failed or losing attempts), then seals the time when
+  ``seal`` is set; ``abort()`` aborts the whole group.
 
-A retried task attempt (task failure with ``spark.task.maxFailures`` > 1, or speculation)
-refuses to run: its earlier attempt may have appended part of its rows into the
-transaction, which cannot take them back, so the job fails and aborts instead of
-committing duplicates. Rerun the job. A job whose driver dies before committing leaves
-its transaction open until the coordinator stops (which aborts it; a restart's replay
-discards it too).
+A job whose driver dies before committing leaves its transactions open until the
+coordinator aborts them (``txn_idle_timeout``, or when it stops; a restart's replay
+discards them too).
 
 Reading (``spark.read.format("sediment")...load()``)::
 
@@ -53,6 +54,7 @@ import base64
 import json
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -391,11 +393,12 @@ class SedimentCommitMessage(WriterCommitMessage):
     min_time: int | None = None
     max_time: int | None = None
     partition: int | None = None
+    txn: int | None = None  # the attempt's transaction (None: it wrote nothing)
 
 
 class SedimentWriter(DataSourceArrowWriter):
     """Built once per job (driver side); only options, the relation's schema and the
-    transaction id are pickled to the tasks and to commit/abort."""
+    job's transaction group are pickled to the tasks and to commit/abort."""
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         if overwrite:
@@ -425,7 +428,7 @@ class SedimentWriter(DataSourceArrowWriter):
                                      ([f"missing {missing}"] if missing else []) +
                                      ([f"unknown {extra}"] if extra else [])))
             self.schema_b64 = base64.b64encode(rel_schema.serialize().to_pybytes()).decode("ascii")
-            self.txn_id: int = client.transaction().id
+        self.group = f"spark-job-{uuid.uuid4().hex}"
 
     def _update_schema(self) -> pa.Schema:
         rel = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(self.schema_b64)))
@@ -448,23 +451,22 @@ class SedimentWriter(DataSourceArrowWriter):
         from sediment.client import RemoteTransaction
 
         ctx = TaskContext.get()
-        if ctx is not None and ctx.attemptNumber() > 0:
-            raise RuntimeError(f"task for partition {ctx.partitionId()} is a retry (attempt {ctx.attemptNumber()}): "
-                               "its earlier attempt may have appended rows into the job's sediment transaction, "
-                               "which cannot take them back; the job is aborted instead: rerun it")
         target = self._update_schema()
         message = SedimentCommitMessage(partition=ctx.partitionId() if ctx is not None else None)
         pending: list[pa.Table] = []
         pending_rows = pending_bytes = 0
         with _connect(self.uri, self.token) as client:
-            tx = RemoteTransaction(client, self.txn_id)
+            tx: RemoteTransaction | None = None
 
             def flush() -> None:
-                nonlocal pending, pending_rows, pending_bytes
+                nonlocal pending, pending_rows, pending_bytes, tx
                 if not pending:
                     return
                 table = pa.concat_tables(pending)
                 lo, hi = pc.min_max(table.column(TIME)).values()
+                if tx is None:  # one transaction per attempt: a retry's rows never mix with its
+                    tx = client.transaction(group=self.group)  # predecessor's
+                    message.txn = tx.id
                 tx.append(self.relation, table)
                 message.rows += table.num_rows
                 message.appends += 1
@@ -485,11 +487,9 @@ class SedimentWriter(DataSourceArrowWriter):
         return message
 
     def commit(self, messages: list[SedimentCommitMessage | None]) -> None:
-        from sediment.client import RemoteTransaction
-
         done = [m for m in messages if m is not None]
         with _connect(self.uri, self.token) as client:
-            RemoteTransaction(client, self.txn_id).commit()
+            client.commit_all([m.txn for m in done if m.txn is not None], group=self.group)
             if self.seal:
                 t = self.time if self.time is not None else max(
                     (m.max_time for m in done if m.max_time is not None), default=None)
@@ -497,10 +497,8 @@ class SedimentWriter(DataSourceArrowWriter):
                     client.seal(self.relation, t)
 
     def abort(self, messages: list[SedimentCommitMessage | None]) -> None:
-        from sediment.client import RemoteTransaction
-
         with _connect(self.uri, self.token) as client:
-            RemoteTransaction(client, self.txn_id).abort()
+            client.abort_group(self.group)
 
 
 # --- the data source ------------------------------------------------------------------------

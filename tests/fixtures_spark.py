@@ -1,7 +1,7 @@
 """Fixtures for the Spark tests: one local SparkSession for the whole run, and a coordinator.
 
-``spark`` is a real ``local[2]`` session (UI off, loopback only) with the ``sediment``
-data source registered, started once per test session because a JVM takes seconds to
+``spark`` is a real ``local[2,2]`` session (two cores; a failed task is tried twice, so
+retries are exercised; UI off, loopback only) with the ``sediment`` data source registered, started once per test session because a JVM takes seconds to
 start. It depends on ``moto_server`` so that the AWS test credentials are in the
 environment before the JVM starts: Spark's Python workers inherit the JVM's environment,
 and the S3 reads run in them. ``coordinator`` is an engine on the test's directory served
@@ -22,11 +22,11 @@ import sediment
 
 @pytest.fixture(scope="session")
 def spark(moto_server: Any) -> Iterator[Any]:
-    """A local[2] SparkSession shared by every Spark test (skipped when PySpark is missing)."""
+    """A local[2,2] SparkSession shared by every Spark test (skipped when PySpark is missing)."""
     pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
     from sediment.spark_jobs.session import local_spark
 
-    session = local_spark("sediment-tests", shuffle_partitions=2, driver_memory="1g")
+    session = local_spark("sediment-tests", master="local[2,2]", shuffle_partitions=2, driver_memory="1g")
     try:
         yield session
     finally:

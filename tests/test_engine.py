@@ -137,6 +137,49 @@ def test_transaction_visible_only_after_commit_and_abort_leaves_nothing(open_eng
         tx.append("a", ups([(5, "e", 9, 1)]))
 
 
+def test_commit_all_makes_several_transactions_visible_as_one_and_survives_restart(open_engine):
+    eng = open_engine()
+    eng.add_relation("a", SCHEMA)
+    eng.add_relation("b", SCHEMA)
+    first, second, loser, empty = eng.transaction(), eng.transaction(), eng.transaction(), eng.transaction()
+    first.append("a", ups([(1, "first", 1, 1)]))
+    loser.append("a", ups([(2, "loser", 1, 1)]))
+    second.append("b", ups([(3, "second", 1, 1)]))
+    second.append("a", ups([(4, "second", 1, 1)]))
+    eng.commit_all([first, second, empty])
+    assert (first.state, second.state, empty.state, loser.state) == ("committed", "committed", "committed", "open")
+    eng.seal("a", 1)
+    eng.seal("b", 1)
+    assert rows(eng.snapshot("a", 1)) == [(1, "first", 1), (4, "second", 1)]
+    assert rows(eng.snapshot("b", 1)) == [(3, "second", 1)]
+    eng.close()  # loser stays open until the engine goes: replay discards it
+    eng = open_engine()
+    assert rows(eng.snapshot("a", 1)) == [(1, "first", 1), (4, "second", 1)]
+    assert rows(eng.snapshot("b", 1)) == [(3, "second", 1)]
+
+
+def test_commit_all_aborts_every_transaction_when_one_cannot_commit(open_engine):
+    eng = open_engine()
+    eng.add_relation("a", SCHEMA)
+    eng.add_relation("b", SCHEMA)
+    ok, late = eng.transaction(), eng.transaction()
+    ok.append("a", ups([(1, "ok", 9, 1)]))
+    late.append("b", ups([(2, "late", 3, 1)]))
+    eng.seal("b", 5)  # late's time 3 is sealed now
+    with pytest.raises(errors.TransactionError):
+        eng.commit_all([ok, late])
+    assert ok.state == late.state == "aborted"
+    done, other = eng.transaction(), eng.transaction()
+    done.append("a", ups([(3, "done", 9, 1)]))
+    other.append("a", ups([(4, "other", 9, 1)]))
+    done.commit()
+    with pytest.raises(errors.TransactionError):
+        eng.commit_all([other, done])  # done already finished: nothing of this call commits
+    assert (other.state, done.state) == ("aborted", "committed")
+    eng.seal("a", 9)
+    assert rows(eng.snapshot("a", 9)) == [(3, "done", 1)]
+
+
 def test_commit_fails_when_its_times_were_sealed_meanwhile(open_engine):
     eng = open_engine()
     eng.add_relation("a", SCHEMA)

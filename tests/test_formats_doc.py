@@ -26,3 +26,14 @@ def test_wal_record_example_decodes():
     assert (head.kind, head.lsn, head.relation_id, head.txn_id, head.t_lo, head.t_hi, head.body_len) == (
         rec.RecordKind.PROGRESS, 42, 3, 0, 7, 7, 0)
     assert rec.encode(rec.Record(rec.RecordKind.PROGRESS, relation_id=3, t_lo=7, t_hi=7), 42) == frame
+
+
+def test_commit_body_example_lists_the_further_transactions():
+    text = DOC.read_text()
+    m = re.search(r"the\s+body `([0-9a-f ]+)` of COMMIT\(txn `(0x[0-9a-f]+)`\) commits\s+"
+                  r"`(0x[0-9a-f]+)`, `(0x[0-9a-f]+)` and `(0x[0-9a-f]+)`", text)
+    assert m is not None, "the COMMIT body example moved; update this test"
+    body = bytes.fromhex(m.group(1).replace(" ", ""))
+    commit = rec.Record(rec.RecordKind.COMMIT, txn_id=int(m.group(2), 16), body=body)
+    assert rec.committed_txn_ids(commit) == [int(g, 16) for g in m.groups()[2:]]
+    assert rec.encode_txn_ids([int(g, 16) for g in m.groups()[3:]]) == body

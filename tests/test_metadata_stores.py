@@ -446,7 +446,10 @@ def test_journal_sigkill_keeps_acknowledged_writes(tmp_path: Path, checkpoint_by
                 break
     finally:
         os.kill(proc.pid, signal.SIGKILL)
-        rest, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        # Through the same buffered reader: lines it read ahead are acknowledged writes too
+        # (communicate() would read the pipe underneath it and lose them).
+        rest, err = proc.stdout.read(), proc.stderr.read()
     for line in rest.splitlines():
         if line.strip():
             i, version = map(int, line.split())

@@ -104,6 +104,39 @@ def test_a_job_failing_in_one_task_leaves_nothing_visible(spark, coordinator):
     assert c.engine.snapshot("orders", 5).num_rows == 0
 
 
+def test_a_retried_task_attempt_does_not_duplicate_rows(spark, coordinator):
+    """The first attempt of one task fails after appending most of its rows (its last
+    row has a sealed time, which the coordinator refuses); Spark retries it, and the
+    retry's rows are all fine. Each attempt writes its own transaction, and commit takes
+    only the winners'."""
+    c = coordinator()
+    c.engine.add_relation("orders", SCHEMA)
+    c.engine.seal("orders", 4)
+
+    @F.udf("long", useArrow=False)
+    def time_of(i):
+        from pyspark import TaskContext
+
+        return 3 if i == 3_999 and TaskContext.get().attemptNumber() == 0 else 5
+
+    df = spark.range(0, 4_000, numPartitions=2).select("id", F.lit("tea").alias("item"),
+                                                      time_of("id").alias("time"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        write(df, c, seal=True, batch_rows=100)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    got = c.engine.snapshot("orders", 5)
+    assert sorted(got.column("id").to_pylist()) == list(range(4_000))
+    assert set(got.column("diff").to_pylist()) == {1}
+    assert c.server.open_transactions == []  # the failed attempt's transaction was aborted
+    appended: dict[int, int] = {}
+    for r in c.engine.wal.scan():
+        if r.kind.name == "UPDATES" and r.txn_id:
+            appended[r.txn_id] = appended.get(r.txn_id, 0) + r.count
+    assert sorted(appended.values()) == [1_900, 2_000, 2_000]  # two tasks, one of them twice
+
+
 def test_a_task_refused_after_appending_leaves_nothing_visible(spark, coordinator):
     c = coordinator()
     c.engine.add_relation("orders", SCHEMA)

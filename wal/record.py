@@ -147,4 +147,21 @@ def decode_frontiers(body: bytes) -> dict[int, int]:
     return {r: t for r, t in FRONTIER_ENTRY.iter_unpack(body)}
 
 
+TXN_ID = struct.Struct("<Q")
+
+
+def encode_txn_ids(ids: list[int]) -> bytes:
+    """COMMIT body: the ids (u64 each) of further transactions this one record commits."""
+    return b"".join(TXN_ID.pack(i) for i in ids)
+
+
+def committed_txn_ids(record: Record) -> list[int]:
+    """Every transaction a COMMIT record commits: its own id, then those in its body."""
+    body = bytes(record.body)
+    if len(body) % TXN_ID.size:
+        raise ValueError(f"COMMIT record at LSN {record.lsn} has a {len(body)}-byte body, not a list of u64 "
+                         "transaction ids")
+    return [record.txn_id, *(i for (i,) in TXN_ID.iter_unpack(body))]
+
+
 _KINDS = frozenset(int(k) for k in RecordKind)

@@ -139,8 +139,9 @@ class ReplicaConnection:
                     nursery.start_soon(self._sender)
                     await self._receiver()
                     raise ReplicaUnavailable(f"storage node {self.address} closed the connection")
-            except Exception as exc:  # noqa: BLE001 - any failure (often a group of them) ends the connection
-                self.kill(f"connection to storage node {self.address} failed: {_first(exc)}")
+            except* Exception as group:  # any failure ends the connection; a Cancelled (kill, or an
+                # outer scope) travels on, so a send error beside it cannot escape this task
+                self.kill(f"connection to storage node {self.address} failed: {_first(group)}")
         self.kill(self.dead or f"connection to storage node {self.address} closed")
         await trio.aclose_forcefully(self.stream)
 

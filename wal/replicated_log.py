@@ -121,9 +121,7 @@ class ReplicatedLog:
         finally:
             self._stopped = True
             self._drain()
-            self.coordinator._fail_all(self.coordinator.fenced or EngineClosed(
-                f"the replicated log of partition {self.partition} was closed before these appends were "
-                "acknowledged; they may or may not be in the log"))
+            self.coordinator._fail_all(self._stop_error())
             self._ready.set()
 
     def _call_soon(self, fn: Callable, *args) -> None:
@@ -183,11 +181,20 @@ class ReplicatedLog:
             submit(records, done)
 
     def _fail_inbox(self) -> None:
-        """The coordinator stopped: it was fenced (the usual reason) or the log was closed."""
         while self._inbox:
             _records, done = self._inbox.popleft()
-            done(-1, self.coordinator.fenced or EngineClosed(
-                f"the replicated log of partition {self.partition} stopped; open a new one"))
+            done(-1, self._stop_error())
+
+    def _stop_error(self) -> BaseException:
+        """Why the coordinator stopped: fenced (the usual reason), a failure, or close()."""
+        if self.coordinator.fenced is not None:
+            return self.coordinator.fenced
+        if self._failure is not None:
+            return ReplicationError(f"the coordinator of partition {self.partition} stopped on an unexpected "
+                                    f"error ({self._failure!r}); appends not yet acknowledged may or may not "
+                                    "be in the log; open a new log")
+        return EngineClosed(f"the replicated log of partition {self.partition} was closed; appends not yet "
+                            "acknowledged may or may not be in the log")
 
     def append(self, records: Sequence[rec.Record]) -> int:
         return self.submit(records).wait()

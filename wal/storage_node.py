@@ -692,8 +692,8 @@ class StorageNode:
                     if work is not None:
                         nursery.start_soon(work)
                 replies.end_of_requests()
-        except Exception as exc:  # noqa: BLE001 - a broken or lying peer ends only its own connection
-            log.info("connection dropped: %r", exc)
+        except* Exception as group:  # a broken or lying peer ends only its own connection
+            log.info("connection dropped: %r", group.exceptions[0])
         finally:
             replies.close()
             await trio.aclose_forcefully(stream)
