@@ -213,8 +213,8 @@ def run(args: argparse.Namespace) -> int:
         if spark is not None:
             spark.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
-    print(f"sediment demo: {total} updates over {times} times, fed by Spark in {jobs} transactions "
-          f"into relation {RELATION!r}" + (f" (batches on {options['blob']})" if blob else ""))
+    print(f"sediment demo: {total} updates over {times} times, fed by Spark in {jobs} jobs (each committed "
+          f"atomically) into relation {RELATION!r}" + (f" (batches on {options['blob']})" if blob else ""))
     print(f"  trace: {info['batches']} batches, {info['rows']} rows ({info['bytes'] / 1e6:.1f} MB), "
           f"since {info['since']}, upper {info['upper']}; engine restarted before the reads")
     print("  timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
