@@ -219,7 +219,8 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self._txns: dict[int, Transaction] = {}
         self._txn_used: dict[int, float] = {}  # transaction id -> clock() of the last call naming it
-        self._groups: dict[str, set[int]] = {}  # group -> its transactions (settled ones drop out lazily)
+        self._groups: dict[str, set[int]] = {}  # group -> its open transactions
+        self._txn_group: dict[int, str] = {}
         self._txn_idle_timeout = txn_idle_timeout
         self._clock = clock
         self._idle_aborted: OrderedDict[int, None] = OrderedDict()
@@ -288,6 +289,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             group = args.get("group")
             if group is not None:
                 self._groups.setdefault(str(group), set()).add(tx.id)
+                self._txn_group[tx.id] = str(group)
         return tx.id
 
     def _commit_all(self, args: dict[str, Any]) -> list[str]:
@@ -354,8 +356,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             idle = [self._txns[i] for i, used in self._txn_used.items()
                     if now - used > self._txn_idle_timeout and i in self._txns]
             for tx in idle:  # no call can pick them up any more
-                del self._txns[tx.id]
-                del self._txn_used[tx.id]
+                self._forget(tx.id)
         reaped = []
         for tx in idle:
             try:
@@ -380,13 +381,24 @@ class SedimentFlightServer(flight.FlightServerBase):
             except Exception as exc:  # noqa: BLE001 - the next round tries again
                 log.warning("reaping idle transactions failed: %s", exc)
 
+    def _forget(self, txn_id: int) -> None:
+        """Drop an open transaction's bookkeeping (with ``_lock`` held)."""
+        self._txns.pop(txn_id, None)
+        self._txn_used.pop(txn_id, None)
+        group = self._txn_group.pop(txn_id, None)
+        if group is not None:
+            members = self._groups.get(group)
+            if members is not None:
+                members.discard(txn_id)
+                if not members:
+                    del self._groups[group]
+
     def _settle(self, tx: Transaction) -> str:
         """Forget a finished transaction, remembering its final state for txn_state."""
         state = tx.state
         if state != "open":
             with self._lock:
-                self._txns.pop(tx.id, None)
-                self._txn_used.pop(tx.id, None)
+                self._forget(tx.id)
                 self._finished[tx.id] = state
                 while len(self._finished) > _FINISHED_TXN_STATES:
                     self._finished.popitem(last=False)

@@ -320,6 +320,24 @@ def test_commit_refused_because_sealed_meanwhile_leaves_it_aborted(served):
     assert c.snapshot("a", 5).num_rows == 0
 
 
+def test_commit_all_with_a_group_aborts_the_groups_other_transactions(served):
+    c = served.client()
+    c.add_relation("r", SCHEMA)
+    winner, loser, other_job = c.transaction(group="job-1"), c.transaction(group="job-1"), c.transaction("job-2")
+    winner.append("r", ups([(1, "winner", 1, 1)]))
+    loser.append("r", ups([(2, "loser", 1, 1)]))
+    other_job.append("r", ups([(3, "other", 1, 1)]))
+    c.commit_all([winner], group="job-1")
+    assert winner.state == "committed"
+    assert served.server.open_transactions == [other_job.id]  # loser was aborted with its group
+    assert c.abort_group("job-2") == 1 and c.abort_group("job-2") == 0
+    assert served.server.open_transactions == []
+    c.seal("r", 1)
+    assert rows(c.snapshot("r", 1)) == [(1, "winner", 1)]
+    with pytest.raises(errors.TransactionError, match="aborted"):
+        loser.commit()
+
+
 def test_idle_transactions_are_aborted_and_stop_holding_back_compaction(tmp_path):
     """A client that vanished mid-transaction must not pin the WAL for ever: after
     txn_idle_timeout without a call naming it, the server aborts it. Time is the test's."""
