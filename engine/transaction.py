@@ -75,28 +75,7 @@ class Transaction:
     def commit(self) -> None:
         """Make every append of the transaction visible at once; durable on return.
         Raises TransactionError (and aborts) if one of its times was sealed meanwhile."""
-        eng = self._engine
-        with self._mutex:
-            self._check()
-            if not self._begun:
-                self._state = "committed"
-                return
-            with eng._lock:
-                eng._check_open()
-                try:
-                    for name, (rel, t_min) in self._touched.items():
-                        eng._admit(rel, name, t_min)
-                except (TimeAlreadySealed, LookupError) as exc:
-                    ticket = eng._log.submit([Record(RecordKind.ABORT, txn_id=self.id)], eng._on_durable)
-                    self._state = "aborted"
-                    failure = exc
-                else:
-                    ticket = eng._log.submit([Record(RecordKind.COMMIT, txn_id=self.id)], eng._on_durable)
-                    self._state = "committed"
-                    failure = None
-        ticket.wait()
-        if failure is not None:
-            raise TransactionError(f"transaction {self.id:#x} was aborted: {failure}") from failure
+        commit_all(self._engine, [self])
 
     def abort(self) -> None:
         """Discard every append of the transaction. Aborting twice is harmless."""
@@ -135,6 +114,8 @@ def commit_all(engine: Engine, transactions: Sequence[Transaction]) -> None:
         for t in txns:  # in id order, so two concurrent commit_all calls cannot deadlock
             held.enter_context(t._mutex)
         closed = [t for t in txns if t._state != "open"]
+        if len(txns) == 1 and closed:
+            closed[0]._check()  # "already committed" / "already aborted"
         if closed:
             tickets = [t._abort_locked() for t in txns]
             for tk in tickets:
@@ -145,6 +126,10 @@ def commit_all(engine: Engine, transactions: Sequence[Transaction]) -> None:
         begun = [t for t in txns if t._begun]
         failure: BaseException | None = None
         ticket = None
+        if not begun:  # nothing was written: nothing to log
+            for t in txns:
+                t._state = "committed"
+            return
         with engine._lock:
             engine._check_open()
             try:
@@ -153,18 +138,15 @@ def commit_all(engine: Engine, transactions: Sequence[Transaction]) -> None:
                         engine._admit(rel, name, t_min)
             except (TimeAlreadySealed, LookupError) as exc:
                 failure = exc
-                if begun:
-                    ticket = engine._log.submit([Record(RecordKind.ABORT, txn_id=t.id) for t in begun],
-                                                engine._on_durable)
+                ticket = engine._log.submit([Record(RecordKind.ABORT, txn_id=t.id) for t in begun],
+                                            engine._on_durable)
             else:
-                if begun:
-                    ids = [t.id for t in begun]
-                    ticket = engine._log.submit(
-                        [Record(RecordKind.COMMIT, txn_id=ids[0], body=encode_txn_ids(ids[1:]))],
-                        engine._on_durable)
+                ids = [t.id for t in begun]
+                ticket = engine._log.submit([Record(RecordKind.COMMIT, txn_id=ids[0], body=encode_txn_ids(ids[1:]))],
+                                            engine._on_durable)
             for t in txns:
                 t._state = "aborted" if failure is not None else "committed"
-    if ticket is not None:
-        ticket.wait()
+    ticket.wait()
     if failure is not None:
-        raise TransactionError(f"transactions {[hex(t.id) for t in txns]} were aborted: {failure}") from failure
+        which = f"transaction {txns[0].id:#x} was" if len(txns) == 1 else f"transactions {[hex(t.id) for t in txns]} were"
+        raise TransactionError(f"{which} aborted: {failure}") from failure

@@ -371,10 +371,7 @@ class Coordinator:
             return
         log.warning("partition %d: replica %s dropped: %s", self.partition, link.address, why)
         counted = link.state == "in_sync"
-        if link.conn is not None:
-            link.conn.kill(why)
-        link.conn, link.state = None, "down"
-        link.unacked.clear()
+        self._disconnect(link, why)
         if self._session_scope is not None and self.fenced is None and self._broken is None:
             if len(self.in_sync()) < self.quorum:
                 self._lose_quorum(f"replica {link.address} failed ({why})")
@@ -392,17 +389,25 @@ class Coordinator:
     def _close_session(self, why: str) -> None:
         """End this session without failing anything: the next one recovers, then settles
         the appends in flight (:meth:`_carry_over`) and sends the queue."""
-        self._broken = ReplicationError(f"partition {self.partition} session {self.session}: {why}; a new "
-                                        "store session is recovering")
         if not self.restarting:
             self.restarting = True
             self._restart_by = trio.current_time() + self.timeout
-        self.writable = trio.Event()
         for link in self.links.values():
-            conn, link.conn, link.state = link.conn, None, "down"
-            link.unacked.clear()
-            if conn is not None:
-                conn.kill("the store session closed")
+            self._disconnect(link, "the store session closed")
+        self._end_session(ReplicationError(f"partition {self.partition} session {self.session}: {why}; a new "
+                                           "store session is recovering"))
+
+    def _disconnect(self, link: Link, why: str) -> None:
+        """Take the link down (its connection's late replies are ignored: see _on_append)."""
+        conn, link.conn, link.state = link.conn, None, "down"
+        link.unacked.clear()
+        if conn is not None:
+            conn.kill(why)
+
+    def _end_session(self, why: BaseException) -> None:
+        """Stop writing and cancel the session; run() logs ``why`` and recovers a new one."""
+        self._broken = why
+        self.writable = trio.Event()
         assert self._session_scope is not None
         self._session_scope.cancel()
 
@@ -416,11 +421,8 @@ class Coordinator:
                          f"{self.in_sync() or 'no replicas'} remain in sync, fewer than a quorum of {self.quorum} "
                          f"of {self.replicas}. Unacknowledged appends were not acknowledged (they may or may "
                          "not survive recovery); a new store session is being recovered, retry")
-        self._broken = err
-        self.writable = trio.Event()
+        self._end_session(err)
         self._fail_all(err)
-        assert self._session_scope is not None
-        self._session_scope.cancel()
 
     def _fail_all(self, err: BaseException) -> None:
         pending = [w for b in self.inflight for w in b.waiters] + list(self.queue)
@@ -447,9 +449,7 @@ class Coordinator:
                 return
             except (ReplicaUnavailable, OSError) as exc:
                 log.info("partition %d: catching up %s failed (%s); retrying", self.partition, link.address, exc)
-                if link.conn is not None:
-                    link.conn.kill(str(exc))
-                link.conn, link.state = None, "down"
+                self._disconnect(link, str(exc))
                 await trio.sleep(self.retry_interval)
             except SessionFenced as exc:
                 self.fence(str(exc))
