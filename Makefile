@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean zookeeper
+.PHONY: demo test lint bench clean zookeeper java
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,10 +16,16 @@ $(STAMP): pyproject.toml
 zookeeper:
 	@test -f /usr/share/java/zookeeper.jar || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null)
 
-demo: $(STAMP)
+# Java 17 or newer for Spark (PySpark 4) and ZooKeeper: Debian's JRE when there is none.
+java:
+	@command -v java >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null)
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	  test "$${v:-0}" -ge 17 || { echo "Java 17 or newer is needed (found: $$(java -version 2>&1 | head -1))"; exit 1; }
+
+demo: $(STAMP) java
 	$(BIN)/sediment demo
 
-test: $(STAMP) zookeeper
+test: $(STAMP) java zookeeper
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
