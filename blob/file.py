@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from sediment._fs import fsync_dir as _fsync_dir
+from sediment._fs import makedirs_durable
 from sediment.errors import BlobAlreadyExists, BlobError, BlobNotFound
 
 from .keys import TEMP_SUFFIX, validate_key, validate_range
@@ -31,7 +32,7 @@ class FileBlobStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            makedirs_durable(self.root)
         except OSError as e:
             raise BlobError(
                 f"cannot create blob directory {str(self.root)!r}: {e.strerror}; "
@@ -169,7 +170,7 @@ class FileBlobStore:
     def spill_path(self) -> str:
         """A fresh temporary file name inside the store (same file system, so :meth:`put_file`
         can link it into place; swept like any other temporary if a crash leaves it)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        makedirs_durable(self.root)
         return str(self.root / f"spill-{secrets.token_hex(8)}{TEMP_SUFFIX}")
 
     def put_file(self, key: str, path: str, *, if_absent: bool = False) -> None:
@@ -177,7 +178,7 @@ class FileBlobStore:
         memory: fsync it, then link it into place (copying only across file systems)."""
         target = self._path(key)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            self._ensure_parent(target, key)
             src = Path(path)
             if src.parent.resolve() != target.parent.resolve():
                 tmp = target.with_name(f"{target.name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment._fs import makedirs_durable
 from sediment.engine import replay as replay_mod
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, FeedLog, Subscription
@@ -143,7 +144,7 @@ class Engine:
     ) -> None:
         configure_memory_pool(arrow_memory_pool)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
-        os.makedirs(self.data_dir, exist_ok=True)
+        makedirs_durable(self.data_dir)
         self._lock_fd = self._take_lock()
         self._lock = threading.RLock()
         self._compact_lock = threading.Lock()

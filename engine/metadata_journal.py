@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from sediment._fs import fsync_dir as _fsync_dir
+from sediment._fs import makedirs_durable
 from sediment.engine.metadata import Versioned
 from sediment.engine.metadata_keys import (
     MAX_KEY_BYTES,
@@ -397,7 +398,7 @@ class JournalMetadataStore:
         self._next_txid = 1
         self._failed: str | None = None
         self._closed = False
-        os.makedirs(self.directory, exist_ok=True)
+        makedirs_durable(self.directory)
         self._lock_fd = self._take_lock()
         try:
             self.report = self._recover()

@@ -21,3 +21,28 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
         n = os.pwrite(fd, view, offset)
         view = view[n:]
         offset += n
+
+
+def makedirs_durable(path: str | os.PathLike[str]) -> bool:
+    """``os.makedirs(path, exist_ok=True)``, but every directory it creates is made durable:
+    after each ``mkdir`` its parent is fsynced, so a power cut cannot forget a directory
+    whose files were already synced (POSIX makes an entry durable only when its parent
+    directory is synced). Returns whether anything was created."""
+    path = os.path.abspath(os.fspath(path))
+    missing: list[str] = []
+    probe = path
+    while not os.path.isdir(probe):
+        missing.append(probe)
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
+            continue
+        fsync_dir(os.path.dirname(d))
+    return bool(missing)

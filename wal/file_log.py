@@ -26,6 +26,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from sediment._fs import makedirs_durable
 from sediment._fs import pwrite_all as _pwrite_all
 from sediment.errors import EngineClosed, WalCorruption, WalError
 from sediment.wal import record as rec
@@ -135,7 +136,7 @@ class FileLog:
         return self
 
     def _init(self, directory, partition, cluster_key, segment_bytes, index_interval, repair, clock) -> None:
-        os.makedirs(directory, exist_ok=True)
+        makedirs_durable(directory)
         self.root = directory
         self.partition = partition
         self.segment_bytes = max(segment_bytes, sg.HEADER_SIZE + 4096)
@@ -147,7 +148,7 @@ class FileLog:
             self.control.add_partition(partition)
         self.cluster_key = self.control.header.cluster_key
         self.dir = os.path.join(directory, str(partition))
-        os.makedirs(self.dir, exist_ok=True)
+        makedirs_durable(self.dir)
         self._sealed: dict[int, int] = {}
         self._segments: list[_Segment] = []
         self._lock = threading.Lock()

@@ -70,6 +70,7 @@ from typing import Protocol
 
 import trio
 
+from sediment._fs import makedirs_durable
 from sediment._fs import pwrite_all as _pwrite_all
 from sediment.errors import WalCorruption, WalError
 from sediment.wal import record as rec
@@ -148,7 +149,7 @@ class FilePartitionStore:
         self.cluster_key = control.header.cluster_key
         self.segment_bytes = max(segment_bytes, sg.HEADER_SIZE + 4096)
         self.dir = os.path.join(root, str(partition))
-        os.makedirs(self.dir, exist_ok=True)
+        makedirs_durable(self.dir)
         self._lock = threading.Lock()
         self._segs: list[_Seg] = []
         self._fd = -1
@@ -780,7 +781,7 @@ class _Replies:
 def open_directory(directory: str, cluster_key: uuid.UUID,
                    segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Callable[[int], PartitionStore]:
     """A factory of FilePartitionStores under ``directory``; refuses another cluster's directory."""
-    os.makedirs(directory, exist_ok=True)
+    makedirs_durable(directory)
     control = ControlFile.open_or_create(directory, cluster_key)
     lock = threading.Lock()
 
