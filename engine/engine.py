@@ -280,7 +280,8 @@ class Engine:
             path = wal[len("device:"):]
             if capacity is None and not os.path.exists(path):
                 raise ValueError(f"{wal!r} does not exist yet: pass wal_capacity=<bytes> to create the ring")
-            return DeviceLog.open(path, capacity, create=True, segment_bytes=segment_bytes, repair=repair)
+            first_open = self._meta.get(STORAGE_KEY) is None  # a ring is created only with its data directory
+            return DeviceLog.open(path, capacity, create=first_open, segment_bytes=segment_bytes, repair=repair)
         raise ValueError(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
 
     def _register(self, entry: RelationEntry, trace: TraceState | None = None) -> _Relation:

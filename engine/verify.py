@@ -83,53 +83,26 @@ def verify_wal(directory: str, report: VerifyReport) -> None:
 
 
 def verify_device(path: str, report: VerifyReport) -> None:
-    """Read-only check of a device ring: both header copies, then the chain of records from the
-    trim offset (header CRC, logical offset, body CRC), stepping over zero block tails. On a
-    ring closed cleanly, a chain that ends before the recorded end is damage."""
-    from sediment.wal import record as rec
-    from sediment.wal.device import SHUTDOWN_CLEAN, RingHeader
+    """The ring's own recovery (wal/device_recovery.py, the code ``DeviceLog.open`` runs) run
+    read-only, so the verdict cannot drift from open's: a problem exactly when open would
+    refuse (missing or blank ring, damaged header copies, records ending before the recorded
+    durable end, damage followed by acknowledged records), a note for what open cuts or
+    rewrites by itself (a crash's torn tail, one damaged header copy)."""
+    from sediment.wal.device_recovery import inspect
 
-    if not os.path.exists(path):
-        report.problems.append(f"{path}: the device WAL recorded for this data directory is missing")
+    try:
+        found = inspect(path)
+    except SedimentError as exc:
+        report.problems.append(str(exc))
+        return
+    except OSError as exc:
+        report.problems.append(f"{path}: cannot read the device ring: {exc}")
         return
     report.checked.append(path)
-    with open(path, "rb") as f:
-        first = f.read(8192)
-        copies = [RingHeader.unpack(first[:4096]), RingHeader.unpack(first[4096:8192])]
-        valid = [c for c in copies if c is not None]
-        if not valid:
-            report.problems.append(f"{path}: offset 0: both ring header copies fail their checksums")
-            return
-        if len(valid) == 1:
-            report.notes.append(f"{path}: one ring header copy is damaged; the other is used")
-        hdr = max(valid, key=lambda h: h.seq)
-        area, data = 2 * hdr.block_size, hdr.capacity - 2 * hdr.block_size
-        pos, records, why = hdr.trim, 0, ""
-
-        def read(lsn: int, n: int) -> bytes:
-            f.seek(area + lsn % data)
-            return f.read(n)
-
-        while pos < hdr.trim + data:
-            head_bytes = read(pos, rec.HEADER_SIZE)
-            head = rec.decode_header(head_bytes) if data - pos % data >= rec.HEADER_SIZE else None
-            if head is None or head.lsn != pos:
-                aligned = -(-pos // hdr.block_size) * hdr.block_size
-                if not any(head_bytes) and aligned != pos:
-                    pos = aligned  # the zero tail of a block: the next block starts aligned
-                    continue
-                why = "end of the log" if not any(head_bytes) else "no valid record"
-                break
-            if not rec.body_ok(head, read(pos + rec.HEADER_SIZE, head.body_len)):
-                why = "body checksum mismatch"
-                break
-            records += 1
-            pos += head.frame_size
-    where = f"{path}: logical offset {pos} (physical {area + pos % data})"
-    if hdr.shutdown == SHUTDOWN_CLEAN and hdr.clean_end and pos < hdr.clean_end:
-        report.problems.append(f"{where}: {why} before the clean end {hdr.clean_end}; run `sediment verify --repair`")
-    elif why not in ("", "end of the log"):
-        report.notes.append(f"{where}: {why} after {records} records (a crash's torn tail; cut at open)")
+    if found.valid_copies == 1:
+        report.notes.append(f"{path}: one ring header copy is damaged; the other is used (rewritten at open)")
+    for where, off, cut, why in found.recovered.torn_tails:
+        report.notes.append(f"{where}: logical offset {off}: {why} ({cut} bytes cut at open)")
 
 
 def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, report: VerifyReport) -> None:

@@ -105,6 +105,37 @@ class WalFull(WalError):
     has not trimmed enough. Raise ``wal_capacity`` or let compaction catch up."""
 
 
+class WalMissing(WalError):
+    """A log that should exist is not there: its file or device is missing, or a device
+    ring's header area is blank. Never answered by silently creating a fresh, empty log;
+    restore the log, or create one explicitly (only a new data directory does)."""
+
+    def __init__(self, message: str, *, path: str = ""):
+        super().__init__(message)
+        self.path = path
+
+
+class WalExists(WalError):
+    """Creating a log was asked for where a log holding records already exists; creating
+    would discard them. Open it without ``create``."""
+
+    def __init__(self, message: str, *, path: str = ""):
+        super().__init__(message)
+        self.path = path
+
+
+class WalShortened(WalCorruption):
+    """The log's valid records end before the durable end it recorded (at a clean close or a
+    checkpoint): acknowledged records in ``[lost_from, lost_to)`` (LSNs) are missing or
+    damaged. Not a torn tail; restore the log, or cut it with ``--repair`` to accept the loss."""
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1, reason: str = "",
+                 lost_from: int = -1, lost_to: int = -1):
+        super().__init__(message, path=path, offset=offset, reason=reason)
+        self.lost_from = lost_from
+        self.lost_to = lost_to
+
+
 # --- metadata -------------------------------------------------------------------------------
 
 

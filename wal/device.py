@@ -30,90 +30,47 @@ import logging
 import mmap
 import os
 import stat
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-from crc32c import crc32c as _crc
-
-from sediment.errors import EngineClosed, WalCorruption, WalError, WalFull
-from sediment.wal.protocol import OpenReport
-from sediment.wal.record import (
-    HEADER,
-    HEADER_SIZE,
-    MAGIC,
-    MAX_BODY,
-    VERSION,
-    Record,
-    RecordKind,
-    crc32c,
-    decode_frontiers,
-    encode_frontiers,
-    encode_header,
+from sediment._fs import fsync_dir
+from sediment.errors import EngineClosed, WalCorruption, WalError, WalExists, WalFull
+from sediment.wal.device_format import (
+    MIN_DATA_BYTES,
+    RING_MAGIC,
+    SHUTDOWN_CLEAN,
+    SHUTDOWN_RUNNING,
+    SLOT,
+    ZERO_CHUNK,
+    RingHeader,
+    align_down,
+    align_up,
 )
+from sediment.wal.device_recovery import (
+    Recovered,
+    RingReader,
+    check,
+    find_frames,
+    load_header,
+    missing,
+    record_of,
+    recover,
+    walk,
+)
+from sediment.wal.protocol import OpenReport
+from sediment.wal.record import HEADER_SIZE, Record, RecordKind, crc32c, encode_frontiers, encode_header
+
+__all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "DeviceTicket", "RingHeader"]
 
 _log = logging.getLogger(__name__)
 
-RING_MAGIC = b"SDMTRING"
-FORMAT_VERSION = 1
-SLOT = struct.Struct("<8sIIQQQQIIQ")
-SLOT_CRC = struct.Struct("<I")
-SHUTDOWN_RUNNING = 0
-SHUTDOWN_CLEAN = 1
-MIN_DATA_BYTES = 64 * 1024
-READ_CHUNK = 8 * 1024 * 1024
-ZERO_CHUNK = 4 * 1024 * 1024
-
 PWrite = Callable[[int, Any, int], int]
-_KINDS = frozenset(int(k) for k in RecordKind)
-_unpack_header = HEADER.unpack_from
 _ZEROS = bytes(64 * 1024)
-
-
-def _align_up(x: int, a: int) -> int:
-    return (x + a - 1) // a * a
-
-
-def _align_down(x: int, a: int) -> int:
-    return x // a * a
-
-
-@dataclass(frozen=True, slots=True)
-class RingHeader:
-    """One copy of the ring header (see docs/formats.md ("Device WAL format"), "Header slot")."""
-
-    block_size: int
-    capacity: int
-    trim: int
-    seq: int
-    window: int
-    shutdown: int
-    clean_end: int
-
-    def pack(self) -> bytes:
-        body = SLOT.pack(
-            RING_MAGIC, FORMAT_VERSION, self.block_size, self.capacity, self.trim, self.seq,
-            self.window, self.shutdown, 0, self.clean_end,
-        )
-        return body + SLOT_CRC.pack(crc32c(body))
-
-    @classmethod
-    def unpack(cls, buf: bytes | memoryview) -> RingHeader | None:
-        """The header in ``buf``, or None when the magic, version or CRC is wrong."""
-        if len(buf) < SLOT.size + 4:
-            return None
-        body = bytes(buf[: SLOT.size])
-        (magic, version, bs, cap, trim, seq, window, shutdown, _r, clean_end) = SLOT.unpack(body)
-        if magic != RING_MAGIC or version != FORMAT_VERSION:
-            return None
-        if SLOT_CRC.unpack_from(buf, SLOT.size)[0] != crc32c(body):
-            return None
-        return cls(bs, cap, trim, seq, window, shutdown, clean_end)
+_align_up = align_up
+_align_down = align_down
 
 
 class _Block:
@@ -173,79 +130,6 @@ class _Plan:
         self.cap = cap
 
 
-class _Reader:
-    """Aligned, chunked reads of the data area (Direct I/O when the fd allows it). A
-    sequential reader reads the next chunk on a helper thread while the caller parses
-    the current one (preadv releases the GIL), which keeps recovery disk-bound."""
-
-    def __init__(self, log: DeviceLog, chunk: int = READ_CHUNK, sequential: bool = False) -> None:
-        self.log = log
-        self.chunk = min(max(chunk, log.block_size), log.data_capacity)
-        self.bufs = [mmap.mmap(-1, self.chunk)] + ([mmap.mmap(-1, self.chunk)] if sequential else [])
-        self.views = [memoryview(b) for b in self.bufs]
-        self.cur = 0
-        self.lo = 0
-        self.hi = 0
-        self.base = -1
-        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1) if sequential else None
-        self.ahead: tuple[int, int, int, Future[None]] | None = None
-
-    def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead[3].exception()
-        if self.pool is not None:
-            self.pool.shutdown()
-        for v in self.views:
-            v.release()
-        for b in self.bufs:
-            b.close()
-
-    def _read(self, idx: int, base: int, lo: int, length: int) -> None:
-        self.log._pread_into(self.views[idx][:length], self.log.header_bytes + lo)
-
-    def at(self, lsn: int, n: int) -> tuple[memoryview, int]:
-        """(view, offset) such that view[offset:offset + n] are ring bytes [lsn, lsn + n);
-        the range must not cross the physical end. Valid until the next call."""
-        log = self.log
-        d = log.data_capacity
-        phys = lsn % d
-        base = lsn - phys
-        if self.base == base and self.lo <= phys and phys + n <= self.hi:
-            return self.views[self.cur], phys - self.lo
-        bs = log.block_size
-        lo = _align_down(phys, bs)
-        want = _align_up(phys + n, bs) - lo
-        if want > self.chunk:
-            big = mmap.mmap(-1, want)
-            log._pread_into(memoryview(big), log.header_bytes + lo)
-            return memoryview(big), phys - lo
-        ahead = self.ahead
-        if ahead is not None and ahead[0] == base and ahead[1] <= lo and phys + n <= ahead[1] + ahead[2]:
-            ahead[3].result()
-            self.cur = 1 - self.cur
-            self.base, self.lo, self.hi = base, ahead[1], ahead[1] + ahead[2]
-            self.ahead = None
-        else:
-            if ahead is not None:
-                ahead[3].exception()
-                self.ahead = None
-            length = min(self.chunk, d - lo)
-            self._read(self.cur, base, lo, length)
-            self.base, self.lo, self.hi = base, lo, lo + length
-        if self.pool is not None:
-            nlo, nbase = self.hi, self.base
-            if nlo >= d:
-                nlo, nbase = 0, nbase + d
-            length = min(self.chunk, d - nlo)
-            fut = self.pool.submit(self._read, 1 - self.cur, nbase, nlo, length)
-            self.ahead = (nbase, nlo, length, fut)
-        return self.views[self.cur], phys - self.lo
-
-    def get(self, lsn: int, n: int) -> memoryview:
-        view, off = self.at(lsn, n)
-        return view[off : off + n]
-
-
 class DeviceLog:
     """A write-ahead log in a ring on a raw device or preallocated file.
 
@@ -273,10 +157,15 @@ class DeviceLog:
         direct: bool = True,
         repair: bool = False,
         pwrite: PWrite = os.pwrite,
+        checkpoint_bytes: int = 4 * 1024 * 1024,
     ) -> DeviceLog:
-        """Open (recovering) the ring at ``path``; with ``create``, initialise one there
-        first if it holds none. ``capacity`` counts the whole ring, header area included;
-        it is fixed at creation. ``window_bytes`` (default ``io_threads * 2 *
+        """Open (recovering) the ring at ``path``. Creating a ring is explicit: only with
+        ``create`` is a missing file created or a blank device initialised, and ``create``
+        over a ring that holds records raises WalExists; without it, a missing or blank
+        ring raises WalMissing (never a silent fresh start). ``capacity`` counts the whole
+        ring, header area included; it is fixed at creation. The header records the durable
+        end at every segment finish, trim, close and every ``checkpoint_bytes`` of log, and
+        open refuses (WalShortened) a log that ends before it. ``window_bytes`` (default ``io_threads * 2 *
         max_block_bytes``) bounds the bytes in flight, and so how far past the first gap
         recovery looks. ``repair`` cuts the log at damage instead of refusing to open.
         ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests."""
@@ -284,6 +173,7 @@ class DeviceLog:
             os.fspath(path), block_size=block_size, max_block_bytes=max_block_bytes,
             max_block_age=max_block_age, io_threads=io_threads, window_bytes=window_bytes,
             segment_bytes=segment_bytes, full_timeout=full_timeout, direct=direct, pwrite=pwrite,
+            checkpoint_bytes=checkpoint_bytes,
         )
         try:
             log._open(capacity, create, repair)
@@ -295,7 +185,7 @@ class DeviceLog:
     def __init__(
         self, path: str, *, block_size: int, max_block_bytes: int, max_block_age: float,
         io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
-        direct: bool, pwrite: PWrite,
+        direct: bool, pwrite: PWrite, checkpoint_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         if block_size < 4096 or block_size > 65536 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two from 4096 to 65536, not {block_size}")
@@ -311,6 +201,7 @@ class DeviceLog:
             window_bytes if window_bytes is not None else io_threads * 2 * self.max_block_bytes, block_size
         )
         self.segment_bytes = segment_bytes
+        self.checkpoint_bytes = max(block_size, checkpoint_bytes)
         self.full_timeout = full_timeout
         self._pwrite = pwrite
         self._want_direct = direct
@@ -327,6 +218,7 @@ class DeviceLog:
         self._hdr_lock = threading.Lock()
         self._seq = 0
         self._trim = 0
+        self._hdr_durable = 0
         self._window = self.configured_window
         self._lock = threading.Lock()
         self._work_cv = threading.Condition(self._lock)
@@ -362,7 +254,10 @@ class DeviceLog:
         if create and not os.path.exists(self.path):
             flags |= os.O_CREAT | os.O_EXCL
             created = True
-        self._fd = self._open_one(flags, write=True)
+        try:
+            self._fd = self._open_one(flags, write=True)
+        except FileNotFoundError:
+            raise missing(self.path) from None
         self._rfd = self._open_one(os.O_RDONLY | os.O_CLOEXEC, write=False)
         return created
 
@@ -393,54 +288,34 @@ class DeviceLog:
 
     def _open(self, capacity: int | None, create: bool, repair: bool) -> None:
         created = self._open_fds(create)
-        st = os.fstat(self._fd)
-        regular = stat.S_ISREG(st.st_mode)
+        regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
         size = os.lseek(self._fd, 0, os.SEEK_END)
-        raw = self._pread_exact(0, self.header_bytes) if size >= self.header_bytes else b""
-        bs = self.block_size
-        copies = [RingHeader.unpack(raw[i * bs : (i + 1) * bs]) for i in range(2)] if raw else [None, None]
-        valid = [c for c in copies if c is not None]
-        if not valid:
-            if raw and any(raw):
-                raise WalError(
-                    f"{self.path}: both ring header copies (bytes 0-{self.header_bytes}) are invalid and "
-                    "not blank: this is a damaged sediment ring or foreign data, and cannot be recovered. "
-                    f"If its contents may be discarded, zero the first {self.header_bytes} bytes and open "
-                    "with create=True."
-                )
-            if not create:
-                raise WalError(
-                    f"{self.path}: no sediment ring header found (both copies invalid or blank); "
-                    "a fresh device cannot be recovered. Open with create=True to initialise a ring."
-                )
+        hdr, _ = load_header(self, size, capacity, create)
+        if hdr is None:
             self._init_ring(capacity, size, regular, created)
             return
-        hdr = max(valid, key=lambda h: h.seq)
-        if hdr.block_size != bs:
-            raise WalError(
-                f"{self.path}: ring was created with block size {hdr.block_size}, not {bs}; "
-                f"open it with block_size={hdr.block_size}."
-            )
-        if capacity is not None and capacity != hdr.capacity:
-            raise WalError(
-                f"{self.path}: ring capacity is fixed at {hdr.capacity} bytes, but {capacity} was "
-                f"configured; open with capacity={hdr.capacity} (or None), or create a new ring."
-            )
-        if size < hdr.capacity:
-            raise WalError(
-                f"{self.path}: device is {size} bytes but the ring header says {hdr.capacity}; "
-                "the device shrank or is the wrong one. Restore the device or create a new ring."
-            )
         self.capacity = hdr.capacity
         self.data_capacity = hdr.capacity - self.header_bytes
         self._seq = hdr.seq
         self._trim = hdr.trim
+        self._hdr_durable = hdr.durable_end
+        res = recover(self, hdr, repair)
+        if create and (res.records or hdr.trim or hdr.durable_end):
+            raise WalExists(
+                f"{self.path}: create=True, but a sediment ring holding {res.records} records (LSNs "
+                f"[{hdr.trim}, {res.last_end})) is already there; creating would discard them. Open it "
+                "without create; to start over, zero the device's first "
+                f"{self.header_bytes} bytes and data area yourself.",
+                path=self.path,
+            )
         if regular:
             os.posix_fallocate(self._fd, 0, self.capacity)
-        self._recover(hdr, repair)
+        self._recover(hdr, res)
         self._start()
 
     def _init_ring(self, capacity: int | None, size: int, regular: bool, created: bool) -> None:
+        """Initialise a new ring; refuses a blank header area over data that holds record
+        frames (a wiped ring, not a new device)."""
         bs = self.block_size
         if capacity is None:
             raise WalError(f"{self.path}: creating a ring needs a capacity (bytes, a multiple of {bs}).")
@@ -454,15 +329,29 @@ class DeviceLog:
                 f"{self.path}: device is {size} bytes, smaller than the configured capacity {capacity}; "
                 "use a bigger device or a smaller capacity."
             )
+        if not created:
+            self.data_capacity = capacity - self.header_bytes
+            count, first = find_frames(self, min(size, capacity))
+            if count:
+                raise WalCorruption(
+                    f"{self.path}: the ring header area is blank, but the data area holds {count} sediment "
+                    f"record frames (the first at device offset {first}): this is a ring whose header was "
+                    "wiped, not a new device. Refusing to create a ring over it; restore the device from a "
+                    "copy, or zero it completely if its log may be discarded.",
+                    path=self.path, offset=0, reason="blank header over a ring's records",
+                )
         if regular:
             os.posix_fallocate(self._fd, 0, capacity)
+            os.fsync(self._fd)
+            if created:
+                fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self.capacity = capacity
         self.data_capacity = capacity - self.header_bytes
         if not (created and regular):
             self._zero(0, self.data_capacity)
         self._seq = 0
         self._trim = 0
-        self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity))
+        self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity), durable=0)
         self._start()
 
     # ---------------------------------------------------------------- raw I/O
@@ -547,154 +436,65 @@ class DeviceLog:
         finally:
             buf.close()
 
-    def _write_header(self, shutdown: int, clean_end: int, window: int | None = None, trim: int | None = None) -> None:
+    def _write_header(self, shutdown: int, clean_end: int, window: int | None = None, trim: int | None = None,
+                      durable: int | None = None) -> None:
         """Write the next header copy (slot = seq % 2); new values take effect only once
-        it is durable."""
+        it is durable. Every copy records the durable end as of now (``durable`` overrides
+        it: recovery sets the end it found), so the header always knows what open must find."""
         with self._hdr_lock:
             if self._fd < 0:
                 raise EngineClosed(f"{self.path}: the WAL is closed")
             window = self._window if window is None else window
             trim = self._trim if trim is None else max(trim, self._trim)
-            hdr = RingHeader(self.block_size, self.capacity, trim, self._seq + 1, window, shutdown, clean_end)
+            durable = max(self._hdr_durable, self._durable_end) if durable is None else durable
+            hdr = RingHeader(self.block_size, self.capacity, trim, self._seq + 1, window, shutdown, clean_end,
+                             max(durable, trim))
             buf = mmap.mmap(-1, self.block_size)
             try:
                 buf[: SLOT.size + 4] = hdr.pack()
                 self._write_at(memoryview(buf), (hdr.seq % 2) * self.block_size)
             finally:
                 buf.close()
-            self._seq, self._window, self._trim = hdr.seq, window, trim
+            self._seq, self._window, self._trim, self._hdr_durable = hdr.seq, window, trim, hdr.durable_end
+
+    def _checkpoint(self) -> None:
+        """Record the current durable end in the header (a lower bound: it may lag, never lead)."""
+        try:
+            self._write_header(SHUTDOWN_RUNNING, 0)
+        except EngineClosed:
+            pass
+        except WalError as e:
+            _log.error("%s: WAL header checkpoint failed: %s", self.path, e)
+            self._fail(e)
 
     # ---------------------------------------------------------------- recovery
 
-    def _check(self, rd: _Reader, pos: int) -> tuple[tuple | None, str]:
-        """The valid record at ``pos`` as the unpacked header tuple (see record.HEADER),
-        or (None, why not). Same checks as record.decode_header plus position and body
-        CRC, without building objects: recovery speed rests on this loop."""
-        d = self.data_capacity
-        phys = pos % d
-        if d - phys < HEADER_SIZE:
-            return None, "too close to the ring end for a header"
-        view, o = rd.at(pos, HEADER_SIZE)
-        u = _unpack_header(view, o)
-        if (u[1] != MAGIC or u[2] != VERSION or u[3] not in _KINDS or u[4] > MAX_BODY
-                or _crc(view[o + 4 : o + HEADER_SIZE]) != u[0]):
-            blank = not any(view[o : o + HEADER_SIZE])
-            return None, ("blank (never written)" if blank else "bad record header (checksum/magic)")
-        if u[6] != pos:
-            return None, f"stale record (lsn {u[6]}, from an earlier pass round the ring)"
-        n = u[4]
-        if phys + HEADER_SIZE + n > d:
-            return None, "record crosses the ring end"
-        o += HEADER_SIZE
-        if phys + HEADER_SIZE + n > rd.hi or rd.base != pos - phys:
-            view, o = rd.at(pos + HEADER_SIZE, n)
-        if _crc(view[o : o + n]) != u[5]:
-            return None, "body checksum mismatch"
-        return u, ""
-
-    @staticmethod
-    def _record(u: tuple, body: memoryview) -> Record:
-        return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6])
-
-    def _walk(self, rd: _Reader, pos: int, limit: int, stop: list) -> Iterator[tuple[int, tuple]]:
-        """Valid records from ``pos`` while they chain; zero block tails are stepped
-        over. Ends at ``limit`` or the first invalid position; ``stop[0]`` is then
-        (position, why) with why empty at ``limit``."""
-        bs = self.block_size
-        stop[:] = [(pos, "")]
-        while pos < limit:
-            u, why = self._check(rd, pos)
-            if u is None:
-                if pos % bs:
-                    up = min(_align_up(pos, bs), limit)
-                    if not any(rd.get(pos, up - pos)):
-                        pos = up
-                        continue
-                    why = f"{why}; block tail not blank"
-                stop[0] = (pos, why)
-                return
-            yield pos, u
-            pos += HEADER_SIZE + u[4]
-        stop[0] = (pos, "")
-
-    def _recover(self, hdr: RingHeader, repair: bool) -> None:
-        rd = _Reader(self, sequential=True)
+    def _recover(self, hdr: RingHeader, res: Recovered) -> None:
+        """Take over what recovery found (device_recovery.recover decided it, reading only),
+        then make it safe to write: blank what lies after the kept prefix and write a header
+        copy whose durable end is the recovered end (lower than before only after a repair)."""
         bs = self.block_size
         d = self.data_capacity
         trim = hdr.trim
-        clean = hdr.shutdown == SHUTDOWN_CLEAN
-        limit = hdr.clean_end if clean else trim + d
-        last_end = trim
-        records = 0
-        try:
-            stopped: list = []
-            for pos, u in self._walk(rd, trim, limit, stopped):
-                kind = u[3]
-                last_end = pos + HEADER_SIZE + u[4]
-                records += kind != RecordKind.PADDING
-                if kind == RecordKind.PROGRESS:
-                    self._frontiers[u[7]] = max(self._frontiers.get(u[7], u[10]), u[10])
-                elif kind == RecordKind.FRONTIERS:
-                    body = bytes(rd.get(pos + HEADER_SIZE, u[4]))
-                    for rel, t in decode_frontiers(body).items():
-                        self._frontiers[rel] = max(self._frontiers.get(rel, t), t)
-                    self._frontier_lsns.append(pos)
-                    self._finished = last_end
-                    self._seg_start = last_end
-                    self._seg_records = 0
-                elif kind != RecordKind.PADDING:
-                    self._seg_records += 1
-            stop, why = stopped[0]
-            window = max(hdr.window, bs)
-            found_end = stop
-            found = 0
-            if why:
-                q = _align_up(stop + 1, bs)
-                while q < min(stop + window, trim + d):
-                    u, _ = self._check(rd, q)
-                    if u is None:
-                        q += bs
-                        continue
-                    for p2, u2 in self._walk(rd, q, trim + d, []):
-                        found += 1
-                        found_end = p2 + HEADER_SIZE + u2[4]
-                    q = _align_up(max(found_end, q + 1), bs)
-            damaged = bool(why) and (clean or found_end > stop + window)
-            if damaged and not repair:
-                detail = (
-                    f"the ring was shut down cleanly at end {hdr.clean_end}" if clean
-                    else f"{found} valid records follow it up to {found_end}, beyond the "
-                    f"{window}-byte in-flight window, so they were acknowledged"
-                )
-                raise WalCorruption(
-                    f"{self.path}: WAL damaged at logical offset {stop} (device offset "
-                    f"{self.header_bytes + stop % d}): {why}, yet {detail}. Refusing to open; "
-                    "reopen with repair=True (sediment verify --repair) to cut the log there "
-                    "once the loss is accepted.",
-                    path=self.path, offset=stop, reason=why,
-                )
-            normal_end = why.startswith(("blank", "stale")) and not found and not damaged
-            if why and not normal_end:
-                kind = "damage" if damaged else "torn tail"
-                cut = max(found_end, _align_up(stop + 1, bs)) - stop
-                extra = f"; discarded {found} unacknowledged records after it, up to {found_end}" if found else ""
-                self.report.torn_tails.append((self.path, stop, cut, f"{kind}: {why}{extra}"))
-        finally:
-            rd.close()
-        self.report.records = records
-        self._sealed = dict(self._frontiers)
+        self._frontiers = dict(res.frontiers)
+        self._frontier_lsns = deque(res.frontier_lsns)
+        self._finished = res.finished
+        self._seg_start = res.seg_start
+        self._seg_records = res.seg_records
+        self.report.records = res.records
+        self.report.torn_tails.extend(res.torn_tails)
+        self._sealed = dict(res.frontiers)
+        last_end = res.last_end
         self._durable_end = last_end
         self._next = _align_up(last_end, bs)
-        self._finished = max(self._finished, trim)
-        if self._seg_start < trim:
-            self._seg_start = trim
-        if not clean or why:
-            zero_to = min(max(self._next + window, _align_up(found_end, bs)), _align_down(trim + d, bs))
+        if not res.clean or res.why:
+            zero_to = min(max(self._next + res.window, _align_up(res.found_end, bs)), _align_down(trim + d, bs))
             lo = _align_down(last_end, bs)
             keep = self._pread_exact(self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
             if zero_to > lo:
                 self._zero(lo, zero_to - lo, keep)
-        self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity))
+        self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity),
+                           durable=last_end)
 
     # ---------------------------------------------------------------- threads
 
@@ -823,7 +623,10 @@ class DeviceLog:
                             cb(b.frontiers_end)
                         except Exception:
                             _log.exception("%s: finish listener failed", self.path)
+                    self._checkpoint()
                 b.event.set()
+            if self._durable_end - self._hdr_durable >= self.checkpoint_bytes:
+                self._checkpoint()
 
     def _fail(self, e: BaseException) -> None:
         with self._lock:
@@ -1143,12 +946,12 @@ class DeviceLog:
             raise WalError(
                 f"{self.path}: no durable record at {lsn}: the log holds [{self._trim}, {self._durable_end})."
             )
-        rd = _Reader(self, chunk=self.block_size * 2)
+        rd = RingReader(self, chunk=self.block_size * 2)
         try:
-            u, why = self._check(rd, lsn)
+            u, why = check(rd, lsn)
             if u is None:
                 raise WalError(f"{self.path}: no valid record at logical offset {lsn}: {why}")
-            rec = self._record(u, rd.get(lsn + HEADER_SIZE, u[4]))
+            rec = record_of(u, rd.get(lsn + HEADER_SIZE, u[4]))
         finally:
             rd.close()
         if lsn < self._trim:
@@ -1160,13 +963,13 @@ class DeviceLog:
         as of the call, in order; PADDING is skipped. Damage raises WalCorruption."""
         pos = self._trim if start is None else max(start, self._trim)
         limit = self._durable_end
-        rd = _Reader(self, sequential=True)
+        rd = RingReader(self, sequential=True)
         stopped: list = []
         try:
-            for p, u in self._walk(rd, pos, limit, stopped):
+            for p, u in walk(rd, pos, limit, stopped):
                 if u[3] == RecordKind.PADDING:
                     continue
-                rec = self._record(u, rd.get(p + HEADER_SIZE, u[4]))
+                rec = record_of(u, rd.get(p + HEADER_SIZE, u[4]))
                 if p < self._trim:
                     raise WalError(f"{self.path}: records at {p} were trimmed during the scan")
                 yield rec
@@ -1195,7 +998,7 @@ class DeviceLog:
         for t in self._threads:
             t.join()
         if self._failed is None:
-            self._write_header(SHUTDOWN_CLEAN, self._durable_end)
+            self._write_header(SHUTDOWN_CLEAN, self._durable_end, durable=self._durable_end)
         self._close_fds()
 
     def _close_fds(self) -> None:
