@@ -258,6 +258,8 @@ class DeviceLog:
             self._fd = self._open_one(flags, write=True)
         except FileNotFoundError:
             raise missing(self.path) from None
+        except OSError as e:
+            raise WalError(f"{self.path}: cannot open the device ring: {e}") from e
         self._rfd = self._open_one(os.O_RDONLY | os.O_CLOEXEC, write=False)
         return created
 

@@ -399,7 +399,10 @@ def inspect(path: str, *, block_size: int = 4096, capacity: int | None = None) -
     find and cut, or raises the typed error open would raise."""
     if not os.path.exists(path):
         raise missing(path)
-    ring = ReadOnlyRing(path, block_size)
+    try:
+        ring = ReadOnlyRing(path, block_size)
+    except OSError as e:
+        raise WalError(f"{path}: cannot open the device ring: {e}") from e
     try:
         hdr, nvalid = load_header(ring, ring.size, capacity, create=False)
         assert hdr is not None
