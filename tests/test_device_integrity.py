@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -240,13 +241,13 @@ def _workload(path: Path, clean: bool) -> tuple[bytes, list[Record]]:
     return (path.read_bytes() if clean else image), [r for r in acked if r.lsn >= header_of(image).trim]
 
 
-def _damage(image: bytes, rng: random.Random, live: list[Record]) -> tuple[str, bytes | None]:
+def _damage(image: bytes, rng: random.Random, live: list[Record], data: int = DATA) -> tuple[str, bytes | None]:
     """One seeded damage; data damage hits a live record's bytes half of the time."""
     img = bytearray(image)
     kind = rng.choice(["flip-header", "flip-header", "flip-data", "flip-data", "flip-data", "zero-page",
                        "zero-page", "truncate", "missing"])
     r = rng.choice(live)
-    target = HDR + r.lsn % DATA + rng.randrange(r.frame_size) if rng.random() < 0.5 else rng.randrange(HDR, len(img))
+    target = HDR + r.lsn % data + rng.randrange(r.frame_size) if rng.random() < 0.5 else rng.randrange(HDR, len(img))
     if kind == "flip-header":
         pos = rng.randrange(2) * BS + rng.randrange(76)
         img[pos] ^= 1 << rng.randrange(8)
@@ -308,3 +309,46 @@ def test_verify_calls_the_recovery_open_runs(tmp_path: Path) -> None:
         DeviceLog.open(path)
     report = verdict(path)
     assert not report.ok and "block size 8192" in report.problems[0]
+
+
+def test_cli_verify_exit_code_matches_engine_open_on_a_damaged_ring(tmp_path: Path, capsys) -> None:
+    """The same agreement end to end: ``sediment verify`` exits 0 exactly when the engine opens,
+    and an engine that opens answers with every acknowledged update."""
+    from sediment.cli import main
+
+    data, ring = tmp_path / "d", tmp_path / "ring.dev"
+    with sediment.open(data, wal=f"device:{ring}", wal_capacity=1 << 20) as eng:
+        eng.add_relation("r", pa.schema([("k", pa.int64())]))
+        for t in range(1, 41):
+            eng.append("r", pa.table({"k": [t], "time": [t], "diff": [1]}))
+            eng.seal("r", t)
+    pristine, image = tmp_path / "pristine", ring.read_bytes()
+    shutil.copytree(data, pristine)
+    hdr = header_of(image)
+    live = [Record(RecordKind.UPDATES, body=b"", lsn=lsn) for lsn in range(hdr.trim, hdr.durable_end, 256)]
+    rng = random.Random(912)
+    seen = {True: 0, False: 0}
+    for trial in range(16):
+        what, img = _damage(image, rng, live, hdr.capacity - HDR)
+        shutil.rmtree(data)
+        shutil.copytree(pristine, data)
+        if ring.exists():
+            ring.unlink()
+        if img is not None:
+            ring.write_bytes(img)
+        capsys.readouterr()
+        code = main(["--data-dir", str(data), "verify"])
+        out = capsys.readouterr().out
+        try:
+            eng = sediment.open(data)
+        except SedimentError as exc:
+            assert code == 1, f"trial {trial} {what}: verify exited {code}, open refused: {exc}"
+            assert str(ring) in out
+            seen[False] += 1
+            continue
+        with eng:
+            assert code == 0, f"trial {trial} {what}: the engine opened, verify exited {code}: {out}"
+            got = eng.snapshot("r", as_of=40)
+            assert sorted(got.column("k").to_pylist()) == list(range(1, 41)), f"trial {trial} {what}"
+        seen[True] += 1
+    assert seen[True] >= 3 and seen[False] >= 3, seen
