@@ -194,6 +194,7 @@ def test_zeroed_block_before_the_durable_end_is_refused_after_a_crash(tmp_path: 
         kept = [r.lsn for r in log.scan() if r.kind == RecordKind.UPDATES]
         assert kept == [r.lsn for r in recs if r.lsn + r.frame_size <= err.lost_from]
         assert "lost acknowledged LSN range" in log.report.torn_tails[0][3]
+        assert log.lost_acknowledged == (page_lsn, durable)
         log.close()
         DeviceLog.open(path).close()  # the repaired ring's header records the cut end: opens again
 

@@ -177,6 +177,7 @@ class DeviceLog(RingWriter, RingIO):
         self._fd_lock = threading.Lock()
         self._warned = False
         self.report = OpenReport()
+        self.lost_acknowledged: tuple[int, int] | None = None  # set when repair=True cut acknowledged records
         self.capacity = 0
         self.data_capacity = 0
         self._hdr_lock = threading.Lock()
@@ -311,6 +312,7 @@ class DeviceLog(RingWriter, RingIO):
         self._seg_records = res.seg_records
         self.report.records = res.records
         self.report.torn_tails.extend(res.torn_tails)
+        self.lost_acknowledged = res.lost_acknowledged
         self._sealed = dict(res.frontiers)
         last_end = res.last_end
         self._durable_end = last_end

@@ -209,6 +209,7 @@ class Recovered:
     why: str = ""
     found_end: int = 0
     torn_tails: list[tuple[str, int, int, str]] = field(default_factory=list)
+    lost_acknowledged: tuple[int, int] | None = None  # [from, to) LSNs a repair cut below the durable end
 
 
 def recover(src: RingSource, hdr: RingHeader, repair: bool) -> Recovered:
@@ -282,6 +283,7 @@ def recover(src: RingSource, hdr: RingHeader, repair: bool) -> Recovered:
         extra = f"; discarded {found} unacknowledged records after it, up to {found_end}" if found else ""
         if short:
             extra += f"; lost acknowledged LSN range [{stop}, {must})"
+            res.lost_acknowledged = (stop, must)
         res.torn_tails.append((src.path, stop, cut, f"{kind}: {why}{extra}"))
     res.finished = max(res.finished, trim)
     res.seg_start = max(res.seg_start, trim)
