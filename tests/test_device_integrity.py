@@ -353,3 +353,31 @@ def test_cli_verify_exit_code_matches_engine_open_on_a_damaged_ring(tmp_path: Pa
             assert sorted(got.column("k").to_pylist()) == list(range(1, 41)), f"trial {trial} {what}"
         seen[True] += 1
     assert seen[True] >= 3 and seen[False] >= 3, seen
+
+
+# ---------------------------------------------------------------- header bytes (pure)
+
+
+def test_header_copy_bit_flips_are_all_detected_and_the_other_copy_chosen() -> None:
+    from sediment.wal.device_format import SLOT_V1, RingHeader
+
+    a = RingHeader(BS, CAP, 8192, 41, 65536, 0, 0, 20480)
+    b = RingHeader(BS, CAP, 8192, 42, 65536, 1, 24576, 24576)
+    pa_, pb = a.pack(), b.pack()
+    assert RingHeader.unpack(pa_) == a and RingHeader.unpack(pb) == b and len(pb) == 76
+    slot = lambda h: h + bytes(BS - len(h))  # noqa: E731
+    assert choose_header(slot(pb) + slot(pa_), BS) == (b, 2)
+    assert choose_header(slot(pa_) + slot(pb), BS) == (b, 2)
+    assert choose_header(bytes(2 * BS), BS) == (None, 0)
+    for bit in range(len(pb) * 8):  # every single-bit flip of the newer copy: the older one describes the ring
+        bad = bytearray(pb)
+        bad[bit // 8] ^= 1 << bit % 8
+        assert RingHeader.unpack(bytes(bad)) is None
+        assert choose_header(slot(bytes(bad)) + slot(pa_), BS) == (a, 1)
+    # a version 1 copy (no durable end field; CRC at 64) still reads: durable end = clean end when clean
+    from sediment.wal.record import crc32c
+
+    v1 = SLOT_V1.pack(b"SDMTRING", 1, BS, CAP, 8192, 7, 65536, 1, 0, 24576)
+    assert RingHeader.unpack(v1 + crc32c(v1).to_bytes(4, "little")) == RingHeader(BS, CAP, 8192, 7, 65536, 1, 24576, 24576)
+    v1r = SLOT_V1.pack(b"SDMTRING", 1, BS, CAP, 8192, 7, 65536, 0, 0, 0)
+    assert RingHeader.unpack(v1r + crc32c(v1r).to_bytes(4, "little")).durable_end == 0
