@@ -43,6 +43,7 @@ from sediment.errors import (
     TraceInvariantViolation,
     UnknownRelation,
 )
+from sediment.metrics import EngineMetrics
 from sediment.trace import compacter as cmp
 from sediment.trace.consolidate import consolidate
 from sediment.trace.consolidate import snapshot as consolidate_snapshot
@@ -57,6 +58,7 @@ DEFAULT_MEMORY_BOUND = 256 << 20
 LOCK_NAME = "LOCK"
 STORAGE_KEY = "engine/storage"
 log = logging.getLogger(__name__)
+_monotonic = time.monotonic  # _compact_relation's local `time` is a column
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,7 @@ class TailEntry:
     t_lo: int
     t_hi: int
     rows: int
+    bytes: int = 0  # the record's body: what compaction still has to read back
 
 
 @dataclass
@@ -101,6 +104,7 @@ class _Relation:
     progress: list[tuple[int, int]] = field(default_factory=list)  # (lsn, t) of close records not in the trace
     seal_ticket: Any = None
     feed: FeedLog | None = None
+    trace_changed_at: float | None = None  # monotonic time this process last changed the trace
 
     def needs_from(self) -> int | None:
         """The least LSN of this relation's records that are not yet in its trace."""
@@ -144,6 +148,7 @@ class Engine:
     ) -> None:
         configure_memory_pool(arrow_memory_pool)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
+        self.metadata_spec = metadata if isinstance(metadata, str) else None
         makedirs_durable(self.data_dir)
         self._lock_fd = self._take_lock()
         self._lock = threading.RLock()
@@ -165,6 +170,8 @@ class Engine:
         self._trim_to: int | None = None
         self._compacter: cmp.Compacter | None = None
         self._record_storage: tuple[bytes, int | None] | None = None
+        self.metrics = EngineMetrics()
+        self.metrics.watch_state(self.stats)
         try:
             self._meta = self._open_metadata(metadata)
             stored = self._storage_config({"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
@@ -313,6 +320,7 @@ class Engine:
     # --- applying durable records (live and at recovery) ---------------------------------------
 
     def _on_durable(self, records) -> None:
+        self.metrics.durable_records.observe(len(records))
         with self._lock:
             for r in records:
                 self._apply(r)
@@ -320,7 +328,7 @@ class Engine:
     def _apply(self, r: Record) -> None:
         kind = r.kind
         if kind == RecordKind.UPDATES:
-            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count)
+            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, len(r.body))
             if r.txn_id == 0:
                 self._add_tail(r.relation_id, entry)
             else:
@@ -466,6 +474,7 @@ class Engine:
         With ``locks``, the append is refused with LockConflict (writing nothing) when a
         write- or read-locked id was written after ``locks.high_water``; its write and
         append locks record the append's greatest time."""
+        start = time.perf_counter()
         rel, table, bounds = self._prepare(name, updates)
         if table.num_rows == 0:
             return
@@ -482,10 +491,12 @@ class Engine:
                 self.locks.check_and_record(locks, bounds[1])
             ticket = self._log.submit(records, self._on_durable)
         ticket.wait()
+        self._count_append(start, {name: table.num_rows})
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Locks | None = None) -> None:
         """Append to several relations atomically: after a crash, all or none are there.
         ``locks`` as for :meth:`append`, checked once for the whole append."""
+        start = time.perf_counter()
         txn = self._next_txn_id()
         prepared = [(name, *self._prepare(name, table)) for name, table in updates.items()]
         records = [Record(RecordKind.BEGIN, txn_id=txn)]
@@ -502,6 +513,14 @@ class Engine:
                 self.locks.check_and_record(locks, max(b[1] for *_r, b in prepared if b is not None))
             ticket = self._log.submit(records, self._on_durable)
         ticket.wait()
+        self._count_append(start, {name: table.num_rows for name, _rel, table, _t in prepared})
+
+    def _count_append(self, start: float, rows: Mapping[str, int]) -> None:
+        m = self.metrics
+        m.append_latency.observe(time.perf_counter() - start)
+        for name, n in rows.items():
+            m.appends.labels(relation=name).inc()
+            m.rows.labels(relation=name).inc(n)
 
     def transaction(self) -> Transaction:
         """A write transaction: appends to any relations, visible only after ``commit()``."""
@@ -536,6 +555,7 @@ class Engine:
                     [Record(RecordKind.PROGRESS, rel.entry.id, 0, t, t)], self._on_durable)
         if ticket is not None:
             ticket.wait()
+        self.metrics.seals.labels(relation=name).inc()
 
     def set_since(self, name: str, t: int) -> None:
         """Advance the compaction frontier: history before ``t`` may be consolidated away."""
@@ -769,6 +789,16 @@ class Engine:
                     "bytes": sum(b.bytes for b in (*t.batches, *t.pending)),
                     "upper": t.upper, "since": t.since, "tail_records": len(rel.tail)}
 
+    def stats(self) -> dict[str, Any]:
+        """What the engine holds now, for operators: per relation its rows, batches, stored
+        bytes, frontiers (since, sealed, trace upper), WAL tail records and bytes, compaction
+        lag and subscribers; for the engine the WAL (kind, LSNs, segments, bytes, backlog not
+        yet compacted) and where its storage lives. Plain JSON-ready values; the same
+        dictionary backs ``sediment stats`` and the state gauges of ``/metrics``."""
+        from sediment.engine.stats import engine_stats
+
+        return engine_stats(self)
+
     # --- compaction ----------------------------------------------------------------------------
 
     def compact(self, name: str | None = None) -> None:
@@ -784,7 +814,8 @@ class Engine:
         self._compaction_pass(None)
 
     def _compaction_pass(self, names: set[str] | None) -> None:
-        with self._compact_lock:
+        with self._compact_lock, self.metrics.timed(self.metrics.compaction_seconds):
+            self.metrics.compactions.inc()
             with self._lock:
                 if self._closed:
                     return
@@ -837,8 +868,11 @@ class Engine:
         new = replace(trace, since=since, upper=upper, batches=batches, pending=pending, wal_through=safe,
                       version=trace.version + 1)
         self.traces.commit(new)
+        if upper > trace.upper:
+            self.metrics.batches_written.labels(relation=rel.entry.name).inc()
         with self._lock:
             rel.trace = new
+            rel.trace_changed_at = _monotonic()
             rel.tail = [e for e in rel.tail if e.lsn >= safe]
             rel.progress = [(lsn, t) for lsn, t in rel.progress if lsn >= safe]
             self._garbage += [p.key for p in trace.pending if p.key]
@@ -852,12 +886,15 @@ class Engine:
             stored = sum(r.bytes for r in refs) or 1
             per_row = max(64, 8 * stored // max(1, sum(r.rows for r in refs)))
             chunk_rows = max(1024, self._memory_bound // (4 * len(refs) * per_row))
-            merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, since, task.level,
-                                       chunk_rows=chunk_rows)
+            with self.metrics.timed(self.metrics.merge_seconds):
+                merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, since, task.level,
+                                           chunk_rows=chunk_rows)
+            self.metrics.merges.labels(relation=rel.entry.name).inc()
             new = replace(trace.apply_merge(task.start, task.stop, merged, inputs=refs), since=since)
             self.traces.commit(new)
             with self._lock:
                 rel.trace = trace = new
+                rel.trace_changed_at = time.monotonic()
                 self._garbage += [r.key for r in refs if r.key]
 
     # --- closing -------------------------------------------------------------------------------

@@ -47,6 +47,9 @@ FORMATS = ("csv", "parquet")
 _EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet"}
 
 
+LOCAL_ONLY = frozenset({"verify", "demo", "serve", "storage-node"})  # commands --connect cannot reach
+
+
 class UsageError(Exception):
     """A command line that cannot be carried out as written (exit code 2)."""
 
@@ -129,7 +132,14 @@ def _data_dir(args: argparse.Namespace) -> str:
 
 
 def _open(args: argparse.Namespace, *, create: bool = False, **options: object) -> sediment.Engine:
-    """Open the engine; only commands that create things may create the data directory."""
+    """Open the engine; only commands that create things may create the data directory. With
+    ``--connect`` the engine is a served coordinator's, reached through a client that has the
+    same methods, so every command reads the same either way."""
+    if getattr(args, "connect", None):
+        token = args.token if getattr(args, "token", None) else os.environ.get("SEDIMENT_TOKEN")
+        if not token:
+            raise UsageError("--connect needs a token: pass --token T or set $SEDIMENT_TOKEN")
+        return sediment.connect(args.connect, token=token)
     data_dir = _data_dir(args)
     if not create and not os.path.isdir(data_dir):
         raise SedimentError(f"no data directory at {data_dir}; `sediment relation add` creates one, or pass "
@@ -345,6 +355,36 @@ def cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_stats(stats: dict) -> None:
+    wal, storage = stats["wal"], stats["storage"]
+    size = "" if wal.get("bytes") is None else f", {wal['segments']} segments, {wal['bytes']} bytes on disk"
+    print(f"wal: {wal['kind']}, LSN {wal['start_lsn']}..{wal['end_lsn']}{size}, backlog "
+          f"{wal['backlog_records']} records / {wal['backlog_bytes']} bytes not yet compacted, "
+          f"{wal['open_transactions']} open transactions")
+    print(f"storage: data {storage['data_dir']}, blobs {storage['blob']}, metadata "
+          f"{storage['metadata'] or '<data-dir>/meta'}")
+    columns = ["relation", "rows", "batches", "stored_bytes", "since", "sealed", "trace_upper", "tail_records",
+               "tail_bytes", "compaction_lag", "subscribers"]
+    rows = [[name, *(str(rel[c]) for c in columns[1:])] for name, rel in stats["relations"].items()]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    for line in [columns, *rows]:
+        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True))))
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """What the engine holds: per relation rows, batches, bytes, frontiers, WAL tail and
+    compaction lag; the WAL's size and backlog; where the storage lives."""
+    import json
+
+    with _open(args) as engine:
+        stats = engine.stats()
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+    else:
+        _print_stats(stats)
+    return 0
+
+
 def cmd_since(args: argparse.Namespace) -> int:
     """Let history below T be consolidated away (reads below T become impossible)."""
     with _open(args) as engine:
@@ -503,6 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "zk://127.0.0.1:2181/sediment (default $SEDIMENT_METADATA)")
         p.add_argument("--s3-endpoint", default=os.environ.get("AWS_ENDPOINT_URL") if top else argparse.SUPPRESS,
                        metavar="URL", help="S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)")
+        p.add_argument("--connect", default=None if top else argparse.SUPPRESS, metavar="URI",
+                       help="talk to a served coordinator (sediment serve) at grpc://HOST:PORT instead of "
+                       "opening --data-dir")
+        p.add_argument("--token", default=None if top else argparse.SUPPRESS, metavar="T",
+                       help="the shared secret: what --connect sends, what serve requires (default "
+                       "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)")
         bar = p.add_mutually_exclusive_group()
         bar.add_argument("--progress", dest="progress", action="store_const", const=True,
                          default=None if top else argparse.SUPPRESS,
@@ -562,6 +608,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("compact", cmd_compact, "turn the WAL into batches, merge them, and trim the WAL now")
     p.add_argument("name", metavar="NAME", nargs="?", default=None)
 
+    p = command("stats", cmd_stats, "show what the engine holds: relations, WAL backlog, compaction lag")
+    p.add_argument("--json", action="store_true", help="print the same figures as JSON (as Engine.stats())")
+
     p = command("read", cmd_read, "print or write the relation as of a time (columns + diff)")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--as-of", type=_time_arg, required=True, metavar="T")
@@ -615,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
         return _exit_code(exc.code)
     debug = os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0")
     try:
+        if getattr(args, "connect", None) and args.command in LOCAL_ONLY:
+            raise UsageError(f"`sediment {args.command}` works on the data directory's files, not through "
+                             "--connect: run it where the data directory is")
         return args.func(args)
     except UsageError as exc:
         if debug:

@@ -488,6 +488,10 @@ class Client:
         """The relation's stored shape (batches, pending, rows, bytes, upper, since, tail_records)."""
         return dict(self._action("trace_info", name=name))
 
+    def stats(self) -> dict:
+        """The served engine's :meth:`Engine.stats`."""
+        return dict(self._action("stats"))
+
     def compact(self, name: str | None = None) -> None:
         """Run a compaction pass on the server and wait for it."""
         self._action("compact", name=name)

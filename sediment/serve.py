@@ -1,6 +1,7 @@
 """``sediment serve``: run the engine on a data directory as a network coordinator.
 
     sediment serve --data-dir DIR --listen 127.0.0.1:8815 [--token T]   (or $SEDIMENT_TOKEN)
+                   [--metrics-listen 127.0.0.1:9108]   (Prometheus text at /metrics)
 
 Kept apart from :mod:`sediment.server` so that building the CLI parser does not import
 Arrow Flight; the server is imported only when ``serve`` runs. Prints one line,
@@ -43,12 +44,12 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p = command("serve", cmd_serve, "serve the data directory to clients over Arrow Flight until SIGTERM")
     p.add_argument("--listen", type=_listen_arg, default=_listen_arg(DEFAULT_LISTEN), metavar="HOST:PORT",
                    help=f"where to listen (default {DEFAULT_LISTEN}; port 0 picks a free port)")
-    p.add_argument("--token", default=None, metavar="T",
-                   help="the shared secret every client must send (default $SEDIMENT_TOKEN; prefer the "
-                        "variable: a command line is visible to other users)")
     p.add_argument("--shutdown-grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS",
                    help=f"on SIGTERM, how long calls under way may take to finish before they are cut off "
                         f"(default {DEFAULT_GRACE:g})")
+    p.add_argument("--metrics-listen", type=_listen_arg, default=None, metavar="HOST:PORT",
+                   help="also serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one; "
+                        "default: no metrics endpoint)")
     p.add_argument("--txn-idle-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="abort a transaction that no call has named for this long: an open transaction "
                         "holds back compaction (default 600; 0 never)")
@@ -76,16 +77,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     clean = True
     try:
         engine = _open(args, create=True)
+        metrics = None
         try:
             server = SedimentFlightServer(engine, location, token,
                                           txn_idle_timeout=args.txn_idle_timeout or None)
             try:
+                if args.metrics_listen is not None:
+                    from sediment.metrics import MetricsServer
+
+                    metrics = MetricsServer(engine.metrics, *args.metrics_listen)
+                    print(f"metrics on {metrics.url}", flush=True)
                 print(f"serving {_data_dir(args)} on {server.uri}", flush=True)
                 stop.wait()  # a signal handler runs in this thread and sets it
                 print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
                       file=sys.stderr, flush=True)
             finally:
                 clean = server.stop(grace=args.shutdown_grace)
+                if metrics is not None:
+                    metrics.stop()
         finally:
             engine.close()
     finally:

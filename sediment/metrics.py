@@ -1,0 +1,140 @@
+"""Prometheus metrics of one engine, and the HTTP endpoint that serves them.
+
+Two kinds of figures, kept apart on purpose:
+
+- events (appends, rows, latencies, merges, blob requests, errors) are counted where they
+  happen, into instruments owned by :class:`EngineMetrics`;
+- state (WAL backlog, per-relation frontiers and lag, batches, subscribers) is not counted
+  at all: it is read from :meth:`Engine.stats` when Prometheus scrapes, so a gauge can
+  never drift from what the engine holds.
+
+Each engine has its own ``CollectorRegistry``: two engines in one process (tests, a
+server and a tool) never share or double-register a metric.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import generate_latest, start_http_server
+
+disable_created_metrics()  # `*_created` series double every counter and say nothing an operator needs
+
+PREFIX = "sediment"
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                    2.5, 5.0, 10.0)
+_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+class EngineMetrics:
+    """The event instruments of one engine (see the module doc for why state is not here)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.appends = Counter(f"{PREFIX}_appends", "Acknowledged append calls (append, append_many, "
+                               "transaction commits)", ["relation"], registry=r)
+        self.rows = Counter(f"{PREFIX}_rows_appended", "Update rows in acknowledged appends", ["relation"],
+                            registry=r)
+        self.append_latency = Histogram(f"{PREFIX}_append_latency_seconds", "From the call to the durable "
+                                        "acknowledgement", buckets=_LATENCY_BUCKETS, registry=r)
+        self.durable_records = Histogram(f"{PREFIX}_durable_submission_records", "WAL records per "
+                                         "submission made durable (an append, a seal, a commit)",
+                                         buckets=_COUNT_BUCKETS, registry=r)
+        self.seals = Counter(f"{PREFIX}_seals", "Acknowledged seal calls", ["relation"], registry=r)
+        self.compactions = Counter(f"{PREFIX}_compaction_passes", "Compaction passes run", registry=r)
+        self.compaction_seconds = Histogram(f"{PREFIX}_compaction_pass_seconds", "Duration of a compaction "
+                                            "pass", buckets=_LATENCY_BUCKETS, registry=r)
+        self.batches_written = Counter(f"{PREFIX}_batches_written", "Batches written from the WAL",
+                                       ["relation"], registry=r)
+        self.merges = Counter(f"{PREFIX}_merges", "Batch merges committed", ["relation"], registry=r)
+        self.merge_seconds = Histogram(f"{PREFIX}_merge_seconds", "Duration of one merge",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.blob_requests = Counter(f"{PREFIX}_blob_requests", "Blob store requests", ["op"], registry=r)
+        self.errors = Counter(f"{PREFIX}_errors", "Errors by kind (typed error class) and where they "
+                              "happened", ["where", "kind"], registry=r)
+        self.retries = Counter(f"{PREFIX}_retries", "Work retried after an error (e.g. a relation's "
+                               "compaction)", ["where"], registry=r)
+
+    @contextmanager
+    def timed(self, histogram: Histogram) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            histogram.observe(time.perf_counter() - start)
+
+    def error(self, where: str, exc: BaseException) -> None:
+        self.errors.labels(where=where, kind=type(exc).__name__).inc()
+
+    def watch_state(self, stats: Callable[[], dict[str, Any]]) -> None:
+        """Serve the engine's state (``stats()``) as gauges, read at each scrape."""
+        self.registry.register(_StateCollector(stats))
+
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition of every metric (what ``/metrics`` serves)."""
+        return generate_latest(self.registry)
+
+
+class _StateCollector:
+    """Gauges read from ``Engine.stats()`` at scrape time."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def describe(self) -> list:
+        return []  # computed at scrape time; nothing to check at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            s = self._stats()
+        except Exception:  # noqa: BLE001 - a closed engine has no state to show; the scrape still answers
+            return
+        wal = s["wal"]
+        for key in ("start_lsn", "end_lsn", "backlog_bytes", "backlog_records", "segments", "bytes"):
+            if wal.get(key) is not None:
+                yield GaugeMetricFamily(f"{PREFIX}_wal_{key}", f"WAL {key.replace('_', ' ')}", value=wal[key])
+        per_rel = {
+            "rows": "Rows stored in the relation's batches",
+            "batches": "Batches in the relation's trace",
+            "stored_bytes": "Bytes of the relation's batches in the blob store",
+            "since": "Compaction frontier",
+            "sealed": "Sealed (durable) frontier",
+            "trace_upper": "Upper of the relation's trace (times below it are in batches)",
+            "tail_records": "WAL records of the relation not yet compacted",
+            "tail_bytes": "Bytes of WAL records of the relation not yet compacted",
+            "compaction_lag": "Sealed frontier minus trace upper, plus one: sealed times not yet in batches",
+            "seconds_since_last_batch": "Seconds since the relation's trace last changed in this process",
+            "subscribers": "Open feed subscriptions",
+            "subscriber_lag": "Feed events the slowest subscriber has yet to read",
+        }
+        for key, doc in per_rel.items():
+            family = GaugeMetricFamily(f"{PREFIX}_relation_{key}", doc, labels=["relation"])
+            for name, rel in s["relations"].items():
+                if rel.get(key) is not None:
+                    family.add_metric([name], rel[key])
+            yield family
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP on a loopback (or given) address, in daemon threads."""
+
+    def __init__(self, metrics: EngineMetrics, host: str, port: int) -> None:
+        self._server, self._thread = start_http_server(port, addr=host, registry=metrics.registry)
+        self.host = host
+        self.port = self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,146 @@
+"""Metrics and stats: a real HTTP scrape of /metrics (in process and from `sediment serve`),
+`sediment stats`, and Engine.stats() over the network, each checked to move as the engine works."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+
+import pyarrow as pa
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import sediment
+from sediment.cli import main as cli_main
+from sediment.metrics import MetricsServer
+from sediment.server import serve_local
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
+
+
+def _updates(ids: range, t: int) -> pa.Table:
+    return pa.table({"id": list(ids), "name": [f"n{i}" for i in ids], "time": [t] * len(ids),
+                     "diff": [1] * len(ids)})
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of the exposition, keyed by (name, sorted labels)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _rel(samples: dict, name: str, relation: str) -> float:
+    return samples[(name, (("relation", relation),))]
+
+
+def test_metrics_endpoint_counts_appends_and_follows_compaction(tmp_path):
+    with sediment.open(tmp_path / "data") as engine:
+        server = MetricsServer(engine.metrics, "127.0.0.1", 0)
+        try:
+            engine.add_relation("r", SCHEMA)
+            before = _scrape(server.url)
+            assert _rel(before, "sediment_relation_sealed", "r") == -1
+            assert ("sediment_rows_appended_total", (("relation", "r"),)) not in before
+
+            for t in range(1, 4):
+                engine.append("r", _updates(range(t * 100, t * 100 + 50), t))
+            engine.seal("r", 3)
+            mid = _scrape(server.url)
+            assert _rel(mid, "sediment_rows_appended_total", "r") == 150
+            assert _rel(mid, "sediment_appends_total", "r") == 3
+            assert mid[("sediment_append_latency_seconds_count", ())] == 3
+            assert _rel(mid, "sediment_relation_sealed", "r") == 3
+            assert _rel(mid, "sediment_relation_tail_records", "r") == 3
+            assert _rel(mid, "sediment_relation_compaction_lag", "r") == 4  # times 0..3 not in batches
+            assert mid[("sediment_wal_backlog_records", ())] == 3
+            assert mid[("sediment_wal_backlog_bytes", ())] > 0
+
+            engine.compact()
+            after = _scrape(server.url)
+            assert _rel(after, "sediment_relation_batches", "r") >= 1
+            assert _rel(after, "sediment_relation_rows", "r") == 150
+            assert _rel(after, "sediment_relation_trace_upper", "r") == 4
+            assert _rel(after, "sediment_relation_compaction_lag", "r") == 0
+            assert _rel(after, "sediment_relation_tail_records", "r") == 0
+            assert after[("sediment_wal_backlog_bytes", ())] == 0
+            assert after[("sediment_compaction_passes_total", ())] > mid.get(("sediment_compaction_passes_total", ()), 0)
+            assert _rel(after, "sediment_batches_written_total", "r") >= 1
+        finally:
+            server.stop()
+
+
+def test_stats_cli_matches_engine_stats(tmp_path, capsys):
+    data = str(tmp_path / "data")
+    with sediment.open(data) as engine:
+        engine.add_relation("r", SCHEMA)
+        engine.append("r", _updates(range(10), 1))
+        engine.seal("r", 1)
+        expected = engine.stats()
+    assert cli_main(["--data-dir", data, "stats", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    rel = got["relations"]["r"]
+    assert rel == {**expected["relations"]["r"], "seconds_since_last_batch": rel["seconds_since_last_batch"]}
+    assert rel["sealed"] == 1 and rel["tail_records"] == 1 and rel["rows"] == 0
+    assert got["wal"]["kind"] == "file" and got["wal"]["backlog_records"] == 1
+    assert cli_main(["--data-dir", data, "stats"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[2].split()[0] == "relation"
+    assert text.splitlines()[3].split()[:2] == ["r", "0"]
+
+
+def test_stats_over_the_network_equals_the_engines(tmp_path):
+    engine = sediment.open(tmp_path / "data")
+    client = serve_local(engine)
+    try:
+        client.add_relation("r", SCHEMA)
+        client.append("r", _updates(range(20), 2))
+        client.seal("r", 2)
+        remote = client.stats()
+        local = engine.stats()
+        assert remote["relations"]["r"] == local["relations"]["r"]
+        assert remote["relations"]["r"]["tail_records"] == 1
+        assert remote["wal"]["end_lsn"] == local["wal"]["end_lsn"] > 0
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_sediment_serve_exposes_metrics_over_http(tmp_path):
+    env = {**os.environ, "SEDIMENT_TOKEN": "t-" + os.urandom(8).hex()}
+    proc = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--data-dir", str(tmp_path / "data"),
+                             "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.rstrip("\n")) for line in proc.stdout] and None,
+                     daemon=True).start()
+    try:
+        metrics_url = uri = None
+        while uri is None:
+            line = lines.get(timeout=60)
+            if line.startswith("metrics on "):
+                metrics_url = line.split()[-1]
+            elif line.startswith("serving "):
+                uri = line.split()[-1]
+        assert metrics_url is not None, "the metrics line comes before the ready line"
+        assert _scrape(metrics_url).get(("sediment_appends_total", (("relation", "r"),))) is None
+        client = sediment.connect(uri, token=env["SEDIMENT_TOKEN"])
+        try:
+            client.add_relation("r", SCHEMA)
+            client.append("r", _updates(range(7), 1))
+        finally:
+            client.close()
+        samples = _scrape(metrics_url)
+        assert _rel(samples, "sediment_rows_appended_total", "r") == 7
+        assert _rel(samples, "sediment_relation_tail_records", "r") == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
