@@ -139,7 +139,7 @@ def _open(args: argparse.Namespace, *, create: bool = False, **options: object) 
         token = args.token if getattr(args, "token", None) else os.environ.get("SEDIMENT_TOKEN")
         if not token:
             raise UsageError("--connect needs a token: pass --token T or set $SEDIMENT_TOKEN")
-        return sediment.connect(args.connect, token=token)
+        return sediment.connect(args.connect, token=token, tls_root_certs=getattr(args, "tls_root_certs", None))
     data_dir = _data_dir(args)
     if not create and not os.path.isdir(data_dir):
         raise SedimentError(f"no data directory at {data_dir}; `sediment relation add` creates one, or pass "
@@ -549,6 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--token", default=None if top else argparse.SUPPRESS, metavar="T",
                        help="the shared secret: what --connect sends, what serve requires (default "
                        "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)")
+        p.add_argument("--tls-root-certs", default=None if top else argparse.SUPPRESS, metavar="FILE",
+                       help="for --connect grpc+tls://...: the CA certificate (PEM) to trust")
         bar = p.add_mutually_exclusive_group()
         bar.add_argument("--progress", dest="progress", action="store_const", const=True,
                          default=None if top else argparse.SUPPRESS,

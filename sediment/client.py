@@ -65,7 +65,7 @@ def typed_error(exc: flight.FlightError) -> BaseException:
     except (UnicodeDecodeError, json.JSONDecodeError):
         detail = None
     if not isinstance(detail, dict) or "error" not in detail:
-        return exc
+        return _transport_error(exc)
     name, module, message = str(detail["error"]), detail.get("module"), str(detail.get("message", ""))
     cls: Any = None
     if module == "sediment.errors":
@@ -80,6 +80,18 @@ def typed_error(exc: flight.FlightError) -> BaseException:
     if isinstance(attrs, dict):
         typed.__dict__.update({key: _tuples(value) for key, value in attrs.items()})
     return typed
+
+
+def _transport_error(exc: flight.FlightError) -> BaseException:
+    """Flight's own errors (no sediment detail) as sediment's: one line, typed."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, flight.FlightUnauthenticatedError):
+        return errors.AuthenticationFailed(f"the coordinator refused the token ({first}); pass its token with "
+                                           "--token or $SEDIMENT_TOKEN")
+    if isinstance(exc, flight.FlightUnavailableError):
+        return errors.CoordinatorUnavailable(f"no coordinator answered ({first}); is `sediment serve` running "
+                                             "there, on that port, with the same TLS setting?")
+    return exc
 
 
 def _as_table(name: str, updates: object) -> pa.Table:
@@ -266,14 +278,23 @@ class Client:
     """A connection to a sediment server with the methods of :class:`sediment.Engine`.
     Thread-safe: calls from many threads share one gRPC channel. Use as a context manager."""
 
-    def __init__(self, uri: str, token: str | None = None, *, timeout: float | None = None) -> None:
+    def __init__(self, uri: str, token: str | None = None, *, timeout: float | None = None,
+                 tls_root_certs: bytes | str | None = None) -> None:
+        """``uri``: ``grpc://HOST:PORT``, or ``grpc+tls://HOST:PORT`` with ``tls_root_certs`` (PEM
+        bytes, or a file name) naming the CA that signed the server's certificate (the system's
+        roots when None)."""
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         if not token:
             raise ValueError(f"no token to connect to {uri}: pass token=..., or set ${TOKEN_ENV}")
         self.uri = uri
         self._options = flight.FlightCallOptions(timeout=timeout,
                                                  headers=[(AUTH_HEADER.encode(), f"Bearer {token}".encode())])
-        self._flight = flight.FlightClient(uri)
+        if isinstance(tls_root_certs, str):
+            with open(tls_root_certs, "rb") as f:
+                tls_root_certs = f.read()
+        if tls_root_certs is not None and not uri.startswith("grpc+tls://"):
+            raise ValueError(f"tls_root_certs given for {uri!r}: use grpc+tls://HOST:PORT for a TLS coordinator")
+        self._flight = flight.FlightClient(uri, **({"tls_root_certs": tls_root_certs} if tls_root_certs else {}))
         self._closed = False
         self._close_lock = threading.Lock()
         self._on_close: list[Callable[[], None]] = []
@@ -525,8 +546,10 @@ class Client:
         self.close()
 
 
-def connect(uri: str, token: str | None = None, *, timeout: float | None = None) -> Client:
-    """Connect to a sediment server (``sediment serve``) at ``grpc://HOST:PORT``. ``token`` is
-    the server's shared secret (default ``$SEDIMENT_TOKEN``); a wrong one fails here with
-    ``pyarrow.flight.FlightUnauthenticatedError``."""
-    return Client(uri, token, timeout=timeout)
+def connect(uri: str, token: str | None = None, *, timeout: float | None = None,
+            tls_root_certs: bytes | str | None = None) -> Client:
+    """Connect to a sediment server (``sediment serve``) at ``grpc://HOST:PORT`` (or
+    ``grpc+tls://HOST:PORT``, trusting ``tls_root_certs``). ``token`` is the server's shared
+    secret (default ``$SEDIMENT_TOKEN``); a wrong one fails here with AuthenticationFailed,
+    no server with CoordinatorUnavailable."""
+    return Client(uri, token, timeout=timeout, tls_root_certs=tls_root_certs)

@@ -223,3 +223,14 @@ class WireError(ReplicationError):
 class ServerError(SedimentError):
     """The server failed with an error that is not one of sediment's typed errors (a bug or an
     environment problem on the server); the message carries the server's error type and text."""
+
+
+class AuthenticationFailed(SedimentError):
+    """The coordinator refused the call's token (missing or wrong). Nothing was done; retrying
+    with the same token cannot help: pass the coordinator's token (``--token`` or
+    ``$SEDIMENT_TOKEN``)."""
+
+
+class CoordinatorUnavailable(SedimentError):
+    """No coordinator answered at the address (not running, wrong port, TLS mismatch, network).
+    A call that was under way when the connection broke may or may not have been carried out."""

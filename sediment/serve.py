@@ -47,6 +47,9 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p.add_argument("--shutdown-grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS",
                    help=f"on SIGTERM, how long calls under way may take to finish before they are cut off "
                         f"(default {DEFAULT_GRACE:g})")
+    p.add_argument("--tls-cert", default=None, metavar="FILE",
+                   help="serve with TLS: the certificate chain (PEM); clients connect to grpc+tls://")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="the private key (PEM) of --tls-cert")
     p.add_argument("--metrics-listen", type=_listen_arg, default=None, metavar="HOST:PORT",
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one; "
                         "default: no metrics endpoint)")
@@ -66,6 +69,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     if not token:
         raise UsageError(f"serve needs a token: pass --token T or set ${TOKEN_ENV} (clients send the same)")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    tls = None
+    if args.tls_cert is not None:
+        with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
+            tls = (cert.read(), key.read())
     host, port = args.listen
     location = f"grpc://[{host}]:{port}" if ":" in host else f"grpc://{host}:{port}"
     stop = threading.Event()
@@ -80,7 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics = None
         try:
             server = SedimentFlightServer(engine, location, token,
-                                          txn_idle_timeout=args.txn_idle_timeout or None)
+                                          txn_idle_timeout=args.txn_idle_timeout or None, tls=tls)
             try:
                 if args.metrics_listen is not None:
                     from sediment.metrics import MetricsServer

@@ -9,7 +9,8 @@ updates and reads travel as Arrow record batches, never re-encoded, and a
 Wire protocol (version 1; every JSON is UTF-8, every time an integer):
 
 * Auth: every call carries the header ``authorization: Bearer <token>``; a missing or
-  wrong token is refused with ``FlightUnauthenticatedError`` before any handler runs.
+  wrong token is refused with ``FlightUnauthenticatedError`` before any handler runs (the
+  client raises it as ``sediment.errors.AuthenticationFailed``).
 * ``do_put``: the descriptor is a command, JSON:
   ``{"op": "append", "relation": NAME, "txn": ID|null, "locks": LOCKS|absent}`` appends the
   streamed batches as one ``Engine.append`` (or into open transaction ID); the put
@@ -204,15 +205,23 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def __init__(self, engine: Engine, location: str = DEFAULT_LOCATION, token: str | None = None, *,
                  close_engine: bool = False, txn_idle_timeout: float | None = DEFAULT_TXN_IDLE_TIMEOUT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tls: tuple[bytes, bytes] | None = None) -> None:
         """``txn_idle_timeout``: seconds a transaction may go without a call before it is
-        aborted (None: never); ``clock`` measures it (tests pass their own)."""
+        aborted (None: never); ``clock`` measures it (tests pass their own). ``tls``: the
+        server's (certificate chain, private key) in PEM; then ``location`` is
+        ``grpc+tls://HOST:PORT`` and clients must connect with TLS (the token is still required)."""
         self._token = resolve_token(token)
         if txn_idle_timeout is not None and txn_idle_timeout <= 0:
             raise ValueError(f"txn_idle_timeout must be positive seconds or None, not {txn_idle_timeout!r}")
         parsed = urlparse(location)
-        if parsed.scheme not in ("grpc", "grpc+tcp") or not parsed.hostname or parsed.port is None:
+        if tls is not None and parsed.scheme == "grpc":  # the same address, served with TLS
+            location = "grpc+tls" + location[len("grpc"):]
+            parsed = urlparse(location)
+        if parsed.scheme not in ("grpc", "grpc+tcp", "grpc+tls") or not parsed.hostname or parsed.port is None:
             raise ValueError(f"cannot serve on {location!r}: give grpc://HOST:PORT (PORT 0 picks a free port)")
+        if (parsed.scheme == "grpc+tls") != (tls is not None):
+            raise ValueError(f"cannot serve on {location!r}: grpc+tls:// needs tls=(cert, key), and TLS needs grpc+tls://")
+        self.scheme = "grpc+tls" if tls is not None else "grpc"
         self.engine = engine
         self.host = parsed.hostname
         self._close_engine = close_engine
@@ -260,7 +269,8 @@ class SedimentFlightServer(flight.FlightServerBase):
                              "end a read plan's lease {lease}"),
         }
         try:  # listens from here on, so everything a handler uses is set above
-            super().__init__(location, middleware={"auth": BearerTokenMiddlewareFactory(self._token)})
+            super().__init__(location, middleware={"auth": BearerTokenMiddlewareFactory(self._token)},
+                             **({"tls_certificates": [flight.CertKeyPair(*tls)]} if tls is not None else {}))
         except pa.ArrowException as exc:  # gRPC only says "Server did not start properly"
             raise SedimentError(f"could not listen on {location} ({exc}); is the port in use by another process? "
                                 "pick another port (0 picks a free one)") from None
@@ -270,9 +280,9 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     @property
     def uri(self) -> str:
-        """Where clients connect: ``grpc://HOST:PORT`` with the port actually bound."""
+        """Where clients connect: ``grpc://HOST:PORT`` (``grpc+tls://``) with the port actually bound."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"grpc://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     # --- actions -------------------------------------------------------------------------------
 
