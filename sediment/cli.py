@@ -430,18 +430,36 @@ def _write_stdout_csv(table: pa.Table) -> None:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    """The relation as of ``--as-of``: its columns plus ``diff``, consolidated and sorted."""
+    """The relation as of ``--as-of``: its columns plus ``diff``, consolidated and sorted; with
+    ``--from T0`` the consolidated changes in (T0, as-of] instead (the snapshot at as-of minus
+    the snapshot at T0, so both times must be readable: since <= T0 <= as-of <= sealed)."""
     fmt = _file_format(args.out, args.format, "output file") if args.out else "csv"
     if not args.out and args.format == "parquet":
         raise UsageError("--format parquet needs --out FILE; stdout gets CSV")
+    if args.from_t is not None and args.from_t > args.as_of:
+        raise UsageError(f"--from {args.from_t} is after --as-of {args.as_of}: changes run forward in time")
     with _open(args) as engine:
         table = engine.snapshot(args.name, args.as_of)
+        if args.from_t is not None:
+            table = _difference(table, engine.snapshot(args.name, args.from_t))
+    what = f"as of {args.as_of}" if args.from_t is None else f"changes in ({args.from_t}, {args.as_of}]"
     if args.out:
         _write_atomically(table, args.out, fmt)
-        print(f"wrote {table.num_rows} rows of {args.name} as of {args.as_of} to {args.out}")
+        print(f"wrote {table.num_rows} rows of {args.name} {what} to {args.out}")
     else:
         _write_stdout_csv(table)
     return 0
+
+
+def _difference(later: pa.Table, earlier: pa.Table) -> pa.Table:
+    """``later - earlier`` of two consolidated snapshots (columns + diff), consolidated."""
+    from sediment.trace.consolidate import snapshot as consolidate_snapshot
+
+    keys = [c for c in later.column_names if c != "diff"]
+    negated = earlier.set_column(earlier.column_names.index("diff"), "diff", pc.negate(earlier.column("diff")))
+    both = pa.concat_tables([later, negated.cast(later.schema)])
+    both = both.append_column("time", pa.repeat(pa.scalar(0, pa.int64()), both.num_rows))
+    return consolidate_snapshot(both.select([*keys, "time", "diff"]), keys, 0)
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -615,7 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("read", cmd_read, "print or write the relation as of a time (columns + diff)")
     p.add_argument("name", metavar="NAME")
-    p.add_argument("--as-of", type=_time_arg, required=True, metavar="T")
+    p.add_argument("--as-of", type=_time_arg, required=True, metavar="T", help="the time to read the relation at")
+    p.add_argument("--from", dest="from_t", type=_time_arg, default=None, metavar="T0",
+                   help="print the consolidated changes in (T0, T] instead of the whole relation")
     p.add_argument("--out", metavar="FILE", help="write FILE.csv or FILE.parquet instead of CSV on stdout")
     p.add_argument("--format", choices=FORMATS, help="the output format (default: from --out's extension)")
 
