@@ -31,7 +31,7 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
 * ``do_action``: the type is the operation, the body a JSON object of its arguments, the
   one result ``{"result": ...}``: add_relation {name, schema: base64 Arrow IPC schema},
   drop_relation {name}, relations {}, schema {name} -> base64 IPC schema, seal {name, t},
-  set_since {name, t}, since {name}, sealed {name}, compact {name|null}, trace_info {name},
+  set_since {name, t}, since {name}, sealed {name}, compact {name|null}, trace_info {name}, compaction_errors {},
   begin {group|absent} -> transaction id, commit {txn}, abort {txn}, txn_state {txn},
   commit_all {txns, group|absent} (one COMMIT record for them all; then every other open
   transaction of the group is aborted), abort_group {group},
@@ -246,6 +246,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             "compact": (lambda a: self.engine.compact(a.get("name")), "run a compaction pass {name|null}"),
             "trace_info": (lambda a: self.engine.trace_info(_field(a, "name", "trace_info")),
                            "a relation's stored shape {name}"),
+            "compaction_errors": (lambda a: self.engine.compaction_errors(),
+                                  "relations whose last compaction failed -> {name: error}"),
             "begin": (self._begin, "open a transaction {group|absent} -> id"),
             "commit_all": (self._commit_all, "commit transactions as one {txns, group|absent}; then abort the "
                                              "group's other open transactions"),

@@ -1,0 +1,303 @@
+"""Bad input gets a typed error, and nothing else happens (issue 12, finding 7).
+
+Each test makes the bad call, asserts the sediment.errors type (still a ValueError where
+old callers caught one) and a one-line message, and that nothing changed: relations,
+frontiers, snapshots, the trace and the WAL's end LSN (and, embedded, every file).
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+import os
+
+import pyarrow as pa
+import pytest
+from test_engine import SCHEMA, dir_digest, rows, ups
+
+import sediment
+from sediment import errors
+
+FILE_ONLY = [pytest.mark.parametrize("wal_backend", ["file"], indirect=True),
+             pytest.mark.parametrize("blob_options", ["file"], indirect=True)]
+
+
+def file_only(f):
+    for mark in FILE_ONLY:
+        f = mark(f)
+    return f
+
+
+def observe(eng, names=("orders",)) -> tuple:
+    """Everything a caller can see, plus the WAL's end when the engine is in this process."""
+    out = [eng.relations()]
+    for name in names:
+        sealed = eng.sealed(name)
+        out += [sealed, eng.since(name), eng.trace_info(name)]
+        out.append(rows(eng.snapshot(name, sealed)) if sealed >= eng.since(name) else None)
+    wal = getattr(eng, "wal", None)
+    out.append(wal.end_lsn if wal is not None else None)
+    return tuple(out)
+
+
+@pytest.fixture
+def seeded(open_engine):
+    eng = open_engine(compact_interval=None)
+    eng.add_relation("orders", SCHEMA)
+    eng.append("orders", ups([(1, "a", 1, 1), (2, "b", 3, 2)]))
+    eng.seal("orders", 5)
+    eng.set_since("orders", 1)
+    return eng
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert text and "\n" not in text, text
+    return text
+
+
+BAD_TIMES = [-1, 2**63, 2**64, 1.0, 7.5, True, False, "7", [7], {"t": 7}]
+TIME_CALLS = {
+    "seal": lambda e, t: e.seal("orders", t),
+    "set_since": lambda e, t: e.set_since("orders", t),
+    "snapshot": lambda e, t: e.snapshot("orders", t),
+    "subscribe as_of": lambda e, t: e.subscribe("orders", t),
+    "plan_read as_of": lambda e, t: e.plan_read("orders", t),
+    "plan_read from_t": lambda e, t: e.plan_read("orders", 5, from_t=t),
+}
+NONE_ALLOWED = {"subscribe as_of", "plan_read from_t"}
+
+
+@file_only
+@pytest.mark.parametrize("call", sorted(TIME_CALLS))
+def test_bad_times_are_invalid_time_and_change_nothing(seeded, tmp_path, access, call):
+    eng = seeded
+    before = observe(eng)
+    digest = dir_digest(tmp_path / "data")
+    for bad in BAD_TIMES + ([] if call in NONE_ALLOWED else [None]):
+        with pytest.raises(errors.InvalidTime) as err:
+            TIME_CALLS[call](eng, bad)
+        assert isinstance(err.value, ValueError) and isinstance(err.value, errors.InvalidArgument)
+        assert "[0, 2**63)" in _one_line(err.value) and repr(bad) in str(err.value), (bad, err.value)
+        assert observe(eng) == before
+    assert dir_digest(tmp_path / "data") == digest
+
+
+@pytest.mark.embedded_only
+@file_only
+def test_bad_arguments_are_invalid_argument_and_change_nothing(seeded, tmp_path):
+    eng = seeded
+    other = sediment.open(tmp_path / "other", compact_interval=None)
+    foreign = other.transaction()
+    txn = eng.transaction()
+    txn.append("orders", ups([(9, "z", 7, 1)]))
+    calls = {
+        "replay batch_rows 0": lambda: eng.replay("orders", batch_rows=0),
+        "replay batch_rows str": lambda: eng.replay("orders", batch_rows="10"),
+        "replay batch_rows float": lambda: eng.replay("orders", batch_rows=1.5),
+        "replay batch_rows bool": lambda: eng.replay("orders", batch_rows=True),
+        "replay ordered str": lambda: eng.replay("orders", ordered="no"),
+        "subscribe resume str": lambda: eng.subscribe("orders", resume="yes"),
+        "plan_read lease 0": lambda: eng.plan_read("orders", 5, lease_seconds=0),
+        "plan_read lease nan": lambda: eng.plan_read("orders", 5, lease_seconds=math.nan),
+        "plan_read lease str": lambda: eng.plan_read("orders", 5, lease_seconds="60"),
+        "release_read str": lambda: eng.release_read("1"),
+        "release_read negative": lambda: eng.release_read(-1),
+        "append locks str": lambda: eng.append("orders", ups([(3, "c", 8, 1)]), locks="w"),
+        "append_many list": lambda: eng.append_many([("orders", ups([(3, "c", 8, 1)]))]),
+        "append_many locks": lambda: eng.append_many({"orders": ups([(3, "c", 8, 1)])}, locks=5),
+        "commit_all str": lambda: eng.commit_all("txn"),
+        "commit_all ids": lambda: eng.commit_all([txn.id]),
+        "commit_all one txn": lambda: eng.commit_all(txn),
+    }
+    before = observe(eng)
+    for what, call in calls.items():
+        with pytest.raises(errors.InvalidArgument) as err:
+            call()
+        assert isinstance(err.value, ValueError), what
+        _one_line(err.value)
+        assert observe(eng) == before, what
+    with pytest.raises(errors.TransactionError, match="another engine"):
+        eng.commit_all([foreign])
+    assert txn.state == "open"
+    txn.commit()  # the refused calls left the transaction usable
+    eng.seal("orders", 7)
+    assert (9, "z", 1) in rows(eng.snapshot("orders", 7))
+    other.close()
+
+
+BAD_OPTIONS = {
+    "segment_bytes 0": {"segment_bytes": 0},
+    "segment_bytes str": {"segment_bytes": "64M"},
+    "wal_capacity negative": {"wal": "device:{d}.ring", "wal_capacity": -1},
+    "wal not str": {"wal": 1},
+    "wal empty": {"wal": ""},
+    "compact str": {"compact": "yes"},
+    "compact_interval negative": {"compact_interval": -1},
+    "compact_interval nan": {"compact_interval": math.nan},
+    "merge_factor below 1": {"merge_factor": 0.5},
+    "merge_factor inf": {"merge_factor": math.inf},
+    "memory_bound 0": {"memory_bound": 0},
+    "lock_slots 0": {"lock_slots": 0},
+    "lock_slots float": {"lock_slots": 4.0},
+    "repair str": {"repair": "no"},
+    "replicas str": {"replicas": "127.0.0.1:1"},
+    "replicas ints": {"replicas": [1, 2]},
+    "metadata int": {"metadata": 5},
+    "blob int": {"blob": 5},
+    "s3_endpoint int": {"s3_endpoint": 9000},
+    "unknown option": {"segment_size": 1 << 20},
+    "misspelt option": {"compact_intervall": 1.0},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_OPTIONS))
+def test_bad_open_options_create_nothing(tmp_path, case):
+    data = tmp_path / "data"
+    options = {k: v.format(d=data) if isinstance(v, str) else v for k, v in BAD_OPTIONS[case].items()}
+    with pytest.raises(errors.InvalidArgument) as err:
+        sediment.open(data, **options)
+    assert isinstance(err.value, ValueError)
+    text = _one_line(err.value)
+    assert next(iter(options)) in text
+    assert not data.exists() and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("data_dir", [None, "", 5, b"bytes", "a\0b"])
+def test_bad_data_dir_is_refused(tmp_path, data_dir):
+    with pytest.raises(errors.InvalidArgument, match="data directory"):
+        sediment.open(data_dir)
+
+
+def test_bad_options_keep_an_existing_dir_as_it_was(tmp_path):
+    data = tmp_path / "data"
+    with sediment.open(data, compact_interval=None) as eng:
+        eng.add_relation("orders", SCHEMA)
+        eng.append("orders", ups([(1, "a", 1, 1)]))
+        eng.seal("orders", 1)
+    digest = dir_digest(data)
+    for options in ({"segment_bytes": -5}, {"merge_factor": "2"}, {"bogus": 1}):
+        with pytest.raises(errors.InvalidArgument):
+            sediment.open(data, **options)
+    assert dir_digest(data) == digest
+    with sediment.open(data, compact_interval=None) as eng:
+        assert rows(eng.snapshot("orders", 1)) == [(1, "a", 1)]
+
+
+# --- Arrow types, end to end ------------------------------------------------------------------
+
+D = decimal.Decimal
+UTC = datetime.UTC
+WORKS = {  # type -> three distinct values, in ascending order
+    "int8": (pa.int8(), [-128, 0, 127]),
+    "int16": (pa.int16(), [-5, 0, 5]),
+    "int32": (pa.int32(), [-5, 0, 2**31 - 1]),
+    "int64": (pa.int64(), [-(2**63), 0, 2**63 - 1]),
+    "uint8": (pa.uint8(), [0, 1, 255]),
+    "uint16": (pa.uint16(), [0, 1, 65535]),
+    "uint32": (pa.uint32(), [0, 1, 2**32 - 1]),
+    "uint64": (pa.uint64(), [0, 1, 2**64 - 1]),
+    "float32": (pa.float32(), [-1.5, 0.0, 2.25]),
+    "float64": (pa.float64(), [-1.5, 0.0, 1e300]),
+    "decimal128": (pa.decimal128(10, 2), [D("-3.10"), D("0.00"), D("1.25")]),
+    "decimal256": (pa.decimal256(50, 3), [D("-1.000"), D("0.001"), D("12345678901234567890123456789.123")]),
+    "bool": (pa.bool_(), [False, True, None]),
+    "string": (pa.string(), ["", "a", "é"]),
+    "large_string": (pa.large_string(), ["", "a", "b"]),
+    "binary": (pa.binary(), [b"", b"\x00", b"\xff"]),
+    "large_binary": (pa.large_binary(), [b"", b"a", b"b"]),
+    "fixed_size_binary": (pa.binary(2), [b"\x00\x00", b"ab", b"\xff\xff"]),
+    "date32": (pa.date32(), [datetime.date(1970, 1, 1), datetime.date(2020, 2, 29), datetime.date(9999, 12, 31)]),
+    "date64": (pa.date64(), [datetime.date(1969, 12, 31), datetime.date(2020, 2, 29), datetime.date(2100, 1, 1)]),
+    "time32[s]": (pa.time32("s"), [datetime.time(0, 0, 0), datetime.time(1, 2, 3), datetime.time(23, 59, 59)]),
+    "time32[ms]": (pa.time32("ms"), [datetime.time(0), datetime.time(1, 2, 3, 4000), datetime.time(23)]),
+    "time64[us]": (pa.time64("us"), [datetime.time(0), datetime.time(1, 2, 3, 4), datetime.time(23)]),
+    "time64[ns]": (pa.time64("ns"), [datetime.time(0), datetime.time(1, 2, 3, 4), datetime.time(23)]),
+    "timestamp[s]": (pa.timestamp("s"), [datetime.datetime(1960, 1, 1), datetime.datetime(2020, 1, 1),
+                                         datetime.datetime(2200, 1, 1)]),
+    "timestamp[ms]": (pa.timestamp("ms"), [datetime.datetime(2020, 1, 1), datetime.datetime(2020, 1, 1, 0, 0, 1),
+                                           datetime.datetime(2021, 1, 1)]),
+    "timestamp[us, tz]": (pa.timestamp("us", tz="Europe/Paris"),
+                          [datetime.datetime(2020, 1, 1, tzinfo=UTC), datetime.datetime(2020, 6, 1, tzinfo=UTC),
+                           datetime.datetime(2021, 1, 1, tzinfo=UTC)]),
+    "timestamp[ns, tz]": (pa.timestamp("ns", tz="UTC"), [datetime.datetime(2020, 1, 1, tzinfo=UTC),
+                                                          datetime.datetime(2020, 1, 2, tzinfo=UTC),
+                                                          datetime.datetime(2020, 1, 3, tzinfo=UTC)]),
+    "duration[s]": (pa.duration("s"), [datetime.timedelta(seconds=-1), datetime.timedelta(0),
+                                       datetime.timedelta(days=3)]),
+    "duration[ns]": (pa.duration("ns"), [datetime.timedelta(0), datetime.timedelta(microseconds=1),
+                                         datetime.timedelta(seconds=9)]),
+}
+REFUSED = {
+    "float16": pa.float16(),
+    "list": pa.list_(pa.int32()),
+    "large_list": pa.large_list(pa.int32()),
+    "struct": pa.struct([("a", pa.int32())]),
+    "map": pa.map_(pa.string(), pa.int32()),
+    "dictionary": pa.dictionary(pa.int32(), pa.string()),
+    "null": pa.null(),
+}
+
+
+def _values(t: pa.DataType, vals: list, times: list[int], diffs: list[int]) -> pa.Table:
+    return pa.table({"id": pa.array(list(range(len(vals))), pa.int64()), "v": pa.array(vals, t),
+                     "time": pa.array(times, pa.int64()), "diff": pa.array(diffs, pa.int64())})
+
+
+@pytest.mark.parametrize("name", sorted(WORKS))
+def test_accepted_arrow_types_work_end_to_end(tmp_path, name):
+    """append -> seal -> compact (batches, a pending batch, merges) -> snapshot -> replay ->
+    reopen: every accepted type comes back as itself, with the right values and diffs."""
+    t, vals = WORKS[name]
+    schema = pa.schema([("id", pa.int64()), ("v", t)])
+    data = tmp_path / "data"
+    updates: list[tuple] = []  # (id, v, time, diff): the model
+    with sediment.open(data, compact_interval=None, merge_factor=1.5) as eng:
+        eng.add_relation("r", schema)
+        for round_ in range(4):
+            base = 10 * round_
+            diffs = [1, 2, -1] if round_ % 2 == 0 else [1, -2, 3]
+            for times, ds in (([base + 1, base + 2, base + 3], diffs), ([base + 15] * 3, [5, 5, 5])):
+                eng.append("r", _values(t, vals, times, ds))  # the second: above the seal, a pending batch
+                updates += [(i, v, tm, d) for i, (v, tm, d) in enumerate(zip(vals, times, ds, strict=True))]
+            eng.seal("r", base + 9)
+            eng.compact()
+        eng.set_since("r", 30)
+        eng.compact()
+        info = eng.trace_info("r")
+        assert info["pending"] == 1 and info["tail_records"] == 0 and info["batches"] >= 1
+        assert info["compaction_failures"] == 0 and eng.compaction_errors() == {}
+        snap = eng.snapshot("r", 39)
+        replayed = pa.Table.from_batches(list(eng.replay("r")))
+    totals: dict[tuple, int] = {}
+    for i, v, tm, d in updates:
+        if tm <= 39:
+            totals[(i, v)] = totals.get((i, v), 0) + d
+    expected = sorted(((i, v, d) for (i, v), d in totals.items() if d), key=lambda r: r[0])
+    assert snap.schema.field("v").type == t
+    assert rows(snap) == expected
+    assert replayed.schema.field("v").type == t
+    advanced: dict[tuple, int] = {}
+    for i, v, tm, d in updates:
+        advanced[(i, v, max(tm, 30))] = advanced.get((i, v, max(tm, 30)), 0) + d
+    got: dict[tuple, int] = {}
+    for r in replayed.to_pylist():
+        key = (r["id"], r["v"], max(r["time"], 30))  # history below since may or may not be advanced
+        got[key] = got.get(key, 0) + r["diff"]
+    assert {k: d for k, d in got.items() if d} == {k: d for k, d in advanced.items() if d}
+    with sediment.open(data, compact_interval=None) as eng:
+        again = eng.snapshot("r", 39)
+        assert again.schema == snap.schema and rows(again) == expected
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_arrow_types_are_schema_mismatch_at_add_relation(tmp_path, name):
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        eng.add_relation("orders", SCHEMA)
+        digest = dir_digest(tmp_path / "data")
+        with pytest.raises(errors.SchemaMismatch) as err:
+            eng.add_relation("r", pa.schema([("id", pa.int64()), ("v", REFUSED[name])]))
+        assert "'v'" in _one_line(err.value) and str(REFUSED[name]) in str(err.value)
+        assert eng.relations() == ["orders"]
+        assert dir_digest(tmp_path / "data") == digest
