@@ -301,3 +301,91 @@ def test_refused_arrow_types_are_schema_mismatch_at_add_relation(tmp_path, name)
         assert "'v'" in _one_line(err.value) and str(REFUSED[name]) in str(err.value)
         assert eng.relations() == ["orders"]
         assert dir_digest(tmp_path / "data") == digest
+
+
+# --- one relation that cannot be compacted never stops the others -------------------------------
+
+BIG = 2**62
+
+
+@pytest.mark.embedded_only
+@file_only
+def test_relation_that_cannot_compact_is_reported_retried_and_keeps_its_wal(open_engine, tmp_path, caplog):
+    """Two diffs of 2^62 for one row: that relation's compaction fails (DiffOverflow) on every
+    pass, is logged and reported, keeps its WAL records; the other relation is compacted and
+    the log trimmed below the failed one only. A compensating diff lets it compact again."""
+    eng = open_engine(compact_interval=None)
+    eng.add_relation("good", SCHEMA)
+    eng.add_relation("bad", SCHEMA)
+    eng.append("good", ups([(1, "a", 1, 1)]))
+    eng.seal("good", 1)
+    eng.wal.finish_segment()  # good's first records in a segment of their own: trimmable
+    bad_lsn = eng.wal.end_lsn
+    eng.append("bad", ups([(1, "x", 1, BIG)]))
+    eng.append("bad", ups([(1, "x", 1, BIG), (2, "y", 1, 1)]))
+    eng.seal("bad", 1)
+    before = observe(eng, ("good",))
+    with pytest.raises(errors.DiffOverflow) as err:
+        eng.snapshot("bad", 1)
+    assert err.value.relation == "bad" and "'x'" in err.value.row and "'bad'" in _one_line(err.value)
+    assert observe(eng, ("good",)) == before
+    eng.append("good", ups([(2, "b", 2, 1)]))
+    eng.seal("good", 2)
+    for attempt in range(2):
+        with pytest.raises(errors.CompactionFailed) as err:
+            eng.compact()
+        assert list(err.value.failures) == ["bad"] and "DiffOverflow" in err.value.failures["bad"]
+        assert "'bad'" in _one_line(err.value)
+        good, bad = eng.trace_info("good"), eng.trace_info("bad")
+        assert good["tail_records"] == 0 and good["upper"] == 3 + attempt and good["compaction_failures"] == 0
+        assert bad["tail_records"] == 2 and bad["batches"] == 0 and bad["compaction_failures"] >= attempt + 1
+        assert set(eng.compaction_errors()) == {"bad"}
+        assert 0 < eng.wal.start_lsn <= bad_lsn  # good's first segment went; bad's records stayed
+        assert rows(eng.snapshot("good", 2 + attempt))[: 2] == [(1, "a", 1), (2, "b", 1)]
+        eng.append("good", ups([(3 + attempt, "c", 3 + attempt, 1)]))
+        eng.seal("good", 3 + attempt)
+    assert any("'bad'" in r.getMessage() and "DiffOverflow" in r.getMessage() for r in caplog.records)
+    eng.close()
+    eng = open_engine(compact_interval=None)  # nothing of bad was lost meanwhile
+    with pytest.raises(errors.DiffOverflow):
+        eng.snapshot("bad", 1)
+    eng.append("bad", ups([(1, "x", 2, -BIG)]))  # the compensating diff
+    eng.seal("bad", 2)
+    eng.set_since("bad", 2)
+    eng.compact()
+    assert eng.compaction_errors() == {}
+    assert eng.trace_info("bad")["tail_records"] == 0 and eng.trace_info("bad")["compaction_failures"] == 0
+    assert rows(eng.snapshot("bad", 2)) == [(1, "x", BIG), (2, "y", 1)]
+    assert eng.wal.start_lsn > bad_lsn
+
+
+@pytest.mark.embedded_only
+@file_only
+def test_unreadable_pending_batch_fails_one_relation_only(open_engine, tmp_path):
+    eng = open_engine(compact_interval=None)
+    eng.add_relation("good", SCHEMA)
+    eng.add_relation("bad", SCHEMA)
+    eng.append("bad", ups([(1, "x", 5, 1)]))  # above the seal: becomes a pending batch
+    eng.seal("bad", 1)
+    eng.compact()
+    pending = eng._relations["bad"].trace.pending[0].key
+    path = tmp_path / "data" / "blobs" / pending
+    aside = tmp_path / "aside"
+    os.rename(path, aside)
+    bad_lsn = eng.wal.end_lsn
+    eng.append("bad", ups([(2, "y", 6, 1)]))
+    eng.seal("bad", 6)
+    eng.append("good", ups([(1, "a", 1, 1)]))
+    eng.seal("good", 1)
+    with pytest.raises(errors.CompactionFailed) as err:
+        eng.compact()
+    assert list(err.value.failures) == ["bad"] and "BatchCorruption" in err.value.failures["bad"]
+    assert pending in err.value.failures["bad"]
+    assert eng.trace_info("good")["tail_records"] == 0 and eng.trace_info("good")["batches"] == 1
+    assert eng.trace_info("bad")["tail_records"] == 1 and eng.trace_info("bad")["compaction_failures"] >= 1
+    assert eng.wal.start_lsn <= bad_lsn
+    os.rename(aside, path)  # the blob is back: the next pass compacts it
+    eng.compact()
+    assert eng.compaction_errors() == {} and eng.trace_info("bad")["tail_records"] == 0
+    assert rows(eng.snapshot("bad", 6)) == [(1, "x", 1), (2, "y", 1)]
+    assert eng.wal.start_lsn > bad_lsn
