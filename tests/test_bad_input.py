@@ -11,6 +11,7 @@ import datetime
 import decimal
 import math
 import os
+import random
 
 import pyarrow as pa
 import pytest
@@ -18,6 +19,9 @@ from test_engine import SCHEMA, dir_digest, rows, ups
 
 import sediment
 from sediment import errors
+from sediment.cli import main as cli_main
+from sediment.trace.consolidate import consolidate, snapshot
+from sediment.trace.merge import merge_sorted
 
 FILE_ONLY = [pytest.mark.parametrize("wal_backend", ["file"], indirect=True),
              pytest.mark.parametrize("blob_options", ["file"], indirect=True)]
@@ -389,3 +393,124 @@ def test_unreadable_pending_batch_fails_one_relation_only(open_engine, tmp_path)
     assert eng.compaction_errors() == {} and eng.trace_info("bad")["tail_records"] == 0
     assert rows(eng.snapshot("bad", 6)) == [(1, "x", 1), (2, "y", 1)]
     assert eng.wal.start_lsn > bad_lsn
+
+
+# --- checked diff sums ------------------------------------------------------------------------
+
+EXTREMES = [-(2**63), -(2**63) + 1, -BIG, -1, 0, 1, BIG, 2**63 - 1]
+
+
+def _model(updates: list[tuple[int, int, int]]) -> dict[tuple[int, int], int]:
+    out: dict[tuple[int, int], int] = {}
+    for k, t, d in updates:
+        out[(k, t)] = out.get((k, t), 0) + d
+    return out
+
+
+def _table(updates: list[tuple[int, int, int]]) -> pa.Table:
+    ks, ts, ds = zip(*updates, strict=True)
+    return pa.table({"k": pa.array(ks, pa.int64()), "time": pa.array(ts, pa.int64()),
+                     "diff": pa.array(ds, pa.int64())})
+
+
+def test_consolidate_sums_are_exact_or_diff_overflow_against_a_model():
+    """Random updates with extreme diffs: consolidate (and snapshot, and the streamed merge)
+    give exactly the model's sums, or DiffOverflow exactly when some sum leaves int64."""
+    rng = random.Random(12)
+    overflowed = exact_big = 0
+    for _ in range(1500):
+        n = rng.randint(1, 10)
+        updates = [(rng.randint(0, 2), rng.randint(0, 1),
+                    rng.choice(EXTREMES) if rng.random() < 0.6 else rng.randint(-(2**40), 2**40)) for _ in range(n)]
+        model = _model(updates)
+        want = {k: v for k, v in model.items() if v}
+        if any(not -(2**63) <= v < 2**63 for v in model.values()):
+            overflowed += 1
+            with pytest.raises(errors.DiffOverflow) as err:
+                consolidate(_table(updates), ["k"])
+            assert "outside int64" in _one_line(err.value) and "'k'" in err.value.row
+            inputs = [[_table([u])] for u in updates]  # one update per input: none overflows alone
+            with pytest.raises(errors.DiffOverflow):
+                list(merge_sorted(inputs, ["k"], chunk_rows=2))
+            continue
+        exact_big += any(abs(v) > 2**62 for v in want.values())
+        got = {(r["k"], r["time"]): r["diff"] for r in consolidate(_table(updates), ["k"]).to_pylist()}
+        assert got == want, updates
+        merged = [r for c in merge_sorted([[_table([u])] for u in updates], ["k"], chunk_rows=3) for r in c.to_pylist()]
+        assert {(r["k"], r["time"]): r["diff"] for r in merged} == want
+        totals: dict[int, int] = {}
+        for (k, _t), v in model.items():
+            totals[k] = totals.get(k, 0) + v
+        if all(-(2**63) <= v < 2**63 for v in totals.values()):
+            snap = snapshot(_table(updates), ["k"], 1)
+            assert {r["k"]: r["diff"] for r in snap.to_pylist()} == {k: v for k, v in totals.items() if v}
+    assert overflowed > 100 and exact_big > 10  # both paths were really exercised
+
+
+def test_two_diffs_of_2_62_do_not_wrap_to_minus_2_63():
+    table = _table([(7, 3, BIG), (7, 3, BIG)])
+    with pytest.raises(errors.DiffOverflow, match="9223372036854775808"):
+        consolidate(table, ["k"])
+    assert consolidate(_table([(7, 3, BIG), (7, 3, BIG - 1), (7, 3, -BIG)]), ["k"]).to_pylist() == \
+        [{"k": 7, "time": 3, "diff": BIG - 1}]
+
+
+@file_only
+def test_snapshot_overflow_is_typed_over_the_wire_and_changes_nothing(open_engine, tmp_path, access):
+    eng = open_engine(compact_interval=None)
+    eng.add_relation("orders", SCHEMA)
+    eng.append("orders", ups([(1, "a", 1, BIG), (1, "a", 1, BIG), (2, "b", 1, 1)]))
+    eng.seal("orders", 1)
+    before = (eng.relations(), eng.sealed("orders"), eng.trace_info("orders"))
+    digest = dir_digest(tmp_path / "data")
+    with pytest.raises(errors.DiffOverflow) as err:
+        eng.snapshot("orders", 1)
+    assert isinstance(err.value, OverflowError) and err.value.relation == "orders"
+    assert "'a'" in err.value.row and "relation 'orders'" in _one_line(err.value)
+    assert (eng.relations(), eng.sealed("orders"), eng.trace_info("orders")) == before
+    assert dir_digest(tmp_path / "data") == digest
+
+
+# --- the CLI's --schema --------------------------------------------------------------------------
+
+BAD_SPECS = {
+    "trailing comma": ("id:int64,", "field 2"),
+    "empty field": ("id:int64,,name:string", "field 2"),
+    "leading comma": (",id:int64", "field 1"),
+    "no name": (":int64", "NAME:TYPE"),
+    "no type": ("id:", "NAME:TYPE"),
+    "no colon": ("id", "NAME:TYPE"),
+    "blank": ("  ", "empty schema"),
+    "only commas": (",,", "field 1"),
+    "duplicate": ("id:int64,id:string", "duplicate"),
+    "duplicate spaced": ("id:int64, id :string", "duplicate"),
+    "unknown type": ("id:int65", "unknown type 'int65'"),
+    "nested type": ("id:list<int64>", "unknown type"),
+    "reserved": ("time:int64", "reserved"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_cli_refuses_malformed_schema_with_exit_2_and_creates_nothing(tmp_path, capsys, case):
+    spec, words = BAD_SPECS[case]
+    fresh = tmp_path / "fresh"
+    assert cli_main(["--data-dir", str(fresh), "relation", "add", "t", "--schema", spec]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("sediment: error: --schema: ") and words in err, err
+    assert not fresh.exists()
+    existing = tmp_path / "existing"
+    assert cli_main(["--data-dir", str(existing), "relation", "add", "orders", "--schema", "id:int64"]) == 0
+    capsys.readouterr()
+    digest = dir_digest(existing)
+    assert cli_main(["--data-dir", str(existing), "relation", "add", "t", "--schema", spec]) == 2
+    assert dir_digest(existing) == digest
+    assert cli_main(["--data-dir", str(existing), "relation", "list"]) == 0
+    assert capsys.readouterr().out.split("\t")[0] == "orders"
+
+
+def test_cli_accepts_well_formed_schema_with_spaces(tmp_path, capsys):
+    d = str(tmp_path / "d")
+    assert cli_main(["--data-dir", d, "relation", "add", "t", "--schema", " id : int64 , name:STRING "]) == 0
+    capsys.readouterr()
+    with sediment.open(d, compact_interval=None) as eng:
+        assert eng.schema("t") == pa.schema([("id", pa.int64()), ("name", pa.string())])
