@@ -67,7 +67,7 @@ import pyarrow.flight as flight
 
 from sediment import errors
 from sediment.engine.engine import Engine
-from sediment.engine.schema import update_schema
+from sediment.engine.schema import check_name, update_schema
 from sediment.engine.transaction import Transaction
 from sediment.errors import SedimentError, TransactionError
 
@@ -486,6 +486,7 @@ class SedimentFlightServer(flight.FlightServerBase):
                     finally:
                         self._settle(tx)
             elif op == "stage":
+                check_name(name)  # a name that is not a string must not become a staging key
                 stage = str(_field(args, "stage", "do_put descriptor"))
                 with self._lock:
                     self._stages.setdefault(stage, {}).setdefault(name, []).append(table)

@@ -514,3 +514,38 @@ def test_cli_accepts_well_formed_schema_with_spaces(tmp_path, capsys):
     capsys.readouterr()
     with sediment.open(d, compact_interval=None) as eng:
         assert eng.schema("t") == pa.schema([("id", pa.int64()), ("name", pa.string())])
+
+
+NAME_CALLS = {
+    "drop_relation": lambda e, n: e.drop_relation(n),
+    "append": lambda e, n: e.append(n, ups([(1, "a", 9, 1)])),
+    "append_many": lambda e, n: e.append_many({n: ups([(1, "a", 9, 1)])}),
+    "seal": lambda e, n: e.seal(n, 9),
+    "set_since": lambda e, n: e.set_since(n, 5),
+    "snapshot": lambda e, n: e.snapshot(n, 5),
+    "subscribe": lambda e, n: e.subscribe(n),
+    "plan_read": lambda e, n: e.plan_read(n, 5),
+    "replay": lambda e, n: list(e.replay(n)),
+    "trace_info": lambda e, n: e.trace_info(n),
+    "compact": lambda e, n: e.compact(n),
+    "schema": lambda e, n: e.schema(n),
+    "since": lambda e, n: e.since(n),
+    "sealed": lambda e, n: e.sealed(n),
+    "transaction append": lambda e, n: e.transaction().append(n, ups([(1, "a", 9, 1)])),
+}
+
+
+@file_only
+@pytest.mark.parametrize("call", sorted(NAME_CALLS))
+def test_bad_relation_names_are_typed_and_change_nothing(seeded, tmp_path, access, call):
+    eng = seeded
+    before = observe(eng)
+    digest = dir_digest(tmp_path / "data")
+    for bad in [5, "", "../etc", "a/b", "x" * 200, ("orders",)] + ([] if call == "compact" else [None]):
+        with pytest.raises(errors.InvalidRelationName) as err:
+            NAME_CALLS[call](eng, bad)
+        assert isinstance(err.value, ValueError) and "invalid relation name" in _one_line(err.value)
+    with pytest.raises(errors.UnknownRelation, match="'nope'"):
+        NAME_CALLS[call](eng, "nope")
+    assert observe(eng) == before
+    assert dir_digest(tmp_path / "data") == digest
