@@ -83,13 +83,18 @@ def check_data_dir(data_dir: object) -> str:
 def check_open_options(options: Mapping[str, Any]) -> None:
     """The Engine's constructor options, checked before the data directory is touched."""
     o = options
-    check_str(o.get("wal"), "wal")
+    wal = check_str(o.get("wal"), "wal")
+    if wal is not None and wal != "file" and not (wal.startswith("device:") and len(wal) > len("device:")):
+        raise InvalidArgument(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
     if o.get("wal_capacity") is not None:
         check_int(o["wal_capacity"], "wal_capacity", low=1)
     replicas = o.get("replicas")
     if replicas is not None and (isinstance(replicas, (str, bytes)) or not isinstance(replicas, (list, tuple))
                                  or not all(isinstance(r, str) and r for r in replicas)):
         raise InvalidArgument(f"replicas must be a list of 'host:port' strings, not {replicas!r}")
+    if replicas and o.get("metadata") is None:
+        raise InvalidArgument("replicas=[...] needs a shared metadata store, e.g. "
+                              "metadata='zk://127.0.0.1:2181/sediment'")
     check_str(o.get("cluster_key"), "cluster_key")
     check_int(o.get("segment_bytes", 1), "segment_bytes", low=4096)
     check_int(o.get("max_record_bytes", 1 << 20), "max_record_bytes", low=1)

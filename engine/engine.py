@@ -252,7 +252,7 @@ class Engine:
             if value is None or value == "<object>":
                 continue
             if key in recorded and recorded[key] != value and key != "s3_endpoint":
-                raise ValueError(
+                raise InvalidArgument(
                     f"{self.data_dir} was created with {key}={recorded[key]!r}, not {value!r}; open it with the "
                     f"same {key} (or leave it out: the recorded one is used)")
         merged = {**recorded, **{k: v for k, v in given.items() if v is not None and v != "<object>"}}
@@ -714,7 +714,7 @@ class Engine:
                                      (f" from {from_t}" if from_t is not None else "") +
                                      f" is outside [since {rel.entry.since}, sealed {rel.sealed_durable}]")
             if self.blob_uri is None:
-                raise ValueError("plan_read needs an engine opened with a blob URI (file:// or s3://)")
+                raise InvalidArgument("plan_read needs an engine opened with a blob URI (file:// or s3://)")
             trace = rel.trace
             entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
             self._lease_counter += 1
