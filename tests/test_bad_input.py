@@ -571,3 +571,45 @@ def test_compaction_failure_is_typed_over_the_wire(open_engine, access):
     assert eng.trace_info("bad")["tail_records"] == 1 and eng.trace_info("bad")["compaction_failures"] >= 1
     eng.compact("good")  # the failed relation is not in this pass: nothing to report
     assert rows(eng.snapshot("good", 1)) == [(1, "a", 1)]
+
+
+def _spec_model(spec: str) -> list[tuple[str, str]] | None:
+    """The reference reading of a --schema spec: NAME:TYPE fields separated by commas,
+    nothing empty, known types, unique and unreserved names; None when malformed."""
+    fields = []
+    for part in spec.split(","):
+        if part.count(":") != 1:
+            return None
+        name, type_name = (s.strip() for s in part.split(":"))
+        if not name or type_name.lower() not in ("int64", "string"):
+            return None
+        fields.append((name, type_name.lower()))
+    names = [n for n, _t in fields]
+    if len(set(names)) != len(names) or {"time", "diff"} & set(names):
+        return None
+    return fields
+
+
+def test_schema_spec_parser_against_a_model_exhaustively():
+    import itertools
+
+    from sediment.engine.schema import parse_schema_spec
+
+    tokens = ["id", "time", ":", ",", " ", "int64", "String", "int65"]
+    checked = accepted = 0
+    for length in range(1, 6):
+        for combo in itertools.product(tokens, repeat=length):
+            spec = "".join(combo)
+            want = _spec_model(spec)
+            checked += 1
+            try:
+                got = parse_schema_spec(spec)
+            except errors.SchemaMismatch as exc:
+                assert want is None, spec
+                _one_line(exc)
+                continue
+            accepted += 1
+            assert want is not None, spec
+            assert [(f.name, str(f.type)) for f in got] == [(n, "int64" if t == "int64" else "string")
+                                                             for n, t in want], spec
+    assert checked > 30000 and accepted > 50
