@@ -5,7 +5,7 @@ int64). Those two names are reserved. Column types must be ones that the engine 
 sort, group, store in Parquet and read back as the same type, since consolidation
 and compaction do all of that: integers, float32/float64, booleans, strings, binary
 (also fixed-size), dates, times, timestamps (with or without a time zone),
-durations and decimals. Refused (tests/test_bad_input.py tries each end to end):
+durations and decimals. Refused (tests/test_column_types.py tries each end to end):
 float16 (Arrow cannot sort it), nested types (list, struct, map: no comparison
 kernels), dictionary and null columns.
 """
