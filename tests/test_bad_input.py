@@ -301,7 +301,7 @@ def test_consolidate_sums_are_exact_or_diff_overflow_against_a_model():
     give exactly the model's sums, or DiffOverflow exactly when some sum leaves int64."""
     rng = random.Random(12)
     overflowed = exact_big = 0
-    for _ in range(1500):
+    for _ in range(600):
         n = rng.randint(1, 10)
         updates = [(rng.randint(0, 2), rng.randint(0, 1),
                     rng.choice(EXTREMES) if rng.random() < 0.6 else rng.randint(-(2**40), 2**40)) for _ in range(n)]
@@ -327,7 +327,7 @@ def test_consolidate_sums_are_exact_or_diff_overflow_against_a_model():
         if all(-(2**63) <= v < 2**63 for v in totals.values()):
             snap = snapshot(_table(updates), ["k"], 1)
             assert {r["k"]: r["diff"] for r in snap.to_pylist()} == {k: v for k, v in totals.items() if v}
-    assert overflowed > 100 and exact_big > 10  # both paths were really exercised
+    assert overflowed > 40 and exact_big > 5  # both paths were really exercised
 
 
 def test_two_diffs_of_2_62_do_not_wrap_to_minus_2_63():
