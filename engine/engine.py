@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable
+from sediment.engine import args
 from sediment.engine import replay as replay_mod
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, FeedLog, Subscription
@@ -35,9 +36,12 @@ from sediment.engine.metadata import MetadataStore
 from sediment.engine.schema import check_name, check_schema, conform_updates, time_range, update_schema
 from sediment.errors import (
     AsOfOutOfRange,
+    CompactionFailed,
     DataDirLocked,
+    DiffOverflow,
     EngineClosed,
     FrontierRegression,
+    InvalidArgument,
     RelationExists,
     TimeAlreadySealed,
     TraceInvariantViolation,
@@ -116,10 +120,7 @@ class _Relation:
         return self.entry.schema.names
 
 
-def _check_time(t: object, what: str) -> int:
-    if isinstance(t, bool) or not isinstance(t, int) or t < 0 or t >= 1 << 63:
-        raise ValueError(f"{what} must be an integer time in [0, 2**63), not {t!r}")
-    return int(t)
+_check_time = args.check_time
 
 
 class Engine:
@@ -146,8 +147,9 @@ class Engine:
         arrow_memory_pool: str | None = "system",
         repair: bool = False,
     ) -> None:
+        args.check_open_options({k: v for k, v in locals().items() if k not in ("self", "data_dir")})
+        self.data_dir = os.path.abspath(args.check_data_dir(data_dir))
         configure_memory_pool(arrow_memory_pool)
-        self.data_dir = os.path.abspath(os.fspath(data_dir))
         self.metadata_spec = metadata if isinstance(metadata, str) else None
         makedirs_durable(self.data_dir)
         self._lock_fd = self._take_lock()
@@ -167,6 +169,7 @@ class Engine:
         self._leases: dict[int, float] = {}  # read-plan lease -> monotonic deadline
         self._lease_counter = 0
         self._garbage: list[str] = []
+        self._compaction_failures: dict[str, tuple[str, int]] = {}  # name -> (last error, failed attempts)
         self._trim_to: int | None = None
         self._compacter: cmp.Compacter | None = None
         self._record_storage: tuple[bytes, int | None] | None = None
@@ -256,7 +259,7 @@ class Engine:
             if value is None or value == "<object>":
                 continue
             if key in recorded and recorded[key] != value and key != "s3_endpoint":
-                raise ValueError(
+                raise InvalidArgument(
                     f"{self.data_dir} was created with {key}={recorded[key]!r}, not {value!r}; open it with the "
                     f"same {key} (or leave it out: the recorded one is used)")
         merged = {**recorded, **{k: v for k, v in given.items() if v is not None and v != "<object>"}}
@@ -475,6 +478,7 @@ class Engine:
         write- or read-locked id was written after ``locks.high_water``; its write and
         append locks record the append's greatest time."""
         start = time.perf_counter()
+        args.check_locks(locks)
         rel, table, bounds = self._prepare(name, updates)
         if table.num_rows == 0:
             return
@@ -497,6 +501,8 @@ class Engine:
         """Append to several relations atomically: after a crash, all or none are there.
         ``locks`` as for :meth:`append`, checked once for the whole append."""
         start = time.perf_counter()
+        args.check_locks(locks)
+        args.check_updates_map(updates)
         txn = self._next_txn_id()
         prepared = [(name, *self._prepare(name, table)) for name, table in updates.items()]
         records = [Record(RecordKind.BEGIN, txn_id=txn)]
@@ -535,8 +541,12 @@ class Engine:
         in parallel pieces and pick the winners at the end (a Spark job's task attempts).
         Raises TransactionError and aborts them all if one is not open or one of their
         times was sealed meanwhile."""
-        from sediment.engine.transaction import commit_all
+        from sediment.engine.transaction import Transaction, commit_all
 
+        if isinstance(transactions, (str, bytes, Mapping)) or not isinstance(transactions, Sequence) or \
+                not all(isinstance(t, Transaction) for t in transactions):
+            raise InvalidArgument(f"commit_all takes a list of Transaction objects from "
+                                       f"Engine.transaction(), not {transactions!r}")
         commit_all(self, transactions)
 
     def seal(self, name: str, t: int) -> None:
@@ -630,12 +640,20 @@ class Engine:
         return pa.Table.from_batches(parts, schema=rel.update_schema)
 
     def _snapshot_of(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+        try:
+            return self._snapshot_parts(rel, trace, entries, as_of)
+        except DiffOverflow as exc:
+            name = rel.entry.name
+            raise DiffOverflow(f"relation {name!r} as of {as_of}: {exc}", relation=name, row=exc.row) from None
+
+    def _snapshot_parts(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
         keys = rel.keys
         partial = []
         for ref in (*trace.batches, *trace.pending):
             if ref.key is not None and ref.lower <= as_of:
                 table = self.traces.read(rel.entry.id, ref)
                 if table is not None:
+                    table = table.select(rel.update_schema.names).cast(rel.update_schema)
                     partial.append(consolidate_snapshot(table, keys, as_of))
         entries = [e for e in entries if e.t_lo <= as_of]
         if entries:
@@ -671,6 +689,7 @@ class Engine:
         progress record as it becomes durable, in order, with no gap and no repeat. Writers
         never wait for a subscriber; a slow one catches up from the WAL. See
         :mod:`sediment.engine.feed`."""
+        args.check_bool(resume, "resume")
         with self._lock:
             rel = self._rel(name)
             as_of = rel.sealed_durable if as_of is None else _check_time(as_of, "as_of")
@@ -706,6 +725,8 @@ class Engine:
         as of ``as_of`` (changes in (from_t, as_of] when ``from_t`` is given) directly from
         the blob store. Call :meth:`release_read` when done."""
         as_of = _check_time(as_of, "as_of")
+        from_t = args.check_optional_time(from_t, "from_t")
+        args.check_number(lease_seconds, "lease_seconds")
         with self._lock:
             rel = self._rel(name)
             low = rel.entry.since if from_t is None else from_t
@@ -714,7 +735,7 @@ class Engine:
                                      (f" from {from_t}" if from_t is not None else "") +
                                      f" is outside [since {rel.entry.since}, sealed {rel.sealed_durable}]")
             if self.blob_uri is None:
-                raise ValueError("plan_read needs an engine opened with a blob URI (file:// or s3://)")
+                raise InvalidArgument("plan_read needs an engine opened with a blob URI (file:// or s3://)")
             trace = rel.trace
             entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
             self._lease_counter += 1
@@ -738,6 +759,7 @@ class Engine:
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease: its batches may now be replaced and deleted."""
+        args.check_int(lease, "lease", low=0)
         with self._lock:
             if self._leases.pop(lease, None) is None:
                 return
@@ -751,6 +773,8 @@ class Engine:
         row groups) whose time ranges overlap the current time, not the whole relation.
         ``ordered=False`` streams batches as stored (sorted by row, then time) and then the
         WAL tail: no sort, for consumers that consolidate anyway."""
+        args.check_int(batch_rows, "batch_rows", low=1)
+        args.check_bool(ordered, "ordered")
         with self._lock:
             rel = self._rel(name)
             trace = rel.trace
@@ -787,7 +811,8 @@ class Engine:
             return {"batches": len(t.batches), "pending": len(t.pending),
                     "rows": sum(b.rows for b in (*t.batches, *t.pending)),
                     "bytes": sum(b.bytes for b in (*t.batches, *t.pending)),
-                    "upper": t.upper, "since": t.since, "tail_records": len(rel.tail)}
+                    "upper": t.upper, "since": t.since, "tail_records": len(rel.tail),
+                    "compaction_failures": self._compaction_failures.get(name, ("", 0))[1]}
 
     def stats(self) -> dict[str, Any]:
         """What the engine holds now, for operators: per relation its rows, batches, stored
@@ -808,17 +833,48 @@ class Engine:
             names = None if name is None else {self._rel(name).entry.name}
             self._check_open()
         self._log.finish_segment()
-        self._compaction_pass(names)
+        failed = self._compaction_pass(names)
+        if failed:
+            raise CompactionFailed(
+                f"could not compact {sorted(failed)} (the others were compacted; these keep their WAL records and "
+                f"are retried on every pass): " + "; ".join(f"{n}: {e}" for n, e in sorted(failed.items())),
+                failures=failed)
 
     def _background_pass(self) -> None:
         self._compaction_pass(None)
 
-    def _compaction_pass(self, names: set[str] | None) -> None:
+    def compaction_errors(self) -> dict[str, str]:
+        """Relations whose last compaction attempt failed, with the error; each is retried on
+        every pass and keeps its WAL records (the log is trimmed only below them) until it
+        succeeds. Empty when every relation compacts."""
+        with self._lock:
+            return {n: e for n, (e, _count) in self._compaction_failures.items() if n in self._relations}
+
+    def _isolated(self, rel: _Relation, failed: dict[str, str], step) -> None:
+        """Run one relation's compaction or merge step; a failure is logged and recorded, and
+        never stops the other relations' steps (nor the trim below this one's records)."""
+        name = rel.entry.name
+        if name in failed:
+            return
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - reported, retried on the next pass
+            text = f"{type(exc).__name__}: {exc}"
+            failed[name] = text
+            self.metrics.error("compaction", exc)
+            with self._lock:
+                count = self._compaction_failures.get(name, ("", 0))[1] + 1
+                self._compaction_failures[name] = (text, count)
+            log.error("compaction of relation %r failed (attempt %d; its WAL records are kept and it is retried "
+                      "on the next pass): %s", name, count, text)
+
+    def _compaction_pass(self, names: set[str] | None) -> dict[str, str]:
+        failed: dict[str, str] = {}
         with self._compact_lock, self.metrics.timed(self.metrics.compaction_seconds):
             self.metrics.compactions.inc()
             with self._lock:
                 if self._closed:
-                    return
+                    return failed
                 cut = cmp.plan_wal_cut(self._log.finished_lsn, self._txn_first.values())
                 rels = [r for r in self._relations.values() if names is None or r.entry.name in names]
                 work = []
@@ -828,15 +884,19 @@ class Engine:
                     if entries or progress:
                         work.append((rel, entries, progress, rel.trace, rel.entry.since))
             for item in work:
-                self._compact_relation(cut.safe, *item)
+                self._isolated(item[0], failed, lambda item=item: self._compact_relation(cut.safe, *item))
             for rel in rels:
-                self._merge_relation(rel)
+                self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel))
             with self._lock:
+                for rel in rels:
+                    if rel.entry.name not in failed:
+                        self._compaction_failures.pop(rel.entry.name, None)
                 needed = [n for n in (r.needs_from() for r in self._relations.values()) if n is not None]
                 needed += [n for n in (r.feed.oldest_lsn() for r in self._relations.values()) if n is not None]
                 point = cmp.trim_point(cut.safe, [*needed, *self._txn_first.values()])
                 self._trim_to = max(self._trim_to or 0, point)
         self._collect()
+        return failed
 
     def _compact_relation(self, safe: int, rel: _Relation, entries: list[TailEntry], progress: list[int],
                           trace: TraceState, since: int) -> None:
@@ -845,7 +905,8 @@ class Engine:
         since = min(since, upper - 1) if upper > 0 else 0
         parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
         tables = [pa.Table.from_batches(parts, schema=rel.update_schema)]
-        tables += [t for t in (self.traces.read(rid, p) for p in trace.pending) if t is not None]
+        tables += [t.select(rel.update_schema.names).cast(rel.update_schema)
+                   for t in (self.traces.read(rid, p) for p in trace.pending) if t is not None]
         table = pa.concat_tables(tables)
         time = table.column("time")
         if table.num_rows and pc.min(time).as_py() < trace.upper:

@@ -1,9 +1,13 @@
 """Relation schemas: which column types a relation may have, and checking appended updates.
 
 A relation's stored updates are its own columns plus ``time`` and ``diff`` (both
-int64). Those two names are reserved. Column types must be ones that Arrow can
-sort and group by, since consolidation does both: numbers, booleans, strings,
-binary, dates, timestamps and decimals; nested types are refused.
+int64). Those two names are reserved. Column types must be ones that the engine can
+sort, group, store in Parquet and read back as the same type, since consolidation
+and compaction do all of that: integers, float32/float64, booleans, strings, binary
+(also fixed-size), dates, times, timestamps (with or without a time zone),
+durations and decimals. Refused (tests/test_column_types.py tries each end to end):
+float16 (Arrow cannot sort it), nested types (list, struct, map: no comparison
+kernels), dictionary and null columns.
 """
 
 from __future__ import annotations
@@ -44,10 +48,11 @@ def check_name(name: object) -> str:
 
 def _supported(t: pa.DataType) -> bool:
     return (
-        pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+        pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t) or pa.types.is_boolean(t)
         or pa.types.is_string(t) or pa.types.is_large_string(t)
-        or pa.types.is_binary(t) or pa.types.is_large_binary(t)
-        or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_decimal(t)
+        or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_timestamp(t)
+        or pa.types.is_duration(t) or pa.types.is_decimal(t)
     )
 
 
@@ -71,27 +76,34 @@ def check_schema(schema: object) -> pa.Schema:
             raise SchemaMismatch("column names must not be empty")
         if not _supported(field.type):
             raise SchemaMismatch(
-                f"column {field.name!r} has type {field.type}, which cannot be sorted and grouped; use numbers, "
-                "booleans, strings, binary, dates, timestamps or decimals"
+                f"column {field.name!r} has type {field.type}, which the engine cannot sort, group and store; use "
+                "integers, float32/float64, booleans, strings, binary, dates, times, timestamps, durations or "
+                "decimals"
             )
     return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
 
 
 def parse_schema_spec(spec: str) -> pa.Schema:
-    """``'id:int64,name:string'`` to a schema (the CLI's ``--schema``)."""
+    """``'id:int64,name:string'`` to a schema (the CLI's ``--schema``). Strict: every
+    comma-separated field must be ``NAME:TYPE`` with both parts present, so a stray comma
+    or colon is refused rather than silently skipped."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SchemaMismatch("empty schema: give at least one NAME:TYPE, e.g. id:int64,name:string")
     fields = []
-    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+    for i, raw in enumerate(spec.split(",")):
+        part = raw.strip()
+        where = f"field {i + 1} of {spec!r}"
+        if not part:
+            raise SchemaMismatch(f"{where} is empty (a stray comma?): write NAME:TYPE,NAME:TYPE")
         name, colon, type_name = part.partition(":")
         name, type_name = name.strip(), type_name.strip().lower()
-        if not colon or not name:
-            raise SchemaMismatch(f"bad column spec {part!r}: write NAME:TYPE, e.g. id:int64")
+        if not colon or not name or not type_name:
+            raise SchemaMismatch(f"bad column spec {part!r} ({where}): write NAME:TYPE, e.g. id:int64")
         if type_name not in _SPEC_TYPES:
             raise SchemaMismatch(
                 f"unknown type {type_name!r} for column {name!r}; known: {', '.join(sorted(_SPEC_TYPES))}"
             )
         fields.append(pa.field(name, _SPEC_TYPES[type_name]))
-    if not fields:
-        raise SchemaMismatch("empty schema: give at least one NAME:TYPE")
     return check_schema(pa.schema(fields))
 
 

@@ -39,6 +39,12 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     256 MiB), ``lock_slots`` (size of the optimistic lock table), ``repair`` (cut a
     damaged log instead of refusing to open).
     """
+    import inspect
+
+    known = [p for p in inspect.signature(Engine.__init__).parameters if p not in ("self", "data_dir")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise errors.InvalidArgument(f"unknown option(s) {unknown} for sediment.open; known: {', '.join(known)}")
     return Engine(data_dir, **options)
 
 

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 import sediment
 from sediment.engine.schema import _SPEC_TYPES, check_name, conform_updates, parse_schema_spec, update_schema
 from sediment.engine.verify import VerifyReport, verify_data_dir
-from sediment.errors import SedimentError, TimeAlreadySealed
+from sediment.errors import SchemaMismatch, SedimentError, TimeAlreadySealed
 from sediment.progress import Progress
 
 DEFAULT_DATA_DIR = "./sediment-data"
@@ -160,9 +160,13 @@ def _progress(args: argparse.Namespace, total: int | None, label: str, unit: str
 
 
 def cmd_relation_add(args: argparse.Namespace) -> int:
-    """Checks the name and schema before opening, so a bad command creates no directory."""
+    """Checks the name and schema before opening, so a bad command creates no directory. A
+    --schema that does not parse is a malformed command line (exit code 2)."""
     check_name(args.name)
-    schema = parse_schema_spec(args.schema)
+    try:
+        schema = parse_schema_spec(args.schema)
+    except SchemaMismatch as exc:
+        raise UsageError(f"--schema: {exc}") from None
     with _open(args, create=True) as engine:
         engine.add_relation(args.name, schema)
     print(f"added relation {args.name} ({_schema_spec(schema)})")

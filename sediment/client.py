@@ -517,6 +517,10 @@ class Client:
         """Run a compaction pass on the server and wait for it."""
         self._action("compact", name=name)
 
+    def compaction_errors(self) -> dict[str, str]:
+        """Relations whose last compaction failed on the server, with the error."""
+        return dict(self._action("compaction_errors"))
+
     # --- closing -------------------------------------------------------------------------------
 
     def close(self) -> None:

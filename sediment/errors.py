@@ -38,6 +38,37 @@ class InvalidUpdates(SedimentError, ValueError):
     or whose time is negative."""
 
 
+class InvalidArgument(SedimentError, ValueError):
+    """An argument of a public call (or an option of ``sediment.open``) has the wrong type or
+    is out of range; the message names it and what is allowed. Nothing was written."""
+
+
+class InvalidTime(InvalidArgument):
+    """A time argument (``seal``, ``set_since``, ``as_of``, ``from_t``) is not an integer in
+    ``[0, 2**63)``: bools, floats, strings and None are refused, not converted."""
+
+
+class DiffOverflow(SedimentError, OverflowError):
+    """The diffs of one row (at one time) sum to a value outside int64: the sum is refused
+    rather than wrapped. ``relation`` and ``row`` say which (when known); the updates stay
+    stored, so appending a compensating diff for that row repairs it."""
+
+    def __init__(self, message: str, *, relation: str = "", row: object = None):
+        super().__init__(message)
+        self.relation = relation
+        self.row = row
+
+
+class CompactionFailed(SedimentError):
+    """``Engine.compact`` could not compact some relations. The others were compacted and
+    the log trimmed below what the failed ones still need; they keep their WAL records and
+    are retried on every later pass. ``failures`` maps relation name to the error text."""
+
+    def __init__(self, message: str, *, failures: dict | None = None):
+        super().__init__(message)
+        self.failures = dict(failures or {})
+
+
 class TimeAlreadySealed(SedimentError, ValueError):
     """An append at a time <= the relation's sealed frontier: ``close t`` promised no
     further updates at times <= t."""

@@ -33,6 +33,7 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   one result ``{"result": ...}``: add_relation {name, schema: base64 Arrow IPC schema},
   drop_relation {name}, relations {}, schema {name} -> base64 IPC schema, seal {name, t},
   set_since {name, t}, since {name}, sealed {name}, compact {name|null}, trace_info {name}, stats {},
+  compaction_errors {},
   begin {group|absent} -> transaction id, commit {txn}, abort {txn}, txn_state {txn},
   commit_all {txns, group|absent} (one COMMIT record for them all; then every other open
   transaction of the group is aborted), abort_group {group},
@@ -68,7 +69,7 @@ import pyarrow.flight as flight
 
 from sediment import errors
 from sediment.engine.engine import Engine
-from sediment.engine.schema import update_schema
+from sediment.engine.schema import check_name, update_schema
 from sediment.engine.transaction import Transaction
 from sediment.errors import SedimentError, TransactionError
 
@@ -256,6 +257,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             "trace_info": (lambda a: self.engine.trace_info(_field(a, "name", "trace_info")),
                            "a relation's stored shape {name}"),
             "stats": (lambda a: self.engine.stats(), "what the engine holds: relations, WAL, storage {}"),
+            "compaction_errors": (lambda a: self.engine.compaction_errors(),
+                                  "relations whose last compaction failed -> {name: error}"),
             "begin": (self._begin, "open a transaction {group|absent} -> id"),
             "commit_all": (self._commit_all, "commit transactions as one {txns, group|absent}; then abort the "
                                              "group's other open transactions"),
@@ -495,6 +498,7 @@ class SedimentFlightServer(flight.FlightServerBase):
                     finally:
                         self._settle(tx)
             elif op == "stage":
+                check_name(name)  # a name that is not a string must not become a staging key
                 stage = str(_field(args, "stage", "do_put descriptor"))
                 with self._lock:
                     self._stages.setdefault(stage, {}).setdefault(name, []).append(table)

@@ -419,9 +419,9 @@ BAD = [
     ("existing relation", lambda p: ["relation", "add", "orders", "--schema", "a:int64"], 1, ["already exists"]),
     ("invalid name", lambda p: ["relation", "add", "../etc", "--schema", "a:int64"], 1, ["'../etc'"]),
     ("invalid name append", lambda p: ["append", "../etc", _files(p, "u.csv", "1,a,3,1\n")], 1, ["'../etc'"]),
-    ("time column", lambda p: ["relation", "add", "t", "--schema", "time:int64,a:int64"], 1, ["'time'", "reserved"]),
-    ("unknown type", lambda p: ["relation", "add", "t", "--schema", "a:int65"], 1, ["unknown type 'int65'"]),
-    ("bad schema spec", lambda p: ["relation", "add", "t", "--schema", "a"], 1, ["NAME:TYPE"]),
+    ("time column", lambda p: ["relation", "add", "t", "--schema", "time:int64,a:int64"], 2, ["'time'", "reserved"]),
+    ("unknown type", lambda p: ["relation", "add", "t", "--schema", "a:int65"], 2, ["unknown type 'int65'"]),
+    ("bad schema spec", lambda p: ["relation", "add", "t", "--schema", "a"], 2, ["NAME:TYPE"]),
     ("missing column", lambda p: ["append", "orders", _files(p, "u.csv", "1,3,1\n", "id,time,diff\n")], 1,
      ["u.csv", "missing ['name']"]),
     ("extra column", lambda p: ["append", "orders", _files(p, "u.csv", "1,a,x,3,1\n", "id,name,zz,time,diff\n")],
@@ -487,7 +487,7 @@ def test_invalid_name_creates_no_data_dir(tmp_path, capsys):
     rc, _, err = run(capsys, d, "relation", "add", "../etc", "--schema", "a:int64")
     assert_one_line_error(rc, err, "invalid relation name")
     rc, _, err = run(capsys, d, "relation", "add", "ok", "--schema", "a:int65")
-    assert_one_line_error(rc, err, "int65")
+    assert_one_line_error(rc, err, "int65", code=2)
     assert not d.exists()
 
 

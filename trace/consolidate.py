@@ -18,8 +18,12 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.errors import DiffOverflow
+
 TIME = "time"
 DIFF = "diff"
+_TWO_63 = 1 << 63
+_SPLIT = 31
 
 
 def sort_keys(key_columns: Sequence[str], *, with_time: bool = True) -> list[tuple[str, str]]:
@@ -68,8 +72,8 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
 
     Works on adjacent runs (boundary mask, cumulative sum, take at run ends) rather
     than a hash ``group_by``, whose output order is not the input order even
-    single-threaded. Sums wrap at 2^64 like any int64 sum. Output columns are
-    ``group_cols + ["diff"]``.
+    single-threaded. Sums are checked: a run whose diffs sum outside int64 raises
+    DiffOverflow naming its row, never wraps. Output columns are ``group_cols + ["diff"]``.
     """
     cols = list(group_cols)
     n = table.num_rows
@@ -84,14 +88,55 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
     else:
         is_end = pa.concat_arrays([*_chunks(pc.invert(same)), pa.array([True])])
     ends = pc.indices_nonzero(is_end)
-    csum = pc.cumulative_sum(table.column(DIFF))
-    end_sums = csum.take(ends)
-    prev = pa.concat_arrays([pa.array([0], pa.int64()), *_chunks(end_sums.slice(0, len(end_sums) - 1))])
-    sums = pc.subtract(end_sums, prev)
+    diff = table.column(DIFF)
+    if _cannot_overflow(diff, n):
+        sums = _run_sums(diff, ends)
+    else:
+        sums = _run_sums_checked(table, cols, diff, ends)
     out = table.select(cols).take(ends).append_column(DIFF, sums)
     if drop_zeros:
         out = out.filter(pc.not_equal(out.column(DIFF), 0))
     return out
+
+
+def _cannot_overflow(diff: pa.ChunkedArray | pa.Array, n: int) -> bool:
+    """True when no prefix sum of ``n`` diffs can leave int64: n * max|diff| < 2^63. One
+    min/max pass; real diffs (small counts) always pass, so the exact path is rare."""
+    lo, hi = pc.min_max(diff).values()
+    lo, hi = lo.as_py(), hi.as_py()
+    if lo is None:
+        return True
+    return max(abs(lo), abs(hi)) * n < _TWO_63
+
+
+def _run_sums(diff: pa.ChunkedArray | pa.Array, ends: pa.Array) -> pa.Array:
+    """Sum of each run ending at ``ends``, by a cumulative sum taken at run ends."""
+    end_sums = pc.cumulative_sum(diff).take(ends)
+    prev = pa.concat_arrays([pa.array([0], pa.int64()), *_chunks(end_sums.slice(0, len(end_sums) - 1))])
+    return pc.subtract(end_sums, prev)
+
+
+def _run_sums_checked(table: pa.Table, cols: list[str], diff: pa.ChunkedArray | pa.Array,
+                      ends: pa.Array) -> pa.Array:
+    """Exact run sums of large diffs: each diff split as ``hi * 2^31 + lo`` (``lo`` in
+    [0, 2^31)), both halves summed in int64 (no overflow below 2^31 rows), carried, and the
+    recombined sum range-checked before it is formed."""
+    mask = (1 << _SPLIT) - 1
+    hi = _run_sums(pc.shift_right(diff, _SPLIT), ends)
+    lo = _run_sums(pc.bit_wise_and(diff, mask), ends)
+    hi = pc.add(hi, pc.shift_right(lo, _SPLIT))
+    lo = pc.bit_wise_and(lo, mask)
+    bad = pc.or_(pc.less(hi, -(1 << (63 - _SPLIT))), pc.greater_equal(hi, 1 << (63 - _SPLIT)))
+    where = pc.indices_nonzero(bad)
+    if len(where):
+        i = where[0].as_py()
+        row = table.select(cols).slice(ends[i].as_py(), 1).to_pylist()[0]
+        total = hi[i].as_py() * (1 << _SPLIT) + lo[i].as_py()
+        raise DiffOverflow(
+            f"the diffs of row {row} sum to {total}, outside int64 [-2**63, 2**63); nothing was summed. "
+            "Append a compensating diff for that row (or find the writer that produced such diffs)",
+            row=repr(row))
+    return pc.add(pc.multiply(hi, 1 << _SPLIT), lo)
 
 
 def _order_vs_previous(col: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, pa.Array]:

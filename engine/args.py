@@ -1,0 +1,134 @@
+"""Argument checks for the Engine's public calls and ``sediment.open``'s options.
+
+Every check runs before anything is written (or, for ``open``, before the data
+directory is created), so a refused call leaves no trace. Each raises
+:class:`sediment.errors.InvalidArgument` (or :class:`~sediment.errors.InvalidTime`)
+with one line saying which argument is wrong and what is allowed. Conversions are
+never guessed: ``True`` is not the time 1, ``"7"`` is not 7, ``7.0`` is not 7.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from sediment.errors import InvalidArgument, InvalidTime
+
+MAX_TIME = (1 << 63) - 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_time(t: object, what: str) -> int:
+    """``t`` if it is an int in ``[0, 2**63)``; else InvalidTime naming ``what``."""
+    if not _is_int(t) or not 0 <= t <= MAX_TIME:
+        kind = "" if _is_int(t) else f" ({type(t).__name__})"
+        raise InvalidTime(f"{what} must be an integer time in [0, 2**63), not {t!r}{kind}")
+    return int(t)
+
+
+def check_optional_time(t: object, what: str) -> int | None:
+    return None if t is None else check_time(t, what)
+
+
+def check_int(value: object, what: str, *, low: int = 1, high: int | None = None) -> int:
+    """An int in ``[low, high]`` (bools refused)."""
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise InvalidArgument(f"{what} must be an integer {bound}, not {value!r}")
+    return int(value)
+
+
+def check_bool(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be True or False, not {value!r}")
+    return value
+
+
+def check_number(value: object, what: str, *, low: float = 0.0, low_open: bool = True,
+                 allow_none: bool = False) -> float | None:
+    """A finite int or float above ``low`` (or at least it, when not ``low_open``)."""
+    if value is None and allow_none:
+        return None
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (value > low if low_open else value >= low))
+    if not ok:
+        rel = ">" if low_open else ">="
+        extra = " or None" if allow_none else ""
+        raise InvalidArgument(f"{what} must be a finite number {rel} {low}{extra}, not {value!r}")
+    return value
+
+
+def check_str(value: object, what: str, *, allow_none: bool = True) -> str | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} must be a non-empty string{' or None' if allow_none else ''}, not {value!r}")
+    return value
+
+
+def check_data_dir(data_dir: object) -> str:
+    if not isinstance(data_dir, (str, os.PathLike)) or not os.fspath(data_dir):
+        raise InvalidArgument(f"the data directory must be a non-empty path (str or os.PathLike), not {data_dir!r}")
+    path = os.fspath(data_dir)
+    if not isinstance(path, str) or "\0" in path:
+        raise InvalidArgument(f"the data directory must be a text path without NUL bytes, not {data_dir!r}")
+    return path
+
+
+def check_open_options(options: Mapping[str, Any]) -> None:
+    """The Engine's constructor options, checked before the data directory is touched."""
+    o = options
+    wal = check_str(o.get("wal"), "wal")
+    if wal is not None and wal != "file" and not (wal.startswith("device:") and len(wal) > len("device:")):
+        raise InvalidArgument(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
+    if o.get("wal_capacity") is not None:
+        check_int(o["wal_capacity"], "wal_capacity", low=1)
+    replicas = o.get("replicas")
+    if replicas is not None and (isinstance(replicas, (str, bytes)) or not isinstance(replicas, (list, tuple))
+                                 or not all(isinstance(r, str) and r for r in replicas)):
+        raise InvalidArgument(f"replicas must be a list of 'host:port' strings, not {replicas!r}")
+    if replicas and o.get("metadata") is None:
+        raise InvalidArgument("replicas=[...] needs a shared metadata store, e.g. "
+                              "metadata='zk://127.0.0.1:2181/sediment'")
+    check_str(o.get("cluster_key"), "cluster_key")
+    check_int(o.get("segment_bytes", 1), "segment_bytes", low=4096)
+    check_int(o.get("max_record_bytes", 1 << 20), "max_record_bytes", low=1)
+    metadata = o.get("metadata")
+    if metadata is not None and not isinstance(metadata, str) and not hasattr(metadata, "compare_and_set"):
+        raise InvalidArgument(f"metadata must be a spec such as 'zk://127.0.0.1:2181/sediment' or a MetadataStore, "
+                              f"not {type(metadata).__name__}")
+    check_str(metadata if isinstance(metadata, str) else None, "metadata")
+    blob = o.get("blob")
+    if blob is not None and not isinstance(blob, str) and not hasattr(blob, "put"):
+        raise InvalidArgument(f"blob must be a URI ('file:///path', 'memory://', 's3://bucket/prefix') or a blob "
+                              f"store, not {type(blob).__name__}")
+    check_str(blob if isinstance(blob, str) else None, "blob")
+    check_str(o.get("s3_endpoint"), "s3_endpoint")
+    check_number(o.get("compact_interval"), "compact_interval", allow_none=True)
+    check_bool(o.get("compact", True), "compact")
+    merge_factor = check_number(o.get("merge_factor", 2.0), "merge_factor")
+    if merge_factor is not None and merge_factor < 1.0:
+        raise InvalidArgument(f"merge_factor must be a finite number >= 1.0, not {merge_factor!r}")
+    check_int(o.get("memory_bound", 1 << 20), "memory_bound", low=1)
+    check_int(o.get("lock_slots", 1), "lock_slots", low=1)
+    check_str(o.get("arrow_memory_pool"), "arrow_memory_pool")
+    check_bool(o.get("repair", False), "repair")
+
+
+def check_locks(locks: object) -> None:
+    from sediment.engine.locks import Locks
+
+    if locks is not None and not isinstance(locks, Locks):
+        raise InvalidArgument(f"locks must be a sediment.Locks or None, not {type(locks).__name__}")
+
+
+def check_updates_map(updates: object) -> None:
+    """``append_many``'s argument: relation name -> table (the tables are checked later)."""
+    if not isinstance(updates, Mapping):
+        raise InvalidArgument(f"append_many takes a mapping of relation name -> pyarrow.Table, not "
+                              f"{type(updates).__name__}")
