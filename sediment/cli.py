@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
+import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
@@ -47,6 +49,7 @@ FORMATS = ("csv", "parquet")
 _EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet"}
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOCAL_ONLY = frozenset({"verify", "demo", "serve", "storage-node"})  # commands --connect cannot reach
 
 
@@ -149,6 +152,10 @@ def _open(args: argparse.Namespace, *, create: bool = False, **options: object) 
         options.setdefault("s3_endpoint", getattr(args, "s3_endpoint", None))
     if getattr(args, "metadata", None):
         options.setdefault("metadata", args.metadata)
+    if getattr(args, "replicas", None):
+        options.setdefault("replicas", [r.strip() for r in args.replicas.split(",") if r.strip()])
+    if getattr(args, "cluster_key", None):
+        options.setdefault("cluster_key", args.cluster_key)
     return sediment.open(data_dir, **options)
 
 
@@ -535,6 +542,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 # --- demo -----------------------------------------------------------------------------------
 
 
+def cmd_cluster_key(args: argparse.Namespace) -> int:
+    """A new random cluster key: start every storage node of a cluster with it
+    (``sediment storage-node --cluster-key K``) and create the engine with the same one."""
+    import uuid
+
+    print(uuid.uuid4())
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Hands ``args`` (data_dir, rows, progress) to ``sediment.demo.run``; its int result is the exit code."""
     try:
@@ -554,31 +570,50 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line. ``--data-dir`` and ``--progress`` work before or after the subcommand:
     the subcommands' copies default to SUPPRESS so they only override when given."""
     def add_common(p: argparse.ArgumentParser, top: bool) -> None:
-        # separate actions per parser: parents= would share them, and set_defaults on one changes all
-        p.add_argument("--data-dir", default=default_dir if top else argparse.SUPPRESS, metavar="DIR",
-                       help=f"the data directory (default $SEDIMENT_DATA_DIR or {DEFAULT_DATA_DIR})")
-        p.add_argument("--blob", default=os.environ.get("SEDIMENT_BLOB") if top else argparse.SUPPRESS,
-                       metavar="URI", help="where batches live: file:///path or s3://bucket/prefix "
-                       "(default $SEDIMENT_BLOB or <data-dir>/blobs)")
-        p.add_argument("--metadata", default=os.environ.get("SEDIMENT_METADATA") if top else argparse.SUPPRESS,
-                       metavar="SPEC", help="where the catalog lives when not in <data-dir>/meta, e.g. "
-                       "zk://127.0.0.1:2181/sediment (default $SEDIMENT_METADATA)")
-        p.add_argument("--s3-endpoint", default=os.environ.get("AWS_ENDPOINT_URL") if top else argparse.SUPPRESS,
-                       metavar="URL", help="S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)")
-        p.add_argument("--connect", default=None if top else argparse.SUPPRESS, metavar="URI",
-                       help="talk to a served coordinator (sediment serve) at grpc://HOST:PORT instead of "
-                       "opening --data-dir")
-        p.add_argument("--token", default=None if top else argparse.SUPPRESS, metavar="T",
-                       help="the shared secret: what --connect sends, what serve requires (default "
-                       "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)")
-        p.add_argument("--tls-root-certs", default=None if top else argparse.SUPPRESS, metavar="FILE",
-                       help="for --connect grpc+tls://...: the CA certificate (PEM) to trust")
-        bar = p.add_mutually_exclusive_group()
-        bar.add_argument("--progress", dest="progress", action="store_const", const=True,
-                         default=None if top else argparse.SUPPRESS,
-                         help="always show progress bars on stderr (default: only on a terminal)")
+        """The global options. Separate actions per parser (parents= would share them, and
+        set_defaults on one changes all); documented once, in ``sediment --help``: a subcommand
+        accepts them after its name but does not list them again."""
+        def default(value: object) -> object:
+            return value if top else argparse.SUPPRESS
+
+        def doc(text: str) -> str:
+            return text if top else argparse.SUPPRESS
+
+        p.add_argument("--data-dir", default=default(default_dir), metavar="DIR",
+                       help=doc(f"the data directory (default $SEDIMENT_DATA_DIR or {DEFAULT_DATA_DIR})"))
+        p.add_argument("--blob", default=default(os.environ.get("SEDIMENT_BLOB")), metavar="URI",
+                       help=doc("where batches live: file:///path or s3://bucket/prefix (default $SEDIMENT_BLOB "
+                                "or <data-dir>/blobs)"))
+        p.add_argument("--metadata", default=default(os.environ.get("SEDIMENT_METADATA")), metavar="SPEC",
+                       help=doc("where the catalog lives when not in <data-dir>/meta, e.g. "
+                                "zk://127.0.0.1:2181/sediment (default $SEDIMENT_METADATA)"))
+        p.add_argument("--s3-endpoint", default=default(os.environ.get("AWS_ENDPOINT_URL")), metavar="URL",
+                       help=doc("S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)"))
+        p.add_argument("--replicas", default=default(None), metavar="HOST:PORT,...",
+                       help=doc("creating an engine: replicate its log on these storage nodes (needs "
+                                "--metadata zk://... and --cluster-key; later opens read them from the metadata)"))
+        p.add_argument("--cluster-key", default=default(None), metavar="UUID",
+                       help=doc("creating a replicated engine: the key its storage nodes were started with "
+                                "(`sediment cluster-key` makes one)"))
+        p.add_argument("--connect", default=default(None), metavar="URI",
+                       help=doc("talk to a served coordinator (sediment serve) at grpc://HOST:PORT or "
+                                "grpc+tls://HOST:PORT instead of opening --data-dir"))
+        p.add_argument("--token", default=default(None), metavar="T",
+                       help=doc("the shared secret: what --connect sends, what serve requires (default "
+                                "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)"))
+        p.add_argument("--tls-root-certs", default=default(None), metavar="FILE",
+                       help=doc("for --connect grpc+tls://...: the CA certificate (PEM) to trust"))
+        p.add_argument("--log-level", default=default(os.environ.get("SEDIMENT_LOG_LEVEL", "warning")),
+                       choices=LOG_LEVELS, metavar="LEVEL",
+                       help=doc(f"log messages at this level and above on stderr: {', '.join(LOG_LEVELS)} "
+                                "(default $SEDIMENT_LOG_LEVEL or warning)"))
+        p.add_argument("--log-format", default=default("text"), choices=("text", "json"),
+                       help=doc("log lines as text, or as one JSON object per line (default text)"))
+        bar = p.add_mutually_exclusive_group() if top else p  # argparse cannot format a group of hidden options
+        bar.add_argument("--progress", dest="progress", action="store_const", const=True, default=default(None),
+                         help=doc("always show progress on stderr (default: only on a terminal)"))
         bar.add_argument("--no-progress", dest="progress", action="store_const", const=False,
-                         default=None if top else argparse.SUPPRESS, help="never show progress bars")
+                         default=default(None), help=doc("never show progress"))
 
     default_dir = os.environ.get("SEDIMENT_DATA_DIR", DEFAULT_DATA_DIR)
     parser = _Parser(prog="sediment", description="A write-ahead log plus compacted traces: manage a "
@@ -589,7 +624,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, func: Callable[[argparse.Namespace], int], help_text: str,
                 where: argparse._SubParsersAction = sub) -> argparse.ArgumentParser:
-        p = where.add_parser(name, help=help_text, description=help_text)
+        p = where.add_parser(name, help=help_text, description=help_text,
+                             epilog="Global options (--data-dir, --connect, --log-level, ...) may also follow the "
+                                    "command; `sediment --help` lists them.")
         add_common(p, top=False)
         p.set_defaults(func=func)
         return p
@@ -599,30 +636,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(relation, top=False)
     rel_sub = relation.add_subparsers(dest="relation_command", required=True, metavar="ACTION")
     p = command("add", cmd_relation_add, "create an empty relation", rel_sub)
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", help="the new relation's name")
     p.add_argument("--schema", required=True, metavar="SPEC",
                    help="the columns, e.g. 'id:int64,name:string' (time and diff are added)")
     p = command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub)
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", help="the relation")
     command("list", cmd_relation_list, "list relations: name, schema, since, sealed", rel_sub)
 
     p = command("append", cmd_append, "append a CSV or Parquet file of updates (all or nothing)")
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", help="the relation")
     p.add_argument("file", metavar="FILE", help="the relation's columns plus int64 time and diff")
     p.add_argument("--format", choices=FORMATS, help="the file's format (default: from its extension)")
     p.add_argument("--chunk-bytes", type=_positive_int, default=DEFAULT_CHUNK_BYTES, metavar="N",
                    help="CSV block size: the file is checked and appended in chunks of about N bytes")
 
     p = command("seal", cmd_seal, "close time T: no more updates at times <= T")
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("t", type=_time_arg, metavar="T")
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("t", type=_time_arg, metavar="T", help="a time: an integer in [0, 2**63)")
 
     p = command("since", cmd_since, "advance the compaction frontier to T (reads below T become impossible)")
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("t", type=_time_arg, metavar="T")
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("t", type=_time_arg, metavar="T", help="a time: an integer in [0, 2**63)")
 
     p = command("tail", cmd_tail, "print the relation's changes as they become durable (a feed)")
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", help="the relation")
     p.add_argument("--as-of", type=_time_arg, default=None, metavar="T",
                    help="start with the snapshot at T (default: the sealed frontier)")
     p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N events")
@@ -630,13 +667,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after S seconds without an event (default: never)")
 
     p = command("compact", cmd_compact, "turn the WAL into batches, merge them, and trim the WAL now")
-    p.add_argument("name", metavar="NAME", nargs="?", default=None)
+    p.add_argument("name", metavar="NAME", nargs="?", default=None, help="only this relation (default: all)")
 
     p = command("stats", cmd_stats, "show what the engine holds: relations, WAL backlog, compaction lag")
     p.add_argument("--json", action="store_true", help="print the same figures as JSON (as Engine.stats())")
 
     p = command("read", cmd_read, "print or write the relation as of a time (columns + diff)")
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", help="the relation")
     p.add_argument("--as-of", type=_time_arg, required=True, metavar="T", help="the time to read the relation at")
     p.add_argument("--from", dest="from_t", type=_time_arg, default=None, metavar="T0",
                    help="print the consolidated changes in (T0, T] instead of the whole relation")
@@ -646,6 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("verify", cmd_verify, "check every checksum in the data directory (exit 1 on damage)")
     p.add_argument("--repair", action="store_true", help="cut a damaged log at the damage, then check again")
     p.add_argument("-v", "--verbose", action="store_true", help="list every file checked")
+
+    command("cluster-key", cmd_cluster_key, "print a new cluster key for a set of storage nodes")
 
     p = command("demo", cmd_demo, "run a demonstration workload")
     p.add_argument("--rows", type=_positive_int, default=1_000_000, metavar="N",
@@ -678,6 +717,36 @@ def _fail(message: str) -> None:
         pass
 
 
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+               "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """The standard ``logging`` module, configured once per command: stderr, ``level``, text or JSON."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        formatter: logging.Formatter = JsonLogFormatter()
+        formatter.converter = time.gmtime
+    else:
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_sediment", False)]:
+        root.removeHandler(old)
+    handler._sediment = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit code (0 ok, 1 operation failed, 2 bad command line).
 
@@ -689,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, usage errors (already printed)
         return _exit_code(exc.code)
     debug = os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0")
+    configure_logging(getattr(args, "log_level", "warning"), getattr(args, "log_format", "text"))
     try:
         if getattr(args, "connect", None) and args.command in LOCAL_ONLY:
             raise UsageError(f"`sediment {args.command}` works on the data directory's files, not through "
