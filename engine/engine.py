@@ -141,6 +141,7 @@ class Engine:
         lock_slots: int = DEFAULT_SLOTS,
         arrow_memory_pool: str | None = "system",
         repair: bool = False,
+        clock: Any = None,
     ) -> None:
         configure_memory_pool(arrow_memory_pool)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
@@ -165,6 +166,8 @@ class Engine:
         self._trim_to: int | None = None
         self._compacter: cmp.Compacter | None = None
         self._record_storage: tuple[bytes, int | None] | None = None
+        self._compact_interval = compact_interval
+        self._segment_age = cmp.SegmentAge()
         try:
             self._meta = self._open_metadata(metadata)
             stored = self._storage_config({"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
@@ -188,7 +191,8 @@ class Engine:
                 if metadata is None:
                     raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
                                      "metadata='zk://127.0.0.1:2181/sediment'")
-                self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key)
+                self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key,
+                                               segment_bytes=segment_bytes)
             else:
                 self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity)
             for entry in self.catalog.load().values():
@@ -201,7 +205,8 @@ class Engine:
             self.locks = LockTable(self._lock_slots, floor=self._max_time)
             self.swept = self.traces.sweep_orphans(self._referenced_blobs())
             if compact:
-                self._compacter = cmp.Compacter(self._background_pass, compact_interval)
+                self._compacter = cmp.Compacter(self._background_pass, compact_interval, clock=clock)
+                self._segment_age = cmp.SegmentAge(self._compacter.clock.current_time())
                 self._compacter.start()
                 self._log.set_finish_listener(self._compacter.notify)
         except BaseException:
@@ -780,6 +785,13 @@ class Engine:
         self._compaction_pass(names)
 
     def _background_pass(self) -> None:
+        """A compacter wake: finish the active segment if its data is ``compact_interval``
+        old (compaction on time, see trace/compacter.py SegmentAge), then compact."""
+        log_ = self._log
+        if self._segment_age.due(log_.finished_lsn, log_.end_lsn, self._compacter.clock.current_time(),
+                                 self._compact_interval):
+            log_.finish_segment()
+            self._segment_age.finished()
         self._compaction_pass(None)
 
     def _compaction_pass(self, names: set[str] | None) -> None:

@@ -24,7 +24,7 @@ def test_engine_over_three_storage_nodes_survives_a_dead_replica_and_a_restart(t
     for n in nodes:
         n.start()
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
-               "metadata": f"zk://{zookeeper.hosts}{zk_root}", "compact": False}
+               "metadata": f"zk://{zookeeper.hosts}{zk_root}"}
     try:
         with sediment.open(tmp_path / "coordinator", **options) as eng:
             eng.add_relation("r", SCHEMA)
@@ -69,7 +69,7 @@ def test_coordinator_killed_mid_stream_then_a_new_one_recovers(tmp_path, zookeep
     for n in nodes:
         n.start()
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
-               "metadata": f"zk://{zookeeper.hosts}{zk_root}", "compact": False}
+               "metadata": f"zk://{zookeeper.hosts}{zk_root}"}
     data = str(tmp_path / "coordinator")
     try:
         proc = subprocess.Popen([sys.executable, "-c", COORDINATOR, data, json.dumps(options)],
@@ -106,7 +106,7 @@ def test_cli_reaches_a_replicated_engine_through_its_zookeeper_metadata(tmp_path
     spec = f"zk://{zookeeper.hosts}{zk_root}"
     try:
         with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
-                           metadata=spec, compact=False) as eng:
+                           metadata=spec) as eng:
             eng.add_relation("r", SCHEMA)
             eng.append("r", ups([7], 1))
             eng.seal("r", 1)
@@ -135,7 +135,7 @@ def test_compaction_trims_the_replicas_and_a_returning_replica_skips_ahead(tmp_p
     for n in nodes:
         n.start()
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
-               "metadata": f"zk://{zookeeper.hosts}{zk_root}", "compact": False}
+               "metadata": f"zk://{zookeeper.hosts}{zk_root}"}
     try:
         with sediment.open(tmp_path / "c", **options) as eng:
             eng.add_relation("r", SCHEMA)
@@ -165,6 +165,38 @@ def test_compaction_trims_the_replicas_and_a_returning_replica_skips_ahead(tmp_p
             assert eng.snapshot("r", 150).num_rows == 120 * 10 + 30
         with sediment.open(tmp_path / "c", **options) as eng:
             assert eng.snapshot("r", 150).num_rows == 120 * 10 + 30
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
+
+
+def test_background_compacter_compacts_and_trims_the_nodes_without_compact_calls(tmp_path, zookeeper, zk_root):
+    """Segments of the replicated log finish by size (no compact() call anywhere): the
+    background compacter writes batches and the storage nodes drop old segments."""
+    nodes = [SmallNode(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    try:
+        with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                           metadata=f"zk://{zookeeper.hosts}{zk_root}", segment_bytes=1 << 13,
+                           compact_interval=3600) as eng:  # an hour: finishing by size alone
+            eng.add_relation("r", SCHEMA)
+            for t in range(1, 201):
+                eng.append("r", ups(list(range(t * 10, t * 10 + 10)), t))
+                eng.seal("r", t)
+            compacter = eng._compacter
+            deadline = time.monotonic() + 60
+            while eng.trace_info("r")["batches"] == 0 or eng.wal.start_lsn == 0 or \
+                    nodes[0].segments()[:1] == ["0000000000000000000.seg"]:
+                assert time.monotonic() < deadline, f"no background compaction: {eng.trace_info('r')}"
+                assert compacter.wait_passes(compacter.passes + 1, 10) or compacter.last_error is None
+            assert compacter.last_error is None
+            assert eng.trace_info("r")["upper"] > 1
+            assert eng.snapshot("r", 200).num_rows == 2000
+        with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                           metadata=f"zk://{zookeeper.hosts}{zk_root}", segment_bytes=1 << 13) as eng:
+            assert eng.snapshot("r", 200).num_rows == 2000
     finally:
         for n in nodes:
             if n.proc is not None:

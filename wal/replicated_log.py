@@ -10,6 +10,12 @@ QuorumLost and the coordinator recovers a new store session by itself; if anothe
 coordinator takes over (or the ZooKeeper session is lost) they fail with
 SessionFenced and the log stays fenced: open a new one.
 
+Segments finish by size as in the local log: once ``segment_bytes`` of records were
+acknowledged since the last finish, the log appends a FRONTIERS record by itself (from
+the trio thread, in log order) and tells the finish listener, so the background
+compacter turns them into batches and trims the nodes with no ``compact()`` call. The
+engine's compacter also finishes by age (trace/compacter.py SegmentAge).
+
 ``trim`` (called by the compacter once records are in batches) tells the storage nodes
 to drop whole segments below the trim point. A replica that was away meanwhile cannot be
 caught up record by record from there: its catch-up finds the source TRIMMED and RESETs
@@ -61,7 +67,7 @@ class ReplicatedLog:
     @classmethod
     def open(cls, replicas: Sequence[str], metadata: MetadataStore, partition: int = 0,
              cluster_key: uuid.UUID | str | None = None, *, timeout: float = 5.0,
-             open_timeout: float = 30.0) -> ReplicatedLog:
+             open_timeout: float = 30.0, segment_bytes: int = 64 << 20) -> ReplicatedLog:
         """Start a store session (recovery included) and return once it accepts writes.
         Raises ReplicationError if no write quorum is reachable within ``open_timeout``."""
         if cluster_key is None:
@@ -74,6 +80,9 @@ class ReplicatedLog:
         self._sealed: dict[int, int] = {}
         self._finished = 0
         self._trimmed = 0
+        self._segment_bytes = max(1, int(segment_bytes))
+        self._unfinished_bytes = 0  # acknowledged since the last FRONTIERS record (trio thread)
+        self._finishing = False
         self._listener: Callable[[int], None] | None = None
         self._lock = threading.Lock()
         self._inbox: deque = deque()  # submissions on their way to the trio thread, in order
@@ -82,7 +91,7 @@ class ReplicatedLog:
         key = cluster_key if isinstance(cluster_key, uuid.UUID) else uuid.UUID(cluster_key)
         self.coordinator = Coordinator(replicas, PartitionMetaStore(metadata, partition), key, partition,
                                        connect=tcp_connect, timeout=timeout)
-        self.coordinator.listeners.append(self._note)
+        self.coordinator.listeners.append(self._on_ack)
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -107,6 +116,8 @@ class ReplicatedLog:
         for r in self.scan():
             self.report.records += 1
             self._note([r])
+            if r.kind == rec.RecordKind.FRONTIERS:
+                self._finished = max(self._finished, r.lsn + 1)
         return self
 
     async def _main(self) -> None:
@@ -143,6 +154,29 @@ class ReplicatedLog:
             elif r.kind == rec.RecordKind.FRONTIERS:
                 for rel, t in rec.decode_frontiers(bytes(r.body)).items():
                     self._sealed[rel] = max(self._sealed.get(rel, -1), t)
+
+    def _on_ack(self, records: Sequence[rec.Record]) -> None:
+        """Acknowledged records, in log order, on the trio thread: finish by size."""
+        self._note(records)
+        self._unfinished_bytes += sum(r.frame_size for r in records)
+        if self._unfinished_bytes >= self._segment_bytes and not self._finishing and self.coordinator.fenced is None:
+            self._finishing = True
+            frontiers = rec.Record(rec.RecordKind.FRONTIERS, count=len(self._sealed),
+                                   body=rec.encode_frontiers(self._sealed))
+            self.coordinator.submit([frontiers], self._size_finished)
+
+    def _size_finished(self, lsn: int, err: BaseException | None) -> None:
+        self._finishing = False
+        if err is None:
+            self._finished_at(lsn)
+
+    def _finished_at(self, lsn: int) -> None:
+        """The FRONTIERS record at ``lsn`` is acknowledged: everything up to it is finished."""
+        self._unfinished_bytes = 0
+        self._finished = max(self._finished, lsn + 1)
+        listener = self._listener
+        if listener is not None:
+            listener(self._finished)
 
     # --- writing -------------------------------------------------------------------------
 
@@ -246,8 +280,7 @@ class ReplicatedLog:
                                    body=rec.encode_frontiers(self._sealed))
             lsn = self.append([frontiers])
             self._finished = max(self._finished, lsn + 1)
-        if self._listener is not None:
-            self._listener(self._finished)
+        self._call_soon(self._finished_at, lsn)
 
     def trim(self, lsn: int) -> None:
         """Records below ``lsn`` are in the engine's batches: storage nodes drop whole segments
