@@ -201,3 +201,32 @@ def test_background_compacter_compacts_and_trims_the_nodes_without_compact_calls
         for n in nodes:
             if n.proc is not None:
                 n.kill()
+
+
+def test_an_append_without_a_quorum_is_outcome_unknown_and_says_so(tmp_path, zookeeper, zk_root):
+    """Two of three nodes gone: the append fails with QuorumLost, an OutcomeUnknown (it may
+    be on the surviving node, and a later recovery may keep it), not a plain failure."""
+    from sediment.errors import NothingWritten, OutcomeUnknown, QuorumLost, TimeAlreadySealed
+
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    try:
+        with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                           metadata=f"zk://{zookeeper.hosts}{zk_root}") as eng:
+            eng.add_relation("r", SCHEMA)
+            eng.append("r", ups([1], 1))
+            eng.seal("r", 1)
+            with pytest.raises(TimeAlreadySealed) as refused:
+                eng.append("r", ups([0], 1))
+            assert isinstance(refused.value, NothingWritten) and not isinstance(refused.value, OutcomeUnknown)
+            nodes[1].kill()
+            nodes[2].kill()
+            with pytest.raises(QuorumLost) as lost:
+                eng.append("r", ups([2], 2))
+            assert isinstance(lost.value, OutcomeUnknown) and not isinstance(lost.value, NothingWritten)
+            assert "may or may not" in (type(lost.value).__doc__ or "")
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()

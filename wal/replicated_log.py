@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 import trio
 
 from sediment.engine.metadata import MetadataStore
-from sediment.errors import EngineClosed, ReplicationError, WalError
+from sediment.errors import EngineClosed, LogStopped, ReplicationError, WalError
 from sediment.wal import record as rec
 from sediment.wal.partition_meta import PartitionMetaStore
 from sediment.wal.protocol import DoneFlag, OpenReport
@@ -51,7 +51,8 @@ class _Ticket:
 
     def wait(self) -> int:
         """Block until a quorum made the records durable; their last LSN. Raises QuorumLost,
-        SessionFenced or EngineClosed: then they were not acknowledged."""
+        SessionFenced or LogStopped (all OutcomeUnknown: not acknowledged, but maybe
+        written), or EngineClosed if the log was closed before the submit."""
         self.done.wait()
         if self.error is not None:
             raise self.error
@@ -224,11 +225,11 @@ class ReplicatedLog:
         if self.coordinator.fenced is not None:
             return self.coordinator.fenced
         if self._failure is not None:
-            return ReplicationError(f"the coordinator of partition {self.partition} stopped on an unexpected "
+            return LogStopped(f"the coordinator of partition {self.partition} stopped on an unexpected "
                                     f"error ({self._failure!r}); appends not yet acknowledged may or may not "
                                     "be in the log; open a new log")
-        return EngineClosed(f"the replicated log of partition {self.partition} was closed; appends not yet "
-                            "acknowledged may or may not be in the log")
+        return LogStopped(f"the replicated log of partition {self.partition} was closed; appends not yet "
+                          "acknowledged may or may not be in the log")
 
     def append(self, records: Sequence[rec.Record]) -> int:
         return self.submit(records).wait()
