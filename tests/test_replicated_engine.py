@@ -230,3 +230,61 @@ def test_an_append_without_a_quorum_is_outcome_unknown_and_says_so(tmp_path, zoo
         for n in nodes:
             if n.proc is not None:
                 n.kill()
+
+
+def test_zookeeper_restart_and_session_expiry_during_appends_do_not_stop_the_coordinator(
+        tmp_path, zookeeper, zk_root):
+    """ZooKeeper stopped by PID and started again on the same port and data directory while
+    appends go on, then the coordinator's ZooKeeper session expired (closed by another
+    client with its id, as the server does after the timeout): no other coordinator took
+    over, so the coordinator recovers a new store session in the same process and
+    appends keep succeeding."""
+    import threading
+
+    from kazoo.client import KazooClient
+
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    try:
+        with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                           metadata=f"zk://{zookeeper.hosts}{zk_root}",
+                           blob=f"file://{tmp_path}/shared-blobs") as eng:
+            eng.add_relation("r", SCHEMA)
+            written = []
+
+            def burst(n: int) -> None:
+                for _ in range(n):
+                    t = len(written) + 1
+                    eng.append("r", ups([t], t))
+                    eng.seal("r", t)
+                    written.append(t)
+
+            burst(10)
+            log = eng.wal
+            assert log.coordinator.fenced is None
+            lost = threading.Event()
+            eng._meta.add_session_lost_listener(lost.set)
+            sessions = log.coordinator.sessions_started
+            intruder = KazooClient(hosts=zookeeper.hosts, client_id=eng._meta._client.client_id, timeout=4)
+            intruder.start(timeout=10)
+            intruder.stop()
+            intruder.close()
+            assert lost.wait(30), ("the ZooKeeper session did not expire", eng._meta.session_lost, log.zk_rechecks,
+                                   eng._meta.connected, eng._meta._client.state)
+            assert log.zk_rechecked.wait(30), "the coordinator did not re-check the partition metadata"
+            burst(10)
+            assert log.coordinator.fenced is None and log.zk_rechecks == 1
+            zookeeper.stop()
+            try:
+                burst(10)  # the write path needs no ZooKeeper while the replicas are healthy
+            finally:
+                zookeeper.start()
+            burst(10)
+            assert log.coordinator.fenced is None
+            assert log.coordinator.sessions_started > sessions, "a new store session was recovered"
+            assert sorted(eng.snapshot("r", len(written)).column("k").to_pylist()) == written
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()

@@ -7,8 +7,15 @@ The coordinator (wal/store_session.py) runs on trio in a background thread; this
 is the thread-safe, blocking face the engine expects. An append is acknowledged only
 once a write quorum made it durable. If the quorum is lost, waiting appends fail with
 QuorumLost and the coordinator recovers a new store session by itself; if another
-coordinator takes over (or the ZooKeeper session is lost) they fail with
-SessionFenced and the log stays fenced: open a new one.
+coordinator takes over they fail with SessionFenced and the log stays fenced: open a
+new one (``on_fenced`` callbacks hear of it; the engine closes itself).
+
+Losing ZooKeeper is not losing the job: a reconnect within the session timeout keeps
+the ZooKeeper session and nothing happens. After an expiry the log re-reads the
+partition metadata (retrying until ZooKeeper answers): if its session id is still
+ours, no other coordinator took over, and the coordinator closes its store session
+the ordinary way (appends in flight wait, nothing fails) and recovers a new one in
+this process; only a metadata session id that moved on fences it.
 
 Segments finish by size as in the local log: once ``segment_bytes`` of records were
 acknowledged since the last finish, the log appends a FRONTIERS record by itself (from
@@ -24,6 +31,7 @@ it to the first kept LSN (the records below live in the batches), then copies th
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import deque
@@ -32,13 +40,15 @@ from collections.abc import Callable, Iterator, Sequence
 import trio
 
 from sediment.engine.metadata import MetadataStore
-from sediment.errors import EngineClosed, LogStopped, ReplicationError, WalError
+from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
 from sediment.wal import record as rec
 from sediment.wal.partition_meta import PartitionMetaStore
 from sediment.wal.protocol import DoneFlag, OpenReport
 from sediment.wal.replica import tcp_connect
 from sediment.wal.store_session import Coordinator
 from sediment.wal.wire import iter_records
+
+log = logging.getLogger(__name__)
 
 
 class _Ticket:
@@ -97,6 +107,10 @@ class ReplicatedLog:
         self._failure: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self._fenced_callbacks: list[Callable[[BaseException], None]] = []
+        self.zk_rechecks = 0  # ZooKeeper expiries handled without being superseded
+        self.zk_rechecked = threading.Event()  # set after each such expiry's new session was asked for
         self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True,
                                         name=f"replicated-log-{partition}")
         self._thread.start()
@@ -113,7 +127,7 @@ class ReplicatedLog:
                                    f"within {open_timeout}s; start the storage nodes and check the cluster key")
         lost = getattr(metadata, "add_session_lost_listener", None)
         if lost is not None:
-            lost(lambda: self._call_soon(self.coordinator.fence, "the ZooKeeper session was lost"))
+            lost(lambda: self._call_soon(self._zk_session_lost))
         for r in self.scan():
             self.report.records += 1
             self._note([r])
@@ -126,6 +140,7 @@ class ReplicatedLog:
         try:
             with trio.CancelScope() as self._stop:
                 async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
                     await nursery.start(self.coordinator.run)
                     self._ready.set()
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, not lost in a dead thread
@@ -135,6 +150,49 @@ class ReplicatedLog:
             self._drain()
             self.coordinator._fail_all(self._stop_error())
             self._ready.set()
+            fenced = self.coordinator.fenced
+            if fenced is not None and not self._closed:
+                for callback in list(self._fenced_callbacks):
+                    try:
+                        callback(fenced)
+                    except Exception:  # noqa: BLE001 - one listener must not silence the others
+                        log.exception("an on_fenced callback failed")
+
+    def on_fenced(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback(SessionFenced)`` (from the log's thread; must not block on the log)
+        when a newer coordinator superseded this one and the log stopped for good."""
+        self._fenced_callbacks.append(callback)
+
+    def _zk_session_lost(self) -> None:
+        if self._nursery is not None and self.coordinator.fenced is None:
+            self._nursery.start_soon(self._zk_recheck)
+
+    async def _zk_recheck(self) -> None:
+        """The ZooKeeper session expired: superseded, or just a ZooKeeper outage? The
+        partition metadata says: a session id other than ours means another coordinator
+        recovered the partition; ours means nobody did, so recover a new session here."""
+        c = self.coordinator
+        ours = c.session
+        while c.fenced is None:
+            try:
+                meta, _version = await c.blocking(c.meta.load)
+                break
+            except MetadataError as exc:
+                log.warning("partition %d: the ZooKeeper session expired and the partition metadata cannot be "
+                            "read yet (%s); retrying", self.partition, exc)
+                await trio.sleep(c.retry_interval)
+        else:
+            return
+        if meta.session_id != ours:
+            c.fence(f"the ZooKeeper session expired and the partition metadata now names session "
+                    f"{meta.session_id}: another coordinator took over")
+            return
+        log.warning("partition %d: the ZooKeeper session expired; no other coordinator took over (the metadata "
+                    "still names session %d): recovering a new store session", self.partition, ours)
+        if c.session == ours and c._session_scope is not None and c._broken is None:
+            c._close_session("the ZooKeeper session expired")
+        self.zk_rechecks += 1
+        self.zk_rechecked.set()
 
     def _call_soon(self, fn: Callable, *args) -> None:
         if self._token is not None and not self._closed:
