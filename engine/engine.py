@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable
+from sediment.engine import deploy
 from sediment.engine import replay as replay_mod
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, FeedLog, Subscription
@@ -145,6 +146,9 @@ class Engine:
     ) -> None:
         configure_memory_pool(arrow_memory_pool)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
+        marker = deploy.check_opening(self.data_dir, metadata)  # before anything is created
+        self.superseded: Exception | None = None  # set when a newer coordinator fenced this one
+        self.superseded_listeners: list = []
         makedirs_durable(self.data_dir)
         self._lock_fd = self._take_lock()
         self._lock = threading.RLock()
@@ -180,6 +184,8 @@ class Engine:
             if isinstance(blob, str) or blob is None:
                 blob = stored.get("blob")
             s3_endpoint = stored.get("s3_endpoint")
+            if replicas:
+                deploy.require_shared_blob(blob, self.data_dir)
             self._blobs = self._open_blobs(blob, s3_endpoint)
             self.traces = TraceStore(self._meta, self._blobs)
             self.catalog = Catalog(self._meta)
@@ -193,6 +199,9 @@ class Engine:
                                      "metadata='zk://127.0.0.1:2181/sediment'")
                 self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key,
                                                segment_bytes=segment_bytes)
+                deploy.close_when_fenced(self, self._log.on_fenced)
+                if marker is None:
+                    deploy.write_marker(self.data_dir, deploy.metadata_spec(metadata))
             else:
                 self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity)
             for entry in self.catalog.load().values():

@@ -37,3 +37,11 @@ def test_commit_body_example_lists_the_further_transactions():
     commit = rec.Record(rec.RecordKind.COMMIT, txn_id=int(m.group(2), 16), body=body)
     assert rec.committed_txn_ids(commit) == [int(g, 16) for g in m.groups()[2:]]
     assert rec.encode_txn_ids([int(g, 16) for g in m.groups()[3:]]) == body
+
+
+def test_replicated_marker_example_decodes():
+    from sediment.engine.deploy import decode_marker, encode_marker
+
+    marker = _example_after("**Worked example.** The marker for `zk://127.0.0.1:2181/sediment`")
+    assert decode_marker(marker) == "zk://127.0.0.1:2181/sediment"
+    assert encode_marker("zk://127.0.0.1:2181/sediment") == marker

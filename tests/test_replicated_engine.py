@@ -24,7 +24,8 @@ def test_engine_over_three_storage_nodes_survives_a_dead_replica_and_a_restart(t
     for n in nodes:
         n.start()
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
-               "metadata": f"zk://{zookeeper.hosts}{zk_root}"}
+               "metadata": f"zk://{zookeeper.hosts}{zk_root}",
+               "blob": f"file://{tmp_path}/shared-blobs"}
     try:
         with sediment.open(tmp_path / "coordinator", **options) as eng:
             eng.add_relation("r", SCHEMA)
@@ -69,7 +70,8 @@ def test_coordinator_killed_mid_stream_then_a_new_one_recovers(tmp_path, zookeep
     for n in nodes:
         n.start()
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
-               "metadata": f"zk://{zookeeper.hosts}{zk_root}"}
+               "metadata": f"zk://{zookeeper.hosts}{zk_root}",
+               "blob": f"file://{tmp_path}/shared-blobs"}
     data = str(tmp_path / "coordinator")
     try:
         proc = subprocess.Popen([sys.executable, "-c", COORDINATOR, data, json.dumps(options)],
@@ -106,7 +108,7 @@ def test_cli_reaches_a_replicated_engine_through_its_zookeeper_metadata(tmp_path
     spec = f"zk://{zookeeper.hosts}{zk_root}"
     try:
         with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
-                           metadata=spec) as eng:
+                           metadata=spec, blob=f"file://{tmp_path}/shared-blobs") as eng:
             eng.add_relation("r", SCHEMA)
             eng.append("r", ups([7], 1))
             eng.seal("r", 1)
@@ -135,7 +137,8 @@ def test_compaction_trims_the_replicas_and_a_returning_replica_skips_ahead(tmp_p
     for n in nodes:
         n.start()
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
-               "metadata": f"zk://{zookeeper.hosts}{zk_root}"}
+               "metadata": f"zk://{zookeeper.hosts}{zk_root}",
+               "blob": f"file://{tmp_path}/shared-blobs"}
     try:
         with sediment.open(tmp_path / "c", **options) as eng:
             eng.add_relation("r", SCHEMA)
@@ -179,7 +182,8 @@ def test_background_compacter_compacts_and_trims_the_nodes_without_compact_calls
         n.start()
     try:
         with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
-                           metadata=f"zk://{zookeeper.hosts}{zk_root}", segment_bytes=1 << 13,
+                           metadata=f"zk://{zookeeper.hosts}{zk_root}", blob=f"file://{tmp_path}/shared-blobs",
+                           segment_bytes=1 << 13,
                            compact_interval=3600) as eng:  # an hour: finishing by size alone
             eng.add_relation("r", SCHEMA)
             for t in range(1, 201):
@@ -213,7 +217,7 @@ def test_an_append_without_a_quorum_is_outcome_unknown_and_says_so(tmp_path, zoo
         n.start()
     try:
         with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
-                           metadata=f"zk://{zookeeper.hosts}{zk_root}") as eng:
+                           metadata=f"zk://{zookeeper.hosts}{zk_root}", blob=f"file://{tmp_path}/shared-blobs") as eng:
             eng.add_relation("r", SCHEMA)
             eng.append("r", ups([1], 1))
             eng.seal("r", 1)
@@ -284,6 +288,136 @@ def test_zookeeper_restart_and_session_expiry_during_appends_do_not_stop_the_coo
             assert log.coordinator.fenced is None
             assert log.coordinator.sessions_started > sessions, "a new store session was recovered"
             assert sorted(eng.snapshot("r", len(written)).column("k").to_pylist()) == written
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
+
+
+FEEDER = """
+import json, sys, pyarrow as pa, sediment
+options = json.loads(sys.argv[2])
+eng = sediment.open(sys.argv[1], **options)
+eng.add_relation("r", pa.schema([("k", pa.int64())]))
+t, told = 1, False
+while True:
+    eng.append("r", pa.table({"k": [t], "time": [t], "diff": [1]}))
+    eng.seal("r", t)
+    print(t, flush=True)
+    if not told and eng.trace_info("r")["batches"] > 0:
+        print("compacted", flush=True)
+        told = True
+    t += 1
+"""
+
+
+def test_killed_coordinator_is_replaced_on_another_data_directory_reading_back_from_s3(
+        tmp_path, zookeeper, zk_root, s3_bucket):
+    """A coordinator process with batches on S3 (moto) is SIGKILLed after its background
+    compacter wrote batches; a new coordinator on another data directory opens from
+    ``metadata=`` alone (the storage record is in ZooKeeper) and reads everything back.
+    The dead one's directory refuses to open without its metadata, creating nothing."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import boto3
+
+    from sediment.errors import StorageRecordMismatch
+
+    endpoint, bucket = s3_bucket
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    spec = f"zk://{zookeeper.hosts}{zk_root}"
+    options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY), "metadata": spec,
+               "blob": f"s3://{bucket}/trace", "s3_endpoint": endpoint, "segment_bytes": 1 << 12}
+    first = str(tmp_path / "first")
+    try:
+        with pytest.raises(StorageRecordMismatch, match="blob store every coordinator can reach"):
+            sediment.open(tmp_path / "no-blob", **{k: v for k, v in options.items() if k != "blob"})
+        proc = subprocess.Popen([sys.executable, "-c", FEEDER, first, json.dumps(options)],
+                                stdout=subprocess.PIPE, text=True)
+        acked, compacted = 0, None
+        try:
+            for line in proc.stdout:
+                if line.strip() == "compacted":
+                    compacted = acked
+                    continue
+                acked = int(line)
+                if compacted is not None and acked >= compacted + 20:
+                    break
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        assert compacted is not None, "the feeder's background compacter never wrote a batch"
+        keys = [o["Key"] for o in boto3.client("s3", endpoint_url=endpoint).list_objects_v2(
+            Bucket=bucket, Prefix="trace/").get("Contents", [])]
+        assert keys, "batches are on S3"
+        assert not os.path.exists(os.path.join(first, "blobs")), "nothing in the coordinator's own directory"
+
+        before = sorted(os.listdir(first))
+        with pytest.raises(StorageRecordMismatch, match="metadata="):
+            sediment.open(first)
+        assert sorted(os.listdir(first)) == before, "a refused open creates nothing"
+
+        with sediment.open(tmp_path / "second", metadata=spec) as eng:  # everything else from ZooKeeper
+            sealed = eng.sealed("r")
+            assert sealed >= acked
+            assert eng.trace_info("r")["batches"] > 0
+            assert eng.snapshot("r", sealed).column("k").to_pylist() == list(range(1, sealed + 1))
+            eng.append("r", ups([sealed + 1], sealed + 1))
+            eng.seal("r", sealed + 1)
+        with sediment.open(tmp_path / "third", metadata=spec) as eng:
+            assert eng.snapshot("r", sealed + 1).num_rows == sealed + 1
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
+
+
+def test_a_fenced_served_coordinator_closes_and_serve_exits_non_zero(tmp_path, zookeeper, zk_root):
+    """`sediment serve` on one data directory; a second coordinator takes the partition over
+    from another directory; the served one learns it was superseded at its next append,
+    closes its engine, and the serve process exits 3 with the reason."""
+    import subprocess
+    import sys
+
+    from sediment.errors import OutcomeUnknown, SedimentError
+
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    spec = f"zk://{zookeeper.hosts}{zk_root}"
+    try:
+        with sediment.open(tmp_path / "a", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                           metadata=spec, blob=f"file://{tmp_path}/shared-blobs") as eng:
+            eng.add_relation("r", SCHEMA)
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "sediment", "--data-dir", str(tmp_path / "a"), "--metadata", spec, "serve",
+             "--listen", "127.0.0.1:0", "--token", "secret"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = serve.stdout.readline()
+            assert line.startswith("serving"), (line, serve.stderr.read() if serve.poll() is not None else "")
+            uri = line.split(" on ")[-1].strip()
+            with sediment.connect(uri, token="secret") as client:
+                client.append("r", ups([1], 1))
+                with sediment.open(tmp_path / "b", metadata=spec) as newer:
+                    newer.append("r", ups([2], 2))
+                    with pytest.raises(SedimentError) as fenced:
+                        client.append("r", ups([3], 3))
+                    assert isinstance(fenced.value, OutcomeUnknown) or "superseded" in str(fenced.value)
+                    assert serve.wait(timeout=60) == 3
+                    assert "superseded" in serve.stderr.read()
+                    newer.seal("r", 2)
+                    assert sorted(newer.snapshot("r", 2).column("k").to_pylist()) == [1, 2]
+        finally:
+            if serve.poll() is None:
+                serve.kill()
+                serve.wait()
     finally:
         for n in nodes:
             if n.proc is not None:
