@@ -45,3 +45,24 @@ def test_replicated_mode_refuses_blob_stores_other_coordinators_cannot_reach(blo
         require_shared_blob(blob, "/data")
     require_shared_blob("s3://bucket/prefix", "/data")
     require_shared_blob("file:///shared/mount", "/data")
+
+
+def test_tail_cache_keeps_lsn_order_evicts_oldest_and_forgets_trimmed():
+    from sediment.wal.record import Record, RecordKind
+    from sediment.wal.tail_cache import TailCache
+
+    def r(lsn: int, n: int = 10) -> Record:
+        return Record(RecordKind.UPDATES, body=bytes(n), lsn=lsn)
+
+    size = r(0).frame_size
+    cache = TailCache(max_bytes=3 * size)
+    cache.add([r(0), r(1)])
+    cache.add([r(2), r(3)])
+    assert [cache.get(i) is not None for i in range(4)] == [False, True, True, True], "oldest evicted"
+    assert cache.bytes == 3 * size
+    cache.add([r(1)])
+    assert len(cache) == 3
+    cache.trim(3)
+    assert cache.get(2) is None and cache.get(3).lsn == 3 and cache.bytes == size
+    cache.drop_from(3)
+    assert len(cache) == 0 and cache.bytes == 0

@@ -422,3 +422,32 @@ def test_a_fenced_served_coordinator_closes_and_serve_exits_non_zero(tmp_path, z
         for n in nodes:
             if n.proc is not None:
                 n.kill()
+
+
+def test_tail_reads_come_from_the_coordinators_cache_not_the_nodes(tmp_path, zookeeper, zk_root):
+    """Every storage node is killed: snapshots and replays of the uncompacted tail still
+    answer, from what the coordinator acknowledged; no read reached a node."""
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    try:
+        with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                           metadata=f"zk://{zookeeper.hosts}{zk_root}", blob=f"file://{tmp_path}/shared-blobs",
+                           compact_interval=3600) as eng:
+            eng.add_relation("r", SCHEMA)
+            for t in range(1, 31):
+                eng.append("r", ups([t, -t], t))
+                eng.seal("r", t)
+            assert eng.trace_info("r")["tail_records"] == 30
+            for n in nodes:
+                n.kill()
+            cache = eng.wal.tail_cache
+            misses = cache.misses
+            for as_of in (1, 15, 30):
+                assert eng.snapshot("r", as_of).num_rows == 2 * as_of
+            assert sum(b.num_rows for b in eng.replay("r")) == 60
+            assert cache.misses == misses and cache.hits >= 30
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()

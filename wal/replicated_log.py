@@ -23,6 +23,11 @@ the trio thread, in log order) and tells the finish listener, so the background
 compacter turns them into batches and trims the nodes with no ``compact()`` call. The
 engine's compacter also finishes by age (trace/compacter.py SegmentAge).
 
+Reads of the uncompacted tail come from the coordinator's own cache of what it
+acknowledged (wal/tail_cache.py), not from the nodes; only records it does not hold
+(evicted past ``cache_bytes``, or written before a restart and not seen at open) are
+fetched from the in-sync replicas.
+
 ``trim`` (called by the compacter once records are in batches) tells the storage nodes
 to drop whole segments below the trim point. A replica that was away meanwhile cannot be
 caught up record by record from there: its catch-up finds the source TRIMMED and RESETs
@@ -46,6 +51,8 @@ from sediment.wal.partition_meta import PartitionMetaStore
 from sediment.wal.protocol import DoneFlag, OpenReport
 from sediment.wal.replica import tcp_connect
 from sediment.wal.store_session import Coordinator
+from sediment.wal.tail_cache import DEFAULT_MAX_BYTES as DEFAULT_CACHE_BYTES
+from sediment.wal.tail_cache import TailCache
 from sediment.wal.wire import iter_records
 
 log = logging.getLogger(__name__)
@@ -78,7 +85,8 @@ class ReplicatedLog:
     @classmethod
     def open(cls, replicas: Sequence[str], metadata: MetadataStore, partition: int = 0,
              cluster_key: uuid.UUID | str | None = None, *, timeout: float = 5.0,
-             open_timeout: float = 30.0, segment_bytes: int = 64 << 20) -> ReplicatedLog:
+             open_timeout: float = 30.0, segment_bytes: int = 64 << 20,
+             cache_bytes: int = DEFAULT_CACHE_BYTES) -> ReplicatedLog:
         """Start a store session (recovery included) and return once it accepts writes.
         Raises ReplicationError if no write quorum is reachable within ``open_timeout``."""
         if cluster_key is None:
@@ -92,6 +100,7 @@ class ReplicatedLog:
         self._finished = 0
         self._trimmed = 0
         self._segment_bytes = max(1, int(segment_bytes))
+        self.tail_cache = TailCache(cache_bytes)
         self._unfinished_bytes = 0  # acknowledged since the last FRONTIERS record (trio thread)
         self._finishing = False
         self._listener: Callable[[int], None] | None = None
@@ -131,6 +140,7 @@ class ReplicatedLog:
         for r in self.scan():
             self.report.records += 1
             self._note([r])
+            self.tail_cache.add([r])
             if r.kind == rec.RecordKind.FRONTIERS:
                 self._finished = max(self._finished, r.lsn + 1)
         return self
@@ -217,6 +227,7 @@ class ReplicatedLog:
     def _on_ack(self, records: Sequence[rec.Record]) -> None:
         """Acknowledged records, in log order, on the trio thread: finish by size."""
         self._note(records)
+        self.tail_cache.add(records)
         self._unfinished_bytes += sum(r.frame_size for r in records)
         if self._unfinished_bytes >= self._segment_bytes and not self._finishing and self.coordinator.fenced is None:
             self._finishing = True
@@ -295,8 +306,14 @@ class ReplicatedLog:
     # --- reading -------------------------------------------------------------------------
 
     def scan(self, start: int | None = None) -> Iterator[rec.Record]:
+        """From the coordinator's tail cache where it holds the records, else from the nodes."""
         lsn = 0 if start is None else start
         while True:
+            cached = self.tail_cache.get(lsn)
+            if cached is not None:
+                yield cached
+                lsn += 1
+                continue
             payload = self._run(self.coordinator.read, lsn)
             if not payload:
                 return
@@ -346,6 +363,7 @@ class ReplicatedLog:
         below it. A replica that was away meanwhile is reset to the first kept LSN when it
         catches up, since the records below exist nowhere in the log any more."""
         self._trimmed = max(self._trimmed, lsn)
+        self.tail_cache.trim(lsn)
         self._call_soon(self.coordinator.trim, lsn)
 
     def close(self) -> None:
