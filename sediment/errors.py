@@ -216,6 +216,12 @@ class StorageRecordMismatch(SedimentError, ValueError):
     another engine. Nothing was created or written."""
 
 
+class PartitionClaimed(ReplicationError, NothingWritten):
+    """The storage nodes already hold this partition for another engine (another metadata
+    store or ZooKeeper root with the same cluster key). Nothing was written; give each
+    engine its own nodes or cluster key."""
+
+
 class CoordinatorSuperseded(ReplicationError):
     """This coordinator was fenced by a newer one and closed its engine; the process
     serving it must stop (``sediment serve`` exits non-zero with this message)."""

@@ -451,3 +451,30 @@ def test_tail_reads_come_from_the_coordinators_cache_not_the_nodes(tmp_path, zoo
         for n in nodes:
             if n.proc is not None:
                 n.kill()
+
+
+def test_storage_nodes_shared_by_two_zookeeper_roots_refuse_the_second_engine(tmp_path, zookeeper, zk_root):
+    """Two engines under different ZooKeeper roots pointed at the same nodes with the same
+    cluster key would both be partition 0: the second is refused with PartitionClaimed
+    (naming the nodes and what to do), and the first keeps every record and keeps going."""
+    from sediment.errors import PartitionClaimed
+
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    shared = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
+              "blob": f"file://{tmp_path}/shared-blobs"}
+    try:
+        with sediment.open(tmp_path / "a", metadata=f"zk://{zookeeper.hosts}{zk_root}/a", **shared) as a:
+            a.add_relation("r", SCHEMA)
+            a.append("r", ups([1], 1))
+            with pytest.raises(PartitionClaimed, match="another engine") as refused:
+                sediment.open(tmp_path / "b", metadata=f"zk://{zookeeper.hosts}{zk_root}/b", **shared)
+            assert all(n.address in str(refused.value) for n in nodes)
+            a.append("r", ups([2], 2))
+            a.seal("r", 2)
+            assert sorted(a.snapshot("r", 2).column("k").to_pylist()) == [1, 2]
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()

@@ -48,6 +48,7 @@ from sediment.engine.metadata import MetadataStore
 from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
 from sediment.wal import record as rec
 from sediment.wal.partition_meta import PartitionMetaStore
+from sediment.wal.partition_probe import refuse_claimed_partition
 from sediment.wal.protocol import DoneFlag, OpenReport
 from sediment.wal.replica import tcp_connect
 from sediment.wal.store_session import Coordinator
@@ -109,7 +110,11 @@ class ReplicatedLog:
         self._drain_scheduled = False
         self._stopped = False  # the trio thread is done: nothing will drain the inbox again
         key = cluster_key if isinstance(cluster_key, uuid.UUID) else uuid.UUID(cluster_key)
-        self.coordinator = Coordinator(replicas, PartitionMetaStore(metadata, partition), key, partition,
+        meta = PartitionMetaStore(metadata, partition)
+        if metadata.get(meta.key) is None:  # a partition new to this metadata store: is it new on the nodes?
+            where = getattr(metadata, "hosts", "") + getattr(metadata, "root", "") or type(metadata).__name__
+            refuse_claimed_partition(replicas, key, partition, where, timeout)
+        self.coordinator = Coordinator(replicas, meta, key, partition,
                                        connect=tcp_connect, timeout=timeout)
         self.coordinator.listeners.append(self._on_ack)
         self._ready = threading.Event()
