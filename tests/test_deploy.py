@@ -64,5 +64,5 @@ def test_tail_cache_keeps_lsn_order_evicts_oldest_and_forgets_trimmed():
     assert len(cache) == 3
     cache.trim(3)
     assert cache.get(2) is None and cache.get(3).lsn == 3 and cache.bytes == size
-    cache.drop_from(3)
+    cache.trim(10)
     assert len(cache) == 0 and cache.bytes == 0

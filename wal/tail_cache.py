@@ -65,15 +65,6 @@ class TailCache:
                     break
                 self._bytes -= self._records.pop(first).frame_size
 
-    def drop_from(self, lsn: int) -> None:
-        """Forget records at or above ``lsn`` (a recovery truncated them)."""
-        with self._lock:
-            while self._records:
-                last = next(reversed(self._records))
-                if last < lsn:
-                    break
-                self._bytes -= self._records.pop(last).frame_size
-
     @property
     def bytes(self) -> int:
         return self._bytes
