@@ -480,3 +480,49 @@ def test_storage_nodes_shared_by_two_zookeeper_roots_refuse_the_second_engine(tm
         for n in nodes:
             if n.proc is not None:
                 n.kill()
+
+
+def test_zookeeper_session_expiry_after_a_takeover_fences_and_closes_the_old_engine(tmp_path, zookeeper, zk_root):
+    """The other side of the re-check: another coordinator took the partition over while
+    this one's ZooKeeper session expired, so the metadata names a newer session; the old
+    coordinator is fenced without writing anything, and its engine closes itself."""
+    import threading
+
+    from kazoo.client import KazooClient
+
+    from sediment.errors import CoordinatorSuperseded
+
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    spec = f"zk://{zookeeper.hosts}{zk_root}"
+    try:
+        old = sediment.open(tmp_path / "a", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                            metadata=spec, blob=f"file://{tmp_path}/shared-blobs")
+        closed = threading.Event()
+        old.superseded_listeners.append(lambda err: closed.set())
+        old.add_relation("r", SCHEMA)
+        old.append("r", ups([1], 1))
+        with sediment.open(tmp_path / "b", metadata=spec) as newer:
+            lost = threading.Event()
+            old._meta.add_session_lost_listener(lost.set)
+            for _attempt in range(5):
+                intruder = KazooClient(hosts=zookeeper.hosts, client_id=old._meta._client.client_id, timeout=4)
+                intruder.start(timeout=10)
+                intruder.stop()
+                intruder.close()
+                if lost.wait(10):
+                    break
+            assert lost.is_set(), "the ZooKeeper session did not expire"
+            assert closed.wait(30), "the superseded engine did not close itself"
+            assert isinstance(old.superseded, CoordinatorSuperseded)
+            assert "another coordinator took over" in str(old.superseded)
+            assert old.wal.zk_rechecks == 0
+            newer.append("r", ups([2], 2))
+            newer.seal("r", 2)
+            assert sorted(newer.snapshot("r", 2).column("k").to_pylist()) == [1, 2]
+        old.close()
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
