@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable
-from sediment.engine import args
+from sediment.engine import args, deploy
 from sediment.engine import replay as replay_mod
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, FeedLog, Subscription
@@ -146,11 +146,15 @@ class Engine:
         lock_slots: int = DEFAULT_SLOTS,
         arrow_memory_pool: str | None = "system",
         repair: bool = False,
+        clock: Any = None,
     ) -> None:
         args.check_open_options({k: v for k, v in locals().items() if k not in ("self", "data_dir")})
         self.data_dir = os.path.abspath(args.check_data_dir(data_dir))
         configure_memory_pool(arrow_memory_pool)
         self.metadata_spec = metadata if isinstance(metadata, str) else None
+        marker = deploy.check_opening(self.data_dir, metadata)  # before anything is created
+        self.superseded: Exception | None = None  # set when a newer coordinator fenced this one
+        self.superseded_listeners: list = []
         makedirs_durable(self.data_dir)
         self._lock_fd = self._take_lock()
         self._lock = threading.RLock()
@@ -175,6 +179,8 @@ class Engine:
         self._record_storage: tuple[bytes, int | None] | None = None
         self.metrics = EngineMetrics()
         self.metrics.watch_state(self.stats)
+        self._compact_interval = compact_interval
+        self._segment_age = cmp.SegmentAge()
         try:
             self._meta = self._open_metadata(metadata)
             stored = self._storage_config({"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
@@ -187,6 +193,8 @@ class Engine:
             if isinstance(blob, str) or blob is None:
                 blob = stored.get("blob")
             s3_endpoint = stored.get("s3_endpoint")
+            if replicas:
+                deploy.require_shared_blob(blob, self.data_dir)
             self._blobs = self._open_blobs(blob, s3_endpoint)
             self.traces = TraceStore(self._meta, self._blobs)
             self.catalog = Catalog(self._meta)
@@ -198,7 +206,11 @@ class Engine:
                 if metadata is None:
                     raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
                                      "metadata='zk://127.0.0.1:2181/sediment'")
-                self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key)
+                self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key,
+                                               segment_bytes=segment_bytes)
+                deploy.close_when_fenced(self, self._log.on_fenced)
+                if marker is None:
+                    deploy.write_marker(self.data_dir, deploy.metadata_spec(metadata))
             else:
                 self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity)
             for entry in self.catalog.load().values():
@@ -211,7 +223,8 @@ class Engine:
             self.locks = LockTable(self._lock_slots, floor=self._max_time)
             self.swept = self.traces.sweep_orphans(self._referenced_blobs())
             if compact:
-                self._compacter = cmp.Compacter(self._background_pass, compact_interval)
+                self._compacter = cmp.Compacter(self._background_pass, compact_interval, clock=clock)
+                self._segment_age = cmp.SegmentAge(self._compacter.clock.current_time())
                 self._compacter.start()
                 self._log.set_finish_listener(self._compacter.notify)
         except BaseException:
@@ -841,6 +854,13 @@ class Engine:
                 failures=failed)
 
     def _background_pass(self) -> None:
+        """A compacter wake: finish the active segment if its data is ``compact_interval``
+        old (compaction on time, see trace/compacter.py SegmentAge), then compact."""
+        log_ = self._log
+        if self._segment_age.due(log_.finished_lsn, log_.end_lsn, self._compacter.clock.current_time(),
+                                 self._compact_interval):
+            log_.finish_segment()
+            self._segment_age.finished()
         self._compaction_pass(None)
 
     def compaction_errors(self) -> dict[str, str]:

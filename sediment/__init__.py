@@ -32,10 +32,14 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     Options: ``wal`` ("file", or "device:<path>" with ``wal_capacity``),
     ``segment_bytes``, ``max_record_bytes``, ``metadata`` (a MetadataStore or a spec
     such as "zk://127.0.0.1:2181/sediment"), ``blob`` ("file:///path", "memory://",
-    "s3://bucket/prefix" with ``s3_endpoint``; default ``<data_dir>/blobs``),
-    ``compact`` (run the background compacter, default True), ``compact_interval``
-    (seconds between passes besides the wake-up on every finished segment; None: only
-    on those), ``merge_factor``, ``memory_bound`` (bytes a merge may hold, default
+    "s3://bucket/prefix" with ``s3_endpoint``; default ``<data_dir>/blobs``, refused with
+    ``replicas``: every coordinator must reach the batches), ``replicas`` with
+    ``cluster_key`` (the replicated log; needs ``metadata``), ``compact`` (run the
+    background compacter, default True), ``compact_interval`` (seconds between passes
+    besides the wake-up on every finished segment, default 5; a segment holding data
+    that old is finished, so a sealed update reaches a batch within about twice it;
+    None: only on finished segments), ``clock`` (a trio clock for the compacter, e.g.
+    ``trio.testing.MockClock`` in tests), ``merge_factor``, ``memory_bound`` (bytes a merge may hold, default
     256 MiB), ``lock_slots`` (size of the optimistic lock table), ``repair`` (cut a
     damaged log instead of refusing to open).
     """

@@ -13,32 +13,49 @@ class SedimentError(Exception):
     """Base class of every error sediment raises on purpose."""
 
 
+class NothingWritten(SedimentError):
+    """The call was refused before anything reached the log: nothing was written, and
+    retrying the same call writes it at most once. (Errors of this kind say so by
+    deriving from this class; a write error that does not is :class:`OutcomeUnknown`
+    or leaves the engine unusable.)"""
+
+
+class OutcomeUnknown(SedimentError):
+    """The write may or may not have been written; read back or retry idempotently.
+
+    The log had the records in flight when the error struck (a lost quorum, a newer
+    coordinator, a timeout, the log stopping): recovery keeps whatever a quorum holds,
+    so a later read may show them. Count such a write as neither failed nor done: read
+    back (for example by a key or an id carried in the rows) before writing it again,
+    or make the write idempotent."""
+
+
 # --- the public API: relations, schemas, updates, frontiers ---------------------------------
 
 
-class InvalidRelationName(SedimentError, ValueError):
+class InvalidRelationName(NothingWritten, ValueError):
     """The name does not match ``[A-Za-z_][A-Za-z0-9_.-]{0,127}``; names are never paths."""
 
 
-class UnknownRelation(SedimentError, LookupError):
+class UnknownRelation(NothingWritten, LookupError):
     """No relation of that name exists (it was never added, or it was dropped)."""
 
 
-class RelationExists(SedimentError):
+class RelationExists(NothingWritten):
     """``add_relation`` with a name that is already in use."""
 
 
-class SchemaMismatch(SedimentError, ValueError):
+class SchemaMismatch(NothingWritten, ValueError):
     """A schema is unusable (reserved ``time``/``diff`` columns, unsupported type, bad
     spelling), or appended data does not have the relation's columns and types."""
 
 
-class InvalidUpdates(SedimentError, ValueError):
+class InvalidUpdates(NothingWritten, ValueError):
     """Updates whose ``time`` or ``diff`` column is missing, of the wrong type, null,
     or whose time is negative."""
 
 
-class InvalidArgument(SedimentError, ValueError):
+class InvalidArgument(NothingWritten, ValueError):
     """An argument of a public call (or an option of ``sediment.open``) has the wrong type or
     is out of range; the message names it and what is allowed. Nothing was written."""
 
@@ -69,12 +86,12 @@ class CompactionFailed(SedimentError):
         self.failures = dict(failures or {})
 
 
-class TimeAlreadySealed(SedimentError, ValueError):
+class TimeAlreadySealed(NothingWritten, ValueError):
     """An append at a time <= the relation's sealed frontier: ``close t`` promised no
     further updates at times <= t."""
 
 
-class FrontierRegression(SedimentError, ValueError):
+class FrontierRegression(NothingWritten, ValueError):
     """``seal`` or ``set_since`` asked to move a frontier backwards, or ``since`` beyond
     the sealed frontier."""
 
@@ -89,7 +106,7 @@ class TransactionError(SedimentError):
     example one of its times was sealed while it was open)."""
 
 
-class LockConflict(SedimentError):
+class LockConflict(NothingWritten):
     """An append's write or read lock names an id written after the client's high-water
     mark: what the client read is stale. Nothing was written; read again and retry.
     ``time`` is the conflicting write's time, ``lock`` the (name, id) pair."""
@@ -131,7 +148,7 @@ class WalCorruption(WalError):
         self.reason = reason
 
 
-class WalFull(WalError):
+class WalFull(WalError, NothingWritten):
     """The log has no room for the append within the backpressure timeout: the compacter
     has not trimmed enough. Raise ``wal_capacity`` or let compaction catch up."""
 
@@ -230,12 +247,46 @@ class ReplicationError(SedimentError):
     """The replicated log could not complete an operation."""
 
 
-class QuorumLost(ReplicationError):
-    """Fewer than a write quorum of replicas acknowledged; the append was not acknowledged."""
+class QuorumLost(ReplicationError, OutcomeUnknown):
+    """Fewer than a write quorum of replicas acknowledged. The append was not acknowledged,
+    but it may or may not have been written: some replicas may hold it, and the next
+    recovery keeps it if a quorum does. Read back or retry idempotently."""
 
 
-class SessionFenced(ReplicationError):
-    """A newer store session exists: this coordinator has been superseded and must stop."""
+class SessionFenced(ReplicationError, OutcomeUnknown):
+    """A newer store session exists (or this one's metadata moved on): this coordinator
+    has been superseded and must stop. An append in flight may or may not have been
+    written (the new coordinator's recovery decides); read back or retry idempotently
+    through the coordinator that took over."""
+
+
+class LogStopped(ReplicationError, OutcomeUnknown):
+    """The replicated log stopped (closed, or its coordinator failed) with appends in
+    flight: they may or may not have been written; read back or retry idempotently."""
+
+
+class AppendTimeout(ReplicationError, OutcomeUnknown):
+    """An append was not acknowledged within its time limit: it may or may not have been
+    written; read back or retry idempotently."""
+
+
+class StorageRecordMismatch(SedimentError, ValueError):
+    """A data directory and a metadata store disagree about where the engine's log and
+    batches live: a replicated engine's data directory opened without its ``metadata=``
+    (the directory's REPLICATED marker names it), a replicated engine whose batches would
+    live where other coordinators cannot reach them, or a metadata store that belongs to
+    another engine. Nothing was created or written."""
+
+
+class PartitionClaimed(ReplicationError, NothingWritten):
+    """The storage nodes already hold this partition for another engine (another metadata
+    store or ZooKeeper root with the same cluster key). Nothing was written; give each
+    engine its own nodes or cluster key."""
+
+
+class CoordinatorSuperseded(ReplicationError):
+    """This coordinator was fenced by a newer one and closed its engine; the process
+    serving it must stop (``sediment serve`` exits non-zero with this message)."""
 
 
 class ReplicaUnavailable(ReplicationError):

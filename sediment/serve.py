@@ -9,7 +9,10 @@ Arrow Flight; the server is imported only when ``serve`` runs. Prints one line,
 tests wait for it; ``--listen HOST:0`` picks a free port and the line names it), and
 serves until SIGTERM or SIGINT. Then it stops listening, lets calls under way finish
 (for at most ``--shutdown-grace`` seconds), aborts the transactions clients left open
-and closes the engine, exiting 0.
+and closes the engine, exiting 0. A replicated coordinator superseded by a newer one
+(fenced) has closed its engine already: serve stops the same way and exits 3, with
+the reason on stderr, so a supervisor sees that this process must not simply restart
+in place of the new coordinator.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 DEFAULT_LISTEN = "127.0.0.1:8815"
 DEFAULT_GRACE = 30.0
+EXIT_SUPERSEDED = 3
 
 
 def _listen_arg(text: str) -> tuple[str, int]:
@@ -87,6 +91,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         engine = _open(args, create=True)
         metrics = None
+        superseded: list[BaseException] = []
+        listeners = getattr(engine, "superseded_listeners", None)
+        if listeners is not None:
+            listeners.append(lambda err: (superseded.append(err), stop.set()))
         try:
             server = SedimentFlightServer(engine, location, token,
                                           txn_idle_timeout=args.txn_idle_timeout or None, tls=tls)
@@ -97,7 +105,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     metrics = MetricsServer(engine.metrics, *args.metrics_listen)
                     print(f"metrics on {metrics.url}", flush=True)
                 print(f"serving {_data_dir(args)} on {server.uri}", flush=True)
-                stop.wait()  # a signal handler runs in this thread and sets it
+                stop.wait()  # a signal handler runs in this thread and sets it (or a fencing)
+                if superseded:
+                    print(f"sediment serve: {superseded[0]}", file=sys.stderr, flush=True)
                 print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
                       file=sys.stderr, flush=True)
             finally:
@@ -115,5 +125,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # threads blocked on clients that stopped reading, which would hang the interpreter's exit
         print(f"sediment serve: calls still running after {args.shutdown_grace:g} s were cut off",
               file=sys.stderr, flush=True)
-        os._exit(0)
-    return 0
+        os._exit(EXIT_SUPERSEDED if superseded else 0)
+    return EXIT_SUPERSEDED if superseded else 0

@@ -377,16 +377,16 @@ def test_storage_options_are_remembered_by_the_data_directory(tmp_path):
 
     data = tmp_path / "d"
     ring = tmp_path / "ring.dev"
-    with sediment.open(data, wal=f"device:{ring}", wal_capacity=8 << 20, compact=False) as eng:
+    with sediment.open(data, wal=f"device:{ring}", wal_capacity=8 << 20) as eng:
         eng.add_relation("orders", SCHEMA)
         eng.append("orders", ups([(1, "a", 1, 1)]))
         eng.seal("orders", 1)
-    with sediment.open(data, compact=False) as eng:  # no options: the recorded device ring is used
+    with sediment.open(data) as eng:  # no options: the recorded device ring is used
         assert rows(eng.snapshot("orders", 1)) == [(1, "a", 1)]
     assert main(["--data-dir", str(data), "read", "orders", "--as-of", "1"]) == 0
     with pytest.raises(ValueError, match="was created with wal="):
         sediment.open(data, wal="file")
     with pytest.raises(ValueError):  # a bad option on a new directory records nothing
         sediment.open(tmp_path / "new", wal="bogus")
-    with sediment.open(tmp_path / "new", compact=False) as eng:
+    with sediment.open(tmp_path / "new") as eng:
         assert eng.relations() == []

@@ -60,3 +60,11 @@ def test_device_ring_header_example_decodes(tmp_path):
     log.close()
     image = path.read_bytes()
     assert image[:76] == slot0 and image[4096 : 4096 + 76] == slot1
+
+
+def test_replicated_marker_example_decodes():
+    from sediment.engine.deploy import decode_marker, encode_marker
+
+    marker = _example_after("**Worked example.** The marker for `zk://127.0.0.1:2181/sediment`")
+    assert decode_marker(marker) == "zk://127.0.0.1:2181/sediment"
+    assert encode_marker("zk://127.0.0.1:2181/sediment") == marker

@@ -7,13 +7,20 @@ one pass in a worker thread (``trio.to_thread``): the pass does blocking file, b
 and metadata I/O. A failed pass is logged and retried at the next wake; the error is
 kept in ``last_error`` for tools and tests.
 
-This module also holds the pure part of WAL compaction: where the cut goes.
+Segments finish by size (the log rolls them) and by age: a pass that finds durable
+records that have sat unfinished for ``interval`` finishes the segment first
+(:class:`SegmentAge`), so a quiet relation does not wait for 64 MiB of other traffic.
+The loop runs on a trio clock passed in (tests use ``trio.testing.MockClock``).
+
+This module also holds the pure part of WAL compaction: where the cut goes, and when
+a segment is old enough to finish.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -46,12 +53,62 @@ def new_upper(trace_upper: int, progress_times: Iterable[int]) -> int:
     return max([trace_upper, *(t + 1 for t in progress_times)])
 
 
+class SegmentAge:
+    """When the log's unfinished part must be finished because its data is old.
+
+    Pure: the caller passes the log's positions and the clock's time at each wake. Data
+    first seen unfinished at a wake arrived after the previous wake, so its age is
+    counted from that previous wake (an over-estimate, never an under-estimate). With
+    wakes at most ``interval`` apart (the compacter's timer; finish notifications only
+    add wakes), the first wake at least ``interval`` after that previous one comes less
+    than ``2 * interval`` after the data arrived: every durable record is in a finished
+    segment, and in a batch after that same pass, within ``2 * interval`` plus the
+    passes' run time. ``started`` (when the compacter started) counts as a wake, so records
+    written before the engine opened count from the opening. A segment finished by size in between does not
+    reset the age while records remain unfinished (they may be as old): at most one
+    extra small segment per interval on a busy log, and never a delayed record."""
+
+    def __init__(self, started: float | None = None) -> None:
+        self.since: float | None = None  # the unfinished part holds no record older than this
+        self.last_wake = started
+
+    def due(self, finished_lsn: int, end_lsn: int, now: float, interval: float | None) -> bool:
+        """Whether to finish the active segment now (call once per wake)."""
+        previous, self.last_wake = self.last_wake, now
+        if interval is None or end_lsn <= finished_lsn:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = previous if previous is not None else now
+        return now - self.since >= interval
+
+    def finished(self) -> None:
+        """The segment was finished: records appended later start a new age."""
+        self.since = None
+
+
+class MonotonicClock(trio.abc.Clock):
+    """trio's clock on ``time.monotonic``, the default for the compacter and its ages."""
+
+    def start_clock(self) -> None:
+        pass
+
+    def current_time(self) -> float:
+        return time.monotonic()
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        return max(0.0, deadline - time.monotonic())
+
+
 class Compacter:
     """Runs ``run_pass()`` in the background on wake-ups. ``notify()`` is thread-safe."""
 
-    def __init__(self, run_pass: Callable[[], None], interval: float | None = 5.0, name: str = "compacter"):
+    def __init__(self, run_pass: Callable[[], None], interval: float | None = 5.0, name: str = "compacter",
+                 clock: trio.abc.Clock | None = None):
         self._run_pass = run_pass
         self._interval = interval
+        self.clock = clock if clock is not None else MonotonicClock()
+        self._done = threading.Condition()
         self._token: trio.lowlevel.TrioToken | None = None
         self._wake: trio.Event | None = None
         self._stopping = False
@@ -65,7 +122,7 @@ class Compacter:
         self._started.wait()
 
     def _thread_main(self) -> None:
-        trio.run(self._main)
+        trio.run(self._main, clock=self.clock)
 
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
@@ -82,19 +139,40 @@ class Compacter:
                 break
             try:
                 await trio.to_thread.run_sync(self._run_pass)
-                self.passes += 1
                 self.last_error = None
             except Exception as exc:  # noqa: BLE001 - keep running; the next wake retries
                 self.last_error = exc
                 log.warning("compaction pass failed (will retry): %s", exc)
+            with self._done:
+                self.passes += 1
+                self._done.notify_all()
+        with self._done:
+            self._done.notify_all()
+
+    def wait_passes(self, count: int, timeout: float) -> bool:
+        """Block until ``count`` passes have run (or the compacter stopped, or ``timeout``
+        real seconds passed); whether they ran. For tools and tests that must not sleep."""
+        with self._done:
+            return self._done.wait_for(lambda: self.passes >= count or not self._thread.is_alive()
+                                       or self._stopping, timeout) and self.passes >= count
 
     def notify(self, *_args: object) -> None:
-        """Wake the task (called from the log's writer thread when a segment finishes)."""
+        """Wake the task (called from the log's writer thread, or from another trio loop's
+        thread such as the replicated log's, when a segment finishes). Never blocks."""
+        self._soon(self._set_wake)
+
+    def tick(self) -> None:
+        """Let the loop look at its clock again without waking the task: for a clock moved
+        from outside trio (``MockClock.jump`` in a test), whose sleepers trio cannot know
+        are due until something wakes the loop."""
+        self._soon(lambda: None)
+
+    def _soon(self, fn: Callable[[], None]) -> None:
         token = self._token
         if token is None or self._stopping:
             return
         try:
-            trio.from_thread.run_sync(self._set_wake, trio_token=token)
+            token.run_sync_soon(fn)
         except trio.RunFinishedError:
             pass
 
@@ -107,10 +185,9 @@ class Compacter:
         if not self._thread.is_alive():
             return
         self._stopping = True
-        self.notify()
         if self._token is not None:
             try:
-                trio.from_thread.run_sync(self._set_wake, trio_token=self._token)
+                self._token.run_sync_soon(self._set_wake)
             except trio.RunFinishedError:
                 pass
         self._thread.join()

@@ -7,8 +7,26 @@ The coordinator (wal/store_session.py) runs on trio in a background thread; this
 is the thread-safe, blocking face the engine expects. An append is acknowledged only
 once a write quorum made it durable. If the quorum is lost, waiting appends fail with
 QuorumLost and the coordinator recovers a new store session by itself; if another
-coordinator takes over (or the ZooKeeper session is lost) they fail with
-SessionFenced and the log stays fenced: open a new one.
+coordinator takes over they fail with SessionFenced and the log stays fenced: open a
+new one (``on_fenced`` callbacks hear of it; the engine closes itself).
+
+Losing ZooKeeper is not losing the job: a reconnect within the session timeout keeps
+the ZooKeeper session and nothing happens. After an expiry the log re-reads the
+partition metadata (retrying until ZooKeeper answers): if its session id is still
+ours, no other coordinator took over, and the coordinator closes its store session
+the ordinary way (appends in flight wait, nothing fails) and recovers a new one in
+this process; only a metadata session id that moved on fences it.
+
+Segments finish by size as in the local log: once ``segment_bytes`` of records were
+acknowledged since the last finish, the log appends a FRONTIERS record by itself (from
+the trio thread, in log order) and tells the finish listener, so the background
+compacter turns them into batches and trims the nodes with no ``compact()`` call. The
+engine's compacter also finishes by age (trace/compacter.py SegmentAge).
+
+Reads of the uncompacted tail come from the coordinator's own cache of what it
+acknowledged (wal/tail_cache.py), not from the nodes; only records it does not hold
+(evicted past ``cache_bytes``, or written before a restart and not seen at open) are
+fetched from the in-sync replicas.
 
 ``trim`` (called by the compacter once records are in batches) tells the storage nodes
 to drop whole segments below the trim point. A replica that was away meanwhile cannot be
@@ -18,6 +36,7 @@ it to the first kept LSN (the records below live in the batches), then copies th
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import deque
@@ -26,13 +45,18 @@ from collections.abc import Callable, Iterator, Sequence
 import trio
 
 from sediment.engine.metadata import MetadataStore
-from sediment.errors import EngineClosed, ReplicationError, WalError
+from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
 from sediment.wal import record as rec
 from sediment.wal.partition_meta import PartitionMetaStore
+from sediment.wal.partition_probe import refuse_claimed_partition
 from sediment.wal.protocol import DoneFlag, OpenReport
 from sediment.wal.replica import tcp_connect
 from sediment.wal.store_session import Coordinator
+from sediment.wal.tail_cache import DEFAULT_MAX_BYTES as DEFAULT_CACHE_BYTES
+from sediment.wal.tail_cache import TailCache
 from sediment.wal.wire import iter_records
+
+log = logging.getLogger(__name__)
 
 
 class _Ticket:
@@ -45,7 +69,8 @@ class _Ticket:
 
     def wait(self) -> int:
         """Block until a quorum made the records durable; their last LSN. Raises QuorumLost,
-        SessionFenced or EngineClosed: then they were not acknowledged."""
+        SessionFenced or LogStopped (all OutcomeUnknown: not acknowledged, but maybe
+        written), or EngineClosed if the log was closed before the submit."""
         self.done.wait()
         if self.error is not None:
             raise self.error
@@ -61,7 +86,8 @@ class ReplicatedLog:
     @classmethod
     def open(cls, replicas: Sequence[str], metadata: MetadataStore, partition: int = 0,
              cluster_key: uuid.UUID | str | None = None, *, timeout: float = 5.0,
-             open_timeout: float = 30.0) -> ReplicatedLog:
+             open_timeout: float = 30.0, segment_bytes: int = 64 << 20,
+             cache_bytes: int = DEFAULT_CACHE_BYTES) -> ReplicatedLog:
         """Start a store session (recovery included) and return once it accepts writes.
         Raises ReplicationError if no write quorum is reachable within ``open_timeout``."""
         if cluster_key is None:
@@ -74,19 +100,31 @@ class ReplicatedLog:
         self._sealed: dict[int, int] = {}
         self._finished = 0
         self._trimmed = 0
+        self._segment_bytes = max(1, int(segment_bytes))
+        self.tail_cache = TailCache(cache_bytes)
+        self._unfinished_bytes = 0  # acknowledged since the last FRONTIERS record (trio thread)
+        self._finishing = False
         self._listener: Callable[[int], None] | None = None
         self._lock = threading.Lock()
         self._inbox: deque = deque()  # submissions on their way to the trio thread, in order
         self._drain_scheduled = False
         self._stopped = False  # the trio thread is done: nothing will drain the inbox again
         key = cluster_key if isinstance(cluster_key, uuid.UUID) else uuid.UUID(cluster_key)
-        self.coordinator = Coordinator(replicas, PartitionMetaStore(metadata, partition), key, partition,
+        meta = PartitionMetaStore(metadata, partition)
+        if metadata.get(meta.key) is None:  # a partition new to this metadata store: is it new on the nodes?
+            where = getattr(metadata, "hosts", "") + getattr(metadata, "root", "") or type(metadata).__name__
+            refuse_claimed_partition(replicas, key, partition, where, timeout)
+        self.coordinator = Coordinator(replicas, meta, key, partition,
                                        connect=tcp_connect, timeout=timeout)
-        self.coordinator.listeners.append(self._note)
+        self.coordinator.listeners.append(self._on_ack)
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self._fenced_callbacks: list[Callable[[BaseException], None]] = []
+        self.zk_rechecks = 0  # ZooKeeper expiries handled without being superseded
+        self.zk_rechecked = threading.Event()  # set after each such expiry's new session was asked for
         self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True,
                                         name=f"replicated-log-{partition}")
         self._thread.start()
@@ -103,10 +141,13 @@ class ReplicatedLog:
                                    f"within {open_timeout}s; start the storage nodes and check the cluster key")
         lost = getattr(metadata, "add_session_lost_listener", None)
         if lost is not None:
-            lost(lambda: self._call_soon(self.coordinator.fence, "the ZooKeeper session was lost"))
+            lost(lambda: self._call_soon(self._zk_session_lost))
         for r in self.scan():
             self.report.records += 1
             self._note([r])
+            self.tail_cache.add([r])
+            if r.kind == rec.RecordKind.FRONTIERS:
+                self._finished = max(self._finished, r.lsn + 1)
         return self
 
     async def _main(self) -> None:
@@ -114,6 +155,7 @@ class ReplicatedLog:
         try:
             with trio.CancelScope() as self._stop:
                 async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
                     await nursery.start(self.coordinator.run)
                     self._ready.set()
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, not lost in a dead thread
@@ -123,6 +165,49 @@ class ReplicatedLog:
             self._drain()
             self.coordinator._fail_all(self._stop_error())
             self._ready.set()
+            fenced = self.coordinator.fenced
+            if fenced is not None and not self._closed:
+                for callback in list(self._fenced_callbacks):
+                    try:
+                        callback(fenced)
+                    except Exception:  # noqa: BLE001 - one listener must not silence the others
+                        log.exception("an on_fenced callback failed")
+
+    def on_fenced(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback(SessionFenced)`` (from the log's thread; must not block on the log)
+        when a newer coordinator superseded this one and the log stopped for good."""
+        self._fenced_callbacks.append(callback)
+
+    def _zk_session_lost(self) -> None:
+        if self._nursery is not None and self.coordinator.fenced is None:
+            self._nursery.start_soon(self._zk_recheck)
+
+    async def _zk_recheck(self) -> None:
+        """The ZooKeeper session expired: superseded, or just a ZooKeeper outage? The
+        partition metadata says: a session id other than ours means another coordinator
+        recovered the partition; ours means nobody did, so recover a new session here."""
+        c = self.coordinator
+        ours = c.session
+        while c.fenced is None:
+            try:
+                meta, _version = await c.blocking(c.meta.load)
+                break
+            except MetadataError as exc:
+                log.warning("partition %d: the ZooKeeper session expired and the partition metadata cannot be "
+                            "read yet (%s); retrying", self.partition, exc)
+                await trio.sleep(c.retry_interval)
+        else:
+            return
+        if meta.session_id != ours:
+            c.fence(f"the ZooKeeper session expired and the partition metadata now names session "
+                    f"{meta.session_id}: another coordinator took over")
+            return
+        log.warning("partition %d: the ZooKeeper session expired; no other coordinator took over (the metadata "
+                    "still names session %d): recovering a new store session", self.partition, ours)
+        if c.session == ours and c._session_scope is not None and c._broken is None:
+            c._close_session("the ZooKeeper session expired")
+        self.zk_rechecks += 1
+        self.zk_rechecked.set()
 
     def _call_soon(self, fn: Callable, *args) -> None:
         if self._token is not None and not self._closed:
@@ -143,6 +228,30 @@ class ReplicatedLog:
             elif r.kind == rec.RecordKind.FRONTIERS:
                 for rel, t in rec.decode_frontiers(bytes(r.body)).items():
                     self._sealed[rel] = max(self._sealed.get(rel, -1), t)
+
+    def _on_ack(self, records: Sequence[rec.Record]) -> None:
+        """Acknowledged records, in log order, on the trio thread: finish by size."""
+        self._note(records)
+        self.tail_cache.add(records)
+        self._unfinished_bytes += sum(r.frame_size for r in records)
+        if self._unfinished_bytes >= self._segment_bytes and not self._finishing and self.coordinator.fenced is None:
+            self._finishing = True
+            frontiers = rec.Record(rec.RecordKind.FRONTIERS, count=len(self._sealed),
+                                   body=rec.encode_frontiers(self._sealed))
+            self.coordinator.submit([frontiers], self._size_finished)
+
+    def _size_finished(self, lsn: int, err: BaseException | None) -> None:
+        self._finishing = False
+        if err is None:
+            self._finished_at(lsn)
+
+    def _finished_at(self, lsn: int) -> None:
+        """The FRONTIERS record at ``lsn`` is acknowledged: everything up to it is finished."""
+        self._unfinished_bytes = 0
+        self._finished = max(self._finished, lsn + 1)
+        listener = self._listener
+        if listener is not None:
+            listener(self._finished)
 
     # --- writing -------------------------------------------------------------------------
 
@@ -190,11 +299,11 @@ class ReplicatedLog:
         if self.coordinator.fenced is not None:
             return self.coordinator.fenced
         if self._failure is not None:
-            return ReplicationError(f"the coordinator of partition {self.partition} stopped on an unexpected "
+            return LogStopped(f"the coordinator of partition {self.partition} stopped on an unexpected "
                                     f"error ({self._failure!r}); appends not yet acknowledged may or may not "
                                     "be in the log; open a new log")
-        return EngineClosed(f"the replicated log of partition {self.partition} was closed; appends not yet "
-                            "acknowledged may or may not be in the log")
+        return LogStopped(f"the replicated log of partition {self.partition} was closed; appends not yet "
+                          "acknowledged may or may not be in the log")
 
     def append(self, records: Sequence[rec.Record]) -> int:
         return self.submit(records).wait()
@@ -202,8 +311,14 @@ class ReplicatedLog:
     # --- reading -------------------------------------------------------------------------
 
     def scan(self, start: int | None = None) -> Iterator[rec.Record]:
+        """From the coordinator's tail cache where it holds the records, else from the nodes."""
         lsn = 0 if start is None else start
         while True:
+            cached = self.tail_cache.get(lsn)
+            if cached is not None:
+                yield cached
+                lsn += 1
+                continue
             payload = self._run(self.coordinator.read, lsn)
             if not payload:
                 return
@@ -246,14 +361,14 @@ class ReplicatedLog:
                                    body=rec.encode_frontiers(self._sealed))
             lsn = self.append([frontiers])
             self._finished = max(self._finished, lsn + 1)
-        if self._listener is not None:
-            self._listener(self._finished)
+        self._call_soon(self._finished_at, lsn)
 
     def trim(self, lsn: int) -> None:
         """Records below ``lsn`` are in the engine's batches: storage nodes drop whole segments
         below it. A replica that was away meanwhile is reset to the first kept LSN when it
         catches up, since the records below exist nowhere in the log any more."""
         self._trimmed = max(self._trimmed, lsn)
+        self.tail_cache.trim(lsn)
         self._call_soon(self.coordinator.trim, lsn)
 
     def close(self) -> None:
