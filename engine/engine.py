@@ -845,8 +845,11 @@ class Engine:
         with self._lock:
             names = None if name is None else {self._rel(name).entry.name}
             self._check_open()
+        started = time.perf_counter()
         self._log.finish_segment()
         failed = self._compaction_pass(names)
+        log.info("compaction pass over %s took %.3f s (%d relations failed)", "all relations" if name is None
+                 else repr(name), time.perf_counter() - started, len(failed))
         if failed:
             raise CompactionFailed(
                 f"could not compact {sorted(failed)} (the others were compacted; these keep their WAL records and "
