@@ -72,7 +72,7 @@ import trio
 
 from sediment._fs import makedirs_durable
 from sediment._fs import pwrite_all as _pwrite_all
-from sediment.errors import WalCorruption, WalError
+from sediment.errors import LowWaterMarkRegression, WalCorruption, WalError
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
 from sediment.wal import wire
@@ -275,9 +275,9 @@ class FilePartitionStore:
             return f.read(end - begin)
 
     def truncate(self, lsn: int) -> None:
-        if lsn >= self.next_lsn:
+        check_truncate(lsn, self.start_lsn, self.next_lsn, self.dir)
+        if lsn == self.next_lsn:
             return
-        lsn = max(lsn, self.start_lsn)
         while len(self._segs) > 1 and self._segs[-1].first_lsn >= lsn:
             seg = self._segs.pop()
             for path in (seg.path, seg.idx_path):
@@ -348,6 +348,9 @@ class MemoryPartitionStore:
         return self.state
 
     def write_state(self, state: PartitionState) -> None:
+        if (state.low_water_mark < self.state.low_water_mark
+                or state.local_low_water_mark < self.state.local_low_water_mark):
+            raise LowWaterMarkRegression(f"memory replica: low-water marks {state} below the stored {self.state}")
         self.state = PartitionState(state.session_id, state.low_water_mark, state.local_low_water_mark,
                                     self.state.sequence + 1)
 
@@ -373,10 +376,19 @@ class MemoryPartitionStore:
         raise WalError("an in-memory replica never trims, so it is never reset")
 
     def truncate(self, lsn: int) -> None:
+        check_truncate(lsn, self.start_lsn, self.next_lsn, "memory replica")
         del self.frames[lsn:]
 
     def close(self) -> None:
         pass
+
+
+def check_truncate(lsn: int, start: int, next_lsn: int, where: str) -> None:
+    """A truncation keeps records up to ``lsn - 1``, which must lie in [first - 1, last]: a
+    replica cannot keep less than nothing or more than it has (Waltz refuses both)."""
+    if not start <= lsn <= next_lsn:
+        raise WalError(f"{where}: truncate to keep LSNs below {lsn} is outside [{start}, {next_lsn}] (first "
+                       f"record {start}, next {next_lsn}); the coordinator's view of this replica is stale")
 
 
 _KINDS = frozenset(int(k) for k in rec.RecordKind)
@@ -447,6 +459,7 @@ class _Partition:
         self.store = store
         self.state = store.read_state()  # cached: replies carry it, and reading the file each time is slow
         self.highest_session = self.state.session_id
+        self.queued_state = self.state  # the state once every queued operation ran (trio thread)
         self.reserved_next = store.next_lsn
         # The store's next LSN as of the last completed operation: replies read it here rather
         # than from the store, which the writer thread may be changing.
@@ -601,12 +614,13 @@ class StorageNode:
                               f"{part.highest_session}; this coordinator must stop"))
             return None
         if req.type == MsgType.OPEN:
-            before = part.state
+            before = part.queued_state
             part.highest_session = req.session_id
             if before.session_id == req.session_id:
                 reply(self._reply(req, part, payload=OPEN_PAYLOAD.pack(before.session_id)))
                 return None
             new = PartitionState(req.session_id, before.low_water_mark, before.local_low_water_mark)
+            part.queued_state = new
             part.enqueue(_STATE, new, self._after(req, part, reply, OPEN_PAYLOAD.pack(before.session_id)))
             return None
         if req.session_id > part.highest_session:
@@ -633,7 +647,13 @@ class StorageNode:
             reply(self._reply(req, part))
             return None
         if req.type == MsgType.TRUNCATE:
-            part.reserved_next = min(part.reserved_next, max(req.arg1, part.store.start_lsn))
+            if not part.store.start_lsn <= req.arg1 <= part.reserved_next:
+                reply(self._reply(req, part, Status.BAD_REQUEST,
+                                  f"partition {req.partition}: truncate at LSN {req.arg1} refused: it must keep "
+                                  f"between first - 1 = {part.store.start_lsn - 1} and the last record "
+                                  f"{part.reserved_next - 1}"))
+                return None
+            part.reserved_next = req.arg1
             part.enqueue(_CALL, (part.store.truncate, req.arg1), self._after(req, part, reply))
             return None
         if req.type == MsgType.TRIM:
@@ -645,6 +665,14 @@ class StorageNode:
             return None
         if req.type == MsgType.SET_LWM:
             new = PartitionState(req.session_id, req.arg1, min(req.arg1, part.reserved_next - 1))
+            old = part.queued_state
+            if new.low_water_mark < old.low_water_mark or new.local_low_water_mark < old.local_low_water_mark:
+                reply(self._reply(req, part, Status.BAD_REQUEST,
+                                  f"partition {req.partition}: low-water mark {new.low_water_mark} (local "
+                                  f"{new.local_low_water_mark}) is below the stored {old.low_water_mark} (local "
+                                  f"{old.local_low_water_mark}); low-water marks only move forward"))
+                return None
+            part.queued_state = new
             part.enqueue(_STATE, new, self._after(req, part, reply))
             return None
         reply(self._reply(req, part, Status.BAD_REQUEST, f"unknown request type {req.type}"))

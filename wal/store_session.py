@@ -41,7 +41,6 @@ from typing import Any
 import trio
 
 from sediment.errors import (
-    MetadataConflict,
     MetadataError,
     QuorumLost,
     ReplicationError,
@@ -49,8 +48,14 @@ from sediment.errors import (
     SessionFenced,
 )
 from sediment.wal import record as rec
-from sediment.wal.partition_meta import UNRESOLVED, PartitionMetaStore, ReplicaState
-from sediment.wal.recovery import copy_records, open_replica, recover
+from sediment.wal.partition_meta import (
+    UNRESOLVED,
+    PartitionMeta,
+    PartitionMetaStore,
+    PartitionMetaWriter,
+    ReplicaState,
+)
+from sediment.wal.recovery import copy_records, open_replica, recover, truncate_to
 from sediment.wal.replica import Call, Connect, ReplicaConnection
 from sediment.wal.vote import quorum_size
 from sediment.wal.wire import MsgType, Response, Status
@@ -104,7 +109,8 @@ class Coordinator:
     def __init__(self, replicas: Sequence[str], meta: PartitionMetaStore, cluster_key: uuid.UUID,
                  partition: int = 0, *, connect: Connect, timeout: float = 5.0, retry_interval: float = 0.2,
                  blocking: Callable[..., Any] = run_blocking_in_thread, max_batch_bytes: int = 4 << 20,
-                 max_inflight: int = 32, retain_bytes: int = 64 << 20, catchup_bytes: int = 1 << 20) -> None:
+                 max_inflight: int = 32, retain_bytes: int = 64 << 20, catchup_bytes: int = 1 << 20,
+                 generation: int = 0) -> None:
         if len(set(replicas)) != len(replicas) or not replicas:
             raise ReplicationError(f"replicas {list(replicas)} must be distinct and at least one")
         self.replicas = list(replicas)
@@ -121,8 +127,9 @@ class Coordinator:
         self.trimmed = 0
         self.retain_bytes = retain_bytes
         self.catchup_bytes = catchup_bytes
+        self.meta_writer = PartitionMetaWriter(meta, blocking, generation)
         self.session = 0
-        self.meta_version = 0
+        self.closing_hwm = -1  # the current session's resolved closing high-water mark
         self.replica_states: dict[str, ReplicaState] = {}
         self.end_lsn = 0  # next LSN to assign
         self.committed = -1  # highest acknowledged LSN
@@ -211,7 +218,7 @@ class Coordinator:
             nursery.start_soon(self._restart_deadline)
         res = await recover(self, nursery)
         self.session = res.session_id
-        self.meta_version = res.meta_version
+        self.closing_hwm = res.closing_hwm
         self.replica_states = dict(res.meta.replicas)
         self.end_lsn = res.closing_hwm + 1
         self.committed = res.closing_hwm
@@ -456,8 +463,14 @@ class Coordinator:
                 return
 
     async def _catch_up_once(self, link: Link) -> None:
-        conn, max_lsn, _ = await open_replica(self, self._nursery_ref, link.address, self.session,
-                                              self.replica_states)
+        """Waltz's late replica: classified like any other, truncated to this session's closing
+        high-water mark, its low-water mark set to it, then copied up to the live stream."""
+        j = await open_replica(self, self._nursery_ref, link.address, self.session, self.meta_writer.meta)
+        conn, max_lsn = j.conn, j.mark
+        if max_lsn > self.closing_hwm:
+            max_lsn = await truncate_to(self, conn, self.session, self.closing_hwm)
+        self.check_status(await conn.call(MsgType.SET_LWM, self.session, self.closing_hwm), link.address,
+                          f"SET_LWM {self.closing_hwm}")
         link.conn, link.state, link.acked = conn, "catching", max_lsn
         nxt = max_lsn + 1
         while True:
@@ -488,20 +501,7 @@ class Coordinator:
             if link.conn is not conn or link.state == "down":
                 raise ReplicaUnavailable(f"replica {link.address} failed while catching up")
             await self._progress.wait()
-        # Counted only once the metadata says it is engaged in this session (see module doc).
-        states = dict(self.replica_states)
-        states[link.address] = ReplicaState(self.session, UNRESOLVED)
-        meta, version = await self.blocking(self.meta.load)
-        if version != self.meta_version or meta.session_id != self.session:
-            raise SessionFenced(f"the partition metadata moved to session {meta.session_id} (version {version})")
-        meta.replicas = states
-        try:
-            self.meta_version = await self.blocking(self.meta.save, meta, version)
-        except MetadataConflict as exc:
-            raise SessionFenced("the partition metadata changed under this session") from exc
-        except MetadataError as exc:
-            raise ReplicaUnavailable(f"cannot record {link.address} as caught up: {exc}") from exc
-        self.replica_states = states
+        await self._record_in_session(link.address)
         if link.conn is conn and link.state == "joining":
             link.state = "in_sync"
             for b in self.inflight:
@@ -509,6 +509,19 @@ class Coordinator:
                     b.acks.add(link.address)
             self._advance()
             log.info("partition %d: replica %s caught up and back in sync", self.partition, link.address)
+
+    async def _record_in_session(self, address: str) -> None:
+        """Counted only once the metadata says it is engaged in this session (see module doc).
+        Through the one metadata writer: a conflict re-reads and retries, and only metadata
+        that moved to another session (or generation) fences."""
+        def engage(meta: PartitionMeta) -> None:
+            meta.replicas[address] = ReplicaState(self.session, UNRESOLVED)
+
+        try:
+            meta = await self.meta_writer.update(engage)
+        except MetadataError as exc:
+            raise ReplicaUnavailable(f"cannot record {address} as caught up: {exc}") from exc
+        self.replica_states = dict(meta.replicas)
 
     # --- helpers used by recovery ---------------------------------------------------------
 
