@@ -20,9 +20,11 @@ in descending order; ``supports(H)`` counts reporters (voting or not) at or abov
 * ``supports(H) + absent >= quorum``: undecidable; the absent replicas could still give
   H a quorum. It stays so until the situation changes (a report, a catch-up).
 
-When no replica votes, the highest reported mark plays the lowest voting mark's part:
-everything a non-voting replica holds is committed, so nothing below the top may be
-chosen (Waltz would wait for ever there; we catch up to the top instead).
+While no replica votes, nothing is decided as long as some replica is absent (it may
+be a voter holding more; Waltz waits the same way). With no voter and nobody absent,
+the highest reported mark plays the lowest voting mark's part: everything a
+non-voting replica holds is committed, so nothing below the top may be chosen (Waltz
+would wait for ever there; we catch up to the top instead).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def decide(voting: Sequence[int], non_voting: Sequence[int], absent: int, quorum
         return Decision(undecidable=True, catch_up=behind)
     if not marks:
         return Decision(resolved=EMPTY)
+    if not voting and absent:  # as in Waltz: nothing is decided before a voter (maybe absent) reports
+        return Decision(undecidable=True, catch_up=behind)
     floor = min(voting) if voting else max(marks)
     for h in sorted(set(marks), reverse=True):
         if h < floor:
