@@ -91,7 +91,12 @@ class Joined:
 
 
 async def truncate_to(host: RecoveryHost, conn: ReplicaConnection, session: int, mark: int) -> int:
-    """Drop every record above ``mark``; the replica's max LSN after it."""
+    """Drop every record above ``mark``; the replica's max LSN after it. A node keeps at least
+    up to its first record - 1 (below it was trimmed: those records are in batches, so
+    committed), so a mark below that becomes first - 1: the replica is emptied."""
+    probe = await conn.call(MsgType.READ, session, max(mark + 1, 0), 1)
+    if probe.status == Status.TRIMMED:
+        mark = max(mark, struct.unpack("<Q", probe.payload[:8])[0] - 1)
     resp = await conn.call(MsgType.TRUNCATE, session, mark + 1)
     host.check_status(resp, conn.address, f"TRUNCATE to {mark}")
     return resp.max_lsn
