@@ -88,6 +88,7 @@ class Joined:
     mark: int
     voting: bool
     new: bool
+    storage_session: int = 0  # the session its storage had opened before this one
 
 
 async def truncate_to(host: RecoveryHost, conn: ReplicaConnection, session: int, mark: int) -> int:
@@ -118,7 +119,7 @@ async def open_replica(host: RecoveryHost, nursery: trio.Nursery, address: str, 
         log.warning("replica %s: truncating to LSN %d before the vote (state %s, storage session %d, "
                     "low-water mark %d)", address, c.keep_through, state, before, resp.low_water_mark)
         mark = await truncate_to(host, conn, session, c.keep_through)
-    return Joined(address, conn, mark, c.voting, state is None)
+    return Joined(address, conn, mark, c.voting, state is None, before)
 
 
 async def copy_records(host: RecoveryHost, source: ReplicaConnection, target: ReplicaConnection, session: int,

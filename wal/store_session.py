@@ -467,7 +467,7 @@ class Coordinator:
         high-water mark, its low-water mark set to it, then copied up to the live stream."""
         j = await open_replica(self, self._nursery_ref, link.address, self.session, self.meta_writer.meta)
         conn, max_lsn = j.conn, j.mark
-        if max_lsn > self.closing_hwm:
+        if max_lsn > self.closing_hwm and j.storage_session < self.session:  # dirty: an older session's
             max_lsn = await truncate_to(self, conn, self.session, self.closing_hwm)
         self.check_status(await conn.call(MsgType.SET_LWM, self.session, self.closing_hwm), link.address,
                           f"SET_LWM {self.closing_hwm}")
