@@ -106,7 +106,7 @@ class SimNetwork:
 
 
 def make_coordinator(net: SimNetwork, meta: MemoryMetadataStore, replicas: list[str] | None = None, *,
-                     meta_latency: float = 0.0, generation: int = 0) -> Coordinator:
+                     meta_latency: float = 0.0, generation: int = 0, timeout: float = 1.0) -> Coordinator:
     """A coordinator over ``replicas`` (default ADDRS). ``meta_latency``: virtual seconds each
     metadata call takes (a ZooKeeper round trip), so metadata updates can interleave."""
     async def direct(fn, *args):
@@ -114,7 +114,7 @@ def make_coordinator(net: SimNetwork, meta: MemoryMetadataStore, replicas: list[
             await trio.sleep(meta_latency)
         return fn(*args)
 
-    return Coordinator(replicas or ADDRS, PartitionMetaStore(meta, 0), KEY, 0, connect=net.connect, timeout=1.0,
+    return Coordinator(replicas or ADDRS, PartitionMetaStore(meta, 0), KEY, 0, connect=net.connect, timeout=timeout,
                        retry_interval=0.05, blocking=direct, generation=generation)
 
 
