@@ -8,6 +8,7 @@ started as processes (killed with SIGKILL by PID) and a ReplicatedLog recovers o
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -144,15 +145,30 @@ def test_replicas_replaced_added_and_removed(cluster, zk_store) -> None:
         assert n.records() == expected(count)
 
 
-def test_two_catch_ups_finishing_together(cluster, zk_store) -> None:
+class SlowZooKeeper(ZooKeeperMetadataStore):
+    """The real ZooKeeper store, each call 0.3 s slower (a distant ensemble): two catch-ups
+    finishing within 0.3 s of each other then overlap their metadata updates."""
+
+    def get(self, key: str):
+        time.sleep(0.3)
+        return super().get(key)
+
+    def compare_and_set(self, key: str, value: bytes, expected_version: int | None) -> int:
+        time.sleep(0.3)
+        return super().compare_and_set(key, value, expected_version)
+
+
+def test_two_catch_ups_finishing_together(cluster, zookeeper, zk_root) -> None:
     """Finding 2 with real processes: two replicas come back together and finish catching
     up at about the same time; the coordinator is not fenced and records both."""
     nodes = cluster(5)
     for n in nodes:
         n.start()
+    zk_store = SlowZooKeeper(zookeeper.hosts, zk_root)
     log = open_log(nodes, zk_store)
     for i in range(10):
         log.append([r(i)])
+    wait_until(lambda: len(log.coordinator.in_sync()) == 5, what="all five in sync")  # 3 of 5 open it
     nodes[3].kill()
     nodes[4].kill()
     for i in range(10, 400):
@@ -170,3 +186,4 @@ def test_two_catch_ups_finishing_together(cluster, zk_store) -> None:
         n.kill()
         assert n.records() == expected(401)
         assert ControlFile.open(str(n.dir)).read_state(0).low_water_mark >= 9
+    zk_store.close()
