@@ -143,11 +143,13 @@ class ControlFile:
             )
         return max(valid, key=lambda s: s.sequence)
 
-    def write_state(self, partition_id: int, state: PartitionState) -> PartitionState:
+    def write_state(self, partition_id: int, state: PartitionState, *, rewind: bool = False) -> PartitionState:
         """Overwrite the older copy with ``state`` (its sequence is set here) and fdatasync.
-        LowWaterMarkRegression if either low-water mark would move backwards."""
+        LowWaterMarkRegression if either low-water mark would move backwards, unless
+        ``rewind``: only the local log passes it, whose marks say where it stands after a
+        repair cut it (a storage node's marks are the cluster's commitments: never)."""
         current = self.read_state(partition_id)
-        if (state.low_water_mark < current.low_water_mark
+        if not rewind and (state.low_water_mark < current.low_water_mark
                 or state.local_low_water_mark < current.local_low_water_mark):
             raise LowWaterMarkRegression(
                 f"partition {partition_id} in {self.path}: low-water marks ({state.low_water_mark}, local "
