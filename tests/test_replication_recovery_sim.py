@@ -117,6 +117,38 @@ def test_restored_old_copy_is_truncated_to_its_low_water_mark_and_does_not_vote(
     run_sim(main)
 
 
+def test_new_replica_with_stale_records_neither_votes_nor_counts_absent() -> None:
+    """d is new to the metadata but its storage holds 50 records of another history (stored
+    low-water mark 2). It must not vote (it would carry 50 into the vote), must lose its
+    stale tail above its low-water mark, and must not make the vote wait as if absent: a and
+    b (c is away) decide 12 on their own."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = SimNetwork(nursery)
+            meta = MemoryMetadataStore()
+            for a in ("a:1", "b:1", "c:1"):
+                lay_out(net, a, 12, 2, 9)
+            store = net.stores.setdefault("d:1", {}).setdefault(0, MemoryPartitionStore())
+            store.frames = [rec.encode(rec_of(i if i <= 2 else 5000 + i), i) for i in range(51)]
+            store.state = PartitionState(1, 2, 2, 1)
+            for a in ("a:1", "b:1", "c:1", "d:1"):
+                await net.add_node(a)
+            write_meta(meta, 2, {a: ReplicaState(2, UNRESOLVED) for a in ("a:1", "b:1", "c:1")})
+            net.partition("c:1")
+            coord = make_coordinator(net, meta, ["a:1", "b:1", "c:1", "d:1"])
+            with trio.fail_after(30):
+                await nursery.start(coord.run)
+            assert coord.committed == 12
+            expected = [f"r{i}".encode() for i in range(13)]
+            assert bodies(net.log("d:1")) == expected
+            state = PartitionMetaStore(meta, 0).load()[0]
+            assert state.replicas["d:1"] == ReplicaState(coord.session, UNRESOLVED)
+            assert state.replicas["c:1"] == ReplicaState(2, 12)  # away: keeps its session, gets the mark
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)
+
+
 def test_replica_replaced_added_and_removed() -> None:
     """c is replaced by d (new: does not vote, is not absent; c still counts as absent while
     in the metadata), then e is added, then d removed. Nothing acknowledged is lost and the
@@ -300,6 +332,29 @@ def test_storage_node_refuses_lower_low_water_marks_and_truncation_out_of_range(
             assert ask(MsgType.TRUNCATE, 8) == Status.OK and len(store.frames) == 8
             with pytest.raises(LowWaterMarkRegression):
                 store.write_state(PartitionState(1, 6, 6))
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)
+
+
+def test_a_node_claiming_a_newer_session_does_not_stop_the_coordinator() -> None:
+    """c's storage says session 7 (it came from elsewhere), the metadata says nothing newer
+    than ours: c answers FENCED, the coordinator re-reads the metadata, finds itself still
+    current and goes on with a and b instead of stopping for good."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = SimNetwork(nursery)
+            lay_out(net, "c:1", -1, 7, -1)
+            for a in ("a:1", "b:1", "c:1"):
+                await net.add_node(a)
+            coord = make_coordinator(net, MemoryMetadataStore())
+            with trio.fail_after(30):
+                await nursery.start(coord.run)
+            for i in range(5):
+                assert await append(coord, [rec_of(i)]) == i
+            await trio.sleep(1.0)  # c's catch-up keeps being refused meanwhile
+            assert coord.fenced is None and set(coord.in_sync()) == {"a:1", "b:1"}
+            assert await append(coord, [rec_of(5)]) == 5
             nursery.cancel_scope.cancel()
 
     run_sim(main)

@@ -158,6 +158,19 @@ class PartitionMetaWriter:
         raise MetadataError(f"partition {self.store.partition}: {MAX_CAS_ATTEMPTS} compare-and-set conflicts "
                             "in a row on the partition metadata")
 
+    async def still_ours(self) -> bool:
+        """Re-read the metadata: is it still at our session and generation? A storage node
+        that answers FENCED may only be confused (its storage came from elsewhere); the
+        metadata decides whether this coordinator was really superseded."""
+        async with self._lock:
+            meta, version = await self.blocking(self.store.load)
+            try:
+                self._check_ours(meta)
+            except SessionFenced:
+                return False
+            self.meta, self.version = meta, version
+            return True
+
     def _check_generation(self, meta: PartitionMeta) -> None:
         if meta.generation > self.generation:
             raise SessionFenced(f"partition {self.store.partition}: the metadata is at generation "

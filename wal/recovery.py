@@ -30,7 +30,7 @@ from typing import Protocol
 
 import trio
 
-from sediment.errors import ReplicaUnavailable
+from sediment.errors import ReplicaUnavailable, SessionFenced
 from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaWriter, ReplicaState
 from sediment.wal.replica import Connect, ReplicaConnection
 from sediment.wal.vote import Decision, decide
@@ -71,9 +71,14 @@ class Classification:
 
 
 def classify(state: ReplicaState | None, storage_session: int, low_water_mark: int, max_lsn: int) -> Classification:
-    """Step 3 as a pure decision. ``state`` is None for a replica new to the metadata."""
+    """Step 3 as a pure decision. ``state`` is None for a replica new to the metadata; session
+    -1 marks one added before but never clean: it also keeps no more than its own
+    low-water mark (its storage may hold another history above it)."""
     if state is None or storage_session < state.session_id:
         return Classification(low_water_mark if max_lsn > low_water_mark else None, False)
+    if state.session_id < 0:
+        mark = min(low_water_mark, state.closing_hwm) if state.closing_hwm != UNRESOLVED else low_water_mark
+        return Classification(mark if max_lsn > mark else None, False)
     if state.closing_hwm != UNRESOLVED:
         return Classification(state.closing_hwm if max_lsn > state.closing_hwm else None, False)
     return Classification(None, max_lsn >= low_water_mark)
@@ -180,6 +185,13 @@ class Vote:
         while self.decided is None:
             try:
                 j = await open_replica(self.host, self.nursery, address, self.session, self.meta)
+            except SessionFenced as exc:
+                if not await self.host.meta_writer.still_ours():
+                    raise
+                log.warning("recovery: replica %s claims a newer session than the metadata's %d (%s); "
+                            "treating it as unavailable", address, self.session, exc)
+                await trio.sleep(self.host.retry_interval)
+                continue
             except (ReplicaUnavailable, OSError) as exc:
                 log.info("recovery: replica %s unavailable (%s); retrying", address, exc)
                 await trio.sleep(self.host.retry_interval)
@@ -205,6 +217,11 @@ class Vote:
         try:
             await copy_records(self.host, source.conn, target.conn, self.session, target.mark + 1, source.mark + 1)
             target.mark = max(target.mark, source.mark)
+        except SessionFenced:
+            if not await self.host.meta_writer.still_ours():
+                raise
+            log.warning("recovery: catching %s up from %s: a node claims a newer session", target.address,
+                        source.address)
         except ReplicaUnavailable as exc:
             log.info("recovery: catching %s up from %s failed: %s", target.address, source.address, exc)
         finally:
@@ -267,6 +284,10 @@ async def recover(host: RecoveryHost, nursery: trio.Nursery) -> RecoveryResult:
         try:
             if await finish_replica(host, j, session, hwm, sources):
                 clean[j.address] = j.conn
+        except SessionFenced:
+            if not await host.meta_writer.still_ours():
+                raise
+            log.warning("recovery: replica %s claims a newer session; not clean", j.address)
         except ReplicaUnavailable as exc:
             log.warning("recovery: replica %s failed while being cleaned: %s", j.address, exc)
 

@@ -21,8 +21,10 @@ write quorum (n // 2 + 1) of counting replicas made it durable; never earlier.
   fails with QuorumLost (its outcome is unknown until recovery) and the coordinator
   starts a new store session (recovery waits until the vote is decidable), after
   which writes resume.
-* A FENCED reply (a newer session exists) or a lost ZooKeeper session fails every
-  append with SessionFenced, and the coordinator stops for good.
+* A FENCED reply (a newer session exists) makes the coordinator re-read the partition
+  metadata: only if it names another session (or a newer generation) does every
+  append fail with SessionFenced and the coordinator stop for good; otherwise that
+  node is treated as unavailable. A lost ZooKeeper session fences too.
 
 Everything runs on trio with streams from ``connect`` and trio's clock, so a whole
 cluster runs in memory under a MockClock (tests/test_replication_sim.py).
@@ -139,6 +141,7 @@ class Coordinator:
         self.retained: deque[Batch] = deque()
         self._retained_bytes = 0
         self.fenced: SessionFenced | None = None
+        self._fence_suspect = ""  # a node answered FENCED: check the metadata before recovering
         self.writable = trio.Event()
         self.restarting = False  # a replica failed: a new session is recovering, submissions wait
         self._restart_by = 0.0  # (trio clock) when waiting submissions fail if no session took them
@@ -192,6 +195,10 @@ class Coordinator:
         started = False
         while self.fenced is None:
             self.writable = trio.Event()
+            if self._fence_suspect and not await self._still_ours():
+                self.fence(self._fence_suspect)
+                break
+            self._fence_suspect = ""
             try:
                 async with trio.open_nursery() as nursery:
                     self._session_scope = nursery.cancel_scope
@@ -209,6 +216,17 @@ class Coordinator:
                 log.warning("partition %d: session %d ended: %s", self.partition, self.session, self._broken)
         if not started:
             task_status.started()
+
+    async def _still_ours(self) -> bool:
+        """A node answered FENCED: only the metadata says whether another session took over
+        (a node whose storage came from elsewhere may claim a newer session)."""
+        while True:
+            try:
+                return await self.meta_writer.still_ours()
+            except MetadataError as exc:
+                log.warning("partition %d: cannot read the metadata to check a fence (%s); retrying",
+                            self.partition, exc)
+                await trio.sleep(self.retry_interval)
 
     # --- sessions ---------------------------------------------------------------------------
 
@@ -337,8 +355,7 @@ class Coordinator:
         resp = call.response
         if call.error is not None or resp is None or not resp.ok:
             if resp is not None and resp.status == Status.FENCED:
-                self.fence(f"storage node {link.address} says {resp.message}")
-                return
+                self._fence_suspect = f"storage node {link.address} says {resp.message}"
             why = str(call.error) if call.error is not None else f"{resp.status.name}: {resp.message}"
             self._drop(link, why)
             return
@@ -459,16 +476,22 @@ class Coordinator:
                 self._disconnect(link, str(exc))
                 await trio.sleep(self.retry_interval)
             except SessionFenced as exc:
-                self.fence(str(exc))
-                return
+                if not await self._still_ours():
+                    self.fence(str(exc))
+                    return
+                log.warning("partition %d: %s, but the metadata is still at this session; retrying %s later",
+                            self.partition, exc, link.address)
+                self._disconnect(link, str(exc))
+                await trio.sleep(self.retry_interval)
 
     async def _catch_up_once(self, link: Link) -> None:
         """Waltz's late replica: classified like any other, truncated to this session's closing
         high-water mark, its low-water mark set to it, then copied up to the live stream."""
         j = await open_replica(self, self._nursery_ref, link.address, self.session, self.meta_writer.meta)
         conn, max_lsn = j.conn, j.mark
-        if max_lsn > self.closing_hwm and j.storage_session < self.session:  # dirty: an older session's
-            max_lsn = await truncate_to(self, conn, self.session, self.closing_hwm)
+        valid = max(self.closing_hwm, link.acked)  # what it acknowledged in this session is this session's
+        if max_lsn > valid:
+            max_lsn = await truncate_to(self, conn, self.session, valid)
         self.check_status(await conn.call(MsgType.SET_LWM, self.session, self.closing_hwm), link.address,
                           f"SET_LWM {self.closing_hwm}")
         link.conn, link.state, link.acked = conn, "catching", max_lsn
