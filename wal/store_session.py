@@ -204,6 +204,7 @@ class Coordinator:
                     self._session_scope = nursery.cancel_scope
                     await self._start_session(nursery)
                     if not started:
+                        await self.writable.wait()
                         task_status.started()
                         started = True
                     await self._write_loop()
@@ -253,13 +254,18 @@ class Coordinator:
                 self._spawn_catch_up(link)
         nursery.start_soon(self._watchdog)
         self.sessions_started += 1
-        if len(res.clean) < self.quorum:
-            raise_quorum = QuorumLost(f"partition {self.partition}: only {sorted(res.clean)} are clean after "
-                                      f"recovery; a quorum of {self.quorum} is needed")
-            self._broken = raise_quorum
+        if not res.clean:
+            self._broken = QuorumLost(f"partition {self.partition}: no replica is clean after recovery")
             await trio.sleep(self.retry_interval)
             nursery.cancel_scope.cancel()
             return
+        if len(res.clean) < self.quorum:  # the others are caught up from the clean ones, then it writes
+            log.info("partition %d session %d: only %s clean; writing once %d are in sync", self.partition,
+                     self.session, sorted(res.clean), self.quorum)
+            return
+        self._become_writable()
+
+    def _become_writable(self) -> None:
         self._end_restart()
         self.writable.set()
         if self.queue:
@@ -304,6 +310,7 @@ class Coordinator:
                     self._drop(link, f"no reply to an append within {self.timeout}s")
 
     async def _write_loop(self) -> None:
+        await self.writable.wait()
         while True:
             while not self.queue:
                 await self._wake.wait()
@@ -532,6 +539,8 @@ class Coordinator:
                     b.acks.add(link.address)
             self._advance()
             log.info("partition %d: replica %s caught up and back in sync", self.partition, link.address)
+            if not self.writable.is_set() and len(self.in_sync()) >= self.quorum:
+                self._become_writable()
 
     async def _record_in_session(self, address: str) -> None:
         """Counted only once the metadata says it is engaged in this session (see module doc).
