@@ -31,6 +31,7 @@ from typing import Protocol
 import trio
 
 from sediment.errors import ReplicaUnavailable, SessionFenced
+from sediment.wal import record as rec
 from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaWriter, ReplicaState
 from sediment.wal.replica import Connect, ReplicaConnection
 from sediment.wal.vote import Decision, decide
@@ -125,6 +126,25 @@ async def open_replica(host: RecoveryHost, nursery: trio.Nursery, address: str, 
                     "low-water mark %d)", address, c.keep_through, state, before, resp.low_water_mark)
         mark = await truncate_to(host, conn, session, c.keep_through)
     return Joined(address, conn, mark, c.voting, state is None, before)
+
+
+def clip_frames(payload: bytes, start: int, stop: int) -> tuple[bytes, int]:
+    """The frames of ``payload`` with LSN in [start, stop), and how many there are."""
+    view = memoryview(payload)
+    pos = 0
+    begin = end = -1
+    count = 0
+    while pos < len(payload):
+        head = rec.decode_header(view, pos)
+        if head is None:
+            raise ReplicaUnavailable(f"damaged record frame at payload offset {pos}")
+        if start <= head.lsn < stop:
+            if begin < 0:
+                begin = pos
+            end = pos + head.frame_size
+            count += 1
+        pos += head.frame_size
+    return (bytes(view[begin:end]) if begin >= 0 else b""), count
 
 
 async def copy_records(host: RecoveryHost, source: ReplicaConnection, target: ReplicaConnection, session: int,

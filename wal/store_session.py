@@ -57,7 +57,7 @@ from sediment.wal.partition_meta import (
     PartitionMetaWriter,
     ReplicaState,
 )
-from sediment.wal.recovery import copy_records, open_replica, recover, truncate_to
+from sediment.wal.recovery import clip_frames, copy_records, open_replica, recover, truncate_to
 from sediment.wal.replica import Call, Connect, ReplicaConnection
 from sediment.wal.vote import quorum_size
 from sediment.wal.wire import MsgType, Response, Status
@@ -566,24 +566,7 @@ class Coordinator:
             raise ReplicationError(f"storage node {address} refused {what}: {resp.message}")
         raise ReplicaUnavailable(f"storage node {address} refused {what}: {resp.status.name}: {resp.message}")
 
-    @staticmethod
-    def clip(payload: bytes, start: int, stop: int) -> tuple[bytes, int]:
-        """The frames of ``payload`` with LSN in [start, stop), and how many there are."""
-        view = memoryview(payload)
-        pos = 0
-        begin = end = -1
-        count = 0
-        while pos < len(payload):
-            head = rec.decode_header(view, pos)
-            if head is None:
-                raise ReplicaUnavailable(f"damaged record frame at payload offset {pos}")
-            if start <= head.lsn < stop:
-                if begin < 0:
-                    begin = pos
-                end = pos + head.frame_size
-                count += 1
-            pos += head.frame_size
-        return (bytes(view[begin:end]) if begin >= 0 else b""), count
+    clip = staticmethod(clip_frames)
 
     async def read(self, start: int, max_bytes: int = 1 << 20) -> bytes:
         """Committed record frames from ``start`` (up to the committed end), from an in-sync replica."""
