@@ -294,6 +294,12 @@ class ReplicaUnavailable(ReplicationError):
     the coordinator, which reconnects or closes the store session; callers see QuorumLost."""
 
 
+class LowWaterMarkRegression(WalError):
+    """A partition's low-water mark (or local low-water mark) would move below the stored
+    one. Marks only move forward (Waltz refuses the same): a lower one means a coordinator
+    with stale state, so the write is refused and the stored state kept."""
+
+
 class WireError(ReplicationError):
     """Bytes from a peer are not a valid frame (bad magic, version, CRC or length). The
     connection is dropped: nothing in it after that point can be trusted."""

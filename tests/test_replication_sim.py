@@ -105,12 +105,17 @@ class SimNetwork:
         return [rec.to_record(rec.decode_header(f), f[rec.HEADER_SIZE:]) for f in frames]
 
 
-def make_coordinator(net: SimNetwork, meta: MemoryMetadataStore) -> Coordinator:
+def make_coordinator(net: SimNetwork, meta: MemoryMetadataStore, replicas: list[str] | None = None, *,
+                     meta_latency: float = 0.0, generation: int = 0, timeout: float = 1.0) -> Coordinator:
+    """A coordinator over ``replicas`` (default ADDRS). ``meta_latency``: virtual seconds each
+    metadata call takes (a ZooKeeper round trip), so metadata updates can interleave."""
     async def direct(fn, *args):
+        if meta_latency:
+            await trio.sleep(meta_latency)
         return fn(*args)
 
-    return Coordinator(ADDRS, PartitionMetaStore(meta, 0), KEY, 0, connect=net.connect, timeout=1.0,
-                       retry_interval=0.05, blocking=direct)
+    return Coordinator(replicas or ADDRS, PartitionMetaStore(meta, 0), KEY, 0, connect=net.connect, timeout=timeout,
+                       retry_interval=0.05, blocking=direct, generation=generation)
 
 
 async def start_nodes(nursery: trio.Nursery) -> SimNetwork:

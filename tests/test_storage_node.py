@@ -11,6 +11,7 @@ import errno
 import functools
 import os
 import socket
+import struct
 import threading
 from pathlib import Path
 
@@ -18,9 +19,10 @@ import pytest
 import trio
 from test_replication import KEY, Node
 
+from sediment.errors import LowWaterMarkRegression, WalError
 from sediment.wal import record as rec
 from sediment.wal import wire
-from sediment.wal.control import ControlFile
+from sediment.wal.control import ControlFile, PartitionState
 from sediment.wal.replica import Call, ReplicaConnection, tcp_connect
 from sediment.wal.storage_node import FilePartitionStore, StorageNode, open_directory
 from sediment.wal.wire import MsgType, Request, Response, Status
@@ -210,3 +212,60 @@ def test_replies_larger_than_the_socket_buffer_do_not_interleave_with_acks(tmp_p
 
     trio.run(main)
     join_writers()
+
+
+def test_low_water_marks_only_move_forward_and_truncation_stays_in_range(tmp_path: Path) -> None:
+    """A real node process: a lower low-water mark and a truncation outside [first - 1, last]
+    are refused (nothing changes, the partition keeps serving); after SIGKILL the control
+    file still holds the highest mark. The control file and the store refuse the same
+    directly, with typed errors. A trimmed node refuses to keep less than first - 1."""
+    node = Node(tmp_path / "node", extra_args=("--segment-bytes", "8192"))
+    node.start()
+    bodies = [f"r{i}".encode() * 200 for i in range(60)]
+
+    async def talk() -> None:
+        async with trio.open_nursery() as nursery:
+            conn = await ReplicaConnection.open(nursery, node.address, tcp_connect, KEY, 0, 30.0)
+            assert (await conn.call(MsgType.OPEN, SESSION)).ok
+            for i, body in enumerate(bodies):
+                assert (await conn.call(MsgType.APPEND, SESSION, i, 0, frames(i, [body]))).ok
+            assert (await conn.call(MsgType.SET_LWM, SESSION, 20)).low_water_mark == 20
+            low = await conn.call(MsgType.SET_LWM, SESSION, 19)
+            assert low.status == Status.BAD_REQUEST and low.low_water_mark == 20, low.message
+            for bad in (61, 62):  # keep more than the last record
+                assert (await conn.call(MsgType.TRUNCATE, SESSION, bad)).status == Status.BAD_REQUEST
+            assert (await conn.call(MsgType.TRIM, SESSION, 40)).ok
+            first = struct.unpack("<Q", (await conn.call(MsgType.READ, SESSION, 0, 1)).payload[:8])[0]
+            assert 20 < first <= 40
+            below = await conn.call(MsgType.TRUNCATE, SESSION, first - 1)  # would keep less than first - 1
+            assert below.status == Status.BAD_REQUEST and below.max_lsn == 59, below.message
+            assert (await conn.call(MsgType.TRUNCATE, SESSION, 60)).max_lsn == 59  # keep all: allowed
+            assert (await conn.call(MsgType.TRUNCATE, SESSION, 50)).max_lsn == 49
+            conn.kill("done")
+
+    try:
+        trio.run(talk)
+        node.kill()
+        assert node.records()[-1] == bodies[49] and len(node.records()) == 50 - first_record(node)
+    finally:
+        if node.proc is not None:
+            node.kill()
+    control = ControlFile.open(str(node.dir))
+    assert control.read_state(0).low_water_mark == 20
+    with pytest.raises(LowWaterMarkRegression):
+        control.write_state(0, PartitionState(SESSION, 19, 19))
+    with pytest.raises(LowWaterMarkRegression):  # the local low-water mark too
+        control.write_state(0, PartitionState(SESSION, 30, control.read_state(0).local_low_water_mark - 1))
+    store = open_directory(str(node.dir), KEY)(0)
+    try:
+        with pytest.raises(WalError, match="outside"):
+            store.truncate(store.next_lsn + 1)
+        with pytest.raises(WalError, match="outside"):
+            store.truncate(store.start_lsn - 1)
+    finally:
+        store.close()
+
+
+def first_record(node: Node) -> int:
+    from sediment.wal import segment as sg
+    return min(p[0] for name in os.listdir(node.dir / "0") if (p := sg.parse_name(name)) and p[1] == "seg")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sediment.wal.vote import quorum_size, resolve_closing_hwm
+from sediment.wal.vote import Decision, decide, quorum_size, resolve_closing_hwm
 
 HC, HA, HB = 10, 20, 30  # the seed's figure: HC < HA < HB
 
@@ -105,3 +105,123 @@ def test_all_online_is_always_decidable_and_is_the_quorum_th_largest(case) -> No
         return
     marks = sorted(reported.values(), reverse=True)
     assert resolve_closing_hwm(reported, n) == marks[quorum_size(n) - 1]
+
+
+# --- Waltz's rule with voting and non-voting replicas (decide) -------------------------------
+
+
+def test_issue_example_only_the_two_at_120_vote() -> None:
+    """{120, 120, 110, 105, 105}, only the two at 120 vote: nothing is decided (110 is below
+    the lowest voting mark), the lower replicas are caught up, then 120 resolves."""
+    q = quorum_size(5)
+    assert decide([120, 120], [110, 105, 105], 0, q) == Decision(catch_up=True)
+    assert decide([120, 120], [120, 105, 105], 0, q) == Decision(resolved=120)  # one caught up is enough
+    assert decide([120, 120], [120, 120, 120], 0, q) == Decision(resolved=120)
+
+
+def test_undecidable_until_the_situation_changes() -> None:
+    # the seed's figure with B offline: HA has 1 vote + 1 absent = the quorum of 2
+    assert decide([HA, HC], [], 1, 2) == Decision(undecidable=True, catch_up=True)
+    assert decide([HA, HA], [], 1, 2) == Decision(resolved=HA)  # C caught up with A
+    assert decide([], [], 3, 2) == Decision(undecidable=True)
+    assert decide([], [7, 7], 1, 2) == Decision(undecidable=True)  # the absent one may be a voter
+    assert decide([], [7, 7], 0, 2) == Decision(resolved=7)  # non-voters hold committed records only
+    assert decide([], [7, 3], 0, 2) == Decision(catch_up=True)  # never below the top when nobody votes
+
+
+def waltz_reference(voting: tuple[int, ...], non_voting: tuple[int, ...], absent: int, q: int) -> int | None:
+    """Waltz's recovery manager, literally: each reporting replica evaluates the sorted marks
+    down to its own, counting supports group by group; the first quorum not preceded by an
+    undecidable group resolves. Every replica's evaluation must agree (order independence)."""
+    states = sorted(voting + non_voting, reverse=True)
+    if states and not voting and absent:
+        return None  # Waltz's lowest voting mark is "infinite" until a voter reports
+    min_voting = min(voting) if voting else (states[0] if states else 0)
+    found: set[int] = set()
+    for own in states:
+        supports, undecidable = 0, False
+        for i, mark in enumerate(states):
+            if mark < own:
+                break
+            if min_voting <= own:
+                supports += 1
+                if i == len(states) - 1 or mark > states[i + 1]:
+                    if mark == -1 and absent < q:  # the empty prefix: every replica, absent ones too, holds it
+                        supports += absent
+                    if supports < q <= supports + absent:
+                        undecidable = True
+                    if not undecidable and supports >= q:
+                        found.add(mark)
+                        break
+    assert len(found) <= 1, (voting, non_voting, absent, found)
+    return found.pop() if found else None
+
+
+def highest_possibly_acknowledged(voting, absent_marks, q) -> int:
+    """The highest LSN a write quorum of the last session's replicas (voters and the absent)
+    could have acknowledged."""
+    marks = list(voting) + list(absent_marks)
+    return max((h for h in range(-1, max(marks, default=-1) + 1) if sum(m >= h for m in marks) >= q), default=-1)
+
+
+def small_cases():
+    values = range(-1, 3)
+    for n_voting in range(0, 4):
+        for n_non in range(0, 4 - n_voting):
+            for absent in range(0, 4 - n_voting - n_non):
+                if n_voting + n_non + absent == 0:
+                    continue
+                q = quorum_size(n_voting + n_non + absent)
+                for voting in itertools.product(values, repeat=n_voting):
+                    for non_voting in itertools.product(values, repeat=n_non):
+                        yield voting, non_voting, absent, q
+
+
+def catch_up_fixpoint(voting, non_voting, absent, q) -> tuple[Decision, int]:
+    """Run the rule, raising every replica below the top to the top while it asks for catch-up."""
+    d = decide(voting, non_voting, absent, q)
+    rounds = 0
+    while d.resolved is None and d.catch_up:
+        top = max(voting + non_voting)
+        voting, non_voting = tuple(top for _ in voting), tuple(top for _ in non_voting)
+        d = decide(voting, non_voting, absent, q)
+        rounds += 1
+        assert rounds <= 1, "one catch-up to the top always decides or waits for the absent"
+    return d, rounds
+
+
+def test_brute_force_against_waltz_and_safety_over_all_small_cases() -> None:
+    domain = range(-1, 4)
+    checked = 0
+    for voting, non_voting, absent, q in small_cases():
+        d = decide(voting, non_voting, absent, q)
+        assert d.resolved == waltz_reference(voting, non_voting, absent, q), (voting, non_voting, absent)
+        final, _ = catch_up_fixpoint(voting, non_voting, absent, q)
+        assert final.resolved is not None or final.undecidable  # never stuck without a reason to wait
+        if final.undecidable:
+            assert absent > 0
+        if d.resolved is None:
+            continue
+        r = d.resolved
+        checked += 1
+        assert r == -1 or sum(m >= r for m in voting + non_voting) >= q  # durable on a quorum now
+        if voting:
+            assert r >= min(voting)  # never below a replica that voted
+        else:
+            assert r == max(non_voting, default=-1) or r == -1 and not non_voting
+        consistent = not voting or max(non_voting, default=-1) <= min(voting)
+        for rest in itertools.product(domain, repeat=absent):
+            if consistent:  # whatever the absent hold, nothing they could have acknowledged is cut
+                assert highest_possibly_acknowledged(voting, rest, q) <= r, (voting, non_voting, rest)
+            # the answer does not depend on who reports first: later reports confirm it
+            for k in range(absent + 1):
+                later = decide(voting + rest[:k], non_voting, absent - k, q)
+                assert later.resolved == r, (voting, non_voting, rest[:k])
+    assert checked > 200
+
+
+def test_decide_refuses_nonsense() -> None:
+    with pytest.raises(ValueError):
+        decide([1], [], -1, 1)
+    with pytest.raises(ValueError):
+        decide([1], [], 0, 0)

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 
 from sediment._fs import fsync_dir
-from sediment.errors import WalCorruption, WalError
+from sediment.errors import LowWaterMarkRegression, WalCorruption, WalError
 from sediment.wal.record import crc32c
 
 CONTROL_NAME = "sediment-wal.ctl"
@@ -143,9 +143,18 @@ class ControlFile:
             )
         return max(valid, key=lambda s: s.sequence)
 
-    def write_state(self, partition_id: int, state: PartitionState) -> PartitionState:
-        """Overwrite the older copy with ``state`` (its sequence is set here) and fdatasync."""
+    def write_state(self, partition_id: int, state: PartitionState, *, rewind: bool = False) -> PartitionState:
+        """Overwrite the older copy with ``state`` (its sequence is set here) and fdatasync.
+        LowWaterMarkRegression if either low-water mark would move backwards, unless
+        ``rewind``: only the local log passes it, whose marks say where it stands after a
+        repair cut it (a storage node's marks are the cluster's commitments: never)."""
         current = self.read_state(partition_id)
+        if not rewind and (state.low_water_mark < current.low_water_mark
+                or state.local_low_water_mark < current.local_low_water_mark):
+            raise LowWaterMarkRegression(
+                f"partition {partition_id} in {self.path}: low-water marks ({state.low_water_mark}, local "
+                f"{state.local_low_water_mark}) are below the stored ({current.low_water_mark}, local "
+                f"{current.local_low_water_mark}); they only move forward: the writer has stale state")
         seq = current.sequence + 1
         new = PartitionState(state.session_id, state.low_water_mark, state.local_low_water_mark, seq)
         off = self._offset(partition_id) + PARTITION.size + (seq % 2) * STATE.size

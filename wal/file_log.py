@@ -163,7 +163,7 @@ class FileLog:
         self._recover(repair)
         state = self.control.read_state(partition)
         last = self._segments[-1].next_lsn - 1
-        self.control.write_state(partition, PartitionState(state.session_id + 1, last, last))
+        self.control.write_state(partition, PartitionState(state.session_id + 1, last, last), rewind=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"wal-writer-{partition}", daemon=True)
         self._writer.start()
 

@@ -10,15 +10,26 @@ It is written only by compare-and-set, which is what makes session ids unique: t
 coordinators racing for a new session cannot both win the same version. A replica's
 state says which store session it is engaged in, and, once recovery resolved it, the
 high-water mark that session closed at (``UNRESOLVED`` until then).
+
+Within one coordinator every write goes through one :class:`PartitionMetaWriter`: its
+updates run one at a time (FIFO), each as a change applied to the freshest metadata, so
+two catch-ups finishing together can neither fence the coordinator nor write back a
+replica-state map read before the other's update. A compare-and-set conflict re-reads
+and applies the change again; only metadata that names another session, or a newer
+generation, fences (Waltz compares generations the same way).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import trio
 
 from sediment.engine.metadata import MetadataStore
-from sediment.errors import ReplicationError
+from sediment.errors import MetadataConflict, MetadataError, ReplicationError, SessionFenced
 
 FORMAT = 1
 UNRESOLVED = -2
@@ -39,6 +50,9 @@ class PartitionMeta:
     generation: int = 0
     session_id: int = 0
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
+
+    def copy(self) -> PartitionMeta:
+        return PartitionMeta(self.generation, self.session_id, dict(self.replicas))
 
     def encode(self) -> bytes:
         return json.dumps({
@@ -80,3 +94,90 @@ class PartitionMetaStore:
     def save(self, meta: PartitionMeta, expected_version: int | None) -> int:
         """Write if still at ``expected_version``; MetadataConflict if someone else wrote."""
         return self.store.compare_and_set(self.key, meta.encode(), expected_version)
+
+
+Blocking = Callable[..., Awaitable[Any]]  # runs a blocking call off the trio thread
+MAX_CAS_ATTEMPTS = 64
+
+
+class PartitionMetaWriter:
+    """The one writer of a partition's metadata for one coordinator (see the module doc)."""
+
+    def __init__(self, store: PartitionMetaStore, blocking: Blocking, generation: int = 0) -> None:
+        self.store = store
+        self.blocking = blocking
+        self.generation = generation
+        self.session_id: int | None = None  # ours, once begin_session won
+        self.meta = PartitionMeta()
+        self.version: int | None = None
+        self._lock = trio.Lock()  # fair: updates run in the order they were asked for
+        self.writes = 0
+        self.conflicts = 0
+
+    async def begin_session(self) -> tuple[PartitionMeta, int]:
+        """Take the next store session id by compare-and-set. Returns the metadata as it was
+        before (its replica states drive the recovery) and the new session id. Refuses with
+        SessionFenced when the metadata's generation is newer than ours."""
+        async with self._lock:
+            for _attempt in range(MAX_CAS_ATTEMPTS):
+                before, version = await self.blocking(self.store.load)
+                self._check_generation(before)
+                new = before.copy()
+                new.generation = self.generation
+                new.session_id = before.session_id + 1
+                try:
+                    self.version = await self.blocking(self.store.save, new, version)
+                except MetadataConflict:
+                    self.conflicts += 1
+                    continue
+                self.writes += 1
+                self.meta, self.session_id = new, new.session_id
+                return before, new.session_id
+        raise MetadataError(f"partition {self.store.partition}: {MAX_CAS_ATTEMPTS} compare-and-set conflicts "
+                            "in a row taking a store session; another coordinator keeps writing")
+
+    async def update(self, change: Callable[[PartitionMeta], None]) -> PartitionMeta:
+        """Apply ``change`` (mutates a copy) to the freshest metadata and write it; retried on
+        a compare-and-set conflict. SessionFenced once the metadata is no longer ours."""
+        async with self._lock:
+            for _attempt in range(MAX_CAS_ATTEMPTS):
+                self._check_ours(self.meta)
+                new = self.meta.copy()
+                change(new)
+                if new == self.meta:
+                    return new
+                try:
+                    self.version = await self.blocking(self.store.save, new, self.version)
+                except MetadataConflict:
+                    self.conflicts += 1
+                    self.meta, self.version = await self.blocking(self.store.load)
+                    continue
+                self.writes += 1
+                self.meta = new
+                return new
+        raise MetadataError(f"partition {self.store.partition}: {MAX_CAS_ATTEMPTS} compare-and-set conflicts "
+                            "in a row on the partition metadata")
+
+    async def still_ours(self) -> bool:
+        """Re-read the metadata: is it still at our session and generation? A storage node
+        that answers FENCED may only be confused (its storage came from elsewhere); the
+        metadata decides whether this coordinator was really superseded."""
+        async with self._lock:
+            meta, version = await self.blocking(self.store.load)
+            try:
+                self._check_ours(meta)
+            except SessionFenced:
+                return False
+            self.meta, self.version = meta, version
+            return True
+
+    def _check_generation(self, meta: PartitionMeta) -> None:
+        if meta.generation > self.generation:
+            raise SessionFenced(f"partition {self.store.partition}: the metadata is at generation "
+                                f"{meta.generation}, this coordinator at {self.generation}: it was superseded")
+
+    def _check_ours(self, meta: PartitionMeta) -> None:
+        self._check_generation(meta)
+        if self.session_id is None or meta.session_id != self.session_id:
+            raise SessionFenced(f"partition {self.store.partition}: the metadata moved to session "
+                                f"{meta.session_id}; this coordinator's session {self.session_id} is over")

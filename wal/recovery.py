@@ -1,216 +1,331 @@
 """The recovery procedure a new store session runs before it accepts writes (Waltz's).
 
-1. Take a new store session id by compare-and-set of the partition metadata.
-2. Open a replica session on every storage node (OPEN fences every older session).
-3. Per replica: if its metadata state and its storage disagree (the storage remembers
-   an older session than the metadata says it was engaged in: e.g. restored from an old
-   copy), truncate it to the low-water mark saved in its storage; else if its state
-   already has a closing high-water mark, truncate to that. Then report its max LSN.
-4. Vote (wal/vote.py), waiting while undecidable: offline replicas are retried, and
-   replicas that are online but behind are caught up from the one furthest ahead (the
-   seed's "Replica C catches up with Replica A"); every new report re-runs the vote.
-   Copying is safe because after step 3 every replica holds a prefix of one history.
-   Without it, one dead replica and two that disagree would wait for ever.
-5. On every reachable replica: truncate dirty records above the result, catch up from
-   a replica that is ahead, set the low-water mark: it is now clean.
-6. Update the metadata (compare-and-set on the version from step 1, so a coordinator
-   that lost the race is fenced): clean replicas join the new session with
-   UNRESOLVED; other replicas still UNRESOLVED get the resolved mark, keeping their
-   session id; the rest stay as they were.
+1. Take a new store session id by compare-and-set of the partition metadata (refused
+   when the metadata's generation is newer than the coordinator's).
+2. Open a replica session on every assigned storage node (OPEN fences older sessions).
+3. Each replica classifies itself (:func:`classify`) before any vote: storage older
+   than its metadata state, or new to the metadata: truncate to the low-water mark its
+   storage saved, no vote (a new one is not even counted absent); closing high-water
+   mark already set: truncate to it, no vote; otherwise it votes if its max LSN is at
+   or above its low-water mark.
+4. Vote (wal/vote.py) every time the situation changes. Replicas below the highest
+   report are caught up from it meanwhile (a mark below the lowest voting one decides
+   nothing until they are); absent replicas are retried. The result does not depend on
+   who reports first: a decided mark is confirmed by every later report.
+5. On every reachable replica: truncate dirty records above the result, set the
+   low-water mark to it, catch up from a replica that holds it: then it is clean.
+6. Update the metadata (the seed's last step): clean replicas join the new session with
+   UNRESOLVED; other assigned replicas still UNRESOLVED get the resolved mark, keeping
+   their session id; new replicas that are not clean get it with session -1; the rest
+   stay; replicas no longer assigned leave the metadata.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
+import uuid
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 
-from sediment.errors import MetadataConflict, ReplicaUnavailable, SessionFenced
-from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, ReplicaState
-from sediment.wal.replica import ReplicaConnection
-from sediment.wal.vote import resolve_closing_hwm
-from sediment.wal.wire import MsgType, Status
+from sediment.errors import ReplicaUnavailable, SessionFenced
+from sediment.wal import record as rec
+from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaWriter, ReplicaState
+from sediment.wal.replica import Connect, ReplicaConnection
+from sediment.wal.vote import Decision, decide
+from sediment.wal.wire import MsgType, Response, Status
 
 log = logging.getLogger(__name__)
+
+
+class RecoveryHost(Protocol):
+    """What recovery needs from its coordinator (wal/store_session.py's Coordinator)."""
+
+    replicas: list[str]
+    partition: int
+    connect: Connect
+    cluster_key: uuid.UUID
+    timeout: float
+    retry_interval: float
+    catchup_bytes: int
+    meta_writer: PartitionMetaWriter
+
+    def check_status(self, resp: Response, address: str, what: str) -> None: ...
+
+    def clip(self, payload: bytes, start: int, stop: int) -> tuple[bytes, int]: ...
 
 
 @dataclass
 class RecoveryResult:
     session_id: int
     meta: PartitionMeta
-    meta_version: int
     closing_hwm: int
     clean: dict[str, ReplicaConnection] = field(default_factory=dict)
 
 
-def pre_vote_truncation(state: ReplicaState, storage_session: int, low_water_mark: int, max_lsn: int) -> int | None:
-    """Step 3 as a pure decision: the LSN to truncate at (drop >= it), or None to keep all."""
-    if storage_session < state.session_id:
-        return low_water_mark + 1 if max_lsn > low_water_mark else None
-    if state.closing_hwm != UNRESOLVED and max_lsn > state.closing_hwm:
-        return state.closing_hwm + 1
-    return None
+@dataclass(frozen=True)
+class Classification:
+    keep_through: int | None  # truncate to this mark (drop every LSN above it), or None
+    voting: bool
 
 
-async def open_replica(coord, nursery: trio.Nursery, address: str, session: int,
-                       states: dict[str, ReplicaState]) -> tuple[ReplicaConnection, int, int]:
-    """Connect, OPEN, apply step 3. Returns (connection, max LSN after truncation, lwm)."""
-    conn = await ReplicaConnection.open(nursery, address, coord.connect, coord.cluster_key, coord.partition,
-                                        coord.timeout)
+def classify(state: ReplicaState | None, storage_session: int, low_water_mark: int, max_lsn: int) -> Classification:
+    """Step 3 as a pure decision. ``state`` is None for a replica new to the metadata; session
+    -1 marks one added before but never clean: it also keeps no more than its own
+    low-water mark (its storage may hold another history above it)."""
+    if state is None or storage_session < state.session_id:
+        return Classification(low_water_mark if max_lsn > low_water_mark else None, False)
+    if state.session_id < 0:
+        mark = min(low_water_mark, state.closing_hwm) if state.closing_hwm != UNRESOLVED else low_water_mark
+        return Classification(mark if max_lsn > mark else None, False)
+    if state.closing_hwm != UNRESOLVED:
+        return Classification(state.closing_hwm if max_lsn > state.closing_hwm else None, False)
+    return Classification(None, max_lsn >= low_water_mark)
+
+
+@dataclass
+class Joined:
+    """A replica that reported: its connection, where it stands and how it counts."""
+
+    address: str
+    conn: ReplicaConnection
+    mark: int
+    voting: bool
+    new: bool
+    storage_session: int = 0  # the session its storage had opened before this one
+
+
+async def truncate_to(host: RecoveryHost, conn: ReplicaConnection, session: int, mark: int) -> int:
+    """Drop every record above ``mark``; the replica's max LSN after it. A node keeps at least
+    up to its first record - 1 (below it was trimmed: those records are in batches, so
+    committed), so a mark below that becomes first - 1: the replica is emptied."""
+    probe = await conn.call(MsgType.READ, session, max(mark + 1, 0), 1)
+    if probe.status == Status.TRIMMED:
+        mark = max(mark, struct.unpack("<Q", probe.payload[:8])[0] - 1)
+    resp = await conn.call(MsgType.TRUNCATE, session, mark + 1)
+    host.check_status(resp, conn.address, f"TRUNCATE to {mark}")
+    return resp.max_lsn
+
+
+async def open_replica(host: RecoveryHost, nursery: trio.Nursery, address: str, session: int,
+                       meta: PartitionMeta) -> Joined:
+    """Connect, OPEN, classify and truncate (step 3)."""
+    conn = await ReplicaConnection.open(nursery, address, host.connect, host.cluster_key, host.partition,
+                                        host.timeout)
     resp = await conn.call(MsgType.OPEN, session)
-    coord.check_status(resp, address, "OPEN")
+    host.check_status(resp, address, "OPEN")
     before = int.from_bytes(resp.payload[:8], "little", signed=True)
-    state = states.get(address, ReplicaState())
-    cut = pre_vote_truncation(state, before, resp.low_water_mark, resp.max_lsn)
-    max_lsn = resp.max_lsn
-    if cut is not None:
-        log.warning("replica %s: truncating at LSN %d before the vote (state %s, storage session %d)",
-                    address, cut, state, before)
-        resp = await conn.call(MsgType.TRUNCATE, session, cut)
-        coord.check_status(resp, address, "TRUNCATE")
-        max_lsn = resp.max_lsn
-    return conn, max_lsn, resp.low_water_mark
+    members = meta.replicas or {a: ReplicaState() for a in host.replicas}
+    state = members.get(address)
+    c = classify(state, before, resp.low_water_mark, resp.max_lsn)
+    mark = resp.max_lsn
+    if c.keep_through is not None:
+        log.warning("replica %s: truncating to LSN %d before the vote (state %s, storage session %d, "
+                    "low-water mark %d)", address, c.keep_through, state, before, resp.low_water_mark)
+        mark = await truncate_to(host, conn, session, c.keep_through)
+    return Joined(address, conn, mark, c.voting, state is None, before)
 
 
-async def copy_records(coord, source: ReplicaConnection, target: ReplicaConnection, session: int,
+def clip_frames(payload: bytes, start: int, stop: int) -> tuple[bytes, int]:
+    """The frames of ``payload`` with LSN in [start, stop), and how many there are."""
+    view = memoryview(payload)
+    pos = 0
+    begin = end = -1
+    count = 0
+    while pos < len(payload):
+        head = rec.decode_header(view, pos)
+        if head is None:
+            raise ReplicaUnavailable(f"damaged record frame at payload offset {pos}")
+        if start <= head.lsn < stop:
+            if begin < 0:
+                begin = pos
+            end = pos + head.frame_size
+            count += 1
+        pos += head.frame_size
+    return (bytes(view[begin:end]) if begin >= 0 else b""), count
+
+
+async def copy_records(host: RecoveryHost, source: ReplicaConnection, target: ReplicaConnection, session: int,
                        start: int, stop: int) -> None:
     """Copy LSNs [start, stop) from ``source`` to ``target`` (catch-up)."""
     nxt = start
     while nxt < stop:
-        resp = await source.call(MsgType.READ, session, nxt, coord.catchup_bytes)
+        resp = await source.call(MsgType.READ, session, nxt, host.catchup_bytes)
         if resp.status == Status.TRIMMED:  # the source compacted past us: the target skips ahead
             (first,) = struct.unpack("<Q", resp.payload[:8])
             reset = await target.call(MsgType.RESET, session, first, 0)
-            coord.check_status(reset, target.address, "RESET")
+            host.check_status(reset, target.address, "RESET")
             nxt = first
             continue
-        coord.check_status(resp, source.address, "READ")
+        host.check_status(resp, source.address, "READ")
         if not resp.payload:
             raise ReplicaUnavailable(f"catch-up source {source.address} has nothing at LSN {nxt}")
-        payload, count = coord.clip(resp.payload, nxt, stop)
+        payload, count = host.clip(resp.payload, nxt, stop)
         resp = await target.call(MsgType.APPEND, session, nxt, 0, payload)
-        coord.check_status(resp, target.address, "APPEND (catch-up)")
+        host.check_status(resp, target.address, "APPEND (catch-up)")
         nxt += count
 
 
-async def recover(coord, nursery: trio.Nursery) -> RecoveryResult:
-    """Run the procedure; returns once the metadata names the clean replicas of the new session."""
-    meta, version = await coord.blocking(coord.meta.load)
-    session = meta.session_id + 1
-    meta.session_id = session
-    for r in coord.replicas:
-        meta.replicas.setdefault(r, ReplicaState())
-    version = await coord.blocking(coord.meta.save, meta, version)
-    log.info("partition %d: store session %d", coord.partition, session)
+class Vote:
+    """Steps 2 to 4: joins, catch-ups and the vote, re-run on every change."""
 
-    reports: dict[str, int] = {}
-    conns: dict[str, ReplicaConnection] = {}
-    changed = trio.Event()
-    decided: list[int] = []
+    def __init__(self, host: RecoveryHost, nursery: trio.Nursery, session: int, meta: PartitionMeta) -> None:
+        self.host, self.nursery, self.session, self.meta = host, nursery, session, meta
+        self.members = list(meta.replicas) or list(host.replicas)  # who votes or counts as absent
+        self.joined: dict[str, Joined] = {}
+        self.catching: set[str] = set()
+        self.decided: int | None = None
+        self._changed = trio.Event()
 
-    async def join(address: str) -> None:
-        nonlocal changed
-        while not decided:
+    def decision(self) -> Decision:
+        counted = [j for j in self.joined.values() if not j.new]
+        absent = sum(1 for m in self.members if m not in self.joined)
+        return decide([j.mark for j in counted if j.voting], [j.mark for j in counted if not j.voting], absent,
+                      len(self.members) // 2 + 1)
+
+    async def run(self) -> int:
+        async with trio.open_nursery() as copiers:
+            async with trio.open_nursery() as joins:
+                for r in self.host.replicas:
+                    joins.start_soon(self._join, r)
+                while True:
+                    d = self.decision()
+                    if d.resolved is not None:
+                        self.decided = d.resolved
+                        joins.cancel_scope.cancel()
+                        break
+                    self._start_catch_ups(copiers)
+                    await self._changed.wait()
+                    self._changed = trio.Event()
+        return self.decided  # copies still running finished first: clean-up asks each replica
+
+    async def _join(self, address: str) -> None:
+        while self.decided is None:
             try:
-                conn, max_lsn, _lwm = await open_replica(coord, nursery, address, session, meta.replicas)
+                j = await open_replica(self.host, self.nursery, address, self.session, self.meta)
+            except SessionFenced as exc:
+                if not await self.host.meta_writer.still_ours():
+                    raise
+                log.warning("recovery: replica %s claims a newer session than the metadata's %d (%s); "
+                            "treating it as unavailable", address, self.session, exc)
+                await trio.sleep(self.host.retry_interval)
+                continue
             except (ReplicaUnavailable, OSError) as exc:
                 log.info("recovery: replica %s unavailable (%s); retrying", address, exc)
-                await trio.sleep(coord.retry_interval)
+                await trio.sleep(self.host.retry_interval)
                 continue
-            if decided:
-                conn.kill("recovery already decided")
+            if self.decided is not None:
+                j.conn.kill("recovery already decided")
                 return
-            conns[address] = conn
-            reports[address] = max_lsn
-            changed.set()
+            self.joined[address] = j
+            self._changed.set()
             return
 
-    catching: set[str] = set()
+    def _start_catch_ups(self, copiers: trio.Nursery) -> None:
+        counted = [j for j in self.joined.values() if not j.new and not j.conn.dead]
+        if not counted:
+            return
+        top = max(counted, key=lambda j: j.mark)
+        for j in counted:
+            if j.mark < top.mark and j.address not in self.catching:
+                self.catching.add(j.address)
+                copiers.start_soon(self._catch_up, j, top)
 
-    async def catch_up(address: str, source: str) -> None:
-        nonlocal changed
+    async def _catch_up(self, target: Joined, source: Joined) -> None:
         try:
-            await copy_records(coord, conns[source], conns[address], session, reports[address] + 1,
-                               reports[source] + 1)
-            reports[address] = max(reports[address], reports[source])
+            await copy_records(self.host, source.conn, target.conn, self.session, target.mark + 1, source.mark + 1)
+            target.mark = max(target.mark, source.mark)
+        except SessionFenced:
+            if not await self.host.meta_writer.still_ours():
+                raise
+            log.warning("recovery: catching %s up from %s: a node claims a newer session", target.address,
+                        source.address)
         except ReplicaUnavailable as exc:
-            log.info("recovery: catching %s up from %s failed: %s", address, source, exc)
+            log.info("recovery: catching %s up from %s failed: %s", target.address, source.address, exc)
         finally:
-            catching.discard(address)
-            changed.set()
+            self.catching.discard(target.address)
+            self._changed.set()
 
-    async with trio.open_nursery() as copiers:
-        async with trio.open_nursery() as joins:
-            for r in coord.replicas:
-                joins.start_soon(join, r)
-            while True:
-                hwm = resolve_closing_hwm(reports, len(coord.replicas))
-                if hwm is not None:
-                    decided.append(hwm)
-                    joins.cancel_scope.cancel()
-                    break
-                if reports:
-                    top = max(reports, key=lambda a: reports[a])
-                    for a in list(reports):
-                        if reports[a] < reports[top] and a not in catching and not conns[a].dead:
-                            catching.add(a)
-                            copiers.start_soon(catch_up, a, top)
-                await changed.wait()
-                changed = trio.Event()
-        # copies still running finish first: clean-up asks each replica where it stands
-    hwm = decided[0]
-    log.info("partition %d session %d: closing high-water mark %d (reports %s)", coord.partition, session,
-             hwm, reports)
 
+async def finish_replica(host: RecoveryHost, j: Joined, session: int, hwm: int, sources: list[Joined]) -> bool:
+    """Step 5 for one replica: truncate above ``hwm``, set the low-water mark, catch up.
+    True once it is clean (holds exactly [.., hwm])."""
+    info = await j.conn.call(MsgType.INFO, session)
+    host.check_status(info, j.address, "INFO")
+    have = info.max_lsn
+    if have > hwm:
+        have = await truncate_to(host, j.conn, session, hwm)
+    host.check_status(await j.conn.call(MsgType.SET_LWM, session, hwm), j.address, f"SET_LWM {hwm}")
+    if have >= hwm:
+        return True
+    for src in sources:
+        if src is j or src.conn.dead:
+            continue
+        try:
+            await copy_records(host, src.conn, j.conn, session, have + 1, hwm + 1)
+            return True
+        except ReplicaUnavailable:
+            if j.conn.dead:
+                raise
+    return False
+
+
+def final_states(before: PartitionMeta, assigned: list[str], clean: set[str], session: int,
+                 hwm: int) -> dict[str, ReplicaState]:
+    """Step 6 as a pure function: the replica states the new session writes."""
+    out: dict[str, ReplicaState] = {}
+    for r in assigned:
+        state = before.replicas.get(r)
+        if r in clean:
+            out[r] = ReplicaState(session, UNRESOLVED)
+        elif state is None:
+            out[r] = ReplicaState(-1, hwm)
+        elif state.session_id < session and state.closing_hwm == UNRESOLVED:
+            out[r] = ReplicaState(state.session_id, hwm)
+        else:
+            out[r] = state
+    return out
+
+
+async def recover(host: RecoveryHost, nursery: trio.Nursery) -> RecoveryResult:
+    """Run the procedure; returns once the metadata names the clean replicas of the new session."""
+    before, session = await host.meta_writer.begin_session()
+    log.info("partition %d: store session %d", host.partition, session)
+    vote = Vote(host, nursery, session, before)
+    hwm = await vote.run()
+    log.info("partition %d session %d: closing high-water mark %d (marks %s)", host.partition, session, hwm,
+             {a: (j.mark, j.voting, j.new) for a, j in vote.joined.items()})
+    sources = sorted(vote.joined.values(), key=lambda j: -j.mark)
     clean: dict[str, ReplicaConnection] = {}
 
-    async def clean_up(address: str) -> None:
-        conn = conns[address]
+    async def clean_up(j: Joined) -> None:
         try:
-            info = await conn.call(MsgType.INFO, session)
-            coord.check_status(info, address, "INFO")
-            have = info.max_lsn
-            if have > hwm:
-                coord.check_status(await conn.call(MsgType.TRUNCATE, session, hwm + 1), address, "TRUNCATE")
-            elif have < hwm:
-                for src in [a for a in conns if reports[a] >= hwm and a != address]:
-                    try:
-                        await copy_records(coord, conns[src], conn, session, have + 1, hwm + 1)
-                        break
-                    except ReplicaUnavailable:
-                        if conn.dead:
-                            raise
-                        continue
-                else:
-                    return
-            coord.check_status(await conn.call(MsgType.SET_LWM, session, hwm), address, "SET_LWM")
-            clean[address] = conn
+            if await finish_replica(host, j, session, hwm, sources):
+                clean[j.address] = j.conn
+        except SessionFenced:
+            if not await host.meta_writer.still_ours():
+                raise
+            log.warning("recovery: replica %s claims a newer session; not clean", j.address)
         except ReplicaUnavailable as exc:
-            log.warning("recovery: replica %s failed while being cleaned: %s", address, exc)
+            log.warning("recovery: replica %s failed while being cleaned: %s", j.address, exc)
 
     async with trio.open_nursery() as cleaners:
-        for a in conns:
-            cleaners.start_soon(clean_up, a)
+        for j in vote.joined.values():
+            cleaners.start_soon(clean_up, j)
+    states = final_states(before, host.replicas, set(clean), session, hwm)
 
-    new = PartitionMeta(meta.generation, session, {})
-    for r, state in meta.replicas.items():
-        if r in clean:
-            new.replicas[r] = ReplicaState(session, UNRESOLVED)
-        elif state.closing_hwm == UNRESOLVED:
-            new.replicas[r] = ReplicaState(state.session_id, hwm)
-        else:
-            new.replicas[r] = state
+    def record(m: PartitionMeta) -> None:
+        m.replicas = dict(states)
+
     try:
-        version = await coord.blocking(coord.meta.save, new, version)
-    except MetadataConflict as exc:
-        for c in conns.values():
-            c.kill("fenced")
-        raise SessionFenced(f"partition {coord.partition}: another coordinator changed the partition metadata "
-                            f"while session {session} was recovering; this coordinator must stop") from exc
-    for a, c in conns.items():
-        if a not in clean:
-            c.kill("not clean after recovery")
-    return RecoveryResult(session, new, version, hwm, clean)
-
+        meta = await host.meta_writer.update(record)
+    except BaseException:
+        for j in vote.joined.values():
+            j.conn.kill("recovery failed")
+        raise
+    for j in vote.joined.values():
+        if j.address not in clean:
+            j.conn.kill("not clean after recovery")
+    return RecoveryResult(session, meta, hwm, clean)

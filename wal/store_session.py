@@ -21,8 +21,10 @@ write quorum (n // 2 + 1) of counting replicas made it durable; never earlier.
   fails with QuorumLost (its outcome is unknown until recovery) and the coordinator
   starts a new store session (recovery waits until the vote is decidable), after
   which writes resume.
-* A FENCED reply (a newer session exists) or a lost ZooKeeper session fails every
-  append with SessionFenced, and the coordinator stops for good.
+* A FENCED reply (a newer session exists) makes the coordinator re-read the partition
+  metadata: only if it names another session (or a newer generation) does every
+  append fail with SessionFenced and the coordinator stop for good; otherwise that
+  node is treated as unavailable. A lost ZooKeeper session fences too.
 
 Everything runs on trio with streams from ``connect`` and trio's clock, so a whole
 cluster runs in memory under a MockClock (tests/test_replication_sim.py).
@@ -41,7 +43,6 @@ from typing import Any
 import trio
 
 from sediment.errors import (
-    MetadataConflict,
     MetadataError,
     QuorumLost,
     ReplicationError,
@@ -49,8 +50,14 @@ from sediment.errors import (
     SessionFenced,
 )
 from sediment.wal import record as rec
-from sediment.wal.partition_meta import UNRESOLVED, PartitionMetaStore, ReplicaState
-from sediment.wal.recovery import copy_records, open_replica, recover
+from sediment.wal.partition_meta import (
+    UNRESOLVED,
+    PartitionMeta,
+    PartitionMetaStore,
+    PartitionMetaWriter,
+    ReplicaState,
+)
+from sediment.wal.recovery import clip_frames, copy_records, open_replica, recover, truncate_to
 from sediment.wal.replica import Call, Connect, ReplicaConnection
 from sediment.wal.vote import quorum_size
 from sediment.wal.wire import MsgType, Response, Status
@@ -104,7 +111,8 @@ class Coordinator:
     def __init__(self, replicas: Sequence[str], meta: PartitionMetaStore, cluster_key: uuid.UUID,
                  partition: int = 0, *, connect: Connect, timeout: float = 5.0, retry_interval: float = 0.2,
                  blocking: Callable[..., Any] = run_blocking_in_thread, max_batch_bytes: int = 4 << 20,
-                 max_inflight: int = 32, retain_bytes: int = 64 << 20, catchup_bytes: int = 1 << 20) -> None:
+                 max_inflight: int = 32, retain_bytes: int = 64 << 20, catchup_bytes: int = 1 << 20,
+                 generation: int = 0) -> None:
         if len(set(replicas)) != len(replicas) or not replicas:
             raise ReplicationError(f"replicas {list(replicas)} must be distinct and at least one")
         self.replicas = list(replicas)
@@ -121,8 +129,9 @@ class Coordinator:
         self.trimmed = 0
         self.retain_bytes = retain_bytes
         self.catchup_bytes = catchup_bytes
+        self.meta_writer = PartitionMetaWriter(meta, blocking, generation)
         self.session = 0
-        self.meta_version = 0
+        self.closing_hwm = -1  # the current session's resolved closing high-water mark
         self.replica_states: dict[str, ReplicaState] = {}
         self.end_lsn = 0  # next LSN to assign
         self.committed = -1  # highest acknowledged LSN
@@ -132,6 +141,7 @@ class Coordinator:
         self.retained: deque[Batch] = deque()
         self._retained_bytes = 0
         self.fenced: SessionFenced | None = None
+        self._fence_suspect = ""  # a node answered FENCED: check the metadata before recovering
         self.writable = trio.Event()
         self.restarting = False  # a replica failed: a new session is recovering, submissions wait
         self._restart_by = 0.0  # (trio clock) when waiting submissions fail if no session took them
@@ -185,11 +195,16 @@ class Coordinator:
         started = False
         while self.fenced is None:
             self.writable = trio.Event()
+            if self._fence_suspect and not await self._still_ours():
+                self.fence(self._fence_suspect)
+                break
+            self._fence_suspect = ""
             try:
                 async with trio.open_nursery() as nursery:
                     self._session_scope = nursery.cancel_scope
                     await self._start_session(nursery)
                     if not started:
+                        await self.writable.wait()
                         task_status.started()
                         started = True
                     await self._write_loop()
@@ -203,6 +218,17 @@ class Coordinator:
         if not started:
             task_status.started()
 
+    async def _still_ours(self) -> bool:
+        """A node answered FENCED: only the metadata says whether another session took over
+        (a node whose storage came from elsewhere may claim a newer session)."""
+        while True:
+            try:
+                return await self.meta_writer.still_ours()
+            except MetadataError as exc:
+                log.warning("partition %d: cannot read the metadata to check a fence (%s); retrying",
+                            self.partition, exc)
+                await trio.sleep(self.retry_interval)
+
     # --- sessions ---------------------------------------------------------------------------
 
     async def _start_session(self, nursery: trio.Nursery) -> None:
@@ -211,7 +237,7 @@ class Coordinator:
             nursery.start_soon(self._restart_deadline)
         res = await recover(self, nursery)
         self.session = res.session_id
-        self.meta_version = res.meta_version
+        self.closing_hwm = res.closing_hwm
         self.replica_states = dict(res.meta.replicas)
         self.end_lsn = res.closing_hwm + 1
         self.committed = res.closing_hwm
@@ -228,13 +254,18 @@ class Coordinator:
                 self._spawn_catch_up(link)
         nursery.start_soon(self._watchdog)
         self.sessions_started += 1
-        if len(res.clean) < self.quorum:
-            raise_quorum = QuorumLost(f"partition {self.partition}: only {sorted(res.clean)} are clean after "
-                                      f"recovery; a quorum of {self.quorum} is needed")
-            self._broken = raise_quorum
+        if not res.clean:
+            self._broken = QuorumLost(f"partition {self.partition}: no replica is clean after recovery")
             await trio.sleep(self.retry_interval)
             nursery.cancel_scope.cancel()
             return
+        if len(res.clean) < self.quorum:  # the others are caught up from the clean ones, then it writes
+            log.info("partition %d session %d: only %s clean; writing once %d are in sync", self.partition,
+                     self.session, sorted(res.clean), self.quorum)
+            return
+        self._become_writable()
+
+    def _become_writable(self) -> None:
         self._end_restart()
         self.writable.set()
         if self.queue:
@@ -279,6 +310,7 @@ class Coordinator:
                     self._drop(link, f"no reply to an append within {self.timeout}s")
 
     async def _write_loop(self) -> None:
+        await self.writable.wait()
         while True:
             while not self.queue:
                 await self._wake.wait()
@@ -330,8 +362,7 @@ class Coordinator:
         resp = call.response
         if call.error is not None or resp is None or not resp.ok:
             if resp is not None and resp.status == Status.FENCED:
-                self.fence(f"storage node {link.address} says {resp.message}")
-                return
+                self._fence_suspect = f"storage node {link.address} says {resp.message}"
             why = str(call.error) if call.error is not None else f"{resp.status.name}: {resp.message}"
             self._drop(link, why)
             return
@@ -452,12 +483,24 @@ class Coordinator:
                 self._disconnect(link, str(exc))
                 await trio.sleep(self.retry_interval)
             except SessionFenced as exc:
-                self.fence(str(exc))
-                return
+                if not await self._still_ours():
+                    self.fence(str(exc))
+                    return
+                log.warning("partition %d: %s, but the metadata is still at this session; retrying %s later",
+                            self.partition, exc, link.address)
+                self._disconnect(link, str(exc))
+                await trio.sleep(self.retry_interval)
 
     async def _catch_up_once(self, link: Link) -> None:
-        conn, max_lsn, _ = await open_replica(self, self._nursery_ref, link.address, self.session,
-                                              self.replica_states)
+        """Waltz's late replica: classified like any other, truncated to this session's closing
+        high-water mark, its low-water mark set to it, then copied up to the live stream."""
+        j = await open_replica(self, self._nursery_ref, link.address, self.session, self.meta_writer.meta)
+        conn, max_lsn = j.conn, j.mark
+        valid = max(self.closing_hwm, link.acked)  # what it acknowledged in this session is this session's
+        if max_lsn > valid:
+            max_lsn = await truncate_to(self, conn, self.session, valid)
+        self.check_status(await conn.call(MsgType.SET_LWM, self.session, self.closing_hwm), link.address,
+                          f"SET_LWM {self.closing_hwm}")
         link.conn, link.state, link.acked = conn, "catching", max_lsn
         nxt = max_lsn + 1
         while True:
@@ -488,20 +531,7 @@ class Coordinator:
             if link.conn is not conn or link.state == "down":
                 raise ReplicaUnavailable(f"replica {link.address} failed while catching up")
             await self._progress.wait()
-        # Counted only once the metadata says it is engaged in this session (see module doc).
-        states = dict(self.replica_states)
-        states[link.address] = ReplicaState(self.session, UNRESOLVED)
-        meta, version = await self.blocking(self.meta.load)
-        if version != self.meta_version or meta.session_id != self.session:
-            raise SessionFenced(f"the partition metadata moved to session {meta.session_id} (version {version})")
-        meta.replicas = states
-        try:
-            self.meta_version = await self.blocking(self.meta.save, meta, version)
-        except MetadataConflict as exc:
-            raise SessionFenced("the partition metadata changed under this session") from exc
-        except MetadataError as exc:
-            raise ReplicaUnavailable(f"cannot record {link.address} as caught up: {exc}") from exc
-        self.replica_states = states
+        await self._record_in_session(link.address)
         if link.conn is conn and link.state == "joining":
             link.state = "in_sync"
             for b in self.inflight:
@@ -509,6 +539,21 @@ class Coordinator:
                     b.acks.add(link.address)
             self._advance()
             log.info("partition %d: replica %s caught up and back in sync", self.partition, link.address)
+            if not self.writable.is_set() and len(self.in_sync()) >= self.quorum:
+                self._become_writable()
+
+    async def _record_in_session(self, address: str) -> None:
+        """Counted only once the metadata says it is engaged in this session (see module doc).
+        Through the one metadata writer: a conflict re-reads and retries, and only metadata
+        that moved to another session (or generation) fences."""
+        def engage(meta: PartitionMeta) -> None:
+            meta.replicas[address] = ReplicaState(self.session, UNRESOLVED)
+
+        try:
+            meta = await self.meta_writer.update(engage)
+        except MetadataError as exc:
+            raise ReplicaUnavailable(f"cannot record {address} as caught up: {exc}") from exc
+        self.replica_states = dict(meta.replicas)
 
     # --- helpers used by recovery ---------------------------------------------------------
 
@@ -521,24 +566,7 @@ class Coordinator:
             raise ReplicationError(f"storage node {address} refused {what}: {resp.message}")
         raise ReplicaUnavailable(f"storage node {address} refused {what}: {resp.status.name}: {resp.message}")
 
-    @staticmethod
-    def clip(payload: bytes, start: int, stop: int) -> tuple[bytes, int]:
-        """The frames of ``payload`` with LSN in [start, stop), and how many there are."""
-        view = memoryview(payload)
-        pos = 0
-        begin = end = -1
-        count = 0
-        while pos < len(payload):
-            head = rec.decode_header(view, pos)
-            if head is None:
-                raise ReplicaUnavailable(f"damaged record frame at payload offset {pos}")
-            if start <= head.lsn < stop:
-                if begin < 0:
-                    begin = pos
-                end = pos + head.frame_size
-                count += 1
-            pos += head.frame_size
-        return (bytes(view[begin:end]) if begin >= 0 else b""), count
+    clip = staticmethod(clip_frames)
 
     async def read(self, start: int, max_bytes: int = 1 << 20) -> bytes:
         """Committed record frames from ``start`` (up to the committed end), from an in-sync replica."""

@@ -1,22 +1,36 @@
 """The recovery vote on a partition's closing high-water mark (pure; no I/O, no clock).
 
-When a new store session starts, the records the previous session acknowledged are
-exactly those a write quorum made durable, but the coordinator that knew which ones
-those were is gone. Each reachable replica reports its high-water mark X (its max
-LSN) and so votes for every H <= X: it holds every record up to X. The highest H that
-a quorum votes for is the closing high-water mark: everything at or below it may
-have been acknowledged and is kept; nothing above it can have reached a write quorum,
-so it is dirty and truncated.
+Waltz's rule ("Quorum Checking in the Recovery Process", and its recovery manager).
+Every replica named in the partition metadata that reports is classified first
+(wal/recovery.py does it): a *voting* replica was engaged in the last store session
+with consistent storage and may hold records that session wrote but never
+acknowledged; a *non-voting* replica was truncated to a mark that is already known to
+be committed (its stored low-water mark, or its closing high-water mark), or is too
+far behind to have taken part in the last session's writes. Replicas new to the
+metadata take no part at all; *absent* replicas are metadata replicas that have not
+reported (removed ones still in the metadata included): they might hold anything.
 
-Replicas that cannot be reached might hold anything, so a candidate that misses the
-quorum but would reach it with the offline replicas' votes makes the vote
-*undecidable*: the caller must wait until more replicas report (or a lagging one
-catches up) and vote again. This is Waltz's "Quorum Checking in the Recovery Process".
+With ``quorum = len(metadata replicas) // 2 + 1``, distinct reported marks are examined
+in descending order; ``supports(H)`` counts reporters (voting or not) at or above H:
+
+* H below the lowest voting mark: no decision yet. Some voter holds more than H and it
+  may have been acknowledged; the replicas below are caught up from one above them and
+  the vote runs again (catch-up only raises marks, so this terminates).
+* ``supports(H) >= quorum``: H is the closing high-water mark.
+* ``supports(H) + absent >= quorum``: undecidable; the absent replicas could still give
+  H a quorum. It stays so until the situation changes (a report, a catch-up).
+
+While no replica votes, nothing is decided as long as some replica is absent (it may
+be a voter holding more; Waltz waits the same way). With no voter and nobody absent,
+the highest reported mark plays the lowest voting mark's part: everything a
+non-voting replica holds is committed, so nothing below the top may be chosen (Waltz
+would wait for ever there; we catch up to the top instead).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 EMPTY = -1  # the high-water mark of a log that holds no record
 
@@ -28,32 +42,50 @@ def quorum_size(replica_count: int) -> int:
     return replica_count // 2 + 1
 
 
-def resolve_closing_hwm(reported: Mapping[str, int], replica_count: int) -> int | None:
-    """The closing high-water mark, or None while it is undecidable.
+@dataclass(frozen=True)
+class Decision:
+    """The vote's outcome: ``resolved`` (the closing mark) or why there is none yet.
 
-    ``reported`` maps each reachable replica to its max LSN (-1: empty). Candidates are
-    examined in descending order; the first with a quorum of votes wins, unless an
-    earlier (higher) candidate had ``votes + offline >= quorum``: then the offline
-    replicas could still give that higher mark a quorum, and the answer is None.
-    Returns -1 when no record can have reached a quorum. The EMPTY candidate needs no
-    reports: every replica, offline ones included, votes for it, so e.g. one replica of
-    two reporting -1 decides -1 (but one of three does not: the other two may hold more) (a literal reading of the seed would wait instead; the
-    brute-force test against all completions of the offline replicas shows -1 is exact).
-    """
+    ``catch_up``: some reporters are below the highest reported mark and the rule needs
+    them raised before it can decide. ``undecidable``: the absent replicas could still
+    change the answer; wait for them (catch-ups may also help)."""
+
+    resolved: int | None = None
+    undecidable: bool = False
+    catch_up: bool = False
+
+
+def decide(voting: Sequence[int], non_voting: Sequence[int], absent: int, quorum: int) -> Decision:
+    """Apply the rule above to the reported marks (-1: empty)."""
+    if quorum < 1 or absent < 0:
+        raise ValueError(f"quorum {quorum} and absent {absent} must be >= 1 and >= 0")
+    marks = list(voting) + list(non_voting)
+    behind = bool(marks) and min(marks) < max(marks)
+    if absent >= quorum:  # the absent alone could hold a quorum above everything reported
+        return Decision(undecidable=True, catch_up=behind)
+    if not marks:
+        return Decision(resolved=EMPTY)
+    if not voting and absent:  # as in Waltz: nothing is decided before a voter (maybe absent) reports
+        return Decision(undecidable=True, catch_up=behind)
+    floor = min(voting) if voting else max(marks)
+    for h in sorted(set(marks), reverse=True):
+        if h < floor:
+            return Decision(catch_up=True)
+        if h == EMPTY:  # every replica, absent or not, holds the empty prefix
+            return Decision(resolved=EMPTY)
+        supports = sum(1 for m in marks if m >= h)
+        if supports >= quorum:
+            return Decision(resolved=h)
+        if supports + absent >= quorum:
+            return Decision(undecidable=True, catch_up=behind)
+    return Decision(undecidable=True, catch_up=behind)
+
+
+def resolve_closing_hwm(reported: dict[str, int], replica_count: int) -> int | None:
+    """Every reporter votes, nobody is new: the closing mark, or None while undecidable.
+
+    Kept for callers that know only max LSNs; catch-up is theirs to do."""
     if len(reported) > replica_count:
         raise ValueError(f"{len(reported)} replicas reported but the partition has {replica_count}")
-    quorum = quorum_size(replica_count)
-    offline = replica_count - len(reported)
-    marks = sorted(reported.values(), reverse=True)
-    if offline >= quorum:
-        return None  # the offline replicas alone could hold a quorum above everything reported
-    for candidate in sorted(set(marks) | {EMPTY}, reverse=True):
-        if candidate == EMPTY:
-            # Every replica, offline or not, holds the empty prefix: nothing lower can win.
-            return EMPTY
-        votes = sum(1 for x in marks if x >= candidate)
-        if votes >= quorum:
-            return candidate
-        if votes + offline >= quorum:
-            return None
-    raise AssertionError("unreachable: the EMPTY candidate always resolves")
+    d = decide(list(reported.values()), [], replica_count - len(reported), quorum_size(replica_count))
+    return d.resolved
