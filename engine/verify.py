@@ -134,10 +134,12 @@ def verify_device(path: str, report: VerifyReport) -> None:
 
 def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, report: VerifyReport) -> None:
     """Every relation's trace: its invariants, and every batch it references read in full
-    (Parquet page checksums, footer description, row count)."""
+    (size, whole-object and footer CRC32C recorded in the trace state, footer description,
+    schema against the catalog, Parquet page checksums, row count)."""
     from sediment.blob.uri import open_blob_store
     from sediment.engine.catalog import RELATIONS, RelationEntry
     from sediment.engine.metadata_journal import load_readonly
+    from sediment.engine.schema import update_schema
     from sediment.trace.state import TraceState
     from sediment.trace.store import TraceStore, state_key
 
@@ -163,7 +165,8 @@ def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, repo
                 report.problems.append(f"relation {key[len(RELATIONS):]!r}: {exc}")
                 continue
             report.checked += [f"{uri}/{k}" for k in state.keys()]
-            report.problems += [f"relation {entry.name!r}: {p}" for p in store.verify(state)]
+            report.problems += [f"relation {entry.name!r}: {p}"
+                                for p in store.verify(state, update_schema(entry.schema))]
     finally:
         blobs.close()
 

@@ -37,3 +37,33 @@ def test_commit_body_example_lists_the_further_transactions():
     commit = rec.Record(rec.RecordKind.COMMIT, txn_id=int(m.group(2), 16), body=body)
     assert rec.committed_txn_ids(commit) == [int(g, 16) for g in m.groups()[2:]]
     assert rec.encode_txn_ids([int(g, 16) for g in m.groups()[3:]]) == body
+
+
+def test_trace_state_example_decodes_with_checksums():
+    import json
+
+    from sediment.trace.state import TraceState
+
+    text = DOC.read_text()
+    section = text[text.index("### Trace state document"):]
+    block = section[section.index("```json") + 7:]
+    doc = block[: block.index("```")]
+    state = TraceState.decode(doc.encode())
+    first = state.batches[0]
+    assert (first.crc, first.footer_crc) == (2788437105, 1215470853)
+    assert state.batches[2].crc is None  # written before checksums were recorded: still loads
+    assert json.loads(state.encode()) == json.loads(doc)
+
+
+def test_footer_crc_example_covers_the_stated_bytes():
+    import crc32c
+
+    from sediment.trace.batch import footer_checksum
+
+    m = re.search(r"last 8 bytes are `([0-9a-f ]+)`, the footer is 0x([0-9a-f]+) = (\d+) bytes long", DOC.read_text())
+    assert m is not None, "the footer_crc example moved; update this test"
+    trailer = bytes.fromhex(m.group(1).replace(" ", ""))
+    flen = int(m.group(3))
+    assert int(m.group(2), 16) == flen == int.from_bytes(trailer[:4], "little")
+    obj = b"PAR1" + bytes(range(256)) * 4 + b"x" * flen + trailer
+    assert footer_checksum(obj) == (flen, crc32c.crc32c(obj[-(flen + 8):]))
