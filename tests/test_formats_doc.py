@@ -60,9 +60,10 @@ def test_footer_crc_example_covers_the_stated_bytes():
 
     from sediment.trace.batch import footer_checksum
 
-    m = re.search(r"last 8 bytes are `([0-9a-f ]+)`, the footer is 0x([0-9a-f]+) = (\d+) bytes long", DOC.read_text())
+    m = re.search(r"last 8 bytes are `([0-9a-f\s]+)`,\s+the\s+footer\s+is\s+0x([0-9a-f]+)\s+=\s+(\d+)\s+bytes\s+long",
+                  DOC.read_text())
     assert m is not None, "the footer_crc example moved; update this test"
-    trailer = bytes.fromhex(m.group(1).replace(" ", ""))
+    trailer = bytes.fromhex(re.sub(r"\s+", "", m.group(1)))
     flen = int(m.group(3))
     assert int(m.group(2), 16) == flen == int.from_bytes(trailer[:4], "little")
     obj = b"PAR1" + bytes(range(256)) * 4 + b"x" * flen + trailer
