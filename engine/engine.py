@@ -141,6 +141,7 @@ class Engine:
         lock_slots: int = DEFAULT_SLOTS,
         arrow_memory_pool: str | None = "system",
         repair: bool = False,
+        take_over_blob_prefix: bool = False,
     ) -> None:
         configure_memory_pool(arrow_memory_pool)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
@@ -179,6 +180,8 @@ class Engine:
             s3_endpoint = stored.get("s3_endpoint")
             self._blobs = self._open_blobs(blob, s3_endpoint)
             self.traces = TraceStore(self._meta, self._blobs)
+            self.traces.check_owner(stored["engine_id"], self.blob_uri or "<blob store object>",
+                                    take_over=take_over_blob_prefix, data_dir=self.data_dir)
             self.catalog = Catalog(self._meta)
             self._epoch = self.catalog.next_epoch()
             self._txn_counter = 0
@@ -253,6 +256,10 @@ class Engine:
                     f"{self.data_dir} was created with {key}={recorded[key]!r}, not {value!r}; open it with the "
                     f"same {key} (or leave it out: the recorded one is used)")
         merged = {**recorded, **{k: v for k, v in given.items() if v is not None and v != "<object>"}}
+        if "engine_id" not in merged:  # this engine's identity: owner of its blob prefix (blob/owner.py)
+            import uuid
+
+            merged["engine_id"] = uuid.uuid4().hex
         if got is None or merged != recorded:  # recorded once the engine has opened with it
             self._record_storage = (json.dumps(merged, sort_keys=True).encode(), None if got is None else got.version)
         return merged

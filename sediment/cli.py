@@ -139,6 +139,8 @@ def _open(args: argparse.Namespace, *, create: bool = False, **options: object) 
         options.setdefault("s3_endpoint", getattr(args, "s3_endpoint", None))
     if getattr(args, "metadata", None):
         options.setdefault("metadata", args.metadata)
+    if getattr(args, "take_over_blob_prefix", False):
+        options.setdefault("take_over_blob_prefix", True)
     return sediment.open(data_dir, **options)
 
 
@@ -503,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "zk://127.0.0.1:2181/sediment (default $SEDIMENT_METADATA)")
         p.add_argument("--s3-endpoint", default=os.environ.get("AWS_ENDPOINT_URL") if top else argparse.SUPPRESS,
                        metavar="URL", help="S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)")
+        p.add_argument("--take-over-blob-prefix", action="store_true", default=False if top else argparse.SUPPRESS,
+                       help="make this data directory the owner of a blob prefix another engine owns "
+                       "(only once that engine is gone for good)")
         bar = p.add_mutually_exclusive_group()
         bar.add_argument("--progress", dest="progress", action="store_const", const=True,
                          default=None if top else argparse.SUPPRESS,

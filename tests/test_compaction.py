@@ -168,11 +168,14 @@ def test_orphan_batches_from_a_crash_before_commit_are_swept(eng, open_engine):
     eng.seal("r", 1)
     eng.compact()
     kept = blob_keys(eng)
-    eng._blobs.put(f"trace/{999:016x}/{0:016x}-{5:016x}-abc.parquet", b"half a batch")
+    mine = f"trace/{999:016x}/{0:016x}-{5:016x}-{eng.traces.owner_tag}abc.parquet"
+    eng._blobs.put(mine, b"half a batch")
+    foreign = f"trace/{999:016x}/{0:016x}-{5:016x}-abc.parquet"  # another writer's: never swept
+    eng._blobs.put(foreign, b"someone else's")
     eng.close()
     again = open_engine(compact=False, segment_bytes=1 << 14)
-    assert blob_keys(again) == kept
-    assert again.swept and rows(again.snapshot("r", 1)) == [(1, "a", 1)]
+    assert blob_keys(again) == sorted([*kept, foreign])
+    assert again.swept == [mine] and rows(again.snapshot("r", 1)) == [(1, "a", 1)]
 
 
 @pytest.mark.embedded_only  # eng._relations, eng._blobs

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore
 from sediment.engine.metadata import MetadataStore
 from sediment.errors import BatchCorruption, BlobNotFound, MetadataConflict, TraceError
@@ -29,6 +30,7 @@ from sediment.trace.batch import (
     new_nonce,
     object_checksum,
     open_stored,
+    parse_batch_key,
     read_row_group,
 )
 from sediment.trace.merge import merge_to_batch
@@ -68,6 +70,28 @@ class TraceStore:
         self.spill_dir = spill_dir
         self._versions: dict[int, int | None] = {}  # metadata version of each loaded state
         self._schemas: dict[int, pa.Schema] = {}  # relation id -> update schema, from the catalog
+        self.owner_tag = ""  # prefix of every nonce this engine writes ("" without an identity)
+        self._claim: tuple[str, str, bool, str] | None = None
+
+    def check_owner(self, engine_id: str, where: str, *, take_over: bool = False, data_dir: str = "") -> None:
+        """Before anything is written or deleted: refuse (BlobPrefixOwned) a prefix another
+        engine identity owns, and tag this engine's batch keys with its identity. The marker
+        itself is written by :meth:`sweep_orphans`, after the identity is durably recorded."""
+        owner_mod.check_owner(self.blobs, engine_id, where, take_over=take_over)
+        self.owner_tag = owner_mod.owner_tag(engine_id)
+        self._claim = (engine_id, where, take_over, data_dir)
+
+    def _nonce(self) -> str:
+        return self.owner_tag + new_nonce()
+
+    def _is_mine(self, key: str) -> bool:
+        try:
+            nonce = parse_batch_key(key).nonce
+        except BatchCorruption:
+            return False  # not a batch key at all: someone else's object
+        if not self.owner_tag:
+            return True
+        return nonce.startswith(self.owner_tag) and len(nonce) > len(self.owner_tag)
 
     def set_schema(self, relation_id: int, schema: pa.Schema) -> None:
         """The update schema every batch of the relation must have (else read from the catalog)."""
@@ -129,7 +153,7 @@ class TraceStore:
         desc = BatchDescription(relation_id, lower, upper, since, table.num_rows, first, last, level)
         data = encode_batch(table, desc)
         crc, footer_crc = checksums(data)
-        key = batch_key(relation_id, lower, upper, new_nonce())
+        key = batch_key(relation_id, lower, upper, self._nonce())
         self.blobs.put_if_absent(key, data)
         return BatchRef(key, lower, upper, table.num_rows, len(data), level, since, first, last, crc, footer_crc)
 
@@ -152,7 +176,7 @@ class TraceStore:
             final = merge_to_batch(inputs, key_columns, schema, desc, path, chunk_rows=chunk_rows)
             if final.rows == 0:
                 return BatchRef(None, lower, upper, level=level)
-            key = batch_key(relation_id, lower, upper, new_nonce())
+            key = batch_key(relation_id, lower, upper, self._nonce())
             size = os.path.getsize(path)
             crc, footer_crc = file_checksums(path)
             put_file = getattr(self.blobs, "put_file", None)
@@ -233,8 +257,14 @@ class TraceStore:
             self.blobs.delete(key)
 
     def sweep_orphans(self, referenced: set[str]) -> list[str]:
-        """Delete every object under ``trace/`` that no trace state references."""
-        orphans = [k for k in self.blobs.list(STATE_PREFIX) if k not in referenced]
+        """Claim the prefix (after :meth:`check_owner`), then delete every batch under ``trace/``
+        that this engine wrote (its nonce carries this engine's tag) and no trace state
+        references. Objects of other writers are never touched."""
+        if self._claim is not None:
+            engine_id, where, take_over, data_dir = self._claim
+            owner_mod.claim(self.blobs, engine_id, where, take_over=take_over, data_dir=data_dir)
+            self._claim = None
+        orphans = [k for k in self.blobs.list(STATE_PREFIX) if k not in referenced and self._is_mine(k)]
         self.delete(orphans)
         sweep = getattr(self.blobs, "sweep_temporaries", None)
         if sweep is not None:
