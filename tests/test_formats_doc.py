@@ -68,3 +68,12 @@ def test_footer_crc_example_covers_the_stated_bytes():
     assert int(m.group(2), 16) == flen == int.from_bytes(trailer[:4], "little")
     obj = b"PAR1" + bytes(range(256)) * 4 + b"x" * flen + trailer
     assert footer_checksum(obj) == (flen, crc32c.crc32c(obj[-(flen + 8):]))
+
+
+def test_journal_header_example_decodes():
+    from sediment.engine.metadata_journal_format import _scan_journal, journal_header
+
+    header = _example_after("Worked example, the header of a journal following the snapshot of transaction 5")
+    assert header == journal_header(5)
+    scan = _scan_journal(header, "journal")
+    assert scan.base == 5 and scan.corruption is None and not scan.entries
