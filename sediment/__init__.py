@@ -37,7 +37,9 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     (seconds between passes besides the wake-up on every finished segment; None: only
     on those), ``merge_factor``, ``memory_bound`` (bytes a merge may hold, default
     256 MiB), ``lock_slots`` (size of the optimistic lock table), ``repair`` (cut a
-    damaged log instead of refusing to open).
+    damaged log instead of refusing to open), ``take_over_blob_prefix`` (make this engine
+    the owner of a blob prefix whose owner marker names another engine; only once that
+    engine is gone for good: see docs/architecture.md).
     """
     return Engine(data_dir, **options)
 

@@ -77,3 +77,16 @@ def test_journal_header_example_decodes():
     assert header == journal_header(5)
     scan = _scan_journal(header, "journal")
     assert scan.base == 5 and scan.corruption is None and not scan.entries
+
+
+def test_owner_marker_example_decodes():
+    from sediment.blob.owner import OwnerMarker
+
+    text = DOC.read_text()
+    m = re.search(r"Example: `(\{\"created\".*?\})`; this engine's\s+batch nonces start with `([0-9a-f]+)`",
+                  text, re.S)
+    assert m is not None, "the owner marker example moved; update this test"
+    raw = re.sub(r"\s+", "", m.group(1)).encode()
+    marker = OwnerMarker.decode(raw, "doc")
+    assert (marker.engine_id, marker.data_dir, marker.taken_from) == ("0f1e2d3c4b5a69788796a5b4c3d2e1f0", "/srv/a", None)
+    assert marker.tag == m.group(2) and marker.encode() == raw
