@@ -207,3 +207,29 @@ def test_crash_states_of_a_checkpoint_open_cleanly(tmp_path):
     (fresh / JOURNAL_NAME).write_bytes(journal_header(0))
     with JournalMetadataStore(fresh) as s:
         assert s.list("") == []
+
+
+@pytest.mark.parametrize("name", [JOURNAL_NAME, SNAPSHOT_NAME])
+def test_engine_refuses_a_catalog_with_a_deleted_file_and_verify_agrees(tmp_path, name):
+    """A deleted catalog file stops the engine before its start-up sweep can treat batches as
+    garbage (before, a deleted journal silently gave the snapshot's older catalog)."""
+    import pyarrow as pa
+
+    import sediment
+    from sediment.engine.verify import verify_data_dir
+
+    data = tmp_path / "data"
+    with sediment.open(str(data), compact_interval=None) as e:
+        e.add_relation("r", pa.schema([("k", pa.int64())]))
+        e.append("r", pa.table({"k": [1, 2], "time": [1, 1], "diff": [1, 1]}))
+        e.seal("r", 1)
+        e.compact()
+    with sediment.open(str(data), compact_interval=None) as e:  # the reopen checkpoints the catalog
+        assert e.relations() == ["r"]
+    blobs_before = sorted(p.name for p in (data / "blobs").rglob("*.parquet"))
+    (data / "meta" / name).unlink()
+    report = verify_data_dir(str(data))
+    assert not report.ok and any(name in p for p in report.problems)
+    with pytest.raises(MetadataCorruption, match="missing"):
+        sediment.open(str(data), compact_interval=None)
+    assert sorted(p.name for p in (data / "blobs").rglob("*.parquet")) == blobs_before
