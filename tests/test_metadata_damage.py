@@ -233,3 +233,26 @@ def test_engine_refuses_a_catalog_with_a_deleted_file_and_verify_agrees(tmp_path
     with pytest.raises(MetadataCorruption, match="missing"):
         sediment.open(str(data), compact_interval=None)
     assert sorted(p.name for p in (data / "blobs").rglob("*.parquet")) == blobs_before
+
+
+def test_engine_whose_whole_metadata_directory_vanished_is_refused_at_its_blob_prefix(tmp_path):
+    """Both catalog files gone look like a new directory to the store itself; the engine's
+    new identity then meets the old one in the blob prefix's owner marker and is refused
+    before its sweep could take the old batches for garbage."""
+    import pyarrow as pa
+
+    import sediment
+    from sediment.errors import BlobPrefixOwned
+
+    data = tmp_path / "data"
+    with sediment.open(str(data), compact_interval=None) as e:
+        e.add_relation("r", pa.schema([("k", pa.int64())]))
+        e.append("r", pa.table({"k": [1], "time": [1], "diff": [1]}))
+        e.seal("r", 1)
+        e.compact()
+    batches = sorted(p.name for p in (data / "blobs").rglob("*.parquet"))
+    assert batches
+    shutil.rmtree(data / "meta")
+    with pytest.raises(BlobPrefixOwned, match=str(data)):
+        sediment.open(str(data), compact_interval=None)
+    assert sorted(p.name for p in (data / "blobs").rglob("*.parquet")) == batches
