@@ -147,6 +147,7 @@ class Engine:
         arrow_memory_pool: str | None = "system",
         repair: bool = False,
         clock: Any = None,
+        take_over_blob_prefix: bool = False,
     ) -> None:
         args.check_open_options({k: v for k, v in locals().items() if k not in ("self", "data_dir")})
         self.data_dir = os.path.abspath(args.check_data_dir(data_dir))
@@ -197,6 +198,8 @@ class Engine:
                 deploy.require_shared_blob(blob, self.data_dir)
             self._blobs = self._open_blobs(blob, s3_endpoint)
             self.traces = TraceStore(self._meta, self._blobs)
+            self.traces.check_owner(stored["engine_id"], self.blob_uri or "<blob store object>",
+                                    take_over=take_over_blob_prefix, data_dir=self.data_dir)
             self.catalog = Catalog(self._meta)
             self._epoch = self.catalog.next_epoch()
             self._txn_counter = 0
@@ -276,6 +279,10 @@ class Engine:
                     f"{self.data_dir} was created with {key}={recorded[key]!r}, not {value!r}; open it with the "
                     f"same {key} (or leave it out: the recorded one is used)")
         merged = {**recorded, **{k: v for k, v in given.items() if v is not None and v != "<object>"}}
+        if "engine_id" not in merged:  # this engine's identity: owner of its blob prefix (blob/owner.py)
+            import uuid
+
+            merged["engine_id"] = uuid.uuid4().hex
         if got is None or merged != recorded:  # recorded once the engine has opened with it
             self._record_storage = (json.dumps(merged, sort_keys=True).encode(), None if got is None else got.version)
         return merged

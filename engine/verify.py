@@ -107,10 +107,12 @@ def verify_device(path: str, report: VerifyReport) -> None:
 
 def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, report: VerifyReport) -> None:
     """Every relation's trace: its invariants, and every batch it references read in full
-    (Parquet page checksums, footer description, row count)."""
+    (size, whole-object and footer CRC32C recorded in the trace state, footer description,
+    schema against the catalog, Parquet page checksums, row count)."""
     from sediment.blob.uri import open_blob_store
     from sediment.engine.catalog import RELATIONS, RelationEntry
     from sediment.engine.metadata_journal import load_readonly
+    from sediment.engine.schema import update_schema
     from sediment.trace.state import TraceState
     from sediment.trace.store import TraceStore, state_key
 
@@ -123,6 +125,7 @@ def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, repo
     blobs = open_blob_store(uri, s3_endpoint=s3_endpoint) if uri.startswith("s3://") else open_blob_store(uri)
     store = TraceStore(meta=None, blobs=blobs)  # type: ignore[arg-type]
     try:
+        _verify_owner(meta, blobs, uri, report)
         for key, value in sorted(meta.items()):
             if not key.startswith(RELATIONS):
                 continue
@@ -136,9 +139,31 @@ def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, repo
                 report.problems.append(f"relation {key[len(RELATIONS):]!r}: {exc}")
                 continue
             report.checked += [f"{uri}/{k}" for k in state.keys()]
-            report.problems += [f"relation {entry.name!r}: {p}" for p in store.verify(state)]
+            report.problems += [f"relation {entry.name!r}: {p}"
+                                for p in store.verify(state, update_schema(entry.schema))]
     finally:
         blobs.close()
+
+
+def _verify_owner(meta: dict, blobs, uri: str, report: VerifyReport) -> None:
+    """The blob prefix's owner marker names this data directory's engine identity (else the
+    engine refuses to open: blob/owner.py)."""
+    import json
+
+    from sediment.blob.owner import read_owner
+    from sediment.engine.engine import STORAGE_KEY
+
+    got = meta.get(STORAGE_KEY)
+    engine_id = json.loads(got.value).get("engine_id") if got is not None else None
+    try:
+        owner = read_owner(blobs, uri)
+    except SedimentError as exc:
+        report.problems.append(str(exc))
+        return
+    if owner is not None and owner.engine_id != engine_id:  # no recorded identity: open would make a new one
+        report.problems.append(f"blob prefix {uri} belongs to engine {owner.engine_id} (data directory "
+                               f"{owner.data_dir or '?'}), not to this data directory's engine {engine_id or '(none recorded yet)'}; "
+                               "the engine refuses to open it (see --take-over-blob-prefix)")
 
 
 def _recorded_wal(meta_dir: str) -> str:

@@ -41,7 +41,9 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     None: only on finished segments), ``clock`` (a trio clock for the compacter, e.g.
     ``trio.testing.MockClock`` in tests), ``merge_factor``, ``memory_bound`` (bytes a merge may hold, default
     256 MiB), ``lock_slots`` (size of the optimistic lock table), ``repair`` (cut a
-    damaged log instead of refusing to open).
+    damaged log instead of refusing to open), ``take_over_blob_prefix`` (make this engine
+    the owner of a blob prefix whose owner marker names another engine; only once that
+    engine is gone for good: see docs/architecture.md).
     """
     import inspect
 

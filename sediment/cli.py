@@ -156,6 +156,8 @@ def _open(args: argparse.Namespace, *, create: bool = False, **options: object) 
         options.setdefault("replicas", [r.strip() for r in args.replicas.split(",") if r.strip()])
     if getattr(args, "cluster_key", None):
         options.setdefault("cluster_key", args.cluster_key)
+    if getattr(args, "take_over_blob_prefix", False):
+        options.setdefault("take_over_blob_prefix", True)
     return sediment.open(data_dir, **options)
 
 
@@ -609,6 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(default $SEDIMENT_LOG_LEVEL or warning)"))
         p.add_argument("--log-format", default=default("text"), choices=("text", "json"),
                        help=doc("log lines as text, or as one JSON object per line (default text)"))
+        p.add_argument("--take-over-blob-prefix", action="store_true", default=default(False),
+                       help=doc("make this data directory the owner of a blob prefix another engine owns "
+                                "(only once that engine is gone for good)"))
         bar = p.add_mutually_exclusive_group() if top else p  # argparse cannot format a group of hidden options
         bar.add_argument("--progress", dest="progress", action="store_const", const=True, default=default(None),
                          help=doc("always show progress on stderr (default: only on a terminal)"))

@@ -223,6 +223,14 @@ class BlobAlreadyExists(BlobError):
     """``put_if_absent`` found an object at that key already."""
 
 
+class BlobPrefixOwned(BlobError):
+    """The blob prefix belongs to another engine (its owner marker names a different engine
+    identity), so this engine refuses to use it: its start-up sweep would otherwise delete
+    the other engine's batches. Nothing was written or deleted. Use another prefix, or take
+    the prefix over explicitly (``take_over_blob_prefix=True``, CLI ``--take-over-blob-prefix``) once the
+    other engine is gone for good."""
+
+
 # --- traces and batches ---------------------------------------------------------------------
 
 

@@ -304,7 +304,7 @@ def _batch_tables(spec: ReadSpec, partition: BatchPartition) -> Iterator[pa.Tabl
     """The partition's row groups of its batch, opened once, with the footer checked against
     the plan's reference and every page checksum verified, as :meth:`TraceStore.read_stream` does."""
     from sediment.errors import BatchCorruption, BlobNotFound
-    from sediment.trace.batch import BlobReader, open_batch, read_row_group
+    from sediment.trace.batch import open_stored, read_row_group
     from sediment.trace.state import BatchRef
     from sediment.trace.store import describe
 
@@ -312,14 +312,12 @@ def _batch_tables(spec: ReadSpec, partition: BatchPartition) -> Iterator[pa.Tabl
     blobs = _blob_store(spec.blob_uri, spec.s3_endpoint)
     where = f"batch {ref.key!r}"
     try:
-        size = blobs.size(ref.key)
+        blobs.size(ref.key)
     except BlobNotFound as e:
         raise BatchCorruption(f"{where} is gone from the blob store: the read plan's lease ended (released, or "
                               "expired after lease_seconds) and compaction replaced the batch; read again") from e
-    if size != ref.bytes:
-        raise BatchCorruption(f"{where}: object is {size} bytes but the read plan says {ref.bytes}")
-    pf, desc = open_batch(pa.PythonFile(BlobReader(blobs, ref.key, size), mode="r"),
-                          describe(spec.relation_id, ref), where=where)
+    pf, desc = open_stored(blobs, ref.key, describe(spec.relation_id, ref), expected_bytes=ref.bytes,
+                           footer_crc=ref.footer_crc)
     groups = pf.num_row_groups
     for i in range(groups * partition.part // partition.parts, groups * (partition.part + 1) // partition.parts):
         yield read_row_group(pf, i, desc, where=where)

@@ -168,11 +168,14 @@ def test_orphan_batches_from_a_crash_before_commit_are_swept(eng, open_engine):
     eng.seal("r", 1)
     eng.compact()
     kept = blob_keys(eng)
-    eng._blobs.put(f"trace/{999:016x}/{0:016x}-{5:016x}-abc.parquet", b"half a batch")
+    mine = f"trace/{999:016x}/{0:016x}-{5:016x}-{eng.traces.owner_tag}abc.parquet"
+    eng._blobs.put(mine, b"half a batch")
+    foreign = f"trace/{999:016x}/{0:016x}-{5:016x}-abc.parquet"  # another writer's: never swept
+    eng._blobs.put(foreign, b"someone else's")
     eng.close()
     again = open_engine(compact=False, segment_bytes=1 << 14)
-    assert blob_keys(again) == kept
-    assert again.swept and rows(again.snapshot("r", 1)) == [(1, "a", 1)]
+    assert blob_keys(again) == sorted([*kept, foreign])
+    assert again.swept == [mine] and rows(again.snapshot("r", 1)) == [(1, "a", 1)]
 
 
 @pytest.mark.embedded_only  # eng._relations, eng._blobs
@@ -200,7 +203,7 @@ def test_drop_relation_removes_its_trace(eng):
     eng.compact()
     assert blob_keys(eng)
     eng.drop_relation("r")
-    assert blob_keys(eng) == []
+    assert blob_keys(eng) == ["sediment-owner"]  # only the prefix's owner marker is left
     assert eng._meta.list("trace/") == []
 
 
@@ -282,7 +285,8 @@ def test_cli_compact_then_verify_names_a_damaged_or_missing_batch(tmp_path, caps
     assert "compacted r: 1 batches, 2 rows, upper 3" in capsys.readouterr().out
     assert main(["--data-dir", data, "verify"]) == 0
     blobs = os.path.join(data, "blobs")
-    (key,) = [os.path.relpath(os.path.join(b, f), blobs) for b, _d, fs in os.walk(blobs) for f in fs]
+    (key,) = [os.path.relpath(os.path.join(b, f), blobs) for b, _d, fs in os.walk(blobs) for f in fs
+              if f != "sediment-owner"]
     path = os.path.join(blobs, key)
     raw = bytearray(open(path, "rb").read())
     raw[len(raw) // 3] ^= 0xFF

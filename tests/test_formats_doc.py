@@ -68,3 +68,56 @@ def test_replicated_marker_example_decodes():
     marker = _example_after("**Worked example.** The marker for `zk://127.0.0.1:2181/sediment`")
     assert decode_marker(marker) == "zk://127.0.0.1:2181/sediment"
     assert encode_marker("zk://127.0.0.1:2181/sediment") == marker
+
+
+def test_trace_state_example_decodes_with_checksums():
+    import json
+
+    from sediment.trace.state import TraceState
+
+    text = DOC.read_text()
+    section = text[text.index("### Trace state document"):]
+    block = section[section.index("```json") + 7:]
+    doc = block[: block.index("```")]
+    state = TraceState.decode(doc.encode())
+    first = state.batches[0]
+    assert (first.crc, first.footer_crc) == (2788437105, 1215470853)
+    assert state.batches[2].crc is None  # written before checksums were recorded: still loads
+    assert json.loads(state.encode()) == json.loads(doc)
+
+
+def test_footer_crc_example_covers_the_stated_bytes():
+    import crc32c
+
+    from sediment.trace.batch import footer_checksum
+
+    m = re.search(r"last 8 bytes are `([0-9a-f\s]+)`,\s+the\s+footer\s+is\s+0x([0-9a-f]+)\s+=\s+(\d+)\s+bytes\s+long",
+                  DOC.read_text())
+    assert m is not None, "the footer_crc example moved; update this test"
+    trailer = bytes.fromhex(re.sub(r"\s+", "", m.group(1)))
+    flen = int(m.group(3))
+    assert int(m.group(2), 16) == flen == int.from_bytes(trailer[:4], "little")
+    obj = b"PAR1" + bytes(range(256)) * 4 + b"x" * flen + trailer
+    assert footer_checksum(obj) == (flen, crc32c.crc32c(obj[-(flen + 8):]))
+
+
+def test_journal_header_example_decodes():
+    from sediment.engine.metadata_journal_format import _scan_journal, journal_header
+
+    header = _example_after("Worked example, the header of a journal following the snapshot of transaction 5")
+    assert header == journal_header(5)
+    scan = _scan_journal(header, "journal")
+    assert scan.base == 5 and scan.corruption is None and not scan.entries
+
+
+def test_owner_marker_example_decodes():
+    from sediment.blob.owner import OwnerMarker
+
+    text = DOC.read_text()
+    m = re.search(r"Example: `(\{\"created\".*?\})`; this engine's\s+batch nonces start with `([0-9a-f]+)`",
+                  text, re.S)
+    assert m is not None, "the owner marker example moved; update this test"
+    raw = re.sub(r"\s+", "", m.group(1)).encode()
+    marker = OwnerMarker.decode(raw, "doc")
+    assert (marker.engine_id, marker.data_dir, marker.taken_from) == ("0f1e2d3c4b5a69788796a5b4c3d2e1f0", "/srv/a", None)
+    assert marker.tag == m.group(2) and marker.encode() == raw

@@ -321,11 +321,16 @@ def test_restore_rule_snapshot_only(tmp_path: Path) -> None:
     with JournalMetadataStore(d) as s:
         s.compare_and_set("a", b"1", None)
         s.checkpoint()
-    (d / JOURNAL_NAME).unlink()
     with JournalMetadataStore(d) as s:
         assert s.get("a") == Versioned(b"1", 0)
         assert s.report.snapshot_rule.startswith("snapshot only")
         assert s.report.snapshot_txid == 1
+    # Issue 12: a snapshot without its journal is damage (the journal may have held later
+    # changes), never a silent restore from the snapshot alone.
+    (d / JOURNAL_NAME).unlink()
+    with pytest.raises(MetadataCorruption, match="journal missing"):
+        JournalMetadataStore(d)
+    assert any("journal missing" in p for p in verify(d))
 
 
 def test_restore_rule_snapshot_and_partial(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -38,6 +39,10 @@ META_PREFIX = "sediment."
 DEFAULT_ROW_GROUP_ROWS = 64 * 1024
 COMPRESSION = "zstd"
 U64_MAX = (1 << 64) - 1
+PARQUET_MAGIC = b"PAR1"
+TAIL_PREFETCH = 64 * 1024
+# Anything pyarrow or our own parsing raises on damaged bytes (UnicodeDecodeError is a ValueError).
+_DECODE_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError, TypeError, OverflowError)
 
 _KEY_RE = re.compile(r"^trace/([0-9a-f]{16})/([0-9a-f]{16})-([0-9a-f]{16})-([0-9a-z]{1,64})\.parquet$")
 _NONCE_RE = re.compile(r"^[0-9a-z]{1,64}$")
@@ -98,8 +103,11 @@ class BatchDescription:
     @classmethod
     def from_metadata(cls, meta: dict[bytes, bytes] | dict[str, str] | None, where: str) -> BatchDescription:
         """Parse the footer metadata; raises BatchCorruption naming the missing or bad key."""
-        m = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-             for k, v in (meta or {}).items()}
+        try:
+            m = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                 for k, v in (meta or {}).items()}
+        except UnicodeDecodeError as e:
+            raise BatchCorruption(f"{where}: footer key-value metadata is not UTF-8 ({e}); the object is damaged") from e
         fmt = m.get(f"{META_PREFIX}format")
         if fmt != FORMAT_NAME:
             raise BatchCorruption(f"{where}: not a sediment batch (sediment.format={fmt!r}, want {FORMAT_NAME!r})")
@@ -112,7 +120,7 @@ class BatchDescription:
             if text == "" and f.name in ("wal_first", "wal_last"):
                 kwargs[f.name] = None
                 continue
-            if not text.isdigit():
+            if not (text.isascii() and text.isdigit()):
                 raise BatchCorruption(f"{where}: footer metadata {key}={text!r} is not a decimal integer")
             kwargs[f.name] = int(text)
         if kwargs["format_version"] != FORMAT_VERSION:
@@ -271,25 +279,89 @@ def encode_batch(
     return sink.getvalue().to_pybytes()
 
 
-def _open(source: Any, where: str, expected: BatchDescription | None) -> tuple[pq.ParquetFile, BatchDescription]:
+def _open(source: Any, where: str, expected: BatchDescription | None,
+          schema: pa.Schema | None = None) -> tuple[pq.ParquetFile, BatchDescription]:
     try:
         pf = pq.ParquetFile(source, page_checksum_verification=True)
-    except (OSError, pa.ArrowException, ValueError) as e:
+        meta = pf.metadata
+        kv = meta.metadata
+        stored_schema = pf.schema_arrow
+        num_rows = meta.num_rows
+    except _DECODE_ERRORS as e:
         raise BatchCorruption(f"{where}: cannot read the Parquet footer ({e}); the object is truncated or damaged") from e
-    desc = BatchDescription.from_metadata(pf.metadata.metadata, where)
-    if pf.metadata.num_rows != desc.rows:
+    desc = BatchDescription.from_metadata(kv, where)
+    if num_rows != desc.rows:
         raise BatchCorruption(
-            f"{where}: Parquet footer holds {pf.metadata.num_rows} rows but sediment.rows says {desc.rows}"
+            f"{where}: Parquet footer holds {num_rows} rows but sediment.rows says {desc.rows}"
         )
     if expected is not None:
         desc.check_matches(expected, where)
+    if schema is not None and not stored_schema.remove_metadata().equals(schema.remove_metadata()):
+        raise BatchCorruption(
+            f"{where}: the footer's schema {stored_schema.names} {[str(t) for t in stored_schema.types]} is not "
+            f"the relation's update schema {schema.names} {[str(t) for t in schema.types]} from the catalog; "
+            "the object is damaged or belongs to another relation (run sediment verify)"
+        )
     return pf, desc
+
+
+def footer_checksum(tail: bytes, where: str = "batch") -> tuple[int, int]:
+    """(footer length, CRC32C of the footer plus its 8-byte trailer) from the last bytes of
+    a batch object. Parquet's own checksums cover data pages only, so the trace state
+    records this to cover the footer (schema, row-group offsets, sediment.* keys).
+    Raises BatchCorruption if ``tail`` does not end in a Parquet trailer; returns length
+    -1 if ``tail`` is too short to hold the whole footer (fetch more)."""
+    if len(tail) < 12 or tail[-4:] != PARQUET_MAGIC:
+        raise BatchCorruption(f"{where}: the object does not end in the Parquet magic {PARQUET_MAGIC!r}; "
+                              "it is truncated or damaged")
+    flen = int.from_bytes(tail[-8:-4], "little")
+    if flen + 8 > len(tail):
+        return -1, 0
+    return flen, crc32c.crc32c(tail[-(flen + 8):])
+
+
+def checksums(data: bytes | memoryview, where: str = "batch") -> tuple[int, int]:
+    """(CRC32C of the whole object, CRC32C of its footer) of encoded batch bytes."""
+    flen, fcrc = footer_checksum(bytes(data[-TAIL_PREFETCH:]) if len(data) > TAIL_PREFETCH else bytes(data), where)
+    if flen < 0:
+        flen, fcrc = footer_checksum(bytes(data), where)
+    return crc32c.crc32c(data), fcrc
+
+
+def file_checksums(path: str) -> tuple[int, int]:
+    """:func:`checksums` of a batch file on local disk, read in 1 MiB chunks."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = crc32c.crc32c(chunk, crc)
+        size = f.tell()
+        flen = -1
+        n = TAIL_PREFETCH
+        while flen < 0:
+            f.seek(max(0, size - n))
+            flen, fcrc = footer_checksum(f.read(n), path)
+            if flen < 0 and n >= size:
+                raise BatchCorruption(f"{path}: footer length runs past the start of the file")
+            n = max(n * 2, flen + 8)
+    return crc, fcrc
+
+
+def object_checksum(store: BlobStore, key: str, size: int, *, chunk: int = 8 << 20) -> int:
+    """CRC32C of a whole stored object, read in bounded ranges (for ``sediment verify``)."""
+    crc, pos = 0, 0
+    while pos < size:
+        data = store.get_range(key, pos, min(chunk, size - pos))
+        if not data:
+            raise BatchCorruption(f"batch {key!r}: object ends at {pos} bytes, expected {size}")
+        crc = crc32c.crc32c(data, crc)
+        pos += len(data)
+    return crc
 
 
 def _read_group(pf: pq.ParquetFile, i: int, desc: BatchDescription, where: str, columns: list[str] | None) -> pa.Table:
     try:
         t = pf.read_row_group(i, columns=columns)
-    except (OSError, pa.ArrowException, ValueError) as e:
+    except _DECODE_ERRORS as e:
         raise BatchCorruption(
             f"{where}: row group {i} fails to decode or its page checksum ({e}); the object is damaged"
         ) from e
@@ -350,13 +422,22 @@ class BlobReader(io.RawIOBase):
     """A seekable read-only file over ``store.get_range``: Parquet fetches the footer
     and then one column chunk at a time, never the whole object."""
 
-    def __init__(self, store: BlobStore, key: str, size: int | None = None) -> None:
+    def __init__(self, store: BlobStore, key: str, size: int | None = None, tail: bytes = b"") -> None:
         super().__init__()
         self._store = store
         self._key = key
         self._size = store.size(key) if size is None else size
         self._pos = 0
+        self._tail = tail  # the object's last bytes, already fetched (the footer)
         self.bytes_fetched = 0
+
+    def _fetch(self, pos: int, n: int) -> bytes:
+        start = self._size - len(self._tail)
+        if self._tail and pos >= start:
+            return self._tail[pos - start: pos - start + n]
+        data = self._store.get_range(self._key, pos, n)
+        self.bytes_fetched += len(data)
+        return data
 
     def readable(self) -> bool:
         return True
@@ -376,10 +457,9 @@ class BlobReader(io.RawIOBase):
         n = min(len(buf), max(0, self._size - self._pos))
         if n == 0:
             return 0
-        data = self._store.get_range(self._key, self._pos, n)
+        data = self._fetch(self._pos, n)
         buf[: len(data)] = data
         self._pos += len(data)
-        self.bytes_fetched += len(data)
         return len(data)
 
     def read(self, size: int = -1) -> bytes:
@@ -388,10 +468,49 @@ class BlobReader(io.RawIOBase):
         size = min(size, max(0, self._size - self._pos))
         if size == 0:
             return b""
-        data = self._store.get_range(self._key, self._pos, size)
+        data = self._fetch(self._pos, size)
         self._pos += len(data)
-        self.bytes_fetched += len(data)
         return data
+
+
+def open_stored(
+    store: BlobStore,
+    key: str,
+    expected: BatchDescription | None = None,
+    *,
+    expected_bytes: int | None = None,
+    footer_crc: int | None = None,
+    schema: pa.Schema | None = None,
+) -> tuple[pq.ParquetFile, BatchDescription]:
+    """Open a stored batch for streaming reads with everything the caller knows checked
+    first: the object exists, its size, the CRC32C of its footer (fetched once and served
+    to Parquet from memory), then the description and the schema. Every failure is
+    BatchCorruption naming the key."""
+    where = f"batch {key!r}"
+    try:
+        size = store.size(key)
+    except BlobNotFound as e:
+        raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
+    if expected_bytes is not None and size != expected_bytes:
+        raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {expected_bytes}")
+    try:
+        n = min(size, TAIL_PREFETCH)
+        tail = store.get_range(key, size - n, n)
+        flen, got = footer_checksum(tail, where)
+        if flen < 0:
+            n = min(size, int.from_bytes(tail[-8:-4], "little") + 8)
+            tail = store.get_range(key, size - n, n)
+            flen, got = footer_checksum(tail, where)
+            if flen < 0:
+                raise BatchCorruption(f"{where}: footer length runs past the start of the {size}-byte object")
+    except BlobNotFound as e:
+        raise BatchCorruption(f"{where} vanished from the blob store while being read") from e
+    if footer_crc is not None and got != footer_crc:
+        raise BatchCorruption(
+            f"{where}: footer CRC32C is {got:#010x} but the trace state recorded {footer_crc:#010x}; the "
+            "footer (schema, row-group offsets or sediment.* metadata) is damaged (run sediment verify)"
+        )
+    return _open(pa.PythonFile(BlobReader(store, key, size, tail), mode="r"), where, expected, schema)
 
 
 def iter_batch(
@@ -408,14 +527,7 @@ def iter_batch(
     page checksum and, given ``key_columns``, the strictly increasing (row, time) order
     (they must then be among ``columns``). Yields nothing for an empty batch."""
     where = f"batch {key!r}"
-    try:
-        size = store.size(key)
-    except BlobNotFound as e:
-        raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
-    if expected_bytes is not None and size != expected_bytes:
-        raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {expected_bytes}")
-    raw = BlobReader(store, key, size)
-    pf, desc = _open(pa.PythonFile(raw, mode="r"), where, expected)
+    pf, desc = open_stored(store, key, expected, expected_bytes=expected_bytes)
     check = _OrderCheck(key_columns, where)
     for i in range(pf.num_row_groups):
         yield check(i, _read_group(pf, i, desc, where, columns))
@@ -452,11 +564,11 @@ def write_batch_stream(
 
 
 def open_batch(
-    source: Any, expected: BatchDescription | None = None, *, where: str = "batch"
+    source: Any, expected: BatchDescription | None = None, *, where: str = "batch", schema: pa.Schema | None = None
 ) -> tuple[pq.ParquetFile, BatchDescription]:
     """Open a batch from any pyarrow-readable source (e.g. ``pa.PythonFile(BlobReader(...))``),
-    checking the footer and description; read its groups with :func:`read_row_group`."""
-    return _open(source, where, expected)
+    checking the footer, description and (given) schema; read its groups with :func:`read_row_group`."""
+    return _open(source, where, expected, schema)
 
 
 def read_row_group(

@@ -39,9 +39,16 @@ class BatchRef:
     since: int = 0  # the compaction frontier its times were advanced to (its footer says the same)
     wal_first: int | None = None  # the WAL LSN range it was cut from (None when merged)
     wal_last: int | None = None
+    crc: int | None = None  # CRC32C of the whole object (None in states written before it was recorded)
+    footer_crc: int | None = None  # CRC32C of the Parquet footer and its 8-byte trailer
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The ref's fields; the checksums only when known, so old documents keep their bytes."""
+        doc = dataclasses.asdict(self)
+        for name in ("crc", "footer_crc"):
+            if doc[name] is None:
+                del doc[name]
+        return doc
 
 
 @dataclass(frozen=True)
@@ -124,8 +131,12 @@ class TraceState:
                 raise self._fail(f"{kind} [{b.lower}, {b.upper}) has {name}={v!r}", [b.key])
         if b.lower >= b.upper:
             raise self._fail(f"{kind} has lower {b.lower} >= upper {b.upper}", [b.key])
+        for name in ("crc", "footer_crc"):
+            v = getattr(b, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 32):
+                raise self._fail(f"{kind} [{b.lower}, {b.upper}) has {name}={v!r}, not a 32-bit checksum", [b.key])
         if b.key is None:
-            if b.rows or b.bytes:
+            if b.rows or b.bytes or b.crc is not None:
                 raise self._fail(f"empty {kind} [{b.lower}, {b.upper}) claims {b.rows} rows, {b.bytes} bytes")
             return
         if b.key in seen:
@@ -181,6 +192,7 @@ class TraceState:
                         key=r["key"], lower=r["lower"], upper=r["upper"],
                         rows=r["rows"], bytes=r["bytes"], level=r["level"],
                         since=r.get("since", 0), wal_first=r.get("wal_first"), wal_last=r.get("wal_last"),
+                        crc=r.get("crc"), footer_crc=r.get("footer_crc"),
                     )
                     for r in doc[name]
                 )

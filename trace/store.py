@@ -16,16 +16,21 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore
 from sediment.engine.metadata import MetadataStore
 from sediment.errors import BatchCorruption, BlobNotFound, MetadataConflict, TraceError
 from sediment.trace.batch import (
     BatchDescription,
-    BlobReader,
     batch_key,
+    checksums,
+    decode_batch,
     encode_batch,
+    file_checksums,
     new_nonce,
-    open_batch,
+    object_checksum,
+    open_stored,
+    parse_batch_key,
     read_row_group,
 )
 from sediment.trace.merge import merge_to_batch
@@ -64,6 +69,49 @@ class TraceStore:
         self.blobs = blobs
         self.spill_dir = spill_dir
         self._versions: dict[int, int | None] = {}  # metadata version of each loaded state
+        self._schemas: dict[int, pa.Schema] = {}  # relation id -> update schema, from the catalog
+        self.owner_tag = ""  # prefix of every nonce this engine writes ("" without an identity)
+        self._claim: tuple[str, str, bool, str] | None = None
+
+    def check_owner(self, engine_id: str, where: str, *, take_over: bool = False, data_dir: str = "") -> None:
+        """Before anything is written or deleted: refuse (BlobPrefixOwned) a prefix another
+        engine identity owns, and tag this engine's batch keys with its identity. The marker
+        itself is written by :meth:`sweep_orphans`, after the identity is durably recorded."""
+        owner_mod.check_owner(self.blobs, engine_id, where, take_over=take_over)
+        self.owner_tag = owner_mod.owner_tag(engine_id)
+        self._claim = (engine_id, where, take_over, data_dir)
+
+    def _nonce(self) -> str:
+        return self.owner_tag + new_nonce()
+
+    def _is_mine(self, key: str) -> bool:
+        try:
+            nonce = parse_batch_key(key).nonce
+        except BatchCorruption:
+            return False  # not a batch key at all: someone else's object
+        if not self.owner_tag:
+            return True
+        return nonce.startswith(self.owner_tag) and len(nonce) > len(self.owner_tag)
+
+    def set_schema(self, relation_id: int, schema: pa.Schema) -> None:
+        """The update schema every batch of the relation must have (else read from the catalog)."""
+        self._schemas[relation_id] = schema
+
+    def schema_of(self, relation_id: int) -> pa.Schema | None:
+        """The relation's update schema as the catalog records it (None: no catalog entry,
+        e.g. a dropped relation or a store used without a catalog)."""
+        got = self._schemas.get(relation_id)
+        if got is not None or self.meta is None:
+            return got
+        from sediment.engine.catalog import RELATIONS, RelationEntry
+        from sediment.engine.schema import update_schema
+
+        for key in self.meta.list(RELATIONS):
+            raw = self.meta.get(key)
+            if raw is not None:
+                entry = RelationEntry.decode(raw.value, raw.version, key)
+                self._schemas.setdefault(entry.id, update_schema(entry.schema))
+        return self._schemas.get(relation_id)
 
     def load(self, relation_id: int) -> TraceState:
         got = self.meta.get(state_key(relation_id))
@@ -104,9 +152,10 @@ class TraceStore:
         first, last = wal_range if wal_range else (None, None)
         desc = BatchDescription(relation_id, lower, upper, since, table.num_rows, first, last, level)
         data = encode_batch(table, desc)
-        key = batch_key(relation_id, lower, upper, new_nonce())
+        crc, footer_crc = checksums(data)
+        key = batch_key(relation_id, lower, upper, self._nonce())
         self.blobs.put_if_absent(key, data)
-        return BatchRef(key, lower, upper, table.num_rows, len(data), level, since, first, last)
+        return BatchRef(key, lower, upper, table.num_rows, len(data), level, since, first, last, crc, footer_crc)
 
     def merge(self, relation_id: int, refs: list[BatchRef], key_columns: list[str], schema: pa.Schema,
               since: int, level: int, *, chunk_rows: int) -> BatchRef:
@@ -127,15 +176,16 @@ class TraceStore:
             final = merge_to_batch(inputs, key_columns, schema, desc, path, chunk_rows=chunk_rows)
             if final.rows == 0:
                 return BatchRef(None, lower, upper, level=level)
-            key = batch_key(relation_id, lower, upper, new_nonce())
+            key = batch_key(relation_id, lower, upper, self._nonce())
             size = os.path.getsize(path)
+            crc, footer_crc = file_checksums(path)
             put_file = getattr(self.blobs, "put_file", None)
             if put_file is not None:
                 put_file(key, path, if_absent=True)
             else:
                 with open(path, "rb") as f:
                     self.blobs.put_if_absent(key, f.read())
-            return BatchRef(key, lower, upper, final.rows, size, level, since)
+            return BatchRef(key, lower, upper, final.rows, size, level, since, crc=crc, footer_crc=footer_crc)
         finally:
             if os.path.exists(path):
                 os.unlink(path)
@@ -149,32 +199,53 @@ class TraceStore:
             yield read_row_group(pf, i, desc, where=f"batch {ref.key!r}")
 
     def read(self, relation_id: int, ref: BatchRef) -> pa.Table | None:
-        tables = list(self.read_stream(relation_id, ref))
-        return pa.concat_tables(tables) if tables else None
-
-    def _open(self, relation_id: int, ref: BatchRef):
+        """A whole batch in memory. When the state recorded the object's CRC32C, the object
+        is fetched in one piece and checked whole, page headers included."""
+        if ref.key is None:
+            return None
+        if ref.crc is None:
+            tables = list(self.read_stream(relation_id, ref))
+            return pa.concat_tables(tables) if tables else None
         where = f"batch {ref.key!r}"
         try:
-            size = self.blobs.size(ref.key)
+            data = self.blobs.get(ref.key)
         except BlobNotFound as e:
             raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
-        if size != ref.bytes:
-            raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {ref.bytes}")
-        return open_batch(pa.PythonFile(BlobReader(self.blobs, ref.key, size), mode="r"),
-                          describe(relation_id, ref), where=where)
+        if len(data) != ref.bytes:
+            raise BatchCorruption(f"{where}: object is {len(data)} bytes but the trace state says {ref.bytes}")
+        got = checksums(data, where)
+        if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
+            raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
+                                  f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
+        table = decode_batch(data, describe(relation_id, ref), where=where)
+        schema = self.schema_of(relation_id)
+        if schema is not None and not table.schema.remove_metadata().equals(schema.remove_metadata()):
+            raise BatchCorruption(f"{where}: its schema {table.schema.names} is not the relation's update schema "
+                                  f"{schema.names} from the catalog; the object is damaged (run sediment verify)")
+        return table if table.num_rows else None
+
+    def _open(self, relation_id: int, ref: BatchRef):
+        return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,
+                           footer_crc=ref.footer_crc, schema=self.schema_of(relation_id))
 
     def row_groups(self, relation_id: int, ref: BatchRef) -> list[RowGroup]:
         """The batch's row groups with their time ranges (from the footer's statistics)."""
         if ref.key is None:
             return []
         pf, _desc = self._open(relation_id, ref)
-        col = pf.schema_arrow.get_field_index("time")
-        out = []
-        for i in range(pf.metadata.num_row_groups):
-            group = pf.metadata.row_group(i)
-            stats = group.column(col).statistics
-            lo, hi = (stats.min, stats.max) if stats is not None and stats.has_min_max else (ref.lower, ref.upper)
-            out.append(RowGroup(ref, i, lo, hi, group.num_rows))
+        try:
+            col = pf.schema_arrow.get_field_index("time")
+            out = []
+            for i in range(pf.metadata.num_row_groups):
+                group = pf.metadata.row_group(i)
+                stats = group.column(col).statistics
+                lo, hi = (stats.min, stats.max) if stats is not None and stats.has_min_max else (ref.lower, ref.upper)
+                if not isinstance(lo, int) or not isinstance(hi, int):
+                    raise TypeError(f"time statistics {lo!r}..{hi!r} of row group {i} are not integers")
+                out.append(RowGroup(ref, i, lo, hi, group.num_rows))
+        except (OSError, pa.ArrowException, ValueError, IndexError, TypeError) as e:
+            raise BatchCorruption(f"batch {ref.key!r}: row-group metadata is unreadable ({e}); the footer is "
+                                  "damaged (run sediment verify)") from e
         return out
 
     def read_row_group(self, relation_id: int, group: RowGroup) -> pa.Table:
@@ -186,17 +257,26 @@ class TraceStore:
             self.blobs.delete(key)
 
     def sweep_orphans(self, referenced: set[str]) -> list[str]:
-        """Delete every object under ``trace/`` that no trace state references."""
-        orphans = [k for k in self.blobs.list(STATE_PREFIX) if k not in referenced]
+        """Claim the prefix (after :meth:`check_owner`), then delete every batch under ``trace/``
+        that this engine wrote (its nonce carries this engine's tag) and no trace state
+        references. Objects of other writers are never touched."""
+        if self._claim is not None:
+            engine_id, where, take_over, data_dir = self._claim
+            owner_mod.claim(self.blobs, engine_id, where, take_over=take_over, data_dir=data_dir)
+            self._claim = None
+        orphans = [k for k in self.blobs.list(STATE_PREFIX) if k not in referenced and self._is_mine(k)]
         self.delete(orphans)
         sweep = getattr(self.blobs, "sweep_temporaries", None)
         if sweep is not None:
             orphans += sweep()
         return orphans
 
-    def verify(self, state: TraceState) -> list[str]:
+    def verify(self, state: TraceState, schema: pa.Schema | None = None) -> list[str]:
         """Problems with a trace: invariants, and every referenced object read in full with
-        its checksums and description checked."""
+        its size, whole-object and footer checksums, description, schema and page checksums
+        checked."""
+        if schema is not None:
+            self.set_schema(state.relation_id, schema)
         problems = []
         try:
             state.check_invariants()
@@ -206,9 +286,17 @@ class TraceStore:
             if ref.key is None:
                 continue
             try:
+                if ref.crc is not None:
+                    got = object_checksum(self.blobs, ref.key, ref.bytes)
+                    if got != ref.crc:
+                        problems.append(f"batch {ref.key!r}: CRC32C of the object is {got:#010x} but the trace "
+                                        f"state recorded {ref.crc:#010x}; the object is damaged")
+                        continue
                 rows = sum(t.num_rows for t in self.read_stream(state.relation_id, ref))
                 if rows != ref.rows:
                     problems.append(f"batch {ref.key!r}: holds {rows} rows, the trace state says {ref.rows}")
             except (BatchCorruption, TraceError) as exc:
                 problems.append(str(exc))
+            except BlobNotFound as exc:
+                problems.append(f"batch {ref.key!r} is missing from the blob store ({exc})")
         return problems
