@@ -464,14 +464,15 @@ def test_storage_nodes_shared_by_two_zookeeper_roots_refuse_the_second_engine(tm
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
     for n in nodes:
         n.start()
-    shared = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
-              "blob": f"file://{tmp_path}/shared-blobs"}
-    try:
-        with sediment.open(tmp_path / "a", metadata=f"zk://{zookeeper.hosts}{zk_root}/a", **shared) as a:
+    shared = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY)}
+    try:  # each engine has its own blob prefix: a shared one is refused first, by the prefix's owner marker
+        with sediment.open(tmp_path / "a", metadata=f"zk://{zookeeper.hosts}{zk_root}/a",
+                           blob=f"file://{tmp_path}/blobs-a", **shared) as a:
             a.add_relation("r", SCHEMA)
             a.append("r", ups([1], 1))
             with pytest.raises(PartitionClaimed, match="another engine") as refused:
-                sediment.open(tmp_path / "b", metadata=f"zk://{zookeeper.hosts}{zk_root}/b", **shared)
+                sediment.open(tmp_path / "b", metadata=f"zk://{zookeeper.hosts}{zk_root}/b",
+                              blob=f"file://{tmp_path}/blobs-b", **shared)
             assert all(n.address in str(refused.value) for n in nodes)
             a.append("r", ups([2], 2))
             a.seal("r", 2)
