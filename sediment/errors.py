@@ -100,6 +100,30 @@ class WalCorruption(WalError):
         self.reason = reason
 
 
+class WalMissing(WalCorruption):
+    """A file the log must hold is missing or shorter than recorded: a finished segment,
+    the active segment, the control file or the log manifest, or the active segment ends
+    before the durable end the log recorded. Names the file and the LSN range
+    ``[first_lsn, last_lsn]`` it held (-1 when unknown). Never answered by starting a fresh
+    log: restore the file, or run ``sediment verify --repair --force`` to accept the loss."""
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1, reason: str = "",
+                 first_lsn: int = -1, last_lsn: int = -1):
+        super().__init__(message, path=path, offset=offset, reason=reason)
+        self.first_lsn = first_lsn
+        self.last_lsn = last_lsn
+
+
+class WalExists(WalError):
+    """A new log was to be created where one already holds records (for example the data
+    directory's metadata was lost while its log survived): refused, so nothing is overwritten."""
+
+
+class RepairRefused(WalError):
+    """``verify --repair`` would drop records that other durable state proves were
+    acknowledged; nothing was changed. Re-run with ``--force`` to accept the reported loss."""
+
+
 class WalFull(WalError):
     """The log has no room for the append within the backpressure timeout: the compacter
     has not trimmed enough. Raise ``wal_capacity`` or let compaction catch up."""
@@ -110,6 +134,11 @@ class WalFull(WalError):
 
 class MetadataError(SedimentError):
     """The metadata store failed (I/O, unreachable server)."""
+
+
+class MetadataMissing(MetadataError):
+    """The data directory's metadata is gone while its write-ahead log exists: opening
+    would start a fresh, empty catalog over acknowledged data. Restore ``meta/``."""
 
 
 class MetadataConflict(MetadataError):
