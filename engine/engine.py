@@ -38,6 +38,7 @@ from sediment.errors import (
     DataDirLocked,
     EngineClosed,
     FrontierRegression,
+    MetadataMissing,
     RelationExists,
     TimeAlreadySealed,
     TraceInvariantViolation,
@@ -166,6 +167,8 @@ class Engine:
         self._compacter: cmp.Compacter | None = None
         self._record_storage: tuple[bytes, int | None] | None = None
         try:
+            if metadata is None:
+                self._check_meta_present()
             self._meta = self._open_metadata(metadata)
             stored = self._storage_config({"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
                                            "cluster_key": cluster_key,
@@ -190,7 +193,8 @@ class Engine:
                                      "metadata='zk://127.0.0.1:2181/sediment'")
                 self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key)
             else:
-                self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity)
+                self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity,
+                                           create=self._meta.get(STORAGE_KEY) is None)
             for entry in self.catalog.load().values():
                 rel = self._register(entry, self.traces.load(entry.id))
                 self._max_time = max(self._max_time, rel.trace.upper - 1,
@@ -269,18 +273,36 @@ class Engine:
                 open_blob_store(blob)
         return blob
 
-    def _open_wal(self, wal: str, segment_bytes: int, repair: bool, capacity: int | None) -> WriteAheadLog:
+    def _check_meta_present(self) -> None:
+        """A journal metadata directory that is gone while the log survives would open as a fresh,
+        empty catalog over acknowledged data: refuse instead."""
+        wal_dir = os.path.join(self.data_dir, "wal")
+        if not os.path.isdir(os.path.join(self.data_dir, "meta")) and os.path.isdir(wal_dir) and os.listdir(wal_dir):
+            raise MetadataMissing(f"{self.data_dir}: the metadata directory meta/ is missing while the write-ahead "
+                                  f"log {wal_dir} exists; restore meta/ (opening would start an empty catalog)")
+
+    def _open_wal(self, wal: str, segment_bytes: int, repair: bool, capacity: int | None, *,
+                  create: bool = False) -> WriteAheadLog:
+        """``create``: this is the first open of the data directory (no storage record in its
+        metadata), the only time a new log may be made; later opens expect the log."""
         if wal == "file":
             from sediment.wal.file_log import FileLog
 
-            return FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes, repair=repair)
+            log_ = FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes, repair=repair,
+                                create=create)
+            if create and log_.end_lsn > 0:
+                log_.close()
+                raise MetadataMissing(f"{self.data_dir}: the metadata has no storage record, but the write-ahead "
+                                      f"log holds LSNs up to {log_.end_lsn - 1}: the metadata was lost or "
+                                      "replaced; restore it (opening would lose every acknowledged update)")
+            return log_
         if isinstance(wal, str) and wal.startswith("device:") and len(wal) > len("device:"):
             from sediment.wal.device import DeviceLog
 
             path = wal[len("device:"):]
             if capacity is None and not os.path.exists(path):
                 raise ValueError(f"{wal!r} does not exist yet: pass wal_capacity=<bytes> to create the ring")
-            return DeviceLog.open(path, capacity, create=True, segment_bytes=segment_bytes, repair=repair)
+            return DeviceLog.open(path, capacity, create=create, segment_bytes=segment_bytes, repair=repair)
         raise ValueError(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
 
     def _register(self, entry: RelationEntry, trace: TraceState | None = None) -> _Relation:
