@@ -114,11 +114,6 @@ class WalMissing(WalCorruption):
         self.last_lsn = last_lsn
 
 
-class WalExists(WalError):
-    """A new log was to be created where one already holds records (for example the data
-    directory's metadata was lost while its log survived): refused, so nothing is overwritten."""
-
-
 class RepairRefused(WalError):
     """``verify --repair`` would drop records that other durable state proves were
     acknowledged; nothing was changed. Re-run with ``--force`` to accept the reported loss."""

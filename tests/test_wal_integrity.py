@@ -1,0 +1,381 @@
+"""Issue 12, findings 1, 2, 4 and 9 for the file log: every loss is detected.
+
+Each test reproduces one finding: a hole left by overlapping trims and a crash, deleted or
+shortened segments, a missing control file, and ``verify`` disagreeing with open.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from sediment.engine.verify import VerifyReport, verify_wal
+from sediment.errors import WalCorruption, WalError, WalMissing
+from sediment.wal import manifest as mf
+from sediment.wal import segment as sg
+from sediment.wal.control import CONTROL_NAME
+from sediment.wal.file_log import FileLog
+from sediment.wal.record import Record, RecordKind
+
+SMALL = 8192
+
+
+def updates(rel: int, t: int, body: bytes) -> Record:
+    return Record(RecordKind.UPDATES, relation_id=rel, t_lo=t, t_hi=t, count=1, body=body)
+
+
+def seg_files(root: str) -> list[str]:
+    d = os.path.join(root, "0")
+    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".seg"))
+
+
+def build(root: str, n: int = 60, *, close: bool = True) -> dict[int, bytes]:
+    """A log over several segments: relation 7 gets update t and, every 10, ``close t``.
+    Returns every acknowledged update body by LSN."""
+    log = FileLog.open(root, create=True, segment_bytes=SMALL)
+    acked = {}
+    for t in range(n):
+        body = (b"%06d" % t) * 150
+        acked[log.append([updates(7, t, body)])] = body
+        if t % 10 == 9:
+            log.append([Record(RecordKind.PROGRESS, relation_id=7, t_lo=t, t_hi=t)])
+    acked[-1] = log.end_lsn  # type: ignore[assignment]  # the end, popped by the callers that need it
+    if close:
+        log.close()
+    acked.pop(-1)
+    return acked
+
+
+def contents(log: FileLog) -> dict[int, bytes]:
+    return {r.lsn: bytes(r.body) for r in log.scan() if r.kind == RecordKind.UPDATES}
+
+
+def verify_ok(root: str) -> tuple[bool, VerifyReport]:
+    report = VerifyReport()
+    verify_wal(root, report)
+    return report.ok, report
+
+
+def opens(root: str) -> bool:
+    try:
+        FileLog.open(root, segment_bytes=SMALL).close()
+    except WalError:
+        return False
+    return True
+
+
+# --- finding 1: overlapping trims and a crash leave a hole --------------------------------------
+
+
+def test_crash_after_a_later_range_was_deleted_before_an_earlier_one_opens_cleanly(tmp_path):
+    """The crash state of finding 1: the second trim's files are gone, the first's not yet.
+    Both trims recorded their start in the manifest before deleting anything, so what is
+    left below the start is garbage, deleted quietly; nothing acknowledged is lost."""
+    root = str(tmp_path / "wal")
+    acked = build(root)
+    before = seg_files(root)
+    assert len(before) >= 6
+    log = FileLog.open(root, segment_bytes=SMALL)
+    starts = [s.first_lsn for s in log._segments]
+    image = str(tmp_path / "image")
+    shutil.copytree(root, image)  # the files as they were before the trims
+    log.trim(starts[2])
+    log.trim(starts[4])
+    kept = contents(log)
+    log.close()
+    shutil.copy(os.path.join(root, mf.manifest_name(0)), os.path.join(image, mf.manifest_name(0)))
+    os.unlink(before[3].replace(root, image))  # the later range deleted first; 0..2 still there
+    reopened = FileLog.open(image, segment_bytes=SMALL)
+    assert reopened.start_lsn == starts[4]
+    assert contents(reopened) == kept == {k: v for k, v in acked.items() if k >= starts[4]}
+    assert [os.path.basename(p) for p in seg_files(image)] == [os.path.basename(p) for p in seg_files(root)]
+    assert {p.kind for p in reopened.problems} == {"garbage"}
+    reopened.close()
+    assert verify_ok(image)[0]
+
+
+TRIMMER = textwrap.dedent("""
+    import sys, threading
+    from sediment.wal.file_log import FileLog
+    from sediment.wal.record import Record, RecordKind
+    log = FileLog.open(sys.argv[1], segment_bytes=8192, create=True)
+    for t in range(400):
+        log.append([Record(RecordKind.UPDATES, relation_id=7, t_lo=t, t_hi=t, body=(b"%06d" % t) * 50)])
+    print("ready", log.start_lsn, log.end_lsn, flush=True)
+    def trims(step):
+        for lsn in range(step, log.end_lsn, 3):
+            log.trim(lsn)
+            print("trimmed", lsn, flush=True)
+    threads = [threading.Thread(target=trims, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.parametrize("kill_after", [1, 7, 30, 90])
+def test_sigkill_during_overlapping_trims_from_threads_loses_nothing(tmp_path, kill_after):
+    """Two threads trim at once (as Engine._collect can) and the process is SIGKILLed:
+    the log opens, holds one contiguous run of LSNs up to the end, and every record at or
+    above the recorded start is the one that was written."""
+    root = str(tmp_path / "wal")
+    proc = subprocess.Popen([sys.executable, "-c", TRIMMER, root], stdout=subprocess.PIPE, text=True)
+    end = None
+    try:
+        seen = 0
+        for line in proc.stdout:
+            if line.startswith("ready"):
+                end = int(line.split()[2])
+            elif line.startswith("trimmed"):
+                seen += 1
+                if seen >= kill_after:
+                    break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert end is not None
+    log = FileLog.open(root, segment_bytes=SMALL)
+    records = list(log.scan())
+    assert log.end_lsn == end and not [p for p in log.problems if p.fatal]
+    assert [r.lsn for r in records] == list(range(log.start_lsn, end))
+    ts = [r.t_lo for r in records if r.kind == RecordKind.UPDATES]
+    assert ts == list(range(ts[0], 400))
+    assert all(bytes(r.body) == (b"%06d" % r.t_lo) * 50 for r in records if r.kind == RecordKind.UPDATES)
+    log.close()
+    assert verify_ok(root)[0]
+
+
+def test_trims_from_many_threads_are_serialized_and_leave_no_hole(tmp_path):
+    root = str(tmp_path / "wal")
+    acked = build(root, 200)
+    log = FileLog.open(root, segment_bytes=SMALL)
+    target = sorted(acked)[150]
+    barrier = threading.Barrier(4)
+
+    def trim(lsns):
+        barrier.wait()
+        for lsn in lsns:
+            log.trim(lsn)
+
+    threads = [threading.Thread(target=trim, args=(range(k, target, 4),)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    firsts = [int(os.path.basename(p)[:-4]) for p in seg_files(root)]
+    assert firsts == [s.first_lsn for s in log._segments]
+    assert mf.read(root, 0).start_lsn == firsts[0]
+    log.close()
+    again = FileLog.open(root, segment_bytes=SMALL)
+    assert contents(again) == {k: v for k, v in acked.items() if k >= firsts[0]}
+    again.close()
+
+
+# --- finding 2: missing or shortened files ---------------------------------------------------------
+
+
+def test_deleted_oldest_segment_is_a_typed_error_naming_its_lsns(tmp_path):
+    root = str(tmp_path / "wal")
+    build(root)
+    oldest = seg_files(root)[0]
+    last = sg.scan_segment(oldest, 0).next_lsn - 1
+    os.unlink(oldest)
+    with pytest.raises(WalMissing) as err:
+        FileLog.open(root, segment_bytes=SMALL)
+    assert err.value.path == oldest and (err.value.first_lsn, err.value.last_lsn) == (0, last)
+    assert f"LSNs [0, {last}]" in str(err.value)
+    ok, report = verify_ok(root)
+    assert not ok and any(oldest in p and "missing" in p for p in report.problems)
+
+
+def test_deleted_active_segment_is_a_typed_error(tmp_path):
+    root = str(tmp_path / "wal")
+    acked = build(root)
+    active = seg_files(root)[-1]
+    os.unlink(active)
+    with pytest.raises(WalMissing) as err:
+        FileLog.open(root, segment_bytes=SMALL)
+    assert err.value.path == active and err.value.last_lsn >= max(acked)
+    assert not opens(root) and not verify_ok(root)[0]
+    assert not os.path.exists(active)  # never re-created as a fresh segment
+
+
+def test_active_segment_cut_at_a_record_boundary_is_detected(tmp_path):
+    root = str(tmp_path / "wal")
+    build(root)
+    end = mf.read(root, 0).durable_end
+    active = seg_files(root)[-1]
+    first = int(os.path.basename(active)[:-4])
+    scan = sg.scan_segment(active, first)
+    with open(active, "r+b") as f:  # exactly at a record boundary: every frame left is valid
+        f.truncate(scan.offsets[len(scan.offsets) // 2])
+    with pytest.raises(WalMissing, match="before the durable end") as err:
+        FileLog.open(root, segment_bytes=SMALL)
+    assert err.value.path == active and err.value.last_lsn == end - 1
+    assert not verify_ok(root)[0]
+
+
+def test_shortened_finished_segment_is_detected(tmp_path):
+    root = str(tmp_path / "wal")
+    build(root)
+    victim = seg_files(root)[1]
+    first = int(os.path.basename(victim)[:-4])
+    scan = sg.scan_segment(victim, first)
+    with open(victim, "r+b") as f:
+        f.truncate(scan.offsets[-1])
+    with pytest.raises(WalMissing) as err:
+        FileLog.open(root, segment_bytes=SMALL)
+    assert err.value.path == victim and err.value.first_lsn == err.value.last_lsn == scan.next_lsn - 1
+    assert not verify_ok(root)[0]
+
+
+def test_creating_a_log_is_explicit(tmp_path):
+    root = str(tmp_path / "wal")
+    with pytest.raises(WalMissing):
+        FileLog.open(root)
+    assert not os.path.exists(root)
+    build(root)
+    log = FileLog.open(root, create=True)  # create on an existing log opens it, never starts over
+    assert log.end_lsn > 0 and not log.created
+    log.close()
+
+
+def test_engine_refuses_lost_metadata_and_a_lost_log(tmp_path):
+    import sediment
+    from sediment.errors import MetadataMissing
+
+    d = tmp_path / "data"
+    with sediment.open(d) as engine:
+        import pyarrow as pa
+
+        engine.add_relation("r", pa.schema([("k", pa.int64())]))
+        engine.append("r", pa.table({"k": [1], "time": pa.array([1], pa.uint64()), "diff": [1]}))
+    shutil.move(str(d / "meta"), str(tmp_path / "meta-aside"))
+    with pytest.raises(MetadataMissing):
+        sediment.open(d)
+    assert not (d / "meta").exists()
+    shutil.move(str(tmp_path / "meta-aside"), str(d / "meta"))
+    shutil.rmtree(d / "wal")
+    with pytest.raises(WalMissing):
+        sediment.open(d)
+    assert not (d / "wal").exists()
+
+
+# --- finding 4: a missing control file --------------------------------------------------------------
+
+
+def test_missing_control_file_is_refused_and_never_rewritten(tmp_path):
+    root = str(tmp_path / "wal")
+    acked = build(root)
+    key = mf.read(root, 0).cluster_key
+    os.unlink(os.path.join(root, CONTROL_NAME))
+    for create in (False, True):
+        with pytest.raises(WalMissing, match="control file"):
+            FileLog.open(root, segment_bytes=SMALL, create=create)
+        assert not os.path.exists(os.path.join(root, CONTROL_NAME))
+    assert not verify_ok(root)[0]
+    repaired = FileLog.open(root, segment_bytes=SMALL, repair=True)  # rebuilt with the log's own key
+    assert repaired.cluster_key == key and contents(repaired) == acked
+    assert not [p for p in repaired.problems if p.lost]
+    repaired.close()
+    assert verify_ok(root)[0]
+
+
+# --- finding 9: verify agrees with open -------------------------------------------------------------
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def _damages(root: str) -> dict:
+    segs = seg_files(root)
+    second = sg.scan_segment(segs[1], int(os.path.basename(segs[1])[:-4]))
+    active = segs[-1]
+    a_first = int(os.path.basename(active)[:-4])
+    a_scan = sg.scan_segment(active, a_first)
+    return {
+        "none": lambda: None,
+        "flip in finished segment": lambda: _flip(segs[1], second.offsets[2] + 70),
+        "flip in active header": lambda: _flip(active, 40),
+        "flip in finished header": lambda: _flip(segs[0], 40),
+        "delete oldest": lambda: os.unlink(segs[0]),
+        "delete middle": lambda: os.unlink(segs[2]),
+        "delete active": lambda: os.unlink(active),
+        "cut active at record": lambda: os.truncate(active, a_scan.offsets[-1]),
+        "cut active mid record": lambda: os.truncate(active, a_scan.offsets[-1] + 30),
+        "delete control": lambda: os.unlink(os.path.join(root, CONTROL_NAME)),
+        "delete manifest": lambda: os.unlink(os.path.join(root, mf.manifest_name(0))),
+        "flip manifest": lambda: _flip(os.path.join(root, mf.manifest_name(0)), 130),
+        "delete an index": lambda: os.unlink(segs[1][:-4] + ".idx"),
+        "garbage after active": lambda: open(active, "r+b").write(b"") or _append_garbage(active, a_scan.end),
+        "extra bytes on finished": lambda: _append_garbage(segs[1], os.path.getsize(segs[1])),
+    }
+
+
+def _append_garbage(path: str, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(b"\x13\x37" * 20)
+
+
+def test_verify_exit_agrees_with_open_over_damages(tmp_path):
+    base = str(tmp_path / "base")
+    acked = build(base)
+    names = list(_damages(base))
+    outcomes = {}
+    for i, name in enumerate(names):
+        root = str(tmp_path / f"case{i}")
+        shutil.copytree(base, root)
+        _damages(root)[name]()
+        ok, report = verify_ok(root)
+        try:
+            log = FileLog.open(root, segment_bytes=SMALL)
+        except WalError as exc:
+            assert isinstance(exc, (WalCorruption, WalMissing)), name
+            opened = False
+        else:
+            opened = True
+            got = contents(log)
+            log.close()
+            assert got == acked, name  # an open that succeeds lost nothing acknowledged
+        assert ok == opened, (name, report.problems, report.notes)
+        outcomes[name] = opened
+    assert outcomes["none"] and outcomes["delete an index"]
+    assert not any(outcomes[n] for n in ("delete oldest", "delete active", "cut active at record",
+                                         "delete control", "delete manifest", "flip in active header"))
+
+
+def test_repair_keeps_what_verifies_after_a_hole(tmp_path):
+    """Finding 1's repair: a hole in the middle loses only the hole; every later segment is
+    kept, appends resume past the highest LSN ever acknowledged, and the loss is recorded so
+    the next open and verify are clean."""
+    root = str(tmp_path / "wal")
+    acked = build(root)
+    segs = seg_files(root)
+    hole_first = int(os.path.basename(segs[2])[:-4])
+    hole_last = int(os.path.basename(segs[3])[:-4]) - 1
+    os.unlink(segs[2])
+    log = FileLog.open(root, segment_bytes=SMALL, repair=True)
+    (lost,) = [p for p in log.problems if p.lost]
+    assert (lost.first_lsn, lost.last_lsn) == (hole_first, hole_last)
+    assert 7 in lost.relations  # the sealed frontier of relation 7 moved across the hole
+    assert contents(log) == {k: v for k, v in acked.items() if not hole_first <= k <= hole_last}
+    end = log.end_lsn
+    lsn = log.append([updates(7, 99, b"after")])
+    assert lsn == end
+    log.close()
+    assert opens(root) and verify_ok(root)[0]
