@@ -37,3 +37,17 @@ def test_commit_body_example_lists_the_further_transactions():
     commit = rec.Record(rec.RecordKind.COMMIT, txn_id=int(m.group(2), 16), body=body)
     assert rec.committed_txn_ids(commit) == [int(g, 16) for g in m.groups()[2:]]
     assert rec.encode_txn_ids([int(g, 16) for g in m.groups()[3:]]) == body
+
+
+def test_log_manifest_example_decodes():
+    import uuid
+
+    from sediment.wal import manifest as mf
+
+    data = _example_after("**Worked example.** Cluster key `00112233")
+    m = mf.unpack(data, "example")
+    assert (m.cluster_key, m.partition, m.start_lsn, m.active_first, m.generation) == (
+        uuid.UUID("00112233-4455-6677-8899-aabbccddeeff"), 0, 6, 17, 4)
+    assert m.finished == [mf.FinishedSegment(6, 16, 88458)]
+    assert (m.durable_end, m.end_sequence) == (20, 3)
+    assert mf.pack(m) == data
