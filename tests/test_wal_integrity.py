@@ -379,3 +379,111 @@ def test_repair_keeps_what_verifies_after_a_hole(tmp_path):
     assert lsn == end
     log.close()
     assert opens(root) and verify_ok(root)[0]
+
+
+def test_manifest_every_byte_flip_is_caught_or_harmless():
+    """Pure decode, exhaustively: a flipped bit anywhere either fails the checks with
+    WalCorruption or only hits one end slot, whose loss leaves the other (an older, valid
+    lower bound) in force."""
+    import uuid
+
+    m = mf.Manifest(uuid.uuid4(), 0, start_lsn=6, active_first=40, generation=3,
+                    finished=[mf.FinishedSegment(6, 16, 9000), mf.FinishedSegment(17, 39, 8800)],
+                    durable_end=50, end_sequence=4)
+    data = mf.pack(m)
+    assert mf.unpack(data, "m") == m
+    for i in range(len(data)):
+        for bit in range(8):
+            bad = bytearray(data)
+            bad[i] ^= 1 << bit
+            try:
+                got = mf.unpack(bytes(bad), "m")
+            except WalCorruption as exc:
+                assert exc.path == "m"
+                continue
+            assert mf.SLOTS_AT <= i < mf.TABLE_AT, i
+            assert got.durable_end == m.durable_end and got.finished == m.finished
+    for n in range(len(data)):
+        with pytest.raises(WalCorruption):
+            mf.unpack(data[:n], "m")
+
+
+def test_a_torn_end_slot_falls_back_to_the_older_one(tmp_path):
+    root = str(tmp_path / "wal")
+    build(root)
+    m = mf.read(root, 0)
+    older = m.durable_end
+    mf.write_end(root, m, older + 5)
+    path = os.path.join(root, mf.manifest_name(0))
+    slot = mf.SLOTS_AT + (m.end_sequence % 2) * mf.SLOT_SIZE
+    _flip(path, slot + 9)  # the newer slot torn by a crash
+    assert mf.read(root, 0).durable_end == older
+
+
+def _engine_dir(d, rounds: int = 40):
+    """An engine data directory whose log spans several segments; returns the expected sum of
+    k (weighted by diff) as of the last sealed time."""
+    import pyarrow as pa
+
+    import sediment
+
+    total = 0
+    with sediment.open(d, segment_bytes=SMALL) as engine:
+        engine.add_relation("r", pa.schema([("k", pa.int64())]))
+        for t in range(1, rounds + 1):
+            ks = list(range(t * 10, t * 10 + 20))
+            engine.append("r", pa.table({"k": ks, "time": pa.array([t] * len(ks), pa.uint64()),
+                                         "diff": [1] * len(ks)}))
+            engine.seal("r", t)
+            total += sum(ks)
+    return total, rounds
+
+
+def _engine_opens(d, total: int, sealed: int) -> bool:
+    import pyarrow.compute as pc
+
+    import sediment
+    from sediment.errors import SedimentError
+
+    try:
+        engine = sediment.open(d, segment_bytes=SMALL)
+    except SedimentError:
+        return False
+    with engine:
+        snap = engine.snapshot("r", sealed)
+        assert pc.sum(pc.multiply(snap["k"], snap["diff"])).as_py() == total  # never a wrong answer
+    return True
+
+
+def test_engine_verify_agrees_with_open(tmp_path):
+    """Finding 9 on whole data directories: `verify`'s verdict is exactly whether the engine
+    opens, and an engine that opens answers correctly."""
+    from sediment.engine.verify import verify_data_dir
+
+    base = tmp_path / "base"
+    total, sealed = _engine_dir(base)
+    wal = base / "wal"
+    segs = seg_files(str(wal))  # background compaction may have trimmed all but the active one
+    cases = {
+        "none": lambda d: None,
+        "delete active": lambda d: os.unlink(d / "wal" / "0" / os.path.basename(segs[-1])),
+        "cut active at record": lambda d: os.truncate(
+            d / "wal" / "0" / os.path.basename(segs[-1]),
+            sg.scan_segment(segs[-1], int(os.path.basename(segs[-1])[:-4])).offsets[-1]),
+        "delete control": lambda d: os.unlink(d / "wal" / CONTROL_NAME),
+        "delete manifest": lambda d: os.unlink(d / "wal" / mf.manifest_name(0)),
+        "delete meta": lambda d: shutil.rmtree(d / "meta"),
+        "delete wal": lambda d: shutil.rmtree(d / "wal"),
+        "delete an index": lambda d: os.unlink(d / "wal" / "0" / (os.path.basename(segs[-1])[:-4] + ".idx")),
+    }
+    verdicts = {}
+    for i, (name, damage) in enumerate(cases.items()):
+        d = tmp_path / f"case{i}"
+        shutil.copytree(base, d)
+        damage(d)
+        ok = verify_data_dir(str(d)).ok
+        opened = _engine_opens(d, total, sealed)
+        assert ok == opened, name
+        verdicts[name] = opened
+    assert verdicts["none"] and verdicts["delete an index"]
+    assert not any(v for k, v in verdicts.items() if k not in ("none", "delete an index"))

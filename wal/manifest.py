@@ -100,6 +100,8 @@ def unpack(data: bytes, path: str) -> Manifest:
     end = TABLE_AT + count * ENTRY.size
     if len(data) < end:
         raise bad(f"table of {count} segments runs past the end of the file ({len(data)} bytes)", len(data))
+    if data[HEADER_CRC + 4:SLOTS_AT] != bytes(SLOTS_AT - HEADER_CRC - 4):
+        raise bad("reserved header bytes are not zero", HEADER_CRC + 4)
     (crc,) = struct.unpack_from("<I", data, HEADER_CRC)
     if crc32c(data[:HEADER_CRC] + data[TABLE_AT:end]) != crc:
         raise bad("header or segment table fails its checksum", HEADER_CRC)
