@@ -131,7 +131,7 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
     recorded = {f.first_lsn: f for f in m.finished if f.last_lsn >= m.start_lsn}
     if rebuilt:
         recorded = {}
-        m.active_first = firsts[-1] if firsts else m.active_first
+        m.active_first = firsts[0] if firsts else m.active_first  # every file is taken into the chain
     path_of = {f: os.path.join(pdir, sg.segment_name(f)) for f in firsts}
     for first in firsts:
         if first < m.start_lsn and first not in recorded:  # wholly below the durable trim point
