@@ -35,7 +35,8 @@ def wal_partitions(directory: str) -> list[int]:
     return sorted(found)
 
 
-def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, repair: bool = False) -> None:
+def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, repair: bool = False,
+               names: dict[int, str] | None = None) -> None:
     """Open's recovery run, read-only: the same checks of the control file and manifest, then
     the shared reader (wal/log_reader.py) over every partition. A fatal finding (open would
     refuse, or acknowledged records are lost) is a problem; the rest (a crash's torn tail,
@@ -83,7 +84,7 @@ def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, r
         plan = lr.plan(pdir, manifest, repair=repair, rebuilt=rebuilt)
         report.wal_findings += plan.problems
         for p in plan.problems:
-            (report.problems if p.fatal else report.notes).append(p.describe())
+            (report.problems if p.fatal else report.notes).append(p.describe(names))
         for k in plan.segments:
             report.checked.append(k.path)
             idx_path = os.path.join(pdir, sg.index_name(k.first_lsn))
@@ -180,6 +181,19 @@ def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, repo
         blobs.close()
 
 
+def relation_names(meta_dir: str) -> dict[int, str]:
+    """Relation id -> name from the catalog in the metadata (empty when it cannot be read)."""
+    from sediment.engine.catalog import RELATIONS, RelationEntry
+    from sediment.engine.metadata_journal import load_readonly
+
+    try:
+        meta = load_readonly(meta_dir) if os.path.isdir(meta_dir) else {}
+        entries = [RelationEntry.decode(v.value, v.version, k) for k, v in meta.items() if k.startswith(RELATIONS)]
+    except SedimentError:
+        return {}
+    return {e.id: e.name for e in entries}
+
+
 def _recorded_wal(meta_dir: str) -> tuple[str, bool]:
     """The WAL this data directory was created with (``engine/storage`` in its metadata)."""
     import json
@@ -211,7 +225,8 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
     if wal.startswith("device:"):
         verify_device(wal[len("device:"):], report)
     else:
-        verify_wal(os.path.join(data_dir, "wal"), report, expected=recorded, repair=repair)
+        verify_wal(os.path.join(data_dir, "wal"), report, expected=recorded, repair=repair,
+                   names=relation_names(meta))
     if os.path.isdir(meta):
         from sediment.engine.metadata_journal import verify as verify_journal
 

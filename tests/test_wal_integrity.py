@@ -539,7 +539,8 @@ def test_cli_repair_across_a_hole_keeps_the_later_records_and_reports_the_loss(t
     assert main(["--data-dir", str(d), "verify"]) == 1
     capsys.readouterr()
     assert main(["--data-dir", str(d), "verify", "--repair"]) == 1
-    assert "--force" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--force" in err and f"LSNs [{hole[0]}, {hole[1]}]" in err and "relation 'r'" in err
     assert main(["--data-dir", str(d), "verify"]) == 1  # refused: nothing changed
     capsys.readouterr()
     assert main(["--data-dir", str(d), "verify", "--repair", "--force"]) == 0

@@ -38,9 +38,16 @@ class Problem:
     dropped_bytes: int = 0
     relations: dict[int, tuple[int, int]] = field(default_factory=dict)  # rel -> (sealed before, at most)
 
-    def describe(self) -> str:
+    def describe(self, names: dict[int, str] | None = None) -> str:
+        """One line: file, offset, what, LSN range, bytes, and the relations (by name when
+        ``names`` maps their ids) and times the range may have held."""
         lsns = f"LSNs [{self.first_lsn}, {self.last_lsn}]" if self.last_lsn >= self.first_lsn >= 0 else "no LSNs"
-        rels = "".join(f"; relation {r} times ({lo}, {hi}]" if hi >= 0 else f"; relation {r} times after {lo}"
+        names = names or {}
+
+        def rel(r: int) -> str:
+            return f"relation {names[r]!r} (id {r})" if r in names else f"relation id {r}"
+
+        rels = "".join(f"; {rel(r)} times ({lo}, {hi}]" if hi >= 0 else f"; {rel(r)} times after {lo}"
                        for r, (lo, hi) in sorted(self.relations.items()))
         cut = f", {self.dropped_bytes} bytes" if self.dropped_bytes else ""
         return f"{self.path}: offset {self.offset}: {self.kind}: {self.reason} ({lsns}{cut}{rels})"
