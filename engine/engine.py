@@ -43,6 +43,7 @@ from sediment.errors import (
     TimeAlreadySealed,
     TraceInvariantViolation,
     UnknownRelation,
+    WalMissing,
 )
 from sediment.trace import compacter as cmp
 from sediment.trace.consolidate import consolidate
@@ -199,6 +200,8 @@ class Engine:
                 rel = self._register(entry, self.traces.load(entry.id))
                 self._max_time = max(self._max_time, rel.trace.upper - 1,
                                      *(p.upper - 1 for p in rel.trace.pending))
+            if not replicas:
+                self._check_log_reaches_traces()
             self._recover()
             if self._record_storage is not None:
                 self._meta.compare_and_set(STORAGE_KEY, *self._record_storage)
@@ -272,6 +275,18 @@ class Engine:
             return open_blob_store(blob, s3_endpoint=s3_endpoint) if blob.startswith("s3://") else \
                 open_blob_store(blob)
         return blob
+
+    def _check_log_reaches_traces(self) -> None:
+        """A trace that took the log's records up to ``wal_through`` proves the log reached that
+        LSN; a log that ends before it was replaced or lost its tail (an older copy restored,
+        a fresh log in place of the old one): refuse rather than append over the gap."""
+        end = self._log.end_lsn
+        for rel in self._by_id.values():
+            if rel.trace.wal_through > end:
+                raise WalMissing(f"{self.data_dir}: relation {rel.entry.name!r} has the log's records up to LSN "
+                                 f"{rel.trace.wal_through} in its trace, but the write-ahead log ends at LSN {end}: "
+                                 "the log lost its end or was replaced. Restore it", reason="log behind trace",
+                                 first_lsn=end, last_lsn=rel.trace.wal_through - 1)
 
     def _check_meta_present(self) -> None:
         """A journal metadata directory that is gone while the log survives would open as a fresh,

@@ -21,6 +21,7 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     wal_findings: list = field(default_factory=list)  # log_reader.Problem, for --json and repair reports
+    wal_end: int | None = None  # the LSN after the last record the file log would hold after open
 
     @property
     def ok(self) -> bool:
@@ -83,6 +84,9 @@ def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, r
             manifest.start_lsn = firsts[0]
         plan = lr.plan(pdir, manifest, repair=repair, rebuilt=rebuilt)
         report.wal_findings += plan.problems
+        if pid == 0:
+            ends = [k.next_lsn for k in plan.segments] + [plan.new_active or 0, manifest.active_first]
+            report.wal_end = max(ends)
         for p in plan.problems:
             (report.problems if p.fatal else report.notes).append(p.describe(names))
         for k in plan.segments:
@@ -181,6 +185,32 @@ def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, repo
         blobs.close()
 
 
+def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
+    """Open's check that the log reaches every trace's ``wal_through`` (Engine._check_log_reaches_traces)."""
+    from sediment.engine.metadata_journal import load_readonly
+    from sediment.trace.state import TraceState
+
+    if report.wal_end is None:
+        return
+    names = relation_names(meta_dir)
+    try:
+        meta = load_readonly(meta_dir)
+    except SedimentError:
+        return
+    for rel_id, name in names.items():
+        from sediment.trace.store import state_key
+
+        raw = meta.get(state_key(rel_id))
+        try:
+            through = TraceState.decode(raw.value).wal_through if raw is not None else 0
+        except SedimentError:
+            continue
+        if through > report.wal_end:
+            report.problems.append(f"relation {name!r}: its trace holds the log's records up to LSN {through}, but "
+                                   f"the write-ahead log ends at LSN {report.wal_end}: the log lost its end or was "
+                                   "replaced (open refuses)")
+
+
 def relation_names(meta_dir: str) -> dict[int, str]:
     """Relation id -> name from the catalog in the metadata (empty when it cannot be read)."""
     from sediment.engine.catalog import RELATIONS, RelationEntry
@@ -234,4 +264,5 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
             (report.notes if "torn tail" in line else report.problems).append(line)
         report.checked.append(meta)
         verify_traces(data_dir, blob, s3_endpoint, report)
+        _check_wal_through(meta, report)
     return report

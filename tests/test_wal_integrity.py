@@ -567,3 +567,30 @@ def test_missing_manifest_is_refused_then_rebuilt_by_repair_with_every_record(tm
     assert contents(log) == acked
     log.close()
     assert opens(root) and verify_ok(root)[0]
+
+
+def test_a_stale_copy_of_the_log_is_refused_by_open_and_verify(tmp_path):
+    """The traces prove how far the log reached: a log restored from an older copy (whole
+    and self-consistent) ends before a trace's wal_through, so open and verify refuse it."""
+    import pyarrow as pa
+
+    import sediment
+    from sediment.engine.verify import verify_data_dir
+
+    d = tmp_path / "data"
+    with sediment.open(d, segment_bytes=SMALL) as engine:
+        engine.add_relation("r", pa.schema([("k", pa.int64())]))
+        engine.append("r", pa.table({"k": [1], "time": pa.array([1], pa.uint64()), "diff": [1]}))
+    shutil.copytree(d / "wal", tmp_path / "old-wal")
+    with sediment.open(d, segment_bytes=SMALL) as engine:
+        for t in range(2, 30):
+            engine.append("r", pa.table({"k": [t] * 30, "time": pa.array([t] * 30, pa.uint64()), "diff": [1] * 30}))
+            engine.seal("r", t)
+        engine.compact()
+    assert verify_data_dir(str(d)).ok
+    shutil.rmtree(d / "wal")
+    shutil.copytree(tmp_path / "old-wal", d / "wal")
+    report = verify_data_dir(str(d))
+    assert not report.ok and any("wal_through" in p or "ends at LSN" in p for p in report.problems)
+    with pytest.raises(WalMissing, match="relation 'r'"):
+        sediment.open(d, segment_bytes=SMALL)
