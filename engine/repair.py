@@ -58,6 +58,7 @@ def repair_data_dir(data_dir: str, open_engine: Callable[[], object], *, force: 
         problems = list(getattr(wal, "problems", []))
         result.lines = [p.describe(names) for p in problems if p.kind != "stray"] or list(wal.report.describe())
         result.findings = [_named(p.to_json(), names) for p in problems]
+        result.lines += [f"{path}: original bytes kept before the cut" for path in getattr(wal, "preserved", [])]
     if result.findings:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         doc = {"data_dir": data_dir, "time": stamp, "forced": force,

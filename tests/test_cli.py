@@ -372,8 +372,9 @@ def test_verify_finds_damage_and_repair_cuts_it(tmp_path, capsys):
     assert seg.read_bytes() == before
     rc, out, _ = run(capsys, d, "verify", "--repair", "--force")
     assert rc == 0
-    repaired = [line for line in out.splitlines() if line.startswith("repaired: ")]
+    repaired = [line for line in out.splitlines() if line.startswith("repaired: ") and "kept before" not in line]
     assert len(repaired) == 1 and str(seg) in repaired[0] and f"offset {offset}" in repaired[0]
+    assert (seg.parent / f"{seg.name}.pre-repair-{offset}").read_bytes() == before  # nothing destroyed
     (report,) = [line.split(": ", 1)[1] for line in out.splitlines() if line.endswith(".json")]
     lost = json.loads(open(report).read())["lost"]
     assert [(f["path"], f["offset"], f["first_lsn"]) for f in lost] == [(str(seg), offset, 1)]

@@ -594,3 +594,22 @@ def test_a_stale_copy_of_the_log_is_refused_by_open_and_verify(tmp_path):
     assert not report.ok and any("wal_through" in p or "ends at LSN" in p for p in report.problems)
     with pytest.raises(WalMissing, match="relation 'r'"):
         sediment.open(d, segment_bytes=SMALL)
+
+
+def test_repair_of_damage_keeps_the_original_bytes(tmp_path):
+    root = str(tmp_path / "wal")
+    acked = build(root)
+    victim = seg_files(root)[1]
+    first = int(os.path.basename(victim)[:-4])
+    scan = sg.scan_segment(victim, first)
+    _flip(victim, scan.offsets[3] + 80)
+    original = open(victim, "rb").read()
+    log = FileLog.open(root, segment_bytes=SMALL, repair=True)
+    (lost,) = [p for p in log.problems if p.lost]
+    assert (lost.path, lost.offset, lost.first_lsn, lost.last_lsn) == (victim, scan.offsets[3], first + 3,
+                                                                       scan.next_lsn - 1)
+    assert log.preserved == [f"{victim}.pre-repair-{scan.offsets[3]}"]
+    assert open(log.preserved[0], "rb").read() == original
+    assert contents(log) == {k: v for k, v in acked.items() if not first + 3 <= k < scan.next_lsn}
+    log.close()
+    assert opens(root) and verify_ok(root)[0]

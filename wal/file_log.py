@@ -75,6 +75,17 @@ class _Pending:
         return self.last_lsn
 
 
+def _keep_copy(src: str, dst: str) -> str:
+    """Copy ``src`` to ``dst`` durably (file and directory fsynced)."""
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        while chunk := f.read(8 << 20):
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    fsync_dir(os.path.dirname(dst))
+    return dst
+
+
 class FileLog(DirectWrites):
     """A WriteAheadLog over segment files. Create with :meth:`open`."""
 
@@ -157,6 +168,7 @@ class FileLog(DirectWrites):
         """Carry out what the shared reader (wal/log_reader.py) decided: refuse on a fatal
         problem unless repairing, else delete garbage, make the cuts, record the manifest."""
         self.problems = plan.problems
+        self.preserved: list[str] = []
         fatal = plan.fatal
         if fatal and not repair:
             first = fatal[0]
@@ -183,7 +195,10 @@ class FileLog(DirectWrites):
                 pass
         if removed:
             fsync_dir(self.dir)
+        damaged = {p.path for p in plan.problems if p.fatal}
         for path, offset, finished in plan.cuts:
+            if path in damaged:  # a repair cut: the original bytes are kept aside, never destroyed
+                self.preserved.append(_keep_copy(path, f"{path}.pre-repair-{offset}"))
             self._cut(path, offset, finished)
         for k in plan.segments:
             for rel, t in k.sealed.items():
