@@ -195,6 +195,17 @@ class FileLog(DirectWrites):
                 pass
         if removed:
             fsync_dir(self.dir)
+        for src, start, end, first, new_path in plan.salvage:  # records after damage: their own segment
+            with open(src, "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+            fd = os.open(new_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _pwrite_all(fd, self._header(sg.SEG_MAGIC, first) + data, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(self.dir)
         damaged = {p.path for p in plan.problems if p.fatal}
         for path, offset, finished in plan.cuts:
             if path in damaged:  # a repair cut: the original bytes are kept aside, never destroyed

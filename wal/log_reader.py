@@ -84,6 +84,7 @@ class Plan:
     delete: list[str] = field(default_factory=list)
     cuts: list[tuple[str, int, bool]] = field(default_factory=list)
     new_active: int | None = None
+    salvage: list[tuple[str, int, int, int, str]] = field(default_factory=list)  # src, start, end, first LSN, new
     manifest: Manifest | None = None
     problems: list[Problem] = field(default_factory=list)
 
@@ -190,6 +191,7 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
         if scan.offsets:
             out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, True))
             finished.append(FinishedSegment(first, kept_last, scan.end))
+        _salvage(out, pdir, scan, finished, f.last_lsn)
     for first in firsts:
         if m.start_lsn <= first < m.active_first and first not in recorded:
             out.problems.append(Problem("stray", path_of[first], 0, first, -1,
@@ -238,11 +240,18 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
                 lose("damage", path, scan.bad_offset, scan.next_lsn, max(scan.next_lsn, m.durable_end) - 1,
                      f"{scan.reason}; {where}", scan.file_size - scan.bad_offset)
                 pending = out.problems[-1]
-            out.cuts.append((path, scan.bad_offset, not is_last))
-        out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, not is_last))
-        if not is_last:
+            out.cuts.append((path, scan.bad_offset, not is_last or scan.resume is not None))
+        done = not is_last or scan.resume is not None  # salvaged records after damage follow it
+        out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, done))
+        if done and scan.offsets:
             finished.append(FinishedSegment(first, scan.next_lsn - 1, scan.end))
         expect = scan.next_lsn
+        if scan.resume is not None:
+            expect = _salvage(out, pdir, scan, finished, max(scan.next_lsn, m.durable_end) - 1)
+            pending = None
+            if is_last and expect < m.durable_end and out.problems[-1].last_lsn < m.durable_end - 1:
+                lose("shortened", path, scan.file_size, expect, m.durable_end - 1,
+                     f"the records that verify end at LSN {expect}, before the durable end {m.durable_end}")
     end = out.segments[-1].next_lsn if out.segments else m.active_first
     active_kept = bool(out.segments) and not out.segments[-1].finished and out.segments[-1].first_lsn >= m.active_first
     if active_kept and end < m.durable_end and not any(p.fatal and p.path == out.segments[-1].path
@@ -269,6 +278,35 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
         out.segments[-1].first_lsn if out.segments else m.active_first)
     out.manifest = Manifest(key, part, start, active_first, m.generation, finished, m.durable_end, m.end_sequence)
     return out
+
+
+def _salvage(out: Plan, pdir: str, scan: sg.SegmentScan, finished: list[FinishedSegment], hi: int) -> int:
+    """Keep the records that verify after damage in ``scan``'s file: each run of valid frames
+    becomes a segment of its own (``out.salvage``, written by a repairing open before the
+    source is cut), and the damage's loss shrinks to the LSNs truly unreadable. ``hi``: the
+    last LSN the damaged range could reach. Returns the LSN after the last kept record."""
+    lost = out.problems[-1] if out.problems and out.problems[-1].path == scan.path else None
+    cur, end = scan, scan.next_lsn
+    while cur.resume is not None:
+        pos, lsn = cur.resume
+        if lost is not None:
+            lost.last_lsn = lsn - 1
+            lost.lost = lost.last_lsn >= lost.first_lsn
+        run = sg.scan_segment(scan.path, lsn, start=pos)
+        new_path = os.path.join(pdir, sg.segment_name(lsn))
+        length = run.end - pos + sg.HEADER_SIZE
+        out.salvage.append((scan.path, pos, run.end, lsn, new_path))
+        offsets = array("Q", (o - pos + sg.HEADER_SIZE for o in run.offsets))
+        out.segments.append(KeptSegment(lsn, new_path, offsets, length, run.sealed, True))
+        finished.append(FinishedSegment(lsn, run.next_lsn - 1, length))
+        end = run.next_lsn
+        lost = None
+        if run.resume is not None:
+            out.problems.append(Problem("damage", scan.path, run.bad_offset, run.next_lsn, hi,
+                                        f"{run.reason}; valid records follow it", fatal=True, lost=True))
+            lost = out.problems[-1]
+        cur = run
+    return end
 
 
 def _attribute(out: Plan) -> None:
