@@ -614,3 +614,22 @@ def test_repair_of_damage_keeps_the_original_bytes(tmp_path):
     assert os.path.exists(os.path.join(root, "0", sg.segment_name(first + 4)))
     log.close()
     assert opens(root) and verify_ok(root)[0]
+
+
+def test_verify_json_lists_each_loss_with_file_offset_and_lsns(tmp_path, capsys):
+    import json
+
+    from sediment.cli import main
+
+    d = tmp_path / "data"
+    total, sealed = _engine_dir(d, 5)
+    active = seg_files(str(d / "wal"))[-1]
+    first = int(os.path.basename(active)[:-4])
+    scan = sg.scan_segment(active, first)
+    os.truncate(active, scan.offsets[-1])
+    assert main(["--data-dir", str(d), "verify", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    (loss,) = [w for w in doc["wal"] if w["lost"]]
+    assert (loss["path"], loss["kind"], loss["first_lsn"]) == (active, "shortened", scan.next_lsn - 1)
+    assert not doc["ok"] and doc["problems"]
+    assert not _engine_opens(d, total, sealed)
