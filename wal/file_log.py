@@ -32,6 +32,7 @@ from sediment.wal import record as rec
 from sediment.wal import segment as sg
 from sediment.wal.control import PartitionState, fsync_dir
 from sediment.wal.direct_io import DirectWrites, _allocate, _pwritev_all
+from sediment.wal.log_apply import cut_file, keep_copy, write_salvage
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import DoneFlag, OpenReport
 
@@ -73,17 +74,6 @@ class _Pending:
         if self.error is not None:
             raise self.error
         return self.last_lsn
-
-
-def _keep_copy(src: str, dst: str) -> str:
-    """Copy ``src`` to ``dst`` durably (file and directory fsynced)."""
-    with open(src, "rb") as f, open(dst, "wb") as out:
-        while chunk := f.read(8 << 20):
-            out.write(chunk)
-        out.flush()
-        os.fsync(out.fileno())
-    fsync_dir(os.path.dirname(dst))
-    return dst
 
 
 class FileLog(DirectWrites):
@@ -196,20 +186,11 @@ class FileLog(DirectWrites):
         if removed:
             fsync_dir(self.dir)
         for src, start, end, first, new_path in plan.salvage:  # records after damage: their own segment
-            with open(src, "rb") as f:
-                f.seek(start)
-                data = f.read(end - start)
-            fd = os.open(new_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                _pwrite_all(fd, self._header(sg.SEG_MAGIC, first) + data, 0)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_dir(self.dir)
+            write_salvage(src, start, end, self._header(sg.SEG_MAGIC, first), new_path)
         damaged = {p.path for p in plan.problems if p.fatal}
         for path, offset, finished in plan.cuts:
             if path in damaged:  # a repair cut: the original bytes are kept aside, never destroyed
-                self.preserved.append(_keep_copy(path, f"{path}.pre-repair-{offset}"))
+                self.preserved.append(keep_copy(path, f"{path}.pre-repair-{offset}"))
             self._cut(path, offset, finished)
         for k in plan.segments:
             for rel, t in k.sealed.items():
@@ -236,16 +217,7 @@ class FileLog(DirectWrites):
         mf.write(self.root, m)
 
     def _cut(self, path: str, offset: int, finished: bool = False) -> None:
-        """Cut the file at ``offset``; an active segment is zero-filled past it (preallocated),
-        so no stale frame can reappear."""
-        fd = os.open(path, os.O_RDWR)
-        try:
-            os.ftruncate(fd, offset)
-            if not finished:
-                _allocate(fd, max(self.segment_bytes, offset))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        cut_file(path, offset, None if finished else self.segment_bytes)
 
     def _rebuild_index(self, seg: _Segment) -> None:
         header, entries = sg.read_index(seg.idx_path)
