@@ -43,6 +43,7 @@ from sediment.errors import (
     TimeAlreadySealed,
     TraceInvariantViolation,
     UnknownRelation,
+    WalCorruption,
     WalMissing,
 )
 from sediment.trace import compacter as cmp
@@ -303,8 +304,16 @@ class Engine:
         if wal == "file":
             from sediment.wal.file_log import FileLog
 
-            log_ = FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes, repair=repair,
-                                create=create)
+            try:
+                log_ = FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes,
+                                    repair=repair, create=create)
+            except WalCorruption as exc:  # name the relations whose records the lost range held
+                if not getattr(exc, "problems", None):
+                    raise
+                from sediment.wal.log_reader import refusal
+
+                names = {e.id: e.name for e in self.catalog.load().values()}
+                raise refusal(exc.directory, exc.problems, names) from None
             if create and log_.end_lsn > 0:
                 log_.close()
                 raise MetadataMissing(f"{self.data_dir}: the metadata has no storage record, but the write-ahead "

@@ -536,6 +536,9 @@ def test_cli_repair_across_a_hole_keeps_the_later_records_and_reports_the_loss(t
     assert len(segs) >= 4
     hole = (int(os.path.basename(segs[1])[:-4]), int(os.path.basename(segs[2])[:-4]) - 1)
     os.unlink(segs[1])
+    with pytest.raises(WalMissing, match=rf"LSNs \[{hole[0]}, {hole[1]}\].*relation 'r'") as err:
+        sediment.open(d)  # the open names the lost range and the relation whose times it held
+    assert err.value.path == segs[1]
     assert main(["--data-dir", str(d), "verify"]) == 1
     capsys.readouterr()
     assert main(["--data-dir", str(d), "verify", "--repair"]) == 1

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from sediment._fs import pwrite_all as _pwrite_all
-from sediment.errors import EngineClosed, WalCorruption, WalError, WalMissing
+from sediment.errors import EngineClosed, WalCorruption, WalError
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import record as rec
@@ -161,16 +161,7 @@ class FileLog(DirectWrites):
         self.preserved: list[str] = []
         fatal = plan.fatal
         if fatal and not repair:
-            first = fatal[0]
-            kind = WalMissing if any(p.kind in ("missing", "shortened") for p in fatal) else WalCorruption
-            text = "; ".join(p.describe() for p in fatal)
-            raise kind(f"the write-ahead log at {self.dir} cannot be opened without losing acknowledged records: "
-                       f"{text}. Restore the files, or run `sediment verify --repair` (with --force to accept "
-                       "the loss)", path=first.path, offset=first.offset, reason=first.reason,
-                       first_lsn=first.first_lsn, last_lsn=first.last_lsn) if kind is WalMissing else \
-                kind(f"the write-ahead log at {self.dir} is damaged: {text}. Run `sediment verify --repair` to cut "
-                     "the log there (the records lost are reported)", path=first.path, offset=first.offset,
-                     reason=first.reason)
+            raise lr.refusal(self.dir, fatal)
         for p in plan.problems:
             if p.kind != "stray":
                 self.report.torn_tails.append((p.path, max(p.offset, 0), p.dropped_bytes, f"{p.kind}: {p.reason}"))

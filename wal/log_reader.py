@@ -17,6 +17,7 @@ import os
 from array import array
 from dataclasses import dataclass, field
 
+from sediment.errors import WalCorruption, WalMissing
 from sediment.wal import segment as sg
 from sediment.wal.manifest import FinishedSegment, Manifest
 
@@ -95,6 +96,26 @@ class Plan:
     @property
     def lost(self) -> list[Problem]:
         return [p for p in self.problems if p.lost]
+
+
+def refusal(directory: str, fatal: list[Problem], names: dict[int, str] | None = None) -> WalCorruption:
+    """The typed error open raises for ``fatal`` findings: WalMissing when a file or its end
+    is missing, else WalCorruption; names every file, offset, LSN range and relation."""
+    first = fatal[0]
+    text = "; ".join(p.describe(names) for p in fatal)
+    if any(p.kind in ("missing", "shortened") for p in fatal):
+        exc: WalCorruption = WalMissing(
+            f"the write-ahead log at {directory} cannot be opened without losing acknowledged records: {text}. "
+            "Restore the files, or run `sediment verify --repair` (with --force to accept the loss)",
+            path=first.path, offset=first.offset, reason=first.reason, first_lsn=first.first_lsn,
+            last_lsn=first.last_lsn)
+    else:
+        exc = WalCorruption(f"the write-ahead log at {directory} is damaged: {text}. Run `sediment verify --repair` "
+                            "to keep every record that verifies (the records lost are reported)",
+                            path=first.path, offset=first.offset, reason=first.reason)
+    exc.problems = fatal  # type: ignore[attr-defined]
+    exc.directory = directory  # type: ignore[attr-defined]
+    return exc
 
 
 def _header(path: str) -> sg.SegmentHeader | None:
