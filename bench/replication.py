@@ -88,7 +88,7 @@ def main() -> None:
     threads = [int(t) for t in args.threads.split(",")]
     key = uuid.uuid4()
     with tempfile.TemporaryDirectory() as tmp:
-        single = FileLog.open(os.path.join(tmp, "single"), cluster_key=key)
+        single = FileLog.open(os.path.join(tmp, "single"), cluster_key=key, create=True)
         one = measure(single, args.seconds, threads, args.bytes, [])
         single.close()
         procs, addrs = [], []

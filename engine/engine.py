@@ -42,10 +42,13 @@ from sediment.errors import (
     EngineClosed,
     FrontierRegression,
     InvalidArgument,
+    MetadataMissing,
     RelationExists,
     TimeAlreadySealed,
     TraceInvariantViolation,
     UnknownRelation,
+    WalCorruption,
+    WalMissing,
 )
 from sediment.metrics import EngineMetrics
 from sediment.trace import compacter as cmp
@@ -183,6 +186,8 @@ class Engine:
         self._compact_interval = compact_interval
         self._segment_age = cmp.SegmentAge()
         try:
+            if metadata is None:
+                self._check_meta_present()
             self._meta = self._open_metadata(metadata)
             stored = self._storage_config({"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
                                            "cluster_key": cluster_key,
@@ -215,11 +220,14 @@ class Engine:
                 if marker is None:
                     deploy.write_marker(self.data_dir, deploy.metadata_spec(metadata))
             else:
-                self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity)
+                self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity,
+                                           create=self._meta.get(STORAGE_KEY) is None)
             for entry in self.catalog.load().values():
                 rel = self._register(entry, self.traces.load(entry.id))
                 self._max_time = max(self._max_time, rel.trace.upper - 1,
                                      *(p.upper - 1 for p in rel.trace.pending))
+            if not replicas:
+                self._check_log_reaches_traces()
             self._recover()
             if self._record_storage is not None:
                 self._meta.compare_and_set(STORAGE_KEY, *self._record_storage)
@@ -299,19 +307,56 @@ class Engine:
                 open_blob_store(blob)
         return blob
 
-    def _open_wal(self, wal: str, segment_bytes: int, repair: bool, capacity: int | None) -> WriteAheadLog:
+    def _check_log_reaches_traces(self) -> None:
+        """A trace that took the log's records up to ``wal_through`` proves the log reached that
+        LSN; a log that ends before it was replaced or lost its tail (an older copy restored,
+        a fresh log in place of the old one): refuse rather than append over the gap."""
+        end = self._log.end_lsn
+        for rel in self._by_id.values():
+            if rel.trace.wal_through > end:
+                raise WalMissing(f"{self.data_dir}: relation {rel.entry.name!r} has the log's records up to LSN "
+                                 f"{rel.trace.wal_through} in its trace, but the write-ahead log ends at LSN {end}: "
+                                 "the log lost its end or was replaced. Restore it", reason="log behind trace",
+                                 first_lsn=end, last_lsn=rel.trace.wal_through - 1)
+
+    def _check_meta_present(self) -> None:
+        """A journal metadata directory that is gone while the log survives would open as a fresh,
+        empty catalog over acknowledged data: refuse instead."""
+        wal_dir = os.path.join(self.data_dir, "wal")
+        if not os.path.isdir(os.path.join(self.data_dir, "meta")) and os.path.isdir(wal_dir) and os.listdir(wal_dir):
+            raise MetadataMissing(f"{self.data_dir}: the metadata directory meta/ is missing while the write-ahead "
+                                  f"log {wal_dir} exists; restore meta/ (opening would start an empty catalog)")
+
+    def _open_wal(self, wal: str, segment_bytes: int, repair: bool, capacity: int | None, *,
+                  create: bool = False) -> WriteAheadLog:
+        """``create``: this is the first open of the data directory (no storage record in its
+        metadata), the only time a new log may be made; later opens expect the log."""
         if wal == "file":
             from sediment.wal.file_log import FileLog
 
-            return FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes, repair=repair)
+            try:
+                log_ = FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes,
+                                    repair=repair, create=create)
+            except WalCorruption as exc:  # name the relations whose records the lost range held
+                if not getattr(exc, "problems", None):
+                    raise
+                from sediment.wal.log_reader import refusal
+
+                names = {e.id: e.name for e in self.catalog.load().values()}
+                raise refusal(exc.directory, exc.problems, names) from None
+            if create and log_.end_lsn > 0:
+                log_.close()
+                raise MetadataMissing(f"{self.data_dir}: the metadata has no storage record, but the write-ahead "
+                                      f"log holds LSNs up to {log_.end_lsn - 1}: the metadata was lost or "
+                                      "replaced; restore it (opening would lose every acknowledged update)")
+            return log_
         if isinstance(wal, str) and wal.startswith("device:") and len(wal) > len("device:"):
             from sediment.wal.device import DeviceLog
 
             path = wal[len("device:"):]
             if capacity is None and not os.path.exists(path):
                 raise ValueError(f"{wal!r} does not exist yet: pass wal_capacity=<bytes> to create the ring")
-            first_open = self._meta.get(STORAGE_KEY) is None  # a ring is created only with its data directory
-            return DeviceLog.open(path, capacity, create=first_open, segment_bytes=segment_bytes, repair=repair)
+            return DeviceLog.open(path, capacity, create=create, segment_bytes=segment_bytes, repair=repair)
         raise ValueError(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
 
     def _register(self, entry: RelationEntry, trace: TraceState | None = None) -> _Relation:

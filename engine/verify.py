@@ -20,66 +20,83 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    wal_findings: list = field(default_factory=list)  # log_reader.Problem, for --json and repair reports
+    wal_end: int | None = None  # the LSN after the last record the file log would hold after open
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def verify_wal(directory: str, report: VerifyReport) -> None:
-    """Check the control file and every segment and index of every partition under ``directory``."""
-    if not os.path.exists(os.path.join(directory, CONTROL_NAME)):
-        report.notes.append(f"{directory}: no write-ahead log yet")
+def wal_partitions(directory: str) -> list[int]:
+    """Partitions of a file log: those in its control file, else those with a manifest or directory."""
+    found = {int(n[len("sediment-wal-"):-len(".manifest")]) for n in os.listdir(directory)
+             if n.startswith("sediment-wal-") and n.endswith(".manifest") and n[13:-9].isdigit()}
+    found |= {int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n))}
+    return sorted(found)
+
+
+def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, repair: bool = False,
+               names: dict[int, str] | None = None) -> None:
+    """Open's recovery run, read-only: the same checks of the control file and manifest, then
+    the shared reader (wal/log_reader.py) over every partition. A fatal finding (open would
+    refuse, or acknowledged records are lost) is a problem; the rest (a crash's torn tail,
+    garbage below the trim point, an index to rebuild) are notes. ``repair``: plan as
+    ``--repair`` would, so ``wal_findings`` holds what a repair would lose."""
+    from sediment.wal import log_reader as lr
+    from sediment.wal import manifest as mf
+
+    if not os.path.isdir(directory) or not os.listdir(directory):
+        (report.problems if expected else report.notes).append(
+            f"{directory}: no write-ahead log" + (" where the metadata records one; restore it" if expected else " yet"))
         return
+    ctl = None
     try:
         ctl = ControlFile.open(directory)
         for pid in ctl.partitions:
             ctl.read_state(pid)
+        report.checked.append(ctl.path)
+    except FileNotFoundError:
+        report.problems.append(f"{os.path.join(directory, CONTROL_NAME)}: offset 0: control file missing while the "
+                               "log exists (open refuses; `verify --repair` rebuilds it with the log's cluster key)")
     except SedimentError as exc:
         report.problems.append(str(exc))
         return
-    report.checked.append(ctl.path)
-    for pid in ctl.partitions:
+    for pid in sorted(set(ctl.partitions if ctl else []) | set(wal_partitions(directory))):
         pdir = os.path.join(directory, str(pid))
-        if not os.path.isdir(pdir):
-            continue
-        firsts = sorted(p[0] for p in map(sg.parse_name, os.listdir(pdir)) if p and p[1] == "seg")
-        expected = None
-        for i, first in enumerate(firsts):
-            path = os.path.join(pdir, sg.segment_name(first))
-            report.checked.append(path)
-            is_last = i == len(firsts) - 1
-            with open(path, "rb") as f:
-                header = sg.parse_header(f.read(sg.HEADER_SIZE))
-            if header is None or header.magic != sg.SEG_MAGIC:
-                (report.notes if is_last else report.problems).append(
-                    f"{path}: offset 0: bad segment header" + (" (unfinished creation; cut at open)" if is_last else ""))
+        rebuilt = False
+        try:
+            manifest = mf.read(directory, pid)
+            report.checked.append(os.path.join(directory, mf.manifest_name(pid)))
+        except SedimentError as exc:
+            report.problems.append(str(exc))
+            if not repair or ctl is None:
                 continue
-            if header.first_lsn != first or header.cluster_key != ctl.header.cluster_key:
-                report.problems.append(f"{path}: offset 0: header names first LSN {header.first_lsn} / cluster "
-                                       f"{header.cluster_key}, expected {first} / {ctl.header.cluster_key}")
-            if expected is not None and first != expected:
-                report.problems.append(f"{path}: offset 0: LSN gap, previous segment ends before {expected}")
-            scan = sg.scan_segment(path, first)
-            expected = scan.next_lsn
-            if not scan.clean:
-                where = f"{path}: offset {scan.bad_offset}: {scan.reason}"
-                if is_last and not scan.valid_after_bad:
-                    report.notes.append(f"{where} (torn tail from a crash; cut at open)")
-                else:
-                    report.problems.append(where + ("; valid records follow" if scan.valid_after_bad else
-                                                    "; in a finished segment"))
-            idx_path = os.path.join(pdir, sg.index_name(first))
+            manifest, rebuilt = mf.Manifest(ctl.header.cluster_key, pid), True
+        if ctl is not None and manifest.cluster_key != ctl.header.cluster_key:
+            report.problems.append(f"{os.path.join(directory, mf.manifest_name(pid))}: offset 8: manifest belongs to "
+                                   f"cluster {manifest.cluster_key}, control file to {ctl.header.cluster_key}")
+            continue
+        if ctl is not None and pid not in ctl.partitions:
+            report.problems.append(f"{ctl.path}: partition {pid} has a log but is not in the control file")
+        firsts, _ = lr.list_segments(pdir)
+        if rebuilt and firsts:
+            manifest.start_lsn = firsts[0]
+        plan = lr.plan(pdir, manifest, repair=repair, rebuilt=rebuilt)
+        report.wal_findings += plan.problems
+        if pid == 0:
+            ends = [k.next_lsn for k in plan.segments] + [plan.new_active or 0, manifest.active_first]
+            report.wal_end = max(ends)
+        for p in plan.problems:
+            (report.problems if p.fatal else report.notes).append(p.describe(names))
+        for k in plan.segments:
+            report.checked.append(k.path)
+            idx_path = os.path.join(pdir, sg.index_name(k.first_lsn))
             idx_header, entries = sg.read_index(idx_path)
             if idx_header is None:
-                (report.notes if is_last else report.problems).append(f"{idx_path}: missing or bad index header "
-                                                                      "(rebuilt at open)")
-            else:
-                for n, (a, b) in enumerate(zip(entries, scan.offsets, strict=False)):
-                    if a != b:
-                        report.problems.append(f"{idx_path}: entry {n} (offset {sg.HEADER_SIZE + 8 * n}) says "
-                                               f"{a}, record is at {b} (rebuilt at open)")
-                        break
+                report.notes.append(f"{idx_path}: missing or bad index header (rebuilt at open)")
+            elif any(a != b for a, b in zip(entries, k.offsets, strict=False)):
+                report.notes.append(f"{idx_path}: entries disagree with the data file (rebuilt at open)")
 
 
 def verify_device(path: str, report: VerifyReport) -> None:
@@ -166,7 +183,46 @@ def _verify_owner(meta: dict, blobs, uri: str, report: VerifyReport) -> None:
                                "the engine refuses to open it (see --take-over-blob-prefix)")
 
 
-def _recorded_wal(meta_dir: str) -> str:
+def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
+    """Open's check that the log reaches every trace's ``wal_through`` (Engine._check_log_reaches_traces)."""
+    from sediment.engine.metadata_journal import load_readonly
+    from sediment.trace.state import TraceState
+
+    if report.wal_end is None:
+        return
+    names = relation_names(meta_dir)
+    try:
+        meta = load_readonly(meta_dir)
+    except SedimentError:
+        return
+    for rel_id, name in names.items():
+        from sediment.trace.store import state_key
+
+        raw = meta.get(state_key(rel_id))
+        try:
+            through = TraceState.decode(raw.value).wal_through if raw is not None else 0
+        except SedimentError:
+            continue
+        if through > report.wal_end:
+            report.problems.append(f"relation {name!r}: its trace holds the log's records up to LSN {through}, but "
+                                   f"the write-ahead log ends at LSN {report.wal_end}: the log lost its end or was "
+                                   "replaced (open refuses)")
+
+
+def relation_names(meta_dir: str) -> dict[int, str]:
+    """Relation id -> name from the catalog in the metadata (empty when it cannot be read)."""
+    from sediment.engine.catalog import RELATIONS, RelationEntry
+    from sediment.engine.metadata_journal import load_readonly
+
+    try:
+        meta = load_readonly(meta_dir) if os.path.isdir(meta_dir) else {}
+        entries = [RelationEntry.decode(v.value, v.version, k) for k, v in meta.items() if k.startswith(RELATIONS)]
+    except SedimentError:
+        return {}
+    return {e.id: e.name for e in entries}
+
+
+def _recorded_wal(meta_dir: str) -> tuple[str, bool]:
     """The WAL this data directory was created with (``engine/storage`` in its metadata)."""
     import json
 
@@ -176,11 +232,12 @@ def _recorded_wal(meta_dir: str) -> str:
     try:
         got = load_readonly(meta_dir).get(STORAGE_KEY) if os.path.isdir(meta_dir) else None
     except SedimentError:
-        return "file"
-    return (json.loads(got.value).get("wal") or "file") if got is not None else "file"
+        return "file", True
+    return ((json.loads(got.value).get("wal") or "file"), True) if got is not None else ("file", False)
 
 
-def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str | None = None) -> VerifyReport:
+def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str | None = None,
+                    repair: bool = False) -> VerifyReport:
     """Verify a whole engine data directory (log, metadata, traces and their batches) without
     opening the engine or changing anything."""
     report = VerifyReport()
@@ -188,11 +245,16 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
         report.problems.append(f"{data_dir}: no such data directory")
         return report
     meta = os.path.join(data_dir, "meta")
-    wal = _recorded_wal(meta)
+    wal, recorded = _recorded_wal(meta)
+    wal_dir = os.path.join(data_dir, "wal")
+    if not os.path.isdir(meta) and os.path.isdir(wal_dir) and os.listdir(wal_dir):
+        report.problems.append(f"{meta}: the metadata directory is missing while the write-ahead log {wal_dir} "
+                               "exists (open refuses); restore it")
     if wal.startswith("device:"):
         verify_device(wal[len("device:"):], report)
     else:
-        verify_wal(os.path.join(data_dir, "wal"), report)
+        verify_wal(os.path.join(data_dir, "wal"), report, expected=recorded, repair=repair,
+                   names=relation_names(meta))
     if os.path.isdir(meta):
         from sediment.engine.metadata_journal import verify as verify_journal
 
@@ -200,4 +262,5 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
             (report.notes if "torn tail" in line else report.problems).append(line)
         report.checked.append(meta)
         verify_traces(data_dir, blob, s3_endpoint, report)
+        _check_wal_through(meta, report)
     return report

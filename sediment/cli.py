@@ -520,24 +520,37 @@ def _print_report(report: VerifyReport, verbose: bool) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Read-only unless ``--repair``: then the engine opens with repair=True, which cuts a
-    damaged log at the damage (losing the records after it), and the directory is checked again."""
+    """Read-only unless ``--repair``: verify is open's recovery run without writing (exit 0
+    exactly when the engine would open with nothing acknowledged lost). ``--repair`` keeps
+    every record that verifies, reports what was lost (engine/repair.py) and refuses a loss
+    of acknowledged records without ``--force``."""
+    from sediment.engine.repair import repair_data_dir
+
     data_dir = _data_dir(args)
     blob_options = {"blob": getattr(args, "blob", None), "s3_endpoint": getattr(args, "s3_endpoint", None)}
     report = verify_data_dir(data_dir, **blob_options)
+    if getattr(args, "json", False) and not args.repair:
+        import json
+
+        print(json.dumps({"ok": report.ok, "problems": report.problems, "notes": report.notes,
+                          "wal": [p.to_json() for p in report.wal_findings]}, indent=2, sort_keys=True))
+        return 0 if report.ok else 1
     _print_report(report, args.verbose)
     if args.repair and os.path.isdir(data_dir):
-        with _open(args, repair=True, compact=False) as engine:
-            cuts = engine.wal.report.describe()
-        for line in cuts:
+        result = repair_data_dir(data_dir, lambda: _open(args, repair=True, compact=False),
+                                 force=getattr(args, "force", False), **blob_options)
+        for line in result.lines:
             print(f"repaired: {_one_line(line)}")
-        if not cuts:
+        if not result.lines:
             print("repaired: nothing to cut")
+        for path in result.report_paths:
+            print(f"repair report: {path}")
         print("after repair:")
         report = verify_data_dir(data_dir, **blob_options)
         _print_report(report, args.verbose)
     elif not report.ok and os.path.isdir(data_dir):
-        print("`sediment verify --repair` cuts a damaged log at the damage; records after it are lost")
+        print("`sediment verify --repair` keeps every record that verifies and reports what is lost "
+              "(--force to accept losing acknowledged records)")
     return 0 if report.ok else 1
 
 
@@ -687,6 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("verify", cmd_verify, "check every checksum in the data directory (exit 1 on damage)")
     p.add_argument("--repair", action="store_true", help="cut a damaged log at the damage, then check again")
+    p.add_argument("--force", action="store_true", help="with --repair: accept losing acknowledged records")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="list every file checked")
 
     command("cluster-key", cmd_cluster_key, "print a new cluster key for a set of storage nodes")

@@ -148,19 +148,29 @@ class WalCorruption(WalError):
         self.reason = reason
 
 
+class WalMissing(WalCorruption):
+    """A file the log must hold is missing or shorter than recorded: a finished segment,
+    the active segment, the control file or the log manifest, or the active segment ends
+    before the durable end the log recorded; or a device ring is missing or its header
+    area blank. Names the file and the LSN range
+    ``[first_lsn, last_lsn]`` it held (-1 when unknown). Never answered by starting a fresh
+    log: restore the file, or run ``sediment verify --repair --force`` to accept the loss."""
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1, reason: str = "",
+                 first_lsn: int = -1, last_lsn: int = -1):
+        super().__init__(message, path=path, offset=offset, reason=reason)
+        self.first_lsn = first_lsn
+        self.last_lsn = last_lsn
+
+
+class RepairRefused(WalError):
+    """``verify --repair`` would drop records that other durable state proves were
+    acknowledged; nothing was changed. Re-run with ``--force`` to accept the reported loss."""
+
+
 class WalFull(WalError, NothingWritten):
     """The log has no room for the append within the backpressure timeout: the compacter
     has not trimmed enough. Raise ``wal_capacity`` or let compaction catch up."""
-
-
-class WalMissing(WalError):
-    """A log that should exist is not there: its file or device is missing, or a device
-    ring's header area is blank. Never answered by silently creating a fresh, empty log;
-    restore the log, or create one explicitly (only a new data directory does)."""
-
-    def __init__(self, message: str, *, path: str = ""):
-        super().__init__(message)
-        self.path = path
 
 
 class WalExists(WalError):
@@ -189,6 +199,11 @@ class WalShortened(WalCorruption):
 
 class MetadataError(SedimentError):
     """The metadata store failed (I/O, unreachable server)."""
+
+
+class MetadataMissing(MetadataError):
+    """The data directory's metadata is gone while its write-ahead log exists: opening
+    would start a fresh, empty catalog over acknowledged data. Restore ``meta/``."""
 
 
 class MetadataConflict(MetadataError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -365,15 +366,23 @@ def test_verify_finds_damage_and_repair_cuts_it(tmp_path, capsys):
     rc, _, err = run(capsys, d, "seal", "orders", "5")
     assert_one_line_error(rc, err, str(seg), "verify --repair")
 
-    rc, out, _ = run(capsys, d, "verify", "--repair")
+    before = seg.read_bytes()
+    rc, _, err = run(capsys, d, "verify", "--repair")  # acknowledged records would be lost: refused
+    assert_one_line_error(rc, err, str(seg), "--force")
+    assert seg.read_bytes() == before
+    rc, out, _ = run(capsys, d, "verify", "--repair", "--force")
     assert rc == 0
-    repaired = [line for line in out.splitlines() if line.startswith("repaired: ")]
+    repaired = [line for line in out.splitlines() if line.startswith("repaired: ") and "kept before" not in line]
     assert len(repaired) == 1 and str(seg) in repaired[0] and f"offset {offset}" in repaired[0]
+    assert (seg.parent / f"{seg.name}.pre-repair-{offset}").read_bytes() == before  # nothing destroyed
+    (report,) = [line.split(": ", 1)[1] for line in out.splitlines() if line.endswith(".json")]
+    lost = json.loads(open(report).read())["lost"]
+    assert [(f["path"], f["offset"], f["first_lsn"]) for f in lost] == [(str(seg), offset, 1)]
     assert out.splitlines()[-1] == "ok: no problems"
     rc, out, _ = run(capsys, d, "verify")
     assert rc == 0 and "problem:" not in out and out.splitlines()[-1] == "ok: no problems"
-    with sediment.open(d) as engine:  # the damaged (first) record and everything after it are gone
-        assert sum(b.num_rows for b in engine.replay("orders")) == 0
+    with sediment.open(d) as engine:  # only the damaged (first) record is gone; the two after it verify
+        assert sum(b.num_rows for b in engine.replay("orders")) == 2
 
 
 def test_verify_missing_dir(tmp_path, capsys):

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from sediment.errors import EngineClosed, WalCorruption
+from sediment.errors import EngineClosed, WalCorruption, WalMissing
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
 from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
@@ -38,7 +38,7 @@ def update_bodies(log: FileLog) -> list[bytes]:
 
 
 def test_append_read_scan_roundtrip(tmp_path):
-    log = FileLog.open(str(tmp_path))
+    log = FileLog.open(str(tmp_path), create=True)
     payloads = [os.urandom(n) for n in (0, 1, 100, 70000)]
     last = log.append([updates(1, i, p) for i, p in enumerate(payloads)])
     assert last == 3
@@ -51,7 +51,7 @@ def test_append_read_scan_roundtrip(tmp_path):
 
 
 def test_concurrent_appends_share_syncs_and_keep_each_callers_order(tmp_path):
-    log = FileLog.open(str(tmp_path))
+    log = FileLog.open(str(tmp_path), create=True)
     syncs = []
     real = os.fdatasync
 
@@ -82,7 +82,7 @@ def test_concurrent_appends_share_syncs_and_keep_each_callers_order(tmp_path):
 
 
 def test_rollover_frames_each_segment_with_frontiers_and_trim_drops_whole_segments(tmp_path):
-    log = FileLog.open(str(tmp_path), segment_bytes=8192)
+    log = FileLog.open(str(tmp_path), create=True, segment_bytes=8192)
     finished = []
     log.set_finish_listener(finished.append)
     for t in range(60):
@@ -102,7 +102,7 @@ def test_rollover_frames_each_segment_with_frontiers_and_trim_drops_whole_segmen
     assert [r.lsn for r in log.scan()] == [r.lsn for r in records if r.lsn >= starts[2]]
     frontiers = log.sealed_frontiers
     log.close()
-    reopened = FileLog.open(str(tmp_path), segment_bytes=8192)
+    reopened = FileLog.open(str(tmp_path), create=True, segment_bytes=8192)
     assert reopened.sealed_frontiers == frontiers == {7: 59}
     assert reopened.start_lsn == starts[2]
     reopened.close()
@@ -112,11 +112,16 @@ SMALL = 1 << 14  # small preallocation keeps the copy-per-case tests fast
 
 
 def _small_log(root: str, n: int = 5) -> list[bytes]:
-    log = FileLog.open(root, segment_bytes=SMALL)
+    """A log as a crash leaves it: copied while open, so its manifest records only the durable
+    end written at open (a torn tail past it is a crash's, not a loss)."""
+    live = root + "-live"
+    log = FileLog.open(live, segment_bytes=SMALL, create=True)
     payloads = [f"record-{i}-".encode() * (i + 3) for i in range(n)]
     for p in payloads:
         log.append([updates(1, 1, p)])
+    shutil.copytree(live, root, dirs_exist_ok=True)
     log.close()
+    shutil.rmtree(live)
     return payloads
 
 
@@ -136,14 +141,14 @@ def test_torn_tail_at_every_byte_of_last_record_is_cut(tmp_path):
         seg = seg_files(root)[0]
         with open(seg, "r+b") as f:
             f.truncate(cut)
-        log = FileLog.open(root, segment_bytes=SMALL)
+        log = FileLog.open(root, segment_bytes=SMALL, create=True)
         assert bodies(log) == payloads[:-1], cut
         assert log.end_lsn == len(payloads) - 1
         if cut > last_start:
             assert log.report.torn_tails and log.report.torn_tails[0][1] == last_start
         log.append([updates(1, 2, b"after")])  # the log continues cleanly after the cut
         log.close()
-        again = FileLog.open(root, segment_bytes=SMALL)
+        again = FileLog.open(root, segment_bytes=SMALL, create=True)
         assert bodies(again) == payloads[:-1] + [b"after"]
         again.close()
         shutil.rmtree(root)
@@ -157,7 +162,7 @@ def test_garbage_instead_of_last_record_is_a_torn_tail(tmp_path):
     with open(path, "r+b") as f:
         f.seek(last + 10)
         f.write(b"\xff\x00\xee" * 7)
-    log = FileLog.open(root, segment_bytes=SMALL)
+    log = FileLog.open(root, segment_bytes=SMALL, create=True)
     assert bodies(log) == payloads[:-1]
     (where, offset, _n, reason), = log.report.torn_tails
     assert where == path and offset == last and "torn tail" in reason
@@ -180,7 +185,7 @@ def test_bit_flip_anywhere_is_detected_never_returned(tmp_path):
             f.seek(pos)
             f.write(bytes([byte[0] ^ 0x10]))
         try:
-            log = FileLog.open(root, segment_bytes=SMALL)
+            log = FileLog.open(root, segment_bytes=SMALL, create=True)
         except WalCorruption as exc:
             assert exc.path == seg and exc.offset >= 0
             assert pos < last_start or pos < sg.HEADER_SIZE
@@ -192,7 +197,7 @@ def test_bit_flip_anywhere_is_detected_never_returned(tmp_path):
         shutil.rmtree(root)
 
 
-def test_damage_with_valid_records_after_refuses_then_repair_cuts(tmp_path):
+def test_damage_with_valid_records_after_refuses_then_repair_keeps_the_rest(tmp_path):
     root = str(tmp_path)
     payloads = _small_log(root)
     path = seg_files(root)[0]
@@ -201,30 +206,30 @@ def test_damage_with_valid_records_after_refuses_then_repair_cuts(tmp_path):
         f.seek(second + rec.HEADER_SIZE + 2)
         f.write(b"X")
     with pytest.raises(WalCorruption) as err:
-        FileLog.open(root, segment_bytes=SMALL)
+        FileLog.open(root, segment_bytes=SMALL, create=True)
     assert err.value.offset == second and path in str(err.value)
-    log = FileLog.open(root, segment_bytes=SMALL, repair=True)
-    assert bodies(log) == payloads[:1]
+    log = FileLog.open(root, segment_bytes=SMALL, repair=True, create=True)
+    assert bodies(log) == payloads[:1] + payloads[2:]  # only the damaged record is lost (issue 12)
     assert log.report.torn_tails[0][1] == second
     log.close()
 
 
 def test_missing_or_stale_index_is_rebuilt(tmp_path):
     root = str(tmp_path)
-    log = FileLog.open(root, index_interval=3)
+    log = FileLog.open(root, index_interval=3, create=True)
     for i in range(10):
         log.append([updates(1, i, bytes([i]) * 50)])
     log.close()
     idx = seg_files(root)[0][:-4] + ".idx"
     os.unlink(idx)
-    log = FileLog.open(root, segment_bytes=SMALL)
+    log = FileLog.open(root, segment_bytes=SMALL, create=True)
     assert log.report.rebuilt_index_entries == 10
     assert [log.read(i).body for i in range(10)] == [bytes([i]) * 50 for i in range(10)]
     log.close()
     with open(idx, "r+b") as f:  # a wrong checkpointed entry
         f.seek(sg.HEADER_SIZE + 8 * 2)
         f.write((12345).to_bytes(8, "little"))
-    log = FileLog.open(root, segment_bytes=SMALL)
+    log = FileLog.open(root, segment_bytes=SMALL, create=True)
     assert log.report.rebuilt_index_entries == 10
     assert log.read(2).body == bytes([2]) * 50
     log.close()
@@ -232,8 +237,8 @@ def test_missing_or_stale_index_is_rebuilt(tmp_path):
 
 def test_control_file_torn_struct_falls_back_to_the_other_copy(tmp_path):
     root = str(tmp_path)
-    FileLog.open(root).close()
-    FileLog.open(root).close()
+    FileLog.open(root, create=True).close()
+    FileLog.open(root, create=True).close()
     ctl = ControlFile.open(root)
     state = ctl.read_state(0)
     assert state.session_id == 2
@@ -256,7 +261,7 @@ def test_segment_created_but_never_written_is_dropped(tmp_path):
     path = os.path.join(root, "0", sg.segment_name(len(payloads)))
     with open(path, "wb") as f:
         f.write(bytes(4096))
-    log = FileLog.open(root, segment_bytes=SMALL)
+    log = FileLog.open(root, segment_bytes=SMALL, create=True)
     assert bodies(log) == payloads
     assert not os.path.exists(path) or sg.parse_header(open(path, "rb").read(128)) is not None
     log.close()
@@ -266,7 +271,7 @@ WRITER = textwrap.dedent("""
     import sys
     from sediment.wal.file_log import FileLog
     from sediment.wal.record import Record, RecordKind
-    log = FileLog.open(sys.argv[1], segment_bytes=1 << 16)
+    log = FileLog.open(sys.argv[1], segment_bytes=1 << 16, create=True)
     i = 0
     while True:
         body = (b"%08d" % i) * (1 + i % 50)
@@ -288,7 +293,7 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_append(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-    log = FileLog.open(root, segment_bytes=1 << 16)
+    log = FileLog.open(root, segment_bytes=1 << 16, create=True)
     by_lsn = {r.lsn: r for r in log.scan() if r.kind == RecordKind.UPDATES}
     for lsn, i in acked:
         assert by_lsn[lsn].body == (b"%08d" % i) * (1 + i % 50)
@@ -300,20 +305,25 @@ def test_direct_io_group_commits_write_the_same_log(tmp_path, threshold):
     """Group commits written with O_DIRECT (threshold 1: every one) read back exactly as
     buffered ones, across partial blocks, rollovers, torn tails and reopen."""
     root = str(tmp_path)
-    log = FileLog.open(root, segment_bytes=1 << 15, direct_threshold=threshold)
+    log = FileLog.open(root, segment_bytes=1 << 15, direct_threshold=threshold, create=True)
     payloads = [os.urandom(n) for n in (10, 4000, 5000, 1, 70000, 300, 8192, 0, 123)] * 3
     for i, p in enumerate(payloads):
         log.append([updates(1, i, p)])
     assert update_bodies(log) == payloads
     log.close()
-    log = FileLog.open(root, segment_bytes=1 << 15, direct_threshold=threshold)
+    log = FileLog.open(root, segment_bytes=1 << 15, direct_threshold=threshold, create=True)
     assert update_bodies(log) == payloads and not log.report.torn_tails
     log.append([updates(1, 99, b"tail")])
+    crashed = str(tmp_path / "crashed")  # the image a SIGKILL leaves: no durable end written at close
+    shutil.copytree(root, crashed)
     log.close()
-    path = seg_files(root)[-1]
-    end = sg.scan_segment(path, int(os.path.basename(path)[:-4])).end
-    with open(path, "r+b") as f:
-        f.truncate(end - 2)
-    log = FileLog.open(root, segment_bytes=1 << 15, direct_threshold=threshold)
+    for where in (crashed, root):
+        path = seg_files(where)[-1]
+        end = sg.scan_segment(path, int(os.path.basename(path)[:-4])).end
+        with open(path, "r+b") as f:
+            f.truncate(end - 2)
+    log = FileLog.open(crashed, segment_bytes=1 << 15, direct_threshold=threshold)
     assert update_bodies(log) == payloads
     log.close()
+    with pytest.raises(WalMissing, match="before the durable end"):  # closed cleanly: the tail was acknowledged
+        FileLog.open(root, segment_bytes=1 << 15, direct_threshold=threshold)

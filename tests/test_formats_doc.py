@@ -121,3 +121,17 @@ def test_owner_marker_example_decodes():
     marker = OwnerMarker.decode(raw, "doc")
     assert (marker.engine_id, marker.data_dir, marker.taken_from) == ("0f1e2d3c4b5a69788796a5b4c3d2e1f0", "/srv/a", None)
     assert marker.tag == m.group(2) and marker.encode() == raw
+
+
+def test_log_manifest_example_decodes():
+    import uuid
+
+    from sediment.wal import manifest as mf
+
+    data = _example_after("**Worked example.** Cluster key `00112233")
+    m = mf.unpack(data, "example")
+    assert (m.cluster_key, m.partition, m.start_lsn, m.active_first, m.generation) == (
+        uuid.UUID("00112233-4455-6677-8899-aabbccddeeff"), 0, 6, 17, 4)
+    assert m.finished == [mf.FinishedSegment(6, 16, 88458)]
+    assert (m.durable_end, m.end_sequence) == (20, 3)
+    assert mf.pack(m) == data

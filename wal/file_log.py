@@ -15,9 +15,7 @@ fdatasync on a growing file measured about 1.8x slower here.
 from __future__ import annotations
 
 import bisect
-import errno
 import logging
-import mmap
 import os
 import threading
 import time
@@ -26,12 +24,16 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from sediment._fs import makedirs_durable
 from sediment._fs import pwrite_all as _pwrite_all
 from sediment.errors import EngineClosed, WalCorruption, WalError
+from sediment.wal import log_reader as lr
+from sediment.wal import manifest as mf
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
-from sediment.wal.control import ControlFile, PartitionState, fsync_dir
+from sediment.wal.control import PartitionState, fsync_dir
+from sediment.wal.direct_io import DirectWrites, _allocate, _pwritev_all
+from sediment.wal.log_apply import cut_file, keep_copy, write_salvage
+from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import DoneFlag, OpenReport
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,6 @@ log = logging.getLogger(__name__)
 DEFAULT_SEGMENT_BYTES = 64 << 20
 DEFAULT_INDEX_INTERVAL = 1000
 DEFAULT_DIRECT_THRESHOLD = 1 << 20
-_BLOCK = 4096
 _READ_CHUNK = 8 << 20
 
 
@@ -75,31 +76,7 @@ class _Pending:
         return self.last_lsn
 
 
-_IOV_MAX = 1024
-
-
-def _pwritev_all(fd: int, buffers: list, offset: int) -> None:
-    """Write the buffers back to back at ``offset`` without joining them first."""
-    for start in range(0, len(buffers), _IOV_MAX):
-        chunk = [memoryview(b).cast("B") for b in buffers[start:start + _IOV_MAX]]
-        while chunk:
-            n = os.pwritev(fd, chunk, offset)
-            offset += n
-            while chunk and n >= len(chunk[0]):
-                n -= len(chunk[0])
-                chunk.pop(0)
-            if chunk and n:
-                chunk[0] = chunk[0][n:]
-
-
-def _allocate(fd: int, length: int) -> None:
-    try:
-        os.posix_fallocate(fd, 0, length)
-    except OSError:  # file systems without fallocate: growing writes still work
-        pass
-
-
-class FileLog:
+class FileLog(DirectWrites):
     """A WriteAheadLog over segment files. Create with :meth:`open`."""
 
     def __init__(self) -> None:
@@ -115,14 +92,19 @@ class FileLog:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         index_interval: int = DEFAULT_INDEX_INTERVAL,
         repair: bool = False,
+        create: bool = False,
         direct_threshold: int | None = DEFAULT_DIRECT_THRESHOLD,
         clock: Callable[[], int] = time.time_ns,
     ) -> FileLog:
-        """Open (creating if needed) the log of ``partition`` under ``directory``.
+        """Open the log of ``partition`` under ``directory``.
 
-        Verifies every record, cuts a torn tail and reports it in ``report``. Damage
-        (a bad record with valid records after it, or in a finished segment) raises
-        WalCorruption unless ``repair`` is set, in which case the log is cut there.
+        Creating a log is explicit: with ``create`` a directory holding no log gets a new
+        one; without it (and whenever any part of a log exists) the log must be whole.
+        Every record is verified against the manifest (wal/log_reader.py): a torn tail
+        past the recorded durable end is cut and reported in ``report``; a missing or
+        shortened file raises WalMissing and damage raises WalCorruption unless
+        ``repair`` is set, in which case every readable record is kept, the loss is
+        reported in ``problems`` and appends resume past it.
 
         Group commits of at least ``direct_threshold`` bytes are written with O_DIRECT
         from an aligned buffer (the page-cache write path was the bottleneck for big
@@ -131,28 +113,25 @@ class FileLog:
         self = object.__new__(cls)
         self._direct_threshold = direct_threshold
         self._direct_fd: int | None = None
-        self._direct_buf: mmap.mmap | None = None
-        self._init(directory, partition, cluster_key, segment_bytes, index_interval, repair, clock)
+        self._direct_buf = None
+        self._init(directory, partition, cluster_key, segment_bytes, index_interval, repair, clock, create)
         return self
 
-    def _init(self, directory, partition, cluster_key, segment_bytes, index_interval, repair, clock) -> None:
-        makedirs_durable(directory)
+    def _init(self, directory, partition, cluster_key, segment_bytes, index_interval, repair, clock,
+              create) -> None:
         self.root = directory
         self.partition = partition
         self.segment_bytes = max(segment_bytes, sg.HEADER_SIZE + 4096)
         self.index_interval = max(1, index_interval)
         self._clock = clock
         self.report = OpenReport()
-        self.control = ControlFile.open_or_create(directory, cluster_key)
-        if partition not in self.control.partitions:
-            self.control.add_partition(partition)
-        self.cluster_key = self.control.header.cluster_key
         self.dir = os.path.join(directory, str(partition))
-        makedirs_durable(self.dir)
         self._sealed: dict[int, int] = {}
         self._segments: list[_Segment] = []
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        self._trim_lock = threading.Lock()  # one trim at a time: manifest first, then files oldest first
+        self._mlock = threading.Lock()  # every manifest write
         self._queue: list[_Pending] = []
         self._closing = False
         self._closed = False
@@ -160,7 +139,13 @@ class FileLog:
         self._finish_waiters: list[_Pending] = []
         self._listener: Callable[[int], None] | None = None
         self._read_fds: dict[str, int] = {}
-        self._recover(repair)
+        self.control, manifest, how = open_control_and_manifest(directory, partition, cluster_key,
+                                                                create=create, repair=repair)
+        self.cluster_key = self.control.header.cluster_key
+        self.created = how == "new"
+        plan = lr.Plan(manifest=manifest) if self.created else \
+            lr.plan(self.dir, manifest, repair=repair, rebuilt=how == "rebuilt")
+        self._apply(plan, repair)
         state = self.control.read_state(partition)
         last = self._segments[-1].next_lsn - 1
         self.control.write_state(partition, PartitionState(state.session_id + 1, last, last), rewind=True)
@@ -169,68 +154,44 @@ class FileLog:
 
     # --- recovery ------------------------------------------------------------------------------
 
-    def _recover(self, repair: bool) -> None:
-        found: dict[int, set[str]] = {}
-        for name in os.listdir(self.dir):
-            if name.endswith(".tmp"):
-                os.unlink(os.path.join(self.dir, name))
-                continue
-            parsed = sg.parse_name(name)
-            if parsed:
-                found.setdefault(parsed[0], set()).add(parsed[1])
-        firsts = sorted(f for f, exts in found.items() if "seg" in exts)
-        for f, exts in found.items():
-            if "seg" not in exts:  # an index whose data file was trimmed
-                os.unlink(os.path.join(self.dir, sg.index_name(f)))
-        cut = False
-        for i, first in enumerate(firsts):
-            path = os.path.join(self.dir, sg.segment_name(first))
-            if cut:
-                self._drop_files(first, f"after damage repaired at an earlier segment: {path}")
-                continue
-            is_last = i == len(firsts) - 1
-            header = self._read_seg_header(path)
-            problem = ""
-            if header is None:
-                problem = "bad segment header"
-            elif header.first_lsn != first or header.partition != self.partition:
-                problem = f"header says first LSN {header.first_lsn}, partition {header.partition}"
-            elif header.cluster_key != self.cluster_key:
-                problem = f"segment belongs to cluster {header.cluster_key}, not {self.cluster_key}"
-            elif self._segments and first != self._segments[-1].next_lsn:
-                problem = f"gap: segment starts at LSN {first}, previous ends before {self._segments[-1].next_lsn}"
-            if problem:
-                if is_last and header is None and self._looks_unwritten(path):
-                    self._drop_files(first, "segment file created but its header never became durable")
-                    continue
-                if not repair:
-                    raise WalCorruption(f"{path}: {problem} (offset 0); run `sediment verify --repair` to cut "
-                                        "the log here", path=path, offset=0, reason=problem)
-                self._drop_files(first, f"repair: {problem}")
-                cut = True
-                continue
-            scan = sg.scan_segment(path, first)
-            for rel, t in scan.sealed.items():
+    def _apply(self, plan: lr.Plan, repair: bool) -> None:
+        """Carry out what the shared reader (wal/log_reader.py) decided: refuse on a fatal
+        problem unless repairing, else delete garbage, make the cuts, record the manifest."""
+        self.problems = plan.problems
+        self.preserved: list[str] = []
+        fatal = plan.fatal
+        if fatal and not repair:
+            raise lr.refusal(self.dir, fatal)
+        for p in plan.problems:
+            if p.kind != "stray":
+                self.report.torn_tails.append((p.path, max(p.offset, 0), p.dropped_bytes, f"{p.kind}: {p.reason}"))
+            if p.fatal or p.kind != "garbage":
+                log.warning("%s", p.describe())
+        removed = False
+        for path in plan.delete:
+            try:
+                os.unlink(path)
+                removed = True
+            except FileNotFoundError:
+                pass
+        if removed:
+            fsync_dir(self.dir)
+        for src, start, end, first, new_path in plan.salvage:  # records after damage: their own segment
+            write_salvage(src, start, end, self._header(sg.SEG_MAGIC, first), new_path)
+        damaged = {p.path for p in plan.problems if p.fatal}
+        for path, offset, finished in plan.cuts:
+            if path in damaged:  # a repair cut: the original bytes are kept aside, never destroyed
+                self.preserved.append(keep_copy(path, f"{path}.pre-repair-{offset}"))
+            self._cut(path, offset, finished)
+        for k in plan.segments:
+            for rel, t in k.sealed.items():
                 self._sealed[rel] = max(self._sealed.get(rel, -1), t)
-            if not scan.clean:
-                torn = is_last and not scan.valid_after_bad
-                if not torn and not repair:
-                    where = "valid records follow it" if scan.valid_after_bad else "a later segment exists"
-                    raise WalCorruption(
-                        f"{path} is damaged at offset {scan.bad_offset}: {scan.reason}; {where}, so this is not "
-                        "a torn tail. Run `sediment verify --repair` to cut the log there (records after it are "
-                        "lost)", path=path, offset=scan.bad_offset, reason=scan.reason)
-                dropped = scan.file_size - scan.bad_offset
-                why = "torn tail" if torn else f"repair: {scan.reason}"
-                self.report.torn_tails.append((path, scan.bad_offset, dropped, f"{why}: {scan.reason}"))
-                log.warning("%s: cut at offset %d (%s)", path, scan.bad_offset, scan.reason)
-                self._cut(path, scan.bad_offset)
-                cut = not torn
-            self._segments.append(_Segment(first, path, os.path.join(self.dir, sg.index_name(first)),
-                                           scan.offsets, scan.end))
-            self.report.records += len(scan.offsets)
-        if not self._segments:
-            self._create_segment(firsts[0] if firsts else 0)
+            self._segments.append(_Segment(k.first_lsn, k.path, os.path.join(self.dir, sg.index_name(k.first_lsn)),
+                                           k.offsets, k.end))
+            self.report.records += len(k.offsets)
+        self._manifest = plan.manifest
+        if plan.new_active is not None or not self._segments:
+            self._create_segment(plan.new_active if plan.new_active is not None else plan.manifest.active_first)
         for seg in self._segments:
             self._rebuild_index(seg)
         active = self._segments[-1]
@@ -239,41 +200,15 @@ class FileLog:
         self._open_direct(active.path)
         if os.fstat(self._fd).st_size < self.segment_bytes:
             _allocate(self._fd, self.segment_bytes)
+        os.fsync(self._fd)  # what was read back is now durable, so it may be recorded as the durable end
         self._idx_checkpoint = len(active.offsets)
+        m = self._manifest
+        m.active_first = active.first_lsn
+        m.durable_end = max(m.durable_end, active.next_lsn) if not repair else active.next_lsn
+        mf.write(self.root, m)
 
-    def _read_seg_header(self, path: str) -> sg.SegmentHeader | None:
-        with open(path, "rb") as f:
-            header = sg.parse_header(f.read(sg.HEADER_SIZE))
-        return header if header is not None and header.magic == sg.SEG_MAGIC else None
-
-    def _looks_unwritten(self, path: str) -> bool:
-        """A segment whose creation never completed: nothing but zeros after its header area."""
-        with open(path, "rb") as f:
-            f.seek(sg.HEADER_SIZE)
-            while chunk := f.read(1 << 20):
-                if chunk.strip(b"\0"):
-                    return False
-        return True
-
-    def _drop_files(self, first: int, why: str) -> None:
-        for name in (sg.segment_name(first), sg.index_name(first)):
-            path = os.path.join(self.dir, name)
-            if os.path.exists(path):
-                size = os.path.getsize(path)
-                os.unlink(path)
-                if name.endswith(".seg"):
-                    self.report.torn_tails.append((path, 0, size, why))
-        fsync_dir(self.dir)
-
-    def _cut(self, path: str, offset: int) -> None:
-        """Cut the file at ``offset`` and zero what follows, so no stale frame can reappear."""
-        fd = os.open(path, os.O_RDWR)
-        try:
-            os.ftruncate(fd, offset)
-            _allocate(fd, max(self.segment_bytes, offset))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def _cut(self, path: str, offset: int, finished: bool = False) -> None:
+        cut_file(path, offset, None if finished else self.segment_bytes)
 
     def _rebuild_index(self, seg: _Segment) -> None:
         header, entries = sg.read_index(seg.idx_path)
@@ -423,51 +358,6 @@ class FileLog:
         for callback, records in callbacks.items():
             callback(records)
 
-    def _open_direct(self, path: str) -> None:
-        if self._direct_fd is not None:
-            os.close(self._direct_fd)
-            self._direct_fd = None
-        if not self._direct_threshold or not hasattr(os, "O_DIRECT"):
-            return
-        try:
-            self._direct_fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
-        except OSError as exc:
-            log.info("O_DIRECT refused for %s (%s); big appends use buffered writes", path, exc)
-            self._direct_threshold = None
-
-    def _write_direct(self, buffers: list, base: int, end: int) -> None:
-        """One aligned O_DIRECT write of [block start, end): the partial first block is read
-        back and rewritten with the same bytes; the last block is padded with zeros, which
-        is what lies past the end of the log anyway."""
-        start = base - base % _BLOCK
-        size = -(-(end - start) // _BLOCK) * _BLOCK
-        if self._direct_buf is None or len(self._direct_buf) < size:
-            if self._direct_buf is not None:
-                self._direct_buf.close()
-            self._direct_buf = mmap.mmap(-1, max(size, 1 << 20))  # page-aligned, as O_DIRECT needs
-        view = memoryview(self._direct_buf)
-        done = 0
-        try:
-            off = base - start
-            if off:
-                view[:off] = os.pread(self._fd, off, start)
-            for b in buffers:
-                m = memoryview(b).cast("B")
-                view[off:off + len(m)] = m
-                off += len(m)
-            view[off:size] = bytes(size - off)
-            done = 0
-            while done < size:
-                done += os.pwrite(self._direct_fd, view[done:size], start + done)
-        except OSError as exc:
-            if done or exc.errno != errno.EINVAL:
-                raise
-            log.warning("O_DIRECT write refused for %s (%s); falling back to buffered writes", self.dir, exc)
-            self._direct_threshold = None
-            _pwritev_all(self._fd, buffers, base)
-        finally:
-            view.release()
-
     def _commit_offsets(self, seg: _Segment, offsets: list[int], end: int) -> None:
         first_new = len(seg.offsets)
         with self._lock:
@@ -482,6 +372,8 @@ class FileLog:
         _pwrite_all(self._idx_fd, self._header(sg.IDX_MAGIC, seg.first_lsn, len(seg.offsets)), 0)
         os.fdatasync(self._idx_fd)
         self._idx_checkpoint = len(seg.offsets)
+        with self._mlock:
+            mf.write_end(self.root, self._manifest, seg.next_lsn)
 
     def _frontiers_record(self) -> rec.Record:
         return rec.Record(rec.RecordKind.FRONTIERS, count=len(self._sealed), body=rec.encode_frontiers(self._sealed))
@@ -500,6 +392,11 @@ class FileLog:
         os.close(self._idx_fd)
         with self._lock:
             new = self._create_segment(old.next_lsn)
+        with self._mlock:  # recorded only once the new segment's file is durable
+            m = self._manifest
+            m.finished.append(mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
+            m.active_first = new.first_lsn
+            mf.write(self.root, m)
         self._fd = os.open(new.path, os.O_RDWR)
         self._idx_fd = os.open(new.idx_path, os.O_RDWR)
         self._open_direct(new.path)
@@ -631,15 +528,32 @@ class FileLog:
     # --- trimming and closing ------------------------------------------------------------------
 
     def trim(self, lsn: int) -> None:
-        dropped = []
-        with self._lock:
-            while len(self._segments) > 1 and self._segments[0].next_lsn <= lsn:
-                dropped.append(self._segments.pop(0))
-            for seg in dropped:
-                fd = self._read_fds.pop(seg.path, None)
+        """Drop the finished segments wholly below ``lsn``. One trim at a time: the new start
+        is recorded in the manifest first, then the files are deleted oldest first, each
+        deletion made durable, so a crash anywhere leaves only garbage below the recorded
+        start (deleted quietly at the next open), never a hole."""
+        with self._trim_lock:
+            with self._lock:
+                n = 0
+                while n < len(self._segments) - 1 and self._segments[n].next_lsn <= lsn:
+                    n += 1
+                if n == 0:
+                    return
+                dropped = self._segments[:n]
+                start = self._segments[n].first_lsn
+            with self._mlock:
+                m = self._manifest
+                m.start_lsn = start
+                m.finished = [f for f in m.finished if f.first_lsn >= start]
+                mf.write(self.root, m)
+            with self._lock:
+                del self._segments[:n]
+                fds = [self._read_fds.pop(seg.path, None) for seg in dropped]
+            for fd in fds:
                 if fd is not None:
                     os.close(fd)
-        sg.remove_segment_files(self.dir, dropped)
+            for seg in dropped:
+                sg.remove_segment_files(self.dir, [seg])
 
     def close(self) -> None:
         with self._lock:
@@ -658,6 +572,8 @@ class FileLog:
             seg = self._segments[-1]
             if len(seg.offsets) > self._idx_checkpoint:
                 self._checkpoint_index(seg)
+            with self._mlock:
+                mf.write_end(self.root, self._manifest, seg.next_lsn)
         os.close(self._fd)
         os.close(self._idx_fd)
         if self._direct_fd is not None:

@@ -88,6 +88,7 @@ class SegmentScan:
     bad_offset: int = -1  # where non-zero bytes failed to parse (-1: none)
     reason: str = ""
     valid_after_bad: bool = False  # a good record lies beyond bad_offset: damage, not a torn tail
+    resume: tuple[int, int] | None = None  # (offset, LSN) of the first valid frame after bad_offset
     sealed: dict[int, int] = field(default_factory=dict)  # greatest "close t" per relation seen
 
     @property
@@ -103,14 +104,15 @@ def _all_zero(data: bytes, start: int, end: int) -> bool:
     return data.count(0, start, end) == end - start
 
 
-def _valid_record_after(view: memoryview, start: int, min_lsn: int) -> bool:
-    """Is there a complete, checksum-valid frame with lsn >= min_lsn anywhere after ``start``?"""
+def next_valid_record(view: memoryview, start: int, min_lsn: int) -> tuple[int, int] | None:
+    """(offset, LSN) of the first complete, checksum-valid frame with lsn >= min_lsn after
+    ``start``, found by its magic: where reading can resume after damage."""
     data = view.obj if isinstance(view.obj, bytes) else bytes(view)
     pos = start
     while True:
         pos = data.find(_MAGIC_BYTES, pos + 1)
         if pos < 0:
-            return False
+            return None
         at = pos - 4
         if at < start:
             continue
@@ -119,7 +121,11 @@ def _valid_record_after(view: memoryview, start: int, min_lsn: int) -> bool:
             continue
         body = view[at + rec.HEADER_SIZE : at + head.frame_size]
         if rec.body_ok(head, body):
-            return True
+            return at, head.lsn
+
+
+def _valid_record_after(view: memoryview, start: int, min_lsn: int) -> bool:
+    return next_valid_record(view, start, min_lsn) is not None
 
 
 def _written_extent(fd: int, size: int) -> int:
@@ -138,14 +144,16 @@ def _written_extent(fd: int, size: int) -> int:
     return size
 
 
-def scan_segment(path: str, first_lsn: int, *, want_records: bool = False):
+def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start: int = HEADER_SIZE):
     """Read every record frame of a data file, checking each header, LSN and body CRC.
 
     Returns a SegmentScan, plus the list of records when ``want_records``. Stops at the
     first frame that fails; the rest of the file decides whether that is a clean end
     (only zeros follow), a torn tail (garbage with no valid frame after it) or damage.
+    ``start``: read from this offset (whose frame must carry ``first_lsn``), as when
+    resuming after damage; ``resume`` then says where the next valid frame lies.
     """
-    scan = SegmentScan(path, first_lsn)
+    scan = SegmentScan(path, first_lsn, end=start)
     records: list[rec.Record] = []
     size = os.path.getsize(path)
     scan.file_size = size
@@ -155,7 +163,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False):
         data = f.read(_written_extent(f.fileno(), size))
     size = len(data)  # past the written extent the file reads as zeros
     view = memoryview(data)
-    pos = HEADER_SIZE
+    pos = start
     expected = first_lsn
     while pos < size:
         head = rec.decode_header(view, pos)
@@ -175,7 +183,8 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False):
                 break
             scan.bad_offset = pos
             scan.reason = reason
-            scan.valid_after_bad = _valid_record_after(view, pos, expected)
+            scan.resume = next_valid_record(view, pos, expected)
+            scan.valid_after_bad = scan.resume is not None
             break
         scan.offsets.append(pos)
         if head.kind == rec.RecordKind.PROGRESS:

@@ -1,0 +1,93 @@
+"""Find (or explicitly create) a file log's control file and manifest.
+
+A log is created only when asked (``create``) and only where no part of one exists:
+a missing control file or manifest next to surviving segments is a lost file, never a
+reason to start over with a new cluster key (PostgreSQL refuses a missing WAL segment the
+same way). ``repair`` may rebuild a lost control file or manifest from what survives.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from sediment._fs import makedirs_durable
+from sediment.errors import WalCorruption, WalError, WalMissing
+from sediment.wal import manifest as mf
+from sediment.wal import segment as sg
+from sediment.wal.control import CONTROL_NAME, ControlFile
+from sediment.wal.log_reader import list_segments
+
+
+def _segment_key(pdir: str, firsts: list[int]) -> uuid.UUID | None:
+    for first in firsts:
+        with open(os.path.join(pdir, sg.segment_name(first)), "rb") as f:
+            h = sg.parse_header(f.read(sg.HEADER_SIZE))
+        if h is not None:
+            return h.cluster_key
+    return None
+
+
+def _empty_start(pdir: str, firsts: list[int]) -> bool:
+    """An interrupted creation: at most segment 0, holding no record."""
+    if not firsts:
+        return True
+    return firsts == [0] and not sg.scan_segment(os.path.join(pdir, sg.segment_name(0)), 0).offsets
+
+
+def open_control_and_manifest(directory: str, partition: int, cluster_key: uuid.UUID | None, *,
+                              create: bool, repair: bool) -> tuple[ControlFile, mf.Manifest, str]:
+    """The control file, the manifest and how it was had: "read", "new" (a log created now)
+    or "rebuilt" (lost, stood in for by repair).
+
+    Writes only when creating (nothing of a log exists, or only an interrupted creation)
+    or repairing a lost control file or manifest."""
+    ctl_path = os.path.join(directory, CONTROL_NAME)
+    man_path = os.path.join(directory, mf.manifest_name(partition))
+    pdir = os.path.join(directory, str(partition))
+    firsts, _ = list_segments(pdir)
+    has_ctl, has_man = os.path.exists(ctl_path), os.path.exists(man_path)
+    if not (has_ctl or has_man or firsts) and not create:
+        raise WalMissing(f"no write-ahead log at {directory} (no control file {CONTROL_NAME}, manifest or segment) "
+                         "where one was expected: restore the directory, or point at the right data directory",
+                         path=ctl_path, reason="log missing")
+    manifest = mf.read(directory, partition) if has_man else None
+    if has_ctl:
+        control = ControlFile.open(directory)
+        if cluster_key is not None and control.header.cluster_key != cluster_key:
+            raise WalError(f"{control.path} belongs to cluster {control.header.cluster_key}, not {cluster_key}; "
+                           "point this node at its own storage directory")
+    elif has_man or firsts:
+        key = manifest.cluster_key if manifest is not None else _segment_key(pdir, firsts)
+        if not repair or key is None:
+            raise WalMissing(f"control file {ctl_path} is missing while the log's manifest or segments exist; "
+                             "restore it (`sediment verify --repair` rebuilds it with the log's own cluster key)",
+                             path=ctl_path, reason="control file missing")
+        control = ControlFile.create(directory, key)
+        control.add_partition(partition)
+    else:
+        makedirs_durable(directory)
+        control = ControlFile.create(directory, cluster_key)
+    key = control.header.cluster_key
+    if manifest is not None and manifest.cluster_key != key:
+        raise WalCorruption(f"log manifest {man_path} belongs to cluster {manifest.cluster_key}, control file "
+                            f"{ctl_path} to {key}", path=man_path, offset=8, reason="cluster key mismatch")
+    if partition not in control.partitions:
+        if manifest is not None or not _empty_start(pdir, firsts):
+            raise WalMissing(f"control file {ctl_path} does not list partition {partition}, whose log exists",
+                             path=ctl_path, reason="partition missing from control file")
+        control.add_partition(partition)
+    makedirs_durable(pdir)
+    if manifest is not None:
+        return control, manifest, "read"
+    if create and _empty_start(pdir, firsts):
+        for first in firsts:  # an empty segment 0 from an interrupted creation
+            for name in (sg.segment_name(first), sg.index_name(first)):
+                if os.path.exists(os.path.join(pdir, name)):
+                    os.unlink(os.path.join(pdir, name))
+        return control, mf.Manifest(key, partition), "new"
+    if repair:
+        return control, mf.Manifest(key, partition, start_lsn=firsts[0] if firsts else 0), "rebuilt"
+    raise WalMissing(f"log manifest {man_path} is missing: the log cannot tell which segments it must hold; "
+                     "restore it, or run `sediment verify --repair` to rebuild it from the segments found",
+                     path=man_path, reason="manifest missing")

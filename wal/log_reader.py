@@ -1,0 +1,350 @@
+"""The one recovery path of a file log: read a partition directory against its manifest.
+
+Open (wal/file_log.py), ``sediment verify`` and ``sediment verify --repair`` all call
+:func:`plan` (LevelDB's ``log::Reader`` with its ``Reporter`` is the model). It changes
+nothing: it reads every segment, checks it against what the manifest says must be there,
+and returns a :class:`Plan` -- the segments to keep, the files to delete as garbage, the
+cuts to make -- plus every :class:`Problem` found. A torn tail beyond the recorded durable
+end is a crash's normal leftover (not fatal); anything that loses acknowledged records
+(a missing or shortened segment, damage with valid records after it, an active segment
+ending before the durable end) is fatal unless ``repair``, and even then it is reported
+with the LSN range and, where the surviving segments tell, the relations and times lost.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from dataclasses import dataclass, field
+
+from sediment.errors import WalCorruption, WalMissing
+from sediment.wal import segment as sg
+from sediment.wal.manifest import FinishedSegment, Manifest
+
+
+@dataclass
+class Problem:
+    """One thing the reader found. ``fatal``: open refuses without repair. ``lost``:
+    records the log had acknowledged (below its recorded durable end, or in a segment the
+    manifest records) are gone or unreadable."""
+
+    kind: str  # torn_tail, garbage, unwritten, missing, shortened, damage, gap, hole, stray
+    path: str
+    offset: int
+    first_lsn: int
+    last_lsn: int
+    reason: str
+    fatal: bool = False
+    lost: bool = False
+    dropped_bytes: int = 0
+    relations: dict[int, tuple[int, int]] = field(default_factory=dict)  # rel -> (sealed before, at most)
+
+    def describe(self, names: dict[int, str] | None = None) -> str:
+        """One line: file, offset, what, LSN range, bytes, and the relations (by name when
+        ``names`` maps their ids) and times the range may have held."""
+        lsns = f"LSNs [{self.first_lsn}, {self.last_lsn}]" if self.last_lsn >= self.first_lsn >= 0 else "no LSNs"
+        names = names or {}
+
+        def rel(r: int) -> str:
+            return f"relation {names[r]!r} (id {r})" if r in names else f"relation id {r}"
+
+        rels = "".join(f"; {rel(r)} times ({lo}, {hi}]" if hi >= 0 else f"; {rel(r)} times after {lo}"
+                       for r, (lo, hi) in sorted(self.relations.items()))
+        cut = f", {self.dropped_bytes} bytes" if self.dropped_bytes else ""
+        return f"{self.path}: offset {self.offset}: {self.kind}: {self.reason} ({lsns}{cut}{rels})"
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "path": self.path, "offset": self.offset, "first_lsn": self.first_lsn,
+                "last_lsn": self.last_lsn, "reason": self.reason, "fatal": self.fatal, "lost": self.lost,
+                "dropped_bytes": self.dropped_bytes,
+                "relations": {str(r): {"sealed_before": lo, "at_most": hi} for r, (lo, hi) in self.relations.items()}}
+
+
+@dataclass
+class KeptSegment:
+    first_lsn: int
+    path: str
+    offsets: array
+    end: int
+    sealed: dict[int, int]
+    finished: bool
+
+    @property
+    def next_lsn(self) -> int:
+        return self.first_lsn + len(self.offsets)
+
+
+@dataclass
+class Plan:
+    """What open does: keep ``segments`` (holes between them only where recorded or repaired),
+    delete ``delete``, cut each ``cuts`` path at its offset (finished: to exactly that length,
+    else zero-filled to the segment size), create an empty active segment at ``new_active``
+    when set, then write ``manifest``."""
+
+    segments: list[KeptSegment] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    cuts: list[tuple[str, int, bool]] = field(default_factory=list)
+    new_active: int | None = None
+    salvage: list[tuple[str, int, int, int, str]] = field(default_factory=list)  # src, start, end, first LSN, new
+    manifest: Manifest | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def fatal(self) -> list[Problem]:
+        return [p for p in self.problems if p.fatal]
+
+    @property
+    def lost(self) -> list[Problem]:
+        return [p for p in self.problems if p.lost]
+
+
+def refusal(directory: str, fatal: list[Problem], names: dict[int, str] | None = None) -> WalCorruption:
+    """The typed error open raises for ``fatal`` findings: WalMissing when a file or its end
+    is missing, else WalCorruption; names every file, offset, LSN range and relation."""
+    first = fatal[0]
+    text = "; ".join(p.describe(names) for p in fatal)
+    if any(p.kind in ("missing", "shortened") for p in fatal):
+        exc: WalCorruption = WalMissing(
+            f"the write-ahead log at {directory} cannot be opened without losing acknowledged records: {text}. "
+            "Restore the files, or run `sediment verify --repair` (with --force to accept the loss)",
+            path=first.path, offset=first.offset, reason=first.reason, first_lsn=first.first_lsn,
+            last_lsn=first.last_lsn)
+    else:
+        exc = WalCorruption(f"the write-ahead log at {directory} is damaged: {text}. Run `sediment verify --repair` "
+                            "to keep every record that verifies (the records lost are reported)",
+                            path=first.path, offset=first.offset, reason=first.reason)
+    exc.problems = fatal  # type: ignore[attr-defined]
+    exc.directory = directory  # type: ignore[attr-defined]
+    return exc
+
+
+def _header(path: str) -> sg.SegmentHeader | None:
+    with open(path, "rb") as f:
+        header = sg.parse_header(f.read(sg.HEADER_SIZE))
+    return header if header is not None and header.magic == sg.SEG_MAGIC else None
+
+
+def _looks_unwritten(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(sg.HEADER_SIZE)
+        while chunk := f.read(1 << 20):
+            if chunk.strip(b"\0"):
+                return False
+    return True
+
+
+def list_segments(pdir: str) -> tuple[list[int], list[str]]:
+    """The first LSNs of the ``.seg`` files, and leftover files to delete (temporaries,
+    indexes whose data file is gone)."""
+    found: dict[int, set[str]] = {}
+    leftovers = []
+    for name in sorted(os.listdir(pdir)) if os.path.isdir(pdir) else []:
+        if name.endswith(".tmp"):
+            leftovers.append(os.path.join(pdir, name))
+            continue
+        parsed = sg.parse_name(name)
+        if parsed:
+            found.setdefault(parsed[0], set()).add(parsed[1])
+    leftovers += [os.path.join(pdir, sg.index_name(f)) for f, ext in found.items() if "seg" not in ext]
+    return sorted(f for f, ext in found.items() if "seg" in ext), leftovers
+
+
+def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool = False) -> Plan:
+    """Read the partition directory ``pdir`` against ``manifest``; change nothing.
+
+    ``rebuilt``: the manifest was lost and ``manifest`` is a stand-in made by repair, so
+    the segments on disk are taken as they are (each non-last one as finished)."""
+    out = Plan()
+    m = manifest
+    firsts, out.delete = list_segments(pdir)
+    recorded = {f.first_lsn: f for f in m.finished if f.last_lsn >= m.start_lsn}
+    if rebuilt:
+        recorded = {}
+        m.active_first = firsts[0] if firsts else m.active_first  # every file is taken into the chain
+    path_of = {f: os.path.join(pdir, sg.segment_name(f)) for f in firsts}
+    for first in firsts:
+        if first < m.start_lsn and first not in recorded:  # wholly below the durable trim point
+            out.delete.append(path_of[first])
+            out.delete.append(os.path.join(pdir, sg.index_name(first)))
+            out.problems.append(Problem("garbage", path_of[first], 0, first, -1,
+                                        "below the log's start (an interrupted trim); deleted"))
+    key, part = m.cluster_key, m.partition
+
+    def check_header(first: int, path: str) -> str:
+        h = _header(path)
+        if h is None:
+            return "bad segment header"
+        if h.first_lsn != first or h.partition != part:
+            return f"header says first LSN {h.first_lsn}, partition {h.partition}"
+        if h.cluster_key != key:
+            return f"segment belongs to cluster {h.cluster_key}, not {key}"
+        return ""
+
+    def lose(kind: str, path: str, offset: int, lo: int, hi: int, reason: str, dropped: int = 0) -> None:
+        out.problems.append(Problem(kind, path, offset, lo, hi, reason, fatal=True, lost=hi >= lo,
+                                    dropped_bytes=dropped))
+
+    finished: list[FinishedSegment] = []
+    for first in sorted(recorded):
+        f = recorded[first]
+        path = os.path.join(pdir, sg.segment_name(first))
+        if first not in path_of:
+            lose("missing", path, 0, f.first_lsn, f.last_lsn, "finished segment recorded in the manifest is missing")
+            continue
+        problem = check_header(first, path)
+        if problem:
+            lose("damage", path, 0, f.first_lsn, f.last_lsn, problem)
+            continue
+        scan = sg.scan_segment(path, first)
+        size = scan.file_size
+        kept_last = scan.next_lsn - 1
+        if size < f.length or kept_last < f.last_lsn or not scan.clean:
+            kind = "shortened" if size < f.length else "damage"
+            why = (f"file is {size} bytes, recorded {f.length}" if size < f.length
+                   else scan.reason or f"holds LSNs up to {kept_last}, recorded {f.last_lsn}")
+            where = scan.bad_offset if scan.bad_offset >= 0 else scan.end
+            lose(kind, path, where, kept_last + 1, f.last_lsn, why, max(0, size - scan.end))
+            out.cuts.append((path, scan.end, True))
+        elif size != f.length:
+            out.problems.append(Problem("damage", path, f.length, -1, -1, f"file is {size} bytes, recorded "
+                                        f"{f.length}: bytes after the last record", fatal=True))
+            out.cuts.append((path, scan.end, True))
+        if scan.offsets:
+            out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, True))
+            finished.append(FinishedSegment(first, kept_last, scan.end))
+        _salvage(out, pdir, scan, finished, f.last_lsn)
+    for first in firsts:
+        if m.start_lsn <= first < m.active_first and first not in recorded:
+            out.problems.append(Problem("stray", path_of[first], 0, first, -1,
+                                        "segment not recorded in the manifest; left untouched"))
+    chain = [f for f in firsts if f >= m.active_first]
+    active_path = os.path.join(pdir, sg.segment_name(m.active_first))
+    expect = m.active_first
+    pending: Problem | None = None
+    if not chain or chain[0] != m.active_first:
+        hi = max(m.durable_end - 1, m.active_first - 1)
+        lose("missing", active_path, 0, m.active_first, hi, "active segment recorded in the manifest is missing")
+        if not repair:
+            out.manifest = m
+            return out
+    for i, first in enumerate(chain):
+        path = path_of[first]
+        is_last = i == len(chain) - 1
+        problem = check_header(first, path)
+        if problem and is_last and first > m.active_first and _looks_unwritten(path):
+            out.delete += [path, os.path.join(pdir, sg.index_name(first))]
+            out.problems.append(Problem("unwritten", path, 0, first, -1,
+                                        "segment created but its header never became durable; deleted"))
+            break
+        if pending is not None:
+            pending.last_lsn = first - 1
+            pending = None
+        elif first != expect and (i > 0 or first < expect):
+            lose("gap", path, 0, expect, first - 1, f"segment starts at LSN {first}, the previous one ends "
+                 f"before {expect}")
+        if problem:
+            lose("damage", path, 0, first, max(first, m.durable_end) - 1, problem)
+            continue
+        scan = sg.scan_segment(path, first)
+        if not scan.clean:
+            torn = is_last and not scan.valid_after_bad and scan.next_lsn >= m.durable_end
+            if torn:
+                out.problems.append(Problem("torn_tail", path, scan.bad_offset, scan.next_lsn, -1,
+                                            f"a crash's torn tail: {scan.reason}; cut",
+                                            dropped_bytes=scan.file_size - scan.bad_offset))
+            elif is_last and not scan.valid_after_bad:
+                lose("shortened", path, scan.bad_offset, scan.next_lsn, m.durable_end - 1,
+                     f"active segment ends at LSN {scan.next_lsn} ({scan.reason}), before the durable end "
+                     f"{m.durable_end} the log recorded", scan.file_size - scan.bad_offset)
+            else:
+                where = "valid records follow it" if scan.valid_after_bad else "a later segment exists"
+                lose("damage", path, scan.bad_offset, scan.next_lsn, max(scan.next_lsn, m.durable_end) - 1,
+                     f"{scan.reason}; {where}", scan.file_size - scan.bad_offset)
+                pending = out.problems[-1]
+            out.cuts.append((path, scan.bad_offset, not is_last or scan.resume is not None))
+        done = not is_last or scan.resume is not None  # salvaged records after damage follow it
+        out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, done))
+        if done and scan.offsets:
+            finished.append(FinishedSegment(first, scan.next_lsn - 1, scan.end))
+        expect = scan.next_lsn
+        if scan.resume is not None:
+            expect = _salvage(out, pdir, scan, finished, max(scan.next_lsn, m.durable_end) - 1)
+            pending = None
+            if is_last and expect < m.durable_end and out.problems[-1].last_lsn < m.durable_end - 1:
+                lose("shortened", path, scan.file_size, expect, m.durable_end - 1,
+                     f"the records that verify end at LSN {expect}, before the durable end {m.durable_end}")
+    end = out.segments[-1].next_lsn if out.segments else m.active_first
+    active_kept = bool(out.segments) and not out.segments[-1].finished and out.segments[-1].first_lsn >= m.active_first
+    if active_kept and end < m.durable_end and not any(p.fatal and p.path == out.segments[-1].path
+                                                       for p in out.problems):
+        lose("shortened", out.segments[-1].path, out.segments[-1].end, end, m.durable_end - 1,
+             f"active segment ends at LSN {end}, before the durable end {m.durable_end} the log recorded")
+    if repair and (not active_kept or end < m.durable_end):
+        if active_kept:  # the damaged active segment becomes finished; appends resume past the loss
+            last = out.segments[-1]
+            last.finished = True
+            out.cuts = [c for c in out.cuts if c[0] != last.path] + [(last.path, last.end, True)]
+            if last.offsets:
+                finished.append(FinishedSegment(last.first_lsn, last.next_lsn - 1, last.end))
+            else:
+                out.segments.pop()
+                out.delete += [last.path, os.path.join(pdir, sg.index_name(last.first_lsn))]
+        out.new_active = max(end, m.durable_end, m.active_first)
+    _attribute(out)
+    if out.segments and not repair and not rebuilt:
+        start = m.start_lsn
+    else:
+        start = out.segments[0].first_lsn if out.segments else (out.new_active or m.active_first)
+    active_first = out.new_active if out.new_active is not None else (
+        out.segments[-1].first_lsn if out.segments else m.active_first)
+    out.manifest = Manifest(key, part, start, active_first, m.generation, finished, m.durable_end, m.end_sequence)
+    return out
+
+
+def _salvage(out: Plan, pdir: str, scan: sg.SegmentScan, finished: list[FinishedSegment], hi: int) -> int:
+    """Keep the records that verify after damage in ``scan``'s file: each run of valid frames
+    becomes a segment of its own (``out.salvage``, written by a repairing open before the
+    source is cut), and the damage's loss shrinks to the LSNs truly unreadable. ``hi``: the
+    last LSN the damaged range could reach. Returns the LSN after the last kept record."""
+    lost = out.problems[-1] if out.problems and out.problems[-1].path == scan.path else None
+    cur, end = scan, scan.next_lsn
+    while cur.resume is not None:
+        pos, lsn = cur.resume
+        if lost is not None:
+            lost.last_lsn = lsn - 1
+            lost.lost = lost.last_lsn >= lost.first_lsn
+        run = sg.scan_segment(scan.path, lsn, start=pos)
+        new_path = os.path.join(pdir, sg.segment_name(lsn))
+        length = run.end - pos + sg.HEADER_SIZE
+        out.salvage.append((scan.path, pos, run.end, lsn, new_path))
+        offsets = array("Q", (o - pos + sg.HEADER_SIZE for o in run.offsets))
+        out.segments.append(KeptSegment(lsn, new_path, offsets, length, run.sealed, True))
+        finished.append(FinishedSegment(lsn, run.next_lsn - 1, length))
+        end = run.next_lsn
+        lost = None
+        if run.resume is not None:
+            out.problems.append(Problem("damage", scan.path, run.bad_offset, run.next_lsn, hi,
+                                        f"{run.reason}; valid records follow it", fatal=True, lost=True))
+            lost = out.problems[-1]
+        cur = run
+    return end
+
+
+def _attribute(out: Plan) -> None:
+    """For each lost LSN range, the relations whose sealed frontier moved across it and by
+    how much (from the surviving segments on either side): the times that may be lost."""
+    for p in out.problems:
+        if not p.lost:
+            continue
+        before: dict[int, int] = {}
+        after: dict[int, int] = {}
+        for s in out.segments:
+            if s.next_lsn <= p.first_lsn:
+                for r, t in s.sealed.items():
+                    before[r] = max(before.get(r, -1), t)
+            elif s.first_lsn > p.last_lsn and not after:
+                after = dict(s.sealed)
+        for r in sorted(set(before) | set(after)):
+            lo, hi = before.get(r, -1), after.get(r, before.get(r, -1))
+            if not after or hi > lo:
+                p.relations[r] = (lo, hi if after else -1)
