@@ -15,7 +15,7 @@ import sediment
 from sediment.blob import owner as owner_mod
 from sediment.blob.memory import MemoryBlobStore
 from sediment.blob.uri import open_blob_store
-from sediment.errors import BlobPrefixOwned
+from sediment.errors import BlobPrefixOwned, WalMissing
 
 SCHEMA = pa.schema([("k", pa.int64())])
 
@@ -85,14 +85,21 @@ def test_the_sweep_leaves_foreign_objects_alone(tmp_path, prefix):
         assert a.snapshot("r", 1).num_rows == 10
 
 
-def test_failover_with_the_same_metadata_store_is_not_a_takeover(tmp_path):
+def test_a_second_data_directory_on_the_same_metadata_store_is_no_takeover(tmp_path):
+    """The metadata store carries the engine's identity, so a second coordinator on it is the
+    same engine, never a foreign owner of the prefix. With a local log it is still refused,
+    for the log (which lives in the first data directory), and nothing is swept. (Replicated
+    failover, where the log is on storage nodes, is tested in test_replicated_engine.py.)"""
     uri = f"file://{tmp_path / 'blobs'}"
     meta = str(tmp_path / "shared-meta")
     with sediment.open(str(tmp_path / "coordinator-1"), blob=uri, metadata=meta, compact_interval=None) as a:
         _fill(a, 7)
-    with sediment.open(str(tmp_path / "coordinator-2"), blob=uri, metadata=meta, compact_interval=None) as b:
-        assert b.snapshot("r", 1).num_rows == 7
-        assert not b.swept
+    before = sorted(p.name for p in (tmp_path / "blobs").rglob("*"))
+    with pytest.raises(WalMissing, match="coordinator-2"):
+        sediment.open(str(tmp_path / "coordinator-2"), blob=uri, metadata=meta, compact_interval=None)
+    assert sorted(p.name for p in (tmp_path / "blobs").rglob("*")) == before
+    with sediment.open(str(tmp_path / "coordinator-1"), blob=uri, metadata=meta, compact_interval=None) as a:
+        assert a.snapshot("r", 1).num_rows == 7
 
 
 def test_take_over_is_explicit_and_keeps_the_old_owners_objects(tmp_path):

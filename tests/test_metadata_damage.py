@@ -236,13 +236,14 @@ def test_engine_refuses_a_catalog_with_a_deleted_file_and_verify_agrees(tmp_path
 
 
 def test_engine_whose_whole_metadata_directory_vanished_is_refused_at_its_blob_prefix(tmp_path):
-    """Both catalog files gone look like a new directory to the store itself; the engine's
-    new identity then meets the old one in the blob prefix's owner marker and is refused
-    before its sweep could take the old batches for garbage."""
+    """Both catalog files gone look like a new directory to the store itself; the engine sees
+    the log that the lost catalog described and refuses (MetadataMissing) before its sweep
+    could take the old batches for garbage. (Without a log, the blob prefix's owner marker
+    refuses the new identity: test_blob_owner.py.)"""
     import pyarrow as pa
 
     import sediment
-    from sediment.errors import BlobPrefixOwned
+    from sediment.errors import MetadataMissing
 
     data = tmp_path / "data"
     with sediment.open(str(data), compact_interval=None) as e:
@@ -253,6 +254,6 @@ def test_engine_whose_whole_metadata_directory_vanished_is_refused_at_its_blob_p
     batches = sorted(p.name for p in (data / "blobs").rglob("*.parquet"))
     assert batches
     shutil.rmtree(data / "meta")
-    with pytest.raises(BlobPrefixOwned, match=str(data)):
+    with pytest.raises(MetadataMissing, match=str(data)):
         sediment.open(str(data), compact_interval=None)
     assert sorted(p.name for p in (data / "blobs").rglob("*.parquet")) == batches

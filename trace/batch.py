@@ -279,6 +279,23 @@ def encode_batch(
     return sink.getvalue().to_pybytes()
 
 
+_STORED_FORMS: dict[bytes, pa.Schema] = {}
+
+
+def stored_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema a batch written with ``schema`` reads back with. Parquet has no date64 and
+    no second-unit time or timestamp, so those come back as date32 and milliseconds; a
+    footer is compared with this form, so Parquet's own conversions are never taken for
+    damage (the engine casts reads back to the relation's types)."""
+    raw = schema.remove_metadata().serialize().to_pybytes()
+    got = _STORED_FORMS.get(raw)
+    if got is None:
+        data = encode_batch(schema.empty_table(), BatchDescription(0, 0, 1, 0, 0))
+        got = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.remove_metadata()
+        _STORED_FORMS[raw] = got
+    return got
+
+
 def _open(source: Any, where: str, expected: BatchDescription | None,
           schema: pa.Schema | None = None) -> tuple[pq.ParquetFile, BatchDescription]:
     try:

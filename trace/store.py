@@ -32,6 +32,7 @@ from sediment.trace.batch import (
     open_stored,
     parse_batch_key,
     read_row_group,
+    stored_schema,
 )
 from sediment.trace.merge import merge_to_batch
 from sediment.trace.state import BatchRef, TraceState
@@ -95,11 +96,12 @@ class TraceStore:
 
     def set_schema(self, relation_id: int, schema: pa.Schema) -> None:
         """The update schema every batch of the relation must have (else read from the catalog)."""
-        self._schemas[relation_id] = schema
+        self._schemas[relation_id] = stored_schema(schema)
 
     def schema_of(self, relation_id: int) -> pa.Schema | None:
-        """The relation's update schema as the catalog records it (None: no catalog entry,
-        e.g. a dropped relation or a store used without a catalog)."""
+        """The relation's update schema as the catalog records it, in the form Parquet gives it
+        back (:func:`stored_schema`); None: no catalog entry, e.g. a dropped relation or a
+        store used without a catalog."""
         got = self._schemas.get(relation_id)
         if got is not None or self.meta is None:
             return got
@@ -110,7 +112,7 @@ class TraceStore:
             raw = self.meta.get(key)
             if raw is not None:
                 entry = RelationEntry.decode(raw.value, raw.version, key)
-                self._schemas.setdefault(entry.id, update_schema(entry.schema))
+                self._schemas.setdefault(entry.id, stored_schema(update_schema(entry.schema)))
         return self._schemas.get(relation_id)
 
     def load(self, relation_id: int) -> TraceState:
