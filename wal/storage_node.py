@@ -68,10 +68,10 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from sediment._fs import makedirs_durable
-from sediment.errors import WalError
+from sediment.errors import SedimentError, WalError, WalMissing
 from sediment.wal import record as rec
 from sediment.wal import wire
-from sediment.wal.control import ControlFile, PartitionState
+from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
 from sediment.wal.partition_store import (  # noqa: F401 - re-exported: the stores' old home
     DEFAULT_SEGMENT_BYTES,
     FilePartitionStore,
@@ -254,6 +254,7 @@ class StorageNode:
         self.cluster_key = cluster_key
         self._open_store = open_store
         self._parts: dict[int, _Partition] = {}
+        self._refused: dict[int, str] = {}
         self._running = False
         self._stopped = False
 
@@ -273,7 +274,20 @@ class StorageNode:
             for part in self._parts.values():
                 part.stop()
 
+    def _refuse(self, pid: int, exc: BaseException) -> str:
+        """A partition whose store cannot be opened (a lost manifest, a shortened segment...)
+        is refused, never served empty: logged once with the typed error, then every request
+        for it is answered FAILED with the same reason until the node is restarted."""
+        why = self._refused.get(pid)
+        if why is None:
+            why = self._refused[pid] = (f"partition {pid} refused: its storage cannot be opened: "
+                                        f"{type(exc).__name__}: {exc}")
+            log.error("%s", why)
+        return why
+
     def _partition(self, pid: int) -> _Partition:
+        if pid in self._refused:
+            raise WalError(self._refused[pid])
         part = self._parts.get(pid)
         if part is None:
             part = self._parts[pid] = _Partition(pid, self._open_store(pid))
@@ -300,7 +314,11 @@ class StorageNode:
         if not self._running:
             reply(self._reply(req, None, Status.FAILED, "this storage node is not running (it is stopping)"))
             return None
-        part = self._partition(req.partition)
+        try:
+            part = self._partition(req.partition)
+        except (SedimentError, OSError) as exc:
+            reply(self._reply(req, None, Status.FAILED, self._refuse(req.partition, exc)))
+            return None
         if part.failed:
             reply(self._reply(req, part, Status.FAILED, part.failed))
             return None
@@ -512,23 +530,40 @@ class _Replies:
 
 def open_directory(directory: str, cluster_key: uuid.UUID,
                    segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Callable[[int], PartitionStore]:
-    """A factory of FilePartitionStores under ``directory``; refuses another cluster's directory."""
-    makedirs_durable(directory)
-    control = ControlFile.open_or_create(directory, cluster_key)
+    """A factory of FilePartitionStores under ``directory``; refuses another cluster's directory.
+
+    A node's storage is created only on its first start: a missing or empty ``directory``
+    gets a new control file, which from then on lists the partitions the node holds. A
+    directory holding anything else but no control file lost it: WalMissing, naming the file
+    (the node must not come back empty and answer as a replica that lost nothing)."""
+    ctl_path = os.path.join(directory, CONTROL_NAME)
+    leftovers = [n for n in os.listdir(directory) if not n.endswith(".tmp")] if os.path.isdir(directory) else []
+    if not os.path.exists(ctl_path) and not leftovers:
+        makedirs_durable(directory)
+        control = ControlFile.create(directory, cluster_key)
+    elif not os.path.exists(ctl_path):
+        raise WalMissing(f"storage node directory {directory} holds {', '.join(sorted(leftovers)[:4])} but its "
+                         f"control file {ctl_path} is missing: the node cannot tell which partitions and records "
+                         "it must hold, so it refuses to start. Restore the control file, or move the directory "
+                         "away to start this node empty (the coordinator then catches it up from its peers)",
+                         path=ctl_path, reason="control file missing")
+    else:
+        control = ControlFile.open(directory)
+        if control.header.cluster_key != cluster_key:
+            raise WalError(f"{control.path} belongs to cluster {control.header.cluster_key}, not {cluster_key}; "
+                           "point this node at its own storage directory")
     lock = threading.Lock()
 
     def open_store(pid: int) -> PartitionStore:
-        with lock:
-            if pid not in control.partitions:
-                control.add_partition(pid)
         return FilePartitionStore(directory, pid, control, lock, segment_bytes)
 
     return open_store
 
 
 async def serve_tcp(directory: str, host: str, port: int, cluster_key: uuid.UUID,
-                    segment_bytes: int = DEFAULT_SEGMENT_BYTES, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    node = StorageNode(cluster_key, open_directory(directory, cluster_key, segment_bytes))
+                    segment_bytes: int = DEFAULT_SEGMENT_BYTES, task_status=trio.TASK_STATUS_IGNORED,
+                    open_store: Callable[[int], PartitionStore] | None = None) -> None:
+    node = StorageNode(cluster_key, open_store or open_directory(directory, cluster_key, segment_bytes))
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
         listeners = await nursery.start(functools.partial(trio.serve_tcp, node.serve, port, host=host))
@@ -556,10 +591,12 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
         raise WalError(f"--cluster-key {args.cluster_key!r} is not a UUID; use the key the cluster was "
                        "created with") from None
 
+    open_store = open_directory(args.dir, key, args.segment_bytes)  # refuses a lost control file before listening
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(serve_tcp, args.dir, host or "127.0.0.1", int(port), key,
-                                            args.segment_bytes)
+            listeners = await nursery.start(functools.partial(serve_tcp, args.dir, host or "127.0.0.1", int(port),
+                                                              key, args.segment_bytes, open_store=open_store))
             addr = listeners[0].socket.getsockname()
             print(f"listening on {addr[0]}:{addr[1]}", flush=True)
 
