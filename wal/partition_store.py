@@ -13,16 +13,19 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import uuid
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sediment._fs import makedirs_durable
 from sediment._fs import pwrite_all as _pwrite_all
-from sediment.errors import LowWaterMarkRegression, WalError
+from sediment.errors import LowWaterMarkRegression, WalError, WalMissing
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import segment as sg
-from sediment.wal.control import ControlFile, PartitionState
+from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_replica_manifest
 
@@ -409,3 +412,36 @@ def check_truncate(lsn: int, start: int, next_lsn: int, where: str) -> None:
     if not start <= lsn <= next_lsn:
         raise WalError(f"{where}: truncate to keep LSNs below {lsn} is outside [{start}, {next_lsn}] (first "
                        f"record {start}, next {next_lsn}); the coordinator's view of this replica is stale")
+
+
+def open_directory(directory: str, cluster_key: uuid.UUID,
+                   segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                   checkpoint_records: int = DEFAULT_CHECKPOINT) -> Callable[[int], PartitionStore]:
+    """A factory of FilePartitionStores under ``directory``; refuses another cluster's directory.
+
+    A node's storage is created only on its first start: a missing or empty ``directory``
+    gets a new control file, which from then on lists the partitions the node holds. A
+    directory holding anything else but no control file lost it: WalMissing, naming the file
+    (the node must not come back empty and answer as a replica that lost nothing)."""
+    ctl_path = os.path.join(directory, CONTROL_NAME)
+    leftovers = [n for n in os.listdir(directory) if not n.endswith(".tmp")] if os.path.isdir(directory) else []
+    if not os.path.exists(ctl_path) and not leftovers:
+        makedirs_durable(directory)
+        control = ControlFile.create(directory, cluster_key)
+    elif not os.path.exists(ctl_path):
+        raise WalMissing(f"storage node directory {directory} holds {', '.join(sorted(leftovers)[:4])} but its "
+                         f"control file {ctl_path} is missing: the node cannot tell which partitions and records "
+                         "it must hold, so it refuses to start. Restore the control file, or move the directory "
+                         "away to start this node empty (the coordinator then catches it up from its peers)",
+                         path=ctl_path, reason="control file missing")
+    else:
+        control = ControlFile.open(directory)
+        if control.header.cluster_key != cluster_key:
+            raise WalError(f"{control.path} belongs to cluster {control.header.cluster_key}, not {cluster_key}; "
+                           "point this node at its own storage directory")
+    lock = threading.Lock()
+
+    def open_store(pid: int) -> PartitionStore:
+        return FilePartitionStore(directory, pid, control, lock, segment_bytes, checkpoint_records)
+
+    return open_store

@@ -67,17 +67,18 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from sediment._fs import makedirs_durable
-from sediment.errors import SedimentError, WalError, WalMissing
+from sediment.errors import SedimentError, WalError
 from sediment.wal import record as rec
 from sediment.wal import wire
-from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
+from sediment.wal.control import PartitionState
 from sediment.wal.partition_store import (  # noqa: F401 - re-exported: the stores' old home
+    DEFAULT_CHECKPOINT,
     DEFAULT_SEGMENT_BYTES,
     FilePartitionStore,
     MemoryPartitionStore,
     PartitionStore,
     check_truncate,
+    open_directory,
 )
 from sediment.wal.wire import MsgType, Request, Response, Status, WireError
 
@@ -528,38 +529,6 @@ class _Replies:
                 await self._wake.wait()
 
 
-def open_directory(directory: str, cluster_key: uuid.UUID,
-                   segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Callable[[int], PartitionStore]:
-    """A factory of FilePartitionStores under ``directory``; refuses another cluster's directory.
-
-    A node's storage is created only on its first start: a missing or empty ``directory``
-    gets a new control file, which from then on lists the partitions the node holds. A
-    directory holding anything else but no control file lost it: WalMissing, naming the file
-    (the node must not come back empty and answer as a replica that lost nothing)."""
-    ctl_path = os.path.join(directory, CONTROL_NAME)
-    leftovers = [n for n in os.listdir(directory) if not n.endswith(".tmp")] if os.path.isdir(directory) else []
-    if not os.path.exists(ctl_path) and not leftovers:
-        makedirs_durable(directory)
-        control = ControlFile.create(directory, cluster_key)
-    elif not os.path.exists(ctl_path):
-        raise WalMissing(f"storage node directory {directory} holds {', '.join(sorted(leftovers)[:4])} but its "
-                         f"control file {ctl_path} is missing: the node cannot tell which partitions and records "
-                         "it must hold, so it refuses to start. Restore the control file, or move the directory "
-                         "away to start this node empty (the coordinator then catches it up from its peers)",
-                         path=ctl_path, reason="control file missing")
-    else:
-        control = ControlFile.open(directory)
-        if control.header.cluster_key != cluster_key:
-            raise WalError(f"{control.path} belongs to cluster {control.header.cluster_key}, not {cluster_key}; "
-                           "point this node at its own storage directory")
-    lock = threading.Lock()
-
-    def open_store(pid: int) -> PartitionStore:
-        return FilePartitionStore(directory, pid, control, lock, segment_bytes)
-
-    return open_store
-
-
 async def serve_tcp(directory: str, host: str, port: int, cluster_key: uuid.UUID,
                     segment_bytes: int = DEFAULT_SEGMENT_BYTES, task_status=trio.TASK_STATUS_IGNORED,
                     open_store: Callable[[int], PartitionStore] | None = None) -> None:
@@ -578,6 +547,8 @@ def add_storage_node_parser(sub: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on")
     p.add_argument("--cluster-key", required=True, help="the cluster's UUID; requests for another are refused")
     p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
+    p.add_argument("--checkpoint-records", type=int, default=DEFAULT_CHECKPOINT,
+                   help="records between durable ends recorded in a partition's manifest")
     p.set_defaults(func=cmd_storage_node)
     return p
 
@@ -591,7 +562,7 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
         raise WalError(f"--cluster-key {args.cluster_key!r} is not a UUID; use the key the cluster was "
                        "created with") from None
 
-    open_store = open_directory(args.dir, key, args.segment_bytes)  # refuses a lost control file before listening
+    open_store = open_directory(args.dir, key, args.segment_bytes, args.checkpoint_records)  # refuses a lost control file before listening
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
