@@ -313,3 +313,51 @@ def test_a_deleted_finished_segment_of_a_replica_is_refused(tmp_path: Path) -> N
     with pytest.raises(WalMissing) as info:
         _store(tmp_path)
     assert (info.value.first_lsn, info.value.last_lsn) == (first_finished.first_lsn, first_finished.last_lsn)
+
+
+class Crash(BaseException):
+    """The process dies here: nothing after it runs (the store is abandoned, not closed)."""
+
+
+def _abandon(store: FilePartitionStore) -> None:
+    for fd in (store._fd, store._idx_fd):
+        if fd >= 0:
+            os.close(fd)
+
+
+def test_a_crash_inside_truncate_or_reset_leaves_a_replica_that_opens(tmp_path: Path, monkeypatch) -> None:
+    """The manifest is rewritten first; a crash right after it (before any file changes)
+    must leave a directory the shared reader opens without a fatal problem."""
+    store = _store(tmp_path)
+    for i in range(0, 120, 10):
+        _write(store, i, 10)
+    store.close()
+    assert mf.read(str(tmp_path), 0).durable_end == 120
+
+    def crash(*_a, **_k):
+        raise Crash
+
+    store = _store(tmp_path)
+    with monkeypatch.context() as mp:
+        mp.setattr(sg, "remove_segment_files", crash)
+        with pytest.raises(Crash):
+            store.truncate(30)  # drops whole segments: the crash comes before the first deletion
+    _abandon(store)
+    assert mf.read(str(tmp_path), 0).durable_end == 30
+    store = _store(tmp_path)
+    assert not [p for p in store.problems if p.fatal] and store.next_lsn >= 30
+    store.truncate(30)
+    assert store.next_lsn == 30
+    _write(store, 30, 5)
+    with monkeypatch.context() as mp:
+        mp.setattr(FilePartitionStore, "_new_segment", crash)
+        with pytest.raises(Crash):
+            store.reset(400)  # manifest and deletions done, the new active segment not yet created
+    _abandon(store)
+    store = _store(tmp_path)
+    assert (store.start_lsn, store.next_lsn) == (400, 400)
+    _write(store, 400, 3)
+    store.close()
+    store = _store(tmp_path)
+    assert store.next_lsn == 403
+    store.close()

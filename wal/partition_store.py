@@ -26,6 +26,7 @@ from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import segment as sg
 from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
+from sediment.wal.direct_io import _allocate
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_replica_manifest
 
@@ -150,6 +151,8 @@ class FilePartitionStore:
             self._open_active()
         active = self._segs[-1]
         os.ftruncate(self._idx_fd, sg.HEADER_SIZE + 8 * len(active.offsets))
+        if os.fstat(self._fd).st_size < self.segment_bytes:  # a finished segment made active by a truncation
+            _allocate(self._fd, self.segment_bytes)
         os.fsync(self._fd)  # what was read back is now durable, so it may be recorded as the durable end
         self._manifest.active_first = active.first_lsn
         self._manifest.durable_end = max(self._manifest.durable_end, active.next_lsn)
@@ -336,7 +339,7 @@ class FilePartitionStore:
             if fd >= 0:
                 os.close(fd)
         self._fd = self._idx_fd = -1
-        sg.remove_segment_files(self.dir, [s for s in old if s.first_lsn != lsn])
+        sg.remove_segment_files(self.dir, old)
         self._new_segment(lsn)
         self._checkpoint = lsn
 
