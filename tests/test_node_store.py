@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_replication import KEY, Node, r
+from test_replication import KEY, Node, r, wait_until
 
 from sediment.engine.metadata_memory import MemoryMetadataStore
 from sediment.errors import OutcomeUnknown, WalMissing
@@ -114,6 +114,13 @@ def test_a_node_whose_manifest_was_deleted_refuses_the_partition_and_the_cluster
         assert n.records() == bodies(400)
     with pytest.raises(WalMissing, match="manifest"):
         open_directory(str(victim.dir), KEY)(0)
+    victim.dir.rename(victim.dir.with_name("node2-refused"))  # the remedy the error names
+    for n in nodes:
+        n.start()
+    log = open_log(nodes, meta)  # the node starts empty and is caught up from its peers
+    append_range(log, 400, 410)
+    wait_until(lambda: victim.records() == bodies(410), 60, "the emptied node to be caught up")
+    log.close()
 
 
 def test_a_node_whose_control_file_was_deleted_refuses_to_start_and_the_cluster_goes_on(cluster) -> None:
