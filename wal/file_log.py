@@ -370,10 +370,7 @@ class FileLog(DirectWrites):
         with self._lock:
             new = self._create_segment(old.next_lsn)
         with self._mlock:  # recorded only once the new segment's file is durable
-            m = self._manifest
-            m.finished.append(mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
-            m.active_first = new.first_lsn
-            mf.write(self.root, m)
+            mf.record_rollover(self.root, self._manifest, mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
         self._fd = os.open(new.path, os.O_RDWR)
         self._idx_fd = os.open(new.idx_path, os.O_RDWR)
         self._open_direct(new.path)
@@ -519,10 +516,7 @@ class FileLog(DirectWrites):
                 dropped = self._segments[:n]
                 start = self._segments[n].first_lsn
             with self._mlock:
-                m = self._manifest
-                m.start_lsn = start
-                m.finished = [f for f in m.finished if f.first_lsn >= start]
-                mf.write(self.root, m)
+                mf.record_start(self.root, self._manifest, start)
             with self._lock:
                 del self._segments[:n]
                 fds = [self._read_fds.pop(seg.path, None) for seg in dropped]

@@ -235,11 +235,8 @@ class FilePartitionStore:
         os.fsync(self._fd)
         os.fsync(self._idx_fd)
         self._new_segment(old.next_lsn)
-        m = self._manifest
-        m.finished.append(mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
-        m.active_first = old.next_lsn
-        m.durable_end = max(m.durable_end, old.next_lsn)
-        mf.write(self.root, m)
+        self._manifest.durable_end = max(self._manifest.durable_end, old.next_lsn)
+        mf.record_rollover(self.root, self._manifest, mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
         self._checkpoint = old.next_lsn
 
     def read(self, start: int, max_bytes: int) -> bytes:
@@ -313,10 +310,7 @@ class FilePartitionStore:
             if n == 0:
                 return
             start = self._segs[n].first_lsn
-        m = self._manifest
-        m.start_lsn = start
-        m.finished = [f for f in m.finished if f.first_lsn >= start]
-        mf.write(self.root, m)
+        mf.record_start(self.root, self._manifest, start)
         with self._lock:
             dropped = self._segs[:n]
             del self._segs[:n]
