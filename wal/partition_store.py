@@ -421,7 +421,8 @@ def open_directory(directory: str, cluster_key: uuid.UUID,
     directory holding anything else but no control file lost it: WalMissing, naming the file
     (the node must not come back empty and answer as a replica that lost nothing)."""
     ctl_path = os.path.join(directory, CONTROL_NAME)
-    leftovers = [n for n in os.listdir(directory) if not n.endswith(".tmp")] if os.path.isdir(directory) else []
+    leftovers = [n for n in os.listdir(directory) if not n.endswith(".tmp") and n != "lost+found"] \
+        if os.path.isdir(directory) else []  # an interrupted first start, or a fresh file system's root
     if not os.path.exists(ctl_path) and not leftovers:
         makedirs_durable(directory)
         control = ControlFile.create(directory, cluster_key)
