@@ -30,9 +30,9 @@ from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
-from sediment.wal.control import PartitionState, fsync_dir
+from sediment.wal.control import PartitionState
 from sediment.wal.direct_io import DirectWrites, _allocate, _pwritev_all
-from sediment.wal.log_apply import cut_file, keep_copy, write_salvage
+from sediment.wal.log_apply import carry_out, create_segment_files, cut_file
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import DoneFlag, OpenReport
 
@@ -158,7 +158,6 @@ class FileLog(DirectWrites):
         """Carry out what the shared reader (wal/log_reader.py) decided: refuse on a fatal
         problem unless repairing, else delete garbage, make the cuts, record the manifest."""
         self.problems = plan.problems
-        self.preserved: list[str] = []
         fatal = plan.fatal
         if fatal and not repair:
             raise lr.refusal(self.dir, fatal)
@@ -167,22 +166,8 @@ class FileLog(DirectWrites):
                 self.report.torn_tails.append((p.path, max(p.offset, 0), p.dropped_bytes, f"{p.kind}: {p.reason}"))
             if p.fatal or p.kind != "garbage":
                 log.warning("%s", p.describe())
-        removed = False
-        for path in plan.delete:
-            try:
-                os.unlink(path)
-                removed = True
-            except FileNotFoundError:
-                pass
-        if removed:
-            fsync_dir(self.dir)
-        for src, start, end, first, new_path in plan.salvage:  # records after damage: their own segment
-            write_salvage(src, start, end, self._header(sg.SEG_MAGIC, first), new_path)
-        damaged = {p.path for p in plan.problems if p.fatal}
-        for path, offset, finished in plan.cuts:
-            if path in damaged:  # a repair cut: the original bytes are kept aside, never destroyed
-                self.preserved.append(keep_copy(path, f"{path}.pre-repair-{offset}"))
-            self._cut(path, offset, finished)
+        self.preserved = carry_out(plan, self.dir, lambda first: self._header(sg.SEG_MAGIC, first),
+                                   self.segment_bytes)
         for k in plan.segments:
             for rel, t in k.sealed.items():
                 self._sealed[rel] = max(self._sealed.get(rel, -1), t)
@@ -242,16 +227,8 @@ class FileLog(DirectWrites):
     def _create_segment(self, first: int) -> _Segment:
         seg = _Segment(first, os.path.join(self.dir, sg.segment_name(first)),
                        os.path.join(self.dir, sg.index_name(first)), array("Q"), sg.HEADER_SIZE)
-        for path, magic in ((seg.path, sg.SEG_MAGIC), (seg.idx_path, sg.IDX_MAGIC)):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                if magic == sg.SEG_MAGIC:
-                    _allocate(fd, self.segment_bytes)
-                _pwrite_all(fd, self._header(magic, first), 0)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(self.dir)
+        create_segment_files(seg.path, seg.idx_path, self._header(sg.SEG_MAGIC, first),
+                             self._header(sg.IDX_MAGIC, first), self.segment_bytes)
         self._segments.append(seg)
         return seg
 
@@ -393,10 +370,7 @@ class FileLog(DirectWrites):
         with self._lock:
             new = self._create_segment(old.next_lsn)
         with self._mlock:  # recorded only once the new segment's file is durable
-            m = self._manifest
-            m.finished.append(mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
-            m.active_first = new.first_lsn
-            mf.write(self.root, m)
+            mf.record_rollover(self.root, self._manifest, mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
         self._fd = os.open(new.path, os.O_RDWR)
         self._idx_fd = os.open(new.idx_path, os.O_RDWR)
         self._open_direct(new.path)
@@ -542,10 +516,7 @@ class FileLog(DirectWrites):
                 dropped = self._segments[:n]
                 start = self._segments[n].first_lsn
             with self._mlock:
-                m = self._manifest
-                m.start_lsn = start
-                m.finished = [f for f in m.finished if f.first_lsn >= start]
-                mf.write(self.root, m)
+                mf.record_start(self.root, self._manifest, start)
             with self._lock:
                 del self._segments[:n]
                 fds = [self._read_fds.pop(seg.path, None) for seg in dropped]

@@ -4,6 +4,7 @@ cuts, salvaged runs of records, copies kept before a repair cut. Each is durable
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from sediment._fs import fsync_dir, pwrite_all
 from sediment.wal.direct_io import _allocate
@@ -46,3 +47,44 @@ def cut_file(path: str, offset: int, preallocate: int | None) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def carry_out(plan, pdir: str, header: Callable[[int], bytes], segment_bytes: int) -> list[str]:
+    """Make the file changes of ``plan`` (wal/log_reader.Plan) in ``pdir``, the same way for
+    the local log and a storage node's replica: delete garbage, write salvaged runs (each with
+    ``header(first LSN)``), cut files (an active one zero-filled to ``segment_bytes``). A cut
+    of damaged bytes first keeps a copy of the file; returns the copies' paths."""
+    removed = False
+    for path in plan.delete:
+        try:
+            os.unlink(path)
+            removed = True
+        except FileNotFoundError:
+            pass
+    if removed:
+        fsync_dir(pdir)
+    for src, start, end, first, new_path in plan.salvage:
+        write_salvage(src, start, end, header(first), new_path)
+    damaged = {p.path for p in plan.problems if p.fatal}
+    preserved = []
+    for path, offset, finished in plan.cuts:
+        if path in damaged:  # a repair cut: the original bytes are kept aside, never destroyed
+            preserved.append(keep_copy(path, f"{path}.pre-repair-{offset}"))
+        cut_file(path, offset, None if finished else segment_bytes)
+    return preserved
+
+
+def create_segment_files(seg_path: str, idx_path: str, seg_header: bytes, idx_header: bytes,
+                         segment_bytes: int) -> None:
+    """A new, empty segment: the data file preallocated to ``segment_bytes`` (fdatasync on a
+    growing file is slower) and its index, both with their headers, fsynced with the directory."""
+    for path, head in ((seg_path, seg_header), (idx_path, idx_header)):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if path == seg_path:
+                _allocate(fd, segment_bytes)
+            pwrite_all(fd, head, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(os.path.dirname(seg_path))

@@ -91,3 +91,40 @@ def open_control_and_manifest(directory: str, partition: int, cluster_key: uuid.
     raise WalMissing(f"log manifest {man_path} is missing: the log cannot tell which segments it must hold; "
                      "restore it, or run `sediment verify --repair` to rebuild it from the segments found",
                      path=man_path, reason="manifest missing")
+
+
+def open_replica_manifest(directory: str, partition: int, control: ControlFile) -> tuple[mf.Manifest, bool]:
+    """A storage node's partition: its manifest, and whether it is created now.
+
+    The node's control file is the record of which partitions it holds: a partition it does
+    not list (or lists with a state never written and holds no record -- an interrupted first
+    start) is new; for any other, a missing manifest is WalMissing, never a fresh, empty
+    replica that would answer the coordinator as if it had lost nothing. The caller holds
+    the control file's lock and adds the partition to it."""
+    man_path = os.path.join(directory, mf.manifest_name(partition))
+    pdir = os.path.join(directory, str(partition))
+    key = control.header.cluster_key
+    if os.path.exists(man_path):
+        manifest = mf.read(directory, partition)
+        if manifest.cluster_key != key:
+            raise WalCorruption(f"log manifest {man_path} belongs to cluster {manifest.cluster_key}, control file "
+                                f"{control.path} to {key}", path=man_path, offset=8, reason="cluster key mismatch")
+        if partition not in control.partitions:
+            raise WalMissing(f"control file {control.path} does not list partition {partition}, whose manifest "
+                             f"{man_path} exists: restore the control file, or move the partition away",
+                             path=control.path, reason="partition missing from control file")
+        return manifest, False
+    firsts, _ = list_segments(pdir)
+    listed = partition in control.partitions
+    if (not listed or control.read_state(partition).sequence == 0) and _empty_start(pdir, firsts):
+        for first in firsts:  # an empty segment 0 from an interrupted first start
+            for name in (sg.segment_name(first), sg.index_name(first)):
+                if os.path.exists(os.path.join(pdir, name)):
+                    os.unlink(os.path.join(pdir, name))
+        makedirs_durable(pdir)
+        return mf.Manifest(key, partition), True
+    raise WalMissing(f"log manifest {man_path} of partition {partition} is missing while the node's control "
+                     f"file {control.path} says it holds this partition: the replica cannot tell which records it "
+                     "must have, so it refuses the partition. Restore the manifest, or move the node's whole storage "
+                     "directory away (the node then starts empty and the coordinator catches it up from its peers)",
+                     path=man_path, reason="manifest missing")

@@ -151,3 +151,18 @@ def write_end(directory: str, m: Manifest, end: int) -> None:
         os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def record_rollover(directory: str, m: Manifest, finished: FinishedSegment) -> None:
+    """A segment was finished and the next one's file is durable: record both (the local log
+    and a storage node's replica roll over the same way)."""
+    m.finished.append(finished)
+    m.active_first = finished.last_lsn + 1
+    write(directory, m)
+
+
+def record_start(directory: str, m: Manifest, start: int) -> None:
+    """A trim's new start, recorded before any file goes: segments below it become garbage."""
+    m.start_lsn = start
+    m.finished = [f for f in m.finished if f.first_lsn >= start]
+    write(directory, m)

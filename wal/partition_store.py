@@ -10,19 +10,30 @@ path in wal/storage_node.py checks first and answers BAD_REQUEST; these are the 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import uuid
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from sediment._fs import makedirs_durable
 from sediment._fs import pwrite_all as _pwrite_all
-from sediment.errors import LowWaterMarkRegression, WalCorruption, WalError
+from sediment.errors import LowWaterMarkRegression, WalError, WalMissing
+from sediment.wal import log_reader as lr
+from sediment.wal import manifest as mf
 from sediment.wal import segment as sg
-from sediment.wal.control import ControlFile, PartitionState, fsync_dir
+from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
+from sediment.wal.direct_io import _allocate
+from sediment.wal.log_apply import carry_out, create_segment_files
+from sediment.wal.log_open import open_replica_manifest
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
+DEFAULT_CHECKPOINT = 1000  # records between durable ends recorded in the manifest (as FileLog's index interval)
 
 
 class PartitionStore(Protocol):
@@ -71,77 +82,97 @@ class _Seg:
 
 
 class FilePartitionStore:
-    """One partition's replica in segment files (the WAL's file layout) plus the control file.
+    """One partition's replica in segment files (the WAL's file layout), its manifest and the
+    storage directory's control file.
 
-    Unlike FileLog it never writes records of its own (no FRONTIERS at segment ends):
-    LSNs are the coordinator's, and every replica must hold the same record at each.
+    It opens and recovers exactly as the local log does (wal/file_log.py): the manifest
+    (wal/log_open.py) says what must be there, the shared reader (wal/log_reader.py) plans the
+    recovery and wal/log_apply.py carries it out, so a missing or shortened segment, a lost
+    manifest or an active segment ending before the recorded durable end is refused (the
+    node answers FAILED for the partition), never served as a shorter replica. Unlike FileLog
+    it never writes records of its own (no FRONTIERS at segment ends): LSNs are the
+    coordinator's, and every replica must hold the same record at each. Every change that
+    lowers the log's end (a truncation, a reset) is recorded in the manifest before any byte
+    is cut, so the next open never mistakes it for loss.
     """
 
     blocking = True
 
     def __init__(self, root: str, partition: int, control: ControlFile, control_lock: threading.Lock,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, checkpoint_records: int = DEFAULT_CHECKPOINT) -> None:
         self.root = root
         self.partition = partition
         self.control = control
         self._control_lock = control_lock
         self.cluster_key = control.header.cluster_key
         self.segment_bytes = max(segment_bytes, sg.HEADER_SIZE + 4096)
+        self.checkpoint_records = max(1, checkpoint_records)
         self.dir = os.path.join(root, str(partition))
-        makedirs_durable(self.dir)
         self._lock = threading.Lock()
         self._segs: list[_Seg] = []
         self._fd = -1
         self._idx_fd = -1
-        self._recover()
+        self.problems: list[lr.Problem] = []
+        with control_lock:
+            self._manifest, created = open_replica_manifest(root, partition, control)
+            if created:
+                control.add_partition(partition)
+        if created:
+            self._new_segment(0)
+            mf.write(root, self._manifest)
+        else:
+            self._recover()
+        self._checkpoint = self.next_lsn
 
     def _recover(self) -> None:
-        firsts = sorted(p[0] for name in os.listdir(self.dir) if (p := sg.parse_name(name)) and p[1] == "seg")
-        for i, first in enumerate(firsts):
-            path = os.path.join(self.dir, sg.segment_name(first))
-            scan = sg.scan_segment(path, first)
-            last = i == len(firsts) - 1
-            if not scan.clean:
-                if not last or scan.valid_after_bad:
-                    raise WalCorruption(f"replica segment {path} is damaged at offset {scan.bad_offset} "
-                                        f"({scan.reason}); move the partition directory away and let the "
-                                        "coordinator catch this replica up from its peers",
-                                        path=path, offset=scan.bad_offset, reason=scan.reason)
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    os.ftruncate(fd, scan.bad_offset)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            if self._segs and first != self._segs[-1].next_lsn:
-                raise WalCorruption(f"replica segment {path} starts at LSN {first} but the previous one ends "
-                                    f"before {self._segs[-1].next_lsn}; move the partition directory away",
-                                    path=path, offset=0, reason="gap")
-            self._segs.append(_Seg(first, path, os.path.join(self.dir, sg.index_name(first)), scan.offsets,
-                                   scan.end))
+        """The local log's recovery: plan with the shared reader, refuse on a fatal problem,
+        carry out the cuts and deletions, record the durable end reached."""
+        m = self._manifest
+        plan = lr.plan(self.dir, m)
+        if self._interrupted_reset(plan):
+            self._new_segment(m.active_first)
+            self._segs.clear()
+            plan = lr.plan(self.dir, m)
+        if plan.fatal:
+            raise lr.refusal(self.dir, plan.fatal)
+        self.problems = plan.problems
+        for p in plan.problems:
+            if p.kind != "garbage":
+                log.warning("replica %s: %s", self.dir, p.describe())
+        carry_out(plan, self.dir, lambda first: self._header(sg.SEG_MAGIC, first), self.segment_bytes)
+        for k in plan.segments:
+            self._segs.append(_Seg(k.first_lsn, k.path, os.path.join(self.dir, sg.index_name(k.first_lsn)),
+                                   k.offsets, k.end))
+        assert plan.manifest is not None
+        self._manifest = plan.manifest
         if not self._segs:
-            self._new_segment(0)
+            self._new_segment(self._manifest.active_first)
         else:
             self._open_active()
+        active = self._segs[-1]
+        os.ftruncate(self._idx_fd, sg.HEADER_SIZE + 8 * len(active.offsets))
+        if os.fstat(self._fd).st_size < self.segment_bytes:  # a finished segment made active by a truncation
+            _allocate(self._fd, self.segment_bytes)
+        os.fsync(self._fd)  # what was read back is now durable, so it may be recorded as the durable end
+        self._manifest.active_first = active.first_lsn
+        self._manifest.durable_end = max(self._manifest.durable_end, active.next_lsn)
+        mf.write(self.root, self._manifest)
+
+    def _interrupted_reset(self, plan: lr.Plan) -> bool:
+        """A reset records its new start in the manifest, then creates the new active segment:
+        a crash between leaves the active segment missing with nothing recorded in it."""
+        m = self._manifest
+        return (len(plan.fatal) == 1 and plan.fatal[0].kind == "missing" and not plan.fatal[0].lost
+                and not m.finished and m.durable_end <= m.active_first == m.start_lsn
+                and not os.path.exists(os.path.join(self.dir, sg.segment_name(m.active_first))))
 
     def _header(self, magic: bytes, first: int) -> bytes:
         return sg.SegmentHeader(magic, sg.VERSION, 0, self.cluster_key, self.partition, first, 0).pack()
 
     def _new_segment(self, first: int) -> None:
         seg = _Seg(first, os.path.join(self.dir, sg.segment_name(first)), os.path.join(self.dir, sg.index_name(first)))
-        for path, magic in ((seg.path, sg.SEG_MAGIC), (seg.idx_path, sg.IDX_MAGIC)):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                if magic == sg.SEG_MAGIC:
-                    try:
-                        os.posix_fallocate(fd, 0, self.segment_bytes)
-                    except OSError:
-                        pass
-                _pwrite_all(fd, self._header(magic, first), 0)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(self.dir)
+        create_segment_files(seg.path, seg.idx_path, self._header(sg.SEG_MAGIC, first),
+                             self._header(sg.IDX_MAGIC, first), self.segment_bytes)
         self._segs.append(seg)
         self._open_active()
 
@@ -174,10 +205,7 @@ class FilePartitionStore:
         if first_lsn != seg.next_lsn:
             raise WalError(f"replica {self.dir}: write at LSN {first_lsn}, next is {seg.next_lsn}")
         if seg.end > sg.HEADER_SIZE and seg.end + len(payload) > self.segment_bytes:
-            os.ftruncate(self._fd, seg.end)
-            os.fsync(self._fd)
-            os.fsync(self._idx_fd)
-            self._new_segment(seg.next_lsn)
+            self._roll_over(seg)
             seg = self._segs[-1]
         _pwrite_all(self._fd, payload, seg.end)
         os.fdatasync(self._fd)
@@ -190,6 +218,26 @@ class FilePartitionStore:
         with self._lock:
             seg.offsets.extend(offs)
             seg.end = pos
+        if seg.next_lsn - self._checkpoint >= self.checkpoint_records:
+            self._record_end()
+
+    def _record_end(self) -> None:
+        """The durable end into the manifest (one pwrite, one fdatasync), as the local log's
+        index checkpoints do: below it, a missing record is loss, not a torn tail."""
+        end = self.next_lsn
+        mf.write_end(self.root, self._manifest, end)
+        self._checkpoint = end
+
+    def _roll_over(self, old: _Seg) -> None:
+        """Finish ``old`` (cut to its data) and start the next segment; the manifest records
+        the finished one only once the new file is durable, as the local log's rollover does."""
+        os.ftruncate(self._fd, old.end)
+        os.fsync(self._fd)
+        os.fsync(self._idx_fd)
+        self._new_segment(old.next_lsn)
+        self._manifest.durable_end = max(self._manifest.durable_end, old.next_lsn)
+        mf.record_rollover(self.root, self._manifest, mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
+        self._checkpoint = old.next_lsn
 
     def read(self, start: int, max_bytes: int) -> bytes:
         with self._lock:
@@ -214,14 +262,27 @@ class FilePartitionStore:
             return f.read(end - begin)
 
     def truncate(self, lsn: int) -> None:
+        """Drop every record from ``lsn`` on. The manifest is rewritten first with the lower
+        end (and the dropped segments out of it); then the later segments are deleted newest
+        first and the kept one is cut, so a crash anywhere leaves a log the next open reads
+        cleanly: the truncation finished, or not yet begun past its recorded end."""
         check_truncate(lsn, self.start_lsn, self.next_lsn, self.dir)
         if lsn == self.next_lsn:
             return
-        while len(self._segs) > 1 and self._segs[-1].first_lsn >= lsn:
-            seg = self._segs.pop()
-            for path in (seg.path, seg.idx_path):
-                os.unlink(path)
-        seg = self._segs[-1]
+        n = len(self._segs)
+        while n > 1 and self._segs[n - 1].first_lsn >= lsn:
+            n -= 1
+        seg = self._segs[n - 1]
+        m = self._manifest
+        m.finished = [f for f in m.finished if f.first_lsn < seg.first_lsn]
+        m.active_first = seg.first_lsn
+        m.durable_end = lsn
+        mf.write(self.root, m)
+        with self._lock:
+            dropped = self._segs[n:]
+            del self._segs[n:]
+        for old in reversed(dropped):
+            sg.remove_segment_files(self.dir, [old])
         keep = lsn - seg.first_lsn
         cut = seg.offsets[keep] if keep < len(seg.offsets) else seg.end
         self._open_active()
@@ -233,23 +294,39 @@ class FilePartitionStore:
         os.fsync(self._fd)
         os.ftruncate(self._idx_fd, sg.HEADER_SIZE + 8 * keep)
         os.fsync(self._idx_fd)
-        fsync_dir(self.dir)
         with self._lock:
             del seg.offsets[keep:]
             seg.end = cut
+        self._checkpoint = lsn
 
     def trim_prefix(self, lsn: int) -> None:
-        """Drop whole segments whose records all lie below ``lsn`` (never the active one)."""
-        dropped = []
+        """Drop whole segments whose records all lie below ``lsn`` (never the active one): the
+        new start goes into the manifest first, then the files go oldest first, so a crash
+        leaves only garbage below the recorded start, never a hole (as FileLog.trim)."""
         with self._lock:
-            while len(self._segs) > 1 and self._segs[0].next_lsn <= lsn:
-                dropped.append(self._segs.pop(0))
-        sg.remove_segment_files(self.dir, dropped)
+            n = 0
+            while n < len(self._segs) - 1 and self._segs[n].next_lsn <= lsn:
+                n += 1
+            if n == 0:
+                return
+            start = self._segs[n].first_lsn
+        mf.record_start(self.root, self._manifest, start)
+        with self._lock:
+            dropped = self._segs[:n]
+            del self._segs[:n]
+        for old in dropped:
+            sg.remove_segment_files(self.dir, [old])
 
     def reset(self, lsn: int) -> None:
         """Forget every record and continue at ``lsn``: the records below it were trimmed
         from the other replicas (they live in the engine's batches), so this one cannot be
-        caught up record by record."""
+        caught up record by record. The manifest says so first; the old files are then
+        garbage below its start."""
+        m = self._manifest
+        m.start_lsn = m.active_first = lsn
+        m.finished = []
+        m.durable_end = lsn
+        mf.write(self.root, m)
         with self._lock:
             old, self._segs = self._segs, []
         for fd in (self._fd, self._idx_fd):
@@ -258,8 +335,12 @@ class FilePartitionStore:
         self._fd = self._idx_fd = -1
         sg.remove_segment_files(self.dir, old)
         self._new_segment(lsn)
+        self._checkpoint = lsn
 
     def close(self) -> None:
+        if self._fd >= 0 and self.next_lsn > self._manifest.durable_end:
+            os.fsync(self._fd)
+            self._record_end()
         for fd in (self._fd, self._idx_fd):
             if fd >= 0:
                 os.close(fd)
@@ -328,3 +409,37 @@ def check_truncate(lsn: int, start: int, next_lsn: int, where: str) -> None:
     if not start <= lsn <= next_lsn:
         raise WalError(f"{where}: truncate to keep LSNs below {lsn} is outside [{start}, {next_lsn}] (first "
                        f"record {start}, next {next_lsn}); the coordinator's view of this replica is stale")
+
+
+def open_directory(directory: str, cluster_key: uuid.UUID,
+                   segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                   checkpoint_records: int = DEFAULT_CHECKPOINT) -> Callable[[int], PartitionStore]:
+    """A factory of FilePartitionStores under ``directory``; refuses another cluster's directory.
+
+    A node's storage is created only on its first start: a missing or empty ``directory``
+    gets a new control file, which from then on lists the partitions the node holds. A
+    directory holding anything else but no control file lost it: WalMissing, naming the file
+    (the node must not come back empty and answer as a replica that lost nothing)."""
+    ctl_path = os.path.join(directory, CONTROL_NAME)
+    leftovers = [n for n in os.listdir(directory) if not n.endswith(".tmp") and n != "lost+found"] \
+        if os.path.isdir(directory) else []  # an interrupted first start, or a fresh file system's root
+    if not os.path.exists(ctl_path) and not leftovers:
+        makedirs_durable(directory)
+        control = ControlFile.create(directory, cluster_key)
+    elif not os.path.exists(ctl_path):
+        raise WalMissing(f"storage node directory {directory} holds {', '.join(sorted(leftovers)[:4])} but its "
+                         f"control file {ctl_path} is missing: the node cannot tell which partitions and records "
+                         "it must hold, so it refuses to start. Restore the control file, or move the directory "
+                         "away to start this node empty (the coordinator then catches it up from its peers)",
+                         path=ctl_path, reason="control file missing")
+    else:
+        control = ControlFile.open(directory)
+        if control.header.cluster_key != cluster_key:
+            raise WalError(f"{control.path} belongs to cluster {control.header.cluster_key}, not {cluster_key}; "
+                           "point this node at its own storage directory")
+    lock = threading.Lock()
+
+    def open_store(pid: int) -> PartitionStore:
+        return FilePartitionStore(directory, pid, control, lock, segment_bytes, checkpoint_records)
+
+    return open_store

@@ -67,17 +67,18 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from sediment._fs import makedirs_durable
-from sediment.errors import WalError
+from sediment.errors import SedimentError, WalError
 from sediment.wal import record as rec
 from sediment.wal import wire
-from sediment.wal.control import ControlFile, PartitionState
+from sediment.wal.control import PartitionState
 from sediment.wal.partition_store import (  # noqa: F401 - re-exported: the stores' old home
+    DEFAULT_CHECKPOINT,
     DEFAULT_SEGMENT_BYTES,
     FilePartitionStore,
     MemoryPartitionStore,
     PartitionStore,
     check_truncate,
+    open_directory,
 )
 from sediment.wal.wire import MsgType, Request, Response, Status, WireError
 
@@ -254,6 +255,7 @@ class StorageNode:
         self.cluster_key = cluster_key
         self._open_store = open_store
         self._parts: dict[int, _Partition] = {}
+        self._refused: dict[int, str] = {}
         self._running = False
         self._stopped = False
 
@@ -273,7 +275,20 @@ class StorageNode:
             for part in self._parts.values():
                 part.stop()
 
+    def _refuse(self, pid: int, exc: BaseException) -> str:
+        """A partition whose store cannot be opened (a lost manifest, a shortened segment...)
+        is refused, never served empty: logged once with the typed error, then every request
+        for it is answered FAILED with the same reason until the node is restarted."""
+        why = self._refused.get(pid)
+        if why is None:
+            why = self._refused[pid] = (f"partition {pid} refused: its storage cannot be opened: "
+                                        f"{type(exc).__name__}: {exc}")
+            log.error("%s", why)
+        return why
+
     def _partition(self, pid: int) -> _Partition:
+        if pid in self._refused:
+            raise WalError(self._refused[pid])
         part = self._parts.get(pid)
         if part is None:
             part = self._parts[pid] = _Partition(pid, self._open_store(pid))
@@ -300,7 +315,11 @@ class StorageNode:
         if not self._running:
             reply(self._reply(req, None, Status.FAILED, "this storage node is not running (it is stopping)"))
             return None
-        part = self._partition(req.partition)
+        try:
+            part = self._partition(req.partition)
+        except (SedimentError, OSError) as exc:
+            reply(self._reply(req, None, Status.FAILED, self._refuse(req.partition, exc)))
+            return None
         if part.failed:
             reply(self._reply(req, part, Status.FAILED, part.failed))
             return None
@@ -510,25 +529,10 @@ class _Replies:
                 await self._wake.wait()
 
 
-def open_directory(directory: str, cluster_key: uuid.UUID,
-                   segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Callable[[int], PartitionStore]:
-    """A factory of FilePartitionStores under ``directory``; refuses another cluster's directory."""
-    makedirs_durable(directory)
-    control = ControlFile.open_or_create(directory, cluster_key)
-    lock = threading.Lock()
-
-    def open_store(pid: int) -> PartitionStore:
-        with lock:
-            if pid not in control.partitions:
-                control.add_partition(pid)
-        return FilePartitionStore(directory, pid, control, lock, segment_bytes)
-
-    return open_store
-
-
 async def serve_tcp(directory: str, host: str, port: int, cluster_key: uuid.UUID,
-                    segment_bytes: int = DEFAULT_SEGMENT_BYTES, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    node = StorageNode(cluster_key, open_directory(directory, cluster_key, segment_bytes))
+                    segment_bytes: int = DEFAULT_SEGMENT_BYTES, task_status=trio.TASK_STATUS_IGNORED,
+                    open_store: Callable[[int], PartitionStore] | None = None) -> None:
+    node = StorageNode(cluster_key, open_store or open_directory(directory, cluster_key, segment_bytes))
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
         listeners = await nursery.start(functools.partial(trio.serve_tcp, node.serve, port, host=host))
@@ -543,6 +547,8 @@ def add_storage_node_parser(sub: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on")
     p.add_argument("--cluster-key", required=True, help="the cluster's UUID; requests for another are refused")
     p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
+    p.add_argument("--checkpoint-records", type=int, default=DEFAULT_CHECKPOINT,
+                   help="records between durable ends recorded in a partition's manifest")
     p.set_defaults(func=cmd_storage_node)
     return p
 
@@ -556,10 +562,12 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
         raise WalError(f"--cluster-key {args.cluster_key!r} is not a UUID; use the key the cluster was "
                        "created with") from None
 
+    open_store = open_directory(args.dir, key, args.segment_bytes, args.checkpoint_records)  # refuses a lost control file before listening
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(serve_tcp, args.dir, host or "127.0.0.1", int(port), key,
-                                            args.segment_bytes)
+            listeners = await nursery.start(functools.partial(serve_tcp, args.dir, host or "127.0.0.1", int(port),
+                                                              key, args.segment_bytes, open_store=open_store))
             addr = listeners[0].socket.getsockname()
             print(f"listening on {addr[0]}:{addr[1]}", flush=True)
 
