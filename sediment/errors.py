@@ -276,6 +276,11 @@ class QuorumLost(ReplicationError, OutcomeUnknown):
     recovery keeps it if a quorum does. Read back or retry idempotently."""
 
 
+class QuorumUnavailable(ReplicationError, NothingWritten):
+    """No write quorum right now (a new store session is being recovered): the append was
+    refused before anything was sent, so nothing was written. Retry later."""
+
+
 class SessionFenced(ReplicationError, OutcomeUnknown):
     """A newer store session exists (or this one's metadata moved on): this coordinator
     has been superseded and must stop. An append in flight may or may not have been

@@ -225,3 +225,17 @@ def test_decide_refuses_nonsense() -> None:
         decide([1], [], -1, 1)
     with pytest.raises(ValueError):
         decide([1], [], 0, 0)
+
+
+
+def test_a_new_replica_assignment_takes_the_next_generation():
+    from sediment.wal.partition_meta import PartitionMeta, ReplicaState
+    from sediment.wal.replicated_log import assignment_generation
+
+    fresh = PartitionMeta()
+    assert assignment_generation(fresh, ["a:1", "b:1", "c:1"]) == 0
+    meta = PartitionMeta(3, 5, {r: ReplicaState(5, 0) for r in ("a:1", "b:1", "c:1")})
+    assert assignment_generation(meta, ["c:1", "a:1", "b:1"]) == 3  # the same set, in any order
+    assert assignment_generation(meta, ["a:1", "b:1", "d:1"]) == 4  # one replaced
+    assert assignment_generation(meta, ["a:1", "b:1"]) == 4  # one removed
+    assert assignment_generation(meta, ["a:1", "b:1", "c:1", "d:1", "e:1"]) == 4  # added

@@ -47,7 +47,7 @@ import trio
 from sediment.engine.metadata import MetadataStore
 from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
 from sediment.wal import record as rec
-from sediment.wal.partition_meta import PartitionMetaStore
+from sediment.wal.partition_meta import PartitionMeta, PartitionMetaStore
 from sediment.wal.partition_probe import refuse_claimed_partition
 from sediment.wal.protocol import DoneFlag, OpenReport
 from sediment.wal.replica import tcp_connect
@@ -75,6 +75,16 @@ class _Ticket:
         if self.error is not None:
             raise self.error
         return self.lsn
+
+
+def assignment_generation(current: PartitionMeta, replicas: Sequence[str]) -> int:
+    """The generation this coordinator writes with: the metadata's, or the next one when its
+    replica set is a new assignment (replicas added, removed or replaced). As in Waltz, a
+    coordinator still running with the older generation is then refused by the metadata
+    writer (SessionFenced), so two assignments never take sessions in turn."""
+    if current.session_id == 0 and not current.replicas:  # a partition new to the metadata
+        return current.generation
+    return current.generation + (set(replicas) != set(current.replicas))
 
 
 class ReplicatedLog:
@@ -114,8 +124,8 @@ class ReplicatedLog:
         if metadata.get(meta.key) is None:  # a partition new to this metadata store: is it new on the nodes?
             where = getattr(metadata, "hosts", "") + getattr(metadata, "root", "") or type(metadata).__name__
             refuse_claimed_partition(replicas, key, partition, where, timeout)
-        self.coordinator = Coordinator(replicas, meta, key, partition,
-                                       connect=tcp_connect, timeout=timeout)
+        self.coordinator = Coordinator(replicas, meta, key, partition, connect=tcp_connect, timeout=timeout,
+                                       generation=assignment_generation(meta.load()[0], replicas))
         self.coordinator.listeners.append(self._on_ack)
         self._ready = threading.Event()
         self._failure: BaseException | None = None

@@ -45,6 +45,7 @@ import trio
 from sediment.errors import (
     MetadataError,
     QuorumLost,
+    QuorumUnavailable,
     ReplicationError,
     ReplicaUnavailable,
     SessionFenced,
@@ -158,12 +159,13 @@ class Coordinator:
 
     def submit(self, records: Sequence[rec.Record], done: Done) -> None:
         """Queue records; ``done(last_lsn, None)`` once a quorum made them durable, or
-        ``done(-1, error)`` (QuorumLost, SessionFenced): then they were not acknowledged."""
+        ``done(-1, error)`` (QuorumLost, SessionFenced: not acknowledged, outcome unknown;
+        QuorumUnavailable: refused before sending, nothing written)."""
         if self.fenced is not None:
             done(-1, self.fenced)
             return
         if not self.writable.is_set() and not self.restarting:
-            done(-1, QuorumLost(f"partition {self.partition}: no write quorum right now (recovering a new "
+            done(-1, QuorumUnavailable(f"partition {self.partition}: no write quorum right now (recovering a new "
                                 f"store session over {self.replicas}); nothing was written, retry later"))
             return
         self.queue.append(Pending(records, done))
