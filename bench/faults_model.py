@@ -1,0 +1,221 @@
+"""The fault campaigns' workload and model: seeded operations on the public API, and what an
+engine must hold after each acknowledged call.
+
+An operation is plain JSON (so a child process can report it on a pipe before running it):
+
+    ["add", rel]                      add_relation
+    ["append", rel, rows]             append; rows are [id, time, diff]
+    ["many", {rel: rows, ...}]        append_many (one transaction)
+    ["txn", {rel: rows, ...}, commit] transaction: an append per relation, then commit or abort
+    ["seal", rel, t] / ["since", rel, t]
+    ["compact"]                       compaction pass: batches, merges, WAL trim
+    ["reopen"]                        close and open again (recovery, metadata checkpoint)
+
+The model is the consolidation of every acknowledged update: a snapshot as of ``t`` must equal
+the per-row sum of diffs at times <= t, zeros dropped. A call that was in flight when the
+process died may be there entirely or not at all (never in part).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+RELATIONS = ("a", "b")
+VALUES = ("tea", "cake", "jam", "bun", "pie")
+
+
+def schema_of(rel: str) -> pa.Schema:
+    if rel == "a":
+        return pa.schema([("id", pa.int64()), ("item", pa.string())])
+    return pa.schema([("id", pa.int64())])
+
+
+def row_key(rel: str, ident: int) -> tuple:
+    return (ident, VALUES[ident % len(VALUES)]) if rel == "a" else (ident,)
+
+
+def table_of(rel: str, rows: list[list[int]]) -> pa.Table:
+    cols: dict[str, Any] = {"id": [r[0] for r in rows]}
+    if rel == "a":
+        cols["item"] = [VALUES[r[0] % len(VALUES)] for r in rows]
+    cols["time"] = [r[1] for r in rows]
+    cols["diff"] = [r[2] for r in rows]
+    return pa.table(cols, schema=pa.schema([*schema_of(rel), ("time", pa.int64()), ("diff", pa.int64())]))
+
+
+@dataclass
+class Model:
+    """What every acknowledged call so far promises."""
+
+    updates: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    sealed: dict[str, int] = field(default_factory=dict)
+    since: dict[str, int] = field(default_factory=dict)
+
+    def apply(self, op: list) -> None:
+        kind = op[0]
+        if kind == "add":
+            self.updates.setdefault(op[1], [])
+            self.sealed.setdefault(op[1], -1)
+            self.since.setdefault(op[1], 0)
+        elif kind == "append":
+            self.updates[op[1]] += [tuple(r) for r in op[2]]
+        elif kind == "many" or kind == "txn" and op[2]:
+            for rel, rows in op[1].items():
+                self.updates[rel] += [tuple(r) for r in rows]
+        elif kind == "seal":
+            self.sealed[op[1]] = max(self.sealed[op[1]], op[2])
+        elif kind == "since":
+            self.since[op[1]] = max(self.since[op[1]], op[2])
+
+    def with_op(self, op: list | None) -> Model:
+        m = copy.deepcopy(self)
+        if op is not None:
+            m.apply(op)
+        return m
+
+    def snapshot(self, rel: str, as_of: int) -> list[tuple]:
+        sums: dict[tuple, int] = {}
+        for ident, t, d in self.updates[rel]:
+            if t <= as_of:
+                k = row_key(rel, ident)
+                sums[k] = sums.get(k, 0) + d
+        return sorted((*k, d) for k, d in sums.items() if d)
+
+    def to_json(self) -> dict:
+        return {"updates": self.updates, "sealed": self.sealed, "since": self.since}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Model:
+        return cls({k: [tuple(r) for r in v] for k, v in obj["updates"].items()}, dict(obj["sealed"]),
+                   dict(obj["since"]))
+
+
+def engine_rows(table: pa.Table) -> list[tuple]:
+    cols = [table.column(n).to_pylist() for n in table.schema.names]
+    return sorted(zip(*cols, strict=True))
+
+
+def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
+            reopen_weight: float = 0.03) -> list:
+    """A random operation valid against ``model`` (times above the sealed frontier, since at
+    or below it). The caller's engine may lag the model only by an in-flight call that did
+    not survive, and then a ``since`` can be refused: that is a typed error, not a fault."""
+    for rel in RELATIONS:
+        if rel not in model.updates:
+            return ["add", rel]
+    x = rng.random()
+    rel = rng.choice(RELATIONS)
+    base = model.sealed[rel] + 1
+
+    def rows(r: str, n: int) -> list[list[int]]:
+        b = model.sealed[r] + 1
+        return [[rng.randrange(24), b + rng.randrange(4), rng.choice((1, 1, 2, -1))] for _ in range(n)]
+
+    if x < compact_weight:
+        return ["compact"]
+    x -= compact_weight
+    if x < reopen_weight:
+        return ["reopen"]
+    x -= reopen_weight
+    if x < 0.45:
+        return ["append", rel, rows(rel, rng.randrange(1, 12))]
+    if x < 0.55:
+        return ["many", {r: rows(r, rng.randrange(1, 6)) for r in RELATIONS}]
+    if x < 0.65:
+        return ["txn", {r: rows(r, rng.randrange(1, 6)) for r in RELATIONS}, rng.random() < 0.8]
+    if x < 0.85:
+        return ["seal", rel, base + rng.randrange(3)]
+    if model.sealed[rel] > model.since[rel]:
+        return ["since", rel, rng.randrange(model.since[rel], model.sealed[rel] + 1)]
+    return ["seal", rel, base]
+
+
+def run_op(engine: Any, op: list, on_commit: Any = None) -> None:
+    """Run one operation through the public API. ``on_commit`` is called just before a
+    transaction's commit (so a watcher knows the COMMIT may now be durable)."""
+    kind = op[0]
+    if kind == "add":
+        if op[1] not in engine.relations():
+            engine.add_relation(op[1], schema_of(op[1]))
+    elif kind == "append":
+        engine.append(op[1], table_of(op[1], op[2]))
+    elif kind == "many":
+        engine.append_many({r: table_of(r, rows) for r, rows in op[1].items()})
+    elif kind == "txn":
+        tx = engine.transaction()
+        for r, rows in op[1].items():
+            tx.append(r, table_of(r, rows))
+        if on_commit is not None:
+            on_commit()
+        if op[2]:
+            tx.commit()
+        else:
+            tx.abort()
+    elif kind == "seal":
+        engine.seal(op[1], op[2])
+    elif kind == "since":
+        engine.set_since(op[1], op[2])
+    elif kind == "compact":
+        engine.compact()
+    else:
+        raise ValueError(f"run_op cannot run {kind!r} (reopen is the caller's)")
+
+
+def as_ofs(since: int, sealed: int) -> list[int]:
+    if sealed < since or sealed < 0:
+        return []
+    return sorted({since, (since + sealed) // 2, sealed})
+
+
+@dataclass
+class Check:
+    """What one reopened engine showed against the model (and an in-flight call)."""
+
+    ok: bool
+    kind: str = ""  # "", "lost", "partial", "wrong"
+    detail: str = ""
+    applied: bool = False  # the in-flight call is there
+
+
+def check_engine(engine: Any, acked: Model, inflight: list | None) -> Check:
+    """Compare an open engine with the model: everything acknowledged is there, a call in
+    flight is there entirely or not at all, frontiers never behind what was acknowledged.
+    Options A (without the in-flight call) and B (with it) must explain every relation
+    consistently; a mix on a transaction is a partial transaction."""
+    options = {"A": acked, "B": acked.with_op(inflight)} if inflight is not None else {"A": acked}
+    fits: dict[str, set[str]] = {}
+    notes = []
+    for rel in acked.updates:
+        if rel not in engine.relations():
+            return Check(False, "lost", f"relation {rel!r} is missing")
+        sealed, since = engine.sealed(rel), engine.since(rel)
+        if sealed < acked.sealed[rel]:
+            return Check(False, "lost", f"{rel}: sealed {sealed} < acknowledged {acked.sealed[rel]}")
+        if since < acked.since[rel]:
+            return Check(False, "lost", f"{rel}: since {since} < acknowledged {acked.since[rel]}")
+        ok = set()
+        for name, m in options.items():
+            if sealed != m.sealed[rel] or since != m.since[rel]:
+                continue
+            good = True
+            for t in as_ofs(since, sealed):
+                got = engine_rows(engine.snapshot(rel, t))
+                if got != m.snapshot(rel, t):
+                    good = False
+                    notes.append(f"{rel}@{t}: got {len(got)} rows, option {name} has {len(m.snapshot(rel, t))}")
+                    break
+            if good:
+                ok.add(name)
+        fits[rel] = ok
+    common = set.intersection(*fits.values()) if fits else {"A"}
+    if common:
+        return Check(True, applied="A" not in common)
+    if inflight is not None and inflight[0] in ("txn", "many") and all(fits.values()):
+        return Check(False, "partial", f"transaction {inflight[:1]} visible in part: {fits}")
+    missing = any(not f for f in fits.values())
+    return Check(False, "lost" if missing else "wrong", "; ".join(notes[:4]))
