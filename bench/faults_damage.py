@@ -279,7 +279,9 @@ def run_trial(root: str, pristine: str, wal: str, model: Model, frames: dict, sp
         if check.ok:
             res["class"] = "same"
         else:
-            res["class"] = "reported" if cuts else "silent"
+            # a reported loss counts only when the report names the damaged file
+            named = [c for c in cuts if os.path.basename(spec["path"]) in c]
+            res["class"] = "reported" if named else "silent"
             res["detail"] = check.detail[:300]
     except SedimentError as exc:
         res["class"], res["detail"] = "typed", f"{type(exc).__name__}: {str(exc)[:300]}"

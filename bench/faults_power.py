@@ -362,11 +362,12 @@ def check_state(target: str, acked: Model, inflight: list | None) -> tuple[str, 
 
     data = os.path.join(target, "data")
     try:
-        vok = verify_data_dir(data).ok
-    except Exception:  # noqa: BLE001 - verify crashing counts as disagreeing
-        vok = False
+        report = verify_data_dir(data)
+        vok, vnote = report.ok, "; ".join(report.problems)[:200]
+    except Exception as exc:  # noqa: BLE001 - verify crashing counts as disagreeing
+        vok, vnote = False, f"verify crashed: {type(exc).__name__}: {exc}"
     if not os.path.isdir(data) and not acked.updates:
-        return "ok", "", vok
+        return "ok", "", True  # nothing was created yet: verify's "no such directory" is right too
     try:
         with sediment.open(data, **OPTIONS) as engine:
             c = check_engine(engine, acked, inflight)
@@ -374,11 +375,13 @@ def check_state(target: str, acked: Model, inflight: list | None) -> tuple[str, 
         return "refused", f"{type(exc).__name__}: {str(exc)[:200]}", vok
     except Exception as exc:  # noqa: BLE001 - classified
         return "untyped", f"{type(exc).__name__}: {str(exc)[:200]}", vok
-    return ("ok", "", vok) if c.ok else (c.kind, c.detail[:200], vok)
+    return ("ok", vnote, vok) if c.ok else (c.kind, c.detail[:200], vok)
 
 
-def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 40, log=print) -> PowerStats:
-    """Record one workload (seeded), then check ``states`` crash states spread over it."""
+def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 40, log=print,
+              first: int | None = None) -> PowerStats:
+    """Record one workload (seeded), then check ``states`` crash states spread over it (over
+    its first ``first`` recorded events only, when given)."""
     rec_base = os.path.join(work, f"rec-{seed}")
     shutil.rmtree(rec_base, ignore_errors=True)
     trace_path = os.path.join(work, f"trace-{seed}.pickle")
@@ -389,7 +392,8 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
     events = trace["log"]
     stats.traces += 1
     rng = random.Random(seed)
-    points = sorted(rng.randrange(len(events) + 1) for _ in range(states))
+    span = len(events) + 1 if first is None else min(first, len(events) + 1)
+    points = sorted(rng.randrange(span) for _ in range(states))
     fs = FsModel(trace["base"])
     model, begun, committing, done = Model(), {}, set(), set()
     pos = 0
