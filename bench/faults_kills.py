@@ -190,11 +190,11 @@ def kill_trial(data_dir: str, opts: dict, model: Model, rng: random.Random, chil
             check = check_engine(engine, model, inflight)
     except SedimentError as exc:
         stats.refused += 1
-        if not report.ok:
-            pass
+        stats.disagree += report.ok
         return None, f"open refused after a kill in phase {phase}: {type(exc).__name__}: {str(exc)[:200]}"
     except Exception as exc:  # noqa: BLE001 - the campaign counts it
         stats.untyped += 1
+        stats.disagree += report.ok
         return None, f"untyped {type(exc).__name__} at open after a kill in phase {phase}: {str(exc)[:200]}"
     if report.ok != check.ok:
         stats.disagree += 1
