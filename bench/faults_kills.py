@@ -61,7 +61,7 @@ def child_main(argv: list[str]) -> int:
                 engine.close()
                 engine = sediment.open(data_dir, **opts)
             else:
-                run_op(engine, op, on_commit=lambda i=i: say(f"c {i}"))
+                run_op(engine, op, on_commit=lambda i=i: say(f"c {i}"), on_sub_ack=lambda j, i=i: say(f"s {i} {j}"))
         except SedimentError as exc:
             say(f"e {i} {type(exc).__name__}")
             continue
@@ -118,7 +118,7 @@ class _Lines:
 def _parse(lines: list[str]) -> tuple[list[list], list | None, str]:
     """Acknowledged ops in order, the op in flight (None if none, or a transaction whose
     commit never started), and the phase the kill landed in."""
-    acked, begun, committing = [], {}, set()
+    acked, begun, committing, sub_acked = [], {}, set(), {}
     done: set[int] = set()
     phase = "open"
     for line in lines:
@@ -132,6 +132,9 @@ def _parse(lines: list[str]) -> tuple[list[list], list | None, str]:
         elif tag == "c":
             committing.add(int(rest))
             phase = "commit"
+        elif tag == "s":
+            i, j = map(int, rest.split(" "))
+            sub_acked.setdefault(i, set()).add(j)
         elif tag in ("a", "e"):
             i = int(rest.split(" ")[0])
             done.add(i)
@@ -146,6 +149,10 @@ def _parse(lines: list[str]) -> tuple[list[list], list | None, str]:
             op = ["txn", op[1], False]  # its commit never started: it must stay invisible
         if op[0] == "reopen":
             phase = "reopen"
+        if op[0] == "burst":  # the appends that returned are acknowledged; the rest are in flight
+            done_subs = sub_acked.get(open_ops[-1], set())
+            acked += [s for j, s in enumerate(op[1]) if j in done_subs]
+            op = ["burst", [s for j, s in enumerate(op[1]) if j not in done_subs]]
         inflight = op
     return acked, inflight, phase
 
@@ -203,7 +210,7 @@ def kill_trial(data_dir: str, opts: dict, model: Model, rng: random.Random, chil
     if not check.ok:
         setattr(stats, check.kind, getattr(stats, check.kind) + 1)
         return None, f"{check.kind} after a kill in phase {phase}: {check.detail[:300]}"
-    return model.with_op(inflight) if check.applied else model, ""
+    return check.model, ""
 
 
 def run_kills(base: str, wal: str, trials: int, seed: int, stats: KillStats, log=print) -> KillStats:

@@ -64,6 +64,9 @@ class Model:
             self.since.setdefault(op[1], 0)
         elif kind == "append":
             self.updates[op[1]] += [tuple(r) for r in op[2]]
+        elif kind == "burst":
+            for sub in op[1]:
+                self.apply(sub)
         elif kind == "many" or kind == "txn" and op[2]:
             for rel, rows in op[1].items():
                 self.updates[rel] += [tuple(r) for r in rows]
@@ -121,7 +124,7 @@ def replay_rows(engine: Any, rel: str, since: int) -> list[tuple]:
 
 
 def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
-            reopen_weight: float = 0.03) -> list:
+            reopen_weight: float = 0.03, burst_weight: float = 0.08) -> list:
     """A random operation valid against ``model`` (times above the sealed frontier, since at
     or below it). The caller's engine may lag the model only by an in-flight call that did
     not survive, and then a ``since`` can be refused: that is a typed error, not a fault."""
@@ -142,6 +145,9 @@ def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
     if x < reopen_weight:
         return ["reopen"]
     x -= reopen_weight
+    if x < burst_weight:  # concurrent appends from several threads: one group commit
+        return ["burst", [["append", r, rows(r, rng.randrange(1, 6))]
+                          for r in (rng.choice(RELATIONS) for _ in range(rng.randrange(2, 5)))]]
     if x < 0.45:
         return ["append", rel, rows(rel, rng.randrange(1, 12))]
     if x < 0.55:
@@ -155,10 +161,32 @@ def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
     return ["seal", rel, base]
 
 
-def run_op(engine: Any, op: list, on_commit: Any = None) -> None:
+def run_op(engine: Any, op: list, on_commit: Any = None, on_sub_ack: Any = None) -> None:
     """Run one operation through the public API. ``on_commit`` is called just before a
-    transaction's commit (so a watcher knows the COMMIT may now be durable)."""
+    transaction's commit (so a watcher knows the COMMIT may now be durable); ``on_sub_ack(j)``
+    when append ``j`` of a burst returned (each is acknowledged on its own)."""
     kind = op[0]
+    if kind == "burst":
+        import threading
+
+        errors: list[BaseException] = []
+
+        def one(j: int, sub: list) -> None:
+            try:
+                run_op(engine, sub)
+                if on_sub_ack is not None:
+                    on_sub_ack(j)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below in the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(j, sub)) for j, sub in enumerate(op[1])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return
     if kind == "add":
         if op[1] not in engine.relations():
             engine.add_relation(op[1], schema_of(op[1]))
@@ -199,7 +227,7 @@ class Check:
     ok: bool
     kind: str = ""  # "", "lost", "partial", "wrong"
     detail: str = ""
-    applied: bool = False  # the in-flight call is there
+    model: Model | None = None  # the option that explains the engine (with or without the call in flight)
 
 
 def check_engine(engine: Any, acked: Model, inflight: list | None) -> Check:
@@ -207,7 +235,15 @@ def check_engine(engine: Any, acked: Model, inflight: list | None) -> Check:
     flight is there entirely or not at all, frontiers never behind what was acknowledged.
     Options A (without the in-flight call) and B (with it) must explain every relation
     consistently; a mix on a transaction is a partial transaction."""
-    options = {"A": acked, "B": acked.with_op(inflight)} if inflight is not None else {"A": acked}
+    if inflight is not None and inflight[0] == "burst":  # each unacknowledged append of it: there or not
+        subs = inflight[1]
+        options = {f"A{mask:b}" if mask == 0 else f"B{mask:b}":
+                   acked.with_op(["burst", [s for j, s in enumerate(subs) if mask >> j & 1]])
+                   for mask in range(1 << len(subs))}
+    elif inflight is not None:
+        options = {"A": acked, "B": acked.with_op(inflight)}
+    else:
+        options = {"A": acked}
     fits: dict[str, set[str]] = {}
     notes = []
     for rel in acked.updates:
@@ -236,7 +272,7 @@ def check_engine(engine: Any, acked: Model, inflight: list | None) -> Check:
         fits[rel] = ok
     common = set.intersection(*fits.values()) if fits else {"A"}
     if common:
-        return Check(True, applied="A" not in common)
+        return Check(True, model=options[sorted(common)[0]])
     if inflight is not None and inflight[0] in ("txn", "many") and all(fits.values()):
         return Check(False, "partial", f"transaction {inflight[:1]} visible in part: {fits}")
     missing = any(not f for f in fits.values())

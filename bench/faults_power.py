@@ -198,7 +198,7 @@ def record_main(argv: list[str]) -> int:
     model = Model()
     engine = sediment.open(data, **OPTIONS)
     for i in range(nops):
-        op = next_op(rng, model, compact_weight=0.12, reopen_weight=0.06)
+        op = next_op(rng, model, compact_weight=0.12, reopen_weight=0.06, burst_weight=0.0)
         rec.mark("begin", i, op)
         if op[0] == "reopen":
             engine.close()
