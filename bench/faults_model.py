@@ -1,0 +1,279 @@
+"""The fault campaigns' workload and model: seeded operations on the public API, and what an
+engine must hold after each acknowledged call.
+
+An operation is plain JSON (so a child process can report it on a pipe before running it):
+
+    ["add", rel]                      add_relation
+    ["append", rel, rows]             append; rows are [id, time, diff]
+    ["many", {rel: rows, ...}]        append_many (one transaction)
+    ["txn", {rel: rows, ...}, commit] transaction: an append per relation, then commit or abort
+    ["seal", rel, t] / ["since", rel, t]
+    ["compact"]                       compaction pass: batches, merges, WAL trim
+    ["reopen"]                        close and open again (recovery, metadata checkpoint)
+
+The model is the consolidation of every acknowledged update: a snapshot as of ``t`` must equal
+the per-row sum of diffs at times <= t, zeros dropped. A call that was in flight when the
+process died may be there entirely or not at all (never in part).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+RELATIONS = ("a", "b")
+VALUES = ("tea", "cake", "jam", "bun", "pie")
+
+
+def schema_of(rel: str) -> pa.Schema:
+    if rel == "a":
+        return pa.schema([("id", pa.int64()), ("item", pa.string())])
+    return pa.schema([("id", pa.int64())])
+
+
+def row_key(rel: str, ident: int) -> tuple:
+    return (ident, VALUES[ident % len(VALUES)]) if rel == "a" else (ident,)
+
+
+def table_of(rel: str, rows: list[list[int]]) -> pa.Table:
+    cols: dict[str, Any] = {"id": [r[0] for r in rows]}
+    if rel == "a":
+        cols["item"] = [VALUES[r[0] % len(VALUES)] for r in rows]
+    cols["time"] = [r[1] for r in rows]
+    cols["diff"] = [r[2] for r in rows]
+    return pa.table(cols, schema=pa.schema([*schema_of(rel), ("time", pa.int64()), ("diff", pa.int64())]))
+
+
+@dataclass
+class Model:
+    """What every acknowledged call so far promises."""
+
+    updates: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    sealed: dict[str, int] = field(default_factory=dict)
+    since: dict[str, int] = field(default_factory=dict)
+
+    def apply(self, op: list) -> None:
+        kind = op[0]
+        if kind == "add":
+            self.updates.setdefault(op[1], [])
+            self.sealed.setdefault(op[1], -1)
+            self.since.setdefault(op[1], 0)
+        elif kind == "append":
+            self.updates[op[1]] += [tuple(r) for r in op[2]]
+        elif kind == "burst":
+            for sub in op[1]:
+                self.apply(sub)
+        elif kind == "many" or kind == "txn" and op[2]:
+            for rel, rows in op[1].items():
+                self.updates[rel] += [tuple(r) for r in rows]
+        elif kind == "seal":
+            self.sealed[op[1]] = max(self.sealed[op[1]], op[2])
+        elif kind == "since":
+            self.since[op[1]] = max(self.since[op[1]], op[2])
+
+    def with_op(self, op: list | None) -> Model:
+        m = copy.deepcopy(self)
+        if op is not None:
+            m.apply(op)
+        return m
+
+    def snapshot(self, rel: str, as_of: int) -> list[tuple]:
+        sums: dict[tuple, int] = {}
+        for ident, t, d in self.updates[rel]:
+            if t <= as_of:
+                k = row_key(rel, ident)
+                sums[k] = sums.get(k, 0) + d
+        return sorted((*k, d) for k, d in sums.items() if d)
+
+    def stored(self, rel: str, since: int) -> list[tuple]:
+        """Every update, unsealed ones included, with times advanced to ``since`` and
+        consolidated: what :meth:`Engine.replay` must give (see :func:`replay_rows`)."""
+        sums: dict[tuple, int] = {}
+        for ident, t, d in self.updates[rel]:
+            k = (*row_key(rel, ident), max(t, since))
+            sums[k] = sums.get(k, 0) + d
+        return sorted((*k, d) for k, d in sums.items() if d)
+
+    def to_json(self) -> dict:
+        return {"updates": self.updates, "sealed": self.sealed, "since": self.since}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Model:
+        return cls({k: [tuple(r) for r in v] for k, v in obj["updates"].items()}, dict(obj["sealed"]),
+                   dict(obj["since"]))
+
+
+def engine_rows(table: pa.Table) -> list[tuple]:
+    cols = [table.column(n).to_pylist() for n in table.schema.names]
+    return sorted(zip(*cols, strict=True))
+
+
+def replay_rows(engine: Any, rel: str, since: int) -> list[tuple]:
+    """The engine's stored updates of ``rel`` (``replay``), times advanced to ``since``, consolidated."""
+    sums: dict[tuple, int] = {}
+    for batch in engine.replay(rel):
+        cols = [batch.column(n).to_pylist() for n in batch.schema.names]
+        for row in zip(*cols, strict=True):
+            k = (*row[:-2], max(row[-2], since))
+            sums[k] = sums.get(k, 0) + row[-1]
+    return sorted((*k, d) for k, d in sums.items() if d)
+
+
+def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
+            reopen_weight: float = 0.03, burst_weight: float = 0.08) -> list:
+    """A random operation valid against ``model`` (times above the sealed frontier, since at
+    or below it). The caller's engine may lag the model only by an in-flight call that did
+    not survive, and then a ``since`` can be refused: that is a typed error, not a fault."""
+    for rel in RELATIONS:
+        if rel not in model.updates:
+            return ["add", rel]
+    x = rng.random()
+    rel = rng.choice(RELATIONS)
+    base = model.sealed[rel] + 1
+
+    def rows(r: str, n: int) -> list[list[int]]:
+        b = model.sealed[r] + 1
+        return [[rng.randrange(24), b + rng.randrange(4), rng.choice((1, 1, 2, -1))] for _ in range(n)]
+
+    if x < compact_weight:
+        return ["compact"]
+    x -= compact_weight
+    if x < reopen_weight:
+        return ["reopen"]
+    x -= reopen_weight
+    if x < burst_weight:  # concurrent appends from several threads: one group commit
+        return ["burst", [["append", r, rows(r, rng.randrange(1, 6))]
+                          for r in (rng.choice(RELATIONS) for _ in range(rng.randrange(2, 5)))]]
+    if x < 0.45:
+        return ["append", rel, rows(rel, rng.randrange(1, 12))]
+    if x < 0.55:
+        return ["many", {r: rows(r, rng.randrange(1, 6)) for r in RELATIONS}]
+    if x < 0.65:
+        return ["txn", {r: rows(r, rng.randrange(1, 6)) for r in RELATIONS}, rng.random() < 0.8]
+    if x < 0.85:
+        return ["seal", rel, base + rng.randrange(3)]
+    if model.sealed[rel] > model.since[rel]:
+        return ["since", rel, rng.randrange(model.since[rel], model.sealed[rel] + 1)]
+    return ["seal", rel, base]
+
+
+def run_op(engine: Any, op: list, on_commit: Any = None, on_sub_ack: Any = None) -> None:
+    """Run one operation through the public API. ``on_commit`` is called just before a
+    transaction's commit (so a watcher knows the COMMIT may now be durable); ``on_sub_ack(j)``
+    when append ``j`` of a burst returned (each is acknowledged on its own)."""
+    kind = op[0]
+    if kind == "burst":
+        import threading
+
+        errors: list[BaseException] = []
+
+        def one(j: int, sub: list) -> None:
+            try:
+                run_op(engine, sub)
+                if on_sub_ack is not None:
+                    on_sub_ack(j)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below in the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(j, sub)) for j, sub in enumerate(op[1])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return
+    if kind == "add":
+        if op[1] not in engine.relations():
+            engine.add_relation(op[1], schema_of(op[1]))
+    elif kind == "append":
+        engine.append(op[1], table_of(op[1], op[2]))
+    elif kind == "many":
+        engine.append_many({r: table_of(r, rows) for r, rows in op[1].items()})
+    elif kind == "txn":
+        tx = engine.transaction()
+        for r, rows in op[1].items():
+            tx.append(r, table_of(r, rows))
+        if on_commit is not None:
+            on_commit()
+        if op[2]:
+            tx.commit()
+        else:
+            tx.abort()
+    elif kind == "seal":
+        engine.seal(op[1], op[2])
+    elif kind == "since":
+        engine.set_since(op[1], op[2])
+    elif kind == "compact":
+        engine.compact()
+    else:
+        raise ValueError(f"run_op cannot run {kind!r} (reopen is the caller's)")
+
+
+def as_ofs(since: int, sealed: int) -> list[int]:
+    if sealed < since or sealed < 0:
+        return []
+    return sorted({since, (since + sealed) // 2, sealed})
+
+
+@dataclass
+class Check:
+    """What one reopened engine showed against the model (and an in-flight call)."""
+
+    ok: bool
+    kind: str = ""  # "", "lost", "partial", "wrong"
+    detail: str = ""
+    model: Model | None = None  # the option that explains the engine (with or without the call in flight)
+
+
+def check_engine(engine: Any, acked: Model, inflight: list | None) -> Check:
+    """Compare an open engine with the model: everything acknowledged is there, a call in
+    flight is there entirely or not at all, frontiers never behind what was acknowledged.
+    Options A (without the in-flight call) and B (with it) must explain every relation
+    consistently; a mix on a transaction is a partial transaction."""
+    if inflight is not None and inflight[0] == "burst":  # each unacknowledged append of it: there or not
+        subs = inflight[1]
+        options = {f"A{mask:b}" if mask == 0 else f"B{mask:b}":
+                   acked.with_op(["burst", [s for j, s in enumerate(subs) if mask >> j & 1]])
+                   for mask in range(1 << len(subs))}
+    elif inflight is not None:
+        options = {"A": acked, "B": acked.with_op(inflight)}
+    else:
+        options = {"A": acked}
+    fits: dict[str, set[str]] = {}
+    notes = []
+    for rel in acked.updates:
+        if rel not in engine.relations():
+            return Check(False, "lost", f"relation {rel!r} is missing")
+        sealed, since = engine.sealed(rel), engine.since(rel)
+        if sealed < acked.sealed[rel]:
+            return Check(False, "lost", f"{rel}: sealed {sealed} < acknowledged {acked.sealed[rel]}")
+        if since < acked.since[rel]:
+            return Check(False, "lost", f"{rel}: since {since} < acknowledged {acked.since[rel]}")
+        ok = set()
+        for name, m in options.items():
+            if sealed != m.sealed[rel] or since != m.since[rel]:
+                continue
+            good = replay_rows(engine, rel, since) == m.stored(rel, since)
+            if not good:
+                notes.append(f"{rel}: stored updates differ from option {name}")
+            for t in as_ofs(since, sealed) if good else ():
+                got = engine_rows(engine.snapshot(rel, t))
+                if got != m.snapshot(rel, t):
+                    good = False
+                    notes.append(f"{rel}@{t}: got {len(got)} rows, option {name} has {len(m.snapshot(rel, t))}")
+                    break
+            if good:
+                ok.add(name)
+        fits[rel] = ok
+    common = set.intersection(*fits.values()) if fits else {"A"}
+    if common:
+        return Check(True, model=options[sorted(common)[0]])
+    if inflight is not None and inflight[0] in ("txn", "many") and all(fits.values()):
+        return Check(False, "partial", f"transaction {inflight[:1]} visible in part: {fits}")
+    missing = any(not f for f in fits.values())
+    return Check(False, "lost" if missing else "wrong", "; ".join(notes[:4]))
