@@ -66,13 +66,17 @@ class History:
     meta_session: int = 0
     meta_generation: int = 0
     last_ack_by_coordinator: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # violations by kind, all of them
 
     def tick(self) -> int:
         self.seq += 1
         return self.seq
 
     def flag(self, kind: str, detail: str) -> None:
-        self.violations.append(Violation(kind, detail))
+        """Record a violation; details are kept for the first few of each kind only."""
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if self.counts[kind] <= 3:
+            self.violations.append(Violation(kind, detail))
 
     def submitted(self, bodies: list[bytes], coordinator: str, now: float) -> Op:
         op = Op(len(self.ops), bodies, coordinator, self.tick(), now)
@@ -200,10 +204,3 @@ def check_final(h: History, f: Final, sentinel: bytes | None) -> None:
         elif a in f.in_sync and f.node_sessions.get(a) != f.session:
             h.flag("meta_mismatch", f"replica {a} is in sync in session {f.session} but its storage remembers "
                    f"session {f.node_sessions.get(a)}")
-
-
-def summarize(violations: list[Violation]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in violations:
-        out[v.kind] = out.get(v.kind, 0) + 1
-    return out

@@ -96,12 +96,14 @@ class CoordHandle:
 class Result:
     seed: int
     faults: dict[str, int]
-    violations: list[Violation]
+    violations: list[Violation]  # the first few of each kind, with details
+    counts: dict[str, int]  # violations by kind
     appends: int
     acked: int
     virtual_seconds: float
     digest: str
     trace: list[str]
+    most_steps: int = 0  # the most task steps at one virtual instant
 
 
 def _only_cancelled(exc: BaseException) -> bool:
@@ -111,8 +113,11 @@ def _only_cancelled(exc: BaseException) -> bool:
 
 
 class Cluster:
-    def __init__(self, seed: int, steps: int, duration: float) -> None:
+    def __init__(self, seed: int, steps: int, duration: float, kinds: dict[str, int] | None = None,
+                 clients: int = 3) -> None:
         self.seed, self.steps, self.duration = seed, steps, duration
+        self.kinds = kinds or FAULT_KINDS
+        self.clients = clients
         self.rng = random.Random(f"schedule-{seed}")
         self.work_rng = random.Random(f"work-{seed}")
         self.disk_rng = random.Random(f"disk-{seed}")
@@ -133,7 +138,10 @@ class Cluster:
         self.nursery: trio.Nursery
 
     def note(self, what: str) -> None:
-        self.trace.append(f"{trio.current_time():9.4f} {what}")
+        if len(self.trace) < 3000:
+            self.trace.append(f"{trio.current_time():9.4f} {what}")
+        elif len(self.trace) == 3000:
+            self.trace.append("... (the trace stops here: 3000 lines)")
 
     def count(self, kind: str) -> None:
         self.faults[kind] = self.faults.get(kind, 0) + 1
@@ -341,6 +349,9 @@ class Cluster:
             reps = list(self.replicas)
             if kind == "replica_remove" and len(reps) <= 3 or kind == "replica_add" and len(reps) >= 5:
                 return
+            cur = self.current
+            if cur is None or not cur.alive or sorted(cur.coord.in_sync()) != sorted(reps):
+                return  # the operator changes replicas only once the last change finished
             if kind != "replica_add":
                 reps.remove(rng.choice(reps))
             if kind != "replica_remove":
@@ -380,11 +391,14 @@ class Cluster:
                 await self.add_node(a)
                 self.replicas.append(a)
             self.current = self.start_coordinator(self.replicas)
-            kinds, weights = list(FAULT_KINDS), list(FAULT_KINDS.values())
+            kinds, weights = list(self.kinds), list(self.kinds.values())
             schedule = sorted((self.rng.uniform(0.2, self.duration), self.rng.choices(kinds, weights)[0])
                               for _ in range(self.steps))
+            with trio.move_on_after(10.0):  # clients start once the first session accepts writes
+                while not self.current.coord.writable.is_set():
+                    await trio.sleep(0.01)
             async with trio.open_nursery() as work:
-                for i in range(3):
+                for i in range(self.clients):
                     work.start_soon(self.client, i)
                 async with trio.open_nursery() as faults:
                     for at, kind in schedule:
@@ -434,7 +448,8 @@ class Cluster:
         final = self.start_coordinator(self.replicas, name="final")
         coord = final.coord
         with trio.move_on_after(FINAL_RECOVERY):
-            await coord.writable.wait()
+            while not coord.writable.is_set():  # run() replaces the event: poll, do not wait on one
+                await trio.sleep(0.05)
         if not coord.writable.is_set():
             self.history.flag("hang", f"the final recovery over {self.replicas} did not finish within "
                               f"{FINAL_RECOVERY}s with every node up and the network healed")
@@ -457,8 +472,55 @@ class Cluster:
         self.final_logs = logs
 
 
-def run_seed(seed: int, steps: int = 12, duration: float = 8.0) -> Result:
-    """One simulated run; deterministic in ``seed`` (and ``steps``, ``duration``)."""
+class _Livelock(trio.abc.Instrument):
+    """Flags a run whose tasks keep running while virtual time stands still (a busy retry
+    loop: on a real machine it spins a core), and ends it: the MockClock would never move."""
+
+    LIMIT = 20_000
+
+    def __init__(self, cluster: Cluster, clock: trio.testing.MockClock) -> None:
+        self.cluster, self.clock = cluster, clock
+        self.last = -1.0
+        self.steps = 0
+        self.most = 0  # the most task steps seen at one virtual instant (calibrates LIMIT)
+        self.names: dict[str, int] = {}
+        self.scope: trio.CancelScope | None = None
+
+    def before_task_step(self, task) -> None:
+        now = self.clock.current_time()
+        if now != self.last:
+            self.most = max(self.most, self.steps)
+            self.last, self.steps = now, 0
+            return
+        self.steps += 1
+        if self.steps > self.LIMIT - 2000:
+            self.names[task.name] = self.names.get(task.name, 0) + 1
+        if self.steps == self.LIMIT and self.scope is not None:
+            top = sorted(self.names.items(), key=lambda kv: -kv[1])[:3]
+            self.cluster.history.flag("livelock", f"{self.LIMIT} task steps at virtual time {now:.4f} without "
+                                      f"time passing; busiest tasks {top}")
+            self.scope.cancel()
+
+
+class _TraceLogs(logging.Handler):
+    """The code under test's log lines, in the run's trace, at virtual time."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(logging.INFO)
+        self.cluster = cluster
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.cluster.note(f"LOG {record.name.rsplit('.', 1)[-1]}: {record.getMessage()}"[:600])
+        except RuntimeError:  # outside the trio run
+            pass
+
+
+def run_seed(seed: int, steps: int = 12, duration: float = 8.0, logs: bool = False,
+             kinds: dict[str, int] | None = None, clients: int = 3) -> Result:
+    """One simulated run; deterministic in its arguments. ``logs``: put the code under
+    test's log lines (INFO and up) in the trace. ``kinds``: fault kinds and weights
+    (default FAULT_KINDS). ``clients``: concurrent appenders."""
     import trio._core._run as trio_run  # private: the scheduler's randomness, seeded per run
 
     saved_flag = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
@@ -467,25 +529,31 @@ def run_seed(seed: int, steps: int = 12, duration: float = 8.0) -> Result:
     saved_level = logger.level
     trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
     trio_run._r.seed(seed)
-    logger.setLevel(logging.CRITICAL)
-    cluster = Cluster(seed, steps, duration)
+    cluster = Cluster(seed, steps, duration, kinds, clients)
+    handler = _TraceLogs(cluster)
+    if logs:
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO if logs else logging.CRITICAL)
     clock = trio.testing.MockClock(autojump_threshold=0)
+    livelock = _Livelock(cluster, clock)
     end = 0.0
     try:
         async def main() -> None:
             nonlocal end
-            with trio.move_on_after(duration + SETTLE + FINAL_RECOVERY + 120):
+            with trio.move_on_after(duration + SETTLE + FINAL_RECOVERY + 120) as livelock.scope:
                 await cluster.main()
                 end = trio.current_time()
                 return
-            cluster.history.flag("hang", "the simulation did not finish within its virtual time bound")
+            if not livelock.scope.cancel_called or "livelock" not in cluster.history.counts:
+                cluster.history.flag("hang", "the simulation did not finish within its virtual time bound")
             end = trio.current_time()
 
-        trio.run(main, clock=clock)
+        trio.run(main, clock=clock, instruments=[livelock])
     finally:
         trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved_flag
         trio_run._r.setstate(saved_state)
         logger.setLevel(saved_level)
+        logger.removeHandler(handler)
     h = cluster.history
     digest = hashlib.sha256()
     for line in cluster.trace:
@@ -496,5 +564,5 @@ def run_seed(seed: int, steps: int = 12, duration: float = 8.0) -> Result:
         digest.update(f"{v.kind} {v.detail}".encode())
     for a, log in sorted(getattr(cluster, "final_logs", {}).items()):
         digest.update(a.encode() + b"".join(log))
-    return Result(seed, dict(sorted(cluster.faults.items())), h.violations, len(h.ops),
-                  sum(1 for op in h.ops if op.outcome == "ack"), end, digest.hexdigest(), cluster.trace)
+    return Result(seed, dict(sorted(cluster.faults.items())), h.violations, dict(sorted(h.counts.items())), len(h.ops),
+                  sum(1 for op in h.ops if op.outcome == "ack"), end, digest.hexdigest(), cluster.trace, livelock.most)

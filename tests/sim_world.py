@@ -298,7 +298,9 @@ class SimPartitionStore:
 
     def read(self, start: int, max_bytes: int) -> bytes:
         out = bytearray()
-        for f in self.disk.frames[start:]:
+        frames = self.disk.frames
+        for i in range(start, len(frames)):
+            f = frames[i]
             if out and len(out) + len(f) > max_bytes:
                 break
             out += f
