@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from sim_cluster import run_seed  # noqa: E402
+from sim_cluster import FAULT_KINDS, run_seed  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None, help="the first seed (default 0)")
     p.add_argument("--steps", type=int, default=12, help="faults scheduled per seed")
     p.add_argument("--duration", type=float, default=8.0, help="virtual seconds of load and faults per seed")
+    p.add_argument("--kinds", default="", help="comma-separated fault kinds to draw from (default: all, weighted)")
+    p.add_argument("--clients", type=int, default=3, help="concurrent appenders")
     p.add_argument("--trace", action="store_true", help="print each seed's event trace (with the coordinators' and nodes' log lines) and violation details")
     p.add_argument("--show", type=int, default=3, help="failing seeds listed per violation kind")
     args = p.parse_args(argv)
+    kinds = None
+    if args.kinds:
+        names = args.kinds.split(",")
+        unknown = [k for k in names if k not in FAULT_KINDS]
+        if unknown:
+            p.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
+        kinds = {k: FAULT_KINDS[k] for k in names}
     first = args.seed if args.seed is not None else 0
     count = args.seeds if args.seeds is not None else (1 if args.seed is not None else 100)
     faults: dict[str, int] = {}
@@ -44,13 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     appends = acked = 0
     started = time.monotonic()
     for seed in range(first, first + count):
-        r = run_seed(seed, args.steps, args.duration, logs=args.trace)
+        r = run_seed(seed, args.steps, args.duration, logs=args.trace, kinds=kinds, clients=args.clients)
         appends += r.appends
         acked += r.acked
         for k, n in r.faults.items():
             faults[k] = faults.get(k, 0) + n
-        kinds = sorted({v.kind for v in r.violations})
-        for k in kinds:
+        for k in sorted({v.kind for v in r.violations}):
             failing.setdefault(k, []).append(seed)
         for k, n in r.counts.items():
             violations[k] = violations.get(k, 0) + n
@@ -73,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         seeds = failing[k]
         print(f"  {k}: {violations[k]} in {len(seeds)} seeds, e.g. {seeds[:args.show]}")
         for s in seeds[:args.show]:
-            print(f"    replay: python bench/simulate.py --seed {s} --steps {args.steps} --duration {args.duration} "
-                  "--trace")
+            extra = (f" --kinds {args.kinds}" if args.kinds else "") + (
+                f" --clients {args.clients}" if args.clients != 3 else "")
+            print(f"    replay: python bench/simulate.py --seed {s} --steps {args.steps} --duration {args.duration}"
+                  f"{extra} --trace")
     return 1
 
 

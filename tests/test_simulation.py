@@ -28,8 +28,10 @@ NODE_FAULTS = {k: FAULT_KINDS[k] for k in ("node_crash", "partition", "partition
                                            "slow_link", "conn_reset", "disk_full", "slow_disk")}
 
 
-def replay(seed: int, steps: int, duration: float) -> str:
-    return f"python bench/simulate.py --seed {seed} --steps {steps} --duration {duration} --trace"
+def replay(seed: int, steps: int, duration: float, kinds: dict | None, clients: int) -> str:
+    extra = f" --kinds {','.join(kinds)}" if kinds else ""
+    return (f"python bench/simulate.py --seed {seed} --steps {steps} --duration {duration} --clients {clients}"
+            f"{extra} --trace")
 
 
 def _check(seeds: range, **kw) -> None:
@@ -40,7 +42,7 @@ def _check(seeds: range, **kw) -> None:
         assert r.acked > 0, f"seed {seed}: nothing was acknowledged, so nothing was checked"
         if r.counts:
             failing.append(f"seed {seed}: {r.counts}: {r.violations[0].kind}: {r.violations[0].detail[:300]}\n"
-                           f"    replay: {replay(seed, kw.get('steps', 6), kw.get('duration', 3.0))}")
+                           f"    replay: {replay(seed, kw.get('steps', 6), kw.get('duration', 3.0), kw.get('kinds'), kw.get('clients', 2))}")
     assert not failing, "\n".join(failing)
 
 
