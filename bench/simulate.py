@@ -1,0 +1,92 @@
+"""Seeded, deterministic simulation of the whole replicated log (FoundationDB-style).
+
+    python bench/simulate.py --seeds 1000            # seeds 0..999
+    python bench/simulate.py --seeds 100 --seed 5000 # seeds 5000..5099
+    python bench/simulate.py --seed 42 --trace       # replay one seed, with its event trace
+
+Each seed runs storage nodes, coordinators and clients in memory under a virtual clock
+(tests/sim_cluster.py) with a schedule of faults drawn from the seed: storage-node
+crashes that lose unsynced writes, partitions (both ways, one way, a coordinator cut
+from some replicas), slow links that reorder messages across connections, connection
+resets, coordinator crashes and takeovers, metadata compare-and-set conflicts and
+outages, replicas added, removed and replaced, full and slow disks. Then every fault
+heals, a final coordinator recovers, and the history checker (tests/sim_checker.py)
+reports violations. Prints runs, faults injected by kind, violations by kind, and for
+every failing seed the command that replays it exactly. Exits 1 if any seed failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+from sim_cluster import FAULT_KINDS, run_seed  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=None, help="how many seeds to run (default 1 with --seed, else 100)")
+    p.add_argument("--seed", type=int, default=None, help="the first seed (default 0)")
+    p.add_argument("--steps", type=int, default=12, help="faults scheduled per seed")
+    p.add_argument("--duration", type=float, default=8.0, help="virtual seconds of load and faults per seed")
+    p.add_argument("--kinds", default="", help="comma-separated fault kinds to draw from (default: all, weighted)")
+    p.add_argument("--clients", type=int, default=3, help="concurrent appenders")
+    p.add_argument("--trace", action="store_true", help="print each seed's event trace (with the coordinators' and nodes' log lines) and violation details")
+    p.add_argument("--show", type=int, default=3, help="failing seeds listed per violation kind")
+    args = p.parse_args(argv)
+    kinds = None
+    if args.kinds:
+        names = args.kinds.split(",")
+        unknown = [k for k in names if k not in FAULT_KINDS]
+        if unknown:
+            p.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
+        kinds = {k: FAULT_KINDS[k] for k in names}
+    first = args.seed if args.seed is not None else 0
+    count = args.seeds if args.seeds is not None else (1 if args.seed is not None else 100)
+    faults: dict[str, int] = {}
+    failing: dict[str, list[int]] = {}
+    violations: dict[str, int] = {}
+    appends = acked = 0
+    started = time.monotonic()
+    for seed in range(first, first + count):
+        r = run_seed(seed, args.steps, args.duration, logs=args.trace, kinds=kinds, clients=args.clients)
+        appends += r.appends
+        acked += r.acked
+        for k, n in r.faults.items():
+            faults[k] = faults.get(k, 0) + n
+        for k in sorted({v.kind for v in r.violations}):
+            failing.setdefault(k, []).append(seed)
+        for k, n in r.counts.items():
+            violations[k] = violations.get(k, 0) + n
+        if args.trace:
+            print(f"--- seed {seed}: {r.appends} appends, {r.acked} acknowledged, {r.virtual_seconds:.1f} virtual s, "
+                  f"digest {r.digest[:16]}")
+            print("\n".join(r.trace))
+            for v in r.violations:
+                print(f"VIOLATION {v.kind}: {v.detail}")
+    took = time.monotonic() - started
+    print(f"runs: {count} seeds ({first}..{first + count - 1}), {args.steps} faults scheduled each, "
+          f"{took:.1f}s ({took / max(count, 1):.3f}s per seed)")
+    print(f"appends: {appends} submitted, {acked} acknowledged")
+    print("faults injected by kind: " + (", ".join(f"{k}={n}" for k, n in sorted(faults.items())) or "none"))
+    if not failing:
+        print("violations: 0")
+        return 0
+    print(f"violations: {sum(violations.values())} in {len({s for v in failing.values() for s in v})} failing seeds")
+    for k in sorted(failing):
+        seeds = failing[k]
+        print(f"  {k}: {violations[k]} in {len(seeds)} seeds, e.g. {seeds[:args.show]}")
+        for s in seeds[:args.show]:
+            extra = (f" --kinds {args.kinds}" if args.kinds else "") + (
+                f" --clients {args.clients}" if args.clients != 3 else "")
+            print(f"    replay: python bench/simulate.py --seed {s} --steps {args.steps} --duration {args.duration}"
+                  f"{extra} --trace")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
