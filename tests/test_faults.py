@@ -132,23 +132,17 @@ def test_damaged_batch_footer_is_detected(pristine):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 12 finding 2/9: a deleted or cut segment opens silently, verify says ok; "
-                          "switch on after the wal-integrity fixes", strict=False)
 @pytest.mark.parametrize("kind", ["seg-first", "seg-last"])
 def test_damaged_segment_is_detected(pristine, kind):
     _assert_damage_zeros(_damage(pristine, "file", kind))
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 12 finding 4: a missing control file ends in a wiped log; switch on after "
-                          "the wal-integrity fixes", strict=False)
 def test_damaged_control_file_is_detected(pristine):
     _assert_damage_zeros(_damage(pristine, "file", "control"))
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="verify calls a damaged index a problem although open rebuilds it; switch on after "
-                          "the one-recovery-path fix (wal-integrity)", strict=False)
 def test_damaged_index_verify_agrees_with_open(pristine):
     _assert_damage_zeros(_damage(pristine, "file", "index"))
 
