@@ -206,7 +206,9 @@ def test_relation_that_cannot_compact_is_reported_retried_and_keeps_its_wal(open
     eng.add_relation("bad", SCHEMA)
     eng.append("good", ups([(1, "a", 1, 1)]))
     eng.seal("good", 1)
+    passes = eng._compacter.passes
     eng.wal.finish_segment()  # good's first records in a segment of their own: trimmable
+    assert eng._compacter.wait_passes(passes + 1, 60)  # the pass the finished segment wakes, done
     bad_lsn = eng.wal.end_lsn
     eng.append("bad", ups([(1, "x", 1, BIG)]))
     eng.append("bad", ups([(1, "x", 1, BIG), (2, "y", 1, 1)]))
