@@ -18,8 +18,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -27,34 +27,26 @@ import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable
 from sediment.engine import args, deploy
-from sediment.engine import replay as replay_mod
 from sediment.engine.catalog import Catalog, RelationEntry
-from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, FeedLog, Subscription
+from sediment.engine.feed import PROGRESS, UPDATES, FeedLog
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.memory import configure_memory_pool
 from sediment.engine.metadata import MetadataStore
 from sediment.engine.schema import check_name, check_schema, conform_updates, time_range, update_schema
 from sediment.errors import (
-    AsOfOutOfRange,
-    CompactionFailed,
     DataDirLocked,
-    DiffOverflow,
     EngineClosed,
     FrontierRegression,
     InvalidArgument,
     MetadataMissing,
     RelationExists,
     TimeAlreadySealed,
-    TraceInvariantViolation,
     UnknownRelation,
     WalCorruption,
     WalMissing,
 )
 from sediment.metrics import EngineMetrics
 from sediment.trace import compacter as cmp
-from sediment.trace.consolidate import consolidate
-from sediment.trace.consolidate import snapshot as consolidate_snapshot
-from sediment.trace.planner import plan_merges
 from sediment.trace.state import TraceState
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
@@ -65,68 +57,14 @@ DEFAULT_MEMORY_BOUND = 256 << 20
 LOCK_NAME = "LOCK"
 STORAGE_KEY = "engine/storage"
 log = logging.getLogger(__name__)
-_monotonic = time.monotonic  # _compact_relation's local `time` is a column
 
 
-@dataclass(frozen=True, slots=True)
-class TailEntry:
-    """A durable, committed UPDATES record still in the WAL (not yet in a batch)."""
-
-    lsn: int
-    t_lo: int
-    t_hi: int
-    rows: int
-    bytes: int = 0  # the record's body: what compaction still has to read back
+from sediment.engine.compaction import Compaction  # noqa: E402
+from sediment.engine.reads import Reads  # noqa: E402
+from sediment.engine.relation import ReadPlan, TailEntry, _check_time, _Relation  # noqa: E402,F401  (re-exported)
 
 
-@dataclass
-class ReadPlan:
-    """What a distributed reader (Spark) needs to read a relation as of a time without the
-    engine in the data path: the batches to fetch straight from the blob store, plus the
-    WAL tail rows. The batches stay in the store until :meth:`Engine.release_read` (or the
-    lease expires)."""
-
-    lease: int
-    relation: str
-    relation_id: int
-    update_schema: pa.Schema
-    key_columns: list[str]
-    since: int
-    sealed: int
-    as_of: int
-    blob_uri: str
-    s3_endpoint: str | None
-    batches: list[dict]  # BatchRef fields, for sediment.trace.store.TraceStore.read_stream
-    tail: pa.Table  # WAL updates not yet in batches, times <= as_of (and > from_t when given)
-
-
-@dataclass
-class _Relation:
-    entry: RelationEntry
-    update_schema: pa.Schema
-    trace: TraceState
-    sealed: int = -1  # admitted seals: appends at times <= this are refused
-    sealed_durable: int = -1  # durable seals: reads may ask for as_of <= this
-    tail: list[TailEntry] = field(default_factory=list)
-    progress: list[tuple[int, int]] = field(default_factory=list)  # (lsn, t) of close records not in the trace
-    seal_ticket: Any = None
-    feed: FeedLog | None = None
-    trace_changed_at: float | None = None  # monotonic time this process last changed the trace
-
-    def needs_from(self) -> int | None:
-        """The least LSN of this relation's records that are not yet in its trace."""
-        lsns = [e.lsn for e in self.tail] + [lsn for lsn, _t in self.progress]
-        return min(lsns) if lsns else None
-
-    @property
-    def keys(self) -> list[str]:
-        return self.entry.schema.names
-
-
-_check_time = args.check_time
-
-
-class Engine:
+class Engine(Reads, Compaction):
     """A sediment engine over one data directory. Open with :func:`sediment.open`."""
 
     def __init__(
@@ -645,393 +583,6 @@ class Engine:
             if t == rel.entry.since:
                 return
             rel.entry = self.catalog.update(replace(rel.entry, since=t))
-
-    # --- reading -------------------------------------------------------------------------------
-
-    def _decode(self, rel: _Relation, record: Record) -> pa.RecordBatch:
-        return pa.ipc.read_record_batch(pa.py_buffer(record.body), rel.update_schema)
-
-    def _pin(self) -> None:
-        self._readers += 1
-
-    def _unpin(self) -> None:
-        with self._lock:
-            self._readers -= 1
-        self._collect()
-
-    def _collect(self) -> None:
-        """Delete replaced blobs and trim the log, once no reader may still need them."""
-        with self._lock:
-            now = time.monotonic()
-            for lease, deadline in list(self._leases.items()):
-                if deadline <= now:
-                    del self._leases[lease]
-                    self._readers -= 1
-            if self._readers or self._closed and not hasattr(self, "_log"):
-                return
-            garbage, self._garbage = self._garbage, []
-            trim, self._trim_to = self._trim_to, None
-        try:
-            self.traces.delete(garbage)
-        except Exception as exc:  # noqa: BLE001 - orphans are swept at the next start
-            log.warning("could not delete replaced batches (swept at next start): %s", exc)
-        if trim is not None:
-            self._log.trim(trim)
-
-    def snapshot(self, name: str, as_of: int) -> pa.Table:
-        """The relation as of ``as_of``: its columns plus ``diff``, one row per distinct row
-        whose diffs at times <= as_of sum to non-zero, sorted by the columns. Valid for
-        since <= as_of <= sealed."""
-        as_of = _check_time(as_of, "as_of")
-        with self._lock:
-            rel = self._rel(name)
-            self._check_as_of(rel, as_of)
-            trace, entries = rel.trace, list(rel.tail)
-            self._pin()
-        try:
-            return self._snapshot_of(rel, trace, entries, as_of)
-        finally:
-            self._unpin()
-
-    def _check_as_of(self, rel: _Relation, as_of: int) -> None:
-        if not rel.entry.since <= as_of <= rel.sealed_durable:
-            raise AsOfOutOfRange(
-                f"as_of {as_of} for {rel.entry.name!r} is outside [since {rel.entry.since}, sealed "
-                f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "")
-            )
-
-    def _load_tail(self, rel: _Relation, entries: list[TailEntry]) -> pa.Table:
-        parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
-        return pa.Table.from_batches(parts, schema=rel.update_schema)
-
-    def _snapshot_of(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
-        try:
-            return self._snapshot_parts(rel, trace, entries, as_of)
-        except DiffOverflow as exc:
-            name = rel.entry.name
-            raise DiffOverflow(f"relation {name!r} as of {as_of}: {exc}", relation=name, row=exc.row) from None
-
-    def _snapshot_parts(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
-        keys = rel.keys
-        partial = []
-        for ref in (*trace.batches, *trace.pending):
-            if ref.key is not None and ref.lower <= as_of:
-                table = self.traces.read(rel.entry.id, ref)
-                if table is not None:
-                    table = table.select(rel.update_schema.names).cast(rel.update_schema)
-                    partial.append(consolidate_snapshot(table, keys, as_of))
-        entries = [e for e in entries if e.t_lo <= as_of]
-        if entries:
-            partial.append(consolidate_snapshot(self._load_tail(rel, entries), keys, as_of))
-        if not partial:
-            return consolidate_snapshot(rel.update_schema.empty_table(), keys, as_of)
-        if len(partial) == 1:
-            return partial[0]
-        combined = pa.concat_tables(partial)
-        combined = combined.append_column("time", pa.array([0] * combined.num_rows, pa.int64()))
-        return consolidate_snapshot(combined.select(rel.update_schema.names), keys, 0)
-
-    def _updates_after(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], t: int) -> pa.Table:
-        """Every stored update at a time > t, sorted by time."""
-        parts = []
-        for ref in (*trace.batches, *trace.pending):
-            if ref.key is not None and max(ref.upper - 1, ref.since) > t:
-                table = self.traces.read(rel.entry.id, ref)
-                if table is not None:
-                    parts.append(table.filter(pc.greater(table.column("time"), t)))
-        entries = [e for e in entries if e.t_hi > t]
-        if entries:
-            tail = self._load_tail(rel, entries)
-            parts.append(tail.filter(pc.greater(tail.column("time"), t)))
-        table = pa.concat_tables([p.select(rel.update_schema.names).cast(rel.update_schema) for p in parts]) \
-            if parts else rel.update_schema.empty_table()
-        return table.sort_by([("time", "ascending")])
-
-    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> Subscription:
-        """A feed of the relation: a ``snapshot`` event at ``as_of`` (default: the sealed
-        frontier; skipped with ``resume``), an ``updates`` event with every stored update
-        after ``as_of``, a ``progress`` event for the sealed frontier, then every update and
-        progress record as it becomes durable, in order, with no gap and no repeat. Writers
-        never wait for a subscriber; a slow one catches up from the WAL. See
-        :mod:`sediment.engine.feed`."""
-        args.check_bool(resume, "resume")
-        with self._lock:
-            rel = self._rel(name)
-            as_of = rel.sealed_durable if as_of is None else _check_time(as_of, "as_of")
-            self._check_as_of(rel, as_of)
-            trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
-            feed = rel.feed
-
-            def load(lsn: int) -> pa.Table:
-                return pa.Table.from_batches([self._decode(rel, self._log.read(lsn))])
-
-            sub = Subscription(feed, [], load, lambda: not self._closed)
-            self._pin()
-        try:
-            initial = []
-            if not resume:
-                initial.append(FeedEvent(SNAPSHOT, as_of, self._snapshot_of(rel, trace, entries, as_of)))
-            later = self._updates_after(rel, trace, entries, as_of)
-            if later.num_rows:
-                initial.append(FeedEvent(UPDATES, int(later.column("time")[0].as_py()), later))
-            if sealed > as_of:
-                initial.append(FeedEvent(PROGRESS, sealed))
-        except BaseException:
-            sub.close()
-            raise
-        finally:
-            self._unpin()
-        sub._pending.extend(initial)
-        return sub
-
-    def plan_read(self, name: str, as_of: int, *, from_t: int | None = None,
-                  lease_seconds: float = 600.0) -> ReadPlan:
-        """Pin the relation's current batches for ``lease_seconds`` and describe how to read it
-        as of ``as_of`` (changes in (from_t, as_of] when ``from_t`` is given) directly from
-        the blob store. Call :meth:`release_read` when done."""
-        as_of = _check_time(as_of, "as_of")
-        from_t = args.check_optional_time(from_t, "from_t")
-        args.check_number(lease_seconds, "lease_seconds")
-        with self._lock:
-            rel = self._rel(name)
-            low = rel.entry.since if from_t is None else from_t
-            if not rel.entry.since <= low <= as_of <= rel.sealed_durable:
-                raise AsOfOutOfRange(f"reading {name!r} as of {as_of}" +
-                                     (f" from {from_t}" if from_t is not None else "") +
-                                     f" is outside [since {rel.entry.since}, sealed {rel.sealed_durable}]")
-            if self.blob_uri is None:
-                raise InvalidArgument("plan_read needs an engine opened with a blob URI (file:// or s3://)")
-            trace = rel.trace
-            entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
-            self._lease_counter += 1
-            lease = self._lease_counter
-            self._leases[lease] = time.monotonic() + lease_seconds
-            self._pin()
-        try:
-            parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
-            tail = pa.Table.from_batches(parts, schema=rel.update_schema)
-            keep = pc.less_equal(tail.column("time"), as_of)
-            if from_t is not None:
-                keep = pc.and_(keep, pc.greater(tail.column("time"), from_t))
-            tail = tail.filter(keep)
-        except BaseException:
-            self.release_read(lease)
-            raise
-        refs = [ref.to_json() for ref in (*trace.batches, *trace.pending)
-                if ref.key is not None and ref.lower <= as_of and (from_t is None or max(ref.upper - 1, ref.since) > from_t)]
-        return ReadPlan(lease, name, rel.entry.id, rel.update_schema, rel.keys, rel.entry.since,
-                        rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail)
-
-    def release_read(self, lease: int) -> None:
-        """End a read plan's lease: its batches may now be replaced and deleted."""
-        args.check_int(lease, "lease", low=0)
-        with self._lock:
-            if self._leases.pop(lease, None) is None:
-                return
-            self._readers -= 1
-        self._collect()
-
-    def replay(self, name: str, *, batch_rows: int = 65536, ordered: bool = True) -> Iterator[pa.RecordBatch]:
-        """Every stored update of the relation in time order, as record batches of the
-        relation's columns plus ``time`` and ``diff``. Compacted updates appear with their
-        times advanced to the trace's ``since``. Memory holds only the records (and batch
-        row groups) whose time ranges overlap the current time, not the whole relation.
-        ``ordered=False`` streams batches as stored (sorted by row, then time) and then the
-        WAL tail: no sort, for consumers that consolidate anyway."""
-        args.check_int(batch_rows, "batch_rows", low=1)
-        args.check_bool(ordered, "ordered")
-        with self._lock:
-            rel = self._rel(name)
-            trace = rel.trace
-            entries = list(rel.tail)
-            self._pin()
-
-        def load(item) -> pa.Table:
-            if isinstance(item, TailEntry):
-                return pa.Table.from_batches([self._decode(rel, self._log.read(item.lsn))])
-            return self.traces.read_row_group(rel.entry.id, item)
-
-        def generate() -> Iterator[pa.RecordBatch]:
-            try:
-                items: list[Any] = []
-                for ref in (*trace.batches, *trace.pending):
-                    items += self.traces.row_groups(rel.entry.id, ref)
-                items += entries
-                if not ordered:
-                    for item in items:
-                        yield from load(item).cast(rel.update_schema).to_batches(max_chunksize=batch_rows)
-                    return
-                yield from replay_mod.time_ordered(items, load, rel.update_schema, batch_rows)
-            finally:
-                self._unpin()
-
-        return generate()
-
-    def trace_info(self, name: str) -> dict[str, int]:
-        """The relation's stored shape: batches, pending batches, rows and bytes in them, the
-        trace's upper, and the WAL records not yet compacted."""
-        with self._lock:
-            rel = self._rel(name)
-            t = rel.trace
-            return {"batches": len(t.batches), "pending": len(t.pending),
-                    "rows": sum(b.rows for b in (*t.batches, *t.pending)),
-                    "bytes": sum(b.bytes for b in (*t.batches, *t.pending)),
-                    "upper": t.upper, "since": t.since, "tail_records": len(rel.tail),
-                    "compaction_failures": self._compaction_failures.get(name, ("", 0))[1]}
-
-    def stats(self) -> dict[str, Any]:
-        """What the engine holds now, for operators: per relation its rows, batches, stored
-        bytes, frontiers (since, sealed, trace upper), WAL tail records and bytes, compaction
-        lag and subscribers; for the engine the WAL (kind, LSNs, segments, bytes, backlog not
-        yet compacted) and where its storage lives. Plain JSON-ready values; the same
-        dictionary backs ``sediment stats`` and the state gauges of ``/metrics``."""
-        from sediment.engine.stats import engine_stats
-
-        return engine_stats(self)
-
-    # --- compaction ----------------------------------------------------------------------------
-
-    def compact(self, name: str | None = None) -> None:
-        """Finish the current WAL segment, turn everything durable into batches, merge, and
-        trim the log; returns when the pass is done (for tests and tools)."""
-        with self._lock:
-            names = None if name is None else {self._rel(name).entry.name}
-            self._check_open()
-        started = time.perf_counter()
-        self._log.finish_segment()
-        failed = self._compaction_pass(names)
-        log.info("compaction pass over %s took %.3f s (%d relations failed)", "all relations" if name is None
-                 else repr(name), time.perf_counter() - started, len(failed))
-        if failed:
-            raise CompactionFailed(
-                f"could not compact {sorted(failed)} (the others were compacted; these keep their WAL records and "
-                f"are retried on every pass): " + "; ".join(f"{n}: {e}" for n, e in sorted(failed.items())),
-                failures=failed)
-
-    def _background_pass(self) -> None:
-        """A compacter wake: finish the active segment if its data is ``compact_interval``
-        old (compaction on time, see trace/compacter.py SegmentAge), then compact."""
-        log_ = self._log
-        if self._segment_age.due(log_.finished_lsn, log_.end_lsn, self._compacter.clock.current_time(),
-                                 self._compact_interval):
-            log_.finish_segment()
-            self._segment_age.finished()
-        self._compaction_pass(None)
-
-    def compaction_errors(self) -> dict[str, str]:
-        """Relations whose last compaction attempt failed, with the error; each is retried on
-        every pass and keeps its WAL records (the log is trimmed only below them) until it
-        succeeds. Empty when every relation compacts."""
-        with self._lock:
-            return {n: e for n, (e, _count) in self._compaction_failures.items() if n in self._relations}
-
-    def _isolated(self, rel: _Relation, failed: dict[str, str], step) -> None:
-        """Run one relation's compaction or merge step; a failure is logged and recorded, and
-        never stops the other relations' steps (nor the trim below this one's records)."""
-        name = rel.entry.name
-        if name in failed:
-            return
-        try:
-            step()
-        except Exception as exc:  # noqa: BLE001 - reported, retried on the next pass
-            text = f"{type(exc).__name__}: {exc}"
-            failed[name] = text
-            self.metrics.error("compaction", exc)
-            with self._lock:
-                count = self._compaction_failures.get(name, ("", 0))[1] + 1
-                self._compaction_failures[name] = (text, count)
-            log.error("compaction of relation %r failed (attempt %d; its WAL records are kept and it is retried "
-                      "on the next pass): %s", name, count, text)
-
-    def _compaction_pass(self, names: set[str] | None) -> dict[str, str]:
-        failed: dict[str, str] = {}
-        with self._compact_lock, self.metrics.timed(self.metrics.compaction_seconds):
-            self.metrics.compactions.inc()
-            with self._lock:
-                if self._closed:
-                    return failed
-                cut = cmp.plan_wal_cut(self._log.finished_lsn, self._txn_first.values())
-                rels = [r for r in self._relations.values() if names is None or r.entry.name in names]
-                work = []
-                for rel in rels:
-                    entries = [e for e in rel.tail if e.lsn < cut.safe]
-                    progress = [t for lsn, t in rel.progress if lsn < cut.safe]
-                    if entries or progress:
-                        work.append((rel, entries, progress, rel.trace, rel.entry.since))
-            for item in work:
-                self._isolated(item[0], failed, lambda item=item: self._compact_relation(cut.safe, *item))
-            for rel in rels:
-                self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel))
-            with self._lock:
-                for rel in rels:
-                    if rel.entry.name not in failed:
-                        self._compaction_failures.pop(rel.entry.name, None)
-                needed = [n for n in (r.needs_from() for r in self._relations.values()) if n is not None]
-                needed += [n for n in (r.feed.oldest_lsn() for r in self._relations.values()) if n is not None]
-                point = cmp.trim_point(cut.safe, [*needed, *self._txn_first.values()])
-                self._trim_to = max(self._trim_to or 0, point)
-        self._collect()
-        return failed
-
-    def _compact_relation(self, safe: int, rel: _Relation, entries: list[TailEntry], progress: list[int],
-                          trace: TraceState, since: int) -> None:
-        rid = rel.entry.id
-        upper = cmp.new_upper(trace.upper, progress)
-        since = min(since, upper - 1) if upper > 0 else 0
-        parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
-        tables = [pa.Table.from_batches(parts, schema=rel.update_schema)]
-        tables += [t.select(rel.update_schema.names).cast(rel.update_schema)
-                   for t in (self.traces.read(rid, p) for p in trace.pending) if t is not None]
-        table = pa.concat_tables(tables)
-        time = table.column("time")
-        if table.num_rows and pc.min(time).as_py() < trace.upper:
-            raise TraceInvariantViolation(
-                f"relation {rel.entry.name!r}: WAL records below LSN {safe} hold times below the trace's upper "
-                f"{trace.upper}; the log and the trace disagree: run `sediment verify`")
-        below = table.filter(pc.less(time, upper))
-        above = table.filter(pc.greater_equal(time, upper))
-        batches = trace.batches
-        if upper > trace.upper:
-            wal_range = (entries[0].lsn, max(e.lsn for e in entries)) if entries else None
-            batches += (self.traces.write(rid, consolidate(below, rel.keys, since), trace.upper, upper, since,
-                                          wal_range=wal_range),)
-        pending: tuple = ()
-        if above.num_rows:
-            folded = consolidate(above, rel.keys, None)
-            if folded.num_rows:
-                lo, hi = pc.min_max(folded.column("time")).values()
-                pending = (self.traces.write(rid, folded, lo.as_py(), hi.as_py() + 1, since),)
-        new = replace(trace, since=since, upper=upper, batches=batches, pending=pending, wal_through=safe,
-                      version=trace.version + 1)
-        self.traces.commit(new)
-        if upper > trace.upper:
-            self.metrics.batches_written.labels(relation=rel.entry.name).inc()
-        with self._lock:
-            rel.trace = new
-            rel.trace_changed_at = _monotonic()
-            rel.tail = [e for e in rel.tail if e.lsn >= safe]
-            rel.progress = [(lsn, t) for lsn, t in rel.progress if lsn >= safe]
-            self._garbage += [p.key for p in trace.pending if p.key]
-
-    def _merge_relation(self, rel: _Relation) -> None:
-        with self._lock:
-            trace, since = rel.trace, min(rel.entry.since, max(rel.trace.upper - 1, 0))
-        tasks = plan_merges(trace.batches, factor=self._merge_factor)
-        for task in reversed(tasks):  # from the newest, so earlier indices stay valid
-            refs = list(trace.batches[task.start:task.stop])
-            stored = sum(r.bytes for r in refs) or 1
-            per_row = max(64, 8 * stored // max(1, sum(r.rows for r in refs)))
-            chunk_rows = max(1024, self._memory_bound // (4 * len(refs) * per_row))
-            with self.metrics.timed(self.metrics.merge_seconds):
-                merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, since, task.level,
-                                           chunk_rows=chunk_rows)
-            self.metrics.merges.labels(relation=rel.entry.name).inc()
-            new = replace(trace.apply_merge(task.start, task.stop, merged, inputs=refs), since=since)
-            self.traces.commit(new)
-            with self._lock:
-                rel.trace = trace = new
-                rel.trace_changed_at = time.monotonic()
-                self._garbage += [r.key for r in refs if r.key]
 
     # --- closing -------------------------------------------------------------------------------
 

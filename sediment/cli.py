@@ -21,44 +21,43 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
-import logging
 import os
-import re
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 import sediment
+from sediment.cli_files import (  # noqa: F401  (InputError is part of the CLI's API)
+    FORMATS,
+    PARQUET_BATCH_ROWS,
+    InputError,
+    UsageError,
+    _csv_chunks,
+    _difference,
+    _file_format,
+    _input_size,
+    _one_line,
+    _parquet_chunks,
+    _print_stats,
+    _write_atomically,
+    _write_stdout_csv,
+)
 from sediment.engine.schema import _SPEC_TYPES, check_name, conform_updates, parse_schema_spec, update_schema
 from sediment.engine.verify import VerifyReport, verify_data_dir
 from sediment.errors import SchemaMismatch, SedimentError, TimeAlreadySealed
+from sediment.logs import LOG_LEVELS, configure_logging
 from sediment.progress import Progress
 
 DEFAULT_DATA_DIR = "./sediment-data"
 DEFAULT_CHUNK_BYTES = 8 << 20  # CSV read block: the unit of an append chunk
-PARQUET_BATCH_ROWS = 65536
 KEEP_VALIDATED_BYTES = 256 << 20  # below this, the checked chunks are appended without reading the file again
 
-FORMATS = ("csv", "parquet")
-_EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet"}
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOCAL_ONLY = frozenset({"verify", "demo", "serve", "storage-node"})  # commands --connect cannot reach
-
-
-class UsageError(Exception):
-    """A command line that cannot be carried out as written (exit code 2)."""
-
-
-class InputError(SedimentError, ValueError):
-    """An input file that cannot be read or does not fit the relation."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,17 +92,6 @@ def _positive_int(text: str) -> int:
     return n
 
 
-def _file_format(path: str, given: str | None, what: str) -> str:
-    """``csv`` or ``parquet``, from ``--format`` or else the file's extension."""
-    if given:
-        return given
-    ext = os.path.splitext(path)[1].lower()
-    if ext in _EXTENSIONS:
-        return _EXTENSIONS[ext]
-    raise UsageError(f"cannot tell the format of {what} {path!r} from its extension; name it .csv or .parquet, "
-                     "or pass --format csv|parquet")
-
-
 def _type_name(t: pa.DataType) -> str:
     """The ``--schema`` spelling of a column type, so `relation list` output can be fed back."""
     for name, spec_type in _SPEC_TYPES.items():
@@ -114,10 +102,6 @@ def _type_name(t: pa.DataType) -> str:
 
 def _schema_spec(schema: pa.Schema) -> str:
     return ",".join(f"{f.name}:{_type_name(f.type)}" for f in schema)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(part.strip() for part in text.splitlines() if part.strip()) or text
 
 
 def _describe(exc: BaseException) -> str:
@@ -204,74 +188,6 @@ def cmd_relation_list(args: argparse.Namespace) -> int:
 
 
 # --- append ---------------------------------------------------------------------------------
-
-
-_CSV_COLUMN = re.compile(r"In CSV column #(\d+)")
-
-
-def _csv_error(path: str, exc: pa.ArrowInvalid, names: list[str] | None, offset: int) -> InputError:
-    """Name the column (pyarrow only numbers it) and roughly where in the file it broke."""
-    text = _one_line(str(exc))
-    match = _CSV_COLUMN.search(text)
-    if match and names is not None and int(match.group(1)) < len(names):
-        text = text.replace(match.group(0), f"{match.group(0)} ({names[int(match.group(1))]!r})", 1)
-    return InputError(f"{path}: {text} (in the block starting near byte {offset})")
-
-
-def _csv_header(path: str) -> list[str] | None:
-    """The column names from the first line, to name a column in an error that pyarrow
-    raised before it produced a schema."""
-    try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
-            return next(csv.reader(f), None)
-    except (OSError, csv.Error):
-        return None
-
-
-def _csv_chunks(path: str, target: pa.Schema, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
-    """(chunk, bytes of the file read so far). The relation's types drive the CSV parser,
-    so a column reads as the type it will be stored as and a bad value is a parse error."""
-    with open(path, "rb") as f:
-        types = {field.name: field.type for field in target}
-        try:
-            reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=chunk_bytes),
-                                    convert_options=pacsv.ConvertOptions(column_types=types))
-        except pa.ArrowInvalid as exc:
-            raise _csv_error(path, exc, _csv_header(path), 0) from None
-        names = reader.schema.names
-        offset = 0
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                return
-            except pa.ArrowInvalid as exc:
-                raise _csv_error(path, exc, names, offset) from None
-            offset = f.tell()
-            yield pa.Table.from_batches([batch]), offset
-
-
-def _parquet_chunks(path: str) -> Iterator[tuple[pa.Table, int]]:
-    """(chunk, rows read so far)."""
-    try:
-        pf = pq.ParquetFile(path)
-    except pa.ArrowInvalid as exc:
-        raise InputError(f"{path}: not a readable Parquet file: {_one_line(str(exc))}") from None
-    with pf:
-        done = 0
-        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-            done += batch.num_rows
-            yield pa.Table.from_batches([batch]), done
-
-
-def _input_size(path: str, fmt: str) -> int:
-    """The progress total: bytes for CSV, rows for Parquet."""
-    if fmt == "csv":
-        return os.path.getsize(path)
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except pa.ArrowInvalid as exc:
-        raise InputError(f"{path}: not a readable Parquet file: {_one_line(str(exc))}") from None
 
 
 def cmd_append(args: argparse.Namespace) -> int:
@@ -368,22 +284,6 @@ def cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_stats(stats: dict) -> None:
-    wal, storage = stats["wal"], stats["storage"]
-    size = "" if wal.get("bytes") is None else f", {wal['segments']} segments, {wal['bytes']} bytes on disk"
-    print(f"wal: {wal['kind']}, LSN {wal['start_lsn']}..{wal['end_lsn']}{size}, backlog "
-          f"{wal['backlog_records']} records / {wal['backlog_bytes']} bytes not yet compacted, "
-          f"{wal['open_transactions']} open transactions")
-    print(f"storage: data {storage['data_dir']}, blobs {storage['blob']}, metadata "
-          f"{storage['metadata'] or '<data-dir>/meta'}")
-    columns = ["relation", "rows", "batches", "stored_bytes", "since", "sealed", "trace_upper", "tail_records",
-               "tail_bytes", "compaction_lag", "subscribers"]
-    rows = [[name, *(str(rel[c]) for c in columns[1:])] for name, rel in stats["relations"].items()]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
-    for line in [columns, *rows]:
-        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True))))
-
-
 def cmd_stats(args: argparse.Namespace) -> int:
     """What the engine holds: per relation rows, batches, bytes, frontiers, WAL tail and
     compaction lag; the WAL's size and backlog; where the storage lives."""
@@ -409,39 +309,6 @@ def cmd_since(args: argparse.Namespace) -> int:
 # --- read -----------------------------------------------------------------------------------
 
 
-def _write_atomically(table: pa.Table, out: str, fmt: str) -> None:
-    """Write to a temporary name beside ``out`` and rename, so a failure leaves no partial file."""
-    directory = os.path.dirname(os.path.abspath(out))
-    tmp = os.path.join(directory, f".{os.path.basename(out)}.tmp-{os.getpid()}")
-    try:
-        if fmt == "csv":
-            pacsv.write_csv(table, tmp)
-        else:
-            pq.write_table(table, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _write_stdout_csv(table: pa.Table) -> None:
-    sys.stdout.flush()
-    buffer = getattr(sys.stdout, "buffer", None)
-    if buffer is not None:
-        pacsv.write_csv(table, buffer)
-        buffer.flush()
-    else:  # a text-only stdout (some embedders)
-        sink = pa.BufferOutputStream()
-        pacsv.write_csv(table, sink)
-        sys.stdout.write(sink.getvalue().to_pybytes().decode("utf-8"))
-        sys.stdout.flush()
-
-
 def cmd_read(args: argparse.Namespace) -> int:
     """The relation as of ``--as-of``: its columns plus ``diff``, consolidated and sorted; with
     ``--from T0`` the consolidated changes in (T0, as-of] instead (the snapshot at as-of minus
@@ -462,17 +329,6 @@ def cmd_read(args: argparse.Namespace) -> int:
     else:
         _write_stdout_csv(table)
     return 0
-
-
-def _difference(later: pa.Table, earlier: pa.Table) -> pa.Table:
-    """``later - earlier`` of two consolidated snapshots (columns + diff), consolidated."""
-    from sediment.trace.consolidate import snapshot as consolidate_snapshot
-
-    keys = [c for c in later.column_names if c != "diff"]
-    negated = earlier.set_column(earlier.column_names.index("diff"), "diff", pc.negate(earlier.column("diff")))
-    both = pa.concat_tables([later, negated.cast(later.schema)])
-    both = both.append_column("time", pa.repeat(pa.scalar(0, pa.int64()), both.num_rows))
-    return consolidate_snapshot(both.select([*keys, "time", "diff"]), keys, 0)
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -735,36 +591,6 @@ def _fail(message: str) -> None:
         sys.stderr.flush()
     except OSError:
         pass
-
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        import json
-
-        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
-               "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
-def configure_logging(level: str, fmt: str) -> None:
-    """The standard ``logging`` module, configured once per command: stderr, ``level``, text or JSON."""
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        formatter: logging.Formatter = JsonLogFormatter()
-        formatter.converter = time.gmtime
-    else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, "_sediment", False)]:
-        root.removeHandler(old)
-    handler._sediment = True  # type: ignore[attr-defined]
-    root.addHandler(handler)
-    root.setLevel(level.upper())
 
 
 def main(argv: list[str] | None = None) -> int:

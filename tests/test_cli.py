@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import sediment
-from sediment import cli
+from sediment import cli, cli_files
 from sediment.cli import main
 from sediment.errors import UnknownRelation
 from sediment.progress import Progress
@@ -509,7 +509,7 @@ def test_failed_write_leaves_no_partial_file(ddir, tmp_path, capsys, monkeypatch
             f.write(b"PAR1 half")
         raise OSError(28, "No space left on device", str(where))
 
-    monkeypatch.setattr(cli.pq, "write_table", broken)
+    monkeypatch.setattr(cli_files.pq, "write_table", broken)
     rc, _, err = run(capsys, ddir, "read", "orders", "--as-of", "2", "--out", str(out))
     assert_one_line_error(rc, err, "No space left on device")
     assert out.read_bytes() == b"previous content"

@@ -1,0 +1,177 @@
+"""The engine's compaction: WAL records to batches, merges, and the log trim below them.
+
+Planning is pure (sediment.trace.compacter, sediment.trace.planner); this mixin of
+:class:`sediment.engine.engine.Engine` runs the plan against the engine's view and stores,
+one relation at a time, so one relation's failure never stops the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sediment.engine.relation import TailEntry, _Relation
+from sediment.errors import (
+    CompactionFailed,
+    TraceInvariantViolation,
+)
+from sediment.trace import compacter as cmp
+from sediment.trace.consolidate import consolidate
+from sediment.trace.planner import plan_merges
+from sediment.trace.state import TraceState
+
+log = logging.getLogger(__name__)
+_monotonic = time.monotonic  # _compact_relation's local `time` is a column
+
+
+
+class Compaction:
+    """Compaction passes of the Engine (mixin)."""
+
+    # --- compaction ----------------------------------------------------------------------------
+
+    def compact(self, name: str | None = None) -> None:
+        """Finish the current WAL segment, turn everything durable into batches, merge, and
+        trim the log; returns when the pass is done (for tests and tools)."""
+        with self._lock:
+            names = None if name is None else {self._rel(name).entry.name}
+            self._check_open()
+        started = time.perf_counter()
+        self._log.finish_segment()
+        failed = self._compaction_pass(names)
+        log.info("compaction pass over %s took %.3f s (%d relations failed)", "all relations" if name is None
+                 else repr(name), time.perf_counter() - started, len(failed))
+        if failed:
+            raise CompactionFailed(
+                f"could not compact {sorted(failed)} (the others were compacted; these keep their WAL records and "
+                f"are retried on every pass): " + "; ".join(f"{n}: {e}" for n, e in sorted(failed.items())),
+                failures=failed)
+
+    def _background_pass(self) -> None:
+        """A compacter wake: finish the active segment if its data is ``compact_interval``
+        old (compaction on time, see trace/compacter.py SegmentAge), then compact."""
+        log_ = self._log
+        if self._segment_age.due(log_.finished_lsn, log_.end_lsn, self._compacter.clock.current_time(),
+                                 self._compact_interval):
+            log_.finish_segment()
+            self._segment_age.finished()
+        self._compaction_pass(None)
+
+    def compaction_errors(self) -> dict[str, str]:
+        """Relations whose last compaction attempt failed, with the error; each is retried on
+        every pass and keeps its WAL records (the log is trimmed only below them) until it
+        succeeds. Empty when every relation compacts."""
+        with self._lock:
+            return {n: e for n, (e, _count) in self._compaction_failures.items() if n in self._relations}
+
+    def _isolated(self, rel: _Relation, failed: dict[str, str], step) -> None:
+        """Run one relation's compaction or merge step; a failure is logged and recorded, and
+        never stops the other relations' steps (nor the trim below this one's records)."""
+        name = rel.entry.name
+        if name in failed:
+            return
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - reported, retried on the next pass
+            text = f"{type(exc).__name__}: {exc}"
+            failed[name] = text
+            self.metrics.error("compaction", exc)
+            with self._lock:
+                count = self._compaction_failures.get(name, ("", 0))[1] + 1
+                self._compaction_failures[name] = (text, count)
+            log.error("compaction of relation %r failed (attempt %d; its WAL records are kept and it is retried "
+                      "on the next pass): %s", name, count, text)
+
+    def _compaction_pass(self, names: set[str] | None) -> dict[str, str]:
+        failed: dict[str, str] = {}
+        with self._compact_lock, self.metrics.timed(self.metrics.compaction_seconds):
+            self.metrics.compactions.inc()
+            with self._lock:
+                if self._closed:
+                    return failed
+                cut = cmp.plan_wal_cut(self._log.finished_lsn, self._txn_first.values())
+                rels = [r for r in self._relations.values() if names is None or r.entry.name in names]
+                work = []
+                for rel in rels:
+                    entries = [e for e in rel.tail if e.lsn < cut.safe]
+                    progress = [t for lsn, t in rel.progress if lsn < cut.safe]
+                    if entries or progress:
+                        work.append((rel, entries, progress, rel.trace, rel.entry.since))
+            for item in work:
+                self._isolated(item[0], failed, lambda item=item: self._compact_relation(cut.safe, *item))
+            for rel in rels:
+                self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel))
+            with self._lock:
+                for rel in rels:
+                    if rel.entry.name not in failed:
+                        self._compaction_failures.pop(rel.entry.name, None)
+                needed = [n for n in (r.needs_from() for r in self._relations.values()) if n is not None]
+                needed += [n for n in (r.feed.oldest_lsn() for r in self._relations.values()) if n is not None]
+                point = cmp.trim_point(cut.safe, [*needed, *self._txn_first.values()])
+                self._trim_to = max(self._trim_to or 0, point)
+        self._collect()
+        return failed
+
+    def _compact_relation(self, safe: int, rel: _Relation, entries: list[TailEntry], progress: list[int],
+                          trace: TraceState, since: int) -> None:
+        rid = rel.entry.id
+        upper = cmp.new_upper(trace.upper, progress)
+        since = min(since, upper - 1) if upper > 0 else 0
+        parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+        tables = [pa.Table.from_batches(parts, schema=rel.update_schema)]
+        tables += [t.select(rel.update_schema.names).cast(rel.update_schema)
+                   for t in (self.traces.read(rid, p) for p in trace.pending) if t is not None]
+        table = pa.concat_tables(tables)
+        time = table.column("time")
+        if table.num_rows and pc.min(time).as_py() < trace.upper:
+            raise TraceInvariantViolation(
+                f"relation {rel.entry.name!r}: WAL records below LSN {safe} hold times below the trace's upper "
+                f"{trace.upper}; the log and the trace disagree: run `sediment verify`")
+        below = table.filter(pc.less(time, upper))
+        above = table.filter(pc.greater_equal(time, upper))
+        batches = trace.batches
+        if upper > trace.upper:
+            wal_range = (entries[0].lsn, max(e.lsn for e in entries)) if entries else None
+            batches += (self.traces.write(rid, consolidate(below, rel.keys, since), trace.upper, upper, since,
+                                          wal_range=wal_range),)
+        pending: tuple = ()
+        if above.num_rows:
+            folded = consolidate(above, rel.keys, None)
+            if folded.num_rows:
+                lo, hi = pc.min_max(folded.column("time")).values()
+                pending = (self.traces.write(rid, folded, lo.as_py(), hi.as_py() + 1, since),)
+        new = replace(trace, since=since, upper=upper, batches=batches, pending=pending, wal_through=safe,
+                      version=trace.version + 1)
+        self.traces.commit(new)
+        if upper > trace.upper:
+            self.metrics.batches_written.labels(relation=rel.entry.name).inc()
+        with self._lock:
+            rel.trace = new
+            rel.trace_changed_at = _monotonic()
+            rel.tail = [e for e in rel.tail if e.lsn >= safe]
+            rel.progress = [(lsn, t) for lsn, t in rel.progress if lsn >= safe]
+            self._garbage += [p.key for p in trace.pending if p.key]
+
+    def _merge_relation(self, rel: _Relation) -> None:
+        with self._lock:
+            trace, since = rel.trace, min(rel.entry.since, max(rel.trace.upper - 1, 0))
+        tasks = plan_merges(trace.batches, factor=self._merge_factor)
+        for task in reversed(tasks):  # from the newest, so earlier indices stay valid
+            refs = list(trace.batches[task.start:task.stop])
+            stored = sum(r.bytes for r in refs) or 1
+            per_row = max(64, 8 * stored // max(1, sum(r.rows for r in refs)))
+            chunk_rows = max(1024, self._memory_bound // (4 * len(refs) * per_row))
+            with self.metrics.timed(self.metrics.merge_seconds):
+                merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, since, task.level,
+                                           chunk_rows=chunk_rows)
+            self.metrics.merges.labels(relation=rel.entry.name).inc()
+            new = replace(trace.apply_merge(task.start, task.stop, merged, inputs=refs), since=since)
+            self.traces.commit(new)
+            with self._lock:
+                rel.trace = trace = new
+                rel.trace_changed_at = time.monotonic()
+                self._garbage += [r.key for r in refs if r.key]

@@ -1,0 +1,278 @@
+"""The engine's reads: snapshots, replays, feeds, read plans and their leases, stats.
+
+A mixin of :class:`sediment.engine.engine.Engine`, kept apart so that each file holds one
+concern; it uses the engine's lock, view and stores and adds no state of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sediment.engine import args
+from sediment.engine import replay as replay_mod
+from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, Subscription
+from sediment.engine.relation import ReadPlan, TailEntry, _check_time, _Relation
+from sediment.errors import (
+    AsOfOutOfRange,
+    DiffOverflow,
+    InvalidArgument,
+)
+from sediment.trace.consolidate import snapshot as consolidate_snapshot
+from sediment.trace.state import TraceState
+from sediment.wal.record import Record
+
+log = logging.getLogger(__name__)
+
+
+
+class Reads:
+    """Read paths of the Engine (mixin)."""
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def _decode(self, rel: _Relation, record: Record) -> pa.RecordBatch:
+        return pa.ipc.read_record_batch(pa.py_buffer(record.body), rel.update_schema)
+
+    def _pin(self) -> None:
+        self._readers += 1
+
+    def _unpin(self) -> None:
+        with self._lock:
+            self._readers -= 1
+        self._collect()
+
+    def _collect(self) -> None:
+        """Delete replaced blobs and trim the log, once no reader may still need them."""
+        with self._lock:
+            now = time.monotonic()
+            for lease, deadline in list(self._leases.items()):
+                if deadline <= now:
+                    del self._leases[lease]
+                    self._readers -= 1
+            if self._readers or self._closed and not hasattr(self, "_log"):
+                return
+            garbage, self._garbage = self._garbage, []
+            trim, self._trim_to = self._trim_to, None
+        try:
+            self.traces.delete(garbage)
+        except Exception as exc:  # noqa: BLE001 - orphans are swept at the next start
+            log.warning("could not delete replaced batches (swept at next start): %s", exc)
+        if trim is not None:
+            self._log.trim(trim)
+
+    def snapshot(self, name: str, as_of: int) -> pa.Table:
+        """The relation as of ``as_of``: its columns plus ``diff``, one row per distinct row
+        whose diffs at times <= as_of sum to non-zero, sorted by the columns. Valid for
+        since <= as_of <= sealed."""
+        as_of = _check_time(as_of, "as_of")
+        with self._lock:
+            rel = self._rel(name)
+            self._check_as_of(rel, as_of)
+            trace, entries = rel.trace, list(rel.tail)
+            self._pin()
+        try:
+            return self._snapshot_of(rel, trace, entries, as_of)
+        finally:
+            self._unpin()
+
+    def _check_as_of(self, rel: _Relation, as_of: int) -> None:
+        if not rel.entry.since <= as_of <= rel.sealed_durable:
+            raise AsOfOutOfRange(
+                f"as_of {as_of} for {rel.entry.name!r} is outside [since {rel.entry.since}, sealed "
+                f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "")
+            )
+
+    def _load_tail(self, rel: _Relation, entries: list[TailEntry]) -> pa.Table:
+        parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+        return pa.Table.from_batches(parts, schema=rel.update_schema)
+
+    def _snapshot_of(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+        try:
+            return self._snapshot_parts(rel, trace, entries, as_of)
+        except DiffOverflow as exc:
+            name = rel.entry.name
+            raise DiffOverflow(f"relation {name!r} as of {as_of}: {exc}", relation=name, row=exc.row) from None
+
+    def _snapshot_parts(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+        keys = rel.keys
+        partial = []
+        for ref in (*trace.batches, *trace.pending):
+            if ref.key is not None and ref.lower <= as_of:
+                table = self.traces.read(rel.entry.id, ref)
+                if table is not None:
+                    table = table.select(rel.update_schema.names).cast(rel.update_schema)
+                    partial.append(consolidate_snapshot(table, keys, as_of))
+        entries = [e for e in entries if e.t_lo <= as_of]
+        if entries:
+            partial.append(consolidate_snapshot(self._load_tail(rel, entries), keys, as_of))
+        if not partial:
+            return consolidate_snapshot(rel.update_schema.empty_table(), keys, as_of)
+        if len(partial) == 1:
+            return partial[0]
+        combined = pa.concat_tables(partial)
+        combined = combined.append_column("time", pa.array([0] * combined.num_rows, pa.int64()))
+        return consolidate_snapshot(combined.select(rel.update_schema.names), keys, 0)
+
+    def _updates_after(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], t: int) -> pa.Table:
+        """Every stored update at a time > t, sorted by time."""
+        parts = []
+        for ref in (*trace.batches, *trace.pending):
+            if ref.key is not None and max(ref.upper - 1, ref.since) > t:
+                table = self.traces.read(rel.entry.id, ref)
+                if table is not None:
+                    parts.append(table.filter(pc.greater(table.column("time"), t)))
+        entries = [e for e in entries if e.t_hi > t]
+        if entries:
+            tail = self._load_tail(rel, entries)
+            parts.append(tail.filter(pc.greater(tail.column("time"), t)))
+        table = pa.concat_tables([p.select(rel.update_schema.names).cast(rel.update_schema) for p in parts]) \
+            if parts else rel.update_schema.empty_table()
+        return table.sort_by([("time", "ascending")])
+
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> Subscription:
+        """A feed of the relation: a ``snapshot`` event at ``as_of`` (default: the sealed
+        frontier; skipped with ``resume``), an ``updates`` event with every stored update
+        after ``as_of``, a ``progress`` event for the sealed frontier, then every update and
+        progress record as it becomes durable, in order, with no gap and no repeat. Writers
+        never wait for a subscriber; a slow one catches up from the WAL. See
+        :mod:`sediment.engine.feed`."""
+        args.check_bool(resume, "resume")
+        with self._lock:
+            rel = self._rel(name)
+            as_of = rel.sealed_durable if as_of is None else _check_time(as_of, "as_of")
+            self._check_as_of(rel, as_of)
+            trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
+            feed = rel.feed
+
+            def load(lsn: int) -> pa.Table:
+                return pa.Table.from_batches([self._decode(rel, self._log.read(lsn))])
+
+            sub = Subscription(feed, [], load, lambda: not self._closed)
+            self._pin()
+        try:
+            initial = []
+            if not resume:
+                initial.append(FeedEvent(SNAPSHOT, as_of, self._snapshot_of(rel, trace, entries, as_of)))
+            later = self._updates_after(rel, trace, entries, as_of)
+            if later.num_rows:
+                initial.append(FeedEvent(UPDATES, int(later.column("time")[0].as_py()), later))
+            if sealed > as_of:
+                initial.append(FeedEvent(PROGRESS, sealed))
+        except BaseException:
+            sub.close()
+            raise
+        finally:
+            self._unpin()
+        sub._pending.extend(initial)
+        return sub
+
+    def plan_read(self, name: str, as_of: int, *, from_t: int | None = None,
+                  lease_seconds: float = 600.0) -> ReadPlan:
+        """Pin the relation's current batches for ``lease_seconds`` and describe how to read it
+        as of ``as_of`` (changes in (from_t, as_of] when ``from_t`` is given) directly from
+        the blob store. Call :meth:`release_read` when done."""
+        as_of = _check_time(as_of, "as_of")
+        from_t = args.check_optional_time(from_t, "from_t")
+        args.check_number(lease_seconds, "lease_seconds")
+        with self._lock:
+            rel = self._rel(name)
+            low = rel.entry.since if from_t is None else from_t
+            if not rel.entry.since <= low <= as_of <= rel.sealed_durable:
+                raise AsOfOutOfRange(f"reading {name!r} as of {as_of}" +
+                                     (f" from {from_t}" if from_t is not None else "") +
+                                     f" is outside [since {rel.entry.since}, sealed {rel.sealed_durable}]")
+            if self.blob_uri is None:
+                raise InvalidArgument("plan_read needs an engine opened with a blob URI (file:// or s3://)")
+            trace = rel.trace
+            entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
+            self._lease_counter += 1
+            lease = self._lease_counter
+            self._leases[lease] = time.monotonic() + lease_seconds
+            self._pin()
+        try:
+            parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+            tail = pa.Table.from_batches(parts, schema=rel.update_schema)
+            keep = pc.less_equal(tail.column("time"), as_of)
+            if from_t is not None:
+                keep = pc.and_(keep, pc.greater(tail.column("time"), from_t))
+            tail = tail.filter(keep)
+        except BaseException:
+            self.release_read(lease)
+            raise
+        refs = [ref.to_json() for ref in (*trace.batches, *trace.pending)
+                if ref.key is not None and ref.lower <= as_of and (from_t is None or max(ref.upper - 1, ref.since) > from_t)]
+        return ReadPlan(lease, name, rel.entry.id, rel.update_schema, rel.keys, rel.entry.since,
+                        rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail)
+
+    def release_read(self, lease: int) -> None:
+        """End a read plan's lease: its batches may now be replaced and deleted."""
+        args.check_int(lease, "lease", low=0)
+        with self._lock:
+            if self._leases.pop(lease, None) is None:
+                return
+            self._readers -= 1
+        self._collect()
+
+    def replay(self, name: str, *, batch_rows: int = 65536, ordered: bool = True) -> Iterator[pa.RecordBatch]:
+        """Every stored update of the relation in time order, as record batches of the
+        relation's columns plus ``time`` and ``diff``. Compacted updates appear with their
+        times advanced to the trace's ``since``. Memory holds only the records (and batch
+        row groups) whose time ranges overlap the current time, not the whole relation.
+        ``ordered=False`` streams batches as stored (sorted by row, then time) and then the
+        WAL tail: no sort, for consumers that consolidate anyway."""
+        args.check_int(batch_rows, "batch_rows", low=1)
+        args.check_bool(ordered, "ordered")
+        with self._lock:
+            rel = self._rel(name)
+            trace = rel.trace
+            entries = list(rel.tail)
+            self._pin()
+
+        def load(item) -> pa.Table:
+            if isinstance(item, TailEntry):
+                return pa.Table.from_batches([self._decode(rel, self._log.read(item.lsn))])
+            return self.traces.read_row_group(rel.entry.id, item)
+
+        def generate() -> Iterator[pa.RecordBatch]:
+            try:
+                items: list[Any] = []
+                for ref in (*trace.batches, *trace.pending):
+                    items += self.traces.row_groups(rel.entry.id, ref)
+                items += entries
+                if not ordered:
+                    for item in items:
+                        yield from load(item).cast(rel.update_schema).to_batches(max_chunksize=batch_rows)
+                    return
+                yield from replay_mod.time_ordered(items, load, rel.update_schema, batch_rows)
+            finally:
+                self._unpin()
+
+        return generate()
+
+    def trace_info(self, name: str) -> dict[str, int]:
+        """The relation's stored shape: batches, pending batches, rows and bytes in them, the
+        trace's upper, and the WAL records not yet compacted."""
+        with self._lock:
+            rel = self._rel(name)
+            t = rel.trace
+            return {"batches": len(t.batches), "pending": len(t.pending),
+                    "rows": sum(b.rows for b in (*t.batches, *t.pending)),
+                    "bytes": sum(b.bytes for b in (*t.batches, *t.pending)),
+                    "upper": t.upper, "since": t.since, "tail_records": len(rel.tail),
+                    "compaction_failures": self._compaction_failures.get(name, ("", 0))[1]}
+
+    def stats(self) -> dict[str, Any]:
+        """What the engine holds now, for operators: per relation its rows, batches, stored
+        bytes, frontiers (since, sealed, trace upper), WAL tail records and bytes, compaction
+        lag and subscribers; for the engine the WAL (kind, LSNs, segments, bytes, backlog not
+        yet compacted) and where its storage lives. Plain JSON-ready values; the same
+        dictionary backs ``sediment stats`` and the state gauges of ``/metrics``."""
+        from sediment.engine.stats import engine_stats
+
+        return engine_stats(self)

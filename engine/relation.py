@@ -1,0 +1,71 @@
+"""The engine's in-memory view of one relation, and the small value types its reads hand out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from sediment.engine import args
+from sediment.engine.catalog import RelationEntry
+from sediment.engine.feed import FeedLog
+from sediment.trace.state import TraceState
+
+
+@dataclass(frozen=True, slots=True)
+class TailEntry:
+    """A durable, committed UPDATES record still in the WAL (not yet in a batch)."""
+
+    lsn: int
+    t_lo: int
+    t_hi: int
+    rows: int
+    bytes: int = 0  # the record's body: what compaction still has to read back
+
+
+@dataclass
+class ReadPlan:
+    """What a distributed reader (Spark) needs to read a relation as of a time without the
+    engine in the data path: the batches to fetch straight from the blob store, plus the
+    WAL tail rows. The batches stay in the store until :meth:`Engine.release_read` (or the
+    lease expires)."""
+
+    lease: int
+    relation: str
+    relation_id: int
+    update_schema: pa.Schema
+    key_columns: list[str]
+    since: int
+    sealed: int
+    as_of: int
+    blob_uri: str
+    s3_endpoint: str | None
+    batches: list[dict]  # BatchRef fields, for sediment.trace.store.TraceStore.read_stream
+    tail: pa.Table  # WAL updates not yet in batches, times <= as_of (and > from_t when given)
+
+
+@dataclass
+class _Relation:
+    entry: RelationEntry
+    update_schema: pa.Schema
+    trace: TraceState
+    sealed: int = -1  # admitted seals: appends at times <= this are refused
+    sealed_durable: int = -1  # durable seals: reads may ask for as_of <= this
+    tail: list[TailEntry] = field(default_factory=list)
+    progress: list[tuple[int, int]] = field(default_factory=list)  # (lsn, t) of close records not in the trace
+    seal_ticket: Any = None
+    feed: FeedLog | None = None
+    trace_changed_at: float | None = None  # monotonic time this process last changed the trace
+
+    def needs_from(self) -> int | None:
+        """The least LSN of this relation's records that are not yet in its trace."""
+        lsns = [e.lsn for e in self.tail] + [lsn for lsn, _t in self.progress]
+        return min(lsns) if lsns else None
+
+    @property
+    def keys(self) -> list[str]:
+        return self.entry.schema.names
+
+
+_check_time = args.check_time
