@@ -121,10 +121,59 @@ class _StateCollector:
             yield family
 
 
+class NodeMetrics:
+    """A storage node's instruments: what its partitions' writer threads wrote and synced,
+    and (read at scrape time) each partition's next LSN, session and low-water mark."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.records = Counter(f"{PREFIX}_node_records_appended", "Records a partition made durable",
+                               ["partition"], registry=r)
+        self.bytes = Counter(f"{PREFIX}_node_bytes_appended", "Bytes a partition made durable", ["partition"],
+                             registry=r)
+        self.syncs = Counter(f"{PREFIX}_node_syncs", "Group commits (one sync each)", ["partition"], registry=r)
+        self.sync_seconds = Histogram(f"{PREFIX}_node_sync_seconds", "Write plus sync of one group of appends",
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.errors = Counter(f"{PREFIX}_node_errors", "Operations that failed in a partition's store",
+                              ["partition"], registry=r)
+
+    def count_sync(self, partition: int, records: int, size: int, seconds: float) -> None:
+        label = str(partition)
+        self.records.labels(partition=label).inc(records)
+        self.bytes.labels(partition=label).inc(size)
+        self.syncs.labels(partition=label).inc()
+        self.sync_seconds.observe(seconds)
+
+    def watch_partitions(self, partitions: Callable[[], dict[int, Any]]) -> None:
+        """Gauges of each partition, read at scrape time from the node's own state."""
+        self.registry.register(_PartitionCollector(partitions))
+
+
+class _PartitionCollector:
+    def __init__(self, partitions: Callable[[], dict[int, Any]]) -> None:
+        self._partitions = partitions
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        parts = dict(self._partitions())
+        fields = {"next_lsn": ("next LSN the partition will store (its high-water mark + 1)", lambda p: p.next_lsn),
+                  "session": ("store session of the partition's last recorded state", lambda p: p.state.session_id),
+                  "low_water_mark": ("low-water mark of the partition's last recorded state",
+                                     lambda p: p.state.low_water_mark)}
+        for name, (doc, get) in fields.items():
+            family = GaugeMetricFamily(f"{PREFIX}_node_partition_{name}", doc, labels=["partition"])
+            for pid, part in sorted(parts.items()):
+                family.add_metric([str(pid)], get(part))
+            yield family
+
+
 class MetricsServer:
     """``/metrics`` over HTTP on a loopback (or given) address, in daemon threads."""
 
-    def __init__(self, metrics: EngineMetrics, host: str, port: int) -> None:
+    def __init__(self, metrics: EngineMetrics | NodeMetrics, host: str, port: int) -> None:
         self._server, self._thread = start_http_server(port, addr=host, registry=metrics.registry)
         self.host = host
         self.port = self._server.server_address[1]

@@ -144,3 +144,50 @@ def test_sediment_serve_exposes_metrics_over_http(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+
+
+@pytest.mark.slow
+def test_storage_nodes_expose_metrics_over_http(tmp_path):
+    """Three real storage nodes with --metrics-listen: after acknowledged appends, a quorum of
+    them counted every record, and each reports its partition's next LSN."""
+    import uuid
+
+    from test_replication import free_port
+
+    from sediment.engine.metadata_memory import MemoryMetadataStore
+    from sediment.wal import record as rec
+    from sediment.wal.replicated_log import ReplicatedLog
+
+    key = uuid.uuid4()
+    procs, urls, addresses = [], [], []
+    try:
+        for i in range(3):
+            address = f"127.0.0.1:{free_port()}"
+            proc = subprocess.Popen([sys.executable, "-m", "sediment.wal.storage_node", "--dir", str(tmp_path / f"n{i}"),
+                                     "--listen", address, "--cluster-key", str(key), "--metrics-listen", "127.0.0.1:0"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            procs.append(proc)
+            metrics_line = proc.stdout.readline()
+            assert metrics_line.startswith("metrics on "), (metrics_line, proc.stderr.read() if proc.poll() else "")
+            assert proc.stdout.readline().startswith("listening on")
+            urls.append(metrics_line.split()[-1])
+            addresses.append(address)
+        log = ReplicatedLog.open(addresses, MemoryMetadataStore(), 0, key, timeout=5.0)
+        try:
+            for i in range(10):
+                log.append([rec.Record(rec.RecordKind.UPDATES, relation_id=1, t_lo=i, t_hi=i, body=b"x" * 100)])
+            end = log.end_lsn
+        finally:
+            log.close()
+        scraped = [_scrape(url) for url in urls]
+        counted = [s.get(("sediment_node_records_appended_total", (("partition", "0"),)), 0) for s in scraped]
+        assert sum(c >= 10 for c in counted) >= 2, counted  # every acknowledged append was counted on a quorum
+        for s, c in zip(scraped, counted, strict=True):
+            if c >= 10:
+                assert s[("sediment_node_partition_next_lsn", (("partition", "0"),))] >= 10
+                assert s[("sediment_node_syncs_total", (("partition", "0"),))] >= 1
+        assert end >= 10
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

@@ -62,8 +62,10 @@ import queue
 import struct
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -81,6 +83,9 @@ from sediment.wal.partition_store import (  # noqa: F401 - re-exported: the stor
     open_directory,
 )
 from sediment.wal.wire import MsgType, Request, Response, Status, WireError
+
+if TYPE_CHECKING:
+    from sediment.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +156,10 @@ class _Partition:
     the operations (the writer thread) ``next_lsn``, ``state`` and ``failed``. Each is one
     attribute, read whole by the other side."""
 
-    def __init__(self, pid: int, store: PartitionStore) -> None:
+    def __init__(self, pid: int, store: PartitionStore, metrics: NodeMetrics | None = None) -> None:
         self.pid = pid
         self.store = store
+        self.metrics = metrics
         self.state = store.read_state()  # cached: replies carry it, and reading the file each time is slow
         self.highest_session = self.state.session_id
         self.queued_state = self.state  # the state once every queued operation ran (trio thread)
@@ -218,7 +224,10 @@ class _Partition:
                     first = op.arg[1]
                     payload = b"".join([o.arg[0] for o in ops])
                     sizes = [s for o in ops for s in o.arg[2]]
+                started = time.perf_counter()
                 self.store.write(payload, first, sizes)
+                if self.metrics is not None:
+                    self.metrics.count_sync(self.pid, len(sizes), len(payload), time.perf_counter() - started)
             elif op.kind == _STATE:
                 self.store.write_state(op.arg)
             else:
@@ -227,6 +236,8 @@ class _Partition:
             return None, self.store.next_lsn
         except Exception as exc:  # noqa: BLE001 - every waiter must hear of it; the partition stops
             self.failed = self.failed or f"partition {self.pid} storage failed: {exc}; restart the node"
+            if self.metrics is not None:
+                self.metrics.errors.labels(partition=str(self.pid)).inc()
             log.error("%s", self.failed)
             return exc, -1
 
@@ -251,10 +262,14 @@ Reply = Callable[[Response], None]
 class StorageNode:
     """Request handling for every partition of one storage directory (no sockets here)."""
 
-    def __init__(self, cluster_key: uuid.UUID, open_store: Callable[[int], PartitionStore]) -> None:
+    def __init__(self, cluster_key: uuid.UUID, open_store: Callable[[int], PartitionStore],
+                 metrics: NodeMetrics | None = None) -> None:
         self.cluster_key = cluster_key
         self._open_store = open_store
         self._parts: dict[int, _Partition] = {}
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.watch_partitions(lambda: self._parts)
         self._refused: dict[int, str] = {}
         self._running = False
         self._stopped = False
@@ -291,7 +306,7 @@ class StorageNode:
             raise WalError(self._refused[pid])
         part = self._parts.get(pid)
         if part is None:
-            part = self._parts[pid] = _Partition(pid, self._open_store(pid))
+            part = self._parts[pid] = _Partition(pid, self._open_store(pid), self.metrics)
         return part
 
     def _reply(self, req: Request, part: _Partition | None, status: Status = Status.OK, message: str = "",
@@ -531,8 +546,9 @@ class _Replies:
 
 async def serve_tcp(directory: str, host: str, port: int, cluster_key: uuid.UUID,
                     segment_bytes: int = DEFAULT_SEGMENT_BYTES, task_status=trio.TASK_STATUS_IGNORED,
-                    open_store: Callable[[int], PartitionStore] | None = None) -> None:
-    node = StorageNode(cluster_key, open_store or open_directory(directory, cluster_key, segment_bytes))
+                    open_store: Callable[[int], PartitionStore] | None = None,
+                    metrics: NodeMetrics | None = None) -> None:
+    node = StorageNode(cluster_key, open_store or open_directory(directory, cluster_key, segment_bytes), metrics)
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
         listeners = await nursery.start(functools.partial(trio.serve_tcp, node.serve, port, host=host))
@@ -549,6 +565,8 @@ def add_storage_node_parser(sub: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
     p.add_argument("--checkpoint-records", type=int, default=DEFAULT_CHECKPOINT,
                    help="records between durable ends recorded in a partition's manifest")
+    p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                   help="also serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one)")
     p.set_defaults(func=cmd_storage_node)
     return p
 
@@ -564,10 +582,19 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
 
     open_store = open_directory(args.dir, key, args.segment_bytes, args.checkpoint_records)  # refuses a lost control file before listening
 
+    metrics = None
+    if getattr(args, "metrics_listen", None):
+        from sediment.metrics import MetricsServer, NodeMetrics
+
+        metrics = NodeMetrics()
+        m_host, _, m_port = args.metrics_listen.rpartition(":")
+        print(f"metrics on {MetricsServer(metrics, m_host or '127.0.0.1', int(m_port)).url}", flush=True)
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(functools.partial(serve_tcp, args.dir, host or "127.0.0.1", int(port),
-                                                              key, args.segment_bytes, open_store=open_store))
+                                                              key, args.segment_bytes, open_store=open_store,
+                                                              metrics=metrics))
             addr = listeners[0].socket.getsockname()
             print(f"listening on {addr[0]}:{addr[1]}", flush=True)
 
