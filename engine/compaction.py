@@ -74,6 +74,8 @@ class Compaction:
         name = rel.entry.name
         if name in failed:
             return
+        if name in self._compaction_failures:
+            self.metrics.retries.labels(where="compaction").inc()
         try:
             step()
         except Exception as exc:  # noqa: BLE001 - reported, retried on the next pass

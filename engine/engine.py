@@ -45,7 +45,7 @@ from sediment.errors import (
     WalCorruption,
     WalMissing,
 )
-from sediment.metrics import EngineMetrics
+from sediment.metrics import CountingBlobStore, EngineMetrics
 from sediment.trace import compacter as cmp
 from sediment.trace.state import TraceState
 from sediment.trace.store import TraceStore
@@ -139,7 +139,7 @@ class Engine(Reads, Compaction):
             s3_endpoint = stored.get("s3_endpoint")
             if replicas:
                 deploy.require_shared_blob(blob, self.data_dir)
-            self._blobs = self._open_blobs(blob, s3_endpoint)
+            self._blobs = CountingBlobStore(self._open_blobs(blob, s3_endpoint), self.metrics)
             self.traces = TraceStore(self._meta, self._blobs)
             self.traces.check_owner(stored["engine_id"], self.blob_uri or "<blob store object>",
                                     take_over=take_over_blob_prefix, data_dir=self.data_dir)
@@ -166,6 +166,8 @@ class Engine(Reads, Compaction):
                                      *(p.upper - 1 for p in rel.trace.pending))
             if not replicas:
                 self._check_log_reaches_traces()
+            if hasattr(self._log, "latency_observer"):
+                self._log.latency_observer = self.metrics.quorum_latency.observe
             self._recover()
             if self._record_storage is not None:
                 self._meta.compare_and_set(STORAGE_KEY, *self._record_storage)
@@ -326,7 +328,7 @@ class Engine(Reads, Compaction):
     # --- applying durable records (live and at recovery) ---------------------------------------
 
     def _on_durable(self, records) -> None:
-        self.metrics.durable_records.observe(len(records))
+        self.metrics.group_commit.observe(len(records))
         with self._lock:
             for r in records:
                 self._apply(r)

@@ -85,4 +85,5 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
             "metadata": engine.metadata_spec,
         },
         "relations": relations,
+        "replicas": log.replica_lag() if hasattr(log, "replica_lag") else None,
     }

@@ -43,9 +43,9 @@ class EngineMetrics:
                             registry=r)
         self.append_latency = Histogram(f"{PREFIX}_append_latency_seconds", "From the call to the durable "
                                         "acknowledgement", buckets=_LATENCY_BUCKETS, registry=r)
-        self.durable_records = Histogram(f"{PREFIX}_durable_submission_records", "WAL records per "
-                                         "submission made durable (an append, a seal, a commit)",
-                                         buckets=_COUNT_BUCKETS, registry=r)
+        self.group_commit = Histogram(f"{PREFIX}_group_commit_records", "WAL records made durable together "
+                                      "by one group commit (one sync of the log)", buckets=_COUNT_BUCKETS,
+                                      registry=r)
         self.seals = Counter(f"{PREFIX}_seals", "Acknowledged seal calls", ["relation"], registry=r)
         self.compactions = Counter(f"{PREFIX}_compaction_passes", "Compaction passes run", registry=r)
         self.compaction_seconds = Histogram(f"{PREFIX}_compaction_pass_seconds", "Duration of a compaction "
@@ -58,6 +58,9 @@ class EngineMetrics:
         self.blob_requests = Counter(f"{PREFIX}_blob_requests", "Blob store requests", ["op"], registry=r)
         self.errors = Counter(f"{PREFIX}_errors", "Errors by kind (typed error class) and where they "
                               "happened", ["where", "kind"], registry=r)
+        self.quorum_latency = Histogram(f"{PREFIX}_quorum_latency_seconds", "Replicated log: from a submit to "
+                                        "a write quorum's durable acknowledgement", buckets=_LATENCY_BUCKETS,
+                                        registry=r)
         self.retries = Counter(f"{PREFIX}_retries", "Work retried after an error (e.g. a relation's "
                                "compaction)", ["where"], registry=r)
 
@@ -81,6 +84,38 @@ class EngineMetrics:
         return generate_latest(self.registry)
 
 
+class CountingBlobStore:
+    """A blob store that counts its requests (``sediment_blob_requests_total{op}``) and failures
+    (``sediment_errors_total{where="blob"}``), and otherwise is the store it wraps: every other
+    attribute (``put_file``, ``spill_path``, ``root``...) is the wrapped store's own."""
+
+    OPS = frozenset({"get", "get_range", "size", "put", "put_if_absent", "put_file", "delete", "list"})
+
+    def __init__(self, inner: Any, metrics: EngineMetrics) -> None:
+        self._inner = inner
+        self._metrics = metrics
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in self.OPS or not callable(attr):
+            return attr
+        counter = self._metrics.blob_requests.labels(op=name)
+        metrics = self._metrics
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counter.inc()
+            try:
+                return attr(*args, **kwargs)
+            except Exception as exc:
+                metrics.error("blob", exc)
+                raise
+
+        return counted
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+
 class _StateCollector:
     """Gauges read from ``Engine.stats()`` at scrape time."""
 
@@ -99,6 +134,11 @@ class _StateCollector:
         for key in ("start_lsn", "end_lsn", "backlog_bytes", "backlog_records", "segments", "bytes"):
             if wal.get(key) is not None:
                 yield GaugeMetricFamily(f"{PREFIX}_wal_{key}", f"WAL {key.replace('_', ' ')}", value=wal[key])
+        lag = GaugeMetricFamily(f"{PREFIX}_replica_lag_records", "Replicated log: acknowledged records a "
+                                "replica has yet to confirm", labels=["replica", "state"])
+        for address, replica in (s.get("replicas") or {}).items():
+            lag.add_metric([address, str(replica["state"])], replica["lag"])
+        yield lag
         per_rel = {
             "rows": "Rows stored in the relation's batches",
             "batches": "Batches in the relation's trace",

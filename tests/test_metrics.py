@@ -74,6 +74,10 @@ def test_metrics_endpoint_counts_appends_and_follows_compaction(tmp_path):
             assert after[("sediment_wal_backlog_bytes", ())] == 0
             assert after[("sediment_compaction_passes_total", ())] > mid.get(("sediment_compaction_passes_total", ()), 0)
             assert _rel(after, "sediment_batches_written_total", "r") >= 1
+            puts = after.get(("sediment_blob_requests_total", (("op", "put_if_absent"),)), 0) + \
+                after.get(("sediment_blob_requests_total", (("op", "put_file"),)), 0)
+            assert puts >= 1 and puts > mid.get(("sediment_blob_requests_total", (("op", "put_if_absent"),)), 0)
+            assert after[("sediment_group_commit_records_count", ())] >= 4  # 3 appends and a seal, at least
         finally:
             server.stop()
 
@@ -191,3 +195,37 @@ def test_storage_nodes_expose_metrics_over_http(tmp_path):
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_a_replicated_engine_reports_quorum_latency_and_replica_lag(tmp_path):
+    from test_replication import KEY, Node
+
+    from sediment.engine.metadata_memory import MemoryMetadataStore
+
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    try:
+        with sediment.open(tmp_path / "data", replicas=[n.address for n in nodes], metadata=MemoryMetadataStore(),
+                           cluster_key=str(KEY), blob=f"file://{tmp_path}/blobs") as engine:
+            engine.add_relation("r", SCHEMA)
+            for t in range(1, 6):
+                engine.append("r", _updates(range(t * 10, t * 10 + 3), t))
+            samples = {(name, labels): v for (name, labels), v in
+                       _collect(engine.metrics.exposition().decode()).items()}
+            assert samples[("sediment_quorum_latency_seconds_count", ())] >= 5
+            lags = {dict(labels)["replica"]: v for (name, labels), v in samples.items()
+                    if name == "sediment_replica_lag_records"}
+            assert set(lags) == {n.address for n in nodes}
+            assert all(v >= 0 for v in lags.values())
+            assert engine.stats()["replicas"].keys() == lags.keys()
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
+
+
+def _collect(text: str) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -112,6 +113,7 @@ class ReplicatedLog:
         self._trimmed = 0
         self._segment_bytes = max(1, int(segment_bytes))
         self.tail_cache = TailCache(cache_bytes)
+        self.latency_observer: Callable[[float], None] | None = None  # seconds from submit to quorum
         self._unfinished_bytes = 0  # acknowledged since the last FRONTIERS record (trio thread)
         self._finishing = False
         self._listener: Callable[[int], None] | None = None
@@ -268,8 +270,11 @@ class ReplicatedLog:
     def submit(self, records: Sequence[rec.Record],
                on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> _Ticket:
         ticket = _Ticket()
+        started = time.perf_counter()
 
         def done(lsn: int, err: BaseException | None) -> None:
+            if err is None and self.latency_observer is not None:
+                self.latency_observer(time.perf_counter() - started)
             if err is None and on_durable is not None and records:
                 on_durable(records)
             ticket.lsn, ticket.error = lsn, err
@@ -317,6 +322,14 @@ class ReplicatedLog:
 
     def append(self, records: Sequence[rec.Record]) -> int:
         return self.submit(records).wait()
+
+    def replica_lag(self) -> dict[str, dict[str, object]]:
+        """Each replica's state in the current session and how many acknowledged records it
+        has yet to confirm (read without locks: a snapshot for operators, not for decisions)."""
+        coord = self.coordinator
+        committed = coord.committed
+        return {address: {"state": link.state, "acked": link.acked, "lag": max(0, committed - link.acked)}
+                for address, link in list(coord.links.items())}
 
     # --- reading -------------------------------------------------------------------------
 
