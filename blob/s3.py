@@ -28,7 +28,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
-from sediment.errors import BlobAlreadyExists, BlobError, BlobNotFound
+from sediment.errors import BlobAlreadyExists, BlobCredentialsError, BlobError, BlobNotFound
 
 from .keys import validate_key, validate_range
 
@@ -50,6 +50,10 @@ def _error_code(e: ClientError) -> str:
 
 def _status(e: ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+_CREDENTIAL_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                               "InvalidToken"})
 
 
 def _retries(e: ClientError) -> int:
@@ -133,7 +137,7 @@ class S3BlobStore:
             return "the endpoint could not be reached; check s3_endpoint / AWS_ENDPOINT_URL and the network"
         if isinstance(e, ClientError):
             code = _error_code(e)
-            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            if code in _CREDENTIAL_CODES:
                 return "the credentials were refused; check the access key and the bucket policy"
             if code == "NoSuchBucket":
                 return f"bucket {self.bucket!r} does not exist; create it or fix the URI"
@@ -142,6 +146,10 @@ class S3BlobStore:
         return "check the endpoint, credentials and bucket"
 
     def _fail(self, op: str, key: str, e: Exception, extra: str = "") -> BlobError:
+        if isinstance(e, NoCredentialsError) or isinstance(e, ClientError) and _error_code(e) in _CREDENTIAL_CODES:
+            what = f"{type(e).__name__}: {e}" if not isinstance(e, ClientError) else _error_code(e)
+            return BlobCredentialsError(f"S3 {op} of {self._where(key)} refused, not retried: {what}. "
+                                        f"{self._hint(e)}{extra}")
         if isinstance(e, ClientError):
             message = e.response.get("Error", {}).get("Message", "")
             what = f"{_error_code(e) or _status(e)}: {message}".rstrip(": ")

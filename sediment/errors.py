@@ -230,6 +230,12 @@ class BlobError(SedimentError):
     """A blob store operation failed after its retries; nothing was half-committed."""
 
 
+class BlobCredentialsError(BlobError):
+    """The blob store refused or could not find the credentials (no AWS credentials, an unknown
+    access key, a bad signature, access denied). Never retried: retrying cannot help until
+    the credentials or the bucket policy are fixed."""
+
+
 class BlobNotFound(BlobError, LookupError):
     """No object at that key."""
 

@@ -571,3 +571,24 @@ def test_open_s3_uri_with_options(s3_bucket: tuple[str, str], moto_server: MotoS
 def test_open_rejects_bad_uris(uri: str, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         open_blob_store(uri, **options)
+
+
+@pytest.mark.s3
+def test_missing_s3_credentials_are_a_typed_error_and_not_retried(moto_server, monkeypatch, tmp_path):
+    """No credentials at all: refused at once, typed, saying so (retrying cannot help)."""
+    import time
+
+    from sediment.blob.uri import open_blob_store
+    from sediment.errors import BlobCredentialsError
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    store = open_blob_store("s3://no-creds-bucket/p", s3_endpoint=moto_server.endpoint)
+    started = time.monotonic()
+    with pytest.raises(BlobCredentialsError, match="not retried") as refused:
+        store.put("k", b"x")
+    assert "credentials" in str(refused.value) and "attempt" not in str(refused.value)
+    assert time.monotonic() - started < 5
