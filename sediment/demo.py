@@ -155,16 +155,18 @@ def run(args: argparse.Namespace) -> int:
     mismatches: list[str] = []
     try:
         t0 = time.perf_counter()
-        spark = local_spark("sediment-demo")
-        served = _Served(data_dir, token, options)
-        with sediment.connect(served.uri, token) as client:
-            client.add_relation(RELATION, SCHEMA)
+        with Progress(0, "start Spark and a served engine", force=force):
+            spark = local_spark("sediment-demo")
+            served = _Served(data_dir, token, options)
+            with sediment.connect(served.uri, token) as client:
+                client.add_relation(RELATION, SCHEMA)
         timings["start"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        stream = generate(spark, rows, times).cache()
-        per_time = {r["time"]: r["count"] for r in stream.groupBy("time").count().collect()}
-        total = sum(per_time.values())
+        with Progress(0, f"generate about {rows} updates over {times} times", force=force):
+            stream = generate(spark, rows, times).cache()
+            per_time = {r["time"]: r["count"] for r in stream.groupBy("time").count().collect()}
+            total = sum(per_time.values())
         timings["generate"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -181,16 +183,17 @@ def run(args: argparse.Namespace) -> int:
         timings["feed+seal"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        with sediment.connect(served.uri, token) as client:
+        with Progress(0, f"compact (since {since})", force=force), sediment.connect(served.uri, token) as client:
             client.set_since(RELATION, since)
             client.compact()
             info = client.trace_info(RELATION)
         timings["compact"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        served.stop()
-        served = None
-        served = _Served(data_dir, token, options)
+        with Progress(0, "restart the engine (replay)", force=force):
+            served.stop()
+            served = None
+            served = _Served(data_dir, token, options)
         timings["restart"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

@@ -1,8 +1,13 @@
-"""A tiny progress bar on stderr for long operations (append, compaction, the demo).
+"""Progress for long operations (append, compaction, verify, the demo's phases), on stderr.
 
-It draws only when the stream is a terminal, or when forced (``force=True``, or the
-environment variable ``SEDIMENT_PROGRESS=1``), so pipes, logs and tests stay clean.
-No dependencies: one line rewritten with ``\\r``, at most ten times a second.
+Three ways to show it, chosen once per display:
+
+- ``bar``: a live ``tqdm`` bar, when the stream is a terminal (or ``force=True``, or
+  ``SEDIMENT_PROGRESS=1``);
+- ``lines``: when the stream is not a terminal (a log file, CI, ``make demo`` piped), one
+  line when the phase starts and one when it ends, with the count, time and rate, so a
+  log says what is being done while it is done without filling up with redraws;
+- ``off``: ``force=False``, ``--no-progress`` or ``SEDIMENT_PROGRESS=0``.
 
     with Progress(total=size, label="append", unit="B") as bar:
         for chunk in chunks:
@@ -18,8 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-_WIDTH = 24
-_INTERVAL = 0.1  # seconds between redraws
+from tqdm import tqdm
 
 
 def progress_forced() -> bool | None:
@@ -33,35 +37,26 @@ def progress_forced() -> bool | None:
 
 
 def _human(n: float, unit: str) -> str:
-    """``1536, "B"`` -> ``1.5 KiB``; other units step by 1000 with no unit (``12.3k``)."""
+    """``1536, "B"`` -> ``1.5 KiB``; other units step by 1000 (``12.3k rows``)."""
     binary = unit == "B"
     steps, base = (("B", "KiB", "MiB", "GiB", "TiB"), 1024.0) if binary else (("", "k", "M", "G", "T"), 1000.0)
     for step in steps:
         if abs(n) < base or step == steps[-1]:
             text = f"{n:.0f}" if step in ("", "B") else f"{n:.1f}"
-            return f"{text} {step}" if binary else f"{text}{step}"
+            return f"{text} {step}" if binary else f"{text}{step}" + (f" {unit}" if unit else "")
         n /= base
     raise AssertionError("unreachable")
 
 
-def _clock(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
 class Progress:
-    """A progress bar: ``total`` units (0 or None when unknown), advanced by :meth:`update`.
-
-    A no-op unless enabled, so callers never need to test for a terminal themselves.
-    """
+    """Progress of ``total`` units (0 or None when unknown), advanced by :meth:`update`. Callers
+    never test for a terminal themselves: the display picks its mode (see the module doc)."""
 
     def __init__(self, total: int | None, label: str = "", unit: str = "", *,
                  stream: TextIO | None = None, force: bool | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.total = int(total) if total else 0
-        self.label = label
+        self.label = label or "working"
         self.unit = unit
         self.done = 0
         self._stream = stream if stream is not None else sys.stderr
@@ -69,64 +64,60 @@ class Progress:
             force = progress_forced()
         if force is None:
             isatty = getattr(self._stream, "isatty", None)
-            force = bool(isatty and isatty())
-        self.enabled = bool(force)
+            self.mode = "bar" if isatty and isatty() else "lines"
+        else:
+            self.mode = "bar" if force else "off"
         self._clock = clock
         self._start = clock()
-        self._last_draw = float("-inf")
-        self._suffix = f" {unit}" if unit and unit != "B" else ""
-        self._width = 0  # length of the last line drawn, to blank leftovers of a longer one
+        self._bar: tqdm | None = None
+        if self.mode == "bar":
+            self._bar = tqdm(total=self.total or None, desc=self.label, unit=unit if unit and unit != "B" else
+                             ("B" if unit == "B" else "it"), unit_scale=unit == "B" or self.total >= 10_000,
+                             unit_divisor=1024 if unit == "B" else 1000,
+                             file=self._stream, mininterval=0.1, dynamic_ncols=True, leave=True)
+        elif self.mode == "lines":
+            of = f" of {_human(self.total, unit)}" if self.total else ""
+            self._write(f"{self.label}: started{of}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    def _write(self, line: str) -> None:
+        self._stream.write(line + "\n")
+        self._stream.flush()
 
     def update(self, n: int = 1) -> None:
-        """Advance by ``n`` units; redraws at most every 0.1 s."""
+        """Advance by ``n`` units."""
         self.done += n
-        if not self.enabled:
-            return
-        now = self._clock()
-        if now - self._last_draw >= _INTERVAL:
-            self._draw(now)
+        if self._bar is not None:
+            self._bar.update(n)
 
     def set(self, done: int) -> None:
         """Set the absolute position (for sources that report where they are, like a file offset)."""
         self.update(done - self.done)
 
-    def line(self, now: float | None = None) -> str:
-        """The bar's text: label, bar, percentage, count, rate and ETA (when the total is known)."""
+    def summary(self, now: float | None = None) -> str:
+        """The closing line: label, count, time and rate."""
         now = self._clock() if now is None else now
         elapsed = max(now - self._start, 1e-9)
-        rate = self.done / elapsed
-        parts = [self.label] if self.label else []
-        if self.total:
-            frac = min(1.0, self.done / self.total)
-            filled = int(frac * _WIDTH)
-            parts.append("[" + "#" * filled + "." * (_WIDTH - filled) + f"] {frac * 100:5.1f}%")
-            parts.append(f"{_human(self.done, self.unit)}/{_human(self.total, self.unit)}{self._suffix}")
-        else:
-            parts.append(_human(self.done, self.unit) + self._suffix)
-        parts.append(f"{_human(rate, self.unit)}{self._suffix}/s")
-        if self.total and rate > 0 and self.done < self.total:
-            parts.append(f"ETA {_clock((self.total - self.done) / rate)}")
-        else:
-            parts.append(f"in {_clock(elapsed)}")
-        return " ".join(parts)
-
-    def _draw(self, now: float) -> None:
-        self._last_draw = now
-        text = self.line(now)
-        self._stream.write("\r" + text + " " * max(0, self._width - len(text)))
-        self._stream.flush()
-        self._width = len(text)
+        return (f"{self.label}: done, {_human(self.done, self.unit)} in {elapsed:.1f} s "
+                f"({_human(self.done / elapsed, self.unit)}/s)")
 
     def close(self) -> None:
-        """Draw the final state and end the line (nothing if disabled)."""
-        if self.enabled:
-            self._draw(self._clock())
-            self._stream.write("\n")
-            self._stream.flush()
-            self.enabled = False
+        """End the display: the bar's final state, or the closing line. Idempotent."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        elif self.mode == "lines":
+            self._write(self.summary())
+        self.mode = "off"
 
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None and self.mode == "lines":
+            self._write(self.summary().replace(": done,", ": stopped after", 1))
+            self.mode = "off"
         self.close()

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -28,6 +29,7 @@ from sediment.errors import UnknownRelation
 from sediment.progress import Progress
 from sediment.wal.record import RecordKind
 
+PROGRESS_LINE = re.compile(r"^[^:]+: (started|done|stopped)\b")
 SCHEMA = "id:int64,name:string"
 HEADER = "id,name,time,diff\n"
 
@@ -51,7 +53,7 @@ def ok(capsys: pytest.CaptureFixture[str], data_dir: os.PathLike[str] | str, *ar
 def assert_one_line_error(rc: int, err: str, *words: str, code: int = 1) -> None:
     assert rc == code, err
     assert "Traceback" not in err
-    lines = err.splitlines()
+    lines = [line for line in err.splitlines() if not PROGRESS_LINE.match(line)]  # progress lines go first
     assert len(lines) == 1, err
     assert lines[0].startswith("sediment: error: "), err
     for word in words:
@@ -297,37 +299,39 @@ def test_demo_dispatches_to_module(tmp_path, capsys, monkeypatch):
 # --- progress -------------------------------------------------------------------------------
 
 
-def test_progress_bar_only_when_forced(tmp_path, capsys):
+def test_progress_is_a_bar_when_forced_lines_when_piped_and_nothing_when_off(tmp_path, capsys):
     d = tmp_path / "data"
     ok(capsys, d, "relation", "add", "orders", "--schema", SCHEMA)
     src = write_csv(tmp_path / "u.csv", "".join(f"{i},n,1,1\n" for i in range(500)))
-    rc, _, err = run(capsys, d, "append", "orders", src)
-    assert rc == 0 and err == ""  # stderr is not a terminal: no bar
+    rc, _, err = run(capsys, d, "append", "orders", src)  # stderr is not a terminal: a line per phase
+    assert rc == 0 and "\r" not in err
+    assert [line.split(":")[0] for line in err.splitlines()] == ["check u.csv", "check u.csv", "append u.csv",
+                                                                  "append u.csv"]
+    assert "append u.csv: done, 500 rows in" in err
+    rc, _, err = run(capsys, d, "append", "orders", src, "--no-progress")
+    assert rc == 0 and err == ""
     rc, _, err = run(capsys, d, "append", "orders", src, "--progress", "--chunk-bytes", "1024")
     assert rc == 0
-    assert "check u.csv" in err and "append u.csv" in err and "500/500 rows" in err and "100.0%" in err
+    assert "check u.csv" in err and "append u.csv" in err and "500/500" in err and "100%" in err
     assert err.endswith("\n") and "\r" in err
 
 
-def test_progress_line_rate_and_eta(monkeypatch):
+def test_progress_modes_and_summary(monkeypatch):
     now = [0.0]
-    stream = io.StringIO()
-    bar = Progress(1000, "copy", "rows", stream=stream, force=True, clock=lambda: now[0])
-    now[0] = 2.0
-    bar.update(250)
-    assert bar.line() == "copy [######..................]  25.0% 250/1.0k rows 125 rows/s ETA 0:06"
-    now[0] = 8.0
-    bar.update(750)
-    bar.close()
-    assert stream.getvalue().endswith("\n") and "100.0%" in stream.getvalue() and "in 0:08" in stream.getvalue()
+    lines = io.StringIO()  # a StringIO is no terminal: start and end lines
+    with Progress(1000, "copy", "rows", stream=lines, clock=lambda: now[0]) as bar:
+        now[0] = 8.0
+        bar.update(1000)
+        assert bar.summary() == "copy: done, 1.0k rows in 8.0 s (125 rows/s)"
+    assert lines.getvalue().splitlines() == ["copy: started of 1.0k rows", "copy: done, 1.0k rows in 8.0 s (125 rows/s)"]
     forced = io.StringIO()
     monkeypatch.setenv("SEDIMENT_PROGRESS", "1")
     with Progress(10, "env", stream=forced) as on:
         on.update(10)
-    assert "env [" in forced.getvalue()
-    monkeypatch.delenv("SEDIMENT_PROGRESS")
+    assert "env: 100%" in forced.getvalue() and "10/10" in forced.getvalue()
+    monkeypatch.setenv("SEDIMENT_PROGRESS", "0")
     quiet = io.StringIO()
-    with Progress(10, stream=quiet) as off:  # a StringIO is no terminal
+    with Progress(10, stream=quiet) as off:
         off.update(10)
     assert quiet.getvalue() == "" and off.done == 10
 

@@ -55,7 +55,7 @@ def test_json_logs_are_one_object_per_line(tmp_path, capsys):
     assert any(r["logger"].startswith("sediment.engine.") and "compaction pass" in r["message"] and r["level"] == "info"
                for r in lines)
     assert all({"time", "level", "logger", "message"} <= set(r) for r in lines)
-    assert cli_main(["--data-dir", data, "--log-level", "error", "compact"]) == 0
+    assert cli_main(["--data-dir", data, "--log-level", "error", "--no-progress", "compact"]) == 0
     assert capsys.readouterr().err == ""
 
 
