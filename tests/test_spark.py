@@ -327,6 +327,9 @@ def test_the_demo_runs_small_and_reports_ok():
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "verdict: OK" in out.stdout and "Traceback" not in out.stderr
     assert "updates over 100 times" in out.stdout
+    for phase in ("start Spark and a served engine", "feed", "compact (since 50)", "restart the engine (replay)",
+                  "verify"):  # stderr is no terminal: each phase says when it starts and ends
+        assert f"{phase}: started" in out.stderr and f"{phase}: done" in out.stderr, (phase, out.stderr[-2000:])
 
 
 def test_the_demo_comparison_catches_a_wrong_read(spark):
