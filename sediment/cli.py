@@ -128,7 +128,8 @@ def _open(args: argparse.Namespace, *, create: bool = False, **options: object) 
             raise UsageError("--connect needs a token: pass --token T or set $SEDIMENT_TOKEN")
         return sediment.connect(args.connect, token=token, tls_root_certs=getattr(args, "tls_root_certs", None))
     data_dir = _data_dir(args)
-    if not create and not os.path.isdir(data_dir):
+    if not create and not os.path.isdir(data_dir) and not getattr(args, "metadata", None):
+        # (with --metadata the engine may live in a shared store: a new coordinator's directory is fine)
         raise SedimentError(f"no data directory at {data_dir}; `sediment relation add` creates one, or pass "
                             "--data-dir")
     if getattr(args, "blob", None):
@@ -146,7 +147,10 @@ def _open(args: argparse.Namespace, *, create: bool = False, **options: object) 
 
 
 def _progress(args: argparse.Namespace, total: int | None, label: str, unit: str) -> Progress:
-    return Progress(total, label, unit, force=getattr(args, "progress", None))
+    force = getattr(args, "progress", None)
+    if force is None and getattr(args, "log_format", "text") == "json":
+        force = False  # stderr carries JSON log lines only, unless progress is asked for
+    return Progress(total, label, unit, force=force)
 
 
 # --- relation -------------------------------------------------------------------------------
@@ -276,7 +280,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     with _open(args) as engine:
         names = [args.name] if args.name else engine.relations()
         before = {n: engine.trace_info(n) for n in names}
-        engine.compact(args.name)
+        with _progress(args, 0, "compact " + (args.name or f"{len(names)} relations"), ""):
+            engine.compact(args.name)
         for n in names:
             info = engine.trace_info(n)
             print(f"compacted {n}: {info['batches']} batches, {info['rows']} rows, upper {info['upper']}, "
@@ -384,7 +389,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     data_dir = _data_dir(args)
     blob_options = {"blob": getattr(args, "blob", None), "s3_endpoint": getattr(args, "s3_endpoint", None)}
-    report = verify_data_dir(data_dir, **blob_options)
+    with _progress(args, 0, f"verify {data_dir}", ""):
+        report = verify_data_dir(data_dir, **blob_options)
     if getattr(args, "json", False) and not args.repair:
         import json
 

@@ -93,7 +93,10 @@ def run(spark: Any, args: argparse.Namespace) -> None:
               .option("seal", args.seal).mode("append"))
     if args.time is not None:
         writer = writer.option("time", args.time)
-    writer.save()
+    from sediment.progress import Progress
+
+    with Progress(0, f"ingest {args.input} into {args.relation}"):
+        writer.save()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,10 @@ def run(spark: Any, args: argparse.Namespace) -> int:
         with sediment.connect(args.uri, token) as client:
             as_of = client.sealed(args.relation)
     args.as_of = as_of
-    with open_relation(spark, args.uri, args.relation, as_of, args.from_t, token) as df:
+    from sediment.progress import Progress
+
+    with Progress(0, f"read {args.relation} to {args.output}"), \
+            open_relation(spark, args.uri, args.relation, as_of, args.from_t, token) as df:
         cached = df.cache()  # counted and written from one read of the batches
         try:
             rows = cached.count()

@@ -74,3 +74,33 @@ def test_read_from_gives_the_changes_between_two_times(tmp_path, capsys):
 @pytest.mark.parametrize("level", ["verbose", "INFO"])
 def test_bad_log_level_is_a_usage_error(level, capsys):
     assert cli_main(["--log-level", level, "cluster-key"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.zookeeper
+def test_the_cli_creates_a_replicated_engine_and_a_second_coordinator_reads_it(tmp_path, capsys, zookeeper, zk_root):
+    from test_replication import Node
+
+    key = str(uuid.uuid4())
+    nodes = [Node(tmp_path / f"node{i}", key=uuid.UUID(key)) for i in range(3)]
+    for n in nodes:
+        n.start()
+    try:
+        meta = f"zk://{zookeeper.hosts}{zk_root}/cli"
+        create = ["--data-dir", str(tmp_path / "a"), "--metadata", meta, "--cluster-key", key,
+                  "--replicas", ",".join(n.address for n in nodes), "--blob", f"file://{tmp_path}/shared-blobs"]
+        assert cli_main([*create, "relation", "add", "r", "--schema", "id:int64"]) == 0
+        csv = tmp_path / "u.csv"
+        csv.write_text("id,time,diff\n1,1,1\n2,1,1\n")
+        for argv in (["append", "r", str(csv)], ["seal", "r", "1"]):
+            assert cli_main(["--data-dir", str(tmp_path / "a"), "--metadata", meta, *argv]) == 0
+        capsys.readouterr()
+        # another data directory, the metadata alone: the storage record says where everything is
+        assert cli_main(["--data-dir", str(tmp_path / "b"), "--metadata", meta, "read", "r", "--as-of", "1"]) == 0
+        assert capsys.readouterr().out.splitlines() == ['"id","diff"', "1,1", "2,1"]
+        assert cli_main(["--data-dir", str(tmp_path / "a"), "stats", "--json"]) == 1  # a replicated directory
+        assert "metadata" in capsys.readouterr().err  # without --metadata: refused, and it says what is missing
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
