@@ -120,12 +120,19 @@ def verify_device(path: str, report: VerifyReport) -> None:
     refuse (missing or blank ring, damaged header copies, records ending before the recorded
     durable end, damage followed by acknowledged records), a note for what open cuts or
     rewrites by itself (a crash's torn tail, one damaged header copy)."""
+    from sediment.errors import WalCorruption, WalShortened
     from sediment.wal.device_recovery import inspect
+    from sediment.wal.log_reader import Problem
 
     try:
         found = inspect(path)
     except SedimentError as exc:
         report.problems.append(str(exc))
+        if isinstance(exc, (WalShortened, WalCorruption)) and exc.offset >= 0:
+            # acknowledged records are damaged: a repair must not go ahead without --force
+            last = (exc.lost_to - 1) if isinstance(exc, WalShortened) and exc.lost_to > 0 else exc.offset
+            report.wal_findings.append(Problem("damage", path, exc.offset, exc.offset, last, exc.reason,
+                                               fatal=True, lost=True))
         return
     except OSError as exc:
         report.problems.append(f"{path}: cannot read the device ring: {exc}")
