@@ -194,7 +194,7 @@ def test_zeroed_block_before_the_durable_end_is_refused_after_a_crash(tmp_path: 
         kept = [r.lsn for r in log.scan() if r.kind == RecordKind.UPDATES]
         if page_lsn + BS < durable:  # valid records follow the zeroed page: a hole, and they are kept
             assert kept == [r.lsn for r in recs if r.lsn != page_lsn]
-            assert "acknowledged LSN range [%d, %d) lost" % (page_lsn, page_lsn + BS) in log.report.torn_tails[0][3]
+            assert f"acknowledged LSN range [{page_lsn}, {page_lsn + BS}) lost" in log.report.torn_tails[0][3]
             assert log.lost_acknowledged == (page_lsn, page_lsn + BS)
             assert Path(f"{path}.pre-repair-{page_lsn}").read_bytes() == bytes(BS)  # its original bytes
         else:  # nothing valid after it: cut there
