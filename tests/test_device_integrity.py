@@ -435,3 +435,29 @@ def test_repair_of_a_bit_flip_keeps_every_record_that_verifies(tmp_path: Path, c
         assert got == [t for t in range(1, 41) if t != victim[3]]  # only the damaged record is lost
         eng.append("r", pa.table({"k": [41], "time": [41], "diff": [1]}))
         assert eng.wal.end_lsn > durable_end  # appends resume past every LSN the ring had used
+
+
+def test_garbage_after_the_clean_end_does_not_break_the_next_open(tmp_path: Path) -> None:
+    """Found checking forced repairs: damaged bytes in the last block's tail, beyond the clean
+    end, were not blanked by an open after a clean shutdown (verify and open rightly ignore
+    them), so once the next append went to the following block, the reopen walked into them
+    and refused the ring with WalShortened. Open now blanks that tail."""
+    path = tmp_path / "ring"
+    log = DeviceLog.open(path, CAP, create=True)
+    recs = [upd(i, 300) for i in range(5)]
+    for r in recs:
+        log.append([r])
+    log.close()
+    end = header_of(path.read_bytes()).clean_end
+    assert end % BS
+    image = bytearray(path.read_bytes())
+    image[HDR + end + 37] ^= 0x10
+    path.write_bytes(bytes(image))
+    assert verdict(path).ok
+    log = DeviceLog.open(path)
+    log.append([upd(99, 300)])
+    log.close()
+    assert verdict(path).ok
+    log = DeviceLog.open(path)
+    assert [r.t_lo for r in log.scan() if r.kind == RecordKind.UPDATES] == [0, 1, 2, 3, 4, 99]
+    log.close()

@@ -332,6 +332,11 @@ class DeviceLog(RingWriter, RingIO):
             keep = self._pread_exact(self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
             if zero_to > lo:
                 self._zero(lo, zero_to - lo, keep)
+        elif last_end % bs:  # clean: the last block's tail must be blank, or the next walk stops there
+            lo = _align_down(last_end, bs)
+            block = self._pread_exact(self.header_bytes + lo % d, bs)
+            if any(block[last_end - lo:]):
+                self._zero(lo, bs, block[:last_end - lo])
         self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity),
                            durable=last_end)
 

@@ -21,30 +21,40 @@ from sediment._fs import fsync_dir
 from sediment.errors import WalCorruption, WalShortened
 from sediment.wal.device_format import SHUTDOWN_CLEAN, RingHeader, align_down, align_up
 from sediment.wal.device_recovery import RingReader, check, pread_exact, recover
-from sediment.wal.record import HEADER_SIZE, MAX_BODY, Record, RecordKind, encode
+from sediment.wal.record import HEADER, HEADER_SIZE, MAGIC, MAX_BODY, VERSION, Record, RecordKind, encode
 
 MAX_HOLES = 1024
 
 
+_MARK = HEADER.pack(0, MAGIC, VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)[4:7]  # magic + version bytes
+
+
 def hole_end(log, hdr: RingHeader, stop: int) -> int | None:
-    """The first block-aligned position after ``stop`` holding a valid record of this pass,
-    within the in-flight window (where recovery itself looks), or None."""
+    """The first position after ``stop`` holding a valid record of this pass round the ring
+    (its header names that position as its LSN, both checksums hold), within the in-flight
+    window where recovery itself looks and before the ring's physical end; else None. Every
+    byte position is tried, so the records that follow a damaged one inside the same
+    group-commit write are found too, not only those starting a block."""
     bs, d = log.block_size, log.data_capacity
-    window = max(hdr.window, bs)
+    limit = min(stop + max(hdr.window, bs), hdr.trim + d, stop - stop % d + d)
+    if limit <= stop + HEADER_SIZE:
+        return None
+    region = bytes(_read(log, stop, limit))
     rd = RingReader(log)
     try:
-        q = align_up(stop + 1, bs)
-        while q < min(stop + window, hdr.trim + d):
-            if check(rd, q)[0] is not None:
-                return q
-            q += bs
+        i = region.find(_MARK, HEADER_SIZE + 4)
+        while i >= 0:
+            p = stop + i - 4
+            if p + HEADER_SIZE <= limit and check(rd, p)[0] is not None:
+                return p
+            i = region.find(_MARK, i + 1)
     finally:
         rd.close()
     return None
 
 
-def preserve(log, lo: int, hi: int) -> str:
-    """Copy ring bytes [lo, hi) (logical) to ``<ring>.pre-repair-<lo>``, durably."""
+def _read(log, lo: int, hi: int) -> bytes:
+    """Ring bytes [lo, hi) (logical; may wrap round the physical end)."""
     d = log.data_capacity
     parts = []
     pos = lo
@@ -54,9 +64,14 @@ def preserve(log, lo: int, hi: int) -> str:
         start = align_down(phys, log.block_size)
         parts.append(pread_exact(log, log.header_bytes + start, phys - start + n)[phys - start:])
         pos += n
+    return b"".join(parts)
+
+
+def preserve(log, lo: int, hi: int) -> str:
+    """Copy ring bytes [lo, hi) (logical) to ``<ring>.pre-repair-<lo>``, durably."""
     path = f"{log.path}.pre-repair-{lo}"
     with open(path, "wb") as f:
-        f.write(b"".join(parts))
+        f.write(_read(log, lo, hi))
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(os.path.dirname(os.path.abspath(path)))
@@ -69,13 +84,13 @@ def _padding(lo: int, hi: int) -> bytes:
 
 
 def _fill(log, lo: int, hi: int) -> None:
-    """Overwrite ring bytes [lo, hi) (hi block-aligned, same pass round the ring) with padding,
-    keeping the bytes before ``lo`` in its block; durable on return."""
+    """Overwrite ring bytes [lo, hi) (same pass round the ring) with padding, keeping the
+    other bytes of the blocks it touches; durable on return."""
     bs, d = log.block_size, log.data_capacity
-    start = align_down(lo, bs)
+    start, end = align_down(lo, bs), align_up(hi, bs)
     phys = start % d
-    keep = pread_exact(log, log.header_bytes + phys, lo - start) if lo > start else b""
-    frame = keep + _padding(lo, hi)
+    old = pread_exact(log, log.header_bytes + phys, end - start)
+    frame = old[:lo - start] + _padding(lo, hi) + old[hi - start:]
     buf = mmap.mmap(-1, len(frame))
     try:
         buf[:] = frame
