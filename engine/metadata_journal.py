@@ -26,6 +26,8 @@ from sediment._fs import makedirs_durable
 from sediment.engine.metadata import Versioned
 from sediment.engine.metadata_journal_format import (  # noqa: F401 - re-exported for tools and tests
     DEFAULT_CHECKPOINT_BYTES,
+    END_NAME,
+    END_NEW_NAME,
     HEADER_SIZE,
     JOURNAL_HEADER_SIZE,
     JOURNAL_NAME,
@@ -35,6 +37,7 @@ from sediment.engine.metadata_journal_format import (  # noqa: F401 - re-exporte
     OP_SET,
     PARTIAL_NAME,
     SNAPSHOT_NAME,
+    JournalEnd,
     RecoveryReport,
     TornTail,
     _decode_snapshot,
@@ -68,12 +71,13 @@ def _read(path: str) -> bytes | None:
 
 
 def _paths(directory: str) -> dict[str, str]:
-    return {name: os.path.join(directory, name) for name in (SNAPSHOT_NAME, PARTIAL_NAME, JOURNAL_NAME)}
+    return {name: os.path.join(directory, name) for name in (SNAPSHOT_NAME, PARTIAL_NAME, JOURNAL_NAME, END_NAME)}
 
 
 def _restore_from_disk(directory: str):
     paths = _paths(directory)
-    return restore(_read(paths[SNAPSHOT_NAME]), _read(paths[PARTIAL_NAME]), _read(paths[JOURNAL_NAME]), paths)
+    return restore(_read(paths[SNAPSHOT_NAME]), _read(paths[PARTIAL_NAME]), _read(paths[JOURNAL_NAME]), paths,
+                   _read(paths[END_NAME]))
 
 
 def verify(path: str | os.PathLike[str]) -> list[str]:
@@ -116,6 +120,7 @@ class JournalMetadataStore:
         self._state: dict[str, Versioned] = {}
         self._journal_fd: int | None = None
         self._journal_size = 0
+        self._journal_base = 0
         self._next_txid = 1
         self._failed: str | None = None
         self._closed = False
@@ -165,12 +170,13 @@ class JournalMetadataStore:
 
     def _recover(self) -> RecoveryReport:
         report = RecoveryReport(directory=self.directory)
-        stale = os.path.join(self.directory, JOURNAL_NEW_NAME)
         r = _restore_from_disk(self.directory)
-        if os.path.exists(stale):  # a journal reset that crashed before its rename: never in use
-            os.unlink(stale)
-            _fsync_dir(self.directory)
-            report.notes.append(f"deleted {stale}: a checkpoint crashed before installing it")
+        for name in (JOURNAL_NEW_NAME, END_NEW_NAME):  # a reset or a close that crashed before its rename
+            stale = os.path.join(self.directory, name)
+            if os.path.exists(stale):
+                os.unlink(stale)
+                _fsync_dir(self.directory)
+                report.notes.append(f"deleted {stale}: written by a checkpoint or close that crashed before its rename")
         if r.partial_action == "delete":
             os.unlink(self.partial_path)
             _fsync_dir(self.directory)
@@ -207,6 +213,7 @@ class JournalMetadataStore:
             os.close(self._journal_fd)
         self._journal_fd = fd
         self._journal_size = len(header)
+        self._journal_base = base
 
     def _checkpoint_locked(self) -> None:
         base = self._next_txid - 1
@@ -335,12 +342,34 @@ class JournalMetadataStore:
             self._check_open()
             return sorted(k for k in self._state if k.startswith(prefix))
 
+    def _record_end(self) -> None:
+        """Record the journal's durable end (``journal.end``: written aside, fsynced, renamed,
+        directory fsynced), so a later cut of the journal below it is detected as lost
+        acknowledged changes instead of being taken for a crash's torn tail."""
+        if self._journal_fd is None or self._failed is not None:
+            return
+        end = JournalEnd(self._journal_base, self._next_txid - 1, self._journal_size)
+        tmp = os.path.join(self.directory, END_NEW_NAME)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, end.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(self.directory, END_NAME))
+        _fsync_dir(self.directory)
+
     def close(self) -> None:
         with self._mutex:
             if self._closed:
                 return
             self._closed = True
-            self._release()
+            try:
+                self._record_end()
+            except OSError:
+                pass  # without the record the store still opens; only a later cut goes undetected
+            finally:
+                self._release()
 
     def __enter__(self) -> JournalMetadataStore:
         return self

@@ -29,6 +29,8 @@ SNAPSHOT_NAME = "snapshot"
 PARTIAL_NAME = "snapshot.partial"
 LOCK_NAME = "lock"
 JOURNAL_NEW_NAME = "journal.new"  # a fresh journal being written; renamed over ``journal``
+END_NAME = "journal.end"  # the journal's durable end, recorded at clean close
+END_NEW_NAME = "journal.end.new"
 
 JOURNAL_MAGIC = b"SEDMJRNL"
 SNAPSHOT_MAGIC = b"SEDMSNAP"
@@ -46,6 +48,10 @@ _SNAP_FRAME = struct.Struct("<QI")  # body length, crc32c(body)
 _SNAP_HEAD = struct.Struct("<QQ")  # max txid, record count
 _REC_KEY = struct.Struct("<H")
 _REC_VAL = struct.Struct("<QI")  # version, value length
+END_MAGIC = b"SEDMJEND"
+END_VERSION = 1
+_END = struct.Struct("<8sIQQQI")  # magic, version, journal base, last txid, journal length, crc32c(preceding 36)
+END_SIZE = _END.size
 
 OP_SET = 1
 OP_DELETE = 2
@@ -335,10 +341,61 @@ class Restored:
     notes: list[str] = field(default_factory=list)
 
 
-def restore(snap: bytes | None, partial: bytes | None, journal: bytes | None, paths: dict[str, str]) -> Restored:
+@dataclass(frozen=True)
+class JournalEnd:
+    """The journal's durable end as a clean close recorded it (``journal.end``): the journal
+    that follows the snapshot ``base`` held every transaction up to ``last_txid`` in its
+    first ``length`` bytes. A journal of that generation ending earlier was cut: a crash
+    cannot shorten an fdatasynced journal, so the lost entries were acknowledged."""
+
+    base: int
+    last_txid: int
+    length: int
+
+    def encode(self) -> bytes:
+        head = _END.pack(END_MAGIC, END_VERSION, self.base, self.last_txid, self.length, 0)[:-4]
+        return head + struct.pack("<I", crc32c.crc32c(head))
+
+    @staticmethod
+    def decode(data: bytes, path: str) -> JournalEnd:
+        if len(data) != END_SIZE:
+            raise MetadataCorruption(f"metadata journal end record damaged: {path} is {len(data)} bytes, expected "
+                                     f"{END_SIZE}; restore the directory from a backup (or delete {path} after "
+                                     "checking the journal is whole)")
+        magic, version, base, last, length, crc = _END.unpack(data)
+        if magic != END_MAGIC or crc != crc32c.crc32c(data[:-4]) or version != END_VERSION:
+            raise MetadataCorruption(f"metadata journal end record damaged: {path} at offset 0: bad magic, version "
+                                     f"or CRC32C; restore the directory from a backup (or delete {path} after "
+                                     "checking the journal is whole)")
+        return JournalEnd(base, last, length)
+
+
+def check_end(end: JournalEnd | None, base: int | None, last_txid: int, valid_length: int,
+              journal_path: str, end_path: str) -> None:
+    """MetadataCorruption when the journal ends below the durable end a clean close recorded
+    (pure: the rule open and ``verify`` share). A record of an older journal generation (a
+    checkpoint reset the journal since) says nothing about this one."""
+    if end is None or base is None or end.base < base:
+        return
+    if end.base > base:
+        raise MetadataCorruption(
+            f"metadata journal is stale: {journal_path} follows the snapshot of transaction {base}, but "
+            f"{end_path} records a clean close of the journal following transaction {end.base}; changes "
+            f"{base + 1}..{end.last_txid} may be lost. Restore the directory from a backup")
+    if last_txid < end.last_txid or valid_length < end.length:
+        raise MetadataCorruption(
+            f"metadata journal cut: {journal_path} ends at offset {valid_length} (transaction {last_txid}), "
+            f"but it was closed cleanly at offset {end.length} (transaction {end.last_txid}, recorded in "
+            f"{end_path}): acknowledged changes {last_txid + 1}..{end.last_txid} are lost. Restore the "
+            "journal from a backup")
+
+
+def restore(snap: bytes | None, partial: bytes | None, journal: bytes | None, paths: dict[str, str],
+            end: bytes | None = None) -> Restored:
     """The store's contents from the bytes of ``snapshot``, ``snapshot.partial`` and
     ``journal`` (None: file absent), applying NiFi's restore rules and the cross-checks
-    between the files. ``paths`` maps each file name to its path (for messages). Raises
+    between the files, and the journal's recorded durable end (``journal.end``, None:
+    absent). ``paths`` maps each file name to its path (for messages). Raises
     MetadataCorruption naming the file when acknowledged writes may be missing."""
     snap_path, partial_path, journal_path = paths[SNAPSHOT_NAME], paths[PARTIAL_NAME], paths[JOURNAL_NAME]
     out = Restored({}, 0, 0, "")
@@ -368,6 +425,10 @@ def restore(snap: bytes | None, partial: bytes | None, journal: bytes | None, pa
         out.snapshot_keys = len(out.state)
     out.last_txid = out.snapshot_txid
     if journal is None:
+        if end is not None:
+            raise MetadataCorruption(
+                f"metadata journal missing: {journal_path} is gone but {paths.get(END_NAME, END_NAME)} records "
+                "its clean close; the changes it held are lost. Restore the journal from a backup")
         if snap is not None:
             raise MetadataCorruption(
                 f"metadata journal missing: {journal_path} is gone but the snapshot {source} (transaction "
@@ -395,6 +456,10 @@ def restore(snap: bytes | None, partial: bytes | None, journal: bytes | None, pa
                               f"first entry has transaction id {scan.entries[0].txid} but the header says the "
                               f"journal follows {scan.base}: entries are missing")
     out.last_txid, out.replayed, out.skipped = _replay(scan.entries, out.snapshot_txid, out.state, journal_path)
+    if end is not None:
+        end_path = paths.get(END_NAME, END_NAME)
+        check_end(JournalEnd.decode(end, end_path), scan.base, out.last_txid,
+                  scan.torn.offset if scan.torn is not None else len(journal), journal_path, end_path)
     out.torn = scan.torn
     if scan.torn is not None:
         out.notes.append(f"discarded torn tail of {journal_path} at offset {scan.torn.offset} "

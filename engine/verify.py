@@ -50,6 +50,21 @@ def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, r
         (report.problems if expected else report.notes).append(
             f"{directory}: no write-ahead log" + (" where the metadata records one; restore it" if expected else " yet"))
         return
+    from sediment.wal.log_open import decide_open
+
+    # Open's own rule (wal/log_open.py) decides whether the log opens, is created or is
+    # refused; what follows only looks deeper, and does not repeat a refusal in other words.
+    problems = report.problems
+    try:
+        decision = decide_open(directory, 0, None, create=not expected, repair=False)
+    except SedimentError as exc:
+        report.problems.append(str(exc))
+        problems = []
+    else:
+        if decision.manifest == "new":
+            report.notes.append(f"{directory}: a log whose creation was interrupted (no manifest, no record): "
+                                "open finishes creating it; nothing acknowledged can be in it")
+            return
     ctl = None
     try:
         ctl = ControlFile.open(directory)
@@ -57,10 +72,10 @@ def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, r
             ctl.read_state(pid)
         report.checked.append(ctl.path)
     except FileNotFoundError:
-        report.problems.append(f"{os.path.join(directory, CONTROL_NAME)}: offset 0: control file missing while the "
-                               "log exists (open refuses; `verify --repair` rebuilds it with the log's cluster key)")
+        problems.append(f"{os.path.join(directory, CONTROL_NAME)}: offset 0: control file missing while the "
+                        "log exists (open refuses; `verify --repair` rebuilds it with the log's cluster key)")
     except SedimentError as exc:
-        report.problems.append(str(exc))
+        problems.append(str(exc))
         return
     for pid in sorted(set(ctl.partitions if ctl else []) | set(wal_partitions(directory))):
         pdir = os.path.join(directory, str(pid))
@@ -69,16 +84,16 @@ def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, r
             manifest = mf.read(directory, pid)
             report.checked.append(os.path.join(directory, mf.manifest_name(pid)))
         except SedimentError as exc:
-            report.problems.append(str(exc))
+            (problems if pid == 0 else report.problems).append(str(exc))
             if not repair or ctl is None:
                 continue
             manifest, rebuilt = mf.Manifest(ctl.header.cluster_key, pid), True
         if ctl is not None and manifest.cluster_key != ctl.header.cluster_key:
-            report.problems.append(f"{os.path.join(directory, mf.manifest_name(pid))}: offset 8: manifest belongs to "
+            (problems if pid == 0 else report.problems).append(f"{os.path.join(directory, mf.manifest_name(pid))}: offset 8: manifest belongs to "
                                    f"cluster {manifest.cluster_key}, control file to {ctl.header.cluster_key}")
             continue
         if ctl is not None and pid not in ctl.partitions:
-            report.problems.append(f"{ctl.path}: partition {pid} has a log but is not in the control file")
+            (problems if pid == 0 else report.problems).append(f"{ctl.path}: partition {pid} has a log but is not in the control file")
         firsts, _ = lr.list_segments(pdir)
         if rebuilt and firsts:
             manifest.start_lsn = firsts[0]
@@ -105,12 +120,19 @@ def verify_device(path: str, report: VerifyReport) -> None:
     refuse (missing or blank ring, damaged header copies, records ending before the recorded
     durable end, damage followed by acknowledged records), a note for what open cuts or
     rewrites by itself (a crash's torn tail, one damaged header copy)."""
+    from sediment.errors import WalCorruption, WalShortened
     from sediment.wal.device_recovery import inspect
+    from sediment.wal.log_reader import Problem
 
     try:
         found = inspect(path)
     except SedimentError as exc:
         report.problems.append(str(exc))
+        if isinstance(exc, (WalShortened, WalCorruption)) and exc.offset >= 0:
+            # acknowledged records are damaged: a repair must not go ahead without --force
+            last = (exc.lost_to - 1) if isinstance(exc, WalShortened) and exc.lost_to > 0 else exc.offset
+            report.wal_findings.append(Problem("damage", path, exc.offset, exc.offset, last, exc.reason,
+                                               fatal=True, lost=True))
         return
     except OSError as exc:
         report.problems.append(f"{path}: cannot read the device ring: {exc}")

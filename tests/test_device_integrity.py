@@ -192,9 +192,15 @@ def test_zeroed_block_before_the_durable_end_is_refused_after_a_crash(tmp_path: 
         assert f"[{err.lost_from}, {durable})" in str(err) and "repair" in str(err)
         log = DeviceLog.open(path, repair=True)
         kept = [r.lsn for r in log.scan() if r.kind == RecordKind.UPDATES]
-        assert kept == [r.lsn for r in recs if r.lsn + r.frame_size <= err.lost_from]
-        assert "lost acknowledged LSN range" in log.report.torn_tails[0][3]
-        assert log.lost_acknowledged == (page_lsn, durable)
+        if page_lsn + BS < durable:  # valid records follow the zeroed page: a hole, and they are kept
+            assert kept == [r.lsn for r in recs if r.lsn != page_lsn]
+            assert f"acknowledged LSN range [{page_lsn}, {page_lsn + BS}) lost" in log.report.torn_tails[0][3]
+            assert log.lost_acknowledged == (page_lsn, page_lsn + BS)
+            assert Path(f"{path}.pre-repair-{page_lsn}").read_bytes() == bytes(BS)  # its original bytes
+        else:  # nothing valid after it: cut there
+            assert kept == [r.lsn for r in recs if r.lsn + r.frame_size <= err.lost_from]
+            assert "lost acknowledged LSN range" in log.report.torn_tails[0][3]
+            assert log.lost_acknowledged == (page_lsn, durable)
         log.close()
         DeviceLog.open(path).close()  # the repaired ring's header records the cut end: opens again
 
@@ -381,3 +387,77 @@ def test_header_copy_bit_flips_are_all_detected_and_the_other_copy_chosen() -> N
     assert RingHeader.unpack(v1 + crc32c(v1).to_bytes(4, "little")) == RingHeader(BS, CAP, 8192, 7, 65536, 1, 24576, 24576)
     v1r = SLOT_V1.pack(b"SDMTRING", 1, BS, CAP, 8192, 7, 65536, 0, 0, 0)
     assert RingHeader.unpack(v1r + crc32c(v1r).to_bytes(4, "little")).durable_end == 0
+
+
+def test_repair_of_a_bit_flip_keeps_every_record_that_verifies(tmp_path: Path, capsys) -> None:
+    """Campaign finding: a bit flip in one record of a cleanly closed ring; open and verify
+    refuse alike, but ``verify --repair`` cut the ring there and destroyed the 51 acknowledged
+    records after it. Now the repair refuses without --force (nothing written), and with it
+    bridges the hole with padding: every record that verifies stays where it was, the damaged
+    bytes are kept in a side file, no LSN is reused."""
+    from sediment.cli import main
+    from sediment.wal.record import HEADER_SIZE
+
+    data, ring = tmp_path / "d", tmp_path / "ring.dev"
+    with sediment.open(data, wal=f"device:{ring}", wal_capacity=1 << 20) as eng:
+        eng.add_relation("r", pa.schema([("k", pa.int64())]))
+        for t in range(1, 41):
+            eng.append("r", pa.table({"k": [t], "time": [t], "diff": [1]}))
+            eng.seal("r", t)
+    log = DeviceLog.open(ring)
+    frames = [(r.lsn, r.frame_size, r.kind, r.t_lo) for r in log.scan()]
+    log.close()
+    d = header_of(ring.read_bytes()).capacity - HDR
+    updates = [f for f in frames if f[2] == RecordKind.UPDATES]
+    victim = updates[len(updates) // 2]
+    image = bytearray(ring.read_bytes())
+    image[HDR + victim[0] % d + HEADER_SIZE + 3] ^= 0x10
+    ring.write_bytes(bytes(image))
+    durable_end = header_of(bytes(image)).durable_end
+
+    assert main(["--data-dir", str(data), "verify"]) == 1
+    assert main(["--data-dir", str(data), "verify", "--repair"]) != 0  # acknowledged records: refused
+    assert ring.read_bytes() == bytes(image)  # nothing changed
+    capsys.readouterr()
+    assert main(["--data-dir", str(data), "verify", "--repair", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "hole" in out and f"[{victim[0]}," in out
+    after = ring.read_bytes()
+    for lsn, size, _, _ in frames:
+        if lsn != victim[0]:  # every other record is where it was, byte for byte
+            p = HDR + lsn % d
+            assert after[p:p + size] == image[p:p + size], lsn
+    saved = Path(f"{ring}.pre-repair-{victim[0]}").read_bytes()
+    assert saved[:victim[1]] == image[HDR + victim[0] % d:HDR + victim[0] % d + victim[1]]
+    assert main(["--data-dir", str(data), "verify"]) == 0
+    with sediment.open(data) as eng:
+        got = sorted(eng.snapshot("r", as_of=40).column("k").to_pylist())
+        assert got == [t for t in range(1, 41) if t != victim[3]]  # only the damaged record is lost
+        eng.append("r", pa.table({"k": [41], "time": [41], "diff": [1]}))
+        assert eng.wal.end_lsn > durable_end  # appends resume past every LSN the ring had used
+
+
+def test_garbage_after_the_clean_end_does_not_break_the_next_open(tmp_path: Path) -> None:
+    """Found checking forced repairs: damaged bytes in the last block's tail, beyond the clean
+    end, were not blanked by an open after a clean shutdown (verify and open rightly ignore
+    them), so once the next append went to the following block, the reopen walked into them
+    and refused the ring with WalShortened. Open now blanks that tail."""
+    path = tmp_path / "ring"
+    log = DeviceLog.open(path, CAP, create=True)
+    recs = [upd(i, 300) for i in range(5)]
+    for r in recs:
+        log.append([r])
+    log.close()
+    end = header_of(path.read_bytes()).clean_end
+    assert end % BS
+    image = bytearray(path.read_bytes())
+    image[HDR + end + 37] ^= 0x10
+    path.write_bytes(bytes(image))
+    assert verdict(path).ok
+    log = DeviceLog.open(path)
+    log.append([upd(99, 300)])
+    log.close()
+    assert verdict(path).ok
+    log = DeviceLog.open(path)
+    assert [r.t_lo for r in log.scan() if r.kind == RecordKind.UPDATES] == [0, 1, 2, 3, 4, 99]
+    log.close()

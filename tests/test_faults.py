@@ -2,8 +2,8 @@
 SIGKILL, real files damaged, crash states built from the workload's recorded file-system
 calls. Each test asserts the campaign's zeros for one kind of fault.
 
-Tests marked ``xfail`` fail today (the campaign found the defects of issue 12 they name);
-switch each on (remove its marker) once the fix it waits for is merged.
+The tests that were marked ``xfail`` (defects of issue 12 the campaign found) now pass and
+run as plain tests; a new defect gets a new test, marked ``xfail`` until it is fixed.
 """
 
 from __future__ import annotations
@@ -56,9 +56,6 @@ def test_power_loss_states_lose_nothing(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="verify calls the empty snapshot.partial of a crashed first metadata checkpoint a "
-                          "problem, while open discards it cleanly; switch on after the metadata-journal/verify "
-                          "fixes (batch-integrity, wal-integrity)", strict=False)
 def test_power_loss_while_creating_verify_agrees_with_open(tmp_path):
     """Crash states early in the workload (data directory, log and metadata being created):
     verify exits 0 exactly when open gives everything acknowledged."""
@@ -148,9 +145,6 @@ def test_damaged_index_verify_agrees_with_open(pristine):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="metadata journal: a deleted journal opens with an older since and no error; a cut "
-                          "one is reported at open but verify says ok; switch on after the batch-integrity "
-                          "journal fixes", strict=False)
 def test_damaged_metadata_journal_is_detected(pristine):
     """A damaged journal is a typed error, or a torn tail the open reports (a cut journal loses
     the entries the cut removed: reported, and verify says so)."""
@@ -158,7 +152,5 @@ def test_damaged_metadata_journal_is_detected(pristine):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 12 finding 3: a missing or blank ring is silently re-created; switch on "
-                          "after the device-integrity fixes", strict=False)
 def test_damaged_device_ring_is_detected(pristine):
     _assert_damage_zeros(_damage(pristine, "device", "ring", rounds=3))

@@ -110,6 +110,14 @@ def test_journal_header_example_decodes():
     assert scan.base == 5 and scan.corruption is None and not scan.entries
 
 
+def test_journal_end_example_decodes():
+    from sediment.engine.metadata_journal_format import JournalEnd
+
+    raw = _example_after("Worked example, the end record of a journal following snapshot 5")
+    assert JournalEnd.decode(raw, "journal.end") == JournalEnd(5, 9, 512)
+    assert JournalEnd(5, 9, 512).encode() == raw
+
+
 def test_owner_marker_example_decodes():
     from sediment.blob.owner import OwnerMarker
 

@@ -14,6 +14,7 @@ import pytest
 
 from sediment.engine.metadata import Versioned
 from sediment.engine.metadata_journal import (
+    END_NAME,
     JOURNAL_HEADER_SIZE,
     JOURNAL_NAME,
     PARTIAL_NAME,
@@ -50,6 +51,30 @@ def source(tmp_path_factory) -> Path:
         for i in range(BEFORE, BEFORE + AFTER):
             s.compare_and_set(f"k/{i}", _value(i), None)
     assert os.path.getsize(d / JOURNAL_NAME) > 4096 + JOURNAL_HEADER_SIZE
+    return d
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory) -> Path:
+    """The same writes, but the writer is SIGKILLed instead of closing: no durable end recorded."""
+    import signal
+    import subprocess
+    import sys
+
+    d = tmp_path_factory.mktemp("meta-crashed") / "meta"
+    script = (
+        "import os, signal, sys\n"
+        "from sediment.engine.metadata_journal import JournalMetadataStore\n"
+        f"value = lambda i: bytes([i % 251]) * 900 + f'#{{i}}'.encode()\n"
+        f"s = JournalMetadataStore({str(d)!r})\n"
+        f"for i in range({BEFORE}):\n    s.compare_and_set(f'k/{{i}}', value(i), None)\n"
+        "s.checkpoint()\n"
+        f"for i in range({BEFORE}, {BEFORE + AFTER}):\n    s.compare_and_set(f'k/{{i}}', value(i), None)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (d / END_NAME).exists()
     return d
 
 
@@ -112,25 +137,41 @@ def test_bit_flips(source, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", [JOURNAL_NAME, SNAPSHOT_NAME])
-def test_truncation(source, tmp_path, name):
+@pytest.mark.parametrize("how", ["closed", "crashed"])
+def test_truncation(source, crashed, tmp_path, name, how):
+    """After a clean close the journal's durable end is recorded (``journal.end``), so every cut
+    -- mid-entry or at an entry boundary -- loses acknowledged changes and is refused by open
+    and by verify alike. After a crash nothing records the end: a cut mid-entry is a reported
+    torn tail, and a cut at an entry boundary is what a crash before the next write leaves."""
+    source = source if how == "closed" else crashed
     size = os.path.getsize(source / name)
     cuts = sorted({*range(0, 40), *range(0, size, 97), size - 1})
     data = (source / name).read_bytes()
     boundaries = {JOURNAL_HEADER_SIZE, *(e.end for e in _scan_journal(data, name).entries)} \
         if name == JOURNAL_NAME else set()
-    cuts = sorted({*cuts, *boundaries})
+    cuts = sorted({*cuts, *(b for b in boundaries if b < size)})
     outcomes = {}
     for cut in cuts:
         outcomes[cut] = _trial(source, tmp_path, f"cut{cut}", _rewrite(name, lambda data, c=cut: data[:c]),
-                               crash_like=cut in boundaries)
-    if name == SNAPSHOT_NAME:
+                               crash_like=cut in boundaries and how == "crashed")
+    if name == SNAPSHOT_NAME or how == "closed":
         assert set(outcomes.values()) == {"typed error"}
     else:
         assert all(outcomes[c] == "typed error" for c in cuts if c < JOURNAL_HEADER_SIZE)
         assert all(outcomes[c] == "reported loss" for c in cuts if c >= JOURNAL_HEADER_SIZE and c not in boundaries)
-        # Known limit: a cut exactly at an entry boundary is what a crash before the next write
-        # leaves; without a record of the journal's end elsewhere nothing can tell them apart.
-        assert all(outcomes[c] in ("crash state", "same data") for c in boundaries)
+        # Known limit: a cut exactly at an entry boundary after a crash is what a crash before
+        # the next write leaves; nothing recorded the end, so nothing can tell them apart.
+        assert all(outcomes[c] in ("crash state", "same data") for c in boundaries if c < size)
+
+
+def test_journal_end_record_damage_is_refused_and_its_absence_tolerated(source, tmp_path):
+    """A damaged end record is damage (typed, in open and verify alike); a missing one is the
+    state a crash before the close leaves, so the store opens with every write."""
+    size = os.path.getsize(source / END_NAME)
+    for pos in range(size):
+        assert _trial(source, tmp_path, f"endflip{pos}", _rewrite(END_NAME, _flip(pos, pos % 8))) == "typed error"
+    assert _trial(source, tmp_path, "endcut", _rewrite(END_NAME, lambda d: d[:-1])) == "typed error"
+    assert _trial(source, tmp_path, "endrm", lambda d: (d / END_NAME).unlink()) == "same data"
 
 
 @pytest.mark.parametrize("name", [JOURNAL_NAME, SNAPSHOT_NAME])
@@ -190,12 +231,13 @@ def test_crash_states_of_a_checkpoint_open_cleanly(tmp_path):
     d = tmp_path / "meta"
     with JournalMetadataStore(d) as s:
         s.compare_and_set("a", b"1", None)
-    journal = (d / JOURNAL_NAME).read_bytes()
-    # Crash after the snapshot rename, before the new journal was installed: old journal kept,
-    # and a half-written journal.new beside it.
+    journal, end = (d / JOURNAL_NAME).read_bytes(), (d / END_NAME).read_bytes()
+    # Crash after the snapshot rename, before the new journal was installed: old journal (and
+    # the end record of its clean close) kept, and a half-written journal.new beside it.
     with JournalMetadataStore(d):
         pass
     (d / JOURNAL_NAME).write_bytes(journal)
+    (d / END_NAME).write_bytes(end)
     (d / "journal.new").write_bytes(journal_header(1)[:7])
     assert verify(d) == []
     with JournalMetadataStore(d) as s:
@@ -257,3 +299,32 @@ def test_engine_whose_whole_metadata_directory_vanished_is_refused_at_its_blob_p
     with pytest.raises(MetadataMissing, match=str(data)):
         sediment.open(str(data), compact_interval=None)
     assert sorted(p.name for p in (data / "blobs").rglob("*.parquet")) == batches
+
+
+def test_engine_journal_cut_after_clean_close_is_refused_and_verify_agrees(tmp_path):
+    """Issue 12 campaign finding: the metadata journal cut mid-entry after a clean close lost an
+    acknowledged ``set_since`` while open reported a torn tail and verify exited 0. Now the
+    recorded durable end makes the cut a typed error in both."""
+    import pyarrow as pa
+
+    import sediment
+    from sediment.cli import main as cli_main
+    from sediment.engine.verify import verify_data_dir
+
+    data = tmp_path / "data"
+    with sediment.open(str(data), compact_interval=None) as e:
+        e.add_relation("r", pa.schema([("k", pa.int64())]))
+        e.append("r", pa.table({"k": [1, 2], "time": [1, 1], "diff": [1, 1]}))
+        e.seal("r", 3)
+        e.compact()
+        e.set_since("r", 2)
+    journal = (data / "meta" / JOURNAL_NAME).read_bytes()
+    entries = _scan_journal(journal, "journal").entries
+    assert entries, "the set_since must be in the journal"
+    assert verify_data_dir(str(data)).ok
+    (data / "meta" / JOURNAL_NAME).write_bytes(journal[: entries[-1].end - 5])  # inside the last entry
+    report = verify_data_dir(str(data))
+    assert not report.ok and any("journal cut" in p for p in report.problems)
+    assert cli_main(["verify", "--data-dir", str(data)]) != 0
+    with pytest.raises(MetadataCorruption, match="journal cut"):
+        sediment.open(str(data), compact_interval=None)

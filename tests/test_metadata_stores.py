@@ -18,6 +18,7 @@ from kazoo.client import KazooClient
 
 from sediment.engine.metadata import MetadataStore, Versioned
 from sediment.engine.metadata_journal import (
+    END_NAME,
     HEADER_SIZE,
     JOURNAL_NAME,
     PARTIAL_NAME,
@@ -258,6 +259,12 @@ def test_journal_torn_tail_at_every_offset(tmp_path: Path) -> None:
         d = tmp_path / f"cut{cut}"
         shutil.copytree(source, d)
         (d / JOURNAL_NAME).write_bytes(journal[:cut])
+        # Issue 12: after a clean close the journal's end is recorded, so the cut is lost data.
+        with pytest.raises(MetadataCorruption, match="journal cut"):
+            JournalMetadataStore(d)
+        assert any("journal cut" in p for p in verify(d))
+        # A crash (no close) records no end: the same cut is a torn tail, cut at open.
+        (d / END_NAME).unlink()
         with JournalMetadataStore(d) as s:
             assert s.list("") == ["k/0", "k/1", "k/2"], cut
             assert (s.report.torn_tail is not None) == (cut > start)
@@ -266,6 +273,7 @@ def test_journal_torn_tail_at_every_offset(tmp_path: Path) -> None:
         # Zero-filled tail (the file grew but the data never reached the disk).
         d2 = tmp_path / f"nul{cut}"
         shutil.copytree(source, d2)
+        (d2 / END_NAME).unlink()
         (d2 / JOURNAL_NAME).write_bytes(journal[:cut] + b"\x00" * (end - cut + 7))
         with JournalMetadataStore(d2) as s:
             assert s.list("") == ["k/0", "k/1", "k/2"], cut
@@ -474,6 +482,8 @@ def test_verify_reports_torn_tail_without_changing_files(tmp_path: Path) -> None
     sizes = write_entries(d, 3)
     path = d / JOURNAL_NAME
     path.write_bytes(path.read_bytes()[: sizes[-1] - 3])
+    assert any("journal cut" in p for p in verify(d))  # after a clean close: lost, not torn
+    (d / END_NAME).unlink()  # as a crash before the close leaves it
     problems = verify(d)
     assert len(problems) == 1 and "torn tail" in problems[0] and f"offset {sizes[-2]}" in problems[0]
     assert os.path.getsize(path) == sizes[-1] - 3

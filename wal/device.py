@@ -178,6 +178,7 @@ class DeviceLog(RingWriter, RingIO):
         self._warned = False
         self.report = OpenReport()
         self.lost_acknowledged: tuple[int, int] | None = None  # set when repair=True cut acknowledged records
+        self.preserved: list[str] = []  # after repair=True: files holding the original bytes of what it changed
         self.capacity = 0
         self.data_capacity = 0
         self._hdr_lock = threading.Lock()
@@ -241,6 +242,11 @@ class DeviceLog(RingWriter, RingIO):
         self._seq = hdr.seq
         self._trim = hdr.trim
         self._hdr_durable = hdr.durable_end
+        holes: list = []
+        if repair and not create:  # keep every record that verifies: bridge holes, keep cut bytes
+            from sediment.wal.device_salvage import fill_holes
+
+            holes, self.preserved = fill_holes(self, hdr)
         res = recover(self, hdr, repair)
         if create and (res.records or hdr.trim or hdr.durable_end):
             raise WalExists(
@@ -253,6 +259,9 @@ class DeviceLog(RingWriter, RingIO):
         if regular:
             os.posix_fallocate(self._fd, 0, self.capacity)
         self._recover(hdr, res)
+        self.report.torn_tails[:0] = holes
+        if holes and self.lost_acknowledged is None:
+            self.lost_acknowledged = (holes[0][1], holes[0][1] + holes[0][2])
         self._start()
 
     def _init_ring(self, capacity: int | None, size: int, regular: bool, created: bool) -> None:
@@ -323,6 +332,11 @@ class DeviceLog(RingWriter, RingIO):
             keep = self._pread_exact(self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
             if zero_to > lo:
                 self._zero(lo, zero_to - lo, keep)
+        elif last_end % bs:  # clean: the last block's tail must be blank, or the next walk stops there
+            lo = _align_down(last_end, bs)
+            block = self._pread_exact(self.header_bytes + lo % d, bs)
+            if any(block[last_end - lo:]):
+                self._zero(lo, bs, block[:last_end - lo])
         self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity),
                            durable=last_end)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass, field
 
 from sediment._fs import makedirs_durable
 from sediment.errors import WalCorruption, WalError, WalMissing
@@ -35,13 +36,28 @@ def _empty_start(pdir: str, firsts: list[int]) -> bool:
     return firsts == [0] and not sg.scan_segment(os.path.join(pdir, sg.segment_name(0)), 0).offsets
 
 
-def open_control_and_manifest(directory: str, partition: int, cluster_key: uuid.UUID | None, *,
-                              create: bool, repair: bool) -> tuple[ControlFile, mf.Manifest, str]:
-    """The control file, the manifest and how it was had: "read", "new" (a log created now)
-    or "rebuilt" (lost, stood in for by repair).
+@dataclass
+class OpenDecision:
+    """What opening a file log's partition will do (see :func:`decide_open`): ``control`` is
+    "read", "create" (a new log) or "rebuild" (lost, rebuilt by repair with ``key``);
+    ``manifest`` is "read", "new" (a log created now, or an interrupted creation finished) or
+    "rebuilt" (lost, stood in for by repair)."""
 
-    Writes only when creating (nothing of a log exists, or only an interrupted creation)
-    or repairing a lost control file or manifest."""
+    control: str
+    manifest: str
+    control_file: ControlFile | None = None
+    manifest_record: mf.Manifest | None = None
+    key: uuid.UUID | None = None
+    add_partition: bool = False
+    firsts: list[int] = field(default_factory=list)
+
+
+def decide_open(directory: str, partition: int, cluster_key: uuid.UUID | None, *,
+                create: bool, repair: bool) -> OpenDecision:
+    """The one rule deciding whether a file log opens, is created, or is refused -- read-only,
+    so ``sediment verify`` runs exactly what open runs (an interrupted creation is not a lost
+    manifest in one and fine in the other). Raises WalMissing / WalError / WalCorruption
+    where open refuses."""
     ctl_path = os.path.join(directory, CONTROL_NAME)
     man_path = os.path.join(directory, mf.manifest_name(partition))
     pdir = os.path.join(directory, str(partition))
@@ -52,45 +68,82 @@ def open_control_and_manifest(directory: str, partition: int, cluster_key: uuid.
                          "where one was expected: restore the directory, or point at the right data directory",
                          path=ctl_path, reason="log missing")
     manifest = mf.read(directory, partition) if has_man else None
+    d = OpenDecision("read", "read", manifest_record=manifest, firsts=firsts)
     if has_ctl:
-        control = ControlFile.open(directory)
-        if cluster_key is not None and control.header.cluster_key != cluster_key:
-            raise WalError(f"{control.path} belongs to cluster {control.header.cluster_key}, not {cluster_key}; "
-                           "point this node at its own storage directory")
+        d.control_file = ControlFile.open(directory)
+        if cluster_key is not None and d.control_file.header.cluster_key != cluster_key:
+            raise WalError(f"{d.control_file.path} belongs to cluster {d.control_file.header.cluster_key}, not "
+                           f"{cluster_key}; point this node at its own storage directory")
+        key = d.control_file.header.cluster_key
+        listed = partition in d.control_file.partitions
     elif has_man or firsts:
         key = manifest.cluster_key if manifest is not None else _segment_key(pdir, firsts)
         if not repair or key is None:
-            raise WalMissing(f"control file {ctl_path} is missing while the log's manifest or segments exist; "
+            raise WalMissing(f"{ctl_path}: offset 0: control file missing while the log's manifest or segments exist; "
                              "restore it (`sediment verify --repair` rebuilds it with the log's own cluster key)",
                              path=ctl_path, reason="control file missing")
-        control = ControlFile.create(directory, key)
+        d.control, listed = "rebuild", True
+    else:
+        d.control, key, listed = "create", cluster_key, False
+    d.key = key
+    if manifest is not None and key is not None and manifest.cluster_key != key:
+        raise WalCorruption(f"log manifest {man_path} belongs to cluster {manifest.cluster_key}, control file "
+                            f"{ctl_path} to {key}", path=man_path, offset=8, reason="cluster key mismatch")
+    if not listed:
+        if manifest is not None or not _empty_start(pdir, firsts):
+            raise WalMissing(f"control file {ctl_path} does not list partition {partition}, whose log exists",
+                             path=ctl_path, reason="partition missing from control file")
+        d.add_partition = True
+    if manifest is not None:
+        return d
+    # A completed open writes the manifest durably before it records its session in the
+    # control file: a recorded session proves a manifest existed, so its absence is a loss.
+    opened_before = (d.control_file is not None and partition in d.control_file.partitions
+                     and d.control_file.read_state(partition).session_id > 0)
+    if create and _empty_start(pdir, firsts) and not opened_before:
+        d.manifest = "new"
+    elif repair:
+        d.manifest = "rebuilt"
+    else:
+        raise WalMissing(f"log manifest {man_path} is missing: the log cannot tell which segments it must hold; "
+                         "restore it, or run `sediment verify --repair` to rebuild it from the segments found",
+                         path=man_path, reason="manifest missing")
+    return d
+
+
+def open_control_and_manifest(directory: str, partition: int, cluster_key: uuid.UUID | None, *,
+                              create: bool, repair: bool) -> tuple[ControlFile, mf.Manifest, str]:
+    """The control file, the manifest and how it was had: "read", "new" (a log created now)
+    or "rebuilt" (lost, stood in for by repair).
+
+    Carries out :func:`decide_open`; writes only when creating (nothing of a log exists, or
+    only an interrupted creation) or repairing a lost control file or manifest."""
+    d = decide_open(directory, partition, cluster_key, create=create, repair=repair)
+    pdir = os.path.join(directory, str(partition))
+    if d.control == "read":
+        assert d.control_file is not None
+        control = d.control_file
+    elif d.control == "rebuild":
+        assert d.key is not None
+        control = ControlFile.create(directory, d.key)
         control.add_partition(partition)
     else:
         makedirs_durable(directory)
         control = ControlFile.create(directory, cluster_key)
-    key = control.header.cluster_key
-    if manifest is not None and manifest.cluster_key != key:
-        raise WalCorruption(f"log manifest {man_path} belongs to cluster {manifest.cluster_key}, control file "
-                            f"{ctl_path} to {key}", path=man_path, offset=8, reason="cluster key mismatch")
-    if partition not in control.partitions:
-        if manifest is not None or not _empty_start(pdir, firsts):
-            raise WalMissing(f"control file {ctl_path} does not list partition {partition}, whose log exists",
-                             path=ctl_path, reason="partition missing from control file")
+    if d.add_partition and partition not in control.partitions:
         control.add_partition(partition)
     makedirs_durable(pdir)
-    if manifest is not None:
-        return control, manifest, "read"
-    if create and _empty_start(pdir, firsts):
-        for first in firsts:  # an empty segment 0 from an interrupted creation
+    key = control.header.cluster_key
+    if d.manifest == "read":
+        assert d.manifest_record is not None
+        return control, d.manifest_record, "read"
+    if d.manifest == "new":
+        for first in d.firsts:  # an empty segment 0 from an interrupted creation
             for name in (sg.segment_name(first), sg.index_name(first)):
                 if os.path.exists(os.path.join(pdir, name)):
                     os.unlink(os.path.join(pdir, name))
         return control, mf.Manifest(key, partition), "new"
-    if repair:
-        return control, mf.Manifest(key, partition, start_lsn=firsts[0] if firsts else 0), "rebuilt"
-    raise WalMissing(f"log manifest {man_path} is missing: the log cannot tell which segments it must hold; "
-                     "restore it, or run `sediment verify --repair` to rebuild it from the segments found",
-                     path=man_path, reason="manifest missing")
+    return control, mf.Manifest(key, partition, start_lsn=d.firsts[0] if d.firsts else 0), "rebuilt"
 
 
 def open_replica_manifest(directory: str, partition: int, control: ControlFile) -> tuple[mf.Manifest, bool]:
