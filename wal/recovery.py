@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 import struct
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -63,6 +64,7 @@ class RecoveryResult:
     meta: PartitionMeta
     closing_hwm: int
     clean: dict[str, ReplicaConnection] = field(default_factory=dict)
+    previous_session: int = 0  # the metadata's session before this one took over
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,49 @@ async def copy_records(host: RecoveryHost, source: ReplicaConnection, target: Re
         resp = await target.call(MsgType.APPEND, session, nxt, 0, payload)
         host.check_status(resp, target.address, "APPEND (catch-up)")
         nxt += count
+
+
+async def read_back_ours(host: RecoveryHost, clean: dict[str, ReplicaConnection], session: int,
+                         sent: Iterable[Any], closing_hwm: int) -> int:
+    """The highest LSN up to ``closing_hwm`` below which a clean replica holds exactly the
+    frames a coordinator ``sent`` (its batches in flight, consecutive: ``first``,
+    ``payload``, ``sizes``); the first batch's first LSN - 1 if none. A clean replica holds
+    the resolved log, so a frame that differs (another session's record) means ours is
+    not in the log there nor above. ReplicaUnavailable if no clean replica can be read."""
+    expected: list[bytes] = []
+    first = -1
+    for b in sent:
+        first = b.first if first < 0 else first
+        pos = 0
+        for size in b.sizes:
+            expected.append(b.payload[pos:pos + size])
+            pos += size
+    stop = min(first + len(expected), closing_hwm + 1)
+    for address, conn in clean.items():
+        nxt = first
+        try:
+            while nxt < stop:
+                resp = await conn.call(MsgType.READ, session, nxt, host.catchup_bytes)
+                host.check_status(resp, address, f"READ at LSN {nxt}")
+                frames, _ = host.clip(resp.payload, nxt, stop)
+                if not frames:
+                    raise ReplicaUnavailable(f"storage node {address} has nothing at LSN {nxt}")
+                view, pos = memoryview(frames), 0
+                while pos < len(frames):
+                    head = rec.decode_header(view, pos)
+                    if head is None or head.lsn != nxt:
+                        raise ReplicaUnavailable(f"storage node {address} sent a damaged frame at LSN {nxt}")
+                    if view[pos:pos + head.frame_size] != expected[nxt - first]:
+                        log.warning("partition %d: LSN %d holds another session's record, not the one this "
+                                    "coordinator sent there", host.partition, nxt)
+                        return nxt - 1
+                    pos += head.frame_size
+                    nxt += 1
+            return stop - 1
+        except (ReplicaUnavailable, SessionFenced) as exc:
+            log.info("recovery: reading back the appends in flight from %s failed: %s", address, exc)
+    raise ReplicaUnavailable(f"partition {host.partition} session {session}: no clean replica could be read "
+                             f"to tell which appends in flight from LSN {first} the log kept")
 
 
 class Vote:
@@ -328,4 +373,4 @@ async def recover(host: RecoveryHost, nursery: trio.Nursery) -> RecoveryResult:
     for j in vote.joined.values():
         if j.address not in clean:
             j.conn.kill("not clean after recovery")
-    return RecoveryResult(session, meta, hwm, clean)
+    return RecoveryResult(session, meta, hwm, clean, before.session_id)
