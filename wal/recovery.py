@@ -172,8 +172,8 @@ async def copy_records(host: RecoveryHost, source: ReplicaConnection, target: Re
 
 async def read_back_ours(host: RecoveryHost, clean: dict[str, ReplicaConnection], session: int,
                          sent: Iterable[Any], closing_hwm: int) -> int:
-    """The highest LSN up to ``closing_hwm`` below which a clean replica holds exactly the
-    frames a coordinator ``sent`` (its batches in flight, consecutive: ``first``,
+    """The highest LSN, at most ``closing_hwm``, through which a clean replica holds exactly
+    the frames a coordinator ``sent`` (its batches in flight, consecutive: ``first``,
     ``payload``, ``sizes``); the first batch's first LSN - 1 if none. A clean replica holds
     the resolved log, so a frame that differs (another session's record) means ours is
     not in the log there nor above. ReplicaUnavailable if no clean replica can be read."""
