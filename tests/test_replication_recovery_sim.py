@@ -395,3 +395,34 @@ def test_read_back_keeps_only_the_frames_this_coordinator_sent() -> None:
             nursery.cancel_scope.cancel()
 
     run_sim(main)
+
+
+def test_storage_engaged_by_a_session_whose_metadata_update_failed_keeps_its_low_water_mark() -> None:
+    """Session 7 resolved 12 on a and c (their low-water marks are 12) but could not write
+    the metadata, which still says c closed at 10 in session 5. b lost LSN 12 in a crash.
+    c's storage is newer than its metadata state: it keeps up to its low-water mark (12,
+    committed), so 12 is on a quorum. Truncating c to the stale 10 resolved 11, below the
+    low-water marks the nodes refuse to lower: recovery never finished."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = SimNetwork(nursery)
+            meta = MemoryMetadataStore()
+            lay_out(net, "a:1", 12, 7, 12)
+            lay_out(net, "b:1", 11, 6, 10)
+            lay_out(net, "c:1", 12, 7, 12)
+            for a in ("a:1", "b:1", "c:1"):
+                await net.add_node(a)
+            write_meta(meta, 7, {"a:1": ReplicaState(6, UNRESOLVED), "b:1": ReplicaState(6, UNRESOLVED),
+                                 "c:1": ReplicaState(5, 10)})
+            coord = make_coordinator(net, meta)
+            with trio.fail_after(30):
+                await nursery.start(coord.run)
+                await wait_for(lambda: len(coord.in_sync()) == 3)
+            assert coord.committed == 12
+            expected = [f"r{i}".encode() for i in range(13)]
+            for a in ("a:1", "b:1", "c:1"):
+                assert bodies(net.log(a)) == expected
+                assert net.stores[a][0].state.low_water_mark == 12
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)
