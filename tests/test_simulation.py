@@ -69,12 +69,14 @@ def test_carried_over_appends_are_acknowledged_only_where_the_log_holds_them(see
     assert r.counts == {}, f"{r.violations}\n    replay: {replay(seed, 12, 8.0, None, 3)}"
 
 
-@pytest.mark.parametrize("seed", [1475, 1887])
+@pytest.mark.parametrize("seed", [1453, 1475, 1887])
 def test_storage_newer_than_its_metadata_state_keeps_its_low_water_mark(seed: int) -> None:
     """Regression: a session resolved a mark and set it as the nodes' low-water mark, then
-    failed to write the metadata (an outage, a crash). The next recovery truncated a node to its stale
-    metadata closing mark, resolved below the nodes' low-water marks and could never set
-    them: the final recovery hung (see also tests/test_replication_recovery_sim.py)."""
+    failed to write the metadata (an outage, a crash). The next recovery truncated a node
+    to its stale metadata closing mark, resolved below the nodes' low-water marks and
+    could never set them: the final recovery hung (see also tests/test_replication_recovery_sim.py). In
+    1453 the session failed before setting its mark: the stale closing mark still holds
+    (truncating to the older low-water mark cut acknowledged records)."""
     r = run_seed(seed, steps=12, duration=8.0)
     assert r.acked > 0
     assert r.counts == {}, f"{r.violations}\n    replay: {replay(seed, 12, 8.0, None, 3)}"

@@ -6,9 +6,9 @@
 3. Each replica classifies itself (:func:`classify`) before any vote: storage older
    than its metadata state, or new to the metadata: truncate to the low-water mark its
    storage saved, no vote (a new one is not even counted absent); closing high-water
-   mark already set: truncate to it, no vote (to its stored low-water mark instead when
-   its storage's session is newer: a later session engaged it and its metadata update
-   never landed); otherwise it votes if its max LSN is at or above its low-water mark.
+   mark already set: truncate to it, no vote (to its stored low-water mark if higher
+   when its storage's session is newer: a later session engaged it and its metadata
+   update never landed); otherwise it votes if its max LSN is at or above its low-water mark.
 4. Vote (wal/vote.py) every time the situation changes. Replicas below the highest
    report are caught up from it meanwhile (a mark below the lowest voting one decides
    nothing until they are); absent replicas are retried. The result does not depend on
@@ -84,10 +84,11 @@ def classify(state: ReplicaState | None, storage_session: int, low_water_mark: i
         mark = min(low_water_mark, state.closing_hwm) if state.closing_hwm != UNRESOLVED else low_water_mark
         return Classification(mark if max_lsn > mark else None, False)
     if state.closing_hwm != UNRESOLVED and storage_session > state.session_id:
-        # A later session engaged this storage, but its metadata update never landed: the
-        # metadata's closing mark is stale; the storage's low-water mark is what it set
-        # (committed, possibly above that mark), as Waltz does for inconsistent storage.
-        return Classification(low_water_mark if max_lsn > low_water_mark else None, False)
+        # A later session engaged this storage, but its metadata update never landed: it
+        # may have set a low-water mark above the metadata's closing mark (committed, and
+        # held consistently), or crashed before (then the closing mark still holds).
+        mark = max(low_water_mark, state.closing_hwm)
+        return Classification(mark if max_lsn > mark else None, False)
     if state.closing_hwm != UNRESOLVED:
         return Classification(state.closing_hwm if max_lsn > state.closing_hwm else None, False)
     return Classification(None, max_lsn >= low_water_mark)
