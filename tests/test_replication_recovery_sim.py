@@ -24,11 +24,14 @@ from test_replication_sim import (
 )
 
 from sediment.engine.metadata_memory import MemoryMetadataStore
-from sediment.errors import LowWaterMarkRegression, SessionFenced
+from sediment.errors import LowWaterMarkRegression, ReplicaUnavailable, SessionFenced
 from sediment.wal import record as rec
 from sediment.wal.control import PartitionState
 from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaStore, ReplicaState
+from sediment.wal.recovery import read_back_ours
+from sediment.wal.replica import ReplicaConnection
 from sediment.wal.storage_node import MemoryPartitionStore, StorageNode
+from sediment.wal.store_session import Batch
 from sediment.wal.wire import MsgType, Request, Status
 
 FIVE = ["a:1", "b:1", "c:1", "d:1", "e:1"]
@@ -355,6 +358,71 @@ def test_a_node_claiming_a_newer_session_does_not_stop_the_coordinator() -> None
             await trio.sleep(1.0)  # c's catch-up keeps being refused meanwhile
             assert coord.fenced is None and set(coord.in_sync()) == {"a:1", "b:1"}
             assert await append(coord, [rec_of(5)]) == 5
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)
+
+
+def test_read_back_keeps_only_the_frames_this_coordinator_sent() -> None:
+    """A coordinator whose session closed with LSNs 5..9 in flight, while another session
+    kept 5..6 of them and wrote its own records at 7..9: only 5..6 may be acknowledged
+    (the rest are sent again), whatever the new closing high-water mark says."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = SimNetwork(nursery)
+            ours = [rec.encode(rec_of(i), i) for i in range(10)]
+            theirs = [rec.encode(rec.Record(rec.RecordKind.UPDATES, relation_id=1, t_lo=i, t_hi=i,
+                                            body=f"other{i}".encode()), i) for i in range(10)]
+            store = net.stores.setdefault("a:1", {}).setdefault(0, MemoryPartitionStore())
+            store.frames = ours[:7] + theirs[7:]
+            store.state = PartitionState(3, 9, 9, 1)
+            await net.add_node("a:1")
+            await net.add_node("b:1")
+            coord = make_coordinator(net, MemoryMetadataStore(), ["a:1", "b:1"])
+            conn = await ReplicaConnection.open(nursery, "a:1", net.connect, KEY, 0, 1.0)
+            dead = await ReplicaConnection.open(nursery, "b:1", net.connect, KEY, 0, 1.0)
+            dead.kill("gone")
+            sent = [Batch(5, 7, b"".join(ours[5:8]), [len(f) for f in ours[5:8]], []),
+                    Batch(8, 9, b"".join(ours[8:10]), [len(f) for f in ours[8:10]], [])]
+            assert await read_back_ours(coord, {"a:1": conn}, 3, sent, 9) == 6
+            assert await read_back_ours(coord, {"b:1": dead, "a:1": conn}, 3, sent, 9) == 6
+            assert await read_back_ours(coord, {"a:1": conn}, 3, sent, 5) == 5  # never above the closing mark
+            assert await read_back_ours(coord, {"a:1": conn}, 3, sent[:1], 6) == 6
+            store.frames = ours[:5] + theirs[5:]  # another session's record right at our first LSN
+            assert await read_back_ours(coord, {"a:1": conn}, 3, sent, 9) == 4
+            with pytest.raises(ReplicaUnavailable, match="no clean replica could be read"):
+                await read_back_ours(coord, {"b:1": dead}, 3, sent, 9)
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)
+
+
+def test_storage_engaged_by_a_session_whose_metadata_update_failed_keeps_its_low_water_mark() -> None:
+    """Session 7 resolved 12 on a and c (their low-water marks are 12) but could not write
+    the metadata, which still says c closed at 10 in session 5. b lost LSN 12 in a crash.
+    c's storage is newer than its metadata state: it keeps up to its low-water mark (12,
+    committed), so 12 is on a quorum. Truncating c to the stale 10 resolved 11, below the
+    low-water marks the nodes refuse to lower: recovery never finished."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = SimNetwork(nursery)
+            meta = MemoryMetadataStore()
+            lay_out(net, "a:1", 12, 7, 12)
+            lay_out(net, "b:1", 11, 6, 10)
+            lay_out(net, "c:1", 12, 7, 12)
+            for a in ("a:1", "b:1", "c:1"):
+                await net.add_node(a)
+            write_meta(meta, 7, {"a:1": ReplicaState(6, UNRESOLVED), "b:1": ReplicaState(6, UNRESOLVED),
+                                 "c:1": ReplicaState(5, 10)})
+            coord = make_coordinator(net, meta)
+            with trio.fail_after(30):
+                await nursery.start(coord.run)
+                await wait_for(lambda: len(coord.in_sync()) == 3)
+            assert coord.committed == 12
+            expected = [f"r{i}".encode() for i in range(13)]
+            for a in ("a:1", "b:1", "c:1"):
+                assert bodies(net.log(a)) == expected
+                assert net.stores[a][0].state.low_water_mark == 12
             nursery.cancel_scope.cancel()
 
     run_sim(main)

@@ -6,8 +6,9 @@
 3. Each replica classifies itself (:func:`classify`) before any vote: storage older
    than its metadata state, or new to the metadata: truncate to the low-water mark its
    storage saved, no vote (a new one is not even counted absent); closing high-water
-   mark already set: truncate to it, no vote; otherwise it votes if its max LSN is at
-   or above its low-water mark.
+   mark already set: truncate to it, no vote (to its stored low-water mark if higher
+   when its storage's session is newer: a later session engaged it and its metadata
+   update never landed); otherwise it votes if its max LSN is at or above its low-water mark.
 4. Vote (wal/vote.py) every time the situation changes. Replicas below the highest
    report are caught up from it meanwhile (a mark below the lowest voting one decides
    nothing until they are); absent replicas are retried. The result does not depend on
@@ -25,8 +26,9 @@ from __future__ import annotations
 import logging
 import struct
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -63,6 +65,7 @@ class RecoveryResult:
     meta: PartitionMeta
     closing_hwm: int
     clean: dict[str, ReplicaConnection] = field(default_factory=dict)
+    previous_session: int = 0  # the metadata's session before this one took over
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ def classify(state: ReplicaState | None, storage_session: int, low_water_mark: i
         return Classification(low_water_mark if max_lsn > low_water_mark else None, False)
     if state.session_id < 0:
         mark = min(low_water_mark, state.closing_hwm) if state.closing_hwm != UNRESOLVED else low_water_mark
+        return Classification(mark if max_lsn > mark else None, False)
+    if state.closing_hwm != UNRESOLVED and storage_session > state.session_id:
+        # A later session engaged this storage, but its metadata update never landed: it
+        # may have set a low-water mark above the metadata's closing mark (committed, and
+        # held consistently), or crashed before (then the closing mark still holds).
+        mark = max(low_water_mark, state.closing_hwm)
         return Classification(mark if max_lsn > mark else None, False)
     if state.closing_hwm != UNRESOLVED:
         return Classification(state.closing_hwm if max_lsn > state.closing_hwm else None, False)
@@ -166,6 +175,49 @@ async def copy_records(host: RecoveryHost, source: ReplicaConnection, target: Re
         resp = await target.call(MsgType.APPEND, session, nxt, 0, payload)
         host.check_status(resp, target.address, "APPEND (catch-up)")
         nxt += count
+
+
+async def read_back_ours(host: RecoveryHost, clean: dict[str, ReplicaConnection], session: int,
+                         sent: Iterable[Any], closing_hwm: int) -> int:
+    """The highest LSN, at most ``closing_hwm``, through which a clean replica holds exactly
+    the frames a coordinator ``sent`` (its batches in flight, consecutive: ``first``,
+    ``payload``, ``sizes``); the first batch's first LSN - 1 if none. A clean replica holds
+    the resolved log, so a frame that differs (another session's record) means ours is
+    not in the log there nor above. ReplicaUnavailable if no clean replica can be read."""
+    expected: list[bytes] = []
+    first = -1
+    for b in sent:
+        first = b.first if first < 0 else first
+        pos = 0
+        for size in b.sizes:
+            expected.append(b.payload[pos:pos + size])
+            pos += size
+    stop = min(first + len(expected), closing_hwm + 1)
+    for address, conn in clean.items():
+        nxt = first
+        try:
+            while nxt < stop:
+                resp = await conn.call(MsgType.READ, session, nxt, host.catchup_bytes)
+                host.check_status(resp, address, f"READ at LSN {nxt}")
+                frames, _ = host.clip(resp.payload, nxt, stop)
+                if not frames:
+                    raise ReplicaUnavailable(f"storage node {address} has nothing at LSN {nxt}")
+                view, pos = memoryview(frames), 0
+                while pos < len(frames):
+                    head = rec.decode_header(view, pos)
+                    if head is None or head.lsn != nxt:
+                        raise ReplicaUnavailable(f"storage node {address} sent a damaged frame at LSN {nxt}")
+                    if view[pos:pos + head.frame_size] != expected[nxt - first]:
+                        log.warning("partition %d: LSN %d holds another session's record, not the one this "
+                                    "coordinator sent there", host.partition, nxt)
+                        return nxt - 1
+                    pos += head.frame_size
+                    nxt += 1
+            return stop - 1
+        except (ReplicaUnavailable, SessionFenced) as exc:
+            log.info("recovery: reading back the appends in flight from %s failed: %s", address, exc)
+    raise ReplicaUnavailable(f"partition {host.partition} session {session}: no clean replica could be read "
+                             f"to tell which appends in flight from LSN {first} the log kept")
 
 
 class Vote:
@@ -328,4 +380,4 @@ async def recover(host: RecoveryHost, nursery: trio.Nursery) -> RecoveryResult:
     for j in vote.joined.values():
         if j.address not in clean:
             j.conn.kill("not clean after recovery")
-    return RecoveryResult(session, meta, hwm, clean)
+    return RecoveryResult(session, meta, hwm, clean, before.session_id)

@@ -51,6 +51,7 @@ from sediment.errors import (
     SessionFenced,
 )
 from sediment.wal import record as rec
+from sediment.wal import recovery as _recovery
 from sediment.wal.partition_meta import (
     UNRESOLVED,
     PartitionMeta,
@@ -238,12 +239,16 @@ class Coordinator:
         if self.restarting:
             nursery.start_soon(self._restart_deadline)
         res = await recover(self, nursery)
+        kept = res.closing_hwm
+        if self.inflight and self.inflight[0].first <= kept and res.previous_session != self.session:
+            # another session ran since ours sent them: those LSNs may hold its records
+            kept = await _recovery.read_back_ours(self, res.clean, res.session_id, self.inflight, kept)
         self.session = res.session_id
         self.closing_hwm = res.closing_hwm
         self.replica_states = dict(res.meta.replicas)
         self.end_lsn = res.closing_hwm + 1
         self.committed = res.closing_hwm
-        self._carry_over(res.closing_hwm)
+        self._carry_over(kept)
         self.retained.clear()
         self._retained_bytes = 0
         self.links = {a: Link(a) for a in self.replicas}
@@ -275,8 +280,9 @@ class Coordinator:
 
     def _carry_over(self, closing_hwm: int) -> None:
         """Settle the appends a closed session left in flight: those the recovery kept (at
-        or below the closing high-water mark, so on a quorum) are acknowledged, in order;
-        the rest go back to the front of the queue, to be sent again with new LSNs."""
+        or below ``closing_hwm``: on a quorum, and holding our records, see
+        recovery.read_back_ours) are acknowledged, in order; the rest go back to the front
+        of the queue, to be sent again with new LSNs."""
         old, self.inflight = self.inflight, deque()
         again: list[Pending] = []
         for b in old:
