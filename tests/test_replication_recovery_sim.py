@@ -426,3 +426,38 @@ def test_storage_engaged_by_a_session_whose_metadata_update_failed_keeps_its_low
             nursery.cancel_scope.cancel()
 
     run_sim(main)
+
+
+def test_the_vote_never_resolves_below_a_low_water_mark_a_voter_stored() -> None:
+    """Seed 4541: session 5 resolved 13 and set it as b's and d's low-water mark, caught c up
+    to 13, then failed before setting c's mark and writing the metadata (b, d: session 4
+    UNRESOLVED; c: closed at 10 in session 3). a lost LSN 13 in a crash, c the copies above
+    10. Only b and d hold 13 and a quorum of 3 of 4 supports 12 before a is caught up: the
+    nodes refuse to lower their low-water marks to 12, and recovery never finished. A
+    mark below a stored low-water mark its replica holds decides nothing: a is caught up."""
+    four = ["a:1", "b:1", "c:1", "d:1"]
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = SimNetwork(nursery)
+            meta = MemoryMetadataStore()
+            lay_out(net, "a:1", 12, 4, 10)
+            lay_out(net, "b:1", 13, 5, 13)
+            lay_out(net, "c:1", 10, 5, 8)
+            lay_out(net, "d:1", 13, 5, 13)
+            for a in four:
+                await net.add_node(a)
+            write_meta(meta, 5, {"a:1": ReplicaState(4, UNRESOLVED), "b:1": ReplicaState(4, UNRESOLVED),
+                                 "c:1": ReplicaState(3, 10), "d:1": ReplicaState(4, UNRESOLVED)})
+            coord = make_coordinator(net, meta, four)
+            with trio.fail_after(30):
+                await nursery.start(coord.run)
+                await wait_for(lambda: len(coord.in_sync()) == 4)
+            assert coord.committed == 13
+            expected = [f"r{i}".encode() for i in range(14)]
+            for a in four:
+                assert bodies(net.log(a)) == expected
+                assert net.stores[a][0].state.low_water_mark == 13
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)

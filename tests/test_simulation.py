@@ -82,6 +82,17 @@ def test_storage_newer_than_its_metadata_state_keeps_its_low_water_mark(seed: in
     assert r.counts == {}, f"{r.violations}\n    replay: {replay(seed, 12, 8.0, None, 3)}"
 
 
+def test_the_vote_never_resolves_below_a_stored_low_water_mark() -> None:
+    """Regression (seed 4541): a session resolved 273 and set it as two nodes' low-water
+    mark, then crashed before the metadata update; the third replica it had caught up was
+    truncated back to its stale closing mark. The final recovery resolved 272 (a quorum
+    with a node that lost 273 in a crash), below the marks the nodes never lower: it hung
+    (see also tests/test_replication_recovery_sim.py and tests/test_vote.py)."""
+    r = run_seed(4541, steps=12, duration=8.0)
+    assert r.acked > 0 and "node_crash" in r.faults
+    assert r.counts == {}, f"{r.violations}\n    replay: {replay(4541, 12, 8.0, None, 3)}"
+
+
 def test_same_seed_same_schedule_same_result() -> None:
     a = run_seed(7, **SMALL)
     b = run_seed(7, **SMALL)

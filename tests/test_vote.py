@@ -129,6 +129,19 @@ def test_undecidable_until_the_situation_changes() -> None:
     assert decide([], [7, 3], 0, 2) == Decision(catch_up=True)  # never below the top when nobody votes
 
 
+def test_never_below_a_stored_low_water_mark_a_reporter_holds() -> None:
+    """Seed 4541: b and d stored low-water mark 273 (an earlier recovery resolved it, its
+    metadata update never landed); a votes 272, c was truncated to 170. 272 has a quorum of
+    3 of 4 but the nodes never lower their marks: catch up to 273 instead."""
+    q = quorum_size(4)
+    assert decide([272, 273, 273], [170], 0, q) == Decision(resolved=272)
+    assert decide([272, 273, 273], [170], 0, q, floor=273) == Decision(catch_up=True)
+    assert decide([273, 273, 273], [170], 0, q, floor=273) == Decision(resolved=273)
+    assert decide([272, 273], [170], 1, q, floor=273) == Decision(catch_up=True)
+    assert decide([273, 273], [273], 1, q, floor=273) == Decision(resolved=273)
+    assert decide([5, 5], [5], 0, 2, floor=3) == Decision(resolved=5)  # a floor below the top changes nothing
+
+
 def waltz_reference(voting: tuple[int, ...], non_voting: tuple[int, ...], absent: int, q: int) -> int | None:
     """Waltz's recovery manager, literally: each reporting replica evaluates the sorted marks
     down to its own, counting supports group by group; the first quorum not preceded by an

@@ -12,7 +12,9 @@
 4. Vote (wal/vote.py) every time the situation changes. Replicas below the highest
    report are caught up from it meanwhile (a mark below the lowest voting one decides
    nothing until they are); absent replicas are retried. The result does not depend on
-   who reports first: a decided mark is confirmed by every later report.
+   who reports first: a decided mark is confirmed by every later report. Never below a
+   low-water mark a reporter stored and holds (an earlier recovery resolved it; nodes
+   never lower it): a lower mark decides nothing until the others are caught up.
 5. On every reachable replica: truncate dirty records above the result, set the
    low-water mark to it, catch up from a replica that holds it: then it is clean.
 6. Update the metadata (the seed's last step): clean replicas join the new session with
@@ -36,7 +38,7 @@ from sediment.errors import ReplicaUnavailable, SessionFenced
 from sediment.wal import record as rec
 from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaWriter, ReplicaState
 from sediment.wal.replica import Connect, ReplicaConnection
-from sediment.wal.vote import Decision, decide
+from sediment.wal.vote import EMPTY, Decision, decide
 from sediment.wal.wire import MsgType, Response, Status
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,7 @@ class Joined:
     voting: bool
     new: bool
     storage_session: int = 0  # the session its storage had opened before this one
+    low_water_mark: int = EMPTY  # stored on the node: it never moves backwards
 
 
 async def truncate_to(host: RecoveryHost, conn: ReplicaConnection, session: int, mark: int) -> int:
@@ -134,7 +137,7 @@ async def open_replica(host: RecoveryHost, nursery: trio.Nursery, address: str, 
         log.warning("replica %s: truncating to LSN %d before the vote (state %s, storage session %d, "
                     "low-water mark %d)", address, c.keep_through, state, before, resp.low_water_mark)
         mark = await truncate_to(host, conn, session, c.keep_through)
-    return Joined(address, conn, mark, c.voting, state is None, before)
+    return Joined(address, conn, mark, c.voting, state is None, before, resp.low_water_mark)
 
 
 def clip_frames(payload: bytes, start: int, stop: int) -> tuple[bytes, int]:
@@ -234,8 +237,9 @@ class Vote:
     def decision(self) -> Decision:
         counted = [j for j in self.joined.values() if not j.new]
         absent = sum(1 for m in self.members if m not in self.joined)
+        floor = max((j.low_water_mark for j in counted if j.mark >= j.low_water_mark), default=EMPTY)
         return decide([j.mark for j in counted if j.voting], [j.mark for j in counted if not j.voting], absent,
-                      len(self.members) // 2 + 1)
+                      len(self.members) // 2 + 1, floor)
 
     async def run(self) -> int:
         async with trio.open_nursery() as copiers:

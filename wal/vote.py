@@ -19,6 +19,11 @@ in descending order; ``supports(H)`` counts reporters (voting or not) at or abov
 * ``supports(H) >= quorum``: H is the closing high-water mark.
 * ``supports(H) + absent >= quorum``: undecidable; the absent replicas could still give
   H a quorum. It stays so until the situation changes (a report, a catch-up).
+* H below ``floor``, the highest low-water mark a reporter stored and still holds: no
+  decision yet, as below the lowest voting mark. A stored low-water mark was resolved
+  by an earlier recovery whose metadata update may never have landed; it never moves
+  backwards, so a lower closing mark could never be set on that replica (recovery would
+  hang), and everything at or below it was a valid closing mark: catch up to it.
 
 While no replica votes, nothing is decided as long as some replica is absent (it may
 be a voter holding more; Waltz waits the same way). With no voter and nobody absent,
@@ -55,8 +60,10 @@ class Decision:
     catch_up: bool = False
 
 
-def decide(voting: Sequence[int], non_voting: Sequence[int], absent: int, quorum: int) -> Decision:
-    """Apply the rule above to the reported marks (-1: empty)."""
+def decide(voting: Sequence[int], non_voting: Sequence[int], absent: int, quorum: int,
+           floor: int = EMPTY) -> Decision:
+    """Apply the rule above to the reported marks (-1: empty); ``floor``: the highest stored
+    low-water mark a reporter holds (at or below its mark)."""
     if quorum < 1 or absent < 0:
         raise ValueError(f"quorum {quorum} and absent {absent} must be >= 1 and >= 0")
     marks = list(voting) + list(non_voting)
@@ -67,9 +74,9 @@ def decide(voting: Sequence[int], non_voting: Sequence[int], absent: int, quorum
         return Decision(resolved=EMPTY)
     if not voting and absent:  # as in Waltz: nothing is decided before a voter (maybe absent) reports
         return Decision(undecidable=True, catch_up=behind)
-    floor = min(voting) if voting else max(marks)
+    lowest = max(min(voting) if voting else max(marks), floor)
     for h in sorted(set(marks), reverse=True):
-        if h < floor:
+        if h < lowest:
             return Decision(catch_up=True)
         if h == EMPTY:  # every replica, absent or not, holds the empty prefix
             return Decision(resolved=EMPTY)
