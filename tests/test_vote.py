@@ -233,6 +233,30 @@ def test_brute_force_against_waltz_and_safety_over_all_small_cases() -> None:
     assert checked > 200
 
 
+def test_brute_force_a_stored_low_water_mark_floor() -> None:
+    """Over all small cases and every floor a reporter holds: never resolved below it, a
+    floor the vote already clears changes nothing, and one catch-up to the top decides or
+    waits for the absent (no hang)."""
+    checked = 0
+    for voting, non_voting, absent, q in small_cases():
+        marks = voting + non_voting
+        plain = decide(voting, non_voting, absent, q)
+        for f in range(-1, max(marks, default=-1) + 1):
+            d = decide(voting, non_voting, absent, q, floor=f)
+            if d.resolved is not None:
+                checked += 1
+                assert d.resolved >= f, (voting, non_voting, absent, f)
+            if plain.resolved is not None and plain.resolved >= f:
+                assert d == plain, (voting, non_voting, absent, f)
+            if voting and f <= min(voting):
+                assert d == plain, (voting, non_voting, absent, f)
+            if d.resolved is None and d.catch_up:
+                top = max(marks)
+                up = decide(tuple(top for _ in voting), tuple(top for _ in non_voting), absent, q, floor=f)
+                assert up.resolved == top or up.undecidable and absent > 0, (voting, non_voting, absent, f)
+    assert checked > 200
+
+
 def test_decide_refuses_nonsense() -> None:
     with pytest.raises(ValueError):
         decide([1], [], -1, 1)
