@@ -1,4 +1,4 @@
-"""Benchmark of the raw-device ring WAL (wal/device.py) against a plain Direct I/O writer.
+"""Benchmark of the raw-device ring WAL (wal/device/log.py) against a plain Direct I/O writer.
 
 Why: the ring's value is durable appends close to what the device can do, and fast
 recovery. So in one run we measure, on the same file system:
@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-from sediment.wal.device import DeviceLog
+from sediment.wal.device.log import DeviceLog
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind
 
 MiB = 1024 * 1024

@@ -180,7 +180,7 @@ def log_frames(root: str, wal: str) -> dict[tuple[str, int], tuple[int, bytes]]:
             for n, (off, end) in enumerate(zip(scan.offsets, ends, strict=True)):
                 frames[(os.path.relpath(path, root), off)] = (p[0] + n, data[off:end])
         return frames
-    from sediment.wal.device import RingHeader
+    from sediment.wal.device.log import RingHeader
 
     path = os.path.join(root, "ring")
     with open(path, "rb") as f:
@@ -234,7 +234,7 @@ def needed_lsn(root: str) -> int:
     """The least LSN not yet in every relation's batches (the trace states' ``wal_through``):
     log records below it are already compacted, so a repair may drop them."""
     from sediment.engine.catalog import RELATIONS, RelationEntry
-    from sediment.engine.metadata_journal import load_readonly
+    from sediment.engine.metadata.journal import load_readonly
     from sediment.trace.state import TraceState
     from sediment.trace.store import state_key
 

@@ -26,10 +26,10 @@ import threading
 import time
 import uuid
 
-from sediment.engine.metadata_memory import MemoryMetadataStore
+from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.file_log import FileLog
-from sediment.wal.replicated_log import ReplicatedLog
+from sediment.wal.replication.replicated_log import ReplicatedLog
 
 
 def cpu_seconds(pid: int | None = None) -> float:
@@ -97,7 +97,7 @@ def main() -> None:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             addrs.append(f"127.0.0.1:{port}")
-            p = subprocess.Popen([sys.executable, "-m", "sediment.wal.storage_node", "--dir",
+            p = subprocess.Popen([sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir",
                                   os.path.join(tmp, f"n{i}"), "--listen", addrs[-1], "--cluster-key", str(key)],
                                  stdout=subprocess.PIPE, text=True)
             p.stdout.readline()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from sediment.engine.metadata import MetadataStore
+from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import MetadataConflict, MetadataCorruption, RelationExists, UnknownRelation
 
 RELATIONS = "catalog/relations/"

@@ -31,7 +31,7 @@ from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import PROGRESS, UPDATES, FeedLog
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.memory import configure_memory_pool
-from sediment.engine.metadata import MetadataStore
+from sediment.engine.metadata.protocol import MetadataStore
 from sediment.engine.schema import check_name, check_schema, conform_updates, time_range, update_schema
 from sediment.errors import (
     DataDirLocked,
@@ -147,7 +147,7 @@ class Engine(Reads, Compaction):
             self._epoch = self.catalog.next_epoch()
             self._txn_counter = 0
             if replicas:
-                from sediment.wal.replicated_log import ReplicatedLog
+                from sediment.wal.replication.replicated_log import ReplicatedLog
 
                 if metadata is None:
                     raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
@@ -197,11 +197,11 @@ class Engine(Reads, Compaction):
 
     def _open_metadata(self, metadata: str | MetadataStore | None) -> MetadataStore:
         if metadata is None:
-            from sediment.engine.metadata_journal import JournalMetadataStore
+            from sediment.engine.metadata.journal import JournalMetadataStore
 
             return JournalMetadataStore(os.path.join(self.data_dir, "meta"))
         if isinstance(metadata, str):
-            from sediment.engine.metadata_open import open_metadata_store
+            from sediment.engine.metadata.open_store import open_metadata_store
 
             return open_metadata_store(metadata)
         return metadata
@@ -291,7 +291,7 @@ class Engine(Reads, Compaction):
                                       "replaced; restore it (opening would lose every acknowledged update)")
             return log_
         if isinstance(wal, str) and wal.startswith("device:") and len(wal) > len("device:"):
-            from sediment.wal.device import DeviceLog
+            from sediment.wal.device.log import DeviceLog
 
             path = wal[len("device:"):]
             if capacity is None and not os.path.exists(path):

@@ -115,13 +115,13 @@ def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, r
 
 
 def verify_device(path: str, report: VerifyReport) -> None:
-    """The ring's own recovery (wal/device_recovery.py, the code ``DeviceLog.open`` runs) run
+    """The ring's own recovery (wal/device/recovery.py, the code ``DeviceLog.open`` runs) run
     read-only, so the verdict cannot drift from open's: a problem exactly when open would
     refuse (missing or blank ring, damaged header copies, records ending before the recorded
     durable end, damage followed by acknowledged records), a note for what open cuts or
     rewrites by itself (a crash's torn tail, one damaged header copy)."""
     from sediment.errors import WalCorruption, WalShortened
-    from sediment.wal.device_recovery import inspect
+    from sediment.wal.device.recovery import inspect
     from sediment.wal.log_reader import Problem
 
     try:
@@ -150,7 +150,7 @@ def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, repo
     schema against the catalog, Parquet page checksums, row count)."""
     from sediment.blob.uri import open_blob_store
     from sediment.engine.catalog import RELATIONS, RelationEntry
-    from sediment.engine.metadata_journal import load_readonly
+    from sediment.engine.metadata.journal import load_readonly
     from sediment.engine.schema import update_schema
     from sediment.trace.state import TraceState
     from sediment.trace.store import TraceStore, state_key
@@ -207,7 +207,7 @@ def _verify_owner(meta: dict, blobs, uri: str, report: VerifyReport) -> None:
 
 def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
     """Open's check that the log reaches every trace's ``wal_through`` (Engine._check_log_reaches_traces)."""
-    from sediment.engine.metadata_journal import load_readonly
+    from sediment.engine.metadata.journal import load_readonly
     from sediment.trace.state import TraceState
 
     if report.wal_end is None:
@@ -234,7 +234,7 @@ def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
 def relation_names(meta_dir: str) -> dict[int, str]:
     """Relation id -> name from the catalog in the metadata (empty when it cannot be read)."""
     from sediment.engine.catalog import RELATIONS, RelationEntry
-    from sediment.engine.metadata_journal import load_readonly
+    from sediment.engine.metadata.journal import load_readonly
 
     try:
         meta = load_readonly(meta_dir) if os.path.isdir(meta_dir) else {}
@@ -249,7 +249,7 @@ def _recorded_wal(meta_dir: str) -> tuple[str, bool]:
     import json
 
     from sediment.engine.engine import STORAGE_KEY
-    from sediment.engine.metadata_journal import load_readonly
+    from sediment.engine.metadata.journal import load_readonly
 
     try:
         got = load_readonly(meta_dir).get(STORAGE_KEY) if os.path.isdir(meta_dir) else None
@@ -278,7 +278,7 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
         verify_wal(os.path.join(data_dir, "wal"), report, expected=recorded, repair=repair,
                    names=relation_names(meta))
     if os.path.isdir(meta):
-        from sediment.engine.metadata_journal import verify as verify_journal
+        from sediment.engine.metadata.journal import verify as verify_journal
 
         for line in verify_journal(meta):
             (report.notes if "torn tail" in line else report.problems).append(line)

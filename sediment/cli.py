@@ -576,7 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(command)
 
-    from sediment.wal.storage_node import add_storage_node_parser  # a replica of replicated partitions
+    from sediment.wal.replication.node.storage_node import (
+        add_storage_node_parser,  # a replica of replicated partitions
+    )
 
     add_storage_node_parser(sub)
     return parser

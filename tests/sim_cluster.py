@@ -30,13 +30,13 @@ import trio.testing
 from sim_checker import Final, History, Violation, check_final
 from sim_world import SimDisk, SimNet, SimNodeEndpoint, SimPartitionStore
 
-from sediment.engine.metadata_memory import MemoryMetadataStore
+from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.errors import MetadataError
 from sediment.wal import record as rec
-from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaStore
-from sediment.wal.partition_meta import key as meta_key
-from sediment.wal.storage_node import StorageNode
-from sediment.wal.store_session import Coordinator
+from sediment.wal.replication.node.storage_node import StorageNode
+from sediment.wal.replication.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaStore
+from sediment.wal.replication.partition_meta import key as meta_key
+from sediment.wal.replication.store_session import Coordinator
 
 KEY = uuid.UUID(int=13)
 META_KEY = meta_key(0)

@@ -49,7 +49,7 @@ def test_replicated_mode_refuses_blob_stores_other_coordinators_cannot_reach(blo
 
 def test_tail_cache_keeps_lsn_order_evicts_oldest_and_forgets_trimmed():
     from sediment.wal.record import Record, RecordKind
-    from sediment.wal.tail_cache import TailCache
+    from sediment.wal.replication.tail_cache import TailCache
 
     def r(lsn: int, n: int = 10) -> Record:
         return Record(RecordKind.UPDATES, body=bytes(n), lsn=lsn)

@@ -16,9 +16,9 @@ import pytest
 import sediment
 from sediment.engine.verify import VerifyReport, verify_device
 from sediment.errors import SedimentError, WalCorruption, WalExists, WalMissing, WalShortened
-from sediment.wal import device as device_mod
-from sediment.wal.device import DeviceLog, RingHeader
-from sediment.wal.device_format import SHUTDOWN_CLEAN, choose_header
+from sediment.wal.device import log as device_mod
+from sediment.wal.device.format import SHUTDOWN_CLEAN, choose_header
+from sediment.wal.device.log import DeviceLog, RingHeader
 from sediment.wal.record import Record, RecordKind
 
 BS = 4096
@@ -365,7 +365,7 @@ def test_cli_verify_exit_code_matches_engine_open_on_a_damaged_ring(tmp_path: Pa
 
 
 def test_header_copy_bit_flips_are_all_detected_and_the_other_copy_chosen() -> None:
-    from sediment.wal.device_format import SLOT_V1, RingHeader
+    from sediment.wal.device.format import SLOT_V1, RingHeader
 
     a = RingHeader(BS, CAP, 8192, 41, 65536, 0, 0, 20480)
     b = RingHeader(BS, CAP, 8192, 42, 65536, 1, 24576, 24576)

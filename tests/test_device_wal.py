@@ -1,4 +1,4 @@
-"""The raw-device ring WAL (wal/device.py) on real preallocated files, real threads and
+"""The raw-device ring WAL (wal/device/log.py) on real preallocated files, real threads and
 a real writer process killed with SIGKILL."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalFull
-from sediment.wal.device import RING_MAGIC, SHUTDOWN_CLEAN, DeviceLog, RingHeader
+from sediment.wal.device.log import RING_MAGIC, SHUTDOWN_CLEAN, DeviceLog, RingHeader
 from sediment.wal.protocol import WriteAheadLog
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, decode_frontiers, decode_header
 
@@ -475,7 +475,7 @@ def test_odirect_fallback_writes_identical_bytes(tmp_path: Path, caplog: pytest.
         log.close()
         return log
 
-    caplog.set_level(logging.WARNING, logger="sediment.wal.device")
+    caplog.set_level(logging.WARNING, logger="sediment.wal.device.log")
     a = run(tmp_path / "direct", True, True)
     b = run(tmp_path / "buffered", False, False)
     assert not a.direct_io and not b.direct_io
@@ -517,7 +517,7 @@ def test_concurrent_appenders(tmp_path: Path) -> None:
 
 CRASH_WRITER = r"""
 import sys
-from sediment.wal.device import DeviceLog
+from sediment.wal.device.log import DeviceLog
 from sediment.wal.record import Record, RecordKind
 import random
 log = DeviceLog.open(sys.argv[1], int(sys.argv[2]), create=True, segment_bytes=256 * 1024)

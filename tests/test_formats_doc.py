@@ -42,8 +42,8 @@ def test_commit_body_example_lists_the_further_transactions():
 def test_device_ring_header_example_decodes(tmp_path):
     """Both header slots of the device-ring worked example: the fields the text names, and
     the bytes the scenario it describes really writes."""
-    from sediment.wal.device import DeviceLog
-    from sediment.wal.device_format import SHUTDOWN_CLEAN, SHUTDOWN_RUNNING, RingHeader
+    from sediment.wal.device.format import SHUTDOWN_CLEAN, SHUTDOWN_RUNNING, RingHeader
+    from sediment.wal.device.log import DeviceLog
 
     slot0 = _example_after("Slot 0, device offset 0 (seq 2")
     slot1 = _example_after("Slot 1, device offset 4096 (seq 3")
@@ -102,7 +102,7 @@ def test_footer_crc_example_covers_the_stated_bytes():
 
 
 def test_journal_header_example_decodes():
-    from sediment.engine.metadata_journal_format import _scan_journal, journal_header
+    from sediment.engine.metadata.journal_format import _scan_journal, journal_header
 
     header = _example_after("Worked example, the header of a journal following the snapshot of transaction 5")
     assert header == journal_header(5)
@@ -111,7 +111,7 @@ def test_journal_header_example_decodes():
 
 
 def test_journal_end_example_decodes():
-    from sediment.engine.metadata_journal_format import JournalEnd
+    from sediment.engine.metadata.journal_format import JournalEnd
 
     raw = _example_after("Worked example, the end record of a journal following snapshot 5")
     assert JournalEnd.decode(raw, "journal.end") == JournalEnd(5, 9, 512)

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from sediment.engine.metadata import MetadataStore, Versioned
-from sediment.engine.metadata_journal import (
+from sediment.engine.metadata.journal import (
     END_NAME,
     HEADER_SIZE,
     JOURNAL_NAME,
@@ -28,9 +27,10 @@ from sediment.engine.metadata_journal import (
     encode_snapshot,
     verify,
 )
-from sediment.engine.metadata_memory import MemoryMetadataStore
-from sediment.engine.metadata_open import open_metadata_store
-from sediment.engine.metadata_zk import ZooKeeperMetadataStore
+from sediment.engine.metadata.memory import MemoryMetadataStore
+from sediment.engine.metadata.open_store import open_metadata_store
+from sediment.engine.metadata.protocol import MetadataStore, Versioned
+from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
 from sediment.errors import (
     DataDirLocked,
     InvalidMetadataRequest,
@@ -403,7 +403,7 @@ def test_journal_auto_checkpoint(tmp_path: Path) -> None:
 
 LOCK_PROBE = """
 import sys
-from sediment.engine.metadata_journal import JournalMetadataStore
+from sediment.engine.metadata.journal import JournalMetadataStore
 from sediment.errors import DataDirLocked
 try:
     JournalMetadataStore(sys.argv[1]).close()
@@ -428,7 +428,7 @@ def test_journal_lock_excludes_second_process(tmp_path: Path) -> None:
 
 WRITER = """
 import sys
-from sediment.engine.metadata_journal import JournalMetadataStore
+from sediment.engine.metadata.journal import JournalMetadataStore
 s = JournalMetadataStore(sys.argv[1], checkpoint_bytes=int(sys.argv[2]))
 version = None
 i = 0

@@ -158,16 +158,16 @@ def test_storage_nodes_expose_metrics_over_http(tmp_path):
 
     from test_replication import free_port
 
-    from sediment.engine.metadata_memory import MemoryMetadataStore
+    from sediment.engine.metadata.memory import MemoryMetadataStore
     from sediment.wal import record as rec
-    from sediment.wal.replicated_log import ReplicatedLog
+    from sediment.wal.replication.replicated_log import ReplicatedLog
 
     key = uuid.uuid4()
     procs, urls, addresses = [], [], []
     try:
         for i in range(3):
             address = f"127.0.0.1:{free_port()}"
-            proc = subprocess.Popen([sys.executable, "-m", "sediment.wal.storage_node", "--dir", str(tmp_path / f"n{i}"),
+            proc = subprocess.Popen([sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir", str(tmp_path / f"n{i}"),
                                      "--listen", address, "--cluster-key", str(key), "--metrics-listen", "127.0.0.1:0"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             procs.append(proc)
@@ -201,7 +201,7 @@ def test_storage_nodes_expose_metrics_over_http(tmp_path):
 def test_a_replicated_engine_reports_quorum_latency_and_replica_lag(tmp_path):
     from test_replication import KEY, Node
 
-    from sediment.engine.metadata_memory import MemoryMetadataStore
+    from sediment.engine.metadata.memory import MemoryMetadataStore
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
     for n in nodes:

@@ -18,16 +18,16 @@ import pytest
 import trio
 from test_replication import KEY, Node, r, wait_until
 
-from sediment.engine.metadata_memory import MemoryMetadataStore
+from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.errors import OutcomeUnknown, WalMissing
 from sediment.wal import manifest as mf
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
 from sediment.wal.control import CONTROL_NAME
-from sediment.wal.partition_store import FilePartitionStore, open_directory
-from sediment.wal.replica import ReplicaConnection, tcp_connect
-from sediment.wal.replicated_log import ReplicatedLog
-from sediment.wal.wire import MsgType, Status
+from sediment.wal.replication.node.partition_store import FilePartitionStore, open_directory
+from sediment.wal.replication.replica import ReplicaConnection, tcp_connect
+from sediment.wal.replication.replicated_log import ReplicatedLog
+from sediment.wal.replication.wire import MsgType, Status
 
 pytestmark = pytest.mark.timeout(180)
 SESSION = 1
@@ -133,7 +133,7 @@ def test_a_node_whose_control_file_was_deleted_refuses_to_start_and_the_cluster_
     victim = nodes[1]
     control = victim.dir / CONTROL_NAME
     control.unlink()
-    proc = subprocess.run([sys.executable, "-m", "sediment.wal.storage_node", "--dir", str(victim.dir), "--listen",
+    proc = subprocess.run([sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir", str(victim.dir), "--listen",
                            victim.address, "--cluster-key", str(KEY)], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "WalMissing" in proc.stderr and str(control) in proc.stderr, proc.stderr

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from sediment.engine.metadata_memory import MemoryMetadataStore
-from sediment.engine.metadata_zk import ZooKeeperMetadataStore
+from sediment.engine.metadata.memory import MemoryMetadataStore
+from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
 from sediment.errors import QuorumLost, QuorumUnavailable, ReplicationError, SessionFenced
 from sediment.wal import record as rec
-from sediment.wal import wire
-from sediment.wal.partition_meta import PartitionMetaStore
-from sediment.wal.replicated_log import ReplicatedLog
+from sediment.wal.replication import wire
+from sediment.wal.replication.partition_meta import PartitionMetaStore
+from sediment.wal.replication.replicated_log import ReplicatedLog
 
 pytestmark = pytest.mark.timeout(120)
 KEY = uuid.UUID("5e5e5e5e-0000-4000-8000-000000000001")
@@ -45,7 +45,7 @@ def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> Non
 
 
 class Node:
-    """A storage node subprocess (``python -m sediment.wal.storage_node``)."""
+    """A storage node subprocess (``python -m sediment.wal.replication.node.storage_node``)."""
 
     def __init__(self, directory: Path, key: uuid.UUID = KEY, extra_args: tuple[str, ...] = ()) -> None:
         self.dir = directory
@@ -57,7 +57,7 @@ class Node:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sediment.wal.storage_node", "--dir", str(self.dir), "--listen", self.address,
+            [sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir", str(self.dir), "--listen", self.address,
              "--cluster-key", str(self.key), *self.extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()

@@ -14,12 +14,17 @@ from pathlib import Path
 import pytest
 from test_replication import KEY, Node, r, wait_until
 
-from sediment.engine.metadata_zk import ZooKeeperMetadataStore
+from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.control import ControlFile, PartitionState
-from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaStore, ReplicaState
-from sediment.wal.replicated_log import ReplicatedLog
-from sediment.wal.storage_node import open_directory
+from sediment.wal.replication.node.storage_node import open_directory
+from sediment.wal.replication.partition_meta import (
+    UNRESOLVED,
+    PartitionMeta,
+    PartitionMetaStore,
+    ReplicaState,
+)
+from sediment.wal.replication.replicated_log import ReplicatedLog
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.zookeeper]
 

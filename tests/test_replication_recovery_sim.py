@@ -23,16 +23,21 @@ from test_replication_sim import (
     wait_for,
 )
 
-from sediment.engine.metadata_memory import MemoryMetadataStore
+from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.errors import LowWaterMarkRegression, ReplicaUnavailable, SessionFenced
 from sediment.wal import record as rec
 from sediment.wal.control import PartitionState
-from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaStore, ReplicaState
-from sediment.wal.recovery import read_back_ours
-from sediment.wal.replica import ReplicaConnection
-from sediment.wal.storage_node import MemoryPartitionStore, StorageNode
-from sediment.wal.store_session import Batch
-from sediment.wal.wire import MsgType, Request, Status
+from sediment.wal.replication.node.storage_node import MemoryPartitionStore, StorageNode
+from sediment.wal.replication.partition_meta import (
+    UNRESOLVED,
+    PartitionMeta,
+    PartitionMetaStore,
+    ReplicaState,
+)
+from sediment.wal.replication.recovery import read_back_ours
+from sediment.wal.replication.replica import ReplicaConnection
+from sediment.wal.replication.store_session import Batch
+from sediment.wal.replication.wire import MsgType, Request, Status
 
 FIVE = ["a:1", "b:1", "c:1", "d:1", "e:1"]
 

@@ -14,12 +14,12 @@ import pytest
 import trio
 import trio.testing
 
-from sediment.engine.metadata_memory import MemoryMetadataStore
+from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.errors import QuorumLost, QuorumUnavailable, SessionFenced
 from sediment.wal import record as rec
-from sediment.wal.partition_meta import UNRESOLVED, PartitionMetaStore
-from sediment.wal.storage_node import MemoryPartitionStore, StorageNode
-from sediment.wal.store_session import Batch, Coordinator, Pending
+from sediment.wal.replication.node.storage_node import MemoryPartitionStore, StorageNode
+from sediment.wal.replication.partition_meta import UNRESOLVED, PartitionMetaStore
+from sediment.wal.replication.store_session import Batch, Coordinator, Pending
 
 KEY = uuid.UUID(int=7)
 ADDRS = ["a:1", "b:1", "c:1"]

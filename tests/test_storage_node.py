@@ -21,11 +21,11 @@ from test_replication import KEY, Node
 
 from sediment.errors import LowWaterMarkRegression, WalError
 from sediment.wal import record as rec
-from sediment.wal import wire
 from sediment.wal.control import ControlFile, PartitionState
-from sediment.wal.replica import Call, ReplicaConnection, tcp_connect
-from sediment.wal.storage_node import FilePartitionStore, StorageNode, open_directory
-from sediment.wal.wire import MsgType, Request, Response, Status
+from sediment.wal.replication import wire
+from sediment.wal.replication.node.storage_node import FilePartitionStore, StorageNode, open_directory
+from sediment.wal.replication.replica import Call, ReplicaConnection, tcp_connect
+from sediment.wal.replication.wire import MsgType, Request, Response, Status
 
 pytestmark = pytest.mark.timeout(120)
 SESSION = 1

@@ -1,4 +1,4 @@
-"""The recovery vote (wal/vote.py): the seed's worked example, a brute-force reference, properties."""
+"""The recovery vote (wal/replication/vote.py): the seed's worked example, a brute-force reference, properties."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sediment.wal.vote import Decision, decide, quorum_size, resolve_closing_hwm
+from sediment.wal.replication.vote import Decision, decide, quorum_size, resolve_closing_hwm
 
 HC, HA, HB = 10, 20, 30  # the seed's figure: HC < HA < HB
 
@@ -266,8 +266,8 @@ def test_decide_refuses_nonsense() -> None:
 
 
 def test_a_new_replica_assignment_takes_the_next_generation():
-    from sediment.wal.partition_meta import PartitionMeta, ReplicaState
-    from sediment.wal.replicated_log import assignment_generation
+    from sediment.wal.replication.partition_meta import PartitionMeta, ReplicaState
+    from sediment.wal.replication.replicated_log import assignment_generation
 
     fresh = PartitionMeta()
     assert assignment_generation(fresh, ["a:1", "b:1", "c:1"]) == 0

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore
-from sediment.engine.metadata import MetadataStore
+from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import BatchCorruption, BlobNotFound, MetadataConflict, TraceError
 from sediment.trace.batch import (
     BatchDescription,

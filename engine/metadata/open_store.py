@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sediment.engine.metadata import MetadataStore
+from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import InvalidMetadataRequest
 
 
@@ -19,7 +19,7 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
     """
     text = os.fspath(spec)
     if text.startswith("zk://"):
-        from sediment.engine.metadata_zk import ZooKeeperMetadataStore
+        from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
 
         rest = text[len("zk://") :]
         hosts, slash, root = rest.partition("/")
@@ -30,7 +30,7 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
         root = "/" + root if slash and root.strip("/") else "/sediment"
         return ZooKeeperMetadataStore(hosts, root, **options)
     if text.startswith("memory://"):
-        from sediment.engine.metadata_memory import MemoryMetadataStore
+        from sediment.engine.metadata.memory import MemoryMetadataStore
 
         if options:
             raise InvalidMetadataRequest(f"memory:// takes no options, got {sorted(options)}")
@@ -40,6 +40,6 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
             f"metadata spec {text!r} has an unknown scheme; use zk://host:port/root, memory:// "
             "or a directory path"
         )
-    from sediment.engine.metadata_journal import JournalMetadataStore
+    from sediment.engine.metadata.journal import JournalMetadataStore
 
     return JournalMetadataStore(text, **options)

@@ -71,9 +71,9 @@ import trio
 
 from sediment.errors import SedimentError, WalError
 from sediment.wal import record as rec
-from sediment.wal import wire
 from sediment.wal.control import PartitionState
-from sediment.wal.partition_store import (  # noqa: F401 - re-exported: the stores' old home
+from sediment.wal.replication import wire
+from sediment.wal.replication.node.partition_store import (  # noqa: F401 - re-exported: the stores' old home
     DEFAULT_CHECKPOINT,
     DEFAULT_SEGMENT_BYTES,
     FilePartitionStore,
@@ -82,7 +82,7 @@ from sediment.wal.partition_store import (  # noqa: F401 - re-exported: the stor
     check_truncate,
     open_directory,
 )
-from sediment.wal.wire import MsgType, Request, Response, Status, WireError
+from sediment.wal.replication.wire import MsgType, Request, Response, Status, WireError
 
 if TYPE_CHECKING:
     from sediment.metrics import NodeMetrics

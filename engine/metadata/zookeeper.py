@@ -44,13 +44,13 @@ from kazoo.exceptions import (
 )
 from kazoo.retry import KazooRetry
 
-from sediment.engine.metadata import Versioned
-from sediment.engine.metadata_keys import (
+from sediment.engine.metadata.keys import (
     validate_expected,
     validate_key,
     validate_prefix,
     validate_value,
 )
+from sediment.engine.metadata.protocol import Versioned
 from sediment.errors import (
     EngineClosed,
     InvalidMetadataRequest,
@@ -92,7 +92,7 @@ def _decode(path: str, data: bytes) -> tuple[int, bytes, bytes] | None:
 
 
 class ZooKeeperMetadataStore:
-    """A :class:`~sediment.engine.metadata.MetadataStore` over ZooKeeper znodes."""
+    """A :class:`~sediment.engine.metadata.protocol.MetadataStore` over ZooKeeper znodes."""
 
     def __init__(
         self,

@@ -23,8 +23,7 @@ import threading
 
 from sediment._fs import fsync_dir as _fsync_dir
 from sediment._fs import makedirs_durable
-from sediment.engine.metadata import Versioned
-from sediment.engine.metadata_journal_format import (  # noqa: F401 - re-exported for tools and tests
+from sediment.engine.metadata.journal_format import (  # noqa: F401 - re-exported for tools and tests
     DEFAULT_CHECKPOINT_BYTES,
     END_NAME,
     END_NEW_NAME,
@@ -47,12 +46,13 @@ from sediment.engine.metadata_journal_format import (  # noqa: F401 - re-exporte
     journal_header,
     restore,
 )
-from sediment.engine.metadata_keys import (
+from sediment.engine.metadata.keys import (
     validate_expected,
     validate_key,
     validate_prefix,
     validate_value,
 )
+from sediment.engine.metadata.protocol import Versioned
 from sediment.errors import (
     DataDirLocked,
     EngineClosed,
@@ -106,7 +106,7 @@ def load_readonly(path: str | os.PathLike[str]) -> dict[str, Versioned]:
 
 
 class JournalMetadataStore:
-    """A durable, thread-safe, single-process :class:`~sediment.engine.metadata.MetadataStore`."""
+    """A durable, thread-safe, single-process :class:`~sediment.engine.metadata.protocol.MetadataStore`."""
 
     def __init__(
         self,

@@ -19,8 +19,8 @@ import os
 
 from sediment._fs import fsync_dir
 from sediment.errors import WalCorruption, WalShortened
-from sediment.wal.device_format import SHUTDOWN_CLEAN, RingHeader, align_down, align_up
-from sediment.wal.device_recovery import RingReader, check, pread_exact, recover
+from sediment.wal.device.format import SHUTDOWN_CLEAN, RingHeader, align_down, align_up
+from sediment.wal.device.recovery import RingReader, check, pread_exact, recover
 from sediment.wal.record import HEADER, HEADER_SIZE, MAGIC, MAX_BODY, VERSION, Record, RecordKind, encode
 
 MAX_HOLES = 1024

@@ -20,7 +20,7 @@ from typing import Protocol
 from crc32c import crc32c as _crc
 
 from sediment.errors import WalCorruption, WalError, WalMissing, WalShortened
-from sediment.wal.device_format import (
+from sediment.wal.device.format import (
     READ_CHUNK,
     SHUTDOWN_CLEAN,
     RingHeader,

@@ -1,7 +1,7 @@
 """The coordinator of one replicated partition: store sessions, quorum writes, catch-up.
 
 A store session is one coordinator's tenure, with a session id taken by compare-and-set
-of the partition metadata (wal/recovery.py runs before it writes). Appends are queued,
+of the partition metadata (wal/replication/recovery.py runs before it writes). Appends are queued,
 batched, given LSNs, and sent to every replica that is in sync, pipelined (a node
 writes everything queued with one sync). A batch is acknowledged, in LSN order, once a
 write quorum (n // 2 + 1) of counting replicas made it durable; never earlier.
@@ -51,18 +51,18 @@ from sediment.errors import (
     SessionFenced,
 )
 from sediment.wal import record as rec
-from sediment.wal import recovery as _recovery
-from sediment.wal.partition_meta import (
+from sediment.wal.replication import recovery as _recovery
+from sediment.wal.replication.partition_meta import (
     UNRESOLVED,
     PartitionMeta,
     PartitionMetaStore,
     PartitionMetaWriter,
     ReplicaState,
 )
-from sediment.wal.recovery import clip_frames, copy_records, open_replica, recover, truncate_to
-from sediment.wal.replica import Call, Connect, ReplicaConnection
-from sediment.wal.vote import quorum_size
-from sediment.wal.wire import MsgType, Response, Status
+from sediment.wal.replication.recovery import clip_frames, copy_records, open_replica, recover, truncate_to
+from sediment.wal.replication.replica import Call, Connect, ReplicaConnection
+from sediment.wal.replication.vote import quorum_size
+from sediment.wal.replication.wire import MsgType, Response, Status
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Raw I/O of the device ring: aligned reads and writes (Direct I/O, falling back to
 buffered O_DSYNC when the device refuses it), zeroing, and the header copies. A mixin of
-:class:`sediment.wal.device.DeviceLog`, kept apart so the log's own module stays readable;
+:class:`sediment.wal.device.log.DeviceLog`, kept apart so the log's own module stays readable;
 it uses the log's attributes (``path``, ``block_size``, ``_fd`` ...) set in its ``__init__``."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import mmap
 import os
 
 from sediment.errors import EngineClosed, WalError
-from sediment.wal.device_format import SHUTDOWN_RUNNING, SLOT, ZERO_CHUNK, RingHeader, align_up
+from sediment.wal.device.format import SHUTDOWN_RUNNING, SLOT, ZERO_CHUNK, RingHeader, align_up
 
-_log = logging.getLogger("sediment.wal.device")
+_log = logging.getLogger("sediment.wal.device.log")
 
 
 class RingIO:

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import trio
 
 from sediment.errors import PartitionClaimed, ReplicationError
-from sediment.wal.replica import ReplicaConnection, tcp_connect
-from sediment.wal.wire import MsgType
+from sediment.wal.replication.replica import ReplicaConnection, tcp_connect
+from sediment.wal.replication.wire import MsgType
 
 
 async def _probe(replicas: Sequence[str], cluster_key: uuid.UUID, partition: int,

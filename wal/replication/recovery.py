@@ -9,7 +9,7 @@
    mark already set: truncate to it, no vote (to its stored low-water mark if higher
    when its storage's session is newer: a later session engaged it and its metadata
    update never landed); otherwise it votes if its max LSN is at or above its low-water mark.
-4. Vote (wal/vote.py) every time the situation changes. Replicas below the highest
+4. Vote (wal/replication/vote.py) every time the situation changes. Replicas below the highest
    report are caught up from it meanwhile (a mark below the lowest voting one decides
    nothing until they are); absent replicas are retried. The result does not depend on
    who reports first: a decided mark is confirmed by every later report. Never below a
@@ -36,16 +36,21 @@ import trio
 
 from sediment.errors import ReplicaUnavailable, SessionFenced
 from sediment.wal import record as rec
-from sediment.wal.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaWriter, ReplicaState
-from sediment.wal.replica import Connect, ReplicaConnection
-from sediment.wal.vote import EMPTY, Decision, decide
-from sediment.wal.wire import MsgType, Response, Status
+from sediment.wal.replication.partition_meta import (
+    UNRESOLVED,
+    PartitionMeta,
+    PartitionMetaWriter,
+    ReplicaState,
+)
+from sediment.wal.replication.replica import Connect, ReplicaConnection
+from sediment.wal.replication.vote import EMPTY, Decision, decide
+from sediment.wal.replication.wire import MsgType, Response, Status
 
 log = logging.getLogger(__name__)
 
 
 class RecoveryHost(Protocol):
-    """What recovery needs from its coordinator (wal/store_session.py's Coordinator)."""
+    """What recovery needs from its coordinator (wal/replication/store_session.py's Coordinator)."""
 
     replicas: list[str]
     partition: int

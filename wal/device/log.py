@@ -41,7 +41,8 @@ from typing import Any
 
 from sediment._fs import fsync_dir
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalExists
-from sediment.wal.device_format import (
+from sediment.wal.device.block_io import RingIO
+from sediment.wal.device.format import (
     MIN_DATA_BYTES,
     RING_MAGIC,
     SHUTDOWN_CLEAN,
@@ -50,8 +51,7 @@ from sediment.wal.device_format import (
     align_down,
     align_up,
 )
-from sediment.wal.device_io import RingIO
-from sediment.wal.device_recovery import (
+from sediment.wal.device.recovery import (
     Recovered,
     RingReader,
     check,
@@ -62,7 +62,7 @@ from sediment.wal.device_recovery import (
     recover,
     walk,
 )
-from sediment.wal.device_writer import RingWriter, _Block
+from sediment.wal.device.writer import RingWriter, _Block
 from sediment.wal.protocol import OpenReport
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, crc32c
 
@@ -244,7 +244,7 @@ class DeviceLog(RingWriter, RingIO):
         self._hdr_durable = hdr.durable_end
         holes: list = []
         if repair and not create:  # keep every record that verifies: bridge holes, keep cut bytes
-            from sediment.wal.device_salvage import fill_holes
+            from sediment.wal.device.salvage import fill_holes
 
             holes, self.preserved = fill_holes(self, hdr)
         res = recover(self, hdr, repair)

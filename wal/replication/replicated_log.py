@@ -3,7 +3,7 @@
     log = ReplicatedLog.open(replicas=["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"],
                              metadata=store, partition=0, cluster_key=key)
 
-The coordinator (wal/store_session.py) runs on trio in a background thread; this class
+The coordinator (wal/replication/store_session.py) runs on trio in a background thread; this class
 is the thread-safe, blocking face the engine expects. An append is acknowledged only
 once a write quorum made it durable. If the quorum is lost, waiting appends fail with
 QuorumLost and the coordinator recovers a new store session by itself; if another
@@ -24,7 +24,7 @@ compacter turns them into batches and trims the nodes with no ``compact()`` call
 engine's compacter also finishes by age (trace/compacter.py SegmentAge).
 
 Reads of the uncompacted tail come from the coordinator's own cache of what it
-acknowledged (wal/tail_cache.py), not from the nodes; only records it does not hold
+acknowledged (wal/replication/tail_cache.py), not from the nodes; only records it does not hold
 (evicted past ``cache_bytes``, or written before a restart and not seen at open) are
 fetched from the in-sync replicas.
 
@@ -45,17 +45,17 @@ from collections.abc import Callable, Iterator, Sequence
 
 import trio
 
-from sediment.engine.metadata import MetadataStore
+from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
 from sediment.wal import record as rec
-from sediment.wal.partition_meta import PartitionMeta, PartitionMetaStore
-from sediment.wal.partition_probe import refuse_claimed_partition
 from sediment.wal.protocol import DoneFlag, OpenReport
-from sediment.wal.replica import tcp_connect
-from sediment.wal.store_session import Coordinator
-from sediment.wal.tail_cache import DEFAULT_MAX_BYTES as DEFAULT_CACHE_BYTES
-from sediment.wal.tail_cache import TailCache
-from sediment.wal.wire import iter_records
+from sediment.wal.replication.partition_meta import PartitionMeta, PartitionMetaStore
+from sediment.wal.replication.partition_probe import refuse_claimed_partition
+from sediment.wal.replication.replica import tcp_connect
+from sediment.wal.replication.store_session import Coordinator
+from sediment.wal.replication.tail_cache import DEFAULT_MAX_BYTES as DEFAULT_CACHE_BYTES
+from sediment.wal.replication.tail_cache import TailCache
+from sediment.wal.replication.wire import iter_records
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from sediment.engine.metadata import MetadataStore
+from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import MetadataConflict, MetadataError, ReplicationError, SessionFenced
 
 FORMAT = 1

@@ -2,7 +2,7 @@
 
 Waltz's rule ("Quorum Checking in the Recovery Process", and its recovery manager).
 Every replica named in the partition metadata that reports is classified first
-(wal/recovery.py does it): a *voting* replica was engaged in the last store session
+(wal/replication/recovery.py does it): a *voting* replica was engaged in the last store session
 with consistent storage and may hold records that session wrote but never
 acknowledged; a *non-voting* replica was truncated to a mark that is already known to
 be committed (its stored low-water mark, or its closing high-water mark), or is too

@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from sediment.errors import ReplicaUnavailable
-from sediment.wal import wire
-from sediment.wal.wire import MsgType, Request, Response
+from sediment.wal.replication import wire
+from sediment.wal.replication.wire import MsgType, Request, Response
 
 Connect = Callable[[str], Awaitable[trio.abc.Stream]]
 

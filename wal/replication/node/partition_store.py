@@ -5,7 +5,7 @@ LSN>.seg``/``.idx``, record frames of wal/record.py) and the partition's state i
 storage directory's control file; :class:`MemoryPartitionStore` keeps frames in a list
 for deterministic simulations. Both refuse a truncation outside [first record - 1, last
 record] and a low-water mark below the stored one (Waltz refuses both): the request
-path in wal/storage_node.py checks first and answers BAD_REQUEST; these are the backstop.
+path in wal/replication/node/storage_node.py checks first and answers BAD_REQUEST; these are the backstop.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Appending to the device ring: placing records into blocks (a dry-run plan, then the
 same plan applied), the I/O threads that write blocks, and completion in LSN order. A
-mixin of :class:`sediment.wal.device.DeviceLog`, kept apart so the log's own module stays
+mixin of :class:`sediment.wal.device.log.DeviceLog`, kept apart so the log's own module stays
 readable; it uses the log's attributes set in its ``__init__``."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sediment.errors import EngineClosed, WalError, WalFull
-from sediment.wal.device_format import SHUTDOWN_RUNNING, align_up
+from sediment.wal.device.format import SHUTDOWN_RUNNING, align_up
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_frontiers, encode_header
 
 if TYPE_CHECKING:
-    from sediment.wal.device import DeviceTicket
+    from sediment.wal.device.log import DeviceTicket
 
-_log = logging.getLogger("sediment.wal.device")
+_log = logging.getLogger("sediment.wal.device.log")
 _ZEROS = bytes(64 * 1024)
 _align_up = align_up
 
