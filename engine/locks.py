@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from sediment.errors import LockConflict
@@ -78,7 +78,3 @@ class LockTable:
         """All checks first, then the records: a failed check changes nothing."""
         self.check(locks)
         self.record(locks, t)
-
-
-def lock_ids(name: str, ids: Iterable[Hashable]) -> list[LockId]:
-    return [(name, i) for i in ids]

@@ -19,7 +19,7 @@ import pyarrow as pa
 from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore
 from sediment.engine.metadata.protocol import MetadataStore
-from sediment.errors import BatchCorruption, BlobNotFound, MetadataConflict, TraceError
+from sediment.errors import BatchCorruption, BlobNotFound, TraceError
 from sediment.trace.batch import (
     BatchDescription,
     batch_key,
@@ -133,15 +133,6 @@ class TraceStore:
         version = self.meta.compare_and_set(state_key(new.relation_id), new.encode(), expected)
         self._versions[new.relation_id] = version
         return new
-
-    def forget(self, relation_id: int, state: TraceState) -> None:
-        """Remove a dropped relation's state and objects (best effort: the sweep catches the rest)."""
-        try:
-            self.meta.delete(state_key(relation_id))
-        except MetadataConflict:
-            pass
-        self._versions.pop(relation_id, None)
-        self.delete(state.keys())
 
     # --- batches -------------------------------------------------------------------------------
 

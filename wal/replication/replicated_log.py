@@ -106,7 +106,6 @@ class ReplicatedLog:
         self = object.__new__(cls)
         self.report = OpenReport()
         self.partition = partition
-        self._meta_store = metadata
         self._closed = False
         self._sealed: dict[int, int] = {}
         self._finished = 0

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -160,11 +160,6 @@ def decode_message(data: bytes) -> Request | Response:
     return decode(msg_type, body)
 
 
-def encode_records(records: Sequence[rec.Record]) -> bytes:
-    """Record frames (wal/record.py) at each record's own ``lsn``, concatenated."""
-    return b"".join(rec.encode(r, r.lsn) for r in records)
-
-
 def iter_records(payload: bytes) -> Iterator[rec.Record]:
     """The records in a payload, each checked (header CRC, body CRC); WireError on damage."""
     view = memoryview(payload)
@@ -178,19 +173,6 @@ def iter_records(payload: bytes) -> Iterator[rec.Record]:
             raise WireError(f"record body at payload offset {pos} (LSN {head.lsn}) fails its checksum")
         yield rec.to_record(head, bytes(body))
         pos += head.frame_size
-
-
-async def read_message(stream) -> Request | Response | None:
-    """The next message from a trio stream, or None at a clean end of stream."""
-    head = await _receive_exactly(stream, FRAME_SIZE)
-    if head is None:
-        return None
-    msg_type, body_len, crc = parse_frame_header(head)
-    body = await _receive_exactly(stream, body_len) if body_len else b""
-    if body is None:
-        raise WireError(f"connection closed inside a {body_len}-byte frame body")
-    check_body(head, body, crc)
-    return decode(msg_type, body)
 
 
 class FrameReader:
@@ -221,15 +203,3 @@ class FrameReader:
         del self.buf[:FRAME_SIZE + body_len]
         check_body(head, body, crc)
         return decode(msg_type, body)
-
-
-async def _receive_exactly(stream, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = await stream.receive_some(n - len(buf))
-        if not chunk:
-            if buf:
-                raise WireError(f"connection closed after {len(buf)} of {n} bytes")
-            return None
-        buf += chunk
-    return bytes(buf)
