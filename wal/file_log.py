@@ -246,6 +246,7 @@ class FileLog(DirectWrites):
         ``on_durable(records)`` runs on the writer thread right after the sync, in log
         order, before any waiter wakes.
         """
+        rec.check_appendable(records, f"the write-ahead log at {self.dir}")
         pending = _Pending(records, [rec.crc32c(r.body) for r in records], on_durable)
         with self._lock:
             self._check_open()

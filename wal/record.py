@@ -25,10 +25,13 @@ the body, which is how a torn tail is told from damage. See docs/formats.md,
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
 import crc32c as _crc32c
+
+from sediment.errors import InvalidArgument
 
 MAGIC = 0x5344
 VERSION = 1
@@ -89,6 +92,28 @@ class Header:
     @property
     def frame_size(self) -> int:
         return HEADER_SIZE + self.body_len
+
+
+_APPENDABLE = frozenset(k for k in RecordKind if k != RecordKind.PADDING)
+_U64, _I64 = 1 << 64, 1 << 63
+
+
+def check_appendable(records: Sequence[Record], where: str) -> None:
+    """Refuse, before anything is queued, an append the frame cannot carry: a field out of
+    its header range, an unknown kind, PADDING (the ring's own), an oversized body, or no
+    record at all. Found later, in a backend's writer, the same fault would fail the whole
+    log for every caller instead of this one call."""
+    if not records:
+        raise InvalidArgument(f"{where}: an append needs at least one record; nothing was appended")
+    for i, r in enumerate(records):
+        if not (r.kind in _APPENDABLE and 0 <= r.relation_id < _U64 and 0 <= r.txn_id < _U64
+                and -_I64 <= r.t_lo < _I64 and -_I64 <= r.t_hi < _I64 and 0 <= r.count < 1 << 32
+                and len(r.body) <= MAX_BODY):
+            raise InvalidArgument(
+                f"{where}: record {i} of the append cannot be written (kind {r.kind!r}, relation {r.relation_id}, "
+                f"txn {r.txn_id}, t_lo {r.t_lo}, t_hi {r.t_hi}, count {r.count}, {len(r.body)}-byte body): "
+                "kinds 1-6, u64 relation and transaction ids, i64 times, a u32 count and bodies of at most "
+                f"{MAX_BODY} bytes; nothing was appended")
 
 
 def encode_header(record: Record, lsn: int, body_crc: int | None = None) -> bytes:

@@ -64,7 +64,7 @@ from sediment.wal.device.recovery import (
 )
 from sediment.wal.device.writer import RingWriter, _Block
 from sediment.wal.protocol import OpenReport
-from sediment.wal.record import HEADER_SIZE, Record, RecordKind, crc32c
+from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, crc32c
 
 __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "DeviceTicket", "RingHeader"]
 
@@ -353,8 +353,7 @@ class DeviceLog(RingWriter, RingIO):
         ticket whose ``wait()`` returns once they are durable; ``on_durable(records)``
         runs on an I/O thread right after that, in log order, before any waiter wakes.
         Returns at once unless the ring is full (then waits up to ``full_timeout``)."""
-        if not records:
-            raise ValueError("submit needs at least one record")
+        check_appendable(records, self.path)
         crcs = [crc32c(r.body) for r in records]
         sizes = [r.frame_size for r in records]
         d = self.data_capacity

@@ -154,6 +154,8 @@ class ReplicatedLog:
         if lost is not None:
             lost(lambda: self._call_soon(self._zk_session_lost))
         for r in self.scan():
+            if not self.report.records:
+                self._trimmed = r.lsn  # the nodes' first kept record: what trims left
             self.report.records += 1
             self._note([r])
             self.tail_cache.add([r])
@@ -268,6 +270,7 @@ class ReplicatedLog:
 
     def submit(self, records: Sequence[rec.Record],
                on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> _Ticket:
+        rec.check_appendable(records, f"the replicated log of partition {self.partition}")
         ticket = _Ticket()
         started = time.perf_counter()
 
@@ -334,7 +337,7 @@ class ReplicatedLog:
 
     def scan(self, start: int | None = None) -> Iterator[rec.Record]:
         """From the coordinator's tail cache where it holds the records, else from the nodes."""
-        lsn = 0 if start is None else start
+        lsn = max(self._trimmed, 0 if start is None else start)
         while True:
             cached = self.tail_cache.get(lsn)
             if cached is not None:
@@ -349,6 +352,9 @@ class ReplicatedLog:
                 lsn = r.lsn + 1
 
     def read(self, lsn: int) -> rec.Record:
+        if lsn < self._trimmed:
+            raise WalError(f"LSN {lsn} of the replicated log of partition {self.partition} was trimmed (the log "
+                           f"starts at {self._trimmed}); its updates are in the engine's batches")
         for r in self.scan(lsn):
             if r.lsn == lsn:
                 return r
@@ -389,7 +395,10 @@ class ReplicatedLog:
         """Records below ``lsn`` are in the engine's batches: storage nodes drop whole segments
         below it. A replica that was away meanwhile is reset to the first kept LSN when it
         catches up, since the records below exist nowhere in the log any more."""
-        self._trimmed = max(self._trimmed, lsn)
+        lsn = min(lsn, self._finished - 1)  # keep the last finished FRONTIERS record: it carries every frontier
+        if lsn <= self._trimmed:
+            return
+        self._trimmed = lsn
         self.tail_cache.trim(lsn)
         self._call_soon(self.coordinator.trim, lsn)
 
