@@ -26,8 +26,9 @@ from collections.abc import Callable
 
 import trio
 
-from sediment.errors import WalError
+from sediment.errors import LowWaterMarkRegression, WalError
 from sediment.wal.control import PartitionState
+from sediment.wal.replication.node.partition_store import check_truncate
 
 
 class SimNet:
@@ -184,7 +185,7 @@ class SimStream(trio.abc.Stream):
         await trio.lowlevel.checkpoint()
 
 
-_WRITE, _TRUNCATE, _STATE = "write", "truncate", "state"
+_WRITE, _TRUNCATE, _STATE, _RESET = "write", "truncate", "state", "reset"
 
 
 class SimDisk:
@@ -194,9 +195,11 @@ class SimDisk:
                  on_state: Callable[[str, PartitionState, PartitionState], None] | None = None) -> None:
         self.name = name
         self.rng = rng
-        self.frames: list[bytes] = []
+        self.frames: list[bytes] = []  # frames[i] is the record at LSN base + i
+        self.base = 0
         self.state = PartitionState()
         self.durable_frames: list[bytes] = []
+        self.durable_base = 0
         self.durable_state = PartitionState()
         self.pending: deque[tuple[float, str, object]] = deque()
         self.horizon = 0.0  # when everything done so far is durable
@@ -224,7 +227,9 @@ class SimDisk:
             if kind == _WRITE:
                 self.durable_frames.extend(arg)
             elif kind == _TRUNCATE:
-                del self.durable_frames[arg:]
+                del self.durable_frames[arg - self.durable_base:]
+            elif kind == _RESET:
+                self.durable_frames, self.durable_base = [], arg
             else:
                 self.durable_state = arg
 
@@ -235,6 +240,7 @@ class SimDisk:
         self.lost_ops += len(self.pending)
         self.pending.clear()
         self.frames = list(self.durable_frames)
+        self.base = self.durable_base
         self.state = self.durable_state
         self.used = sum(len(f) for f in self.frames)
         self.horizon = now
@@ -250,10 +256,15 @@ class SimDisk:
         self._op(_WRITE, frames)
 
     def truncate(self, lsn: int) -> None:
-        if lsn < len(self.frames):
-            self.used -= sum(len(f) for f in self.frames[lsn:])
-            del self.frames[lsn:]
+        if lsn < self.base + len(self.frames):
+            self.used -= sum(len(f) for f in self.frames[lsn - self.base:])
+            del self.frames[lsn - self.base:]
             self._op(_TRUNCATE, lsn)
+
+    def reset(self, lsn: int) -> None:
+        self.used -= sum(len(f) for f in self.frames)
+        self.frames, self.base = [], lsn
+        self._op(_RESET, lsn)
 
     def set_state(self, state: PartitionState) -> None:
         old, self.state = self.state, state
@@ -272,24 +283,27 @@ class SimPartitionStore:
 
     @property
     def next_lsn(self) -> int:
-        return len(self.disk.frames)
+        return self.disk.base + len(self.disk.frames)
 
     @property
     def start_lsn(self) -> int:
-        return 0
+        return self.disk.base
 
     def read_state(self) -> PartitionState:
         return self.disk.state
 
     def write_state(self, state: PartitionState) -> None:
         s = self.disk.state
+        if state.low_water_mark < s.low_water_mark or state.local_low_water_mark < s.local_low_water_mark:
+            raise LowWaterMarkRegression(f"simulated replica {self.disk.name}: low-water marks {state} below the "
+                                         f"stored {s}")
         self.disk.set_state(PartitionState(state.session_id, state.low_water_mark, state.local_low_water_mark,
                                            s.sequence + 1))
 
     def write(self, payload: bytes, first_lsn: int, sizes: list[int]) -> None:
-        if first_lsn != len(self.disk.frames):
+        if first_lsn != self.next_lsn:
             raise WalError(f"simulated replica {self.disk.name}: write at LSN {first_lsn}, next is "
-                           f"{len(self.disk.frames)}")
+                           f"{self.next_lsn}")
         frames, pos = [], 0
         for s in sizes:
             frames.append(bytes(payload[pos:pos + s]))
@@ -299,7 +313,7 @@ class SimPartitionStore:
     def read(self, start: int, max_bytes: int) -> bytes:
         out = bytearray()
         frames = self.disk.frames
-        for i in range(start, len(frames)):
+        for i in range(max(0, start - self.disk.base) if start >= self.disk.base else len(frames), len(frames)):
             f = frames[i]
             if out and len(out) + len(f) > max_bytes:
                 break
@@ -307,13 +321,14 @@ class SimPartitionStore:
         return bytes(out)
 
     def truncate(self, lsn: int) -> None:
+        check_truncate(lsn, self.start_lsn, self.next_lsn, f"simulated replica {self.disk.name}")
         self.disk.truncate(lsn)
 
     def trim_prefix(self, lsn: int) -> None:
         """The simulation keeps every record (trimming only saves space)."""
 
     def reset(self, lsn: int) -> None:
-        raise WalError("a simulated replica never trims, so it is never reset")
+        self.disk.reset(lsn)
 
     def close(self) -> None:
         pass

@@ -10,6 +10,32 @@ from sediment.wal import record as rec
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "formats.md"
 
 
+_HEX_BYTE = re.compile(r"[0-9a-f]{2}")
+_LABELS = {"header", "set", "delete"}
+
+
+def _block_after(heading: str, fence: str = "```") -> str:
+    text = DOC.read_text()
+    section = text[text.index(heading):]
+    block = section[section.index(fence) + len(fence):]
+    return block[: block.index("```")]
+
+
+def _annotated_bytes(heading: str) -> bytes:
+    """The bytes of an annotated hex block: per line, an optional offset (``0010:``) or label
+    (``set``), then two-digit hex bytes up to the first word that is not one."""
+    out = bytearray()
+    for line in _block_after(heading).splitlines():
+        tokens = line.split()
+        if tokens and (tokens[0].endswith(":") or tokens[0] in _LABELS):
+            tokens = tokens[1:]
+        for tok in tokens:
+            if not _HEX_BYTE.fullmatch(tok):
+                break
+            out.append(int(tok, 16))
+    return bytes(out)
+
+
 def _example_after(heading: str) -> bytes:
     text = DOC.read_text()
     section = text[text.index(heading):]
@@ -81,7 +107,7 @@ def test_trace_state_example_decodes_with_checksums():
     doc = block[: block.index("```")]
     state = TraceState.decode(doc.encode())
     first = state.batches[0]
-    assert (first.crc, first.footer_crc) == (2788437105, 1215470853)
+    assert (first.crc, first.footer_crc) == (932734847, 1881399947)
     assert state.batches[2].crc is None  # written before checksums were recorded: still loads
     assert json.loads(state.encode()) == json.loads(doc)
 
@@ -143,3 +169,166 @@ def test_log_manifest_example_decodes():
     assert m.finished == [mf.FinishedSegment(6, 16, 88458)]
     assert (m.durable_end, m.end_sequence) == (20, 3)
     assert mf.pack(m) == data
+
+
+def test_journal_entries_example_decodes():
+    from sediment.engine.metadata import journal_format as jf
+
+    data = _annotated_bytes("Worked example: after a (version 1) journal header")
+    header, set_entry, delete_entry = data[:16], data[16:16 + 37], data[16 + 37:]
+    assert header == jf._header(jf.JOURNAL_MAGIC)
+    assert set_entry == jf.encode_entry(1, jf.OP_SET, "trace/17", 0, b"hi")
+    assert delete_entry == jf.encode_entry(2, jf.OP_DELETE, "trace/17")
+    scan = jf._scan_journal(data, "journal")
+    assert scan.corruption is None and scan.torn is None and scan.base is None  # version 1: base unknown
+    got = [(e.txid, e.op, e.key, e.version, e.value) for e in scan.entries]
+    assert got == [(1, jf.OP_SET, "trace/17", 0, b"hi"), (2, jf.OP_DELETE, "trace/17", 0, b"")]
+
+
+def test_snapshot_example_decodes():
+    from sediment.engine.metadata import journal_format as jf
+    from sediment.engine.metadata.protocol import Versioned
+
+    data = _annotated_bytes("Example: one key `a` = `b\"xy\"` at version 3, max txid 7")
+    assert len(data) == 28 + 33
+    assert jf._decode_snapshot(data, "snapshot") == (7, {"a": Versioned(b"xy", 3)})
+    assert jf.encode_snapshot(7, {"a": Versioned(b"xy", 3)}) == data
+
+
+def test_zookeeper_key_node_example_decodes():
+    from sediment.engine.metadata.zookeeper import _decode, encode_key_node
+
+    data = _annotated_bytes("Example: key `trace/17` = `b\"hi\"`, created directly")
+    write_id = bytes.fromhex("0123456789abcdef")
+    assert _decode("/sediment/trace/17", data) == (0, write_id, b"hi")
+    assert encode_key_node(b"hi", 0, write_id) == data
+
+
+def _accounts_batch() -> bytes:
+    import pyarrow as pa
+
+    from sediment.trace.batch import BatchDescription, encode_batch
+
+    table = pa.table({"name": pa.array(["alice", "bob", None]), "balance": pa.array([10, 20, 5], pa.int64()),
+                      "time": pa.array([3, 4, 4], pa.int64()), "diff": pa.array([1, 1, -1], pa.int64())})
+    return encode_batch(table, BatchDescription(relation_id=7, lower=0, upper=5, since=3, rows=3,
+                                                wal_first=1024, wal_last=4096))
+
+
+def test_batch_example_metadata_key_and_schema_decode():
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sediment.trace.batch import BatchDescription, decode_batch, parse_batch_key, read_description
+
+    block = _block_after("Worked example, produced by `encode_batch` for three rows of `accounts`")
+    lines = [ln.strip() for ln in block.strip().splitlines() if ln.strip()]
+    key = lines[0].removeprefix("key: ")
+    listed = dict((k.strip(), v.strip()) for k, v in (ln.split("=", 1) for ln in lines[1:]))
+    size = int(re.search(r"the object is ([\d,]+) bytes", DOC.read_text()).group(1).replace(",", ""))
+
+    parsed = parse_batch_key(key)
+    assert (parsed.relation_id, parsed.lower, parsed.upper, parsed.nonce) == (7, 0, 5, "9f2c4e1a7b3d5a60")
+    data = _accounts_batch()
+    assert len(data) == size
+    meta = {k.decode(): v.decode() for k, v in pq.ParquetFile(pa.BufferReader(data)).metadata.metadata.items()
+            if k.startswith(b"sediment.")}
+    assert meta == listed
+    desc = read_description(data)
+    assert desc == BatchDescription(relation_id=7, lower=0, upper=5, since=3, rows=3, wal_first=1024, wal_last=4096)
+    assert decode_batch(data, desc).to_pylist() == [
+        {"name": "alice", "balance": 10, "time": 3, "diff": 1}, {"name": "bob", "balance": 20, "time": 4, "diff": 1},
+        {"name": None, "balance": 5, "time": 4, "diff": -1}]
+
+    schema_doc = _block_after("Example (a relation `accounts(name string, balance int64)`)")
+    shown = str(pq.ParquetFile(pa.BufferReader(data)).schema).splitlines()[1:]  # after the object's repr line
+    assert "\n".join(shown).strip() == schema_doc.strip()
+
+
+def test_trace_state_example_names_the_batch_example_and_its_documented_fields():
+    from sediment.trace.batch import checksums, parse_batch_key
+    from sediment.trace.state import TraceState
+
+    state = TraceState.decode(_block_after("### Trace state document", "```json").encode())
+    assert (state.relation_id, state.since, state.upper, state.wal_through, state.version) == (7, 3, 12, 8192, 17)
+    assert [(b.lower, b.upper, b.key is None) for b in state.batches] == [(0, 5, False), (5, 9, True), (9, 12, False)]
+    assert [(p.lower, p.upper, p.rows) for p in state.pending] == [(14, 20, 4)]
+    first = state.batches[0]
+    data = _accounts_batch()
+    assert (first.bytes, first.rows, first.wal_first, first.wal_last) == (len(data), 3, 1024, 4096)
+    assert (first.crc, first.footer_crc) == checksums(data), "the example's checksums are the batch example's"
+    assert all(parse_batch_key(r.key).relation_id == 7 for r in state.batches + state.pending if r.key)
+
+
+def _xxd_bytes(heading: str) -> tuple[int, bytes]:
+    """(first offset, bytes) of an ``xxd``-style block (``00002000: ff 03 ...``)."""
+    lines = [ln for ln in _block_after(heading).splitlines() if ln.strip()]
+    start = int(lines[0].split(":")[0], 16)
+    return start, bytes.fromhex("".join(ln.split(":", 1)[1] for ln in lines))
+
+
+def test_device_ring_record_examples_decode(tmp_path):
+    from sediment.wal.device.log import DeviceLog
+
+    off0, first = _xxd_bytes("The first record, LSN 0, at device offset 8192")
+    off1, frontiers = _xxd_bytes("The FRONTIERS record at LSN 8192 (device offset 16384)")
+    assert (off0, off1) == (8192, 16384)
+    h = rec.decode_header(first)
+    assert (h.kind, h.body_len, h.lsn, h.relation_id, h.txn_id, h.t_lo, h.t_hi, h.count) == (
+        rec.RecordKind.UPDATES, 5, 0, 7, 0, 10, 12, 3)
+    assert rec.body_ok(h, first[64:]) and first[64:] == b"hello"
+    h = rec.decode_header(frontiers)
+    assert (h.kind, h.body_len, h.lsn, h.count) == (rec.RecordKind.FRONTIERS, 16, 8192, 1)
+    assert rec.body_ok(h, frontiers[64:]) and rec.decode_frontiers(frontiers[64:]) == {7: 12}
+
+    path = tmp_path / "ring"
+    log = DeviceLog.open(path, 1 << 20, create=True)
+    log.append([rec.Record(rec.RecordKind.UPDATES, relation_id=7, t_lo=10, t_hi=12, count=3, body=b"hello")])
+    log.append([rec.Record(rec.RecordKind.PROGRESS, relation_id=7, t_lo=12, t_hi=12)])
+    log.finish_segment()
+    log.close()
+    image = path.read_bytes()
+    assert image[off0:off0 + len(first)] == first and image[off1:off1 + len(frontiers)] == frontiers
+    assert not any(image[off0 + len(first):off0 + 4096])  # "the remaining 4027 bytes of the block are zero"
+
+
+def test_segment_and_index_header_examples_decode():
+    import uuid
+
+    from sediment.wal import segment as sg
+
+    data = _annotated_bytes("Data file (`SDSG`, version 1, created, cluster key")
+    index = _annotated_bytes("Index file (`SDIX`, the same fields")
+    key = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
+    assert len(data) == len(index) == sg.HEADER_SIZE
+    assert sg.parse_header(data) == sg.SegmentHeader(sg.SEG_MAGIC, 1, 1795000000123456789, key, 0, 4096, 0)
+    assert sg.parse_header(index) == sg.SegmentHeader(sg.IDX_MAGIC, 1, 1795000000123456789, key, 0, 4096, 1000)
+    assert sg.parse_header(data).pack() == data and sg.parse_header(index).pack() == index
+    assert sg.parse_header(data[:-1] + bytes([data[-1] ^ 1])) is None  # the CRC is checked
+
+
+def test_control_file_example_decodes(tmp_path):
+    import uuid
+
+    from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
+
+    data = _annotated_bytes("**Worked example.** A whole control file (204 bytes)")
+    assert len(data) == 204
+    (tmp_path / CONTROL_NAME).write_bytes(data)
+    ctl = ControlFile.open(str(tmp_path))
+    assert (ctl.header.version, ctl.header.created_ns, ctl.header.cluster_key, ctl.header.partitions) == (
+        1, 1795000000123456789, uuid.UUID("00112233-4455-6677-8899-aabbccddeeff"), 1)
+    assert ctl.partitions == [0]
+    assert ctl.read_state(0) == PartitionState(3, 41, 41, 1)
+
+
+def test_partition_metadata_example_decodes():
+    import json
+
+    from sediment.wal.replication.partition_meta import UNRESOLVED, PartitionMeta, ReplicaState, key
+
+    doc = _block_after("Key `store/partition/<id>` (ZooKeeper: `<root>/store/partition/<id>`)", "```json")
+    meta = PartitionMeta.decode(doc.encode(), key(0))
+    assert (meta.generation, meta.session_id) == (0, 3)
+    assert meta.replicas == {"127.0.0.1:7001": ReplicaState(3, UNRESOLVED), "127.0.0.1:7002": ReplicaState(2, 41)}
+    assert json.loads(meta.encode()) == json.loads(doc)

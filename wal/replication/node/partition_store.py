@@ -17,7 +17,7 @@ import uuid
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from sediment._fs import makedirs_durable
 from sediment._fs import pwrite_all as _pwrite_all
@@ -36,6 +36,7 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 DEFAULT_CHECKPOINT = 1000  # records between durable ends recorded in the manifest (as FileLog's index interval)
 
 
+@runtime_checkable
 class PartitionStore(Protocol):
     """Where one partition's replica lives. ``blocking``: its calls wait for the disk, so they
     run in the partition's writer thread (and READs in a worker thread); otherwise they run
@@ -54,7 +55,8 @@ class PartitionStore(Protocol):
     def write_state(self, state: PartitionState) -> None: ...
 
     def write(self, payload: bytes, first_lsn: int, sizes: list[int]) -> None:
-        """Append the record frames in ``payload`` (their sizes in ``sizes``) durably."""
+        """Append the record frames in ``payload`` (their sizes in ``sizes``) durably; WalError
+        unless ``first_lsn == next_lsn``."""
         ...
 
     def read(self, start: int, max_bytes: int) -> bytes:
@@ -62,7 +64,17 @@ class PartitionStore(Protocol):
         ...
 
     def truncate(self, lsn: int) -> None:
-        """Drop every record with LSN >= ``lsn``, durably."""
+        """Drop every record with LSN >= ``lsn``, durably. WalError unless ``start_lsn <= lsn
+        <= next_lsn``."""
+        ...
+
+    def trim_prefix(self, lsn: int) -> None:
+        """Records below ``lsn`` are in the engine's batches: the store may drop them (never
+        one at or above ``lsn``); ``start_lsn`` says what it kept."""
+        ...
+
+    def reset(self, lsn: int) -> None:
+        """Drop every record and continue at ``lsn`` (``start_lsn == next_lsn == lsn``), durably."""
         ...
 
     def close(self) -> None: ...
@@ -348,21 +360,23 @@ class FilePartitionStore:
 
 
 class MemoryPartitionStore:
-    """A replica kept in memory: for deterministic simulations (everything is durable at once)."""
+    """A replica kept in memory: for deterministic simulations (everything is durable at once).
+    ``frames[i]`` is the record at LSN ``base + i``."""
 
     blocking = False
 
     def __init__(self) -> None:
         self.frames: list[bytes] = []
+        self.base = 0
         self.state = PartitionState()
 
     @property
     def next_lsn(self) -> int:
-        return len(self.frames)
+        return self.base + len(self.frames)
 
     @property
     def start_lsn(self) -> int:
-        return 0
+        return self.base
 
     def read_state(self) -> PartitionState:
         return self.state
@@ -375,7 +389,8 @@ class MemoryPartitionStore:
                                     self.state.sequence + 1)
 
     def write(self, payload: bytes, first_lsn: int, sizes: list[int]) -> None:
-        assert first_lsn == len(self.frames)
+        if first_lsn != self.next_lsn:
+            raise WalError(f"memory replica: write at LSN {first_lsn}, next is {self.next_lsn}")
         pos = 0
         for s in sizes:
             self.frames.append(payload[pos:pos + s])
@@ -383,7 +398,7 @@ class MemoryPartitionStore:
 
     def read(self, start: int, max_bytes: int) -> bytes:
         out = bytearray()
-        for f in self.frames[start:]:
+        for f in self.frames[max(0, start - self.base):] if start >= self.base else []:
             if out and len(out) + len(f) > max_bytes:
                 break
             out += f
@@ -393,11 +408,12 @@ class MemoryPartitionStore:
         """Simulations keep everything (trimming only saves space)."""
 
     def reset(self, lsn: int) -> None:
-        raise WalError("an in-memory replica never trims, so it is never reset")
+        self.frames = []
+        self.base = lsn
 
     def truncate(self, lsn: int) -> None:
         check_truncate(lsn, self.start_lsn, self.next_lsn, "memory replica")
-        del self.frames[lsn:]
+        del self.frames[lsn - self.base:]
 
     def close(self) -> None:
         pass
