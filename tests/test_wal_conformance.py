@@ -243,6 +243,20 @@ def test_trimmed_records_are_gone_below_the_start(backend):
         log.close()
 
 
+def test_trimming_past_the_end_is_refused_and_changes_nothing(backend):
+    log, appended = _trimmed_log(backend)
+    try:
+        start, before = log.start_lsn, ours(log.scan())
+        with pytest.raises(WalError, match="cannot trim"):
+            log.trim(log.end_lsn + 1)
+        assert log.start_lsn == start and ours(log.scan()) == before
+        log.trim(appended[-1].lsn + 1)  # past the last record is fine: everything appended may be trimmed
+        assert log.start_lsn <= log.finished_lsn
+        assert fields(log.read(appended[-1].lsn)) == fields(appended[-1])
+    finally:
+        log.close()
+
+
 def test_a_torn_tail_is_cut_and_appends_continue(backend):
     log = backend.open()
     appended = []

@@ -507,6 +507,9 @@ class FileLog(DirectWrites):
         is recorded in the manifest first, then the files are deleted oldest first, each
         deletion made durable, so a crash anywhere leaves only garbage below the recorded
         start (deleted quietly at the next open), never a hole."""
+        if lsn > self.end_lsn:
+            raise WalError(f"{self.dir}: cannot trim to {lsn}: the log ends at {self.end_lsn}. Trim only LSNs that "
+                           "append() returned and the compacter has finished with")
         with self._trim_lock:
             with self._lock:
                 n = 0

@@ -395,6 +395,9 @@ class ReplicatedLog:
         """Records below ``lsn`` are in the engine's batches: storage nodes drop whole segments
         below it. A replica that was away meanwhile is reset to the first kept LSN when it
         catches up, since the records below exist nowhere in the log any more."""
+        if lsn > self.end_lsn:
+            raise WalError(f"cannot trim the replicated log of partition {self.partition} to {lsn}: it ends at "
+                           f"{self.end_lsn}. Trim only LSNs that append() returned and the compacter has finished with")
         lsn = min(lsn, self._finished - 1)  # keep the last finished FRONTIERS record: it carries every frontier
         if lsn <= self._trimmed:
             return
