@@ -223,6 +223,7 @@ def test_reset_drops_everything_and_continues_at_the_given_lsn(h):
         write(s, 0, 20)
         s.reset(500)
         assert (s.start_lsn, s.next_lsn) == (500, 500) and s.read(500, 1 << 20) == b""
+        assert s.read(0, 1 << 20) == b"" and s.read(499, 1 << 20) == b""  # below the start: nothing
         with pytest.raises(WalError):
             f = frame(20)
             s.write(f, 20, [len(f)])

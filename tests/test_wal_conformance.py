@@ -290,6 +290,8 @@ def test_reading_what_was_never_written_is_a_wal_error(log):
         log.read(log.end_lsn)
     with pytest.raises(WalError):
         log.read(log.end_lsn + 10_000)
+    with pytest.raises(WalError):
+        log.read(-1)
     assert list(log.scan(log.end_lsn)) == []
 
 

@@ -1,13 +1,14 @@
-"""The log protocol every WAL backend implements (file segments, device ring).
+"""The log protocol every WAL backend implements (file segments, device ring, replicated).
 
 One log serves a whole engine: records of every relation go into it, tagged with
 the relation's id, so one fdatasync makes a group of appends to many relations
 durable and a transaction over several relations commits with one record. The
 engine decides what records mean; the log only keeps them, in order, durably.
 
-Positions (LSNs) are integers that only grow; the file backend numbers records
-0, 1, 2, ...; the device backend uses logical byte offsets. Callers must only
-compare them, never do arithmetic on them.
+Positions (LSNs) are integers that only grow; the file and replicated backends number
+records 0, 1, 2, ...; the device backend uses logical byte offsets. Callers must only
+compare them, never do arithmetic on them. tests/test_wal_conformance.py holds every
+backend to the same behaviour.
 """
 
 from __future__ import annotations
@@ -75,14 +76,17 @@ class WriteAheadLog(Protocol):
     def append(self, records: Sequence[Record]) -> int:
         """Append ``records`` contiguously (no other call's records come between them) and
         return once they are durable. Sets each record's ``lsn`` and returns the last one.
-        Safe to call from many threads: concurrent calls share one fdatasync."""
+        Safe to call from many threads: concurrent calls share one fdatasync. An empty list,
+        or a record the frame cannot carry (a field out of range, an unknown kind, PADDING),
+        raises InvalidArgument and appends nothing."""
         ...
 
     def submit(self, records: Sequence[Record],
                on_durable: Callable[[Sequence[Record]], None] | None = None) -> Ticket:
         """Queue ``records`` (queue order is log order) and return at once; the ticket's
         ``wait()`` returns when they are durable. ``on_durable(records)`` runs right after
-        they become durable, in log order, before any waiter wakes; it must not raise."""
+        they become durable, in log order, before any waiter wakes; it must not raise. A
+        backend may pass the records of several submissions with one callback to one call."""
         ...
 
     @property
@@ -96,7 +100,8 @@ class WriteAheadLog(Protocol):
         ...
 
     def read(self, lsn: int) -> Record:
-        """The record at ``lsn``. Raises WalError if it was trimmed or never written."""
+        """The record at ``lsn``. Raises WalError if it lies below ``start_lsn`` (trimmed) or
+        was never written."""
         ...
 
     @property
@@ -126,7 +131,10 @@ class WriteAheadLog(Protocol):
 
     def trim(self, lsn: int) -> None:
         """Records below ``lsn`` are no longer needed; the log may discard them. Never
-        discards a record at or above ``lsn``, nor anything not yet finished."""
+        discards a record at or above ``lsn``, nor anything not yet finished, nor the
+        FRONTIERS record that carries the discarded relations' frontiers; ``start_lsn``
+        then stays at or below both ``lsn`` and ``finished_lsn``. WalError (and no change)
+        when ``lsn`` lies past the end of the log."""
         ...
 
     def close(self) -> None:
