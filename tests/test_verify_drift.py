@@ -14,7 +14,7 @@ import pytest
 from sediment.engine.verify import VerifyReport, verify_device
 from sediment.errors import SedimentError, WalShortened
 from sediment.wal.device import recovery
-from sediment.wal.device.format import RingHeader
+from sediment.wal.device.format import DEFAULT_BLOCK_SIZE, RingHeader
 from sediment.wal.device.log import DeviceLog
 from sediment.wal.record import Record, RecordKind
 
@@ -44,9 +44,11 @@ def _open_error(path: pathlib.Path) -> str | None:
 
 
 def test_inspect_uses_the_block_size_open_uses():
-    """One default, so verify's verdict is the verdict of the open the engine runs."""
+    """One default, from wal/device/format.py, so verify's verdict is the verdict of the open
+    the engine runs."""
     default = pyinspect.signature(DeviceLog.open).parameters["block_size"].default
-    assert pyinspect.signature(recovery.inspect).parameters["block_size"].default == default
+    assert default == DEFAULT_BLOCK_SIZE
+    assert pyinspect.signature(recovery.inspect).parameters["block_size"].default == DEFAULT_BLOCK_SIZE
 
 
 @pytest.mark.parametrize("bs", [4096, 8192])

@@ -20,6 +20,7 @@ FORMAT_VERSION = 2
 SLOT_V1 = struct.Struct("<8sIIQQQQIIQ")
 SLOT = struct.Struct("<8sIIQQQQIIQQ")
 SLOT_CRC = struct.Struct("<I")
+DEFAULT_BLOCK_SIZE = 4096  # the slot size of a ring opened without block_size (open, verify)
 SHUTDOWN_RUNNING = 0
 SHUTDOWN_CLEAN = 1
 MIN_DATA_BYTES = 64 * 1024

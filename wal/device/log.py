@@ -43,6 +43,7 @@ from sediment._fs import fsync_dir
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalExists
 from sediment.wal.device.block_io import RingIO
 from sediment.wal.device.format import (
+    DEFAULT_BLOCK_SIZE,
     MIN_DATA_BYTES,
     RING_MAGIC,
     SHUTDOWN_CLEAN,
@@ -111,7 +112,7 @@ class DeviceLog(RingWriter, RingIO):
         capacity: int | None = None,
         *,
         create: bool = False,
-        block_size: int = 4096,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         max_block_bytes: int = 256 * 1024,
         max_block_age: float = 0.001,
         io_threads: int = 4,

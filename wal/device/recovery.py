@@ -21,6 +21,7 @@ from crc32c import crc32c as _crc
 
 from sediment.errors import WalCorruption, WalError, WalMissing, WalShortened
 from sediment.wal.device.format import (
+    DEFAULT_BLOCK_SIZE,
     READ_CHUNK,
     SHUTDOWN_CLEAN,
     RingHeader,
@@ -396,7 +397,7 @@ class Inspection:
     recovered: Recovered
 
 
-def inspect(path: str, *, block_size: int = 4096, capacity: int | None = None) -> Inspection:
+def inspect(path: str, *, block_size: int = DEFAULT_BLOCK_SIZE, capacity: int | None = None) -> Inspection:
     """Open's recovery (``create=False, repair=False``) run read-only: returns what open would
     find and cut, or raises the typed error open would raise."""
     if not os.path.exists(path):
