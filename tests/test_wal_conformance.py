@@ -167,6 +167,17 @@ def test_finish_segment_moves_finished_lsn_and_tells_the_listener(log):
     assert ours(log.scan()) == [fields(r) for r in appended]  # finishing adds no caller-visible record
 
 
+def test_finishing_with_nothing_new_changes_nothing(log):
+    empty = (log.end_lsn, log.finished_lsn)
+    log.finish_segment()  # an empty log: nothing to finish
+    assert (log.end_lsn, log.finished_lsn) == empty
+    log.append([upd(1)])
+    log.finish_segment()
+    once = (log.end_lsn, log.finished_lsn, len(list(log.scan())))
+    log.finish_segment()
+    assert (log.end_lsn, log.finished_lsn, len(list(log.scan()))) == once
+
+
 def test_segments_finish_by_size(log):
     """Enough records finish segments by themselves, each announced to the listener."""
     heard: list[int] = []

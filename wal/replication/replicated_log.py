@@ -383,8 +383,13 @@ class ReplicatedLog:
 
     def finish_segment(self) -> None:
         """Append a FRONTIERS record (replicated like any other); everything before and
-        including it is finished: committed records never change."""
+        including it is finished: committed records never change. Nothing to finish (no
+        record since the last FRONTIERS record) appends nothing, as the other logs do."""
         with self._lock:
+            if self._closed:
+                raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
+            if self.end_lsn <= self._finished:
+                return
             frontiers = rec.Record(rec.RecordKind.FRONTIERS, count=len(self._sealed),
                                    body=rec.encode_frontiers(self._sealed))
             lsn = self.append([frontiers])
