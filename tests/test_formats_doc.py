@@ -301,6 +301,7 @@ def test_segment_and_index_header_examples_decode():
     index = _annotated_bytes("Index file (`SDIX`, the same fields")
     key = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
     assert len(data) == len(index) == sg.HEADER_SIZE
+    assert "`" + sg.segment_name(4096) + "`" in DOC.read_text()  # the name the example gives
     assert sg.parse_header(data) == sg.SegmentHeader(sg.SEG_MAGIC, 1, 1795000000123456789, key, 0, 4096, 0)
     assert sg.parse_header(index) == sg.SegmentHeader(sg.IDX_MAGIC, 1, 1795000000123456789, key, 0, 4096, 1000)
     assert sg.parse_header(data).pack() == data and sg.parse_header(index).pack() == index
