@@ -305,6 +305,32 @@ def test_superseded_coordinator_is_fenced() -> None:
     run_sim(main)
 
 
+def test_superseded_coordinator_with_a_replica_down_is_fenced_not_quorum_lost() -> None:
+    """With one replica already out of sync, the first FENCED reply leaves fewer than a
+    quorum in sync: that must still end in SessionFenced (the metadata decides), not in
+    QuorumLost, which would tell the writer to retry against a coordinator that lost."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = await start_nodes(nursery)
+            meta = MemoryMetadataStore()
+            old = make_coordinator(net, meta)
+            await nursery.start(old.run)
+            assert await append(old, [rec_of(0)]) == 0
+            net.partition("c:1")
+            assert await append(old, [rec_of(1)]) == 1
+            await wait_for(lambda: old.links["c:1"].state != "in_sync")
+            new = make_coordinator(net, meta)
+            await nursery.start(new.run)
+            with pytest.raises(SessionFenced):
+                await append(old, [rec_of(2)])
+            assert await append(new, [rec_of(2)]) == 2
+            for a in ("a:1", "b:1"):
+                assert bodies(net.log(a)) == [b"r0", b"r1", b"r2"]
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)
+
+
 def test_replica_failure_closes_the_session_and_no_append_in_flight_fails() -> None:
     """Waltz: a failed replica closes the store session and a new one recovers. Appends
     in flight are settled by the closing high-water mark, never failed or duplicated."""

@@ -412,7 +412,12 @@ class Coordinator:
         counted = link.state == "in_sync"
         self._disconnect(link, why)
         if self._session_scope is not None and self.fenced is None and self._broken is None:
-            if len(self.in_sync()) < self.quorum:
+            if len(self.in_sync()) < self.quorum and self._fence_suspect:
+                # a node says a newer session exists: the metadata decides (run's check)
+                # between SessionFenced and a new session; failing with QuorumLost would
+                # misreport a superseded coordinator as a lost quorum
+                self._close_session(f"replica {link.address} answered FENCED ({why})")
+            elif len(self.in_sync()) < self.quorum:
                 self._lose_quorum(f"replica {link.address} failed ({why})")
             elif counted:
                 self._close_session(f"replica {link.address} failed ({why})")
