@@ -303,6 +303,7 @@ class Engine(Reads, Compaction):
         trace = trace or TraceState(entry.id)
         rel = _Relation(entry, update_schema(entry.schema), trace, feed=FeedLog())
         rel.sealed = rel.sealed_durable = trace.upper - 1
+        self.traces.set_schema(entry.id, rel.update_schema)
         self._relations[entry.name] = rel
         self._by_id[entry.id] = rel
         return rel

@@ -62,7 +62,7 @@ from sediment.wal.device.recovery import (
     recover,
     walk,
 )
-from sediment.wal.device.writer import RingWriter, _Block
+from sediment.wal.device.writer import DeviceTicket, RingWriter, _Block
 from sediment.wal.protocol import OpenReport
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, crc32c
 
@@ -71,27 +71,6 @@ __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "Dev
 PWrite = Callable[[int, Any, int], int]
 _align_up = align_up
 _align_down = align_down
-
-
-class DeviceTicket:
-    """An append in flight (see ``DeviceLog.submit``)."""
-
-    __slots__ = ("records", "on_durable", "block", "log", "sync")
-
-    def __init__(self, log: DeviceLog, records: Sequence[Record],
-                 on_durable: Callable[[Sequence[Record]], None] | None) -> None:
-        self.log = log
-        self.records = records
-        self.on_durable = on_durable
-        self.block: _Block | None = None
-        self.sync = False
-
-    def wait(self) -> int:
-        """Block until the records (and everything before them) are durable; the last
-        record's LSN. Raises WalError if the log failed first."""
-        assert self.block is not None
-        self.log._await(self.block)
-        return self.records[-1].lsn
 
 
 class DeviceLog(RingWriter, RingIO):

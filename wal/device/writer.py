@@ -9,15 +9,11 @@ import logging
 import mmap
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from sediment.errors import EngineClosed, WalError, WalFull
 from sediment.wal.device.format import SHUTDOWN_RUNNING, align_up
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_frontiers, encode_header
-
-if TYPE_CHECKING:
-    from sediment.wal.device.log import DeviceTicket
 
 _log = logging.getLogger("sediment.wal.device.log")
 _ZEROS = bytes(64 * 1024)
@@ -59,6 +55,27 @@ class _Plan:
         self.fill = fill
         self.cap = cap
 
+
+
+class DeviceTicket:
+    """An append in flight (see ``DeviceLog.submit``)."""
+
+    __slots__ = ("records", "on_durable", "block", "log", "sync")
+
+    def __init__(self, log: RingWriter, records: Sequence[Record],
+                 on_durable: Callable[[Sequence[Record]], None] | None) -> None:
+        self.log = log
+        self.records = records
+        self.on_durable = on_durable
+        self.block: _Block | None = None
+        self.sync = False
+
+    def wait(self) -> int:
+        """Block until the records (and everything before them) are durable; the last
+        record's LSN. Raises WalError if the log failed first."""
+        assert self.block is not None
+        self.log._await(self.block)
+        return self.records[-1].lsn
 
 
 class RingWriter:
