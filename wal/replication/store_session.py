@@ -103,16 +103,12 @@ class Link:
     catching_up: bool = False  # a catch-up task owns this link (at most one)
 
 
-async def run_blocking_in_thread(fn: Callable, *args: Any) -> Any:
-    return await trio.to_thread.run_sync(fn, *args)
-
-
 class Coordinator:
     """Owns a partition's writes. Call :meth:`submit` from the trio thread; run :meth:`run`."""
 
     def __init__(self, replicas: Sequence[str], meta: PartitionMetaStore, cluster_key: uuid.UUID,
                  partition: int = 0, *, connect: Connect, timeout: float = 5.0, retry_interval: float = 0.2,
-                 blocking: Callable[..., Any] = run_blocking_in_thread, max_batch_bytes: int = 4 << 20,
+                 blocking: Callable[..., Any] = trio.to_thread.run_sync, max_batch_bytes: int = 4 << 20,
                  max_inflight: int = 32, retain_bytes: int = 64 << 20, catchup_bytes: int = 1 << 20,
                  generation: int = 0) -> None:
         if len(set(replicas)) != len(replicas) or not replicas:
