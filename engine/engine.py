@@ -212,6 +212,8 @@ class Engine(RelationOps, Reads, Compaction):
             self._segment_age = cmp.SegmentAge(self._compacter.clock.current_time())
             self._compacter.start()
             self._log.set_finish_listener(self._compacter.notify)
+            if hasattr(self._clock, "on_advance"):  # a clock moved by hand: the compacter looks again
+                self._clock.on_advance(self._compacter.tick)
 
     # --- opening -------------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from sediment._fs import fsync_dir
+from sediment.clock import MONOTONIC, Clock
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalExists
 from sediment.wal.device.block_io import RingIO
 from sediment.wal.device.format import (
@@ -101,6 +102,7 @@ class DeviceLog(RingWriter, RingIO):
         repair: bool = False,
         pwrite: PWrite = os.pwrite,
         checkpoint_bytes: int = 4 * 1024 * 1024,
+        clock: Clock | None = None,
     ) -> DeviceLog:
         """Open (recovering) the ring at ``path``. Creating a ring is explicit: only with
         ``create`` is a missing file created or a blank device initialised, and ``create``
@@ -111,12 +113,14 @@ class DeviceLog(RingWriter, RingIO):
         open refuses (WalShortened) a log that ends before it. ``window_bytes`` (default ``io_threads * 2 *
         max_block_bytes``) bounds the bytes in flight, and so how far past the first gap
         recovery looks. ``repair`` cuts the log at damage instead of refusing to open.
-        ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests."""
+        ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests; ``clock``
+        (a :class:`sediment.clock.Clock`, real by default) times block ages and the wait for
+        room (``full_timeout``)."""
         log = cls(
             os.fspath(path), block_size=block_size, max_block_bytes=max_block_bytes,
             max_block_age=max_block_age, io_threads=io_threads, window_bytes=window_bytes,
             segment_bytes=segment_bytes, full_timeout=full_timeout, direct=direct, pwrite=pwrite,
-            checkpoint_bytes=checkpoint_bytes,
+            checkpoint_bytes=checkpoint_bytes, clock=clock,
         )
         try:
             log._open(capacity, create, repair)
@@ -128,7 +132,7 @@ class DeviceLog(RingWriter, RingIO):
     def __init__(
         self, path: str, *, block_size: int, max_block_bytes: int, max_block_age: float,
         io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
-        direct: bool, pwrite: PWrite, checkpoint_bytes: int = 4 * 1024 * 1024,
+        direct: bool, pwrite: PWrite, checkpoint_bytes: int = 4 * 1024 * 1024, clock: Clock | None = None,
     ) -> None:
         if block_size < 4096 or block_size > 65536 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two from 4096 to 65536, not {block_size}")
@@ -146,6 +150,9 @@ class DeviceLog(RingWriter, RingIO):
         self.segment_bytes = segment_bytes
         self.checkpoint_bytes = max(block_size, checkpoint_bytes)
         self.full_timeout = full_timeout
+        self.clock: Clock = clock if clock is not None else MONOTONIC
+        if hasattr(self.clock, "on_advance"):  # a clock moved by hand: waiters look at it again
+            self.clock.on_advance(self._clock_moved)
         self._pwrite = pwrite
         self._want_direct = direct
         self._direct = False
