@@ -33,6 +33,7 @@ from sediment.engine.compaction import Compaction
 from sediment.engine.feed import PROGRESS, UPDATES
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.memory import configure_memory_pool
+from sediment.engine.metadata import names
 from sediment.engine.metadata.protocol import MetadataStore
 from sediment.engine.reads import Reads
 from sediment.engine.relation import ReadPlan, TailEntry, _check_time, _Relation  # noqa: F401  (ReadPlan re-exported)
@@ -58,7 +59,7 @@ from sediment.wal.record import Record, RecordKind, committed_txn_ids
 DEFAULT_MAX_RECORD_BYTES = 8 << 20
 DEFAULT_MEMORY_BOUND = 256 << 20
 LOCK_NAME = "LOCK"
-STORAGE_KEY = "engine/storage"
+STORAGE_KEY = names.STORAGE
 log = logging.getLogger(__name__)
 
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 from sediment.engine.args import check_time
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import FeedLog
+from sediment.engine.metadata import names
 from sediment.engine.relation import _Relation
 from sediment.engine.schema import check_name, check_schema, update_schema
 from sediment.errors import EngineClosed, FrontierRegression, RelationExists, UnknownRelation
@@ -57,7 +58,7 @@ class RelationOps:
             self._relations.remove(rel)
             self._garbage += rel.trace.keys()
             try:
-                self._meta.delete(f"trace/{rel.entry.id:016x}")
+                self._meta.delete(names.trace_key(rel.entry.id))
             except Exception as exc:  # noqa: BLE001 - the start-up sweep removes what is left
                 log.warning("could not delete the trace state of dropped relation %r: %s", name, exc)
         self._collect()

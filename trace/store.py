@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore
+from sediment.engine.metadata import names
 from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import BatchCorruption, BlobNotFound, MetadataConflict, TraceError
 from sediment.trace.batch import (
@@ -37,11 +38,8 @@ from sediment.trace.batch import (
 from sediment.trace.merge import merge_to_batch
 from sediment.trace.state import BatchRef, TraceState
 
-STATE_PREFIX = "trace/"
-
-
-def state_key(relation_id: int) -> str:
-    return f"{STATE_PREFIX}{relation_id:016x}"
+STATE_PREFIX = names.TRACES
+state_key = names.trace_key
 
 
 def describe(relation_id: int, ref: BatchRef) -> BatchDescription:
