@@ -1,7 +1,7 @@
 """The engine's relations: creating, dropping and describing them, and moving their
-compaction frontier (a mixin of
-:class:`sediment.engine.engine.Engine`, kept apart so that each file holds one concern).
-The relations themselves are :class:`sediment.engine.bookkeeping.Relations`."""
+compaction frontier. A mixin of :class:`sediment.engine.engine.Engine`, kept apart so
+that each file holds one concern; the relations themselves are held in one
+:class:`sediment.engine.bookkeeping.Relations` (by name and by id)."""
 
 from __future__ import annotations
 
