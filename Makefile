@@ -27,10 +27,12 @@ demo: $(STAMP) java
 
 test: $(STAMP) java zookeeper
 	$(BIN)/ruff check .
+	$(BIN)/python tools/lint_imports.py
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python tools/lint_imports.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/append.py --quick

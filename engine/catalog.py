@@ -16,12 +16,13 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
+from sediment.engine.metadata import names
 from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import MetadataConflict, MetadataCorruption, RelationExists, UnknownRelation
 
-RELATIONS = "catalog/relations/"
-NEXT_ID = "catalog/next-relation-id"
-EPOCH = "engine/epoch"
+RELATIONS = names.RELATIONS
+NEXT_ID = names.NEXT_RELATION_ID
+EPOCH = names.EPOCH
 FORMAT = "sediment.relation"
 VERSION = 1
 

@@ -25,7 +25,6 @@ from sediment.trace.planner import plan_merges
 from sediment.trace.state import TraceState
 
 log = logging.getLogger(__name__)
-_monotonic = time.monotonic  # _compact_relation's local `time` is a column
 
 
 
@@ -95,7 +94,7 @@ class Compaction:
             with self._lock:
                 if self._closed:
                     return failed
-                cut = cmp.plan_wal_cut(self._log.finished_lsn, self._txn_first.values())
+                cut = cmp.plan_wal_cut(self._log.finished_lsn, self._txns.first_lsns())
                 rels = [r for r in self._relations.values() if names is None or r.entry.name in names]
                 work = []
                 for rel in rels:
@@ -113,7 +112,7 @@ class Compaction:
                         self._compaction_failures.pop(rel.entry.name, None)
                 needed = [n for n in (r.needs_from() for r in self._relations.values()) if n is not None]
                 needed += [n for n in (r.feed.oldest_lsn() for r in self._relations.values()) if n is not None]
-                point = cmp.trim_point(cut.safe, [*needed, *self._txn_first.values()])
+                point = cmp.trim_point(cut.safe, [*needed, *self._txns.first_lsns()])
                 self._trim_to = max(self._trim_to or 0, point)
         self._collect()
         return failed
@@ -153,7 +152,7 @@ class Compaction:
             self.metrics.batches_written.labels(relation=rel.entry.name).inc()
         with self._lock:
             rel.trace = new
-            rel.trace_changed_at = _monotonic()
+            rel.trace_changed_at = self._clock.current_time()
             rel.tail = [e for e in rel.tail if e.lsn >= safe]
             rel.progress = [(lsn, t) for lsn, t in rel.progress if lsn >= safe]
             self._garbage += [p.key for p in trace.pending if p.key]
@@ -175,5 +174,5 @@ class Compaction:
             self.traces.commit(new)
             with self._lock:
                 rel.trace = trace = new
-                rel.trace_changed_at = time.monotonic()
+                rel.trace_changed_at = self._clock.current_time()
                 self._garbage += [r.key for r in refs if r.key]

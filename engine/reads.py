@@ -7,7 +7,6 @@ concern; it uses the engine's lock, view and stores and adds no state of its own
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,22 +39,18 @@ class Reads:
         return pa.ipc.read_record_batch(pa.py_buffer(record.body), rel.update_schema)
 
     def _pin(self) -> None:
-        self._readers += 1
+        self._readers.pin()
 
     def _unpin(self) -> None:
         with self._lock:
-            self._readers -= 1
+            self._readers.unpin()
         self._collect()
 
     def _collect(self) -> None:
         """Delete replaced blobs and trim the log, once no reader may still need them."""
         with self._lock:
-            now = time.monotonic()
-            for lease, deadline in list(self._leases.items()):
-                if deadline <= now:
-                    del self._leases[lease]
-                    self._readers -= 1
-            if self._readers or self._closed and not hasattr(self, "_log"):
+            self._readers.expire()
+            if not self._readers.idle or self._closed and self._log is None:
                 return
             garbage, self._garbage = self._garbage, []
             trim, self._trim_to = self._trim_to, None
@@ -191,10 +186,7 @@ class Reads:
                 raise InvalidArgument("plan_read needs an engine opened with a blob URI (file:// or s3://)")
             trace = rel.trace
             entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
-            self._lease_counter += 1
-            lease = self._lease_counter
-            self._leases[lease] = time.monotonic() + lease_seconds
-            self._pin()
+            lease = self._readers.lease(lease_seconds)
         try:
             parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
             tail = pa.Table.from_batches(parts, schema=rel.update_schema)
@@ -214,9 +206,8 @@ class Reads:
         """End a read plan's lease: its batches may now be replaced and deleted."""
         args.check_int(lease, "lease", low=0)
         with self._lock:
-            if self._leases.pop(lease, None) is None:
+            if not self._readers.release(lease):
                 return
-            self._readers -= 1
         self._collect()
 
     def replay(self, name: str, *, batch_rows: int = 65536, ordered: bool = True) -> Iterator[pa.RecordBatch]:

@@ -8,11 +8,7 @@ directory, so a scrape every few seconds costs next to nothing.
 from __future__ import annotations
 
 import os
-import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from sediment.engine.engine import Engine
+from typing import Any
 
 
 def _relation_stats(rel: Any, now: float) -> dict[str, Any]:
@@ -55,13 +51,13 @@ def _wal_files(log: Any) -> tuple[int | None, int | None]:
     return segments, size
 
 
-def engine_stats(engine: Engine) -> dict[str, Any]:
-    """See :meth:`Engine.stats`."""
-    now = time.monotonic()
+def engine_stats(engine: Any) -> dict[str, Any]:
+    """See :meth:`Engine.stats` (``engine`` is one; not imported here, as the engine imports this)."""
+    now = engine._clock.current_time()
     with engine._lock:
         engine._check_open()
         relations = {name: _relation_stats(rel, now) for name, rel in sorted(engine._relations.items())}
-        txn_entries = [e for entries in engine._open_txns.values() for _rid, e in entries]
+        txn_entries = engine._txns.entries()
         log = engine._log
         start, end, finished = log.start_lsn, log.end_lsn, log.finished_lsn
     segments, size = _wal_files(log)
@@ -77,7 +73,7 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
             "bytes": size,
             "backlog_records": sum(r["tail_records"] for r in relations.values()) + len(txn_entries),
             "backlog_bytes": sum(r["tail_bytes"] for r in relations.values()) + sum(e.bytes for e in txn_entries),
-            "open_transactions": len(engine._open_txns),
+            "open_transactions": len(engine._txns),
         },
         "storage": {
             "data_dir": engine.data_dir,

@@ -19,22 +19,42 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
-from sediment.errors import TimeAlreadySealed, TransactionError
+from sediment.errors import TransactionError
+from sediment.wal.protocol import Ticket
 from sediment.wal.record import Record, RecordKind, encode_txn_ids
 
 if TYPE_CHECKING:
-    from sediment.engine.engine import Engine, _Relation
+    from sediment.engine.relation import _Relation
+
+Admission = tuple["_Relation", str, int]
+"""What is checked when a transaction's records are submitted: (relation, its name, the least
+time written to it) -- the relation still exists and is not sealed at that time."""
+
+
+class TxnEngine(Protocol):
+    """All a transaction needs from its engine (:class:`sediment.engine.engine.Engine`)."""
+
+    def _txn_records(self, name: str, updates: pa.Table, txn_id: int) -> tuple[Admission, list[Record]] | None:
+        """The UPDATES records of one append (None: nothing to append), and its admission."""
+        ...
+
+    def _txn_submit(self, records: list[Record], admit: Sequence[Admission] | None = None,
+                    refused: list[Record] | None = None) -> tuple[Ticket, BaseException | None]:
+        """Submit ``records`` once every admission holds, atomically with the checks; when one
+        does not, submit ``refused`` instead and return the error (or raise it without
+        ``refused``). With ``admit`` None, submit without checks."""
+        ...
 
 
 class Transaction:
     """Created by :meth:`Engine.transaction`. Use as a context manager: commits on success,
     aborts on an exception."""
 
-    def __init__(self, engine: Engine, txn_id: int):
+    def __init__(self, engine: TxnEngine, txn_id: int):
         self._engine = engine
         self.id = txn_id
         self._begun = False
@@ -53,20 +73,15 @@ class Transaction:
 
     def append(self, name: str, updates: pa.Table) -> None:
         """Add updates to the transaction; durable (but invisible) on return."""
-        eng = self._engine
         with self._mutex:
             self._check()
-            rel, table, bounds = eng._prepare(name, updates)
-            if table.num_rows == 0:
+            prepared = self._engine._txn_records(name, updates, self.id)
+            if prepared is None:
                 return
-            t_min = bounds[0]
-            records = eng._encode(rel, table, self.id, bounds)
+            (rel, _name, t_min), records = prepared
             if not self._begun:
                 records.insert(0, Record(RecordKind.BEGIN, txn_id=self.id))
-            with eng._lock:
-                eng._check_open()
-                eng._admit(rel, name, t_min)
-                ticket = eng._log.submit(records, eng._on_durable)
+            ticket, _ = self._engine._txn_submit(records, [(rel, name, t_min)])
             self._begun = True
             prev = self._touched.get(name)
             self._touched[name] = (rel, t_min if prev is None else min(prev[1], t_min))
@@ -91,8 +106,7 @@ class Transaction:
         self._state = "aborted"
         if not self._begun:
             return None
-        eng = self._engine
-        return eng._log.submit([Record(RecordKind.ABORT, txn_id=self.id)], eng._on_durable)
+        return self._engine._txn_submit([Record(RecordKind.ABORT, txn_id=self.id)])[0]
 
     def __enter__(self) -> Transaction:
         return self
@@ -104,7 +118,7 @@ class Transaction:
             self.abort()
 
 
-def commit_all(engine: Engine, transactions: Sequence[Transaction]) -> None:
+def commit_all(engine: TxnEngine, transactions: Sequence[Transaction]) -> None:
     """See :meth:`Engine.commit_all`."""
     txns = sorted({id(t): t for t in transactions}.values(), key=lambda t: t.id)
     for t in txns:
@@ -124,28 +138,17 @@ def commit_all(engine: Engine, transactions: Sequence[Transaction]) -> None:
             raise TransactionError("cannot commit " + ", ".join(f"{t.id:#x} ({t._state})" for t in closed) +
                                    ": already finished; every transaction of this commit was aborted")
         begun = [t for t in txns if t._begun]
-        failure: BaseException | None = None
-        ticket = None
         if not begun:  # nothing was written: nothing to log
             for t in txns:
                 t._state = "committed"
             return
-        with engine._lock:
-            engine._check_open()
-            try:
-                for t in begun:
-                    for name, (rel, t_min) in t._touched.items():
-                        engine._admit(rel, name, t_min)
-            except (TimeAlreadySealed, LookupError) as exc:
-                failure = exc
-                ticket = engine._log.submit([Record(RecordKind.ABORT, txn_id=t.id) for t in begun],
-                                            engine._on_durable)
-            else:
-                ids = [t.id for t in begun]
-                ticket = engine._log.submit([Record(RecordKind.COMMIT, txn_id=ids[0], body=encode_txn_ids(ids[1:]))],
-                                            engine._on_durable)
-            for t in txns:
-                t._state = "aborted" if failure is not None else "committed"
+        ids = [t.id for t in begun]
+        ticket, failure = engine._txn_submit(
+            [Record(RecordKind.COMMIT, txn_id=ids[0], body=encode_txn_ids(ids[1:]))],
+            [(rel, name, t_min) for t in begun for name, (rel, t_min) in t._touched.items()],
+            refused=[Record(RecordKind.ABORT, txn_id=t.id) for t in begun])
+        for t in txns:
+            t._state = "aborted" if failure is not None else "committed"
     ticket.wait()
     if failure is not None:
         which = f"transaction {txns[0].id:#x} was" if len(txns) == 1 else f"transactions {[hex(t.id) for t in txns]} were"

@@ -38,7 +38,8 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     background compacter, default True), ``compact_interval`` (seconds between passes
     besides the wake-up on every finished segment, default 5; a segment holding data
     that old is finished, so a sealed update reaches a batch within about twice it;
-    None: only on finished segments), ``clock`` (a trio clock for the compacter, e.g.
+    None: only on finished segments), ``clock`` (a :class:`sediment.clock.Clock` for the
+    compacter's wake-ups and read-plan leases, e.g. ``sediment.clock.ManualClock`` or
     ``trio.testing.MockClock`` in tests), ``merge_factor``, ``memory_bound`` (bytes a merge may hold, default
     256 MiB), ``lock_slots`` (size of the optimistic lock table), ``repair`` (cut a
     damaged log instead of refusing to open), ``take_over_blob_prefix`` (make this engine
@@ -47,11 +48,11 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     """
     import inspect
 
-    known = [p for p in inspect.signature(Engine.__init__).parameters if p not in ("self", "data_dir")]
+    known = [p for p in inspect.signature(Engine.open).parameters if p not in ("cls", "data_dir")]
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise errors.InvalidArgument(f"unknown option(s) {unknown} for sediment.open; known: {', '.join(known)}")
-    return Engine(data_dir, **options)
+    return Engine.open(data_dir, **options)
 
 
 def connect(uri: str, token: str | None = None, **options: Any) -> Client:

@@ -10,7 +10,8 @@ kept in ``last_error`` for tools and tests.
 Segments finish by size (the log rolls them) and by age: a pass that finds durable
 records that have sat unfinished for ``interval`` finishes the segment first
 (:class:`SegmentAge`), so a quiet relation does not wait for 64 MiB of other traffic.
-The loop runs on a trio clock passed in (tests use ``trio.testing.MockClock``).
+The loop runs on the clock passed in (:mod:`sediment.clock`: real by default; tests use
+``ManualClock`` or ``trio.testing.MockClock``), which must also serve as a trio clock.
 
 This module also holds the pure part of WAL compaction: where the cut goes, and when
 a segment is old enough to finish.
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import trio
+
+from sediment.clock import Clock, MonotonicClock
 
 log = logging.getLogger(__name__)
 
@@ -87,24 +89,11 @@ class SegmentAge:
         self.since = None
 
 
-class MonotonicClock(trio.abc.Clock):
-    """trio's clock on ``time.monotonic``, the default for the compacter and its ages."""
-
-    def start_clock(self) -> None:
-        pass
-
-    def current_time(self) -> float:
-        return time.monotonic()
-
-    def deadline_to_sleep_time(self, deadline: float) -> float:
-        return max(0.0, deadline - time.monotonic())
-
-
 class Compacter:
     """Runs ``run_pass()`` in the background on wake-ups. ``notify()`` is thread-safe."""
 
     def __init__(self, run_pass: Callable[[], None], interval: float | None = 5.0, name: str = "compacter",
-                 clock: trio.abc.Clock | None = None):
+                 clock: Clock | None = None):
         self._run_pass = run_pass
         self._interval = interval
         self.clock = clock if clock is not None else MonotonicClock()

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore
+from sediment.engine.metadata import names
 from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import BatchCorruption, BlobNotFound, TraceError
 from sediment.trace.batch import (
@@ -37,11 +38,8 @@ from sediment.trace.batch import (
 from sediment.trace.merge import merge_to_batch
 from sediment.trace.state import BatchRef, TraceState
 
-STATE_PREFIX = "trace/"
-
-
-def state_key(relation_id: int) -> str:
-    return f"{STATE_PREFIX}{relation_id:016x}"
+STATE_PREFIX = names.TRACES
+state_key = names.trace_key
 
 
 def describe(relation_id: int, ref: BatchRef) -> BatchDescription:
@@ -95,24 +93,14 @@ class TraceStore:
         return nonce.startswith(self.owner_tag) and len(nonce) > len(self.owner_tag)
 
     def set_schema(self, relation_id: int, schema: pa.Schema) -> None:
-        """The update schema every batch of the relation must have (else read from the catalog)."""
+        """The update schema every batch of the relation must have. The engine sets it for each
+        relation it registers: the schema is the catalog's, and the catalog belongs to the
+        engine, not to this lower layer."""
         self._schemas[relation_id] = stored_schema(schema)
 
     def schema_of(self, relation_id: int) -> pa.Schema | None:
-        """The relation's update schema as the catalog records it, in the form Parquet gives it
-        back (:func:`stored_schema`); None: no catalog entry, e.g. a dropped relation or a
-        store used without a catalog."""
-        got = self._schemas.get(relation_id)
-        if got is not None or self.meta is None:
-            return got
-        from sediment.engine.catalog import RELATIONS, RelationEntry
-        from sediment.engine.schema import update_schema
-
-        for key in self.meta.list(RELATIONS):
-            raw = self.meta.get(key)
-            if raw is not None:
-                entry = RelationEntry.decode(raw.value, raw.version, key)
-                self._schemas.setdefault(entry.id, stored_schema(update_schema(entry.schema)))
+        """The relation's update schema in the form Parquet gives it back (:func:`stored_schema`);
+        None: never set, e.g. a dropped relation or a store used without an engine."""
         return self._schemas.get(relation_id)
 
     def load(self, relation_id: int) -> TraceState:

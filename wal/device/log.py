@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from sediment._fs import fsync_dir
+from sediment.clock import MONOTONIC, Clock
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalExists
 from sediment.wal.device.block_io import RingIO
 from sediment.wal.device.format import (
@@ -63,7 +64,7 @@ from sediment.wal.device.recovery import (
     recover,
     walk,
 )
-from sediment.wal.device.writer import RingWriter, _Block
+from sediment.wal.device.writer import DeviceTicket, RingWriter, _Block
 from sediment.wal.protocol import OpenReport
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, crc32c
 
@@ -72,27 +73,6 @@ __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "Dev
 PWrite = Callable[[int, Any, int], int]
 _align_up = align_up
 _align_down = align_down
-
-
-class DeviceTicket:
-    """An append in flight (see ``DeviceLog.submit``)."""
-
-    __slots__ = ("records", "on_durable", "block", "log", "sync")
-
-    def __init__(self, log: DeviceLog, records: Sequence[Record],
-                 on_durable: Callable[[Sequence[Record]], None] | None) -> None:
-        self.log = log
-        self.records = records
-        self.on_durable = on_durable
-        self.block: _Block | None = None
-        self.sync = False
-
-    def wait(self) -> int:
-        """Block until the records (and everything before them) are durable; the last
-        record's LSN. Raises WalError if the log failed first."""
-        assert self.block is not None
-        self.log._await(self.block)
-        return self.records[-1].lsn
 
 
 class DeviceLog(RingWriter, RingIO):
@@ -123,6 +103,7 @@ class DeviceLog(RingWriter, RingIO):
         repair: bool = False,
         pwrite: PWrite = os.pwrite,
         checkpoint_bytes: int = 4 * 1024 * 1024,
+        clock: Clock | None = None,
     ) -> DeviceLog:
         """Open (recovering) the ring at ``path``. Creating a ring is explicit: only with
         ``create`` is a missing file created or a blank device initialised, and ``create``
@@ -133,12 +114,14 @@ class DeviceLog(RingWriter, RingIO):
         open refuses (WalShortened) a log that ends before it. ``window_bytes`` (default ``io_threads * 2 *
         max_block_bytes``) bounds the bytes in flight, and so how far past the first gap
         recovery looks. ``repair`` cuts the log at damage instead of refusing to open.
-        ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests."""
+        ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests; ``clock``
+        (a :class:`sediment.clock.Clock`, real by default) times block ages and the wait for
+        room (``full_timeout``)."""
         log = cls(
             os.fspath(path), block_size=block_size, max_block_bytes=max_block_bytes,
             max_block_age=max_block_age, io_threads=io_threads, window_bytes=window_bytes,
             segment_bytes=segment_bytes, full_timeout=full_timeout, direct=direct, pwrite=pwrite,
-            checkpoint_bytes=checkpoint_bytes,
+            checkpoint_bytes=checkpoint_bytes, clock=clock,
         )
         try:
             log._open(capacity, create, repair)
@@ -150,7 +133,7 @@ class DeviceLog(RingWriter, RingIO):
     def __init__(
         self, path: str, *, block_size: int, max_block_bytes: int, max_block_age: float,
         io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
-        direct: bool, pwrite: PWrite, checkpoint_bytes: int = 4 * 1024 * 1024,
+        direct: bool, pwrite: PWrite, checkpoint_bytes: int = 4 * 1024 * 1024, clock: Clock | None = None,
     ) -> None:
         if block_size < 4096 or block_size > 65536 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two from 4096 to 65536, not {block_size}")
@@ -168,6 +151,9 @@ class DeviceLog(RingWriter, RingIO):
         self.segment_bytes = segment_bytes
         self.checkpoint_bytes = max(block_size, checkpoint_bytes)
         self.full_timeout = full_timeout
+        self.clock: Clock = clock if clock is not None else MONOTONIC
+        if hasattr(self.clock, "on_advance"):  # a clock moved by hand: waiters look at it again
+            self.clock.on_advance(self._clock_moved)
         self._pwrite = pwrite
         self._want_direct = direct
         self._direct = False

@@ -8,16 +8,11 @@ from __future__ import annotations
 import logging
 import mmap
 import threading
-import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from sediment.errors import EngineClosed, WalError, WalFull
 from sediment.wal.device.format import SHUTDOWN_RUNNING, align_up
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_frontiers, encode_header
-
-if TYPE_CHECKING:
-    from sediment.wal.device.log import DeviceTicket
 
 _log = logging.getLogger("sediment.wal.device.log")
 _ZEROS = bytes(64 * 1024)
@@ -29,7 +24,7 @@ class _Block:
 
     __slots__ = ("start", "fill", "buf", "pooled", "event", "done", "durable", "frontiers_end", "born", "tickets")
 
-    def __init__(self, start: int, buf: mmap.mmap, pooled: bool) -> None:
+    def __init__(self, start: int, buf: mmap.mmap, pooled: bool, born: float) -> None:
         self.start = start
         self.fill = 0
         self.buf = buf
@@ -38,7 +33,7 @@ class _Block:
         self.done = False
         self.durable = False
         self.frontiers_end = -1
-        self.born = time.monotonic()
+        self.born = born
         self.tickets: list[DeviceTicket] = []
 
     @property
@@ -59,6 +54,27 @@ class _Plan:
         self.fill = fill
         self.cap = cap
 
+
+
+class DeviceTicket:
+    """An append in flight (see ``DeviceLog.submit``)."""
+
+    __slots__ = ("records", "on_durable", "block", "log", "sync")
+
+    def __init__(self, log: RingWriter, records: Sequence[Record],
+                 on_durable: Callable[[Sequence[Record]], None] | None) -> None:
+        self.log = log
+        self.records = records
+        self.on_durable = on_durable
+        self.block: _Block | None = None
+        self.sync = False
+
+    def wait(self) -> int:
+        """Block until the records (and everything before them) are durable; the last
+        record's LSN. Raises WalError if the log failed first."""
+        assert self.block is not None
+        self.log._await(self.block)
+        return self.records[-1].lsn
 
 
 class RingWriter:
@@ -94,7 +110,7 @@ class RingWriter:
             return None
         cur = self._cur
         if not self._pending and cur is not None:
-            if not self._inflight or time.monotonic() - cur.born >= self.max_block_age:
+            if not self._inflight or self.clock.current_time() - cur.born >= self.max_block_age:
                 self._seal()
         if self._pending and self._eligible(self._pending[0]):
             blk = self._pending.popleft()
@@ -127,7 +143,7 @@ class RingWriter:
                     timeout = None
                     cur = self._cur
                     if cur is not None and not self._pending and self._writing < self.io_threads:
-                        timeout = max(0.0, self.max_block_age - (time.monotonic() - cur.born))
+                        timeout = max(0.0, self.max_block_age - (self.clock.current_time() - cur.born))
                     self._work_cv.wait(timeout)
             if not self._run(blk):
                 return
@@ -195,6 +211,11 @@ class RingWriter:
                 b.event.set()
             if self._durable_end - self._hdr_durable >= self.checkpoint_bytes:
                 self._checkpoint()
+
+    def _clock_moved(self) -> None:
+        with self._lock:
+            self._work_cv.notify_all()
+            self._space_cv.notify_all()
 
     def _fail(self, e: BaseException) -> None:
         with self._lock:
@@ -282,7 +303,7 @@ class RingWriter:
                     buf = self._pool.pop()
                 else:
                     buf = mmap.mmap(-1, cap)
-                self._cur = _Block(start, buf, cap == self._pool_size)
+                self._cur = _Block(start, buf, cap == self._pool_size, self.clock.current_time())
             elif op == "seal":
                 self._seal()
             else:
@@ -311,7 +332,7 @@ class RingWriter:
                force_frontiers: bool, ticket: DeviceTicket | None) -> _Block | None:
         """Place the frames (and a FRONTIERS record at a segment boundary); returns the
         FRONTIERS record's block, if one was written."""
-        deadline = time.monotonic() + self.full_timeout
+        deadline = self.clock.current_time() + self.full_timeout
         total = sum(sizes)
         if not self._alloc_lock.acquire(timeout=self.full_timeout):
             raise self._full(total)
@@ -346,7 +367,7 @@ class RingWriter:
                         )
                     if end <= self._trim + self.data_capacity:
                         break
-                    left = deadline - time.monotonic()
+                    left = deadline - self.clock.current_time()
                     if left <= 0:
                         raise self._full(total)
                     self._full_waiters += 1

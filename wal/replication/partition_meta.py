@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from sediment.engine.metadata import names
 from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import MetadataConflict, MetadataError, ReplicationError, SessionFenced
 
@@ -35,8 +36,7 @@ FORMAT = 1
 UNRESOLVED = -2
 
 
-def key(partition: int) -> str:
-    return f"store/partition/{partition}"
+key = names.partition_key
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ import struct
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -61,58 +60,18 @@ from sediment.wal.replication.partition_meta import (
 )
 from sediment.wal.replication.recovery import clip_frames, copy_records, open_replica, recover, truncate_to
 from sediment.wal.replication.replica import Call, Connect, ReplicaConnection
+from sediment.wal.replication.session_state import Batch, Done, Link, Pending
 from sediment.wal.replication.vote import quorum_size
 from sediment.wal.replication.wire import MsgType, Response, Status
 
 log = logging.getLogger(__name__)
-
-Done = Callable[[int, BaseException | None], None]  # (last LSN, error) once acknowledged or failed
-
-
-class Pending:
-    """One submission: its records, its callback, and how many of them (a prefix) are
-    already durable from an earlier session (only the rest is sent again)."""
-
-    __slots__ = ("records", "done", "skip")
-
-    def __init__(self, records: Sequence[rec.Record], done: Done, skip: int = 0) -> None:
-        self.records = records
-        self.done = done
-        self.skip = skip
-
-
-@dataclass
-class Batch:
-    first: int
-    last: int
-    payload: bytes
-    sizes: list[int]
-    waiters: list[Pending]
-    acks: set[str] = field(default_factory=set)
-
-
-@dataclass
-class Link:
-    """The coordinator's view of one replica in this session."""
-
-    address: str
-    conn: ReplicaConnection | None = None
-    state: str = "down"  # down | catching | joining | in_sync (only in_sync counts for the quorum)
-    acked: int = -1  # highest LSN the replica acknowledged as durable in this session
-    unacked: deque = field(default_factory=deque)  # (last LSN, sent at) of appends awaiting its reply
-    catching_up: bool = False  # a catch-up task owns this link (at most one)
-
-
-async def run_blocking_in_thread(fn: Callable, *args: Any) -> Any:
-    return await trio.to_thread.run_sync(fn, *args)
-
 
 class Coordinator:
     """Owns a partition's writes. Call :meth:`submit` from the trio thread; run :meth:`run`."""
 
     def __init__(self, replicas: Sequence[str], meta: PartitionMetaStore, cluster_key: uuid.UUID,
                  partition: int = 0, *, connect: Connect, timeout: float = 5.0, retry_interval: float = 0.2,
-                 blocking: Callable[..., Any] = run_blocking_in_thread, max_batch_bytes: int = 4 << 20,
+                 blocking: Callable[..., Any] = trio.to_thread.run_sync, max_batch_bytes: int = 4 << 20,
                  max_inflight: int = 32, retain_bytes: int = 64 << 20, catchup_bytes: int = 1 << 20,
                  generation: int = 0) -> None:
         if len(set(replicas)) != len(replicas) or not replicas:

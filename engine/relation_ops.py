@@ -1,0 +1,110 @@
+"""The engine's relations: creating, dropping and describing them, and moving their
+compaction frontier. A mixin of :class:`sediment.engine.engine.Engine`, kept apart so
+that each file holds one concern; the relations themselves are held in one
+:class:`sediment.engine.bookkeeping.Relations` (by name and by id)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pyarrow as pa
+
+from sediment.engine.args import check_time
+from sediment.engine.catalog import RelationEntry
+from sediment.engine.feed import FeedLog
+from sediment.engine.metadata import names
+from sediment.engine.relation import _Relation
+from sediment.engine.schema import check_name, check_schema, update_schema
+from sediment.errors import EngineClosed, FrontierRegression, RelationExists, UnknownRelation
+from sediment.trace.state import TraceState
+
+log = logging.getLogger(__name__)
+
+
+class RelationOps:
+    """Relation management of the Engine (mixin)."""
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed(f"the engine on {self.data_dir} is closed")
+
+    def _rel(self, name: str) -> _Relation:
+        self._check_open()
+        check_name(name)
+        rel = self._relations.get(name)
+        if rel is None:
+            raise UnknownRelation(f"no relation named {name!r} in {self.data_dir}; known: "
+                                  f"{sorted(self._relations) or 'none'}")
+        return rel
+
+    def add_relation(self, name: str, schema: pa.Schema) -> None:
+        """Create an empty relation. Its updates will carry ``schema``'s columns plus
+        ``time`` and ``diff``. Raises RelationExists, InvalidRelationName, SchemaMismatch."""
+        check_name(name)
+        schema = check_schema(schema)
+        with self._lock:
+            self._check_open()
+            if name in self._relations:
+                raise RelationExists(f"relation {name!r} already exists; drop it first or pick another name")
+            self._register(self.catalog.create(name, schema))
+
+    def drop_relation(self, name: str) -> None:
+        """Forget a relation and its data. Its WAL records are ignored from now on and
+        go away when the log is trimmed."""
+        with self._compact_lock, self._lock:
+            rel = self._rel(name)
+            self.catalog.drop(rel.entry)
+            self._relations.remove(rel)
+            self._garbage += rel.trace.keys()
+            try:
+                self._meta.delete(names.trace_key(rel.entry.id))
+            except Exception as exc:  # noqa: BLE001 - the start-up sweep removes what is left
+                log.warning("could not delete the trace state of dropped relation %r: %s", name, exc)
+        self._collect()
+
+    def relations(self) -> list[str]:
+        """Names of all relations, sorted."""
+        with self._lock:
+            self._check_open()
+            return sorted(self._relations)
+
+    def schema(self, name: str) -> pa.Schema:
+        """The relation's own columns (without ``time`` and ``diff``)."""
+        with self._lock:
+            return self._rel(name).entry.schema
+
+    def since(self, name: str) -> int:
+        """The compaction frontier: reads at times below it are no longer possible."""
+        with self._lock:
+            return self._rel(name).entry.since
+
+    def sealed(self, name: str) -> int:
+        """The greatest t of a durable ``close t`` (-1 when never sealed)."""
+        with self._lock:
+            return self._rel(name).sealed_durable
+
+    def _register(self, entry: RelationEntry, trace: TraceState | None = None) -> _Relation:
+        trace = trace or TraceState(entry.id)
+        rel = _Relation(entry, update_schema(entry.schema), trace, feed=FeedLog())
+        rel.sealed = rel.sealed_durable = trace.upper - 1
+        self.traces.set_schema(entry.id, rel.update_schema)
+        self._relations.add(rel)
+        return rel
+
+    def _referenced_blobs(self) -> set[str]:
+        return {k for rel in self._relations.values() for k in rel.trace.keys()}
+
+    def set_since(self, name: str, t: int) -> None:
+        """Advance the compaction frontier: history before ``t`` may be consolidated away."""
+        t = check_time(t, "since")
+        with self._lock:
+            rel = self._rel(name)
+            if t < rel.entry.since:
+                raise FrontierRegression(f"since of {name!r} is {rel.entry.since}; it cannot move back to {t}")
+            if t > rel.sealed_durable:
+                raise FrontierRegression(f"since {t} for {name!r} would pass its sealed frontier "
+                                         f"{rel.sealed_durable}; seal first")
+            if t == rel.entry.since:
+                return
+            rel.entry = self.catalog.update(replace(rel.entry, since=t))
