@@ -6,7 +6,7 @@ opening the data directory (only one process may). Code written against
 the same methods, the same return types, the same durability (a call returns once
 the server has made it durable) and the same typed errors from
 :mod:`sediment.errors`, carried in the Flight error's detail. The wire protocol is
-described in :mod:`sediment.server`.
+described in :mod:`sediment.net`.
 
     import sediment
     with sediment.connect("grpc://127.0.0.1:8815", token="...") as db:
@@ -17,7 +17,6 @@ described in :mod:`sediment.server`.
 
 from __future__ import annotations
 
-import builtins
 import json
 import math
 import os
@@ -31,9 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from sediment import errors
-from sediment.engine.engine import ReadPlan
-from sediment.engine.schema import check_name
+from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
 from sediment.errors import (
     EngineClosed,
     InvalidUpdates,
@@ -41,57 +38,21 @@ from sediment.errors import (
     ServerError,
     TransactionError,
 )
-from sediment.server import (
+from sediment.net.protocol import (
     AUTH_HEADER,
-    BUILTIN_ERRORS,
     PLAN_METADATA_KEY,
     PROTOCOL_VERSION,
     TOKEN_ENV,
-    _schema_from_b64,
-    _schema_to_b64,
-    _tuples,
+    encode_locks,
+    schema_from_b64,
+    schema_to_b64,
 )
+from sediment.net.wire_errors import typed_error
+from sediment.txn_state import TxnState
+
+__all__ = ["Client", "RemoteSubscription", "RemoteTransaction", "ServerError", "connect", "typed_error"]
 
 PUT_CHUNK_BYTES = 4 << 20  # record batches on the wire stay well below gRPC's message limits
-
-
-def typed_error(exc: flight.FlightError) -> BaseException:
-    """The error the server raised, rebuilt from the Flight error's detail: the same class
-    from :mod:`sediment.errors` (or a builtin ValueError/TypeError/...) with the same message
-    and attributes. Flight errors without that detail (authentication, an unreachable server)
-    are returned as they are."""
-    try:
-        detail = json.loads(exc.extra_info.decode("utf-8")) if exc.extra_info else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        detail = None
-    if not isinstance(detail, dict) or "error" not in detail:
-        return _transport_error(exc)
-    name, module, message = str(detail["error"]), detail.get("module"), str(detail.get("message", ""))
-    cls: Any = None
-    if module == "sediment.errors":
-        cls = getattr(errors, name, None)
-    elif module == "builtins" and name in BUILTIN_ERRORS:
-        cls = getattr(builtins, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Exception)):
-        return ServerError(f"the server failed: {name}: {message}")
-    typed = cls.__new__(cls)
-    Exception.__init__(typed, message)
-    attrs = detail.get("attrs")
-    if isinstance(attrs, dict):
-        typed.__dict__.update({key: _tuples(value) for key, value in attrs.items()})
-    return typed
-
-
-def _transport_error(exc: flight.FlightError) -> BaseException:
-    """Flight's own errors (no sediment detail) as sediment's: one line, typed."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, flight.FlightUnauthenticatedError):
-        return errors.AuthenticationFailed(f"the coordinator refused the token ({first}); pass its token with "
-                                           "--token or $SEDIMENT_TOKEN")
-    if isinstance(exc, flight.FlightUnavailableError):
-        return errors.CoordinatorUnavailable(f"no coordinator answered ({first}); is `sediment serve` running "
-                                             "there, on that port, with the same TLS setting?")
-    return exc
 
 
 def _as_table(name: str, updates: object) -> pa.Table:
@@ -102,20 +63,6 @@ def _as_table(name: str, updates: object) -> pa.Table:
     if not isinstance(updates, pa.Table):
         raise InvalidUpdates(f"updates for {name!r} must be a pyarrow.Table, not {type(updates).__name__}")
     return updates
-
-
-def encode_locks(locks: Any) -> dict[str, Any] | None:
-    """A ``sediment.Locks`` as the wire's JSON object (ids must be JSON scalars or tuples of them)."""
-    if locks is None:
-        return None
-    spec = {"high_water": locks.high_water,
-            **{kind: [list(lock) for lock in getattr(locks, kind)] for kind in ("write", "read", "append")}}
-    try:
-        json.dumps(spec)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"lock ids must be strings, numbers, booleans or tuples of them to cross the network "
-                         f"({exc})") from None
-    return spec
 
 
 _END = object()
@@ -218,50 +165,45 @@ class RemoteTransaction:
     def __init__(self, client: Client, txn_id: int) -> None:
         self._client = client
         self.id = txn_id
-        self._state = "open"
+        self._txn = TxnState(txn_id)
         self._mutex = threading.Lock()
 
     @property
     def state(self) -> str:
         """``open``, ``committed`` or ``aborted``."""
-        return self._state
-
-    def _check(self) -> None:
-        if self._state != "open":
-            raise TransactionError(f"transaction {self.id:#x} is already {self._state}")
+        return self._txn.value
 
     def append(self, name: str, updates: pa.Table) -> None:
         """Add updates to the transaction; durable (but invisible) on return."""
         with self._mutex:
-            self._check()
+            self._txn.check_open()
             self._client._put({"op": "append", "relation": name, "txn": self.id}, _as_table(name, updates))
 
     def commit(self) -> None:
         """Make every append visible at once; durable on return. Raises TransactionError (and
         the transaction is aborted) if one of its times was sealed meanwhile."""
         with self._mutex:
-            self._check()
+            self._txn.check_open()
             try:
-                self._state = self._client._action("commit", txn=self.id)
+                self._txn.settle(self._client._action("commit", txn=self.id))
             except TransactionError:
-                self._state = self._remote_state()
+                self._txn.settle(self._remote_state())
                 raise
 
     def _remote_state(self) -> str:
         """After a refused commit: the server's word on the transaction (aborted, unless it
         somehow finished otherwise); a server that no longer knows it has aborted it."""
         try:
-            state = self._client._action("txn_state", txn=self.id)
+            return self._client._action("txn_state", txn=self.id)
         except Exception:  # noqa: BLE001 - a commit the server refused did not happen
             return "aborted"
-        return state if state in ("committed", "aborted") else "aborted"
 
     def abort(self) -> None:
         """Discard every append of the transaction. Aborting twice is harmless."""
         with self._mutex:
-            if self._state != "open":
+            if not self._txn.is_open:
                 return
-            self._state = "aborted"
+            self._txn.finish("aborted")
             self._client._action("abort", txn=self.id)
 
     def __enter__(self) -> RemoteTransaction:
@@ -362,9 +304,11 @@ class Client:
     def add_relation(self, name: str, schema: pa.Schema) -> None:
         """Create an empty relation (see :meth:`sediment.Engine.add_relation`)."""
         if not isinstance(schema, pa.Schema):
+            from sediment.engine.schema import check_name  # the name's error first, as the engine does
+
             check_name(name)
             raise SchemaMismatch(f"a relation schema must be a pyarrow.Schema, not {type(schema).__name__}")
-        self._action("add_relation", name=name, schema=_schema_to_b64(schema))
+        self._action("add_relation", name=name, schema=schema_to_b64(schema))
 
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data."""
@@ -376,7 +320,7 @@ class Client:
 
     def schema(self, name: str) -> pa.Schema:
         """The relation's own columns (without ``time`` and ``diff``)."""
-        return _schema_from_b64(self._action("schema", name=name))
+        return schema_from_b64(self._action("schema", name=name))
 
     def since(self, name: str) -> int:
         """The compaction frontier."""
@@ -439,11 +383,11 @@ class Client:
         except TransactionError:
             for t in transactions:
                 if isinstance(t, RemoteTransaction):
-                    t._state = t._remote_state()
+                    t._txn.settle(t._remote_state())
             raise
         for t, state in zip(transactions, states, strict=True):
             if isinstance(t, RemoteTransaction):
-                t._state = state
+                t._txn.settle(state)
 
     def abort_group(self, group: str) -> int:
         """Abort every open transaction of ``group``; how many there were."""
