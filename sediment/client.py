@@ -18,7 +18,6 @@ described in :mod:`sediment.net`.
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import threading
@@ -30,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from sediment import errors
 from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
 from sediment.errors import (
     EngineClosed,
@@ -38,6 +38,7 @@ from sediment.errors import (
     ServerError,
     TransactionError,
 )
+from sediment.net.append_stream import AppendStream, StreamPool, append_batches
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_METADATA_KEY,
@@ -177,7 +178,7 @@ class RemoteTransaction:
         """Add updates to the transaction; durable (but invisible) on return."""
         with self._mutex:
             self._txn.check_open()
-            self._client._put({"op": "append", "relation": name, "txn": self.id}, _as_table(name, updates))
+            self._client._append(name, _as_table(name, updates), txn=self.id)
 
     def commit(self) -> None:
         """Make every append visible at once; durable on return. Raises TransactionError (and
@@ -240,6 +241,7 @@ class Client:
         self._closed = False
         self._close_lock = threading.Lock()
         self._on_close: list[Callable[[], None]] = []
+        self._streams = StreamPool(self._open_stream)
         try:
             info = self._action("ping")
         except BaseException:
@@ -282,18 +284,49 @@ class Client:
         """Stream ``table``; returns once the server has finished with it (made it durable),
         or raises the server's error."""
         descriptor = flight.FlightDescriptor.for_command(json.dumps(command, default=repr).encode())
-        per_row = max(1, table.nbytes // max(1, table.num_rows))
         with self._remote():
             writer, _reader = self._flight.do_put(descriptor, table.schema, options=self._options)
             failure: BaseException | None = None
             try:
-                writer.write_table(table, max_chunksize=max(1, math.floor(PUT_CHUNK_BYTES / per_row)))
+                for batch in append_batches(table, PUT_CHUNK_BYTES):
+                    writer.write_batch(batch)
                 writer.done_writing()
             except (flight.FlightError, pa.ArrowException, OSError) as exc:
                 failure = exc  # the server may have refused early: close() reports why
             writer.close()
             if failure is not None:
                 raise failure
+
+    def _append(self, name: str, table: pa.Table, txn: int | None = None, locks: Any = None) -> None:
+        """One append (into transaction ``txn`` when given) on a pooled append stream; returns
+        once the server has made it durable, or raises the server's error."""
+        spec: dict[str, Any] = {"txn": txn}
+        if locks is not None:
+            spec["locks"] = encode_locks(locks)
+        meta = json.dumps(spec, default=repr).encode()
+        batches = append_batches(table, PUT_CHUNK_BYTES)
+        with self._remote():
+            while True:
+                stream, fresh = self._streams.take(name, table.schema)
+                try:
+                    done = stream.append(batches, meta)
+                except flight.FlightError:
+                    stream.close()  # broken after the append went out: its outcome is the error's
+                    raise
+                except BaseException:
+                    self._streams.give(stream)  # a refused append: the stream carries on
+                    raise
+                if done:
+                    self._streams.give(stream)
+                    return
+                if fresh:  # a new stream that took nothing: the server's status says why
+                    stream.finish()
+                    raise errors.CoordinatorUnavailable(f"the coordinator at {self.uri} ended the append stream "
+                                                        "without taking the append; is it stopping?")
+                stream.close()  # an idle stream the server had ended: send on another
+
+    def _open_stream(self, name: str, schema: pa.Schema) -> AppendStream:
+        return AppendStream(self._flight, name, schema, self._options)
 
     def add_close_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` after :meth:`close` (used to stop an in-process server with its client)."""
@@ -335,10 +368,7 @@ class Client:
     def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
         """Append updates (columns plus ``time`` and ``diff``); durable on return, all or nothing.
         ``locks``: a ``sediment.Locks``, checked by the server as by the engine."""
-        command: dict[str, Any] = {"op": "append", "relation": name, "txn": None}
-        if locks is not None:
-            command["locks"] = encode_locks(locks)
-        self._put(command, _as_table(name, updates))
+        self._append(name, _as_table(name, updates), locks=locks)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
         """Append to several relations atomically. The tables are staged on the server (in
@@ -476,6 +506,7 @@ class Client:
             self._closed = True
             callbacks, self._on_close = self._on_close, []
         try:
+            self._streams.close()
             self._flight.close()
         finally:
             failures = []

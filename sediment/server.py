@@ -34,6 +34,7 @@ import pyarrow.flight as flight
 from sediment import errors
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
+from sediment.net.append_stream import serve_append_stream
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_METADATA_KEY,
@@ -289,12 +290,19 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
                reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
-        """Reads the whole stream, then appends it as one call: the engine's appends are all or
-        nothing, so a stream that breaks off midway writes nothing."""
+        """``append`` and ``stage`` read the whole stream, then append it as one call: the engine's
+        appends are all or nothing, so a stream that breaks off midway writes nothing.
+        ``append_stream`` carries many appends, each acknowledged (sediment/net/append_stream.py)."""
         try:
             args = json_arg(descriptor.command, "do_put descriptor command")
             op = args.get("op", "append")
             name = field(args, "relation", "do_put descriptor")
+            if op == "append_stream":
+                if self._stopped:
+                    raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
+                serve_append_stream(reader, writer, lambda table, txn, locks: self._append(name, table, txn, locks),
+                                    lambda: self._stopped)
+                return
             table = reader.read_all()
             if op == "append":
                 self._append(name, table, args.get("txn"), args.get("locks"))
@@ -304,7 +312,7 @@ class SedimentFlightServer(flight.FlightServerBase):
                 with self._lock:
                     self._stages.setdefault(stage, {}).setdefault(name, []).append(table)
             else:
-                raise ValueError(f"unknown do_put op {op!r}: use 'append' or 'stage'")
+                raise ValueError(f"unknown do_put op {op!r}: use 'append_stream', 'append' or 'stage'")
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
 
