@@ -132,6 +132,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._reaper_stop = threading.Event()
         self._stages: dict[str, dict[str, list[pa.Table]]] = {}
         self._stopped = False
+        self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._subs: set[Any] = set()
         self._actions = self._action_table()
         try:  # listens from here on, so everything a handler uses is set above
@@ -405,6 +406,7 @@ class SedimentFlightServer(flight.FlightServerBase):
                 return True
             self._stopped = True
             subs, self._subs = list(self._subs), set()
+        self.stopping.set()
         self._txns.refuse_new(f"the sediment server on {self.uri} is stopping; reconnect to a new one")
         self._reaper_stop.set()
         for sub in subs:  # ends their streams, which would otherwise hold up the shutdown for ever

@@ -15,9 +15,11 @@ The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor
   durable, or ``{"error": DETAIL}`` (the typed error, as :func:`error_detail` writes it;
   the stream stays usable).
 * The client ends a stream it has not used for ``STREAM_IDLE_SECONDS`` (so a server's stop
-  never waits longer than that for it); the server ends it only when stopping, and only
-  right after an acknowledgement, so an append that got no acknowledgement on a stream the
-  server ended cleanly was never read, and is sent again on a new stream.
+  never waits longer than that for it); the server ends it only when stopping: right after
+  an acknowledgement, or on receiving an append, which it then neither applies nor
+  acknowledges. So an append without an acknowledgement on a stream the server ended
+  cleanly was not applied, and the client sends it again on a new stream (which a stopping
+  server refuses: ``EngineClosed`` or ``CoordinatorUnavailable``).
 """
 
 from __future__ import annotations
@@ -161,8 +163,11 @@ def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight
                         append: Callable[[pa.Table, Any, Any], None], stopping: Callable[[], bool]) -> None:
     """The server's half: each append (batches up to one with metadata) goes to
     ``append(table, txn, locks)`` and is acknowledged; returns when the client ends the
-    stream, or after an acknowledgement once ``stopping()``."""
+    stream, or once ``stopping()``: right after an acknowledgement, or instead of applying
+    an append that arrives then (unacknowledged, so the client sends it elsewhere)."""
     for table, meta in _appends(reader):
+        if stopping():
+            return
         try:
             args = json_arg(meta, "append stream metadata")
             append(table, args.get("txn"), args.get("locks"))
