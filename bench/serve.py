@@ -16,6 +16,7 @@ each round runs every case once, in a rotated order, and the ratio of a round is
 served / in-process rows/s of that round. Prints the median with min-max over the rounds.
 
     .venv/bin/python bench/serve.py                 # 3 rounds x 3 s per case, about 1.5 min
+    .venv/bin/python bench/serve.py --per-call      # also one do_put per append (the old protocol)
     .venv/bin/python bench/serve.py --rounds 5 --seconds 4 --json out.json
 """
 
@@ -94,9 +95,14 @@ def run_in_process(root: str, writers: int, seconds: float) -> dict:
 # --- served ----------------------------------------------------------------------------------
 
 
-def _client(uri: str, token: str, k: int, ready, go, seconds: float, out) -> None:
-    """One client process: connect, warm up, wait for the start, append until the deadline."""
+def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, per_call: bool) -> None:
+    """One client process: connect, warm up, wait for the start, append until the deadline.
+    ``per_call``: one do_put per append (the protocol before the append stream, which the
+    server still serves), through the client's own per-call path."""
     client = sediment.connect(uri, token)
+    if per_call:
+        command = {"op": "append", "relation": "r", "txn": None}
+        client.append = lambda name, table: client._put(command, table)  # noqa: SLF001 - the old path, measured
     try:
         table = make_table(BATCH_ROWS, k * BATCH_ROWS)
         client.append("r", table)
@@ -113,7 +119,7 @@ def _client(uri: str, token: str, k: int, ready, go, seconds: float, out) -> Non
         client.close()
 
 
-def run_served(root: str, clients: int, seconds: float) -> dict:
+def run_served(root: str, clients: int, seconds: float, per_call: bool = False) -> dict:
     from sediment.server import SedimentFlightServer
 
     d = tempfile.mkdtemp(prefix="sed-serve-net-", dir=root)
@@ -125,7 +131,7 @@ def run_served(root: str, clients: int, seconds: float) -> dict:
             server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
             try:
                 ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-                procs = [ctx.Process(target=_client, args=(server.uri, token, k, ready, go, seconds, out),
+                procs = [ctx.Process(target=_client, args=(server.uri, token, k, ready, go, seconds, out, per_call),
                                      daemon=True) for k in range(clients)]
                 for p in procs:
                     p.start()
@@ -153,10 +159,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--clients", default=",".join(map(str, CLIENTS)), help="comma-separated client counts")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the data directories go")
+    parser.add_argument("--per-call", action="store_true",
+                        help="also measure one do_put per append (the protocol before the append stream)")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
-    cases = [(mode, n) for n in counts for mode in ("in-process", "served")]
+    modes = ("in-process", "served", *(("per-call",) if args.per_call else ()))
+    cases = [(mode, n) for n in counts for mode in modes]
     results: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.1f}; {BATCH_ROWS}-row batches of ~{ROW_BYTES} B rows, "
@@ -164,22 +173,24 @@ def main() -> None:
     for r in range(args.rounds):
         order = cases[r % len(cases):] + cases[:r % len(cases)]
         for mode, n in order:
-            run = run_in_process if mode == "in-process" else run_served
-            got = run(args.dir, n, args.seconds)
+            if mode == "in-process":
+                got = run_in_process(args.dir, n, args.seconds)
+            else:
+                got = run_served(args.dir, n, args.seconds, per_call=mode == "per-call")
             results[(mode, n)].append(got["rows_s"])
             print(f"round {r + 1}: {mode:10s} {n:2d} writers: {got['rows_s'] / 1e3:8.1f}k rows/s", flush=True)
     summary = []
     print()
-    print("| writers | in process rows/s | served rows/s | served / in process |")
-    print("| ---: | ---: | ---: | ---: |")
+    print("| writers | path | rows/s, median (min-max) | / in process, median (min-max) |")
+    print("| ---: | --- | ---: | ---: |")
     for n in counts:
-        local, served = results[("in-process", n)], results[("served", n)]
-        ratios = [s / i for s, i in zip(served, local, strict=True)]
-        row = {"writers": n, "in_process": local, "served": served, "ratios": ratios}
-        summary.append(row)
-        print(f"| {n} | {statistics.median(local) / 1e3:.0f}k ({min(local) / 1e3:.0f}-{max(local) / 1e3:.0f}k) "
-              f"| {statistics.median(served) / 1e3:.0f}k ({min(served) / 1e3:.0f}-{max(served) / 1e3:.0f}k) "
-              f"| {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |")
+        local = results[("in-process", n)]
+        for mode in modes:
+            got = results[(mode, n)]
+            ratios = [g / i for g, i in zip(got, local, strict=True)]
+            summary.append({"writers": n, "mode": mode, "rows_s": got, "ratios": ratios})
+            print(f"| {n} | {mode} | {statistics.median(got) / 1e3:.0f}k ({min(got) / 1e3:.0f}-{max(got) / 1e3:.0f}k) "
+                  f"| {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"batch_rows": BATCH_ROWS, "row_bytes": ROW_BYTES, "seconds": args.seconds,

@@ -310,11 +310,11 @@ class Client:
                 stream, fresh = self._streams.take(name, table.schema)
                 try:
                     done = stream.append(batches, meta)
-                except flight.FlightError:
-                    stream.close()  # broken after the append went out: its outcome is the error's
-                    raise
                 except BaseException:
-                    self._streams.give(stream)  # a refused append: the stream carries on
+                    if stream.in_doubt:  # broken or interrupted before the acknowledgement: never reuse
+                        stream.close()
+                    else:
+                        self._streams.give(stream)  # a refused append: the stream carries on
                     raise
                 if done:
                     self._streams.give(stream)

@@ -301,8 +301,15 @@ class SedimentFlightServer(flight.FlightServerBase):
             if op == "append_stream":
                 if self._stopped:
                     raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
-                serve_append_stream(reader, writer, lambda table, txn, locks: self._append(name, table, txn, locks),
-                                    lambda: self._stopped)
+                engine_append = self.engine.append  # looked up once per stream, not per append
+
+                def append(table: pa.Table, txn: object, locks: object) -> None:
+                    if txn is None and locks is None:
+                        engine_append(name, table)
+                    else:
+                        self._append(name, table, txn, locks)
+
+                serve_append_stream(reader, writer, append, lambda: self._stopped)
                 return
             table = reader.read_all()
             if op == "append":

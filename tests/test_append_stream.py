@@ -134,3 +134,23 @@ def test_a_closed_pool_closes_streams_given_back():
     pool.close()
     pool.give(again)
     assert closed == [again]
+
+
+def test_the_worked_example_in_formats_md_decodes():
+    import json
+    import pathlib
+    import re
+
+    from sediment.net.append_stream import ACK_OK
+    from sediment.net.protocol import json_arg
+    from sediment.net.wire_errors import error_from_detail
+
+    text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "formats.md").read_text()
+    section = text[text.index("### Append stream"):]
+    blocks = re.findall(r"```\n([0-9a-f ]+)\n```", section)
+    meta, ack = (bytes.fromhex(b.replace(" ", "")) for b in blocks[:2])
+    assert json_arg(meta, "append stream metadata") == {"txn": None}
+    assert ack == ACK_OK and len(ack) == 11
+    refused = re.search(r"`(\{\"error\": \{.*?\}\})`", section).group(1)
+    err = error_from_detail(json.loads(refused)["error"])
+    assert isinstance(err, errors.TimeAlreadySealed) and str(err) == "..."

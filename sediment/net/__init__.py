@@ -10,6 +10,9 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   wrong token is refused with ``FlightUnauthenticatedError`` before any handler runs (the
   client raises it as ``sediment.errors.AuthenticationFailed``).
 * ``do_put``: the descriptor is a command, JSON:
+  ``{"op": "append_stream", "relation": NAME}`` opens a stream of appends to NAME, each
+  acknowledged on the stream's metadata channel (see :mod:`sediment.net.append_stream`);
+  the client's appends use it.
   ``{"op": "append", "relation": NAME, "txn": ID|null, "locks": LOCKS|absent}`` appends the
   streamed batches as one ``Engine.append`` (or into open transaction ID); the put
   completes only after the append is durable. LOCKS is ``{"high_water": T, "write":

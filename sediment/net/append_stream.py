@@ -63,6 +63,7 @@ class AppendStream:
         self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
                                                  options=options)
         self.last_used = time.monotonic()
+        self.in_doubt = False  # an append went out and its acknowledgement was not read: unusable
 
     def append(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
         """Send one append and wait for its acknowledgement: True once it is durable; False when
@@ -71,6 +72,7 @@ class AppendStream:
         a refused append, and a FlightError when the stream broke after the append was sent
         (outcome unknown, as with a per-call do_put)."""
         writer = self._writer
+        self.in_doubt = True
         try:
             for batch in batches[:-1]:
                 writer.write_batch(batch)
@@ -78,6 +80,7 @@ class AppendStream:
         except (flight.FlightError, pa.ArrowException, OSError):
             return False  # the server takes an append only with its last batch, which did not go
         ack = self._acks.read()
+        self.in_doubt = False
         self.last_used = time.monotonic()
         if ack is None:
             return False
