@@ -9,7 +9,10 @@ rounds interleaved, with the same rows:
   durable on return, for ``--seconds``;
 * served: the same engine options behind a ``SedimentFlightServer`` in this process, and N
   client *processes* (as Spark executors or other services would be), each with its own
-  ``sediment.connect`` connection, appending the same tables for the same time.
+  ``sediment.connect`` connection, appending the same tables for the same time;
+* optionally (``--per-call``) the same with one do_put per append, the protocol before the
+  append stream, and (``--client-threads``) the clients as threads of the server's process,
+  where their Python work shares the server's interpreter lock.
 
 Each case gets a fresh data directory (compaction on, as by default). N is 4 and 16;
 each round runs every case once, in a rotated order, and the ratio of a round is
@@ -17,6 +20,7 @@ served / in-process rows/s of that round. Prints the median with min-max over th
 
     .venv/bin/python bench/serve.py                 # 3 rounds x 3 s per case, about 1.5 min
     .venv/bin/python bench/serve.py --per-call      # also one do_put per append (the old protocol)
+    .venv/bin/python bench/serve.py --client-threads  # also clients as threads of the server's process
     .venv/bin/python bench/serve.py --rounds 5 --seconds 4 --json out.json
 """
 
@@ -119,6 +123,49 @@ def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, per_ca
         client.close()
 
 
+def run_served_threads(root: str, clients: int, seconds: float) -> dict:
+    """The served case with the clients as threads of this process (each with its own
+    connection): client and server share one interpreter, as in ``serve_local``."""
+    from sediment.server import SedimentFlightServer
+
+    d = tempfile.mkdtemp(prefix="sed-serve-thr-", dir=root)
+    token = uuid.uuid4().hex
+    try:
+        with sediment.open(d) as engine:
+            engine.add_relation("r", SCHEMA)
+            server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
+            try:
+                counts = [0] * clients
+                ready = threading.Barrier(clients + 1)
+                deadline = [time.perf_counter() + 3600]
+
+                def work(k: int) -> None:
+                    with sediment.connect(server.uri, token) as client:
+                        table = make_table(BATCH_ROWS, k * BATCH_ROWS)
+                        client.append("r", table)
+                        ready.wait()
+                        n = 0
+                        while time.perf_counter() < deadline[0]:
+                            client.append("r", table)
+                            n += table.num_rows
+                        counts[k] = n
+
+                threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(clients)]
+                for t in threads:
+                    t.start()
+                ready.wait()
+                t0 = time.perf_counter()
+                deadline[0] = t0 + seconds
+                for t in threads:
+                    t.join()
+                elapsed = time.perf_counter() - t0
+            finally:
+                server.stop(grace=10)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return {"rows": sum(counts), "seconds": elapsed, "rows_s": sum(counts) / elapsed}
+
+
 def run_served(root: str, clients: int, seconds: float, per_call: bool = False) -> dict:
     from sediment.server import SedimentFlightServer
 
@@ -161,10 +208,13 @@ def main() -> None:
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the data directories go")
     parser.add_argument("--per-call", action="store_true",
                         help="also measure one do_put per append (the protocol before the append stream)")
+    parser.add_argument("--client-threads", action="store_true",
+                        help="also measure served appends from client threads inside this process")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
-    modes = ("in-process", "served", *(("per-call",) if args.per_call else ()))
+    modes = ("in-process", "served", *(("per-call",) if args.per_call else ()),
+             *(("served-threads",) if args.client_threads else ()))
     cases = [(mode, n) for n in counts for mode in modes]
     results: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores, "
@@ -175,6 +225,8 @@ def main() -> None:
         for mode, n in order:
             if mode == "in-process":
                 got = run_in_process(args.dir, n, args.seconds)
+            elif mode == "served-threads":
+                got = run_served_threads(args.dir, n, args.seconds)
             else:
                 got = run_served(args.dir, n, args.seconds, per_call=mode == "per-call")
             results[(mode, n)].append(got["rows_s"])
