@@ -215,13 +215,14 @@ def main() -> None:
     counts = [int(c) for c in args.clients.split(",")]
     modes = ("in-process", "served", *(("per-call",) if args.per_call else ()),
              *(("served-threads",) if args.client_threads else ()))
-    cases = [(mode, n) for n in counts for mode in modes]
-    results: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
+    results: dict[tuple[str, int], list[float]] = {(mode, n): [] for n in counts for mode in modes}
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.1f}; {BATCH_ROWS}-row batches of ~{ROW_BYTES} B rows, "
           f"{args.seconds:g} s per case", flush=True)
     for r in range(args.rounds):
-        order = cases[r % len(cases):] + cases[:r % len(cases)]
+        # each writer count's cases run back to back (so a ratio compares runs seconds apart,
+        # not minutes), in an order rotated every round
+        order = [(mode, n) for n in counts for mode in modes[r % len(modes):] + modes[:r % len(modes)]]
         for mode, n in order:
             if mode == "in-process":
                 got = run_in_process(args.dir, n, args.seconds)

@@ -38,7 +38,7 @@ from sediment.errors import (
     ServerError,
     TransactionError,
 )
-from sediment.net.append_stream import AppendStream, StreamPool, append_batches
+from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_METADATA_KEY,
@@ -300,10 +300,7 @@ class Client:
     def _append(self, name: str, table: pa.Table, txn: int | None = None, locks: Any = None) -> None:
         """One append (into transaction ``txn`` when given) on a pooled append stream; returns
         once the server has made it durable, or raises the server's error."""
-        spec: dict[str, Any] = {"txn": txn}
-        if locks is not None:
-            spec["locks"] = encode_locks(locks)
-        meta = json.dumps(spec, default=repr).encode()
+        meta = append_metadata(txn, encode_locks(locks))
         batches = append_batches(table, PUT_CHUNK_BYTES)
         with self._remote():
             while True:

@@ -141,7 +141,7 @@ def test_the_worked_example_in_formats_md_decodes():
     import pathlib
     import re
 
-    from sediment.net.append_stream import ACK_OK
+    from sediment.net.append_stream import ACK_OK, append_metadata
     from sediment.net.protocol import json_arg
     from sediment.net.wire_errors import error_from_detail
 
@@ -150,6 +150,8 @@ def test_the_worked_example_in_formats_md_decodes():
     blocks = re.findall(r"```\n([0-9a-f ]+)\n```", section)
     meta, ack = (bytes.fromhex(b.replace(" ", "")) for b in blocks[:2])
     assert json_arg(meta, "append stream metadata") == {"txn": None}
+    assert append_metadata(None, None) == meta
+    assert json_arg(append_metadata(7, {"high_water": 3}), "m") == {"txn": 7, "locks": {"high_water": 3}}
     assert ack == ACK_OK and len(ack) == 11
     refused = re.search(r"`(\{\"error\": \{.*?\}\})`", section).group(1)
     err = error_from_detail(json.loads(refused)["error"])

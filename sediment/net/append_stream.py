@@ -38,6 +38,17 @@ from sediment.net.wire_errors import error_detail, error_from_detail
 
 STREAM_IDLE_SECONDS = 2.0  # a client's stream unused this long is closed
 ACK_OK = b'{"ok":true}'
+PLAIN = b'{"txn":null}'  # the metadata of an append outside any transaction, without locks
+
+
+def append_metadata(txn: int | None, locks: dict[str, Any] | None) -> bytes:
+    """The last batch's metadata of an append (``locks`` already in wire form)."""
+    if txn is None and locks is None:
+        return PLAIN
+    spec: dict[str, Any] = {"txn": txn}
+    if locks is not None:
+        spec["locks"] = locks
+    return json.dumps(spec, separators=(",", ":"), default=repr).encode()
 
 
 def append_batches(table: pa.Table, chunk_bytes: int) -> list[pa.RecordBatch]:
@@ -172,7 +183,7 @@ def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight
         if stopping():
             return
         try:
-            args = json_arg(meta, "append stream metadata")
+            args = _PLAIN_ARGS if meta == PLAIN else json_arg(meta, "append stream metadata")
             append(table, args.get("txn"), args.get("locks"))
             ack = ACK_OK
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed, the stream lives on
@@ -182,8 +193,12 @@ def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight
             return
 
 
+_PLAIN_ARGS: dict[str, Any] = {"txn": None}
+
+
 def _appends(reader: flight.MetadataRecordBatchReader) -> Iterator[tuple[pa.Table, bytes]]:
     parts: list[pa.RecordBatch] = []
+    schema = reader.schema
     while True:
         try:
             chunk = reader.read_chunk()
@@ -192,5 +207,5 @@ def _appends(reader: flight.MetadataRecordBatchReader) -> Iterator[tuple[pa.Tabl
         if chunk.data is not None:
             parts.append(chunk.data)
         if chunk.app_metadata is not None:
-            yield pa.Table.from_batches(parts, schema=reader.schema), chunk.app_metadata.to_pybytes()
+            yield pa.Table.from_batches(parts, schema=schema), chunk.app_metadata.to_pybytes()
             parts = []
