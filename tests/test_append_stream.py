@@ -115,7 +115,7 @@ def test_idle_streams_close_so_a_stop_does_not_wait_for_the_client(node):
         c.close()
 
 
-def test_a_closed_pool_closes_streams_given_back():
+def test_the_pool_closes_streams_idle_too_long_and_those_given_back_after_close():
     closed = []
 
     class Stream:
@@ -125,12 +125,21 @@ def test_a_closed_pool_closes_streams_given_back():
         def close(self):
             closed.append(self)
 
-    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600)
+    now = [100.0]
+    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=lambda: now[0])
     lent, fresh = pool.take("r", SCHEMA)
     assert fresh
     pool.give(lent)
     again, fresh = pool.take("r", SCHEMA)
     assert again is lent and not fresh
+    other, fresh = pool.take("r", SCHEMA)  # the only stream is lent out: a new one
+    assert fresh and other is not again
+    pool.give(other)
+    now[0] += 3600
+    assert pool.close_idle() == 0, "idle exactly idle_seconds: kept"
+    now[0] += 1
+    assert pool.close_idle() == 1 and closed == [other]
+    closed.clear()
     pool.close()
     pool.give(again)
     assert closed == [again]

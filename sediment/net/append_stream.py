@@ -73,7 +73,7 @@ class AppendStream:
         self.key = (relation, schema)
         self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
                                                  options=options)
-        self.last_used = time.monotonic()
+        self.last_used = 0.0  # when the pool last got it back
         self.in_doubt = False  # an append went out and its acknowledgement was not read: unusable
 
     def append(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
@@ -92,7 +92,6 @@ class AppendStream:
             return False  # the server takes an append only with its last batch, which did not go
         ack = self._acks.read()
         self.in_doubt = False
-        self.last_used = time.monotonic()
         if ack is None:
             return False
         raw = ack.to_pybytes()
@@ -120,9 +119,10 @@ class StreamPool:
     for ``idle_seconds``."""
 
     def __init__(self, opener: Callable[[str, pa.Schema], AppendStream], idle_seconds: float = STREAM_IDLE_SECONDS,
-                 ) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._open = opener
         self._idle_seconds = idle_seconds
+        self._clock = clock
         self._lock = threading.Lock()
         self._idle: dict[tuple[str, pa.Schema], list[AppendStream]] = {}
         self._closed = False
@@ -141,6 +141,7 @@ class StreamPool:
         return self._open(relation, schema), True
 
     def give(self, stream: AppendStream) -> None:
+        stream.last_used = self._clock()
         with self._lock:
             if not self._closed:
                 self._idle.setdefault(stream.key, []).append(stream)
@@ -148,21 +149,30 @@ class StreamPool:
         stream.close()
 
     def _take_idle(self, older_than: float | None) -> list[AppendStream]:
+        """Take out of the pool the idle streams last used before ``older_than`` (None: all)."""
         with self._lock:
             out = []
             for key, streams in list(self._idle.items()):
-                keep = [s for s in streams if older_than is not None and s.last_used > older_than]
-                out += [s for s in streams if not (older_than is not None and s.last_used > older_than)]
-                if keep:
-                    self._idle[key] = keep
-                else:
-                    del self._idle[key]
+                stale = [s for s in streams if older_than is None or s.last_used < older_than]
+                if stale:
+                    out += stale
+                    kept = [s for s in streams if s not in stale]
+                    if kept:
+                        self._idle[key] = kept
+                    else:
+                        del self._idle[key]
             return out
+
+    def close_idle(self) -> int:
+        """Close the streams idle for longer than ``idle_seconds``; how many."""
+        stale = self._take_idle(self._clock() - self._idle_seconds)
+        for stream in stale:
+            stream.close()
+        return len(stale)
 
     def _reap(self) -> None:
         while not self._wake.wait(self._idle_seconds / 2):
-            for stream in self._take_idle(time.monotonic() - self._idle_seconds):
-                stream.close()
+            self.close_idle()
 
     def close(self) -> None:
         """Close every idle stream; streams lent out are closed when given back."""
