@@ -316,10 +316,17 @@ class Client:
                 if done:
                     self._streams.give(stream)
                     return
-                if fresh:  # a new stream that took nothing: the server's status says why
-                    stream.finish()
-                    raise errors.CoordinatorUnavailable(f"the coordinator at {self.uri} ended the append stream "
-                                                        "without taking the append; is it stopping?")
+                if fresh:  # a new stream that took nothing: the server's status says why, if it is typed
+                    why = "it ended the stream"
+                    try:
+                        stream.finish()
+                    except flight.FlightError as exc:
+                        typed = typed_error(exc)
+                        if typed is not exc:
+                            raise typed from None
+                        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise errors.CoordinatorUnavailable(f"the coordinator at {self.uri} did not take the append "
+                                                        f"({why}; nothing was appended); is it stopping?")
                 stream.close()  # an idle stream the server had ended: send on another
 
     def _open_stream(self, name: str, schema: pa.Schema) -> AppendStream:
