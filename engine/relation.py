@@ -10,6 +10,7 @@ import pyarrow as pa
 from sediment.engine import args
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import FeedLog
+from sediment.engine.read_plan import ReadPlan  # noqa: F401  (re-exported: the reads hand it out)
 from sediment.trace.state import TraceState
 
 
@@ -22,27 +23,6 @@ class TailEntry:
     t_hi: int
     rows: int
     bytes: int = 0  # the record's body: what compaction still has to read back
-
-
-@dataclass
-class ReadPlan:
-    """What a distributed reader (Spark) needs to read a relation as of a time without the
-    engine in the data path: the batches to fetch straight from the blob store, plus the
-    WAL tail rows. The batches stay in the store until :meth:`Engine.release_read` (or the
-    lease expires)."""
-
-    lease: int
-    relation: str
-    relation_id: int
-    update_schema: pa.Schema
-    key_columns: list[str]
-    since: int
-    sealed: int
-    as_of: int
-    blob_uri: str
-    s3_endpoint: str | None
-    batches: list[dict]  # BatchRef fields, for sediment.trace.store.TraceStore.read_stream
-    tail: pa.Table  # WAL updates not yet in batches, times <= as_of (and > from_t when given)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 import pyarrow as pa
 
 from sediment.errors import TransactionError
+from sediment.txn_state import TxnState
 from sediment.wal.protocol import Ticket
 from sediment.wal.record import Record, RecordKind, encode_txn_ids
 
@@ -58,18 +59,25 @@ class Transaction:
         self._engine = engine
         self.id = txn_id
         self._begun = False
-        self._state = "open"
+        self._txn = TxnState(txn_id)  # open, then committed or aborted: shared with RemoteTransaction
         self._touched: dict[str, tuple[_Relation, int]] = {}  # name -> (relation, least time)
         self._mutex = threading.Lock()
 
     @property
     def state(self) -> str:
         """``open``, ``committed`` or ``aborted``."""
-        return self._state
+        return self._txn.value
+
+    @property
+    def _state(self) -> str:
+        return self._txn.value
+
+    @_state.setter
+    def _state(self, value: str) -> None:
+        self._txn.finish(value)
 
     def _check(self) -> None:
-        if self._state != "open":
-            raise TransactionError(f"transaction {self.id:#x} is already {self._state}")
+        self._txn.check_open()
 
     def append(self, name: str, updates: pa.Table) -> None:
         """Add updates to the transaction; durable (but invisible) on return."""

@@ -10,20 +10,52 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
 from sediment import errors
-from sediment.engine.engine import Engine
-from sediment.engine.locks import Locks
-from sediment.engine.schema import parse_schema_spec
-from sediment.engine.transaction import Transaction
 
 if TYPE_CHECKING:
     from sediment.client import Client
+    from sediment.engine.engine import Engine
+    from sediment.engine.locks import Locks
+    from sediment.engine.schema import parse_schema_spec
+    from sediment.engine.transaction import Transaction
 
 __all__ = ["Engine", "Locks", "Transaction", "connect", "errors", "open", "parse_schema_spec"]
 __version__ = "0.1.0"
+
+# Names loaded on first use (PEP 562), so that `import sediment` (or importing one pure
+# module such as sediment.wal.replication.vote) does not load the engine, pyarrow, trio,
+# boto3 or kazoo.
+_LAZY = {
+    "Engine": "sediment.engine.engine",
+    "Locks": "sediment.engine.locks",
+    "Transaction": "sediment.engine.transaction",
+    "parse_schema_spec": "sediment.engine.schema",
+}
+
+
+# Subpackages reachable as attributes after a bare `import sediment` (as when this module
+# imported the engine eagerly), each loaded on first use.
+_SUBMODULES = frozenset({"blob", "cli", "client", "engine", "metrics", "net", "progress", "server", "spark_jobs",
+                         "trace", "wal"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"sediment.{name}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sediment' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, "__version__", *(n for n in globals() if n.startswith("__"))})
 
 
 def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A001 - the API's name
@@ -47,6 +79,8 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     engine is gone for good: see docs/architecture.md).
     """
     import inspect
+
+    from sediment.engine.engine import Engine
 
     known = [p for p in inspect.signature(Engine.open).parameters if p not in ("cls", "data_dir")]
     unknown = sorted(set(options) - set(known))

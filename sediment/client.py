@@ -6,7 +6,7 @@ opening the data directory (only one process may). Code written against
 the same methods, the same return types, the same durability (a call returns once
 the server has made it durable) and the same typed errors from
 :mod:`sediment.errors`, carried in the Flight error's detail. The wire protocol is
-described in :mod:`sediment.server`.
+described in :mod:`sediment.net`.
 
     import sediment
     with sediment.connect("grpc://127.0.0.1:8815", token="...") as db:
@@ -17,9 +17,7 @@ described in :mod:`sediment.server`.
 
 from __future__ import annotations
 
-import builtins
 import json
-import math
 import os
 import queue
 import threading
@@ -32,8 +30,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
-from sediment.engine.engine import ReadPlan
-from sediment.engine.schema import check_name
+from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
 from sediment.errors import (
     EngineClosed,
     InvalidUpdates,
@@ -41,57 +38,22 @@ from sediment.errors import (
     ServerError,
     TransactionError,
 )
-from sediment.server import (
+from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
+from sediment.net.protocol import (
     AUTH_HEADER,
-    BUILTIN_ERRORS,
     PLAN_METADATA_KEY,
     PROTOCOL_VERSION,
     TOKEN_ENV,
-    _schema_from_b64,
-    _schema_to_b64,
-    _tuples,
+    encode_locks,
+    schema_from_b64,
+    schema_to_b64,
 )
+from sediment.net.wire_errors import typed_error
+from sediment.txn_state import TxnState
+
+__all__ = ["Client", "RemoteSubscription", "RemoteTransaction", "ServerError", "connect", "typed_error"]
 
 PUT_CHUNK_BYTES = 4 << 20  # record batches on the wire stay well below gRPC's message limits
-
-
-def typed_error(exc: flight.FlightError) -> BaseException:
-    """The error the server raised, rebuilt from the Flight error's detail: the same class
-    from :mod:`sediment.errors` (or a builtin ValueError/TypeError/...) with the same message
-    and attributes. Flight errors without that detail (authentication, an unreachable server)
-    are returned as they are."""
-    try:
-        detail = json.loads(exc.extra_info.decode("utf-8")) if exc.extra_info else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        detail = None
-    if not isinstance(detail, dict) or "error" not in detail:
-        return _transport_error(exc)
-    name, module, message = str(detail["error"]), detail.get("module"), str(detail.get("message", ""))
-    cls: Any = None
-    if module == "sediment.errors":
-        cls = getattr(errors, name, None)
-    elif module == "builtins" and name in BUILTIN_ERRORS:
-        cls = getattr(builtins, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Exception)):
-        return ServerError(f"the server failed: {name}: {message}")
-    typed = cls.__new__(cls)
-    Exception.__init__(typed, message)
-    attrs = detail.get("attrs")
-    if isinstance(attrs, dict):
-        typed.__dict__.update({key: _tuples(value) for key, value in attrs.items()})
-    return typed
-
-
-def _transport_error(exc: flight.FlightError) -> BaseException:
-    """Flight's own errors (no sediment detail) as sediment's: one line, typed."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, flight.FlightUnauthenticatedError):
-        return errors.AuthenticationFailed(f"the coordinator refused the token ({first}); pass its token with "
-                                           "--token or $SEDIMENT_TOKEN")
-    if isinstance(exc, flight.FlightUnavailableError):
-        return errors.CoordinatorUnavailable(f"no coordinator answered ({first}); is `sediment serve` running "
-                                             "there, on that port, with the same TLS setting?")
-    return exc
 
 
 def _as_table(name: str, updates: object) -> pa.Table:
@@ -102,20 +64,6 @@ def _as_table(name: str, updates: object) -> pa.Table:
     if not isinstance(updates, pa.Table):
         raise InvalidUpdates(f"updates for {name!r} must be a pyarrow.Table, not {type(updates).__name__}")
     return updates
-
-
-def encode_locks(locks: Any) -> dict[str, Any] | None:
-    """A ``sediment.Locks`` as the wire's JSON object (ids must be JSON scalars or tuples of them)."""
-    if locks is None:
-        return None
-    spec = {"high_water": locks.high_water,
-            **{kind: [list(lock) for lock in getattr(locks, kind)] for kind in ("write", "read", "append")}}
-    try:
-        json.dumps(spec)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"lock ids must be strings, numbers, booleans or tuples of them to cross the network "
-                         f"({exc})") from None
-    return spec
 
 
 _END = object()
@@ -218,50 +166,45 @@ class RemoteTransaction:
     def __init__(self, client: Client, txn_id: int) -> None:
         self._client = client
         self.id = txn_id
-        self._state = "open"
+        self._txn = TxnState(txn_id)
         self._mutex = threading.Lock()
 
     @property
     def state(self) -> str:
         """``open``, ``committed`` or ``aborted``."""
-        return self._state
-
-    def _check(self) -> None:
-        if self._state != "open":
-            raise TransactionError(f"transaction {self.id:#x} is already {self._state}")
+        return self._txn.value
 
     def append(self, name: str, updates: pa.Table) -> None:
         """Add updates to the transaction; durable (but invisible) on return."""
         with self._mutex:
-            self._check()
-            self._client._put({"op": "append", "relation": name, "txn": self.id}, _as_table(name, updates))
+            self._txn.check_open()
+            self._client._append(name, _as_table(name, updates), txn=self.id)
 
     def commit(self) -> None:
         """Make every append visible at once; durable on return. Raises TransactionError (and
         the transaction is aborted) if one of its times was sealed meanwhile."""
         with self._mutex:
-            self._check()
+            self._txn.check_open()
             try:
-                self._state = self._client._action("commit", txn=self.id)
+                self._txn.settle(self._client._action("commit", txn=self.id))
             except TransactionError:
-                self._state = self._remote_state()
+                self._txn.settle(self._remote_state())
                 raise
 
     def _remote_state(self) -> str:
         """After a refused commit: the server's word on the transaction (aborted, unless it
         somehow finished otherwise); a server that no longer knows it has aborted it."""
         try:
-            state = self._client._action("txn_state", txn=self.id)
+            return self._client._action("txn_state", txn=self.id)
         except Exception:  # noqa: BLE001 - a commit the server refused did not happen
             return "aborted"
-        return state if state in ("committed", "aborted") else "aborted"
 
     def abort(self) -> None:
         """Discard every append of the transaction. Aborting twice is harmless."""
         with self._mutex:
-            if self._state != "open":
+            if not self._txn.is_open:
                 return
-            self._state = "aborted"
+            self._txn.finish("aborted")
             self._client._action("abort", txn=self.id)
 
     def __enter__(self) -> RemoteTransaction:
@@ -298,6 +241,7 @@ class Client:
         self._closed = False
         self._close_lock = threading.Lock()
         self._on_close: list[Callable[[], None]] = []
+        self._streams = StreamPool(self._open_stream)
         try:
             info = self._action("ping")
         except BaseException:
@@ -340,18 +284,53 @@ class Client:
         """Stream ``table``; returns once the server has finished with it (made it durable),
         or raises the server's error."""
         descriptor = flight.FlightDescriptor.for_command(json.dumps(command, default=repr).encode())
-        per_row = max(1, table.nbytes // max(1, table.num_rows))
         with self._remote():
             writer, _reader = self._flight.do_put(descriptor, table.schema, options=self._options)
             failure: BaseException | None = None
             try:
-                writer.write_table(table, max_chunksize=max(1, math.floor(PUT_CHUNK_BYTES / per_row)))
+                for batch in append_batches(table, PUT_CHUNK_BYTES):
+                    writer.write_batch(batch)
                 writer.done_writing()
             except (flight.FlightError, pa.ArrowException, OSError) as exc:
                 failure = exc  # the server may have refused early: close() reports why
             writer.close()
             if failure is not None:
                 raise failure
+
+    def _append(self, name: str, table: pa.Table, txn: int | None = None, locks: Any = None) -> None:
+        """One append (into transaction ``txn`` when given) on a pooled append stream; returns
+        once the server has made it durable, or raises the server's error."""
+        meta = append_metadata(txn, encode_locks(locks))
+        batches = append_batches(table, PUT_CHUNK_BYTES)
+        with self._remote():
+            while True:
+                stream, fresh = self._streams.take(name, table.schema)
+                try:
+                    done = stream.append(batches, meta)
+                except BaseException:
+                    if stream.in_doubt:  # broken or interrupted before the acknowledgement: never reuse
+                        stream.close()
+                    else:
+                        self._streams.give(stream)  # a refused append: the stream carries on
+                    raise
+                if done:
+                    self._streams.give(stream)
+                    return
+                if fresh:  # a new stream that took nothing: the server's status says why, if it is typed
+                    why = "it ended the stream"
+                    try:
+                        stream.finish()
+                    except flight.FlightError as exc:
+                        typed = typed_error(exc)
+                        if typed is not exc:
+                            raise typed from None
+                        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise errors.CoordinatorUnavailable(f"the coordinator at {self.uri} did not take the append "
+                                                        f"({why}; nothing was appended); is it stopping?")
+                stream.close()  # an idle stream the server had ended: send on another
+
+    def _open_stream(self, name: str, schema: pa.Schema) -> AppendStream:
+        return AppendStream(self._flight, name, schema, self._options)
 
     def add_close_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` after :meth:`close` (used to stop an in-process server with its client)."""
@@ -362,9 +341,11 @@ class Client:
     def add_relation(self, name: str, schema: pa.Schema) -> None:
         """Create an empty relation (see :meth:`sediment.Engine.add_relation`)."""
         if not isinstance(schema, pa.Schema):
+            from sediment.engine.schema import check_name  # the name's error first, as the engine does
+
             check_name(name)
             raise SchemaMismatch(f"a relation schema must be a pyarrow.Schema, not {type(schema).__name__}")
-        self._action("add_relation", name=name, schema=_schema_to_b64(schema))
+        self._action("add_relation", name=name, schema=schema_to_b64(schema))
 
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data."""
@@ -376,7 +357,7 @@ class Client:
 
     def schema(self, name: str) -> pa.Schema:
         """The relation's own columns (without ``time`` and ``diff``)."""
-        return _schema_from_b64(self._action("schema", name=name))
+        return schema_from_b64(self._action("schema", name=name))
 
     def since(self, name: str) -> int:
         """The compaction frontier."""
@@ -391,10 +372,7 @@ class Client:
     def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
         """Append updates (columns plus ``time`` and ``diff``); durable on return, all or nothing.
         ``locks``: a ``sediment.Locks``, checked by the server as by the engine."""
-        command: dict[str, Any] = {"op": "append", "relation": name, "txn": None}
-        if locks is not None:
-            command["locks"] = encode_locks(locks)
-        self._put(command, _as_table(name, updates))
+        self._append(name, _as_table(name, updates), locks=locks)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
         """Append to several relations atomically. The tables are staged on the server (in
@@ -439,11 +417,11 @@ class Client:
         except TransactionError:
             for t in transactions:
                 if isinstance(t, RemoteTransaction):
-                    t._state = t._remote_state()
+                    t._txn.settle(t._remote_state())
             raise
         for t, state in zip(transactions, states, strict=True):
             if isinstance(t, RemoteTransaction):
-                t._state = state
+                t._txn.settle(state)
 
     def abort_group(self, group: str) -> int:
         """Abort every open transaction of ``group``; how many there were."""
@@ -532,6 +510,7 @@ class Client:
             self._closed = True
             callbacks, self._on_close = self._on_close, []
         try:
+            self._streams.close()
             self._flight.close()
         finally:
             failures = []

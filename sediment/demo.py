@@ -129,86 +129,120 @@ class _Served:
             self.engine.close()
 
 
+class _Settings:
+    """The demo's size and storage, from the command line's arguments (all optional)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.rows = int(getattr(args, "rows", None) or DEFAULT_ROWS)
+        self.times = int(getattr(args, "times", None) or DEFAULT_TIMES)
+        self.jobs = max(1, min(self.times, int(getattr(args, "jobs", None) or DEFAULT_JOBS)))
+        self.force = getattr(args, "progress", None)
+        self.blob = getattr(args, "blob", None)
+        endpoint = getattr(args, "s3_endpoint", None)
+        self.options: dict[str, Any] = {"segment_bytes": 16 << 20, "compact_interval": 1.0}
+        if self.blob:  # a fresh prefix: the demo never mixes with (or deletes) anything already there
+            self.options["blob"] = self.blob.rstrip("/") + f"/sediment-demo-{uuid.uuid4().hex[:12]}"
+            if self.blob.startswith("s3://") and endpoint:
+                self.options["s3_endpoint"] = endpoint
+        self.token = uuid.uuid4().hex
+        self.checks = sorted({self.times // 2, self.times * 2 // 3, self.times - 1, self.times})
+        self.since = self.times // 2
+
+
+def _feed(spark: Any, stream: Any, per_time: dict[int, int], total: int, uri: str, s: _Settings) -> None:
+    """One write job per slice of times, each sealing its last time; then seal the end."""
+    F, _ds = _spark_modules()
+    bounds = [round(s.times * j / s.jobs) for j in range(s.jobs + 1)]
+    with Progress(total, "feed", "updates", force=s.force) as bar:
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            (stream.filter((F.col("time") > lo) & (F.col("time") <= hi)).write.format("sediment")
+             .option("uri", uri).option("token", s.token).option("relation", RELATION)
+             .option("seal", True).mode("append").save())
+            bar.update(sum(n for t, n in per_time.items() if lo < t <= hi))
+    with sediment.connect(uri, s.token) as client:
+        if client.sealed(RELATION) < s.times:
+            client.seal(RELATION, s.times)
+
+
+def _verify(spark: Any, stream: Any, uri: str, s: _Settings) -> list[str]:
+    """Read back at every checked time (and once as changes since ``since``) through the data
+    source; each read compared with Spark's own consolidation of the input. The mismatches."""
+    _F, ds = _spark_modules()
+    mismatches = []
+    reads = [(as_of, None) for as_of in s.checks] + [(s.times, s.since)]
+    with Progress(len(reads), "verify", "reads", force=s.force) as bar:
+        for as_of, from_t in reads:
+            with ds.open_relation(spark, uri, RELATION, as_of, from_t, s.token) as got:
+                wrong = differences(got, expected(stream, as_of, from_t))
+            if wrong:
+                what = f"as_of {as_of}" + (f" from {from_t}" if from_t is not None else "")
+                mismatches.append(f"{what}: {wrong} rows differ")
+            bar.update(1)
+    return mismatches
+
+
+def _report(s: _Settings, total: int, info: dict, timings: dict[str, float], mismatches: list[str]) -> int:
+    print(f"sediment demo: {total} updates over {s.times} times, fed by Spark in {s.jobs} jobs (each committed "
+          f"atomically) into relation {RELATION!r}" + (f" (batches on {s.options['blob']})" if s.blob else ""))
+    print(f"  trace: {info['batches']} batches, {info['rows']} rows ({info['bytes'] / 1e6:.1f} MB), "
+          f"since {info['since']}, upper {info['upper']}; engine restarted before the reads")
+    print("  timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    if mismatches:
+        print("  verdict: MISMATCH: " + "; ".join(mismatches))
+        return 1
+    print(f"  verdict: OK, Spark reads as of {s.checks} and of the changes in ({s.since}, {s.times}] match the "
+          "consolidation Spark computed from the input")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """The demo; returns the exit code (0 when every read matched)."""
-    rows = int(getattr(args, "rows", None) or DEFAULT_ROWS)
-    times = int(getattr(args, "times", None) or DEFAULT_TIMES)
-    jobs = max(1, min(times, int(getattr(args, "jobs", None) or DEFAULT_JOBS)))
-    force = getattr(args, "progress", None)
-    blob = getattr(args, "blob", None)
-    endpoint = getattr(args, "s3_endpoint", None)
-    F, ds = _spark_modules()
+    s = _Settings(args)
+    _spark_modules()
     from sediment.spark_jobs.session import local_spark
 
-    options: dict[str, Any] = {"segment_bytes": 16 << 20, "compact_interval": 1.0}
-    if blob:  # a fresh prefix: the demo never mixes with (or deletes) anything already there
-        options["blob"] = blob.rstrip("/") + f"/sediment-demo-{uuid.uuid4().hex[:12]}"
-        if blob.startswith("s3://") and endpoint:
-            options["s3_endpoint"] = endpoint
     data_dir = tempfile.mkdtemp(prefix="sediment-demo-")  # never touches the user's data directory
-    token = uuid.uuid4().hex
     timings: dict[str, float] = {}
     served: _Served | None = None
     spark = None
-    checks = sorted({times // 2, times * 2 // 3, times - 1, times})
-    since = times // 2
-    mismatches: list[str] = []
-    try:
-        t0 = time.perf_counter()
-        with Progress(0, "start Spark and a served engine", force=force):
-            spark = local_spark("sediment-demo")
-            served = _Served(data_dir, token, options)
-            with sediment.connect(served.uri, token) as client:
-                client.add_relation(RELATION, SCHEMA)
-        timings["start"] = time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        with Progress(0, f"generate about {rows} updates over {times} times", force=force):
-            stream = generate(spark, rows, times).cache()
+    def phase(name: str, label: str) -> Any:
+        timings[name] = time.perf_counter()  # replaced by the duration when the phase ends
+        return Progress(0, label, force=s.force)
+
+    def done(name: str) -> None:
+        timings[name] = time.perf_counter() - timings[name]
+
+    try:
+        with phase("start", "start Spark and a served engine"):
+            spark = local_spark("sediment-demo")
+            served = _Served(data_dir, s.token, s.options)
+            with sediment.connect(served.uri, s.token) as client:
+                client.add_relation(RELATION, SCHEMA)
+        done("start")
+        with phase("generate", f"generate about {s.rows} updates over {s.times} times"):
+            stream = generate(spark, s.rows, s.times).cache()
             per_time = {r["time"]: r["count"] for r in stream.groupBy("time").count().collect()}
             total = sum(per_time.values())
-        timings["generate"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        bounds = [round(times * j / jobs) for j in range(jobs + 1)]
-        with Progress(total, "feed", "updates", force=force) as bar:
-            for lo, hi in zip(bounds, bounds[1:], strict=False):
-                (stream.filter((F.col("time") > lo) & (F.col("time") <= hi)).write.format("sediment")
-                 .option("uri", served.uri).option("token", token).option("relation", RELATION)
-                 .option("seal", True).mode("append").save())
-                bar.update(sum(n for t, n in per_time.items() if lo < t <= hi))
-        with sediment.connect(served.uri, token) as client:
-            if client.sealed(RELATION) < times:
-                client.seal(RELATION, times)
-        timings["feed+seal"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        with Progress(0, f"compact (since {since})", force=force), sediment.connect(served.uri, token) as client:
-            client.set_since(RELATION, since)
+        done("generate")
+        timings["feed+seal"] = time.perf_counter()
+        _feed(spark, stream, per_time, total, served.uri, s)
+        done("feed+seal")
+        with phase("compact", f"compact (since {s.since})"), sediment.connect(served.uri, s.token) as client:
+            client.set_since(RELATION, s.since)
             client.compact()
             info = client.trace_info(RELATION)
-        timings["compact"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        with Progress(0, "restart the engine (replay)", force=force):
+        done("compact")
+        with phase("restart", "restart the engine (replay)"):
             served.stop()
             served = None
-            served = _Served(data_dir, token, options)
-        timings["restart"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        reads = [(as_of, None) for as_of in checks] + [(times, since)]
-        with Progress(len(reads), "verify", "reads", force=force) as bar:
-            for as_of, from_t in reads:
-                with ds.open_relation(spark, served.uri, RELATION, as_of, from_t, token) as got:
-                    wrong = differences(got, expected(stream, as_of, from_t))
-                if wrong:
-                    what = f"as_of {as_of}" + (f" from {from_t}" if from_t is not None else "")
-                    mismatches.append(f"{what}: {wrong} rows differ")
-                bar.update(1)
-        timings["verify"] = time.perf_counter() - t0
-        with sediment.connect(served.uri, token) as client:
-            if blob:  # leave no objects behind in the user's bucket
+            served = _Served(data_dir, s.token, s.options)
+        done("restart")
+        timings["verify"] = time.perf_counter()
+        mismatches = _verify(spark, stream, served.uri, s)
+        done("verify")
+        with sediment.connect(served.uri, s.token) as client:
+            if s.blob:  # leave no objects behind in the user's bucket
                 client.drop_relation(RELATION)
     finally:
         if served is not None:
@@ -216,17 +250,7 @@ def run(args: argparse.Namespace) -> int:
         if spark is not None:
             spark.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
-    print(f"sediment demo: {total} updates over {times} times, fed by Spark in {jobs} jobs (each committed "
-          f"atomically) into relation {RELATION!r}" + (f" (batches on {options['blob']})" if blob else ""))
-    print(f"  trace: {info['batches']} batches, {info['rows']} rows ({info['bytes'] / 1e6:.1f} MB), "
-          f"since {info['since']}, upper {info['upper']}; engine restarted before the reads")
-    print("  timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
-    if mismatches:
-        print("  verdict: MISMATCH: " + "; ".join(mismatches))
-        return 1
-    print(f"  verdict: OK, Spark reads as of {checks} and of the changes in ({since}, {times}] match the "
-          "consolidation Spark computed from the input")
-    return 0
+    return _report(s, total, info, timings, mismatches)
 
 
 def main() -> None:

@@ -98,7 +98,7 @@ APPEND_ROWS = 1 << 18  # rows per append into the transaction: few, large, durab
 APPEND_BYTES = 32 << 20
 TAIL_PARTITION_ROWS = 1 << 20  # WAL-tail rows per input partition
 SPLIT_ROWS = 1 << 20  # a batch with more rows is read by several tasks (slices of its row groups)
-TOKEN_ENV = "SEDIMENT_TOKEN"  # as sediment.server.TOKEN_ENV, without importing Flight here
+TOKEN_ENV = "SEDIMENT_TOKEN"  # as sediment.net.protocol.TOKEN_ENV, without importing Flight here
 
 
 # --- options --------------------------------------------------------------------------------

@@ -23,8 +23,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import sediment
-from sediment import cli, cli_files
+from sediment.cli import commands as cli_commands
+from sediment.cli import files as cli_files
 from sediment.cli import main
+from sediment.cli import parser as cli_parser
 from sediment.errors import UnknownRelation
 from sediment.progress import Progress
 from sediment.wal.record import RecordKind
@@ -147,7 +149,7 @@ def test_append_seal_read_consolidates(ddir, capsys):
 @pytest.mark.parametrize("keep", [True, False], ids=["checked-chunks-kept", "file-read-twice"])
 def test_append_prints_summary_and_is_one_transaction(tmp_path, capsys, monkeypatch, keep):
     if not keep:  # a file too big to hold: the second pass reads it again
-        monkeypatch.setattr(cli, "KEEP_VALIDATED_BYTES", 0)
+        monkeypatch.setattr(cli_commands, "KEEP_VALIDATED_BYTES", 0)
     d = tmp_path / "data"
     ok(capsys, d, "relation", "add", "orders", "--schema", SCHEMA)
     body = "".join(f"{i},name-{i:05d},{i % 7},1\n" for i in range(3000))
@@ -524,7 +526,7 @@ def test_unexpected_exception_is_one_line(ddir, capsys, monkeypatch):
     def boom(args):
         raise RuntimeError("something\nbroke")
 
-    monkeypatch.setattr(cli, "cmd_seal", boom)
+    monkeypatch.setattr(cli_parser, "cmd_seal", boom)  # build_parser binds the commands
     rc, _, err = run(capsys, ddir, "seal", "orders", "3")
     assert_one_line_error(rc, err, "internal error: RuntimeError: something broke", "SEDIMENT_DEBUG=1")
 

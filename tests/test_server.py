@@ -25,14 +25,11 @@ import pytest
 
 import sediment
 from sediment import Locks, errors
-from sediment.client import Client, RemoteTransaction, ServerError, typed_error
-from sediment.server import (
-    PLAN_METADATA_KEY,
-    SedimentFlightServer,
-    error_detail,
-    serve_local,
-    to_flight_error,
-)
+from sediment.client import Client, RemoteTransaction
+from sediment.errors import ServerError
+from sediment.net.protocol import PLAN_METADATA_KEY
+from sediment.net.wire_errors import error_detail, to_flight_error, typed_error
+from sediment.server import SedimentFlightServer, serve_local
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 TOKEN = "s3cret-" + uuid.uuid4().hex

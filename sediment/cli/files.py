@@ -1,6 +1,6 @@
 """The CLI's file handling: reading CSV and Parquet updates in checked chunks, writing
 results atomically or to stdout, and the text forms of stats and change sets. Kept apart
-from the command definitions (sediment/cli.py) so each file holds one concern."""
+from the command definitions (sediment/cli/commands.py) so each file holds one concern."""
 
 from __future__ import annotations
 

@@ -25,6 +25,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from sediment.cli.common import data_dir_of, open_engine
+from sediment.cli.files import UsageError
+
 DEFAULT_LISTEN = "127.0.0.1:8815"
 DEFAULT_GRACE = 30.0
 EXIT_SUPERSEDED = 3
@@ -44,7 +47,7 @@ def _listen_arg(text: str) -> tuple[str, int]:
 
 
 def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Adds ``serve`` through the CLI's ``command(name, func, help)`` helper (sediment/cli.py)."""
+    """Adds ``serve`` through the CLI's ``command(name, func, help)`` helper (sediment/cli/parser.py)."""
     p = command("serve", cmd_serve, "serve the data directory to clients over Arrow Flight until SIGTERM")
     p.add_argument("--listen", type=_listen_arg, default=_listen_arg(DEFAULT_LISTEN), metavar="HOST:PORT",
                    help=f"where to listen (default {DEFAULT_LISTEN}; port 0 picks a free port)")
@@ -67,8 +70,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Opens the engine (creating the directory, as a coordinator's first start must), serves,
     and on SIGTERM/SIGINT shuts down in order: no new calls, calls under way finish, open
     transactions are aborted (so they never become visible), the engine closes."""
-    from sediment.cli import UsageError, _data_dir, _open
-    from sediment.server import TOKEN_ENV, SedimentFlightServer
+    from sediment.net.protocol import TOKEN_ENV
+    from sediment.server import SedimentFlightServer
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     if not token:
@@ -89,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     clean = True
     try:
-        engine = _open(args, create=True)
+        engine = open_engine(args, create=True)
         metrics = None
         superseded: list[BaseException] = []
         listeners = getattr(engine, "superseded_listeners", None)
@@ -104,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
                     metrics = MetricsServer(engine.metrics, *args.metrics_listen)
                     print(f"metrics on {metrics.url}", flush=True)
-                print(f"serving {_data_dir(args)} on {server.uri}", flush=True)
+                print(f"serving {data_dir_of(args)} on {server.uri}", flush=True)
                 stop.wait()  # a signal handler runs in this thread and sets it (or a fencing)
                 if superseded:
                     print(f"sediment serve: {superseded[0]}", file=sys.stderr, flush=True)
@@ -119,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print(f"stopped serving {_data_dir(args)}", flush=True)
+    print(f"stopped serving {data_dir_of(args)}", flush=True)
     if not clean:
         # the engine is closed and everything acknowledged is durable; what is left are gRPC
         # threads blocked on clients that stopped reading, which would hang the interpreter's exit

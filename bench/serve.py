@@ -1,0 +1,254 @@
+"""Appends over the network (``sediment serve``'s Flight server) beside the same appends in process.
+
+Why: issue 15's target is relative (served appends from 4 clients >= 0.8x the in-process
+rows/s), and this machine is shared and noisy, so the peer is measured in the same run,
+rounds interleaved, with the same rows:
+
+* in process: N threads share one ``Engine`` and each calls ``engine.append`` with its own
+  1,000-row table (``id int64, payload binary`` plus ``time`` and ``diff``, ~100 B a row),
+  durable on return, for ``--seconds``;
+* served: the same engine options behind a ``SedimentFlightServer`` in this process, and N
+  client *processes* (as Spark executors or other services would be), each with its own
+  ``sediment.connect`` connection, appending the same tables for the same time;
+* optionally (``--per-call``) the same with one do_put per append, the protocol before the
+  append stream, and (``--client-threads``) the clients as threads of the server's process,
+  where their Python work shares the server's interpreter lock.
+
+Each case gets a fresh data directory (compaction on, as by default). N is 4 and 16;
+each round runs every case once, in a rotated order, and the ratio of a round is
+served / in-process rows/s of that round. Prints the median with min-max over the rounds.
+
+    .venv/bin/python bench/serve.py                 # 3 rounds x 3 s per case, about 1.5 min
+    .venv/bin/python bench/serve.py --per-call      # also one do_put per append (the old protocol)
+    .venv/bin/python bench/serve.py --client-threads  # also clients as threads of the server's process
+    .venv/bin/python bench/serve.py --rounds 5 --seconds 4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import pyarrow as pa
+
+import sediment
+
+SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
+ROW_BYTES = 100
+BATCH_ROWS = 1000
+CLIENTS = (4, 16)
+
+
+def make_table(rows: int, first_id: int) -> pa.Table:
+    body = os.urandom(ROW_BYTES - 24)
+    return pa.table({
+        "id": pa.array(range(first_id, first_id + rows), pa.int64()),
+        "payload": pa.array([body] * rows, pa.binary()),
+        "time": pa.array([1] * rows, pa.int64()),
+        "diff": pa.array([1] * rows, pa.int64()),
+    })
+
+
+# --- in process ------------------------------------------------------------------------------
+
+
+def run_in_process(root: str, writers: int, seconds: float) -> dict:
+    d = tempfile.mkdtemp(prefix="sed-serve-inproc-", dir=root)
+    try:
+        with sediment.open(d) as engine:
+            engine.add_relation("r", SCHEMA)
+            counts = [0] * writers
+            ready = threading.Barrier(writers + 1)
+            deadline = [0.0]
+
+            def work(k: int) -> None:
+                table = make_table(BATCH_ROWS, k * BATCH_ROWS)
+                engine.append("r", table)  # warm-up, not counted
+                ready.wait()
+                n = 0
+                while time.perf_counter() < deadline[0]:
+                    engine.append("r", table)
+                    n += table.num_rows
+                counts[k] = n
+
+            threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(writers)]
+            for t in threads:
+                t.start()
+            deadline[0] = time.perf_counter() + 3600
+            ready.wait()
+            t0 = time.perf_counter()
+            deadline[0] = t0 + seconds
+            for t in threads:
+                t.join()
+            elapsed = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return {"rows": sum(counts), "seconds": elapsed, "rows_s": sum(counts) / elapsed}
+
+
+# --- served ----------------------------------------------------------------------------------
+
+
+def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, per_call: bool) -> None:
+    """One client process: connect, warm up, wait for the start, append until the deadline.
+    ``per_call``: one do_put per append (the protocol before the append stream, which the
+    server still serves), through the client's own per-call path."""
+    client = sediment.connect(uri, token)
+    if per_call:
+        command = {"op": "append", "relation": "r", "txn": None}
+        client.append = lambda name, table: client._put(command, table)  # noqa: SLF001 - the old path, measured
+    try:
+        table = make_table(BATCH_ROWS, k * BATCH_ROWS)
+        client.append("r", table)
+        ready.put(k)
+        go.wait()
+        n = 0
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        while time.perf_counter() < deadline:
+            client.append("r", table)
+            n += table.num_rows
+        out.put((n, t0, time.perf_counter()))
+    finally:
+        client.close()
+
+
+def run_served_threads(root: str, clients: int, seconds: float) -> dict:
+    """The served case with the clients as threads of this process (each with its own
+    connection): client and server share one interpreter, as in ``serve_local``."""
+    from sediment.server import SedimentFlightServer
+
+    d = tempfile.mkdtemp(prefix="sed-serve-thr-", dir=root)
+    token = uuid.uuid4().hex
+    try:
+        with sediment.open(d) as engine:
+            engine.add_relation("r", SCHEMA)
+            server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
+            try:
+                counts = [0] * clients
+                ready = threading.Barrier(clients + 1)
+                deadline = [time.perf_counter() + 3600]
+
+                def work(k: int) -> None:
+                    with sediment.connect(server.uri, token) as client:
+                        table = make_table(BATCH_ROWS, k * BATCH_ROWS)
+                        client.append("r", table)
+                        ready.wait()
+                        n = 0
+                        while time.perf_counter() < deadline[0]:
+                            client.append("r", table)
+                            n += table.num_rows
+                        counts[k] = n
+
+                threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(clients)]
+                for t in threads:
+                    t.start()
+                ready.wait()
+                t0 = time.perf_counter()
+                deadline[0] = t0 + seconds
+                for t in threads:
+                    t.join()
+                elapsed = time.perf_counter() - t0
+            finally:
+                server.stop(grace=10)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return {"rows": sum(counts), "seconds": elapsed, "rows_s": sum(counts) / elapsed}
+
+
+def run_served(root: str, clients: int, seconds: float, per_call: bool = False) -> dict:
+    from sediment.server import SedimentFlightServer
+
+    d = tempfile.mkdtemp(prefix="sed-serve-net-", dir=root)
+    token = uuid.uuid4().hex
+    ctx = mp.get_context("spawn")  # the parent runs gRPC threads: never fork it
+    try:
+        with sediment.open(d) as engine:
+            engine.add_relation("r", SCHEMA)
+            server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
+            try:
+                ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+                procs = [ctx.Process(target=_client, args=(server.uri, token, k, ready, go, seconds, out, per_call),
+                                     daemon=True) for k in range(clients)]
+                for p in procs:
+                    p.start()
+                for _ in procs:
+                    ready.get(timeout=120)
+                go.set()
+                results = [out.get(timeout=seconds + 120) for _ in procs]
+                for p in procs:
+                    p.join(timeout=60)
+            finally:
+                server.stop(grace=10)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    rows = sum(n for n, _a, _b in results)
+    elapsed = max(b for _n, _a, b in results) - min(a for _n, a, _b in results)
+    return {"rows": rows, "seconds": elapsed, "rows_s": rows / elapsed}
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--clients", default=",".join(map(str, CLIENTS)), help="comma-separated client counts")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the data directories go")
+    parser.add_argument("--per-call", action="store_true",
+                        help="also measure one do_put per append (the protocol before the append stream)")
+    parser.add_argument("--client-threads", action="store_true",
+                        help="also measure served appends from client threads inside this process")
+    parser.add_argument("--json", default=None, metavar="FILE")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.clients.split(",")]
+    modes = ("in-process", "served", *(("per-call",) if args.per_call else ()),
+             *(("served-threads",) if args.client_threads else ()))
+    results: dict[tuple[str, int], list[float]] = {(mode, n): [] for n in counts for mode in modes}
+    print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.1f}; {BATCH_ROWS}-row batches of ~{ROW_BYTES} B rows, "
+          f"{args.seconds:g} s per case", flush=True)
+    for r in range(args.rounds):
+        # each writer count's cases run back to back (so a ratio compares runs seconds apart,
+        # not minutes), in an order rotated every round
+        order = [(mode, n) for n in counts for mode in modes[r % len(modes):] + modes[:r % len(modes)]]
+        for mode, n in order:
+            if mode == "in-process":
+                got = run_in_process(args.dir, n, args.seconds)
+            elif mode == "served-threads":
+                got = run_served_threads(args.dir, n, args.seconds)
+            else:
+                got = run_served(args.dir, n, args.seconds, per_call=mode == "per-call")
+            results[(mode, n)].append(got["rows_s"])
+            print(f"round {r + 1}: {mode:10s} {n:2d} writers: {got['rows_s'] / 1e3:8.1f}k rows/s", flush=True)
+    summary = []
+    print()
+    print("| writers | path | rows/s, median (min-max) | / in process, median (min-max) |")
+    print("| ---: | --- | ---: | ---: |")
+    for n in counts:
+        local = results[("in-process", n)]
+        for mode in modes:
+            got = results[(mode, n)]
+            ratios = [g / i for g, i in zip(got, local, strict=True)]
+            summary.append({"writers": n, "mode": mode, "rows_s": got, "ratios": ratios})
+            print(f"| {n} | {mode} | {statistics.median(got) / 1e3:.0f}k ({min(got) / 1e3:.0f}-{max(got) / 1e3:.0f}k) "
+                  f"| {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"batch_rows": BATCH_ROWS, "row_bytes": ROW_BYTES, "seconds": args.seconds,
+                       "results": summary}, f, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""The commands that read or change an engine: relations, append, seal, since, compact,
+stats, read, tail; and cluster-key and demo. Each takes the parsed arguments and returns
+the exit code; errors are left to :func:`sediment.cli.app.main`, the one place they
+become messages."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import os
+import sys
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sediment.cli.common import data_dir_of, open_engine, progress_for, schema_spec
+from sediment.cli.files import (
+    InputError,
+    UsageError,
+    _csv_chunks,
+    _difference,
+    _file_format,
+    _input_size,
+    _parquet_chunks,
+    _print_stats,
+    _write_atomically,
+    _write_stdout_csv,
+)
+from sediment.engine.schema import check_name, conform_updates, parse_schema_spec, update_schema
+from sediment.errors import SchemaMismatch, SedimentError, TimeAlreadySealed
+
+KEEP_VALIDATED_BYTES = 256 << 20  # below this, the checked chunks are appended without reading the file again
+
+
+def cmd_relation_add(args: argparse.Namespace) -> int:
+    """Checks the name and schema before opening, so a bad command creates no directory. A
+    --schema that does not parse is a malformed command line (exit code 2)."""
+    check_name(args.name)
+    try:
+        schema = parse_schema_spec(args.schema)
+    except SchemaMismatch as exc:
+        raise UsageError(f"--schema: {exc}") from None
+    with open_engine(args, create=True) as engine:
+        engine.add_relation(args.name, schema)
+    print(f"added relation {args.name} ({schema_spec(schema)})")
+    return 0
+
+
+def cmd_relation_drop(args: argparse.Namespace) -> int:
+    """The relation's WAL records stay until the log is trimmed, but are ignored from now on."""
+    check_name(args.name)
+    with open_engine(args) as engine:
+        engine.drop_relation(args.name)
+    print(f"dropped relation {args.name}")
+    return 0
+
+
+def cmd_relation_list(args: argparse.Namespace) -> int:
+    """One line per relation, tab-separated: name, schema (as --schema spells it), since, sealed."""
+    with open_engine(args) as engine:
+        rows = [(name, schema_spec(engine.schema(name)), engine.since(name), engine.sealed(name))
+                for name in engine.relations()]
+    for name, spec, since, sealed in rows:
+        print(f"{name}\t{spec}\tsince={since}\tsealed={sealed}")
+    if not rows:
+        print(f"no relations in {data_dir_of(args)}", file=sys.stderr)
+    return 0
+
+
+# --- append ---------------------------------------------------------------------------------
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    """Two passes so that bad input never touches the log: first every chunk is parsed and
+    checked against the relation (types, nulls, negative or sealed times), then the chunks
+    go into one transaction, committed at the end, so the file lands whole or not at all."""
+    path = args.file
+    fmt = _file_format(path, args.format, "input file")
+    if not os.path.isfile(path):
+        if os.path.exists(path):
+            raise InputError(f"{path}: not a regular file")
+        raise InputError(f"{path}: no such file")
+    check_name(args.name)
+    with open_engine(args) as engine:
+        schema = engine.schema(args.name)
+        target = update_schema(schema)
+        sealed = engine.sealed(args.name)
+        total = _input_size(path, fmt)
+        unit = "B" if fmt == "csv" else "rows"
+
+        def chunks() -> Iterator[tuple[pa.Table, int]]:
+            return _csv_chunks(path, target, args.chunk_bytes) if fmt == "csv" else _parquet_chunks(path)
+
+        kept: list[pa.Table] | None = []
+        kept_bytes = 0
+        rows = 0
+        t_lo: int | None = None
+        t_hi: int | None = None
+        with progress_for(args, total, f"check {os.path.basename(path)}", unit) as bar:
+            for chunk, position in chunks():
+                try:
+                    table, _bounds = conform_updates(args.name, schema, chunk)
+                except SedimentError as exc:
+                    raise type(exc)(f"{path}: {exc}") from None
+                if table.num_rows:
+                    lo, hi = (v.as_py() for v in pc.min_max(table.column("time")).values())
+                    if lo <= sealed:
+                        raise TimeAlreadySealed(
+                            f"{path}: relation {args.name!r} is sealed through time {sealed}, but the file has "
+                            f"updates at time {lo}; append at times > {sealed}")
+                    t_lo = lo if t_lo is None else min(t_lo, lo)
+                    t_hi = hi if t_hi is None else max(t_hi, hi)
+                    rows += table.num_rows
+                    if kept is not None:
+                        kept.append(table)
+                        kept_bytes += table.nbytes
+                        if kept_bytes > KEEP_VALIDATED_BYTES:
+                            kept = None  # too big to hold: read the file again to append
+                bar.set(position)
+        if rows == 0:
+            print(f"appended 0 rows to {args.name} from {path} (the file has no updates)")
+            return 0
+
+        again = (t for t, _ in chunks()) if kept is None else iter(kept)
+        txn = engine.transaction()
+        try:
+            with progress_for(args, rows, f"append {os.path.basename(path)}", "rows") as bar:
+                for table in again:
+                    if table.num_rows:
+                        txn.append(args.name, table)
+                        bar.update(table.num_rows)
+            txn.commit()
+        except BaseException:
+            try:
+                txn.abort()
+            except Exception:  # noqa: BLE001 - report the first failure, not the abort's
+                pass
+            raise
+    print(f"appended {rows} rows to {args.name} from {path} (times {t_lo}..{t_hi})")
+    return 0
+
+
+# --- frontiers ------------------------------------------------------------------------------
+
+
+def cmd_seal(args: argparse.Namespace) -> int:
+    """Promise no more updates at times <= T, which makes reads as of T possible."""
+    with open_engine(args) as engine:
+        engine.seal(args.name, args.t)
+    print(f"sealed {args.name} through time {args.t}")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """Run one full compaction pass and wait for it (the background compacter does the same)."""
+    with open_engine(args) as engine:
+        names = [args.name] if args.name else engine.relations()
+        before = {n: engine.trace_info(n) for n in names}
+        with progress_for(args, 0, "compact " + (args.name or f"{len(names)} relations"), ""):
+            engine.compact(args.name)
+        for n in names:
+            info = engine.trace_info(n)
+            print(f"compacted {n}: {info['batches']} batches, {info['rows']} rows, upper {info['upper']}, "
+                  f"{info['tail_records']} WAL records left (was {before[n]['tail_records']})")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """What the engine holds: per relation rows, batches, bytes, frontiers, WAL tail and
+    compaction lag; the WAL's size and backlog; where the storage lives."""
+    import json
+
+    with open_engine(args) as engine:
+        stats = engine.stats()
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+    else:
+        _print_stats(stats)
+    return 0
+
+
+def cmd_since(args: argparse.Namespace) -> int:
+    """Let history below T be consolidated away (reads below T become impossible)."""
+    with open_engine(args) as engine:
+        engine.set_since(args.name, args.t)
+    print(f"since of {args.name} is now {args.t}")
+    return 0
+
+
+# --- read -----------------------------------------------------------------------------------
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    """The relation as of ``--as-of``: its columns plus ``diff``, consolidated and sorted; with
+    ``--from T0`` the consolidated changes in (T0, as-of] instead (the snapshot at as-of minus
+    the snapshot at T0, so both times must be readable: since <= T0 <= as-of <= sealed)."""
+    fmt = _file_format(args.out, args.format, "output file") if args.out else "csv"
+    if not args.out and args.format == "parquet":
+        raise UsageError("--format parquet needs --out FILE; stdout gets CSV")
+    if args.from_t is not None and args.from_t > args.as_of:
+        raise UsageError(f"--from {args.from_t} is after --as-of {args.as_of}: changes run forward in time")
+    with open_engine(args) as engine:
+        table = engine.snapshot(args.name, args.as_of)
+        if args.from_t is not None:
+            table = _difference(table, engine.snapshot(args.name, args.from_t))
+    what = f"as of {args.as_of}" if args.from_t is None else f"changes in ({args.from_t}, {args.as_of}]"
+    if args.out:
+        _write_atomically(table, args.out, fmt)
+        print(f"wrote {table.num_rows} rows of {args.name} {what} to {args.out}")
+    else:
+        _write_stdout_csv(table)
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Print the relation's changes as they become durable: CSV lines ``event,time,<columns>,diff``
+    (``snapshot`` rows first, then ``update`` rows and ``progress`` lines), until interrupted,
+    ``--count`` events, or ``--idle-timeout`` seconds without one."""
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    with open_engine(args) as engine:
+        names = engine.schema(args.name).names
+        out.writerow(["event", "time", *names, "diff"])
+        sys.stdout.flush()
+        seen = 0
+        with engine.subscribe(args.name, args.as_of) as sub:
+            while args.count is None or seen < args.count:
+                event = sub.next(timeout=args.idle_timeout)
+                if event is None:
+                    break
+                seen += 1
+                if event.kind == "progress":
+                    out.writerow(["progress", event.time, *([""] * len(names)), ""])
+                else:
+                    kind = "snapshot" if event.kind == "snapshot" else "update"
+                    for row in event.table.to_pylist():
+                        when = event.time if kind == "snapshot" else row["time"]
+                        out.writerow([kind, when, *(row[n] for n in names), row["diff"]])
+                sys.stdout.flush()
+    return 0
+
+
+def cmd_cluster_key(args: argparse.Namespace) -> int:
+    """A new random cluster key: start every storage node of a cluster with it
+    (``sediment storage-node --cluster-key K``) and create the engine with the same one."""
+    import uuid
+
+    print(uuid.uuid4())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Hands ``args`` (data_dir, rows, progress) to ``sediment.demo.run``; its int result is the exit code."""
+    try:
+        demo = importlib.import_module("sediment.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name != "sediment.demo":
+            raise
+        raise SedimentError("the demo is not part of this build (sediment/demo.py is missing)") from None
+    result = demo.run(args)
+    return result if isinstance(result, int) else 0

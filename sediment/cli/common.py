@@ -1,0 +1,81 @@
+"""What every command shares: where the data directory is, opening the engine (or a served
+coordinator's client with ``--connect``), progress displays, and the one-line form of an error."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING
+
+import sediment
+from sediment.cli.files import UsageError, _one_line
+from sediment.errors import SedimentError
+from sediment.progress import Progress
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+DEFAULT_DATA_DIR = "./sediment-data"
+
+
+def type_name(t: pa.DataType) -> str:
+    """The ``--schema`` spelling of a column type, so `relation list` output can be fed back."""
+    from sediment.engine.schema import _SPEC_TYPES
+
+    for name, spec_type in _SPEC_TYPES.items():
+        if spec_type == t:
+            return name
+    return str(t)
+
+
+def schema_spec(schema: pa.Schema) -> str:
+    return ",".join(f"{f.name}:{type_name(f.type)}" for f in schema)
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as the one line a user reads."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = exc.filename if exc.filename is not None else ""
+        text = f"{where}: {exc.strerror}" if where else exc.strerror
+    else:
+        text = str(exc) or type(exc).__name__
+    return _one_line(text)
+
+
+def data_dir_of(args: argparse.Namespace) -> str:
+    return os.path.abspath(os.path.expanduser(args.data_dir))
+
+
+def open_engine(args: argparse.Namespace, *, create: bool = False, **options: object) -> sediment.Engine:
+    """Open the engine; only commands that create things may create the data directory. With
+    ``--connect`` the engine is a served coordinator's, reached through a client that has the
+    same methods, so every command reads the same either way."""
+    if getattr(args, "connect", None):
+        token = args.token if getattr(args, "token", None) else os.environ.get("SEDIMENT_TOKEN")
+        if not token:
+            raise UsageError("--connect needs a token: pass --token T or set $SEDIMENT_TOKEN")
+        return sediment.connect(args.connect, token=token, tls_root_certs=getattr(args, "tls_root_certs", None))
+    data_dir = data_dir_of(args)
+    if not create and not os.path.isdir(data_dir) and not getattr(args, "metadata", None):
+        # (with --metadata the engine may live in a shared store: a new coordinator's directory is fine)
+        raise SedimentError(f"no data directory at {data_dir}; `sediment relation add` creates one, or pass "
+                            "--data-dir")
+    if getattr(args, "blob", None):
+        options.setdefault("blob", args.blob)
+        options.setdefault("s3_endpoint", getattr(args, "s3_endpoint", None))
+    if getattr(args, "metadata", None):
+        options.setdefault("metadata", args.metadata)
+    if getattr(args, "replicas", None):
+        options.setdefault("replicas", [r.strip() for r in args.replicas.split(",") if r.strip()])
+    if getattr(args, "cluster_key", None):
+        options.setdefault("cluster_key", args.cluster_key)
+    if getattr(args, "take_over_blob_prefix", False):
+        options.setdefault("take_over_blob_prefix", True)
+    return sediment.open(data_dir, **options)
+
+
+def progress_for(args: argparse.Namespace, total: int | None, label: str, unit: str) -> Progress:
+    force = getattr(args, "progress", None)
+    if force is None and getattr(args, "log_format", "text") == "json":
+        force = False  # stderr carries JSON log lines only, unless progress is asked for
+    return Progress(total, label, unit, force=force)

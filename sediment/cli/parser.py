@@ -1,0 +1,228 @@
+"""The ``sediment`` command line's parser: global options (before or after the command) and
+one sub-parser per command. Building it imports no command's heavy dependencies beyond
+the engine's schema helpers; Arrow Flight comes only when ``serve`` runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+import sediment
+from sediment.cli.commands import (
+    cmd_append,
+    cmd_cluster_key,
+    cmd_compact,
+    cmd_demo,
+    cmd_read,
+    cmd_relation_add,
+    cmd_relation_drop,
+    cmd_relation_list,
+    cmd_seal,
+    cmd_since,
+    cmd_stats,
+    cmd_tail,
+)
+from sediment.cli.common import DEFAULT_DATA_DIR
+from sediment.cli.files import FORMATS
+from sediment.cli.logs import LOG_LEVELS
+from sediment.cli.serve import add_serve_parser
+from sediment.cli.verify import cmd_verify
+
+DEFAULT_CHUNK_BYTES = 8 << 20  # CSV read block: the unit of an append chunk
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (argparse prints the usage block too)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"sediment: error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)
+
+
+def _time_arg(text: str) -> int:
+    """A time on the command line: an integer in [0, 2**63)."""
+    try:
+        t = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: times are integers >= 0") from None
+    if not 0 <= t < 1 << 63:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: times are integers in [0, 2**63)")
+    return t
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a positive integer") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a positive integer")
+    return n
+
+
+Command = Callable[..., argparse.ArgumentParser]  # command(name, func, help_text[, where]) -> its parser
+
+
+def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
+    """The global options. Separate actions per parser (parents= would share them, and
+    set_defaults on one changes all); documented once, in ``sediment --help``: a subcommand
+    accepts them after its name but does not list them again."""
+    default_dir = os.environ.get("SEDIMENT_DATA_DIR", DEFAULT_DATA_DIR)
+
+    def default(value: object) -> object:
+        return value if top else argparse.SUPPRESS
+
+    def doc(text: str) -> str:
+        return text if top else argparse.SUPPRESS
+
+    p.add_argument("--data-dir", default=default(default_dir), metavar="DIR",
+                   help=doc(f"the data directory (default $SEDIMENT_DATA_DIR or {DEFAULT_DATA_DIR})"))
+    p.add_argument("--blob", default=default(os.environ.get("SEDIMENT_BLOB")), metavar="URI",
+                   help=doc("where batches live: file:///path or s3://bucket/prefix (default $SEDIMENT_BLOB "
+                            "or <data-dir>/blobs)"))
+    p.add_argument("--metadata", default=default(os.environ.get("SEDIMENT_METADATA")), metavar="SPEC",
+                   help=doc("where the catalog lives when not in <data-dir>/meta, e.g. "
+                            "zk://127.0.0.1:2181/sediment (default $SEDIMENT_METADATA)"))
+    p.add_argument("--s3-endpoint", default=default(os.environ.get("AWS_ENDPOINT_URL")), metavar="URL",
+                   help=doc("S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)"))
+    p.add_argument("--replicas", default=default(None), metavar="HOST:PORT,...",
+                   help=doc("creating an engine: replicate its log on these storage nodes (needs "
+                            "--metadata zk://... and --cluster-key; later opens read them from the metadata)"))
+    p.add_argument("--cluster-key", default=default(None), metavar="UUID",
+                   help=doc("creating a replicated engine: the key its storage nodes were started with "
+                            "(`sediment cluster-key` makes one)"))
+    p.add_argument("--connect", default=default(None), metavar="URI",
+                   help=doc("talk to a served coordinator (sediment serve) at grpc://HOST:PORT or "
+                            "grpc+tls://HOST:PORT instead of opening --data-dir"))
+    p.add_argument("--token", default=default(None), metavar="T",
+                   help=doc("the shared secret: what --connect sends, what serve requires (default "
+                            "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)"))
+    p.add_argument("--tls-root-certs", default=default(None), metavar="FILE",
+                   help=doc("for --connect grpc+tls://...: the CA certificate (PEM) to trust"))
+    p.add_argument("--log-level", default=default(os.environ.get("SEDIMENT_LOG_LEVEL", "warning")),
+                   choices=LOG_LEVELS, metavar="LEVEL",
+                   help=doc(f"log messages at this level and above on stderr: {', '.join(LOG_LEVELS)} "
+                            "(default $SEDIMENT_LOG_LEVEL or warning)"))
+    p.add_argument("--log-format", default=default("text"), choices=("text", "json"),
+                   help=doc("log lines as text, or as one JSON object per line (default text)"))
+    p.add_argument("--take-over-blob-prefix", action="store_true", default=default(False),
+                   help=doc("make this data directory the owner of a blob prefix another engine owns "
+                            "(only once that engine is gone for good)"))
+    bar = p.add_mutually_exclusive_group() if top else p  # argparse cannot format a group of hidden options
+    bar.add_argument("--progress", dest="progress", action="store_const", const=True, default=default(None),
+                     help=doc("always show progress on stderr (default: only on a terminal)"))
+    bar.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                     default=default(None), help=doc("never show progress"))
+
+
+
+def _command_adder(sub: argparse._SubParsersAction) -> Command:
+    """``command(name, func, help_text, where=sub)``: a sub-parser that runs ``func``, with the
+    global options accepted after the command name too."""
+    def command(name: str, func: Callable[[argparse.Namespace], int], help_text: str,
+                where: argparse._SubParsersAction = sub) -> argparse.ArgumentParser:
+        p = where.add_parser(name, help=help_text, description=help_text,
+                             epilog="Global options (--data-dir, --connect, --log-level, ...) may also follow the "
+                                    "command; `sediment --help` lists them.")
+        _add_common(p, top=False)
+        p.set_defaults(func=func)
+        return p
+
+    return command
+
+
+def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) -> None:
+    relation = sub.add_parser("relation", help="add, drop or list relations", description="Add, drop or list "
+                              "relations.")
+    _add_common(relation, top=False)
+    rel_sub = relation.add_subparsers(dest="relation_command", required=True, metavar="ACTION")
+    p = command("add", cmd_relation_add, "create an empty relation", rel_sub)
+    p.add_argument("name", metavar="NAME", help="the new relation's name")
+    p.add_argument("--schema", required=True, metavar="SPEC",
+                   help="the columns, e.g. 'id:int64,name:string' (time and diff are added)")
+    p = command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub)
+    p.add_argument("name", metavar="NAME", help="the relation")
+    command("list", cmd_relation_list, "list relations: name, schema, since, sealed", rel_sub)
+
+
+def _add_write_commands(command: Command) -> None:
+    p = command("append", cmd_append, "append a CSV or Parquet file of updates (all or nothing)")
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("file", metavar="FILE", help="the relation's columns plus int64 time and diff")
+    p.add_argument("--format", choices=FORMATS, help="the file's format (default: from its extension)")
+    p.add_argument("--chunk-bytes", type=_positive_int, default=DEFAULT_CHUNK_BYTES, metavar="N",
+                   help="CSV block size: the file is checked and appended in chunks of about N bytes")
+
+    p = command("seal", cmd_seal, "close time T: no more updates at times <= T")
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("t", type=_time_arg, metavar="T", help="a time: an integer in [0, 2**63)")
+
+    p = command("since", cmd_since, "advance the compaction frontier to T (reads below T become impossible)")
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("t", type=_time_arg, metavar="T", help="a time: an integer in [0, 2**63)")
+
+
+
+def _add_read_commands(command: Command) -> None:
+    p = command("tail", cmd_tail, "print the relation's changes as they become durable (a feed)")
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("--as-of", type=_time_arg, default=None, metavar="T",
+                   help="start with the snapshot at T (default: the sealed frontier)")
+    p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N events")
+    p.add_argument("--idle-timeout", type=float, default=None, metavar="S",
+                   help="stop after S seconds without an event (default: never)")
+
+    p = command("compact", cmd_compact, "turn the WAL into batches, merge them, and trim the WAL now")
+    p.add_argument("name", metavar="NAME", nargs="?", default=None, help="only this relation (default: all)")
+
+    p = command("stats", cmd_stats, "show what the engine holds: relations, WAL backlog, compaction lag")
+    p.add_argument("--json", action="store_true", help="print the same figures as JSON (as Engine.stats())")
+
+    p = command("read", cmd_read, "print or write the relation as of a time (columns + diff)")
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("--as-of", type=_time_arg, required=True, metavar="T", help="the time to read the relation at")
+    p.add_argument("--from", dest="from_t", type=_time_arg, default=None, metavar="T0",
+                   help="print the consolidated changes in (T0, T] instead of the whole relation")
+    p.add_argument("--out", metavar="FILE", help="write FILE.csv or FILE.parquet instead of CSV on stdout")
+    p.add_argument("--format", choices=FORMATS, help="the output format (default: from --out's extension)")
+
+
+
+def _add_admin_commands(command: Command) -> None:
+    p = command("verify", cmd_verify, "check every checksum in the data directory (exit 1 on damage)")
+    p.add_argument("--repair", action="store_true", help="cut a damaged log at the damage, then check again")
+    p.add_argument("--force", action="store_true", help="with --repair: accept losing acknowledged records")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every file checked")
+
+    command("cluster-key", cmd_cluster_key, "print a new cluster key for a set of storage nodes")
+
+    p = command("demo", cmd_demo, "run a demonstration workload")
+    p.add_argument("--rows", type=_positive_int, default=1_000_000, metavar="N",
+                   help="about how many updates Spark generates and feeds (default 1000000)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line. ``--data-dir`` and ``--progress`` work before or after the subcommand:
+    the subcommands' copies default to SUPPRESS so they only override when given."""
+    parser = _Parser(prog="sediment", description="A write-ahead log plus compacted traces: manage a "
+                     "sediment data directory.")
+    _add_common(parser, top=True)
+    parser.add_argument("--version", action="version", version=f"sediment {sediment.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    command = _command_adder(sub)
+    _add_relation_commands(sub, command)
+    _add_write_commands(command)
+    _add_read_commands(command)
+    _add_admin_commands(command)
+    add_serve_parser(command)  # the network coordinator: sediment/cli/serve.py
+
+    from sediment.wal.replication.node.storage_node import (
+        add_storage_node_parser,  # a replica of replicated partitions
+    )
+
+    add_storage_node_parser(sub)
+    return parser

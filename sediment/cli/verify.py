@@ -1,0 +1,60 @@
+"""``sediment verify``: open's recovery run, read-only, and ``--repair``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from sediment.cli.common import data_dir_of, open_engine, progress_for
+from sediment.cli.files import _one_line
+from sediment.engine.verify import VerifyReport, verify_data_dir
+
+
+def _print_report(report: VerifyReport, verbose: bool) -> None:
+    """One line per note and problem (each names its file and offset), so scripts can grep them."""
+    print(f"checked {len(report.checked)} files")
+    if verbose:
+        for path in report.checked:
+            print(f"  {path}")
+    for note in report.notes:
+        print(f"note: {_one_line(note)}")
+    for problem in report.problems:
+        print(f"problem: {_one_line(problem)}")
+    problems = len(report.problems)
+    print("ok: no problems" if not problems else f"{problems} problem{'s' if problems != 1 else ''} found")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Read-only unless ``--repair``: verify is open's recovery run without writing (exit 0
+    exactly when the engine would open with nothing acknowledged lost). ``--repair`` keeps
+    every record that verifies, reports what was lost (engine/repair.py) and refuses a loss
+    of acknowledged records without ``--force``."""
+    from sediment.engine.repair import repair_data_dir
+
+    data_dir = data_dir_of(args)
+    blob_options = {"blob": getattr(args, "blob", None), "s3_endpoint": getattr(args, "s3_endpoint", None)}
+    with progress_for(args, 0, f"verify {data_dir}", ""):
+        report = verify_data_dir(data_dir, **blob_options)
+    if getattr(args, "json", False) and not args.repair:
+        import json
+
+        print(json.dumps({"ok": report.ok, "problems": report.problems, "notes": report.notes,
+                          "wal": [p.to_json() for p in report.wal_findings]}, indent=2, sort_keys=True))
+        return 0 if report.ok else 1
+    _print_report(report, args.verbose)
+    if args.repair and os.path.isdir(data_dir):
+        result = repair_data_dir(data_dir, lambda: open_engine(args, repair=True, compact=False),
+                                 force=getattr(args, "force", False), **blob_options)
+        for line in result.lines:
+            print(f"repaired: {_one_line(line)}")
+        if not result.lines:
+            print("repaired: nothing to cut")
+        for path in result.report_paths:
+            print(f"repair report: {path}")
+        print("after repair:")
+        report = verify_data_dir(data_dir, **blob_options)
+        _print_report(report, args.verbose)
+    elif not report.ok and os.path.isdir(data_dir):
+        print("`sediment verify --repair` keeps every record that verifies and reports what is lost "
+              "(--force to accept losing acknowledged records)")
+    return 0 if report.ok else 1

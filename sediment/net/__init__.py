@@ -1,0 +1,51 @@
+"""sediment's network protocol: Arrow Flight between ``sediment serve`` (:mod:`sediment.server`)
+and :class:`sediment.client.Client`. The pieces both sides use live here (constants and
+codecs in :mod:`sediment.net.protocol`, typed errors in :mod:`sediment.net.wire_errors`), so
+the client imports neither the server nor the engine; the server's transaction
+bookkeeping is :mod:`sediment.net.txn_registry`.
+
+Wire protocol (version 1; every JSON is UTF-8, every time an integer):
+
+* Auth: every call carries the header ``authorization: Bearer <token>``; a missing or
+  wrong token is refused with ``FlightUnauthenticatedError`` before any handler runs (the
+  client raises it as ``sediment.errors.AuthenticationFailed``).
+* ``do_put``: the descriptor is a command, JSON:
+  ``{"op": "append_stream", "relation": NAME}`` opens a stream of appends to NAME, each
+  acknowledged on the stream's metadata channel (see :mod:`sediment.net.append_stream`);
+  the client's appends use it.
+  ``{"op": "append", "relation": NAME, "txn": ID|null, "locks": LOCKS|absent}`` appends the
+  streamed batches as one ``Engine.append`` (or into open transaction ID); the put
+  completes only after the append is durable. LOCKS is ``{"high_water": T, "write":
+  [[NAME, ID], ...], "read": [...], "append": [...]}`` (ids JSON scalars or lists, which
+  become tuples), passed as ``sediment.Locks``. ``{"op": "stage", "relation": NAME, "stage": SID}`` only buffers
+  the batches in memory for a later ``append_many`` action (nothing is written).
+* ``do_get``: the ticket is JSON:
+  ``{"op": "snapshot", "relation": NAME, "as_of": T}`` streams the snapshot;
+  ``{"op": "replay", "relation": NAME, "batch_rows": N}`` streams ``Engine.replay``;
+  ``{"op": "plan", "relation": NAME, "as_of": T, "from": T|null, "lease_seconds": S}``
+  streams the read plan's WAL-tail rows; the stream's schema is the update schema and
+  its metadata key ``sediment.plan`` holds the rest of the plan as JSON (lease, relation,
+  relation_id, key_columns, since, sealed, as_of, blob_uri, s3_endpoint, batches);
+  ``{"op": "subscribe", "relation": NAME, "as_of": T|null, "resume": BOOL}`` streams
+  ``Engine.subscribe``'s events as batches of the update schema, each with app metadata
+  ``{"kind": "snapshot"|"updates"|"progress", "time": T, "last": BOOL}`` (an event may span
+  batches, ``last`` ends it; a snapshot's rows carry time = T; progress is an empty batch).
+* ``do_action``: the type is the operation, the body a JSON object of its arguments, the
+  one result ``{"result": ...}``: add_relation {name, schema: base64 Arrow IPC schema},
+  drop_relation {name}, relations {}, schema {name} -> base64 IPC schema, seal {name, t},
+  set_since {name, t}, since {name}, sealed {name}, compact {name|null}, trace_info {name}, stats {},
+  compaction_errors {},
+  begin {group|absent} -> transaction id, commit {txn}, abort {txn}, txn_state {txn},
+  commit_all {txns, group|absent} (one COMMIT record for them all; then every other open
+  transaction of the group is aborted), abort_group {group},
+  append_many {stage, locks|absent}, discard_stage {stage}, release_read {lease}, ping {}.
+* Errors: a refused call fails with ``FlightServerError`` whose ``extra_info`` is JSON
+  ``{"error": CLASS, "module": "sediment.errors"|"builtins", "message": TEXT, "attrs": {...}}``;
+  the client raises the same class with the same message (see :func:`error_detail`).
+
+Transactions live on the server by id between calls. One left idle (no call naming it)
+for longer than ``txn_idle_timeout`` is aborted, and so is every one still open when the
+server stops: an open transaction holds back the compacter's WAL cut, so a client that
+vanished must not keep one open for ever (and the WAL's replay discards one that a crash
+left open).
+"""

@@ -1,0 +1,90 @@
+"""Typed errors across the wire: the server packs an exception into a Flight error's
+``extra_info``; the client rebuilds the same class from :mod:`sediment.errors` (or a
+builtin ValueError/TypeError/...) with the same message and attributes.
+
+Both halves live here so that what one writes the other reads, without the client
+importing the server.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from typing import Any
+
+import pyarrow.flight as flight
+
+from sediment import errors
+from sediment.errors import SedimentError, ServerError
+from sediment.net.protocol import BUILTIN_ERRORS, tuples
+
+
+def error_detail(exc: BaseException) -> bytes:
+    """The JSON that lets the client re-raise ``exc`` as its own class with its own message
+    (and attributes such as WalCorruption's path and offset), not as a generic Flight error."""
+    cls = type(exc)
+    if isinstance(exc, SedimentError) and getattr(errors, cls.__name__, None) is cls:
+        module = "sediment.errors"
+    elif cls.__module__ == "builtins" and cls.__name__ in BUILTIN_ERRORS:
+        module = "builtins"
+    else:
+        module = ""
+    attrs = {}
+    for key, value in vars(exc).items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue  # not representable: the message still says it
+        attrs[key] = value
+    return json.dumps({"error": cls.__name__, "module": module, "message": str(exc), "attrs": attrs}).encode()
+
+
+def to_flight_error(exc: BaseException) -> flight.FlightError:
+    """``exc`` as the Flight error the client maps back (authentication errors pass as they are)."""
+    if isinstance(exc, flight.FlightError):
+        return exc
+    return flight.FlightServerError(f"{type(exc).__name__}: {exc}", extra_info=error_detail(exc))
+
+
+def error_from_detail(detail: object) -> BaseException | None:
+    """The exception :func:`error_detail` described, or None when ``detail`` is not one."""
+    if not isinstance(detail, dict) or "error" not in detail:
+        return None
+    name, module, message = str(detail["error"]), detail.get("module"), str(detail.get("message", ""))
+    cls: Any = None
+    if module == "sediment.errors":
+        cls = getattr(errors, name, None)
+    elif module == "builtins" and name in BUILTIN_ERRORS:
+        cls = getattr(builtins, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return ServerError(f"the server failed: {name}: {message}")
+    typed = cls.__new__(cls)
+    Exception.__init__(typed, message)
+    attrs = detail.get("attrs")
+    if isinstance(attrs, dict):
+        typed.__dict__.update({key: tuples(value) for key, value in attrs.items()})
+    return typed
+
+
+def typed_error(exc: flight.FlightError) -> BaseException:
+    """The error the server raised, rebuilt from the Flight error's detail. Flight errors
+    without that detail (authentication, an unreachable server) become sediment's transport
+    errors, or are returned as they are."""
+    try:
+        detail = json.loads(exc.extra_info.decode("utf-8")) if exc.extra_info else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        detail = None
+    typed = error_from_detail(detail)
+    return typed if typed is not None else transport_error(exc)
+
+
+def transport_error(exc: flight.FlightError) -> BaseException:
+    """Flight's own errors (no sediment detail) as sediment's: one line, typed."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, flight.FlightUnauthenticatedError):
+        return errors.AuthenticationFailed(f"the coordinator refused the token ({first}); pass its token with "
+                                           "--token or $SEDIMENT_TOKEN")
+    if isinstance(exc, flight.FlightUnavailableError):
+        return errors.CoordinatorUnavailable(f"no coordinator answered ({first}); is `sediment serve` running "
+                                             "there, on that port, with the same TLS setting?")
+    return exc
