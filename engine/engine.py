@@ -276,7 +276,7 @@ class Engine(Reads, Compaction):
 
             try:
                 log_ = FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes,
-                                    repair=repair, create=create)
+                                    repair=repair, create=create, keep_recovered=True)
             except WalCorruption as exc:  # name the relations whose records the lost range held
                 if not getattr(exc, "problems", None):
                     raise
@@ -315,7 +315,9 @@ class Engine(Reads, Compaction):
             rel = self._by_id.get(rel_id)
             if rel is not None:
                 rel.sealed = rel.sealed_durable = max(rel.sealed, t)
-        for record in self._log.scan():
+        take = getattr(self._log, "recovered", None)  # what the log's own open verified: no second read
+        records = take() if take is not None else None
+        for record in records if records is not None else self._log.scan():
             self._apply(record)
         dangling = sorted(self._open_txns)
         if dangling:  # a crash left these without COMMIT: close them for good
@@ -336,7 +338,7 @@ class Engine(Reads, Compaction):
     def _apply(self, r: Record) -> None:
         kind = r.kind
         if kind == RecordKind.UPDATES:
-            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, len(r.body))
+            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, r.body_len)
             if r.txn_id == 0:
                 self._add_tail(r.relation_id, entry)
             else:

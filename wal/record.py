@@ -25,6 +25,7 @@ the body, which is how a torn tail is told from damage. See docs/formats.md,
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -42,6 +43,9 @@ FRONTIER_ENTRY = struct.Struct("<Qq")
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     """CRC32C (Castagnoli), the checksum of every byte sediment writes."""
     return _crc32c.crc32c(data, value)
+
+
+crc32c_raw = _crc32c.crc32c  # the same function without the wrapper's call, for tight loops
 
 
 class RecordKind(IntEnum):
@@ -70,6 +74,27 @@ class Record:
     @property
     def frame_size(self) -> int:
         return HEADER_SIZE + len(self.body)
+
+    @property
+    def body_len(self) -> int:
+        return len(self.body)
+
+
+@dataclass(slots=True)
+class HeadRecord:
+    """A record as an open verified it, without its body unless the body is needed to apply
+    the record (a COMMIT's list of transactions): what the engine replays at open. Reading
+    an UPDATES record's rows goes back to the log, which checks its checksum again."""
+
+    kind: RecordKind
+    relation_id: int
+    txn_id: int
+    t_lo: int
+    t_hi: int
+    count: int
+    body: bytes
+    lsn: int
+    body_len: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,3 +190,14 @@ def committed_txn_ids(record: Record) -> list[int]:
 
 
 _KINDS = frozenset(int(k) for k in RecordKind)
+KIND_VALUES = _KINDS
+_KIND_OF = {int(k): k for k in RecordKind}
+
+
+def head_records(heads: bytes, bodies: dict[int, bytes]) -> Iterator[HeadRecord]:
+    """The records whose verified 64-byte headers lie back to back in ``heads``; ``bodies``:
+    the kept bodies by LSN (empty for the others)."""
+    kind_of = _KIND_OF
+    get = bodies.get
+    for _c, _m, _v, kind, body_len, _bc, lsn, rel, txn, t_lo, t_hi, count, _r in HEADER.iter_unpack(heads):
+        yield HeadRecord(kind_of[kind], rel, txn, t_lo, t_hi, count, get(lsn, b""), lsn, body_len)
