@@ -531,9 +531,13 @@ class Engine(Reads, Compaction):
     def _count_append(self, start: float, rows: Mapping[str, int]) -> None:
         m = self.metrics
         m.append_latency.observe(time.perf_counter() - start)
+        cache = self.__dict__.setdefault("_append_counters", {})  # labels() costs microseconds per call
         for name, n in rows.items():
-            m.appends.labels(relation=name).inc()
-            m.rows.labels(relation=name).inc(n)
+            counters = cache.get(name)
+            if counters is None:
+                counters = cache[name] = (m.appends.labels(relation=name), m.rows.labels(relation=name))
+            counters[0].inc()
+            counters[1].inc(n)
 
     def transaction(self) -> Transaction:
         """A write transaction: appends to any relations, visible only after ``commit()``."""
