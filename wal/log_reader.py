@@ -169,9 +169,12 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
     buf = sg.ReadBuffer()
     order: list[str] = []
     fetched: set[str] = set()
+    position: dict[str, int] = {}
 
     def scan_file(path: str, first: int, **kw) -> sg.SegmentScan:
-        i = order.index(path) if path in order else len(order)
+        if not position:
+            position.update((p, i) for i, p in enumerate(order))
+        i = position.get(path, len(order))
         if i + 1 < len(order) and order[i + 1] not in fetched:  # the hint blocks while it reads: a thread
             fetched.add(order[i + 1])
             threading.Thread(target=sg.prefetch, args=(order[i + 1],), name="wal-prefetch", daemon=True).start()
