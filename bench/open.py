@@ -30,6 +30,7 @@ import os
 import pstats
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,6 +114,21 @@ def open_engine(d: str, profile: cProfile.Profile | None = None) -> tuple[float,
     return elapsed, records
 
 
+_CHILD = ("import sys, time, sediment\n"
+          "t = time.perf_counter()\n"
+          "e = sediment.open(sys.argv[1], compact=False)\n"
+          "print(time.perf_counter() - t)\n"
+          "e.close()\n")
+
+
+def open_in(python: str, d: str) -> float:
+    """The open time measured inside another interpreter (another build of sediment, e.g.
+    the main branch's venv), so a before/after pair runs in the same interleaved rounds."""
+    out = subprocess.run([python, "-c", _CHILD, d], capture_output=True, text=True, check=True, timeout=600,
+                         cwd=tempfile.gettempdir())
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def med(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
@@ -125,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="10000,1000000", help="record sizes in bytes, comma-separated")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where temp directories go (default /tmp)")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one hot open per size")
+    ap.add_argument("--compare", metavar="PYTHON",
+                    help="also time the open under this interpreter (another build, e.g. /work/main/.venv/bin/python) "
+                         "in the same rounds")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
     total = (args.mib or (128 if args.quick else 1024)) * MiB
@@ -156,8 +175,16 @@ def main(argv: list[str] | None = None) -> int:
                     runs.setdefault(f"{size}/{temp}/read", []).append(r)
                     runs.setdefault(f"{size}/{temp}/open", []).append(o)
                     runs.setdefault(f"{size}/{temp}/ratio", []).append(o / r)
+                    other = ""
+                    if args.compare:
+                        if temp == "cold":
+                            drop_cache(d)
+                        b = open_in(args.compare, d)
+                        runs.setdefault(f"{size}/{temp}/compare", []).append(b)
+                        runs.setdefault(f"{size}/{temp}/compare_ratio", []).append(b / r)
+                        other = f", compared build {b:.3f} s ({b / r:.2f}x)"
                     print(f"[round {rnd + 1}/{args.rounds}] {size} B records, {temp}: open {o:.3f} s, "
-                          f"read {r:.3f} s, {o / r:.2f}x", file=sys.stderr, flush=True)
+                          f"read {r:.3f} s, {o / r:.2f}x{other}", file=sys.stderr, flush=True)
         print("\n| record size | cache | records | open s | sequential read s | open / read | target |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for size in sizes:
@@ -168,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {size:,} B | {temp} | {records[size]:,} | {o['median']:.3f} ({o['min']:.3f}-{o['max']:.3f}) "
                       f"| {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f}) "
                       f"| {q['median']:.2f}x ({q['min']:.2f}-{q['max']:.2f}) | {target} |")
+                if args.compare:
+                    b, bq = (med(runs[f"{size}/{temp}/{k}"]) for k in ("compare", "compare_ratio"))
+                    res["sizes"][f"{size}/{temp}"]["compare"] = {"open_s": b, "ratio": bq, "python": args.compare}
+                    print(f"| {size:,} B | {temp} | compared build | {b['median']:.3f} ({b['min']:.3f}-{b['max']:.3f}) "
+                          f"| | {bq['median']:.2f}x ({bq['min']:.2f}-{bq['max']:.2f}) | |")
         print(f"\n({args.rounds} interleaved rounds, median (min-max); {total / MiB:.0f} MiB of log per size)")
         if args.profile:
             for size in sizes:

@@ -15,6 +15,7 @@ fdatasync on a growing file measured about 1.8x slower here.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import os
 import threading
@@ -167,7 +168,7 @@ class FileLog(DirectWrites):
         segments, self._recovered = self._recovered, None
         if segments is None:
             return None
-        return (r for heads, bodies in segments for r in rec.head_records(heads, bodies))
+        return itertools.chain.from_iterable(rec.head_records(heads, bodies) for heads, bodies in segments)
 
     def _apply(self, plan: lr.Plan, repair: bool) -> None:
         """Carry out what the shared reader (wal/log_reader.py) decided: refuse on a fatal

@@ -175,9 +175,10 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
         if not position:
             position.update((p, i) for i, p in enumerate(order))
         i = position.get(path, len(order))
-        if i + 1 < len(order) and order[i + 1] not in fetched:  # the hint blocks while it reads: a thread
-            fetched.add(order[i + 1])
-            threading.Thread(target=sg.prefetch, args=(order[i + 1],), name="wal-prefetch", daemon=True).start()
+        ahead = [p for p in order[i:i + 2] if p not in fetched]
+        if ahead:  # the hint blocks while it reads: in a thread, while this file is checked
+            fetched.update(ahead)
+            threading.Thread(target=_prefetch_all, args=(ahead,), name="wal-prefetch", daemon=True).start()
         return sg.scan_segment(path, first, keep_heads=keep_heads, buf=buf, **kw)
 
     recorded = {f.first_lsn: f for f in m.finished if f.last_lsn >= m.start_lsn}
@@ -326,6 +327,11 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
         out.segments[-1].first_lsn if out.segments else m.active_first)
     out.manifest = Manifest(key, part, start, active_first, m.generation, finished, m.durable_end, m.end_sequence)
     return out
+
+
+def _prefetch_all(paths: list[str]) -> None:
+    for path in paths:
+        sg.prefetch(path)
 
 
 def _salvage(out: Plan, pdir: str, scan: sg.SegmentScan, finished: list[FinishedSegment], hi: int,

@@ -28,6 +28,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
+from operator import itemgetter
 
 import crc32c as _crc32c
 
@@ -80,21 +81,24 @@ class Record:
         return len(self.body)
 
 
-@dataclass(slots=True)
-class HeadRecord:
-    """A record as an open verified it, without its body unless the body is needed to apply
-    the record (a COMMIT's list of transactions): what the engine replays at open. Reading
-    an UPDATES record's rows goes back to the log, which checks its checksum again."""
+class HeadRecord(tuple):
+    """A record as an open verified it: its decoded 64-byte header (the fields of ``HEADER``,
+    in order), plus the body only where applying the record needs it (a COMMIT's list of
+    transactions). What the engine replays at open; reading an UPDATES record's rows goes
+    back to the log, which checks its checksum again. A tuple made straight from
+    ``HEADER.iter_unpack``: an open builds one per record, so no per-field Python work."""
 
-    kind: RecordKind
-    relation_id: int
-    txn_id: int
-    t_lo: int
-    t_hi: int
-    count: int
-    body: bytes
-    lsn: int
-    body_len: int
+    __slots__ = ()
+
+    kind = property(lambda self: _KIND_OF[self[3]])
+    body_len = property(itemgetter(4))
+    lsn = property(itemgetter(6))
+    relation_id = property(itemgetter(7))
+    txn_id = property(itemgetter(8))
+    t_lo = property(itemgetter(9))
+    t_hi = property(itemgetter(10))
+    count = property(itemgetter(11))
+    body = property(lambda self: self[13] if len(self) > 13 else b"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +201,7 @@ _KIND_OF = {int(k): k for k in RecordKind}
 def head_records(heads: bytes, bodies: dict[int, bytes]) -> Iterator[HeadRecord]:
     """The records whose verified 64-byte headers lie back to back in ``heads``; ``bodies``:
     the kept bodies by LSN (empty for the others)."""
-    kind_of = _KIND_OF
-    get = bodies.get
-    for _c, _m, _v, kind, body_len, _bc, lsn, rel, txn, t_lo, t_hi, count, _r in HEADER.iter_unpack(heads):
-        yield HeadRecord(kind_of[kind], rel, txn, t_lo, t_hi, count, get(lsn, b""), lsn, body_len)
+    new = tuple.__new__
+    if not bodies:
+        return (new(HeadRecord, t) for t in HEADER.iter_unpack(heads))
+    return (new(HeadRecord, t + (bodies[t[6]],) if t[6] in bodies else t) for t in HEADER.iter_unpack(heads))
