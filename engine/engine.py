@@ -57,6 +57,9 @@ DEFAULT_MEMORY_BOUND = 256 << 20
 LOCK_NAME = "LOCK"
 STORAGE_KEY = "engine/storage"
 log = logging.getLogger(__name__)
+# Record kinds as plain names: an enum member's attribute access costs ~0.3 us, paid per record at open
+_UPDATES, _PROGRESS, _BEGIN, _COMMIT, _ABORT = (RecordKind.UPDATES, RecordKind.PROGRESS, RecordKind.BEGIN,
+                                                RecordKind.COMMIT, RecordKind.ABORT)
 
 
 from sediment.engine.compaction import Compaction  # noqa: E402
@@ -337,29 +340,29 @@ class Engine(Reads, Compaction):
 
     def _apply(self, r: Record) -> None:
         kind = r.kind
-        if kind == RecordKind.UPDATES:
+        if kind == _UPDATES:
             entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, r.body_len)
             if r.txn_id == 0:
                 self._add_tail(r.relation_id, entry)
             else:
                 self._open_txns.setdefault(r.txn_id, []).append((r.relation_id, entry))
                 self._txn_first.setdefault(r.txn_id, r.lsn)
-        elif kind == RecordKind.PROGRESS:
+        elif kind == _PROGRESS:
             rel = self._by_id.get(r.relation_id)
             if rel is not None and r.lsn >= rel.trace.wal_through:
                 rel.sealed = max(rel.sealed, r.t_hi)
                 rel.sealed_durable = max(rel.sealed_durable, r.t_hi)
                 rel.progress.append((r.lsn, r.t_hi))
                 rel.feed.add(PROGRESS, r.lsn, r.t_hi)
-        elif kind == RecordKind.BEGIN:
+        elif kind == _BEGIN:
             self._open_txns.setdefault(r.txn_id, [])
             self._txn_first.setdefault(r.txn_id, r.lsn)
-        elif kind == RecordKind.COMMIT:
+        elif kind == _COMMIT:
             for txn in committed_txn_ids(r) if r.body else (r.txn_id,):
                 self._txn_first.pop(txn, None)
                 for rel_id, entry in self._open_txns.pop(txn, []):
                     self._add_tail(rel_id, entry)
-        elif kind == RecordKind.ABORT:
+        elif kind == _ABORT:
             self._txn_first.pop(r.txn_id, None)
             self._open_txns.pop(r.txn_id, None)
 

@@ -43,6 +43,7 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 DEFAULT_INDEX_INTERVAL = 1000
 DEFAULT_DIRECT_THRESHOLD = 1 << 20
 _READ_CHUNK = 8 << 20
+_PROGRESS = rec.RecordKind.PROGRESS  # a plain name: enum attribute access costs ~0.3 us per record
 
 
 @dataclass
@@ -338,7 +339,7 @@ class FileLog(DirectWrites):
         os.fdatasync(self._fd)
         for p in batch:
             for r in p.records:
-                if r.kind == rec.RecordKind.PROGRESS:
+                if r.kind == _PROGRESS:
                     self._sealed[r.relation_id] = max(self._sealed.get(r.relation_id, -1), r.t_hi)
         self._commit_offsets(seg, offsets, pos)
         callbacks: dict = {}
