@@ -80,10 +80,10 @@ def pct(xs: list[float], q: float) -> float:
 # --- sediment --------------------------------------------------------------------------------
 
 
-def bench_sediment(root: str, row_bytes: int, batch: int, seconds: float) -> dict:
+def bench_sediment(root: str, row_bytes: int, batch: int, seconds: float, compact: bool = True) -> dict:
     d = tempfile.mkdtemp(prefix="sed-append-", dir=root)
     try:
-        engine = sediment.open(d)
+        engine = sediment.open(d, compact=compact)
         try:
             engine.add_relation("r", SCHEMA)
             table = make_table(row_bytes, batch)
@@ -320,6 +320,10 @@ def report(res: dict) -> str:
             r = res["ratio"][f"{label}/{batch}"]
             out.append(f"| {label} | {batch} | {span(s, 'rows_s')} | {s['mb_s']:.1f} | {span(q, 'rows_s')} | "
                        f"{q['mb_s']:.1f} | {span(r, 'ratio', _x)} |")
+    if "sediment_nocompact" in res:
+        s, r = res["sediment_nocompact"], res["ratio"]["nocompact"]
+        out.append(f"| 1 KiB, compaction off | 10000 | {span(s, 'rows_s')} | {s['mb_s']:.1f} | (same round) | | "
+                   f"{span(r, 'ratio', _x)} |")
     out.append("")
     disk, d4k = res["disk_1mib"], res["disk_4kib"]
     out.append(f"disk: 1 MiB write + fdatasync, preallocated: {disk['mb_s']:.0f} MB/s "
@@ -389,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=64, help="concurrent writers (default 64)")
     ap.add_argument("--dir", default=tempfile.gettempdir(),
                     help="where temp directories go; must be on the file system under test (default /tmp)")
+    ap.add_argument("--compaction-off", action="store_true",
+                    help="also run 1 KiB x 10k with the background compacter off (to see its share; the targets "
+                         "use the default, compaction on)")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
     secs = args.seconds or (0.6 if args.quick else 1.5)
@@ -421,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
                     keep("ratio/disk", {"ratio": s["mb_s"] / d["mb_s"]})
                 note(f"[round {rnd + 1}/{rounds}] {label} x {batch}: sediment {fmt_rate(s['rows_s'])} rows/s, "
                      f"SQLite {fmt_rate(q['rows_s'])} rows/s, {s['rows_s'] / q['rows_s']:.2f}x")
+        if args.compaction_off:
+            s = keep("sediment_nocompact", bench_sediment(args.dir, 1024, 10_000, secs, compact=False))
+            q = runs["sqlite/1 KiB/10000"][-1]
+            keep("ratio/nocompact", {"ratio": s["rows_s"] / q["rows_s"]})
+            note(f"[round {rnd + 1}/{rounds}] 1 KiB x 10000, compaction off: sediment {fmt_rate(s['rows_s'])} rows/s, "
+                 f"{s['rows_s'] / q['rows_s']:.2f}x SQLite")
         c = keep("concurrent", bench_sediment_concurrent(args.dir, args.threads, 100, secs * 2))
         cq = keep("sqlite_concurrent", bench_sqlite_concurrent(args.dir, args.threads, 100, secs * 2))
         keep("ratio/concurrent", {"ratio": c["rows_s"] / cq["rows_s"]})
@@ -436,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
             res["ratio"][f"{label}/{batch}"] = summarize(runs[f"ratio/{label}/{batch}"], "ratio")
     res["ratio"]["disk"] = summarize(runs["ratio/disk"], "ratio")
     res["ratio"]["concurrent"] = summarize(runs["ratio/concurrent"], "ratio")
+    if args.compaction_off:
+        res["sediment_nocompact"] = summarize(runs["sediment_nocompact"], "rows_s")
+        res["ratio"]["nocompact"] = summarize(runs["ratio/nocompact"], "ratio")
     res["concurrent"] = summarize(runs["concurrent"], "rows_s")
     res["sqlite_concurrent"] = summarize(runs["sqlite_concurrent"], "rows_s")
     res["disk_1mib"] = summarize(runs["disk_1mib"], "mb_s")
