@@ -14,6 +14,7 @@ with the LSN range and, where the surviving segments tell, the relations and tim
 from __future__ import annotations
 
 import os
+import threading
 from array import array
 from dataclasses import dataclass, field
 
@@ -68,6 +69,8 @@ class KeptSegment:
     end: int
     sealed: dict[int, int]
     finished: bool
+    heads: bytes = b""  # with keep_heads: every record's verified header, in LSN order
+    bodies: dict[int, bytes] = field(default_factory=dict)  # with keep_heads: COMMIT bodies by LSN
 
     @property
     def next_lsn(self) -> int:
@@ -149,14 +152,35 @@ def list_segments(pdir: str) -> tuple[list[int], list[str]]:
     return sorted(f for f, ext in found.items() if "seg" in ext), leftovers
 
 
-def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool = False) -> Plan:
+def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool = False,
+         keep_heads: bool = False) -> Plan:
     """Read the partition directory ``pdir`` against ``manifest``; change nothing.
 
     ``rebuilt``: the manifest was lost and ``manifest`` is a stand-in made by repair, so
-    the segments on disk are taken as they are (each non-last one as finished)."""
+    the segments on disk are taken as they are (each non-last one as finished).
+    ``keep_heads``: each kept segment carries the headers (and COMMIT bodies) this read
+    verified, so an open hands its caller the records without reading the log again.
+
+    Each segment is read once, into one buffer reused for all of them, while the kernel
+    reads the next one ahead (the disk streams while frames are checked)."""
     out = Plan()
     m = manifest
     firsts, out.delete = list_segments(pdir)
+    buf = sg.ReadBuffer()
+    order: list[str] = []
+    fetched: set[str] = set()
+    position: dict[str, int] = {}
+
+    def scan_file(path: str, first: int, **kw) -> sg.SegmentScan:
+        if not position:
+            position.update((p, i) for i, p in enumerate(order))
+        i = position.get(path, len(order))
+        ahead = [p for p in order[i:i + 2] if p not in fetched]
+        if ahead:  # the hint blocks while it reads: in a thread, while this file is checked
+            fetched.update(ahead)
+            threading.Thread(target=_prefetch_all, args=(ahead,), name="wal-prefetch", daemon=True).start()
+        return sg.scan_segment(path, first, keep_heads=keep_heads, buf=buf, **kw)
+
     recorded = {f.first_lsn: f for f in m.finished if f.last_lsn >= m.start_lsn}
     if rebuilt:
         recorded = {}
@@ -185,6 +209,8 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
                                     dropped_bytes=dropped))
 
     finished: list[FinishedSegment] = []
+    order += [path_of[f] for f in sorted(recorded) if f in path_of]
+    order += [path_of[f] for f in firsts if f >= m.active_first]
     for first in sorted(recorded):
         f = recorded[first]
         path = os.path.join(pdir, sg.segment_name(first))
@@ -195,7 +221,7 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
         if problem:
             lose("damage", path, 0, f.first_lsn, f.last_lsn, problem)
             continue
-        scan = sg.scan_segment(path, first)
+        scan = scan_file(path, first)
         size = scan.file_size
         kept_last = scan.next_lsn - 1
         if size < f.length or kept_last < f.last_lsn or not scan.clean:
@@ -210,9 +236,10 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
                                         f"{f.length}: bytes after the last record", fatal=True))
             out.cuts.append((path, scan.end, True))
         if scan.offsets:
-            out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, True))
+            out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, True,
+                                            scan.heads, scan.bodies))
             finished.append(FinishedSegment(first, kept_last, scan.end))
-        _salvage(out, pdir, scan, finished, f.last_lsn)
+        _salvage(out, pdir, scan, finished, f.last_lsn, scan_file)
     for first in firsts:
         if m.start_lsn <= first < m.active_first and first not in recorded:
             out.problems.append(Problem("stray", path_of[first], 0, first, -1,
@@ -245,7 +272,7 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
         if problem:
             lose("damage", path, 0, first, max(first, m.durable_end) - 1, problem)
             continue
-        scan = sg.scan_segment(path, first)
+        scan = scan_file(path, first)
         if not scan.clean:
             torn = is_last and not scan.valid_after_bad and scan.next_lsn >= m.durable_end
             if torn:
@@ -263,12 +290,13 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
                 pending = out.problems[-1]
             out.cuts.append((path, scan.bad_offset, not is_last or scan.resume is not None))
         done = not is_last or scan.resume is not None  # salvaged records after damage follow it
-        out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, done))
+        out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, done,
+                                        scan.heads, scan.bodies))
         if done and scan.offsets:
             finished.append(FinishedSegment(first, scan.next_lsn - 1, scan.end))
         expect = scan.next_lsn
         if scan.resume is not None:
-            expect = _salvage(out, pdir, scan, finished, max(scan.next_lsn, m.durable_end) - 1)
+            expect = _salvage(out, pdir, scan, finished, max(scan.next_lsn, m.durable_end) - 1, scan_file)
             pending = None
             if is_last and expect < m.durable_end and out.problems[-1].last_lsn < m.durable_end - 1:
                 lose("shortened", path, scan.file_size, expect, m.durable_end - 1,
@@ -301,7 +329,13 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
     return out
 
 
-def _salvage(out: Plan, pdir: str, scan: sg.SegmentScan, finished: list[FinishedSegment], hi: int) -> int:
+def _prefetch_all(paths: list[str]) -> None:
+    for path in paths:
+        sg.prefetch(path)
+
+
+def _salvage(out: Plan, pdir: str, scan: sg.SegmentScan, finished: list[FinishedSegment], hi: int,
+             scan_file=sg.scan_segment) -> int:
     """Keep the records that verify after damage in ``scan``'s file: each run of valid frames
     becomes a segment of its own (``out.salvage``, written by a repairing open before the
     source is cut), and the damage's loss shrinks to the LSNs truly unreadable. ``hi``: the
@@ -313,12 +347,12 @@ def _salvage(out: Plan, pdir: str, scan: sg.SegmentScan, finished: list[Finished
         if lost is not None:
             lost.last_lsn = lsn - 1
             lost.lost = lost.last_lsn >= lost.first_lsn
-        run = sg.scan_segment(scan.path, lsn, start=pos)
+        run = scan_file(scan.path, lsn, start=pos)
         new_path = os.path.join(pdir, sg.segment_name(lsn))
         length = run.end - pos + sg.HEADER_SIZE
         out.salvage.append((scan.path, pos, run.end, lsn, new_path))
         offsets = array("Q", (o - pos + sg.HEADER_SIZE for o in run.offsets))
-        out.segments.append(KeptSegment(lsn, new_path, offsets, length, run.sealed, True))
+        out.segments.append(KeptSegment(lsn, new_path, offsets, length, run.sealed, True, run.heads, run.bodies))
         finished.append(FinishedSegment(lsn, run.next_lsn - 1, length))
         end = run.next_lsn
         lost = None

@@ -25,9 +25,10 @@ the body, which is how a torn tail is told from damage. See docs/formats.md,
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from operator import itemgetter
 
 import crc32c as _crc32c
 
@@ -45,6 +46,9 @@ FRONTIER_ENTRY = struct.Struct("<Qq")
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     """CRC32C (Castagnoli), the checksum of every byte sediment writes."""
     return _crc32c.crc32c(data, value)
+
+
+crc32c_raw = _crc32c.crc32c  # the same function without the wrapper's call, for tight loops
 
 
 class RecordKind(IntEnum):
@@ -73,6 +77,30 @@ class Record:
     @property
     def frame_size(self) -> int:
         return HEADER_SIZE + len(self.body)
+
+    @property
+    def body_len(self) -> int:
+        return len(self.body)
+
+
+class HeadRecord(tuple):
+    """A record as an open verified it: its decoded 64-byte header (the fields of ``HEADER``,
+    in order), plus the body only where applying the record needs it (a COMMIT's list of
+    transactions). What the engine replays at open; reading an UPDATES record's rows goes
+    back to the log, which checks its checksum again. A tuple made straight from
+    ``HEADER.iter_unpack``: an open builds one per record, so no per-field Python work."""
+
+    __slots__ = ()
+
+    kind = property(lambda self: _KIND_OF[self[3]])
+    body_len = property(itemgetter(4))
+    lsn = property(itemgetter(6))
+    relation_id = property(itemgetter(7))
+    txn_id = property(itemgetter(8))
+    t_lo = property(itemgetter(9))
+    t_hi = property(itemgetter(10))
+    count = property(itemgetter(11))
+    body = property(lambda self: self[13] if len(self) > 13 else b"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,3 +218,14 @@ def committed_txn_ids(record: Record) -> list[int]:
 
 
 _KINDS = frozenset(int(k) for k in RecordKind)
+KIND_VALUES = _KINDS
+_KIND_OF = {int(k): k for k in RecordKind}
+
+
+def head_records(heads: bytes, bodies: dict[int, bytes]) -> Iterator[HeadRecord]:
+    """The records whose verified 64-byte headers lie back to back in ``heads``; ``bodies``:
+    the kept bodies by LSN (empty for the others)."""
+    new = tuple.__new__
+    if not bodies:
+        return (new(HeadRecord, t) for t in HEADER.iter_unpack(heads))
+    return (new(HeadRecord, t + (bodies[t[6]],) if t[6] in bodies else t) for t in HEADER.iter_unpack(heads))

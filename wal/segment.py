@@ -12,6 +12,7 @@ This module reads and checks segments; the log (wal/file_log.py) writes them.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import uuid
@@ -90,6 +91,8 @@ class SegmentScan:
     valid_after_bad: bool = False  # a good record lies beyond bad_offset: damage, not a torn tail
     resume: tuple[int, int] | None = None  # (offset, LSN) of the first valid frame after bad_offset
     sealed: dict[int, int] = field(default_factory=dict)  # greatest "close t" per relation seen
+    heads: bytes = b""  # with keep_heads: the verified 64-byte header of every record, in order
+    bodies: dict[int, bytes] = field(default_factory=dict)  # with keep_heads: COMMIT bodies by LSN
 
     @property
     def next_lsn(self) -> int:
@@ -100,14 +103,24 @@ class SegmentScan:
         return self.bad_offset < 0
 
 
-def _all_zero(data: bytes, start: int, end: int) -> bool:
-    return data.count(0, start, end) == end - start
+_ZEROS = bytes(1 << 20)
+
+
+def _all_zero(data: bytes | memoryview, start: int, end: int) -> bool:
+    base = data.obj if isinstance(data, memoryview) else data  # views here start at offset 0 of their buffer
+    if isinstance(base, (bytes, bytearray)):
+        return base.count(0, start, end) == end - start
+    for at in range(start, end, len(_ZEROS)):  # a mapping: its slices are bytes, compared with memcmp
+        n = min(end - at, len(_ZEROS))
+        if base[at:at + n] != _ZEROS[:n]:
+            return False
+    return True
 
 
 def next_valid_record(view: memoryview, start: int, min_lsn: int) -> tuple[int, int] | None:
     """(offset, LSN) of the first complete, checksum-valid frame with lsn >= min_lsn after
     ``start``, found by its magic: where reading can resume after damage."""
-    data = view.obj if isinstance(view.obj, bytes) else bytes(view)
+    data = view.obj if isinstance(view.obj, bytes) and len(view) == len(view.obj) else bytes(view)
     pos = start
     while True:
         pos = data.find(_MAGIC_BYTES, pos + 1)
@@ -144,7 +157,68 @@ def _written_extent(fd: int, size: int) -> int:
     return size
 
 
-def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start: int = HEADER_SIZE):
+class ReadBuffer:
+    """One buffer reused for every segment an open reads. An anonymous mapping: unlike a
+    bytearray it is not zeroed up front (64 MiB of memset per growth), and only the pages a
+    read touches are ever faulted in, once for all the segments."""
+
+    def __init__(self) -> None:
+        self._map: mmap.mmap | None = None
+
+    def view(self, n: int) -> memoryview:
+        if self._map is None or len(self._map) < n:  # finished segments differ by up to a record: room
+            self._map = mmap.mmap(-1, max(n + n // 8, 1 << 20))
+        return memoryview(self._map)[:n]
+
+
+def _read_extent(path: str, buf: ReadBuffer | None) -> tuple[memoryview, int, int]:
+    """The file's bytes up to its written extent, read into ``buf``, as a view; and the
+    file's size."""
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        if size <= HEADER_SIZE:
+            return memoryview(b""), 0, size
+        n = _written_extent(fd, size)
+        try:
+            os.posix_fadvise(fd, 0, n, os.POSIX_FADV_SEQUENTIAL)
+        except (OSError, AttributeError):
+            pass
+        view = (buf or ReadBuffer()).view(n)
+        got = 0
+        while got < n:
+            k = f.readinto(view[got:])
+            if not k:
+                break
+            got += k
+    return view[:got], got, size
+
+
+def prefetch(path: str) -> None:
+    """Ask the kernel to start reading ``path`` into the page cache (the next segment, while
+    this one is checked); a no-op where the hint is not supported."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except (OSError, AttributeError):
+        pass
+    finally:
+        os.close(fd)
+
+
+_UNPACK = rec.HEADER.unpack_from
+_CRC = rec.crc32c_raw
+_H = rec.HEADER_SIZE
+_PROGRESS = int(rec.RecordKind.PROGRESS)
+_FRONTIERS = int(rec.RecordKind.FRONTIERS)
+_COMMIT = int(rec.RecordKind.COMMIT)
+
+
+def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start: int = HEADER_SIZE,
+                 keep_heads: bool = False, buf: ReadBuffer | None = None):
     """Read every record frame of a data file, checking each header, LSN and body CRC.
 
     Returns a SegmentScan, plus the list of records when ``want_records``. Stops at the
@@ -152,50 +226,73 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
     (only zeros follow), a torn tail (garbage with no valid frame after it) or damage.
     ``start``: read from this offset (whose frame must carry ``first_lsn``), as when
     resuming after damage; ``resume`` then says where the next valid frame lies.
+    ``keep_heads``: keep every verified header (``heads``) and COMMIT body (``bodies``),
+    so an open applies what this one read verified instead of reading the log again.
+    ``buf``: a buffer to read into (reused across the segments of one open).
+
+    One read of the file, then one tight walk over its frames: both CRCs of a frame are
+    computed over slices of the buffer, without copies.
     """
     scan = SegmentScan(path, first_lsn, end=start)
     records: list[rec.Record] = []
-    size = os.path.getsize(path)
-    scan.file_size = size
-    if size <= HEADER_SIZE:
+    view, size, scan.file_size = _read_extent(path, buf)
+    if scan.file_size <= HEADER_SIZE:
         return (scan, records) if want_records else scan
-    with open(path, "rb") as f:
-        data = f.read(_written_extent(f.fileno(), size))
-    size = len(data)  # past the written extent the file reads as zeros
-    view = memoryview(data)
+    data = view  # past the written extent the file reads as zeros
+    offsets = scan.offsets
+    sealed = scan.sealed
+    heads = bytearray() if keep_heads else None
+    bodies: dict[int, bytes] = {}
     pos = start
     expected = first_lsn
+    reason = ""
+    kinds = rec.KIND_VALUES
     while pos < size:
-        head = rec.decode_header(view, pos)
-        reason = ""
-        if head is None:
+        end = pos + _H
+        if end > size:
             reason = "bad record header (checksum, magic or length)"
-        elif head.lsn != expected:
-            reason = f"record LSN {head.lsn} where {expected} was expected"
-        elif pos + head.frame_size > size:
-            reason = f"record of {head.frame_size} bytes runs past the end of the file"
+            break
+        hcrc, magic, version, kind, body_len, body_crc, lsn, rel, _txn, _t_lo, t_hi, _count, _r = _UNPACK(data, pos)
+        if magic != rec.MAGIC or version != rec.VERSION or kind not in kinds or body_len > rec.MAX_BODY \
+                or _CRC(data[pos + 4:end]) != hcrc:
+            reason = "bad record header (checksum, magic or length)"
+            break
+        if lsn != expected:
+            reason = f"record LSN {lsn} where {expected} was expected"
+            break
+        nxt = end + body_len
+        if nxt > size:
+            reason = f"record of {_H + body_len} bytes runs past the end of the file"
+            break
+        if _CRC(data[end:nxt]) != body_crc:
+            reason = "record body fails its checksum"
+            break
+        offsets.append(pos)
+        if kind == _PROGRESS:
+            if t_hi > sealed.get(rel, -1):
+                sealed[rel] = t_hi
+        elif kind == _FRONTIERS:
+            for r, t in rec.decode_frontiers(bytes(data[end:nxt])).items():
+                sealed[r] = max(sealed.get(r, -1), t)
+        if heads is not None:
+            heads += data[pos:end]
+            if kind == _COMMIT and body_len:
+                bodies[lsn] = bytes(data[end:nxt])
+        if want_records:
+            records.append(rec.to_record(rec.decode_header(data, pos), bytes(data[end:nxt])))
+        pos = nxt
+        expected += 1
+    if reason:
+        if _all_zero(data, pos, size):
+            reason = ""
         else:
-            body = view[pos + rec.HEADER_SIZE : pos + head.frame_size]
-            if not rec.body_ok(head, body):
-                reason = "record body fails its checksum"
-        if reason:
-            if _all_zero(data, pos, size):
-                break
             scan.bad_offset = pos
             scan.reason = reason
-            scan.resume = next_valid_record(view, pos, expected)
+            scan.resume = next_valid_record(data, pos, expected)
             scan.valid_after_bad = scan.resume is not None
-            break
-        scan.offsets.append(pos)
-        if head.kind == rec.RecordKind.PROGRESS:
-            scan.sealed[head.relation_id] = max(scan.sealed.get(head.relation_id, -1), head.t_hi)
-        elif head.kind == rec.RecordKind.FRONTIERS:
-            for rel, t in rec.decode_frontiers(bytes(body)).items():
-                scan.sealed[rel] = max(scan.sealed.get(rel, -1), t)
-        if want_records:
-            records.append(rec.to_record(head, bytes(body)))
-        pos += head.frame_size
-        expected += 1
+    if heads is not None:
+        scan.heads = bytes(heads)
+        scan.bodies = bodies
     scan.end = pos if scan.bad_offset < 0 else scan.bad_offset
     return (scan, records) if want_records else scan
 
