@@ -31,6 +31,7 @@ from sediment.cli.files import UsageError
 DEFAULT_LISTEN = "127.0.0.1:8815"
 DEFAULT_GRACE = 30.0
 EXIT_SUPERSEDED = 3
+SIGNAL_CHECK = 0.5  # seconds between the main thread's checks for a signal's handler
 
 
 def _listen_arg(text: str) -> tuple[str, int]:
@@ -108,7 +109,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     metrics = MetricsServer(engine.metrics, *args.metrics_listen)
                     print(f"metrics on {metrics.url}", flush=True)
                 print(f"serving {data_dir_of(args)} on {server.uri}", flush=True)
-                stop.wait()  # a signal handler runs in this thread and sets it (or a fencing)
+                # a signal handler (run by this thread) or a fencing sets it; the wait wakes up every
+                # half second because a SIGTERM delivered to one of gRPC's threads does not interrupt
+                # this thread's lock wait, and Python runs the handler only once this thread runs
+                while not stop.wait(SIGNAL_CHECK):
+                    pass
                 if superseded:
                     print(f"sediment serve: {superseded[0]}", file=sys.stderr, flush=True)
                 print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
