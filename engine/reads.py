@@ -24,6 +24,7 @@ from sediment.errors import (
     InvalidArgument,
 )
 from sediment.trace.consolidate import snapshot as consolidate_snapshot
+from sediment.trace.runs import RunStats, batch_run, merge_runs
 from sediment.trace.state import TraceState
 from sediment.wal.record import Record
 
@@ -100,24 +101,40 @@ class Reads:
             raise DiffOverflow(f"relation {name!r} as of {as_of}: {exc}", relation=name, row=exc.row) from None
 
     def _snapshot_parts(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+        """Consolidation on read (:mod:`sediment.trace.runs`): each batch becomes a sorted run
+        without a sort (as stored when it holds one time), the WAL tail is consolidated into
+        one more run, and the runs are merged in one streaming pass."""
         keys = rel.keys
-        partial = []
+        stats = self.read_stats
+        runs = []
         for ref in (*trace.batches, *trace.pending):
             if ref.key is not None and ref.lower <= as_of:
                 table = self.traces.read(rel.entry.id, ref)
                 if table is not None:
-                    table = table.select(rel.update_schema.names).cast(rel.update_schema)
-                    partial.append(consolidate_snapshot(table, keys, as_of))
+                    lo, hi = max(ref.lower, ref.since), max(ref.upper - 1, ref.since)
+                    runs.append(batch_run(self._conform(rel, table), keys, as_of, min_time=lo, max_time=hi,
+                                          stats=stats))
         entries = [e for e in entries if e.t_lo <= as_of]
         if entries:
-            partial.append(consolidate_snapshot(self._load_tail(rel, entries), keys, as_of))
-        if not partial:
-            return consolidate_snapshot(rel.update_schema.empty_table(), keys, as_of)
-        if len(partial) == 1:
-            return partial[0]
-        combined = pa.concat_tables(partial)
-        combined = combined.append_column("time", pa.array([0] * combined.num_rows, pa.int64()))
-        return consolidate_snapshot(combined.select(rel.update_schema.names), keys, 0)
+            runs.append(consolidate_snapshot(self._load_tail(rel, entries), keys, as_of))
+        schema = pa.schema([rel.update_schema.field(c) for c in (*keys, "diff")])
+        return merge_runs(runs, keys, schema, stats=stats)
+
+    @property
+    def read_stats(self) -> RunStats:
+        """Counters of consolidation on read, for tests and operators (created on first use)."""
+        stats = self.__dict__.get("_read_stats")
+        if stats is None:
+            stats = self.__dict__.setdefault("_read_stats", RunStats())
+        return stats
+
+    @staticmethod
+    def _conform(rel: _Relation, table: pa.Table) -> pa.Table:
+        """A batch in the relation's update schema (Parquet returns some types in another
+        unit); a no-op, without a cast, when it already is."""
+        if table.schema.names == rel.update_schema.names and table.schema.types == rel.update_schema.types:
+            return table
+        return table.select(rel.update_schema.names).cast(rel.update_schema)
 
     def _updates_after(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], t: int) -> pa.Table:
         """Every stored update at a time > t, sorted by time."""

@@ -89,6 +89,10 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
         is_end = pa.concat_arrays([*_chunks(pc.invert(same)), pa.array([True])])
     ends = pc.indices_nonzero(is_end)
     diff = table.column(DIFF)
+    if len(ends) == n:
+        out = table.select([*cols, DIFF])
+        zero = pc.equal(diff, 0)
+        return out.filter(pc.invert(zero)) if drop_zeros and pc.any(zero).as_py() else out
     if _cannot_overflow(diff, n):
         sums = _run_sums(diff, ends)
     else:

@@ -1,0 +1,149 @@
+"""Consolidation on read: snapshots of sorted batches, combined by a streaming merge of runs.
+
+A batch is consolidated at its ``since`` and sorted by (row, time) (the batch format's
+invariant, covered by the object checksum the trace state records). So a snapshot of
+it never needs a sort: keeping the times <= ``as_of`` keeps the row order, and summing
+adjacent equal rows gives a *run* -- rows strictly increasing, non-zero diffs. When all
+the batch's times are one time (``since`` at or past its last time, as compaction
+leaves a relation whose ``since`` was advanced), its rows are already distinct and the
+batch is a run as stored: nothing is summed at all.
+
+Several runs (batches and the WAL tail) are merged a window at a time, as differential
+dataflow and Materialize's persist consolidate on read: each round takes the next
+``chunk_rows`` of every run, finds the *frontier* (the least of the windows' last rows,
+over runs that continue past their window) and emits every windowed row <= the
+frontier; no row after it can sort before it, since each run is sorted. Rows from a
+single run in a round pass through untouched; only rows of different runs that
+interleave in a round are sorted together (at most ``runs x chunk_rows`` at a time).
+Order is pyarrow's (NULLs last, NaN after numbers), as in :mod:`sediment.trace.consolidate`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sediment.trace.consolidate import DIFF, TIME, sort_keys, sum_sorted
+
+DEFAULT_RUN_CHUNK_ROWS = 1 << 20
+
+
+@dataclass
+class RunStats:
+    """What consolidation on read did (tests assert on it; no timing involved)."""
+
+    batches_as_is: int = 0  # batches used as stored: one time, rows already distinct
+    batches_summed: int = 0  # batches filtered to as_of and/or summed per row, without a sort
+    rounds: int = 0
+    rows_passed: int = 0  # rows emitted without a sort (one run in their round)
+    rows_sorted: int = 0  # rows of interleaving runs sorted together
+
+
+def batch_run(table: pa.Table, key_columns: Sequence[str], as_of: int, *, min_time: int, max_time: int,
+              stats: RunStats | None = None) -> pa.Table:
+    """The snapshot at ``as_of`` of one stored batch (sorted by (row, time), consolidated),
+    as a run: ``key_columns + [diff]``, rows strictly increasing. ``min_time``/``max_time``
+    are the batch's time bounds from its description: when they are equal and <= as_of the
+    rows are already distinct and are returned as stored."""
+    keys = list(key_columns)
+    if min_time > as_of:
+        return table.select([*keys, DIFF]).slice(0, 0)
+    if min_time == max_time:
+        if stats is not None:
+            stats.batches_as_is += 1
+        return table.select([*keys, DIFF])
+    if max_time > as_of:
+        table = table.filter(pc.less_equal(table.column(TIME), pa.scalar(as_of, pa.int64())))
+    if stats is not None:
+        stats.batches_summed += 1
+    return sum_sorted(table.select([*keys, DIFF]), keys)
+
+
+def _is_nan(value: pa.Scalar) -> bool:
+    v = value.as_py()
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _compare(col: pa.ChunkedArray | pa.Array, value: pa.Scalar) -> tuple[pa.Array, pa.Array]:
+    """(col < value, col == value) in sort order: numbers, then NaN, then NULL; never null."""
+    floating = pa.types.is_floating(col.type)
+    if not value.is_valid:
+        return pc.is_valid(col), pc.is_null(col)
+    if floating and _is_nan(value):
+        nan = pc.fill_null(pc.is_nan(col), False)
+        return pc.and_(pc.is_valid(col), pc.invert(nan)), nan
+    return pc.fill_null(pc.less(col, value), False), pc.fill_null(pc.equal(col, value), False)
+
+
+def _rows_at_most(window: pa.Table, keys: list[str], frontier: dict[str, pa.Scalar]) -> int:
+    """How many leading rows of a sorted window are <= the frontier row."""
+    le = None
+    for c in reversed(keys):
+        lt, eq = _compare(window.column(c), frontier[c])
+        le = pc.or_(lt, eq) if le is None else pc.or_(lt, pc.and_(eq, le))
+    chunks = le.chunks if isinstance(le, pa.ChunkedArray) else [le]
+    return sum(c.true_count for c in chunks)
+
+
+def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
+                    chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None) -> Iterator[pa.Table]:
+    """Merge runs (each ``key_columns + [diff]``, rows strictly increasing, no zero diff)
+    into one: diffs of equal rows summed, zeros dropped, rows strictly increasing across
+    the yielded tables. Work is linear in the rows plus a sort of only the rows that
+    interleave with another run's within a round."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
+    stats = stats if stats is not None else RunStats()
+    keys = list(key_columns)
+    cols = [*keys, DIFF]
+    live = [r.select(cols) for r in runs if r.num_rows]
+    pos = [0] * len(live)
+    order = sort_keys(keys, with_time=False)
+    while True:
+        active = [i for i in range(len(live)) if pos[i] < live[i].num_rows]
+        if not active:
+            return
+        stats.rounds += 1
+        windows = {i: live[i].slice(pos[i], chunk_rows) for i in active}
+        if len(active) == 1:
+            (i, w), = windows.items()
+            pos[i] += w.num_rows
+            stats.rows_passed += w.num_rows
+            yield w
+            continue
+        bounded = [i for i in active if pos[i] + windows[i].num_rows < live[i].num_rows]
+        take = {i: windows[i].num_rows for i in active}
+        if bounded:
+            lasts = pa.concat_tables([windows[i].slice(windows[i].num_rows - 1).select(keys) for i in bounded])
+            first = pc.sort_indices(lasts, order)[0].as_py()
+            frontier = {c: lasts.column(c)[first] for c in keys}
+            for i in active:
+                if i != bounded[first]:
+                    take[i] = _rows_at_most(windows[i], keys, frontier)
+        pieces = [windows[i].slice(0, take[i]) for i in active if take[i]]
+        for i in active:
+            pos[i] += take[i]
+        if len(pieces) == 1:
+            stats.rows_passed += pieces[0].num_rows
+            yield pieces[0]
+            continue
+        both = pa.concat_tables(pieces)
+        stats.rows_sorted += both.num_rows
+        out = sum_sorted(both.take(pc.sort_indices(both.select(keys), order)), keys)
+        if out.num_rows:
+            yield out
+
+
+def merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], schema: pa.Schema, *,
+               chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None) -> pa.Table:
+    """:func:`iter_merge_runs` gathered into one table of ``schema`` (the run columns)."""
+    parts = list(iter_merge_runs(runs, key_columns, chunk_rows=chunk_rows, stats=stats))
+    if not parts:
+        return schema.empty_table()
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_tables(parts)
