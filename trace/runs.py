@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.trace.consolidate import DIFF, TIME, sort_keys, sum_sorted
+from sediment.trace.consolidate import DIFF, TIME, first_unsorted, sort_keys, sum_sorted
 
 DEFAULT_RUN_CHUNK_ROWS = 1 << 20
 
@@ -89,6 +89,20 @@ def _rows_at_most(window: pa.Table, keys: list[str], frontier: dict[str, pa.Scal
     return sum(c.true_count for c in chunks)
 
 
+def _apart(pieces: list[pa.Table], keys: list[str], order: list[tuple[str, str]]) -> list[pa.Table] | None:
+    """The pieces in order if they do not interleave (each one's last row before the next
+    one's first), else None."""
+    if len(pieces) == 1:
+        return pieces
+    firsts = pa.concat_tables([p.slice(0, 1).select(keys) for p in pieces])
+    ranked = [pieces[i] for i in pc.sort_indices(firsts, order).to_pylist()]
+    for a, b in zip(ranked, ranked[1:], strict=False):
+        pair = pa.concat_tables([a.slice(a.num_rows - 1).select(keys), b.slice(0, 1).select(keys)])
+        if first_unsorted(pair, keys, strict=True) is not None:
+            return None
+    return ranked
+
+
 def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
                     chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None) -> Iterator[pa.Table]:
     """Merge runs (each ``key_columns + [diff]``, rows strictly increasing, no zero diff)
@@ -127,9 +141,11 @@ def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
         pieces = [windows[i].slice(0, take[i]) for i in active if take[i]]
         for i in active:
             pos[i] += take[i]
-        if len(pieces) == 1:
-            stats.rows_passed += pieces[0].num_rows
-            yield pieces[0]
+        apart = _apart(pieces, keys, order)
+        if apart is not None:
+            for piece in apart:
+                stats.rows_passed += piece.num_rows
+                yield piece
             continue
         both = pa.concat_tables(pieces)
         stats.rows_sorted += both.num_rows
