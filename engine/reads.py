@@ -251,10 +251,12 @@ class Reads:
             entries = list(rel.tail)
             self._pin()
 
+        opened: dict = {}
+
         def load(item) -> pa.Table:
             if isinstance(item, TailEntry):
                 return pa.Table.from_batches([self._decode(rel, self._log.read(item.lsn))])
-            return self.traces.read_row_group(rel.entry.id, item)
+            return self.traces.read_row_group(rel.entry.id, item, opened)
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:

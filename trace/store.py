@@ -259,8 +259,16 @@ class TraceStore:
                                   "damaged (run sediment verify)") from e
         return out
 
-    def read_row_group(self, relation_id: int, group: RowGroup) -> pa.Table:
-        pf, desc = self._open(relation_id, group.ref)
+    def read_row_group(self, relation_id: int, group: RowGroup, opened: dict | None = None) -> pa.Table:
+        """One row group; ``opened`` (a dict the caller keeps for one read) holds each batch's
+        checked, opened file so a sweep over many groups parses each footer once."""
+        key = group.ref.key
+        got = None if opened is None else opened.get(key)
+        if got is None:
+            got = self._open(relation_id, group.ref)
+            if opened is not None:
+                opened[key] = got
+        pf, desc = got
         return read_row_group(pf, group.index, desc, where=f"batch {group.ref.key!r}")
 
     def delete(self, keys: Iterable[str]) -> None:
