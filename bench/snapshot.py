@@ -73,10 +73,12 @@ def batch_files(d: str) -> list[str]:
     return sorted(glob.glob(os.path.join(d, "blobs", "trace", "**", "*.parquet"), recursive=True))
 
 
-def timed(fn) -> tuple[float, int]:
-    t0 = time.perf_counter()
+def timed(fn) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds of this process (all threads; steadier than wall time
+    when other jobs share the cores), rows."""
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    return time.perf_counter() - t0, out.num_rows
+    return time.perf_counter() - t0, time.process_time() - c0, out.num_rows
 
 
 def run_size(root: str, rows: int, steps: int, times: int, rounds: int) -> dict:
@@ -89,21 +91,23 @@ def run_size(root: str, rows: int, steps: int, times: int, rounds: int) -> dict:
             "read_table": lambda: pa.concat_tables([pq.read_table(f) for f in files]),
         }
         got: dict[str, list[float]] = {name: [] for name in cases}
+        cpu: dict[str, list[float]] = {name: [] for name in cases}
         out_rows: dict[str, int] = {}
         for fn in cases.values():  # warm the page cache and the code paths once
             fn()
         for r in range(rounds):
             order = list(cases) if r % 2 == 0 else list(reversed(cases))
             for name in order:
-                secs, n = timed(cases[name])
+                secs, used, n = timed(cases[name])
                 got[name].append(secs)
+                cpu[name].append(used)
                 out_rows[name] = n
         before = engine.read_stats.batches_as_is
         engine.snapshot("r", sealed)
         as_is = engine.read_stats.batches_as_is - before
         return {"rows_appended": rows, "stored_rows": info["rows"], "batches": info["batches"],
                 "tail_records": info["tail_records"], "bytes": info["bytes"], "batches_read_as_is": as_is,
-                "out_rows": out_rows, "seconds": got}
+                "out_rows": out_rows, "seconds": got, "cpu_seconds": cpu}
     finally:
         engine.close()
         shutil.rmtree(d, ignore_errors=True)
@@ -137,19 +141,23 @@ def main() -> None:
             res["layout"] = layout
             done.append(res)
             s, p = res["seconds"]["snapshot"], res["seconds"]["read_table"]
+            cs, cp = res["cpu_seconds"]["snapshot"], res["cpu_seconds"]["read_table"]
             ratio = statistics.median(p) / statistics.median(s)
             res["ratio"] = ratio
+            res["cpu_ratio"] = statistics.median(cp) / statistics.median(cs)
             print(f"[{layout}] {rows:>11,} rows appended, {res['stored_rows']:,} stored in {res['batches']} "
                   f"batch(es) ({res['batches_read_as_is']} read as stored), tail {res['tail_records']} records")
-            print(f"    snapshot    {med(s)}  {res['out_rows']['snapshot']:,} rows")
-            print(f"    read_table  {med(p)}  {res['out_rows']['read_table']:,} rows")
-            print(f"    ratio (read_table / snapshot, medians) {ratio:.2f}x  (target >= 0.85x)")
+            print(f"    snapshot    {med(s)}  cpu {med(cs)}  {res['out_rows']['snapshot']:,} rows")
+            print(f"    read_table  {med(p)}  cpu {med(cp)}  {res['out_rows']['read_table']:,} rows")
+            print(f"    ratio (read_table / snapshot, medians) {ratio:.2f}x wall, {res['cpu_ratio']:.2f}x cpu "
+                  "(target >= 0.85x)")
         if len(done) >= 2:
             a, b = done[0], done[-1]
             grow = statistics.median(b["seconds"]["snapshot"]) / statistics.median(a["seconds"]["snapshot"])
             peer = statistics.median(b["seconds"]["read_table"]) / statistics.median(a["seconds"]["read_table"])
+            cgrow = statistics.median(b["cpu_seconds"]["snapshot"]) / statistics.median(a["cpu_seconds"]["snapshot"])
             print(f"[{layout}] growth {a['rows_appended']:,} -> {b['rows_appended']:,} rows: snapshot {grow:.2f}x "
-                  f"(target <= 4.5x), read_table {peer:.2f}x")
+                  f"wall, {cgrow:.2f}x cpu (target <= 4.5x); read_table {peer:.2f}x wall")
         results += done
     if args.json:
         with open(args.json, "w") as f:
