@@ -97,10 +97,11 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
         sums = _run_sums(diff, ends)
     else:
         sums = _run_sums_checked(table, cols, diff, ends)
-    out = table.select(cols).take(ends).append_column(DIFF, sums)
     if drop_zeros:
-        out = out.filter(pc.not_equal(out.column(DIFF), 0))
-    return out
+        nonzero = pc.not_equal(sums, 0)
+        if not pc.all(nonzero).as_py():
+            ends, sums = ends.filter(nonzero), sums.filter(nonzero)
+    return table.select(cols).take(ends).append_column(DIFF, sums)
 
 
 def _cannot_overflow(diff: pa.ChunkedArray | pa.Array, n: int) -> bool:
