@@ -19,7 +19,7 @@ import pyarrow as pa
 from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore
 from sediment.engine.metadata.protocol import MetadataStore
-from sediment.errors import BatchCorruption, BlobNotFound, MetadataConflict, TraceError
+from sediment.errors import BatchCorruption, BlobError, BlobNotFound, MetadataConflict, TraceError
 from sediment.trace.batch import (
     BatchDescription,
     batch_key,
@@ -234,6 +234,9 @@ class TraceStore:
                 return f.read_buffer()
         except (BlobNotFound, FileNotFoundError) as e:
             raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
+        except OSError as e:
+            raise BlobError(f"reading {where} from {self.blobs!r} failed: {e}; check the disk and the file's "
+                            "permissions, then retry") from e
 
     def _open(self, relation_id: int, ref: BatchRef):
         return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,
