@@ -7,6 +7,7 @@ concern; it uses the engine's lock, view and stores and adds no state of its own
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,7 @@ from sediment.trace.state import TraceState
 from sediment.wal.record import Record
 
 log = logging.getLogger(__name__)
+_MERGE_WORKERS = min(4, os.cpu_count() or 1)  # threads sorting a large snapshot's merge windows
 
 
 
@@ -118,7 +120,7 @@ class Reads:
         if entries:
             runs.append(consolidate_snapshot(self._load_tail(rel, entries), keys, as_of))
         schema = pa.schema([rel.update_schema.field(c) for c in (*keys, "diff")])
-        return merge_runs(runs, keys, schema, stats=stats)
+        return merge_runs(runs, keys, schema, stats=stats, workers=_MERGE_WORKERS)
 
     @property
     def read_stats(self) -> RunStats:

@@ -52,15 +52,16 @@ RUN = st.dictionaries(st.tuples(KEY_A.map(_norm), KEY_B), st.integers(-3, 3), ma
 
 
 @settings(max_examples=150, deadline=None)
-@given(runs=st.lists(RUN, min_size=0, max_size=5), chunk_rows=st.integers(1, 5))
-def test_merge_runs_equals_brute_force(runs, chunk_rows):
+@given(runs=st.lists(RUN, min_size=0, max_size=5), chunk_rows=st.integers(1, 5), workers=st.sampled_from([1, 2]))
+def test_merge_runs_equals_brute_force(runs, chunk_rows, workers):
     total: dict = defaultdict(int)
     for acc in runs:
         for key, d in acc.items():
             total[key] += d
     expected = _rows(_as_run(total))
     stats = RunStats()
-    got = merge_runs([_as_run(acc) for acc in runs], ["a", "b"], RUN_SCHEMA, chunk_rows=chunk_rows, stats=stats)
+    got = merge_runs([_as_run(acc) for acc in runs], ["a", "b"], RUN_SCHEMA, chunk_rows=chunk_rows, stats=stats,
+                     workers=workers)
     assert got.schema.names == RUN_SCHEMA.names
     assert _rows(got) == expected
     assert stats.rows_passed + stats.rows_sorted >= len(expected)

@@ -21,7 +21,9 @@ Order is pyarrow's (NULLs last, NaN after numbers), as in :mod:`sediment.trace.c
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -103,20 +105,11 @@ def _apart(pieces: list[pa.Table], keys: list[str], order: list[tuple[str, str]]
     return ranked
 
 
-def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
-                    chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None) -> Iterator[pa.Table]:
-    """Merge runs (each ``key_columns + [diff]``, rows strictly increasing, no zero diff)
-    into one: diffs of equal rows summed, zeros dropped, rows strictly increasing across
-    the yielded tables. Work is linear in the rows plus a sort of only the rows that
-    interleave with another run's within a round."""
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
-    stats = stats if stats is not None else RunStats()
-    keys = list(key_columns)
-    cols = [*keys, DIFF]
-    live = [r.select(cols) for r in runs if r.num_rows]
+def _rounds(live: list[pa.Table], keys: list[str], order: list[tuple[str, str]], chunk_rows: int,
+            stats: RunStats) -> Iterator[tuple[bool, pa.Table]]:
+    """The merge's rounds in output order: (False, rows to emit as they are) or (True, rows
+    of interleaving runs still to be sorted and summed)."""
     pos = [0] * len(live)
-    order = sort_keys(keys, with_time=False)
     while True:
         active = [i for i in range(len(live)) if pos[i] < live[i].num_rows]
         if not active:
@@ -127,7 +120,7 @@ def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
             (i, w), = windows.items()
             pos[i] += w.num_rows
             stats.rows_passed += w.num_rows
-            yield w
+            yield False, w
             continue
         bounded = [i for i in active if pos[i] + windows[i].num_rows < live[i].num_rows]
         take = {i: windows[i].num_rows for i in active}
@@ -145,19 +138,68 @@ def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
         if apart is not None:
             for piece in apart:
                 stats.rows_passed += piece.num_rows
-                yield piece
+                yield False, piece
             continue
         both = pa.concat_tables(pieces)
         stats.rows_sorted += both.num_rows
-        out = sum_sorted(both.take(pc.sort_indices(both.select(keys), order)), keys)
-        if out.num_rows:
-            yield out
+        yield True, both
+
+
+def _combine(rows: pa.Table, keys: list[str], order: list[tuple[str, str]]) -> pa.Table:
+    return sum_sorted(rows.take(pc.sort_indices(rows.select(keys), order)), keys)
+
+
+def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
+                    chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None,
+                    workers: int = 1) -> Iterator[pa.Table]:
+    """Merge runs (each ``key_columns + [diff]``, rows strictly increasing, no zero diff)
+    into one: diffs of equal rows summed, zeros dropped, rows strictly increasing across
+    the yielded tables. Work is linear in the rows plus a sort of only the rows that
+    interleave with another run's within a round. With ``workers`` > 1, the sorts of up
+    to that many rounds run at once on a thread pool (Arrow's kernels release the GIL),
+    as ``pq.read_table`` decodes on several threads; output order is unchanged."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
+    stats = stats if stats is not None else RunStats()
+    keys = list(key_columns)
+    cols = [*keys, DIFF]
+    live = [r.select(cols) for r in runs if r.num_rows]
+    order = sort_keys(keys, with_time=False)
+    rounds = _rounds(live, keys, order, chunk_rows, stats)
+    if workers <= 1 or sum(r.num_rows for r in live) <= 2 * chunk_rows:
+        for needs_sort, rows in rounds:
+            out = _combine(rows, keys, order) if needs_sort else rows
+            if out.num_rows:
+                yield out
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sediment-merge") as pool:
+        inflight: deque[Future | pa.Table] = deque()
+        try:
+            for needs_sort, rows in rounds:
+                inflight.append(pool.submit(_combine, rows, keys, order) if needs_sort else rows)
+                while len(inflight) > workers:
+                    out = _result(inflight.popleft())
+                    if out.num_rows:
+                        yield out
+            while inflight:
+                out = _result(inflight.popleft())
+                if out.num_rows:
+                    yield out
+        finally:
+            for item in inflight:
+                if isinstance(item, Future):
+                    item.cancel()
+
+
+def _result(item: Future | pa.Table) -> pa.Table:
+    return item.result() if isinstance(item, Future) else item
 
 
 def merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], schema: pa.Schema, *,
-               chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None) -> pa.Table:
+               chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None,
+               workers: int = 1) -> pa.Table:
     """:func:`iter_merge_runs` gathered into one table of ``schema`` (the run columns)."""
-    parts = list(iter_merge_runs(runs, key_columns, chunk_rows=chunk_rows, stats=stats))
+    parts = list(iter_merge_runs(runs, key_columns, chunk_rows=chunk_rows, stats=stats, workers=workers))
     if not parts:
         return schema.empty_table()
     if len(parts) == 1:
