@@ -117,6 +117,11 @@ class FileBlobStore:
         except OSError as e:
             raise self._io_error("get_range", key, e) from e
 
+    def local_path(self, key: str) -> str:
+        """The file holding ``key``, so readers can open it with pyarrow's native file instead
+        of copying it through Python (they still check it against the trace state)."""
+        return str(self._path(key))
+
     def size(self, key: str) -> int:
         path = self._path(key)
         try:

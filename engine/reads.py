@@ -7,6 +7,7 @@ concern; it uses the engine's lock, view and stores and adds no state of its own
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,10 +24,12 @@ from sediment.errors import (
     InvalidArgument,
 )
 from sediment.trace.consolidate import snapshot as consolidate_snapshot
+from sediment.trace.runs import RunStats, batch_run, merge_runs
 from sediment.trace.state import TraceState
 from sediment.wal.record import Record
 
 log = logging.getLogger(__name__)
+_MERGE_WORKERS = min(4, os.cpu_count() or 1)  # threads sorting a large snapshot's merge windows
 
 
 
@@ -95,24 +98,40 @@ class Reads:
             raise DiffOverflow(f"relation {name!r} as of {as_of}: {exc}", relation=name, row=exc.row) from None
 
     def _snapshot_parts(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+        """Consolidation on read (:mod:`sediment.trace.runs`): each batch becomes a sorted run
+        without a sort (as stored when it holds one time), the WAL tail is consolidated into
+        one more run, and the runs are merged in one streaming pass."""
         keys = rel.keys
-        partial = []
+        stats = self.read_stats
+        runs = []
         for ref in (*trace.batches, *trace.pending):
             if ref.key is not None and ref.lower <= as_of:
                 table = self.traces.read(rel.entry.id, ref)
                 if table is not None:
-                    table = table.select(rel.update_schema.names).cast(rel.update_schema)
-                    partial.append(consolidate_snapshot(table, keys, as_of))
+                    lo, hi = max(ref.lower, ref.since), max(ref.upper - 1, ref.since)
+                    runs.append(batch_run(self._conform(rel, table), keys, as_of, min_time=lo, max_time=hi,
+                                          stats=stats))
         entries = [e for e in entries if e.t_lo <= as_of]
         if entries:
-            partial.append(consolidate_snapshot(self._load_tail(rel, entries), keys, as_of))
-        if not partial:
-            return consolidate_snapshot(rel.update_schema.empty_table(), keys, as_of)
-        if len(partial) == 1:
-            return partial[0]
-        combined = pa.concat_tables(partial)
-        combined = combined.append_column("time", pa.array([0] * combined.num_rows, pa.int64()))
-        return consolidate_snapshot(combined.select(rel.update_schema.names), keys, 0)
+            runs.append(consolidate_snapshot(self._load_tail(rel, entries), keys, as_of))
+        schema = pa.schema([rel.update_schema.field(c) for c in (*keys, "diff")])
+        return merge_runs(runs, keys, schema, stats=stats, workers=_MERGE_WORKERS)
+
+    @property
+    def read_stats(self) -> RunStats:
+        """Counters of consolidation on read, for tests and operators (created on first use)."""
+        stats = self.__dict__.get("_read_stats")
+        if stats is None:
+            stats = self.__dict__.setdefault("_read_stats", RunStats())
+        return stats
+
+    @staticmethod
+    def _conform(rel: _Relation, table: pa.Table) -> pa.Table:
+        """A batch in the relation's update schema (Parquet returns some types in another
+        unit); a no-op, without a cast, when it already is."""
+        if table.schema.names == rel.update_schema.names and table.schema.types == rel.update_schema.types:
+            return table
+        return table.select(rel.update_schema.names).cast(rel.update_schema)
 
     def _updates_after(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], t: int) -> pa.Table:
         """Every stored update at a time > t, sorted by time."""
@@ -225,26 +244,38 @@ class Reads:
             entries = list(rel.tail)
             self._pin()
 
+        opened: dict = {}
+
         def load(item) -> pa.Table:
             if isinstance(item, TailEntry):
                 return pa.Table.from_batches([self._decode(rel, self._log.read(item.lsn))])
-            return self.traces.read_row_group(rel.entry.id, item)
+            return self.traces.read_row_group(rel.entry.id, item, opened)
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:
+                if not ordered:
+                    yield from self._replay_as_stored(rel, trace, entries, batch_rows)
+                    return
                 items: list[Any] = []
                 for ref in (*trace.batches, *trace.pending):
                     items += self.traces.row_groups(rel.entry.id, ref)
                 items += entries
-                if not ordered:
-                    for item in items:
-                        yield from load(item).cast(rel.update_schema).to_batches(max_chunksize=batch_rows)
-                    return
                 yield from replay_mod.time_ordered(items, load, rel.update_schema, batch_rows)
             finally:
                 self._unpin()
 
         return generate()
+
+    def _replay_as_stored(self, rel: _Relation, trace: TraceState, entries: list[TailEntry],
+                          batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """Each batch's row groups as stored (footer opened once per batch, page checksums
+        and time bounds checked per group), then the WAL tail records: no sort, no reopen."""
+        for ref in (*trace.batches, *trace.pending):
+            for group in self.traces.read_stream(rel.entry.id, ref):
+                yield from self._conform(rel, group).to_batches(max_chunksize=batch_rows)
+        for entry in entries:
+            batch = self._decode(rel, self._log.read(entry.lsn))
+            yield from pa.Table.from_batches([batch]).to_batches(max_chunksize=batch_rows)
 
     def trace_info(self, name: str) -> dict[str, int]:
         """The relation's stored shape: batches, pending batches, rows and bytes in them, the

@@ -89,14 +89,19 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
         is_end = pa.concat_arrays([*_chunks(pc.invert(same)), pa.array([True])])
     ends = pc.indices_nonzero(is_end)
     diff = table.column(DIFF)
+    if len(ends) == n:
+        out = table.select([*cols, DIFF])
+        zero = pc.equal(diff, 0)
+        return out.filter(pc.invert(zero)) if drop_zeros and pc.any(zero).as_py() else out
     if _cannot_overflow(diff, n):
         sums = _run_sums(diff, ends)
     else:
         sums = _run_sums_checked(table, cols, diff, ends)
-    out = table.select(cols).take(ends).append_column(DIFF, sums)
     if drop_zeros:
-        out = out.filter(pc.not_equal(out.column(DIFF), 0))
-    return out
+        nonzero = pc.not_equal(sums, 0)
+        if not pc.all(nonzero).as_py():
+            ends, sums = ends.filter(nonzero), sums.filter(nonzero)
+    return table.select(cols).take(ends).append_column(DIFF, sums)
 
 
 def _cannot_overflow(diff: pa.ChunkedArray | pa.Array, n: int) -> bool:

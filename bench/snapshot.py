@@ -1,0 +1,168 @@
+"""Snapshot of a fully compacted relation, beside ``pq.read_table`` of the same batch files.
+
+Why: issue 15 asks for a snapshot of a relation with nothing left to consolidate at
+>= 0.85x of a plain ``pq.read_table`` of its batch files, and for snapshot time to grow
+at most 4.5x from 4M to 16M rows. The machine is shared and noisy, so the peer runs in
+the same process on the same files, rounds interleaved (ours, peer, ours, peer, ...),
+and each figure is the median of the rounds with the min-max beside it.
+
+Set-up per size: an engine (``compact=False``: compaction is driven here by
+``engine.compact()``, so its work is outside the timed reads) gets N rows of
+``k int64, v binary(16)`` plus ``time``/``diff`` in steps; each step appends, seals,
+advances ``since`` to the sealed time and compacts, then compaction is repeated until
+the trace stops changing. Every batch then holds one time (nothing left to consolidate)
+and there is no WAL tail. Two layouts: ``one`` (one step: one batch, the relation
+compacted into a single run) and ``tiered`` (``--steps`` steps: the planner's
+size-tiered batches, which a snapshot has to merge).
+
+Cases, alternated in each round:
+
+* ``snapshot``: ``engine.snapshot("r", sealed)``;
+* ``read_table``: ``pq.read_table`` of each batch file (pyarrow defaults, threaded),
+  concatenated -- the peer: the least any reader of those files does.
+
+    .venv/bin/python bench/snapshot.py            # 4M and 16M rows, 5 rounds
+    .venv/bin/python bench/snapshot.py --quick    # 1M and 4M rows, 3 rounds
+
+Temp directories go under ``--dir`` (default /tmp) and are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import sediment
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compact import SCHEMA, make_updates  # noqa: E402
+
+
+def build(root: str, rows: int, steps: int, times: int) -> tuple[str, object, int]:
+    d = tempfile.mkdtemp(prefix="sed-snapshot-", dir=root)
+    engine = sediment.open(d, compact=False, segment_bytes=1 << 30)
+    engine.add_relation("r", SCHEMA)
+    per_t = max(1, times // steps)
+    for s in range(steps):
+        table = make_updates(rows // steps, per_t, seed_keys=rows, t0=s * per_t)
+        for piece in table.to_batches(max_chunksize=200_000):
+            engine.append("r", pa.Table.from_batches([piece]))
+        sealed = (s + 1) * per_t - 1
+        engine.seal("r", sealed)
+        engine.set_since("r", sealed)
+        engine.compact()
+    before = None
+    while before != engine.trace_info("r"):
+        before = engine.trace_info("r")
+        engine.compact()
+    return d, engine, steps * per_t - 1
+
+
+def batch_files(d: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(d, "blobs", "trace", "**", "*.parquet"), recursive=True))
+
+
+def timed(fn) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds of this process (all threads; steadier than wall time
+    when other jobs share the cores), rows."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - t0, time.process_time() - c0, out.num_rows
+
+
+def run_size(root: str, rows: int, steps: int, times: int, rounds: int) -> dict:
+    d, engine, sealed = build(root, rows, steps, times)
+    try:
+        files = batch_files(d)
+        info = engine.trace_info("r")
+        cases = {
+            "snapshot": lambda: engine.snapshot("r", sealed),
+            "read_table": lambda: pa.concat_tables([pq.read_table(f) for f in files]),
+        }
+        got: dict[str, list[float]] = {name: [] for name in cases}
+        cpu: dict[str, list[float]] = {name: [] for name in cases}
+        out_rows: dict[str, int] = {}
+        for fn in cases.values():  # warm the page cache and the code paths once
+            fn()
+        for r in range(rounds):
+            order = list(cases) if r % 2 == 0 else list(reversed(cases))
+            for name in order:
+                secs, used, n = timed(cases[name])
+                got[name].append(secs)
+                cpu[name].append(used)
+                out_rows[name] = n
+        before = engine.read_stats.batches_as_is
+        engine.snapshot("r", sealed)
+        as_is = engine.read_stats.batches_as_is - before
+        return {"rows_appended": rows, "stored_rows": info["rows"], "batches": info["batches"],
+                "tail_records": info["tail_records"], "bytes": info["bytes"], "batches_read_as_is": as_is,
+                "out_rows": out_rows, "seconds": got, "cpu_seconds": cpu}
+    finally:
+        engine.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def med(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.3f} s ({min(xs):.3f}-{max(xs):.3f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1M and 4M rows, 3 rounds")
+    ap.add_argument("--sizes", type=int, nargs="+", help="rows per size (default 4M 16M)")
+    ap.add_argument("--steps", type=int, default=4, help="append+seal+compact steps of the tiered layout")
+    ap.add_argument("--layouts", nargs="+", default=["one", "tiered"], choices=["one", "tiered"])
+    ap.add_argument("--times", type=int, default=400)
+    ap.add_argument("--rounds", type=int, help="default 5 (quick 3); at least 3")
+    ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    sizes = args.sizes or ([1_000_000, 4_000_000] if args.quick else [4_000_000, 16_000_000])
+    rounds = max(3, args.rounds or (3 if args.quick else 5))
+    print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, pyarrow {pa.__version__}, "
+          f"load average {os.getloadavg()[0]:.1f}; {rounds} rounds, interleaved")
+    results = []
+    for layout in args.layouts:
+        steps = 1 if layout == "one" else args.steps
+        done = []
+        for rows in sizes:
+            res = run_size(args.dir, rows, steps, args.times, rounds)
+            res["layout"] = layout
+            done.append(res)
+            s, p = res["seconds"]["snapshot"], res["seconds"]["read_table"]
+            cs, cp = res["cpu_seconds"]["snapshot"], res["cpu_seconds"]["read_table"]
+            ratio = statistics.median(p) / statistics.median(s)
+            res["ratio"] = ratio
+            res["cpu_ratio"] = statistics.median(cp) / statistics.median(cs)
+            print(f"[{layout}] {rows:>11,} rows appended, {res['stored_rows']:,} stored in {res['batches']} "
+                  f"batch(es) ({res['batches_read_as_is']} read as stored), tail {res['tail_records']} records")
+            print(f"    snapshot    {med(s)}  cpu {med(cs)}  {res['out_rows']['snapshot']:,} rows")
+            print(f"    read_table  {med(p)}  cpu {med(cp)}  {res['out_rows']['read_table']:,} rows")
+            print(f"    ratio (read_table / snapshot, medians) {ratio:.2f}x wall, {res['cpu_ratio']:.2f}x cpu "
+                  "(target >= 0.85x)")
+        if len(done) >= 2:
+            a, b = done[0], done[-1]
+            grow = statistics.median(b["seconds"]["snapshot"]) / statistics.median(a["seconds"]["snapshot"])
+            peer = statistics.median(b["seconds"]["read_table"]) / statistics.median(a["seconds"]["read_table"])
+            cgrow = statistics.median(b["cpu_seconds"]["snapshot"]) / statistics.median(a["cpu_seconds"]["snapshot"])
+            print(f"[{layout}] growth {a['rows_appended']:,} -> {b['rows_appended']:,} rows: snapshot {grow:.2f}x "
+                  f"wall, {cgrow:.2f}x cpu (target <= 4.5x); read_table {peer:.2f}x wall")
+        results += done
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Consolidation on read: snapshots of sorted batches, combined by a streaming merge of runs.
+
+A batch is consolidated at its ``since`` and sorted by (row, time) (the batch format's
+invariant, covered by the object checksum the trace state records). So a snapshot of
+it never needs a sort: keeping the times <= ``as_of`` keeps the row order, and summing
+adjacent equal rows gives a *run* -- rows strictly increasing, non-zero diffs. When all
+the batch's times are one time (``since`` at or past its last time, as compaction
+leaves a relation whose ``since`` was advanced), its rows are already distinct and the
+batch is a run as stored: nothing is summed at all.
+
+Several runs (batches and the WAL tail) are merged a window at a time, as differential
+dataflow and Materialize's persist consolidate on read: each round takes the next
+``chunk_rows`` of every run, finds the *frontier* (the least of the windows' last rows,
+over runs that continue past their window) and emits every windowed row <= the
+frontier; no row after it can sort before it, since each run is sorted. Rows from a
+single run in a round pass through untouched; only rows of different runs that
+interleave in a round are sorted together (at most ``runs x chunk_rows`` at a time).
+Order is pyarrow's (NULLs last, NaN after numbers), as in :mod:`sediment.trace.consolidate`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sediment.trace.consolidate import DIFF, TIME, first_unsorted, sort_keys, sum_sorted
+
+DEFAULT_RUN_CHUNK_ROWS = 1 << 20
+
+
+@dataclass
+class RunStats:
+    """What consolidation on read did (tests assert on it; no timing involved)."""
+
+    batches_as_is: int = 0  # batches used as stored: one time, rows already distinct
+    batches_summed: int = 0  # batches filtered to as_of and/or summed per row, without a sort
+    rounds: int = 0
+    rows_passed: int = 0  # rows emitted without a sort (one run in their round)
+    rows_sorted: int = 0  # rows of interleaving runs sorted together
+
+
+def batch_run(table: pa.Table, key_columns: Sequence[str], as_of: int, *, min_time: int, max_time: int,
+              stats: RunStats | None = None) -> pa.Table:
+    """The snapshot at ``as_of`` of one stored batch (sorted by (row, time), consolidated),
+    as a run: ``key_columns + [diff]``, rows strictly increasing. ``min_time``/``max_time``
+    are the batch's time bounds from its description: when they are equal and <= as_of the
+    rows are already distinct and are returned as stored."""
+    keys = list(key_columns)
+    if min_time > as_of:
+        return table.select([*keys, DIFF]).slice(0, 0)
+    if min_time == max_time:
+        if stats is not None:
+            stats.batches_as_is += 1
+        return table.select([*keys, DIFF])
+    if max_time > as_of:
+        table = table.filter(pc.less_equal(table.column(TIME), pa.scalar(as_of, pa.int64())))
+    if stats is not None:
+        stats.batches_summed += 1
+    return sum_sorted(table.select([*keys, DIFF]), keys)
+
+
+def _is_nan(value: pa.Scalar) -> bool:
+    v = value.as_py()
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _compare(col: pa.ChunkedArray | pa.Array, value: pa.Scalar) -> tuple[pa.Array, pa.Array]:
+    """(col < value, col == value) in sort order: numbers, then NaN, then NULL; never null."""
+    floating = pa.types.is_floating(col.type)
+    if not value.is_valid:
+        return pc.is_valid(col), pc.is_null(col)
+    if floating and _is_nan(value):
+        nan = pc.fill_null(pc.is_nan(col), False)
+        return pc.and_(pc.is_valid(col), pc.invert(nan)), nan
+    return pc.fill_null(pc.less(col, value), False), pc.fill_null(pc.equal(col, value), False)
+
+
+def _rows_at_most(window: pa.Table, keys: list[str], frontier: dict[str, pa.Scalar]) -> int:
+    """How many leading rows of a sorted window are <= the frontier row."""
+    le = None
+    for c in reversed(keys):
+        lt, eq = _compare(window.column(c), frontier[c])
+        le = pc.or_(lt, eq) if le is None else pc.or_(lt, pc.and_(eq, le))
+    chunks = le.chunks if isinstance(le, pa.ChunkedArray) else [le]
+    return sum(c.true_count for c in chunks)
+
+
+def _apart(pieces: list[pa.Table], keys: list[str], order: list[tuple[str, str]]) -> list[pa.Table] | None:
+    """The pieces in order if they do not interleave (each one's last row before the next
+    one's first), else None."""
+    if len(pieces) == 1:
+        return pieces
+    firsts = pa.concat_tables([p.slice(0, 1).select(keys) for p in pieces])
+    ranked = [pieces[i] for i in pc.sort_indices(firsts, order).to_pylist()]
+    for a, b in zip(ranked, ranked[1:], strict=False):
+        pair = pa.concat_tables([a.slice(a.num_rows - 1).select(keys), b.slice(0, 1).select(keys)])
+        if first_unsorted(pair, keys, strict=True) is not None:
+            return None
+    return ranked
+
+
+def _rounds(live: list[pa.Table], keys: list[str], order: list[tuple[str, str]], chunk_rows: int,
+            stats: RunStats) -> Iterator[tuple[bool, pa.Table]]:
+    """The merge's rounds in output order: (False, rows to emit as they are) or (True, rows
+    of interleaving runs still to be sorted and summed)."""
+    pos = [0] * len(live)
+    while True:
+        active = [i for i in range(len(live)) if pos[i] < live[i].num_rows]
+        if not active:
+            return
+        stats.rounds += 1
+        windows = {i: live[i].slice(pos[i], chunk_rows) for i in active}
+        if len(active) == 1:
+            (i, w), = windows.items()
+            pos[i] += w.num_rows
+            stats.rows_passed += w.num_rows
+            yield False, w
+            continue
+        bounded = [i for i in active if pos[i] + windows[i].num_rows < live[i].num_rows]
+        take = {i: windows[i].num_rows for i in active}
+        if bounded:
+            lasts = pa.concat_tables([windows[i].slice(windows[i].num_rows - 1).select(keys) for i in bounded])
+            first = pc.sort_indices(lasts, order)[0].as_py()
+            frontier = {c: lasts.column(c)[first] for c in keys}
+            for i in active:
+                if i != bounded[first]:
+                    take[i] = _rows_at_most(windows[i], keys, frontier)
+        pieces = [windows[i].slice(0, take[i]) for i in active if take[i]]
+        for i in active:
+            pos[i] += take[i]
+        apart = _apart(pieces, keys, order)
+        if apart is not None:
+            for piece in apart:
+                stats.rows_passed += piece.num_rows
+                yield False, piece
+            continue
+        both = pa.concat_tables(pieces)
+        stats.rows_sorted += both.num_rows
+        yield True, both
+
+
+def _combine(rows: pa.Table, keys: list[str], order: list[tuple[str, str]]) -> pa.Table:
+    return sum_sorted(rows.take(pc.sort_indices(rows.select(keys), order)), keys)
+
+
+def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
+                    chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None,
+                    workers: int = 1) -> Iterator[pa.Table]:
+    """Merge runs (each ``key_columns + [diff]``, rows strictly increasing, no zero diff)
+    into one: diffs of equal rows summed, zeros dropped, rows strictly increasing across
+    the yielded tables. Work is linear in the rows plus a sort of only the rows that
+    interleave with another run's within a round. With ``workers`` > 1, the sorts of up
+    to that many rounds run at once on a thread pool (Arrow's kernels release the GIL),
+    as ``pq.read_table`` decodes on several threads; output order is unchanged."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
+    stats = stats if stats is not None else RunStats()
+    keys = list(key_columns)
+    cols = [*keys, DIFF]
+    live = [r.select(cols) for r in runs if r.num_rows]
+    order = sort_keys(keys, with_time=False)
+    rounds = _rounds(live, keys, order, chunk_rows, stats)
+    if workers <= 1 or sum(r.num_rows for r in live) <= 2 * chunk_rows:
+        for needs_sort, rows in rounds:
+            out = _combine(rows, keys, order) if needs_sort else rows
+            if out.num_rows:
+                yield out
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sediment-merge") as pool:
+        inflight: deque[Future | pa.Table] = deque()
+        try:
+            for needs_sort, rows in rounds:
+                inflight.append(pool.submit(_combine, rows, keys, order) if needs_sort else rows)
+                while len(inflight) > workers:
+                    out = _result(inflight.popleft())
+                    if out.num_rows:
+                        yield out
+            while inflight:
+                out = _result(inflight.popleft())
+                if out.num_rows:
+                    yield out
+        finally:
+            for item in inflight:
+                if isinstance(item, Future):
+                    item.cancel()
+
+
+def _result(item: Future | pa.Table) -> pa.Table:
+    return item.result() if isinstance(item, Future) else item
+
+
+def merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], schema: pa.Schema, *,
+               chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None,
+               workers: int = 1) -> pa.Table:
+    """:func:`iter_merge_runs` gathered into one table of ``schema`` (the run columns)."""
+    parts = list(iter_merge_runs(runs, key_columns, chunk_rows=chunk_rows, stats=stats, workers=workers))
+    if not parts:
+        return schema.empty_table()
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_tables(parts)
