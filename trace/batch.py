@@ -24,13 +24,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sediment.blob.protocol import BlobStore
 from sediment.errors import BatchCorruption, BlobNotFound, TraceError
+from sediment.trace.batch_checksum import (  # noqa: E402,F401  (part of this module's API)
+    PARQUET_MAGIC,
+    TAIL_PREFETCH,
+    checksums,
+    file_checksums,
+    footer_checksum,
+    object_checksum,
+)
 from sediment.trace.consolidate import first_unsorted
 
 FORMAT_NAME = "sediment-trace-batch"
@@ -39,8 +46,6 @@ META_PREFIX = "sediment."
 DEFAULT_ROW_GROUP_ROWS = 64 * 1024
 COMPRESSION = "zstd"
 U64_MAX = (1 << 64) - 1
-PARQUET_MAGIC = b"PAR1"
-TAIL_PREFETCH = 64 * 1024
 # Anything pyarrow or our own parsing raises on damaged bytes (UnicodeDecodeError is a ValueError).
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError, TypeError, OverflowError)
 
@@ -320,59 +325,6 @@ def _open(source: Any, where: str, expected: BatchDescription | None,
             "the object is damaged or belongs to another relation (run sediment verify)"
         )
     return pf, desc
-
-
-def footer_checksum(tail: bytes, where: str = "batch") -> tuple[int, int]:
-    """(footer length, CRC32C of the footer plus its 8-byte trailer) from the last bytes of
-    a batch object. Parquet's own checksums cover data pages only, so the trace state
-    records this to cover the footer (schema, row-group offsets, sediment.* keys).
-    Raises BatchCorruption if ``tail`` does not end in a Parquet trailer; returns length
-    -1 if ``tail`` is too short to hold the whole footer (fetch more)."""
-    if len(tail) < 12 or tail[-4:] != PARQUET_MAGIC:
-        raise BatchCorruption(f"{where}: the object does not end in the Parquet magic {PARQUET_MAGIC!r}; "
-                              "it is truncated or damaged")
-    flen = int.from_bytes(tail[-8:-4], "little")
-    if flen + 8 > len(tail):
-        return -1, 0
-    return flen, crc32c.crc32c(tail[-(flen + 8):])
-
-
-def checksums(data: bytes | memoryview, where: str = "batch") -> tuple[int, int]:
-    """(CRC32C of the whole object, CRC32C of its footer) of encoded batch bytes."""
-    flen, fcrc = footer_checksum(bytes(data[-TAIL_PREFETCH:]) if len(data) > TAIL_PREFETCH else bytes(data), where)
-    if flen < 0:
-        flen, fcrc = footer_checksum(bytes(data), where)
-    return crc32c.crc32c(data), fcrc
-
-
-def file_checksums(path: str) -> tuple[int, int]:
-    """:func:`checksums` of a batch file on local disk, read in 1 MiB chunks."""
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            crc = crc32c.crc32c(chunk, crc)
-        size = f.tell()
-        flen = -1
-        n = TAIL_PREFETCH
-        while flen < 0:
-            f.seek(max(0, size - n))
-            flen, fcrc = footer_checksum(f.read(n), path)
-            if flen < 0 and n >= size:
-                raise BatchCorruption(f"{path}: footer length runs past the start of the file")
-            n = max(n * 2, flen + 8)
-    return crc, fcrc
-
-
-def object_checksum(store: BlobStore, key: str, size: int, *, chunk: int = 8 << 20) -> int:
-    """CRC32C of a whole stored object, read in bounded ranges (for ``sediment verify``)."""
-    crc, pos = 0, 0
-    while pos < size:
-        data = store.get_range(key, pos, min(chunk, size - pos))
-        if not data:
-            raise BatchCorruption(f"batch {key!r}: object ends at {pos} bytes, expected {size}")
-        crc = crc32c.crc32c(data, crc)
-        pos += len(data)
-    return crc
 
 
 def _read_group(pf: pq.ParquetFile, i: int, desc: BatchDescription, where: str, columns: list[str] | None) -> pa.Table:
