@@ -141,3 +141,52 @@ def test_damage_in_an_update_body_is_still_refused_at_open(tmp_path):
     with pytest.raises(WalCorruption) as err:
         sediment.open(d, compact=False, segment_bytes=1 << 20)
     assert victim in str(err.value)
+
+
+def _model_scan(path: str, first_lsn: int) -> tuple[list[int], int, int]:
+    """The plain reading of a segment: the whole written file in one buffer, frame by frame
+    with decode_header/body_ok. (offsets, end, bad offset or -1)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    view = memoryview(data)
+    pos, lsn, offsets = sg.HEADER_SIZE, first_lsn, []
+    while pos < len(data):
+        head = rec.decode_header(view, pos)
+        if head is None or head.lsn != lsn or pos + head.frame_size > len(data) or \
+                not rec.body_ok(head, view[pos + rec.HEADER_SIZE:pos + head.frame_size]):
+            return offsets, pos, (-1 if data.count(0, pos) == len(data) - pos else pos)
+        offsets.append(pos)
+        pos += head.frame_size
+        lsn += 1
+    return offsets, pos, -1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_windowed_scan_agrees_with_reading_the_whole_file(tmp_path, seed):
+    """Frames of every size across the read window's edges (and one bigger than the window),
+    then damage placed past the first window: the windowed walk finds the same records,
+    end, damage offset and resume point as a whole-file read."""
+    rng = random.Random(seed)
+    log = FileLog.open(str(tmp_path), create=True, segment_bytes=64 << 20)
+    sizes = [rng.choice([0, 1, 100, 9000, 70000, 300000]) for _ in range(120)] + [9 << 20] + [5000] * 200
+    rng.shuffle(sizes)
+    for n in sizes:
+        log.append([Record(RecordKind.UPDATES, 1, 0, 1, 1, 1, os.urandom(n))])
+    log.close()
+    path = seg_files(str(tmp_path))[0]
+    buf = sg.ReadBuffer()
+    scan = sg.scan_segment(path, 0, buf=buf)
+    offsets, end, bad = _model_scan(path, 0)
+    assert scan.end > 2 * (8 << 20) and list(scan.offsets) == offsets and scan.end == end and bad == -1 and scan.clean
+    k = next(i for i, o in enumerate(offsets[:-1]) if o > (8 << 20) + 1000 and offsets[i + 1] - o > rec.HEADER_SIZE + 1)
+    victim, after = offsets[k], offsets[k + 1]  # a record with a body, past the first window
+    with open(path, "r+b") as f:
+        f.seek(victim + rec.HEADER_SIZE + 1)
+        b = f.read(1)
+        f.seek(victim + rec.HEADER_SIZE + 1)
+        f.write(bytes([b[0] ^ 1]))
+    damaged = sg.scan_segment(path, 0, buf=buf)
+    model_offsets, _end, bad = _model_scan(path, 0)
+    assert list(damaged.offsets) == model_offsets == offsets[:k]
+    assert damaged.bad_offset == bad == victim and damaged.reason == "record body fails its checksum"
+    assert damaged.valid_after_bad and damaged.resume == (after, k + 1)

@@ -171,27 +171,46 @@ class ReadBuffer:
         return memoryview(self._map)[:n]
 
 
-def _read_extent(path: str, buf: ReadBuffer | None) -> tuple[memoryview, int, int]:
-    """The file's bytes up to its written extent, read into ``buf``, as a view; and the
-    file's size."""
-    with open(path, "rb", buffering=0) as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
-        if size <= HEADER_SIZE:
-            return memoryview(b""), 0, size
-        n = _written_extent(fd, size)
-        try:
-            os.posix_fadvise(fd, 0, n, os.POSIX_FADV_SEQUENTIAL)
-        except (OSError, AttributeError):
-            pass
-        view = (buf or ReadBuffer()).view(n)
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    parts = []
+    while n > 0:
+        chunk = os.pread(fd, min(n, 1 << 30), offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        n -= len(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
+
+
+_WINDOW = 8 << 20  # bytes read at a time: the frames are checked while they are still in the CPU's cache
+
+
+class _Window:
+    """A sliding window over one file: ``view`` holds the file's bytes [lo, hi). Refilled
+    from a frame's start, so a frame is always whole in it (grown for a frame bigger than
+    the window); reading in cache-sized pieces costs about a third less CPU per GiB than
+    one read of the whole file followed by the checks."""
+
+    def __init__(self, f, buf: ReadBuffer | None, size: int) -> None:
+        self.f, self.buf, self.size = f, buf or ReadBuffer(), size
+        self.lo = self.hi = 0
+        self.view = memoryview(b"")
+
+    def fill(self, pos: int, need: int) -> None:
+        """Read from ``pos`` at least ``need`` bytes (fewer only at the end of the extent)."""
+        n = min(max(_WINDOW, need), self.size - pos)
+        self.view = view = self.buf.view(n)
+        self.f.seek(pos)
         got = 0
         while got < n:
-            k = f.readinto(view[got:])
+            k = self.f.readinto(view[got:])
             if not k:
                 break
             got += k
-    return view[:got], got, size
+        self.lo, self.hi = pos, pos + got
+        if got < n:  # the file shrank under us: what is left reads as its end
+            self.size = self.hi
 
 
 def prefetch(path: str) -> None:
@@ -230,15 +249,11 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
     so an open applies what this one read verified instead of reading the log again.
     ``buf``: a buffer to read into (reused across the segments of one open).
 
-    One read of the file, then one tight walk over its frames: both CRCs of a frame are
-    computed over slices of the buffer, without copies.
+    One pass over the file in cache-sized windows, one tight walk over its frames: both
+    CRCs of a frame are computed over slices of the window, without copies.
     """
     scan = SegmentScan(path, first_lsn, end=start)
     records: list[rec.Record] = []
-    view, size, scan.file_size = _read_extent(path, buf)
-    if scan.file_size <= HEADER_SIZE:
-        return (scan, records) if want_records else scan
-    data = view  # past the written extent the file reads as zeros
     offsets = scan.offsets
     sealed = scan.sealed
     heads = bytearray() if keep_heads else None
@@ -247,49 +262,70 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
     expected = first_lsn
     reason = ""
     kinds = rec.KIND_VALUES
-    while pos < size:
-        end = pos + _H
-        if end > size:
-            reason = "bad record header (checksum, magic or length)"
-            break
-        hcrc, magic, version, kind, body_len, body_crc, lsn, rel, _txn, _t_lo, t_hi, _count, _r = _UNPACK(data, pos)
-        if magic != rec.MAGIC or version != rec.VERSION or kind not in kinds or body_len > rec.MAX_BODY \
-                or _CRC(data[pos + 4:end]) != hcrc:
-            reason = "bad record header (checksum, magic or length)"
-            break
-        if lsn != expected:
-            reason = f"record LSN {lsn} where {expected} was expected"
-            break
-        nxt = end + body_len
-        if nxt > size:
-            reason = f"record of {_H + body_len} bytes runs past the end of the file"
-            break
-        if _CRC(data[end:nxt]) != body_crc:
-            reason = "record body fails its checksum"
-            break
-        offsets.append(pos)
-        if kind == _PROGRESS:
-            if t_hi > sealed.get(rel, -1):
-                sealed[rel] = t_hi
-        elif kind == _FRONTIERS:
-            for r, t in rec.decode_frontiers(bytes(data[end:nxt])).items():
-                sealed[r] = max(sealed.get(r, -1), t)
-        if heads is not None:
-            heads += data[pos:end]
-            if kind == _COMMIT and body_len:
-                bodies[lsn] = bytes(data[end:nxt])
-        if want_records:
-            records.append(rec.to_record(rec.decode_header(data, pos), bytes(data[end:nxt])))
-        pos = nxt
-        expected += 1
-    if reason:
-        if _all_zero(data, pos, size):
-            reason = ""
-        else:
-            scan.bad_offset = pos
-            scan.reason = reason
-            scan.resume = next_valid_record(data, pos, expected)
-            scan.valid_after_bad = scan.resume is not None
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        scan.file_size = os.fstat(fd).st_size
+        if scan.file_size <= HEADER_SIZE:
+            return (scan, records) if want_records else scan
+        w = _Window(f, buf, _written_extent(fd, scan.file_size))  # past the written extent: zeros
+        try:
+            os.posix_fadvise(fd, 0, w.size, os.POSIX_FADV_SEQUENTIAL)
+        except (OSError, AttributeError):
+            pass
+        data, lo, hi = w.view, 0, 0
+        while pos < w.size:
+            end = pos + _H
+            if end > hi:
+                w.fill(pos, _H)
+                data, lo, hi = w.view, w.lo, w.hi
+            if end > hi:
+                reason = "bad record header (checksum, magic or length)"
+                break
+            at = pos - lo
+            hcrc, magic, version, kind, body_len, body_crc, lsn, rel, _txn, _t_lo, t_hi, _count, _r = \
+                _UNPACK(data, at)
+            if magic != rec.MAGIC or version != rec.VERSION or kind not in kinds or body_len > rec.MAX_BODY \
+                    or _CRC(data[at + 4:at + _H]) != hcrc:
+                reason = "bad record header (checksum, magic or length)"
+                break
+            if lsn != expected:
+                reason = f"record LSN {lsn} where {expected} was expected"
+                break
+            nxt = end + body_len
+            if nxt > hi and nxt <= w.size:
+                w.fill(pos, _H + body_len)
+                data, lo, hi = w.view, w.lo, w.hi
+                at = 0
+            if nxt > hi:
+                reason = f"record of {_H + body_len} bytes runs past the end of the file"
+                break
+            body = data[at + _H:at + _H + body_len]
+            if _CRC(body) != body_crc:
+                reason = "record body fails its checksum"
+                break
+            offsets.append(pos)
+            if kind == _PROGRESS:
+                if t_hi > sealed.get(rel, -1):
+                    sealed[rel] = t_hi
+            elif kind == _FRONTIERS:
+                for r, t in rec.decode_frontiers(bytes(body)).items():
+                    sealed[r] = max(sealed.get(r, -1), t)
+            if heads is not None:
+                heads += data[at:at + _H]
+                if kind == _COMMIT and body_len:
+                    bodies[lsn] = bytes(body)
+            if want_records:
+                records.append(rec.to_record(rec.decode_header(data, at), bytes(body)))
+            pos = nxt
+            expected += 1
+        if reason:  # the rest of the file decides: a clean end, a torn tail or damage
+            rest = _pread_all(fd, w.size - pos, pos)
+            if not _all_zero(rest, 0, len(rest)):
+                scan.bad_offset = pos
+                scan.reason = reason
+                found = next_valid_record(memoryview(rest), 0, expected)
+                scan.resume = None if found is None else (pos + found[0], found[1])
+                scan.valid_after_bad = scan.resume is not None
     if heads is not None:
         scan.heads = bytes(heads)
         scan.bodies = bodies
