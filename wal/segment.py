@@ -236,21 +236,37 @@ _FRONTIERS = int(rec.RecordKind.FRONTIERS)
 _COMMIT = int(rec.RecordKind.COMMIT)
 
 
+def _sequential_window(f, buf: ReadBuffer | None, file_size: int) -> _Window:
+    """A read window over ``f`` up to its written extent (past it: zeros), read ahead."""
+    fd = f.fileno()
+    w = _Window(f, buf, _written_extent(fd, file_size))
+    try:
+        os.posix_fadvise(fd, 0, w.size, os.POSIX_FADV_SEQUENTIAL)
+    except (OSError, AttributeError):
+        pass
+    return w
+
+
+def _judge_rest(scan: SegmentScan, fd: int, size: int, pos: int, expected: int, reason: str) -> None:
+    """A frame at ``pos`` failed: the rest of the file decides whether that is a clean end
+    (only zeros follow), a torn tail or damage (and where the next valid frame lies)."""
+    rest = _pread_all(fd, size - pos, pos)
+    if not _all_zero(rest, 0, len(rest)):
+        scan.bad_offset = pos
+        scan.reason = reason
+        found = next_valid_record(memoryview(rest), 0, expected)
+        scan.resume = None if found is None else (pos + found[0], found[1])
+        scan.valid_after_bad = scan.resume is not None
+
+
 def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start: int = HEADER_SIZE,
                  keep_heads: bool = False, buf: ReadBuffer | None = None):
-    """Read every record frame of a data file, checking each header, LSN and body CRC.
-
-    Returns a SegmentScan, plus the list of records when ``want_records``. Stops at the
-    first frame that fails; the rest of the file decides whether that is a clean end
-    (only zeros follow), a torn tail (garbage with no valid frame after it) or damage.
-    ``start``: read from this offset (whose frame must carry ``first_lsn``), as when
-    resuming after damage; ``resume`` then says where the next valid frame lies.
-    ``keep_heads``: keep every verified header (``heads``) and COMMIT body (``bodies``),
-    so an open applies what this one read verified instead of reading the log again.
-    ``buf``: a buffer to read into (reused across the segments of one open).
-
-    One pass over the file in cache-sized windows, one tight walk over its frames: both
-    CRCs of a frame are computed over slices of the window, without copies.
+    """Read every record frame of a data file, checking each header, LSN and body CRC, in
+    one pass over cache-sized windows (CRCs over slices, no copies). Stops at the first
+    frame that fails (see :func:`_judge_rest`). Returns a SegmentScan (plus the records
+    when ``want_records``). ``start``: resume at this offset, whose frame carries
+    ``first_lsn``; ``keep_heads``: keep every verified header and COMMIT body, so an open
+    applies what it verified without a second read; ``buf``: a reusable read buffer.
     """
     scan = SegmentScan(path, first_lsn, end=start)
     records: list[rec.Record] = []
@@ -267,11 +283,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
         scan.file_size = os.fstat(fd).st_size
         if scan.file_size <= HEADER_SIZE:
             return (scan, records) if want_records else scan
-        w = _Window(f, buf, _written_extent(fd, scan.file_size))  # past the written extent: zeros
-        try:
-            os.posix_fadvise(fd, 0, w.size, os.POSIX_FADV_SEQUENTIAL)
-        except (OSError, AttributeError):
-            pass
+        w = _sequential_window(f, buf, scan.file_size)
         data, lo, hi = w.view, 0, 0
         while pos < w.size:
             end = pos + _H
@@ -318,14 +330,8 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
                 records.append(rec.to_record(rec.decode_header(data, at), bytes(body)))
             pos = nxt
             expected += 1
-        if reason:  # the rest of the file decides: a clean end, a torn tail or damage
-            rest = _pread_all(fd, w.size - pos, pos)
-            if not _all_zero(rest, 0, len(rest)):
-                scan.bad_offset = pos
-                scan.reason = reason
-                found = next_valid_record(memoryview(rest), 0, expected)
-                scan.resume = None if found is None else (pos + found[0], found[1])
-                scan.valid_after_bad = scan.resume is not None
+        if reason:
+            _judge_rest(scan, fd, w.size, pos, expected, reason)
     if heads is not None:
         scan.heads = bytes(heads)
         scan.bodies = bodies
