@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable
 from sediment.engine import args, deploy
+from sediment.engine.backlog import DEFAULT_MAX_WAL_BACKLOG, DEFAULT_WAL_BACKLOG_TIMEOUT, WalBacklog
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import PROGRESS, UPDATES, FeedLog
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
@@ -47,6 +48,7 @@ from sediment.errors import (
 )
 from sediment.metrics import CountingBlobStore, EngineMetrics
 from sediment.trace import compacter as cmp
+from sediment.trace.planner import DEFAULT_MAX_PENDING_RUNS
 from sediment.trace.state import TraceState
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
@@ -89,6 +91,8 @@ class Engine(Reads, Compaction):
         repair: bool = False,
         clock: Any = None,
         take_over_blob_prefix: bool = False,
+        max_wal_backlog: int | None = DEFAULT_MAX_WAL_BACKLOG,
+        wal_backlog_timeout: float = DEFAULT_WAL_BACKLOG_TIMEOUT,
     ) -> None:
         args.check_open_options({k: v for k, v in locals().items() if k not in ("self", "data_dir")})
         self.data_dir = os.path.abspath(args.check_data_dir(data_dir))
@@ -101,6 +105,8 @@ class Engine(Reads, Compaction):
         self._lock_fd = self._take_lock()
         self._lock = threading.RLock()
         self._compact_lock = threading.Lock()
+        self._backlog = WalBacklog(self._lock, max_wal_backlog if compact else None, wal_backlog_timeout)
+        self._max_pending_runs = DEFAULT_MAX_PENDING_RUNS
         self._closed = False
         self._max_record_bytes = max(1024, int(max_record_bytes))
         self._merge_factor = merge_factor
@@ -342,6 +348,7 @@ class Engine(Reads, Compaction):
             else:
                 self._open_txns.setdefault(r.txn_id, []).append((r.relation_id, entry))
                 self._txn_first.setdefault(r.txn_id, r.lsn)
+                self._backlog.add(entry.bytes)
         elif kind == RecordKind.PROGRESS:
             rel = self._by_id.get(r.relation_id)
             if rel is not None and r.lsn >= rel.trace.wal_through:
@@ -356,10 +363,11 @@ class Engine(Reads, Compaction):
             for txn in committed_txn_ids(r) if r.body else (r.txn_id,):
                 self._txn_first.pop(txn, None)
                 for rel_id, entry in self._open_txns.pop(txn, []):
+                    self._backlog.remove(entry.bytes)
                     self._add_tail(rel_id, entry)
         elif kind == RecordKind.ABORT:
             self._txn_first.pop(r.txn_id, None)
-            self._open_txns.pop(r.txn_id, None)
+            self._backlog.remove(sum(e.bytes for _rid, e in self._open_txns.pop(r.txn_id, [])))
 
     def _add_tail(self, rel_id: int, entry: TailEntry) -> None:
         rel = self._by_id.get(rel_id)
@@ -368,6 +376,7 @@ class Engine(Reads, Compaction):
         if rel is not None and entry.lsn >= rel.trace.wal_through:  # below it: already in the trace
             rel.tail.append(entry)
             rel.feed.add(UPDATES, entry.lsn)
+            self._backlog.add(entry.bytes)
 
     # --- relations -----------------------------------------------------------------------------
 
@@ -403,6 +412,7 @@ class Engine(Reads, Compaction):
             self.catalog.drop(rel.entry)
             del self._relations[name]
             del self._by_id[rel.entry.id]
+            self._backlog.remove(sum(e.bytes for e in rel.tail))
             self._garbage += rel.trace.keys()
             try:
                 self._meta.delete(f"trace/{rel.entry.id:016x}")
@@ -494,6 +504,7 @@ class Engine(Reads, Compaction):
                 r.txn_id = txn
             records = [Record(RecordKind.BEGIN, txn_id=txn), *records, Record(RecordKind.COMMIT, txn_id=txn)]
         with self._lock:
+            self._wait_backlog(records)
             self._check_open()
             self._admit(rel, name, bounds)
             if locks is not None:
@@ -517,6 +528,7 @@ class Engine(Reads, Compaction):
         if len(records) == 2:
             return
         with self._lock:
+            self._wait_backlog(records)
             self._check_open()
             for name, rel, _table, t_min in prepared:
                 self._admit(rel, name, t_min)
@@ -525,6 +537,23 @@ class Engine(Reads, Compaction):
             ticket = self._log.submit(records, self._on_durable)
         ticket.wait()
         self._count_append(start, {name: table.num_rows for name, _rel, table, _t in prepared})
+
+    def _wait_backlog(self, records: list[Record]) -> None:
+        """Under the lock: wait while the append would take the WAL backlog past
+        ``max_wal_backlog`` (engine/backlog.py); the compacter is asked to finish the active
+        segment so that the records in it can be compacted."""
+        backlog = self._backlog
+        if backlog.bound is None:
+            return
+        n = sum(len(r.body) for r in records)
+        if not backlog.must_wait(n):
+            return
+        self.metrics.backlog_waits.inc()
+        backlog.admit(n, where=self.data_dir, closed=lambda: self._closed, wake_compacter=self._wake_for_backlog)
+
+    def _wake_for_backlog(self) -> None:
+        if self._compacter is not None:
+            self._compacter.notify()
 
     def _count_append(self, start: float, rows: Mapping[str, int]) -> None:
         m = self.metrics
@@ -595,6 +624,9 @@ class Engine(Reads, Compaction):
                 return
         if self._compacter is not None:
             self._compacter.stop()
+        with self._lock:
+            self._closed = True
+            self._backlog.wake_all()
         with self._compact_lock, self._lock:
             self._closed = True
             for rel in self._relations.values():

@@ -64,6 +64,7 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         txn_entries = [e for entries in engine._open_txns.values() for _rid, e in entries]
         log = engine._log
         start, end, finished = log.start_lsn, log.end_lsn, log.finished_lsn
+        backlog = (engine._backlog.bytes, engine._backlog.bound, engine._backlog.waiting)
     segments, size = _wal_files(log)
     kind = {"FileLog": "file", "DeviceLog": "device", "ReplicatedLog": "replicated"}.get(type(log).__name__,
                                                                                        type(log).__name__)
@@ -76,7 +77,9 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
             "segments": segments,
             "bytes": size,
             "backlog_records": sum(r["tail_records"] for r in relations.values()) + len(txn_entries),
-            "backlog_bytes": sum(r["tail_bytes"] for r in relations.values()) + sum(e.bytes for e in txn_entries),
+            "backlog_bytes": backlog[0],
+            "backlog_bound_bytes": backlog[1],
+            "backlog_waiting_appends": backlog[2],
             "open_transactions": len(engine._open_txns),
         },
         "storage": {

@@ -61,6 +61,8 @@ class EngineMetrics:
         self.quorum_latency = Histogram(f"{PREFIX}_quorum_latency_seconds", "Replicated log: from a submit to "
                                         "a write quorum's durable acknowledgement", buckets=_LATENCY_BUCKETS,
                                         registry=r)
+        self.backlog_waits = Counter(f"{PREFIX}_wal_backlog_waits", "Appends that waited because the WAL "
+                                     "backlog was at max_wal_backlog", registry=r)
         self.retries = Counter(f"{PREFIX}_retries", "Work retried after an error (e.g. a relation's "
                                "compaction)", ["where"], registry=r)
 
@@ -131,7 +133,8 @@ class _StateCollector:
         except Exception:  # noqa: BLE001 - a closed engine has no state to show; the scrape still answers
             return
         wal = s["wal"]
-        for key in ("start_lsn", "end_lsn", "backlog_bytes", "backlog_records", "segments", "bytes"):
+        for key in ("start_lsn", "end_lsn", "backlog_bytes", "backlog_records", "backlog_bound_bytes", "segments",
+                    "bytes"):
             if wal.get(key) is not None:
                 yield GaugeMetricFamily(f"{PREFIX}_wal_{key}", f"WAL {key.replace('_', ' ')}", value=wal[key])
         lag = GaugeMetricFamily(f"{PREFIX}_replica_lag_records", "Replicated log: acknowledged records a "
