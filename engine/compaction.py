@@ -20,7 +20,7 @@ from sediment.errors import (
     TraceInvariantViolation,
 )
 from sediment.trace import compacter as cmp
-from sediment.trace.consolidate import consolidate
+from sediment.trace.fold import fold
 from sediment.trace.planner import plan_merges, plan_pending_merges
 from sediment.trace.state import TraceState
 
@@ -130,6 +130,7 @@ class Compaction:
                 needed += [n for n in (r.feed.oldest_lsn() for r in self._relations.values()) if n is not None]
                 point = cmp.trim_point(cut.safe, [*needed, *self._txn_first.values()])
                 self._trim_to = max(self._trim_to or 0, point)
+                self._bodies.drop_below(point)
         self._collect()
         return failed
 
@@ -158,11 +159,11 @@ class Compaction:
         if upper > trace.upper:
             wal_range = (entries[0].lsn, max(e.lsn for e in entries)) if entries else None
             parts = [t for t in below if t.num_rows]
-            merged = consolidate(pa.concat_tables(parts), rel.keys, since) if parts else rel.update_schema.empty_table()
+            merged = fold(pa.concat_tables(parts), rel.keys, since) if parts else rel.update_schema.empty_table()
             batches += (self.traces.write(rid, merged, trace.upper, upper, since, wal_range=wal_range),)
         new_runs = [self._write_run(rid, t, since) for t in rest]
         if above is not None and above.num_rows:
-            new_runs.append(self._write_run(rid, consolidate(above, rel.keys, None), since))
+            new_runs.append(self._write_run(rid, fold(above, rel.keys, None), since))
         pending = (*kept, *(r for r in new_runs if r is not None))
         new = replace(trace, since=since, upper=upper, batches=batches, pending=pending, wal_through=safe,
                       version=trace.version + 1)
@@ -179,7 +180,10 @@ class Compaction:
             self._backlog.remove(sum(e.bytes for e in entries))
 
     def _wal_table(self, rel: _Relation, entries: list[TailEntry], trace: TraceState, safe: int) -> pa.Table:
-        parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+        with self._lock:
+            cached = [self._bodies.get(e.lsn) for e in entries]
+        parts = [pa.ipc.read_record_batch(pa.py_buffer(body), rel.update_schema) if body is not None
+                 else self._decode(rel, self._log.read(e.lsn)) for e, body in zip(entries, cached, strict=True)]
         table = pa.Table.from_batches(parts, schema=rel.update_schema)
         if entries and min(e.t_lo for e in entries) < trace.upper:
             raise TraceInvariantViolation(

@@ -27,7 +27,12 @@ import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable
 from sediment.engine import args, deploy
-from sediment.engine.backlog import DEFAULT_MAX_WAL_BACKLOG, DEFAULT_WAL_BACKLOG_TIMEOUT, WalBacklog
+from sediment.engine.backlog import (
+    DEFAULT_MAX_WAL_BACKLOG,
+    DEFAULT_WAL_BACKLOG_TIMEOUT,
+    BodyCache,
+    WalBacklog,
+)
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import PROGRESS, UPDATES, FeedLog
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
@@ -111,6 +116,7 @@ class Engine(Reads, Compaction):
         self._max_record_bytes = max(1024, int(max_record_bytes))
         self._merge_factor = merge_factor
         self._memory_bound = max(1 << 20, int(memory_bound))
+        self._bodies = BodyCache(self._memory_bound // 2)
         self._relations: dict[str, _Relation] = {}
         self._by_id: dict[int, _Relation] = {}
         self._open_txns: dict[int, list[tuple[int, TailEntry]]] = {}
@@ -336,8 +342,11 @@ class Engine(Reads, Compaction):
     def _on_durable(self, records) -> None:
         self.metrics.group_commit.observe(len(records))
         with self._lock:
+            cache = self._bodies
             for r in records:
                 self._apply(r)
+                if r.kind == RecordKind.UPDATES:
+                    cache.put(r.lsn, r.body, len(r.body))
 
     def _apply(self, r: Record) -> None:
         kind = r.kind
@@ -622,11 +631,10 @@ class Engine(Reads, Compaction):
         with self._lock:
             if self._closed:
                 return
+            self._closed = True  # appends waiting for the backlog wake and fail EngineClosed
+            self._backlog.wake_all()
         if self._compacter is not None:
             self._compacter.stop()
-        with self._lock:
-            self._closed = True
-            self._backlog.wake_all()
         with self._compact_lock, self._lock:
             self._closed = True
             for rel in self._relations.values():
