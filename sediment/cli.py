@@ -143,6 +143,8 @@ def _open(args: argparse.Namespace, *, create: bool = False, **options: object) 
         options.setdefault("cluster_key", args.cluster_key)
     if getattr(args, "take_over_blob_prefix", False):
         options.setdefault("take_over_blob_prefix", True)
+    if getattr(args, "max_wal_backlog", None) is not None:
+        options.setdefault("max_wal_backlog", args.max_wal_backlog)
     return sediment.open(data_dir, **options)
 
 
@@ -489,6 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--take-over-blob-prefix", action="store_true", default=default(False),
                        help=doc("make this data directory the owner of a blob prefix another engine owns "
                                 "(only once that engine is gone for good)"))
+        p.add_argument("--max-wal-backlog", type=_positive_int, default=default(None), metavar="BYTES",
+                       help=doc("bytes of WAL not yet compacted beyond which appends wait for compaction "
+                                "(default 1 GiB; at least 1 MiB)"))
         bar = p.add_mutually_exclusive_group() if top else p  # argparse cannot format a group of hidden options
         bar.add_argument("--progress", dest="progress", action="store_const", const=True, default=default(None),
                          help=doc("always show progress on stderr (default: only on a terminal)"))

@@ -213,3 +213,17 @@ def test_the_backlog_count_equals_the_tail_it_stands_for(tmp_path):
     again = sediment.open(str(tmp_path / "d"), compact_interval=None)
     assert recount(again) == before and before[0] > 0
     again.close()
+
+
+def test_the_cli_passes_the_bound(tmp_path, capsys):
+    import json
+
+    from sediment.cli import main
+
+    d = str(tmp_path / "cli")
+    assert main(["--data-dir", d, "relation", "add", "r", "--schema", "k:int64"]) == 0
+    capsys.readouterr()
+    assert main(["--data-dir", d, "--max-wal-backlog", str(2 * MiB), "stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["wal"]["backlog_bound_bytes"] == 2 * MiB
+    assert main(["--data-dir", d, "--max-wal-backlog", "1000", "stats", "--json"]) != 0
+    assert "max_wal_backlog" in capsys.readouterr().err
