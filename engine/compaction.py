@@ -75,6 +75,23 @@ class Compaction:
             self._segment_age.finished()
         self._compaction_pass(None)
 
+    def _wait_backlog(self, records: list) -> None:
+        """Under the lock: wait while the append would take the WAL backlog past
+        ``max_wal_backlog`` (engine/backlog.py); the compacter is asked to finish the active
+        segment so that the records in it can be compacted."""
+        backlog = self._backlog
+        if backlog.bound is None:
+            return
+        n = sum(len(r.body) for r in records)
+        if not backlog.must_wait(n):
+            return
+        self.metrics.backlog_waits.inc()
+        backlog.admit(n, where=self.data_dir, closed=lambda: self._closed, wake_compacter=self._wake_for_backlog)
+
+    def _wake_for_backlog(self) -> None:
+        if self._compacter is not None:
+            self._compacter.notify()
+
     def compaction_errors(self) -> dict[str, str]:
         """Relations whose last compaction attempt failed, with the error; each is retried on
         every pass and keeps its WAL records (the log is trimmed only below them) until it

@@ -547,23 +547,6 @@ class Engine(Reads, Compaction):
         ticket.wait()
         self._count_append(start, {name: table.num_rows for name, _rel, table, _t in prepared})
 
-    def _wait_backlog(self, records: list[Record]) -> None:
-        """Under the lock: wait while the append would take the WAL backlog past
-        ``max_wal_backlog`` (engine/backlog.py); the compacter is asked to finish the active
-        segment so that the records in it can be compacted."""
-        backlog = self._backlog
-        if backlog.bound is None:
-            return
-        n = sum(len(r.body) for r in records)
-        if not backlog.must_wait(n):
-            return
-        self.metrics.backlog_waits.inc()
-        backlog.admit(n, where=self.data_dir, closed=lambda: self._closed, wake_compacter=self._wake_for_backlog)
-
-    def _wake_for_backlog(self) -> None:
-        if self._compacter is not None:
-            self._compacter.notify()
-
     def _count_append(self, start: float, rows: Mapping[str, int]) -> None:
         m = self.metrics
         m.append_latency.observe(time.perf_counter() - start)
