@@ -118,6 +118,15 @@ class BodyCache:
     def get(self, lsn: int) -> object | None:
         return self._bodies.get(lsn)
 
+    def take(self, lsn: int) -> object | None:
+        """The body, removed from the cache: a pass takes what it decodes, so the room is free
+        for the records appended meanwhile (a pass that falls behind would otherwise find the
+        cache full of what it already holds, and read the next records from the disk)."""
+        body = self._bodies.pop(lsn, None)
+        if body is not None:
+            self.bytes -= len(memoryview(body))  # type: ignore[arg-type]
+        return body
+
     def drop_below(self, lsn: int) -> None:
         """Forget every body below ``lsn`` (compacted, or trimmed with the log)."""
         if not self._bodies:

@@ -155,8 +155,9 @@ class Compaction:
                           trace: TraceState, since: int) -> None:
         """Take this relation's WAL records below ``safe`` into its trace. Updates at sealed
         times (below the new upper) go into one new batch with the pending runs whose times
-        became sealed; the rest becomes one new sorted, consolidated pending run. Runs still
-        wholly unsealed are not read: each pass costs what it takes out of the WAL plus what
+        became sealed; the rest becomes one new sorted, consolidated pending run (absorbing the
+        newest run when it holds at most half as many rows as this pass takes, so a pass adds at
+        most half its own size in rewrites). Other runs still wholly unsealed are not read: each pass costs what it takes out of the WAL plus what
         became sealed, so a stream costs time linear in its size, sealed or not."""
         rid = rel.entry.id
         upper = cmp.new_upper(trace.upper, progress)
@@ -179,6 +180,10 @@ class Compaction:
             merged = fold(pa.concat_tables(parts), rel.keys, since) if parts else rel.update_schema.empty_table()
             batches += (self.traces.write(rid, merged, trace.upper, upper, since, wal_range=wal_range),)
         new_runs = [self._write_run(rid, t, since) for t in rest]
+        absorbed = None
+        if above is not None and kept and 2 * kept[-1].rows <= above.num_rows:
+            absorbed = kept.pop()  # a small newest run joins this pass's: no run merge for it later
+            above = pa.concat_tables([above, self._read_run(rel, absorbed)])
         if above is not None and above.num_rows:
             new_runs.append(self._write_run(rid, fold(above, rel.keys, None), since))
         pending = (*kept, *(r for r in new_runs if r is not None))
@@ -187,7 +192,7 @@ class Compaction:
         self.traces.commit(new)
         if upper > trace.upper:
             self.metrics.batches_written.labels(relation=rel.entry.name).inc()
-        replaced = [trace.pending[i].key for i in (*plan.folded, *plan.split)]
+        replaced = [trace.pending[i].key for i in (*plan.folded, *plan.split)] + [absorbed.key if absorbed else None]
         with self._lock:
             rel.trace = new
             rel.trace_changed_at = _monotonic()
@@ -198,7 +203,7 @@ class Compaction:
 
     def _wal_table(self, rel: _Relation, entries: list[TailEntry], trace: TraceState, safe: int) -> pa.Table:
         with self._lock:
-            cached = [self._bodies.get(e.lsn) for e in entries]
+            cached = [self._bodies.take(e.lsn) for e in entries]
         parts = [pa.ipc.read_record_batch(pa.py_buffer(body), rel.update_schema) if body is not None
                  else self._decode(rel, self._log.read(e.lsn)) for e, body in zip(entries, cached, strict=True)]
         table = pa.Table.from_batches(parts, schema=rel.update_schema)
