@@ -64,6 +64,7 @@ class Transaction:
             if not self._begun:
                 records.insert(0, Record(RecordKind.BEGIN, txn_id=self.id))
             with eng._lock:
+                eng._wait_backlog(records)
                 eng._check_open()
                 eng._admit(rel, name, t_min)
                 ticket = eng._log.submit(records, eng._on_durable)

@@ -227,3 +227,23 @@ def test_the_cli_passes_the_bound(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["wal"]["backlog_bound_bytes"] == 2 * MiB
     assert main(["--data-dir", d, "--max-wal-backlog", "1000", "stats", "--json"]) != 0
     assert "max_wal_backlog" in capsys.readouterr().err
+
+
+def test_a_transaction_append_is_bounded_too(tmp_path):
+    """A transaction's records count (they stay in the log until it ends, holding back the
+    cut): its appends past the bound fail typed, and the transaction can still be aborted."""
+    eng, store = open_gated(tmp_path, max_wal_backlog=MiB, wal_backlog_timeout=0.2)
+    store.gate.clear()
+    txn = eng.transaction()
+    i = 0
+    with pytest.raises(errors.WalBacklogFull):
+        while i < 1000:
+            txn.append("r", rows(i, 4))
+            i += 4
+    txn.abort()
+    store.gate.set()
+    eng.seal("r", 2000)
+    eng.compact()
+    assert eng.snapshot("r", 2000).num_rows == 0
+    assert eng.stats()["wal"]["backlog_bytes"] == 0
+    eng.close()
