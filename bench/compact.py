@@ -27,6 +27,7 @@ write) and a streaming copy (read every row group, write them out: the I/O floor
     .venv/bin/python bench/compact.py --quick    # about 25-30 s
     .venv/bin/python bench/compact.py --profile  # also cProfile one compact() and print the top entries
     .venv/bin/python bench/compact.py --json out.json
+    .venv/bin/python bench/compact.py --only c   # part C: 12 x 1M rows, unsealed vs sealed, per-pass times
 
 Temp directories go under ``--dir`` (default /tmp) and are removed afterwards.
 """
@@ -539,7 +540,10 @@ def main() -> None:
     ap.add_argument("--patch", action="store_true",
                     help="part B: also run the prototypes (streaming put_file; + system memory pool)")
     ap.add_argument("--profile", action="store_true", help="part A: cProfile one extra compact()")
-    ap.add_argument("--only", choices=["a", "b"], help="run one part")
+    ap.add_argument("--only", choices=["a", "b", "c"],
+                    help="run one part (c: the stream, unsealed vs sealed, per pass; bench/compact_stream.py)")
+    ap.add_argument("--steps", type=int, default=12, help="part C steps")
+    ap.add_argument("--step-rows", type=int, help="part C rows per step (default 1M, quick 200k)")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -558,6 +562,11 @@ def main() -> None:
         out["a"] = part_a(args)
     if args.only in (None, "b"):
         out["b"] = part_b(args)
+    if args.only == "c":  # several minutes: run on request
+        from compact_stream import part_stream
+
+        args.step_rows = args.step_rows or (200_000 if q else 1_000_000)
+        out["c"] = part_stream(args)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s; load average {os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -118,6 +118,10 @@ def check_open_options(options: Mapping[str, Any]) -> None:
     check_int(o.get("lock_slots", 1), "lock_slots", low=1)
     check_str(o.get("arrow_memory_pool"), "arrow_memory_pool")
     check_bool(o.get("repair", False), "repair")
+    if o.get("max_wal_backlog") is not None:
+        check_int(o["max_wal_backlog"], "max_wal_backlog (bytes of WAL not yet compacted, or None: unbounded)",
+                  low=1 << 20)
+    check_number(o.get("wal_backlog_timeout", 60.0), "wal_backlog_timeout (seconds)", low_open=False)
 
 
 def check_locks(locks: object) -> None:

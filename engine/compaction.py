@@ -20,12 +20,24 @@ from sediment.errors import (
     TraceInvariantViolation,
 )
 from sediment.trace import compacter as cmp
-from sediment.trace.consolidate import consolidate
-from sediment.trace.planner import plan_merges
+from sediment.trace.fold import fold
+from sediment.trace.planner import plan_merges, plan_pending_merges
 from sediment.trace.state import TraceState
 
 log = logging.getLogger(__name__)
 
+
+def _split_at(table: pa.Table, upper: int) -> tuple[list[pa.Table], pa.Table | None]:
+    """(``[rows at times < upper]``, rows at times >= upper or None); order kept."""
+    if not table.num_rows:
+        return [], None
+    lo, hi = pc.min_max(table.column("time")).values()
+    if hi.as_py() < upper:
+        return [table], None
+    if lo.as_py() >= upper:
+        return [], table
+    t = table.column("time")
+    return [table.filter(pc.less(t, upper))], table.filter(pc.greater_equal(t, upper))
 
 
 class Compaction:
@@ -54,11 +66,30 @@ class Compaction:
         """A compacter wake: finish the active segment if its data is ``compact_interval``
         old (compaction on time, see trace/compacter.py SegmentAge), then compact."""
         log_ = self._log
+        with self._lock:
+            backlog_waits = self._backlog.waiting
         if self._segment_age.due(log_.finished_lsn, log_.end_lsn, self._compacter.clock.current_time(),
-                                 self._compact_interval):
+                                 self._compact_interval) or backlog_waits and log_.end_lsn > log_.finished_lsn:
             log_.finish_segment()
             self._segment_age.finished()
         self._compaction_pass(None)
+
+    def _wait_backlog(self, records: list) -> None:
+        """Under the lock: wait while the append would take the WAL backlog past
+        ``max_wal_backlog`` (engine/backlog.py); the compacter is asked to finish the active
+        segment so that the records in it can be compacted."""
+        backlog = self._backlog
+        if backlog.bound is None:
+            return
+        n = sum(len(r.body) for r in records)
+        if not backlog.must_wait(n):
+            return
+        self.metrics.backlog_waits.inc()
+        backlog.admit(n, where=self.data_dir, closed=lambda: self._closed, wake_compacter=self._wake_for_backlog)
+
+    def _wake_for_backlog(self) -> None:
+        if self._compacter is not None:
+            self._compacter.notify()
 
     def compaction_errors(self) -> dict[str, str]:
         """Relations whose last compaction attempt failed, with the error; each is retried on
@@ -105,6 +136,7 @@ class Compaction:
             for item in work:
                 self._isolated(item[0], failed, lambda item=item: self._compact_relation(cut.safe, *item))
             for rel in rels:
+                self._isolated(rel, failed, lambda rel=rel: self._merge_pending(rel))
                 self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel))
             with self._lock:
                 for rel in rels:
@@ -114,48 +146,113 @@ class Compaction:
                 needed += [n for n in (r.feed.oldest_lsn() for r in self._relations.values()) if n is not None]
                 point = cmp.trim_point(cut.safe, [*needed, *self._txns.first_lsns()])
                 self._trim_to = max(self._trim_to or 0, point)
+                self._bodies.drop_below(point)
         self._collect()
         return failed
 
     def _compact_relation(self, safe: int, rel: _Relation, entries: list[TailEntry], progress: list[int],
                           trace: TraceState, since: int) -> None:
+        """Take this relation's WAL records below ``safe`` into its trace. Updates at sealed
+        times (below the new upper) go into one new batch with the pending runs whose times
+        became sealed; the rest becomes one new sorted, consolidated pending run (absorbing the
+        newest run when it holds at most half as many rows as this pass takes, so a pass adds at
+        most half its own size in rewrites). Other runs still wholly unsealed are not read: each pass costs what it takes out of the WAL plus what
+        became sealed, so a stream costs time linear in its size, sealed or not."""
         rid = rel.entry.id
         upper = cmp.new_upper(trace.upper, progress)
         since = min(since, upper - 1) if upper > 0 else 0
-        parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
-        tables = [pa.Table.from_batches(parts, schema=rel.update_schema)]
-        tables += [t.select(rel.update_schema.names).cast(rel.update_schema)
-                   for t in (self.traces.read(rid, p) for p in trace.pending) if t is not None]
-        table = pa.concat_tables(tables)
-        time = table.column("time")
-        if table.num_rows and pc.min(time).as_py() < trace.upper:
-            raise TraceInvariantViolation(
-                f"relation {rel.entry.name!r}: WAL records below LSN {safe} hold times below the trace's upper "
-                f"{trace.upper}; the log and the trace disagree: run `sediment verify`")
-        below = table.filter(pc.less(time, upper))
-        above = table.filter(pc.greater_equal(time, upper))
+        table = self._wal_table(rel, entries, trace, safe)
+        below, above = _split_at(table, upper)
+        plan = cmp.split_pending([(p.lower, p.upper) for p in trace.pending], upper)
+        kept = [trace.pending[i] for i in plan.kept]
+        rest: list[pa.Table] = []
+        for i in (*plan.folded, *plan.split):
+            run = self._read_run(rel, trace.pending[i])
+            low, high = _split_at(run, upper)
+            below += low
+            if high is not None:
+                rest.append(high)  # sorted and consolidated already: a filter keeps it so
         batches = trace.batches
         if upper > trace.upper:
             wal_range = (entries[0].lsn, max(e.lsn for e in entries)) if entries else None
-            batches += (self.traces.write(rid, consolidate(below, rel.keys, since), trace.upper, upper, since,
-                                          wal_range=wal_range),)
-        pending: tuple = ()
-        if above.num_rows:
-            folded = consolidate(above, rel.keys, None)
-            if folded.num_rows:
-                lo, hi = pc.min_max(folded.column("time")).values()
-                pending = (self.traces.write(rid, folded, lo.as_py(), hi.as_py() + 1, since),)
+            parts = [t for t in below if t.num_rows]
+            merged = fold(pa.concat_tables(parts), rel.keys, since) if parts else rel.update_schema.empty_table()
+            batches += (self.traces.write(rid, merged, trace.upper, upper, since, wal_range=wal_range),)
+        new_runs = [self._write_run(rid, t, since) for t in rest]
+        absorbed = None
+        if above is not None and kept and 2 * kept[-1].rows <= above.num_rows:
+            absorbed = kept.pop()  # a small newest run joins this pass's: no run merge for it later
+            above = pa.concat_tables([above, self._read_run(rel, absorbed)])
+        if above is not None and above.num_rows:
+            new_runs.append(self._write_run(rid, fold(above, rel.keys, None), since))
+        pending = (*kept, *(r for r in new_runs if r is not None))
         new = replace(trace, since=since, upper=upper, batches=batches, pending=pending, wal_through=safe,
                       version=trace.version + 1)
         self.traces.commit(new)
         if upper > trace.upper:
             self.metrics.batches_written.labels(relation=rel.entry.name).inc()
+        replaced = [trace.pending[i].key for i in (*plan.folded, *plan.split)] + [absorbed.key if absorbed else None]
         with self._lock:
             rel.trace = new
             rel.trace_changed_at = self._clock.current_time()
             rel.tail = [e for e in rel.tail if e.lsn >= safe]
             rel.progress = [(lsn, t) for lsn, t in rel.progress if lsn >= safe]
-            self._garbage += [p.key for p in trace.pending if p.key]
+            self._garbage += [k for k in replaced if k]
+            self._backlog.remove(sum(e.bytes for e in entries))
+
+    def _wal_table(self, rel: _Relation, entries: list[TailEntry], trace: TraceState, safe: int) -> pa.Table:
+        with self._lock:
+            cached = [self._bodies.take(e.lsn) for e in entries]
+        parts = [pa.ipc.read_record_batch(pa.py_buffer(body), rel.update_schema) if body is not None
+                 else self._decode(rel, self._log.read(e.lsn)) for e, body in zip(entries, cached, strict=True)]
+        table = pa.Table.from_batches(parts, schema=rel.update_schema)
+        if entries and min(e.t_lo for e in entries) < trace.upper:
+            raise TraceInvariantViolation(
+                f"relation {rel.entry.name!r}: WAL records below LSN {safe} hold times below the trace's upper "
+                f"{trace.upper}; the log and the trace disagree: run `sediment verify`")
+        return table
+
+    def _read_run(self, rel: _Relation, ref) -> pa.Table:
+        got = self.traces.read(rel.entry.id, ref)
+        if got is None:
+            return rel.update_schema.empty_table()
+        return got.select(rel.update_schema.names).cast(rel.update_schema)
+
+    def _write_run(self, rid: int, table: pa.Table, since: int):
+        if not table.num_rows:
+            return None
+        lo, hi = pc.min_max(table.column("time")).values()
+        return self.traces.write(rid, table, lo.as_py(), hi.as_py() + 1, since)
+
+    def _merge_pending(self, rel: _Relation) -> None:
+        """Keep the pending runs few: merge neighbours by the size-tiered rule once there
+        are more than ``max_pending_runs`` (trace/planner.py plan_pending_merges)."""
+        with self._lock:
+            trace = rel.trace
+        spans = plan_pending_merges([p.rows for p in trace.pending], max_runs=self._max_pending_runs,
+                                    factor=max(self._merge_factor, 1.5))
+        if not spans:
+            return
+        runs = list(trace.pending)
+        replaced: list[str] = []
+        for start, stop in reversed(spans):
+            refs = runs[start:stop]
+            stored = sum(r.bytes for r in refs) or 1
+            per_row = max(64, 8 * stored // max(1, sum(r.rows for r in refs)))
+            chunk_rows = max(1024, self._memory_bound // (4 * len(refs) * per_row))
+            span = (min(r.lower for r in refs), max(r.upper for r in refs))
+            with self.metrics.timed(self.metrics.merge_seconds):
+                merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, trace.since,
+                                           1 + max(r.level for r in refs), chunk_rows=chunk_rows, span=span)
+            runs[start:stop] = [merged] if merged.key is not None else []
+            replaced += [r.key for r in refs if r.key]
+        new = replace(trace, pending=tuple(runs), version=trace.version + 1)
+        self.traces.commit(new)
+        self.metrics.merges.labels(relation=rel.entry.name).inc()
+        with self._lock:
+            rel.trace = new
+            rel.trace_changed_at = self._clock.current_time()
+            self._garbage += replaced
 
     def _merge_relation(self, rel: _Relation) -> None:
         with self._lock:

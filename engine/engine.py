@@ -26,6 +26,12 @@ import pyarrow.compute as pc
 from sediment._fs import makedirs_durable
 from sediment.clock import Clock, MonotonicClock
 from sediment.engine import args, deploy
+from sediment.engine.backlog import (
+    DEFAULT_MAX_WAL_BACKLOG,
+    DEFAULT_WAL_BACKLOG_TIMEOUT,
+    BodyCache,
+    WalBacklog,
+)
 from sediment.engine.bookkeeping import OpenTxns, ReaderPins, Relations
 from sediment.engine.catalog import Catalog
 from sediment.engine.compaction import Compaction
@@ -51,6 +57,7 @@ from sediment.errors import (
 )
 from sediment.metrics import CountingBlobStore, EngineMetrics
 from sediment.trace import compacter as cmp
+from sediment.trace.planner import DEFAULT_MAX_PENDING_RUNS
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import Ticket, WriteAheadLog
 from sediment.wal.record import Record, RecordKind, committed_txn_ids
@@ -70,7 +77,9 @@ class Engine(Opening, RelationOps, Reads, Compaction):
     def __init__(self, data_dir: str, *, metadata_spec: str | None = None,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, merge_factor: float = 2.0,
                  memory_bound: int = DEFAULT_MEMORY_BOUND, lock_slots: int = DEFAULT_SLOTS,
-                 compact_interval: float | None = 5.0, clock: Clock | None = None) -> None:
+                 compact_interval: float | None = 5.0, clock: Clock | None = None,
+                 max_wal_backlog: int | None = None,
+                 wal_backlog_timeout: float = DEFAULT_WAL_BACKLOG_TIMEOUT) -> None:
         """An engine not opened yet: only its settings and empty state, no I/O. :meth:`open`
         (through :func:`sediment.open`) makes one and opens its storage."""
         self.data_dir = data_dir
@@ -80,10 +89,13 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._lock = threading.RLock()
         self._compact_lock = threading.Lock()
+        self._backlog = WalBacklog(self._lock, max_wal_backlog, wal_backlog_timeout)
+        self._max_pending_runs = DEFAULT_MAX_PENDING_RUNS
         self._closed = False
         self._max_record_bytes = max(1024, int(max_record_bytes))
         self._merge_factor = merge_factor
         self._memory_bound = max(1 << 20, int(memory_bound))
+        self._bodies = BodyCache(self._memory_bound // 2)
         self._lock_slots = lock_slots
         self._compact_interval = compact_interval
         self._relations = Relations()
@@ -135,6 +147,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         repair: bool = False,
         clock: Clock | None = None,
         take_over_blob_prefix: bool = False,
+        max_wal_backlog: int | None = DEFAULT_MAX_WAL_BACKLOG,
+        wal_backlog_timeout: float = DEFAULT_WAL_BACKLOG_TIMEOUT,
     ) -> Engine:
         """Open (creating if needed) the engine on ``data_dir``: see :func:`sediment.open`.
         Options are checked, and a replicated engine's marker read, before anything is
@@ -146,7 +160,9 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         makedirs_durable(data_dir)
         engine = cls(data_dir, metadata_spec=metadata if isinstance(metadata, str) else None,
                      max_record_bytes=max_record_bytes, merge_factor=merge_factor, memory_bound=memory_bound,
-                     lock_slots=lock_slots, compact_interval=compact_interval, clock=clock)
+                     lock_slots=lock_slots, compact_interval=compact_interval, clock=clock,
+                     max_wal_backlog=max_wal_backlog if compact else None,
+                     wal_backlog_timeout=wal_backlog_timeout)
         try:
             engine._open(metadata, marker, {"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
                                             "cluster_key": cluster_key, "blob": blob, "s3_endpoint": s3_endpoint},
@@ -285,8 +301,11 @@ class Engine(Opening, RelationOps, Reads, Compaction):
     def _on_durable(self, records) -> None:
         self.metrics.group_commit.observe(len(records))
         with self._lock:
+            cache = self._bodies
             for r in records:
                 self._apply(r)
+                if r.kind == RecordKind.UPDATES:
+                    cache.put(r.lsn, r.body, len(r.body))
 
     def _apply(self, r: Record) -> None:
         kind = r.kind
@@ -296,6 +315,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                 self._add_tail(r.relation_id, entry)
             else:
                 self._txns.add(r.txn_id, r.lsn, r.relation_id, entry)
+                self._backlog.add(entry.bytes)
         elif kind == _PROGRESS:
             rel = self._relations.by_id(r.relation_id)
             if rel is not None and r.lsn >= rel.trace.wal_through:
@@ -308,9 +328,10 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         elif kind == _COMMIT:
             for txn in committed_txn_ids(r) if r.body else (r.txn_id,):
                 for rel_id, entry in self._txns.finish(txn):
+                    self._backlog.remove(entry.bytes)
                     self._add_tail(rel_id, entry)
         elif kind == _ABORT:
-            self._txns.finish(r.txn_id)
+            self._backlog.remove(sum(e.bytes for _rid, e in self._txns.finish(r.txn_id)))
 
     def _add_tail(self, rel_id: int, entry: TailEntry) -> None:
         rel = self._relations.by_id(rel_id)
@@ -319,6 +340,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         if rel is not None and entry.lsn >= rel.trace.wal_through:  # below it: already in the trace
             rel.tail.append(entry)
             rel.feed.add(UPDATES, entry.lsn)
+            self._backlog.add(entry.bytes)
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -383,6 +405,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                 r.txn_id = txn
             records = [Record(RecordKind.BEGIN, txn_id=txn), *records, Record(RecordKind.COMMIT, txn_id=txn)]
         with self._lock:
+            self._wait_backlog(records)
             self._check_open()
             self._admit(rel, name, bounds)
             if locks is not None:
@@ -406,6 +429,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         if len(records) == 2:
             return
         with self._lock:
+            self._wait_backlog(records)
             self._check_open()
             for name, rel, _table, t_min in prepared:
                 self._admit(rel, name, t_min)
@@ -463,6 +487,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         if admit is None:
             return self._log.submit(records, self._on_durable), None
         with self._lock:
+            self._wait_backlog(records)
             self._check_open()
             try:
                 for rel, name, t_min in admit:
@@ -498,6 +523,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         with self._lock:
             if self._closed:
                 return
+            self._closed = True  # appends waiting for the backlog wake and fail EngineClosed
+            self._backlog.wake_all()
         if self._compacter is not None:
             self._compacter.stop()
         with self._compact_lock, self._lock:

@@ -56,6 +56,7 @@ class RelationOps:
             rel = self._rel(name)
             self.catalog.drop(rel.entry)
             self._relations.remove(rel)
+            self._backlog.remove(sum(e.bytes for e in rel.tail))
             self._garbage += rel.trace.keys()
             try:
                 self._meta.delete(names.trace_key(rel.entry.id))

@@ -60,6 +60,7 @@ def engine_stats(engine: Any) -> dict[str, Any]:
         txn_entries = engine._txns.entries()
         log = engine._log
         start, end, finished = log.start_lsn, log.end_lsn, log.finished_lsn
+        backlog = (engine._backlog.bytes, engine._backlog.bound, engine._backlog.waiting)
     segments, size = _wal_files(log)
     kind = {"FileLog": "file", "DeviceLog": "device", "ReplicatedLog": "replicated"}.get(type(log).__name__,
                                                                                        type(log).__name__)
@@ -72,7 +73,9 @@ def engine_stats(engine: Any) -> dict[str, Any]:
             "segments": segments,
             "bytes": size,
             "backlog_records": sum(r["tail_records"] for r in relations.values()) + len(txn_entries),
-            "backlog_bytes": sum(r["tail_bytes"] for r in relations.values()) + sum(e.bytes for e in txn_entries),
+            "backlog_bytes": backlog[0],
+            "backlog_bound_bytes": backlog[1],
+            "backlog_waiting_appends": backlog[2],
             "open_transactions": len(engine._txns),
         },
         "storage": {

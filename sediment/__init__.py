@@ -76,7 +76,10 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     256 MiB), ``lock_slots`` (size of the optimistic lock table), ``repair`` (cut a
     damaged log instead of refusing to open), ``take_over_blob_prefix`` (make this engine
     the owner of a blob prefix whose owner marker names another engine; only once that
-    engine is gone for good: see docs/architecture.md).
+    engine is gone for good: see docs/architecture.md), ``max_wal_backlog`` (bytes of
+    updates in the WAL not yet compacted beyond which appends wait for the compacter,
+    default 1 GiB, None: unbounded; enforced while the background compacter runs) and
+    ``wal_backlog_timeout`` (seconds an append waits before WalBacklogFull, default 60).
     """
     import inspect
 

@@ -173,6 +173,20 @@ class WalFull(WalError, NothingWritten):
     has not trimmed enough. Raise ``wal_capacity`` or let compaction catch up."""
 
 
+class WalBacklogFull(WalError, NothingWritten):
+    """Retryable: the WAL holds ``max_wal_backlog`` bytes of updates the compacter has not
+    yet taken out of it, and it made no room for the append within ``wal_backlog_timeout``.
+    Nothing was written; retry later (compaction catches up), look at
+    ``Engine.compaction_errors()`` and long open transactions, or raise the bound."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, backlog: int = 0, bound: int | None = None):
+        super().__init__(message)
+        self.backlog = backlog
+        self.bound = bound
+
+
 class WalExists(WalError):
     """Creating a log was asked for where a log holding records already exists; creating
     would discard them. Open it without ``create``."""

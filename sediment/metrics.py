@@ -61,6 +61,8 @@ class EngineMetrics:
         self.quorum_latency = Histogram(f"{PREFIX}_quorum_latency_seconds", "Replicated log: from a submit to "
                                         "a write quorum's durable acknowledgement", buckets=_LATENCY_BUCKETS,
                                         registry=r)
+        self.backlog_waits = Counter(f"{PREFIX}_wal_backlog_waits", "Appends that waited because the WAL "
+                                     "backlog was at max_wal_backlog", registry=r)
         self.retries = Counter(f"{PREFIX}_retries", "Work retried after an error (e.g. a relation's "
                                "compaction)", ["where"], registry=r)
 
@@ -89,7 +91,9 @@ class CountingBlobStore:
     (``sediment_errors_total{where="blob"}``), and otherwise is the store it wraps: every other
     attribute (``put_file``, ``spill_path``, ``root``...) is the wrapped store's own."""
 
-    OPS = frozenset({"get", "get_range", "size", "put", "put_if_absent", "put_file", "delete", "list"})
+    OPS = frozenset({"get", "get_range", "size", "put", "put_if_absent", "put_file", "delete", "list", "local_path"})
+    # a local store's whole-object read goes through its path (one native read): counted as a get
+    LABELS = {"local_path": "get"}
 
     def __init__(self, inner: Any, metrics: EngineMetrics) -> None:
         self._inner = inner
@@ -99,7 +103,7 @@ class CountingBlobStore:
         attr = getattr(self._inner, name)
         if name not in self.OPS or not callable(attr):
             return attr
-        counter = self._metrics.blob_requests.labels(op=name)
+        counter = self._metrics.blob_requests.labels(op=self.LABELS.get(name, name))
         metrics = self._metrics
 
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -131,7 +135,8 @@ class _StateCollector:
         except Exception:  # noqa: BLE001 - a closed engine has no state to show; the scrape still answers
             return
         wal = s["wal"]
-        for key in ("start_lsn", "end_lsn", "backlog_bytes", "backlog_records", "segments", "bytes"):
+        for key in ("start_lsn", "end_lsn", "backlog_bytes", "backlog_records", "backlog_bound_bytes", "segments",
+                    "bytes"):
             if wal.get(key) is not None:
                 yield GaugeMetricFamily(f"{PREFIX}_wal_{key}", f"WAL {key.replace('_', ' ')}", value=wal[key])
         lag = GaugeMetricFamily(f"{PREFIX}_replica_lag_records", "Replicated log: acknowledged records a "

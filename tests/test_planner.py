@@ -150,3 +150,71 @@ def test_planning_by_bytes():
     assert plan_merges(b, min_rows=1, weight=lambda r: r.bytes)
     b = [BatchRef(f"k{i}", i, i + 1, rows=1, bytes=s) for i, s in enumerate([10**9, 10**6])]
     assert not plan_merges(b, min_rows=1, weight=lambda r: r.bytes)
+
+
+# --- pending runs (unsealed updates out of the WAL) --------------------------------------------
+
+from itertools import product  # noqa: E402
+
+from sediment.trace.compacter import split_pending  # noqa: E402
+from sediment.trace.planner import plan_pending_merges  # noqa: E402
+
+
+def test_split_pending_brute_force():
+    """Every run of small spans against every upper: folded iff wholly below, kept iff wholly
+    at or above, split otherwise; every index in exactly one class, ascending."""
+    spans = [(lo, hi) for lo in range(5) for hi in range(lo + 1, 6)]
+    for a, b in product(spans, repeat=2):
+        for upper in range(7):
+            got = split_pending([a, b], upper)
+            assert sorted(got.folded + got.split + got.kept) == [0, 1]
+            for cls in (got.folded, got.split, got.kept):
+                assert list(cls) == sorted(cls)
+            for i, (lo, hi) in enumerate((a, b)):
+                if i in got.folded:
+                    assert hi <= upper
+                elif i in got.kept:
+                    assert lo >= upper
+                else:
+                    assert lo < upper < hi
+
+
+def apply_pending(rows: list[int], spans: list[tuple[int, int]]) -> tuple[list[int], int]:
+    out, rewritten = list(rows), 0
+    for start, stop in reversed(spans):
+        rewritten += sum(out[start:stop])
+        out[start:stop] = [sum(out[start:stop])]
+    return out, rewritten
+
+
+@pytest.mark.parametrize("max_runs", [1, 2, 3, 8])
+def test_pending_merge_plan_brute_force(max_runs):
+    """All run lists of up to 7 runs of a few sizes: nothing to do at or under ``max_runs``;
+    otherwise disjoint ascending spans of >= 2 runs that leave at most ``max_runs``."""
+    sizes = [1, 5000, 20000, 100000]
+    for n in range(0, 8):
+        for rows in product(sizes, repeat=n):
+            spans = plan_pending_merges(list(rows), max_runs=max_runs)
+            if n <= max_runs:
+                assert spans == []
+                continue
+            prev = 0
+            for start, stop in spans:
+                assert prev <= start and stop - start >= 2 and stop <= n
+                prev = stop
+            after, _ = apply_pending(list(rows), spans)
+            assert len(after) <= max_runs and sum(after) == sum(rows)
+
+
+def test_pending_merges_amortise_to_n_log_n():
+    """Appending equal runs and following the plan each time rewrites O(n log n) rows and keeps
+    at most ``max_runs`` runs; with sealing never coming the runs still stay few."""
+    runs: list[int] = []
+    total = 0
+    for _ in range(1000):
+        runs.append(10_000)
+        runs, rewritten = apply_pending(runs, plan_pending_merges(runs, max_runs=8))
+        total += rewritten
+        assert len(runs) <= 8
+    n = 1000 * 10_000
+    assert total <= 2 * n * math.log2(1000)

@@ -55,6 +55,29 @@ def new_upper(trace_upper: int, progress_times: Iterable[int]) -> int:
     return max([trace_upper, *(t + 1 for t in progress_times)])
 
 
+@dataclass(frozen=True)
+class PendingSplit:
+    """How one pass treats the pending runs (unsealed updates already out of the WAL) once
+    the trace's upper moves to ``upper``: runs wholly below it are ``folded`` into the new
+    batch, runs across it are ``split`` (the part below into the batch, the rest rewritten
+    as a run), runs wholly at or above it are ``kept`` as they are, unread. Indices into
+    the pending tuple, ascending."""
+
+    folded: tuple[int, ...]
+    split: tuple[int, ...]
+    kept: tuple[int, ...]
+
+
+def split_pending(spans: Iterable[tuple[int, int]], upper: int) -> PendingSplit:
+    """Pure: each run's ``[lower, upper)`` time span against the new trace upper. A pass reads
+    only the runs whose times became sealed, so the total work of a stream is linear in it
+    whether or not its times are sealed yet."""
+    folded, split, kept = [], [], []
+    for i, (lo, hi) in enumerate(spans):
+        (folded if hi <= upper else kept if lo >= upper else split).append(i)
+    return PendingSplit(tuple(folded), tuple(split), tuple(kept))
+
+
 class SegmentAge:
     """When the log's unfinished part must be finished because its data is old.
 

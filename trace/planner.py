@@ -167,3 +167,39 @@ def _plan_segment(
             )
         )
     return out
+
+
+DEFAULT_MAX_PENDING_RUNS = 8
+
+
+def plan_pending_merges(
+    rows: Sequence[int], *, max_runs: int = DEFAULT_MAX_PENDING_RUNS, factor: float = 2.0, min_rows: int = 4096
+) -> list[tuple[int, int]]:
+    """Which adjacent pending runs (unsealed updates, oldest first, sizes ``rows``) to merge:
+    ``[start, stop)`` spans, non-overlapping, ascending. Pure.
+
+    Pending runs are left alone while there are at most ``max_runs`` of them, so a stream
+    whose times are sealed a few passes later is written once as a run and once into a
+    batch, never rewritten in between. Beyond that, the size-tiered stack rule of
+    :func:`plan_merges` (merge neighbours while the older is at most ``factor`` times the
+    newer) brings the count to O(log rows) with O(rows log rows) total work; if that still
+    leaves more than ``max_runs``, the newest groups are merged into one until it does not.
+    """
+    if factor <= 1:
+        raise ValueError(f"factor={factor} must be > 1")
+    if max_runs < 1:
+        raise ValueError(f"max_runs={max_runs} must be >= 1")
+    if len(rows) <= max_runs:
+        return []
+    stack: list[list[int]] = []  # [start, stop, weight]
+    for i, n in enumerate(rows):
+        stack.append([i, i + 1, max(n, min_rows)])
+        while len(stack) >= 2 and stack[-2][2] <= factor * stack[-1][2]:
+            newer = stack.pop()
+            stack[-1][1] = newer[1]
+            stack[-1][2] += newer[2]
+    while len(stack) > max_runs:
+        newer = stack.pop()
+        stack[-1][1] = newer[1]
+        stack[-1][2] += newer[2]
+    return [(start, stop) for start, stop, _w in stack if stop - start >= 2]

@@ -140,10 +140,11 @@ class TraceStore:
         return BatchRef(key, lower, upper, table.num_rows, len(data), level, since, first, last, crc, footer_crc)
 
     def merge(self, relation_id: int, refs: list[BatchRef], key_columns: list[str], schema: pa.Schema,
-              since: int, level: int, *, chunk_rows: int) -> BatchRef:
+              since: int, level: int, *, chunk_rows: int, span: tuple[int, int] | None = None) -> BatchRef:
         """Stream-merge adjacent batches into one, through a local spill file, never holding
-        the inputs or the output whole."""
-        lower, upper = refs[0].lower, refs[-1].upper
+        the inputs or the output whole. ``span``: the output's ``[lower, upper)`` when the
+        inputs are not adjacent intervals (pending runs, whose time spans overlap)."""
+        lower, upper = span if span is not None else (refs[0].lower, refs[-1].upper)
         inputs = [self.read_stream(relation_id, r) for r in refs if r.key is not None]
         if not inputs:
             return BatchRef(None, lower, upper, level=level)

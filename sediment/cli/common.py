@@ -71,6 +71,8 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, **options: ob
         options.setdefault("cluster_key", args.cluster_key)
     if getattr(args, "take_over_blob_prefix", False):
         options.setdefault("take_over_blob_prefix", True)
+    if getattr(args, "max_wal_backlog", None) is not None:
+        options.setdefault("max_wal_backlog", args.max_wal_backlog)
     return sediment.open(data_dir, **options)
 
 

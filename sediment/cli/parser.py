@@ -111,6 +111,9 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
     p.add_argument("--take-over-blob-prefix", action="store_true", default=default(False),
                    help=doc("make this data directory the owner of a blob prefix another engine owns "
                             "(only once that engine is gone for good)"))
+    p.add_argument("--max-wal-backlog", type=_positive_int, default=default(None), metavar="BYTES",
+                   help=doc("bytes of WAL not yet compacted beyond which appends wait for compaction "
+                            "(default 1 GiB; at least 1 MiB)"))
     bar = p.add_mutually_exclusive_group() if top else p  # argparse cannot format a group of hidden options
     bar.add_argument("--progress", dest="progress", action="store_const", const=True, default=default(None),
                      help=doc("always show progress on stderr (default: only on a terminal)"))

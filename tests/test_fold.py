@@ -1,0 +1,62 @@
+"""trace/fold.py: the compacter's consolidation routes against consolidate() itself."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from sediment.errors import DiffOverflow
+from sediment.trace.consolidate import consolidate
+from sediment.trace.fold import fold
+
+
+def table(rnd: random.Random, n: int, kind: str) -> pa.Table:
+    if kind == "repeats":  # few distinct rows: the hash route
+        ks = [rnd.choice([None, 1, 2, 3]) for _ in range(n)]
+    elif kind == "fresh":  # distinct first column: the no-runs route
+        ks = rnd.sample(range(10 * n + 1), n)
+    else:
+        ks = [rnd.randint(0, n) for _ in range(n)]
+    return pa.table({
+        "k": pa.array(ks, pa.int64()),
+        "v": pa.array([rnd.choice(["a", "b", None, "cc"]) for _ in range(n)], pa.string()),
+        "b": pa.array([rnd.choice([b"x", b"", None]) for _ in range(n)], pa.binary()),
+        "time": pa.array([rnd.randint(0, 6) for _ in range(n)], pa.int64()),
+        "diff": pa.array([rnd.choice([1, -1, 0, 2, -2]) for _ in range(n)], pa.int64()),
+    })
+
+
+@pytest.mark.parametrize("kind", ["repeats", "fresh", "mixed"])
+def test_fold_equals_consolidate(kind):
+    rnd = random.Random(kind)
+    for _ in range(400):
+        t = table(rnd, rnd.randint(0, 40), kind)
+        since = rnd.choice([None, 0, 3, 7])
+        keys = rnd.choice([["k", "v", "b"], ["v", "k"], ["b"], ["k"]])
+        got, want = fold(t, keys, since), consolidate(t, keys, since)
+        assert got.equals(want), (keys, since, t.to_pylist())
+
+
+def test_float_keys_and_chunked_input_take_the_general_route():
+    rnd = random.Random(5)
+    for _ in range(100):
+        n = rnd.randint(0, 30)
+        t = pa.table({"f": pa.array([rnd.choice([1.0, float("nan"), None, 2.5]) for _ in range(n)], pa.float64()),
+                      "time": pa.array([1] * n, pa.int64()), "diff": pa.array([1] * n, pa.int64())})
+        t = pa.concat_tables([t.slice(0, n // 2), t.slice(n // 2)])
+        assert repr(fold(t, ["f"], None).to_pylist()) == repr(consolidate(t, ["f"], None).to_pylist())
+
+
+def test_diffs_that_could_overflow_raise_as_consolidate_does():
+    big = (1 << 62)
+    t = pa.table({"k": pa.array([1, 1, 1], pa.int64()), "time": pa.array([0, 0, 0], pa.int64()),
+                  "diff": pa.array([big, big, big], pa.int64())})
+    with pytest.raises(DiffOverflow):
+        consolidate(t, ["k"])
+    with pytest.raises(DiffOverflow):
+        fold(t, ["k"])
+    ok = pa.table({"k": pa.array([1, 1, 2], pa.int64()), "time": pa.array([0, 0, 0], pa.int64()),
+                   "diff": pa.array([big, -big, big], pa.int64())})
+    assert fold(ok, ["k"]).equals(consolidate(ok, ["k"]))
