@@ -107,8 +107,9 @@ class ScanPartition(InputPartition):
     """One task's share: row groups of stored batches and WAL-tail rows (Arrow IPC bytes),
     with the index of its key range (None: no range, a raw read)."""
 
-    def __init__(self, spec: ReadSpec, groups: list[tuple[dict, list[int]]], tail: bytes, index: int | None) -> None:
-        super().__init__((index, sum(len(g) for _, g in groups), len(tail)))
+    def __init__(self, spec: ReadSpec, groups: list[tuple[dict, list[int]]], tail: bytes, index: int | None,
+                 seq: int = 0) -> None:
+        super().__init__((seq, index, sum(len(g) for _, g in groups), len(tail)))
         self.spec = spec
         self.groups = groups
         self.tail = tail
@@ -345,13 +346,17 @@ class SedimentPushdownReader(SedimentReader):
 
 
 def pushdown_enabled() -> bool:
-    """Whether the Spark worker creating the reader has filter pushdown on. PySpark reads the
-    setting into a local of its planning function (``enable_pushdown``) and offers no API for
-    it; without it (another Spark version) the answer is False, and reads go unfiltered."""
+    """Whether the Spark worker creating the reader takes pushed filters. PySpark has no API
+    for it: with filters to push and pushdown on it runs ``data_source_pushdown_filters``;
+    otherwise ``plan_data_source_read``, which keeps the setting in a local
+    (``enable_pushdown``) and refuses a reader with ``pushFilters`` when it is off. Anything
+    else (another Spark version) gets the reader without pushdown: correct, unfiltered."""
     import sys
 
     frame = sys._getframe(1)
     while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).endswith("data_source_pushdown_filters"):
+            return True
         if "enable_pushdown" in frame.f_locals and "is_streaming" in frame.f_locals:
             return bool(frame.f_locals["enable_pushdown"]) and not frame.f_locals["is_streaming"]
         frame = frame.f_back
@@ -373,8 +378,7 @@ def plan_partitions(info: PlanInfo, tail: pa.Table, mode: str, filters: Sequence
         pf, _, _ = open_batch(base, ref)
         groups += [g for g, cols in group_stats(pf, b, names) if wanted(g, cols, info.as_of, info.from_t, filters)]
     if filters and tail.num_rows:
-        expr = pushdown.combined(filters, tail.schema)
-        tail = tail.filter(expr) if expr is not None else tail
+        tail = pushdown.apply(tail, filters)
     if mode == "raw":
         return _raw_partitions(base, refs, groups, tail, split_rows)
     first_type = info.update_schema.field(key_columns[0]).type if key_columns else None
@@ -383,7 +387,7 @@ def plan_partitions(info: PlanInfo, tail: pa.Table, mode: str, filters: Sequence
     elif groups:
         cuts = boundaries(groups, split_rows)
     else:
-        parts = min(MAX_TAIL_PARTS, -(-tail.num_rows // TAIL_SPLIT_ROWS))
+        parts = min(MAX_TAIL_PARTS, -(-tail.num_rows // min(split_rows, TAIL_SPLIT_ROWS)))
         cuts = quantile_cuts(tail.column(key_columns[0]), parts)
     spec = ReadSpec(**{**base.__dict__, "boundaries": tuple(cuts)})
     tail_idx = range_index(tail.column(key_columns[0]), cuts) if cuts and tail.num_rows else None
@@ -392,7 +396,7 @@ def plan_partitions(info: PlanInfo, tail: pa.Table, mode: str, filters: Sequence
         mine = [g for g in groups if not cuts or meets(g, cuts, i)]
         piece = tail if tail_idx is None else tail.filter(pc.equal(tail_idx, i))
         if mine or piece.num_rows:
-            out.append(ScanPartition(spec, _by_batch(refs, mine), ipc_bytes(piece), i if cuts else None))
+            out.append(ScanPartition(spec, _by_batch(refs, mine), ipc_bytes(piece), i if cuts else None, len(out)))
     return out
 
 
@@ -410,15 +414,15 @@ def _raw_partitions(spec: ReadSpec, refs: list[dict], groups: list[GroupStats], 
     rows = 0
     for g in groups:
         if run and (rows + g.rows > split_rows or g.batch != run[-1].batch):
-            out.append(ScanPartition(spec, _by_batch(refs, run), b"", None))
+            out.append(ScanPartition(spec, _by_batch(refs, run), b"", None, len(out)))
             run, rows = [], 0
         run.append(g)
         rows += g.rows
     if run:
-        out.append(ScanPartition(spec, _by_batch(refs, run), b"", None))
-    step = max(TAIL_SPLIT_ROWS, -(-tail.num_rows // MAX_TAIL_PARTS))
+        out.append(ScanPartition(spec, _by_batch(refs, run), b"", None, len(out)))
+    step = max(min(split_rows, TAIL_SPLIT_ROWS), -(-tail.num_rows // MAX_TAIL_PARTS))
     for i in range(0, tail.num_rows, step):
-        out.append(ScanPartition(spec, [], ipc_bytes(tail.slice(i, step)), None))
+        out.append(ScanPartition(spec, [], ipc_bytes(tail.slice(i, step)), None, len(out)))
     return out
 
 
@@ -426,16 +430,17 @@ def _keep(table: pa.Table, spec: ReadSpec, index: int | None, *, check_range: bo
     """The rows of ``table`` the read wants: times in (from, asOf], pushed filters, the range."""
     if table.num_rows == 0:
         return table
-    lo, hi = pc.min_max(table.column(TIME)).values()
-    expr = pushdown.combined(spec.filters, table.schema) if spec.filters else None
+    times = table.column(TIME)
+    lo, hi = pc.min_max(times).values()
+    keep = None
     if hi.as_py() > spec.as_of:
-        e = pc.field(TIME) <= pa.scalar(spec.as_of, pa.int64())
-        expr = e if expr is None else expr & e
+        keep = pc.less_equal(times, pa.scalar(spec.as_of, pa.int64()))
     if spec.from_t is not None and lo.as_py() <= spec.from_t:
-        e = pc.field(TIME) > pa.scalar(spec.from_t, pa.int64())
-        expr = e if expr is None else expr & e
-    if expr is not None:
-        table = table.filter(expr)
+        later = pc.greater(times, pa.scalar(spec.from_t, pa.int64()))
+        keep = later if keep is None else pc.and_(keep, later)
+    if keep is not None:
+        table = table.filter(keep)
+    table = pushdown.apply(table, spec.filters)
     if check_range and index is not None and spec.boundaries:
         table = table.filter(pc.equal(range_index(table.column(spec.key_columns[0]), spec.boundaries), index))
     return table
@@ -469,4 +474,6 @@ def read_partition(partition: ScanPartition, target: pa.Schema) -> Iterator[pa.R
     keys = list(spec.key_columns)
     out = snapshot(table, keys, spec.as_of) if spec.mode == "snapshot" else \
         changes(table, keys, spec.from_t if spec.from_t is not None else -(1 << 63), spec.as_of)
+    if TIME in target.names and TIME not in out.column_names:  # a stream's snapshot: every row at as_of
+        out = out.append_column(TIME, pa.repeat(pa.scalar(spec.as_of, pa.int64()), out.num_rows))
     yield from conform(out, target).to_batches(max_chunksize=1 << 16)

@@ -60,6 +60,7 @@ class SedimentCommitMessage(WriterCommitMessage):
     max_time: int | None = None
     partition: int | None = None
     txn: int | None = None  # the attempt's transaction (None: it wrote nothing)
+    group: str | None = None  # the stream sink's transaction group of the attempt
 
 
 class WriterBase:

@@ -78,6 +78,32 @@ def combined(filters: Iterable[Pushed], schema: pa.Schema) -> pc.Expression | No
     return expr
 
 
+def mask(f: Pushed, column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """The rows of ``column`` that ``f`` keeps, as booleans without nulls (the same rows as
+    :func:`expression`, computed without Acero, which warns about IPC buffers' alignment)."""
+    op, _, value = f
+    if op == "isnull":
+        return pc.is_null(column)
+    if op == "notnull":
+        return pc.is_valid(column)
+    if op == "in":
+        kept = pc.is_in(column, value_set=pa.array(list(value)).cast(column.type))
+    else:
+        scalar = pa.scalar(value).cast(column.type)
+        kept = {"=": pc.equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater,
+                ">=": pc.greater_equal}[op](column, scalar)
+    return pc.fill_null(kept, False)
+
+
+def apply(table: pa.Table, filters: Iterable[Pushed]) -> pa.Table:
+    """``table``'s rows that every filter keeps."""
+    keep = None
+    for f in filters:
+        m = mask(f, table.column(f[1]))
+        keep = m if keep is None else pc.and_(keep, m)
+    return table if keep is None else table.filter(keep)
+
+
 def may_match(f: Pushed, lo: Any, hi: Any, nulls: int | None, rows: int) -> bool:
     """False only when no row of a row group with statistics ``lo``/``hi`` (None: unknown),
     ``nulls`` null values (None: unknown) and ``rows`` rows can satisfy ``f``."""
