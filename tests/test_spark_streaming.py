@@ -191,12 +191,13 @@ def test_stream_sink_killed_with_sigkill_and_restarted_writes_each_row_once(coor
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "SPARK_LOCAL_IP": "127.0.0.1"}
     args = [sys.executable, "-c", CHILD, c.uri, c.token, str(src), str(tmp_path / "ck")]
+    c.engine.seal("orders", 0)  # a feed starts at a sealed time; the sink's first batch goes to time 1
     feed = c.engine.subscribe("orders")
     child = subprocess.Popen([*args, "run"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         sealed = -1
-        while sealed < 2:  # wait for the third micro-batch's seal, then kill the driver at once
+        while sealed < 3:  # wait for the third micro-batch's seal, then kill the driver at once
             event = feed.next(timeout=240)
             assert event is not None, "the streaming child committed nothing"
             if event.kind == "progress":
@@ -216,4 +217,4 @@ def test_stream_sink_killed_with_sigkill_and_restarted_writes_each_row_once(coor
                  strict=True):
         got[r[:2]] += r[2]
     assert got == Counter({(100 * k + i, f"i{k}"): 1 for k in range(files) for i in range(50)})  # once each
-    assert sealed == files - 1  # one time per file (micro-batch), none skipped or repeated
+    assert sealed == files  # one time per file (micro-batch), none skipped or repeated
