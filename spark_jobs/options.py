@@ -55,8 +55,11 @@ STREAM_READ = {"startingasof": "earliest | latest | a time: the first micro-batc
                "maxtimespertrigger": "at most this many sealed times per micro-batch"}
 STREAM_WRITE = {"checkpointlocation": "Spark's checkpoint directory (the sink's progress lives in sediment)",
                 "queryname": "as Spark's"}
+CREDENTIALS = {"aws_access_key_id": "S3 credentials for the executors' and planner's reads of batches",
+               "aws_secret_access_key": "as aws_access_key_id", "aws_session_token": "as aws_access_key_id",
+               "aws_region": "as aws_access_key_id"}
 SPARK_ADDED = {"path"}  # Spark adds a table's location to its options
-KNOWN = {**CONNECTION, **BATCH_READ, **BATCH_WRITE, **STREAM_READ, **STREAM_WRITE}
+KNOWN = {**CONNECTION, **CREDENTIALS, **BATCH_READ, **BATCH_WRITE, **STREAM_READ, **STREAM_WRITE}
 
 
 def lowered(options: Mapping[str, Any]) -> dict[str, str]:

@@ -71,7 +71,7 @@ class Log:
             self.done = True
             self.cond.notify_all()
 
-    def wait(self, pattern: str, timeout: float = 240) -> re.Match:
+    def wait(self, pattern: str, timeout: float = 240, also: Log | None = None) -> re.Match:
         found: list[re.Match] = []
 
         def seen() -> bool:
@@ -81,7 +81,8 @@ class Log:
         with self.cond:
             self.cond.wait_for(seen, timeout=timeout)
         if not found:
-            raise AssertionError(f"{self.what} did not say {pattern!r}:\n" + "".join(self.lines[-40:]))
+            raise AssertionError(f"{self.what} did not say {pattern!r}:\n" + "".join(self.lines[-40:]) +
+                                 ("".join(also.lines[-60:]) if also is not None else ""))
         return found[0]
 
 
@@ -102,7 +103,9 @@ def test_standalone_cluster_writes_and_reads_s3_batches_with_credentials_as_opti
     endpoint, bucket = s3_bucket
     c = coordinator(blob=f"s3://{bucket}/rel", s3_endpoint=endpoint, compact=False)
     c.engine.add_relation("orders", SCHEMA)
-    spark_class = Path(sys.executable).parent / "spark-class"
+    import pyspark
+
+    spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"  # also where a venv's bin/ links to
     env = {**_no_aws(os.environ), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp_path), "SPARK_WORKER_DIR": str(tmp_path / "work")}
     master = subprocess.Popen([str(spark_class), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
@@ -121,14 +124,14 @@ def test_standalone_cluster_writes_and_reads_s3_batches_with_credentials_as_opti
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         procs.append(driver)
         out, err = Log(driver.stdout, "the driver"), Log(driver.stderr, "the driver's stderr")
-        out.wait(r"^WROTE")
+        out.wait(r"^WROTE", also=err)
         assert c.engine.sealed("orders") == 3
         c.engine.set_since("orders", 1)
         c.engine.compact()
         assert c.engine.trace_info("orders")["tail_records"] == 0  # every row is read from S3 now
         driver.stdin.write("go\n")
         driver.stdin.flush()
-        result = json.loads(out.wait(r"^RESULT (.*)$").group(1))
+        result = json.loads(out.wait(r"^RESULT (.*)$", also=err).group(1))
         driver.wait(timeout=120)
         assert driver.returncode == 0, "".join(err.lines[-60:])
     finally:
