@@ -81,8 +81,10 @@ def main() -> int:
         for _ in range(args.rounds):
             res["sediment"].append(via_sediment())
             res["parquet"].append(plain())
-        stored = sum(r.count for r in engine.wal.scan() if r.kind.name == "UPDATES")
-        assert stored == rows * (args.rounds + 1), (stored, rows)  # every row of every round, once
+        engine.seal("bench", next_round[0] + 5)
+        check = (spark.read.format("sediment").option("uri", server.uri).option("token", token)
+                 .option("relation", "bench").load().agg(F.count("*"), F.sum("diff")).first())
+        assert tuple(check) == (rows, rows * (args.rounds + 1)), (tuple(check), rows)  # every row, once a round
         ratio = statistics.median(res["parquet"]) / statistics.median(res["sediment"])  # of rows/s
         print(f"spark ingest of {rows} rows (k int64, v 16 B string, time) from a cached DataFrame; "
               f"local[2], {args.rounds} rounds interleaved")
