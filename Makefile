@@ -42,7 +42,7 @@ bench: $(STAMP)
 # The Spark data source on a standalone cluster (Master + Worker via spark-class on 127.0.0.1),
 # batches in moto's S3, credentials as data source options.
 cluster-demo: $(STAMP) java
-	$(BIN)/pytest -q tests/test_spark_cluster.py
+	SEDIMENT_SPARK_CLUSTER=1 $(BIN)/pytest -q tests/test_spark_cluster.py
 
 clean:
 	rm -rf $(VENV) sediment-data

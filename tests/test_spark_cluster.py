@@ -4,7 +4,8 @@ driver in its own process, batches in moto's S3, and the S3 credentials given on
 source options: the cluster's processes are started without any AWS variable, so the
 executors (and the driver's planning worker) read S3 only because the options reach them.
 
-Slow (two JVMs and a driver start): ``make cluster-demo`` runs it alone."""
+Slow (two JVMs and a driver: about 80 s on 2 cores), so the whole suite's budget keeps it out of a
+plain ``pytest`` run: ``make cluster-demo`` (or SEDIMENT_SPARK_CLUSTER=1) runs it."""
 
 from __future__ import annotations
 
@@ -98,6 +99,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 @pytest.mark.s3
+@pytest.mark.skipif(os.environ.get("SEDIMENT_SPARK_CLUSTER", "") in ("", "0"),
+                    reason="a standalone cluster takes about 80 s: run `make cluster-demo` (SEDIMENT_SPARK_CLUSTER=1)")
 def test_standalone_cluster_writes_and_reads_s3_batches_with_credentials_as_options(coordinator, s3_bucket,
                                                                                    tmp_path):
     endpoint, bucket = s3_bucket
