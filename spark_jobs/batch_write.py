@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,11 +128,12 @@ class WriterBase:
         message = SedimentCommitMessage(partition=ctx.partitionId() if ctx is not None else None)
         pending: list[pa.Table] = []
         pending_rows = pending_bytes = 0
-        with connect(self.uri, self.token) as client:
+        in_flight: Future | None = None  # one append travels while the next one is gathered
+        with connect(self.uri, self.token) as client, ThreadPoolExecutor(1, "sediment-append") as sender:
             tx: Any = None
 
             def flush() -> None:
-                nonlocal pending, pending_rows, pending_bytes, tx
+                nonlocal pending, pending_rows, pending_bytes, tx, in_flight
                 if not pending:
                     return
                 table = pa.concat_tables(pending)
@@ -139,7 +141,9 @@ class WriterBase:
                 if tx is None:  # one transaction per attempt: a retry's rows never mix with its
                     tx = client.transaction(group=group)  # predecessor's
                     message.txn = tx.id
-                tx.append(self.relation, table)
+                if in_flight is not None:
+                    in_flight.result()
+                in_flight = sender.submit(tx.append, self.relation, table)
                 message.rows += table.num_rows
                 message.appends += 1
                 message.min_time = lo.as_py() if message.min_time is None else min(message.min_time, lo.as_py())
@@ -156,6 +160,8 @@ class WriterBase:
                 if pending_rows >= self.batch_rows or pending_bytes >= APPEND_BYTES:
                     flush()
             flush()
+            if in_flight is not None:
+                in_flight.result()  # durable before the task reports its transaction
         return message
 
 

@@ -133,9 +133,11 @@ class SedimentStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.leases.append((b, plan.lease))
                 out += plan_partitions(PlanInfo.of(plan, None), plan.tail, "snapshot", [], self.split_rows, credentials)
             if b > a:
-                plan = client.plan_read(self.relation, b, from_t=a, lease_seconds=self.lease_seconds)
+                frm = a if a >= 0 else None  # a relation never sealed when the query started: all of it
+                plan = client.plan_read(self.relation, b, from_t=frm, lease_seconds=self.lease_seconds)
                 self.leases.append((b, plan.lease))
-                out += plan_partitions(PlanInfo.of(plan, a), plan.tail, "changes", [], self.split_rows, credentials)
+                out += plan_partitions(PlanInfo.of(plan, frm), plan.tail, "changes", [], self.split_rows,
+                                       credentials)
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -125,6 +125,18 @@ def test_stream_read_starting_points_and_refusals(spark, coordinator, tmp_path):
              .option("checkpointLocation", str(tmp_path / start)).trigger(availableNow=True).start())
         q.awaitTermination()
         assert {b: r for b, r in sink.got.items() if r or b == 0} == want, start
+    c.engine.add_relation("fresh", SCHEMA)  # never sealed when the query starts: no snapshot, then everything
+    sink = Batches()
+    q = (stream(spark, c, "fresh", startingAsOf="latest").writeStream.foreachBatch(sink)
+         .option("checkpointLocation", str(tmp_path / "fresh")).start())
+    try:
+        q.processAllAvailable()
+        append(c, [(7, "tea", 0, 1), (8, "jam", 1, 1)], relation="fresh")
+        c.engine.seal("fresh", 1)
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    assert [r for b in sorted(sink.got) for r in sink.got[b]] == [(7, "tea", 0, 1), (8, "jam", 1, 1)]
     with pytest.raises(Exception, match="startingAsOf=9 is outside"):
         with sediment_errors():
             stream(spark, c, startingAsOf="9").writeStream.foreachBatch(Batches()).start().awaitTermination()
