@@ -30,6 +30,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from sediment.spark_jobs import pushdown
+from sediment.spark_jobs.errors import short_traceback
 from sediment.spark_jobs.options import (
     DEFAULT_LEASE_SECONDS,
     DIFF,
@@ -313,6 +314,7 @@ class SedimentReader(DataSourceReader):
         self.columns_b64 = columns_b64
         self.filters: list[pushdown.Pushed] = []
 
+    @short_traceback
     def partitions(self) -> list[InputPartition]:
         given = self.options.get("plan")
         if given:  # planned on the driver by open_relation: the tail travels in an option

@@ -54,6 +54,7 @@ from sediment.spark_jobs.batch_read import (  # noqa: F401 - re-exported names
     pushdown_enabled,
 )
 from sediment.spark_jobs.batch_write import SedimentCommitMessage, SedimentWriter  # noqa: F401
+from sediment.spark_jobs.errors import short_traceback as _short
 from sediment.spark_jobs.options import (  # noqa: F401 - re-exported names
     DEFAULT_LEASE_SECONDS,
     DIFF,
@@ -117,6 +118,7 @@ class SedimentDataSource(DataSource):
         check_options(options)
         return options
 
+    @_short
     def schema(self) -> StructType:
         options = self._options()
         given = options.get("plan")
@@ -136,6 +138,7 @@ class SedimentDataSource(DataSource):
                   for f in schema.fields]
         return StructType(fields)
 
+    @_short
     def reader(self, schema: StructType) -> SedimentReader:
         options = self._options(schema)
         relation = required(options, "relation")
@@ -152,14 +155,17 @@ class SedimentDataSource(DataSource):
         cls = SedimentPushdownReader if pushdown_enabled() else SedimentReader
         return cls(options, schema, schema_to_b64(columns))
 
+    @_short
     def writer(self, schema: StructType, overwrite: bool) -> SedimentWriter:
         return SedimentWriter(self._options(schema), schema, overwrite)
 
+    @_short
     def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - Spark's name
         from sediment.spark_jobs.stream_read import SedimentStreamReader
 
         return SedimentStreamReader(self._options(schema), schema)
 
+    @_short
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:  # noqa: N802 - Spark's name
         from sediment.spark_jobs.stream_write import SedimentStreamWriter
 

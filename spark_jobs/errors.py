@@ -8,6 +8,7 @@ finds it and raises the typed error again, with Spark's text kept as its cause.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,3 +56,17 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` inside :func:`sediment_errors` (``df.collect`` and the like)."""
     with sediment_errors():
         return fn(*args, **kwargs)
+
+
+def short_traceback(method: Callable[..., T]) -> Callable[..., T]:
+    """Spark shows a planning worker's exception with its traceback; a sediment error needs
+    none (its message says what and where), so it leaves with one frame."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return method(*args, **kwargs)
+        except errors.SedimentError as e:
+            raise e.with_traceback(None) from None
+
+    return wrapper

@@ -108,6 +108,9 @@ def test_bad_options_fail_on_the_driver_before_any_job_with_sediment_s_error(spa
             load(spark, c, timestampAsOf=5)
         typed = sediment_error(info.value)
         assert isinstance(typed, InvalidArgument) and "'timestampasof'" in str(typed)
+        text = str(info.value)  # what a user of plain load() reads: the error, one frame, no Java stack
+        assert "sediment.errors.InvalidArgument: the sediment data source has no option 'timestampasof'" in text
+        assert len(text.splitlines()) <= 6, text
         with pytest.raises(AsOfOutOfRange, match=r"asOf=11 is outside \[since 3, sealed 10\]"):
             with sediment_errors():
                 load(spark, c, asOf=11)
