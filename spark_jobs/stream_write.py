@@ -12,9 +12,10 @@ the batch again after a failure:
   one ``commit_all``, one COMMIT record, so the data and its progress mark are visible
   together or not at all;
 * before committing, it reads the progress relation (every committed update, sealed or not);
-  a batch at or below the last recorded one was committed before (Spark replays the last
-  batch after a restart), so its new transactions are aborted instead, and only the seals
-  that may not have happened yet are redone.
+  the last recorded batch again was committed before (Spark replays the last batch after a
+  restart), so its new transactions are aborted instead, and only the seals that may not
+  have happened yet are redone; an older batch means the checkpoint was reset while the
+  sink's progress was kept, and is refused (TransactionError) rather than skipped.
 
 The sink's identity is its checkpoint location plus the relation (stable across restarts of
 the query, as Spark's own query id is), or ``queryName`` without a checkpoint location.
@@ -93,11 +94,15 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
         groups = sorted({getattr(m, "group", "") for m in done} - {""})
         with connect(self.uri, self.token) as client:
             last, last_time = last_committed(client, self.progress)
-            if batchId <= last:  # a replay of a committed batch: keep the first commit only
+            if batchId <= last:
                 for g in groups:
                     client.abort_group(g)
-                if batchId == last:
-                    self._seal(client, last, last_time)
+                if batchId < last:  # Spark replays only its last batch: this is another query's history
+                    raise TransactionError(
+                        f"micro-batch {batchId} is older than batch {last}, the last one this sink committed to "
+                        f"{self.relation!r} (progress relation {self.progress!r}): the query's checkpoint was "
+                        "reset or reused; give the new query its own checkpointLocation")
+                self._seal(client, last, last_time)  # a replay of the committed batch: keep the first
                 return
             data_time = self._data_time(done)
             marker = client.transaction()

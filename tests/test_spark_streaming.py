@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
 
-from sediment.errors import InvalidArgument  # noqa: E402
+from sediment.errors import InvalidArgument, TransactionError  # noqa: E402
 from sediment.spark_jobs import stream_write  # noqa: E402
 from sediment.spark_jobs.errors import sediment_errors  # noqa: E402
 
@@ -162,6 +162,11 @@ def test_stream_sink_commits_each_batch_once_even_when_replayed(spark, coordinat
         writer.commit([message], 0)
     assert c.engine.sealed("orders") == 0 and c.engine.snapshot("orders", 0).num_rows == 2
     assert c.server.open_transactions == []
+    writer.commit([writer.write(iter([batch]))], 1)
+    with pytest.raises(TransactionError, match="micro-batch 0 is older than batch 1"):  # a reset checkpoint
+        writer.commit([writer.write(iter([batch]))], 0)
+    assert c.engine.sealed("orders") == 1 and c.engine.snapshot("orders", 1).column("diff").to_pylist() == [2, 2]
+    assert c.server.open_transactions == []
     src = tmp_path / "in"
     src.mkdir()
     for k in range(3):
@@ -170,8 +175,8 @@ def test_stream_sink_commits_each_batch_once_even_when_replayed(spark, coordinat
          .writeStream.format("sediment").options(**c.options("orders"))
          .option("checkpointLocation", str(tmp_path / "ck2")).trigger(availableNow=True).start())
     q.awaitTermination()
-    assert c.engine.sealed("orders") == 3  # three more micro-batches, each at the next open time, sealed
-    for t in (1, 2, 3):
+    assert c.engine.sealed("orders") == 4  # three more micro-batches, each at the next open time, sealed
+    for t in (2, 3, 4):
         got = c.engine.snapshot("orders", t).num_rows - c.engine.snapshot("orders", t - 1).num_rows
         assert got == 4, t
 
