@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean zookeeper java
+.PHONY: demo test lint bench clean zookeeper java cluster-demo
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/replay.py --quick
 	$(BIN)/python bench/device.py --quick
 	$(BIN)/python bench/replication.py
+
+# The Spark data source on a standalone cluster (Master + Worker via spark-class on 127.0.0.1),
+# batches in moto's S3, credentials as data source options.
+cluster-demo: $(STAMP) java
+	SEDIMENT_SPARK_CLUSTER=1 $(BIN)/pytest -q tests/test_spark_cluster.py
 
 clean:
 	rm -rf $(VENV) sediment-data

@@ -40,7 +40,9 @@ def local_spark(app_name: str = "sediment", *, master: str | None = None, shuffl
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                .config("spark.driver.memory", driver_memory)
                .config("spark.driver.host", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
-               .config("spark.sql.session.timeZone", "UTC"))
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")  # fewer, larger Arrow batches
+               .config("spark.sql.python.filterPushdown.enabled", "true"))
     if master is not None or "SPARK_MASTER" not in os.environ and not _submitted():
         builder = builder.master(master or DEFAULT_MASTER)
     for key, value in (conf or {}).items():

@@ -73,11 +73,11 @@ def test_write_with_time_option_and_columns_then_read_back(spark, coordinator):
     assert c.server.open_transactions == []
 
 
-def test_load_gives_raw_updates_and_the_schema_follows_the_relation(spark, coordinator):
+def test_raw_load_gives_stored_updates_and_the_schema_follows_the_relation(spark, coordinator):
     c = coordinator()
     c.engine.add_relation("orders", SCHEMA)
     write(spark.createDataFrame([(1, "tea", 1), (1, "tea", 1)], ["id", "item", "time"]), c, seal=True)
-    df = spark.read.format("sediment").options(**c.options("orders")).option("as_of", 1).load()
+    df = spark.read.format("sediment").options(**c.options("orders")).option("as_of", 1).option("raw", "true").load()
     assert df.columns == ["id", "item", "time", "diff"]
     assert df.schema["id"].dataType == LongType()
     assert sorted(tuple(r) for r in df.collect()) == [(1, "tea", 1, 1), (1, "tea", 1, 1)]  # not consolidated
@@ -165,8 +165,8 @@ def test_writes_refuse_overwrite_and_mismatched_columns_clearly(spark, coordinat
         df.write.format("sediment").options(**c.options("orders")).option("time", 1).mode("overwrite").save()
     with pytest.raises(Exception, match=r"missing \['item'\]"):
         write(df.select("id"), c, time=1)
-    with pytest.raises(Exception, match="no 'time' column"):
-        write(df, c)
+    write(df, c, seal=True)  # no time column, no option: the next open time (sealed + 1), then sealed
+    assert c.engine.sealed("orders") == 0 and rows_of(c.engine.snapshot("orders", 0)) == Counter({(1, "tea", 1): 1})
     assert c.server.open_transactions == []
 
 
@@ -226,7 +226,7 @@ def test_a_large_batch_is_read_by_several_tasks(spark, coordinator):
     write(df, c, time=1, seal=True)
     c.engine.compact()
     assert c.engine.trace_info("orders")["batches"] == 1  # one batch of three 64Ki-row groups
-    raw = spark.read.format("sediment").options(**c.options("orders")).option("split_rows", 50_000).load()
+    raw = spark.read.format("sediment").options(**c.options("orders")).option("split_rows", 50_000).option("raw", True).load()
     assert raw.rdd.getNumPartitions() == 3
     assert raw.count() == 150_000 and raw.select("id").distinct().count() == 150_000  # each row exactly once
 

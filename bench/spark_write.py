@@ -1,0 +1,105 @@
+"""Ingest through the ``sediment`` Spark data source beside ``df.write.parquet`` of the same
+DataFrame, in one run.
+
+Why: a job's rows go through Python workers (Arrow batches), the coordinator (Flight,
+durable WAL appends into one transaction per task attempt) and one commit; Spark's own
+Parquet writer is the peer for "put these rows somewhere durable". Target: >= 0.9x its
+rows/s. The DataFrame is cached and counted first, so both sides write the same rows from
+memory; rounds alternate (the machine is shared and noisy); medians with min-max.
+
+    .venv/bin/python bench/spark_write.py           # 4M rows, 3 rounds
+    .venv/bin/python bench/spark_write.py --quick   # 1M rows, 3 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+
+import pyarrow as pa
+
+import sediment
+from sediment.server import SedimentFlightServer
+
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
+
+
+def spread(xs: list[float]) -> str:
+    return f"median {statistics.median(xs):.2f} s (min {min(xs):.2f}, max {max(xs):.2f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--dir", default=tempfile.gettempdir())
+    args = parser.parse_args()
+    rows = args.rows or (1_000_000 if args.quick else 4_000_000)
+    from pyspark.sql import functions as F
+
+    from sediment.spark_jobs.session import local_spark
+
+    work = tempfile.mkdtemp(prefix="sediment-bench-spark-write-", dir=args.dir)
+    token = uuid.uuid4().hex
+    try:
+        engine = sediment.open(os.path.join(work, "data"), segment_bytes=256 << 20)
+        engine.add_relation("bench", SCHEMA)
+        server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
+        spark = local_spark("sediment-bench-write")
+        df = (spark.range(0, rows, numPartitions=2)
+              .select(F.col("id").alias("k"), F.lpad(F.col("id").cast("string"), 16, "0").alias("v"),
+                      (F.col("id") % 5 + 1).alias("time"))
+              .cache())
+        assert df.count() == rows
+        next_round = [0]
+
+        def via_sediment() -> float:
+            next_round[0] += 10
+            frame = df.select("k", "v", (F.col("time") + next_round[0]).alias("time"))  # fresh open times
+            t = time.perf_counter()
+            (frame.write.format("sediment").option("uri", server.uri).option("token", token)
+             .option("relation", "bench").mode("append").save())
+            return time.perf_counter() - t
+
+        def plain() -> float:
+            out = os.path.join(work, f"parquet-{uuid.uuid4().hex}")
+            t = time.perf_counter()
+            df.write.parquet(out)
+            took = time.perf_counter() - t
+            shutil.rmtree(out, ignore_errors=True)
+            return took
+
+        via_sediment(), plain()  # warm-up
+        res: dict[str, list[float]] = {"sediment": [], "parquet": []}
+        for _ in range(args.rounds):
+            res["sediment"].append(via_sediment())
+            res["parquet"].append(plain())
+        engine.seal("bench", next_round[0] + 5)
+        check = (spark.read.format("sediment").option("uri", server.uri).option("token", token)
+                 .option("relation", "bench").load().agg(F.count("*"), F.sum("diff")).first())
+        assert tuple(check) == (rows, rows * (args.rounds + 1)), (tuple(check), rows)  # every row, once a round
+        ratio = statistics.median(res["parquet"]) / statistics.median(res["sediment"])  # of rows/s
+        print(f"spark ingest of {rows} rows (k int64, v 16 B string, time) from a cached DataFrame; "
+              f"local[2], {args.rounds} rounds interleaved")
+        print(f"  sediment data source: {spread(res['sediment'])}, "
+              f"{rows / statistics.median(res['sediment']) / 1e6:.2f} M rows/s")
+        print(f"  df.write.parquet:     {spread(res['parquet'])}, "
+              f"{rows / statistics.median(res['parquet']) / 1e6:.2f} M rows/s")
+        print(f"  ratio {ratio:.2f}x of Parquet's rows/s (target >= 0.9x): {'OK' if ratio >= 0.9 else 'MISSED'}")
+        spark.stop()
+        server.stop()
+        engine.close()
+        return 0 if ratio >= 0.9 else 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Batch writes of the ``sediment`` data source (``df.write`` and SQL ``INSERT INTO``).
+
+The DataFrame has the relation's columns, plus ``time`` (or ``option("time", t)``; with
+neither, the next open time: sealed + 1) and optionally ``diff`` (or ``option("diff", d)``;
+default +1, also for a null diff). The whole job commits as one, so a failed or aborted
+job leaves nothing visible, and a retried or speculative task attempt never duplicates rows:
+
+* the writer is built once, in a Python worker the driver starts: it checks the options
+  and the columns against the relation and names the job's transaction group (a random
+  id); only options and that name are pickled into the writer (no clients or locks travel);
+* each task attempt connects, begins its own server transaction in the group, streams its
+  Arrow batches into it (durable but invisible) and returns the transaction's id with how
+  many rows and which times it wrote;
+* ``commit()`` (another Python worker) commits the transactions of the attempts Spark chose,
+  all with one COMMIT record (``commit_all``), aborts the group's other transactions, then
+  seals the time when ``seal`` is set; ``abort()`` aborts the whole group.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from sediment.errors import InvalidArgument, SchemaMismatch, TimeAlreadySealed
+from sediment.spark_jobs.options import (
+    BATCH_READ,
+    DIFF,
+    STREAM_READ,
+    TIME,
+    bool_option,
+    check_options,
+    conform,
+    connect,
+    int_option,
+    required,
+    schema_from_b64,
+    schema_to_b64,
+    token,
+)
+
+APPEND_ROWS = 1 << 18  # rows per append into the transaction: few, large, durable puts
+APPEND_BYTES = 32 << 20
+READ_ONLY = [k for k in (*BATCH_READ, *STREAM_READ) if k not in ("lease_seconds",)]
+
+
+@dataclass
+class SedimentCommitMessage(WriterCommitMessage):
+    """What one task appended into the job's transaction."""
+
+    rows: int = 0
+    appends: int = 0
+    min_time: int | None = None
+    max_time: int | None = None
+    partition: int | None = None
+    txn: int | None = None  # the attempt's transaction (None: it wrote nothing)
+    group: str | None = None  # the stream sink's transaction group of the attempt
+
+
+class WriterBase:
+    """Checks and task-side appending shared by the batch writer and the stream writer."""
+
+    def _setup(self, options: dict[str, str], schema: StructType, *, what: str) -> Any:
+        check_options(options, refused=READ_ONLY, what=what)
+        self.uri = required(options, "uri")
+        self.token = token(options)
+        self.relation = required(options, "relation")
+        self.time = int_option(options, "time")
+        self.diff = int_option(options, "diff")
+        self.seal = bool_option(options, "seal")
+        self.batch_rows = int_option(options, "batch_rows", APPEND_ROWS) or APPEND_ROWS
+        columns = list(schema.names)
+        if self.time is not None and TIME in columns:
+            raise InvalidArgument("the DataFrame has a 'time' column and option('time') is set too; use one")
+        if self.diff is not None and DIFF in columns:
+            raise InvalidArgument("the DataFrame has a 'diff' column and option('diff') is set too; use one")
+        self.has_time = TIME in columns
+        client = connect(self.uri, self.token)
+        try:
+            rel_schema = client.schema(self.relation)
+            missing = [n for n in rel_schema.names if n not in columns]
+            extra = [n for n in columns if n not in rel_schema.names and n not in (TIME, DIFF)]
+            if missing or extra:
+                raise SchemaMismatch(f"the DataFrame's columns {columns} do not match relation {self.relation!r} "
+                                     f"{rel_schema.names}: " + "; ".join(
+                                         ([f"missing {missing}"] if missing else []) +
+                                         ([f"unknown {extra}"] if extra else [])))
+            self.schema_b64 = schema_to_b64(rel_schema)
+            if self.time is not None:
+                sealed = client.sealed(self.relation)
+                if self.time <= sealed:
+                    raise TimeAlreadySealed(f"relation {self.relation!r} is sealed through time {sealed}: "
+                                            f"option('time', {self.time}) can never commit; write at a later time")
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def _update_schema(self) -> pa.Schema:
+        rel = schema_from_b64(self.schema_b64)
+        return pa.schema([*rel, pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())])
+
+    def _updates(self, batch: pa.RecordBatch, target: pa.Schema, time: int | None) -> pa.Table:
+        table = pa.Table.from_batches([batch])
+        n = table.num_rows
+        if TIME not in table.column_names:
+            table = table.append_column(TIME, pa.repeat(pa.scalar(time, pa.int64()), n))
+        if DIFF not in table.column_names:
+            table = table.append_column(DIFF, pa.repeat(pa.scalar(1 if self.diff is None else self.diff,
+                                                                  pa.int64()), n))
+        elif table.column(DIFF).null_count:
+            i = table.column_names.index(DIFF)
+            table = table.set_column(i, DIFF, pc.fill_null(table.column(DIFF), pa.scalar(1, table.column(DIFF).type)))
+        return conform(table, target)
+
+    def _write(self, iterator: Iterator[pa.RecordBatch], group: str, time: int | None) -> SedimentCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        target = self._update_schema()
+        message = SedimentCommitMessage(partition=ctx.partitionId() if ctx is not None else None)
+        pending: list[pa.Table] = []
+        pending_rows = pending_bytes = 0
+        in_flight: Future | None = None  # one append travels while the next one is gathered
+        with connect(self.uri, self.token) as client, ThreadPoolExecutor(1, "sediment-append") as sender:
+            tx: Any = None
+
+            def flush() -> None:
+                nonlocal pending, pending_rows, pending_bytes, tx, in_flight
+                if not pending:
+                    return
+                table = pa.concat_tables(pending)
+                lo, hi = pc.min_max(table.column(TIME)).values()
+                if tx is None:  # one transaction per attempt: a retry's rows never mix with its
+                    tx = client.transaction(group=group)  # predecessor's
+                    message.txn = tx.id
+                if in_flight is not None:
+                    in_flight.result()
+                in_flight = sender.submit(tx.append, self.relation, table)
+                message.rows += table.num_rows
+                message.appends += 1
+                message.min_time = lo.as_py() if message.min_time is None else min(message.min_time, lo.as_py())
+                message.max_time = hi.as_py() if message.max_time is None else max(message.max_time, hi.as_py())
+                pending, pending_rows, pending_bytes = [], 0, 0
+
+            for batch in iterator:
+                if batch.num_rows == 0:
+                    continue
+                table = self._updates(batch, target, time)
+                pending.append(table)
+                pending_rows += table.num_rows
+                pending_bytes += table.nbytes
+                if pending_rows >= self.batch_rows or pending_bytes >= APPEND_BYTES:
+                    flush()
+            flush()
+            if in_flight is not None:
+                in_flight.result()  # durable before the task reports its transaction
+        return message
+
+
+class SedimentWriter(WriterBase, DataSourceArrowWriter):
+    """Built once per job (driver side); only options, the relation's schema and the
+    job's transaction group are pickled to the tasks and to commit/abort."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise InvalidArgument("the sediment data source only appends updates (retractions are diff -1 rows); "
+                                  "use .mode('append') or INSERT INTO")
+        with self._setup(options, schema, what="writing") as client:
+            self.open_time: int | None = None
+            if self.time is None and not self.has_time:  # the next open time, fixed for the whole job
+                self.open_time = client.sealed(self.relation) + 1
+        self.group = f"spark-job-{uuid.uuid4().hex}"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SedimentCommitMessage:
+        return self._write(iterator, self.group, self.time if self.time is not None else self.open_time)
+
+    def commit(self, messages: list[SedimentCommitMessage | None]) -> None:
+        done = [m for m in messages if m is not None]
+        with connect(self.uri, self.token) as client:
+            client.commit_all([m.txn for m in done if m.txn is not None], group=self.group)
+            if self.seal:
+                fixed = self.time if self.time is not None else self.open_time
+                t = fixed if fixed is not None else max(
+                    (m.max_time for m in done if m.max_time is not None), default=None)
+                if t is not None and t > client.sealed(self.relation):
+                    client.seal(self.relation, t)
+
+    def abort(self, messages: list[SedimentCommitMessage | None]) -> None:
+        with connect(self.uri, self.token) as client:
+            client.abort_group(self.group)
