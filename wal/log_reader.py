@@ -163,170 +163,196 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
 
     Each segment is read once, into one buffer reused for all of them, while the kernel
     reads the next one ahead (the disk streams while frames are checked)."""
-    out = Plan()
-    m = manifest
-    firsts, out.delete = list_segments(pdir)
-    buf = sg.ReadBuffer()
-    order: list[str] = []
-    fetched: set[str] = set()
-    position: dict[str, int] = {}
+    reader = _PlanReader(pdir, manifest, repair, rebuilt, keep_heads)
+    reader.delete_below_start()
+    reader.read_finished()
+    if not reader.read_chain():
+        return reader.out
+    return reader.conclude()
 
-    def scan_file(path: str, first: int, **kw) -> sg.SegmentScan:
-        if not position:
-            position.update((p, i) for i, p in enumerate(order))
-        i = position.get(path, len(order))
-        ahead = [p for p in order[i:i + 2] if p not in fetched]
+
+class _PlanReader:
+    """One read of a partition directory against its manifest: the state :func:`plan`
+    builds up (the plan, the segments kept as finished, the read-ahead bookkeeping)."""
+
+    def __init__(self, pdir: str, manifest: Manifest, repair: bool, rebuilt: bool, keep_heads: bool) -> None:
+        self.pdir, self.m, self.repair, self.rebuilt, self.keep_heads = pdir, manifest, repair, rebuilt, keep_heads
+        self.out = Plan()
+        self.firsts, self.out.delete = list_segments(pdir)
+        self.buf = sg.ReadBuffer()
+        self.order: list[str] = []
+        self.fetched: set[str] = set()
+        self.position: dict[str, int] = {}
+        self.finished: list[FinishedSegment] = []
+        self.recorded = {f.first_lsn: f for f in manifest.finished if f.last_lsn >= manifest.start_lsn}
+        if rebuilt:
+            self.recorded = {}
+            manifest.active_first = self.firsts[0] if self.firsts else manifest.active_first  # all files chain
+        self.path_of = {f: os.path.join(pdir, sg.segment_name(f)) for f in self.firsts}
+        self.key, self.part = manifest.cluster_key, manifest.partition
+
+    def scan_file(self, path: str, first: int, **kw) -> sg.SegmentScan:
+        if not self.position:
+            self.position.update((p, i) for i, p in enumerate(self.order))
+        i = self.position.get(path, len(self.order))
+        ahead = [p for p in self.order[i:i + 2] if p not in self.fetched]
         if ahead:  # the hint blocks while it reads: in a thread, while this file is checked
-            fetched.update(ahead)
+            self.fetched.update(ahead)
             threading.Thread(target=_prefetch_all, args=(ahead,), name="wal-prefetch", daemon=True).start()
-        return sg.scan_segment(path, first, keep_heads=keep_heads, buf=buf, **kw)
+        return sg.scan_segment(path, first, keep_heads=self.keep_heads, buf=self.buf, **kw)
 
-    recorded = {f.first_lsn: f for f in m.finished if f.last_lsn >= m.start_lsn}
-    if rebuilt:
-        recorded = {}
-        m.active_first = firsts[0] if firsts else m.active_first  # every file is taken into the chain
-    path_of = {f: os.path.join(pdir, sg.segment_name(f)) for f in firsts}
-    for first in firsts:
-        if first < m.start_lsn and first not in recorded:  # wholly below the durable trim point
-            out.delete.append(path_of[first])
-            out.delete.append(os.path.join(pdir, sg.index_name(first)))
-            out.problems.append(Problem("garbage", path_of[first], 0, first, -1,
-                                        "below the log's start (an interrupted trim); deleted"))
-    key, part = m.cluster_key, m.partition
-
-    def check_header(first: int, path: str) -> str:
+    def check_header(self, first: int, path: str) -> str:
         h = _header(path)
         if h is None:
             return "bad segment header"
-        if h.first_lsn != first or h.partition != part:
+        if h.first_lsn != first or h.partition != self.part:
             return f"header says first LSN {h.first_lsn}, partition {h.partition}"
-        if h.cluster_key != key:
-            return f"segment belongs to cluster {h.cluster_key}, not {key}"
+        if h.cluster_key != self.key:
+            return f"segment belongs to cluster {h.cluster_key}, not {self.key}"
         return ""
 
-    def lose(kind: str, path: str, offset: int, lo: int, hi: int, reason: str, dropped: int = 0) -> None:
-        out.problems.append(Problem(kind, path, offset, lo, hi, reason, fatal=True, lost=hi >= lo,
+    def lose(self, kind: str, path: str, offset: int, lo: int, hi: int, reason: str, dropped: int = 0) -> None:
+        self.out.problems.append(Problem(kind, path, offset, lo, hi, reason, fatal=True, lost=hi >= lo,
                                     dropped_bytes=dropped))
 
-    finished: list[FinishedSegment] = []
-    order += [path_of[f] for f in sorted(recorded) if f in path_of]
-    order += [path_of[f] for f in firsts if f >= m.active_first]
-    for first in sorted(recorded):
-        f = recorded[first]
-        path = os.path.join(pdir, sg.segment_name(first))
-        if first not in path_of:
-            lose("missing", path, 0, f.first_lsn, f.last_lsn, "finished segment recorded in the manifest is missing")
-            continue
-        problem = check_header(first, path)
-        if problem:
-            lose("damage", path, 0, f.first_lsn, f.last_lsn, problem)
-            continue
-        scan = scan_file(path, first)
-        size = scan.file_size
-        kept_last = scan.next_lsn - 1
-        if size < f.length or kept_last < f.last_lsn or not scan.clean:
-            kind = "shortened" if size < f.length else "damage"
-            why = (f"file is {size} bytes, recorded {f.length}" if size < f.length
-                   else scan.reason or f"holds LSNs up to {kept_last}, recorded {f.last_lsn}")
-            where = scan.bad_offset if scan.bad_offset >= 0 else scan.end
-            lose(kind, path, where, kept_last + 1, f.last_lsn, why, max(0, size - scan.end))
-            out.cuts.append((path, scan.end, True))
-        elif size != f.length:
-            out.problems.append(Problem("damage", path, f.length, -1, -1, f"file is {size} bytes, recorded "
-                                        f"{f.length}: bytes after the last record", fatal=True))
-            out.cuts.append((path, scan.end, True))
-        if scan.offsets:
-            out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, True,
+    def delete_below_start(self) -> None:
+        """Segments wholly below the durable trim point: an interrupted trim's garbage."""
+        for first in self.firsts:
+            if first < self.m.start_lsn and first not in self.recorded:  # wholly below the durable trim point
+                self.out.delete.append(self.path_of[first])
+                self.out.delete.append(os.path.join(self.pdir, sg.index_name(first)))
+                self.out.problems.append(Problem("garbage", self.path_of[first], 0, first, -1,
+                                            "below the log's start (an interrupted trim); deleted"))
+
+    def read_finished(self) -> None:
+        """The finished segments the manifest records, then strays it does not."""
+        self.order += [self.path_of[f] for f in sorted(self.recorded) if f in self.path_of]
+        self.order += [self.path_of[f] for f in self.firsts if f >= self.m.active_first]
+        for first in sorted(self.recorded):
+            f = self.recorded[first]
+            path = os.path.join(self.pdir, sg.segment_name(first))
+            if first not in self.path_of:
+                self.lose("missing", path, 0, f.first_lsn, f.last_lsn, "finished segment recorded in the manifest is missing")
+                continue
+            problem = self.check_header(first, path)
+            if problem:
+                self.lose("damage", path, 0, f.first_lsn, f.last_lsn, problem)
+                continue
+            scan = self.scan_file(path, first)
+            size = scan.file_size
+            kept_last = scan.next_lsn - 1
+            if size < f.length or kept_last < f.last_lsn or not scan.clean:
+                kind = "shortened" if size < f.length else "damage"
+                why = (f"file is {size} bytes, recorded {f.length}" if size < f.length
+                       else scan.reason or f"holds LSNs up to {kept_last}, recorded {f.last_lsn}")
+                where = scan.bad_offset if scan.bad_offset >= 0 else scan.end
+                self.lose(kind, path, where, kept_last + 1, f.last_lsn, why, max(0, size - scan.end))
+                self.out.cuts.append((path, scan.end, True))
+            elif size != f.length:
+                self.out.problems.append(Problem("damage", path, f.length, -1, -1, f"file is {size} bytes, recorded "
+                                            f"{f.length}: bytes after the last record", fatal=True))
+                self.out.cuts.append((path, scan.end, True))
+            if scan.offsets:
+                self.out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, True,
+                                                scan.heads, scan.bodies))
+                self.finished.append(FinishedSegment(first, kept_last, scan.end))
+            _salvage(self.out, self.pdir, scan, self.finished, f.last_lsn, self.scan_file)
+        for first in self.firsts:
+            if self.m.start_lsn <= first < self.m.active_first and first not in self.recorded:
+                self.out.problems.append(Problem("stray", self.path_of[first], 0, first, -1,
+                                            "segment not recorded in the manifest; left untouched"))
+
+    def read_chain(self) -> bool:
+        """The active segment and those after it; False if the active one is missing and
+        this is no repair (the plan is then final)."""
+        chain = [f for f in self.firsts if f >= self.m.active_first]
+        active_path = os.path.join(self.pdir, sg.segment_name(self.m.active_first))
+        expect = self.m.active_first
+        pending: Problem | None = None
+        if not chain or chain[0] != self.m.active_first:
+            hi = max(self.m.durable_end - 1, self.m.active_first - 1)
+            self.lose("missing", active_path, 0, self.m.active_first, hi, "active segment recorded in the manifest is missing")
+            if not self.repair:
+                self.out.manifest = self.m
+                return False
+        for i, first in enumerate(chain):
+            path = self.path_of[first]
+            is_last = i == len(chain) - 1
+            problem = self.check_header(first, path)
+            if problem and is_last and first > self.m.active_first and _looks_unwritten(path):
+                self.out.delete += [path, os.path.join(self.pdir, sg.index_name(first))]
+                self.out.problems.append(Problem("unwritten", path, 0, first, -1,
+                                            "segment created but its header never became durable; deleted"))
+                break
+            if pending is not None:
+                pending.last_lsn = first - 1
+                pending = None
+            elif first != expect and (i > 0 or first < expect):
+                self.lose("gap", path, 0, expect, first - 1, f"segment starts at LSN {first}, the previous one ends "
+                     f"before {expect}")
+            if problem:
+                self.lose("damage", path, 0, first, max(first, self.m.durable_end) - 1, problem)
+                continue
+            scan = self.scan_file(path, first)
+            if not scan.clean:
+                torn = is_last and not scan.valid_after_bad and scan.next_lsn >= self.m.durable_end
+                if torn:
+                    self.out.problems.append(Problem("torn_tail", path, scan.bad_offset, scan.next_lsn, -1,
+                                                f"a crash's torn tail: {scan.reason}; cut",
+                                                dropped_bytes=scan.file_size - scan.bad_offset))
+                elif is_last and not scan.valid_after_bad:
+                    self.lose("shortened", path, scan.bad_offset, scan.next_lsn, self.m.durable_end - 1,
+                         f"active segment ends at LSN {scan.next_lsn} ({scan.reason}), before the durable end "
+                         f"{self.m.durable_end} the log recorded", scan.file_size - scan.bad_offset)
+                else:
+                    where = "valid records follow it" if scan.valid_after_bad else "a later segment exists"
+                    self.lose("damage", path, scan.bad_offset, scan.next_lsn, max(scan.next_lsn, self.m.durable_end) - 1,
+                         f"{scan.reason}; {where}", scan.file_size - scan.bad_offset)
+                    pending = self.out.problems[-1]
+                self.out.cuts.append((path, scan.bad_offset, not is_last or scan.resume is not None))
+            done = not is_last or scan.resume is not None  # salvaged records after damage follow it
+            self.out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, done,
                                             scan.heads, scan.bodies))
-            finished.append(FinishedSegment(first, kept_last, scan.end))
-        _salvage(out, pdir, scan, finished, f.last_lsn, scan_file)
-    for first in firsts:
-        if m.start_lsn <= first < m.active_first and first not in recorded:
-            out.problems.append(Problem("stray", path_of[first], 0, first, -1,
-                                        "segment not recorded in the manifest; left untouched"))
-    chain = [f for f in firsts if f >= m.active_first]
-    active_path = os.path.join(pdir, sg.segment_name(m.active_first))
-    expect = m.active_first
-    pending: Problem | None = None
-    if not chain or chain[0] != m.active_first:
-        hi = max(m.durable_end - 1, m.active_first - 1)
-        lose("missing", active_path, 0, m.active_first, hi, "active segment recorded in the manifest is missing")
-        if not repair:
-            out.manifest = m
-            return out
-    for i, first in enumerate(chain):
-        path = path_of[first]
-        is_last = i == len(chain) - 1
-        problem = check_header(first, path)
-        if problem and is_last and first > m.active_first and _looks_unwritten(path):
-            out.delete += [path, os.path.join(pdir, sg.index_name(first))]
-            out.problems.append(Problem("unwritten", path, 0, first, -1,
-                                        "segment created but its header never became durable; deleted"))
-            break
-        if pending is not None:
-            pending.last_lsn = first - 1
-            pending = None
-        elif first != expect and (i > 0 or first < expect):
-            lose("gap", path, 0, expect, first - 1, f"segment starts at LSN {first}, the previous one ends "
-                 f"before {expect}")
-        if problem:
-            lose("damage", path, 0, first, max(first, m.durable_end) - 1, problem)
-            continue
-        scan = scan_file(path, first)
-        if not scan.clean:
-            torn = is_last and not scan.valid_after_bad and scan.next_lsn >= m.durable_end
-            if torn:
-                out.problems.append(Problem("torn_tail", path, scan.bad_offset, scan.next_lsn, -1,
-                                            f"a crash's torn tail: {scan.reason}; cut",
-                                            dropped_bytes=scan.file_size - scan.bad_offset))
-            elif is_last and not scan.valid_after_bad:
-                lose("shortened", path, scan.bad_offset, scan.next_lsn, m.durable_end - 1,
-                     f"active segment ends at LSN {scan.next_lsn} ({scan.reason}), before the durable end "
-                     f"{m.durable_end} the log recorded", scan.file_size - scan.bad_offset)
-            else:
-                where = "valid records follow it" if scan.valid_after_bad else "a later segment exists"
-                lose("damage", path, scan.bad_offset, scan.next_lsn, max(scan.next_lsn, m.durable_end) - 1,
-                     f"{scan.reason}; {where}", scan.file_size - scan.bad_offset)
-                pending = out.problems[-1]
-            out.cuts.append((path, scan.bad_offset, not is_last or scan.resume is not None))
-        done = not is_last or scan.resume is not None  # salvaged records after damage follow it
-        out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, done,
-                                        scan.heads, scan.bodies))
-        if done and scan.offsets:
-            finished.append(FinishedSegment(first, scan.next_lsn - 1, scan.end))
-        expect = scan.next_lsn
-        if scan.resume is not None:
-            expect = _salvage(out, pdir, scan, finished, max(scan.next_lsn, m.durable_end) - 1, scan_file)
-            pending = None
-            if is_last and expect < m.durable_end and out.problems[-1].last_lsn < m.durable_end - 1:
-                lose("shortened", path, scan.file_size, expect, m.durable_end - 1,
-                     f"the records that verify end at LSN {expect}, before the durable end {m.durable_end}")
-    end = out.segments[-1].next_lsn if out.segments else m.active_first
-    active_kept = bool(out.segments) and not out.segments[-1].finished and out.segments[-1].first_lsn >= m.active_first
-    if active_kept and end < m.durable_end and not any(p.fatal and p.path == out.segments[-1].path
-                                                       for p in out.problems):
-        lose("shortened", out.segments[-1].path, out.segments[-1].end, end, m.durable_end - 1,
-             f"active segment ends at LSN {end}, before the durable end {m.durable_end} the log recorded")
-    if repair and (not active_kept or end < m.durable_end):
-        if active_kept:  # the damaged active segment becomes finished; appends resume past the loss
-            last = out.segments[-1]
-            last.finished = True
-            out.cuts = [c for c in out.cuts if c[0] != last.path] + [(last.path, last.end, True)]
-            if last.offsets:
-                finished.append(FinishedSegment(last.first_lsn, last.next_lsn - 1, last.end))
-            else:
-                out.segments.pop()
-                out.delete += [last.path, os.path.join(pdir, sg.index_name(last.first_lsn))]
-        out.new_active = max(end, m.durable_end, m.active_first)
-    _attribute(out)
-    if out.segments and not repair and not rebuilt:
-        start = m.start_lsn
-    else:
-        start = out.segments[0].first_lsn if out.segments else (out.new_active or m.active_first)
-    active_first = out.new_active if out.new_active is not None else (
-        out.segments[-1].first_lsn if out.segments else m.active_first)
-    out.manifest = Manifest(key, part, start, active_first, m.generation, finished, m.durable_end, m.end_sequence)
-    return out
+            if done and scan.offsets:
+                self.finished.append(FinishedSegment(first, scan.next_lsn - 1, scan.end))
+            expect = scan.next_lsn
+            if scan.resume is not None:
+                expect = _salvage(self.out, self.pdir, scan, self.finished, max(scan.next_lsn, self.m.durable_end) - 1, self.scan_file)
+                pending = None
+                if is_last and expect < self.m.durable_end and self.out.problems[-1].last_lsn < self.m.durable_end - 1:
+                    self.lose("shortened", path, scan.file_size, expect, self.m.durable_end - 1,
+                         f"the records that verify end at LSN {expect}, before the durable end {self.m.durable_end}")
+        return True
+
+    def conclude(self) -> Plan:
+        """What the chain's end says about the durable end; a repair's new active segment;
+        the new manifest."""
+        end = self.out.segments[-1].next_lsn if self.out.segments else self.m.active_first
+        active_kept = bool(self.out.segments) and not self.out.segments[-1].finished and self.out.segments[-1].first_lsn >= self.m.active_first
+        if active_kept and end < self.m.durable_end and not any(p.fatal and p.path == self.out.segments[-1].path
+                                                           for p in self.out.problems):
+            self.lose("shortened", self.out.segments[-1].path, self.out.segments[-1].end, end, self.m.durable_end - 1,
+                 f"active segment ends at LSN {end}, before the durable end {self.m.durable_end} the log recorded")
+        if self.repair and (not active_kept or end < self.m.durable_end):
+            if active_kept:  # the damaged active segment becomes self.finished; appends resume past the loss
+                last = self.out.segments[-1]
+                last.finished = True
+                self.out.cuts = [c for c in self.out.cuts if c[0] != last.path] + [(last.path, last.end, True)]
+                if last.offsets:
+                    self.finished.append(FinishedSegment(last.first_lsn, last.next_lsn - 1, last.end))
+                else:
+                    self.out.segments.pop()
+                    self.out.delete += [last.path, os.path.join(self.pdir, sg.index_name(last.first_lsn))]
+            self.out.new_active = max(end, self.m.durable_end, self.m.active_first)
+        _attribute(self.out)
+        if self.out.segments and not self.repair and not self.rebuilt:
+            start = self.m.start_lsn
+        else:
+            start = self.out.segments[0].first_lsn if self.out.segments else (self.out.new_active or self.m.active_first)
+        active_first = self.out.new_active if self.out.new_active is not None else (
+            self.out.segments[-1].first_lsn if self.out.segments else self.m.active_first)
+        self.out.manifest = Manifest(self.key, self.part, start, active_first, self.m.generation, self.finished, self.m.durable_end, self.m.end_sequence)
+        return self.out
 
 
 def _prefetch_all(paths: list[str]) -> None:
