@@ -186,6 +186,9 @@ def test_sigkill_with_pending_runs_keeps_every_acknowledged_update_once(open_eng
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
+        for line in proc.stdout.read().split():  # printed before the kill landed, not yet read
+            printed[-1].append(int(line))
+            acked = max(acked, int(line))
     eng = open_engine(data, segment_bytes=1 << 14)  # background compaction on: replays race it
     eng.seal("r", 1 << 40)
     for attempt in range(2):
