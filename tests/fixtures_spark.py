@@ -74,3 +74,13 @@ def coordinator(tmp_path: Any) -> Iterator[Callable[..., Coordinator]]:
             c.server.stop(grace=10.0)
         finally:
             c.engine.close()
+
+
+def append_updates(c: Any, updates: list[tuple], relation: str = "orders") -> None:
+    """Append (id, item, time, diff) tuples to ``relation`` through a coordinator's engine,
+    as a feed would (the Spark tests' relations have the columns id and item)."""
+    import pyarrow as pa
+
+    cols = list(zip(*updates, strict=True))
+    c.engine.append(relation, pa.table({"id": pa.array(cols[0], pa.int64()), "item": pa.array(cols[1], pa.string()),
+                                        "time": pa.array(cols[2], pa.int64()), "diff": pa.array(cols[3], pa.int64())}))

@@ -18,6 +18,8 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
 
+from fixtures_spark import append_updates  # noqa: E402
+
 from sediment.errors import InvalidArgument, TransactionError  # noqa: E402
 from sediment.spark_jobs import stream_write  # noqa: E402
 from sediment.spark_jobs.errors import sediment_errors  # noqa: E402
@@ -26,10 +28,8 @@ SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def append(c, updates, relation="orders"):
-    cols = list(zip(*updates, strict=True))
-    c.engine.append(relation, pa.table({"id": pa.array(cols[0], pa.int64()), "item": pa.array(cols[1], pa.string()),
-                                        "time": pa.array(cols[2], pa.int64()), "diff": pa.array(cols[3], pa.int64())}))
+append = append_updates
+
 
 
 def changes(updates, lo, hi):
