@@ -36,6 +36,7 @@ from sediment.engine.bookkeeping import OpenTxns, ReaderPins, Relations
 from sediment.engine.catalog import Catalog
 from sediment.engine.compaction import Compaction
 from sediment.engine.feed import PROGRESS, UPDATES
+from sediment.engine.frontiers import SealedFrontiers
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.memory import configure_memory_pool
 from sediment.engine.metadata import names
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 # Record kinds as plain names: an enum member's attribute access costs ~0.3 us, paid per record at open
 _UPDATES, _PROGRESS, _BEGIN, _COMMIT, _ABORT = (RecordKind.UPDATES, RecordKind.PROGRESS, RecordKind.BEGIN,
                                                 RecordKind.COMMIT, RecordKind.ABORT)
+_FRONTIERS = RecordKind.FRONTIERS
 
 
 class Engine(Opening, RelationOps, Reads, Compaction):
@@ -280,14 +282,22 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         raise ValueError(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
 
     def _recover(self) -> None:
-        for rel_id, t in self._log.sealed_frontiers.items():
-            rel = self._relations.by_id(rel_id)
-            if rel is not None:
-                rel.sealed = rel.sealed_durable = max(rel.sealed, t)
+        """Replay the log; the PROGRESS and FRONTIERS records (the first kept record of a
+        trimmed log is one) give each relation's sealed frontier, which the log carries
+        across segment boundaries from then on (engine/frontiers.py)."""
+        book = SealedFrontiers()
         take = getattr(self._log, "recovered", None)  # what the log's own open verified: no second read
         records = take() if take is not None else None
         for record in records if records is not None else self._log.scan():
+            kind = record.kind
+            if kind == _PROGRESS or kind == _FRONTIERS:
+                book.observe((record,))
             self._apply(record)
+        for rel_id, t in book.frontiers().items():
+            rel = self._relations.by_id(rel_id)
+            if rel is not None:
+                rel.sealed = rel.sealed_durable = max(rel.sealed, t)
+        self._log.set_preamble(book)
         dangling = self._txns.ids()
         if dangling:  # a crash left these without COMMIT: close them for good
             self._log.submit([Record(RecordKind.ABORT, txn_id=t) for t in dangling], self._on_durable).wait()

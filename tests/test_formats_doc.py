@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 
+from sediment.engine.frontiers import SealedFrontiers
 from sediment.wal import record as rec
 
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "formats.md"
@@ -80,6 +81,7 @@ def test_device_ring_header_example_decodes(tmp_path):
 
     path = tmp_path / "ring"
     log = DeviceLog.open(path, 1 << 20, create=True)
+    log.set_preamble(SealedFrontiers())  # as the engine does: boundaries carry the sealed frontiers
     log.append([rec.Record(rec.RecordKind.UPDATES, relation_id=7, t_lo=10, t_hi=12, count=3, body=b"hello")])
     log.append([rec.Record(rec.RecordKind.PROGRESS, relation_id=7, t_lo=12, t_hi=12)])
     log.finish_segment()
@@ -283,6 +285,7 @@ def test_device_ring_record_examples_decode(tmp_path):
 
     path = tmp_path / "ring"
     log = DeviceLog.open(path, 1 << 20, create=True)
+    log.set_preamble(SealedFrontiers())  # as the engine does: boundaries carry the sealed frontiers
     log.append([rec.Record(rec.RecordKind.UPDATES, relation_id=7, t_lo=10, t_hi=12, count=3, body=b"hello")])
     log.append([rec.Record(rec.RecordKind.PROGRESS, relation_id=7, t_lo=12, t_hi=12)])
     log.finish_segment()

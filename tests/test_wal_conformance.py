@@ -10,6 +10,7 @@ import threading
 import pytest
 from wal_backends import BACKENDS
 
+from sediment.engine.frontiers import fold
 from sediment.errors import EngineClosed, InvalidArgument, WalError
 from sediment.wal import record as rec
 from sediment.wal.protocol import WriteAheadLog
@@ -46,6 +47,14 @@ def fields(r: rec.Record) -> tuple:
     return (r.lsn, r.kind, r.relation_id, r.txn_id, r.t_lo, r.t_hi, r.count, bytes(r.body))
 
 
+def sealed(log) -> dict[int, int]:
+    """Each relation's sealed frontier as an engine reopening ``log`` finds it: from the
+    PROGRESS records kept and the FRONTIERS records the trimmed ones left."""
+    out: dict[int, int] = {}
+    fold(out, log.scan())
+    return out
+
+
 def ours(records) -> list[tuple]:
     """What the caller appended: the log's own FRONTIERS (and PADDING) records left out."""
     return [fields(r) for r in records if r.kind not in (K.FRONTIERS, K.PADDING)]
@@ -69,7 +78,7 @@ def test_append_sets_lsns_and_reads_back_every_field(log):
         assert fields(log.read(r.lsn)) == fields(r)
     assert ours(log.scan()) == [fields(r) for r in appended]
     assert ours(log.scan(appended[3].lsn)) == [fields(r) for r in appended[3:]]
-    assert log.sealed_frontiers == {1: 5}
+    assert sealed(log) == {1: 5}
 
 
 def test_records_of_one_append_are_contiguous_under_concurrent_appends(log):
@@ -138,7 +147,7 @@ def test_records_survive_close_and_reopen(backend):
     log = backend.open()
     try:
         assert ours(log.scan()) == [fields(r) for r in appended]
-        assert log.sealed_frontiers == {1: 34, 2: 39}
+        assert sealed(log) == {1: 34, 2: 39}
         assert log.end_lsn >= end
         more = [upd(500)]
         log.append(more)
@@ -165,6 +174,43 @@ def test_finish_segment_moves_finished_lsn_and_tells_the_listener(log):
     assert told.wait(10), "the finish listener was not called"
     assert heard[-1] == log.finished_lsn
     assert ours(log.scan()) == [fields(r) for r in appended]  # finishing adds no caller-visible record
+
+
+class _Recorder:
+    """A segment preamble that only records what the log tells it: the log must hand it
+    every record it writes, in log order, and write its boundary record byte for byte."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+        self.lock = threading.Lock()
+
+    def observe(self, records) -> None:
+        with self.lock:
+            self.seen.extend(fields(r) for r in records)
+
+    def record(self, pending=()) -> rec.Record:
+        return rec.Record(K.FRONTIERS, count=1, body=b"owner's own body")
+
+
+def test_segment_boundaries_carry_the_owners_record_and_the_owner_sees_every_record(log):
+    """The log knows frames only: its boundary records are the owner's (not decoded, not
+    composed by the log), and the owner observes each record the log writes, in order."""
+    owner = _Recorder()
+    log.set_preamble(owner)
+    appended = [upd(1), close_t(1, 3), upd(2)]
+    for r in appended:
+        log.append([r])
+    log.finish_segment()
+    log.append([upd(9)])
+    boundaries = [r for r in log.scan() if r.kind == K.FRONTIERS and r.lsn > appended[-1].lsn]
+    assert boundaries and all(bytes(r.body) == b"owner's own body" and r.count == 1 for r in boundaries)
+    with owner.lock:
+        seen = [f for f in owner.seen if f[1] not in (K.FRONTIERS, K.PADDING)]
+    assert seen[:3] == [fields(r) for r in appended]
+    log.set_preamble(None)  # none set: an empty FRONTIERS record
+    log.finish_segment()
+    last = [r for r in log.scan() if r.kind == K.FRONTIERS][-1]
+    assert last.lsn > boundaries[-1].lsn and bytes(last.body) == b"" and last.count == 0
 
 
 def test_finishing_with_nothing_new_changes_nothing(log):
@@ -226,7 +272,7 @@ def test_trim_keeps_everything_at_or_above_the_point_and_every_frontier(backend,
         kept = [fields(r) for r in appended[cut:]]
         assert ours(log.scan(point)) == kept
         assert [fields(log.read(r.lsn)) for r in appended[cut:]] == kept
-        assert log.sealed_frontiers[7] == 3
+        assert sealed(log)[7] == 3
         assert ours(log.scan(log.start_lsn))[-len(kept):] == kept
         first = next(iter(log.scan()))
         assert first.lsn >= log.start_lsn and fields(log.read(first.lsn)) == fields(first)

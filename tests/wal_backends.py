@@ -5,7 +5,8 @@ on a preallocated file standing in for the device (as tests/test_device_wal.py d
 replicated log on three real storage nodes (``StorageNode`` over ``FilePartitionStore``,
 served on 127.0.0.1 by a trio thread in this process, so a suite stays fast) with its
 partition metadata in a MemoryMetadataStore. ``crash_and_tear`` leaves the storage as a
-crash in the middle of a write would: durable records, then half a frame.
+crash in the middle of a write would: durable records, then half a frame. Each open hands
+the log a preamble rebuilt from what it holds, as the engine does (``owned``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import trio
 
+from sediment.engine.frontiers import SealedFrontiers
 from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
@@ -55,6 +57,15 @@ def tear_segment_dir(pdir: Path) -> int:
     return scan.end
 
 
+def owned(log: WriteAheadLog) -> WriteAheadLog:
+    """``log`` with the engine's preamble set, rebuilt from every record it holds (as
+    Engine._recover does): its segment boundaries carry the sealed frontiers."""
+    book = SealedFrontiers()
+    book.observe(list(log.scan()))
+    log.set_preamble(book)
+    return log
+
+
 class FileBackend:
     name = "file"
     reports_torn_tails = True
@@ -66,7 +77,7 @@ class FileBackend:
     def open(self) -> WriteAheadLog:
         log = FileLog.open(str(self.dir), create=not self.created, segment_bytes=SEGMENT_BYTES)
         self.created = True
-        return log
+        return owned(log)
 
     def crash_and_tear(self, log: WriteAheadLog) -> None:
         """A copy of the directory taken while the log is open is what a crash leaves."""
@@ -93,7 +104,7 @@ class DeviceBackend:
         log = DeviceLog.open(self.path, RING_BYTES, create=not self.created, segment_bytes=SEGMENT_BYTES,
                              full_timeout=5.0)
         self.created = True
-        return log
+        return owned(log)
 
     def crash_and_tear(self, log: WriteAheadLog) -> None:
         end = max(r.lsn + r.frame_size for r in log.scan())
@@ -172,8 +183,8 @@ class ReplicatedBackend:
         self.meta = MemoryMetadataStore()
 
     def open(self) -> WriteAheadLog:
-        return ReplicatedLog.open(self.nodes.addresses, self.meta, 0, KEY, timeout=5.0,
-                                  segment_bytes=SEGMENT_BYTES)
+        return owned(ReplicatedLog.open(self.nodes.addresses, self.meta, 0, KEY, timeout=5.0,
+                                        segment_bytes=SEGMENT_BYTES))
 
     def crash_and_tear(self, log: WriteAheadLog) -> None:
         log.close()

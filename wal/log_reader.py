@@ -70,7 +70,7 @@ class KeptSegment:
     sealed: dict[int, int]
     finished: bool
     heads: bytes = b""  # with keep_heads: every record's verified header, in LSN order
-    bodies: dict[int, bytes] = field(default_factory=dict)  # with keep_heads: COMMIT bodies by LSN
+    bodies: dict[int, bytes] = field(default_factory=dict)  # with keep_heads: COMMIT and FRONTIERS bodies by LSN
 
     @property
     def next_lsn(self) -> int:
@@ -158,7 +158,7 @@ def plan(pdir: str, manifest: Manifest, *, repair: bool = False, rebuilt: bool =
 
     ``rebuilt``: the manifest was lost and ``manifest`` is a stand-in made by repair, so
     the segments on disk are taken as they are (each non-last one as finished).
-    ``keep_heads``: each kept segment carries the headers (and COMMIT bodies) this read
+    ``keep_heads``: each kept segment carries the headers (and COMMIT and FRONTIERS bodies) this read
     verified, so an open hands its caller the records without reading the log again.
 
     Each segment is read once, into one buffer reused for all of them, while the kernel

@@ -3,7 +3,8 @@
 One log serves a whole engine: records of every relation go into it, tagged with
 the relation's id, so one fdatasync makes a group of appends to many relations
 durable and a transaction over several relations commits with one record. The
-engine decides what records mean; the log only keeps them, in order, durably.
+engine decides what records mean; the log only keeps frames, in order, durably, and
+asks its owner (a SegmentPreamble) for the record each segment boundary carries.
 
 Positions (LSNs) are integers that only grow; the file and replicated backends number
 records 0, 1, 2, ...; the device backend uses logical byte offsets. Callers must only
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from sediment.wal.record import Record
+from sediment.wal.record import Record, RecordKind
 
 
 @dataclass
@@ -67,6 +68,36 @@ class Ticket(Protocol):
         ...
 
 
+class SegmentPreamble(Protocol):
+    """The log's owner's side of a segment boundary. A log knows frames only: the owner
+    decides what its records mean and which FRONTIERS record (kind 6) a boundary carries,
+    so that the segments a trim keeps still say everything the dropped ones said (for the
+    engine: each relation's sealed frontier; see engine/frontiers.py)."""
+
+    def observe(self, records: Sequence[Record]) -> None:
+        """``records`` were written (or placed, for the device ring) in log order. Called
+        from the log's writer thread; must be quick and must not raise."""
+        ...
+
+    def record(self, pending: Sequence[Record] = ()) -> Record:
+        """The FRONTIERS record for a boundary now, as if ``pending`` (records placed
+        before the boundary but not observed yet) had been observed."""
+        ...
+
+
+class _NoPreamble:
+    """What a log uses until its owner sets a preamble: an empty FRONTIERS record."""
+
+    def observe(self, records: Sequence[Record]) -> None:
+        pass
+
+    def record(self, pending: Sequence[Record] = ()) -> Record:
+        return Record(RecordKind.FRONTIERS)
+
+
+NO_PREAMBLE: SegmentPreamble = _NoPreamble()
+
+
 @runtime_checkable
 class WriteAheadLog(Protocol):
     """An append-only, checksummed, durable sequence of records."""
@@ -89,10 +120,11 @@ class WriteAheadLog(Protocol):
         backend may pass the records of several submissions with one callback to one call."""
         ...
 
-    @property
-    def sealed_frontiers(self) -> dict[int, int]:
-        """The greatest ``close t`` of each relation id seen in the log, including what
-        FRONTIERS records carried over from trimmed segments."""
+    def set_preamble(self, preamble: SegmentPreamble | None) -> None:
+        """Have ``preamble`` observe every record written from now on and supply the
+        FRONTIERS record of each segment boundary. Set it before the first append after
+        open, from the records the open replayed; without one (None) a boundary carries an
+        empty FRONTIERS record, so an owner that trims must set one."""
         ...
 
     def scan(self, start: int | None = None) -> Iterator[Record]:
@@ -132,7 +164,7 @@ class WriteAheadLog(Protocol):
     def trim(self, lsn: int) -> None:
         """Records below ``lsn`` are no longer needed; the log may discard them. Never
         discards a record at or above ``lsn``, nor anything not yet finished, nor the
-        FRONTIERS record that carries the discarded relations' frontiers; ``start_lsn``
+        FRONTIERS record (the preamble's) at the boundary the kept records start from; ``start_lsn``
         then stays at or below both ``lsn`` and ``finished_lsn``. WalError (and no change)
         when ``lsn`` lies past the end of the log."""
         ...

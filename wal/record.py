@@ -86,9 +86,10 @@ class Record:
 class HeadRecord(tuple):
     """A record as an open verified it: its decoded 64-byte header (the fields of ``HEADER``,
     in order), plus the body only where applying the record needs it (a COMMIT's list of
-    transactions). What the engine replays at open; reading an UPDATES record's rows goes
-    back to the log, which checks its checksum again. A tuple made straight from
-    ``HEADER.iter_unpack``: an open builds one per record, so no per-field Python work."""
+    transactions, a FRONTIERS record's frontiers). What the engine replays at open;
+    reading an UPDATES record's rows goes back to the log, which checks its checksum
+    again. A tuple made straight from ``HEADER.iter_unpack``: an open builds one per
+    record, so no per-field Python work."""
 
     __slots__ = ()
 

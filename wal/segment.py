@@ -92,7 +92,7 @@ class SegmentScan:
     resume: tuple[int, int] | None = None  # (offset, LSN) of the first valid frame after bad_offset
     sealed: dict[int, int] = field(default_factory=dict)  # greatest "close t" per relation seen
     heads: bytes = b""  # with keep_heads: the verified 64-byte header of every record, in order
-    bodies: dict[int, bytes] = field(default_factory=dict)  # with keep_heads: COMMIT bodies by LSN
+    bodies: dict[int, bytes] = field(default_factory=dict)  # with keep_heads: COMMIT and FRONTIERS bodies by LSN
 
     @property
     def next_lsn(self) -> int:
@@ -265,7 +265,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
     one pass over cache-sized windows (CRCs over slices, no copies). Stops at the first
     frame that fails (see :func:`_judge_rest`). Returns a SegmentScan (plus the records
     when ``want_records``). ``start``: resume at this offset, whose frame carries
-    ``first_lsn``; ``keep_heads``: keep every verified header and COMMIT body, so an open
+    ``first_lsn``; ``keep_heads``: keep every verified header and COMMIT and FRONTIERS body, so an open
     applies what it verified without a second read; ``buf``: a reusable read buffer.
     """
     scan = SegmentScan(path, first_lsn, end=start)
@@ -324,7 +324,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
                     sealed[r] = max(sealed.get(r, -1), t)
             if heads is not None:
                 heads += data[at:at + _H]
-                if kind == _COMMIT and body_len:
+                if (kind == _COMMIT or kind == _FRONTIERS) and body_len:
                     bodies[lsn] = bytes(body)
             if want_records:
                 records.append(rec.to_record(rec.decode_header(data, at), bytes(body)))

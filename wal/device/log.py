@@ -65,7 +65,7 @@ from sediment.wal.device.recovery import (
     walk,
 )
 from sediment.wal.device.writer import DeviceTicket, RingWriter, _Block
-from sediment.wal.protocol import OpenReport
+from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, crc32c
 
 __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "DeviceTicket", "RingHeader"]
@@ -186,7 +186,7 @@ class DeviceLog(RingWriter, RingIO):
         self._durable_end = 0
         self._finished = 0
         self._notified = -1
-        self._frontiers: dict[int, int] = {}
+        self._preamble: SegmentPreamble = NO_PREAMBLE
         self._frontier_lsns: deque[int] = deque()
         self._seg_start = 0
         self._seg_records = 0
@@ -198,7 +198,6 @@ class DeviceLog(RingWriter, RingIO):
         self._writing = 0
         self._done_q: deque[_Block] = deque()
         self._notifying = False
-        self._sealed: dict[int, int] = {}
 
     def _open_fds(self, create: bool) -> bool:
         """Open the write and read fds; returns whether the file was created now."""
@@ -301,7 +300,6 @@ class DeviceLog(RingWriter, RingIO):
         bs = self.block_size
         d = self.data_capacity
         trim = hdr.trim
-        self._frontiers = dict(res.frontiers)
         self._frontier_lsns = deque(res.frontier_lsns)
         self._finished = res.finished
         self._seg_start = res.seg_start
@@ -309,7 +307,6 @@ class DeviceLog(RingWriter, RingIO):
         self.report.records = res.records
         self.report.torn_tails.extend(res.torn_tails)
         self.lost_acknowledged = res.lost_acknowledged
-        self._sealed = dict(res.frontiers)
         last_end = res.last_end
         self._durable_end = last_end
         self._next = _align_up(last_end, bs)
@@ -411,11 +408,9 @@ class DeviceLog(RingWriter, RingIO):
     def finished_lsn(self) -> int:
         return self._finished
 
-    @property
-    def sealed_frontiers(self) -> dict[int, int]:
-        """The greatest ``close t`` of each relation id in the durable log, including what
-        FRONTIERS records carried over from trimmed segments."""
-        return dict(self._sealed)
+    def set_preamble(self, preamble: SegmentPreamble | None) -> None:
+        with self._lock:
+            self._preamble = NO_PREAMBLE if preamble is None else preamble
 
     @property
     def full_waiters(self) -> int:

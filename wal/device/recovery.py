@@ -37,7 +37,6 @@ from sediment.wal.record import (
     VERSION,
     Record,
     RecordKind,
-    decode_frontiers,
 )
 from sediment.wal.record import decode_header as _decode_header
 
@@ -194,14 +193,13 @@ def walk(rd: RingReader, pos: int, limit: int, stop: list) -> Iterator[tuple[int
 @dataclass
 class Recovered:
     """What recovery found, before anything is written: the kept prefix ``[trim,
-    last_end)``, the log's frontiers, and what was cut (``torn_tails``, as in OpenReport)."""
+    last_end)``, the segment boundaries (FRONTIERS records), and what was cut (``torn_tails``, as in OpenReport)."""
 
     trim: int
     clean: bool
     window: int
     last_end: int
     records: int = 0
-    frontiers: dict[int, int] = field(default_factory=dict)
     frontier_lsns: list[int] = field(default_factory=list)
     finished: int = 0
     seg_start: int = 0
@@ -230,11 +228,7 @@ def recover(src: RingSource, hdr: RingHeader, repair: bool) -> Recovered:
             kind = u[3]
             res.last_end = pos + HEADER_SIZE + u[4]
             res.records += kind != RecordKind.PADDING
-            if kind == RecordKind.PROGRESS:
-                res.frontiers[u[7]] = max(res.frontiers.get(u[7], u[10]), u[10])
-            elif kind == RecordKind.FRONTIERS:
-                for rel, t in decode_frontiers(bytes(rd.get(pos + HEADER_SIZE, u[4]))).items():
-                    res.frontiers[rel] = max(res.frontiers.get(rel, t), t)
+            if kind == RecordKind.FRONTIERS:  # a segment boundary; its body is the owner's
                 res.frontier_lsns.append(pos)
                 res.finished = res.seg_start = res.last_end
                 res.seg_records = 0

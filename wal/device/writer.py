@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from sediment.errors import EngineClosed, WalError, WalFull
 from sediment.wal.device.format import SHUTDOWN_RUNNING, align_up
-from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_frontiers, encode_header
+from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_header
 
 _log = logging.getLogger("sediment.wal.device.log")
 _ZEROS = bytes(64 * 1024)
@@ -191,9 +191,6 @@ class RingWriter:
                 self._done_q.clear()
             for b in batch:
                 for t in b.tickets:
-                    for r in t.records:
-                        if r.kind == RecordKind.PROGRESS:
-                            self._sealed[r.relation_id] = max(self._sealed.get(r.relation_id, r.t_hi), r.t_hi)
                     if t.on_durable is not None:
                         try:
                             t.on_durable(t.records)
@@ -340,20 +337,14 @@ class RingWriter:
             with self._lock:
                 while True:
                     self._check_open()
-                    frontiers = self._frontiers
-                    progress = [r for r in records if r.kind == RecordKind.PROGRESS]
-                    if progress:
-                        frontiers = dict(frontiers)
-                        for r in progress:
-                            frontiers[r.relation_id] = max(frontiers.get(r.relation_id, r.t_hi), r.t_hi)
                     seg_records = self._seg_records + len(records)
                     finish = seg_records > 0 and (
                         force_frontiers or self._next + total - self._seg_start >= self.segment_bytes
                     )
                     if not records and not finish:
                         return None
-                    fbody = encode_frontiers(frontiers) if finish else b""
-                    fsize = HEADER_SIZE + len(fbody) if finish else 0
+                    boundary = self._preamble.record(records) if finish else None
+                    fsize = boundary.frame_size if boundary is not None else 0
                     bs = self.block_size
                     pad = max(max(sizes, default=0), fsize)
                     bound = _align_up(self._next, bs) + total + fsize + pad + 2 * (len(sizes) + 3) * bs
@@ -378,15 +369,17 @@ class RingWriter:
                 out: list = []
                 self._plan_call(sizes, fsize, out)
                 frames: list[tuple[Record, int | None]] = list(zip(records, crcs, strict=True))
-                if finish:
-                    frames.append((Record(RecordKind.FRONTIERS, count=len(frontiers), body=fbody), None))
+                if boundary is not None:
+                    frames.append((boundary, None))
                 placed = self._apply(out, frames)
                 for r, (lsn, _) in zip(records, placed, strict=False):
                     r.lsn = lsn
                 if ticket is not None:
                     ticket.block = placed[len(records) - 1][1]
                     ticket.block.tickets.append(ticket)
-                self._frontiers = frontiers
+                self._preamble.observe(records)
+                if boundary is not None:
+                    self._preamble.observe((boundary,))
                 self._seg_records = seg_records
                 fblk = None
                 if finish:

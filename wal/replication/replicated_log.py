@@ -18,8 +18,8 @@ the ordinary way (appends in flight wait, nothing fails) and recovers a new one 
 this process; only a metadata session id that moved on fences it.
 
 Segments finish by size as in the local log: once ``segment_bytes`` of records were
-acknowledged since the last finish, the log appends a FRONTIERS record by itself (from
-the trio thread, in log order) and tells the finish listener, so the background
+acknowledged since the last finish, the log appends its owner's FRONTIERS record
+(protocol.SegmentPreamble; from the trio thread, in log order) and tells the finish listener, so the background
 compacter turns them into batches and trims the nodes with no ``compact()`` call. The
 engine's compacter also finishes by age (trace/compacter.py SegmentAge).
 
@@ -48,7 +48,7 @@ import trio
 from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
 from sediment.wal import record as rec
-from sediment.wal.protocol import DoneFlag, OpenReport
+from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPreamble
 from sediment.wal.replication.partition_meta import PartitionMeta, PartitionMetaStore
 from sediment.wal.replication.partition_probe import refuse_claimed_partition
 from sediment.wal.replication.replica import tcp_connect
@@ -107,7 +107,7 @@ class ReplicatedLog:
         self.report = OpenReport()
         self.partition = partition
         self._closed = False
-        self._sealed: dict[int, int] = {}
+        self._preamble: SegmentPreamble = NO_PREAMBLE
         self._finished = 0
         self._trimmed = 0
         self._segment_bytes = max(1, int(segment_bytes))
@@ -157,7 +157,6 @@ class ReplicatedLog:
             if not self.report.records:
                 self._trimmed = r.lsn  # the nodes' first kept record: what trims left
             self.report.records += 1
-            self._note([r])
             self.tail_cache.add([r])
             if r.kind == rec.RecordKind.FRONTIERS:
                 self._finished = max(self._finished, r.lsn + 1)
@@ -234,24 +233,14 @@ class ReplicatedLog:
             raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
         return trio.from_thread.run(afn, *args, trio_token=self._token)
 
-    def _note(self, records: Sequence[rec.Record]) -> None:
-        for r in records:
-            if r.kind == rec.RecordKind.PROGRESS:
-                self._sealed[r.relation_id] = max(self._sealed.get(r.relation_id, -1), r.t_hi)
-            elif r.kind == rec.RecordKind.FRONTIERS:
-                for rel, t in rec.decode_frontiers(bytes(r.body)).items():
-                    self._sealed[rel] = max(self._sealed.get(rel, -1), t)
-
     def _on_ack(self, records: Sequence[rec.Record]) -> None:
         """Acknowledged records, in log order, on the trio thread: finish by size."""
-        self._note(records)
+        self._preamble.observe(records)
         self.tail_cache.add(records)
         self._unfinished_bytes += sum(r.frame_size for r in records)
         if self._unfinished_bytes >= self._segment_bytes and not self._finishing and self.coordinator.fenced is None:
             self._finishing = True
-            frontiers = rec.Record(rec.RecordKind.FRONTIERS, count=len(self._sealed),
-                                   body=rec.encode_frontiers(self._sealed))
-            self.coordinator.submit([frontiers], self._size_finished)
+            self.coordinator.submit([self._preamble.record()], self._size_finished)
 
     def _size_finished(self, lsn: int, err: BaseException | None) -> None:
         self._finishing = False
@@ -374,9 +363,8 @@ class ReplicatedLog:
     def finished_lsn(self) -> int:
         return self._finished
 
-    @property
-    def sealed_frontiers(self) -> dict[int, int]:
-        return dict(self._sealed)
+    def set_preamble(self, preamble: SegmentPreamble | None) -> None:
+        self._preamble = NO_PREAMBLE if preamble is None else preamble
 
     def set_finish_listener(self, callback: Callable[[int], None] | None) -> None:
         self._listener = callback
@@ -390,9 +378,7 @@ class ReplicatedLog:
                 raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
             if self.end_lsn <= self._finished:
                 return
-            frontiers = rec.Record(rec.RecordKind.FRONTIERS, count=len(self._sealed),
-                                   body=rec.encode_frontiers(self._sealed))
-            lsn = self.append([frontiers])
+            lsn = self.append([self._preamble.record()])
             self._finished = max(self._finished, lsn + 1)
         self._call_soon(self._finished_at, lsn)
 
