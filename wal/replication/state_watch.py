@@ -78,6 +78,7 @@ class StateWatch:
             token.run_sync_soon(self._install, waiter)
         except trio.RunFinishedError:
             waiter.check()  # the run is over: the state is final and no other thread writes it
+            waiter.done.set()
         waiter.done.wait(timeout)
         if not waiter.done.is_set() and token is not None:
             try:
