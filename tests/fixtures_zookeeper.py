@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import subprocess
-import time
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +20,8 @@ import pytest
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 SLF4J_JAR = "/usr/share/java/slf4j-simple.jar"
 READY_TIMEOUT = 20.0
+# ZooKeeperServerMain logs this after the server reached RUNNING (ContainerManager starts next).
+READY_LINE = b"ContainerManager - Using checkIntervalMs"
 STOP_TIMEOUT = 10.0
 
 
@@ -65,6 +67,10 @@ class ZooKeeperServer:
         )
         self.log_path = workdir / "zookeeper.log"
         self._process: subprocess.Popen[bytes] | None = None
+        self._output = threading.Condition()  # signalled by the thread reading the server's output
+        self._ready = threading.Event()
+        self._exited = threading.Event()
+        self._pump: threading.Thread | None = None
 
     @property
     def pid(self) -> int | None:
@@ -79,39 +85,56 @@ class ZooKeeperServer:
     def start(self) -> None:
         if self._process is not None:
             return
-        log = open(self.log_path, "ab")
-        try:
-            self._process = subprocess.Popen(
-                [
-                    "java",
-                    "-Xmx256m",
-                    "-cp",
-                    f"{ZOOKEEPER_JAR}:{SLF4J_JAR}",
-                    "org.apache.zookeeper.server.ZooKeeperServerMain",
-                    str(self.config),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.workdir,
-            )
-        finally:
-            log.close()
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                self._process = None
-                pytest.fail(f"ZooKeeper exited during start-up; log tail:\n{self._log_tail()}")
-            if four_letter_word(self.port, "ruok", timeout=0.5) == "imok":
-                return
-            time.sleep(0.1)
+        self._ready = threading.Event()
+        self._exited = threading.Event()
+        self._process = subprocess.Popen(
+            [
+                "java",
+                "-Xmx256m",
+                "-cp",
+                f"{ZOOKEEPER_JAR}:{SLF4J_JAR}",
+                "org.apache.zookeeper.server.ZooKeeperServerMain",
+                str(self.config),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.workdir,
+        )
+        self._pump = threading.Thread(target=self._copy_output, args=(self._process,), daemon=True)
+        self._pump.start()
+        with self._output:
+            self._output.wait_for(lambda: self._ready.is_set() or self._exited.is_set(), READY_TIMEOUT)
+        if self._ready.is_set() and four_letter_word(self.port, "ruok") == "imok":
+            return
+        exited = self._exited.is_set()
         self.stop()
+        if exited:
+            pytest.fail(f"ZooKeeper exited during start-up; log tail:\n{self._log_tail()}")
         pytest.fail(
-            f"ZooKeeper on {self.hosts} did not answer 'ruok' within {READY_TIMEOUT}s; log tail:\n"
-            f"{self._log_tail()}"
+            f"ZooKeeper on {self.hosts} did not log that it serves (or answer 'ruok') within "
+            f"{READY_TIMEOUT}s; log tail:\n{self._log_tail()}"
         )
 
+    def _copy_output(self, process: subprocess.Popen[bytes]) -> None:
+        """Copy the server's output to the log file (so the pipe never fills) and signal
+        the line that says it serves clients, then the end of its output (it exited)."""
+        assert process.stdout is not None
+        with open(self.log_path, "ab") as log:
+            for line in process.stdout:
+                log.write(line)
+                log.flush()
+                if READY_LINE in line:
+                    with self._output:
+                        self._ready.set()
+                        self._output.notify_all()
+        with self._output:
+            self._exited.set()
+            self._output.notify_all()
+
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it lingers; returns once the process is gone (its
+        listening socket closes with it)."""
         process, self._process = self._process, None
         if process is None:
             return
@@ -124,9 +147,10 @@ class ZooKeeperServer:
         except subprocess.TimeoutExpired:
             os.kill(process.pid, signal.SIGKILL)
             process.wait()
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while four_letter_word(self.port, "ruok", timeout=0.2) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if self._pump is not None:
+            self._pump.join(STOP_TIMEOUT)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+from waiting import Progress
 
 from sediment.engine.metadata.journal import (
     END_NAME,
@@ -40,14 +41,6 @@ from sediment.errors import (
 )
 
 PYTHON = sys.executable
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(params=["memory", "journal", pytest.param("zookeeper", marks=pytest.mark.zookeeper)])
@@ -505,14 +498,7 @@ def test_zookeeper_unavailable_then_back(zookeeper, zk_root: str) -> None:
                 call()
             assert time.monotonic() - started < 4
         zookeeper.start()
-
-        def works() -> bool:
-            try:
-                return s.get("a") is not None
-            except MetadataUnavailable:
-                return False
-
-        wait_for(works, 20, "the store to reconnect after ZooKeeper restarted")
+        assert s.wait_connected(20), "the store did not reconnect within 20s of ZooKeeper restarting"
         current = s.get("a")
         assert current is not None
         assert s.compare_and_set("a", b"3", current.version) == current.version + 1
@@ -548,14 +534,8 @@ def test_zookeeper_session_expiry_is_observable(zookeeper, zk_root: str) -> None
         intruder.close()
         assert lost.wait(15), "session loss was not reported"
         assert s.session_lost
-
-        def works() -> bool:
-            try:
-                return s.get("x") == Versioned(b"1", 0)
-            except MetadataUnavailable:
-                return False
-
-        wait_for(works, 15, "a new session after expiry")
+        assert s.wait_connected(15), "no new session within 15s of the expiry"
+        assert s.get("x") == Versioned(b"1", 0)
     finally:
         s.close()
 
@@ -566,6 +546,7 @@ def test_zookeeper_restart_during_writes_keeps_acknowledged(zookeeper, zk_root: 
     acked: list[int] = []
     stop = threading.Event()
     errors: list[BaseException] = []
+    progress = Progress()
 
     def writer() -> None:
         version: int | None = None
@@ -573,6 +554,7 @@ def test_zookeeper_restart_during_writes_keeps_acknowledged(zookeeper, zk_root: 
             try:
                 version = s.compare_and_set("counter", str(len(acked)).encode(), version)
                 acked.append(version)
+                progress.changed()
             except MetadataUnavailable:
                 try:
                     current = s.get("counter")
@@ -581,16 +563,17 @@ def test_zookeeper_restart_during_writes_keeps_acknowledged(zookeeper, zk_root: 
                     pass
             except BaseException as exc:
                 errors.append(exc)
+                progress.changed()
                 return
 
     t = threading.Thread(target=writer)
     t.start()
     try:
-        wait_for(lambda: len(acked) >= 20, 20, "writes before the restart")
+        progress.wait_for(lambda: len(acked) >= 20 or bool(errors), 20, "writes before the restart")
         zookeeper.stop()
         zookeeper.start()
         seen = len(acked)
-        wait_for(lambda: len(acked) >= seen + 20 or bool(errors), 30, "writes after the restart")
+        progress.wait_for(lambda: len(acked) >= seen + 20 or bool(errors), 30, "writes after the restart")
     finally:
         stop.set()
         t.join(30)

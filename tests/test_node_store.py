@@ -119,7 +119,10 @@ def test_a_node_whose_manifest_was_deleted_refuses_the_partition_and_the_cluster
         n.start()
     log = open_log(nodes, meta)  # the node starts empty and is caught up from its peers
     append_range(log, 400, 410)
-    wait_until(lambda: victim.records() == bodies(410), 60, "the emptied node to be caught up")
+    coord = log.coordinator
+    wait_until(log, lambda: victim.address in coord.in_sync() and coord.links[victim.address].acked >= coord.committed,
+               60, "the emptied node to be caught up")
+    assert victim.records() == bodies(410)
     log.close()
 
 

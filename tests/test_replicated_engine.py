@@ -156,10 +156,8 @@ def test_compaction_trims_the_replicas_and_a_returning_replica_skips_ahead(tmp_p
                 eng.append("r", ups([t * 10], t))
                 eng.seal("r", t)
             coordinator = eng.wal.coordinator
-            deadline = time.monotonic() + 30
-            while nodes[2].address not in coordinator.in_sync():
-                assert time.monotonic() < deadline, "the returning replica never caught up"
-                time.sleep(0.05)
+            assert eng.wal.wait_for(lambda: nodes[2].address in coordinator.in_sync(), 30), \
+                "the returning replica never caught up"
             assert nodes[2].segments()[0] != "0000000000000000000.seg", "the returning replica was reset"
             nodes[0].kill()  # now the reset replica is needed for a quorum
             for t in range(141, 151):

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from waiting import Progress
 
 from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
@@ -36,12 +37,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
+def wait_until(log: ReplicatedLog, predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    """Wait for ``predicate`` over the coordinator's state, re-checked on each change."""
+    assert log.wait_for(predicate, timeout), (f"no {what} within {timeout}s (the coordinator: fenced "
+                                              f"{log.coordinator.fenced}, replicas {log.replica_lag()})")
 
 
 class Node:
@@ -142,6 +141,7 @@ def test_sigkill_under_concurrent_writers_restarts_the_session_and_fails_nothing
     stop = threading.Event()
     acked: dict[int, list[tuple[int, bytes]]] = {w: [] for w in range(8)}
     errors: list[BaseException] = []
+    progress = Progress()
 
     def writer(w: int) -> None:
         i = 0
@@ -153,16 +153,17 @@ def test_sigkill_under_concurrent_writers_restarts_the_session_and_fails_nothing
                 errors.append(exc)
                 return
             acked[w].append((lsn, body))
+            progress.changed()
             i += 1
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
     for t in threads:
         t.start()
-    wait_until(lambda: sum(map(len, acked.values())) >= 200, what="appends before the kill")
+    progress.wait_for(lambda: sum(map(len, acked.values())) >= 200, 20, "appends before the kill")
     nodes[1].kill()
-    wait_until(lambda: log.coordinator.session > first_session, what="a new store session")
+    wait_until(log, lambda: log.coordinator.session > first_session, what="a new store session")
     done_at_restart = sum(map(len, acked.values()))
-    wait_until(lambda: sum(map(len, acked.values())) >= done_at_restart + 200, what="appends after the restart")
+    progress.wait_for(lambda: sum(map(len, acked.values())) >= done_at_restart + 200, 20, "appends after the restart")
     stop.set()
     for t in threads:
         t.join(30)
@@ -193,7 +194,7 @@ def test_kill_two_fails_without_false_ack_then_recovers(nodes) -> None:
         log.append([r(99)])
     nodes[1].start()
     nodes[2].start()
-    wait_until(lambda: log.coordinator.writable.is_set(), what="recovery after the nodes returned")
+    wait_until(log, lambda: log.coordinator.writable.is_set(), what="recovery after the nodes returned")
     lsn = log.append([r(1000)])
     bodies = [x.body for x in log.scan()]
     assert bodies[:20] == [f"rec-{i}".encode() for i in range(20)]
@@ -223,7 +224,7 @@ def test_lagging_replica_catches_up(nodes) -> None:
     for i in range(10, 300):
         log.append([r(i)])
     nodes[2].start()
-    wait_until(lambda: nodes[2].address in log.coordinator.in_sync(), what="the lagging replica to catch up")
+    wait_until(log, lambda: nodes[2].address in log.coordinator.in_sync(), what="the lagging replica to catch up")
     log.append([r(300)])
     states = PartitionMetaStore(meta, 0).load()[0]
     assert states.replicas[nodes[2].address].session_id == log.coordinator.session
@@ -252,7 +253,7 @@ def test_replica_storage_replaced_by_old_copy(nodes, tmp_path: Path) -> None:
     shutil.copytree(old_copy, nodes[2].dir)  # a stale snapshot from session 1
     nodes[2].start()
     log = open_log(nodes, meta)
-    wait_until(lambda: len(log.coordinator.in_sync()) == 3, what="all three replicas in sync")
+    wait_until(log, lambda: len(log.coordinator.in_sync()) == 3, what="all three replicas in sync")
     log.append([r(30)])
     log.close()
     for n in nodes:
@@ -279,6 +280,7 @@ def test_zookeeper_restart_during_writes(nodes, zookeeper, zk_root) -> None:
     acked: list[int] = []
     errors: list[BaseException] = []
     stop = threading.Event()
+    progress = Progress()
 
     def writer() -> None:
         i = 0
@@ -288,16 +290,18 @@ def test_zookeeper_restart_during_writes(nodes, zookeeper, zk_root) -> None:
             except BaseException as exc:  # noqa: BLE001 - collected for the assertion
                 errors.append(exc)
                 return
+            finally:
+                progress.changed()
             i += 1
 
     t = threading.Thread(target=writer)
     t.start()
-    wait_until(lambda: len(acked) > 20, what="some appends")
+    progress.wait_for(lambda: len(acked) > 20, 20, "some appends")
     zookeeper.stop()
     mark = len(acked)
-    wait_until(lambda: len(acked) > mark + 20, what="appends while ZooKeeper is down")
+    progress.wait_for(lambda: len(acked) > mark + 20, 20, "appends while ZooKeeper is down")
     zookeeper.start()
-    wait_until(lambda: store.connected, what="reconnection")
+    assert store.wait_connected(20), "timed out after 20s waiting for reconnection"
     stop.set()
     t.join()
     assert errors == []

@@ -8,7 +8,7 @@ started as processes (killed with SIGKILL by PID) and a ReplicatedLog recovers o
 from __future__ import annotations
 
 import shutil
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from sediment.wal.replication.partition_meta import (
 from sediment.wal.replication.replicated_log import ReplicatedLog
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.zookeeper]
+GATE_TIMEOUT = 90.0
 
 
 def lay_out(directory: Path, last: int, session: int, lwm: int) -> None:
@@ -83,7 +84,7 @@ def test_issue_example_real_nodes_resolves_120(cluster, zk_store) -> None:
     assert log.end_lsn == 121
     assert [x.body for x in log.scan()] == expected(121)
     assert log.append([r(121)]) == 121
-    wait_until(lambda: len(log.coordinator.in_sync()) == 5, what="all five in sync")
+    wait_until(log, lambda: len(log.coordinator.in_sync()) == 5, what="all five in sync")
     log.append([r(122)])
     log.close()
     for n in nodes:
@@ -116,7 +117,7 @@ def test_storage_restored_from_an_old_copy(cluster, zk_store, tmp_path: Path) ->
     nodes[0].start()
     log = open_log(nodes, zk_store)
     assert log.end_lsn == 30
-    wait_until(lambda: len(log.coordinator.in_sync()) == 3, what="all three replicas in sync")
+    wait_until(log, lambda: len(log.coordinator.in_sync()) == 3, what="all three replicas in sync")
     log.append([r(30)])
     log.close()
     for n in nodes:
@@ -137,7 +138,7 @@ def test_replicas_replaced_added_and_removed(cluster, zk_store) -> None:
         for _ in range(10):
             assert log.append([r(count)]) == count
             count += 1
-        wait_until(lambda log=log, replicas=replicas: len(log.coordinator.in_sync()) == len(replicas),
+        wait_until(log, lambda log=log, replicas=replicas: len(log.coordinator.in_sync()) == len(replicas),
                    what="every assigned replica in sync")
         log.append([r(count)])
         count += 1
@@ -150,37 +151,46 @@ def test_replicas_replaced_added_and_removed(cluster, zk_store) -> None:
         assert n.records() == expected(count)
 
 
-class SlowZooKeeper(ZooKeeperMetadataStore):
-    """The real ZooKeeper store, each call 0.3 s slower (a distant ensemble): two catch-ups
-    finishing within 0.3 s of each other then overlap their metadata updates."""
+class GatedZooKeeper(ZooKeeperMetadataStore):
+    """The real ZooKeeper store whose compare-and-set waits while the test keeps ``gate``
+    shut: a metadata update started then stays in progress until the test opens it."""
 
-    def get(self, key: str):
-        time.sleep(0.3)
-        return super().get(key)
+    def __init__(self, *args, **kwargs) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        super().__init__(*args, **kwargs)
 
     def compare_and_set(self, key: str, value: bytes, expected_version: int | None) -> int:
-        time.sleep(0.3)
+        self.gate.wait(GATE_TIMEOUT)  # bounded: the test's own wait fails first
         return super().compare_and_set(key, value, expected_version)
 
 
 def test_two_catch_ups_finishing_together(cluster, zookeeper, zk_root) -> None:
     """Finding 2 with real processes: two replicas come back together and finish catching
-    up at about the same time; the coordinator is not fenced and records both."""
+    up at the same time: the second one's metadata update is asked for while the first
+    one's is still in progress (held at the gate); the coordinator is not fenced and
+    records both."""
     nodes = cluster(5)
     for n in nodes:
         n.start()
-    zk_store = SlowZooKeeper(zookeeper.hosts, zk_root)
+    zk_store = GatedZooKeeper(zookeeper.hosts, zk_root)
     log = open_log(nodes, zk_store)
     for i in range(10):
         log.append([r(i)])
-    wait_until(lambda: len(log.coordinator.in_sync()) == 5, what="all five in sync")  # 3 of 5 open it
+    wait_until(log, lambda: len(log.coordinator.in_sync()) == 5, what="all five in sync")  # 3 of 5 open it
     nodes[3].kill()
     nodes[4].kill()
     for i in range(10, 400):
         log.append([r(i)])
+    coord = log.coordinator
+    zk_store.gate.clear()  # the first caught-up replica's metadata update stays in progress
     nodes[3].start()
     nodes[4].start()
-    wait_until(lambda: len(log.coordinator.in_sync()) == 5, timeout=60, what="both back in sync")
+    wait_until(log, lambda: all(coord.links[n.address].state == "joining" for n in nodes[3:])
+               and coord.meta_writer.queued() == 1, timeout=60,
+               what="both caught up, the second one's metadata update queued behind the first one's")
+    zk_store.gate.set()
+    wait_until(log, lambda: len(log.coordinator.in_sync()) == 5, timeout=60, what="both back in sync")
     assert log.coordinator.fenced is None
     assert log.append([r(400)]) == 400
     meta = PartitionMetaStore(zk_store, 0).load()[0]

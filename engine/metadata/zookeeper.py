@@ -174,6 +174,10 @@ class ZooKeeperMetadataStore:
         """True while the client has a live connection."""
         return self._connected.is_set()
 
+    def wait_connected(self, timeout: float) -> bool:
+        """Block until the client has a live connection (True) or ``timeout`` passed (False)."""
+        return self._connected.wait(timeout)
+
     @property
     def session_id(self) -> int | None:
         """The session id this store started with."""

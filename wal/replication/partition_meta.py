@@ -158,6 +158,10 @@ class PartitionMetaWriter:
         raise MetadataError(f"partition {self.store.partition}: {MAX_CAS_ATTEMPTS} compare-and-set conflicts "
                             "in a row on the partition metadata")
 
+    def queued(self) -> int:
+        """How many metadata writes wait for the one in progress (they run one at a time)."""
+        return self._lock.statistics().tasks_waiting
+
     async def still_ours(self) -> bool:
         """Re-read the metadata: is it still at our session and generation? A storage node
         that answers FENCED may only be confused (its storage came from elsewhere); the

@@ -52,6 +52,7 @@ from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPrea
 from sediment.wal.replication.partition_meta import PartitionMeta, PartitionMetaStore
 from sediment.wal.replication.partition_probe import refuse_claimed_partition
 from sediment.wal.replication.replica import tcp_connect
+from sediment.wal.replication.state_watch import StateWatch
 from sediment.wal.replication.store_session import Coordinator
 from sediment.wal.replication.tail_cache import DEFAULT_MAX_BYTES as DEFAULT_CACHE_BYTES
 from sediment.wal.replication.tail_cache import TailCache
@@ -134,6 +135,7 @@ class ReplicatedLog:
         self._stop: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._fenced_callbacks: list[Callable[[BaseException], None]] = []
+        self._watch = StateWatch()
         self.zk_rechecks = 0  # ZooKeeper expiries handled without being superseded
         self.zk_rechecked = threading.Event()  # set after each such expiry's new session was asked for
         self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True,
@@ -164,6 +166,7 @@ class ReplicatedLog:
 
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
+        self._watch.started()
         try:
             with trio.CancelScope() as self._stop:
                 async with trio.open_nursery() as nursery:
@@ -176,6 +179,7 @@ class ReplicatedLog:
             self._stopped = True
             self._drain()
             self.coordinator._fail_all(self._stop_error())
+            self._watch.finished()
             self._ready.set()
             fenced = self.coordinator.fenced
             if fenced is not None and not self._closed:
@@ -184,6 +188,13 @@ class ReplicatedLog:
                         callback(fenced)
                     except Exception:  # noqa: BLE001 - one listener must not silence the others
                         log.exception("an on_fenced callback failed")
+
+    def wait_for(self, predicate: Callable[[], object], timeout: float) -> bool:
+        """Block until ``predicate()`` over the coordinator's state holds; False after
+        ``timeout`` seconds or once the log stopped without it holding. The predicate runs
+        on the trio thread after each of its task steps (wal/replication/state_watch.py), so
+        it sees every change and reads no half-made one; keep it cheap and non-blocking."""
+        return self._watch.wait_for(predicate, timeout)
 
     def on_fenced(self, callback: Callable[[BaseException], None]) -> None:
         """Call ``callback(SessionFenced)`` (from the log's thread; must not block on the log)
