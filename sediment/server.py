@@ -134,6 +134,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._subs: set[Any] = set()
+        self._subs_changed = threading.Condition(self._lock)
         self._actions = self._action_table()
         try:  # listens from here on, so everything a handler uses is set above
             super().__init__(location, middleware={"auth": BearerTokenMiddlewareFactory(self._token)},
@@ -385,6 +386,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             sub.close()
             with self._lock:
                 self._subs.discard(sub)
+                self._subs_changed.notify_all()
 
     def _plan_stream(self, name: str, args: dict[str, Any]) -> flight.FlightDataStream:
         plan = self.engine.plan_read(name, field(args, "as_of", "plan ticket"), from_t=args.get("from"),
@@ -398,6 +400,12 @@ class SedimentFlightServer(flight.FlightServerBase):
             raise
 
     # --- stopping ------------------------------------------------------------------------------
+
+    def wait_feeds_released(self, timeout: float) -> bool:
+        """Wait until no feed stream is open (a client that cancelled its stream is let go
+        once the server notices); False after ``timeout`` seconds."""
+        with self._subs_changed:
+            return self._subs_changed.wait_for(lambda: not self._subs, timeout)
 
     def stop(self, grace: float | None = None) -> bool:
         """Stop listening, abort the transactions clients left open, drop staged tables, and

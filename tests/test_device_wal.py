@@ -410,9 +410,7 @@ def test_backpressure_blocks_until_trim_then_walfull(tmp_path: Path) -> None:
     t = threading.Thread(target=appender)
     writes = len(rec.calls)
     t.start()
-    deadline = time.monotonic() + 10
-    while log.full_waiters == 0 and time.monotonic() < deadline:
-        t.join(0.01)
+    assert log.wait_for_full_waiters(1, timeout=10)
     assert log.full_waiters == 1 and t.is_alive() and len(rec.calls) == writes
     log.trim(log.finished_lsn)
     t.join(10)

@@ -417,6 +417,12 @@ class DeviceLog(RingWriter, RingIO):
         """Appends now waiting for room in a full ring (for metrics and tests)."""
         return self._full_waiters
 
+    def wait_for_full_waiters(self, count: int, timeout: float) -> bool:
+        """Wait until ``count`` appends wait for room (a ring that filled up is observable
+        without polling); False after ``timeout`` seconds."""
+        with self._space_cv:
+            return self._space_cv.wait_for(lambda: self._full_waiters >= count, timeout)
+
     @property
     def direct_io(self) -> bool:
         """Whether writes currently bypass the page cache."""

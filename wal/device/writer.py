@@ -362,6 +362,7 @@ class RingWriter:
                     if left <= 0:
                         raise self._full(total)
                     self._full_waiters += 1
+                    self._space_cv.notify_all()  # wakes wait_for_full_waiters; appenders re-check
                     try:
                         self._space_cv.wait(left)
                     finally:
