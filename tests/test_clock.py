@@ -126,10 +126,7 @@ def test_device_ring_waits_for_room_until_its_clock_says_full_timeout(tmp_path: 
     t = threading.Thread(target=appender)
     t.start()
     assert waiting.wait(10)
-    for _ in range(1000):  # until the append is parked on the full ring (bounded)
-        if log.full_waiters:
-            break
-        t.join(0.01)
+    assert log.wait_for_full_waiters(1, timeout=10)  # the append is parked on the full ring
     assert log.full_waiters == 1
     clock.advance(3599.999)
     t.join(0.2)
