@@ -97,6 +97,8 @@ def test_a_reused_buffer_never_leaks_one_segment_into_the_next(tmp_path):
 
 
 def _fill_engine(d: str) -> None:
+    """An uncompacted WAL to open: the precondition, so compaction waits while it is written
+    (the opens under test below run with it on)."""
     with sediment.open(d, compact=False, segment_bytes=1 << 20) as engine:
         engine.add_relation("r", pa.schema([("id", pa.int64())]))
         for t in range(1, 40):
@@ -115,7 +117,7 @@ def test_engine_open_reads_the_log_once_and_gives_the_same_answers(tmp_path, mon
         return real_scan(self, start)
 
     monkeypatch.setattr(FileLog, "scan", counting_scan)
-    with sediment.open(d, compact=False, segment_bytes=1 << 20) as engine:
+    with sediment.open(d, segment_bytes=1 << 20) as engine:
         assert scans == []  # the engine applied what the log's open verified
         assert engine.wal.recovered() is None
         snap = engine.snapshot("r", as_of=39)
@@ -139,7 +141,7 @@ def test_damage_in_an_update_body_is_still_refused_at_open(tmp_path):
         f.seek(at)
         f.write(bytes([byte[0] ^ 0x40]))
     with pytest.raises(WalCorruption) as err:
-        sediment.open(d, compact=False, segment_bytes=1 << 20)
+        sediment.open(d, segment_bytes=1 << 20)
     assert victim in str(err.value)
 
 

@@ -104,7 +104,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_standalone_cluster_writes_and_reads_s3_batches_with_credentials_as_options(coordinator, s3_bucket,
                                                                                    tmp_path):
     endpoint, bucket = s3_bucket
-    c = coordinator(blob=f"s3://{bucket}/rel", s3_endpoint=endpoint, compact=False)
+    c = coordinator(blob=f"s3://{bucket}/rel", s3_endpoint=endpoint)
     c.engine.add_relation("orders", SCHEMA)
     import pyspark
 
