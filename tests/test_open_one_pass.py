@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 import sediment
+from sediment.clock import ManualClock
 from sediment.errors import WalCorruption
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
@@ -97,9 +98,9 @@ def test_a_reused_buffer_never_leaks_one_segment_into_the_next(tmp_path):
 
 
 def _fill_engine(d: str) -> None:
-    """An uncompacted WAL to open: the precondition, so compaction waits while it is written
-    (the opens under test below run with it on)."""
-    with sediment.open(d, compact=False, segment_bytes=1 << 20) as engine:
+    """A WAL to open whose updates are still uncompacted: the compacter runs, on a manual
+    clock that never reaches its interval, and no segment fills up."""
+    with sediment.open(d, segment_bytes=1 << 20, clock=ManualClock()) as engine:
         engine.add_relation("r", pa.schema([("id", pa.int64())]))
         for t in range(1, 40):
             engine.append("r", pa.table({"id": list(range(500)), "time": [t] * 500, "diff": [1] * 500}))
