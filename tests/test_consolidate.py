@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import random
 
 import pyarrow as pa
 import pytest
@@ -225,3 +226,31 @@ def test_first_unsorted_matches_model(data, cols, nan, strict):
     ordered = table.sort_by([(c, "ascending") for c in cols])
     assert first_unsorted(ordered, cols, strict=False) is None
     assert first_unsorted(consolidate(table, cols), [*cols, "time"]) is None
+
+
+@pytest.mark.parametrize("shape", ["identity", "reversed", "random", "blocks", "one_swap", "nulls"])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 257, 5000])
+def test_sorted_table_equals_sort_by_and_moves_nothing_in_place(shape, n):
+    """sorted_table is sort_by, whichever route the permutation takes (as is, slices, gather)."""
+    from sediment.trace.consolidate import sorted_table
+
+    rng = random.Random(n * 7 + len(shape))
+    keys = list(range(n))
+    if shape == "reversed":
+        keys.reverse()
+    elif shape == "random":
+        rng.shuffle(keys)
+    elif shape == "blocks":
+        keys = [k for b in reversed(range(0, n, 300)) for k in range(b, min(b + 300, n))]
+    elif shape == "one_swap" and n > 1:
+        keys[0], keys[-1] = keys[-1], keys[0]
+    elif shape == "nulls":
+        keys = [None if k % 5 == 0 else k for k in keys]
+    table = pa.table({"k": pa.array(keys, pa.int64()), "v": pa.array([b"x" * (i % 9) for i in range(n)]),
+                      "diff": pa.array(range(n), pa.int64())})
+    table = pa.Table.from_batches(table.to_batches(max_chunksize=333), schema=table.schema)
+    order = [("k", "ascending"), ("v", "ascending")]
+    got = sorted_table(table, order)
+    assert got.equals(table.sort_by(order))
+    if shape == "identity":
+        assert got is table  # already in order: nothing copied

@@ -32,6 +32,52 @@ def sort_keys(key_columns: Sequence[str], *, with_time: bool = True) -> list[tup
     return [(c, "ascending") for c in cols]
 
 
+RUN_SLICE_ROWS = 256  # mean length of in-order runs at which slices beat a gather
+
+
+def sorted_table(table: pa.Table, order: Sequence[tuple[str, str]]) -> pa.Table:
+    """``table.sort_by(order)``, without moving rows that are already in place.
+
+    Appends usually arrive in order (fresh ids, a re-sent sorted batch), and a gather of
+    wide columns is the costly half of a sort (1.6 s for 640 MB of 1 KiB payloads against
+    8 ms for the sort itself). So the permutation is looked at first: the identity
+    returns the table as it is, long in-order stretches become zero-copy slices, and only
+    a scattered permutation pays for the gather, on combined chunks (a chunked gather costs
+    about twice as much)."""
+    if table.num_rows < 2:
+        return table
+    return permuted(table, pc.sort_indices(table, list(order)))
+
+
+def permuted(table: pa.Table, indices: pa.Array) -> pa.Table:
+    """``table.take(indices)`` for a permutation of its rows, by slices where it can."""
+    n = len(indices)
+    if n != table.num_rows or n < 2:
+        return table.take(indices)
+    signed = indices.cast(pa.int64())
+    steps = pc.subtract(signed.slice(1), signed.slice(0, n - 1))
+    breaks = pc.indices_nonzero(pc.not_equal(steps, 1))
+    if not len(breaks) and indices[0].as_py() == 0:
+        return table
+    if (len(breaks) + 1) * RUN_SLICE_ROWS > n:
+        return _gather(table, indices)
+    starts = [0, *(b + 1 for b in breaks.to_pylist()), n]
+    pieces = [table.slice(indices[a].as_py(), b - a) for a, b in zip(starts, starts[1:], strict=False)]
+    return pa.concat_tables(pieces)
+
+
+def _gather(table: pa.Table, indices: pa.Array) -> pa.Table:
+    cols = []
+    for col in table.columns:
+        if col.num_chunks > 1:
+            try:
+                col = pa.chunked_array([pa.concat_arrays(col.chunks)], col.type)
+            except (pa.ArrowInvalid, pa.ArrowCapacityError):
+                pass  # offsets past 2 GiB: gather the chunks as they are
+        cols.append(pc.take(col, indices))
+    return pa.Table.from_arrays(cols, schema=table.schema)
+
+
 def _check_columns(table: pa.Table, key_columns: Sequence[str], *, need_time: bool = True) -> None:
     missing = [c for c in [*key_columns, *([TIME] if need_time else []), DIFF] if c not in table.column_names]
     if missing:
@@ -197,7 +243,7 @@ def consolidate(
     cols = [*key_columns, TIME]
     table = advance_times(table.select([*cols, DIFF]), since)
     if not presorted:
-        table = table.sort_by(sort_keys(key_columns))
+        table = sorted_table(table, sort_keys(key_columns))
     return sum_sorted(table, cols)
 
 
@@ -210,7 +256,7 @@ def snapshot(table: pa.Table, key_columns: Sequence[str], as_of: int) -> pa.Tabl
     """
     _check_columns(table, key_columns)
     table = table.filter(pc.less_equal(table.column(TIME), pa.scalar(as_of, pa.int64())))
-    table = table.select([*key_columns, DIFF]).sort_by(sort_keys(key_columns, with_time=False))
+    table = sorted_table(table.select([*key_columns, DIFF]), sort_keys(key_columns, with_time=False))
     return sum_sorted(table, key_columns)
 
 

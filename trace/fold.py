@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.trace.consolidate import DIFF, TIME, advance_times, consolidate, sort_keys
+from sediment.trace.consolidate import DIFF, TIME, advance_times, consolidate, sort_keys, sorted_table
 
 _TWO_63 = 1 << 63
 REPEAT_SHARE = 0.5  # hash route when the first key column has fewer distinct values than this share of rows
@@ -60,8 +60,8 @@ def fold(table: pa.Table, key_columns: Sequence[str], since: int | None = None) 
     if _sums_fit(table.column(DIFF), n) and pc.count_distinct(first, mode="all").as_py() < REPEAT_SHARE * n:
         grouped = table.group_by([*keys, TIME], use_threads=False).aggregate([(DIFF, "sum")])
         out = grouped.select([*keys, TIME]).append_column(DIFF, grouped.column(f"{DIFF}_sum"))
-        return _drop_zeros(out.sort_by(sort_keys(keys)))
-    table = table.sort_by(sort_keys(keys))
+        return _drop_zeros(sorted_table(out, sort_keys(keys)))
+    table = sorted_table(table, sort_keys(keys))
     if first.null_count == 0:
         first = table.column(keys[0])
         if not pc.any(pc.equal(first.slice(1), first.slice(0, n - 1))).as_py():

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.trace.consolidate import DIFF, TIME, first_unsorted, sort_keys, sum_sorted
+from sediment.trace.consolidate import DIFF, TIME, first_unsorted, permuted, sort_keys, sum_sorted
 
 DEFAULT_RUN_CHUNK_ROWS = 1 << 20
 
@@ -146,7 +146,7 @@ def _rounds(live: list[pa.Table], keys: list[str], order: list[tuple[str, str]],
 
 
 def _combine(rows: pa.Table, keys: list[str], order: list[tuple[str, str]]) -> pa.Table:
-    return sum_sorted(rows.take(pc.sort_indices(rows.select(keys), order)), keys)
+    return sum_sorted(permuted(rows, pc.sort_indices(rows.select(keys), order)), keys)
 
 
 def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
