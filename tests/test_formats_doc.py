@@ -309,6 +309,12 @@ def test_segment_and_index_header_examples_decode():
     assert sg.parse_header(index) == sg.SegmentHeader(sg.IDX_MAGIC, 1, 1795000000123456789, key, 0, 4096, 1000)
     assert sg.parse_header(data).pack() == data and sg.parse_header(index).pack() == index
     assert sg.parse_header(data[:-1] + bytes([data[-1] ^ 1])) is None  # the CRC is checked
+    import dataclasses
+
+    recycled = dataclasses.replace(sg.parse_header(data), flags=sg.FLAG_RECYCLED).pack()
+    assert recycled[36:40] == b"\x01\0\0\0" and recycled[:36] == data[:36]  # flags: u32 at offset 36
+    assert sg.parse_header(recycled).recycled and not sg.parse_header(data).recycled
+    assert sg.END_MARK == bytes(64) and sg.recycled_name(4096) == "0000000000000004096.seg.recycled"
 
 
 def test_control_file_example_decodes(tmp_path):

@@ -38,6 +38,7 @@ from sediment.wal.direct_io import DirectWrites, _allocate, _pwritev_all
 from sediment.wal.log_apply import carry_out, create_segment_files, cut_file
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPreamble
+from sediment.wal.recycle import SegmentPool, reuse_segment_file
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ class FileLog(DirectWrites):
                                                                 create=create, repair=repair)
         self.cluster_key = self.control.header.cluster_key
         self.created = how == "new"
+        self._pool = SegmentPool(self.dir, self.segment_bytes)
         plan = lr.Plan(manifest=manifest) if self.created else \
             lr.plan(self.dir, manifest, repair=repair, rebuilt=how == "rebuilt", keep_heads=self._keep_recovered)
         self._recovered = [(k.heads, k.bodies) for k in plan.segments] if self._keep_recovered else None
@@ -233,15 +235,20 @@ class FileLog(DirectWrites):
         finally:
             os.close(fd)
 
-    def _header(self, magic: bytes, first: int, checkpoint: int = 0) -> bytes:
+    def _header(self, magic: bytes, first: int, checkpoint: int = 0, flags: int = 0) -> bytes:
         return sg.SegmentHeader(magic, sg.VERSION, self._clock(), self.cluster_key, self.partition, first,
-                                checkpoint).pack()
+                                checkpoint, flags).pack()
 
     def _create_segment(self, first: int) -> _Segment:
         seg = _Segment(first, os.path.join(self.dir, sg.segment_name(first)),
                        os.path.join(self.dir, sg.index_name(first)), array("Q"), sg.HEADER_SIZE)
-        create_segment_files(seg.path, seg.idx_path, self._header(sg.SEG_MAGIC, first),
-                             self._header(sg.IDX_MAGIC, first), self.segment_bytes)
+        pooled = self._pool.take()
+        if pooled is None:
+            create_segment_files(seg.path, seg.idx_path, self._header(sg.SEG_MAGIC, first),
+                                 self._header(sg.IDX_MAGIC, first), self.segment_bytes)
+        else:
+            reuse_segment_file(pooled, seg.path, seg.idx_path, self._header(sg.SEG_MAGIC, first, flags=sg.FLAG_RECYCLED),
+                               self._header(sg.IDX_MAGIC, first), self.segment_bytes)
         self._segments.append(seg)
         return seg
 
@@ -332,8 +339,9 @@ class FileLog(DirectWrites):
             p.last_lsn = lsn - 1
         if small:
             buffers.append(small)
+        buffers.append(sg.END_MARK)  # overwritten by the next group; in a recycled file it marks the end
         if self._direct_fd is not None and pos - base >= self._direct_threshold:
-            self._write_direct(buffers, base, pos)
+            self._write_direct(buffers, base, pos + len(sg.END_MARK))
         else:
             _pwritev_all(self._fd, buffers, base)
         os.fdatasync(self._fd)
@@ -539,7 +547,8 @@ class FileLog(DirectWrites):
                 if fd is not None:
                     os.close(fd)
             for seg in dropped:
-                sg.remove_segment_files(self.dir, [seg])
+                if not self._pool.offer(seg.path, seg.idx_path, seg.first_lsn):
+                    sg.remove_segment_files(self.dir, [seg])
 
     def close(self) -> None:
         with self._lock:

@@ -310,6 +310,8 @@ class _PlanReader:
                          f"{scan.reason}; {where}", scan.file_size - scan.bad_offset)
                     pending = self.out.problems[-1]
                 self.out.cuts.append((path, scan.bad_offset, not is_last or scan.resume is not None))
+            elif not is_last and scan.file_size > scan.end:  # finished by a later segment: cut to its records
+                self.out.cuts.append((path, scan.end, True))
             done = not is_last or scan.resume is not None  # salvaged records after damage follow it
             self.out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, done,
                                             scan.heads, scan.bodies))

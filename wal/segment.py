@@ -25,11 +25,14 @@ from sediment.wal import record as rec
 SEG_MAGIC = b"SDSG"
 IDX_MAGIC = b"SDIX"
 VERSION = 1
-HEADER = struct.Struct("<4sIq16sIIqQ")  # magic, version, created, key, partition, reserved, first, checkpoint
+HEADER = struct.Struct("<4sIq16sIIqQ")  # magic, version, created, key, partition, flags, first, checkpoint
 CRC_OFFSET = 124  # crc32c of bytes [0, 124): the whole header, reserved bytes included
 HEADER_SIZE = 128
 NAME_DIGITS = 19
 _MAGIC_BYTES = struct.pack("<H", rec.MAGIC)
+FLAG_RECYCLED = 1  # the data file held an earlier segment: stale frames may lie past the end
+END_MARK = bytes(rec.HEADER_SIZE)  # written after every group commit: where the records end
+RECYCLED_SUFFIX = ".recycled"
 
 
 def segment_name(first_lsn: int) -> str:
@@ -38,6 +41,11 @@ def segment_name(first_lsn: int) -> str:
 
 def index_name(first_lsn: int) -> str:
     return f"{first_lsn:0{NAME_DIGITS}d}.idx"
+
+
+def recycled_name(first_lsn: int) -> str:
+    """A trimmed data file kept for reuse (``<first LSN>.seg.recycled``): not a segment."""
+    return segment_name(first_lsn) + RECYCLED_SUFFIX
 
 
 def parse_name(name: str) -> tuple[int, str] | None:
@@ -57,10 +65,15 @@ class SegmentHeader:
     partition: int
     first_lsn: int
     checkpoint: int = 0
+    flags: int = 0
+
+    @property
+    def recycled(self) -> bool:
+        return bool(self.flags & FLAG_RECYCLED)
 
     def pack(self) -> bytes:
-        raw = HEADER.pack(self.magic, self.version, self.created_ns, self.cluster_key.bytes, self.partition, 0,
-                          self.first_lsn, self.checkpoint).ljust(CRC_OFFSET, b"\0")
+        raw = HEADER.pack(self.magic, self.version, self.created_ns, self.cluster_key.bytes, self.partition,
+                          self.flags, self.first_lsn, self.checkpoint).ljust(CRC_OFFSET, b"\0")
         return raw + struct.pack("<I", rec.crc32c(raw))
 
 
@@ -68,13 +81,13 @@ def parse_header(buf: bytes | memoryview) -> SegmentHeader | None:
     """The header, or None when short, of the wrong format, or failing its CRC."""
     if len(buf) < HEADER_SIZE:
         return None
-    magic, version, created, key, part, _res, first, ckpt = HEADER.unpack_from(buf, 0)
+    magic, version, created, key, part, flags, first, ckpt = HEADER.unpack_from(buf, 0)
     if magic not in (SEG_MAGIC, IDX_MAGIC) or version != VERSION:
         return None
     (crc,) = struct.unpack_from("<I", buf, CRC_OFFSET)
     if rec.crc32c(bytes(buf[:CRC_OFFSET])) != crc:
         return None
-    return SegmentHeader(magic, version, created, uuid.UUID(bytes=key), part, first, ckpt)
+    return SegmentHeader(magic, version, created, uuid.UUID(bytes=key), part, first, ckpt, flags)
 
 
 @dataclass
@@ -130,7 +143,10 @@ def next_valid_record(view: memoryview, start: int, min_lsn: int) -> tuple[int, 
         if at < start:
             continue
         head = rec.decode_header(view, at)
-        if head is None or head.lsn < min_lsn:
+        if head is None:
+            continue
+        if head.lsn < min_lsn:  # an older frame (a recycled file's stale data): hop over it whole
+            pos = at + head.frame_size + 3
             continue
         body = view[at + rec.HEADER_SIZE : at + head.frame_size]
         if rec.body_ok(head, body):
@@ -247,16 +263,38 @@ def _sequential_window(f, buf: ReadBuffer | None, file_size: int) -> _Window:
     return w
 
 
-def _judge_rest(scan: SegmentScan, fd: int, size: int, pos: int, expected: int, reason: str) -> None:
+def _judge_rest(scan: SegmentScan, fd: int, size: int, pos: int, expected: int, reason: str,
+                recycled: bool = False) -> None:
     """A frame at ``pos`` failed: the rest of the file decides whether that is a clean end
-    (only zeros follow), a torn tail or damage (and where the next valid frame lies)."""
+    (only zeros follow), a torn tail or damage (and where the next valid frame lies). In a
+    recycled file (FLAG_RECYCLED) stale frames of an earlier segment follow the end, so the
+    end is the writer's end mark (a zero header) or a stale frame, and only a valid frame
+    of this segment (LSN >= expected) beyond it means damage."""
     rest = _pread_all(fd, size - pos, pos)
-    if not _all_zero(rest, 0, len(rest)):
-        scan.bad_offset = pos
-        scan.reason = reason
-        found = next_valid_record(memoryview(rest), 0, expected)
-        scan.resume = None if found is None else (pos + found[0], found[1])
-        scan.valid_after_bad = scan.resume is not None
+    if _all_zero(rest, 0, len(rest)):
+        return
+    found = next_valid_record(memoryview(rest), 0, expected)
+    if recycled and found is None and _ends_here(rest, scan.first_lsn):
+        return
+    scan.bad_offset = pos
+    scan.reason = reason
+    scan.resume = None if found is None else (pos + found[0], found[1])
+    scan.valid_after_bad = scan.resume is not None
+
+
+def _ends_here(rest: bytes, first_lsn: int) -> bool:
+    """Whether a recycled file's bytes at the failed frame are its end: the end mark, or a
+    whole stale frame of an earlier segment (always below this segment's first LSN)."""
+    if len(rest) < rec.HEADER_SIZE or rest[:rec.HEADER_SIZE] == END_MARK:
+        return _all_zero(rest, 0, min(len(rest), rec.HEADER_SIZE))
+    head = rec.decode_header(rest, 0)
+    return head is not None and head.lsn < first_lsn
+
+
+def file_flags(fd: int) -> int:
+    """The data file's header flags (0 when the header does not parse: the scan judges it)."""
+    header = parse_header(os.pread(fd, HEADER_SIZE, 0))
+    return 0 if header is None else header.flags
 
 
 def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start: int = HEADER_SIZE,
@@ -283,6 +321,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
         scan.file_size = os.fstat(fd).st_size
         if scan.file_size <= HEADER_SIZE:
             return (scan, records) if want_records else scan
+        recycled = bool(file_flags(fd) & FLAG_RECYCLED)
         w = _sequential_window(f, buf, scan.file_size)
         data, lo, hi = w.view, 0, 0
         while pos < w.size:
@@ -331,7 +370,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
             pos = nxt
             expected += 1
         if reason:
-            _judge_rest(scan, fd, w.size, pos, expected, reason)
+            _judge_rest(scan, fd, w.size, pos, expected, reason, recycled)
     if heads is not None:
         scan.heads = bytes(heads)
         scan.bodies = bodies
