@@ -34,21 +34,23 @@ def _relation_stats(rel: Any, now: float) -> dict[str, Any]:
     }
 
 
-def _wal_files(log: Any) -> tuple[int | None, int | None]:
-    """(segments, bytes on disk) of a log kept in a directory of segment files; None otherwise."""
+def _wal_files(log: Any) -> tuple[int | None, int | None, int | None]:
+    """(segments, bytes on disk, trimmed files kept for reuse) of a log kept in a directory
+    of segment files; None otherwise. The bytes count the kept files too: they hold disk."""
     directory = getattr(log, "dir", None)
     if not isinstance(directory, str) or not os.path.isdir(directory):
-        return None, None
-    segments = size = 0
+        return None, None, None
+    segments = size = kept = 0
     with os.scandir(directory) as it:
         for entry in it:
-            if entry.name.endswith((".seg", ".idx")):
+            if entry.name.endswith((".seg", ".idx", ".recycled")):
                 segments += entry.name.endswith(".seg")
+                kept += entry.name.endswith(".recycled")
                 try:
                     size += entry.stat().st_blocks * 512  # allocated, not apparent: segments are preallocated
                 except FileNotFoundError:  # trimmed meanwhile
                     pass
-    return segments, size
+    return segments, size, kept
 
 
 def engine_stats(engine: Any) -> dict[str, Any]:
@@ -61,7 +63,7 @@ def engine_stats(engine: Any) -> dict[str, Any]:
         log = engine._log
         start, end, finished = log.start_lsn, log.end_lsn, log.finished_lsn
         backlog = (engine._backlog.bytes, engine._backlog.bound, engine._backlog.waiting)
-    segments, size = _wal_files(log)
+    segments, size, kept = _wal_files(log)
     kind = {"FileLog": "file", "DeviceLog": "device", "ReplicatedLog": "replicated"}.get(type(log).__name__,
                                                                                        type(log).__name__)
     return {
@@ -72,6 +74,7 @@ def engine_stats(engine: Any) -> dict[str, Any]:
             "finished_lsn": finished,
             "segments": segments,
             "bytes": size,
+            "recycled_files": kept,
             "backlog_records": sum(r["tail_records"] for r in relations.values()) + len(txn_entries),
             "backlog_bytes": backlog[0],
             "backlog_bound_bytes": backlog[1],

@@ -136,7 +136,7 @@ class _StateCollector:
             return
         wal = s["wal"]
         for key in ("start_lsn", "end_lsn", "backlog_bytes", "backlog_records", "backlog_bound_bytes", "segments",
-                    "bytes"):
+                    "bytes", "recycled_files"):
             if wal.get(key) is not None:
                 yield GaugeMetricFamily(f"{PREFIX}_wal_{key}", f"WAL {key.replace('_', ' ')}", value=wal[key])
         lag = GaugeMetricFamily(f"{PREFIX}_replica_lag_records", "Replicated log: acknowledged records a "

@@ -37,15 +37,15 @@ DEFAULT_KEEP = 2  # files kept for reuse: a segment rolling while the next trim 
 class SegmentPool:
     """The trimmed data files of one log partition directory kept for reuse."""
 
-    def __init__(self, directory: str, segment_bytes: int, keep: int = DEFAULT_KEEP) -> None:
+    def __init__(self, directory: str, segment_bytes: int, keep: int | None = None) -> None:
         self.dir = directory
         self.segment_bytes = segment_bytes
-        self.keep = keep
+        self.keep = DEFAULT_KEEP if keep is None else keep  # read at open: bench/recycle.py sets it to 0
         self._lock = threading.Lock()
         found = sorted(n for n in os.listdir(directory) if n.endswith(".seg" + sg.RECYCLED_SUFFIX)) \
             if os.path.isdir(directory) else []
-        self._files = [os.path.join(directory, n) for n in found[:keep]]
-        extra = found[keep:]
+        self._files = [os.path.join(directory, n) for n in found[:self.keep]]
+        extra = found[self.keep:]
         for name in extra:
             os.unlink(os.path.join(directory, name))
         if extra:
