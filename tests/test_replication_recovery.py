@@ -196,6 +196,9 @@ def test_two_catch_ups_finishing_together(cluster, zookeeper, zk_root) -> None:
     meta = PartitionMetaStore(zk_store, 0).load()[0]
     session = log.coordinator.session
     assert all(meta.replicas[n.address] == ReplicaState(session, UNRESOLVED) for n in nodes)
+    # LSN 400 was acknowledged by a quorum; the other replicas confirm it on their own time
+    wait_until(log, lambda: all(coord.links[n.address].acked >= 400 for n in nodes), timeout=60,
+               what="every replica has confirmed LSN 400")
     log.close()
     for n in nodes:
         n.kill()
