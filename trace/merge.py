@@ -22,7 +22,15 @@ import pyarrow.compute as pc
 
 from sediment.errors import TraceError
 from sediment.trace.batch import DEFAULT_ROW_GROUP_ROWS, BatchDescription, write_batch_stream
-from sediment.trace.consolidate import DIFF, TIME, advance_times, first_unsorted, sort_keys, sum_sorted
+from sediment.trace.consolidate import (
+    DIFF,
+    TIME,
+    advance_times,
+    first_unsorted,
+    sort_keys,
+    sorted_table,
+    sum_sorted,
+)
 
 DEFAULT_CHUNK_ROWS = 64 * 1024
 _SRC = "__sediment_src"
@@ -133,7 +141,7 @@ def merge_sorted(
         stats.rounds += 1
 
         if not streams:
-            done = buffered.sort_by(order)
+            done = sorted_table(buffered, order)
             yield from _emit(done, cols, chunk_rows, stats)
             return
 
@@ -142,7 +150,7 @@ def merge_sorted(
         sentinel = sentinel.append_column(_SRC, pa.array([-1], pa.int32()))
         sentinel = sentinel.append_column(_TB, pa.array([1], pa.int8()))
         merged = pa.concat_tables([buffered, sentinel.select(buffered.column_names)])
-        merged = merged.sort_by([*order, (_TB, "ascending")])
+        merged = sorted_table(merged, [*order, (_TB, "ascending")])
         cut = pc.index(merged.column(_TB), pa.scalar(1, pa.int8())).as_py()
         yield from _emit(merged.slice(0, cut), cols, chunk_rows, stats)
         pending = merged.slice(cut + 1)
