@@ -76,12 +76,24 @@ class FeedLog:
         return bool(self.cursors)
 
     def add(self, kind: str, lsn: int, time: int = 0) -> None:
-        """A new visible event (called under the engine lock, from the log's writer thread)."""
+        """A new visible event (called under the engine lock, from the log's writer thread).
+        Without subscribers only the sequence moves, without this feed's lock: cursors are
+        registered under the engine lock too, so none can appear while this runs, and one
+        that goes away meanwhile is handled under the lock as before."""
+        if not self.cursors:
+            self.next_seq += 1
+            return
         with self.changed:
             if self.cursors:
                 self.entries.append(_Entry(self.next_seq, kind, lsn, time))
                 self.changed.notify_all()
             self.next_seq += 1
+
+    def skip(self, n: int) -> None:
+        """``n`` events that became visible before anyone could subscribe (an open's replay,
+        on feeds made by that open): the sequence moves as ``n`` calls of :meth:`add` would."""
+        with self.changed:
+            self.next_seq += n
 
     def register(self, sub_id: int) -> None:
         with self.changed:

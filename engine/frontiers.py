@@ -46,6 +46,15 @@ class SealedFrontiers:
         with self._lock:
             fold(self._sealed, records)
 
+    def raise_to(self, frontiers: dict[int, int]) -> None:
+        """Raise each relation's frontier to at least the one given (an open's replay hands
+        over the greatest ``close t`` per relation of many PROGRESS records at once)."""
+        with self._lock:
+            sealed = self._sealed
+            for rel, t in frontiers.items():
+                if t > sealed.get(rel, -1):
+                    sealed[rel] = t
+
     def record(self, pending: Sequence[Record] = ()) -> Record:
         """The FRONTIERS record: every frontier observed, raised by ``pending`` (records
         placed before it but not observed yet), without observing them."""

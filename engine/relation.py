@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -14,9 +14,10 @@ from sediment.engine.read_plan import ReadPlan  # noqa: F401  (re-exported: the 
 from sediment.trace.state import TraceState
 
 
-@dataclass(frozen=True, slots=True)
-class TailEntry:
-    """A durable, committed UPDATES record still in the WAL (not yet in a batch)."""
+class TailEntry(NamedTuple):
+    """A durable, committed UPDATES record still in the WAL (not yet in a batch). A named
+    tuple, not a frozen dataclass: an open builds one per record of the log (0.2 us against
+    0.55 us), and recovery builds them in bulk straight from the header's fields."""
 
     lsn: int
     t_lo: int

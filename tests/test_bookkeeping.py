@@ -64,7 +64,10 @@ def test_open_transactions_against_the_two_dicts_they_replace() -> None:
             elif op == 1:  # UPDATES in a transaction
                 entry = TailEntry(lsn, lsn, lsn, 1)
                 rel_id = rnd.randrange(3)
-                txns.add(txn, lsn, rel_id, entry)
+                if rnd.random() < 0.5:
+                    txns.add(txn, lsn, rel_id, entry)
+                else:  # the bulk form an open's replay uses
+                    txns.extend(txn, lsn, [rel_id], [entry])
                 updates.setdefault(txn, []).append((rel_id, entry))
                 first.setdefault(txn, lsn)
             else:  # COMMIT or ABORT
