@@ -72,7 +72,9 @@ class Compaction:
                                  self._compact_interval) or backlog_waits and log_.end_lsn > log_.finished_lsn:
             log_.finish_segment()
             self._segment_age.finished()
-        self._compaction_pass(None)
+        self._compaction_pass(None, merge=False)
+        if self._merger is not None:
+            self._merger.notify()  # merges run beside the passes (engine/merger.py)
 
     def _wait_backlog(self, records: list) -> None:
         """Under the lock: wait while the append would take the WAL backlog past
@@ -118,7 +120,9 @@ class Compaction:
             log.error("compaction of relation %r failed (attempt %d; its WAL records are kept and it is retried "
                       "on the next pass): %s", name, count, text)
 
-    def _compaction_pass(self, names: set[str] | None) -> dict[str, str]:
+    def _compaction_pass(self, names: set[str] | None, *, merge: bool = True) -> dict[str, str]:
+        """Take finished WAL records into the traces and trim the log; then, with ``merge``,
+        run the merges in line (else the background merger runs them)."""
         failed: dict[str, str] = {}
         with self._compact_lock, self.metrics.timed(self.metrics.compaction_seconds):
             self.metrics.compactions.inc()
@@ -135,9 +139,6 @@ class Compaction:
                         work.append((rel, entries, progress, rel.trace, rel.entry.since))
             for item in work:
                 self._isolated(item[0], failed, lambda item=item: self._compact_relation(cut.safe, *item))
-            for rel in rels:
-                self._isolated(rel, failed, lambda rel=rel: self._merge_pending(rel))
-                self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel))
             with self._lock:
                 for rel in rels:
                     if rel.entry.name not in failed:
@@ -148,7 +149,27 @@ class Compaction:
                 self._trim_to = max(self._trim_to or 0, point)
                 self._bodies.drop_below(point)
         self._collect()
+        if merge:
+            self._merge_pass(names, failed)
         return failed
+
+    def _merge_pass(self, names: set[str] | None = None, failed: dict[str, str] | None = None) -> None:
+        """Merge pending runs and batches by the size-tiered rules, one relation at a time.
+        No engine lock is held while merging (the blobs read are pinned); each result is
+        spliced into the trace under the pass lock."""
+        failed = {} if failed is None else failed
+        with self._merge_lock:
+            with self._lock:
+                if self._closed:
+                    return
+                rels = [r for r in self._relations.values() if names is None or r.entry.name in names]
+                self._pin()
+            try:
+                for rel in rels:
+                    self._isolated(rel, failed, lambda rel=rel: self._merge_pending(rel))
+                    self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel))
+            finally:
+                self._unpin()
 
     def _compact_relation(self, safe: int, rel: _Relation, entries: list[TailEntry], progress: list[int],
                           trace: TraceState, since: int) -> None:
@@ -233,10 +254,9 @@ class Compaction:
                                     factor=max(self._merge_factor, 1.5))
         if not spans:
             return
-        runs = list(trace.pending)
-        replaced: list[str] = []
+        done = []
         for start, stop in reversed(spans):
-            refs = runs[start:stop]
+            refs = trace.pending[start:stop]
             stored = sum(r.bytes for r in refs) or 1
             per_row = max(64, 8 * stored // max(1, sum(r.rows for r in refs)))
             chunk_rows = max(1024, self._memory_bound // (4 * len(refs) * per_row))
@@ -244,15 +264,27 @@ class Compaction:
             with self.metrics.timed(self.metrics.merge_seconds):
                 merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, trace.since,
                                            1 + max(r.level for r in refs), chunk_rows=chunk_rows, span=span)
-            runs[start:stop] = [merged] if merged.key is not None else []
-            replaced += [r.key for r in refs if r.key]
-        new = replace(trace, pending=tuple(runs), version=trace.version + 1)
-        self.traces.commit(new)
-        self.metrics.merges.labels(relation=rel.entry.name).inc()
-        with self._lock:
-            rel.trace = new
-            rel.trace_changed_at = self._clock.current_time()
-            self._garbage += replaced
+            done.append((refs, merged))
+        with self._compact_lock:  # no pass commits meanwhile: splice into the trace as it is now
+            with self._lock:
+                now = rel.trace
+            runs, dropped, replaced = list(now.pending), [], []
+            for refs, merged in done:
+                at = _find_run(runs, refs)
+                if at is None or self._closed:  # a pass folded or split these runs meanwhile: nothing to splice
+                    dropped += [merged.key] if merged.key else []
+                    continue
+                runs[at:at + len(refs)] = [merged] if merged.key is not None else []
+                replaced += [r.key for r in refs if r.key]
+            if replaced:
+                new = replace(now, pending=tuple(runs), version=now.version + 1)
+                self.traces.commit(new)
+                self.metrics.merges.labels(relation=rel.entry.name).inc()
+            with self._lock:
+                if replaced:
+                    rel.trace = new
+                    rel.trace_changed_at = self._clock.current_time()
+                self._garbage += replaced + dropped
 
     def _merge_relation(self, rel: _Relation) -> None:
         with self._lock:
@@ -266,10 +298,28 @@ class Compaction:
             with self.metrics.timed(self.metrics.merge_seconds):
                 merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, since, task.level,
                                            chunk_rows=chunk_rows)
-            self.metrics.merges.labels(relation=rel.entry.name).inc()
-            new = replace(trace.apply_merge(task.start, task.stop, merged, inputs=refs), since=since)
-            self.traces.commit(new)
-            with self._lock:
-                rel.trace = trace = new
-                rel.trace_changed_at = self._clock.current_time()
-                self._garbage += [r.key for r in refs if r.key]
+            with self._compact_lock:  # splice into the trace as a pass may have left it (batches only appended)
+                with self._lock:
+                    now = rel.trace
+                at = _find_run(list(now.batches), refs)
+                if at is None or self._closed:
+                    with self._lock:
+                        self._garbage += [merged.key] if merged.key else []
+                    continue
+                self.metrics.merges.labels(relation=rel.entry.name).inc()
+                new = replace(now.apply_merge(at, at + len(refs), merged, inputs=refs), since=max(since, now.since))
+                self.traces.commit(new)
+                with self._lock:
+                    rel.trace = new
+                    rel.trace_changed_at = self._clock.current_time()
+                    self._garbage += [r.key for r in refs if r.key]
+
+
+def _find_run(refs: list, wanted) -> int | None:
+    """Where the stretch ``wanted`` (blob refs, by key) starts in ``refs``, or None when
+    it is no longer there whole."""
+    keys = [r.key for r in wanted]
+    for i in range(len(refs) - len(keys) + 1):
+        if refs[i].key == keys[0] and [r.key for r in refs[i:i + len(keys)]] == keys:
+            return i
+    return None

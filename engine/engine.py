@@ -40,6 +40,7 @@ from sediment.engine.feed import PROGRESS, UPDATES
 from sediment.engine.frontiers import SealedFrontiers
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.memory import configure_memory_pool
+from sediment.engine.merger import BackgroundMerger
 from sediment.engine.metadata import names
 from sediment.engine.metadata.protocol import MetadataStore
 from sediment.engine.opening import Opening
@@ -91,6 +92,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._lock = threading.RLock()
         self._compact_lock = threading.Lock()
+        self._merge_lock = threading.Lock()
         self._backlog = WalBacklog(self._lock, max_wal_backlog, wal_backlog_timeout)
         self._max_pending_runs = DEFAULT_MAX_PENDING_RUNS
         self._closed = False
@@ -119,6 +121,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         self._blobs: CountingBlobStore | None = None
         self._log: WriteAheadLog | None = None
         self._compacter: cmp.Compacter | None = None
+        self._merger: BackgroundMerger | None = None
         self.blob_uri: str | None = None
         self.s3_endpoint: str | None = None
         self.traces: TraceStore | None = None
@@ -228,6 +231,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         self.locks = LockTable(self._lock_slots, floor=self._max_time)
         self.swept = self.traces.sweep_orphans(self._referenced_blobs())
         if compact:
+            self._merger = BackgroundMerger(self._merge_pass)
             self._compacter = cmp.Compacter(self._background_pass, self._compact_interval, clock=self._clock)
             self._segment_age = cmp.SegmentAge(self._compacter.clock.current_time())
             self._compacter.start()
@@ -536,6 +540,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             self._backlog.wake_all()
         if self._compacter is not None:
             self._compacter.stop()
+        if self._merger is not None:
+            self._merger.stop()
         with self._compact_lock, self._lock:
             self._closed = True
             for rel in self._relations.values():
@@ -546,6 +552,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         """Release whatever :meth:`open` got to (every resource starts as None)."""
         if self._compacter is not None:
             self._compacter.stop()
+        if self._merger is not None:
+            self._merger.stop()
         for closer in (self._log, self._meta, self._blobs):
             if closer is not None:
                 try:

@@ -130,9 +130,12 @@ def _all_zero(data: bytes | memoryview, start: int, end: int) -> bool:
     return True
 
 
-def next_valid_record(view: memoryview, start: int, min_lsn: int) -> tuple[int, int] | None:
+def next_valid_record(view: memoryview, start: int, min_lsn: int, *,
+                      older_ends: bool = False) -> tuple[int, int] | None:
     """(offset, LSN) of the first complete, checksum-valid frame with lsn >= min_lsn after
-    ``start``, found by its magic: where reading can resume after damage."""
+    ``start``, found by its magic: where reading can resume after damage. With
+    ``older_ends`` (a recycled file) the first checksum-valid header with a lower LSN is
+    returned instead: stale frames lie past everything this segment wrote."""
     data = view.obj if isinstance(view.obj, bytes) and len(view) == len(view.obj) else bytes(view)
     pos = start
     while True:
@@ -146,6 +149,8 @@ def next_valid_record(view: memoryview, start: int, min_lsn: int) -> tuple[int, 
         if head is None:
             continue
         if head.lsn < min_lsn:  # an older frame (a recycled file's stale data): hop over it whole
+            if older_ends:
+                return at, head.lsn
             pos = at + head.frame_size + 3
             continue
         body = view[at + rec.HEADER_SIZE : at + head.frame_size]
@@ -270,12 +275,24 @@ def _judge_rest(scan: SegmentScan, fd: int, size: int, pos: int, expected: int, 
     recycled file (FLAG_RECYCLED) stale frames of an earlier segment follow the end, so the
     end is the writer's end mark (a zero header) or a stale frame, and only a valid frame
     of this segment (LSN >= expected) beyond it means damage."""
-    rest = _pread_all(fd, size - pos, pos)
-    if _all_zero(rest, 0, len(rest)):
-        return
-    found = next_valid_record(memoryview(rest), 0, expected)
-    if recycled and found is None and _ends_here(rest, scan.first_lsn):
-        return
+    span = size - pos
+    if not recycled:
+        rest = _pread_all(fd, span, pos)
+        if _all_zero(rest, 0, len(rest)):
+            return
+        found = next_valid_record(memoryview(rest), 0, expected)
+    else:  # read on only until the first stale frame: nothing of this segment lies past it
+        n = min(span, _WINDOW)
+        while True:
+            rest = _pread_all(fd, n, pos)
+            found = next_valid_record(memoryview(rest), 0, expected, older_ends=True)
+            if found is not None or n >= span:
+                break
+            n = min(span, 4 * n)
+        if found is not None and found[1] < expected:
+            found = None
+        if found is None and _ends_here(rest, scan.first_lsn):
+            return
     scan.bad_offset = pos
     scan.reason = reason
     scan.resume = None if found is None else (pos + found[0], found[1])
