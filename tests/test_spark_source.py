@@ -20,6 +20,7 @@ pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install
 from fixtures_spark import append_updates  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
+from sediment import spark_jobs  # noqa: E402
 from sediment.errors import AsOfOutOfRange, InvalidArgument  # noqa: E402
 from sediment.spark_jobs import datasource as ds  # noqa: E402
 from sediment.spark_jobs.errors import sediment_error, sediment_errors  # noqa: E402
@@ -158,7 +159,7 @@ def test_sql_table_select_insert_and_temporary_view(spark, coordinator):
         spark.sql("DROP VIEW IF EXISTS orders_then")
 
 
-def test_pushed_filters_skip_row_groups_keep_exact_results_and_show_in_explain(spark, coordinator):
+def test_pushed_filters_skip_row_groups_keep_exact_results_and_show_in_explain(spark, coordinator, capsys):
     c = coordinator()
     c.engine.add_relation("orders", SCHEMA)
     n = 200_000
@@ -190,8 +191,16 @@ def test_pushed_filters_skip_row_groups_keep_exact_results_and_show_in_explain(s
     assert narrow.rdd.getNumPartitions() < full.rdd.getNumPartitions()  # row groups ruled out by statistics
     plan = narrow._jdf.queryExecution().executedPlan().toString()
     assert "BatchScan sediment" in plan and "Filter (" not in plan, plan  # the source took the filter
+    capsys.readouterr()
+    narrow.explain("formatted")  # where Spark shows what a Python source took: the scan's metadata
+    shown = capsys.readouterr().out
+    assert "BatchScan sediment" in shown and "LessThan(id,1000)" in shown.split("PushedFilters: [", 1)[1], shown
+    assert "LessThan(id,1000)" in spark_jobs.pushed_filters(narrow)
+    two = full.where("item IS NULL AND id IN (5, 6)")
+    assert {"IsNull(item)", "In(id, [5,6])"} <= set(spark_jobs.pushed_filters(two)), spark_jobs.pushed_filters(two)
     kept = load(spark, c).where(F.col("diff") > 0)  # diff is known only after consolidation: Spark filters
     assert "Filter (" in kept._jdf.queryExecution().executedPlan().toString()
+    assert not any("diff" in f for f in spark_jobs.pushed_filters(kept)), spark_jobs.pushed_filters(kept)
     assert kept.count() == sum(1 for d in want.values() if d > 0)
 
 
