@@ -15,8 +15,10 @@ consolidated changes at times in (a.time, b.time], each row with its ``time`` an
 * ``trigger(availableNow=True)``: reads up to the sealed frontier as of the query's start.
 
 Spark asks a data source for its schema without saying whether a stream or a batch read
-wants it, and a batch ``load()`` is columns + diff; so a stream read names one of its own
-options (``startingAsOf`` or ``maxTimesPerTrigger``), and the source then gives columns +
+wants it, and a batch ``load()`` is columns + diff; so in sessions where
+``sediment.spark_jobs.register(spark)`` ran, ``readStream`` adds the internal option
+``readStream`` (datasource.py ``_mark_stream_reads``), and elsewhere a stream read names one of
+its own options (``startingAsOf`` or ``maxTimesPerTrigger``); the source then gives columns +
 time + diff. Each micro-batch's read plan holds a lease, released when Spark commits the batch.
 """
 
@@ -81,8 +83,9 @@ class SedimentStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         check_options(options, refused=("asof", "as_of", "from", "raw", "plan", "plan_tail"),
                       what="reading a stream (use startingAsOf)")
         if TIME not in schema.names:
-            raise InvalidArgument("a stream read of sediment needs option('startingAsOf', 'latest' | 'earliest' | t): "
-                                  "Spark does not tell a data source's schema() whether a stream or a batch asks")
+            raise InvalidArgument("this session did not run sediment.spark_jobs.register(spark), so a stream read of "
+                                  "sediment needs option('startingAsOf', 'latest' | 'earliest' | t): Spark does not "
+                                  "tell a data source's schema() whether a stream or a batch asks")
         self.options = options
         self.schema = schema
         self.relation = required(options, "relation")

@@ -119,12 +119,16 @@ def test_stream_read_starting_points_and_refusals(spark, coordinator, tmp_path):
     append(c, updates)
     c.engine.seal("orders", 2)
     for start, want in (("earliest", {0: snapshot_at(updates, 0), 1: changes(updates, 0, 2)}),
-                        ("latest", {0: snapshot_at(updates, 2)})):
+                        ("latest", {0: snapshot_at(updates, 2)}),
+                        (None, {0: snapshot_at(updates, 2)})):  # no option at all: latest, with time
         sink = Batches()
-        q = (stream(spark, c, startingAsOf=start).writeStream.foreachBatch(sink)
-             .option("checkpointLocation", str(tmp_path / start)).trigger(availableNow=True).start())
+        df = stream(spark, c, **({} if start is None else {"startingAsOf": start}))
+        assert df.columns == ["id", "item", "time", "diff"], (start, df.columns)
+        q = (df.writeStream.foreachBatch(sink)
+             .option("checkpointLocation", str(tmp_path / str(start))).trigger(availableNow=True).start())
         q.awaitTermination()
         assert {b: r for b, r in sink.got.items() if r or b == 0} == want, start
+    assert spark.read.format("sediment").options(**c.options("orders")).load().columns == ["id", "item", "diff"]
     c.engine.add_relation("fresh", SCHEMA)  # never sealed when the query starts: no snapshot, then everything
     sink = Batches()
     q = (stream(spark, c, "fresh", startingAsOf="latest").writeStream.foreachBatch(sink)
