@@ -268,7 +268,7 @@ def open_relation(spark: SparkSession, uri: str, relation: str, as_of: int, from
     options = {"uri": uri, "token": token, "relation": relation, "as_of": as_of, "lease_seconds": lease_seconds}
     if from_t is not None:
         options["from"] = from_t
-    info, tail = plan_relation(options)
+    info, tail, _ = plan_relation(options, hold=False)
     try:
         tail_b64 = base64.b64encode(ipc_bytes(tail)).decode("ascii") if tail.num_rows else ""
         reader = _reader(spark, uri, relation, token).option("plan", info.to_json()).option("plan_tail", tail_b64)

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F  # noqa: E402
 
 from sediment import spark_jobs  # noqa: E402
 from sediment.errors import AsOfOutOfRange, InvalidArgument  # noqa: E402
+from sediment.spark_jobs import batch_read  # noqa: E402
 from sediment.spark_jobs import datasource as ds  # noqa: E402
 from sediment.spark_jobs.errors import sediment_error, sediment_errors  # noqa: E402
 
@@ -218,7 +219,15 @@ def test_the_wal_tail_is_split_by_key_range_across_tasks(spark, coordinator):
     assert df.rdd.getNumPartitions() >= 3
     got = df.groupBy("diff").count().collect()
     assert {r["diff"]: r["count"] for r in got} == {2: 50_000, 1: 100_000}  # repeats consolidated across tasks
-    assert load(spark, c, raw="true").rdd.getNumPartitions() >= 3
+    raw = load(spark, c, raw="true")
+    assert raw.rdd.getNumPartitions() >= 3
+    assert raw.groupBy("time", "diff").count().collect() == [(1, 1, n)]
+    assert c.server._held_tails.leases()  # the rows stayed on the coordinator for the plans' leases
+    for mode in ({}, {"raw": "true"}):  # the plan the driver's planning worker makes carries no tail rows
+        options = {**c.options("orders"), **mode}
+        parts = batch_read.SedimentReader(options, load(spark, c, **mode).schema, "").partitions()
+        assert len(parts) >= 3 and all(p.tail == b"" and p.fetch is not None for p in parts), mode
+        assert sum(len(batch_read.fetch_tail(p.fetch, options)) for p in parts) == n  # each row in one part
 
 
 @pytest.mark.slow
