@@ -322,11 +322,15 @@ def plan_relation(options: Any, *, hold: bool = True) -> tuple[PlanInfo, pa.Tabl
         plan, held, cuts = client.plan_read_held(relation, as_of, from_t=from_t, lease_seconds=lease,
                                                  part_rows=min(split_rows, TAIL_SPLIT_ROWS) if hold else None,
                                                  max_parts=MAX_TAIL_PARTS)
-    info = PlanInfo.of(plan, from_t)
+    return PlanInfo.of(plan, from_t), plan.tail, held_tail(relation, plan.lease, held, cuts)
+
+
+def held_tail(relation: str, lease: int, held: dict[str, Any] | None, cuts: pa.Array | None) -> HeldTail | None:
+    """What ``Client.plan_read_held`` said about a held tail, as the planner keeps it."""
     if held is None:
-        return info, plan.tail, None
-    return info, plan.tail, HeldTail(relation, plan.lease, held["rows"], held["parts"], held["key"],
-                                     tuple(cuts.to_pylist()) if cuts is not None else ())
+        return None
+    return HeldTail(relation, lease, held["rows"], held["parts"], held["key"],
+                    tuple(cuts.to_pylist()) if cuts is not None else ())
 
 
 class SedimentReader(DataSourceReader):
