@@ -39,6 +39,7 @@ from sediment.errors import (
     TransactionError,
 )
 from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
+from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_METADATA_KEY,
@@ -461,16 +462,41 @@ class Client:
                   lease_seconds: float = 600.0) -> ReadPlan:
         """A leased read plan (see :meth:`sediment.Engine.plan_read`); end it with
         :meth:`release_read`. The WAL-tail rows come in the stream, the rest in its metadata."""
+        return self.plan_read_held(name, as_of, from_t=from_t, lease_seconds=lease_seconds)[0]
+
+    def plan_read_held(self, name: str, as_of: int, *, from_t: int | None = None, lease_seconds: float = 600.0,
+                       part_rows: int | None = None, max_parts: int = 16,
+                       ) -> tuple[ReadPlan, dict[str, Any] | None, pa.Array | None]:
+        """:meth:`plan_read`; with ``part_rows``, the coordinator keeps a WAL tail of more than
+        ``part_rows`` rows for the lease instead of sending it, to be read part by part with
+        :meth:`tail_part`, and sends the quantile cuts of its first key column into up to
+        ``max_parts`` parts. Returns (the plan, with an empty tail when held; ``{"rows",
+        "parts", "key"}`` or None when the tail came inline; the cuts or None)."""
+        hold = None if part_rows is None else {"part_rows": part_rows, "max_parts": max_parts}
         ticket = self._ticket(op="plan", relation=name, as_of=as_of, **{"from": from_t},
-                              lease_seconds=lease_seconds)
+                              lease_seconds=lease_seconds, **({"hold_tail": hold} if hold else {}))
         with self._remote():
-            tail = self._flight.do_get(ticket, options=self._options).read_all()
-        metadata = dict(tail.schema.metadata or {})
+            body = self._flight.do_get(ticket, options=self._options).read_all()
+        metadata = dict(body.schema.metadata or {})
         meta = json.loads(metadata.pop(PLAN_METADATA_KEY))
-        tail = tail.replace_schema_metadata(metadata or None)
-        return ReadPlan(meta["lease"], meta["relation"], meta["relation_id"], tail.schema, meta["key_columns"],
+        held_raw = metadata.pop(HELD_METADATA_KEY, None)
+        held = json.loads(held_raw) if held_raw is not None else None
+        schema = schema_from_b64(held.pop("update_schema")) if held is not None else body.schema
+        tail = schema.empty_table() if held is not None else body.replace_schema_metadata(metadata or None)
+        plan = ReadPlan(meta["lease"], meta["relation"], meta["relation_id"], tail.schema, meta["key_columns"],
                         meta["since"], meta["sealed"], meta["as_of"], meta["blob_uri"], meta["s3_endpoint"],
                         meta["batches"], tail)
+        return plan, held, (body.column("cut").combine_chunks() if held is not None else None)
+
+    def tail_part(self, name: str, lease: int, *, key: str | None = None, cuts: pa.Array | None = None,
+                  index: int | None = None, start: int | None = None, stop: int | None = None) -> pa.Table:
+        """Rows of the WAL tail the coordinator holds for read lease ``lease``
+        (:meth:`plan_read_held`): key range ``index`` of ``cuts`` on column ``key``, or rows
+        [start, stop), or all of them."""
+        ticket = self._ticket(op="tail_part", relation=name, lease=lease, key=key, index=index, start=start,
+                              stop=stop, cuts=encode_cuts(cuts) if cuts is not None and len(cuts) else None)
+        with self._remote():
+            return self._flight.do_get(ticket, options=self._options).read_all()
 
     def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> RemoteSubscription:
         """A feed of the relation's changes (see :meth:`sediment.Engine.subscribe`)."""

@@ -35,6 +35,7 @@ from sediment import errors
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net.append_stream import serve_append_stream
+from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_METADATA_KEY,
@@ -131,6 +132,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._txns = TxnRegistry(engine.transaction, txn_idle_timeout, clock)
         self._reaper_stop = threading.Event()
         self._stages: dict[str, dict[str, list[pa.Table]]] = {}
+        self._held_tails = HeldTails()  # plans' WAL-tail rows kept for readers' tail_part calls
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._subs: set[Any] = set()
@@ -178,7 +180,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             "txn_state": (lambda a: self._txns.state(field(a, "txn", "txn_state")), "a transaction's state {txn}"),
             "append_many": (self._append_many, "append the staged tables atomically {stage}"),
             "discard_stage": (self._discard_stage, "forget staged tables {stage}"),
-            "release_read": (named(eng.release_read, "release_read", "lease"), "end a read plan's lease {lease}"),
+            "release_read": (self._release_read, "end a read plan's lease {lease}"),
         }
 
     @property
@@ -192,6 +194,11 @@ class SedimentFlightServer(flight.FlightServerBase):
     def _add_relation(self, args: dict[str, Any]) -> None:
         schema = schema_from_b64(field(args, "schema", "add_relation"))
         self.engine.add_relation(field(args, "name", "add_relation"), schema)
+
+    def _release_read(self, args: dict[str, Any]) -> None:
+        lease = field(args, "lease", "release_read")
+        self.engine.release_read(lease)
+        self._held_tails.release(lease)
 
     def _commit_all(self, args: dict[str, Any]) -> list[str]:
         ids = field(args, "txns", "commit_all")
@@ -354,7 +361,9 @@ class SedimentFlightServer(flight.FlightServerBase):
                 return self._plan_stream(name, args)
             if op == "subscribe":
                 return self._subscribe(name, args, context)
-            raise ValueError(f"unknown do_get op {op!r}: use 'snapshot', 'replay', 'plan' or 'subscribe'")
+            if op == "tail_part":
+                return flight.RecordBatchStream(serve_tail_part(self._held_tails, name, args))
+            raise ValueError(f"unknown do_get op {op!r}: use 'snapshot', 'replay', 'plan', 'tail_part' or 'subscribe'")
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
 
@@ -392,8 +401,9 @@ class SedimentFlightServer(flight.FlightServerBase):
         plan = self.engine.plan_read(name, field(args, "as_of", "plan ticket"), from_t=args.get("from"),
                                      lease_seconds=float(args.get("lease_seconds", 600.0)))
         try:
-            tail = plan.tail.replace_schema_metadata({**(plan.tail.schema.metadata or {}),
-                                                      PLAN_METADATA_KEY: plan_metadata(plan)})
+            body, extra = serve_hold(self._held_tails, plan, args)  # the tail rows, or held and quantiles
+            tail = body.replace_schema_metadata({**(body.schema.metadata or {}), **extra,
+                                                 PLAN_METADATA_KEY: plan_metadata(plan)})
             return flight.RecordBatchStream(tail)
         except BaseException:
             self.engine.release_read(plan.lease)

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from sediment.net import held_tails
 from sediment.spark_jobs import pushdown
 from sediment.spark_jobs.errors import short_traceback
 from sediment.spark_jobs.options import (
@@ -104,17 +105,46 @@ class ReadSpec:
         return cls(info.relation_id, info.as_of, info.from_t, info.blob_uri, info.s3_endpoint, mode, keys, (), ())
 
 
+@dataclass(frozen=True)
+class HeldTail:
+    """A WAL tail the coordinator keeps for the plan's lease (``plan_read_held``): tasks fetch
+    their parts of it themselves, so its rows never pass through the driver."""
+
+    relation: str
+    lease: int
+    rows: int
+    parts: int
+    key: str | None
+    cuts: tuple[Any, ...]  # the coordinator's quantiles of ``key``, for a read with no batch statistics
+
+
+@dataclass(frozen=True)
+class TailFetch:
+    """Which part of a held tail a task reads: key range ``index`` of ``cuts`` on ``key``, or
+    rows [start, stop), or (all None) all of it."""
+
+    relation: str
+    lease: int
+    key: str | None = None
+    cuts: Any = None  # pa.Array of the key's type
+    index: int | None = None
+    start: int | None = None
+    stop: int | None = None
+
+
 class ScanPartition(InputPartition):
-    """One task's share: row groups of stored batches and WAL-tail rows (Arrow IPC bytes),
-    with the index of its key range (None: no range, a raw read)."""
+    """One task's share: row groups of stored batches and WAL-tail rows (Arrow IPC bytes, or a
+    part of a tail held on the coordinator), with the index of its key range (None: no
+    range, a raw read)."""
 
     def __init__(self, spec: ReadSpec, groups: list[tuple[dict, list[int]]], tail: bytes, index: int | None,
-                 seq: int = 0) -> None:
-        super().__init__((seq, index, sum(len(g) for _, g in groups), len(tail)))
+                 seq: int = 0, fetch: TailFetch | None = None) -> None:
+        super().__init__((seq, index, sum(len(g) for _, g in groups), len(tail), fetch is not None))
         self.spec = spec
         self.groups = groups
         self.tail = tail
         self.index = index
+        self.fetch = fetch
 
 
 def ipc_bytes(table: pa.Table) -> bytes:
@@ -257,26 +287,14 @@ def meets(g: GroupStats, cuts: Sequence[Any], index: int) -> bool:
 
 
 def range_index(column: pa.ChunkedArray | pa.Array, cuts: Sequence[Any]) -> pa.Array:
-    """Each value's range: how many cut points are <= it (nulls: 0)."""
-    idx = pa.array([0] * len(column), pa.int32()) if len(column) else pa.array([], pa.int32())
-    for cut in cuts:
-        ge = pc.fill_null(pc.greater_equal(column, pa.scalar(cut).cast(column.type)), False)
-        idx = pc.add(idx, pc.cast(ge, pa.int32()))
-    return idx
+    """Each value's range: how many cut points are <= it (nulls: 0). The coordinator cuts held
+    WAL tails with the same function."""
+    return held_tails.range_index(column, cuts)
 
 
 def quantile_cuts(column: pa.ChunkedArray, parts: int) -> list[Any]:
     """Cut points splitting a column's non-null values into about ``parts`` equal ranges."""
-    values = pc.drop_null(column)
-    if parts <= 1 or len(values) == 0:
-        return []
-    ordered = pc.sort_indices(values)
-    cuts: list[Any] = []
-    for k in range(1, parts):
-        v = values[ordered[k * len(values) // parts].as_py()].as_py()
-        if not cuts or v > cuts[-1]:
-            cuts.append(v)
-    return cuts
+    return held_tails.quantile_cuts(column, parts).to_pylist()
 
 
 # --- the reader -----------------------------------------------------------------------------
@@ -289,18 +307,30 @@ def mode_of(options: Any) -> str:
     return "changes" if int_option(options, "from") is not None else "snapshot"
 
 
-def plan_relation(options: Any) -> tuple[PlanInfo, pa.Table]:
+def plan_relation(options: Any, *, hold: bool = True) -> tuple[PlanInfo, pa.Table, HeldTail | None]:
     """Ask the coordinator for a read plan (asOf default: the sealed frontier; from;
-    lease_seconds); returns the plan and its WAL-tail rows."""
+    lease_seconds); returns the plan, its WAL-tail rows when they came with it, and (with
+    ``hold``) the held tail when the coordinator kept them (more than one task's worth)."""
     relation = required(options, "relation")
     from_t = int_option(options, "from")
     lease = float(options.get("lease_seconds") or DEFAULT_LEASE_SECONDS)
+    split_rows = int_option(options, "split_rows", SPLIT_ROWS) or SPLIT_ROWS
     with connect(options) as client:
         as_of = as_of_option(options)
         if as_of is None:
             as_of = client.sealed(relation)
-        plan = client.plan_read(relation, as_of, from_t=from_t, lease_seconds=lease)
-    return PlanInfo.of(plan, from_t), plan.tail
+        plan, held, cuts = client.plan_read_held(relation, as_of, from_t=from_t, lease_seconds=lease,
+                                                 part_rows=min(split_rows, TAIL_SPLIT_ROWS) if hold else None,
+                                                 max_parts=MAX_TAIL_PARTS)
+    return PlanInfo.of(plan, from_t), plan.tail, held_tail(relation, plan.lease, held, cuts)
+
+
+def held_tail(relation: str, lease: int, held: dict[str, Any] | None, cuts: pa.Array | None) -> HeldTail | None:
+    """What ``Client.plan_read_held`` said about a held tail, as the planner keeps it."""
+    if held is None:
+        return None
+    return HeldTail(relation, lease, held["rows"], held["parts"], held["key"],
+                    tuple(cuts.to_pylist()) if cuts is not None else ())
 
 
 class SedimentReader(DataSourceReader):
@@ -317,20 +347,21 @@ class SedimentReader(DataSourceReader):
     @short_traceback
     def partitions(self) -> list[InputPartition]:
         given = self.options.get("plan")
+        held = None
         if given:  # planned on the driver by open_relation: the tail travels in an option
             info = PlanInfo.from_json(given)
             tail_b64 = self.options.get("plan_tail") or ""
             tail = from_ipc(base64.b64decode(tail_b64)) if tail_b64 else info.update_schema.empty_table()
         else:
-            info, tail = plan_relation(self.options)
+            info, tail, held = plan_relation(self.options)
         return plan_partitions(info, tail, mode_of(self.options), self.filters,
                                int_option(self.options, "split_rows", SPLIT_ROWS) or SPLIT_ROWS,
-                               credentials_of(self.options))
+                               credentials_of(self.options), held)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, ScanPartition):
             return  # Spark's placeholder partition for a plan with none
-        yield from read_partition(partition, arrow_schema(self.schema))
+        yield from read_partition(partition, arrow_schema(self.schema), self.options)
 
 
 class SedimentPushdownReader(SedimentReader):
@@ -366,9 +397,11 @@ def pushdown_enabled() -> bool:
 
 
 def plan_partitions(info: PlanInfo, tail: pa.Table, mode: str, filters: Sequence[pushdown.Pushed],
-                    split_rows: int, credentials: tuple[tuple[str, str], ...] = ()) -> list[InputPartition]:
+                    split_rows: int, credentials: tuple[tuple[str, str], ...] = (),
+                    held: HeldTail | None = None) -> list[InputPartition]:
     """The read's tasks: row groups the filters and times cannot rule out, cut into key ranges
-    (consolidated reads) or runs of about ``split_rows`` rows (raw reads), plus the tail."""
+    (consolidated reads) or runs of about ``split_rows`` rows (raw reads), plus the tail: its
+    rows in the tasks, or with ``held`` which part of the coordinator's copy each task fetches."""
     keys = [n for n in info.update_schema.names if n not in (TIME, DIFF)]
     key_columns = tuple(info.key_columns or keys)
     base = ReadSpec(info.relation_id, info.as_of, info.from_t, info.blob_uri, info.s3_endpoint, mode,
@@ -382,10 +415,12 @@ def plan_partitions(info: PlanInfo, tail: pa.Table, mode: str, filters: Sequence
     if filters and tail.num_rows:
         tail = pushdown.apply(tail, filters)
     if mode == "raw":
-        return _raw_partitions(base, refs, groups, tail, split_rows)
+        return _raw_partitions(base, refs, groups, tail, split_rows, held)
     first_type = info.update_schema.field(key_columns[0]).type if key_columns else None
     if first_type is None or pa.types.is_floating(first_type):
         cuts: list[Any] = []
+    elif held is not None:  # the held tail's quantiles with the batches' cuts: both spread over tasks
+        cuts = sorted({*(boundaries(groups, split_rows) if groups else ()), *held.cuts})
     elif groups:
         cuts = boundaries(groups, split_rows)
     else:
@@ -393,12 +428,16 @@ def plan_partitions(info: PlanInfo, tail: pa.Table, mode: str, filters: Sequence
         cuts = quantile_cuts(tail.column(key_columns[0]), parts)
     spec = ReadSpec(**{**base.__dict__, "boundaries": tuple(cuts)})
     tail_idx = range_index(tail.column(key_columns[0]), cuts) if cuts and tail.num_rows else None
+    cut_array = pa.array(cuts, first_type) if held is not None and cuts else None
     out: list[InputPartition] = []
     for i in range(len(cuts) + 1):
         mine = [g for g in groups if not cuts or meets(g, cuts, i)]
         piece = tail if tail_idx is None else tail.filter(pc.equal(tail_idx, i))
-        if mine or piece.num_rows:
-            out.append(ScanPartition(spec, _by_batch(refs, mine), ipc_bytes(piece), i if cuts else None, len(out)))
+        fetch = None if held is None else TailFetch(held.relation, held.lease, key_columns[0], cut_array,
+                                                    i if cuts else None)
+        if mine or piece.num_rows or fetch is not None:
+            out.append(ScanPartition(spec, _by_batch(refs, mine), ipc_bytes(piece), i if cuts else None, len(out),
+                                     fetch))
     return out
 
 
@@ -410,7 +449,7 @@ def _by_batch(refs: list[dict], groups: Sequence[GroupStats]) -> list[tuple[dict
 
 
 def _raw_partitions(spec: ReadSpec, refs: list[dict], groups: list[GroupStats], tail: pa.Table,
-                    split_rows: int) -> list[InputPartition]:
+                    split_rows: int, held: HeldTail | None = None) -> list[InputPartition]:
     out: list[InputPartition] = []
     run: list[GroupStats] = []
     rows = 0
@@ -422,6 +461,12 @@ def _raw_partitions(spec: ReadSpec, refs: list[dict], groups: list[GroupStats], 
         rows += g.rows
     if run:
         out.append(ScanPartition(spec, _by_batch(refs, run), b"", None, len(out)))
+    if held is not None:  # each task fetches its slice of the held rows
+        step = -(-held.rows // held.parts)
+        for i in range(0, held.rows, step):
+            out.append(ScanPartition(spec, [], b"", None, len(out), TailFetch(held.relation, held.lease,
+                                                                               start=i, stop=i + step)))
+        return out
     step = max(min(split_rows, TAIL_SPLIT_ROWS), -(-tail.num_rows // MAX_TAIL_PARTS))
     for i in range(0, tail.num_rows, step):
         out.append(ScanPartition(spec, [], ipc_bytes(tail.slice(i, step)), None, len(out)))
@@ -448,7 +493,14 @@ def _keep(table: pa.Table, spec: ReadSpec, index: int | None, *, check_range: bo
     return table
 
 
-def read_partition(partition: ScanPartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
+def fetch_tail(fetch: TailFetch, options: Any) -> pa.Table:
+    """A task's part of a tail held on the coordinator, fetched by the task itself."""
+    with connect(options) as client:
+        return client.tail_part(fetch.relation, fetch.lease, key=fetch.key, cuts=fetch.cuts, index=fetch.index,
+                                start=fetch.start, stop=fetch.stop)
+
+
+def read_partition(partition: ScanPartition, target: pa.Schema, options: Any = None) -> Iterator[pa.RecordBatch]:
     """A task's rows: raw updates streamed row group by row group, or its range consolidated."""
     from sediment.trace.batch import read_row_group
 
@@ -462,12 +514,15 @@ def read_partition(partition: ScanPartition, target: pa.Schema) -> Iterator[pa.R
                 yield from conform(table, target).to_batches()
             elif table.num_rows:
                 pieces.append(table)
-    if partition.tail:
-        table = _keep(from_ipc(partition.tail), spec, partition.index, check_range=False)
+    fetch = getattr(partition, "fetch", None)
+    if partition.tail or fetch is not None:
+        rows = from_ipc(partition.tail) if partition.tail else fetch_tail(fetch, options)
+        table = _keep(rows, spec, partition.index, check_range=False)
         if spec.mode == "raw":
             yield from conform(table, target).to_batches()
             return
-        pieces.append(table)
+        if table.num_rows:
+            pieces.append(table)
     if spec.mode == "raw" or not pieces:
         return
     from sediment.trace.consolidate import changes, snapshot

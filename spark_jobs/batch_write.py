@@ -37,7 +37,6 @@ from sediment.spark_jobs.options import (
     TIME,
     bool_option,
     check_options,
-    conform,
     connect,
     int_option,
     required,
@@ -107,18 +106,30 @@ class WriterBase:
         rel = schema_from_b64(self.schema_b64)
         return pa.schema([*rel, pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())])
 
-    def _updates(self, batch: pa.RecordBatch, target: pa.Schema, time: int | None) -> pa.Table:
-        table = pa.Table.from_batches([batch])
-        n = table.num_rows
-        if TIME not in table.column_names:
-            table = table.append_column(TIME, pa.repeat(pa.scalar(time, pa.int64()), n))
-        if DIFF not in table.column_names:
-            table = table.append_column(DIFF, pa.repeat(pa.scalar(1 if self.diff is None else self.diff,
-                                                                  pa.int64()), n))
-        elif table.column(DIFF).null_count:
-            i = table.column_names.index(DIFF)
-            table = table.set_column(i, DIFF, pc.fill_null(table.column(DIFF), pa.scalar(1, table.column(DIFF).type)))
-        return conform(table, target)
+    def _updates(self, batch: pa.RecordBatch, target: pa.Schema, time: int | None) -> pa.RecordBatch:
+        """The batch as the relation's updates, column by column: Spark's columns are taken
+        as they are (cast only where the type differs, not for nullability alone), time and
+        diff filled from slices of one constant array, so a batch costs no copy of its data."""
+        n = batch.num_rows
+        names = batch.schema.names
+        columns = []
+        for field in target:
+            if field.name in names:
+                column = batch.column(names.index(field.name))
+                if field.name == DIFF and column.null_count:
+                    column = pc.fill_null(column, pa.scalar(1, column.type))
+                columns.append(column if column.type == field.type else column.cast(field.type))
+            else:
+                columns.append(self._constant(field.name, time if field.name == TIME else
+                                              (1 if self.diff is None else self.diff), n))
+        return pa.RecordBatch.from_arrays(columns, schema=target)
+
+    def _constant(self, name: str, value: int | None, n: int) -> pa.Array:
+        cache = self.__dict__.setdefault("_constants", {})
+        held = cache.get(name)
+        if held is None or held[0] != value or len(held[1]) < n:
+            held = cache[name] = (value, pa.repeat(pa.scalar(value, pa.int64()), max(n, 1 << 16)))
+        return held[1].slice(0, n)
 
     def _write(self, iterator: Iterator[pa.RecordBatch], group: str, time: int | None) -> SedimentCommitMessage:
         from pyspark import TaskContext
@@ -126,7 +137,7 @@ class WriterBase:
         ctx = TaskContext.get()
         target = self._update_schema()
         message = SedimentCommitMessage(partition=ctx.partitionId() if ctx is not None else None)
-        pending: list[pa.Table] = []
+        pending: list[pa.RecordBatch] = []
         pending_rows = pending_bytes = 0
         in_flight: Future | None = None  # one append travels while the next one is gathered
         with connect(self.uri, self.token) as client, ThreadPoolExecutor(1, "sediment-append") as sender:
@@ -136,7 +147,7 @@ class WriterBase:
                 nonlocal pending, pending_rows, pending_bytes, tx, in_flight
                 if not pending:
                     return
-                table = pa.concat_tables(pending)
+                table = pa.Table.from_batches(pending, schema=target)
                 lo, hi = pc.min_max(table.column(TIME)).values()
                 if tx is None:  # one transaction per attempt: a retry's rows never mix with its
                     tx = client.transaction(group=group)  # predecessor's

@@ -59,6 +59,7 @@ from sediment.spark_jobs.options import (  # noqa: F401 - re-exported names
     DEFAULT_LEASE_SECONDS,
     DIFF,
     FORMAT,
+    STREAM_MARK,
     STREAM_READ,
     TIME,
     TOKEN_ENV,
@@ -182,6 +183,40 @@ def register(spark: SparkSession) -> None:
     It also turns on PySpark's filter pushdown for Python data sources (off by default)."""
     spark.dataSource.register(SedimentDataSource)
     spark.conf.set(PUSHDOWN_CONF, "true")
+    _mark_stream_reads()
+
+
+def _mark_stream_reads() -> None:
+    """Make ``spark.readStream.format("sediment")...load()`` add the option ``readStream``.
+
+    Why: Spark asks a Python data source for its schema in a worker that is not told whether
+    a stream or a batch read wants it (``create_data_source`` receives the format, the
+    options and a user schema only), and a stream reads columns + time + diff where a batch
+    ``load()`` reads columns + diff. Without a stream option (``startingAsOf``,
+    ``maxTimesPerTrigger``) the two are indistinguishable, so the driver's own
+    ``DataStreamReader`` says so. Idempotent; the stream reader names ``startingAsOf`` in
+    its error where this hook did not run (a session that found the source by itself)."""
+    from pyspark.sql.streaming.readwriter import DataStreamReader
+
+    if getattr(DataStreamReader, "_sediment_marks_streams", False):
+        return
+    plain_format, plain_load = DataStreamReader.format, DataStreamReader.load
+
+    def format(self: Any, source: str) -> Any:  # noqa: A001 - PySpark's name
+        self._sediment_format = str(source).lower()
+        return plain_format(self, source)
+
+    def load(self: Any, path: str | None = None, format: str | None = None,  # noqa: A002 - PySpark's name
+             schema: Any = None, **options: Any) -> Any:
+        if format is not None:
+            self.format(format)
+        if getattr(self, "_sediment_format", None) == FORMAT:
+            self.option(STREAM_MARK, "true")
+        return plain_load(self, path, None, schema, **options)
+
+    format.__doc__, load.__doc__ = plain_format.__doc__, plain_load.__doc__
+    DataStreamReader.format, DataStreamReader.load = format, load
+    DataStreamReader._sediment_marks_streams = True
 
 
 # --- consolidation in Spark (of raw updates) ------------------------------------------------
@@ -233,7 +268,7 @@ def open_relation(spark: SparkSession, uri: str, relation: str, as_of: int, from
     options = {"uri": uri, "token": token, "relation": relation, "as_of": as_of, "lease_seconds": lease_seconds}
     if from_t is not None:
         options["from"] = from_t
-    info, tail = plan_relation(options)
+    info, tail, _ = plan_relation(options, hold=False)
     try:
         tail_b64 = base64.b64encode(ipc_bytes(tail)).decode("ascii") if tail.num_rows else ""
         reader = _reader(spark, uri, relation, token).option("plan", info.to_json()).option("plan_tail", tail_b64)

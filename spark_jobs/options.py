@@ -40,6 +40,7 @@ FORMAT = "sediment"
 TIME = "time"
 DIFF = "diff"
 DEFAULT_LEASE_SECONDS = 3600.0
+STREAM_MARK = "readstream"  # the option register()'s readStream hook adds: schema() cannot tell otherwise
 TOKEN_ENV = "SEDIMENT_TOKEN"  # as sediment.net.protocol.TOKEN_ENV, without importing Flight here
 
 CONNECTION = {"uri": "the coordinator, grpc://HOST:PORT", "token": "the coordinator's token",
@@ -52,7 +53,8 @@ BATCH_WRITE = {"time": "the time of every row (else a time column)", "diff": "th
                "seal": "true: seal the time written once the job commits",
                "batch_rows": "rows a task gathers per append"}
 STREAM_READ = {"startingasof": "earliest | latest | a time: the first micro-batch's snapshot",
-               "maxtimespertrigger": "at most this many sealed times per micro-batch"}
+               "maxtimespertrigger": "at most this many sealed times per micro-batch",
+               STREAM_MARK: "internal: set by readStream in sessions where register() ran"}
 STREAM_WRITE = {"checkpointlocation": "Spark's checkpoint directory (the sink's progress lives in sediment)",
                 "queryname": "as Spark's"}
 CREDENTIALS = {"aws_access_key_id": "S3 credentials for the executors' and planner's reads of batches",

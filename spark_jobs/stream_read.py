@@ -15,8 +15,10 @@ consolidated changes at times in (a.time, b.time], each row with its ``time`` an
 * ``trigger(availableNow=True)``: reads up to the sealed frontier as of the query's start.
 
 Spark asks a data source for its schema without saying whether a stream or a batch read
-wants it, and a batch ``load()`` is columns + diff; so a stream read names one of its own
-options (``startingAsOf`` or ``maxTimesPerTrigger``), and the source then gives columns +
+wants it, and a batch ``load()`` is columns + diff; so in sessions where
+``sediment.spark_jobs.register(spark)`` ran, ``readStream`` adds the internal option
+``readStream`` (datasource.py ``_mark_stream_reads``), and elsewhere a stream read names one of
+its own options (``startingAsOf`` or ``maxTimesPerTrigger``); the source then gives columns +
 time + diff. Each micro-batch's read plan holds a lease, released when Spark commits the batch.
 """
 
@@ -32,10 +34,13 @@ from pyspark.sql.types import StructType
 
 from sediment.errors import AsOfOutOfRange, InvalidArgument
 from sediment.spark_jobs.batch_read import (
+    MAX_TAIL_PARTS,
     SPLIT_ROWS,
+    TAIL_SPLIT_ROWS,
     PlanInfo,
     ScanPartition,
     credentials_of,
+    held_tail,
     plan_partitions,
     read_partition,
 )
@@ -81,8 +86,9 @@ class SedimentStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         check_options(options, refused=("asof", "as_of", "from", "raw", "plan", "plan_tail"),
                       what="reading a stream (use startingAsOf)")
         if TIME not in schema.names:
-            raise InvalidArgument("a stream read of sediment needs option('startingAsOf', 'latest' | 'earliest' | t): "
-                                  "Spark does not tell a data source's schema() whether a stream or a batch asks")
+            raise InvalidArgument("this session did not run sediment.spark_jobs.register(spark), so a stream read of "
+                                  "sediment needs option('startingAsOf', 'latest' | 'earliest' | t): Spark does not "
+                                  "tell a data source's schema() whether a stream or a batch asks")
         self.options = options
         self.schema = schema
         self.relation = required(options, "relation")
@@ -129,20 +135,26 @@ class SedimentStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         credentials = credentials_of(self.options)
         with connect(self.options) as client:
             if start.get("snapshot") and a >= 0:
-                plan = client.plan_read(self.relation, a, lease_seconds=self.lease_seconds)
-                self.leases.append((b, plan.lease))
-                out += plan_partitions(PlanInfo.of(plan, None), plan.tail, "snapshot", [], self.split_rows, credentials)
+                out += self._plan(client, a, None, "snapshot", b, credentials)
             if b > a:
                 frm = a if a >= 0 else None  # a relation never sealed when the query started: all of it
-                plan = client.plan_read(self.relation, b, from_t=frm, lease_seconds=self.lease_seconds)
-                self.leases.append((b, plan.lease))
-                out += plan_partitions(PlanInfo.of(plan, frm), plan.tail, "changes", [], self.split_rows,
-                                       credentials)
+                out += self._plan(client, b, frm, "changes", b, credentials)
         return out
+
+    def _plan(self, client: Any, as_of: int, frm: int | None, mode: str, end: int,
+              credentials: tuple[tuple[str, str], ...]) -> list[InputPartition]:
+        """One leased plan's partitions; a large WAL tail stays on the coordinator and the
+        tasks fetch their parts (as batch reads do)."""
+        plan, held, cuts = client.plan_read_held(self.relation, as_of, from_t=frm, lease_seconds=self.lease_seconds,
+                                                 part_rows=min(self.split_rows, TAIL_SPLIT_ROWS),
+                                                 max_parts=MAX_TAIL_PARTS)
+        self.leases.append((end, plan.lease))
+        return plan_partitions(PlanInfo.of(plan, frm), plan.tail, mode, [], self.split_rows, credentials,
+                               held_tail(self.relation, plan.lease, held, cuts))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, ScanPartition):
-            yield from read_partition(partition, arrow_schema(self.schema))
+            yield from read_partition(partition, arrow_schema(self.schema), self.options)
 
     def commit(self, end: dict) -> None:
         self._release(int(end["time"]))

@@ -20,7 +20,9 @@ pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install
 from fixtures_spark import append_updates  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
+from sediment import spark_jobs  # noqa: E402
 from sediment.errors import AsOfOutOfRange, InvalidArgument  # noqa: E402
+from sediment.spark_jobs import batch_read  # noqa: E402
 from sediment.spark_jobs import datasource as ds  # noqa: E402
 from sediment.spark_jobs.errors import sediment_error, sediment_errors  # noqa: E402
 
@@ -158,7 +160,7 @@ def test_sql_table_select_insert_and_temporary_view(spark, coordinator):
         spark.sql("DROP VIEW IF EXISTS orders_then")
 
 
-def test_pushed_filters_skip_row_groups_keep_exact_results_and_show_in_explain(spark, coordinator):
+def test_pushed_filters_skip_row_groups_keep_exact_results_and_show_in_explain(spark, coordinator, capsys):
     c = coordinator()
     c.engine.add_relation("orders", SCHEMA)
     n = 200_000
@@ -190,8 +192,16 @@ def test_pushed_filters_skip_row_groups_keep_exact_results_and_show_in_explain(s
     assert narrow.rdd.getNumPartitions() < full.rdd.getNumPartitions()  # row groups ruled out by statistics
     plan = narrow._jdf.queryExecution().executedPlan().toString()
     assert "BatchScan sediment" in plan and "Filter (" not in plan, plan  # the source took the filter
+    capsys.readouterr()
+    narrow.explain("formatted")  # where Spark shows what a Python source took: the scan's metadata
+    shown = capsys.readouterr().out
+    assert "BatchScan sediment" in shown and "LessThan(id,1000)" in shown.split("PushedFilters: [", 1)[1], shown
+    assert "LessThan(id,1000)" in spark_jobs.pushed_filters(narrow)
+    two = full.where("item IS NULL AND id IN (5, 6)")
+    assert {"IsNull(item)", "In(id, [5,6])"} <= set(spark_jobs.pushed_filters(two)), spark_jobs.pushed_filters(two)
     kept = load(spark, c).where(F.col("diff") > 0)  # diff is known only after consolidation: Spark filters
     assert "Filter (" in kept._jdf.queryExecution().executedPlan().toString()
+    assert not any("diff" in f for f in spark_jobs.pushed_filters(kept)), spark_jobs.pushed_filters(kept)
     assert kept.count() == sum(1 for d in want.values() if d > 0)
 
 
@@ -209,7 +219,15 @@ def test_the_wal_tail_is_split_by_key_range_across_tasks(spark, coordinator):
     assert df.rdd.getNumPartitions() >= 3
     got = df.groupBy("diff").count().collect()
     assert {r["diff"]: r["count"] for r in got} == {2: 50_000, 1: 100_000}  # repeats consolidated across tasks
-    assert load(spark, c, raw="true").rdd.getNumPartitions() >= 3
+    raw = load(spark, c, raw="true")
+    assert raw.rdd.getNumPartitions() >= 3
+    assert raw.groupBy("time", "diff").count().collect() == [(1, 1, n)]
+    assert c.server._held_tails.leases()  # the rows stayed on the coordinator for the plans' leases
+    for mode in ({}, {"raw": "true"}):  # the plan the driver's planning worker makes carries no tail rows
+        options = {**c.options("orders"), **mode}
+        parts = batch_read.SedimentReader(options, load(spark, c, **mode).schema, "").partitions()
+        assert len(parts) >= 3 and all(p.tail == b"" and p.fetch is not None for p in parts), mode
+        assert sum(len(batch_read.fetch_tail(p.fetch, options)) for p in parts) == n  # each row in one part
 
 
 @pytest.mark.slow

@@ -119,12 +119,16 @@ def test_stream_read_starting_points_and_refusals(spark, coordinator, tmp_path):
     append(c, updates)
     c.engine.seal("orders", 2)
     for start, want in (("earliest", {0: snapshot_at(updates, 0), 1: changes(updates, 0, 2)}),
-                        ("latest", {0: snapshot_at(updates, 2)})):
+                        ("latest", {0: snapshot_at(updates, 2)}),
+                        (None, {0: snapshot_at(updates, 2)})):  # no option at all: latest, with time
         sink = Batches()
-        q = (stream(spark, c, startingAsOf=start).writeStream.foreachBatch(sink)
-             .option("checkpointLocation", str(tmp_path / start)).trigger(availableNow=True).start())
+        df = stream(spark, c, **({} if start is None else {"startingAsOf": start}))
+        assert df.columns == ["id", "item", "time", "diff"], (start, df.columns)
+        q = (df.writeStream.foreachBatch(sink)
+             .option("checkpointLocation", str(tmp_path / str(start))).trigger(availableNow=True).start())
         q.awaitTermination()
         assert {b: r for b, r in sink.got.items() if r or b == 0} == want, start
+    assert spark.read.format("sediment").options(**c.options("orders")).load().columns == ["id", "item", "diff"]
     c.engine.add_relation("fresh", SCHEMA)  # never sealed when the query starts: no snapshot, then everything
     sink = Batches()
     q = (stream(spark, c, "fresh", startingAsOf="latest").writeStream.foreachBatch(sink)
@@ -235,3 +239,35 @@ def test_stream_sink_killed_with_sigkill_and_restarted_writes_each_row_once(coor
         got[r[:2]] += r[2]
     assert got == Counter({(100 * k + i, f"i{k}"): 1 for k in range(files) for i in range(50)})  # once each
     assert sealed == files  # one time per file (micro-batch), none skipped or repeated
+
+
+class Shapes:
+    """A foreachBatch function that records each micro-batch's task count and its rows' totals."""
+
+    def __init__(self) -> None:
+        self.got: dict[int, tuple[int, Counter]] = {}
+
+    def __call__(self, df, batch_id: int) -> None:
+        totals = Counter({(r["time"], r["diff"]): r["count"] for r in df.groupBy("time", "diff").count().collect()})
+        self.got[batch_id] = (df.rdd.getNumPartitions(), totals)
+
+
+def test_a_stream_reads_a_large_wal_tail_in_parallel_tasks(spark, coordinator, tmp_path):
+    c = coordinator(compact_interval=None)  # compaction runs when a WAL segment fills, so the tail stays
+    c.engine.add_relation("orders", SCHEMA)
+    n = 150_000
+    c.engine.append("orders", pa.table({"id": pa.array([i % 100_000 for i in range(n)], pa.int64()),
+                                        "item": pa.repeat(pa.scalar("x"), n),
+                                        "time": pa.repeat(pa.scalar(1, pa.int64()), n),
+                                        "diff": pa.repeat(pa.scalar(1, pa.int64()), n)}))
+    c.engine.seal("orders", 1)
+    assert c.engine.trace_info("orders")["batches"] == 0
+    sink = Shapes()
+    q = (stream(spark, c, startingAsOf="earliest").writeStream.foreachBatch(sink)
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    q.awaitTermination()
+    tasks, totals = sink.got[1]  # batch 0 is the (empty) snapshot at since 0; batch 1 the changes in (0, 1]
+    assert totals == Counter({(1, 2): 50_000, (1, 1): 50_000})  # repeats consolidated across the tasks
+    assert tasks >= 3
+    held = c.server._held_tails.leases()
+    assert set(held) <= set(c.engine._readers.leases), (held, c.engine._readers.leases)  # rows only for live leases

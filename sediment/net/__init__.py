@@ -25,7 +25,17 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   ``{"op": "plan", "relation": NAME, "as_of": T, "from": T|null, "lease_seconds": S}``
   streams the read plan's WAL-tail rows; the stream's schema is the update schema and
   its metadata key ``sediment.plan`` holds the rest of the plan as JSON (lease, relation,
-  relation_id, key_columns, since, sealed, as_of, blob_uri, s3_endpoint, batches);
+  relation_id, key_columns, since, sealed, as_of, blob_uri, s3_endpoint, batches). With
+  ``"hold_tail": {"part_rows": N, "max_parts": M}`` a tail of more than one part (N rows a
+  part, at most M parts) that fits the server's bound stays on the server for the lease
+  instead: the stream's one column ``cut`` holds the quantile cuts of the first key column
+  into that many parts and the metadata key ``sediment.held_tail`` holds ``{"rows", "parts",
+  "key", "update_schema"}`` (see :mod:`sediment.net.held_tails`);
+  ``{"op": "tail_part", "relation": NAME, "lease": L, "key": COLUMN|null, "cuts": B64|null,
+  "index": I|null, "start": S|null, "stop": S|null}`` streams part of the tail held for lease
+  L: the rows whose ``key`` falls in range I of ``cuts`` (base64 Arrow IPC of one column
+  ``cut``; nulls in range 0), or rows [start, stop), or all; the lease's end (release_read
+  or expiry) drops the rows, and a later call is refused with InvalidArgument;
   ``{"op": "subscribe", "relation": NAME, "as_of": T|null, "resume": BOOL}`` streams
   ``Engine.subscribe``'s events as batches of the update schema, each with app metadata
   ``{"kind": "snapshot"|"updates"|"progress", "time": T, "last": BOOL}`` (an event may span
