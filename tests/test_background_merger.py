@@ -1,0 +1,136 @@
+"""Merges beside the passes (engine/merger.py): a pass never waits behind a merge, a merge
+splices its result into the trace as it is at commit, and a merge whose inputs a pass
+changed meanwhile is dropped without losing or doubling anything.
+
+The merge under test is the real one; the tests only hold it at its start with a gate (an
+event it waits on), as tests/test_replication_recovery.py holds a ZooKeeper update."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pytest
+
+import sediment
+from sediment.clock import ManualClock
+
+SCHEMA = pa.schema([("k", pa.int64())])
+GATE_TIMEOUT = 60
+
+
+def ups(keys, t):
+    return pa.table({"k": pa.array(keys, pa.int64()), "time": pa.array([t] * len(keys), pa.int64()),
+                     "diff": pa.array([1] * len(keys), pa.int64())})
+
+
+def model_of(table) -> dict[int, int]:
+    return dict(zip(table.column("k").to_pylist(), table.column("diff").to_pylist(), strict=True))
+
+
+class GatedMerges:
+    """Holds every trace merge of ``eng`` at its start until ``release``; ``started`` is
+    set once a merge waits there."""
+
+    def __init__(self, eng) -> None:
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        self._real = eng.traces.merge
+
+        def merge(*args, **kwargs):
+            self.started.set()
+            assert self.gate.wait(GATE_TIMEOUT), "the test never opened the gate"
+            return self._real(*args, **kwargs)
+
+        eng.traces.merge = merge
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+@pytest.fixture
+def eng(tmp_path):
+    e = sediment.open(str(tmp_path / "data"), clock=ManualClock(), segment_bytes=1 << 30)
+    e.add_relation("r", SCHEMA)
+    e._max_pending_runs = 2
+    yield e
+    e.close()
+
+
+def flush(eng) -> None:
+    """One compaction pass without merges, as the background compacter runs it."""
+    eng._log.finish_segment()
+    eng._compaction_pass(None, merge=False)
+
+
+def pending_keys(eng) -> list[str]:
+    return [p.key for p in eng._relations["r"].trace.pending]
+
+
+def test_a_pass_completes_while_a_merge_is_under_way_and_the_merge_splices_in_after(eng):
+    expected: dict[int, int] = {}
+    for step in range(3):  # three unsealed runs: more than max_pending_runs, so a merge is due
+        keys = list(range(step * 10, step * 10 + 10))
+        eng.append("r", ups(keys, 100 + step))
+        expected.update({k: 1 for k in keys})
+        flush(eng)
+    assert len(pending_keys(eng)) == 3
+    gated = GatedMerges(eng)
+    eng._merger.notify()
+    assert gated.started.wait(GATE_TIMEOUT)
+    # The merge holds three runs; a pass adds a fourth run meanwhile, without waiting for it.
+    eng.append("r", ups([1000, 1001], 200))
+    expected.update({1000: 1, 1001: 1})
+    done = threading.Event()
+    threading.Thread(target=lambda: (flush(eng), done.set()), daemon=True).start()
+    assert done.wait(GATE_TIMEOUT), "the pass waited behind the merge"
+    before = pending_keys(eng)
+    assert len(before) == 4
+    gated.release()
+    assert eng._merger.wait_idle(GATE_TIMEOUT)
+    after = pending_keys(eng)
+    assert len(after) < len(before) and after[-1] == before[-1], "the merge should replace the older runs only"
+    eng.seal("r", 200)
+    assert model_of(eng.snapshot("r", 200)) == expected
+    assert eng.compaction_errors() == {}
+
+
+def test_a_merge_whose_runs_a_pass_folded_meanwhile_is_dropped(eng):
+    expected: dict[int, int] = {}
+    for step in range(3):
+        keys = list(range(step * 10, step * 10 + 10))
+        eng.append("r", ups(keys, 100 + step))
+        expected.update({k: 1 for k in keys})
+        flush(eng)
+    gated = GatedMerges(eng)
+    eng._merger.notify()
+    assert gated.started.wait(GATE_TIMEOUT)
+    eng.seal("r", 150)  # every run's times are sealed now: the next pass folds them into a batch
+    flush(eng)
+    assert pending_keys(eng) == [] and eng.trace_info("r")["batches"] == 1
+    folded_trace = eng._relations["r"].trace
+    gated.release()
+    assert eng._merger.wait_idle(GATE_TIMEOUT)
+    assert eng._relations["r"].trace == folded_trace, "a merge of runs that are gone must change nothing"
+    assert model_of(eng.snapshot("r", 150)) == expected
+    eng.close()
+    reopened = sediment.open(eng.data_dir, clock=ManualClock(), segment_bytes=1 << 30)
+    try:
+        assert model_of(reopened.snapshot("r", 150)) == expected
+        assert reopened.compaction_errors() == {}
+    finally:
+        reopened.close()
+
+
+def test_compact_merges_in_line_after_waiting_for_a_background_merge(eng):
+    for step in range(3):
+        eng.append("r", ups(list(range(step * 10, step * 10 + 10)), 100 + step))
+        flush(eng)
+    gated = GatedMerges(eng)
+    eng._merger.notify()
+    assert gated.started.wait(GATE_TIMEOUT)
+    done = threading.Event()
+    threading.Thread(target=lambda: (eng.compact(), done.set()), daemon=True).start()
+    gated.release()  # compact() ran its pass, then waited for the merger's lock: no deadlock, no double merge
+    assert done.wait(GATE_TIMEOUT)
+    assert len(pending_keys(eng)) <= 2
