@@ -12,6 +12,9 @@ trimmed files pays neither. Two parts, each with its peers in the same interleav
   for ``--seconds``, durable on return, to an engine with compaction on (segments reused),
   compaction on with reuse switched off (``recycle.DEFAULT_KEEP = 0``: each trimmed segment
   deleted, each new one fallocated) and compaction off (nothing trimmed: new segments only).
+  ``--rows same`` appends one table again and again, as bench/append.py does (it consolidates
+  to 10,000 rows); ``--rows distinct`` gives every append fresh ids, so nothing consolidates
+  and every byte is compacted (and the pending runs merged) while the stream goes on.
 
 Figures are medians over the rounds with min-max; ratios are taken within a round.
 
@@ -74,7 +77,7 @@ def disk_case(root: str, written: bool, write: int, files: int = 4) -> float:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def engine_case(root: str, mode: str, seconds: float) -> dict:
+def engine_case(root: str, mode: str, seconds: float, rows: str = "same") -> dict:
     keep = recycle.DEFAULT_KEEP
     recycle.DEFAULT_KEEP = 0 if mode == "on, no reuse" else keep
     d = tempfile.mkdtemp(prefix="sed-recycle-", dir=root)
@@ -85,6 +88,8 @@ def engine_case(root: str, mode: str, seconds: float) -> dict:
         n = 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
+            if rows == "distinct":
+                table = table.set_column(0, "id", pa.array(range(n, n + table.num_rows), pa.int64()))
             eng.append("r", table)
             n += table.num_rows
         elapsed = time.perf_counter() - t0
@@ -102,6 +107,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--write-mib", type=int, default=10)
+    ap.add_argument("--rows", choices=["same", "distinct"], default="same")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -109,14 +115,14 @@ def main() -> None:
     rounds = max(3, args.rounds)
     load = os.getloadavg()[0]
     print(f"segment recycling: {rounds} rounds, {args.write_mib} MiB writes, {seconds:g} s per engine case, "
-          f"load {load:.1f}", flush=True)
+          f"{args.rows} rows, load {load:.1f}", flush=True)
     disk: dict[str, list[float]] = {"fallocated": [], "written before": []}
     eng: dict[str, list[float]] = {"on": [], "on, no reuse": [], "off": []}
     for r in range(rounds):
         for name in (list(disk) if r % 2 == 0 else list(reversed(disk))):
             disk[name].append(disk_case(args.dir, name == "written before", args.write_mib << 20))
         for mode in (list(eng) if r % 2 == 0 else list(reversed(eng))):
-            eng[mode].append(engine_case(args.dir, mode, seconds)["rows_per_s"] / 1e3)
+            eng[mode].append(engine_case(args.dir, mode, seconds, args.rows)["rows_per_s"] / 1e3)
         print(f"round {r + 1}: disk MB/s " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in disk.items())
               + "; appends k rows/s " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in eng.items()), flush=True)
     ratio_disk = [w / f for w, f in zip(disk["written before"], disk["fallocated"], strict=True)]
@@ -124,7 +130,7 @@ def main() -> None:
     ratio_noreuse = [a / b for a, b in zip(eng["on, no reuse"], eng["off"], strict=True)]
     print(f"\ndisk, {args.write_mib} MiB write + fdatasync: written-before {med(disk['written before'])} MB/s, "
           f"fallocated {med(disk['fallocated'])} MB/s; ratio {med(ratio_disk)}")
-    print(f"appends 10k x 1 KiB: compaction on {med(eng['on'])}k rows/s, on without reuse "
+    print(f"appends 10k x 1 KiB ({args.rows} rows): compaction on {med(eng['on'])}k rows/s, on without reuse "
           f"{med(eng['on, no reuse'])}k, off {med(eng['off'])}k")
     print(f"on/off {med(ratio_on)} (target >= 0.9); on without reuse / off {med(ratio_noreuse)}")
     if args.json:

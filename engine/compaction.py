@@ -155,7 +155,7 @@ class Compaction:
 
     def _merge_pass(self, names: set[str] | None = None, failed: dict[str, str] | None = None) -> None:
         """Merge pending runs and batches by the size-tiered rules, one relation at a time.
-        No engine lock is held while merging (the blobs read are pinned); each result is
+        No engine lock is held while merging (replaced blobs are kept until it ends); each result is
         spliced into the trace under the pass lock."""
         failed = {} if failed is None else failed
         with self._merge_lock:
@@ -163,13 +163,15 @@ class Compaction:
                 if self._closed:
                     return
                 rels = [r for r in self._relations.values() if names is None or r.entry.name in names]
-                self._pin()
+                self._merging += 1  # replaced blobs wait for the merge; the log trim does not
             try:
                 for rel in rels:
                     self._isolated(rel, failed, lambda rel=rel: self._merge_pending(rel))
                     self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel))
             finally:
-                self._unpin()
+                with self._lock:
+                    self._merging -= 1
+                self._collect()
 
     def _compact_relation(self, safe: int, rel: _Relation, entries: list[TailEntry], progress: list[int],
                           trace: TraceState, since: int) -> None:

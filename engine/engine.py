@@ -107,6 +107,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         self._readers = ReaderPins(self._clock)
         self._max_time = -1  # greatest time of any durable update seen (the lock table's floor)
         self._garbage: list[str] = []
+        self._merging = 0  # merges under way (engine/merger.py): replaced blobs wait for them
         self._compaction_failures: dict[str, tuple[str, int]] = {}  # name -> (last error, failed attempts)
         self._trim_to: int | None = None
         self._record_storage: tuple[bytes, int | None] | None = None

@@ -55,7 +55,9 @@ class Reads:
             self._readers.expire()
             if not self._readers.idle or self._closed and self._log is None:
                 return
-            garbage, self._garbage = self._garbage, []
+            garbage = []
+            if not self._merging:  # a merge under way may still read a replaced blob; it reads no WAL
+                garbage, self._garbage = self._garbage, []
             trim, self._trim_to = self._trim_to, None
         try:
             self.traces.delete(garbage)
