@@ -21,7 +21,7 @@ from sediment.errors import (
 )
 from sediment.trace import compacter as cmp
 from sediment.trace.fold import fold
-from sediment.trace.planner import plan_merges, plan_pending_merges
+from sediment.trace.planner import plan_full_merge, plan_merges, plan_pending_merges
 from sediment.trace.state import TraceState
 
 log = logging.getLogger(__name__)
@@ -47,13 +47,16 @@ class Compaction:
 
     def compact(self, name: str | None = None) -> None:
         """Finish the current WAL segment, turn everything durable into batches, merge, and
-        trim the log; returns when the pass is done (for tests and tools)."""
+        trim the log; returns when the pass is done (for tests and tools). A relation with no
+        history left (``since`` at its sealed time) is merged into one batch, a major
+        compaction as RocksDB's ``CompactRange``: its snapshot then reads one sorted run as
+        stored. The background compacter keeps to the size-tiered merges."""
         with self._lock:
             names = None if name is None else {self._rel(name).entry.name}
             self._check_open()
         started = time.perf_counter()
         self._log.finish_segment()
-        failed = self._compaction_pass(names)
+        failed = self._compaction_pass(names, full=True)
         log.info("compaction pass over %s took %.3f s (%d relations failed)", "all relations" if name is None
                  else repr(name), time.perf_counter() - started, len(failed))
         if failed:
@@ -120,7 +123,7 @@ class Compaction:
             log.error("compaction of relation %r failed (attempt %d; its WAL records are kept and it is retried "
                       "on the next pass): %s", name, count, text)
 
-    def _compaction_pass(self, names: set[str] | None, *, merge: bool = True) -> dict[str, str]:
+    def _compaction_pass(self, names: set[str] | None, *, merge: bool = True, full: bool = False) -> dict[str, str]:
         """Take finished WAL records into the traces and trim the log; then, with ``merge``,
         run the merges in line (else the background merger runs them)."""
         failed: dict[str, str] = {}
@@ -150,10 +153,11 @@ class Compaction:
                 self._bodies.drop_below(point)
         self._collect()
         if merge:
-            self._merge_pass(names, failed)
+            self._merge_pass(names, failed, full=full)
         return failed
 
-    def _merge_pass(self, names: set[str] | None = None, failed: dict[str, str] | None = None) -> None:
+    def _merge_pass(self, names: set[str] | None = None, failed: dict[str, str] | None = None, *,
+                    full: bool = False) -> None:
         """Merge pending runs and batches by the size-tiered rules, one relation at a time.
         No engine lock is held while merging (replaced blobs are kept until it ends); each result is
         spliced into the trace under the pass lock."""
@@ -167,7 +171,7 @@ class Compaction:
             try:
                 for rel in rels:
                     self._isolated(rel, failed, lambda rel=rel: self._merge_pending(rel))
-                    self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel))
+                    self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel, full))
             finally:
                 with self._lock:
                     self._merging -= 1
@@ -288,10 +292,13 @@ class Compaction:
                     rel.trace_changed_at = self._clock.current_time()
                 self._garbage += replaced + dropped
 
-    def _merge_relation(self, rel: _Relation) -> None:
+    def _merge_relation(self, rel: _Relation, full: bool = False) -> None:
         with self._lock:
             trace, since = rel.trace, min(rel.entry.since, max(rel.trace.upper - 1, 0))
         tasks = plan_merges(trace.batches, factor=self._merge_factor)
+        whole = plan_full_merge(trace.batches) if full and since >= trace.upper - 1 else None
+        if whole is not None:
+            tasks = [whole]
         for task in reversed(tasks):  # from the newest, so earlier indices stay valid
             refs = list(trace.batches[task.start:task.stop])
             stored = sum(r.bytes for r in refs) or 1

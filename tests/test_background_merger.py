@@ -134,3 +134,37 @@ def test_compact_merges_in_line_after_waiting_for_a_background_merge(eng):
     gated.release()  # compact() ran its pass, then waited for the merger's lock: no deadlock, no double merge
     assert done.wait(GATE_TIMEOUT)
     assert len(pending_keys(eng)) <= 2
+
+
+def test_compact_merges_a_relation_with_no_history_left_into_one_batch(tmp_path):
+    """Explicit compact() is a major compaction for a relation whose since reached its sealed
+    time: one batch, read as stored. The background merges keep to the size-tiered rule,
+    and a relation that keeps history keeps its tiers."""
+    eng = sediment.open(str(tmp_path / "data"), clock=ManualClock(), segment_bytes=1 << 30)
+    try:
+        expected = {"now": {}, "history": {}}
+        for name in expected:
+            eng.add_relation(name, SCHEMA)
+        for step, n in enumerate((50_000, 8_000)):  # sizes far apart: the tiered rule merges neither
+            keys = [(i * 7 + step) % 60_000 for i in range(n)]
+            for name, model in expected.items():
+                eng.append(name, ups(keys, step))
+                for k in keys:
+                    model[k] = model.get(k, 0) + 1
+                eng.seal(name, step)
+            eng.set_since("now", step)
+            flush(eng)
+        eng._merge_pass()  # what the background merger runs
+        assert eng.trace_info("now")["batches"] == 2 and eng.trace_info("history")["batches"] == 2
+        eng.compact()
+        assert eng.trace_info("now")["batches"] == 1
+        assert eng.trace_info("history")["batches"] == 2  # its times are still apart: tiers kept
+        stats = eng.read_stats
+        as_is, sorted_rows = stats.batches_as_is, stats.rows_sorted
+        assert model_of(eng.snapshot("now", 1)) == expected["now"]
+        assert (stats.batches_as_is, stats.rows_sorted) == (as_is + 1, sorted_rows)  # one run as stored, no sort
+        assert model_of(eng.snapshot("history", 1)) == expected["history"]
+        assert stats.rows_sorted > sorted_rows  # two interleaving batches: merged on read
+        assert model_of(eng.snapshot("history", 0)) != expected["history"]
+    finally:
+        eng.close()

@@ -218,3 +218,17 @@ def test_pending_merges_amortise_to_n_log_n():
         assert len(runs) <= 8
     n = 1000 * 10_000
     assert total <= 2 * n * math.log2(1000)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10**6), max_size=12))
+def test_plan_full_merge_covers_every_batch_in_one_task(sizes):
+    from sediment.trace.planner import plan_full_merge
+
+    batches = refs(sizes)
+    task = plan_full_merge(batches)
+    if len(batches) < 2:
+        assert task is None
+        return
+    assert task.indices == tuple(range(len(batches)))
+    assert (task.lower, task.upper) == (batches[0].lower, batches[-1].upper)
+    assert task.rows == sum(sizes) and task.level == 1 + max(b.level for b in batches)

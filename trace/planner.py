@@ -103,6 +103,16 @@ def plan_merges(
     return tasks
 
 
+def plan_full_merge(batches: Sequence[BatchLike]) -> MergeTask | None:
+    """One task merging every batch, or None for fewer than two: the major compaction an
+    explicit ``compact()`` runs on a relation with no history left (every time at its
+    ``since``), where the result is its current state in one batch, read as stored."""
+    if len(batches) < 2:
+        return None
+    return MergeTask(tuple(range(len(batches))), batches[0].lower, batches[-1].upper,
+                     sum(b.rows for b in batches), 1 + max(b.level for b in batches))
+
+
 def _plan_segment(
     batches: Sequence[BatchLike],
     idx: list[int],
