@@ -6,6 +6,12 @@ at most 4.5x from 4M to 16M rows. The machine is shared and noisy, so the peer r
 the same process on the same files, rounds interleaved (ours, peer, ours, peer, ...),
 and each figure is the median of the rounds with the min-max beside it.
 
+Layouts: ``one`` (one step), ``tiered`` (``--steps`` steps, ``engine.compact()`` after
+each: since session 5 ``compact()`` merges a relation with no history left into one batch,
+so this ends in one batch too) and ``background`` (the same steps, each compacted as the
+background compacter does: a pass, then the size-tiered merges only; the batches a snapshot
+has to merge).
+
 Set-up per size: an engine (``compact=False``: compaction is driven here by
 ``engine.compact()``, so its work is outside the timed reads) gets N rows of
 ``k int64, v binary(16)`` plus ``time``/``diff`` in steps; each step appends, seals,
@@ -49,7 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compact import SCHEMA, make_updates  # noqa: E402
 
 
-def build(root: str, rows: int, steps: int, times: int) -> tuple[str, object, int]:
+def build(root: str, rows: int, steps: int, times: int, background: bool = False) -> tuple[str, object, int]:
     d = tempfile.mkdtemp(prefix="sed-snapshot-", dir=root)
     engine = sediment.open(d, compact=False, segment_bytes=1 << 30)
     engine.add_relation("r", SCHEMA)
@@ -61,12 +67,20 @@ def build(root: str, rows: int, steps: int, times: int) -> tuple[str, object, in
         sealed = (s + 1) * per_t - 1
         engine.seal("r", sealed)
         engine.set_since("r", sealed)
-        engine.compact()
+        compact(engine, background)
     before = None
     while before != engine.trace_info("r"):
         before = engine.trace_info("r")
-        engine.compact()
+        compact(engine, background)
     return d, engine, steps * per_t - 1
+
+
+def compact(engine, background: bool) -> None:
+    if background:  # what the background compacter leaves: a pass, then size-tiered merges only
+        engine._log.finish_segment()
+        engine._compaction_pass(None)
+    else:
+        engine.compact()
 
 
 def batch_files(d: str) -> list[str]:
@@ -81,8 +95,8 @@ def timed(fn) -> tuple[float, float, int]:
     return time.perf_counter() - t0, time.process_time() - c0, out.num_rows
 
 
-def run_size(root: str, rows: int, steps: int, times: int, rounds: int) -> dict:
-    d, engine, sealed = build(root, rows, steps, times)
+def run_size(root: str, rows: int, steps: int, times: int, rounds: int, background: bool = False) -> dict:
+    d, engine, sealed = build(root, rows, steps, times, background)
     try:
         files = batch_files(d)
         info = engine.trace_info("r")
@@ -122,7 +136,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1M and 4M rows, 3 rounds")
     ap.add_argument("--sizes", type=int, nargs="+", help="rows per size (default 4M 16M)")
     ap.add_argument("--steps", type=int, default=4, help="append+seal+compact steps of the tiered layout")
-    ap.add_argument("--layouts", nargs="+", default=["one", "tiered"], choices=["one", "tiered"])
+    ap.add_argument("--layouts", nargs="+", default=["one", "tiered", "background"],
+                    choices=["one", "tiered", "background"])
     ap.add_argument("--times", type=int, default=400)
     ap.add_argument("--rounds", type=int, help="default 5 (quick 3); at least 3")
     ap.add_argument("--dir", default=tempfile.gettempdir())
@@ -137,7 +152,7 @@ def main() -> None:
         steps = 1 if layout == "one" else args.steps
         done = []
         for rows in sizes:
-            res = run_size(args.dir, rows, steps, args.times, rounds)
+            res = run_size(args.dir, rows, steps, args.times, rounds, background=layout == "background")
             res["layout"] = layout
             done.append(res)
             s, p = res["seconds"]["snapshot"], res["seconds"]["read_table"]
