@@ -50,7 +50,7 @@ class GatedMerges:
 
 @pytest.fixture
 def eng(tmp_path):
-    e = sediment.open(str(tmp_path / "data"), clock=ManualClock(), segment_bytes=1 << 30)
+    e = sediment.open(str(tmp_path / "data"), clock=ManualClock(), segment_bytes=64 << 20)
     e.add_relation("r", SCHEMA)
     e._max_pending_runs = 2
     yield e
@@ -114,7 +114,7 @@ def test_a_merge_whose_runs_a_pass_folded_meanwhile_is_dropped(eng):
     assert eng._relations["r"].trace == folded_trace, "a merge of runs that are gone must change nothing"
     assert model_of(eng.snapshot("r", 150)) == expected
     eng.close()
-    reopened = sediment.open(eng.data_dir, clock=ManualClock(), segment_bytes=1 << 30)
+    reopened = sediment.open(eng.data_dir, clock=ManualClock(), segment_bytes=64 << 20)
     try:
         assert model_of(reopened.snapshot("r", 150)) == expected
         assert reopened.compaction_errors() == {}
@@ -140,7 +140,7 @@ def test_compact_merges_a_relation_with_no_history_left_into_one_batch(tmp_path)
     """Explicit compact() is a major compaction for a relation whose since reached its sealed
     time: one batch, read as stored. The background merges keep to the size-tiered rule,
     and a relation that keeps history keeps its tiers."""
-    eng = sediment.open(str(tmp_path / "data"), clock=ManualClock(), segment_bytes=1 << 30)
+    eng = sediment.open(str(tmp_path / "data"), clock=ManualClock(), segment_bytes=64 << 20)
     try:
         expected = {"now": {}, "history": {}}
         for name in expected:
