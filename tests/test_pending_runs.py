@@ -41,7 +41,7 @@ def as_model(table):
 
 @pytest.fixture
 def eng(open_engine):
-    e = open_engine(clock=ManualClock(), segment_bytes=1 << 30)  # compacter on, idle: passes run on compact()
+    e = open_engine(clock=ManualClock(), segment_bytes=64 << 20)  # compacter on, idle: passes run on compact()
     e.add_relation("r", SCHEMA)
     return e
 
@@ -97,7 +97,7 @@ def test_a_run_across_the_new_upper_is_split(eng, open_engine):
     assert trace.upper == 7 and [(p.lower, p.upper, p.rows) for p in trace.pending] == [(7, 9, 2)]
     assert as_model(eng.snapshot("r", 6)) == {1: 1, 2: 1}
     eng.close()
-    again = open_engine(clock=ManualClock(), segment_bytes=1 << 30)  # compacter on, idle: passes run on compact()
+    again = open_engine(clock=ManualClock(), segment_bytes=64 << 20)  # compacter on, idle: passes run on compact()
     again.seal("r", 8)
     assert as_model(again.snapshot("r", 8)) == {1: 1, 2: 1, 3: 1, 4: 1}
     again.compact()
@@ -136,7 +136,7 @@ def test_random_streams_match_a_model(eng, open_engine, seed):
                     want[k] = want.get(k, 0) + d
             assert as_model(eng.snapshot("r", as_of)) == {k: d for k, d in want.items() if d}
     eng.close()
-    again = open_engine(clock=ManualClock(), segment_bytes=1 << 30)  # compacter on, idle: passes run on compact()
+    again = open_engine(clock=ManualClock(), segment_bytes=64 << 20)  # compacter on, idle: passes run on compact()
     again.seal("r", 10_000)
     again.compact()
     want = {}
