@@ -31,6 +31,7 @@ class BackgroundMerger:
         self._wanted = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._running = False
         self.passes = 0
         self.last_error: BaseException | None = None
 
@@ -48,8 +49,6 @@ class BackgroundMerger:
         """Until no merge is wanted or running (tests and tools); False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._wanted and not self._running, timeout)
-
-    _running = False
 
     def _run(self) -> None:
         while True:

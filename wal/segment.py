@@ -302,8 +302,10 @@ def _judge_rest(scan: SegmentScan, fd: int, size: int, pos: int, expected: int, 
 def _ends_here(rest: bytes, first_lsn: int) -> bool:
     """Whether a recycled file's bytes at the failed frame are its end: the end mark, or a
     whole stale frame of an earlier segment (always below this segment's first LSN)."""
-    if len(rest) < rec.HEADER_SIZE or rest[:rec.HEADER_SIZE] == END_MARK:
-        return _all_zero(rest, 0, min(len(rest), rec.HEADER_SIZE))
+    if len(rest) < rec.HEADER_SIZE:
+        return _all_zero(rest, 0, len(rest))
+    if rest[:rec.HEADER_SIZE] == END_MARK:
+        return True
     head = rec.decode_header(rest, 0)
     return head is not None and head.lsn < first_lsn
 
