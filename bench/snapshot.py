@@ -8,9 +8,11 @@ and each figure is the median of the rounds with the min-max beside it.
 
 Layouts: ``one`` (one step), ``tiered`` (``--steps`` steps, ``engine.compact()`` after
 each: since session 5 ``compact()`` merges a relation with no history left into one batch,
-so this ends in one batch too) and ``background`` (the same steps, each compacted as the
+so this ends in one batch too), ``background`` (the same steps, each compacted as the
 background compacter does: a pass, then the size-tiered merges only; the batches a snapshot
-has to merge).
+has to merge until the relation has been quiet for ``major_compaction_quiet`` seconds) and
+``quiet`` (the same, then the engine's clock moved past that quiet time and one more
+background pass: its major compaction leaves one batch).
 
 Set-up per size: an engine (``compact=False``: compaction is driven here by
 ``engine.compact()``, so its work is outside the timed reads) gets N rows of
@@ -50,14 +52,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import sediment
+from sediment.clock import ManualClock
+from sediment.engine.merger import DEFAULT_MAJOR_COMPACTION_QUIET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compact import SCHEMA, make_updates  # noqa: E402
 
 
-def build(root: str, rows: int, steps: int, times: int, background: bool = False) -> tuple[str, object, int]:
+def build(root: str, rows: int, steps: int, times: int, background: bool = False,
+          quiet: bool = False) -> tuple[str, object, int]:
     d = tempfile.mkdtemp(prefix="sed-snapshot-", dir=root)
-    engine = sediment.open(d, compact=False, segment_bytes=1 << 30)
+    clock = ManualClock()
+    engine = sediment.open(d, compact=False, segment_bytes=1 << 30, clock=clock)
     engine.add_relation("r", SCHEMA)
     per_t = max(1, times // steps)
     for s in range(steps):
@@ -71,6 +77,9 @@ def build(root: str, rows: int, steps: int, times: int, background: bool = False
     before = None
     while before != engine.trace_info("r"):
         before = engine.trace_info("r")
+        compact(engine, background)
+    if quiet:  # the relation stays quiet: the background's major compaction (engine/merger.py)
+        clock.advance(DEFAULT_MAJOR_COMPACTION_QUIET)
         compact(engine, background)
     return d, engine, steps * per_t - 1
 
@@ -95,8 +104,9 @@ def timed(fn) -> tuple[float, float, int]:
     return time.perf_counter() - t0, time.process_time() - c0, out.num_rows
 
 
-def run_size(root: str, rows: int, steps: int, times: int, rounds: int, background: bool = False) -> dict:
-    d, engine, sealed = build(root, rows, steps, times, background)
+def run_size(root: str, rows: int, steps: int, times: int, rounds: int, background: bool = False,
+             quiet: bool = False) -> dict:
+    d, engine, sealed = build(root, rows, steps, times, background, quiet)
     try:
         files = batch_files(d)
         info = engine.trace_info("r")
@@ -136,8 +146,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1M and 4M rows, 3 rounds")
     ap.add_argument("--sizes", type=int, nargs="+", help="rows per size (default 4M 16M)")
     ap.add_argument("--steps", type=int, default=4, help="append+seal+compact steps of the tiered layout")
-    ap.add_argument("--layouts", nargs="+", default=["one", "tiered", "background"],
-                    choices=["one", "tiered", "background"])
+    ap.add_argument("--layouts", nargs="+", default=["one", "tiered", "background", "quiet"],
+                    choices=["one", "tiered", "background", "quiet"])
     ap.add_argument("--times", type=int, default=400)
     ap.add_argument("--rounds", type=int, help="default 5 (quick 3); at least 3")
     ap.add_argument("--dir", default=tempfile.gettempdir())
@@ -152,7 +162,8 @@ def main() -> None:
         steps = 1 if layout == "one" else args.steps
         done = []
         for rows in sizes:
-            res = run_size(args.dir, rows, steps, args.times, rounds, background=layout == "background")
+            res = run_size(args.dir, rows, steps, args.times, rounds, background=layout in ("background", "quiet"),
+                           quiet=layout == "quiet")
             res["layout"] = layout
             done.append(res)
             s, p = res["seconds"]["snapshot"], res["seconds"]["read_table"]

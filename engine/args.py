@@ -122,6 +122,8 @@ def check_open_options(options: Mapping[str, Any]) -> None:
         check_int(o["max_wal_backlog"], "max_wal_backlog (bytes of WAL not yet compacted, or None: unbounded)",
                   low=1 << 20)
     check_number(o.get("wal_backlog_timeout", 60.0), "wal_backlog_timeout (seconds)", low_open=False)
+    check_number(o.get("major_compaction_quiet"), "major_compaction_quiet (seconds, or None: only compact())",
+                 allow_none=True, low_open=False)
 
 
 def check_locks(locks: object) -> None:

@@ -21,7 +21,7 @@ from sediment.errors import (
 )
 from sediment.trace import compacter as cmp
 from sediment.trace.fold import fold
-from sediment.trace.planner import plan_full_merge, plan_merges, plan_pending_merges
+from sediment.trace.planner import plan_full_merge, plan_major_merge, plan_merges, plan_pending_merges
 from sediment.trace.state import TraceState
 
 log = logging.getLogger(__name__)
@@ -97,19 +97,29 @@ class Compaction:
             self._compacter.notify()
 
     def compaction_errors(self) -> dict[str, str]:
-        """Relations whose last compaction attempt failed, with the error; each is retried on
-        every pass and keeps its WAL records (the log is trimmed only below them) until it
-        succeeds. Empty when every relation compacts."""
+        """Relations whose last compaction attempt (a pass or a merge) failed, with the error;
+        each is retried on every pass and keeps its WAL records (the log is trimmed only below
+        them) until it succeeds. Empty when every relation compacts."""
         with self._lock:
-            return {n: e for n, (e, _count) in self._compaction_failures.items() if n in self._relations}
+            out: dict[str, str] = {}
+            for (name, _step), (text, _count) in sorted(self._compaction_failures.items()):
+                if name in self._relations:
+                    out[name] = f"{out[name]}; {text}" if name in out else text
+            return out
 
-    def _isolated(self, rel: _Relation, failed: dict[str, str], step) -> None:
-        """Run one relation's compaction or merge step; a failure is logged and recorded, and
-        never stops the other relations' steps (nor the trim below this one's records)."""
+    def _failure_count(self, name: str) -> int:
+        """Failed attempts of the relation's failing steps (0 when none fails now)."""
+        return sum(count for (n, _step), (_text, count) in self._compaction_failures.items() if n == name)
+
+    def _isolated(self, rel: _Relation, failed: dict[str, str], step, kind: str = "pass") -> None:
+        """Run one relation's compaction step (``kind``: "pass" or "merge"); a failure is
+        logged and recorded under that kind, so a merge failing on the merger's thread is not
+        hidden by the next pass succeeding, and never stops the other relations' steps (nor
+        the trim below this one's records)."""
         name = rel.entry.name
         if name in failed:
             return
-        if name in self._compaction_failures:
+        if (name, kind) in self._compaction_failures:
             self.metrics.retries.labels(where="compaction").inc()
         try:
             step()
@@ -118,10 +128,10 @@ class Compaction:
             failed[name] = text
             self.metrics.error("compaction", exc)
             with self._lock:
-                count = self._compaction_failures.get(name, ("", 0))[1] + 1
-                self._compaction_failures[name] = (text, count)
-            log.error("compaction of relation %r failed (attempt %d; its WAL records are kept and it is retried "
-                      "on the next pass): %s", name, count, text)
+                count = self._compaction_failures.get((name, kind), ("", 0))[1] + 1
+                self._compaction_failures[(name, kind)] = (text, count)
+            log.error("compaction (%s) of relation %r failed (attempt %d; its WAL records are kept and it is "
+                      "retried on the next pass): %s", kind, name, count, text)
 
     def _compaction_pass(self, names: set[str] | None, *, merge: bool = True, full: bool = False) -> dict[str, str]:
         """Take finished WAL records into the traces and trim the log; then, with ``merge``,
@@ -145,7 +155,7 @@ class Compaction:
             with self._lock:
                 for rel in rels:
                     if rel.entry.name not in failed:
-                        self._compaction_failures.pop(rel.entry.name, None)
+                        self._compaction_failures.pop((rel.entry.name, "pass"), None)
                 needed = [n for n in (r.needs_from() for r in self._relations.values()) if n is not None]
                 needed += [n for n in (r.feed.oldest_lsn() for r in self._relations.values()) if n is not None]
                 point = cmp.trim_point(cut.safe, [*needed, *self._txns.first_lsns()])
@@ -168,10 +178,15 @@ class Compaction:
                     return
                 rels = [r for r in self._relations.values() if names is None or r.entry.name in names]
                 self._merging += 1  # replaced blobs wait for the merge; the log trim does not
+            skipped = set(failed)
             try:
                 for rel in rels:
-                    self._isolated(rel, failed, lambda rel=rel: self._merge_pending(rel))
-                    self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel, full))
+                    self._isolated(rel, failed, lambda rel=rel: self._merge_pending(rel), "merge")
+                    self._isolated(rel, failed, lambda rel=rel: self._merge_relation(rel, full), "merge")
+                with self._lock:
+                    for rel in rels:
+                        if rel.entry.name not in failed and rel.entry.name not in skipped:
+                            self._compaction_failures.pop((rel.entry.name, "merge"), None)
             finally:
                 with self._lock:
                     self._merging -= 1
@@ -222,6 +237,8 @@ class Compaction:
         with self._lock:
             rel.trace = new
             rel.trace_changed_at = self._clock.current_time()
+            if entries:
+                rel.data_added_at = rel.trace_changed_at
             rel.tail = [e for e in rel.tail if e.lsn >= safe]
             rel.progress = [(lsn, t) for lsn, t in rel.progress if lsn >= safe]
             self._garbage += [k for k in replaced if k]
@@ -295,8 +312,13 @@ class Compaction:
     def _merge_relation(self, rel: _Relation, full: bool = False) -> None:
         with self._lock:
             trace, since = rel.trace, min(rel.entry.since, max(rel.trace.upper - 1, 0))
+            quiet_for = self._clock.current_time() - (rel.data_added_at if rel.data_added_at is not None
+                                                      else self._opened_at)
         tasks = plan_merges(trace.batches, factor=self._merge_factor)
-        whole = plan_full_merge(trace.batches) if full and since >= trace.upper - 1 else None
+        whole = None
+        if since >= trace.upper - 1:  # no history left: the relation's state can be one batch
+            whole = plan_full_merge(trace.batches) if full else \
+                plan_major_merge(trace.batches, quiet_for=quiet_for, quiet_needed=self._major_quiet)
         if whole is not None:
             tasks = [whole]
         for task in reversed(tasks):  # from the newest, so earlier indices stay valid
@@ -316,6 +338,8 @@ class Compaction:
                         self._garbage += [merged.key] if merged.key else []
                     continue
                 self.metrics.merges.labels(relation=rel.entry.name).inc()
+                if task is whole and not full:
+                    self.metrics.major_compactions.labels(relation=rel.entry.name).inc()
                 new = replace(now.apply_merge(at, at + len(refs), merged, inputs=refs), since=max(since, now.since))
                 self.traces.commit(new)
                 with self._lock:

@@ -40,7 +40,7 @@ from sediment.engine.feed import PROGRESS, UPDATES
 from sediment.engine.frontiers import SealedFrontiers
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.memory import configure_memory_pool
-from sediment.engine.merger import BackgroundMerger
+from sediment.engine.merger import DEFAULT_MAJOR_COMPACTION_QUIET, BackgroundMerger
 from sediment.engine.metadata import names
 from sediment.engine.metadata.protocol import MetadataStore
 from sediment.engine.opening import Opening
@@ -82,7 +82,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                  memory_bound: int = DEFAULT_MEMORY_BOUND, lock_slots: int = DEFAULT_SLOTS,
                  compact_interval: float | None = 5.0, clock: Clock | None = None,
                  max_wal_backlog: int | None = None,
-                 wal_backlog_timeout: float = DEFAULT_WAL_BACKLOG_TIMEOUT) -> None:
+                 wal_backlog_timeout: float = DEFAULT_WAL_BACKLOG_TIMEOUT,
+                 major_compaction_quiet: float | None = DEFAULT_MAJOR_COMPACTION_QUIET) -> None:
         """An engine not opened yet: only its settings and empty state, no I/O. :meth:`open`
         (through :func:`sediment.open`) makes one and opens its storage."""
         self.data_dir = data_dir
@@ -102,13 +103,15 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         self._bodies = BodyCache(self._memory_bound // 2)
         self._lock_slots = lock_slots
         self._compact_interval = compact_interval
+        self._major_quiet = major_compaction_quiet
+        self._opened_at = self._clock.current_time()  # a relation's quiet time counts from here after a restart
         self._relations = Relations()
         self._txns = OpenTxns()
         self._readers = ReaderPins(self._clock)
         self._max_time = -1  # greatest time of any durable update seen (the lock table's floor)
         self._garbage: list[str] = []
         self._merging = 0  # merges under way (engine/merger.py): replaced blobs wait for them
-        self._compaction_failures: dict[str, tuple[str, int]] = {}  # name -> (last error, failed attempts)
+        self._compaction_failures: dict[tuple[str, str], tuple[str, int]] = {}  # (name, step) -> (error, attempts)
         self._trim_to: int | None = None
         self._record_storage: tuple[bytes, int | None] | None = None
         self._segment_age = cmp.SegmentAge()
@@ -155,6 +158,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         take_over_blob_prefix: bool = False,
         max_wal_backlog: int | None = DEFAULT_MAX_WAL_BACKLOG,
         wal_backlog_timeout: float = DEFAULT_WAL_BACKLOG_TIMEOUT,
+        major_compaction_quiet: float | None = DEFAULT_MAJOR_COMPACTION_QUIET,
     ) -> Engine:
         """Open (creating if needed) the engine on ``data_dir``: see :func:`sediment.open`.
         Options are checked, and a replicated engine's marker read, before anything is
@@ -168,7 +172,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                      max_record_bytes=max_record_bytes, merge_factor=merge_factor, memory_bound=memory_bound,
                      lock_slots=lock_slots, compact_interval=compact_interval, clock=clock,
                      max_wal_backlog=max_wal_backlog if compact else None,
-                     wal_backlog_timeout=wal_backlog_timeout)
+                     wal_backlog_timeout=wal_backlog_timeout, major_compaction_quiet=major_compaction_quiet)
         try:
             engine._open(metadata, marker, {"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
                                             "cluster_key": cluster_key, "blob": blob, "s3_endpoint": s3_endpoint},

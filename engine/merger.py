@@ -10,6 +10,10 @@ WAL and wakes this merger; the merger plans from the trace it sees, merges witho
 engine lock, and splices its result into the trace current at commit time (the commit is
 dropped, and its output collected, when a pass changed those inputs meanwhile).
 ``Engine.compact()`` still merges in line, after its pass, so it returns a merged trace.
+
+A relation with no history left (``since`` at its sealed time) that has had no new data for
+``major_compaction_quiet`` seconds gets a major compaction here too: its batches become one,
+read as stored (trace/planner.py ``plan_major_merge`` says when, and bounds the rewrites).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import threading
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAJOR_COMPACTION_QUIET = 10.0  # seconds without new data before a relation's batches become one
 
 
 class BackgroundMerger:

@@ -289,7 +289,7 @@ class Reads:
                     "rows": sum(b.rows for b in (*t.batches, *t.pending)),
                     "bytes": sum(b.bytes for b in (*t.batches, *t.pending)),
                     "upper": t.upper, "since": t.since, "tail_records": len(rel.tail),
-                    "compaction_failures": self._compaction_failures.get(name, ("", 0))[1]}
+                    "compaction_failures": self._failure_count(name)}
 
     def stats(self) -> dict[str, Any]:
         """What the engine holds now, for operators: per relation its rows, batches, stored

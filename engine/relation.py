@@ -38,6 +38,7 @@ class _Relation:
     seal_ticket: Any = None
     feed: FeedLog | None = None
     trace_changed_at: float | None = None  # monotonic time this process last changed the trace
+    data_added_at: float | None = None  # clock time a pass last took this relation's WAL records
 
     def needs_from(self) -> int | None:
         """The least LSN of this relation's records that are not yet in its trace."""

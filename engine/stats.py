@@ -81,6 +81,11 @@ def engine_stats(engine: Any) -> dict[str, Any]:
             "backlog_waiting_appends": backlog[2],
             "open_transactions": len(engine._txns),
         },
+        "compaction": {
+            "background": engine._compacter is not None,
+            "interval_seconds": engine._compact_interval,
+            "major_compaction_quiet": engine._major_quiet,
+        },
         "storage": {
             "data_dir": engine.data_dir,
             "blob": engine.blob_uri,

@@ -78,8 +78,11 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     the owner of a blob prefix whose owner marker names another engine; only once that
     engine is gone for good: see docs/architecture.md), ``max_wal_backlog`` (bytes of
     updates in the WAL not yet compacted beyond which appends wait for the compacter,
-    default 1 GiB, None: unbounded; enforced while the background compacter runs) and
-    ``wal_backlog_timeout`` (seconds an append waits before WalBacklogFull, default 60).
+    default 1 GiB, None: unbounded; enforced while the background compacter runs),
+    ``wal_backlog_timeout`` (seconds an append waits before WalBacklogFull, default 60) and
+    ``major_compaction_quiet`` (seconds a relation with no history left must go without new
+    data before the background merges its batches into one, read as stored; default 10,
+    None: only ``compact()`` does).
     """
     import inspect
 

@@ -315,7 +315,9 @@ class LogStopped(ReplicationError, OutcomeUnknown):
 
 class AppendTimeout(ReplicationError, OutcomeUnknown):
     """An append was not acknowledged within its time limit: it may or may not have been
-    written; read back or retry idempotently."""
+    written; read back or retry idempotently. Not raised by this version: a stuck replicated
+    append ends in QuorumLost once its replicas miss the store session's ``timeout``, and a
+    local append waits for its fdatasync. Kept so that callers catching it keep working."""
 
 
 class StorageRecordMismatch(SedimentError, ValueError):

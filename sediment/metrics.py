@@ -53,6 +53,8 @@ class EngineMetrics:
         self.batches_written = Counter(f"{PREFIX}_batches_written", "Batches written from the WAL",
                                        ["relation"], registry=r)
         self.merges = Counter(f"{PREFIX}_merges", "Batch merges committed", ["relation"], registry=r)
+        self.major_compactions = Counter(f"{PREFIX}_major_compactions", "Background major compactions committed "
+                                         "(a quiet relation's batches merged into one)", ["relation"], registry=r)
         self.merge_seconds = Histogram(f"{PREFIX}_merge_seconds", "Duration of one merge",
                                        buckets=_LATENCY_BUCKETS, registry=r)
         self.blob_requests = Counter(f"{PREFIX}_blob_requests", "Blob store requests", ["op"], registry=r)

@@ -168,3 +168,97 @@ def test_compact_merges_a_relation_with_no_history_left_into_one_batch(tmp_path)
         assert model_of(eng.snapshot("history", 0)) != expected["history"]
     finally:
         eng.close()
+
+
+def background_round(eng, clock, seconds: float) -> None:
+    """Move the engine's clock on by ``seconds`` and wait for the background compacter's pass
+    it causes and for the merge that pass wakes: the real threads, no direct calls."""
+    passes = eng._compacter.passes
+    clock.advance(seconds)
+    assert eng._compacter.wait_passes(passes + 1, GATE_TIMEOUT)
+    assert eng._merger.wait_idle(GATE_TIMEOUT)
+
+
+def test_a_quiet_relation_with_no_history_left_becomes_one_batch_in_the_background(tmp_path):
+    """The background's major compaction (trace/planner.py plan_major_merge): once a relation
+    whose since is at its sealed time has had no new data for major_compaction_quiet
+    seconds, its size-tiered batches become one batch, read as stored. A relation that keeps
+    history keeps its tiers, and a new batch too small next to the big one (less than
+    1/8 of its rows) is not worth a rewrite of everything."""
+    clock = ManualClock()
+    eng = sediment.open(str(tmp_path / "data"), clock=clock, segment_bytes=64 << 20, compact_interval=5.0,
+                        major_compaction_quiet=30.0)
+    try:
+        expected = {"now": {}, "history": {}}
+        for name in expected:
+            eng.add_relation(name, SCHEMA)
+
+        def step(t: int, keys: list[int]) -> None:
+            for name, model in expected.items():
+                eng.append(name, ups(keys, t))
+                for k in keys:
+                    model[k] = model.get(k, 0) + 1
+                eng.seal(name, t)
+            eng.set_since("now", t)
+            background_round(eng, clock, 5.0)
+
+        step(0, [(i * 7) % 60_000 for i in range(50_000)])
+        step(1, [(i * 7 + 1) % 60_000 for i in range(8_000)])  # far apart in size: no tiered merge
+        assert eng.trace_info("now")["batches"] == 2 and eng.trace_info("history")["batches"] == 2
+        background_round(eng, clock, 25.0)  # 25 s since the last data: not quiet long enough
+        assert eng.trace_info("now")["batches"] == 2
+
+        background_round(eng, clock, 5.0)  # 30 s: the major compaction runs
+        assert eng.trace_info("now")["batches"] == 1
+        assert eng.trace_info("history")["batches"] == 2  # its times are still apart: tiers kept
+        assert eng.metrics.major_compactions.labels(relation="now")._value.get() == 1
+        stats = eng.read_stats
+        as_is, sorted_rows = stats.batches_as_is, stats.rows_sorted
+        assert model_of(eng.snapshot("now", 1)) == expected["now"]
+        assert (stats.batches_as_is, stats.rows_sorted) == (as_is + 1, sorted_rows)  # one run as stored
+        assert model_of(eng.snapshot("history", 1)) == expected["history"]
+
+        step(2, list(range(100_000, 101_000)))  # 1,000 rows next to ~58,000: below the rewrite ratio
+        background_round(eng, clock, 60.0)
+        assert eng.trace_info("now")["batches"] == 2
+        assert eng.metrics.major_compactions.labels(relation="now")._value.get() == 1
+        assert model_of(eng.snapshot("now", 2)) == expected["now"]
+
+        step(3, list(range(200_000, 210_000)))  # now 11,000 new rows: worth it once quiet
+        background_round(eng, clock, 30.0)
+        assert eng.trace_info("now")["batches"] == 1
+        assert model_of(eng.snapshot("now", 3)) == expected["now"]
+    finally:
+        eng.close()
+    with sediment.open(str(tmp_path / "data"), clock=ManualClock(), major_compaction_quiet=None) as again:
+        assert model_of(again.snapshot("now", 3)) == expected["now"]
+        assert model_of(again.snapshot("history", 3)) == expected["history"]
+
+
+def test_a_failing_background_merge_stays_reported_after_a_pass_succeeds(eng):
+    """A merge fails on the merger's thread (its blob store unreachable); the next pass, which
+    succeeds, must not clear the report: compaction_errors() and trace_info show it until a
+    merge of that relation succeeds."""
+    from sediment.errors import BlobError
+
+    for step in range(3):  # three unsealed runs: a merge is due
+        eng.append("r", ups(list(range(step * 10, step * 10 + 10)), 100 + step))
+        flush(eng)
+    real = eng.traces.merge
+
+    def unreachable(*args, **kwargs):
+        raise BlobError("PUT trace/...: the blob store is unreachable (injected)")
+
+    eng.traces.merge = unreachable
+    eng._merger.notify()
+    assert eng._merger.wait_idle(GATE_TIMEOUT)
+    assert "unreachable" in eng.compaction_errors()["r"]
+    eng.append("r", ups([500], 300))
+    flush(eng)  # a pass that succeeds
+    assert "unreachable" in eng.compaction_errors()["r"]
+    assert eng.trace_info("r")["compaction_failures"] == 1
+    eng.traces.merge = real
+    eng._merger.notify()
+    assert eng._merger.wait_idle(GATE_TIMEOUT)
+    assert eng.compaction_errors() == {} and eng.trace_info("r")["compaction_failures"] == 0
+    assert len(pending_keys(eng)) <= 2

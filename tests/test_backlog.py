@@ -229,6 +229,24 @@ def test_the_cli_passes_the_bound(tmp_path, capsys):
     assert "max_wal_backlog" in capsys.readouterr().err
 
 
+def test_the_cli_passes_the_major_compaction_quiet_time(tmp_path, capsys):
+    import json
+
+    from sediment.cli import main
+
+    d = str(tmp_path / "cli")
+    assert main(["--data-dir", d, "relation", "add", "r", "--schema", "k:int64"]) == 0
+    capsys.readouterr()
+    assert main(["--data-dir", d, "stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["compaction"]["major_compaction_quiet"] == 10.0
+    for given, shown in (("2.5", 2.5), ("never", None)):
+        assert main(["--data-dir", d, "--major-compaction-quiet", given, "stats", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["compaction"]["major_compaction_quiet"] == shown
+    with pytest.raises(SystemExit) as exit_:
+        main(["--data-dir", d, "--major-compaction-quiet", "-1", "stats"])
+    assert exit_.value.code != 0 and "seconds >= 0 or 'never'" in capsys.readouterr().err
+
+
 def test_a_transaction_append_is_bounded_too(tmp_path):
     """A transaction's records count (they stay in the log until it ends, holding back the
     cut): its appends past the bound fail typed, and the transaction can still be aborted."""

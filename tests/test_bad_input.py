@@ -143,6 +143,8 @@ BAD_OPTIONS = {
     "compact_interval nan": {"compact_interval": math.nan},
     "merge_factor below 1": {"merge_factor": 0.5},
     "merge_factor inf": {"merge_factor": math.inf},
+    "major_compaction_quiet negative": {"major_compaction_quiet": -1},
+    "major_compaction_quiet str": {"major_compaction_quiet": "10"},
     "memory_bound 0": {"memory_bound": 0},
     "lock_slots 0": {"lock_slots": 0},
     "lock_slots float": {"lock_slots": 4.0},

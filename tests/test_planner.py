@@ -232,3 +232,40 @@ def test_plan_full_merge_covers_every_batch_in_one_task(sizes):
     assert task.indices == tuple(range(len(batches)))
     assert (task.lower, task.upper) == (batches[0].lower, batches[-1].upper)
     assert task.rows == sum(sizes) and task.level == 1 + max(b.level for b in batches)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10**6), max_size=12),
+       st.floats(min_value=0, max_value=100), st.sampled_from([None, 0.0, 10.0, 50.0]),
+       st.sampled_from([1.0, 4.0, 8.0]))
+def test_plan_major_merge_against_its_rule(sizes, quiet_for, quiet_needed, ratio):
+    """Merge everything exactly when quiet long enough, at least two batches hold rows, and
+    the rows outside the largest are at least 1/ratio of it (brute force over the rule)."""
+    from sediment.trace.planner import plan_full_merge, plan_major_merge
+
+    batches = refs(sizes)
+    task = plan_major_merge(batches, quiet_for=quiet_for, quiet_needed=quiet_needed, rewrite_ratio=ratio)
+    holding = sorted((s for s in sizes if s), reverse=True)
+    due = (quiet_needed is not None and quiet_for >= quiet_needed and len(holding) >= 2
+           and sum(holding[1:]) * ratio >= holding[0])
+    assert task == (plan_full_merge(batches) if due else None)
+    if task is not None:  # the rewrite is bounded by the new rows
+        assert task.rows <= (ratio + 1) * sum(holding[1:])
+
+
+def test_major_merges_of_a_growing_relation_rewrite_a_bounded_multiple_of_its_rows():
+    """A relation that grows by 1% between quiet periods is rewritten whole only once the new
+    rows reach 1/8 of the big batch (about every 12 periods, never every period), so the
+    major compactions rewrite at most 9x the rows that arrived."""
+    from sediment.trace.planner import plan_major_merge
+
+    batches, major_rows, majors = refs([1_000_000]), 0, 0
+    for i in range(200):
+        batches.append(BatchRef(f"n{i}", len(batches), len(batches) + 1, 10_000, 0, 0))
+        batches, _r = settle(batches)
+        task = plan_major_merge(batches, quiet_for=60.0, quiet_needed=10.0)
+        if task is not None:
+            batches, r = run(batches, [task])
+            major_rows += r
+            majors += 1
+    assert 8 <= majors <= 10  # 1M * (9/8)^9 ~ 2.9M rows: one rewrite per 1/8 of growth
+    assert major_rows <= 9 * 2_000_000

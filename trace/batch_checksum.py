@@ -16,7 +16,7 @@ PARQUET_MAGIC = b"PAR1"
 TAIL_PREFETCH = 64 * 1024
 
 
-def footer_checksum(tail: bytes, where: str = "batch") -> tuple[int, int]:
+def footer_checksum(tail: bytes | memoryview, where: str = "batch") -> tuple[int, int]:
     """(footer length, CRC32C of the footer plus its 8-byte trailer) from the last bytes of
     a batch object. Parquet's own checksums cover data pages only, so the trace state
     records this to cover the footer (schema, row-group offsets, sediment.* keys).
@@ -33,18 +33,21 @@ def footer_checksum(tail: bytes, where: str = "batch") -> tuple[int, int]:
 
 def checksums(data: bytes | memoryview, where: str = "batch") -> tuple[int, int]:
     """(CRC32C of the whole object, CRC32C of its footer) of encoded batch bytes."""
-    flen, fcrc = footer_checksum(bytes(data[-TAIL_PREFETCH:]) if len(data) > TAIL_PREFETCH else bytes(data), where)
+    view = memoryview(data)
+    flen, fcrc = footer_checksum(view, where)  # a view: no copy of the object, whatever its footer's size
     if flen < 0:
-        flen, fcrc = footer_checksum(bytes(data), where)
-    return crc32c.crc32c(data), fcrc
+        raise BatchCorruption(f"{where}: the footer length runs past the start of the object; it is damaged")
+    return crc32c.crc32c(view), fcrc
 
 
 def file_checksums(path: str) -> tuple[int, int]:
     """:func:`checksums` of a batch file on local disk, read in 1 MiB chunks."""
     crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            crc = crc32c.crc32c(chunk, crc)
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = crc32c.crc32c(view[:n], crc)
         size = f.tell()
         flen = -1
         n = TAIL_PREFETCH

@@ -55,6 +55,8 @@ def permuted(table: pa.Table, indices: pa.Array) -> pa.Table:
     if n != table.num_rows or n < 2:
         return table.take(indices)
     signed = indices.cast(pa.int64())
+    if n > _PROBE_ROWS and _breaks(signed.slice(0, _PROBE_ROWS)) * RUN_SLICE_ROWS > _PROBE_ROWS:
+        return _gather(table, indices)  # scattered from the start (merged runs): no slices to find
     steps = pc.subtract(signed.slice(1), signed.slice(0, n - 1))
     breaks = pc.indices_nonzero(pc.not_equal(steps, 1))
     if not len(breaks) and indices[0].as_py() == 0:
@@ -64,6 +66,16 @@ def permuted(table: pa.Table, indices: pa.Array) -> pa.Table:
     starts = [0, *(b + 1 for b in breaks.to_pylist()), n]
     pieces = [table.slice(indices[a].as_py(), b - a) for a, b in zip(starts, starts[1:], strict=False)]
     return pa.concat_tables(pieces)
+
+
+_PROBE_ROWS = 1 << 16
+
+
+def _breaks(signed: pa.Array) -> int:
+    """How many times a permutation's stretch does not continue by one."""
+    n = len(signed)
+    steps = pc.subtract(signed.slice(1), signed.slice(0, n - 1))
+    return n - 1 - pc.sum(pc.equal(steps, 1)).as_py() if n > 1 else 0
 
 
 def _gather(table: pa.Table, indices: pa.Array) -> pa.Table:
@@ -105,6 +117,8 @@ def _same_as_previous(col: pa.ChunkedArray | pa.Array) -> pa.Array | pa.ChunkedA
     """For rows 1..n-1: is the value equal to the previous row's? NULL equals NULL, NaN equals NaN."""
     n = len(col)
     cur, prev = col.slice(1), col.slice(0, n - 1)
+    if col.null_count == 0 and not pa.types.is_floating(col.type):
+        return pc.equal(cur, prev)
     eq = pc.fill_null(pc.equal(cur, prev), False)
     eq = pc.or_(eq, pc.and_(pc.is_null(cur), pc.is_null(prev)))
     if pa.types.is_floating(col.type):
@@ -129,6 +143,8 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
     for c in cols:
         eq = _same_as_previous(table.column(c))
         same = eq if same is None else pc.and_(same, eq)
+        if not pc.any(same).as_py():  # no two neighbours agree on these columns: every row is its own run
+            return _each_row_a_run(table, cols, drop_zeros)
     if same is None:
         is_end = pa.concat_arrays([pa.nulls(n - 1, pa.bool_()).fill_null(False), pa.array([True])])
     else:
@@ -136,9 +152,7 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
     ends = pc.indices_nonzero(is_end)
     diff = table.column(DIFF)
     if len(ends) == n:
-        out = table.select([*cols, DIFF])
-        zero = pc.equal(diff, 0)
-        return out.filter(pc.invert(zero)) if drop_zeros and pc.any(zero).as_py() else out
+        return _each_row_a_run(table, cols, drop_zeros)
     if _cannot_overflow(diff, n):
         sums = _run_sums(diff, ends)
     else:
@@ -148,6 +162,12 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
         if not pc.all(nonzero).as_py():
             ends, sums = ends.filter(nonzero), sums.filter(nonzero)
     return table.select(cols).take(ends).append_column(DIFF, sums)
+
+
+def _each_row_a_run(table: pa.Table, cols: list[str], drop_zeros: bool) -> pa.Table:
+    out = table.select([*cols, DIFF])
+    zero = pc.equal(out.column(DIFF), 0)
+    return out.filter(pc.invert(zero)) if drop_zeros and pc.any(zero).as_py() else out
 
 
 def _cannot_overflow(diff: pa.ChunkedArray | pa.Array, n: int) -> bool:

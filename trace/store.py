@@ -182,41 +182,42 @@ class TraceStore:
             yield read_row_group(pf, i, desc, where=f"batch {ref.key!r}")
 
     def read(self, relation_id: int, ref: BatchRef) -> pa.Table | None:
-        """A whole batch in memory. When the state recorded the object's CRC32C, the object
-        is fetched in one piece (from a local store: one native read, no Python copy),
-        checked whole, and decoded from that buffer without Parquet's page checksums,
-        which the object checksum already covers."""
+        """A whole batch in memory. When the state recorded the object's CRC32C, the whole
+        object is checked first and then decoded without Parquet's page checksums, which the
+        object checksum already covers. A local object is checked by streaming the file
+        through one reused buffer and decoded from the file, as ``pq.read_table`` reads it:
+        holding the object in a fresh buffer cost 0.06 s of page faults per 130 MB here. A
+        remote one is fetched in one piece and checked and decoded from that buffer."""
         if ref.key is None:
             return None
         if ref.crc is None:
             tables = list(self.read_stream(relation_id, ref))
             return pa.concat_tables(tables) if tables else None
         where = f"batch {ref.key!r}"
-        data = self._fetch(ref.key, where)
-        if data.size != ref.bytes:
-            raise BatchCorruption(f"{where}: object is {data.size} bytes but the trace state says {ref.bytes}")
-        got = checksums(memoryview(data), where)
-        if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
-            raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
-                                  f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
-        table = decode_verified(data, describe(relation_id, ref), where=where, schema=self.schema_of(relation_id))
-        self.whole_reads += 1
-        return table if table.num_rows else None
-
-    def _fetch(self, key: str, where: str) -> pa.Buffer:
-        """The whole object as an Arrow buffer: a native read of the file when the store is
-        local, else the store's ``get``."""
         local = getattr(self.blobs, "local_path", None)
+        source: str | pa.Buffer
         try:
-            if local is None:
-                return pa.py_buffer(self.blobs.get(key))
-            with pa.OSFile(local(key)) as f:
-                return f.read_buffer()
+            if local is not None:
+                source = local(ref.key)
+                size = os.path.getsize(source)
+                got = file_checksums(source) if size == ref.bytes else None
+            else:
+                source = pa.py_buffer(self.blobs.get(ref.key))
+                size = source.size
+                got = checksums(memoryview(source), where) if size == ref.bytes else None
         except (BlobNotFound, FileNotFoundError) as e:
             raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
         except OSError as e:
             raise BlobError(f"reading {where} from {self.blobs!r} failed: {e}; check the disk and the file's "
                             "permissions, then retry") from e
+        if got is None:
+            raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {ref.bytes}")
+        if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
+            raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
+                                  f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
+        table = decode_verified(source, describe(relation_id, ref), where=where, schema=self.schema_of(relation_id))
+        self.whole_reads += 1
+        return table if table.num_rows else None
 
     def _open(self, relation_id: int, ref: BatchRef):
         return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,

@@ -73,6 +73,9 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, **options: ob
         options.setdefault("take_over_blob_prefix", True)
     if getattr(args, "max_wal_backlog", None) is not None:
         options.setdefault("max_wal_backlog", args.max_wal_backlog)
+    quiet = getattr(args, "major_compaction_quiet", None)
+    if quiet is not None:
+        options.setdefault("major_compaction_quiet", None if quiet == "never" else quiet)
     return sediment.open(data_dir, **options)
 
 

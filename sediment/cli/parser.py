@@ -5,6 +5,7 @@ the engine's schema helpers; Arrow Flight comes only when ``serve`` runs."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -63,6 +64,18 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _seconds_or_never(text: str) -> float | str:
+    if text == "never":
+        return text
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: give seconds >= 0 or 'never'")
+    return seconds
+
+
 Command = Callable[..., argparse.ArgumentParser]  # command(name, func, help_text[, where]) -> its parser
 
 
@@ -114,6 +127,9 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
     p.add_argument("--max-wal-backlog", type=_positive_int, default=default(None), metavar="BYTES",
                    help=doc("bytes of WAL not yet compacted beyond which appends wait for compaction "
                             "(default 1 GiB; at least 1 MiB)"))
+    p.add_argument("--major-compaction-quiet", type=_seconds_or_never, default=default(None), metavar="SECONDS",
+                   help=doc("seconds a relation with no history left goes without new data before the "
+                            "background merges its batches into one (default 10; 'never': only `compact`)"))
     bar = p.add_mutually_exclusive_group() if top else p  # argparse cannot format a group of hidden options
     bar.add_argument("--progress", dest="progress", action="store_const", const=True, default=default(None),
                      help=doc("always show progress on stderr (default: only on a terminal)"))
