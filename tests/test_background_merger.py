@@ -256,7 +256,7 @@ def test_a_failing_background_merge_stays_reported_after_a_pass_succeeds(eng):
     eng.append("r", ups([500], 300))
     flush(eng)  # a pass that succeeds
     assert "unreachable" in eng.compaction_errors()["r"]
-    assert eng.trace_info("r")["compaction_failures"] == 1
+    assert eng.trace_info("r")["compaction_failures"] >= 1  # the pass's finished segment may wake one more try
     eng.traces.merge = real
     eng._merger.notify()
     assert eng._merger.wait_idle(GATE_TIMEOUT)
