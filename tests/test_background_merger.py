@@ -69,13 +69,13 @@ def pending_keys(eng) -> list[str]:
 
 def test_a_pass_completes_while_a_merge_is_under_way_and_the_merge_splices_in_after(eng):
     expected: dict[int, int] = {}
+    gated = GatedMerges(eng)  # before the runs exist: a background wake's merge is held too
     for step in range(3):  # three unsealed runs: more than max_pending_runs, so a merge is due
         keys = list(range(step * 10, step * 10 + 10))
         eng.append("r", ups(keys, 100 + step))
         expected.update({k: 1 for k in keys})
         flush(eng)
     assert len(pending_keys(eng)) == 3
-    gated = GatedMerges(eng)
     eng._merger.notify()
     assert gated.started.wait(GATE_TIMEOUT)
     # The merge holds three runs; a pass adds a fourth run meanwhile, without waiting for it.
@@ -97,12 +97,12 @@ def test_a_pass_completes_while_a_merge_is_under_way_and_the_merge_splices_in_af
 
 def test_a_merge_whose_runs_a_pass_folded_meanwhile_is_dropped(eng):
     expected: dict[int, int] = {}
+    gated = GatedMerges(eng)
     for step in range(3):
         keys = list(range(step * 10, step * 10 + 10))
         eng.append("r", ups(keys, 100 + step))
         expected.update({k: 1 for k in keys})
         flush(eng)
-    gated = GatedMerges(eng)
     eng._merger.notify()
     assert gated.started.wait(GATE_TIMEOUT)
     eng.seal("r", 150)  # every run's times are sealed now: the next pass folds them into a batch
@@ -123,10 +123,10 @@ def test_a_merge_whose_runs_a_pass_folded_meanwhile_is_dropped(eng):
 
 
 def test_compact_merges_in_line_after_waiting_for_a_background_merge(eng):
+    gated = GatedMerges(eng)
     for step in range(3):
         eng.append("r", ups(list(range(step * 10, step * 10 + 10)), 100 + step))
         flush(eng)
-    gated = GatedMerges(eng)
     eng._merger.notify()
     assert gated.started.wait(GATE_TIMEOUT)
     done = threading.Event()
@@ -241,15 +241,15 @@ def test_a_failing_background_merge_stays_reported_after_a_pass_succeeds(eng):
     merge of that relation succeeds."""
     from sediment.errors import BlobError
 
-    for step in range(3):  # three unsealed runs: a merge is due
-        eng.append("r", ups(list(range(step * 10, step * 10 + 10)), 100 + step))
-        flush(eng)
     real = eng.traces.merge
 
     def unreachable(*args, **kwargs):
         raise BlobError("PUT trace/...: the blob store is unreachable (injected)")
 
-    eng.traces.merge = unreachable
+    eng.traces.merge = unreachable  # before the runs exist: a background wake's merge fails too
+    for step in range(3):  # three unsealed runs: a merge is due
+        eng.append("r", ups(list(range(step * 10, step * 10 + 10)), 100 + step))
+        flush(eng)
     eng._merger.notify()
     assert eng._merger.wait_idle(GATE_TIMEOUT)
     assert "unreachable" in eng.compaction_errors()["r"]
