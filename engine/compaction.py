@@ -50,7 +50,9 @@ class Compaction:
         trim the log; returns when the pass is done (for tests and tools). A relation with no
         history left (``since`` at its sealed time) is merged into one batch, a major
         compaction as RocksDB's ``CompactRange``: its snapshot then reads one sorted run as
-        stored. The background compacter keeps to the size-tiered merges."""
+        stored. The background merger does the same for such a relation once it has had no
+        new data for ``major_compaction_quiet`` seconds (and enough new rows to be worth it:
+        trace/planner.py ``plan_major_merge``); until then it keeps to size-tiered merges."""
         with self._lock:
             names = None if name is None else {self._rel(name).entry.name}
             self._check_open()
@@ -98,8 +100,9 @@ class Compaction:
 
     def compaction_errors(self) -> dict[str, str]:
         """Relations whose last compaction attempt (a pass or a merge) failed, with the error;
-        each is retried on every pass and keeps its WAL records (the log is trimmed only below
-        them) until it succeeds. Empty when every relation compacts."""
+        each is retried on every pass until it succeeds. A failed pass keeps the relation's WAL
+        records (the log is trimmed only below them); a failed merge leaves its inputs as they
+        are. Empty when every relation compacts."""
         with self._lock:
             out: dict[str, str] = {}
             for (name, _step), (text, _count) in sorted(self._compaction_failures.items()):
@@ -109,7 +112,8 @@ class Compaction:
 
     def _failure_count(self, name: str) -> int:
         """Failed attempts of the relation's failing steps (0 when none fails now)."""
-        return sum(count for (n, _step), (_text, count) in self._compaction_failures.items() if n == name)
+        with self._lock:
+            return sum(count for (n, _step), (_text, count) in self._compaction_failures.items() if n == name)
 
     def _isolated(self, rel: _Relation, failed: dict[str, str], step, kind: str = "pass") -> None:
         """Run one relation's compaction step (``kind``: "pass" or "merge"); a failure is

@@ -57,6 +57,8 @@ class RelationOps:
             self.catalog.drop(rel.entry)
             self._relations.remove(rel)
             self._backlog.remove(sum(e.bytes for e in rel.tail))
+            for step in ("pass", "merge"):  # a relation added again under this name starts clean
+                self._compaction_failures.pop((name, step), None)
             self._garbage += rel.trace.keys()
             try:
                 self._meta.delete(names.trace_key(rel.entry.id))

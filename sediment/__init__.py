@@ -81,8 +81,9 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     default 1 GiB, None: unbounded; enforced while the background compacter runs),
     ``wal_backlog_timeout`` (seconds an append waits before WalBacklogFull, default 60) and
     ``major_compaction_quiet`` (seconds a relation with no history left must go without new
-    data before the background merges its batches into one, read as stored; default 10,
-    None: only ``compact()`` does).
+    records before the background merges its batches into one, read as stored, provided the
+    batches besides the largest hold at least 1/8 of its rows; default 10, None: only
+    ``compact()`` does; needs the compacter's timed wakes, i.e. a ``compact_interval``).
     """
     import inspect
 

@@ -207,3 +207,54 @@ def test_flips_in_pages_never_give_a_wrong_answer_or_an_untyped_error(tmp_path):
             _restore(obj, pos, old)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
     assert set(outcomes) <= {"same data", "typed error"} and outcomes["typed error"] > outcomes.get("same data", 0)
+
+
+def test_a_whole_batch_read_refuses_missing_truncated_or_flipped_objects_typed(tmp_path):
+    """A snapshot's whole-batch read (TraceStore.read: the object's CRC32C streamed from the open file,
+    then decoded from that same file): a deleted object is "missing", a short one is refused by
+    its size, a flipped byte by its CRC, each a BatchCorruption naming the key; a whole one reads."""
+    data_dir, ref = _engine_with_batch(tmp_path / "d")
+    obj = os.path.join(data_dir, "blobs", ref.key)
+    with open(obj, "rb") as f:
+        original = f.read()
+    eng = sediment.open(data_dir, compact_interval=None)
+    try:
+        assert eng.snapshot("r", 1).num_rows == 50
+        middle = len(original) // 2
+        cases = {"missing from the blob store": None, "bytes but the trace state says": original[:-1],
+                 "CRC32C": original[:middle] + bytes([original[middle] ^ 1]) + original[middle + 1:]}
+        for expected, damaged in cases.items():
+            if damaged is None:
+                os.remove(obj)
+            else:
+                with open(obj, "wb") as f:
+                    f.write(damaged)
+            with pytest.raises(BatchCorruption) as info:
+                eng.snapshot("r", 1)
+            assert ref.key in str(info.value) and expected in str(info.value)
+        with open(obj, "wb") as f:
+            f.write(original)
+        assert eng.snapshot("r", 1).num_rows == 50
+    finally:
+        eng.close()
+
+
+def test_checksums_of_a_batch_whose_footer_exceeds_the_tail_prefetch(tmp_path):
+    """A footer longer than the 64 KiB first fetch (many row groups' statistics): the in-memory
+    and the streamed checksums agree, and neither copies nor misreads it."""
+    from sediment.trace.batch_checksum import TAIL_PREFETCH, checksums, file_checksums
+
+    n = 200_000
+    table = pa.table({"k": pa.array(range(n), pa.int64()), "v": [f"v{i:07d}" for i in range(n)],
+                      "time": pa.array([1] * n, pa.int64()), "diff": pa.array([1] * n, pa.int64())})
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "big-footer.parquet")
+    pq.write_table(table, path, row_group_size=200)  # 1,000 row groups
+    with open(path, "rb") as f:
+        data = f.read()
+    assert int.from_bytes(data[-8:-4], "little") > TAIL_PREFETCH
+    in_memory = checksums(data)
+    assert file_checksums(path) == in_memory == checksums(memoryview(data))
+    with pa.OSFile(path) as f:
+        assert file_checksums(f) == in_memory

@@ -383,18 +383,18 @@ def decode_batch(
 
 
 def decode_verified(
-    data: bytes | pa.Buffer | str, expected: BatchDescription | None = None, *, where: str = "batch",
+    data: bytes | pa.Buffer | str | pa.NativeFile, expected: BatchDescription | None = None, *, where: str = "batch",
     schema: pa.Schema | None = None,
 ) -> pa.Table:
-    """The whole table of a batch (its bytes, or the path of a local file) whose bytes the
+    """The whole table of a batch (its bytes, or a local file's path or open file) whose bytes the
     caller has already checked against the object CRC32C the trace state recorded. That checksum covers every byte, so Parquet's
     page checksums (a weaker subset of the same check) are skipped and the file is decoded
     by ``pq.read_table`` (threaded over row groups and columns, faster than
     ``ParquetFile.read`` here); the description, schema and time bounds are still checked."""
-    local = isinstance(data, str)
-    _pf, desc = _open(data if local else pa.BufferReader(data), where, expected, schema, page_checks=False)
+    source = data if isinstance(data, (str, pa.NativeFile)) else pa.BufferReader(data)
+    _pf, desc = _open(source, where, expected, schema, page_checks=False)
     try:
-        table = pq.read_table(data if local else pa.BufferReader(data))
+        table = pq.read_table(source)
     except _DECODE_ERRORS as e:
         raise BatchCorruption(f"{where}: fails to decode ({e}); the object is damaged (run sediment verify)") from e
     try:

@@ -7,6 +7,8 @@ so that a reader can verify a batch (footer included) before decoding it
 
 from __future__ import annotations
 
+from typing import Any
+
 import crc32c
 
 from sediment.blob.protocol import BlobStore
@@ -40,23 +42,31 @@ def checksums(data: bytes | memoryview, where: str = "batch") -> tuple[int, int]
     return crc32c.crc32c(view), fcrc
 
 
-def file_checksums(path: str) -> tuple[int, int]:
-    """:func:`checksums` of a batch file on local disk, read in 1 MiB chunks."""
+def file_checksums(source: str | Any, where: str | None = None) -> tuple[int, int]:
+    """:func:`checksums` of a batch file on local disk (a path, or an open binary file such
+    as ``pa.OSFile``, read from its start), streamed through one reused 1 MiB buffer."""
+    if isinstance(source, str):
+        with open(source, "rb", buffering=0) as f:
+            return _stream_checksums(f, where or source)
+    return _stream_checksums(source, where or "batch")
+
+
+def _stream_checksums(f: Any, where: str) -> tuple[int, int]:
     crc = 0
     buf = bytearray(1 << 20)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            crc = crc32c.crc32c(view[:n], crc)
-        size = f.tell()
-        flen = -1
-        n = TAIL_PREFETCH
-        while flen < 0:
-            f.seek(max(0, size - n))
-            flen, fcrc = footer_checksum(f.read(n), path)
-            if flen < 0 and n >= size:
-                raise BatchCorruption(f"{path}: footer length runs past the start of the file")
-            n = max(n * 2, flen + 8)
+    f.seek(0)
+    while n := f.readinto(buf):
+        crc = crc32c.crc32c(view[:n], crc)
+    size = f.tell()
+    flen = -1
+    n = TAIL_PREFETCH
+    while flen < 0:
+        f.seek(max(0, size - n))
+        flen, fcrc = footer_checksum(f.read(n), where)
+        if flen < 0 and n >= size:
+            raise BatchCorruption(f"{where}: footer length runs past the start of the file")
+        n = max(n * 2, flen + 8)
     return crc, fcrc
 
 
