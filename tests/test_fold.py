@@ -60,3 +60,23 @@ def test_diffs_that_could_overflow_raise_as_consolidate_does():
     ok = pa.table({"k": pa.array([1, 1, 2], pa.int64()), "time": pa.array([0, 0, 0], pa.int64()),
                    "diff": pa.array([big, -big, big], pa.int64())})
     assert fold(ok, ["k"]).equals(consolidate(ok, ["k"]))
+
+
+def test_the_hash_route_is_taken_only_when_rows_repeat_as_a_whole():
+    """A counter (the same 1,000 rows appended 200 times) hashes; a first column with few
+    values over distinct rows (a tenant id before fresh ids, 200k rows) sorts, where hashing
+    ~n groups cost 4x the sort. Both give consolidate's answer."""
+    from sediment.trace.fold import _few_groups
+
+    n = 200_000
+    counter = pa.table({"k": pa.array([i % 1000 for i in range(n)], pa.int64()),
+                        "v": pa.array([f"row-{i % 1000}" for i in range(n)]),
+                        "time": pa.array([7] * n, pa.int64()), "diff": pa.array([1] * n, pa.int64())})
+    tenants = pa.table({"k": pa.array([i % 10 for i in range(n)], pa.int64()),
+                        "v": pa.array([f"id-{i}" for i in range(n)]),
+                        "time": pa.array([i % 50 for i in range(n)], pa.int64()),
+                        "diff": pa.array([1] * n, pa.int64())})
+    assert _few_groups(counter, ["k", "v"], n)
+    assert not _few_groups(tenants, ["k", "v"], n)
+    for table in (counter, tenants):
+        assert fold(table, ["k", "v"], 3).equals(consolidate(table, ["k", "v"], 3))
