@@ -64,10 +64,25 @@ def _few_groups(table: pa.Table, keys: list[str], n: int) -> bool:
         return False
     if n <= 4 * SAMPLE_ROWS:
         return True
-    step = 2654435761  # prime: i * step mod n visits distinct rows spread over the whole table
-    sample = table.select([*keys, TIME]).take(pa.array([(i * step) % n for i in range(SAMPLE_ROWS)], pa.int64()))
+    sample = _spread_sample(table.select([*keys, TIME]), SAMPLE_ROWS)
     seen = sample.group_by([*keys, TIME], use_threads=False).aggregate([]).num_rows
-    return seen < _expected_distinct(HASH_GROUPS_SHARE * n, SAMPLE_ROWS, n)
+    return seen < _expected_distinct(HASH_GROUPS_SHARE * n, sample.num_rows, n)
+
+
+_STEP = 2654435761  # prime: j * step mod m visits distinct rows spread over a chunk of m rows
+
+
+def _spread_sample(table: pa.Table, rows: int) -> pa.Table:
+    """About ``rows`` rows spread over every chunk, taken chunk by chunk: a take across the
+    chunks of a binary column first concatenates them all (0.05-0.5 s for 600 MB of 1 KiB
+    rows in 60 chunks, against 7 ms for the hash that follows)."""
+    n = table.num_rows
+    parts = []
+    for batch in table.to_batches():
+        m = batch.num_rows
+        k = min(m, max(1, round(rows * m / n)))
+        parts.append(batch.take(pa.array([(j * _STEP) % m for j in range(k)], pa.int64())))
+    return pa.Table.from_batches(parts, schema=table.schema)
 
 
 HASH_GROUPS_SHARE = 0.25  # hash when (row, time) takes fewer distinct values than this share of rows
