@@ -63,6 +63,17 @@ def flush(eng) -> None:
     eng._compaction_pass(None, merge=False)
 
 
+def append_step(eng, expected: dict[str, dict[int, int]], t: int, keys: list[int]) -> None:
+    """Append ``keys`` at time ``t`` to every relation of ``expected`` (updating its model),
+    seal them at ``t`` and advance relation "now"'s since to ``t`` (no history kept)."""
+    for name, model in expected.items():
+        eng.append(name, ups(keys, t))
+        for k in keys:
+            model[k] = model.get(k, 0) + 1
+        eng.seal(name, t)
+    eng.set_since("now", t)
+
+
 def pending_keys(eng) -> list[str]:
     return [p.key for p in eng._relations["r"].trace.pending]
 
@@ -146,13 +157,7 @@ def test_compact_merges_a_relation_with_no_history_left_into_one_batch(tmp_path)
         for name in expected:
             eng.add_relation(name, SCHEMA)
         for step, n in enumerate((50_000, 8_000)):  # sizes far apart: the tiered rule merges neither
-            keys = [(i * 7 + step) % 60_000 for i in range(n)]
-            for name, model in expected.items():
-                eng.append(name, ups(keys, step))
-                for k in keys:
-                    model[k] = model.get(k, 0) + 1
-                eng.seal(name, step)
-            eng.set_since("now", step)
+            append_step(eng, expected, step, [(i * 7 + step) % 60_000 for i in range(n)])
             flush(eng)
         eng._merge_pass()  # what the background merger runs
         assert eng.trace_info("now")["batches"] == 2 and eng.trace_info("history")["batches"] == 2
@@ -194,12 +199,7 @@ def test_a_quiet_relation_with_no_history_left_becomes_one_batch_in_the_backgrou
             eng.add_relation(name, SCHEMA)
 
         def step(t: int, keys: list[int]) -> None:
-            for name, model in expected.items():
-                eng.append(name, ups(keys, t))
-                for k in keys:
-                    model[k] = model.get(k, 0) + 1
-                eng.seal(name, t)
-            eng.set_since("now", t)
+            append_step(eng, expected, t, keys)
             background_round(eng, clock, 5.0)
 
         step(0, [(i * 7) % 60_000 for i in range(50_000)])
