@@ -187,8 +187,7 @@ class TraceStore:
         object checksum already covers. A local object is checked by streaming the file
         through one reused buffer and decoded from the same open file, as ``pq.read_table``
         reads it: holding the object in a fresh buffer cost 0.06 s of page faults per 130 MB
-        here. A
-        remote one is fetched in one piece and checked and decoded from that buffer."""
+        here. A remote one is fetched in one piece, and checked and decoded from that buffer."""
         if ref.key is None:
             return None
         if ref.crc is None:
@@ -196,34 +195,38 @@ class TraceStore:
             return pa.concat_tables(tables) if tables else None
         where = f"batch {ref.key!r}"
         local = getattr(self.blobs, "local_path", None)
-        source: pa.NativeFile | pa.Buffer
-        try:
-            if local is not None:  # checked and decoded through one open file: an unlink meanwhile is harmless
-                source = pa.OSFile(local(ref.key))
-                size = source.size()
-                got = file_checksums(source, where) if size == ref.bytes else None
-            else:
-                source = pa.py_buffer(self.blobs.get(ref.key))
-                size = source.size
-                got = checksums(memoryview(source), where) if size == ref.bytes else None
+        try:  # a local object is checked and decoded through one open file: an unlink meanwhile is harmless
+            source: pa.NativeFile | pa.Buffer = pa.OSFile(local(ref.key)) if local is not None \
+                else pa.py_buffer(self.blobs.get(ref.key))
         except (BlobNotFound, FileNotFoundError) as e:
             raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
         except OSError as e:
             raise BlobError(f"reading {where} from {self.blobs!r} failed: {e}; check the disk and the file's "
                             "permissions, then retry") from e
         try:
-            if got is None:
-                raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {ref.bytes}")
-            if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
-                raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
-                                      f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
-            table = decode_verified(source, describe(relation_id, ref), where=where,
-                                    schema=self.schema_of(relation_id))
+            table = self._decode_checked(source, relation_id, ref, where)
         finally:
             if isinstance(source, pa.NativeFile):
                 source.close()
         self.whole_reads += 1
         return table if table.num_rows else None
+
+    def _decode_checked(self, source: pa.NativeFile | pa.Buffer, relation_id: int, ref: BatchRef,
+                        where: str) -> pa.Table:
+        """The batch decoded from ``source`` once its size and CRC32Cs match the trace state."""
+        local = isinstance(source, pa.NativeFile)
+        try:
+            size = source.size() if local else source.size
+            if size != ref.bytes:
+                raise BatchCorruption(f"{where}: object is {size} bytes but the trace state says {ref.bytes}")
+            got = file_checksums(source, where) if local else checksums(memoryview(source), where)
+        except OSError as e:
+            raise BlobError(f"reading {where} from {self.blobs!r} failed: {e}; check the disk and the file's "
+                            "permissions, then retry") from e
+        if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
+            raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
+                                  f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
+        return decode_verified(source, describe(relation_id, ref), where=where, schema=self.schema_of(relation_id))
 
     def _open(self, relation_id: int, ref: BatchRef):
         return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,
