@@ -84,3 +84,17 @@ def append_updates(c: Any, updates: list[tuple], relation: str = "orders") -> No
     cols = list(zip(*updates, strict=True))
     c.engine.append(relation, pa.table({"id": pa.array(cols[0], pa.int64()), "item": pa.array(cols[1], pa.string()),
                                         "time": pa.array(cols[2], pa.int64()), "diff": pa.array(cols[3], pa.int64())}))
+
+
+def append_wal_tail(c: Any, n: int, distinct: int, relation: str = "orders") -> None:
+    """``n`` updates of ``distinct`` ids (item "x", time 1, diff 1) appended and sealed at 1,
+    left in the WAL tail: the coordinator runs with ``compact_interval=None``, so compaction
+    waits for a full segment."""
+    import pyarrow as pa
+
+    c.engine.append(relation, pa.table({"id": pa.array([i % distinct for i in range(n)], pa.int64()),
+                                        "item": pa.repeat(pa.scalar("x"), n),
+                                        "time": pa.repeat(pa.scalar(1, pa.int64()), n),
+                                        "diff": pa.repeat(pa.scalar(1, pa.int64()), n)}))
+    c.engine.seal(relation, 1)
+    assert c.engine.trace_info(relation)["batches"] == 0  # all of it is WAL tail

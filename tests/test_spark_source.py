@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
 
-from fixtures_spark import append_updates  # noqa: E402
+from fixtures_spark import append_updates, append_wal_tail  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from sediment import spark_jobs  # noqa: E402
@@ -209,12 +209,7 @@ def test_the_wal_tail_is_split_by_key_range_across_tasks(spark, coordinator):
     c = coordinator(compact_interval=None)  # compaction runs when a WAL segment fills, so the tail stays
     c.engine.add_relation("orders", SCHEMA)
     n = 200_000
-    c.engine.append("orders", pa.table({"id": pa.array([i % 150_000 for i in range(n)], pa.int64()),
-                                        "item": pa.repeat(pa.scalar("x"), n),
-                                        "time": pa.repeat(pa.scalar(1, pa.int64()), n),
-                                        "diff": pa.repeat(pa.scalar(1, pa.int64()), n)}))
-    c.engine.seal("orders", 1)
-    assert c.engine.trace_info("orders")["batches"] == 0  # all of it is WAL tail
+    append_wal_tail(c, n, 150_000)
     df = load(spark, c)
     assert df.rdd.getNumPartitions() >= 3
     got = df.groupBy("diff").count().collect()

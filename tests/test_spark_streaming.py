@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
 
-from fixtures_spark import append_updates  # noqa: E402
+from fixtures_spark import append_updates, append_wal_tail  # noqa: E402
 
 from sediment.errors import InvalidArgument, TransactionError  # noqa: E402
 from sediment.spark_jobs import stream_write  # noqa: E402
@@ -256,12 +256,7 @@ def test_a_stream_reads_a_large_wal_tail_in_parallel_tasks(spark, coordinator, t
     c = coordinator(compact_interval=None)  # compaction runs when a WAL segment fills, so the tail stays
     c.engine.add_relation("orders", SCHEMA)
     n = 150_000
-    c.engine.append("orders", pa.table({"id": pa.array([i % 100_000 for i in range(n)], pa.int64()),
-                                        "item": pa.repeat(pa.scalar("x"), n),
-                                        "time": pa.repeat(pa.scalar(1, pa.int64()), n),
-                                        "diff": pa.repeat(pa.scalar(1, pa.int64()), n)}))
-    c.engine.seal("orders", 1)
-    assert c.engine.trace_info("orders")["batches"] == 0
+    append_wal_tail(c, n, 100_000)
     sink = Shapes()
     q = (stream(spark, c, startingAsOf="earliest").writeStream.foreachBatch(sink)
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
