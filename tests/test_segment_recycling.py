@@ -59,6 +59,19 @@ def live_bodies(log: FileLog) -> dict[int, bytes]:
     return {r.lsn: r.body for r in log.scan() if r.kind == RecordKind.UPDATES}
 
 
+
+def append_survives_reopen(log: FileLog, tmp_path, written: dict[int, bytes], row_id: int, body: bytes) -> int:
+    """Append ``body`` to a reopened log, close it, and check that the next open finds no
+    problem and every record, the new one included; the new record's LSN."""
+    lsn = log.append([updates(row_id, body)])
+    log.close()
+    again = FileLog.open(str(tmp_path), segment_bytes=SEGMENT)
+    assert again.problems == []
+    assert live_bodies(again) == {**written, lsn: body}
+    again.close()
+    return lsn
+
+
 def test_trimmed_files_are_reused_and_a_clean_reopen_reports_nothing(tmp_path):
     log, written = fill_and_recycle(tmp_path)
     active = log._segments[-1].path
@@ -77,14 +90,7 @@ def test_trimmed_files_are_reused_and_a_clean_reopen_reports_nothing(tmp_path):
     reopened = FileLog.open(str(tmp_path), segment_bytes=SEGMENT)
     assert reopened.report.torn_tails == [] and reopened.problems == []
     assert live_bodies(reopened) == written
-    more = os.urandom(900)
-    lsn = reopened.append([updates(10_000, more)])
-    assert lsn == max(written) + 1
-    reopened.close()
-    again = FileLog.open(str(tmp_path), segment_bytes=SEGMENT)
-    assert again.problems == []
-    assert live_bodies(again) == {**written, lsn: more}
-    again.close()
+    assert append_survives_reopen(reopened, tmp_path, written, 10_000, os.urandom(900)) == max(written) + 1
 
 
 def test_pool_stays_bounded_and_an_open_keeps_at_most_two(tmp_path):
@@ -150,13 +156,7 @@ def test_a_crash_while_a_pool_file_becomes_a_segment_loses_nothing(tmp_path, ren
     reopened = FileLog.open(str(tmp_path), segment_bytes=SEGMENT)
     assert not [p for p in reopened.problems if p.fatal]
     assert live_bodies(reopened) == written
-    body = os.urandom(500)
-    lsn = reopened.append([updates(20_000, body)])
-    reopened.close()
-    again = FileLog.open(str(tmp_path), segment_bytes=SEGMENT)
-    assert again.problems == []
-    assert live_bodies(again) == {**written, lsn: body}
-    again.close()
+    append_survives_reopen(reopened, tmp_path, written, 20_000, os.urandom(500))
 
 
 def test_an_engine_reuses_what_its_compacter_trims_and_verify_and_reopen_agree(tmp_path):
