@@ -59,7 +59,6 @@ def live_bodies(log: FileLog) -> dict[int, bytes]:
     return {r.lsn: r.body for r in log.scan() if r.kind == RecordKind.UPDATES}
 
 
-
 def append_survives_reopen(log: FileLog, tmp_path, written: dict[int, bytes], row_id: int, body: bytes) -> int:
     """Append ``body`` to a reopened log, close it, and check that the next open finds no
     problem and every record, the new one included; the new record's LSN."""
