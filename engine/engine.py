@@ -330,7 +330,9 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         if kind == _UPDATES:
             entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, r.body_len)
             if r.txn_id == 0:
-                self._add_tail(r.relation_id, entry)
+                rel = self._add_tail(r.relation_id, entry)
+                if rel is not None:
+                    rel.counters.add(r.count)
             else:
                 self._txns.add(r.txn_id, r.lsn, r.relation_id, entry)
                 self._backlog.add(entry.bytes)
@@ -345,13 +347,20 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             self._txns.begin(r.txn_id, r.lsn)
         elif kind == _COMMIT:
             for txn in committed_txn_ids(r) if r.body else (r.txn_id,):
+                written: dict[int, tuple[_Relation, int]] = {}  # one commit counts once per relation
                 for rel_id, entry in self._txns.finish(txn):
                     self._backlog.remove(entry.bytes)
-                    self._add_tail(rel_id, entry)
+                    rel = self._add_tail(rel_id, entry)
+                    if rel is not None:
+                        written[rel_id] = (rel, written.get(rel_id, (rel, 0))[1] + entry.rows)
+                for rel, rows in written.values():
+                    rel.counters.add(rows)
         elif kind == _ABORT:
             self._backlog.remove(sum(e.bytes for _rid, e in self._txns.finish(r.txn_id)))
 
-    def _add_tail(self, rel_id: int, entry: TailEntry) -> None:
+    def _add_tail(self, rel_id: int, entry: TailEntry) -> _Relation | None:
+        """Make a durable, committed record visible; the relation it was added to, or None
+        (dropped, or already in the trace). Every durable append passes here, so its callers count it."""
         rel = self._relations.by_id(rel_id)
         if entry.t_hi > self._max_time:
             self._max_time = entry.t_hi
@@ -359,6 +368,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             rel.tail.append(entry)
             rel.feed.add(UPDATES, entry.lsn)
             self._backlog.add(entry.bytes)
+            return rel
+        return None
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -430,7 +441,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                 self.locks.check_and_record(locks, bounds[1])
             ticket = self._log.submit(records, self._on_durable)
         ticket.wait()
-        self._count_append(start, {name: table.num_rows})
+        self.metrics.append_latency.observe(time.perf_counter() - start)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Locks | None = None) -> None:
         """Append to several relations atomically: after a crash, all or none are there.
@@ -455,18 +466,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                 self.locks.check_and_record(locks, max(b[1] for *_r, b in prepared if b is not None))
             ticket = self._log.submit(records, self._on_durable)
         ticket.wait()
-        self._count_append(start, {name: table.num_rows for name, _rel, table, _t in prepared})
-
-    def _count_append(self, start: float, rows: Mapping[str, int]) -> None:
-        m = self.metrics
-        m.append_latency.observe(time.perf_counter() - start)
-        cache = self.__dict__.setdefault("_append_counters", {})  # labels() costs microseconds per call
-        for name, n in rows.items():
-            counters = cache.get(name)
-            if counters is None:
-                counters = cache[name] = (m.appends.labels(relation=name), m.rows.labels(relation=name))
-            counters[0].inc()
-            counters[1].inc(n)
+        self.metrics.append_latency.observe(time.perf_counter() - start)
 
     def transaction(self) -> Transaction:
         """A write transaction: appends to any relations, visible only after ``commit()``."""

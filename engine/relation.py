@@ -39,6 +39,7 @@ class _Relation:
     feed: FeedLog | None = None
     trace_changed_at: float | None = None  # monotonic time this process last changed the trace
     data_added_at: float | None = None  # clock time a pass last took this relation's WAL records
+    counters: Any = None  # sediment.metrics.RelationCounters: bumped as its appends become durable
 
     def needs_from(self) -> int | None:
         """The least LSN of this relation's records that are not yet in its trace."""

@@ -56,6 +56,7 @@ class RelationOps:
             rel = self._rel(name)
             self.catalog.drop(rel.entry)
             self._relations.remove(rel)
+            self.metrics.forget_relation(name)
             self._backlog.remove(sum(e.bytes for e in rel.tail))
             for step in ("pass", "merge"):  # a relation added again under this name starts clean
                 self._compaction_failures.pop((name, step), None)
@@ -89,7 +90,8 @@ class RelationOps:
 
     def _register(self, entry: RelationEntry, trace: TraceState | None = None) -> _Relation:
         trace = trace or TraceState(entry.id)
-        rel = _Relation(entry, update_schema(entry.schema), trace, feed=FeedLog())
+        rel = _Relation(entry, update_schema(entry.schema), trace, feed=FeedLog(),
+                        counters=self.metrics.relation_counters(entry.name))
         rel.sealed = rel.sealed_durable = trace.upper - 1
         self.traces.set_schema(entry.id, rel.update_schema)
         self._relations.add(rel)

@@ -1,0 +1,43 @@
+"""A real ``sediment serve`` process for tests: started on a free port, ready once it prints
+its ``serving ... on URI`` line, stopped by its PID."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+
+class Served:
+    """``sediment serve --data-dir DIR --listen 127.0.0.1:0 [extra...]`` with a fresh token."""
+
+    def __init__(self, data_dir: Path | str, *extra: str) -> None:
+        self.token = "t-" + os.urandom(8).hex()
+        self.env = {**os.environ, "SEDIMENT_TOKEN": self.token}
+        self.proc = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--data-dir", str(data_dir),
+                                      "--listen", "127.0.0.1:0", *extra], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=self.env)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [self.lines.put(line.rstrip("\n")) for line in self.proc.stdout] and None,
+                         daemon=True).start()
+        self.metrics_url: str | None = None
+        while True:
+            line = self.lines.get(timeout=60)
+            if line.startswith("metrics on "):
+                self.metrics_url = line.split()[-1]
+            elif line.startswith("serving "):
+                self.uri = line.split()[-1]
+                return
+
+    def stop(self) -> int:
+        """SIGTERM to its PID; its exit code."""
+        os.kill(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
