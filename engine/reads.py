@@ -157,12 +157,18 @@ class Reads:
         after ``as_of``, a ``progress`` event for the sealed frontier, then every update and
         progress record as it becomes durable, in order, with no gap and no repeat. Writers
         never wait for a subscriber; a slow one catches up from the WAL. See
-        :mod:`sediment.engine.feed`."""
+        :mod:`sediment.engine.feed`.
+
+        A relation never sealed can be subscribed to without ``as_of`` (a consumer may start
+        before its producer): the snapshot is then the empty relation at time -1, before any
+        time, and every update follows."""
         args.check_bool(resume, "resume")
         with self._lock:
             rel = self._rel(name)
-            as_of = rel.sealed_durable if as_of is None else _check_time(as_of, "as_of")
-            self._check_as_of(rel, as_of)
+            if as_of is None:
+                as_of = rel.sealed_durable  # -1 when never sealed: since (0) is then no bound
+            else:
+                self._check_as_of(rel, _check_time(as_of, "as_of"))
             trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
             feed = rel.feed
 

@@ -185,3 +185,48 @@ def test_cli_tail_prints_snapshot_updates_and_progress(tmp_path, capsys):
     assert main(["--data-dir", data, "tail", "r", "--idle-timeout", "0.2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["event,time,k,v,diff", "snapshot,2,1,a,1", "update,3,2,b,1"]
+
+
+def test_a_consumer_can_start_before_the_first_append_and_seal(open_engine):
+    eng = open_engine()
+    eng.add_relation("fresh", SCHEMA)
+    with eng.subscribe("fresh") as sub:  # nothing appended, never sealed
+        first = sub.next(timeout=5)
+        assert (first.kind, first.time, first.table.num_rows) == ("snapshot", -1, 0)
+        assert first.table.schema.names == ["k", "v", "diff"]
+        consumer = Consumer(eng, "fresh")
+        consumer.apply(first)
+        eng.append("fresh", ups([(1, "a", 1, 1), (2, "b", 3, 1)]))
+        eng.seal("fresh", 1)
+        eng.append("fresh", ups([(1, "a", 2, -1)]))
+        eng.seal("fresh", 3)
+        events = [sub.next(timeout=5) for _ in range(4)]
+        assert [e.kind for e in events] == ["updates", "progress", "updates", "progress"]
+        assert [e.time for e in events if e.kind == "progress"] == [1, 3]
+        for e in events:
+            consumer.apply(e)
+        assert consumer.checked == [1, 3]
+        assert sub.next(timeout=0.05) is None
+
+
+def test_an_as_of_out_of_range_names_the_time_given(open_engine):
+    eng = open_engine()
+    eng.add_relation("fresh", SCHEMA)
+    with pytest.raises(errors.AsOfOutOfRange, match=r"as_of 4 for 'fresh' .*never sealed"):
+        eng.subscribe("fresh", 4)
+
+
+def test_cli_tail_on_a_relation_never_sealed_prints_every_update(tmp_path, capsys):
+    from sediment.cli import main
+
+    data = str(tmp_path / "cli")
+    csv = tmp_path / "u.csv"
+    csv.write_text("k,v,time,diff\n1,a,1,1\n2,b,3,1\n")
+    assert main(["--data-dir", data, "relation", "add", "r", "--schema", "k:int64,v:string"]) == 0
+    capsys.readouterr()
+    assert main(["--data-dir", data, "tail", "r", "--idle-timeout", "0.2"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["event,time,k,v,diff"]
+    assert main(["--data-dir", data, "append", "r", str(csv)]) == 0
+    capsys.readouterr()
+    assert main(["--data-dir", data, "tail", "r", "--idle-timeout", "0.2"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["event,time,k,v,diff", "update,1,1,a,1", "update,3,2,b,1"]

@@ -189,7 +189,8 @@ def _add_read_commands(command: Command) -> None:
     p = command("tail", cmd_tail, "print the relation's changes as they become durable (a feed)")
     p.add_argument("name", metavar="NAME", help="the relation")
     p.add_argument("--as-of", type=_time_arg, default=None, metavar="T",
-                   help="start with the snapshot at T (default: the sealed frontier)")
+                   help="start with the snapshot at T (default: the sealed frontier; on a relation never "
+                        "sealed, every update from the start)")
     p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N events")
     p.add_argument("--idle-timeout", type=float, default=None, metavar="S",
                    help="stop after S seconds without an event (default: never)")
