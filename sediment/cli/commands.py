@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sediment.cli.common import data_dir_of, open_engine, progress_for, schema_spec
+from sediment.cli.discover import shared
 from sediment.cli.files import (
     InputError,
     UsageError,
@@ -219,7 +220,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     (``snapshot`` rows first, then ``update`` rows and ``progress`` lines), until interrupted,
     ``--count`` events, or ``--idle-timeout`` seconds without one."""
     out = csv.writer(sys.stdout, lineterminator="\n")
-    with open_engine(args) as engine:
+    with open_engine(args) as engine, shared(engine, args):  # other commands work through it meanwhile
         names = engine.schema(args.name).names
         out.writerow(["event", "time", *names, "diff"])
         sys.stdout.flush()

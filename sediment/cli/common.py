@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import sediment
 from sediment.cli.files import UsageError, _one_line
-from sediment.errors import SedimentError
+from sediment.errors import DataDirLocked, SedimentError
 from sediment.progress import Progress
 
 if TYPE_CHECKING:
@@ -46,10 +46,12 @@ def data_dir_of(args: argparse.Namespace) -> str:
     return os.path.abspath(os.path.expanduser(args.data_dir))
 
 
-def open_engine(args: argparse.Namespace, *, create: bool = False, **options: object) -> sediment.Engine:
+def open_engine(args: argparse.Namespace, *, create: bool = False, discover: bool = True,
+                **options: object) -> sediment.Engine:
     """Open the engine; only commands that create things may create the data directory. With
     ``--connect`` the engine is a served coordinator's, reached through a client that has the
-    same methods, so every command reads the same either way."""
+    same methods, so every command reads the same either way. A data directory another
+    process serves is used through that server (``discover``: see sediment/cli/discover.py)."""
     if getattr(args, "connect", None):
         token = args.token if getattr(args, "token", None) else os.environ.get("SEDIMENT_TOKEN")
         if not token:
@@ -76,7 +78,14 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, **options: ob
     quiet = getattr(args, "major_compaction_quiet", None)
     if quiet is not None:
         options.setdefault("major_compaction_quiet", None if quiet == "never" else quiet)
-    return sediment.open(data_dir, **options)
+    try:
+        return sediment.open(data_dir, **options)
+    except DataDirLocked as exc:
+        if not discover:
+            raise
+        from sediment.cli.discover import connect_instead
+
+        return connect_instead(args, data_dir, exc)
 
 
 def progress_for(args: argparse.Namespace, total: int | None, label: str, unit: str) -> Progress:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sediment.cli.common import data_dir_of, open_engine
+from sediment.cli.discover import advertised
 from sediment.cli.files import UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:8815"
@@ -93,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     clean = True
     try:
-        engine = open_engine(args, create=True)
+        engine = open_engine(args, create=True, discover=False)
         metrics = None
         superseded: list[BaseException] = []
         listeners = getattr(engine, "superseded_listeners", None)
@@ -108,12 +109,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
                     metrics = MetricsServer(engine.metrics, *args.metrics_listen)
                     print(f"metrics on {metrics.url}", flush=True)
-                print(f"serving {data_dir_of(args)} on {server.uri}", flush=True)
-                # a signal handler (run by this thread) or a fencing sets it; the wait wakes up every
-                # half second because a SIGTERM delivered to one of gRPC's threads does not interrupt
-                # this thread's lock wait, and Python runs the handler only once this thread runs
-                while not stop.wait(SIGNAL_CHECK):
-                    pass
+                with advertised(engine.data_dir, server.uri):  # other commands find it (cli/discover.py)
+                    print(f"serving {data_dir_of(args)} on {server.uri}", flush=True)
+                    # a signal handler (run by this thread) or a fencing sets it; the wait wakes up every
+                    # half second because a SIGTERM delivered to one of gRPC's threads does not interrupt
+                    # this thread's lock wait, and Python runs the handler only once this thread runs
+                    while not stop.wait(SIGNAL_CHECK):
+                        pass
                 if superseded:
                     print(f"sediment serve: {superseded[0]}", file=sys.stderr, flush=True)
                 print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",

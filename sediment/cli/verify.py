@@ -43,7 +43,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 0 if report.ok else 1
     _print_report(report, args.verbose)
     if args.repair and os.path.isdir(data_dir):
-        result = repair_data_dir(data_dir, lambda: open_engine(args, repair=True, compact=False),
+        result = repair_data_dir(data_dir, lambda: open_engine(args, repair=True, compact=False, discover=False),
                                  force=getattr(args, "force", False), **blob_options)
         for line in result.lines:
             print(f"repaired: {_one_line(line)}")
