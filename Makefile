@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip uninstall --quiet -y sediment 2>/dev/null || true  # this project's former distribution name
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
