@@ -91,14 +91,18 @@ def test_served_appends_and_cli_appends_count(tmp_path):
             client.append("r", _rows(range(7), 1))
             with client.transaction() as txn:
                 txn.append("r", _rows(range(2), 2))
+            a, b = client.transaction(), client.transaction()  # as the Spark sink commits its tasks
+            a.append("r", _rows(range(3), 3))
+            b.append("r", _rows(range(4), 3))
+            client.commit_all([a, b])
         finally:
             client.close()
-        assert _counts(scrape(), "r") == (2, 9)
+        assert _counts(scrape(), "r") == (4, 16)
         updates = tmp_path / "u.csv"
         updates.write_text("id,time,diff\n1,3,1\n2,3,1\n3,4,1\n")
         done = subprocess.run([sys.executable, "-m", "sediment", "--connect", served.uri, "append", "r",
                                str(updates)], env=served.env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        assert _counts(scrape(), "r") == (3, 12)
+        assert _counts(scrape(), "r") == (5, 19)
     finally:
         assert served.stop() == 0

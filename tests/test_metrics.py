@@ -4,17 +4,14 @@
 from __future__ import annotations
 
 import json
-import os
-import queue
-import signal
 import subprocess
 import sys
-import threading
 import urllib.request
 
 import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from served import Served
 
 import sediment
 from sediment.cli import main as cli_main
@@ -119,35 +116,21 @@ def test_stats_over_the_network_equals_the_engines(tmp_path):
 
 @pytest.mark.slow
 def test_sediment_serve_exposes_metrics_over_http(tmp_path):
-    env = {**os.environ, "SEDIMENT_TOKEN": "t-" + os.urandom(8).hex()}
-    proc = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--data-dir", str(tmp_path / "data"),
-                             "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line.rstrip("\n")) for line in proc.stdout] and None,
-                     daemon=True).start()
+    served = Served(tmp_path / "data", "--metrics-listen", "127.0.0.1:0")
     try:
-        metrics_url = uri = None
-        while uri is None:
-            line = lines.get(timeout=60)
-            if line.startswith("metrics on "):
-                metrics_url = line.split()[-1]
-            elif line.startswith("serving "):
-                uri = line.split()[-1]
-        assert metrics_url is not None, "the metrics line comes before the ready line"
-        assert _scrape(metrics_url).get(("sediment_appends_total", (("relation", "r"),))) is None  # no relation yet
-        client = sediment.connect(uri, token=env["SEDIMENT_TOKEN"])
+        assert served.metrics_url is not None, "the metrics line comes before the ready line"
+        assert _scrape(served.metrics_url).get(("sediment_appends_total", (("relation", "r"),))) is None  # no relation yet
+        client = sediment.connect(served.uri, token=served.token)
         try:
             client.add_relation("r", SCHEMA)
             client.append("r", _updates(range(7), 1))
         finally:
             client.close()
-        samples = _scrape(metrics_url)
+        samples = _scrape(served.metrics_url)
         assert _rel(samples, "sediment_rows_appended_total", "r") == 7
         assert _rel(samples, "sediment_relation_tail_records", "r") == 1
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        assert served.stop() == 0
 
 
 @pytest.mark.slow

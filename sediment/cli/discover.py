@@ -136,8 +136,12 @@ def connect_instead(args: argparse.Namespace, data_dir: str, locked: DataDirLock
     where = f"{data_dir} is served by process {record['pid']} on {record['uri']}"
     if not token:
         raise UsageError(f"{where}: pass --token T or set ${TOKEN_ENV} (the server's token) to use it")
+    client = sediment.connect(record["uri"], token=token, tls_root_certs=getattr(args, "tls_root_certs", None))
+    if client.data_dir and os.path.realpath(client.data_dir) != os.path.realpath(data_dir):
+        client.close()  # the record's process and port were both reused: not this directory's server
+        raise locked
     print(f"sediment: {where}: using it", file=sys.stderr, flush=True)
-    return sediment.connect(record["uri"], token=token, tls_root_certs=getattr(args, "tls_root_certs", None))
+    return client
 
 
 @contextmanager
