@@ -68,6 +68,11 @@ def test_commands_on_a_served_directory_use_its_server(tmp_path):
         assert json.loads(outs[4])["relations"]["orders"]["sealed"] == 1
         assert outs[5].splitlines()[1:] == ['1,"tea",1']
 
+        second = _cli(data, "serve", "--listen", "127.0.0.1:0", env=env)  # needs the directory itself
+        assert second.returncode == 1
+        assert second.stderr.strip() == f"sediment: error: {data} is held by process {served.proc.pid}, which " \
+                                        f"serves it on {served.uri}; stop that process first, or use the " \
+                                        "directory through it"
         refused = _cli(data, "relation", "list", env=_env())
         assert refused.returncode == 2
         assert "pass --token T or set $SEDIMENT_TOKEN" in refused.stderr and str(served.proc.pid) in refused.stderr

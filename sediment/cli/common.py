@@ -81,10 +81,10 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, discover: boo
     try:
         return sediment.open(data_dir, **options)
     except DataDirLocked as exc:
-        if not discover:
-            raise
-        from sediment.cli.discover import connect_instead
+        from sediment.cli.discover import connect_instead, named_holder
 
+        if not discover:
+            raise named_holder(data_dir, exc) from None
         return connect_instead(args, data_dir, exc)
 
 

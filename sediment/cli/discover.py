@@ -124,6 +124,16 @@ def live_server(data_dir: str) -> dict[str, Any] | None:
     return record
 
 
+def named_holder(data_dir: str, locked: DataDirLocked) -> DataDirLocked:
+    """``locked``, naming the process that serves the directory when one does (for commands
+    that need the directory itself: serve, verify --repair)."""
+    record = live_server(data_dir)
+    if record is None:
+        return locked
+    return DataDirLocked(f"{data_dir} is held by process {record['pid']}, which serves it on {record['uri']}; "
+                         "stop that process first, or use the directory through it")
+
+
 def connect_instead(args: argparse.Namespace, data_dir: str, locked: DataDirLocked) -> Any:
     """For a command that found ``data_dir`` locked: a client of the process serving it,
     or ``locked`` raised again when no live server is recorded."""
