@@ -23,6 +23,21 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
         offset += n
 
 
+def replace_durably(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Make ``path`` hold ``data``, whole or not at all, durably: a temporary file beside it
+    (its name ends with this process's id, so two writers never share one), fsync, rename
+    over ``path``, fsync of the directory."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
 def makedirs_durable(path: str | os.PathLike[str]) -> bool:
     """``os.makedirs(path, exist_ok=True)``, but every directory it creates is made durable:
     after each ``mkdir`` its parent is fsynced, so a power cut cannot forget a directory

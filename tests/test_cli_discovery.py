@@ -19,6 +19,27 @@ import sediment
 from sediment.cli.discover import SERVER_FILE, read_record
 
 
+def test_the_record_is_written_and_removed_durably(tmp_path, monkeypatch):
+    """The real fsync calls, recorded by path: the record's file before its rename, and the
+    data directory after the rename and after the removal."""
+    from sediment.cli.discover import remove_record, write_record
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_record(str(tmp_path), "grpc://127.0.0.1:1")
+    assert synced[-1] == str(tmp_path) and synced[-2].startswith(str(tmp_path / SERVER_FILE) + ".")
+    assert sorted(os.listdir(tmp_path)) == [SERVER_FILE]  # no temporary file left
+    synced.clear()
+    remove_record(str(tmp_path))
+    assert synced == [str(tmp_path)] and os.listdir(tmp_path) == []
+
+
 def test_the_documented_record_reads_as_written(tmp_path):
     from pathlib import Path
 

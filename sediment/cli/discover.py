@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
 
-from sediment._fs import fsync_dir
+from sediment._fs import fsync_dir, replace_durably
 from sediment.cli.files import UsageError
 from sediment.errors import DataDirLocked
 
@@ -48,16 +48,7 @@ def write_record(data_dir: str, uri: str, token: str | None = None) -> None:
     record: dict[str, Any] = {"format": FORMAT, "version": VERSION, "pid": os.getpid(), "uri": uri}
     if token is not None:
         record["token"] = token
-    path = record_path(data_dir)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, json.dumps(record, sort_keys=True).encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(data_dir)
+    replace_durably(record_path(data_dir), json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
 
 
 def remove_record(data_dir: str) -> None:
