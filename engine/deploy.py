@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import struct
 import threading
 import zlib
@@ -102,6 +103,12 @@ def metadata_spec(metadata: object) -> str:
     if hosts and root:
         return f"zk://{hosts}{root}"
     return f"<{type(metadata).__name__}>"
+
+
+def owner_name(data_dir: str) -> str:
+    """How this coordinator is named in the partition metadata: what the one it replaces
+    reports as the new owner (host, process id, data directory)."""
+    return f"{socket.gethostname()} pid {os.getpid()} {data_dir}"
 
 
 def require_shared_blob(blob: object, data_dir: str) -> None:

@@ -214,8 +214,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             if metadata is None:
                 raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
                                  "metadata='zk://127.0.0.1:2181/sediment'")
-            self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key,
-                                           segment_bytes=segment_bytes)
+            self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key, segment_bytes=segment_bytes,
+                                           owner=deploy.owner_name(self.data_dir), clock=self._clock)
             deploy.close_when_fenced(self, self._log.on_fenced)
             if marker is None:
                 deploy.write_marker(self.data_dir, deploy.metadata_spec(metadata))
