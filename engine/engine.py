@@ -167,6 +167,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         data_dir = os.path.abspath(args.check_data_dir(data_dir))
         configure_memory_pool(arrow_memory_pool)
         marker = deploy.check_opening(data_dir, metadata)  # before anything is created
+        if metadata is None and marker is not None:
+            metadata = marker  # a replicated engine's directory names its metadata store
         makedirs_durable(data_dir)
         engine = cls(data_dir, metadata_spec=metadata if isinstance(metadata, str) else None,
                      max_record_bytes=max_record_bytes, merge_factor=merge_factor, memory_bound=memory_bound,

@@ -29,12 +29,15 @@ def test_every_damaged_marker_is_refused_with_a_typed_error():
             decode_marker(good[:n])
 
 
-def test_marker_round_trip_and_a_marked_directory_refuses_to_open_without_metadata(tmp_path):
+def test_marker_round_trip_and_a_marker_naming_a_python_object_refuses_to_open_without_metadata(tmp_path):
+    """A marker names its metadata store so that later opens find it; a store that was a
+    Python object (written as ``<ClassName>``) cannot be found from its name: refused."""
     assert read_marker(str(tmp_path)) is None
     write_marker(str(tmp_path), "zk://h:1/root")
     assert read_marker(str(tmp_path)) == "zk://h:1/root"
+    write_marker(str(tmp_path), "<MemoryMetadataStore>")
     before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(StorageRecordMismatch, match="zk://h:1/root"):
+    with pytest.raises(StorageRecordMismatch, match="<MemoryMetadataStore>"):
         sediment.open(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
