@@ -94,7 +94,7 @@ def check_opening(data_dir: str, metadata: object) -> str | None:
     if spec is not None and metadata is None and spec.startswith("<"):
         raise StorageRecordMismatch(
             f"{data_dir} belongs to a replicated engine whose metadata store is {spec!r} (marker "
-            f"{os.path.join(data_dir, MARKER_NAME)}); open it with metadata={spec!r} (CLI: --metadata {spec})")
+            f"{os.path.join(data_dir, MARKER_NAME)}); open it with metadata={spec!r}")
     return spec
 
 
