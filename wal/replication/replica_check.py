@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -72,36 +72,53 @@ async def _read_all(conn: ReplicaConnection, found: ReplicaReport) -> None:
             return
 
 
-async def _inspect(replicas: Sequence[str], cluster_key: uuid.UUID, partition: int,
-                   timeout: float) -> list[ReplicaReport]:
-    reports = [ReplicaReport(address) for address in replicas]
+Visit = Callable[[str, ReplicaConnection], Awaitable[None]]
 
-    async def one(nursery: trio.Nursery, found: ReplicaReport) -> None:
+
+async def visit_nodes(replicas: Sequence[str], cluster_key: uuid.UUID, partition: int, timeout: float,
+                      visit: Visit) -> dict[str, str]:
+    """Connect to every node at once and run ``visit(address, conn)`` on each; returns why
+    each node that could not be reached or failed mid-way was skipped (address -> reason)."""
+    failed: dict[str, str] = {}
+
+    async def one(nursery: trio.Nursery, address: str) -> None:
         try:
-            conn = await ReplicaConnection.open(nursery, found.address, tcp_connect, cluster_key, partition,
-                                                timeout)
+            conn = await ReplicaConnection.open(nursery, address, tcp_connect, cluster_key, partition, timeout)
         except (ReplicationError, OSError) as exc:
-            found.error = str(exc) or type(exc).__name__
+            failed[address] = str(exc) or type(exc).__name__
             return
         try:
-            info = await conn.call(MsgType.INFO, 0)
-            if info.status == Status.WRONG_CLUSTER:
-                found.error = info.message
-                return
-            found.node_session, found.max_lsn = info.node_session, info.max_lsn
-            found.low_water_mark = info.low_water_mark
-            await _read_all(conn, found)
+            await visit(address, conn)
         except (ReplicationError, OSError) as exc:
-            found.error = str(exc) or type(exc).__name__
+            failed[address] = str(exc) or type(exc).__name__
         finally:
-            conn.kill("check done")
+            conn.kill("done")
 
     async with trio.open_nursery() as nursery:
-        async with trio.open_nursery() as checks:
-            for found in reports:
-                checks.start_soon(one, nursery, found)
+        async with trio.open_nursery() as visits:
+            for address in replicas:
+                visits.start_soon(one, nursery, address)
         nursery.cancel_scope.cancel()
-    return reports
+    return failed
+
+
+async def _inspect(replicas: Sequence[str], cluster_key: uuid.UUID, partition: int,
+                   timeout: float) -> list[ReplicaReport]:
+    reports = {address: ReplicaReport(address) for address in replicas}
+
+    async def check(address: str, conn: ReplicaConnection) -> None:
+        found = reports[address]
+        info = await conn.call(MsgType.INFO, 0)
+        if info.status == Status.WRONG_CLUSTER:
+            found.error = info.message
+            return
+        found.node_session, found.max_lsn = info.node_session, info.max_lsn
+        found.low_water_mark = info.low_water_mark
+        await _read_all(conn, found)
+
+    for address, why in (await visit_nodes(replicas, cluster_key, partition, timeout, check)).items():
+        reports[address].error = why
+    return list(reports.values())
 
 
 def inspect_replicas(replicas: Sequence[str], cluster_key: uuid.UUID | str, partition: int = 0,
