@@ -99,3 +99,30 @@ def test_verify_repair_on_a_replicated_directory_is_refused_changing_nothing(tmp
     err = capsys.readouterr().err
     assert "replicated engine" in err and "storage nodes' recovery" in err
     assert sorted(os.listdir(data)) == before
+
+
+def test_verify_beside_a_running_coordinator_changes_nothing_it_relies_on(tmp_path, zookeeper, zk_root, capsys):
+    """verify only asks (INFO, READ in the nodes' current session): the coordinator serving
+    the engine meanwhile is neither fenced nor disturbed, and its next writes succeed."""
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    spec = f"zk://{zookeeper.hosts}{zk_root}"
+    try:
+        with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                           metadata=spec, blob=f"file://{tmp_path}/shared-blobs") as eng:
+            eng.add_relation("r", SCHEMA)
+            eng.append("r", ups([1], 1))
+            eng.seal("r", 1)
+            session = eng.wal.coordinator.session
+            code, out = verify(capsys, "--data-dir", str(tmp_path / "other"), "--metadata", spec, "verify")
+            assert code == 0, out
+            eng.append("r", ups([2], 2))
+            eng.seal("r", 2)
+            assert eng.wal.coordinator.fenced is None and eng.wal.coordinator.session == session
+            assert eng.snapshot("r", 2).num_rows == 2
+            assert not (tmp_path / "other").exists(), "verify created no directory"
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
