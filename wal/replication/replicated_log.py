@@ -8,7 +8,10 @@ is the thread-safe, blocking face the engine expects. An append is acknowledged 
 once a write quorum made it durable. If the quorum is lost, waiting appends fail with
 QuorumLost and the coordinator recovers a new store session by itself; if another
 coordinator takes over they fail with SessionFenced and the log stays fenced: open a
-new one (``on_fenced`` callbacks hear of it; the engine closes itself).
+new one (``on_fenced`` callbacks hear of it; the engine closes itself). The log does not
+wait for a write to learn it was replaced: it watches its partition's metadata key (or,
+for a store without watches, re-reads it every ``owner_check_interval`` seconds of the
+clock it was given) and fences itself once the key names another session.
 
 Losing ZooKeeper is not losing the job: a reconnect within the session timeout keeps
 the ZooKeeper session and nothing happens. After an expiry the log re-reads the
