@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean zookeeper java cluster-demo
+.PHONY: demo test lint bench clean zookeeper java cluster-demo replicated-demo
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ bench: $(STAMP)
 # batches in moto's S3, credentials as data source options.
 cluster-demo: $(STAMP) java
 	SEDIMENT_SPARK_CLUSTER=1 $(BIN)/pytest -q tests/test_spark_cluster.py
+
+# A replicated deployment on loopback through the CLI: ZooKeeper, moto (S3) and three storage
+# nodes, a coordinator killed and replaced; every process stopped by its PID at the end.
+replicated-demo: $(STAMP) java zookeeper
+	$(BIN)/python tools/replicated_demo.py
 
 clean:
 	rm -rf $(VENV) sediment-data

@@ -10,8 +10,9 @@ Three rules, all checked before anything is created:
   store (the engine's ``engine/storage`` key), so ``metadata=`` alone opens the engine.
 * The data directory says it belongs to a replicated engine: a small durable marker
   file, ``REPLICATED``, names the metadata store. Opening the directory without
-  ``metadata=`` is refused (StorageRecordMismatch) instead of silently opening an
-  empty local engine. Format in docs/formats.md ("Replicated data directory marker").
+  ``metadata=`` opens that store (so later opens and CLI commands need not repeat it),
+  never an empty local engine; a marker naming a store object given in Python
+  (``<ClassName>``) cannot be reopened from its name and is refused (StorageRecordMismatch). Format in docs/formats.md ("Replicated data directory marker").
 
 A coordinator fenced by a newer one closes its engine (:func:`close_when_fenced`); the
 reason is kept in ``engine.superseded`` and ``sediment serve`` exits non-zero with it.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import struct
 import threading
 import zlib
@@ -85,12 +87,14 @@ def write_marker(data_dir: str, spec: str) -> None:
 
 
 def check_opening(data_dir: str, metadata: object) -> str | None:
-    """Before anything is created: a replicated engine's directory needs its metadata store."""
+    """Before anything is created: a replicated engine's directory needs its metadata store,
+    the one given or else the one its marker names. Returns the marker's spec (None: not a
+    replicated engine's directory)."""
     spec = read_marker(data_dir)
-    if spec is not None and metadata is None:
+    if spec is not None and metadata is None and spec.startswith("<"):
         raise StorageRecordMismatch(
             f"{data_dir} belongs to a replicated engine whose metadata store is {spec!r} (marker "
-            f"{os.path.join(data_dir, MARKER_NAME)}); open it with metadata={spec!r} (CLI: --metadata {spec})")
+            f"{os.path.join(data_dir, MARKER_NAME)}); open it with metadata={spec!r}")
     return spec
 
 
@@ -102,6 +106,12 @@ def metadata_spec(metadata: object) -> str:
     if hosts and root:
         return f"zk://{hosts}{root}"
     return f"<{type(metadata).__name__}>"
+
+
+def owner_name(data_dir: str) -> str:
+    """How this coordinator is named in the partition metadata: what the one it replaces
+    reports as the new owner (host, process id, data directory)."""
+    return f"{socket.gethostname()} pid {os.getpid()} {data_dir}"
 
 
 def require_shared_blob(blob: object, data_dir: str) -> None:

@@ -167,6 +167,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         data_dir = os.path.abspath(args.check_data_dir(data_dir))
         configure_memory_pool(arrow_memory_pool)
         marker = deploy.check_opening(data_dir, metadata)  # before anything is created
+        if metadata is None and marker is not None:
+            metadata = marker  # a replicated engine's directory names its metadata store
         makedirs_durable(data_dir)
         engine = cls(data_dir, metadata_spec=metadata if isinstance(metadata, str) else None,
                      max_record_bytes=max_record_bytes, merge_factor=merge_factor, memory_bound=memory_bound,
@@ -214,8 +216,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             if metadata is None:
                 raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
                                  "metadata='zk://127.0.0.1:2181/sediment'")
-            self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key,
-                                           segment_bytes=segment_bytes)
+            self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key, segment_bytes=segment_bytes,
+                                           owner=deploy.owner_name(self.data_dir), clock=self._clock)
             deploy.close_when_fenced(self, self._log.on_fenced)
             if marker is None:
                 deploy.write_marker(self.data_dir, deploy.metadata_spec(metadata))

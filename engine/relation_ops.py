@@ -16,7 +16,13 @@ from sediment.engine.feed import FeedLog
 from sediment.engine.metadata import names
 from sediment.engine.relation import _Relation
 from sediment.engine.schema import check_name, check_schema, update_schema
-from sediment.errors import EngineClosed, FrontierRegression, RelationExists, UnknownRelation
+from sediment.errors import (
+    CoordinatorSuperseded,
+    EngineClosed,
+    FrontierRegression,
+    RelationExists,
+    UnknownRelation,
+)
 from sediment.trace.state import TraceState
 
 log = logging.getLogger(__name__)
@@ -26,6 +32,8 @@ class RelationOps:
     """Relation management of the Engine (mixin)."""
 
     def _check_open(self) -> None:
+        if self.superseded is not None:  # closing or closed because a newer coordinator took over
+            raise CoordinatorSuperseded(str(self.superseded))
         if self._closed:
             raise EngineClosed(f"the engine on {self.data_dir} is closed")
 

@@ -22,6 +22,7 @@ class VerifyReport:
     checked: list[str] = field(default_factory=list)
     wal_findings: list = field(default_factory=list)  # log_reader.Problem, for --json and repair reports
     wal_end: int | None = None  # the LSN after the last record the file log would hold after open
+    what: str = "files"  # what ``checked`` lists (a replicated engine's are not all files)
 
     @property
     def ok(self) -> bool:
@@ -145,22 +146,27 @@ def verify_device(path: str, report: VerifyReport) -> None:
 
 
 def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, report: VerifyReport) -> None:
-    """Every relation's trace: its invariants, and every batch it references read in full
-    (size, whole-object and footer CRC32C recorded in the trace state, footer description,
-    schema against the catalog, Parquet page checksums, row count)."""
-    from sediment.blob.uri import open_blob_store
-    from sediment.engine.catalog import RELATIONS, RelationEntry
+    """The traces of a local data directory's metadata (see :func:`verify_trace_batches`)."""
     from sediment.engine.metadata.journal import load_readonly
-    from sediment.engine.schema import update_schema
-    from sediment.trace.state import TraceState
-    from sediment.trace.store import TraceStore, state_key
 
     try:
         meta = load_readonly(os.path.join(data_dir, "meta"))
     except SedimentError as exc:
         report.problems.append(str(exc))
         return
-    uri = blob or "file://" + os.path.join(data_dir, "blobs")
+    verify_trace_batches(meta, blob or "file://" + os.path.join(data_dir, "blobs"), s3_endpoint, report)
+
+
+def verify_trace_batches(meta: dict, uri: str, s3_endpoint: str | None, report: VerifyReport) -> None:
+    """Every relation's trace in ``meta`` (key -> Versioned): its invariants, and every batch
+    it references read in full (size, whole-object and footer CRC32C recorded in the trace
+    state, footer description, schema against the catalog, Parquet page checksums, row count)."""
+    from sediment.blob.uri import open_blob_store
+    from sediment.engine.catalog import RELATIONS, RelationEntry
+    from sediment.engine.schema import update_schema
+    from sediment.trace.state import TraceState
+    from sediment.trace.store import TraceStore, state_key
+
     blobs = open_blob_store(uri, s3_endpoint=s3_endpoint) if uri.startswith("s3://") else open_blob_store(uri)
     store = TraceStore(meta=None, blobs=blobs)  # type: ignore[arg-type]
     try:

@@ -335,8 +335,9 @@ class PartitionClaimed(ReplicationError, NothingWritten):
 
 
 class CoordinatorSuperseded(ReplicationError):
-    """This coordinator was fenced by a newer one and closed its engine; the process
-    serving it must stop (``sediment serve`` exits non-zero with this message)."""
+    """This coordinator was replaced by a newer one (the message names it): its engine
+    refuses reads and writes and closes, and the process serving it must stop
+    (``sediment serve`` exits 3 with this message)."""
 
 
 class ReplicaUnavailable(ReplicationError):

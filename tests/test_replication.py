@@ -215,6 +215,32 @@ def test_superseded_coordinator_is_fenced(nodes) -> None:
     new.close()
 
 
+def test_a_store_without_watches_is_checked_for_a_new_owner_on_the_clock(nodes) -> None:
+    """A metadata store without watches: the coordinator re-reads the partition's owner every
+    interval of its clock, so a replaced one is fenced, naming the new owner, with no write."""
+    from sediment.clock import ManualClock
+
+    meta = MemoryMetadataStore()
+    clock = ManualClock()
+    old = open_log(nodes, meta, owner="coordinator-a", clock=clock, owner_check_interval=1.0)
+    old.append([r(0)])
+    wait_until(old, lambda: len(old.coordinator.in_sync()) == 3, what="all replicas in sync (no metadata write left)")
+    store = PartitionMetaStore(meta, 0)  # another coordinator's claim, made in the metadata alone: the
+    taken, version = store.load()        # nodes, which would also tell the old one at its next request, see nothing
+    taken.session_id, taken.owner = taken.session_id + 1, "coordinator-b"
+    store.save(taken, version)
+    fenced = lambda: old.coordinator.fenced is not None  # noqa: E731
+    assert not old.wait_for(fenced, 0.3), "fenced before the clock said a check was due"
+    clock.advance(0.5)
+    assert not old.wait_for(fenced, 0.3)
+    clock.advance(0.5)
+    assert old.wait_for(fenced, 2.0), "the check due on the clock did not fence the replaced coordinator"
+    assert "coordinator-b" in str(old.coordinator.fenced)
+    with pytest.raises(SessionFenced, match="coordinator-b"):
+        old.append([r(1)])
+    old.close()
+
+
 def test_lagging_replica_catches_up(nodes) -> None:
     meta = MemoryMetadataStore()
     log = open_log(nodes, meta)

@@ -42,6 +42,7 @@ from kazoo.exceptions import (
     OperationTimeoutError,
     SessionExpiredError,
 )
+from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
 
 from sediment.engine.metadata.keys import (
@@ -186,6 +187,27 @@ class ZooKeeperMetadataStore:
     def add_session_lost_listener(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` (from kazoo's thread; must not block) when the session is lost."""
         self._lost_callbacks.append(callback)
+
+    def watch(self, key: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (from kazoo's thread; must not block) whenever ``key`` changes,
+        is created or deleted, and once when the watch is set: what lets a coordinator hear
+        at once that another one took its partition, instead of at its next write. Returns
+        a function that cancels the watch. ZooKeeper re-arms it after each change and after
+        a reconnect."""
+        validate_key(key)
+        cancelled = threading.Event()
+
+        def changed(_data: object, _stat: object, _event: object = None) -> bool:
+            if cancelled.is_set() or self._closed:
+                return False  # kazoo stops watching on False
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - a listener's failure must not end the watch
+                pass
+            return True
+
+        DataWatch(self._client, self._path(key), changed)
+        return cancelled.set
 
     # --- plumbing --------------------------------------------------------------------------
 

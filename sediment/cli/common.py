@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import TYPE_CHECKING
 
 import sediment
@@ -32,14 +33,35 @@ def schema_spec(schema: pa.Schema) -> str:
     return ",".join(f"{f.name}:{type_name(f.type)}" for f in schema)
 
 
+# sediment.open's options that the command line spells as flags: the engine's errors name
+# the Python option (blob='s3://...'); the CLI's name the flag (--blob s3://...).
+CLI_OPTIONS = {"blob": "--blob", "s3_endpoint": "--s3-endpoint", "metadata": "--metadata",
+               "replicas": "--replicas", "cluster_key": "--cluster-key",
+               "take_over_blob_prefix": "--take-over-blob-prefix", "max_wal_backlog": "--max-wal-backlog",
+               "major_compaction_quiet": "--major-compaction-quiet"}
+_OPTION_IN_TEXT = re.compile(r"(?<![\w-])(" + "|".join(CLI_OPTIONS) + r")=(\[\.\.\.\]|'[^']*'|\"[^\"]*\"|True\b)?")
+
+
+def cli_option_names(text: str) -> str:
+    """``text`` with each ``option=value`` of :func:`sediment.open` written as the CLI flag."""
+    def flag(m: re.Match[str]) -> str:
+        name, value = CLI_OPTIONS[m.group(1)], m.group(2)
+        if value == "[...]":
+            return f"{name} HOST:PORT,..."
+        if value and value != "True":
+            return f"{name} {value[1:-1]}"
+        return name
+    return _OPTION_IN_TEXT.sub(flag, text)
+
+
 def describe(exc: BaseException) -> str:
-    """An exception as the one line a user reads."""
+    """An exception as the one line a user reads, in the command line's own terms."""
     if isinstance(exc, OSError) and exc.strerror:
         where = exc.filename if exc.filename is not None else ""
         text = f"{where}: {exc.strerror}" if where else exc.strerror
     else:
         text = str(exc) or type(exc).__name__
-    return _one_line(text)
+    return cli_option_names(_one_line(text))
 
 
 def data_dir_of(args: argparse.Namespace) -> str:

@@ -7,12 +7,15 @@ import os
 
 from sediment.cli.common import data_dir_of, open_engine, progress_for
 from sediment.cli.files import _one_line
+from sediment.engine.deploy import read_marker
 from sediment.engine.verify import VerifyReport, verify_data_dir
+from sediment.engine.verify_replicated import verify_engine
+from sediment.errors import InvalidArgument, SedimentError
 
 
 def _print_report(report: VerifyReport, verbose: bool) -> None:
     """One line per note and problem (each names its file and offset), so scripts can grep them."""
-    print(f"checked {len(report.checked)} files")
+    print(f"checked {len(report.checked)} {report.what}")
     if verbose:
         for path in report.checked:
             print(f"  {path}")
@@ -33,8 +36,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     data_dir = data_dir_of(args)
     blob_options = {"blob": getattr(args, "blob", None), "s3_endpoint": getattr(args, "s3_endpoint", None)}
+    metadata = getattr(args, "metadata", None)
+    replicated = bool(metadata and metadata.startswith("zk://"))
+    try:
+        replicated = replicated or (os.path.isdir(data_dir) and read_marker(data_dir) is not None)
+    except SedimentError:
+        replicated = True  # a damaged marker: verify reports it
+    if args.repair and replicated:
+        raise InvalidArgument(f"`verify --repair` repairs a local data directory; {data_dir} is a replicated "
+                              "engine's, whose log the storage nodes' recovery repairs at every open: run "
+                              "`sediment verify` to see what is wrong, then open the engine")
     with progress_for(args, 0, f"verify {data_dir}", ""):
-        report = verify_data_dir(data_dir, **blob_options)
+        report = verify_engine(data_dir, metadata=metadata, **blob_options)
     if getattr(args, "json", False) and not args.repair:
         import json
 
@@ -54,7 +67,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print("after repair:")
         report = verify_data_dir(data_dir, **blob_options)
         _print_report(report, args.verbose)
-    elif not report.ok and os.path.isdir(data_dir):
+    elif not report.ok and os.path.isdir(data_dir) and not replicated:
         print("`sediment verify --repair` keeps every record that verifies and reports what is lost "
               "(--force to accept losing acknowledged records)")
     return 0 if report.ok else 1

@@ -3,13 +3,15 @@
 Key ``store/partition/<id>`` (under a ZooKeeper store's root: ``<root>/store/partition/<id>``).
 Value: UTF-8 JSON, documented in docs/formats.md ("Replication formats")::
 
-    {"format": 1, "generation": 0, "session_id": 7,
+    {"format": 1, "generation": 0, "session_id": 7, "owner": "host-a pid 4242 /data/a",
      "replicas": {"127.0.0.1:7001": {"session_id": 7, "closing_hwm": -2}, ...}}
 
 It is written only by compare-and-set, which is what makes session ids unique: two
 coordinators racing for a new session cannot both win the same version. A replica's
 state says which store session it is engaged in, and, once recovery resolved it, the
-high-water mark that session closed at (``UNRESOLVED`` until then).
+high-water mark that session closed at (``UNRESOLVED`` until then). ``owner`` names the
+coordinator that took the session (host, process, data directory), so that the one it
+replaced can say who serves the partition now.
 
 Within one coordinator every write goes through one :class:`PartitionMetaWriter`: its
 updates run one at a time (FIFO), each as a change applied to the freshest metadata, so
@@ -50,16 +52,20 @@ class PartitionMeta:
     generation: int = 0
     session_id: int = 0
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
+    owner: str = ""
 
     def copy(self) -> PartitionMeta:
-        return PartitionMeta(self.generation, self.session_id, dict(self.replicas))
+        return PartitionMeta(self.generation, self.session_id, dict(self.replicas), self.owner)
 
     def encode(self) -> bytes:
-        return json.dumps({
+        obj: dict[str, Any] = {
             "format": FORMAT, "generation": self.generation, "session_id": self.session_id,
             "replicas": {r: {"session_id": s.session_id, "closing_hwm": s.closing_hwm}
                          for r, s in sorted(self.replicas.items())},
-        }, sort_keys=True).encode()
+        }
+        if self.owner:
+            obj["owner"] = self.owner
+        return json.dumps(obj, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, data: bytes, where: str = "") -> PartitionMeta:
@@ -70,7 +76,7 @@ class PartitionMeta:
                                        f"build reads format {FORMAT}")
             return cls(int(obj["generation"]), int(obj["session_id"]),
                        {r: ReplicaState(int(s["session_id"]), int(s["closing_hwm"]))
-                        for r, s in obj["replicas"].items()})
+                        for r, s in obj["replicas"].items()}, str(obj.get("owner", "")))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ReplicationError(f"partition metadata {where} is not valid ({exc}); restore it or delete "
                                    "the key to start the partition afresh") from exc
@@ -103,10 +109,12 @@ MAX_CAS_ATTEMPTS = 64
 class PartitionMetaWriter:
     """The one writer of a partition's metadata for one coordinator (see the module doc)."""
 
-    def __init__(self, store: PartitionMetaStore, blocking: Blocking, generation: int = 0) -> None:
+    def __init__(self, store: PartitionMetaStore, blocking: Blocking, generation: int = 0,
+                 owner: str = "") -> None:
         self.store = store
         self.blocking = blocking
         self.generation = generation
+        self.owner = owner
         self.session_id: int | None = None  # ours, once begin_session won
         self.meta = PartitionMeta()
         self.version: int | None = None
@@ -125,6 +133,7 @@ class PartitionMetaWriter:
                 new = before.copy()
                 new.generation = self.generation
                 new.session_id = before.session_id + 1
+                new.owner = self.owner
                 try:
                     self.version = await self.blocking(self.store.save, new, version)
                 except MetadataConflict:
@@ -166,14 +175,19 @@ class PartitionMetaWriter:
         """Re-read the metadata: is it still at our session and generation? A storage node
         that answers FENCED may only be confused (its storage came from elsewhere); the
         metadata decides whether this coordinator was really superseded."""
+        return await self.superseded_by() is None
+
+    async def superseded_by(self) -> PartitionMeta | None:
+        """Re-read the metadata: None while it is at our session and generation, else the
+        metadata that replaced ours (its ``owner`` names the coordinator that took over)."""
         async with self._lock:
             meta, version = await self.blocking(self.store.load)
             try:
                 self._check_ours(meta)
             except SessionFenced:
-                return False
+                return meta
             self.meta, self.version = meta, version
-            return True
+            return None
 
     def _check_generation(self, meta: PartitionMeta) -> None:
         if meta.generation > self.generation:

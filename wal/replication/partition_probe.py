@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 import trio
 
-from sediment.errors import PartitionClaimed, ReplicationError
-from sediment.wal.replication.replica import ReplicaConnection, tcp_connect
+from sediment.errors import PartitionClaimed
+from sediment.wal.replication.replica import ReplicaConnection
+from sediment.wal.replication.replica_check import visit_nodes
 from sediment.wal.replication.wire import MsgType
 
 
@@ -28,24 +29,11 @@ async def _probe(replicas: Sequence[str], cluster_key: uuid.UUID, partition: int
                  timeout: float) -> list[tuple[str, int, int]]:
     found: list[tuple[str, int, int]] = []
 
-    async def one(nursery: trio.Nursery, address: str) -> None:
-        try:
-            conn = await ReplicaConnection.open(nursery, address, tcp_connect, cluster_key, partition, timeout)
-        except (ReplicationError, OSError):
-            return
-        try:
-            resp = await conn.call(MsgType.INFO, 0)
-            found.append((address, resp.node_session, resp.max_lsn))
-        except (ReplicationError, OSError):
-            pass
-        finally:
-            conn.kill("probe done")
+    async def info(address: str, conn: ReplicaConnection) -> None:
+        resp = await conn.call(MsgType.INFO, 0)
+        found.append((address, resp.node_session, resp.max_lsn))
 
-    async with trio.open_nursery() as nursery:
-        async with trio.open_nursery() as probes:
-            for address in replicas:
-                probes.start_soon(one, nursery, address)
-        nursery.cancel_scope.cancel()
+    await visit_nodes(replicas, cluster_key, partition, timeout, info)  # unreachable nodes: skipped
     return found
 
 

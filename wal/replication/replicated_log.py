@@ -8,7 +8,10 @@ is the thread-safe, blocking face the engine expects. An append is acknowledged 
 once a write quorum made it durable. If the quorum is lost, waiting appends fail with
 QuorumLost and the coordinator recovers a new store session by itself; if another
 coordinator takes over they fail with SessionFenced and the log stays fenced: open a
-new one (``on_fenced`` callbacks hear of it; the engine closes itself).
+new one (``on_fenced`` callbacks hear of it; the engine closes itself). The log does not
+wait for a write to learn it was replaced: it watches its partition's metadata key (or,
+for a store without watches, re-reads it every ``owner_check_interval`` seconds of the
+clock it was given) and fences itself once the key names another session.
 
 Losing ZooKeeper is not losing the job: a reconnect within the session timeout keeps
 the ZooKeeper session and nothing happens. After an expiry the log re-reads the
@@ -45,6 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import trio
 
+from sediment.clock import Clock, MonotonicClock
 from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
 from sediment.wal import record as rec
@@ -59,6 +63,7 @@ from sediment.wal.replication.tail_cache import TailCache
 from sediment.wal.replication.wire import iter_records
 
 log = logging.getLogger(__name__)
+OWNER_CHECK_INTERVAL = 1.0  # seconds between ownership checks of a metadata store without watches
 
 
 class _Ticket:
@@ -99,9 +104,12 @@ class ReplicatedLog:
     def open(cls, replicas: Sequence[str], metadata: MetadataStore, partition: int = 0,
              cluster_key: uuid.UUID | str | None = None, *, timeout: float = 5.0,
              open_timeout: float = 30.0, segment_bytes: int = 64 << 20,
-             cache_bytes: int = DEFAULT_CACHE_BYTES) -> ReplicatedLog:
+             cache_bytes: int = DEFAULT_CACHE_BYTES, owner: str = "", clock: Clock | None = None,
+             owner_check_interval: float = OWNER_CHECK_INTERVAL) -> ReplicatedLog:
         """Start a store session (recovery included) and return once it accepts writes.
-        Raises ReplicationError if no write quorum is reachable within ``open_timeout``."""
+        Raises ReplicationError if no write quorum is reachable within ``open_timeout``.
+        ``owner`` names this coordinator in the partition metadata; ``clock`` times the
+        periodic ownership check of a metadata store without watches (see :meth:`_watch_owner`)."""
         if cluster_key is None:
             raise ReplicationError("a replicated log needs the cluster key its storage nodes were started with")
         self = object.__new__(cls)
@@ -127,7 +135,7 @@ class ReplicatedLog:
             where = getattr(metadata, "hosts", "") + getattr(metadata, "root", "") or type(metadata).__name__
             refuse_claimed_partition(replicas, key, partition, where, timeout)
         self.coordinator = Coordinator(replicas, meta, key, partition, connect=tcp_connect, timeout=timeout,
-                                       generation=assignment_generation(meta.load()[0], replicas))
+                                       generation=assignment_generation(meta.load()[0], replicas), owner=owner)
         self.coordinator.listeners.append(self._on_ack)
         self._ready = threading.Event()
         self._failure: BaseException | None = None
@@ -136,6 +144,10 @@ class ReplicatedLog:
         self._nursery: trio.Nursery | None = None
         self._fenced_callbacks: list[Callable[[BaseException], None]] = []
         self._watch = StateWatch()
+        self._owner_dirty = False
+        self._owner_checking = False
+        self._clock_moved: trio.Event | None = None
+        self._unwatch: Callable[[], None] | None = None
         self.zk_rechecks = 0  # ZooKeeper expiries handled without being superseded
         self.zk_rechecked = threading.Event()  # set after each such expiry's new session was asked for
         self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True,
@@ -152,6 +164,7 @@ class ReplicatedLog:
             self.close()
             raise ReplicationError(f"partition {partition}: no write quorum of {list(replicas)} became available "
                                    f"within {open_timeout}s; start the storage nodes and check the cluster key")
+        self._watch_owner(metadata, clock if clock is not None else MonotonicClock(), owner_check_interval)
         lost = getattr(metadata, "add_session_lost_listener", None)
         if lost is not None:
             lost(lambda: self._call_soon(self._zk_session_lost))
@@ -171,7 +184,7 @@ class ReplicatedLog:
             with trio.CancelScope() as self._stop:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    await nursery.start(self.coordinator.run)
+                    await nursery.start(self._coordinate)
                     self._ready.set()
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, not lost in a dead thread
             self._failure = _innermost(exc)
@@ -189,6 +202,11 @@ class ReplicatedLog:
                     except Exception:  # noqa: BLE001 - one listener must not silence the others
                         log.exception("an on_fenced callback failed")
 
+    async def _coordinate(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.coordinator.run(task_status=task_status)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()  # fenced: the ownership checks have nothing left to do
+
     def wait_for(self, predicate: Callable[[], object], timeout: float) -> bool:
         """Block until ``predicate()`` over the coordinator's state holds; False after
         ``timeout`` seconds or once the log stopped without it holding. The predicate runs
@@ -200,6 +218,50 @@ class ReplicatedLog:
         """Call ``callback(SessionFenced)`` (from the log's thread; must not block on the log)
         when a newer coordinator superseded this one and the log stopped for good."""
         self._fenced_callbacks.append(callback)
+
+    def _watch_owner(self, metadata: MetadataStore, clock: Clock, interval: float) -> None:
+        """Learn from the metadata, not only at the next write, that another coordinator took
+        the partition over: a store with watches (ZooKeeper) calls back when the partition's
+        key changes; any other is re-read every ``interval`` seconds of ``clock``. Either way
+        the coordinator is fenced (and the engine closes) as soon as the metadata names
+        another session."""
+        watch = getattr(metadata, "watch", None)
+        if watch is not None:
+            self._unwatch = watch(self.coordinator.meta.key, lambda: self._call_soon(self._owner_changed))
+            return
+        if hasattr(clock, "on_advance"):
+            clock.on_advance(lambda: self._call_soon(self._wake_owner_poll))
+        self._call_soon(lambda: self._nursery.start_soon(self._poll_owner, clock, interval))
+
+    def _wake_owner_poll(self) -> None:
+        if self._clock_moved is not None:
+            self._clock_moved.set()
+
+    async def _poll_owner(self, clock: Clock, interval: float) -> None:
+        sleep_time = getattr(clock, "deadline_to_sleep_time", lambda d: d - clock.current_time())
+        while self.coordinator.fenced is None:
+            deadline = clock.current_time() + interval
+            while clock.current_time() < deadline:
+                self._clock_moved = trio.Event()
+                with trio.move_on_after(max(0.0, sleep_time(deadline))):
+                    await self._clock_moved.wait()
+            self._owner_changed()
+
+    def _owner_changed(self) -> None:
+        """The partition's metadata changed (or is due a look): check who owns it, one
+        check at a time, again if it changed meanwhile."""
+        self._owner_dirty = True
+        if self._nursery is not None and not self._owner_checking and self.coordinator.fenced is None:
+            self._owner_checking = True
+            self._nursery.start_soon(self._check_owner)
+
+    async def _check_owner(self) -> None:
+        try:
+            while self._owner_dirty and self.coordinator.fenced is None:
+                self._owner_dirty = False
+                await self.coordinator.check_owner()
+        finally:
+            self._owner_checking = False
 
     def _zk_session_lost(self) -> None:
         if self._nursery is not None and self.coordinator.fenced is None:
@@ -416,6 +478,8 @@ class ReplicatedLog:
             except trio.RunFinishedError:
                 pass
         self._closed = True
+        if self._unwatch is not None:
+            self._unwatch()
         self._thread.join(timeout=10)
         self._fail_inbox()
 

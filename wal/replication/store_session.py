@@ -73,7 +73,7 @@ class Coordinator:
                  partition: int = 0, *, connect: Connect, timeout: float = 5.0, retry_interval: float = 0.2,
                  blocking: Callable[..., Any] = trio.to_thread.run_sync, max_batch_bytes: int = 4 << 20,
                  max_inflight: int = 32, retain_bytes: int = 64 << 20, catchup_bytes: int = 1 << 20,
-                 generation: int = 0) -> None:
+                 generation: int = 0, owner: str = "") -> None:
         if len(set(replicas)) != len(replicas) or not replicas:
             raise ReplicationError(f"replicas {list(replicas)} must be distinct and at least one")
         self.replicas = list(replicas)
@@ -90,7 +90,7 @@ class Coordinator:
         self.trimmed = 0
         self.retain_bytes = retain_bytes
         self.catchup_bytes = catchup_bytes
-        self.meta_writer = PartitionMetaWriter(meta, blocking, generation)
+        self.meta_writer = PartitionMetaWriter(meta, blocking, generation, owner)
         self.session = 0
         self.closing_hwm = -1  # the current session's resolved closing high-water mark
         self.replica_states: dict[str, ReplicaState] = {}
@@ -183,13 +183,29 @@ class Coordinator:
     async def _still_ours(self) -> bool:
         """A node answered FENCED: only the metadata says whether another session took over
         (a node whose storage came from elsewhere may claim a newer session)."""
+        return await self.superseded_by() is None
+
+    async def superseded_by(self) -> PartitionMeta | None:
+        """The partition metadata if it names another session or a newer generation (someone
+        took over), None while it is ours; re-read until the metadata store answers."""
         while True:
             try:
-                return await self.meta_writer.still_ours()
+                return await self.meta_writer.superseded_by()
             except MetadataError as exc:
-                log.warning("partition %d: cannot read the metadata to check a fence (%s); retrying",
+                log.warning("partition %d: cannot read the metadata to check who owns it (%s); retrying",
                             self.partition, exc)
                 await trio.sleep(self.retry_interval)
+
+    async def check_owner(self) -> bool:
+        """Fence this coordinator if the metadata says another one took the partition over,
+        naming it; True if it did. Called when the metadata changed (a watch) or periodically."""
+        if self.fenced is not None or self.session == 0:
+            return self.fenced is not None
+        newer = await self.superseded_by()
+        if newer is not None and self.fenced is None:
+            self.fence(f"the partition metadata names session {newer.session_id} (generation {newer.generation})"
+                       f" of {newer.owner or 'another coordinator'}: another coordinator took over")
+        return self.fenced is not None
 
     # --- sessions ---------------------------------------------------------------------------
 

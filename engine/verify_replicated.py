@@ -1,0 +1,177 @@
+"""``sediment verify`` of a replicated engine: what it holds lives outside its data directory.
+
+A replicated engine's data directory holds only its ``REPLICATED`` marker (engine/deploy.py);
+the catalog, the trace states, the storage record and the partition's metadata are in the
+metadata store the marker names, the batches in the shared blob store, and the log on the
+storage nodes. Verifying the directory alone would check nothing, so this checks each,
+read-only:
+
+* the marker (its checksum) and the metadata store it names (reachable, every key readable);
+* the storage record (replicas, cluster key, blob store) and the partition metadata;
+* every trace and every batch it references, as for a local engine (engine/verify.py);
+* every storage node's copy of the partition (wal/replication/replica_check.py: INFO, then
+  every record read back with its checksums): at least a write quorum must be reachable
+  and undamaged (the engine does not open without one), none may hold a session newer than
+  the metadata's (another metadata store uses those nodes), and their records must reach
+  the log position every trace says it has taken (else acknowledged records are lost).
+
+Whatever cannot be checked (the metadata store or a quorum of nodes unreachable) is a
+problem naming what could not be checked: verify never says "ok" about what it did not see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from sediment.engine.deploy import MARKER_NAME, read_marker
+from sediment.engine.metadata import names
+from sediment.engine.verify import VerifyReport, verify_trace_batches
+from sediment.errors import SedimentError
+
+
+def verify_replicated(data_dir: str, spec: str, report: VerifyReport, *, blob: str | None = None,
+                      s3_endpoint: str | None = None, timeout: float = 5.0) -> None:
+    """Check the replicated engine whose metadata store is ``spec`` (see the module doc)."""
+    from sediment.engine.metadata.open_store import open_metadata_store
+
+    report.what = "items (marker, metadata keys, batches, storage-node partitions)"
+    try:
+        store = open_metadata_store(spec, timeout=timeout) if spec.startswith("zk://") else open_metadata_store(spec)
+    except SedimentError as exc:
+        report.problems.append(f"cannot check the replicated engine of {data_dir}: its metadata store {spec} "
+                               f"cannot be opened ({exc}); nothing was checked")
+        return
+    try:
+        meta = {key: got for key in store.list("") if (got := store.get(key)) is not None}
+    except SedimentError as exc:
+        report.problems.append(f"cannot read the metadata store {spec} ({exc}); nothing was checked")
+        return
+    finally:
+        store.close()
+    report.checked += [f"{spec}/{key}" for key in sorted(meta)]
+    record = _storage_record(meta, spec, report)
+    if record is None:
+        return
+    uri = blob or record.get("blob")
+    if not uri:
+        report.problems.append(f"{spec}/{names.STORAGE}: records no blob store; the engine refuses to open "
+                               "(pass --blob s3://bucket/prefix)")
+    else:
+        verify_trace_batches(meta, uri, s3_endpoint or record.get("s3_endpoint"), report)
+    _verify_partition(meta, record, spec, report, timeout)
+
+
+def _storage_record(meta: dict, spec: str, report: VerifyReport) -> dict | None:
+    got = meta.get(names.STORAGE)
+    where = f"{spec}/{names.STORAGE}"
+    if got is None:
+        report.problems.append(f"{where}: no storage record: the metadata store holds no replicated engine "
+                               "(wrong ZooKeeper root, or the engine was never opened); nothing else was checked")
+        return None
+    try:
+        record = json.loads(got.value)
+    except ValueError as exc:
+        report.problems.append(f"{where}: not valid JSON ({exc}); restore the key")
+        return None
+    if not record.get("replicas") or not record.get("cluster_key"):
+        report.problems.append(f"{where}: names no replicas or cluster key ({sorted(record)}): not a replicated "
+                               "engine's record; open the data directory without --metadata")
+        return None
+    return record
+
+
+def _verify_partition(meta: dict, record: dict, spec: str, report: VerifyReport, timeout: float) -> None:
+    """The partition metadata, then every node's copy of the log against it and the traces."""
+    from sediment.wal.replication.partition_meta import PartitionMeta
+    from sediment.wal.replication.replica_check import inspect_replicas
+    from sediment.wal.replication.vote import quorum_size
+
+    key = names.partition_key(0)
+    got = meta.get(key)
+    if got is None:
+        report.problems.append(f"{spec}/{key}: no partition metadata although the storage record exists; "
+                               "the engine's log was never started or the key was deleted: restore it")
+        return
+    try:
+        partition = PartitionMeta.decode(got.value, key)
+    except SedimentError as exc:
+        report.problems.append(str(exc))
+        return
+    replicas = list(record["replicas"])
+    found = inspect_replicas(replicas, record["cluster_key"], 0, timeout)
+    good = []
+    for r in found:
+        where = f"storage node {r.address} partition 0"
+        if not r.reachable:
+            report.notes.append(f"{where}: not reachable, not checked ({r.error})")
+            continue
+        report.checked.append(f"{where}: LSN {r.first_lsn}..{r.max_lsn} ({r.records} records)")
+        if r.node_session > partition.session_id:
+            report.problems.append(f"{where}: at session {r.node_session}, newer than the metadata's "
+                                   f"{partition.session_id}: another metadata store uses these nodes (open refuses)")
+        elif r.damage:
+            report.notes.append(f"{where}: {r.damage} (the replica is truncated and caught up at the next open)")
+        else:
+            good.append(r)
+    quorum = quorum_size(len(replicas))
+    if len(good) < quorum:
+        report.problems.append(f"only {len(good)} of {len(replicas)} storage nodes ({', '.join(replicas)}) could be "
+                               f"checked undamaged; the engine needs {quorum} to open: start them, then verify again")
+        return
+    _check_log_reaches_traces(meta, max(r.max_lsn for r in good), report)
+
+
+def _check_log_reaches_traces(meta: dict, end: int, report: VerifyReport) -> None:
+    """Open's check that the log reaches every trace's ``wal_through``, on the nodes' records."""
+    from sediment.engine.catalog import RELATIONS, RelationEntry
+    from sediment.trace.state import TraceState
+    from sediment.trace.store import state_key
+
+    for k, v in meta.items():
+        if not k.startswith(RELATIONS):
+            continue
+        try:
+            entry = RelationEntry.decode(v.value, v.version, k)
+            raw = meta.get(state_key(entry.id))
+            through = TraceState.decode(raw.value).wal_through if raw is not None else 0
+        except SedimentError:
+            continue  # reported by the trace check
+        if through > end + 1:
+            report.problems.append(f"relation {entry.name!r}: its trace holds the log's records up to LSN {through}, "
+                                   f"but the storage nodes hold records only up to LSN {end}: acknowledged "
+                                   "records are lost (open refuses)")
+
+
+def replicated_spec(data_dir: str, metadata: str | None, report: VerifyReport) -> str | None:
+    """The metadata store to verify against: ``--metadata``, else the one the marker names;
+    None for a local data directory (or a damaged marker, reported as a problem)."""
+    try:
+        marked = read_marker(data_dir)
+    except SedimentError as exc:
+        report.problems.append(str(exc))
+        return None
+    if marked is not None:
+        report.checked.append(os.path.join(data_dir, MARKER_NAME))
+    if marked is not None and marked.startswith("<"):
+        report.problems.append(f"{os.path.join(data_dir, MARKER_NAME)}: names the metadata store {marked}, an object "
+                               "given in Python, not a spec verify can open; pass --metadata zk://host:port/root")
+        return None
+    return metadata or marked
+
+
+def verify_engine(data_dir: str, *, metadata: str | None = None, blob: str | None = None,
+                  s3_endpoint: str | None = None) -> VerifyReport:
+    """What ``sediment verify`` runs: a replicated engine's stores and nodes when the data
+    directory's marker (or a ``zk://`` ``metadata``) says it is one, else the local checks."""
+    from sediment.engine.verify import verify_data_dir
+
+    report = VerifyReport()
+    if os.path.isdir(data_dir) or metadata:
+        spec = replicated_spec(data_dir, metadata if metadata and metadata.startswith("zk://") else None, report)
+        if spec is not None:
+            verify_replicated(data_dir, spec, report, blob=blob, s3_endpoint=s3_endpoint)
+            return report
+        if report.problems:
+            return report
+    return verify_data_dir(data_dir, blob=blob, s3_endpoint=s3_endpoint)
