@@ -28,7 +28,8 @@ from sediment.cli.files import (
     _write_atomically,
     _write_stdout_csv,
 )
-from sediment.engine.schema import check_name, conform_updates, parse_schema_spec, update_schema
+from sediment.engine.schema import check_name, conform_updates, update_schema
+from sediment.engine.schema_text import parse_schema_spec
 from sediment.errors import SchemaMismatch, SedimentError, TimeAlreadySealed
 
 KEEP_VALIDATED_BYTES = 256 << 20  # below this, the checked chunks are appended without reading the file again

@@ -161,7 +161,8 @@ def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) ->
     p = command("add", cmd_relation_add, "create an empty relation", rel_sub)
     p.add_argument("name", metavar="NAME", help="the new relation's name")
     p.add_argument("--schema", required=True, metavar="SPEC",
-                   help="the columns, e.g. 'id:int64,name:string' (time and diff are added)")
+                   help="the columns, e.g. 'id:int64,price:decimal(10,2),at:timestamp[us,tz=UTC]' (time and "
+                        "diff are added; `relation list` prints the same form)")
     p = command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub)
     p.add_argument("name", metavar="NAME", help="the relation")
     command("list", cmd_relation_list, "list relations: name, schema, since, sealed", rel_sub)
