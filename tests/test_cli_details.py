@@ -21,7 +21,8 @@ from test_tls import certificate  # noqa: F401 - the fixture
 import sediment
 from sediment.cli import main as cli_main
 from sediment.engine.schema_text import format_schema, format_type, parse_schema_spec, parse_type
-from sediment.errors import SchemaMismatch
+from sediment.errors import InvalidArgument, SchemaMismatch
+from sediment.server import SedimentFlightServer
 
 RUN_TIMEOUT = 60  # seconds: a command that hangs fails the test instead of stalling it
 ENV = {k: v for k, v in os.environ.items() if k not in ("SEDIMENT_DEBUG", "SEDIMENT_PROGRESS", "SEDIMENT_TOKEN")}
@@ -115,3 +116,23 @@ def test_relation_list_output_feeds_relation_add(tmp_path):
     with sediment.open(d) as engine:
         assert engine.schema("copy") == engine.schema("orders") == parse_schema_spec(given_spec)
         assert engine.schema("orders").field("price").type == pa.decimal128(10, 2)
+
+
+def test_client_append_many_with_a_list_is_a_typed_error(tmp_path):
+    token = os.urandom(8).hex()
+    engine = sediment.open(tmp_path / "data")
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token, close_engine=True)
+    try:
+        engine.add_relation("r", pa.schema([("id", pa.int64())]))
+        table = pa.table({"id": [1], "time": [1], "diff": [1]})
+        with sediment.connect(f"127.0.0.1:{server.port}", token) as client:  # a bare HOST:PORT is grpc://
+            for target in (client, engine):
+                with pytest.raises(InvalidArgument) as refused:
+                    target.append_many([("r", table)])
+                assert "mapping of relation name" in str(refused.value) and "list" in str(refused.value)
+            client.append_many({"r": table})
+            with pytest.raises(InvalidArgument):
+                sediment.connect("http://127.0.0.1:1", token)
+        assert engine.trace_info("r")["tail_records"] == 1  # only the mapping's append
+    finally:
+        server.stop()

@@ -109,7 +109,8 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
                             "(`sediment cluster-key` makes one)"))
     p.add_argument("--connect", default=default(None), metavar="URI",
                    help=doc("talk to a served coordinator (sediment serve) at grpc://HOST:PORT or "
-                            "grpc+tls://HOST:PORT instead of opening --data-dir"))
+                            "grpc+tls://HOST:PORT instead of opening --data-dir (a bare HOST:PORT means "
+                            "grpc://HOST:PORT)"))
     p.add_argument("--token", default=default(None), metavar="T",
                    help=doc("the shared secret: what --connect sends, what serve requires (default "
                             "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)"))
