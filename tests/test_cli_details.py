@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -116,6 +117,70 @@ def test_relation_list_output_feeds_relation_add(tmp_path):
     with sediment.open(d) as engine:
         assert engine.schema("copy") == engine.schema("orders") == parse_schema_spec(given_spec)
         assert engine.schema("orders").field("price").type == pa.decimal128(10, 2)
+
+
+# --- tail ---------------------------------------------------------------------------------------
+
+
+def test_tail_count_counts_printed_rows_and_ends(tmp_path):
+    d = seeded(tmp_path, rows=5)
+    later = tmp_path / "later.csv"
+    later.write_text("id,time,diff\n7,2,1\n8,2,1\n")
+    assert cli_main(["--data-dir", d, "--no-progress", "append", "orders", str(later)]) == 0
+    assert cli_main(["--data-dir", d, "seal", "orders", "2"]) == 0
+    # a feed of three events (snapshot, updates, progress) printing 8 rows: counting events, --count 5
+    # or 8 would wait for events that never come
+    for count, kinds in [(3, ["snapshot"] * 3), (5, ["snapshot"] * 5),
+                         (8, ["snapshot"] * 5 + ["update"] * 2 + ["progress"])]:
+        proc = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "1", "--count", str(count))
+        assert proc.returncode == 0, proc.stderr
+        header, *rows = proc.stdout.splitlines()
+        assert header == "event,time,id,diff" and [r.split(",")[0] for r in rows] == kinds
+    assert "positive integer" in sediment_cmd("--data-dir", d, "tail", "orders", "--count", "0").stderr
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A real ``sediment serve`` on the seeded data directory: (process, port, token, data dir)."""
+    d = seeded(tmp_path, rows=2)
+    token = "t-" + os.urandom(8).hex()
+    proc = popen("serve", "--data-dir", d, "--listen", "127.0.0.1:0", "--shutdown-grace", "5",
+                 env={**ENV, "SEDIMENT_TOKEN": token}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = lines_of(proc.stdout)
+    try:
+        while not (line := out.get(timeout=RUN_TIMEOUT)).startswith("serving "):
+            pass
+        yield proc, int(line.rsplit(":", 1)[1]), token, d
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=RUN_TIMEOUT)
+
+
+@pytest.mark.slow
+def test_connect_takes_host_port_and_tail_hint_speaks_the_cli(served):
+    proc, port, token, d = served
+    listed = sediment_cmd("--connect", f"127.0.0.1:{port}", "--token", token, "relation", "list")
+    assert listed.returncode == 0 and listed.stdout.startswith("orders\tid:int64\t"), listed.stderr
+    bad = sediment_cmd("--connect", "127.0.0.1", "--token", token, "relation", "list")
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "grpc://HOST:PORT" in bad.stderr, bad.stderr
+
+    tail = popen("--connect", f"127.0.0.1:{port}", "--token", token, "tail", "orders", stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE)
+    out = lines_of(tail.stdout)
+    assert out.get(timeout=RUN_TIMEOUT) == "event,time,id,diff\n"
+    sealed = sediment_cmd("--connect", f"127.0.0.1:{port}", "--token", token, "seal", "orders", "2")
+    assert sealed.returncode == 0, sealed.stderr
+    while (line := out.get(timeout=RUN_TIMEOUT)) != "progress,2,,\n":
+        assert line.startswith("snapshot,1,"), line
+    proc.send_signal(signal.SIGTERM)  # the server stops: the feed ends
+    assert proc.wait(timeout=RUN_TIMEOUT) == 0
+    assert tail.wait(timeout=RUN_TIMEOUT) == 1
+    err = tail.stderr.read()
+    assert err.count("\n") == 1 and "resume=True" not in err
+    assert "`sediment tail orders --as-of 2 --resume`" in err, err
+    resumed = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "2", "--resume", "--idle-timeout", "0.5")
+    assert (resumed.returncode, resumed.stdout) == (0, "event,time,id,diff\n")  # no snapshot again
 
 
 def test_client_append_many_with_a_list_is_a_typed_error(tmp_path):

@@ -192,7 +192,11 @@ def _add_read_commands(command: Command) -> None:
     p.add_argument("name", metavar="NAME", help="the relation")
     p.add_argument("--as-of", type=_time_arg, default=None, metavar="T",
                    help="start with the snapshot at T (default: the sealed frontier)")
-    p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N events")
+    p.add_argument("--resume", action="store_true",
+                   help="with --as-of T: no snapshot, only the changes after T (to go on after a feed ended at "
+                        "the progress line of time T)")
+    p.add_argument("--count", type=_positive_int, default=None, metavar="N",
+                   help="stop once N rows (snapshot, update or progress lines) have been printed")
     p.add_argument("--idle-timeout", type=float, default=None, metavar="S",
                    help="stop after S seconds without an event (default: never)")
 
