@@ -139,6 +139,17 @@ def test_tail_count_counts_printed_rows_and_ends(tmp_path):
     assert "positive integer" in sediment_cmd("--data-dir", d, "tail", "orders", "--count", "0").stderr
 
 
+def test_ctrl_c_exits_quietly_with_130(tmp_path):
+    d = seeded(tmp_path, rows=1)
+    proc = popen("--data-dir", d, "tail", "orders", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = lines_of(proc.stdout)
+    assert out.get(timeout=RUN_TIMEOUT) == "event,time,id,diff\n"
+    assert out.get(timeout=RUN_TIMEOUT).startswith("snapshot,")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=RUN_TIMEOUT) == 130
+    assert proc.stderr.read() == ""
+
+
 @pytest.fixture
 def served(tmp_path):
     """A real ``sediment serve`` on the seeded data directory: (process, port, token, data dir)."""
