@@ -5,11 +5,16 @@ checked before serving, and no directory left behind by a failed first open or s
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import queue
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 
 import pyarrow as pa
@@ -212,3 +217,32 @@ def test_client_append_many_with_a_list_is_a_typed_error(tmp_path):
         assert engine.trace_info("r")["tail_records"] == 1  # only the mapping's append
     finally:
         server.stop()
+
+
+# --- progress -------------------------------------------------------------------------------------
+
+
+def test_progress_bar_on_a_terminal_nothing_on_a_pipe(tmp_path):
+    d = seeded(tmp_path, rows=1)
+    src = tmp_path / "more.csv"
+    src.write_text("id,time,diff\n" + "".join(f"{i},2,1\n" for i in range(300)))
+    piped = sediment_cmd("--data-dir", d, "append", "orders", str(src))
+    assert (piped.returncode, piped.stderr) == (0, "")
+    main_fd, term_fd = pty.openpty()
+    fcntl.ioctl(term_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns, like a window
+    try:
+        proc = popen("--data-dir", d, "append", "orders", str(src), stdout=subprocess.PIPE, stderr=term_fd)
+        os.close(term_fd)
+        shown = b""
+        while select.select([main_fd], [], [], RUN_TIMEOUT)[0]:
+            try:
+                chunk = os.read(main_fd, 4096)
+            except OSError:  # EIO: the process closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert proc.wait(timeout=RUN_TIMEOUT) == 0
+    finally:
+        os.close(main_fd)
+    assert b"append more.csv" in shown and b"300/300" in shown and b"\r" in shown, shown

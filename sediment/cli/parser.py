@@ -133,7 +133,8 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
                             "background merges its batches into one (default 10; 'never': only `compact`)"))
     bar = p.add_mutually_exclusive_group() if top else p  # argparse cannot format a group of hidden options
     bar.add_argument("--progress", dest="progress", action="store_const", const=True, default=default(None),
-                     help=doc("always show progress on stderr (default: only on a terminal)"))
+                     help=doc("always show progress on stderr: a bar on a terminal, else a line as each phase "
+                              "starts and ends (default: a bar only when stderr is a terminal)"))
     bar.add_argument("--no-progress", dest="progress", action="store_const", const=False,
                      default=default(None), help=doc("never show progress"))
 
