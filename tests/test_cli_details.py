@@ -246,3 +246,29 @@ def test_progress_bar_on_a_terminal_nothing_on_a_pipe(tmp_path):
     finally:
         os.close(main_fd)
     assert b"append more.csv" in shown and b"300/300" in shown and b"\r" in shown, shown
+
+
+# --- serve: TLS files, busy ports, and no directory left behind ------------------------------------
+
+
+def test_swapped_or_wrong_tls_files_are_named_before_serving(tmp_path, certificate):  # noqa: F811
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    cert_pem, key_pem, cert_file, key_file = certificate
+    with sediment.open(tmp_path / "engine") as engine, pytest.raises(InvalidArgument) as refused:
+        SedimentFlightServer(engine, "grpc://127.0.0.1:0", "t", tls=(key_pem, cert_pem))  # the API checks too
+    assert "swapped" in str(refused.value) and "tls[0]" in str(refused.value)
+    other = tmp_path / "other.key"
+    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    d = tmp_path / "data"
+    env = {**ENV, "SEDIMENT_TOKEN": "t"}
+    for cert, key, words in [(key_file, cert_file, ["swapped", f"--tls-cert {key_file}", f"--tls-key {cert_file}"]),
+                             (cert_file, str(other), ["is not the private key", f"--tls-key {other}"]),
+                             (cert_file, cert_file, ["holds no PEM private key", f"--tls-key {cert_file}"])]:
+        proc = sediment_cmd("serve", "--data-dir", str(d), "--listen", "127.0.0.1:0", "--tls-cert", cert,
+                            "--tls-key", key, env=env)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert all(w in proc.stderr for w in words) and "port" not in proc.stderr, proc.stderr
+    assert not d.exists()

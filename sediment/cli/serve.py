@@ -67,6 +67,20 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     return p
 
 
+def _tls_of(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
+    """The --tls-cert and --tls-key files, checked before anything is opened: gRPC would
+    only say that it did not start."""
+    if args.tls_cert is None:
+        return None
+    from sediment.errors import InvalidArgument
+    from sediment.net.tls import check_tls_files
+
+    try:
+        return check_tls_files(args.tls_cert, args.tls_key, f"--tls-cert {args.tls_cert}", f"--tls-key {args.tls_key}")
+    except InvalidArgument as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Opens the engine (creating the directory, as a coordinator's first start must), serves,
     and on SIGTERM/SIGINT shuts down in order: no new calls, calls under way finish, open
@@ -79,10 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"serve needs a token: pass --token T or set ${TOKEN_ENV} (clients send the same)")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together")
-    tls = None
-    if args.tls_cert is not None:
-        with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
-            tls = (cert.read(), key.read())
+    tls = _tls_of(args)
     host, port = args.listen
     location = f"grpc://[{host}]:{port}" if ":" in host else f"grpc://{host}:{port}"
     stop = threading.Event()
