@@ -11,6 +11,7 @@ import pty
 import queue
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from test_tls import certificate  # noqa: F401 - the fixture
 
 import sediment
 from sediment.cli import main as cli_main
+from sediment.cli import serve as cli_serve
 from sediment.engine.schema_text import format_schema, format_type, parse_schema_spec, parse_type
 from sediment.errors import InvalidArgument, SchemaMismatch
 from sediment.server import SedimentFlightServer
@@ -272,3 +274,32 @@ def test_swapped_or_wrong_tls_files_are_named_before_serving(tmp_path, certifica
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert all(w in proc.stderr for w in words) and "port" not in proc.stderr, proc.stderr
     assert not d.exists()
+
+
+def test_failed_first_open_or_serve_leaves_no_directory(tmp_path, monkeypatch):
+    new = tmp_path / "a" / "b" / "data"
+    proc = sediment_cmd("--data-dir", str(new), "--blob", "nope://x", "relation", "add", "r", "--schema", "id:int64")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError):
+        sediment.open(new, blob="nope://x")
+    assert os.listdir(tmp_path) == []
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = sediment_cmd("serve", "--data-dir", str(new), "--listen", f"127.0.0.1:{port}",
+                            env={**ENV, "SEDIMENT_TOKEN": "t"})
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "another process" in proc.stderr
+        assert os.listdir(tmp_path) == []
+        # past the early check (another process took the port in between): Flight fails to
+        # listen once the engine is open; the lock is released and a new directory removed
+        monkeypatch.setattr(cli_serve, "_check_port_free", lambda host, port: None)
+        serve = ["serve", "--token", "t", "--listen", f"127.0.0.1:{port}", "--data-dir"]
+        assert cli_main([*serve, str(tmp_path / "fresh")]) == 1
+        assert os.listdir(tmp_path) == []
+        kept = seeded(tmp_path)
+        assert cli_main([*serve, kept]) == 1
+        with sediment.open(kept) as engine:
+            assert engine.relations() == ["orders"]
