@@ -344,6 +344,10 @@ def test_progress_modes_and_summary(monkeypatch):
     with Progress(10, "tty", stream=terminal) as on:
         on.update(10)
     assert "tty: 100%" in terminal.getvalue() and "10/10" in terminal.getvalue()
+    timed = _Terminal()  # a phase that counts nothing shows its time, no count or rate
+    with Progress(0, "compact", stream=timed):
+        pass
+    assert "compact: 00:00" in timed.getvalue() and "it/s" not in timed.getvalue() and "0it" not in timed.getvalue()
     monkeypatch.setenv("SEDIMENT_PROGRESS", "1")
     forced = io.StringIO()
     with Progress(10, "env", stream=forced) as on:
