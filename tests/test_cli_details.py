@@ -261,14 +261,16 @@ def test_swapped_or_wrong_tls_files_are_named_before_serving(tmp_path, certifica
     with sediment.open(tmp_path / "engine") as engine, pytest.raises(InvalidArgument) as refused:
         SedimentFlightServer(engine, "grpc://127.0.0.1:0", "t", tls=(key_pem, cert_pem))  # the API checks too
     assert "swapped" in str(refused.value) and "tls[0]" in str(refused.value)
-    other = tmp_path / "other.key"
-    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    other, locked = tmp_path / "other.key", tmp_path / "locked.key"
+    for path, how in ((other, serialization.NoEncryption()), (locked, serialization.BestAvailableEncryption(b"pw"))):
+        path.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, how))
     d = tmp_path / "data"
     env = {**ENV, "SEDIMENT_TOKEN": "t"}
     for cert, key, words in [(key_file, cert_file, ["swapped", f"--tls-cert {key_file}", f"--tls-key {cert_file}"]),
                              (cert_file, str(other), ["is not the private key", f"--tls-key {other}"]),
-                             (cert_file, cert_file, ["holds no PEM private key", f"--tls-key {cert_file}"])]:
+                             (cert_file, cert_file, ["holds no PEM private key", f"--tls-key {cert_file}"]),
+                             (cert_file, str(locked), ["encrypted with a passphrase", f"--tls-key {locked}"])]:
         proc = sediment_cmd("serve", "--data-dir", str(d), "--listen", "127.0.0.1:0", "--tls-cert", cert,
                             "--tls-key", key, env=env)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr

@@ -15,15 +15,16 @@ from sediment.errors import InvalidArgument
 _BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
 
 
-def _kinds(pem: bytes) -> set[str]:
-    return {m.decode() for m in _BEGIN.findall(pem)}
+def _kinds(pem: bytes | str) -> set[str]:
+    return {m.decode() for m in _BEGIN.findall(pem.encode() if isinstance(pem, str) else pem)}
 
 
 def _has_key(kinds: set[str]) -> bool:
     return any(k.endswith("PRIVATE KEY") for k in kinds)
 
 
-def check_tls_pem(cert: bytes, key: bytes, cert_name: str = "the certificate", key_name: str = "the key") -> None:
+def check_tls_pem(cert: bytes | str, key: bytes | str, cert_name: str = "the certificate",
+                  key_name: str = "the key") -> None:
     """Raise InvalidArgument unless ``cert`` holds a PEM certificate and ``key`` an unencrypted
     PEM private key; ``cert_name`` and ``key_name`` say where each came from."""
     cert_kinds, key_kinds = _kinds(cert), _kinds(key)
@@ -36,7 +37,8 @@ def check_tls_pem(cert: bytes, key: bytes, cert_name: str = "the certificate", k
     if not _has_key(key_kinds):
         raise InvalidArgument(f"{key_name} holds no PEM private key (-----BEGIN PRIVATE KEY-----, found "
                               f"{', '.join(sorted(key_kinds)) or 'none'}); give the certificate's private key")
-    if "ENCRYPTED PRIVATE KEY" in key_kinds or b"ENCRYPTED" in key.split(b"-----END", 1)[0]:
+    key_head = (key.encode() if isinstance(key, str) else key).split(b"-----END", 1)[0]
+    if "ENCRYPTED PRIVATE KEY" in key_kinds or b"ENCRYPTED" in key_head:
         raise InvalidArgument(f"{key_name} is encrypted with a passphrase, which the server cannot ask for; "
                               "give the key unencrypted (openssl pkey -in KEY -out KEY.pem)")
 
