@@ -136,5 +136,5 @@ def check_locks(locks: object) -> None:
 def check_updates_map(updates: object) -> None:
     """``append_many``'s argument: relation name -> table (the tables are checked later)."""
     if not isinstance(updates, Mapping):
-        raise InvalidArgument(f"append_many takes a mapping of relation name -> pyarrow.Table, not "
-                              f"{type(updates).__name__}")
+        raise InvalidArgument(f"append_many takes a mapping of relation name -> pyarrow.Table, e.g. "
+                              f"{{'orders': table}}, not {type(updates).__name__}; call append(name, table) for one")

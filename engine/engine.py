@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment._fs import makedirs_durable
+from sediment._fs import makedirs_durable, remove_tree_durable
 from sediment.clock import Clock, MonotonicClock
 from sediment.engine import args, deploy, recovery
 from sediment.engine.backlog import (
@@ -162,14 +162,15 @@ class Engine(Opening, RelationOps, Reads, Compaction):
     ) -> Engine:
         """Open (creating if needed) the engine on ``data_dir``: see :func:`sediment.open`.
         Options are checked, and a replicated engine's marker read, before anything is
-        created; a failure part-way releases whatever was opened."""
+        created; a failure part-way releases whatever was opened, and removes the data
+        directory again if this open created it."""
         args.check_open_options({k: v for k, v in locals().items() if k not in ("cls", "data_dir")})
         data_dir = os.path.abspath(args.check_data_dir(data_dir))
         configure_memory_pool(arrow_memory_pool)
         marker = deploy.check_opening(data_dir, metadata)  # before anything is created
         if metadata is None and marker is not None:
             metadata = marker  # a replicated engine's directory names its metadata store
-        makedirs_durable(data_dir)
+        created = makedirs_durable(data_dir)
         engine = cls(data_dir, metadata_spec=metadata if isinstance(metadata, str) else None,
                      max_record_bytes=max_record_bytes, merge_factor=merge_factor, memory_bound=memory_bound,
                      lock_slots=lock_slots, compact_interval=compact_interval, clock=clock,
@@ -181,7 +182,10 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                          segment_bytes=segment_bytes, repair=repair, compact=compact,
                          take_over_blob_prefix=take_over_blob_prefix)
         except BaseException:
+            locked = engine._lock_fd is not None
             engine._release_all()
+            if created is not None and locked and metadata is None:  # a failed first open leaves nothing
+                remove_tree_durable(created)
             raise
         return engine
 

@@ -5,9 +5,10 @@ int64). Those two names are reserved. Column types must be ones that the engine 
 sort, group, store in Parquet and read back as the same type, since consolidation
 and compaction do all of that: integers, float32/float64, booleans, strings, binary
 (also fixed-size), dates, times, timestamps (with or without a time zone),
-durations and decimals. Refused (tests/test_column_types.py tries each end to end):
-float16 (Arrow cannot sort it), nested types (list, struct, map: no comparison
-kernels), dictionary and null columns.
+durations and decimals; their text form (``--schema``) is in engine/schema_text.py.
+Refused (tests/test_column_types.py tries each end to end): float16 (Arrow cannot
+sort it), nested types (list, struct, map: no comparison kernels), dictionary and null
+columns.
 """
 
 from __future__ import annotations
@@ -21,20 +22,6 @@ from sediment.errors import InvalidRelationName, InvalidUpdates, SchemaMismatch
 
 RESERVED = ("time", "diff")
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
-
-_SPEC_TYPES: dict[str, pa.DataType] = {
-    "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
-    "uint8": pa.uint8(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
-    "float32": pa.float32(), "float": pa.float32(), "float64": pa.float64(), "double": pa.float64(),
-    "bool": pa.bool_(), "boolean": pa.bool_(),
-    "string": pa.string(), "utf8": pa.string(), "large_string": pa.large_string(),
-    "binary": pa.binary(), "large_binary": pa.large_binary(),
-    "date32": pa.date32(), "date": pa.date32(), "date64": pa.date64(),
-    "timestamp[s]": pa.timestamp("s"), "timestamp[ms]": pa.timestamp("ms"),
-    "timestamp[us]": pa.timestamp("us"), "timestamp[ns]": pa.timestamp("ns"),
-    "timestamp": pa.timestamp("us"),
-}
-
 
 def check_name(name: object) -> str:
     """The relation name, if valid: ``[A-Za-z_][A-Za-z0-9_.-]{0,127}``, never a path."""
@@ -81,30 +68,6 @@ def check_schema(schema: object) -> pa.Schema:
                 "decimals"
             )
     return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
-
-
-def parse_schema_spec(spec: str) -> pa.Schema:
-    """``'id:int64,name:string'`` to a schema (the CLI's ``--schema``). Strict: every
-    comma-separated field must be ``NAME:TYPE`` with both parts present, so a stray comma
-    or colon is refused rather than silently skipped."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise SchemaMismatch("empty schema: give at least one NAME:TYPE, e.g. id:int64,name:string")
-    fields = []
-    for i, raw in enumerate(spec.split(",")):
-        part = raw.strip()
-        where = f"field {i + 1} of {spec!r}"
-        if not part:
-            raise SchemaMismatch(f"{where} is empty (a stray comma?): write NAME:TYPE,NAME:TYPE")
-        name, colon, type_name = part.partition(":")
-        name, type_name = name.strip(), type_name.strip().lower()
-        if not colon or not name or not type_name:
-            raise SchemaMismatch(f"bad column spec {part!r} ({where}): write NAME:TYPE, e.g. id:int64")
-        if type_name not in _SPEC_TYPES:
-            raise SchemaMismatch(
-                f"unknown type {type_name!r} for column {name!r}; known: {', '.join(sorted(_SPEC_TYPES))}"
-            )
-        fields.append(pa.field(name, _SPEC_TYPES[type_name]))
-    return check_schema(pa.schema(fields))
 
 
 def _family(t: pa.DataType) -> str:

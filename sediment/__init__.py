@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from sediment.client import Client
     from sediment.engine.engine import Engine
     from sediment.engine.locks import Locks
-    from sediment.engine.schema import parse_schema_spec
+    from sediment.engine.schema_text import parse_schema_spec
     from sediment.engine.transaction import Transaction
 
 __all__ = ["Engine", "Locks", "Transaction", "connect", "errors", "open", "parse_schema_spec"]
@@ -33,7 +33,7 @@ _LAZY = {
     "Engine": "sediment.engine.engine",
     "Locks": "sediment.engine.locks",
     "Transaction": "sediment.engine.transaction",
-    "parse_schema_spec": "sediment.engine.schema",
+    "parse_schema_spec": "sediment.engine.schema_text",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -38,11 +39,12 @@ def replace_durably(path: str, data: bytes, mode: int = 0o644) -> None:
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def makedirs_durable(path: str | os.PathLike[str]) -> bool:
+def makedirs_durable(path: str | os.PathLike[str]) -> str | None:
     """``os.makedirs(path, exist_ok=True)``, but every directory it creates is made durable:
     after each ``mkdir`` its parent is fsynced, so a power cut cannot forget a directory
     whose files were already synced (POSIX makes an entry durable only when its parent
-    directory is synced). Returns whether anything was created."""
+    directory is synced). Returns the outermost directory it created (None: none), which
+    is what to remove to undo it."""
     path = os.path.abspath(os.fspath(path))
     missing: list[str] = []
     probe = path
@@ -52,6 +54,7 @@ def makedirs_durable(path: str | os.PathLike[str]) -> bool:
         if parent == probe:
             break
         probe = parent
+    top = None
     for d in reversed(missing):
         try:
             os.mkdir(d)
@@ -60,4 +63,12 @@ def makedirs_durable(path: str | os.PathLike[str]) -> bool:
                 raise
             continue
         fsync_dir(os.path.dirname(d))
-    return bool(missing)
+        top = top or d
+    return top
+
+
+def remove_tree_durable(path: str | os.PathLike[str]) -> None:
+    """Remove a directory and everything in it, durably: once its parent is fsynced, nothing
+    under it can come back after a power cut."""
+    shutil.rmtree(path)
+    fsync_dir(os.path.dirname(os.path.abspath(os.fspath(path))))

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
+from sediment.engine.args import check_updates_map  # the engine's own argument check: no engine state
 from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
 from sediment.errors import (
     EngineClosed,
@@ -218,15 +219,36 @@ class RemoteTransaction:
             self.abort()
 
 
+_SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
+
+
+def server_location(uri: str) -> str:
+    """The Flight location of a server address: ``grpc://HOST:PORT`` or ``grpc+tls://HOST:PORT``
+    as given, and a bare ``HOST:PORT`` (``[v6]:PORT``) read as ``grpc://HOST:PORT``, since that
+    is how people write an address and plain gRPC is what ``sediment serve`` listens with
+    unless it has a certificate."""
+    if not isinstance(uri, str):
+        raise errors.InvalidArgument(f"a server address is a string such as grpc://127.0.0.1:8815, not "
+                                     f"{type(uri).__name__}")
+    if uri.startswith(_SCHEMES):
+        return uri
+    host, sep, port = uri.rpartition(":")
+    if "://" in uri or not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise errors.InvalidArgument(f"cannot read {uri!r} as a sediment server's address: give "
+                                     "grpc://HOST:PORT, grpc+tls://HOST:PORT (a server with --tls-cert) or HOST:PORT")
+    return "grpc://" + uri
+
+
 class Client:
     """A connection to a sediment server with the methods of :class:`sediment.Engine`.
     Thread-safe: calls from many threads share one gRPC channel. Use as a context manager."""
 
     def __init__(self, uri: str, token: str | None = None, *, timeout: float | None = None,
                  tls_root_certs: bytes | str | None = None) -> None:
-        """``uri``: ``grpc://HOST:PORT``, or ``grpc+tls://HOST:PORT`` with ``tls_root_certs`` (PEM
-        bytes, or a file name) naming the CA that signed the server's certificate (the system's
-        roots when None)."""
+        """``uri``: ``grpc://HOST:PORT`` (or just ``HOST:PORT``), or ``grpc+tls://HOST:PORT`` with
+        ``tls_root_certs`` (PEM bytes, or a file name) naming the CA that signed the server's
+        certificate (the system's roots when None)."""
+        uri = server_location(uri)
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         if not token:
             raise ValueError(f"no token to connect to {uri}: pass token=..., or set ${TOKEN_ENV}")
@@ -379,6 +401,7 @@ class Client:
         """Append to several relations atomically. The tables are staged on the server (in
         memory, nothing written) and then appended by one ``Engine.append_many``, so a refused
         call writes nothing, exactly as with the engine."""
+        check_updates_map(updates)
         tables = {name: _as_table(name, table) for name, table in updates.items()}
         if not tables:
             return

@@ -2,12 +2,16 @@
 
 Three ways to show it, chosen once per display:
 
-- ``bar``: a live ``tqdm`` bar, when the stream is a terminal (or ``force=True``, or
-  ``SEDIMENT_PROGRESS=1``);
-- ``lines``: when the stream is not a terminal (a log file, CI, ``make demo`` piped), one
-  line when the phase starts and one when it ends, with the count, time and rate, so a
-  log says what is being done while it is done without filling up with redraws;
-- ``off``: ``force=False``, ``--no-progress`` or ``SEDIMENT_PROGRESS=0``.
+- ``bar``: a live ``tqdm`` bar, when the stream is a terminal;
+- ``lines``: when progress is asked for (``force=True``, ``--progress`` or
+  ``SEDIMENT_PROGRESS=1``) but the stream is not a terminal (a log file, CI): one line
+  when the phase starts and one when it ends, so a log says what is being done while it
+  is done without filling up with redraws;
+- ``off``: by default when the stream is not a terminal (a pipe or file gets nothing it
+  did not ask for), and with ``force=False``, ``--no-progress`` or ``SEDIMENT_PROGRESS=0``.
+
+A phase counts when it has a unit or a total: its closing line then gives the count and
+rate; one that counts nothing (a compaction pass, say) gives the time only.
 
     with Progress(total=size, label="append", unit="B") as bar:
         for chunk in chunks:
@@ -27,7 +31,7 @@ from tqdm import tqdm
 
 
 def progress_forced() -> bool | None:
-    """``SEDIMENT_PROGRESS``: 1/yes forces the bar on, 0/no off, unset leaves it to the TTY check."""
+    """``SEDIMENT_PROGRESS``: 1/yes forces progress on, 0/no off, unset leaves it to the TTY check."""
     value = os.environ.get("SEDIMENT_PROGRESS", "").strip().lower()
     if value in ("1", "yes", "true", "on"):
         return True
@@ -62,11 +66,13 @@ class Progress:
         self._stream = stream if stream is not None else sys.stderr
         if force is None:
             force = progress_forced()
-        if force is None:
-            isatty = getattr(self._stream, "isatty", None)
-            self.mode = "bar" if isatty and isatty() else "lines"
+        isatty = getattr(self._stream, "isatty", None)
+        terminal = bool(isatty and isatty())
+        if force is False or (force is None and not terminal):
+            self.mode = "off"
         else:
-            self.mode = "bar" if force else "off"
+            self.mode = "bar" if terminal else "lines"
+        self.counts = bool(unit or self.total)
         self._clock = clock
         self._start = clock()
         self._bar: tqdm | None = None
@@ -74,7 +80,8 @@ class Progress:
             self._bar = tqdm(total=self.total or None, desc=self.label, unit=unit if unit and unit != "B" else
                              ("B" if unit == "B" else "it"), unit_scale=unit == "B" or self.total >= 10_000,
                              unit_divisor=1024 if unit == "B" else 1000,
-                             file=self._stream, mininterval=0.1, dynamic_ncols=True, leave=True)
+                             file=self._stream, mininterval=0.1, dynamic_ncols=True, leave=True,
+                             **({} if self.counts else {"bar_format": "{desc}: {elapsed}"}))
         elif self.mode == "lines":
             of = f" of {_human(self.total, unit)}" if self.total else ""
             self._write(f"{self.label}: started{of}")
@@ -98,9 +105,11 @@ class Progress:
         self.update(done - self.done)
 
     def summary(self, now: float | None = None) -> str:
-        """The closing line: label, count, time and rate."""
+        """The closing line: label, count, time and rate (the time only for a phase that counts nothing)."""
         now = self._clock() if now is None else now
         elapsed = max(now - self._start, 1e-9)
+        if not self.counts:
+            return f"{self.label}: done in {elapsed:.1f} s"
         return (f"{self.label}: done, {_human(self.done, self.unit)} in {elapsed:.1f} s "
                 f"({_human(self.done / elapsed, self.unit)}/s)")
 
@@ -118,6 +127,7 @@ class Progress:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is not None and self.mode == "lines":
-            self._write(self.summary().replace(": done,", ": stopped after", 1))
+            line = self.summary().replace(": done,", ": stopped after", 1)
+            self._write(line.replace(": done in", ": stopped after", 1))
             self.mode = "off"
         self.close()

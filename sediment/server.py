@@ -49,6 +49,7 @@ from sediment.net.protocol import (
     schema_from_b64,
     schema_to_b64,
 )
+from sediment.net.tls import check_tls_pem
 from sediment.net.txn_registry import TxnRegistry
 from sediment.net.wire_errors import error_detail, to_flight_error
 
@@ -124,6 +125,8 @@ class SedimentFlightServer(flight.FlightServerBase):
         if txn_idle_timeout is not None and txn_idle_timeout <= 0:
             raise ValueError(f"txn_idle_timeout must be positive seconds or None, not {txn_idle_timeout!r}")
         location, parsed = _listen_location(location, tls)
+        if tls is not None:
+            check_tls_pem(*tls, "tls[0] (the certificate)", "tls[1] (the key)")
         self.scheme = "grpc+tls" if tls is not None else "grpc"
         self.engine = engine
         self.host = parsed.hostname

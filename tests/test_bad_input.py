@@ -477,7 +477,7 @@ def _spec_model(spec: str) -> list[tuple[str, str]] | None:
 def test_schema_spec_parser_against_a_model_exhaustively():
     import itertools
 
-    from sediment.engine.schema import parse_schema_spec
+    from sediment.engine.schema_text import parse_schema_spec
 
     tokens = ["id", "time", ":", ",", " ", "int64", "String", "int65"]
     checked = accepted = 0

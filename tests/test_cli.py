@@ -301,38 +301,60 @@ def test_demo_dispatches_to_module(tmp_path, capsys, monkeypatch):
 # --- progress -------------------------------------------------------------------------------
 
 
-def test_progress_is_a_bar_when_forced_lines_when_piped_and_nothing_when_off(tmp_path, capsys):
+def test_progress_is_off_when_piped_lines_when_asked_and_nothing_when_off(tmp_path, capsys):
     d = tmp_path / "data"
     ok(capsys, d, "relation", "add", "orders", "--schema", SCHEMA)
     src = write_csv(tmp_path / "u.csv", "".join(f"{i},n,1,1\n" for i in range(500)))
-    rc, _, err = run(capsys, d, "append", "orders", src)  # stderr is not a terminal: a line per phase
+    rc, _, err = run(capsys, d, "append", "orders", src)  # stderr is not a terminal: no progress by default
+    assert (rc, err) == (0, "")
+    rc, _, err = run(capsys, d, "append", "orders", src, "--progress")  # asked for: a line per phase
     assert rc == 0 and "\r" not in err
     assert [line.split(":")[0] for line in err.splitlines()] == ["check u.csv", "check u.csv", "append u.csv",
                                                                   "append u.csv"]
     assert "append u.csv: done, 500 rows in" in err
+    rc, _, err = run(capsys, d, "compact", "--progress")  # a phase that counts nothing gives its time only
+    assert rc == 0 and re.search(r"^compact 1 relations: done in \d+\.\d s$", err, re.M), err
     rc, _, err = run(capsys, d, "append", "orders", src, "--no-progress")
     assert rc == 0 and err == ""
-    rc, _, err = run(capsys, d, "append", "orders", src, "--progress", "--chunk-bytes", "1024")
-    assert rc == 0
-    assert "check u.csv" in err and "append u.csv" in err and "500/500" in err and "100%" in err
-    assert err.endswith("\n") and "\r" in err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
 
 
 def test_progress_modes_and_summary(monkeypatch):
+    monkeypatch.delenv("SEDIMENT_PROGRESS", raising=False)
     now = [0.0]
-    lines = io.StringIO()  # a StringIO is no terminal: start and end lines
-    with Progress(1000, "copy", "rows", stream=lines, clock=lambda: now[0]) as bar:
+    lines = io.StringIO()  # a StringIO is no terminal: start and end lines when forced
+    with Progress(1000, "copy", "rows", stream=lines, clock=lambda: now[0], force=True) as bar:
         now[0] = 8.0
         bar.update(1000)
         assert bar.summary() == "copy: done, 1.0k rows in 8.0 s (125 rows/s)"
     assert lines.getvalue().splitlines() == ["copy: started of 1.0k rows", "copy: done, 1.0k rows in 8.0 s (125 rows/s)"]
-    forced = io.StringIO()
+    uncounted = io.StringIO()
+    with Progress(0, "start", stream=uncounted, clock=lambda: now[0], force=True):
+        now[0] = 9.5
+    assert uncounted.getvalue().splitlines() == ["start: started", "start: done in 1.5 s"]
+    piped = io.StringIO()
+    with Progress(10, "default", stream=piped) as off:
+        off.update(10)
+    assert piped.getvalue() == "" and off.mode == "off"
+    terminal = _Terminal()
+    with Progress(10, "tty", stream=terminal) as on:
+        on.update(10)
+    assert "tty: 100%" in terminal.getvalue() and "10/10" in terminal.getvalue()
+    timed = _Terminal()  # a phase that counts nothing shows its time, no count or rate
+    with Progress(0, "compact", stream=timed):
+        pass
+    assert "compact: 00:00" in timed.getvalue() and "it/s" not in timed.getvalue() and "0it" not in timed.getvalue()
     monkeypatch.setenv("SEDIMENT_PROGRESS", "1")
+    forced = io.StringIO()
     with Progress(10, "env", stream=forced) as on:
         on.update(10)
-    assert "env: 100%" in forced.getvalue() and "10/10" in forced.getvalue()
+    assert forced.getvalue().splitlines()[-1].startswith("env: done, 10 in ")
     monkeypatch.setenv("SEDIMENT_PROGRESS", "0")
-    quiet = io.StringIO()
+    quiet = _Terminal()
     with Progress(10, stream=quiet) as off:
         off.update(10)
     assert quiet.getvalue() == "" and off.done == 10

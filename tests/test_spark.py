@@ -322,13 +322,13 @@ def test_spark_submit_ingest_script_against_sediment_serve(tmp_path):
 
 @pytest.mark.slow
 def test_the_demo_runs_small_and_reports_ok():
-    out = subprocess.run([sys.executable, "-m", "sediment", "demo", "--rows", "20000"], env=_spark_env(),
+    out = subprocess.run([sys.executable, "-m", "sediment", "demo", "--rows", "20000", "--progress"], env=_spark_env(),
                          capture_output=True, text=True, timeout=300, cwd=ROOT / "tests")
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "verdict: OK" in out.stdout and "Traceback" not in out.stderr
     assert "updates over 100 times" in out.stdout
     for phase in ("start Spark and a served engine", "feed", "compact (since 50)", "restart the engine (replay)",
-                  "verify"):  # stderr is no terminal: each phase says when it starts and ends
+                  "verify"):  # --progress, stderr no terminal: each phase says when it starts and ends
         assert f"{phase}: started" in out.stderr and f"{phase}: done" in out.stderr, (phase, out.stderr[-2000:])
 
 

@@ -1,6 +1,6 @@
 """The ``sediment`` command line: manage relations, append files, seal, read, verify a data directory.
 
-    sediment [--data-dir DIR] relation add NAME --schema 'id:int64,name:string'
+    sediment [--data-dir DIR] relation add NAME --schema 'id:int64,name:string'   (engine/schema_text.py)
     sediment relation drop NAME | relation list
     sediment append NAME FILE.csv|FILE.parquet
     sediment seal NAME T      sediment since NAME T
@@ -11,9 +11,10 @@
 
 Users never see a traceback: every failure is one ``sediment: error: ...`` line on
 stderr, exit code 2 for a malformed command line and 1 for an operation that
-failed (``SEDIMENT_DEBUG=1`` re-raises, for developers). A failed command leaves
-the data directory's contents as they were: inputs are checked before anything is
-written, and an append is one transaction, so it lands whole or not at all.
+failed (``SEDIMENT_DEBUG=1`` re-raises, for developers); Ctrl-C exits quietly with 130.
+A failed command leaves the data directory's contents as they were: inputs are
+checked before anything is written, and an append is one transaction, so it lands
+whole or not at all.
 """
 
 from sediment.cli.app import main

@@ -14,6 +14,7 @@ from sediment.cli.logs import configure_logging
 from sediment.cli.parser import build_parser
 from sediment.errors import SedimentError
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 LOCAL_ONLY = frozenset({"verify", "demo", "serve", "storage-node"})  # commands --connect cannot reach
 
 
@@ -35,10 +36,20 @@ def _fail(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; the exit code (0 ok, 1 operation failed, 2 bad command line).
+    """Run one command; the exit code (0 ok, 1 operation failed, 2 bad command line, 130
+    interrupted by Ctrl-C, quietly: the user asked for it, so there is nothing to report).
 
     The one place errors become messages, so no command needs its own handler and no
     user sees a traceback; ``SEDIMENT_DEBUG=1`` re-raises instead."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        if os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0"):
+            raise
+        return EXIT_INTERRUPTED
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -61,11 +72,6 @@ def main(argv: list[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush is quiet too
         return 1
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        _fail("interrupted")
-        return 130
     except (SedimentError, OSError, ValueError, pa.ArrowException) as exc:
         if debug:
             raise

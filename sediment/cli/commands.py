@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,8 +30,9 @@ from sediment.cli.files import (
     _write_atomically,
     _write_stdout_csv,
 )
-from sediment.engine.schema import check_name, conform_updates, parse_schema_spec, update_schema
-from sediment.errors import SchemaMismatch, SedimentError, TimeAlreadySealed
+from sediment.engine.schema import check_name, conform_updates, update_schema
+from sediment.engine.schema_text import parse_schema_spec
+from sediment.errors import EngineClosed, SchemaMismatch, SedimentError, TimeAlreadySealed
 
 KEEP_VALIDATED_BYTES = 256 << 20  # below this, the checked chunks are appended without reading the file again
 
@@ -215,31 +217,49 @@ def cmd_read(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
+    """The CSV rows of one feed event: one per update, one ``progress`` row per progress event."""
+    if event.kind == "progress":
+        yield ["progress", event.time, *([""] * len(names)), ""]
+        return
+    kind = "snapshot" if event.kind == "snapshot" else "update"
+    for row in event.table.to_pylist():
+        yield [kind, event.time if kind == "snapshot" else row["time"], *(row[n] for n in names), row["diff"]]
+
+
 def cmd_tail(args: argparse.Namespace) -> int:
     """Print the relation's changes as they become durable: CSV lines ``event,time,<columns>,diff``
     (``snapshot`` rows first, then ``update`` rows and ``progress`` lines), until interrupted,
-    ``--count`` events, or ``--idle-timeout`` seconds without one."""
+    ``--count`` rows have been printed (the header aside), or ``--idle-timeout`` seconds pass
+    without an event. If the feed ends (its server stopped), the error names the command
+    that goes on from the last progress line printed."""
     out = csv.writer(sys.stdout, lineterminator="\n")
+    printed = 0
     with open_engine(args) as engine, shared(engine, args):  # other commands work through it meanwhile
         names = engine.schema(args.name).names
         out.writerow(["event", "time", *names, "diff"])
         sys.stdout.flush()
-        seen = 0
-        with engine.subscribe(args.name, args.as_of) as sub:
-            while args.count is None or seen < args.count:
-                event = sub.next(timeout=args.idle_timeout)
+        with engine.subscribe(args.name, args.as_of, resume=args.resume) as sub:
+            while args.count is None or printed < args.count:
+                try:
+                    event = sub.next(timeout=args.idle_timeout)
+                except EngineClosed:
+                    raise EngineClosed(_tail_ended(args.name, sub.last_progress)) from None
                 if event is None:
                     break
-                seen += 1
-                if event.kind == "progress":
-                    out.writerow(["progress", event.time, *([""] * len(names)), ""])
-                else:
-                    kind = "snapshot" if event.kind == "snapshot" else "update"
-                    for row in event.table.to_pylist():
-                        when = event.time if kind == "snapshot" else row["time"]
-                        out.writerow([kind, when, *(row[n] for n in names), row["diff"]])
+                for row in _tail_rows(event, names):
+                    out.writerow(row)
+                    printed += 1
+                    if printed == args.count:
+                        break
                 sys.stdout.flush()
     return 0
+
+
+def _tail_ended(name: str, last_progress: int | None) -> str:
+    again = (f"`sediment tail {name} --as-of {last_progress} --resume` goes on after the last progress line "
+             f"printed (time {last_progress})" if last_progress is not None else f"run `sediment tail {name}` again")
+    return f"the feed of {name} ended because its engine or server stopped; {again}"
 
 
 def cmd_cluster_key(args: argparse.Namespace) -> int:

@@ -19,18 +19,11 @@ if TYPE_CHECKING:
 DEFAULT_DATA_DIR = "./sediment-data"
 
 
-def type_name(t: pa.DataType) -> str:
-    """The ``--schema`` spelling of a column type, so `relation list` output can be fed back."""
-    from sediment.engine.schema import _SPEC_TYPES
-
-    for name, spec_type in _SPEC_TYPES.items():
-        if spec_type == t:
-            return name
-    return str(t)
-
-
 def schema_spec(schema: pa.Schema) -> str:
-    return ",".join(f"{f.name}:{type_name(f.type)}" for f in schema)
+    """The schema as ``--schema`` spells it, so `relation list` output can be fed back."""
+    from sediment.engine.schema_text import format_schema
+
+    return format_schema(schema)
 
 
 # sediment.open's options that the command line spells as flags: the engine's errors name

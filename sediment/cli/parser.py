@@ -109,7 +109,8 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
                             "(`sediment cluster-key` makes one)"))
     p.add_argument("--connect", default=default(None), metavar="URI",
                    help=doc("talk to a served coordinator (sediment serve) at grpc://HOST:PORT or "
-                            "grpc+tls://HOST:PORT instead of opening --data-dir"))
+                            "grpc+tls://HOST:PORT instead of opening --data-dir (a bare HOST:PORT means "
+                            "grpc://HOST:PORT)"))
     p.add_argument("--token", default=default(None), metavar="T",
                    help=doc("the shared secret: what --connect sends, what serve requires (default "
                             "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)"))
@@ -132,7 +133,8 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
                             "background merges its batches into one (default 10; 'never': only `compact`)"))
     bar = p.add_mutually_exclusive_group() if top else p  # argparse cannot format a group of hidden options
     bar.add_argument("--progress", dest="progress", action="store_const", const=True, default=default(None),
-                     help=doc("always show progress on stderr (default: only on a terminal)"))
+                     help=doc("always show progress on stderr: a bar on a terminal, else a line as each phase "
+                              "starts and ends (default: a bar only when stderr is a terminal)"))
     bar.add_argument("--no-progress", dest="progress", action="store_const", const=False,
                      default=default(None), help=doc("never show progress"))
 
@@ -161,7 +163,8 @@ def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) ->
     p = command("add", cmd_relation_add, "create an empty relation", rel_sub)
     p.add_argument("name", metavar="NAME", help="the new relation's name")
     p.add_argument("--schema", required=True, metavar="SPEC",
-                   help="the columns, e.g. 'id:int64,name:string' (time and diff are added)")
+                   help="the columns, e.g. 'id:int64,price:decimal(10,2),at:timestamp[us,tz=UTC]' (time and "
+                        "diff are added; `relation list` prints the same form)")
     p = command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub)
     p.add_argument("name", metavar="NAME", help="the relation")
     command("list", cmd_relation_list, "list relations: name, schema, since, sealed", rel_sub)
@@ -191,7 +194,11 @@ def _add_read_commands(command: Command) -> None:
     p.add_argument("--as-of", type=_time_arg, default=None, metavar="T",
                    help="start with the snapshot at T (default: the sealed frontier; on a relation never "
                         "sealed, every update from the start)")
-    p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N events")
+    p.add_argument("--resume", action="store_true",
+                   help="with --as-of T: no snapshot, only the changes after T (to go on after a feed ended at "
+                        "the progress line of time T)")
+    p.add_argument("--count", type=_positive_int, default=None, metavar="N",
+                   help="stop once N rows (snapshot, update or progress lines) have been printed")
     p.add_argument("--idle-timeout", type=float, default=None, metavar="S",
                    help="stop after S seconds without an event (default: never)")
 

@@ -20,14 +20,17 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from sediment._fs import remove_tree_durable
 from sediment.cli.common import data_dir_of, open_engine
 from sediment.cli.discover import advertised
 from sediment.cli.files import UsageError
+from sediment.errors import SedimentError
 
 DEFAULT_LISTEN = "127.0.0.1:8815"
 DEFAULT_GRACE = 30.0
@@ -68,23 +71,77 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     return p
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse an address another process listens on. gRPC would only fail once the engine
+    is open (and say little); a race with another process binding it in between is still
+    caught there."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise UsageError(f"--listen {host}:{port}: cannot resolve {host!r} ({exc.strerror}); give an address of "
+                         "this machine, e.g. 127.0.0.1") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no conflict
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise SedimentError(f"cannot listen on {host}:{port}: {exc.strerror}; is another process (another "
+                                "sediment serve?) using it? pick another port (0 picks a free one)") from None
+
+
+def _tls_of(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
+    """The --tls-cert and --tls-key files, checked before anything is opened: gRPC would
+    only say that it did not start."""
+    if args.tls_cert is None:
+        return None
+    from sediment.errors import InvalidArgument
+    from sediment.net.tls import check_tls_files
+
+    try:
+        return check_tls_files(args.tls_cert, args.tls_key, f"--tls-cert {args.tls_cert}", f"--tls-key {args.tls_key}")
+    except InvalidArgument as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _start(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes, bytes] | None,
+           on_superseded: Callable[[BaseException], object]) -> tuple[Any, Any]:
+    """Open the engine and listen: (engine, server). If listening fails, the engine is closed
+    again (its lock released) and a data directory this start created is removed, so a
+    failed first start leaves nothing behind."""
+    from sediment.server import SedimentFlightServer
+
+    data_dir = data_dir_of(args)
+    fresh = not os.path.exists(data_dir) and not getattr(args, "metadata", None)
+    engine = open_engine(args, create=True, discover=False)
+    try:
+        listeners = getattr(engine, "superseded_listeners", None)
+        if listeners is not None:
+            listeners.append(on_superseded)
+        return engine, SedimentFlightServer(engine, location, token, txn_idle_timeout=args.txn_idle_timeout or None,
+                                            tls=tls)
+    except BaseException:
+        engine.close()
+        if fresh:
+            remove_tree_durable(data_dir)
+        raise
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Opens the engine (creating the directory, as a coordinator's first start must), serves,
     and on SIGTERM/SIGINT shuts down in order: no new calls, calls under way finish, open
     transactions are aborted (so they never become visible), the engine closes."""
     from sediment.net.protocol import TOKEN_ENV
-    from sediment.server import SedimentFlightServer
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     if not token:
         raise UsageError(f"serve needs a token: pass --token T or set ${TOKEN_ENV} (clients send the same)")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together")
-    tls = None
-    if args.tls_cert is not None:
-        with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
-            tls = (cert.read(), key.read())
+    tls = _tls_of(args)
     host, port = args.listen
+    _check_port_free(host, port)  # before the engine opens: a first start then leaves no directory behind
     location = f"grpc://[{host}]:{port}" if ":" in host else f"grpc://{host}:{port}"
     stop = threading.Event()
 
@@ -93,39 +150,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     clean = True
+    superseded: list[BaseException] = []
     try:
-        engine = open_engine(args, create=True, discover=False)
+        engine, server = _start(args, location, token, tls, lambda err: (superseded.append(err), stop.set()))
         metrics = None
-        superseded: list[BaseException] = []
-        listeners = getattr(engine, "superseded_listeners", None)
-        if listeners is not None:
-            listeners.append(lambda err: (superseded.append(err), stop.set()))
         try:
-            server = SedimentFlightServer(engine, location, token,
-                                          txn_idle_timeout=args.txn_idle_timeout or None, tls=tls)
-            try:
-                if args.metrics_listen is not None:
-                    from sediment.metrics import MetricsServer
+            if args.metrics_listen is not None:
+                from sediment.metrics import MetricsServer
 
-                    metrics = MetricsServer(engine.metrics, *args.metrics_listen)
-                    print(f"metrics on {metrics.url}", flush=True)
-                with advertised(engine.data_dir, server.uri):  # other commands find it (cli/discover.py)
-                    print(f"serving {data_dir_of(args)} on {server.uri}", flush=True)
-                    # a signal handler (run by this thread) or a fencing sets it; the wait wakes up every
-                    # half second because a SIGTERM delivered to one of gRPC's threads does not interrupt
-                    # this thread's lock wait, and Python runs the handler only once this thread runs
-                    while not stop.wait(SIGNAL_CHECK):
-                        pass
-                if superseded:
-                    print(f"sediment serve: {superseded[0]}", file=sys.stderr, flush=True)
-                print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
-                      file=sys.stderr, flush=True)
-            finally:
+                metrics = MetricsServer(engine.metrics, *args.metrics_listen)
+                print(f"metrics on {metrics.url}", flush=True)
+            with advertised(engine.data_dir, server.uri):  # other commands find it (cli/discover.py)
+                print(f"serving {data_dir_of(args)} on {server.uri}", flush=True)
+                # a signal handler (run by this thread) or a fencing sets it; the wait wakes up every
+                # half second because a SIGTERM delivered to one of gRPC's threads does not interrupt
+                # this thread's lock wait, and Python runs the handler only once this thread runs
+                while not stop.wait(SIGNAL_CHECK):
+                    pass
+            if superseded:
+                print(f"sediment serve: {superseded[0]}", file=sys.stderr, flush=True)
+            print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
+                  file=sys.stderr, flush=True)
+        finally:
+            try:
                 clean = server.stop(grace=args.shutdown_grace)
                 if metrics is not None:
                     metrics.stop()
-        finally:
-            engine.close()
+            finally:
+                engine.close()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
