@@ -10,6 +10,7 @@ or the completion fails, so no partial object and no dangling upload remain.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -39,7 +40,8 @@ MIN_PART_SIZE = 5 * MIB
 """S3 rejects non-final multipart parts smaller than this."""
 
 _NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
-_EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_EXISTS_CODES = {"PreconditionFailed", "412"}
+_CONFLICT_CODES = {"ConditionalRequestConflict", "409"}
 
 T = TypeVar("T")
 
@@ -60,6 +62,49 @@ def _retries(e: ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
 
 
+def is_precondition_failed(e: ClientError) -> bool:
+    """412: the condition (``If-None-Match: *`` or ``If-Match``) did not hold."""
+    return _error_code(e) in _EXISTS_CODES or _status(e) == 412
+
+
+def is_conditional_conflict(e: ClientError) -> bool:
+    """409 ConditionalRequestConflict: a concurrent request on the key won; retry, the key may be absent."""
+    return _error_code(e) in _CONFLICT_CODES or _status(e) == 409
+
+
+class PreconditionFailed(Exception):
+    """A conditional PUT answered 412; ``retried`` says whether an earlier attempt of the same
+    call may have landed (botocore resent it, or a 409 was retried), so the caller must
+    compare the stored bytes with its own before calling it a lost race."""
+
+    def __init__(self, retried: bool) -> None:
+        super().__init__("precondition failed")
+        self.retried = retried
+
+
+def put_conditional(client: Any, sleep: Callable[[float], None], attempts: int, **kwargs: Any) -> None:
+    """One conditional PutObject, retrying S3's 409 ConditionalRequestConflict.
+
+    botocore never retries a 409, and a 409 is no proof the condition failed: it means a
+    concurrent request on the key conflicted. So it is retried here, ``attempts`` times in
+    all, with exponential backoff (``sleep`` is injectable). A 412 raises
+    :class:`PreconditionFailed`; any other error propagates unchanged.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            client.put_object(**kwargs)
+            return
+        except ClientError as e:
+            if is_precondition_failed(e):
+                raise PreconditionFailed(retried=_retries(e) > 0 or attempt > 1) from None
+            if not is_conditional_conflict(e) or attempt == attempts:
+                raise
+            log.info("S3 conditional PUT of %s: 409 conflict, retrying (%d/%d)", kwargs.get("Key"), attempt,
+                     attempts)
+            sleep(min(1.0, 0.02 * 2 ** (attempt - 1)))
+    raise AssertionError("unreachable")
+
+
 class S3BlobStore:
     """Objects under ``s3://bucket/prefix``; keys are relative to ``prefix``.
 
@@ -69,7 +114,9 @@ class S3BlobStore:
 
     ``max_attempts`` counts every attempt of one request, the first included. Objects
     larger than ``multipart_threshold`` are uploaded in ``part_size`` parts (at least
-    5 MiB, as S3 requires), ``multipart_concurrency`` at a time.
+    5 MiB, as S3 requires), ``multipart_concurrency`` at a time. A conditional PUT that
+    S3 answers with 409 (a concurrent request conflicted) is retried ``conflict_attempts``
+    times in all, backing off through ``sleep``.
     """
 
     def __init__(
@@ -86,6 +133,8 @@ class S3BlobStore:
         part_size: int = 16 * MIB,
         multipart_concurrency: int = 4,
         addressing_style: str = "auto",
+        conflict_attempts: int = 6,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not bucket:
             raise ValueError("S3 bucket name is empty; use s3://bucket/prefix")
@@ -101,6 +150,8 @@ class S3BlobStore:
         self.bucket = bucket
         self.prefix = prefix + "/" if prefix else ""
         self.max_attempts = max_attempts
+        self.conflict_attempts = max(1, conflict_attempts)
+        self._sleep = sleep
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
         self.multipart_concurrency = multipart_concurrency
@@ -246,26 +297,24 @@ class S3BlobStore:
     def put_if_absent(self, key: str, data: bytes) -> None:
         """Create the object with a conditional PUT (``If-None-Match: *``).
 
-        If an earlier attempt of this very call landed but its answer was lost, the retry
-        sees 412. In that case (and only after a retry) the stored bytes are compared with
+        A 409 (concurrent conditional request) is retried, never taken as existence. If an
+        earlier attempt of this very call landed but its answer was lost, the retry sees 412. In that case (and only after a retry) the stored bytes are compared with
         ``data``: equal bytes mean this call created the object. Callers using
         put_if_absent as a lock must therefore write bytes unique to the writer.
         """
         full = self._check(key)
         data = bytes(data)
         try:
-            self._client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
-        except ClientError as e:
-            code = _error_code(e)
-            if code in _EXISTS_CODES or _status(e) in (409, 412):
-                if _retries(e) > 0 and self._holds(key, data):
-                    log.info("S3 put_if_absent of %s: an earlier attempt of this call landed", full)
-                    return
-                raise BlobAlreadyExists(
-                    f"an object already exists at {self._where(key)}; put_if_absent never replaces one"
-                ) from None
-            raise self._fail("put_if_absent", key, e) from e
-        except BotoCoreError as e:
+            put_conditional(self._client, self._sleep, self.conflict_attempts, Bucket=self.bucket, Key=full,
+                            Body=data, IfNoneMatch="*")
+        except PreconditionFailed as e:
+            if e.retried and self._holds(key, data):
+                log.info("S3 put_if_absent of %s: an earlier attempt of this call landed", full)
+                return
+            raise BlobAlreadyExists(
+                f"an object already exists at {self._where(key)}; put_if_absent never replaces one"
+            ) from None
+        except (ClientError, BotoCoreError) as e:
             raise self._fail("put_if_absent", key, e) from e
 
     def _holds(self, key: str, data: bytes) -> bool:
