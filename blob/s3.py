@@ -72,6 +72,21 @@ def is_conditional_conflict(e: ClientError) -> bool:
     return _error_code(e) in _CONFLICT_CODES or _status(e) == 409
 
 
+def make_client(endpoint_url: str | None, region: str, *, connect_timeout: float, read_timeout: float,
+                max_attempts: int, pool: int = 10, addressing_style: str = "auto") -> Any:
+    """A boto3 S3 client with botocore's ``standard`` retries (5xx, throttling, timeouts,
+    dropped connections) within ``max_attempts`` attempts, the first included."""
+    config = Config(
+        region_name=region,
+        retries={"mode": "standard", "total_max_attempts": max_attempts},
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_pool_connections=pool,
+        s3={"addressing_style": addressing_style},
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+
 class PreconditionFailed(Exception):
     """A conditional PUT answered 412; ``retried`` says whether an earlier attempt of the same
     call may have landed (botocore resent it, or a 409 was retried), so the caller must
@@ -156,15 +171,9 @@ class S3BlobStore:
         self.part_size = part_size
         self.multipart_concurrency = multipart_concurrency
         self.read_timeout = read_timeout
-        config = Config(
-            region_name=region,
-            retries={"mode": "standard", "total_max_attempts": max_attempts},
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_pool_connections=max(10, multipart_concurrency + 2),
-            s3={"addressing_style": addressing_style},
-        )
-        self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        self._client = make_client(endpoint_url, region, connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                   max_attempts=max_attempts, pool=max(10, multipart_concurrency + 2),
+                                   addressing_style=addressing_style)
         self.endpoint_url: str = self._client.meta.endpoint_url
         self._closed = False
 
