@@ -315,16 +315,19 @@ class S3MetadataStore:
                                "its write did not count: re-read the key and retry")
 
     def _after_write(self, key: str, number: int, listed: list[int]) -> None:
-        """Move the hint up and delete slots below the newest ``keep``, lowest first; both
-        are best effort (a failure only leaves garbage, never a wrong answer)."""
+        """Move the hint up and delete the slot that just fell out of the newest ``keep`` (and
+        any older ones listed); both are best effort: a failure leaves garbage, never a wrong
+        answer."""
         try:
             self._client.put_object(Bucket=self.bucket, Key=self.root + fmt.hint_name(key),
                                     Body=fmt.encode_hint(number))
         except (ClientError, BotoCoreError) as e:
             log.warning("S3 metadata: hint of %s not updated: %s", self._where(key + "/"), e)
-        for old in listed:
-            if old <= number - self.keep:
-                self._delete_object(fmt.slot_name(key, old))
+        doomed = {old for old in listed if old <= number - self.keep}
+        if number >= self.keep:
+            doomed.add(number - self.keep)
+        for old in sorted(doomed):
+            self._delete_object(fmt.slot_name(key, old))
 
     def _delete_object(self, name: str) -> None:
         try:
