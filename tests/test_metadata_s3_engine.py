@@ -23,7 +23,7 @@ def ups(ks: list[int], t: int) -> pa.Table:
                      "diff": pa.array([1] * len(ks), pa.int64())})
 
 
-def test_embedded_engine_keeps_its_catalog_in_s3(tmp_path, s3_bucket):
+def test_embedded_engine_keeps_its_catalog_in_s3(tmp_path, s3_bucket, capsys):
     endpoint, bucket = s3_bucket
     spec = f"s3://{bucket}/meta?endpoint={endpoint}"
     options = {"metadata": spec, "blob": f"s3://{bucket}/blobs", "s3_endpoint": endpoint}
@@ -41,6 +41,12 @@ def test_embedded_engine_keeps_its_catalog_in_s3(tmp_path, s3_bucket):
     with sediment.open(tmp_path / "d", **options) as eng:
         assert eng.relations() == ["r"] and eng.sealed("r") == 3
         assert eng.snapshot("r", 3).column("k").to_pylist() == [1, 2, 3]
+
+    from sediment.cli import main
+
+    capsys.readouterr()
+    assert main(["--data-dir", str(tmp_path / "d"), "--metadata", spec, "read", "r", "--as-of", "3"]) == 0
+    assert capsys.readouterr().out.splitlines() == ['"k","diff"', "1,1", "2,1", "3,1"]
 
 
 def test_replicated_engine_on_s3_metadata_moves_to_a_fresh_coordinator(tmp_path, s3_bucket):
