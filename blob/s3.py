@@ -15,8 +15,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -29,6 +27,11 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
+from sediment._s3 import NOT_FOUND_CODES as _NOT_FOUND_CODES
+from sediment._s3 import PreconditionFailed, make_client, put_conditional
+from sediment._s3 import error_code as _error_code
+from sediment._s3 import retries as _retries
+from sediment._s3 import status as _status
 from sediment.errors import BlobAlreadyExists, BlobCredentialsError, BlobError, BlobNotFound
 
 from .keys import validate_key, validate_range
@@ -39,85 +42,10 @@ MIB = 1024 * 1024
 MIN_PART_SIZE = 5 * MIB
 """S3 rejects non-final multipart parts smaller than this."""
 
-_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
-_EXISTS_CODES = {"PreconditionFailed", "412"}
-_CONFLICT_CODES = {"ConditionalRequestConflict", "409"}
-
 T = TypeVar("T")
-
-
-def _error_code(e: ClientError) -> str:
-    return str(e.response.get("Error", {}).get("Code", ""))
-
-
-def _status(e: ClientError) -> int:
-    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-
 
 _CREDENTIAL_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                                "InvalidToken"})
-
-
-def _retries(e: ClientError) -> int:
-    return int(e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
-
-
-def is_precondition_failed(e: ClientError) -> bool:
-    """412: the condition (``If-None-Match: *`` or ``If-Match``) did not hold."""
-    return _error_code(e) in _EXISTS_CODES or _status(e) == 412
-
-
-def is_conditional_conflict(e: ClientError) -> bool:
-    """409 ConditionalRequestConflict: a concurrent request on the key won; retry, the key may be absent."""
-    return _error_code(e) in _CONFLICT_CODES or _status(e) == 409
-
-
-def make_client(endpoint_url: str | None, region: str, *, connect_timeout: float, read_timeout: float,
-                max_attempts: int, pool: int = 10, addressing_style: str = "auto") -> Any:
-    """A boto3 S3 client with botocore's ``standard`` retries (5xx, throttling, timeouts,
-    dropped connections) within ``max_attempts`` attempts, the first included."""
-    config = Config(
-        region_name=region,
-        retries={"mode": "standard", "total_max_attempts": max_attempts},
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        max_pool_connections=pool,
-        s3={"addressing_style": addressing_style},
-    )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
-
-
-class PreconditionFailed(Exception):
-    """A conditional PUT answered 412; ``retried`` says whether an earlier attempt of the same
-    call may have landed (botocore resent it, or a 409 was retried), so the caller must
-    compare the stored bytes with its own before calling it a lost race."""
-
-    def __init__(self, retried: bool) -> None:
-        super().__init__("precondition failed")
-        self.retried = retried
-
-
-def put_conditional(client: Any, sleep: Callable[[float], None], attempts: int, **kwargs: Any) -> None:
-    """One conditional PutObject, retrying S3's 409 ConditionalRequestConflict.
-
-    botocore never retries a 409, and a 409 is no proof the condition failed: it means a
-    concurrent request on the key conflicted. So it is retried here, ``attempts`` times in
-    all, with exponential backoff (``sleep`` is injectable). A 412 raises
-    :class:`PreconditionFailed`; any other error propagates unchanged.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            client.put_object(**kwargs)
-            return
-        except ClientError as e:
-            if is_precondition_failed(e):
-                raise PreconditionFailed(retried=_retries(e) > 0 or attempt > 1) from None
-            if not is_conditional_conflict(e) or attempt == attempts:
-                raise
-            log.info("S3 conditional PUT of %s: 409 conflict, retrying (%d/%d)", kwargs.get("Key"), attempt,
-                     attempts)
-            sleep(min(1.0, 0.02 * 2 ** (attempt - 1)))
-    raise AssertionError("unreachable")
 
 
 class S3BlobStore:

@@ -617,8 +617,9 @@ def test_open_metadata_store_specs(tmp_path: Path) -> None:
         assert isinstance(journal, JournalMetadataStore) and journal.checkpoint_bytes == 10_000
     finally:
         journal.close()
-    with pytest.raises(InvalidMetadataRequest):
-        open_metadata_store("s3://bucket/x")
+    for spec in ("ftp://bucket/x", "s3:///no-bucket", "s3://bucket/x?unknown=1"):
+        with pytest.raises(InvalidMetadataRequest):
+            open_metadata_store(spec)
 
 
 @pytest.mark.zookeeper

@@ -36,7 +36,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sediment.blob.s3 import PreconditionFailed, make_client, put_conditional
+from sediment._s3 import PreconditionFailed, is_missing, make_client, put_conditional
 from sediment.engine.metadata import s3_format as fmt
 from sediment.engine.metadata.keys import validate_expected, validate_key, validate_prefix, validate_value
 from sediment.engine.metadata.protocol import Versioned
@@ -51,10 +51,6 @@ log = logging.getLogger(__name__)
 
 S3_MAX_NAME_BYTES = 1024
 _DELETE_ROUNDS = 64
-
-
-def _is_missing(e: ClientError) -> bool:
-    return str(e.response.get("Error", {}).get("Code", "")) in ("NoSuchKey", "404", "NotFound")
 
 
 class S3MetadataStore:
@@ -116,7 +112,7 @@ class S3MetadataStore:
             finally:
                 response["Body"].close()
         except ClientError as e:
-            if _is_missing(e):
+            if is_missing(e):
                 return None
             raise self._unavailable("get", name, e) from e
         except BotoCoreError as e:
