@@ -118,9 +118,10 @@ def test_gc_keeps_newest_slots_and_delete_is_a_tombstone(make: Any, moto_server:
     for v in range(5):
         store.compare_and_set("k", b"v%d" % (v + 1), v)
     direct = moto_server.client()
-    assert sorted(_slots(direct, s3_bucket[1], "k")) == [4, 5]
+    assert sorted(_slots(direct, s3_bucket[1], "k")) == [3, 4, 5]  # collected at even slots: at most 2 * keep - 1
     store.delete("k", expected_version=5)
     slots = _slots(direct, s3_bucket[1], "k")
+    assert sorted(slots) == [5, 6]
     assert slots[6].kind == fmt.TOMBSTONE and store.get("k") is None and store.list("") == []
     assert store.compare_and_set("k", b"again", None) == 0
     assert max(_slots(direct, s3_bucket[1], "k")) == 7
@@ -169,3 +170,17 @@ def test_open_metadata_store_s3_spec(s3_bucket: tuple[str, str]) -> None:
     for bad in ("s3://", f"s3://{bucket}/p?endpoint=a&endpoint=b", f"s3://{bucket}/p?region=x"):
         with pytest.raises(InvalidMetadataRequest):
             open_metadata_store(bad)
+
+
+def test_requests_per_compare_and_set(make: Any, serializing_proxy: FaultyProxy) -> None:
+    """docs/formats.md: four requests per compare-and-set, the hint every 8th slot, one batch
+    delete every keep-th: 4.4 on average with keep=4."""
+    store = make(keep=4)
+    store.compare_and_set("k", b"v", None)
+    before = len(serializing_proxy.log.requests)
+    for v in range(64):
+        store.compare_and_set("k", b"v", v)
+    sent = serializing_proxy.log.requests[before:]
+    assert len(sent) == 64 * 4 + 64 // 8 + 64 // 4
+    assert sum(1 for m, p in sent if m == "POST" and p.endswith("?delete")) == 16
+    assert round(len(sent) / 64, 1) == 4.4

@@ -20,9 +20,9 @@ What S3 really does is handled here:
   slot after it names its token as predecessor; otherwise it was fenced and gets
   MetadataConflict.
 
-One key sustains about 15 compare-and-sets per second on S3 Standard (each is five
-requests, one of them a conditional PUT that S3 serializes per object): keep hot state
-on separate keys.
+One key sustains about 15 compare-and-sets per second on S3 Standard (each is four
+requests in sequence, one of them a conditional PUT that S3 serializes per object):
+keep hot state on separate keys.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from sediment.errors import (
 log = logging.getLogger(__name__)
 
 S3_MAX_NAME_BYTES = 1024
+HINT_EVERY = 8
 _DELETE_ROUNDS = 64
 
 
@@ -311,19 +312,25 @@ class S3MetadataStore:
                                "its write did not count: re-read the key and retry")
 
     def _after_write(self, key: str, number: int, listed: list[int]) -> None:
-        """Move the hint up and delete the slot that just fell out of the newest ``keep`` (and
-        any older ones listed); both are best effort: a failure leaves garbage, never a wrong
-        answer."""
-        try:
-            self._client.put_object(Bucket=self.bucket, Key=self.root + fmt.hint_name(key),
-                                    Body=fmt.encode_hint(number))
-        except (ClientError, BotoCoreError) as e:
-            log.warning("S3 metadata: hint of %s not updated: %s", self._where(key + "/"), e)
+        """Every ``HINT_EVERY`` slots move the hint up; every ``keep`` slots delete, in one
+        request, the slots that fell out of the newest ``keep`` (and older ones listed).
+        Both are best effort: a failure leaves garbage or a longer listing, never a wrong
+        answer. At most ``2 * keep - 1`` slots stay besides garbage."""
+        if number % HINT_EVERY == 0:
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=self.root + fmt.hint_name(key),
+                                        Body=fmt.encode_hint(number))
+            except (ClientError, BotoCoreError) as e:
+                log.warning("S3 metadata: hint of %s not updated: %s", self._where(key + "/"), e)
+        if number % self.keep or number < self.keep:
+            return
         doomed = {old for old in listed if old <= number - self.keep}
-        if number >= self.keep:
-            doomed.add(number - self.keep)
-        for old in sorted(doomed):
-            self._delete_object(fmt.slot_name(key, old))
+        doomed.update(range(max(0, number - 2 * self.keep + 1), number - self.keep + 1))
+        objects = [{"Key": self.root + fmt.slot_name(key, old)} for old in sorted(doomed)]
+        try:
+            self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+        except (ClientError, BotoCoreError) as e:
+            log.warning("S3 metadata: old slots of %s not deleted: %s", self._where(key + "/"), e)
 
     def _delete_object(self, name: str) -> None:
         try:
