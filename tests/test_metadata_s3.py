@@ -4,6 +4,10 @@ conditional writes per object and injects faults: racing writers, lost answers, 
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -184,3 +188,49 @@ def test_requests_per_compare_and_set(make: Any, serializing_proxy: FaultyProxy)
     assert len(sent) == 64 * 4 + 64 // 8 + 64 // 4
     assert sum(1 for m, p in sent if m == "POST" and p.endswith("?delete")) == 16
     assert round(len(sent) / 64, 1) == 4.4
+
+
+def test_stalled_answers_past_the_budget_are_resolved_by_reading(make: Any, serializing_proxy: FaultyProxy) -> None:
+    """Every attempt of the PUT times out unanswered (never forwarded): the store reads the
+    slot, finds it absent, resends the same bytes once, and that lands."""
+    store = make(read_timeout=0.5, max_attempts=2)
+    serializing_proxy.stall_next(2, seconds=5.0, match=_slot_put("k"))
+    assert store.compare_and_set("k", b"v", None) == 0
+    assert [kind for _, _, kind in serializing_proxy.log.faults] == ["stall", "stall"]
+    assert store.get("k") == Versioned(b"v", 0)
+
+
+WRITER = """
+import sys
+from sediment.engine.metadata.s3 import S3MetadataStore
+store = S3MetadataStore(sys.argv[1], "meta", endpoint_url=sys.argv[2], keep=2)
+store.compare_and_set("counter", b"0", None)
+version = 0
+while True:
+    version = store.compare_and_set("counter", str(version + 1).encode(), version)
+    print(version, flush=True)
+"""
+
+
+def test_sigkilled_writer_loses_no_acknowledged_write(s3_bucket: tuple[str, str], make: Any) -> None:
+    endpoint, bucket = s3_bucket
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, bucket, endpoint], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    acked = 0
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            acked = int(line)
+            if acked >= 25:
+                break
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        rest, err = proc.stdout.read(), proc.stderr.read()
+    acked = max([acked, *(int(x) for x in rest.split())])
+    assert acked >= 25, err
+    store = make(keep=2)
+    counter = store.get("counter")
+    assert counter is not None and counter.version >= acked
+    assert counter.value == str(counter.version).encode(), "value and version move together"
+    assert store.compare_and_set("counter", b"next", counter.version) == counter.version + 1
