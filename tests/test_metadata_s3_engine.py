@@ -74,3 +74,72 @@ def test_replicated_engine_on_s3_metadata_moves_to_a_fresh_coordinator(tmp_path,
         for n in nodes:
             if n.proc is not None:
                 n.kill()
+
+
+def test_coordinator_sigkilled_mid_stream_is_replaced_from_s3_metadata(tmp_path, s3_bucket):
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from test_replicated_engine import COORDINATOR
+
+    endpoint, bucket = s3_bucket
+    spec = f"s3://{bucket}/meta?endpoint={endpoint}"
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY), "metadata": spec,
+               "blob": f"s3://{bucket}/blobs", "s3_endpoint": endpoint}
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", COORDINATOR, str(tmp_path / "first"), json.dumps(options)],
+                                stdout=subprocess.PIPE, text=True)
+        acked = 0
+        try:
+            for line in proc.stdout:
+                acked = int(line)
+                if acked >= 30:
+                    break
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        assert acked >= 30
+        with sediment.open(tmp_path / "second", metadata=spec) as eng:
+            sealed = eng.sealed("r")
+            assert sealed >= acked
+            assert eng.snapshot("r", sealed).column("k").to_pylist() == list(range(0, sealed + 1))
+            eng.append("r", ups([sealed + 1], sealed + 1))
+            eng.seal("r", sealed + 1)
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
+
+
+def test_a_coordinator_taken_over_through_s3_metadata_is_fenced(tmp_path, s3_bucket):
+    from sediment.errors import SessionFenced
+
+    endpoint, bucket = s3_bucket
+    spec = f"s3://{bucket}/meta?endpoint={endpoint}"
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    for n in nodes:
+        n.start()
+    try:
+        old = sediment.open(tmp_path / "a", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                            metadata=spec, blob=f"s3://{bucket}/blobs", s3_endpoint=endpoint)
+        old.add_relation("r", SCHEMA)
+        old.append("r", ups([1], 1))
+        old.seal("r", 1)
+        with sediment.open(tmp_path / "b", metadata=spec) as newer:
+            with pytest.raises(SessionFenced, match="superseded"):
+                old.append("r", ups([99], 2))
+            newer.append("r", ups([2], 2))
+            newer.seal("r", 2)
+            assert sorted(newer.snapshot("r", 2).column("k").to_pylist()) == [1, 2]
+        old.close()
+        with sediment.open(tmp_path / "c", metadata=spec) as third:
+            assert 99 not in third.snapshot("r", 2).column("k").to_pylist(), "the fenced write left nothing"
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()

@@ -51,7 +51,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataSt
         # through the proxy that serializes conditional writes per object, as S3 does
         proxy = request.getfixturevalue("serializing_proxy")
         _, bucket = request.getfixturevalue("s3_bucket")
-        s: MetadataStore = S3MetadataStore(bucket, "meta", endpoint_url=proxy.endpoint, keep=2)
+        s: MetadataStore = S3MetadataStore(bucket, "meta", endpoint_url=proxy.endpoint)
     elif request.param == "memory":
         s = MemoryMetadataStore()
     elif request.param == "journal":
