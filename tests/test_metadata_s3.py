@@ -234,3 +234,17 @@ def test_sigkilled_writer_loses_no_acknowledged_write(s3_bucket: tuple[str, str]
     assert counter is not None and counter.version >= acked
     assert counter.value == str(counter.version).encode(), "value and version move together"
     assert store.compare_and_set("counter", b"next", counter.version) == counter.version + 1
+
+
+def test_keys_named_like_slots_or_hints_do_not_clash(make: Any) -> None:
+    store = make()
+    keys = ["a", "a/hint", "a/00000000000000000007", "a/00000000000000000007/hint"]
+    for i, key in enumerate(keys):
+        store.compare_and_set(key, key.encode(), None)
+        store.compare_and_set(key, key.encode() + b"!", 0)
+        assert i == len(store.list("a")) - 1
+    assert store.list("a") == sorted(keys)
+    for key in keys:
+        assert store.get(key) == Versioned(key.encode() + b"!", 1)
+    store.delete("a")
+    assert store.list("") == sorted(keys[1:]) and store.get("a/hint") == Versioned(b"a/hint!", 1)
