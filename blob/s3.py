@@ -10,12 +10,11 @@ or the completion fails, so no partial object and no dangling upload remain.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -28,6 +27,11 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
+from sediment._s3 import NOT_FOUND_CODES as _NOT_FOUND_CODES
+from sediment._s3 import PreconditionFailed, make_client, put_conditional
+from sediment._s3 import error_code as _error_code
+from sediment._s3 import retries as _retries
+from sediment._s3 import status as _status
 from sediment.errors import BlobAlreadyExists, BlobCredentialsError, BlobError, BlobNotFound
 
 from .keys import validate_key, validate_range
@@ -38,26 +42,10 @@ MIB = 1024 * 1024
 MIN_PART_SIZE = 5 * MIB
 """S3 rejects non-final multipart parts smaller than this."""
 
-_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
-_EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
-
 T = TypeVar("T")
-
-
-def _error_code(e: ClientError) -> str:
-    return str(e.response.get("Error", {}).get("Code", ""))
-
-
-def _status(e: ClientError) -> int:
-    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-
 
 _CREDENTIAL_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                                "InvalidToken"})
-
-
-def _retries(e: ClientError) -> int:
-    return int(e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
 
 
 class S3BlobStore:
@@ -69,7 +57,9 @@ class S3BlobStore:
 
     ``max_attempts`` counts every attempt of one request, the first included. Objects
     larger than ``multipart_threshold`` are uploaded in ``part_size`` parts (at least
-    5 MiB, as S3 requires), ``multipart_concurrency`` at a time.
+    5 MiB, as S3 requires), ``multipart_concurrency`` at a time. A conditional PUT that
+    S3 answers with 409 (a concurrent request conflicted) is retried ``conflict_attempts``
+    times in all, backing off through ``sleep``.
     """
 
     def __init__(
@@ -86,6 +76,8 @@ class S3BlobStore:
         part_size: int = 16 * MIB,
         multipart_concurrency: int = 4,
         addressing_style: str = "auto",
+        conflict_attempts: int = 6,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not bucket:
             raise ValueError("S3 bucket name is empty; use s3://bucket/prefix")
@@ -101,19 +93,15 @@ class S3BlobStore:
         self.bucket = bucket
         self.prefix = prefix + "/" if prefix else ""
         self.max_attempts = max_attempts
+        self.conflict_attempts = max(1, conflict_attempts)
+        self._sleep = sleep
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
         self.multipart_concurrency = multipart_concurrency
         self.read_timeout = read_timeout
-        config = Config(
-            region_name=region,
-            retries={"mode": "standard", "total_max_attempts": max_attempts},
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_pool_connections=max(10, multipart_concurrency + 2),
-            s3={"addressing_style": addressing_style},
-        )
-        self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        self._client = make_client(endpoint_url, region, connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                   max_attempts=max_attempts, pool=max(10, multipart_concurrency + 2),
+                                   addressing_style=addressing_style)
         self.endpoint_url: str = self._client.meta.endpoint_url
         self._closed = False
 
@@ -246,26 +234,24 @@ class S3BlobStore:
     def put_if_absent(self, key: str, data: bytes) -> None:
         """Create the object with a conditional PUT (``If-None-Match: *``).
 
-        If an earlier attempt of this very call landed but its answer was lost, the retry
-        sees 412. In that case (and only after a retry) the stored bytes are compared with
+        A 409 (concurrent conditional request) is retried, never taken as existence. If an
+        earlier attempt of this very call landed but its answer was lost, the retry sees 412. In that case (and only after a retry) the stored bytes are compared with
         ``data``: equal bytes mean this call created the object. Callers using
         put_if_absent as a lock must therefore write bytes unique to the writer.
         """
         full = self._check(key)
         data = bytes(data)
         try:
-            self._client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
-        except ClientError as e:
-            code = _error_code(e)
-            if code in _EXISTS_CODES or _status(e) in (409, 412):
-                if _retries(e) > 0 and self._holds(key, data):
-                    log.info("S3 put_if_absent of %s: an earlier attempt of this call landed", full)
-                    return
-                raise BlobAlreadyExists(
-                    f"an object already exists at {self._where(key)}; put_if_absent never replaces one"
-                ) from None
-            raise self._fail("put_if_absent", key, e) from e
-        except BotoCoreError as e:
+            put_conditional(self._client, self._sleep, self.conflict_attempts, Bucket=self.bucket, Key=full,
+                            Body=data, IfNoneMatch="*")
+        except PreconditionFailed as e:
+            if e.retried and self._holds(key, data):
+                log.info("S3 put_if_absent of %s: an earlier attempt of this call landed", full)
+                return
+            raise BlobAlreadyExists(
+                f"an object already exists at {self._where(key)}; put_if_absent never replaces one"
+            ) from None
+        except (ClientError, BotoCoreError) as e:
             raise self._fail("put_if_absent", key, e) from e
 
     def _holds(self, key: str, data: bytes) -> bool:

@@ -63,7 +63,7 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
 
     Options: ``wal`` ("file", or "device:<path>" with ``wal_capacity``),
     ``segment_bytes``, ``max_record_bytes``, ``metadata`` (a MetadataStore or a spec
-    such as "zk://127.0.0.1:2181/sediment"), ``blob`` ("file:///path", "memory://",
+    such as "zk://127.0.0.1:2181/sediment" or "s3://bucket/prefix"), ``blob`` ("file:///path", "memory://",
     "s3://bucket/prefix" with ``s3_endpoint``; default ``<data_dir>/blobs``, refused with
     ``replicas``: every coordinator must reach the batches), ``replicas`` with
     ``cluster_key`` (the replicated log; needs ``metadata``), ``compact`` (run the

@@ -2,8 +2,14 @@
 
 It forwards every request to the upstream endpoint unchanged, except the ones it has
 been told to sabotage: answer with a 5xx, stall without answering, forward but lose the
-answer, or cut the response body short. Faults apply to the next N requests that match
-an optional predicate, so a test can, say, fail only multipart part uploads.
+answer, cut the response body short, or hold a request until the test releases it.
+Faults apply to the next N requests that match an optional predicate, so a test can,
+say, fail only multipart part uploads.
+
+moto checks a conditional write's condition and then writes without a lock, so two
+racing ``If-None-Match: *`` PUTs can both win there. With ``serialize_conditional`` the
+proxy forwards conditional requests (``If-None-Match`` / ``If-Match``) one at a time per
+object, as S3 does, so race tests through it are meaningful.
 """
 
 from __future__ import annotations
@@ -31,6 +37,16 @@ class _Fault:
     status: int = 503
     code: str = ""
     seconds: float = 0.0
+    reached: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Hold:
+    """A held request: ``reached`` is set when it arrives at the proxy; set ``release`` to forward it."""
+
+    reached: threading.Event
+    release: threading.Event
 
 
 @dataclass
@@ -44,7 +60,7 @@ class ProxyLog:
 class FaultyProxy:
     """Threaded HTTP/1.1 proxy on 127.0.0.1 with scripted faults. Use as a context manager or call close()."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, serialize_conditional: bool = False) -> None:
         target = urlsplit(upstream)
         if target.scheme != "http" or not target.hostname or not target.port:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
@@ -53,6 +69,8 @@ class FaultyProxy:
         self.log = ProxyLog()
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
+        self.serialize_conditional = serialize_conditional
+        self._key_locks: dict[str, threading.Lock] = {}
         self._release = threading.Event()
         self._sockets: set[socket.socket] = set()
         proxy = self
@@ -98,6 +116,21 @@ class FaultyProxy:
         """Forward, then send the full headers but only half the body before closing the connection."""
         self._add(_Fault("truncate", n, match))
 
+    def hold_next(self, n: int = 1, match: Match | None = None) -> Hold:
+        """Hold the next ``n`` matching requests until ``release`` is set, then forward them normally.
+
+        A writer can so be stalled between reading and writing while others go on; the
+        client's read timeout must outlast the hold, or botocore resends the request.
+        """
+        fault = _Fault("hold", n, match)
+        self._add(fault)
+        return Hold(fault.reached, fault.release)
+
+    def key_lock(self, path: str) -> threading.Lock:
+        """The lock conditional requests on the object at ``path`` (no query) are forwarded under."""
+        with self._lock:
+            return self._key_locks.setdefault(path, threading.Lock())
+
     def pending(self) -> int:
         """Faults scripted but not yet triggered."""
         with self._lock:
@@ -126,6 +159,9 @@ class FaultyProxy:
     def close(self) -> None:
         """Stop serving, release stalled handlers, cut idle keep-alive connections, join every thread."""
         self._release.set()
+        with self._lock:
+            for fault in self._faults:
+                fault.release.set()
         self._server.shutdown()
         with self._lock:
             sockets = list(self._sockets)
@@ -178,7 +214,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner._release.wait(fault.seconds)
             self.close_connection = True
             return
-        status, reason, headers, payload = self._forward(body)
+        if fault is not None and fault.kind == "hold":
+            fault.reached.set()
+            fault.release.wait()
+        status, reason, headers, payload = self._forward_in_order(body)
         if fault is not None and fault.kind == "drop":
             self.close_connection = True
             return
@@ -197,6 +236,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(payload)
+
+    def _forward_in_order(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        conditional = "If-None-Match" in self.headers or "If-Match" in self.headers
+        if not (conditional and self.owner.serialize_conditional):
+            return self._forward(body)
+        with self.owner.key_lock(self.path.split("?", 1)[0]):
+            return self._forward(body)
 
     def _forward(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
         conn = http.client.HTTPConnection(self.owner.upstream_host, self.owner.upstream_port, timeout=30)

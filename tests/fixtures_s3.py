@@ -140,3 +140,11 @@ def faulty_proxy(moto_server: MotoServer) -> Iterator[FaultyProxy]:
     """A fault-injecting proxy in front of moto (``.endpoint`` is where clients should connect)."""
     with FaultyProxy(moto_server.endpoint) as proxy:
         yield proxy
+
+
+@pytest.fixture
+def serializing_proxy(moto_server: MotoServer) -> Iterator[FaultyProxy]:
+    """A fault-injecting proxy that also forwards conditional requests one at a time per object,
+    as S3 does (moto alone can let two racing conditional PUTs both win)."""
+    with FaultyProxy(moto_server.endpoint, serialize_conditional=True) as proxy:
+        yield proxy

@@ -342,3 +342,19 @@ def test_partition_metadata_example_decodes():
     assert (meta.generation, meta.session_id) == (0, 3)
     assert meta.replicas == {"127.0.0.1:7001": ReplicaState(3, UNRESOLVED), "127.0.0.1:7002": ReplicaState(2, 41)}
     assert json.loads(meta.encode()) == json.loads(doc)
+
+
+def test_s3_metadata_slot_example_decodes():
+    from sediment.engine.metadata import s3_format as fmt
+
+    data = _example_after("**Worked example.** Key `trace/17` at version 2 holding")
+    slot = fmt.decode_slot(data, "the worked example")
+    assert slot == fmt.Slot(fmt.VALUE, 5, 2, bytes.fromhex("00112233445566778899aabbccddeeff"),
+                            bytes.fromhex("ffeeddccbbaa99887766554433221100"), b"hi")
+    assert fmt.encode_slot(slot) == data
+    assert fmt.parse_name("trace/17/00000000000000000005") == ("trace/17", 5)
+    text = DOC.read_text()
+    hint = re.search(r"Its hint, `prefix/trace/17/hint`: `([0-9a-f \n]+)`", text)
+    assert hint is not None
+    assert fmt.decode_hint(bytes.fromhex(re.sub(r"\s+", "", hint.group(1)))) == 5
+    assert fmt.TOMBSTONE_SIZE == 58 and "A tombstone is exactly 58 bytes" in text

@@ -31,6 +31,7 @@ from sediment.engine.metadata.journal import (
 from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.engine.metadata.open_store import open_metadata_store
 from sediment.engine.metadata.protocol import MetadataStore, Versioned
+from sediment.engine.metadata.s3 import S3MetadataStore
 from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
 from sediment.errors import (
     DataDirLocked,
@@ -43,10 +44,16 @@ from sediment.errors import (
 PYTHON = sys.executable
 
 
-@pytest.fixture(params=["memory", "journal", pytest.param("zookeeper", marks=pytest.mark.zookeeper)])
+@pytest.fixture(params=["memory", "journal", pytest.param("zookeeper", marks=pytest.mark.zookeeper),
+                        pytest.param("s3", marks=pytest.mark.s3)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
-    if request.param == "memory":
-        s: MetadataStore = MemoryMetadataStore()
+    if request.param == "s3":
+        # through the proxy that serializes conditional writes per object, as S3 does
+        proxy = request.getfixturevalue("serializing_proxy")
+        _, bucket = request.getfixturevalue("s3_bucket")
+        s: MetadataStore = S3MetadataStore(bucket, "meta", endpoint_url=proxy.endpoint)
+    elif request.param == "memory":
+        s = MemoryMetadataStore()
     elif request.param == "journal":
         s = JournalMetadataStore(tmp_path / "meta")
     else:
@@ -610,8 +617,9 @@ def test_open_metadata_store_specs(tmp_path: Path) -> None:
         assert isinstance(journal, JournalMetadataStore) and journal.checkpoint_bytes == 10_000
     finally:
         journal.close()
-    with pytest.raises(InvalidMetadataRequest):
-        open_metadata_store("s3://bucket/x")
+    for spec in ("ftp://bucket/x", "s3:///no-bucket", "s3://bucket/x?unknown=1"):
+        with pytest.raises(InvalidMetadataRequest):
+            open_metadata_store(spec)
 
 
 @pytest.mark.zookeeper

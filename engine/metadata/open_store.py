@@ -14,6 +14,9 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
 
     * ``zk://host:port[,host:port...]/root``: :class:`ZooKeeperMetadataStore` (root
       defaults to ``/sediment``); options such as ``timeout`` are passed through.
+    * ``s3://bucket/prefix[?endpoint=http://host:port]``: :class:`S3MetadataStore` (the
+      endpoint defaults to ``AWS_ENDPOINT_URL``, else AWS); options such as ``keep`` are
+      passed through.
     * ``memory://``: a fresh :class:`MemoryMetadataStore`.
     * anything else: a local directory, opened as :class:`JournalMetadataStore`.
     """
@@ -29,6 +32,8 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
             )
         root = "/" + root if slash and root.strip("/") else "/sediment"
         return ZooKeeperMetadataStore(hosts, root, **options)
+    if text.startswith("s3://"):
+        return _open_s3(text, options)
     if text.startswith("memory://"):
         from sediment.engine.metadata.memory import MemoryMetadataStore
 
@@ -37,9 +42,26 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
         return MemoryMetadataStore()
     if "://" in text:
         raise InvalidMetadataRequest(
-            f"metadata spec {text!r} has an unknown scheme; use zk://host:port/root, memory:// "
-            "or a directory path"
+            f"metadata spec {text!r} has an unknown scheme; use zk://host:port/root, "
+            "s3://bucket/prefix, memory:// or a directory path"
         )
     from sediment.engine.metadata.journal import JournalMetadataStore
 
     return JournalMetadataStore(text, **options)
+
+
+def _open_s3(text: str, options: dict[str, Any]) -> MetadataStore:
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from sediment.engine.metadata.s3 import S3MetadataStore
+
+    parts = urlsplit(text)
+    query = parse_qs(parts.query)
+    if not parts.netloc or set(query) - {"endpoint"} or len(query.get("endpoint", [""])) != 1:
+        raise InvalidMetadataRequest(
+            f"metadata spec {text!r} is not s3://bucket/prefix[?endpoint=http://host:port]; name a bucket "
+            "and at most one endpoint"
+        )
+    if "endpoint" in query:
+        options = {"endpoint_url": query["endpoint"][0], **options}
+    return S3MetadataStore(parts.netloc, unquote(parts.path).strip("/"), **options)

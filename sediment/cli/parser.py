@@ -98,7 +98,7 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
                             "or <data-dir>/blobs)"))
     p.add_argument("--metadata", default=default(os.environ.get("SEDIMENT_METADATA")), metavar="SPEC",
                    help=doc("where the catalog lives when not in <data-dir>/meta, e.g. "
-                            "zk://127.0.0.1:2181/sediment (default $SEDIMENT_METADATA)"))
+                            "zk://127.0.0.1:2181/sediment or s3://bucket/prefix (default $SEDIMENT_METADATA)"))
     p.add_argument("--s3-endpoint", default=default(os.environ.get("AWS_ENDPOINT_URL")), metavar="URL",
                    help=doc("S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)"))
     p.add_argument("--replicas", default=default(None), metavar="HOST:PORT,...",

@@ -1,0 +1,95 @@
+"""S3 helpers shared by the blob store (blob/s3.py) and the metadata store
+(engine/metadata/s3.py): the boto3 client's configuration, the reading of error answers,
+and one conditional PUT that retries S3's 409. Kept below every layer, beside
+``sediment._fs``, so the metadata package stays a leaf."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+log = logging.getLogger(__name__)
+
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+EXISTS_CODES = frozenset({"PreconditionFailed", "412"})
+CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "409"})
+
+
+def error_code(e: ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+def status(e: ClientError) -> int:
+    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def retries(e: ClientError) -> int:
+    """How many times botocore resent the request before this answer."""
+    return int(e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
+
+
+def is_missing(e: ClientError) -> bool:
+    return error_code(e) in NOT_FOUND_CODES
+
+
+def is_precondition_failed(e: ClientError) -> bool:
+    """412: the condition (``If-None-Match: *`` or ``If-Match``) did not hold."""
+    return error_code(e) in EXISTS_CODES or status(e) == 412
+
+
+def is_conditional_conflict(e: ClientError) -> bool:
+    """409 ConditionalRequestConflict: a concurrent request on the key won; retry, the key may be absent."""
+    return error_code(e) in CONFLICT_CODES or status(e) == 409
+
+
+def make_client(endpoint_url: str | None, region: str, *, connect_timeout: float, read_timeout: float,
+                max_attempts: int, pool: int = 10, addressing_style: str = "auto") -> Any:
+    """A boto3 S3 client with botocore's ``standard`` retries (5xx, throttling, timeouts,
+    dropped connections) within ``max_attempts`` attempts, the first included."""
+    config = Config(
+        region_name=region,
+        retries={"mode": "standard", "total_max_attempts": max_attempts},
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_pool_connections=pool,
+        s3={"addressing_style": addressing_style},
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+
+class PreconditionFailed(Exception):
+    """A conditional PUT answered 412; ``retried`` says whether an earlier attempt of the same
+    call may have landed (botocore resent it, or a 409 was retried), so the caller must
+    compare the stored bytes with its own before calling it a lost race."""
+
+    def __init__(self, retried: bool) -> None:
+        super().__init__("precondition failed")
+        self.retried = retried
+
+
+def put_conditional(client: Any, sleep: Callable[[float], None], attempts: int, **kwargs: Any) -> None:
+    """One conditional PutObject, retrying S3's 409 ConditionalRequestConflict.
+
+    botocore never retries a 409, and a 409 is no proof the condition failed: it means a
+    concurrent request on the key conflicted. So it is retried here, ``attempts`` times in
+    all, with exponential backoff (``sleep`` is injectable). A 412 raises
+    :class:`PreconditionFailed`; any other error propagates unchanged.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            client.put_object(**kwargs)
+            return
+        except ClientError as e:
+            if is_precondition_failed(e):
+                raise PreconditionFailed(retried=retries(e) > 0 or attempt > 1) from None
+            if not is_conditional_conflict(e) or attempt == attempts:
+                raise
+            log.info("S3 conditional PUT of %s: 409 conflict, retrying (%d/%d)", kwargs.get("Key"), attempt,
+                     attempts)
+            sleep(min(1.0, 0.02 * 2 ** (attempt - 1)))
+    raise AssertionError("unreachable")
