@@ -185,6 +185,47 @@ def test_stream_sink_commits_each_batch_once_even_when_replayed(spark, coordinat
         assert got == 4, t
 
 
+def test_a_stream_from_one_relation_into_another_commits_each_update_once(spark, coordinator, tmp_path):
+    """Issue 24, finding 1: the options of the stream read (its readStream mark, startingAsOf)
+    stayed in the frame's schema and reached the sink, which refused them. Two pipelines, with
+    and without startingAsOf; each copy holds every update once, and the sinks' progress
+    relations stay out of the listing of relations."""
+    c = coordinator()
+    for name in ("orders", "copy", "copy_latest"):
+        c.engine.add_relation(name, SCHEMA)
+    updates = [(1, "tea", 1, 1), (2, "jam", 1, 1), (1, "tea", 2, -1), (3, "egg", 2, 1)]
+    append(c, updates)
+    c.engine.seal("orders", 2)
+
+    def pipe(sink: str, **read: str):
+        return (stream(spark, c, **read).writeStream.format("sediment").options(**c.options(sink))
+                .option("seal", "true").option("checkpointLocation", str(tmp_path / sink)).start())
+
+    queries = [pipe("copy", startingAsOf="earliest"), pipe("copy_latest")]
+    try:
+        for q in queries:
+            q.processAllAvailable()
+        more = [(3, "egg", 3, -1), (4, "rice", 3, 1)]
+        append(c, more)
+        c.engine.seal("orders", 3)
+        for q in queries:
+            q.processAllAvailable()
+    finally:
+        for q in queries:
+            q.stop()
+
+    def rows(relation: str, t: int) -> list[tuple]:
+        table = c.engine.snapshot(relation, t)
+        return sorted(zip(*(table.column(n).to_pylist() for n in ("id", "item", "diff")), strict=True))
+
+    assert c.engine.sealed("copy") == c.engine.sealed("copy_latest") == 3
+    for t in (1, 2, 3):  # from earliest: every time as in the source, each update once
+        assert rows("copy", t) == rows("orders", t), t
+    assert rows("copy_latest", 2) == rows("orders", 2) and rows("copy_latest", 3) == rows("orders", 3)
+    assert c.engine.relations() == ["copy", "copy_latest", "orders"]
+    assert len(c.engine.relations(include_internal=True)) == 5  # plus the two sinks' progress relations
+
+
 CHILD = """
 import sys
 from sediment.spark_jobs.session import local_spark
