@@ -26,6 +26,7 @@ from pyspark.sql.types import (
     FloatType,
     IntegerType,
     LongType,
+    NullType,
     ShortType,
     StringType,
     StructField,
@@ -155,6 +156,36 @@ def spark_type(t: pa.DataType) -> DataType:
     if pa.types.is_decimal(t) and t.precision <= 38:
         return DecimalType(t.precision, t.scale)
     raise InvalidArgument(f"a relation column of type {t} has no Spark type; read it with sediment.connect() instead")
+
+
+_INTS = (ByteType, ShortType, IntegerType, LongType)
+_DIGITS = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 19}
+
+
+def writes_into(given: DataType, column: pa.DataType) -> bool:
+    """Whether a DataFrame column of Spark type ``given`` can be written into a relation
+    column of Arrow type ``column`` by a cast that depends on no value's contents: the type
+    the column reads as, a narrower integer, an integer or float into a float, a decimal or
+    integer into a decimal with room for its digits, either kind of timestamp, or nulls.
+    Checked where Spark plans, so a mismatch fails before any task runs. A column with no
+    Spark type (times, durations, fixed-size binary) is left to the tasks' cast."""
+    try:
+        want = spark_type(column)
+    except InvalidArgument:
+        return True
+    if given == want or isinstance(given, NullType):
+        return True
+    if isinstance(given, _INTS) and isinstance(want, _INTS):
+        return _INTS.index(type(given)) <= _INTS.index(type(want))
+    if isinstance(want, (FloatType, DoubleType)):
+        return isinstance(given, _INTS) or isinstance(given, FloatType)
+    if isinstance(want, DecimalType):
+        if isinstance(given, _INTS):
+            return _DIGITS[type(given)] <= want.precision - want.scale
+        return isinstance(given, DecimalType) and given.scale <= want.scale and \
+            given.precision - given.scale <= want.precision - want.scale
+    timestamps = (TimestampType, TimestampNTZType)
+    return isinstance(given, timestamps) and isinstance(want, timestamps)
 
 
 def spark_schema(columns: pa.Schema, *, with_time: bool = True, with_diff: bool = True) -> StructType:
