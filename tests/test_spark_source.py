@@ -229,21 +229,31 @@ def test_the_wal_tail_is_split_by_key_range_across_tasks(spark, coordinator):
 def test_a_new_session_finds_the_source_by_itself(coordinator, tmp_path):
     """PySpark registers ``DefaultSource`` of every ``pyspark_*`` module on its path; the
     installed ``pyspark_sediment`` is that module (here put on the path by hand, as the
-    editable install of the tests does not lay out top-level modules)."""
+    editable install of the tests does not lay out top-level modules). Such a session has no
+    readStream hook, so a stream read names startingAsOf, as the README says."""
     c = coordinator()
     c.engine.add_relation("orders", SCHEMA)
     append(c, [(1, "tea", 1, 1)])
     c.engine.seal("orders", 1)
     script = ("import os,sys\nfrom pyspark.sql import SparkSession\n"
               "s=SparkSession.builder.master('local[1]').config('spark.ui.enabled','false').getOrCreate()\n"
-              f"print('ROWS', s.read.format('sediment').option('uri','{c.uri}').option('token','{c.token}')"
-              ".option('relation','orders').load().collect())\ns.stop()\n")
+              f"o={{'uri':'{c.uri}','token':'{c.token}','relation':'orders'}}\n"
+              "print('ROWS', s.read.format('sediment').options(**o).load().collect())\n"
+              "def stream(name, **extra):\n"
+              "    s.readStream.format('sediment').options(**o, **extra).load().writeStream.format('memory')"
+              ".queryName(name).trigger(availableNow=True).start().awaitTermination()\n"
+              "    return s.table(name).collect()\n"
+              "try:\n    stream('plain')\nexcept Exception as e:\n"
+              "    print('REFUSED', 'needs option(' + repr('startingAsOf') in str(e))\n"
+              "print('STREAM', stream('named', startingAsOf='latest'))\ns.stop()\n")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT / "spark_jobs" / "plugin")}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240,
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ROWS [Row(id=1, item='tea', diff=1)]" in out.stdout
+    # README: without register()'s readStream hook a stream read must name a stream option
+    assert "REFUSED True" in out.stdout and "STREAM [Row(id=1, item='tea', time=1, diff=1)]" in out.stdout
 
 
 def readme_spark_example() -> str:
