@@ -159,33 +159,31 @@ def spark_type(t: pa.DataType) -> DataType:
 
 
 _INTS = (ByteType, ShortType, IntegerType, LongType)
-_DIGITS = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 19}
 
 
 def writes_into(given: DataType, column: pa.DataType) -> bool:
-    """Whether a DataFrame column of Spark type ``given`` can be written into a relation
-    column of Arrow type ``column`` by a cast that depends on no value's contents: the type
-    the column reads as, a narrower integer, an integer or float into a float, a decimal or
-    integer into a decimal with room for its digits, either kind of timestamp, or nulls.
-    Checked where Spark plans, so a mismatch fails before any task runs. A column with no
-    Spark type (times, durations, fixed-size binary) is left to the tasks' cast."""
-    try:
-        want = spark_type(column)
-    except InvalidArgument:
+    """Whether a DataFrame column of Spark type ``given`` is of a kind a relation column of
+    Arrow type ``column`` takes: integers into integers, floats or decimals, floats into
+    floats, decimals into decimals (or integers, at scale 0), strings, binaries, booleans,
+    dates and either kind of timestamp into their own, nulls into any. Checked where Spark
+    plans, so a string into an integer column fails before any task runs; whether each value
+    fits (300 into int8) is for the task's cast. Columns with no Spark type (times,
+    durations, fixed-size binary) are left to the cast."""
+    t = pa.types
+    ints = isinstance(given, _INTS)
+    kinds: list[tuple[bool, bool]] = [
+        (t.is_integer(column), ints or isinstance(given, DecimalType) and given.scale == 0),
+        (t.is_floating(column), ints or isinstance(given, (FloatType, DoubleType))),
+        (t.is_decimal(column), ints or isinstance(given, DecimalType)),
+        (t.is_string(column) or t.is_large_string(column), isinstance(given, StringType)),
+        (t.is_binary(column) or t.is_large_binary(column), isinstance(given, BinaryType)),
+        (t.is_boolean(column), isinstance(given, BooleanType)),
+        (t.is_date(column), isinstance(given, DateType)),
+        (t.is_timestamp(column), isinstance(given, (TimestampType, TimestampNTZType))),
+    ]
+    if isinstance(given, NullType):
         return True
-    if given == want or isinstance(given, NullType):
-        return True
-    if isinstance(given, _INTS) and isinstance(want, _INTS):
-        return _INTS.index(type(given)) <= _INTS.index(type(want))
-    if isinstance(want, (FloatType, DoubleType)):
-        return isinstance(given, _INTS) or isinstance(given, FloatType)
-    if isinstance(want, DecimalType):
-        if isinstance(given, _INTS):
-            return _DIGITS[type(given)] <= want.precision - want.scale
-        return isinstance(given, DecimalType) and given.scale <= want.scale and \
-            given.precision - given.scale <= want.precision - want.scale
-    timestamps = (TimestampType, TimestampNTZType)
-    return isinstance(given, timestamps) and isinstance(want, timestamps)
+    return next((fits for is_kind, fits in kinds if is_kind), True)
 
 
 def spark_schema(columns: pa.Schema, *, with_time: bool = True, with_diff: bool = True) -> StructType:

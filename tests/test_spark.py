@@ -202,6 +202,26 @@ def test_mismatched_types_fail_while_spark_plans_and_bad_values_in_one_line(spar
     assert c.engine.snapshot("small", 1).num_rows == 0 and c.server.open_transactions == []
 
 
+@pytest.mark.parametrize("given, column, takes", [
+    ("bigint", pa.int32(), True), ("int", pa.uint64(), True), ("decimal(20,0)", pa.uint64(), True),
+    ("double", pa.float32(), True), ("bigint", pa.float64(), True), ("int", pa.decimal128(12, 2), True),
+    ("timestamp", pa.timestamp("ns"), True), ("timestamp_ntz", pa.timestamp("ms", "UTC"), True),
+    ("void", pa.string(), True), ("string", pa.int64(), False), ("double", pa.int64(), False),
+    ("bigint", pa.string(), False), ("string", pa.timestamp("us"), False), ("double", pa.decimal128(9, 2), False),
+    ("boolean", pa.int8(), False), ("binary", pa.string(), False), ("date", pa.timestamp("us"), False)])
+def test_which_spark_types_a_relation_column_takes(given, column, takes):
+    """The kinds checked at planning (the README lists them); values are the tasks' cast."""
+    from pyspark.sql import types as T
+
+    from sediment.spark_jobs.options import writes_into
+
+    spark_types = {"bigint": T.LongType(), "int": T.IntegerType(), "decimal(20,0)": T.DecimalType(20, 0),
+                   "double": T.DoubleType(), "timestamp": T.TimestampType(), "timestamp_ntz": T.TimestampNTZType(),
+                   "void": T.NullType(), "string": T.StringType(), "boolean": T.BooleanType(),
+                   "binary": T.BinaryType(), "date": T.DateType()}
+    assert writes_into(spark_types[given], column) is takes
+
+
 def test_a_failed_job_is_described_in_one_line(spark, coordinator):
     from sediment.spark_jobs.session import describe_error
 
