@@ -188,8 +188,8 @@ def test_stream_sink_commits_each_batch_once_even_when_replayed(spark, coordinat
 def test_a_stream_from_one_relation_into_another_commits_each_update_once(spark, coordinator, tmp_path):
     """Issue 24, finding 1: the options of the stream read (its readStream mark, startingAsOf)
     stayed in the frame's schema and reached the sink, which refused them. Two pipelines, with
-    and without startingAsOf; each copy holds every update once, and the sinks' progress
-    relations stay out of the listing of relations."""
+    and without startingAsOf, and a batch copy as of a time; each copy holds every update
+    once, and the sinks' progress relations stay out of the listing of relations."""
     c = coordinator()
     for name in ("orders", "copy", "copy_latest"):
         c.engine.add_relation(name, SCHEMA)
@@ -222,8 +222,13 @@ def test_a_stream_from_one_relation_into_another_commits_each_update_once(spark,
     for t in (1, 2, 3):  # from earliest: every time as in the source, each update once
         assert rows("copy", t) == rows("orders", t), t
     assert rows("copy_latest", 2) == rows("orders", 2) and rows("copy_latest", 3) == rows("orders", 3)
-    assert c.engine.relations() == ["copy", "copy_latest", "orders"]
-    assert len(c.engine.relations(include_internal=True)) == 5  # plus the two sinks' progress relations
+    c.engine.add_relation("then", SCHEMA)  # a batch copy as of 2: asOf stays with the read too
+    (spark.read.format("sediment").options(**c.options("orders")).option("asOf", 2).load()
+     .write.format("sediment").options(**c.options("then")).option("time", 0).option("seal", True)
+     .mode("append").save())
+    assert rows("then", 0) == rows("orders", 2)
+    assert c.engine.relations() == ["copy", "copy_latest", "orders", "then"]
+    assert len(c.engine.relations(include_internal=True)) == 6  # plus the two sinks' progress relations
 
 
 CHILD = """
