@@ -159,16 +159,21 @@ def test_stream_sink_commits_each_batch_once_even_when_replayed(spark, coordinat
 
     schema = StructType([StructField("id", LongType()), StructField("item", StringType())])
     options = {**c.options("orders"), "checkpointlocation": str(tmp_path / "ck")}
-    writer = stream_write.SedimentStreamWriter(options, schema, False)
     batch = pa.record_batch([pa.array([1, 2], pa.int64()), pa.array(["tea", "jam"])], names=["id", "item"])
+
+    def run(batch_id: int) -> None:
+        """One micro-batch in a new run of the query (outside Spark every task is in stage 0,
+        and a stage's group ends when it commits, so each run builds its writer anew)."""
+        writer = stream_write.SedimentStreamWriter(options, schema, False)
+        writer.commit([writer.write(iter([batch]))], batch_id)
+
     for _ in range(2):  # the same micro-batch 0 written and committed twice
-        message = writer.write(iter([batch]))
-        writer.commit([message], 0)
+        run(0)
     assert c.engine.sealed("orders") == 0 and c.engine.snapshot("orders", 0).num_rows == 2
     assert c.server.open_transactions == []
-    writer.commit([writer.write(iter([batch]))], 1)
+    run(1)
     with pytest.raises(TransactionError, match="micro-batch 0 is older than batch 1"):  # a reset checkpoint
-        writer.commit([writer.write(iter([batch]))], 0)
+        run(0)
     assert c.engine.sealed("orders") == 1 and c.engine.snapshot("orders", 1).column("diff").to_pylist() == [2, 2]
     assert c.server.open_transactions == []
     src = tmp_path / "in"
