@@ -65,8 +65,9 @@ class SedimentCommitMessage(WriterCommitMessage):
 
 
 def check_columns(relation: str, rel_schema: pa.Schema, schema: StructType) -> None:
-    """The DataFrame's columns against the relation's, by name and by type, where Spark plans:
-    a type no cast can take safely fails here, in one line, not in a task's cast."""
+    """The DataFrame's columns against the relation's, by name and by kind (``writes_into``),
+    where Spark plans: a string into an integer column fails here, in one line, before any
+    task runs, not in a task's cast with Arrow's text."""
     columns = list(schema.names)
     missing = [n for n in rel_schema.names if n not in columns]
     extra = [n for n in columns if n not in rel_schema.names and n not in (TIME, DIFF)]
@@ -139,8 +140,8 @@ class WriterBase:
         return pa.RecordBatch.from_arrays(columns, schema=target)
 
     def _cast(self, column: pa.Array, field: pa.Field) -> pa.Array:
-        """A safe cast (checked while Spark planned) that a value can still fail, such as -1
-        into an unsigned column: sediment's one-line error instead of Arrow's."""
+        """The cast of a column whose kind was checked while Spark planned, which a value can
+        still fail (-1 into an unsigned column): sediment's one-line error instead of Arrow's."""
         try:
             return column.cast(field.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
