@@ -297,12 +297,17 @@ class Reads:
                     "upper": t.upper, "since": t.since, "tail_records": len(rel.tail),
                     "compaction_failures": self._failure_count(name)}
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, include_internal: bool = False) -> dict[str, Any]:
         """What the engine holds now, for operators: per relation its rows, batches, stored
         bytes, frontiers (since, sealed, trace upper), WAL tail records and bytes, compaction
         lag and subscribers; for the engine the WAL (kind, LSNs, segments, bytes, backlog not
         yet compacted) and where its storage lives. Plain JSON-ready values; the same
-        dictionary backs ``sediment stats`` and the state gauges of ``/metrics``."""
+        dictionary backs ``sediment stats`` and the state gauges of ``/metrics``. Internal
+        relations are listed only with ``include_internal`` (the WAL figures count them)."""
+        from sediment.engine.relation_ops import is_internal
         from sediment.engine.stats import engine_stats
 
-        return engine_stats(self)
+        stats = engine_stats(self)
+        if not include_internal:
+            stats["relations"] = {n: r for n, r in stats["relations"].items() if not is_internal(n)}
+        return stats

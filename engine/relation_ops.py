@@ -27,6 +27,15 @@ from sediment.trace.state import TraceState
 
 log = logging.getLogger(__name__)
 
+INTERNAL_PREFIX = "_"
+
+
+def is_internal(name: str) -> bool:
+    """Whether ``name`` is one of sediment's own bookkeeping relations (a name starting with
+    an underscore, such as the Spark sink's ``_spark_sink.<id>``): listings meant for users
+    leave them out unless asked, so they do not crowd the user's own relations."""
+    return name.startswith(INTERNAL_PREFIX)
+
 
 class RelationOps:
     """Relation management of the Engine (mixin)."""
@@ -75,11 +84,12 @@ class RelationOps:
                 log.warning("could not delete the trace state of dropped relation %r: %s", name, exc)
         self._collect()
 
-    def relations(self) -> list[str]:
-        """Names of all relations, sorted."""
+    def relations(self, include_internal: bool = False) -> list[str]:
+        """Names of the relations, sorted; internal ones (names starting with an underscore,
+        see :func:`is_internal`) only with ``include_internal``."""
         with self._lock:
             self._check_open()
-            return sorted(self._relations)
+            return sorted(n for n in self._relations if include_internal or not is_internal(n))
 
     def schema(self, name: str) -> pa.Schema:
         """The relation's own columns (without ``time`` and ``diff``)."""

@@ -374,9 +374,10 @@ class Client:
         """Forget a relation and its data."""
         self._action("drop_relation", name=name)
 
-    def relations(self) -> list[str]:
-        """Names of all relations, sorted."""
-        return list(self._action("relations"))
+    def relations(self, include_internal: bool = False) -> list[str]:
+        """Names of the relations, sorted; internal ones (``_spark_sink.<id>`` and any name
+        starting with an underscore) only with ``include_internal``."""
+        return list(self._action("relations", include_internal=include_internal))
 
     def schema(self, name: str) -> pa.Schema:
         """The relation's own columns (without ``time`` and ``diff``)."""
@@ -536,9 +537,9 @@ class Client:
         """The relation's stored shape (batches, pending, rows, bytes, upper, since, tail_records)."""
         return dict(self._action("trace_info", name=name))
 
-    def stats(self) -> dict:
+    def stats(self, include_internal: bool = False) -> dict:
         """The served engine's :meth:`Engine.stats`."""
-        return dict(self._action("stats"))
+        return dict(self._action("stats", include_internal=include_internal))
 
     def compact(self, name: str | None = None) -> None:
         """Run a compaction pass on the server and wait for it."""

@@ -43,6 +43,7 @@ from sediment.spark_jobs.options import (
     schema_from_b64,
     schema_to_b64,
     token,
+    writes_into,
 )
 
 APPEND_ROWS = 1 << 18  # rows per append into the transaction: few, large, durable puts
@@ -61,6 +62,26 @@ class SedimentCommitMessage(WriterCommitMessage):
     partition: int | None = None
     txn: int | None = None  # the attempt's transaction (None: it wrote nothing)
     group: str | None = None  # the stream sink's transaction group of the attempt
+
+
+def check_columns(relation: str, rel_schema: pa.Schema, schema: StructType) -> None:
+    """The DataFrame's columns against the relation's, by name and by kind (``writes_into``),
+    where Spark plans: a string into an integer column fails here, in one line, before any
+    task runs, not in a task's cast with Arrow's text."""
+    columns = list(schema.names)
+    missing = [n for n in rel_schema.names if n not in columns]
+    extra = [n for n in columns if n not in rel_schema.names and n not in (TIME, DIFF)]
+    if missing or extra:
+        raise SchemaMismatch(f"the DataFrame's columns {columns} do not match relation {relation!r} "
+                             f"{rel_schema.names}: " + "; ".join(
+                                 ([f"missing {missing}"] if missing else []) +
+                                 ([f"unknown {extra}"] if extra else [])))
+    target = {**{f.name: f.type for f in rel_schema}, TIME: pa.int64(), DIFF: pa.int64()}
+    wrong = [f"{f.name!r} is {f.dataType.simpleString()}, the relation's is {target[f.name]}"
+             for f in schema.fields if not writes_into(f.dataType, target[f.name])]
+    if wrong:
+        raise SchemaMismatch(f"the DataFrame's column types do not fit relation {relation!r}: {'; '.join(wrong)}; "
+                             "cast those columns first (for example F.col(name).cast(...)) or fix the relation")
 
 
 class WriterBase:
@@ -84,13 +105,7 @@ class WriterBase:
         client = connect(self.uri, self.token)
         try:
             rel_schema = client.schema(self.relation)
-            missing = [n for n in rel_schema.names if n not in columns]
-            extra = [n for n in columns if n not in rel_schema.names and n not in (TIME, DIFF)]
-            if missing or extra:
-                raise SchemaMismatch(f"the DataFrame's columns {columns} do not match relation {self.relation!r} "
-                                     f"{rel_schema.names}: " + "; ".join(
-                                         ([f"missing {missing}"] if missing else []) +
-                                         ([f"unknown {extra}"] if extra else [])))
+            check_columns(self.relation, rel_schema, schema)
             self.schema_b64 = schema_to_b64(rel_schema)
             if self.time is not None:
                 sealed = client.sealed(self.relation)
@@ -118,11 +133,22 @@ class WriterBase:
                 column = batch.column(names.index(field.name))
                 if field.name == DIFF and column.null_count:
                     column = pc.fill_null(column, pa.scalar(1, column.type))
-                columns.append(column if column.type == field.type else column.cast(field.type))
+                columns.append(column if column.type == field.type else self._cast(column, field))
             else:
                 columns.append(self._constant(field.name, time if field.name == TIME else
                                               (1 if self.diff is None else self.diff), n))
         return pa.RecordBatch.from_arrays(columns, schema=target)
+
+    def _cast(self, column: pa.Array, field: pa.Field) -> pa.Array:
+        """The cast of a column whose kind was checked while Spark planned, which a value can
+        still fail (-1 into an unsigned column): sediment's one-line error instead of Arrow's."""
+        try:
+            return column.cast(field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SchemaMismatch(f"relation {self.relation!r} column {field.name!r}: a value of the DataFrame's "
+                                 f"{column.type} column does not fit {field.type} ({first}); nothing of this "
+                                 "job is visible; fix or filter those rows") from None
 
     def _constant(self, name: str, value: int | None, n: int) -> pa.Array:
         cache = self.__dict__.setdefault("_constants", {})

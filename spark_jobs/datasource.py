@@ -18,7 +18,8 @@ SQL: ``CREATE TABLE t USING sediment OPTIONS (uri '...', token '...', relation '
 session catalog does not hand a Python data source the table's options when the table is
 read or written, only its schema, so the options travel in the schema: as metadata of the
 ``diff`` column (the token too, in the catalog, as with any table option) and, without the
-token, as that column's comment, which ``DESCRIBE`` shows.
+token, as that column's comment, which ``DESCRIBE`` shows. Only a call that names no relation
+takes them (see :func:`options_with_schema`).
 
 Every check that needs no data runs where Spark plans (``schema()``, ``reader()``, ``writer()``):
 unknown options, the relation, the columns, ``asOf``/``from`` within [since, sealed].
@@ -81,14 +82,24 @@ _INTERNAL = ("plan", "plan_tail", "provider", "owner")
 
 def options_with_schema(options: Any, schema: StructType | None) -> dict[str, str]:
     """The options a table or view was created with (kept in its schema), overridden by the
-    options of this call."""
+    options of this call.
+
+    The kept options apply only to a call that names no relation, which is how Spark's
+    catalog calls the source for a table. Every frame read from sediment carries the
+    options of its read in the same schema metadata, and its projections and streams keep
+    it: a call that names its relation (``format("sediment").option("relation", ...)``)
+    is a write or read of its own, and the options of the read that made its input
+    (``asOf``, ``readStream``, ``startingAsOf``, another relation or coordinator) must
+    not leak into it."""
+    given = {k: v for k, v in lowered(options).items() if not k.startswith("option.") and k not in _INTERNAL[2:]}
+    if given.get("relation"):
+        return given
     kept: dict[str, str] = {}
     if schema is not None:
         for f in schema.fields:
             text = (f.metadata or {}).get(OPTIONS_KEY)
             if text:
                 kept = json.loads(text)
-    given = {k: v for k, v in lowered(options).items() if not k.startswith("option.") and k not in _INTERNAL[2:]}
     return {**kept, **given}
 
 

@@ -26,6 +26,7 @@ from pyspark.sql.types import (
     FloatType,
     IntegerType,
     LongType,
+    NullType,
     ShortType,
     StringType,
     StructField,
@@ -155,6 +156,34 @@ def spark_type(t: pa.DataType) -> DataType:
     if pa.types.is_decimal(t) and t.precision <= 38:
         return DecimalType(t.precision, t.scale)
     raise InvalidArgument(f"a relation column of type {t} has no Spark type; read it with sediment.connect() instead")
+
+
+_INTS = (ByteType, ShortType, IntegerType, LongType)
+
+
+def writes_into(given: DataType, column: pa.DataType) -> bool:
+    """Whether a DataFrame column of Spark type ``given`` is of a kind a relation column of
+    Arrow type ``column`` takes: integers into integers, floats or decimals, floats into
+    floats, decimals into decimals (or integers, at scale 0), strings, binaries, booleans,
+    dates and either kind of timestamp into their own, nulls into any. Checked where Spark
+    plans, so a string into an integer column fails before any task runs; whether each value
+    fits (300 into int8) is for the task's cast. Columns with no Spark type (times,
+    durations, fixed-size binary) are left to the cast."""
+    t = pa.types
+    ints = isinstance(given, _INTS)
+    kinds: list[tuple[bool, bool]] = [
+        (t.is_integer(column), ints or isinstance(given, DecimalType) and given.scale == 0),
+        (t.is_floating(column), ints or isinstance(given, (FloatType, DoubleType))),
+        (t.is_decimal(column), ints or isinstance(given, DecimalType)),
+        (t.is_string(column) or t.is_large_string(column), isinstance(given, StringType)),
+        (t.is_binary(column) or t.is_large_binary(column), isinstance(given, BinaryType)),
+        (t.is_boolean(column), isinstance(given, BooleanType)),
+        (t.is_date(column), isinstance(given, DateType)),
+        (t.is_timestamp(column), isinstance(given, (TimestampType, TimestampNTZType))),
+    ]
+    if isinstance(given, NullType):
+        return True
+    return next((fits for is_kind, fits in kinds if is_kind), True)
 
 
 def spark_schema(columns: pa.Schema, *, with_time: bool = True, with_diff: bool = True) -> StructType:

@@ -4,8 +4,9 @@ Every micro-batch is one sediment transaction, committed exactly once even when 
 the batch again after a failure:
 
 * each task attempt appends into its own server transaction (as batch writes do), in a
-  group named after the sink and the task's stage, so a failed attempt's leftovers are
-  aborted when its stage commits;
+  group named after the sink, this run of the query and the task's stage, so a failed
+  attempt's leftovers are aborted when its stage commits (the server then refuses new
+  transactions in that group; a later run's stages, numbered from 0 again, get new groups);
 * ``commit(messages, batchId)`` commits the winners' transactions together with one more
   transaction that records the batch in the sink's progress relation (``_spark_sink.<id>``:
   one row ``(batch, data_time)`` at time ``batch``, the previous batch's row retracted):
@@ -26,6 +27,7 @@ open time (sealed + 1, read by the tasks) and that time is sealed when the batch
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,6 +70,7 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
             raise InvalidArgument("the sediment sink only appends updates: use outputMode('append')")
         with self._setup(options, schema, what="writing a stream") as client:
             self.sink = sink_id(options, self.relation)
+            self.run = uuid.uuid4().hex[:12]  # Spark numbers stages from 0 in every application
             self.progress = f"_spark_sink.{self.sink}"
             try:
                 client.add_relation(self.progress, PROGRESS_SCHEMA)
@@ -78,7 +81,7 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        return f"spark-sink-{self.sink}-stage-{ctx.stageId() if ctx is not None else 0}"
+        return f"spark-sink-{self.sink}-{self.run}-stage-{ctx.stageId() if ctx is not None else 0}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SedimentCommitMessage:
         time = self.time

@@ -170,6 +170,58 @@ def test_writes_refuse_overwrite_and_mismatched_columns_clearly(spark, coordinat
     assert c.server.open_transactions == []
 
 
+def test_mismatched_types_fail_while_spark_plans_and_bad_values_in_one_line(spark, coordinator):
+    """Issue 24, finding 9: a column whose type no safe cast takes fails at planning with
+    SchemaMismatch (no job starts, nothing written); a value that fails a safe cast (-1
+    into an unsigned column) fails the job with the same one-line error, not Arrow's."""
+    from sediment.errors import SchemaMismatch
+    from sediment.spark_jobs.errors import sediment_errors
+
+    c = coordinator()
+    c.engine.add_relation("orders", SCHEMA)
+    c.engine.add_relation("small", pa.schema([("id", pa.uint8()), ("item", pa.string())]))
+    sc = spark.sparkContext
+    sc.setJobGroup("bad-types", "no job may start")
+    try:
+        wrong = spark.createDataFrame([("1", "tea", 1.5)], ["id", "item", "time"])
+        with pytest.raises(SchemaMismatch) as info:
+            with sediment_errors():
+                write(wrong, c)
+    finally:
+        sc.setJobGroup("", "")
+    assert sc.statusTracker().getJobIdsForGroup("bad-types") == []
+    assert "'id' is string, the relation's is int64" in str(info.value) and "'time' is double" in str(info.value)
+    narrow = spark.createDataFrame([(1, "tea")], "id int, item string")  # a narrower integer is fine
+    write(narrow, c, time=1)
+    with pytest.raises(SchemaMismatch, match="column 'id': a value of the DataFrame's int16 column does not fit"):
+        with sediment_errors():
+            write(spark.createDataFrame([(-1, "tea")], "id short, item string"), c, "small", time=1)
+    c.engine.seal("orders", 1)
+    c.engine.seal("small", 1)
+    assert rows_of(c.engine.snapshot("orders", 1)) == Counter({(1, "tea", 1): 1})
+    assert c.engine.snapshot("small", 1).num_rows == 0 and c.server.open_transactions == []
+
+
+@pytest.mark.parametrize("given, column, takes", [
+    ("bigint", pa.int32(), True), ("int", pa.uint64(), True), ("decimal(20,0)", pa.uint64(), True),
+    ("double", pa.float32(), True), ("bigint", pa.float64(), True), ("int", pa.decimal128(12, 2), True),
+    ("timestamp", pa.timestamp("ns"), True), ("timestamp_ntz", pa.timestamp("ms", "UTC"), True),
+    ("void", pa.string(), True), ("string", pa.int64(), False), ("double", pa.int64(), False),
+    ("bigint", pa.string(), False), ("string", pa.timestamp("us"), False), ("double", pa.decimal128(9, 2), False),
+    ("boolean", pa.int8(), False), ("binary", pa.string(), False), ("date", pa.timestamp("us"), False)])
+def test_which_spark_types_a_relation_column_takes(given, column, takes):
+    """The kinds checked at planning (the README lists them); values are the tasks' cast."""
+    from pyspark.sql import types as T
+
+    from sediment.spark_jobs.options import writes_into
+
+    spark_types = {"bigint": T.LongType(), "int": T.IntegerType(), "decimal(20,0)": T.DecimalType(20, 0),
+                   "double": T.DoubleType(), "timestamp": T.TimestampType(), "timestamp_ntz": T.TimestampNTZType(),
+                   "void": T.NullType(), "string": T.StringType(), "boolean": T.BooleanType(),
+                   "binary": T.BinaryType(), "date": T.DateType()}
+    assert writes_into(spark_types[given], column) is takes
+
+
 def test_a_failed_job_is_described_in_one_line(spark, coordinator):
     from sediment.spark_jobs.session import describe_error
 

@@ -229,18 +229,83 @@ def test_the_wal_tail_is_split_by_key_range_across_tasks(spark, coordinator):
 def test_a_new_session_finds_the_source_by_itself(coordinator, tmp_path):
     """PySpark registers ``DefaultSource`` of every ``pyspark_*`` module on its path; the
     installed ``pyspark_sediment`` is that module (here put on the path by hand, as the
-    editable install of the tests does not lay out top-level modules)."""
+    editable install of the tests does not lay out top-level modules). Such a session has no
+    readStream hook, so a stream read names startingAsOf, as the README says."""
     c = coordinator()
     c.engine.add_relation("orders", SCHEMA)
     append(c, [(1, "tea", 1, 1)])
     c.engine.seal("orders", 1)
     script = ("import os,sys\nfrom pyspark.sql import SparkSession\n"
               "s=SparkSession.builder.master('local[1]').config('spark.ui.enabled','false').getOrCreate()\n"
-              f"print('ROWS', s.read.format('sediment').option('uri','{c.uri}').option('token','{c.token}')"
-              ".option('relation','orders').load().collect())\ns.stop()\n")
+              f"o={{'uri':'{c.uri}','token':'{c.token}','relation':'orders'}}\n"
+              "print('ROWS', s.read.format('sediment').options(**o).load().collect())\n"
+              "def stream(name, **extra):\n"
+              "    s.readStream.format('sediment').options(**o, **extra).load().writeStream.format('memory')"
+              ".queryName(name).trigger(availableNow=True).start().awaitTermination()\n"
+              "    return s.table(name).collect()\n"
+              "try:\n    stream('plain')\nexcept Exception as e:\n"
+              "    print('REFUSED', 'needs option(' + repr('startingAsOf') in str(e))\n"
+              "print('STREAM', stream('named', startingAsOf='latest'))\ns.stop()\n")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT / "spark_jobs" / "plugin")}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240,
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ROWS [Row(id=1, item='tea', diff=1)]" in out.stdout
+    # README: without register()'s readStream hook a stream read must name a stream option
+    assert "REFUSED True" in out.stdout and "STREAM [Row(id=1, item='tea', time=1, diff=1)]" in out.stdout
+
+
+def readme_spark_example() -> str:
+    """The README's Spark code block, as written."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python\nimport sediment.spark_jobs\n") + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+def test_the_readme_spark_example_runs_as_written(spark, coordinator, tmp_path):
+    """Issue 24, finding 9: every statement of the README's Spark example runs in order (only
+    the coordinator's address differs), each read gives what its comment says, and the
+    stream copies the relation into another exactly once."""
+    import ast
+
+    from pyspark.sql import DataFrame
+
+    c = coordinator()
+    c.engine.add_relation("orders", SCHEMA)
+    c.engine.add_relation("copy", SCHEMA)
+    updates = [(i, f"i{i}", i, 1) for i in range(1, 10)] + [(1, "i1", 8, -1), (2, "i2", 9, 2)]
+    append(c, updates)
+    c.engine.seal("orders", 9)
+    spark.createDataFrame([(20, "staged")], "id long, item string").createOrReplaceTempView("staged")
+    scope = {"spark": spark, "token": c.token, "ck": str(tmp_path / "ck"),
+             "df": spark.createDataFrame([(10, "tea")], "id long, item string")}
+    code = readme_spark_example().replace("grpc://127.0.0.1:8815", c.uri)
+    assert code.count("spark.read.format") == 4
+    read: list[Counter] = []
+    try:
+        for stmt in ast.parse(code).body:
+            if isinstance(stmt, ast.Expr):
+                value = eval(compile(ast.Expression(stmt.value), "README.md", "eval"), scope)  # noqa: S307
+                if isinstance(value, DataFrame) and ast.unparse(stmt).endswith(".load()"):
+                    read.append(rows(value))  # now: the later writes move the sealed frontier
+            else:
+                exec(compile(ast.Module([stmt], []), "README.md", "exec"), scope)  # noqa: S102
+        scope["query"].processAllAvailable()
+        assert c.engine.sealed("orders") == 10  # the write at 10, sealed; the INSERT at 11, still open
+        c.engine.seal("orders", 11)
+        scope["query"].processAllAvailable()
+    finally:
+        if "query" in scope:
+            scope["query"].stop()
+        spark.sql("DROP TABLE IF EXISTS orders")
+    raw = Counter()
+    for i, item, t, d in (r for r, n in read[3].items() for _ in range(n)):
+        raw[(i, item, t)] += d
+    assert read[:3] == [model(updates, 9), model(updates, 7), model(updates, 9, 7)]
+    assert Counter({(*k, v): 1 for k, v in raw.items() if v}) == model(updates, 9, -1)
+    c.engine.seal("copy", 11)
+    everything = updates + [(10, "tea", 10, 1), (20, "staged", 11, 1)]
+    copied = c.engine.snapshot("copy", 11)
+    assert Counter(zip(*(copied.column(n).to_pylist() for n in ("id", "item", "diff")), strict=True)) == \
+        Counter({k: 1 for k in model(everything, 11)})

@@ -159,16 +159,21 @@ def test_stream_sink_commits_each_batch_once_even_when_replayed(spark, coordinat
 
     schema = StructType([StructField("id", LongType()), StructField("item", StringType())])
     options = {**c.options("orders"), "checkpointlocation": str(tmp_path / "ck")}
-    writer = stream_write.SedimentStreamWriter(options, schema, False)
     batch = pa.record_batch([pa.array([1, 2], pa.int64()), pa.array(["tea", "jam"])], names=["id", "item"])
+
+    def run(batch_id: int) -> None:
+        """One micro-batch in a new run of the query (outside Spark every task is in stage 0,
+        and a stage's group ends when it commits, so each run builds its writer anew)."""
+        writer = stream_write.SedimentStreamWriter(options, schema, False)
+        writer.commit([writer.write(iter([batch]))], batch_id)
+
     for _ in range(2):  # the same micro-batch 0 written and committed twice
-        message = writer.write(iter([batch]))
-        writer.commit([message], 0)
+        run(0)
     assert c.engine.sealed("orders") == 0 and c.engine.snapshot("orders", 0).num_rows == 2
     assert c.server.open_transactions == []
-    writer.commit([writer.write(iter([batch]))], 1)
+    run(1)
     with pytest.raises(TransactionError, match="micro-batch 0 is older than batch 1"):  # a reset checkpoint
-        writer.commit([writer.write(iter([batch]))], 0)
+        run(0)
     assert c.engine.sealed("orders") == 1 and c.engine.snapshot("orders", 1).column("diff").to_pylist() == [2, 2]
     assert c.server.open_transactions == []
     src = tmp_path / "in"
@@ -183,6 +188,52 @@ def test_stream_sink_commits_each_batch_once_even_when_replayed(spark, coordinat
     for t in (2, 3, 4):
         got = c.engine.snapshot("orders", t).num_rows - c.engine.snapshot("orders", t - 1).num_rows
         assert got == 4, t
+
+
+def test_a_stream_from_one_relation_into_another_commits_each_update_once(spark, coordinator, tmp_path):
+    """Issue 24, finding 1: the options of the stream read (its readStream mark, startingAsOf)
+    stayed in the frame's schema and reached the sink, which refused them. Two pipelines, with
+    and without startingAsOf, and a batch copy as of a time; each copy holds every update
+    once, and the sinks' progress relations stay out of the listing of relations."""
+    c = coordinator()
+    for name in ("orders", "copy", "copy_latest"):
+        c.engine.add_relation(name, SCHEMA)
+    updates = [(1, "tea", 1, 1), (2, "jam", 1, 1), (1, "tea", 2, -1), (3, "egg", 2, 1)]
+    append(c, updates)
+    c.engine.seal("orders", 2)
+
+    def pipe(sink: str, **read: str):
+        return (stream(spark, c, **read).writeStream.format("sediment").options(**c.options(sink))
+                .option("seal", "true").option("checkpointLocation", str(tmp_path / sink)).start())
+
+    queries = [pipe("copy", startingAsOf="earliest"), pipe("copy_latest")]
+    try:
+        for q in queries:
+            q.processAllAvailable()
+        more = [(3, "egg", 3, -1), (4, "rice", 3, 1)]
+        append(c, more)
+        c.engine.seal("orders", 3)
+        for q in queries:
+            q.processAllAvailable()
+    finally:
+        for q in queries:
+            q.stop()
+
+    def rows(relation: str, t: int) -> list[tuple]:
+        table = c.engine.snapshot(relation, t)
+        return sorted(zip(*(table.column(n).to_pylist() for n in ("id", "item", "diff")), strict=True))
+
+    assert c.engine.sealed("copy") == c.engine.sealed("copy_latest") == 3
+    for t in (1, 2, 3):  # from earliest: every time as in the source, each update once
+        assert rows("copy", t) == rows("orders", t), t
+    assert rows("copy_latest", 2) == rows("orders", 2) and rows("copy_latest", 3) == rows("orders", 3)
+    c.engine.add_relation("then", SCHEMA)  # a batch copy as of 2: asOf stays with the read too
+    (spark.read.format("sediment").options(**c.options("orders")).option("asOf", 2).load()
+     .write.format("sediment").options(**c.options("then")).option("time", 0).option("seal", True)
+     .mode("append").save())
+    assert rows("then", 0) == rows("orders", 2)
+    assert c.engine.relations() == ["copy", "copy_latest", "orders", "then"]
+    assert len(c.engine.relations(include_internal=True)) == 6  # plus the two sinks' progress relations
 
 
 CHILD = """

@@ -61,10 +61,11 @@ def cmd_relation_drop(args: argparse.Namespace) -> int:
 
 
 def cmd_relation_list(args: argparse.Namespace) -> int:
-    """One line per relation, tab-separated: name, schema (as --schema spells it), since, sealed."""
+    """One line per relation, tab-separated: name, schema (as --schema spells it), since, sealed;
+    internal relations only with --all."""
     with open_engine(args) as engine:
         rows = [(name, schema_spec(engine.schema(name)), engine.since(name), engine.sealed(name))
-                for name in engine.relations()]
+                for name in engine.relations(include_internal=args.all)]
     for name, spec, since, sealed in rows:
         print(f"{name}\t{spec}\tsince={since}\tsealed={sealed}")
     if not rows:
@@ -176,7 +177,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     import json
 
     with open_engine(args) as engine:
-        stats = engine.stats()
+        stats = engine.stats(include_internal=args.all)
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
     else:

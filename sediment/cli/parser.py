@@ -155,6 +155,9 @@ def _command_adder(sub: argparse._SubParsersAction) -> Command:
     return command
 
 
+ALL_HELP = "also internal relations (names starting with '_', such as the Spark sink's _spark_sink.<id>)"
+
+
 def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) -> None:
     relation = sub.add_parser("relation", help="add, drop or list relations", description="Add, drop or list "
                               "relations.")
@@ -167,7 +170,8 @@ def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) ->
                         "diff are added; `relation list` prints the same form)")
     p = command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub)
     p.add_argument("name", metavar="NAME", help="the relation")
-    command("list", cmd_relation_list, "list relations: name, schema, since, sealed", rel_sub)
+    p = command("list", cmd_relation_list, "list relations: name, schema, since, sealed", rel_sub)
+    p.add_argument("--all", action="store_true", help=ALL_HELP)
 
 
 def _add_write_commands(command: Command) -> None:
@@ -207,6 +211,7 @@ def _add_read_commands(command: Command) -> None:
 
     p = command("stats", cmd_stats, "show what the engine holds: relations, WAL backlog, compaction lag")
     p.add_argument("--json", action="store_true", help="print the same figures as JSON (as Engine.stats())")
+    p.add_argument("--all", action="store_true", help=ALL_HELP)
 
     p = command("read", cmd_read, "print or write the relation as of a time (columns + diff)")
     p.add_argument("name", metavar="NAME", help="the relation")

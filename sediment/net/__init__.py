@@ -48,7 +48,8 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   compaction_errors {},
   begin {group|absent} -> transaction id, commit {txn}, abort {txn}, txn_state {txn},
   commit_all {txns, group|absent} (one COMMIT record for them all; then every other open
-  transaction of the group is aborted), abort_group {group},
+  transaction of the group is aborted), abort_group {group} (either ends the group: a later
+  begin in it is refused with TransactionError),
   append_many {stage, locks|absent}, discard_stage {stage}, release_read {lease}, ping {}.
 * Errors: a refused call fails with ``FlightServerError`` whose ``extra_info`` is JSON
   ``{"error": CLASS, "module": "sediment.errors"|"builtins", "message": TEXT, "attrs": {...}}``;

@@ -6,7 +6,9 @@ idle (no call naming it) for longer than ``idle_timeout`` is aborted, and so is 
 still open when the server stops: an open transaction holds back the compacter's WAL
 cut, so a client that vanished must not keep one open for ever. Finished transactions'
 states are remembered (a bounded number) so that a late ``txn_state`` or a repeated
-``abort`` gets the right answer.
+``abort`` gets the right answer. So are ended groups (``commit_all`` with a group, or
+``abort_group``): a task attempt that outlives its Spark job, whose end Spark does not wait
+for, cannot begin a transaction in the job's group afterwards and leave it open.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sediment import errors
 from sediment.errors import TransactionError
 
 FINISHED_TXN_STATES = 4096  # how many finished transactions' states are remembered
+ENDED_GROUPS = 4096  # how many ended groups are remembered
 
 log = logging.getLogger("sediment.server")
 
@@ -39,6 +42,7 @@ class TxnRegistry:
         self._group_of: dict[int, str] = {}
         self._idle_aborted: OrderedDict[int, None] = OrderedDict()
         self._finished: OrderedDict[int, str] = OrderedDict()
+        self._ended: OrderedDict[str, None] = OrderedDict()
         self._closed_reason: str | None = None
 
     # --- lookups -------------------------------------------------------------------------------
@@ -47,6 +51,9 @@ class TxnRegistry:
         with self._lock:
             if self._closed_reason is not None:
                 raise errors.EngineClosed(self._closed_reason)
+            if group is not None and str(group) in self._ended:
+                raise TransactionError(f"transaction group {str(group)!r} has ended (its job committed or aborted): "
+                                       "this attempt outlived its job, so nothing was begun; no retry can help")
             tx = self._new_txn()
             self._txns[tx.id] = tx
             self._used[tx.id] = self._clock()
@@ -116,8 +123,12 @@ class TxnRegistry:
         return state
 
     def group_members(self, group: str) -> list[Any]:
-        """Take the group's open transactions out of the group (for aborting them)."""
+        """End the group: take its open transactions out of it (for aborting them); a later
+        ``begin`` in it is refused."""
         with self._lock:
+            self._ended[group] = None
+            while len(self._ended) > ENDED_GROUPS:
+                self._ended.popitem(last=False)
             ids = self._groups.pop(group, set())
             return [self._txns[i] for i in ids if i in self._txns]
 
