@@ -258,7 +258,7 @@ class Reads:
         def load(item: Any) -> pa.Table | None:
             if isinstance(item, TailEntry):
                 return pa.Table.from_batches([self._decode(rel, self._log.read(item.lsn))])
-            return self.traces.read(rel.entry.id, item.ref)
+            return self.traces.read(rel.entry.id, item.ref, use_threads=False)  # threads lost here under load
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:

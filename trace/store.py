@@ -169,13 +169,14 @@ class TraceStore:
         for i in range(pf.metadata.num_row_groups):
             yield read_row_group(pf, i, desc, where=f"batch {ref.key!r}")
 
-    def read(self, relation_id: int, ref: BatchRef) -> pa.Table | None:
+    def read(self, relation_id: int, ref: BatchRef, *, use_threads: bool = True) -> pa.Table | None:
         """A whole batch in memory. When the state recorded the object's CRC32C, the whole
         object is checked first and then decoded without Parquet's page checksums, which the
         object checksum already covers. A local object is checked by streaming the file
         through one reused buffer and decoded from the same open file, as ``pq.read_table``
         reads it: holding the object in a fresh buffer cost 0.06 s of page faults per 130 MB
-        here. A remote one is fetched in one piece, and checked and decoded from that buffer."""
+        here. A remote one is fetched in one piece, and checked and decoded from that buffer.
+        ``use_threads=False`` decodes on the caller's thread only."""
         if ref.key is None:
             return None
         if ref.crc is None:
@@ -192,7 +193,7 @@ class TraceStore:
             raise BlobError(f"reading {where} from {self.blobs!r} failed: {e}; check the disk and the file's "
                             "permissions, then retry") from e
         try:
-            table = self._decode_checked(source, relation_id, ref, where)
+            table = self._decode_checked(source, relation_id, ref, where, use_threads)
         finally:
             if isinstance(source, pa.NativeFile):
                 source.close()
@@ -200,7 +201,7 @@ class TraceStore:
         return table if table.num_rows else None
 
     def _decode_checked(self, source: pa.NativeFile | pa.Buffer, relation_id: int, ref: BatchRef,
-                        where: str) -> pa.Table:
+                        where: str, use_threads: bool = True) -> pa.Table:
         """The batch decoded from ``source`` once its size and CRC32Cs match the trace state."""
         local = isinstance(source, pa.NativeFile)
         try:
@@ -214,7 +215,8 @@ class TraceStore:
         if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
             raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
                                   f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
-        return decode_verified(source, describe(relation_id, ref), where=where, schema=self.schema_of(relation_id))
+        return decode_verified(source, describe(relation_id, ref), where=where, schema=self.schema_of(relation_id),
+                               use_threads=use_threads)
 
     def _open(self, relation_id: int, ref: BatchRef):
         return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,
