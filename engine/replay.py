@@ -80,29 +80,13 @@ def in_time_order(table: pa.Table, schema: pa.Schema, batch_rows: int) -> Iterat
         for batch in table.to_batches(max_chunksize=batch_rows):
             yield _conform(batch, schema)
         return
-    runs = _runs_of(times)
     columns = [(times, _same) if name == "time" else _gatherable(col, batch_rows)
                for name, col in zip(table.column_names, table.columns, strict=True)]
-    at = table.column_names.index("time")
     order = pc.array_sort_indices(times)
     for start in range(0, table.num_rows, batch_rows):
         idx = order.slice(start, batch_rows)
-        arrays = [None if n == at and runs is not None else back(col.take(idx))
-                  for n, (col, back) in enumerate(columns)]
-        if runs is not None:
-            arrays[at] = pc.run_end_decode(runs.slice(start, len(idx)))
+        arrays = [back(col.take(idx)) for col, back in columns]
         yield _conform(pa.RecordBatch.from_arrays(arrays, schema=table.schema), schema)
-
-
-def _runs_of(times: pa.Array) -> pa.RunEndEncodedArray | None:
-    """The sorted time column, run-length encoded from the counts of each time, when runs
-    are long enough (>= 16 rows on average) that decoding beats gathering it; else None."""
-    counts = pc.value_counts(times)
-    if len(counts) * 16 > len(times):
-        return None
-    by_time = pc.array_sort_indices(counts.field("values"))
-    ends = pc.cumulative_sum(counts.field("counts").take(by_time))
-    return pa.RunEndEncodedArray.from_arrays(ends, counts.field("values").take(by_time))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
