@@ -1,7 +1,7 @@
 """Replay and snapshot throughput of a compacted relation, beside pyarrow reading the same files.
 
-Why: the target is relative (``Engine.replay`` >= 60% of a plain ``pq.read_table`` of the
-relation's batch files), and this machine is shared and noisy, so the peer is measured
+Why: the targets are relative (the time-ordered ``Engine.replay`` >= 0.5x of a plain
+``pq.read_table`` of the relation's batch files, issue 27; ``ordered=False`` >= 0.6x), and this machine is shared and noisy, so the peer is measured
 in the same run, on the same files, in alternating rounds; each figure is the median of
 its rounds, with the min-max beside it.
 
@@ -181,8 +181,8 @@ def main() -> None:
         rep = peer / best["replay"][0]
         print("\n| target | ours | peer | ratio | need | status |")
         print("| --- | ---: | ---: | ---: | ---: | --- |")
-        print(f"| replay (time order) rows/s >= 60% of plain pq.read_table | {fmt_rate(stored_rows / best['replay'][0])} | "
-              f"{fmt_rate(stored_rows / peer)} | {rep:.2f}x | 0.60x | {status(rep >= 0.6)} |")
+        print(f"| replay (time order) rows/s >= 0.5x of plain pq.read_table | {fmt_rate(stored_rows / best['replay'][0])} | "
+              f"{fmt_rate(stored_rows / peer)} | {rep:.2f}x | 0.50x | {status(rep >= 0.5)} |")
         unordered = peer / best["replay ordered=False"][0]
         print(f"| replay ordered=False (as stored) >= 60% of plain pq.read_table | "
               f"{fmt_rate(stored_rows / best['replay ordered=False'][0])} | {fmt_rate(stored_rows / peer)} | "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,12 +25,19 @@ from sediment.errors import (
 )
 from sediment.trace.consolidate import snapshot as consolidate_snapshot
 from sediment.trace.runs import RunStats, batch_run, merge_runs
-from sediment.trace.state import TraceState
+from sediment.trace.state import BatchRef, TraceState
 from sediment.wal.record import Record
 
 log = logging.getLogger(__name__)
 _MERGE_WORKERS = min(4, os.cpu_count() or 1)  # threads sorting a large snapshot's merge windows
 
+
+class _Stored(NamedTuple):
+    """A stored batch as a replay item: the times its updates may carry."""
+
+    ref: BatchRef
+    t_lo: int
+    t_hi: int
 
 
 class Reads:
@@ -240,8 +247,10 @@ class Reads:
     def replay(self, name: str, *, batch_rows: int = 65536, ordered: bool = True) -> Iterator[pa.RecordBatch]:
         """Every stored update of the relation in time order, as record batches of the
         relation's columns plus ``time`` and ``diff``. Compacted updates appear with their
-        times advanced to the trace's ``since``. Memory holds only the records (and batch
-        row groups) whose time ranges overlap the current time, not the whole relation.
+        times advanced to the trace's ``since``. Rows of one time come in storage order:
+        the trace's batches, its pending batches, then the WAL tail's records in commit
+        order, each as stored. Memory holds only the batches and records whose time ranges
+        overlap the current time, not the whole relation (see :mod:`sediment.engine.replay`).
         ``ordered=False`` streams batches as stored (sorted by row, then time) and then the
         WAL tail: no sort, for consumers that consolidate anyway."""
         args.check_int(batch_rows, "batch_rows", low=1)
@@ -252,21 +261,18 @@ class Reads:
             entries = list(rel.tail)
             self._pin()
 
-        opened: dict = {}
-
-        def load(item) -> pa.Table:
+        def load(item: Any) -> pa.Table | None:
             if isinstance(item, TailEntry):
                 return pa.Table.from_batches([self._decode(rel, self._log.read(item.lsn))])
-            return self.traces.read_row_group(rel.entry.id, item, opened)
+            return self.traces.read(rel.entry.id, item.ref, use_threads=False)  # threads lost here under load
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:
                 if not ordered:
                     yield from self._replay_as_stored(rel, trace, entries, batch_rows)
                     return
-                items: list[Any] = []
-                for ref in (*trace.batches, *trace.pending):
-                    items += self.traces.row_groups(rel.entry.id, ref)
+                items: list[Any] = [_Stored(ref, max(ref.lower, ref.since), max(ref.upper - 1, ref.since))
+                                    for ref in (*trace.batches, *trace.pending) if ref.key is not None]
                 items += entries
                 yield from replay_mod.time_ordered(items, load, rel.update_schema, batch_rows)
             finally:

@@ -384,17 +384,18 @@ def decode_batch(
 
 def decode_verified(
     data: bytes | pa.Buffer | str | pa.NativeFile, expected: BatchDescription | None = None, *, where: str = "batch",
-    schema: pa.Schema | None = None,
+    schema: pa.Schema | None = None, use_threads: bool = True,
 ) -> pa.Table:
     """The whole table of a batch (its bytes, or a local file's path or open file) whose bytes the
     caller has already checked against the object CRC32C the trace state recorded. That checksum covers every byte, so Parquet's
     page checksums (a weaker subset of the same check) are skipped and the file is decoded
-    by ``pq.read_table`` (threaded over row groups and columns, faster than
-    ``ParquetFile.read`` here); the description, schema and time bounds are still checked."""
+    by ``pq.read_table`` (threaded over row groups and columns unless ``use_threads`` is
+    False, faster than ``ParquetFile.read`` here); the description, schema and time bounds
+    are still checked."""
     source = data if isinstance(data, (str, pa.NativeFile)) else pa.BufferReader(data)
     _pf, desc = _open(source, where, expected, schema, page_checks=False)
     try:
-        table = pq.read_table(source)
+        table = pq.read_table(source, use_threads=use_threads)
     except _DECODE_ERRORS as e:
         raise BatchCorruption(f"{where}: fails to decode ({e}); the object is damaged (run sediment verify)") from e
     try:

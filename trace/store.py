@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -46,17 +45,6 @@ def describe(relation_id: int, ref: BatchRef) -> BatchDescription:
     """What the batch's footer must say, given the trace state's reference to it."""
     return BatchDescription(relation_id, ref.lower, ref.upper, ref.since, ref.rows, ref.wal_first, ref.wal_last,
                             ref.level)
-
-
-@dataclass(frozen=True)
-class RowGroup:
-    """One row group of a stored batch, with its time range from the Parquet statistics."""
-
-    ref: BatchRef
-    index: int
-    t_lo: int
-    t_hi: int
-    rows: int
 
 
 class TraceStore:
@@ -181,13 +169,14 @@ class TraceStore:
         for i in range(pf.metadata.num_row_groups):
             yield read_row_group(pf, i, desc, where=f"batch {ref.key!r}")
 
-    def read(self, relation_id: int, ref: BatchRef) -> pa.Table | None:
+    def read(self, relation_id: int, ref: BatchRef, *, use_threads: bool = True) -> pa.Table | None:
         """A whole batch in memory. When the state recorded the object's CRC32C, the whole
         object is checked first and then decoded without Parquet's page checksums, which the
         object checksum already covers. A local object is checked by streaming the file
         through one reused buffer and decoded from the same open file, as ``pq.read_table``
         reads it: holding the object in a fresh buffer cost 0.06 s of page faults per 130 MB
-        here. A remote one is fetched in one piece, and checked and decoded from that buffer."""
+        here. A remote one is fetched in one piece, and checked and decoded from that buffer.
+        ``use_threads=False`` decodes on the caller's thread only."""
         if ref.key is None:
             return None
         if ref.crc is None:
@@ -204,7 +193,7 @@ class TraceStore:
             raise BlobError(f"reading {where} from {self.blobs!r} failed: {e}; check the disk and the file's "
                             "permissions, then retry") from e
         try:
-            table = self._decode_checked(source, relation_id, ref, where)
+            table = self._decode_checked(source, relation_id, ref, where, use_threads)
         finally:
             if isinstance(source, pa.NativeFile):
                 source.close()
@@ -212,7 +201,7 @@ class TraceStore:
         return table if table.num_rows else None
 
     def _decode_checked(self, source: pa.NativeFile | pa.Buffer, relation_id: int, ref: BatchRef,
-                        where: str) -> pa.Table:
+                        where: str, use_threads: bool = True) -> pa.Table:
         """The batch decoded from ``source`` once its size and CRC32Cs match the trace state."""
         local = isinstance(source, pa.NativeFile)
         try:
@@ -226,43 +215,12 @@ class TraceStore:
         if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
             raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
                                   f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
-        return decode_verified(source, describe(relation_id, ref), where=where, schema=self.schema_of(relation_id))
+        return decode_verified(source, describe(relation_id, ref), where=where, schema=self.schema_of(relation_id),
+                               use_threads=use_threads)
 
     def _open(self, relation_id: int, ref: BatchRef):
         return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,
                            footer_crc=ref.footer_crc, schema=self.schema_of(relation_id))
-
-    def row_groups(self, relation_id: int, ref: BatchRef) -> list[RowGroup]:
-        """The batch's row groups with their time ranges (from the footer's statistics)."""
-        if ref.key is None:
-            return []
-        pf, _desc = self._open(relation_id, ref)
-        try:
-            col = pf.schema_arrow.get_field_index("time")
-            out = []
-            for i in range(pf.metadata.num_row_groups):
-                group = pf.metadata.row_group(i)
-                stats = group.column(col).statistics
-                lo, hi = (stats.min, stats.max) if stats is not None and stats.has_min_max else (ref.lower, ref.upper)
-                if not isinstance(lo, int) or not isinstance(hi, int):
-                    raise TypeError(f"time statistics {lo!r}..{hi!r} of row group {i} are not integers")
-                out.append(RowGroup(ref, i, lo, hi, group.num_rows))
-        except (OSError, pa.ArrowException, ValueError, IndexError, TypeError) as e:
-            raise BatchCorruption(f"batch {ref.key!r}: row-group metadata is unreadable ({e}); the footer is "
-                                  "damaged (run sediment verify)") from e
-        return out
-
-    def read_row_group(self, relation_id: int, group: RowGroup, opened: dict | None = None) -> pa.Table:
-        """One row group; ``opened`` (a dict the caller keeps for one read) holds each batch's
-        checked, opened file so a sweep over many groups parses each footer once."""
-        key = group.ref.key
-        got = None if opened is None else opened.get(key)
-        if got is None:
-            got = self._open(relation_id, group.ref)
-            if opened is not None:
-                opened[key] = got
-        pf, desc = got
-        return read_row_group(pf, group.index, desc, where=f"batch {group.ref.key!r}")
 
     def delete(self, keys: Iterable[str]) -> None:
         for key in keys:
