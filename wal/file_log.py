@@ -193,8 +193,11 @@ class FileLog(DirectWrites):
                                            k.offsets, k.end))
             self.report.records += len(k.offsets)
         self._manifest = plan.manifest
+        done = {f.first_lsn for f in plan.manifest.finished}
         if plan.new_active is not None or not self._segments:
             self._create_segment(plan.new_active if plan.new_active is not None else plan.manifest.active_first)
+        elif self._segments[-1].first_lsn in done:  # a finished file is never grown as the active one
+            self._create_segment(self._segments[-1].next_lsn)
         for seg in self._segments:
             self._rebuild_index(seg)
         active = self._segments[-1]
