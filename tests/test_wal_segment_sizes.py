@@ -105,3 +105,45 @@ def test_changing_the_segment_size_between_opens_keeps_lengths_and_pool_in_agree
         log.close()
         assert_lengths_agree(root)
         assert verify_ok(root)
+
+
+def allocated(path: str) -> int:
+    return sum(os.stat(os.path.join(d, n)).st_blocks * 512 for d, _, names in os.walk(path) for n in names)
+
+
+def test_a_new_log_preallocates_a_small_first_segment_and_grows_it_in_doublings(tmp_path):
+    """Issue 24: an empty log no longer holds a 64 MiB preallocated segment. The first segment
+    is preallocated to FIRST_SEGMENT_BYTES and its preallocation doubles as records fill it;
+    it still rolls at ``segment_bytes``, the next segment is preallocated whole, a reopen
+    does not grow the small active segment, and every record survives."""
+    from sediment.wal.file_log import FIRST_SEGMENT_BYTES
+
+    root, size = str(tmp_path), 8 * FIRST_SEGMENT_BYTES
+    FileLog.open(root, create=True, segment_bytes=size).close()
+    assert allocated(root) < 2 * FIRST_SEGMENT_BYTES
+    log = FileLog.open(root, segment_bytes=size)
+    assert allocated(root) < 2 * FIRST_SEGMENT_BYTES
+    body = os.urandom(100_000)
+    for t in range(30):  # about 3 MiB: the preallocation doubles from 1 to 4 MiB
+        log.append([updates(t, body)])
+    assert len(log._segments) == 1
+    assert os.path.getsize(log._segments[0].path) == 4 * FIRST_SEGMENT_BYTES
+    for t in range(30, 120):  # past segment_bytes: a roll, the next segment whole
+        log.append([updates(t, body)])
+    assert len(log._segments) == 2 and os.path.getsize(log._segments[1].path) == size
+    written = live_bodies(log)
+    log.close()
+    assert_lengths_agree(root)
+    assert verify_ok(root)
+    again = FileLog.open(root, segment_bytes=size)
+    assert again.problems == [] and live_bodies(again) == written and len(written) == 120
+    again.close()
+
+
+def test_a_new_engine_directory_is_small(tmp_path):
+    """An empty engine data directory with the default options takes about one small segment."""
+    import sediment
+    from sediment.wal.file_log import FIRST_SEGMENT_BYTES
+
+    sediment.open(str(tmp_path)).close()
+    assert allocated(str(tmp_path)) < 2 * FIRST_SEGMENT_BYTES
