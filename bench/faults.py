@@ -229,7 +229,8 @@ def print_damage_classes(wal: str, results: list[dict]) -> None:
 
 
 ZERO = ("lost", "open refused", "partial", "silent", "untyped", "hangs", "destroyed", "disagree", "verify crashed")
-ROWS = [("trials", "trials run"), ("clean closes", "step runs that closed cleanly (checked, not counted)"), ("lost", "acknowledged updates lost"), ("open refused", "opens refused after a kill / power cut"),
+ROWS = [("trials", "trials run"), ("clean closes", "step runs that closed cleanly (checked, not counted)"),
+        ("lost", "acknowledged updates lost"), ("open refused", "opens refused after a kill / power cut"),
         ("partial", "partial transactions"), ("silent", "silent wrong answers"), ("untyped", "untyped exceptions"),
         ("hangs", "hangs"), ("destroyed", "records verify --repair destroyed"),
         ("disagree", "verify/open disagreements"), ("verify crashed", "verify crashed"),
