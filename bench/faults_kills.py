@@ -25,16 +25,68 @@ if HERE not in sys.path:
 from faults_model import Model, check_engine, next_op, run_op  # noqa: E402
 
 OPS_PER_CHILD = 24
+SEGMENT_SIZES = (4224, 8192, 16384)  # the file log's segment size changes between opens (issue 23)
+DROP_WEIGHT = 0.04  # the optional relation is dropped and added again
+# Steps inside the engine where a child kills itself (SIGKILL) at a chosen call, "before" or
+# "after" the real call runs: the narrow windows a kill at a random moment seldom hits.
+STEPS = (
+    ("sediment.wal.log_apply:pwrite_all", "before"),  # a new segment created and sized, a header not yet written
+    ("sediment.wal.manifest:record_rollover", "before"),  # the next segment durable, the roll not recorded
+    ("sediment.wal.manifest:record_start", "after"),  # a trim recorded, its files not yet deleted or pooled
+    ("sediment.wal.recycle:pwrite_all", "after"),  # a pool file's new header written, not yet renamed
+    ("sediment.wal.recycle:fsync_dir", "before"),  # a pool offer or take renamed, the directory not synced
+    ("sediment.trace.store:TraceStore.commit", "before"),  # a trace commit (batches written, state not)
+)
+STEP_SHARE = 0.3  # of the kill points: the rest land at a random moment
 
 
-def wal_options(wal: str, base: str) -> dict:
-    """Engine options of one campaign: small segments so rollover and compaction happen often."""
+def wal_options(wal: str, base: str, rng: random.Random | None = None) -> dict:
+    """Engine options of one open: small segments so rollover and compaction happen often; on
+    the file log a size drawn from SEGMENT_SIZES with ``rng``, so opens change it."""
     if wal == "device":
         return {"wal": f"device:{os.path.join(base, 'ring')}", "wal_capacity": 2 << 20, "segment_bytes": 64 << 10}
-    return {"segment_bytes": 16 << 10}
+    return {"segment_bytes": rng.choice(SEGMENT_SIZES) if rng is not None else 16 << 10}
+
+
+def check_options(wal: str, opts: dict, rng: random.Random) -> dict:
+    """The options of the open that checks a kill's survivors: on the file log, half of the
+    time the defaults (64 MiB segments), as an operator's first open after a crash would."""
+    return {} if wal == "file" and rng.random() < 0.5 else opts
 
 
 # --- the child ---------------------------------------------------------------------------------
+
+
+def arm_step(spec: str, say) -> None:
+    """Make this process SIGKILL itself at the n-th call of one engine step (``spec``:
+    ``module:qualname|before/after|n``), saying ``k <step>`` first. The real step runs
+    unchanged; only the moment of the kill is chosen."""
+    import functools
+    import importlib
+
+    where, when, nth = spec.split("|")
+    module, qual = where.split(":")
+    owner = importlib.import_module(module)
+    *path, name = qual.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    real, calls = getattr(owner, name), [0]
+
+    def die() -> None:
+        say(f"k {qual}")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @functools.wraps(real)
+    def step(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == int(nth) and when == "before":
+            die()
+        out = real(*args, **kwargs)
+        if calls[0] == int(nth):
+            die()
+        return out
+
+    setattr(owner, name, step)
 
 
 def child_main(argv: list[str]) -> int:
@@ -50,15 +102,19 @@ def child_main(argv: list[str]) -> int:
     def say(line: str) -> None:
         os.write(1, (line + "\n").encode())
 
+    if len(argv) > 5:
+        arm_step(argv[5], say)
     say("o")
     engine = sediment.open(data_dir, **opts)
     say("O")
     for i in range(nops):
-        op = next_op(rng, model)
+        op = next_op(rng, model, drop_weight=DROP_WEIGHT)
         say(f"b {i} {json.dumps(op)}")
         try:
             if op[0] == "reopen":
                 engine.close()
+                if "wal" not in opts:  # the file log: another segment size
+                    opts = {**opts, "segment_bytes": rng.choice(SEGMENT_SIZES)}
                 engine = sediment.open(data_dir, **opts)
             else:
                 run_op(engine, op, on_commit=lambda i=i: say(f"c {i}"), on_sub_ack=lambda j, i=i: say(f"s {i} {j}"))
@@ -85,6 +141,7 @@ class KillStats:
     untyped: int = 0
     hangs: int = 0
     disagree: int = 0
+    clean: int = 0  # children that ran to a clean close (their step never came): checked, not kill points
     phases: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
@@ -132,6 +189,10 @@ def _parse(lines: list[str]) -> tuple[list[list], list | None, str]:
         elif tag == "c":
             committing.add(int(rest))
             phase = "commit"
+        elif tag == "k":
+            phase = f"step {rest}"
+        elif tag == "done":
+            phase = "clean close"  # a step kill whose step never came
         elif tag == "s":
             i, j = map(int, rest.split(" "))
             sub_acked.setdefault(i, set()).add(j)
@@ -158,8 +219,11 @@ def _parse(lines: list[str]) -> tuple[list[list], list | None, str]:
 
 
 def kill_trial(data_dir: str, opts: dict, model: Model, rng: random.Random, child_seed: int,
-               stats: KillStats, timeout: float = 60.0) -> tuple[Model | None, str]:
-    """One kill: returns the model after it (None when the chain must restart) and a note."""
+               stats: KillStats, timeout: float = 60.0, check_opts: dict | None = None,
+               step_share: float = STEP_SHARE) -> tuple[Model | None, str]:
+    """One kill: returns the model after it (None when the chain must restart) and a note.
+    ``check_opts``: the options of the checking open (default: ``opts``); ``step_share``: the
+    chance that the child kills itself inside one of STEPS."""
     import sediment
     from sediment.engine.verify import verify_data_dir
     from sediment.errors import SedimentError
@@ -167,12 +231,16 @@ def kill_trial(data_dir: str, opts: dict, model: Model, rng: random.Random, chil
     model_path = os.path.join(os.path.dirname(data_dir), "model.json")
     with open(model_path, "w") as f:
         json.dump(model.to_json(), f)
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "child", data_dir, json.dumps(opts),
-                             model_path, str(child_seed), str(OPS_PER_CHILD)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     target = rng.randrange(-1, OPS_PER_CHILD)
     delay = rng.choice((0.0, rng.uniform(0, 0.003), rng.uniform(0, 0.03), rng.uniform(0, 0.15)))
     want = "o" if target < 0 else f"b {target} "
+    step = []
+    if rng.random() < step_share:  # the child kills itself inside a step; a run that never reaches it ends cleanly
+        where, when = rng.choice(STEPS[-1:] if "wal" in opts else STEPS)  # the device ring has no segment files
+        step, want, delay = [f"{where}|{when}|{rng.randrange(1, 4)}"], "k ", 0.0
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "child", data_dir, json.dumps(opts),
+                             model_path, str(child_seed), str(OPS_PER_CHILD), *step],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     reader = _Lines(proc)
     eof = reader.read(lambda ln: ln == want or ln.startswith(want), deadline)
@@ -189,12 +257,13 @@ def kill_trial(data_dir: str, opts: dict, model: Model, rng: random.Random, chil
         return None, "child hang"
     acked, inflight, phase = _parse(lines)
     stats.phases[phase] = stats.phases.get(phase, 0) + 1
+    stats.clean += phase == "clean close"
     for op in acked:
         model.apply(op)
     existed = os.path.isdir(data_dir)  # a kill inside the first open can come before the directory exists
     report = verify_data_dir(data_dir)
     try:
-        with sediment.open(data_dir, **opts) as engine:
+        with sediment.open(data_dir, **(opts if check_opts is None else check_opts)) as engine:
             check = check_engine(engine, model, inflight)
     except SedimentError as exc:
         stats.refused += 1
@@ -211,18 +280,28 @@ def kill_trial(data_dir: str, opts: dict, model: Model, rng: random.Random, chil
     if not check.ok:
         setattr(stats, check.kind, getattr(stats, check.kind) + 1)
         return None, f"{check.kind} after a kill in phase {phase}: {check.detail[:300]}"
+    after = verify_data_dir(data_dir)  # what the checking open left: the next open must not refuse either
+    if not after.ok:
+        stats.refused += 1
+        return None, f"open refused after a kill in phase {phase}, at the open after the check: {after.problems[:2]}"
     return check.model, ""
 
 
-def run_kills(base: str, wal: str, trials: int, seed: int, stats: KillStats, log=print) -> KillStats:
-    """``trials`` kills on chains of one data directory each (a new chain after a failure)."""
+def run_kills(base: str, wal: str, trials: int, seed: int, stats: KillStats, log=print,
+              step_share: float = STEP_SHARE) -> KillStats:
+    """``trials`` kills on chains of one data directory each (a new chain after a failure).
+    A child that never reached its step ran to a clean close: checked all the same, but not
+    counted as a kill point (``stats.clean``)."""
     import shutil
 
     rng = random.Random(seed)
     chain = 0
     model: Model | None = None
     data_dir = ""
-    for n in range(trials):
+    n = -1
+    target = stats.trials - stats.clean + trials
+    while stats.trials - stats.clean < target and n < 3 * trials:  # bounded even if steps never come
+        n += 1
         if model is None:
             chain += 1
             root = os.path.join(base, f"{wal}-{chain}")
@@ -230,9 +309,10 @@ def run_kills(base: str, wal: str, trials: int, seed: int, stats: KillStats, log
             os.makedirs(root)
             data_dir = os.path.join(root, "data")
             model = Model()
-        opts = wal_options(wal, os.path.dirname(data_dir))
+        opts = wal_options(wal, os.path.dirname(data_dir), rng)
         child_seed = seed * 1_000_003 + n
-        model, note = kill_trial(data_dir, opts, model, rng, child_seed, stats)
+        model, note = kill_trial(data_dir, opts, model, rng, child_seed, stats,
+                                 check_opts=check_options(wal, opts, rng), step_share=step_share)
         if note:
             stats.failures.append(f"[{wal} trial {n}] {note}")
             log(f"  kills/{wal} trial {n}: {note}")

@@ -4,7 +4,9 @@ engine must hold after each acknowledged call.
 An operation is plain JSON (so a child process can report it on a pipe before running it):
 
     ["add", rel]                      add_relation
+    ["drop", rel]                     drop_relation (only the optional relation; it comes back later)
     ["append", rel, rows]             append; rows are [id, time, diff]
+    ["burst", [op, ...]]              appends (and at times a compaction) from concurrent threads
     ["many", {rel: rows, ...}]        append_many (one transaction)
     ["txn", {rel: rows, ...}, commit] transaction: an append per relation, then commit or abort
     ["seal", rel, t] / ["since", rel, t]
@@ -26,22 +28,23 @@ from typing import Any
 import pyarrow as pa
 
 RELATIONS = ("a", "b")
+OPTIONAL = "c"  # added and dropped again and again (with drop_weight): a new relation each time
 VALUES = ("tea", "cake", "jam", "bun", "pie")
 
 
 def schema_of(rel: str) -> pa.Schema:
-    if rel == "a":
+    if rel in ("a", OPTIONAL):
         return pa.schema([("id", pa.int64()), ("item", pa.string())])
     return pa.schema([("id", pa.int64())])
 
 
 def row_key(rel: str, ident: int) -> tuple:
-    return (ident, VALUES[ident % len(VALUES)]) if rel == "a" else (ident,)
+    return (ident, VALUES[ident % len(VALUES)]) if rel in ("a", OPTIONAL) else (ident,)
 
 
 def table_of(rel: str, rows: list[list[int]]) -> pa.Table:
     cols: dict[str, Any] = {"id": [r[0] for r in rows]}
-    if rel == "a":
+    if rel in ("a", OPTIONAL):
         cols["item"] = [VALUES[r[0] % len(VALUES)] for r in rows]
     cols["time"] = [r[1] for r in rows]
     cols["diff"] = [r[2] for r in rows]
@@ -58,7 +61,10 @@ class Model:
 
     def apply(self, op: list) -> None:
         kind = op[0]
-        if kind == "add":
+        if kind == "drop":
+            for part in (self.updates, self.sealed, self.since):
+                part.pop(op[1], None)
+        elif kind == "add":
             self.updates.setdefault(op[1], [])
             self.sealed.setdefault(op[1], -1)
             self.since.setdefault(op[1], 0)
@@ -124,15 +130,20 @@ def replay_rows(engine: Any, rel: str, since: int) -> list[tuple]:
 
 
 def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
-            reopen_weight: float = 0.03, burst_weight: float = 0.08) -> list:
+            reopen_weight: float = 0.03, burst_weight: float = 0.08, drop_weight: float = 0.0) -> list:
     """A random operation valid against ``model`` (times above the sealed frontier, since at
     or below it). The caller's engine may lag the model only by an in-flight call that did
-    not survive, and then a ``since`` can be refused: that is a typed error, not a fault."""
+    not survive, and then a ``since`` can be refused: that is a typed error, not a fault.
+    ``drop_weight``: how often the optional relation is dropped (and, as often, added again)."""
     for rel in RELATIONS:
         if rel not in model.updates:
             return ["add", rel]
     x = rng.random()
-    rel = rng.choice(RELATIONS)
+    if x < drop_weight:
+        return ["drop", OPTIONAL] if OPTIONAL in model.updates else ["add", OPTIONAL]
+    x -= drop_weight
+    present = sorted(model.updates)
+    rel = rng.choice(present)
     base = model.sealed[rel] + 1
 
     def rows(r: str, n: int) -> list[list[int]]:
@@ -145,15 +156,16 @@ def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
     if x < reopen_weight:
         return ["reopen"]
     x -= reopen_weight
-    if x < burst_weight:  # concurrent appends from several threads: one group commit
-        return ["burst", [["append", r, rows(r, rng.randrange(1, 6))]
-                          for r in (rng.choice(RELATIONS) for _ in range(rng.randrange(2, 5)))]]
+    if x < burst_weight:  # concurrent appends from several threads (one group commit), at times with a compaction
+        subs: list[list] = [["append", r, rows(r, rng.randrange(1, 6))]
+                            for r in (rng.choice(present) for _ in range(rng.randrange(2, 5)))]
+        return ["burst", subs + ([["compact"]] if drop_weight and rng.random() < 0.3 else [])]
     if x < 0.45:
         return ["append", rel, rows(rel, rng.randrange(1, 12))]
     if x < 0.55:
-        return ["many", {r: rows(r, rng.randrange(1, 6)) for r in RELATIONS}]
+        return ["many", {r: rows(r, rng.randrange(1, 6)) for r in present}]
     if x < 0.65:
-        return ["txn", {r: rows(r, rng.randrange(1, 6)) for r in RELATIONS}, rng.random() < 0.8]
+        return ["txn", {r: rows(r, rng.randrange(1, 6)) for r in present}, rng.random() < 0.8]
     if x < 0.85:
         return ["seal", rel, base + rng.randrange(3)]
     if model.sealed[rel] > model.since[rel]:
@@ -190,6 +202,9 @@ def run_op(engine: Any, op: list, on_commit: Any = None, on_sub_ack: Any = None)
     if kind == "add":
         if op[1] not in engine.relations():
             engine.add_relation(op[1], schema_of(op[1]))
+    elif kind == "drop":
+        if op[1] in engine.relations():
+            engine.drop_relation(op[1])
     elif kind == "append":
         engine.append(op[1], table_of(op[1], op[2]))
     elif kind == "many":
@@ -230,6 +245,26 @@ class Check:
     model: Model | None = None  # the option that explains the engine (with or without the call in flight)
 
 
+def _fitting(engine: Any, rel: str, sealed: int, since: int, options: dict[str, Model], notes: list[str]) -> set[str]:
+    """The options (models) that explain what the engine holds for ``rel``."""
+    ok = set()
+    for name, m in options.items():
+        if rel not in m.updates or sealed != m.sealed[rel] or since != m.since[rel]:
+            continue
+        good = replay_rows(engine, rel, since) == m.stored(rel, since)
+        if not good:
+            notes.append(f"{rel}: stored updates differ from option {name}")
+        for t in as_ofs(since, sealed) if good else ():
+            got = engine_rows(engine.snapshot(rel, t))
+            if got != m.snapshot(rel, t):
+                good = False
+                notes.append(f"{rel}@{t}: got {len(got)} rows, option {name} has {len(m.snapshot(rel, t))}")
+                break
+        if good:
+            ok.add(name)
+    return ok
+
+
 def check_engine(engine: Any, acked: Model, inflight: list | None) -> Check:
     """Compare an open engine with the model: everything acknowledged is there, a call in
     flight is there entirely or not at all, frontiers never behind what was acknowledged.
@@ -245,31 +280,23 @@ def check_engine(engine: Any, acked: Model, inflight: list | None) -> Check:
     else:
         options = {"A": acked}
     fits: dict[str, set[str]] = {}
-    notes = []
-    for rel in acked.updates:
-        if rel not in engine.relations():
-            return Check(False, "lost", f"relation {rel!r} is missing")
+    notes: list[str] = []
+    present = set(engine.relations())
+    known = set().union(*(m.updates for m in options.values()))
+    if present - known:
+        return Check(False, "wrong", f"relations {sorted(present - known)} are there but were dropped or never added")
+    for rel in sorted(known):
+        if rel not in present:  # only an option without it (a drop acknowledged or in flight) explains that
+            fits[rel] = {name for name, m in options.items() if rel not in m.updates}
+            if not fits[rel]:
+                return Check(False, "lost", f"relation {rel!r} is missing")
+            continue
         sealed, since = engine.sealed(rel), engine.since(rel)
-        if sealed < acked.sealed[rel]:
+        if rel in acked.updates and sealed < acked.sealed[rel]:
             return Check(False, "lost", f"{rel}: sealed {sealed} < acknowledged {acked.sealed[rel]}")
-        if since < acked.since[rel]:
+        if rel in acked.updates and since < acked.since[rel]:
             return Check(False, "lost", f"{rel}: since {since} < acknowledged {acked.since[rel]}")
-        ok = set()
-        for name, m in options.items():
-            if sealed != m.sealed[rel] or since != m.since[rel]:
-                continue
-            good = replay_rows(engine, rel, since) == m.stored(rel, since)
-            if not good:
-                notes.append(f"{rel}: stored updates differ from option {name}")
-            for t in as_ofs(since, sealed) if good else ():
-                got = engine_rows(engine.snapshot(rel, t))
-                if got != m.snapshot(rel, t):
-                    good = False
-                    notes.append(f"{rel}@{t}: got {len(got)} rows, option {name} has {len(m.snapshot(rel, t))}")
-                    break
-            if good:
-                ok.add(name)
-        fits[rel] = ok
+        fits[rel] = _fitting(engine, rel, sealed, since, options, notes)
     common = set.intersection(*fits.values()) if fits else {"A"}
     if common:
         return Check(True, model=options[sorted(common)[0]])

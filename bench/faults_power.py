@@ -35,8 +35,15 @@ if HERE not in sys.path:
 
 from faults_model import Model, check_engine, next_op, run_op  # noqa: E402
 
-OPTIONS = {"segment_bytes": 16 << 10}
+SIZES = (4224, 8192, 16384)  # segment sizes: each workload opens with one and reopens with others
+DROP_WEIGHT = 0.04
+
+
+def options_of(seed: int) -> dict:
+    """The options a workload first opens with (and its crash states are checked with)."""
+    return {"segment_bytes": SIZES[seed % len(SIZES)]}
 STRATEGIES = ("drop", "keep", "random", "torn")
+RECYCLED = ".recycled"  # the pool file suffix (wal/segment.py RECYCLED_SUFFIX)
 
 
 # --- recording (in the child) ------------------------------------------------------------------
@@ -196,13 +203,13 @@ def record_main(argv: list[str]) -> int:
     data = os.path.join(base, "data")
     rng = random.Random(seed)
     model = Model()
-    engine = sediment.open(data, **OPTIONS)
+    engine = sediment.open(data, **options_of(seed))
     for i in range(nops):
-        op = next_op(rng, model, compact_weight=0.12, reopen_weight=0.06, burst_weight=0.0)
+        op = next_op(rng, model, compact_weight=0.12, reopen_weight=0.06, burst_weight=0.0, drop_weight=DROP_WEIGHT)
         rec.mark("begin", i, op)
         if op[0] == "reopen":
             engine.close()
-            engine = sediment.open(data, **OPTIONS)
+            engine = sediment.open(data, segment_bytes=rng.choice(SIZES))
         else:
             run_op(engine, op, on_commit=lambda i=i: rec.mark("commit", i))
         rec.mark("ack", i)
@@ -349,13 +356,16 @@ class PowerStats:
     refused: int = 0
     untyped: int = 0
     disagree: int = 0
+    pool_offers: int = 0  # trimmed segment files kept for reuse, in the recorded workloads
+    pool_takes: int = 0  # pool files made new segments
+    states_after_reuse: int = 0  # crash states cut after a pool file became a segment
     by_strategy: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
 
-def check_state(target: str, acked: Model, inflight: list | None) -> tuple[str, str, bool]:
-    """Open one crash state: (result, detail, verify ok). result: ok/lost/partial/wrong/
-    refused/untyped."""
+def check_state(target: str, acked: Model, inflight: list | None, opts: dict) -> tuple[str, str, bool]:
+    """Open one crash state with ``opts``: (result, detail, verify ok). result: ok/lost/
+    partial/wrong/refused/untyped."""
     import sediment
     from sediment.engine.verify import verify_data_dir
     from sediment.errors import SedimentError
@@ -369,13 +379,20 @@ def check_state(target: str, acked: Model, inflight: list | None) -> tuple[str, 
     if not os.path.isdir(data) and not acked.updates:
         return "ok", "", True  # nothing was created yet: verify's "no such directory" is right too
     try:
-        with sediment.open(data, **OPTIONS) as engine:
+        with sediment.open(data, **opts) as engine:
             c = check_engine(engine, acked, inflight)
     except SedimentError as exc:
         return "refused", f"{type(exc).__name__}: {str(exc)[:200]}", vok
     except Exception as exc:  # noqa: BLE001 - classified
         return "untyped", f"{type(exc).__name__}: {str(exc)[:200]}", vok
     return ("ok", vnote, vok) if c.ok else (c.kind, c.detail[:200], vok)
+
+
+def _pool_event(e: tuple) -> str:
+    """A recorded rename into the segment pool ("offer") or out of it ("take"), else ""."""
+    if e[0] != "rename":
+        return ""
+    return "offer" if e[4].endswith(".seg" + RECYCLED) else "take" if e[2].endswith(".seg" + RECYCLED) else ""
 
 
 def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 40, log=print,
@@ -396,6 +413,10 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
     points = sorted(rng.randrange(span) for _ in range(states))
     fs = FsModel(trace["base"])
     model, begun, committing, done = Model(), {}, set(), set()
+    reused = False
+    pool = [_pool_event(e) for e in events]
+    stats.pool_offers += pool.count("offer")
+    stats.pool_takes += pool.count("take")
     pos = 0
     target = os.path.join(work, "state")
     for n, point in enumerate(points):
@@ -410,6 +431,7 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
                 done.add(e[1])
                 model.apply(begun[e[1]])
             else:
+                reused = reused or pool[pos - 1] == "take"
                 fs.step(e)
         inflight = None
         open_ops = [i for i in begun if i not in done]
@@ -420,8 +442,9 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
         strategy = STRATEGIES[n % len(STRATEGIES)]
         dirs, data = fs.crash_state(random.Random(f"{seed}:{n}"), strategy)
         materialize(fs.base, dirs, data, target)
-        result, detail, vok = check_state(target, model, inflight)
+        result, detail, vok = check_state(target, model, inflight, {} if n % 2 else options_of(seed))
         stats.states += 1
+        stats.states_after_reuse += reused
         if (result == "ok") != vok:
             stats.disagree += 1
             stats.failures.append(f"[power seed {seed} state {n} point {point}/{len(events)} {strategy}] verify "

@@ -275,15 +275,11 @@ class _PlanReader:
             if not self.repair:
                 self.out.manifest = self.m
                 return False
+        self.drop_unwritten(chain)
         for i, first in enumerate(chain):
             path = self.path_of[first]
             is_last = i == len(chain) - 1
             problem = self.check_header(first, path)
-            if problem and is_last and first > self.m.active_first and _looks_unwritten(path):
-                self.out.delete += [path, os.path.join(self.pdir, sg.index_name(first))]
-                self.out.problems.append(Problem("unwritten", path, 0, first, -1,
-                                            "segment created but its header never became durable; deleted"))
-                break
             if pending is not None:
                 pending.last_lsn = first - 1
                 pending = None
@@ -326,6 +322,29 @@ class _PlanReader:
                          f"the records that verify end at LSN {expect}, before the durable end {self.m.durable_end}")
         return True
 
+    def drop_unwritten(self, chain: list[int]) -> None:
+        """A roll killed before the new segment's header was written leaves that file
+        unwritten: it is deleted and leaves ``chain`` *before* the chain is read, so the
+        segment before it is read as the last one (still active), never as finished."""
+        while chain and chain[-1] > self.m.active_first:
+            path = self.path_of[chain[-1]]
+            if not self.check_header(chain[-1], path) or not _looks_unwritten(path):
+                return
+            self.out.delete += [path, os.path.join(self.pdir, sg.index_name(chain[-1]))]
+            self.out.problems.append(Problem("unwritten", path, 0, chain.pop(), -1,
+                                             "segment created but its header never became durable; deleted"))
+
+    def keep_last_active(self) -> None:
+        """A segment is finished only if a kept segment follows it: when nothing will follow
+        the last kept one (no repair's new active segment), it stays the active segment, so it
+        is never recorded as finished at one length and then grown as the active file."""
+        last = self.out.segments[-1] if self.out.segments else None
+        if last is None or not last.finished or self.out.fatal or self.out.new_active is not None:
+            return
+        last.finished = False
+        self.finished = [f for f in self.finished if f.first_lsn != last.first_lsn]
+        self.out.cuts = [(p, o, fin and p != last.path) for p, o, fin in self.out.cuts]
+
     def conclude(self) -> Plan:
         """What the chain's end says about the durable end; a repair's new active segment;
         the new manifest."""
@@ -346,6 +365,7 @@ class _PlanReader:
                     self.out.segments.pop()
                     self.out.delete += [last.path, os.path.join(self.pdir, sg.index_name(last.first_lsn))]
             self.out.new_active = max(end, self.m.durable_end, self.m.active_first)
+        self.keep_last_active()
         _attribute(self.out)
         if self.out.segments and not self.repair and not self.rebuilt:
             start = self.m.start_lsn
