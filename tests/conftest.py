@@ -3,4 +3,4 @@
 Fixture modules live beside this file, one per component, and are loaded as plugins.
 """
 
-pytest_plugins = ["fixtures_s3", "fixtures_zookeeper", "fixtures_engine", "fixtures_spark"]
+pytest_plugins = ["fixtures_s3", "fixtures_zookeeper", "fixtures_engine", "fixtures_spark", "fixtures_nodes"]

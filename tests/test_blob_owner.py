@@ -58,8 +58,9 @@ def test_second_engine_on_a_prefix_is_refused_and_the_first_keeps_its_data(tmp_p
     assert _listing(uri, endpoint) == before  # nothing written or deleted
     from sediment.engine.verify import verify_data_dir
 
+    assert not (tmp_path / "b").exists(), "the refused first open left no directory behind"
     report = verify_data_dir(str(tmp_path / "b"), blob=uri, s3_endpoint=endpoint)
-    assert any(owner_id in p and uri in p for p in report.problems)  # verify agrees with open
+    assert not report.ok and report.problems  # verify agrees with open: b is not an engine that opens
     assert verify_data_dir(str(tmp_path / "a"), blob=uri, s3_endpoint=endpoint).ok
     with sediment.open(str(tmp_path / "a"), **opts) as a:
         assert a.snapshot("r", 1).num_rows == 40

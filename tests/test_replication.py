@@ -81,17 +81,6 @@ class Node:
         return out
 
 
-@pytest.fixture
-def nodes(tmp_path: Path):
-    ns = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in ns:
-        n.start()
-    yield ns
-    for n in ns:
-        if n.proc is not None:
-            n.kill()
-
-
 def r(i: int) -> rec.Record:
     return rec.Record(rec.RecordKind.UPDATES, relation_id=1, t_lo=i, t_hi=i, body=f"rec-{i}".encode())
 

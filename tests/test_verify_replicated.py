@@ -8,7 +8,7 @@ import os
 
 import pyarrow as pa
 import pytest
-from test_replication import KEY, Node
+from test_replication import KEY
 
 import sediment
 from sediment.cli import main
@@ -29,10 +29,7 @@ def verify(capsys, *argv: str) -> tuple[int, str]:
 
 
 @pytest.fixture
-def cluster(tmp_path, zookeeper, zk_root):
-    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+def cluster(tmp_path, zookeeper, zk_root, nodes):
     spec = f"zk://{zookeeper.hosts}{zk_root}"
     with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY), metadata=spec,
                        blob=f"file://{tmp_path}/shared-blobs", compact_interval=3600) as eng:
@@ -42,12 +39,7 @@ def cluster(tmp_path, zookeeper, zk_root):
             eng.seal("r", t)
             if t == 5:
                 eng.compact()
-    try:
-        yield nodes, spec
-    finally:
-        for n in nodes:
-            if n.proc is not None:
-                n.kill()
+    return nodes, spec
 
 
 def test_verify_checks_the_metadata_batches_and_every_node_without_metadata_option(tmp_path, cluster, capsys):
@@ -101,28 +93,20 @@ def test_verify_repair_on_a_replicated_directory_is_refused_changing_nothing(tmp
     assert sorted(os.listdir(data)) == before
 
 
-def test_verify_beside_a_running_coordinator_changes_nothing_it_relies_on(tmp_path, zookeeper, zk_root, capsys):
+def test_verify_beside_a_running_coordinator_changes_nothing_it_relies_on(tmp_path, zookeeper, zk_root, nodes, capsys):
     """verify only asks (INFO, READ in the nodes' current session): the coordinator serving
     the engine meanwhile is neither fenced nor disturbed, and its next writes succeed."""
-    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
     spec = f"zk://{zookeeper.hosts}{zk_root}"
-    try:
-        with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
-                           metadata=spec, blob=f"file://{tmp_path}/shared-blobs") as eng:
-            eng.add_relation("r", SCHEMA)
-            eng.append("r", ups([1], 1))
-            eng.seal("r", 1)
-            session = eng.wal.coordinator.session
-            code, out = verify(capsys, "--data-dir", str(tmp_path / "other"), "--metadata", spec, "verify")
-            assert code == 0, out
-            eng.append("r", ups([2], 2))
-            eng.seal("r", 2)
-            assert eng.wal.coordinator.fenced is None and eng.wal.coordinator.session == session
-            assert eng.snapshot("r", 2).num_rows == 2
-            assert not (tmp_path / "other").exists(), "verify created no directory"
-    finally:
-        for n in nodes:
-            if n.proc is not None:
-                n.kill()
+    with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
+                       metadata=spec, blob=f"file://{tmp_path}/shared-blobs") as eng:
+        eng.add_relation("r", SCHEMA)
+        eng.append("r", ups([1], 1))
+        eng.seal("r", 1)
+        session = eng.wal.coordinator.session
+        code, out = verify(capsys, "--data-dir", str(tmp_path / "other"), "--metadata", spec, "verify")
+        assert code == 0, out
+        eng.append("r", ups([2], 2))
+        eng.seal("r", 2)
+        assert eng.wal.coordinator.fenced is None and eng.wal.coordinator.session == session
+        assert eng.snapshot("r", 2).num_rows == 2
+        assert not (tmp_path / "other").exists(), "verify created no directory"
