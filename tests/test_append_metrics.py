@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from served import Served
 
 import sediment
+from sediment.clock import ManualClock
 
 SCHEMA = pa.schema([("id", pa.int64())])
 APPENDS, ROWS, SEALS = "sediment_appends_total", "sediment_rows_appended_total", "sediment_seals_total"
@@ -34,7 +35,7 @@ def _counts(samples: dict, relation: str) -> tuple[float | None, float | None]:
 
 
 def test_every_kind_of_append_counts_once_per_relation(tmp_path):
-    with sediment.open(tmp_path / "data", compact=False) as engine:
+    with sediment.open(tmp_path / "data", clock=ManualClock()) as engine:
         def now() -> dict:
             return _samples(engine.metrics.exposition().decode())
 
@@ -68,10 +69,10 @@ def test_every_kind_of_append_counts_once_per_relation(tmp_path):
 
 
 def test_relations_of_a_reopened_engine_are_exported_at_zero(tmp_path):
-    with sediment.open(tmp_path / "data", compact=False) as engine:
+    with sediment.open(tmp_path / "data", clock=ManualClock()) as engine:
         engine.add_relation("r", SCHEMA)
         engine.append("r", _rows(range(3), 1))
-    with sediment.open(tmp_path / "data", compact=False) as engine:
+    with sediment.open(tmp_path / "data", clock=ManualClock()) as engine:
         assert _counts(_samples(engine.metrics.exposition().decode()), "r") == (0, 0)  # counts since the open
 
 

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sediment
+from sediment.clock import ManualClock
 from sediment.engine.replay import in_time_order, time_ordered
 
 UPDATE = pa.schema([("k", pa.int64()), ("b", pa.binary()), ("s", pa.string()), ("time", pa.int64()),
@@ -136,7 +137,7 @@ def _stored(engine: sediment.Engine) -> list[pa.Table]:
 def test_engine_replay_equals_brute_force_over_random_history(tmp_path, seed, blob_options):
     """On local files and on S3 (moto), whose batches are fetched whole and decoded from memory."""
     rng = random.Random(seed)
-    engine = sediment.open(str(tmp_path / "d"), compact=False, **blob_options)
+    engine = sediment.open(str(tmp_path / "d"), clock=ManualClock(), **blob_options)
     try:
         engine.add_relation("r", ENGINE_SCHEMA)
         sealed = -1
@@ -164,7 +165,7 @@ def test_engine_replay_equals_brute_force_over_random_history(tmp_path, seed, bl
 def test_replay_of_empty_relations(tmp_path):
     """A relation never written, one sealed with empty intervals only, and one whose
     updates cancelled out on compaction all replay nothing."""
-    engine = sediment.open(str(tmp_path / "d"), compact=False)
+    engine = sediment.open(str(tmp_path / "d"), clock=ManualClock())
     try:
         for name in ("never", "sealed", "cancelled"):
             engine.add_relation(name, ENGINE_SCHEMA)
@@ -184,7 +185,7 @@ def test_replay_of_empty_relations(tmp_path):
 def test_replay_of_a_wide_fixed_width_relation_matches_a_sort_by_time(tmp_path):
     """The benchmark's shape at small scale: 16-byte keys, two compacted batches with many
     times each; the replay equals pyarrow's stable sort by time of the stored batches."""
-    engine = sediment.open(str(tmp_path / "d"), compact=False)
+    engine = sediment.open(str(tmp_path / "d"), clock=ManualClock())
     try:
         engine.add_relation("r", pa.schema([("k", pa.int64()), ("v", pa.binary())]))
         rng = random.Random(2)

@@ -12,6 +12,7 @@ from test_replication import KEY
 
 import sediment
 from sediment.cli import main
+from sediment.clock import ManualClock
 
 SCHEMA = pa.schema([("k", pa.int64())])
 pytestmark = pytest.mark.zookeeper
@@ -32,7 +33,7 @@ def verify(capsys, *argv: str) -> tuple[int, str]:
 def cluster(tmp_path, zookeeper, zk_root, nodes):
     spec = f"zk://{zookeeper.hosts}{zk_root}"
     with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY), metadata=spec,
-                       blob=f"file://{tmp_path}/shared-blobs", compact_interval=3600) as eng:
+                       blob=f"file://{tmp_path}/shared-blobs", clock=ManualClock()) as eng:
         eng.add_relation("r", SCHEMA)
         for t in range(1, 11):
             eng.append("r", ups([t, t + 100], t))
