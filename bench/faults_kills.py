@@ -22,11 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from faults_model import Model, check_engine, next_op, run_op  # noqa: E402
+from faults_model import DROP_WEIGHT, SEGMENT_SIZES, Model, check_engine, next_op, run_op  # noqa: E402
 
 OPS_PER_CHILD = 24
-SEGMENT_SIZES = (4224, 8192, 16384)  # the file log's segment size changes between opens (issue 23)
-DROP_WEIGHT = 0.04  # the optional relation is dropped and added again
 # Steps inside the engine where a child kills itself (SIGKILL) at a chosen call, "before" or
 # "after" the real call runs: the narrow windows a kill at a random moment seldom hits.
 STEPS = (

@@ -27,6 +27,9 @@ from typing import Any
 
 import pyarrow as pa
 
+SEGMENT_SIZES = (4224, 8192, 16384)  # the file log's segment size changes between opens (issue 23)
+DROP_WEIGHT = 0.04  # the optional relation is dropped and added again
+
 RELATIONS = ("a", "b")
 OPTIONAL = "c"  # added and dropped again and again (with drop_weight): a new relation each time
 VALUES = ("tea", "cake", "jam", "bun", "pie")

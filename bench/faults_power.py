@@ -33,17 +33,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from faults_model import Model, check_engine, next_op, run_op  # noqa: E402
-
-SIZES = (4224, 8192, 16384)  # segment sizes: each workload opens with one and reopens with others
-DROP_WEIGHT = 0.04
+from faults_model import DROP_WEIGHT, Model, check_engine, next_op, run_op  # noqa: E402
+from faults_model import SEGMENT_SIZES as SIZES  # noqa: E402 - each workload opens with one, reopens with others
 
 
 def options_of(seed: int) -> dict:
     """The options a workload first opens with (and its crash states are checked with)."""
     return {"segment_bytes": SIZES[seed % len(SIZES)]}
 STRATEGIES = ("drop", "keep", "random", "torn")
-RECYCLED = ".recycled"  # the pool file suffix (wal/segment.py RECYCLED_SUFFIX)
 
 
 # --- recording (in the child) ------------------------------------------------------------------
@@ -390,9 +387,11 @@ def check_state(target: str, acked: Model, inflight: list | None, opts: dict) ->
 
 def _pool_event(e: tuple) -> str:
     """A recorded rename into the segment pool ("offer") or out of it ("take"), else ""."""
+    from sediment.wal.segment import RECYCLED_SUFFIX
+
     if e[0] != "rename":
         return ""
-    return "offer" if e[4].endswith(".seg" + RECYCLED) else "take" if e[2].endswith(".seg" + RECYCLED) else ""
+    return "offer" if e[4].endswith(".seg" + RECYCLED_SUFFIX) else "take" if e[2].endswith(".seg" + RECYCLED_SUFFIX) else ""
 
 
 def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 40, log=print,

@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from sediment._fs import fsync_dir
+from sediment._fs import replace_durably
 from sediment.errors import CoordinatorSuperseded, StorageRecordMismatch
 
 MARKER_NAME = "REPLICATED"
@@ -76,14 +76,7 @@ def read_marker(data_dir: str) -> str | None:
 
 def write_marker(data_dir: str, spec: str) -> None:
     """Durably record that ``data_dir`` belongs to the replicated engine whose metadata is ``spec``."""
-    path = os.path.join(data_dir, MARKER_NAME)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(encode_marker(spec))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(data_dir)
+    replace_durably(os.path.join(data_dir, MARKER_NAME), encode_marker(spec))
 
 
 def check_opening(data_dir: str, metadata: object) -> str | None:

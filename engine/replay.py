@@ -80,7 +80,8 @@ def in_time_order(table: pa.Table, schema: pa.Schema, batch_rows: int) -> Iterat
         for batch in table.to_batches(max_chunksize=batch_rows):
             yield _conform(batch, schema)
         return
-    columns = [(times, _same) if name == "time" else _gatherable(col, batch_rows)
+    piece_rows = min(batch_rows, table.num_rows)  # the longest piece: what the offsets of a fixed-width gather need
+    columns = [(times, _same) if name == "time" else _gatherable(col, piece_rows)
                for name, col in zip(table.column_names, table.columns, strict=True)]
     order = pc.array_sort_indices(times)
     for start in range(0, table.num_rows, batch_rows):

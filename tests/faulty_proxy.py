@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 Match = Callable[[str, str], bool]
 """Predicate on (method, path-with-query) choosing which requests a fault applies to."""
 
+HOLD_LIMIT = 60.0  # seconds a held request waits for its release at most
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
 _S3_CODES = {500: "InternalError", 502: "BadGateway", 503: "ServiceUnavailable", 504: "GatewayTimeout"}
 
@@ -216,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault is not None and fault.kind == "hold":
             fault.reached.set()
-            fault.release.wait()
+            fault.release.wait(HOLD_LIMIT)  # bounded: a test that fails while holding cannot hang the proxy
         status, reason, headers, payload = self._forward_in_order(body)
         if fault is not None and fault.kind == "drop":
             self.close_connection = True

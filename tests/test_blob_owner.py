@@ -52,15 +52,15 @@ def test_second_engine_on_a_prefix_is_refused_and_the_first_keeps_its_data(tmp_p
         owner_id = json.loads(a._meta.get("engine/storage").value)["engine_id"]
     before = _listing(uri, endpoint)
     assert owner_mod.OWNER_KEY in before and any(k.startswith("trace/") for k in before)
+    (tmp_path / "b").mkdir()  # an operator's directory: the refused open leaves it for verify to look at
     with pytest.raises(BlobPrefixOwned) as info:
         sediment.open(str(tmp_path / "b"), **opts)
     assert uri in str(info.value) and owner_id in str(info.value) and str(tmp_path / "a") in str(info.value)
     assert _listing(uri, endpoint) == before  # nothing written or deleted
     from sediment.engine.verify import verify_data_dir
 
-    assert not (tmp_path / "b").exists(), "the refused first open left no directory behind"
     report = verify_data_dir(str(tmp_path / "b"), blob=uri, s3_endpoint=endpoint)
-    assert not report.ok and report.problems  # verify agrees with open: b is not an engine that opens
+    assert any(owner_id in p and uri in p for p in report.problems)  # verify agrees with open
     assert verify_data_dir(str(tmp_path / "a"), blob=uri, s3_endpoint=endpoint).ok
     with sediment.open(str(tmp_path / "a"), **opts) as a:
         assert a.snapshot("r", 1).num_rows == 40

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import shutil
 import signal
 import socket
@@ -58,6 +59,15 @@ def ask(port: int, word: bytes) -> bytes:
         return b""
 
 
+def first_line(proc: subprocess.Popen, what: str) -> str:
+    """The first line a started process prints, within READY_TIMEOUT (a silent process fails
+    the demo instead of hanging it)."""
+    ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT)
+    if not ready:
+        raise DemoFailed(f"{what} printed nothing within {READY_TIMEOUT}s")
+    return proc.stdout.readline()
+
+
 def wait_for(check, what: str, proc: subprocess.Popen) -> None:
     """Poll a readiness check of a process we started (a port that answers)."""
     deadline = time.monotonic() + READY_TIMEOUT
@@ -79,9 +89,9 @@ class Demo:
 
     def spawn(self, name: str, argv: list[str], **kw) -> subprocess.Popen:
         print(f"$ {' '.join(argv)} &", flush=True)
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(argv, stdout=kw.pop("stdout", log), stderr=log, stdin=subprocess.DEVNULL,
-                                env=self.env, **kw)
+        with open(self.workdir / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(argv, stdout=kw.pop("stdout", log), stderr=log, stdin=subprocess.DEVNULL,
+                                    env=self.env, **kw)
         self.procs.append((name, proc))
         return proc
 
@@ -111,7 +121,7 @@ class Demo:
             node = self.spawn(f"node{i}", [str(BIN / "sediment"), "storage-node", "--dir",
                                            str(self.workdir / f"node{i}"), "--listen", "127.0.0.1:0",
                                            "--cluster-key", self.key], stdout=subprocess.PIPE, text=True)
-            line = node.stdout.readline()
+            line = first_line(node, f"storage node {i}")
             if not line.startswith("listening on "):
                 raise DemoFailed(f"storage node {i} did not start: {line!r}")
             replicas.append(line.split()[-1])
@@ -134,7 +144,7 @@ class Demo:
         self.run(*create, "relation", "add", "orders", "--schema", "id:int64,item:string")
         serve = self.spawn("coordinator-a", [str(BIN / "sediment"), "--data-dir", a, "serve", "--listen",
                                              "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
-        line = serve.stdout.readline()
+        line = first_line(serve, "coordinator A")
         if not line.startswith("serving"):
             raise DemoFailed(f"coordinator A did not start serving: {line!r}")
         uri = line.split(" on ")[-1].strip()

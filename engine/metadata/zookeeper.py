@@ -23,6 +23,7 @@ docs/formats.md ("Metadata store formats").
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -68,6 +69,7 @@ KEY_HEADER_SIZE = _KEY_HEADER.size
 _TRANSIENT = (ConnectionLoss, SessionExpiredError, OperationTimeoutError)
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class _Retry(Exception):
@@ -203,7 +205,7 @@ class ZooKeeperMetadataStore:
             try:
                 callback()
             except Exception:  # noqa: BLE001 - a listener's failure must not end the watch
-                pass
+                log.exception("the watch callback on %s failed", key)
             return True
 
         DataWatch(self._client, self._path(key), changed)

@@ -44,9 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(argv)
     except KeyboardInterrupt:
-        if os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0"):
+        if _debug():
             raise
         return EXIT_INTERRUPTED
+
+
+def _debug() -> bool:
+    """``SEDIMENT_DEBUG=1``: re-raise instead of printing one line."""
+    return os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0")
 
 
 def _run(argv: list[str] | None) -> int:
@@ -55,7 +60,7 @@ def _run(argv: list[str] | None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors (already printed)
         return _exit_code(exc.code)
-    debug = os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0")
+    debug = _debug()
     configure_logging(getattr(args, "log_level", "warning"), getattr(args, "log_format", "text"))
     try:
         if getattr(args, "connect", None) and args.command in LOCAL_ONLY:

@@ -31,12 +31,12 @@ from urllib.parse import urlparse
 from sediment._fs import fsync_dir, replace_durably
 from sediment.cli.files import UsageError
 from sediment.errors import DataDirLocked
+from sediment.net.protocol import TOKEN_ENV
 
 SERVER_FILE = "SERVER"
 FORMAT = "sediment-server"
 VERSION = 1
 ANSWER_TIMEOUT = 2.0  # seconds for a recorded address to accept a connection
-TOKEN_ENV = "SEDIMENT_TOKEN"
 
 
 def record_path(data_dir: str) -> str:
