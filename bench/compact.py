@@ -343,7 +343,7 @@ def chunk_rows_for(refs, memory_bound: int) -> int:
 
 def build_merge_inputs(root: str, rows: int, inputs: int, times: int) -> tuple[str, list[dict], float]:
     from sediment.blob.file import FileBlobStore
-    from sediment.engine.metadata.memory import MemoryMetadataStore
+    from sediment.metadata.memory import MemoryMetadataStore
     from sediment.trace.store import TraceStore
 
     blob_root = os.path.join(root, "blobs")
@@ -365,7 +365,7 @@ def child_main(cfg_path: str) -> None:
         cfg = json.load(f)
     from sediment.blob.file import FileBlobStore
     from sediment.engine.memory import configure_memory_pool
-    from sediment.engine.metadata.memory import MemoryMetadataStore
+    from sediment.metadata.memory import MemoryMetadataStore
     from sediment.trace import store as store_mod
 
     configure_memory_pool("system")  # as an engine process does (engine option arrow_memory_pool)

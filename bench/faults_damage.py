@@ -234,7 +234,7 @@ def needed_lsn(root: str) -> int:
     """The least LSN not yet in every relation's batches (the trace states' ``wal_through``):
     log records below it are already compacted, so a repair may drop them."""
     from sediment.engine.catalog import RELATIONS, RelationEntry
-    from sediment.engine.metadata.journal import load_readonly
+    from sediment.metadata.journal import load_readonly
     from sediment.trace.state import TraceState
     from sediment.trace.store import state_key
 

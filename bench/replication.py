@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 
-from sediment.engine.metadata.memory import MemoryMetadataStore
+from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.file_log import FileLog
 from sediment.wal.replication.replicated_log import ReplicatedLog

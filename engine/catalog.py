@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from sediment.engine.metadata import names
-from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import MetadataConflict, MetadataCorruption, RelationExists, UnknownRelation
+from sediment.metadata import names
+from sediment.metadata.protocol import MetadataStore
 
 RELATIONS = names.RELATIONS
 NEXT_ID = names.NEXT_RELATION_ID

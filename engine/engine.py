@@ -41,8 +41,6 @@ from sediment.engine.frontiers import SealedFrontiers
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.memory import configure_memory_pool
 from sediment.engine.merger import DEFAULT_MAJOR_COMPACTION_QUIET, BackgroundMerger
-from sediment.engine.metadata import names
-from sediment.engine.metadata.protocol import MetadataStore
 from sediment.engine.opening import Opening
 from sediment.engine.reads import Reads
 from sediment.engine.relation import ReadPlan, TailEntry, _check_time, _Relation  # noqa: F401  (ReadPlan re-exported)
@@ -58,6 +56,8 @@ from sediment.errors import (
     WalCorruption,
     WalMissing,
 )
+from sediment.metadata import names
+from sediment.metadata.protocol import MetadataStore
 from sediment.metrics import CountingBlobStore, EngineMetrics
 from sediment.trace import compacter as cmp
 from sediment.trace.planner import DEFAULT_MAX_PENDING_RUNS

@@ -9,9 +9,9 @@ import fcntl
 import os
 from typing import Any
 
-from sediment.engine.metadata import names
-from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import DataDirLocked, InvalidArgument, MetadataMissing
+from sediment.metadata import names
+from sediment.metadata.protocol import MetadataStore
 
 LOCK_NAME = "LOCK"  # the data directory's lock file (flock), held while the engine is open
 STORAGE_KEY = names.STORAGE
@@ -33,11 +33,11 @@ class Opening:
 
     def _open_metadata(self, metadata: str | MetadataStore | None) -> MetadataStore:
         if metadata is None:
-            from sediment.engine.metadata.journal import JournalMetadataStore
+            from sediment.metadata.journal import JournalMetadataStore
 
             return JournalMetadataStore(os.path.join(self.data_dir, "meta"))
         if isinstance(metadata, str):
-            from sediment.engine.metadata.open_store import open_metadata_store
+            from sediment.metadata.open_store import open_metadata_store
 
             return open_metadata_store(metadata)
         return metadata

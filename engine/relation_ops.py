@@ -13,7 +13,6 @@ import pyarrow as pa
 from sediment.engine.args import check_time
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import FeedLog
-from sediment.engine.metadata import names
 from sediment.engine.relation import _Relation
 from sediment.engine.schema import check_name, check_schema, update_schema
 from sediment.errors import (
@@ -23,6 +22,7 @@ from sediment.errors import (
     RelationExists,
     UnknownRelation,
 )
+from sediment.metadata import names
 from sediment.trace.state import TraceState
 
 log = logging.getLogger(__name__)

@@ -147,7 +147,7 @@ def verify_device(path: str, report: VerifyReport) -> None:
 
 def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, report: VerifyReport) -> None:
     """The traces of a local data directory's metadata (see :func:`verify_trace_batches`)."""
-    from sediment.engine.metadata.journal import load_readonly
+    from sediment.metadata.journal import load_readonly
 
     try:
         meta = load_readonly(os.path.join(data_dir, "meta"))
@@ -213,7 +213,7 @@ def _verify_owner(meta: dict, blobs, uri: str, report: VerifyReport) -> None:
 
 def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
     """Open's check that the log reaches every trace's ``wal_through`` (Engine._check_log_reaches_traces)."""
-    from sediment.engine.metadata.journal import load_readonly
+    from sediment.metadata.journal import load_readonly
     from sediment.trace.state import TraceState
 
     if report.wal_end is None:
@@ -240,7 +240,7 @@ def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
 def relation_names(meta_dir: str) -> dict[int, str]:
     """Relation id -> name from the catalog in the metadata (empty when it cannot be read)."""
     from sediment.engine.catalog import RELATIONS, RelationEntry
-    from sediment.engine.metadata.journal import load_readonly
+    from sediment.metadata.journal import load_readonly
 
     try:
         meta = load_readonly(meta_dir) if os.path.isdir(meta_dir) else {}
@@ -255,7 +255,7 @@ def _recorded_wal(meta_dir: str) -> tuple[str, bool]:
     import json
 
     from sediment.engine.engine import STORAGE_KEY
-    from sediment.engine.metadata.journal import load_readonly
+    from sediment.metadata.journal import load_readonly
 
     try:
         got = load_readonly(meta_dir).get(STORAGE_KEY) if os.path.isdir(meta_dir) else None
@@ -284,7 +284,7 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
         verify_wal(os.path.join(data_dir, "wal"), report, expected=recorded, repair=repair,
                    names=relation_names(meta))
     if os.path.isdir(meta):
-        from sediment.engine.metadata.journal import verify as verify_journal
+        from sediment.metadata.journal import verify as verify_journal
 
         for line in verify_journal(meta):
             (report.notes if "torn tail" in line else report.problems).append(line)

@@ -25,15 +25,15 @@ import json
 import os
 
 from sediment.engine.deploy import MARKER_NAME, read_marker
-from sediment.engine.metadata import names
 from sediment.engine.verify import VerifyReport, verify_trace_batches
 from sediment.errors import SedimentError
+from sediment.metadata import names
 
 
 def verify_replicated(data_dir: str, spec: str, report: VerifyReport, *, blob: str | None = None,
                       s3_endpoint: str | None = None, timeout: float = 5.0) -> None:
     """Check the replicated engine whose metadata store is ``spec`` (see the module doc)."""
-    from sediment.engine.metadata.open_store import open_metadata_store
+    from sediment.metadata.open_store import open_metadata_store
 
     report.what = "items (marker, metadata keys, batches, storage-node partitions)"
     try:

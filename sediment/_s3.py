@@ -1,5 +1,5 @@
 """S3 helpers shared by the blob store (blob/s3.py) and the metadata store
-(engine/metadata/s3.py): the boto3 client's configuration, the reading of error answers,
+(metadata/s3.py): the boto3 client's configuration, the reading of error answers,
 and one conditional PUT that retries S3's 409. Kept below every layer, beside
 ``sediment._fs``, so the metadata package stays a leaf."""
 

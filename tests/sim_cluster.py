@@ -30,8 +30,8 @@ import trio.testing
 from sim_checker import Final, History, Violation, check_final
 from sim_world import SimDisk, SimNet, SimNodeEndpoint, SimPartitionStore
 
-from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.errors import MetadataError
+from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.replication.node.storage_node import StorageNode
 from sediment.wal.replication.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaStore

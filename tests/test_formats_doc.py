@@ -130,7 +130,7 @@ def test_footer_crc_example_covers_the_stated_bytes():
 
 
 def test_journal_header_example_decodes():
-    from sediment.engine.metadata.journal_format import _scan_journal, journal_header
+    from sediment.metadata.journal_format import _scan_journal, journal_header
 
     header = _example_after("Worked example, the header of a journal following the snapshot of transaction 5")
     assert header == journal_header(5)
@@ -139,7 +139,7 @@ def test_journal_header_example_decodes():
 
 
 def test_journal_end_example_decodes():
-    from sediment.engine.metadata.journal_format import JournalEnd
+    from sediment.metadata.journal_format import JournalEnd
 
     raw = _example_after("Worked example, the end record of a journal following snapshot 5")
     assert JournalEnd.decode(raw, "journal.end") == JournalEnd(5, 9, 512)
@@ -174,7 +174,7 @@ def test_log_manifest_example_decodes():
 
 
 def test_journal_entries_example_decodes():
-    from sediment.engine.metadata import journal_format as jf
+    from sediment.metadata import journal_format as jf
 
     data = _annotated_bytes("Worked example: after a (version 1) journal header")
     header, set_entry, delete_entry = data[:16], data[16:16 + 37], data[16 + 37:]
@@ -188,8 +188,8 @@ def test_journal_entries_example_decodes():
 
 
 def test_snapshot_example_decodes():
-    from sediment.engine.metadata import journal_format as jf
-    from sediment.engine.metadata.protocol import Versioned
+    from sediment.metadata import journal_format as jf
+    from sediment.metadata.protocol import Versioned
 
     data = _annotated_bytes("Example: one key `a` = `b\"xy\"` at version 3, max txid 7")
     assert len(data) == 28 + 33
@@ -198,7 +198,7 @@ def test_snapshot_example_decodes():
 
 
 def test_zookeeper_key_node_example_decodes():
-    from sediment.engine.metadata.zookeeper import _decode, encode_key_node
+    from sediment.metadata.zookeeper import _decode, encode_key_node
 
     data = _annotated_bytes("Example: key `trace/17` = `b\"hi\"`, created directly")
     write_id = bytes.fromhex("0123456789abcdef")
@@ -345,7 +345,7 @@ def test_partition_metadata_example_decodes():
 
 
 def test_s3_metadata_slot_example_decodes():
-    from sediment.engine.metadata import s3_format as fmt
+    from sediment.metadata import s3_format as fmt
 
     data = _example_after("**Worked example.** Key `trace/17` at version 2 holding")
     slot = fmt.decode_slot(data, "the worked example")

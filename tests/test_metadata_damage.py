@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sediment.engine.metadata.journal import (
+from sediment.errors import MetadataCorruption
+from sediment.metadata.journal import (
     END_NAME,
     JOURNAL_HEADER_SIZE,
     JOURNAL_NAME,
@@ -22,9 +23,8 @@ from sediment.engine.metadata.journal import (
     journal_header,
     verify,
 )
-from sediment.engine.metadata.journal_format import _scan_journal
-from sediment.engine.metadata.protocol import Versioned
-from sediment.errors import MetadataCorruption
+from sediment.metadata.journal_format import _scan_journal
+from sediment.metadata.protocol import Versioned
 
 BEFORE, AFTER = 6, 6  # writes covered by the snapshot, then writes only in the journal
 
@@ -64,7 +64,7 @@ def crashed(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("meta-crashed") / "meta"
     script = (
         "import os, signal, sys\n"
-        "from sediment.engine.metadata.journal import JournalMetadataStore\n"
+        "from sediment.metadata.journal import JournalMetadataStore\n"
         f"value = lambda i: bytes([i % 251]) * 900 + f'#{{i}}'.encode()\n"
         f"s = JournalMetadataStore({str(d)!r})\n"
         f"for i in range({BEFORE}):\n    s.compare_and_set(f'k/{{i}}', value(i), None)\n"

@@ -1,4 +1,4 @@
-"""Metadata keys come from one module (engine/metadata/names.py): format/parse pairs round-trip,
+"""Metadata keys come from one module (metadata/names.py): format/parse pairs round-trip,
 ids sort as text in id order, bad keys are refused, and every key a working engine writes
 is one that module names."""
 
@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 import sediment
-from sediment.engine.metadata import names
 from sediment.errors import InvalidMetadataRequest
+from sediment.metadata import names
 
 
 def test_pairs_round_trip_and_sort_in_id_order() -> None:

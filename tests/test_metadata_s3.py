@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from faulty_proxy import FaultyProxy
 
-from sediment.engine.metadata import s3_format as fmt
-from sediment.engine.metadata.open_store import open_metadata_store
-from sediment.engine.metadata.protocol import Versioned
-from sediment.engine.metadata.s3 import S3MetadataStore
 from sediment.errors import InvalidMetadataRequest, MetadataConflict, MetadataError
+from sediment.metadata import s3_format as fmt
+from sediment.metadata.open_store import open_metadata_store
+from sediment.metadata.protocol import Versioned
+from sediment.metadata.s3 import S3MetadataStore
 
 pytestmark = pytest.mark.s3
 
@@ -202,7 +202,7 @@ def test_stalled_answers_past_the_budget_are_resolved_by_reading(make: Any, seri
 
 WRITER = """
 import sys
-from sediment.engine.metadata.s3 import S3MetadataStore
+from sediment.metadata.s3 import S3MetadataStore
 store = S3MetadataStore(sys.argv[1], "meta", endpoint_url=sys.argv[2], keep=2)
 store.compare_and_set("counter", b"0", None)
 version = 0

@@ -11,8 +11,8 @@ import pytest
 from test_replication import KEY
 
 import sediment
-from sediment.engine.metadata.names import STORAGE
-from sediment.engine.metadata.open_store import open_metadata_store
+from sediment.metadata.names import STORAGE
+from sediment.metadata.open_store import open_metadata_store
 
 SCHEMA = pa.schema([("k", pa.int64())])
 pytestmark = pytest.mark.s3

@@ -17,7 +17,14 @@ import pytest
 from kazoo.client import KazooClient
 from waiting import Progress
 
-from sediment.engine.metadata.journal import (
+from sediment.errors import (
+    DataDirLocked,
+    InvalidMetadataRequest,
+    MetadataConflict,
+    MetadataCorruption,
+    MetadataUnavailable,
+)
+from sediment.metadata.journal import (
     END_NAME,
     HEADER_SIZE,
     JOURNAL_NAME,
@@ -28,18 +35,11 @@ from sediment.engine.metadata.journal import (
     encode_snapshot,
     verify,
 )
-from sediment.engine.metadata.memory import MemoryMetadataStore
-from sediment.engine.metadata.open_store import open_metadata_store
-from sediment.engine.metadata.protocol import MetadataStore, Versioned
-from sediment.engine.metadata.s3 import S3MetadataStore
-from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
-from sediment.errors import (
-    DataDirLocked,
-    InvalidMetadataRequest,
-    MetadataConflict,
-    MetadataCorruption,
-    MetadataUnavailable,
-)
+from sediment.metadata.memory import MemoryMetadataStore
+from sediment.metadata.open_store import open_metadata_store
+from sediment.metadata.protocol import MetadataStore, Versioned
+from sediment.metadata.s3 import S3MetadataStore
+from sediment.metadata.zookeeper import ZooKeeperMetadataStore
 
 PYTHON = sys.executable
 
@@ -403,7 +403,7 @@ def test_journal_auto_checkpoint(tmp_path: Path) -> None:
 
 LOCK_PROBE = """
 import sys
-from sediment.engine.metadata.journal import JournalMetadataStore
+from sediment.metadata.journal import JournalMetadataStore
 from sediment.errors import DataDirLocked
 try:
     JournalMetadataStore(sys.argv[1]).close()
@@ -428,7 +428,7 @@ def test_journal_lock_excludes_second_process(tmp_path: Path) -> None:
 
 WRITER = """
 import sys
-from sediment.engine.metadata.journal import JournalMetadataStore
+from sediment.metadata.journal import JournalMetadataStore
 s = JournalMetadataStore(sys.argv[1], checkpoint_bytes=int(sys.argv[2]))
 version = None
 i = 0

@@ -141,7 +141,7 @@ def test_storage_nodes_expose_metrics_over_http(tmp_path):
 
     from test_replication import free_port
 
-    from sediment.engine.metadata.memory import MemoryMetadataStore
+    from sediment.metadata.memory import MemoryMetadataStore
     from sediment.wal import record as rec
     from sediment.wal.replication.replicated_log import ReplicatedLog
 
@@ -184,7 +184,7 @@ def test_storage_nodes_expose_metrics_over_http(tmp_path):
 def test_a_replicated_engine_reports_quorum_latency_and_replica_lag(tmp_path):
     from test_replication import KEY, Node
 
-    from sediment.engine.metadata.memory import MemoryMetadataStore
+    from sediment.metadata.memory import MemoryMetadataStore
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
     for n in nodes:

@@ -18,8 +18,8 @@ import pytest
 import trio
 from test_replication import KEY, Node, r, wait_until
 
-from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.errors import OutcomeUnknown, WalMissing
+from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import manifest as mf
 from sediment.wal import record as rec
 from sediment.wal import segment as sg

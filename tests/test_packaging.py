@@ -18,7 +18,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "README.md", "sediment", "engine", "wal", "trace", "blob", "spark_jobs")
+with open(ROOT / "pyproject.toml", "rb") as _f:
+    _FOLDERS = tomllib.load(_f)["tool"]["setuptools"]["package-dir"].values()
+SOURCES = ("pyproject.toml", "README.md", *sorted({folder.split("/")[0] for folder in _FOLDERS}))
 
 
 def _build_wheel(tmp_path: Path) -> Path:

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from waiting import Progress
 
-from sediment.engine.metadata.memory import MemoryMetadataStore
-from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
 from sediment.errors import QuorumLost, QuorumUnavailable, ReplicationError, SessionFenced
+from sediment.metadata.memory import MemoryMetadataStore
+from sediment.metadata.zookeeper import ZooKeeperMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.replication import wire
 from sediment.wal.replication.partition_meta import PartitionMetaStore

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_replication import KEY, Node, r, wait_until
 
-from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
+from sediment.metadata.zookeeper import ZooKeeperMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.control import ControlFile, PartitionState
 from sediment.wal.replication.node.storage_node import open_directory

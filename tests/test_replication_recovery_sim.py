@@ -23,8 +23,8 @@ from test_replication_sim import (
     wait_for,
 )
 
-from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.errors import LowWaterMarkRegression, ReplicaUnavailable, SessionFenced
+from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.control import PartitionState
 from sediment.wal.replication.node.storage_node import MemoryPartitionStore, StorageNode

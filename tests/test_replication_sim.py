@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from sediment.engine.metadata.memory import MemoryMetadataStore
 from sediment.errors import QuorumLost, QuorumUnavailable, SessionFenced
+from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.replication.node.storage_node import MemoryPartitionStore, StorageNode
 from sediment.wal.replication.partition_meta import UNRESOLVED, PartitionMetaStore

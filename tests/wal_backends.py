@@ -21,7 +21,7 @@ from pathlib import Path
 import trio
 
 from sediment.engine.frontiers import SealedFrontiers
-from sediment.engine.metadata.memory import MemoryMetadataStore
+from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
 from sediment.wal.device.log import DeviceLog

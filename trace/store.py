@@ -17,9 +17,9 @@ import pyarrow as pa
 
 from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore
-from sediment.engine.metadata import names
-from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import BatchCorruption, BlobError, BlobNotFound, TraceError
+from sediment.metadata import names
+from sediment.metadata.protocol import MetadataStore
 from sediment.trace.batch import (
     BatchDescription,
     batch_key,

@@ -30,9 +30,9 @@ from typing import Any
 
 import trio
 
-from sediment.engine.metadata import names
-from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import MetadataConflict, MetadataError, ReplicationError, SessionFenced
+from sediment.metadata import names
+from sediment.metadata.protocol import MetadataStore
 
 FORMAT = 1
 UNRESOLVED = -2

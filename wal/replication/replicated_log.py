@@ -49,8 +49,8 @@ from collections.abc import Callable, Iterator, Sequence
 import trio
 
 from sediment.clock import Clock, MonotonicClock
-from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
+from sediment.metadata.protocol import MetadataStore
 from sediment.wal import record as rec
 from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPreamble
 from sediment.wal.replication.partition_meta import PartitionMeta, PartitionMetaStore

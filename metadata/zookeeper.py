@@ -46,13 +46,6 @@ from kazoo.exceptions import (
 from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
 
-from sediment.engine.metadata.keys import (
-    validate_expected,
-    validate_key,
-    validate_prefix,
-    validate_value,
-)
-from sediment.engine.metadata.protocol import Versioned
 from sediment.errors import (
     EngineClosed,
     InvalidMetadataRequest,
@@ -61,6 +54,13 @@ from sediment.errors import (
     MetadataError,
     MetadataUnavailable,
 )
+from sediment.metadata.keys import (
+    validate_expected,
+    validate_key,
+    validate_prefix,
+    validate_value,
+)
+from sediment.metadata.protocol import Versioned
 
 KEY_NODE_TAG = 0x01
 _KEY_HEADER = struct.Struct(">BI8s")  # tag, base znode version, write id
@@ -95,7 +95,7 @@ def _decode(path: str, data: bytes) -> tuple[int, bytes, bytes] | None:
 
 
 class ZooKeeperMetadataStore:
-    """A :class:`~sediment.engine.metadata.protocol.MetadataStore` over ZooKeeper znodes."""
+    """A :class:`~sediment.metadata.protocol.MetadataStore` over ZooKeeper znodes."""
 
     def __init__(
         self,

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import threading
 
-from sediment.engine.metadata.keys import (
+from sediment.errors import EngineClosed, MetadataConflict
+from sediment.metadata.keys import (
     validate_expected,
     validate_key,
     validate_prefix,
     validate_value,
 )
-from sediment.engine.metadata.protocol import Versioned
-from sediment.errors import EngineClosed, MetadataConflict
+from sediment.metadata.protocol import Versioned
 
 
 class MemoryMetadataStore:
-    """A thread-safe in-memory :class:`~sediment.engine.metadata.protocol.MetadataStore`."""
+    """A thread-safe in-memory :class:`~sediment.metadata.protocol.MetadataStore`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -1,6 +1,6 @@
 """Byte layouts and pure recovery logic of the journal metadata store (no I/O here).
 
-The store (engine/metadata/journal.py) reads its three files and hands the bytes to
+The store (metadata/journal.py) reads its three files and hands the bytes to
 :func:`restore`, which decides what an open yields: the snapshot to use, the journal
 entries to replay, a torn tail to discard, or MetadataCorruption. The same function
 serves ``sediment verify``, so verify and open cannot disagree. Layouts are in
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from sediment.engine.metadata.keys import MAX_KEY_BYTES, MAX_VALUE_BYTES
-from sediment.engine.metadata.protocol import Versioned
 from sediment.errors import MetadataCorruption
+from sediment.metadata.keys import MAX_KEY_BYTES, MAX_VALUE_BYTES
+from sediment.metadata.protocol import Versioned
 
 JOURNAL_NAME = "journal"
 SNAPSHOT_NAME = "snapshot"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sediment.engine.metadata.protocol import MetadataStore
 from sediment.errors import InvalidMetadataRequest
+from sediment.metadata.protocol import MetadataStore
 
 
 def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> MetadataStore:
@@ -22,7 +22,7 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
     """
     text = os.fspath(spec)
     if text.startswith("zk://"):
-        from sediment.engine.metadata.zookeeper import ZooKeeperMetadataStore
+        from sediment.metadata.zookeeper import ZooKeeperMetadataStore
 
         rest = text[len("zk://") :]
         hosts, slash, root = rest.partition("/")
@@ -35,7 +35,7 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
     if text.startswith("s3://"):
         return _open_s3(text, options)
     if text.startswith("memory://"):
-        from sediment.engine.metadata.memory import MemoryMetadataStore
+        from sediment.metadata.memory import MemoryMetadataStore
 
         if options:
             raise InvalidMetadataRequest(f"memory:// takes no options, got {sorted(options)}")
@@ -45,7 +45,7 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
             f"metadata spec {text!r} has an unknown scheme; use zk://host:port/root, "
             "s3://bucket/prefix, memory:// or a directory path"
         )
-    from sediment.engine.metadata.journal import JournalMetadataStore
+    from sediment.metadata.journal import JournalMetadataStore
 
     return JournalMetadataStore(text, **options)
 
@@ -53,7 +53,7 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
 def _open_s3(text: str, options: dict[str, Any]) -> MetadataStore:
     from urllib.parse import parse_qs, unquote, urlsplit
 
-    from sediment.engine.metadata.s3 import S3MetadataStore
+    from sediment.metadata.s3 import S3MetadataStore
 
     parts = urlsplit(text)
     query = parse_qs(parts.query)

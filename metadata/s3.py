@@ -37,15 +37,15 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sediment._s3 import PreconditionFailed, is_missing, make_client, put_conditional
-from sediment.engine.metadata import s3_format as fmt
-from sediment.engine.metadata.keys import validate_expected, validate_key, validate_prefix, validate_value
-from sediment.engine.metadata.protocol import Versioned
 from sediment.errors import (
     EngineClosed,
     InvalidMetadataRequest,
     MetadataConflict,
     MetadataUnavailable,
 )
+from sediment.metadata import s3_format as fmt
+from sediment.metadata.keys import validate_expected, validate_key, validate_prefix, validate_value
+from sediment.metadata.protocol import Versioned
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ _DELETE_ROUNDS = 64
 
 
 class S3MetadataStore:
-    """A :class:`~sediment.engine.metadata.protocol.MetadataStore` under ``s3://bucket/prefix``.
+    """A :class:`~sediment.metadata.protocol.MetadataStore` under ``s3://bucket/prefix``.
 
     ``endpoint_url`` as for the S3 blob store (None: ``AWS_ENDPOINT_URL`` or AWS). ``keep``
     slots per key survive garbage collection (at least 1: the newest is never deleted).

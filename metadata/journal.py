@@ -23,7 +23,14 @@ import threading
 
 from sediment._fs import fsync_dir as _fsync_dir
 from sediment._fs import makedirs_durable
-from sediment.engine.metadata.journal_format import (  # noqa: F401 - re-exported for tools and tests
+from sediment.errors import (
+    DataDirLocked,
+    EngineClosed,
+    MetadataConflict,
+    MetadataCorruption,
+    MetadataError,
+)
+from sediment.metadata.journal_format import (  # noqa: F401 - re-exported for tools and tests
     DEFAULT_CHECKPOINT_BYTES,
     END_NAME,
     END_NEW_NAME,
@@ -46,20 +53,13 @@ from sediment.engine.metadata.journal_format import (  # noqa: F401 - re-exporte
     journal_header,
     restore,
 )
-from sediment.engine.metadata.keys import (
+from sediment.metadata.keys import (
     validate_expected,
     validate_key,
     validate_prefix,
     validate_value,
 )
-from sediment.engine.metadata.protocol import Versioned
-from sediment.errors import (
-    DataDirLocked,
-    EngineClosed,
-    MetadataConflict,
-    MetadataCorruption,
-    MetadataError,
-)
+from sediment.metadata.protocol import Versioned
 
 
 def _read(path: str) -> bytes | None:
@@ -106,7 +106,7 @@ def load_readonly(path: str | os.PathLike[str]) -> dict[str, Versioned]:
 
 
 class JournalMetadataStore:
-    """A durable, thread-safe, single-process :class:`~sediment.engine.metadata.protocol.MetadataStore`."""
+    """A durable, thread-safe, single-process :class:`~sediment.metadata.protocol.MetadataStore`."""
 
     def __init__(
         self,
