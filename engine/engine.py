@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable, remove_tree_durable
 from sediment.clock import Clock, MonotonicClock
-from sediment.engine import args, deploy, recovery
+from sediment.engine import args, deploy, recovery, s3_deploy
 from sediment.engine.backlog import (
     DEFAULT_MAX_WAL_BACKLOG,
     DEFAULT_WAL_BACKLOG_TIMEOUT,
@@ -206,7 +206,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         if isinstance(blob, str) or blob is None:
             blob = stored.get("blob")
         s3_endpoint = stored.get("s3_endpoint")
-        if replicas:
+        if replicas or s3_deploy.is_s3_wal(wal):
             deploy.require_shared_blob(blob, self.data_dir)
         self._blobs = CountingBlobStore(self._open_blobs(blob, s3_endpoint), self.metrics)
         self.traces = TraceStore(self._meta, self._blobs)
@@ -225,6 +225,9 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             deploy.close_when_fenced(self, self._log.on_fenced)
             if marker is None:
                 deploy.write_marker(self.data_dir, deploy.metadata_spec(metadata))
+        elif s3_deploy.is_s3_wal(wal):
+            self._log = s3_deploy.open_log(self, wal, metadata, marker, s3_endpoint, segment_bytes=segment_bytes,
+                                           repair=repair, create=self._meta.get(STORAGE_KEY) is None)
         else:
             self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity,
                                        create=self._meta.get(STORAGE_KEY) is None)

@@ -64,7 +64,8 @@ def engine_stats(engine: Any) -> dict[str, Any]:
         start, end, finished = log.start_lsn, log.end_lsn, log.finished_lsn
         backlog = (engine._backlog.bytes, engine._backlog.bound, engine._backlog.waiting)
     segments, size, kept = _wal_files(log)
-    kind = {"FileLog": "file", "DeviceLog": "device", "ReplicatedLog": "replicated"}.get(type(log).__name__,
+    kind = {"FileLog": "file", "DeviceLog": "device", "ReplicatedLog": "replicated",
+                                                  "S3Log": "s3"}.get(type(log).__name__,
                                                                                        type(log).__name__)
     return {
         "wal": {

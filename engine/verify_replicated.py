@@ -9,6 +9,7 @@ read-only:
 * the marker (its checksum) and the metadata store it names (reachable, every key readable);
 * the storage record (replicas, cluster key, blob store) and the partition metadata;
 * every trace and every batch it references, as for a local engine (engine/verify.py);
+* a log on S3 (``wal="s3://..."``) as its open reads it, and that it reaches every trace;
 * every storage node's copy of the partition (wal/replication/replica_check.py: INFO, then
   every record read back with its checksums): at least a write quorum must be reachable
   and undamaged (the engine does not open without one), none may hold a session newer than
@@ -59,7 +60,28 @@ def verify_replicated(data_dir: str, spec: str, report: VerifyReport, *, blob: s
                                "(pass --blob s3://bucket/prefix)")
     else:
         verify_trace_batches(meta, uri, s3_endpoint or record.get("s3_endpoint"), report)
-    _verify_partition(meta, record, spec, report, timeout)
+    if _s3_wal(record):
+        _verify_s3_log(meta, record, report)
+    else:
+        _verify_partition(meta, record, spec, report, timeout)
+
+
+def _s3_wal(record: dict) -> bool:
+    return str(record.get("wal") or "").startswith("s3://")
+
+
+def _verify_s3_log(meta: dict, record: dict, report: VerifyReport) -> None:
+    """The log on S3 as its open reads it (wal/s3_objects.py), then that it reaches every trace."""
+    from sediment.wal.s3_log import check_log
+
+    try:
+        end, notes, checked = check_log(record["wal"], record.get("s3_endpoint"))
+    except SedimentError as exc:
+        report.problems.append(f"{type(exc).__name__}: {exc} (open refuses)")
+        return
+    report.notes += notes
+    report.checked.append(f"{record['wal']}: {checked} objects, LSN up to {end - 1}")
+    _check_log_reaches_traces(meta, end - 1, report, "the log on S3 holds")
 
 
 def _storage_record(meta: dict, spec: str, report: VerifyReport) -> dict | None:
@@ -74,7 +96,7 @@ def _storage_record(meta: dict, spec: str, report: VerifyReport) -> dict | None:
     except ValueError as exc:
         report.problems.append(f"{where}: not valid JSON ({exc}); restore the key")
         return None
-    if not record.get("replicas") or not record.get("cluster_key"):
+    if (not record.get("replicas") or not record.get("cluster_key")) and not _s3_wal(record):
         report.problems.append(f"{where}: names no replicas or cluster key ({sorted(record)}): not a replicated "
                                "engine's record; open the data directory without --metadata")
         return None
@@ -122,7 +144,8 @@ def _verify_partition(meta: dict, record: dict, spec: str, report: VerifyReport,
     _check_log_reaches_traces(meta, max(r.max_lsn for r in good), report)
 
 
-def _check_log_reaches_traces(meta: dict, end: int, report: VerifyReport) -> None:
+def _check_log_reaches_traces(meta: dict, end: int, report: VerifyReport,
+                              holder: str = "the storage nodes hold") -> None:
     """Open's check that the log reaches every trace's ``wal_through``, on the nodes' records."""
     from sediment.engine.catalog import RELATIONS, RelationEntry
     from sediment.trace.state import TraceState
@@ -139,7 +162,7 @@ def _check_log_reaches_traces(meta: dict, end: int, report: VerifyReport) -> Non
             continue  # reported by the trace check
         if through > end + 1:
             report.problems.append(f"relation {entry.name!r}: its trace holds the log's records up to LSN {through}, "
-                                   f"but the storage nodes hold records only up to LSN {end}: acknowledged "
+                                   f"but {holder} records only up to LSN {end}: acknowledged "
                                    "records are lost (open refuses)")
 
 

@@ -208,6 +208,12 @@ class WalShortened(WalCorruption):
         self.lost_to = lost_to
 
 
+class WalFenced(WalError, NothingWritten):
+    """A log on S3 was taken over: a newer writer (another coordinator, or a later open)
+    holds the slot this append was to fill, so this append was not written, and this log
+    writes nothing more. Stop this process; the coordinator that took over serves the data."""
+
+
 # --- metadata -------------------------------------------------------------------------------
 
 

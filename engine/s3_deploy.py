@@ -1,0 +1,34 @@
+"""An engine whose log is on S3 (``wal="s3://bucket/prefix"``): with ``metadata="s3://..."``
+and ``blob="s3://..."`` it keeps nothing but caches in its data directory, and any
+coordinator on any machine can take it over from S3 alone.
+
+The rules are those of a replicated engine (engine/deploy.py): the metadata store and the
+blob store must be shared, the data directory's marker names the metadata store, and a
+coordinator fenced by a newer one closes its engine. Opening the log claims it (a new epoch
+at the slot after the newest object, wal/s3_log.py), which fences the previous writer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sediment.engine import deploy
+from sediment.errors import StorageRecordMismatch
+from sediment.wal.s3_log import S3Log
+
+
+def is_s3_wal(wal: object) -> bool:
+    return isinstance(wal, str) and wal.startswith("s3://")
+
+
+def open_log(engine: Any, wal: str, metadata: object, marker: str | None, s3_endpoint: str | None, *,
+             segment_bytes: int, repair: bool, create: bool) -> S3Log:
+    """Open (and claim) the engine's log on S3; close the engine when a newer coordinator fences it."""
+    if metadata is None:
+        raise StorageRecordMismatch(f"{engine.data_dir}: wal={wal!r} needs a metadata store every coordinator can "
+                                    "reach, e.g. metadata='s3://bucket/meta'; nothing was created")
+    log = S3Log.open(wal, s3_endpoint=s3_endpoint, create=create, segment_bytes=segment_bytes, repair=repair)
+    deploy.close_when_fenced(engine, log.on_fenced)
+    if marker is None:
+        deploy.write_marker(engine.data_dir, deploy.metadata_spec(metadata))
+    return log
