@@ -74,6 +74,7 @@ def _verify_s3_log(meta: dict, record: dict, report: VerifyReport) -> None:
     """The log on S3 as its open reads it (wal/s3_objects.py), then that it reaches every trace."""
     from sediment.wal.s3_log import check_log
 
+    report.what = "items (marker, metadata keys, batches, the log on S3)"
     try:
         end, notes, checked = check_log(record["wal"], record.get("s3_endpoint"))
     except SedimentError as exc:

@@ -100,7 +100,11 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
                    help=doc("where the catalog lives when not in <data-dir>/meta, e.g. "
                             "zk://127.0.0.1:2181/sediment or s3://bucket/prefix (default $SEDIMENT_METADATA)"))
     p.add_argument("--s3-endpoint", default=default(os.environ.get("AWS_ENDPOINT_URL")), metavar="URL",
-                   help=doc("S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)"))
+                   help=doc("S3 endpoint for an s3:// --blob or --wal (default $AWS_ENDPOINT_URL)"))
+    p.add_argument("--wal", default=default(os.environ.get("SEDIMENT_WAL")), metavar="SPEC",
+                   help=doc("creating an engine: where its log lives, file (default), device:PATH or "
+                            "s3://bucket/prefix (needs a shared --metadata and --blob; later opens read it from the "
+                            "metadata) (default $SEDIMENT_WAL)"))
     p.add_argument("--replicas", default=default(None), metavar="HOST:PORT,...",
                    help=doc("creating an engine: replicate its log on these storage nodes (needs "
                             "--metadata zk://... and --cluster-key; later opens read them from the metadata)"))
