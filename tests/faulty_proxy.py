@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,7 +62,7 @@ class ProxyLog:
 class FaultyProxy:
     """Threaded HTTP/1.1 proxy on 127.0.0.1 with scripted faults. Use as a context manager or call close()."""
 
-    def __init__(self, upstream: str, serialize_conditional: bool = False) -> None:
+    def __init__(self, upstream: str, serialize_conditional: bool = False, delay: float = 0.0) -> None:
         target = urlsplit(upstream)
         if target.scheme != "http" or not target.hostname or not target.port:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
@@ -71,6 +72,7 @@ class FaultyProxy:
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self.serialize_conditional = serialize_conditional
+        self.delay = delay  # seconds added to every request (S3's latency, for benchmarks)
         self._key_locks: dict[str, threading.Lock] = {}
         self._release = threading.Event()
         self._sockets: set[socket.socket] = set()
@@ -207,6 +209,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._read_body()
+        if self.owner.delay:
+            time.sleep(self.owner.delay)
         fault = self.owner._take(self.command, self.path)
         if fault is not None and fault.kind == "fail":
             self._send_error(fault)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SEGMENT_BYTES = 64 << 20
 DEFAULT_OBJECT_BYTES = 16 << 20
 DEFAULT_CACHE_BYTES = 64 << 20
+LINGER_MAX = 0.005  # seconds a group waits at most for more appends (see S3Log._linger)
 _CLAIM_ROUNDS = 32
 
 
@@ -145,6 +147,7 @@ class S3Log:
         self._fenced_callbacks: list[Callable[[BaseException], None]] = []
         self._cache: OrderedDict[int, tuple[bytes, list[int]]] = OrderedDict()
         self._cache_bytes, self._cache_limit = 0, cache_bytes
+        self._last_put, self._last_group = 0.0, 0
         try:
             self._claim_and_recover(create)
         except BaseException:
@@ -254,11 +257,26 @@ class S3Log:
             raise WalError(f"the write-ahead log at {self.dir} failed earlier ({self._failed}); nothing after "
                            "that failure was acknowledged. Close and reopen the engine to recover") from self._failed
 
+    def _linger(self) -> None:
+        """Wait (lock held) a tenth of the last PUT's time, at most LINGER_MAX seconds, for the
+        appenders the last PUT woke to queue again. Without it, while one group's PUT is in
+        flight the next group forms from the other waiters only, so with W writers groups
+        alternate between about W/2 appends each: half the throughput a PUT could carry."""
+        want = len(self._queue) + self._last_group
+        deadline = time.monotonic() + min(LINGER_MAX, self._last_put / 10)
+        while len(self._queue) < want and not self._closing:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.wait(left)
+
     def _take(self) -> tuple[list[_Pending], bool]:
         """The next group (appends up to ``object_bytes``, or one request) and whether closing."""
         with self._lock:
             while not self._queue and not self._closing:
                 self._wake.wait()
+            if self._last_group > 1:
+                self._linger()
             if not self._queue:
                 return [], True
             if self._queue[0].mark >= 0 or self._queue[0].finish:
@@ -316,7 +334,9 @@ class S3Log:
     def _write_group(self, batch: list[_Pending]) -> None:
         records = [r for p in batch for r in p.records]
         crcs = [c for p in batch for c in p.crcs]
+        began = time.monotonic()
         self._write_object(0, records, crcs)
+        self._last_put, self._last_group = time.monotonic() - began, len(batch)
         for p in batch:
             p.last_lsn = p.records[-1].lsn
             self._preamble.observe(p.records)
