@@ -17,7 +17,7 @@ are interleaved (every case once per round), figures are the median over rounds 
 min-max. Also reported: appends per object (group size) and S3 requests per GB appended
 (record frames), counted by the log itself.
 
-    .venv/bin/python bench/s3_wal.py              # 3 rounds x 3 s per case, about 2.5 minutes
+    .venv/bin/python bench/s3_wal.py              # 3 rounds x 3 s per case, about 3 minutes
     .venv/bin/python bench/s3_wal.py --quick      # 3 rounds x 1 s per case
     .venv/bin/python bench/s3_wal.py --json out.json
 """

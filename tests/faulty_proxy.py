@@ -9,7 +9,8 @@ say, fail only multipart part uploads.
 moto checks a conditional write's condition and then writes without a lock, so two
 racing ``If-None-Match: *`` PUTs can both win there. With ``serialize_conditional`` the
 proxy forwards conditional requests (``If-None-Match`` / ``If-Match``) one at a time per
-object, as S3 does, so race tests through it are meaningful.
+object, as S3 does, so race tests through it are meaningful. ``delay`` adds that many
+seconds to every request (S3's latency, for bench/s3_wal.py).
 """
 
 from __future__ import annotations

@@ -358,3 +358,18 @@ def test_s3_metadata_slot_example_decodes():
     assert hint is not None
     assert fmt.decode_hint(bytes.fromhex(re.sub(r"\s+", "", hint.group(1)))) == 5
     assert fmt.TOMBSTONE_SIZE == 58 and "A tombstone is exactly 58 bytes" in text
+
+
+def test_s3_log_object_example_decodes():
+    from sediment.wal import s3_format as fmt
+
+    data = _annotated_bytes("**Worked example.** The object at slot 5 of epoch 2")
+    head = fmt.decode_header(data)
+    assert head is not None and (head.flags, head.epoch, head.slot, head.first_lsn, head.records,
+                                 head.start_slot, head.cut_slot, head.token) == (
+        0, 2, 5, 42, 1, 0, fmt.NONE, bytes(range(16)))
+    offsets, why = fmt.frames(data, head)
+    assert why == "" and len(offsets) == 1
+    frame = rec.decode_header(data, offsets[0])
+    assert (frame.kind, frame.lsn, frame.relation_id, frame.t_lo) == (rec.RecordKind.PROGRESS, 42, 3, 7)
+    assert fmt.encode(head, data[fmt.HEADER_SIZE:]) == data

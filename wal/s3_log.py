@@ -191,7 +191,7 @@ class S3Log:
         got = read_range(self.store, self.partition, newest, claim_slot)
         if newest.torn:
             self.report.torn_tails.append((self.store.where(fmt.slot_name(self.partition, newest.slot)), 0,
-                                           len(newest.slots), f"torn object cut: {newest.torn}"))
+                                           newest.size, f"torn object cut: {newest.torn}"))
             log.warning("%s: cut torn object at slot %d: %s", self.dir, newest.slot, newest.torn)
         for loaded in got.objects:
             self._objects.append(_Obj(loaded.head.slot, loaded.head.first_lsn, loaded.head.records, loaded.head.flags))

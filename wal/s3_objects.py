@@ -149,7 +149,7 @@ class Newest:
     slots: list[int]
     head: fmt.ObjectHeader
     torn: str = ""
-    epoch: int = 0
+    size: int = 0
 
     @property
     def slot(self) -> int:
@@ -190,7 +190,7 @@ def read_newest(store: SlotStore, partition: int, start: int = 0) -> Newest | No
         torn = why if why and len(data) < fmt.HEADER_SIZE + head.frames_len else ""
         if why and not torn:
             raise damaged(store, partition, slots[-1], why)
-        return Newest(slots, head, torn)
+        return Newest(slots, head, torn, len(data))
     raise WalError(f"{store.where(str(partition))}: the newest object kept vanishing while read; reopen")
 
 
