@@ -73,7 +73,10 @@ def read_acks(proc: subprocess.Popen, until: int) -> int:
 
 
 def all_keys(eng) -> list[int]:
-    return sorted(eng.snapshot("r", eng.sealed("r")).column("k").to_pylist())
+    """Every key at the sealed time, repeated by its diff (a doubled append shows twice)."""
+    table = eng.snapshot("r", eng.sealed("r"))
+    return sorted(k for k, d in zip(table.column("k").to_pylist(), table.column("diff").to_pylist(), strict=True)
+                  for _ in range(d))
 
 
 def test_an_s3_only_engine_keeps_only_caches_and_a_fresh_coordinator_takes_over(tmp_path, s3_bucket):
@@ -207,3 +210,23 @@ def test_a_paused_coordinator_resumed_after_a_takeover_is_refused_and_writes_not
             proc.send_signal(signal.SIGCONT)
             proc.kill()
             proc.wait(timeout=30)
+
+
+def test_a_coordinator_whose_put_answers_are_lost_keeps_each_append_once(tmp_path, s3_bucket, faulty_proxy):
+    """The proxy forwards a coordinator's log PUTs but drops some answers after they landed:
+    botocore resends, gets 412 on its own bytes, and counts the append once."""
+    _, bucket = s3_bucket
+    options = s3_options(faulty_proxy.endpoint, bucket)
+    proc = start(tmp_path / "first", options)
+    try:
+        read_acks(proc, 5)
+        faulty_proxy.drop_response_next(6, match=lambda method, path: method == "PUT" and "/wal/0/" in path)
+        acked = read_acks(proc, 30)
+        assert faulty_proxy.pending() == 0, "every scripted drop happened while appending"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    with sediment.open(tmp_path / "second", metadata=options["metadata"]) as eng:
+        keys = all_keys(eng)
+        assert keys[:acked] == list(range(1, acked + 1)), "0 acknowledged appends lost"
+        assert keys == list(range(1, len(keys) + 1)), "0 duplicates"
