@@ -4,7 +4,8 @@ coordinator on any machine can take it over from S3 alone.
 
 The rules are those of a replicated engine (engine/deploy.py): the metadata store and the
 blob store must be shared, the data directory's marker names the metadata store, and a
-coordinator fenced by a newer one closes its engine. Opening the log claims it (a new epoch
+coordinator fenced by a newer one closes its engine, at its next write or within 2 s of its
+clock (the log looks for a newer writer's claim, wal/s3_log.py ``watch_takeover``). Opening the log claims it (a new epoch
 at the slot after the newest object, wal/s3_log.py), which fences the previous writer.
 """
 
@@ -29,6 +30,7 @@ def open_log(engine: Any, wal: str, metadata: object, marker: str | None, s3_end
                                     "reach, e.g. metadata='s3://bucket/meta'; nothing was created")
     log = S3Log.open(wal, s3_endpoint=s3_endpoint, create=create, segment_bytes=segment_bytes, repair=repair)
     deploy.close_when_fenced(engine, log.on_fenced)
+    log.watch_takeover(engine._clock)
     if marker is None:
         deploy.write_marker(engine.data_dir, deploy.metadata_spec(metadata))
     return log

@@ -230,3 +230,32 @@ def test_a_coordinator_whose_put_answers_are_lost_keeps_each_append_once(tmp_pat
         keys = all_keys(eng)
         assert keys[:acked] == list(range(1, acked + 1)), "0 acknowledged appends lost"
         assert keys == list(range(1, len(keys) + 1)), "0 duplicates"
+
+
+def test_an_idle_coordinator_learns_of_a_takeover_from_its_clock(tmp_path, s3_bucket):
+    """Without a write, the first coordinator finds the newer claim at its next look (every
+    2 s of its clock) and closes: it serves no stale reads after that."""
+    from waiting import Progress
+
+    from sediment.clock import ManualClock
+
+    endpoint, bucket = s3_bucket
+    options = s3_options(endpoint, bucket)
+    clock = ManualClock()
+    first = sediment.open(tmp_path / "first", clock=clock, **options)
+    told = Progress()
+    first.superseded_listeners.append(lambda err: told.changed())
+    first.add_relation("r", SCHEMA)
+    first.append("r", ups([1], 1))
+    first.seal("r", 1)
+    with sediment.open(tmp_path / "second", metadata=options["metadata"]) as second:
+        second.append("r", ups([2], 2))
+        second.seal("r", 2)
+        clock.advance(1.0)
+        assert first.superseded is None, "no look before its interval"
+        clock.advance(1.5)
+        told.wait_for(lambda: first.superseded is not None, 30, "the first coordinator to learn of the takeover")
+        with pytest.raises(CoordinatorSuperseded):
+            first.snapshot("r", 1)
+        assert all_keys(second) == [1, 2]
+    first.close()

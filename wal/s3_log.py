@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from sediment.clock import Clock
 from sediment.errors import EngineClosed, InvalidArgument, RepairRefused, WalError, WalFenced, WalMissing
 from sediment.wal import record as rec
 from sediment.wal import s3_format as fmt
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SEGMENT_BYTES = 64 << 20
 DEFAULT_OBJECT_BYTES = 16 << 20
 DEFAULT_CACHE_BYTES = 64 << 20
+TAKEOVER_POLL = 2.0  # seconds between looks for a newer writer (see S3Log.watch_takeover)
 LINGER_MAX = 0.005  # seconds a group waits at most for more appends (see S3Log._linger)
 _CLAIM_ROUNDS = 32
 
@@ -317,7 +319,9 @@ class S3Log:
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
         log.error("write-ahead log %s failed: %s", self.dir, exc)
         with self._lock:
-            self._failed = exc
+            if self._failed is not None and not batch:
+                return  # the writer (or the takeover watch) already failed it
+            self._failed = self._failed or exc
             waiting, self._queue = self._queue, []
         err = exc if isinstance(exc, WalFenced) else \
             WalError(f"write to the log at {self.dir} failed: {exc}; not acknowledged")
@@ -404,6 +408,40 @@ class S3Log:
         """Call ``callback(WalFenced)`` (from the writer's thread; must not wait on the log)
         when a newer writer took the log over and this one stopped for good."""
         self._fenced_callbacks.append(callback)
+
+    def watch_takeover(self, clock: Clock, interval: float = TAKEOVER_POLL) -> None:
+        """Learn of a takeover without waiting for the next write: every ``interval`` seconds of
+        ``clock`` list the slots from this writer's next one; an object there of a newer epoch
+        (a claim) means another writer took the log over, and this one is fenced at once (one
+        LIST per interval; a GET only when a slot is found)."""
+        moved = threading.Event()
+        if hasattr(clock, "on_advance"):
+            clock.on_advance(moved.set)
+        sleep_time = getattr(clock, "deadline_to_sleep_time", lambda d: d - clock.current_time())
+
+        def poll() -> None:
+            while not (self._closing or self._closed or self._failed is not None):
+                deadline = clock.current_time() + interval
+                while clock.current_time() < deadline and not self._closing:
+                    moved.clear()
+                    moved.wait(min(1.0, max(0.0, sleep_time(deadline))))
+                if not self._closing:
+                    self._look_for_takeover()
+
+        threading.Thread(target=poll, name=f"s3-wal-takeover-{self.partition}", daemon=True).start()
+
+    def _look_for_takeover(self) -> None:
+        try:
+            later = self.store.slots(self.partition, self._next_slot)
+            data = self.store.get(fmt.slot_name(self.partition, later[0])) if later else None
+        except Exception as exc:  # noqa: BLE001 - an outage (or a close meanwhile): look again later
+            log.warning("%s: could not look for a takeover: %s", self.dir, exc)
+            return
+        head = fmt.decode_header(data) if data is not None else None
+        if head is not None and head.epoch > self.epoch:
+            self._fail([], WalFenced(f"{self.store.where(fmt.slot_name(self.partition, head.slot))}: a newer writer "
+                                     f"(epoch {head.epoch}) claimed the log; this writer (epoch {self.epoch}) writes "
+                                     "nothing more: stop this coordinator, the one that took over serves the data"))
 
     # --- reading -------------------------------------------------------------------------------
 
