@@ -259,3 +259,35 @@ def test_an_idle_coordinator_learns_of_a_takeover_from_its_clock(tmp_path, s3_bu
             first.snapshot("r", 1)
         assert all_keys(second) == [1, 2]
     first.close()
+
+
+def test_a_served_coordinator_on_s3_exits_3_after_a_takeover(tmp_path, s3_bucket):
+    """`sediment serve` on an S3-only data directory; another coordinator takes over from a
+    fresh directory; with no request reaching it, the served one finds the claim (its look
+    every 2 s), closes and exits 3, and every append it acknowledged is served by the new one."""
+    from sediment.errors import SedimentError
+
+    endpoint, bucket = s3_bucket
+    options = s3_options(endpoint, bucket)
+    with sediment.open(tmp_path / "a", **options) as eng:
+        eng.add_relation("r", SCHEMA)
+    serve = subprocess.Popen([sys.executable, "-m", "sediment", "--data-dir", str(tmp_path / "a"), "serve",
+                              "--listen", "127.0.0.1:0", "--token", "secret"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = serve.stdout.readline()
+        assert line.startswith("serving"), (line, serve.stderr.read() if serve.poll() is not None else "")
+        with sediment.connect(line.split(" on ")[-1].strip(), token="secret") as client:
+            client.append("r", ups([1], 1))
+            with sediment.open(tmp_path / "b", metadata=options["metadata"]) as newer:
+                assert serve.wait(timeout=60) == 3
+                assert "superseded" in serve.stderr.read()
+                with pytest.raises(SedimentError):
+                    client.append("r", ups([3], 3))
+                newer.append("r", ups([2], 2))
+                newer.seal("r", 2)
+                assert all_keys(newer) == [1, 2]
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
