@@ -214,6 +214,12 @@ class WalFenced(WalError, NothingWritten):
     writes nothing more. Stop this process; the coordinator that took over serves the data."""
 
 
+class WalTakenOverInFlight(WalError, OutcomeUnknown):
+    """A log on S3 was taken over while this append's PUT was being resent, and the slot it
+    went to is gone (trimmed by the new writer): it may have landed before the takeover, and
+    then the new writer's log holds it. Read back through the coordinator that took over."""
+
+
 # --- metadata -------------------------------------------------------------------------------
 
 

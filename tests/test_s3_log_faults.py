@@ -162,3 +162,39 @@ def test_a_bad_spec_is_refused_with_a_typed_error(tmp_path):
     for spec in ["s3://", "s3:///x", f"s3://b/p?endpoint=a&endpoint=b&x={uuid.uuid4()}", "file:///x"]:
         with pytest.raises(InvalidArgument):
             S3Log.open(spec, create=True)
+
+
+def test_a_resent_put_whose_slot_was_trimmed_meanwhile_is_outcome_unknown(faulty_proxy, spec_at, s3_bucket,
+                                                                         moto_server):
+    """A PUT landed, its answer was lost, the resend met 412, and before the writer could read
+    the slot back it was deleted (as a new writer's trim does): the append may be in the log,
+    so it is reported OutcomeUnknown, never NothingWritten, and the log writes nothing more."""
+    from sediment.errors import NothingWritten, OutcomeUnknown, WalTakenOverInFlight
+
+    _, bucket = s3_bucket
+    log = S3Log.open(spec_at(faulty_proxy.endpoint), create=True, max_attempts=3, read_timeout=5.0)
+    try:
+        log.append([row(0)])
+        slot = f"log/{fmt.slot_name(0, 2)}"
+        faulty_proxy.drop_response_next(1, match=is_log_put)
+        hold = faulty_proxy.hold_next(1, match=lambda method, path: method == "GET" and path.endswith(slot))
+        outcome: list[BaseException | int] = []
+        t = threading.Thread(target=lambda: outcome.append(_append_or_error(log, row(1))))
+        t.start()
+        assert hold.reached.wait(30), "the writer reads the slot back after the resend's 412"
+        moto_server.client().delete_object(Bucket=bucket, Key=slot)
+        hold.release.set()
+        t.join(30)
+        assert len(outcome) == 1 and isinstance(outcome[0], WalTakenOverInFlight), outcome
+        assert isinstance(outcome[0], OutcomeUnknown) and not isinstance(outcome[0], NothingWritten)
+        with pytest.raises(WalFenced):
+            log.append([row(2)])
+    finally:
+        log.close()
+
+
+def _append_or_error(log: S3Log, r: rec.Record) -> BaseException | int:
+    try:
+        return log.append([r])
+    except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+        return exc

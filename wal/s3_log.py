@@ -32,7 +32,15 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from sediment.clock import Clock
-from sediment.errors import EngineClosed, InvalidArgument, RepairRefused, WalError, WalFenced, WalMissing
+from sediment.errors import (
+    EngineClosed,
+    InvalidArgument,
+    RepairRefused,
+    WalError,
+    WalFenced,
+    WalMissing,
+    WalTakenOverInFlight,
+)
 from sediment.wal import record as rec
 from sediment.wal import s3_format as fmt
 from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPreamble
@@ -46,6 +54,7 @@ DEFAULT_CACHE_BYTES = 64 << 20
 TAKEOVER_POLL = 2.0  # seconds between looks for a newer writer (see S3Log.watch_takeover)
 LINGER_MAX = 0.005  # seconds a group waits at most for more appends (see S3Log._linger)
 _CLAIM_ROUNDS = 32
+_TAKEN_OVER = (WalFenced, WalTakenOverInFlight)
 
 
 def parse_spec(spec: str, s3_endpoint: str | None = None) -> tuple[str, str, str | None]:
@@ -173,8 +182,8 @@ class S3Log:
             else:
                 head = fmt.new_header(fmt.CLAIM, newest.head.epoch + 1, newest.slot + 1, newest.next_lsn, 0,
                                       newest.head.start_slot, newest.slot if newest.torn else fmt.NONE)
-            if self.store.create(fmt.slot_name(self.partition, head.slot), fmt.encode(head, b"")):
-                break
+            if self.store.create(fmt.slot_name(self.partition, head.slot), fmt.encode(head, b"")) is not False:
+                break  # a claim slot is never trimmed, so None cannot happen here
             newest = read_newest(self.store, self.partition, newest.slot + 1 if newest else 0) or newest
         else:
             raise WalError(f"{self.dir}: another writer took every slot this open tried to claim ({_CLAIM_ROUNDS} "
@@ -253,7 +262,7 @@ class S3Log:
     def _check_open(self) -> None:
         if self._closing or self._closed:
             raise EngineClosed(f"the write-ahead log at {self.dir} is closed")
-        if isinstance(self._failed, WalFenced):
+        if isinstance(self._failed, _TAKEN_OVER):
             raise WalFenced(str(self._failed))
         if self._failed is not None:
             raise WalError(f"the write-ahead log at {self.dir} failed earlier ({self._failed}); nothing after "
@@ -323,12 +332,12 @@ class S3Log:
                 return  # the writer (or the takeover watch) already failed it
             self._failed = self._failed or exc
             waiting, self._queue = self._queue, []
-        err = exc if isinstance(exc, WalFenced) else \
+        err = exc if isinstance(exc, _TAKEN_OVER) else \
             WalError(f"write to the log at {self.dir} failed: {exc}; not acknowledged")
         for p in batch + waiting:
             p.error = err
             p.done.set()
-        if isinstance(exc, WalFenced):
+        if isinstance(exc, _TAKEN_OVER):
             for callback in list(self._fenced_callbacks):
                 try:
                     callback(exc)
@@ -367,7 +376,12 @@ class S3Log:
         head = fmt.new_header(flags, self.epoch, slot, self._next_lsn, len(records),
                               self._start_slot if start_slot is None else start_slot)
         body = fmt.encode(head, frames)
-        if not self.store.create(fmt.slot_name(self.partition, slot), body):
+        created = self.store.create(fmt.slot_name(self.partition, slot), body)
+        if created is None:
+            raise WalTakenOverInFlight(f"{self.store.where(fmt.slot_name(self.partition, slot))}: the log was taken "
+                                       "over while this PUT was resent, and the slot was trimmed since: whether it "
+                                       "landed first is unknown; read back through the coordinator that took over")
+        if not created:
             raise WalFenced(f"{self.store.where(fmt.slot_name(self.partition, slot))}: another writer took this slot: "
                             f"the log was taken over (this writer's epoch {self.epoch} is superseded); nothing "
                             "more is written here: stop this coordinator, the one that took over serves the data")

@@ -92,9 +92,11 @@ class SlotStore:
             raise self._unavailable("list", f"{partition}/", e) from e
         return sorted(found)
 
-    def create(self, name: str, body: bytes) -> bool:
+    def create(self, name: str, body: bytes) -> bool | None:
         """Create ``name`` holding ``body``: True once it holds our bytes, False when another
-        writer's object holds the slot. WalError when the outcome stays unknown."""
+        writer's object holds the slot, None when a resent PUT met 412 and the slot is empty
+        again (deleted since: whether our first attempt landed is unknown). WalError when the
+        outcome stays unknown."""
         retried = False
         unknown: Exception | None = None
         for _ in range(_UNKNOWN_ROUNDS):
@@ -104,10 +106,12 @@ class SlotStore:
                                 Key=self.root + name, Body=body, IfNoneMatch="*")
                 return True
             except PreconditionFailed as e:
-                if (e.retried or retried) and self.get(name) == body:
+                if not (e.retried or retried):
+                    return False
+                stored = self.get(name)
+                if stored == body:
                     log.info("S3 log: an earlier attempt of the PUT of %s landed", self.where(name))
-                    return True
-                return False
+                return None if stored is None else stored == body
             except (ClientError, BotoCoreError) as e:
                 unknown = e
             stored = self.get(name)
