@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from sediment.engine import deploy
-from sediment.errors import StorageRecordMismatch
+from sediment.errors import MetadataMissing, StorageRecordMismatch
 from sediment.wal.s3_log import S3Log
 
 
@@ -29,6 +29,11 @@ def open_log(engine: Any, wal: str, metadata: object, marker: str | None, s3_end
         raise StorageRecordMismatch(f"{engine.data_dir}: wal={wal!r} needs a metadata store every coordinator can "
                                     "reach, e.g. metadata='s3://bucket/meta'; nothing was created")
     log = S3Log.open(wal, s3_endpoint=s3_endpoint, create=create, segment_bytes=segment_bytes, repair=repair)
+    if create and log.end_lsn > 0:
+        log.close()
+        raise MetadataMissing(f"{engine.data_dir}: the metadata has no storage record, but the log {wal} holds LSNs "
+                              f"up to {log.end_lsn - 1}: the metadata was lost or points elsewhere; restore it or "
+                              "pass the right metadata= (opening would lose every acknowledged update)")
     deploy.close_when_fenced(engine, log.on_fenced)
     log.watch_takeover(engine._clock)
     if marker is None:

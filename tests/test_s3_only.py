@@ -291,3 +291,18 @@ def test_a_served_coordinator_on_s3_exits_3_after_a_takeover(tmp_path, s3_bucket
         if serve.poll() is None:
             serve.kill()
             serve.wait()
+
+
+def test_a_log_on_s3_without_its_metadata_is_refused(tmp_path, s3_bucket):
+    """Metadata lost (or pointed elsewhere) while the log on S3 holds records: the open refuses
+    rather than start an empty catalog over acknowledged updates."""
+    from sediment.errors import MetadataMissing
+
+    endpoint, bucket = s3_bucket
+    options = s3_options(endpoint, bucket)
+    with sediment.open(tmp_path / "a", **options) as eng:
+        eng.add_relation("r", SCHEMA)
+        eng.append("r", ups([1], 1))
+    with pytest.raises(MetadataMissing):
+        sediment.open(tmp_path / "b", **{**options, "metadata": f"s3://{bucket}/elsewhere?endpoint={endpoint}",
+                                         "blob": f"s3://{bucket}/other-blobs"})
