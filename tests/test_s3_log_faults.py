@@ -198,3 +198,37 @@ def _append_or_error(log: S3Log, r: rec.Record) -> BaseException | int:
         return log.append([r])
     except BaseException as exc:  # noqa: BLE001 - the test asserts on it
         return exc
+
+
+def test_a_writer_stalled_past_a_takeover_and_a_trim_still_meets_the_claim(serializing_proxy, spec_at,
+                                                                           s3_bucket, moto_server):
+    """SlateDB issue 352 on the log: the old writer's next PUT aims at the slot the new writer
+    claimed; the new writer trims everything the old one wrote, but never its claim, so the
+    late PUT still fails instead of landing below the start as an acknowledged, lost append."""
+    from wal_backends import owned
+
+    spec = spec_at(serializing_proxy.endpoint)
+    old = S3Log.open(spec, create=True, segment_bytes=4096)
+    for i in range(5):
+        old.append([row(i)])
+    new = owned(S3Log.open(spec, segment_bytes=4096))
+    try:
+        for i in range(5, 60):
+            new.append([row(i)])
+        new.finish_segment()
+        new.trim(new.end_lsn)
+        _, bucket = s3_bucket
+        keys = [o["Key"] for o in moto_server.client().list_objects_v2(Bucket=bucket, Prefix="log/0/")["Contents"]]
+        slots = sorted(fmt.parse_name(k[len("log/"):], 0) for k in keys)
+        assert 6 in slots and not {1, 2, 3, 4, 5} & set(slots), "the claim stays, the old writer's objects are gone"
+        with pytest.raises(WalFenced):
+            old.append([row(99)])
+        assert bytes(row(99).body) not in bodies(new)
+        again = S3Log.open(spec)
+        try:
+            assert bytes(row(99).body) not in bodies(again) and again.start_lsn == new.start_lsn
+        finally:
+            again.close()
+    finally:
+        old.close()
+        new.close()

@@ -208,14 +208,11 @@ class S3Log:
             self._objects.append(_Obj(loaded.head.slot, loaded.head.first_lsn, loaded.head.records, loaded.head.flags))
             self.report.records += loaded.head.records
             self._remember(loaded)
-        garbage = [s for s in got.garbage if not self._is_claim(s)]
+        # below the start: objects with frames are a trim's leftovers; header-only ones (CLAIMs,
+        # and rarely a trim's mark) stay, as a CLAIM is a fence (see the module doc)
+        garbage = [s for s in got.garbage if self.store.sizes.get(s, fmt.HEADER_SIZE) != fmt.HEADER_SIZE]
         if garbage:
             self.store.delete([fmt.slot_name(self.partition, s) for s in garbage])
-
-    def _is_claim(self, slot: int) -> bool:
-        data = self.store.get(fmt.slot_name(self.partition, slot))
-        head = fmt.decode_header(data) if data is not None else None
-        return head is None or head.claim  # unreadable: leave it (deleting could reopen a fence)
 
     def _segment_state(self) -> tuple[int, int, int]:
         """(first LSN, records besides its boundary, bytes) of the segment the log continues."""

@@ -51,6 +51,7 @@ class SlotStore:
                                   max_attempts=max_attempts, pool=_READERS + 4)
         self.endpoint_url: str = self.client.meta.endpoint_url
         self.requests = {"put": 0, "get": 0, "list": 0, "delete": 0}
+        self.sizes: dict[int, int] = {}  # slot -> object size, as the last listing saw it
 
     def where(self, name: str = "") -> str:
         return f"s3://{self.bucket}/{self.root}{name}"
@@ -88,6 +89,7 @@ class SlotStore:
                     slot = fmt.parse_name(obj["Key"][len(self.root):], partition)
                     if slot is not None:
                         found.append(slot)
+                        self.sizes[slot] = int(obj.get("Size", -1))
         except (ClientError, BotoCoreError) as e:
             raise self._unavailable("list", f"{partition}/", e) from e
         return sorted(found)
