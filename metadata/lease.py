@@ -14,10 +14,16 @@ the lease: use the lease to decide who *should* serve, and the log's claim to ma
 from __future__ import annotations
 
 import json
+from typing import Protocol
 
-from sediment.clock import Clock
 from sediment.errors import InvalidMetadataRequest, MetadataConflict
 from sediment.metadata.protocol import MetadataStore
+
+
+class Clock(Protocol):
+    """What a lease needs of sediment.clock's clocks (metadata/ stays a leaf: no import of them)."""
+
+    def current_time(self) -> float: ...
 
 
 class Lease:
