@@ -182,8 +182,8 @@ class S3Log:
             else:
                 head = fmt.new_header(fmt.CLAIM, newest.head.epoch + 1, newest.slot + 1, newest.next_lsn, 0,
                                       newest.head.start_slot, newest.slot if newest.torn else fmt.NONE)
-            if self.store.create(fmt.slot_name(self.partition, head.slot), fmt.encode(head, b"")) is not False:
-                break  # a claim slot is never trimmed, so None cannot happen here
+            if self.store.create(fmt.slot_name(self.partition, head.slot), fmt.encode(head, b"")) is True:
+                break  # (None: the slot is empty after a 412; a CLAIM of ours would still be there: not ours)
             newest = read_newest(self.store, self.partition, newest.slot + 1 if newest else 0) or newest
         else:
             raise WalError(f"{self.dir}: another writer took every slot this open tried to claim ({_CLAIM_ROUNDS} "
