@@ -81,7 +81,7 @@ def check_log(spec: str, s3_endpoint: str | None = None, partition: int = 0) -> 
         got = read_range(store, partition, newest, newest.slot + 1)
         notes = [f"{store.where(fmt.slot_name(partition, newest.slot))}: torn object (the next open cuts it): "
                  f"{newest.torn}"] if newest.torn else []
-        return newest.next_lsn, notes, len(got.objects)
+        return newest.next_lsn, notes, got.count
     finally:
         store.close()
 
@@ -199,20 +199,21 @@ class S3Log:
         self._seg_first, self._seg_records, self._seg_bytes = self._segment_state()
 
     def _recover(self, newest: Newest, claim_slot: int) -> None:
-        got = read_range(self.store, self.partition, newest, claim_slot)
+        got = read_range(self.store, self.partition, newest, claim_slot, self._recovered_object)
         if newest.torn:
             self.report.torn_tails.append((self.store.where(fmt.slot_name(self.partition, newest.slot)), 0,
                                            newest.size, f"torn object cut: {newest.torn}"))
             log.warning("%s: cut torn object at slot %d: %s", self.dir, newest.slot, newest.torn)
-        for loaded in got.objects:
-            self._objects.append(_Obj(loaded.head.slot, loaded.head.first_lsn, loaded.head.records, loaded.head.flags))
-            self.report.records += loaded.head.records
-            self._remember(loaded)
         # below the start: objects with frames are a trim's leftovers; header-only ones (CLAIMs,
         # and rarely a trim's mark) stay, as a CLAIM is a fence (see the module doc)
         garbage = [s for s in got.garbage if self.store.sizes.get(s, fmt.HEADER_SIZE) != fmt.HEADER_SIZE]
         if garbage:
             self.store.delete([fmt.slot_name(self.partition, s) for s in garbage])
+
+    def _recovered_object(self, loaded: Loaded) -> None:
+        self._objects.append(_Obj(loaded.head.slot, loaded.head.first_lsn, loaded.head.records, loaded.head.flags))
+        self.report.records += loaded.head.records
+        self._remember(loaded)
 
     def _segment_state(self) -> tuple[int, int, int]:
         """(first LSN, records besides its boundary, bytes) of the segment the log continues."""

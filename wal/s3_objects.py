@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _UNKNOWN_ROUNDS = 4
 _READERS = 16
+_WINDOW = 64  # objects read at a time by recovery
 
 
 class SlotStore:
@@ -168,9 +169,10 @@ class Newest:
 
 @dataclass
 class Range:
-    """The objects from the start to the end of the log, in slot order (the cut one left out)."""
+    """What reading the log from its start found: how many objects were good, and the slots
+    listed below the start (a trim's leftovers, and CLAIMs)."""
 
-    objects: list[Loaded] = field(default_factory=list)
+    count: int = 0
     garbage: list[int] = field(default_factory=list)
 
 
@@ -200,36 +202,50 @@ def read_newest(store: SlotStore, partition: int, start: int = 0) -> Newest | No
     raise WalError(f"{store.where(str(partition))}: the newest object kept vanishing while read; reopen")
 
 
-def read_range(store: SlotStore, partition: int, newest: Newest, end: int) -> Range:
+def read_range(store: SlotStore, partition: int, newest: Newest, end: int,
+               on_object: Callable[[Loaded], None] = lambda loaded: None) -> Range:
     """Read and check every object in ``[newest.head.start_slot, end)`` (the newest object is
-    ``end - 1`` or below), in parallel; raise the typed error of the first problem in slot order."""
+    ``end - 1`` or below), ``_WINDOW`` at a time in parallel, handing each good one to
+    ``on_object`` in slot order (memory stays one window, however long the log); raise the
+    typed error of the first problem in slot order."""
     start = newest.head.start_slot
     out = Range(garbage=[s for s in newest.slots if s < start])
-    wanted = list(range(start, end))
-    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="s3-log-read") as pool:
-        datas = list(pool.map(lambda s: store.get(fmt.slot_name(partition, s)), wanted))
     prev: fmt.ObjectHeader | None = None
-    heads = [fmt.decode_header(d) if d is not None else None for d in datas]
-    for i, (slot, data, head) in enumerate(zip(wanted, datas, heads, strict=True)):
-        if data is None:
-            name = store.where(fmt.slot_name(partition, slot))
-            raise WalMissing(f"{name} is missing: the log on S3 holds slots {start}..{end - 1} and needs every one; "
-                             "restore the object (its records are lost otherwise)", path=name, offset=slot,
-                             reason="missing object", first_lsn=prev.next_lsn if prev else -1)
-        if head is None or head.slot != slot:
-            raise damaged(store, partition, slot, "object header is damaged")
-        offsets, why = fmt.frames(data, head)
-        following = heads[i + 1] if i + 1 < len(heads) else None
-        if why:
-            if following is not None and following.claim and following.cut_slot == slot:
-                continue  # a torn object a later open cut
-            if not (slot == newest.slot and newest.torn):
-                raise damaged(store, partition, slot, why)
-            continue
-        _check_follows(store, partition, prev, head)
-        out.objects.append(Loaded(head, data, offsets))
-        prev = head
+    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="s3-log-read") as pool:
+        for low in range(start, end, _WINDOW):
+            wanted = list(range(low, min(end, low + _WINDOW)))
+            datas = list(pool.map(lambda s: store.get(fmt.slot_name(partition, s)), wanted))
+            for slot, data in zip(wanted, datas, strict=True):
+                loaded = _check_object(store, partition, newest, slot, data, prev, start, end)
+                if loaded is not None:
+                    on_object(loaded)
+                    out.count += 1
+                    prev = loaded.head
     return out
+
+
+def _check_object(store: SlotStore, partition: int, newest: Newest, slot: int, data: bytes | None,
+                  prev: fmt.ObjectHeader | None, start: int, end: int) -> Loaded | None:
+    """The object at ``slot`` checked against the one before it; None for a torn one that is cut."""
+    if data is None:
+        name = store.where(fmt.slot_name(partition, slot))
+        raise WalMissing(f"{name} is missing: the log on S3 holds slots {start}..{end - 1} and needs every one; "
+                         "restore the object (its records are lost otherwise)", path=name, offset=slot,
+                         reason="missing object", first_lsn=prev.next_lsn if prev else -1)
+    head = fmt.decode_header(data)
+    if head is None or head.slot != slot:
+        raise damaged(store, partition, slot, "object header is damaged")
+    offsets, why = fmt.frames(data, head)
+    if why:
+        if slot == newest.slot and newest.torn:
+            return None  # the torn newest, which this open's claim cuts
+        after = store.get(fmt.slot_name(partition, slot + 1)) if slot + 1 < end else None
+        following = fmt.decode_header(after) if after is not None else None
+        if following is not None and following.claim and following.cut_slot == slot:
+            return None  # a torn object a later open cut
+        raise damaged(store, partition, slot, why)
+    _check_follows(store, partition, prev, head)
+    return Loaded(head, data, offsets)
 
 
 def _check_follows(store: SlotStore, partition: int, prev: fmt.ObjectHeader | None, head: fmt.ObjectHeader) -> None:
