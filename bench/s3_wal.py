@@ -20,6 +20,7 @@ min-max. Also reported: appends per object (group size) and S3 requests per GB a
     .venv/bin/python bench/s3_wal.py              # 3 rounds x 3 s per case, about 3 minutes
     .venv/bin/python bench/s3_wal.py --quick      # 3 rounds x 1 s per case
     .venv/bin/python bench/s3_wal.py --json out.json
+    .venv/bin/python bench/s3_wal.py --engine     # 64 writers of one-row Engine.append, local vs S3 only at 60 ms
 """
 
 from __future__ import annotations
@@ -111,6 +112,58 @@ def run_case(log, writers: int, seconds: float) -> dict:
             "requests_per_gb": requests / (appended / 1e9) if after and appended else None}
 
 
+def open_engine(backend: str, endpoints: dict[str, str], bucket: str, tmp: str):
+    """An engine whose log is ``backend`` (file: everything local; s3+60ms: log, metadata and
+    batches in S3 through the 60 ms proxy), with one relation ``r`` of one int64 column."""
+    import pyarrow as pa
+
+    import sediment
+
+    run = uuid.uuid4().hex
+    options: dict = {}
+    if backend != "file":
+        endpoint = endpoints[backend]
+        options = {"wal": f"s3://{bucket}/{run}/wal", "metadata": f"s3://{bucket}/{run}/meta?endpoint={endpoint}",
+                   "blob": f"s3://{bucket}/{run}/blobs", "s3_endpoint": endpoint}
+    eng = sediment.open(os.path.join(tmp, run), **options)
+    eng.add_relation("r", pa.schema([("k", pa.int64())]))
+    return eng
+
+
+class EngineAppends:
+    """``log.append`` for run_case: one single-row ``Engine.append`` (durable on return)."""
+
+    def __init__(self, engine) -> None:
+        import pyarrow as pa
+
+        self.engine = engine
+        self.row = pa.table({"k": pa.array([1], pa.int64()), "time": pa.array([1], pa.int64()),
+                             "diff": pa.array([1], pa.int64())})
+
+    def append(self, records) -> None:
+        self.engine.append("r", self.row)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def run_engine(endpoints: dict[str, str], bucket: str, tmp: str, rounds: int, seconds: float) -> None:
+    """64 writers, single-row ``Engine.append``: the local engine beside the S3-only one at 60 ms."""
+    results: dict[str, list[dict]] = {}
+    for _ in range(rounds):
+        for backend in ("file", "s3+60ms"):
+            appends = EngineAppends(open_engine(backend, endpoints, bucket, tmp))
+            try:
+                results.setdefault(backend, []).append(run_case(appends, 64, seconds))
+            finally:
+                appends.close()
+    print("| engine (log, metadata, batches) | writers | appends/s | p50 ms | p99 ms |")
+    print("| --- | --- | --- | --- | --- |")
+    for backend, rs in results.items():
+        cells = [summarize([r[k] for r in rs]) for k in ("appends_per_s", "p50_ms", "p99_ms")]
+        print(f"| {'local' if backend == 'file' else 'S3 only, 60 ms per request'} | 64 | " + " | ".join(cells) + " |")
+
+
 def summarize(values: list[float]) -> str:
     med = statistics.median(values)
     return f"{med:,.1f} ({min(values):,.1f}-{max(values):,.1f})" if med < 100 else \
@@ -122,6 +175,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
+    parser.add_argument("--engine", action="store_true",
+                        help="instead: 64 writers of single-row Engine.append, local beside S3-only at 60 ms")
     args = parser.parse_args()
     seconds = 1.0 if args.quick else 3.0
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
@@ -133,6 +188,9 @@ def main() -> int:
         import boto3
 
         boto3.client("s3", endpoint_url=endpoints["s3"], region_name="us-east-1").create_bucket(Bucket=bucket)
+        if args.engine:
+            run_engine(endpoints, bucket, tmp, args.rounds, seconds)
+            return 0
         for _ in range(args.rounds):
             for writers in WRITERS:
                 for backend in BACKENDS:
