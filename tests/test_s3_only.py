@@ -199,7 +199,7 @@ def test_a_paused_coordinator_resumed_after_a_takeover_is_refused_and_writes_not
             rest = proc.stdout.read().splitlines()
             proc.wait(timeout=60)
             refused = [line for line in rest if line.startswith("refused")]
-            assert len(refused) == 1 and refused[0].split()[1] in ("WalFenced", "CoordinatorSuperseded"), rest
+            assert len(refused) == 1 and refused[0].split()[1] in ("WalFenced", "CoordinatorSuperseded", "EngineClosed"), rest
             acked = max([acked, *(int(line) for line in rest if not line.startswith("refused"))])
             keys = all_keys(eng)
             assert keys == list(range(1, len(keys) + 1)) and len(keys) >= acked, "0 lost, 0 duplicates"
