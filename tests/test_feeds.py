@@ -382,3 +382,11 @@ def test_many_subscribers_each_get_every_update_in_order(open_engine):
     assert all(out == list(range(500)) for out in got)
     for sub in subs:
         sub.close()
+
+
+def test_a_max_lag_below_one_is_refused_and_subscribes_nothing(open_engine):
+    eng = open_engine()
+    eng.add_relation("r", SCHEMA)
+    with pytest.raises(errors.InvalidArgument, match="max_lag"):
+        eng.subscribe("r", max_lag=0)
+    assert eng.stats()["relations"]["r"]["subscribers"] == 0
