@@ -259,6 +259,11 @@ class Subscription:
         self.last_progress: int | None = None
         feed.register(self)
 
+    def add_initial(self, events: list[FeedEvent]) -> None:
+        """Events that come before any the feed delivers: the snapshot and stored updates,
+        computed after the subscription registered its cursor."""
+        self._pending.extend(events)
+
     def __iter__(self) -> Iterator[FeedEvent]:
         return self
 

@@ -208,7 +208,7 @@ class Reads:
             raise
         finally:
             self._unpin()
-        sub._pending.extend(initial)
+        sub.add_initial(initial)
         return sub
 
     def plan_read(self, name: str, as_of: int, *, from_t: int | None = None,
