@@ -187,10 +187,7 @@ class Reads:
             feed = rel.feed
 
             def load(lsn: int) -> pa.Table:
-                body = self._bodies.get(lsn)  # just written: still in memory, no read of the log
-                if body is None:
-                    body = self._log.read(lsn).body
-                return pa.Table.from_batches([pa.ipc.read_record_batch(pa.py_buffer(body), rel.update_schema)])
+                return pa.Table.from_batches([self._decode(rel, self._log.read(lsn))])
 
             sub = Subscription(feed, [], load, lambda: not self._closed, name=name, max_lag=max_lag)
             self._pin()
