@@ -390,3 +390,33 @@ def test_a_max_lag_below_one_is_refused_and_subscribes_nothing(open_engine):
     with pytest.raises(errors.InvalidArgument, match="max_lag"):
         eng.subscribe("r", max_lag=0)
     assert eng.stats()["relations"]["r"]["subscribers"] == 0
+
+
+def test_a_served_change_is_encoded_once_for_every_remote_subscriber(tmp_path, monkeypatch):
+    import uuid
+
+    import sediment
+    from sediment import server as served
+    from sediment.client import Client
+
+    made = []
+    real = served.event_batches
+    monkeypatch.setattr(served, "event_batches", lambda event, schema: made.append(event.kind) or real(event, schema))
+    token = uuid.uuid4().hex
+    with sediment.open(str(tmp_path / "d")) as eng:
+        eng.add_relation("r", SCHEMA)
+        eng.seal("r", 0)
+        server = served.SedimentFlightServer(eng, "grpc://127.0.0.1:0", token)
+        try:
+            with Client(server.uri, token) as client:
+                subs = [client.subscribe("r") for _ in range(3)]
+                assert [s.next(timeout=10).kind for s in subs] == ["snapshot"] * 3
+                eng.append("r", one_row(5))
+                got = [s.next(timeout=10) for s in subs]
+                assert [e.table.column("k").to_pylist() for e in got] == [[5]] * 3
+                for s in subs:
+                    s.close()
+        finally:
+            server.stop(grace=10)
+    assert made.count("snapshot") == 3, "each subscription has its own snapshot"
+    assert made.count("updates") == 1, "the live change was encoded once per subscriber, not once"
