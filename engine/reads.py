@@ -158,7 +158,8 @@ class Reads:
             if parts else rel.update_schema.empty_table()
         return table.sort_by([("time", "ascending")])
 
-    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> Subscription:
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
+                  max_lag: int | None = None) -> Subscription:
         """A feed of the relation: a ``snapshot`` event at ``as_of`` (default: the sealed
         frontier; skipped with ``resume``), an ``updates`` event with every stored update
         after ``as_of``, a ``progress`` event for the sealed frontier, then every update and
@@ -168,8 +169,14 @@ class Reads:
 
         A relation never sealed can be subscribed to without ``as_of`` (a consumer may start
         before its producer): the snapshot is then the empty relation at time -1, before any
-        time, and every update follows."""
+        time, and every update follows.
+
+        ``max_lag`` bounds how many events this subscriber may fall behind (default
+        :data:`sediment.engine.feed.MAX_LAG`); past it, it is dropped and its next read raises
+        FeedOverrun, so a stalled reader never holds memory or the WAL."""
         args.check_bool(resume, "resume")
+        if max_lag is not None:
+            args.check_int(max_lag, "max_lag")
         with self._lock:
             rel = self._rel(name)
             if as_of is None:
@@ -182,7 +189,7 @@ class Reads:
             def load(lsn: int) -> pa.Table:
                 return pa.Table.from_batches([self._decode(rel, self._log.read(lsn))])
 
-            sub = Subscription(feed, [], load, lambda: not self._closed)
+            sub = Subscription(feed, [], load, lambda: not self._closed, name=name, max_lag=max_lag)
             self._pin()
         try:
             initial = []
@@ -198,7 +205,7 @@ class Reads:
             raise
         finally:
             self._unpin()
-        sub._pending.extend(initial)
+        sub.add_initial(initial)
         return sub
 
     def plan_read(self, name: str, as_of: int, *, from_t: int | None = None,

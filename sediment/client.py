@@ -522,11 +522,12 @@ class Client:
         with self._remote():
             return self._flight.do_get(ticket, options=self._options).read_all()
 
-    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> RemoteSubscription:
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
+                  max_lag: int | None = None) -> RemoteSubscription:
         """A feed of the relation's changes (see :meth:`sediment.Engine.subscribe`)."""
         with self._remote():
-            reader = self._flight.do_get(self._ticket(op="subscribe", relation=name, as_of=as_of, resume=resume),
-                                         options=self._options)
+            reader = self._flight.do_get(self._ticket(op="subscribe", relation=name, as_of=as_of, resume=resume,
+                                                      max_lag=max_lag), options=self._options)
         return RemoteSubscription(self.uri, reader)
 
     def release_read(self, lease: int) -> None:

@@ -121,6 +121,13 @@ class EngineClosed(SedimentError):
     """The engine (or the object being used) was already closed."""
 
 
+class FeedOverrun(SedimentError):
+    """A subscriber fell more than its ``max_lag`` events behind its feed and was dropped,
+    so that the writer and the WAL never wait for it. Catch up from the trace: keep your
+    state as of the last progress time delivered, drop the updates received since, and
+    subscribe again with that ``as_of`` and ``resume=True``."""
+
+
 class DataDirLocked(SedimentError):
     """Another process holds the data directory's lock file; only one engine may open
     a data directory at a time."""

@@ -375,7 +375,8 @@ class SedimentFlightServer(flight.FlightServerBase):
     def _subscribe(self, name: str, args: dict[str, Any], context: flight.ServerCallContext,
                    ) -> flight.FlightDataStream:
         schema = update_schema(self.engine.schema(name))
-        sub = self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)))
+        sub = self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)),
+                                    max_lag=args.get("max_lag"))
         with self._lock:
             if self._stopped:
                 sub.close()
@@ -392,8 +393,8 @@ class SedimentFlightServer(flight.FlightServerBase):
         try:
             while not self._stopped and not context.is_cancelled():
                 event = sub.next(timeout=FEED_POLL)
-                if event is not None:
-                    yield from event_batches(event, schema)
+                if event is not None:  # a live event's batches are made once for every subscriber
+                    yield from event.encoded(schema, lambda event=event: event_batches(event, schema))
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
         finally:
