@@ -373,3 +373,12 @@ class AuthenticationFailed(SedimentError):
 class CoordinatorUnavailable(SedimentError):
     """No coordinator answered at the address (not running, wrong port, TLS mismatch, network).
     A call that was under way when the connection broke may or may not have been carried out."""
+
+
+# --- the cluster of coordinators ---------------------------------------------------------------
+
+
+class InvalidAssignmentInput(SedimentError, ValueError):
+    """The cluster manager's assignment was asked for with bad input (a negative partition count,
+    a partition out of range, a generation below 1); nothing was planned: pass the deployment's
+    partition count and the recorded assignment."""
