@@ -51,11 +51,15 @@ class Tally:
     violations: dict[str, int] = field(default_factory=dict)
     cluster: dict[str, int] = field(default_factory=dict)  # the cluster mode's counters (moves, redirects, ...)
     plans: list[float] = field(default_factory=list)  # seconds per plan_assignment call (cluster mode)
+    plans_cpu: list[float] = field(default_factory=list)  # the same calls' CPU seconds
+    gaps: list[float] = field(default_factory=list)  # virtual seconds a partition went unserved (cluster mode)
 
     def merge(self, other: Tally) -> None:
         self.appends += other.appends
         self.acked += other.acked
         self.plans += other.plans
+        self.plans_cpu += other.plans_cpu
+        self.gaps += other.gaps
         for k, n in other.cluster.items():
             self.cluster[k] = self.cluster.get(k, 0) + n
         for k, n in other.faults.items():
@@ -78,6 +82,8 @@ def run_range(first: int, count: int, steps: int, duration: float, kinds: dict[s
             r = run_cluster_seed(seed, steps, duration, logs=trace, kinds=kinds, clients=clients,
                                  partitions=cluster[0], members=cluster[1])
             t.plans += r.sim.plan_seconds
+            t.plans_cpu += r.sim.plan_cpu
+            t.gaps += r.sim.gaps
             for k, n in r.sim.stats.items():
                 t.cluster[k] = t.cluster.get(k, 0) + n
         t.appends += r.appends
@@ -148,10 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     if cluster is not None:
         print(f"cluster: {args.partitions} partitions, {args.members} members at the start; "
               + ", ".join(f"{k}={n}" for k, n in sorted(tally.cluster.items())))
-        plans = sorted(tally.plans)
-        if plans:
-            print(f"plan_assignment: {len(plans)} calls, p50 {plans[len(plans) // 2] * 1e3:.2f} ms, "
-                  f"p99 {plans[int(len(plans) * 0.99)] * 1e3:.2f} ms, max {plans[-1] * 1e3:.2f} ms")
+        gaps = sorted(tally.gaps)
+        if gaps:
+            print(f"unserved spells: {len(gaps)}, virtual s p50 {gaps[len(gaps) // 2]:.2f}, "
+                  f"p99 {gaps[int(len(gaps) * 0.99)]:.2f}, max {gaps[-1]:.2f}")
+        for what, times in (("wall clock", tally.plans), ("CPU", tally.plans_cpu)):
+            t = sorted(times)
+            if t:
+                print(f"plan_assignment, {what}: {len(t)} calls, p50 {t[len(t) // 2] * 1e3:.2f} ms, "
+                      f"p99 {t[int(len(t) * 0.99)] * 1e3:.2f} ms, max {t[-1] * 1e3:.2f} ms")
     if not failing:
         print("violations: 0")
         return 0

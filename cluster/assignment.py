@@ -37,12 +37,15 @@ class Move(NamedTuple):
 
 def _check_input(partitions: int, current: Mapping[int, PartitionOwner | None]) -> None:
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 0:
-        raise InvalidAssignmentInput(f"partitions={partitions!r}")
+        raise InvalidAssignmentInput(f"plan_assignment: partitions={partitions!r}; pass the deployment's partition "
+                                     "count, an int >= 0")
     for p, owner in current.items():
         if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < partitions:
-            raise InvalidAssignmentInput(f"partition {p!r} outside 0..{partitions - 1}")
+            raise InvalidAssignmentInput(f"plan_assignment: the current assignment names partition {p!r}, outside "
+                                         f"0..{partitions - 1}; pass the assignment recorded for this deployment")
         if owner is not None and (not isinstance(owner.generation, int) or owner.generation < 1):
-            raise InvalidAssignmentInput(f"partition {p} has generation {owner.generation!r} (must be >= 1)")
+            raise InvalidAssignmentInput(f"plan_assignment: partition {p} has generation {owner.generation!r}; "
+                                         "generations start at 1")
 
 
 def _targets(members: list[str], held: dict[str, list[int]], partitions: int) -> dict[str, int]:

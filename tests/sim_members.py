@@ -136,7 +136,9 @@ class ClusterSim(Cluster):
         self.last_disturbance = 0.0
         self.stats = Counter()
         self.plan_seconds: list[float] = []  # wall-clock time of each plan_assignment call
+        self.plan_cpu: list[float] = []  # its CPU time (the wall clock also counts preemption by other processes)
         self.finished = False  # the members are stopped for the final recovery
+        self.gaps: list[float] = []  # virtual seconds some partition went unserved, per spell
         self.livelock_limit = 20_000 + 2_000 * partitions  # every log's tasks may run at one instant
 
     # --- the per-partition world ---------------------------------------------------------------
@@ -243,9 +245,10 @@ class ClusterSim(Cluster):
     def manage(self, m: Member) -> None:
         """The manager's step: plan from the live sessions and record the plan if it changed."""
         live = list(self.zk.sessions)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         plan = plan_assignment(self.partitions, live, self.zk.assignment, self.zk.leaving)
         self.plan_seconds.append(time.perf_counter() - started)
+        self.plan_cpu.append(time.thread_time() - cpu)
         if not plan or plan == self.zk.assignment:
             return
         eligible = set(live) - self.zk.leaving
@@ -354,6 +357,8 @@ class ClusterSim(Cluster):
             now = trio.current_time()
             left = self.unserved()
             if not left:
+                if bad_since is not None:
+                    self.gaps.append(now - bad_since)
                 bad_since, flagged = None, False
                 continue
             bad_since = now if bad_since is None else bad_since

@@ -117,7 +117,7 @@ def test_bench_cluster_flag_runs_the_cluster_mode() -> None:
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "cluster: 3 partitions" in out.stdout and "violations: 0" in out.stdout
-    assert "plan_assignment:" in out.stdout
+    assert "plan_assignment, CPU:" in out.stdout
     helped = subprocess.run([sys.executable, "bench/simulate.py", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert "--cluster" in helped.stdout and "--partitions" in helped.stdout
