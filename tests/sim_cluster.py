@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import trio
 import trio.testing
 from sim_checker import Final, History, Violation, check_final
+from sim_instruments import Livelock, TraceLogs
 from sim_world import SimDisk, SimNet, SimNodeEndpoint, SimPartitionStore
 
 from sediment.errors import MetadataError
@@ -39,7 +40,6 @@ from sediment.wal.replication.partition_meta import key as meta_key
 from sediment.wal.replication.store_session import Coordinator
 
 KEY = uuid.UUID(int=13)
-META_KEY = meta_key(0)
 
 FAULT_KINDS = {  # kind -> weight in the schedule
     "node_crash": 5, "partition": 3, "partition_oneway": 2, "partition_coordinator": 2, "slow_link": 2,
@@ -509,51 +509,6 @@ class Cluster:
             self.final_logs[a if partition == 0 else f"{a}#{partition}"] = log
 
 
-class _Livelock(trio.abc.Instrument):
-    """Flags a run whose tasks keep running while virtual time stands still (a busy retry
-    loop: on a real machine it spins a core), and ends it: the MockClock would never move."""
-
-    LIMIT = 20_000
-
-    def __init__(self, cluster: Cluster, clock: trio.testing.MockClock) -> None:
-        self.cluster, self.clock = cluster, clock
-        self.LIMIT = getattr(cluster, "livelock_limit", self.LIMIT)  # a world of many logs takes more steps
-        self.last = -1.0
-        self.steps = 0
-        self.most = 0  # the most task steps seen at one virtual instant (calibrates LIMIT)
-        self.names: dict[str, int] = {}
-        self.scope: trio.CancelScope | None = None
-
-    def before_task_step(self, task) -> None:
-        now = self.clock.current_time()
-        if now != self.last:
-            self.most = max(self.most, self.steps)
-            self.last, self.steps = now, 0
-            return
-        self.steps += 1
-        if self.steps > self.LIMIT - 2000:
-            self.names[task.name] = self.names.get(task.name, 0) + 1
-        if self.steps == self.LIMIT and self.scope is not None:
-            top = sorted(self.names.items(), key=lambda kv: -kv[1])[:3]
-            self.cluster.history.flag("livelock", f"{self.LIMIT} task steps at virtual time {now:.4f} without "
-                                      f"time passing; busiest tasks {top}")
-            self.scope.cancel()
-
-
-class _TraceLogs(logging.Handler):
-    """The code under test's log lines, in the run's trace, at virtual time."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(logging.INFO)
-        self.cluster = cluster
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.cluster.note(f"LOG {record.name.rsplit('.', 1)[-1]}: {record.getMessage()}"[:600])
-        except RuntimeError:  # outside the trio run
-            pass
-
-
 def run_seed(seed: int, steps: int = 12, duration: float = 8.0, logs: bool = False,
              kinds: dict[str, int] | None = None, clients: int = 3, make=None) -> Result:
     """One simulated run; deterministic in its arguments. ``logs``: put the code under
@@ -569,12 +524,12 @@ def run_seed(seed: int, steps: int = 12, duration: float = 8.0, logs: bool = Fal
     trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
     trio_run._r.seed(seed)
     cluster = (make or Cluster)(seed, steps, duration, kinds, clients)
-    handler = _TraceLogs(cluster)
+    handler = TraceLogs(cluster)
     if logs:
         logger.addHandler(handler)
     logger.setLevel(logging.INFO if logs else logging.CRITICAL)
     clock = trio.testing.MockClock(autojump_threshold=0)
-    livelock = _Livelock(cluster, clock)
+    livelock = Livelock(cluster, clock)
     end = 0.0
     try:
         async def main() -> None:
