@@ -392,3 +392,18 @@ class AuthenticationFailed(SedimentError):
 class CoordinatorUnavailable(SedimentError):
     """No coordinator answered at the address (not running, wrong port, TLS mismatch, network).
     A call that was under way when the connection broke may or may not have been carried out."""
+
+
+# --- the cluster of coordinators ---------------------------------------------------------------
+
+
+class InvalidAssignmentInput(SedimentError, ValueError):
+    """The cluster manager's assignment was asked for with bad input (a negative partition count,
+    a partition out of range, a generation below 1); nothing was planned: pass the deployment's
+    partition count and the recorded assignment."""
+
+
+class InvalidIdempotencyKey(NothingWritten, ValueError):
+    """An append's idempotency key (client id, sequence number) is malformed or used out of turn
+    (a number below 1, an empty client id, a completion of an append not in flight); nothing
+    was written: number a client's appends to a partition 1, 2, 3, ... and retry with the same."""
