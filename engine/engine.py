@@ -60,6 +60,7 @@ from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
 from sediment.metrics import CountingBlobStore, EngineMetrics
 from sediment.trace import compacter as cmp
+from sediment.trace.evolve import VERSION_KEY, schema_version_of
 from sediment.trace.planner import DEFAULT_MAX_PENDING_RUNS
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import Ticket, WriteAheadLog
@@ -334,7 +335,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
     def _apply(self, r: Record) -> None:
         kind = r.kind
         if kind == _UPDATES:
-            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, r.body_len)
+            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, r.body_len, r.schema_version)
             if r.txn_id == 0:
                 rel = self._add_tail(r.relation_id, entry)
                 if rel is not None:
@@ -372,7 +373,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             self._max_time = entry.t_hi
         if rel is not None and entry.lsn >= rel.trace.wal_through:  # below it: already in the trace
             rel.tail.append(entry)
-            rel.feed.add(UPDATES, entry.lsn)
+            rel.feed.add(UPDATES, entry.lsn, rel.shape[0])
             self._backlog.add(entry.bytes)
             return rel
         return None
@@ -386,11 +387,15 @@ class Engine(Opening, RelationOps, Reads, Compaction):
 
     def _encode(self, rel: _Relation, table: pa.Table, txn_id: int,
                 bounds: tuple[int, int] | None = None) -> list[Record]:
-        """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches)."""
+        """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches),
+        stamped with the schema version ``table`` is in."""
+        version = schema_version_of(table.schema)
+        version = rel.schema_version if version is None else version
         if table.num_rows <= 64 and len(table.column(0).chunks) == 1:  # small appends: one record, no sizing
             batch = table.to_batches()[0]
             lo, hi = bounds or time_range(table)
-            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, batch.serialize())]
+            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, batch.serialize(),
+                           schema_version=version)]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self._max_record_bytes // per_row)
         records = []
@@ -399,7 +404,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                 continue
             lo, hi = pc.min_max(batch.column("time")).values()
             records.append(Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo.as_py(), hi.as_py(),
-                                  batch.num_rows, batch.serialize()))
+                                  batch.num_rows, batch.serialize(), schema_version=version))
         return records
 
     def _prepare(self, name: str, updates: object) -> tuple[_Relation, pa.Table, tuple[int, int] | None]:
@@ -407,8 +412,9 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         if rel is None:
             with self._lock:
                 rel = self._rel(name)
-        table, bounds = conform_updates(name, rel.entry.schema, updates, rel.update_schema)
-        return rel, table, bounds
+        version, target = rel.shape  # one read: an alter meanwhile cannot mix two versions
+        table, bounds = conform_updates(name, None, updates, target, layout=rel.layout, version=version)
+        return rel, table.replace_schema_metadata({VERSION_KEY: str(version).encode()}), bounds
 
     def _admit(self, rel: _Relation, name: str, bounds: tuple[int, int] | int | None) -> None:
         """Under the lock: the relation still exists and the times are not sealed."""

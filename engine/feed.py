@@ -35,12 +35,15 @@ _MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber th
 SNAPSHOT = "snapshot"
 UPDATES = "updates"
 PROGRESS = "progress"
+SCHEMA = "schema"  # an alter: later updates come in the new schema (engine/schema_history.py)
 
 
 @dataclass(frozen=True)
 class FeedEvent:
     """``snapshot``: the relation as of ``time`` (columns + diff). ``updates``: updates
-    (columns + time + diff). ``progress``: ``close time``."""
+    (columns + time + diff). ``progress``: ``close time``. ``schema``: the relation was
+    altered to schema version ``time``; ``table`` is an empty table of its new update schema,
+    and the updates after this event come in it."""
 
     kind: str
     time: int
@@ -51,8 +54,8 @@ class FeedEvent:
 class _Entry:
     seq: int
     kind: str
-    lsn: int  # UPDATES: the record; PROGRESS: the progress record
-    time: int  # PROGRESS: t
+    lsn: int  # UPDATES: the record; PROGRESS: the progress record; SCHEMA: a bound the log keeps
+    time: int  # PROGRESS: t; UPDATES and SCHEMA: the relation's schema version
 
 
 class FeedLog:
@@ -138,7 +141,7 @@ class Subscription:
     _ids_lock = threading.Lock()
 
     def __init__(self, feed: FeedLog, initial: list[FeedEvent],
-                 load: Callable[[int], pa.Table], engine_open: Callable[[], bool]):
+                 load: Callable[[int, int], pa.Table], engine_open: Callable[[], bool]):
         with Subscription._ids_lock:
             Subscription._ids += 1
             self.id = Subscription._ids
@@ -190,7 +193,10 @@ class Subscription:
                     return None
         if entry.kind == PROGRESS:
             return self._note(FeedEvent(PROGRESS, entry.time))
-        tables = [feed.cached(e.lsn, self._load) for e in taken]
+        if entry.kind == SCHEMA:
+            return FeedEvent(SCHEMA, entry.time, self._load(-1, entry.time))
+        version = entry.time
+        tables = [feed.cached(e.lsn, lambda lsn: self._load(lsn, version)) for e in taken]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         return FeedEvent(UPDATES, int(table.column("time")[0].as_py()) if table.num_rows else 0, table)
 

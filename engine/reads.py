@@ -46,7 +46,7 @@ class Reads:
     # --- reading -------------------------------------------------------------------------------
 
     def _decode(self, rel: _Relation, record: Record) -> pa.RecordBatch:
-        return pa.ipc.read_record_batch(pa.py_buffer(record.body), rel.update_schema)
+        return rel.decode_body(record.body, record.schema_version)
 
     def _pin(self) -> None:
         self._readers.pin()
@@ -179,8 +179,12 @@ class Reads:
             trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
             feed = rel.feed
 
-            def load(lsn: int) -> pa.Table:
-                return pa.Table.from_batches([self._decode(rel, self._log.read(lsn))])
+            def load(lsn: int, version: int) -> pa.Table:
+                """The record at ``lsn`` in schema ``version``; lsn -1: an empty table of it."""
+                if lsn < 0:
+                    return rel.layout.project(rel.layout.versions[version].empty_table(), version)
+                record = self._log.read(lsn)
+                return pa.Table.from_batches([rel.decode_body(record.body, record.schema_version, version)])
 
             sub = Subscription(feed, [], load, lambda: not self._closed)
             self._pin()
