@@ -39,6 +39,7 @@ from sediment.errors import (
     ServerError,
     TransactionError,
 )
+from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
 from sediment.net.protocol import (
@@ -373,6 +374,13 @@ class Client:
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data."""
         self._action("drop_relation", name=name)
+
+    def alter_relation(self, name: str, **changes: Any) -> int:
+        """Change the relation's columns; the new schema version (see :meth:`sediment.Engine.alter_relation`)."""
+        return int(self._action("alter_relation", name=name, **encode_alter(**changes)))
+
+    def schema_version(self, name: str) -> int:
+        return int(self._action("schema_version", name=name))
 
     def relations(self, include_internal: bool = False) -> list[str]:
         """Names of the relations, sorted; internal ones (``_spark_sink.<id>`` and any name

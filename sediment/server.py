@@ -34,6 +34,7 @@ import pyarrow.flight as flight
 from sediment import errors
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
+from sediment.net.alter_wire import decode_alter
 from sediment.net.append_stream import serve_append_stream
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
 from sediment.net.protocol import (
@@ -162,6 +163,10 @@ class SedimentFlightServer(flight.FlightServerBase):
             "ping": (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir}, "protocol check"),
             "add_relation": (self._add_relation, "create a relation {name, schema: base64 IPC}"),
             "drop_relation": (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
+            "alter_relation": (lambda a: eng.alter_relation(field(a, "name", "alter_relation"), **decode_alter(a)),
+                               "change a relation's columns {name, add, widen, rename, drop, defaults} -> version"),
+            "schema_version": (named(eng.schema_version, "schema_version", "name"),
+                               "a relation's schema version {name}"),
             "relations": (lambda a: eng.relations(bool(a.get("include_internal"))),
                           "list relation names {include_internal|absent}"),
             "schema": (lambda a: schema_to_b64(eng.schema(field(a, "name", "schema"))),

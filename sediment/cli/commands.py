@@ -60,14 +60,54 @@ def cmd_relation_drop(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_relation_list(args: argparse.Namespace) -> int:
-    """One line per relation, tab-separated: name, schema (as --schema spells it), since, sealed;
-    internal relations only with --all."""
+def cmd_relation_alter(args: argparse.Namespace) -> int:
+    """All the flags make one alter: every change or none (engine/schema_rules.py says which
+    are allowed). Flags that do not parse are a malformed command line (exit code 2)."""
+    check_name(args.name)
+    changes = alter_changes(args)
     with open_engine(args) as engine:
-        rows = [(name, schema_spec(engine.schema(name)), engine.since(name), engine.sealed(name))
-                for name in engine.relations(include_internal=args.all)]
-    for name, spec, since, sealed in rows:
-        print(f"{name}\t{spec}\tsince={since}\tsealed={sealed}")
+        version = engine.alter_relation(args.name, **changes)
+        schema = engine.schema(args.name)
+    print(f"altered relation {args.name}: schema version {version} ({schema_spec(schema)})")
+    return 0
+
+
+def alter_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``alter_relation`` from ``relation alter``'s flags: ``--add`` and
+    ``--widen`` in the ``--schema`` spelling, ``--rename OLD=NEW``, ``--drop COL``,
+    ``--default COL=VALUE`` (the text cast to the added column's type)."""
+    def pairs(flag: str, items: list[str]) -> dict[str, str]:
+        bad = [i for i in items if "=" not in i or not i.split("=", 1)[0]]
+        if bad:
+            raise UsageError(f"{flag} takes NAME=VALUE, not {bad[0]!r}")
+        return dict(i.split("=", 1) for i in items)
+
+    try:
+        add = [f for spec in args.add for f in parse_schema_spec(spec)]
+        widen = {f.name: f.type for spec in args.widen for f in parse_schema_spec(spec)}
+    except SchemaMismatch as exc:
+        raise UsageError(f"--add/--widen: {exc}") from None
+    types = {f.name: f.type for f in add}
+    defaults: dict[str, Any] = {}
+    for name, text in pairs("--default", args.default).items():
+        try:
+            defaults[name] = pa.scalar(text).cast(types[name]).as_py() if name in types else text
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise UsageError(f"--default {name}={text}: not a {types[name]}: {exc}") from None
+    if not (add or widen or args.rename or args.drop):
+        raise UsageError("relation alter needs at least one of --add, --widen, --rename, --drop")
+    return {"add": add, "widen": widen, "rename": pairs("--rename", args.rename), "drop": list(args.drop),
+            "defaults": defaults}
+
+
+def cmd_relation_list(args: argparse.Namespace) -> int:
+    """One line per relation, tab-separated: name, schema (as --schema spells it), since, sealed,
+    schema version; internal relations only with --all."""
+    with open_engine(args) as engine:
+        rows = [(name, schema_spec(engine.schema(name)), engine.since(name), engine.sealed(name),
+                 engine.schema_version(name)) for name in engine.relations(include_internal=args.all)]
+    for name, spec, since, sealed, version in rows:
+        print(f"{name}\t{spec}\tsince={since}\tsealed={sealed}\tschema_version={version}")
     if not rows:
         print(f"no relations in {data_dir_of(args)}", file=sys.stderr)
     return 0

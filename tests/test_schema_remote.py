@@ -1,0 +1,91 @@
+"""Schema evolution through the server (a network client) and the CLI: the same alter, the
+same refusals, the schema version in `relation list`."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import sediment
+from sediment.cli import main
+from sediment.errors import SchemaChangeRefused
+from sediment.server import SedimentFlightServer
+
+TOKEN = "schema-remote-token"
+
+
+@pytest.fixture
+def client(tmp_path):
+    engine = sediment.open(str(tmp_path / "data"), compact_interval=None)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN)
+    c = sediment.connect(server.uri, token=TOKEN)
+    yield c
+    c.close()
+    server.stop()
+    engine.close()
+
+
+def test_alter_through_the_client(client):
+    client.add_relation("r", pa.schema([("id", pa.int32()), ("item", pa.string()), ("note", pa.string())]))
+    client.append("r", pa.table({"id": pa.array([1], pa.int32()), "item": ["a"], "note": ["x"], "time": [1],
+                                 "diff": [1]}))
+    version = client.alter_relation("r", add=[pa.field("qty", pa.int32()), pa.field("at", pa.timestamp("us"))],
+                                    defaults={"qty": 3}, widen={"id": pa.int64()}, rename={"item": "product"},
+                                    drop=["note"])
+    assert version == 1 == client.schema_version("r")
+    assert client.schema("r") == pa.schema([("id", pa.int64()), ("product", pa.string()), ("qty", pa.int32()),
+                                            ("at", pa.timestamp("us"))])
+    client.append("r", pa.table({"id": [2], "product": ["b"], "time": [2], "diff": [1]}))
+    client.seal("r", 2)
+    assert client.snapshot("r", 2).to_pylist() == [
+        {"id": 1, "product": "a", "qty": 3, "at": None, "diff": 1},
+        {"id": 2, "product": "b", "qty": 3, "at": None, "diff": 1}]
+
+
+def test_refusals_come_back_typed_and_change_nothing(client):
+    client.add_relation("r", pa.schema([("id", pa.int64())]))
+    with pytest.raises(SchemaChangeRefused, match="'id'.*widen only"):
+        client.alter_relation("r", widen={"id": pa.int32()})
+    with pytest.raises(SchemaChangeRefused, match="'q'.*default of the column's type"):
+        client.alter_relation("r", add=[pa.field("q", pa.int32())], defaults={"q": "seven"})
+    assert client.schema_version("r") == 0 and client.schema("r") == pa.schema([("id", pa.int64())])
+
+
+def _run(capsys, data_dir, *argv):
+    rc = main(["--data-dir", str(data_dir), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_relation_alter_and_list(tmp_path, capsys):
+    d = tmp_path / "data"
+    assert _run(capsys, d, "relation", "add", "orders", "--schema", "id:int32,item:string,note:string")[0] == 0
+    rc, out, err = _run(capsys, d, "relation", "alter", "orders", "--add", "qty:int32", "--default", "qty=5",
+                        "--widen", "id:int64", "--rename", "item=product", "--drop", "note")
+    assert rc == 0, err
+    assert out.strip() == "altered relation orders: schema version 1 (id:int64,product:string,qty:int32)"
+    rc, out, _ = _run(capsys, d, "relation", "list")
+    assert out.splitlines() == ["orders\tid:int64,product:string,qty:int32\tsince=0\tsealed=-1\tschema_version=1"]
+    with sediment.open(str(d)) as e:  # the --default text became the column's value for rows without it
+        e.append("orders", pa.table({"id": [1], "product": ["a"], "time": [1], "diff": [1]}))
+        e.seal("orders", 1)
+        assert e.snapshot("orders", 1).column("qty").to_pylist() == [5]
+
+
+@pytest.mark.parametrize(("argv", "code", "words"), [
+    (["--widen", "id:int8"], 1, ["'id'", "widen only", "nothing was changed"]),
+    (["--drop", "id", "--drop", "item"], 1, ["keep one column"]),
+    (["--rename", "item"], 2, ["--rename takes NAME=VALUE"]),
+    ([], 2, ["at least one of"]),
+    (["--add", "qty:notatype"], 2, ["--add/--widen"]),
+])
+def test_cli_refused_alter_is_one_line_and_changes_nothing(tmp_path, capsys, argv, code, words):
+    d = tmp_path / "data"
+    assert _run(capsys, d, "relation", "add", "orders", "--schema", "id:int32,item:string")[0] == 0
+    rc, _out, err = _run(capsys, d, "relation", "alter", "orders", *argv)
+    assert rc == code, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    for w in words:
+        assert w in err
+    rc, out, _ = _run(capsys, d, "relation", "list")
+    assert out.splitlines() == ["orders\tid:int32,item:string\tsince=0\tsealed=-1\tschema_version=0"]
