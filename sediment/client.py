@@ -32,13 +32,7 @@ import pyarrow.flight as flight
 from sediment import errors
 from sediment.engine.args import check_updates_map  # the engine's own argument check: no engine state
 from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
-from sediment.errors import (
-    EngineClosed,
-    InvalidUpdates,
-    SchemaMismatch,
-    ServerError,
-    TransactionError,
-)
+from sediment.errors import EngineClosed, InvalidUpdates, SchemaMismatch, ServerError, TransactionError
 from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
@@ -91,6 +85,7 @@ class RemoteSubscription:
         from sediment.engine.feed import FeedEvent
 
         parts: list[pa.RecordBatch] = []
+        altered = None
         try:
             for chunk in self._reader:
                 parts.append(chunk.data)
@@ -100,13 +95,19 @@ class RemoteSubscription:
                 table = pa.Table.from_batches(parts)
                 parts = []
                 kind, t = meta["kind"], meta["time"]
-                if kind == "progress":
+                if kind == "schema":  # the server ends a feed at an alter: one stream, one schema
+                    altered = errors.SchemaMismatch(f"relation altered to schema version {t}: subscribe again "
+                                                    "(as_of=the last progress, resume=True) for the new columns")
+                    self._events.put(FeedEvent(kind, t))
+                elif kind == "progress":
                     self._events.put(FeedEvent(kind, t))
                 elif kind == "snapshot":
                     self._events.put(FeedEvent(kind, t, table.drop_columns(["time"])))
                 else:
                     self._events.put(FeedEvent(kind, t, table))
-            if not self._closed:
+            if altered is not None:
+                self._events.put(altered)
+            elif not self._closed:
                 self._events.put(EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
                                               "subscribe again with resume=True"))
         except flight.FlightError as exc:

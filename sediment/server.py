@@ -44,6 +44,7 @@ from sediment.net.protocol import (
     TOKEN_ENV,
     decode_locks,
     event_batches,
+    event_metadata,
     field,
     json_arg,
     plan_metadata,
@@ -397,6 +398,9 @@ class SedimentFlightServer(flight.FlightServerBase):
         try:
             while not self._stopped and not context.is_cancelled():
                 event = sub.next(timeout=FEED_POLL)
+                if event is not None and event.kind == "schema":  # a stream has one schema: end it here
+                    yield pa.RecordBatch.from_pylist([], schema=schema), event_metadata("schema", event.time, True)
+                    return
                 if event is not None:
                     yield from event_batches(event, schema)
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed

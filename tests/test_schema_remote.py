@@ -89,3 +89,44 @@ def test_cli_refused_alter_is_one_line_and_changes_nothing(tmp_path, capsys, arg
         assert w in err
     rc, out, _ = _run(capsys, d, "relation", "list")
     assert out.splitlines() == ["orders\tid:int32,item:string\tsince=0\tsealed=-1\tschema_version=0"]
+
+
+def test_remote_feed_delivers_the_schema_change_then_asks_to_resubscribe(client):
+    from sediment.errors import SchemaMismatch
+
+    client.add_relation("r", pa.schema([("k", pa.int64())]))
+    sub = client.subscribe("r")
+    assert sub.next(10).kind == "snapshot"
+    client.append("r", pa.table({"k": [1], "time": [1], "diff": [1]}))
+    client.seal("r", 1)
+    client.alter_relation("r", add=[pa.field("n", pa.int64())])
+    client.append("r", pa.table({"k": [2], "n": [5], "time": [2], "diff": [1]}))
+    kinds = [sub.next(10) for _ in range(3)]
+    assert [e.kind for e in kinds] == ["updates", "progress", "schema"] and kinds[2].time == 1
+    with pytest.raises(SchemaMismatch, match="schema version 1"):
+        sub.next(10)
+    sub.close()
+    again = client.subscribe("r", 1, resume=True)
+    got = again.next(10)
+    assert got.kind == "updates" and got.table.to_pylist() == [{"k": 2, "n": 5, "time": 2, "diff": 1}]
+    again.close()
+
+
+def test_cli_tail_prints_the_schema_change_in_order(tmp_path):
+    from sediment.cli import commands
+
+    with sediment.open(str(tmp_path / "data"), compact_interval=None) as e:
+        e.add_relation("r", pa.schema([("k", pa.int64()), ("v", pa.string())]))
+        sub = e.subscribe("r")
+        assert sub.next(5).kind == "snapshot"
+        e.append("r", pa.table({"k": [1], "v": ["a"], "time": [1], "diff": [1]}))
+        e.alter_relation("r", rename={"v": "w"}, add=[pa.field("n", pa.int64())])
+        e.append("r", pa.table({"k": [2], "w": ["b"], "n": [3], "time": [2], "diff": [1]}))
+        rows, names = [], ["k", "v"]
+        for _ in range(3):  # what cmd_tail does with each event
+            event = sub.next(5)
+            if event.kind == "schema":
+                names = [n for n in event.table.column_names if n not in ("time", "diff")]
+            rows += list(commands._tail_rows(event, names))
+        sub.close()
+    assert rows == [["update", 1, 1, "a", 1], ["schema", 1, "k", "w", "n", "diff"], ["update", 2, 2, "b", 3, 1]]

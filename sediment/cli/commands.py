@@ -263,6 +263,9 @@ def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
     if event.kind == "progress":
         yield ["progress", event.time, *([""] * len(names)), ""]
         return
+    if event.kind == "schema":  # a header row for what follows: the new schema version, then the columns
+        yield ["schema", event.time, *names, "diff"]
+        return
     kind = "snapshot" if event.kind == "snapshot" else "update"
     for row in event.table.to_pylist():
         yield [kind, event.time if kind == "snapshot" else row["time"], *(row[n] for n in names), row["diff"]]
@@ -270,7 +273,8 @@ def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     """Print the relation's changes as they become durable: CSV lines ``event,time,<columns>,diff``
-    (``snapshot`` rows first, then ``update`` rows and ``progress`` lines), until interrupted,
+    (``snapshot`` rows first, then ``update`` rows and ``progress`` lines; after an alter, a
+    ``schema,<version>,<new columns>,diff`` line and rows in the new columns), until interrupted,
     ``--count`` rows have been printed (the header aside), or ``--idle-timeout`` seconds pass
     without an event. If the feed ends (its server stopped), the error names the command
     that goes on from the last progress line printed."""
@@ -288,6 +292,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
                     raise EngineClosed(_tail_ended(args.name, sub.last_progress)) from None
                 if event is None:
                     break
+                if event.kind == "schema":  # the columns change: say so in order, then go on in the new ones
+                    names = [n for n in event.table.column_names if n not in ("time", "diff")]
                 for row in _tail_rows(event, names):
                     out.writerow(row)
                     printed += 1
