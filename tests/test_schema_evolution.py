@@ -207,3 +207,15 @@ def test_feed_delivers_the_schema_change_in_order(engine):
     assert events[1].time == 1 and events[1].table.column_names == ["k", "w", "n", "time", "diff"]
     assert events[2].table.to_pylist() == [{"k": 2, "w": "b", "n": 5, "time": 2, "diff": 1}]
     sub.close()
+
+
+def test_readme_evolution_example_runs(tmp_path, monkeypatch):
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text[text.index("## Changing a relation's columns"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[: code.index("```")]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example, asserts included
+    assert (tmp_path / "evolve-data").is_dir()
