@@ -219,3 +219,18 @@ def test_readme_evolution_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example, asserts included
     assert (tmp_path / "evolve-data").is_dir()
+
+
+def test_verify_accepts_batches_of_every_schema_version(engine, tmp_path):
+    from sediment.engine.verify import verify_data_dir
+
+    e = engine()
+    e.add_relation("r", SCHEMA0)
+    e.append("r", _old([1], ["a"], ["x"], 1))
+    e.seal("r", 1)
+    e.compact("r")  # a batch of version 0
+    e.alter_relation("r", rename={"item": "product"}, widen={"id": pa.int64()})
+    e.append("r", _rows(id=[2], product=["b"], note=["y"], time=[2], diff=[1]))
+    e.close()  # the batch stays in version 0 while the relation is at version 1
+    report = verify_data_dir(str(tmp_path / "data"))
+    assert report.ok, report.problems
