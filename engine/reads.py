@@ -237,8 +237,10 @@ class Reads:
             raise
         refs = [ref.to_json() for ref in (*trace.batches, *trace.pending)
                 if ref.key is not None and ref.lower <= as_of and (from_t is None or max(ref.upper - 1, ref.since) > from_t)]
+        history = rel.entry.schema_history
         return ReadPlan(lease, name, rel.entry.id, rel.update_schema, rel.keys, rel.entry.since,
-                        rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail)
+                        rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail,
+                        history.to_json() if history.version else None)
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease: its batches may now be replaced and deleted."""

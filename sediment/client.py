@@ -518,7 +518,7 @@ class Client:
         tail = schema.empty_table() if held is not None else body.replace_schema_metadata(metadata or None)
         plan = ReadPlan(meta["lease"], meta["relation"], meta["relation_id"], tail.schema, meta["key_columns"],
                         meta["since"], meta["sealed"], meta["as_of"], meta["blob_uri"], meta["s3_endpoint"],
-                        meta["batches"], tail)
+                        meta["batches"], tail, meta.get("schema_history"))
         return plan, held, (body.column("cut").combine_chunks() if held is not None else None)
 
     def tail_part(self, name: str, lease: int, *, key: str | None = None, cuts: pa.Array | None = None,

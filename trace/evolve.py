@@ -129,6 +129,13 @@ class Layout:
                 keys.append(fid if fid is not None else legacy.get(f.name))
         return keys
 
+    def stored_names(self, schema: pa.Schema) -> dict[str, str]:
+        """Current column name -> the name of the stored column of ``schema`` with its field
+        id (``time``/``diff`` by name), for the columns the stored data has."""
+        by_key = dict(zip(self._keys(schema), schema.names, strict=True))
+        target = self.versions[self.current_version]
+        return {f.name: by_key[k] for f, k in zip(target, self._keys(target), strict=True) if k in by_key}
+
     def keeps_order(self, schema: pa.Schema) -> bool:
         """Whether projecting data of ``schema`` keeps it sorted and consolidated: only when no
         stored column is dropped (added columns go last and hold one value per old row;
