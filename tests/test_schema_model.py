@@ -1,6 +1,6 @@
 """Random sequences of appends, seals, alters, compactions and reopens against a Python model
 that applies the same schema changes: the snapshot at every sealed time equals the model's.
-On the file log and on the device ring."""
+On the file log, on the device ring, and through a server (network client)."""
 
 from __future__ import annotations
 
@@ -175,9 +175,49 @@ class DeviceRingMachine(SchemaMachine):
         self._dropped = []
 
 
+class ServedMachine(SchemaMachine):
+    """The same sequences through a server: every call goes over the network client."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._dropped = []
+        self._local = self._server = None
+
+    def _serve(self) -> None:
+        from sediment.server import SedimentFlightServer
+
+        self._local = sediment.open(os.path.join(self.dir, "data"), **self.options)
+        self._server = SedimentFlightServer(self._local, "grpc://127.0.0.1:0", TOKEN)
+        self.engine = sediment.connect(self._server.uri, token=TOKEN)
+
+    def _stop(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self._server.stop()
+            self._local.close()
+            self.engine = None
+
+    @initialize()
+    def start(self):
+        self._serve()
+        self.engine.add_relation("r", self.model.schema())
+
+    @rule()
+    def reopen(self):
+        self._stop()
+        self._serve()
+
+    def teardown(self):
+        self._stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TOKEN = "schema-model-token"
 _SETTINGS = settings(max_examples=25, stateful_step_count=20, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 FileLogMachine.TestCase.settings = _SETTINGS
 DeviceRingMachine.TestCase.settings = _SETTINGS
+ServedMachine.TestCase.settings = settings(_SETTINGS, max_examples=10)
 TestSchemaModelFileLog = FileLogMachine.TestCase
 TestSchemaModelDeviceRing = DeviceRingMachine.TestCase
+TestSchemaModelServed = ServedMachine.TestCase
