@@ -64,3 +64,38 @@ def test_spark_sink_merges_new_columns_only_when_asked(spark, coordinator):
     assert c.engine.schema("w") == pa.schema([("id", pa.int64()), ("item", pa.string())])
     c.engine.seal("w", 1)
     assert c.engine.snapshot("w", 1).to_pylist() == [{"id": 1, "item": "tea", "diff": 1}]
+
+
+def test_a_stream_crossing_an_alter_stops_then_resumes_in_the_new_columns(spark, coordinator, tmp_path):
+    c = coordinator(compact_interval=None)
+    e = c.engine
+    e.add_relation("s", pa.schema([("id", pa.int64()), ("item", pa.string())]))
+    e.append("s", pa.table({"id": [1], "item": ["a"], "time": [1], "diff": [1]}))
+    e.seal("s", 1)
+    got: dict[int, list] = {}
+
+    def sink(df, batch_id):
+        got[batch_id] = (df.columns, sorted(tuple(r) for r in df.collect()))
+
+    def start():
+        reader = spark.readStream.format("sediment").options(**c.options("s")).option("startingAsOf", "1")
+        return reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ck")).start()
+
+    q = start()
+    try:
+        q.processAllAvailable()
+        assert got[0] == (["id", "item", "time", "diff"], [(1, "a", 1, 1)])
+        e.alter_relation("s", add=[pa.field("qty", pa.int64())], defaults={"qty": 0}, rename={"item": "product"})
+        e.append("s", pa.table({"id": [2], "product": ["b"], "qty": [7], "time": [2], "diff": [1]}))
+        e.seal("s", 2)
+        with pytest.raises(Exception, match="altered to schema version 1"):
+            q.processAllAvailable()
+    finally:
+        q.stop()
+    assert 1 not in got
+    q = start()  # the restarted query plans the same micro-batch again, now in the new columns
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    assert got[1] == (["id", "product", "qty", "time", "diff"], [(2, "b", 7, 2, 1)])
