@@ -17,6 +17,7 @@ from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import SCHEMA, FeedLog
 from sediment.engine.relation import _Relation, set_shape
 from sediment.engine.schema import check_name, check_schema, update_schema
+from sediment.engine.schema_history import describe_relation
 from sediment.engine.schema_rules import evolve
 from sediment.errors import (
     CoordinatorSuperseded,
@@ -137,6 +138,14 @@ class RelationOps:
             set_shape(rel, entry, self.traces)
             rel.feed.add(SCHEMA, rel.trace.wal_through, history.version)
             return history.version
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The relation as JSON-ready values: its schema (``--schema`` text), schema version, each
+        column's type, field id and default (null: none), and its frontiers."""
+        with self._lock:
+            rel = self._rel(name)
+            history, entry, sealed = rel.entry.schema_history, rel.entry, rel.sealed_durable
+        return describe_relation(entry, history, sealed)
 
     def schema_version(self, name: str) -> int:
         """The relation's current schema version: 0 when created, one more with each alter."""

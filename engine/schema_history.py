@@ -98,3 +98,17 @@ class SchemaHistory:
             table = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(doc["defaults"]))).read_all()
             defaults = {int(name): table.column(name)[0] for name in table.column_names}
         return SchemaHistory(versions, int(doc["next_field_id"]), defaults)
+
+
+def describe_relation(entry: Any, history: SchemaHistory, sealed: int) -> dict[str, Any]:
+    """``Engine.describe``'s answer (entry: the catalog's RelationEntry)."""
+    from sediment.engine.schema_text import format_schema
+
+    def shown(value: pa.Scalar | None) -> Any:
+        got = None if value is None else value.as_py()
+        return got if got is None or isinstance(got, (bool, int, float, str)) else str(got)
+
+    columns = [{"name": f.name, "type": format_schema(pa.schema([pa.field("c", f.type)]))[2:],
+                "field_id": field_id(f), "default": shown(history.defaults.get(field_id(f)))} for f in history.current]
+    return {"name": entry.name, "id": entry.id, "schema": format_schema(history.plain()),
+            "schema_version": history.version, "columns": columns, "since": entry.since, "sealed": sealed}

@@ -96,8 +96,7 @@ class RemoteSubscription:
                 parts = []
                 kind, t = meta["kind"], meta["time"]
                 if kind == "schema":  # the server ends a feed at an alter: one stream, one schema
-                    altered = errors.SchemaMismatch(f"relation altered to schema version {t}: subscribe again "
-                                                    "(as_of=the last progress, resume=True) for the new columns")
+                    altered = errors.SchemaMismatch(f"relation altered to schema version {t}: subscribe with resume=True")
                     self._events.put(FeedEvent(kind, t))
                 elif kind == "progress":
                     self._events.put(FeedEvent(kind, t))
@@ -379,6 +378,10 @@ class Client:
     def alter_relation(self, name: str, **changes: Any) -> int:
         """Change the relation's columns; the new schema version (see :meth:`sediment.Engine.alter_relation`)."""
         return int(self._action("alter_relation", name=name, **encode_alter(**changes)))
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The relation's schema, schema version, columns and frontiers (see :meth:`sediment.Engine.describe`)."""
+        return self._action("describe", name=name)
 
     def schema_version(self, name: str) -> int:
         return int(self._action("schema_version", name=name))

@@ -168,6 +168,7 @@ class SedimentFlightServer(flight.FlightServerBase):
                                "change a relation's columns {name, add, widen, rename, drop, defaults} -> version"),
             "schema_version": (named(eng.schema_version, "schema_version", "name"),
                                "a relation's schema version {name}"),
+            "describe": (named(eng.describe, "describe", "name"), "a relation's schema, versions, frontiers {name}"),
             "relations": (lambda a: eng.relations(bool(a.get("include_internal"))),
                           "list relation names {include_internal|absent}"),
             "schema": (lambda a: schema_to_b64(eng.schema(field(a, "name", "schema"))),

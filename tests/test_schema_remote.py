@@ -130,3 +130,32 @@ def test_cli_tail_prints_the_schema_change_in_order(tmp_path):
             rows += list(commands._tail_rows(event, names))
         sub.close()
     assert rows == [["update", 1, 1, "a", 1], ["schema", 1, "k", "w", "n", "diff"], ["update", 2, 2, "b", 3, 1]]
+
+
+def test_describe_on_the_engine_the_client_and_the_cli(tmp_path, capsys):
+    import decimal
+    import json
+
+    engine = sediment.open(str(tmp_path / "data"), compact_interval=None)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN)
+    client = sediment.connect(server.uri, token=TOKEN)
+    try:
+        engine.add_relation("r", pa.schema([("id", pa.int32()), ("note", pa.string())]))
+        engine.alter_relation("r", add=[pa.field("d", pa.decimal128(5, 2))], defaults={"d": decimal.Decimal("1.50")},
+                              widen={"id": pa.int64()}, drop=["note"])
+        want = {"name": "r", "id": 1, "schema": "id:int64,d:decimal128(5,2)", "schema_version": 1,
+                "columns": [{"name": "id", "type": "int64", "field_id": 1, "default": None},
+                            {"name": "d", "type": "decimal128(5,2)", "field_id": 3, "default": "1.50"}],
+                "since": 0, "sealed": -1}
+        assert engine.describe("r") == want
+        assert client.describe("r") == want
+    finally:
+        client.close()
+        server.stop()
+        engine.close()
+    assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "r\tid:int64,d:decimal128(5,2)\tschema_version=1\tsince=0\tsealed=-1",
+        "  id\tint64\tfield_id=1", "  d\tdecimal128(5,2)\tfield_id=3\tdefault=1.50"]
+    assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == want

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -98,6 +99,23 @@ def alter_changes(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("relation alter needs at least one of --add, --widen, --rename, --drop")
     return {"add": add, "widen": widen, "rename": pairs("--rename", args.rename), "drop": list(args.drop),
             "defaults": defaults}
+
+
+def cmd_relation_describe(args: argparse.Namespace) -> int:
+    """The relation's schema and version, then one tab-separated line per column: name, type,
+    field id, default (``--json``: Engine.describe's dictionary)."""
+    check_name(args.name)
+    with open_engine(args) as engine:
+        info = engine.describe(args.name)
+    if args.json:
+        print(json.dumps(info, sort_keys=True))
+        return 0
+    print(f"{info['name']}\t{info['schema']}\tschema_version={info['schema_version']}\tsince={info['since']}"
+          f"\tsealed={info['sealed']}")
+    for col in info["columns"]:
+        default = "" if col["default"] is None else f"\tdefault={col['default']}"
+        print(f"  {col['name']}\t{col['type']}\tfield_id={col['field_id']}{default}")
+    return 0
 
 
 def cmd_relation_list(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from sediment.cli.commands import (
     cmd_read,
     cmd_relation_add,
     cmd_relation_alter,
+    cmd_relation_describe,
     cmd_relation_drop,
     cmd_relation_list,
     cmd_seal,
@@ -182,6 +183,10 @@ def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) ->
                         "string/binary to large_)")
     p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW", help="rename a column")
     p.add_argument("--drop", action="append", default=[], metavar="COL", help="drop a column (not the last)")
+    p = command("describe", cmd_relation_describe, "a relation's schema, schema version and columns' field ids",
+                rel_sub)
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("--json", action="store_true", help="print Engine.describe's dictionary as JSON")
     p = command("list", cmd_relation_list, "list relations: name, schema, since, sealed, schema version",
                 rel_sub)
     p.add_argument("--all", action="store_true", help=ALL_HELP)
