@@ -77,7 +77,7 @@ def head_of(r: Record) -> HeadRecord:
     yields. UPDATES bodies are dropped: the replay needs only their length."""
     kind = int(r.kind)
     size = len(memoryview(r.body))
-    fields = (0, 0, 0, kind, size, 0, r.lsn, r.relation_id, r.txn_id, r.t_lo, r.t_hi, r.count, 0)
+    fields = (0, 0, 0, kind, size, 0, r.lsn, r.relation_id, r.txn_id, r.t_lo, r.t_hi, r.count, r.schema_version)
     if kind != _UPDATES and size:
         fields += (bytes(r.body),)
     return _new(HeadRecord, fields)

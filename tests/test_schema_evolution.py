@@ -234,3 +234,24 @@ def test_verify_accepts_batches_of_every_schema_version(engine, tmp_path):
     e.close()  # the batch stays in version 0 while the relation is at version 1
     report = verify_data_dir(str(tmp_path / "data"))
     assert report.ok, report.problems
+
+
+def test_recovered_tail_entries_keep_the_schema_version_of_their_records(tmp_path):
+    """Every log's records come back with their schema version, through the file log's own
+    recovery and through ``scan()`` (the device ring's and replicated log's path)."""
+    from sediment.engine import recovery
+
+    for wal in (None, "device"):
+        d = tmp_path / (wal or "file")
+        options = {"compact_interval": None}
+        if wal:
+            options.update(wal=f"device:{d}-ring", wal_capacity=4 << 20)
+        with sediment.open(str(d), **options) as e:
+            e.add_relation("r", pa.schema([("k", pa.int64())]))
+            e.append("r", _rows(k=[1], time=[1], diff=[1]))
+            e.alter_relation("r", add=[pa.field("n", pa.int64())])
+            e.append("r", _rows(k=[2], n=[3], time=[2], diff=[1]))
+            heads = [recovery.head_of(r) for r in e.wal.scan() if r.kind == RecordKind.UPDATES]
+            assert [h.schema_version for h in heads] == [0, 1]
+        with sediment.open(str(d), **options) as e:
+            assert [t.schema_version for t in e._relations.get("r").tail] == [0, 1]
