@@ -48,7 +48,7 @@ class _Relation:
 
     @property
     def schema_version(self) -> int:
-        return self.entry.schema_history.version
+        return self.shape[0]
 
     def decode_body(self, body: object, version: int, to_version: int | None = None) -> pa.RecordBatch:
         """An UPDATES record's body (written under schema ``version``) in the current update
