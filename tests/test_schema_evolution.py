@@ -255,3 +255,14 @@ def test_recovered_tail_entries_keep_the_schema_version_of_their_records(tmp_pat
             assert [h.schema_version for h in heads] == [0, 1]
         with sediment.open(str(d), **options) as e:
             assert [t.schema_version for t in e._relations.get("r").tail] == [0, 1]
+
+
+def test_reads_hand_out_plain_schemas_without_field_ids(engine):
+    e = engine()
+    e.add_relation("r", pa.schema([("k", pa.int64())]))
+    e.append("r", _rows(k=[1], time=[1], diff=[1]))
+    e.seal("r", 1)
+    e.compact("r")
+    for table in (e.snapshot("r", 1), pa.Table.from_batches(list(e.replay("r")))):
+        assert table.schema.metadata is None
+        assert all(f.metadata is None for f in table.schema)

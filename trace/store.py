@@ -105,8 +105,10 @@ class TraceStore:
         """A stored table in the relation's current schema, still sorted and consolidated:
         rows that differed only in a column dropped since are summed together."""
         layout = self._layouts.get(relation_id)
-        if layout is None or layout.is_current(table.schema):
+        if layout is None:
             return table
+        if layout.is_current(table.schema):  # the same columns: only the field ids and version stamp go
+            return pa.Table.from_arrays(table.columns, schema=layout.plain)
         out = layout.project(table)
         if not layout.keeps_order(table.schema):
             out = consolidate(out, [n for n in out.column_names if n not in ("time", "diff")])
@@ -206,7 +208,7 @@ class TraceStore:
         pf, desc = self._open(relation_id, ref)
         groups = (read_row_group(pf, i, desc, where=f"batch {ref.key!r}") for i in range(pf.metadata.num_row_groups))
         layout = self._layouts.get(relation_id)
-        if as_stored or layout is None or layout.is_current(pf.schema_arrow):
+        if as_stored or layout is None:
             yield from groups
         elif layout.keeps_order(pf.schema_arrow):
             yield from (self._project(relation_id, g) for g in groups)
