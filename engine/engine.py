@@ -337,7 +337,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
     def _apply(self, r: Record) -> None:
         kind = r.kind
         if kind == _UPDATES:
-            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, r.body_len)
+            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, r.body_len, r.schema_version)
             if r.txn_id == 0:
                 rel = self._add_tail(r.relation_id, entry)
                 if rel is not None:
@@ -375,7 +375,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             self._max_time = entry.t_hi
         if rel is not None and entry.lsn >= rel.trace.wal_through:  # below it: already in the trace
             rel.tail.append(entry)
-            rel.feed.add(UPDATES, entry.lsn)
+            rel.feed.add(UPDATES, entry.lsn, rel.shape[0])
             self._backlog.add(entry.bytes)
             return rel
         return None
@@ -388,12 +388,14 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             return (self._epoch << 32) | self._txn_counter
 
     def _encode(self, rel: _Relation, table: pa.Table, txn_id: int,
-                bounds: tuple[int, int] | None = None) -> list[Record]:
-        """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches)."""
+                bounds: tuple[int, int] | None = None, version: int = 0) -> list[Record]:
+        """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches),
+        stamped with the schema version ``table`` is in."""
         if table.num_rows <= 64 and len(table.column(0).chunks) == 1:  # small appends: one record, no sizing
             batch = table.to_batches()[0]
             lo, hi = bounds or time_range(table)
-            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, batch.serialize())]
+            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, batch.serialize(),
+                           schema_version=version)]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self._max_record_bytes // per_row)
         records = []
@@ -402,16 +404,19 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                 continue
             lo, hi = pc.min_max(batch.column("time")).values()
             records.append(Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo.as_py(), hi.as_py(),
-                                  batch.num_rows, batch.serialize()))
+                                  batch.num_rows, batch.serialize(), schema_version=version))
         return records
 
-    def _prepare(self, name: str, updates: object) -> tuple[_Relation, pa.Table, tuple[int, int] | None]:
+    def _prepare(self, name: str, updates: object) -> tuple[_Relation, pa.Table, tuple[int, int] | None, int]:
+        """The relation, the updates in its columns, their time bounds, and the schema version
+        those columns are (the records must say that one, even if an alter lands meanwhile)."""
         rel = self._relations.get(name) if isinstance(name, str) and not self._closed else None  # re-checked under the lock
         if rel is None:
             with self._lock:
                 rel = self._rel(name)
-        table, bounds = conform_updates(name, rel.entry.schema, updates, rel.update_schema)
-        return rel, table, bounds
+        version, target = rel.shape  # one read: an alter meanwhile cannot mix two versions
+        table, bounds = conform_updates(name, None, updates, target, layout=rel.layout, version=version)
+        return rel, table, bounds, version
 
     def _admit(self, rel: _Relation, name: str, bounds: tuple[int, int] | int | None) -> None:
         """Under the lock: the relation still exists and the times are not sealed."""
@@ -433,10 +438,10 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         append locks record the append's greatest time."""
         start = time.perf_counter()
         args.check_locks(locks)
-        rel, table, bounds = self._prepare(name, updates)
+        rel, table, bounds, version = self._prepare(name, updates)
         if table.num_rows == 0:
             return
-        records = self._encode(rel, table, 0, bounds)
+        records = self._encode(rel, table, 0, bounds, version)
         if len(records) > 1:  # too big for one record: make it one transaction
             txn = self._next_txn_id()
             for r in records:
@@ -461,18 +466,18 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         txn = self._next_txn_id()
         prepared = [(name, *self._prepare(name, table)) for name, table in updates.items()]
         records = [Record(RecordKind.BEGIN, txn_id=txn)]
-        for _name, rel, table, _t in prepared:
-            records += self._encode(rel, table, txn)
+        for _name, rel, table, _t, version in prepared:
+            records += self._encode(rel, table, txn, version=version)
         records.append(Record(RecordKind.COMMIT, txn_id=txn))
         if len(records) == 2:
             return
         with self._lock:
             self._wait_backlog(records)
             self._check_open()
-            for name, rel, _table, t_min in prepared:
+            for name, rel, _table, t_min, _v in prepared:
                 self._admit(rel, name, t_min)
             if locks is not None:
-                self.locks.check_and_record(locks, max(b[1] for *_r, b in prepared if b is not None))
+                self.locks.check_and_record(locks, max(b[1] for _n, _r, _t, b, _v in prepared if b is not None))
             ticket = self._log.submit(records, self._on_durable)
         ticket.wait()
         self.metrics.append_latency.observe(time.perf_counter() - start)
@@ -500,10 +505,10 @@ class Engine(Opening, RelationOps, Reads, Compaction):
     def _txn_records(self, name: str, updates: pa.Table, txn_id: int) -> tuple[Admission, list[Record]] | None:
         """The UPDATES records of a transaction's append, and what to check when they are
         submitted; None when there is nothing to append."""
-        rel, table, bounds = self._prepare(name, updates)
+        rel, table, bounds, version = self._prepare(name, updates)
         if table.num_rows == 0:
             return None
-        return (rel, name, bounds[0]), self._encode(rel, table, txn_id, bounds)
+        return (rel, name, bounds[0]), self._encode(rel, table, txn_id, bounds, version)
 
     def _txn_submit(self, records: list[Record], admit: Sequence[Admission] | None = None,
                     refused: list[Record] | None = None) -> tuple[Ticket, BaseException | None]:

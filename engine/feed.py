@@ -55,12 +55,15 @@ _DIRECT_WAKES = 4  # sleeping subscribers the writer wakes itself; the fan-out t
 SNAPSHOT = "snapshot"
 UPDATES = "updates"
 PROGRESS = "progress"
+SCHEMA = "schema"  # an alter: later updates come in the new schema (engine/schema_history.py)
 
 
 @dataclass(frozen=True)
 class FeedEvent:
     """``snapshot``: the relation as of ``time`` (columns + diff). ``updates``: updates
-    (columns + time + diff). ``progress``: ``close time``. A live event is one object
+    (columns + time + diff). ``progress``: ``close time``. ``schema``: the relation was
+    altered to schema version ``time``; ``table`` is an empty table of its new update schema,
+    and the updates after this event come in it. A live event is one object
     shared by every subscriber; :meth:`encoded` keeps what is derived from it (the
     server's wire batches) so that it is made once, not once per subscriber."""
 
@@ -207,13 +210,13 @@ class FeedLog:
             low = min((s.cursor for s in self.subs.values()), default=self.next_seq)
             return items[low - base][1] if low - base < len(items) else None
 
-    def event(self, lsn: int, load: Callable[[int], pa.Table]) -> FeedEvent:
-        """The UPDATES event of the record at ``lsn``: decoded once and shared while the
-        cache holds it, read again from the WAL after."""
+    def event(self, lsn: int, version: int, load: Callable[[int, int], pa.Table]) -> FeedEvent:
+        """The UPDATES event of the record at ``lsn`` (written under schema ``version``):
+        decoded once and shared while the cache holds it, read again from the WAL after."""
         got = self._events.get(lsn)
         if got is not None:
             return got
-        table = load(lsn)
+        table = load(lsn, version)
         got = FeedEvent(UPDATES, int(table.column("time")[0].as_py()) if table.num_rows else 0, table)
         with self._cache_lock:
             kept = self._events.setdefault(lsn, got)
@@ -240,7 +243,7 @@ class Subscription:
     _ids_lock = threading.Lock()
 
     def __init__(self, feed: FeedLog, initial: list[FeedEvent],
-                 load: Callable[[int], pa.Table], engine_open: Callable[[], bool], *,
+                 load: Callable[[int, int], pa.Table], engine_open: Callable[[], bool], *,
                  name: str = "", max_lag: int | None = None):
         with Subscription._ids_lock:
             Subscription._ids += 1
@@ -312,12 +315,15 @@ class Subscription:
         if kind == PROGRESS:
             self.cursor += 1
             return self._note(FeedEvent(PROGRESS, t))
+        if kind == SCHEMA:
+            self.cursor += 1
+            return FeedEvent(SCHEMA, t, self._load(-1, t))
         end = i + 1
         stop = min(len(items), i + _MAX_BATCHED)
-        while end < stop and items[end][0] == UPDATES:  # a subscriber that fell behind catches up in bulk
+        while end < stop and items[end][0] == UPDATES and items[end][2] == t:  # catch up in bulk, one schema
             end += 1
         feed = self._feed
-        events = [feed.event(entry[1], self._load) for entry in items[i:end]]
+        events = [feed.event(entry[1], t, self._load) for entry in items[i:end]]
         self.cursor += end - i
         if len(events) == 1:
             return events[0]

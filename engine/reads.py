@@ -46,7 +46,7 @@ class Reads:
     # --- reading -------------------------------------------------------------------------------
 
     def _decode(self, rel: _Relation, record: Record) -> pa.RecordBatch:
-        return pa.ipc.read_record_batch(pa.py_buffer(record.body), rel.update_schema)
+        return rel.decode_body(record.body, record.schema_version)
 
     def _pin(self) -> None:
         self._readers.pin()
@@ -186,8 +186,12 @@ class Reads:
             trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
             feed = rel.feed
 
-            def load(lsn: int) -> pa.Table:
-                return pa.Table.from_batches([self._decode(rel, self._log.read(lsn))])
+            def load(lsn: int, version: int) -> pa.Table:
+                """The record at ``lsn`` in schema ``version``; lsn -1: an empty table of it."""
+                if lsn < 0:
+                    return rel.layout.project(rel.layout.versions[version].empty_table(), version)
+                record = self._log.read(lsn)
+                return pa.Table.from_batches([rel.decode_body(record.body, record.schema_version, version)])
 
             sub = Subscription(feed, [], load, lambda: not self._closed, name=name, max_lag=max_lag)
             self._pin()
@@ -240,8 +244,10 @@ class Reads:
             raise
         refs = [ref.to_json() for ref in (*trace.batches, *trace.pending)
                 if ref.key is not None and ref.lower <= as_of and (from_t is None or max(ref.upper - 1, ref.since) > from_t)]
+        history = rel.entry.schema_history
         return ReadPlan(lease, name, rel.entry.id, rel.update_schema, rel.keys, rel.entry.since,
-                        rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail)
+                        rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail,
+                        history.to_json() if history.version else None)
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease: its batches may now be replaced and deleted."""

@@ -11,6 +11,8 @@ from sediment.engine import args
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import FeedLog
 from sediment.engine.read_plan import ReadPlan  # noqa: F401  (re-exported: the reads hand it out)
+from sediment.errors import WalCorruption
+from sediment.trace.evolve import Layout
 from sediment.trace.state import TraceState
 
 
@@ -24,6 +26,7 @@ class TailEntry(NamedTuple):
     t_hi: int
     rows: int
     bytes: int = 0  # the record's body: what compaction still has to read back
+    schema_version: int = 0  # the relation's schema version the record was written under
 
 
 @dataclass
@@ -40,6 +43,24 @@ class _Relation:
     trace_changed_at: float | None = None  # monotonic time this process last changed the trace
     data_added_at: float | None = None  # clock time a pass last took this relation's WAL records
     counters: Any = None  # sediment.metrics.RelationCounters: bumped as its appends become durable
+    layout: Layout | None = None  # its schema versions, to read updates written under older ones
+    shape: tuple[int, pa.Schema] = (0, pa.schema([]))  # (schema version, update schema), replaced as one
+
+    @property
+    def schema_version(self) -> int:
+        return self.shape[0]
+
+    def decode_body(self, body: object, version: int, to_version: int | None = None) -> pa.RecordBatch:
+        """An UPDATES record's body (written under schema ``version``) in the current update
+        schema, or that of ``to_version`` (a feed delivering updates made before an alter)."""
+        if version == self.schema_version and to_version in (None, version) or self.layout is None:
+            return pa.ipc.read_record_batch(pa.py_buffer(body), self.update_schema)
+        schema = self.layout.decode_schema(version)
+        if schema is None:
+            raise WalCorruption(f"relation {self.entry.name!r}: a WAL record is written under schema version "
+                                f"{version}, which its schema history does not have (current "
+                                f"{self.schema_version}); the log and the catalog disagree: run `sediment verify`")
+        return self.layout.project(pa.ipc.read_record_batch(pa.py_buffer(body), schema), to_version)
 
     def needs_from(self) -> int | None:
         """The least LSN of this relation's records that are not yet in its trace."""
@@ -52,3 +73,14 @@ class _Relation:
 
 
 _check_time = args.check_time
+
+
+def set_shape(rel: _Relation, entry: RelationEntry, traces: Any) -> None:
+    """Give ``rel`` the catalog entry's schema version: its layout first, then its shape, so
+    an append that reads the new shape finds the layout that knows it."""
+    layout = entry.schema_history.layout()
+    rel.layout = layout
+    rel.update_schema = layout.plain
+    rel.entry = entry
+    rel.shape = (layout.current_version, rel.update_schema)
+    traces.set_layout(entry.id, layout)

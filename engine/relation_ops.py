@@ -6,15 +6,19 @@ that each file holds one concern; the relations themselves are held in one
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 
 from sediment.engine.args import check_time
 from sediment.engine.catalog import RelationEntry
-from sediment.engine.feed import FeedLog
-from sediment.engine.relation import _Relation
+from sediment.engine.feed import SCHEMA, FeedLog
+from sediment.engine.relation import _Relation, set_shape
 from sediment.engine.schema import check_name, check_schema, update_schema
+from sediment.engine.schema_history import describe_relation
+from sediment.engine.schema_rules import evolve
 from sediment.errors import (
     CoordinatorSuperseded,
     EngineClosed,
@@ -111,9 +115,42 @@ class RelationOps:
         rel = _Relation(entry, update_schema(entry.schema), trace, feed=FeedLog(),
                         counters=self.metrics.relation_counters(entry.name))
         rel.sealed = rel.sealed_durable = trace.upper - 1
-        self.traces.set_schema(entry.id, rel.update_schema)
+        set_shape(rel, entry, self.traces)
         self._relations.add(rel)
         return rel
+
+    def alter_relation(self, name: str, *, add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | None = None,
+                       widen: Mapping[str, pa.DataType] | None = None, rename: Mapping[str, str] | None = None,
+                       drop: Sequence[str] = ()) -> int:
+        """Change the relation's columns without rewriting its history; the new schema
+        version (unchanged when nothing changes). See engine/schema_rules.py for what is
+        allowed; a refused change raises SchemaChangeRefused naming the column and the rule,
+        with nothing changed. All changes or none (one compare-and-set of the catalog entry),
+        durable on return, and every append that starts after it uses the new schema."""
+        check_name(name)
+        with self._merge_lock, self._compact_lock, self._lock:  # no pass or merge is writing old-schema batches
+            rel = self._rel(name)
+            history = evolve(name, rel.entry.schema_history, add=add, defaults=defaults, widen=widen,
+                             rename=rename, drop=drop)
+            if history is None:
+                return rel.schema_version
+            entry = self.catalog.update(replace(rel.entry, schema=history.plain(), history=history))
+            set_shape(rel, entry, self.traces)
+            rel.feed.add(SCHEMA, rel.trace.wal_through, history.version)
+            return history.version
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The relation as JSON-ready values: its schema (``--schema`` text), schema version, each
+        column's type, field id and default (null: none), and its frontiers."""
+        with self._lock:
+            rel = self._rel(name)
+            history, entry, sealed = rel.entry.schema_history, rel.entry, rel.sealed_durable
+        return describe_relation(entry, history, sealed)
+
+    def schema_version(self, name: str) -> int:
+        """The relation's current schema version: 0 when created, one more with each alter."""
+        with self._lock:
+            return self._rel(name).schema_version
 
     def _referenced_blobs(self) -> set[str]:
         return {k for rel in self._relations.values() for k in rel.trace.keys()}

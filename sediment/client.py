@@ -32,13 +32,8 @@ import pyarrow.flight as flight
 from sediment import errors
 from sediment.engine.args import check_updates_map  # the engine's own argument check: no engine state
 from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
-from sediment.errors import (
-    EngineClosed,
-    InvalidUpdates,
-    SchemaMismatch,
-    ServerError,
-    TransactionError,
-)
+from sediment.errors import EngineClosed, InvalidUpdates, SchemaMismatch, ServerError, TransactionError
+from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
 from sediment.net.protocol import (
@@ -90,6 +85,7 @@ class RemoteSubscription:
         from sediment.engine.feed import FeedEvent
 
         parts: list[pa.RecordBatch] = []
+        altered = None
         try:
             for chunk in self._reader:
                 parts.append(chunk.data)
@@ -99,13 +95,18 @@ class RemoteSubscription:
                 table = pa.Table.from_batches(parts)
                 parts = []
                 kind, t = meta["kind"], meta["time"]
-                if kind == "progress":
+                if kind == "schema":  # the server ends a feed at an alter: one stream, one schema
+                    altered = errors.SchemaMismatch(f"relation altered to schema version {t}: subscribe with resume=True")
+                    self._events.put(FeedEvent(kind, t))
+                elif kind == "progress":
                     self._events.put(FeedEvent(kind, t))
                 elif kind == "snapshot":
                     self._events.put(FeedEvent(kind, t, table.drop_columns(["time"])))
                 else:
                     self._events.put(FeedEvent(kind, t, table))
-            if not self._closed:
+            if altered is not None:
+                self._events.put(altered)
+            elif not self._closed:
                 self._events.put(EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
                                               "subscribe again with resume=True"))
         except flight.FlightError as exc:
@@ -374,6 +375,17 @@ class Client:
         """Forget a relation and its data."""
         self._action("drop_relation", name=name)
 
+    def alter_relation(self, name: str, **changes: Any) -> int:
+        """Change the relation's columns; the new schema version (see :meth:`sediment.Engine.alter_relation`)."""
+        return int(self._action("alter_relation", name=name, **encode_alter(**changes)))
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The relation's schema, schema version, columns and frontiers (see :meth:`sediment.Engine.describe`)."""
+        return self._action("describe", name=name)
+
+    def schema_version(self, name: str) -> int:
+        return int(self._action("schema_version", name=name))
+
     def relations(self, include_internal: bool = False) -> list[str]:
         """Names of the relations, sorted; internal ones (``_spark_sink.<id>`` and any name
         starting with an underscore) only with ``include_internal``."""
@@ -509,7 +521,7 @@ class Client:
         tail = schema.empty_table() if held is not None else body.replace_schema_metadata(metadata or None)
         plan = ReadPlan(meta["lease"], meta["relation"], meta["relation_id"], tail.schema, meta["key_columns"],
                         meta["since"], meta["sealed"], meta["as_of"], meta["blob_uri"], meta["s3_endpoint"],
-                        meta["batches"], tail)
+                        meta["batches"], tail, meta.get("schema_history"))
         return plan, held, (body.column("cut").combine_chunks() if held is not None else None)
 
     def tail_part(self, name: str, lease: int, *, key: str | None = None, cuts: pa.Array | None = None,

@@ -50,6 +50,17 @@ class SchemaMismatch(NothingWritten, ValueError):
     spelling), or appended data does not have the relation's columns and types."""
 
 
+class SchemaChangeRefused(SchemaMismatch):
+    """``alter_relation`` asked for a change the rules refuse (narrowing, a change of kind, a
+    clash of names, dropping the last column, an added column that is neither nullable nor
+    given a default). ``column`` and ``rule`` name what was refused; nothing was changed."""
+
+    def __init__(self, message: str, *, column: str = "", rule: str = "") -> None:
+        super().__init__(message)
+        self.column = column
+        self.rule = rule
+
+
 class InvalidUpdates(NothingWritten, ValueError):
     """Updates whose ``time`` or ``diff`` column is missing, of the wrong type, null,
     or whose time is negative."""

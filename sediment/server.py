@@ -34,6 +34,7 @@ import pyarrow.flight as flight
 from sediment import errors
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
+from sediment.net.alter_wire import decode_alter
 from sediment.net.append_stream import serve_append_stream
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
 from sediment.net.protocol import (
@@ -43,6 +44,7 @@ from sediment.net.protocol import (
     TOKEN_ENV,
     decode_locks,
     event_batches,
+    event_metadata,
     field,
     json_arg,
     plan_metadata,
@@ -162,6 +164,11 @@ class SedimentFlightServer(flight.FlightServerBase):
             "ping": (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir}, "protocol check"),
             "add_relation": (self._add_relation, "create a relation {name, schema: base64 IPC}"),
             "drop_relation": (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
+            "alter_relation": (lambda a: eng.alter_relation(field(a, "name", "alter_relation"), **decode_alter(a)),
+                               "change a relation's columns {name, add, widen, rename, drop, defaults} -> version"),
+            "schema_version": (named(eng.schema_version, "schema_version", "name"),
+                               "a relation's schema version {name}"),
+            "describe": (named(eng.describe, "describe", "name"), "a relation's schema, versions, frontiers {name}"),
             "relations": (lambda a: eng.relations(bool(a.get("include_internal"))),
                           "list relation names {include_internal|absent}"),
             "schema": (lambda a: schema_to_b64(eng.schema(field(a, "name", "schema"))),
@@ -393,6 +400,9 @@ class SedimentFlightServer(flight.FlightServerBase):
         try:
             while not self._stopped and not context.is_cancelled():
                 event = sub.next(timeout=FEED_POLL)
+                if event is not None and event.kind == "schema":  # a stream has one schema: end it here
+                    yield pa.RecordBatch.from_pylist([], schema=schema), event_metadata("schema", event.time, True)
+                    return
                 if event is not None:  # a live event's batches are made once for every subscriber
                     yield from event.encoded(schema, lambda event=event: event_batches(event, schema))
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed

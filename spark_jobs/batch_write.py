@@ -35,6 +35,7 @@ from sediment.spark_jobs.options import (
     DIFF,
     STREAM_READ,
     TIME,
+    arrow_schema,
     bool_option,
     check_options,
     connect,
@@ -84,6 +85,17 @@ def check_columns(relation: str, rel_schema: pa.Schema, schema: StructType) -> N
                              "cast those columns first (for example F.col(name).cast(...)) or fix the relation")
 
 
+def merge_schema(client: Any, relation: str, rel_schema: pa.Schema, schema: StructType) -> pa.Schema:
+    """``option("mergeSchema", "true")``: the DataFrame's columns the relation lacks are added to
+    it (nullable, in the DataFrame's Arrow types) by one alter, before anything is written; the
+    relation's schema after it. Without the option such columns are refused at planning."""
+    extra = [f for f in schema.fields if f.name not in rel_schema.names and f.name not in (TIME, DIFF)]
+    if not extra:
+        return rel_schema
+    client.alter_relation(relation, add=[pa.field(f.name, f.type) for f in arrow_schema(StructType(extra))])
+    return client.schema(relation)
+
+
 class WriterBase:
     """Checks and task-side appending shared by the batch writer and the stream writer."""
 
@@ -105,6 +117,8 @@ class WriterBase:
         client = connect(self.uri, self.token)
         try:
             rel_schema = client.schema(self.relation)
+            if bool_option(options, "mergeschema"):
+                rel_schema = merge_schema(client, self.relation, rel_schema, schema)
             check_columns(self.relation, rel_schema, schema)
             self.schema_b64 = schema_to_b64(rel_schema)
             if self.time is not None:

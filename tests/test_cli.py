@@ -122,11 +122,11 @@ def test_relation_add_list_drop(tmp_path, capsys):
     ok(capsys, d, "relation", "add", "events", "--schema", "at:timestamp[ms],score:float64,ok:bool")
     out = ok(capsys, d, "relation", "list")
     assert out.splitlines() == [
-        "events\tat:timestamp[ms],score:float64,ok:bool\tsince=0\tsealed=-1",
-        "orders\tid:int64,name:string\tsince=0\tsealed=-1",
+        "events\tat:timestamp[ms],score:float64,ok:bool\tsince=0\tsealed=-1\tschema_version=0",
+        "orders\tid:int64,name:string\tsince=0\tsealed=-1\tschema_version=0",
     ]
     assert ok(capsys, d, "relation", "drop", "events").strip() == "dropped relation events"
-    assert ok(capsys, d, "relation", "list").splitlines() == ["orders\tid:int64,name:string\tsince=0\tsealed=-1"]
+    assert ok(capsys, d, "relation", "list").splitlines() == ["orders\tid:int64,name:string\tsince=0\tsealed=-1\tschema_version=0"]
     with sediment.open(d) as engine:
         assert engine.relations() == ["orders"]
     ok(capsys, d, "relation", "drop", "orders")
@@ -137,7 +137,7 @@ def test_relation_add_list_drop(tmp_path, capsys):
 def test_list_shows_since_and_sealed(ddir, capsys):
     ok(capsys, ddir, "seal", "orders", "5")
     ok(capsys, ddir, "since", "orders", "3")
-    assert ok(capsys, ddir, "relation", "list").splitlines() == ["orders\tid:int64,name:string\tsince=3\tsealed=5"]
+    assert ok(capsys, ddir, "relation", "list").splitlines() == ["orders\tid:int64,name:string\tsince=3\tsealed=5\tschema_version=0"]
 
 
 def test_append_seal_read_consolidates(ddir, capsys):
@@ -253,7 +253,7 @@ def test_seal_and_since(ddir, capsys):
 
 
 def test_data_dir_before_or_after_subcommand(ddir, capsys):
-    expected = "orders\tid:int64,name:string\tsince=0\tsealed=2\n"
+    expected = "orders\tid:int64,name:string\tsince=0\tsealed=2\tschema_version=0\n"
     assert main(["relation", "list", "--data-dir", str(ddir)]) == 0
     assert capsys.readouterr().out == expected
     assert main(["relation", "--data-dir", str(ddir), "list"]) == 0
@@ -580,7 +580,7 @@ def test_entry_point_end_to_end(tmp_path):
     script = os.path.join(os.path.dirname(sys.executable), "sediment")  # the console script
     if os.path.exists(script):
         proc = subprocess.run([script, "relation", "list"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-        assert (proc.returncode, proc.stdout) == (0, "orders\tid:int64,name:string\tsince=0\tsealed=1\n")
+        assert (proc.returncode, proc.stdout) == (0, "orders\tid:int64,name:string\tsince=0\tsealed=1\tschema_version=0\n")
 
 
 def test_entry_point_errors_have_no_traceback(tmp_path):

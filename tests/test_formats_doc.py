@@ -373,3 +373,53 @@ def test_s3_log_object_example_decodes():
     frame = rec.decode_header(data, offsets[0])
     assert (frame.kind, frame.lsn, frame.relation_id, frame.t_lo) == (rec.RecordKind.PROGRESS, 42, 3, 7)
     assert fmt.encode(head, data[fmt.HEADER_SIZE:]) == data
+
+
+def test_schema_version_header_example_decodes():
+    frame = _example_after("written under schema\nversion 2")
+    head = rec.decode_header(frame)
+    assert head is not None
+    assert (head.kind, head.lsn, head.relation_id, head.txn_id, head.t_lo, head.t_hi, head.count, head.body_len,
+            head.body_crc, head.schema_version) == (rec.RecordKind.UPDATES, 43, 3, 0, 5, 5, 1, 400, 0x435A3DA2, 2)
+    assert "schema_version 2 (the last word)" in DOC.read_text()
+
+
+def test_schema_history_example_fields():
+    import pyarrow as pa
+
+    from sediment.engine.schema_history import SchemaHistory
+    from sediment.engine.schema_rules import evolve
+
+    h = SchemaHistory.initial(pa.schema([("id", pa.int32()), ("item", pa.string())]))
+    h = evolve("orders", h, widen={"id": pa.int64()}, rename={"item": "product"})
+    h = evolve("orders", h, add=[pa.field("qty", pa.int32())], defaults={"qty": 1})
+    shown = [(v, [(f.name, int(f.metadata[b"PARQUET:field_id"]), str(f.type)) for f in cols]) for v, cols in h.versions]
+    assert shown == [(0, [("id", 1, "int32"), ("item", 2, "string")]),
+                     (1, [("id", 1, "int64"), ("product", 2, "string")]),
+                     (2, [("id", 1, "int64"), ("product", 2, "string"), ("qty", 3, "int32")])]
+    assert h.next_field_id == 4 and {k: v.as_py() for k, v in h.defaults.items()} == {3: 1}
+    doc = h.to_json()
+    assert sorted(doc) == ["defaults", "next_field_id", "versions"]
+    text = DOC.read_text()
+    assert "`next_field_id` 4, defaults `{3: 1}`" in text
+
+
+def test_engine_batch_schema_example_has_field_ids():
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sediment.blob.memory import MemoryBlobStore
+    from sediment.engine.schema_history import SchemaHistory
+    from sediment.metadata.memory import MemoryMetadataStore
+    from sediment.trace.store import TraceStore
+
+    schema = pa.schema([("name", pa.string()), ("balance", pa.int64())])
+    store = TraceStore(MemoryMetadataStore(), MemoryBlobStore())
+    store.set_layout(7, SchemaHistory.initial(schema).layout())
+    table = pa.table({"name": ["alice"], "balance": [10], "time": [3], "diff": [1]})
+    ref = store.write(7, table, 0, 5, 3)
+    pf = pq.ParquetFile(pa.BufferReader(store.blobs.get(ref.key)))
+    shown = str(pf.schema).splitlines()[1:]
+    doc = _block_after("The same relation's batch as the engine writes it at\nschema version 0")
+    assert "\n".join(shown).strip() == doc.strip()
+    assert pf.schema_arrow.metadata[b"sediment.schema_version"] == b"0"

@@ -34,6 +34,8 @@ from sediment.trace.batch import (
     read_row_group,
     stored_schema,
 )
+from sediment.trace.consolidate import consolidate
+from sediment.trace.evolve import Layout
 from sediment.trace.merge import merge_to_batch
 from sediment.trace.state import BatchRef, TraceState
 
@@ -57,6 +59,8 @@ class TraceStore:
         self.spill_dir = spill_dir
         self._versions: dict[int, int | None] = {}  # metadata version of each loaded state
         self._schemas: dict[int, pa.Schema] = {}  # relation id -> update schema, from the catalog
+        self._layouts: dict[int, Layout] = {}  # relation id -> its schema versions (trace/evolve.py)
+        self._accepted: dict[int, tuple[pa.Schema, ...]] = {}  # stored forms of every version
         self.owner_tag = ""  # prefix of every nonce this engine writes ("" without an identity)
         self._claim: tuple[str, str, bool, str] | None = None
         self.whole_reads = 0  # batches read whole through the checksummed fast path (tests observe it)
@@ -86,6 +90,36 @@ class TraceStore:
         relation it registers: the schema is the catalog's, and the catalog belongs to the
         engine, not to this lower layer."""
         self._schemas[relation_id] = stored_schema(schema)
+        self._layouts.pop(relation_id, None)
+        self._accepted.pop(relation_id, None)
+
+    def set_layout(self, relation_id: int, layout: Layout) -> None:
+        """The relation's schema versions: batches of any of them are accepted, read back in
+        the current one (projected by field id), and new batches are written with the
+        current field ids and version."""
+        self.set_schema(relation_id, layout.plain)
+        self._layouts[relation_id] = layout
+        self._accepted[relation_id] = tuple(stored_schema(s) for s in layout.versions.values())
+
+    def _project(self, relation_id: int, table: pa.Table) -> pa.Table:
+        """A stored table in the relation's current schema, still sorted and consolidated:
+        rows that differed only in a column dropped since are summed together."""
+        layout = self._layouts.get(relation_id)
+        if layout is None:
+            return table
+        if layout.is_current(table.schema):  # the same columns: only the field ids and version stamp go
+            return pa.Table.from_arrays(table.columns, schema=layout.plain)
+        out = layout.project(table)
+        if not layout.keeps_order(table.schema):
+            out = consolidate(out, [n for n in out.column_names if n not in ("time", "diff")])
+        return out
+
+    def _stamped(self, relation_id: int, schema: pa.Schema) -> pa.Schema:
+        """``schema`` with the relation's field ids and version, when it is the current one."""
+        layout = self._layouts.get(relation_id)
+        if layout is None or schema.names != layout.plain.names or schema.types != layout.plain.types:
+            return schema
+        return layout.stored
 
     def schema_of(self, relation_id: int) -> pa.Schema | None:
         """The relation's update schema in the form Parquet gives it back (:func:`stored_schema`);
@@ -121,6 +155,9 @@ class TraceStore:
             return BatchRef(None, lower, upper)
         first, last = wal_range if wal_range else (None, None)
         desc = BatchDescription(relation_id, lower, upper, since, table.num_rows, first, last, level)
+        stamped = self._stamped(relation_id, table.schema)
+        if stamped is not table.schema:
+            table = pa.Table.from_arrays(table.columns, schema=stamped)
         data = encode_batch(table, desc)
         crc, footer_crc = checksums(data)
         key = batch_key(relation_id, lower, upper, self._nonce())
@@ -144,7 +181,8 @@ class TraceStore:
             fd, path = tempfile.mkstemp(prefix="sediment-merge-", suffix=".parquet", dir=self.spill_dir)
             os.close(fd)
         try:
-            final = merge_to_batch(inputs, key_columns, schema, desc, path, chunk_rows=chunk_rows)
+            final = merge_to_batch(inputs, key_columns, self._stamped(relation_id, schema), desc, path,
+                                   chunk_rows=chunk_rows)
             if final.rows == 0:
                 return BatchRef(None, lower, upper, level=level)
             key = batch_key(relation_id, lower, upper, self._nonce())
@@ -161,13 +199,23 @@ class TraceStore:
             if os.path.exists(path):
                 os.unlink(path)
 
-    def read_stream(self, relation_id: int, ref: BatchRef) -> Iterator[pa.Table]:
-        """A batch's row groups one at a time, each checked against the trace state."""
+    def read_stream(self, relation_id: int, ref: BatchRef, *, as_stored: bool = False) -> Iterator[pa.Table]:
+        """A batch's row groups one at a time, each checked against the trace state, in the
+        current schema (``as_stored``: as written). A batch written before a column was
+        dropped comes whole, once consolidated again in the current schema."""
         if ref.key is None:
             return
         pf, desc = self._open(relation_id, ref)
-        for i in range(pf.metadata.num_row_groups):
-            yield read_row_group(pf, i, desc, where=f"batch {ref.key!r}")
+        groups = (read_row_group(pf, i, desc, where=f"batch {ref.key!r}") for i in range(pf.metadata.num_row_groups))
+        layout = self._layouts.get(relation_id)
+        if as_stored or layout is None:
+            yield from groups
+        elif layout.keeps_order(pf.schema_arrow):
+            yield from (self._project(relation_id, g) for g in groups)
+        else:
+            tables = list(groups)
+            if tables:
+                yield self._project(relation_id, pa.concat_tables(tables))
 
     def read(self, relation_id: int, ref: BatchRef, *, use_threads: bool = True) -> pa.Table | None:
         """A whole batch in memory. When the state recorded the object's CRC32C, the whole
@@ -198,7 +246,7 @@ class TraceStore:
             if isinstance(source, pa.NativeFile):
                 source.close()
         self.whole_reads += 1
-        return table if table.num_rows else None
+        return self._project(relation_id, table) if table.num_rows else None
 
     def _decode_checked(self, source: pa.NativeFile | pa.Buffer, relation_id: int, ref: BatchRef,
                         where: str, use_threads: bool = True) -> pa.Table:
@@ -215,12 +263,16 @@ class TraceStore:
         if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
             raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
                                   f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
-        return decode_verified(source, describe(relation_id, ref), where=where, schema=self.schema_of(relation_id),
+        return decode_verified(source, describe(relation_id, ref), where=where, schema=self._expected(relation_id),
                                use_threads=use_threads)
 
     def _open(self, relation_id: int, ref: BatchRef):
         return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,
-                           footer_crc=ref.footer_crc, schema=self.schema_of(relation_id))
+                           footer_crc=ref.footer_crc, schema=self._expected(relation_id))
+
+    def _expected(self, relation_id: int) -> pa.Schema | tuple[pa.Schema, ...] | None:
+        """The footer schemas a batch of the relation may have: one per schema version."""
+        return self._accepted.get(relation_id) or self.schema_of(relation_id)
 
     def delete(self, keys: Iterable[str]) -> None:
         for key in keys:
@@ -262,7 +314,7 @@ class TraceStore:
                         problems.append(f"batch {ref.key!r}: CRC32C of the object is {got:#010x} but the trace "
                                         f"state recorded {ref.crc:#010x}; the object is damaged")
                         continue
-                rows = sum(t.num_rows for t in self.read_stream(state.relation_id, ref))
+                rows = sum(t.num_rows for t in self.read_stream(state.relation_id, ref, as_stored=True))
                 if rows != ref.rows:
                     problems.append(f"batch {ref.key!r}: holds {rows} rows, the trace state says {ref.rows}")
             except (BatchCorruption, TraceError) as exc:

@@ -111,3 +111,4 @@ def progress_for(args: argparse.Namespace, total: int | None, label: str, unit: 
     if force is None and getattr(args, "log_format", "text") == "json":
         force = False  # stderr carries JSON log lines only, unless progress is asked for
     return Progress(total, label, unit, force=force)
+

@@ -19,6 +19,8 @@ from sediment.cli.commands import (
     cmd_demo,
     cmd_read,
     cmd_relation_add,
+    cmd_relation_alter,
+    cmd_relation_describe,
     cmd_relation_drop,
     cmd_relation_list,
     cmd_seal,
@@ -174,7 +176,23 @@ def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) ->
                         "diff are added; `relation list` prints the same form)")
     p = command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub)
     p.add_argument("name", metavar="NAME", help="the relation")
-    p = command("list", cmd_relation_list, "list relations: name, schema, since, sealed", rel_sub)
+    p = command("alter", cmd_relation_alter, "change a relation's columns (all changes or none)", rel_sub)
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("--add", action="append", default=[], metavar="SPEC",
+                   help="add columns, nullable, spelled as --schema: 'qty:int32' (repeatable)")
+    p.add_argument("--default", action="append", default=[], metavar="COL=VALUE",
+                   help="the value an added column reads as in older rows (default: null)")
+    p.add_argument("--widen", action="append", default=[], metavar="SPEC",
+                   help="widen columns to a type: 'id:int64' (int8->16->32->64, float32->64, decimal precision, "
+                        "string/binary to large_)")
+    p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW", help="rename a column")
+    p.add_argument("--drop", action="append", default=[], metavar="COL", help="drop a column (not the last)")
+    p = command("describe", cmd_relation_describe, "a relation's schema, schema version and columns' field ids",
+                rel_sub)
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("--json", action="store_true", help="print Engine.describe's dictionary as JSON")
+    p = command("list", cmd_relation_list, "list relations: name, schema, since, sealed, schema version",
+                rel_sub)
     p.add_argument("--all", action="store_true", help=ALL_HELP)
 
 

@@ -22,7 +22,7 @@ PLAN_METADATA_KEY = b"sediment.plan"
 BUILTIN_ERRORS = ("ValueError", "TypeError", "KeyError", "LookupError", "IndexError")
 FEED_BATCH_ROWS = 65536  # rows per record batch of a feed event on the wire
 PLAN_FIELDS = ("lease", "relation", "relation_id", "key_columns", "since", "sealed", "as_of", "blob_uri",
-               "s3_endpoint", "batches")
+               "s3_endpoint", "batches", "schema_history")
 
 
 def schema_to_b64(schema: pa.Schema) -> str:

@@ -165,7 +165,7 @@ def check(rd: RingReader, pos: int) -> tuple[tuple | None, str]:
 
 
 def record_of(u: tuple, body: memoryview) -> Record:
-    return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6])
+    return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6], u[12])
 
 
 def walk(rd: RingReader, pos: int, limit: int, stop: list) -> Iterator[tuple[int, tuple]]:
