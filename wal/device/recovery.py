@@ -30,18 +30,12 @@ from sediment.wal.device.format import (
     choose_header,
 )
 from sediment.wal.record import (
-    HEADER,
     HEADER_SIZE,
-    MAGIC,
-    MAX_BODY,
-    VERSION,
     Record,
     RecordKind,
+    check_header,
 )
 from sediment.wal.record import decode_header as _decode_header
-
-_KINDS = frozenset(int(k) for k in RecordKind)
-_unpack_header = HEADER.unpack_from
 
 
 class RingSource(Protocol):
@@ -139,16 +133,15 @@ class RingReader:
 
 def check(rd: RingReader, pos: int) -> tuple[tuple | None, str]:
     """The valid record at ``pos`` as the unpacked header tuple (see record.HEADER),
-    or (None, why not). Same checks as record.decode_header plus position and body
+    or (None, why not). Same checks as record.check_header plus position and body
     CRC, without building objects: recovery speed rests on this loop."""
     d = rd.log.data_capacity
     phys = pos % d
     if d - phys < HEADER_SIZE:
         return None, "too close to the ring end for a header"
     view, o = rd.at(pos, HEADER_SIZE)
-    u = _unpack_header(view, o)
-    if (u[1] != MAGIC or u[2] != VERSION or u[3] not in _KINDS or u[4] > MAX_BODY
-            or _crc(view[o + 4 : o + HEADER_SIZE]) != u[0]):
+    u = check_header(view, o)
+    if u is None:
         blank = not any(view[o : o + HEADER_SIZE])
         return None, ("blank (never written)" if blank else "bad record header (checksum/magic)")
     if u[6] != pos:
