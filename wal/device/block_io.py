@@ -12,6 +12,7 @@ import os
 
 from sediment.errors import EngineClosed, WalError
 from sediment.wal.device.format import SHUTDOWN_RUNNING, SLOT, ZERO_CHUNK, RingHeader, align_up
+from sediment.wal.dual_slot import slot_offset
 
 _log = logging.getLogger("sediment.wal.device.log")
 
@@ -142,7 +143,7 @@ class RingIO:
             buf = mmap.mmap(-1, self.block_size)
             try:
                 buf[: SLOT.size + 4] = hdr.pack()
-                self._write_at(memoryview(buf), (hdr.seq % 2) * self.block_size)
+                self._write_at(memoryview(buf), slot_offset(0, self.block_size, hdr.seq))
             finally:
                 buf.close()
             self._seq, self._window, self._trim, self._hdr_durable = hdr.seq, window, trim, hdr.durable_end
