@@ -10,12 +10,12 @@ with the same name.
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
+from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.errors import MetadataConflict, MetadataCorruption, RelationExists, UnknownRelation
 from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
@@ -44,7 +44,7 @@ class RelationEntry:
             "name": self.name,
             "id": self.id,
             "since": self.since,
-            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
+            "schema": schema_to_text(self.schema),
         }, sort_keys=True).encode()
 
     @staticmethod
@@ -53,7 +53,7 @@ class RelationEntry:
             doc = json.loads(raw)
             if doc.get("format") != FORMAT or doc.get("version") != VERSION:
                 raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}")
-            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(doc["schema"])))
+            schema = schema_from_text(doc["schema"])
             return RelationEntry(doc["name"], int(doc["id"]), schema, int(doc["since"]), version)
         except (ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
             raise MetadataCorruption(f"catalog entry {key!r} is unreadable: {exc}") from None

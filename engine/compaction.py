@@ -14,6 +14,7 @@ from dataclasses import replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.arrow_codec import decode_updates
 from sediment.engine.relation import TailEntry, _Relation
 from sediment.errors import (
     CompactionFailed,
@@ -251,7 +252,7 @@ class Compaction:
     def _wal_table(self, rel: _Relation, entries: list[TailEntry], trace: TraceState, safe: int) -> pa.Table:
         with self._lock:
             cached = [self._bodies.take(e.lsn) for e in entries]
-        parts = [pa.ipc.read_record_batch(pa.py_buffer(body), rel.update_schema) if body is not None
+        parts = [decode_updates(body, rel.update_schema) if body is not None
                  else self._decode(rel, self._log.read(e.lsn)) for e, body in zip(entries, cached, strict=True)]
         table = pa.Table.from_batches(parts, schema=rel.update_schema)
         if entries and min(e.t_lo for e in entries) < trace.upper:

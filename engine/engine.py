@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable, remove_tree_durable
+from sediment.arrow_codec import encode_updates
 from sediment.clock import Clock, MonotonicClock
 from sediment.engine import args, deploy, recovery
 from sediment.engine.backlog import (
@@ -390,7 +391,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         if table.num_rows <= 64 and len(table.column(0).chunks) == 1:  # small appends: one record, no sizing
             batch = table.to_batches()[0]
             lo, hi = bounds or time_range(table)
-            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, batch.serialize())]
+            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, encode_updates(batch))]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self._max_record_bytes // per_row)
         records = []
@@ -399,7 +400,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                 continue
             lo, hi = pc.min_max(batch.column("time")).values()
             records.append(Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo.as_py(), hi.as_py(),
-                                  batch.num_rows, batch.serialize()))
+                                  batch.num_rows, encode_updates(batch)))
         return records
 
     def _prepare(self, name: str, updates: object) -> tuple[_Relation, pa.Table, tuple[int, int] | None]:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.arrow_codec import decode_updates
 from sediment.engine import args
 from sediment.engine import replay as replay_mod
 from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, Subscription
@@ -46,7 +47,7 @@ class Reads:
     # --- reading -------------------------------------------------------------------------------
 
     def _decode(self, rel: _Relation, record: Record) -> pa.RecordBatch:
-        return pa.ipc.read_record_batch(pa.py_buffer(record.body), rel.update_schema)
+        return decode_updates(record.body, rel.update_schema)
 
     def _pin(self) -> None:
         self._readers.pin()

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
+from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.args import check_updates_map  # the engine's own argument check: no engine state
 from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
 from sediment.errors import (
@@ -47,8 +48,6 @@ from sediment.net.protocol import (
     PROTOCOL_VERSION,
     TOKEN_ENV,
     encode_locks,
-    schema_from_b64,
-    schema_to_b64,
 )
 from sediment.net.wire_errors import typed_error
 from sediment.txn_state import TxnState
@@ -368,7 +367,7 @@ class Client:
 
             check_name(name)
             raise SchemaMismatch(f"a relation schema must be a pyarrow.Schema, not {type(schema).__name__}")
-        self._action("add_relation", name=name, schema=schema_to_b64(schema))
+        self._action("add_relation", name=name, schema=schema_to_text(schema))
 
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data."""
@@ -381,7 +380,7 @@ class Client:
 
     def schema(self, name: str) -> pa.Schema:
         """The relation's own columns (without ``time`` and ``diff``)."""
-        return schema_from_b64(self._action("schema", name=name))
+        return schema_from_text(self._action("schema", name=name))
 
     def since(self, name: str) -> int:
         """The compaction frontier."""
@@ -505,7 +504,7 @@ class Client:
         meta = json.loads(metadata.pop(PLAN_METADATA_KEY))
         held_raw = metadata.pop(HELD_METADATA_KEY, None)
         held = json.loads(held_raw) if held_raw is not None else None
-        schema = schema_from_b64(held.pop("update_schema")) if held is not None else body.schema
+        schema = schema_from_text(held.pop("update_schema")) if held is not None else body.schema
         tail = schema.empty_table() if held is not None else body.replace_schema_metadata(metadata or None)
         plan = ReadPlan(meta["lease"], meta["relation"], meta["relation_id"], tail.schema, meta["key_columns"],
                         meta["since"], meta["sealed"], meta["as_of"], meta["blob_uri"], meta["s3_endpoint"],

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
+from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net.append_stream import serve_append_stream
@@ -46,8 +47,6 @@ from sediment.net.protocol import (
     field,
     json_arg,
     plan_metadata,
-    schema_from_b64,
-    schema_to_b64,
 )
 from sediment.net.tls import check_tls_pem
 from sediment.net.txn_registry import TxnRegistry
@@ -164,7 +163,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             "drop_relation": (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
             "relations": (lambda a: eng.relations(bool(a.get("include_internal"))),
                           "list relation names {include_internal|absent}"),
-            "schema": (lambda a: schema_to_b64(eng.schema(field(a, "name", "schema"))),
+            "schema": (lambda a: schema_to_text(eng.schema(field(a, "name", "schema"))),
                        "a relation's columns {name} -> base64 IPC schema"),
             "seal": (named(eng.seal, "seal", "name", "t"), "close time t {name, t}"),
             "set_since": (named(eng.set_since, "set_since", "name", "t"), "advance the compaction frontier {name, t}"),
@@ -197,7 +196,7 @@ class SedimentFlightServer(flight.FlightServerBase):
     # --- actions -------------------------------------------------------------------------------
 
     def _add_relation(self, args: dict[str, Any]) -> None:
-        schema = schema_from_b64(field(args, "schema", "add_relation"))
+        schema = schema_from_text(field(args, "schema", "add_relation"))
         self.engine.add_relation(field(args, "name", "add_relation"), schema)
 
     def _release_read(self, args: dict[str, Any]) -> None:
