@@ -47,7 +47,7 @@ class RingIO:
 
     # ---------------------------------------------------------------- raw I/O
 
-    def _pread_into(self, view: memoryview, offset: int) -> None:
+    def pread_into(self, view: memoryview, offset: int) -> None:
         """Fill ``view`` (aligned memory) from ``offset``; short reads past EOF are errors."""
         got = 0
         while got < len(view):
@@ -65,7 +65,7 @@ class RingIO:
     def _pread_exact(self, offset: int, n: int) -> bytes:
         buf = mmap.mmap(-1, align_up(n, self.block_size))
         try:
-            self._pread_into(memoryview(buf)[: len(buf)], offset)
+            self.pread_into(memoryview(buf)[: len(buf)], offset)
             return bytes(buf[:n])
         finally:
             buf.close()
@@ -77,7 +77,7 @@ class RingIO:
                 self._rfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
                 self._rdirect = False
 
-    def _write_at(self, view: memoryview, offset: int) -> None:
+    def write_at(self, view: memoryview, offset: int) -> None:
         """One aligned write of ``view`` at device ``offset``, durable on return."""
         done = 0
         while done < len(view):
@@ -117,7 +117,7 @@ class RingIO:
                 step = min(n, ZERO_CHUNK, d - phys)
                 if first and keep:
                     buf[: len(keep)] = keep
-                self._write_at(memoryview(buf)[:step], self.header_bytes + phys)
+                self.write_at(memoryview(buf)[:step], self.header_bytes + phys)
                 if first and keep:
                     buf[: len(keep)] = bytes(len(keep))
                 first = False
@@ -143,7 +143,7 @@ class RingIO:
             buf = mmap.mmap(-1, self.block_size)
             try:
                 buf[: SLOT.size + 4] = hdr.pack()
-                self._write_at(memoryview(buf), slot_offset(0, self.block_size, hdr.seq))
+                self.write_at(memoryview(buf), slot_offset(0, self.block_size, hdr.seq))
             finally:
                 buf.close()
             self._seq, self._window, self._trim, self._hdr_durable = hdr.seq, window, trim, hdr.durable_end
@@ -158,7 +158,8 @@ class RingIO:
             _log.error("%s: WAL header checkpoint failed: %s", self.path, e)
             self._fail(e)
 
-    def _close_fds(self) -> None:
+    def close_fds(self) -> None:
+        """Close every descriptor of the ring (also what a failed open undoes)."""
         with self._hdr_lock, self._fd_lock:
             for fd in [self._fd, self._rfd, *self._old_fds]:
                 if fd >= 0:

@@ -126,7 +126,7 @@ class DeviceLog(RingWriter, RingIO):
         try:
             log._open(capacity, create, repair)
         except BaseException:
-            log._close_fds()
+            log.close_fds()
             raise
         return log
 
@@ -489,7 +489,7 @@ class DeviceLog(RingWriter, RingIO):
             t.join()
         if self._failed is None:
             self._write_header(SHUTDOWN_CLEAN, self._durable_end, durable=self._durable_end)
-        self._close_fds()
+        self.close_fds()
 
     def __enter__(self) -> DeviceLog:
         return self

@@ -46,13 +46,13 @@ class RingSource(Protocol):
     header_bytes: int
     data_capacity: int
 
-    def _pread_into(self, view: memoryview, offset: int) -> None: ...
+    def pread_into(self, view: memoryview, offset: int) -> None: ...
 
 
 def pread_exact(src: RingSource, offset: int, n: int) -> bytes:
     buf = mmap.mmap(-1, align_up(max(n, 1), src.block_size))
     try:
-        src._pread_into(memoryview(buf)[: len(buf)], offset)
+        src.pread_into(memoryview(buf)[: len(buf)], offset)
         return bytes(buf[:n])
     finally:
         buf.close()
@@ -86,7 +86,7 @@ class RingReader:
             b.close()
 
     def _read(self, idx: int, base: int, lo: int, length: int) -> None:
-        self.log._pread_into(self.views[idx][:length], self.log.header_bytes + lo)
+        self.log.pread_into(self.views[idx][:length], self.log.header_bytes + lo)
 
     def at(self, lsn: int, n: int) -> tuple[memoryview, int]:
         """(view, offset) such that view[offset:offset + n] are ring bytes [lsn, lsn + n);
@@ -102,7 +102,7 @@ class RingReader:
         want = align_up(phys + n, bs) - lo
         if want > self.chunk:
             big = mmap.mmap(-1, want)
-            log._pread_into(memoryview(big), log.header_bytes + lo)
+            log.pread_into(memoryview(big), log.header_bytes + lo)
             return memoryview(big), phys - lo
         ahead = self.ahead
         if ahead is not None and ahead[0] == base and ahead[1] <= lo and phys + n <= ahead[1] + ahead[2]:
@@ -353,7 +353,7 @@ class ReadOnlyRing:
     def size(self) -> int:
         return os.lseek(self._fd, 0, os.SEEK_END)
 
-    def _pread_into(self, view: memoryview, offset: int) -> None:
+    def pread_into(self, view: memoryview, offset: int) -> None:
         got = 0
         while got < len(view):
             try:
