@@ -294,7 +294,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             path = wal[len("device:"):]
             if capacity is None and not os.path.exists(path):
                 raise ValueError(f"{wal!r} does not exist yet: pass wal_capacity=<bytes> to create the ring")
-            return DeviceLog.open(path, capacity, create=create, segment_bytes=segment_bytes, repair=repair)
+            return DeviceLog.open(path, capacity, create=create, segment_bytes=segment_bytes, repair=repair, clock=self._clock)
         raise ValueError(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
 
     def _recover(self) -> None:

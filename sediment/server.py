@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ import pyarrow.flight as flight
 
 from sediment import errors
 from sediment.arrow_codec import schema_from_text, schema_to_text
+from sediment.clock import MONOTONIC, Clock
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net.append_stream import serve_append_stream
@@ -115,7 +115,7 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def __init__(self, engine: Engine, location: str = DEFAULT_LOCATION, token: str | None = None, *,
                  close_engine: bool = False, txn_idle_timeout: float | None = DEFAULT_TXN_IDLE_TIMEOUT,
-                 clock: Callable[[], float] = time.monotonic, tls: tuple[bytes, bytes] | None = None) -> None:
+                 clock: Clock = MONOTONIC, tls: tuple[bytes, bytes] | None = None) -> None:
         """``txn_idle_timeout``: seconds a transaction may go without a call before it is
         aborted (None: never); ``clock`` measures it (tests pass their own). ``tls``: the
         server's (certificate chain, private key) in PEM; then ``location`` is
@@ -134,7 +134,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._txns = TxnRegistry(engine.transaction, txn_idle_timeout, clock)
         self._reaper_stop = threading.Event()
         self._stages: dict[str, dict[str, list[pa.Table]]] = {}
-        self._held_tails = HeldTails()  # plans' WAL-tail rows kept for readers' tail_part calls
+        self._held_tails = HeldTails(clock=clock)  # plans' WAL-tail rows kept for readers' tail_part calls
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._subs: set[Any] = set()

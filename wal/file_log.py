@@ -102,7 +102,6 @@ class FileLog(DirectWrites):
         repair: bool = False,
         create: bool = False,
         direct_threshold: int | None = DEFAULT_DIRECT_THRESHOLD,
-        clock: Callable[[], int] = time.time_ns,
         keep_recovered: bool = False,
     ) -> FileLog:
         """Open the log of ``partition`` under ``directory``.
@@ -127,16 +126,14 @@ class FileLog(DirectWrites):
         self._direct_threshold = direct_threshold
         self._direct_fd: int | None = None
         self._direct_buf = None
-        self._init(directory, partition, cluster_key, segment_bytes, index_interval, repair, clock, create)
+        self._init(directory, partition, cluster_key, segment_bytes, index_interval, repair, create)
         return self
 
-    def _init(self, directory, partition, cluster_key, segment_bytes, index_interval, repair, clock,
-              create) -> None:
+    def _init(self, directory, partition, cluster_key, segment_bytes, index_interval, repair, create) -> None:
         self.root = directory
         self.partition = partition
         self.segment_bytes = max(segment_bytes, sg.HEADER_SIZE + 4096)
         self.index_interval = max(1, index_interval)
-        self._clock = clock
         self.report = OpenReport()
         self.dir = os.path.join(directory, str(partition))
         self._preamble: SegmentPreamble = NO_PREAMBLE
@@ -245,7 +242,7 @@ class FileLog(DirectWrites):
             os.close(fd)
 
     def _header(self, magic: bytes, first: int, checkpoint: int = 0, flags: int = 0) -> bytes:
-        return sg.SegmentHeader(magic, sg.VERSION, self._clock(), self.cluster_key, self.partition, first,
+        return sg.SegmentHeader(magic, sg.VERSION, time.time_ns(), self.cluster_key, self.partition, first,
                                 checkpoint, flags).pack()
 
     def _create_segment(self, first: int) -> _Segment:

@@ -17,14 +17,14 @@ coordinator's memory stays bounded whatever readers do.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sediment.arrow_codec import schema_to_text, table_from_text, table_to_text
+from sediment.clock import MONOTONIC, Clock
 from sediment.errors import InvalidArgument
 
 HELD_TAIL_BYTES = 256 << 20  # the most WAL-tail rows held for readers at once
@@ -72,7 +72,7 @@ class HeldTails:
     """The tails held for leases (thread-safe). Entries end with :meth:`release` or at their
     deadline (checked whenever one is held or asked for)."""
 
-    def __init__(self, max_bytes: int = HELD_TAIL_BYTES, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_bytes: int = HELD_TAIL_BYTES, clock: Clock = MONOTONIC) -> None:
         self._max_bytes = max_bytes
         self._clock = clock
         self._lock = threading.Lock()
@@ -87,7 +87,7 @@ class HeldTails:
             self._sweep()
             if self._bytes + size > self._max_bytes:
                 return False
-            self._held[lease] = (tail, self._clock() + seconds, relation)
+            self._held[lease] = (tail, self._clock.current_time() + seconds, relation)
             self._bytes += size
             return True
 
@@ -125,7 +125,7 @@ class HeldTails:
             return sorted(self._held)
 
     def _sweep(self) -> None:
-        now = self._clock()
+        now = self._clock.current_time()
         for lease in [lease for lease, (_, deadline, _) in self._held.items() if deadline <= now]:
             self._drop(lease)
 
