@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable, remove_tree_durable
 from sediment.arrow_codec import encode_updates
+from sediment.blob.counting import CountingBlobStore, counting
 from sediment.clock import Clock, MonotonicClock
 from sediment.engine import args, deploy, recovery
 from sediment.engine.backlog import (
@@ -59,7 +60,7 @@ from sediment.errors import (
 )
 from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
-from sediment.metrics import CountingBlobStore, EngineMetrics
+from sediment.metrics import EngineMetrics
 from sediment.trace import compacter as cmp
 from sediment.trace.planner import DEFAULT_MAX_PENDING_RUNS
 from sediment.trace.store import TraceStore
@@ -209,7 +210,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         s3_endpoint = stored.get("s3_endpoint")
         if replicas:
             deploy.require_shared_blob(blob, self.data_dir)
-        self._blobs = CountingBlobStore(self._open_blobs(blob, s3_endpoint), self.metrics)
+        self._blobs = counting(self._open_blobs(blob, s3_endpoint), self.metrics)
         self.traces = TraceStore(self._meta, self._blobs)
         self.traces.check_owner(stored["engine_id"], self.blob_uri or "<blob store object>",
                                 take_over=take_over_blob_prefix, data_dir=self.data_dir)
