@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.clock import MONOTONIC, Clock
+from sediment.net.messages import Put, encode
 from sediment.net.protocol import json_arg
 from sediment.net.wire_errors import error_detail, error_from_detail
 
@@ -69,7 +70,7 @@ class AppendStream:
 
     def __init__(self, client: flight.FlightClient, relation: str, schema: pa.Schema,
                  options: flight.FlightCallOptions) -> None:
-        command = json.dumps({"op": "append_stream", "relation": relation}).encode()
+        command = encode(Put.APPEND_STREAM, relation=relation)
         self.key = (relation, schema)
         self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
                                                  options=options)
