@@ -11,10 +11,24 @@ import mmap
 import os
 
 from sediment.errors import EngineClosed, WalError
-from sediment.wal.device.format import SHUTDOWN_RUNNING, SLOT, ZERO_CHUNK, RingHeader, align_up
+from sediment.wal.device.format import SHUTDOWN_RUNNING, SLOT, ZERO_CHUNK, RingHeader
 from sediment.wal.dual_slot import slot_offset
 
 _log = logging.getLogger("sediment.wal.device.log")
+
+
+def pread_fully(fd: int, view: memoryview, offset: int, path: str) -> None:
+    """Fill ``view`` from ``offset`` of ``fd``; WalError (naming ``path``) on a failed read or
+    the end of the device."""
+    got = 0
+    while got < len(view):
+        try:
+            n = os.preadv(fd, [view[got:]], offset + got)
+        except OSError as e:
+            raise WalError(f"{path}: read of {len(view)} bytes at offset {offset} failed: {e}") from e
+        if n == 0:
+            raise WalError(f"{path}: unexpected end of device at offset {offset + got}")
+        got += n
 
 
 class RingIO:
@@ -48,29 +62,18 @@ class RingIO:
     # ---------------------------------------------------------------- raw I/O
 
     def pread_into(self, view: memoryview, offset: int) -> None:
-        """Fill ``view`` (aligned memory) from ``offset``; short reads past EOF are errors."""
-        got = 0
-        while got < len(view):
-            try:
-                n = os.preadv(self._rfd, [view[got:]], offset + got)
-            except OSError as e:
-                if e.errno == errno.EINVAL and self._rdirect:
-                    self._reopen_read_buffered(e)
-                    continue
-                raise WalError(f"{self.path}: read of {len(view)} bytes at offset {offset} failed: {e}") from e
-            if n == 0:
-                raise WalError(f"{self.path}: unexpected end of device at offset {offset + got}")
-            got += n
-
-    def _pread_exact(self, offset: int, n: int) -> bytes:
-        buf = mmap.mmap(-1, align_up(n, self.block_size))
+        """Fill ``view`` (aligned memory) from ``offset``; short reads past EOF are errors. A
+        direct read the device refuses (EINVAL) is retried once, buffered."""
         try:
-            self.pread_into(memoryview(buf)[: len(buf)], offset)
-            return bytes(buf[:n])
-        finally:
-            buf.close()
+            pread_fully(self._rfd, view, offset, self.path)
+        except WalError as e:
+            cause = e.__cause__
+            if not (self._rdirect and isinstance(cause, OSError) and cause.errno == errno.EINVAL):
+                raise
+            self._reopen_read_buffered()
+            pread_fully(self._rfd, view, offset, self.path)
 
-    def _reopen_read_buffered(self, e: OSError) -> None:
+    def _reopen_read_buffered(self) -> None:
         with self._fd_lock:
             if self._rdirect:
                 self._old_fds.append(self._rfd)

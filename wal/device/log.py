@@ -60,6 +60,7 @@ from sediment.wal.device.recovery import (
     find_frames,
     load_header,
     missing,
+    pread_exact,
     record_of,
     recover,
     walk,
@@ -313,12 +314,12 @@ class DeviceLog(RingWriter, RingIO):
         if not res.clean or res.why:
             zero_to = min(max(self._next + res.window, _align_up(res.found_end, bs)), _align_down(trim + d, bs))
             lo = _align_down(last_end, bs)
-            keep = self._pread_exact(self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
+            keep = pread_exact(self, self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
             if zero_to > lo:
                 self._zero(lo, zero_to - lo, keep)
         elif last_end % bs:  # clean: the last block's tail must be blank, or the next walk stops there
             lo = _align_down(last_end, bs)
-            block = self._pread_exact(self.header_bytes + lo % d, bs)
+            block = pread_exact(self, self.header_bytes + lo % d, bs)
             if any(block[last_end - lo:]):
                 self._zero(lo, bs, block[:last_end - lo])
         self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity),

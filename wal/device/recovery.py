@@ -20,6 +20,7 @@ from typing import Protocol
 from crc32c import crc32c as _crc
 
 from sediment.errors import WalCorruption, WalError, WalMissing, WalShortened
+from sediment.wal.device.block_io import pread_fully
 from sediment.wal.device.format import (
     DEFAULT_BLOCK_SIZE,
     READ_CHUNK,
@@ -354,15 +355,7 @@ class ReadOnlyRing:
         return os.lseek(self._fd, 0, os.SEEK_END)
 
     def pread_into(self, view: memoryview, offset: int) -> None:
-        got = 0
-        while got < len(view):
-            try:
-                n = os.preadv(self._fd, [view[got:]], offset + got)
-            except OSError as e:
-                raise WalError(f"{self.path}: read of {len(view)} bytes at offset {offset} failed: {e}") from e
-            if n == 0:
-                raise WalError(f"{self.path}: unexpected end of device at offset {offset + got}")
-            got += n
+        pread_fully(self._fd, view, offset, self.path)
 
     def close(self) -> None:
         os.close(self._fd)
