@@ -97,7 +97,7 @@ def _fill(log, lo: int, hi: int) -> None:
         log.write_at(memoryview(buf), log.header_bytes + phys)
     finally:
         buf.close()
-    os.fsync(log._fd)
+    os.fsync(log.files.fd)
 
 
 def fill_holes(log, hdr: RingHeader) -> tuple[list[tuple[str, int, int, str]], list[str]]:
