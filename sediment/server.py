@@ -233,11 +233,16 @@ class SedimentFlightServer(flight.FlightServerBase):
         """Abort the group's transactions still open (a Spark job's losing task attempts); how many."""
         txns = self._txns.group_members(str(field(args, "group", "abort_group")))
         for tx in txns:
-            try:
-                tx.abort()
-            finally:
-                self._txns.settle(tx)
+            self._end(tx, tx.abort)
         return len(txns)
+
+    def _end(self, tx: Any, how: Callable[[], None]) -> str:
+        """Commit or abort ``tx`` (``how``), and forget it whatever happens; its final state."""
+        try:
+            how()
+        finally:
+            self._txns.settle(tx)
+        return tx.state
 
     def reap_idle_transactions(self) -> list[int]:
         """Abort the transactions idle for longer than ``txn_idle_timeout``; their ids. A
@@ -253,11 +258,7 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _commit(self, args: dict[str, Any]) -> str:
         tx = self._txns.get(field(args, "txn", "commit"))
-        try:
-            tx.commit()
-        finally:
-            self._txns.settle(tx)
-        return tx.state
+        return self._end(tx, tx.commit)
 
     def _abort(self, args: dict[str, Any]) -> str:
         txn_id = field(args, "txn", "abort")
@@ -265,11 +266,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         if finished is not None:
             return finished
         tx = self._txns.get(txn_id)
-        try:
-            tx.abort()
-        finally:
-            self._txns.settle(tx)
-        return tx.state
+        return self._end(tx, tx.abort)
 
     def _append_many(self, args: dict[str, Any]) -> None:
         with self._lock:
