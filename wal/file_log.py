@@ -42,7 +42,7 @@ from sediment.wal.log_apply import carry_out, create_segment_files, cut_file
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPreamble
 from sediment.wal.recycle import SegmentPool, reuse_segment_file
-from sediment.wal.segment_writer import ActiveSegment, Segment
+from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
 
 log = logging.getLogger(__name__)
 
@@ -517,9 +517,7 @@ class FileLog:
                            "append() returned and the compacter has finished with")
         with self._trim_lock:
             with self._lock:
-                n = 0
-                while n < len(self._segments) - 1 and self._segments[n].next_lsn <= lsn:
-                    n += 1
+                n = finished_below(self._segments, lsn)
                 if n == 0:
                     return
                 dropped = self._segments[:n]

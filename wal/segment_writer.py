@@ -42,6 +42,15 @@ class Segment:
         return self.first_lsn + len(self.offsets)
 
 
+def finished_below(segments: list[Segment], lsn: int) -> int:
+    """How many leading segments hold only records below ``lsn``: what a trim may drop (never
+    the last, active one)."""
+    n = 0
+    while n < len(segments) - 1 and segments[n].next_lsn <= lsn:
+        n += 1
+    return n
+
+
 class ActiveSegment:
     """The open data (``fd``) and index (``idx_fd``) files of the segment being appended to.
     Its owner serialises the calls (one writer thread); ``lock`` guards what readers see."""

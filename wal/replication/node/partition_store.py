@@ -27,7 +27,7 @@ from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
 from sediment.wal.direct_io import allocate
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_replica_manifest
-from sediment.wal.segment_writer import ActiveSegment, Segment
+from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
 
 log = logging.getLogger(__name__)
 
@@ -295,9 +295,7 @@ class FilePartitionStore:
         new start goes into the manifest first, then the files go oldest first, so a crash
         leaves only garbage below the recorded start, never a hole (as FileLog.trim)."""
         with self._lock:
-            n = 0
-            while n < len(self._segs) - 1 and self._segs[n].next_lsn <= lsn:
-                n += 1
+            n = finished_below(self._segs, lsn)
             if n == 0:
                 return
             start = self._segs[n].first_lsn
