@@ -10,12 +10,12 @@ with the same name.
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
+from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.schema_history import SchemaHistory
 from sediment.errors import MetadataConflict, MetadataCorruption, RelationExists, UnknownRelation
 from sediment.metadata import names
@@ -51,7 +51,7 @@ class RelationEntry:
             "name": self.name,
             "id": self.id,
             "since": self.since,
-            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
+            "schema": schema_to_text(self.schema),
         }, sort_keys=True).encode()
 
     @staticmethod
@@ -60,7 +60,7 @@ class RelationEntry:
             doc = json.loads(raw)
             if doc.get("format") != FORMAT or doc.get("version") not in (1, VERSION):
                 raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}")
-            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(doc["schema"])))
+            schema = schema_from_text(doc["schema"])
             history = SchemaHistory.from_json(doc["history"]) if "history" in doc else SchemaHistory.initial(schema)
             return RelationEntry(doc["name"], int(doc["id"]), schema, int(doc["since"]), version, history)
         except (ValueError, KeyError, TypeError, IndexError, pa.ArrowInvalid) as exc:

@@ -25,6 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable, remove_tree_durable
+from sediment.arrow_codec import encode_updates
+from sediment.blob.counting import CountingBlobStore, counting
 from sediment.clock import Clock, MonotonicClock
 from sediment.engine import args, deploy, recovery, s3_deploy
 from sediment.engine.backlog import (
@@ -58,7 +60,7 @@ from sediment.errors import (
 )
 from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
-from sediment.metrics import CountingBlobStore, EngineMetrics
+from sediment.metrics import EngineMetrics
 from sediment.trace import compacter as cmp
 from sediment.trace.planner import DEFAULT_MAX_PENDING_RUNS
 from sediment.trace.store import TraceStore
@@ -208,7 +210,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         s3_endpoint = stored.get("s3_endpoint")
         if replicas or s3_deploy.is_s3_wal(wal):
             deploy.require_shared_blob(blob, self.data_dir)
-        self._blobs = CountingBlobStore(self._open_blobs(blob, s3_endpoint), self.metrics)
+        self._blobs = counting(self._open_blobs(blob, s3_endpoint), self.metrics)
         self.traces = TraceStore(self._meta, self._blobs)
         self.traces.check_owner(stored["engine_id"], self.blob_uri or "<blob store object>",
                                 take_over=take_over_blob_prefix, data_dir=self.data_dir)
@@ -296,7 +298,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             path = wal[len("device:"):]
             if capacity is None and not os.path.exists(path):
                 raise ValueError(f"{wal!r} does not exist yet: pass wal_capacity=<bytes> to create the ring")
-            return DeviceLog.open(path, capacity, create=create, segment_bytes=segment_bytes, repair=repair)
+            return DeviceLog.open(path, capacity, create=create, segment_bytes=segment_bytes, repair=repair, clock=self._clock)
         raise ValueError(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
 
     def _recover(self) -> None:
@@ -394,7 +396,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         if table.num_rows <= 64 and len(table.column(0).chunks) == 1:  # small appends: one record, no sizing
             batch = table.to_batches()[0]
             lo, hi = bounds or time_range(table)
-            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, batch.serialize(),
+            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, encode_updates(batch),
                            schema_version=version)]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self._max_record_bytes // per_row)
@@ -404,7 +406,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                 continue
             lo, hi = pc.min_max(batch.column("time")).values()
             records.append(Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo.as_py(), hi.as_py(),
-                                  batch.num_rows, batch.serialize(), schema_version=version))
+                                  batch.num_rows, encode_updates(batch), schema_version=version))
         return records
 
     def _prepare(self, name: str, updates: object) -> tuple[_Relation, pa.Table, tuple[int, int] | None, int]:

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from sediment.arrow_codec import decode_updates
 from sediment.engine import args
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import FeedLog
@@ -54,13 +55,13 @@ class _Relation:
         """An UPDATES record's body (written under schema ``version``) in the current update
         schema, or that of ``to_version`` (a feed delivering updates made before an alter)."""
         if version == self.schema_version and to_version in (None, version) or self.layout is None:
-            return pa.ipc.read_record_batch(pa.py_buffer(body), self.update_schema)
+            return decode_updates(body, self.update_schema)
         schema = self.layout.decode_schema(version)
         if schema is None:
             raise WalCorruption(f"relation {self.entry.name!r}: a WAL record is written under schema version "
                                 f"{version}, which its schema history does not have (current "
                                 f"{self.schema_version}); the log and the catalog disagree: run `sediment verify`")
-        return self.layout.project(pa.ipc.read_record_batch(pa.py_buffer(body), schema), to_version)
+        return self.layout.project(decode_updates(body, schema), to_version)
 
     def needs_from(self) -> int | None:
         """The least LSN of this relation's records that are not yet in its trace."""

@@ -16,7 +16,6 @@ groups by statistics in the planner and rows in the tasks.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import threading
@@ -29,6 +28,13 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from sediment.arrow_codec import (
+    schema_from_text,
+    schema_to_text,
+    table_from_ipc,
+    table_from_text,
+    table_to_ipc,
+)
 from sediment.net import held_tails
 from sediment.spark_jobs import pushdown
 from sediment.spark_jobs.errors import short_traceback
@@ -43,8 +49,6 @@ from sediment.spark_jobs.options import (
     connect,
     int_option,
     required,
-    schema_from_b64,
-    schema_to_b64,
 )
 
 SPLIT_ROWS = 1 << 20  # rows per read task
@@ -71,12 +75,12 @@ class PlanInfo:
     @classmethod
     def of(cls, plan: Any, from_t: int | None) -> PlanInfo:
         return cls(plan.lease, plan.relation, plan.relation_id, plan.as_of, from_t, plan.blob_uri,
-                   plan.s3_endpoint, list(plan.batches), schema_to_b64(plan.update_schema), list(plan.key_columns),
+                   plan.s3_endpoint, list(plan.batches), schema_to_text(plan.update_schema), list(plan.key_columns),
                    getattr(plan, "schema_history", None))
 
     @property
     def update_schema(self) -> pa.Schema:
-        return schema_from_b64(self.update_schema_b64)
+        return schema_from_text(self.update_schema_b64)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -156,16 +160,8 @@ class ScanPartition(InputPartition):
 
 
 def ipc_bytes(table: pa.Table) -> bytes:
-    if table.num_rows == 0:
-        return b""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    """A scan partition's tail rows as IPC bytes; none at all (b"") for no rows."""
+    return table_to_ipc(table) if table.num_rows else b""
 
 
 _stores: dict[tuple[str, str | None], Any] = {}
@@ -378,7 +374,7 @@ class SedimentReader(DataSourceReader):
         if given:  # planned on the driver by open_relation: the tail travels in an option
             info = PlanInfo.from_json(given)
             tail_b64 = self.options.get("plan_tail") or ""
-            tail = from_ipc(base64.b64decode(tail_b64)) if tail_b64 else info.update_schema.empty_table()
+            tail = table_from_text(tail_b64) if tail_b64 else info.update_schema.empty_table()
         else:
             info, tail, held = plan_relation(self.options)
         return plan_partitions(info, tail, mode_of(self.options), self.filters,
@@ -396,7 +392,7 @@ class SedimentPushdownReader(SedimentReader):
     evaluate exactly are taken (they drop row groups and rows); Spark keeps the rest."""
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:  # noqa: N802 - Spark's name
-        columns = schema_from_b64(self.columns_b64)
+        columns = schema_from_text(self.columns_b64)
         for f in filters:
             mine = pushdown.from_spark(f, columns.names)
             if mine is not None and pushdown.usable(mine, columns):
@@ -547,7 +543,7 @@ def read_partition(partition: ScanPartition, target: pa.Schema, options: Any = N
                 pieces.append(table)
     fetch = getattr(partition, "fetch", None)
     if partition.tail or fetch is not None:
-        rows = from_ipc(partition.tail) if partition.tail else fetch_tail(fetch, options)
+        rows = table_from_ipc(partition.tail) if partition.tail else fetch_tail(fetch, options)
         table = _keep(rows, spec, partition.index, check_range=False)
         if spec.mode == "raw":
             yield from conform(table, target).to_batches()

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.errors import InvalidArgument, SchemaMismatch, TimeAlreadySealed
 from sediment.spark_jobs.options import (
     BATCH_READ,
@@ -41,8 +42,6 @@ from sediment.spark_jobs.options import (
     connect,
     int_option,
     required,
-    schema_from_b64,
-    schema_to_b64,
     token,
     writes_into,
 )
@@ -120,7 +119,7 @@ class WriterBase:
             if bool_option(options, "mergeschema"):
                 rel_schema = merge_schema(client, self.relation, rel_schema, schema)
             check_columns(self.relation, rel_schema, schema)
-            self.schema_b64 = schema_to_b64(rel_schema)
+            self.schema_b64 = schema_to_text(rel_schema)
             if self.time is not None:
                 sealed = client.sealed(self.relation)
                 if self.time <= sealed:
@@ -132,7 +131,7 @@ class WriterBase:
         return client
 
     def _update_schema(self) -> pa.Schema:
-        rel = schema_from_b64(self.schema_b64)
+        rel = schema_from_text(self.schema_b64)
         return pa.schema([*rel, pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())])
 
     def _updates(self, batch: pa.RecordBatch, target: pa.Schema, time: int | None) -> pa.RecordBatch:

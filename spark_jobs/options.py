@@ -207,15 +207,3 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
     table = table.select(target.names)
     return table.cast(target) if not table.schema.equals(target) else table
-
-
-def schema_to_b64(schema: pa.Schema) -> str:
-    import base64
-
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
-def schema_from_b64(text: str) -> pa.Schema:
-    import base64
-
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))

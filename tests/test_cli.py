@@ -27,6 +27,7 @@ from sediment.cli import commands as cli_commands
 from sediment.cli import files as cli_files
 from sediment.cli import main
 from sediment.cli import parser as cli_parser
+from sediment.clock import ManualClock
 from sediment.errors import UnknownRelation
 from sediment.progress import Progress
 from sediment.wal.record import RecordKind
@@ -325,16 +326,16 @@ class _Terminal(io.StringIO):
 
 def test_progress_modes_and_summary(monkeypatch):
     monkeypatch.delenv("SEDIMENT_PROGRESS", raising=False)
-    now = [0.0]
+    clock = ManualClock()
     lines = io.StringIO()  # a StringIO is no terminal: start and end lines when forced
-    with Progress(1000, "copy", "rows", stream=lines, clock=lambda: now[0], force=True) as bar:
-        now[0] = 8.0
+    with Progress(1000, "copy", "rows", stream=lines, clock=clock, force=True) as bar:
+        clock.advance(8.0)
         bar.update(1000)
         assert bar.summary() == "copy: done, 1.0k rows in 8.0 s (125 rows/s)"
     assert lines.getvalue().splitlines() == ["copy: started of 1.0k rows", "copy: done, 1.0k rows in 8.0 s (125 rows/s)"]
     uncounted = io.StringIO()
-    with Progress(0, "start", stream=uncounted, clock=lambda: now[0], force=True):
-        now[0] = 9.5
+    with Progress(0, "start", stream=uncounted, clock=clock, force=True):
+        clock.advance(1.5)
     assert uncounted.getvalue().splitlines() == ["start: started", "start: done in 1.5 s"]
     piped = io.StringIO()
     with Progress(10, "default", stream=piped) as off:

@@ -423,3 +423,28 @@ def test_engine_batch_schema_example_has_field_ids():
     doc = _block_after("The same relation's batch as the engine writes it at\nschema version 0")
     assert "\n".join(shown).strip() == doc.strip()
     assert pf.schema_arrow.metadata[b"sediment.schema_version"] == b"0"
+
+
+def test_every_flight_message_has_a_worked_example_that_decodes():
+    import json
+
+    from sediment.net import messages as msg
+
+    text = DOC.read_text()
+    section = text[text.index("### Messages"):]
+    section = section[: section.index("\n### ", 1)]
+    kinds = {"do_put descriptor": msg.Put, "do_get ticket": msg.Get, "do_action body": msg.Action}
+    seen = set()
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| do_") else []
+        if not cells:
+            continue
+        kind, op, example = kinds[cells[0]], cells[1].strip("`"), json.loads(cells[2].strip("`"))
+        op = kind(op)  # an op the protocol knows, of the call the row names
+        fields = dict(example)
+        if kind is not msg.Action:
+            assert fields.pop("op") == op.value
+        assert set(fields) <= set(msg.FIELDS[op]), (op, sorted(set(fields) - set(msg.FIELDS[op])))
+        assert json.loads(msg.encode(op, **fields)) == example  # the bytes the client sends for it
+        seen.add(op)
+    assert seen == set(msg.FIELDS), sorted(set(msg.FIELDS) - seen)

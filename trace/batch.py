@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sediment.blob.protocol import BlobStore
+from sediment.blob.protocol import BlobStore, LocalBlobStore
 from sediment.errors import BatchCorruption, BlobNotFound, TraceError
 from sediment.trace.batch_checksum import (  # noqa: E402,F401  (part of this module's API)
     PARQUET_MAGIC,
@@ -509,11 +509,10 @@ def open_stored(
             f"{where}: footer CRC32C is {got:#010x} but the trace state recorded {footer_crc:#010x}; the "
             "footer (schema, row-group offsets or sediment.* metadata) is damaged (run sediment verify)"
         )
-    local = getattr(store, "local_path", None)
-    if local is None:
+    if not isinstance(store, LocalBlobStore):
         return _open(pa.PythonFile(BlobReader(store, key, size, tail), mode="r"), where, expected, schema)
     try:
-        source = pa.OSFile(local(key))
+        source = pa.OSFile(store.local_path(key))
     except FileNotFoundError as e:
         raise BatchCorruption(f"{where} vanished from the blob store while being read") from e
     return _open(source, where, expected, schema)

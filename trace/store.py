@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 
 from sediment.blob import owner as owner_mod
-from sediment.blob.protocol import BlobStore
+from sediment.blob.protocol import BlobStore, LocalBlobStore
 from sediment.errors import BatchCorruption, BlobError, BlobNotFound, TraceError
 from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
@@ -56,6 +56,7 @@ class TraceStore:
     def __init__(self, meta: MetadataStore, blobs: BlobStore, *, spill_dir: str | None = None):
         self.meta = meta
         self.blobs = blobs
+        self._local = blobs if isinstance(blobs, LocalBlobStore) else None  # files: read and link in place
         self.spill_dir = spill_dir
         self._versions: dict[int, int | None] = {}  # metadata version of each loaded state
         self._schemas: dict[int, pa.Schema] = {}  # relation id -> update schema, from the catalog
@@ -174,9 +175,8 @@ class TraceStore:
         if not inputs:
             return BatchRef(None, lower, upper, level=level)
         desc = BatchDescription(relation_id, lower, upper, since, 0, level=level)
-        spill = getattr(self.blobs, "spill_path", None)
-        if spill is not None:
-            path = spill()
+        if self._local is not None:
+            path = self._local.spill_path()
         else:
             fd, path = tempfile.mkstemp(prefix="sediment-merge-", suffix=".parquet", dir=self.spill_dir)
             os.close(fd)
@@ -188,9 +188,8 @@ class TraceStore:
             key = batch_key(relation_id, lower, upper, self._nonce())
             size = os.path.getsize(path)
             crc, footer_crc = file_checksums(path)
-            put_file = getattr(self.blobs, "put_file", None)
-            if put_file is not None:
-                put_file(key, path, if_absent=True)
+            if self._local is not None:
+                self._local.put_file(key, path, if_absent=True)
             else:
                 with open(path, "rb") as f:
                     self.blobs.put_if_absent(key, f.read())
@@ -231,10 +230,9 @@ class TraceStore:
             tables = list(self.read_stream(relation_id, ref))
             return pa.concat_tables(tables) if tables else None
         where = f"batch {ref.key!r}"
-        local = getattr(self.blobs, "local_path", None)
         try:  # a local object is checked and decoded through one open file: an unlink meanwhile is harmless
-            source: pa.NativeFile | pa.Buffer = pa.OSFile(local(ref.key)) if local is not None \
-                else pa.py_buffer(self.blobs.get(ref.key))
+            source: pa.NativeFile | pa.Buffer = pa.OSFile(self._local.local_path(ref.key)) \
+                if self._local is not None else pa.py_buffer(self.blobs.get(ref.key))
         except (BlobNotFound, FileNotFoundError) as e:
             raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
         except OSError as e:
@@ -288,9 +286,8 @@ class TraceStore:
             self._claim = None
         orphans = [k for k in self.blobs.list(STATE_PREFIX) if k not in referenced and self._is_mine(k)]
         self.delete(orphans)
-        sweep = getattr(self.blobs, "sweep_temporaries", None)
-        if sweep is not None:
-            orphans += sweep()
+        if self._local is not None:
+            orphans += self._local.sweep_temporaries()
         return orphans
 
     def verify(self, state: TraceState, schema: pa.Schema | None = None) -> list[str]:

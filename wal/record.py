@@ -43,6 +43,7 @@ HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 64
 MAX_BODY = 1 << 30
 FRONTIER_ENTRY = struct.Struct("<Qq")
+_unpack_from = HEADER.unpack_from
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -170,20 +171,24 @@ def encode(record: Record, lsn: int, body_crc: int | None = None) -> bytes:
     return encode_header(record, lsn, body_crc) + bytes(record.body)
 
 
-def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header | None:
-    """The header at ``offset``, or None if it is short, fails its CRC, or has a wrong
-    magic, version or kind. Never raises on garbage."""
+def check_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple | None:
+    """The header fields at ``offset`` as ``HEADER`` unpacks them, or None when the header is
+    short, has a wrong magic, version or kind, a body over MAX_BODY, or fails its CRC. The one
+    frame check every reader runs (segments, the ring, replica payloads); a tuple, not a
+    Header, because recovery runs it once per record."""
     if len(buf) - offset < HEADER_SIZE:
         return None
-    view = memoryview(buf)[offset : offset + HEADER_SIZE]
-    (hcrc, magic, version, kind, body_len, body_crc, lsn, rel, txn, t_lo, t_hi, count, ver) = HEADER.unpack(view)
-    if magic != MAGIC or version != VERSION:
+    u = _unpack_from(buf, offset)
+    if (u[1] != MAGIC or u[2] != VERSION or u[3] not in _KINDS or u[4] > MAX_BODY
+            or crc32c_raw(buf[offset + 4:offset + HEADER_SIZE]) != u[0]):
         return None
-    if crc32c(view[4:]) != hcrc:
-        return None
-    if kind not in _KINDS or body_len > MAX_BODY:
-        return None
-    return Header(kind, body_len, body_crc, lsn, rel, txn, t_lo, t_hi, count, ver)
+    return u
+
+
+def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header | None:
+    """The header at ``offset`` (see :func:`check_header`), or None. Never raises on garbage."""
+    u = check_header(buf, offset)
+    return None if u is None else Header(u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12])
 
 
 def body_ok(header: Header, body: bytes | bytearray | memoryview) -> bool:
@@ -224,7 +229,6 @@ def committed_txn_ids(record: Record) -> list[int]:
 
 
 _KINDS = frozenset(int(k) for k in RecordKind)
-KIND_VALUES = _KINDS
 _KIND_OF = {int(k): k for k in RecordKind}
 
 

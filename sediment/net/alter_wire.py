@@ -7,14 +7,13 @@ Shared by the client (encode) and the server (decode); pure.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
+from sediment.arrow_codec import schema_from_text, schema_to_text, table_from_text, table_to_text
 from sediment.engine.schema_rules import check_alter_args
-from sediment.net.protocol import schema_from_b64, schema_to_b64
 
 
 def encode_alter(add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | None = None,
@@ -23,8 +22,8 @@ def encode_alter(add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | Non
     """The JSON body of an ``alter_relation`` action; InvalidArgument for arguments of the wrong shape."""
     defaults, widen, rename = defaults or {}, widen or {}, rename or {}
     check_alter_args(add, defaults, widen, rename, drop)
-    doc: dict[str, Any] = {"add": schema_to_b64(pa.schema(list(add))),
-                           "widen": schema_to_b64(pa.schema([pa.field(k, v) for k, v in widen.items()])),
+    doc: dict[str, Any] = {"add": schema_to_text(pa.schema(list(add))),
+                           "widen": schema_to_text(pa.schema([pa.field(k, v) for k, v in widen.items()])),
                            "rename": dict(rename), "drop": list(drop)}
     if defaults:
         types = {f.name: f.type for f in add}
@@ -35,10 +34,7 @@ def encode_alter(add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | Non
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
                 arrays.append(pa.array([str(value)]))  # the server refuses it with the rule's own error
         batch = pa.RecordBatch.from_arrays(arrays, list(defaults))
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as w:
-            w.write_batch(batch)
-        doc["defaults"] = base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
+        doc["defaults"] = table_to_text(pa.Table.from_batches([batch]))
     return doc
 
 
@@ -46,8 +42,8 @@ def decode_alter(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments of ``Engine.alter_relation`` from an action's JSON body."""
     defaults: dict[str, Any] = {}
     if doc.get("defaults"):
-        table = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(doc["defaults"]))).read_all()
+        table = table_from_text(doc["defaults"])
         defaults = {name: table.column(name)[0].as_py() for name in table.column_names}
-    return {"add": list(schema_from_b64(doc.get("add") or schema_to_b64(pa.schema([])))),
-            "widen": {f.name: f.type for f in schema_from_b64(doc.get("widen") or schema_to_b64(pa.schema([])))},
+    return {"add": list(schema_from_text(doc.get("add") or schema_to_text(pa.schema([])))),
+            "widen": {f.name: f.type for f in schema_from_text(doc.get("widen") or schema_to_text(pa.schema([])))},
             "rename": dict(doc.get("rename") or {}), "drop": list(doc.get("drop") or []), "defaults": defaults}
