@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from faulty_proxy import FaultyProxy
-from fixtures_s3 import TEST_MULTIPART_THRESHOLD, MotoServer
+from support.faulty_proxy import FaultyProxy
+from support.fixtures_s3 import TEST_MULTIPART_THRESHOLD, MotoServer
 
 from sediment.blob import BlobStore, FileBlobStore, MemoryBlobStore, S3BlobStore, open_blob_store
 from sediment.blob.keys import TEMP_SUFFIX

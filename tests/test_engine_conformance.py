@@ -3,13 +3,14 @@
 the directory lock, SIGKILL mid-append) runs here over the file log, the device ring and the
 replicated log. The tests are the engine suite's own functions, collected again in this module
 so they use this module's ``open_engine``; the replicated engine runs on three storage nodes on
-127.0.0.1 (in this process: tests/wal_backends.py), its metadata in a real ZooKeeper and its
+127.0.0.1 (in this process: tests/support/wal_backends.py), its metadata in a real ZooKeeper and its
 batches in a shared blob directory, as a deployment does."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from support.wal_backends import KEY, InProcessNodes
 from test_engine import (  # noqa: F401 - collected here, run on every WAL backend
     test_append_many_is_atomic_across_relations,
     test_bad_input_is_a_typed_error_and_writes_nothing,
@@ -27,7 +28,6 @@ from test_engine import (  # noqa: F401 - collected here, run on every WAL backe
     test_state_survives_restart,
     test_transaction_visible_only_after_commit_and_abort_leaves_nothing,
 )
-from wal_backends import KEY, InProcessNodes
 
 import sediment
 

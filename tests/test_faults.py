@@ -9,16 +9,11 @@ run as plain tests; a new defect gets a new test, marked ``xfail`` until it is f
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-sys.path.insert(0, BENCH)
-
-import faults_damage as fd  # noqa: E402
-import faults_kills as fk  # noqa: E402
-import faults_power as fp  # noqa: E402
+from support import faults_damage as fd
+from support import faults_kills as fk
+from support import faults_power as fp
 
 SEED = 12
 

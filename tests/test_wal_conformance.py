@@ -1,5 +1,5 @@
 """One suite for the WriteAheadLog protocol (wal/protocol.py), run over every backend: the
-file log, the device ring and the replicated log (tests/wal_backends.py). A test that passes
+file log, the device ring and the replicated log (tests/support/wal_backends.py). A test that passes
 on one backend and fails on another is a bug in that backend. LSNs are only compared, never
 computed: the file and replicated logs number records, the ring uses byte offsets."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from wal_backends import BACKENDS
+from support.wal_backends import BACKENDS
 
 from sediment.engine.frontiers import fold
 from sediment.errors import EngineClosed, InvalidArgument, WalError
