@@ -141,6 +141,7 @@ def test_damaged_batch_is_detected(pristine):
 def test_damaged_batch_footer_is_detected(pristine):
     """Bit flips in each batch's Parquet footer (issue 12 finding 5): a typed error, verify agrees."""
     build, copy, model, frames, kinds, needed = pristine("file")
+    assert kinds.get("batch"), f"the pristine directory holds no batch to damage: {sorted(kinds)}"
     results = []
     for path in kinds["batch"]:
         size = os.path.getsize(os.path.join(copy, path))
