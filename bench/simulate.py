@@ -8,12 +8,12 @@
     python bench/simulate.py --cluster --seed 0 --partitions 1000 --members 50  # at scale
 
 Each seed runs storage nodes, coordinators and clients in memory under a virtual clock
-(tests/sim_cluster.py) with a schedule of faults drawn from the seed: storage-node
+(tests/support/sim_cluster.py) with a schedule of faults drawn from the seed: storage-node
 crashes that lose unsynced writes, partitions (both ways, one way, a coordinator cut
 from some replicas), slow links that reorder messages across connections, connection
 resets, coordinator crashes and takeovers, metadata compare-and-set conflicts and
 outages, replicas added, removed and replaced, full and slow disks. Then every fault
-heals, a final coordinator recovers, and the history checker (tests/sim_checker.py)
+heals, a final coordinator recovers, and the history checker (tests/support/sim_checker.py)
 reports violations. Prints runs, faults injected by kind, violations by kind, and for
 every failing seed the command that replays it exactly. Exits 1 if any seed failed.
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from sim_cluster import FAULT_KINDS, run_seed  # noqa: E402
-from sim_members import CLUSTER_FAULT_KINDS, run_cluster_seed  # noqa: E402
+from support.sim_cluster import FAULT_KINDS, run_seed  # noqa: E402
+from support.sim_members import CLUSTER_FAULT_KINDS, run_cluster_seed  # noqa: E402
 
 
 @dataclass

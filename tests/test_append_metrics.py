@@ -12,7 +12,7 @@ import urllib.request
 import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from served import Served
+from support.served import Served
 
 import sediment
 from sediment.clock import ManualClock

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from faulty_proxy import FaultyProxy
-from fixtures_s3 import TEST_MULTIPART_THRESHOLD, MotoServer
+from support.faulty_proxy import FaultyProxy
+from support.fixtures_s3 import TEST_MULTIPART_THRESHOLD, MotoServer
+from support.protocols import assert_takes_protocol_calls
 
 from sediment.blob import BlobStore, FileBlobStore, MemoryBlobStore, S3BlobStore, open_blob_store
 from sediment.blob.keys import TEMP_SUFFIX
@@ -44,8 +45,14 @@ UNSAFE_KEYS = [
 # --- conformance: every backend -------------------------------------------------------------
 
 
-def test_store_satisfies_protocol(blob_store: BlobStore) -> None:
-    assert isinstance(blob_store, BlobStore)
+def test_store_takes_the_protocols_calls(blob_store: BlobStore) -> None:
+    """Each protocol method is called as the protocol declares it (a runtime Protocol checks
+    method names only): the same parameters and defaults, and list() with no prefix lists
+    every key."""
+    assert_takes_protocol_calls(blob_store, BlobStore)
+    for key in ("b/2", "a/1"):
+        blob_store.put(key, b"x")
+    assert blob_store.list() == blob_store.list("") == ["a/1", "b/2"]
 
 
 def test_put_get_binary_round_trip(blob_store: BlobStore) -> None:

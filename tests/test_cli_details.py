@@ -22,8 +22,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_column_types import WORKS
-from test_tls import certificate  # noqa: F401 - the fixture
+from support.columns import WORKS
 
 import sediment
 from sediment.cli import main as cli_main

@@ -13,7 +13,7 @@ import sys
 import threading
 
 import pytest
-from served import Served
+from support.served import Served
 
 import sediment
 from sediment.cli.discover import SERVER_FILE, read_record

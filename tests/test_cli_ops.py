@@ -79,7 +79,7 @@ def test_bad_log_level_is_a_usage_error(level, capsys):
 @pytest.mark.slow
 @pytest.mark.zookeeper
 def test_the_cli_creates_a_replicated_engine_and_a_second_coordinator_reads_it(tmp_path, capsys, zookeeper, zk_root):
-    from test_replication import Node
+    from support.replication import Node
 
     key = str(uuid.uuid4())
     nodes = [Node(tmp_path / f"node{i}", key=uuid.UUID(key)) for i in range(3)]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from wal_backends import owned
+from support.wal_backends import owned
 
 from sediment.engine.frontiers import fold
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalFull

@@ -1,4 +1,7 @@
-"""The engine's public API: relations, appends, frontiers, reads, transactions, restarts, bad input."""
+"""The engine's public API: relations, appends, frontiers, reads, transactions, restarts, bad input.
+
+The tests marked ``every_log`` show that the engine's behaviour does not depend on its log: they
+also run on the replicated log and the log on S3 (tests/support/fixtures_engine.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ def dir_digest(path) -> dict[str, str]:
     return out
 
 
+@pytest.mark.every_log
 def test_relations_add_list_schema_drop(open_engine):
     eng = open_engine()
     eng.add_relation("orders", SCHEMA)
@@ -55,6 +59,7 @@ def test_relations_add_list_schema_drop(open_engine):
         eng.schema("b.x-1")
 
 
+@pytest.mark.every_log
 def test_snapshot_consolidates_and_sorts(open_engine):
     eng = open_engine()
     eng.add_relation("orders", SCHEMA)
@@ -68,6 +73,7 @@ def test_snapshot_consolidates_and_sorts(open_engine):
     assert eng.snapshot("orders", 4).column_names == ["id", "name", "diff"]
 
 
+@pytest.mark.every_log
 def test_state_survives_restart(open_engine, tmp_path):
     eng = open_engine()
     eng.add_relation("orders", SCHEMA)
@@ -86,6 +92,7 @@ def test_state_survives_restart(open_engine, tmp_path):
         eng.append("orders", ups([(9, "z", 5, 1)]))
 
 
+@pytest.mark.every_log
 def test_replay_is_time_ordered_and_complete(open_engine):
     eng = open_engine()
     eng.add_relation("r", SCHEMA)
@@ -101,6 +108,7 @@ def test_replay_is_time_ordered_and_complete(open_engine):
     )
 
 
+@pytest.mark.every_log
 @pytest.mark.embedded_only  # reads eng.wal
 def test_large_append_splits_into_one_atomic_transaction(open_engine):
     eng = open_engine(max_record_bytes=4096)
@@ -113,6 +121,7 @@ def test_large_append_splits_into_one_atomic_transaction(open_engine):
     assert eng.snapshot("r", 5).num_rows == 3000
 
 
+@pytest.mark.every_log
 def test_transaction_visible_only_after_commit_and_abort_leaves_nothing(open_engine):
     eng = open_engine()
     eng.add_relation("a", SCHEMA)
@@ -137,6 +146,7 @@ def test_transaction_visible_only_after_commit_and_abort_leaves_nothing(open_eng
         tx.append("a", ups([(5, "e", 9, 1)]))
 
 
+@pytest.mark.every_log
 def test_commit_all_makes_several_transactions_visible_as_one_and_survives_restart(open_engine):
     eng = open_engine()
     eng.add_relation("a", SCHEMA)
@@ -158,6 +168,7 @@ def test_commit_all_makes_several_transactions_visible_as_one_and_survives_resta
     assert rows(eng.snapshot("b", 1)) == [(3, "second", 1)]
 
 
+@pytest.mark.every_log
 def test_commit_all_aborts_every_transaction_when_one_cannot_commit(open_engine):
     eng = open_engine()
     eng.add_relation("a", SCHEMA)
@@ -180,6 +191,7 @@ def test_commit_all_aborts_every_transaction_when_one_cannot_commit(open_engine)
     assert rows(eng.snapshot("a", 9)) == [(3, "done", 1)]
 
 
+@pytest.mark.every_log
 def test_commit_fails_when_its_times_were_sealed_meanwhile(open_engine):
     eng = open_engine()
     eng.add_relation("a", SCHEMA)
@@ -192,6 +204,7 @@ def test_commit_fails_when_its_times_were_sealed_meanwhile(open_engine):
     assert eng.snapshot("a", 5).num_rows == 0
 
 
+@pytest.mark.every_log
 def test_append_many_is_atomic_across_relations(open_engine):
     eng = open_engine()
     eng.add_relation("a", SCHEMA)
@@ -205,6 +218,7 @@ def test_append_many_is_atomic_across_relations(open_engine):
     assert rows(eng.snapshot("a", 5)) == [(1, "a", 1)] and rows(eng.snapshot("b", 5)) == [(1, "b", 1)]
 
 
+@pytest.mark.every_log
 @pytest.mark.embedded_only  # scans eng.wal
 def test_concurrent_appends_and_seals_never_violate_the_frontier(open_engine):
     eng = open_engine()
@@ -242,6 +256,7 @@ def test_concurrent_appends_and_seals_never_violate_the_frontier(open_engine):
             seals[r.lsn] = last_seal
 
 
+@pytest.mark.every_log
 def test_set_since_rules(open_engine):
     eng = open_engine()
     eng.add_relation("r", SCHEMA)
@@ -295,6 +310,7 @@ BAD_CALLS = {
 }
 
 
+@pytest.mark.every_log
 @pytest.mark.parametrize("case", sorted(BAD_CALLS))
 def test_bad_input_is_a_typed_error_and_writes_nothing(open_engine, tmp_path, case):
     eng = open_engine()
@@ -313,6 +329,7 @@ def test_bad_input_is_a_typed_error_and_writes_nothing(open_engine, tmp_path, ca
     assert dir_digest(tmp_path / "data") == digest
 
 
+@pytest.mark.every_log
 def test_second_engine_on_same_dir_is_refused(open_engine, tmp_path):
     open_engine()
     with pytest.raises(errors.DataDirLocked):
@@ -344,6 +361,7 @@ CRASHER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.every_log
 def test_sigkill_mid_appends_keeps_acknowledged_and_no_partial_transaction(open_engine, engine_options, tmp_path):
     data = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(data), json.dumps(engine_options(str(data)))],
@@ -390,3 +408,26 @@ def test_storage_options_are_remembered_by_the_data_directory(tmp_path):
         sediment.open(tmp_path / "new", wal="bogus")
     with sediment.open(tmp_path / "new") as eng:
         assert eng.relations() == []
+
+
+@pytest.mark.every_log
+@pytest.mark.embedded_only  # reads eng.wal
+def test_compaction_trims_the_log_and_a_restart_reads_the_same(open_engine, wal_backend):
+    """Compaction moves sealed updates into batches and trims the log below them; the
+    reopened engine answers exactly as before, from batches and the log's tail."""
+    eng = open_engine(segment_bytes=1 << 14)
+    eng.add_relation("r", pa.schema([("k", pa.int64())]))
+    for t in range(1, 200):
+        eng.append("r", pa.table({"k": [t % 17], "time": [t], "diff": [1]}))
+        eng.seal("r", t)
+    eng.compact()
+    before = eng.snapshot("r", 199).sort_by("k").to_pylist()
+    assert sum(r["diff"] for r in before) == 199
+    assert eng.wal.start_lsn > 0, f"the {wal_backend} log was not trimmed after compaction"
+    eng.close()
+    eng = open_engine(segment_bytes=1 << 14)
+    assert eng.sealed("r") == 199
+    assert eng.snapshot("r", 199).sort_by("k").to_pylist() == before
+    eng.append("r", pa.table({"k": [1], "time": [200], "diff": [1]}))
+    eng.seal("r", 200)
+    assert sum(r["diff"] for r in eng.snapshot("r", 200).to_pylist()) == 200

@@ -9,16 +9,11 @@ run as plain tests; a new defect gets a new test, marked ``xfail`` until it is f
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-sys.path.insert(0, BENCH)
-
-import faults_damage as fd  # noqa: E402
-import faults_kills as fk  # noqa: E402
-import faults_power as fp  # noqa: E402
+from support import faults_damage as fd
+from support import faults_kills as fk
+from support import faults_power as fp
 
 SEED = 12
 
@@ -146,6 +141,7 @@ def test_damaged_batch_is_detected(pristine):
 def test_damaged_batch_footer_is_detected(pristine):
     """Bit flips in each batch's Parquet footer (issue 12 finding 5): a typed error, verify agrees."""
     build, copy, model, frames, kinds, needed = pristine("file")
+    assert kinds.get("batch"), f"the pristine directory holds no batch to damage: {sorted(kinds)}"
     results = []
     for path in kinds["batch"]:
         size = os.path.getsize(os.path.join(copy, path))

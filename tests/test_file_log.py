@@ -297,6 +297,7 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_append(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+    assert len(acked) == 1500, f"the writer stopped after {len(acked)} acknowledged appends"
     log = FileLog.open(root, segment_bytes=1 << 16, create=True)
     by_lsn = {r.lsn: r for r in log.scan() if r.kind == RecordKind.UPDATES}
     for lsn, i in acked:

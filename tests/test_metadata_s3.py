@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from faulty_proxy import FaultyProxy
+from support.faulty_proxy import FaultyProxy
 
 from sediment.errors import InvalidMetadataRequest, MetadataConflict, MetadataError
 from sediment.metadata import s3_format as fmt

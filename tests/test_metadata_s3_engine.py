@@ -8,7 +8,7 @@ import os
 
 import pyarrow as pa
 import pytest
-from test_replication import KEY
+from support.replication import KEY
 
 import sediment
 from sediment.metadata.names import STORAGE
@@ -75,7 +75,7 @@ def test_coordinator_sigkilled_mid_stream_is_replaced_from_s3_metadata(tmp_path,
     import subprocess
     import sys
 
-    from test_replicated_engine import COORDINATOR
+    from support.replication import COORDINATOR
 
     endpoint, bucket = s3_bucket
     spec = f"s3://{bucket}/meta?endpoint={endpoint}"

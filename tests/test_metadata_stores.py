@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
-from waiting import Progress
+from support.waiting import Progress
 
 from sediment.errors import (
     DataDirLocked,

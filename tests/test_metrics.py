@@ -11,7 +11,7 @@ import urllib.request
 import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from served import Served
+from support.served import Served
 
 import sediment
 from sediment.cli import main as cli_main
@@ -139,7 +139,7 @@ def test_storage_nodes_expose_metrics_over_http(tmp_path):
     them counted every record, and each reports its partition's next LSN."""
     import uuid
 
-    from test_replication import free_port
+    from support.replication import free_port
 
     from sediment.metadata.memory import MemoryMetadataStore
     from sediment.wal import record as rec
@@ -182,7 +182,7 @@ def test_storage_nodes_expose_metrics_over_http(tmp_path):
 
 @pytest.mark.slow
 def test_a_replicated_engine_reports_quorum_latency_and_replica_lag(tmp_path):
-    from test_replication import KEY, Node
+    from support.replication import KEY, Node
 
     from sediment.metadata.memory import MemoryMetadataStore
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_replication import KEY, Node, r, wait_until
+from support.replication import KEY, Node, r, wait_until
 
 from sediment.errors import OutcomeUnknown, WalMissing
 from sediment.metadata.memory import MemoryMetadataStore

@@ -1,6 +1,6 @@
 """One suite for the PartitionStore protocol (wal/replication/node/partition_store.py), run over
 every store a storage node can serve from: segment files (FilePartitionStore), memory
-(MemoryPartitionStore) and the simulation's disk with a write cache (tests/sim_world.py). The
+(MemoryPartitionStore) and the simulation's disk with a write cache (tests/support/sim_world.py). The
 request path of the storage node checks requests first; these are the stores' own answers, so
 a node behaves the same over any of them."""
 
@@ -12,7 +12,7 @@ import uuid
 import pytest
 import trio
 import trio.testing
-from sim_world import SimDisk, SimPartitionStore
+from support.sim_world import SimDisk, SimPartitionStore
 
 from sediment.errors import LowWaterMarkRegression, WalError
 from sediment.wal import record as rec

@@ -6,7 +6,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from test_replication import KEY, Node
+from support.replication import COORDINATOR, KEY, Node
 
 import sediment
 
@@ -43,21 +43,6 @@ def test_engine_over_three_storage_nodes_survives_a_dead_replica_and_a_restart(t
         for n in nodes:
             if n.proc is not None:
                 n.kill()
-
-
-COORDINATOR = """
-import json, sys, pyarrow as pa, sediment
-options = json.loads(sys.argv[2])
-eng = sediment.open(sys.argv[1], **options)
-if "r" not in eng.relations():
-    eng.add_relation("r", pa.schema([("k", pa.int64())]))
-t = eng.sealed("r") + 1
-while True:
-    eng.append("r", pa.table({"k": [t], "time": [t], "diff": [1]}))
-    eng.seal("r", t)
-    print(t, flush=True)
-    t += 1
-"""
 
 
 def test_coordinator_killed_mid_stream_then_a_new_one_recovers(tmp_path, zookeeper, zk_root):

@@ -5,19 +5,15 @@ Nodes are killed with SIGKILL by PID. Every wait is on a condition with a deadli
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from waiting import Progress
+from support.replication import KEY, Node, free_port, r, wait_until  # noqa: F401 - used here and re-exported
+from support.waiting import Progress
 
 from sediment.errors import QuorumLost, QuorumUnavailable, ReplicationError, SessionFenced
 from sediment.metadata.memory import MemoryMetadataStore
@@ -28,61 +24,6 @@ from sediment.wal.replication.partition_meta import PartitionMetaStore
 from sediment.wal.replication.replicated_log import ReplicatedLog
 
 pytestmark = pytest.mark.timeout(120)
-KEY = uuid.UUID("5e5e5e5e-0000-4000-8000-000000000001")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(log: ReplicatedLog, predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    """Wait for ``predicate`` over the coordinator's state, re-checked on each change."""
-    assert log.wait_for(predicate, timeout), (f"no {what} within {timeout}s (the coordinator: fenced "
-                                              f"{log.coordinator.fenced}, replicas {log.replica_lag()})")
-
-
-class Node:
-    """A storage node subprocess (``python -m sediment.wal.replication.node.storage_node``)."""
-
-    def __init__(self, directory: Path, key: uuid.UUID = KEY, extra_args: tuple[str, ...] = ()) -> None:
-        self.dir = directory
-        self.extra_args = extra_args
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.key = key
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir", str(self.dir), "--listen", self.address,
-             "--cluster-key", str(self.key), *self.extra_args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        assert line.startswith("listening on"), f"node did not start: {line!r} {self.proc.stderr.read()}"
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.proc = None
-
-    def records(self, partition: int = 0) -> list[bytes]:
-        """The record bodies on disk, read with the segment scanner (node must be stopped or idle)."""
-        from sediment.wal import segment as sg
-        pdir = self.dir / str(partition)
-        out: list[bytes] = []
-        for name in sorted(os.listdir(pdir)):
-            parsed = sg.parse_name(name)
-            if parsed and parsed[1] == "seg":
-                _scan, recs = sg.scan_segment(str(pdir / name), parsed[0], want_records=True)
-                out += [r.body for r in recs]
-        return out
-
-
-def r(i: int) -> rec.Record:
-    return rec.Record(rec.RecordKind.UPDATES, relation_id=1, t_lo=i, t_hi=i, body=f"rec-{i}".encode())
 
 
 def open_log(nodes, meta, **kw) -> ReplicatedLog:

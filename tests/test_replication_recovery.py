@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_replication import KEY, Node, r, wait_until
+from support.replication import KEY, Node, r, wait_until
 
 from sediment.metadata.zookeeper import ZooKeeperMetadataStore
 from sediment.wal import record as rec

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from faulty_proxy import FaultyProxy
+from support.faulty_proxy import FaultyProxy
 
 from sediment.blob import S3BlobStore
 from sediment.blob.owner import OWNER_KEY, claim, read_owner

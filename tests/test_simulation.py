@@ -1,4 +1,4 @@
-"""The seeded simulation of the whole replicated log (tests/sim_cluster.py), and its parts.
+"""The seeded simulation of the whole replicated log (tests/support/sim_cluster.py), and its parts.
 
 Hundreds of seeds run here in small configurations (a few virtual seconds each); the
 bench (bench/simulate.py) runs thousands in larger ones. Any failure prints the command
@@ -14,9 +14,9 @@ import sys
 import pytest
 import trio
 import trio.testing
-from sim_checker import Final, History, check_final
-from sim_cluster import FAULT_KINDS, run_seed
-from sim_world import SimDisk, SimNet, SimPartitionStore
+from support.sim_checker import Final, History, check_final
+from support.sim_cluster import FAULT_KINDS, run_seed
+from support.sim_world import SimDisk, SimNet, SimPartitionStore
 
 from sediment.wal.control import PartitionState
 

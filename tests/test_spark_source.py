@@ -1,7 +1,7 @@
 """The ``sediment`` data source as a Delta or Paimon user tries it: ``load()`` gives the table,
 every read option against a Python model, errors before any job, SQL tables and views,
 pushdown, key-range splits of batches and of the WAL tail. A real local[2] session (shared,
-from tests/fixtures_spark.py) and a Flight coordinator on 127.0.0.1."""
+from tests/support/fixtures_spark.py) and a Flight coordinator on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
 
-from fixtures_spark import append_updates, append_wal_tail  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
+from support.fixtures_spark import append_updates, append_wal_tail  # noqa: E402
 
 from sediment import spark_jobs  # noqa: E402
 from sediment.errors import AsOfOutOfRange, InvalidArgument  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
 
-from fixtures_spark import append_updates, append_wal_tail  # noqa: E402
+from support.fixtures_spark import append_updates, append_wal_tail  # noqa: E402
 
 from sediment.errors import InvalidArgument, TransactionError  # noqa: E402
 from sediment.spark_jobs import stream_write  # noqa: E402

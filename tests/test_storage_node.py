@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_replication import KEY, Node
+from support.replication import KEY, Node
 
 from sediment.errors import LowWaterMarkRegression, WalError
 from sediment.wal import record as rec

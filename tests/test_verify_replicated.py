@@ -8,7 +8,7 @@ import os
 
 import pyarrow as pa
 import pytest
-from test_replication import KEY
+from support.replication import KEY
 
 import sediment
 from sediment.cli import main

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_replication import Node
+
+from support.replication import Node
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:  # also run as a child process by its path: find the support package
+    sys.path.insert(0, TESTS)
 
-from faults_model import DROP_WEIGHT, SEGMENT_SIZES, Model, check_engine, next_op, run_op  # noqa: E402
+from support.faults_model import DROP_WEIGHT, SEGMENT_SIZES, Model, check_engine, next_op, run_op  # noqa: E402
 
 OPS_PER_CHILD = 24
 # Steps inside the engine where a child kills itself (SIGKILL) at a chosen call, "before" or

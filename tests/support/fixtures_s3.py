@@ -18,11 +18,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
-from faulty_proxy import FaultyProxy
 from moto.server import ThreadedMotoServer
 
 from sediment.blob import FileBlobStore, MemoryBlobStore, S3BlobStore
 from sediment.blob.protocol import BlobStore
+from support.faulty_proxy import FaultyProxy
 
 # The blob_store fixture's S3 store goes multipart above this size (parts of 5 MiB).
 TEST_MULTIPART_THRESHOLD = 6 * 1024 * 1024

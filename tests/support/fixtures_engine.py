@@ -10,6 +10,12 @@ whose close() also stops the server and closes the engine. Tests that reach into
 engine internals are marked ``embedded_only`` and are not run through the server. The
 network path does not depend on the backends, so "server" runs with the file WAL and
 the file blob store only (SEDIMENT_TEST_SERVER_MATRIX=full runs every combination).
+
+``wal_backend`` is the log: the file log and the device ring run every engine test; the slower
+logs, the replicated log (three storage nodes in this process, metadata in a real ZooKeeper,
+batches in a shared blob directory, as a deployment does) and the log on S3 (log, metadata and
+batches in moto's S3, as an S3-only deployment), run the
+tests marked ``every_log``, embedded, each with the blob store of its deployment.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ import uuid
 import pytest
 
 import sediment
+from support.wal_backends import KEY, InProcessNodes
 
-WAL_BACKENDS = ["file", "device"]
+SLOW_LOGS = ["replicated", "s3"]
+WAL_BACKENDS = ["file", "device", pytest.param("replicated", marks=pytest.mark.zookeeper),
+                *(pytest.param(log, marks=pytest.mark.s3) for log in SLOW_LOGS[1:])]
 DEVICE_CAPACITY = 32 << 20
 BLOB_BACKENDS = ["file", pytest.param("s3", marks=pytest.mark.s3)]
 ACCESS = ["embedded", "server"]
@@ -29,20 +38,26 @@ ACCESS = ["embedded", "server"]
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "embedded_only: uses engine internals, so not run through the server")
+    config.addinivalue_line("markers", "every_log: also runs on the slower logs (replicated, S3)")
+
+
+def _dropped(item, full: bool) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if params.get("wal_backend") in SLOW_LOGS:
+        return not item.get_closest_marker("every_log") or params.get("access") != "embedded" or (
+            params.get("blob_options") != "file")
+    if params.get("access") != "server":
+        return False
+    return bool(item.get_closest_marker("embedded_only")) or not full and (
+        params.get("wal_backend", "file") != "file" or params.get("blob_options", "file") != "file")
 
 
 def pytest_collection_modifyitems(config, items):
     """Deselect the "server" runs of embedded_only tests, and (unless the full matrix is
-    asked for) those on other backends than the file WAL and file blob store."""
+    asked for) those on other backends than the file WAL and file blob store; the slower logs
+    keep only the embedded runs of the tests marked every_log."""
     full = os.environ.get("SEDIMENT_TEST_SERVER_MATRIX") == "full"
-    drop = []
-    for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("access") != "server":
-            continue
-        if item.get_closest_marker("embedded_only") or not full and (
-                params.get("wal_backend", "file") != "file" or params.get("blob_options", "file") != "file"):
-            drop.append(item)
+    drop = [item for item in items if _dropped(item, full)]
     if drop:
         config.hook.pytest_deselected(items=drop)
         dropped = set(map(id, drop))
@@ -70,12 +85,34 @@ def blob_options(request):
     return {"blob": f"s3://{bucket}/engine-{uuid.uuid4().hex}", "s3_endpoint": moto.endpoint}
 
 
+def _slow_log_options(wal_backend: str, request) -> dict:
+    """The deployment of a slower log: for the replicated log, three storage nodes (stopped
+    when the test ends), its ZooKeeper and a shared blob directory; for the log on S3, a bucket."""
+    tmp_path = request.getfixturevalue("tmp_path")
+    if wal_backend == "s3":
+        endpoint, bucket = request.getfixturevalue("s3_bucket")
+        return {"endpoint": endpoint, "bucket": bucket}
+    zookeeper, root = request.getfixturevalue("zookeeper"), request.getfixturevalue("zk_root")
+    nodes = InProcessNodes(tmp_path / "storage-nodes")
+    nodes.start()
+    request.addfinalizer(nodes.stop)
+    return {"replicas": nodes.addresses, "cluster_key": str(KEY),
+            "metadata": f"zk://{zookeeper.hosts}{root}", "blob": f"file://{tmp_path}/shared-blobs"}
+
+
 @pytest.fixture
-def engine_options(wal_backend, blob_options):
+def engine_options(wal_backend, blob_options, request):
     """``engine_options(data_dir)``: the options that select this test's backends, also for
     child processes (crash tests), which must open the same WAL and blob store."""
+    slow = _slow_log_options(wal_backend, request) if wal_backend in SLOW_LOGS else {}
 
     def options(data_dir) -> dict:
+        if wal_backend == "s3":  # nothing but S3; each data directory its own engine
+            at = f"s3://{slow['bucket']}/{os.path.basename(data_dir)}"
+            return {"wal": f"{at}/wal", "metadata": f"{at}/meta?endpoint={slow['endpoint']}",
+                    "blob": f"{at}/blobs", "s3_endpoint": slow["endpoint"]}
+        if wal_backend == "replicated":
+            return dict(slow)
         out = dict(blob_options)
         if wal_backend == "device":  # a preallocated file beside the data directory stands for the device
             out.update(wal=f"device:{data_dir}.ring", wal_capacity=DEVICE_CAPACITY)

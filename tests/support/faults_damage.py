@@ -25,11 +25,11 @@ import shutil
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:  # also run as a child process by its path: find the support package
+    sys.path.insert(0, TESTS)
 
-from faults_model import Model, check_engine, next_op, run_op, table_of  # noqa: E402
+from support.faults_model import Model, check_engine, next_op, run_op, table_of  # noqa: E402
 
 DAMAGES = ("bitflip", "truncate", "zero4k", "garbage", "delete")
 CLASSES = ("same", "typed", "reported", "silent", "untyped", "hang")

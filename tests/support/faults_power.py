@@ -29,12 +29,12 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:  # also run as a child process by its path: find the support package
+    sys.path.insert(0, TESTS)
 
-from faults_model import DROP_WEIGHT, Model, check_engine, next_op, run_op  # noqa: E402
-from faults_model import SEGMENT_SIZES as SIZES  # noqa: E402 - each workload opens with one, reopens with others
+from support.faults_model import DROP_WEIGHT, Model, check_engine, next_op, run_op  # noqa: E402
+from support.faults_model import SEGMENT_SIZES as SIZES  # noqa: E402 - each workload opens with one, reopens with others
 
 
 def options_of(seed: int) -> dict:

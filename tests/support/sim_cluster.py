@@ -3,10 +3,10 @@
 ``run_seed(seed)`` builds a cluster in memory under trio's MockClock: real
 :class:`StorageNode` request handling over :class:`SimDisk` storage, real
 :class:`Coordinator` s (store sessions, recovery, catch-up) over a simulated network
-(tests/sim_world.py), partition metadata in a :class:`MemoryMetadataStore` behind a
+(tests/support/sim_world.py), partition metadata in a :class:`MemoryMetadataStore` behind a
 wrapper that can fail or race. Clients append; a schedule drawn from the seed injects
 faults; then every fault heals, a final coordinator recovers, and the history checker
-(tests/sim_checker.py) judges the run. Same seed, same schedule, same result.
+(tests/support/sim_checker.py) judges the run. Same seed, same schedule, same result.
 
 The code under test is used only through what the real log uses: ``Coordinator(...)``,
 ``submit``, ``run``, ``writable``, ``in_sync()``, ``session``, ``committed``, ``fenced``,
@@ -27,9 +27,6 @@ from dataclasses import dataclass, field
 
 import trio
 import trio.testing
-from sim_checker import Final, History, Violation, check_final
-from sim_instruments import Livelock, TraceLogs
-from sim_world import SimDisk, SimNet, SimNodeEndpoint, SimPartitionStore
 
 from sediment.errors import MetadataError
 from sediment.metadata.memory import MemoryMetadataStore
@@ -38,6 +35,9 @@ from sediment.wal.replication.node.storage_node import StorageNode
 from sediment.wal.replication.partition_meta import UNRESOLVED, PartitionMeta, PartitionMetaStore
 from sediment.wal.replication.partition_meta import key as meta_key
 from sediment.wal.replication.store_session import Coordinator
+from support.sim_checker import Final, History, Violation, check_final
+from support.sim_instruments import Livelock, TraceLogs
+from support.sim_world import SimDisk, SimNet, SimNodeEndpoint, SimPartitionStore
 
 KEY = uuid.UUID(int=13)
 
