@@ -275,6 +275,7 @@ class Client:
             raise ServerError(f"the server at {uri} speaks sediment protocol {info.get('protocol')}, this client "
                               f"{PROTOCOL_VERSION}; use matching sediment versions")
         self.data_dir: str = info.get("data_dir", "")
+        self.cluster: str | None = info.get("cluster")  # a cluster member's cluster URI
 
     # --- plumbing ------------------------------------------------------------------------------
 

@@ -159,7 +159,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             return lambda a: call(*(field(a, key, op) for key in keys))
 
         return {
-            "ping": (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir}, "protocol check"),
+            "ping": (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir,
+                                "cluster": getattr(eng, "cluster_uri", None)}, "protocol check"),
             "add_relation": (self._add_relation, "create a relation {name, schema: base64 IPC}"),
             "drop_relation": (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
             "relations": (lambda a: eng.relations(bool(a.get("include_internal"))),
@@ -198,7 +199,10 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _add_relation(self, args: dict[str, Any]) -> None:
         schema = schema_from_b64(field(args, "schema", "add_relation"))
-        self.engine.add_relation(field(args, "name", "add_relation"), schema)
+        if "partition" in args:  # a cluster member (cluster/router.py) places the relation in it
+            self.engine.add_relation(field(args, "name", "add_relation"), schema, partition=args["partition"])
+        else:
+            self.engine.add_relation(field(args, "name", "add_relation"), schema)
 
     def _release_read(self, args: dict[str, Any]) -> None:
         lease = field(args, "lease", "release_read")
