@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from sediment.cluster import layout
+from sediment.cluster.applied import AppliedOnce
 from sediment.cluster.member import Member
 from sediment.errors import (
     CrossPartitionTransaction,
@@ -42,6 +43,7 @@ class ClusterEngine:
         self.superseded = None
         self.superseded_listeners: list = []
         self._txn_ids = itertools.count(1)
+        self._applied = AppliedOnce()
 
     # --- routing -------------------------------------------------------------------------------
 
@@ -123,6 +125,14 @@ class ClusterEngine:
             self._write(name, "append", updates)
         else:
             self._write(name, "append", updates, locks=locks)
+
+    def append_once(self, name: str, updates: pa.Table, client: str, seq: int) -> None:
+        """An append with an idempotency key: applied at most once however often it is retried,
+        here or at a later owner (cluster/applied.py)."""
+        engine, p, generation = self._engine(name)
+        if not self._applied.append(engine, p, name, updates, client, seq):
+            self.metrics.deduplicated.inc()
+        self.member.check_still_serving(p, generation)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
         parts = {self._partition(name) for name in updates}

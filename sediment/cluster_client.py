@@ -13,28 +13,32 @@ retried until ``deadline`` seconds have passed; then the last error reaches the 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from sediment.client import Client, RemoteTransaction
+from sediment.client import Client, RemoteTransaction, _as_table
 from sediment.cluster import layout
 from sediment.errors import (
+    CoordinatorSuperseded,
     CoordinatorUnavailable,
     CrossPartitionTransaction,
     EngineClosed,
-    MembershipLost,
     NotPartitionOwner,
+    OutcomeUnknown,
     UnknownRelation,
 )
 
 DEFAULT_DEADLINE = 30.0  # seconds a call keeps following redirects and moves
 RETRY_PAUSE = 0.05  # seconds between tries while a partition has no reachable owner
-# Refused before anything was done at that member: always safe to send again elsewhere.
-_MOVED = (NotPartitionOwner, CoordinatorUnavailable, EngineClosed)
+# The owner went away (died, lost its session, was fenced or closed) while or before the call
+# ran: an idempotent call goes again to the new owner.
+_MOVED = (CoordinatorUnavailable, EngineClosed, OutcomeUnknown, CoordinatorSuperseded)
 
 
 class ClusterClient:
@@ -52,6 +56,9 @@ class ClusterClient:
         self._owners: dict[int, tuple[str | None, int]] = {}  # partition -> (address, generation)
         self._seeds: list[str] = []
         self._leases: dict[int, str] = {}
+        self._client_id = uuid.uuid4().hex
+        self._threads = itertools.count(1)
+        self._local = threading.local()
         self._zk: Any = None
         self._where: layout.ClusterPath | None = None
         if uri.startswith(layout.SCHEME):
@@ -94,6 +101,8 @@ class ClusterClient:
         known = self._owners.get(partition)
         if known is None or generation > known[1] or (generation == known[1] and address is not None):
             self._owners[partition] = (address, generation)
+        if address is not None and address not in self._seeds:
+            self._seeds.append(address)
 
     def _target(self, name: str | None) -> str:
         with self._lock:
@@ -128,11 +137,21 @@ class ClusterClient:
                 self._seeds.remove(address)
         self._drop(address)
 
-    def route(self, name: str | None, call: Callable[[Client], Any], *, retry_unknown: bool = False) -> Any:
+    def _next_key(self) -> tuple[str, int]:
+        local = self._local
+        if not hasattr(local, "client"):
+            local.client, local.seq = f"{self._client_id}-{next(self._threads)}", 0
+        local.seq += 1
+        return local.client, local.seq
+
+    def route(self, name: str | None, call: Callable[[Client], Any], *, retry_unknown: bool = False,
+              unknown_outcome: bool = False) -> Any:
         """``call`` at the owner of ``name``'s partition, following redirects and moves until the
         deadline. ``retry_unknown``: also resend after an outcome-unknown failure (calls that
-        are idempotent, such as reads and seals)."""
+        are idempotent: reads, seals, keyed appends); ``unknown_outcome``: past the deadline
+        such a call raises OutcomeUnknown, since an attempt may have landed."""
         deadline = time.monotonic() + self.deadline
+        uncertain: BaseException | None = None
         while True:
             address = self._target(name)
             try:
@@ -145,13 +164,20 @@ class ClusterClient:
                 if name is None or name in self._partition_of or self._zk is None:
                     raise
                 self._pause_and_refresh(deadline, err)
-            except (*_MOVED, MembershipLost) as err:
-                if isinstance(err, MembershipLost) and not retry_unknown:
-                    raise
+            except _MOVED as err:
+                if not retry_unknown:
+                    raise  # the call may have been carried out: only an idempotent one goes again
+                uncertain = err
                 self._forget_owner(address)
+                if time.monotonic() > deadline:
+                    break
                 self._pause_and_refresh(deadline, err)
             if time.monotonic() > deadline:
-                raise CoordinatorUnavailable(f"no owner of {name!r} in {self.uri} answered within {self.deadline:g} s")
+                break
+        if unknown_outcome and uncertain is not None:
+            raise OutcomeUnknown(f"append to {name!r} in {self.uri}: no owner acknowledged it within {self.deadline:g} "
+                                 f"s (last: {uncertain}); it may or may not have been applied") from None
+        raise CoordinatorUnavailable(f"no owner of {name!r} in {self.uri} answered within {self.deadline:g} s")
 
     def _pause_and_refresh(self, deadline: float, err: BaseException) -> None:
         if time.monotonic() > deadline:
@@ -194,7 +220,18 @@ class ClusterClient:
     # --- writes --------------------------------------------------------------------------------
 
     def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
-        self.route(name, lambda c: c.append(name, updates, locks=locks))
+        """Append with an idempotency key (this thread's client id, its next sequence number):
+        an outcome-unknown failure (the owner died, lost its session, was fenced) is sent again,
+        to the new owner, until the deadline, and applied at most once. ``locks`` appends go
+        without a key (a lock check is not idempotent), so they are not retried after an unknown
+        outcome."""
+        if locks is not None:
+            self.route(name, lambda c: c.append(name, updates, locks=locks))
+            return
+        table = _as_table(name, updates)
+        key = self._next_key()
+        command = {"op": "append_once", "relation": name, "client": key[0], "seq": key[1]}
+        self.route(name, lambda c: c._put(command, table), retry_unknown=True, unknown_outcome=True)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
         names = sorted(updates)

@@ -331,6 +331,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             table = reader.read_all()
             if op == "append":
                 self._append(name, table, args.get("txn"), args.get("locks"))
+            elif op == "append_once" and hasattr(self.engine, "append_once"):  # a cluster member's
+                self.engine.append_once(name, table, field(args, "client", op), field(args, "seq", op))
             elif op == "stage":
                 check_name(name)  # a name that is not a string must not become a staging key
                 stage = str(field(args, "stage", "do_put descriptor"))
