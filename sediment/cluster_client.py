@@ -406,7 +406,7 @@ def cluster_status(uri: str, token: str | None = None) -> dict:
     for address in set(members.values()):
         try:
             with Client(address, token) as c:
-                per_member[address] = c.stats(True).get("partitions", {})
+                per_member[address] = c.stats().get("partitions", {})
         except Exception:  # noqa: BLE001 - an unreachable member shows no figures
             per_member[address] = {}
     partitions = []

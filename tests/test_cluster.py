@@ -4,7 +4,10 @@ their PIDs. The scenarios share one cluster per test where they can, to keep the
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,6 +16,8 @@ import pytest
 from cluster_procs import TOKEN, Cluster
 
 import sediment
+from sediment.client import Client
+from sediment.errors import CrossPartitionTransaction, NotPartitionOwner
 
 pytestmark = [pytest.mark.slow, pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(240)]
 SCHEMA = pa.schema([("k", pa.int64())])
@@ -82,3 +87,57 @@ def test_members_share_partitions_and_a_killed_owner_is_replaced(cluster):
             assert keys_of(db, name, 4000) == sorted(acked[name]) and len(acked[name]) == 300
         new_owner = cluster.owner_of(0)
         assert new_owner is not victim and new_owner.proc.poll() is None
+
+
+def test_redirects_stale_addresses_cross_partition_and_status(cluster, tmp_path):
+    members = [cluster.start_member() for _ in range(3)]
+    view = cluster.wait_assigned(members)
+    with sediment.connect(cluster.uri, token=TOKEN) as db:
+        db.add_relation("a", SCHEMA, partition=0)
+        db.add_relation("b", SCHEMA, partition=1)
+        db.append("a", rows([1]))
+        # a member that does not own partition 0 answers a plain client with a typed redirect
+        owner = cluster.owner_of(0)
+        other = next(m for m in members if m is not owner)
+        with Client(other.uri, TOKEN) as plain, pytest.raises(NotPartitionOwner) as redirect:
+            plain.snapshot("a", 1)
+        assert (redirect.value.partition, redirect.value.owner) == (0, owner.uri)
+        assert redirect.value.generation == view["assignment"][0][1]
+        # a client that knows only that member's address follows the redirect
+        with sediment.connect(other.uri, token=TOKEN) as via_member:
+            via_member.append("a", rows([2]))
+            assert keys_of(via_member, "a", 1) == [1, 2]
+        # one transaction over two partitions is refused before anything of it is written
+        tx = db.transaction()
+        tx.append("a", rows([3], t=2))
+        with pytest.raises(CrossPartitionTransaction):
+            with db.transaction() as tx2:
+                tx2.append("a", rows([4], t=2))
+                db.commit_all([tx, tx2, _bound(db, "b")])
+        with pytest.raises(CrossPartitionTransaction):
+            db.append_many({"a": rows([5], t=2), "b": rows([5], t=2)})
+        assert keys_of(db, "a", 2) == [1, 2] and keys_of(db, "b", 2) == []
+        out = subprocess.run([sys.executable, "-m", "sediment", "--connect", cluster.uri, "cluster", "status",
+                              "--json"], env=cluster.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        status = json.loads(out.stdout)
+        assert {m["advertise"] for m in status["members"]} == {m.uri for m in members}
+        assert status["manager"] == min(members, key=lambda m: m.member_id).uri
+        p0 = status["partitions"][0]
+        assert (p0["owner"], p0["generation"], p0["sealed"]) == (owner.uri, view["assignment"][0][1], {"a": 2})
+        assert isinstance(p0["wal_backlog_bytes"], int)
+        # the stale address: its member is gone, the client still finds the owners through ZooKeeper
+        victim = cluster.owner_of(1)
+        stale = sediment.connect(cluster.uri, token=TOKEN)
+        stale.append("b", rows([6], t=3))  # learns victim as the owner of partition 1
+        victim.signal(signal.SIGKILL)
+        victim.wait()
+        stale.append("b", rows([7], t=3))
+        assert keys_of(stale, "b", 3) == [6, 7]
+        stale.close()
+
+
+def _bound(db, name: str):
+    tx = db.transaction()
+    tx.append(name, rows([9], t=2))
+    return tx

@@ -67,12 +67,15 @@ def cmd_cluster_create(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_status(args: argparse.Namespace) -> int:
-    from sediment.net.cluster_client import cluster_status
+    import os
+
+    from sediment.cluster_client import cluster_status
+    from sediment.net.protocol import TOKEN_ENV
 
     uri = getattr(args, "connect", None) or getattr(args, "metadata", None) or ""
     if not uri.startswith("zk://"):
         raise UsageError(f"cluster status needs --connect zk://HOST:PORT/NAME, not {uri!r}")
-    status = cluster_status(uri)
+    status = cluster_status(uri, getattr(args, "token", None) or os.environ.get(TOKEN_ENV))
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
