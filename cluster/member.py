@@ -56,6 +56,7 @@ class Member:
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._session_lost = False
+        self._heard = 0.0  # monotonic time of the last pass that read ZooKeeper
         self._leaving = False
         self._engines: dict[int, tuple[Any, int]] = {}  # partition -> (engine, generation)
         self._opening: set[int] = set()
@@ -97,6 +98,8 @@ class Member:
             with self._lock:
                 if not self._engines and not self._opening:
                     return True
+            if set(self.view["members"]) <= {self.member_id}:
+                return False  # nobody to hand over to
             time.sleep(0.05)
         return False
 
@@ -124,12 +127,18 @@ class Member:
             p = self._read_relation(name)
         return p
 
+    def _in_touch(self) -> bool:
+        """Connected, the session not lost, and ZooKeeper read within half the session timeout:
+        a process resumed after a pause (SIGSTOP, a long GC) refuses before kazoo notices."""
+        return (self._connected.is_set() and not self._session_lost
+                and time.monotonic() - self._heard < self.config.session_timeout / 2)
+
     def engine_for(self, partition: int) -> tuple[Any, int]:
         """(engine, generation) of a partition this member serves now; NotPartitionOwner (a
-        redirect naming the owner) otherwise, also while the ZooKeeper connection is down."""
+        redirect naming the owner) otherwise, also while out of touch with ZooKeeper."""
         with self._lock:
             held = self._engines.get(partition)
-            if held is not None and self._connected.is_set() and not self._session_lost:
+            if held is not None and self._in_touch():
                 return held
         self.metrics.redirects.inc()
         owner, generation = self.view["assignment"].get(partition, (None, -1))
@@ -142,7 +151,7 @@ class Member:
         """After a write: acknowledge only while the session holds and the partition is still ours."""
         with self._lock:
             held = self._engines.get(partition)
-            ok = held is not None and held[1] == generation and self._connected.is_set() and not self._session_lost
+            ok = held is not None and held[1] == generation and self._in_touch()
         if not ok:
             raise MembershipLost(f"{self.advertise} lost partition {partition} (or its ZooKeeper session) while "
                                  "the call ran: it may or may not have been applied; retry at the owner")
@@ -214,6 +223,7 @@ class Member:
         data, stat = self._read_assignment()
         view = layout.read_view(zk, where)
         self.view = view
+        self._heard = time.monotonic()
         if view["manager"] == self.member_id:
             self._manage(sorted(members), set(leaving) & set(members), data, stat)
             data, stat = self._read_assignment()
@@ -251,7 +261,7 @@ class Member:
             self._wake.set()  # another manager's write came first: plan again from it
 
     def _apply(self, assignment: dict[int, tuple[str, int]]) -> None:
-        mine = {p: g for p, (m, g) in assignment.items() if m == self.member_id and not self._leaving}
+        mine = {p: g for p, (m, g) in assignment.items() if m == self.member_id}
         with self._lock:
             stale = [p for p, (_e, g) in self._engines.items() if mine.get(p) != g]
             closing = [(p, self._engines.pop(p)[0]) for p in stale]

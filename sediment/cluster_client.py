@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.flight as flight
 
 from sediment.client import Client, RemoteTransaction, _as_table
 from sediment.cluster import layout
@@ -38,7 +39,8 @@ DEFAULT_DEADLINE = 30.0  # seconds a call keeps following redirects and moves
 RETRY_PAUSE = 0.05  # seconds between tries while a partition has no reachable owner
 # The owner went away (died, lost its session, was fenced or closed) while or before the call
 # ran: an idempotent call goes again to the new owner.
-_MOVED = (CoordinatorUnavailable, EngineClosed, OutcomeUnknown, CoordinatorSuperseded)
+_MOVED = (CoordinatorUnavailable, EngineClosed, OutcomeUnknown, CoordinatorSuperseded, flight.FlightTimedOutError)
+DEFAULT_CALL_TIMEOUT = 10.0  # seconds one call may take at one member (a paused member never answers)
 
 
 class ClusterClient:
@@ -49,7 +51,7 @@ class ClusterClient:
         self.uri = uri
         self.deadline = deadline
         self._token = token
-        self._options = options
+        self._options = {"timeout": DEFAULT_CALL_TIMEOUT, **options}
         self._lock = threading.Lock()
         self._clients: dict[str, Client] = {}
         self._partition_of: dict[str, int] = {}

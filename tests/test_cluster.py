@@ -141,3 +141,104 @@ def _bound(db, name: str):
     tx = db.transaction()
     tx.append(name, rows([9], t=2))
     return tx
+
+
+class Writer:
+    """A client thread appending to one relation until stopped; when each key was acknowledged."""
+
+    def __init__(self, db, name: str, first: int) -> None:
+        self.db, self.name, self.next = db, name, first
+        self.acked: list[tuple[int, float]] = []
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.db.append(self.name, rows([self.next], t=self.next + 1))
+            except BaseException as exc:  # noqa: BLE001 - the test asserts there are none
+                self.errors.append(exc)
+                return
+            self.acked.append((self.next, time.monotonic()))
+            self.next += 1
+
+    def first_ack_after(self, t0: float, timeout: float = 60.0) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.errors:
+            after = [t for _k, t in self.acked if t > t0]
+            if after:
+                return after[0] - t0
+            time.sleep(0.01)
+        raise AssertionError(f"no append acknowledged after {timeout} s: {self.errors}")
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(60)
+        assert self.errors == []
+        return [k for k, _t in self.acked]
+
+
+def test_join_rebalances_sigterm_hands_over_and_the_manager_is_replaced(cluster):
+    first = [cluster.start_member() for _ in range(2)]
+    cluster.wait_assigned(first)
+    with sediment.connect(cluster.uri, token=TOKEN) as db:
+        for p in range(4):
+            db.add_relation(f"r{p}", SCHEMA, partition=p)
+        writers = [Writer(db, f"r{p}", 0) for p in range(4)]
+        joined = cluster.start_member()
+        cluster.wait_assigned([*first, joined], timeout=30)  # a member joins: partitions move to it
+        leaving = cluster.owner_of(2)
+        stopped = time.monotonic()
+        leaving.signal(signal.SIGTERM)
+        handover = writers[2].first_ack_after(stopped)
+        assert leaving.wait() == 0
+        assert handover <= 2.0, handover  # the new owner serves within about a second
+        rest = [m for m in cluster.live()]
+        cluster.wait_assigned(rest)
+        manager = min(rest, key=lambda m: m.member_id)
+        moved = next(p for p in range(4) if cluster.owner_of(p) is manager)
+        killed = time.monotonic()
+        manager.signal(signal.SIGKILL)
+        manager.wait()
+        failover = writers[moved].first_ack_after(killed)
+        assert failover <= cluster.session_timeout + 2 + 3, failover
+        survivors = cluster.live()
+        assert cluster.view()["manager"] == survivors[0].member_id
+        cluster.wait_assigned(survivors)
+        for w in writers:
+            acked = w.stop()
+            assert keys_of(db, w.name, w.next + 1) == acked  # nothing lost, nothing twice
+
+
+def test_a_member_paused_past_its_session_is_refused_and_rejoins(cluster, zookeeper):
+    members = [cluster.start_member() for _ in range(3)]
+    cluster.wait_assigned(members)
+    with sediment.connect(cluster.uri, token=TOKEN) as db:
+        for p in range(4):
+            db.add_relation(f"r{p}", SCHEMA, partition=p)
+            db.append(f"r{p}", rows([p]))
+        paused = cluster.owner_of(0)
+        old_id = paused.member_id
+        paused.signal(signal.SIGSTOP)
+        time.sleep(cluster.session_timeout + 2)  # a pause past the session is the scenario itself
+        db.append("r0", rows([100], t=2))  # served by the new owner meanwhile
+        assert cluster.owner_of(0) is not paused
+        paused.signal(signal.SIGCONT)
+        with Client(paused.uri, TOKEN) as stale, pytest.raises(NotPartitionOwner):
+            stale.snapshot("r0", 0)  # neither a stale read ...
+        with Client(paused.uri, TOKEN) as stale, pytest.raises(NotPartitionOwner):
+            stale.append("r0", rows([101], t=2))  # ... nor a write
+        deadline = time.monotonic() + 30
+        while paused.uri not in cluster.view()["members"].values():
+            assert time.monotonic() < deadline, "the paused member did not rejoin"
+            time.sleep(0.1)
+        assert old_id not in cluster.view()["members"]  # rejoined as a new member
+        # ZooKeeper restarts: members reconnect (or rejoin) and every partition is served again
+        zookeeper.stop()
+        zookeeper.start()
+        for p in range(4):
+            db.append(f"r{p}", rows([200 + p], t=3))
+        assert keys_of(db, "r0", 3) == [0, 100, 200]
+        assert [keys_of(db, f"r{p}", 3) for p in (1, 2, 3)] == [[1, 201], [2, 202], [3, 203]]
