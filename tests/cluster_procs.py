@@ -26,12 +26,25 @@ class MemberProc:
         self.log = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--cluster", cluster,
                                       "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", "--log-level", "info",
-                                      "--shutdown-grace", "5"],
+                                      "--shutdown-grace", "5", "--metrics-listen", "127.0.0.1:0"],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         line = self.proc.stdout.readline()
+        self.metrics_url = line.split()[-1] if line.startswith("metrics on ") else None
+        if self.metrics_url is not None:
+            line = self.proc.stdout.readline()
         assert line.startswith("serving cluster"), f"member did not start: {line!r}; see {self.log.name}"
         words = line.split()
         self.member_id, self.uri = words[words.index("as") + 1], words[-1]
+
+    def metric(self, name: str) -> float:
+        """The value of one unlabelled sample on the member's /metrics page."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as page:
+            for line in page.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise AssertionError(f"{name} not on {self.metrics_url}")
 
     @property
     def pid(self) -> int:

@@ -87,6 +87,7 @@ def test_members_share_partitions_and_a_killed_owner_is_replaced(cluster):
             assert keys_of(db, name, 4000) == sorted(acked[name]) and len(acked[name]) == 300
         new_owner = cluster.owner_of(0)
         assert new_owner is not victim and new_owner.proc.poll() is None
+        assert new_owner.metric("sediment_cluster_failovers_total") >= 1
 
 
 def test_redirects_stale_addresses_cross_partition_and_status(cluster, tmp_path):
@@ -103,6 +104,8 @@ def test_redirects_stale_addresses_cross_partition_and_status(cluster, tmp_path)
             plain.snapshot("a", 1)
         assert (redirect.value.partition, redirect.value.owner) == (0, owner.uri)
         assert redirect.value.generation == view["assignment"][0][1]
+        assert other.metric("sediment_cluster_redirects_served_total") >= 1
+        assert owner.metric("sediment_cluster_partitions_owned") >= 1
         # a client that knows only that member's address follows the redirect
         with sediment.connect(other.uri, token=TOKEN) as via_member:
             via_member.append("a", rows([2]))
@@ -130,10 +133,17 @@ def test_redirects_stale_addresses_cross_partition_and_status(cluster, tmp_path)
         victim = cluster.owner_of(1)
         stale = sediment.connect(cluster.uri, token=TOKEN)
         stale.append("b", rows([6], t=3))  # learns victim as the owner of partition 1
+        keyed = {"op": "append_once", "relation": "b", "client": "retrying-client", "seq": 1}
+        with Client(victim.uri, TOKEN) as plain:
+            plain._put(keyed, rows([8], t=3))  # applied; the client then "loses" the answer
         victim.signal(signal.SIGKILL)
         victim.wait()
         stale.append("b", rows([7], t=3))
-        assert keys_of(stale, "b", 3) == [6, 7]
+        heir = cluster.owner_of(1)
+        with Client(heir.uri, TOKEN) as plain:
+            plain._put(keyed, rows([8], t=3))  # the retry at the new owner: success, not applied again
+        assert heir.metric("sediment_cluster_appends_deduplicated_total") == 1
+        assert keys_of(stale, "b", 3) == [6, 7, 8]
         stale.close()
 
 
