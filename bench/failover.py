@@ -46,7 +46,7 @@ class Writer(threading.Thread):
     def __init__(self, db, name: str, batch: int = 1) -> None:
         super().__init__(daemon=True)
         self.db, self.name, self.batch = db, name, batch
-        self.acks: list[float] = []
+        self.acks: list[tuple[float, float]] = []  # (sent, acknowledged)
         self.keys: list[int] = []
         self.errors: list[BaseException] = []
         self.halt = threading.Event()
@@ -55,18 +55,21 @@ class Writer(threading.Thread):
     def run(self) -> None:
         k = 0
         while not self.halt.is_set():
+            sent = time.monotonic()
             try:
                 self.db.append(self.name, rows(k, self.batch, k + 1))
             except BaseException as exc:  # noqa: BLE001 - reported
                 self.errors.append(exc)
                 return
             self.keys.extend(range(k, k + self.batch))
-            self.acks.append(time.monotonic())
+            self.acks.append((sent, time.monotonic()))
             k += self.batch
 
     def first_ack_after(self, t0: float) -> float:
+        """From ``t0`` to the acknowledgement of the first append sent after it (one in flight
+        at ``t0`` may have been acknowledged by the killed owner just before it died)."""
         while not self.errors:
-            later = [t for t in self.acks[-50:] if t > t0]
+            later = [t for s, t in self.acks[-50:] if s > t0]
             if later:
                 return later[0] - t0
             time.sleep(0.005)
@@ -117,6 +120,7 @@ def failovers(cluster: Cluster, kills: int) -> list[float]:
 
 def throughput(cluster: Cluster, seconds: float, writers: int) -> list[tuple[int, float, float]]:
     out = []
+    cluster.wait_assigned([cluster.start_member()])
     with sediment.connect(cluster.uri, token=TOKEN) as db:
         for r in range(8):
             db.add_relation(f"t{r}", SCHEMA, partition=r % 4)

@@ -106,14 +106,14 @@ class ClusterClient:
         if address is not None and address not in self._seeds:
             self._seeds.append(address)
 
-    def _target(self, name: str | None) -> str:
+    def _target(self, name: str | None) -> str | None:
         with self._lock:
             p = self._partition_of.get(name) if name is not None else None
             owner = self._owners.get(p, (None, -1))[0] if p is not None else None
             if owner is not None:
                 return owner
             if not self._seeds:
-                raise CoordinatorUnavailable(f"no member of {self.uri} is known; is any member running?")
+                return None
             return self._seeds[int(time.monotonic() * 1000) % len(self._seeds)]
 
     def _redirected(self, name: str | None, err: NotPartitionOwner) -> None:
@@ -156,6 +156,11 @@ class ClusterClient:
         uncertain: BaseException | None = None
         while True:
             address = self._target(name)
+            if address is None:  # no member known (yet): look again until the deadline
+                if time.monotonic() > deadline:
+                    raise CoordinatorUnavailable(f"no member of {self.uri} is known; is any member running?")
+                self._pause_and_refresh(deadline + 1, CoordinatorUnavailable("no member"))
+                continue
             try:
                 return call(self._client(address))
             except NotPartitionOwner as err:
