@@ -252,3 +252,28 @@ def test_a_member_paused_past_its_session_is_refused_and_rejoins(cluster, zookee
             db.append(f"r{p}", rows([200 + p], t=3))
         assert keys_of(db, "r0", 3) == [0, 100, 200]
         assert [keys_of(db, f"r{p}", 3) for p in (1, 2, 3)] == [[1, 201], [2, 202], [3, 203]]
+
+
+def test_cluster_create_records_once_and_refuses_bad_input(zookeeper, zk_root):
+    uri = f"zk://127.0.0.1:{zookeeper.port}{zk_root}"
+
+    def create(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sediment", "cluster", "create", "--metadata", uri,
+                               "--replicas", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--cluster-key", "k",
+                               "--blob", "s3://bucket/prefix", *extra], capture_output=True, text=True, timeout=60)
+
+    bad = create("--partitions", "0")
+    assert bad.returncode != 0 and "--partitions must be an integer in [1, 4096]" in bad.stderr
+    from sediment.cluster import layout
+
+    where = layout.ClusterPath.parse(uri)
+    zk = layout.connect_zk(where)
+    try:
+        assert zk.exists(where.path("config")) is None  # refused with nothing recorded
+        assert create("--partitions", "4").returncode == 0
+        again = create("--partitions", "8")
+        assert again.returncode != 0 and "already records a cluster" in again.stderr
+        assert layout.read_config(zk, where).partitions == 4
+    finally:
+        zk.stop()
+        zk.close()
