@@ -169,7 +169,7 @@ def main() -> None:
             c = Cluster(Path(tmp) / "f", f"127.0.0.1:{zk.port}", "/failover", endpoint, "bench",
                         session_timeout=args.session_timeout)
             try:
-                times = failovers(c, args.kills)
+                times = failovers(c, args.kills) if args.kills else []
             finally:
                 c.close()
             c = Cluster(Path(tmp) / "t", f"127.0.0.1:{zk.port}", "/throughput", endpoint, "bench",
@@ -182,9 +182,10 @@ def main() -> None:
             zk.stop()
             moto.stop()
     times.sort()
-    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))] if times else float("nan")
     print(f"| kills | session timeout | p50 | p99 | max |\n|---|---|---|---|---|\n| {len(times)} | "
-          f"{args.session_timeout:g} s | {statistics.median(times):.2f} s | {p99:.2f} s | {times[-1]:.2f} s |")
+          f"{args.session_timeout:g} s | {statistics.median(times or [float('nan')]):.2f} s | {p99:.2f} s | "
+          f"{max(times or [float('nan')]):.2f} s |")
     print(f"| coordinators | {args.writers} single-row writers, appends/s | 8 writers of 1,000-row batches, rows/s |")
     print("|---|---|---|")
     for size, single, batched in rates:

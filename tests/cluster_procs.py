@@ -81,7 +81,7 @@ class Cluster:
         self.members: list[MemberProc] = []
         subprocess.run([sys.executable, "-m", "sediment", "cluster", "create", "--metadata", self.uri,
                         "--partitions", str(partitions), "--replicas", ",".join(n.address for n in self.nodes),
-                        "--cluster-key", str(KEY), "--blob", f"s3://{bucket}/cluster",
+                        "--cluster-key", str(KEY), "--blob", f"s3://{bucket}/{zk_root.strip('/')}",
                         "--s3-endpoint", moto_endpoint, "--session-timeout", str(session_timeout)],
                        check=True, env=self.env, capture_output=True)
 
