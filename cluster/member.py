@@ -138,6 +138,10 @@ class Member:
         redirect naming the owner) otherwise, also while out of touch with ZooKeeper."""
         with self._lock:
             held = self._engines.get(partition)
+            if held is not None and getattr(held[0], "superseded", None) is not None:
+                del self._engines[partition]  # fenced by a newer owner: it refuses everything now
+                held = None
+                self._wake.set()
             if held is not None and self._in_touch():
                 return held
         self.metrics.redirects.inc()
