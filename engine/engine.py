@@ -144,6 +144,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         wal_capacity: int | None = None,
         replicas: list[str] | None = None,
         cluster_key: str | None = None,
+        log_partition: int | None = None,
         segment_bytes: int = 64 << 20,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         metadata: str | MetadataStore | None = None,
@@ -180,7 +181,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                      wal_backlog_timeout=wal_backlog_timeout, major_compaction_quiet=major_compaction_quiet)
         try:
             engine._open(metadata, marker, {"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
-                                            "cluster_key": cluster_key, "blob": blob, "s3_endpoint": s3_endpoint},
+                                            "cluster_key": cluster_key, "log_partition": log_partition, "blob": blob,
+                                            "s3_endpoint": s3_endpoint},
                          segment_bytes=segment_bytes, repair=repair, compact=compact,
                          take_over_blob_prefix=take_over_blob_prefix)
         except BaseException:
@@ -222,7 +224,8 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             if metadata is None:
                 raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
                                  "metadata='zk://127.0.0.1:2181/sediment'")
-            self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key, segment_bytes=segment_bytes,
+            self._log = ReplicatedLog.open(list(replicas), self._meta, stored.get("log_partition") or 0, cluster_key,
+                                           segment_bytes=segment_bytes,
                                            owner=deploy.owner_name(self.data_dir), clock=self._clock)
             deploy.close_when_fenced(self, self._log.on_fenced)
             if marker is None:
