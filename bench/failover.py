@@ -1,7 +1,7 @@
 """A cluster of coordinators (issue 29): unavailability per failover, and append throughput
 with 1, 2 and 3 coordinators.
 
-Real processes as in tests/test_cluster.py: a ZooKeeper, moto's S3, three storage nodes,
+Real processes as in tests/cluster/test_cluster.py: a ZooKeeper, moto's S3, three storage nodes,
 ``sediment serve --cluster`` members. Failover: writers append one row at a time to one
 relation per partition; the owner of one partition is SIGKILLed, a client measures from the
 kill to the first acknowledged append on that partition, and a new member replaces the dead
@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import pyarrow as pa  # noqa: E402
-from cluster_procs import TOKEN, Cluster  # noqa: E402
-from fixtures_zookeeper import ZooKeeperServer  # noqa: E402
+from support.cluster_procs import TOKEN, Cluster  # noqa: E402
+from support.fixtures_zookeeper import ZooKeeperServer  # noqa: E402
 
 import sediment  # noqa: E402
 

@@ -17,7 +17,7 @@ heals, a final coordinator recovers, and the history checker (tests/support/sim_
 reports violations. Prints runs, faults injected by kind, violations by kind, and for
 every failing seed the command that replays it exactly. Exits 1 if any seed failed.
 
-``--cluster`` runs the cluster mode instead (tests/sim_members.py): ``--partitions``
+``--cluster`` runs the cluster mode instead (tests/support/sim_members.py): ``--partitions``
 logs served by ``--members`` members of a cluster, with a manager that assigns partitions
 by ``sediment.cluster.assignment.plan_assignment`` and faults on members (killed, paused
 past their session, joining, leaving, the manager killed), ZooKeeper and storage nodes;
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show", type=int, default=3, help="failing seeds listed per violation kind")
     p.add_argument("--cluster", action="store_true",
                    help="the cluster mode: partitions served by members, a manager, moves on member death, join "
-                        "and leave (tests/sim_members.py)")
+                        "and leave (tests/support/sim_members.py)")
     p.add_argument("--partitions", type=int, default=4, help="cluster mode: partitions (each its own replicated log)")
     p.add_argument("--members", type=int, default=3, help="cluster mode: members at the start")
     args = p.parse_args(argv)

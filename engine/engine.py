@@ -3,7 +3,7 @@
 Every state change goes through the log first. The engine's in-memory view (each
 relation's sealed frontier and the WAL records not yet compacted) is rebuilt on
 open by replaying the log in bulk (engine/recovery.py), to exactly the state that
-applying each record as it becomes durable (``_apply``) leaves: tests/test_recovery.py
+applying each record as it becomes durable (``_apply``) leaves: tests/engine/test_recovery.py
 holds the two against each other, so a restarted engine and a live one do not disagree.
 
 Concurrency: callers may use one Engine from many threads. The engine lock guards

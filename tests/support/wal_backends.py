@@ -1,7 +1,7 @@
 """The four WriteAheadLog backends behind one face, for the conformance suites.
 
 Each backend opens its log on real storage: the file log on segment files, the device ring
-on a preallocated file standing in for the device (as tests/test_device_wal.py does), the
+on a preallocated file standing in for the device (as tests/wal/test_device_wal.py does), the
 replicated log on three real storage nodes (``StorageNode`` over ``FilePartitionStore``,
 served on 127.0.0.1 by a trio thread in this process, so a suite stays fast) with its
 partition metadata in a MemoryMetadataStore, the log on S3 on moto's server.

@@ -43,7 +43,7 @@ def test_the_record_is_written_and_removed_durably(tmp_path, monkeypatch):
 def test_the_documented_record_reads_as_written(tmp_path):
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "formats.md").read_text()
+    doc = (Path(__file__).resolve().parent.parent.parent / "docs" / "formats.md").read_text()
     section = doc[doc.index("### Server record (`SERVER`)"):]
     example = section[section.index("```") + 3:].split("```")[0].strip()
     (tmp_path / SERVER_FILE).write_text(example + "\n")

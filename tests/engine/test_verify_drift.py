@@ -18,7 +18,7 @@ from sediment.wal.device.format import DEFAULT_BLOCK_SIZE, RingHeader
 from sediment.wal.device.log import DeviceLog
 from sediment.wal.record import Record, RecordKind
 
-VERIFY = pathlib.Path(__file__).resolve().parent.parent / "engine" / "verify.py"
+VERIFY = pathlib.Path(__file__).resolve().parent.parent.parent / "engine" / "verify.py"
 
 
 def _ring(path: pathlib.Path, bs: int, records: int = 6) -> None:

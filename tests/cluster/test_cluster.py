@@ -13,7 +13,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from cluster_procs import TOKEN, Cluster
+from support.cluster_procs import TOKEN, Cluster
 
 import sediment
 from sediment.client import Client

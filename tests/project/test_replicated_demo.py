@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.zookeeper
-DEMO = Path(__file__).resolve().parent.parent / "tools" / "replicated_demo.py"
+DEMO = Path(__file__).resolve().parent.parent.parent / "tools" / "replicated_demo.py"
 
 
 def test_the_replicated_demo_runs_and_stops_everything_it_started(tmp_path):

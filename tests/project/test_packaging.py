@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 with open(ROOT / "pyproject.toml", "rb") as _f:
     _FOLDERS = tomllib.load(_f)["tool"]["setuptools"]["package-dir"].values()
 SOURCES = ("pyproject.toml", "README.md", *sorted({folder.split("/")[0] for folder in _FOLDERS}))

@@ -20,7 +20,7 @@ from support.sim_world import SimDisk, SimNet, SimPartitionStore
 
 from sediment.wal.control import PartitionState
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = {"steps": 6, "duration": 3.0, "clients": 2}
 # Faults every correct store session survives on its own: node crashes losing unsynced
 # writes, partitions of every shape, delays and reordering, resets, full and slow disks.
@@ -74,7 +74,7 @@ def test_storage_newer_than_its_metadata_state_keeps_its_low_water_mark(seed: in
     """Regression: a session resolved a mark and set it as the nodes' low-water mark, then
     failed to write the metadata (an outage, a crash). The next recovery truncated a node
     to its stale metadata closing mark, resolved below the nodes' low-water marks and
-    could never set them: the final recovery hung (see also tests/test_replication_recovery_sim.py). In
+    could never set them: the final recovery hung (see also tests/wal/test_replication_recovery_sim.py). In
     1453 the session failed before setting its mark: the stale closing mark still holds
     (truncating to the older low-water mark cut acknowledged records)."""
     r = run_seed(seed, steps=12, duration=8.0)
@@ -87,7 +87,7 @@ def test_the_vote_never_resolves_below_a_stored_low_water_mark() -> None:
     mark, then crashed before the metadata update; the third replica it had caught up was
     truncated back to its stale closing mark. The final recovery resolved 272 (a quorum
     with a node that lost 273 in a crash), below the marks the nodes never lower: it hung
-    (see also tests/test_replication_recovery_sim.py and tests/test_vote.py)."""
+    (see also tests/wal/test_replication_recovery_sim.py and tests/wal/test_vote.py)."""
     r = run_seed(4541, steps=12, duration=8.0)
     assert r.acked > 0 and "node_crash" in r.faults
     assert r.counts == {}, f"{r.violations}\n    replay: {replay(4541, 12, 8.0, None, 3)}"

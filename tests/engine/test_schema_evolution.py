@@ -212,7 +212,7 @@ def test_feed_delivers_the_schema_change_in_order(engine):
 def test_readme_evolution_example_runs(tmp_path, monkeypatch):
     import pathlib
 
-    text = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (pathlib.Path(__file__).resolve().parent.parent.parent / "README.md").read_text()
     section = text[text.index("## Changing a relation's columns"):]
     code = section[section.index("```python") + len("```python"):]
     code = code[: code.index("```")]

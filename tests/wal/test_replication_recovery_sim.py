@@ -2,7 +2,7 @@
 
 Storage states are laid out directly in the in-memory stores and the partition metadata
 (what earlier sessions would have left), then a real Coordinator recovers over real
-StorageNode request handlers on the simulated network of tests/test_replication_sim.py.
+StorageNode request handlers on the simulated network of tests/wal/test_replication_sim.py.
 """
 
 from __future__ import annotations

@@ -37,11 +37,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import trio
-from sim_checker import History
-from sim_cluster import Cluster, CoordHandle, run_seed
-from sim_world import SimDisk, SimNodeEndpoint, SimPartitionStore
 
 from sediment.cluster.assignment import PartitionOwner, moves, plan_assignment
+from support.sim_checker import History
+from support.sim_cluster import Cluster, CoordHandle, run_seed
+from support.sim_world import SimDisk, SimNodeEndpoint, SimPartitionStore
 
 SESSION_TIMEOUT = 2.0  # virtual seconds without a heartbeat before ZooKeeper ends a member's session
 LEASE = SESSION_TIMEOUT * 2 / 3  # a member stops serving when ZooKeeper has not answered for this long

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 if TYPE_CHECKING:
-    from sim_cluster import Cluster
+    from support.sim_cluster import Cluster
 
 
 class Livelock(trio.abc.Instrument):

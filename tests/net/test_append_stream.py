@@ -155,7 +155,7 @@ def test_the_worked_example_in_formats_md_decodes():
     from sediment.net.protocol import json_arg
     from sediment.net.wire_errors import error_from_detail
 
-    text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "formats.md").read_text()
+    text = (pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "formats.md").read_text()
     section = text[text.index("### Append stream"):]
     blocks = re.findall(r"```\n([0-9a-f ]+)\n```", section)
     meta, ack = (bytes.fromhex(b.replace(" ", "")) for b in blocks[:2])

@@ -3,7 +3,7 @@ splices its result into the trace as it is at commit, and a merge whose inputs a
 changed meanwhile is dropped without losing or doubling anything.
 
 The merge under test is the real one; the tests only hold it at its start with a gate (an
-event it waits on), as tests/test_replication_recovery.py holds a ZooKeeper update."""
+event it waits on), as tests/wal/test_replication_recovery.py holds a ZooKeeper update."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from test_replication import KEY, Node
+from support.replication import KEY, Node
 
 TOKEN = "cluster-test-token"
 

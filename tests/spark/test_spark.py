@@ -26,7 +26,7 @@ from sediment.spark_jobs import datasource as ds  # noqa: E402
 from sediment.spark_jobs import ingest, read_trace  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def write(df, c, relation="orders", **options):

@@ -16,7 +16,7 @@ import sys
 import tomllib
 from functools import cache
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 

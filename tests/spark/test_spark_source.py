@@ -27,7 +27,7 @@ from sediment.spark_jobs import datasource as ds  # noqa: E402
 from sediment.spark_jobs.errors import sediment_error, sediment_errors  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 append = append_updates

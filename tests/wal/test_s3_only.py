@@ -235,7 +235,7 @@ def test_a_coordinator_whose_put_answers_are_lost_keeps_each_append_once(tmp_pat
 def test_an_idle_coordinator_learns_of_a_takeover_from_its_clock(tmp_path, s3_bucket):
     """Without a write, the first coordinator finds the newer claim at its next look (every
     2 s of its clock) and closes: it serves no stale reads after that."""
-    from waiting import Progress
+    from support.waiting import Progress
 
     from sediment.clock import ManualClock
 

@@ -8,7 +8,7 @@ import re
 from sediment.engine.frontiers import SealedFrontiers
 from sediment.wal import record as rec
 
-DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "formats.md"
+DOC = pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "formats.md"
 
 
 _HEX_BYTE = re.compile(r"[0-9a-f]{2}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from test_replication import KEY
+from support.replication import KEY
 
 import sediment
 

@@ -185,8 +185,7 @@ def test_kills_inside_alters_are_all_or_nothing(tmp_path, monkeypatch):
     """Issue 26: alters are frequent and every kill lands just before or just after an alter's
     (or a set_since's) catalog write: the reopened engine holds the relation's columns and
     rows as before the alter or as after it, never a mix, and nothing acknowledged is lost."""
-    import faults_model as fm
-
+    from support import faults_model as fm
     monkeypatch.setattr(fm, "ALTER_WEIGHT", 0.3)
     monkeypatch.setattr(fk, "STEPS", tuple(s for s in fk.STEPS if s[0].startswith("sediment.engine.catalog")))
     stats = fk.KillStats()

@@ -1,4 +1,4 @@
-"""The seeded simulation's cluster mode (tests/sim_members.py): members, a manager, moves.
+"""The seeded simulation's cluster mode (tests/support/sim_members.py): members, a manager, moves.
 
 A few dozen seeds run here (``bench/simulate.py --cluster`` runs hundreds); then the same
 world with the members' ZooKeeper lease switched off, so that only the fences where the
@@ -15,12 +15,12 @@ import time
 from collections import Counter
 
 import pytest
-import sim_members
-from sim_members import ClusterSim, run_cluster_seed
+from support import sim_members
+from support.sim_members import ClusterSim, run_cluster_seed
 
 from sediment.cluster.assignment import PartitionOwner, plan_assignment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(seeds: range) -> tuple[list[str], Counter]:

@@ -31,7 +31,7 @@ def open_log(nodes, meta, **kw) -> ReplicatedLog:
 
 
 def test_wire_example_in_docs_decodes() -> None:
-    doc = (Path(__file__).parent.parent / "docs" / "formats.md").read_text()
+    doc = (Path(__file__).parent.parent.parent / "docs" / "formats.md").read_text()
     section = doc[doc.index("## Replication formats"):]
     hexes = section.split("```hex\n")[1].split("```")[0]
     msg = wire.decode_message(bytes.fromhex("".join(hexes.split())))

@@ -205,7 +205,7 @@ def test_a_writer_stalled_past_a_takeover_and_a_trim_still_meets_the_claim(seria
     """SlateDB issue 352 on the log: the old writer's next PUT aims at the slot the new writer
     claimed; the new writer trims everything the old one wrote, but never its claim, so the
     late PUT still fails instead of landing below the start as an acknowledged, lost append."""
-    from wal_backends import owned
+    from support.wal_backends import owned
 
     spec = spec_at(serializing_proxy.endpoint)
     old = S3Log.open(spec, create=True, segment_bytes=4096)
