@@ -118,6 +118,15 @@ class ClusterEngine:
     def trace_info(self, name: str) -> dict[str, int]:
         return self._read(name, "trace_info")
 
+    def alter_relation(self, name: str, **changes: Any) -> int:
+        return self._write(name, "alter_relation", **changes)
+
+    def schema_version(self, name: str) -> int:
+        return self._read(name, "schema_version")
+
+    def describe(self, name: str) -> dict[str, Any]:
+        return self._read(name, "describe")
+
     # --- writes --------------------------------------------------------------------------------
 
     def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
@@ -181,8 +190,9 @@ class ClusterEngine:
     def replay(self, name: str, *, batch_rows: int = 65536) -> Any:
         return self._read(name, "replay", batch_rows=batch_rows)
 
-    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> Any:
-        return self._read(name, "subscribe", as_of, resume=resume)
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
+                  max_lag: int | None = None) -> Any:
+        return self._read(name, "subscribe", as_of, resume=resume, max_lag=max_lag)
 
     def plan_read(self, name: str, as_of: int, **options: Any) -> Any:
         """The partition's plan, its lease renumbered so that release_read finds the partition."""

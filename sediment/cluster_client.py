@@ -274,8 +274,10 @@ class ClusterClient:
     def replay(self, name: str, *, batch_rows: int = 65536) -> Any:
         return self.route(name, lambda c: list(c.replay(name, batch_rows=batch_rows)), retry_unknown=True)
 
-    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> Any:
-        return self.route(name, lambda c: c.subscribe(name, as_of, resume=resume), retry_unknown=True)
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
+                  max_lag: int | None = None) -> Any:
+        return self.route(name, lambda c: c.subscribe(name, as_of, resume=resume, max_lag=max_lag),
+                          retry_unknown=True)
 
     def plan_read(self, name: str, as_of: int, **options: Any) -> Any:
         def plan(c: Client) -> Any:
@@ -294,6 +296,16 @@ class ClusterClient:
 
     def trace_info(self, name: str) -> dict[str, int]:
         return self.route(name, lambda c: c.trace_info(name), retry_unknown=True)
+
+    def alter_relation(self, name: str, **changes: Any) -> int:
+        """Not retried after an unknown outcome: send it again only after reading schema_version."""
+        return self.route(name, lambda c: c.alter_relation(name, **changes))
+
+    def schema_version(self, name: str) -> int:
+        return self.route(name, lambda c: c.schema_version(name), retry_unknown=True)
+
+    def describe(self, name: str) -> dict[str, Any]:
+        return self.route(name, lambda c: c.describe(name), retry_unknown=True)
 
     def compact(self, name: str | None = None) -> None:
         if name is not None:

@@ -133,15 +133,14 @@ def test_redirects_stale_addresses_cross_partition_and_status(cluster, tmp_path)
         victim = cluster.owner_of(1)
         stale = sediment.connect(cluster.uri, token=TOKEN)
         stale.append("b", rows([6], t=3))  # learns victim as the owner of partition 1
-        keyed = {"op": "append_once", "relation": "b", "client": "retrying-client", "seq": 1}
         with Client(victim.uri, TOKEN) as plain:
-            plain._put(keyed, rows([8], t=3))  # applied; the client then "loses" the answer
+            plain.append_once("b", rows([8], t=3), "retrying-client", 1)  # applied; the client then "loses" the answer
         victim.signal(signal.SIGKILL)
         victim.wait()
         stale.append("b", rows([7], t=3))
         heir = cluster.owner_of(1)
         with Client(heir.uri, TOKEN) as plain:
-            plain._put(keyed, rows([8], t=3))  # the retry at the new owner: success, not applied again
+            plain.append_once("b", rows([8], t=3), "retrying-client", 1)  # the retry at the new owner: applied once
         assert heir.metric("sediment_cluster_appends_deduplicated_total") == 1
         assert keys_of(stale, "b", 3) == [6, 7, 8]
         stale.close()
