@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from sediment.engine.data_dir import parse_wal
 from sediment.errors import InvalidArgument, InvalidTime
 
 MAX_TIME = (1 << 63) - 1
@@ -84,8 +85,8 @@ def check_open_options(options: Mapping[str, Any]) -> None:
     """The Engine's constructor options, checked before the data directory is touched."""
     o = options
     wal = check_str(o.get("wal"), "wal")
-    if wal is not None and wal != "file" and not (wal.startswith("device:") and len(wal) > len("device:")):
-        raise InvalidArgument(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
+    if wal is not None:
+        parse_wal(wal)
     if o.get("wal_capacity") is not None:
         check_int(o["wal_capacity"], "wal_capacity", low=1)
     replicas = o.get("replicas")

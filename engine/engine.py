@@ -36,6 +36,14 @@ from sediment.engine.backlog import (
 from sediment.engine.bookkeeping import OpenTxns, ReaderPins, Relations
 from sediment.engine.catalog import Catalog
 from sediment.engine.compaction import Compaction
+from sediment.engine.data_dir import (
+    STORAGE_KEY,
+    DataDir,
+    WalSpec,
+    check_marker,
+    traces_past_log,
+    write_marker,
+)
 from sediment.engine.feed import PROGRESS, UPDATES
 from sediment.engine.frontiers import SealedFrontiers
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
@@ -54,9 +62,7 @@ from sediment.errors import (
     TimeAlreadySealed,
     UnknownRelation,
     WalCorruption,
-    WalMissing,
 )
-from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
 from sediment.metrics import CountingBlobStore, EngineMetrics
 from sediment.trace import compacter as cmp
@@ -67,7 +73,6 @@ from sediment.wal.record import Record, RecordKind, committed_txn_ids
 
 DEFAULT_MAX_RECORD_BYTES = 8 << 20
 DEFAULT_MEMORY_BOUND = 256 << 20
-STORAGE_KEY = names.STORAGE
 log = logging.getLogger(__name__)
 # Record kinds as plain names: an enum member's attribute access costs ~0.3 us, paid per record written
 _UPDATES, _PROGRESS, _BEGIN, _COMMIT, _ABORT = (RecordKind.UPDATES, RecordKind.PROGRESS, RecordKind.BEGIN,
@@ -87,6 +92,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         """An engine not opened yet: only its settings and empty state, no I/O. :meth:`open`
         (through :func:`sediment.open`) makes one and opens its storage."""
         self.data_dir = data_dir
+        self._dir = DataDir(data_dir)
         self.metadata_spec = metadata_spec
         self.superseded: Exception | None = None  # set when a newer coordinator fenced this one
         self.superseded_listeners: list = []
@@ -167,7 +173,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         args.check_open_options({k: v for k, v in locals().items() if k not in ("cls", "data_dir")})
         data_dir = os.path.abspath(args.check_data_dir(data_dir))
         configure_memory_pool(arrow_memory_pool)
-        marker = deploy.check_opening(data_dir, metadata)  # before anything is created
+        marker = check_marker(data_dir, metadata)  # before anything is created
         if metadata is None and marker is not None:
             metadata = marker  # a replicated engine's directory names its metadata store
         created = makedirs_durable(data_dir)
@@ -195,22 +201,18 @@ class Engine(Opening, RelationOps, Reads, Compaction):
         relations, replay the log, then start the compacter."""
         self._lock_fd = self._take_lock()
         if metadata is None:
-            self._check_meta_present()
+            self._dir.check_meta_present()
         self._meta = self._open_metadata(metadata)
         blob = storage["blob"]
-        stored = self._storage_config({**storage, "blob": blob if isinstance(blob, str) or blob is None
-                                       else "<object>"})
-        wal = stored.get("wal") or "file"
-        wal_capacity, replicas, cluster_key = stored.get("wal_capacity"), stored.get("replicas"), \
-            stored.get("cluster_key")
+        stored = self._storage_config({**storage, "blob": blob if isinstance(blob, str) else None})
+        replicas = stored.replicas
         if isinstance(blob, str) or blob is None:
-            blob = stored.get("blob")
-        s3_endpoint = stored.get("s3_endpoint")
+            blob = stored.blob
         if replicas:
             deploy.require_shared_blob(blob, self.data_dir)
-        self._blobs = CountingBlobStore(self._open_blobs(blob, s3_endpoint), self.metrics)
+        self._blobs = CountingBlobStore(self._open_blobs(blob, stored.s3_endpoint), self.metrics)
         self.traces = TraceStore(self._meta, self._blobs)
-        self.traces.check_owner(stored["engine_id"], self.blob_uri or "<blob store object>",
+        self.traces.check_owner(stored.engine_id, self.blob_uri or "<blob store object>",
                                 take_over=take_over_blob_prefix, data_dir=self.data_dir)
         self.catalog = Catalog(self._meta)
         self._epoch = self.catalog.next_epoch()
@@ -220,13 +222,13 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             if metadata is None:
                 raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
                                  "metadata='zk://127.0.0.1:2181/sediment'")
-            self._log = ReplicatedLog.open(list(replicas), self._meta, 0, cluster_key, segment_bytes=segment_bytes,
+            self._log = ReplicatedLog.open(list(replicas), self._meta, 0, stored.cluster_key, segment_bytes=segment_bytes,
                                            owner=deploy.owner_name(self.data_dir), clock=self._clock)
             deploy.close_when_fenced(self, self._log.on_fenced)
             if marker is None:
-                deploy.write_marker(self.data_dir, deploy.metadata_spec(metadata))
+                write_marker(self.data_dir, deploy.metadata_spec(metadata))
         else:
-            self._log = self._open_wal(wal, segment_bytes, repair, wal_capacity,
+            self._log = self._open_wal(stored.wal_spec, segment_bytes, repair, stored.wal_capacity,
                                        create=self._meta.get(STORAGE_KEY) is None)
         for entry in self.catalog.load().values():
             rel = self._register(entry, self.traces.load(entry.id))
@@ -253,26 +255,20 @@ class Engine(Opening, RelationOps, Reads, Compaction):
     # --- opening -------------------------------------------------------------------------------
 
     def _check_log_reaches_traces(self) -> None:
-        """A trace that took the log's records up to ``wal_through`` proves the log reached that
-        LSN; a log that ends before it was replaced or lost its tail (an older copy restored,
-        a fresh log in place of the old one): refuse rather than append over the gap."""
-        end = self._log.end_lsn
-        for rel in self._relations.values():
-            if rel.trace.wal_through > end:
-                raise WalMissing(f"{self.data_dir}: relation {rel.entry.name!r} has the log's records up to LSN "
-                                 f"{rel.trace.wal_through} in its trace, but the write-ahead log ends at LSN {end}: "
-                                 "the log lost its end or was replaced. Restore it", reason="log behind trace",
-                                 first_lsn=end, last_lsn=rel.trace.wal_through - 1)
+        """Refuse rather than append over a gap (data_dir.traces_past_log)."""
+        for problem in traces_past_log(self.data_dir, self._log.end_lsn,
+                                       ((r.entry.name, r.trace.wal_through) for r in self._relations.values())):
+            raise problem
 
-    def _open_wal(self, wal: str, segment_bytes: int, repair: bool, capacity: int | None, *,
+    def _open_wal(self, wal: WalSpec, segment_bytes: int, repair: bool, capacity: int | None, *,
                   create: bool = False) -> WriteAheadLog:
         """``create``: this is the first open of the data directory (no storage record in its
         metadata), the only time a new log may be made; later opens expect the log."""
-        if wal == "file":
+        if wal.kind == "file":
             from sediment.wal.file_log import FileLog
 
             try:
-                log_ = FileLog.open(os.path.join(self.data_dir, "wal"), segment_bytes=segment_bytes,
+                log_ = FileLog.open(self._dir.wal, segment_bytes=segment_bytes,
                                     repair=repair, create=create, keep_recovered=True)
             except WalCorruption as exc:  # name the relations whose records the lost range held
                 if not getattr(exc, "problems", None):
@@ -287,14 +283,11 @@ class Engine(Opening, RelationOps, Reads, Compaction):
                                       f"log holds LSNs up to {log_.end_lsn - 1}: the metadata was lost or "
                                       "replaced; restore it (opening would lose every acknowledged update)")
             return log_
-        if isinstance(wal, str) and wal.startswith("device:") and len(wal) > len("device:"):
-            from sediment.wal.device.log import DeviceLog
+        from sediment.wal.device.log import DeviceLog  # the only other kind (data_dir.WAL_KINDS)
 
-            path = wal[len("device:"):]
-            if capacity is None and not os.path.exists(path):
-                raise ValueError(f"{wal!r} does not exist yet: pass wal_capacity=<bytes> to create the ring")
-            return DeviceLog.open(path, capacity, create=create, segment_bytes=segment_bytes, repair=repair)
-        raise ValueError(f"unknown wal option {wal!r}: use 'file' or 'device:<path>'")
+        if capacity is None and not os.path.exists(wal.location):
+            raise InvalidArgument(f"{wal.text!r} does not exist yet: pass wal_capacity=<bytes> to create the ring")
+        return DeviceLog.open(wal.location, capacity, create=create, segment_bytes=segment_bytes, repair=repair)
 
     def _recover(self) -> None:
         """Replay the log; the PROGRESS and FRONTIERS records (the first kept record of a

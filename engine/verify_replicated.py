@@ -1,6 +1,6 @@
 """``sediment verify`` of a replicated engine: what it holds lives outside its data directory.
 
-A replicated engine's data directory holds only its ``REPLICATED`` marker (engine/deploy.py);
+A replicated engine's data directory holds only its ``REPLICATED`` marker (engine/data_dir.py);
 the catalog, the trace states, the storage record and the partition's metadata are in the
 metadata store the marker names, the batches in the shared blob store, and the log on the
 storage nodes. Verifying the directory alone would check nothing, so this checks each,
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 
-from sediment.engine.deploy import MARKER_NAME, read_marker
+from sediment.engine.data_dir import MARKER_NAME, read_marker
 from sediment.engine.verify import VerifyReport, verify_trace_batches
 from sediment.errors import SedimentError
 from sediment.metadata import names
