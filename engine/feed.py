@@ -150,6 +150,11 @@ class Subscription:
         feed.register(self.id)  # the caller holds the engine lock: no event slips between view and cursor
         self.last_progress: int | None = None
 
+    def add_initial(self, events: list[FeedEvent]) -> None:
+        """Events that come before any the feed delivers: the snapshot and stored updates,
+        computed after the subscription registered its cursor."""
+        self._pending.extend(events)
+
     def __iter__(self) -> Iterator[FeedEvent]:
         return self
 

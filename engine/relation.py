@@ -7,7 +7,6 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from sediment.engine import args
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import FeedLog
 from sediment.engine.read_plan import ReadPlan  # noqa: F401  (re-exported: the reads hand it out)
@@ -27,7 +26,10 @@ class TailEntry(NamedTuple):
 
 
 @dataclass
-class _Relation:
+class Relation:
+    """One relation as the engine holds it in memory: its catalog entry, its trace, its
+    frontiers and the WAL records not yet compacted (its tail). Guarded by the engine lock."""
+
     entry: RelationEntry
     update_schema: pa.Schema
     trace: TraceState
@@ -50,5 +52,23 @@ class _Relation:
     def keys(self) -> list[str]:
         return self.entry.schema.names
 
+    def decode(self, body: bytes) -> pa.RecordBatch:
+        """An UPDATES record's body (an Arrow IPC record batch) in this relation's update schema."""
+        return pa.ipc.read_record_batch(pa.py_buffer(body), self.update_schema)
 
-_check_time = args.check_time
+    def conform(self, table: pa.Table) -> pa.Table:
+        """A stored batch in the update schema (Parquet returns some types in another unit);
+        a no-op, without a cast, when it already is."""
+        if table.schema.names == self.update_schema.names and table.schema.types == self.update_schema.types:
+            return table
+        return table.select(self.update_schema.names).cast(self.update_schema)
+
+
+INTERNAL_PREFIX = "_"
+
+
+def is_internal(name: str) -> bool:
+    """Whether ``name`` is one of sediment's own bookkeeping relations (a name starting with
+    an underscore, such as the Spark sink's ``_spark_sink.<id>``): listings meant for users
+    leave them out unless asked, so they do not crowd the user's own relations."""
+    return name.startswith(INTERNAL_PREFIX)

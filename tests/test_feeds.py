@@ -158,7 +158,7 @@ def test_lagging_subscriber_survives_compaction(open_engine):
     assert consumer.checked[-1] == 39
     sub.close()
     eng.compact()
-    assert not eng._relations["r"].feed.entries
+    assert not eng.view.relations["r"].feed.entries
 
 
 def test_closing_the_engine_ends_subscriptions(open_engine):

@@ -150,7 +150,7 @@ def test_the_package_is_found() -> None:
     for name in ("sediment.engine.engine", "sediment.wal.record", "sediment.trace.store", "sediment.blob.s3",
                  "sediment.metadata.protocol", "sediment.wal.replication.node.storage_node"):
         assert name in mods
-    assert "sediment.trace.compacter" in imports_of("sediment.engine.engine")
+    assert "sediment.engine.scheduler" in imports_of("sediment.engine.engine")
 
 
 def test_no_module_over_600_lines() -> None:

@@ -1,50 +1,14 @@
-"""The engine's bookkeeping, one structure per fact, so that no two dictionaries have to be
-kept in step by hand: relations by name and by id (:class:`Relations`), transactions begun
-but not finished (:class:`OpenTxns`), and who may still be reading what compaction would
-delete (:class:`ReaderPins`). Pure: no I/O, no locking (the engine lock guards them all);
-time only from the clock passed in.
-"""
+"""Transactions begun but not finished: per transaction the LSN of its first record (the
+compaction cut and the log trim stop there) and its UPDATES records, which join their
+relations' tails at COMMIT. Pure: no I/O, no locking (the engine lock guards it)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from sediment.clock import Clock
-
 if TYPE_CHECKING:
-    from sediment.engine.relation import TailEntry, _Relation
-
-
-class Relations(Mapping[str, "_Relation"]):
-    """The engine's relations: a mapping by name that also finds a relation by its id (WAL
-    records carry ids). Adding and removing go through one call each, which keeps both
-    indexes in step."""
-
-    def __init__(self) -> None:
-        self._by_name: dict[str, _Relation] = {}
-        self._by_id: dict[int, _Relation] = {}
-
-    def __getitem__(self, name: str) -> _Relation:
-        return self._by_name[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._by_name)
-
-    def __len__(self) -> int:
-        return len(self._by_name)
-
-    def by_id(self, relation_id: int) -> _Relation | None:
-        """The relation with this catalog id, or None (never created, or dropped)."""
-        return self._by_id.get(relation_id)
-
-    def add(self, rel: _Relation) -> None:
-        self._by_name[rel.entry.name] = rel
-        self._by_id[rel.entry.id] = rel
-
-    def remove(self, rel: _Relation) -> None:
-        del self._by_name[rel.entry.name]
-        del self._by_id[rel.entry.id]
+    from sediment.engine.relation import TailEntry
 
 
 class _Txn:
@@ -113,44 +77,3 @@ class OpenTxns:
 
     def __len__(self) -> int:
         return len(self._txns)
-
-
-class ReaderPins:
-    """Readers that may still need the batches and log records a compaction replaces: reads
-    in progress (:meth:`pin` / :meth:`unpin`) and read plans' leases, each until released or
-    until its deadline on the clock. Replaced objects are deleted, and the log trimmed, only
-    while :attr:`idle`."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.pins = 0
-        self.leases: dict[int, float] = {}  # lease id -> deadline (clock seconds)
-        self._last_lease = 0
-
-    def pin(self) -> None:
-        self.pins += 1
-
-    def unpin(self) -> None:
-        self.pins -= 1
-
-    def lease(self, seconds: float) -> int:
-        """A new lease, held for ``seconds`` from now; its id."""
-        self._last_lease += 1
-        self.leases[self._last_lease] = self.clock.current_time() + seconds
-        return self._last_lease
-
-    def release(self, lease: int) -> bool:
-        """End a lease; False if it had already ended (released, or expired)."""
-        return self.leases.pop(lease, None) is not None
-
-    def expire(self) -> list[int]:
-        """End every lease whose deadline has come; their ids."""
-        now = self.clock.current_time()
-        ended = [lease for lease, deadline in self.leases.items() if deadline <= now]
-        for lease in ended:
-            del self.leases[lease]
-        return ended
-
-    @property
-    def idle(self) -> bool:
-        return not self.pins and not self.leases
