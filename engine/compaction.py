@@ -294,6 +294,11 @@ class Compaction:
         lo, hi = pc.min_max(table.column("time")).values()
         return self.traces.write(rid, table, lo.as_py(), hi.as_py() + 1, since)
 
+    def _chunk_rows(self, refs: list) -> int:
+        """Rows per input chunk of a merge, so that its chunks fit the memory bound."""
+        per_row = max(64, 8 * (sum(r.bytes for r in refs) or 1) // max(1, sum(r.rows for r in refs)))
+        return max(1024, self.settings.memory_bound // (4 * len(refs) * per_row))
+
     def merge_pending(self, rel: Relation) -> None:
         """Keep the pending runs few: merge neighbours by the size-tiered rule once there
         are more than ``max_pending_runs`` (trace/planner.py plan_pending_merges)."""
@@ -306,13 +311,11 @@ class Compaction:
         done = []
         for start, stop in reversed(spans):
             refs = trace.pending[start:stop]
-            stored = sum(r.bytes for r in refs) or 1
-            per_row = max(64, 8 * stored // max(1, sum(r.rows for r in refs)))
-            chunk_rows = max(1024, self.settings.memory_bound // (4 * len(refs) * per_row))
             span = (min(r.lower for r in refs), max(r.upper for r in refs))
             with self.metrics.timed(self.metrics.merge_seconds):
                 merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, trace.since,
-                                           1 + max(r.level for r in refs), chunk_rows=chunk_rows, span=span)
+                                           1 + max(r.level for r in refs), chunk_rows=self._chunk_rows(refs),
+                                           span=span)
             done.append((refs, merged))
         with self.pass_lock:  # no pass commits meanwhile: splice into the trace as it is now
             with self._lock:
@@ -351,12 +354,9 @@ class Compaction:
             tasks = [whole]
         for task in reversed(tasks):  # from the newest, so earlier indices stay valid
             refs = list(trace.batches[task.start:task.stop])
-            stored = sum(r.bytes for r in refs) or 1
-            per_row = max(64, 8 * stored // max(1, sum(r.rows for r in refs)))
-            chunk_rows = max(1024, self.settings.memory_bound // (4 * len(refs) * per_row))
             with self.metrics.timed(self.metrics.merge_seconds):
                 merged = self.traces.merge(rel.entry.id, refs, rel.keys, rel.update_schema, since, task.level,
-                                           chunk_rows=chunk_rows)
+                                           chunk_rows=self._chunk_rows(refs))
             with self.pass_lock:  # splice into the trace as a pass may have left it (batches only appended)
                 with self._lock:
                     now = rel.trace

@@ -25,6 +25,7 @@ from sediment.errors import (
     DataDirLocked,
     InvalidArgument,
     MetadataMissing,
+    SedimentError,
     StorageRecordMismatch,
     WalMissing,
 )
@@ -39,35 +40,14 @@ MARKER_NAME = "REPLICATED"
 STORAGE_KEY = names.STORAGE
 
 
-@dataclass(frozen=True)
 class DataDir:
     """Where each part of an engine's data directory lives (``root`` is absolute)."""
 
-    root: str
-
-    @property
-    def lock(self) -> str:
-        return os.path.join(self.root, LOCK_NAME)
-
-    @property
-    def meta(self) -> str:
-        return os.path.join(self.root, META_NAME)
-
-    @property
-    def wal(self) -> str:
-        return os.path.join(self.root, WAL_NAME)
-
-    @property
-    def blobs(self) -> str:
-        return os.path.join(self.root, BLOBS_NAME)
-
-    @property
-    def marker(self) -> str:
-        return os.path.join(self.root, MARKER_NAME)
-
-    @property
-    def default_blob_uri(self) -> str:
-        return "file://" + self.blobs
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.lock, self.meta, self.wal, self.blobs, self.marker = (
+            os.path.join(root, name) for name in (LOCK_NAME, META_NAME, WAL_NAME, BLOBS_NAME, MARKER_NAME))
+        self.default_blob_uri = "file://" + self.blobs
 
     def take_lock(self) -> int:
         """The directory's exclusive lock (an open file descriptor); DataDirLocked if another process holds it."""
@@ -80,18 +60,13 @@ class DataDir:
                                 "stop it or use another --data-dir") from None
         return fd
 
-    def meta_missing(self) -> str | None:
+    def meta_missing(self) -> MetadataMissing | None:
         """Why opening would start an empty catalog over acknowledged data (a journal metadata
-        directory gone while the log survives), or None."""
+        directory gone while the log survives), or None: open raises it, verify reports it."""
         if not os.path.isdir(self.meta) and os.path.isdir(self.wal) and os.listdir(self.wal):
-            return (f"{self.root}: the metadata directory meta/ is missing while the write-ahead log {self.wal} "
-                    "exists; restore meta/ (opening would start an empty catalog)")
+            return MetadataMissing(f"{self.root}: the metadata directory meta/ is missing while the write-ahead log "
+                                   f"{self.wal} exists; restore meta/ (opening would start an empty catalog)")
         return None
-
-    def check_meta_present(self) -> None:
-        problem = self.meta_missing()
-        if problem is not None:
-            raise MetadataMissing(problem)
 
 
 # --- the wal= spec ---------------------------------------------------------------------------
@@ -167,7 +142,11 @@ class StorageRecord:
 
     @classmethod
     def decode(cls, data: bytes) -> StorageRecord:
-        return cls.from_dict(json.loads(data))
+        """ValueError when ``data`` is not a JSON object."""
+        raw = json.loads(data)
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON object was expected, not {type(raw).__name__}")
+        return cls.from_dict(raw)
 
     @property
     def wal_spec(self) -> WalSpec:
@@ -267,3 +246,23 @@ def traces_past_log(where: str, end_lsn: int, traces: Iterable[tuple[str, int]])
                        f"the write-ahead log ends at LSN {end_lsn}: the log lost its end or was replaced. Restore it",
                        reason="log behind trace", first_lsn=end_lsn, last_lsn=through - 1)
             for name, through in traces if through > end_lsn]
+
+
+def trace_ends(meta: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(relation name, its trace's ``wal_through``) for each relation of a metadata snapshot's
+    catalog, as :func:`traces_past_log` takes them; entries that do not decode are left to
+    the trace checks."""
+    from sediment.engine.catalog import RELATIONS, RelationEntry
+    from sediment.trace.state import TraceState
+    from sediment.trace.store import state_key
+
+    ends = []
+    for key, value in meta.items():
+        if key.startswith(RELATIONS):
+            try:
+                entry = RelationEntry.decode(value.value, value.version, key)
+                raw = meta.get(state_key(entry.id))
+                ends.append((entry.name, TraceState.decode(raw.value).wal_through if raw is not None else 0))
+            except SedimentError:
+                continue
+    return ends

@@ -115,6 +115,8 @@ class Engine:
         self.reads: Reads | None = None
         self.scheduler: Scheduler | None = None
         self.swept: list[str] = []
+        self.blob_uri: str | None = None  # where the batches live, once open
+        self.s3_endpoint: str | None = None
 
     @classmethod
     def open(
@@ -178,8 +180,9 @@ class Engine:
         relations, replay the log, then start the scheduler."""
         storage = self.storage
         storage.take_lock()
-        if metadata is None:
-            storage.dir.check_meta_present()
+        missing = storage.dir.meta_missing() if metadata is None else None
+        if missing is not None:
+            raise missing
         meta = storage.open_metadata(metadata)
         blob = given["blob"]
         record = storage.settle_record({**given, "blob": blob if isinstance(blob, str) else None})
@@ -188,6 +191,7 @@ class Engine:
         if record.replicas:
             deploy.require_shared_blob(blob, self.data_dir)
         blobs = storage.open_blobs(blob, lambda store: CountingBlobStore(store, self.metrics))
+        self.blob_uri, self.s3_endpoint = storage.blob_uri, storage.s3_endpoint
         self.traces = TraceStore(meta, blobs)
         self.traces.check_owner(record.engine_id, storage.blob_uri or "<blob store object>",
                                 take_over=take_over_blob_prefix, data_dir=self.data_dir)
@@ -312,14 +316,6 @@ class Engine:
     @property
     def wal(self) -> WriteAheadLog:
         return self.storage.log
-
-    @property
-    def blob_uri(self) -> str | None:
-        return self.storage.blob_uri
-
-    @property
-    def s3_endpoint(self) -> str | None:
-        return self.storage.s3_endpoint
 
     @property
     def read_stats(self) -> Any:

@@ -28,9 +28,8 @@ from operator import itemgetter
 from typing import Any
 
 from sediment.engine.frontiers import SealedFrontiers
-from sediment.engine.open_txns import OpenTxns
 from sediment.engine.relation import Relation, TailEntry
-from sediment.engine.view import Relations
+from sediment.engine.view import OpenTxns, Relations
 from sediment.wal.record import HeadRecord, Record, RecordKind, committed_txn_ids
 
 _UPDATES = int(RecordKind.UPDATES)

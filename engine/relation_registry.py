@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
@@ -29,17 +29,15 @@ from sediment.trace.store import TraceStore
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class RelationRegistry:
-    """The relations of ``view`` as ``catalog`` records them."""
+    """The relations of ``view`` as ``catalog`` records them (``meta`` holds their traces' states)."""
 
-    def __init__(self, view: RelationView, catalog: Catalog, traces: TraceStore, meta: MetadataStore,
-                 metrics: EngineMetrics) -> None:
-        self.view = view
-        self.catalog = catalog
-        self.traces = traces
-        self.meta = meta
-        self.metrics = metrics
-        self._lock = view.lock
+    view: RelationView
+    catalog: Catalog
+    traces: TraceStore
+    meta: MetadataStore
+    metrics: EngineMetrics
 
     def register(self, entry: RelationEntry, trace: TraceState | None = None) -> Relation:
         """Put a catalog entry (with its stored trace) into the view."""
@@ -59,7 +57,7 @@ class RelationRegistry:
         ``time`` and ``diff``. Raises RelationExists, InvalidRelationName, SchemaMismatch."""
         check_name(name)
         schema = check_schema(schema)
-        with self._lock:
+        with self.view.lock:
             self.view.check_open()
             if name in self.view.relations:
                 raise RelationExists(f"relation {name!r} already exists; drop it first or pick another name")
@@ -83,29 +81,29 @@ class RelationRegistry:
     def relations(self, include_internal: bool = False) -> list[str]:
         """Names of the relations, sorted; internal ones (names starting with an underscore,
         see :func:`sediment.engine.relation.is_internal`) only with ``include_internal``."""
-        with self._lock:
+        with self.view.lock:
             self.view.check_open()
             return sorted(n for n in self.view.relations if include_internal or not is_internal(n))
 
     def schema(self, name: str) -> pa.Schema:
         """The relation's own columns (without ``time`` and ``diff``)."""
-        with self._lock:
+        with self.view.lock:
             return self.view.get(name).entry.schema
 
     def since(self, name: str) -> int:
         """The compaction frontier: reads at times below it are no longer possible."""
-        with self._lock:
+        with self.view.lock:
             return self.view.get(name).entry.since
 
     def sealed(self, name: str) -> int:
         """The greatest t of a durable ``close t`` (-1 when never sealed)."""
-        with self._lock:
+        with self.view.lock:
             return self.view.get(name).sealed_durable
 
     def set_since(self, name: str, t: int) -> None:
         """Advance the compaction frontier: history before ``t`` may be consolidated away."""
         t = check_time(t, "since")
-        with self._lock:
+        with self.view.lock:
             rel = self.view.get(name)
             if t < rel.entry.since:
                 raise FrontierRegression(f"since of {name!r} is {rel.entry.since}; it cannot move back to {t}")

@@ -10,7 +10,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from sediment.engine.data_dir import DataDir, WalSpec, parse_wal, read_storage_record, traces_past_log
+from sediment.engine.data_dir import (
+    DataDir,
+    WalSpec,
+    parse_wal,
+    read_storage_record,
+    trace_ends,
+    traces_past_log,
+)
 from sediment.errors import SedimentError
 from sediment.wal import segment as sg
 from sediment.wal.control import CONTROL_NAME, ControlFile
@@ -212,8 +219,6 @@ def _verify_owner(meta: dict, blobs, uri: str, report: VerifyReport) -> None:
 def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
     """Open's check that the log reaches every trace's ``wal_through`` (data_dir.traces_past_log)."""
     from sediment.metadata.journal import load_readonly
-    from sediment.trace.state import TraceState
-    from sediment.trace.store import state_key
 
     if report.wal_end is None:
         return
@@ -221,14 +226,7 @@ def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
         meta = load_readonly(meta_dir)
     except SedimentError:
         return
-    traces = []
-    for rel_id, name in relation_names(meta_dir).items():
-        raw = meta.get(state_key(rel_id))
-        try:
-            traces.append((name, TraceState.decode(raw.value).wal_through if raw is not None else 0))
-        except SedimentError:
-            continue
-    report.problems += [str(p) for p in traces_past_log(os.path.dirname(meta_dir), report.wal_end, traces)]
+    report.problems += [str(p) for p in traces_past_log(os.path.dirname(meta_dir), report.wal_end, trace_ends(meta))]
 
 
 def relation_names(meta_dir: str) -> dict[int, str]:
@@ -268,7 +266,7 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
     wal, recorded = _recorded_wal(meta)
     missing = paths.meta_missing()
     if missing is not None:
-        report.problems.append(missing)
+        report.problems.append(str(missing))
     if wal.kind == "device":
         verify_device(wal.location, report)
     else:

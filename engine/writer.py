@@ -120,15 +120,7 @@ class Writer:
             for r in records:
                 r.txn_id = txn
             records = [Record(RecordKind.BEGIN, txn_id=txn), *records, Record(RecordKind.COMMIT, txn_id=txn)]
-        with self._lock:
-            self.wait_backlog(records)
-            self.view.check_open()
-            self._admit(rel, name, bounds)
-            if locks is not None:
-                self.locks.check_and_record(locks, bounds[1])
-            ticket = self.log.submit(records, self.view.on_durable)
-        ticket.wait()
-        self.metrics.append_latency.observe(time.perf_counter() - start)
+        self._submit(records, [(rel, name, bounds)], locks, bounds[1], start)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Locks | None = None) -> None:
         """Append to several relations atomically: after a crash, all or none are there.
@@ -144,13 +136,19 @@ class Writer:
         records.append(Record(RecordKind.COMMIT, txn_id=txn))
         if len(records) == 2:
             return
+        self._submit(records, [(rel, name, bounds) for name, rel, _table, bounds in prepared], locks,
+                     max((b[1] for *_r, b in prepared if b is not None), default=None), start)
+
+    def _submit(self, records: list[Record], admit: list[tuple[Relation, str, tuple[int, int] | None]],
+                locks: Locks | None, t_max: int | None, start: float) -> None:
+        """Admit and submit under the lock, then wait for durability outside it."""
         with self._lock:
             self.wait_backlog(records)
             self.view.check_open()
-            for name, rel, _table, t_min in prepared:
-                self._admit(rel, name, t_min)
+            for rel, name, bounds in admit:
+                self._admit(rel, name, bounds)
             if locks is not None:
-                self.locks.check_and_record(locks, max(b[1] for *_r, b in prepared if b is not None))
+                self.locks.check_and_record(locks, t_max)
             ticket = self.log.submit(records, self.view.on_durable)
         ticket.wait()
         self.metrics.append_latency.observe(time.perf_counter() - start)

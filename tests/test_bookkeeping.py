@@ -1,4 +1,4 @@
-"""The engine's bookkeeping structures (engine/view.py, engine/open_txns.py) against plain models: each one
+"""The engine's bookkeeping structures (engine/view.py, engine/collector.py) against plain models: each one
 answers every question exactly as the two dictionaries it replaced would have, kept in step
 by hand, after any sequence of operations."""
 
@@ -9,9 +9,8 @@ import random
 import pyarrow as pa
 
 from sediment.engine.catalog import RelationEntry
-from sediment.engine.open_txns import OpenTxns
 from sediment.engine.relation import Relation, TailEntry
-from sediment.engine.view import Relations
+from sediment.engine.view import OpenTxns, Relations
 from sediment.trace.state import TraceState
 
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from sediment import errors
+from sediment.clock import ManualClock
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
 
@@ -56,7 +57,7 @@ def blob_keys(engine):
 
 @pytest.fixture
 def eng(open_engine):
-    e = open_engine(compact=False, segment_bytes=1 << 14)
+    e = open_engine(clock=ManualClock(), segment_bytes=1 << 14)  # background passes on finished segments only
     e.add_relation("r", SCHEMA)
     return e
 
@@ -77,7 +78,7 @@ def test_compaction_moves_the_wal_into_batches_and_trims_it(eng, open_engine, tm
     assert trace.upper == 30 and trace.batches and not eng.view.relations["r"].tail
     assert {t: rows(eng.snapshot("r", t)) for t in (1, 10, 29)} == before
     eng.close()
-    again = open_engine(compact=False, segment_bytes=1 << 14)
+    again = open_engine(clock=ManualClock(), segment_bytes=1 << 14)
     assert again.sealed("r") == 29
     assert {t: rows(again.snapshot("r", t)) for t in (1, 10, 29)} == before
 
@@ -143,8 +144,12 @@ def test_open_transaction_holds_back_the_cut(eng):
 
 
 @pytest.mark.embedded_only  # eng.wal
-def test_crash_after_commit_before_trim_counts_nothing_twice(eng, open_engine, tmp_path):
+def test_crash_after_commit_before_trim_counts_nothing_twice(open_engine, tmp_path):
+    """The compactions here are the test's own (``compact()``): a background one would trim
+    the log this test restores before it is saved."""
     data = str(tmp_path / "data")
+    eng = open_engine(compact=False, segment_bytes=1 << 14)
+    eng.add_relation("r", SCHEMA)
     for t in range(1, 20):
         eng.append("r", ups([(t % 3, "x", t, 1)]))
     eng.seal("r", 19)
@@ -173,7 +178,7 @@ def test_orphan_batches_from_a_crash_before_commit_are_swept(eng, open_engine):
     foreign = f"trace/{999:016x}/{0:016x}-{5:016x}-abc.parquet"  # another writer's: never swept
     eng.storage.blobs.put(foreign, b"someone else's")
     eng.close()
-    again = open_engine(compact=False, segment_bytes=1 << 14)
+    again = open_engine(clock=ManualClock(), segment_bytes=1 << 14)
     assert blob_keys(again) == sorted([*kept, foreign])
     assert again.swept == [mine] and rows(again.snapshot("r", 1)) == [(1, "a", 1)]
 
@@ -345,3 +350,54 @@ def test_unordered_replay_holds_the_same_updates(eng):
     unordered = rows(pa.Table.from_batches(list(eng.replay("r", ordered=False))))
     assert sorted(ordered) == sorted(unordered)
     assert [r[2] for r in ordered] == sorted(r[2] for r in ordered)
+
+
+def test_compaction_component_on_its_own_seam(tmp_path):
+    """The compaction component built from its parts, with no engine: records the log made
+    durable (applied to the relation view by ``on_durable``) are taken into the trace by
+    ``run_pass``, the log is trimmed below them, and the replaced blobs are collected."""
+    import threading
+
+    from sediment.blob.memory import MemoryBlobStore
+    from sediment.clock import ManualClock
+    from sediment.engine.backlog import BodyCache, WalBacklog
+    from sediment.engine.catalog import Catalog
+    from sediment.engine.collector import Collector, ReaderPins
+    from sediment.engine.compaction import Compaction, CompactionSettings
+    from sediment.engine.relation_registry import RelationRegistry
+    from sediment.engine.view import RelationView
+    from sediment.metadata.memory import MemoryMetadataStore
+    from sediment.metrics import EngineMetrics
+    from sediment.trace.store import TraceStore
+    from sediment.wal.file_log import FileLog
+    from sediment.wal.record import Record, RecordKind
+
+    lock, clock, meta, metrics = threading.RLock(), ManualClock(), MemoryMetadataStore(), EngineMetrics()
+    view = RelationView(str(tmp_path), lock, WalBacklog(lock, None, 1.0), BodyCache(1 << 20))
+    traces = TraceStore(meta, MemoryBlobStore())
+    catalog = Catalog(meta)
+    rel = RelationRegistry(view, catalog, traces, meta, metrics).register(catalog.create("r", SCHEMA))
+    log = FileLog.open(str(tmp_path / "wal"), create=True, segment_bytes=1 << 14)
+    try:
+        collector = Collector(lock, ReaderPins(clock), traces, log)
+        compaction = Compaction(view, traces, log, collector, metrics, clock, CompactionSettings(), 0.0)
+        for t in range(3):
+            batch = ups([(t, f"v{t}", t, 1)]).to_batches()[0]
+            log.submit([Record(RecordKind.UPDATES, rel.entry.id, 0, t, t, 1, batch.serialize())],
+                       view.on_durable).wait()
+        log.submit([Record(RecordKind.PROGRESS, rel.entry.id, 0, 1, 1)], view.on_durable).wait()
+        assert len(rel.tail) == 3 and view.backlog.bytes > 0
+        log.finish_segment()
+        assert compaction.run_pass() == {}
+        assert rel.trace.upper == 2 and len(rel.trace.batches) == 1 and len(rel.trace.pending) == 1
+        assert not rel.tail and view.backlog.bytes == 0 and compaction.errors() == {}
+        assert log.start_lsn == rel.trace.wal_through, "the log is trimmed below what the trace holds"
+        assert traces.load(rel.entry.id) == rel.trace, "the trace state is committed"
+        log.submit([Record(RecordKind.PROGRESS, rel.entry.id, 0, 5, 5)], view.on_durable).wait()
+        log.finish_segment()
+        compaction.run_pass(full=True)
+        assert rel.trace.upper == 6 and not rel.trace.pending and len(rel.trace.batches) == 1
+        live = {b.key for b in rel.trace.batches}
+        assert set(traces.blobs.list("trace/")) == live, "replaced blobs are collected"
+    finally:
+        log.close()

@@ -18,9 +18,8 @@ from sediment.clock import ManualClock
 from sediment.engine import log_replay as recovery
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.frontiers import SealedFrontiers
-from sediment.engine.open_txns import OpenTxns
 from sediment.engine.relation import Relation, TailEntry
-from sediment.engine.view import Relations
+from sediment.engine.view import OpenTxns, Relations
 from sediment.trace.state import TraceState
 from sediment.wal import record as rec
 from sediment.wal.record import HeadRecord, Record, RecordKind
