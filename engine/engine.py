@@ -31,7 +31,7 @@ from typing import Any
 
 from sediment._fs import makedirs_durable, remove_tree_durable
 from sediment.clock import Clock, MonotonicClock
-from sediment.engine import args, deploy, log_replay
+from sediment.engine import args, log_replay, takeover
 from sediment.engine.backlog import (
     DEFAULT_MAX_WAL_BACKLOG,
     DEFAULT_WAL_BACKLOG_TIMEOUT,
@@ -189,7 +189,7 @@ class Engine:
         if blob is None or isinstance(blob, str):  # else a store object, given for this open only
             blob = record.blob
         if record.replicas:
-            deploy.require_shared_blob(blob, self.data_dir)
+            takeover.require_shared_blob(blob, self.data_dir)
         blobs = storage.open_blobs(blob, lambda store: CountingBlobStore(store, self.metrics))
         self.blob_uri, self.s3_endpoint = storage.blob_uri, storage.s3_endpoint
         self.traces = TraceStore(meta, blobs)
@@ -233,11 +233,11 @@ class Engine:
             raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
                              "metadata='zk://127.0.0.1:2181/sediment'")
         storage.log = ReplicatedLog.open(list(record.replicas), storage.meta, 0, record.cluster_key,
-                                         segment_bytes=segment_bytes, owner=deploy.owner_name(self.data_dir),
+                                         segment_bytes=segment_bytes, owner=takeover.owner_name(self.data_dir),
                                          clock=self.clock)
-        deploy.close_when_fenced(self, storage.log.on_fenced)
+        takeover.close_when_fenced(self, storage.log.on_fenced)
         if marker is None:
-            write_marker(self.data_dir, deploy.metadata_spec(metadata))
+            write_marker(self.data_dir, takeover.metadata_spec(metadata))
         return storage.log
 
     def _recover(self, log_: WriteAheadLog) -> None:

@@ -12,8 +12,8 @@ Three rules, all checked before anything is created:
   file, ``REPLICATED``, names the metadata store. Opening the directory without
   ``metadata=`` opens that store (so later opens and CLI commands need not repeat it),
   never an empty local engine; a marker naming a store object given in Python
-  (``<ClassName>``) cannot be reopened from its name and is refused (StorageRecordMismatch). The marker itself is engine/data_dir.py's; format in docs/formats.md
-  ("Replicated data directory marker").
+  (``<ClassName>``) cannot be reopened from its name and is refused (StorageRecordMismatch).
+  The marker is engine/data_dir.py's; format in docs/formats.md ("Replicated data directory marker").
 
 A coordinator fenced by a newer one closes its engine (:func:`close_when_fenced`); the
 reason is kept in ``engine.superseded`` and ``sediment serve`` exits non-zero with it.

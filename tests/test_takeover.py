@@ -1,4 +1,4 @@
-"""The replicated data-directory marker (engine/data_dir.py) and the shared-blob rule (engine/deploy.py)."""
+"""The replicated data-directory marker (engine/data_dir.py) and the shared-blob rule (engine/takeover.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 import sediment
 from sediment.engine.data_dir import decode_marker, encode_marker, read_marker, write_marker
-from sediment.engine.deploy import require_shared_blob
+from sediment.engine.takeover import require_shared_blob
 from sediment.errors import StorageRecordMismatch
 
 
