@@ -34,6 +34,8 @@ STEPS = (
     ("sediment.wal.recycle:pwrite_all", "after"),  # a pool file's new header written, not yet renamed
     ("sediment.wal.recycle:fsync_dir", "before"),  # a pool offer or take renamed, the directory not synced
     ("sediment.trace.store:TraceStore.commit", "before"),  # a trace commit (batches written, state not)
+    ("sediment.engine.catalog:Catalog.update", "before"),  # an alter (or since) checked, its entry not written
+    ("sediment.engine.catalog:Catalog.update", "after"),  # an alter's entry written, the engine not yet told
 )
 STEP_SHARE = 0.3  # of the kill points: the rest land at a random moment
 
@@ -234,7 +236,8 @@ def kill_trial(data_dir: str, opts: dict, model: Model, rng: random.Random, chil
     want = "o" if target < 0 else f"b {target} "
     step = []
     if rng.random() < step_share:  # the child kills itself inside a step; a run that never reaches it ends cleanly
-        where, when = rng.choice(STEPS[-1:] if "wal" in opts else STEPS)  # the device ring has no segment files
+        where, when = rng.choice([s for s in STEPS if not s[0].startswith("sediment.wal.")] if "wal" in opts
+                                 else STEPS)  # the device ring has no segment files
         step, want, delay = [f"{where}|{when}|{rng.randrange(1, 4)}"], "k ", 0.0
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "child", data_dir, json.dumps(opts),
                              model_path, str(child_seed), str(OPS_PER_CHILD), *step],

@@ -11,6 +11,9 @@ An operation is plain JSON (so a child process can report it on a pipe before ru
     ["txn", {rel: rows, ...}, commit] transaction: an append per relation, then commit or abort
     ["seal", rel, t] / ["since", rel, t]
     ["compact"]                       compaction pass: batches, merges, WAL trim
+    ["alter", rel, change, ...]       alter_relation: ["add", name, default] (an int64 column that
+                                      appends leave out, so it reads as its default), ["rename",
+                                      old, new] or ["drop", name] of such a column
     ["reopen"]                        close and open again (recovery, metadata checkpoint)
 
 The model is the consolidation of every acknowledged update: a snapshot as of ``t`` must equal
@@ -29,6 +32,7 @@ import pyarrow as pa
 
 SEGMENT_SIZES = (4224, 8192, 16384)  # the file log's segment size changes between opens (issue 23)
 DROP_WEIGHT = 0.04  # the optional relation is dropped and added again
+ALTER_WEIGHT = 0.04  # a relation's columns change (issue 26): a kill inside it leaves all of it or none
 
 RELATIONS = ("a", "b")
 OPTIONAL = "c"  # added and dropped again and again (with drop_weight): a new relation each time
@@ -61,16 +65,19 @@ class Model:
     updates: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
     sealed: dict[str, int] = field(default_factory=dict)
     since: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, list[list]] = field(default_factory=dict)  # rel -> [[name, default], ...] added by alters
 
     def apply(self, op: list) -> None:
         kind = op[0]
         if kind == "drop":
-            for part in (self.updates, self.sealed, self.since):
+            for part in (self.updates, self.sealed, self.since, self.extra):
                 part.pop(op[1], None)
         elif kind == "add":
             self.updates.setdefault(op[1], [])
             self.sealed.setdefault(op[1], -1)
             self.since.setdefault(op[1], 0)
+        elif kind == "alter":
+            self._alter(op[1], op[2:])
         elif kind == "append":
             self.updates[op[1]] += [tuple(r) for r in op[2]]
         elif kind == "burst":
@@ -84,6 +91,18 @@ class Model:
         elif kind == "since":
             self.since[op[1]] = max(self.since[op[1]], op[2])
 
+    def _alter(self, rel: str, change: list) -> None:
+        cols = self.extra.setdefault(rel, [])
+        if change[0] == "add":
+            cols.append([change[1], change[2]])
+        elif change[0] == "rename":
+            self.extra[rel] = [[change[2] if n == change[1] else n, d] for n, d in cols]
+        else:
+            self.extra[rel] = [[n, d] for n, d in cols if n != change[1]]
+
+    def defaults(self, rel: str) -> tuple:
+        return tuple(d for _n, d in self.extra.get(rel, []))
+
     def with_op(self, op: list | None) -> Model:
         m = copy.deepcopy(self)
         if op is not None:
@@ -94,7 +113,7 @@ class Model:
         sums: dict[tuple, int] = {}
         for ident, t, d in self.updates[rel]:
             if t <= as_of:
-                k = row_key(rel, ident)
+                k = (*row_key(rel, ident), *self.defaults(rel))
                 sums[k] = sums.get(k, 0) + d
         return sorted((*k, d) for k, d in sums.items() if d)
 
@@ -103,17 +122,17 @@ class Model:
         consolidated: what :meth:`Engine.replay` must give (see :func:`replay_rows`)."""
         sums: dict[tuple, int] = {}
         for ident, t, d in self.updates[rel]:
-            k = (*row_key(rel, ident), max(t, since))
+            k = (*row_key(rel, ident), *self.defaults(rel), max(t, since))
             sums[k] = sums.get(k, 0) + d
         return sorted((*k, d) for k, d in sums.items() if d)
 
     def to_json(self) -> dict:
-        return {"updates": self.updates, "sealed": self.sealed, "since": self.since}
+        return {"updates": self.updates, "sealed": self.sealed, "since": self.since, "extra": self.extra}
 
     @classmethod
     def from_json(cls, obj: dict) -> Model:
         return cls({k: [tuple(r) for r in v] for k, v in obj["updates"].items()}, dict(obj["sealed"]),
-                   dict(obj["since"]))
+                   dict(obj["since"]), {k: [list(c) for c in v] for k, v in obj.get("extra", {}).items()})
 
 
 def engine_rows(table: pa.Table) -> list[tuple]:
@@ -133,7 +152,8 @@ def replay_rows(engine: Any, rel: str, since: int) -> list[tuple]:
 
 
 def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
-            reopen_weight: float = 0.03, burst_weight: float = 0.08, drop_weight: float = 0.0) -> list:
+            reopen_weight: float = 0.03, burst_weight: float = 0.08, drop_weight: float = 0.0,
+            alter_weight: float | None = None) -> list:
     """A random operation valid against ``model`` (times above the sealed frontier, since at
     or below it). The caller's engine may lag the model only by an in-flight call that did
     not survive, and then a ``since`` can be refused: that is a typed error, not a fault.
@@ -153,6 +173,10 @@ def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
         b = model.sealed[r] + 1
         return [[rng.randrange(24), b + rng.randrange(4), rng.choice((1, 1, 2, -1))] for _ in range(n)]
 
+    alter_weight = ALTER_WEIGHT if alter_weight is None else alter_weight
+    if x < alter_weight:
+        return alter_op(rng, model, rel)
+    x -= alter_weight
     if x < compact_weight:
         return ["compact"]
     x -= compact_weight
@@ -174,6 +198,29 @@ def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
     if model.sealed[rel] > model.since[rel]:
         return ["since", rel, rng.randrange(model.since[rel], model.sealed[rel] + 1)]
     return ["seal", rel, base]
+
+
+def alter_op(rng: random.Random, model: Model, rel: str) -> list:
+    """An alter of ``rel``: add a defaulted column, or rename or drop one added before."""
+    cols = model.extra.get(rel, [])
+    x = rng.random()
+    if not cols or x < 0.5:
+        name = f"x{len(model.updates[rel])}_{rng.randrange(1 << 20)}"
+        return ["alter", rel, "add", name, rng.randrange(100)]
+    name = rng.choice(cols)[0]
+    if x < 0.75 and len(name) < 60:
+        return ["alter", rel, "rename", name, name + "r"]
+    return ["alter", rel, "drop", name]
+
+
+def run_alter(engine: Any, op: list) -> None:
+    rel, change = op[1], op[2:]
+    if change[0] == "add":
+        engine.alter_relation(rel, add=[pa.field(change[1], pa.int64())], defaults={change[1]: change[2]})
+    elif change[0] == "rename":
+        engine.alter_relation(rel, rename={change[1]: change[2]})
+    else:
+        engine.alter_relation(rel, drop=[change[1]])
 
 
 def run_op(engine: Any, op: list, on_commit: Any = None, on_sub_ack: Any = None) -> None:
@@ -228,6 +275,8 @@ def run_op(engine: Any, op: list, on_commit: Any = None, on_sub_ack: Any = None)
         engine.set_since(op[1], op[2])
     elif kind == "compact":
         engine.compact()
+    elif kind == "alter":
+        run_alter(engine, op)
     else:
         raise ValueError(f"run_op cannot run {kind!r} (reopen is the caller's)")
 

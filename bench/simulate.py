@@ -4,6 +4,8 @@
     python bench/simulate.py --seeds 100 --seed 5000 # seeds 5000..5099
     python bench/simulate.py --seed 42 --trace       # replay one seed, with its event trace
     python bench/simulate.py --seeds 10000 --jobs 2  # split across 2 processes, same output
+    python bench/simulate.py --cluster --seeds 300   # the cluster mode: members, manager, moves
+    python bench/simulate.py --cluster --seed 0 --partitions 1000 --members 50  # at scale
 
 Each seed runs storage nodes, coordinators and clients in memory under a virtual clock
 (tests/sim_cluster.py) with a schedule of faults drawn from the seed: storage-node
@@ -14,6 +16,13 @@ outages, replicas added, removed and replaced, full and slow disks. Then every f
 heals, a final coordinator recovers, and the history checker (tests/sim_checker.py)
 reports violations. Prints runs, faults injected by kind, violations by kind, and for
 every failing seed the command that replays it exactly. Exits 1 if any seed failed.
+
+``--cluster`` runs the cluster mode instead (tests/sim_members.py): ``--partitions``
+logs served by ``--members`` members of a cluster, with a manager that assigns partitions
+by ``sediment.cluster.assignment.plan_assignment`` and faults on members (killed, paused
+past their session, joining, leaving, the manager killed), ZooKeeper and storage nodes;
+besides the history checker of every partition it checks one owner per partition and
+generation and that every partition is served again within a bound after each change.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 from sim_cluster import FAULT_KINDS, run_seed  # noqa: E402
+from sim_members import CLUSTER_FAULT_KINDS, run_cluster_seed  # noqa: E402
 
 
 @dataclass
@@ -39,10 +49,19 @@ class Tally:
     faults: dict[str, int] = field(default_factory=dict)
     failing: dict[str, list[int]] = field(default_factory=dict)  # violation kind -> failing seeds
     violations: dict[str, int] = field(default_factory=dict)
+    cluster: dict[str, int] = field(default_factory=dict)  # the cluster mode's counters (moves, redirects, ...)
+    plans: list[float] = field(default_factory=list)  # seconds per plan_assignment call (cluster mode)
+    plans_cpu: list[float] = field(default_factory=list)  # the same calls' CPU seconds
+    gaps: list[float] = field(default_factory=list)  # virtual seconds a partition went unserved (cluster mode)
 
     def merge(self, other: Tally) -> None:
         self.appends += other.appends
         self.acked += other.acked
+        self.plans += other.plans
+        self.plans_cpu += other.plans_cpu
+        self.gaps += other.gaps
+        for k, n in other.cluster.items():
+            self.cluster[k] = self.cluster.get(k, 0) + n
         for k, n in other.faults.items():
             self.faults[k] = self.faults.get(k, 0) + n
         for k, seeds in other.failing.items():
@@ -52,11 +71,21 @@ class Tally:
 
 
 def run_range(first: int, count: int, steps: int, duration: float, kinds: dict[str, int] | None, clients: int,
-              trace: bool) -> Tally:
-    """Seeds first..first+count-1 in this process (a worker of --jobs, or the only one)."""
+              trace: bool, cluster: tuple[int, int] | None = None) -> Tally:
+    """Seeds first..first+count-1 in this process (a worker of --jobs, or the only one);
+    ``cluster``: (partitions, members) for the cluster mode."""
     t = Tally()
     for seed in range(first, first + count):
-        r = run_seed(seed, steps, duration, logs=trace, kinds=kinds, clients=clients)
+        if cluster is None:
+            r = run_seed(seed, steps, duration, logs=trace, kinds=kinds, clients=clients)
+        else:
+            r = run_cluster_seed(seed, steps, duration, logs=trace, kinds=kinds, clients=clients,
+                                 partitions=cluster[0], members=cluster[1])
+            t.plans += r.sim.plan_seconds
+            t.plans_cpu += r.sim.plan_cpu
+            t.gaps += r.sim.gaps
+            for k, n in r.sim.stats.items():
+                t.cluster[k] = t.cluster.get(k, 0) + n
         t.appends += r.appends
         t.acked += r.acked
         for k, n in r.faults.items():
@@ -85,23 +114,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", action="store_true", help="print each seed's event trace (with the coordinators' and nodes' log lines) and violation details")
     p.add_argument("--jobs", type=int, default=1, help="processes to split the seeds across (same output)")
     p.add_argument("--show", type=int, default=3, help="failing seeds listed per violation kind")
+    p.add_argument("--cluster", action="store_true",
+                   help="the cluster mode: partitions served by members, a manager, moves on member death, join "
+                        "and leave (tests/sim_members.py)")
+    p.add_argument("--partitions", type=int, default=4, help="cluster mode: partitions (each its own replicated log)")
+    p.add_argument("--members", type=int, default=3, help="cluster mode: members at the start")
     args = p.parse_args(argv)
+    known = CLUSTER_FAULT_KINDS if args.cluster else FAULT_KINDS
     kinds = None
     if args.kinds:
         names = args.kinds.split(",")
-        unknown = [k for k in names if k not in FAULT_KINDS]
+        unknown = [k for k in names if k not in known]
         if unknown:
-            p.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
-        kinds = {k: FAULT_KINDS[k] for k in names}
+            p.error(f"unknown fault kinds {unknown}; known: {', '.join(known)}")
+        kinds = {k: known[k] for k in names}
+    cluster = (args.partitions, args.members) if args.cluster else None
     first = args.seed if args.seed is not None else 0
     count = args.seeds if args.seeds is not None else (1 if args.seed is not None else 100)
     started = time.monotonic()
     jobs = max(1, min(args.jobs, count))
     if args.trace or jobs == 1:
-        tally = run_range(first, count, args.steps, args.duration, kinds, args.clients, args.trace)
+        tally = run_range(first, count, args.steps, args.duration, kinds, args.clients, args.trace, cluster)
     else:
         chunk = max(1, min(50, count // (jobs * 4)))  # small chunks: a slow range does not idle a core
-        ranges = [(s, min(chunk, first + count - s), args.steps, args.duration, kinds, args.clients, False)
+        ranges = [(s, min(chunk, first + count - s), args.steps, args.duration, kinds, args.clients, False, cluster)
                   for s in range(first, first + count, chunk)]
         with multiprocessing.get_context("spawn").Pool(jobs) as pool:
             parts = pool.starmap(run_range, ranges)
@@ -115,6 +151,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{took:.1f}s ({took / max(count, 1):.3f}s per seed)")
     print(f"appends: {appends} submitted, {acked} acknowledged")
     print("faults injected by kind: " + (", ".join(f"{k}={n}" for k, n in sorted(faults.items())) or "none"))
+    if cluster is not None:
+        print(f"cluster: {args.partitions} partitions, {args.members} members at the start; "
+              + ", ".join(f"{k}={n}" for k, n in sorted(tally.cluster.items())))
+        gaps = sorted(tally.gaps)
+        if gaps:
+            print(f"unserved spells: {len(gaps)}, virtual s p50 {gaps[len(gaps) // 2]:.2f}, "
+                  f"p99 {gaps[int(len(gaps) * 0.99)]:.2f}, max {gaps[-1]:.2f}")
+        for what, times in (("wall clock", tally.plans), ("CPU", tally.plans_cpu)):
+            t = sorted(times)
+            if t:
+                print(f"plan_assignment, {what}: {len(t)} calls, p50 {t[len(t) // 2] * 1e3:.2f} ms, "
+                      f"p99 {t[int(len(t) * 0.99)] * 1e3:.2f} ms, max {t[-1] * 1e3:.2f} ms")
     if not failing:
         print("violations: 0")
         return 0
@@ -124,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k}: {violations[k]} in {len(seeds)} seeds, e.g. {seeds[:args.show]}")
         for s in seeds[:args.show]:
             extra = (f" --kinds {args.kinds}" if args.kinds else "") + (
-                f" --clients {args.clients}" if args.clients != 3 else "")
+                f" --clients {args.clients}" if args.clients != 3 else "") + (
+                f" --cluster --partitions {args.partitions} --members {args.members}" if cluster else "")
             print(f"    replay: python bench/simulate.py --seed {s} --steps {args.steps} --duration {args.duration}"
                   f"{extra} --trace")
     return 1

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from sediment.blob.protocol import BlobStore
@@ -100,8 +99,7 @@ def check_owner(blobs: BlobStore, engine_id: str, where: str, *, take_over: bool
     return owner
 
 
-def claim(blobs: BlobStore, engine_id: str, where: str, *, data_dir: str = "", take_over: bool = False,
-          clock: Callable[[], float] = time.time) -> OwnerMarker:
+def claim(blobs: BlobStore, engine_id: str, where: str, *, data_dir: str = "", take_over: bool = False) -> OwnerMarker:
     """Make this engine the prefix's owner: write the marker if absent (``put_if_absent``, so
     of two engines racing for a fresh prefix exactly one wins), accept our own, refuse
     another's -- or, with ``take_over``, replace it, naming the previous owner."""
@@ -115,7 +113,7 @@ def claim(blobs: BlobStore, engine_id: str, where: str, *, data_dir: str = "", t
         return owner
     if owner is not None and not take_over:
         raise _refuse(where, owner, engine_id)
-    mine = OwnerMarker(engine_id, clock(), data_dir, owner.engine_id if owner is not None else None)
+    mine = OwnerMarker(engine_id, time.time(), data_dir, owner.engine_id if owner is not None else None)
     if take_over:
         blobs.put(OWNER_KEY, mine.encode())
         return mine

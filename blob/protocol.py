@@ -47,3 +47,28 @@ class BlobStore(Protocol):
     def close(self) -> None:
         """Release connections; the store is unusable afterwards."""
         ...
+
+
+@runtime_checkable
+class LocalBlobStore(BlobStore, Protocol):
+    """A blob store whose objects are files on this machine (FileBlobStore). Its extra
+    capabilities let batches skip a copy through Python: read through the file itself,
+    written by linking a spilled file into place. Callers check for it once, when they are
+    given the store (``isinstance(store, LocalBlobStore)``), and fall back to the plain
+    methods otherwise."""
+
+    def local_path(self, key: str) -> str:
+        """The file holding ``key`` (it may vanish once the object is deleted)."""
+        ...
+
+    def spill_path(self) -> str:
+        """A fresh temporary file name on the store's file system, for :meth:`put_file`."""
+        ...
+
+    def put_file(self, key: str, path: str, *, if_absent: bool = False) -> None:
+        """Store the local file ``path`` under ``key`` without reading it into memory."""
+        ...
+
+    def sweep_temporaries(self, min_age_seconds: float = 0.0) -> list[str]:
+        """Delete temporaries that interrupted writes left; their paths."""
+        ...

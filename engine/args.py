@@ -85,8 +85,9 @@ def check_open_options(options: Mapping[str, Any]) -> None:
     """The Engine's constructor options, checked before the data directory is touched."""
     o = options
     wal = check_str(o.get("wal"), "wal")
-    if wal is not None:
-        parse_wal(wal)
+    if wal is not None and parse_wal(wal).kind == "s3" and o.get("metadata") is None:
+        raise InvalidArgument("wal='s3://...' needs a metadata store every coordinator can reach, e.g. "
+                              "metadata='s3://bucket/meta'")
     if o.get("wal_capacity") is not None:
         check_int(o["wal_capacity"], "wal_capacity", low=1)
     replicas = o.get("replicas")

@@ -10,12 +10,13 @@ with the same name.
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
+from sediment.arrow_codec import schema_from_text, schema_to_text
+from sediment.engine.schema_history import SchemaHistory
 from sediment.errors import MetadataConflict, MetadataCorruption, RelationExists, UnknownRelation
 from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
@@ -24,7 +25,7 @@ RELATIONS = names.RELATIONS
 NEXT_ID = names.NEXT_RELATION_ID
 EPOCH = names.EPOCH
 FORMAT = "sediment.relation"
-VERSION = 1
+VERSION = 2  # 2: the entry carries the schema history; version 1 entries (no history) still decode
 
 
 @dataclass(frozen=True)
@@ -36,26 +37,33 @@ class RelationEntry:
     schema: pa.Schema
     since: int = 0
     version: int = -1
+    history: SchemaHistory | None = None  # None only while being built: decode and create always set it
+
+    @property
+    def schema_history(self) -> SchemaHistory:
+        return self.history if self.history is not None else SchemaHistory.initial(self.schema)
 
     def encode(self) -> bytes:
         return json.dumps({
+            "history": self.schema_history.to_json(),
             "format": FORMAT,
             "version": VERSION,
             "name": self.name,
             "id": self.id,
             "since": self.since,
-            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
+            "schema": schema_to_text(self.schema),
         }, sort_keys=True).encode()
 
     @staticmethod
     def decode(raw: bytes, version: int, key: str) -> RelationEntry:
         try:
             doc = json.loads(raw)
-            if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+            if doc.get("format") != FORMAT or doc.get("version") not in (1, VERSION):
                 raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}")
-            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(doc["schema"])))
-            return RelationEntry(doc["name"], int(doc["id"]), schema, int(doc["since"]), version)
-        except (ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
+            schema = schema_from_text(doc["schema"])
+            history = SchemaHistory.from_json(doc["history"]) if "history" in doc else SchemaHistory.initial(schema)
+            return RelationEntry(doc["name"], int(doc["id"]), schema, int(doc["since"]), version, history)
+        except (ValueError, KeyError, TypeError, IndexError, pa.ArrowInvalid) as exc:
             raise MetadataCorruption(f"catalog entry {key!r} is unreadable: {exc}") from None
 
 
@@ -98,7 +106,7 @@ class Catalog:
     def create(self, name: str, schema: pa.Schema) -> RelationEntry:
         if self.store.get(RELATIONS + name) is not None:
             raise RelationExists(f"relation {name!r} already exists; drop it first or pick another name")
-        entry = RelationEntry(name, self._bump(NEXT_ID), schema)
+        entry = RelationEntry(name, self._bump(NEXT_ID), schema, history=SchemaHistory.initial(schema))
         try:
             version = self.store.compare_and_set(RELATIONS + name, entry.encode(), None)
         except MetadataConflict:

@@ -273,7 +273,7 @@ class Compaction:
     def _wal_table(self, rel: Relation, entries: list[TailEntry], trace: TraceState, safe: int) -> pa.Table:
         with self._lock:
             cached = [self.view.bodies.take(e.lsn) for e in entries]
-        parts = [rel.decode(body if body is not None else self.log.read(e.lsn).body)
+        parts = [rel.decode_body(body if body is not None else self.log.read(e.lsn).body, e.schema_version)
                  for e, body in zip(entries, cached, strict=True)]
         table = pa.Table.from_batches(parts, schema=rel.update_schema)
         if entries and min(e.t_lo for e in entries) < trace.upper:

@@ -92,10 +92,22 @@ def _device_spec(rest: str | None) -> WalSpec | None:
     return WalSpec("device", os.path.abspath(rest)) if rest else None
 
 
+def _s3_spec(rest: str | None) -> WalSpec | None:
+    """``s3://bucket/prefix[?endpoint=...]``: the location keeps the ``//``; a malformed one is
+    refused by the log's own parser (InvalidArgument naming the form)."""
+    if not rest or not rest.startswith("//"):
+        return None
+    from sediment.wal.s3_log import parse_spec
+
+    parse_spec("s3:" + rest)
+    return WalSpec("s3", rest)
+
+
 # kind -> parser of what follows "kind:" (None when there is no colon); a parser returns None
 # for a value it does not accept. A new kind of log is one more row.
-WAL_KINDS: dict[str, Callable[[str | None], WalSpec | None]] = {"file": _file_spec, "device": _device_spec}
-WAL_USAGE = "use 'file' or 'device:<path>'"
+WAL_KINDS: dict[str, Callable[[str | None], WalSpec | None]] = {"file": _file_spec, "device": _device_spec,
+                                                                "s3": _s3_spec}
+WAL_USAGE = "use 'file', 'device:<path>' or 's3://bucket/prefix'"
 
 
 def parse_wal(text: str | None) -> WalSpec:

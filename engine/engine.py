@@ -26,12 +26,15 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from sediment._fs import makedirs_durable, remove_tree_durable
+from sediment.blob.counting import counting
 from sediment.clock import Clock, MonotonicClock
-from sediment.engine import args, log_replay, takeover
+from sediment.engine import args, log_replay, s3_deploy, takeover
 from sediment.engine.backlog import (
     DEFAULT_MAX_WAL_BACKLOG,
     DEFAULT_WAL_BACKLOG_TIMEOUT,
@@ -50,13 +53,14 @@ from sediment.engine.reads import Reads
 from sediment.engine.relation import is_internal
 from sediment.engine.relation_registry import RelationRegistry
 from sediment.engine.scheduler import Scheduler
+from sediment.engine.schema import check_name
 from sediment.engine.stats import engine_stats
 from sediment.engine.storage import Storage
 from sediment.engine.view import RelationView
 from sediment.engine.writer import Writer
 from sediment.errors import CompactionFailed  # noqa: F401  (Engine.compact raises it)
 from sediment.metadata.protocol import MetadataStore
-from sediment.metrics import CountingBlobStore, EngineMetrics
+from sediment.metrics import EngineMetrics
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
 from sediment.wal.record import Record, RecordKind
@@ -188,9 +192,9 @@ class Engine:
         record = storage.settle_record({**given, "blob": blob if isinstance(blob, str) else None})
         if blob is None or isinstance(blob, str):  # else a store object, given for this open only
             blob = record.blob
-        if record.replicas:
+        if record.replicas or record.wal_spec.kind == "s3":
             takeover.require_shared_blob(blob, self.data_dir)
-        blobs = storage.open_blobs(blob, lambda store: CountingBlobStore(store, self.metrics))
+        blobs = storage.open_blobs(blob, lambda store: counting(store, self.metrics))
         self.blob_uri, self.s3_endpoint = storage.blob_uri, storage.s3_endpoint
         self.traces = TraceStore(meta, blobs)
         self.traces.check_owner(record.engine_id, storage.blob_uri or "<blob store object>",
@@ -223,10 +227,15 @@ class Engine:
     def _open_log(self, metadata: str | MetadataStore | None, marker: str | None, segment_bytes: int,
                   repair: bool) -> WriteAheadLog:
         storage, record = self.storage, self.storage.record
+        if record.wal_spec.kind == "s3":
+            storage.log = s3_deploy.open_log(self, record.wal, metadata, marker, storage.s3_endpoint,
+                                             segment_bytes=segment_bytes, repair=repair, create=storage.created)
+            return storage.log
         if not record.replicas:
             return storage.open_local_log(record.wal_spec, segment_bytes=segment_bytes, repair=repair,
                                           relation_names=lambda: {e.id: e.name
-                                                                  for e in self.catalog.load().values()})
+                                                                  for e in self.catalog.load().values()},
+                                          clock=self.clock)
         from sediment.wal.replication.replicated_log import ReplicatedLog
 
         if metadata is None:
@@ -291,6 +300,8 @@ class Engine:
     since = _forward("registry", RelationRegistry.since)
     sealed = _forward("registry", RelationRegistry.sealed)
     set_since = _forward("registry", RelationRegistry.set_since)
+    describe = _forward("registry", RelationRegistry.describe)
+    schema_version = _forward("registry", RelationRegistry.schema_version)
     snapshot = _forward("reads", Reads.snapshot)
     subscribe = _forward("reads", Reads.subscribe)
     plan_read = _forward("reads", Reads.plan_read)
@@ -312,6 +323,18 @@ class Engine:
         with self.compaction.pass_lock, self.view.lock:
             self.collector.discard(self.registry.drop(name, self.compaction.forget))
         self.collector.collect()
+
+    def alter_relation(self, name: str, *, add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | None = None,
+                       widen: Mapping[str, pa.DataType] | None = None, rename: Mapping[str, str] | None = None,
+                       drop: Sequence[str] = ()) -> int:
+        """Change the relation's columns without rewriting its history; the new schema
+        version (unchanged when nothing changes). See engine/schema_rules.py for what is
+        allowed; a refused change raises SchemaChangeRefused naming the column and the rule,
+        with nothing changed. All changes or none (one compare-and-set of the catalog entry),
+        durable on return, and every append that starts after it uses the new schema."""
+        check_name(name)
+        with self.compaction.merge_lock, self.compaction.pass_lock, self.view.lock:  # no old-schema batch being written
+            return self.registry.alter(name, add=add, defaults=defaults, widen=widen, rename=rename, drop=drop)
 
     @property
     def wal(self) -> WriteAheadLog:

@@ -46,7 +46,7 @@ _lsn = itemgetter(6)
 _rel = itemgetter(7)
 _txn = itemgetter(8)
 _t_hi = itemgetter(10)
-_entry_fields = itemgetter(6, 9, 10, 11, 4)  # TailEntry: lsn, t_lo, t_hi, rows, bytes
+_entry_fields = itemgetter(6, 9, 10, 11, 4, 12)  # TailEntry: lsn, t_lo, t_hi, rows, bytes, schema_version
 _progress_fields = itemgetter(6, 10)  # (lsn, t)
 _first = itemgetter(0)
 _second = itemgetter(1)
@@ -77,7 +77,7 @@ def head_of(r: Record) -> HeadRecord:
     yields. UPDATES bodies are dropped: the replay needs only their length."""
     kind = int(r.kind)
     size = len(memoryview(r.body))
-    fields = (0, 0, 0, kind, size, 0, r.lsn, r.relation_id, r.txn_id, r.t_lo, r.t_hi, r.count, 0)
+    fields = (0, 0, 0, kind, size, 0, r.lsn, r.relation_id, r.txn_id, r.t_lo, r.t_hi, r.count, r.schema_version)
     if kind != _UPDATES and size:
         fields += (bytes(r.body),)
     return _new(HeadRecord, fields)

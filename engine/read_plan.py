@@ -27,3 +27,4 @@ class ReadPlan:
     s3_endpoint: str | None
     batches: list[dict]  # BatchRef fields, for sediment.trace.store.TraceStore.read_stream
     tail: pa.Table  # WAL updates not yet in batches, times <= as_of (and > from_t when given)
+    schema_history: dict | None = None  # SchemaHistory.to_json() of an altered relation: batches by field id

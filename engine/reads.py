@@ -63,7 +63,8 @@ class Reads:
         self._lock = view.lock
 
     def _decode(self, rel: Relation, lsn: int) -> pa.RecordBatch:
-        return rel.decode(self.log.read(lsn).body)
+        record = self.log.read(lsn)
+        return rel.decode_body(record.body, record.schema_version)
 
     def snapshot(self, name: str, as_of: int) -> pa.Table:
         """The relation as of ``as_of``: its columns plus ``diff``, one row per distinct row
@@ -134,7 +135,8 @@ class Reads:
             if parts else rel.update_schema.empty_table()
         return table.sort_by([("time", "ascending")])
 
-    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> Subscription:
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
+                  max_lag: int | None = None) -> Subscription:
         """A feed of the relation: a ``snapshot`` event at ``as_of`` (default: the sealed
         frontier; skipped with ``resume``), an ``updates`` event with every stored update
         after ``as_of``, a ``progress`` event for the sealed frontier, then every update and
@@ -144,8 +146,14 @@ class Reads:
 
         A relation never sealed can be subscribed to without ``as_of`` (a consumer may start
         before its producer): the snapshot is then the empty relation at time -1, before any
-        time, and every update follows."""
+        time, and every update follows.
+
+        ``max_lag`` bounds how many events this subscriber may fall behind (default
+        :data:`sediment.engine.feed.MAX_LAG`); past it, it is dropped and its next read raises
+        FeedOverrun, so a stalled reader never holds memory or the WAL."""
         args.check_bool(resume, "resume")
+        if max_lag is not None:
+            args.check_int(max_lag, "max_lag")
         with self._lock:
             rel = self.view.get(name)
             if as_of is None:
@@ -155,10 +163,14 @@ class Reads:
             trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
             feed = rel.feed
 
-            def load(lsn: int) -> pa.Table:
-                return pa.Table.from_batches([self._decode(rel, lsn)])
+            def load(lsn: int, version: int) -> pa.Table:
+                """The record at ``lsn`` in schema ``version``; lsn -1: an empty table of it."""
+                if lsn < 0:
+                    return rel.layout.project(rel.layout.versions[version].empty_table(), version)
+                record = self.log.read(lsn)
+                return pa.Table.from_batches([rel.decode_body(record.body, record.schema_version, version)])
 
-            sub = Subscription(feed, [], load, lambda: not self.view.closed)
+            sub = Subscription(feed, [], load, lambda: not self.view.closed, name=name, max_lag=max_lag)
             self.collector.pin()
         try:
             initial = []
@@ -209,8 +221,10 @@ class Reads:
             raise
         refs = [ref.to_json() for ref in (*trace.batches, *trace.pending)
                 if ref.key is not None and ref.lower <= as_of and (from_t is None or max(ref.upper - 1, ref.since) > from_t)]
+        history = rel.entry.schema_history
         return ReadPlan(lease, name, rel.entry.id, rel.update_schema, rel.keys, rel.entry.since,
-                        rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail)
+                        rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail,
+                        history.to_json() if history.version else None)
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease: its batches may now be replaced and deleted."""

@@ -7,9 +7,12 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from sediment.arrow_codec import decode_updates
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import FeedLog
 from sediment.engine.read_plan import ReadPlan  # noqa: F401  (re-exported: the reads hand it out)
+from sediment.errors import WalCorruption
+from sediment.trace.evolve import Layout
 from sediment.trace.state import TraceState
 
 
@@ -23,6 +26,7 @@ class TailEntry(NamedTuple):
     t_hi: int
     rows: int
     bytes: int = 0  # the record's body: what compaction still has to read back
+    schema_version: int = 0  # the relation's schema version the record was written under
 
 
 @dataclass
@@ -42,6 +46,24 @@ class Relation:
     trace_changed_at: float | None = None  # monotonic time this process last changed the trace
     data_added_at: float | None = None  # clock time a pass last took this relation's WAL records
     counters: Any = None  # sediment.metrics.RelationCounters: bumped as its appends become durable
+    layout: Layout | None = None  # its schema versions, to read updates written under older ones
+    shape: tuple[int, pa.Schema] = (0, pa.schema([]))  # (schema version, update schema), replaced as one
+
+    @property
+    def schema_version(self) -> int:
+        return self.shape[0]
+
+    def decode_body(self, body: object, version: int, to_version: int | None = None) -> pa.RecordBatch:
+        """An UPDATES record's body (written under schema ``version``) in the current update
+        schema, or that of ``to_version`` (a feed delivering updates made before an alter)."""
+        if version == self.schema_version and to_version in (None, version) or self.layout is None:
+            return decode_updates(body, self.update_schema)
+        schema = self.layout.decode_schema(version)
+        if schema is None:
+            raise WalCorruption(f"relation {self.entry.name!r}: a WAL record is written under schema version "
+                                f"{version}, which its schema history does not have (current "
+                                f"{self.schema_version}); the log and the catalog disagree: run `sediment verify`")
+        return self.layout.project(decode_updates(body, schema), to_version)
 
     def needs_from(self) -> int | None:
         """The least LSN of this relation's records that are not yet in its trace."""
@@ -51,10 +73,6 @@ class Relation:
     @property
     def keys(self) -> list[str]:
         return self.entry.schema.names
-
-    def decode(self, body: bytes) -> pa.RecordBatch:
-        """An UPDATES record's body (an Arrow IPC record batch) in this relation's update schema."""
-        return pa.ipc.read_record_batch(pa.py_buffer(body), self.update_schema)
 
     def conform(self, table: pa.Table) -> pa.Table:
         """A stored batch in the update schema (Parquet returns some types in another unit);
@@ -72,3 +90,14 @@ def is_internal(name: str) -> bool:
     an underscore, such as the Spark sink's ``_spark_sink.<id>``): listings meant for users
     leave them out unless asked, so they do not crowd the user's own relations."""
     return name.startswith(INTERNAL_PREFIX)
+
+
+def set_shape(rel: Relation, entry: RelationEntry, traces: Any) -> None:
+    """Give ``rel`` the catalog entry's schema version: its layout first, then its shape, so
+    an append that reads the new shape finds the layout that knows it."""
+    layout = entry.schema_history.layout()
+    rel.layout = layout
+    rel.update_schema = layout.plain
+    rel.entry = entry
+    rel.shape = (layout.current_version, rel.update_schema)
+    traces.set_layout(entry.id, layout)

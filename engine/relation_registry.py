@@ -8,16 +8,19 @@ schema registered and its counters in the metrics.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 
 from sediment.engine.args import check_time
 from sediment.engine.catalog import Catalog, RelationEntry
-from sediment.engine.feed import FeedLog
-from sediment.engine.relation import Relation, is_internal
+from sediment.engine.feed import SCHEMA, FeedLog
+from sediment.engine.relation import Relation, is_internal, set_shape
 from sediment.engine.schema import check_name, check_schema, update_schema
+from sediment.engine.schema_history import describe_relation
+from sediment.engine.schema_rules import evolve
 from sediment.engine.view import RelationView
 from sediment.errors import FrontierRegression, RelationExists
 from sediment.metadata import names
@@ -45,7 +48,7 @@ class RelationRegistry:
         rel = Relation(entry, update_schema(entry.schema), trace, feed=FeedLog(),
                        counters=self.metrics.relation_counters(entry.name))
         rel.sealed = rel.sealed_durable = trace.upper - 1
-        self.traces.set_schema(entry.id, rel.update_schema)
+        set_shape(rel, entry, self.traces)
         self.view.relations.add(rel)
         return rel
 
@@ -62,6 +65,35 @@ class RelationRegistry:
             if name in self.view.relations:
                 raise RelationExists(f"relation {name!r} already exists; drop it first or pick another name")
             self.register(self.catalog.create(name, schema))
+
+    def alter(self, name: str, *, add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | None = None,
+              widen: Mapping[str, pa.DataType] | None = None, rename: Mapping[str, str] | None = None,
+              drop: Sequence[str] = ()) -> int:
+        """Under the lock, with no compaction pass or merge running (Engine.alter_relation):
+        one compare-and-set of the catalog entry, then the relation's new shape and a schema
+        event in its feed. The new schema version (unchanged when nothing changes)."""
+        rel = self.view.get(name)
+        history = evolve(name, rel.entry.schema_history, add=add, defaults=defaults, widen=widen,
+                         rename=rename, drop=drop)
+        if history is None:
+            return rel.schema_version
+        entry = self.catalog.update(replace(rel.entry, schema=history.plain(), history=history))
+        set_shape(rel, entry, self.traces)
+        rel.feed.add(SCHEMA, rel.trace.wal_through, history.version)
+        return history.version
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The relation as JSON-ready values: its schema (``--schema`` text), schema version, each
+        column's type, field id and default (null: none), and its frontiers."""
+        with self.view.lock:
+            rel = self.view.get(name)
+            history, entry, sealed = rel.entry.schema_history, rel.entry, rel.sealed_durable
+        return describe_relation(entry, history, sealed)
+
+    def schema_version(self, name: str) -> int:
+        """The relation's current schema version: 0 when created, one more with each alter."""
+        with self.view.lock:
+            return self.view.get(name).schema_version
 
     def drop(self, name: str, forget: Callable[[str], None]) -> Iterable[str]:
         """Forget a relation (under the lock, with no compaction pass running): its blobs,

@@ -14,6 +14,7 @@ columns.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -93,12 +94,14 @@ def update_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(list(schema) + [pa.field("time", pa.int64()), pa.field("diff", pa.int64())])
 
 
-def conform_updates(relation: str, schema: pa.Schema, updates: object, target: pa.Schema | None = None,
-                    ) -> tuple[pa.Table, tuple[int, int] | None]:
+def conform_updates(relation: str, schema: pa.Schema | None, updates: object, target: pa.Schema | None = None,
+                    *, layout: Any = None, version: int | None = None) -> tuple[pa.Table, tuple[int, int] | None]:
     """``updates`` as a table of exactly the relation's update schema, with its (least,
     greatest) time (None when empty), or a typed error.
 
-    Columns are matched by name (order does not matter). Types that differ are cast
+    Columns are matched by name (order does not matter). With a ``layout``
+    (trace/evolve.py), columns that an alter added may be left out and read as their
+    default. Types that differ are cast
     only when the cast is safe (no overflow, no truncation), so an int32 column may
     feed an int64 one but a string column never feeds an int64 one.
     """
@@ -113,6 +116,9 @@ def conform_updates(relation: str, schema: pa.Schema, updates: object, target: p
     if len(have) != updates.num_columns:
         raise SchemaMismatch(f"updates for {relation!r} have duplicate columns: {updates.column_names}")
     missing = [n for n in target.names if n not in have]
+    if layout is not None and missing:  # columns added by an alter may be left out: they get their default
+        updates = layout.fill(updates, missing, version)
+        missing = [n for n in target.names if n not in updates.column_names]
     extra = [n for n in updates.column_names if n not in target.names]
     if "time" in missing or "diff" in missing:
         raise InvalidUpdates(

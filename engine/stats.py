@@ -67,8 +67,8 @@ def engine_stats(view: RelationView, log: Any, now: float, *, compaction: dict[s
         start, end, finished = log.start_lsn, log.end_lsn, log.finished_lsn
         backlog = (view.backlog.bytes, view.backlog.bound, view.backlog.waiting)
     segments, size, kept = _wal_files(log)
-    kind = {"FileLog": "file", "DeviceLog": "device", "ReplicatedLog": "replicated"}.get(type(log).__name__,
-                                                                                       type(log).__name__)
+    kind = {"FileLog": "file", "DeviceLog": "device", "ReplicatedLog": "replicated",
+            "S3Log": "s3"}.get(type(log).__name__, type(log).__name__)
     return {
         "wal": {
             "kind": kind,

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from sediment.clock import Clock
 from sediment.engine.data_dir import (
     STORAGE_KEY,
     DataDir,
@@ -89,8 +90,8 @@ class Storage:
         return self.blobs
 
     def open_local_log(self, spec: WalSpec, *, segment_bytes: int, repair: bool,
-                       relation_names: Callable[[], dict[int, str]]) -> WriteAheadLog:
-        """The file or device log. A new log is made only on the directory's first open (no
+                       relation_names: Callable[[], dict[int, str]], clock: Clock) -> WriteAheadLog:
+        """The file or device log (the device ring keeps its time on ``clock``). A new log is made only on the directory's first open (no
         storage record yet); later opens expect the log."""
         if spec.kind == "file":
             self.log = self._open_file_log(segment_bytes, repair, relation_names)
@@ -101,7 +102,7 @@ class Storage:
         if capacity is None and not os.path.exists(spec.location):
             raise InvalidArgument(f"{spec.text!r} does not exist yet: pass wal_capacity=<bytes> to create the ring")
         self.log = DeviceLog.open(spec.location, capacity, create=self.created, segment_bytes=segment_bytes,
-                                  repair=repair)
+                                  repair=repair, clock=clock)
         return self.log
 
     def _open_file_log(self, segment_bytes: int, repair: bool,

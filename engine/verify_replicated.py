@@ -9,6 +9,7 @@ read-only:
 * the marker (its checksum) and the metadata store it names (reachable, every key readable);
 * the storage record (replicas, cluster key, blob store) and the partition metadata;
 * every trace and every batch it references, as for a local engine (engine/verify.py);
+* a log on S3 (``wal="s3://..."``) as its open reads it, and that it reaches every trace;
 * every storage node's copy of the partition (wal/replication/replica_check.py: INFO, then
   every record read back with its checksums): at least a write quorum must be reachable
   and undamaged (the engine does not open without one), none may hold a session newer than
@@ -58,7 +59,25 @@ def verify_replicated(data_dir: str, spec: str, report: VerifyReport, *, blob: s
                                "(pass --blob s3://bucket/prefix)")
     else:
         verify_trace_batches(meta, uri, s3_endpoint or record.s3_endpoint, report)
-    _verify_partition(meta, record, spec, report, timeout)
+    if record.wal_spec.kind == "s3":
+        _verify_s3_log(meta, record, report)
+    else:
+        _verify_partition(meta, record, spec, report, timeout)
+
+
+def _verify_s3_log(meta: dict, record: StorageRecord, report: VerifyReport) -> None:
+    """The log on S3 as its open reads it (wal/s3_objects.py), then that it reaches every trace."""
+    from sediment.wal.s3_log import check_log
+
+    report.what = "items (marker, metadata keys, batches, the log on S3)"
+    try:
+        end, notes, checked = check_log(record.wal, record.s3_endpoint)
+    except SedimentError as exc:
+        report.problems.append(f"{type(exc).__name__}: {exc} (open refuses)")
+        return
+    report.notes += notes
+    report.checked.append(f"{record.wal}: {checked} objects, LSN up to {end - 1}")
+    report.problems += [f"in the log on S3: {p}" for p in traces_past_log(record.wal, end, trace_ends(meta))]
 
 
 def _storage_record(meta: dict, spec: str, report: VerifyReport) -> StorageRecord | None:
@@ -73,7 +92,7 @@ def _storage_record(meta: dict, spec: str, report: VerifyReport) -> StorageRecor
     except ValueError as exc:
         report.problems.append(f"{where}: not valid JSON ({exc}); restore the key")
         return None
-    if not record.replicas or not record.cluster_key:
+    if (not record.replicas or not record.cluster_key) and record.wal_spec.kind != "s3":
         report.problems.append(f"{where}: names no replicas or cluster key ({sorted(record.as_dict())}): not a "
                                "replicated engine's record; open the data directory without --metadata")
         return None

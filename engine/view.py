@@ -181,7 +181,7 @@ class RelationView:
         """One durable record's effect (under the lock)."""
         kind = r.kind
         if kind == _UPDATES:
-            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, r.body_len)
+            entry = TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, r.body_len, r.schema_version)
             if r.txn_id == 0:
                 rel = self.add_tail(r.relation_id, entry)
                 if rel is not None:
@@ -222,7 +222,7 @@ class RelationView:
             self.max_time = entry.t_hi
         if rel is not None and entry.lsn >= rel.trace.wal_through:  # below it: already in the trace
             rel.tail.append(entry)
-            rel.feed.add(UPDATES, entry.lsn)
+            rel.feed.add(UPDATES, entry.lsn, rel.shape[0])
             self.backlog.add(entry.bytes)
             return rel
         return None

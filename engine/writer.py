@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.arrow_codec import encode_updates
 from sediment.engine import args
 from sediment.engine.args import check_time
 from sediment.engine.locks import Locks, LockTable
@@ -66,12 +67,14 @@ class Writer:
             return (self.epoch << 32) | self._txn_counter
 
     def _encode(self, rel: Relation, table: pa.Table, txn_id: int,
-                bounds: tuple[int, int] | None = None) -> list[Record]:
-        """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches)."""
+                bounds: tuple[int, int] | None = None, version: int = 0) -> list[Record]:
+        """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches),
+        stamped with the schema version ``table`` is in."""
         if table.num_rows <= 64 and len(table.column(0).chunks) == 1:  # small appends: one record, no sizing
             batch = table.to_batches()[0]
             lo, hi = bounds or time_range(table)
-            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, batch.serialize())]
+            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, encode_updates(batch),
+                           schema_version=version)]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self.max_record_bytes // per_row)
         records = []
@@ -80,16 +83,19 @@ class Writer:
                 continue
             lo, hi = pc.min_max(batch.column("time")).values()
             records.append(Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo.as_py(), hi.as_py(),
-                                  batch.num_rows, batch.serialize()))
+                                  batch.num_rows, encode_updates(batch), schema_version=version))
         return records
 
-    def _prepare(self, name: str, updates: object) -> tuple[Relation, pa.Table, tuple[int, int] | None]:
+    def _prepare(self, name: str, updates: object) -> tuple[Relation, pa.Table, tuple[int, int] | None, int]:
+        """The relation, the updates in its columns, their time bounds, and the schema version
+        those columns are (the records must say that one, even if an alter lands meanwhile)."""
         rel = self.view.relations.get(name) if isinstance(name, str) and not self.view.closed else None  # re-checked under the lock
         if rel is None:
             with self._lock:
                 rel = self.view.get(name)
-        table, bounds = conform_updates(name, rel.entry.schema, updates, rel.update_schema)
-        return rel, table, bounds
+        version, target = rel.shape  # one read: an alter meanwhile cannot mix two versions
+        table, bounds = conform_updates(name, None, updates, target, layout=rel.layout, version=version)
+        return rel, table, bounds, version
 
     def _admit(self, rel: Relation, name: str, bounds: tuple[int, int] | int | None) -> None:
         """Under the lock: the relation still exists and the times are not sealed."""
@@ -111,10 +117,10 @@ class Writer:
         append locks record the append's greatest time."""
         start = time.perf_counter()
         args.check_locks(locks)
-        rel, table, bounds = self._prepare(name, updates)
+        rel, table, bounds, version = self._prepare(name, updates)
         if table.num_rows == 0:
             return
-        records = self._encode(rel, table, 0, bounds)
+        records = self._encode(rel, table, 0, bounds, version)
         if len(records) > 1:  # too big for one record: make it one transaction
             txn = self.next_txn_id()
             for r in records:
@@ -131,13 +137,13 @@ class Writer:
         txn = self.next_txn_id()
         prepared = [(name, *self._prepare(name, table)) for name, table in updates.items()]
         records = [Record(RecordKind.BEGIN, txn_id=txn)]
-        for _name, rel, table, _t in prepared:
-            records += self._encode(rel, table, txn)
+        for _name, rel, table, _t, version in prepared:
+            records += self._encode(rel, table, txn, version=version)
         records.append(Record(RecordKind.COMMIT, txn_id=txn))
         if len(records) == 2:
             return
-        self._submit(records, [(rel, name, bounds) for name, rel, _table, bounds in prepared], locks,
-                     max((b[1] for *_r, b in prepared if b is not None), default=None), start)
+        self._submit(records, [(rel, name, bounds) for name, rel, _table, bounds, _v in prepared], locks,
+                     max((b[1] for _n, _r, _t, b, _v in prepared if b is not None), default=None), start)
 
     def _submit(self, records: list[Record], admit: list[tuple[Relation, str, tuple[int, int] | None]],
                 locks: Locks | None, t_max: int | None, start: float) -> None:
@@ -175,10 +181,10 @@ class Writer:
     def txn_records(self, name: str, updates: pa.Table, txn_id: int) -> tuple[Admission, list[Record]] | None:
         """The UPDATES records of a transaction's append, and what to check when they are
         submitted; None when there is nothing to append."""
-        rel, table, bounds = self._prepare(name, updates)
+        rel, table, bounds, version = self._prepare(name, updates)
         if table.num_rows == 0:
             return None
-        return (rel, name, bounds[0]), self._encode(rel, table, txn_id, bounds)
+        return (rel, name, bounds[0]), self._encode(rel, table, txn_id, bounds, version)
 
     def txn_submit(self, records: list[Record], admit: Sequence[Admission] | None = None,
                     refused: list[Record] | None = None) -> tuple[Ticket, BaseException | None]:

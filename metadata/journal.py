@@ -53,13 +53,13 @@ from sediment.metadata.journal_format import (  # noqa: F401 - re-exported for t
     journal_header,
     restore,
 )
-from sediment.metadata.keys import (
+from sediment.metadata.protocol import Versioned
+from sediment.metadata.validation import (
     validate_expected,
     validate_key,
     validate_prefix,
     validate_value,
 )
-from sediment.metadata.protocol import Versioned
 
 
 def _read(path: str) -> bytes | None:

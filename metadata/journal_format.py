@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import crc32c
 
 from sediment.errors import MetadataCorruption
-from sediment.metadata.keys import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from sediment.metadata.protocol import Versioned
+from sediment.metadata.validation import MAX_KEY_BYTES, MAX_VALUE_BYTES
 
 JOURNAL_NAME = "journal"
 SNAPSHOT_NAME = "snapshot"

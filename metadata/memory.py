@@ -9,13 +9,13 @@ from __future__ import annotations
 import threading
 
 from sediment.errors import EngineClosed, MetadataConflict
-from sediment.metadata.keys import (
+from sediment.metadata.protocol import Versioned
+from sediment.metadata.validation import (
     validate_expected,
     validate_key,
     validate_prefix,
     validate_value,
 )
-from sediment.metadata.protocol import Versioned
 
 
 class MemoryMetadataStore:

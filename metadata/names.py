@@ -1,6 +1,6 @@
 """Every metadata key sediment writes, in one place, as format/parse pairs.
 
-Keys are ``/``-separated paths (rules in :mod:`sediment.metadata.keys`). Ids are
+Keys are ``/``-separated paths (the rules every store checks: :mod:`sediment.metadata.validation`). Ids are
 fixed-width lower-case hex, so that listing a prefix, which returns keys sorted as text,
 returns them in id order. This module is part of the metadata leaf package: ``wal/`` and
 ``trace/`` use it as freely as the engine (docs/formats.md describes each value).

@@ -44,8 +44,8 @@ from sediment.errors import (
     MetadataUnavailable,
 )
 from sediment.metadata import s3_format as fmt
-from sediment.metadata.keys import validate_expected, validate_key, validate_prefix, validate_value
 from sediment.metadata.protocol import Versioned
+from sediment.metadata.validation import validate_expected, validate_key, validate_prefix, validate_value
 
 log = logging.getLogger(__name__)
 

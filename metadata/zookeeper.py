@@ -54,13 +54,13 @@ from sediment.errors import (
     MetadataError,
     MetadataUnavailable,
 )
-from sediment.metadata.keys import (
+from sediment.metadata.protocol import Versioned
+from sediment.metadata.validation import (
     validate_expected,
     validate_key,
     validate_prefix,
     validate_value,
 )
-from sediment.metadata.protocol import Versioned
 
 KEY_NODE_TAG = 0x01
 _KEY_HEADER = struct.Struct(">BI8s")  # tag, base znode version, write id

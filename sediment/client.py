@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,26 +29,22 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
+from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.args import check_updates_map  # the engine's own argument check: no engine state
 from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
-from sediment.errors import (
-    EngineClosed,
-    InvalidUpdates,
-    SchemaMismatch,
-    ServerError,
-    TransactionError,
-)
+from sediment.errors import EngineClosed, InvalidUpdates, SchemaMismatch, ServerError, TransactionError
+from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
+from sediment.net.messages import Action, Get, Put, encode
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_METADATA_KEY,
     PROTOCOL_VERSION,
     TOKEN_ENV,
     encode_locks,
-    schema_from_b64,
-    schema_to_b64,
 )
+from sediment.net.remote_subscription import RemoteSubscription
 from sediment.net.wire_errors import typed_error
 from sediment.txn_state import TxnState
 
@@ -67,97 +62,6 @@ def _as_table(name: str, updates: object) -> pa.Table:
         raise InvalidUpdates(f"updates for {name!r} must be a pyarrow.Table, not {type(updates).__name__}")
     return updates
 
-
-_END = object()
-
-
-class RemoteSubscription:
-    """A feed from the server, like the engine's Subscription: an iterator of
-    ``sediment.engine.feed.FeedEvent``; ``next(timeout)``; ``last_progress``; close it when
-    done. A background thread reads the stream, so ``next`` can time out; when the server
-    stops, ``next`` raises EngineClosed (subscribe again, with ``resume``, to a new one)."""
-
-    def __init__(self, uri: str, reader: flight.FlightStreamReader) -> None:
-        self._uri = uri
-        self._reader = reader
-        self._events: queue.Queue[Any] = queue.Queue()
-        self._closed = False
-        self.last_progress: int | None = None
-        self._thread = threading.Thread(target=self._pump, name="sediment-feed", daemon=True)
-        self._thread.start()
-
-    def _pump(self) -> None:
-        from sediment.engine.feed import FeedEvent
-
-        parts: list[pa.RecordBatch] = []
-        try:
-            for chunk in self._reader:
-                parts.append(chunk.data)
-                meta = json.loads(chunk.app_metadata.to_pybytes())
-                if not meta["last"]:
-                    continue
-                table = pa.Table.from_batches(parts)
-                parts = []
-                kind, t = meta["kind"], meta["time"]
-                if kind == "progress":
-                    self._events.put(FeedEvent(kind, t))
-                elif kind == "snapshot":
-                    self._events.put(FeedEvent(kind, t, table.drop_columns(["time"])))
-                else:
-                    self._events.put(FeedEvent(kind, t, table))
-            if not self._closed:
-                self._events.put(EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
-                                              "subscribe again with resume=True"))
-        except flight.FlightError as exc:
-            if not self._closed:
-                self._events.put(typed_error(exc))
-        except Exception as exc:  # noqa: BLE001 - handed to the reader of the events
-            if not self._closed:
-                self._events.put(exc)
-        finally:
-            self._events.put(_END)
-
-    def next(self, timeout: float | None = None) -> Any:
-        """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None on
-        timeout or once the subscription is closed."""
-        if self._closed:
-            return None
-        try:
-            item = self._events.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item is _END:
-            self._events.put(_END)
-            return None
-        if isinstance(item, BaseException):
-            self._events.put(item)  # raise it again on the next call too
-            raise item
-        if item.kind == "progress":
-            self.last_progress = item.time
-        return item
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        event = self.next()
-        if event is None:
-            raise StopIteration
-        return event
-
-    def close(self) -> None:
-        """Stop the feed (the server ends its side); idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._reader.cancel()
-        self._thread.join()
-
-    def __enter__(self) -> RemoteSubscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class RemoteTransaction:
@@ -188,7 +92,7 @@ class RemoteTransaction:
         with self._mutex:
             self._txn.check_open()
             try:
-                self._txn.settle(self._client._action("commit", txn=self.id))
+                self._txn.settle(self._client._action(Action.COMMIT, txn=self.id))
             except TransactionError:
                 self._txn.settle(self._remote_state())
                 raise
@@ -197,7 +101,7 @@ class RemoteTransaction:
         """After a refused commit: the server's word on the transaction (aborted, unless it
         somehow finished otherwise); a server that no longer knows it has aborted it."""
         try:
-            return self._client._action("txn_state", txn=self.id)
+            return self._client._action(Action.TXN_STATE, txn=self.id)
         except Exception:  # noqa: BLE001 - a commit the server refused did not happen
             return "aborted"
 
@@ -207,7 +111,7 @@ class RemoteTransaction:
             if not self._txn.is_open:
                 return
             self._txn.finish("aborted")
-            self._client._action("abort", txn=self.id)
+            self._client._action(Action.ABORT, txn=self.id)
 
     def __enter__(self) -> RemoteTransaction:
         return self
@@ -266,7 +170,7 @@ class Client:
         self._on_close: list[Callable[[], None]] = []
         self._streams = StreamPool(self._open_stream)
         try:
-            info = self._action("ping")
+            info = self._action(Action.PING)
         except BaseException:
             self._flight.close()
             raise
@@ -294,19 +198,19 @@ class Client:
                 raise
             raise typed from None
 
-    def _action(self, op: str, **args: Any) -> Any:
-        body = json.dumps(args, default=repr).encode()
+    def _action(self, op: Action, **args: Any) -> Any:
+        body = encode(op, **args)
         with self._remote():
             results = list(self._flight.do_action(flight.Action(op, body), options=self._options))
         return json.loads(results[0].body.to_pybytes())["result"] if results else None
 
-    def _ticket(self, **args: Any) -> flight.Ticket:
-        return flight.Ticket(json.dumps(args, default=repr).encode())
+    def _ticket(self, op: Get, **args: Any) -> flight.Ticket:
+        return flight.Ticket(encode(op, **args))
 
-    def _put(self, command: dict[str, Any], table: pa.Table) -> None:
+    def _put(self, command: bytes, table: pa.Table) -> None:
         """Stream ``table``; returns once the server has finished with it (made it durable),
         or raises the server's error."""
-        descriptor = flight.FlightDescriptor.for_command(json.dumps(command, default=repr).encode())
+        descriptor = flight.FlightDescriptor.for_command(command)
         with self._remote():
             writer, _reader = self._flight.do_put(descriptor, table.schema, options=self._options)
             failure: BaseException | None = None
@@ -368,28 +272,39 @@ class Client:
 
             check_name(name)
             raise SchemaMismatch(f"a relation schema must be a pyarrow.Schema, not {type(schema).__name__}")
-        self._action("add_relation", name=name, schema=schema_to_b64(schema))
+        self._action(Action.ADD_RELATION, name=name, schema=schema_to_text(schema))
 
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data."""
-        self._action("drop_relation", name=name)
+        self._action(Action.DROP_RELATION, name=name)
+
+    def alter_relation(self, name: str, **changes: Any) -> int:
+        """Change the relation's columns; the new schema version (see :meth:`sediment.Engine.alter_relation`)."""
+        return int(self._action(Action.ALTER_RELATION, name=name, **encode_alter(**changes)))
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The relation's schema, schema version, columns and frontiers (see :meth:`sediment.Engine.describe`)."""
+        return self._action(Action.DESCRIBE, name=name)
+
+    def schema_version(self, name: str) -> int:
+        return int(self._action(Action.SCHEMA_VERSION, name=name))
 
     def relations(self, include_internal: bool = False) -> list[str]:
         """Names of the relations, sorted; internal ones (``_spark_sink.<id>`` and any name
         starting with an underscore) only with ``include_internal``."""
-        return list(self._action("relations", include_internal=include_internal))
+        return list(self._action(Action.RELATIONS, include_internal=include_internal))
 
     def schema(self, name: str) -> pa.Schema:
         """The relation's own columns (without ``time`` and ``diff``)."""
-        return schema_from_b64(self._action("schema", name=name))
+        return schema_from_text(self._action(Action.SCHEMA, name=name))
 
     def since(self, name: str) -> int:
         """The compaction frontier."""
-        return int(self._action("since", name=name))
+        return int(self._action(Action.SINCE, name=name))
 
     def sealed(self, name: str) -> int:
         """The greatest sealed time (-1 when never sealed)."""
-        return int(self._action("sealed", name=name))
+        return int(self._action(Action.SEALED, name=name))
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -410,14 +325,14 @@ class Client:
         stage = uuid.uuid4().hex
         try:
             for name, table in tables.items():
-                self._put({"op": "stage", "relation": name, "stage": stage}, table)
+                self._put(encode(Put.STAGE, relation=name, stage=stage), table)
             if lock_spec is None:
-                self._action("append_many", stage=stage)
+                self._action(Action.APPEND_MANY, stage=stage)
             else:
-                self._action("append_many", stage=stage, locks=lock_spec)
+                self._action(Action.APPEND_MANY, stage=stage, locks=lock_spec)
         except BaseException:
             try:
-                self._action("discard_stage", stage=stage)
+                self._action(Action.DISCARD_STAGE, stage=stage)
             except Exception:  # noqa: BLE001 - report the first failure; the server drops stages at stop
                 pass
             raise
@@ -427,7 +342,7 @@ class Client:
         ``group`` names a set of transactions that :meth:`commit_all` or :meth:`abort_group`
         settles together (one per Spark task attempt of a job, say)."""
         args = {} if group is None else {"group": group}
-        return RemoteTransaction(self, int(self._action("begin", **args)))
+        return RemoteTransaction(self, int(self._action(Action.BEGIN, **args)))
 
     def commit_all(self, transactions: Sequence[RemoteTransaction | int], group: str | None = None) -> None:
         """Commit several transactions as one (one COMMIT record: all visible, or none);
@@ -438,7 +353,7 @@ class Client:
         if group is not None:
             args["group"] = group
         try:
-            states = self._action("commit_all", **args)
+            states = self._action(Action.COMMIT_ALL, **args)
         except TransactionError:
             for t in transactions:
                 if isinstance(t, RemoteTransaction):
@@ -450,29 +365,29 @@ class Client:
 
     def abort_group(self, group: str) -> int:
         """Abort every open transaction of ``group``; how many there were."""
-        return int(self._action("abort_group", group=group))
+        return int(self._action(Action.ABORT_GROUP, group=group))
 
     def seal(self, name: str, t: int) -> None:
         """Write ``close t``: no further updates at times <= t. Durable on return."""
-        self._action("seal", name=name, t=t)
+        self._action(Action.SEAL, name=name, t=t)
 
     def set_since(self, name: str, t: int) -> None:
         """Advance the compaction frontier."""
-        self._action("set_since", name=name, t=t)
+        self._action(Action.SET_SINCE, name=name, t=t)
 
     # --- reading -------------------------------------------------------------------------------
 
     def snapshot(self, name: str, as_of: int) -> pa.Table:
         """The relation as of ``as_of`` (its columns plus ``diff``), consolidated and sorted."""
         with self._remote():
-            reader = self._flight.do_get(self._ticket(op="snapshot", relation=name, as_of=as_of),
+            reader = self._flight.do_get(self._ticket(Get.SNAPSHOT, relation=name, as_of=as_of),
                                          options=self._options)
             return reader.read_all()
 
     def replay(self, name: str, *, batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
         """Every stored update of the relation in time order, streamed as record batches."""
         with self._remote():  # an unknown relation fails here, as with the engine
-            reader = self._flight.do_get(self._ticket(op="replay", relation=name, batch_rows=batch_rows),
+            reader = self._flight.do_get(self._ticket(Get.REPLAY, relation=name, batch_rows=batch_rows),
                                          options=self._options)
 
         def generate() -> Iterator[pa.RecordBatch]:
@@ -497,7 +412,7 @@ class Client:
         ``max_parts`` parts. Returns (the plan, with an empty tail when held; ``{"rows",
         "parts", "key"}`` or None when the tail came inline; the cuts or None)."""
         hold = None if part_rows is None else {"part_rows": part_rows, "max_parts": max_parts}
-        ticket = self._ticket(op="plan", relation=name, as_of=as_of, **{"from": from_t},
+        ticket = self._ticket(Get.PLAN, relation=name, as_of=as_of, **{"from": from_t},
                               lease_seconds=lease_seconds, **({"hold_tail": hold} if hold else {}))
         with self._remote():
             body = self._flight.do_get(ticket, options=self._options).read_all()
@@ -505,11 +420,11 @@ class Client:
         meta = json.loads(metadata.pop(PLAN_METADATA_KEY))
         held_raw = metadata.pop(HELD_METADATA_KEY, None)
         held = json.loads(held_raw) if held_raw is not None else None
-        schema = schema_from_b64(held.pop("update_schema")) if held is not None else body.schema
+        schema = schema_from_text(held.pop("update_schema")) if held is not None else body.schema
         tail = schema.empty_table() if held is not None else body.replace_schema_metadata(metadata or None)
         plan = ReadPlan(meta["lease"], meta["relation"], meta["relation_id"], tail.schema, meta["key_columns"],
                         meta["since"], meta["sealed"], meta["as_of"], meta["blob_uri"], meta["s3_endpoint"],
-                        meta["batches"], tail)
+                        meta["batches"], tail, meta.get("schema_history"))
         return plan, held, (body.column("cut").combine_chunks() if held is not None else None)
 
     def tail_part(self, name: str, lease: int, *, key: str | None = None, cuts: pa.Array | None = None,
@@ -517,37 +432,38 @@ class Client:
         """Rows of the WAL tail the coordinator holds for read lease ``lease``
         (:meth:`plan_read_held`): key range ``index`` of ``cuts`` on column ``key``, or rows
         [start, stop), or all of them."""
-        ticket = self._ticket(op="tail_part", relation=name, lease=lease, key=key, index=index, start=start,
+        ticket = self._ticket(Get.TAIL_PART, relation=name, lease=lease, key=key, index=index, start=start,
                               stop=stop, cuts=encode_cuts(cuts) if cuts is not None and len(cuts) else None)
         with self._remote():
             return self._flight.do_get(ticket, options=self._options).read_all()
 
-    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> RemoteSubscription:
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
+                  max_lag: int | None = None) -> RemoteSubscription:
         """A feed of the relation's changes (see :meth:`sediment.Engine.subscribe`)."""
         with self._remote():
-            reader = self._flight.do_get(self._ticket(op="subscribe", relation=name, as_of=as_of, resume=resume),
-                                         options=self._options)
+            reader = self._flight.do_get(self._ticket(Get.SUBSCRIBE, relation=name, as_of=as_of, resume=resume,
+                                                      max_lag=max_lag), options=self._options)
         return RemoteSubscription(self.uri, reader)
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease."""
-        self._action("release_read", lease=lease)
+        self._action(Action.RELEASE_READ, lease=lease)
 
     def trace_info(self, name: str) -> dict[str, int]:
         """The relation's stored shape (batches, pending, rows, bytes, upper, since, tail_records)."""
-        return dict(self._action("trace_info", name=name))
+        return dict(self._action(Action.TRACE_INFO, name=name))
 
     def stats(self, include_internal: bool = False) -> dict:
         """The served engine's :meth:`Engine.stats`."""
-        return dict(self._action("stats", include_internal=include_internal))
+        return dict(self._action(Action.STATS, include_internal=include_internal))
 
     def compact(self, name: str | None = None) -> None:
         """Run a compaction pass on the server and wait for it."""
-        self._action("compact", name=name)
+        self._action(Action.COMPACT, name=name)
 
     def compaction_errors(self) -> dict[str, str]:
         """Relations whose last compaction failed on the server, with the error."""
-        return dict(self._action("compaction_errors"))
+        return dict(self._action(Action.COMPACTION_ERRORS))
 
     # --- closing -------------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 leases, the compacter's wake-ups and segment ages, the device ring's block ages and full
 waits) reads a :class:`Clock` it was given instead of calling ``time.monotonic``, so a test
 can hold time still and move it by hand (:class:`ManualClock`) and assert exact expiries.
+Stamps written for people to read (a segment's creation time, an owner marker's claim
+time) are calendar times, not durations: they read ``time.time`` where they are written.
 
 A clock is anything with ``current_time() -> float`` (seconds, monotonic). The name is
 trio's: a ``trio.testing.MockClock`` is a Clock, and both clocks here also implement

@@ -50,6 +50,17 @@ class SchemaMismatch(NothingWritten, ValueError):
     spelling), or appended data does not have the relation's columns and types."""
 
 
+class SchemaChangeRefused(SchemaMismatch):
+    """``alter_relation`` asked for a change the rules refuse (narrowing, a change of kind, a
+    clash of names, dropping the last column, an added column that is neither nullable nor
+    given a default). ``column`` and ``rule`` name what was refused; nothing was changed."""
+
+    def __init__(self, message: str, *, column: str = "", rule: str = "") -> None:
+        super().__init__(message)
+        self.column = column
+        self.rule = rule
+
+
 class InvalidUpdates(NothingWritten, ValueError):
     """Updates whose ``time`` or ``diff`` column is missing, of the wrong type, null,
     or whose time is negative."""
@@ -119,6 +130,13 @@ class LockConflict(NothingWritten):
 
 class EngineClosed(SedimentError):
     """The engine (or the object being used) was already closed."""
+
+
+class FeedOverrun(SedimentError):
+    """A subscriber fell more than its ``max_lag`` events behind its feed and was dropped,
+    so that the writer and the WAL never wait for it. Catch up from the trace: keep your
+    state as of the last progress time delivered, drop the updates received since, and
+    subscribe again with that ``as_of`` and ``resume=True``."""
 
 
 class DataDirLocked(SedimentError):
@@ -206,6 +224,18 @@ class WalShortened(WalCorruption):
         super().__init__(message, path=path, offset=offset, reason=reason)
         self.lost_from = lost_from
         self.lost_to = lost_to
+
+
+class WalFenced(WalError, NothingWritten):
+    """A log on S3 was taken over: a newer writer (another coordinator, or a later open)
+    holds the slot this append was to fill, so this append was not written, and this log
+    writes nothing more. Stop this process; the coordinator that took over serves the data."""
+
+
+class WalTakenOverInFlight(WalError, OutcomeUnknown):
+    """A log on S3 was taken over while this append's PUT was being resent, and the slot it
+    went to is gone (trimmed by the new writer): it may have landed before the takeover, and
+    then the new writer's log holds it. Read back through the coordinator that took over."""
 
 
 # --- metadata -------------------------------------------------------------------------------
@@ -373,3 +403,18 @@ class AuthenticationFailed(SedimentError):
 class CoordinatorUnavailable(SedimentError):
     """No coordinator answered at the address (not running, wrong port, TLS mismatch, network).
     A call that was under way when the connection broke may or may not have been carried out."""
+
+
+# --- the cluster of coordinators ---------------------------------------------------------------
+
+
+class InvalidAssignmentInput(SedimentError, ValueError):
+    """The cluster manager's assignment was asked for with bad input (a negative partition count,
+    a partition out of range, a generation below 1); nothing was planned: pass the deployment's
+    partition count and the recorded assignment."""
+
+
+class InvalidIdempotencyKey(NothingWritten, ValueError):
+    """An append's idempotency key (client id, sequence number) is malformed or used out of turn
+    (a number below 1, an empty client id, a completion of an append not in flight); nothing
+    was written: number a client's appends to a partition 1, 2, 3, ... and retry with the same."""

@@ -120,40 +120,6 @@ class RelationCounters:
         self.rows.inc(rows)
 
 
-class CountingBlobStore:
-    """A blob store that counts its requests (``sediment_blob_requests_total{op}``) and failures
-    (``sediment_errors_total{where="blob"}``), and otherwise is the store it wraps: every other
-    attribute (``put_file``, ``spill_path``, ``root``...) is the wrapped store's own."""
-
-    OPS = frozenset({"get", "get_range", "size", "put", "put_if_absent", "put_file", "delete", "list", "local_path"})
-    # a local store's whole-object read goes through its path (one native read): counted as a get
-    LABELS = {"local_path": "get"}
-
-    def __init__(self, inner: Any, metrics: EngineMetrics) -> None:
-        self._inner = inner
-        self._metrics = metrics
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if name not in self.OPS or not callable(attr):
-            return attr
-        counter = self._metrics.blob_requests.labels(op=self.LABELS.get(name, name))
-        metrics = self._metrics
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            counter.inc()
-            try:
-                return attr(*args, **kwargs)
-            except Exception as exc:
-                metrics.error("blob", exc)
-                raise
-
-        return counted
-
-    def __repr__(self) -> str:
-        return repr(self._inner)
-
-
 class _StateCollector:
     """Gauges read from ``Engine.stats()`` at scrape time."""
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Callable
 from typing import TextIO
 
 from tqdm import tqdm
+
+from sediment.clock import MONOTONIC, Clock
 
 
 def progress_forced() -> bool | None:
@@ -58,7 +58,7 @@ class Progress:
 
     def __init__(self, total: int | None, label: str = "", unit: str = "", *,
                  stream: TextIO | None = None, force: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Clock = MONOTONIC) -> None:
         self.total = int(total) if total else 0
         self.label = label or "working"
         self.unit = unit
@@ -74,7 +74,7 @@ class Progress:
             self.mode = "bar" if terminal else "lines"
         self.counts = bool(unit or self.total)
         self._clock = clock
-        self._start = clock()
+        self._start = clock.current_time()
         self._bar: tqdm | None = None
         if self.mode == "bar":
             self._bar = tqdm(total=self.total or None, desc=self.label, unit=unit if unit and unit != "B" else
@@ -106,7 +106,7 @@ class Progress:
 
     def summary(self, now: float | None = None) -> str:
         """The closing line: label, count, time and rate (the time only for a phase that counts nothing)."""
-        now = self._clock() if now is None else now
+        now = self._clock.current_time() if now is None else now
         elapsed = max(now - self._start, 1e-9)
         if not self.counts:
             return f"{self.label}: done in {elapsed:.1f} s"

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -32,10 +31,14 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
+from sediment.arrow_codec import schema_from_text, schema_to_text
+from sediment.clock import MONOTONIC, Clock
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
+from sediment.net.alter_wire import decode_alter
 from sediment.net.append_stream import serve_append_stream
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
+from sediment.net.messages import Action, Get, Put
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_METADATA_KEY,
@@ -43,11 +46,10 @@ from sediment.net.protocol import (
     TOKEN_ENV,
     decode_locks,
     event_batches,
+    event_metadata,
     field,
     json_arg,
     plan_metadata,
-    schema_from_b64,
-    schema_to_b64,
 )
 from sediment.net.tls import check_tls_pem
 from sediment.net.txn_registry import TxnRegistry
@@ -116,7 +118,7 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def __init__(self, engine: Engine, location: str = DEFAULT_LOCATION, token: str | None = None, *,
                  close_engine: bool = False, txn_idle_timeout: float | None = DEFAULT_TXN_IDLE_TIMEOUT,
-                 clock: Callable[[], float] = time.monotonic, tls: tuple[bytes, bytes] | None = None) -> None:
+                 clock: Clock = MONOTONIC, tls: tuple[bytes, bytes] | None = None) -> None:
         """``txn_idle_timeout``: seconds a transaction may go without a call before it is
         aborted (None: never); ``clock`` measures it (tests pass their own). ``tls``: the
         server's (certificate chain, private key) in PEM; then ``location`` is
@@ -135,7 +137,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._txns = TxnRegistry(engine.transaction, txn_idle_timeout, clock)
         self._reaper_stop = threading.Event()
         self._stages: dict[str, dict[str, list[pa.Table]]] = {}
-        self._held_tails = HeldTails()  # plans' WAL-tail rows kept for readers' tail_part calls
+        self._held_tails = HeldTails(clock=clock)  # plans' WAL-tail rows kept for readers' tail_part calls
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._subs: set[Any] = set()
@@ -159,33 +161,38 @@ class SedimentFlightServer(flight.FlightServerBase):
             return lambda a: call(*(field(a, key, op) for key in keys))
 
         return {
-            "ping": (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir}, "protocol check"),
-            "add_relation": (self._add_relation, "create a relation {name, schema: base64 IPC}"),
-            "drop_relation": (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
-            "relations": (lambda a: eng.relations(bool(a.get("include_internal"))),
+            Action.PING: (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir}, "protocol check"),
+            Action.ADD_RELATION: (self._add_relation, "create a relation {name, schema: base64 IPC}"),
+            Action.DROP_RELATION: (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
+            Action.ALTER_RELATION: (lambda a: eng.alter_relation(field(a, "name", "alter_relation"), **decode_alter(a)),
+                                    "change a relation's columns {name, add, widen, rename, drop, defaults} -> version"),
+            Action.SCHEMA_VERSION: (named(eng.schema_version, "schema_version", "name"),
+                                    "a relation's schema version {name}"),
+            Action.DESCRIBE: (named(eng.describe, "describe", "name"), "a relation's schema, versions, frontiers {name}"),
+            Action.RELATIONS: (lambda a: eng.relations(bool(a.get("include_internal"))),
                           "list relation names {include_internal|absent}"),
-            "schema": (lambda a: schema_to_b64(eng.schema(field(a, "name", "schema"))),
+            Action.SCHEMA: (lambda a: schema_to_text(eng.schema(field(a, "name", "schema"))),
                        "a relation's columns {name} -> base64 IPC schema"),
-            "seal": (named(eng.seal, "seal", "name", "t"), "close time t {name, t}"),
-            "set_since": (named(eng.set_since, "set_since", "name", "t"), "advance the compaction frontier {name, t}"),
-            "since": (named(eng.since, "since", "name"), "compaction frontier {name}"),
-            "sealed": (named(eng.sealed, "sealed", "name"), "sealed frontier {name}"),
-            "compact": (lambda a: eng.compact(a.get("name")), "run a compaction pass {name|null}"),
-            "trace_info": (named(eng.trace_info, "trace_info", "name"), "a relation's stored shape {name}"),
-            "stats": (lambda a: eng.stats(bool(a.get("include_internal"))),
+            Action.SEAL: (named(eng.seal, "seal", "name", "t"), "close time t {name, t}"),
+            Action.SET_SINCE: (named(eng.set_since, "set_since", "name", "t"), "advance the compaction frontier {name, t}"),
+            Action.SINCE: (named(eng.since, "since", "name"), "compaction frontier {name}"),
+            Action.SEALED: (named(eng.sealed, "sealed", "name"), "sealed frontier {name}"),
+            Action.COMPACT: (lambda a: eng.compact(a.get("name")), "run a compaction pass {name|null}"),
+            Action.TRACE_INFO: (named(eng.trace_info, "trace_info", "name"), "a relation's stored shape {name}"),
+            Action.STATS: (lambda a: eng.stats(bool(a.get("include_internal"))),
                       "what the engine holds: relations, WAL, storage {include_internal|absent}"),
-            "compaction_errors": (lambda a: eng.compaction_errors(),
+            Action.COMPACTION_ERRORS: (lambda a: eng.compaction_errors(),
                                   "relations whose last compaction failed -> {name: error}"),
-            "begin": (lambda a: self._txns.begin(a.get("group")), "open a transaction {group|absent} -> id"),
-            "commit_all": (self._commit_all, "commit transactions as one {txns, group|absent}; then abort the "
+            Action.BEGIN: (lambda a: self._txns.begin(a.get("group")), "open a transaction {group|absent} -> id"),
+            Action.COMMIT_ALL: (self._commit_all, "commit transactions as one {txns, group|absent}; then abort the "
                                              "group's other open transactions"),
-            "abort_group": (self._abort_group, "abort every open transaction of a group {group}"),
-            "commit": (self._commit, "commit a transaction {txn}"),
-            "abort": (self._abort, "abort a transaction {txn}"),
-            "txn_state": (lambda a: self._txns.state(field(a, "txn", "txn_state")), "a transaction's state {txn}"),
-            "append_many": (self._append_many, "append the staged tables atomically {stage}"),
-            "discard_stage": (self._discard_stage, "forget staged tables {stage}"),
-            "release_read": (self._release_read, "end a read plan's lease {lease}"),
+            Action.ABORT_GROUP: (self._abort_group, "abort every open transaction of a group {group}"),
+            Action.COMMIT: (self._commit, "commit a transaction {txn}"),
+            Action.ABORT: (self._abort, "abort a transaction {txn}"),
+            Action.TXN_STATE: (lambda a: self._txns.state(field(a, "txn", "txn_state")), "a transaction's state {txn}"),
+            Action.APPEND_MANY: (self._append_many, "append the staged tables atomically {stage}"),
+            Action.DISCARD_STAGE: (self._discard_stage, "forget staged tables {stage}"),
+            Action.RELEASE_READ: (self._release_read, "end a read plan's lease {lease}"),
         }
 
     @property
@@ -197,7 +204,7 @@ class SedimentFlightServer(flight.FlightServerBase):
     # --- actions -------------------------------------------------------------------------------
 
     def _add_relation(self, args: dict[str, Any]) -> None:
-        schema = schema_from_b64(field(args, "schema", "add_relation"))
+        schema = schema_from_text(field(args, "schema", "add_relation"))
         self.engine.add_relation(field(args, "name", "add_relation"), schema)
 
     def _release_read(self, args: dict[str, Any]) -> None:
@@ -233,11 +240,16 @@ class SedimentFlightServer(flight.FlightServerBase):
         """Abort the group's transactions still open (a Spark job's losing task attempts); how many."""
         txns = self._txns.group_members(str(field(args, "group", "abort_group")))
         for tx in txns:
-            try:
-                tx.abort()
-            finally:
-                self._txns.settle(tx)
+            self._end(tx, tx.abort)
         return len(txns)
+
+    def _end(self, tx: Any, how: Callable[[], None]) -> str:
+        """Commit or abort ``tx`` (``how``), and forget it whatever happens; its final state."""
+        try:
+            how()
+        finally:
+            self._txns.settle(tx)
+        return tx.state
 
     def reap_idle_transactions(self) -> list[int]:
         """Abort the transactions idle for longer than ``txn_idle_timeout``; their ids. A
@@ -253,11 +265,7 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _commit(self, args: dict[str, Any]) -> str:
         tx = self._txns.get(field(args, "txn", "commit"))
-        try:
-            tx.commit()
-        finally:
-            self._txns.settle(tx)
-        return tx.state
+        return self._end(tx, tx.commit)
 
     def _abort(self, args: dict[str, Any]) -> str:
         txn_id = field(args, "txn", "abort")
@@ -265,11 +273,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         if finished is not None:
             return finished
         tx = self._txns.get(txn_id)
-        try:
-            tx.abort()
-        finally:
-            self._txns.settle(tx)
-        return tx.state
+        return self._end(tx, tx.abort)
 
     def _append_many(self, args: dict[str, Any]) -> None:
         with self._lock:
@@ -309,9 +313,9 @@ class SedimentFlightServer(flight.FlightServerBase):
         ``append_stream`` carries many appends, each acknowledged (sediment/net/append_stream.py)."""
         try:
             args = json_arg(descriptor.command, "do_put descriptor command")
-            op = args.get("op", "append")
+            op = args.get("op", Put.APPEND)
             name = field(args, "relation", "do_put descriptor")
-            if op == "append_stream":
+            if op == Put.APPEND_STREAM:
                 if self._stopped:
                     raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
                 engine_append = self.engine.append  # looked up once per stream, not per append
@@ -325,15 +329,15 @@ class SedimentFlightServer(flight.FlightServerBase):
                 serve_append_stream(reader, writer, append, lambda: self._stopped)
                 return
             table = reader.read_all()
-            if op == "append":
+            if op == Put.APPEND:
                 self._append(name, table, args.get("txn"), args.get("locks"))
-            elif op == "stage":
+            elif op == Put.STAGE:
                 check_name(name)  # a name that is not a string must not become a staging key
                 stage = str(field(args, "stage", "do_put descriptor"))
                 with self._lock:
                     self._stages.setdefault(stage, {}).setdefault(name, []).append(table)
             else:
-                raise ValueError(f"unknown do_put op {op!r}: use 'append_stream', 'append' or 'stage'")
+                raise ValueError(f"unknown do_put op {op!r}: use one of {[o.value for o in Put]}")
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
 
@@ -356,26 +360,27 @@ class SedimentFlightServer(flight.FlightServerBase):
             args = json_arg(ticket.ticket, "do_get ticket")
             op = field(args, "op", "do_get ticket")
             name = field(args, "relation", "do_get ticket")
-            if op == "snapshot":
+            if op == Get.SNAPSHOT:
                 return flight.RecordBatchStream(self.engine.snapshot(name, field(args, "as_of", "snapshot ticket")))
-            if op == "replay":
+            if op == Get.REPLAY:
                 schema = update_schema(self.engine.schema(name))
                 batches = self.engine.replay(name, batch_rows=int(args.get("batch_rows", 65536)))
                 return flight.GeneratorStream(schema, _typed_errors(batches))
-            if op == "plan":
+            if op == Get.PLAN:
                 return self._plan_stream(name, args)
-            if op == "subscribe":
+            if op == Get.SUBSCRIBE:
                 return self._subscribe(name, args, context)
-            if op == "tail_part":
+            if op == Get.TAIL_PART:
                 return flight.RecordBatchStream(serve_tail_part(self._held_tails, name, args))
-            raise ValueError(f"unknown do_get op {op!r}: use 'snapshot', 'replay', 'plan', 'tail_part' or 'subscribe'")
+            raise ValueError(f"unknown do_get op {op!r}: use one of {[o.value for o in Get]}")
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
 
     def _subscribe(self, name: str, args: dict[str, Any], context: flight.ServerCallContext,
                    ) -> flight.FlightDataStream:
         schema = update_schema(self.engine.schema(name))
-        sub = self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)))
+        sub = self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)),
+                                    max_lag=args.get("max_lag"))
         with self._lock:
             if self._stopped:
                 sub.close()
@@ -392,8 +397,11 @@ class SedimentFlightServer(flight.FlightServerBase):
         try:
             while not self._stopped and not context.is_cancelled():
                 event = sub.next(timeout=FEED_POLL)
-                if event is not None:
-                    yield from event_batches(event, schema)
+                if event is not None and event.kind == "schema":  # a stream has one schema: end it here
+                    yield pa.RecordBatch.from_pylist([], schema=schema), event_metadata("schema", event.time, True)
+                    return
+                if event is not None:  # a live event's batches are made once for every subscriber
+                    yield from event.encoded(schema, lambda event=event: event_batches(event, schema))
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
         finally:

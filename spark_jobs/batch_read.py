@@ -16,7 +16,6 @@ groups by statistics in the planner and rows in the tasks.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import threading
@@ -29,6 +28,13 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from sediment.arrow_codec import (
+    schema_from_text,
+    schema_to_text,
+    table_from_ipc,
+    table_from_text,
+    table_to_ipc,
+)
 from sediment.net import held_tails
 from sediment.spark_jobs import pushdown
 from sediment.spark_jobs.errors import short_traceback
@@ -43,8 +49,6 @@ from sediment.spark_jobs.options import (
     connect,
     int_option,
     required,
-    schema_from_b64,
-    schema_to_b64,
 )
 
 SPLIT_ROWS = 1 << 20  # rows per read task
@@ -66,15 +70,17 @@ class PlanInfo:
     batches: list[dict]
     update_schema_b64: str
     key_columns: list[str] = field(default_factory=list)
+    schema_history: dict | None = None  # an altered relation's versions: old batches are read by field id
 
     @classmethod
     def of(cls, plan: Any, from_t: int | None) -> PlanInfo:
         return cls(plan.lease, plan.relation, plan.relation_id, plan.as_of, from_t, plan.blob_uri,
-                   plan.s3_endpoint, list(plan.batches), schema_to_b64(plan.update_schema), list(plan.key_columns))
+                   plan.s3_endpoint, list(plan.batches), schema_to_text(plan.update_schema), list(plan.key_columns),
+                   getattr(plan, "schema_history", None))
 
     @property
     def update_schema(self) -> pa.Schema:
-        return schema_from_b64(self.update_schema_b64)
+        return schema_from_text(self.update_schema_b64)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -98,11 +104,17 @@ class ReadSpec:
     filters: tuple[pushdown.Pushed, ...]
     boundaries: tuple[Any, ...]  # first row column: range i is [b[i-1], b[i]); nulls in range 0
     credentials: tuple[tuple[str, str], ...] = ()
+    history: str = ""  # PlanInfo.schema_history as JSON text ("" : the relation was never altered)
+
+    def layout(self) -> Any:
+        """The relation's schema versions (trace/evolve.py Layout), or None when never altered."""
+        return layout_of(self.history)
 
     @classmethod
     def of(cls, info: PlanInfo, mode: str = "raw") -> ReadSpec:
         keys = tuple(info.key_columns or [n for n in info.update_schema.names if n not in (TIME, DIFF)])
-        return cls(info.relation_id, info.as_of, info.from_t, info.blob_uri, info.s3_endpoint, mode, keys, (), ())
+        return cls(info.relation_id, info.as_of, info.from_t, info.blob_uri, info.s3_endpoint, mode, keys, (), (),
+                   history=json.dumps(info.schema_history) if info.schema_history else "")
 
 
 @dataclass(frozen=True)
@@ -148,16 +160,8 @@ class ScanPartition(InputPartition):
 
 
 def ipc_bytes(table: pa.Table) -> bytes:
-    if table.num_rows == 0:
-        return b""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    """A scan partition's tail rows as IPC bytes; none at all (b"") for no rows."""
+    return table_to_ipc(table) if table.num_rows else b""
 
 
 _stores: dict[tuple[str, str | None], Any] = {}
@@ -186,6 +190,20 @@ def blob_store(blob_uri: str, s3_endpoint: str | None, credentials: Sequence[tup
             store = _stores[key] = open_blob_store(blob_uri, s3_endpoint=s3_endpoint) \
                 if blob_uri.startswith("s3://") else open_blob_store(blob_uri)
         return store
+
+
+def layout_of(history: str) -> Any:
+    """The Layout of a plan's schema history (JSON text), None for a relation never altered."""
+    if not history:
+        return None
+    from sediment.engine.schema_history import SchemaHistory
+
+    return SchemaHistory.from_json(json.loads(history)).layout()
+
+
+def current(table: pa.Table, layout: Any) -> pa.Table:
+    """A stored row group in the relation's current columns (by field id), when it was altered."""
+    return table if layout is None or layout.is_current(table.schema) else layout.project(table)
 
 
 def open_batch(spec: ReadSpec, ref_doc: dict) -> tuple[Any, Any, str]:
@@ -229,14 +247,19 @@ def _stats(rg: Any, column: int) -> tuple[Any, Any, int | None]:
     return (s.min, s.max, nulls) if s.has_min_max else (None, None, nulls)
 
 
-def group_stats(pf: Any, batch: int, names: Sequence[str]) -> list[tuple[GroupStats, dict[str, tuple]]]:
-    """Every row group's statistics: the first row column's and time's, and each named column's."""
+def group_stats(pf: Any, batch: int, names: Sequence[str], layout: Any = None,
+                ) -> list[tuple[GroupStats, dict[str, tuple]]]:
+    """Every row group's statistics: the first row column's and time's, and each named column's.
+    With a ``layout`` (an altered relation) a current column's statistics are those of the
+    stored column with its field id, in the type it was written with; none when the batch
+    predates the column."""
     md = pf.metadata
     schema_names = [md.schema.column(i).name for i in range(md.num_columns)]
+    stored = {n: n for n in schema_names} if layout is None else layout.stored_names(pf.schema_arrow)
     out = []
     for i in range(md.num_row_groups):
         rg = md.row_group(i)
-        cols = {n: _stats(rg, schema_names.index(n)) for n in names if n in schema_names}
+        cols = {n: _stats(rg, schema_names.index(stored[n])) for n in names if stored.get(n) in schema_names}
         t = _stats(rg, schema_names.index(TIME))
         first = cols.get(names[0], (None, None, None)) if names else (None, None, None)
         out.append((GroupStats(batch, i, rg.num_rows, first, (t[0], t[1])), cols))
@@ -351,7 +374,7 @@ class SedimentReader(DataSourceReader):
         if given:  # planned on the driver by open_relation: the tail travels in an option
             info = PlanInfo.from_json(given)
             tail_b64 = self.options.get("plan_tail") or ""
-            tail = from_ipc(base64.b64decode(tail_b64)) if tail_b64 else info.update_schema.empty_table()
+            tail = table_from_text(tail_b64) if tail_b64 else info.update_schema.empty_table()
         else:
             info, tail, held = plan_relation(self.options)
         return plan_partitions(info, tail, mode_of(self.options), self.filters,
@@ -369,7 +392,7 @@ class SedimentPushdownReader(SedimentReader):
     evaluate exactly are taken (they drop row groups and rows); Spark keeps the rest."""
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:  # noqa: N802 - Spark's name
-        columns = schema_from_b64(self.columns_b64)
+        columns = schema_from_text(self.columns_b64)
         for f in filters:
             mine = pushdown.from_spark(f, columns.names)
             if mine is not None and pushdown.usable(mine, columns):
@@ -405,13 +428,16 @@ def plan_partitions(info: PlanInfo, tail: pa.Table, mode: str, filters: Sequence
     keys = [n for n in info.update_schema.names if n not in (TIME, DIFF)]
     key_columns = tuple(info.key_columns or keys)
     base = ReadSpec(info.relation_id, info.as_of, info.from_t, info.blob_uri, info.s3_endpoint, mode,
-                    key_columns, tuple(filters), (), credentials)
+                    key_columns, tuple(filters), (), credentials,
+                    json.dumps(info.schema_history) if info.schema_history else "")
+    layout = base.layout()
     names = [key_columns[0], *(f[1] for f in filters)] if key_columns else [f[1] for f in filters]
     refs = [r for r in info.batches if r.get("key")]
     groups: list[GroupStats] = []
     for b, ref in enumerate(refs):
         pf, _, _ = open_batch(base, ref)
-        groups += [g for g, cols in group_stats(pf, b, names) if wanted(g, cols, info.as_of, info.from_t, filters)]
+        groups += [g for g, cols in group_stats(pf, b, names, layout)
+                   if wanted(g, cols, info.as_of, info.from_t, filters)]
     if filters and tail.num_rows:
         tail = pushdown.apply(tail, filters)
     if mode == "raw":
@@ -505,18 +531,19 @@ def read_partition(partition: ScanPartition, target: pa.Schema, options: Any = N
     from sediment.trace.batch import read_row_group
 
     spec = partition.spec
+    layout = spec.layout()
     pieces: list[pa.Table] = []
     for ref, indices in partition.groups:
         pf, desc, where = open_batch(spec, ref)
         for i in indices:
-            table = _keep(read_row_group(pf, i, desc, where=where), spec, partition.index)
+            table = _keep(current(read_row_group(pf, i, desc, where=where), layout), spec, partition.index)
             if spec.mode == "raw":
                 yield from conform(table, target).to_batches()
             elif table.num_rows:
                 pieces.append(table)
     fetch = getattr(partition, "fetch", None)
     if partition.tail or fetch is not None:
-        rows = from_ipc(partition.tail) if partition.tail else fetch_tail(fetch, options)
+        rows = table_from_ipc(partition.tail) if partition.tail else fetch_tail(fetch, options)
         table = _keep(rows, spec, partition.index, check_range=False)
         if spec.mode == "raw":
             yield from conform(table, target).to_batches()

@@ -29,19 +29,19 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.errors import InvalidArgument, SchemaMismatch, TimeAlreadySealed
 from sediment.spark_jobs.options import (
     BATCH_READ,
     DIFF,
     STREAM_READ,
     TIME,
+    arrow_schema,
     bool_option,
     check_options,
     connect,
     int_option,
     required,
-    schema_from_b64,
-    schema_to_b64,
     token,
     writes_into,
 )
@@ -84,6 +84,17 @@ def check_columns(relation: str, rel_schema: pa.Schema, schema: StructType) -> N
                              "cast those columns first (for example F.col(name).cast(...)) or fix the relation")
 
 
+def merge_schema(client: Any, relation: str, rel_schema: pa.Schema, schema: StructType) -> pa.Schema:
+    """``option("mergeSchema", "true")``: the DataFrame's columns the relation lacks are added to
+    it (nullable, in the DataFrame's Arrow types) by one alter, before anything is written; the
+    relation's schema after it. Without the option such columns are refused at planning."""
+    extra = [f for f in schema.fields if f.name not in rel_schema.names and f.name not in (TIME, DIFF)]
+    if not extra:
+        return rel_schema
+    client.alter_relation(relation, add=[pa.field(f.name, f.type) for f in arrow_schema(StructType(extra))])
+    return client.schema(relation)
+
+
 class WriterBase:
     """Checks and task-side appending shared by the batch writer and the stream writer."""
 
@@ -105,8 +116,10 @@ class WriterBase:
         client = connect(self.uri, self.token)
         try:
             rel_schema = client.schema(self.relation)
+            if bool_option(options, "mergeschema"):
+                rel_schema = merge_schema(client, self.relation, rel_schema, schema)
             check_columns(self.relation, rel_schema, schema)
-            self.schema_b64 = schema_to_b64(rel_schema)
+            self.schema_b64 = schema_to_text(rel_schema)
             if self.time is not None:
                 sealed = client.sealed(self.relation)
                 if self.time <= sealed:
@@ -118,7 +131,7 @@ class WriterBase:
         return client
 
     def _update_schema(self) -> pa.Schema:
-        rel = schema_from_b64(self.schema_b64)
+        rel = schema_from_text(self.schema_b64)
         return pa.schema([*rel, pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())])
 
     def _updates(self, batch: pa.RecordBatch, target: pa.Schema, time: int | None) -> pa.RecordBatch:

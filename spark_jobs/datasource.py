@@ -27,7 +27,6 @@ unknown options, the relation, the columns, ``asOf``/``from`` within [since, sea
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructField, StructType
 
+from sediment.arrow_codec import schema_to_text, table_to_text
 from sediment.errors import AsOfOutOfRange, InvalidArgument
 from sediment.spark_jobs.batch_read import (  # noqa: F401 - re-exported names
     SPLIT_ROWS,
@@ -70,7 +70,6 @@ from sediment.spark_jobs.options import (  # noqa: F401 - re-exported names
     int_option,
     lowered,
     required,
-    schema_to_b64,
     spark_schema,
     spark_type,
 )
@@ -165,7 +164,7 @@ class SedimentDataSource(DataSource):
             raise InvalidArgument(f"relation {relation!r} reads as columns {want}, not {schema.names}: the relation "
                                   "changed since the table was created, or a stream option was given to a batch read")
         cls = SedimentPushdownReader if pushdown_enabled() else SedimentReader
-        return cls(options, schema, schema_to_b64(columns))
+        return cls(options, schema, schema_to_text(columns))
 
     @_short
     def writer(self, schema: StructType, overwrite: bool) -> SedimentWriter:
@@ -281,7 +280,7 @@ def open_relation(spark: SparkSession, uri: str, relation: str, as_of: int, from
         options["from"] = from_t
     info, tail, _ = plan_relation(options, hold=False)
     try:
-        tail_b64 = base64.b64encode(ipc_bytes(tail)).decode("ascii") if tail.num_rows else ""
+        tail_b64 = table_to_text(tail) if tail.num_rows else ""
         reader = _reader(spark, uri, relation, token).option("plan", info.to_json()).option("plan_tail", tail_b64)
         if from_t is not None:
             reader = reader.option("from", from_t)

@@ -52,7 +52,8 @@ BATCH_READ = {"asof": "read as of this time (default: the sealed frontier)", "as
               "plan": "internal: a plan made on the driver", "plan_tail": "internal: its WAL-tail rows"}
 BATCH_WRITE = {"time": "the time of every row (else a time column)", "diff": "the diff of every row",
                "seal": "true: seal the time written once the job commits",
-               "batch_rows": "rows a task gathers per append"}
+               "batch_rows": "rows a task gathers per append",
+               "mergeschema": "true: first add the DataFrame's columns the relation lacks (nullable)"}
 STREAM_READ = {"startingasof": "earliest | latest | a time: the first micro-batch's snapshot",
                "maxtimespertrigger": "at most this many sealed times per micro-batch",
                STREAM_MARK: "internal: set by readStream in sessions where register() ran"}
@@ -206,15 +207,3 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
     table = table.select(target.names)
     return table.cast(target) if not table.schema.equals(target) else table
-
-
-def schema_to_b64(schema: pa.Schema) -> str:
-    import base64
-
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
-def schema_from_b64(text: str) -> pa.Schema:
-    import base64
-
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))

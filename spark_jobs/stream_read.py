@@ -32,7 +32,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from sediment.errors import AsOfOutOfRange, InvalidArgument
+from sediment.errors import AsOfOutOfRange, InvalidArgument, SchemaMismatch
 from sediment.spark_jobs.batch_read import (
     MAX_TAIL_PARTS,
     SPLIT_ROWS,
@@ -100,6 +100,7 @@ class SedimentStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.until: int | None = None  # availableNow: the sealed frontier when it was asked for
         self.leases: list[tuple[int, int]] = []  # (end time, lease) of planned micro-batches
         with connect(options) as client:
+            self.schema_version = client.schema_version(self.relation)  # the columns this query was planned with
             self._start = starting_time(options.get("startingasof") or "latest", client.since(self.relation),
                                         client.sealed(self.relation), self.relation)
 
@@ -149,6 +150,11 @@ class SedimentStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                  part_rows=min(self.split_rows, TAIL_SPLIT_ROWS),
                                                  max_parts=MAX_TAIL_PARTS)
         self.leases.append((end, plan.lease))
+        version = plan.schema_history["versions"][-1]["version"] if plan.schema_history else 0
+        if version != self.schema_version:  # Spark fixes a stream's schema when the query starts
+            raise SchemaMismatch(f"relation {self.relation!r} was altered to schema version {version} after this "
+                                 f"query started (version {self.schema_version}): restart the query; it goes on "
+                                 "from its checkpoint, this micro-batch included, in the new columns")
         return plan_partitions(PlanInfo.of(plan, frm), plan.tail, mode, [], self.split_rows, credentials,
                                held_tail(self.relation, plan.lease, held, cuts))
 

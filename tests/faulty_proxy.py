@@ -9,7 +9,8 @@ say, fail only multipart part uploads.
 moto checks a conditional write's condition and then writes without a lock, so two
 racing ``If-None-Match: *`` PUTs can both win there. With ``serialize_conditional`` the
 proxy forwards conditional requests (``If-None-Match`` / ``If-Match``) one at a time per
-object, as S3 does, so race tests through it are meaningful.
+object, as S3 does, so race tests through it are meaningful. ``delay`` adds that many
+seconds to every request (S3's latency, for bench/s3_wal.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,7 +63,7 @@ class ProxyLog:
 class FaultyProxy:
     """Threaded HTTP/1.1 proxy on 127.0.0.1 with scripted faults. Use as a context manager or call close()."""
 
-    def __init__(self, upstream: str, serialize_conditional: bool = False) -> None:
+    def __init__(self, upstream: str, serialize_conditional: bool = False, delay: float = 0.0) -> None:
         target = urlsplit(upstream)
         if target.scheme != "http" or not target.hostname or not target.port:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
@@ -71,6 +73,7 @@ class FaultyProxy:
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self.serialize_conditional = serialize_conditional
+        self.delay = delay  # seconds added to every request (S3's latency, for benchmarks)
         self._key_locks: dict[str, threading.Lock] = {}
         self._release = threading.Event()
         self._sockets: set[socket.socket] = set()
@@ -207,6 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._read_body()
+        if self.owner.delay:
+            time.sleep(self.owner.delay)
         fault = self.owner._take(self.command, self.path)
         if fault is not None and fault.kind == "fail":
             self._send_error(fault)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import trio
 import trio.testing
 from sim_checker import Final, History, Violation, check_final
+from sim_instruments import Livelock, TraceLogs
 from sim_world import SimDisk, SimNet, SimNodeEndpoint, SimPartitionStore
 
 from sediment.errors import MetadataError
@@ -39,7 +40,6 @@ from sediment.wal.replication.partition_meta import key as meta_key
 from sediment.wal.replication.store_session import Coordinator
 
 KEY = uuid.UUID(int=13)
-META_KEY = meta_key(0)
 
 FAULT_KINDS = {  # kind -> weight in the schedule
     "node_crash": 5, "partition": 3, "partition_oneway": 2, "partition_coordinator": 2, "slow_link": 2,
@@ -54,8 +54,9 @@ class SimMeta:
     """One coordinator's view of the metadata store: outages, raced writes, and a record of
     every session it wrote (to tell a spurious fence from a real one)."""
 
-    def __init__(self, cluster: Cluster, name: str) -> None:
+    def __init__(self, cluster: Cluster, name: str, partition: int = 0) -> None:
         self.cluster, self.name = cluster, name
+        self.key, self.history = meta_key(partition), cluster.history_of(partition)
         self.sessions: list[int] = []
 
     def get(self, key: str):
@@ -67,17 +68,17 @@ class SimMeta:
         c = self.cluster
         if c.meta_down:
             raise MetadataError(f"simulated: the metadata store is unreachable (writing {key})")
-        if key == META_KEY and c.meta_conflicts > 0:
+        if key == self.key and c.meta_conflicts > 0:
             cur = c.store.get(key)
             if cur is not None:  # another writer rewrote it first: same content, new version
                 c.meta_conflicts -= 1
                 c.store.compare_and_set(key, cur.value, cur.version)
                 c.note(f"metadata rewritten under {self.name} (CAS conflict injected)")
         version = c.store.compare_and_set(key, value, expected_version)
-        if key == META_KEY:
+        if key == self.key:
             meta = PartitionMeta.decode(value, key)
             self.sessions.append(meta.session_id)
-            c.history.meta_written(meta.session_id, meta.generation, self.name)
+            self.history.meta_written(meta.session_id, meta.generation, self.name)
         return version
 
 
@@ -90,6 +91,7 @@ class CoordHandle:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     alive: bool = True
     crashed: bool = False
+    partition: int = 0
 
 
 @dataclass
@@ -137,6 +139,22 @@ class Cluster:
         self._coord_n = 0
         self.nursery: trio.Nursery
 
+    def history_of(self, partition: int) -> History:
+        """The history of one partition's log (one log here; the cluster mode has several)."""
+        return self.history
+
+    def histories(self) -> list[History]:
+        return [self.history]
+
+    def disk_of(self, address: str, partition: int) -> SimDisk:
+        return self.net.nodes[address].disk
+
+    def new_disk(self, address: str) -> SimDisk:
+        return SimDisk(address, random.Random(f"disk-{self.seed}-{address}"), self.history.node_state)
+
+    def store_opener(self, ep: SimNodeEndpoint):
+        return lambda pid: SimPartitionStore(ep.disk)
+
     def note(self, what: str) -> None:
         if len(self.trace) < 3000:
             self.trace.append(f"{trio.current_time():9.4f} {what}")
@@ -153,13 +171,12 @@ class Cluster:
         return f"node{self._nodes}:7000"
 
     async def add_node(self, address: str) -> None:
-        disk = SimDisk(address, random.Random(f"disk-{self.seed}-{address}"), self.history.node_state)
-        self.net.nodes[address] = SimNodeEndpoint(address, disk)
+        self.net.nodes[address] = SimNodeEndpoint(address, self.new_disk(address))
         await self.start_node(address)
 
     async def start_node(self, address: str) -> None:
         ep = self.net.nodes[address]
-        node = StorageNode(KEY, lambda pid: SimPartitionStore(ep.disk))
+        node = StorageNode(KEY, self.store_opener(ep))
 
         async def serve_node(task_status=trio.TASK_STATUS_IGNORED) -> None:
             with trio.CancelScope() as scope:
@@ -183,18 +200,21 @@ class Cluster:
 
     # --- coordinators -----------------------------------------------------------------------
 
-    def start_coordinator(self, replicas: list[str], name: str | None = None) -> CoordHandle:
+    def start_coordinator(self, replicas: list[str], name: str | None = None, partition: int = 0,
+                          generation: int = 0, host: str | None = None) -> CoordHandle:
+        """A coordinator of one partition's log; ``host``: its name on the network (default
+        its own name; the cluster mode's members run one per partition they own)."""
         self._coord_n += 1
         name = name or f"coord{self._coord_n}"
-        meta = SimMeta(self, name)
+        meta = SimMeta(self, name, partition)
 
         async def direct(fn, *args):
             return fn(*args)
 
-        coord = Coordinator(replicas, PartitionMetaStore(meta, 0), KEY, 0,
-                            connect=functools.partial(self.net.connect, name), timeout=1.0, retry_interval=0.05,
-                            blocking=direct)
-        ch = CoordHandle(name, coord, meta, list(replicas))
+        coord = Coordinator(replicas, PartitionMetaStore(meta, partition), KEY, partition,
+                            connect=functools.partial(self.net.connect, host or name), timeout=1.0,
+                            retry_interval=0.05, blocking=direct, generation=generation)
+        ch = CoordHandle(name, coord, meta, list(replicas), partition=partition)
         self.coords.append(ch)
         self.nursery.start_soon(self._run_coordinator, ch)
         self.note(f"{name} started over {replicas}")
@@ -207,7 +227,7 @@ class Cluster:
             except BaseException as exc:
                 if _only_cancelled(exc):
                     raise
-                self.history.flag("crash", f"{ch.name} died of {type(exc).__name__}: {exc!r}"[:400])
+                self.history_of(ch.partition).flag("crash", f"{ch.name} died of {type(exc).__name__}: {exc!r}"[:400])
             else:
                 self._fenced(ch)
         ch.alive = False
@@ -217,12 +237,12 @@ class Cluster:
                 self.current = self.start_coordinator(self.replicas)
 
     def _fenced(self, ch: CoordHandle) -> None:
-        got = self.store.get(META_KEY)
+        got = self.store.get(meta_key(ch.partition))
         now = PartitionMeta.decode(got.value).session_id if got is not None else 0
         mine = max(ch.meta.sessions, default=-1)
         self.note(f"{ch.name} stopped: {ch.coord.fenced}")
         if now == mine:
-            self.history.flag("spurious_fence", f"{ch.name} stopped ({str(ch.coord.fenced)[:200]}) while the "
+            self.history_of(ch.partition).flag("spurious_fence", f"{ch.name} stopped ({str(ch.coord.fenced)[:200]}) while the "
                               f"partition metadata still names its session {mine}")
 
     def crash_coordinator(self, ch: CoordHandle) -> None:
@@ -255,14 +275,20 @@ class Cluster:
             k += 1
             await self.append(ch, bodies, wait=rng.uniform(0.5, 3.0))
 
-    async def append(self, ch: CoordHandle, bodies: list[bytes], wait: float) -> bool:
+    async def append(self, ch: CoordHandle, bodies: list[bytes], wait: float, vet=None) -> bool:
+        """Submit one append to a coordinator and wait up to ``wait`` for its answer. ``vet``
+        (the cluster mode's member): sees every answer as it arrives and may turn an
+        acknowledgement into an error, as a member that lost ZooKeeper stops acknowledging."""
         records = [rec.Record(rec.RecordKind.UPDATES, relation_id=1, t_lo=i, t_hi=i, body=b)
                    for i, b in enumerate(bodies)]
-        op = self.history.submitted(bodies, ch.name, trio.current_time())
+        history = self.history_of(ch.partition)
+        op = history.submitted(bodies, ch.name, trio.current_time())
         done = trio.Event()
 
         def cb(lsn: int, err: BaseException | None) -> None:
-            self.history.answered(op, lsn, err, ch.coord.session)
+            if vet is not None:
+                err = vet(ch, lsn, err)
+            history.answered(op, lsn, err, ch.coord.session)
             done.set()
 
         ch.coord.submit(records, cb)
@@ -432,7 +458,8 @@ class Cluster:
         """Every append to a coordinator that did not crash is answered in bounded time."""
         def waiting() -> list:
             live = {c.name for c in self.coords if not c.crashed}
-            return [op for op in self.history.ops if op.outcome == "pending" and op.coordinator in live]
+            return [op for h in self.histories() for op in h.ops
+                    if op.outcome == "pending" and op.coordinator in live]
 
         with trio.move_on_after(SETTLE):
             while waiting():
@@ -445,82 +472,49 @@ class Cluster:
     async def final_check(self) -> None:
         for c in self.coords:
             self.crash_coordinator(c)
-        final = self.start_coordinator(self.replicas, name="final")
+        self.final_logs: dict[str, list[bytes]] = {}
+        await self.final_partition(0, 0, "final")
+
+    async def final_partition(self, partition: int, generation: int, name: str) -> None:
+        """Recover one partition's log with every fault healed, append a sentinel, and judge
+        its history against what the replicas hold."""
+        history = self.history_of(partition)
+        final = self.start_coordinator(self.replicas, name=name, partition=partition, generation=generation)
         coord = final.coord
         with trio.move_on_after(FINAL_RECOVERY):
             while not coord.writable.is_set():  # run() replaces the event: poll, do not wait on one
                 await trio.sleep(0.05)
         if not coord.writable.is_set():
-            self.history.flag("hang", f"the final recovery over {self.replicas} did not finish within "
-                              f"{FINAL_RECOVERY}s with every node up and the network healed")
+            history.flag("hang", f"the final recovery of partition {partition} over {self.replicas} did not "
+                         f"finish within {FINAL_RECOVERY}s with every node up and the network healed")
             return
-        sentinel = b"final-sentinel"
+        sentinel = f"final-sentinel-{partition}".encode() if partition else b"final-sentinel"
         if not await self.append(final, [sentinel], wait=30.0):
-            self.history.flag("hang", "the final coordinator did not acknowledge an append within 30s")
+            history.flag("hang", f"the final coordinator of partition {partition} did not acknowledge an append "
+                         "within 30s")
             return
         with trio.move_on_after(30.0):
             while len(coord.in_sync()) < len(self.replicas):
                 await trio.sleep(0.1)
         await trio.sleep(1.0)  # every disk's syncs complete
-        got, _ = PartitionMetaStore(self.store, 0).load()
-        logs = {a: [f[rec.HEADER_SIZE:] for f in self.net.nodes[a].disk.frames] for a in self.replicas}
+        got, _ = PartitionMetaStore(self.store, partition).load()
+        disks = {a: self.disk_of(a, partition) for a in self.replicas}
+        logs = {a: [f[rec.HEADER_SIZE:] for f in d.frames] for a, d in disks.items()}
         f = Final(list(self.replicas), sorted(coord.in_sync()), coord.committed, coord.session, logs,
                   got.session_id, {a: (s.session_id, s.closing_hwm) for a, s in got.replicas.items()},
-                  {a: self.net.nodes[a].disk.state.session_id for a in self.replicas}, UNRESOLVED)
-        self.note(f"final: session {f.session} committed {f.committed} in sync {f.in_sync}")
-        check_final(self.history, f, sentinel)
-        self.final_logs = logs
-
-
-class _Livelock(trio.abc.Instrument):
-    """Flags a run whose tasks keep running while virtual time stands still (a busy retry
-    loop: on a real machine it spins a core), and ends it: the MockClock would never move."""
-
-    LIMIT = 20_000
-
-    def __init__(self, cluster: Cluster, clock: trio.testing.MockClock) -> None:
-        self.cluster, self.clock = cluster, clock
-        self.last = -1.0
-        self.steps = 0
-        self.most = 0  # the most task steps seen at one virtual instant (calibrates LIMIT)
-        self.names: dict[str, int] = {}
-        self.scope: trio.CancelScope | None = None
-
-    def before_task_step(self, task) -> None:
-        now = self.clock.current_time()
-        if now != self.last:
-            self.most = max(self.most, self.steps)
-            self.last, self.steps = now, 0
-            return
-        self.steps += 1
-        if self.steps > self.LIMIT - 2000:
-            self.names[task.name] = self.names.get(task.name, 0) + 1
-        if self.steps == self.LIMIT and self.scope is not None:
-            top = sorted(self.names.items(), key=lambda kv: -kv[1])[:3]
-            self.cluster.history.flag("livelock", f"{self.LIMIT} task steps at virtual time {now:.4f} without "
-                                      f"time passing; busiest tasks {top}")
-            self.scope.cancel()
-
-
-class _TraceLogs(logging.Handler):
-    """The code under test's log lines, in the run's trace, at virtual time."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(logging.INFO)
-        self.cluster = cluster
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.cluster.note(f"LOG {record.name.rsplit('.', 1)[-1]}: {record.getMessage()}"[:600])
-        except RuntimeError:  # outside the trio run
-            pass
+                  {a: d.state.session_id for a, d in disks.items()}, UNRESOLVED)
+        self.note(f"final {partition}: session {f.session} committed {f.committed} in sync {f.in_sync}")
+        check_final(history, f, sentinel)
+        for a, log in logs.items():
+            self.final_logs[a if partition == 0 else f"{a}#{partition}"] = log
 
 
 def run_seed(seed: int, steps: int = 12, duration: float = 8.0, logs: bool = False,
-             kinds: dict[str, int] | None = None, clients: int = 3) -> Result:
+             kinds: dict[str, int] | None = None, clients: int = 3, make=None) -> Result:
     """One simulated run; deterministic in its arguments. ``logs``: put the code under
     test's log lines (INFO and up) in the trace. ``kinds``: fault kinds and weights
-    (default FAULT_KINDS). ``clients``: concurrent appenders."""
+    (default FAULT_KINDS). ``clients``: concurrent appenders. ``make``: builds the world
+    from those arguments (default :class:`Cluster`; the cluster mode passes its own)."""
     import trio._core._run as trio_run  # private: the scheduler's randomness, seeded per run
 
     saved_flag = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
@@ -529,13 +523,13 @@ def run_seed(seed: int, steps: int = 12, duration: float = 8.0, logs: bool = Fal
     saved_level = logger.level
     trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
     trio_run._r.seed(seed)
-    cluster = Cluster(seed, steps, duration, kinds, clients)
-    handler = _TraceLogs(cluster)
+    cluster = (make or Cluster)(seed, steps, duration, kinds, clients)
+    handler = TraceLogs(cluster)
     if logs:
         logger.addHandler(handler)
     logger.setLevel(logging.INFO if logs else logging.CRITICAL)
     clock = trio.testing.MockClock(autojump_threshold=0)
-    livelock = _Livelock(cluster, clock)
+    livelock = Livelock(cluster, clock)
     end = 0.0
     try:
         async def main() -> None:
@@ -554,15 +548,21 @@ def run_seed(seed: int, steps: int = 12, duration: float = 8.0, logs: bool = Fal
         trio_run._r.setstate(saved_state)
         logger.setLevel(saved_level)
         logger.removeHandler(handler)
-    h = cluster.history
+    hs = cluster.histories()
+    ops = [op for h in hs for op in h.ops]
+    violations = [v for h in hs for v in h.violations]
+    counts: dict[str, int] = {}
+    for h in hs:
+        for k, n in h.counts.items():
+            counts[k] = counts.get(k, 0) + n
     digest = hashlib.sha256()
     for line in cluster.trace:
         digest.update(line.encode())
-    for op in h.ops:
+    for op in ops:
         digest.update(f"{op.op_id} {op.outcome} {op.lsn}".encode())
-    for v in h.violations:
+    for v in violations:
         digest.update(f"{v.kind} {v.detail}".encode())
     for a, log in sorted(getattr(cluster, "final_logs", {}).items()):
         digest.update(a.encode() + b"".join(log))
-    return Result(seed, dict(sorted(cluster.faults.items())), h.violations, dict(sorted(h.counts.items())), len(h.ops),
-                  sum(1 for op in h.ops if op.outcome == "ack"), end, digest.hexdigest(), cluster.trace, livelock.most)
+    return Result(seed, dict(sorted(cluster.faults.items())), violations, dict(sorted(counts.items())), len(ops),
+                  sum(1 for op in ops if op.outcome == "ack"), end, digest.hexdigest(), cluster.trace, livelock.most)

@@ -15,6 +15,7 @@ import pytest
 import sediment
 from sediment import errors
 from sediment.client import Client
+from sediment.clock import ManualClock
 from sediment.net.append_stream import StreamPool, append_batches
 from sediment.server import SedimentFlightServer
 
@@ -125,8 +126,8 @@ def test_the_pool_closes_streams_idle_too_long_and_those_given_back_after_close(
         def close(self):
             closed.append(self)
 
-    now = [100.0]
-    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=lambda: now[0])
+    clock = ManualClock(100.0)
+    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=clock)
     lent, fresh = pool.take("r", SCHEMA)
     assert fresh
     pool.give(lent)
@@ -135,9 +136,9 @@ def test_the_pool_closes_streams_idle_too_long_and_those_given_back_after_close(
     other, fresh = pool.take("r", SCHEMA)  # the only stream is lent out: a new one
     assert fresh and other is not again
     pool.give(other)
-    now[0] += 3600
+    clock.advance(3600)
     assert pool.close_idle() == 0, "idle exactly idle_seconds: kept"
-    now[0] += 1
+    clock.advance(1)
     assert pool.close_idle() == 1 and closed == [other]
     closed.clear()
     pool.close()

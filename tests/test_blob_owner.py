@@ -135,7 +135,7 @@ def test_claim_race_and_damaged_marker():
     one, two = "a" * 32, "b" * 32
     owner_mod.check_owner(store, one, "memory://x")
     owner_mod.check_owner(store, two, "memory://x")  # both saw a free prefix
-    assert owner_mod.claim(store, one, "memory://x", clock=lambda: 0.0).engine_id == one
+    assert owner_mod.claim(store, one, "memory://x").engine_id == one
     with pytest.raises(BlobPrefixOwned, match=one):
         owner_mod.claim(store, two, "memory://x")
     assert owner_mod.claim(store, one, "memory://x").engine_id == one

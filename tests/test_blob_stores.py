@@ -594,3 +594,31 @@ def test_missing_s3_credentials_are_a_typed_error_and_not_retried(moto_server, m
         store.put("k", b"x")
     assert "credentials" in str(refused.value) and "attempt" not in str(refused.value)
     assert time.monotonic() - started < 5
+
+
+def test_local_capabilities_are_declared_and_the_counting_wrapper_keeps_exactly_them(tmp_path: Path) -> None:
+    """A file store is a LocalBlobStore (read through its files, written by linking a spill
+    file); memory and S3 stores are not; the engine's counting wrapper says the same as what
+    it wraps and counts a read through the file as a get."""
+    from sediment.blob.counting import counting
+    from sediment.blob.protocol import LocalBlobStore
+    from sediment.metrics import EngineMetrics
+
+    assert isinstance(FileBlobStore(tmp_path / "f"), LocalBlobStore)
+    assert not isinstance(MemoryBlobStore(), LocalBlobStore)
+    assert not hasattr(S3BlobStore, "local_path")
+    metrics = EngineMetrics()
+    plain = counting(MemoryBlobStore(), metrics)
+    assert isinstance(plain, BlobStore) and not isinstance(plain, LocalBlobStore)
+    local = counting(FileBlobStore(tmp_path / "g"), metrics)
+    assert isinstance(local, LocalBlobStore)
+    spill = local.spill_path()
+    with open(spill, "wb") as f:
+        f.write(b"spilled")
+    local.put_file("a/b", spill, if_absent=True)
+    with open(local.local_path("a/b"), "rb") as f:
+        assert f.read() == b"spilled"
+    assert metrics.blob_requests.labels(op="get")._value.get() == 1
+    assert metrics.blob_requests.labels(op="put_file")._value.get() == 1
+    with pytest.raises(BlobNotFound):
+        plain.get("missing")

@@ -27,6 +27,7 @@ from sediment.cli import commands as cli_commands
 from sediment.cli import files as cli_files
 from sediment.cli import main
 from sediment.cli import parser as cli_parser
+from sediment.clock import ManualClock
 from sediment.errors import UnknownRelation
 from sediment.progress import Progress
 from sediment.wal.record import RecordKind
@@ -122,11 +123,11 @@ def test_relation_add_list_drop(tmp_path, capsys):
     ok(capsys, d, "relation", "add", "events", "--schema", "at:timestamp[ms],score:float64,ok:bool")
     out = ok(capsys, d, "relation", "list")
     assert out.splitlines() == [
-        "events\tat:timestamp[ms],score:float64,ok:bool\tsince=0\tsealed=-1",
-        "orders\tid:int64,name:string\tsince=0\tsealed=-1",
+        "events\tat:timestamp[ms],score:float64,ok:bool\tsince=0\tsealed=-1\tschema_version=0",
+        "orders\tid:int64,name:string\tsince=0\tsealed=-1\tschema_version=0",
     ]
     assert ok(capsys, d, "relation", "drop", "events").strip() == "dropped relation events"
-    assert ok(capsys, d, "relation", "list").splitlines() == ["orders\tid:int64,name:string\tsince=0\tsealed=-1"]
+    assert ok(capsys, d, "relation", "list").splitlines() == ["orders\tid:int64,name:string\tsince=0\tsealed=-1\tschema_version=0"]
     with sediment.open(d) as engine:
         assert engine.relations() == ["orders"]
     ok(capsys, d, "relation", "drop", "orders")
@@ -137,7 +138,7 @@ def test_relation_add_list_drop(tmp_path, capsys):
 def test_list_shows_since_and_sealed(ddir, capsys):
     ok(capsys, ddir, "seal", "orders", "5")
     ok(capsys, ddir, "since", "orders", "3")
-    assert ok(capsys, ddir, "relation", "list").splitlines() == ["orders\tid:int64,name:string\tsince=3\tsealed=5"]
+    assert ok(capsys, ddir, "relation", "list").splitlines() == ["orders\tid:int64,name:string\tsince=3\tsealed=5\tschema_version=0"]
 
 
 def test_append_seal_read_consolidates(ddir, capsys):
@@ -253,7 +254,7 @@ def test_seal_and_since(ddir, capsys):
 
 
 def test_data_dir_before_or_after_subcommand(ddir, capsys):
-    expected = "orders\tid:int64,name:string\tsince=0\tsealed=2\n"
+    expected = "orders\tid:int64,name:string\tsince=0\tsealed=2\tschema_version=0\n"
     assert main(["relation", "list", "--data-dir", str(ddir)]) == 0
     assert capsys.readouterr().out == expected
     assert main(["relation", "--data-dir", str(ddir), "list"]) == 0
@@ -325,16 +326,16 @@ class _Terminal(io.StringIO):
 
 def test_progress_modes_and_summary(monkeypatch):
     monkeypatch.delenv("SEDIMENT_PROGRESS", raising=False)
-    now = [0.0]
+    clock = ManualClock()
     lines = io.StringIO()  # a StringIO is no terminal: start and end lines when forced
-    with Progress(1000, "copy", "rows", stream=lines, clock=lambda: now[0], force=True) as bar:
-        now[0] = 8.0
+    with Progress(1000, "copy", "rows", stream=lines, clock=clock, force=True) as bar:
+        clock.advance(8.0)
         bar.update(1000)
         assert bar.summary() == "copy: done, 1.0k rows in 8.0 s (125 rows/s)"
     assert lines.getvalue().splitlines() == ["copy: started of 1.0k rows", "copy: done, 1.0k rows in 8.0 s (125 rows/s)"]
     uncounted = io.StringIO()
-    with Progress(0, "start", stream=uncounted, clock=lambda: now[0], force=True):
-        now[0] = 9.5
+    with Progress(0, "start", stream=uncounted, clock=clock, force=True):
+        clock.advance(1.5)
     assert uncounted.getvalue().splitlines() == ["start: started", "start: done in 1.5 s"]
     piped = io.StringIO()
     with Progress(10, "default", stream=piped) as off:
@@ -580,7 +581,7 @@ def test_entry_point_end_to_end(tmp_path):
     script = os.path.join(os.path.dirname(sys.executable), "sediment")  # the console script
     if os.path.exists(script):
         proc = subprocess.run([script, "relation", "list"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-        assert (proc.returncode, proc.stdout) == (0, "orders\tid:int64,name:string\tsince=0\tsealed=1\n")
+        assert (proc.returncode, proc.stdout) == (0, "orders\tid:int64,name:string\tsince=0\tsealed=1\tschema_version=0\n")
 
 
 def test_entry_point_errors_have_no_traceback(tmp_path):

@@ -661,3 +661,18 @@ def test_sediment_verify_checks_a_device_ring(tmp_path, capsys):
     capsys.readouterr()
     assert main(["--data-dir", str(data), "verify"]) == 1
     assert str(ring) in capsys.readouterr().out
+
+
+def test_the_engine_opens_its_device_ring_on_its_own_clock(tmp_path):
+    """Block ages and the wait for space in the ring are timed by the clock the engine was given."""
+    import pyarrow as pa
+
+    import sediment
+    from sediment.clock import ManualClock
+
+    clock = ManualClock()
+    with sediment.open(tmp_path / "d", wal=f"device:{tmp_path / 'ring.dev'}", wal_capacity=4 << 20,
+                       compact=False, clock=clock) as eng:
+        eng.add_relation("r", pa.schema([("k", pa.int64())]))
+        eng.append("r", pa.table({"k": [1], "time": [1], "diff": [1]}))
+        assert isinstance(eng.wal, DeviceLog) and eng.wal.clock is clock

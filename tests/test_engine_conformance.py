@@ -1,12 +1,15 @@
 """The engine's behaviour does not depend on its log: a representative part of the engine suite
 (tests/test_engine.py: relations, reads, restarts, replay, transactions, commit_all, bad input,
-the directory lock, SIGKILL mid-append) runs here over the file log, the device ring and the
-replicated log. The tests are the engine suite's own functions, collected again in this module
+the directory lock, SIGKILL mid-append) runs here over the file log, the device ring, the
+replicated log and the log on S3. The tests are the engine suite's own functions, collected again in this module
 so they use this module's ``open_engine``; the replicated engine runs on three storage nodes on
 127.0.0.1 (in this process: tests/wal_backends.py), its metadata in a real ZooKeeper and its
-batches in a shared blob directory, as a deployment does."""
+batches in a shared blob directory, as a deployment does; the log on S3 with its metadata and
+batches in S3 too (moto), as an S3-only deployment."""
 
 from __future__ import annotations
+
+import os
 
 import pyarrow as pa
 import pytest
@@ -35,7 +38,8 @@ pytestmark = pytest.mark.timeout(300)
 DEVICE_CAPACITY = 32 << 20
 
 
-@pytest.fixture(params=["file", "device", pytest.param("replicated", marks=pytest.mark.zookeeper)])
+@pytest.fixture(params=["file", "device", pytest.param("replicated", marks=pytest.mark.zookeeper),
+                        pytest.param("s3", marks=pytest.mark.s3)])
 def wal_kind(request):
     return request.param
 
@@ -53,7 +57,14 @@ def engine_options(wal_kind, tmp_path, request):
         extra = {"replicas": nodes.addresses, "cluster_key": str(KEY),
                  "metadata": f"zk://{zookeeper.hosts}{root}", "blob": f"file://{tmp_path}/shared-blobs"}
 
+    if wal_kind == "s3":
+        endpoint, bucket = request.getfixturevalue("s3_bucket")
+
     def options(data_dir) -> dict:
+        if wal_kind == "s3":  # nothing but S3; each data directory its own engine
+            at = f"s3://{bucket}/{os.path.basename(data_dir)}"
+            return {"wal": f"{at}/wal", "metadata": f"{at}/meta?endpoint={endpoint}", "blob": f"{at}/blobs",
+                    "s3_endpoint": endpoint}
         if wal_kind == "device":
             return {"wal": f"device:{data_dir}.ring", "wal_capacity": DEVICE_CAPACITY}
         if wal_kind == "replicated":

@@ -182,3 +182,18 @@ def test_damaged_metadata_journal_is_detected(pristine):
 @pytest.mark.slow
 def test_damaged_device_ring_is_detected(pristine):
     _assert_damage_zeros(_damage(pristine, "device", "ring", rounds=3))
+
+
+@pytest.mark.slow
+def test_kills_inside_alters_are_all_or_nothing(tmp_path, monkeypatch):
+    """Issue 26: alters are frequent and every kill lands just before or just after an alter's
+    (or a set_since's) catalog write: the reopened engine holds the relation's columns and
+    rows as before the alter or as after it, never a mix, and nothing acknowledged is lost."""
+    import faults_model as fm
+
+    monkeypatch.setattr(fm, "ALTER_WEIGHT", 0.3)
+    monkeypatch.setattr(fk, "STEPS", tuple(s for s in fk.STEPS if s[0].startswith("sediment.engine.catalog")))
+    stats = fk.KillStats()
+    fk.run_kills(str(tmp_path), "file", 12, SEED, stats, log=lambda _l: None, step_share=1.0)
+    _assert_kill_zeros(stats)
+    assert sum(n for phase, n in stats.phases.items() if "Catalog.update" in phase) >= 2, stats.phases

@@ -230,3 +230,193 @@ def test_cli_tail_on_a_relation_never_sealed_prints_every_update(tmp_path, capsy
     capsys.readouterr()
     assert main(["--data-dir", data, "tail", "r", "--idle-timeout", "0.2"]) == 0
     assert capsys.readouterr().out.splitlines() == ["event,time,k,v,diff", "update,1,1,a,1", "update,3,2,b,1"]
+
+
+def one_row(i):
+    return ups([(i, "v", i + 1, 1)])
+
+
+def test_a_subscriber_that_stalls_through_thousands_of_updates_gets_exactly_what_it_missed(open_engine):
+    eng = open_engine()
+    eng.add_relation("r", SCHEMA)
+    eng.seal("r", 0)
+    live, stalled = eng.subscribe("r"), eng.subscribe("r")
+    for sub in (live, stalled):
+        assert sub.next(timeout=5).kind == "snapshot"
+    seen = []
+
+    def read_live():
+        while len(seen) < 3000:
+            event = live.next(timeout=10)
+            assert event is not None, "the live subscriber starved"
+            seen.extend(event.table.column("k").to_pylist())
+
+    reader = threading.Thread(target=read_live)
+    reader.start()
+    for i in range(3000):  # the stalled subscriber reads nothing meanwhile: the writer must not wait for it
+        eng.append("r", one_row(i))
+    reader.join()
+    got = []
+    while (event := stalled.next(timeout=0.5)) is not None:
+        assert event.kind == "updates"
+        got.extend(event.table.column("k").to_pylist())
+    assert seen == list(range(3000))
+    assert got == list(range(3000)), "the stalled subscriber missed, repeated or reordered updates"
+    live.close()
+    stalled.close()
+
+
+@pytest.mark.embedded_only  # shrinks the feed's cache so that the catch-up reads the WAL
+def test_catch_up_past_the_cache_reads_the_wal_and_keeps_it_until_read(open_engine):
+    eng = open_engine(segment_bytes=1 << 16, compact=False)
+    eng.add_relation("r", SCHEMA)
+    eng.seal("r", 0)
+    feed = eng.view.relations["r"].feed
+    feed._cache_limit = 4096  # a few recent records: the rest must come from the log again
+    sub = eng.subscribe("r")
+    assert sub.next(timeout=5).kind == "snapshot"
+    for i in range(2000):
+        eng.append("r", one_row(i))
+    eng.compact()  # into the trace; the log is still kept from the subscriber's cursor
+    assert feed.oldest_lsn() is not None
+    got = []
+    while (event := sub.next(timeout=0.5)) is not None:
+        got.extend(event.table.column("k").to_pylist())
+    assert got == list(range(2000))
+    assert feed.oldest_lsn() is None
+    sub.close()
+
+
+@pytest.mark.embedded_only  # a remote client buffers what its stream brings: the server's subscriber never lags
+def test_a_subscriber_past_its_bound_is_dropped_and_resumes_from_its_last_progress(open_engine):
+    eng = open_engine()
+    eng.add_relation("r", SCHEMA)
+    eng.seal("r", 0)
+    sub = eng.subscribe("r", max_lag=1000)
+    consumer = Consumer(eng, "r")
+    for t in range(1, 4):
+        eng.append("r", ups([(t, "a", t, 1), (t, "later", t + 5, 1)]))
+        eng.seal("r", t)
+    while (event := sub.next(timeout=0.2)) is not None and consumer.checked[-1:] != [3]:
+        consumer.apply(event)
+    for i in range(4, 2600):  # the subscriber stalls: past its bound it is dropped, the writer never waits
+        eng.append("r", ups([(i, "b", i, 1)]))
+        if i % 100 == 0:
+            eng.seal("r", i)
+    with pytest.raises(errors.FeedOverrun, match=r"'r' dropped this subscriber.*as_of=3 and resume=True"):
+        while sub.next(timeout=0.5) is not None:
+            pass
+    sub.close()
+    consumer.future = [u for u in consumer.future if u[2] <= 3]
+    eng.seal("r", 2600)
+    with eng.subscribe("r", as_of=3, resume=True) as again:
+        while (event := again.next(timeout=0.2)) is not None:
+            consumer.apply(event)
+    assert consumer.checked[-1] == 2600
+
+
+@pytest.mark.embedded_only  # looks at the feed log inside the engine
+def test_a_dropped_subscriber_holds_neither_the_feed_log_nor_the_wal(open_engine):
+    eng = open_engine(compact=False)
+    eng.add_relation("r", SCHEMA)
+    eng.seal("r", 0)
+    stalled = eng.subscribe("r", max_lag=500)
+    live = eng.subscribe("r")
+    feed = eng.view.relations["r"].feed
+    for sub in (live, stalled):
+        assert sub.next(timeout=5).kind == "snapshot"
+    for i in range(5000):
+        eng.append("r", one_row(i))
+        if i % 100 == 99:
+            while live.next(timeout=0) is not None:
+                pass
+    assert stalled.id not in feed.cursors
+    assert len(feed.entries) <= 100 + 1024, "the feed log still holds the dropped subscriber's window"
+    assert feed.oldest_lsn() is None or feed.oldest_lsn() > feed.entries[0][1] - 1
+    with pytest.raises(errors.FeedOverrun):
+        stalled.next(timeout=1)
+    stalled.close()
+    live.close()
+
+
+@pytest.mark.embedded_only  # compares event objects: the same change is one object for every subscriber
+def test_a_change_is_decoded_once_and_shared_by_every_subscriber(open_engine):
+    eng = open_engine()
+    eng.add_relation("r", SCHEMA)
+    eng.seal("r", 0)
+    subs = [eng.subscribe("r") for _ in range(50)]
+    for sub in subs:
+        assert sub.next(timeout=5).kind == "snapshot"
+    eng.append("r", one_row(7))
+    events = [sub.next(timeout=5) for sub in subs]
+    assert all(e is events[0] for e in events)
+    assert events[0].table.column("k").to_pylist() == [7]
+    made = []
+    wire = [e.encoded("wire", lambda: made.append(1) or "batches") for e in events]
+    assert wire == ["batches"] * 50 and made == [1]
+    for sub in subs:
+        sub.close()
+
+
+def test_many_subscribers_each_get_every_update_in_order(open_engine):
+    eng = open_engine()
+    eng.add_relation("r", SCHEMA)
+    eng.seal("r", 0)
+    subs = [eng.subscribe("r") for _ in range(40)]
+    got = [[] for _ in subs]
+
+    def read(sub, out):
+        while len(out) < 500:
+            event = sub.next(timeout=10)
+            assert event is not None
+            if event.kind == "updates":
+                out.extend(event.table.column("k").to_pylist())
+
+    readers = [threading.Thread(target=read, args=pair) for pair in zip(subs, got, strict=True)]
+    for th in readers:
+        th.start()
+    for i in range(500):
+        eng.append("r", one_row(i))
+    for th in readers:
+        th.join()
+    assert all(out == list(range(500)) for out in got)
+    for sub in subs:
+        sub.close()
+
+
+def test_a_max_lag_below_one_is_refused_and_subscribes_nothing(open_engine):
+    eng = open_engine()
+    eng.add_relation("r", SCHEMA)
+    with pytest.raises(errors.InvalidArgument, match="max_lag"):
+        eng.subscribe("r", max_lag=0)
+    assert eng.stats()["relations"]["r"]["subscribers"] == 0
+
+
+def test_a_served_change_is_encoded_once_for_every_remote_subscriber(tmp_path, monkeypatch):
+    import uuid
+
+    import sediment
+    from sediment import server as served
+    from sediment.client import Client
+
+    made = []
+    real = served.event_batches
+    monkeypatch.setattr(served, "event_batches", lambda event, schema: made.append(event.kind) or real(event, schema))
+    token = uuid.uuid4().hex
+    with sediment.open(str(tmp_path / "d")) as eng:
+        eng.add_relation("r", SCHEMA)
+        eng.seal("r", 0)
+        server = served.SedimentFlightServer(eng, "grpc://127.0.0.1:0", token)
+        try:
+            with Client(server.uri, token) as client:
+                subs = [client.subscribe("r") for _ in range(3)]
+                assert [s.next(timeout=10).kind for s in subs] == ["snapshot"] * 3
+                eng.append("r", one_row(5))
+                got = [s.next(timeout=10) for s in subs]
+                assert [e.table.column("k").to_pylist() for e in got] == [[5]] * 3
+                for s in subs:
+                    s.close()
+        finally:
+            server.stop(grace=10)
+    assert made.count("snapshot") == 3, "each subscription has its own snapshot"
+    assert made.count("updates") == 1, "the live change was encoded once per subscriber, not once"

@@ -361,3 +361,93 @@ def test_s3_metadata_slot_example_decodes():
     assert hint is not None
     assert fmt.decode_hint(bytes.fromhex(re.sub(r"\s+", "", hint.group(1)))) == 5
     assert fmt.TOMBSTONE_SIZE == 58 and "A tombstone is exactly 58 bytes" in text
+
+
+def test_s3_log_object_example_decodes():
+    from sediment.wal import s3_format as fmt
+
+    data = _annotated_bytes("**Worked example.** The object at slot 5 of epoch 2")
+    head = fmt.decode_header(data)
+    assert head is not None and (head.flags, head.epoch, head.slot, head.first_lsn, head.records,
+                                 head.start_slot, head.cut_slot, head.token) == (
+        0, 2, 5, 42, 1, 0, fmt.NONE, bytes(range(16)))
+    offsets, why = fmt.frames(data, head)
+    assert why == "" and len(offsets) == 1
+    frame = rec.decode_header(data, offsets[0])
+    assert (frame.kind, frame.lsn, frame.relation_id, frame.t_lo) == (rec.RecordKind.PROGRESS, 42, 3, 7)
+    assert fmt.encode(head, data[fmt.HEADER_SIZE:]) == data
+
+
+def test_schema_version_header_example_decodes():
+    frame = _example_after("written under schema\nversion 2")
+    head = rec.decode_header(frame)
+    assert head is not None
+    assert (head.kind, head.lsn, head.relation_id, head.txn_id, head.t_lo, head.t_hi, head.count, head.body_len,
+            head.body_crc, head.schema_version) == (rec.RecordKind.UPDATES, 43, 3, 0, 5, 5, 1, 400, 0x435A3DA2, 2)
+    assert "schema_version 2 (the last word)" in DOC.read_text()
+
+
+def test_schema_history_example_fields():
+    import pyarrow as pa
+
+    from sediment.engine.schema_history import SchemaHistory
+    from sediment.engine.schema_rules import evolve
+
+    h = SchemaHistory.initial(pa.schema([("id", pa.int32()), ("item", pa.string())]))
+    h = evolve("orders", h, widen={"id": pa.int64()}, rename={"item": "product"})
+    h = evolve("orders", h, add=[pa.field("qty", pa.int32())], defaults={"qty": 1})
+    shown = [(v, [(f.name, int(f.metadata[b"PARQUET:field_id"]), str(f.type)) for f in cols]) for v, cols in h.versions]
+    assert shown == [(0, [("id", 1, "int32"), ("item", 2, "string")]),
+                     (1, [("id", 1, "int64"), ("product", 2, "string")]),
+                     (2, [("id", 1, "int64"), ("product", 2, "string"), ("qty", 3, "int32")])]
+    assert h.next_field_id == 4 and {k: v.as_py() for k, v in h.defaults.items()} == {3: 1}
+    doc = h.to_json()
+    assert sorted(doc) == ["defaults", "next_field_id", "versions"]
+    text = DOC.read_text()
+    assert "`next_field_id` 4, defaults `{3: 1}`" in text
+
+
+def test_engine_batch_schema_example_has_field_ids():
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sediment.blob.memory import MemoryBlobStore
+    from sediment.engine.schema_history import SchemaHistory
+    from sediment.metadata.memory import MemoryMetadataStore
+    from sediment.trace.store import TraceStore
+
+    schema = pa.schema([("name", pa.string()), ("balance", pa.int64())])
+    store = TraceStore(MemoryMetadataStore(), MemoryBlobStore())
+    store.set_layout(7, SchemaHistory.initial(schema).layout())
+    table = pa.table({"name": ["alice"], "balance": [10], "time": [3], "diff": [1]})
+    ref = store.write(7, table, 0, 5, 3)
+    pf = pq.ParquetFile(pa.BufferReader(store.blobs.get(ref.key)))
+    shown = str(pf.schema).splitlines()[1:]
+    doc = _block_after("The same relation's batch as the engine writes it at\nschema version 0")
+    assert "\n".join(shown).strip() == doc.strip()
+    assert pf.schema_arrow.metadata[b"sediment.schema_version"] == b"0"
+
+
+def test_every_flight_message_has_a_worked_example_that_decodes():
+    import json
+
+    from sediment.net import messages as msg
+
+    text = DOC.read_text()
+    section = text[text.index("### Messages"):]
+    section = section[: section.index("\n### ", 1)]
+    kinds = {"do_put descriptor": msg.Put, "do_get ticket": msg.Get, "do_action body": msg.Action}
+    seen = set()
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| do_") else []
+        if not cells:
+            continue
+        kind, op, example = kinds[cells[0]], cells[1].strip("`"), json.loads(cells[2].strip("`"))
+        op = kind(op)  # an op the protocol knows, of the call the row names
+        fields = dict(example)
+        if kind is not msg.Action:
+            assert fields.pop("op") == op.value
+        assert set(fields) <= set(msg.FIELDS[op]), (op, sorted(set(fields) - set(msg.FIELDS[op])))
+        assert json.loads(msg.encode(op, **fields)) == example  # the bytes the client sends for it
+        seen.add(op)
+    assert seen == set(msg.FIELDS), sorted(set(msg.FIELDS) - seen)

@@ -332,9 +332,7 @@ class Crash(BaseException):
 
 
 def _abandon(store: FilePartitionStore) -> None:
-    for fd in (store._fd, store._idx_fd):
-        if fd >= 0:
-            os.close(fd)
+    store._active.close()
 
 
 def test_a_crash_inside_truncate_or_reset_leaves_a_replica_that_opens(tmp_path: Path, monkeypatch) -> None:

@@ -354,8 +354,8 @@ def test_replica_failure_closes_the_session_and_no_append_in_flight_fails() -> N
                 restarting = coord.restarting
                 reads.append((restarting, await coord.read(0)))
 
-            close = coord._close_session  # start a read the moment the session closes
-            coord._close_session = lambda why: (close(why), nursery.start_soon(read_now))
+            close = coord.close_session  # start a read the moment the session closes
+            coord.close_session = lambda why: (close(why), nursery.start_soon(read_now))
             n = 100
             while coord.session == first_session or n < 300:  # keep appending through the restart
                 submit(n)

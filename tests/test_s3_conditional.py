@@ -70,7 +70,7 @@ def test_owner_claim_survives_a_409(via_proxy: Any, serializing_proxy: FaultyPro
     store, _ = via_proxy
     serializing_proxy.fail_next(1, status=409, code="ConditionalRequestConflict",
                                 match=lambda m, p: _is_conditional_put(m, p) and p.endswith(OWNER_KEY))
-    mine = claim(store, "e" * 32, "s3://test", clock=lambda: 1.0)
+    mine = claim(store, "e" * 32, "s3://test")
     assert mine.engine_id == "e" * 32
     owner = read_owner(store, "s3://test")
     assert owner is not None and owner.engine_id == "e" * 32

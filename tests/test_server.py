@@ -26,6 +26,7 @@ import pytest
 import sediment
 from sediment import Locks, errors
 from sediment.client import Client, RemoteTransaction
+from sediment.clock import ManualClock
 from sediment.errors import ServerError
 from sediment.net.protocol import PLAN_METADATA_KEY
 from sediment.net.wire_errors import error_detail, to_flight_error, typed_error
@@ -338,19 +339,19 @@ def test_commit_all_with_a_group_aborts_the_groups_other_transactions(served):
 def test_idle_transactions_are_aborted_and_stop_holding_back_compaction(tmp_path):
     """A client that vanished mid-transaction must not pin the WAL for ever: after
     txn_idle_timeout without a call naming it, the server aborts it. Time is the test's."""
-    now = [1000.0]
+    clock = ManualClock(1000.0)
     engine = sediment.open(str(tmp_path / "data"), segment_bytes=1 << 20)
     server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN, txn_idle_timeout=10.0,
-                                  clock=lambda: now[0])
+                                  clock=clock)
     c = sediment.connect(server.uri, token=TOKEN)
     try:
         c.add_relation("r", SCHEMA)
         vanished, alive = c.transaction(), c.transaction()
         vanished.append("r", ups([(1, "never", 1, 1)]))
-        now[0] += 6
+        clock.advance(6)
         alive.append("r", ups([(2, "kept", 1, 1)]))  # a call naming it keeps it alive
         assert server.reap_idle_transactions() == []
-        now[0] += 6  # vanished: idle 12 s > 10; alive: 6 s
+        clock.advance(6)  # vanished: idle 12 s > 10; alive: 6 s
         assert server.reap_idle_transactions() == [vanished.id]
         assert server.open_transactions == [alive.id]
         with pytest.raises(errors.TransactionError, match="txn_idle_timeout"):

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
 
 import sediment
+from sediment.clock import ManualClock
 from sediment.errors import InvalidArgument
 from sediment.net import held_tails
 from sediment.net.held_tails import HeldTails
@@ -68,13 +70,35 @@ def test_a_big_tail_stays_on_the_coordinator_and_its_parts_make_it_up(coordinato
         assert rows_of(client.plan_read("orders", 2).tail) == want  # the plain plan is unchanged
 
 
+def test_the_servers_held_tails_expire_on_the_servers_clock(tmp_path):
+    """The server gives its clock to the held tails: moved past the lease, the rows are gone
+    (with the real clock they would still be held for ten minutes)."""
+    from sediment.server import SedimentFlightServer
+
+    clock = ManualClock()
+    engine = sediment.open(tmp_path / "d", compact_interval=None)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", "t" * 32, clock=clock)
+    try:
+        engine.add_relation("orders", SCHEMA)
+        big_tail(SimpleNamespace(engine=engine), 9_000)
+        with sediment.connect(server.uri, "t" * 32) as client:
+            plan, held, _ = client.plan_read_held("orders", 2, lease_seconds=30.0, part_rows=1_000)
+            assert held is not None and client.tail_part("orders", plan.lease, start=0, stop=10).num_rows == 10
+            clock.advance(30.0)
+            with pytest.raises(InvalidArgument, match="released or expired"):
+                client.tail_part("orders", plan.lease, start=0, stop=10)
+    finally:
+        server.stop(grace=10.0)
+        engine.close()
+
+
 def test_held_tails_are_bounded_in_bytes_and_end_with_their_lease():
-    now = [0.0]
-    held = HeldTails(max_bytes=10_000, clock=lambda: now[0])
+    clock = ManualClock()
+    held = HeldTails(max_bytes=10_000, clock=clock)
     table = pa.table({"id": pa.array(range(500), pa.int64()), "time": pa.repeat(pa.scalar(1, pa.int64()), 500)})
     assert held.hold(1, "r", table, 10.0)  # 8,000 bytes
     assert not held.hold(2, "r", table, 10.0)  # past the bound: the caller sends the rows inline
-    now[0] = 10.0  # lease 1's deadline
+    clock.advance(10.0)  # lease 1's deadline
     assert held.leases() == [] and held.hold(2, "r", table, 10.0)
     with pytest.raises(InvalidArgument, match="lease 1"):
         held.part(1, "r")

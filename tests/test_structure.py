@@ -26,6 +26,9 @@ LONG_FUNCTIONS_OWNED_ELSEWHERE: dict[str, str] = {}
 LONG_MODULES_OWNED_ELSEWHERE: dict[str, str] = {}
 CYCLES_OWNED_ELSEWHERE: list[set[str]] = []
 METADATA_LEAF_MAY_IMPORT = ("sediment.metadata", "sediment.errors", "sediment._fs", "sediment._s3")
+# module -> private calls on another module's objects still to be given public names
+PRIVATE_CALLS_OWNED_ELSEWHERE: dict[str, set[str]] = {}
+INTERPRETER_PRIVATE_CALLS = {"os._exit", "sys._getframe"}  # documented interpreter APIs with a leading _
 
 
 @cache
@@ -145,6 +148,21 @@ def long_functions() -> dict[str, int]:
     return found
 
 
+def private_calls(tree: ast.Module) -> set[str]:
+    """Every ``obj._name(...)`` call whose receiver is not ``self`` or ``cls`` and whose method no
+    function or class of the same source defines: a call into another module's privates."""
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name, receiver = node.func.attr, node.func.value
+            if (not name.startswith("_") or (name.startswith("__") and name.endswith("__")) or name in defined
+                    or isinstance(receiver, ast.Name) and receiver.id in ("self", "cls")):
+                continue
+            found.add(ast.unparse(node.func))
+    return found - INTERPRETER_PRIVATE_CALLS
+
+
 def test_the_package_is_found() -> None:
     mods = modules()
     for name in ("sediment.engine.engine", "sediment.wal.record", "sediment.trace.store", "sediment.blob.s3",
@@ -207,3 +225,19 @@ def test_import_linter_contracts_are_kept() -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+def test_no_module_calls_private_methods_of_another_modules_objects() -> None:
+    """A method a second module needs gets a public name; a ``_name`` stays its module's business."""
+    found = {m: calls for m in modules() if (calls := private_calls(parsed(m)))}
+    unexpected = {m: sorted(c - PRIVATE_CALLS_OWNED_ELSEWHERE.get(m, set())) for m, c in found.items()
+                  if c - PRIVATE_CALLS_OWNED_ELSEWHERE.get(m, set())}
+    assert not unexpected, f"private calls across modules (give the method a public name): {unexpected}"
+    stale = {m: sorted(c - found.get(m, set())) for m, c in PRIVATE_CALLS_OWNED_ELSEWHERE.items()
+             if c - found.get(m, set())}
+    assert not stale, f"gone, remove them from PRIVATE_CALLS_OWNED_ELSEWHERE: {stale}"
+
+
+def test_private_call_finder_finds_them() -> None:
+    tree = ast.parse("class A:\n    def _own(self): self._x(); other._own(); log._flush(); os._exit(1); a.__len__()\n")
+    assert private_calls(tree) == {"log._flush"}

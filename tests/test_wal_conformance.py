@@ -1,5 +1,5 @@
 """One suite for the WriteAheadLog protocol (wal/protocol.py), run over every backend: the
-file log, the device ring and the replicated log (tests/wal_backends.py). A test that passes
+file log, the device ring, the replicated log and the log on S3 (tests/wal_backends.py). A test that passes
 on one backend and fails on another is a bug in that backend. LSNs are only compared, never
 computed: the file and replicated logs number records, the ring uses byte offsets."""
 
@@ -20,9 +20,10 @@ pytestmark = pytest.mark.timeout(120)
 K = rec.RecordKind
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.s3) if name == "s3" else name for name in sorted(BACKENDS)])
 def backend(request, tmp_path):
-    b = BACKENDS[request.param](tmp_path)
+    extra = {"endpoint": request.getfixturevalue("moto_server").endpoint} if request.param == "s3" else {}
+    b = BACKENDS[request.param](tmp_path, **extra)
     yield b
     b.stop()
 

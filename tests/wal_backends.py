@@ -1,10 +1,11 @@
-"""The three WriteAheadLog backends behind one face, for the conformance suites.
+"""The four WriteAheadLog backends behind one face, for the conformance suites.
 
 Each backend opens its log on real storage: the file log on segment files, the device ring
 on a preallocated file standing in for the device (as tests/test_device_wal.py does), the
 replicated log on three real storage nodes (``StorageNode`` over ``FilePartitionStore``,
 served on 127.0.0.1 by a trio thread in this process, so a suite stays fast) with its
-partition metadata in a MemoryMetadataStore. ``crash_and_tear`` leaves the storage as a
+partition metadata in a MemoryMetadataStore, the log on S3 on moto's server.
+``crash_and_tear`` leaves the storage as a
 crash in the middle of a write would: durable records, then half a frame. Each open hands
 the log a preamble rebuilt from what it holds, as the engine does (``owned``).
 """
@@ -29,6 +30,7 @@ from sediment.wal.file_log import FileLog
 from sediment.wal.protocol import WriteAheadLog
 from sediment.wal.replication.node.storage_node import serve_tcp
 from sediment.wal.replication.replicated_log import ReplicatedLog
+from sediment.wal.s3_log import S3Log
 
 KEY = uuid.UUID("c0f0c0f0-0000-4000-8000-00000000000e")
 SEGMENT_BYTES = 8192
@@ -197,4 +199,44 @@ class ReplicatedBackend:
         self.nodes.stop()
 
 
-BACKENDS = {"file": FileBackend, "device": DeviceBackend, "replicated": ReplicatedBackend}
+class S3Backend:
+    """The log on S3, on moto's server under a fresh prefix of one bucket per backend."""
+
+    name = "s3"
+    reports_torn_tails = True
+
+    def __init__(self, root: Path, endpoint: str) -> None:
+        import boto3
+
+        self.endpoint = endpoint
+        self.bucket = f"wal-{uuid.uuid4().hex[:16]}"
+        self.client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        self.client.create_bucket(Bucket=self.bucket)
+        self.spec = f"s3://{self.bucket}/log?endpoint={endpoint}"
+        self.created = False
+
+    def open(self) -> WriteAheadLog:
+        log = S3Log.open(self.spec, create=not self.created, segment_bytes=SEGMENT_BYTES)
+        self.created = True
+        return owned(log)
+
+    def crash_and_tear(self, log: WriteAheadLog) -> None:
+        """S3 writes objects whole; a store that does not could leave the next object short:
+        the header of a one-record object, then half its frame."""
+        from sediment.wal import s3_format as fmt
+
+        next_lsn, epoch = log.end_lsn, log.epoch
+        log.close()
+        keys = [o["Key"] for o in self.client.list_objects_v2(Bucket=self.bucket, Prefix="log/0/")["Contents"]]
+        slot = max(fmt.parse_name(k[len("log/"):], 0) for k in keys) + 1
+        head = fmt.new_header(0, epoch, slot, next_lsn, 1, 0)
+        frame = half_frame(next_lsn)
+        whole = fmt.encode(head, frame + frame)  # the header counts a whole frame's bytes
+        self.client.put_object(Bucket=self.bucket, Key="log/" + fmt.slot_name(0, slot),
+                               Body=whole[:fmt.HEADER_SIZE + len(frame)])
+
+    def stop(self) -> None:
+        self.client.close()
+
+
+BACKENDS = {"file": FileBackend, "device": DeviceBackend, "replicated": ReplicatedBackend, "s3": S3Backend}

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sediment.blob.protocol import BlobStore
+from sediment.blob.protocol import BlobStore, LocalBlobStore
 from sediment.errors import BatchCorruption, BlobNotFound, TraceError
 from sediment.trace.batch_checksum import (  # noqa: E402,F401  (part of this module's API)
     PARQUET_MAGIC,
@@ -302,7 +302,7 @@ def stored_schema(schema: pa.Schema) -> pa.Schema:
 
 
 def _open(source: Any, where: str, expected: BatchDescription | None,
-          schema: pa.Schema | None = None, *, page_checks: bool = True) -> tuple[pq.ParquetFile, BatchDescription]:
+          schema: pa.Schema | tuple[pa.Schema, ...] | None = None, *, page_checks: bool = True) -> tuple[pq.ParquetFile, BatchDescription]:
     try:
         pf = pq.ParquetFile(source, page_checksum_verification=page_checks)
         meta = pf.metadata
@@ -318,13 +318,20 @@ def _open(source: Any, where: str, expected: BatchDescription | None,
         )
     if expected is not None:
         desc.check_matches(expected, where)
-    if schema is not None and not stored_schema.remove_metadata().equals(schema.remove_metadata()):
+    if schema is not None and not _schema_matches(stored_schema, schema):
+        schema = schema[-1] if isinstance(schema, tuple) else schema
         raise BatchCorruption(
             f"{where}: the footer's schema {stored_schema.names} {[str(t) for t in stored_schema.types]} is not "
             f"the relation's update schema {schema.names} {[str(t) for t in schema.types]} from the catalog; "
             "the object is damaged or belongs to another relation (run sediment verify)"
         )
     return pf, desc
+
+
+def _schema_matches(stored: pa.Schema, expected: pa.Schema | tuple[pa.Schema, ...]) -> bool:
+    """Whether a footer's schema is the expected one (or one of them: a relation's schema
+    versions), field ids and other metadata aside."""
+    return any(stored.equals(e) for e in (expected if isinstance(expected, tuple) else (expected,)))
 
 
 def _read_group(pf: pq.ParquetFile, i: int, desc: BatchDescription, where: str, columns: list[str] | None) -> pa.Table:
@@ -384,7 +391,7 @@ def decode_batch(
 
 def decode_verified(
     data: bytes | pa.Buffer | str | pa.NativeFile, expected: BatchDescription | None = None, *, where: str = "batch",
-    schema: pa.Schema | None = None, use_threads: bool = True,
+    schema: pa.Schema | tuple[pa.Schema, ...] | None = None, use_threads: bool = True,
 ) -> pa.Table:
     """The whole table of a batch (its bytes, or a local file's path or open file) whose bytes the
     caller has already checked against the object CRC32C the trace state recorded. That checksum covers every byte, so Parquet's
@@ -472,7 +479,7 @@ def open_stored(
     *,
     expected_bytes: int | None = None,
     footer_crc: int | None = None,
-    schema: pa.Schema | None = None,
+    schema: pa.Schema | tuple[pa.Schema, ...] | None = None,
 ) -> tuple[pq.ParquetFile, BatchDescription]:
     """Open a stored batch for streaming reads with everything the caller knows checked
     first: the object exists, its size, the CRC32C of its footer (fetched once and served
@@ -502,11 +509,10 @@ def open_stored(
             f"{where}: footer CRC32C is {got:#010x} but the trace state recorded {footer_crc:#010x}; the "
             "footer (schema, row-group offsets or sediment.* metadata) is damaged (run sediment verify)"
         )
-    local = getattr(store, "local_path", None)
-    if local is None:
+    if not isinstance(store, LocalBlobStore):
         return _open(pa.PythonFile(BlobReader(store, key, size, tail), mode="r"), where, expected, schema)
     try:
-        source = pa.OSFile(local(key))
+        source = pa.OSFile(store.local_path(key))
     except FileNotFoundError as e:
         raise BatchCorruption(f"{where} vanished from the blob store while being read") from e
     return _open(source, where, expected, schema)

@@ -1,14 +1,13 @@
-"""Streamed k-way merge of sorted batches with bounded memory (the design's TODO 2).
+"""Streamed merge of sorted batches with bounded memory (the design's TODO 2).
 
-Merging whole batches in memory is what choked the 2021 prototype. Here each input
-is read a chunk at a time and only rows that can no longer be joined by a row from
-another input are emitted: the *frontier* is the smallest of the inputs' last-read
-(row, time); every buffered row <= the frontier is final, because each input is
-strictly increasing (after per-input consolidation), so nothing <= the frontier can
-still arrive. An input is refilled only when none of its rows remain buffered, so at
-most one chunk per input is held: memory ~ inputs x chunk_rows, whatever the input
-length. All comparisons are pyarrow sorts (no per-row Python), and the order is the
-one :func:`sediment.trace.consolidate.consolidate` produces (nulls last).
+Merging whole batches in memory is what choked the 2021 prototype. Here each input is
+read a chunk at a time and consolidated on its own (times advanced to ``since``, equal
+(row, time) summed), which makes it a *run*: strictly increasing in (row, time). The runs
+are then merged by the one merge of sorted runs, :func:`sediment.trace.runs.iter_merge_runs`,
+with time as the last key: a round emits only rows at or below the frontier, which no later
+row can precede. A run holds one chunk at a time, so memory ~ inputs x chunk_rows, whatever
+the input length; the order is the one :func:`sediment.trace.consolidate.consolidate`
+produces (nulls last).
 """
 
 from __future__ import annotations
@@ -22,19 +21,10 @@ import pyarrow.compute as pc
 
 from sediment.errors import TraceError
 from sediment.trace.batch import DEFAULT_ROW_GROUP_ROWS, BatchDescription, write_batch_stream
-from sediment.trace.consolidate import (
-    DIFF,
-    TIME,
-    advance_times,
-    first_unsorted,
-    sort_keys,
-    sorted_table,
-    sum_sorted,
-)
+from sediment.trace.consolidate import DIFF, TIME, advance_times, first_unsorted, sum_sorted
+from sediment.trace.runs import RunStats, iter_merge_runs
 
 DEFAULT_CHUNK_ROWS = 64 * 1024
-_SRC = "__sediment_src"
-_TB = "__sediment_tb"
 
 
 @dataclass
@@ -44,7 +34,7 @@ class MergeStats:
     rows_in: int = 0
     rows_out: int = 0
     rounds: int = 0
-    max_buffered_rows: int = 0
+    max_buffered_rows: int = 0  # rows of the inputs' current chunks held at once
 
 
 def _as_table(chunk: pa.Table | pa.RecordBatch, cols: list[str]) -> pa.Table:
@@ -114,63 +104,18 @@ def merge_sorted(
         raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
     stats = stats if stats is not None else MergeStats()
     keys = list(key_columns)
-    cols = [*keys, TIME]
-    order = sort_keys(keys)
-    streams = {i: _consolidated_stream(i, inp, keys, since, chunk_rows, stats) for i, inp in enumerate(inputs)}
-    last: dict[int, pa.Table] = {}
-    pending: pa.Table | None = None
-    need = set(streams)
-
-    while True:
-        parts = [] if pending is None else [pending]
-        for i in sorted(need):
-            nxt = next(streams[i], None)
-            if nxt is None:
-                del streams[i]
-                last.pop(i, None)
-                continue
-            n = nxt.num_rows
-            nxt = nxt.append_column(_SRC, pa.nulls(n, pa.int32()).fill_null(i))
-            nxt = nxt.append_column(_TB, pa.nulls(n, pa.int8()).fill_null(0))
-            last[i] = nxt.slice(n - 1).select(cols)
-            parts.append(nxt)
-        if not parts:
-            return
-        buffered = pa.concat_tables(parts)
-        stats.max_buffered_rows = max(stats.max_buffered_rows, buffered.num_rows)
-        stats.rounds += 1
-
-        if not streams:
-            done = sorted_table(buffered, order)
-            yield from _emit(done, cols, chunk_rows, stats)
-            return
-
-        frontier = pa.concat_tables(list(last.values())).sort_by(order).slice(0, 1)
-        sentinel = frontier.append_column(DIFF, pa.array([0], pa.int64()))
-        sentinel = sentinel.append_column(_SRC, pa.array([-1], pa.int32()))
-        sentinel = sentinel.append_column(_TB, pa.array([1], pa.int8()))
-        merged = pa.concat_tables([buffered, sentinel.select(buffered.column_names)])
-        merged = sorted_table(merged, [*order, (_TB, "ascending")])
-        cut = pc.index(merged.column(_TB), pa.scalar(1, pa.int8())).as_py()
-        yield from _emit(merged.slice(0, cut), cols, chunk_rows, stats)
-        pending = merged.slice(cut + 1)
-        remaining = set(pc.unique(pending.column(_SRC)).to_pylist())
-        need = {i for i in streams if i not in remaining}
-        if not need:
-            raise TraceError(
-                f"merge inputs {sorted(streams)} are not sorted by (row, time) as pyarrow sorts them "
-                "(nulls last); sort each input before merging"
-            )
-
-
-def _emit(sorted_rows: pa.Table, cols: list[str], chunk_rows: int, stats: MergeStats) -> Iterator[pa.Table]:
-    if sorted_rows.num_rows == 0:
-        return
-    out = sum_sorted(sorted_rows, cols)
-    for start in range(0, out.num_rows, chunk_rows):
-        piece = out.slice(start, chunk_rows)
-        stats.rows_out += piece.num_rows
-        yield piece
+    streams = [_consolidated_stream(i, inp, keys, since, chunk_rows, stats) for i, inp in enumerate(inputs)]
+    rounds = RunStats()
+    try:
+        for rows in iter_merge_runs(streams, [*keys, TIME], chunk_rows=chunk_rows, stats=rounds):
+            stats.max_buffered_rows = max(stats.max_buffered_rows, rounds.max_held_rows)
+            for start in range(0, rows.num_rows, chunk_rows):
+                piece = rows.slice(start, chunk_rows)
+                stats.rows_out += piece.num_rows
+                yield piece
+    finally:
+        stats.rounds = rounds.rounds
+        stats.max_buffered_rows = max(stats.max_buffered_rows, rounds.max_held_rows)
 
 
 def merge_to_batch(

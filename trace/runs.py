@@ -8,7 +8,8 @@ the batch's times are one time (``since`` at or past its last time, as compactio
 leaves a relation whose ``since`` was advanced), its rows are already distinct and the
 batch is a run as stored: nothing is summed at all.
 
-Several runs (batches and the WAL tail) are merged a window at a time, as differential
+Several runs (batches and the WAL tail, or the streamed inputs of a compaction's merge,
+trace/merge.py) are merged a window at a time, as differential
 dataflow and Materialize's persist consolidate on read: each round takes the next
 ``chunk_rows`` of every run, finds the *frontier* (the least of the windows' last rows,
 over runs that continue past their window) and emits every windowed row <= the
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -43,6 +44,51 @@ class RunStats:
     rounds: int = 0
     rows_passed: int = 0  # rows emitted without a sort (one run in their round)
     rows_sorted: int = 0  # rows of interleaving runs sorted together
+    max_held_rows: int = 0  # most rows the streamed runs held at once (their current pieces)
+
+
+class _Run:
+    """One run as the merge reads it: a table, or a stream of tables that together are one
+    run (each strictly increasing and above the one before), held one piece at a time."""
+
+    def __init__(self, source: pa.Table | Iterable[pa.Table], cols: list[str]) -> None:
+        self.cols = cols
+        self.pos = 0
+        if isinstance(source, pa.Table):
+            self.table: pa.Table | None = source.select(cols)
+            self.stream: Iterator[pa.Table] | None = None
+        else:
+            self.table, self.stream = None, iter(source)
+            self._pull()
+
+    def _pull(self) -> None:
+        self.table, self.pos = None, 0
+        for piece in self.stream:  # type: ignore[union-attr]
+            if piece.num_rows:
+                self.table = piece.select(self.cols)
+                return
+        self.stream = None
+
+    @property
+    def live(self) -> bool:
+        return self.table is not None and self.pos < self.table.num_rows
+
+    @property
+    def held(self) -> int:
+        return self.table.num_rows if self.stream is not None and self.table is not None else 0
+
+    def window(self, n: int) -> pa.Table:
+        return self.table.slice(self.pos, n)  # type: ignore[union-attr]
+
+    def continues_after(self, n: int) -> bool:
+        """Whether rows may follow the next ``n``: a stream not yet ended may always continue,
+        so its window's last row bounds the round as any other run's does."""
+        return self.pos + n < self.table.num_rows or self.stream is not None  # type: ignore[union-attr]
+
+    def advance(self, n: int) -> None:
+        self.pos += n
+        if self.stream is not None and self.pos >= self.table.num_rows:  # type: ignore[union-attr]
+            self._pull()
 
 
 def batch_run(table: pa.Table, key_columns: Sequence[str], as_of: int, *, min_time: int, max_time: int,
@@ -105,35 +151,34 @@ def _apart(pieces: list[pa.Table], keys: list[str], order: list[tuple[str, str]]
     return ranked
 
 
-def _rounds(live: list[pa.Table], keys: list[str], order: list[tuple[str, str]], chunk_rows: int,
+def _rounds(runs: list[_Run], keys: list[str], order: list[tuple[str, str]], chunk_rows: int,
             stats: RunStats) -> Iterator[tuple[bool, pa.Table]]:
     """The merge's rounds in output order: (False, rows to emit as they are) or (True, rows
     of interleaving runs still to be sorted and summed)."""
-    pos = [0] * len(live)
     while True:
-        active = [i for i in range(len(live)) if pos[i] < live[i].num_rows]
+        active = [r for r in runs if r.live]
         if not active:
             return
         stats.rounds += 1
-        windows = {i: live[i].slice(pos[i], chunk_rows) for i in active}
+        stats.max_held_rows = max(stats.max_held_rows, sum(r.held for r in runs))
+        windows = [r.window(chunk_rows) for r in active]
         if len(active) == 1:
-            (i, w), = windows.items()
-            pos[i] += w.num_rows
-            stats.rows_passed += w.num_rows
-            yield False, w
+            active[0].advance(windows[0].num_rows)
+            stats.rows_passed += windows[0].num_rows
+            yield False, windows[0]
             continue
-        bounded = [i for i in active if pos[i] + windows[i].num_rows < live[i].num_rows]
-        take = {i: windows[i].num_rows for i in active}
+        bounded = [i for i, r in enumerate(active) if r.continues_after(windows[i].num_rows)]
+        take = [w.num_rows for w in windows]
         if bounded:
             lasts = pa.concat_tables([windows[i].slice(windows[i].num_rows - 1).select(keys) for i in bounded])
             first = pc.sort_indices(lasts, order)[0].as_py()
             frontier = {c: lasts.column(c)[first] for c in keys}
-            for i in active:
+            for i, w in enumerate(windows):
                 if i != bounded[first]:
-                    take[i] = _rows_at_most(windows[i], keys, frontier)
-        pieces = [windows[i].slice(0, take[i]) for i in active if take[i]]
-        for i in active:
-            pos[i] += take[i]
+                    take[i] = _rows_at_most(w, keys, frontier)
+        pieces = [w.slice(0, n) for w, n in zip(windows, take, strict=True) if n]
+        for r, n in zip(active, take, strict=True):
+            r.advance(n)
         apart = _apart(pieces, keys, order)
         if apart is not None:
             for piece in apart:
@@ -149,11 +194,11 @@ def _combine(rows: pa.Table, keys: list[str], order: list[tuple[str, str]]) -> p
     return sum_sorted(permuted(rows, pc.sort_indices(rows.select(keys), order)), keys)
 
 
-def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
+def iter_merge_runs(runs: Sequence[pa.Table | Iterable[pa.Table]], key_columns: Sequence[str], *,
                     chunk_rows: int = DEFAULT_RUN_CHUNK_ROWS, stats: RunStats | None = None,
                     workers: int = 1) -> Iterator[pa.Table]:
-    """Merge runs (each ``key_columns + [diff]``, rows strictly increasing, no zero diff)
-    into one: diffs of equal rows summed, zeros dropped, rows strictly increasing across
+    """Merge runs (each ``key_columns + [diff]``, rows strictly increasing, no zero diff; a
+    table, or an iterable of tables read one at a time) into one: diffs of equal rows summed, zeros dropped, rows strictly increasing across
     the yielded tables. Work is linear in the rows plus a sort of only the rows that
     interleave with another run's within a round. With ``workers`` > 1, the sorts of up
     to that many rounds run at once on a thread pool (Arrow's kernels release the GIL),
@@ -163,10 +208,11 @@ def iter_merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], *,
     stats = stats if stats is not None else RunStats()
     keys = list(key_columns)
     cols = [*keys, DIFF]
-    live = [r.select(cols) for r in runs if r.num_rows]
+    live = [_Run(r, cols) for r in runs if not isinstance(r, pa.Table) or r.num_rows]
     order = sort_keys(keys, with_time=False)
     rounds = _rounds(live, keys, order, chunk_rows, stats)
-    if workers <= 1 or sum(r.num_rows for r in live) <= 2 * chunk_rows:
+    if workers <= 1 or sum(r.table.num_rows for r in live if r.stream is None and r.table is not None) \
+            <= 2 * chunk_rows:
         for needs_sort, rows in rounds:
             out = _combine(rows, keys, order) if needs_sort else rows
             if out.num_rows:

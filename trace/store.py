@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 
 from sediment.blob import owner as owner_mod
-from sediment.blob.protocol import BlobStore
+from sediment.blob.protocol import BlobStore, LocalBlobStore
 from sediment.errors import BatchCorruption, BlobError, BlobNotFound, TraceError
 from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
@@ -34,6 +34,8 @@ from sediment.trace.batch import (
     read_row_group,
     stored_schema,
 )
+from sediment.trace.consolidate import consolidate
+from sediment.trace.evolve import Layout
 from sediment.trace.merge import merge_to_batch
 from sediment.trace.state import BatchRef, TraceState
 
@@ -54,9 +56,12 @@ class TraceStore:
     def __init__(self, meta: MetadataStore, blobs: BlobStore, *, spill_dir: str | None = None):
         self.meta = meta
         self.blobs = blobs
+        self._local = blobs if isinstance(blobs, LocalBlobStore) else None  # files: read and link in place
         self.spill_dir = spill_dir
         self._versions: dict[int, int | None] = {}  # metadata version of each loaded state
         self._schemas: dict[int, pa.Schema] = {}  # relation id -> update schema, from the catalog
+        self._layouts: dict[int, Layout] = {}  # relation id -> its schema versions (trace/evolve.py)
+        self._accepted: dict[int, tuple[pa.Schema, ...]] = {}  # stored forms of every version
         self.owner_tag = ""  # prefix of every nonce this engine writes ("" without an identity)
         self._claim: tuple[str, str, bool, str] | None = None
         self.whole_reads = 0  # batches read whole through the checksummed fast path (tests observe it)
@@ -86,6 +91,36 @@ class TraceStore:
         relation it registers: the schema is the catalog's, and the catalog belongs to the
         engine, not to this lower layer."""
         self._schemas[relation_id] = stored_schema(schema)
+        self._layouts.pop(relation_id, None)
+        self._accepted.pop(relation_id, None)
+
+    def set_layout(self, relation_id: int, layout: Layout) -> None:
+        """The relation's schema versions: batches of any of them are accepted, read back in
+        the current one (projected by field id), and new batches are written with the
+        current field ids and version."""
+        self.set_schema(relation_id, layout.plain)
+        self._layouts[relation_id] = layout
+        self._accepted[relation_id] = tuple(stored_schema(s) for s in layout.versions.values())
+
+    def _project(self, relation_id: int, table: pa.Table) -> pa.Table:
+        """A stored table in the relation's current schema, still sorted and consolidated:
+        rows that differed only in a column dropped since are summed together."""
+        layout = self._layouts.get(relation_id)
+        if layout is None:
+            return table
+        if layout.is_current(table.schema):  # the same columns: only the field ids and version stamp go
+            return pa.Table.from_arrays(table.columns, schema=layout.plain)
+        out = layout.project(table)
+        if not layout.keeps_order(table.schema):
+            out = consolidate(out, [n for n in out.column_names if n not in ("time", "diff")])
+        return out
+
+    def _stamped(self, relation_id: int, schema: pa.Schema) -> pa.Schema:
+        """``schema`` with the relation's field ids and version, when it is the current one."""
+        layout = self._layouts.get(relation_id)
+        if layout is None or schema.names != layout.plain.names or schema.types != layout.plain.types:
+            return schema
+        return layout.stored
 
     def schema_of(self, relation_id: int) -> pa.Schema | None:
         """The relation's update schema in the form Parquet gives it back (:func:`stored_schema`);
@@ -121,6 +156,9 @@ class TraceStore:
             return BatchRef(None, lower, upper)
         first, last = wal_range if wal_range else (None, None)
         desc = BatchDescription(relation_id, lower, upper, since, table.num_rows, first, last, level)
+        stamped = self._stamped(relation_id, table.schema)
+        if stamped is not table.schema:
+            table = pa.Table.from_arrays(table.columns, schema=stamped)
         data = encode_batch(table, desc)
         crc, footer_crc = checksums(data)
         key = batch_key(relation_id, lower, upper, self._nonce())
@@ -137,22 +175,21 @@ class TraceStore:
         if not inputs:
             return BatchRef(None, lower, upper, level=level)
         desc = BatchDescription(relation_id, lower, upper, since, 0, level=level)
-        spill = getattr(self.blobs, "spill_path", None)
-        if spill is not None:
-            path = spill()
+        if self._local is not None:
+            path = self._local.spill_path()
         else:
             fd, path = tempfile.mkstemp(prefix="sediment-merge-", suffix=".parquet", dir=self.spill_dir)
             os.close(fd)
         try:
-            final = merge_to_batch(inputs, key_columns, schema, desc, path, chunk_rows=chunk_rows)
+            final = merge_to_batch(inputs, key_columns, self._stamped(relation_id, schema), desc, path,
+                                   chunk_rows=chunk_rows)
             if final.rows == 0:
                 return BatchRef(None, lower, upper, level=level)
             key = batch_key(relation_id, lower, upper, self._nonce())
             size = os.path.getsize(path)
             crc, footer_crc = file_checksums(path)
-            put_file = getattr(self.blobs, "put_file", None)
-            if put_file is not None:
-                put_file(key, path, if_absent=True)
+            if self._local is not None:
+                self._local.put_file(key, path, if_absent=True)
             else:
                 with open(path, "rb") as f:
                     self.blobs.put_if_absent(key, f.read())
@@ -161,13 +198,23 @@ class TraceStore:
             if os.path.exists(path):
                 os.unlink(path)
 
-    def read_stream(self, relation_id: int, ref: BatchRef) -> Iterator[pa.Table]:
-        """A batch's row groups one at a time, each checked against the trace state."""
+    def read_stream(self, relation_id: int, ref: BatchRef, *, as_stored: bool = False) -> Iterator[pa.Table]:
+        """A batch's row groups one at a time, each checked against the trace state, in the
+        current schema (``as_stored``: as written). A batch written before a column was
+        dropped comes whole, once consolidated again in the current schema."""
         if ref.key is None:
             return
         pf, desc = self._open(relation_id, ref)
-        for i in range(pf.metadata.num_row_groups):
-            yield read_row_group(pf, i, desc, where=f"batch {ref.key!r}")
+        groups = (read_row_group(pf, i, desc, where=f"batch {ref.key!r}") for i in range(pf.metadata.num_row_groups))
+        layout = self._layouts.get(relation_id)
+        if as_stored or layout is None:
+            yield from groups
+        elif layout.keeps_order(pf.schema_arrow):
+            yield from (self._project(relation_id, g) for g in groups)
+        else:
+            tables = list(groups)
+            if tables:
+                yield self._project(relation_id, pa.concat_tables(tables))
 
     def read(self, relation_id: int, ref: BatchRef, *, use_threads: bool = True) -> pa.Table | None:
         """A whole batch in memory. When the state recorded the object's CRC32C, the whole
@@ -183,10 +230,9 @@ class TraceStore:
             tables = list(self.read_stream(relation_id, ref))
             return pa.concat_tables(tables) if tables else None
         where = f"batch {ref.key!r}"
-        local = getattr(self.blobs, "local_path", None)
         try:  # a local object is checked and decoded through one open file: an unlink meanwhile is harmless
-            source: pa.NativeFile | pa.Buffer = pa.OSFile(local(ref.key)) if local is not None \
-                else pa.py_buffer(self.blobs.get(ref.key))
+            source: pa.NativeFile | pa.Buffer = pa.OSFile(self._local.local_path(ref.key)) \
+                if self._local is not None else pa.py_buffer(self.blobs.get(ref.key))
         except (BlobNotFound, FileNotFoundError) as e:
             raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
         except OSError as e:
@@ -198,7 +244,7 @@ class TraceStore:
             if isinstance(source, pa.NativeFile):
                 source.close()
         self.whole_reads += 1
-        return table if table.num_rows else None
+        return self._project(relation_id, table) if table.num_rows else None
 
     def _decode_checked(self, source: pa.NativeFile | pa.Buffer, relation_id: int, ref: BatchRef,
                         where: str, use_threads: bool = True) -> pa.Table:
@@ -215,12 +261,16 @@ class TraceStore:
         if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
             raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
                                   f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
-        return decode_verified(source, describe(relation_id, ref), where=where, schema=self.schema_of(relation_id),
+        return decode_verified(source, describe(relation_id, ref), where=where, schema=self._expected(relation_id),
                                use_threads=use_threads)
 
     def _open(self, relation_id: int, ref: BatchRef):
         return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,
-                           footer_crc=ref.footer_crc, schema=self.schema_of(relation_id))
+                           footer_crc=ref.footer_crc, schema=self._expected(relation_id))
+
+    def _expected(self, relation_id: int) -> pa.Schema | tuple[pa.Schema, ...] | None:
+        """The footer schemas a batch of the relation may have: one per schema version."""
+        return self._accepted.get(relation_id) or self.schema_of(relation_id)
 
     def delete(self, keys: Iterable[str]) -> None:
         for key in keys:
@@ -236,9 +286,8 @@ class TraceStore:
             self._claim = None
         orphans = [k for k in self.blobs.list(STATE_PREFIX) if k not in referenced and self._is_mine(k)]
         self.delete(orphans)
-        sweep = getattr(self.blobs, "sweep_temporaries", None)
-        if sweep is not None:
-            orphans += sweep()
+        if self._local is not None:
+            orphans += self._local.sweep_temporaries()
         return orphans
 
     def verify(self, state: TraceState, schema: pa.Schema | None = None) -> list[str]:
@@ -262,7 +311,7 @@ class TraceStore:
                         problems.append(f"batch {ref.key!r}: CRC32C of the object is {got:#010x} but the trace "
                                         f"state recorded {ref.crc:#010x}; the object is damaged")
                         continue
-                rows = sum(t.num_rows for t in self.read_stream(state.relation_id, ref))
+                rows = sum(t.num_rows for t in self.read_stream(state.relation_id, ref, as_stored=True))
                 if rows != ref.rows:
                     problems.append(f"batch {ref.key!r}: holds {rows} rows, the trace state says {ref.rows}")
             except (BatchCorruption, TraceError) as exc:

@@ -4,8 +4,8 @@ Waltz layout (docs/formats.md, "Control file"): a 128-byte header (magic, format
 version, creation time, cluster key, partition count, header CRC), then one
 partition-info record per partition holding two alternating copies of the
 partition's state. A state update overwrites the older copy in place and
-fdatasyncs; a copy torn by a crash fails its CRC and the other copy is used, which
-rolls the partition back to its previous session.
+fdatasyncs (wal/dual_slot.py); a copy torn by a crash fails its CRC and the other copy
+is used, which rolls the partition back to its previous session.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from sediment._fs import fsync_dir
+from sediment._fs import replace_durably
 from sediment.errors import LowWaterMarkRegression, WalCorruption, WalError
+from sediment.wal.dual_slot import newest, overwrite, seal, slot_offset, unseal
 from sediment.wal.record import crc32c
 
 CONTROL_NAME = "sediment-wal.ctl"
@@ -27,6 +28,7 @@ HEADER = struct.Struct("<4sIq16sI")  # magic, version, created_ns, cluster key, 
 CRC_OFFSET = 124  # crc32c of header bytes [0, 124)
 HEADER_SIZE = 128
 STATE = struct.Struct("<qqqQI")  # session id, low-water mark, local low-water mark, sequence, crc
+STATE_BODY = struct.Struct("<qqqQ")
 PARTITION = struct.Struct("<I")
 PARTITION_SIZE = PARTITION.size + 2 * STATE.size  # 4 + 2 * 36 = 76 bytes
 
@@ -55,15 +57,13 @@ class ControlHeader:
 
 
 def _pack_state(state: PartitionState) -> bytes:
-    body = STATE.pack(state.session_id, state.low_water_mark, state.local_low_water_mark, state.sequence, 0)
-    return body[:-4] + struct.pack("<I", crc32c(body[:-4]))
+    return seal(STATE_BODY.pack(state.session_id, state.low_water_mark, state.local_low_water_mark,
+                                state.sequence))
 
 
 def _unpack_state(buf: bytes) -> PartitionState | None:
-    session, lwm, llwm, seq, crc = STATE.unpack(buf)
-    if crc32c(buf[:-4]) != crc or (session == 0 and seq == 0 and crc == 0):
-        return None
-    return PartitionState(session, lwm, llwm, seq)
+    body = unseal(buf, STATE_BODY.size)
+    return None if body is None else PartitionState(*STATE_BODY.unpack(body))
 
 
 class ControlFile:
@@ -131,9 +131,9 @@ class ControlFile:
         with open(self.path, "rb") as f:
             f.seek(off + PARTITION.size)
             raw = f.read(2 * STATE.size)
-        copies = [_unpack_state(raw[:STATE.size]), _unpack_state(raw[STATE.size:])]
-        valid = [c for c in copies if c is not None]
-        if not valid:
+        best, nvalid = newest((_unpack_state(raw[:STATE.size]), _unpack_state(raw[STATE.size:])),
+                              lambda c: c.sequence)
+        if best is None:
             if raw == bytes(len(raw)):
                 return PartitionState()
             raise WalCorruption(
@@ -141,7 +141,7 @@ class ControlFile:
                 f"checksums (offset {off}); the partition cannot be opened: restore the control file",
                 path=self.path, offset=off, reason="both partition-info copies invalid",
             )
-        return max(valid, key=lambda s: s.sequence)
+        return best
 
     def write_state(self, partition_id: int, state: PartitionState, *, rewind: bool = False) -> PartitionState:
         """Overwrite the older copy with ``state`` (its sequence is set here) and fdatasync.
@@ -157,13 +157,8 @@ class ControlFile:
                 f"{current.local_low_water_mark}); they only move forward: the writer has stale state")
         seq = current.sequence + 1
         new = PartitionState(state.session_id, state.low_water_mark, state.local_low_water_mark, seq)
-        off = self._offset(partition_id) + PARTITION.size + (seq % 2) * STATE.size
-        fd = os.open(self.path, os.O_WRONLY)
-        try:
-            os.pwrite(fd, _pack_state(new), off)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
+        overwrite(self.path, _pack_state(new),
+                  slot_offset(self._offset(partition_id) + PARTITION.size, STATE.size, seq))
         return new
 
     def _offset(self, partition_id: int) -> int:
@@ -182,15 +177,7 @@ class ControlFile:
             first = _pack_state(state) if state.sequence % 2 == 0 else bytes(STATE.size)
             second = _pack_state(state) if state.sequence % 2 == 1 else bytes(STATE.size)
             out += first + second
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, bytes(out))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(os.path.dirname(path) or ".")
+        replace_durably(path, bytes(out))
 
 
 def _parse_header(data: bytes, path: str) -> ControlHeader:

@@ -37,11 +37,12 @@ from sediment.wal import manifest as mf
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
 from sediment.wal.control import PartitionState
-from sediment.wal.direct_io import DirectWrites, _allocate, _pwritev_all
+from sediment.wal.direct_io import DirectWriter, allocate
 from sediment.wal.log_apply import carry_out, create_segment_files, cut_file
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPreamble
 from sediment.wal.recycle import SegmentPool, reuse_segment_file
+from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +51,6 @@ FIRST_SEGMENT_BYTES = 1 << 20  # a new log's first segment is preallocated this 
 DEFAULT_INDEX_INTERVAL = 1000
 DEFAULT_DIRECT_THRESHOLD = 1 << 20
 _READ_CHUNK = 8 << 20
-
-
-@dataclass
-class _Segment:
-    first_lsn: int
-    path: str
-    idx_path: str
-    offsets: array  # byte offset of each durable record
-    end: int  # byte offset just past the last durable record
-
-    @property
-    def next_lsn(self) -> int:
-        return self.first_lsn + len(self.offsets)
 
 
 @dataclass
@@ -84,7 +72,7 @@ class _Pending:
         return self.last_lsn
 
 
-class FileLog(DirectWrites):
+class FileLog:
     """A WriteAheadLog over segment files. Create with :meth:`open`."""
 
     def __init__(self) -> None:
@@ -102,7 +90,6 @@ class FileLog(DirectWrites):
         repair: bool = False,
         create: bool = False,
         direct_threshold: int | None = DEFAULT_DIRECT_THRESHOLD,
-        clock: Callable[[], int] = time.time_ns,
         keep_recovered: bool = False,
     ) -> FileLog:
         """Open the log of ``partition`` under ``directory``.
@@ -124,23 +111,19 @@ class FileLog(DirectWrites):
         """
         self = object.__new__(cls)
         self._keep_recovered = keep_recovered
-        self._direct_threshold = direct_threshold
-        self._direct_fd: int | None = None
-        self._direct_buf = None
-        self._init(directory, partition, cluster_key, segment_bytes, index_interval, repair, clock, create)
+        self._direct = DirectWriter(direct_threshold, os.path.join(directory, str(partition)))
+        self._init(directory, partition, cluster_key, segment_bytes, index_interval, repair, create)
         return self
 
-    def _init(self, directory, partition, cluster_key, segment_bytes, index_interval, repair, clock,
-              create) -> None:
+    def _init(self, directory, partition, cluster_key, segment_bytes, index_interval, repair, create) -> None:
         self.root = directory
         self.partition = partition
         self.segment_bytes = max(segment_bytes, sg.HEADER_SIZE + 4096)
         self.index_interval = max(1, index_interval)
-        self._clock = clock
         self.report = OpenReport()
         self.dir = os.path.join(directory, str(partition))
         self._preamble: SegmentPreamble = NO_PREAMBLE
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._trim_lock = threading.Lock()  # one trim at a time: manifest first, then files oldest first
@@ -193,8 +176,7 @@ class FileLog(DirectWrites):
         self.preserved = carry_out(plan, self.dir, lambda first: self._header(sg.SEG_MAGIC, first),
                                    self.segment_bytes)
         for k in plan.segments:
-            self._segments.append(_Segment(k.first_lsn, k.path, os.path.join(self.dir, sg.index_name(k.first_lsn)),
-                                           k.offsets, k.end))
+            self._segments.append(Segment.in_dir(self.dir, k.first_lsn, k.offsets, k.end))
             self.report.records += len(k.offsets)
         self._manifest = plan.manifest
         done = {f.first_lsn for f in plan.manifest.finished}
@@ -205,14 +187,13 @@ class FileLog(DirectWrites):
         for seg in self._segments:
             self._rebuild_index(seg)
         active = self._segments[-1]
-        self._fd = os.open(active.path, os.O_RDWR)
-        self._idx_fd = os.open(active.idx_path, os.O_RDWR)
-        self._open_direct(active.path)
-        size = os.fstat(self._fd).st_size
+        self._active = ActiveSegment(active)
+        self._direct.open(active.path)
+        size = os.fstat(self._active.fd).st_size
         self._allocated = max(size, min(self.segment_bytes, max(FIRST_SEGMENT_BYTES, size)))
         if size < self._allocated:
-            _allocate(self._fd, self._allocated)
-        os.fsync(self._fd)  # what was read back is now durable, so it may be recorded as the durable end
+            allocate(self._active.fd, self._allocated)
+        os.fsync(self._active.fd)  # what was read back is now durable, so it may be recorded as the durable end
         self._idx_checkpoint = len(active.offsets)
         m = self._manifest
         m.active_first = active.first_lsn
@@ -222,7 +203,7 @@ class FileLog(DirectWrites):
     def _cut(self, path: str, offset: int, finished: bool = False) -> None:
         cut_file(path, offset, None if finished else self.segment_bytes)
 
-    def _rebuild_index(self, seg: _Segment) -> None:
+    def _rebuild_index(self, seg: Segment) -> None:
         header, entries = sg.read_index(seg.idx_path)
         trusted = 0
         if header is not None and header.first_lsn == seg.first_lsn and len(entries) <= len(seg.offsets) \
@@ -245,12 +226,11 @@ class FileLog(DirectWrites):
             os.close(fd)
 
     def _header(self, magic: bytes, first: int, checkpoint: int = 0, flags: int = 0) -> bytes:
-        return sg.SegmentHeader(magic, sg.VERSION, self._clock(), self.cluster_key, self.partition, first,
+        return sg.SegmentHeader(magic, sg.VERSION, time.time_ns(), self.cluster_key, self.partition, first,
                                 checkpoint, flags).pack()
 
-    def _create_segment(self, first: int) -> _Segment:
-        seg = _Segment(first, os.path.join(self.dir, sg.segment_name(first)),
-                       os.path.join(self.dir, sg.index_name(first)), array("Q"), sg.HEADER_SIZE)
+    def _create_segment(self, first: int) -> Segment:
+        seg = Segment.in_dir(self.dir, first)
         pooled = self._pool.take()
         if pooled is None:
             create_segment_files(seg.path, seg.idx_path, self._header(sg.SEG_MAGIC, first), self._header(
@@ -350,13 +330,13 @@ class FileLog(DirectWrites):
             buffers.append(small)
         if pos + len(sg.END_MARK) > self._allocated:  # a small first segment grows in doublings
             self._allocated = max(pos + len(sg.END_MARK), min(2 * self._allocated, self.segment_bytes))
-            _allocate(self._fd, self._allocated)
+            allocate(self._active.fd, self._allocated)
         buffers.append(sg.END_MARK)  # overwritten by the next group; in a recycled file it marks the end
-        if self._direct_fd is not None and pos - base >= self._direct_threshold:
-            self._write_direct(buffers, base, pos + len(sg.END_MARK))
+        if self._direct.takes(pos - base):
+            self._direct.write(self._active.fd, buffers, base, pos + len(sg.END_MARK))
+            os.fdatasync(self._active.fd)
         else:
-            _pwritev_all(self._fd, buffers, base)
-        os.fdatasync(self._fd)
+            self._active.write(buffers, base)
         preamble = self._preamble
         for p in batch:
             preamble.observe(p.records)
@@ -368,19 +348,16 @@ class FileLog(DirectWrites):
         for callback, records in callbacks.items():
             callback(records)
 
-    def _commit_offsets(self, seg: _Segment, offsets: list[int], end: int) -> None:
-        first_new = len(seg.offsets)
-        with self._lock:
-            seg.offsets.extend(offsets)
-            seg.end = end
-        _pwrite_all(self._idx_fd, array("Q", offsets).tobytes(), sg.HEADER_SIZE + 8 * first_new)
+    def _commit_offsets(self, seg: Segment, offsets: list[int], end: int) -> None:
+        self._active.add(array("Q", offsets), end, self._lock)
         if len(seg.offsets) - self._idx_checkpoint >= self.index_interval:
             self._checkpoint_index(seg)
 
-    def _checkpoint_index(self, seg: _Segment) -> None:
-        os.fdatasync(self._idx_fd)
-        _pwrite_all(self._idx_fd, self._header(sg.IDX_MAGIC, seg.first_lsn, len(seg.offsets)), 0)
-        os.fdatasync(self._idx_fd)
+    def _checkpoint_index(self, seg: Segment) -> None:
+        idx_fd = self._active.idx_fd
+        os.fdatasync(idx_fd)
+        _pwrite_all(idx_fd, self._header(sg.IDX_MAGIC, seg.first_lsn, len(seg.offsets)), 0)
+        os.fdatasync(idx_fd)
         self._idx_checkpoint = len(seg.offsets)
         with self._mlock:
             mf.write_end(self.root, self._manifest, seg.next_lsn)
@@ -397,18 +374,14 @@ class FileLog(DirectWrites):
         closing.crcs = [rec.crc32c(closing.records[0].body)]
         self._write_batch([closing])
         self._checkpoint_index(old)
-        os.ftruncate(self._fd, old.end)
-        os.fsync(self._fd)
-        os.close(self._fd)
-        os.close(self._idx_fd)
+        self._active.finish()
         with self._lock:
             new = self._create_segment(old.next_lsn)
         with self._mlock:  # recorded only once the new segment's file is durable
             mf.record_rollover(self.root, self._manifest, mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
-        self._fd = os.open(new.path, os.O_RDWR)
-        self._idx_fd = os.open(new.idx_path, os.O_RDWR)
-        self._allocated = os.fstat(self._fd).st_size
-        self._open_direct(new.path)
+        self._active = ActiveSegment(new)
+        self._allocated = os.fstat(self._active.fd).st_size
+        self._direct.open(new.path)
         self._idx_checkpoint = 0
         opening = _Pending([self._frontiers_record()], [])
         opening.crcs = [rec.crc32c(opening.records[0].body)]
@@ -420,7 +393,7 @@ class FileLog(DirectWrites):
             except Exception:  # noqa: BLE001 - a listener must not stop the writer
                 log.exception("segment-finish listener failed")
 
-    def _only_frontiers(self, seg: _Segment) -> bool:
+    def _only_frontiers(self, seg: Segment) -> bool:
         return self.read(seg.first_lsn).kind == rec.RecordKind.FRONTIERS
 
     def finish_segment(self) -> None:
@@ -456,7 +429,7 @@ class FileLog(DirectWrites):
     def set_preamble(self, preamble: SegmentPreamble | None) -> None:
         self._preamble = NO_PREAMBLE if preamble is None else preamble
 
-    def _segment_for(self, lsn: int) -> _Segment:
+    def _segment_for(self, lsn: int) -> Segment:
         with self._lock:
             firsts = [s.first_lsn for s in self._segments]
             i = bisect.bisect_right(firsts, lsn) - 1
@@ -501,7 +474,7 @@ class FileLog(DirectWrites):
             except FileNotFoundError:
                 raise WalError(f"segment {seg.path} was trimmed while being scanned") from None
 
-    def _scan_range(self, seg: _Segment, first: int, n: int, end: int) -> Iterator[rec.Record]:
+    def _scan_range(self, seg: Segment, first: int, n: int, end: int) -> Iterator[rec.Record]:
         with open(seg.path, "rb", buffering=0) as f:
             pos = seg.offsets[first]
             buf = b""
@@ -544,9 +517,7 @@ class FileLog(DirectWrites):
                            "append() returned and the compacter has finished with")
         with self._trim_lock:
             with self._lock:
-                n = 0
-                while n < len(self._segments) - 1 and self._segments[n].next_lsn <= lsn:
-                    n += 1
+                n = finished_below(self._segments, lsn)
                 if n == 0:
                     return
                 dropped = self._segments[:n]
@@ -582,9 +553,5 @@ class FileLog(DirectWrites):
                 self._checkpoint_index(seg)
             with self._mlock:
                 mf.write_end(self.root, self._manifest, seg.next_lsn)
-        os.close(self._fd)
-        os.close(self._idx_fd)
-        if self._direct_fd is not None:
-            os.close(self._direct_fd)
-        if self._direct_buf is not None:
-            self._direct_buf.close()
+        self._active.close()
+        self._direct.close()

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 
 from sediment._fs import fsync_dir, pwrite_all
-from sediment.wal.direct_io import _allocate
+from sediment.wal.direct_io import allocate
 
 
 def keep_copy(src: str, dst: str) -> str:
@@ -43,7 +43,7 @@ def cut_file(path: str, offset: int, preallocate: int | None) -> None:
     try:
         os.ftruncate(fd, offset)
         if preallocate:
-            _allocate(fd, max(preallocate, offset))
+            allocate(fd, max(preallocate, offset))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -82,7 +82,7 @@ def create_segment_files(seg_path: str, idx_path: str, seg_header: bytes, idx_he
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             if path == seg_path:
-                _allocate(fd, segment_bytes)
+                allocate(fd, segment_bytes)
             pwrite_all(fd, head, 0)
             os.fsync(fd)
         finally:

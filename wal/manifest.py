@@ -21,8 +21,9 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
-from sediment._fs import fsync_dir, pwrite_all
+from sediment._fs import replace_durably
 from sediment.errors import WalCorruption, WalMissing
+from sediment.wal.dual_slot import newest, overwrite, seal, slot_offset, unseal
 from sediment.wal.record import crc32c
 
 MAGIC = b"SDWM"
@@ -62,16 +63,12 @@ class Manifest:
 
 
 def _pack_slot(sequence: int, end: int) -> bytes:
-    body = SLOT.pack(sequence, end, 0)
-    return body + struct.pack("<I", crc32c(body)) + bytes(4)
+    return seal(SLOT.pack(sequence, end, 0)) + bytes(4)
 
 
 def _unpack_slot(buf: bytes) -> tuple[int, int] | None:
-    if buf == bytes(SLOT_SIZE):
-        return None
-    sequence, end, _ = SLOT.unpack_from(buf, 0)
-    (crc,) = struct.unpack_from("<I", buf, SLOT.size)
-    return (sequence, end) if crc32c(buf[:SLOT.size]) == crc else None
+    body = unseal(buf, SLOT.size)
+    return None if body is None else SLOT.unpack(body)[:2]
 
 
 def pack(m: Manifest) -> bytes:
@@ -106,9 +103,9 @@ def unpack(data: bytes, path: str) -> Manifest:
     if crc32c(data[:HEADER_CRC] + data[TABLE_AT:end]) != crc:
         raise bad("header or segment table fails its checksum", HEADER_CRC)
     finished = [FinishedSegment(*ENTRY.unpack_from(data, TABLE_AT + i * ENTRY.size)) for i in range(count)]
-    slots = [s for s in (_unpack_slot(data[SLOTS_AT + i * SLOT_SIZE: SLOTS_AT + (i + 1) * SLOT_SIZE])
-                         for i in range(2)) if s is not None]
-    seq, durable = max(slots) if slots else (0, 0)
+    best, _ = newest((_unpack_slot(data[SLOTS_AT + i * SLOT_SIZE: SLOTS_AT + (i + 1) * SLOT_SIZE])
+                      for i in range(2)), lambda s: s)
+    seq, durable = best or (0, 0)
     return Manifest(uuid.UUID(bytes=key), partition, start, active, generation, finished, durable, seq)
 
 
@@ -127,16 +124,7 @@ def read(directory: str, partition: int) -> Manifest:
 def write(directory: str, m: Manifest) -> None:
     """Replace the manifest whole and durably (temporary file, fsync, rename, directory fsync)."""
     m.generation += 1
-    path = os.path.join(directory, manifest_name(m.partition))
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        pwrite_all(fd, pack(m), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(directory)
+    replace_durably(os.path.join(directory, manifest_name(m.partition)), pack(m))
 
 
 def write_end(directory: str, m: Manifest, end: int) -> None:
@@ -145,12 +133,8 @@ def write_end(directory: str, m: Manifest, end: int) -> None:
         return
     m.end_sequence += 1
     m.durable_end = end
-    fd = os.open(os.path.join(directory, manifest_name(m.partition)), os.O_WRONLY)
-    try:
-        pwrite_all(fd, _pack_slot(m.end_sequence, end), SLOTS_AT + (m.end_sequence % 2) * SLOT_SIZE)
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
+    overwrite(os.path.join(directory, manifest_name(m.partition)), _pack_slot(m.end_sequence, end),
+              slot_offset(SLOTS_AT, SLOT_SIZE, m.end_sequence))
 
 
 def record_rollover(directory: str, m: Manifest, finished: FinishedSegment) -> None:

@@ -19,7 +19,9 @@ the body, which is how a torn tail is told from damage. See docs/formats.md,
      40    8 t_lo         UPDATES: least time; PROGRESS: t of "close t"
      48    8 t_hi         UPDATES: greatest time; PROGRESS: t
      56    4 count        UPDATES: rows; FRONTIERS: entries; else 0
-     60    4 reserved     0
+     60    4 schema_ver   UPDATES: the relation's schema version the body was written
+                          under (engine/schema_history.py); else 0. Written as 0
+                          before schema versions existed, which is version 0
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 64
 MAX_BODY = 1 << 30
 FRONTIER_ENTRY = struct.Struct("<Qq")
+_unpack_from = HEADER.unpack_from
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -73,6 +76,7 @@ class Record:
     count: int = 0
     body: bytes = b""  # any buffer (bytes, pyarrow.Buffer, memoryview)
     lsn: int = -1
+    schema_version: int = 0  # UPDATES: the schema version the body's columns are in
 
     @property
     def frame_size(self) -> int:
@@ -101,6 +105,7 @@ class HeadRecord(tuple):
     t_lo = property(itemgetter(9))
     t_hi = property(itemgetter(10))
     count = property(itemgetter(11))
+    schema_version = property(itemgetter(12))
     body = property(lambda self: self[13] if len(self) > 13 else b"")
 
 
@@ -117,6 +122,7 @@ class Header:
     t_lo: int
     t_hi: int
     count: int
+    schema_version: int = 0
 
     @property
     def frame_size(self) -> int:
@@ -137,11 +143,11 @@ def check_appendable(records: Sequence[Record], where: str) -> None:
     for i, r in enumerate(records):
         if not (r.kind in _APPENDABLE and 0 <= r.relation_id < _U64 and 0 <= r.txn_id < _U64
                 and -_I64 <= r.t_lo < _I64 and -_I64 <= r.t_hi < _I64 and 0 <= r.count < 1 << 32
-                and len(r.body) <= MAX_BODY):
+                and 0 <= r.schema_version < 1 << 32 and len(r.body) <= MAX_BODY):
             raise InvalidArgument(
                 f"{where}: record {i} of the append cannot be written (kind {r.kind!r}, relation {r.relation_id}, "
                 f"txn {r.txn_id}, t_lo {r.t_lo}, t_hi {r.t_hi}, count {r.count}, {len(r.body)}-byte body): "
-                "kinds 1-6, u64 relation and transaction ids, i64 times, a u32 count and bodies of at most "
+                "kinds 1-6, u64 relation and transaction ids, i64 times, a u32 count and schema version and bodies of at most "
                 f"{MAX_BODY} bytes; nothing was appended")
 
 
@@ -155,7 +161,7 @@ def encode_header(record: Record, lsn: int, body_crc: int | None = None) -> byte
         body_crc = crc32c(body)
     head = HEADER.pack(
         0, MAGIC, VERSION, int(record.kind), len(body), body_crc, lsn,
-        record.relation_id, record.txn_id, record.t_lo, record.t_hi, record.count, 0,
+        record.relation_id, record.txn_id, record.t_lo, record.t_hi, record.count, record.schema_version,
     )
     return struct.pack("<I", crc32c(memoryview(head)[4:])) + head[4:]
 
@@ -165,20 +171,24 @@ def encode(record: Record, lsn: int, body_crc: int | None = None) -> bytes:
     return encode_header(record, lsn, body_crc) + bytes(record.body)
 
 
-def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header | None:
-    """The header at ``offset``, or None if it is short, fails its CRC, or has a wrong
-    magic, version or kind. Never raises on garbage."""
+def check_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple | None:
+    """The header fields at ``offset`` as ``HEADER`` unpacks them, or None when the header is
+    short, has a wrong magic, version or kind, a body over MAX_BODY, or fails its CRC. The one
+    frame check every reader runs (segments, the ring, replica payloads); a tuple, not a
+    Header, because recovery runs it once per record."""
     if len(buf) - offset < HEADER_SIZE:
         return None
-    view = memoryview(buf)[offset : offset + HEADER_SIZE]
-    (hcrc, magic, version, kind, body_len, body_crc, lsn, rel, txn, t_lo, t_hi, count, _r) = HEADER.unpack(view)
-    if magic != MAGIC or version != VERSION:
+    u = _unpack_from(buf, offset)
+    if (u[1] != MAGIC or u[2] != VERSION or u[3] not in _KINDS or u[4] > MAX_BODY
+            or crc32c_raw(buf[offset + 4:offset + HEADER_SIZE]) != u[0]):
         return None
-    if crc32c(view[4:]) != hcrc:
-        return None
-    if kind not in _KINDS or body_len > MAX_BODY:
-        return None
-    return Header(kind, body_len, body_crc, lsn, rel, txn, t_lo, t_hi, count)
+    return u
+
+
+def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header | None:
+    """The header at ``offset`` (see :func:`check_header`), or None. Never raises on garbage."""
+    u = check_header(buf, offset)
+    return None if u is None else Header(u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12])
 
 
 def body_ok(header: Header, body: bytes | bytearray | memoryview) -> bool:
@@ -188,7 +198,7 @@ def body_ok(header: Header, body: bytes | bytearray | memoryview) -> bool:
 def to_record(header: Header, body: bytes) -> Record:
     return Record(
         RecordKind(header.kind), header.relation_id, header.txn_id,
-        header.t_lo, header.t_hi, header.count, bytes(body), header.lsn,
+        header.t_lo, header.t_hi, header.count, bytes(body), header.lsn, header.schema_version,
     )
 
 
@@ -219,7 +229,6 @@ def committed_txn_ids(record: Record) -> list[int]:
 
 
 _KINDS = frozenset(int(k) for k in RecordKind)
-KIND_VALUES = _KINDS
 _KIND_OF = {int(k): k for k in RecordKind}
 
 

@@ -29,7 +29,7 @@ import threading
 
 from sediment._fs import fsync_dir, pwrite_all
 from sediment.wal import segment as sg
-from sediment.wal.direct_io import _allocate
+from sediment.wal.direct_io import allocate
 
 DEFAULT_KEEP = 2  # files kept for reuse: a segment rolling while the next trim is under way
 
@@ -89,7 +89,7 @@ def reuse_segment_file(pool_path: str, seg_path: str, idx_path: str, seg_header:
     fd = os.open(pool_path, os.O_RDWR)
     try:
         if os.fstat(fd).st_size < segment_bytes:
-            _allocate(fd, segment_bytes)
+            allocate(fd, segment_bytes)
         pwrite_all(fd, seg_header + sg.END_MARK, 0)
         os.fsync(fd)
     finally:

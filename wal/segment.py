@@ -249,7 +249,7 @@ def prefetch(path: str) -> None:
         os.close(fd)
 
 
-_UNPACK = rec.HEADER.unpack_from
+_CHECK = rec.check_header
 _CRC = rec.crc32c_raw
 _H = rec.HEADER_SIZE
 _PROGRESS = int(rec.RecordKind.PROGRESS)
@@ -334,7 +334,6 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
     pos = start
     expected = first_lsn
     reason = ""
-    kinds = rec.KIND_VALUES
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         scan.file_size = os.fstat(fd).st_size
@@ -352,12 +351,11 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
                 reason = "bad record header (checksum, magic or length)"
                 break
             at = pos - lo
-            hcrc, magic, version, kind, body_len, body_crc, lsn, rel, _txn, _t_lo, t_hi, _count, _r = \
-                _UNPACK(data, at)
-            if magic != rec.MAGIC or version != rec.VERSION or kind not in kinds or body_len > rec.MAX_BODY \
-                    or _CRC(data[at + 4:at + _H]) != hcrc:
+            u = _CHECK(data, at)
+            if u is None:
                 reason = "bad record header (checksum, magic or length)"
                 break
+            _hcrc, _magic, _version, kind, body_len, body_crc, lsn, rel, _txn, _t_lo, t_hi, _count, _r = u
             if lsn != expected:
                 reason = f"record LSN {lsn} where {expected} was expected"
                 break

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -60,14 +61,71 @@ def cmd_relation_drop(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_relation_list(args: argparse.Namespace) -> int:
-    """One line per relation, tab-separated: name, schema (as --schema spells it), since, sealed;
-    internal relations only with --all."""
+def cmd_relation_alter(args: argparse.Namespace) -> int:
+    """All the flags make one alter: every change or none (engine/schema_rules.py says which
+    are allowed). Flags that do not parse are a malformed command line (exit code 2)."""
+    check_name(args.name)
+    changes = alter_changes(args)
     with open_engine(args) as engine:
-        rows = [(name, schema_spec(engine.schema(name)), engine.since(name), engine.sealed(name))
-                for name in engine.relations(include_internal=args.all)]
-    for name, spec, since, sealed in rows:
-        print(f"{name}\t{spec}\tsince={since}\tsealed={sealed}")
+        version = engine.alter_relation(args.name, **changes)
+        schema = engine.schema(args.name)
+    print(f"altered relation {args.name}: schema version {version} ({schema_spec(schema)})")
+    return 0
+
+
+def alter_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``alter_relation`` from ``relation alter``'s flags: ``--add`` and
+    ``--widen`` in the ``--schema`` spelling, ``--rename OLD=NEW``, ``--drop COL``,
+    ``--default COL=VALUE`` (the text cast to the added column's type)."""
+    def pairs(flag: str, items: list[str]) -> dict[str, str]:
+        bad = [i for i in items if "=" not in i or not i.split("=", 1)[0]]
+        if bad:
+            raise UsageError(f"{flag} takes NAME=VALUE, not {bad[0]!r}")
+        return dict(i.split("=", 1) for i in items)
+
+    try:
+        add = [f for spec in args.add for f in parse_schema_spec(spec)]
+        widen = {f.name: f.type for spec in args.widen for f in parse_schema_spec(spec)}
+    except SchemaMismatch as exc:
+        raise UsageError(f"--add/--widen: {exc}") from None
+    types = {f.name: f.type for f in add}
+    defaults: dict[str, Any] = {}
+    for name, text in pairs("--default", args.default).items():
+        try:
+            defaults[name] = pa.scalar(text).cast(types[name]).as_py() if name in types else text
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise UsageError(f"--default {name}={text}: not a {types[name]}: {exc}") from None
+    if not (add or widen or args.rename or args.drop):
+        raise UsageError("relation alter needs at least one of --add, --widen, --rename, --drop")
+    return {"add": add, "widen": widen, "rename": pairs("--rename", args.rename), "drop": list(args.drop),
+            "defaults": defaults}
+
+
+def cmd_relation_describe(args: argparse.Namespace) -> int:
+    """The relation's schema and version, then one tab-separated line per column: name, type,
+    field id, default (``--json``: Engine.describe's dictionary)."""
+    check_name(args.name)
+    with open_engine(args) as engine:
+        info = engine.describe(args.name)
+    if args.json:
+        print(json.dumps(info, sort_keys=True))
+        return 0
+    print(f"{info['name']}\t{info['schema']}\tschema_version={info['schema_version']}\tsince={info['since']}"
+          f"\tsealed={info['sealed']}")
+    for col in info["columns"]:
+        default = "" if col["default"] is None else f"\tdefault={col['default']}"
+        print(f"  {col['name']}\t{col['type']}\tfield_id={col['field_id']}{default}")
+    return 0
+
+
+def cmd_relation_list(args: argparse.Namespace) -> int:
+    """One line per relation, tab-separated: name, schema (as --schema spells it), since, sealed,
+    schema version; internal relations only with --all."""
+    with open_engine(args) as engine:
+        rows = [(name, schema_spec(engine.schema(name)), engine.since(name), engine.sealed(name),
+                 engine.schema_version(name)) for name in engine.relations(include_internal=args.all)]
+    for name, spec, since, sealed, version in rows:
+        print(f"{name}\t{spec}\tsince={since}\tsealed={sealed}\tschema_version={version}")
     if not rows:
         print(f"no relations in {data_dir_of(args)}", file=sys.stderr)
     return 0
@@ -223,6 +281,9 @@ def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
     if event.kind == "progress":
         yield ["progress", event.time, *([""] * len(names)), ""]
         return
+    if event.kind == "schema":  # a header row for what follows: the new schema version, then the columns
+        yield ["schema", event.time, *names, "diff"]
+        return
     kind = "snapshot" if event.kind == "snapshot" else "update"
     for row in event.table.to_pylist():
         yield [kind, event.time if kind == "snapshot" else row["time"], *(row[n] for n in names), row["diff"]]
@@ -230,7 +291,8 @@ def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     """Print the relation's changes as they become durable: CSV lines ``event,time,<columns>,diff``
-    (``snapshot`` rows first, then ``update`` rows and ``progress`` lines), until interrupted,
+    (``snapshot`` rows first, then ``update`` rows and ``progress`` lines; after an alter, a
+    ``schema,<version>,<new columns>,diff`` line and rows in the new columns), until interrupted,
     ``--count`` rows have been printed (the header aside), or ``--idle-timeout`` seconds pass
     without an event. If the feed ends (its server stopped), the error names the command
     that goes on from the last progress line printed."""
@@ -248,6 +310,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
                     raise EngineClosed(_tail_ended(args.name, sub.last_progress)) from None
                 if event is None:
                     break
+                if event.kind == "schema":  # the columns change: say so in order, then go on in the new ones
+                    names = [n for n in event.table.column_names if n not in ("time", "diff")]
                 for row in _tail_rows(event, names):
                     out.writerow(row)
                     printed += 1

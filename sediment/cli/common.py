@@ -28,7 +28,7 @@ def schema_spec(schema: pa.Schema) -> str:
 
 # sediment.open's options that the command line spells as flags: the engine's errors name
 # the Python option (blob='s3://...'); the CLI's name the flag (--blob s3://...).
-CLI_OPTIONS = {"blob": "--blob", "s3_endpoint": "--s3-endpoint", "metadata": "--metadata",
+CLI_OPTIONS = {"blob": "--blob", "wal": "--wal", "s3_endpoint": "--s3-endpoint", "metadata": "--metadata",
                "replicas": "--replicas", "cluster_key": "--cluster-key",
                "take_over_blob_prefix": "--take-over-blob-prefix", "max_wal_backlog": "--max-wal-backlog",
                "major_compaction_quiet": "--major-compaction-quiet"}
@@ -82,6 +82,9 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, discover: boo
         options.setdefault("s3_endpoint", getattr(args, "s3_endpoint", None))
     if getattr(args, "metadata", None):
         options.setdefault("metadata", args.metadata)
+    if getattr(args, "wal", None):
+        options.setdefault("wal", args.wal)
+        options.setdefault("s3_endpoint", getattr(args, "s3_endpoint", None))
     if getattr(args, "replicas", None):
         options.setdefault("replicas", [r.strip() for r in args.replicas.split(",") if r.strip()])
     if getattr(args, "cluster_key", None):
@@ -108,3 +111,4 @@ def progress_for(args: argparse.Namespace, total: int | None, label: str, unit: 
     if force is None and getattr(args, "log_format", "text") == "json":
         force = False  # stderr carries JSON log lines only, unless progress is asked for
     return Progress(total, label, unit, force=force)
+

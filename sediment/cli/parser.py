@@ -19,6 +19,8 @@ from sediment.cli.commands import (
     cmd_demo,
     cmd_read,
     cmd_relation_add,
+    cmd_relation_alter,
+    cmd_relation_describe,
     cmd_relation_drop,
     cmd_relation_list,
     cmd_seal,
@@ -100,7 +102,11 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
                    help=doc("where the catalog lives when not in <data-dir>/meta, e.g. "
                             "zk://127.0.0.1:2181/sediment or s3://bucket/prefix (default $SEDIMENT_METADATA)"))
     p.add_argument("--s3-endpoint", default=default(os.environ.get("AWS_ENDPOINT_URL")), metavar="URL",
-                   help=doc("S3 endpoint for an s3:// --blob (default $AWS_ENDPOINT_URL)"))
+                   help=doc("S3 endpoint for an s3:// --blob or --wal (default $AWS_ENDPOINT_URL)"))
+    p.add_argument("--wal", default=default(os.environ.get("SEDIMENT_WAL")), metavar="SPEC",
+                   help=doc("creating an engine: where its log lives, file (default), device:PATH or "
+                            "s3://bucket/prefix (needs a shared --metadata and --blob; later opens read it from the "
+                            "metadata) (default $SEDIMENT_WAL)"))
     p.add_argument("--replicas", default=default(None), metavar="HOST:PORT,...",
                    help=doc("creating an engine: replicate its log on these storage nodes (needs "
                             "--metadata zk://... and --cluster-key; later opens read them from the metadata)"))
@@ -170,7 +176,23 @@ def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) ->
                         "diff are added; `relation list` prints the same form)")
     p = command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub)
     p.add_argument("name", metavar="NAME", help="the relation")
-    p = command("list", cmd_relation_list, "list relations: name, schema, since, sealed", rel_sub)
+    p = command("alter", cmd_relation_alter, "change a relation's columns (all changes or none)", rel_sub)
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("--add", action="append", default=[], metavar="SPEC",
+                   help="add columns, nullable, spelled as --schema: 'qty:int32' (repeatable)")
+    p.add_argument("--default", action="append", default=[], metavar="COL=VALUE",
+                   help="the value an added column reads as in older rows (default: null)")
+    p.add_argument("--widen", action="append", default=[], metavar="SPEC",
+                   help="widen columns to a type: 'id:int64' (int8->16->32->64, float32->64, decimal precision, "
+                        "string/binary to large_)")
+    p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW", help="rename a column")
+    p.add_argument("--drop", action="append", default=[], metavar="COL", help="drop a column (not the last)")
+    p = command("describe", cmd_relation_describe, "a relation's schema, schema version and columns' field ids",
+                rel_sub)
+    p.add_argument("name", metavar="NAME", help="the relation")
+    p.add_argument("--json", action="store_true", help="print Engine.describe's dictionary as JSON")
+    p = command("list", cmd_relation_list, "list relations: name, schema, since, sealed, schema version",
+                rel_sub)
     p.add_argument("--all", action="store_true", help=ALL_HELP)
 
 

@@ -1,6 +1,7 @@
 """sediment's network protocol: Arrow Flight between ``sediment serve`` (:mod:`sediment.server`)
-and :class:`sediment.client.Client`. The pieces both sides use live here (constants and
-codecs in :mod:`sediment.net.protocol`, typed errors in :mod:`sediment.net.wire_errors`), so
+and :class:`sediment.client.Client`. The pieces both sides use live here (op names and the
+fields of each message in :mod:`sediment.net.messages`, constants and codecs in
+:mod:`sediment.net.protocol`, typed errors in :mod:`sediment.net.wire_errors`), so
 the client imports neither the server nor the engine; the server's transaction
 bookkeeping is :mod:`sediment.net.txn_registry`.
 
@@ -25,7 +26,8 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   ``{"op": "plan", "relation": NAME, "as_of": T, "from": T|null, "lease_seconds": S}``
   streams the read plan's WAL-tail rows; the stream's schema is the update schema and
   its metadata key ``sediment.plan`` holds the rest of the plan as JSON (lease, relation,
-  relation_id, key_columns, since, sealed, as_of, blob_uri, s3_endpoint, batches). With
+  relation_id, key_columns, since, sealed, as_of, blob_uri, s3_endpoint, batches, and
+  schema_history: an altered relation's SchemaHistory.to_json(), else null). With
   ``"hold_tail": {"part_rows": N, "max_parts": M}`` a tail of more than one part (N rows a
   part, at most M parts) that fits the server's bound stays on the server for the lease
   instead: the stream's one column ``cut`` holds the quantile cuts of the first key column
@@ -36,14 +38,20 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   L: the rows whose ``key`` falls in range I of ``cuts`` (base64 Arrow IPC of one column
   ``cut``; nulls in range 0), or rows [start, stop), or all; the lease's end (release_read
   or expiry) drops the rows, and a later call is refused with InvalidArgument;
-  ``{"op": "subscribe", "relation": NAME, "as_of": T|null, "resume": BOOL}`` streams
+  ``{"op": "subscribe", "relation": NAME, "as_of": T|null, "resume": BOOL, "max_lag": N|null}`` streams
   ``Engine.subscribe``'s events as batches of the update schema, each with app metadata
-  ``{"kind": "snapshot"|"updates"|"progress", "time": T, "last": BOOL}`` (an event may span
+  ``{"kind": "snapshot"|"updates"|"progress"|"schema", "time": T, "last": BOOL}`` (an event may span
   batches, ``last`` ends it; a snapshot's rows carry time = T; progress is an empty batch;
-  a relation never sealed, subscribed with as_of null, starts with an empty snapshot at T = -1).
+  a relation never sealed, subscribed with as_of null, starts with an empty snapshot at T = -1;
+  a subscriber dropped for falling more than max_lag events behind ends with FeedOverrun;
+  ``schema``, an empty batch with T = the new schema version, is the last event: the relation
+  was altered and the stream ends, to be resumed in the new columns).
 * ``do_action``: the type is the operation, the body a JSON object of its arguments, the
   one result ``{"result": ...}``: add_relation {name, schema: base64 Arrow IPC schema},
   drop_relation {name}, relations {}, schema {name} -> base64 IPC schema, seal {name, t},
+  alter_relation {name, add: base64 IPC schema, widen: base64 IPC schema, rename {old: new},
+  drop [names], defaults: base64 IPC stream of one row|absent} -> schema version (see
+  :mod:`sediment.net.alter_wire`), schema_version {name}, describe {name},
   set_since {name, t}, since {name}, sealed {name}, compact {name|null}, trace_info {name}, stats {},
   compaction_errors {},
   begin {group|absent} -> transaction id, commit {txn}, abort {txn}, txn_state {txn},

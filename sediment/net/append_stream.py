@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from sediment.clock import MONOTONIC, Clock
+from sediment.net.messages import Put, encode
 from sediment.net.protocol import json_arg
 from sediment.net.wire_errors import error_detail, error_from_detail
 
@@ -69,7 +70,7 @@ class AppendStream:
 
     def __init__(self, client: flight.FlightClient, relation: str, schema: pa.Schema,
                  options: flight.FlightCallOptions) -> None:
-        command = json.dumps({"op": "append_stream", "relation": relation}).encode()
+        command = encode(Put.APPEND_STREAM, relation=relation)
         self.key = (relation, schema)
         self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
                                                  options=options)
@@ -119,7 +120,7 @@ class StreamPool:
     for ``idle_seconds``."""
 
     def __init__(self, opener: Callable[[str, pa.Schema], AppendStream], idle_seconds: float = STREAM_IDLE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Clock = MONOTONIC) -> None:
         self._open = opener
         self._idle_seconds = idle_seconds
         self._clock = clock
@@ -141,7 +142,7 @@ class StreamPool:
         return self._open(relation, schema), True
 
     def give(self, stream: AppendStream) -> None:
-        stream.last_used = self._clock()
+        stream.last_used = self._clock.current_time()
         with self._lock:
             if not self._closed:
                 self._idle.setdefault(stream.key, []).append(stream)
@@ -165,7 +166,7 @@ class StreamPool:
 
     def close_idle(self) -> int:
         """Close the streams idle for longer than ``idle_seconds``; how many."""
-        stale = self._take_idle(self._clock() - self._idle_seconds)
+        stale = self._take_idle(self._clock.current_time() - self._idle_seconds)
         for stream in stale:
             stream.close()
         return len(stale)

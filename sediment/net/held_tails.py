@@ -17,15 +17,15 @@ coordinator's memory stays bounded whatever readers do.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.arrow_codec import schema_to_text, table_from_text, table_to_text
+from sediment.clock import MONOTONIC, Clock
 from sediment.errors import InvalidArgument
-from sediment.net.protocol import schema_to_b64
 
 HELD_TAIL_BYTES = 256 << 20  # the most WAL-tail rows held for readers at once
 
@@ -72,7 +72,7 @@ class HeldTails:
     """The tails held for leases (thread-safe). Entries end with :meth:`release` or at their
     deadline (checked whenever one is held or asked for)."""
 
-    def __init__(self, max_bytes: int = HELD_TAIL_BYTES, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_bytes: int = HELD_TAIL_BYTES, clock: Clock = MONOTONIC) -> None:
         self._max_bytes = max_bytes
         self._clock = clock
         self._lock = threading.Lock()
@@ -87,7 +87,7 @@ class HeldTails:
             self._sweep()
             if self._bytes + size > self._max_bytes:
                 return False
-            self._held[lease] = (tail, self._clock() + seconds, relation)
+            self._held[lease] = (tail, self._clock.current_time() + seconds, relation)
             self._bytes += size
             return True
 
@@ -125,7 +125,7 @@ class HeldTails:
             return sorted(self._held)
 
     def _sweep(self) -> None:
-        now = self._clock()
+        now = self._clock.current_time()
         for lease in [lease for lease, (_, deadline, _) in self._held.items() if deadline <= now]:
             self._drop(lease)
 
@@ -142,22 +142,14 @@ HELD_METADATA_KEY = b"sediment.held_tail"
 
 def encode_cuts(cuts: pa.Array) -> str:
     """Cut points for a ticket: base64 of an Arrow IPC stream of one column ``cut``."""
-    import base64
-
-    sink = pa.BufferOutputStream()
-    table = pa.table({"cut": cuts})
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
+    return table_to_text(pa.table({"cut": cuts}))
 
 
 def decode_cuts(text: str | None) -> pa.Array | None:
-    import base64
-
     if not text:
         return None
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(text))).read_all()
+        table = table_from_text(text)
     except (ValueError, pa.ArrowException) as exc:
         raise InvalidArgument(f"tail_part: cuts is not base64 Arrow IPC of one column 'cut' ({exc})") from None
     return table.column("cut").combine_chunks() if table.num_rows else pa.array([], table.schema.field(0).type)
@@ -193,7 +185,7 @@ def serve_hold(held: HeldTails, plan: Any, args: dict[str, Any]) -> tuple[pa.Tab
     key = first_key(plan.key_columns, plan.update_schema.names)
     cuts = quantile_cuts(tail.column(key), parts) if key is not None else pa.array([], pa.int64())
     body = pa.table({"cut": cuts})
-    info = {"rows": tail.num_rows, "parts": parts, "key": key, "update_schema": schema_to_b64(plan.update_schema)}
+    info = {"rows": tail.num_rows, "parts": parts, "key": key, "update_schema": schema_to_text(plan.update_schema)}
     return body, {HELD_METADATA_KEY: json.dumps(info).encode()}
 
 

@@ -1,13 +1,12 @@
 """The sediment Flight protocol's constants and codecs, shared by the server and the client.
 
-Pure encoding: JSON arguments, schemas as base64 IPC, locks, read-plan metadata and
+Pure encoding: JSON arguments, locks, read-plan metadata and
 feed-event metadata. No engine, no server, no Flight here (only pyarrow), so the
 client and the server agree on the wire by importing the same functions.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
 
@@ -22,15 +21,7 @@ PLAN_METADATA_KEY = b"sediment.plan"
 BUILTIN_ERRORS = ("ValueError", "TypeError", "KeyError", "LookupError", "IndexError")
 FEED_BATCH_ROWS = 65536  # rows per record batch of a feed event on the wire
 PLAN_FIELDS = ("lease", "relation", "relation_id", "key_columns", "since", "sealed", "as_of", "blob_uri",
-               "s3_endpoint", "batches")
-
-
-def schema_to_b64(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
-def schema_from_b64(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+               "s3_endpoint", "batches", "schema_history")
 
 
 def json_arg(raw: bytes, what: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sediment import errors
+from sediment.clock import Clock
 from sediment.errors import TransactionError
 
 FINISHED_TXN_STATES = 4096  # how many finished transactions' states are remembered
@@ -31,13 +32,13 @@ log = logging.getLogger("sediment.server")
 class TxnRegistry:
     """Open transactions of one server; ``begin`` makes them through ``new_txn``."""
 
-    def __init__(self, new_txn: Callable[[], Any], idle_timeout: float | None, clock: Callable[[], float]) -> None:
+    def __init__(self, new_txn: Callable[[], Any], idle_timeout: float | None, clock: Clock) -> None:
         self._new_txn = new_txn
         self.idle_timeout = idle_timeout
         self._clock = clock
         self._lock = threading.Lock()
         self._txns: dict[int, Any] = {}
-        self._used: dict[int, float] = {}  # transaction id -> clock() of the last call naming it
+        self._used: dict[int, float] = {}  # transaction id -> clock time of the last call naming it
         self._groups: dict[str, set[int]] = {}  # group -> its open transactions
         self._group_of: dict[int, str] = {}
         self._idle_aborted: OrderedDict[int, None] = OrderedDict()
@@ -56,7 +57,7 @@ class TxnRegistry:
                                        "this attempt outlived its job, so nothing was begun; no retry can help")
             tx = self._new_txn()
             self._txns[tx.id] = tx
-            self._used[tx.id] = self._clock()
+            self._used[tx.id] = self._clock.current_time()
             if group is not None:
                 self._groups.setdefault(str(group), set()).add(tx.id)
                 self._group_of[tx.id] = str(group)
@@ -68,7 +69,7 @@ class TxnRegistry:
             tx = self._txns.get(txn_id) if isinstance(txn_id, int) else None
             state = self._finished.get(txn_id) if isinstance(txn_id, int) else None
             if tx is not None:
-                self._used[tx.id] = self._clock()
+                self._used[tx.id] = self._clock.current_time()
             idle = txn_id in self._idle_aborted
         if tx is None:
             shown = f"{txn_id:#x}" if isinstance(txn_id, int) else repr(txn_id)
@@ -136,7 +137,7 @@ class TxnRegistry:
         """Abort the transactions idle for longer than ``idle_timeout``; their ids."""
         if self.idle_timeout is None:
             return []
-        now = self._clock()
+        now = self._clock.current_time()
         with self._lock:
             idle = [self._txns[i] for i, used in self._used.items()
                     if now - used > self.idle_timeout and i in self._txns]

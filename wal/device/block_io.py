@@ -1,7 +1,6 @@
-"""Raw I/O of the device ring: aligned reads and writes (Direct I/O, falling back to
-buffered O_DSYNC when the device refuses it), zeroing, and the header copies. A mixin of
-:class:`sediment.wal.device.log.DeviceLog`, kept apart so the log's own module stays readable;
-it uses the log's attributes (``path``, ``block_size``, ``_fd`` ...) set in its ``__init__``."""
+"""Raw I/O of the device ring: its file descriptors, aligned reads and writes (Direct I/O,
+falling back to buffered O_DSYNC when the device refuses it), zeroing, and writing one
+header copy. :class:`RingFiles` owns all of it; a DeviceLog holds one."""
 
 from __future__ import annotations
 
@@ -9,15 +8,69 @@ import errno
 import logging
 import mmap
 import os
+import threading
+from collections.abc import Callable
 
-from sediment.errors import EngineClosed, WalError
-from sediment.wal.device.format import SHUTDOWN_RUNNING, SLOT, ZERO_CHUNK, RingHeader, align_up
+from sediment.errors import WalError
+from sediment.wal.device.format import SLOT, ZERO_CHUNK, RingHeader
+from sediment.wal.dual_slot import slot_offset
 
 _log = logging.getLogger("sediment.wal.device.log")
 
 
-class RingIO:
-    """Aligned I/O on the ring's file descriptors (see DeviceLog)."""
+def pread_fully(fd: int, view: memoryview, offset: int, path: str) -> None:
+    """Fill ``view`` from ``offset`` of ``fd``; WalError (naming ``path``) on a failed read or
+    the end of the device."""
+    got = 0
+    while got < len(view):
+        try:
+            n = os.preadv(fd, [view[got:]], offset + got)
+        except OSError as e:
+            raise WalError(f"{path}: read of {len(view)} bytes at offset {offset} failed: {e}") from e
+        if n == 0:
+            raise WalError(f"{path}: unexpected end of device at offset {offset + got}")
+        got += n
+
+
+class RingFiles:
+    """The ring's write descriptor (``fd``: O_DIRECT when the device takes it, else O_DSYNC)
+    and read descriptor, and aligned I/O through them. ``pwrite``: the write call
+    (``os.pwrite``'s signature), injectable for tests."""
+
+    def __init__(self, path: str, block_size: int, *, direct: bool, pwrite: Callable[[int, memoryview, int], int]):
+        self.path = path
+        self.block_size = block_size
+        self.header_bytes = 2 * block_size
+        self.direct = False  # writes go through O_DIRECT
+        self.fd = -1
+        self._pwrite = pwrite
+        self._want_direct = direct
+        self._rdirect = False
+        self._rfd = -1
+        self._old_fds: list[int] = []
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def open(self, create: bool, missing: Callable[[str], Exception]) -> bool:
+        """Open the write and read descriptors; whether the file was created now. ``missing``
+        builds the error for a ring that is not there."""
+        created = False
+        flags = os.O_RDWR | os.O_DSYNC | os.O_CLOEXEC
+        if create and not os.path.exists(self.path):
+            flags |= os.O_CREAT | os.O_EXCL
+            created = True
+        try:
+            self.fd = self._open_one(flags, write=True)
+        except FileNotFoundError:
+            raise missing(self.path) from None
+        except OSError as e:
+            raise WalError(f"{self.path}: cannot open the device ring: {e}") from e
+        self._rfd = self._open_one(os.O_RDONLY | os.O_CLOEXEC, write=False)
+        return created
+
+    @property
+    def closed(self) -> bool:
+        return self._rfd < 0
 
     def _open_one(self, flags: int, *, write: bool) -> int:
         if self._want_direct:
@@ -29,7 +82,7 @@ class RingIO:
                 self._warn_fallback(f"open with O_DIRECT failed ({e})")
             else:
                 if write:
-                    self._direct = True
+                    self.direct = True
                 else:
                     self._rdirect = True
                 return fd
@@ -44,47 +97,34 @@ class RingIO:
                 self.path, why,
             )
 
-    # ---------------------------------------------------------------- raw I/O
-
-    def _pread_into(self, view: memoryview, offset: int) -> None:
-        """Fill ``view`` (aligned memory) from ``offset``; short reads past EOF are errors."""
-        got = 0
-        while got < len(view):
-            try:
-                n = os.preadv(self._rfd, [view[got:]], offset + got)
-            except OSError as e:
-                if e.errno == errno.EINVAL and self._rdirect:
-                    self._reopen_read_buffered(e)
-                    continue
-                raise WalError(f"{self.path}: read of {len(view)} bytes at offset {offset} failed: {e}") from e
-            if n == 0:
-                raise WalError(f"{self.path}: unexpected end of device at offset {offset + got}")
-            got += n
-
-    def _pread_exact(self, offset: int, n: int) -> bytes:
-        buf = mmap.mmap(-1, align_up(n, self.block_size))
+    def pread_into(self, view: memoryview, offset: int) -> None:
+        """Fill ``view`` (aligned memory) from ``offset``; short reads past EOF are errors. A
+        direct read the device refuses (EINVAL) is retried once, buffered."""
         try:
-            self._pread_into(memoryview(buf)[: len(buf)], offset)
-            return bytes(buf[:n])
-        finally:
-            buf.close()
+            pread_fully(self._rfd, view, offset, self.path)
+        except WalError as e:
+            cause = e.__cause__
+            if not (self._rdirect and isinstance(cause, OSError) and cause.errno == errno.EINVAL):
+                raise
+            self._reopen_read_buffered()
+            pread_fully(self._rfd, view, offset, self.path)
 
-    def _reopen_read_buffered(self, e: OSError) -> None:
-        with self._fd_lock:
+    def _reopen_read_buffered(self) -> None:
+        with self._lock:
             if self._rdirect:
                 self._old_fds.append(self._rfd)
                 self._rfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
                 self._rdirect = False
 
-    def _write_at(self, view: memoryview, offset: int) -> None:
+    def write_at(self, view: memoryview, offset: int) -> None:
         """One aligned write of ``view`` at device ``offset``, durable on return."""
         done = 0
         while done < len(view):
-            fd = self._fd
+            fd = self.fd
             try:
                 n = self._pwrite(fd, view[done:], offset + done)
             except OSError as e:
-                if e.errno == errno.EINVAL and self._direct:
+                if e.errno == errno.EINVAL and self.direct:
                     self._fall_back(fd, e)
                     continue
                 raise WalError(
@@ -96,74 +136,49 @@ class RingIO:
             done += n
 
     def _fall_back(self, fd: int, e: OSError) -> None:
-        with self._fd_lock:
-            if self._direct and self._fd == fd:
+        with self._lock:
+            if self.direct and self.fd == fd:
                 self._warn_fallback(f"Direct I/O write refused ({e})")
                 self._old_fds.append(fd)
-                self._fd = os.open(self.path, os.O_RDWR | os.O_DSYNC | os.O_CLOEXEC)
-                self._direct = False
+                self.fd = os.open(self.path, os.O_RDWR | os.O_DSYNC | os.O_CLOEXEC)
+                self.direct = False
 
-    def _zero(self, lsn: int, n: int, keep: bytes = b"") -> None:
-        """Write zeros over ring bytes [lsn, lsn + n) (block-aligned), with ``keep``
-        written first (to zero the tail of a partly valid block)."""
-        bs = self.block_size
-        d = self.data_capacity
+    def zero(self, lsn: int, n: int, data_capacity: int, keep: bytes = b"") -> None:
+        """Write zeros over ring bytes [lsn, lsn + n) (block-aligned) of a data area of
+        ``data_capacity`` bytes, with ``keep`` written first (to zero the tail of a partly
+        valid block)."""
         buf = mmap.mmap(-1, ZERO_CHUNK)
         try:
             first = True
             while n > 0:
-                phys = lsn % d
-                step = min(n, ZERO_CHUNK, d - phys)
+                phys = lsn % data_capacity
+                step = min(n, ZERO_CHUNK, data_capacity - phys)
                 if first and keep:
                     buf[: len(keep)] = keep
-                self._write_at(memoryview(buf)[:step], self.header_bytes + phys)
+                self.write_at(memoryview(buf)[:step], self.header_bytes + phys)
                 if first and keep:
                     buf[: len(keep)] = bytes(len(keep))
                 first = False
                 lsn += step
                 n -= step
-            assert lsn % bs == 0
+            assert lsn % self.block_size == 0
         finally:
             buf.close()
 
-    def _write_header(self, shutdown: int, clean_end: int, window: int | None = None, trim: int | None = None,
-                      durable: int | None = None) -> None:
-        """Write the next header copy (slot = seq % 2); new values take effect only once
-        it is durable. Every copy records the durable end as of now (``durable`` overrides
-        it: recovery sets the end it found), so the header always knows what open must find."""
-        with self._hdr_lock:
-            if self._fd < 0:
-                raise EngineClosed(f"{self.path}: the WAL is closed")
-            window = self._window if window is None else window
-            trim = self._trim if trim is None else max(trim, self._trim)
-            durable = max(self._hdr_durable, self._durable_end) if durable is None else durable
-            hdr = RingHeader(self.block_size, self.capacity, trim, self._seq + 1, window, shutdown, clean_end,
-                             max(durable, trim))
-            buf = mmap.mmap(-1, self.block_size)
-            try:
-                buf[: SLOT.size + 4] = hdr.pack()
-                self._write_at(memoryview(buf), (hdr.seq % 2) * self.block_size)
-            finally:
-                buf.close()
-            self._seq, self._window, self._trim, self._hdr_durable = hdr.seq, window, trim, hdr.durable_end
-
-    def _checkpoint(self) -> None:
-        """Record the current durable end in the header (a lower bound: it may lag, never lead)."""
+    def write_header(self, hdr: RingHeader) -> None:
+        """Write one header copy into its slot (``hdr.seq`` picks it), durably."""
+        buf = mmap.mmap(-1, self.block_size)
         try:
-            self._write_header(SHUTDOWN_RUNNING, 0)
-        except EngineClosed:
-            pass
-        except WalError as e:
-            _log.error("%s: WAL header checkpoint failed: %s", self.path, e)
-            self._fail(e)
+            buf[: SLOT.size + 4] = hdr.pack()
+            self.write_at(memoryview(buf), slot_offset(0, self.block_size, hdr.seq))
+        finally:
+            buf.close()
 
-    def _close_fds(self) -> None:
-        with self._hdr_lock, self._fd_lock:
-            for fd in [self._fd, self._rfd, *self._old_fds]:
+    def close(self) -> None:
+        """Close every descriptor (also what a failed open undoes)."""
+        with self._lock:
+            for fd in [self.fd, self._rfd, *self._old_fds]:
                 if fd >= 0:
                     os.close(fd)
-            self._fd = self._rfd = -1
+            self.fd = self._rfd = -1
             self._old_fds = []
-        for b in self._pool:
-            b.close()
-        self._pool = []

@@ -13,13 +13,12 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from sediment.wal.record import crc32c
+from sediment.wal.dual_slot import newest, seal, unseal
 
 RING_MAGIC = b"SDMTRING"
 FORMAT_VERSION = 2
 SLOT_V1 = struct.Struct("<8sIIQQQQIIQ")
 SLOT = struct.Struct("<8sIIQQQQIIQQ")
-SLOT_CRC = struct.Struct("<I")
 DEFAULT_BLOCK_SIZE = 4096  # the slot size of a ring opened without block_size (open, verify)
 SHUTDOWN_RUNNING = 0
 SHUTDOWN_CLEAN = 1
@@ -57,7 +56,7 @@ class RingHeader:
             RING_MAGIC, FORMAT_VERSION, self.block_size, self.capacity, self.trim, self.seq,
             self.window, self.shutdown, 0, self.clean_end, self.durable_end,
         )
-        return body + SLOT_CRC.pack(crc32c(body))
+        return seal(body)
 
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> RingHeader | None:
@@ -67,10 +66,10 @@ class RingHeader:
             return None
         version = struct.unpack_from("<I", buf, 8)[0]
         layout = {1: SLOT_V1, FORMAT_VERSION: SLOT}.get(version)
-        if layout is None or len(buf) < layout.size + 4:
+        if layout is None:
             return None
-        body = bytes(buf[: layout.size])
-        if SLOT_CRC.unpack_from(buf, layout.size)[0] != crc32c(body):
+        body = unseal(buf, layout.size)
+        if body is None:
             return None
         fields = layout.unpack(body)
         (_m, _v, bs, cap, trim, seq, window, shutdown, _r, clean_end) = fields[:10]
@@ -82,5 +81,4 @@ def choose_header(raw: bytes, block_size: int) -> tuple[RingHeader | None, int]:
     """The copy that describes the ring (the valid one with the higher ``seq``) from the
     header area ``raw`` (two slots of ``block_size`` bytes), and how many copies are valid."""
     copies = [RingHeader.unpack(raw[i * block_size : (i + 1) * block_size]) for i in range(2)] if raw else []
-    valid = [c for c in copies if c is not None]
-    return (max(valid, key=lambda h: h.seq) if valid else None), len(valid)
+    return newest(copies, lambda h: h.seq)

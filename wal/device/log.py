@@ -31,6 +31,7 @@ with ``sediment verify``), ``device_io`` (aligned I/O, header writes), ``device_
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import stat
@@ -42,7 +43,7 @@ from typing import Any
 from sediment._fs import fsync_dir
 from sediment.clock import MONOTONIC, Clock
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalExists
-from sediment.wal.device.block_io import RingIO
+from sediment.wal.device.block_io import RingFiles
 from sediment.wal.device.format import (
     DEFAULT_BLOCK_SIZE,
     MIN_DATA_BYTES,
@@ -60,6 +61,7 @@ from sediment.wal.device.recovery import (
     find_frames,
     load_header,
     missing,
+    pread_exact,
     record_of,
     recover,
     walk,
@@ -73,9 +75,10 @@ __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "Dev
 PWrite = Callable[[int, Any, int], int]
 _align_up = align_up
 _align_down = align_down
+_log = logging.getLogger(__name__)
 
 
-class DeviceLog(RingWriter, RingIO):
+class DeviceLog(RingWriter):
     """A write-ahead log in a ring on a raw device or preallocated file.
 
     Implements :class:`sediment.wal.protocol.WriteAheadLog`. Use :meth:`open`.
@@ -126,7 +129,7 @@ class DeviceLog(RingWriter, RingIO):
         try:
             log._open(capacity, create, repair)
         except BaseException:
-            log._close_fds()
+            log.close_fds()
             raise
         return log
 
@@ -154,15 +157,7 @@ class DeviceLog(RingWriter, RingIO):
         self.clock: Clock = clock if clock is not None else MONOTONIC
         if hasattr(self.clock, "on_advance"):  # a clock moved by hand: waiters look at it again
             self.clock.on_advance(self._clock_moved)
-        self._pwrite = pwrite
-        self._want_direct = direct
-        self._direct = False
-        self._rdirect = False
-        self._fd = -1
-        self._rfd = -1
-        self._old_fds: list[int] = []
-        self._fd_lock = threading.Lock()
-        self._warned = False
+        self.files = RingFiles(path, block_size, direct=direct, pwrite=pwrite)
         self.report = OpenReport()
         self.lost_acknowledged: tuple[int, int] | None = None  # set when repair=True cut acknowledged records
         self.preserved: list[str] = []  # after repair=True: files holding the original bytes of what it changed
@@ -199,26 +194,51 @@ class DeviceLog(RingWriter, RingIO):
         self._done_q: deque[_Block] = deque()
         self._notifying = False
 
-    def _open_fds(self, create: bool) -> bool:
-        """Open the write and read fds; returns whether the file was created now."""
-        created = False
-        flags = os.O_RDWR | os.O_DSYNC | os.O_CLOEXEC
-        if create and not os.path.exists(self.path):
-            flags |= os.O_CREAT | os.O_EXCL
-            created = True
+    # the ring's I/O, through the files it owns (recovery and salvage read and write through the log)
+    def pread_into(self, view: memoryview, offset: int) -> None:
+        self.files.pread_into(view, offset)
+
+    def write_at(self, view: memoryview, offset: int) -> None:
+        self.files.write_at(view, offset)
+
+    def _write_header(self, shutdown: int, clean_end: int, window: int | None = None, trim: int | None = None,
+                      durable: int | None = None) -> None:
+        """Write the next header copy (wal/dual_slot.py); new values take effect only once it
+        is durable. Every copy records the durable end as of now (``durable`` overrides it:
+        recovery sets the end it found), so the header always knows what open must find."""
+        with self._hdr_lock:
+            if self.files.fd < 0:
+                raise EngineClosed(f"{self.path}: the WAL is closed")
+            window = self._window if window is None else window
+            trim = self._trim if trim is None else max(trim, self._trim)
+            durable = max(self._hdr_durable, self._durable_end) if durable is None else durable
+            hdr = RingHeader(self.block_size, self.capacity, trim, self._seq + 1, window, shutdown, clean_end,
+                             max(durable, trim))
+            self.files.write_header(hdr)
+            self._seq, self._window, self._trim, self._hdr_durable = hdr.seq, window, trim, hdr.durable_end
+
+    def _checkpoint(self) -> None:
+        """Record the current durable end in the header (a lower bound: it may lag, never lead)."""
         try:
-            self._fd = self._open_one(flags, write=True)
-        except FileNotFoundError:
-            raise missing(self.path) from None
-        except OSError as e:
-            raise WalError(f"{self.path}: cannot open the device ring: {e}") from e
-        self._rfd = self._open_one(os.O_RDONLY | os.O_CLOEXEC, write=False)
-        return created
+            self._write_header(SHUTDOWN_RUNNING, 0)
+        except EngineClosed:
+            pass
+        except WalError as e:
+            _log.error("%s: WAL header checkpoint failed: %s", self.path, e)
+            self._fail(e)
+
+    def close_fds(self) -> None:
+        """Close the ring's descriptors and free the block buffers (also what a failed open undoes)."""
+        with self._hdr_lock:
+            self.files.close()
+        for b in self._pool:
+            b.close()
+        self._pool = []
 
     def _open(self, capacity: int | None, create: bool, repair: bool) -> None:
-        created = self._open_fds(create)
-        regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
-        size = os.lseek(self._fd, 0, os.SEEK_END)
+        created = self.files.open(create, missing)
+        regular = stat.S_ISREG(os.fstat(self.files.fd).st_mode)
+        size = os.lseek(self.files.fd, 0, os.SEEK_END)
         hdr, _ = load_header(self, size, capacity, create)
         if hdr is None:
             self._init_ring(capacity, size, regular, created)
@@ -243,7 +263,7 @@ class DeviceLog(RingWriter, RingIO):
                 path=self.path,
             )
         if regular:
-            os.posix_fallocate(self._fd, 0, self.capacity)
+            os.posix_fallocate(self.files.fd, 0, self.capacity)
         self._recover(hdr, res)
         self.report.torn_tails[:0] = holes
         if holes and self.lost_acknowledged is None:
@@ -278,14 +298,14 @@ class DeviceLog(RingWriter, RingIO):
                     path=self.path, offset=0, reason="blank header over a ring's records",
                 )
         if regular:
-            os.posix_fallocate(self._fd, 0, capacity)
-            os.fsync(self._fd)
+            os.posix_fallocate(self.files.fd, 0, capacity)
+            os.fsync(self.files.fd)
             if created:
                 fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self.capacity = capacity
         self.data_capacity = capacity - self.header_bytes
         if not (created and regular):
-            self._zero(0, self.data_capacity)
+            self.files.zero(0, self.data_capacity, self.data_capacity)
         self._seq = 0
         self._trim = 0
         self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity), durable=0)
@@ -313,14 +333,14 @@ class DeviceLog(RingWriter, RingIO):
         if not res.clean or res.why:
             zero_to = min(max(self._next + res.window, _align_up(res.found_end, bs)), _align_down(trim + d, bs))
             lo = _align_down(last_end, bs)
-            keep = self._pread_exact(self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
+            keep = pread_exact(self, self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
             if zero_to > lo:
-                self._zero(lo, zero_to - lo, keep)
+                self.files.zero(lo, zero_to - lo, d, keep)
         elif last_end % bs:  # clean: the last block's tail must be blank, or the next walk stops there
             lo = _align_down(last_end, bs)
-            block = self._pread_exact(self.header_bytes + lo % d, bs)
+            block = pread_exact(self, self.header_bytes + lo % d, bs)
             if any(block[last_end - lo:]):
-                self._zero(lo, bs, block[:last_end - lo])
+                self.files.zero(lo, bs, d, block[:last_end - lo])
         self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity),
                            durable=last_end)
 
@@ -426,11 +446,11 @@ class DeviceLog(RingWriter, RingIO):
     @property
     def direct_io(self) -> bool:
         """Whether writes currently bypass the page cache."""
-        return self._direct
+        return self.files.direct
 
     def read(self, lsn: int) -> Record:
         """The record at ``lsn`` (both CRCs verified)."""
-        if self._rfd < 0:
+        if self.files.closed:
             raise EngineClosed(f"{self.path}: the WAL is closed")
         if lsn < self._trim or lsn >= self._durable_end:
             raise WalError(
@@ -489,7 +509,7 @@ class DeviceLog(RingWriter, RingIO):
             t.join()
         if self._failed is None:
             self._write_header(SHUTDOWN_CLEAN, self._durable_end, durable=self._durable_end)
-        self._close_fds()
+        self.close_fds()
 
     def __enter__(self) -> DeviceLog:
         return self

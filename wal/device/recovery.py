@@ -20,6 +20,7 @@ from typing import Protocol
 from crc32c import crc32c as _crc
 
 from sediment.errors import WalCorruption, WalError, WalMissing, WalShortened
+from sediment.wal.device.block_io import pread_fully
 from sediment.wal.device.format import (
     DEFAULT_BLOCK_SIZE,
     READ_CHUNK,
@@ -30,18 +31,12 @@ from sediment.wal.device.format import (
     choose_header,
 )
 from sediment.wal.record import (
-    HEADER,
     HEADER_SIZE,
-    MAGIC,
-    MAX_BODY,
-    VERSION,
     Record,
     RecordKind,
+    check_header,
 )
 from sediment.wal.record import decode_header as _decode_header
-
-_KINDS = frozenset(int(k) for k in RecordKind)
-_unpack_header = HEADER.unpack_from
 
 
 class RingSource(Protocol):
@@ -52,13 +47,13 @@ class RingSource(Protocol):
     header_bytes: int
     data_capacity: int
 
-    def _pread_into(self, view: memoryview, offset: int) -> None: ...
+    def pread_into(self, view: memoryview, offset: int) -> None: ...
 
 
 def pread_exact(src: RingSource, offset: int, n: int) -> bytes:
     buf = mmap.mmap(-1, align_up(max(n, 1), src.block_size))
     try:
-        src._pread_into(memoryview(buf)[: len(buf)], offset)
+        src.pread_into(memoryview(buf)[: len(buf)], offset)
         return bytes(buf[:n])
     finally:
         buf.close()
@@ -92,7 +87,7 @@ class RingReader:
             b.close()
 
     def _read(self, idx: int, base: int, lo: int, length: int) -> None:
-        self.log._pread_into(self.views[idx][:length], self.log.header_bytes + lo)
+        self.log.pread_into(self.views[idx][:length], self.log.header_bytes + lo)
 
     def at(self, lsn: int, n: int) -> tuple[memoryview, int]:
         """(view, offset) such that view[offset:offset + n] are ring bytes [lsn, lsn + n);
@@ -108,7 +103,7 @@ class RingReader:
         want = align_up(phys + n, bs) - lo
         if want > self.chunk:
             big = mmap.mmap(-1, want)
-            log._pread_into(memoryview(big), log.header_bytes + lo)
+            log.pread_into(memoryview(big), log.header_bytes + lo)
             return memoryview(big), phys - lo
         ahead = self.ahead
         if ahead is not None and ahead[0] == base and ahead[1] <= lo and phys + n <= ahead[1] + ahead[2]:
@@ -139,16 +134,15 @@ class RingReader:
 
 def check(rd: RingReader, pos: int) -> tuple[tuple | None, str]:
     """The valid record at ``pos`` as the unpacked header tuple (see record.HEADER),
-    or (None, why not). Same checks as record.decode_header plus position and body
+    or (None, why not). Same checks as record.check_header plus position and body
     CRC, without building objects: recovery speed rests on this loop."""
     d = rd.log.data_capacity
     phys = pos % d
     if d - phys < HEADER_SIZE:
         return None, "too close to the ring end for a header"
     view, o = rd.at(pos, HEADER_SIZE)
-    u = _unpack_header(view, o)
-    if (u[1] != MAGIC or u[2] != VERSION or u[3] not in _KINDS or u[4] > MAX_BODY
-            or _crc(view[o + 4 : o + HEADER_SIZE]) != u[0]):
+    u = check_header(view, o)
+    if u is None:
         blank = not any(view[o : o + HEADER_SIZE])
         return None, ("blank (never written)" if blank else "bad record header (checksum/magic)")
     if u[6] != pos:
@@ -165,7 +159,7 @@ def check(rd: RingReader, pos: int) -> tuple[tuple | None, str]:
 
 
 def record_of(u: tuple, body: memoryview) -> Record:
-    return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6])
+    return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6], u[12])
 
 
 def walk(rd: RingReader, pos: int, limit: int, stop: list) -> Iterator[tuple[int, tuple]]:
@@ -360,16 +354,8 @@ class ReadOnlyRing:
     def size(self) -> int:
         return os.lseek(self._fd, 0, os.SEEK_END)
 
-    def _pread_into(self, view: memoryview, offset: int) -> None:
-        got = 0
-        while got < len(view):
-            try:
-                n = os.preadv(self._fd, [view[got:]], offset + got)
-            except OSError as e:
-                raise WalError(f"{self.path}: read of {len(view)} bytes at offset {offset} failed: {e}") from e
-            if n == 0:
-                raise WalError(f"{self.path}: unexpected end of device at offset {offset + got}")
-            got += n
+    def pread_into(self, view: memoryview, offset: int) -> None:
+        pread_fully(self._fd, view, offset, self.path)
 
     def close(self) -> None:
         os.close(self._fd)

@@ -94,10 +94,10 @@ def _fill(log, lo: int, hi: int) -> None:
     buf = mmap.mmap(-1, len(frame))
     try:
         buf[:] = frame
-        log._write_at(memoryview(buf), log.header_bytes + phys)
+        log.write_at(memoryview(buf), log.header_bytes + phys)
     finally:
         buf.close()
-    os.fsync(log._fd)
+    os.fsync(log.files.fd)
 
 
 def fill_holes(log, hdr: RingHeader) -> tuple[list[tuple[str, int, int, str]], list[str]]:

@@ -155,7 +155,7 @@ class RingWriter:
             self._write_header(SHUTDOWN_RUNNING, 0, window=wlen)
         if wlen > blk.fill:
             blk.buf[blk.fill : wlen] = _ZEROS[: wlen - blk.fill]
-        self._write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
+        self.write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
 
     def _complete(self, blk: _Block) -> None:
         """Advance the durable end over blocks finished in order; then (one thread at a

@@ -191,7 +191,7 @@ class ReplicatedLog:
         finally:
             self._stopped = True
             self._drain()
-            self.coordinator._fail_all(self._stop_error())
+            self.coordinator.fail_all(self._stop_error())
             self._watch.finished()
             self._ready.set()
             fenced = self.coordinator.fenced
@@ -290,7 +290,7 @@ class ReplicatedLog:
         log.warning("partition %d: the ZooKeeper session expired; no other coordinator took over (the metadata "
                     "still names session %d): recovering a new store session", self.partition, ours)
         if c.session == ours and c._session_scope is not None and c._broken is None:
-            c._close_session("the ZooKeeper session expired")
+            c.close_session("the ZooKeeper session expired")
         self.zk_rechecks += 1
         self.zk_rechecked.set()
 

@@ -137,7 +137,7 @@ class Coordinator:
             self.fenced = SessionFenced(f"partition {self.partition} session {self.session}: {why}; this "
                                         "coordinator was superseded and must stop (open a new one to write)")
             log.warning("%s", self.fenced)
-        self._fail_all(self.fenced)
+        self.fail_all(self.fenced)
         if self._session_scope is not None:
             self._session_scope.cancel()
 
@@ -277,7 +277,7 @@ class Coordinator:
         """Appends wait through a session restart, but not for ever."""
         await trio.sleep_until(self._restart_by)
         if self.restarting and not self.writable.is_set():
-            self._fail_all(QuorumLost(
+            self.fail_all(QuorumLost(
                 f"partition {self.partition}: no write quorum of {self.replicas}: no new store session accepted "
                 f"writes within {self.timeout}s of a replica failure. Unacknowledged appends were not "
                 "acknowledged (they may or may not survive recovery); retry once the storage nodes are reachable"))
@@ -391,11 +391,11 @@ class Coordinator:
                 # a node says a newer session exists: the metadata decides (run's check)
                 # between SessionFenced and a new session; failing with QuorumLost would
                 # misreport a superseded coordinator as a lost quorum
-                self._close_session(f"replica {link.address} answered FENCED ({why})")
+                self.close_session(f"replica {link.address} answered FENCED ({why})")
             elif len(self.in_sync()) < self.quorum:
                 self._lose_quorum(f"replica {link.address} failed ({why})")
             elif counted:
-                self._close_session(f"replica {link.address} failed ({why})")
+                self.close_session(f"replica {link.address} failed ({why})")
             else:
                 self._spawn_catch_up(link)
 
@@ -405,7 +405,7 @@ class Coordinator:
             self._restart_over.set()
             self._restart_over = trio.Event()
 
-    def _close_session(self, why: str) -> None:
+    def close_session(self, why: str) -> None:
         """End this session without failing anything: the next one recovers, then settles
         the appends in flight (:meth:`_carry_over`) and sends the queue."""
         if not self.restarting:
@@ -441,9 +441,10 @@ class Coordinator:
                          f"of {self.replicas}. Unacknowledged appends were not acknowledged (they may or may "
                          "not survive recovery); a new store session is being recovered, retry")
         self._end_session(err)
-        self._fail_all(err)
+        self.fail_all(err)
 
-    def _fail_all(self, err: BaseException) -> None:
+    def fail_all(self, err: BaseException) -> None:
+        """Fail every append in flight or queued with ``err``: the log stops, and no caller waits on."""
         pending = [w for b in self.inflight for w in b.waiters] + list(self.queue)
         for b in self.inflight:
             b.waiters = []

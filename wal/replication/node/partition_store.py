@@ -16,19 +16,18 @@ import threading
 import uuid
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from sediment._fs import makedirs_durable
-from sediment._fs import pwrite_all as _pwrite_all
 from sediment.errors import LowWaterMarkRegression, WalError, WalMissing
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import segment as sg
 from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
-from sediment.wal.direct_io import _allocate
+from sediment.wal.direct_io import allocate
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_replica_manifest
+from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
 
 log = logging.getLogger(__name__)
 
@@ -80,19 +79,6 @@ class PartitionStore(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass
-class _Seg:
-    first_lsn: int
-    path: str
-    idx_path: str
-    offsets: array = field(default_factory=lambda: array("Q"))
-    end: int = sg.HEADER_SIZE
-
-    @property
-    def next_lsn(self) -> int:
-        return self.first_lsn + len(self.offsets)
-
-
 class FilePartitionStore:
     """One partition's replica in segment files (the WAL's file layout), its manifest and the
     storage directory's control file.
@@ -121,9 +107,8 @@ class FilePartitionStore:
         self.checkpoint_records = max(1, checkpoint_records)
         self.dir = os.path.join(root, str(partition))
         self._lock = threading.Lock()
-        self._segs: list[_Seg] = []
-        self._fd = -1
-        self._idx_fd = -1
+        self._segs: list[Segment] = []
+        self._active: ActiveSegment | None = None
         self.problems: list[lr.Problem] = []
         with control_lock:
             self._manifest, created = open_replica_manifest(root, partition, control)
@@ -153,8 +138,7 @@ class FilePartitionStore:
                 log.warning("replica %s: %s", self.dir, p.describe())
         carry_out(plan, self.dir, lambda first: self._header(sg.SEG_MAGIC, first), self.segment_bytes)
         for k in plan.segments:
-            self._segs.append(_Seg(k.first_lsn, k.path, os.path.join(self.dir, sg.index_name(k.first_lsn)),
-                                   k.offsets, k.end))
+            self._segs.append(Segment.in_dir(self.dir, k.first_lsn, k.offsets, k.end))
         assert plan.manifest is not None
         self._manifest = plan.manifest
         if not self._segs:
@@ -162,10 +146,11 @@ class FilePartitionStore:
         else:
             self._open_active()
         active = self._segs[-1]
-        os.ftruncate(self._idx_fd, sg.HEADER_SIZE + 8 * len(active.offsets))
-        if os.fstat(self._fd).st_size < self.segment_bytes:  # a finished segment made active by a truncation
-            _allocate(self._fd, self.segment_bytes)
-        os.fsync(self._fd)  # what was read back is now durable, so it may be recorded as the durable end
+        files = self._files()
+        os.ftruncate(files.idx_fd, sg.HEADER_SIZE + 8 * len(active.offsets))
+        if os.fstat(files.fd).st_size < self.segment_bytes:  # a finished segment made active by a truncation
+            allocate(files.fd, self.segment_bytes)
+        os.fsync(files.fd)  # what was read back is now durable, so it may be recorded as the durable end
         self._manifest.active_first = active.first_lsn
         self._manifest.durable_end = max(self._manifest.durable_end, active.next_lsn)
         mf.write(self.root, self._manifest)
@@ -182,19 +167,20 @@ class FilePartitionStore:
         return sg.SegmentHeader(magic, sg.VERSION, 0, self.cluster_key, self.partition, first, 0).pack()
 
     def _new_segment(self, first: int) -> None:
-        seg = _Seg(first, os.path.join(self.dir, sg.segment_name(first)), os.path.join(self.dir, sg.index_name(first)))
+        seg = Segment.in_dir(self.dir, first)
         create_segment_files(seg.path, seg.idx_path, self._header(sg.SEG_MAGIC, first),
                              self._header(sg.IDX_MAGIC, first), self.segment_bytes)
         self._segs.append(seg)
         self._open_active()
 
     def _open_active(self) -> None:
-        for fd in (self._fd, self._idx_fd):
-            if fd >= 0:
-                os.close(fd)
-        seg = self._segs[-1]
-        self._fd = os.open(seg.path, os.O_RDWR)
-        self._idx_fd = os.open(seg.idx_path, os.O_RDWR | os.O_CREAT, 0o644)
+        if self._active is not None:
+            self._active.close()
+        self._active = ActiveSegment(self._segs[-1])
+
+    def _files(self) -> ActiveSegment:
+        assert self._active is not None, "the store's active segment is open from construction to close"
+        return self._active
 
     @property
     def next_lsn(self) -> int:
@@ -219,17 +205,14 @@ class FilePartitionStore:
         if seg.end > sg.HEADER_SIZE and seg.end + len(payload) > self.segment_bytes:
             self._roll_over(seg)
             seg = self._segs[-1]
-        _pwrite_all(self._fd, payload, seg.end)
-        os.fdatasync(self._fd)
+        files = self._files()
+        files.write([payload], seg.end)
         offs = array("Q")
         pos = seg.end
         for s in sizes:
             offs.append(pos)
             pos += s
-        _pwrite_all(self._idx_fd, offs.tobytes(), sg.HEADER_SIZE + 8 * len(seg.offsets))
-        with self._lock:
-            seg.offsets.extend(offs)
-            seg.end = pos
+        files.add(offs, pos, self._lock)
         if seg.next_lsn - self._checkpoint >= self.checkpoint_records:
             self._record_end()
 
@@ -240,12 +223,10 @@ class FilePartitionStore:
         mf.write_end(self.root, self._manifest, end)
         self._checkpoint = end
 
-    def _roll_over(self, old: _Seg) -> None:
+    def _roll_over(self, old: Segment) -> None:
         """Finish ``old`` (cut to its data) and start the next segment; the manifest records
         the finished one only once the new file is durable, as the local log's rollover does."""
-        os.ftruncate(self._fd, old.end)
-        os.fsync(self._fd)
-        os.fsync(self._idx_fd)
+        self._files().finish()
         self._new_segment(old.next_lsn)
         self._manifest.durable_end = max(self._manifest.durable_end, old.next_lsn)
         mf.record_rollover(self.root, self._manifest, mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
@@ -298,14 +279,12 @@ class FilePartitionStore:
         keep = lsn - seg.first_lsn
         cut = seg.offsets[keep] if keep < len(seg.offsets) else seg.end
         self._open_active()
-        os.ftruncate(self._fd, cut)  # drops the frames; zeros follow, so no stale frame can reappear
-        try:
-            os.posix_fallocate(self._fd, 0, max(self.segment_bytes, cut))
-        except OSError:
-            pass
-        os.fsync(self._fd)
-        os.ftruncate(self._idx_fd, sg.HEADER_SIZE + 8 * keep)
-        os.fsync(self._idx_fd)
+        files = self._files()
+        os.ftruncate(files.fd, cut)  # drops the frames; zeros follow, so no stale frame can reappear
+        allocate(files.fd, max(self.segment_bytes, cut))
+        os.fsync(files.fd)
+        os.ftruncate(files.idx_fd, sg.HEADER_SIZE + 8 * keep)
+        os.fsync(files.idx_fd)
         with self._lock:
             del seg.offsets[keep:]
             seg.end = cut
@@ -316,9 +295,7 @@ class FilePartitionStore:
         new start goes into the manifest first, then the files go oldest first, so a crash
         leaves only garbage below the recorded start, never a hole (as FileLog.trim)."""
         with self._lock:
-            n = 0
-            while n < len(self._segs) - 1 and self._segs[n].next_lsn <= lsn:
-                n += 1
+            n = finished_below(self._segs, lsn)
             if n == 0:
                 return
             start = self._segs[n].first_lsn
@@ -341,22 +318,17 @@ class FilePartitionStore:
         mf.write(self.root, m)
         with self._lock:
             old, self._segs = self._segs, []
-        for fd in (self._fd, self._idx_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._idx_fd = -1
+        self._files().close()
         sg.remove_segment_files(self.dir, old)
         self._new_segment(lsn)
         self._checkpoint = lsn
 
     def close(self) -> None:
-        if self._fd >= 0 and self.next_lsn > self._manifest.durable_end:
-            os.fsync(self._fd)
+        files = self._files()
+        if files.fd >= 0 and self.next_lsn > self._manifest.durable_end:
+            os.fsync(files.fd)
             self._record_end()
-        for fd in (self._fd, self._idx_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._idx_fd = -1
+        files.close()
 
 
 class MemoryPartitionStore:

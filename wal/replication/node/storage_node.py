@@ -93,15 +93,13 @@ MAX_READ_BYTES = 4 << 20
 OPEN_PAYLOAD = struct.Struct("<q")  # OPEN response payload: the session persisted before this OPEN
 
 
-_KINDS = frozenset(int(k) for k in rec.RecordKind)
-_unpack_header = rec.HEADER.unpack_from
 
 
 def check_payload(payload: bytes, first_lsn: int) -> list[int]:
     """The frame sizes of the records in an APPEND payload; WireError unless every frame is
     intact and the LSNs run first_lsn, first_lsn + 1, ... (a node stores nothing it cannot vouch for).
 
-    The checks are record.decode_header's plus the body CRC, without building a Header per
+    The checks are record.check_header's plus the body CRC, without building a Header per
     record: this runs for every record a node receives."""
     sizes = []
     view = memoryview(payload)
@@ -110,13 +108,11 @@ def check_payload(payload: bytes, first_lsn: int) -> list[int]:
     pos = 0
     lsn = first_lsn
     while pos < end:
-        if end - pos < rec.HEADER_SIZE:
+        u = rec.check_header(view, pos)
+        frame_end = end + 1 if u is None else pos + rec.HEADER_SIZE + u[4]
+        if frame_end > end:
             raise WireError(f"APPEND record frame at payload offset {pos} is damaged or cut short")
-        hcrc, magic, version, kind, body_len, body_crc, head_lsn = _unpack_header(view, pos)[:7]
-        frame_end = pos + rec.HEADER_SIZE + body_len
-        if (magic != rec.MAGIC or version != rec.VERSION or kind not in _KINDS or body_len > rec.MAX_BODY
-                or crc(view[pos + 4:pos + rec.HEADER_SIZE]) != hcrc or frame_end > end):
-            raise WireError(f"APPEND record frame at payload offset {pos} is damaged or cut short")
+        body_crc, head_lsn = u[5], u[6]
         if head_lsn != lsn:
             raise WireError(f"APPEND record at payload offset {pos} has LSN {head_lsn}, expected {lsn}")
         if crc(view[pos + rec.HEADER_SIZE:frame_end]) != body_crc:

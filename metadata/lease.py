@@ -1,0 +1,89 @@
+"""A lease on one metadata key, for stores without sessions (S3; issue 25's membership).
+
+ZooKeeper has ephemeral nodes; a metadata store on S3 has only compare-and-set. So the
+holder renews the lease by a compare-and-set that moves the key's version on, and another
+member takes the lease over only after it has seen the *same version* unchanged for
+``lease_time`` seconds of *its own* clock: no clocks are compared across machines, so clock
+skew cannot hand the lease to two members at once beyond what pauses allow.
+
+A lease is advisory. A holder that stalls past the lease time may still believe it holds
+it; safety comes from epochs (the log on S3 fences a stale writer by its claim), never from
+the lease: use the lease to decide who *should* serve, and the log's claim to make it so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+from sediment.errors import InvalidMetadataRequest, MetadataConflict
+from sediment.metadata.protocol import MetadataStore
+
+
+class Clock(Protocol):
+    """What a lease needs of sediment.clock's clocks (metadata/ stays a leaf: no import of them)."""
+
+    def current_time(self) -> float: ...
+
+
+class Lease:
+    """The lease at ``key`` as seen by the member ``holder``.
+
+    Call :meth:`try_acquire` every so often (say a third of ``lease_time``): it renews the
+    lease while this member holds it, and takes it over once the holder has not renewed
+    for ``lease_time`` seconds of ``clock``.
+    """
+
+    def __init__(self, store: MetadataStore, key: str, holder: str, lease_time: float, clock: Clock) -> None:
+        if not holder or not lease_time > 0:
+            raise InvalidMetadataRequest(f"a lease needs a holder name and a lease time > 0, not {holder!r}, "
+                                         f"{lease_time!r}")
+        self.store, self.key, self.holder, self.lease_time, self._clock = store, key, holder, lease_time, clock
+        self._version: int | None = None  # the version we wrote, while we hold the lease
+        self._seen: tuple[int, float] | None = None  # (another holder's version, when we first saw it)
+
+    @property
+    def held(self) -> bool:
+        """Whether this member's last write is the lease's newest version (as far as it knows)."""
+        return self._version is not None
+
+    def current_holder(self) -> str | None:
+        got = self.store.get(self.key)
+        return json.loads(got.value)["holder"] if got is not None else None
+
+    def try_acquire(self) -> bool:
+        """Renew the lease if held, take it if free or expired on this member's clock; whether
+        this member holds it now."""
+        got = self.store.get(self.key)
+        if got is None:
+            return self._write(None)
+        if self._version is not None and got.version == self._version:
+            return self._write(got.version)
+        self._version = None
+        now = self._clock.current_time()
+        if self._seen is None or self._seen[0] != got.version:
+            self._seen = (got.version, now)  # the holder moved on (or first look): it is alive
+            return False
+        if now - self._seen[1] < self.lease_time:
+            return False
+        return self._write(got.version)
+
+    def _write(self, expected: int | None) -> bool:
+        renewals = 0 if expected is None else expected + 1
+        value = json.dumps({"holder": self.holder, "renewals": renewals}).encode()
+        try:
+            self._version = self.store.compare_and_set(self.key, value, expected)
+        except MetadataConflict:
+            self._version = None
+            return False
+        self._seen = None
+        return True
+
+    def release(self) -> None:
+        """Give the lease up now (others need not wait out the lease time)."""
+        if self._version is not None:
+            try:
+                self.store.delete(self.key, self._version)
+            except MetadataConflict:
+                pass
+            self._version = None

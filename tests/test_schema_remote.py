@@ -1,0 +1,161 @@
+"""Schema evolution through the server (a network client) and the CLI: the same alter, the
+same refusals, the schema version in `relation list`."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import sediment
+from sediment.cli import main
+from sediment.errors import SchemaChangeRefused
+from sediment.server import SedimentFlightServer
+
+TOKEN = "schema-remote-token"
+
+
+@pytest.fixture
+def client(tmp_path):
+    engine = sediment.open(str(tmp_path / "data"), compact_interval=None)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN)
+    c = sediment.connect(server.uri, token=TOKEN)
+    yield c
+    c.close()
+    server.stop()
+    engine.close()
+
+
+def test_alter_through_the_client(client):
+    client.add_relation("r", pa.schema([("id", pa.int32()), ("item", pa.string()), ("note", pa.string())]))
+    client.append("r", pa.table({"id": pa.array([1], pa.int32()), "item": ["a"], "note": ["x"], "time": [1],
+                                 "diff": [1]}))
+    version = client.alter_relation("r", add=[pa.field("qty", pa.int32()), pa.field("at", pa.timestamp("us"))],
+                                    defaults={"qty": 3}, widen={"id": pa.int64()}, rename={"item": "product"},
+                                    drop=["note"])
+    assert version == 1 == client.schema_version("r")
+    assert client.schema("r") == pa.schema([("id", pa.int64()), ("product", pa.string()), ("qty", pa.int32()),
+                                            ("at", pa.timestamp("us"))])
+    client.append("r", pa.table({"id": [2], "product": ["b"], "time": [2], "diff": [1]}))
+    client.seal("r", 2)
+    assert client.snapshot("r", 2).to_pylist() == [
+        {"id": 1, "product": "a", "qty": 3, "at": None, "diff": 1},
+        {"id": 2, "product": "b", "qty": 3, "at": None, "diff": 1}]
+
+
+def test_refusals_come_back_typed_and_change_nothing(client):
+    client.add_relation("r", pa.schema([("id", pa.int64())]))
+    with pytest.raises(SchemaChangeRefused, match="'id'.*widen only"):
+        client.alter_relation("r", widen={"id": pa.int32()})
+    with pytest.raises(SchemaChangeRefused, match="'q'.*default of the column's type"):
+        client.alter_relation("r", add=[pa.field("q", pa.int32())], defaults={"q": "seven"})
+    assert client.schema_version("r") == 0 and client.schema("r") == pa.schema([("id", pa.int64())])
+
+
+def _run(capsys, data_dir, *argv):
+    rc = main(["--data-dir", str(data_dir), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_relation_alter_and_list(tmp_path, capsys):
+    d = tmp_path / "data"
+    assert _run(capsys, d, "relation", "add", "orders", "--schema", "id:int32,item:string,note:string")[0] == 0
+    rc, out, err = _run(capsys, d, "relation", "alter", "orders", "--add", "qty:int32", "--default", "qty=5",
+                        "--widen", "id:int64", "--rename", "item=product", "--drop", "note")
+    assert rc == 0, err
+    assert out.strip() == "altered relation orders: schema version 1 (id:int64,product:string,qty:int32)"
+    rc, out, _ = _run(capsys, d, "relation", "list")
+    assert out.splitlines() == ["orders\tid:int64,product:string,qty:int32\tsince=0\tsealed=-1\tschema_version=1"]
+    with sediment.open(str(d)) as e:  # the --default text became the column's value for rows without it
+        e.append("orders", pa.table({"id": [1], "product": ["a"], "time": [1], "diff": [1]}))
+        e.seal("orders", 1)
+        assert e.snapshot("orders", 1).column("qty").to_pylist() == [5]
+
+
+@pytest.mark.parametrize(("argv", "code", "words"), [
+    (["--widen", "id:int8"], 1, ["'id'", "widen only", "nothing was changed"]),
+    (["--drop", "id", "--drop", "item"], 1, ["keep one column"]),
+    (["--rename", "item"], 2, ["--rename takes NAME=VALUE"]),
+    ([], 2, ["at least one of"]),
+    (["--add", "qty:notatype"], 2, ["--add/--widen"]),
+])
+def test_cli_refused_alter_is_one_line_and_changes_nothing(tmp_path, capsys, argv, code, words):
+    d = tmp_path / "data"
+    assert _run(capsys, d, "relation", "add", "orders", "--schema", "id:int32,item:string")[0] == 0
+    rc, _out, err = _run(capsys, d, "relation", "alter", "orders", *argv)
+    assert rc == code, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    for w in words:
+        assert w in err
+    rc, out, _ = _run(capsys, d, "relation", "list")
+    assert out.splitlines() == ["orders\tid:int32,item:string\tsince=0\tsealed=-1\tschema_version=0"]
+
+
+def test_remote_feed_delivers_the_schema_change_then_asks_to_resubscribe(client):
+    from sediment.errors import SchemaMismatch
+
+    client.add_relation("r", pa.schema([("k", pa.int64())]))
+    sub = client.subscribe("r")
+    assert sub.next(10).kind == "snapshot"
+    client.append("r", pa.table({"k": [1], "time": [1], "diff": [1]}))
+    client.seal("r", 1)
+    client.alter_relation("r", add=[pa.field("n", pa.int64())])
+    client.append("r", pa.table({"k": [2], "n": [5], "time": [2], "diff": [1]}))
+    kinds = [sub.next(10) for _ in range(3)]
+    assert [e.kind for e in kinds] == ["updates", "progress", "schema"] and kinds[2].time == 1
+    with pytest.raises(SchemaMismatch, match="schema version 1"):
+        sub.next(10)
+    sub.close()
+    again = client.subscribe("r", 1, resume=True)
+    got = again.next(10)
+    assert got.kind == "updates" and got.table.to_pylist() == [{"k": 2, "n": 5, "time": 2, "diff": 1}]
+    again.close()
+
+
+def test_cli_tail_prints_the_schema_change_in_order(tmp_path):
+    from sediment.cli import commands
+
+    with sediment.open(str(tmp_path / "data"), compact_interval=None) as e:
+        e.add_relation("r", pa.schema([("k", pa.int64()), ("v", pa.string())]))
+        sub = e.subscribe("r")
+        assert sub.next(5).kind == "snapshot"
+        e.append("r", pa.table({"k": [1], "v": ["a"], "time": [1], "diff": [1]}))
+        e.alter_relation("r", rename={"v": "w"}, add=[pa.field("n", pa.int64())])
+        e.append("r", pa.table({"k": [2], "w": ["b"], "n": [3], "time": [2], "diff": [1]}))
+        rows, names = [], ["k", "v"]
+        for _ in range(3):  # what cmd_tail does with each event
+            event = sub.next(5)
+            if event.kind == "schema":
+                names = [n for n in event.table.column_names if n not in ("time", "diff")]
+            rows += list(commands._tail_rows(event, names))
+        sub.close()
+    assert rows == [["update", 1, 1, "a", 1], ["schema", 1, "k", "w", "n", "diff"], ["update", 2, 2, "b", 3, 1]]
+
+
+def test_describe_on_the_engine_the_client_and_the_cli(tmp_path, capsys):
+    import decimal
+    import json
+
+    engine = sediment.open(str(tmp_path / "data"), compact_interval=None)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN)
+    client = sediment.connect(server.uri, token=TOKEN)
+    try:
+        engine.add_relation("r", pa.schema([("id", pa.int32()), ("note", pa.string())]))
+        engine.alter_relation("r", add=[pa.field("d", pa.decimal128(5, 2))], defaults={"d": decimal.Decimal("1.50")},
+                              widen={"id": pa.int64()}, drop=["note"])
+        want = {"name": "r", "id": 1, "schema": "id:int64,d:decimal128(5,2)", "schema_version": 1,
+                "columns": [{"name": "id", "type": "int64", "field_id": 1, "default": None},
+                            {"name": "d", "type": "decimal128(5,2)", "field_id": 3, "default": "1.50"}],
+                "since": 0, "sealed": -1}
+        assert engine.describe("r") == want
+        assert client.describe("r") == want
+    finally:
+        client.close()
+        server.stop()
+        engine.close()
+    assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "r\tid:int64,d:decimal128(5,2)\tschema_version=1\tsince=0\tsealed=-1",
+        "  id\tint64\tfield_id=1", "  d\tdecimal128(5,2)\tfield_id=3\tdefault=1.50"]
+    assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == want

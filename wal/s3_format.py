@@ -1,0 +1,135 @@
+"""Objects of the log on S3 (``wal="s3://bucket/prefix"``; layout in docs/formats.md, "Log on S3").
+
+Each group commit is one immutable object ``<root><partition>/<slot as 20 digits>``, created
+once with ``If-None-Match: *``: an 80-byte header, then the group's record frames exactly as
+in a segment (wal/record.py). Slots are numbered 0, 1, 2, ... with no gaps between the log's
+start and its newest object, so a writer that takes slot ``n`` first owns it and any other
+writer's PUT at ``n`` fails: that is how a new writer fences an old one.
+
+    off size field
+      0    4 magic        b"SDSL"
+      4    2 version      1
+      6    2 flags        bit 0 CLAIM: a writer's first object (its epoch starts here);
+                          bit 1 SEGMENT: the first record is a segment boundary (FRONTIERS)
+      8    8 epoch        the writer's epoch; grows by one at each takeover
+     16    8 slot         the object's own slot (must match its name)
+     24    8 first_lsn    LSN of its first record (the log's next LSN when it has none)
+     32    4 records      number of frames that follow
+     36    4 frames_len   bytes of frames that follow
+     40    8 start_slot   the log's first kept slot when this object was written
+     48    8 cut_slot     CLAIM only: a torn object just below that this writer cut; else NONE
+     56   16 token        random, unique to this object's write
+     72    4 reserved     0
+     76    4 header_crc   crc32c of bytes [0, 76)
+
+All integers are little-endian, as in the record frame.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+
+from sediment.wal import record as rec
+
+MAGIC = b"SDSL"
+VERSION = 1
+CLAIM = 1
+SEGMENT = 2
+NONE = (1 << 64) - 1
+SLOT_DIGITS = 20
+HEADER = struct.Struct("<4sHHQQQIIQQ16sI")
+CRC = struct.Struct("<I")
+HEADER_SIZE = HEADER.size + CRC.size
+assert HEADER_SIZE == 80
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectHeader:
+    """One object's decoded header."""
+
+    flags: int
+    epoch: int
+    slot: int
+    first_lsn: int
+    records: int
+    frames_len: int
+    start_slot: int
+    cut_slot: int
+    token: bytes
+
+    @property
+    def claim(self) -> bool:
+        return bool(self.flags & CLAIM)
+
+    @property
+    def segment(self) -> bool:
+        return bool(self.flags & SEGMENT)
+
+    @property
+    def next_lsn(self) -> int:
+        return self.first_lsn + self.records
+
+
+def slot_name(partition: int, slot: int) -> str:
+    """The object name (below the log's root) of ``slot`` of ``partition``."""
+    return f"{partition}/{slot:0{SLOT_DIGITS}d}"
+
+
+def parse_name(name: str, partition: int) -> int | None:
+    """The slot an object name (below the root) holds, or None if it is no slot of ``partition``."""
+    head, _, tail = name.partition("/")
+    if head != str(partition) or len(tail) != SLOT_DIGITS or not tail.isdigit():
+        return None
+    return int(tail)
+
+
+def encode(head: ObjectHeader, frames: bytes | bytearray) -> bytes:
+    """The whole object: header (with its CRC) and the frames."""
+    raw = HEADER.pack(MAGIC, VERSION, head.flags, head.epoch, head.slot, head.first_lsn, head.records,
+                      len(frames), head.start_slot, head.cut_slot, head.token, 0)
+    return raw + CRC.pack(rec.crc32c(raw)) + bytes(frames)
+
+
+def new_header(flags: int, epoch: int, slot: int, first_lsn: int, records: int, start_slot: int,
+               cut_slot: int = NONE) -> ObjectHeader:
+    """A header with a fresh token (its ``frames_len`` is filled in by :func:`encode`)."""
+    return ObjectHeader(flags, epoch, slot, first_lsn, records, 0, start_slot, cut_slot, uuid.uuid4().bytes)
+
+
+def decode_header(data: bytes | bytearray | memoryview) -> ObjectHeader | None:
+    """The header of an object, or None if it is short, fails its CRC, or has a wrong magic,
+    version or unknown flags. Never raises on garbage."""
+    if len(data) < HEADER_SIZE:
+        return None
+    view = memoryview(data)
+    (magic, version, flags, epoch, slot, first, records, frames_len, start, cut, token,
+     _reserved) = HEADER.unpack_from(view)
+    (crc,) = CRC.unpack_from(view, HEADER.size)
+    if magic != MAGIC or version != VERSION or flags & ~(CLAIM | SEGMENT) or rec.crc32c(view[:HEADER.size]) != crc:
+        return None
+    return ObjectHeader(flags, epoch, slot, first, records, frames_len, start, cut, bytes(token))
+
+
+def frames(data: bytes, head: ObjectHeader) -> tuple[list[int], str]:
+    """The offsets (into ``data``) of the object's frames, each header and body checked and
+    its LSN the next one, and why reading stopped early ("" when every frame is whole)."""
+    offsets: list[int] = []
+    pos, lsn, end = HEADER_SIZE, head.first_lsn, HEADER_SIZE + head.frames_len
+    if len(data) < end:
+        return offsets, f"object holds {len(data) - HEADER_SIZE} bytes of frames, its header says {head.frames_len}"
+    if len(data) > end:
+        return offsets, f"object has {len(data) - end} bytes past its frames"
+    while len(offsets) < head.records:
+        frame = rec.decode_header(data, pos)
+        if frame is None or frame.lsn != lsn or pos + frame.frame_size > end:
+            return offsets, f"record header at offset {pos} (LSN {lsn}) is damaged"
+        if not rec.body_ok(frame, memoryview(data)[pos + rec.HEADER_SIZE:pos + frame.frame_size]):
+            return offsets, f"record body at offset {pos} (LSN {lsn}) fails its checksum"
+        offsets.append(pos)
+        pos += frame.frame_size
+        lsn += 1
+    if pos != end:
+        return offsets, f"{end - pos} bytes follow the last of its {head.records} records"
+    return offsets, ""

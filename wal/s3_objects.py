@@ -1,0 +1,258 @@
+"""The S3 side of the log on S3: creating, reading, listing and deleting slot objects, and
+the recovery rules shared by :class:`~sediment.wal.s3_log.S3Log` and ``sediment verify``.
+
+What S3 really does is handled in :meth:`SlotStore.create`: a PUT whose answer was lost but
+which landed is resent by botocore and answers 412, so a 412 after a resend is compared
+with our own bytes (each object carries a random token, so equal bytes are our write);
+409 ConditionalRequestConflict is retried; a timeout or 5xx past botocore's budget leaves
+the outcome unknown and is resolved by reading the slot.
+
+Recovery (:func:`read_newest`, :func:`read_range`) applies the local log's rules to
+objects: every slot from the log's start (named by the newest object) to the newest must
+be there (else WalMissing) and whole (else WalCorruption), LSNs follow on, and an epoch
+only grows at a CLAIM object. S3 writes objects whole, so the only tear is an object a
+non-atomic store left short: when that is the newest, it is cut (the next CLAIM names it
+in ``cut_slot`` and readers skip it); anywhere else it is damage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sediment._s3 import PreconditionFailed, is_missing, make_client, put_conditional
+from sediment.errors import WalCorruption, WalError, WalMissing
+from sediment.wal import s3_format as fmt
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN_ROUNDS = 4
+_READERS = 16
+_WINDOW = 64  # objects read at a time by recovery
+
+
+class SlotStore:
+    """Slot objects of one log under ``s3://bucket/root``."""
+
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None, region: str = "us-east-1", *,
+                 connect_timeout: float = 5.0, read_timeout: float = 10.0, max_attempts: int = 5,
+                 conflict_attempts: int = 6, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.bucket = bucket
+        prefix = prefix.strip("/")
+        self.root = prefix + "/" if prefix else ""
+        self.conflict_attempts = max(1, conflict_attempts)
+        self._sleep = sleep
+        self.client = make_client(endpoint_url, region, connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                  max_attempts=max_attempts, pool=_READERS + 4)
+        self.endpoint_url: str = self.client.meta.endpoint_url
+        self.requests = {"put": 0, "get": 0, "list": 0, "delete": 0}
+        self.sizes: dict[int, int] = {}  # slot -> object size, as the last listing saw it
+
+    def where(self, name: str = "") -> str:
+        return f"s3://{self.bucket}/{self.root}{name}"
+
+    def _unavailable(self, op: str, name: str, e: Exception) -> WalError:
+        return WalError(f"S3 log {op} of {self.where(name)} at {self.endpoint_url} failed: {type(e).__name__}: {e}; "
+                        "check the endpoint, credentials and bucket, then reopen the engine")
+
+    def get(self, name: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        self.requests["get"] += 1
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.root + name)
+            try:
+                return response["Body"].read()
+            finally:
+                response["Body"].close()
+        except ClientError as e:
+            if is_missing(e):
+                return None
+            raise self._unavailable("get", name, e) from e
+        except BotoCoreError as e:
+            raise self._unavailable("get", name, e) from e
+
+    def slots(self, partition: int, start: int = 0) -> list[int]:
+        """Every slot of ``partition`` numbered ``start`` or above, ascending."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": f"{self.root}{partition}/"}
+        if start > 0:
+            kwargs["StartAfter"] = self.root + fmt.slot_name(partition, start - 1)
+        found = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
+                self.requests["list"] += 1
+                for obj in page.get("Contents", ()):
+                    slot = fmt.parse_name(obj["Key"][len(self.root):], partition)
+                    if slot is not None:
+                        found.append(slot)
+                        self.sizes[slot] = int(obj.get("Size", -1))
+        except (ClientError, BotoCoreError) as e:
+            raise self._unavailable("list", f"{partition}/", e) from e
+        return sorted(found)
+
+    def create(self, name: str, body: bytes) -> bool | None:
+        """Create ``name`` holding ``body``: True once it holds our bytes, False when another
+        writer's object holds the slot, None when a resent PUT met 412 and the slot is empty
+        again (deleted since: whether our first attempt landed is unknown). WalError when the
+        outcome stays unknown."""
+        retried = False
+        unknown: Exception | None = None
+        for _ in range(_UNKNOWN_ROUNDS):
+            self.requests["put"] += 1
+            try:
+                put_conditional(self.client, self._sleep, self.conflict_attempts, Bucket=self.bucket,
+                                Key=self.root + name, Body=body, IfNoneMatch="*")
+                return True
+            except PreconditionFailed as e:
+                if not (e.retried or retried):
+                    return False
+                stored = self.get(name)
+                if stored == body:
+                    log.info("S3 log: an earlier attempt of the PUT of %s landed", self.where(name))
+                return None if stored is None else stored == body
+            except (ClientError, BotoCoreError) as e:
+                unknown = e
+            stored = self.get(name)
+            if stored is not None:
+                return stored == body
+            retried = True
+        raise WalError(f"S3 log PUT of {self.where(name)} at {self.endpoint_url} has an unknown outcome "
+                       f"({type(unknown).__name__}: {unknown}); not acknowledged: reopen the engine, whose recovery "
+                       "reads the log as it is")
+
+    def delete(self, names: list[str]) -> None:
+        """Best effort: what is left is garbage the next open deletes."""
+        for i in range(0, len(names), 1000):
+            chunk = [{"Key": self.root + n} for n in names[i:i + 1000]]
+            self.requests["delete"] += 1
+            try:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})
+            except (ClientError, BotoCoreError) as e:
+                log.warning("S3 log: could not delete %d objects under %s: %s", len(chunk), self.where(), e)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass
+class Loaded:
+    """One object of the log as recovery read it."""
+
+    head: fmt.ObjectHeader
+    data: bytes
+    offsets: list[int]
+
+
+@dataclass
+class Newest:
+    """The log's newest object and what it says: the slots listed, the start, whether the
+    newest is torn (then it is cut by the next CLAIM)."""
+
+    slots: list[int]
+    head: fmt.ObjectHeader
+    torn: str = ""
+    size: int = 0
+
+    @property
+    def slot(self) -> int:
+        return self.slots[-1]
+
+    @property
+    def next_lsn(self) -> int:
+        return self.head.first_lsn if self.torn else self.head.next_lsn
+
+
+@dataclass
+class Range:
+    """What reading the log from its start found: how many objects were good, and the slots
+    listed below the start (a trim's leftovers, and CLAIMs)."""
+
+    count: int = 0
+    garbage: list[int] = field(default_factory=list)
+
+
+def damaged(store: SlotStore, partition: int, slot: int, reason: str) -> WalCorruption:
+    name = store.where(fmt.slot_name(partition, slot))
+    return WalCorruption(f"{name}: {reason}; the log on S3 is damaged here. Restore the object, or run `sediment "
+                         "verify` to see what the log holds", path=name, offset=slot, reason=reason)
+
+
+def read_newest(store: SlotStore, partition: int, start: int = 0) -> Newest | None:
+    """The newest object of ``partition`` (listing from ``start``), or None when the log has none."""
+    for _ in range(8):
+        slots = store.slots(partition, start)
+        if not slots:
+            return None
+        data = store.get(fmt.slot_name(partition, slots[-1]))
+        if data is None:  # trimmed meanwhile: list again
+            continue
+        head = fmt.decode_header(data)
+        if head is None or head.slot != slots[-1]:
+            raise damaged(store, partition, slots[-1], "the newest object's header is damaged")
+        _, why = fmt.frames(data, head)
+        torn = why if why and len(data) < fmt.HEADER_SIZE + head.frames_len else ""
+        if why and not torn:
+            raise damaged(store, partition, slots[-1], why)
+        return Newest(slots, head, torn, len(data))
+    raise WalError(f"{store.where(str(partition))}: the newest object kept vanishing while read; reopen")
+
+
+def read_range(store: SlotStore, partition: int, newest: Newest, end: int,
+               on_object: Callable[[Loaded], None] = lambda loaded: None) -> Range:
+    """Read and check every object in ``[newest.head.start_slot, end)`` (the newest object is
+    ``end - 1`` or below), ``_WINDOW`` at a time in parallel, handing each good one to
+    ``on_object`` in slot order (memory stays one window, however long the log); raise the
+    typed error of the first problem in slot order."""
+    start = newest.head.start_slot
+    out = Range(garbage=[s for s in newest.slots if s < start])
+    prev: fmt.ObjectHeader | None = None
+    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="s3-log-read") as pool:
+        for low in range(start, end, _WINDOW):
+            wanted = list(range(low, min(end, low + _WINDOW)))
+            datas = list(pool.map(lambda s: store.get(fmt.slot_name(partition, s)), wanted))
+            for slot, data in zip(wanted, datas, strict=True):
+                loaded = _check_object(store, partition, newest, slot, data, prev, start, end)
+                if loaded is not None:
+                    on_object(loaded)
+                    out.count += 1
+                    prev = loaded.head
+    return out
+
+
+def _check_object(store: SlotStore, partition: int, newest: Newest, slot: int, data: bytes | None,
+                  prev: fmt.ObjectHeader | None, start: int, end: int) -> Loaded | None:
+    """The object at ``slot`` checked against the one before it; None for a torn one that is cut."""
+    if data is None:
+        name = store.where(fmt.slot_name(partition, slot))
+        raise WalMissing(f"{name} is missing: the log on S3 holds slots {start}..{end - 1} and needs every one; "
+                         "restore the object (its records are lost otherwise)", path=name, offset=slot,
+                         reason="missing object", first_lsn=prev.next_lsn if prev else -1)
+    head = fmt.decode_header(data)
+    if head is None or head.slot != slot:
+        raise damaged(store, partition, slot, "object header is damaged")
+    offsets, why = fmt.frames(data, head)
+    if why:
+        if slot == newest.slot and newest.torn:
+            return None  # the torn newest, which this open's claim cuts
+        after = store.get(fmt.slot_name(partition, slot + 1)) if slot + 1 < end else None
+        following = fmt.decode_header(after) if after is not None else None
+        if following is not None and following.claim and following.cut_slot == slot:
+            return None  # a torn object a later open cut
+        raise damaged(store, partition, slot, why)
+    _check_follows(store, partition, prev, head)
+    return Loaded(head, data, offsets)
+
+
+def _check_follows(store: SlotStore, partition: int, prev: fmt.ObjectHeader | None, head: fmt.ObjectHeader) -> None:
+    if prev is None:
+        return
+    if head.first_lsn != prev.next_lsn:
+        raise damaged(store, partition, head.slot, f"its first LSN {head.first_lsn} does not follow the LSN "
+                       f"{prev.next_lsn - 1} that slot {prev.slot} ends with")
+    if head.epoch < prev.epoch or head.epoch > prev.epoch and not head.claim:
+        raise damaged(store, partition, head.slot, f"epoch {head.epoch} after epoch {prev.epoch} without a claim")
