@@ -45,7 +45,7 @@ bench: $(STAMP)
 # The Spark data source on a standalone cluster (Master + Worker via spark-class on 127.0.0.1),
 # batches in moto's S3, credentials as data source options.
 cluster-demo: $(STAMP) java
-	SEDIMENT_SPARK_CLUSTER=1 $(BIN)/pytest -q tests/test_spark_cluster.py
+	SEDIMENT_SPARK_CLUSTER=1 $(BIN)/pytest -q tests/spark/test_spark_cluster.py
 
 # A replicated deployment on loopback through the CLI: ZooKeeper, moto (S3) and three storage
 # nodes, a coordinator killed and replaced; every process stopped by its PID at the end.

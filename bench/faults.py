@@ -29,13 +29,13 @@ import tempfile
 import time
 from collections import Counter
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+if TESTS not in sys.path:  # the campaign's library is the test suite's support package
+    sys.path.insert(0, TESTS)
 
-import faults_damage as fd  # noqa: E402
-import faults_kills as fk  # noqa: E402
-import faults_power as fp  # noqa: E402
+from support import faults_damage as fd  # noqa: E402
+from support import faults_kills as fk  # noqa: E402
+from support import faults_power as fp  # noqa: E402
 
 TRIAL_TIMEOUT = 60.0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from fixtures_zookeeper import ZooKeeperServer  # noqa: E402
+from support.fixtures_zookeeper import ZooKeeperServer  # noqa: E402
 
 from sediment.metadata.zookeeper import ZooKeeperMetadataStore  # noqa: E402
 

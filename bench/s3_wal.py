@@ -52,7 +52,7 @@ SERVERS = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 from moto.server import ThreadedMotoServer
-from faulty_proxy import FaultyProxy
+from support.faulty_proxy import FaultyProxy
 moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 moto.start()
 host, port = moto.get_host_and_port()

@@ -8,16 +8,16 @@
     python bench/simulate.py --cluster --seed 0 --partitions 1000 --members 50  # at scale
 
 Each seed runs storage nodes, coordinators and clients in memory under a virtual clock
-(tests/sim_cluster.py) with a schedule of faults drawn from the seed: storage-node
+(tests/support/sim_cluster.py) with a schedule of faults drawn from the seed: storage-node
 crashes that lose unsynced writes, partitions (both ways, one way, a coordinator cut
 from some replicas), slow links that reorder messages across connections, connection
 resets, coordinator crashes and takeovers, metadata compare-and-set conflicts and
 outages, replicas added, removed and replaced, full and slow disks. Then every fault
-heals, a final coordinator recovers, and the history checker (tests/sim_checker.py)
+heals, a final coordinator recovers, and the history checker (tests/support/sim_checker.py)
 reports violations. Prints runs, faults injected by kind, violations by kind, and for
 every failing seed the command that replays it exactly. Exits 1 if any seed failed.
 
-``--cluster`` runs the cluster mode instead (tests/sim_members.py): ``--partitions``
+``--cluster`` runs the cluster mode instead (tests/support/sim_members.py): ``--partitions``
 logs served by ``--members`` members of a cluster, with a manager that assigns partitions
 by ``sediment.cluster.assignment.plan_assignment`` and faults on members (killed, paused
 past their session, joining, leaving, the manager killed), ZooKeeper and storage nodes;
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from sim_cluster import FAULT_KINDS, run_seed  # noqa: E402
-from sim_members import CLUSTER_FAULT_KINDS, run_cluster_seed  # noqa: E402
+from support.sim_cluster import FAULT_KINDS, run_seed  # noqa: E402
+from support.sim_members import CLUSTER_FAULT_KINDS, run_cluster_seed  # noqa: E402
 
 
 @dataclass
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show", type=int, default=3, help="failing seeds listed per violation kind")
     p.add_argument("--cluster", action="store_true",
                    help="the cluster mode: partitions served by members, a manager, moves on member death, join "
-                        "and leave (tests/sim_members.py)")
+                        "and leave (tests/support/sim_members.py)")
     p.add_argument("--partitions", type=int, default=4, help="cluster mode: partitions (each its own replicated log)")
     p.add_argument("--members", type=int, default=3, help="cluster mode: members at the start")
     args = p.parse_args(argv)

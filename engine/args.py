@@ -98,6 +98,8 @@ def check_open_options(options: Mapping[str, Any]) -> None:
         raise InvalidArgument("replicas=[...] needs a shared metadata store, e.g. "
                               "metadata='zk://127.0.0.1:2181/sediment'")
     check_str(o.get("cluster_key"), "cluster_key")
+    if o.get("log_partition") is not None:
+        check_int(o["log_partition"], "log_partition (the replicated log's partition on the storage nodes)", low=0)
     check_int(o.get("segment_bytes", 1), "segment_bytes", low=4096)
     check_int(o.get("max_record_bytes", 1 << 20), "max_record_bytes", low=1)
     metadata = o.get("metadata")

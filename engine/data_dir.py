@@ -134,6 +134,7 @@ class StorageRecord:
     wal_capacity: int | None = None
     replicas: list[str] | None = None
     cluster_key: str | None = None
+    log_partition: int | None = None  # the replicated log's partition on the storage nodes (cluster mode)
     blob: str | None = None
     s3_endpoint: str | None = None
     engine_id: str | None = None  # owner of its blob prefix (blob/owner.py)

@@ -4,7 +4,7 @@ Every state change goes through the log first. The engine's in-memory view (each
 relation's sealed frontier and the WAL records not yet compacted) is rebuilt on
 open by replaying the log in bulk (engine/log_replay.py), to exactly the state that
 applying each record as it becomes durable (``RelationView.apply``) leaves:
-tests/test_recovery.py holds the two against each other, so a restarted engine and a
+tests/engine/test_recovery.py holds the two against each other, so a restarted engine and a
 live one do not disagree.
 
 The Engine is a facade over components that each own their state and get what they
@@ -131,6 +131,7 @@ class Engine:
         wal_capacity: int | None = None,
         replicas: list[str] | None = None,
         cluster_key: str | None = None,
+        log_partition: int | None = None,
         segment_bytes: int = 64 << 20,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         metadata: str | MetadataStore | None = None,
@@ -167,7 +168,8 @@ class Engine:
                      wal_backlog_timeout=wal_backlog_timeout, major_compaction_quiet=major_compaction_quiet)
         try:
             engine._open(metadata, marker, {"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
-                                            "cluster_key": cluster_key, "blob": blob, "s3_endpoint": s3_endpoint},
+                                            "cluster_key": cluster_key, "log_partition": log_partition, "blob": blob,
+                                            "s3_endpoint": s3_endpoint},
                          segment_bytes=segment_bytes, repair=repair, compact=compact,
                          take_over_blob_prefix=take_over_blob_prefix)
         except BaseException:
@@ -241,7 +243,7 @@ class Engine:
         if metadata is None:
             raise ValueError("replicas=[...] needs a shared metadata store, e.g. "
                              "metadata='zk://127.0.0.1:2181/sediment'")
-        storage.log = ReplicatedLog.open(list(record.replicas), storage.meta, 0, record.cluster_key,
+        storage.log = ReplicatedLog.open(list(record.replicas), storage.meta, record.log_partition or 0, record.cluster_key,
                                          segment_bytes=segment_bytes, owner=takeover.owner_name(self.data_dir),
                                          clock=self.clock)
         takeover.close_when_fenced(self, storage.log.on_fenced)

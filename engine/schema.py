@@ -6,7 +6,7 @@ sort, group, store in Parquet and read back as the same type, since consolidatio
 and compaction do all of that: integers, float32/float64, booleans, strings, binary
 (also fixed-size), dates, times, timestamps (with or without a time zone),
 durations and decimals; their text form (``--schema``) is in engine/schema_text.py.
-Refused (tests/test_column_types.py tries each end to end): float16 (Arrow cannot
+Refused (tests/engine/test_column_types.py tries each end to end): float16 (Arrow cannot
 sort it), nested types (list, struct, map: no comparison kernels), dictionary and null
 columns.
 """

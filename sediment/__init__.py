@@ -66,7 +66,8 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     such as "zk://127.0.0.1:2181/sediment" or "s3://bucket/prefix"), ``blob`` ("file:///path", "memory://",
     "s3://bucket/prefix" with ``s3_endpoint``; default ``<data_dir>/blobs``, refused with
     ``replicas``: every coordinator must reach the batches), ``replicas`` with
-    ``cluster_key`` (the replicated log; needs ``metadata``), ``compact`` (run the
+    ``cluster_key`` (the replicated log; needs ``metadata``; ``log_partition``: its partition
+    number on the storage nodes, default 0, one per engine of a cluster), ``compact`` (run the
     background compacter, default True), ``compact_interval`` (seconds between passes
     besides the wake-up on every finished segment, default 5; a segment holding data
     that old is finished, so a sealed update reaches a batch within about twice it;
@@ -98,8 +99,20 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
 
 def connect(uri: str, token: str | None = None, **options: Any) -> Client:
     """Connect to a ``sediment serve`` coordinator at ``grpc://HOST:PORT``: a client with the
-    Engine's methods (``token`` defaults to $SEDIMENT_TOKEN). Imported on use, so ``import
+    Engine's methods (``token`` defaults to $SEDIMENT_TOKEN). A cluster of coordinators is
+    reached as ``zk://HOST:PORT/NAME`` or through any member's ``grpc://`` address: the
+    client then follows each relation's owner (sediment/cluster_client.py). Imported on use, so ``import
     sediment`` does not load Arrow Flight."""
     from sediment.client import connect as _connect
 
-    return _connect(uri, token, **options)
+    if isinstance(uri, str) and uri.startswith("zk://"):  # a cluster of coordinators
+        from sediment.cluster_client import ClusterClient
+
+        return ClusterClient(uri, token, **options)
+    client = _connect(uri, token, **options)
+    if client.cluster is None:
+        return client
+    from sediment.cluster_client import ClusterClient  # a cluster member: follow its redirects
+
+    client.close()
+    return ClusterClient(uri, token, **options)

@@ -179,6 +179,7 @@ class Client:
             raise ServerError(f"the server at {uri} speaks sediment protocol {info.get('protocol')}, this client "
                               f"{PROTOCOL_VERSION}; use matching sediment versions")
         self.data_dir: str = info.get("data_dir", "")
+        self.cluster: str | None = info.get("cluster")  # a cluster member's cluster URI
 
     # --- plumbing ------------------------------------------------------------------------------
 
@@ -265,14 +266,16 @@ class Client:
 
     # --- relations -----------------------------------------------------------------------------
 
-    def add_relation(self, name: str, schema: pa.Schema) -> None:
-        """Create an empty relation (see :meth:`sediment.Engine.add_relation`)."""
+    def add_relation(self, name: str, schema: pa.Schema, *, partition: int | None = None) -> None:
+        """Create an empty relation (see :meth:`sediment.Engine.add_relation`); ``partition``:
+        the cluster partition to place it in (a cluster member only)."""
         if not isinstance(schema, pa.Schema):
             from sediment.engine.schema import check_name  # the name's error first, as the engine does
 
             check_name(name)
             raise SchemaMismatch(f"a relation schema must be a pyarrow.Schema, not {type(schema).__name__}")
-        self._action(Action.ADD_RELATION, name=name, schema=schema_to_text(schema))
+        where = {} if partition is None else {"partition": partition}
+        self._action(Action.ADD_RELATION, name=name, schema=schema_to_text(schema), **where)
 
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data."""
@@ -312,6 +315,11 @@ class Client:
         """Append updates (columns plus ``time`` and ``diff``); durable on return, all or nothing.
         ``locks``: a ``sediment.Locks``, checked by the server as by the engine."""
         self._append(name, _as_table(name, updates), locks=locks)
+
+    def append_once(self, name: str, updates: pa.Table, client: str, seq: int) -> None:
+        """Append with an idempotency key (``client``, ``seq``) to a cluster member: a retry of
+        an append it has applied returns success and applies nothing again."""
+        self._put(encode(Put.APPEND_ONCE, relation=name, client=client, seq=seq), _as_table(name, updates))
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
         """Append to several relations atomically. The tables are staged on the server (in

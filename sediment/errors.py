@@ -418,3 +418,39 @@ class InvalidIdempotencyKey(NothingWritten, ValueError):
     """An append's idempotency key (client id, sequence number) is malformed or used out of turn
     (a number below 1, an empty client id, a completion of an append not in flight); nothing
     was written: number a client's appends to a partition 1, 2, 3, ... and retry with the same."""
+
+
+class ClusterError(SedimentError):
+    """Base of the errors of a cluster of coordinators (``sediment serve --cluster``)."""
+
+
+class ClusterMissing(ClusterError, LookupError):
+    """No cluster is recorded under the ZooKeeper path given; create it first with
+    ``sediment cluster create``."""
+
+
+class ClusterExists(ClusterError, NothingWritten):
+    """``sediment cluster create`` on a path that already records a cluster: it is recorded once."""
+
+
+class CrossPartitionTransaction(ClusterError, NothingWritten):
+    """A transaction (or ``append_many``) names relations of two partitions: a transaction is
+    atomic within one partition only. Nothing of the refused call was written."""
+
+
+class NotPartitionOwner(ClusterError, NothingWritten):
+    """A redirect: this coordinator does not serve the relation's partition. ``partition``,
+    ``owner`` (the serving member's advertised address, or None while unassigned) and
+    ``generation`` say where to go; nothing was read or written here."""
+
+    def __init__(self, message: str, *, partition: int = -1, owner: str | None = None,
+                 generation: int = -1) -> None:
+        super().__init__(message)
+        self.partition = partition
+        self.owner = owner
+        self.generation = generation
+
+
+class MembershipLost(ClusterError, OutcomeUnknown):
+    """The coordinator lost (or suspended) its ZooKeeper session while the call ran, so it stops
+    acknowledging: the write may or may not have landed; a client retries it at the owner."""

@@ -161,7 +161,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             return lambda a: call(*(field(a, key, op) for key in keys))
 
         return {
-            Action.PING: (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir}, "protocol check"),
+            Action.PING: (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir,
+                                     "cluster": getattr(eng, "cluster_uri", None)}, "protocol check"),
             Action.ADD_RELATION: (self._add_relation, "create a relation {name, schema: base64 IPC}"),
             Action.DROP_RELATION: (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
             Action.ALTER_RELATION: (lambda a: eng.alter_relation(field(a, "name", "alter_relation"), **decode_alter(a)),
@@ -205,7 +206,10 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _add_relation(self, args: dict[str, Any]) -> None:
         schema = schema_from_text(field(args, "schema", "add_relation"))
-        self.engine.add_relation(field(args, "name", "add_relation"), schema)
+        if "partition" in args:  # a cluster member (cluster/router.py) places the relation in it
+            self.engine.add_relation(field(args, "name", "add_relation"), schema, partition=args["partition"])
+        else:
+            self.engine.add_relation(field(args, "name", "add_relation"), schema)
 
     def _release_read(self, args: dict[str, Any]) -> None:
         lease = field(args, "lease", "release_read")
@@ -331,6 +335,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             table = reader.read_all()
             if op == Put.APPEND:
                 self._append(name, table, args.get("txn"), args.get("locks"))
+            elif op == Put.APPEND_ONCE and hasattr(self.engine, "append_once"):  # a cluster member's
+                self.engine.append_once(name, table, field(args, "client", op), field(args, "seq", op))
             elif op == Put.STAGE:
                 check_name(name)  # a name that is not a string must not become a staging key
                 stage = str(field(args, "stage", "do_put descriptor"))

@@ -292,7 +292,7 @@ def open_relation(spark: SparkSession, uri: str, relation: str, as_of: int, from
             client.release_read(info.lease)
 
 
-# --- compatibility with the executor-side reader's earlier names (tests/test_batch_integrity.py)
+# --- compatibility with the executor-side reader's earlier names (tests/trace/test_batch_integrity.py)
 
 
 class BatchPartition(ScanPartition):

@@ -5,7 +5,7 @@ A filter is ``(op, column, value)`` with ``op`` one of ``= < <= > >= in isnull n
 Only filters on the relation's own columns are taken: a row's identity is all of its
 columns, so filtering rows before consolidating gives what consolidating then filtering
 gives. Filters on ``diff`` (a sum known only after consolidation) stay with Spark.
-Pure logic, no I/O: tested against a brute-force scan in tests/test_spark_pushdown.py.
+Pure logic, no I/O: tested against a brute-force scan in tests/spark/test_spark_pushdown.py.
 """
 
 from __future__ import annotations

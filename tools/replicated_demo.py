@@ -16,7 +16,7 @@ an S3 bucket; then, printing every command it runs:
 4. a later command on B's directory needs no ``--metadata`` (its marker names the store).
 
 Everything it started is stopped by process id at the end, also on failure. Exit 0 when
-every step gave what it should. ``tests/test_replicated_demo.py`` runs it.
+every step gave what it should. ``tests/project/test_replicated_demo.py`` runs it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ asks its owner (a SegmentPreamble) for the record each segment boundary carries.
 
 Positions (LSNs) are integers that only grow; the file and replicated backends number
 records 0, 1, 2, ...; the device backend uses logical byte offsets. Callers must only
-compare them, never do arithmetic on them. tests/test_wal_conformance.py holds every
+compare them, never do arithmetic on them. tests/wal/test_wal_conformance.py holds every
 backend to the same behaviour.
 """
 

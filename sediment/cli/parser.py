@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import sediment
+from sediment.cli.cluster import add_cluster_parser
 from sediment.cli.commands import (
     cmd_append,
     cmd_cluster_key,
@@ -273,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_read_commands(command)
     _add_admin_commands(command)
     add_serve_parser(command)  # the network coordinator: sediment/cli/serve.py
+    add_cluster_parser(sub, command, _add_common)  # a cluster of them: sediment/cli/cluster.py
 
     from sediment.wal.replication.node.storage_node import (
         add_storage_node_parser,  # a replica of replicated partitions

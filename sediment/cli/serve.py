@@ -68,6 +68,11 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p.add_argument("--txn-idle-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="abort a transaction that no call has named for this long: an open transaction "
                         "holds back compaction (default 600; 0 never)")
+    p.add_argument("--cluster", default=None, metavar="zk://HOST:PORT/NAME",
+                   help="join this cluster of coordinators (`sediment cluster create` records it) and serve "
+                        "the partitions assigned to this member; --data-dir holds their local state")
+    p.add_argument("--advertise", default=None, metavar="grpc://HOST:PORT",
+                   help="with --cluster: the address clients are sent to (default: the address listened on)")
     return p
 
 
@@ -147,6 +152,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def on_signal(signum: int, frame: Any) -> None:
         stop.set()
+
+    if args.cluster:
+        from sediment.cli.cluster import serve_cluster
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return serve_cluster(args, location, token, tls, stop)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     clean = True

@@ -18,6 +18,7 @@ class Put(StrEnum):
 
     APPEND_STREAM = "append_stream"
     APPEND = "append"
+    APPEND_ONCE = "append_once"
     STAGE = "stage"
 
 
@@ -67,6 +68,7 @@ Op = Put | Get | Action
 FIELDS: dict[Op, tuple[str, ...]] = {
     Put.APPEND_STREAM: ("relation",),
     Put.APPEND: ("relation", "txn", "locks"),
+    Put.APPEND_ONCE: ("relation", "client", "seq"),
     Put.STAGE: ("relation", "stage"),
     Get.SNAPSHOT: ("relation", "as_of"),
     Get.REPLAY: ("relation", "batch_rows"),
@@ -74,7 +76,7 @@ FIELDS: dict[Op, tuple[str, ...]] = {
     Get.TAIL_PART: ("relation", "lease", "key", "cuts", "index", "start", "stop"),
     Get.SUBSCRIBE: ("relation", "as_of", "resume", "max_lag"),
     Action.PING: (),
-    Action.ADD_RELATION: ("name", "schema"),
+    Action.ADD_RELATION: ("name", "schema", "partition"),
     Action.DROP_RELATION: ("name",),
     Action.ALTER_RELATION: ("name", "add", "widen", "rename", "drop", "defaults"),
     Action.SCHEMA_VERSION: ("name",),

@@ -27,7 +27,7 @@ write quorum (n // 2 + 1) of counting replicas made it durable; never earlier.
   node is treated as unavailable. A lost ZooKeeper session fences too.
 
 Everything runs on trio with streams from ``connect`` and trio's clock, so a whole
-cluster runs in memory under a MockClock (tests/test_replication_sim.py).
+cluster runs in memory under a MockClock (tests/wal/test_replication_sim.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,196 @@
+"""A cluster of coordinators (issue 29): unavailability per failover, and append throughput
+with 1, 2 and 3 coordinators.
+
+Real processes as in tests/cluster/test_cluster.py: a ZooKeeper, moto's S3, three storage nodes,
+``sediment serve --cluster`` members. Failover: writers append one row at a time to one
+relation per partition; the owner of one partition is SIGKILLed, a client measures from the
+kill to the first acknowledged append on that partition, and a new member replaces the dead
+one; repeated ``--kills`` times, then every relation is checked (nothing acknowledged lost,
+nothing twice). Throughput: a cluster grown from 1 to 3 members, each size measured with
+``--writers`` single-row writers and with 1,000-row batches, over 8 relations.
+
+    python bench/failover.py [--kills 20] [--session-timeout 3] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import pyarrow as pa  # noqa: E402
+from support.cluster_procs import TOKEN, Cluster  # noqa: E402
+from support.fixtures_zookeeper import ZooKeeperServer  # noqa: E402
+
+import sediment  # noqa: E402
+
+SCHEMA = pa.schema([("k", pa.int64())])
+
+
+def rows(first: int, n: int, t: int) -> pa.Table:
+    return pa.table({"k": pa.array(range(first, first + n), pa.int64()), "time": pa.array([t] * n, pa.int64()),
+                     "diff": pa.array([1] * n, pa.int64())})
+
+
+class Writer(threading.Thread):
+    """Appends ``batch`` rows at a time to ``name`` until stopped; acknowledgement times."""
+
+    def __init__(self, db, name: str, batch: int = 1) -> None:
+        super().__init__(daemon=True)
+        self.db, self.name, self.batch = db, name, batch
+        self.acks: list[tuple[float, float]] = []  # (sent, acknowledged)
+        self.keys: list[int] = []
+        self.errors: list[BaseException] = []
+        self.halt = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        k = 0
+        while not self.halt.is_set():
+            sent = time.monotonic()
+            try:
+                self.db.append(self.name, rows(k, self.batch, k + 1))
+            except BaseException as exc:  # noqa: BLE001 - reported
+                self.errors.append(exc)
+                return
+            self.keys.extend(range(k, k + self.batch))
+            self.acks.append((sent, time.monotonic()))
+            k += self.batch
+
+    def first_ack_after(self, t0: float) -> float:
+        """From ``t0`` to the acknowledgement of the first append sent after it (one in flight
+        at ``t0`` may have been acknowledged by the killed owner just before it died)."""
+        while not self.errors:
+            later = [t for s, t in self.acks[-50:] if s > t0]
+            if later:
+                return later[0] - t0
+            time.sleep(0.005)
+        raise RuntimeError(self.errors[0])
+
+
+def check(db, writers: list[Writer]) -> tuple[int, int]:
+    """(acknowledged rows lost, rows present twice) over every writer's relation."""
+    lost = dup = 0
+    for w in writers:
+        top = max(w.keys, default=0) + 2
+        if db.sealed(w.name) < top:
+            db.seal(w.name, top)
+        snap = db.snapshot(w.name, top)
+        got = dict(zip(snap.column("k").to_pylist(), snap.column("diff").to_pylist(), strict=True))
+        lost += sum(1 for k in w.keys if got.get(k, 0) < 1)
+        dup += sum(d - 1 for d in got.values() if d > 1)
+    return lost, dup
+
+
+def failovers(cluster: Cluster, kills: int) -> list[float]:
+    members = [cluster.start_member() for _ in range(3)]
+    cluster.wait_assigned(members)
+    times = []
+    with sediment.connect(cluster.uri, token=TOKEN) as db:
+        for p in range(4):
+            db.add_relation(f"f{p}", SCHEMA, partition=p)
+        writers = [Writer(db, f"f{p}") for p in range(4)]
+        for i in range(kills):
+            p = i % 4
+            victim = cluster.owner_of(p)
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            victim.signal(signal.SIGKILL)
+            victim.wait()
+            times.append(writers[p].first_ack_after(t0))
+            print(f"kill {i + 1}: partition {p} unavailable {times[-1]:.2f} s", flush=True)
+            cluster.start_member()
+            cluster.wait_assigned(cluster.live())
+        for w in writers:
+            w.halt.set()
+            w.join(60)
+        lost, dup = check(db, writers)
+        print(f"failover check: {sum(len(w.keys) for w in writers)} rows acknowledged, {lost} lost, {dup} twice, "
+              f"errors {[str(e) for w in writers for e in w.errors]}", flush=True)
+    return times
+
+
+def throughput(cluster: Cluster, seconds: float, writers: int) -> list[tuple[int, float, float]]:
+    out = []
+    cluster.wait_assigned([cluster.start_member()])
+    with sediment.connect(cluster.uri, token=TOKEN) as db:
+        for r in range(8):
+            db.add_relation(f"t{r}", SCHEMA, partition=r % 4)
+        for size in (1, 2, 3):
+            while len(cluster.live()) < size:
+                cluster.start_member()
+            cluster.wait_assigned(cluster.live())
+            figures = []
+            for batch, count in ((1, writers), (1000, 8)):
+                ws = [Writer(db, f"t{i % 8}", batch) for i in range(count)]
+                time.sleep(1.0)  # warm up: connections, streams
+                before = sum(len(w.keys) for w in ws)
+                time.sleep(seconds)
+                figures.append((sum(len(w.keys) for w in ws) - before) / seconds)
+                for w in ws:
+                    w.halt.set()
+                for w in ws:
+                    w.join(60)
+            out.append((size, *figures))
+            print(f"{size} coordinators: {figures[0]:.0f} single-row appends/s, {figures[1]:.0f} rows/s in "
+                  "1,000-row batches", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--session-timeout", type=float, default=3.0)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--writers", type=int, default=64)
+    args = ap.parse_args()
+    from moto.server import ThreadedMotoServer
+
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+    with tempfile.TemporaryDirectory() as tmp:
+        zk = ZooKeeperServer(Path(tmp) / "zk")
+        zk.start()
+        try:
+            c = Cluster(Path(tmp) / "f", f"127.0.0.1:{zk.port}", "/failover", endpoint, "bench",
+                        session_timeout=args.session_timeout)
+            try:
+                times = failovers(c, args.kills) if args.kills else []
+            finally:
+                c.close()
+            c = Cluster(Path(tmp) / "t", f"127.0.0.1:{zk.port}", "/throughput", endpoint, "bench",
+                        session_timeout=args.session_timeout)
+            try:
+                rates = throughput(c, args.seconds, args.writers)
+            finally:
+                c.close()
+        finally:
+            zk.stop()
+            moto.stop()
+    times.sort()
+    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))] if times else float("nan")
+    print(f"| kills | session timeout | p50 | p99 | max |\n|---|---|---|---|---|\n| {len(times)} | "
+          f"{args.session_timeout:g} s | {statistics.median(times or [float('nan')]):.2f} s | {p99:.2f} s | "
+          f"{max(times or [float('nan')]):.2f} s |")
+    print(f"| coordinators | {args.writers} single-row writers, appends/s | 8 writers of 1,000-row batches, rows/s |")
+    print("|---|---|---|")
+    for size, single, batched in rates:
+        print(f"| {size} | {single:.0f} ({single / rates[0][1]:.2f}x) | {batched:.0f} ({batched / rates[0][2]:.2f}x) |")
+
+
+if __name__ == "__main__":
+    main()

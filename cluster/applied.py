@@ -1,0 +1,87 @@
+"""Appends applied once across a failover: the last applied sequence number per client,
+kept in the partition's own log.
+
+A client append carries an idempotency key (client id, sequence number); a client id is one
+thread of one client, whose appends are sequential, so "applied" is "sequence <= the last
+applied". The owner writes the append together with a row of the internal relation
+``_cluster.applied`` (client, seq) in one ``append_many`` (one WAL transaction), retracting
+the client's previous row, so the key is durable exactly when the append is. A new owner
+rebuilds the table from the relation's committed rows after the engine's recovery, so a
+retry sent to it after a failover is recognised and answered with success, not applied twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sediment.errors import InvalidArgument, RelationExists
+
+APPLIED = "_cluster.applied"
+SCHEMA = pa.schema([("client", pa.string()), ("seq", pa.int64())])
+
+
+def _marks(rows: list[tuple[str, int, int]]) -> pa.Table:
+    return pa.table({"client": pa.array([r[0] for r in rows], pa.string()),
+                     "seq": pa.array([r[1] for r in rows], pa.int64()),
+                     "time": pa.array([0] * len(rows), pa.int64()),
+                     "diff": pa.array([r[2] for r in rows], pa.int64())})
+
+
+def load(engine: Any) -> dict[str, int]:
+    """client -> last applied sequence, from the relation's committed rows (created if missing)."""
+    if APPLIED not in engine.relations(include_internal=True):
+        try:
+            engine.add_relation(APPLIED, SCHEMA)
+        except RelationExists:
+            pass
+        return {}
+    batches = list(engine.replay(APPLIED))
+    if not batches:
+        return {}
+    table = pa.Table.from_batches(batches).group_by(["client", "seq"]).aggregate([("diff", "sum")])
+    table = table.filter(pc.greater(table.column("diff_sum"), 0))
+    last: dict[str, int] = {}
+    for client, seq in zip(table.column("client").to_pylist(), table.column("seq").to_pylist(), strict=True):
+        last[client] = max(seq, last.get(client, seq))
+    return last
+
+
+class AppliedOnce:
+    """The owner's side: each partition engine's table, loaded on first use after it opened."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: dict[int, tuple[Any, dict[str, int]]] = {}
+        self._client_locks: dict[tuple[int, str], threading.Lock] = defaultdict(threading.Lock)
+
+    def _table(self, engine: Any, partition: int) -> dict[str, int]:
+        with self._lock:
+            held = self._tables.get(partition)
+            if held is not None and held[0] is engine:
+                return held[1]
+        table = load(engine)
+        with self._lock:
+            held = self._tables.get(partition)
+            if held is None or held[0] is not engine:
+                self._tables[partition] = held = (engine, table)
+            return held[1]
+
+    def append(self, engine: Any, partition: int, name: str, updates: pa.Table, client: str, seq: int) -> bool:
+        """Append ``updates`` unless (client, seq) was applied already; True if applied now."""
+        if not isinstance(client, str) or not client or not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            raise InvalidArgument(f"an append's idempotency key must be a client id and a sequence number >= 0, "
+                                  f"not ({client!r}, {seq!r})")
+        table = self._table(engine, partition)
+        with self._client_locks[(partition, client)]:
+            last = table.get(client)
+            if last is not None and seq <= last:
+                return False
+            marks = [(client, seq, 1)] + ([(client, last, -1)] if last is not None else [])
+            engine.append_many({name: updates, APPLIED: _marks(marks)})
+            table[client] = seq
+            return True

@@ -1,0 +1,181 @@
+"""Where a cluster keeps its state in ZooKeeper, and the deployment record.
+
+``zk://HOST:PORT/NAME`` names a cluster. Under ``/NAME``:
+
+* ``config``: the deployment, recorded once by ``sediment cluster create`` (JSON: partitions,
+  replicas, cluster key, blob URI, S3 endpoint, session timeout);
+* ``members/m-<seq>``: one ephemeral sequential znode per live coordinator (JSON: its
+  advertised address); the lowest sequence number is the manager;
+* ``leaving/<member>``: members stopping with SIGTERM, whose partitions the manager moves first;
+* ``assignment``: partition -> (member, generation), written by the manager with the
+  znode's version as compare-and-set;
+* ``relations/<name>``: the partition of each relation, created once at ``add_relation``;
+* ``partitions/<n>/...``: partition ``n``'s own metadata store (catalog, trace state, the
+  replicated log's partition record), opened as ``zk://HOST:PORT/NAME/partitions/<n>``.
+
+Each partition's batches live under ``<blob>/p<n>`` and its log is partition ``n`` on the
+storage nodes, so a partition is an engine of its own that any member can open.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import asdict, dataclass
+
+from sediment.errors import ClusterExists, ClusterMissing, InvalidArgument
+
+DEFAULT_SESSION_TIMEOUT = 10.0
+SCHEME = "zk://"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The deployment record: what every member needs to open any partition."""
+
+    partitions: int
+    replicas: list[str]
+    cluster_key: str
+    blob: str
+    s3_endpoint: str | None = None
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> ClusterConfig:
+        return cls(**json.loads(data))
+
+
+@dataclass(frozen=True)
+class ClusterPath:
+    """A parsed ``zk://HOST:PORT[,HOST:PORT...]/NAME``."""
+
+    hosts: str
+    root: str
+
+    @classmethod
+    def parse(cls, uri: str) -> ClusterPath:
+        if not isinstance(uri, str) or not uri.startswith(SCHEME):
+            raise InvalidArgument(f"cluster URI {uri!r} must be zk://HOST:PORT/NAME")
+        hosts, _slash, name = uri[len(SCHEME):].partition("/")
+        name = name.strip("/")
+        if not hosts or not name:
+            raise InvalidArgument(f"cluster URI {uri!r} must name a ZooKeeper host and a cluster: zk://HOST:PORT/NAME")
+        return cls(hosts, "/" + name)
+
+    @property
+    def uri(self) -> str:
+        return f"{SCHEME}{self.hosts}{self.root}"
+
+    def path(self, *parts: object) -> str:
+        return "/".join([self.root, *(str(p) for p in parts)])
+
+    def partition_metadata(self, partition: int) -> str:
+        """The metadata spec of partition ``partition``'s engine."""
+        return f"{SCHEME}{self.hosts}{self.path('partitions', partition)}"
+
+
+def partition_blob(blob: str, partition: int) -> str:
+    """Partition ``partition``'s blob prefix under the cluster's."""
+    return f"{blob.rstrip('/')}/p{partition}"
+
+
+def default_partition(name: str, partitions: int) -> int:
+    """A relation's partition when ``add_relation`` names none: a stable hash of its name."""
+    return zlib.crc32(name.encode()) % partitions
+
+
+def check_config(config: ClusterConfig) -> None:
+    """Bad input is refused before anything is recorded."""
+    if not isinstance(config.partitions, int) or isinstance(config.partitions, bool) or not 1 <= config.partitions <= 4096:
+        raise InvalidArgument(f"--partitions must be an integer in [1, 4096], not {config.partitions!r}")
+    if not config.replicas or not all(isinstance(r, str) and ":" in r for r in config.replicas):
+        raise InvalidArgument(f"--replicas must list storage nodes as HOST:PORT,..., not {config.replicas!r}")
+    if not config.cluster_key:
+        raise InvalidArgument("--cluster-key is required: the storage nodes' cluster key")
+    if not (config.blob.startswith("s3://") or config.blob.startswith("file://")):
+        raise InvalidArgument(f"--blob must be s3://bucket/prefix or file:///shared/path every member reaches, "
+                              f"not {config.blob!r}")
+    if not config.session_timeout > 0:
+        raise InvalidArgument(f"--session-timeout must be positive seconds, not {config.session_timeout!r}")
+
+
+def create(zk: object, where: ClusterPath, config: ClusterConfig) -> None:
+    """Record the deployment once; ClusterExists if ``where`` already holds one."""
+    from kazoo.exceptions import NodeExistsError
+
+    check_config(config)
+    for part in ("members", "leaving", "relations", "partitions"):
+        zk.ensure_path(where.path(part))
+    try:
+        zk.create(where.path("config"), config.encode())
+    except NodeExistsError:
+        raise ClusterExists(f"{where.uri} already records a cluster; it is created once (use another NAME)") from None
+
+
+def read_config(zk: object, where: ClusterPath) -> ClusterConfig:
+    """The deployment record; ClusterMissing when there is none."""
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        data, _stat = zk.get(where.path("config"))
+    except NoNodeError:
+        raise ClusterMissing(f"no cluster at {where.uri}: create it first with `sediment cluster create "
+                             f"--metadata {where.uri} ...`") from None
+    return ClusterConfig.decode(data)
+
+
+def decode_assignment(data: bytes | None) -> dict[int, tuple[str, int]]:
+    """The assignment znode's JSON as partition -> (member, generation)."""
+    if not data:
+        return {}
+    raw = json.loads(data)
+    return {int(p): (str(m), int(g)) for p, (m, g) in raw.items()}
+
+
+def encode_assignment(assignment: dict[int, tuple[str, int]]) -> bytes:
+    return json.dumps({str(p): [m, g] for p, (m, g) in sorted(assignment.items())}).encode()
+
+
+def connect_zk(where: ClusterPath, timeout: float = DEFAULT_SESSION_TIMEOUT) -> object:
+    """A started kazoo client for the cluster's ZooKeeper."""
+    from kazoo.client import KazooClient
+
+    from sediment.errors import MetadataUnavailable
+
+    zk = KazooClient(hosts=where.hosts, timeout=timeout)
+    try:
+        zk.start(timeout=max(timeout, 5.0))
+    except Exception as exc:  # noqa: BLE001 - kazoo raises its own timeout type
+        zk.close()
+        raise MetadataUnavailable(f"cannot reach ZooKeeper at {where.hosts} ({exc}); is it running?") from None
+    return zk
+
+
+def read_view(zk: object, where: ClusterPath) -> dict:
+    """What clients and ``cluster status`` need: members (id -> advertised address), the
+    manager, the assignment and the relations' partitions."""
+    from kazoo.exceptions import NoNodeError
+
+    members: dict[str, str] = {}
+    for child in sorted(zk.get_children(where.path("members"))):
+        try:
+            data, _ = zk.get(where.path("members", child))
+        except NoNodeError:
+            continue
+        members[child] = json.loads(data)["advertise"]
+    try:
+        data, _ = zk.get(where.path("assignment"))
+    except NoNodeError:
+        data = b""
+    relations = {}
+    for name in zk.get_children(where.path("relations")):
+        try:
+            value, _ = zk.get(where.path("relations", name))
+        except NoNodeError:
+            continue
+        relations[name] = int(value)
+    return {"members": members, "manager": min(members) if members else None,
+            "assignment": decode_assignment(data), "relations": relations}

@@ -1,0 +1,346 @@
+"""One coordinator as a member of a cluster: membership, the manager's assignment, and the
+partitions it opens and closes.
+
+A member registers an ephemeral sequential znode (its id, e.g. ``m-0000000004``); the
+member with the lowest sequence number is the manager and writes the assignment
+(``cluster.assignment.plan_assignment``: balanced, sticky, generation + 1 on every move)
+with the znode's version as compare-and-set. Every member runs one control loop,
+level-triggered: a watch or a state change wakes it, and it also looks every ``POLL``
+seconds, so a missed or re-registered watch only delays it. Each pass reads the members,
+the leaving set and the assignment, plans (manager only), then opens the partitions
+assigned to it and closes the others.
+
+Opening a partition is opening its engine (its own log partition, metadata root and blob
+prefix), which runs the replicated log's recovery: the new store session is recorded in the
+partition's metadata and the storage nodes refuse the previous owner's writes, so an old
+owner is fenced where data lands, never by a lock it believes it holds.
+
+A SUSPENDED or LOST ZooKeeper connection stops serving at once (:meth:`engine_for` refuses);
+a LOST session also closes every partition, and once connected again the member registers
+anew under a new id, so a member paused past its session rejoins as a new member.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sediment.cluster import layout
+from sediment.cluster.metrics import ClusterMetrics
+from sediment.errors import MembershipLost, NotPartitionOwner
+
+POLL = 0.5  # seconds between the control loop's looks when no watch fires
+OPEN_RETRY = 1.0  # seconds before a partition whose open failed is tried again
+log = logging.getLogger(__name__)
+
+
+class Member:
+    """A live member of the cluster at ``where``, advertised to clients as ``advertise``."""
+
+    def __init__(self, where: layout.ClusterPath, advertise: str, data_dir: str, *,
+                 engine_options: dict[str, Any] | None = None) -> None:
+        self.where = where
+        self.advertise = advertise
+        self.data_dir = os.path.abspath(data_dir)
+        self.metrics = ClusterMetrics()
+        self.member_id: str | None = None
+        self.view: dict = {"members": {}, "manager": None, "assignment": {}, "relations": {}}
+        self._engine_options = dict(engine_options or {})
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._session_lost = False
+        self._heard = 0.0  # monotonic time of the last pass that read ZooKeeper
+        self._leaving = False
+        self._engines: dict[int, tuple[Any, int]] = {}  # partition -> (engine, generation)
+        self._opening: set[int] = set()
+        self._retry_at: dict[int, float] = {}
+        self._seen: dict[int, tuple[str, int]] = {}  # the assignment of the previous pass
+        self._zk: Any = None
+        self.config: layout.ClusterConfig | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- life cycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect, read the deployment, register and start the control loop."""
+        probe = layout.connect_zk(self.where)
+        try:
+            self.config = layout.read_config(probe, self.where)
+        finally:
+            probe.stop()
+            probe.close()
+        self._zk = layout.connect_zk(self.where, timeout=self.config.session_timeout)
+        self._zk.add_listener(self._on_state)
+        self._connected.set()
+        self._register()
+        self._thread = threading.Thread(target=self._loop, name="cluster-member", daemon=True)
+        self._thread.start()
+        self._wake.set()
+
+    def leave(self, timeout: float) -> bool:
+        """SIGTERM: ask the manager to move this member's partitions, close each as it goes, and
+        return once none is left (True) or after ``timeout`` seconds (False)."""
+        self._leaving = True
+        try:
+            self._zk.create(self.where.path("leaving", self.member_id), b"", ephemeral=True)
+        except Exception as exc:  # noqa: BLE001 - the partitions then move when the session ends
+            log.warning("could not announce leaving: %s", exc)
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._engines and not self._opening:
+                    return True
+            if set(self.view["members"]) <= {self.member_id}:
+                return False  # nobody to hand over to
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        """Close every partition and end the session (the ephemeral znode goes with it)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+        with self._lock:
+            engines = list(self._engines.items())
+            self._engines.clear()
+        for partition, (engine, _g) in engines:
+            self._close_engine(partition, engine)
+        if self._zk is not None:
+            self._zk.stop()
+            self._zk.close()
+
+    # --- serving -------------------------------------------------------------------------------
+
+    def partition_of(self, name: str) -> int | None:
+        """The relation's recorded partition (None: no such relation)."""
+        p = self.view["relations"].get(name)
+        if p is None:
+            p = self._read_relation(name)
+        return p
+
+    def _in_touch(self) -> bool:
+        """Connected, the session not lost, and ZooKeeper read within half the session timeout:
+        a process resumed after a pause (SIGSTOP, a long GC) refuses before kazoo notices."""
+        return (self._connected.is_set() and not self._session_lost
+                and time.monotonic() - self._heard < self.config.session_timeout / 2)
+
+    def engine_for(self, partition: int) -> tuple[Any, int]:
+        """(engine, generation) of a partition this member serves now; NotPartitionOwner (a
+        redirect naming the owner) otherwise, also while out of touch with ZooKeeper."""
+        with self._lock:
+            held = self._engines.get(partition)
+            if held is not None and getattr(held[0], "superseded", None) is not None:
+                del self._engines[partition]  # fenced by a newer owner: it refuses everything now
+                held = None
+                self._wake.set()
+            if held is not None and self._in_touch():
+                return held
+        self.metrics.redirects.inc()
+        owner, generation = self.view["assignment"].get(partition, (None, -1))
+        address = self.view["members"].get(owner) if owner != self.member_id else None
+        raise NotPartitionOwner(
+            f"partition {partition} is not served by {self.advertise}; its owner is {address or 'being chosen'} "
+            f"(generation {generation}): retry there", partition=partition, owner=address, generation=generation)
+
+    def check_still_serving(self, partition: int, generation: int) -> None:
+        """After a write: acknowledge only while the session holds and the partition is still ours."""
+        with self._lock:
+            held = self._engines.get(partition)
+            ok = held is not None and held[1] == generation and self._in_touch()
+        if not ok:
+            raise MembershipLost(f"{self.advertise} lost partition {partition} (or its ZooKeeper session) while "
+                                 "the call ran: it may or may not have been applied; retry at the owner")
+
+    def owned(self) -> dict[int, tuple[Any, int]]:
+        with self._lock:
+            return dict(self._engines)
+
+    def zk(self) -> Any:
+        return self._zk
+
+    # --- ZooKeeper ---------------------------------------------------------------------------------
+
+    def _on_state(self, state: str) -> None:
+        from kazoo.client import KazooState
+
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
+            if state == KazooState.LOST:
+                self._session_lost = True
+                log.warning("member %s lost its ZooKeeper session: it stops serving and will rejoin", self.member_id)
+        self._wake.set()
+
+    def _register(self) -> None:
+        path = self._zk.create(self.where.path("members", "m-"), json.dumps({"advertise": self.advertise}).encode(),
+                               ephemeral=True, sequence=True)
+        self.member_id = path.rsplit("/", 1)[1]
+        log.info("joined %s as %s (%s)", self.where.uri, self.member_id, self.advertise)
+
+    def _read_relation(self, name: str) -> int | None:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            value, _ = self._zk.get(self.where.path("relations", name))
+        except NoNodeError:
+            return None
+        return int(value)
+
+    def _watch(self, _event: object = None) -> None:
+        self._wake.set()
+
+    # --- the control loop --------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(POLL)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._pass()
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable and the like: the next pass retries
+                log.warning("cluster member %s: %s", self.member_id, exc)
+
+    def _pass(self) -> None:
+        if self._session_lost:
+            self._drop_all()
+            if not self._connected.is_set():
+                return
+            self._session_lost = False
+            self._register()  # a new session: a new member
+        if not self._connected.is_set():
+            return
+        zk, where = self._zk, self.where
+        members = zk.get_children(where.path("members"), watch=self._watch)
+        leaving = zk.get_children(where.path("leaving"), watch=self._watch)
+        data, stat = self._read_assignment()
+        view = layout.read_view(zk, where)
+        self.view = view
+        self._heard = time.monotonic()
+        if view["manager"] == self.member_id:
+            self._manage(sorted(members), set(leaving) & set(members), data, stat)
+            data, stat = self._read_assignment()
+            self.view = {**view, "assignment": layout.decode_assignment(data)}
+        self._apply(layout.decode_assignment(data))
+
+    def _read_assignment(self) -> tuple[bytes, Any]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            return self._zk.get(self.where.path("assignment"), watch=self._watch)
+        except NoNodeError:
+            return b"", None
+
+    def _manage(self, members: list[str], leaving: set[str], data: bytes, stat: Any) -> None:
+        """The manager's part: plan from the live members and write it if it changed."""
+        from kazoo.exceptions import BadVersionError, NodeExistsError
+
+        from sediment.cluster.assignment import PartitionOwner, plan_assignment
+
+        current = {p: PartitionOwner(m, g) for p, (m, g) in layout.decode_assignment(data).items()}
+        planned = plan_assignment(self.config.partitions, members, current, leaving=leaving)
+        if not planned:
+            return  # nobody to serve: keep the record, so the next plan still bumps every generation
+        new = {p: (o.member, o.generation) for p, o in planned.items()}
+        if new == {p: (o.member, o.generation) for p, o in current.items()}:
+            return
+        try:
+            if stat is None:
+                self._zk.create(self.where.path("assignment"), layout.encode_assignment(new))
+            else:
+                self._zk.set(self.where.path("assignment"), layout.encode_assignment(new), version=stat.version)
+            log.info("manager %s assigned %s", self.member_id, new)
+        except (BadVersionError, NodeExistsError):
+            self._wake.set()  # another manager's write came first: plan again from it
+
+    def _apply(self, assignment: dict[int, tuple[str, int]]) -> None:
+        mine = {p: g for p, (m, g) in assignment.items() if m == self.member_id}
+        with self._lock:
+            stale = [p for p, (_e, g) in self._engines.items() if mine.get(p) != g]
+            closing = [(p, self._engines.pop(p)[0]) for p in stale]
+            now = time.monotonic()
+            to_open = [(p, g) for p, g in mine.items()
+                       if p not in self._engines and p not in self._opening and self._retry_at.get(p, 0) <= now]
+            self._opening.update(p for p, _g in to_open)
+            previous, self._seen = self._seen, assignment
+        live = self.view["members"]
+        for p, engine in closing:
+            self.metrics.ownership_changes.labels("lost").inc()
+            threading.Thread(target=self._close_engine, args=(p, engine), daemon=True).start()
+        for p, g in to_open:
+            before = previous.get(p, (None, 0))[0]
+            failover = before is not None and before != self.member_id and before not in live
+            threading.Thread(target=self._open_partition, args=(p, g, failover), name=f"open-partition-{p}",
+                             daemon=True).start()
+        self.metrics.partitions_owned.set(len(self._engines))
+
+    def _open_partition(self, partition: int, generation: int, failover: bool) -> None:
+        from sediment.engine.engine import Engine
+
+        cfg = self.config
+        try:
+            engine = Engine.open(os.path.join(self.data_dir, "partitions", str(partition)),
+                                 metadata=self.where.partition_metadata(partition), replicas=list(cfg.replicas),
+                                 cluster_key=cfg.cluster_key, log_partition=partition,
+                                 blob=layout.partition_blob(cfg.blob, partition), s3_endpoint=cfg.s3_endpoint,
+                                 **self._engine_options)
+        except Exception as exc:  # noqa: BLE001 - tried again on a later pass
+            log.warning("member %s could not open partition %d: %s", self.member_id, partition, exc)
+            with self._lock:
+                self._opening.discard(partition)
+                self._retry_at[partition] = time.monotonic() + OPEN_RETRY
+            self._wake.set()
+            return
+        engine.superseded_listeners.append(self._fenced_listener(partition, engine))
+        with self._lock:
+            self._opening.discard(partition)
+            owner, current = self.view["assignment"].get(partition, (None, -1))
+            keep = owner == self.member_id and current == generation and not self._session_lost
+            if keep:
+                self._engines[partition] = (engine, generation)
+        if not keep:
+            self._close_engine(partition, engine)
+        else:
+            self.metrics.ownership_changes.labels("gained").inc()
+            if failover:
+                self.metrics.failovers.inc()
+            log.info("member %s serves partition %d (generation %d)", self.member_id, partition, generation)
+        self.metrics.partitions_owned.set(len(self._engines))
+        self._wake.set()
+
+    def _fenced_listener(self, partition: int, engine: Any) -> Callable[[BaseException], None]:
+        def fenced(err: BaseException) -> None:
+            with self._lock:
+                if self._engines.get(partition, (None, 0))[0] is engine:
+                    del self._engines[partition]
+            log.warning("partition %d was taken over: %s", partition, err)
+            self._wake.set()
+
+        return fenced
+
+    def _drop_all(self) -> None:
+        with self._lock:
+            engines = list(self._engines.items())
+            self._engines.clear()
+        for p, (engine, _g) in engines:
+            self.metrics.ownership_changes.labels("lost").inc()
+            threading.Thread(target=self._close_engine, args=(p, engine), daemon=True).start()
+        self.metrics.partitions_owned.set(0)
+
+    @staticmethod
+    def _close_engine(partition: int, engine: Any) -> None:
+        try:
+            engine.close()
+        except Exception as exc:  # noqa: BLE001 - a fenced engine may fail its last flush; the new owner recovers
+            log.warning("closing partition %d: %s", partition, exc)

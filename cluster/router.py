@@ -1,0 +1,271 @@
+"""The engine a cluster member serves: the Engine's calls, each sent to the engine of the
+relation's partition when this member owns it, answered with a redirect otherwise.
+
+``sediment serve --cluster`` hands a :class:`ClusterEngine` to the same Flight server as a
+single engine, so the wire protocol and the client's methods stay as they are; the one
+new answer is the typed redirect :class:`~sediment.errors.NotPartitionOwner` (partition,
+owner's advertised address, generation). A write is acknowledged only if the member still
+owns the partition, in the same generation, with its ZooKeeper session, after the write
+(:class:`~sediment.errors.MembershipLost` otherwise, an outcome-unknown error the client
+retries at the owner). A read is refused the same way before it starts and again before
+its answer leaves, so a superseded owner never answers from stale state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from sediment.cluster import layout
+from sediment.cluster.applied import AppliedOnce
+from sediment.cluster.member import Member
+from sediment.errors import (
+    CrossPartitionTransaction,
+    InvalidArgument,
+    RelationExists,
+    TransactionError,
+    UnknownRelation,
+)
+
+
+class ClusterEngine:
+    """The Engine's API over the partitions ``member`` serves (see the module doc)."""
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+        self.data_dir = member.data_dir
+        self.cluster_uri = member.where.uri
+        self.metrics = member.metrics
+        self.superseded = None
+        self.superseded_listeners: list = []
+        self._txn_ids = itertools.count(1)
+        self._applied = AppliedOnce()
+
+    # --- routing -------------------------------------------------------------------------------
+
+    def _partition(self, name: str) -> int:
+        p = self.member.partition_of(name)
+        if p is None:
+            raise UnknownRelation(f"no relation {name!r} in cluster {self.member.where.uri}; add it first")
+        return p
+
+    def _engine(self, name: str) -> tuple[Any, int, int]:
+        """(engine, partition, generation) for ``name``, or the redirect."""
+        p = self._partition(name)
+        engine, generation = self.member.engine_for(p)
+        return engine, p, generation
+
+    def _write(self, name: str, call: str, *args: Any, **kwargs: Any) -> Any:
+        engine, p, generation = self._engine(name)
+        result = getattr(engine, call)(name, *args, **kwargs)
+        self.member.check_still_serving(p, generation)
+        return result
+
+    _read = _write  # a read's answer leaves only while the partition is still ours, as a write's
+
+    # --- relations -----------------------------------------------------------------------------
+
+    def add_relation(self, name: str, schema: pa.Schema, partition: int | None = None) -> None:
+        """Create ``name`` in ``partition`` (default: a hash of the name), recorded in ZooKeeper
+        first so that every member and client routes it the same way."""
+        from kazoo.exceptions import NodeExistsError
+
+        from sediment.engine.schema import check_name
+
+        check_name(name)
+        count = self.member.config.partitions
+        if partition is None:
+            partition = layout.default_partition(name, count)
+        elif not isinstance(partition, int) or isinstance(partition, bool) or not 0 <= partition < count:
+            raise InvalidArgument(f"partition must be an integer in [0, {count}), not {partition!r}")
+        engine, generation = self.member.engine_for(partition)
+        zk = self.member.zk()
+        path = self.member.where.path("relations", name)
+        try:
+            zk.create(path, str(partition).encode())
+        except NodeExistsError:
+            recorded = self._partition(name)
+            if recorded != partition:
+                raise RelationExists(f"relation {name!r} already exists in partition {recorded} of "
+                                     f"{self.member.where.uri}") from None
+        engine.add_relation(name, schema)
+        self.member.check_still_serving(partition, generation)
+
+    def drop_relation(self, name: str) -> None:
+        self._write(name, "drop_relation")
+        try:
+            self.member.zk().delete(self.member.where.path("relations", name))
+        except Exception:  # noqa: BLE001 - already gone: the catalog drop is what counts
+            pass
+
+    def relations(self, include_internal: bool = False) -> list[str]:
+        names = self.member.zk().get_children(self.member.where.path("relations"))
+        return sorted(n for n in names if include_internal or not n.startswith("_"))
+
+    def schema(self, name: str) -> pa.Schema:
+        return self._read(name, "schema")
+
+    def since(self, name: str) -> int:
+        return self._read(name, "since")
+
+    def sealed(self, name: str) -> int:
+        return self._read(name, "sealed")
+
+    def trace_info(self, name: str) -> dict[str, int]:
+        return self._read(name, "trace_info")
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
+        if locks is None:
+            self._write(name, "append", updates)
+        else:
+            self._write(name, "append", updates, locks=locks)
+
+    def append_once(self, name: str, updates: pa.Table, client: str, seq: int) -> None:
+        """An append with an idempotency key: applied at most once however often it is retried,
+        here or at a later owner (cluster/applied.py)."""
+        engine, p, generation = self._engine(name)
+        if not self._applied.append(engine, p, name, updates, client, seq):
+            self.metrics.deduplicated.inc()
+        self.member.check_still_serving(p, generation)
+
+    def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
+        parts = {self._partition(name) for name in updates}
+        if len(parts) > 1:
+            raise CrossPartitionTransaction(f"append_many names relations of partitions {sorted(parts)}: a write "
+                                            "is atomic within one partition; nothing was written")
+        if not parts:
+            return
+        (p,) = parts
+        engine, generation = self.member.engine_for(p)
+        engine.append_many(updates, **({} if locks is None else {"locks": locks}))
+        self.member.check_still_serving(p, generation)
+
+    def seal(self, name: str, t: int) -> None:
+        self._write(name, "seal", t)
+
+    def set_since(self, name: str, t: int) -> None:
+        self._write(name, "set_since", t)
+
+    def transaction(self) -> ClusterTransaction:
+        return ClusterTransaction(self, next(self._txn_ids))
+
+    def commit_all(self, transactions: Sequence[ClusterTransaction]) -> None:
+        """One commit for transactions of one partition; CrossPartitionTransaction (and each
+        is aborted) when they span two."""
+        bound = {t.partition for t in transactions if t.partition is not None}
+        if len(bound) > 1:
+            for t in transactions:
+                t.abort()
+            raise CrossPartitionTransaction(f"commit_all over partitions {sorted(bound)}: transactions commit "
+                                            "together only within one partition; every one was aborted")
+        inner = [t.inner for t in transactions if t.inner is not None]
+        if inner:
+            (p,) = bound
+            engine, generation = self.member.engine_for(p)
+            engine.commit_all(inner)
+            self.member.check_still_serving(p, generation)
+        for t in transactions:
+            t.finish_empty()
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def snapshot(self, name: str, as_of: int) -> pa.Table:
+        return self._read(name, "snapshot", as_of)
+
+    def replay(self, name: str, *, batch_rows: int = 65536) -> Any:
+        return self._read(name, "replay", batch_rows=batch_rows)
+
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> Any:
+        return self._read(name, "subscribe", as_of, resume=resume)
+
+    def plan_read(self, name: str, as_of: int, **options: Any) -> Any:
+        """The partition's plan, its lease renumbered so that release_read finds the partition."""
+        plan = self._read(name, "plan_read", as_of, **options)
+        plan.lease = plan.lease * self.member.config.partitions + self._partition(name)
+        return plan
+
+    def release_read(self, lease: int) -> None:
+        count = self.member.config.partitions
+        engine, _g = self.member.engine_for(lease % count)
+        engine.release_read(lease // count)
+
+    # --- the member as a whole -----------------------------------------------------------------
+
+    def compact(self, name: str | None = None) -> None:
+        if name is not None:
+            self._write(name, "compact")
+            return
+        for engine, _g in self.member.owned().values():
+            engine.compact()
+
+    def compaction_errors(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for engine, _g in self.member.owned().values():
+            out.update(engine.compaction_errors())
+        return out
+
+    def stats(self, include_internal: bool = False) -> dict[str, Any]:
+        """This member's partitions, each with its engine's stats."""
+        owned = self.member.owned()
+        return {"member": self.member.member_id, "advertise": self.member.advertise,
+                "partitions": {str(p): {"generation": g, **engine.stats(include_internal)}
+                               for p, (engine, g) in sorted(owned.items())}}
+
+    def close(self) -> None:
+        self.member.stop()
+
+
+class ClusterTransaction:
+    """A transaction bound to the partition of its first append; an append to a relation of
+    another partition is refused (CrossPartitionTransaction) before anything of it is written."""
+
+    def __init__(self, router: ClusterEngine, txn_id: int) -> None:
+        self.id = txn_id
+        self.partition: int | None = None
+        self.inner: Any = None
+        self._router = router
+        self._generation = -1
+        self._state = "open"
+        self._mutex = threading.Lock()
+
+    @property
+    def state(self) -> str:
+        return self.inner.state if self.inner is not None else self._state
+
+    def append(self, name: str, updates: pa.Table) -> None:
+        with self._mutex:
+            if self.state != "open":
+                raise TransactionError(f"transaction {self.id:#x} is {self.state}")
+            p = self._router._partition(name)
+            if self.partition is not None and p != self.partition:
+                raise CrossPartitionTransaction(
+                    f"transaction {self.id:#x} writes partition {self.partition}; relation {name!r} is in "
+                    f"partition {p}: a transaction is atomic within one partition; nothing of this append "
+                    "was written")
+            engine, generation = self._router.member.engine_for(p)
+            if self.inner is None:
+                self.partition, self.inner, self._generation = p, engine.transaction(), generation
+            elif generation != self._generation:
+                raise TransactionError(f"partition {p} moved while transaction {self.id:#x} was open; it is lost: "
+                                       "begin again at the new owner")
+        self.inner.append(name, updates)
+        self._router.member.check_still_serving(p, generation)
+
+    def commit(self) -> None:
+        self._router.commit_all([self])
+
+    def abort(self) -> None:
+        if self.inner is not None:
+            self.inner.abort()
+        elif self._state == "open":
+            self._state = "aborted"
+
+    def finish_empty(self) -> None:
+        if self.inner is None and self._state == "open":
+            self._state = "committed"

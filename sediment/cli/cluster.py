@@ -1,0 +1,130 @@
+"""``sediment cluster create|status`` and ``sediment serve --cluster``: a cluster of coordinators.
+
+    sediment cluster create --metadata zk://HOST:PORT/NAME --partitions N --replicas H:P,...
+                            --cluster-key K --blob s3://bucket/prefix [--session-timeout S]
+    sediment serve --cluster zk://HOST:PORT/NAME --listen HOST:PORT [--advertise grpc://HOST:PORT]
+    sediment --connect zk://HOST:PORT/NAME cluster status [--json]
+
+The cluster's runtime is ``sediment.cluster`` (membership, assignment, routing); this module
+only parses, prints and runs the member behind the same Flight server as ``serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from typing import Any
+
+from sediment.cli.files import UsageError
+
+LEAVE_TIMEOUT = 20.0  # seconds a SIGTERM'd member waits for its partitions to move before it exits anyway
+
+
+def add_cluster_parser(sub: argparse._SubParsersAction, command: Any, add_common: Any) -> None:
+    """``cluster create`` and ``cluster status`` (the global options come from ``add_common``)."""
+    cluster = sub.add_parser("cluster", help="create a cluster of coordinators, or show its state",
+                             description="Create a cluster of coordinators, or show its state.")
+    add_common(cluster, top=False)
+    cl_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    p = command("create", cmd_cluster_create, "record a cluster once: partitions, storage nodes, blob store "
+                "(with --metadata zk://HOST:PORT/NAME --replicas --cluster-key --blob)", cl_sub)
+    p.add_argument("--partitions", type=int, required=True, metavar="N", help="how many partitions (fixed)")
+    p.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="members' ZooKeeper session timeout: a killed member's partitions move after it "
+                        "(default 10)")
+    p = command("status", cmd_cluster_status, "members, the manager, and per partition its owner, generation, "
+                "sealed frontier and WAL backlog (with --connect zk://HOST:PORT/NAME)", cl_sub)
+    p.add_argument("--json", action="store_true", help="print the same as JSON")
+
+
+def _cluster_uri(args: argparse.Namespace, option: str) -> str:
+    uri = getattr(args, option, None) or ""
+    if not uri.startswith("zk://"):
+        raise UsageError(f"give the cluster as --{option} zk://HOST:PORT/NAME, not {uri!r}")
+    return uri
+
+
+def cmd_cluster_create(args: argparse.Namespace) -> int:
+    from sediment.cluster import layout
+
+    where = layout.ClusterPath.parse(_cluster_uri(args, "metadata"))
+    if not args.replicas or not args.cluster_key or not args.blob:
+        raise UsageError("cluster create needs --replicas H:P,..., --cluster-key K and --blob s3://... (or file://)")
+    config = layout.ClusterConfig(partitions=args.partitions, replicas=args.replicas.split(","),
+                                  cluster_key=args.cluster_key, blob=args.blob, s3_endpoint=args.s3_endpoint,
+                                  session_timeout=args.session_timeout)
+    layout.check_config(config)
+    zk = layout.connect_zk(where)
+    try:
+        layout.create(zk, where, config)
+    finally:
+        zk.stop()
+        zk.close()
+    print(f"created cluster {where.uri}: {config.partitions} partitions on {','.join(config.replicas)}")
+    return 0
+
+
+def cmd_cluster_status(args: argparse.Namespace) -> int:
+    import os
+
+    from sediment.cluster_client import cluster_status
+    from sediment.net.protocol import TOKEN_ENV
+
+    uri = getattr(args, "connect", None) or getattr(args, "metadata", None) or ""
+    if not uri.startswith("zk://"):
+        raise UsageError(f"cluster status needs --connect zk://HOST:PORT/NAME, not {uri!r}")
+    status = cluster_status(uri, getattr(args, "token", None) or os.environ.get(TOKEN_ENV))
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+        return 0
+    print(f"cluster {status['cluster']}: manager {status['manager']}")
+    for member in status["members"]:
+        print(f"member {member['id']} {member['advertise']}")
+    for p in status["partitions"]:
+        print(f"partition {p['partition']}: owner {p['owner']} generation {p['generation']} "
+              f"sealed {json.dumps(p['sealed'])} wal_backlog_bytes {p['wal_backlog_bytes']}")
+    return 0
+
+
+def serve_cluster(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes, bytes] | None,
+                  stop: threading.Event) -> int:
+    """Join the cluster as a member and serve its partitions until SIGTERM, then hand them over."""
+    from sediment.cli.common import data_dir_of
+    from sediment.cluster import layout
+    from sediment.cluster.member import Member
+    from sediment.cluster.router import ClusterEngine
+    from sediment.server import SedimentFlightServer
+
+    where = layout.ClusterPath.parse(_cluster_uri(args, "cluster"))
+    member = Member(where, args.advertise or "", data_dir_of(args))
+    server = SedimentFlightServer(ClusterEngine(member), location, token,
+                                  txn_idle_timeout=args.txn_idle_timeout or None, tls=tls)
+    advertise = member.advertise = args.advertise or server.uri
+    metrics = None
+    try:
+        member.start()
+        if args.metrics_listen is not None:
+            from sediment.metrics import MetricsServer
+
+            metrics = MetricsServer(member.metrics, *args.metrics_listen)
+            print(f"metrics on {metrics.url}", flush=True)
+        print(f"serving cluster {where.uri} as {member.member_id} advertised {advertise} on {server.uri}",
+              flush=True)
+        while not stop.wait(0.5):
+            pass
+        print("leaving: handing partitions over", file=sys.stderr, flush=True)
+        handed = member.leave(LEAVE_TIMEOUT)
+        if not handed:
+            print(f"sediment serve: partitions still held after {LEAVE_TIMEOUT:g} s; closing them",
+                  file=sys.stderr, flush=True)
+    finally:
+        try:
+            server.stop(grace=args.shutdown_grace)
+            if metrics is not None:
+                metrics.stop()
+        finally:
+            member.stop()
+    print(f"stopped serving cluster {where.uri}", flush=True)
+    return 0

@@ -1,0 +1,421 @@
+"""A client of a cluster of coordinators: today's client methods, each call sent to the
+owner of the relation's partition.
+
+``sediment.connect("zk://HOST:PORT/NAME")`` reads the cluster's members, assignment and
+relations from ZooKeeper; ``sediment.connect("grpc://any-member")`` starts from that member
+alone. Either way a member that does not own a partition answers with a redirect
+(:class:`~sediment.errors.NotPartitionOwner`: owner's address and generation), which the
+client follows and remembers per partition. A hint older than the newest generation seen
+for that partition is ignored, so a stale member cannot send the client back. Calls refused
+before anything was done (a redirect, an unreachable member, a partition being moved) are
+retried until ``deadline`` seconds have passed; then the last error reaches the caller.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from sediment.client import Client, RemoteTransaction, _as_table
+from sediment.cluster import layout
+from sediment.errors import (
+    CoordinatorSuperseded,
+    CoordinatorUnavailable,
+    CrossPartitionTransaction,
+    EngineClosed,
+    NotPartitionOwner,
+    OutcomeUnknown,
+    UnknownRelation,
+)
+
+DEFAULT_DEADLINE = 30.0  # seconds a call keeps following redirects and moves
+RETRY_PAUSE = 0.05  # seconds between tries while a partition has no reachable owner
+# The owner went away (died, lost its session, was fenced or closed) while or before the call
+# ran: an idempotent call goes again to the new owner.
+_MOVED = (CoordinatorUnavailable, EngineClosed, OutcomeUnknown, CoordinatorSuperseded, flight.FlightTimedOutError)
+DEFAULT_CALL_TIMEOUT = 10.0  # seconds one call may take at one member (a paused member never answers)
+
+
+class ClusterClient:
+    """The client's methods over a cluster (see the module doc). Thread-safe."""
+
+    def __init__(self, uri: str, token: str | None = None, *, deadline: float = DEFAULT_DEADLINE,
+                 **options: Any) -> None:
+        self.uri = uri
+        self.deadline = deadline
+        self._token = token
+        self._options = {"timeout": DEFAULT_CALL_TIMEOUT, **options}
+        self._lock = threading.Lock()
+        self._clients: dict[str, Client] = {}
+        self._partition_of: dict[str, int] = {}
+        self._owners: dict[int, tuple[str | None, int]] = {}  # partition -> (address, generation)
+        self._seeds: list[str] = []
+        self._leases: dict[int, str] = {}
+        self._client_id = uuid.uuid4().hex
+        self._threads = itertools.count(1)
+        self._local = threading.local()
+        self._zk: Any = None
+        self._where: layout.ClusterPath | None = None
+        if uri.startswith(layout.SCHEME):
+            self._where = layout.ClusterPath.parse(uri)
+            self._zk = layout.connect_zk(self._where)
+            layout.read_config(self._zk, self._where)  # ClusterMissing now rather than at the first call
+            self._refresh()
+        else:
+            self._seeds.append(self._client(uri).uri)
+
+    # --- routing -------------------------------------------------------------------------------
+
+    def _client(self, address: str) -> Client:
+        with self._lock:
+            got = self._clients.get(address)
+        if got is None:
+            got = Client(address, self._token, **self._options)
+            with self._lock:
+                got = self._clients.setdefault(address, got)
+        return got
+
+    def _drop(self, address: str) -> None:
+        with self._lock:
+            got = self._clients.pop(address, None)
+        if got is not None:
+            got.close()
+
+    def _refresh(self) -> None:
+        """Learn owners and relations again from ZooKeeper (a zk:// client only)."""
+        if self._zk is None:
+            return
+        view = layout.read_view(self._zk, self._where)
+        with self._lock:
+            self._seeds = list(view["members"].values())
+            self._partition_of.update(view["relations"])
+            for p, (member, generation) in view["assignment"].items():
+                self._learn_locked(p, view["members"].get(member), generation)
+
+    def _learn_locked(self, partition: int, address: str | None, generation: int) -> None:
+        known = self._owners.get(partition)
+        if known is None or generation > known[1] or (generation == known[1] and address is not None):
+            self._owners[partition] = (address, generation)
+        if address is not None and address not in self._seeds:
+            self._seeds.append(address)
+
+    def _target(self, name: str | None) -> str | None:
+        with self._lock:
+            p = self._partition_of.get(name) if name is not None else None
+            owner = self._owners.get(p, (None, -1))[0] if p is not None else None
+            if owner is not None:
+                return owner
+            if not self._seeds:
+                return None
+            return self._seeds[int(time.monotonic() * 1000) % len(self._seeds)]
+
+    def _redirected(self, name: str | None, err: NotPartitionOwner) -> None:
+        with self._lock:
+            if name is not None and err.partition >= 0:
+                self._partition_of[name] = err.partition
+            if err.partition >= 0:
+                known = self._owners.get(err.partition)
+                if known is not None and known[0] is not None and err.generation <= known[1] and \
+                        err.owner != known[0]:
+                    if err.generation < known[1]:
+                        return  # an older hint than one already followed: ignore it
+                self._learn_locked(err.partition, err.owner, err.generation)
+                if err.owner is None:
+                    self._owners.pop(err.partition, None)
+
+    def _forget_owner(self, address: str) -> None:
+        with self._lock:
+            for p, (owner, generation) in list(self._owners.items()):
+                if owner == address:
+                    self._owners[p] = (None, generation)
+            if address in self._seeds and len(self._seeds) > 1:
+                self._seeds.remove(address)
+        self._drop(address)
+
+    def _next_key(self) -> tuple[str, int]:
+        local = self._local
+        if not hasattr(local, "client"):
+            local.client, local.seq = f"{self._client_id}-{next(self._threads)}", 0
+        local.seq += 1
+        return local.client, local.seq
+
+    def route(self, name: str | None, call: Callable[[Client], Any], *, retry_unknown: bool = False,
+              unknown_outcome: bool = False) -> Any:
+        """``call`` at the owner of ``name``'s partition, following redirects and moves until the
+        deadline. ``retry_unknown``: also resend after an outcome-unknown failure (calls that
+        are idempotent: reads, seals, keyed appends); ``unknown_outcome``: past the deadline
+        such a call raises OutcomeUnknown, since an attempt may have landed."""
+        deadline = time.monotonic() + self.deadline
+        uncertain: BaseException | None = None
+        while True:
+            address = self._target(name)
+            if address is None:  # no member known (yet): look again until the deadline
+                if time.monotonic() > deadline:
+                    raise CoordinatorUnavailable(f"no member of {self.uri} is known; is any member running?")
+                self._pause_and_refresh(deadline + 1, CoordinatorUnavailable("no member"))
+                continue
+            try:
+                return call(self._client(address))
+            except NotPartitionOwner as err:
+                self._redirected(name, err)
+                if err.owner is None or err.owner == address:
+                    self._pause_and_refresh(deadline, err)
+            except UnknownRelation as err:
+                if name is None or name in self._partition_of or self._zk is None:
+                    raise
+                self._pause_and_refresh(deadline, err)
+            except _MOVED as err:
+                if not retry_unknown:
+                    raise  # the call may have been carried out: only an idempotent one goes again
+                uncertain = err
+                self._forget_owner(address)
+                if time.monotonic() > deadline:
+                    break
+                self._pause_and_refresh(deadline, err)
+            if time.monotonic() > deadline:
+                break
+        if unknown_outcome and uncertain is not None:
+            raise OutcomeUnknown(f"append to {name!r} in {self.uri}: no owner acknowledged it within {self.deadline:g} "
+                                 f"s (last: {uncertain}); it may or may not have been applied") from None
+        raise CoordinatorUnavailable(f"no owner of {name!r} in {self.uri} answered within {self.deadline:g} s")
+
+    def _pause_and_refresh(self, deadline: float, err: BaseException) -> None:
+        if time.monotonic() > deadline:
+            raise err
+        time.sleep(RETRY_PAUSE)
+        try:
+            self._refresh()
+        except Exception:  # noqa: BLE001 - ZooKeeper away: go on with what is known
+            pass
+
+    # --- relations -----------------------------------------------------------------------------
+
+    def add_relation(self, name: str, schema: pa.Schema, *, partition: int | None = None) -> None:
+        """Create a relation in ``partition`` (default: a hash of the name)."""
+        if partition is None and self._zk is not None:
+            partition = layout.default_partition(name, layout.read_config(self._zk, self._where).partitions)
+        if partition is not None:
+            with self._lock:
+                self._partition_of.setdefault(name, partition)
+        self.route(name, lambda c: c.add_relation(name, schema, partition=partition))
+
+    def drop_relation(self, name: str) -> None:
+        self.route(name, lambda c: c.drop_relation(name))
+        with self._lock:
+            self._partition_of.pop(name, None)
+
+    def relations(self, include_internal: bool = False) -> list[str]:
+        return self.route(None, lambda c: c.relations(include_internal), retry_unknown=True)
+
+    def schema(self, name: str) -> pa.Schema:
+        return self.route(name, lambda c: c.schema(name), retry_unknown=True)
+
+    def since(self, name: str) -> int:
+        return self.route(name, lambda c: c.since(name), retry_unknown=True)
+
+    def sealed(self, name: str) -> int:
+        return self.route(name, lambda c: c.sealed(name), retry_unknown=True)
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
+        """Append with an idempotency key (this thread's client id, its next sequence number):
+        an outcome-unknown failure (the owner died, lost its session, was fenced) is sent again,
+        to the new owner, until the deadline, and applied at most once. ``locks`` appends go
+        without a key (a lock check is not idempotent), so they are not retried after an unknown
+        outcome."""
+        if locks is not None:
+            self.route(name, lambda c: c.append(name, updates, locks=locks))
+            return
+        table = _as_table(name, updates)
+        key = self._next_key()
+        self.route(name, lambda c: c.append_once(name, table, key[0], key[1]), retry_unknown=True,
+                   unknown_outcome=True)
+
+    def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
+        names = sorted(updates)
+        self.route(names[0] if names else None, lambda c: c.append_many(updates, locks=locks))
+
+    def seal(self, name: str, t: int) -> None:
+        self.route(name, lambda c: c.seal(name, t), retry_unknown=True)
+
+    def set_since(self, name: str, t: int) -> None:
+        self.route(name, lambda c: c.set_since(name, t), retry_unknown=True)
+
+    def transaction(self, group: str | None = None) -> ClusterRemoteTransaction:
+        return ClusterRemoteTransaction(self, group)
+
+    def commit_all(self, transactions: Sequence[ClusterRemoteTransaction], group: str | None = None) -> None:
+        """Commit transactions of one partition as one; CrossPartitionTransaction otherwise."""
+        bound = [t for t in transactions if t.inner is not None]
+        owners = {t.client.uri for t in bound}
+        if len(owners) > 1:
+            for t in transactions:
+                t.abort()
+            raise CrossPartitionTransaction("commit_all over transactions at different partitions' owners: they "
+                                            "commit together only within one partition; every one was aborted")
+        if bound:
+            bound[0].client.commit_all([t.inner for t in bound], group=group)
+        for t in transactions:
+            t.finish_empty()
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def snapshot(self, name: str, as_of: int) -> pa.Table:
+        return self.route(name, lambda c: c.snapshot(name, as_of), retry_unknown=True)
+
+    def replay(self, name: str, *, batch_rows: int = 65536) -> Any:
+        return self.route(name, lambda c: list(c.replay(name, batch_rows=batch_rows)), retry_unknown=True)
+
+    def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False) -> Any:
+        return self.route(name, lambda c: c.subscribe(name, as_of, resume=resume), retry_unknown=True)
+
+    def plan_read(self, name: str, as_of: int, **options: Any) -> Any:
+        def plan(c: Client) -> Any:
+            got = c.plan_read(name, as_of, **options)
+            with self._lock:
+                self._leases[got.lease] = c.uri
+            return got
+
+        return self.route(name, plan, retry_unknown=True)
+
+    def release_read(self, lease: int) -> None:
+        with self._lock:
+            address = self._leases.pop(lease, None)
+        if address is not None:
+            self._client(address).release_read(lease)
+
+    def trace_info(self, name: str) -> dict[str, int]:
+        return self.route(name, lambda c: c.trace_info(name), retry_unknown=True)
+
+    def compact(self, name: str | None = None) -> None:
+        if name is not None:
+            self.route(name, lambda c: c.compact(name), retry_unknown=True)
+            return
+        for address in self.members():
+            self._client(address).compact()
+
+    def members(self) -> list[str]:
+        self._refresh()
+        with self._lock:
+            return sorted(set(self._seeds) | {a for a, _g in self._owners.values() if a is not None})
+
+    def stats(self, include_internal: bool = False) -> dict:
+        """Each reachable member's stats, by advertised address."""
+        out = {}
+        for address in self.members():
+            try:
+                out[address] = self._client(address).stats(include_internal)
+            except (CoordinatorUnavailable, EngineClosed):
+                continue
+        return {"members": out}
+
+    def compaction_errors(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for address in self.members():
+            out.update(self._client(address).compaction_errors())
+        return out
+
+    # --- closing -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+        if self._zk is not None:
+            self._zk.stop()
+            self._zk.close()
+            self._zk = None
+
+    def __enter__(self) -> ClusterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ClusterRemoteTransaction:
+    """A transaction that begins at the owner of its first append's partition."""
+
+    def __init__(self, cluster: ClusterClient, group: str | None) -> None:
+        self._cluster = cluster
+        self._group = group
+        self.inner: RemoteTransaction | None = None
+        self.client: Client | None = None
+        self._state = "open"
+
+    @property
+    def state(self) -> str:
+        return self.inner.state if self.inner is not None else self._state
+
+    def append(self, name: str, updates: pa.Table) -> None:
+        if self.inner is None:
+            def begin(c: Client) -> None:
+                c.schema(name)  # at the owner: a redirect before the transaction exists
+                self.client, self.inner = c, c.transaction(self._group)
+
+            self._cluster.route(name, begin)
+        self.inner.append(name, updates)
+
+    def commit(self) -> None:
+        if self.inner is not None:
+            self.inner.commit()
+        self.finish_empty()
+
+    def abort(self) -> None:
+        if self.inner is not None:
+            self.inner.abort()
+        elif self._state == "open":
+            self._state = "aborted"
+
+    def finish_empty(self) -> None:
+        if self.inner is None and self._state == "open":
+            self._state = "committed"
+
+    def __enter__(self) -> ClusterRemoteTransaction:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is None and self.state == "open":
+            self.commit()
+        elif self.state == "open":
+            self.abort()
+
+
+def cluster_status(uri: str, token: str | None = None) -> dict:
+    """What ``sediment cluster status`` prints: members by advertised address, the manager, and
+    per partition its owner, generation, sealed frontiers and WAL backlog (from its owner)."""
+    where = layout.ClusterPath.parse(uri)
+    zk = layout.connect_zk(where)
+    try:
+        layout.read_config(zk, where)
+        view = layout.read_view(zk, where)
+    finally:
+        zk.stop()
+        zk.close()
+    members = view["members"]
+    per_member: dict[str, dict] = {}
+    for address in set(members.values()):
+        try:
+            with Client(address, token) as c:
+                per_member[address] = c.stats().get("partitions", {})
+        except Exception:  # noqa: BLE001 - an unreachable member shows no figures
+            per_member[address] = {}
+    partitions = []
+    for p, (member, generation) in sorted(view["assignment"].items()):
+        address = members.get(member)
+        figures = per_member.get(address or "", {}).get(str(p), {})
+        partitions.append({"partition": p, "owner": address, "member": member, "generation": generation,
+                           "sealed": {n: r.get("sealed") for n, r in figures.get("relations", {}).items()},
+                           "wal_backlog_bytes": figures.get("wal", {}).get("backlog_bytes")})
+    return {"cluster": where.uri, "manager": members.get(view["manager"]) if view["manager"] else None,
+            "members": [{"id": m, "advertise": a} for m, a in sorted(members.items())],
+            "partitions": partitions}

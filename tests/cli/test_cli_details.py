@@ -1,0 +1,306 @@
+"""The command line's details (issue 24, finding 10), each through real ``sediment`` processes
+where the behaviour is the CLI's: the schema grammar printed and read back, ``tail --count``
+and its hint, Ctrl-C, progress only on a terminal, ``--connect HOST:PORT``, TLS files
+checked before serving, and no directory left behind by a failed first open or serve."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import queue
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import threading
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.columns import WORKS
+
+import sediment
+from sediment.cli import main as cli_main
+from sediment.cli import serve as cli_serve
+from sediment.engine.schema_text import format_schema, format_type, parse_schema_spec, parse_type
+from sediment.errors import InvalidArgument, SchemaMismatch
+from sediment.server import SedimentFlightServer
+
+RUN_TIMEOUT = 60  # seconds: a command that hangs fails the test instead of stalling it
+ENV = {k: v for k, v in os.environ.items() if k not in ("SEDIMENT_DEBUG", "SEDIMENT_PROGRESS", "SEDIMENT_TOKEN")}
+
+
+def sediment_cmd(*argv: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sediment", *argv], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, env=kw.pop("env", ENV), **kw)
+
+
+def popen(*argv: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "sediment", *argv], text=True, env=env or ENV, **kw)
+
+
+def lines_of(stream) -> queue.Queue:
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
+    return lines
+
+
+def seeded(tmp_path, rows: int = 5) -> str:
+    """A data directory with relation ``orders`` (id:int64): ``rows`` rows at time 1, sealed through 1."""
+    d = str(tmp_path / "data")
+    src = tmp_path / "seed.csv"
+    src.write_text("id,time,diff\n" + "".join(f"{i},1,1\n" for i in range(rows)))
+    for argv in (["relation", "add", "orders", "--schema", "id:int64"], ["append", "orders", str(src)],
+                 ["seal", "orders", "1"]):
+        assert cli_main(["--data-dir", d, "--no-progress", *argv]) == 0
+    return d
+
+
+# --- the schema grammar -----------------------------------------------------------------------
+
+UNITS = st.sampled_from(["s", "ms", "us", "ns"])
+ZONES = st.sampled_from(["UTC", "Europe/Paris", "America/New_York", "+05:30", "-08:00", "Asia/Kolkata"])
+TYPES = st.one_of(
+    st.sampled_from([t for t, _values in WORKS.values()]),
+    st.builds(pa.timestamp, UNITS), st.builds(pa.timestamp, UNITS, ZONES), st.builds(pa.duration, UNITS),
+    st.builds(pa.time32, st.sampled_from(["s", "ms"])), st.builds(pa.time64, st.sampled_from(["us", "ns"])),
+    st.integers(1, 38).flatmap(lambda p: st.builds(pa.decimal128, st.just(p), st.integers(0, p))),
+    st.integers(1, 76).flatmap(lambda p: st.builds(pa.decimal256, st.just(p), st.integers(0, p))),
+    st.builds(pa.binary, st.integers(1, 64)),
+)
+NAMES = st.text(min_size=1, max_size=12).filter(lambda n: n not in ("time", "diff"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(TYPES)
+def test_every_relation_type_round_trips_through_its_text(t):
+    assert parse_type(format_type(t)) == t
+    assert parse_type(str(t)) == t  # pyarrow's own spelling reads too
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(NAMES, TYPES), min_size=1, max_size=6, unique_by=lambda f: f[0]))
+def test_every_schema_round_trips_through_its_text(fields):
+    schema = pa.schema(fields)
+    spec = format_schema(schema)
+    assert parse_schema_spec(spec) == schema
+    assert "\t" not in spec and "\n" not in spec  # one field of `relation list`'s tab-separated line
+
+
+def test_aliases_and_refusals():
+    got = parse_schema_spec("a:int, b:INTEGER, c:bigint, d:long, e:decimal(10,2), f:decimal(40, 3), "
+                            "g:timestamp[us, tz=UTC], h:time32[ms], i:time64[us], j:duration[ns], k:timestamp")
+    assert list(zip(got.names, got.types, strict=True)) == [
+        ("a", pa.int32()), ("b", pa.int32()), ("c", pa.int64()), ("d", pa.int64()), ("e", pa.decimal128(10, 2)),
+        ("f", pa.decimal256(40, 3)), ("g", pa.timestamp("us", "UTC")), ("h", pa.time32("ms")),
+        ("i", pa.time64("us")), ("j", pa.duration("ns")), ("k", pa.timestamp("us"))]
+    for bad, words in [("a:decimal(10", "unknown type"), ("a:time32[us]", "s, ms"), ("a:time", "UNIT"),
+                       ("a:timestamp[us,tz=Mars/Base]", "unknown time zone"), ("a:decimal(3,5)", "scale"),
+                       ("a:decimal(x,1)", "precision"), ('"a:int64', "quoted name"), ("a:int,,b:int", "empty"),
+                       ("a:float16", "unknown type"), ("a:int64,a:int32", "duplicate")]:
+        with pytest.raises(SchemaMismatch) as refused:
+            parse_schema_spec(bad)
+        assert words in str(refused.value) and "\n" not in str(refused.value), (bad, str(refused.value))
+
+
+def test_relation_list_output_feeds_relation_add(tmp_path):
+    d = str(tmp_path / "data")
+    every = ",".join(f"c{i}:{format_type(t)}" for i, (t, _values) in enumerate(WORKS.values()))
+    given_spec = ("id:int,n:integer,price:decimal(10,2),at:timestamp[us, tz=UTC],t:time32[ms],t2:time64[us],"
+                  f'd:duration[ns],"odd, name":bigint,{every}')
+    added = sediment_cmd("--data-dir", d, "relation", "add", "orders", "--schema", given_spec)
+    assert added.returncode == 0, added.stderr
+    listed = sediment_cmd("--data-dir", d, "relation", "list")
+    name, printed, *_frontiers = listed.stdout.rstrip("\n").split("\t")
+    assert name == "orders" and listed.returncode == 0
+    again = sediment_cmd("--data-dir", d, "relation", "add", "copy", "--schema", printed)
+    assert again.returncode == 0, again.stderr
+    with sediment.open(d) as engine:
+        assert engine.schema("copy") == engine.schema("orders") == parse_schema_spec(given_spec)
+        assert engine.schema("orders").field("price").type == pa.decimal128(10, 2)
+
+
+# --- tail ---------------------------------------------------------------------------------------
+
+
+def test_tail_count_counts_printed_rows_and_ends(tmp_path):
+    d = seeded(tmp_path, rows=5)
+    later = tmp_path / "later.csv"
+    later.write_text("id,time,diff\n7,2,1\n8,2,1\n")
+    assert cli_main(["--data-dir", d, "--no-progress", "append", "orders", str(later)]) == 0
+    assert cli_main(["--data-dir", d, "seal", "orders", "2"]) == 0
+    # a feed of three events (snapshot, updates, progress) printing 8 rows: counting events, --count 5
+    # or 8 would wait for events that never come
+    for count, kinds in [(3, ["snapshot"] * 3), (5, ["snapshot"] * 5),
+                         (8, ["snapshot"] * 5 + ["update"] * 2 + ["progress"])]:
+        proc = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "1", "--count", str(count))
+        assert proc.returncode == 0, proc.stderr
+        header, *rows = proc.stdout.splitlines()
+        assert header == "event,time,id,diff" and [r.split(",")[0] for r in rows] == kinds
+    assert "positive integer" in sediment_cmd("--data-dir", d, "tail", "orders", "--count", "0").stderr
+
+
+def test_ctrl_c_exits_quietly_with_130(tmp_path):
+    d = seeded(tmp_path, rows=1)
+    proc = popen("--data-dir", d, "tail", "orders", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = lines_of(proc.stdout)
+    assert out.get(timeout=RUN_TIMEOUT) == "event,time,id,diff\n"
+    assert out.get(timeout=RUN_TIMEOUT).startswith("snapshot,")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=RUN_TIMEOUT) == 130
+    assert proc.stderr.read() == ""
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A real ``sediment serve`` on the seeded data directory: (process, port, token, data dir)."""
+    d = seeded(tmp_path, rows=2)
+    token = "t-" + os.urandom(8).hex()
+    proc = popen("serve", "--data-dir", d, "--listen", "127.0.0.1:0", "--shutdown-grace", "5",
+                 env={**ENV, "SEDIMENT_TOKEN": token}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = lines_of(proc.stdout)
+    try:
+        while not (line := out.get(timeout=RUN_TIMEOUT)).startswith("serving "):
+            pass
+        yield proc, int(line.rsplit(":", 1)[1]), token, d
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=RUN_TIMEOUT)
+
+
+@pytest.mark.slow
+def test_connect_takes_host_port_and_tail_hint_speaks_the_cli(served):
+    proc, port, token, d = served
+    listed = sediment_cmd("--connect", f"127.0.0.1:{port}", "--token", token, "relation", "list")
+    assert listed.returncode == 0 and listed.stdout.startswith("orders\tid:int64\t"), listed.stderr
+    bad = sediment_cmd("--connect", "127.0.0.1", "--token", token, "relation", "list")
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "grpc://HOST:PORT" in bad.stderr, bad.stderr
+
+    tail = popen("--connect", f"127.0.0.1:{port}", "--token", token, "tail", "orders", stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE)
+    out = lines_of(tail.stdout)
+    assert out.get(timeout=RUN_TIMEOUT) == "event,time,id,diff\n"
+    sealed = sediment_cmd("--connect", f"127.0.0.1:{port}", "--token", token, "seal", "orders", "2")
+    assert sealed.returncode == 0, sealed.stderr
+    while (line := out.get(timeout=RUN_TIMEOUT)) != "progress,2,,\n":
+        assert line.startswith("snapshot,1,"), line
+    proc.send_signal(signal.SIGTERM)  # the server stops: the feed ends
+    assert proc.wait(timeout=RUN_TIMEOUT) == 0
+    assert tail.wait(timeout=RUN_TIMEOUT) == 1
+    err = tail.stderr.read()
+    assert err.count("\n") == 1 and "resume=True" not in err
+    assert "`sediment tail orders --as-of 2 --resume`" in err, err
+    resumed = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "2", "--resume", "--idle-timeout", "0.5")
+    assert (resumed.returncode, resumed.stdout) == (0, "event,time,id,diff\n")  # no snapshot again
+
+
+def test_client_append_many_with_a_list_is_a_typed_error(tmp_path):
+    token = os.urandom(8).hex()
+    engine = sediment.open(tmp_path / "data")
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token, close_engine=True)
+    try:
+        engine.add_relation("r", pa.schema([("id", pa.int64())]))
+        table = pa.table({"id": [1], "time": [1], "diff": [1]})
+        with sediment.connect(f"127.0.0.1:{server.port}", token) as client:  # a bare HOST:PORT is grpc://
+            for target in (client, engine):
+                with pytest.raises(InvalidArgument) as refused:
+                    target.append_many([("r", table)])
+                assert "mapping of relation name" in str(refused.value) and "list" in str(refused.value)
+            client.append_many({"r": table})
+            with pytest.raises(InvalidArgument):
+                sediment.connect("http://127.0.0.1:1", token)
+        assert engine.trace_info("r")["tail_records"] == 1  # only the mapping's append
+    finally:
+        server.stop()
+
+
+# --- progress -------------------------------------------------------------------------------------
+
+
+def test_progress_bar_on_a_terminal_nothing_on_a_pipe(tmp_path):
+    d = seeded(tmp_path, rows=1)
+    src = tmp_path / "more.csv"
+    src.write_text("id,time,diff\n" + "".join(f"{i},2,1\n" for i in range(300)))
+    piped = sediment_cmd("--data-dir", d, "append", "orders", str(src))
+    assert (piped.returncode, piped.stderr) == (0, "")
+    main_fd, term_fd = pty.openpty()
+    fcntl.ioctl(term_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns, like a window
+    try:
+        proc = popen("--data-dir", d, "append", "orders", str(src), stdout=subprocess.PIPE, stderr=term_fd)
+        os.close(term_fd)
+        shown = b""
+        while select.select([main_fd], [], [], RUN_TIMEOUT)[0]:
+            try:
+                chunk = os.read(main_fd, 4096)
+            except OSError:  # EIO: the process closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert proc.wait(timeout=RUN_TIMEOUT) == 0
+    finally:
+        os.close(main_fd)
+    assert b"append more.csv" in shown and b"300/300" in shown and b"\r" in shown, shown
+
+
+# --- serve: TLS files, busy ports, and no directory left behind ------------------------------------
+
+
+def test_swapped_or_wrong_tls_files_are_named_before_serving(tmp_path, certificate):  # noqa: F811
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    cert_pem, key_pem, cert_file, key_file = certificate
+    with sediment.open(tmp_path / "engine") as engine, pytest.raises(InvalidArgument) as refused:
+        SedimentFlightServer(engine, "grpc://127.0.0.1:0", "t", tls=(key_pem, cert_pem))  # the API checks too
+    assert "swapped" in str(refused.value) and "tls[0]" in str(refused.value)
+    other, locked = tmp_path / "other.key", tmp_path / "locked.key"
+    for path, how in ((other, serialization.NoEncryption()), (locked, serialization.BestAvailableEncryption(b"pw"))):
+        path.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, how))
+    d = tmp_path / "data"
+    env = {**ENV, "SEDIMENT_TOKEN": "t"}
+    for cert, key, words in [(key_file, cert_file, ["swapped", f"--tls-cert {key_file}", f"--tls-key {cert_file}"]),
+                             (cert_file, str(other), ["is not the private key", f"--tls-key {other}"]),
+                             (cert_file, cert_file, ["holds no PEM private key", f"--tls-key {cert_file}"]),
+                             (cert_file, str(locked), ["encrypted with a passphrase", f"--tls-key {locked}"])]:
+        proc = sediment_cmd("serve", "--data-dir", str(d), "--listen", "127.0.0.1:0", "--tls-cert", cert,
+                            "--tls-key", key, env=env)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert all(w in proc.stderr for w in words) and "port" not in proc.stderr, proc.stderr
+    assert not d.exists()
+
+
+def test_failed_first_open_or_serve_leaves_no_directory(tmp_path, monkeypatch):
+    new = tmp_path / "a" / "b" / "data"
+    proc = sediment_cmd("--data-dir", str(new), "--blob", "nope://x", "relation", "add", "r", "--schema", "id:int64")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError):
+        sediment.open(new, blob="nope://x")
+    assert os.listdir(tmp_path) == []
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = sediment_cmd("serve", "--data-dir", str(new), "--listen", f"127.0.0.1:{port}",
+                            env={**ENV, "SEDIMENT_TOKEN": "t"})
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "another process" in proc.stderr
+        assert os.listdir(tmp_path) == []
+        # past the early check (another process took the port in between): Flight fails to
+        # listen once the engine is open; the lock is released and a new directory removed
+        monkeypatch.setattr(cli_serve, "_check_port_free", lambda host, port: None)
+        serve = ["serve", "--token", "t", "--listen", f"127.0.0.1:{port}", "--data-dir"]
+        assert cli_main([*serve, str(tmp_path / "fresh")]) == 1
+        assert os.listdir(tmp_path) == []
+        kept = seeded(tmp_path)
+        assert cli_main([*serve, kept]) == 1
+        with sediment.open(kept) as engine:
+            assert engine.relations() == ["orders"]

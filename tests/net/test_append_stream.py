@@ -1,0 +1,168 @@
+"""Appends on a client's long-lived do_put streams (sediment/net/append_stream.py): one
+stream carries many appends, a refused append leaves it usable, a stopping server ends it
+without applying what it did not acknowledge, and idle streams close so a stop never
+waits on them. Real server, real engine, real gRPC on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pyarrow as pa
+import pytest
+
+import sediment
+from sediment import errors
+from sediment.client import Client
+from sediment.clock import ManualClock
+from sediment.net.append_stream import StreamPool, append_batches
+from sediment.server import SedimentFlightServer
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
+TOKEN = "stream-" + uuid.uuid4().hex
+
+
+def ups(rows):
+    ids, names, times, diffs = zip(*rows, strict=True) if rows else ((), (), (), ())
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": pa.array(names, pa.string()),
+                     "time": pa.array(times, pa.int64()), "diff": pa.array(diffs, pa.int64())})
+
+
+@pytest.fixture
+def node(tmp_path):
+    engine = sediment.open(str(tmp_path / "data"), segment_bytes=1 << 20)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN)
+    yield engine, server
+    server.stop(grace=30)
+    engine.close()
+
+
+def puts(server: SedimentFlightServer) -> list[int]:
+    """Counts the server's do_put calls (its own method, wrapped; the calls still run)."""
+    seen = [0]
+    real = server.do_put
+
+    def counting(*args):
+        seen[0] += 1
+        return real(*args)
+
+    server.do_put = counting
+    return seen
+
+
+def test_many_appends_and_refusals_share_one_stream(node):
+    engine, server = node
+    seen = puts(server)
+    with Client(server.uri, TOKEN) as c:
+        c.add_relation("r", SCHEMA)
+        for i in range(50):
+            c.append("r", ups([(i, f"n{i}", 1 + i % 3, 1)]))
+        with pytest.raises(errors.UnknownRelation):
+            c.append("nope", ups([(1, "a", 1, 1)]))
+        c.seal("r", 3)
+        with pytest.raises(errors.TimeAlreadySealed, match="sealed through time 3"):
+            c.append("r", ups([(99, "late", 2, 1)]))
+        c.append("r", ups([(50, "n50", 4, 1)]))  # the stream carries on after refusals
+        with c.transaction() as tx:
+            tx.append("r", ups([(51, "n51", 5, 1)]))
+        c.seal("r", 5)
+        assert c.snapshot("r", 5).num_rows == 52
+    assert seen[0] == 2, "one stream for relation r, one for the refused name; no do_put per append"
+
+
+def test_large_tables_are_cut_below_the_chunk_size_and_small_ones_go_as_they_are():
+    table = ups([(i, "x" * 100, 1, 1) for i in range(10_000)])
+    batches = append_batches(table, 64 << 10)
+    assert len(batches) > 10 and sum(b.num_rows for b in batches) == 10_000
+    assert all(b.nbytes <= 64 << 10 for b in batches)  # what goes on the wire
+    assert pa.Table.from_batches(batches).equals(table)
+    small = ups([(1, "a", 1, 1)])
+    assert append_batches(small, 64 << 10)[0].equals(small.to_batches()[0])
+    empty = append_batches(ups([]), 64 << 10)
+    assert len(empty) == 1 and empty[0].num_rows == 0
+
+
+def test_a_stopping_server_ends_the_stream_without_applying_the_unacknowledged_append(node):
+    engine, server = node
+    c = Client(server.uri, TOKEN)
+    try:
+        c.add_relation("r", SCHEMA)
+        c.append("r", ups([(1, "kept", 1, 1)]))  # leaves an idle stream open on the server
+        stopped: list[bool] = []
+        stopper = threading.Thread(target=lambda: stopped.append(server.stop(grace=30)))
+        stopper.start()
+        assert server.stopping.wait(10)
+        with pytest.raises((errors.EngineClosed, errors.CoordinatorUnavailable)):
+            c.append("r", ups([(2, "refused", 1, 1)]))
+        stopper.join(30)
+        assert stopped == [True], "the stop finished once the stream ended, no call was cut off"
+    finally:
+        c.close()
+    engine.seal("r", 1)
+    assert engine.snapshot("r", 1).column("name").to_pylist() == ["kept"]
+
+
+def test_idle_streams_close_so_a_stop_does_not_wait_for_the_client(node):
+    engine, server = node
+    c = Client(server.uri, TOKEN)
+    try:
+        c.add_relation("r", SCHEMA)
+        c.append("r", ups([(1, "a", 1, 1)]))
+        start = time.monotonic()
+        assert server.stop(grace=30) is True
+        assert time.monotonic() - start < 15, "the idle stream closed by itself, well within the grace"
+    finally:
+        c.close()
+
+
+def test_the_pool_closes_streams_idle_too_long_and_those_given_back_after_close():
+    closed = []
+
+    class Stream:
+        def __init__(self, key):
+            self.key, self.last_used = key, time.monotonic()
+
+        def close(self):
+            closed.append(self)
+
+    clock = ManualClock(100.0)
+    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=clock)
+    lent, fresh = pool.take("r", SCHEMA)
+    assert fresh
+    pool.give(lent)
+    again, fresh = pool.take("r", SCHEMA)
+    assert again is lent and not fresh
+    other, fresh = pool.take("r", SCHEMA)  # the only stream is lent out: a new one
+    assert fresh and other is not again
+    pool.give(other)
+    clock.advance(3600)
+    assert pool.close_idle() == 0, "idle exactly idle_seconds: kept"
+    clock.advance(1)
+    assert pool.close_idle() == 1 and closed == [other]
+    closed.clear()
+    pool.close()
+    pool.give(again)
+    assert closed == [again]
+
+
+def test_the_worked_example_in_formats_md_decodes():
+    import json
+    import pathlib
+    import re
+
+    from sediment.net.append_stream import ACK_OK, append_metadata
+    from sediment.net.protocol import json_arg
+    from sediment.net.wire_errors import error_from_detail
+
+    text = (pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "formats.md").read_text()
+    section = text[text.index("### Append stream"):]
+    blocks = re.findall(r"```\n([0-9a-f ]+)\n```", section)
+    meta, ack = (bytes.fromhex(b.replace(" ", "")) for b in blocks[:2])
+    assert json_arg(meta, "append stream metadata") == {"txn": None}
+    assert append_metadata(None, None) == meta
+    assert json_arg(append_metadata(7, {"high_water": 3}), "m") == {"txn": 7, "locks": {"high_water": 3}}
+    assert ack == ACK_OK and len(ack) == 11
+    refused = re.search(r"`(\{\"error\": \{.*?\}\})`", section).group(1)
+    err = error_from_detail(json.loads(refused)["error"])
+    assert isinstance(err, errors.TimeAlreadySealed) and str(err) == "..."

@@ -1,0 +1,78 @@
+"""TLS between clients and a served coordinator, with a certificate made here, and Flight's own
+errors reaching callers as sediment's typed, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import pyarrow as pa
+import pytest
+
+import sediment
+from sediment.cli import main as cli_main
+from sediment.client import Client
+from sediment.errors import AuthenticationFailed, CoordinatorUnavailable
+from sediment.server import SedimentFlightServer
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def test_tls_round_trip_and_typed_transport_errors(tmp_path, certificate):
+    cert_pem, key_pem, _cert_file, _key_file = certificate
+    token = os.urandom(8).hex()
+    engine = sediment.open(tmp_path / "data")
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token, close_engine=True, tls=(cert_pem, key_pem))
+    try:
+        assert server.uri.startswith("grpc+tls://127.0.0.1:")
+        with Client(server.uri, token, tls_root_certs=cert_pem) as client:
+            client.add_relation("r", SCHEMA)
+            client.append("r", pa.table({"id": [1, 2], "time": [1, 1], "diff": [1, 1]}))
+            client.seal("r", 1)
+            assert client.snapshot("r", 1).column("id").to_pylist() == [1, 2]
+        with pytest.raises(AuthenticationFailed) as refused:
+            Client(server.uri, "wrong-token", tls_root_certs=cert_pem)
+        assert "\n" not in str(refused.value) and "token" in str(refused.value)
+        plain = server.uri.replace("grpc+tls://", "grpc://")
+        with pytest.raises(CoordinatorUnavailable):
+            Client(plain, token, timeout=10)
+    finally:
+        server.stop()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with pytest.raises(CoordinatorUnavailable) as down:
+        Client(f"grpc://127.0.0.1:{free}", token, timeout=10)
+    assert "\n" not in str(down.value)
+
+
+@pytest.mark.slow
+def test_sediment_serve_with_tls_and_the_remote_cli(tmp_path, certificate, capsys):
+    _cert_pem, _key_pem, cert_file, key_file = certificate
+    token = os.urandom(8).hex()
+    proc = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--data-dir", str(tmp_path / "data"),
+                             "--listen", "127.0.0.1:0", "--tls-cert", cert_file, "--tls-key", key_file],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SEDIMENT_TOKEN": token})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        while not (line := lines.get(timeout=60)).startswith("serving "):
+            pass
+        uri = line.split()[-1]
+        assert uri.startswith("grpc+tls://")
+        remote = ["--connect", uri, "--token", token, "--tls-root-certs", cert_file]
+        assert cli_main([*remote, "relation", "add", "r", "--schema", "id:int64"]) == 0
+        assert cli_main([*remote, "relation", "list"]) == 0
+        assert "r" in capsys.readouterr().out.split()
+        assert cli_main(["--connect", uri, "--token", "nope", "--tls-root-certs", cert_file, "relation", "list"]) == 1
+        err = capsys.readouterr().err
+        assert "refused the token" in err and len(err.strip().splitlines()) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0

@@ -1,0 +1,234 @@
+"""The log on S3 (wal/s3_log.py) against what S3 really does, through tests/faulty_proxy.py in
+front of moto: a PUT whose answer is lost after it landed, 409 conflicts, 5xx past botocore's
+budget, and a stalled writer fenced by a newer one. Race outcomes are asserted only through
+the proxy that serializes conditional requests (moto alone checks conditions without a lock).
+Each test counts acknowledged records lost and records doubled: both must be 0."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from sediment.errors import WalFenced
+from sediment.wal import record as rec
+from sediment.wal import s3_format as fmt
+from sediment.wal.s3_log import S3Log
+
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
+K = rec.RecordKind
+
+
+def row(i: int) -> rec.Record:
+    return rec.Record(K.UPDATES, relation_id=1, t_lo=i, t_hi=i, count=1, body=f"row-{i}".encode() * 4)
+
+
+def is_log_put(method: str, path: str) -> bool:
+    return method == "PUT" and "/log/0/" in path
+
+
+def bodies(log: S3Log) -> list[bytes]:
+    return [bytes(r.body) for r in log.scan() if r.kind == K.UPDATES]
+
+
+def assert_once_each(log: S3Log, acked: list[rec.Record]) -> None:
+    """0 acknowledged lost, 0 doubled."""
+    seen = bodies(log)
+    for r in acked:
+        assert seen.count(bytes(r.body)) == 1, (r.t_lo, seen.count(bytes(r.body)))
+
+
+@pytest.fixture
+def spec_at(s3_bucket):
+    _, bucket = s3_bucket
+
+    def spec(endpoint: str) -> str:
+        return f"s3://{bucket}/log?endpoint={endpoint}"
+
+    return spec
+
+
+@pytest.mark.parametrize("fault", ["drop-once", "drop-every-attempt", "409", "503-past-budget"])
+def test_a_put_whose_answer_is_lost_or_refused_is_neither_lost_nor_doubled(faulty_proxy, spec_at, fault, caplog):
+    caplog.set_level("INFO", logger="sediment.wal.s3_objects")
+    log = S3Log.open(spec_at(faulty_proxy.endpoint), create=True, max_attempts=3, read_timeout=5.0)
+    acked = [row(0)]
+    log.append([acked[0]])
+    if fault == "drop-once":  # botocore resends; the resend gets 412 on our own bytes
+        faulty_proxy.drop_response_next(1, match=is_log_put)
+    elif fault == "drop-every-attempt":  # outcome unknown after every attempt: resolved by reading
+        faulty_proxy.drop_response_next(3, match=is_log_put)
+    elif fault == "409":
+        faulty_proxy.fail_next(2, status=409, code="ConditionalRequestConflict", match=is_log_put)
+    else:
+        faulty_proxy.fail_next(3, status=503, code="ServiceUnavailable", match=is_log_put)
+    for i in range(1, 4):
+        r = row(i)
+        log.append([r])
+        acked.append(r)
+    assert faulty_proxy.pending() == 0 and faulty_proxy.log.faults, "the fault was injected"
+    if fault == "drop-once":
+        assert "an earlier attempt of the PUT" in caplog.text, "the resend's 412 was recognised as our own write"
+    assert_once_each(log, acked)
+    log.close()
+    log = S3Log.open(spec_at(faulty_proxy.endpoint))
+    try:
+        assert_once_each(log, acked)
+        assert len(bodies(log)) == len(acked)
+    finally:
+        log.close()
+
+
+def test_a_stalled_writer_is_fenced_by_the_next_open_and_writes_nothing_more(serializing_proxy, spec_at,
+                                                                           s3_bucket, moto_server):
+    spec = spec_at(serializing_proxy.endpoint)
+    old = S3Log.open(spec, create=True)
+    acked = [row(0), row(1)]
+    for r in acked:
+        old.append([r])
+    hold = serializing_proxy.hold_next(1, match=is_log_put)
+    late = row(2)
+    outcome: list[BaseException | int] = []
+
+    def stalled() -> None:
+        try:
+            outcome.append(old.append([late]))
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            outcome.append(exc)
+
+    t = threading.Thread(target=stalled)
+    t.start()
+    assert hold.reached.wait(30), "the old writer's PUT reached the proxy"
+    new = S3Log.open(spec)  # claims the slot the stalled PUT is aimed at
+    try:
+        hold.release.set()
+        t.join(30)
+        assert len(outcome) == 1 and isinstance(outcome[0], WalFenced), outcome
+        with pytest.raises(WalFenced):
+            old.append([row(3)])
+        assert_once_each(new, acked)
+        assert bytes(late.body) not in bodies(new)
+        client = moto_server.client()
+        _, bucket = s3_bucket
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="log/0/")["Contents"]]
+        heads = [fmt.decode_header(client.get_object(Bucket=bucket, Key=k)["Body"].read()) for k in keys]
+        claim = max(h.slot for h in heads if h.claim)
+        assert all(h.epoch == new.epoch for h in heads if h.slot >= claim), "nothing of the old epoch after the claim"
+        more = row(4)
+        new.append([more])
+        assert_once_each(new, acked + [more])
+    finally:
+        old.close()
+        new.close()
+
+
+def test_two_opens_racing_for_one_log_end_with_one_writer(serializing_proxy, spec_at):
+    """Each open claims; the later claim fences the earlier one, whichever order S3 picks."""
+    spec = spec_at(serializing_proxy.endpoint)
+    first = S3Log.open(spec, create=True)
+    first.append([row(0)])
+    opened: list[S3Log] = []
+    lock = threading.Lock()
+
+    def opener() -> None:
+        log = S3Log.open(spec)
+        with lock:
+            opened.append(log)
+
+    threads = [threading.Thread(target=opener) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert len(opened) == 4 and len({log.epoch for log in opened}) == 4
+        winner = max(opened, key=lambda log: log.epoch)
+        for log in [first, *opened]:
+            if log is not winner:
+                with pytest.raises(WalFenced):
+                    log.append([row(9)])
+        r = row(10)
+        winner.append([r])
+        assert bodies(winner) == [bytes(row(0).body), bytes(r.body)]
+    finally:
+        for log in [first, *opened]:
+            log.close()
+
+
+def test_a_bad_spec_is_refused_with_a_typed_error(tmp_path):
+    from sediment.errors import InvalidArgument
+
+    for spec in ["s3://", "s3:///x", f"s3://b/p?endpoint=a&endpoint=b&x={uuid.uuid4()}", "file:///x"]:
+        with pytest.raises(InvalidArgument):
+            S3Log.open(spec, create=True)
+
+
+def test_a_resent_put_whose_slot_was_trimmed_meanwhile_is_outcome_unknown(faulty_proxy, spec_at, s3_bucket,
+                                                                         moto_server):
+    """A PUT landed, its answer was lost, the resend met 412, and before the writer could read
+    the slot back it was deleted (as a new writer's trim does): the append may be in the log,
+    so it is reported OutcomeUnknown, never NothingWritten, and the log writes nothing more."""
+    from sediment.errors import NothingWritten, OutcomeUnknown, WalTakenOverInFlight
+
+    _, bucket = s3_bucket
+    log = S3Log.open(spec_at(faulty_proxy.endpoint), create=True, max_attempts=3, read_timeout=5.0)
+    try:
+        log.append([row(0)])
+        slot = f"log/{fmt.slot_name(0, 2)}"
+        faulty_proxy.drop_response_next(1, match=is_log_put)
+        hold = faulty_proxy.hold_next(1, match=lambda method, path: method == "GET" and path.endswith(slot))
+        outcome: list[BaseException | int] = []
+        t = threading.Thread(target=lambda: outcome.append(_append_or_error(log, row(1))))
+        t.start()
+        assert hold.reached.wait(30), "the writer reads the slot back after the resend's 412"
+        moto_server.client().delete_object(Bucket=bucket, Key=slot)
+        hold.release.set()
+        t.join(30)
+        assert len(outcome) == 1 and isinstance(outcome[0], WalTakenOverInFlight), outcome
+        assert isinstance(outcome[0], OutcomeUnknown) and not isinstance(outcome[0], NothingWritten)
+        with pytest.raises(WalFenced):
+            log.append([row(2)])
+    finally:
+        log.close()
+
+
+def _append_or_error(log: S3Log, r: rec.Record) -> BaseException | int:
+    try:
+        return log.append([r])
+    except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+        return exc
+
+
+def test_a_writer_stalled_past_a_takeover_and_a_trim_still_meets_the_claim(serializing_proxy, spec_at,
+                                                                           s3_bucket, moto_server):
+    """SlateDB issue 352 on the log: the old writer's next PUT aims at the slot the new writer
+    claimed; the new writer trims everything the old one wrote, but never its claim, so the
+    late PUT still fails instead of landing below the start as an acknowledged, lost append."""
+    from support.wal_backends import owned
+
+    spec = spec_at(serializing_proxy.endpoint)
+    old = S3Log.open(spec, create=True, segment_bytes=4096)
+    for i in range(5):
+        old.append([row(i)])
+    new = owned(S3Log.open(spec, segment_bytes=4096))
+    try:
+        for i in range(5, 60):
+            new.append([row(i)])
+        new.finish_segment()
+        new.trim(new.end_lsn)
+        _, bucket = s3_bucket
+        keys = [o["Key"] for o in moto_server.client().list_objects_v2(Bucket=bucket, Prefix="log/0/")["Contents"]]
+        slots = sorted(fmt.parse_name(k[len("log/"):], 0) for k in keys)
+        assert 6 in slots and not {1, 2, 3, 4, 5} & set(slots), "the claim stays, the old writer's objects are gone"
+        with pytest.raises(WalFenced):
+            old.append([row(99)])
+        assert bytes(row(99).body) not in bodies(new)
+        again = S3Log.open(spec)
+        try:
+            assert bytes(row(99).body) not in bodies(again) and again.start_lsn == new.start_lsn
+        finally:
+            again.close()
+    finally:
+        old.close()
+        new.close()
