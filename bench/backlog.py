@@ -59,8 +59,8 @@ def child(d: str, bound: int, batch: int) -> None:
         t += 1
         eng.append("r", tables[t % 4].set_column(2, "time", pa.array([t] * batch, pa.int64())))
         eng.seal("r", t)
-        print(json.dumps({"t": t, "backlog": eng.stats()["wal"]["backlog_bytes"], "waits": eng._backlog.waits,
-                          "passes": eng._compacter.passes}), flush=True)
+        print(json.dumps({"t": t, "backlog": eng.stats()["wal"]["backlog_bytes"], "waits": eng.view.backlog.waits,
+                          "passes": eng.scheduler.passes}), flush=True)
 
 
 def write(d: str, bound: int, seconds: float, batch: int) -> dict:

@@ -166,12 +166,14 @@ def instrument(engine) -> Timers:
     import sediment.trace.store as store_mod
 
     tm = Timers()
-    log = engine._log
+    log = engine.wal
     log.read = tm.wrap("wal read (pread+crc)", log.read)
-    engine._decode = tm.wrap("IPC decode", engine._decode)
-    engine._compact_relation = tm.wrap("_compact_relation (WAL->batch)", engine._compact_relation)
-    engine._merge_relation = tm.wrap("_merge_relation (merges)", engine._merge_relation)
-    engine._log.finish_segment = tm.wrap("finish_segment", engine._log.finish_segment)
+    from sediment.engine.relation import Relation
+
+    Relation.decode = tm.wrap("IPC decode", Relation.decode)
+    engine.compaction.compact_relation = tm.wrap("_compact_relation (WAL->batch)", engine.compaction.compact_relation)
+    engine.compaction.merge_relation = tm.wrap("_merge_relation (merges)", engine.compaction.merge_relation)
+    engine.wal.finish_segment = tm.wrap("finish_segment", engine.wal.finish_segment)
     engine.traces.commit = tm.wrap("trace commit", engine.traces.commit)
     blobs = engine.traces.blobs
     blobs.put_if_absent = tm.wrap("blob put (write+fsync)", blobs.put_if_absent)

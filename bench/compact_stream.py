@@ -65,7 +65,7 @@ def run_stream(root: str, steps: list[pa.Table], sealed: bool) -> dict:
             t0 = time.perf_counter()
             eng.compact()
             fold = time.perf_counter() - t0
-        trace = eng._relations["r"].trace
+        trace = eng.view.relations["r"].trace
         out = {"passes": passes, "fold": fold, "total": sum(passes) + fold, "batches": len(trace.batches),
                "pending": len(trace.pending)}
         eng.close()
@@ -121,7 +121,7 @@ def run_appends(root: str, compact: bool, batch: int, seconds: float) -> dict:
             n += batch
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
-        passes = eng._compacter.passes if eng._compacter is not None else 0
+        passes = eng.scheduler.passes if eng.scheduler is not None else 0
         backlog = eng.stats()["wal"]["backlog_bytes"]
         eng.close()
         return {"rows_per_s": n / elapsed, "cpu_s": cpu, "elapsed_s": elapsed, "passes": passes,

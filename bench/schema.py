@@ -74,8 +74,8 @@ def build(engine: sediment.Engine, rows: int) -> None:
         engine.append("plain", pa.table(plain))
         for name in ("evolved", "plain"):
             engine.seal(name, step + 1)
-        engine._log.finish_segment()  # a compaction pass without merges: each step keeps its own batch
-        engine._compaction_pass(None, merge=False)
+        engine.wal.finish_segment()  # a compaction pass without merges: each step keeps its own batch
+        engine.compaction.run_pass(None, merge=False)
         if step < 4:
             engine.alter_relation("evolved", **ALTERS[step])
 

@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 
 import sediment
 from sediment.clock import ManualClock
-from sediment.engine.merger import DEFAULT_MAJOR_COMPACTION_QUIET
+from sediment.engine.compaction import DEFAULT_MAJOR_COMPACTION_QUIET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compact import SCHEMA, make_updates  # noqa: E402
@@ -78,7 +78,7 @@ def build(root: str, rows: int, steps: int, times: int, background: bool = False
     while before != engine.trace_info("r"):
         before = engine.trace_info("r")
         compact(engine, background)
-    if quiet:  # the relation stays quiet: the background's major compaction (engine/merger.py)
+    if quiet:  # the relation stays quiet: the background's major compaction (engine/scheduler.py)
         clock.advance(DEFAULT_MAJOR_COMPACTION_QUIET)
         compact(engine, background)
     return d, engine, steps * per_t - 1
@@ -86,8 +86,8 @@ def build(root: str, rows: int, steps: int, times: int, background: bool = False
 
 def compact(engine, background: bool) -> None:
     if background:  # what the background compacter leaves: a pass, then size-tiered merges only
-        engine._log.finish_segment()
-        engine._compaction_pass(None)
+        engine.wal.finish_segment()
+        engine.compaction.run_pass(None)
     else:
         engine.compact()
 

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from sediment.engine.data_dir import parse_wal
 from sediment.errors import InvalidArgument, InvalidTime
 
 MAX_TIME = (1 << 63) - 1
@@ -84,16 +85,9 @@ def check_open_options(options: Mapping[str, Any]) -> None:
     """The Engine's constructor options, checked before the data directory is touched."""
     o = options
     wal = check_str(o.get("wal"), "wal")
-    if wal is not None and wal != "file" and not (wal.startswith("device:") and len(wal) > len("device:")) \
-            and not wal.startswith("s3://"):
-        raise InvalidArgument(f"unknown wal option {wal!r}: use 'file', 'device:<path>' or 's3://bucket/prefix'")
-    if wal is not None and wal.startswith("s3://"):
-        from sediment.wal.s3_log import parse_spec
-
-        parse_spec(wal)
-        if o.get("metadata") is None:
-            raise InvalidArgument("wal='s3://...' needs a metadata store every coordinator can reach, e.g. "
-                                  "metadata='s3://bucket/meta'")
+    if wal is not None and parse_wal(wal).kind == "s3" and o.get("metadata") is None:
+        raise InvalidArgument("wal='s3://...' needs a metadata store every coordinator can reach, e.g. "
+                              "metadata='s3://bucket/meta'")
     if o.get("wal_capacity") is not None:
         check_int(o["wal_capacity"], "wal_capacity", low=1)
     replicas = o.get("replicas")

@@ -1,23 +1,27 @@
-"""The engine's reads: snapshots, replays, feeds, read plans and their leases, stats.
+"""The engine's reads: snapshots, replays, feeds, read plans and their leases.
 
-A mixin of :class:`sediment.engine.engine.Engine`, kept apart so that each file holds one
-concern; it uses the engine's lock, view and stores and adds no state of its own.
+Each read takes what it needs from the relation view under the engine lock (the trace and
+the tail as they are), pins them with the collector so compaction deletes nothing it may
+still read, and reads the stores without the lock.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.engine import args
-from sediment.engine import replay as replay_mod
+from sediment.engine import args, time_order
+from sediment.engine.args import check_time
+from sediment.engine.collector import Collector
 from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, Subscription
-from sediment.engine.relation import ReadPlan, TailEntry, _check_time, _Relation
+from sediment.engine.read_plan import ReadPlan
+from sediment.engine.relation import Relation, TailEntry
+from sediment.engine.view import RelationView
 from sediment.errors import (
     AsOfOutOfRange,
     DiffOverflow,
@@ -26,7 +30,8 @@ from sediment.errors import (
 from sediment.trace.consolidate import snapshot as consolidate_snapshot
 from sediment.trace.runs import RunStats, batch_run, merge_runs
 from sediment.trace.state import BatchRef, TraceState
-from sediment.wal.record import Record
+from sediment.trace.store import TraceStore
+from sediment.wal.protocol import WriteAheadLog
 
 log = logging.getLogger(__name__)
 _MERGE_WORKERS = min(4, os.cpu_count() or 1)  # threads sorting a large snapshot's merge windows
@@ -41,72 +46,60 @@ class _Stored(NamedTuple):
 
 
 class Reads:
-    """Read paths of the Engine (mixin)."""
+    """Reads of ``view``'s relations from ``traces`` and ``log``. ``blob_uri`` and
+    ``s3_endpoint`` (where the batches live) go into read plans; ``failure_count`` gives a
+    relation's failing compaction attempts for :meth:`trace_info`."""
 
-    # --- reading -------------------------------------------------------------------------------
+    def __init__(self, view: RelationView, traces: TraceStore, log_: WriteAheadLog, collector: Collector, *,
+                 blob_uri: str | None, s3_endpoint: str | None, failure_count: Callable[[str], int]) -> None:
+        self.view = view
+        self.traces = traces
+        self.log = log_
+        self.collector = collector
+        self.blob_uri = blob_uri
+        self.s3_endpoint = s3_endpoint
+        self.read_stats = RunStats()  # counters of consolidation on read, for tests and operators
+        self._failure_count = failure_count
+        self._lock = view.lock
 
-    def _decode(self, rel: _Relation, record: Record) -> pa.RecordBatch:
+    def _decode(self, rel: Relation, lsn: int) -> pa.RecordBatch:
+        record = self.log.read(lsn)
         return rel.decode_body(record.body, record.schema_version)
-
-    def _pin(self) -> None:
-        self._readers.pin()
-
-    def _unpin(self) -> None:
-        with self._lock:
-            self._readers.unpin()
-        self._collect()
-
-    def _collect(self) -> None:
-        """Delete replaced blobs and trim the log, once no reader may still need them."""
-        with self._lock:
-            self._readers.expire()
-            if not self._readers.idle or self._closed and self._log is None:
-                return
-            garbage = []
-            if not self._merging:  # a merge under way may still read a replaced blob; it reads no WAL
-                garbage, self._garbage = self._garbage, []
-            trim, self._trim_to = self._trim_to, None
-        try:
-            self.traces.delete(garbage)
-        except Exception as exc:  # noqa: BLE001 - orphans are swept at the next start
-            log.warning("could not delete replaced batches (swept at next start): %s", exc)
-        if trim is not None:
-            self._log.trim(trim)
 
     def snapshot(self, name: str, as_of: int) -> pa.Table:
         """The relation as of ``as_of``: its columns plus ``diff``, one row per distinct row
         whose diffs at times <= as_of sum to non-zero, sorted by the columns. Valid for
         since <= as_of <= sealed."""
-        as_of = _check_time(as_of, "as_of")
+        as_of = check_time(as_of, "as_of")
         with self._lock:
-            rel = self._rel(name)
+            rel = self.view.get(name)
             self._check_as_of(rel, as_of)
             trace, entries = rel.trace, list(rel.tail)
-            self._pin()
+            self.collector.pin()
         try:
             return self._snapshot_of(rel, trace, entries, as_of)
         finally:
-            self._unpin()
+            self.collector.unpin()
 
-    def _check_as_of(self, rel: _Relation, as_of: int) -> None:
+    def _check_as_of(self, rel: Relation, as_of: int) -> None:
         if not rel.entry.since <= as_of <= rel.sealed_durable:
             raise AsOfOutOfRange(
                 f"as_of {as_of} for {rel.entry.name!r} is outside [since {rel.entry.since}, sealed "
                 f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "")
             )
 
-    def _load_tail(self, rel: _Relation, entries: list[TailEntry]) -> pa.Table:
-        parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+    def _load_tail(self, rel: Relation, entries: list[TailEntry]) -> pa.Table:
+        parts = [self._decode(rel, e.lsn) for e in entries]
         return pa.Table.from_batches(parts, schema=rel.update_schema)
 
-    def _snapshot_of(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+    def _snapshot_of(self, rel: Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
         try:
             return self._snapshot_parts(rel, trace, entries, as_of)
         except DiffOverflow as exc:
             name = rel.entry.name
             raise DiffOverflow(f"relation {name!r} as of {as_of}: {exc}", relation=name, row=exc.row) from None
 
-    def _snapshot_parts(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+    def _snapshot_parts(self, rel: Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
         """Consolidation on read (:mod:`sediment.trace.runs`): each batch becomes a sorted run
         without a sort (as stored when it holds one time), the WAL tail is consolidated into
         one more run, and the runs are merged in one streaming pass."""
@@ -118,7 +111,7 @@ class Reads:
                 table = self.traces.read(rel.entry.id, ref)
                 if table is not None:
                     lo, hi = max(ref.lower, ref.since), max(ref.upper - 1, ref.since)
-                    runs.append(batch_run(self._conform(rel, table), keys, as_of, min_time=lo, max_time=hi,
+                    runs.append(batch_run(rel.conform(table), keys, as_of, min_time=lo, max_time=hi,
                                           stats=stats))
         entries = [e for e in entries if e.t_lo <= as_of]
         if entries:
@@ -126,23 +119,7 @@ class Reads:
         schema = pa.schema([rel.update_schema.field(c) for c in (*keys, "diff")])
         return merge_runs(runs, keys, schema, stats=stats, workers=_MERGE_WORKERS)
 
-    @property
-    def read_stats(self) -> RunStats:
-        """Counters of consolidation on read, for tests and operators (created on first use)."""
-        stats = self.__dict__.get("_read_stats")
-        if stats is None:
-            stats = self.__dict__.setdefault("_read_stats", RunStats())
-        return stats
-
-    @staticmethod
-    def _conform(rel: _Relation, table: pa.Table) -> pa.Table:
-        """A batch in the relation's update schema (Parquet returns some types in another
-        unit); a no-op, without a cast, when it already is."""
-        if table.schema.names == rel.update_schema.names and table.schema.types == rel.update_schema.types:
-            return table
-        return table.select(rel.update_schema.names).cast(rel.update_schema)
-
-    def _updates_after(self, rel: _Relation, trace: TraceState, entries: list[TailEntry], t: int) -> pa.Table:
+    def _updates_after(self, rel: Relation, trace: TraceState, entries: list[TailEntry], t: int) -> pa.Table:
         """Every stored update at a time > t, sorted by time."""
         parts = []
         for ref in (*trace.batches, *trace.pending):
@@ -178,11 +155,11 @@ class Reads:
         if max_lag is not None:
             args.check_int(max_lag, "max_lag")
         with self._lock:
-            rel = self._rel(name)
+            rel = self.view.get(name)
             if as_of is None:
                 as_of = rel.sealed_durable  # -1 when never sealed: since (0) is then no bound
             else:
-                self._check_as_of(rel, _check_time(as_of, "as_of"))
+                self._check_as_of(rel, check_time(as_of, "as_of"))
             trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
             feed = rel.feed
 
@@ -190,11 +167,11 @@ class Reads:
                 """The record at ``lsn`` in schema ``version``; lsn -1: an empty table of it."""
                 if lsn < 0:
                     return rel.layout.project(rel.layout.versions[version].empty_table(), version)
-                record = self._log.read(lsn)
+                record = self.log.read(lsn)
                 return pa.Table.from_batches([rel.decode_body(record.body, record.schema_version, version)])
 
-            sub = Subscription(feed, [], load, lambda: not self._closed, name=name, max_lag=max_lag)
-            self._pin()
+            sub = Subscription(feed, [], load, lambda: not self.view.closed, name=name, max_lag=max_lag)
+            self.collector.pin()
         try:
             initial = []
             if not resume:
@@ -208,7 +185,7 @@ class Reads:
             sub.close()
             raise
         finally:
-            self._unpin()
+            self.collector.unpin()
         sub.add_initial(initial)
         return sub
 
@@ -217,11 +194,11 @@ class Reads:
         """Pin the relation's current batches for ``lease_seconds`` and describe how to read it
         as of ``as_of`` (changes in (from_t, as_of] when ``from_t`` is given) directly from
         the blob store. Call :meth:`release_read` when done."""
-        as_of = _check_time(as_of, "as_of")
+        as_of = check_time(as_of, "as_of")
         from_t = args.check_optional_time(from_t, "from_t")
         args.check_number(lease_seconds, "lease_seconds")
         with self._lock:
-            rel = self._rel(name)
+            rel = self.view.get(name)
             low = rel.entry.since if from_t is None else from_t
             if not rel.entry.since <= low <= as_of <= rel.sealed_durable:
                 raise AsOfOutOfRange(f"reading {name!r} as of {as_of}" +
@@ -231,9 +208,9 @@ class Reads:
                 raise InvalidArgument("plan_read needs an engine opened with a blob URI (file:// or s3://)")
             trace = rel.trace
             entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
-            lease = self._readers.lease(lease_seconds)
+            lease = self.collector.readers.lease(lease_seconds)
         try:
-            parts = [self._decode(rel, self._log.read(e.lsn)) for e in entries]
+            parts = [self._decode(rel, e.lsn) for e in entries]
             tail = pa.Table.from_batches(parts, schema=rel.update_schema)
             keep = pc.less_equal(tail.column("time"), as_of)
             if from_t is not None:
@@ -252,10 +229,7 @@ class Reads:
     def release_read(self, lease: int) -> None:
         """End a read plan's lease: its batches may now be replaced and deleted."""
         args.check_int(lease, "lease", low=0)
-        with self._lock:
-            if not self._readers.release(lease):
-                return
-        self._collect()
+        self.collector.release(lease)
 
     def replay(self, name: str, *, batch_rows: int = 65536, ordered: bool = True) -> Iterator[pa.RecordBatch]:
         """Every stored update of the relation in time order, as record batches of the
@@ -263,20 +237,20 @@ class Reads:
         times advanced to the trace's ``since``. Rows of one time come in storage order:
         the trace's batches, its pending batches, then the WAL tail's records in commit
         order, each as stored. Memory holds only the batches and records whose time ranges
-        overlap the current time, not the whole relation (see :mod:`sediment.engine.replay`).
+        overlap the current time, not the whole relation (see :mod:`sediment.engine.time_order`).
         ``ordered=False`` streams batches as stored (sorted by row, then time) and then the
         WAL tail: no sort, for consumers that consolidate anyway."""
         args.check_int(batch_rows, "batch_rows", low=1)
         args.check_bool(ordered, "ordered")
         with self._lock:
-            rel = self._rel(name)
+            rel = self.view.get(name)
             trace = rel.trace
             entries = list(rel.tail)
-            self._pin()
+            self.collector.pin()
 
         def load(item: Any) -> pa.Table | None:
             if isinstance(item, TailEntry):
-                return pa.Table.from_batches([self._decode(rel, self._log.read(item.lsn))])
+                return pa.Table.from_batches([self._decode(rel, item.lsn)])
             return self.traces.read(rel.entry.id, item.ref, use_threads=False)  # threads lost here under load
 
         def generate() -> Iterator[pa.RecordBatch]:
@@ -287,46 +261,31 @@ class Reads:
                 items: list[Any] = [_Stored(ref, max(ref.lower, ref.since), max(ref.upper - 1, ref.since))
                                     for ref in (*trace.batches, *trace.pending) if ref.key is not None]
                 items += entries
-                yield from replay_mod.time_ordered(items, load, rel.update_schema, batch_rows)
+                yield from time_order.time_ordered(items, load, rel.update_schema, batch_rows)
             finally:
-                self._unpin()
+                self.collector.unpin()
 
         return generate()
 
-    def _replay_as_stored(self, rel: _Relation, trace: TraceState, entries: list[TailEntry],
+    def _replay_as_stored(self, rel: Relation, trace: TraceState, entries: list[TailEntry],
                           batch_rows: int) -> Iterator[pa.RecordBatch]:
         """Each batch's row groups as stored (footer opened once per batch, page checksums
         and time bounds checked per group), then the WAL tail records: no sort, no reopen."""
         for ref in (*trace.batches, *trace.pending):
             for group in self.traces.read_stream(rel.entry.id, ref):
-                yield from self._conform(rel, group).to_batches(max_chunksize=batch_rows)
+                yield from rel.conform(group).to_batches(max_chunksize=batch_rows)
         for entry in entries:
-            batch = self._decode(rel, self._log.read(entry.lsn))
+            batch = self._decode(rel, entry.lsn)
             yield from pa.Table.from_batches([batch]).to_batches(max_chunksize=batch_rows)
 
     def trace_info(self, name: str) -> dict[str, int]:
         """The relation's stored shape: batches, pending batches, rows and bytes in them, the
         trace's upper, and the WAL records not yet compacted."""
         with self._lock:
-            rel = self._rel(name)
+            rel = self.view.get(name)
             t = rel.trace
             return {"batches": len(t.batches), "pending": len(t.pending),
                     "rows": sum(b.rows for b in (*t.batches, *t.pending)),
                     "bytes": sum(b.bytes for b in (*t.batches, *t.pending)),
                     "upper": t.upper, "since": t.since, "tail_records": len(rel.tail),
                     "compaction_failures": self._failure_count(name)}
-
-    def stats(self, include_internal: bool = False) -> dict[str, Any]:
-        """What the engine holds now, for operators: per relation its rows, batches, stored
-        bytes, frontiers (since, sealed, trace upper), WAL tail records and bytes, compaction
-        lag and subscribers; for the engine the WAL (kind, LSNs, segments, bytes, backlog not
-        yet compacted) and where its storage lives. Plain JSON-ready values; the same
-        dictionary backs ``sediment stats`` and the state gauges of ``/metrics``. Internal
-        relations are listed only with ``include_internal`` (the WAL figures count them)."""
-        from sediment.engine.relation_ops import is_internal
-        from sediment.engine.stats import engine_stats
-
-        stats = engine_stats(self)
-        if not include_internal:
-            stats["relations"] = {n: r for n, r in stats["relations"].items() if not is_internal(n)}
-        return stats

@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 
 from sediment.arrow_codec import decode_updates
-from sediment.engine import args
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import FeedLog
 from sediment.engine.read_plan import ReadPlan  # noqa: F401  (re-exported: the reads hand it out)
@@ -31,7 +30,10 @@ class TailEntry(NamedTuple):
 
 
 @dataclass
-class _Relation:
+class Relation:
+    """One relation as the engine holds it in memory: its catalog entry, its trace, its
+    frontiers and the WAL records not yet compacted (its tail). Guarded by the engine lock."""
+
     entry: RelationEntry
     update_schema: pa.Schema
     trace: TraceState
@@ -72,11 +74,25 @@ class _Relation:
     def keys(self) -> list[str]:
         return self.entry.schema.names
 
+    def conform(self, table: pa.Table) -> pa.Table:
+        """A stored batch in the update schema (Parquet returns some types in another unit);
+        a no-op, without a cast, when it already is."""
+        if table.schema.names == self.update_schema.names and table.schema.types == self.update_schema.types:
+            return table
+        return table.select(self.update_schema.names).cast(self.update_schema)
 
-_check_time = args.check_time
+
+INTERNAL_PREFIX = "_"
 
 
-def set_shape(rel: _Relation, entry: RelationEntry, traces: Any) -> None:
+def is_internal(name: str) -> bool:
+    """Whether ``name`` is one of sediment's own bookkeeping relations (a name starting with
+    an underscore, such as the Spark sink's ``_spark_sink.<id>``): listings meant for users
+    leave them out unless asked, so they do not crowd the user's own relations."""
+    return name.startswith(INTERNAL_PREFIX)
+
+
+def set_shape(rel: Relation, entry: RelationEntry, traces: Any) -> None:
     """Give ``rel`` the catalog entry's schema version: its layout first, then its shape, so
     an append that reads the new shape finds the layout that knows it."""
     layout = entry.schema_history.layout()

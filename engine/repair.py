@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sediment._fs import fsync_dir
+from sediment.engine.data_dir import DataDir
 from sediment.engine.verify import VerifyReport, relation_names, verify_data_dir
 from sediment.errors import RepairRefused
 
@@ -49,12 +50,12 @@ def repair_data_dir(data_dir: str, open_engine: Callable[[], object], *, force: 
     if lost and not force:
         raise RepairRefused(
             f"repair of {data_dir} would lose records the log had acknowledged: "
-            + "; ".join(p.describe(relation_names(os.path.join(data_dir, "meta"))) for p in lost)
+            + "; ".join(p.describe(relation_names(DataDir(data_dir).meta)) for p in lost)
             + ". Nothing was changed. Restore the missing files if you can; re-run with --force to accept the loss")
     result = RepairResult()
     with open_engine() as engine:  # type: ignore[attr-defined]
         wal = engine.wal
-        names = {rel.entry.id: name for name, rel in getattr(engine, "_relations", {}).items()}
+        names = {rel.entry.id: name for name, rel in engine.view.relations.items()}
         problems = list(getattr(wal, "problems", []))
         result.lines = [p.describe(names) for p in problems if p.kind != "stray"] or list(wal.report.describe())
         result.findings = [_named(p.to_json(), names) for p in problems]

@@ -2,7 +2,7 @@
 and ``blob="s3://..."`` it keeps nothing but caches in its data directory, and any
 coordinator on any machine can take it over from S3 alone.
 
-The rules are those of a replicated engine (engine/deploy.py): the metadata store and the
+The rules are those of a replicated engine (engine/takeover.py, engine/data_dir.py): the metadata store and the
 blob store must be shared, the data directory's marker names the metadata store, and a
 coordinator fenced by a newer one closes its engine, at its next write or within 2 s of its
 clock (the log looks for a newer writer's claim, wal/s3_log.py ``watch_takeover``). Opening the log claims it (a new epoch
@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sediment.engine import deploy
+from sediment.engine import takeover
+from sediment.engine.data_dir import write_marker
 from sediment.errors import MetadataMissing, StorageRecordMismatch
 from sediment.wal.s3_log import S3Log
-
-
-def is_s3_wal(wal: object) -> bool:
-    return isinstance(wal, str) and wal.startswith("s3://")
 
 
 def open_log(engine: Any, wal: str, metadata: object, marker: str | None, s3_endpoint: str | None, *,
@@ -34,8 +31,8 @@ def open_log(engine: Any, wal: str, metadata: object, marker: str | None, s3_end
         raise MetadataMissing(f"{engine.data_dir}: the metadata has no storage record, but the log {wal} holds LSNs "
                               f"up to {log.end_lsn - 1}: the metadata was lost or points elsewhere; restore it or "
                               "pass the right metadata= (opening would lose every acknowledged update)")
-    deploy.close_when_fenced(engine, log.on_fenced)
-    log.watch_takeover(engine._clock)
+    takeover.close_when_fenced(engine, log.on_fenced)
+    log.watch_takeover(engine.clock)
     if marker is None:
-        deploy.write_marker(engine.data_dir, deploy.metadata_spec(metadata))
+        write_marker(engine.data_dir, takeover.metadata_spec(metadata))
     return log

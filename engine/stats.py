@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from sediment.engine.view import RelationView
+
 
 def _relation_stats(rel: Any, now: float) -> dict[str, Any]:
     t = rel.trace
@@ -53,20 +55,20 @@ def _wal_files(log: Any) -> tuple[int | None, int | None, int | None]:
     return segments, size, kept
 
 
-def engine_stats(engine: Any) -> dict[str, Any]:
-    """See :meth:`Engine.stats` (``engine`` is one; not imported here, as the engine imports this)."""
-    now = engine._clock.current_time()
-    with engine._lock:
-        engine._check_open()
-        relations = {name: _relation_stats(rel, now) for name, rel in sorted(engine._relations.items())}
-        txn_entries = engine._txns.entries()
-        log = engine._log
+def engine_stats(view: RelationView, log: Any, now: float, *, compaction: dict[str, Any],
+                 storage: dict[str, Any]) -> dict[str, Any]:
+    """See :meth:`Engine.stats`: the view and the log as they are now (``now`` on the engine's
+    clock), with the engine's compaction settings and storage locations as given."""
+    with view.lock:
+        view.check_open()
+        relations = {name: _relation_stats(rel, now) for name, rel in sorted(view.relations.items())}
+        txn_entries = view.txns.entries()
+        open_txns = len(view.txns)
         start, end, finished = log.start_lsn, log.end_lsn, log.finished_lsn
-        backlog = (engine._backlog.bytes, engine._backlog.bound, engine._backlog.waiting)
+        backlog = (view.backlog.bytes, view.backlog.bound, view.backlog.waiting)
     segments, size, kept = _wal_files(log)
     kind = {"FileLog": "file", "DeviceLog": "device", "ReplicatedLog": "replicated",
-                                                  "S3Log": "s3"}.get(type(log).__name__,
-                                                                                       type(log).__name__)
+            "S3Log": "s3"}.get(type(log).__name__, type(log).__name__)
     return {
         "wal": {
             "kind": kind,
@@ -80,18 +82,10 @@ def engine_stats(engine: Any) -> dict[str, Any]:
             "backlog_bytes": backlog[0],
             "backlog_bound_bytes": backlog[1],
             "backlog_waiting_appends": backlog[2],
-            "open_transactions": len(engine._txns),
+            "open_transactions": open_txns,
         },
-        "compaction": {
-            "background": engine._compacter is not None,
-            "interval_seconds": engine._compact_interval,
-            "major_compaction_quiet": engine._major_quiet,
-        },
-        "storage": {
-            "data_dir": engine.data_dir,
-            "blob": engine.blob_uri,
-            "metadata": engine.metadata_spec,
-        },
+        "compaction": compaction,
+        "storage": storage,
         "relations": relations,
         "replicas": log.replica_lag() if hasattr(log, "replica_lag") else None,
     }

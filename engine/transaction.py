@@ -29,21 +29,21 @@ from sediment.wal.protocol import Ticket
 from sediment.wal.record import Record, RecordKind, encode_txn_ids
 
 if TYPE_CHECKING:
-    from sediment.engine.relation import _Relation
+    from sediment.engine.relation import Relation
 
-Admission = tuple["_Relation", str, int]
+Admission = tuple["Relation", str, int]
 """What is checked when a transaction's records are submitted: (relation, its name, the least
 time written to it) -- the relation still exists and is not sealed at that time."""
 
 
-class TxnEngine(Protocol):
-    """All a transaction needs from its engine (:class:`sediment.engine.engine.Engine`)."""
+class TxnWriter(Protocol):
+    """All a transaction needs from its engine: its writer (:class:`sediment.engine.writer.Writer`)."""
 
-    def _txn_records(self, name: str, updates: pa.Table, txn_id: int) -> tuple[Admission, list[Record]] | None:
+    def txn_records(self, name: str, updates: pa.Table, txn_id: int) -> tuple[Admission, list[Record]] | None:
         """The UPDATES records of one append (None: nothing to append), and its admission."""
         ...
 
-    def _txn_submit(self, records: list[Record], admit: Sequence[Admission] | None = None,
+    def txn_submit(self, records: list[Record], admit: Sequence[Admission] | None = None,
                     refused: list[Record] | None = None) -> tuple[Ticket, BaseException | None]:
         """Submit ``records`` once every admission holds, atomically with the checks; when one
         does not, submit ``refused`` instead and return the error (or raise it without
@@ -55,12 +55,12 @@ class Transaction:
     """Created by :meth:`Engine.transaction`. Use as a context manager: commits on success,
     aborts on an exception."""
 
-    def __init__(self, engine: TxnEngine, txn_id: int):
-        self._engine = engine
+    def __init__(self, writer: TxnWriter, txn_id: int):
+        self._writer = writer
         self.id = txn_id
         self._begun = False
         self._txn = TxnState(txn_id)  # open, then committed or aborted: shared with RemoteTransaction
-        self._touched: dict[str, tuple[_Relation, int]] = {}  # name -> (relation, least time)
+        self._touched: dict[str, tuple[Relation, int]] = {}  # name -> (relation, least time)
         self._mutex = threading.Lock()
 
     @property
@@ -83,13 +83,13 @@ class Transaction:
         """Add updates to the transaction; durable (but invisible) on return."""
         with self._mutex:
             self._check()
-            prepared = self._engine._txn_records(name, updates, self.id)
+            prepared = self._writer.txn_records(name, updates, self.id)
             if prepared is None:
                 return
             (rel, _name, t_min), records = prepared
             if not self._begun:
                 records.insert(0, Record(RecordKind.BEGIN, txn_id=self.id))
-            ticket, _ = self._engine._txn_submit(records, [(rel, name, t_min)])
+            ticket, _ = self._writer.txn_submit(records, [(rel, name, t_min)])
             self._begun = True
             prev = self._touched.get(name)
             self._touched[name] = (rel, t_min if prev is None else min(prev[1], t_min))
@@ -98,7 +98,7 @@ class Transaction:
     def commit(self) -> None:
         """Make every append of the transaction visible at once; durable on return.
         Raises TransactionError (and aborts) if one of its times was sealed meanwhile."""
-        commit_all(self._engine, [self])
+        commit_all(self._writer, [self])
 
     def abort(self) -> None:
         """Discard every append of the transaction. Aborting twice is harmless."""
@@ -114,7 +114,7 @@ class Transaction:
         self._state = "aborted"
         if not self._begun:
             return None
-        return self._engine._txn_submit([Record(RecordKind.ABORT, txn_id=self.id)])[0]
+        return self._writer.txn_submit([Record(RecordKind.ABORT, txn_id=self.id)])[0]
 
     def __enter__(self) -> Transaction:
         return self
@@ -126,11 +126,11 @@ class Transaction:
             self.abort()
 
 
-def commit_all(engine: TxnEngine, transactions: Sequence[Transaction]) -> None:
+def commit_all(writer: TxnWriter, transactions: Sequence[Transaction]) -> None:
     """See :meth:`Engine.commit_all`."""
     txns = sorted({id(t): t for t in transactions}.values(), key=lambda t: t.id)
     for t in txns:
-        if t._engine is not engine:
+        if t._writer is not writer:
             raise TransactionError(f"transaction {t.id:#x} belongs to another engine")
     with ExitStack() as held:
         for t in txns:  # in id order, so two concurrent commit_all calls cannot deadlock
@@ -151,7 +151,7 @@ def commit_all(engine: TxnEngine, transactions: Sequence[Transaction]) -> None:
                 t._state = "committed"
             return
         ids = [t.id for t in begun]
-        ticket, failure = engine._txn_submit(
+        ticket, failure = writer.txn_submit(
             [Record(RecordKind.COMMIT, txn_id=ids[0], body=encode_txn_ids(ids[1:]))],
             [(rel, name, t_min) for t in begun for name, (rel, t_min) in t._touched.items()],
             refused=[Record(RecordKind.ABORT, txn_id=t.id) for t in begun])

@@ -10,6 +10,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from sediment.engine.data_dir import (
+    DataDir,
+    WalSpec,
+    parse_wal,
+    read_storage_record,
+    trace_ends,
+    traces_past_log,
+)
 from sediment.errors import SedimentError
 from sediment.wal import segment as sg
 from sediment.wal.control import CONTROL_NAME, ControlFile
@@ -150,11 +158,11 @@ def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, repo
     from sediment.metadata.journal import load_readonly
 
     try:
-        meta = load_readonly(os.path.join(data_dir, "meta"))
+        meta = load_readonly(DataDir(data_dir).meta)
     except SedimentError as exc:
         report.problems.append(str(exc))
         return
-    verify_trace_batches(meta, blob or "file://" + os.path.join(data_dir, "blobs"), s3_endpoint, report)
+    verify_trace_batches(meta, blob or DataDir(data_dir).default_blob_uri, s3_endpoint, report)
 
 
 def verify_trace_batches(meta: dict, uri: str, s3_endpoint: str | None, report: VerifyReport) -> None:
@@ -192,13 +200,10 @@ def verify_trace_batches(meta: dict, uri: str, s3_endpoint: str | None, report: 
 def _verify_owner(meta: dict, blobs, uri: str, report: VerifyReport) -> None:
     """The blob prefix's owner marker names this data directory's engine identity (else the
     engine refuses to open: blob/owner.py)."""
-    import json
-
     from sediment.blob.owner import read_owner
-    from sediment.engine.engine import STORAGE_KEY
 
-    got = meta.get(STORAGE_KEY)
-    engine_id = json.loads(got.value).get("engine_id") if got is not None else None
+    recorded, _version = read_storage_record(meta)
+    engine_id = recorded.engine_id if recorded is not None else None
     try:
         owner = read_owner(blobs, uri)
     except SedimentError as exc:
@@ -211,29 +216,16 @@ def _verify_owner(meta: dict, blobs, uri: str, report: VerifyReport) -> None:
 
 
 def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
-    """Open's check that the log reaches every trace's ``wal_through`` (Engine._check_log_reaches_traces)."""
+    """Open's check that the log reaches every trace's ``wal_through`` (data_dir.traces_past_log)."""
     from sediment.metadata.journal import load_readonly
-    from sediment.trace.state import TraceState
 
     if report.wal_end is None:
         return
-    names = relation_names(meta_dir)
     try:
         meta = load_readonly(meta_dir)
     except SedimentError:
         return
-    for rel_id, name in names.items():
-        from sediment.trace.store import state_key
-
-        raw = meta.get(state_key(rel_id))
-        try:
-            through = TraceState.decode(raw.value).wal_through if raw is not None else 0
-        except SedimentError:
-            continue
-        if through > report.wal_end:
-            report.problems.append(f"relation {name!r}: its trace holds the log's records up to LSN {through}, but "
-                                   f"the write-ahead log ends at LSN {report.wal_end}: the log lost its end or was "
-                                   "replaced (open refuses)")
+    report.problems += [str(p) for p in traces_past_log(os.path.dirname(meta_dir), report.wal_end, trace_ends(meta))]
 
 
 def relation_names(meta_dir: str) -> dict[int, str]:
@@ -249,18 +241,15 @@ def relation_names(meta_dir: str) -> dict[int, str]:
     return {e.id: e.name for e in entries}
 
 
-def _recorded_wal(meta_dir: str) -> tuple[str, bool]:
-    """The WAL this data directory was created with (``engine/storage`` in its metadata)."""
-    import json
-
-    from sediment.engine.engine import STORAGE_KEY
+def _recorded_wal(meta_dir: str) -> tuple[WalSpec, bool]:
+    """The WAL this data directory was created with (its storage record), and whether one is recorded."""
     from sediment.metadata.journal import load_readonly
 
     try:
-        got = load_readonly(meta_dir).get(STORAGE_KEY) if os.path.isdir(meta_dir) else None
+        recorded, _version = read_storage_record(load_readonly(meta_dir)) if os.path.isdir(meta_dir) else (None, None)
     except SedimentError:
-        return "file", True
-    return ((json.loads(got.value).get("wal") or "file"), True) if got is not None else ("file", False)
+        return parse_wal(None), True
+    return (recorded.wal_spec, True) if recorded is not None else (parse_wal(None), False)
 
 
 def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str | None = None,
@@ -271,17 +260,16 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
     if not os.path.isdir(data_dir):
         report.problems.append(f"{data_dir}: no such data directory")
         return report
-    meta = os.path.join(data_dir, "meta")
+    paths = DataDir(data_dir)
+    meta = paths.meta
     wal, recorded = _recorded_wal(meta)
-    wal_dir = os.path.join(data_dir, "wal")
-    if not os.path.isdir(meta) and os.path.isdir(wal_dir) and os.listdir(wal_dir):
-        report.problems.append(f"{meta}: the metadata directory is missing while the write-ahead log {wal_dir} "
-                               "exists (open refuses); restore it")
-    if wal.startswith("device:"):
-        verify_device(wal[len("device:"):], report)
+    missing = paths.meta_missing()
+    if missing is not None:
+        report.problems.append(str(missing))
+    if wal.kind == "device":
+        verify_device(wal.location, report)
     else:
-        verify_wal(os.path.join(data_dir, "wal"), report, expected=recorded, repair=repair,
-                   names=relation_names(meta))
+        verify_wal(paths.wal, report, expected=recorded, repair=repair, names=relation_names(meta))
     if os.path.isdir(meta):
         from sediment.metadata.journal import verify as verify_journal
 

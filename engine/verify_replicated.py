@@ -1,6 +1,6 @@
 """``sediment verify`` of a replicated engine: what it holds lives outside its data directory.
 
-A replicated engine's data directory holds only its ``REPLICATED`` marker (engine/deploy.py);
+A replicated engine's data directory holds only its ``REPLICATED`` marker (engine/data_dir.py);
 the catalog, the trace states, the storage record and the partition's metadata are in the
 metadata store the marker names, the batches in the shared blob store, and the log on the
 storage nodes. Verifying the directory alone would check nothing, so this checks each,
@@ -22,10 +22,9 @@ problem naming what could not be checked: verify never says "ok" about what it d
 
 from __future__ import annotations
 
-import json
 import os
 
-from sediment.engine.deploy import MARKER_NAME, read_marker
+from sediment.engine.data_dir import MARKER_NAME, StorageRecord, read_marker, trace_ends, traces_past_log
 from sediment.engine.verify import VerifyReport, verify_trace_batches
 from sediment.errors import SedimentError
 from sediment.metadata import names
@@ -54,38 +53,34 @@ def verify_replicated(data_dir: str, spec: str, report: VerifyReport, *, blob: s
     record = _storage_record(meta, spec, report)
     if record is None:
         return
-    uri = blob or record.get("blob")
+    uri = blob or record.blob
     if not uri:
         report.problems.append(f"{spec}/{names.STORAGE}: records no blob store; the engine refuses to open "
                                "(pass --blob s3://bucket/prefix)")
     else:
-        verify_trace_batches(meta, uri, s3_endpoint or record.get("s3_endpoint"), report)
-    if _s3_wal(record):
+        verify_trace_batches(meta, uri, s3_endpoint or record.s3_endpoint, report)
+    if record.wal_spec.kind == "s3":
         _verify_s3_log(meta, record, report)
     else:
         _verify_partition(meta, record, spec, report, timeout)
 
 
-def _s3_wal(record: dict) -> bool:
-    return str(record.get("wal") or "").startswith("s3://")
-
-
-def _verify_s3_log(meta: dict, record: dict, report: VerifyReport) -> None:
+def _verify_s3_log(meta: dict, record: StorageRecord, report: VerifyReport) -> None:
     """The log on S3 as its open reads it (wal/s3_objects.py), then that it reaches every trace."""
     from sediment.wal.s3_log import check_log
 
     report.what = "items (marker, metadata keys, batches, the log on S3)"
     try:
-        end, notes, checked = check_log(record["wal"], record.get("s3_endpoint"))
+        end, notes, checked = check_log(record.wal, record.s3_endpoint)
     except SedimentError as exc:
         report.problems.append(f"{type(exc).__name__}: {exc} (open refuses)")
         return
     report.notes += notes
-    report.checked.append(f"{record['wal']}: {checked} objects, LSN up to {end - 1}")
-    _check_log_reaches_traces(meta, end - 1, report, "the log on S3 holds")
+    report.checked.append(f"{record.wal}: {checked} objects, LSN up to {end - 1}")
+    report.problems += [f"in the log on S3: {p}" for p in traces_past_log(record.wal, end, trace_ends(meta))]
 
 
-def _storage_record(meta: dict, spec: str, report: VerifyReport) -> dict | None:
+def _storage_record(meta: dict, spec: str, report: VerifyReport) -> StorageRecord | None:
     got = meta.get(names.STORAGE)
     where = f"{spec}/{names.STORAGE}"
     if got is None:
@@ -93,18 +88,18 @@ def _storage_record(meta: dict, spec: str, report: VerifyReport) -> dict | None:
                                "(wrong ZooKeeper root, or the engine was never opened); nothing else was checked")
         return None
     try:
-        record = json.loads(got.value)
+        record = StorageRecord.decode(got.value)
     except ValueError as exc:
         report.problems.append(f"{where}: not valid JSON ({exc}); restore the key")
         return None
-    if (not record.get("replicas") or not record.get("cluster_key")) and not _s3_wal(record):
-        report.problems.append(f"{where}: names no replicas or cluster key ({sorted(record)}): not a replicated "
-                               "engine's record; open the data directory without --metadata")
+    if (not record.replicas or not record.cluster_key) and record.wal_spec.kind != "s3":
+        report.problems.append(f"{where}: names no replicas or cluster key ({sorted(record.as_dict())}): not a "
+                               "replicated engine's record; open the data directory without --metadata")
         return None
     return record
 
 
-def _verify_partition(meta: dict, record: dict, spec: str, report: VerifyReport, timeout: float) -> None:
+def _verify_partition(meta: dict, record: StorageRecord, spec: str, report: VerifyReport, timeout: float) -> None:
     """The partition metadata, then every node's copy of the log against it and the traces."""
     from sediment.wal.replication.partition_meta import PartitionMeta
     from sediment.wal.replication.replica_check import inspect_replicas
@@ -121,8 +116,8 @@ def _verify_partition(meta: dict, record: dict, spec: str, report: VerifyReport,
     except SedimentError as exc:
         report.problems.append(str(exc))
         return
-    replicas = list(record["replicas"])
-    found = inspect_replicas(replicas, record["cluster_key"], 0, timeout)
+    replicas = list(record.replicas)
+    found = inspect_replicas(replicas, record.cluster_key, 0, timeout)
     good = []
     for r in found:
         where = f"storage node {r.address} partition 0"
@@ -142,29 +137,8 @@ def _verify_partition(meta: dict, record: dict, spec: str, report: VerifyReport,
         report.problems.append(f"only {len(good)} of {len(replicas)} storage nodes ({', '.join(replicas)}) could be "
                                f"checked undamaged; the engine needs {quorum} to open: start them, then verify again")
         return
-    _check_log_reaches_traces(meta, max(r.max_lsn for r in good), report)
-
-
-def _check_log_reaches_traces(meta: dict, end: int, report: VerifyReport,
-                              holder: str = "the storage nodes hold") -> None:
-    """Open's check that the log reaches every trace's ``wal_through``, on the nodes' records."""
-    from sediment.engine.catalog import RELATIONS, RelationEntry
-    from sediment.trace.state import TraceState
-    from sediment.trace.store import state_key
-
-    for k, v in meta.items():
-        if not k.startswith(RELATIONS):
-            continue
-        try:
-            entry = RelationEntry.decode(v.value, v.version, k)
-            raw = meta.get(state_key(entry.id))
-            through = TraceState.decode(raw.value).wal_through if raw is not None else 0
-        except SedimentError:
-            continue  # reported by the trace check
-        if through > end + 1:
-            report.problems.append(f"relation {entry.name!r}: its trace holds the log's records up to LSN {through}, "
-                                   f"but {holder} records only up to LSN {end}: acknowledged "
-                                   "records are lost (open refuses)")
+    end = max(r.max_lsn for r in good) + 1
+    report.problems += [f"on the storage nodes: {p}" for p in traces_past_log(spec, end, trace_ends(meta))]
 
 
 def replicated_spec(data_dir: str, metadata: str | None, report: VerifyReport) -> str | None:

@@ -209,11 +209,13 @@ class TraceState:
         return state
 
     def apply_merge(
-        self, start: int, stop: int, merged: BatchRef, *, inputs: Sequence[BatchRef] | None = None
+        self, start: int, stop: int, merged: BatchRef, *, inputs: Sequence[BatchRef] | None = None,
+        since: int | None = None,
     ) -> TraceState:
         """The state with ``batches[start:stop]`` replaced by ``merged`` (which must cover
-        exactly their interval), version + 1. Pass the planned ``inputs`` to check that
-        the state has not changed under the merge. Checked before it is returned."""
+        exactly their interval), version + 1, and ``since`` raised to the merge's (never
+        lowered). Pass the planned ``inputs`` to check that the state has not changed under
+        the merge. Checked before it is returned."""
         if not 0 <= start < stop <= len(self.batches):
             raise self._fail(f"merge of batches [{start}:{stop}) is out of range (have {len(self.batches)})")
         old = self.batches[start:stop]
@@ -231,7 +233,19 @@ class TraceState:
         new = dataclasses.replace(
             self,
             batches=(*self.batches[:start], merged, *self.batches[stop:]),
+            since=self.since if since is None else max(since, self.since),
             version=self.version + 1,
         )
         new.check_invariants()
         return new
+
+    def after_pass(self, *, since: int, upper: int, batches: Sequence[BatchRef], pending: Sequence[BatchRef],
+                   wal_through: int) -> TraceState:
+        """The state once a compaction pass took the log's records below ``wal_through``:
+        its new frontiers, batches and pending runs, version + 1."""
+        return dataclasses.replace(self, since=since, upper=upper, batches=tuple(batches), pending=tuple(pending),
+                                   wal_through=wal_through, version=self.version + 1)
+
+    def with_pending(self, pending: Sequence[BatchRef]) -> TraceState:
+        """The state with its pending runs replaced (neighbouring runs merged), version + 1."""
+        return dataclasses.replace(self, pending=tuple(pending), version=self.version + 1)

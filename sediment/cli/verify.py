@@ -7,7 +7,7 @@ import os
 
 from sediment.cli.common import data_dir_of, open_engine, progress_for
 from sediment.cli.files import _one_line
-from sediment.engine.deploy import read_marker
+from sediment.engine.data_dir import read_marker
 from sediment.engine.verify import VerifyReport, verify_data_dir
 from sediment.engine.verify_replicated import verify_engine
 from sediment.errors import InvalidArgument, SedimentError

@@ -49,7 +49,7 @@ def test_second_engine_on_a_prefix_is_refused_and_the_first_keeps_its_data(tmp_p
     opts = {"blob": uri, "s3_endpoint": endpoint, "compact_interval": None}
     with sediment.open(str(tmp_path / "a"), **opts) as a:
         _fill(a, 40)
-        owner_id = json.loads(a._meta.get("engine/storage").value)["engine_id"]
+        owner_id = json.loads(a.storage.meta.get("engine/storage").value)["engine_id"]
     before = _listing(uri, endpoint)
     assert owner_mod.OWNER_KEY in before and any(k.startswith("trace/") for k in before)
     (tmp_path / "b").mkdir()  # an operator's directory: the refused open leaves it for verify to look at
@@ -107,10 +107,10 @@ def test_take_over_is_explicit_and_keeps_the_old_owners_objects(tmp_path):
     uri = f"file://{tmp_path / 'blobs'}"
     with sediment.open(str(tmp_path / "a"), blob=uri, compact_interval=None) as a:
         _fill(a, 5)
-        a_id = json.loads(a._meta.get("engine/storage").value)["engine_id"]
+        a_id = json.loads(a.storage.meta.get("engine/storage").value)["engine_id"]
         a_keys = set(a.traces.blobs.list("trace/"))
     with sediment.open(str(tmp_path / "b"), blob=uri, compact_interval=None, take_over_blob_prefix=True) as b:
-        b_id = json.loads(b._meta.get("engine/storage").value)["engine_id"]
+        b_id = json.loads(b.storage.meta.get("engine/storage").value)["engine_id"]
         marker = owner_mod.read_owner(b.traces.blobs, uri)
         assert marker is not None and (marker.engine_id, marker.taken_from) == (b_id, a_id)
         assert a_keys <= set(b.traces.blobs.list("trace/"))  # not this engine's: never swept

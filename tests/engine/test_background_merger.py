@@ -1,4 +1,4 @@
-"""Merges beside the passes (engine/merger.py): a pass never waits behind a merge, a merge
+"""Merges beside the passes (engine/scheduler.py): a pass never waits behind a merge, a merge
 splices its result into the trace as it is at commit, and a merge whose inputs a pass
 changed meanwhile is dropped without losing or doubling anything.
 
@@ -52,15 +52,15 @@ class GatedMerges:
 def eng(tmp_path):
     e = sediment.open(str(tmp_path / "data"), clock=ManualClock(), segment_bytes=64 << 20)
     e.add_relation("r", SCHEMA)
-    e._max_pending_runs = 2
+    e.settings.max_pending_runs = 2
     yield e
     e.close()
 
 
 def flush(eng) -> None:
     """One compaction pass without merges, as the background compacter runs it."""
-    eng._log.finish_segment()
-    eng._compaction_pass(None, merge=False)
+    eng.wal.finish_segment()
+    eng.compaction.run_pass(None, merge=False)
 
 
 def append_step(eng, expected: dict[str, dict[int, int]], t: int, keys: list[int]) -> None:
@@ -75,7 +75,7 @@ def append_step(eng, expected: dict[str, dict[int, int]], t: int, keys: list[int
 
 
 def pending_keys(eng) -> list[str]:
-    return [p.key for p in eng._relations["r"].trace.pending]
+    return [p.key for p in eng.view.relations["r"].trace.pending]
 
 
 def test_a_pass_completes_while_a_merge_is_under_way_and_the_merge_splices_in_after(eng):
@@ -87,7 +87,7 @@ def test_a_pass_completes_while_a_merge_is_under_way_and_the_merge_splices_in_af
         expected.update({k: 1 for k in keys})
         flush(eng)
     assert len(pending_keys(eng)) == 3
-    eng._merger.notify()
+    eng.scheduler.merge_soon()
     assert gated.started.wait(GATE_TIMEOUT)
     # The merge holds three runs; a pass adds a fourth run meanwhile, without waiting for it.
     eng.append("r", ups([1000, 1001], 200))
@@ -98,7 +98,7 @@ def test_a_pass_completes_while_a_merge_is_under_way_and_the_merge_splices_in_af
     before = pending_keys(eng)
     assert len(before) == 4
     gated.release()
-    assert eng._merger.wait_idle(GATE_TIMEOUT)
+    assert eng.scheduler.wait_merges_idle(GATE_TIMEOUT)
     after = pending_keys(eng)
     assert len(after) < len(before) and after[-1] == before[-1], "the merge should replace the older runs only"
     eng.seal("r", 200)
@@ -114,15 +114,15 @@ def test_a_merge_whose_runs_a_pass_folded_meanwhile_is_dropped(eng):
         eng.append("r", ups(keys, 100 + step))
         expected.update({k: 1 for k in keys})
         flush(eng)
-    eng._merger.notify()
+    eng.scheduler.merge_soon()
     assert gated.started.wait(GATE_TIMEOUT)
     eng.seal("r", 150)  # every run's times are sealed now: the next pass folds them into a batch
     flush(eng)
     assert pending_keys(eng) == [] and eng.trace_info("r")["batches"] == 1
-    folded_trace = eng._relations["r"].trace
+    folded_trace = eng.view.relations["r"].trace
     gated.release()
-    assert eng._merger.wait_idle(GATE_TIMEOUT)
-    assert eng._relations["r"].trace == folded_trace, "a merge of runs that are gone must change nothing"
+    assert eng.scheduler.wait_merges_idle(GATE_TIMEOUT)
+    assert eng.view.relations["r"].trace == folded_trace, "a merge of runs that are gone must change nothing"
     assert model_of(eng.snapshot("r", 150)) == expected
     eng.close()
     reopened = sediment.open(eng.data_dir, clock=ManualClock(), segment_bytes=64 << 20)
@@ -138,7 +138,7 @@ def test_compact_merges_in_line_after_waiting_for_a_background_merge(eng):
     for step in range(3):
         eng.append("r", ups(list(range(step * 10, step * 10 + 10)), 100 + step))
         flush(eng)
-    eng._merger.notify()
+    eng.scheduler.merge_soon()
     assert gated.started.wait(GATE_TIMEOUT)
     done = threading.Event()
     threading.Thread(target=lambda: (eng.compact(), done.set()), daemon=True).start()
@@ -159,7 +159,7 @@ def test_compact_merges_a_relation_with_no_history_left_into_one_batch(tmp_path)
         for step, n in enumerate((50_000, 8_000)):  # sizes far apart: the tiered rule merges neither
             append_step(eng, expected, step, [(i * 7 + step) % 60_000 for i in range(n)])
             flush(eng)
-        eng._merge_pass()  # what the background merger runs
+        eng.compaction.merge_pass()  # what the background merger runs
         assert eng.trace_info("now")["batches"] == 2 and eng.trace_info("history")["batches"] == 2
         eng.compact()
         assert eng.trace_info("now")["batches"] == 1
@@ -178,10 +178,10 @@ def test_compact_merges_a_relation_with_no_history_left_into_one_batch(tmp_path)
 def background_round(eng, clock, seconds: float) -> None:
     """Move the engine's clock on by ``seconds`` and wait for the background compacter's pass
     it causes and for the merge that pass wakes: the real threads, no direct calls."""
-    passes = eng._compacter.passes
+    passes = eng.scheduler.passes
     clock.advance(seconds)
-    assert eng._compacter.wait_passes(passes + 1, GATE_TIMEOUT)
-    assert eng._merger.wait_idle(GATE_TIMEOUT)
+    assert eng.scheduler.wait_passes(passes + 1, GATE_TIMEOUT)
+    assert eng.scheduler.wait_merges_idle(GATE_TIMEOUT)
 
 
 def test_a_quiet_relation_with_no_history_left_becomes_one_batch_in_the_background(tmp_path):
@@ -250,15 +250,15 @@ def test_a_failing_background_merge_stays_reported_after_a_pass_succeeds(eng):
     for step in range(3):  # three unsealed runs: a merge is due
         eng.append("r", ups(list(range(step * 10, step * 10 + 10)), 100 + step))
         flush(eng)
-    eng._merger.notify()
-    assert eng._merger.wait_idle(GATE_TIMEOUT)
+    eng.scheduler.merge_soon()
+    assert eng.scheduler.wait_merges_idle(GATE_TIMEOUT)
     assert "unreachable" in eng.compaction_errors()["r"]
     eng.append("r", ups([500], 300))
     flush(eng)  # a pass that succeeds
     assert "unreachable" in eng.compaction_errors()["r"]
     assert eng.trace_info("r")["compaction_failures"] >= 1  # the pass's finished segment may wake one more try
     eng.traces.merge = real
-    eng._merger.notify()
-    assert eng._merger.wait_idle(GATE_TIMEOUT)
+    eng.scheduler.merge_soon()
+    assert eng.scheduler.wait_merges_idle(GATE_TIMEOUT)
     assert eng.compaction_errors() == {} and eng.trace_info("r")["compaction_failures"] == 0
     assert len(pending_keys(eng)) <= 2

@@ -68,8 +68,8 @@ def open_gated(tmp_path, **options):
 
 
 def wait_backlog(eng, predicate, timeout=60.0) -> bool:
-    with eng._lock:
-        return eng._backlog.wait_for(predicate, timeout)
+    with eng.view.lock:
+        return eng.view.backlog.wait_for(predicate, timeout)
 
 
 def test_a_writer_outrunning_compaction_stays_under_the_bound(tmp_path):
@@ -93,7 +93,7 @@ def test_a_writer_outrunning_compaction_stays_under_the_bound(tmp_path):
     thread.start()
     cycles = 0
     while thread.is_alive():
-        if not wait_backlog(eng, lambda: eng._backlog.waiting > 0 or not thread.is_alive()):
+        if not wait_backlog(eng, lambda: eng.view.backlog.waiting > 0 or not thread.is_alive()):
             break
         if not thread.is_alive():
             break
@@ -102,7 +102,7 @@ def test_a_writer_outrunning_compaction_stays_under_the_bound(tmp_path):
         assert stats["backlog_waiting_appends"] == 1 and stats["backlog_bytes"] <= bound
         assert b"sediment_wal_backlog_bytes" in eng.metrics.exposition()
         store.gate.set()  # let compaction catch up, then close the gate again
-        assert wait_backlog(eng, lambda: eng._backlog.waiting == 0 or not thread.is_alive())
+        assert wait_backlog(eng, lambda: eng.view.backlog.waiting == 0 or not thread.is_alive())
         store.gate.clear()
     store.gate.set()
     thread.join(120)
@@ -156,7 +156,7 @@ def test_close_wakes_a_waiting_append(tmp_path):
 
     thread = threading.Thread(target=writer)
     thread.start()
-    assert wait_backlog(eng, lambda: eng._backlog.waiting > 0)
+    assert wait_backlog(eng, lambda: eng.view.backlog.waiting > 0)
     closer = threading.Thread(target=eng.close)
     closer.start()  # wakes the writer at once; then waits for the compacter's blocked pass
     thread.join(60)
@@ -184,10 +184,10 @@ def test_the_backlog_count_equals_the_tail_it_stands_for(tmp_path):
     eng = sediment.open(str(tmp_path / "d"), compact_interval=None)
 
     def recount(e):
-        with e._lock:
-            tails = sum(x.bytes for r in e._relations.values() for x in r.tail)
-            txns = sum(x.bytes for x in e._txns.entries())
-            return tails + txns, e._backlog.bytes
+        with e.view.lock:
+            tails = sum(x.bytes for r in e.view.relations.values() for x in r.tail)
+            txns = sum(x.bytes for x in e.view.txns.entries())
+            return tails + txns, e.view.backlog.bytes
 
     eng.add_relation("r", SCHEMA)
     eng.add_relation("s", SCHEMA)

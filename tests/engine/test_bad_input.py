@@ -208,9 +208,9 @@ def test_relation_that_cannot_compact_is_reported_retried_and_keeps_its_wal(open
     eng.add_relation("bad", SCHEMA)
     eng.append("good", ups([(1, "a", 1, 1)]))
     eng.seal("good", 1)
-    passes = eng._compacter.passes
+    passes = eng.scheduler.passes
     eng.wal.finish_segment()  # good's first records in a segment of their own: trimmable
-    assert eng._compacter.wait_passes(passes + 1, 60)  # the pass the finished segment wakes, done
+    assert eng.scheduler.wait_passes(passes + 1, 60)  # the pass the finished segment wakes, done
     bad_lsn = eng.wal.end_lsn
     eng.append("bad", ups([(1, "x", 1, BIG)]))
     eng.append("bad", ups([(1, "x", 1, BIG), (2, "y", 1, 1)]))
@@ -259,7 +259,7 @@ def test_unreadable_pending_batch_fails_one_relation_only(open_engine, tmp_path)
     eng.append("bad", ups([(1, "x", 5, 1)]))  # above the seal: becomes a pending batch
     eng.seal("bad", 1)
     eng.compact()
-    pending = eng._relations["bad"].trace.pending[0].key
+    pending = eng.view.relations["bad"].trace.pending[0].key
     path = tmp_path / "data" / "blobs" / pending
     aside = tmp_path / "aside"
     os.rename(path, aside)

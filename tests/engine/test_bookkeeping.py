@@ -1,4 +1,4 @@
-"""The engine's bookkeeping structures (engine/bookkeeping.py) against plain models: each one
+"""The engine's bookkeeping structures (engine/view.py, engine/collector.py) against plain models: each one
 answers every question exactly as the two dictionaries it replaced would have, kept in step
 by hand, after any sequence of operations."""
 
@@ -8,23 +8,23 @@ import random
 
 import pyarrow as pa
 
-from sediment.engine.bookkeeping import OpenTxns, Relations
 from sediment.engine.catalog import RelationEntry
-from sediment.engine.relation import TailEntry, _Relation
+from sediment.engine.relation import Relation, TailEntry
+from sediment.engine.view import OpenTxns, Relations
 from sediment.trace.state import TraceState
 
 
-def relation(rel_id: int, name: str) -> _Relation:
+def relation(rel_id: int, name: str) -> Relation:
     entry = RelationEntry(name=name, id=rel_id, schema=pa.schema([("k", pa.int64())]))
-    return _Relation(entry, entry.schema, TraceState(rel_id))
+    return Relation(entry, entry.schema, TraceState(rel_id))
 
 
 def test_relations_by_name_and_by_id_never_disagree() -> None:
     for seed in range(300):
         rnd = random.Random(seed)
         rels = Relations()
-        by_name: dict[str, _Relation] = {}
-        by_id: dict[int, _Relation] = {}
+        by_name: dict[str, Relation] = {}
+        by_id: dict[int, Relation] = {}
         next_id = 1
         for _ in range(30):
             if by_name and rnd.random() < 0.4:

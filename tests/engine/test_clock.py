@@ -12,7 +12,7 @@ import pytest
 
 import sediment
 from sediment.clock import Clock, ManualClock, MonotonicClock
-from sediment.engine.bookkeeping import ReaderPins
+from sediment.engine.collector import ReaderPins
 from sediment.errors import WalFull
 from sediment.wal.device.log import DeviceLog
 from sediment.wal.record import Record, RecordKind
@@ -81,21 +81,21 @@ def test_read_plan_lease_expires_on_the_engine_clock(tmp_path: Path) -> None:
         eng.append("r", rows([3], 5))  # above the seal: kept in a pending blob
         eng.seal("r", 1)
         eng.compact()
-        (pending,) = [p.key for p in eng._relations["r"].trace.pending]
+        (pending,) = [p.key for p in eng.view.relations["r"].trace.pending]
         plan = eng.plan_read("r", as_of=1, lease_seconds=60)
-        assert eng._readers.leases == {plan.lease: 60.0}
+        assert eng.collector.readers.leases == {plan.lease: 60.0}
 
         eng.seal("r", 5)
         eng.compact()  # the pending blob is folded into a batch: garbage, but leased
-        assert pending not in [p.key for p in eng._relations["r"].trace.pending]
+        assert pending not in [p.key for p in eng.view.relations["r"].trace.pending]
         clock.advance(59.999)
         eng.compact()
         assert pending in eng.traces.blobs.list("trace/"), "deleted while a lease still held it"
-        assert eng._readers.leases == {plan.lease: 60.0}
+        assert eng.collector.readers.leases == {plan.lease: 60.0}
 
         clock.advance(0.001)
         eng.compact()
-        assert eng._readers.leases == {}
+        assert eng.collector.readers.leases == {}
         assert pending not in eng.traces.blobs.list("trace/"), "kept after the lease expired"
         eng.release_read(plan.lease)  # expired already: nothing to do
         assert eng.snapshot("r", 5).column("k").to_pylist() == [1, 2, 3]

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from sediment import errors
+from sediment.clock import ManualClock
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
 
@@ -51,17 +52,17 @@ def restore_wal(data, saved):
 
 
 def blob_keys(engine):
-    return engine._blobs.list("")
+    return engine.storage.blobs.list("")
 
 
 @pytest.fixture
 def eng(open_engine):
-    e = open_engine(compact=False, segment_bytes=1 << 14)
+    e = open_engine(clock=ManualClock(), segment_bytes=1 << 14)  # background passes on finished segments only
     e.add_relation("r", SCHEMA)
     return e
 
 
-@pytest.mark.embedded_only  # eng._relations
+@pytest.mark.embedded_only  # eng.view.relations
 def test_compaction_moves_the_wal_into_batches_and_trims_it(eng, open_engine, tmp_path):
     data = str(tmp_path / "data")
     for t in range(1, 30):
@@ -73,32 +74,32 @@ def test_compaction_moves_the_wal_into_batches_and_trims_it(eng, open_engine, tm
     assert eng.wal.start_lsn > start, "the compacted WAL was trimmed"
     if os.path.isdir(os.path.join(data, "wal", "0")):
         assert len(segments(data)) == 1, "every finished segment was compacted and trimmed"
-    trace = eng._relations["r"].trace
-    assert trace.upper == 30 and trace.batches and not eng._relations["r"].tail
+    trace = eng.view.relations["r"].trace
+    assert trace.upper == 30 and trace.batches and not eng.view.relations["r"].tail
     assert {t: rows(eng.snapshot("r", t)) for t in (1, 10, 29)} == before
     eng.close()
-    again = open_engine(compact=False, segment_bytes=1 << 14)
+    again = open_engine(clock=ManualClock(), segment_bytes=1 << 14)
     assert again.sealed("r") == 29
     assert {t: rows(again.snapshot("r", t)) for t in (1, 10, 29)} == before
 
 
-@pytest.mark.embedded_only  # eng._relations
+@pytest.mark.embedded_only  # eng.view.relations
 def test_updates_at_unsealed_times_wait_in_pending_until_sealed(eng, open_engine):
     eng.append("r", ups([(1, "now", 1, 1), (2, "later", 10, 1), (3, "later", 12, 1)]))
     eng.seal("r", 2)
     eng.compact()
-    trace = eng._relations["r"].trace
+    trace = eng.view.relations["r"].trace
     assert trace.upper == 3 and len(trace.pending) == 1
     assert (trace.pending[0].lower, trace.pending[0].upper) == (10, 13)
     assert rows(eng.snapshot("r", 2)) == [(1, "now", 1)]
     eng.seal("r", 10)
     eng.compact()
-    trace = eng._relations["r"].trace
+    trace = eng.view.relations["r"].trace
     assert trace.upper == 11 and len(trace.pending) == 1 and trace.pending[0].lower == 12
     assert rows(eng.snapshot("r", 10)) == [(1, "now", 1), (2, "later", 1)]
     eng.seal("r", 12)
     eng.compact()
-    assert not eng._relations["r"].trace.pending
+    assert not eng.view.relations["r"].trace.pending
     assert rows(eng.snapshot("r", 12)) == [(1, "now", 1), (2, "later", 1), (3, "later", 1)]
     assert sorted(rows(pa.Table.from_batches(list(eng.replay("r"))))) == [
         (1, "now", 1, 1), (2, "later", 10, 1), (3, "later", 12, 1)]
@@ -115,41 +116,45 @@ def test_since_consolidates_history_away(eng):
     assert rows(eng.snapshot("r", 40)) == [(2, "cold", 40)]
 
 
-@pytest.mark.embedded_only  # eng._relations
+@pytest.mark.embedded_only  # eng.view.relations
 def test_merges_keep_the_batch_count_logarithmic(eng):
     for t in range(1, 65):
         eng.append("r", ups([(t, "v" * 20, t, 1)]))
         eng.seal("r", t)
         eng.compact()
-    batches = eng._relations["r"].trace.batches
+    batches = eng.view.relations["r"].trace.batches
     assert len(batches) <= 8, [b.rows for b in batches]
     assert sum(b.rows for b in batches) == 64
     assert rows(eng.snapshot("r", 64)) == [(t, "v" * 20, 1) for t in range(1, 65)]
 
 
-@pytest.mark.embedded_only  # eng._relations
+@pytest.mark.embedded_only  # eng.view.relations
 def test_open_transaction_holds_back_the_cut(eng):
     tx = eng.transaction()
     tx.append("r", ups([(9, "tx", 5, 1)]))
     eng.append("r", ups([(1, "a", 1, 1)]))
     eng.seal("r", 1)
     eng.compact()
-    assert eng._relations["r"].tail, "records after an open BEGIN stay in the WAL"
+    assert eng.view.relations["r"].tail, "records after an open BEGIN stay in the WAL"
     tx.commit()
     eng.seal("r", 5)
     eng.compact()
-    assert not eng._relations["r"].tail
+    assert not eng.view.relations["r"].tail
     assert rows(eng.snapshot("r", 5)) == [(1, "a", 1), (9, "tx", 1)]
 
 
-@pytest.mark.embedded_only  # eng._log
-def test_crash_after_commit_before_trim_counts_nothing_twice(eng, open_engine, tmp_path):
+@pytest.mark.embedded_only  # eng.wal
+def test_crash_after_commit_before_trim_counts_nothing_twice(open_engine, tmp_path):
+    """The compactions here are the test's own (``compact()``): a background one would trim
+    the log this test restores before it is saved."""
     data = str(tmp_path / "data")
+    eng = open_engine(compact=False, segment_bytes=1 << 14)
+    eng.add_relation("r", SCHEMA)
     for t in range(1, 20):
         eng.append("r", ups([(t % 3, "x", t, 1)]))
     eng.seal("r", 19)
     expected = rows(eng.snapshot("r", 19))
-    eng._log.finish_segment()
+    eng.wal.finish_segment()
     eng.close()
     save_wal(data, tmp_path / "wal-before")
     eng = open_engine(compact=False, segment_bytes=1 << 14)
@@ -162,41 +167,41 @@ def test_crash_after_commit_before_trim_counts_nothing_twice(eng, open_engine, t
     assert rows(again.snapshot("r", 19)) == expected
 
 
-@pytest.mark.embedded_only  # eng._blobs, eng.swept
+@pytest.mark.embedded_only  # eng.storage.blobs, eng.swept
 def test_orphan_batches_from_a_crash_before_commit_are_swept(eng, open_engine):
     eng.append("r", ups([(1, "a", 1, 1)]))
     eng.seal("r", 1)
     eng.compact()
     kept = blob_keys(eng)
     mine = f"trace/{999:016x}/{0:016x}-{5:016x}-{eng.traces.owner_tag}abc.parquet"
-    eng._blobs.put(mine, b"half a batch")
+    eng.storage.blobs.put(mine, b"half a batch")
     foreign = f"trace/{999:016x}/{0:016x}-{5:016x}-abc.parquet"  # another writer's: never swept
-    eng._blobs.put(foreign, b"someone else's")
+    eng.storage.blobs.put(foreign, b"someone else's")
     eng.close()
-    again = open_engine(compact=False, segment_bytes=1 << 14)
+    again = open_engine(clock=ManualClock(), segment_bytes=1 << 14)
     assert blob_keys(again) == sorted([*kept, foreign])
     assert again.swept == [mine] and rows(again.snapshot("r", 1)) == [(1, "a", 1)]
 
 
-@pytest.mark.embedded_only  # eng._relations, eng._blobs
+@pytest.mark.embedded_only  # eng.view.relations, eng.storage.blobs
 def test_missing_or_damaged_batch_is_reported_with_its_key(eng):
     eng.append("r", ups([(1, "a", 1, 1)]))
     eng.seal("r", 1)
     eng.compact()
-    (key,) = [b.key for b in eng._relations["r"].trace.batches if b.key]
-    data = bytearray(eng._blobs.get(key))
+    (key,) = [b.key for b in eng.view.relations["r"].trace.batches if b.key]
+    data = bytearray(eng.storage.blobs.get(key))
     data[8:12] = b"\x00\x01\x02\x03"
-    eng._blobs.put(key, bytes(data))
+    eng.storage.blobs.put(key, bytes(data))
     with pytest.raises(errors.BatchCorruption) as err:
         eng.snapshot("r", 1)
     assert key in str(err.value)
-    eng._blobs.delete(key)
+    eng.storage.blobs.delete(key)
     with pytest.raises(errors.BatchCorruption) as err:
         eng.snapshot("r", 1)
     assert key in str(err.value)
 
 
-@pytest.mark.embedded_only  # eng._blobs, eng._meta
+@pytest.mark.embedded_only  # eng.storage.blobs, eng.storage.meta
 def test_drop_relation_removes_its_trace(eng):
     eng.append("r", ups([(1, "a", 1, 1)]))
     eng.seal("r", 1)
@@ -204,19 +209,19 @@ def test_drop_relation_removes_its_trace(eng):
     assert blob_keys(eng)
     eng.drop_relation("r")
     assert blob_keys(eng) == ["sediment-owner"]  # only the prefix's owner marker is left
-    assert eng._meta.list("trace/") == []
+    assert eng.storage.meta.list("trace/") == []
 
 
-@pytest.mark.embedded_only  # eng._compacter, eng._relations
+@pytest.mark.embedded_only  # eng.scheduler, eng.view.relations
 def test_background_compacter_wakes_on_finished_segments(open_engine):
     eng = open_engine(segment_bytes=1 << 13, compact_interval=None)
     eng.add_relation("r", SCHEMA)
     for t in range(1, 40):
         eng.append("r", ups([(t, "z" * 100, t, 1)]))
         eng.seal("r", t)
-    eng._compacter.stop()  # finishes the pass under way
-    assert eng._compacter.passes >= 1 and eng._compacter.last_error is None
-    assert eng._relations["r"].trace.batches
+    eng.scheduler.stop()  # finishes the pass under way
+    assert eng.scheduler.passes >= 1 and eng.scheduler.last_error is None
+    assert eng.view.relations["r"].trace.batches
     assert rows(eng.snapshot("r", 39)) == [(t, "z" * 100, 1) for t in range(1, 40)]
 
 
@@ -300,7 +305,7 @@ def test_cli_compact_then_verify_names_a_damaged_or_missing_batch(tmp_path, caps
     assert key in out and "missing" in out
 
 
-@pytest.mark.embedded_only  # eng._relations, eng._blobs
+@pytest.mark.embedded_only  # eng.view.relations, eng.storage.blobs
 def test_read_plan_reproduces_the_snapshot_and_pins_its_batches(eng):
     from sediment.blob.uri import open_blob_store
     from sediment.trace.consolidate import changes, snapshot
@@ -323,11 +328,11 @@ def test_read_plan_reproduces_the_snapshot_and_pins_its_batches(eng):
         eng.append("r", ups([(t, "c", t, 1)]))
         eng.seal("r", t)
         eng.compact()
-    current = {b.key for b in eng._relations["r"].trace.batches}
+    current = {b.key for b in eng.view.relations["r"].trace.batches}
     assert keys - current, "the planned batches were merged away"
-    assert all(k in eng._blobs.list("trace/") for k in keys), "a leased batch was deleted"
+    assert all(k in eng.storage.blobs.list("trace/") for k in keys), "a leased batch was deleted"
     eng.release_read(plan.lease)
-    assert not (keys - current) & set(eng._blobs.list("trace/"))
+    assert not (keys - current) & set(eng.storage.blobs.list("trace/"))
     delta = eng.plan_read("r", 8, from_t=6)
     got = [t for ref in delta.batches for t in store.read_stream(delta.relation_id, BatchRef(**ref))]
     table = pa.concat_tables([*got, delta.tail.select(got[0].column_names)]) if got else delta.tail
@@ -345,3 +350,54 @@ def test_unordered_replay_holds_the_same_updates(eng):
     unordered = rows(pa.Table.from_batches(list(eng.replay("r", ordered=False))))
     assert sorted(ordered) == sorted(unordered)
     assert [r[2] for r in ordered] == sorted(r[2] for r in ordered)
+
+
+def test_compaction_component_on_its_own_seam(tmp_path):
+    """The compaction component built from its parts, with no engine: records the log made
+    durable (applied to the relation view by ``on_durable``) are taken into the trace by
+    ``run_pass``, the log is trimmed below them, and the replaced blobs are collected."""
+    import threading
+
+    from sediment.blob.memory import MemoryBlobStore
+    from sediment.clock import ManualClock
+    from sediment.engine.backlog import BodyCache, WalBacklog
+    from sediment.engine.catalog import Catalog
+    from sediment.engine.collector import Collector, ReaderPins
+    from sediment.engine.compaction import Compaction, CompactionSettings
+    from sediment.engine.relation_registry import RelationRegistry
+    from sediment.engine.view import RelationView
+    from sediment.metadata.memory import MemoryMetadataStore
+    from sediment.metrics import EngineMetrics
+    from sediment.trace.store import TraceStore
+    from sediment.wal.file_log import FileLog
+    from sediment.wal.record import Record, RecordKind
+
+    lock, clock, meta, metrics = threading.RLock(), ManualClock(), MemoryMetadataStore(), EngineMetrics()
+    view = RelationView(str(tmp_path), lock, WalBacklog(lock, None, 1.0), BodyCache(1 << 20))
+    traces = TraceStore(meta, MemoryBlobStore())
+    catalog = Catalog(meta)
+    rel = RelationRegistry(view, catalog, traces, meta, metrics).register(catalog.create("r", SCHEMA))
+    log = FileLog.open(str(tmp_path / "wal"), create=True, segment_bytes=1 << 14)
+    try:
+        collector = Collector(lock, ReaderPins(clock), traces, log)
+        compaction = Compaction(view, traces, log, collector, metrics, clock, CompactionSettings(), 0.0)
+        for t in range(3):
+            batch = ups([(t, f"v{t}", t, 1)]).to_batches()[0]
+            log.submit([Record(RecordKind.UPDATES, rel.entry.id, 0, t, t, 1, batch.serialize())],
+                       view.on_durable).wait()
+        log.submit([Record(RecordKind.PROGRESS, rel.entry.id, 0, 1, 1)], view.on_durable).wait()
+        assert len(rel.tail) == 3 and view.backlog.bytes > 0
+        log.finish_segment()
+        assert compaction.run_pass() == {}
+        assert rel.trace.upper == 2 and len(rel.trace.batches) == 1 and len(rel.trace.pending) == 1
+        assert not rel.tail and view.backlog.bytes == 0 and compaction.errors() == {}
+        assert log.start_lsn == rel.trace.wal_through, "the log is trimmed below what the trace holds"
+        assert traces.load(rel.entry.id) == rel.trace, "the trace state is committed"
+        log.submit([Record(RecordKind.PROGRESS, rel.entry.id, 0, 5, 5)], view.on_durable).wait()
+        log.finish_segment()
+        compaction.run_pass(full=True)
+        assert rel.trace.upper == 6 and not rel.trace.pending and len(rel.trace.batches) == 1
+        live = {b.key for b in rel.trace.batches}
+        assert set(traces.blobs.list("trace/")) == live, "replaced blobs are collected"
+    finally:
+        log.close()

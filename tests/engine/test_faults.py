@@ -71,8 +71,9 @@ def test_power_loss_states_lose_nothing(tmp_path):
 def test_power_loss_states_with_segment_recycling_lose_nothing(tmp_path):
     """Issue 23: a workload whose segment size changes between opens offers trimmed segment
     files to the recycle pool and reuses them; crash states cut after a reuse open with
-    nothing lost and none refused, with the default options or the recorded ones."""
-    stats = fp.run_power(str(tmp_path), 14, 48, fp.PowerStats(), nops=30, log=lambda _l: None)
+    nothing lost and none refused, with the default options or the recorded ones. Seed 18:
+    a workload that reuses pool files (seed 14's no longer does since alters joined the workload)."""
+    stats = fp.run_power(str(tmp_path), 18, 48, fp.PowerStats(), nops=30, log=lambda _l: None)
     assert stats.pool_offers >= 1 and stats.pool_takes >= 1 and stats.states_after_reuse >= 1, stats
     bad = {k: getattr(stats, k) for k in ("lost", "partial", "wrong", "refused", "untyped", "disagree")}
     assert not any(bad.values()), (bad, stats.failures[:3])

@@ -46,7 +46,7 @@ def eng(open_engine):
     return e
 
 
-@pytest.mark.embedded_only  # eng._relations, eng.metrics
+@pytest.mark.embedded_only  # eng.view.relations, eng.metrics
 def test_a_pass_over_unsealed_data_reads_no_earlier_run(eng):
     """Six steps of unsealed updates: each pass adds one run and reads none back; sealing
     then folds every run into one batch, reading each run once."""
@@ -55,11 +55,11 @@ def test_a_pass_over_unsealed_data_reads_no_earlier_run(eng):
         before = gets(eng)
         eng.compact()
         assert gets(eng) == before, f"pass {step} read earlier pending runs back"
-        assert len(eng._relations["r"].trace.pending) == step + 1
+        assert len(eng.view.relations["r"].trace.pending) == step + 1
     eng.seal("r", 20)
     before = gets(eng)
     eng.compact()
-    trace = eng._relations["r"].trace
+    trace = eng.view.relations["r"].trace
     assert not trace.pending and trace.upper == 21
     assert gets(eng) - before == 6, "each run whose times became sealed is read once"
     assert as_model(eng.snapshot("r", 20)) == {k: 1 for s in range(6) for k in range(s * 100, s * 100 + 50)}
@@ -67,7 +67,7 @@ def test_a_pass_over_unsealed_data_reads_no_earlier_run(eng):
 
 @pytest.mark.embedded_only
 def test_runs_past_the_limit_are_merged_and_reads_stay_right(eng):
-    eng._max_pending_runs = 3
+    eng.settings.max_pending_runs = 3
     expect = {}
     for step in range(10):
         ks = [step % 4 * 10 + i for i in range(8)]
@@ -75,7 +75,7 @@ def test_runs_past_the_limit_are_merged_and_reads_stay_right(eng):
         for k in ks:
             expect[k] = expect.get(k, 0) + (1 if step % 3 else -1)
         eng.compact()
-        pending = eng._relations["r"].trace.pending
+        pending = eng.view.relations["r"].trace.pending
         assert len(pending) <= 3
         assert sum(p.rows for p in pending) <= 8 * (step + 1)
     assert sorted((r["k"], r["time"], r["diff"]) for b in eng.replay("r") for r in b.to_pylist()) == sorted(
@@ -89,11 +89,11 @@ def test_runs_past_the_limit_are_merged_and_reads_stay_right(eng):
 def test_a_run_across_the_new_upper_is_split(eng, open_engine):
     eng.append("r", ups([1, 2, 3, 4], [5, 6, 7, 8]))
     eng.compact()
-    (run,) = eng._relations["r"].trace.pending
+    (run,) = eng.view.relations["r"].trace.pending
     assert (run.lower, run.upper) == (5, 9)
     eng.seal("r", 6)
     eng.compact()
-    trace = eng._relations["r"].trace
+    trace = eng.view.relations["r"].trace
     assert trace.upper == 7 and [(p.lower, p.upper, p.rows) for p in trace.pending] == [(7, 9, 2)]
     assert as_model(eng.snapshot("r", 6)) == {1: 1, 2: 1}
     eng.close()
@@ -110,7 +110,7 @@ def test_random_streams_match_a_model(eng, open_engine, seed):
     """Appends at random unsealed times, seals that lag, since moves and compactions in any
     order: every snapshot equals the brute-force sum, before and after reopening."""
     rnd = random.Random(seed)
-    eng._max_pending_runs = rnd.choice([1, 2, 4])
+    eng.settings.max_pending_runs = rnd.choice([1, 2, 4])
     updates: list[tuple[int, int, int]] = []
     sealed = -1
     for _ in range(60):
@@ -148,7 +148,7 @@ def test_random_streams_match_a_model(eng, open_engine, seed):
 CRASHER = textwrap.dedent("""
     import json, sys, pyarrow as pa, sediment
     eng = sediment.open(sys.argv[1], segment_bytes=1 << 14, compact_interval=0.01, **json.loads(sys.argv[2]))
-    eng._max_pending_runs = 2
+    eng.settings.max_pending_runs = 2
     if "r" not in eng.relations():
         eng.add_relation("r", pa.schema([("k", pa.int64())]))
     stored = [b.column("time") for b in eng.replay("r")]  # an append may be durable before it was printed
@@ -199,8 +199,8 @@ def test_sigkill_with_pending_runs_keeps_every_acknowledged_update_once(open_eng
             for r in b.to_pylist():
                 got[(r["k"], r["time"])] = got.get((r["k"], r["time"]), 0) + r["diff"]
         times = {t for _k, t in got}
-        trace = eng._relations["r"].trace
-        context = (f"attempt {attempt}, printed {printed}, trace {trace}, tail {eng._relations['r'].tail[:3]}.., "
+        trace = eng.view.relations["r"].trace
+        context = (f"attempt {attempt}, printed {printed}, trace {trace}, tail {eng.view.relations['r'].tail[:3]}.., "
                    f"wal {eng.wal.start_lsn}..{eng.wal.end_lsn}, stderr "
                    + " | ".join((tmp_path / f"stderr{i}").read_text()[-600:] for i in range(3)))
         assert set(range(1, acked + 1)) <= times <= set(range(1, acked + 2)), f"missing or extra: {context}"

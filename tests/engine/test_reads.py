@@ -225,7 +225,7 @@ def test_replay_unordered_streams_row_groups_as_stored(tmp_path):
     try:
         tail = _table([(1, "t", 9, 1), (0, "t", 8, -1)])
         engine.append("r", tail)
-        trace = engine._rel("r").trace
+        trace = engine.view.get("r").trace
         stored = [pq.read_table(os.path.join(d, "blobs", *ref.key.split("/"))) for ref in trace.batches if ref.key]
         expected = pa.concat_tables([*stored, tail]).to_pylist()
         parts = list(engine.replay("r", ordered=False, batch_rows=50_000))

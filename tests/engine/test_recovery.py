@@ -1,4 +1,4 @@
-"""An open's bulk replay (engine/recovery.py) against the record-by-record one it replaces:
+"""An open's bulk replay (engine/log_replay.py) against the record-by-record one it replaces:
 random logs of every record kind, cut into chunks of every size, must leave the relations'
 tails (in the same order), progress lists, frontiers and feeds, the open transactions, the
 backlog and the greatest visible time exactly as applying the records one at a time does.
@@ -15,11 +15,11 @@ import pytest
 
 import sediment
 from sediment.clock import ManualClock
-from sediment.engine import recovery
-from sediment.engine.bookkeeping import OpenTxns, Relations
+from sediment.engine import log_replay as recovery
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.frontiers import SealedFrontiers
-from sediment.engine.relation import TailEntry, _Relation
+from sediment.engine.relation import Relation, TailEntry
+from sediment.engine.view import OpenTxns, Relations
 from sediment.trace.state import TraceState
 from sediment.wal import record as rec
 from sediment.wal.record import HeadRecord, Record, RecordKind
@@ -31,7 +31,7 @@ def relations(through: dict[int, int]) -> Relations:
     rels = Relations()
     for rel_id, wal_through in through.items():
         entry = RelationEntry(name=f"r{rel_id}", id=rel_id, schema=pa.schema([("k", pa.int64())]))
-        rel = _Relation(entry, entry.schema, TraceState(rel_id, wal_through=wal_through))
+        rel = Relation(entry, entry.schema, TraceState(rel_id, wal_through=wal_through))
         rel.feed = sediment.engine.feed.FeedLog()
         rels.add(rel)
     return rels
@@ -39,7 +39,7 @@ def relations(through: dict[int, int]) -> Relations:
 
 @dataclass
 class Model:
-    """Record-by-record application, as Engine._apply and Engine._add_tail do it (the code
+    """Record-by-record application, as RelationView.apply and RelationView.add_tail do it (the code
     the bulk replay replaced), written plainly."""
 
     rels: Relations
@@ -194,7 +194,7 @@ def _fill(engine) -> None:
 def _view(engine) -> dict:
     out = {}
     for name in engine.relations():
-        rel = engine._relations[name]
+        rel = engine.view.relations[name]
         sealed = engine.sealed(name)
         out[name] = {"tail": list(rel.tail), "progress": list(rel.progress), "sealed": (rel.sealed, sealed),
                      "feed": rel.feed.next_seq,

@@ -1,6 +1,6 @@
 """Time-ordered replay: order and content against a brute-force stable sort by time.
 
-The promise (engine/replay.py): every stored row once, ordered by time; rows of one time
+The promise (engine/time_order.py): every stored row once, ordered by time; rows of one time
 in storage order (batches, pending batches, then WAL records, each as stored). The sort
 takes a fixed-size-binary fast path for binary and string columns of one width, so the
 random tables mix fixed and variable widths, nulls and empty values.
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import sediment
 from sediment.clock import ManualClock
-from sediment.engine.replay import in_time_order, time_ordered
+from sediment.engine.time_order import in_time_order, time_ordered
 
 UPDATE = pa.schema([("k", pa.int64()), ("b", pa.binary()), ("s", pa.string()), ("time", pa.int64()),
                     ("diff", pa.int64())])
@@ -123,13 +123,13 @@ def _updates(rng: random.Random, n: int, t_lo: int, t_hi: int, fixed: bool) -> p
 
 def _stored(engine: sediment.Engine) -> list[pa.Table]:
     """What the relation stores, in storage order: batches, pending batches, WAL records."""
-    rel = engine._rel("r")
+    rel = engine.view.get("r")
     out = []
     for ref in (*rel.trace.batches, *rel.trace.pending):
         if ref.key is not None:
             out.append(engine.traces.read(rel.entry.id, ref).cast(UPDATE))
     for entry in rel.tail:
-        out.append(pa.Table.from_batches([engine._decode(rel, engine._log.read(entry.lsn))]))
+        out.append(pa.Table.from_batches([rel.decode(engine.wal.read(entry.lsn).body)]))
     return out
 
 
@@ -198,7 +198,7 @@ def test_replay_of_a_wide_fixed_width_relation_matches_a_sort_by_time(tmp_path):
                                          "diff": pa.array([1] * n, pa.int64())}))
             engine.seal("r", step * 50 + 49)
             engine.compact()
-        rel = engine._rel("r")
+        rel = engine.view.get("r")
         stored = pa.concat_tables([engine.traces.read(rel.entry.id, ref) for ref in rel.trace.batches if ref.key])
         assert len(rel.trace.batches) >= 1 and stored.num_rows == 40_000
         got = pa.Table.from_batches(list(engine.replay("r", batch_rows=4096)))

@@ -159,8 +159,8 @@ def test_wal_records_and_batches_carry_the_schema_version_and_field_ids(engine):
     assert versions == [0, 1]
     e.seal("r", 2)
     e.compact("r")
-    (ref,) = e._relations.get("r").trace.batches
-    footer = pq.ParquetFile(e._blobs.local_path(ref.key)).schema_arrow
+    (ref,) = e.view.relations.get("r").trace.batches
+    footer = pq.ParquetFile(e.storage.blobs.local_path(ref.key)).schema_arrow
     assert [field_id(f) for f in footer][:4] == [1, 2, 3, 4]
     assert footer.names[:4] == ["id", "product", "note", "qty"]
     assert footer.metadata[VERSION_KEY] == b"1"
@@ -170,7 +170,7 @@ def test_alter_is_durable_and_recorded_in_the_catalog_history(engine):
     e = engine()
     e.add_relation("r", SCHEMA0)
     e.alter_relation("r", widen={"id": pa.int64()})
-    doc = json.loads(e._meta.get(names.RELATIONS + "r").value)
+    doc = json.loads(e.storage.meta.get(names.RELATIONS + "r").value)
     assert doc["version"] == 2
     assert [v["version"] for v in doc["history"]["versions"]] == [0, 1]
     e.close()
@@ -182,11 +182,11 @@ def test_alter_is_durable_and_recorded_in_the_catalog_history(engine):
 def test_a_refused_alter_changes_nothing(engine):
     e = engine()
     e.add_relation("r", SCHEMA0)
-    before = e._meta.get(names.RELATIONS + "r")
+    before = e.storage.meta.get(names.RELATIONS + "r")
     with pytest.raises(SchemaChangeRefused) as info:  # the add is fine, the widen is not: neither happens
         e.alter_relation("r", add=[pa.field("qty", pa.int32())], widen={"id": pa.int16()})
     assert info.value.column == "id" and info.value.rule == "widen only"
-    after = e._meta.get(names.RELATIONS + "r")
+    after = e.storage.meta.get(names.RELATIONS + "r")
     assert (after.version, after.value) == (before.version, before.value)
     assert e.schema("r") == SCHEMA0 and e.schema_version("r") == 0
     e.append("r", _old([1], ["a"], ["x"], 1))  # still takes the old columns
@@ -239,7 +239,7 @@ def test_verify_accepts_batches_of_every_schema_version(engine, tmp_path):
 def test_recovered_tail_entries_keep_the_schema_version_of_their_records(tmp_path):
     """Every log's records come back with their schema version, through the file log's own
     recovery and through ``scan()`` (the device ring's and replicated log's path)."""
-    from sediment.engine import recovery
+    from sediment.engine import log_replay
 
     for wal in (None, "device"):
         d = tmp_path / (wal or "file")
@@ -251,10 +251,10 @@ def test_recovered_tail_entries_keep_the_schema_version_of_their_records(tmp_pat
             e.append("r", _rows(k=[1], time=[1], diff=[1]))
             e.alter_relation("r", add=[pa.field("n", pa.int64())])
             e.append("r", _rows(k=[2], n=[3], time=[2], diff=[1]))
-            heads = [recovery.head_of(r) for r in e.wal.scan() if r.kind == RecordKind.UPDATES]
+            heads = [log_replay.head_of(r) for r in e.wal.scan() if r.kind == RecordKind.UPDATES]
             assert [h.schema_version for h in heads] == [0, 1]
         with sediment.open(str(d), **options) as e:
-            assert [t.schema_version for t in e._relations.get("r").tail] == [0, 1]
+            assert [t.schema_version for t in e.view.relations.get("r").tail] == [0, 1]
 
 
 def test_reads_hand_out_plain_schemas_without_field_ids(engine):

@@ -48,7 +48,7 @@ def test_every_key_an_engine_writes_is_named(tmp_path: Path) -> None:
         eng.seal("orders", 1)
         eng.compact()
         eng.drop_relation("gone")
-        keys = eng._meta.list("")
+        keys = eng.storage.meta.list("")
     fixed = {names.STORAGE, names.EPOCH, names.NEXT_RELATION_ID}
     assert fixed <= set(keys)
     rid = None

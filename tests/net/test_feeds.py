@@ -158,7 +158,7 @@ def test_lagging_subscriber_survives_compaction(open_engine):
     assert consumer.checked[-1] == 39
     sub.close()
     eng.compact()
-    assert not eng._relations["r"].feed.entries
+    assert not eng.view.relations["r"].feed.entries
 
 
 def test_closing_the_engine_ends_subscriptions(open_engine):
@@ -271,7 +271,7 @@ def test_catch_up_past_the_cache_reads_the_wal_and_keeps_it_until_read(open_engi
     eng = open_engine(segment_bytes=1 << 16, compact=False)
     eng.add_relation("r", SCHEMA)
     eng.seal("r", 0)
-    feed = eng._relations["r"].feed
+    feed = eng.view.relations["r"].feed
     feed._cache_limit = 4096  # a few recent records: the rest must come from the log again
     sub = eng.subscribe("r")
     assert sub.next(timeout=5).kind == "snapshot"
@@ -322,7 +322,7 @@ def test_a_dropped_subscriber_holds_neither_the_feed_log_nor_the_wal(open_engine
     eng.seal("r", 0)
     stalled = eng.subscribe("r", max_lag=500)
     live = eng.subscribe("r")
-    feed = eng._relations["r"].feed
+    feed = eng.view.relations["r"].feed
     for sub in (live, stalled):
         assert sub.next(timeout=5).kind == "snapshot"
     for i in range(5000):

@@ -425,20 +425,20 @@ def test_plan_read_over_the_server_reproduces_the_snapshot(served):
         (local.relation, local.relation_id, local.key_columns, local.since, local.sealed, local.as_of)
     assert plan.update_schema == local.update_schema and PLAN_METADATA_KEY not in (plan.tail.schema.metadata or {})
     assert plan.batches and plan.tail.num_rows > 0
-    assert plan.lease in served.engine._readers.leases
+    assert plan.lease in served.engine.collector.readers.leases
     store = TraceStore(None, open_blob_store(plan.blob_uri))
     parts = [t for ref in plan.batches for t in store.read_stream(plan.relation_id, BatchRef(**ref))]
     everything = pa.concat_tables([*parts, plan.tail.select(parts[0].column_names)])
     assert rows(snapshot(everything, plan.key_columns, 7)) == rows(c.snapshot("r", 7))
     c.release_read(plan.lease)
-    assert plan.lease not in served.engine._readers.leases
+    assert plan.lease not in served.engine.collector.readers.leases
     delta = c.plan_read("r", 8, from_t=6)
     got = [t for ref in delta.batches for t in store.read_stream(delta.relation_id, BatchRef(**ref))]
     table = pa.concat_tables([*got, delta.tail.select(got[0].column_names)]) if got else delta.tail
     assert rows(changes(table, delta.key_columns, 6, 8)) == [(0, "b", 8, -1), (1, "a", 7, 1), (1, "b", 7, 1),
                                                              (2, "a", 8, 1)]
     c.release_read(delta.lease)
-    assert served.engine._readers.leases == {}
+    assert served.engine.collector.readers.leases == {}
 
 
 def test_subscribe_over_the_server_streams_snapshot_updates_progress(tmp_path):

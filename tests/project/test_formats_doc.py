@@ -91,11 +91,14 @@ def test_device_ring_header_example_decodes(tmp_path):
 
 
 def test_replicated_marker_example_decodes():
-    from sediment.engine.deploy import decode_marker, encode_marker
+    from sediment.engine.data_dir import decode_marker, encode_marker
 
     marker = _example_after("**Worked example.** The marker for `zk://127.0.0.1:2181/sediment`")
     assert decode_marker(marker) == "zk://127.0.0.1:2181/sediment"
     assert encode_marker("zk://127.0.0.1:2181/sediment") == marker
+    old = bytearray(marker)
+    old[8], old[-4:] = 1, bytes.fromhex("95951ddb")  # the version-1 marker the section describes
+    assert decode_marker(bytes(old)) == "zk://127.0.0.1:2181/sediment"
 
 
 def test_trace_state_example_decodes_with_checksums():

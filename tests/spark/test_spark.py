@@ -263,12 +263,12 @@ def test_open_relation_releases_its_lease_and_load_leases_until_expiry(spark, co
     write(spark.createDataFrame([(1, "tea"), (2, "jam")], ["id", "item"]), c, time=1, seal=True)
     c.engine.compact()
     with ds.open_relation(spark, c.uri, "orders", 1, token=c.token) as df:
-        assert len(c.engine._readers.leases) == 1
+        assert len(c.engine.collector.readers.leases) == 1
         assert df.count() == 2 and df.count() == 2  # actions inside the block reuse the plan
-    assert c.engine._readers.leases == {}
+    assert c.engine.collector.readers.leases == {}
     df = ds.read_relation(spark, c.uri, "orders", 1, token=c.token, lease_seconds=120)
     assert df.count() == 2 and df.count() == 2
-    assert len(c.engine._readers.leases) == 1  # planned once per frame, left to expire
+    assert len(c.engine.collector.readers.leases) == 1  # planned once per frame, left to expire
 
 
 def test_a_large_batch_is_read_by_several_tasks(spark, coordinator):
@@ -335,7 +335,7 @@ def test_read_trace_writes_parquet_as_of_and_csv_changes(spark, coordinator, tmp
                                                  str(changes), "--format", "csv", "--files", "1"]))
     [part] = list(changes.glob("part-*.csv"))
     assert rows_of(pcsv.read_csv(part), with_time=True) == Counter({(1, "tea", 2, -1): 1, (3, "egg", 2, 1): 1})
-    assert c.engine._readers.leases == {}
+    assert c.engine.collector.readers.leases == {}
 
 
 def _spark_env() -> dict[str, str]:

@@ -316,4 +316,4 @@ def test_a_stream_reads_a_large_wal_tail_in_parallel_tasks(spark, coordinator, t
     assert totals == Counter({(1, 2): 50_000, (1, 1): 50_000})  # repeats consolidated across the tasks
     assert tasks >= 3
     held = c.server._held_tails.leases()
-    assert set(held) <= set(c.engine._readers.leases), (held, c.engine._readers.leases)  # rows only for live leases
+    assert set(held) <= set(c.engine.collector.readers.leases), (held, c.engine.collector.readers.leases)  # rows only for live leases

@@ -273,7 +273,7 @@ def run_trial(root: str, pristine: str, wal: str, model: Model, frames: dict, sp
         with sediment.open(data, **options(wal, root)) as engine:
             check = check_engine(engine, model, None)
             cuts = engine.wal.report.describe()
-            meta_report = getattr(engine._meta, "report", None)  # the journal's own open report
+            meta_report = getattr(engine.storage.meta, "report", None)  # the journal's own open report
             if meta_report is not None and meta_report.torn_tail is not None:
                 cuts.append(f"metadata journal torn tail: {meta_report.torn_tail}")
         if check.ok:

@@ -35,7 +35,7 @@ def _engine_with_batch(path) -> tuple[str, BatchRef]:
         e.append("r", _updates(50, 1))
         e.seal("r", 1)
         e.compact()
-        ref = next(b for b in e._relations["r"].trace.batches if b.key)
+        ref = next(b for b in e.view.relations["r"].trace.batches if b.key)
         assert e.snapshot("r", 1).num_rows == 50
     return str(path), ref
 
@@ -83,7 +83,7 @@ def test_every_footer_bit_flip_is_batch_corruption_on_every_read_path(tmp_path):
     assert len(span) > 100
     with sediment.open(data_dir, compact_interval=None) as e:
         blobs = e.traces.blobs
-        rid = e._relations["r"].entry.id
+        rid = e.view.relations["r"].entry.id
         for pos in span:
             old = _flip(obj, pos)
             for read in (lambda: e.snapshot("r", 1), lambda: list(e.replay("r")),

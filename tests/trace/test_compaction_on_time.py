@@ -10,7 +10,7 @@ import pytest
 from trio.testing import MockClock
 
 import sediment
-from sediment.trace.compacter import SegmentAge
+from sediment.trace.wal_cut import SegmentAge
 
 SCHEMA = pa.schema([("k", pa.int64())])
 
@@ -95,7 +95,7 @@ def test_a_quiet_relation_reaches_a_batch_within_two_intervals(tmp_path):
         eng.append("r", ups([1, 2, 3], 1))
         eng.seal("r", 1)
         sealed_at = clock.current_time()
-        compacter = eng._compacter
+        compacter = eng.scheduler
         passes = compacter.passes
         steps = 0
         while eng.trace_info("r")["upper"] <= 1:

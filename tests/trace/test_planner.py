@@ -156,8 +156,8 @@ def test_planning_by_bytes():
 
 from itertools import product  # noqa: E402
 
-from sediment.trace.compacter import split_pending  # noqa: E402
 from sediment.trace.planner import plan_pending_merges  # noqa: E402
+from sediment.trace.wal_cut import split_pending  # noqa: E402
 
 
 def test_split_pending_brute_force():

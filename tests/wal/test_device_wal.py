@@ -675,4 +675,4 @@ def test_the_engine_opens_its_device_ring_on_its_own_clock(tmp_path):
                        compact=False, clock=clock) as eng:
         eng.add_relation("r", pa.schema([("k", pa.int64())]))
         eng.append("r", pa.table({"k": [1], "time": [1], "diff": [1]}))
-        assert isinstance(eng._log, DeviceLog) and eng._log.clock is clock
+        assert isinstance(eng.wal, DeviceLog) and eng.wal.clock is clock

@@ -177,7 +177,7 @@ def test_background_compacter_compacts_and_trims_the_nodes_without_compact_calls
             for t in range(1, 201):
                 eng.append("r", ups(list(range(t * 10, t * 10 + 10)), t))
                 eng.seal("r", t)
-            compacter = eng._compacter
+            compacter = eng.scheduler
             deadline = time.monotonic() + 60
             while eng.trace_info("r")["batches"] == 0 or eng.wal.start_lsn == 0 or \
                     nodes[0].segments()[:1] == ["0000000000000000000.seg"]:
@@ -256,10 +256,10 @@ def test_zookeeper_restart_and_session_expiry_during_appends_do_not_stop_the_coo
             log = eng.wal
             assert log.coordinator.fenced is None
             lost = threading.Event()
-            eng._meta.add_session_lost_listener(lost.set)
+            eng.storage.meta.add_session_lost_listener(lost.set)
             sessions = log.coordinator.sessions_started
             for _attempt in range(5):  # our client may win its session back before the intruder closes it
-                intruder = KazooClient(hosts=zookeeper.hosts, client_id=eng._meta._client.client_id, timeout=4)
+                intruder = KazooClient(hosts=zookeeper.hosts, client_id=eng.storage.meta._client.client_id, timeout=4)
                 intruder.start(timeout=10)
                 intruder.stop()
                 intruder.close()

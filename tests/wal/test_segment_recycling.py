@@ -183,7 +183,7 @@ def test_an_engine_reuses_what_its_compacter_trims_and_verify_and_reopen_agree(t
         if t % 5 == 0:
             eng.compact()
             reused = max(reused, eng.stats()["wal"]["recycled_files"])
-            active = eng._log._segments[-1].path
+            active = eng.wal._segments[-1].path
             reused_active = flags(active) & sg.FLAG_RECYCLED
     stats = eng.stats()["wal"]
     assert reused >= 1 and stats["recycled_files"] <= 2 and stats["bytes"] > 0

@@ -124,7 +124,7 @@ TRIMMER = textwrap.dedent("""
 
 @pytest.mark.parametrize("kill_after", [1, 7, 30, 90])
 def test_sigkill_during_overlapping_trims_from_threads_loses_nothing(tmp_path, kill_after):
-    """Two threads trim at once (as Engine._collect can) and the process is SIGKILLed:
+    """Two threads trim at once (as the engine's Collector can) and the process is SIGKILLed:
     the log opens, holds one contiguous run of LSNs up to the end, and every record at or
     above the recorded start is the one that was written."""
     root = str(tmp_path / "wal")

@@ -24,7 +24,7 @@ Segments finish by size as in the local log: once ``segment_bytes`` of records w
 acknowledged since the last finish, the log appends its owner's FRONTIERS record
 (protocol.SegmentPreamble; from the trio thread, in log order) and tells the finish listener, so the background
 compacter turns them into batches and trims the nodes with no ``compact()`` call. The
-engine's compacter also finishes by age (trace/compacter.py SegmentAge).
+engine's compacter also finishes by age (trace/wal_cut.py SegmentAge).
 
 Reads of the uncompacted tail come from the coordinator's own cache of what it
 acknowledged (wal/replication/tail_cache.py), not from the nodes; only records it does not hold

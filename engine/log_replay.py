@@ -1,4 +1,4 @@
-"""An open's replay of the log, in bulk: what applying every record with ``Engine._apply``
+"""An open's replay of the log, in bulk: what applying every record with ``RelationView.apply``
 would leave behind (relation tails, progress lists, sealed frontiers, open transactions,
 the backlog's bytes, the greatest visible time), computed per chunk of records with
 C-level passes (sorts, ``groupby``, ``map`` over ``itemgetter``) instead of a Python
@@ -27,9 +27,9 @@ from itertools import chain, islice, repeat
 from operator import itemgetter
 from typing import Any
 
-from sediment.engine.bookkeeping import OpenTxns, Relations
 from sediment.engine.frontiers import SealedFrontiers
-from sediment.engine.relation import TailEntry, _Relation
+from sediment.engine.relation import Relation, TailEntry
+from sediment.engine.view import OpenTxns, Relations
 from sediment.wal.record import HeadRecord, Record, RecordKind, committed_txn_ids
 
 _UPDATES = int(RecordKind.UPDATES)
@@ -96,7 +96,7 @@ class Replayed:
 def replay(records: Iterable[Any], relations: Relations, txns: OpenTxns, book: SealedFrontiers,
            *, chunk: int = CHUNK) -> Replayed:
     """Apply ``records`` (HeadRecords in log order) to the relations' tails and progress,
-    the open transactions and the frontier book, as ``Engine._apply`` would one by one;
+    the open transactions and the frontier book, as ``RelationView.apply`` would one by one;
     advance each relation's feed by the events it made visible."""
     out = Replayed()
     it = iter(records)
@@ -221,7 +221,7 @@ class _Chunk:
         """Each relation's visible entries onto its tail, in the order they became visible."""
         events = self.out.feed_events
         for rel_id, pieces in self.visible.items():
-            rel: _Relation = self.relations.by_id(rel_id)  # type: ignore[assignment]
+            rel: Relation = self.relations.by_id(rel_id)  # type: ignore[assignment]
             if len(pieces) == 1:
                 entries = pieces[0][0]
             else:

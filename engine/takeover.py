@@ -12,7 +12,8 @@ Three rules, all checked before anything is created:
   file, ``REPLICATED``, names the metadata store. Opening the directory without
   ``metadata=`` opens that store (so later opens and CLI commands need not repeat it),
   never an empty local engine; a marker naming a store object given in Python
-  (``<ClassName>``) cannot be reopened from its name and is refused (StorageRecordMismatch). Format in docs/formats.md ("Replicated data directory marker").
+  (``<ClassName>``) cannot be reopened from its name and is refused (StorageRecordMismatch).
+  The marker is engine/data_dir.py's; format in docs/formats.md ("Replicated data directory marker").
 
 A coordinator fenced by a newer one closes its engine (:func:`close_when_fenced`); the
 reason is kept in ``engine.superseded`` and ``sediment serve`` exits non-zero with it.
@@ -23,72 +24,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 import threading
-import zlib
 from collections.abc import Callable
 from typing import Any
 
-from sediment._fs import replace_durably
 from sediment.errors import CoordinatorSuperseded, StorageRecordMismatch
 
-MARKER_NAME = "REPLICATED"
-MARKER_MAGIC = b"SDREPLIC"
-MARKER_VERSION = 1
-_HEAD = struct.Struct("<8sHH")  # magic, version, spec length; then the spec (UTF-8), then CRC-32 (u32 LE)
 log = logging.getLogger(__name__)
-
-
-def encode_marker(spec: str) -> bytes:
-    """The marker's bytes: magic, version, the metadata spec, CRC-32 of all before it."""
-    raw = spec.encode()
-    if len(raw) > 0xFFFF:
-        raise StorageRecordMismatch(f"metadata spec of {len(raw)} bytes is too long for the data-dir marker")
-    body = _HEAD.pack(MARKER_MAGIC, MARKER_VERSION, len(raw)) + raw
-    return body + struct.pack("<I", zlib.crc32(body))
-
-
-def decode_marker(data: bytes, where: str = MARKER_NAME) -> str:
-    """The metadata spec a marker names; StorageRecordMismatch if it is not a valid marker."""
-    if len(data) < _HEAD.size + 4:
-        raise StorageRecordMismatch(f"{where}: {len(data)} bytes is too short for a replicated-engine marker; "
-                                    "restore it (it names the metadata store, e.g. zk://host:port/root)")
-    magic, version, n = _HEAD.unpack_from(data)
-    if magic != MARKER_MAGIC or version != MARKER_VERSION or len(data) != _HEAD.size + n + 4:
-        raise StorageRecordMismatch(f"{where}: not a version-{MARKER_VERSION} replicated-engine marker "
-                                    f"(magic {magic!r}, version {version}, {len(data)} bytes)")
-    (crc,) = struct.unpack_from("<I", data, _HEAD.size + n)
-    if zlib.crc32(data[:_HEAD.size + n]) != crc:
-        raise StorageRecordMismatch(f"{where}: checksum mismatch at offset {_HEAD.size + n}; the marker is "
-                                    "damaged: restore it or rewrite it by opening the engine with metadata=")
-    return data[_HEAD.size:_HEAD.size + n].decode()
-
-
-def read_marker(data_dir: str) -> str | None:
-    """The metadata spec of a replicated engine's data directory, or None (not replicated)."""
-    path = os.path.join(data_dir, MARKER_NAME)
-    try:
-        with open(path, "rb") as f:
-            return decode_marker(f.read(), path)
-    except FileNotFoundError:
-        return None
-
-
-def write_marker(data_dir: str, spec: str) -> None:
-    """Durably record that ``data_dir`` belongs to the replicated engine whose metadata is ``spec``."""
-    replace_durably(os.path.join(data_dir, MARKER_NAME), encode_marker(spec))
-
-
-def check_opening(data_dir: str, metadata: object) -> str | None:
-    """Before anything is created: a replicated engine's directory needs its metadata store,
-    the one given or else the one its marker names. Returns the marker's spec (None: not a
-    replicated engine's directory)."""
-    spec = read_marker(data_dir)
-    if spec is not None and metadata is None and spec.startswith("<"):
-        raise StorageRecordMismatch(
-            f"{data_dir} belongs to a replicated engine whose metadata store is {spec!r} (marker "
-            f"{os.path.join(data_dir, MARKER_NAME)}); open it with metadata={spec!r}")
-    return spec
 
 
 def metadata_spec(metadata: object) -> str:

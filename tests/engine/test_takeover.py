@@ -1,17 +1,12 @@
-"""The replicated data-directory marker and the shared-blob rule (engine/deploy.py)."""
+"""The replicated data-directory marker (engine/data_dir.py) and the shared-blob rule (engine/takeover.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 import sediment
-from sediment.engine.deploy import (
-    decode_marker,
-    encode_marker,
-    read_marker,
-    require_shared_blob,
-    write_marker,
-)
+from sediment.engine.data_dir import decode_marker, encode_marker, read_marker, write_marker
+from sediment.engine.takeover import require_shared_blob
 from sediment.errors import StorageRecordMismatch
 
 
@@ -27,6 +22,22 @@ def test_every_damaged_marker_is_refused_with_a_typed_error():
     for n in range(len(good)):
         with pytest.raises(StorageRecordMismatch):
             decode_marker(good[:n])
+
+
+def test_a_version_1_marker_with_a_zlib_crc_is_still_read_and_a_new_one_is_version_2_crc32c():
+    import struct
+    import zlib
+
+    import crc32c
+
+    spec = b"zk://127.0.0.1:2181/sediment"
+    body = b"SDREPLIC" + struct.pack("<HH", 1, len(spec)) + spec
+    assert decode_marker(body + struct.pack("<I", zlib.crc32(body))) == spec.decode()
+    with pytest.raises(StorageRecordMismatch, match="checksum"):
+        decode_marker(body + struct.pack("<I", crc32c.crc32c(body)))
+    new = encode_marker(spec.decode())
+    assert struct.unpack_from("<H", new, 8) == (2,)
+    assert struct.unpack_from("<I", new, len(new) - 4) == (crc32c.crc32c(new[:-4]),)
 
 
 def test_marker_round_trip_and_a_marker_naming_a_python_object_refuses_to_open_without_metadata(tmp_path):

@@ -1,0 +1,226 @@
+"""The engine's writes: appends, transactions and seals, admitted against the relation
+view and submitted to the log, and the WAL backlog bound they wait on.
+
+Why its own component: admission (the relation still exists, its times are not sealed,
+the backlog has room) must be atomic with the submit, under the engine lock, while the
+wait for an fdatasync happens outside it so that concurrent appends share one group
+commit. Durable records come back through the view's ``on_durable``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sediment.arrow_codec import encode_updates
+from sediment.engine import args
+from sediment.engine.args import check_time
+from sediment.engine.locks import Locks, LockTable
+from sediment.engine.relation import Relation
+from sediment.engine.schema import conform_updates, time_range
+from sediment.engine.transaction import Admission, Transaction, commit_all
+from sediment.engine.view import RelationView
+from sediment.errors import FrontierRegression, InvalidArgument, TimeAlreadySealed, UnknownRelation
+from sediment.metrics import EngineMetrics
+from sediment.wal.protocol import Ticket, WriteAheadLog
+from sediment.wal.record import Record, RecordKind
+
+
+class Writer:
+    """Appends to ``log`` for the relations of ``view``. ``epoch`` makes transaction ids
+    unique across restarts; ``wake_compaction`` asks for a pass when appends wait for the backlog."""
+
+    def __init__(self, view: RelationView, log_: WriteAheadLog, locks: LockTable, metrics: EngineMetrics, *,
+                 epoch: int, max_record_bytes: int, wake_compaction: Callable[[], None]) -> None:
+        self.view = view
+        self.log = log_
+        self.locks = locks
+        self.metrics = metrics
+        self.epoch = epoch
+        self.max_record_bytes = max_record_bytes
+        self._wake_compaction = wake_compaction
+        self._lock: threading.RLock = view.lock
+        self._txn_counter = 0
+
+    def wait_backlog(self, records: list[Record]) -> None:
+        """Under the lock: wait while the append would take the WAL backlog past
+        ``max_wal_backlog`` (engine/backlog.py); compaction is asked to finish the active
+        segment so that the records in it can be compacted."""
+        backlog = self.view.backlog
+        if backlog.bound is None:
+            return
+        n = sum(len(r.body) for r in records)
+        if not backlog.must_wait(n):
+            return
+        self.metrics.backlog_waits.inc()
+        backlog.admit(n, where=self.view.where, closed=lambda: self.view.closed,
+                      wake_compacter=self._wake_compaction)
+
+    def next_txn_id(self) -> int:
+        """A transaction id unique across restarts: the open's epoch, then a counter."""
+        with self._lock:
+            self._txn_counter += 1
+            return (self.epoch << 32) | self._txn_counter
+
+    def _encode(self, rel: Relation, table: pa.Table, txn_id: int,
+                bounds: tuple[int, int] | None = None, version: int = 0) -> list[Record]:
+        """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches),
+        stamped with the schema version ``table`` is in."""
+        if table.num_rows <= 64 and len(table.column(0).chunks) == 1:  # small appends: one record, no sizing
+            batch = table.to_batches()[0]
+            lo, hi = bounds or time_range(table)
+            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, encode_updates(batch),
+                           schema_version=version)]
+        per_row = max(1, table.nbytes // max(1, table.num_rows))
+        rows = max(1, self.max_record_bytes // per_row)
+        records = []
+        for batch in table.to_batches(max_chunksize=rows):
+            if batch.num_rows == 0:
+                continue
+            lo, hi = pc.min_max(batch.column("time")).values()
+            records.append(Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo.as_py(), hi.as_py(),
+                                  batch.num_rows, encode_updates(batch), schema_version=version))
+        return records
+
+    def _prepare(self, name: str, updates: object) -> tuple[Relation, pa.Table, tuple[int, int] | None, int]:
+        """The relation, the updates in its columns, their time bounds, and the schema version
+        those columns are (the records must say that one, even if an alter lands meanwhile)."""
+        rel = self.view.relations.get(name) if isinstance(name, str) and not self.view.closed else None  # re-checked under the lock
+        if rel is None:
+            with self._lock:
+                rel = self.view.get(name)
+        version, target = rel.shape  # one read: an alter meanwhile cannot mix two versions
+        table, bounds = conform_updates(name, None, updates, target, layout=rel.layout, version=version)
+        return rel, table, bounds, version
+
+    def _admit(self, rel: Relation, name: str, bounds: tuple[int, int] | int | None) -> None:
+        """Under the lock: the relation still exists and the times are not sealed."""
+        t_min = bounds[0] if isinstance(bounds, tuple) else bounds
+        if self.view.relations.get(name) is not rel:
+            raise UnknownRelation(f"relation {name!r} was dropped while the append was being prepared")
+        if t_min is not None and t_min <= rel.sealed:
+            raise TimeAlreadySealed(
+                f"relation {name!r} is sealed through time {rel.sealed}, but the updates include time {t_min}; "
+                f"append at times > {rel.sealed}"
+            )
+
+    def append(self, name: str, updates: pa.Table, *, locks: Locks | None = None) -> None:
+        """Append updates: the relation's columns plus ``time`` (int64 >= 0, above the sealed
+        frontier) and ``diff`` (int64). Returns once they are durable. All or nothing.
+
+        With ``locks``, the append is refused with LockConflict (writing nothing) when a
+        write- or read-locked id was written after ``locks.high_water``; its write and
+        append locks record the append's greatest time."""
+        start = time.perf_counter()
+        args.check_locks(locks)
+        rel, table, bounds, version = self._prepare(name, updates)
+        if table.num_rows == 0:
+            return
+        records = self._encode(rel, table, 0, bounds, version)
+        if len(records) > 1:  # too big for one record: make it one transaction
+            txn = self.next_txn_id()
+            for r in records:
+                r.txn_id = txn
+            records = [Record(RecordKind.BEGIN, txn_id=txn), *records, Record(RecordKind.COMMIT, txn_id=txn)]
+        self._submit(records, [(rel, name, bounds)], locks, bounds[1], start)
+
+    def append_many(self, updates: Mapping[str, pa.Table], *, locks: Locks | None = None) -> None:
+        """Append to several relations atomically: after a crash, all or none are there.
+        ``locks`` as for :meth:`append`, checked once for the whole append."""
+        start = time.perf_counter()
+        args.check_locks(locks)
+        args.check_updates_map(updates)
+        txn = self.next_txn_id()
+        prepared = [(name, *self._prepare(name, table)) for name, table in updates.items()]
+        records = [Record(RecordKind.BEGIN, txn_id=txn)]
+        for _name, rel, table, _t, version in prepared:
+            records += self._encode(rel, table, txn, version=version)
+        records.append(Record(RecordKind.COMMIT, txn_id=txn))
+        if len(records) == 2:
+            return
+        self._submit(records, [(rel, name, bounds) for name, rel, _table, bounds, _v in prepared], locks,
+                     max((b[1] for _n, _r, _t, b, _v in prepared if b is not None), default=None), start)
+
+    def _submit(self, records: list[Record], admit: list[tuple[Relation, str, tuple[int, int] | None]],
+                locks: Locks | None, t_max: int | None, start: float) -> None:
+        """Admit and submit under the lock, then wait for durability outside it."""
+        with self._lock:
+            self.wait_backlog(records)
+            self.view.check_open()
+            for rel, name, bounds in admit:
+                self._admit(rel, name, bounds)
+            if locks is not None:
+                self.locks.check_and_record(locks, t_max)
+            ticket = self.log.submit(records, self.view.on_durable)
+        ticket.wait()
+        self.metrics.append_latency.observe(time.perf_counter() - start)
+
+    def transaction(self) -> Transaction:
+        """A write transaction: appends to any relations, visible only after ``commit()``."""
+        self.view.check_open()
+        return Transaction(self, self.next_txn_id())
+
+    def commit_all(self, transactions: Sequence[Transaction]) -> None:
+        """Commit several open transactions of this engine as one: one COMMIT record names
+        them all, so after any crash either all or none are visible. For writers that work
+        in parallel pieces and pick the winners at the end (a Spark job's task attempts).
+        Raises TransactionError and aborts them all if one is not open or one of their
+        times was sealed meanwhile."""
+        if isinstance(transactions, (str, bytes, Mapping)) or not isinstance(transactions, Sequence) or \
+                not all(isinstance(t, Transaction) for t in transactions):
+            raise InvalidArgument(f"commit_all takes a list of Transaction objects from "
+                                       f"Engine.transaction(), not {transactions!r}")
+        commit_all(self, transactions)
+
+    # The two calls a Transaction makes (engine/transaction.py TxnWriter).
+
+    def txn_records(self, name: str, updates: pa.Table, txn_id: int) -> tuple[Admission, list[Record]] | None:
+        """The UPDATES records of a transaction's append, and what to check when they are
+        submitted; None when there is nothing to append."""
+        rel, table, bounds, version = self._prepare(name, updates)
+        if table.num_rows == 0:
+            return None
+        return (rel, name, bounds[0]), self._encode(rel, table, txn_id, bounds, version)
+
+    def txn_submit(self, records: list[Record], admit: Sequence[Admission] | None = None,
+                    refused: list[Record] | None = None) -> tuple[Ticket, BaseException | None]:
+        """Submit a transaction's records. With ``admit``: under the engine lock, once the
+        engine is open and each relation still exists and is not sealed at the least time
+        written to it; if one is and ``refused`` is given, ``refused`` is submitted instead
+        and the error returned (else raised). Without: at once (an ABORT needs no check)."""
+        if admit is None:
+            return self.log.submit(records, self.view.on_durable), None
+        with self._lock:
+            self.wait_backlog(records)
+            self.view.check_open()
+            try:
+                for rel, name, t_min in admit:
+                    self._admit(rel, name, t_min)
+            except (TimeAlreadySealed, LookupError) as exc:
+                if refused is None:
+                    raise
+                return self.log.submit(refused, self.view.on_durable), exc
+            return self.log.submit(records, self.view.on_durable), None
+
+    def seal(self, name: str, t: int) -> None:
+        """Write ``close t``: no further updates at times <= t. Durable on return."""
+        t = check_time(t, "seal time")
+        with self._lock:
+            rel = self.view.get(name)
+            if t < rel.sealed:
+                raise FrontierRegression(f"relation {name!r} is already sealed through {rel.sealed}; "
+                                         f"cannot seal at {t} (seals only move forward)")
+            if t == rel.sealed:
+                ticket = rel.seal_ticket
+            else:
+                rel.sealed = t
+                ticket = rel.seal_ticket = self.log.submit(
+                    [Record(RecordKind.PROGRESS, rel.entry.id, 0, t, t)], self.view.on_durable)
+        if ticket is not None:
+            ticket.wait()
+        self.metrics.seals.labels(relation=name).inc()
+
