@@ -71,6 +71,7 @@ class TraceState:
     pending: tuple[BatchRef, ...] = ()
     wal_through: int = 0
     version: int = 0
+    loads: tuple[str, ...] = ()  # the last bulk loads committed (engine/staged.py): a retried commit is a no-op
 
     @property
     def sealed(self) -> int | None:
@@ -166,6 +167,8 @@ class TraceState:
             "batches": [b.to_json() for b in self.batches],
             "pending": [b.to_json() for b in self.pending],
         }
+        if self.loads:
+            doc["loads"] = list(self.loads)
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -204,7 +207,10 @@ class TraceState:
             for r in refs_:
                 if r.key is not None and not isinstance(r.key, str):
                     raise TraceError(f"trace state of relation {rel}: a {name} key is {r.key!r}, not a string")
-        state = cls(**fields, batches=refs["batches"], pending=refs["pending"])
+        loads = doc.get("loads", [])
+        if not isinstance(loads, list) or not all(isinstance(j, str) for j in loads):
+            raise TraceError(f"trace state of relation {rel}: loads is {loads!r}, not a list of job names")
+        state = cls(**fields, batches=refs["batches"], pending=refs["pending"], loads=tuple(loads))
         state.check_invariants()
         return state
 
