@@ -116,9 +116,12 @@ def _check_file(key: str, path: str, schema: pa.Schema, keys: list[str], where: 
         return None
     cols = [*keys, "time"]
     lo, hi, is_run, last = None, None, True, None
+    lead = [keys[0], "time", "diff"]  # the first column alone settles the order of rows it tells apart
     for i in range(pf.num_row_groups):
         try:
-            t = pf.read_row_group(i)
+            t = pf.read_row_group(i, columns=lead)
+            if is_run and (last is not None or first_unsorted(t, keys[:1], strict=True) is not None):
+                t = pf.read_row_group(i)
         except _DECODE_ERRORS as e:
             raise StagedFileInvalid(f"{where}: staged file {key!r} row group {i} fails to decode ({e})") from None
         time, diff = t.column("time"), t.column("diff")
@@ -128,7 +131,10 @@ def _check_file(key: str, path: str, schema: pa.Schema, keys: list[str], where: 
         if t_lo < 0:
             raise StagedFileInvalid(f"{where}: staged file {key!r} has time {t_lo}; times are >= 0")
         lo, hi = (t_lo, t_hi) if lo is None else (min(lo, t_lo), max(hi, t_hi))
-        if is_run:
+        if is_run and t.num_columns == len(lead):
+            is_run = pc.min(pc.abs(diff)).as_py() > 0
+            last = None if i + 1 == pf.num_row_groups else pf.read_row_group(i, columns=cols).slice(t.num_rows - 1)
+        elif is_run:
             part = t.select(cols)
             joined = part if last is None else pa.concat_tables([last, part])
             is_run = pc.min(pc.abs(diff)).as_py() > 0 and first_unsorted(joined, cols, strict=True) is None
