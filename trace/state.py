@@ -44,11 +44,14 @@ class BatchRef:
 
     def to_json(self) -> dict[str, Any]:
         """The ref's fields; the checksums only when known, so old documents keep their bytes."""
-        doc = dataclasses.asdict(self)
-        for name in ("crc", "footer_crc"):
+        doc = {f: getattr(self, f) for f in _REF_FIELDS}  # not dataclasses.asdict: it deep-copies every value,
+        for name in ("crc", "footer_crc"):  # and a pass encodes every ref of the state on each commit
             if doc[name] is None:
                 del doc[name]
         return doc
+
+
+_REF_FIELDS = tuple(f.name for f in dataclasses.fields(BatchRef))
 
 
 @dataclass(frozen=True)
