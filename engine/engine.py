@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from sediment._fs import makedirs_durable, remove_tree_durable
 from sediment.clock import Clock, MonotonicClock
-from sediment.engine import args, deploy, recovery
+from sediment.engine import args, deploy, recovery, staged
 from sediment.engine.backlog import (
     DEFAULT_MAX_WAL_BACKLOG,
     DEFAULT_WAL_BACKLOG_TIMEOUT,
@@ -241,6 +241,7 @@ class Engine(Opening, RelationOps, Reads, Compaction):
             self._meta.compare_and_set(STORAGE_KEY, *self._record_storage)
         self.locks = LockTable(self._lock_slots, floor=self._max_time)
         self.swept = self.traces.sweep_orphans(self._referenced_blobs())
+        staged.sweep_staging(self)  # bulk loads staged before this open cannot commit any more
         if compact:
             self._merger = BackgroundMerger(self._merge_pass)
             self._compacter = cmp.Compacter(self._background_pass, self._compact_interval, clock=self._clock)

@@ -41,8 +41,9 @@ from sediment.trace.fold import fold
 from sediment.trace.state import BatchRef
 
 if TYPE_CHECKING:
-    from sediment.engine.engine import Engine
     from sediment.engine.relation import _Relation
+
+Engine = Any  # sediment.engine.engine.Engine, which opens with sweep_staging (an import would be a cycle)
 
 STAGING = "staging"
 KEPT_LOADS = 64  # job names the trace state remembers: a retry comes long before 64 other loads
@@ -196,6 +197,9 @@ def commit_staged(engine: Engine, name: str, job: str) -> dict[str, Any]:
         if job in rel.trace.loads:
             return {"rows": 0, "runs": 0, "min_time": None, "max_time": None, "committed": False}
     where = f"bulk load {job!r} of relation {name!r}"
+    if not os.path.isdir(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/"))):
+        raise StagedFileInvalid(f"{where}: no staging directory (the load was aborted, or collected at a restart); "
+                                "write it again")
     schema = engine.traces.schema_of(rel.entry.id)
     keys = staged_keys(engine, rel, job)
     with ThreadPoolExecutor(2, "sediment-bulk-check") as pool:
@@ -216,6 +220,7 @@ def commit_staged(engine: Engine, name: str, job: str) -> dict[str, Any]:
                 engine.traces.commit(new)
                 rel.trace = new
                 rel.trace_changed_at = engine._clock.current_time()
+                engine._max_time = max(engine._max_time, max((r.upper - 1 for r in refs), default=-1))
         except BaseException:
             engine.traces.delete([r.key for r in refs if r.key is not None])
             raise
@@ -243,3 +248,17 @@ def abort_staged(engine: Engine, name: str, job: str) -> int:
     if os.path.isdir(root):
         remove_tree_durable(root)  # with the writer's own leftovers (_temporary/, .crc files)
     return files
+
+
+def sweep_staging(engine: Engine) -> list[str]:
+    """At open: delete every staging directory. A load staged before a restart can no longer
+    commit (its commit finds no directory and says so), so its writer writes it again."""
+    local = getattr(engine.traces.blobs, "local_path", None)
+    if local is None:
+        return []
+    root = str(local(STAGING))
+    if not os.path.isdir(root):
+        return []
+    left = sorted(os.listdir(root))
+    remove_tree_durable(root)
+    return left

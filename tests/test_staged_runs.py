@@ -88,7 +88,7 @@ def test_a_retried_commit_changes_nothing_even_after_a_restart(tmp_path):
         assert not staged.commit_staged(eng, "bulk", "job-2")["committed"]
         eng.seal("bulk", 1)
         assert eng.snapshot("bulk", 1).num_rows == 2
-        assert staged.abort_staged(eng, "bulk", "job-2") >= 1  # the duplicate's files are collected
+        assert not os.path.exists(os.path.join(eng.data_dir, "blobs", "staging", "0000000000000001", "job-2"))
 
 
 @pytest.mark.parametrize("bad, error", [
@@ -134,3 +134,15 @@ def test_job_names_and_blob_stores_are_checked(engine, s3_bucket, tmp_path):
         eng.add_relation("bulk", SCHEMA)
         with pytest.raises(InvalidArgument, match="file blob store"):
             staged.stage(eng, "bulk", "job-5")
+
+
+def test_a_load_staged_before_a_restart_is_collected_and_cannot_commit(tmp_path):
+    eng = sediment.open(tmp_path / "data", compact_interval=None)
+    eng.add_relation("bulk", SCHEMA)
+    path = stage_files(eng, "job-6", [updates([1], ["a"], [1], [1])])
+    eng.close()
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        assert not os.path.exists(path)  # the open collected it
+        with pytest.raises(StagedFileInvalid, match="no staging directory"):
+            staged.commit_staged(eng, "bulk", "job-6")
+        assert eng.trace_info("bulk")["pending"] == 0 and not eng._relations["bulk"].trace.loads
