@@ -17,6 +17,7 @@ left open).
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
@@ -32,6 +33,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
+from sediment.engine import staged
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net.append_stream import serve_append_stream
@@ -186,6 +188,12 @@ class SedimentFlightServer(flight.FlightServerBase):
             "append_many": (self._append_many, "append the staged tables atomically {stage}"),
             "discard_stage": (self._discard_stage, "forget staged tables {stage}"),
             "release_read": (self._release_read, "end a read plan's lease {lease}"),
+            "bulk_stage": (named(functools.partial(staged.stage, eng), "bulk_stage", "name", "job"),
+                           "a bulk load's staging directory {name, job} -> path"),
+            "bulk_commit": (named(functools.partial(staged.commit_staged, eng), "bulk_commit", "name", "job"),
+                            "commit a bulk load's staged files as pending runs {name, job} -> counts"),
+            "bulk_abort": (named(functools.partial(staged.abort_staged, eng), "bulk_abort", "name", "job"),
+                           "delete a bulk load's staged files {name, job} -> files"),
         }
 
     @property

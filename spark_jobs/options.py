@@ -52,7 +52,8 @@ BATCH_READ = {"asof": "read as of this time (default: the sealed frontier)", "as
               "plan": "internal: a plan made on the driver", "plan_tail": "internal: its WAL-tail rows"}
 BATCH_WRITE = {"time": "the time of every row (else a time column)", "diff": "the diff of every row",
                "seal": "true: seal the time written once the job commits",
-               "batch_rows": "rows a task gathers per append"}
+               "batch_rows": "rows a task gathers per append",
+               "bulk": "true: executors write Parquet with Spark's writer, committed as pending runs"}
 STREAM_READ = {"startingasof": "earliest | latest | a time: the first micro-batch's snapshot",
                "maxtimespertrigger": "at most this many sealed times per micro-batch",
                STREAM_MARK: "internal: set by readStream in sessions where register() ran"}
