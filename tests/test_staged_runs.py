@@ -13,7 +13,13 @@ import pytest
 
 import sediment
 from sediment.engine import staged
-from sediment.errors import InvalidArgument, SchemaMismatch, StagedFileInvalid, TimeAlreadySealed
+from sediment.errors import (
+    InvalidArgument,
+    SchemaMismatch,
+    StagedFileInvalid,
+    TimeAlreadySealed,
+    UnknownRelation,
+)
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
 
@@ -146,3 +152,41 @@ def test_a_load_staged_before_a_restart_is_collected_and_cannot_commit(tmp_path)
         with pytest.raises(StagedFileInvalid, match="no staging directory"):
             staged.commit_staged(eng, "bulk", "job-6")
         assert eng.trace_info("bulk")["pending"] == 0 and not eng.view.relations["bulk"].trace.loads
+
+
+def test_add_runs_refused_under_the_lock_deletes_the_runs_and_commits_nothing(engine):
+    """The compaction component's commit of staged runs: a check that refuses under the engine
+    lock (a seal that came while the runs were written) leaves the trace as it was and the
+    runs' blobs gone; a dropped relation is refused the same way."""
+    rel = engine.view.relations["bulk"]
+    before = rel.trace
+    written: list[str] = []
+
+    def make_runs(since):
+        ref = engine.traces.write(rel.entry.id, updates([1], ["a"], [5], [1]), 5, 6, since)
+        written.append(ref.key)
+        return [ref]
+
+    def sealed_meanwhile():
+        raise TimeAlreadySealed("sealed while the runs were written")
+
+    with pytest.raises(TimeAlreadySealed):
+        engine.compaction.add_runs(rel, make_runs, "job-7", check=lambda: sealed_meanwhile(), keep_loads=4)
+    assert rel.trace == before and engine.traces.load(rel.entry.id) == before
+    assert written and written[0] not in engine.traces.blobs.list()
+    engine.drop_relation("bulk")
+    with pytest.raises(UnknownRelation):
+        engine.compaction.add_runs(rel, make_runs, "job-8", check=lambda: None, keep_loads=4)
+    assert written[1] not in engine.traces.blobs.list()
+
+
+def test_add_runs_remembers_only_the_last_loads(engine):
+    rel = engine.view.relations["bulk"]
+    for i in range(3):
+        engine.compaction.add_runs(rel, lambda _since, i=i: [engine.traces.write(
+            rel.entry.id, updates([i], ["a"], [5 + i], [1]), 5 + i, 6 + i, 0)], f"job-{i}", check=lambda: None,
+            keep_loads=2)
+    assert rel.trace.loads == ("job-1", "job-2") and len(rel.trace.pending) == 3
+    assert engine.view.max_time == 7  # the lock table's floor at the next open counts them
+    engine.seal("bulk", 7)
+    assert snapshot(engine, "bulk", 7) == Counter({(0, "a", 1): 1, (1, "a", 1): 1, (2, "a", 1): 1})
