@@ -340,14 +340,17 @@ class Compaction:
                 self.collector.discard(replaced + dropped)
 
     def add_runs(self, rel: Relation, make_runs: Callable[[int], list[BatchRef]], job: str, *,
-                 check: Callable[[], None], keep_loads: int) -> list[BatchRef]:
+                 check: Callable[[], None], keep_loads: int) -> list[BatchRef] | None:
         """Add runs written outside the WAL (a bulk load, engine/staged.py) to ``rel``'s pending
         runs in one trace commit that records ``job``. Under the pass lock, so no pass or merge
         splice commits the trace meanwhile: ``make_runs(since)`` writes the runs; ``check()``,
         under the engine lock with the commit, may refuse them. A refused or failed commit
-        changes no trace and deletes the runs written; returns the runs committed."""
+        changes no trace and deletes the runs written. Returns the runs committed, or None when
+        ``job`` was committed already (a retry, perhaps racing the first commit): nothing is made."""
         with self.pass_lock:
             with self._lock:
+                if job in rel.trace.loads:
+                    return None
                 since = rel.trace.since
             refs = [r for r in make_runs(since) if r.key is not None]
             try:

@@ -50,6 +50,7 @@ STAGING = "staging"
 KEPT_LOADS = 64  # job names the trace state remembers: a retry comes long before 64 other loads
 _JOB = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError)
+_NOT_AGAIN = {"rows": 0, "runs": 0, "min_time": None, "max_time": None, "committed": False}
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ def commit_staged(engine: Engine, name: str, job: str) -> dict[str, Any]:
     with engine.view.lock:
         rel = engine.view.get(name)
         if job in rel.trace.loads:
-            return {"rows": 0, "runs": 0, "min_time": None, "max_time": None, "committed": False}
+            return dict(_NOT_AGAIN)
     where = f"bulk load {job!r} of relation {name!r}"
     if not os.path.isdir(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/"))):
         raise StagedFileInvalid(f"{where}: no staging directory (the load was aborted, or collected at a restart); "
@@ -209,6 +210,8 @@ def commit_staged(engine: Engine, name: str, job: str) -> dict[str, Any]:
     refs = engine.compaction.add_runs(
         rel, lambda since: list(_map(lambda s: _as_run(engine, rel, s, since), checked, "sediment-bulk-run")), job,
         check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS)
+    if refs is None:  # a commit of the same load got there first
+        return dict(_NOT_AGAIN)
     if engine.scheduler is not None:
         engine.scheduler.merge_soon()  # many runs: the merge task folds neighbours together
     abort_staged(engine, name, job)

@@ -190,3 +190,18 @@ def test_add_runs_remembers_only_the_last_loads(engine):
     assert engine.view.max_time == 7  # the lock table's floor at the next open counts them
     engine.seal("bulk", 7)
     assert snapshot(engine, "bulk", 7) == Counter({(0, "a", 1): 1, (1, "a", 1): 1, (2, "a", 1): 1})
+
+
+def test_add_runs_of_a_load_committed_meanwhile_makes_nothing(engine):
+    """Two commits of one load racing: the second, once it holds the pass lock, finds the job
+    recorded and writes no runs, so the rows are never added twice."""
+    rel = engine.view.relations["bulk"]
+    made: list[int] = []
+
+    def make_runs(since):
+        made.append(since)
+        return [engine.traces.write(rel.entry.id, updates([1], ["a"], [5], [1]), 5, 6, since)]
+
+    assert len(engine.compaction.add_runs(rel, make_runs, "job-9", check=lambda: None, keep_loads=4)) == 1
+    assert engine.compaction.add_runs(rel, make_runs, "job-9", check=lambda: None, keep_loads=4) is None
+    assert len(made) == 1 and len(rel.trace.pending) == 1
