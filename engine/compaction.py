@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -21,7 +22,7 @@ from sediment.clock import Clock
 from sediment.engine.collector import Collector
 from sediment.engine.relation import Relation, TailEntry
 from sediment.engine.view import RelationView
-from sediment.errors import CompactionFailed, TraceInvariantViolation
+from sediment.errors import CompactionFailed, TraceInvariantViolation, UnknownRelation
 from sediment.metrics import EngineMetrics
 from sediment.trace import wal_cut
 from sediment.trace.fold import fold
@@ -32,7 +33,7 @@ from sediment.trace.planner import (
     plan_merges,
     plan_pending_merges,
 )
-from sediment.trace.state import TraceState
+from sediment.trace.state import BatchRef, TraceState
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
 
@@ -337,6 +338,36 @@ class Compaction:
                     rel.trace = new
                     rel.trace_changed_at = self.clock.current_time()
                 self.collector.discard(replaced + dropped)
+
+    def add_runs(self, rel: Relation, make_runs: Callable[[int], list[BatchRef]], job: str, *,
+                 check: Callable[[], None], keep_loads: int) -> list[BatchRef] | None:
+        """Add runs written outside the WAL (a bulk load, engine/staged.py) to ``rel``'s pending
+        runs in one trace commit that records ``job``. Under the pass lock, so no pass or merge
+        splice commits the trace meanwhile: ``make_runs(since)`` writes the runs; ``check()``,
+        under the engine lock with the commit, may refuse them. A refused or failed commit
+        changes no trace and deletes the runs written. Returns the runs committed, or None when
+        ``job`` was committed already (a retry, perhaps racing the first commit): nothing is made."""
+        with self.pass_lock:
+            with self._lock:
+                if job in rel.trace.loads:
+                    return None
+                since = rel.trace.since
+            refs = [r for r in make_runs(since) if r.key is not None]
+            try:
+                with self._lock:
+                    if self.view.get(rel.entry.name) is not rel:
+                        raise UnknownRelation(f"relation {rel.entry.name!r} was dropped during bulk load {job!r}; "
+                                              "nothing was committed")
+                    check()
+                    new = rel.trace.with_load(refs, job, keep_loads)
+                    self.traces.commit(new)
+                    rel.trace = new
+                    rel.trace_changed_at = self.clock.current_time()
+                    self.view.max_time = max([self.view.max_time, *(r.upper - 1 for r in refs)])
+            except BaseException:
+                self.traces.delete([r.key for r in refs])
+                raise
+        return refs
 
     def merge_relation(self, rel: Relation, full: bool = False) -> None:
         """Merge the relation's batches by the size-tiered rules, or into one (``full``, or a

@@ -34,7 +34,7 @@ import pyarrow as pa
 from sediment._fs import makedirs_durable, remove_tree_durable
 from sediment.blob.counting import counting
 from sediment.clock import Clock, MonotonicClock
-from sediment.engine import args, log_replay, s3_deploy, takeover
+from sediment.engine import args, log_replay, s3_deploy, staged, takeover
 from sediment.engine.backlog import (
     DEFAULT_MAX_WAL_BACKLOG,
     DEFAULT_WAL_BACKLOG_TIMEOUT,
@@ -220,6 +220,7 @@ class Engine:
         self.locks = LockTable(self._lock_slots, floor=self.view.max_time)
         self._start(log_, epoch, compact)
         self.swept = self.traces.sweep_orphans(self.registry.referenced_blobs())
+        staged.sweep_staging(self.traces.blobs)  # bulk loads staged before this open cannot commit any more
         if self.scheduler is not None:
             self.scheduler.start()
             log_.set_finish_listener(self.scheduler.notify)

@@ -379,6 +379,18 @@ class Client:
         """Write ``close t``: no further updates at times <= t. Durable on return."""
         self._action(Action.SEAL, name=name, t=t)
 
+    def bulk_stage(self, name: str, job: str) -> str:
+        """The directory where bulk load ``job`` of ``name`` writes Parquet files (engine/staged.py)."""
+        return str(self._action(Action.BULK_STAGE, name=name, job=job))
+
+    def bulk_commit(self, name: str, job: str) -> dict[str, Any]:
+        """Commit bulk load ``job``'s staged files as pending runs, atomically and at most once."""
+        return dict(self._action(Action.BULK_COMMIT, name=name, job=job))
+
+    def bulk_abort(self, name: str, job: str) -> int:
+        """Delete bulk load ``job``'s staged files; nothing of it becomes visible."""
+        return int(self._action(Action.BULK_ABORT, name=name, job=job))
+
     def set_since(self, name: str, t: int) -> None:
         """Advance the compaction frontier."""
         self._action(Action.SET_SINCE, name=name, t=t)

@@ -102,6 +102,11 @@ class TimeAlreadySealed(NothingWritten, ValueError):
     further updates at times <= t."""
 
 
+class StagedFileInvalid(NothingWritten, ValueError):
+    """A file staged for a bulk load cannot become a run (unreadable, null times or diffs,
+    negative times); the load was not committed and its staged files are kept for abort."""
+
+
 class FrontierRegression(NothingWritten, ValueError):
     """``seal`` or ``set_since`` asked to move a frontier backwards, or ``since`` beyond
     the sealed frontier."""

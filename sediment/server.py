@@ -17,6 +17,7 @@ left open).
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
@@ -33,6 +34,7 @@ import pyarrow.flight as flight
 from sediment import errors
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.clock import MONOTONIC, Clock
+from sediment.engine import staged
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net.alter_wire import decode_alter
@@ -194,6 +196,12 @@ class SedimentFlightServer(flight.FlightServerBase):
             Action.APPEND_MANY: (self._append_many, "append the staged tables atomically {stage}"),
             Action.DISCARD_STAGE: (self._discard_stage, "forget staged tables {stage}"),
             Action.RELEASE_READ: (self._release_read, "end a read plan's lease {lease}"),
+            Action.BULK_STAGE: (named(functools.partial(staged.stage, eng), "bulk_stage", "name", "job"),
+                                "a bulk load's staging directory {name, job} -> path"),
+            Action.BULK_COMMIT: (named(functools.partial(staged.commit_staged, eng), "bulk_commit", "name", "job"),
+                                 "commit a bulk load's staged files as pending runs {name, job} -> counts"),
+            Action.BULK_ABORT: (named(functools.partial(staged.abort_staged, eng), "bulk_abort", "name", "job"),
+                                "delete a bulk load's staged files {name, job} -> files"),
         }
 
     @property

@@ -100,6 +100,9 @@ class WriterBase:
 
     def _setup(self, options: dict[str, str], schema: StructType, *, what: str) -> Any:
         check_options(options, refused=READ_ONLY, what=what)
+        if bool_option(options, "bulk"):
+            raise InvalidArgument("option('bulk', 'true') needs sediment.spark_jobs.register(spark) in this session "
+                                  "(it routes df.write...save() to Spark's Parquet writer); SQL and streams write rows")
         self.uri = required(options, "uri")
         self.token = token(options)
         self.relation = required(options, "relation")

@@ -55,6 +55,7 @@ from sediment.spark_jobs.batch_read import (  # noqa: F401 - re-exported names
     pushdown_enabled,
 )
 from sediment.spark_jobs.batch_write import SedimentCommitMessage, SedimentWriter  # noqa: F401
+from sediment.spark_jobs.bulk_write import route_bulk_writes
 from sediment.spark_jobs.errors import short_traceback as _short
 from sediment.spark_jobs.options import (  # noqa: F401 - re-exported names
     DEFAULT_LEASE_SECONDS,
@@ -190,10 +191,12 @@ def register(spark: SparkSession) -> None:
     """Make ``format("sediment")`` (and ``USING sediment``) available in ``spark``; idempotent.
     Installing sediment also installs the module ``pyspark_sediment``, which PySpark finds and
     registers by itself in every session it starts; this call is for sessions that cannot see it.
-    It also turns on PySpark's filter pushdown for Python data sources (off by default)."""
+    It also turns on PySpark's filter pushdown for Python data sources (off by default), and
+    routes ``option("bulk", "true")`` writes to Spark's Parquet writer (spark_jobs/bulk_write.py)."""
     spark.dataSource.register(SedimentDataSource)
     spark.conf.set(PUSHDOWN_CONF, "true")
     _mark_stream_reads()
+    route_bulk_writes()
 
 
 def _mark_stream_reads() -> None:

@@ -53,7 +53,8 @@ BATCH_READ = {"asof": "read as of this time (default: the sealed frontier)", "as
 BATCH_WRITE = {"time": "the time of every row (else a time column)", "diff": "the diff of every row",
                "seal": "true: seal the time written once the job commits",
                "batch_rows": "rows a task gathers per append",
-               "mergeschema": "true: first add the DataFrame's columns the relation lacks (nullable)"}
+               "mergeschema": "true: first add the DataFrame's columns the relation lacks (nullable)",
+               "bulk": "true: executors write Parquet with Spark's writer, committed as pending runs"}
 STREAM_READ = {"startingasof": "earliest | latest | a time: the first micro-batch's snapshot",
                "maxtimespertrigger": "at most this many sealed times per micro-batch",
                STREAM_MARK: "internal: set by readStream in sessions where register() ran"}

@@ -240,6 +240,8 @@ def first_unsorted(table: pa.Table, columns: Sequence[str], *, strict: bool = Tr
         step = lt if prefix_eq is None else pc.and_(prefix_eq, lt)
         ok = step if ok is None else pc.or_(ok, step)
         prefix_eq = eq if prefix_eq is None else pc.and_(prefix_eq, eq)
+        if not pc.any(prefix_eq).as_py():
+            break  # no neighbours tie on these columns: later ones (a 1 KiB payload) cannot change the order
     if not strict:
         ok = pc.or_(ok, prefix_eq)
     bad = pc.indices_nonzero(pc.invert(ok))

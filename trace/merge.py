@@ -72,15 +72,20 @@ def _consolidated_stream(
                 )
             summed = sum_sorted(piece, cols, drop_zeros=False)
             carry = summed.slice(summed.num_rows - 1)
-            out = summed.slice(0, summed.num_rows - 1)
-            out = out.filter(pc.not_equal(out.column(DIFF), 0))
+            out = _nonzero(summed.slice(0, summed.num_rows - 1))
             if out.num_rows:
                 yield out
         seen += table.num_rows
     if carry is not None:
-        carry = carry.filter(pc.not_equal(carry.column(DIFF), 0))
+        carry = _nonzero(carry)
         if carry.num_rows:
             yield carry
+
+
+def _nonzero(table: pa.Table) -> pa.Table:
+    """The rows with a non-zero diff; the table itself when all are (a filter copies every column)."""
+    keep = pc.not_equal(table.column(DIFF), 0)
+    return table if pc.all(keep).as_py() else table.filter(keep)
 
 
 def merge_sorted(

@@ -44,11 +44,14 @@ class BatchRef:
 
     def to_json(self) -> dict[str, Any]:
         """The ref's fields; the checksums only when known, so old documents keep their bytes."""
-        doc = dataclasses.asdict(self)
-        for name in ("crc", "footer_crc"):
+        doc = {f: getattr(self, f) for f in _REF_FIELDS}  # not dataclasses.asdict: it deep-copies every value,
+        for name in ("crc", "footer_crc"):  # and a pass encodes every ref of the state on each commit
             if doc[name] is None:
                 del doc[name]
         return doc
+
+
+_REF_FIELDS = tuple(f.name for f in dataclasses.fields(BatchRef))
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class TraceState:
     pending: tuple[BatchRef, ...] = ()
     wal_through: int = 0
     version: int = 0
+    loads: tuple[str, ...] = ()  # the last bulk loads committed (engine/staged.py): a retried commit is a no-op
 
     @property
     def sealed(self) -> int | None:
@@ -166,6 +170,8 @@ class TraceState:
             "batches": [b.to_json() for b in self.batches],
             "pending": [b.to_json() for b in self.pending],
         }
+        if self.loads:
+            doc["loads"] = list(self.loads)
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -204,7 +210,10 @@ class TraceState:
             for r in refs_:
                 if r.key is not None and not isinstance(r.key, str):
                     raise TraceError(f"trace state of relation {rel}: a {name} key is {r.key!r}, not a string")
-        state = cls(**fields, batches=refs["batches"], pending=refs["pending"])
+        loads = doc.get("loads", [])
+        if not isinstance(loads, list) or not all(isinstance(j, str) for j in loads):
+            raise TraceError(f"trace state of relation {rel}: loads is {loads!r}, not a list of job names")
+        state = cls(**fields, batches=refs["batches"], pending=refs["pending"], loads=tuple(loads))
         state.check_invariants()
         return state
 
@@ -249,3 +258,9 @@ class TraceState:
     def with_pending(self, pending: Sequence[BatchRef]) -> TraceState:
         """The state with its pending runs replaced (neighbouring runs merged), version + 1."""
         return dataclasses.replace(self, pending=tuple(pending), version=self.version + 1)
+
+    def with_load(self, runs: Sequence[BatchRef], job: str, keep: int) -> TraceState:
+        """The state with a bulk load's runs after its pending runs and the load's job name
+        remembered (the last ``keep`` of them, so a retried commit is seen), version + 1."""
+        return dataclasses.replace(self, pending=(*self.pending, *runs), version=self.version + 1,
+                                   loads=(*self.loads, job)[-keep:])

@@ -77,6 +77,11 @@ class TraceStore:
     def _nonce(self) -> str:
         return self.owner_tag + new_nonce()
 
+    def new_key(self, relation_id: int, lower: int, upper: int) -> str:
+        """A fresh batch key of this store's owner, for a file written outside :meth:`write`
+        (a bulk load's staged file, engine/staged.py)."""
+        return batch_key(relation_id, lower, upper, self._nonce())
+
     def _is_mine(self, key: str) -> bool:
         try:
             nonce = parse_batch_key(key).nonce

@@ -60,6 +60,9 @@ class Action(StrEnum):
     APPEND_MANY = "append_many"
     DISCARD_STAGE = "discard_stage"
     RELEASE_READ = "release_read"
+    BULK_STAGE = "bulk_stage"
+    BULK_COMMIT = "bulk_commit"
+    BULK_ABORT = "bulk_abort"
 
 
 Op = Put | Get | Action
@@ -100,6 +103,9 @@ FIELDS: dict[Op, tuple[str, ...]] = {
     Action.APPEND_MANY: ("stage", "locks"),
     Action.DISCARD_STAGE: ("stage",),
     Action.RELEASE_READ: ("lease",),
+    Action.BULK_STAGE: ("name", "job"),
+    Action.BULK_COMMIT: ("name", "job"),
+    Action.BULK_ABORT: ("name", "job"),
 }
 
 

@@ -80,3 +80,27 @@ def test_the_hash_route_is_taken_only_when_rows_repeat_as_a_whole():
     assert not _few_groups(tenants, ["k", "v"], n)
     for table in (counter, tenants):
         assert fold(table, ["k", "v"], 3).equals(consolidate(table, ["k", "v"], 3))
+
+
+def test_fresh_ids_in_order_are_taken_as_they_are(monkeypatch):
+    """Ids increasing row by row (a stream of fresh keys) are sorted and distinct already: the
+    fold neither counts distinct values nor sorts, drops zero diffs, advances times, and gives
+    consolidate's answer; ids that tie or fall back take the other routes, with the same answer."""
+    from sediment.trace import fold as fold_mod
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("fresh ids in order must not be counted or sorted")
+
+    fresh = pa.table({"k": pa.array(range(10, 20_010), pa.int64()), "v": pa.array([b"p" * 100] * 20_000),
+                      "time": pa.array([i % 7 for i in range(20_000)], pa.int64()),
+                      "diff": pa.array([0 if i % 13 == 0 else 1 for i in range(20_000)], pa.int64())})
+    expected = consolidate(fresh, ["k", "v"], 3)
+    with monkeypatch.context() as m:
+        m.setattr(fold_mod, "_few_groups", refuse)
+        m.setattr(fold_mod, "sorted_table", refuse)
+        got = fold(fresh, ["k", "v"], 3)
+    assert got.equals(expected) and got.num_rows == 20_000 - len(range(0, 20_000, 13))
+    tied = fresh.set_column(0, "k", pa.array([10 + i // 2 for i in range(20_000)], pa.int64()))
+    back = fresh.set_column(0, "k", pa.array(range(20_000, 0, -1), pa.int64()))
+    for table in (tied, back):
+        assert fold(table, ["k", "v"], 3).equals(consolidate(table, ["k", "v"], 3))

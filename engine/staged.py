@@ -1,0 +1,258 @@
+"""Bulk loads: Parquet files staged in the blob store become pending runs of a relation in one commit.
+
+Why: rows written through the WAL cost a hand-off per batch into the coordinator and a second
+write (log, then trace). A bulk load lets writers (Spark executors, with Spark's own Parquet
+writer) put files under a staging prefix of the relation; :func:`commit_staged` checks them
+and adds them to the trace as pending runs (docs/formats.md, "Trace state document") with
+one compare-and-set of the trace state, the same commit point as a compaction pass. The WAL
+is skipped: the files are durable in the blob store before the commit. Compaction folds the
+runs into batches when their times are sealed, as it folds any pending run.
+
+A run must be sorted by (row, time) with distinct (row, time) and no zero diff. A staged file
+that is (the writer sorted it) gets a sediment footer in place (the old footer is cut off and
+a new one, with the same row groups and the batch's ``sediment.*`` description, is appended:
+the data pages are not rewritten) and is linked under a batch key; one that is not is
+consolidated and written again (``fold``), slower but with the same result.
+
+Exactly once: the commit records the load's job name in the trace state (``loads``) in the
+same compare-and-set, so a commit retried after it succeeded changes nothing. A refused
+commit changes nothing (every file is checked before any is touched) and leaves the staged
+files for :func:`abort_staged`, which deletes them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from sediment._fs import remove_tree_durable
+from sediment.errors import InvalidArgument, SchemaMismatch, StagedFileInvalid, TimeAlreadySealed
+from sediment.trace.batch import BatchDescription, file_checksums
+from sediment.trace.consolidate import first_unsorted
+from sediment.trace.fold import fold
+from sediment.trace.state import BatchRef
+
+if TYPE_CHECKING:
+    from sediment.blob.protocol import BlobStore
+    from sediment.engine.relation import Relation
+
+Engine = Any  # sediment.engine.engine.Engine, which opens with sweep_staging (an import would be a cycle)
+
+STAGING = "staging"
+KEPT_LOADS = 64  # job names the trace state remembers: a retry comes long before 64 other loads
+_JOB = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
+_DECODE_ERRORS = (OSError, pa.ArrowException, ValueError)
+_NOT_AGAIN = {"rows": 0, "runs": 0, "min_time": None, "max_time": None, "committed": False}
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """One checked staged file: its key, rows, time range and whether it is a run as it is."""
+
+    key: str
+    path: str
+    rows: int
+    lo: int
+    hi: int
+    is_run: bool
+
+
+def staging_prefix(relation_id: int, job: str) -> str:
+    """The blob keys of one load's staged files start with this."""
+    return f"{STAGING}/{relation_id:016x}/{job}/"
+
+
+def _local(engine: Engine, key: str) -> str:
+    blobs = engine.traces.blobs
+    local = getattr(blobs, "local_path", None)
+    if local is None:
+        raise InvalidArgument(f"bulk loads need a file blob store (this engine's is {blobs!r}): "
+                              "executors write staged files with Spark's file writer; write without bulk")
+    return str(local(key))
+
+
+def _check_job(job: object) -> str:
+    if not isinstance(job, str) or not _JOB.match(job):
+        raise InvalidArgument(f"bulk load job name {job!r} must match {_JOB.pattern}")
+    return job
+
+
+def stage(engine: Engine, name: str, job: str) -> str:
+    """The local directory where the load ``job`` of relation ``name`` writes its Parquet files
+    (created empty); nothing is visible until :func:`commit_staged`."""
+    with engine.view.lock:
+        rel = engine.view.get(name)
+    path = _local(engine, staging_prefix(rel.entry.id, _check_job(job)).rstrip("/"))
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def staged_keys(engine: Engine, rel: Relation, job: str) -> list[str]:
+    """The staged Parquet files of a load: writers' markers (``_SUCCESS``) and hidden checksum
+    files (``.part-...crc``) are not data."""
+    prefix = staging_prefix(rel.entry.id, job)
+    return sorted(k for k in engine.traces.blobs.list(prefix)
+                  if k.endswith(".parquet") and not k[len(prefix):].startswith(("_", ".")))
+
+
+def _check_file(key: str, path: str, schema: pa.Schema, keys: list[str], where: str) -> _Staged | None:
+    """Schema, nulls, times and order of one staged file, one row group at a time; None when empty."""
+    try:
+        pf = pq.ParquetFile(path)
+        got = pf.schema_arrow.remove_metadata()
+    except _DECODE_ERRORS as e:
+        raise StagedFileInvalid(f"{where}: staged file {key!r} is not a readable Parquet file ({e}); "
+                                "abort the load and write it again") from None
+    if not got.equals(schema):
+        raise SchemaMismatch(f"{where}: staged file {key!r} has columns {got.names} {[str(t) for t in got.types]}, "
+                             f"the relation's updates are {schema.names} {[str(t) for t in schema.types]} "
+                             "(nullable); write the relation's columns, then time and diff, as int64")
+    if pf.metadata.num_rows == 0:
+        return None
+    cols = [*keys, "time"]
+    lo, hi, is_run, last = None, None, True, None
+    lead = [keys[0], "time", "diff"]  # the first column alone settles the order of rows it tells apart
+    for i in range(pf.num_row_groups):
+        try:
+            t = pf.read_row_group(i, columns=lead)
+            if is_run and (last is not None or first_unsorted(t, keys[:1], strict=True) is not None):
+                t = pf.read_row_group(i)
+        except _DECODE_ERRORS as e:
+            raise StagedFileInvalid(f"{where}: staged file {key!r} row group {i} fails to decode ({e})") from None
+        time, diff = t.column("time"), t.column("diff")
+        if time.null_count or diff.null_count:
+            raise StagedFileInvalid(f"{where}: staged file {key!r} has null times or diffs; fill them")
+        t_lo, t_hi = (v.as_py() for v in pc.min_max(time).values())
+        if t_lo < 0:
+            raise StagedFileInvalid(f"{where}: staged file {key!r} has time {t_lo}; times are >= 0")
+        lo, hi = (t_lo, t_hi) if lo is None else (min(lo, t_lo), max(hi, t_hi))
+        if is_run and t.num_columns == len(lead):
+            is_run = pc.min(pc.abs(diff)).as_py() > 0
+            last = None if i + 1 == pf.num_row_groups else pf.read_row_group(i, columns=cols).slice(t.num_rows - 1)
+        elif is_run:
+            part = t.select(cols)
+            joined = part if last is None else pa.concat_tables([last, part])
+            is_run = pc.min(pc.abs(diff)).as_py() > 0 and first_unsorted(joined, cols, strict=True) is None
+            last = part.slice(part.num_rows - 1)
+    return _Staged(key, path, pf.metadata.num_rows, lo, hi, is_run)
+
+
+def _footer(path: str, schema: pa.Schema, desc: BatchDescription) -> tuple[int, bytes]:
+    """(where the file's footer starts, a footer with the same row groups and ``desc``)."""
+    meta = pq.read_metadata(path)
+    sink = pa.BufferOutputStream()
+    pq.ParquetWriter(sink, schema.with_metadata(desc.to_metadata())).close()
+    footer = pq.read_metadata(pa.BufferReader(sink.getvalue()))
+    footer.append_row_groups(meta)  # refuses a file whose Parquet schema is not the batch's
+    out = pa.BufferOutputStream()
+    footer.write_metadata_file(out)
+    with open(path, "rb") as f:
+        f.seek(-8, os.SEEK_END)
+        tail = f.read(8)
+        start = f.tell() - 8 - int.from_bytes(tail[:4], "little")
+    return start, out.getvalue().to_pybytes()[4:]  # write_metadata_file starts with the magic
+
+
+def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> BatchRef:
+    """The staged file as a pending run under a fresh batch key."""
+    rid, keys = rel.entry.id, rel.keys
+    if not staged.is_run:
+        run = fold(pq.read_table(staged.path), keys, None)
+        if not run.num_rows:
+            return BatchRef(None, staged.lo, staged.hi + 1)
+        lo, hi = (v.as_py() for v in pc.min_max(run.column("time")).values())
+        return engine.traces.write(rid, run.select(rel.update_schema.names), lo, hi + 1, since)
+    desc = BatchDescription(rid, staged.lo, staged.hi + 1, since, staged.rows)
+    start, footer = _footer(staged.path, engine.traces.schema_of(rid), desc)
+    with open(staged.path, "r+b") as f:
+        f.truncate(start)
+        f.seek(start)
+        f.write(footer)
+        f.flush()
+        os.fsync(f.fileno())
+    crc, footer_crc = file_checksums(staged.path, f"staged file {staged.key!r}")
+    key = engine.traces.new_key(rid, staged.lo, staged.hi + 1)
+    engine.traces.blobs.put_file(key, staged.path, if_absent=True)
+    return BatchRef(key, staged.lo, staged.hi + 1, staged.rows, os.path.getsize(staged.path), 0, since,
+                    None, None, crc, footer_crc)
+
+
+def commit_staged(engine: Engine, name: str, job: str) -> dict[str, Any]:
+    """Add the staged files of load ``job`` to relation ``name`` as pending runs, atomically.
+
+    Every file is checked first (schema, null times or diffs, times above the sealed
+    frontier): any refusal raises with nothing changed. Returns ``{"rows", "runs",
+    "min_time", "max_time", "committed"}``; ``committed`` is False when the load was committed
+    before (a retry), which changes nothing."""
+    _check_job(job)
+    with engine.view.lock:
+        rel = engine.view.get(name)
+        if job in rel.trace.loads:
+            return dict(_NOT_AGAIN)
+    where = f"bulk load {job!r} of relation {name!r}"
+    if not os.path.isdir(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/"))):
+        raise StagedFileInvalid(f"{where}: no staging directory (the load was aborted, or collected at a restart); "
+                                "write it again")
+    schema = engine.traces.schema_of(rel.entry.id)
+    keys = staged_keys(engine, rel, job)
+    checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), schema, rel.keys, where), keys,
+                               "sediment-bulk-check") if s is not None]
+    lo = min((s.lo for s in checked), default=None)
+    _check_sealed(rel, name, lo)
+    refs = engine.compaction.add_runs(
+        rel, lambda since: list(_map(lambda s: _as_run(engine, rel, s, since), checked, "sediment-bulk-run")), job,
+        check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS)
+    if refs is None:  # a commit of the same load got there first
+        return dict(_NOT_AGAIN)
+    if engine.scheduler is not None:
+        engine.scheduler.merge_soon()  # many runs: the merge task folds neighbours together
+    abort_staged(engine, name, job)
+    return {"rows": sum(r.rows for r in refs), "runs": len(refs), "min_time": lo,
+            "max_time": max((s.hi for s in checked), default=None), "committed": True}
+
+
+def _map(fn: Callable[[Any], Any], items: list[Any], name: str) -> list[Any]:
+    """``fn`` over ``items`` on two threads (reading and footers are I/O and Arrow, which release the GIL)."""
+    with ThreadPoolExecutor(2, name) as pool:
+        return list(pool.map(fn, items))
+
+
+def _check_sealed(rel: Relation, name: str, lo: int | None) -> None:
+    if lo is not None and lo <= rel.sealed:
+        raise TimeAlreadySealed(f"relation {name!r} is sealed through time {rel.sealed}, but the staged files "
+                                f"include time {lo}; load at times > {rel.sealed} (nothing was committed)")
+
+
+def abort_staged(engine: Engine, name: str, job: str) -> int:
+    """Delete what load ``job`` staged (nothing of it is visible); returns how many files."""
+    _check_job(job)
+    with engine.view.lock:
+        rel = engine.view.get(name)
+    prefix = staging_prefix(rel.entry.id, job)
+    root = _local(engine, prefix.rstrip("/"))
+    files = sum(len(f) for _top, _dirs, f in os.walk(root))
+    if os.path.isdir(root):
+        remove_tree_durable(root)  # with the writer's own leftovers (_temporary/, .crc files)
+    return files
+
+
+def sweep_staging(blobs: BlobStore) -> list[str]:
+    """At open: delete every staging directory. A load staged before a restart can no longer
+    commit (its commit finds no directory and says so), so its writer writes it again."""
+    local = getattr(blobs, "local_path", None)
+    if local is None:
+        return []
+    root = str(local(STAGING))
+    if not os.path.isdir(root):
+        return []
+    left = sorted(os.listdir(root))
+    remove_tree_durable(root)
+    return left

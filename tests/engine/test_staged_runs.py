@@ -1,0 +1,207 @@
+"""Bulk loads at the engine (engine/staged.py): staged Parquet files become pending runs in one
+commit, are checked first (a refusal changes nothing), are committed at most once (also
+across a restart), and read back as the same rows appended through the WAL would."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import sediment
+from sediment.engine import staged
+from sediment.errors import (
+    InvalidArgument,
+    SchemaMismatch,
+    StagedFileInvalid,
+    TimeAlreadySealed,
+    UnknownRelation,
+)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
+
+
+def updates(ids, items, times, diffs) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "item": pa.array(items, pa.string()),
+                     "time": pa.array(times, pa.int64()), "diff": pa.array(diffs, pa.int64())})
+
+
+def snapshot(engine, name, t) -> Counter:
+    got = engine.snapshot(name, t)
+    return Counter(zip(got.column("id").to_pylist(), got.column("item").to_pylist(), got.column("diff").to_pylist(),
+                       strict=True))
+
+
+@pytest.fixture
+def engine(tmp_path):
+    eng = sediment.open(tmp_path / "data", compact_interval=None)
+    eng.add_relation("bulk", SCHEMA)
+    eng.add_relation("rows", SCHEMA)
+    yield eng
+    eng.close()
+
+
+def stage_files(engine, job, tables) -> str:
+    path = staged.stage(engine, "bulk", job)
+    for i, t in enumerate(tables):
+        pq.write_table(t, os.path.join(path, f"part-{i:05d}.parquet"), compression="snappy")
+    open(os.path.join(path, "_SUCCESS"), "w").close()
+    open(os.path.join(path, ".part-00000.parquet.crc"), "wb").close()
+    return path
+
+
+def test_staged_files_read_back_as_the_same_rows_appended_through_the_wal(engine):
+    """One file sorted and consolidated (taken as written), one with repeats, a zero sum and
+    rows out of order (consolidated at the commit); both relations then read alike at every
+    time, before and after compaction folds the runs into batches."""
+    sorted_run = updates([1, 2, 2, 5], ["a", "b", None, "e"], [3, 3, 4, 3], [1, 1, -1, 2])
+    messy = updates([9, 1, 1, 7, 7], ["z", "a", "a", "q", "q"], [5, 3, 3, 4, 4], [1, 1, 1, 1, -1])
+    engine.seal("bulk", 1)
+    engine.seal("rows", 1)
+    path = stage_files(engine, "job-1", [sorted_run, messy])
+    written = os.path.getsize(os.path.join(path, "part-00000.parquet"))
+    got = staged.commit_staged(engine, "bulk", "job-1")
+    assert got == {"rows": 6, "runs": 2, "min_time": 3, "max_time": 5, "committed": True}
+    assert not os.path.exists(path)  # staged files collected
+    info = engine.trace_info("bulk")
+    assert info["pending"] == 2 and info["tail_records"] == 0  # no WAL record: runs straight into the trace
+    first = engine.view.relations["bulk"].trace.pending[0]
+    assert first.rows == 4 and first.bytes > written - 200  # the sorted file kept its pages (snappy, not zstd)
+    engine.append("rows", pa.concat_tables([sorted_run, messy]))
+    for t in (3, 4, 5):
+        engine.seal("bulk", t)
+        engine.seal("rows", t)
+        assert snapshot(engine, "bulk", t) == snapshot(engine, "rows", t)
+    engine.compact()
+    assert engine.trace_info("bulk")["pending"] == 0
+    assert snapshot(engine, "bulk", 5) == snapshot(engine, "rows", 5) == Counter(
+        {(1, "a", 3): 1, (2, "b", 1): 1, (2, None, -1): 1, (5, "e", 2): 1, (9, "z", 1): 1})
+
+
+def test_a_retried_commit_changes_nothing_even_after_a_restart(tmp_path):
+    eng = sediment.open(tmp_path / "data", compact_interval=None)
+    eng.add_relation("bulk", SCHEMA)
+    stage_files(eng, "job-2", [updates([1, 2], ["a", "b"], [1, 1], [1, 1])])
+    assert staged.commit_staged(eng, "bulk", "job-2")["committed"]
+    stage_files(eng, "job-2", [updates([1, 2], ["a", "b"], [1, 1], [1, 1])])  # a duplicate of the load's files
+    assert staged.commit_staged(eng, "bulk", "job-2") == {"rows": 0, "runs": 0, "min_time": None, "max_time": None,
+                                                        "committed": False}
+    eng.close()
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        assert not staged.commit_staged(eng, "bulk", "job-2")["committed"]
+        eng.seal("bulk", 1)
+        assert eng.snapshot("bulk", 1).num_rows == 2
+        assert not os.path.exists(os.path.join(eng.data_dir, "blobs", "staging", "0000000000000001", "job-2"))
+
+
+@pytest.mark.parametrize("bad, error", [
+    (pa.table({"id": pa.array([1], pa.int32()), "item": ["a"], "time": pa.array([5], pa.int64()),
+               "diff": pa.array([1], pa.int64())}), SchemaMismatch),
+    (pa.table({"id": pa.array([1], pa.int64()), "time": pa.array([5], pa.int64()),
+               "diff": pa.array([1], pa.int64())}), SchemaMismatch),
+    (updates([1], ["a"], [5], [None]), StagedFileInvalid),
+    (updates([1], ["a"], [None], [1]), StagedFileInvalid),
+    (updates([1, 2], ["a", "b"], [5, 2], [1, 1]), TimeAlreadySealed),
+])
+def test_a_bad_staged_file_is_refused_with_nothing_changed(engine, bad, error):
+    engine.seal("bulk", 2)
+    path = stage_files(engine, "job-3", [updates([1], ["a"], [5], [1]), bad])
+    before = engine.view.relations["bulk"].trace
+    files = sorted(os.listdir(path))
+    with pytest.raises(error, match="bulk|relation 'bulk'"):
+        staged.commit_staged(engine, "bulk", "job-3")
+    assert engine.view.relations["bulk"].trace == before
+    assert engine.traces.load(engine.view.relations["bulk"].entry.id) == before
+    assert sorted(os.listdir(path)) == files
+    assert pq.read_table(os.path.join(path, "part-00000.parquet")).num_rows == 1  # not rewritten
+    assert staged.abort_staged(engine, "bulk", "job-3") == len(files)
+    assert not os.path.exists(path)
+    engine.seal("bulk", 6)
+    assert engine.snapshot("bulk", 6).num_rows == 0
+
+
+def test_a_seal_past_the_staged_times_before_the_commit_refuses_it(engine):
+    stage_files(engine, "job-4", [updates([1], ["a"], [3], [1])])
+    engine.seal("bulk", 3)
+    with pytest.raises(TimeAlreadySealed, match="sealed through time 3"):
+        staged.commit_staged(engine, "bulk", "job-4")
+    assert engine.trace_info("bulk")["pending"] == 0
+
+
+def test_job_names_and_blob_stores_are_checked(engine, s3_bucket, tmp_path):
+    with pytest.raises(InvalidArgument, match="job name"):
+        staged.stage(engine, "bulk", "../up")
+    endpoint, bucket = s3_bucket
+    with sediment.open(tmp_path / "s3data", blob=f"s3://{bucket}/bulk", s3_endpoint=endpoint,
+                       compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        with pytest.raises(InvalidArgument, match="file blob store"):
+            staged.stage(eng, "bulk", "job-5")
+
+
+def test_a_load_staged_before_a_restart_is_collected_and_cannot_commit(tmp_path):
+    eng = sediment.open(tmp_path / "data", compact_interval=None)
+    eng.add_relation("bulk", SCHEMA)
+    path = stage_files(eng, "job-6", [updates([1], ["a"], [1], [1])])
+    eng.close()
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        assert not os.path.exists(path)  # the open collected it
+        with pytest.raises(StagedFileInvalid, match="no staging directory"):
+            staged.commit_staged(eng, "bulk", "job-6")
+        assert eng.trace_info("bulk")["pending"] == 0 and not eng.view.relations["bulk"].trace.loads
+
+
+def test_add_runs_refused_under_the_lock_deletes_the_runs_and_commits_nothing(engine):
+    """The compaction component's commit of staged runs: a check that refuses under the engine
+    lock (a seal that came while the runs were written) leaves the trace as it was and the
+    runs' blobs gone; a dropped relation is refused the same way."""
+    rel = engine.view.relations["bulk"]
+    before = rel.trace
+    written: list[str] = []
+
+    def make_runs(since):
+        ref = engine.traces.write(rel.entry.id, updates([1], ["a"], [5], [1]), 5, 6, since)
+        written.append(ref.key)
+        return [ref]
+
+    def sealed_meanwhile():
+        raise TimeAlreadySealed("sealed while the runs were written")
+
+    with pytest.raises(TimeAlreadySealed):
+        engine.compaction.add_runs(rel, make_runs, "job-7", check=lambda: sealed_meanwhile(), keep_loads=4)
+    assert rel.trace == before and engine.traces.load(rel.entry.id) == before
+    assert written and written[0] not in engine.traces.blobs.list()
+    engine.drop_relation("bulk")
+    with pytest.raises(UnknownRelation):
+        engine.compaction.add_runs(rel, make_runs, "job-8", check=lambda: None, keep_loads=4)
+    assert written[1] not in engine.traces.blobs.list()
+
+
+def test_add_runs_remembers_only_the_last_loads(engine):
+    rel = engine.view.relations["bulk"]
+    for i in range(3):
+        engine.compaction.add_runs(rel, lambda _since, i=i: [engine.traces.write(
+            rel.entry.id, updates([i], ["a"], [5 + i], [1]), 5 + i, 6 + i, 0)], f"job-{i}", check=lambda: None,
+            keep_loads=2)
+    assert rel.trace.loads == ("job-1", "job-2") and len(rel.trace.pending) == 3
+    assert engine.view.max_time == 7  # the lock table's floor at the next open counts them
+    engine.seal("bulk", 7)
+    assert snapshot(engine, "bulk", 7) == Counter({(0, "a", 1): 1, (1, "a", 1): 1, (2, "a", 1): 1})
+
+
+def test_add_runs_of_a_load_committed_meanwhile_makes_nothing(engine):
+    """Two commits of one load racing: the second, once it holds the pass lock, finds the job
+    recorded and writes no runs, so the rows are never added twice."""
+    rel = engine.view.relations["bulk"]
+    made: list[int] = []
+
+    def make_runs(since):
+        made.append(since)
+        return [engine.traces.write(rel.entry.id, updates([1], ["a"], [5], [1]), 5, 6, since)]
+
+    assert len(engine.compaction.add_runs(rel, make_runs, "job-9", check=lambda: None, keep_loads=4)) == 1
+    assert engine.compaction.add_runs(rel, make_runs, "job-9", check=lambda: None, keep_loads=4) is None
+    assert len(made) == 1 and len(rel.trace.pending) == 1

@@ -1,0 +1,127 @@
+"""Bulk loads from Spark (``option("bulk", "true")``, spark_jobs/bulk_write.py) in a real local
+session against a Flight coordinator on 127.0.0.1: the same reads as the row-by-row path,
+no WAL records, a retried task attempt committed once, a failed job leaving nothing."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
+
+from pyspark.sql import functions as F  # noqa: E402
+
+from sediment.errors import InvalidArgument, SchemaMismatch  # noqa: E402
+from sediment.spark_jobs import bulk_write, options  # noqa: E402
+from sediment.spark_jobs.batch_write import SedimentWriter  # noqa: E402
+from sediment.spark_jobs.errors import sediment_errors  # noqa: E402
+
+SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
+
+
+def write(df, c, relation, **options):
+    w = df.write.format("sediment").mode("append")
+    for key, value in {**c.options(relation), **options}.items():
+        w = w.option(key, value)
+    with sediment_errors():
+        w.save()
+
+
+def raw(c, relation, as_of) -> Counter:
+    """The relation's consolidated updates at times <= as_of: (id, item, time) -> diff."""
+    got = c.engine.snapshot(relation, as_of)
+    return Counter(zip(got.column("id").to_pylist(), got.column("item").to_pylist(), got.column("diff").to_pylist(),
+                       strict=True))
+
+
+def staging_left(c) -> list[str]:
+    root = os.path.join(c.engine.data_dir, "blobs", "staging")
+    return [os.path.join(d, f) for d, _s, fs in os.walk(root) for f in fs] if os.path.isdir(root) else []
+
+
+def updates_frame(spark, n=3_000, seed=27):
+    rnd = random.Random(seed)
+    data = [(rnd.randrange(n // 3), rnd.choice(["tea", "jam", None]), rnd.randrange(2, 6), rnd.choice([1, 1, -1, 2]))
+            for _ in range(n)]
+    return spark.createDataFrame(data, "id long, item string, time long, diff long").repartition(3), data
+
+
+def test_bulk_and_row_by_row_writes_read_back_the_same(spark, coordinator):
+    c = coordinator(compact_interval=None)
+    for name in ("rows", "bulk"):
+        c.engine.add_relation(name, SCHEMA)
+        c.engine.seal(name, 1)
+    df, data = updates_frame(spark)
+    write(df, c, "rows")
+    write(df, c, "bulk", bulk="true")
+    bulk_id = c.engine.view.relations["bulk"].entry.id
+    assert not [r for r in c.engine.wal.scan() if r.kind.name == "UPDATES" and r.relation_id == bulk_id]
+    assert c.engine.trace_info("bulk")["pending"] >= 1 and staging_left(c) == []
+    for t in range(2, 6):
+        for name in ("rows", "bulk"):
+            c.engine.seal(name, t)
+        expected = Counter()
+        for i, item, time, d in data:
+            if time <= t:
+                expected[(i, item)] += d
+        assert raw(c, "bulk", t) == raw(c, "rows", t) == Counter({(*k, v): 1 for k, v in expected.items() if v})
+    c.engine.compact()
+    assert raw(c, "bulk", 5) == raw(c, "rows", 5)
+    plain = spark.createDataFrame([(7, "x"), (8, None)], "id long, item string")
+    write(plain, c, "bulk", bulk="true", seal="true")  # time: the next open time, then sealed
+    assert c.engine.sealed("bulk") == 6 and raw(c, "bulk", 6)[(7, "x", 1)] == 1
+
+
+def test_a_retried_task_attempt_is_committed_once(spark, coordinator):
+    c = coordinator(compact_interval=None)
+    c.engine.add_relation("bulk", SCHEMA)
+
+    @F.udf("long", useArrow=False)
+    def flaky(i):
+        from pyspark import TaskContext
+
+        if i == 3_999 and TaskContext.get().attemptNumber() == 0:
+            raise RuntimeError("first attempt fails")
+        return i
+
+    df = spark.range(0, 4_000, numPartitions=2).select(flaky("id").alias("id"), F.lit("tea").alias("item"))
+    write(df, c, "bulk", bulk="true", time=5, seal="true")
+    got = c.engine.snapshot("bulk", 5)
+    assert sorted(got.column("id").to_pylist()) == list(range(4_000))
+    assert set(got.column("diff").to_pylist()) == {1}
+    assert staging_left(c) == []
+
+
+def test_a_failed_job_leaves_nothing_and_its_staged_files_are_collected(spark, coordinator):
+    c = coordinator(compact_interval=None)
+    c.engine.add_relation("bulk", SCHEMA)
+
+    @F.udf("long", useArrow=False)
+    def broken(i):
+        if i == 399:
+            raise RuntimeError("boom in one task")
+        return i
+
+    df = spark.range(0, 400, numPartitions=2).select(broken("id").alias("id"), F.lit("tea").alias("item"))
+    with pytest.raises(Exception, match="boom in one task"):
+        write(df, c, "bulk", bulk="true", time=5, seal="true")
+    assert c.engine.sealed("bulk") == -1 and c.engine.trace_info("bulk")["pending"] == 0
+    assert staging_left(c) == []
+    c.engine.seal("bulk", 5)
+    assert c.engine.snapshot("bulk", 5).num_rows == 0
+
+
+def test_bulk_refusals_are_typed_and_change_nothing(spark, coordinator):
+    c = coordinator(compact_interval=None)
+    c.engine.add_relation("bulk", pa.schema([("id", pa.uint32()), ("item", pa.string())]))
+    df = spark.createDataFrame([(1, "a")], "id long, item string")
+    with pytest.raises(SchemaMismatch, match="staged file"):  # Spark writes no unsigned type
+        write(df, c, "bulk", bulk="true", time=3)
+    assert c.engine.trace_info("bulk")["pending"] == 0 and staging_left(c) == []
+    with pytest.raises(InvalidArgument, match="register"):  # a session without the hook: the source refuses
+        SedimentWriter({**c.options("bulk"), "bulk": "true"}, df.schema, False)
+    assert bulk_write.BULK in options.BATCH_WRITE
