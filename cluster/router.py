@@ -23,6 +23,7 @@ import pyarrow as pa
 from sediment.cluster import layout
 from sediment.cluster.applied import AppliedOnce
 from sediment.cluster.member import Member
+from sediment.cluster.partition_transaction import PartitionTransaction
 from sediment.errors import (
     CrossPartitionTransaction,
     InvalidArgument,
@@ -231,22 +232,17 @@ class ClusterEngine:
         self.member.stop()
 
 
-class ClusterTransaction:
+class ClusterTransaction(PartitionTransaction):
     """A transaction bound to the partition of its first append; an append to a relation of
     another partition is refused (CrossPartitionTransaction) before anything of it is written."""
 
     def __init__(self, router: ClusterEngine, txn_id: int) -> None:
+        super().__init__()
         self.id = txn_id
         self.partition: int | None = None
-        self.inner: Any = None
         self._router = router
         self._generation = -1
-        self._state = "open"
         self._mutex = threading.Lock()
-
-    @property
-    def state(self) -> str:
-        return self.inner.state if self.inner is not None else self._state
 
     def append(self, name: str, updates: pa.Table) -> None:
         with self._mutex:
@@ -270,12 +266,3 @@ class ClusterTransaction:
     def commit(self) -> None:
         self._router.commit_all([self])
 
-    def abort(self) -> None:
-        if self.inner is not None:
-            self.inner.abort()
-        elif self._state == "open":
-            self._state = "aborted"
-
-    def finish_empty(self) -> None:
-        if self.inner is None and self._state == "open":
-            self._state = "committed"

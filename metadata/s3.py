@@ -36,7 +36,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sediment._s3 import PreconditionFailed, is_missing, make_client, put_conditional
+from sediment._s3 import PreconditionFailed, make_client, put_conditional, read_object
 from sediment.errors import (
     EngineClosed,
     InvalidMetadataRequest,
@@ -107,16 +107,8 @@ class S3MetadataStore:
     def _read(self, name: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
         try:
-            response = self._client.get_object(Bucket=self.bucket, Key=self.root + name)
-            try:
-                return response["Body"].read()
-            finally:
-                response["Body"].close()
-        except ClientError as e:
-            if is_missing(e):
-                return None
-            raise self._unavailable("get", name, e) from e
-        except BotoCoreError as e:
+            return read_object(self._client, self.bucket, self.root + name)
+        except (ClientError, BotoCoreError) as e:
             raise self._unavailable("get", name, e) from e
 
     def _list(self, prefix: str, start_after: str = "", delimiter: str = "") -> list[dict[str, Any]]:

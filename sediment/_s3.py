@@ -93,3 +93,18 @@ def put_conditional(client: Any, sleep: Callable[[float], None], attempts: int, 
                      attempts)
             sleep(min(1.0, 0.02 * 2 ** (attempt - 1)))
     raise AssertionError("unreachable")
+
+
+def read_object(client: Any, bucket: str, key: str) -> bytes | None:
+    """The object's bytes, or None when S3 says it does not exist. Every other failure
+    (ClientError, BotoCoreError) is the caller's to type, with its own where and what to do."""
+    try:
+        response = client.get_object(Bucket=bucket, Key=key)
+    except ClientError as e:
+        if is_missing(e):
+            return None
+        raise
+    try:
+        return response["Body"].read()
+    finally:
+        response["Body"].close()

@@ -25,6 +25,7 @@ import pyarrow.flight as flight
 
 from sediment.client import Client, RemoteTransaction, _as_table
 from sediment.cluster import layout
+from sediment.cluster.partition_transaction import PartitionTransaction
 from sediment.errors import (
     CoordinatorSuperseded,
     CoordinatorUnavailable,
@@ -354,19 +355,15 @@ class ClusterClient:
         self.close()
 
 
-class ClusterRemoteTransaction:
+class ClusterRemoteTransaction(PartitionTransaction):
     """A transaction that begins at the owner of its first append's partition."""
 
     def __init__(self, cluster: ClusterClient, group: str | None) -> None:
+        super().__init__()
         self._cluster = cluster
         self._group = group
         self.inner: RemoteTransaction | None = None
         self.client: Client | None = None
-        self._state = "open"
-
-    @property
-    def state(self) -> str:
-        return self.inner.state if self.inner is not None else self._state
 
     def append(self, name: str, updates: pa.Table) -> None:
         if self.inner is None:
@@ -382,15 +379,6 @@ class ClusterRemoteTransaction:
             self.inner.commit()
         self.finish_empty()
 
-    def abort(self) -> None:
-        if self.inner is not None:
-            self.inner.abort()
-        elif self._state == "open":
-            self._state = "aborted"
-
-    def finish_empty(self) -> None:
-        if self.inner is None and self._state == "open":
-            self._state = "committed"
 
     def __enter__(self) -> ClusterRemoteTransaction:
         return self

@@ -28,10 +28,9 @@ import time
 import uuid
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 from sediment._fs import pwrite_all as _pwrite_all
-from sediment.errors import EngineClosed, WalCorruption, WalError
+from sediment.errors import WalCorruption, WalError
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import record as rec
@@ -40,7 +39,7 @@ from sediment.wal.control import PartitionState
 from sediment.wal.direct_io import DirectWriter, allocate
 from sediment.wal.log_apply import carry_out, create_segment_files, cut_file
 from sediment.wal.log_open import open_control_and_manifest
-from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPreamble
+from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble, check_usable
 from sediment.wal.recycle import SegmentPool, reuse_segment_file
 from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
 
@@ -51,25 +50,6 @@ FIRST_SEGMENT_BYTES = 1 << 20  # a new log's first segment is preallocated this 
 DEFAULT_INDEX_INTERVAL = 1000
 DEFAULT_DIRECT_THRESHOLD = 1 << 20
 _READ_CHUNK = 8 << 20
-
-
-@dataclass
-class _Pending:
-    """An append in flight: queued, then written, then durable. Also the caller's ticket."""
-
-    records: Sequence[rec.Record]
-    crcs: list[int]
-    on_durable: Callable[[Sequence[rec.Record]], None] | None = None
-    done: DoneFlag = field(default_factory=DoneFlag)
-    last_lsn: int = -1
-    error: BaseException | None = None
-
-    def wait(self) -> int:
-        """Block until the records are durable; their last LSN. Raises the write's error."""
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.last_lsn
 
 
 class FileLog:
@@ -128,11 +108,11 @@ class FileLog:
         self._wake = threading.Condition(self._lock)
         self._trim_lock = threading.Lock()  # one trim at a time: manifest first, then files oldest first
         self._mlock = threading.Lock()  # every manifest write
-        self._queue: list[_Pending] = []
+        self._queue: list[PendingAppend] = []
         self._closing = False
         self._closed = False
         self._failed: BaseException | None = None
-        self._finish_waiters: list[_Pending] = []
+        self._finish_waiters: list[PendingAppend] = []
         self._listener: Callable[[int], None] | None = None
         self._read_fds: dict[str, int] = {}
         self.control, manifest, how = open_control_and_manifest(directory, partition, cluster_key,
@@ -247,7 +227,7 @@ class FileLog:
         return self.submit(records).wait()
 
     def submit(self, records: Sequence[rec.Record],
-               on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> _Pending:
+               on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> PendingAppend:
         """Queue ``records`` and return a ticket whose ``wait()`` returns once they are durable.
 
         Queue order is log order, so a caller holding its own lock while submitting gets
@@ -256,7 +236,7 @@ class FileLog:
         order, before any waiter wakes.
         """
         rec.check_appendable(records, f"the write-ahead log at {self.dir}")
-        pending = _Pending(records, [rec.crc32c(r.body) for r in records], on_durable)
+        pending = PendingAppend(records, [rec.crc32c(r.body) for r in records], on_durable)
         with self._lock:
             self._check_open()
             self._queue.append(pending)
@@ -264,11 +244,7 @@ class FileLog:
         return pending
 
     def _check_open(self) -> None:
-        if self._closing or self._closed:
-            raise EngineClosed(f"the write-ahead log at {self.dir} is closed")
-        if self._failed is not None:
-            raise WalError(f"the write-ahead log at {self.dir} failed earlier ({self._failed}); nothing after "
-                           "that failure was acknowledged. Close and reopen the engine to recover") from self._failed
+        check_usable(self.dir, self._closing or self._closed, self._failed)
 
     def _write_loop(self) -> None:
         while True:
@@ -303,7 +279,7 @@ class FileLog:
                     if not self._queue:
                         return
 
-    def _write_batch(self, batch: list[_Pending]) -> None:
+    def _write_batch(self, batch: list[PendingAppend]) -> None:
         seg = self._segments[-1]
         buffers: list = []
         offsets = []
@@ -370,7 +346,7 @@ class FileLog:
         old = self._segments[-1]
         if len(old.offsets) == 0 or (len(old.offsets) == 1 and old.first_lsn > 0 and self._only_frontiers(old)):
             return
-        closing = _Pending([self._frontiers_record()], [])
+        closing = PendingAppend([self._frontiers_record()], [])
         closing.crcs = [rec.crc32c(closing.records[0].body)]
         self._write_batch([closing])
         self._checkpoint_index(old)
@@ -383,7 +359,7 @@ class FileLog:
         self._allocated = os.fstat(self._active.fd).st_size
         self._direct.open(new.path)
         self._idx_checkpoint = 0
-        opening = _Pending([self._frontiers_record()], [])
+        opening = PendingAppend([self._frontiers_record()], [])
         opening.crcs = [rec.crc32c(opening.records[0].body)]
         self._write_batch([opening])
         listener = self._listener
@@ -397,7 +373,7 @@ class FileLog:
         return self.read(seg.first_lsn).kind == rec.RecordKind.FRONTIERS
 
     def finish_segment(self) -> None:
-        waiter = _Pending([], [])
+        waiter = PendingAppend([], [])
         with self._lock:
             self._check_open()
             self._finish_waiters.append(waiter)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from sediment.errors import EngineClosed, WalError
 from sediment.wal.record import Record, RecordKind
 
 
@@ -58,6 +59,36 @@ class DoneFlag:
         if not self._set:
             self._lock.acquire()
             self._lock.release()
+
+
+def check_usable(where: str, closed: bool, failed: BaseException | None) -> None:
+    """Refuse a write to a closed log (EngineClosed) or to one whose writer failed (WalError:
+    nothing after that failure was acknowledged, so the engine must reopen to recover)."""
+    if closed:
+        raise EngineClosed(f"the write-ahead log at {where} is closed")
+    if failed is not None:
+        raise WalError(f"the write-ahead log at {where} failed earlier ({failed}); nothing after "
+                       "that failure was acknowledged. Close and reopen the engine to recover") from failed
+
+
+@dataclass
+class PendingAppend:
+    """An append in flight in a group-committing log: queued, then written, then durable.
+    Also the caller's ticket (``submit`` returns it)."""
+
+    records: Sequence[Record]
+    crcs: list[int]
+    on_durable: Callable[[Sequence[Record]], None] | None = None
+    done: DoneFlag = field(default_factory=DoneFlag)
+    last_lsn: int = -1
+    error: BaseException | None = None
+
+    def wait(self) -> int:
+        """Block until the records are durable; their last LSN. Raises the write's error."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.last_lsn
 
 
 class Ticket(Protocol):

@@ -28,12 +28,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from sediment.clock import Clock
 from sediment.errors import (
-    EngineClosed,
     InvalidArgument,
     RepairRefused,
     WalError,
@@ -43,7 +42,7 @@ from sediment.errors import (
 )
 from sediment.wal import record as rec
 from sediment.wal import s3_format as fmt
-from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPreamble
+from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble, check_usable
 from sediment.wal.s3_objects import Loaded, Newest, SlotStore, damaged, read_newest, read_range
 
 log = logging.getLogger(__name__)
@@ -95,28 +94,16 @@ class _Obj:
 
 
 @dataclass
-class _Pending:
+class _Pending(PendingAppend):
     """An append in flight (also the caller's ticket), or a request for the writer:
     ``mark`` a trim's new start slot, ``finish`` a segment boundary."""
 
-    records: Sequence[rec.Record]
-    crcs: list[int]
-    on_durable: Callable[[Sequence[rec.Record]], None] | None = None
-    done: DoneFlag = field(default_factory=DoneFlag)
-    last_lsn: int = -1
-    error: BaseException | None = None
     mark: int = -1
     finish: bool = False
 
     @property
     def size(self) -> int:
         return sum(rec.HEADER_SIZE + len(r.body) for r in self.records)
-
-    def wait(self) -> int:
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.last_lsn
 
 
 class S3Log:
@@ -258,13 +245,10 @@ class S3Log:
         return pending
 
     def _check_open(self) -> None:
-        if self._closing or self._closed:
-            raise EngineClosed(f"the write-ahead log at {self.dir} is closed")
-        if isinstance(self._failed, _TAKEN_OVER):
+        closed = self._closing or self._closed
+        if not closed and isinstance(self._failed, _TAKEN_OVER):
             raise WalFenced(str(self._failed))
-        if self._failed is not None:
-            raise WalError(f"the write-ahead log at {self.dir} failed earlier ({self._failed}); nothing after "
-                           "that failure was acknowledged. Close and reopen the engine to recover") from self._failed
+        check_usable(self.dir, closed, self._failed)
 
     def _linger(self) -> None:
         """Wait (lock held) a tenth of the last PUT's time, at most LINGER_MAX seconds, for the

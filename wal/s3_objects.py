@@ -26,7 +26,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sediment._s3 import PreconditionFailed, is_missing, make_client, put_conditional
+from sediment._s3 import PreconditionFailed, make_client, put_conditional, read_object
 from sediment.errors import WalCorruption, WalError, WalMissing
 from sediment.wal import s3_format as fmt
 
@@ -65,16 +65,8 @@ class SlotStore:
         """The object's bytes, or None when it does not exist."""
         self.requests["get"] += 1
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self.root + name)
-            try:
-                return response["Body"].read()
-            finally:
-                response["Body"].close()
-        except ClientError as e:
-            if is_missing(e):
-                return None
-            raise self._unavailable("get", name, e) from e
-        except BotoCoreError as e:
+            return read_object(self.client, self.bucket, self.root + name)
+        except (ClientError, BotoCoreError) as e:
             raise self._unavailable("get", name, e) from e
 
     def slots(self, partition: int, start: int = 0) -> list[int]:
