@@ -122,10 +122,18 @@ class Member:
 
     def partition_of(self, name: str) -> int | None:
         """The relation's recorded partition (None: no such relation)."""
+        from kazoo.exceptions import KazooException
+
         p = self.view["relations"].get(name)
-        if p is None:
-            p = self._read_relation(name)
-        return p
+        if p is not None:
+            return p
+        try:
+            return self._read_relation(name)
+        except KazooException as exc:  # out of touch: refuse, as for a partition it no longer holds
+            self.metrics.redirects.inc()
+            raise NotPartitionOwner(
+                f"{self.advertise} cannot reach ZooKeeper ({type(exc).__name__}) to find relation {name!r}'s "
+                "partition; ask another member or connect with the cluster's zk:// URI") from None
 
     def _in_touch(self) -> bool:
         """Connected, the session not lost, and ZooKeeper read within half the session timeout:

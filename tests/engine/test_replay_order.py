@@ -129,7 +129,8 @@ def _stored(engine: sediment.Engine) -> list[pa.Table]:
         if ref.key is not None:
             out.append(engine.traces.read(rel.entry.id, ref).cast(UPDATE))
     for entry in rel.tail:
-        out.append(pa.Table.from_batches([rel.decode(engine.wal.read(entry.lsn).body)]))
+        record = engine.wal.read(entry.lsn)
+        out.append(pa.Table.from_batches([rel.decode_body(record.body, record.schema_version)]))
     return out
 
 
