@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from sediment import errors
+from sediment.clock import ManualClock
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
 
@@ -268,7 +269,7 @@ def test_a_subscriber_that_stalls_through_thousands_of_updates_gets_exactly_what
 
 @pytest.mark.embedded_only  # shrinks the feed's cache so that the catch-up reads the WAL
 def test_catch_up_past_the_cache_reads_the_wal_and_keeps_it_until_read(open_engine):
-    eng = open_engine(segment_bytes=1 << 16, compact=False)
+    eng = open_engine(segment_bytes=1 << 16, clock=ManualClock())
     eng.add_relation("r", SCHEMA)
     eng.seal("r", 0)
     feed = eng.view.relations["r"].feed
@@ -317,7 +318,7 @@ def test_a_subscriber_past_its_bound_is_dropped_and_resumes_from_its_last_progre
 
 @pytest.mark.embedded_only  # looks at the feed log inside the engine
 def test_a_dropped_subscriber_holds_neither_the_feed_log_nor_the_wal(open_engine):
-    eng = open_engine(compact=False)
+    eng = open_engine(clock=ManualClock())
     eng.add_relation("r", SCHEMA)
     eng.seal("r", 0)
     stalled = eng.subscribe("r", max_lag=500)
