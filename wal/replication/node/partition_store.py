@@ -32,6 +32,7 @@ from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
+FIRST_SEGMENT_BYTES = 1 << 20  # a replica's segment is preallocated this far, then in doublings
 DEFAULT_CHECKPOINT = 1000  # records between durable ends recorded in the manifest (as FileLog's index interval)
 
 
@@ -109,6 +110,7 @@ class FilePartitionStore:
         self._lock = threading.Lock()
         self._segs: list[Segment] = []
         self._active: ActiveSegment | None = None
+        self._allocated = 0
         self.problems: list[lr.Problem] = []
         with control_lock:
             self._manifest, created = open_replica_manifest(root, partition, control)
@@ -148,8 +150,8 @@ class FilePartitionStore:
         active = self._segs[-1]
         files = self._files()
         os.ftruncate(files.idx_fd, sg.HEADER_SIZE + 8 * len(active.offsets))
-        if os.fstat(files.fd).st_size < self.segment_bytes:  # a finished segment made active by a truncation
-            allocate(files.fd, self.segment_bytes)
+        self._allocated = os.fstat(files.fd).st_size
+        self._grow(files, active.end)  # a finished segment made active by a truncation
         os.fsync(files.fd)  # what was read back is now durable, so it may be recorded as the durable end
         self._manifest.active_first = active.first_lsn
         self._manifest.durable_end = max(self._manifest.durable_end, active.next_lsn)
@@ -168,10 +170,19 @@ class FilePartitionStore:
 
     def _new_segment(self, first: int) -> None:
         seg = Segment.in_dir(self.dir, first)
+        self._allocated = min(FIRST_SEGMENT_BYTES, self.segment_bytes)
         create_segment_files(seg.path, seg.idx_path, self._header(sg.SEG_MAGIC, first),
-                             self._header(sg.IDX_MAGIC, first), self.segment_bytes)
+                             self._header(sg.IDX_MAGIC, first), self._allocated)
         self._segs.append(seg)
         self._open_active()
+
+    def _grow(self, files: ActiveSegment, end: int) -> None:
+        """Preallocate the active segment past ``end``, doubling up to ``segment_bytes``: a
+        storage node holds many partitions, most of them idle, so none costs a whole segment
+        of disk until it is written that far."""
+        if end > self._allocated or self._allocated < min(FIRST_SEGMENT_BYTES, self.segment_bytes):
+            self._allocated = max(end, min(max(2 * self._allocated, FIRST_SEGMENT_BYTES), self.segment_bytes))
+            allocate(files.fd, self._allocated)
 
     def _open_active(self) -> None:
         if self._active is not None:
@@ -206,6 +217,8 @@ class FilePartitionStore:
             self._roll_over(seg)
             seg = self._segs[-1]
         files = self._files()
+        if seg.end + len(payload) > self._allocated:
+            self._grow(files, seg.end + len(payload))
         files.write([payload], seg.end)
         offs = array("Q")
         pos = seg.end
@@ -281,7 +294,8 @@ class FilePartitionStore:
         self._open_active()
         files = self._files()
         os.ftruncate(files.fd, cut)  # drops the frames; zeros follow, so no stale frame can reappear
-        allocate(files.fd, max(self.segment_bytes, cut))
+        self._allocated = cut
+        self._grow(files, cut)
         os.fsync(files.fd)
         os.ftruncate(files.idx_fd, sg.HEADER_SIZE + 8 * keep)
         os.fsync(files.idx_fd)
