@@ -70,7 +70,7 @@ class Writer:
                 bounds: tuple[int, int] | None = None, version: int = 0) -> list[Record]:
         """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches),
         stamped with the schema version ``table`` is in."""
-        if table.num_rows <= 64 and len(table.column(0).chunks) == 1:  # small appends: one record, no sizing
+        if table.num_rows <= 64 and table.column(0).num_chunks == 1:  # small appends: one record, no sizing
             batch = table.to_batches()[0]
             lo, hi = bounds or time_range(table)
             return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, encode_updates(batch),

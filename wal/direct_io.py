@@ -1,4 +1,4 @@
-"""Write paths of the file log's writer thread: vectored buffered writes, and big group
+"""Write paths of the file log's group commit: vectored buffered writes, and big group
 commits written with O_DIRECT from an aligned buffer (the page-cache write path was the
 bottleneck for big appends, about 0.6 GB/s against 2 GB/s direct here)."""
 

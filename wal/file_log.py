@@ -1,9 +1,10 @@
 """The file-segment log: one partition directory of ``.seg``/``.idx`` files, group-committed.
 
-One writer thread owns the files. Appenders queue their records and wait; the
-writer takes everything queued, writes it with one ``pwrite`` and one fdatasync,
-and only then wakes the appenders: concurrent appends share one sync, and none is
-acknowledged before its bytes are durable.
+Appenders queue their records and wait; the first waiter finding the log idle leads
+(wal/group_commit.py): it takes everything queued, writes it with one ``pwrite`` and
+one fdatasync in its own thread, and only then wakes the others: concurrent appends
+share one sync, none is acknowledged before its bytes are durable, and a lone appender
+hands nothing to another thread. Finishing a segment runs on a background thread.
 
 A segment is finished when it grows past ``segment_bytes``: a FRONTIERS record
 ends it, the file is cut to its data, and the next segment begins with the same
@@ -37,9 +38,10 @@ from sediment.wal import record as rec
 from sediment.wal import segment as sg
 from sediment.wal.control import PartitionState
 from sediment.wal.direct_io import DirectWriter, allocate
+from sediment.wal.group_commit import GroupAppend, GroupCommit
 from sediment.wal.log_apply import carry_out, create_segment_files, cut_file
 from sediment.wal.log_open import open_control_and_manifest
-from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble, check_usable
+from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
 from sediment.wal.recycle import SegmentPool, reuse_segment_file
 from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
 
@@ -104,15 +106,10 @@ class FileLog:
         self.dir = os.path.join(directory, str(partition))
         self._preamble: SegmentPreamble = NO_PREAMBLE
         self._segments: list[Segment] = []
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._lock = threading.Lock()  # what readers see: the segments and their offsets
         self._trim_lock = threading.Lock()  # one trim at a time: manifest first, then files oldest first
         self._mlock = threading.Lock()  # every manifest write
-        self._queue: list[PendingAppend] = []
-        self._closing = False
         self._closed = False
-        self._failed: BaseException | None = None
-        self._finish_waiters: list[PendingAppend] = []
         self._listener: Callable[[int], None] | None = None
         self._read_fds: dict[str, int] = {}
         self.control, manifest, how = open_control_and_manifest(directory, partition, cluster_key,
@@ -127,8 +124,8 @@ class FileLog:
         state = self.control.read_state(partition)
         last = self._segments[-1].next_lsn - 1
         self.control.write_state(partition, PartitionState(state.session_id + 1, last, last), rewind=True)
-        self._writer = threading.Thread(target=self._write_loop, name=f"wal-writer-{partition}", daemon=True)
-        self._writer.start()
+        self._group = GroupCommit(self.dir, self._write_batch, self._background,
+                                  lambda: self._segments[-1].end >= self.segment_bytes, f"wal-finisher-{partition}")
 
     # --- recovery ------------------------------------------------------------------------------
 
@@ -227,59 +224,20 @@ class FileLog:
         return self.submit(records).wait()
 
     def submit(self, records: Sequence[rec.Record],
-               on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> PendingAppend:
+               on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> GroupAppend:
         """Queue ``records`` and return a ticket whose ``wait()`` returns once they are durable.
 
         Queue order is log order, so a caller holding its own lock while submitting gets
         its check-then-append atomic without holding that lock through the fdatasync.
-        ``on_durable(records)`` runs on the writer thread right after the sync, in log
-        order, before any waiter wakes.
+        ``on_durable(records)`` runs right after the sync (on the leader's thread), in log
+        order, before any waiter wakes. Only queues: the records are written when a caller
+        waits (this one or a later one), or at ``finish_segment`` or ``close``.
         """
         rec.check_appendable(records, f"the write-ahead log at {self.dir}")
-        pending = PendingAppend(records, [rec.crc32c(r.body) for r in records], on_durable)
-        with self._lock:
-            self._check_open()
-            self._queue.append(pending)
-            self._wake.notify()
-        return pending
+        crc = rec.crc32c
+        return self._group.submit(GroupAppend(self._group, records, [crc(r.body) for r in records], on_durable))
 
-    def _check_open(self) -> None:
-        check_usable(self.dir, self._closing or self._closed, self._failed)
-
-    def _write_loop(self) -> None:
-        while True:
-            with self._lock:
-                while not self._queue and not self._closing and not self._finish_waiters:
-                    self._wake.wait()
-                batch, self._queue = self._queue, []
-                finishers, self._finish_waiters = self._finish_waiters, []
-                closing = self._closing
-            try:
-                if batch:
-                    self._write_batch(batch)
-                    for p in batch:
-                        p.done.set()
-                    batch = []
-                if self._failed is None and (finishers or self._segments[-1].end >= self.segment_bytes):
-                    self._finish_active()
-            except BaseException as exc:  # noqa: BLE001 - every waiter must learn of the failure
-                log.error("write-ahead log %s failed: %s", self.dir, exc)
-                with self._lock:
-                    self._failed = exc
-                    waiting, self._queue = self._queue, []
-                err = WalError(f"write to the log at {self.dir} failed: {exc}; not acknowledged")
-                for p in batch + waiting + finishers:
-                    p.error = err
-                    p.done.set()
-            else:
-                for f in finishers:
-                    f.done.set()
-            if closing:
-                with self._lock:
-                    if not self._queue:
-                        return
-
-    def _write_batch(self, batch: list[PendingAppend]) -> None:
+    def _write_batch(self, batch: list[GroupAppend]) -> None:
         seg = self._segments[-1]
         buffers: list = []
         offsets = []
@@ -325,12 +283,15 @@ class FileLog:
             callback(records)
 
     def _commit_offsets(self, seg: Segment, offsets: list[int], end: int) -> None:
-        self._active.add(array("Q", offsets), end, self._lock)
+        """Index entries go to the file at each checkpoint only (one pwrite per group fewer):
+        the index is synced only there, and an open rebuilds entries past its checkpoint."""
+        self._active.add(array("Q", offsets), end, self._lock, index=False)
         if len(seg.offsets) - self._idx_checkpoint >= self.index_interval:
             self._checkpoint_index(seg)
 
     def _checkpoint_index(self, seg: Segment) -> None:
         idx_fd = self._active.idx_fd
+        self._active.write_index(self._idx_checkpoint)
         os.fdatasync(idx_fd)
         _pwrite_all(idx_fd, self._header(sg.IDX_MAGIC, seg.first_lsn, len(seg.offsets)), 0)
         os.fdatasync(idx_fd)
@@ -338,17 +299,21 @@ class FileLog:
         with self._mlock:
             mf.write_end(self.root, self._manifest, seg.next_lsn)
 
-    def _frontiers_record(self) -> rec.Record:
+    def _boundary(self) -> GroupAppend:
         """The boundary record (the owner's FRONTIERS record, see protocol.SegmentPreamble)."""
-        return self._preamble.record()
+        r = self._preamble.record()
+        return GroupAppend(None, [r], [rec.crc32c(r.body)])
+
+    def _background(self, requested: bool) -> None:
+        """With the lead, off the callers' threads: finish the active segment when asked or full."""
+        if requested or self._segments[-1].end >= self.segment_bytes:
+            self._finish_active()
 
     def _finish_active(self) -> None:
         old = self._segments[-1]
         if len(old.offsets) == 0 or (len(old.offsets) == 1 and old.first_lsn > 0 and self._only_frontiers(old)):
             return
-        closing = PendingAppend([self._frontiers_record()], [])
-        closing.crcs = [rec.crc32c(closing.records[0].body)]
-        self._write_batch([closing])
+        self._write_batch([self._boundary()])
         self._checkpoint_index(old)
         self._active.finish()
         with self._lock:
@@ -359,9 +324,7 @@ class FileLog:
         self._allocated = os.fstat(self._active.fd).st_size
         self._direct.open(new.path)
         self._idx_checkpoint = 0
-        opening = PendingAppend([self._frontiers_record()], [])
-        opening.crcs = [rec.crc32c(opening.records[0].body)]
-        self._write_batch([opening])
+        self._write_batch([self._boundary()])
         listener = self._listener
         if listener is not None:
             try:
@@ -373,14 +336,7 @@ class FileLog:
         return self.read(seg.first_lsn).kind == rec.RecordKind.FRONTIERS
 
     def finish_segment(self) -> None:
-        waiter = PendingAppend([], [])
-        with self._lock:
-            self._check_open()
-            self._finish_waiters.append(waiter)
-            self._wake.notify()
-        waiter.done.wait()
-        if waiter.error is not None:
-            raise waiter.error
+        self._group.run_background()
 
     def set_finish_listener(self, callback: Callable[[int], None] | None) -> None:
         self._listener = callback
@@ -512,18 +468,16 @@ class FileLog:
 
     def close(self) -> None:
         with self._lock:
-            if self._closed or self._closing:
+            if self._closed:
                 return
-            self._closing = True
-            self._wake.notify()
-        self._writer.join()
-        with self._lock:
             self._closed = True
+        self._group.close()
+        with self._lock:
             fds = list(self._read_fds.values())
             self._read_fds.clear()
         for fd in fds:
             os.close(fd)
-        if self._failed is None:
+        if self._group.failed is None:
             seg = self._segments[-1]
             if len(seg.offsets) > self._idx_checkpoint:
                 self._checkpoint_index(seg)

@@ -107,7 +107,8 @@ class SegmentPreamble(Protocol):
 
     def observe(self, records: Sequence[Record]) -> None:
         """``records`` were written (or placed, for the device ring) in log order. Called
-        from the log's writer thread; must be quick and must not raise."""
+        from the thread writing them (a writer thread, or the file log's leading caller);
+        must be quick and must not raise."""
         ...
 
     def record(self, pending: Sequence[Record] = ()) -> Record:
@@ -147,8 +148,11 @@ class WriteAheadLog(Protocol):
                on_durable: Callable[[Sequence[Record]], None] | None = None) -> Ticket:
         """Queue ``records`` (queue order is log order) and return at once; the ticket's
         ``wait()`` returns when they are durable. ``on_durable(records)`` runs right after
-        they become durable, in log order, before any waiter wakes; it must not raise. A
-        backend may pass the records of several submissions with one callback to one call."""
+        they become durable, in log order, before any waiter wakes, on whichever thread
+        wrote them (the file log's: the waiting caller that led the group); it must not
+        raise. A backend may pass the records of several submissions with one callback to
+        one call, and may write them only once some caller waits on a ticket, finishes a
+        segment or closes the log: wait on every ticket whose records must be durable."""
         ...
 
     def set_preamble(self, preamble: SegmentPreamble | None) -> None:

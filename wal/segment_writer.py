@@ -53,7 +53,7 @@ def finished_below(segments: list[Segment], lsn: int) -> int:
 
 class ActiveSegment:
     """The open data (``fd``) and index (``idx_fd``) files of the segment being appended to.
-    Its owner serialises the calls (one writer thread); ``lock`` guards what readers see."""
+    Its owner serialises the calls (one writer at a time); ``lock`` guards what readers see."""
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
@@ -69,14 +69,20 @@ class ActiveSegment:
         pwritev_all(self.fd, buffers, at)
         os.fdatasync(self.fd)
 
-    def add(self, offsets: array, end: int, lock: threading.Lock) -> None:
+    def add(self, offsets: array, end: int, lock: threading.Lock, index: bool = True) -> None:
         """Frames now durable in the data file start at ``offsets`` and end at ``end``: add them
-        to the index file (synced at checkpoints and at the finish) and to memory."""
+        to memory and (``index``) to the index file, which is synced at checkpoints and at the
+        finish; without ``index`` the owner writes them with :meth:`write_index` before it syncs."""
         seg = self.seg
-        pwrite_all(self.idx_fd, offsets.tobytes(), sg.HEADER_SIZE + 8 * len(seg.offsets))
+        if index:
+            pwrite_all(self.idx_fd, offsets.tobytes(), sg.HEADER_SIZE + 8 * len(seg.offsets))
         with lock:
             seg.offsets.extend(offsets)
             seg.end = end
+
+    def write_index(self, first: int) -> None:
+        """Write the index entries of the records from the ``first``-th of the segment on."""
+        pwrite_all(self.idx_fd, self.seg.offsets[first:].tobytes(), sg.HEADER_SIZE + 8 * first)
 
     def finish(self) -> None:
         """Cut the data file to its records, make both files durable and close them: the
