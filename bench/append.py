@@ -160,14 +160,20 @@ def group_commits(engine) -> tuple[float, float]:
 # --- SQLite ----------------------------------------------------------------------------------
 
 
+def sqlite_table(d: str, **connect) -> sqlite3.Connection:
+    """The peer's database in directory ``d``: WAL mode, synchronous=FULL, table ``r`` of the four columns."""
+    conn = sqlite3.connect(os.path.join(d, "bench.db"), isolation_level=None, **connect)
+    assert conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE r (id INTEGER, payload BLOB, time INTEGER, diff INTEGER)")
+    return conn
+
+
 def bench_sqlite(root: str, row_bytes: int, batch: int, seconds: float) -> dict:
     d = tempfile.mkdtemp(prefix="sqlite-append-", dir=root)
     try:
-        conn = sqlite3.connect(os.path.join(d, "bench.db"), isolation_level=None)
+        conn = sqlite_table(d)
         try:
-            assert conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("CREATE TABLE r (id INTEGER, payload BLOB, time INTEGER, diff INTEGER)")
             body = os.urandom(payload_len(row_bytes))
             rows = [(i, body, 1, 1) for i in range(batch)]
             sql = "INSERT INTO r VALUES (?, ?, ?, ?)"
@@ -202,10 +208,7 @@ def bench_sqlite_concurrent(root: str, threads: int, row_bytes: int, seconds: fl
     handler's sleeps instead: 56 rows/s, p99 6 s in a trial here)."""
     d = tempfile.mkdtemp(prefix="sqlite-append-conc-", dir=root)
     try:
-        conn = sqlite3.connect(os.path.join(d, "bench.db"), isolation_level=None, check_same_thread=False)
-        assert conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("CREATE TABLE r (id INTEGER, payload BLOB, time INTEGER, diff INTEGER)")
+        conn = sqlite_table(d, check_same_thread=False)
         body = os.urandom(payload_len(row_bytes))
         lats: list[list[float]] = [[] for _ in range(threads)]
         start = threading.Barrier(threads + 1)

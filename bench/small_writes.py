@@ -1,0 +1,248 @@
+"""One-row durable appends, one writer and many, beside SQLite and a bare queue-and-wake loop.
+
+Why: issue 27 asks one writer's one-row durable appends at >= 1.0x SQLite (WAL,
+synchronous=FULL) with p99 beside SQLite's, and 64 writers at >= 30,000 appends/s with
+p99 <= 10 ms, CPU per append reported and what bounds it. The machine is shared, so
+every round runs the peers back to back (sediment, SQLite, the loop), rounds interleave,
+and figures are medians with min-max:
+
+* sediment ``Engine.append`` of a one-row table (``id int64, payload binary`` plus
+  ``time`` and ``diff``, 100 B of row payload), durable on return, from one thread;
+  p50/p99 latency, CPU per append (the whole process, so the log's own threads count);
+* SQLite (stdlib sqlite3), WAL mode, ``synchronous=FULL``, one ``INSERT`` per
+  transaction of the same four columns, from one thread;
+* ``--threads`` (default 64) threads of one process, each appending one row at a time
+  to sediment and waiting for it; appends per fdatasync from the engine's histogram;
+* the ceiling of the threading alone: the same threads each put a ticket on a queue and
+  wait for it, one thread takes the whole queue and wakes them (no I/O, no Arrow):
+  what the interpreter does per append with nothing else to do.
+
+    .venv/bin/python bench/small_writes.py                # 3 rounds x 2 s per case
+    .venv/bin/python bench/small_writes.py --rounds 5 --seconds 3 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import pyarrow as pa
+from append import sqlite_table  # bench/append.py: the same SQLite peer
+
+import sediment
+
+SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
+ROW_BYTES = 100
+PAYLOAD = ROW_BYTES - 24  # id, time and diff: int64 each
+
+
+def one_row(k: int) -> pa.Table:
+    return pa.table({"id": pa.array([k], pa.int64()), "payload": pa.array([os.urandom(PAYLOAD)], pa.binary()),
+                     "time": pa.array([1], pa.int64()), "diff": pa.array([1], pa.int64())})
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def summary(lats: list[float], elapsed: float, cpu: float) -> dict:
+    n = len(lats)
+    return {"appends": n, "rate": n / elapsed, "p50_ms": pct(lats, 0.5) * 1e3, "p99_ms": pct(lats, 0.99) * 1e3,
+            "cpu_us": cpu / max(1, n) * 1e6}
+
+
+def timed_loop(step, seconds: float) -> dict:
+    """Call ``step()`` for ``seconds``; latencies, rate and process CPU per call."""
+    step()  # warm-up
+    lats = []
+    t0, c0 = time.perf_counter(), time.process_time()
+    end = t0 + seconds
+    while True:
+        a = time.perf_counter()
+        step()
+        b = time.perf_counter()
+        lats.append(b - a)
+        if b >= end:
+            break
+    return summary(lats, time.perf_counter() - t0, time.process_time() - c0)
+
+
+def sediment_one(root: str, seconds: float) -> dict:
+    d = tempfile.mkdtemp(prefix="sed-small-", dir=root)
+    try:
+        engine = sediment.open(d)
+        try:
+            engine.add_relation("r", SCHEMA)
+            table = one_row(0)
+            return timed_loop(lambda: engine.append("r", table), seconds)
+        finally:
+            engine.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def sqlite_one(root: str, seconds: float) -> dict:
+    d = tempfile.mkdtemp(prefix="sqlite-small-", dir=root)
+    try:
+        conn = sqlite_table(d)
+        try:
+            body = os.urandom(PAYLOAD)
+            return timed_loop(lambda: conn.execute("INSERT INTO r VALUES (?, ?, 1, 1)", (0, body)), seconds)
+        finally:
+            conn.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_threads(threads: int, seconds: float, step_for) -> tuple[list[float], float, float]:
+    """``threads`` threads each calling their ``step_for(k)()`` until ``seconds`` pass;
+    (latencies, elapsed, process CPU)."""
+    lats: list[list[float]] = [[] for _ in range(threads)]
+    start = threading.Barrier(threads + 1)
+    stop = threading.Event()
+
+    def work(k: int) -> None:
+        step, mine = step_for(k), lats[k]
+        step()  # warm-up
+        start.wait()
+        while not stop.is_set():
+            a = time.perf_counter()
+            step()
+            mine.append(time.perf_counter() - a)
+
+    ts = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(threads)]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0, c0 = time.perf_counter(), time.process_time()
+    stop.wait(seconds)
+    stop.set()
+    for t in ts:
+        t.join()
+    return [x for xs in lats for x in xs], time.perf_counter() - t0, time.process_time() - c0
+
+
+def group_commits(engine) -> tuple[float, float]:
+    """(group commits, records in them) so far, from the engine's own histogram."""
+    got = {s.name.rsplit("_", 1)[-1]: s.value for s in engine.metrics.group_commit.collect()[0].samples
+           if s.name.endswith(("_count", "_sum"))}
+    return got.get("count", 0.0), got.get("sum", 0.0)
+
+
+def sediment_many(root: str, threads: int, seconds: float) -> dict:
+    d = tempfile.mkdtemp(prefix="sed-small-many-", dir=root)
+    try:
+        engine = sediment.open(d)
+        try:
+            engine.add_relation("r", SCHEMA)
+            tables = [one_row(k) for k in range(threads)]
+            g0 = group_commits(engine)
+            lats, elapsed, cpu = run_threads(threads, seconds, lambda k: lambda: engine.append("r", tables[k]))
+            g1 = group_commits(engine)
+        finally:
+            engine.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    out = summary(lats, elapsed, cpu)
+    out["per_sync"] = (g1[1] - g0[1]) / max(1.0, g1[0] - g0[0])
+    return out
+
+
+def bare_loop(threads: int, seconds: float) -> dict:
+    """The threading ceiling: tickets on a bare Lock, queued under one lock; one thread
+    takes the whole queue and releases them (what a group commit does minus the work)."""
+    lock = threading.Lock()
+    ready = threading.Condition(lock)
+    queue: list[threading.Lock] = []
+    done = threading.Event()
+
+    def drain() -> None:
+        while not done.is_set():
+            with lock:
+                while not queue and not done.is_set():
+                    ready.wait(0.05)
+                batch = queue[:]
+                queue.clear()
+            for t in batch:
+                t.release()
+
+    def step_for(_k: int):
+        def step() -> None:
+            t = threading.Lock()
+            t.acquire()
+            with lock:
+                queue.append(t)
+                ready.notify()
+            t.acquire()
+        return step
+
+    drainer = threading.Thread(target=drain, daemon=True)
+    drainer.start()
+    try:
+        lats, elapsed, cpu = run_threads(threads, seconds, step_for)
+    finally:
+        done.set()
+        drainer.join()
+    return summary(lats, elapsed, cpu)
+
+
+def med(runs: list[dict], key: str) -> tuple[float, float, float]:
+    xs = [r[key] for r in runs]
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def fmt(runs: list[dict], key: str, unit: str = "", digits: int = 0) -> str:
+    m, lo, hi = med(runs, key)
+    return f"{m:,.{digits}f}{unit} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--threads", type=int, default=64)
+    ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--json", help="also write every round's figures to this file")
+    a = ap.parse_args(argv)
+    cases = {"sediment 1": lambda: sediment_one(a.dir, a.seconds), "sqlite 1": lambda: sqlite_one(a.dir, a.seconds),
+             f"sediment {a.threads}": lambda: sediment_many(a.dir, a.threads, a.seconds),
+             f"bare loop {a.threads}": lambda: bare_loop(a.threads, a.seconds)}
+    res: dict[str, list[dict]] = {k: [] for k in cases}
+    loads = [os.getloadavg()[0]]
+    for i in range(a.rounds):
+        for name, case in cases.items():
+            r = case()
+            res[name].append(r)
+            print(f"round {i + 1} {name}: {r['rate']:,.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
+                  f"CPU {r['cpu_us']:.0f} us/append" + (f" {r['per_sync']:.1f}/sync" if "per_sync" in r else ""),
+                  file=sys.stderr)
+        loads.append(os.getloadavg()[0])
+    ratios = [s["rate"] / q["rate"] for s, q in zip(res["sediment 1"], res["sqlite 1"], strict=True)]
+    ceil = [s["rate"] / q["rate"] for s, q in zip(res[f"sediment {a.threads}"], res[f"bare loop {a.threads}"],
+                                                  strict=True)]
+    print(f"load average {min(loads):.1f}-{max(loads):.1f}, {a.rounds} rounds x {a.seconds} s, medians (min-max)")
+    print("| case | appends/s | p50 ms | p99 ms | CPU us/append |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, runs in res.items():
+        print(f"| {name} | {fmt(runs, 'rate')} | {fmt(runs, 'p50_ms', digits=2)} | {fmt(runs, 'p99_ms', digits=2)} "
+              f"| {fmt(runs, 'cpu_us')} |")
+    print(f"one writer, sediment / SQLite per round: {statistics.median(ratios):.2f}x "
+          f"({min(ratios):.2f}-{max(ratios):.2f})")
+    print(f"{a.threads} writers, sediment / bare loop per round: {statistics.median(ceil):.2f}x "
+          f"({min(ceil):.2f}-{max(ceil):.2f}); appends per fdatasync {fmt(res[f'sediment {a.threads}'], 'per_sync', digits=1)}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rounds": res, "load": loads}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
