@@ -37,7 +37,8 @@ _QUEUED, _LEAD, _DONE = 0, 1, 2
 
 class GroupAppend:
     """One submission: queued, then written with its group, then durable. The caller's
-    ticket; its wake lock exists only while its thread waits as a follower."""
+    ticket; ``wake`` holds one lock per thread waiting on it as a follower (any number of
+    threads may wait on one ticket), and is empty while none does."""
 
     __slots__ = ("records", "crcs", "on_durable", "last_lsn", "error", "state", "wake", "_group")
 
@@ -50,7 +51,7 @@ class GroupAppend:
         self.last_lsn = -1
         self.error: BaseException | None = None
         self.state = _QUEUED
-        self.wake: threading.Lock | None = None
+        self.wake: list[threading.Lock] = []
 
     def wait(self) -> int:
         """Block until the records are durable (leading the group if no one leads); their
@@ -102,8 +103,9 @@ class GroupCommit:
             if pending.state == _DONE:
                 return
             if self._leading:
-                wake = pending.wake = threading.Lock()
+                wake = threading.Lock()
                 wake.acquire()
+                pending.wake.append(wake)
             else:
                 self._leading = True
                 wake = None
@@ -117,13 +119,14 @@ class GroupCommit:
         """Have the background thread take the lead, write what is queued and run
         ``background()``; return when it has (raises the log's failure)."""
         waiter = GroupAppend(None, (), [])
-        waiter.wake = threading.Lock()
-        waiter.wake.acquire()
+        wake = threading.Lock()
+        wake.acquire()
+        waiter.wake.append(wake)
         with self._lock:
             check_usable(self.where, self._closing, self.failed)
             self._bg_waiters.append(waiter)
             self._ask_background()
-        waiter.wake.acquire()  # released once the turn is over
+        wake.acquire()  # released once the turn is over
         if waiter.error is not None:
             raise waiter.error
 
@@ -167,17 +170,15 @@ class GroupCommit:
                 self._bg_turn.notify()
             else:
                 for p in self._queue:
-                    if p.wake is not None:
+                    if p.wake:
                         p.state = _LEAD
-                        nxt = p
+                        nxt = p.wake.pop(0)  # one of its waiters leads; any others wait for done
                         break
                 else:
                     self._leading = False
         if nxt is not None:
-            nxt.wake.release()
-        for p in group:
-            if p.wake is not None:
-                p.wake.release()
+            nxt.release()
+        _wake_all(group)
 
     def _fail(self, group: list[GroupAppend], exc: BaseException) -> None:
         log.error("write-ahead log %s failed: %s", self.where, exc)
@@ -196,9 +197,7 @@ class GroupCommit:
                 self._bg_turn.notify()
             else:
                 self._leading = False
-        for p in every:
-            if p.wake is not None:
-                p.wake.release()
+        _wake_all(every)
 
     def _ask_background(self) -> None:
         """Under the lock: the background thread wants the lead; take it now if no one leads."""
@@ -220,15 +219,13 @@ class GroupCommit:
                 for w in waiters:
                     w.error = w.error or error
                     w.state = _DONE
-                self._bg_wanted = self._bg_leads = bool(self._bg_waiters) or closing
-            for w in waiters:
-                w.wake.release()
+                if not closing:  # requests made during the turn keep it wanted
+                    self._bg_leads = False
+                    self._bg_wanted = bool(self._bg_waiters) or self._closing
+            _wake_all(waiters)
             if closing:
-                return
-            if not self._bg_wanted:
-                with self._lock:
-                    self._leading = True  # _pass_lead hands the lead on or drops it
-                self._pass_lead([])
+                return  # the lead stays here: nothing is written after close
+            self._pass_lead([])  # back to the background thread, to a waiting follower, or dropped
 
     def _background_turn(self, group: list[GroupAppend], requested: bool) -> BaseException | None:
         """With the lead on the background thread: write the queued group, then the background
@@ -244,9 +241,15 @@ class GroupCommit:
         with self._lock:
             for p in group:
                 p.state = _DONE
-        for p in group:
-            if p.wake is not None:
-                p.wake.release()
+        _wake_all(group)
         if self.failed is not None:
             return WalError(f"the write-ahead log at {self.where} failed earlier ({self.failed})")
         return None
+
+
+def _wake_all(pendings: list[GroupAppend]) -> None:
+    """Wake every thread waiting on ``pendings`` (their state is already done)."""
+    for p in pendings:
+        wakes, p.wake = p.wake, []
+        for w in wakes:
+            w.release()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 
 import pytest
 
@@ -166,3 +167,63 @@ def test_segments_are_finished_off_the_appenders_threads(tmp_path):
         assert got == sorted(w * 1000 + i for w in range(4) for i in range(100))
     finally:
         log.close()
+
+
+def poll(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def test_many_threads_may_wait_on_one_ticket(tmp_path):
+    """A leader held inside its group's callback while three threads wait on one queued
+    ticket: one of them leads next and all three return."""
+    log = FileLog.open(str(tmp_path), create=True)
+    inside, release = threading.Event(), threading.Event()
+    try:
+        first = log.submit([upd(1)], lambda rs: (inside.set(), release.wait(60)))
+        leader = threading.Thread(target=first.wait)
+        leader.start()
+        assert inside.wait(60)
+        shared = log.submit([upd(2)])
+        got: list[int] = []
+        waiters = [threading.Thread(target=lambda: got.append(shared.wait())) for _ in range(3)]
+        for t in waiters:
+            t.start()
+        poll(lambda: len(shared.wake) == 3, "three followers on the shared ticket")
+        release.set()
+        for t in [leader, *waiters]:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in [leader, *waiters]), "a waiter of a shared ticket was never woken"
+        assert got == [first.wait() + 1] * 3
+    finally:
+        release.set()
+        log.close()
+
+
+def test_a_close_asked_during_a_segment_finish_still_gets_its_turn(tmp_path):
+    """close() arriving while the background thread holds the lead to finish a segment must
+    not be forgotten when that turn ends (the lead would be lost and close would hang)."""
+    log = FileLog.open(str(tmp_path), create=True)
+    log.append([upd(1)])
+    inside, release = threading.Event(), threading.Event()
+    log.set_finish_listener(lambda lsn: (inside.set(), release.wait(60)))
+    finisher = threading.Thread(target=log.finish_segment)
+    finisher.start()
+    assert inside.wait(60)
+    closer = threading.Thread(target=log.close)
+    closer.start()
+
+    def closing() -> bool:
+        try:
+            log.submit([upd(2)])
+        except EngineClosed:
+            return True
+        return False
+
+    poll(closing, "close to ask for the lead")
+    release.set()
+    closer.join(timeout=60)
+    finisher.join(timeout=60)
+    assert not closer.is_alive() and not finisher.is_alive(), "close hung after a segment finish"
