@@ -70,7 +70,8 @@ class FeedStreams:
         timer.daemon = True
         with self._lock:
             if self._closed:
-                raise EngineClosed("the sediment server is stopping")
+                raise EngineClosed("the sediment server stopped while a feed crossed a schema change; subscribe "
+                                   "again with as_of = the last progress time seen and resume=True")
             self._parked[token] = (sub, schema, timer)
         timer.start()
         return token
