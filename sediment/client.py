@@ -463,7 +463,12 @@ class Client:
         with self._remote():
             reader = self._flight.do_get(self._ticket(Get.SUBSCRIBE, relation=name, as_of=as_of, resume=resume,
                                                       max_lag=max_lag), options=self._options)
-        return RemoteSubscription(self.uri, reader)
+
+        def reopen(token: str) -> flight.FlightStreamReader:  # the same feed after an alter
+            return self._flight.do_get(self._ticket(Get.SUBSCRIBE, relation=name, continuation=token),
+                                       options=self._options)
+
+        return RemoteSubscription(self.uri, reader, reopen)
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease."""
