@@ -15,6 +15,10 @@ prefix), which runs the replicated log's recovery: the new store session is reco
 partition's metadata and the storage nodes refuse the previous owner's writes, so an old
 owner is fenced where data lands, never by a lock it believes it holds.
 
+The manager also moves the partitions of a member whose port refuses connections
+(cluster/probe.py: a SIGKILLed process) without waiting for its session to end; that is
+only quicker, never needed for safety, since the old owner is fenced either way.
+
 A SUSPENDED or LOST ZooKeeper connection stops serving at once (:meth:`engine_for` refuses);
 a LOST session also closes every partition, and once connected again the member registers
 anew under a new id, so a member paused past its session rejoins as a new member.
@@ -32,6 +36,7 @@ from typing import Any
 
 from sediment.cluster import layout
 from sediment.cluster.metrics import ClusterMetrics
+from sediment.cluster.probe import PeerProbe
 from sediment.errors import MembershipLost, NotPartitionOwner
 
 POLL = 0.5  # seconds between the control loop's looks when no watch fires
@@ -63,6 +68,7 @@ class Member:
         self._retry_at: dict[int, float] = {}
         self._seen: dict[int, tuple[str, int]] = {}  # the assignment of the previous pass
         self._zk: Any = None
+        self._probe: PeerProbe | None = None
         self.config: layout.ClusterConfig | None = None
         self._thread: threading.Thread | None = None
 
@@ -83,6 +89,13 @@ class Member:
         self._thread = threading.Thread(target=self._loop, name="cluster-member", daemon=True)
         self._thread.start()
         self._wake.set()
+        self._probe = PeerProbe(lambda: {m: a for m, a in self.view["members"].items() if m != self.member_id},
+                                lambda: self.view["manager"] == self.member_id and self._in_touch(), self._wake.set)
+        self._probe.start()
+        if self.config.blob.startswith("s3://"):
+            from sediment import _s3
+
+            threading.Thread(target=_s3.warm, name="s3-warm", daemon=True).start()
 
     def leave(self, timeout: float) -> bool:
         """SIGTERM: ask the manager to move this member's partitions, close each as it goes, and
@@ -107,6 +120,8 @@ class Member:
         """Close every partition and end the session (the ephemeral znode goes with it)."""
         self._stop.set()
         self._wake.set()
+        if self._probe is not None:
+            self._probe.stop()
         if self._thread is not None:
             self._thread.join(10.0)
         with self._lock:
@@ -240,7 +255,7 @@ class Member:
             self._manage(sorted(members), set(leaving) & set(members), data, stat)
             data, stat = self._read_assignment()
             self.view = {**view, "assignment": layout.decode_assignment(data)}
-        self._apply(layout.decode_assignment(data))
+        self._apply(layout.decode_assignment(data), set(leaving))
 
     def _read_assignment(self) -> tuple[bytes, Any]:
         from kazoo.exceptions import NoNodeError
@@ -257,7 +272,12 @@ class Member:
         from sediment.cluster.assignment import PartitionOwner, plan_assignment
 
         current = {p: PartitionOwner(m, g) for p, (m, g) in layout.decode_assignment(data).items()}
-        planned = plan_assignment(self.config.partitions, members, current, leaving=leaving)
+        dead = self._probe.refusing() & set(members) if self._probe is not None else set()
+        gone = sorted({o.member for o in current.values()} - (set(members) - dead))
+        if gone:
+            log.info("manager %s sees %s gone%s", self.member_id, ",".join(gone),
+                     " (connection refused)" if set(gone) & dead else "")
+        planned = plan_assignment(self.config.partitions, members, current, leaving=leaving | dead)
         if not planned:
             return  # nobody to serve: keep the record, so the next plan still bumps every generation
         new = {p: (o.member, o.generation) for p, o in planned.items()}
@@ -272,7 +292,7 @@ class Member:
         except (BadVersionError, NodeExistsError):
             self._wake.set()  # another manager's write came first: plan again from it
 
-    def _apply(self, assignment: dict[int, tuple[str, int]]) -> None:
+    def _apply(self, assignment: dict[int, tuple[str, int]], leaving: set[str]) -> None:
         mine = {p: g for p, (m, g) in assignment.items() if m == self.member_id}
         with self._lock:
             stale = [p for p, (_e, g) in self._engines.items() if mine.get(p) != g]
@@ -282,13 +302,16 @@ class Member:
                        if p not in self._engines and p not in self._opening and self._retry_at.get(p, 0) <= now]
             self._opening.update(p for p, _g in to_open)
             previous, self._seen = self._seen, assignment
-        live = self.view["members"]
+        # a failover: the previous owner is gone, or left with nothing without announcing it (it
+        # refused connections); not a hand-over (leaving) nor a rebalance (it keeps a share)
+        idle = set(self.view["members"]) - ({m for m, _g in assignment.values()} | leaving)
         for p, engine in closing:
             self.metrics.ownership_changes.labels("lost").inc()
             threading.Thread(target=self._close_engine, args=(p, engine), daemon=True).start()
         for p, g in to_open:
             before = previous.get(p, (None, 0))[0]
-            failover = before is not None and before != self.member_id and before not in live
+            failover = before is not None and before != self.member_id and (
+                before not in self.view["members"] or before in idle)
             threading.Thread(target=self._open_partition, args=(p, g, failover), name=f"open-partition-{p}",
                              daemon=True).start()
         self.metrics.partitions_owned.set(len(self._engines))
@@ -297,6 +320,7 @@ class Member:
         from sediment.engine.engine import Engine
 
         cfg = self.config
+        log.info("member %s opens partition %d (generation %d)", self.member_id, partition, generation)
         try:
             engine = Engine.open(os.path.join(self.data_dir, "partitions", str(partition)),
                                  metadata=self.where.partition_metadata(partition), replicas=list(cfg.replicas),
