@@ -15,9 +15,11 @@ prefix), which runs the replicated log's recovery: the new store session is reco
 partition's metadata and the storage nodes refuse the previous owner's writes, so an old
 owner is fenced where data lands, never by a lock it believes it holds.
 
-The manager also moves the partitions of a member whose port refuses connections
-(cluster/probe.py: a SIGKILLed process) without waiting for its session to end; that is
-only quicker, never needed for safety, since the old owner is fenced either way.
+A member whose port refuses connections (cluster/probe.py: a SIGKILLed process) is removed
+from the members at once, without waiting for its session to end: by the manager, which
+looks at every member's port, or, for the manager itself, by the others, which look at
+its port. A live member removed so rejoins under a new id. That is only quicker, never
+needed for safety: the old owner is fenced by the generation either way.
 
 A SUSPENDED or LOST ZooKeeper connection stops serving at once (:meth:`engine_for` refuses);
 a LOST session also closes every partition, and once connected again the member registers
@@ -89,8 +91,7 @@ class Member:
         self._thread = threading.Thread(target=self._loop, name="cluster-member", daemon=True)
         self._thread.start()
         self._wake.set()
-        self._probe = PeerProbe(lambda: {m: a for m, a in self.view["members"].items() if m != self.member_id},
-                                lambda: self.view["manager"] == self.member_id and self._in_touch(), self._wake.set)
+        self._probe = PeerProbe(self._probe_targets, self._in_touch, self._wake.set)
         self._probe.start()
         if self.config.blob.startswith("s3://"):
             from sediment import _s3
@@ -245,7 +246,14 @@ class Member:
         if not self._connected.is_set():
             return
         zk, where = self._zk, self.where
-        members = zk.get_children(where.path("members"), watch=self._watch)
+        members = self._remove_refusing(zk.get_children(where.path("members"), watch=self._watch))
+        if self.member_id not in members and not self._leaving:
+            log.warning("member %s was removed from the members (its port refused a connection): it rejoins",
+                        self.member_id)
+            self._drop_all()
+            self._register()
+            self._wake.set()
+            return
         leaving = zk.get_children(where.path("leaving"), watch=self._watch)
         data, stat = self._read_assignment()
         view = layout.read_view(zk, where)
@@ -255,7 +263,7 @@ class Member:
             self._manage(sorted(members), set(leaving) & set(members), data, stat)
             data, stat = self._read_assignment()
             self.view = {**view, "assignment": layout.decode_assignment(data)}
-        self._apply(layout.decode_assignment(data), set(leaving))
+        self._apply(layout.decode_assignment(data))
 
     def _read_assignment(self) -> tuple[bytes, Any]:
         from kazoo.exceptions import NoNodeError
@@ -265,6 +273,29 @@ class Member:
         except NoNodeError:
             return b"", None
 
+    def _probe_targets(self) -> dict[str, str]:
+        """Whose ports to look at: the manager looks at every other member's, the others at
+        the manager's only (so that the next in line takes over from a dead manager)."""
+        members, manager = self.view["members"], self.view["manager"]
+        if manager == self.member_id:
+            return {m: a for m, a in members.items() if m != self.member_id}
+        return {manager: members[manager]} if manager in members else {}
+
+    def _remove_refusing(self, members: list[str]) -> list[str]:
+        """Delete the member znodes of members whose port refuses connections (a dead
+        process): the membership then changes for everyone at once, as when a session ends.
+        Returns the members left."""
+        from kazoo.exceptions import NoNodeError
+
+        dead = self._probe.refusing() & set(members) if self._probe is not None else set()
+        for member in sorted(dead - {self.member_id}):
+            log.info("member %s sees %s gone (connection refused): removed from the members", self.member_id, member)
+            try:
+                self._zk.delete(self.where.path("members", member))
+            except NoNodeError:
+                pass
+        return [m for m in members if m not in dead or m == self.member_id]
+
     def _manage(self, members: list[str], leaving: set[str], data: bytes, stat: Any) -> None:
         """The manager's part: plan from the live members and write it if it changed."""
         from kazoo.exceptions import BadVersionError, NodeExistsError
@@ -272,12 +303,10 @@ class Member:
         from sediment.cluster.assignment import PartitionOwner, plan_assignment
 
         current = {p: PartitionOwner(m, g) for p, (m, g) in layout.decode_assignment(data).items()}
-        dead = self._probe.refusing() & set(members) if self._probe is not None else set()
-        gone = sorted({o.member for o in current.values()} - (set(members) - dead))
+        gone = sorted({o.member for o in current.values()} - set(members))
         if gone:
-            log.info("manager %s sees %s gone%s", self.member_id, ",".join(gone),
-                     " (connection refused)" if set(gone) & dead else "")
-        planned = plan_assignment(self.config.partitions, members, current, leaving=leaving | dead)
+            log.info("manager %s sees %s gone", self.member_id, ",".join(gone))
+        planned = plan_assignment(self.config.partitions, members, current, leaving=leaving)
         if not planned:
             return  # nobody to serve: keep the record, so the next plan still bumps every generation
         new = {p: (o.member, o.generation) for p, o in planned.items()}
@@ -292,7 +321,7 @@ class Member:
         except (BadVersionError, NodeExistsError):
             self._wake.set()  # another manager's write came first: plan again from it
 
-    def _apply(self, assignment: dict[int, tuple[str, int]], leaving: set[str]) -> None:
+    def _apply(self, assignment: dict[int, tuple[str, int]]) -> None:
         mine = {p: g for p, (m, g) in assignment.items() if m == self.member_id}
         with self._lock:
             stale = [p for p, (_e, g) in self._engines.items() if mine.get(p) != g]
@@ -302,16 +331,13 @@ class Member:
                        if p not in self._engines and p not in self._opening and self._retry_at.get(p, 0) <= now]
             self._opening.update(p for p, _g in to_open)
             previous, self._seen = self._seen, assignment
-        # a failover: the previous owner is gone, or left with nothing without announcing it (it
-        # refused connections); not a hand-over (leaving) nor a rebalance (it keeps a share)
-        idle = set(self.view["members"]) - ({m for m, _g in assignment.values()} | leaving)
+        live = self.view["members"]
         for p, engine in closing:
             self.metrics.ownership_changes.labels("lost").inc()
             threading.Thread(target=self._close_engine, args=(p, engine), daemon=True).start()
         for p, g in to_open:
             before = previous.get(p, (None, 0))[0]
-            failover = before is not None and before != self.member_id and (
-                before not in self.view["members"] or before in idle)
+            failover = before is not None and before != self.member_id and before not in live
             threading.Thread(target=self._open_partition, args=(p, g, failover), name=f"open-partition-{p}",
                              daemon=True).start()
         self.metrics.partitions_owned.set(len(self._engines))
