@@ -3,13 +3,16 @@ with 1, 2 and 3 coordinators.
 
 Real processes as in tests/cluster/test_cluster.py: a ZooKeeper, moto's S3, three storage nodes,
 ``sediment serve --cluster`` members. Failover: writers append one row at a time to one
-relation per partition; the owner of one partition is SIGKILLed, a client measures from the
-kill to the first acknowledged append on that partition, and a new member replaces the dead
-one; repeated ``--kills`` times, then every relation is checked (nothing acknowledged lost,
-nothing twice). Throughput: a cluster grown from 1 to 3 members, each size measured with
-``--writers`` single-row writers and with 1,000-row batches, over 8 relations.
+relation per partition; the owner of one partition is SIGKILLed (``--kills`` times), then
+SIGTERMed (``--terms`` times), a client measures how long the partition went without an
+acknowledged append, and a new member replaces the one gone; then every relation is checked
+(nothing acknowledged lost, nothing twice). Each failover's steps are read back from the
+members' logs (bench/failover_timeline.py). Throughput: a cluster grown from 1 to 3
+members, each size measured with ``--writers`` single-row writers and with 1,000-row
+batches, over 8 relations.
 
-    python bench/failover.py [--kills 20] [--session-timeout 3] [--seconds 5]
+    python bench/failover.py [--kills 20] [--terms 10] [--session-timeout 3] [--seconds 5]
+                             [--node-segment-mib 64] [--no-throughput] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -147,7 +150,7 @@ def failovers(cluster: Cluster, kills: int, terms: int) -> tuple[dict[int, list[
                 w.first_ack_after(settled)
             phases.append({"signal": sig, **failover_timeline.timeline(
                 [Path(m.log.name) for m in cluster.members], wall, wall + acked, victim.member_id, p, owner,
-                generation)})
+                generation, handover=sig == signal.SIGTERM)})
             print(f"{signal.Signals(sig).name} {i + 1}: partition {p} unavailable {took:.2f} s "
                   f"({', '.join(f'{k} {v:.2f}' for k, v in phases[-1].items() if isinstance(v, float))})",
                   flush=True)

@@ -47,11 +47,12 @@ def _first(lines: list[tuple[float, str]], after: float, *needles: str) -> float
 
 
 def timeline(logs: list[Path], kill: float, acked: float, victim: str, partition: int, owner: str,
-             generation: int) -> dict[str, float | None]:
+             generation: int, *, handover: bool = False) -> dict[str, float | None]:
     """Phase durations of one failover (None: its log line was not found). ``kill`` and
-    ``acked`` are ``time.time()`` values taken by the bench."""
+    ``acked`` are ``time.time()`` values taken by the bench. A ``handover`` (SIGTERM) has
+    no detection: the leaving member announces itself, and is seen gone only once it exits."""
     lines = _lines(logs)
-    seen = _first(lines, kill - 0.01, "sees", victim, "gone")
+    seen = None if handover else _first(lines, kill - 0.01, "sees", victim, "gone")
     assigned = _first(lines, kill - 0.01, "assigned", f"{partition}: ('{owner}', {generation})")
     opens = _first(lines, kill - 0.01, f"{owner} opens partition {partition} (generation {generation})")
     serves = _first(lines, kill - 0.01, f"{owner} serves partition {partition} (generation {generation})")

@@ -99,5 +99,5 @@ class PeerProbe:
             changed, self._refusing = now != self._refusing, now
         if changed:
             if now:
-                log.warning("members %s refuse connections: their partitions move now", ",".join(sorted(now)))
+                log.warning("members %s refuse connections: they are removed from the members", ",".join(sorted(now)))
             self._changed()
