@@ -145,19 +145,7 @@ class FileBlobStore:
         try:
             tmp = self._write_temp(path, key, data)
             try:
-                if if_absent:
-                    os.link(tmp, path)
-                else:
-                    os.replace(tmp, path)
-            except FileExistsError:
-                if path.is_dir():
-                    raise BlobError(
-                        f"cannot store {self._where(key)}: it is a directory of other keys "
-                        "(the file store cannot hold both 'a' and 'a/b'); choose another key"
-                    ) from None
-                raise BlobAlreadyExists(
-                    f"an object already exists at {self._where(key)}; put_if_absent never replaces one"
-                ) from None
+                self._place(tmp, path, key, if_absent)
             finally:
                 tmp.unlink(missing_ok=True)  # gone after a rename
             _fsync_dir(path.parent)
@@ -165,6 +153,23 @@ class FileBlobStore:
             raise
         except OSError as e:
             raise self._io_error(op, key, e) from e
+
+    def _place(self, tmp: Path, path: Path, key: str, if_absent: bool) -> None:
+        """Rename ``tmp`` over ``path``, or link it there when ``if_absent`` (which fails if the key exists)."""
+        try:
+            if if_absent:
+                os.link(tmp, path)
+            else:
+                os.replace(tmp, path)
+        except FileExistsError:
+            if path.is_dir():
+                raise BlobError(
+                    f"cannot store {self._where(key)}: it is a directory of other keys "
+                    "(the file store cannot hold both 'a' and 'a/b'); choose another key"
+                ) from None
+            raise BlobAlreadyExists(
+                f"an object already exists at {self._where(key)}; put_if_absent never replaces one"
+            ) from None
 
     def spill_path(self) -> str:
         """A fresh temporary file name inside the store (same file system, so :meth:`put_file`
@@ -193,13 +198,7 @@ class FileBlobStore:
             finally:
                 os.close(fd)
             try:
-                if if_absent:
-                    os.link(tmp, target)
-                else:
-                    os.replace(tmp, target)
-            except FileExistsError:
-                raise BlobAlreadyExists(
-                    f"an object already exists at {self._where(key)}; put_if_absent never replaces one") from None
+                self._place(Path(tmp), target, key, if_absent)
             finally:
                 if tmp != src:
                     Path(tmp).unlink(missing_ok=True)
