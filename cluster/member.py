@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sediment.clock import Clock, MonotonicClock
 from sediment.cluster import layout
 from sediment.cluster.metrics import ClusterMetrics
 from sediment.cluster.probe import PeerProbe
@@ -50,8 +51,9 @@ class Member:
     """A live member of the cluster at ``where``, advertised to clients as ``advertise``."""
 
     def __init__(self, where: layout.ClusterPath, advertise: str, data_dir: str, *,
-                 engine_options: dict[str, Any] | None = None) -> None:
+                 engine_options: dict[str, Any] | None = None, clock: Clock | None = None) -> None:
         self.where = where
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.advertise = advertise
         self.data_dir = os.path.abspath(data_dir)
         self.metrics = ClusterMetrics()
@@ -63,7 +65,7 @@ class Member:
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._session_lost = False
-        self._heard = 0.0  # monotonic time of the last pass that read ZooKeeper
+        self._heard = 0.0  # clock time of the last pass that read ZooKeeper
         self._leaving = False
         self._engines: dict[int, tuple[Any, int]] = {}  # partition -> (engine, generation)
         self._opening: set[int] = set()
@@ -155,7 +157,7 @@ class Member:
         """Connected, the session not lost, and ZooKeeper read within half the session timeout:
         a process resumed after a pause (SIGSTOP, a long GC) refuses before kazoo notices."""
         return (self._connected.is_set() and not self._session_lost
-                and time.monotonic() - self._heard < self.config.session_timeout / 2)
+                and self.clock.current_time() - self._heard < self.config.session_timeout / 2)
 
     def engine_for(self, partition: int) -> tuple[Any, int]:
         """(engine, generation) of a partition this member serves now; NotPartitionOwner (a
@@ -258,7 +260,7 @@ class Member:
         data, stat = self._read_assignment()
         view = layout.read_view(zk, where)
         self.view = view
-        self._heard = time.monotonic()
+        self._heard = self.clock.current_time()
         if view["manager"] == self.member_id:
             self._manage(sorted(members), set(leaving) & set(members), data, stat)
             data, stat = self._read_assignment()
@@ -326,7 +328,7 @@ class Member:
         with self._lock:
             stale = [p for p, (_e, g) in self._engines.items() if mine.get(p) != g]
             closing = [(p, self._engines.pop(p)[0]) for p in stale]
-            now = time.monotonic()
+            now = self.clock.current_time()
             to_open = [(p, g) for p, g in mine.items()
                        if p not in self._engines and p not in self._opening and self._retry_at.get(p, 0) <= now]
             self._opening.update(p for p, _g in to_open)
@@ -357,7 +359,7 @@ class Member:
             log.warning("member %s could not open partition %d: %s", self.member_id, partition, exc)
             with self._lock:
                 self._opening.discard(partition)
-                self._retry_at[partition] = time.monotonic() + OPEN_RETRY
+                self._retry_at[partition] = self.clock.current_time() + OPEN_RETRY
             self._wake.set()
             return
         engine.superseded_listeners.append(self._fenced_listener(partition, engine))
