@@ -105,15 +105,21 @@ class Layout:
             arr = pa.repeat(scalar.cast(typ), rows) if rows else pa.array([], typ)
         return pa.chunked_array([arr], typ) if chunked else arr
 
-    def fill(self, updates: pa.Table, missing: list[str], version: int | None = None) -> pa.Table:
-        """``updates`` with those of the ``missing`` columns that an alter added (not in version
-        0) appended as their default; columns of version 0 stay missing."""
+    def optional(self, version: int | None = None) -> list[str]:
+        """The columns an append may leave out: those an alter added (not in version 0), which
+        it fills with their default (null unless one was given). Version 0's are required."""
         target = self.versions[self.current_version if version is None else version]
         first = {field_id(f) for f in self.versions[min(self.versions)]}
+        return [f.name for f in target if f.name not in RESERVED and field_id(f) not in first]
+
+    def fill(self, updates: pa.Table, missing: list[str], version: int | None = None) -> pa.Table:
+        """``updates`` with those of the ``missing`` columns that may be left out (:meth:`optional`)
+        appended as their default; the others stay missing."""
+        target = self.versions[self.current_version if version is None else version]
+        optional = set(self.optional(version))
         for f in target:
-            fid = field_id(f)
-            if f.name in missing and f.name not in RESERVED and fid not in first:
-                updates = updates.append_column(f.name, self._default(fid, f.type, updates.num_rows, True))
+            if f.name in missing and f.name in optional:
+                updates = updates.append_column(f.name, self._default(field_id(f), f.type, updates.num_rows, True))
         return updates
 
     def _keys(self, schema: pa.Schema) -> list[Any]:
