@@ -208,3 +208,19 @@ def test_a_frame_without_a_required_column_is_refused_at_planning(spark, coordin
     stats = c.engine.stats()
     assert stats["relations"]["r"]["tail_records"] == 0 and stats["relations"]["r"]["batches"] == 0
     assert stats["wal"]["open_transactions"] == 0 and c.engine.schema_version("r") == 1
+
+
+def test_ingest_leaves_out_columns_an_alter_added(spark, coordinator, tmp_path):
+    from sediment.spark_jobs import ingest
+
+    c = coordinator(compact_interval=None)
+    _altered_for_omission(c.engine, "r")
+    (tmp_path / "in.csv").write_text("id,item,qty\n1,tea,4\n")  # no price: its default
+    common = ["--uri", c.uri, "--token", c.token, "--relation", "r", "--input", str(tmp_path / "in.csv")]
+    ingest.run(spark, ingest.parse_args([*common, "--time", "1", "--seal"]))
+    assert c.engine.snapshot("r", 1).to_pylist() == [{"id": 1, "item": "tea", "qty": 4, "price": 5, "diff": 1}]
+    (tmp_path / "no_id.csv").write_text("item,qty\njam,2\n")
+    end = c.engine.stats()["wal"]["end_lsn"]
+    with pytest.raises(SystemExit, match=r"lacks relation column\(s\) \['id'\]"):
+        ingest.run(spark, ingest.parse_args([*common[:-1], str(tmp_path / "no_id.csv"), "--time", "2"]))
+    assert c.engine.stats()["wal"]["end_lsn"] == end  # refused before anything was written
