@@ -141,8 +141,9 @@ def test_describe_on_the_engine_the_client_and_the_cli(tmp_path, capsys):
         engine.alter_relation("r", add=[pa.field("d", pa.decimal128(5, 2))], defaults={"d": decimal.Decimal("1.50")},
                               widen={"id": pa.int64()}, drop=["note"])
         want = {"name": "r", "id": 1, "schema": "id:int64,d:decimal128(5,2)", "schema_version": 1,
-                "columns": [{"name": "id", "type": "int64", "field_id": 1, "default": None},
-                            {"name": "d", "type": "decimal128(5,2)", "field_id": 3, "default": "1.50"}],
+                "columns": [{"name": "id", "type": "int64", "field_id": 1, "default": None, "required": True},
+                            {"name": "d", "type": "decimal128(5,2)", "field_id": 3, "default": "1.50",
+                             "required": False}],
                 "since": 0, "sealed": -1}
         assert engine.describe("r") == want
         assert client.describe("r") == want
