@@ -20,7 +20,9 @@ for the byte layout and the recovery rules; the short version:
 * ``trim(lsn)`` moves the trim offset to the last finished FRONTIERS record at or
   below ``lsn`` (a clamp, never an error) and raises past the durable end.
 * An appender waiting for its block writes pending blocks itself when one of the
-  ``io_threads`` slots is free; the threads do the rest (``submit``, sealing by age).
+  ``io_threads`` slots is free; the threads do the rest (``submit``). A block is sealed
+  as soon as a slot is free to write it, so several writes are in flight at once and
+  appends coalesce into one block only while every slot is busy.
 * Creating a ring is explicit (``create=True``); a missing or blank ring is WalMissing,
   and every header copy records the durable end, which open must reach (WalShortened).
 
@@ -97,7 +99,7 @@ class DeviceLog:
         block_size: int = DEFAULT_BLOCK_SIZE,
         max_block_bytes: int = 256 * 1024,
         max_block_age: float = 0.001,
-        io_threads: int = 4,
+        io_threads: int = 8,
         window_bytes: int | None = None,
         segment_bytes: int = 64 * 1024 * 1024,
         full_timeout: float = 10.0,
@@ -113,15 +115,17 @@ class DeviceLog:
         ring raises WalMissing (never a silent fresh start). ``capacity`` counts the whole
         ring, header area included; it is fixed at creation. The header records the durable
         end at every segment finish, trim, close and every ``checkpoint_bytes`` of log, and
-        open refuses (WalShortened) a log that ends before it. ``window_bytes`` (default ``io_threads * 2 *
-        max_block_bytes``) bounds the bytes in flight, and so how far past the first gap
+        open refuses (WalShortened) a log that ends before it. ``io_threads`` bounds the block
+        writes in flight; ``window_bytes`` (default ``io_threads * 2 * max_block_bytes``) bounds
+        how far past the oldest unfinished block they land, and so how far past the first gap
         recovery looks. ``repair`` cuts the log at damage instead of refusing to open.
         ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests; ``clock``
-        (a :class:`sediment.clock.Clock`, real by default) times block ages and the wait for
-        room (``full_timeout``)."""
+        (a :class:`sediment.clock.Clock`, real by default) times the wait for room
+        (``full_timeout``). ``max_block_age`` is accepted for compatibility and unused: a
+        block no longer waits to age, it is written as soon as an I/O slot is free."""
         log = cls(
             os.fspath(path), block_size=block_size, max_block_bytes=max_block_bytes,
-            max_block_age=max_block_age, io_threads=io_threads, window_bytes=window_bytes,
+            io_threads=io_threads, window_bytes=window_bytes,
             segment_bytes=segment_bytes, full_timeout=full_timeout, direct=direct, pwrite=pwrite,
             checkpoint_bytes=checkpoint_bytes, clock=clock,
         )
@@ -133,8 +137,7 @@ class DeviceLog:
         return log
 
     def __init__(
-        self, path: str, *, block_size: int, max_block_bytes: int, max_block_age: float,
-        io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
+        self, path: str, *, block_size: int, max_block_bytes: int, io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
         direct: bool, pwrite: PWrite, checkpoint_bytes: int = 4 * 1024 * 1024, clock: Clock | None = None,
     ) -> None:
         if block_size < 4096 or block_size > 65536 or block_size & (block_size - 1):
@@ -145,7 +148,6 @@ class DeviceLog:
         self.block_size = block_size
         self.header_bytes = 2 * block_size
         self.max_block_bytes = max(block_size, max_block_bytes)
-        self.max_block_age = max_block_age
         self.io_threads = io_threads
         self.configured_window = _align_up(
             window_bytes if window_bytes is not None else io_threads * 2 * self.max_block_bytes, block_size
@@ -157,7 +159,7 @@ class DeviceLog:
         self.head = RingHead(self.files, block_size, self.configured_window)
         self.writer = RingWriter(
             self.files, self.head, path=path, block_size=block_size, max_block_bytes=self.max_block_bytes,
-            max_block_age=max_block_age, io_threads=io_threads, checkpoint_bytes=self.checkpoint_bytes,
+            io_threads=io_threads, checkpoint_bytes=self.checkpoint_bytes,
             full_timeout=full_timeout, clock=self.clock,
         )
         if hasattr(self.clock, "on_advance"):  # a clock moved by hand: waiters look at it again

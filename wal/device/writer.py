@@ -30,10 +30,9 @@ _ZEROS = bytes(64 * 1024)
 class _Block:
     """A run of records written with one aligned pwrite."""
 
-    __slots__ = ("start", "fill", "buf", "pooled", "flag", "written", "durable", "frontiers_end", "born",
-                 "tickets")
+    __slots__ = ("start", "fill", "buf", "pooled", "flag", "written", "durable", "frontiers_end", "tickets")
 
-    def __init__(self, start: int, buf: mmap.mmap, pooled: bool, born: float) -> None:
+    def __init__(self, start: int, buf: mmap.mmap, pooled: bool) -> None:
         self.start = start
         self.fill = 0
         self.buf = buf
@@ -42,7 +41,6 @@ class _Block:
         self.written = False
         self.durable = False
         self.frontiers_end = -1
-        self.born = born
         self.tickets: list[DeviceTicket] = []
 
     @property
@@ -75,14 +73,15 @@ class RingWriter:
     """Placement, the I/O slots and completion of one ring. ``io_threads`` bounds the block
     writes in flight (appenders waiting for a block write it themselves when a slot is free;
     the threads write the rest); the window (``head.window``) bounds how far past the oldest
-    unfinished block a write may land, which is how far recovery looks past a gap."""
+    unfinished block a write may land, which is how far recovery looks past a gap. A block
+    is sealed as soon as a slot is free to write it: appends coalesce only while every slot
+    is busy, so a lone appender never waits for company and a busy device gets big writes."""
 
     def __init__(self, files: RingFiles, head: RingHead, *, path: str, block_size: int, max_block_bytes: int,
-                 max_block_age: float, io_threads: int, checkpoint_bytes: int, full_timeout: float,
-                 clock: Clock) -> None:
+                 io_threads: int, checkpoint_bytes: int, full_timeout: float, clock: Clock) -> None:
         self.files, self.head, self.clock, self.path = files, head, clock, path
         self.block_size, self.header_bytes, self.data_capacity = block_size, 2 * block_size, 0
-        self.max_block_bytes, self.max_block_age = max_block_bytes, max_block_age
+        self.max_block_bytes = max_block_bytes
         self.io_threads, self.checkpoint_bytes, self.full_timeout = io_threads, checkpoint_bytes, full_timeout
         self.segments = Segments(0)
         self._lock = threading.Lock()
@@ -219,14 +218,11 @@ class RingWriter:
 
     def _take(self) -> _Block | None:
         """Under the lock: the next block to write, if an I/O slot is free and the window
-        allows. Seals the open block when no write is in flight (nothing to wait for) or
-        when it is ``max_block_age`` old."""
+        allows; seals the open block when nothing sealed waits."""
         if self._failed is not None or self._writing >= self.io_threads:
             return None
-        cur = self._cur
-        if not self._pending and cur is not None:
-            if not self._inflight or self.clock.current_time() - cur.born >= self.max_block_age:
-                self._seal()
+        if not self._pending and self._cur is not None:
+            self._seal()
         if self._pending and self._eligible(self._pending[0]):
             blk = self._pending.popleft()
             self._inflight.append(blk)
@@ -255,11 +251,7 @@ class RingWriter:
                         break
                     if self._closed and not self._pending and not self._inflight and self._cur is None:
                         return
-                    timeout = None
-                    cur = self._cur
-                    if cur is not None and not self._pending and self._writing < self.io_threads:
-                        timeout = max(0.0, self.max_block_age - (self.clock.current_time() - cur.born))
-                    self._work_cv.wait(timeout)
+                    self._work_cv.wait()
             if not self._run(blk):
                 return
 
@@ -434,7 +426,7 @@ class RingWriter:
     def _open_block(self, start: int, cap: int) -> _Block:
         pooled = cap == self._pool_size
         buf = self._pool.pop() if pooled and self._pool else mmap.mmap(-1, cap)
-        self._cur = _Block(start, buf, pooled, self.clock.current_time())
+        self._cur = _Block(start, buf, pooled)
         return self._cur
 
     def _place_fast(self, records: Sequence[Record], crcs: list[int], sizes: list[int], total: int) -> _Block | None:
