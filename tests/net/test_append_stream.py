@@ -157,10 +157,12 @@ def test_the_worked_example_in_formats_md_decodes():
 
     text = (pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "formats.md").read_text()
     section = text[text.index("### Append stream"):]
-    blocks = re.findall(r"```\n([0-9a-f ]+)\n```", section)
-    meta, ack = (bytes.fromhex(b.replace(" ", "")) for b in blocks[:2])
+    blocks = re.findall(r"```\n([0-9a-f \n]+)\n```", section)
+    meta, ack, keyed = (bytes.fromhex(re.sub(r"\s+", "", b)) for b in blocks[:3])
     assert json_arg(meta, "append stream metadata") == {"txn": None}
     assert append_metadata(None, None) == meta
+    assert json_arg(keyed, "append stream metadata") == {"txn": None, "client": "c-1f2e-3", "seq": 12}
+    assert append_metadata(None, None, ("c-1f2e-3", 12)) == keyed
     assert json_arg(append_metadata(7, {"high_water": 3}), "m") == {"txn": 7, "locks": {"high_water": 3}}
     assert ack == ACK_OK and len(ack) == 11
     refused = re.search(r"`(\{\"error\": \{.*?\}\})`", section).group(1)
