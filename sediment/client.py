@@ -171,7 +171,7 @@ class Client:
         self._closed = False
         self._close_lock = threading.Lock()
         self._on_close: list[Callable[[], None]] = []
-        self._streams = StreamPool(self._open_stream)
+        self._streams = StreamPool(self._open_stream, max_age=timeout / 2 if timeout else None)
         try:
             info = self._action(Action.PING)
         except BaseException:

@@ -83,6 +83,7 @@ class AppendStream:
         self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
                                                  options=options)
         self.last_used = 0.0  # when the pool last got it back
+        self.opened = 0.0  # when the pool opened it
         self.in_doubt = False  # an append went out and its acknowledgement was not read: unusable
 
     def append(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
@@ -125,13 +126,16 @@ class AppendStream:
 class StreamPool:
     """A client's idle append streams by (relation, schema). ``take`` lends one (opening a
     new one when none is idle), ``give`` returns it; a background thread closes streams idle
-    for ``idle_seconds``."""
+    for ``idle_seconds``. ``max_age``: a stream opened longer ago than that is not lent
+    again but closed (a client with a call timeout opens its streams with that deadline,
+    which gRPC applies to the whole stream: each append still gets at least the rest)."""
 
     def __init__(self, opener: Callable[[str, pa.Schema], AppendStream], idle_seconds: float = STREAM_IDLE_SECONDS,
-                 clock: Clock = MONOTONIC) -> None:
+                 clock: Clock = MONOTONIC, max_age: float | None = None) -> None:
         self._open = opener
         self._idle_seconds = idle_seconds
         self._clock = clock
+        self._max_age = max_age
         self._lock = threading.Lock()
         self._idle: dict[tuple[str, pa.Schema], list[AppendStream]] = {}
         self._closed = False
@@ -140,14 +144,22 @@ class StreamPool:
 
     def take(self, relation: str, schema: pa.Schema) -> tuple[AppendStream, bool]:
         """A stream for the relation and schema, and whether it is new (never used)."""
+        now = self._clock.current_time()
+        old: list[AppendStream] = []
         with self._lock:
             idle = self._idle.get((relation, schema))
+            while idle and self._max_age is not None and now - idle[-1].opened > self._max_age:
+                old.append(idle.pop())
             if idle:
                 return idle.pop(), False
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap, name="sediment-append-streams", daemon=True)
                 self._reaper.start()
-        return self._open(relation, schema), True
+        for stream in old:
+            stream.close()
+        stream = self._open(relation, schema)
+        stream.opened = now
+        return stream, True
 
     def give(self, stream: AppendStream) -> None:
         stream.last_used = self._clock.current_time()

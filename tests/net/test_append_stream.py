@@ -168,3 +168,46 @@ def test_the_worked_example_in_formats_md_decodes():
     refused = re.search(r"`(\{\"error\": \{.*?\}\})`", section).group(1)
     err = error_from_detail(json.loads(refused)["error"])
     assert isinstance(err, errors.TimeAlreadySealed) and str(err) == "..."
+
+
+def test_the_pool_lends_no_stream_older_than_max_age():
+    """A client with a call timeout opens streams with that deadline for their whole life:
+    a stream past max_age is closed instead of lent, and a new one opened."""
+    closed = []
+
+    class Stream:
+        def __init__(self, key):
+            self.key, self.last_used = key, 0.0
+
+        def close(self):
+            closed.append(self)
+
+    clock = ManualClock(100.0)
+    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=clock,
+                      max_age=5.0)
+    first, _ = pool.take("r", SCHEMA)
+    assert first.opened == 100.0
+    pool.give(first)
+    clock.advance(5)
+    assert pool.take("r", SCHEMA) == (first, False), "exactly max_age old: still lent"
+    pool.give(first)
+    clock.advance(0.5)
+    second, fresh = pool.take("r", SCHEMA)
+    assert fresh and second is not first and closed == [first] and second.opened == 105.5
+    pool.close()
+    pool.give(second)
+
+
+def test_a_client_with_a_timeout_keeps_appending_past_it(node):
+    """The streams of a client with timeout=1 s are renewed before gRPC's deadline ends them:
+    appends spread over more than the timeout all succeed on the first try."""
+    engine, server = node
+    with Client(server.uri, TOKEN, timeout=1.0) as c:
+        c.add_relation("r", SCHEMA)
+        deadline = time.monotonic() + 2.5
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            c.append("r", ups([(n, "a", 1, 1)]))
+    engine.seal("r", 1)
+    assert engine.snapshot("r", 1).num_rows == n
