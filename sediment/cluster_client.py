@@ -9,6 +9,10 @@ client follows and remembers per partition. A hint older than the newest generat
 for that partition is ignored, so a stale member cannot send the client back. Calls refused
 before anything was done (a redirect, an unreachable member, a partition being moved) are
 retried until ``deadline`` seconds have passed; then the last error reaches the caller.
+Writes whose outcome is unknown (the answer was lost, the owner died or was fenced) are
+resent too: appends, ``append_many`` and transaction commits with an idempotency key (the
+owner applies each at most once), seals and ``set_since`` as they are (a frontier found at
+or past the time after an unknown outcome counts as done); OutcomeUnknown after the deadline.
 """
 
 from __future__ import annotations
