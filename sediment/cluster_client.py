@@ -89,10 +89,13 @@ class ClusterClient:
         return got
 
     def _drop(self, address: str) -> None:
+        """Forget the client of ``address`` and close it in the background: closing ends its
+        append streams, each waiting for the member's last word, which a retry elsewhere
+        must not wait for."""
         with self._lock:
             got = self._clients.pop(address, None)
         if got is not None:
-            got.close()
+            threading.Thread(target=got.close, name="sediment-cluster-drop", daemon=True).start()
 
     def _refresh(self) -> None:
         """Learn owners and relations again from ZooKeeper (a zk:// client only)."""
