@@ -266,6 +266,11 @@ class Client:
     def _open_stream(self, name: str, schema: pa.Schema) -> AppendStream:
         return AppendStream(self._flight, name, schema, self._options)
 
+    def end_streams(self) -> None:
+        """End this client's idle append streams now, and each lent one when it is given back;
+        later appends still work, each on a stream of its own."""
+        self._streams.close()
+
     def add_close_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` after :meth:`close` (used to stop an in-process server with its client)."""
         self._on_close.append(callback)
@@ -477,7 +482,12 @@ class Client:
         with self._remote():
             reader = self._flight.do_get(self._ticket(Get.SUBSCRIBE, relation=name, as_of=as_of, resume=resume,
                                                       max_lag=max_lag), options=self._options)
-        return RemoteSubscription(self.uri, reader)
+
+        def reopen(token: str) -> flight.FlightStreamReader:  # the same feed after an alter
+            return self._flight.do_get(self._ticket(Get.SUBSCRIBE, relation=name, continuation=token),
+                                       options=self._options)
+
+        return RemoteSubscription(self.uri, reader, reopen)
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease."""

@@ -89,13 +89,18 @@ class ClusterClient:
         return got
 
     def _drop(self, address: str) -> None:
-        """Forget the client of ``address`` and close it in the background: closing ends its
-        append streams, each waiting for the member's last word, which a retry elsewhere
-        must not wait for."""
+        """Forget the client of ``address``. Its idle append streams end now, in the background
+        (each waits for the member's last word, which a retry elsewhere must not wait for,
+        and a stopping member waits for them); the client itself is closed once the calls
+        other threads may still be making on it have had their time (closing it under them
+        would fail them)."""
         with self._lock:
             got = self._clients.pop(address, None)
         if got is not None:
-            threading.Thread(target=got.close, name="sediment-cluster-drop", daemon=True).start()
+            threading.Thread(target=got.end_streams, name="sediment-cluster-drop", daemon=True).start()
+            closer = threading.Timer(self._options.get("timeout") or DEFAULT_CALL_TIMEOUT, got.close)
+            closer.daemon = True
+            closer.start()
 
     def _refresh(self) -> None:
         """Learn owners and relations again from ZooKeeper (a zk:// client only)."""

@@ -39,14 +39,18 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   L: the rows whose ``key`` falls in range I of ``cuts`` (base64 Arrow IPC of one column
   ``cut``; nulls in range 0), or rows [start, stop), or all; the lease's end (release_read
   or expiry) drops the rows, and a later call is refused with InvalidArgument;
-  ``{"op": "subscribe", "relation": NAME, "as_of": T|null, "resume": BOOL, "max_lag": N|null}`` streams
+  ``{"op": "subscribe", "relation": NAME, "as_of": T|null, "resume": BOOL, "max_lag": N|null,
+  "continuation": TOKEN|absent}`` streams
   ``Engine.subscribe``'s events as batches of the update schema, each with app metadata
   ``{"kind": "snapshot"|"updates"|"progress"|"schema", "time": T, "last": BOOL}`` (an event may span
   batches, ``last`` ends it; a snapshot's rows carry time = T; progress is an empty batch;
   a relation never sealed, subscribed with as_of null, starts with an empty snapshot at T = -1;
   a subscriber dropped for falling more than max_lag events behind ends with FeedOverrun;
-  ``schema``, an empty batch with T = the new schema version, is the last event: the relation
-  was altered and the stream ends, to be resumed in the new columns).
+  ``schema``, an empty batch with T = the new schema version and a ``"continuation"`` token in
+  its metadata, is the last event of a stream: the relation was altered, and the ticket
+  ``{"op": "subscribe", "relation": NAME, "continuation": TOKEN}`` (within 60 s) streams the
+  same subscription's next events in the new columns, nothing lost or repeated; see
+  :mod:`sediment.net.feed_streams`).
 * ``do_action``: the type is the operation, the body a JSON object of its arguments, the
   one result ``{"result": ...}``: add_relation {name, schema: base64 Arrow IPC schema},
   drop_relation {name}, relations {}, schema {name} -> base64 IPC schema, seal {name, t},

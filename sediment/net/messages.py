@@ -77,7 +77,7 @@ FIELDS: dict[Op, tuple[str, ...]] = {
     Get.REPLAY: ("relation", "batch_rows"),
     Get.PLAN: ("relation", "as_of", "from", "lease_seconds", "hold_tail"),
     Get.TAIL_PART: ("relation", "lease", "key", "cuts", "index", "start", "stop"),
-    Get.SUBSCRIBE: ("relation", "as_of", "resume", "max_lag"),
+    Get.SUBSCRIBE: ("relation", "as_of", "resume", "max_lag", "continuation"),
     Action.PING: (),
     Action.ADD_RELATION: ("name", "schema", "partition"),
     Action.DROP_RELATION: ("name",),

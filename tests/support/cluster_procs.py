@@ -73,12 +73,12 @@ class Cluster:
     """ZooKeeper path, nodes and members of one test cluster."""
 
     def __init__(self, root: Path, zk_hosts: str, zk_root: str, moto_endpoint: str, bucket: str, *,
-                 partitions: int = 4, session_timeout: float = 3.0) -> None:
+                 partitions: int = 4, session_timeout: float = 3.0, node_args: tuple[str, ...] = ()) -> None:
         self.root = root
         self.uri = f"zk://{zk_hosts}{zk_root}"
         self.session_timeout = session_timeout
         self.env = {**os.environ, "SEDIMENT_TOKEN": TOKEN, "AWS_ENDPOINT_URL": moto_endpoint}
-        self.nodes = [Node(root / f"node{i}") for i in range(3)]
+        self.nodes = [Node(root / f"node{i}", extra_args=node_args) for i in range(3)]
         for n in self.nodes:
             n.start()
         self.members: list[MemberProc] = []
