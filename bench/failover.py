@@ -8,11 +8,15 @@ SIGTERMed (``--terms`` times), a client measures how long the partition went wit
 acknowledged append, and a new member replaces the one gone; then every relation is checked
 (nothing acknowledged lost, nothing twice). Each failover's steps are read back from the
 members' logs (bench/failover_timeline.py). Throughput: a cluster grown from 1 to 3
-members, each size measured with ``--writers`` single-row writers and with 1,000-row
-batches, over 8 relations.
+members, each size measured with ``--writers`` single-row writers and with 8 writers of
+1,000-row batches, over 8 relations, the writers spread over ``--client-procs`` client
+processes; each figure beside its peer ("put": keyed appends as one do_put each, as before
+the append stream carried keys; "stream": on the append stream), interleaved over
+``--rounds`` rounds (median, min-max).
 
     python bench/failover.py [--kills 20] [--terms 10] [--session-timeout 3] [--seconds 5]
                              [--node-segment-mib 64] [--no-throughput] [--workdir DIR]
+                             [--client-procs 4] [--rounds 3] [--modes put,stream]
 """
 
 from __future__ import annotations
@@ -163,36 +167,126 @@ def failovers(cluster: Cluster, kills: int, terms: int) -> tuple[dict[int, list[
     return times, phases
 
 
-def throughput(cluster: Cluster, seconds: float, writers: int) -> list[tuple[int, float, float]]:
+class PutOnceClient:
+    """The cluster client as it sent keyed appends before the append stream carried keys: one
+    Flight ``do_put`` (the ``append_once`` op) per append, routed and retried the same way.
+    The "before" peer of the throughput figures."""
+
+    def __init__(self, uri: str) -> None:
+        from sediment.cluster_client import ClusterClient
+
+        self.cluster = ClusterClient(uri, TOKEN)
+        self._flights: dict[str, object] = {}
+        self._keys = threading.local()
+        self._id = os.urandom(8).hex()
+        self._count = iter(range(1, 1 << 30))
+
+    def append(self, name: str, table: pa.Table) -> None:
+        keys = self._keys
+        if not hasattr(keys, "client"):
+            keys.client, keys.seq = f"{self._id}-{next(self._count)}", 0
+        keys.seq += 1
+        key = (keys.client, keys.seq)
+        self.cluster.route(name, lambda c: self._put(c.uri, name, table, key), retry_unknown=True,
+                           unknown_outcome=True)
+
+    def _put(self, uri: str, name: str, table: pa.Table, key: tuple[str, int]) -> None:
+        import pyarrow.flight as flight
+
+        from sediment.client import typed_error
+        from sediment.net.messages import Put, encode
+        from sediment.net.protocol import AUTH_HEADER
+
+        client = self._flights.get(uri)
+        if client is None:
+            client = self._flights.setdefault(uri, flight.FlightClient(uri))
+        options = flight.FlightCallOptions(headers=[(AUTH_HEADER.encode(), f"Bearer {TOKEN}".encode())])
+        command = encode(Put.APPEND_ONCE, relation=name, client=key[0], seq=key[1])
+        try:
+            writer, _ = client.do_put(flight.FlightDescriptor.for_command(command), table.schema, options=options)
+            writer.write_table(table)
+            writer.close()
+        except flight.FlightError as exc:
+            raise typed_error(exc) from None
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+def client_process(uri: str, mode: str, names: list[str], threads: int, batch: int, seconds: float,
+                   ready, results) -> None:
+    """One client process: ``threads`` writers on one client (``mode``: "stream", today's
+    cluster client; "put", :class:`PutOnceClient`); the rows acknowledged in ``seconds``
+    after every process is ready and warmed up."""
+    os.environ["SEDIMENT_TOKEN"] = TOKEN
+    db = sediment.connect(uri, token=TOKEN) if mode == "stream" else PutOnceClient(uri)
+    ws = [Writer(db, names[i % len(names)], batch) for i in range(threads)]
+    ready.wait()
+    time.sleep(1.0)  # warm up: connections, streams
+    before = sum(len(w.keys) for w in ws)
+    time.sleep(seconds)
+    done = sum(len(w.keys) for w in ws) - before
+    for w in ws:
+        w.halt.set()
+    for w in ws:
+        w.join(60)
+    results.put((done, [str(e) for w in ws for e in w.errors]))
+    db.close()
+
+
+def measure(uri: str, mode: str, writers: int, batch: int, procs: int, seconds: float, names: list[str]) -> float:
+    """Rows per second acknowledged to ``writers`` writers spread over ``procs`` client processes."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, results = ctx.Barrier(procs + 1), ctx.Queue()
+    per = [writers // procs + (1 if i < writers % procs else 0) for i in range(procs)]
+    ps = [ctx.Process(target=client_process, args=(uri, mode, names[i::procs] or names, n, batch, seconds, ready,
+                                                   results)) for i, n in enumerate(per) if n]
+    for p in ps:
+        p.start()
+    ready.wait(timeout=120)
+    got = [results.get(timeout=seconds + 120) for _ in ps]
+    for p in ps:
+        p.join(60)
+    errors = [e for _n, errs in got for e in errs]
+    if errors:
+        raise RuntimeError(f"{mode} writers failed: {errors[:3]}")
+    return sum(n for n, _e in got) / seconds
+
+
+def throughput(cluster: Cluster, seconds: float, writers: int, procs: int, rounds: int,
+               modes: tuple[str, ...]) -> list[tuple[int, str, list[float], list[float]]]:
+    """Per cluster size and mode: single-row appends/s and rows/s in 1,000-row batches, one
+    figure per round (modes interleaved within each round)."""
     out = []
     cluster.wait_assigned([cluster.start_member()])
+    names = [f"t{r}" for r in range(8)]
     with sediment.connect(cluster.uri, token=TOKEN) as db:
-        for r in range(8):
-            db.add_relation(f"t{r}", SCHEMA, partition=r % 4)
-        for size in (1, 2, 3):
-            while len(cluster.live()) < size:
-                cluster.start_member()
-            cluster.wait_assigned(cluster.live())
-            figures = []
-            for batch, count in ((1, writers), (1000, 8)):
-                ws = [Writer(db, f"t{i % 8}", batch) for i in range(count)]
-                time.sleep(1.0)  # warm up: connections, streams
-                before = sum(len(w.keys) for w in ws)
-                time.sleep(seconds)
-                figures.append((sum(len(w.keys) for w in ws) - before) / seconds)
-                for w in ws:
-                    w.halt.set()
-                for w in ws:
-                    w.join(60)
-            out.append((size, *figures))
-            print(f"{size} coordinators: {figures[0]:.0f} single-row appends/s, {figures[1]:.0f} rows/s in "
-                  "1,000-row batches", flush=True)
+        for r, name in enumerate(names):
+            db.add_relation(name, SCHEMA, partition=r % 4)
+    for size in (1, 2, 3):
+        while len(cluster.live()) < size:
+            cluster.start_member()
+        cluster.wait_assigned(cluster.live())
+        figures: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in modes}
+        for _ in range(rounds):
+            for mode in modes:
+                figures[mode][0].append(measure(cluster.uri, mode, writers, 1, procs, seconds, names))
+                figures[mode][1].append(measure(cluster.uri, mode, 8, 1000, procs, seconds, names))
+        for mode in modes:
+            single, batched = figures[mode]
+            out.append((size, mode, single, batched))
+            print(f"{size} coordinators, {mode}: {statistics.median(single):.0f} single-row appends/s "
+                  f"({min(single):.0f}-{max(single):.0f}), {statistics.median(batched):.0f} rows/s in 1,000-row "
+                  f"batches ({min(batched):.0f}-{max(batched):.0f})", flush=True)
     return out
 
 
-def throughput_in(cluster: Cluster, seconds: float, writers: int) -> list[tuple[int, float, float]]:
+def throughput_in(cluster: Cluster, seconds: float, writers: int, procs: int, rounds: int,
+                  modes: tuple[str, ...]) -> list[tuple[int, str, list[float], list[float]]]:
     try:
-        return throughput(cluster, seconds, writers)
+        return throughput(cluster, seconds, writers, procs, rounds, modes)
     finally:
         cluster.close()
 
@@ -234,6 +328,10 @@ def main() -> None:
     ap.add_argument("--node-segment-mib", type=int, default=64,
                     help="the storage nodes' --segment-bytes: a new owner replays what they still keep")
     ap.add_argument("--no-throughput", action="store_true", help="measure failovers only")
+    ap.add_argument("--client-procs", type=int, default=4, help="client processes the writers are spread over")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="put,stream", help="keyed appends as one do_put each (put, before) "
+                    "and on the append stream (stream)")
     args = ap.parse_args()
     from moto.server import ThreadedMotoServer
 
@@ -260,17 +358,23 @@ def main() -> None:
                 c.close()
             rates = [] if args.no_throughput else throughput_in(
                 Cluster(Path(tmp) / "t", f"127.0.0.1:{zk.port}", "/throughput", endpoint, "bench",
-                        session_timeout=args.session_timeout), args.seconds, args.writers)
+                        session_timeout=args.session_timeout), args.seconds, args.writers, args.client_procs,
+                args.rounds, tuple(args.modes.split(",")))
         finally:
             zk.stop()
             moto.stop()
     report(times, phases, args.session_timeout, granted)
     if not rates:
         return
-    print(f"| coordinators | {args.writers} single-row writers, appends/s | 8 writers of 1,000-row batches, rows/s |")
-    print("|---|---|---|")
-    for size, single, batched in rates:
-        print(f"| {size} | {single:.0f} ({single / rates[0][1]:.2f}x) | {batched:.0f} ({batched / rates[0][2]:.2f}x) |")
+    print(f"| coordinators | client | {args.writers} single-row writers, appends/s | 8 writers of 1,000-row "
+          "batches, rows/s |")
+    print("|---|---|---|---|")
+    base = {mode: (statistics.median(single), statistics.median(batched))
+            for size, mode, single, batched in rates if size == 1}
+    for size, mode, single, batched in rates:
+        s1, b1 = statistics.median(single), statistics.median(batched)
+        print(f"| {size} | {mode} | {s1:.0f} ({min(single):.0f}-{max(single):.0f}; {s1 / base[mode][0]:.2f}x) | "
+              f"{b1:.0f} ({min(batched):.0f}-{max(batched):.0f}; {b1 / base[mode][1]:.2f}x) |")
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ from sediment.clock import MONOTONIC, Clock
 from sediment.engine import staged
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
+from sediment.net import keyed
 from sediment.net.alter_wire import decode_alter
-from sediment.net.append_stream import serve_append_stream
+from sediment.net.append_stream import PLAIN_ARGS, serve_append_stream
 from sediment.net.feed_streams import FeedStreams
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
 from sediment.net.messages import Action, Get, Put
@@ -274,6 +275,9 @@ class SedimentFlightServer(flight.FlightServerBase):
                 log.warning("reaping idle transactions failed: %s", exc)
 
     def _commit(self, args: dict[str, Any]) -> str:
+        if "client" in args:
+            return keyed.commit_once(self.engine, args, lambda: self._txns.get(field(args, "txn", "commit")),
+                                     self._end)
         tx = self._txns.get(field(args, "txn", "commit"))
         return self._end(tx, tx.commit)
 
@@ -290,7 +294,9 @@ class SedimentFlightServer(flight.FlightServerBase):
             staged = self._stages.pop(str(field(args, "stage", "append_many")), {})
         tables = {name: pa.concat_tables(parts) if len(parts) > 1 else parts[0] for name, parts in staged.items()}
         locks = decode_locks(args.get("locks"))
-        if locks is None:
+        if "client" in args:
+            keyed.append_many_once(self.engine, tables, args)
+        elif locks is None:
             self.engine.append_many(tables)
         else:
             self.engine.append_many(tables, locks=locks)
@@ -330,11 +336,13 @@ class SedimentFlightServer(flight.FlightServerBase):
                     raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
                 engine_append = self.engine.append  # looked up once per stream, not per append
 
-                def append(table: pa.Table, txn: object, locks: object) -> None:
-                    if txn is None and locks is None:
+                def append(table: pa.Table, meta: dict[str, Any]) -> None:
+                    if meta is PLAIN_ARGS:
                         engine_append(name, table)
+                    elif "client" in meta:
+                        keyed.append_once(self.engine, name, table, meta)
                     else:
-                        self._append(name, table, txn, locks)
+                        self._append(name, table, meta.get("txn"), meta.get("locks"))
 
                 serve_append_stream(reader, writer, append, lambda: self._stopped)
                 return

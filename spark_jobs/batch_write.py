@@ -129,7 +129,7 @@ class WriterBase:
         if self.diff is not None and DIFF in columns:
             raise InvalidArgument("the DataFrame has a 'diff' column and option('diff') is set too; use one")
         self.has_time = TIME in columns
-        client = connect(self.uri, self.token)
+        client = connect(self.uri, self.token, self.relation)
         try:
             rel_schema = client.schema(self.relation)
             if bool_option(options, "mergeschema"):
@@ -196,7 +196,7 @@ class WriterBase:
         pending: list[pa.RecordBatch] = []
         pending_rows = pending_bytes = 0
         in_flight: Future | None = None  # one append travels while the next one is gathered
-        with connect(self.uri, self.token) as client, ThreadPoolExecutor(1, "sediment-append") as sender:
+        with connect(self.uri, self.token, self.relation) as client, ThreadPoolExecutor(1, "sediment-append") as sender:
             tx: Any = None
 
             def flush() -> None:
@@ -251,7 +251,7 @@ class SedimentWriter(WriterBase, DataSourceArrowWriter):
 
     def commit(self, messages: list[SedimentCommitMessage | None]) -> None:
         done = [m for m in messages if m is not None]
-        with connect(self.uri, self.token) as client:
+        with connect(self.uri, self.token, self.relation) as client:
             client.commit_all([m.txn for m in done if m.txn is not None], group=self.group)
             if self.seal:
                 fixed = self.time if self.time is not None else self.open_time
@@ -261,5 +261,5 @@ class SedimentWriter(WriterBase, DataSourceArrowWriter):
                     client.seal(self.relation, t)
 
     def abort(self, messages: list[SedimentCommitMessage | None]) -> None:
-        with connect(self.uri, self.token) as client:
+        with connect(self.uri, self.token, self.relation) as client:
             client.abort_group(self.group)

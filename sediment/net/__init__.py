@@ -13,7 +13,8 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
 * ``do_put``: the descriptor is a command, JSON:
   ``{"op": "append_stream", "relation": NAME}`` opens a stream of appends to NAME, each
   acknowledged on the stream's metadata channel (see :mod:`sediment.net.append_stream`);
-  the client's appends use it.
+  the client's appends use it; a cluster client's keyed appends carry their idempotency
+  key ``{"client": ID, "seq": N}`` in each append's metadata there.
   ``{"op": "append", "relation": NAME, "txn": ID|null, "locks": LOCKS|absent}`` appends the
   streamed batches as one ``Engine.append`` (or into open transaction ID); the put
   completes only after the append is durable. LOCKS is ``{"high_water": T, "write":
@@ -58,11 +59,14 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   :mod:`sediment.net.alter_wire`), schema_version {name}, describe {name},
   set_since {name, t}, since {name}, sealed {name}, compact {name|null}, trace_info {name}, stats {},
   compaction_errors {},
-  begin {group|absent} -> transaction id, commit {txn}, abort {txn}, txn_state {txn},
+  begin {group|absent} -> transaction id, commit {txn, relation|absent, client|absent,
+  seq|absent} (with a key, a cluster member's: at most once across retries, recorded with
+  the commit in the log of RELATION's partition), abort {txn}, txn_state {txn},
   commit_all {txns, group|absent} (one COMMIT record for them all; then every other open
   transaction of the group is aborted), abort_group {group} (either ends the group: a later
   begin in it is refused with TransactionError),
-  append_many {stage, locks|absent}, discard_stage {stage}, release_read {lease}, ping {}.
+  append_many {stage, locks|absent, client|absent, seq|absent} (a key as commit's),
+  discard_stage {stage}, release_read {lease}, ping {}.
 * Errors: a refused call fails with ``FlightServerError`` whose ``extra_info`` is JSON
   ``{"error": CLASS, "module": "sediment.errors"|"builtins", "message": TEXT, "attrs": {...}}``;
   the client raises the same class with the same message (see :func:`error_detail`).
