@@ -4,11 +4,17 @@ Why: the ring's value is durable appends close to what the device can do, and fa
 recovery. So in one run we measure, on the same file system:
 
 * durable append throughput and latency (p50/p99) for 1 KiB, 4 KiB and 64 KiB records
-  with several concurrent appenders, beside a plain writer: the same number of threads
-  each doing aligned O_DIRECT|O_DSYNC pwrites of the same size, one at a time (the same
-  queue depth), and fio with the same settings when it is installed. Table 1: each
-  appender calls append() (one record outstanding); table 2: each keeps ``--depth``
-  submit() tickets in flight, against a plain writer/fio with threads x depth threads;
+  with one and with several concurrent appenders, beside a plain writer: the same number
+  of threads each doing aligned O_DIRECT|O_DSYNC pwrites (the ring's own sync discipline)
+  of the same size from a reused aligned buffer, one at a time (the same queue depth), and
+  fio with the same settings when it is installed. The ring's figure is everything an
+  append costs: the Record, ``DeviceLog.submit`` with an ``on_durable`` callback and the
+  ticket's ``wait`` (the engine's calls), placement, the write and completion. Tables 1
+  and 2: one record outstanding per appender; table 3: each keeps ``--depth`` submit() tickets in
+  flight, against a plain writer/fio with threads x depth threads. Rounds alternate ring,
+  plain, fio; each row shows medians, the min-max of the per-round ratio, and the CPU
+  time (all threads) per append of the ring and of the plain writer, which the machine's
+  load moves far less than the bandwidth;
 * recovery scan speed for a ring filled with ``--recovery-mib`` of records.
 
     .venv/bin/python bench/device.py                 # full run (1 GiB recovery ring)
@@ -42,24 +48,33 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: int, depth: int = 1) -> dict:
+def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: int, depth: int = 1,
+               io_threads: int | None = None) -> dict:
     """Appenders each append one record of ``size`` bytes (frame included) at a time
-    (``depth`` 1: ``append``), or keep ``depth`` ``submit`` tickets in flight each.
-    Latency: from the call to the moment the record is known durable."""
+    (``depth`` 1: ``submit`` with an ``on_durable`` callback, then ``wait``, as the engine
+    appends), or keep ``depth`` ``submit`` tickets in flight each. Latency: from the call
+    to the moment the record is known durable."""
     if os.path.exists(path):
         os.unlink(path)
-    log = DeviceLog.open(path, ring_bytes, create=True, segment_bytes=ring_bytes // 8, full_timeout=60)
+    kw = {} if io_threads is None else {"io_threads": io_threads}
+    log = DeviceLog.open(path, ring_bytes, create=True, segment_bytes=ring_bytes // 8, full_timeout=60, **kw)
     log.set_finish_listener(log.trim)
     body = os.urandom(size - HEADER_SIZE)
     stop = time.monotonic() + seconds
     lats: list[list[float]] = [[] for _ in range(threads)]
 
+    durable = [0] * threads
+
     def work(k: int) -> None:
         mine = lats[k]
+
+        def on_durable(records: list[Record]) -> None:
+            durable[k] += len(records)
+
         if depth == 1:
             while time.monotonic() < stop:
                 t0 = time.perf_counter()
-                log.append([Record(RecordKind.UPDATES, relation_id=k, body=body)])
+                log.submit([Record(RecordKind.UPDATES, relation_id=k, body=body)], on_durable).wait()
                 mine.append(time.perf_counter() - t0)
             return
         q: collections.deque = collections.deque()
@@ -72,18 +87,21 @@ def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: i
                 mine.append(time.perf_counter() - t0)
 
     ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     direct = log.direct_io
     log.close()
     os.unlink(path)
     all_l = [x for xs in lats for x in xs]
+    assert depth > 1 or sum(durable) == len(all_l), "an acknowledged append missed its on_durable call"
     return {"ops": len(all_l), "mbps": len(all_l) * size / elapsed / 1e6, "p50": pct(all_l, 0.5) * 1e3,
-            "p99": pct(all_l, 0.99) * 1e3, "direct": direct}
+            "p99": pct(all_l, 0.99) * 1e3, "cpu_us": cpu / max(1, len(all_l)) * 1e6, "direct": direct}
 
 
 def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: int) -> dict:
@@ -111,17 +129,19 @@ def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: 
             mine.append(time.perf_counter() - t0)
 
     ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     os.close(fd)
     os.unlink(path)
     all_l = [x for xs in lats for x in xs]
     return {"ops": len(all_l), "mbps": len(all_l) * size / elapsed / 1e6, "p50": pct(all_l, 0.5) * 1e3,
-            "p99": pct(all_l, 0.99) * 1e3}
+            "p99": pct(all_l, 0.99) * 1e3, "cpu_us": cpu / max(1, len(all_l)) * 1e6}
 
 
 def bench_fio(path: str, size: int, threads: int, seconds: float, file_bytes: int) -> dict | None:
@@ -147,6 +167,20 @@ def median_run(runs: list[dict]) -> dict:
     """Per key, the median over repeated runs (the machine may be shared and noisy)."""
     return {k: (statistics.median(r[k] for r in runs) if isinstance(runs[0][k], float | int) and not
                 isinstance(runs[0][k], bool) else runs[0][k]) for k in runs[0]}
+
+
+def print_case(size: int, runs: list[tuple]) -> None:
+    """One row: medians over the rounds, and the ratio's median and min-max per round."""
+    r = median_run([x[0] for x in runs])
+    p = median_run([x[1] for x in runs])
+    ratios = [x[0]["mbps"] / x[1]["mbps"] for x in runs]
+    f = median_run([x[2] for x in runs]) if all(x[2] for x in runs) else None
+    fio = f"{f['mbps']:8.1f} {r['mbps'] / f['mbps']:6.2f}" if f else f"{'-':>8} {'-':>6}"
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+    print(f"{size // 1024:>5}Ki | {r['mbps']:9.1f} {r['p50']:7.2f} {r['p99']:7.2f} | {p['mbps']:10.1f} "
+          f"{p['p50']:7.2f} {p['p99']:7.2f} | {statistics.median(ratios):6.2f} {spread:>9} | "
+          f"{r['cpu_us']:6.1f} {p['cpu_us']:6.1f} | {fio}"
+          + ("" if r["direct"] else "  (ring fell back to buffered I/O)"), flush=True)
 
 
 def bench_recovery(path: str, fill_bytes: int, record: int) -> dict:
@@ -184,7 +218,8 @@ def bench_recovery(path: str, fill_bytes: int, record: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="directory on the file system to test (default: a temp dir)")
-    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--threads", default="1,8", help="appender counts, comma-separated (a table each)")
+    ap.add_argument("--io-threads", type=int, default=None, help="the ring's I/O slots (default: DeviceLog's)")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--ring-mib", type=int, default=256)
     ap.add_argument("--recovery-mib", type=int, default=1024)
@@ -202,27 +237,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dir={d} threads={a.threads} seconds={a.seconds} repeat={a.repeat} ring={a.ring_mib} MiB "
               f"fio={shutil.which('fio')} load={os.getloadavg()[0]:.1f} cpus={os.cpu_count()}")
         print(f"{'record':>7} | {'ring MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} | {'plain MB/s':>10} {'p50 ms':>7} "
-              f"{'p99 ms':>7} | {'ratio':>6} | {'fio MB/s':>8} {'ratio':>6}")
-        for depth in (1, a.depth):
-            qd = a.threads * depth
-            print(f"-- ring: {a.threads} appenders, " + ("append() each" if depth == 1 else
+              f"{'p99 ms':>7} | {'ratio':>6} {'min-max':>9} | {'CPU us/append':>13} | {'fio MB/s':>8} {'ratio':>6}")
+        cases = [(int(t), 1) for t in a.threads.split(",")] + [(int(a.threads.split(",")[-1]), a.depth)]
+        for threads, depth in cases:
+            qd = threads * depth
+            print(f"-- ring: {threads} appender(s), " + ("submit().wait() each" if depth == 1 else
                   f"{depth} submit() tickets in flight each") + f"; plain/fio: {qd} threads, one write each (QD {qd})")
             for size in (1024, 4096, 64 * 1024):
-                runs = []
-                for _ in range(a.repeat):
-                    runs.append((bench_ring(ring, size, a.threads, a.seconds, a.ring_mib * MiB, depth),
-                                 bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB),
-                                 bench_fio(plain, size, qd, max(1, int(a.seconds)), a.ring_mib * MiB // qd)))
-                r = median_run([x[0] for x in runs])
-                p = median_run([x[1] for x in runs])
-                f = median_run([x[2] for x in runs]) if all(x[2] for x in runs) else None
-                fio = f"{f['mbps']:8.1f} {r['mbps'] / f['mbps']:6.2f}" if f else f"{'-':>8} {'-':>6}"
-                print(f"{size // 1024:>5}Ki | {r['mbps']:9.1f} {r['p50']:7.2f} {r['p99']:7.2f} | {p['mbps']:10.1f} "
-                      f"{p['p50']:7.2f} {p['p99']:7.2f} | {r['mbps'] / p['mbps']:6.2f} | {fio}"
-                      + ("" if r["direct"] else "  (ring fell back to buffered I/O)"))
+                print_case(size, [(bench_ring(ring, size, threads, a.seconds, a.ring_mib * MiB, depth, a.io_threads),
+                                   bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB),
+                                   bench_fio(plain, size, qd, max(1, int(a.seconds)), a.ring_mib * MiB // qd))
+                                  for _ in range(a.repeat)])
         rec = bench_recovery(ring, a.recovery_mib * MiB, a.recovery_record)
         print(f"recovery: {rec['bytes'] / MiB:.0f} MiB, {rec['records']} records of {a.recovery_record} B "
               f"in {rec['secs']:.2f} s = {rec['mbps']:.0f} MB/s (target: 1 GiB < 3 s); fill took {rec['fill_s']:.1f} s")
+        print(f"load at the end: {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0

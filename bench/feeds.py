@@ -51,18 +51,18 @@ def pct(values: list[float], p: float) -> float:
 
 
 def read_feed(sub, appends: int, out: list[tuple[int, float]]) -> None:
-    """Read updates until ``appends`` ids have come, recording (id, time received)."""
+    """What a user writes: iterate the subscription, until ``appends`` ids have come,
+    recording (id, time received)."""
     got = 0
-    while got < appends:
-        event = sub.next(timeout=60)
-        if event is None:
-            return
+    for event in sub:
         at = now()
         if event.kind != "updates":
             continue
         ids = event.table.column("id").to_pylist()
         got += len(ids)
         out.extend((i, at) for i in ids)
+        if got >= appends:
+            return
 
 
 def write(eng, appends: int) -> tuple[dict[int, float], list[float]]:

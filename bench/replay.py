@@ -162,9 +162,12 @@ def main() -> None:
             "pq.read_table + sort_by(time) (kernel for time order)": lambda: run_plain_sorted(files),
         }
         results: dict[str, list[tuple[float, int]]] = {}
+        cpu: dict[str, list[float]] = {}  # process CPU seconds: less sensitive to other sessions' load than wall time
         for r in range(args.rounds):
             for name, fn in cases.items():
+                c0 = time.process_time()
                 results.setdefault(name, []).append(fn())
+                cpu.setdefault(name, []).append(time.process_time() - c0)
             print("  round " + str(r + 1) + ": " + ", ".join(
                 f"{n} {v[-1][0]:.2f} s" for n, v in results.items()), flush=True)
         best = {n: (statistics.median(s for s, _ in v), v[0][1]) for n, v in results.items()}  # medians
@@ -173,11 +176,14 @@ def main() -> None:
         peer_name = min(("pq.read_table", "pq.read_table use_threads=False"), key=lambda n: best[n][0])
         peer = best[peer_name][0]
         print(f"\npeer: {peer_name}; medians over {args.rounds} rounds (min-max)")
-        print("\n| case | seconds | rows | rows/s (stored rows / s) | ratio to peer |")
-        print("| --- | ---: | ---: | ---: | ---: |")
+        peer_cpu = statistics.median(cpu[peer_name])
+        print("\n| case | seconds | rows | rows/s (stored rows / s) | ratio to peer | CPU s | CPU ratio to peer |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for n, (s, rows) in best.items():
             lo, hi = spread[n]
-            print(f"| {n} | {s:.3f} ({lo:.3f}-{hi:.3f}) | {rows:,} | {fmt_rate(stored_rows / s)} | {peer / s:.2f}x |")
+            c = statistics.median(cpu[n])
+            print(f"| {n} | {s:.3f} ({lo:.3f}-{hi:.3f}) | {rows:,} | {fmt_rate(stored_rows / s)} | {peer / s:.2f}x "
+                  f"| {c:.3f} ({min(cpu[n]):.3f}-{max(cpu[n]):.3f}) | {peer_cpu / c:.2f}x |")
         rep = peer / best["replay"][0]
         print("\n| target | ours | peer | ratio | need | status |")
         print("| --- | ---: | ---: | ---: | ---: | --- |")
@@ -199,7 +205,7 @@ def main() -> None:
         print(f"\ntotal {time.perf_counter() - t_start:.0f} s; load average {os.getloadavg()[0]:.1f}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"args": vars(args), "info": info, "results": results, "profiles": profs}, f, indent=1)
+                json.dump({"args": vars(args), "info": info, "results": results, "cpu": cpu, "profiles": profs}, f, indent=1)
     finally:
         engine.close()
         shutil.rmtree(d, ignore_errors=True)

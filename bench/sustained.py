@@ -10,9 +10,10 @@ consolidates: every byte is compacted and its pending runs merged while the stre
 ``--keys repeated`` appends the same table again and again (consolidation collapses it).
 
 Reported per case: rows/s, the largest backlog seen after any append (``Engine.stats()``), the
-CPU seconds of the whole process and of the compacter's, merger's and WAL writer's threads
-(from ``/proc/self/task``; Arrow's own pool threads are in the process figure only) per MB
-appended: what compaction costs per byte. Cases of one round run
+CPU seconds of the whole process, of the background scheduler's compaction passes and merges
+(``Engine.scheduler.cpu_seconds``: the CPU time of the thread each step runs in) and of the WAL
+writer's thread (from ``/proc/self/task``); Arrow's own pool threads and the k-way merge's
+helper threads are in the process figure only) per MB appended: what compaction costs per byte. Cases of one round run
 back to back in an order that rotates per round; ratios are taken within a round; medians
 with min-max.
 
@@ -45,18 +46,22 @@ ROW_BYTES = 1024
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds of each live Python thread, by name (Arrow's own pool threads are not named)."""
-    out: dict[str, float] = {}
+def thread_cpu(eng) -> dict[str, float]:
+    """CPU seconds of the scheduler's passes and merges (the scheduler counts them: trio runs
+    both in the same reused worker threads) and of the WAL writer's thread, found by its name
+    (``wal-writer-P``, ``s3-wal-writer-P``)."""
+    out = {"wal-writer": 0.0}
+    if eng.scheduler is not None:
+        out.update({f"compaction-{k}": v for k, v in eng.scheduler.cpu_seconds.items()})
     for t in threading.enumerate():
+        if "wal-writer" not in t.name:
+            continue
         try:
             with open(f"/proc/self/task/{t.native_id}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        low = t.name.lower()
-        name = next((k for k in ("compacter", "merge", "wal-writer") if k in low), "other")
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+        out["wal-writer"] += (int(fields[11]) + int(fields[12])) / TICKS
     return out
 
 
@@ -67,7 +72,7 @@ def run_case(root: str, compact: bool, keys: str, seconds: float) -> dict:
         eng.add_relation("r", pa.schema([("id", pa.int64()), ("payload", pa.binary())]))
         table = one_kib_rows(10_000, 0)
         n, peak = 0, 0
-        before = thread_cpu()
+        before = thread_cpu(eng)
         c0, t0 = time.process_time(), time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             if keys == "fresh":
@@ -76,7 +81,7 @@ def run_case(root: str, compact: bool, keys: str, seconds: float) -> dict:
             n += table.num_rows
             peak = max(peak, eng.stats()["wal"]["backlog_bytes"])
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-        threads = {k: v - before.get(k, 0.0) for k, v in thread_cpu().items() if k != "other"}
+        threads = {k: v - before.get(k, 0.0) for k, v in thread_cpu(eng).items()}
         eng.close()
         mb = n * ROW_BYTES / 1e6
         return {"rows_per_s": n / elapsed, "max_backlog_mib": peak / (1 << 20), "cpu_ms_per_mb": 1e3 * cpu / mb,

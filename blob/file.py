@@ -23,7 +23,7 @@ from sediment._fs import fsync_dir as _fsync_dir
 from sediment._fs import makedirs_durable
 from sediment.errors import BlobAlreadyExists, BlobError, BlobNotFound
 
-from .keys import TEMP_SUFFIX, validate_key, validate_range
+from .keys import TEMP_SUFFIX, open_key, validate_range
 
 
 class FileBlobStore:
@@ -48,10 +48,7 @@ class FileBlobStore:
         return f"key {key!r} in blob directory {str(self.root)!r}"
 
     def _path(self, key: str) -> Path:
-        if self._closed:
-            raise BlobError(f"{self._where(key)}: the store is closed; open a new one")
-        validate_key(key)
-        return self.root.joinpath(*key.split("/"))
+        return self.root.joinpath(*open_key(self._closed, self._where(key), key).split("/"))
 
     def _io_error(self, op: str, key: str, e: OSError) -> BlobError:
         return BlobError(
@@ -135,42 +132,44 @@ class FileBlobStore:
         return st.st_size
 
     def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        try:
-            tmp = self._write_temp(path, key, data)
-            try:
-                os.replace(tmp, path)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-            _fsync_dir(path.parent)
-        except BlobError:
-            raise
-        except OSError as e:
-            raise self._io_error("put", key, e) from e
+        self._store(key, data, if_absent=False)
 
     def put_if_absent(self, key: str, data: bytes) -> None:
+        self._store(key, data, if_absent=True)
+
+    def _store(self, key: str, data: bytes, *, if_absent: bool) -> None:
+        """Write ``data`` to a temporary file, fsync it, then rename it over the key (``put``) or
+        link it to the key, which fails if the key exists (``put_if_absent``)."""
+        op = "put_if_absent" if if_absent else "put"
         path = self._path(key)
         try:
             tmp = self._write_temp(path, key, data)
             try:
-                os.link(tmp, path)
-            except FileExistsError:
-                if path.is_dir():
-                    raise BlobError(
-                        f"cannot store {self._where(key)}: it is a directory of other keys "
-                        "(the file store cannot hold both 'a' and 'a/b'); choose another key"
-                    ) from None
-                raise BlobAlreadyExists(
-                    f"an object already exists at {self._where(key)}; put_if_absent never replaces one"
-                ) from None
+                self._place(tmp, path, key, if_absent)
             finally:
-                tmp.unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)  # gone after a rename
             _fsync_dir(path.parent)
         except BlobError:
             raise
         except OSError as e:
-            raise self._io_error("put_if_absent", key, e) from e
+            raise self._io_error(op, key, e) from e
+
+    def _place(self, tmp: Path, path: Path, key: str, if_absent: bool) -> None:
+        """Rename ``tmp`` over ``path``, or link it there when ``if_absent`` (which fails if the key exists)."""
+        try:
+            if if_absent:
+                os.link(tmp, path)
+            else:
+                os.replace(tmp, path)
+        except FileExistsError:
+            if path.is_dir():
+                raise BlobError(
+                    f"cannot store {self._where(key)}: it is a directory of other keys "
+                    "(the file store cannot hold both 'a' and 'a/b'); choose another key"
+                ) from None
+            raise BlobAlreadyExists(
+                f"an object already exists at {self._where(key)}; put_if_absent never replaces one"
+            ) from None
 
     def spill_path(self) -> str:
         """A fresh temporary file name inside the store (same file system, so :meth:`put_file`
@@ -199,13 +198,7 @@ class FileBlobStore:
             finally:
                 os.close(fd)
             try:
-                if if_absent:
-                    os.link(tmp, target)
-                else:
-                    os.replace(tmp, target)
-            except FileExistsError:
-                raise BlobAlreadyExists(
-                    f"an object already exists at {self._where(key)}; put_if_absent never replaces one") from None
+                self._place(Path(tmp), target, key, if_absent)
             finally:
                 if tmp != src:
                     Path(tmp).unlink(missing_ok=True)

@@ -9,6 +9,8 @@ store's temporary-file suffix.
 
 from __future__ import annotations
 
+from sediment.errors import BlobError
+
 TEMP_SUFFIX = ".sediment-tmp"
 """Suffix of the file store's in-flight temporary files; keys may not end a segment with it."""
 
@@ -34,6 +36,14 @@ def validate_key(key: str) -> str:
                 "temporary files; choose another name"
             )
     return key
+
+
+def open_key(closed: bool, where: str, key: str) -> str:
+    """``key`` checked as :func:`validate_key` does, or BlobError when the store is closed:
+    what every store does before it touches an object (``where`` names the object)."""
+    if closed:
+        raise BlobError(f"{where}: the store is closed; open a new one")
+    return validate_key(key)
 
 
 def validate_range(key: str, start: int, length: int) -> None:

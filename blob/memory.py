@@ -10,7 +10,7 @@ import threading
 
 from sediment.errors import BlobAlreadyExists, BlobError, BlobNotFound
 
-from .keys import validate_key, validate_range
+from .keys import open_key, validate_range
 
 
 class _Objects:
@@ -48,9 +48,7 @@ class MemoryBlobStore:
         return f"key {key!r} in memory store {self.name or '(anonymous)'}"
 
     def _check(self, key: str) -> None:
-        if self._closed:
-            raise BlobError(f"{self._where(key)}: the store is closed; open a new one")
-        validate_key(key)
+        open_key(self._closed, self._where(key), key)
 
     def get(self, key: str) -> bytes:
         self._check(key)

@@ -28,13 +28,13 @@ from botocore.exceptions import (
 )
 
 from sediment._s3 import NOT_FOUND_CODES as _NOT_FOUND_CODES
-from sediment._s3 import PreconditionFailed, make_client, put_conditional
+from sediment._s3 import Bucket, PreconditionFailed
 from sediment._s3 import error_code as _error_code
 from sediment._s3 import retries as _retries
 from sediment._s3 import status as _status
 from sediment.errors import BlobAlreadyExists, BlobCredentialsError, BlobError, BlobNotFound
 
-from .keys import validate_key, validate_range
+from .keys import open_key, validate_range
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +89,16 @@ class S3BlobStore:
             raise ValueError(f"S3 max_attempts must be >= 1 (the first attempt counts), got {max_attempts}")
         if multipart_concurrency < 1:
             raise ValueError(f"S3 multipart_concurrency must be >= 1, got {multipart_concurrency}")
-        prefix = prefix.strip("/")
-        self.bucket = bucket
-        self.prefix = prefix + "/" if prefix else ""
+        self._s3 = Bucket(bucket, prefix, endpoint_url, region, connect_timeout=connect_timeout,
+                          read_timeout=read_timeout, max_attempts=max_attempts, conflict_attempts=conflict_attempts,
+                          sleep=sleep, pool=max(10, multipart_concurrency + 2), addressing_style=addressing_style)
+        self.bucket, self.prefix, self._client = bucket, self._s3.prefix, self._s3.client
+        self.endpoint_url: str = self._s3.endpoint_url
         self.max_attempts = max_attempts
-        self.conflict_attempts = max(1, conflict_attempts)
-        self._sleep = sleep
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
         self.multipart_concurrency = multipart_concurrency
         self.read_timeout = read_timeout
-        self._client = make_client(endpoint_url, region, connect_timeout=connect_timeout, read_timeout=read_timeout,
-                                   max_attempts=max_attempts, pool=max(10, multipart_concurrency + 2),
-                                   addressing_style=addressing_style)
-        self.endpoint_url: str = self._client.meta.endpoint_url
         self._closed = False
 
     def __repr__(self) -> str:
@@ -162,9 +158,7 @@ class S3BlobStore:
             raise self._fail(op, key, e) from e
 
     def _check(self, key: str) -> str:
-        if self._closed:
-            raise BlobError(f"{self._where(key)}: the store is closed; open a new one")
-        return self.prefix + validate_key(key)
+        return self.prefix + open_key(self._closed, self._where(key), key)
 
     def _read_body(self, op: str, key: str, request: Callable[[], dict[str, Any]]) -> bytes:
         """Fetch and read a body, retrying the whole request if the body stream breaks mid-read.
@@ -242,8 +236,7 @@ class S3BlobStore:
         full = self._check(key)
         data = bytes(data)
         try:
-            put_conditional(self._client, self._sleep, self.conflict_attempts, Bucket=self.bucket, Key=full,
-                            Body=data, IfNoneMatch="*")
+            self._s3.put_conditional(Key=full, Body=data, IfNoneMatch="*")
         except PreconditionFailed as e:
             if e.retried and self._holds(key, data):
                 log.info("S3 put_if_absent of %s: an earlier attempt of this call landed", full)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -73,6 +74,18 @@ class AppliedOnce:
 
     def append(self, engine: Any, partition: int, name: str, updates: pa.Table, client: str, seq: int) -> bool:
         """Append ``updates`` unless (client, seq) was applied already; True if applied now."""
+        return self.append_many(engine, partition, {name: updates}, client, seq)
+
+    def append_many(self, engine: Any, partition: int, updates: Mapping[str, pa.Table], client: str,
+                    seq: int) -> bool:
+        """``append_many(updates)`` unless (client, seq) was applied already; True if applied now."""
+        return self.apply(engine, partition, client, seq,
+                          lambda marks: engine.append_many({**updates, APPLIED: marks}))
+
+    def apply(self, engine: Any, partition: int, client: str, seq: int, write: Callable[[pa.Table], Any]) -> bool:
+        """``write(marks)`` unless (client, seq) was applied already; True if applied now.
+        ``write`` must make the marks (rows of APPLIED) durable and visible exactly when its
+        own write is: in the same WAL transaction."""
         if not isinstance(client, str) or not client or not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
             raise InvalidArgument(f"an append's idempotency key must be a client id and a sequence number >= 0, "
                                   f"not ({client!r}, {seq!r})")
@@ -82,6 +95,6 @@ class AppliedOnce:
             if last is not None and seq <= last:
                 return False
             marks = [(client, seq, 1)] + ([(client, last, -1)] if last is not None else [])
-            engine.append_many({name: updates, APPLIED: _marks(marks)})
+            write(_marks(marks))
             table[client] = seq
             return True

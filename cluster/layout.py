@@ -40,13 +40,6 @@ class ClusterConfig:
     s3_endpoint: str | None = None
     session_timeout: float = DEFAULT_SESSION_TIMEOUT
 
-    def encode(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> ClusterConfig:
-        return cls(**json.loads(data))
-
 
 @dataclass(frozen=True)
 class ClusterPath:
@@ -110,7 +103,7 @@ def create(zk: object, where: ClusterPath, config: ClusterConfig) -> None:
     for part in ("members", "leaving", "relations", "partitions"):
         zk.ensure_path(where.path(part))
     try:
-        zk.create(where.path("config"), config.encode())
+        zk.create(where.path("config"), json.dumps(asdict(config), sort_keys=True).encode())
     except NodeExistsError:
         raise ClusterExists(f"{where.uri} already records a cluster; it is created once (use another NAME)") from None
 
@@ -124,7 +117,7 @@ def read_config(zk: object, where: ClusterPath) -> ClusterConfig:
     except NoNodeError:
         raise ClusterMissing(f"no cluster at {where.uri}: create it first with `sediment cluster create "
                              f"--metadata {where.uri} ...`") from None
-    return ClusterConfig.decode(data)
+    return ClusterConfig(**json.loads(data))
 
 
 def decode_assignment(data: bytes | None) -> dict[int, tuple[str, int]]:

@@ -15,6 +15,12 @@ prefix), which runs the replicated log's recovery: the new store session is reco
 partition's metadata and the storage nodes refuse the previous owner's writes, so an old
 owner is fenced where data lands, never by a lock it believes it holds.
 
+A member whose port refuses connections (cluster/probe.py: a SIGKILLed process) is removed
+from the members at once, without waiting for its session to end: by the manager, which
+looks at every member's port, or, for the manager itself, by the others, which look at
+its port. A live member removed so rejoins under a new id. That is only quicker, never
+needed for safety: the old owner is fenced by the generation either way.
+
 A SUSPENDED or LOST ZooKeeper connection stops serving at once (:meth:`engine_for` refuses);
 a LOST session also closes every partition, and once connected again the member registers
 anew under a new id, so a member paused past its session rejoins as a new member.
@@ -30,8 +36,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sediment.clock import Clock, MonotonicClock
 from sediment.cluster import layout
 from sediment.cluster.metrics import ClusterMetrics
+from sediment.cluster.probe import PeerProbe
 from sediment.errors import MembershipLost, NotPartitionOwner
 
 POLL = 0.5  # seconds between the control loop's looks when no watch fires
@@ -43,8 +51,9 @@ class Member:
     """A live member of the cluster at ``where``, advertised to clients as ``advertise``."""
 
     def __init__(self, where: layout.ClusterPath, advertise: str, data_dir: str, *,
-                 engine_options: dict[str, Any] | None = None) -> None:
+                 engine_options: dict[str, Any] | None = None, clock: Clock | None = None) -> None:
         self.where = where
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.advertise = advertise
         self.data_dir = os.path.abspath(data_dir)
         self.metrics = ClusterMetrics()
@@ -56,13 +65,14 @@ class Member:
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._session_lost = False
-        self._heard = 0.0  # monotonic time of the last pass that read ZooKeeper
+        self._heard = 0.0  # clock time of the last pass that read ZooKeeper
         self._leaving = False
         self._engines: dict[int, tuple[Any, int]] = {}  # partition -> (engine, generation)
         self._opening: set[int] = set()
         self._retry_at: dict[int, float] = {}
         self._seen: dict[int, tuple[str, int]] = {}  # the assignment of the previous pass
         self._zk: Any = None
+        self._probe: PeerProbe | None = None
         self.config: layout.ClusterConfig | None = None
         self._thread: threading.Thread | None = None
 
@@ -83,6 +93,12 @@ class Member:
         self._thread = threading.Thread(target=self._loop, name="cluster-member", daemon=True)
         self._thread.start()
         self._wake.set()
+        self._probe = PeerProbe(self._probe_targets, self._in_touch, self._wake.set)
+        self._probe.start()
+        if self.config.blob.startswith("s3://"):
+            from sediment import _s3
+
+            threading.Thread(target=_s3.warm, name="s3-warm", daemon=True).start()
 
     def leave(self, timeout: float) -> bool:
         """SIGTERM: ask the manager to move this member's partitions, close each as it goes, and
@@ -107,6 +123,8 @@ class Member:
         """Close every partition and end the session (the ephemeral znode goes with it)."""
         self._stop.set()
         self._wake.set()
+        if self._probe is not None:
+            self._probe.stop()
         if self._thread is not None:
             self._thread.join(10.0)
         with self._lock:
@@ -139,7 +157,7 @@ class Member:
         """Connected, the session not lost, and ZooKeeper read within half the session timeout:
         a process resumed after a pause (SIGSTOP, a long GC) refuses before kazoo notices."""
         return (self._connected.is_set() and not self._session_lost
-                and time.monotonic() - self._heard < self.config.session_timeout / 2)
+                and self.clock.current_time() - self._heard < self.config.session_timeout / 2)
 
     def engine_for(self, partition: int) -> tuple[Any, int]:
         """(engine, generation) of a partition this member serves now; NotPartitionOwner (a
@@ -230,12 +248,19 @@ class Member:
         if not self._connected.is_set():
             return
         zk, where = self._zk, self.where
-        members = zk.get_children(where.path("members"), watch=self._watch)
+        members = self._remove_refusing(zk.get_children(where.path("members"), watch=self._watch))
+        if self.member_id not in members and not self._leaving:
+            log.warning("member %s was removed from the members (its port refused a connection): it rejoins",
+                        self.member_id)
+            self._drop_all()
+            self._register()
+            self._wake.set()
+            return
         leaving = zk.get_children(where.path("leaving"), watch=self._watch)
         data, stat = self._read_assignment()
         view = layout.read_view(zk, where)
         self.view = view
-        self._heard = time.monotonic()
+        self._heard = self.clock.current_time()
         if view["manager"] == self.member_id:
             self._manage(sorted(members), set(leaving) & set(members), data, stat)
             data, stat = self._read_assignment()
@@ -250,6 +275,29 @@ class Member:
         except NoNodeError:
             return b"", None
 
+    def _probe_targets(self) -> dict[str, str]:
+        """Whose ports to look at: the manager looks at every other member's, the others at
+        the manager's only (so that the next in line takes over from a dead manager)."""
+        members, manager = self.view["members"], self.view["manager"]
+        if manager == self.member_id:
+            return {m: a for m, a in members.items() if m != self.member_id}
+        return {manager: members[manager]} if manager in members else {}
+
+    def _remove_refusing(self, members: list[str]) -> list[str]:
+        """Delete the member znodes of members whose port refuses connections (a dead
+        process): the membership then changes for everyone at once, as when a session ends.
+        Returns the members left."""
+        from kazoo.exceptions import NoNodeError
+
+        dead = self._probe.refusing() & set(members) if self._probe is not None else set()
+        for member in sorted(dead - {self.member_id}):
+            log.info("member %s sees %s gone (connection refused): removed from the members", self.member_id, member)
+            try:
+                self._zk.delete(self.where.path("members", member))
+            except NoNodeError:
+                pass
+        return [m for m in members if m not in dead or m == self.member_id]
+
     def _manage(self, members: list[str], leaving: set[str], data: bytes, stat: Any) -> None:
         """The manager's part: plan from the live members and write it if it changed."""
         from kazoo.exceptions import BadVersionError, NodeExistsError
@@ -257,6 +305,9 @@ class Member:
         from sediment.cluster.assignment import PartitionOwner, plan_assignment
 
         current = {p: PartitionOwner(m, g) for p, (m, g) in layout.decode_assignment(data).items()}
+        gone = sorted({o.member for o in current.values()} - set(members))
+        if gone:
+            log.info("manager %s sees %s gone", self.member_id, ",".join(gone))
         planned = plan_assignment(self.config.partitions, members, current, leaving=leaving)
         if not planned:
             return  # nobody to serve: keep the record, so the next plan still bumps every generation
@@ -277,7 +328,7 @@ class Member:
         with self._lock:
             stale = [p for p, (_e, g) in self._engines.items() if mine.get(p) != g]
             closing = [(p, self._engines.pop(p)[0]) for p in stale]
-            now = time.monotonic()
+            now = self.clock.current_time()
             to_open = [(p, g) for p, g in mine.items()
                        if p not in self._engines and p not in self._opening and self._retry_at.get(p, 0) <= now]
             self._opening.update(p for p, _g in to_open)
@@ -297,6 +348,7 @@ class Member:
         from sediment.engine.engine import Engine
 
         cfg = self.config
+        log.info("member %s opens partition %d (generation %d)", self.member_id, partition, generation)
         try:
             engine = Engine.open(os.path.join(self.data_dir, "partitions", str(partition)),
                                  metadata=self.where.partition_metadata(partition), replicas=list(cfg.replicas),
@@ -307,7 +359,7 @@ class Member:
             log.warning("member %s could not open partition %d: %s", self.member_id, partition, exc)
             with self._lock:
                 self._opening.discard(partition)
-                self._retry_at[partition] = time.monotonic() + OPEN_RETRY
+                self._retry_at[partition] = self.clock.current_time() + OPEN_RETRY
             self._wake.set()
             return
         engine.superseded_listeners.append(self._fenced_listener(partition, engine))

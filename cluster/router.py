@@ -14,14 +14,15 @@ its answer leaves, so a superseded owner never answers from stale state.
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from sediment.cluster import layout
-from sediment.cluster.applied import AppliedOnce
+from sediment.cluster.applied import APPLIED, AppliedOnce
 from sediment.cluster.member import Member
 from sediment.cluster.partition_transaction import PartitionTransaction
 from sediment.errors import (
@@ -43,7 +44,8 @@ class ClusterEngine:
         self.metrics = member.metrics
         self.superseded = None
         self.superseded_listeners: list = []
-        self._txn_ids = itertools.count(1)
+        # random-based ids: a client resending a commit to a later owner must never name another's
+        self._txn_ids = itertools.count(secrets.randbits(40) << 20)
         self._applied = AppliedOnce()
 
     # --- routing -------------------------------------------------------------------------------
@@ -126,7 +128,8 @@ class ClusterEngine:
         return self._read(name, "schema_version")
 
     def describe(self, name: str) -> dict[str, Any]:
-        return self._read(name, "describe")
+        """The engine's description, with the relation's ``partition``."""
+        return {**self._read(name, "describe"), "partition": self._partition(name)}
 
     # --- writes --------------------------------------------------------------------------------
 
@@ -144,16 +147,39 @@ class ClusterEngine:
             self.metrics.deduplicated.inc()
         self.member.check_still_serving(p, generation)
 
-    def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
+    def _one_partition(self, updates: Mapping[str, pa.Table]) -> int | None:
         parts = {self._partition(name) for name in updates}
         if len(parts) > 1:
             raise CrossPartitionTransaction(f"append_many names relations of partitions {sorted(parts)}: a write "
                                             "is atomic within one partition; nothing was written")
-        if not parts:
+        return next(iter(parts), None)
+
+    def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
+        p = self._one_partition(updates)
+        if p is None:
             return
-        (p,) = parts
         engine, generation = self.member.engine_for(p)
         engine.append_many(updates, **({} if locks is None else {"locks": locks}))
+        self.member.check_still_serving(p, generation)
+
+    def append_many_once(self, updates: Mapping[str, pa.Table], client: str, seq: int) -> None:
+        """``append_many`` with an idempotency key, applied at most once as :meth:`append_once`."""
+        p = self._one_partition(updates)
+        if p is None:
+            return
+        engine, generation = self.member.engine_for(p)
+        if not self._applied.append_many(engine, p, updates, client, seq):
+            self.metrics.deduplicated.inc()
+        self.member.check_still_serving(p, generation)
+
+    def commit_once(self, name: str, client: str, seq: int, commit: Callable[[int, pa.Table], None]) -> None:
+        """A transaction's commit with an idempotency key: ``commit(partition, marks)`` commits
+        it with the key's marks (rows of ``_cluster.applied``) inside, so the key is durable
+        exactly when the commit is; a repeat of an applied key commits nothing and succeeds.
+        ``name``: a relation the transaction wrote (it names the partition)."""
+        engine, p, generation = self._engine(name)
+        if not self._applied.apply(engine, p, client, seq, lambda marks: commit(p, marks)):
+            self.metrics.deduplicated.inc()
         self.member.check_still_serving(p, generation)
 
     def seal(self, name: str, t: int) -> None:
@@ -265,4 +291,19 @@ class ClusterTransaction(PartitionTransaction):
 
     def commit(self) -> None:
         self._router.commit_all([self])
+
+    def commit_marked(self, partition: int, marks: pa.Table) -> None:
+        """Commit with an idempotency key's ``marks`` (cluster/applied.py) written inside, in
+        ``partition``: the one the key is checked in."""
+        with self._mutex:
+            if self.state != "open":
+                raise TransactionError(f"transaction {self.id:#x} is {self.state}")
+            if self.partition is not None and self.partition != partition:
+                raise CrossPartitionTransaction(f"transaction {self.id:#x} writes partition {self.partition}, its "
+                                                f"commit names partition {partition}; nothing was committed")
+            engine, generation = self._router.member.engine_for(partition)
+            if self.inner is None:
+                self.partition, self.inner, self._generation = partition, engine.transaction(), generation
+        self.inner.append(APPLIED, marks)
+        self.commit()
 

@@ -16,9 +16,9 @@ check is against the durable backlog plus the one append, not the others in flig
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
+from sediment.clock import Clock, MonotonicClock
 from sediment.errors import EngineClosed, WalBacklogFull
 
 DEFAULT_MAX_WAL_BACKLOG = 1 << 30
@@ -30,7 +30,7 @@ class WalBacklog:
     called with ``lock`` (the engine lock) held."""
 
     def __init__(self, lock: threading.RLock, bound: int | None, timeout: float,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 clock: Clock | None = None) -> None:
         self.bytes = 0
         self.bound = bound
         self.timeout = timeout
@@ -38,7 +38,7 @@ class WalBacklog:
         self.waits = 0  # appends that had to wait, ever
         self._watchers = 0
         self._cond = threading.Condition(lock)
-        self._monotonic = monotonic
+        self._clock = clock if clock is not None else MonotonicClock()
 
     def add(self, n: int) -> None:
         self.bytes += n
@@ -62,7 +62,7 @@ class WalBacklog:
         (nothing written) after the timeout, EngineClosed if the engine closes meanwhile."""
         if not self.must_wait(n):
             return
-        deadline = self._monotonic() + self.timeout
+        deadline = self._clock.current_time() + self.timeout
         self.waiting += 1
         self.waits += 1
         self._cond.notify_all()  # watchers of ``waiting`` (stats readers, tests) see the change
@@ -71,7 +71,7 @@ class WalBacklog:
             while self.must_wait(n):
                 if closed():
                     raise EngineClosed(f"the engine on {where} closed while an append waited for the WAL backlog")
-                left = deadline - self._monotonic()
+                left = deadline - self._clock.current_time()
                 if left <= 0:
                     raise WalBacklogFull(
                         f"{where}: the WAL backlog (durable updates not yet compacted) is {self.bytes} bytes; an "

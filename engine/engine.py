@@ -99,7 +99,7 @@ class Engine:
         self.metrics = EngineMetrics()
         memory_bound = max(1 << 20, int(memory_bound))
         lock = threading.RLock()
-        self.view = RelationView(data_dir, lock, WalBacklog(lock, max_wal_backlog, wal_backlog_timeout),
+        self.view = RelationView(data_dir, lock, WalBacklog(lock, max_wal_backlog, wal_backlog_timeout, self.clock),
                                  BodyCache(memory_bound // 2), self.metrics.group_commit.observe)
         self.settings = CompactionSettings(compact_interval, merge_factor, memory_bound,
                                            major_quiet=major_compaction_quiet)

@@ -108,7 +108,9 @@ def describe_relation(entry: Any, history: SchemaHistory, sealed: int) -> dict[s
         got = None if value is None else value.as_py()
         return got if got is None or isinstance(got, (bool, int, float, str)) else str(got)
 
+    optional = set(history.layout().optional())  # an append may leave these out (trace/evolve.py)
     columns = [{"name": f.name, "type": format_schema(pa.schema([pa.field("c", f.type)]))[2:],
-                "field_id": field_id(f), "default": shown(history.defaults.get(field_id(f)))} for f in history.current]
+                "field_id": field_id(f), "default": shown(history.defaults.get(field_id(f))),
+                "required": f.name not in optional} for f in history.current]
     return {"name": entry.name, "id": entry.id, "schema": format_schema(history.plain()),
             "schema_version": history.version, "columns": columns, "since": entry.since, "sealed": sealed}

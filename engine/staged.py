@@ -164,7 +164,10 @@ def _footer(path: str, schema: pa.Schema, desc: BatchDescription) -> tuple[int, 
 def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> BatchRef:
     """The staged file as a pending run under a fresh batch key."""
     rid, keys = rel.entry.id, rel.keys
-    if not staged.is_run:
+    # Spark's files carry no field ids, so they are read by version 0's names: a relation an
+    # alter renamed or added columns to gets the file rewritten with its ids instead
+    by_name = rel.layout is None or rel.layout.is_current(engine.traces.schema_of(rid))
+    if not staged.is_run or not by_name:
         run = fold(pq.read_table(staged.path), keys, None)
         if not run.num_rows:
             return BatchRef(None, staged.lo, staged.hi + 1)

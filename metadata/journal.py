@@ -19,23 +19,18 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 
 from sediment._fs import fsync_dir as _fsync_dir
 from sediment._fs import makedirs_durable
 from sediment.errors import (
     DataDirLocked,
-    EngineClosed,
-    MetadataConflict,
     MetadataCorruption,
     MetadataError,
 )
-from sediment.metadata.journal_format import (  # noqa: F401 - re-exported for tools and tests
+from sediment.metadata.journal_format import (
     DEFAULT_CHECKPOINT_BYTES,
     END_NAME,
     END_NEW_NAME,
-    HEADER_SIZE,
-    JOURNAL_HEADER_SIZE,
     JOURNAL_NAME,
     JOURNAL_NEW_NAME,
     LOCK_NAME,
@@ -45,21 +40,13 @@ from sediment.metadata.journal_format import (  # noqa: F401 - re-exported for t
     SNAPSHOT_NAME,
     JournalEnd,
     RecoveryReport,
-    TornTail,
-    _decode_snapshot,
-    _header,
     encode_entry,
     encode_snapshot,
     journal_header,
     restore,
 )
+from sediment.metadata.memory import MemoryMetadataStore
 from sediment.metadata.protocol import Versioned
-from sediment.metadata.validation import (
-    validate_expected,
-    validate_key,
-    validate_prefix,
-    validate_value,
-)
 
 
 def _read(path: str) -> bytes | None:
@@ -105,8 +92,9 @@ def load_readonly(path: str | os.PathLike[str]) -> dict[str, Versioned]:
     return _restore_from_disk(os.fspath(path)).state
 
 
-class JournalMetadataStore:
-    """A durable, thread-safe, single-process :class:`~sediment.metadata.protocol.MetadataStore`."""
+class JournalMetadataStore(MemoryMetadataStore):
+    """A durable, thread-safe, single-process :class:`~sediment.metadata.protocol.MetadataStore`:
+    the memory store's dict, each change journaled (fdatasync) before it is applied."""
 
     def __init__(
         self,
@@ -116,14 +104,12 @@ class JournalMetadataStore:
     ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
         self.checkpoint_bytes = checkpoint_bytes
-        self._mutex = threading.Lock()
-        self._state: dict[str, Versioned] = {}
+        super().__init__()
         self._journal_fd: int | None = None
         self._journal_size = 0
         self._journal_base = 0
         self._next_txid = 1
         self._failed: str | None = None
-        self._closed = False
         makedirs_durable(self.directory)
         self._lock_fd = self._take_lock()
         try:
@@ -183,7 +169,7 @@ class JournalMetadataStore:
         elif r.partial_action == "rename":
             os.replace(self.partial_path, self.snapshot_path)
             _fsync_dir(self.directory)
-        self._state = r.state
+        self._data = r.state
         report.snapshot_rule = r.rule
         report.snapshot_txid = r.snapshot_txid
         report.snapshot_keys = r.snapshot_keys
@@ -220,7 +206,7 @@ class JournalMetadataStore:
         fresh = not os.path.exists(self.journal_path)
         if fresh:  # the first journal exists before the first snapshot, so a snapshot proves one
             self._install_journal(base)
-        data = encode_snapshot(base, self._state)
+        data = encode_snapshot(base, self._data)
         fd = os.open(self.partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             _write_all(fd, data)
@@ -234,7 +220,7 @@ class JournalMetadataStore:
 
     def checkpoint(self) -> None:
         """Write the whole map as a new snapshot and start an empty journal."""
-        with self._mutex:
+        with self._lock:
             self._check_writable()
             try:
                 self._checkpoint_locked()
@@ -245,9 +231,8 @@ class JournalMetadataStore:
                     "further writes, fix the disk and reopen it"
                 ) from exc
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineClosed(f"metadata store {self.directory} was closed; open it again")
+    def _place(self) -> str:
+        return self.directory
 
     def _check_writable(self) -> None:
         self._check_open()
@@ -256,6 +241,12 @@ class JournalMetadataStore:
                 f"metadata store {self.directory} refuses writes after an I/O failure "
                 f"({self._failed}); fix the disk and reopen the store"
             )
+
+    def _record(self, key: str, version: int | None, value: bytes = b"") -> None:
+        if version is None:
+            self._append(OP_DELETE, key)
+        else:
+            self._append(OP_SET, key, version, value)
 
     def _append(self, op: int, key: str, version: int = 0, value: bytes = b"") -> None:
         entry = encode_entry(self._next_txid, op, key, version, value)
@@ -278,69 +269,12 @@ class JournalMetadataStore:
         self._journal_size += len(entry)
         self._next_txid += 1
 
-    def _maybe_checkpoint(self) -> None:
+    def _applied(self) -> None:
         if self._journal_size > self.checkpoint_bytes:
             try:
                 self._checkpoint_locked()
             except OSError as exc:
                 self._failed = f"automatic checkpoint failed: {exc}"
-
-    def get(self, key: str) -> Versioned | None:
-        validate_key(key)
-        with self._mutex:
-            self._check_open()
-            return self._state.get(key)
-
-    def compare_and_set(self, key: str, value: bytes, expected_version: int | None) -> int:
-        validate_key(key)
-        validate_expected(key, expected_version)
-        value = validate_value(key, value)
-        with self._mutex:
-            self._check_writable()
-            current = self._state.get(key)
-            if expected_version is None:
-                if current is not None:
-                    raise MetadataConflict(
-                        f"metadata key {key!r} already exists at version {current.version} "
-                        f"in {self.directory}; re-read it and retry with that version"
-                    )
-                version = 0
-            else:
-                if current is None or current.version != expected_version:
-                    found = "absent" if current is None else f"at version {current.version}"
-                    raise MetadataConflict(
-                        f"metadata key {key!r} in {self.directory} is {found}, expected version "
-                        f"{expected_version}; re-read it and retry"
-                    )
-                version = expected_version + 1
-            self._append(OP_SET, key, version, value)
-            self._state[key] = Versioned(value, version)
-            self._maybe_checkpoint()
-            return version
-
-    def delete(self, key: str, expected_version: int | None = None) -> None:
-        validate_key(key)
-        validate_expected(key, expected_version)
-        with self._mutex:
-            self._check_writable()
-            current = self._state.get(key)
-            if expected_version is not None and (current is None or current.version != expected_version):
-                found = "absent" if current is None else f"at version {current.version}"
-                raise MetadataConflict(
-                    f"cannot delete metadata key {key!r} in {self.directory}: it is {found}, "
-                    f"expected version {expected_version}; re-read it and retry"
-                )
-            if current is None:
-                return
-            self._append(OP_DELETE, key)
-            del self._state[key]
-            self._maybe_checkpoint()
-
-    def list(self, prefix: str) -> list[str]:
-        validate_prefix(prefix)
-        with self._mutex:
-            self._check_open()
-            return sorted(k for k in self._state if k.startswith(prefix))
 
     def _record_end(self) -> None:
         """Record the journal's durable end (``journal.end``: written aside, fsynced, renamed,
@@ -360,7 +294,7 @@ class JournalMetadataStore:
         _fsync_dir(self.directory)
 
     def close(self) -> None:
-        with self._mutex:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True

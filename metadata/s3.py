@@ -36,7 +36,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sediment._s3 import PreconditionFailed, make_client, put_conditional, read_object
+from sediment._s3 import Bucket, PreconditionFailed, read_object
 from sediment.errors import (
     EngineClosed,
     InvalidMetadataRequest,
@@ -44,8 +44,8 @@ from sediment.errors import (
     MetadataUnavailable,
 )
 from sediment.metadata import s3_format as fmt
+from sediment.metadata import validation as valid
 from sediment.metadata.protocol import Versioned
-from sediment.metadata.validation import validate_expected, validate_key, validate_prefix, validate_value
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +69,12 @@ class S3MetadataStore:
             raise InvalidMetadataRequest("S3 metadata bucket name is empty; use s3://bucket/prefix")
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise InvalidMetadataRequest(f"S3 metadata keep must be an int >= 1 (the newest slot stays), got {keep!r}")
-        prefix = prefix.strip("/")
-        self.bucket = bucket
-        self.root = prefix + "/" if prefix else ""
+        self._s3 = Bucket(bucket, prefix, endpoint_url, region, connect_timeout=connect_timeout,
+                          read_timeout=read_timeout, max_attempts=max_attempts, conflict_attempts=conflict_attempts,
+                          sleep=sleep)
+        self.bucket, self.root, self._client = bucket, self._s3.prefix, self._s3.client
+        self.endpoint_url: str = self._s3.endpoint_url
         self.keep = keep
-        self.conflict_attempts = max(1, conflict_attempts)
-        self._sleep = sleep
-        self._client = make_client(endpoint_url, region, connect_timeout=connect_timeout, read_timeout=read_timeout,
-                                   max_attempts=max_attempts)
-        self.endpoint_url: str = self._client.meta.endpoint_url
         self._hints: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -95,7 +92,7 @@ class S3MetadataStore:
                                    "check the endpoint, credentials and bucket, then retry")
 
     def _check(self, key: str) -> str:
-        validate_key(key)
+        valid.validate_key(key)
         if self._closed:
             raise EngineClosed(f"the S3 metadata store s3://{self.bucket}/{self.root} was closed; open a new one")
         if len((self.root + fmt.slot_name(key, 0)).encode("utf-8", "surrogatepass")) > S3_MAX_NAME_BYTES:
@@ -179,7 +176,7 @@ class S3MetadataStore:
         return Versioned(newest.value, newest.version) if newest is not None and newest.live else None
 
     def list(self, prefix: str) -> list[str]:
-        validate_prefix(prefix)
+        valid.validate_prefix(prefix)
         if self._closed:
             raise EngineClosed(f"the S3 metadata store s3://{self.bucket}/{self.root} was closed; open a new one")
         newest: dict[str, tuple[int, int]] = {}
@@ -196,18 +193,11 @@ class S3MetadataStore:
 
     def compare_and_set(self, key: str, value: bytes, expected_version: int | None) -> int:
         self._check(key)
-        validate_expected(key, expected_version)
-        value = validate_value(key, value)
+        valid.validate_expected(key, expected_version)
+        value = valid.validate_value(key, value)
         current, slots = self._newest(key)
-        live = current is not None and current.live
-        if expected_version is None and live:
-            raise MetadataConflict(f"metadata key {key!r} already exists at version {current.version} "
-                                   f"({self._where(key + '/')}); re-read it and retry with that version")
-        if expected_version is not None and (not live or current.version != expected_version):
-            found = f"at version {current.version}" if live else "absent"
-            raise MetadataConflict(f"metadata key {key!r} is {found}, expected version {expected_version} "
-                                   f"({self._where(key + '/')}); re-read it and retry")
-        version = 0 if expected_version is None else expected_version + 1
+        found = current.version if current is not None and current.live else None
+        version = valid.next_version(key, found, expected_version, self._where(key + "/"))
         self._write(key, current, fmt.VALUE, version, value, slots)
         return version
 
@@ -216,15 +206,12 @@ class S3MetadataStore:
         recreate an old slot as the newest). Without ``expected_version``, retried until the
         key is deleted or absent."""
         self._check(key)
-        validate_expected(key, expected_version)
+        valid.validate_expected(key, expected_version)
         for _ in range(_DELETE_ROUNDS):
             current, slots = self._newest(key)
-            live = current is not None and current.live
-            if expected_version is not None and (not live or current.version != expected_version):
-                found = f"at version {current.version}" if live else "absent"
-                raise MetadataConflict(f"cannot delete metadata key {key!r}: it is {found}, expected version "
-                                       f"{expected_version} ({self._where(key + '/')}); re-read it and retry")
-            if not live:
+            found = current.version if current is not None and current.live else None
+            valid.check_delete(key, found, expected_version, self._where(key + "/"))
+            if found is None:
                 return
             try:
                 self._write(key, current, fmt.TOMBSTONE, current.version, b"", slots)
@@ -256,8 +243,7 @@ class S3MetadataStore:
         retried = False
         for _ in range(2):
             try:
-                put_conditional(self._client, self._sleep, self.conflict_attempts, Bucket=self.bucket,
-                                Key=self.root + name, Body=body, IfNoneMatch="*")
+                self._s3.put_conditional(Key=self.root + name, Body=body, IfNoneMatch="*")
                 return
             except PreconditionFailed as e:
                 if (e.retried or retried) and self._read(name) == body:

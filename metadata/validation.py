@@ -8,7 +8,8 @@ and path) under ZooKeeper's default 1 MiB packet limit (``jute.maxbuffer``).
 
 from __future__ import annotations
 
-from sediment.errors import InvalidMetadataRequest
+from sediment.errors import InvalidMetadataRequest, MetadataConflict
+from sediment.metadata.protocol import Versioned
 
 MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1_000_000
@@ -92,3 +93,33 @@ def validate_expected(key: str, expected_version: int | None) -> None:
         raise InvalidMetadataRequest(
             f"expected_version for {key!r} must be None or an int >= 0, got {expected_version!r}"
         )
+
+
+def next_version(key: str, found: int | None, expected_version: int | None, where: str) -> int:
+    """The version a compare-and-set of ``key`` writes when the store holds it at ``found``
+    (None: absent): 0 for a new key, expected + 1 for a matching one, else MetadataConflict.
+    One rule for every store that checks versions itself (``where`` names the store)."""
+    if expected_version is None:
+        if found is not None:
+            raise MetadataConflict(f"metadata key {key!r} already exists at version {found} ({where}); "
+                                   "re-read it and retry with that version")
+        return 0
+    if found != expected_version:
+        raise MetadataConflict(f"metadata key {key!r} is {_found(found)}, expected version {expected_version} "
+                               f"({where}); re-read it and retry")
+    return expected_version + 1
+
+
+def check_delete(key: str, found: int | None, expected_version: int | None, where: str) -> None:
+    """MetadataConflict unless a delete of ``key`` held at ``found`` (None: absent) may go ahead."""
+    if expected_version is not None and found != expected_version:
+        raise MetadataConflict(f"cannot delete metadata key {key!r}: it is {_found(found)}, expected version "
+                               f"{expected_version} ({where}); re-read it and retry")
+
+
+def version_of(current: Versioned | None) -> int | None:
+    return None if current is None else current.version
+
+
+def _found(version: int | None) -> str:
+    return "absent" if version is None else f"at version {version}"

@@ -86,13 +86,16 @@ class RemoteTransaction:
             self._txn.check_open()
             self._client._append(name, _as_table(name, updates), txn=self.id)
 
-    def commit(self) -> None:
+    def commit(self, *, send: Callable[[int], str] | None = None) -> None:
         """Make every append visible at once; durable on return. Raises TransactionError (and
-        the transaction is aborted) if one of its times was sealed meanwhile."""
+        the transaction is aborted) if one of its times was sealed meanwhile. ``send``: how
+        the commit of this id goes, when not as one commit call to this client (the cluster
+        client's keyed, retried commit); it returns the final state."""
         with self._mutex:
             self._txn.check_open()
             try:
-                self._txn.settle(self._client._action(Action.COMMIT, txn=self.id))
+                self._txn.settle(send(self.id) if send is not None else self._client._action(Action.COMMIT,
+                                                                                               txn=self.id))
             except TransactionError:
                 self._txn.settle(self._remote_state())
                 raise
@@ -168,7 +171,7 @@ class Client:
         self._closed = False
         self._close_lock = threading.Lock()
         self._on_close: list[Callable[[], None]] = []
-        self._streams = StreamPool(self._open_stream)
+        self._streams = StreamPool(self._open_stream, max_age=timeout / 2 if timeout else None)
         try:
             info = self._action(Action.PING)
         except BaseException:
@@ -225,18 +228,21 @@ class Client:
             if failure is not None:
                 raise failure
 
-    def _append(self, name: str, table: pa.Table, txn: int | None = None, locks: Any = None) -> None:
-        """One append (into transaction ``txn`` when given) on a pooled append stream; returns
-        once the server has made it durable, or raises the server's error."""
-        meta = append_metadata(txn, encode_locks(locks))
+    def _append(self, name: str, table: pa.Table, txn: int | None = None, locks: Any = None,
+                key: tuple[str, int] | None = None) -> None:
+        """One append (into transaction ``txn`` when given; with idempotency ``key``) on a pooled
+        append stream; returns once the server has made it durable, or raises the server's error."""
+        meta = append_metadata(txn, encode_locks(locks), key)
         batches = append_batches(table, PUT_CHUNK_BYTES)
         with self._remote():
             while True:
                 stream, fresh = self._streams.take(name, table.schema)
                 try:
                     done = stream.append(batches, meta)
-                except BaseException:
-                    if stream.in_doubt:  # broken or interrupted before the acknowledgement: never reuse
+                except BaseException as exc:
+                    # broken or interrupted before the acknowledgement: never reuse; redirected: the
+                    # member does not serve the relation (or stops), and a stopping one waits for the stream
+                    if stream.in_doubt or isinstance(exc, (errors.NotPartitionOwner, errors.EngineClosed)):
                         stream.close()
                     else:
                         self._streams.give(stream)  # a refused append: the stream carries on
@@ -259,6 +265,11 @@ class Client:
 
     def _open_stream(self, name: str, schema: pa.Schema) -> AppendStream:
         return AppendStream(self._flight, name, schema, self._options)
+
+    def end_streams(self) -> None:
+        """End this client's idle append streams now, and each lent one when it is given back;
+        later appends still work, each on a stream of its own."""
+        self._streams.close()
 
     def add_close_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` after :meth:`close` (used to stop an in-process server with its client)."""
@@ -318,13 +329,22 @@ class Client:
 
     def append_once(self, name: str, updates: pa.Table, client: str, seq: int) -> None:
         """Append with an idempotency key (``client``, ``seq``) to a cluster member: a retry of
-        an append it has applied returns success and applies nothing again."""
-        self._put(encode(Put.APPEND_ONCE, relation=name, client=client, seq=seq), _as_table(name, updates))
+        an append it has applied returns success and applies nothing again. It goes on the
+        append stream, so concurrent keyed appends join the owner's group commit."""
+        self._append(name, _as_table(name, updates), key=(client, seq))
 
-    def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
+    def commit_once(self, txn: int, relation: str, client: str, seq: int) -> str:
+        """Commit transaction ``txn`` (which wrote ``relation``) at a cluster member with an
+        idempotency key: a repeat of a commit that landed answers ``committed`` and commits
+        nothing again, at this member or at a later owner of the partition."""
+        return self._action(Action.COMMIT, txn=txn, relation=relation, client=client, seq=seq)
+
+    def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None,
+                    key: tuple[str, int] | None = None) -> None:
         """Append to several relations atomically. The tables are staged on the server (in
         memory, nothing written) and then appended by one ``Engine.append_many``, so a refused
-        call writes nothing, exactly as with the engine."""
+        call writes nothing, exactly as with the engine. ``key`` (client id, sequence number):
+        an idempotency key for a cluster member, as in :meth:`append_once`."""
         check_updates_map(updates)
         tables = {name: _as_table(name, table) for name, table in updates.items()}
         if not tables:
@@ -334,10 +354,9 @@ class Client:
         try:
             for name, table in tables.items():
                 self._put(encode(Put.STAGE, relation=name, stage=stage), table)
-            if lock_spec is None:
-                self._action(Action.APPEND_MANY, stage=stage)
-            else:
-                self._action(Action.APPEND_MANY, stage=stage, locks=lock_spec)
+            extra = ({} if lock_spec is None else {"locks": lock_spec}) | \
+                ({} if key is None else {"client": key[0], "seq": key[1]})
+            self._action(Action.APPEND_MANY, stage=stage, **extra)
         except BaseException:
             try:
                 self._action(Action.DISCARD_STAGE, stage=stage)
@@ -463,7 +482,12 @@ class Client:
         with self._remote():
             reader = self._flight.do_get(self._ticket(Get.SUBSCRIBE, relation=name, as_of=as_of, resume=resume,
                                                       max_lag=max_lag), options=self._options)
-        return RemoteSubscription(self.uri, reader)
+
+        def reopen(token: str) -> flight.FlightStreamReader:  # the same feed after an alter
+            return self._flight.do_get(self._ticket(Get.SUBSCRIBE, relation=name, continuation=token),
+                                       options=self._options)
+
+        return RemoteSubscription(self.uri, reader, reopen)
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease."""

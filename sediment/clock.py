@@ -4,6 +4,9 @@ waits) reads a :class:`Clock` it was given instead of calling ``time.monotonic``
 can hold time still and move it by hand (:class:`ManualClock`) and assert exact expiries.
 Stamps written for people to read (a segment's creation time, an owner marker's claim
 time) are calendar times, not durations: they read ``time.time`` where they are written.
+A timeout that bounds one blocking wait (a feed's ``next(timeout)``, a ZooKeeper call, a
+member's ``leave``) and a measured latency (metrics, the S3 log's linger) are real time:
+the wait they bound is the operating system's, which a ManualClock cannot move.
 
 A clock is anything with ``current_time() -> float`` (seconds, monotonic). The name is
 trio's: a ``trio.testing.MockClock`` is a Clock, and both clocks here also implement

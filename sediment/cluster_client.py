@@ -9,6 +9,10 @@ client follows and remembers per partition. A hint older than the newest generat
 for that partition is ignored, so a stale member cannot send the client back. Calls refused
 before anything was done (a redirect, an unreachable member, a partition being moved) are
 retried until ``deadline`` seconds have passed; then the last error reaches the caller.
+Writes whose outcome is unknown (the answer was lost, the owner died or was fenced) are
+resent too: appends, ``append_many`` and transaction commits with an idempotency key (the
+owner applies each at most once), seals and ``set_since`` as they are (a frontier found at
+or past the time after an unknown outcome counts as done); OutcomeUnknown after the deadline.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from sediment.errors import (
     CoordinatorUnavailable,
     CrossPartitionTransaction,
     EngineClosed,
+    FrontierRegression,
     NotPartitionOwner,
     OutcomeUnknown,
     UnknownRelation,
@@ -84,10 +89,18 @@ class ClusterClient:
         return got
 
     def _drop(self, address: str) -> None:
+        """Forget the client of ``address``. Its idle append streams end now, in the background
+        (each waits for the member's last word, which a retry elsewhere must not wait for,
+        and a stopping member waits for them); the client itself is closed once the calls
+        other threads may still be making on it have had their time (closing it under them
+        would fail them)."""
         with self._lock:
             got = self._clients.pop(address, None)
         if got is not None:
-            got.close()
+            threading.Thread(target=got.end_streams, name="sediment-cluster-drop", daemon=True).start()
+            closer = threading.Timer(self._options.get("timeout") or DEFAULT_CALL_TIMEOUT, got.close)
+            closer.daemon = True
+            closer.start()
 
     def _refresh(self) -> None:
         """Learn owners and relations again from ZooKeeper (a zk:// client only)."""
@@ -183,7 +196,7 @@ class ClusterClient:
             if time.monotonic() > deadline:
                 break
         if unknown_outcome and uncertain is not None:
-            raise OutcomeUnknown(f"append to {name!r} in {self.uri}: no owner acknowledged it within {self.deadline:g} "
+            raise OutcomeUnknown(f"write to {name!r} in {self.uri}: no owner acknowledged it within {self.deadline:g} "
                                  f"s (last: {uncertain}); it may or may not have been applied") from None
         raise CoordinatorUnavailable(f"no owner of {name!r} in {self.uri} answered within {self.deadline:g} s")
 
@@ -241,14 +254,43 @@ class ClusterClient:
                    unknown_outcome=True)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
+        """Atomic within one partition (CrossPartitionTransaction otherwise, nothing written).
+        Keyed and retried after an unknown outcome as :meth:`append`; with ``locks``, neither."""
         names = sorted(updates)
-        self.route(names[0] if names else None, lambda c: c.append_many(updates, locks=locks))
+        if locks is not None:
+            self.route(names[0] if names else None, lambda c: c.append_many(updates, locks=locks))
+            return
+        key = self._next_key()
+        self.route(names[0] if names else None, lambda c: c.append_many(updates, key=key), retry_unknown=True,
+                   unknown_outcome=True)
 
     def seal(self, name: str, t: int) -> None:
-        self.route(name, lambda c: c.seal(name, t), retry_unknown=True)
+        """Write ``close t``; retried after an unknown outcome. A retry finding the relation
+        sealed past ``t`` (an earlier attempt landed, and then a later seal) succeeds."""
+        self._frontier(name, t, lambda c: c.seal(name, t), lambda c: c.sealed(name))
 
     def set_since(self, name: str, t: int) -> None:
-        self.route(name, lambda c: c.set_since(name, t), retry_unknown=True)
+        """Advance the compaction frontier; retried after an unknown outcome, as :meth:`seal`."""
+        self._frontier(name, t, lambda c: c.set_since(name, t), lambda c: c.since(name))
+
+    def _frontier(self, name: str, t: int, move: Callable[[Client], None], read: Callable[[Client], int]) -> None:
+        """Move a frontier that only moves forward to ``t``, idempotently: moving it to where it
+        is succeeds, and after an attempt whose outcome is unknown, so does finding it past ``t``
+        (FrontierRegression then would claim that nothing happened, which may be false)."""
+        unknown: list[BaseException] = []
+
+        def call(c: Client) -> None:
+            try:
+                move(c)
+            except FrontierRegression:
+                if unknown and read(c) >= t:
+                    return
+                raise
+            except _MOVED as err:
+                unknown.append(err)
+                raise
+
+        self.route(name, call, retry_unknown=True, unknown_outcome=True)
 
     def transaction(self, group: str | None = None) -> ClusterRemoteTransaction:
         return ClusterRemoteTransaction(self, group)
@@ -308,6 +350,11 @@ class ClusterClient:
     def describe(self, name: str) -> dict[str, Any]:
         return self.route(name, lambda c: c.describe(name), retry_unknown=True)
 
+    def owner(self, name: str) -> tuple[str, int]:
+        """(address, partition) of the member that serves ``name``'s partition now."""
+        got = self.route(name, lambda c: (c.uri, c.describe(name)["partition"]), retry_unknown=True)
+        return got[0], int(got[1])
+
     def compact(self, name: str | None = None) -> None:
         if name is not None:
             self.route(name, lambda c: c.compact(name), retry_unknown=True)
@@ -364,6 +411,7 @@ class ClusterRemoteTransaction(PartitionTransaction):
         self._group = group
         self.inner: RemoteTransaction | None = None
         self.client: Client | None = None
+        self._name = ""  # the first relation appended to: its partition holds the transaction
 
     def append(self, name: str, updates: pa.Table) -> None:
         if self.inner is None:
@@ -372,13 +420,23 @@ class ClusterRemoteTransaction(PartitionTransaction):
                 self.client, self.inner = c, c.transaction(self._group)
 
             self._cluster.route(name, begin)
+            self._name = name
         self.inner.append(name, updates)
 
     def commit(self) -> None:
+        """Commit with an idempotency key, resent after an unknown outcome (to the partition's
+        owner, until the deadline) and applied at most once; TransactionError if the
+        transaction was lost (its partition moved before it committed: nothing committed)."""
         if self.inner is not None:
-            self.inner.commit()
-        self.finish_empty()
+            client, seq = self._cluster._next_key()
+            name = self._name
 
+            def send(txn: int) -> str:
+                return self._cluster.route(name, lambda c: c.commit_once(txn, name, client, seq),
+                                           retry_unknown=True, unknown_outcome=True)
+
+            self.inner.commit(send=send)
+        self.finish_empty()
 
     def __enter__(self) -> ClusterRemoteTransaction:
         return self

@@ -37,8 +37,10 @@ from sediment.clock import MONOTONIC, Clock
 from sediment.engine import staged
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
+from sediment.net import keyed
 from sediment.net.alter_wire import decode_alter
-from sediment.net.append_stream import serve_append_stream
+from sediment.net.append_stream import PLAIN_ARGS, serve_append_stream
+from sediment.net.feed_streams import FeedStreams
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
 from sediment.net.messages import Action, Get, Put
 from sediment.net.protocol import (
@@ -47,8 +49,6 @@ from sediment.net.protocol import (
     PROTOCOL_VERSION,
     TOKEN_ENV,
     decode_locks,
-    event_batches,
-    event_metadata,
     field,
     json_arg,
     plan_metadata,
@@ -142,8 +142,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._held_tails = HeldTails(clock=clock)  # plans' WAL-tail rows kept for readers' tail_part calls
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
-        self._subs: set[Any] = set()
-        self._subs_changed = threading.Condition(self._lock)
+        self._feeds = FeedStreams(lambda: self._stopped, FEED_POLL)
         self._actions = self._action_table()
         try:  # listens from here on, so everything a handler uses is set above
             super().__init__(location, middleware={"auth": BearerTokenMiddlewareFactory(self._token)},
@@ -276,6 +275,9 @@ class SedimentFlightServer(flight.FlightServerBase):
                 log.warning("reaping idle transactions failed: %s", exc)
 
     def _commit(self, args: dict[str, Any]) -> str:
+        if "client" in args:
+            return keyed.commit_once(self.engine, args, lambda: self._txns.get(field(args, "txn", "commit")),
+                                     self._end)
         tx = self._txns.get(field(args, "txn", "commit"))
         return self._end(tx, tx.commit)
 
@@ -292,7 +294,9 @@ class SedimentFlightServer(flight.FlightServerBase):
             staged = self._stages.pop(str(field(args, "stage", "append_many")), {})
         tables = {name: pa.concat_tables(parts) if len(parts) > 1 else parts[0] for name, parts in staged.items()}
         locks = decode_locks(args.get("locks"))
-        if locks is None:
+        if "client" in args:
+            keyed.append_many_once(self.engine, tables, args)
+        elif locks is None:
             self.engine.append_many(tables)
         else:
             self.engine.append_many(tables, locks=locks)
@@ -332,11 +336,13 @@ class SedimentFlightServer(flight.FlightServerBase):
                     raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
                 engine_append = self.engine.append  # looked up once per stream, not per append
 
-                def append(table: pa.Table, txn: object, locks: object) -> None:
-                    if txn is None and locks is None:
+                def append(table: pa.Table, meta: dict[str, Any]) -> None:
+                    if meta is PLAIN_ARGS:
                         engine_append(name, table)
+                    elif "client" in meta:
+                        keyed.append_once(self.engine, name, table, meta)
                     else:
-                        self._append(name, table, txn, locks)
+                        self._append(name, table, meta.get("txn"), meta.get("locks"))
 
                 serve_append_stream(reader, writer, append, lambda: self._stopped)
                 return
@@ -392,37 +398,15 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _subscribe(self, name: str, args: dict[str, Any], context: flight.ServerCallContext,
                    ) -> flight.FlightDataStream:
-        schema = update_schema(self.engine.schema(name))
-        sub = self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)),
-                                    max_lag=args.get("max_lag"))
-        with self._lock:
-            if self._stopped:
-                sub.close()
-                raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
-            self._subs.add(sub)
-        return flight.GeneratorStream(schema, self._feed(sub, schema, context))
-
-    def _feed(self, sub: Any, schema: pa.Schema, context: flight.ServerCallContext,
-              ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
-        """A subscription's events as batches of the update schema, each with app metadata
-        ``{"kind", "time", "last"}``; an event's table may span several batches (``last`` marks
-        its end), a progress event is one empty batch. Wakes every FEED_POLL seconds to notice
-        a client that went away, so its subscription does not pin the feed log forever."""
-        try:
-            while not self._stopped and not context.is_cancelled():
-                event = sub.next(timeout=FEED_POLL)
-                if event is not None and event.kind == "schema":  # a stream has one schema: end it here
-                    yield pa.RecordBatch.from_pylist([], schema=schema), event_metadata("schema", event.time, True)
-                    return
-                if event is not None:  # a live event's batches are made once for every subscriber
-                    yield from event.encoded(schema, lambda event=event: event_batches(event, schema))
-        except Exception as exc:  # noqa: BLE001 - every failure goes back typed
-            raise to_flight_error(exc) from exc
-        finally:
-            sub.close()
-            with self._lock:
-                self._subs.discard(sub)
-                self._subs_changed.notify_all()
+        """A feed's stream; with ``continuation``, the next stream of a feed parked at an alter."""
+        token = args.get("continuation")
+        if token is not None:
+            sub, schema = self._feeds.take(str(token))
+        else:
+            schema = update_schema(self.engine.schema(name))
+            sub = self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)),
+                                        max_lag=args.get("max_lag"))
+        return self._feeds.stream(sub, schema, context, self.uri)
 
     def _plan_stream(self, name: str, args: dict[str, Any]) -> flight.FlightDataStream:
         plan = self.engine.plan_read(name, field(args, "as_of", "plan ticket"), from_t=args.get("from"),
@@ -441,8 +425,7 @@ class SedimentFlightServer(flight.FlightServerBase):
     def wait_feeds_released(self, timeout: float) -> bool:
         """Wait until no feed stream is open (a client that cancelled its stream is let go
         once the server notices); False after ``timeout`` seconds."""
-        with self._subs_changed:
-            return self._subs_changed.wait_for(lambda: not self._subs, timeout)
+        return self._feeds.wait_released(timeout)
 
     def stop(self, grace: float | None = None) -> bool:
         """Stop listening, abort the transactions clients left open, drop staged tables, and
@@ -457,12 +440,10 @@ class SedimentFlightServer(flight.FlightServerBase):
             if self._stopped:
                 return True
             self._stopped = True
-            subs, self._subs = list(self._subs), set()
         self.stopping.set()
         self._txns.refuse_new(f"the sediment server on {self.uri} is stopping; reconnect to a new one")
         self._reaper_stop.set()
-        for sub in subs:  # ends their streams, which would otherwise hold up the shutdown for ever
-            sub.close()
+        self._feeds.close()  # ends their streams, which would otherwise hold up the shutdown for ever
         clean = self._shut_down(grace)
         with self._lock:
             self._stages.clear()

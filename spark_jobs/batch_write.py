@@ -64,17 +64,30 @@ class SedimentCommitMessage(WriterCommitMessage):
     group: str | None = None  # the stream sink's transaction group of the attempt
 
 
-def check_columns(relation: str, rel_schema: pa.Schema, schema: StructType) -> None:
+def omitted(client: Any, relation: str, rel_schema: pa.Schema, schema: StructType) -> dict[str, Any]:
+    """The relation's columns the DataFrame leaves out that an append may leave out (added by
+    an alter: the engine fills them, trace/evolve.py ``Layout.optional``), each with its
+    default as ``describe`` shows it (None: null). Asks the engine only when one is missing."""
+    missing = [n for n in rel_schema.names if n not in schema.names]
+    if not missing:
+        return {}
+    columns = {c["name"]: c for c in client.describe(relation)["columns"]}
+    return {n: columns[n]["default"] for n in missing if n in columns and not columns[n].get("required", True)}
+
+
+def check_columns(relation: str, rel_schema: pa.Schema, schema: StructType, optional: Any = ()) -> None:
     """The DataFrame's columns against the relation's, by name and by kind (``writes_into``),
     where Spark plans: a string into an integer column fails here, in one line, before any
-    task runs, not in a task's cast with Arrow's text."""
+    task runs, not in a task's cast with Arrow's text. Columns in ``optional`` (added by an
+    alter) may be missing; the relation's first columns may not."""
     columns = list(schema.names)
-    missing = [n for n in rel_schema.names if n not in columns]
+    missing = [n for n in rel_schema.names if n not in columns and n not in optional]
     extra = [n for n in columns if n not in rel_schema.names and n not in (TIME, DIFF)]
     if missing or extra:
         raise SchemaMismatch(f"the DataFrame's columns {columns} do not match relation {relation!r} "
                              f"{rel_schema.names}: " + "; ".join(
-                                 ([f"missing {missing}"] if missing else []) +
+                                 ([f"missing {missing} (required: only columns added by an alter may be "
+                                   "left out)"] if missing else []) +
                                  ([f"unknown {extra}"] if extra else [])))
     target = {**{f.name: f.type for f in rel_schema}, TIME: pa.int64(), DIFF: pa.int64()}
     wrong = [f"{f.name!r} is {f.dataType.simpleString()}, the relation's is {target[f.name]}"
@@ -116,13 +129,14 @@ class WriterBase:
         if self.diff is not None and DIFF in columns:
             raise InvalidArgument("the DataFrame has a 'diff' column and option('diff') is set too; use one")
         self.has_time = TIME in columns
-        client = connect(self.uri, self.token)
+        client = connect(self.uri, self.token, self.relation)
         try:
             rel_schema = client.schema(self.relation)
             if bool_option(options, "mergeschema"):
                 rel_schema = merge_schema(client, self.relation, rel_schema, schema)
-            check_columns(self.relation, rel_schema, schema)
-            self.schema_b64 = schema_to_text(rel_schema)
+            check_columns(self.relation, rel_schema, schema, omitted(client, self.relation, rel_schema, schema))
+            # the columns the tasks send: those left out are filled by the engine's append
+            self.schema_b64 = schema_to_text(pa.schema([f for f in rel_schema if f.name in schema.names]))
             if self.time is not None:
                 sealed = client.sealed(self.relation)
                 if self.time <= sealed:
@@ -182,7 +196,7 @@ class WriterBase:
         pending: list[pa.RecordBatch] = []
         pending_rows = pending_bytes = 0
         in_flight: Future | None = None  # one append travels while the next one is gathered
-        with connect(self.uri, self.token) as client, ThreadPoolExecutor(1, "sediment-append") as sender:
+        with connect(self.uri, self.token, self.relation) as client, ThreadPoolExecutor(1, "sediment-append") as sender:
             tx: Any = None
 
             def flush() -> None:
@@ -237,7 +251,7 @@ class SedimentWriter(WriterBase, DataSourceArrowWriter):
 
     def commit(self, messages: list[SedimentCommitMessage | None]) -> None:
         done = [m for m in messages if m is not None]
-        with connect(self.uri, self.token) as client:
+        with connect(self.uri, self.token, self.relation) as client:
             client.commit_all([m.txn for m in done if m.txn is not None], group=self.group)
             if self.seal:
                 fixed = self.time if self.time is not None else self.open_time
@@ -247,5 +261,5 @@ class SedimentWriter(WriterBase, DataSourceArrowWriter):
                     client.seal(self.relation, t)
 
     def abort(self, messages: list[SedimentCommitMessage | None]) -> None:
-        with connect(self.uri, self.token) as client:
+        with connect(self.uri, self.token, self.relation) as client:
             client.abort_group(self.group)

@@ -20,6 +20,9 @@ The coordinator must run on the same machine or shared file system as the execut
 file blob store (this Spark build has no S3 file system). Relation columns must be of types
 Spark's Parquet writer writes as Arrow does (integers, floats, strings, binaries, booleans,
 dates); others are refused with ``SchemaMismatch`` at the commit, and the load is aborted.
+Columns an alter added may be left out (filled by :func:`bulk_fills`); Spark's files carry
+no field ids, so for a relation an alter renamed or added columns to, the commit rewrites
+each staged file as a batch with the relation's field ids (engine/staged.py).
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sediment.errors import InvalidArgument, SedimentError, TimeAlreadySealed
-from sediment.spark_jobs.batch_write import READ_ONLY, check_columns
+from sediment.errors import InvalidArgument, SchemaMismatch, SedimentError, TimeAlreadySealed
+from sediment.spark_jobs.batch_write import READ_ONLY, check_columns, omitted
 from sediment.spark_jobs.options import (
     DIFF,
     FORMAT,
@@ -61,14 +65,15 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
             raise InvalidArgument(f"the DataFrame has a {name!r} column and option({name!r}) is set too; use one")
     with connect(options) as client:
         rel_schema = client.schema(relation)
-        check_columns(relation, rel_schema, df.schema)
+        fills = bulk_fills(relation, rel_schema, omitted(client, relation, rel_schema, df.schema))
+        check_columns(relation, rel_schema, df.schema, fills)
         sealed = client.sealed(relation)
         if time is None and TIME not in df.columns:
             time = sealed + 1  # the next open time, as the row path
         if time is not None and time <= sealed:
             raise TimeAlreadySealed(f"relation {relation!r} is sealed through time {sealed}: option('time', {time}) "
                                     "can never commit; write at a later time")
-        frame = staged_frame(df, rel_schema, time, diff)
+        frame = staged_frame(df, rel_schema, time, diff, fills)
         job = f"spark-{uuid.uuid4().hex}"
         path = client.bulk_stage(relation, job)
         try:
@@ -87,14 +92,33 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def staged_frame(df: DataFrame, rel_schema: Any, time: int | None, diff: int | None) -> DataFrame:
+def bulk_fills(relation: str, rel_schema: pa.Schema, omitted: Mapping[str, Any]) -> dict[str, Any]:
+    """The omitted columns' values for a bulk load, which skips the engine's append and so
+    fills them in Spark: null, or the default ``describe`` gives, cast by Spark. Defaults of
+    types whose text Spark would not cast back exactly (binaries, times, timestamps,
+    durations) are refused: give the column, or write without ``bulk``."""
+    exact = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+             pa.types.is_large_string, pa.types.is_decimal, pa.types.is_date32)
+    for f in rel_schema:
+        if f.name in omitted and omitted[f.name] is not None and not any(test(f.type) for test in exact):
+            raise SchemaMismatch(f"relation {relation!r} column {f.name!r} ({f.type}) has a default that a bulk load "
+                                 "cannot fill exactly: give the column in the DataFrame or write without bulk")
+    return dict(omitted)
+
+
+def staged_frame(df: DataFrame, rel_schema: Any, time: int | None, diff: int | None,
+                 fills: Mapping[str, Any] | None = None) -> DataFrame:
     """The frame as the relation's updates, every column nullable (as a batch's are), each
     partition sorted by (row, time) with NULLs last (a batch's order), so most staged files
-    are runs as written and the commit does not rewrite them."""
+    are runs as written and the commit does not rewrite them. ``fills`` gives the values of
+    the columns the frame leaves out (:func:`bulk_fills`)."""
     given = {f.name: f.dataType for f in df.schema.fields}
     columns = []
     for f in rel_schema:
         target = spark_type(f.type)
+        if f.name not in given:
+            columns.append((f.name, F.lit((fills or {})[f.name]).cast(target)))
+            continue
         c = F.col(f.name)
         columns.append((f.name, c if given[f.name] == target else c.cast(target)))
     columns.append((TIME, F.col(TIME).cast("long") if time is None else F.lit(time).cast("long")))

@@ -1,5 +1,7 @@
 """The ``sediment`` PySpark data source: Spark jobs write updates to, and read the relation from,
-a sediment coordinator (``sediment serve``) without ever opening its data directory.
+a sediment coordinator (``sediment serve``) without ever opening its data directory. ``uri``
+is the coordinator's ``grpc://HOST:PORT`` or a cluster's ``zk://HOST:PORT/NAME`` (each call
+then goes to the owner of the relation's partition: cluster_connect.py).
 
 Reading::
 
@@ -291,7 +293,7 @@ def open_relation(spark: SparkSession, uri: str, relation: str, as_of: int, from
             reader = reader.option("raw", "true")
         yield reader.load()
     finally:
-        with connect(uri, token) as client:
+        with connect(uri, token, relation) as client:
             client.release_read(info.lease)
 
 

@@ -5,8 +5,9 @@
     spark-submit spark_jobs/ingest.py --uri ... (the same arguments)
 
 Columns are renamed by ``--map SRC=DST``, then every relation column is taken from the
-input and cast to the relation's type (CSV columns arrive as strings); other input columns
-are ignored. Each row's time is ``--time`` or the input's ``time`` column, its diff
+input and cast to the relation's type (CSV columns arrive as strings); columns an alter
+added may be missing (the append fills them with their default); other input columns are
+ignored. Each row's time is ``--time`` or the input's ``time`` column, its diff
 ``--diff`` or the input's ``diff`` column or +1. The whole input is one write job, so one
 sediment transaction: a failure anywhere leaves nothing visible. ``--seal`` closes the
 time (with a time column: the greatest time written) once the job has committed.
@@ -47,8 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def updates_frame(spark: Any, args: argparse.Namespace, relation_schema: Any) -> Any:
-    """The input as the relation's updates: mapped, typed, with time and diff where given."""
+def updates_frame(spark: Any, args: argparse.Namespace, relation_schema: Any, optional: Any = ()) -> Any:
+    """The input as the relation's updates: mapped, typed, with time and diff where given.
+    Columns in ``optional`` (added by an alter) may be missing: the append fills them."""
     from pyspark.sql import functions as F
 
     from sediment.spark_jobs.datasource import spark_type
@@ -65,11 +67,11 @@ def updates_frame(spark: Any, args: argparse.Namespace, relation_schema: Any) ->
         if src not in df.columns:
             raise SystemExit(f"error: --map {spec}: the input has no column {src!r}; it has {df.columns}")
         df = df.withColumnRenamed(src, dst)
-    missing = [f.name for f in relation_schema if f.name not in df.columns]
+    missing = [f.name for f in relation_schema if f.name not in df.columns and f.name not in optional]
     if missing:
         raise SystemExit(f"error: the input lacks relation column(s) {missing}; it has {df.columns} "
                          "(rename with --map SRC=DST)")
-    columns = [F.col(f.name).cast(spark_type(f.type)).alias(f.name) for f in relation_schema]
+    columns = [F.col(f.name).cast(spark_type(f.type)).alias(f.name) for f in relation_schema if f.name in df.columns]
     if args.time is None:
         if "time" not in df.columns:
             raise SystemExit("error: the input has no 'time' column: pass --time T")
@@ -88,7 +90,8 @@ def run(spark: Any, args: argparse.Namespace) -> None:
     token = token_of(args)
     with sediment.connect(args.uri, token) as client:
         relation_schema = client.schema(args.relation)
-    writer = (updates_frame(spark, args, relation_schema).write.format("sediment")
+        optional = [c["name"] for c in client.describe(args.relation)["columns"] if not c.get("required", True)]
+    writer = (updates_frame(spark, args, relation_schema, optional).write.format("sediment")
               .option("uri", args.uri).option("token", token).option("relation", args.relation)
               .option("seal", args.seal).mode("append"))
     if args.time is not None:

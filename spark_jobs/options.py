@@ -44,7 +44,8 @@ DEFAULT_LEASE_SECONDS = 3600.0
 STREAM_MARK = "readstream"  # the option register()'s readStream hook adds: schema() cannot tell otherwise
 TOKEN_ENV = "SEDIMENT_TOKEN"  # as sediment.net.protocol.TOKEN_ENV, without importing Flight here
 
-CONNECTION = {"uri": "the coordinator, grpc://HOST:PORT", "token": "the coordinator's token",
+CONNECTION = {"uri": "the coordinator, grpc://HOST:PORT, or a cluster, zk://HOST:PORT/NAME",
+              "token": "the coordinator's token",
               "relation": "the relation"}
 BATCH_READ = {"asof": "read as of this time (default: the sealed frontier)", "as_of": "as asOf",
               "from": "the consolidated changes in (from, asOf]", "raw": "true: the stored updates with time and diff",
@@ -126,13 +127,17 @@ def token(options: Mapping[str, Any]) -> str:
     return str(value)
 
 
-def connect(options_or_uri: Mapping[str, Any] | str, token_: str | None = None) -> Any:
-    """A client for one call site: opened inside read/write/commit, never pickled."""
-    from sediment.client import connect as _connect
+def connect(options_or_uri: Mapping[str, Any] | str, token_: str | None = None, relation: str | None = None) -> Any:
+    """A client for one call site: opened inside read/write/commit, never pickled. Over a
+    cluster (``zk://HOST:PORT/NAME`` or a member's address), a client of the member serving
+    the relation's partition (spark_jobs/cluster_connect.py); ``relation`` defaults to the
+    options' relation."""
+    from sediment.spark_jobs.cluster_connect import connect_for
 
     if isinstance(options_or_uri, str):
-        return _connect(options_or_uri, token_)
-    return _connect(required(options_or_uri, "uri"), token(options_or_uri))
+        return connect_for(options_or_uri, token_, relation)
+    return connect_for(required(options_or_uri, "uri"), token(options_or_uri),
+                       relation or options_or_uri.get("relation") or None)
 
 
 # --- types ----------------------------------------------------------------------------------

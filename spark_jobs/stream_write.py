@@ -86,7 +86,7 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SedimentCommitMessage:
         time = self.time
         if time is None and not self.has_time:
-            with connect(self.uri, self.token) as client:
+            with connect(self.uri, self.token, self.relation) as client:
                 time = client.sealed(self.relation) + 1
         message = self._write(iterator, self._group(), time)
         message.group = self._group()
@@ -95,7 +95,7 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
     def commit(self, messages: list[SedimentCommitMessage | None], batchId: int) -> None:  # noqa: N803
         done = [m for m in messages if m is not None]
         groups = sorted({getattr(m, "group", "") for m in done} - {""})
-        with connect(self.uri, self.token) as client:
+        with connect(self.uri, self.token, self.relation) as client:
             last, last_time = last_committed(client, self.progress)
             if batchId <= last:
                 for g in groups:
@@ -136,6 +136,6 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
             client.seal(self.relation, data_time)
 
     def abort(self, messages: list[SedimentCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        with connect(self.uri, self.token) as client:
+        with connect(self.uri, self.token, self.relation) as client:
             for g in sorted({getattr(m, "group", "") for m in messages if m is not None} - {""}):
                 client.abort_group(g)

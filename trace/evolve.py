@@ -24,6 +24,7 @@ import pyarrow as pa
 FIELD_ID = b"PARQUET:field_id"
 VERSION_KEY = b"sediment.schema_version"
 RESERVED = ("time", "diff")
+KEEP_DEFAULT_ROWS = 1 << 20  # the longest default column a layout keeps for reuse
 
 
 def field_id(f: pa.Field) -> int | None:
@@ -57,6 +58,10 @@ class Layout:
     versions: Mapping[int, pa.Schema]
     current_version: int
     defaults: Mapping[int, Any] = field(default_factory=dict)
+    # per stored schema and target version: where each target column comes from (planned once,
+    # not per batch); per (field id, type): one default array, sliced for each batch
+    _plans: dict[Any, list[int | None]] = field(default_factory=dict, repr=False)
+    _filled: dict[Any, pa.Array] = field(default_factory=dict, repr=False)
 
     @property
     def stored(self) -> pa.Schema:
@@ -66,7 +71,7 @@ class Layout:
     @property
     def plain(self) -> pa.Schema:
         """The current update schema without metadata: what reads hand out."""
-        return _plain(self.versions[self.current_version])
+        return self._plain_of(self.current_version)
 
     def ids(self) -> list[int | None]:
         return [field_id(f) for f in self.versions[self.current_version]]
@@ -79,24 +84,48 @@ class Layout:
         """``data`` (updates stored under any version of this layout) in the current update
         schema (or that of ``to_version``). Columns are found by field id; a column without
         an id (a batch written before field ids existed) by its name in version 0."""
-        target = self.versions[self.current_version if to_version is None else to_version]
-        plain = _plain(target)
-        source = {key: i for i, key in enumerate(self._keys(data.schema)) if key is not None}
+        version = self.current_version if to_version is None else to_version
+        target = self.versions[version]
+        plan = self._plan(data.schema, version)
         columns = []
-        for f in target:
-            key = f.name if f.name in RESERVED else field_id(f)
-            at = source.get(key)
+        for f, at in zip(target, plan, strict=True):
             if at is None:
+                key = f.name if f.name in RESERVED else field_id(f)
                 columns.append(self._default(key, f.type, data.num_rows, isinstance(data, pa.Table)))
                 continue
             col = data.column(at)
             if col.type != f.type:
-                col = col.cast(f.type)
+                col = col.cast(f.type)  # a widening: Arrow's cast kernel, never a narrowing
             columns.append(col)
         build = pa.Table.from_arrays if isinstance(data, pa.Table) else pa.RecordBatch.from_arrays
-        return build(columns, schema=plain)
+        return build(columns, schema=self._plain_of(version))
+
+    def _plan(self, schema: pa.Schema, version: int) -> list[int | None]:
+        """For each column of ``version``: the index of the stored column with its id, or None."""
+        key = (version, tuple(schema.names), tuple(field_id(f) for f in schema))
+        plan = self._plans.get(key)
+        if plan is None:
+            source = {k: i for i, k in enumerate(self._keys(schema)) if k is not None}
+            target = self.versions[version]
+            plan = self._plans[key] = [source.get(k) for k in self._keys(target)]
+        return plan
+
+    def _plain_of(self, version: int) -> pa.Schema:
+        got = self._filled.get(("plain", version))
+        if got is None:
+            got = self._filled[("plain", version)] = _plain(self.versions[version])
+        return got
 
     def _default(self, fid: Any, typ: pa.DataType, rows: int, chunked: bool) -> pa.Array | pa.ChunkedArray:
+        held = self._filled.get((fid, typ))
+        if held is None or len(held) < rows:
+            if rows > KEEP_DEFAULT_ROWS:  # a large batch gets its own: the cache stays small
+                return self._filled_now(fid, typ, rows, chunked)
+            held = self._filled[(fid, typ)] = self._filled_now(fid, typ, max(rows, 1 << 16), False)
+        arr = held.slice(0, rows)
+        return pa.chunked_array([arr], typ) if chunked else arr
+
+    def _filled_now(self, fid: Any, typ: pa.DataType, rows: int, chunked: bool) -> pa.Array | pa.ChunkedArray:
         value = self.defaults.get(fid)
         if value is None:
             arr = pa.nulls(rows, typ)
@@ -105,15 +134,21 @@ class Layout:
             arr = pa.repeat(scalar.cast(typ), rows) if rows else pa.array([], typ)
         return pa.chunked_array([arr], typ) if chunked else arr
 
-    def fill(self, updates: pa.Table, missing: list[str], version: int | None = None) -> pa.Table:
-        """``updates`` with those of the ``missing`` columns that an alter added (not in version
-        0) appended as their default; columns of version 0 stay missing."""
+    def optional(self, version: int | None = None) -> list[str]:
+        """The columns an append may leave out: those an alter added (not in version 0), which
+        it fills with their default (null unless one was given). Version 0's are required."""
         target = self.versions[self.current_version if version is None else version]
         first = {field_id(f) for f in self.versions[min(self.versions)]}
+        return [f.name for f in target if f.name not in RESERVED and field_id(f) not in first]
+
+    def fill(self, updates: pa.Table, missing: list[str], version: int | None = None) -> pa.Table:
+        """``updates`` with those of the ``missing`` columns that may be left out (:meth:`optional`)
+        appended as their default; the others stay missing."""
+        target = self.versions[self.current_version if version is None else version]
+        optional = set(self.optional(version))
         for f in target:
-            fid = field_id(f)
-            if f.name in missing and f.name not in RESERVED and fid not in first:
-                updates = updates.append_column(f.name, self._default(fid, f.type, updates.num_rows, True))
+            if f.name in missing and f.name in optional:
+                updates = updates.append_column(f.name, self._default(field_id(f), f.type, updates.num_rows, True))
         return updates
 
     def _keys(self, schema: pa.Schema) -> list[Any]:

@@ -39,7 +39,7 @@ from sediment.wal import segment as sg
 from sediment.wal.control import PartitionState
 from sediment.wal.direct_io import DirectWriter, allocate
 from sediment.wal.group_commit import GroupAppend, GroupCommit
-from sediment.wal.log_apply import carry_out, create_segment_files, cut_file
+from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
 from sediment.wal.recycle import SegmentPool, reuse_segment_file
@@ -176,9 +176,6 @@ class FileLog:
         m.active_first = active.first_lsn
         m.durable_end = max(m.durable_end, active.next_lsn) if not repair else active.next_lsn
         mf.write(self.root, m)
-
-    def _cut(self, path: str, offset: int, finished: bool = False) -> None:
-        cut_file(path, offset, None if finished else self.segment_bytes)
 
     def _rebuild_index(self, seg: Segment) -> None:
         header, entries = sg.read_index(seg.idx_path)

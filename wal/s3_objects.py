@@ -26,7 +26,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sediment._s3 import PreconditionFailed, make_client, put_conditional, read_object
+from sediment._s3 import Bucket, PreconditionFailed, read_object
 from sediment.errors import WalCorruption, WalError, WalMissing
 from sediment.wal import s3_format as fmt
 
@@ -43,14 +43,11 @@ class SlotStore:
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None, region: str = "us-east-1", *,
                  connect_timeout: float = 5.0, read_timeout: float = 10.0, max_attempts: int = 5,
                  conflict_attempts: int = 6, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.bucket = bucket
-        prefix = prefix.strip("/")
-        self.root = prefix + "/" if prefix else ""
-        self.conflict_attempts = max(1, conflict_attempts)
-        self._sleep = sleep
-        self.client = make_client(endpoint_url, region, connect_timeout=connect_timeout, read_timeout=read_timeout,
-                                  max_attempts=max_attempts, pool=_READERS + 4)
-        self.endpoint_url: str = self.client.meta.endpoint_url
+        self._s3 = Bucket(bucket, prefix, endpoint_url, region, connect_timeout=connect_timeout,
+                          read_timeout=read_timeout, max_attempts=max_attempts, conflict_attempts=conflict_attempts,
+                          sleep=sleep, pool=_READERS + 4)
+        self.bucket, self.root, self.client = bucket, self._s3.prefix, self._s3.client
+        self.endpoint_url: str = self._s3.endpoint_url
         self.requests = {"put": 0, "get": 0, "list": 0, "delete": 0}
         self.sizes: dict[int, int] = {}  # slot -> object size, as the last listing saw it
 
@@ -97,8 +94,7 @@ class SlotStore:
         for _ in range(_UNKNOWN_ROUNDS):
             self.requests["put"] += 1
             try:
-                put_conditional(self.client, self._sleep, self.conflict_attempts, Bucket=self.bucket,
-                                Key=self.root + name, Body=body, IfNoneMatch="*")
+                self._s3.put_conditional(Key=self.root + name, Body=body, IfNoneMatch="*")
                 return True
             except PreconditionFailed as e:
                 if not (e.retried or retried):

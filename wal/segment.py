@@ -158,10 +158,6 @@ def next_valid_record(view: memoryview, start: int, min_lsn: int, *,
             return at, head.lsn
 
 
-def _valid_record_after(view: memoryview, start: int, min_lsn: int) -> bool:
-    return next_valid_record(view, start, min_lsn) is not None
-
-
 def _written_extent(fd: int, size: int) -> int:
     """How much of a preallocated file can hold non-zero bytes: up to its first hole when no
     data lies beyond it (ext4 reports fallocated, never-written extents as holes), else all."""

@@ -209,9 +209,18 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 def cmd_seal(args: argparse.Namespace) -> int:
     """Promise no more updates at times <= T, which makes reads as of T possible."""
+    return _move_frontier(args, "seal", f"sealed {args.name} through time {args.t}")
+
+
+def cmd_since(args: argparse.Namespace) -> int:
+    """Let history below T be consolidated away (reads below T become impossible)."""
+    return _move_frontier(args, "set_since", f"since of {args.name} is now {args.t}")
+
+
+def _move_frontier(args: argparse.Namespace, method: str, done: str) -> int:
     with open_engine(args) as engine:
-        engine.seal(args.name, args.t)
-    print(f"sealed {args.name} through time {args.t}")
+        getattr(engine, method)(args.name, args.t)
+    print(done)
     return 0
 
 
@@ -240,14 +249,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2, sort_keys=True))
     else:
         _print_stats(stats)
-    return 0
-
-
-def cmd_since(args: argparse.Namespace) -> int:
-    """Let history below T be consolidated away (reads below T become impossible)."""
-    with open_engine(args) as engine:
-        engine.set_since(args.name, args.t)
-    print(f"since of {args.name} is now {args.t}")
     return 0
 
 

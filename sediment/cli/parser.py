@@ -94,35 +94,39 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
     def doc(text: str) -> str:
         return text if top else argparse.SUPPRESS
 
-    p.add_argument("--data-dir", default=default(default_dir), metavar="DIR",
-                   help=doc(f"the data directory (default $SEDIMENT_DATA_DIR or {DEFAULT_DATA_DIR})"))
-    p.add_argument("--blob", default=default(os.environ.get("SEDIMENT_BLOB")), metavar="URI",
-                   help=doc("where batches live: file:///path or s3://bucket/prefix (default $SEDIMENT_BLOB "
-                            "or <data-dir>/blobs)"))
-    p.add_argument("--metadata", default=default(os.environ.get("SEDIMENT_METADATA")), metavar="SPEC",
-                   help=doc("where the catalog lives when not in <data-dir>/meta, e.g. "
-                            "zk://127.0.0.1:2181/sediment or s3://bucket/prefix (default $SEDIMENT_METADATA)"))
-    p.add_argument("--s3-endpoint", default=default(os.environ.get("AWS_ENDPOINT_URL")), metavar="URL",
-                   help=doc("S3 endpoint for an s3:// --blob or --wal (default $AWS_ENDPOINT_URL)"))
-    p.add_argument("--wal", default=default(os.environ.get("SEDIMENT_WAL")), metavar="SPEC",
-                   help=doc("creating an engine: where its log lives, file (default), device:PATH or "
-                            "s3://bucket/prefix (needs a shared --metadata and --blob; later opens read it from the "
-                            "metadata) (default $SEDIMENT_WAL)"))
-    p.add_argument("--replicas", default=default(None), metavar="HOST:PORT,...",
-                   help=doc("creating an engine: replicate its log on these storage nodes (needs "
-                            "--metadata zk://... and --cluster-key; later opens read them from the metadata)"))
-    p.add_argument("--cluster-key", default=default(None), metavar="UUID",
-                   help=doc("creating a replicated engine: the key its storage nodes were started with "
-                            "(`sediment cluster-key` makes one)"))
-    p.add_argument("--connect", default=default(None), metavar="URI",
-                   help=doc("talk to a served coordinator (sediment serve) at grpc://HOST:PORT or "
-                            "grpc+tls://HOST:PORT instead of opening --data-dir (a bare HOST:PORT means "
-                            "grpc://HOST:PORT)"))
-    p.add_argument("--token", default=default(None), metavar="T",
-                   help=doc("the shared secret: what --connect sends, what serve requires (default "
-                            "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)"))
-    p.add_argument("--tls-root-certs", default=default(None), metavar="FILE",
-                   help=doc("for --connect grpc+tls://...: the CA certificate (PEM) to trust"))
+    plain = (  # flag, default, metavar, help
+        ("--data-dir", default_dir, "DIR",
+         f"the data directory (default $SEDIMENT_DATA_DIR or {DEFAULT_DATA_DIR})"),
+        ("--blob", os.environ.get("SEDIMENT_BLOB"), "URI",
+         "where batches live: file:///path or s3://bucket/prefix (default $SEDIMENT_BLOB "
+         "or <data-dir>/blobs)"),
+        ("--metadata", os.environ.get("SEDIMENT_METADATA"), "SPEC",
+         "where the catalog lives when not in <data-dir>/meta, e.g. "
+         "zk://127.0.0.1:2181/sediment or s3://bucket/prefix (default $SEDIMENT_METADATA)"),
+        ("--s3-endpoint", os.environ.get("AWS_ENDPOINT_URL"), "URL",
+         "S3 endpoint for an s3:// --blob or --wal (default $AWS_ENDPOINT_URL)"),
+        ("--wal", os.environ.get("SEDIMENT_WAL"), "SPEC",
+         "creating an engine: where its log lives, file (default), device:PATH or "
+         "s3://bucket/prefix (needs a shared --metadata and --blob; later opens read it from the "
+         "metadata) (default $SEDIMENT_WAL)"),
+        ("--replicas", None, "HOST:PORT,...",
+         "creating an engine: replicate its log on these storage nodes (needs "
+         "--metadata zk://... and --cluster-key; later opens read them from the metadata)"),
+        ("--cluster-key", None, "UUID",
+         "creating a replicated engine: the key its storage nodes were started with "
+         "(`sediment cluster-key` makes one)"),
+        ("--connect", None, "URI",
+         "talk to a served coordinator (sediment serve) at grpc://HOST:PORT or "
+         "grpc+tls://HOST:PORT instead of opening --data-dir (a bare HOST:PORT means "
+         "grpc://HOST:PORT)"),
+        ("--token", None, "T",
+         "the shared secret: what --connect sends, what serve requires (default "
+         "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)"),
+        ("--tls-root-certs", None, "FILE",
+         "for --connect grpc+tls://...: the CA certificate (PEM) to trust"),
+    )
+    for flag, value, metavar, text in plain:
+        p.add_argument(flag, default=default(value), metavar=metavar, help=doc(text))
     p.add_argument("--log-level", default=default(os.environ.get("SEDIMENT_LOG_LEVEL", "warning")),
                    choices=LOG_LEVELS, metavar="LEVEL",
                    help=doc(f"log messages at this level and above on stderr: {', '.join(LOG_LEVELS)} "

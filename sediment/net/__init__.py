@@ -13,7 +13,8 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
 * ``do_put``: the descriptor is a command, JSON:
   ``{"op": "append_stream", "relation": NAME}`` opens a stream of appends to NAME, each
   acknowledged on the stream's metadata channel (see :mod:`sediment.net.append_stream`);
-  the client's appends use it.
+  the client's appends use it; a cluster client's keyed appends carry their idempotency
+  key ``{"client": ID, "seq": N}`` in each append's metadata there.
   ``{"op": "append", "relation": NAME, "txn": ID|null, "locks": LOCKS|absent}`` appends the
   streamed batches as one ``Engine.append`` (or into open transaction ID); the put
   completes only after the append is durable. LOCKS is ``{"high_water": T, "write":
@@ -38,14 +39,18 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   L: the rows whose ``key`` falls in range I of ``cuts`` (base64 Arrow IPC of one column
   ``cut``; nulls in range 0), or rows [start, stop), or all; the lease's end (release_read
   or expiry) drops the rows, and a later call is refused with InvalidArgument;
-  ``{"op": "subscribe", "relation": NAME, "as_of": T|null, "resume": BOOL, "max_lag": N|null}`` streams
+  ``{"op": "subscribe", "relation": NAME, "as_of": T|null, "resume": BOOL, "max_lag": N|null,
+  "continuation": TOKEN|absent}`` streams
   ``Engine.subscribe``'s events as batches of the update schema, each with app metadata
   ``{"kind": "snapshot"|"updates"|"progress"|"schema", "time": T, "last": BOOL}`` (an event may span
   batches, ``last`` ends it; a snapshot's rows carry time = T; progress is an empty batch;
   a relation never sealed, subscribed with as_of null, starts with an empty snapshot at T = -1;
   a subscriber dropped for falling more than max_lag events behind ends with FeedOverrun;
-  ``schema``, an empty batch with T = the new schema version, is the last event: the relation
-  was altered and the stream ends, to be resumed in the new columns).
+  ``schema``, an empty batch with T = the new schema version and a ``"continuation"`` token in
+  its metadata, is the last event of a stream: the relation was altered, and the ticket
+  ``{"op": "subscribe", "relation": NAME, "continuation": TOKEN}`` (within 60 s) streams the
+  same subscription's next events in the new columns, nothing lost or repeated; see
+  :mod:`sediment.net.feed_streams`).
 * ``do_action``: the type is the operation, the body a JSON object of its arguments, the
   one result ``{"result": ...}``: add_relation {name, schema: base64 Arrow IPC schema},
   drop_relation {name}, relations {}, schema {name} -> base64 IPC schema, seal {name, t},
@@ -54,11 +59,14 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   :mod:`sediment.net.alter_wire`), schema_version {name}, describe {name},
   set_since {name, t}, since {name}, sealed {name}, compact {name|null}, trace_info {name}, stats {},
   compaction_errors {},
-  begin {group|absent} -> transaction id, commit {txn}, abort {txn}, txn_state {txn},
+  begin {group|absent} -> transaction id, commit {txn, relation|absent, client|absent,
+  seq|absent} (with a key, a cluster member's: at most once across retries, recorded with
+  the commit in the log of RELATION's partition), abort {txn}, txn_state {txn},
   commit_all {txns, group|absent} (one COMMIT record for them all; then every other open
   transaction of the group is aborted), abort_group {group} (either ends the group: a later
   begin in it is refused with TransactionError),
-  append_many {stage, locks|absent}, discard_stage {stage}, release_read {lease}, ping {}.
+  append_many {stage, locks|absent, client|absent, seq|absent} (a key as commit's),
+  discard_stage {stage}, release_read {lease}, ping {}.
 * Errors: a refused call fails with ``FlightServerError`` whose ``extra_info`` is JSON
   ``{"error": CLASS, "module": "sediment.errors"|"builtins", "message": TEXT, "attrs": {...}}``;
   the client raises the same class with the same message (see :func:`error_detail`).

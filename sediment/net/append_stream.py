@@ -10,7 +10,9 @@ The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor
 
 * client -> server: an append's batches, of the stream's schema; every batch but the last
   has no app metadata; the last has ``{"txn": ID|null, "locks": LOCKS|absent}`` (as the
-  per-call ``append`` op's descriptor). An empty append is one empty batch.
+  per-call ``append`` op's descriptor), or for a keyed append to a cluster member
+  ``{"txn": null, "client": ID, "seq": N}`` (its idempotency key, as ``append_once``'s).
+  An empty append is one empty batch.
 * server -> client: one metadata message per append, in order: ``{"ok": true}`` once it is
   durable, or ``{"error": DETAIL}`` (the typed error, as :func:`error_detail` writes it;
   the stream stays usable).
@@ -33,7 +35,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.clock import MONOTONIC, Clock
-from sediment.net.messages import Put, encode
+from sediment.net.messages import STREAM_FIELDS, Put, encode
 from sediment.net.protocol import json_arg
 from sediment.net.wire_errors import error_detail, error_from_detail
 
@@ -42,13 +44,19 @@ ACK_OK = b'{"ok":true}'
 PLAIN = b'{"txn":null}'  # the metadata of an append outside any transaction, without locks
 
 
-def append_metadata(txn: int | None, locks: dict[str, Any] | None) -> bytes:
-    """The last batch's metadata of an append (``locks`` already in wire form)."""
-    if txn is None and locks is None:
+def append_metadata(txn: int | None, locks: dict[str, Any] | None, key: tuple[str, int] | None = None) -> bytes:
+    """The last batch's metadata of an append (``locks`` already in wire form; ``key``: the
+    idempotency key (client id, sequence number) of a keyed append)."""
+    if txn is None and locks is None and key is None:
         return PLAIN
     spec: dict[str, Any] = {"txn": txn}
     if locks is not None:
         spec["locks"] = locks
+    if key is not None:
+        spec["client"], spec["seq"] = key
+    for name in spec:
+        if name not in STREAM_FIELDS:
+            raise ValueError(f"append stream metadata carries no field {name!r}")
     return json.dumps(spec, separators=(",", ":"), default=repr).encode()
 
 
@@ -75,6 +83,7 @@ class AppendStream:
         self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
                                                  options=options)
         self.last_used = 0.0  # when the pool last got it back
+        self.opened = 0.0  # when the pool opened it
         self.in_doubt = False  # an append went out and its acknowledgement was not read: unusable
 
     def append(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
@@ -117,13 +126,16 @@ class AppendStream:
 class StreamPool:
     """A client's idle append streams by (relation, schema). ``take`` lends one (opening a
     new one when none is idle), ``give`` returns it; a background thread closes streams idle
-    for ``idle_seconds``."""
+    for ``idle_seconds``. ``max_age``: a stream opened longer ago than that is not lent
+    again but closed (a client with a call timeout opens its streams with that deadline,
+    which gRPC applies to the whole stream: each append still gets at least the rest)."""
 
     def __init__(self, opener: Callable[[str, pa.Schema], AppendStream], idle_seconds: float = STREAM_IDLE_SECONDS,
-                 clock: Clock = MONOTONIC) -> None:
+                 clock: Clock = MONOTONIC, max_age: float | None = None) -> None:
         self._open = opener
         self._idle_seconds = idle_seconds
         self._clock = clock
+        self._max_age = max_age
         self._lock = threading.Lock()
         self._idle: dict[tuple[str, pa.Schema], list[AppendStream]] = {}
         self._closed = False
@@ -132,14 +144,22 @@ class StreamPool:
 
     def take(self, relation: str, schema: pa.Schema) -> tuple[AppendStream, bool]:
         """A stream for the relation and schema, and whether it is new (never used)."""
+        now = self._clock.current_time()
+        old: list[AppendStream] = []
         with self._lock:
             idle = self._idle.get((relation, schema))
+            while idle and self._max_age is not None and now - idle[-1].opened > self._max_age:
+                old.append(idle.pop())
             if idle:
                 return idle.pop(), False
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap, name="sediment-append-streams", daemon=True)
                 self._reaper.start()
-        return self._open(relation, schema), True
+        for stream in old:
+            stream.close()
+        stream = self._open(relation, schema)
+        stream.opened = now
+        return stream, True
 
     def give(self, stream: AppendStream) -> None:
         stream.last_used = self._clock.current_time()
@@ -185,17 +205,16 @@ class StreamPool:
 
 
 def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter,
-                        append: Callable[[pa.Table, Any, Any], None], stopping: Callable[[], bool]) -> None:
+                        append: Callable[[pa.Table, dict[str, Any]], None], stopping: Callable[[], bool]) -> None:
     """The server's half: each append (batches up to one with metadata) goes to
-    ``append(table, txn, locks)`` and is acknowledged; returns when the client ends the
+    ``append(table, metadata)`` (``PLAIN_ARGS`` itself for a plain append) and is acknowledged; returns when the client ends the
     stream, or once ``stopping()``: right after an acknowledgement, or instead of applying
     an append that arrives then (unacknowledged, so the client sends it elsewhere)."""
     for table, meta in _appends(reader):
         if stopping():
             return
         try:
-            args = _PLAIN_ARGS if meta == PLAIN else json_arg(meta, "append stream metadata")
-            append(table, args.get("txn"), args.get("locks"))
+            append(table, PLAIN_ARGS if meta == PLAIN else json_arg(meta, "append stream metadata"))
             ack = ACK_OK
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed, the stream lives on
             ack = b'{"error":' + error_detail(exc) + b"}"
@@ -204,7 +223,7 @@ def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight
             return
 
 
-_PLAIN_ARGS: dict[str, Any] = {"txn": None}
+PLAIN_ARGS: dict[str, Any] = {"txn": None}  # the metadata of a plain append, decoded once
 
 
 def _appends(reader: flight.MetadataRecordBatchReader) -> Iterator[tuple[pa.Table, bytes]]:

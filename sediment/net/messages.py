@@ -77,7 +77,7 @@ FIELDS: dict[Op, tuple[str, ...]] = {
     Get.REPLAY: ("relation", "batch_rows"),
     Get.PLAN: ("relation", "as_of", "from", "lease_seconds", "hold_tail"),
     Get.TAIL_PART: ("relation", "lease", "key", "cuts", "index", "start", "stop"),
-    Get.SUBSCRIBE: ("relation", "as_of", "resume", "max_lag"),
+    Get.SUBSCRIBE: ("relation", "as_of", "resume", "max_lag", "continuation"),
     Action.PING: (),
     Action.ADD_RELATION: ("name", "schema", "partition"),
     Action.DROP_RELATION: ("name",),
@@ -97,16 +97,19 @@ FIELDS: dict[Op, tuple[str, ...]] = {
     Action.BEGIN: ("group",),
     Action.COMMIT_ALL: ("txns", "group"),
     Action.ABORT_GROUP: ("group",),
-    Action.COMMIT: ("txn",),
+    Action.COMMIT: ("txn", "relation", "client", "seq"),
     Action.ABORT: ("txn",),
     Action.TXN_STATE: ("txn",),
-    Action.APPEND_MANY: ("stage", "locks"),
+    Action.APPEND_MANY: ("stage", "locks", "client", "seq"),
     Action.DISCARD_STAGE: ("stage",),
     Action.RELEASE_READ: ("lease",),
     Action.BULK_STAGE: ("name", "job"),
     Action.BULK_COMMIT: ("name", "job"),
     Action.BULK_ABORT: ("name", "job"),
 }
+
+# the fields of an append's metadata on the append stream (its last batch's app metadata)
+STREAM_FIELDS: tuple[str, ...] = ("txn", "locks", "client", "seq")
 
 
 def encode(op: Op, **fields: Any) -> bytes:

@@ -1,8 +1,8 @@
 """A feed over the network: the client side of ``subscribe`` (see :mod:`sediment.net`).
 
-A thread pumps the server's stream into a bounded queue so that ``next(timeout=...)``
+A thread pumps the server's stream into a queue so that ``next(timeout=...)``
 can wait with a deadline, which a Flight reader cannot; events come out as the
-engine's ``FeedEvent`` values.
+engine's ``FeedEvent`` values. Across an alter it moves to the feed's next stream.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -27,11 +27,19 @@ class RemoteSubscription:
     """A feed from the server, like the engine's Subscription: an iterator of
     ``sediment.engine.feed.FeedEvent``; ``next(timeout)``; ``last_progress``; close it when
     done. A background thread reads the stream, so ``next`` can time out; when the server
-    stops, ``next`` raises EngineClosed (subscribe again, with ``resume``, to a new one)."""
+    stops, ``next`` raises EngineClosed (subscribe again, with ``resume``, to a new one).
 
-    def __init__(self, uri: str, reader: flight.FlightStreamReader) -> None:
+    A relation's alter ends the server's stream (one Flight stream has one schema) with a
+    continuation token: the thread opens the next stream of the same server-side
+    subscription with it (``reopen``) and the feed goes on in the new schema, after the
+    ``schema`` event, with nothing lost or repeated."""
+
+    def __init__(self, uri: str, reader: flight.FlightStreamReader,
+                 reopen: Callable[[str], flight.FlightStreamReader] | None = None) -> None:
         self._uri = uri
         self._reader = reader
+        self._reopen = reopen
+        self._lock = threading.Lock()
         self._events: queue.Queue[Any] = queue.Queue()
         self._closed = False
         self.last_progress: int | None = None
@@ -39,33 +47,10 @@ class RemoteSubscription:
         self._thread.start()
 
     def _pump(self) -> None:
-        from sediment.engine.feed import FeedEvent
-
-        parts: list[pa.RecordBatch] = []
-        altered = None
+        reader: flight.FlightStreamReader | None = self._reader
         try:
-            for chunk in self._reader:
-                parts.append(chunk.data)
-                meta = json.loads(chunk.app_metadata.to_pybytes())
-                if not meta["last"]:
-                    continue
-                table = pa.Table.from_batches(parts)
-                parts = []
-                kind, t = meta["kind"], meta["time"]
-                if kind == "schema":  # the server ends a feed at an alter: one stream, one schema
-                    altered = errors.SchemaMismatch(f"relation altered to schema version {t}: subscribe with resume=True")
-                    self._events.put(FeedEvent(kind, t))
-                elif kind == "progress":
-                    self._events.put(FeedEvent(kind, t))
-                elif kind == "snapshot":
-                    self._events.put(FeedEvent(kind, t, table.drop_columns(["time"])))
-                else:
-                    self._events.put(FeedEvent(kind, t, table))
-            if altered is not None:
-                self._events.put(altered)
-            elif not self._closed:
-                self._events.put(EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
-                                              "subscribe again with resume=True"))
+            while reader is not None:
+                reader = self._drain(reader)
         except flight.FlightError as exc:
             if not self._closed:
                 self._events.put(typed_error(exc))
@@ -74,6 +59,51 @@ class RemoteSubscription:
                 self._events.put(exc)
         finally:
             self._events.put(_END)
+
+    def _drain(self, reader: flight.FlightStreamReader) -> flight.FlightStreamReader | None:
+        """Queue the events of one stream; the next stream after a schema change, else None."""
+        from sediment.engine.feed import FeedEvent
+
+        parts: list[pa.RecordBatch] = []
+        for chunk in reader:
+            parts.append(chunk.data)
+            meta = json.loads(chunk.app_metadata.to_pybytes())
+            if not meta["last"]:
+                continue
+            table = pa.Table.from_batches(parts)
+            parts = []
+            kind, t = meta["kind"], meta["time"]
+            if kind == "schema":
+                return self._next_stream(t, meta.get("continuation"))
+            if kind == "progress":
+                self._events.put(FeedEvent(kind, t))
+            elif kind == "snapshot":
+                self._events.put(FeedEvent(kind, t, table.drop_columns(["time"])))
+            else:
+                self._events.put(FeedEvent(kind, t, table))
+        if not self._closed:
+            self._events.put(EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
+                                          "subscribe again with resume=True"))
+        return None
+
+    def _next_stream(self, version: int, token: str | None) -> flight.FlightStreamReader | None:
+        """Open the stream after schema version ``version``'s event, then queue the event (an
+        empty table of the new update schema, as the engine's): the caller sees it in order."""
+        from sediment.engine.feed import FeedEvent
+
+        if token is None or self._reopen is None:  # a server without continuations
+            self._events.put(FeedEvent("schema", version))
+            self._events.put(errors.SchemaMismatch(
+                f"relation altered to schema version {version}: subscribe with resume=True"))
+            return None
+        reader = self._reopen(token)
+        with self._lock:
+            if self._closed:
+                reader.cancel()
+                return None
+            self._reader = reader
+        self._events.put(FeedEvent("schema", version, reader.schema.empty_table()))
+        return reader
 
     def next(self, timeout: float | None = None) -> Any:
         """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None on
@@ -105,10 +135,12 @@ class RemoteSubscription:
 
     def close(self) -> None:
         """Stop the feed (the server ends its side); idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._reader.cancel()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            reader = self._reader
+        reader.cancel()
         self._thread.join()
 
     def __enter__(self) -> RemoteSubscription:

@@ -40,10 +40,12 @@ def _run(seeds: range) -> tuple[list[str], Counter]:
 def test_cluster_seeds_break_no_rule(chunk: int) -> None:
     """36 seeds: members killed, paused past their session, joining and leaving, the manager
     killed, ZooKeeper unreachable, storage nodes crashing. Every partition's history checks,
-    one owner per partition and generation, every partition served again within the bound."""
+    one owner per partition and generation, every partition served again within the bound. With
+    the lease (as deployed) a member resumed after its session ended writes nothing at all."""
     failing, totals = _run(range(12 * chunk, 12 * (chunk + 1)))
     assert not failing, "\n".join(failing)
     assert totals["moves"] > 0 and totals["sessions_expired"] > 0 and totals["member_pause"] > 0, totals
+    assert totals["stale_owner_acks"] == 0 and totals["stale_owner_appends"] == 0, totals
 
 
 def test_fences_where_the_data_lands_hold_without_the_lease(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,11 +57,6 @@ def test_fences_where_the_data_lands_hold_without_the_lease(monkeypatch: pytest.
     assert not failing, "\n".join(failing)
     assert totals["stale_owner_appends"] > 0, f"no stale owner ever wrote, so the fence was not exercised: {totals}"
     assert totals["stale_owner_SessionFenced"] > 0, totals
-
-
-def test_with_the_lease_a_stale_owner_acknowledges_nothing() -> None:
-    _, totals = _run(range(24))
-    assert totals["stale_owner_acks"] == 0 and totals["stale_owner_appends"] == 0, totals
 
 
 def test_a_manager_that_reuses_generations_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,18 +1,29 @@
 """Random sequences of appends, seals, alters, compactions and reopens against a Python model
 that applies the same schema changes: the snapshot at every sealed time equals the model's.
-On the file log, on the device ring, and through a server (network client)."""
+On the file log, on the device ring, on the replicated log, and through a server (network
+client)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
+import uuid
 from collections import defaultdict
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import sediment
 
@@ -221,3 +232,30 @@ ServedMachine.TestCase.settings = settings(_SETTINGS, max_examples=10)
 TestSchemaModelFileLog = FileLogMachine.TestCase
 TestSchemaModelDeviceRing = DeviceRingMachine.TestCase
 TestSchemaModelServed = ServedMachine.TestCase
+
+
+@pytest.mark.zookeeper
+def test_schema_model_on_the_replicated_log(zookeeper, nodes):
+    """The same sequences on the replicated log (three storage nodes, metadata in ZooKeeper):
+    each example gets its own log partition on the nodes and its own ZooKeeper root, so a
+    reopen recovers the WAL records' schema versions from the nodes."""
+    from support.replication import KEY
+
+    partitions = itertools.count(1)
+    root = f"/sediment-test/schema-model-{uuid.uuid4().hex[:8]}"
+
+    class ReplicatedMachine(SchemaMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self._dropped = []
+            n = next(partitions)
+            self.options.update(replicas=[node.address for node in nodes], cluster_key=str(KEY),
+                                metadata=f"zk://{zookeeper.hosts}{root}/p{n}", log_partition=n,
+                                blob=f"file://{os.path.join(self.dir, 'blobs')}")
+
+        def teardown(self):
+            if self.engine is not None:
+                assert self.engine.stats()["wal"]["kind"] == "replicated"
+            super().teardown()
+
+    run_state_machine_as_test(ReplicatedMachine, settings=settings(_SETTINGS, max_examples=6))

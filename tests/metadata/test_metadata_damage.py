@@ -15,7 +15,6 @@ import pytest
 from sediment.errors import MetadataCorruption
 from sediment.metadata.journal import (
     END_NAME,
-    JOURNAL_HEADER_SIZE,
     JOURNAL_NAME,
     PARTIAL_NAME,
     SNAPSHOT_NAME,
@@ -23,7 +22,7 @@ from sediment.metadata.journal import (
     journal_header,
     verify,
 )
-from sediment.metadata.journal_format import _scan_journal
+from sediment.metadata.journal_format import JOURNAL_HEADER_SIZE, _scan_journal
 from sediment.metadata.protocol import Versioned
 
 BEFORE, AFTER = 6, 6  # writes covered by the snapshot, then writes only in the journal

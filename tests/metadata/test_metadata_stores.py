@@ -26,15 +26,14 @@ from sediment.errors import (
 )
 from sediment.metadata.journal import (
     END_NAME,
-    HEADER_SIZE,
     JOURNAL_NAME,
     PARTIAL_NAME,
     SNAPSHOT_NAME,
     JournalMetadataStore,
-    _decode_snapshot,
     encode_snapshot,
     verify,
 )
+from sediment.metadata.journal_format import HEADER_SIZE, _decode_snapshot
 from sediment.metadata.memory import MemoryMetadataStore
 from sediment.metadata.open_store import open_metadata_store
 from sediment.metadata.protocol import MetadataStore, Versioned

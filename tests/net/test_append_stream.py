@@ -157,12 +157,57 @@ def test_the_worked_example_in_formats_md_decodes():
 
     text = (pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "formats.md").read_text()
     section = text[text.index("### Append stream"):]
-    blocks = re.findall(r"```\n([0-9a-f ]+)\n```", section)
-    meta, ack = (bytes.fromhex(b.replace(" ", "")) for b in blocks[:2])
+    blocks = re.findall(r"```\n([0-9a-f \n]+)\n```", section)
+    meta, ack, keyed = (bytes.fromhex(re.sub(r"\s+", "", b)) for b in blocks[:3])
     assert json_arg(meta, "append stream metadata") == {"txn": None}
     assert append_metadata(None, None) == meta
+    assert json_arg(keyed, "append stream metadata") == {"txn": None, "client": "c-1f2e-3", "seq": 12}
+    assert append_metadata(None, None, ("c-1f2e-3", 12)) == keyed
     assert json_arg(append_metadata(7, {"high_water": 3}), "m") == {"txn": 7, "locks": {"high_water": 3}}
     assert ack == ACK_OK and len(ack) == 11
     refused = re.search(r"`(\{\"error\": \{.*?\}\})`", section).group(1)
     err = error_from_detail(json.loads(refused)["error"])
     assert isinstance(err, errors.TimeAlreadySealed) and str(err) == "..."
+
+
+def test_the_pool_lends_no_stream_older_than_max_age():
+    """A client with a call timeout opens streams with that deadline for their whole life:
+    a stream past max_age is closed instead of lent, and a new one opened."""
+    closed = []
+
+    class Stream:
+        def __init__(self, key):
+            self.key, self.last_used = key, 0.0
+
+        def close(self):
+            closed.append(self)
+
+    clock = ManualClock(100.0)
+    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=clock,
+                      max_age=5.0)
+    first, _ = pool.take("r", SCHEMA)
+    assert first.opened == 100.0
+    pool.give(first)
+    clock.advance(5)
+    assert pool.take("r", SCHEMA) == (first, False), "exactly max_age old: still lent"
+    pool.give(first)
+    clock.advance(0.5)
+    second, fresh = pool.take("r", SCHEMA)
+    assert fresh and second is not first and closed == [first] and second.opened == 105.5
+    pool.close()
+    pool.give(second)
+
+
+def test_a_client_with_a_timeout_keeps_appending_past_it(node):
+    """The streams of a client with timeout=1 s are renewed before gRPC's deadline ends them:
+    appends spread over more than the timeout all succeed on the first try."""
+    engine, server = node
+    with Client(server.uri, TOKEN, timeout=1.0) as c:
+        c.add_relation("r", SCHEMA)
+        deadline = time.monotonic() + 2.5
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            c.append("r", ups([(n, "a", 1, 1)]))
+    engine.seal("r", 1)
+    assert engine.snapshot("r", 1).num_rows == n

@@ -399,10 +399,11 @@ def test_a_served_change_is_encoded_once_for_every_remote_subscriber(tmp_path, m
     import sediment
     from sediment import server as served
     from sediment.client import Client
+    from sediment.net import feed_streams
 
     made = []
-    real = served.event_batches
-    monkeypatch.setattr(served, "event_batches", lambda event, schema: made.append(event.kind) or real(event, schema))
+    real = feed_streams.event_batches
+    monkeypatch.setattr(feed_streams, "event_batches", lambda event, schema: made.append(event.kind) or real(event, schema))
     token = uuid.uuid4().hex
     with sediment.open(str(tmp_path / "d")) as eng:
         eng.add_relation("r", SCHEMA)

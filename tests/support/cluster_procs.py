@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from support.replication import KEY, Node
@@ -20,13 +22,14 @@ TOKEN = "cluster-test-token"
 class MemberProc:
     """One ``sediment serve --cluster`` process; ready once it prints its ``serving`` line."""
 
-    def __init__(self, cluster: str, data_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, cluster: str, data_dir: Path, env: dict[str, str], advertise: str | None = None) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115 - closed in wait()
+        extra = ["--advertise", advertise] if advertise is not None else []
         self.proc = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--cluster", cluster,
                                       "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", "--log-level", "info",
-                                      "--shutdown-grace", "5", "--metrics-listen", "127.0.0.1:0"],
+                                      "--shutdown-grace", "5", "--metrics-listen", "127.0.0.1:0", *extra],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         line = self.proc.stdout.readline()
         self.metrics_url = line.split()[-1] if line.startswith("metrics on ") else None
@@ -70,12 +73,12 @@ class Cluster:
     """ZooKeeper path, nodes and members of one test cluster."""
 
     def __init__(self, root: Path, zk_hosts: str, zk_root: str, moto_endpoint: str, bucket: str, *,
-                 partitions: int = 4, session_timeout: float = 3.0) -> None:
+                 partitions: int = 4, session_timeout: float = 3.0, node_args: tuple[str, ...] = ()) -> None:
         self.root = root
         self.uri = f"zk://{zk_hosts}{zk_root}"
         self.session_timeout = session_timeout
         self.env = {**os.environ, "SEDIMENT_TOKEN": TOKEN, "AWS_ENDPOINT_URL": moto_endpoint}
-        self.nodes = [Node(root / f"node{i}") for i in range(3)]
+        self.nodes = [Node(root / f"node{i}", extra_args=node_args) for i in range(3)]
         for n in self.nodes:
             n.start()
         self.members: list[MemberProc] = []
@@ -85,8 +88,9 @@ class Cluster:
                         "--s3-endpoint", moto_endpoint, "--session-timeout", str(session_timeout)],
                        check=True, env=self.env, capture_output=True)
 
-    def start_member(self) -> MemberProc:
-        m = MemberProc(self.uri, self.root / f"member-{uuid.uuid4().hex[:6]}", self.env)
+    def start_member(self, advertise: str | None = None) -> MemberProc:
+        """A new member; ``advertise``: the address it names to clients (a proxy's) instead of its own."""
+        m = MemberProc(self.uri, self.root / f"member-{uuid.uuid4().hex[:6]}", self.env, advertise)
         self.members.append(m)
         return m
 
@@ -128,3 +132,14 @@ class Cluster:
         for n in self.nodes:
             if n.proc is not None:
                 n.kill()
+
+
+@contextmanager
+def running_cluster(root: Path, zookeeper, zk_root: str, moto_server, s3_bucket, **options) -> Iterator[Cluster]:
+    """A :class:`Cluster` on the test fixtures' ZooKeeper and moto, closed (every process
+    killed) at the end."""
+    c = Cluster(root, f"127.0.0.1:{zookeeper.port}", zk_root, moto_server.endpoint, s3_bucket[1], **options)
+    try:
+        yield c
+    finally:
+        c.close()

@@ -11,7 +11,9 @@ engine internals are marked ``embedded_only`` and are not run through the server
 network path does not depend on the backends, so "server" runs with the file WAL and
 the file blob store only (SEDIMENT_TEST_SERVER_MATRIX=full runs every combination).
 
-``wal_backend`` is the log: the file log and the device ring run every engine test; the slower
+``wal_backend`` is the log: the file log and the device ring run every engine test (the device
+ring with the file blob store only, unless SEDIMENT_TEST_SERVER_MATRIX=full: no call of the blob
+store depends on the log); the slower
 logs, the replicated log (three storage nodes in this process, metadata in a real ZooKeeper,
 batches in a shared blob directory, as a deployment does) and the log on S3 (log, metadata and
 batches in moto's S3, as an S3-only deployment), run the
@@ -39,10 +41,17 @@ ACCESS = ["embedded", "server"]
 def pytest_configure(config):
     config.addinivalue_line("markers", "embedded_only: uses engine internals, so not run through the server")
     config.addinivalue_line("markers", "every_log: also runs on the slower logs (replicated, S3)")
+    config.addinivalue_line("markers", "backend_independent: refused before any log or blob store is "
+                            "reached, so run on the file log and file blob store only")
 
 
 def _dropped(item, full: bool) -> bool:
     params = getattr(getattr(item, "callspec", None), "params", {})
+    if item.get_closest_marker("backend_independent") and (
+            params.get("wal_backend", "file") != "file" or params.get("blob_options", "file") != "file"):
+        return True
+    if not full and params.get("wal_backend") == "device" and params.get("blob_options") == "s3":
+        return True  # the blob store sees the same calls whichever log runs: file x S3 covers it
     if params.get("wal_backend") in SLOW_LOGS:
         return not item.get_closest_marker("every_log") or params.get("access") != "embedded" or (
             params.get("blob_options") != "file")
@@ -53,8 +62,9 @@ def _dropped(item, full: bool) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Deselect the "server" runs of embedded_only tests, and (unless the full matrix is
-    asked for) those on other backends than the file WAL and file blob store; the slower logs
+    """Deselect the "server" runs of embedded_only tests, and (unless the full matrix is asked
+    for) the device ring on S3 batches and the server runs on other backends than the file WAL
+    and file blob store; the slower logs
     keep only the embedded runs of the tests marked every_log."""
     full = os.environ.get("SEDIMENT_TEST_SERVER_MATRIX") == "full"
     drop = [item for item in items if _dropped(item, full)]

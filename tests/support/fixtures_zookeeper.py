@@ -23,6 +23,11 @@ READY_TIMEOUT = 20.0
 # ZooKeeperServerMain logs this after the server reached RUNNING (ContainerManager starts next).
 READY_LINE = b"ContainerManager - Using checkIntervalMs"
 STOP_TIMEOUT = 10.0
+# ZooKeeper grants a session timeout between 2 and 20 ticks (unless told otherwise) and expires
+# sessions in tick-sized buckets: a short tick lets a 3 s session be granted as asked and end
+# within a tick of its timeout (with tickTime=2000 it was granted 4 s and ended 4-6 s late).
+TICK_MS = 250
+MAX_SESSION_MS = 60_000
 
 
 def _free_port() -> int:
@@ -58,12 +63,13 @@ class ZooKeeperServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "zoo.cfg"
         self.config.write_text(
-            "tickTime=2000\n"
+            f"tickTime={TICK_MS}\n"
+            f"maxSessionTimeout={MAX_SESSION_MS}\n"
             f"dataDir={self.data_dir}\n"
             "clientPortAddress=127.0.0.1\n"
             f"clientPort={self.port}\n"
             "admin.enableServer=false\n"
-            "4lw.commands.whitelist=ruok,srvr,stat,envi\n"
+            "4lw.commands.whitelist=ruok,srvr,stat,envi,cons\n"
         )
         self.log_path = workdir / "zookeeper.log"
         self._process: subprocess.Popen[bytes] | None = None

@@ -17,7 +17,7 @@ from support.replication import KEY, Node, r, wait_until
 from sediment.metadata.zookeeper import ZooKeeperMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.control import ControlFile, PartitionState
-from sediment.wal.replication.node.storage_node import open_directory
+from sediment.wal.replication.node.partition_store import open_directory
 from sediment.wal.replication.partition_meta import (
     UNRESOLVED,
     PartitionMeta,

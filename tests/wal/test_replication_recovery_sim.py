@@ -27,7 +27,8 @@ from sediment.errors import LowWaterMarkRegression, ReplicaUnavailable, SessionF
 from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.control import PartitionState
-from sediment.wal.replication.node.storage_node import MemoryPartitionStore, StorageNode
+from sediment.wal.replication.node.partition_store import MemoryPartitionStore
+from sediment.wal.replication.node.storage_node import StorageNode
 from sediment.wal.replication.partition_meta import (
     UNRESOLVED,
     PartitionMeta,

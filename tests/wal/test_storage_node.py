@@ -23,7 +23,8 @@ from sediment.errors import LowWaterMarkRegression, WalError
 from sediment.wal import record as rec
 from sediment.wal.control import ControlFile, PartitionState
 from sediment.wal.replication import wire
-from sediment.wal.replication.node.storage_node import FilePartitionStore, StorageNode, open_directory
+from sediment.wal.replication.node.partition_store import FilePartitionStore, open_directory
+from sediment.wal.replication.node.storage_node import StorageNode
 from sediment.wal.replication.replica import Call, ReplicaConnection, tcp_connect
 from sediment.wal.replication.wire import MsgType, Request, Response, Status
 

@@ -20,23 +20,23 @@ for the byte layout and the recovery rules; the short version:
 * ``trim(lsn)`` moves the trim offset to the last finished FRONTIERS record at or
   below ``lsn`` (a clamp, never an error) and raises past the durable end.
 * An appender waiting for its block writes pending blocks itself when one of the
-  ``io_threads`` slots is free; the threads do the rest (``submit``, sealing by age).
+  ``io_threads`` slots is free; the threads do the rest (``submit``). A block is sealed
+  as soon as a slot is free to write it, so several writes are in flight at once and
+  appends coalesce into one block only while every slot is busy.
 * Creating a ring is explicit (``create=True``); a missing or blank ring is WalMissing,
   and every header copy records the durable end, which open must reach (WalShortened).
 
-Modules: ``device_format`` (header bytes), ``device_recovery`` (read-only recovery, shared
-with ``sediment verify``), ``device_io`` (aligned I/O, header writes), ``device_writer``
-(placement, I/O threads, completion); this module is the log that ties them together.
+Parts, each the one owner of its state: ``format`` (header bytes), ``recovery`` (read-only
+recovery, shared with ``sediment verify``), ``block_io`` (descriptors, aligned I/O), ``head``
+(the header copies: trim point, window, recorded durable end), ``writer`` (write position,
+blocks, I/O slots, completion, durable end), ``placement`` (where frames go), ``segments``
+(FRONTIERS bookkeeping); this module is the log that holds them and opens the ring.
 """
 
 from __future__ import annotations
 
-import logging
-import mmap
 import os
 import stat
-import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -54,6 +54,7 @@ from sediment.wal.device.format import (
     align_down,
     align_up,
 )
+from sediment.wal.device.head import RingHead
 from sediment.wal.device.recovery import (
     Recovered,
     RingReader,
@@ -66,7 +67,8 @@ from sediment.wal.device.recovery import (
     recover,
     walk,
 )
-from sediment.wal.device.writer import DeviceTicket, RingWriter, _Block
+from sediment.wal.device.segments import Segments
+from sediment.wal.device.writer import DeviceTicket, RingWriter
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, crc32c
 
@@ -75,10 +77,9 @@ __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "Dev
 PWrite = Callable[[int, Any, int], int]
 _align_up = align_up
 _align_down = align_down
-_log = logging.getLogger(__name__)
 
 
-class DeviceLog(RingWriter):
+class DeviceLog:
     """A write-ahead log in a ring on a raw device or preallocated file.
 
     Implements :class:`sediment.wal.protocol.WriteAheadLog`. Use :meth:`open`.
@@ -98,7 +99,7 @@ class DeviceLog(RingWriter):
         block_size: int = DEFAULT_BLOCK_SIZE,
         max_block_bytes: int = 256 * 1024,
         max_block_age: float = 0.001,
-        io_threads: int = 4,
+        io_threads: int = 8,
         window_bytes: int | None = None,
         segment_bytes: int = 64 * 1024 * 1024,
         full_timeout: float = 10.0,
@@ -114,15 +115,17 @@ class DeviceLog(RingWriter):
         ring raises WalMissing (never a silent fresh start). ``capacity`` counts the whole
         ring, header area included; it is fixed at creation. The header records the durable
         end at every segment finish, trim, close and every ``checkpoint_bytes`` of log, and
-        open refuses (WalShortened) a log that ends before it. ``window_bytes`` (default ``io_threads * 2 *
-        max_block_bytes``) bounds the bytes in flight, and so how far past the first gap
+        open refuses (WalShortened) a log that ends before it. ``io_threads`` bounds the block
+        writes in flight; ``window_bytes`` (default ``io_threads * 2 * max_block_bytes``) bounds
+        how far past the oldest unfinished block they land, and so how far past the first gap
         recovery looks. ``repair`` cuts the log at damage instead of refusing to open.
         ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests; ``clock``
-        (a :class:`sediment.clock.Clock`, real by default) times block ages and the wait for
-        room (``full_timeout``)."""
+        (a :class:`sediment.clock.Clock`, real by default) times the wait for room
+        (``full_timeout``). ``max_block_age`` is accepted for compatibility and unused: a
+        block no longer waits to age, it is written as soon as an I/O slot is free."""
         log = cls(
             os.fspath(path), block_size=block_size, max_block_bytes=max_block_bytes,
-            max_block_age=max_block_age, io_threads=io_threads, window_bytes=window_bytes,
+            io_threads=io_threads, window_bytes=window_bytes,
             segment_bytes=segment_bytes, full_timeout=full_timeout, direct=direct, pwrite=pwrite,
             checkpoint_bytes=checkpoint_bytes, clock=clock,
         )
@@ -134,8 +137,7 @@ class DeviceLog(RingWriter):
         return log
 
     def __init__(
-        self, path: str, *, block_size: int, max_block_bytes: int, max_block_age: float,
-        io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
+        self, path: str, *, block_size: int, max_block_bytes: int, io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
         direct: bool, pwrite: PWrite, checkpoint_bytes: int = 4 * 1024 * 1024, clock: Clock | None = None,
     ) -> None:
         if block_size < 4096 or block_size > 65536 or block_size & (block_size - 1):
@@ -146,53 +148,27 @@ class DeviceLog(RingWriter):
         self.block_size = block_size
         self.header_bytes = 2 * block_size
         self.max_block_bytes = max(block_size, max_block_bytes)
-        self.max_block_age = max_block_age
         self.io_threads = io_threads
         self.configured_window = _align_up(
             window_bytes if window_bytes is not None else io_threads * 2 * self.max_block_bytes, block_size
         )
         self.segment_bytes = segment_bytes
         self.checkpoint_bytes = max(block_size, checkpoint_bytes)
-        self.full_timeout = full_timeout
         self.clock: Clock = clock if clock is not None else MONOTONIC
-        if hasattr(self.clock, "on_advance"):  # a clock moved by hand: waiters look at it again
-            self.clock.on_advance(self._clock_moved)
         self.files = RingFiles(path, block_size, direct=direct, pwrite=pwrite)
+        self.head = RingHead(self.files, block_size, self.configured_window)
+        self.writer = RingWriter(
+            self.files, self.head, path=path, block_size=block_size, max_block_bytes=self.max_block_bytes,
+            io_threads=io_threads, checkpoint_bytes=self.checkpoint_bytes,
+            full_timeout=full_timeout, clock=self.clock,
+        )
+        if hasattr(self.clock, "on_advance"):  # a clock moved by hand: waiters look at it again
+            self.clock.on_advance(self.writer.clock_moved)
         self.report = OpenReport()
         self.lost_acknowledged: tuple[int, int] | None = None  # set when repair=True cut acknowledged records
         self.preserved: list[str] = []  # after repair=True: files holding the original bytes of what it changed
         self.capacity = 0
         self.data_capacity = 0
-        self._hdr_lock = threading.Lock()
-        self._seq = 0
-        self._trim = 0
-        self._hdr_durable = 0
-        self._window = self.configured_window
-        self._lock = threading.Lock()
-        self._work_cv = threading.Condition(self._lock)
-        self._space_cv = threading.Condition(self._lock)
-        self._alloc_lock = threading.Lock()
-        self._pool: list[mmap.mmap] = []
-        self._pool_size = _align_up(self.max_block_bytes, block_size)
-        self._cur: _Block | None = None
-        self._next = 0
-        self._pending: deque[_Block] = deque()
-        self._inflight: deque[_Block] = deque()
-        self._durable_end = 0
-        self._finished = 0
-        self._notified = -1
-        self._preamble: SegmentPreamble = NO_PREAMBLE
-        self._frontier_lsns: deque[int] = deque()
-        self._seg_start = 0
-        self._seg_records = 0
-        self._listener: Callable[[int], None] | None = None
-        self._failed: BaseException | None = None
-        self._closed = False
-        self._threads: list[threading.Thread] = []
-        self._full_waiters = 0
-        self._writing = 0
-        self._done_q: deque[_Block] = deque()
-        self._notifying = False
 
     # the ring's I/O, through the files it owns (recovery and salvage read and write through the log)
     def pread_into(self, view: memoryview, offset: int) -> None:
@@ -201,39 +177,10 @@ class DeviceLog(RingWriter):
     def write_at(self, view: memoryview, offset: int) -> None:
         self.files.write_at(view, offset)
 
-    def _write_header(self, shutdown: int, clean_end: int, window: int | None = None, trim: int | None = None,
-                      durable: int | None = None) -> None:
-        """Write the next header copy (wal/dual_slot.py); new values take effect only once it
-        is durable. Every copy records the durable end as of now (``durable`` overrides it:
-        recovery sets the end it found), so the header always knows what open must find."""
-        with self._hdr_lock:
-            if self.files.fd < 0:
-                raise EngineClosed(f"{self.path}: the WAL is closed")
-            window = self._window if window is None else window
-            trim = self._trim if trim is None else max(trim, self._trim)
-            durable = max(self._hdr_durable, self._durable_end) if durable is None else durable
-            hdr = RingHeader(self.block_size, self.capacity, trim, self._seq + 1, window, shutdown, clean_end,
-                             max(durable, trim))
-            self.files.write_header(hdr)
-            self._seq, self._window, self._trim, self._hdr_durable = hdr.seq, window, trim, hdr.durable_end
-
-    def _checkpoint(self) -> None:
-        """Record the current durable end in the header (a lower bound: it may lag, never lead)."""
-        try:
-            self._write_header(SHUTDOWN_RUNNING, 0)
-        except EngineClosed:
-            pass
-        except WalError as e:
-            _log.error("%s: WAL header checkpoint failed: %s", self.path, e)
-            self._fail(e)
-
     def close_fds(self) -> None:
         """Close the ring's descriptors and free the block buffers (also what a failed open undoes)."""
-        with self._hdr_lock:
-            self.files.close()
-        for b in self._pool:
-            b.close()
-        self._pool = []
+        self.head.close()
+        self.writer.release()
 
     def _open(self, capacity: int | None, create: bool, repair: bool) -> None:
         created = self.files.open(create, missing)
@@ -245,9 +192,7 @@ class DeviceLog(RingWriter):
             return
         self.capacity = hdr.capacity
         self.data_capacity = hdr.capacity - self.header_bytes
-        self._seq = hdr.seq
-        self._trim = hdr.trim
-        self._hdr_durable = hdr.durable_end
+        self.head.load(hdr)
         holes: list = []
         if repair and not create:  # keep every record that verifies: bridge holes, keep cut bytes
             from sediment.wal.device.salvage import fill_holes
@@ -268,7 +213,6 @@ class DeviceLog(RingWriter):
         self.report.torn_tails[:0] = holes
         if holes and self.lost_acknowledged is None:
             self.lost_acknowledged = (holes[0][1], holes[0][1] + holes[0][2])
-        self._start()
 
     def _init_ring(self, capacity: int | None, size: int, regular: bool, created: bool) -> None:
         """Initialise a new ring; refuses a blank header area over data that holds record
@@ -302,14 +246,12 @@ class DeviceLog(RingWriter):
             os.fsync(self.files.fd)
             if created:
                 fsync_dir(os.path.dirname(os.path.abspath(self.path)))
-        self.capacity = capacity
+        self.capacity = self.head.capacity = capacity
         self.data_capacity = capacity - self.header_bytes
         if not (created and regular):
             self.files.zero(0, self.data_capacity, self.data_capacity)
-        self._seq = 0
-        self._trim = 0
-        self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity), durable=0)
-        self._start()
+        self.head.write(SHUTDOWN_RUNNING, 0, 0, window=min(self.configured_window, self.data_capacity), exact=True)
+        self.writer.start(self.data_capacity, 0, 0, Segments(self.segment_bytes))
 
     # ---------------------------------------------------------------- recovery
 
@@ -320,18 +262,13 @@ class DeviceLog(RingWriter):
         bs = self.block_size
         d = self.data_capacity
         trim = hdr.trim
-        self._frontier_lsns = deque(res.frontier_lsns)
-        self._finished = res.finished
-        self._seg_start = res.seg_start
-        self._seg_records = res.seg_records
         self.report.records = res.records
         self.report.torn_tails.extend(res.torn_tails)
         self.lost_acknowledged = res.lost_acknowledged
         last_end = res.last_end
-        self._durable_end = last_end
-        self._next = _align_up(last_end, bs)
+        next_lsn = _align_up(last_end, bs)
         if not res.clean or res.why:
-            zero_to = min(max(self._next + res.window, _align_up(res.found_end, bs)), _align_down(trim + d, bs))
+            zero_to = min(max(next_lsn + res.window, _align_up(res.found_end, bs)), _align_down(trim + d, bs))
             lo = _align_down(last_end, bs)
             keep = pread_exact(self, self.header_bytes + lo % d, last_end - lo) if last_end > lo else b""
             if zero_to > lo:
@@ -341,8 +278,10 @@ class DeviceLog(RingWriter):
             block = pread_exact(self, self.header_bytes + lo % d, bs)
             if any(block[last_end - lo:]):
                 self.files.zero(lo, bs, d, block[:last_end - lo])
-        self._write_header(SHUTDOWN_RUNNING, 0, window=min(self.configured_window, self.data_capacity),
-                           durable=last_end)
+        self.head.write(SHUTDOWN_RUNNING, 0, last_end, window=min(self.configured_window, self.data_capacity),
+                        exact=True)
+        segments = Segments(self.segment_bytes, res.frontier_lsns, res.finished, res.seg_start, res.seg_records)
+        self.writer.start(d, next_lsn, last_end, segments)
 
     # ---------------------------------------------------------------- appending
 
@@ -367,81 +306,73 @@ class DeviceLog(RingWriter):
                     f"{self.path}: a record of {n} bytes cannot fit a ring whose data area is {d} bytes; "
                     "raise the WAL capacity or split the record."
                 )
-        ticket = DeviceTicket(self, records, on_durable)
-        ticket.sync = _sync
-        self._place(records, crcs, sizes, False, ticket)
+        ticket = DeviceTicket(self.writer, records, on_durable, _sync)
+        self.writer.place(records, crcs, sizes, False, ticket)
         return ticket
 
     # ---------------------------------------------------------------- segments and trim
 
     def set_finish_listener(self, callback: Callable[[int], None] | None) -> None:
-        self._listener = callback
+        self.writer.set_listener(callback)
 
     def finish_segment(self) -> None:
         """Append a FRONTIERS record now (if the segment holds any record) and wait until
         it is durable and the listener has been told."""
-        blk = self._place([], [], [], True, None)
+        blk = self.writer.place([], [], [], True, None)
         if blk is not None:
-            self._await(blk)
+            self.writer.await_block(blk)
 
     def trim(self, lsn: int) -> None:
         """Let the ring reuse space below ``lsn``. The trim offset moves to the start of
         the last finished FRONTIERS record at or below ``lsn`` (never past a finished
         segment, and the kept FRONTIERS record carries every relation's frontier across
         restarts); trimming past the durable end raises WalError."""
-        with self._lock:
-            self._check_open()
-            if lsn > self._durable_end:
-                raise WalError(
-                    f"{self.path}: cannot trim to {lsn}: only records below {self._durable_end} are durable. "
-                    "Trim only LSNs that append() returned and the compacter has finished with."
-                )
-            target = -1
-            for f in self._frontier_lsns:
-                if f > lsn or f >= self._finished:
-                    break
-                target = f
-            if target <= self._trim:
-                return
-        self._write_header(SHUTDOWN_RUNNING, 0, trim=target)
-        with self._lock:
-            while self._frontier_lsns and self._frontier_lsns[0] < target:
-                self._frontier_lsns.popleft()
-            self._space_cv.notify_all()
+        target = self.writer.trim_target(lsn)
+        if target < 0:
+            return
+        self.head.write(SHUTDOWN_RUNNING, 0, self.writer.durable_end, trim=target)
+        self.writer.trimmed(target)
 
     # ---------------------------------------------------------------- reading
 
     @property
     def start_lsn(self) -> int:
-        return self._trim
+        return self.head.trim
 
     @property
     def end_lsn(self) -> int:
-        return self._next
+        return self.writer.next_lsn
 
     @property
     def durable_lsn(self) -> int:
         """Every record below this offset is durable."""
-        return self._durable_end
+        return self.writer.durable_end
 
     @property
     def finished_lsn(self) -> int:
-        return self._finished
+        return self.writer.finished_lsn
 
     def set_preamble(self, preamble: SegmentPreamble | None) -> None:
-        with self._lock:
-            self._preamble = NO_PREAMBLE if preamble is None else preamble
+        self.writer.set_preamble(NO_PREAMBLE if preamble is None else preamble)
 
     @property
     def full_waiters(self) -> int:
         """Appends now waiting for room in a full ring (for metrics and tests)."""
-        return self._full_waiters
+        return self.writer.full_waiters
 
     def wait_for_full_waiters(self, count: int, timeout: float) -> bool:
         """Wait until ``count`` appends wait for room (a ring that filled up is observable
         without polling); False after ``timeout`` seconds."""
-        with self._space_cv:
-            return self._space_cv.wait_for(lambda: self._full_waiters >= count, timeout)
+        return self.writer.wait_for_full_waiters(count, timeout)
+
+    @property
+    def full_timeout(self) -> float:
+        """Seconds an append waits for room in a full ring before WalFull (settable)."""
+        return self.writer.full_timeout
+
+    @full_timeout.setter
+    def full_timeout(self, seconds: float) -> None:
+        self.writer.full_timeout = seconds
 
     @property
     def direct_io(self) -> bool:
@@ -452,9 +383,9 @@ class DeviceLog(RingWriter):
         """The record at ``lsn`` (both CRCs verified)."""
         if self.files.closed:
             raise EngineClosed(f"{self.path}: the WAL is closed")
-        if lsn < self._trim or lsn >= self._durable_end:
+        if lsn < self.head.trim or lsn >= self.writer.durable_end:
             raise WalError(
-                f"{self.path}: no durable record at {lsn}: the log holds [{self._trim}, {self._durable_end})."
+                f"{self.path}: no durable record at {lsn}: the log holds [{self.head.trim}, {self.writer.durable_end})."
             )
         rd = RingReader(self, chunk=self.block_size * 2)
         try:
@@ -464,15 +395,15 @@ class DeviceLog(RingWriter):
             rec = record_of(u, rd.get(lsn + HEADER_SIZE, u[4]))
         finally:
             rd.close()
-        if lsn < self._trim:
+        if lsn < self.head.trim:
             raise WalError(f"{self.path}: record {lsn} was trimmed while being read")
         return rec
 
     def scan(self, start: int | None = None) -> Iterator[Record]:
         """Records from ``start`` (default and minimum: the trim offset) to the durable end
         as of the call, in order; PADDING is skipped. Damage raises WalCorruption."""
-        pos = self._trim if start is None else max(start, self._trim)
-        limit = self._durable_end
+        pos = self.head.trim if start is None else max(start, self.head.trim)
+        limit = self.writer.durable_end
         rd = RingReader(self, sequential=True)
         stopped: list = []
         try:
@@ -480,11 +411,11 @@ class DeviceLog(RingWriter):
                 if u[3] == RecordKind.PADDING:
                     continue
                 rec = record_of(u, rd.get(p + HEADER_SIZE, u[4]))
-                if p < self._trim:
+                if p < self.head.trim:
                     raise WalError(f"{self.path}: records at {p} were trimmed during the scan")
                 yield rec
             stop, why = stopped[0]
-            if why and stop == pos and start is not None and start > self._trim:
+            if why and stop == pos and start is not None and start > self.head.trim:
                 raise WalError(f"{self.path}: scan start {start} is not the LSN of a record: {why}")
             if why:
                 raise WalCorruption(
@@ -498,17 +429,9 @@ class DeviceLog(RingWriter):
 
     def close(self) -> None:
         """Write out the open block, stop the threads, and mark the header clean."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._seal()
-            self._work_cv.notify_all()
-            self._space_cv.notify_all()
-        for t in self._threads:
-            t.join()
-        if self._failed is None:
-            self._write_header(SHUTDOWN_CLEAN, self._durable_end, durable=self._durable_end)
+        if self.writer.close():
+            end = self.writer.durable_end
+            self.head.write(SHUTDOWN_CLEAN, end, end, exact=True)
         self.close_fds()
 
     def __enter__(self) -> DeviceLog:

@@ -1,39 +1,46 @@
-"""Appending to the device ring: placing records into blocks (a dry-run plan, then the
-same plan applied), the I/O threads that write blocks, and completion in LSN order. A
-mixin of :class:`sediment.wal.device.log.DeviceLog`, kept apart so the log's own module stays
-readable; it uses the log's attributes set in its ``__init__``."""
+"""Appending to the device ring. :class:`RingWriter` owns the write position, the open and
+sealed blocks, the in-flight window, the block writes and their completion in LSN order,
+and so the durable end; a :class:`sediment.wal.device.log.DeviceLog` holds one and calls it
+through its public methods. Header copies go through the log's
+:class:`sediment.wal.device.head.RingHead` (which owns the trim point and the window),
+segment bookkeeping through :class:`sediment.wal.device.segments.Segments`."""
 
 from __future__ import annotations
 
 import logging
 import mmap
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 
+from sediment.clock import Clock
 from sediment.errors import EngineClosed, WalError, WalFull
+from sediment.wal.device.block_io import RingFiles
 from sediment.wal.device.format import SHUTDOWN_RUNNING, align_up
+from sediment.wal.device.head import RingHead
+from sediment.wal.device.placement import Plan, plan_call
+from sediment.wal.device.segments import Segments
+from sediment.wal.protocol import DoneFlag, SegmentPreamble
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_header
 
 _log = logging.getLogger("sediment.wal.device.log")
 _ZEROS = bytes(64 * 1024)
-_align_up = align_up
 
 
 class _Block:
     """A run of records written with one aligned pwrite."""
 
-    __slots__ = ("start", "fill", "buf", "pooled", "event", "done", "durable", "frontiers_end", "born", "tickets")
+    __slots__ = ("start", "fill", "buf", "pooled", "flag", "written", "durable", "frontiers_end", "tickets")
 
-    def __init__(self, start: int, buf: mmap.mmap, pooled: bool, born: float) -> None:
+    def __init__(self, start: int, buf: mmap.mmap, pooled: bool) -> None:
         self.start = start
         self.fill = 0
         self.buf = buf
         self.pooled = pooled
-        self.event = threading.Event()
-        self.done = False
+        self.flag = DoneFlag()  # set once durable, or once the log failed
+        self.written = False
         self.durable = False
         self.frontiers_end = -1
-        self.born = born
         self.tickets: list[DeviceTicket] = []
 
     @property
@@ -41,77 +48,181 @@ class _Block:
         return self.start + self.fill
 
 
-class _Plan:
-    """Allocation state; planned twice per append (a dry run to check for room, then
-    for real) through the same code, so the room check is exact."""
-
-    __slots__ = ("next", "open", "start", "fill", "cap")
-
-    def __init__(self, next_: int, open_: bool, start: int, fill: int, cap: int) -> None:
-        self.next = next_
-        self.open = open_
-        self.start = start
-        self.fill = fill
-        self.cap = cap
-
-
-
 class DeviceTicket:
     """An append in flight (see ``DeviceLog.submit``)."""
 
-    __slots__ = ("records", "on_durable", "block", "log", "sync")
+    __slots__ = ("records", "on_durable", "block", "writer", "sync")
 
-    def __init__(self, log: RingWriter, records: Sequence[Record],
-                 on_durable: Callable[[Sequence[Record]], None] | None) -> None:
-        self.log = log
+    def __init__(self, writer: RingWriter, records: Sequence[Record],
+                 on_durable: Callable[[Sequence[Record]], None] | None, sync: bool = False) -> None:
+        self.writer = writer
         self.records = records
         self.on_durable = on_durable
         self.block: _Block | None = None
-        self.sync = False
+        self.sync = sync  # the caller waits at once: it writes the block itself, no I/O thread is woken
 
     def wait(self) -> int:
         """Block until the records (and everything before them) are durable; the last
         record's LSN. Raises WalError if the log failed first."""
         assert self.block is not None
-        self.log._await(self.block)
+        self.writer.await_block(self.block)
         return self.records[-1].lsn
 
 
 class RingWriter:
-    """Placement, the I/O threads and completion (see DeviceLog)."""
+    """Placement, the I/O slots and completion of one ring. ``io_threads`` bounds the block
+    writes in flight (appenders waiting for a block write it themselves when a slot is free;
+    the threads write the rest); the window (``head.window``) bounds how far past the oldest
+    unfinished block a write may land, which is how far recovery looks past a gap. A block
+    is sealed as soon as a slot is free to write it: appends coalesce only while every slot
+    is busy, so a lone appender never waits for company and a busy device gets big writes."""
 
-    # ---------------------------------------------------------------- threads
+    def __init__(self, files: RingFiles, head: RingHead, *, path: str, block_size: int, max_block_bytes: int,
+                 io_threads: int, checkpoint_bytes: int, full_timeout: float, clock: Clock) -> None:
+        self.files, self.head, self.clock, self.path = files, head, clock, path
+        self.block_size, self.header_bytes, self.data_capacity = block_size, 2 * block_size, 0
+        self.max_block_bytes = max_block_bytes
+        self.io_threads, self.checkpoint_bytes, self.full_timeout = io_threads, checkpoint_bytes, full_timeout
+        self.segments = Segments(0)
+        self._lock = threading.Lock()
+        self._work_cv = threading.Condition(self._lock)
+        self._space_cv = threading.Condition(self._lock)
+        self._alloc_lock = threading.Lock()
+        self._pool: list[mmap.mmap] = []
+        self._pool_size = align_up(max_block_bytes, block_size)
+        self._cur: _Block | None = None
+        self._next = 0
+        self._pending: deque[_Block] = deque()
+        self._inflight: deque[_Block] = deque()
+        self._durable_end = 0
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        self._full_waiters = 0
+        self._writing = 0
+        self._done_q: deque[_Block] = deque()
+        self._notifying = False
 
-    def _start(self) -> None:
-        self._durable_end = max(self._durable_end, 0)
+    # ---------------------------------------------------------------- state others read
+
+    @property
+    def next_lsn(self) -> int:
+        """Where the next frame goes (the log's end)."""
+        return self._next
+
+    @property
+    def durable_end(self) -> int:
+        """Every record below this LSN is durable."""
+        return self._durable_end
+
+    @property
+    def finished_lsn(self) -> int:
+        return self.segments.finished
+
+    @property
+    def full_waiters(self) -> int:
+        return self._full_waiters
+
+    def wait_for_full_waiters(self, count: int, timeout: float) -> bool:
+        with self._space_cv:
+            return self._space_cv.wait_for(lambda: self._full_waiters >= count, timeout)
+
+    def set_preamble(self, preamble: SegmentPreamble) -> None:
+        with self._lock:
+            self.segments.preamble = preamble
+
+    def set_listener(self, callback: Callable[[int], None] | None) -> None:
+        self.segments.listener = callback
+
+    # ---------------------------------------------------------------- starting and stopping
+
+    def start(self, data_capacity: int, next_lsn: int, durable_end: int, segments: Segments) -> None:
+        """Begin appending at ``next_lsn`` (block-aligned) of a data area of ``data_capacity``
+        bytes whose records below ``durable_end`` are durable; starts the I/O threads."""
+        self.data_capacity = data_capacity
+        self._next = next_lsn
+        self._durable_end = max(durable_end, 0)
+        segments.preamble, segments.listener = self.segments.preamble, self.segments.listener
+        self.segments = segments
         for i in range(self.io_threads):
             t = threading.Thread(target=self._worker, name=f"sediment-wal-io-{i}", daemon=True)
             t.start()
             self._threads.append(t)
 
+    def close(self) -> bool:
+        """Write out the open block and stop the threads; True when this call closed a
+        writer that had not failed (the log may then mark its header clean)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self._seal()
+            self._work_cv.notify_all()
+            self._space_cv.notify_all()
+        for t in self._threads:
+            t.join()
+        return self._failed is None
+
+    def release(self) -> None:
+        """Free the pooled block buffers."""
+        for b in self._pool:
+            b.close()
+        self._pool = []
+
+    def clock_moved(self) -> None:
+        with self._lock:
+            self._work_cv.notify_all()
+            self._space_cv.notify_all()
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed(f"{self.path}: the WAL is closed")
+        if self._failed is not None:
+            raise WalError(f"{self.path}: the WAL failed earlier and accepts no appends: {self._failed!r}")
+
+    # ---------------------------------------------------------------- trim
+
+    def trim_target(self, lsn: int) -> int:
+        """Where a trim to ``lsn`` may move the trim offset (see ``DeviceLog.trim``); -1 for
+        nowhere new. WalError past the durable end."""
+        with self._lock:
+            self.check_open()
+            if lsn > self._durable_end:
+                raise WalError(
+                    f"{self.path}: cannot trim to {lsn}: only records below {self._durable_end} are durable. "
+                    "Trim only LSNs that append() returned and the compacter has finished with."
+                )
+            target = self.segments.trim_target(lsn)
+            return target if target > self.head.trim else -1
+
+    def trimmed(self, lsn: int) -> None:
+        """The header now records trim offset ``lsn``: appenders waiting for room look again."""
+        with self._lock:
+            self.segments.forget_below(lsn)
+            self._space_cv.notify_all()
+
+    # ---------------------------------------------------------------- I/O slots
+
     def _eligible(self, blk: _Block) -> bool:
         if not self._inflight:
             return True
-        wlen = _align_up(blk.fill, self.block_size)
-        return blk.start + wlen <= self._inflight[0].start + self._window
+        wlen = align_up(blk.fill, self.block_size)
+        return blk.start + wlen <= self._inflight[0].start + self.head.window
 
     def _seal(self) -> None:
         cur = self._cur
         if cur is not None:
             self._cur = None
-            self._next = _align_up(self._next, self.block_size)
+            self._next = align_up(self._next, self.block_size)
             self._pending.append(cur)
 
     def _take(self) -> _Block | None:
         """Under the lock: the next block to write, if an I/O slot is free and the window
-        allows. Seals the open block when no write is in flight (nothing to wait for) or
-        when it is ``max_block_age`` old."""
+        allows; seals the open block when nothing sealed waits."""
         if self._failed is not None or self._writing >= self.io_threads:
             return None
-        cur = self._cur
-        if not self._pending and cur is not None:
-            if not self._inflight or self.clock.current_time() - cur.born >= self.max_block_age:
-                self._seal()
+        if not self._pending and self._cur is not None:
+            self._seal()
         if self._pending and self._eligible(self._pending[0]):
             blk = self._pending.popleft()
             self._inflight.append(blk)
@@ -140,35 +251,34 @@ class RingWriter:
                         break
                     if self._closed and not self._pending and not self._inflight and self._cur is None:
                         return
-                    timeout = None
-                    cur = self._cur
-                    if cur is not None and not self._pending and self._writing < self.io_threads:
-                        timeout = max(0.0, self.max_block_age - (self.clock.current_time() - cur.born))
-                    self._work_cv.wait(timeout)
+                    self._work_cv.wait()
             if not self._run(blk):
                 return
 
     def _write_block(self, blk: _Block) -> None:
         bs = self.block_size
-        wlen = _align_up(blk.fill, bs)
-        if wlen > self._window:
-            self._write_header(SHUTDOWN_RUNNING, 0, window=wlen)
+        wlen = align_up(blk.fill, bs)
+        if wlen > self.head.window:
+            self.head.write(SHUTDOWN_RUNNING, 0, self._durable_end, window=wlen)
         if wlen > blk.fill:
             blk.buf[blk.fill : wlen] = _ZEROS[: wlen - blk.fill]
-        self.write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
+        self.files.write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
+
+    # ---------------------------------------------------------------- completion
 
     def _complete(self, blk: _Block) -> None:
         """Advance the durable end over blocks finished in order; then (one thread at a
         time, no lock held, in log order) run callbacks and wake waiters."""
         with self._lock:
-            blk.done = True
+            blk.written = True
             self._writing -= 1
-            while self._inflight and self._inflight[0].done:
-                b = self._inflight.popleft()
+            inflight = self._inflight
+            while inflight and inflight[0].written:
+                b = inflight.popleft()
                 b.durable = True
                 self._durable_end = b.end
                 if b.frontiers_end >= 0:
-                    self._finished = b.frontiers_end
+                    self.segments.finished = b.frontiers_end
                 if b.pooled and len(self._pool) < 2 * self.io_threads + 2:
                     self._pool.append(b.buf)
                 else:
@@ -179,40 +289,41 @@ class RingWriter:
                 self._work_cv.notify_all()
             elif self._pending or self._cur is not None:
                 self._work_cv.notify()
-            if self._notifying:
+            if self._notifying or not self._done_q:
                 return
             self._notifying = True
+            batch, self._done_q = self._done_q, deque()
         while True:
+            for b in batch:
+                self._announce(b)
+            if self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes:
+                self._checkpoint()
             with self._lock:
                 if not self._done_q:
                     self._notifying = False
                     return
-                batch = list(self._done_q)
-                self._done_q.clear()
-            for b in batch:
-                for t in b.tickets:
-                    if t.on_durable is not None:
-                        try:
-                            t.on_durable(t.records)
-                        except Exception:
-                            _log.exception("%s: on_durable callback failed", self.path)
-                if b.frontiers_end > self._notified:
-                    self._notified = b.frontiers_end
-                    cb = self._listener
-                    if cb is not None:
-                        try:
-                            cb(b.frontiers_end)
-                        except Exception:
-                            _log.exception("%s: finish listener failed", self.path)
-                    self._checkpoint()
-                b.event.set()
-            if self._durable_end - self._hdr_durable >= self.checkpoint_bytes:
-                self._checkpoint()
+                batch, self._done_q = self._done_q, deque()
 
-    def _clock_moved(self) -> None:
-        with self._lock:
-            self._work_cv.notify_all()
-            self._space_cv.notify_all()
+    def _announce(self, b: _Block) -> None:
+        for t in b.tickets:
+            if t.on_durable is not None:
+                try:
+                    t.on_durable(t.records)
+                except Exception:
+                    _log.exception("%s: on_durable callback failed", self.path)
+        if b.frontiers_end >= 0 and self.segments.notify(b.frontiers_end):
+            self._checkpoint()
+        b.flag.set()
+
+    def _checkpoint(self) -> None:
+        """Record the current durable end in the header (a lower bound: it may lag, never lead)."""
+        try:
+            self.head.write(SHUTDOWN_RUNNING, 0, self._durable_end)
+        except EngineClosed:
+            pass
+        except WalError as e:
+            _log.error("%s: WAL header checkpoint failed: %s", self.path, e)
+            self._fail(e)
 
     def _fail(self, e: BaseException) -> None:
         with self._lock:
@@ -224,69 +335,144 @@ class RingWriter:
             self._work_cv.notify_all()
             self._space_cv.notify_all()
         for b in blocks:
-            b.event.set()
+            b.flag.set()
 
-    # ---------------------------------------------------------------- appending
-
-    def _plan_block(self, p: _Plan, n: int, out: list | None) -> int:
-        """Reserve ``n`` bytes in the open block (opening or sealing as needed); the
-        caller has made sure they do not cross the ring end."""
-        if p.open and p.fill + n > p.cap:
-            self._plan_seal(p, out)
-        if not p.open:
-            p.open, p.start, p.fill = True, p.next, 0
-            p.cap = self._pool_size if n <= self._pool_size else _align_up(n, self.block_size)
-            if out is not None:
-                out.append(("open", p.start, p.cap))
-        lsn = p.next
-        p.fill += n
-        p.next += n
-        return lsn
-
-    def _plan_seal(self, p: _Plan, out: list | None) -> None:
-        if p.open:
-            p.open = False
-            p.next = _align_up(p.next, self.block_size)
-            if out is not None:
-                out.append(("seal",))
-
-    def _plan_frame(self, p: _Plan, n: int, out: list | None) -> int:
-        d = self.data_capacity
-        while True:
-            phys = p.next % d
-            if phys + n <= d:
+    def await_block(self, blk: _Block) -> None:
+        """Wait until ``blk`` is durable, writing blocks on this thread meanwhile when an
+        I/O slot is free (saves two thread hand-offs per append)."""
+        while not blk.flag.is_set():
+            with self._lock:
+                job = self._take()
+            if job is None:
+                blk.flag.wait()
                 break
-            gap = d - phys
-            if gap < HEADER_SIZE:
-                p.fill += gap
-                p.next += gap
-                if out is not None:
-                    out.append(("zeros", gap))
-            elif p.open and p.fill + gap > p.cap:
-                self._plan_seal(p, out)
-                continue
-            else:
-                lsn = self._plan_block(p, gap, out)
-                if out is not None:
-                    out.append(("pad", lsn, gap))
-            self._plan_seal(p, out)
-        lsn = self._plan_block(p, n, out)
-        if out is not None:
-            out.append(("frame", lsn, n))
-        if p.fill >= self.max_block_bytes:
-            self._plan_seal(p, out)
-        return lsn
+            self._run(job)
+        if not blk.durable:
+            err = self._failed
+            raise WalError(f"{self.path}: the WAL failed before the append was durable: {err}") from err
 
-    def _plan_call(self, sizes: Sequence[int], fsize: int, out: list | None) -> int:
+    # ---------------------------------------------------------------- placing
+
+    def place(self, records: Sequence[Record], crcs: list[int], sizes: list[int], force_frontiers: bool,
+              ticket: DeviceTicket | None) -> _Block | None:
+        """Place the frames (and a FRONTIERS record at a segment boundary), waiting up to
+        ``full_timeout`` for room; returns the FRONTIERS record's block, if one was placed."""
+        total = sum(sizes)
+        if not self._alloc_lock.acquire(timeout=self.full_timeout):
+            raise self._full(total)
+        try:
+            with self._lock:
+                room = self._wait_room(records, sizes, total, force_frontiers)
+                if room is None:
+                    return None
+                boundary, fsize = room
+                blk = None if boundary is not None else self._place_fast(records, crcs, sizes, total)
+                if blk is None:
+                    blk, fblk = self._place_planned(records, crcs, sizes, boundary, fsize)
+                else:
+                    fblk = None
+                    self.segments.placed(records, None)
+                if ticket is not None:
+                    ticket.block = blk
+                    blk.tickets.append(ticket)
+                    if not ticket.sync:
+                        self._work_cv.notify()
+                return fblk
+        finally:
+            self._alloc_lock.release()
+
+    def _wait_room(self, records: Sequence[Record], sizes: list[int], total: int,
+                   force: bool) -> tuple[Record | None, int] | None:
+        """Under the lock: wait until the frames (and the segment's FRONTIERS record, if
+        they finish it) fit before the trim point; the boundary record and its size, or None
+        when there is nothing to place."""
+        deadline = None
+        while True:
+            self.check_open()
+            boundary = self.segments.boundary(records, force, self._next, total)
+            if not records and boundary is None:
+                return None
+            fsize = boundary.frame_size if boundary is not None else 0
+            bs, d = self.block_size, self.data_capacity
+            pad = max(max(sizes, default=0), fsize)
+            limit = self.head.trim + d
+            if align_up(self._next, bs) + total + fsize + pad + 2 * (len(sizes) + 3) * bs <= limit:
+                return boundary, fsize
+            end = plan_call(self._plan(), sizes, fsize, None)
+            if end - self._next > d:
+                raise WalError(
+                    f"{self.path}: an append of {total} bytes can never fit the "
+                    f"{d}-byte ring; raise the WAL capacity or append less at once."
+                )
+            if end <= limit:
+                return boundary, fsize
+            now = self.clock.current_time()
+            deadline = now + self.full_timeout if deadline is None else deadline
+            if deadline - now <= 0:
+                raise self._full(total)
+            self._full_waiters += 1
+            self._space_cv.notify_all()  # wakes wait_for_full_waiters; appenders re-check
+            try:
+                self._space_cv.wait(deadline - now)
+            finally:
+                self._full_waiters -= 1
+
+    def _plan(self) -> Plan:
         cur = self._cur
-        p = _Plan(self._next, cur is not None, cur.start if cur else 0, cur.fill if cur else 0,
-                  len(cur.buf) if cur else 0)
-        for n in sizes:
-            self._plan_frame(p, n, out)
-        if fsize:
-            self._plan_frame(p, fsize, out)
-            self._plan_seal(p, out)
-        return _align_up(p.next, self.block_size)
+        return Plan(self._next, cur is not None, cur.start if cur else 0, cur.fill if cur else 0,
+                    len(cur.buf) if cur else 0, self.block_size, self.data_capacity, self._pool_size,
+                    self.max_block_bytes)
+
+    def _open_block(self, start: int, cap: int) -> _Block:
+        pooled = cap == self._pool_size
+        buf = self._pool.pop() if pooled and self._pool else mmap.mmap(-1, cap)
+        self._cur = _Block(start, buf, pooled)
+        return self._cur
+
+    def _place_fast(self, records: Sequence[Record], crcs: list[int], sizes: list[int], total: int) -> _Block | None:
+        """The common case, without a plan: frames that fit the open block (or a fresh pooled
+        one) before the ring's physical end and before the block is full. None when the
+        plan is needed (it would place them the same way where they fit)."""
+        nxt, d = self._next, self.data_capacity
+        cur = self._cur
+        fill = cur.fill if cur is not None else 0
+        cap = len(cur.buf) if cur is not None else self._pool_size
+        if nxt % d + total > d or fill + total > cap or fill + total - sizes[-1] >= self.max_block_bytes:
+            return None
+        if cur is None:
+            cur = self._open_block(nxt, cap)
+        buf = cur.buf
+        for r, crc, n in zip(records, crcs, sizes, strict=True):
+            buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crc)
+            buf[fill + HEADER_SIZE : fill + n] = r.body
+            r.lsn = nxt
+            fill += n
+            nxt += n
+        cur.fill = fill
+        self._next = nxt
+        if fill >= self.max_block_bytes:
+            self._seal()
+        return cur
+
+    def _place_planned(self, records: Sequence[Record], crcs: list[int], sizes: list[int],
+                       boundary: Record | None, fsize: int) -> tuple[_Block, _Block | None]:
+        """Place by the plan (padding at the ring's end, block seals, the FRONTIERS record);
+        the last record's block and the FRONTIERS record's block."""
+        out: list = []
+        plan_call(self._plan(), sizes, fsize, out)
+        frames: list[tuple[Record, int | None]] = list(zip(records, crcs, strict=True))
+        if boundary is not None:
+            frames.append((boundary, None))
+        placed = self._apply(out, frames)
+        for r, (lsn, _) in zip(records, placed, strict=False):
+            r.lsn = lsn
+        fblk = None
+        flsn = -1
+        if boundary is not None:
+            flsn, fblk = placed[-1]
+            fblk.frontiers_end = flsn + fsize
+        self.segments.placed(records, boundary, flsn)
+        return placed[len(records) - 1][1] if records else placed[-1][1], fblk
 
     def _apply(self, out: list, frames: list[tuple[Record, int | None]]) -> list[tuple[int, _Block]]:
         """Carry out a plan; returns each frame's LSN and block."""
@@ -295,12 +481,7 @@ class RingWriter:
         for step in out:
             op = step[0]
             if op == "open":
-                _, start, cap = step
-                if cap == self._pool_size and self._pool:
-                    buf = self._pool.pop()
-                else:
-                    buf = mmap.mmap(-1, cap)
-                self._cur = _Block(start, buf, cap == self._pool_size, self.clock.current_time())
+                self._open_block(step[1], step[2])
             elif op == "seal":
                 self._seal()
             else:
@@ -325,99 +506,9 @@ class RingWriter:
                 self._next += n
         return placed
 
-    def _place(self, records: Sequence[Record], crcs: list[int], sizes: list[int],
-               force_frontiers: bool, ticket: DeviceTicket | None) -> _Block | None:
-        """Place the frames (and a FRONTIERS record at a segment boundary); returns the
-        FRONTIERS record's block, if one was written."""
-        deadline = self.clock.current_time() + self.full_timeout
-        total = sum(sizes)
-        if not self._alloc_lock.acquire(timeout=self.full_timeout):
-            raise self._full(total)
-        try:
-            with self._lock:
-                while True:
-                    self._check_open()
-                    seg_records = self._seg_records + len(records)
-                    finish = seg_records > 0 and (
-                        force_frontiers or self._next + total - self._seg_start >= self.segment_bytes
-                    )
-                    if not records and not finish:
-                        return None
-                    boundary = self._preamble.record(records) if finish else None
-                    fsize = boundary.frame_size if boundary is not None else 0
-                    bs = self.block_size
-                    pad = max(max(sizes, default=0), fsize)
-                    bound = _align_up(self._next, bs) + total + fsize + pad + 2 * (len(sizes) + 3) * bs
-                    if bound <= self._trim + self.data_capacity:
-                        break
-                    end = self._plan_call(sizes, fsize, None)
-                    if end - self._next > self.data_capacity:
-                        raise WalError(
-                            f"{self.path}: an append of {total} bytes can never fit the "
-                            f"{self.data_capacity}-byte ring; raise the WAL capacity or append less at once."
-                        )
-                    if end <= self._trim + self.data_capacity:
-                        break
-                    left = deadline - self.clock.current_time()
-                    if left <= 0:
-                        raise self._full(total)
-                    self._full_waiters += 1
-                    self._space_cv.notify_all()  # wakes wait_for_full_waiters; appenders re-check
-                    try:
-                        self._space_cv.wait(left)
-                    finally:
-                        self._full_waiters -= 1
-                out: list = []
-                self._plan_call(sizes, fsize, out)
-                frames: list[tuple[Record, int | None]] = list(zip(records, crcs, strict=True))
-                if boundary is not None:
-                    frames.append((boundary, None))
-                placed = self._apply(out, frames)
-                for r, (lsn, _) in zip(records, placed, strict=False):
-                    r.lsn = lsn
-                if ticket is not None:
-                    ticket.block = placed[len(records) - 1][1]
-                    ticket.block.tickets.append(ticket)
-                self._preamble.observe(records)
-                if boundary is not None:
-                    self._preamble.observe((boundary,))
-                self._seg_records = seg_records
-                fblk = None
-                if finish:
-                    flsn, fblk = placed[-1]
-                    fblk.frontiers_end = flsn + fsize
-                    self._frontier_lsns.append(flsn)
-                    self._seg_start = flsn + fsize
-                    self._seg_records = 0
-                if ticket is not None and not ticket.sync:
-                    self._work_cv.notify()
-                return fblk
-        finally:
-            self._alloc_lock.release()
-
-    def _await(self, blk: _Block) -> None:
-        """Wait until ``blk`` is durable, writing blocks on this thread meanwhile when an
-        I/O slot is free (saves two thread hand-offs per append)."""
-        while not blk.event.is_set():
-            with self._lock:
-                job = self._take()
-            if job is None:
-                blk.event.wait()
-                break
-            self._run(job)
-        if not blk.durable:
-            err = self._failed
-            raise WalError(f"{self.path}: the WAL failed before the append was durable: {err}") from err
-
     def _full(self, n: int) -> WalFull:
         return WalFull(
             f"{self.path}: WAL ring full: no room for {n} bytes within {self.full_timeout}s "
-            f"(trim offset {self._trim}, write offset {self._next}, data capacity {self.data_capacity}). "
+            f"(trim offset {self.head.trim}, write offset {self._next}, data capacity {self.data_capacity}). "
             "Raise the WAL capacity or let the compacter catch up and trim."
         )
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineClosed(f"{self.path}: the WAL is closed")
-        if self._failed is not None:
-            raise WalError(f"{self.path}: the WAL failed earlier and accepts no appends: {self._failed!r}")

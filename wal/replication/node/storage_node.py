@@ -72,13 +72,10 @@ from sediment.errors import SedimentError, WalError
 from sediment.wal import record as rec
 from sediment.wal.control import PartitionState
 from sediment.wal.replication import wire
-from sediment.wal.replication.node.partition_store import (  # noqa: F401 - re-exported: the stores' old home
+from sediment.wal.replication.node.partition_store import (
     DEFAULT_CHECKPOINT,
     DEFAULT_SEGMENT_BYTES,
-    FilePartitionStore,
-    MemoryPartitionStore,
     PartitionStore,
-    check_truncate,
     open_directory,
 )
 from sediment.wal.replication.node.replies import Replies

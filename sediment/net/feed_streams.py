@@ -1,0 +1,131 @@
+"""The server's side of feeds: an engine subscription served as Flight streams.
+
+One Flight stream carries one schema, while a feed goes on across a relation's alters.
+So the stream of a feed ends at each ``schema`` event, whose app metadata carries a
+``continuation`` token; the subscription itself stays open on the server, parked under that
+token, and the client's next ``subscribe`` ticket with the token gets a new stream of the
+same subscription in the new schema. Nothing is computed again, so the events after the
+alter come exactly once and in order. A parked subscription the client does not take up
+within :data:`PARK_SECONDS` is closed (its cursor would otherwise pin the feed log and WAL).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from sediment.errors import EngineClosed, FeedOverrun
+from sediment.net.protocol import event_batches
+from sediment.net.wire_errors import to_flight_error
+
+PARK_SECONDS = 60.0  # how long a feed's subscription waits, after a schema change, for its client to reopen it
+
+
+class FeedStreams:
+    """The subscriptions a server streams or holds parked. ``stopped()`` says the server is
+    stopping; ``poll`` is how often (seconds) a stream checks that its client is still there."""
+
+    def __init__(self, stopped: Callable[[], bool], poll: float, park_seconds: float = PARK_SECONDS) -> None:
+        self._stopped = stopped
+        self._poll = poll
+        self._park_seconds = park_seconds
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+        self._open: set[Any] = set()
+        self._parked: dict[str, tuple[Any, pa.Schema, threading.Timer]] = {}
+        self._closed = False
+
+    def stream(self, sub: Any, schema: pa.Schema, context: flight.ServerCallContext,
+               where: str) -> flight.FlightDataStream:
+        """A stream of ``sub``'s events in ``schema``; EngineClosed (``sub`` closed) once the
+        server stops."""
+        with self._lock:
+            if self._closed:
+                sub.close()
+                raise EngineClosed(f"the sediment server on {where} is stopping")
+            self._open.add(sub)
+        return flight.GeneratorStream(schema, self._events(sub, schema, context))
+
+    def take(self, token: str) -> tuple[Any, pa.Schema]:
+        """The subscription parked under ``token`` and its new stream schema."""
+        with self._lock:
+            got = self._parked.pop(token, None)
+        if got is None:
+            raise FeedOverrun(f"no feed waits under continuation {token!r}: it was not taken up within "
+                              f"{self._park_seconds:g} s of its schema change, or the server restarted; subscribe "
+                              "again with as_of = the last progress time seen and resume=True")
+        sub, schema, timer = got
+        timer.cancel()
+        return sub, schema
+
+    def _park(self, sub: Any, schema: pa.Schema) -> str:
+        token = uuid.uuid4().hex
+        timer = threading.Timer(self._park_seconds, self._expire, (token,))
+        timer.daemon = True
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("the sediment server stopped while a feed crossed a schema change; subscribe "
+                                   "again with as_of = the last progress time seen and resume=True")
+            self._parked[token] = (sub, schema, timer)
+        timer.start()
+        return token
+
+    def _expire(self, token: str) -> None:
+        with self._lock:
+            got = self._parked.pop(token, None)
+        if got is not None:
+            self._release(got[0])
+
+    def _release(self, sub: Any) -> None:
+        sub.close()
+        with self._lock:
+            self._open.discard(sub)
+            self.changed.notify_all()
+
+    def _events(self, sub: Any, schema: pa.Schema, context: flight.ServerCallContext,
+                ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+        """``sub``'s events as batches of ``schema``, each with app metadata ``{"kind", "time",
+        "last"}``; an event's table may span several batches (``last`` marks its end), a
+        progress event is one empty batch. A schema event ends the stream with
+        ``"continuation"`` added. Wakes every ``poll`` seconds to notice a client that went
+        away, so its subscription does not pin the feed log forever."""
+        parked = False
+        try:
+            while not self._stopped() and not context.is_cancelled():
+                event = sub.next(timeout=self._poll)
+                if event is not None and event.kind == "schema":
+                    token = self._park(sub, event.table.schema)
+                    parked = True
+                    meta = {"kind": "schema", "time": event.time, "last": True, "continuation": token}
+                    yield pa.RecordBatch.from_pylist([], schema=schema), json.dumps(meta).encode()
+                    return
+                if event is not None:  # a live event's batches are made once for every subscriber
+                    yield from event.encoded(schema, lambda event=event: event_batches(event, schema))
+        except Exception as exc:  # noqa: BLE001 - every failure goes back typed
+            raise to_flight_error(exc) from exc
+        finally:
+            if not parked:
+                self._release(sub)
+
+    def wait_released(self, timeout: float) -> bool:
+        """Wait until no subscription is streamed or parked; False after ``timeout`` seconds."""
+        with self.changed:
+            return self.changed.wait_for(lambda: not self._open, timeout)
+
+    def close(self) -> None:
+        """Close every subscription (streams end, parked ones are dropped) and refuse new ones."""
+        with self._lock:
+            self._closed = True
+            subs, self._open = list(self._open), set()
+            parked, self._parked = list(self._parked.values()), {}
+            self.changed.notify_all()
+        for _sub, _schema, timer in parked:
+            timer.cancel()
+        for sub in subs:
+            sub.close()
