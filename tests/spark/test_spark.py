@@ -21,6 +21,7 @@ pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install
 
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import LongType  # noqa: E402
+from support.fixtures_spark import ids_failing_at  # noqa: E402
 
 from sediment.spark_jobs import datasource as ds  # noqa: E402
 from sediment.spark_jobs import ingest, read_trace  # noqa: E402
@@ -88,14 +89,8 @@ def test_a_job_failing_in_one_task_leaves_nothing_visible(spark, coordinator):
     c = coordinator()
     c.engine.add_relation("orders", SCHEMA)
 
-    @F.udf("long", useArrow=False)
-    def explode_on_last(i):
-        if i == 399:
-            raise RuntimeError("boom in one task")
-        return i
 
-    df = spark.range(0, 400, numPartitions=2).select(explode_on_last("id").alias("id"),
-                                                    F.lit("tea").alias("item"))
+    df = ids_failing_at(spark, 399).select("id", F.lit("tea").alias("item"))
     with pytest.raises(Exception, match="boom in one task"):
         write(df, c, time=5, seal=True, batch_rows=10)
     assert c.server.open_transactions == []  # abort() aborted the job's transaction

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
 
 from pyspark.sql import functions as F  # noqa: E402
+from support.fixtures_spark import ids_failing_at  # noqa: E402
 
 from sediment.errors import InvalidArgument, SchemaMismatch  # noqa: E402
 from sediment.spark_jobs import bulk_write, options  # noqa: E402
@@ -100,13 +101,8 @@ def test_a_failed_job_leaves_nothing_and_its_staged_files_are_collected(spark, c
     c = coordinator(compact_interval=None)
     c.engine.add_relation("bulk", SCHEMA)
 
-    @F.udf("long", useArrow=False)
-    def broken(i):
-        if i == 399:
-            raise RuntimeError("boom in one task")
-        return i
 
-    df = spark.range(0, 400, numPartitions=2).select(broken("id").alias("id"), F.lit("tea").alias("item"))
+    df = ids_failing_at(spark, 399).select("id", F.lit("tea").alias("item"))
     with pytest.raises(Exception, match="boom in one task"):
         write(df, c, "bulk", bulk="true", time=5, seal="true")
     assert c.engine.sealed("bulk") == -1 and c.engine.trace_info("bulk")["pending"] == 0

@@ -98,3 +98,17 @@ def append_wal_tail(c: Any, n: int, distinct: int, relation: str = "orders") -> 
                                         "diff": pa.repeat(pa.scalar(1, pa.int64()), n)}))
     c.engine.seal(relation, 1)
     assert c.engine.trace_info(relation)["batches"] == 0  # all of it is WAL tail
+
+
+def ids_failing_at(spark: Any, last: int, partitions: int = 2) -> Any:
+    """``spark.range(0, last + 1)`` as a column ``id`` whose task raises on ``last``: a job
+    that fails in one task after the others wrote their rows."""
+    from pyspark.sql import functions as F
+
+    @F.udf("long", useArrow=False)
+    def fail_on_last(i: int) -> int:
+        if i == last:
+            raise RuntimeError("boom in one task")
+        return i
+
+    return spark.range(0, last + 1, numPartitions=partitions).select(fail_on_last("id").alias("id"))
