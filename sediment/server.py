@@ -166,8 +166,8 @@ class SedimentFlightServer(flight.FlightServerBase):
                                      "cluster": getattr(eng, "cluster_uri", None)}, "protocol check"),
             Action.ADD_RELATION: (self._add_relation, "create a relation {name, schema: base64 IPC}"),
             Action.DROP_RELATION: (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
-            Action.ALTER_RELATION: (lambda a: eng.alter_relation(field(a, "name", "alter_relation"), **decode_alter(a)),
-                                    "change a relation's columns {name, add, widen, rename, drop, defaults} -> version"),
+            Action.ALTER_RELATION: (self._alter_relation, "change a relation's columns {name, add, widen, rename, "
+                                    "drop, defaults, base|absent} -> version"),
             Action.SCHEMA_VERSION: (named(eng.schema_version, "schema_version", "name"),
                                     "a relation's schema version {name}"),
             Action.DESCRIBE: (named(eng.describe, "describe", "name"), "a relation's schema, versions, frontiers {name}"),
@@ -223,8 +223,15 @@ class SedimentFlightServer(flight.FlightServerBase):
         self.engine.release_read(lease)
         self._held_tails.release(lease)
 
-    def _commit_all(self, args: dict[str, Any]) -> list[str]:
-        ids = field(args, "txns", "commit_all")
+    def _alter_relation(self, args: dict[str, Any]) -> int:
+        name = field(args, "name", "alter_relation")
+        if "base" in args:  # a cluster client's alter, which a retry must not apply twice
+            return keyed.alter_from(self.engine, name, args["base"], decode_alter(args))
+        return self.engine.alter_relation(name, **decode_alter(args))
+
+    def _open_txns(self, ids: object) -> list[Any]:
+        """The open transactions ``ids`` of a commit_all; TransactionError (each aborted and
+        settled) when one is not open here."""
         if not isinstance(ids, list):
             raise ValueError(f"commit_all: txns must be a list of transaction ids, not {ids!r}")
         txns, unknown = [], []
@@ -233,19 +240,34 @@ class SedimentFlightServer(flight.FlightServerBase):
                 txns.append(self._txns.get(i))
             except TransactionError as exc:
                 unknown.append(exc)
-        try:
-            if unknown:
+        if unknown:
+            try:
                 for tx in txns:
                     tx.abort()
-                raise TransactionError(f"{unknown[0]}; every transaction of this commit_all was aborted")
-            self.engine.commit_all(txns)
+            finally:
+                self._settle_all(txns)
+            raise TransactionError(f"{unknown[0]}; every transaction of this commit_all was aborted")
+        return txns
+
+    def _settle_all(self, txns: list[Any]) -> None:
+        for tx in txns:
+            self._txns.settle(tx)
+
+    def _commit_all(self, args: dict[str, Any]) -> list[str]:
+        ids = field(args, "txns", "commit_all")
+        try:
+            if "client" in args:
+                return keyed.commit_all_once(self.engine, args, lambda: self._open_txns(ids), self._settle_all)
+            txns = self._open_txns(ids)
+            try:
+                self.engine.commit_all(txns)
+            finally:
+                self._settle_all(txns)
+            return [tx.state for tx in txns]
         finally:
-            for tx in txns:
-                self._txns.settle(tx)
             group = args.get("group")
             if group is not None:
                 self._abort_group({"group": group})
-        return [tx.state for tx in txns]
 
     def _abort_group(self, args: dict[str, Any]) -> int:
         """Abort the group's transactions still open (a Spark job's losing task attempts); how many."""
