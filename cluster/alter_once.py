@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from sediment.engine.schema_history import SchemaHistory
 from sediment.engine.schema_rules import evolve
-from sediment.errors import SchemaVersionMoved
+from sediment.errors import InvalidArgument, SchemaMismatch, SchemaVersionMoved
 from sediment.trace.evolve import field_id
 
 
@@ -48,8 +48,10 @@ def check_base(name: str, history: SchemaHistory, base: int, changes: dict[str, 
     if history.version == base:
         return None
     if base < history.version:
-        before = at_version(history, base)
-        made = evolve(name, before, **changes)
+        try:
+            made = evolve(name, at_version(history, base), **changes)
+        except (SchemaMismatch, InvalidArgument):  # refused at base: it never landed there
+            made = None
         if made is not None and _same(made, dict(history.versions)[base + 1], history):
             return base + 1
     raise SchemaVersionMoved(f"relation {name!r} is at schema version {history.version}, not {base}: another alter "

@@ -36,6 +36,8 @@ def test_an_alter_whose_version_another_took_is_refused(other):
         check_base("r", v1, 0, ADD_X)
     with pytest.raises(SchemaVersionMoved):
         check_base("r", v1, 3, ADD_X)  # a base past the relation's version
+    with pytest.raises(SchemaVersionMoved):  # valid only after the other alter: sent again from it
+        check_base("r", evolve("r", V0, add=[pa.field("z", pa.int64())]), 0, {"rename": {"z": "w"}})
 
 
 def test_the_history_at_a_version_keeps_field_ids_growing():
