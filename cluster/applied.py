@@ -72,15 +72,13 @@ class AppliedOnce:
                 self._tables[partition] = held = (engine, table)
             return held[1]
 
-    def append(self, engine: Any, partition: int, name: str, updates: pa.Table, client: str, seq: int) -> bool:
-        """Append ``updates`` unless (client, seq) was applied already; True if applied now."""
-        return self.append_many(engine, partition, {name: updates}, client, seq)
-
     def append_many(self, engine: Any, partition: int, updates: Mapping[str, pa.Table], client: str,
-                    seq: int) -> bool:
-        """``append_many(updates)`` unless (client, seq) was applied already; True if applied now."""
+                    seq: int, locks: Any = None) -> bool:
+        """``append_many(updates, locks=locks)`` unless (client, seq) was applied already (then
+        the locks are not checked: the write they guarded is in); True if applied now."""
+        extra = {} if locks is None else {"locks": locks}
         return self.apply(engine, partition, client, seq,
-                          lambda marks: engine.append_many({**updates, APPLIED: marks}))
+                          lambda marks: engine.append_many({**updates, APPLIED: marks}, **extra))
 
     def apply(self, engine: Any, partition: int, client: str, seq: int, write: Callable[[pa.Table], Any]) -> bool:
         """``write(marks)`` unless (client, seq) was applied already; True if applied now.

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sediment.cluster import layout
+from sediment.cluster import alter_once, layout
 from sediment.cluster.applied import APPLIED, AppliedOnce
 from sediment.cluster.member import Member
 from sediment.cluster.partition_transaction import PartitionTransaction
@@ -47,6 +47,7 @@ class ClusterEngine:
         # random-based ids: a client resending a commit to a later owner must never name another's
         self._txn_ids = itertools.count(secrets.randbits(40) << 20)
         self._applied = AppliedOnce()
+        self._alter_lock = threading.Lock()
 
     # --- routing -------------------------------------------------------------------------------
 
@@ -121,8 +122,21 @@ class ClusterEngine:
     def trace_info(self, name: str) -> dict[str, int]:
         return self._read(name, "trace_info")
 
-    def alter_relation(self, name: str, **changes: Any) -> int:
-        return self._write(name, "alter_relation", **changes)
+    def alter_relation(self, name: str, *, base: int | None = None, **changes: Any) -> int:
+        """With ``base``, the schema version the change starts from: applied only when the
+        relation is at ``base``; when it is past it and version ``base + 1`` is this change,
+        that version (a retry of an alter that landed); SchemaVersionMoved otherwise, with
+        nothing changed (cluster/alter_once.py). Alters of this member go one at a time."""
+        with self._alter_lock:
+            engine, p, generation = self._engine(name)
+            if base is not None:
+                landed = alter_once.check_base(name, engine.view.get(name).entry.schema_history, base, changes)
+                if landed is not None:
+                    self.member.check_still_serving(p, generation)
+                    return landed
+            result = engine.alter_relation(name, **changes)
+            self.member.check_still_serving(p, generation)
+            return result
 
     def schema_version(self, name: str) -> int:
         return self._read(name, "schema_version")
@@ -139,11 +153,12 @@ class ClusterEngine:
         else:
             self._write(name, "append", updates, locks=locks)
 
-    def append_once(self, name: str, updates: pa.Table, client: str, seq: int) -> None:
+    def append_once(self, name: str, updates: pa.Table, client: str, seq: int, *, locks: Any = None) -> None:
         """An append with an idempotency key: applied at most once however often it is retried,
-        here or at a later owner (cluster/applied.py)."""
+        here or at a later owner (cluster/applied.py). ``locks`` are checked only when the key
+        was not applied yet: a retry of a locked append that landed succeeds."""
         engine, p, generation = self._engine(name)
-        if not self._applied.append(engine, p, name, updates, client, seq):
+        if not self._applied.append_many(engine, p, {name: updates}, client, seq, locks):
             self.metrics.deduplicated.inc()
         self.member.check_still_serving(p, generation)
 
@@ -162,13 +177,14 @@ class ClusterEngine:
         engine.append_many(updates, **({} if locks is None else {"locks": locks}))
         self.member.check_still_serving(p, generation)
 
-    def append_many_once(self, updates: Mapping[str, pa.Table], client: str, seq: int) -> None:
+    def append_many_once(self, updates: Mapping[str, pa.Table], client: str, seq: int, *,
+                         locks: Any = None) -> None:
         """``append_many`` with an idempotency key, applied at most once as :meth:`append_once`."""
         p = self._one_partition(updates)
         if p is None:
             return
         engine, generation = self.member.engine_for(p)
-        if not self._applied.append_many(engine, p, updates, client, seq):
+        if not self._applied.append_many(engine, p, updates, client, seq, locks):
             self.metrics.deduplicated.inc()
         self.member.check_still_serving(p, generation)
 
@@ -208,6 +224,18 @@ class ClusterEngine:
             self.member.check_still_serving(p, generation)
         for t in transactions:
             t.finish_empty()
+
+    def commit_all_marked(self, transactions: Sequence[ClusterTransaction], partition: int, marks: pa.Table) -> None:
+        """:meth:`commit_all` with an idempotency key's ``marks`` written inside the first
+        transaction, in ``partition`` (the one the key is checked in)."""
+        if transactions:
+            try:
+                transactions[0].mark(partition, marks)
+            except BaseException:
+                for t in transactions:
+                    t.abort()
+                raise
+            self.commit_all(transactions)
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -295,6 +323,11 @@ class ClusterTransaction(PartitionTransaction):
     def commit_marked(self, partition: int, marks: pa.Table) -> None:
         """Commit with an idempotency key's ``marks`` (cluster/applied.py) written inside, in
         ``partition``: the one the key is checked in."""
+        self.mark(partition, marks)
+        self.commit()
+
+    def mark(self, partition: int, marks: pa.Table) -> None:
+        """Write an idempotency key's ``marks`` into this transaction, in ``partition``."""
         with self._mutex:
             if self.state != "open":
                 raise TransactionError(f"transaction {self.id:#x} is {self.state}")
@@ -305,5 +338,4 @@ class ClusterTransaction(PartitionTransaction):
             if self.inner is None:
                 self.partition, self.inner, self._generation = partition, engine.transaction(), generation
         self.inner.append(APPLIED, marks)
-        self.commit()
 

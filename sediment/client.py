@@ -292,9 +292,13 @@ class Client:
         """Forget a relation and its data."""
         self._action(Action.DROP_RELATION, name=name)
 
-    def alter_relation(self, name: str, **changes: Any) -> int:
-        """Change the relation's columns; the new schema version (see :meth:`sediment.Engine.alter_relation`)."""
-        return int(self._action(Action.ALTER_RELATION, name=name, **encode_alter(**changes)))
+    def alter_relation(self, name: str, *, base: int | None = None, **changes: Any) -> int:
+        """Change the relation's columns; the new schema version (see :meth:`sediment.Engine.alter_relation`).
+        ``base`` (a cluster member only): the schema version the change starts from, so that a
+        retry is not applied twice (cluster/alter_once.py; SchemaVersionMoved when another alter
+        came first)."""
+        where = {} if base is None else {"base": base}
+        return int(self._action(Action.ALTER_RELATION, name=name, **encode_alter(**changes), **where))
 
     def describe(self, name: str) -> dict[str, Any]:
         """The relation's schema, schema version, columns and frontiers (see :meth:`sediment.Engine.describe`)."""
@@ -327,11 +331,12 @@ class Client:
         ``locks``: a ``sediment.Locks``, checked by the server as by the engine."""
         self._append(name, _as_table(name, updates), locks=locks)
 
-    def append_once(self, name: str, updates: pa.Table, client: str, seq: int) -> None:
+    def append_once(self, name: str, updates: pa.Table, client: str, seq: int, *, locks: Any = None) -> None:
         """Append with an idempotency key (``client``, ``seq``) to a cluster member: a retry of
-        an append it has applied returns success and applies nothing again. It goes on the
-        append stream, so concurrent keyed appends join the owner's group commit."""
-        self._append(name, _as_table(name, updates), key=(client, seq))
+        an append it has applied returns success and applies nothing again (nor checks its
+        ``locks`` again). It goes on the append stream, so concurrent keyed appends join the
+        owner's group commit."""
+        self._append(name, _as_table(name, updates), locks=locks, key=(client, seq))
 
     def commit_once(self, txn: int, relation: str, client: str, seq: int) -> str:
         """Commit transaction ``txn`` (which wrote ``relation``) at a cluster member with an
@@ -371,14 +376,19 @@ class Client:
         args = {} if group is None else {"group": group}
         return RemoteTransaction(self, int(self._action(Action.BEGIN, **args)))
 
-    def commit_all(self, transactions: Sequence[RemoteTransaction | int], group: str | None = None) -> None:
+    def commit_all(self, transactions: Sequence[RemoteTransaction | int], group: str | None = None, *,
+                   key: tuple[str, str, int] | None = None) -> None:
         """Commit several transactions as one (one COMMIT record: all visible, or none);
         then, with ``group``, abort that group's other open transactions. Raises
-        TransactionError, and all of them are aborted, if one cannot commit."""
+        TransactionError, and all of them are aborted, if one cannot commit. ``key``
+        (a relation the transactions wrote, client id, sequence number): an idempotency key
+        for a cluster member, as in :meth:`commit_once`."""
         ids = [t.id if isinstance(t, RemoteTransaction) else int(t) for t in transactions]
         args: dict[str, Any] = {"txns": ids}
         if group is not None:
             args["group"] = group
+        if key is not None:
+            args["relation"], args["client"], args["seq"] = key
         try:
             states = self._action(Action.COMMIT_ALL, **args)
         except TransactionError:

@@ -10,8 +10,10 @@ for that partition is ignored, so a stale member cannot send the client back. Ca
 before anything was done (a redirect, an unreachable member, a partition being moved) are
 retried until ``deadline`` seconds have passed; then the last error reaches the caller.
 Writes whose outcome is unknown (the answer was lost, the owner died or was fenced) are
-resent too: appends, ``append_many`` and transaction commits with an idempotency key (the
-owner applies each at most once), seals and ``set_since`` as they are (a frontier found at
+resent too: appends and ``append_many`` (with or without locks), transaction commits and
+``commit_all`` with an idempotency key (the owner applies each at most once, and checks a
+write's locks only if its key was not applied yet), alters from the schema version they
+start from (cluster/alter_once.py), seals and ``set_since`` as they are (a frontier found at
 or past the time after an unknown outcome counts as done); OutcomeUnknown after the deadline.
 """
 
@@ -38,6 +40,7 @@ from sediment.errors import (
     FrontierRegression,
     NotPartitionOwner,
     OutcomeUnknown,
+    SchemaVersionMoved,
     UnknownRelation,
 )
 
@@ -242,27 +245,22 @@ class ClusterClient:
     def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
         """Append with an idempotency key (this thread's client id, its next sequence number):
         an outcome-unknown failure (the owner died, lost its session, was fenced) is sent again,
-        to the new owner, until the deadline, and applied at most once. ``locks`` appends go
-        without a key (a lock check is not idempotent), so they are not retried after an unknown
-        outcome."""
-        if locks is not None:
-            self.route(name, lambda c: c.append(name, updates, locks=locks))
-            return
+        to the new owner, until the deadline, and applied at most once. ``locks`` go with the
+        key: the owner checks them only if the key was not applied yet, so a retry of a locked
+        append that landed succeeds, and one that did not is checked (LockConflict: nothing
+        written)."""
         table = _as_table(name, updates)
         key = self._next_key()
-        self.route(name, lambda c: c.append_once(name, table, key[0], key[1]), retry_unknown=True,
+        self.route(name, lambda c: c.append_once(name, table, key[0], key[1], locks=locks), retry_unknown=True,
                    unknown_outcome=True)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Any = None) -> None:
         """Atomic within one partition (CrossPartitionTransaction otherwise, nothing written).
-        Keyed and retried after an unknown outcome as :meth:`append`; with ``locks``, neither."""
+        Keyed and retried after an unknown outcome as :meth:`append`, ``locks`` too."""
         names = sorted(updates)
-        if locks is not None:
-            self.route(names[0] if names else None, lambda c: c.append_many(updates, locks=locks))
-            return
         key = self._next_key()
-        self.route(names[0] if names else None, lambda c: c.append_many(updates, key=key), retry_unknown=True,
-                   unknown_outcome=True)
+        self.route(names[0] if names else None, lambda c: c.append_many(updates, locks=locks, key=key),
+                   retry_unknown=True, unknown_outcome=True)
 
     def seal(self, name: str, t: int) -> None:
         """Write ``close t``; retried after an unknown outcome. A retry finding the relation
@@ -296,7 +294,9 @@ class ClusterClient:
         return ClusterRemoteTransaction(self, group)
 
     def commit_all(self, transactions: Sequence[ClusterRemoteTransaction], group: str | None = None) -> None:
-        """Commit transactions of one partition as one; CrossPartitionTransaction otherwise."""
+        """Commit transactions of one partition as one; CrossPartitionTransaction otherwise.
+        With an idempotency key, resent after an unknown outcome and applied at most once, as
+        :meth:`ClusterRemoteTransaction.commit`."""
         bound = [t for t in transactions if t.inner is not None]
         owners = {t.client.uri for t in bound}
         if len(owners) > 1:
@@ -305,7 +305,11 @@ class ClusterClient:
             raise CrossPartitionTransaction("commit_all over transactions at different partitions' owners: they "
                                             "commit together only within one partition; every one was aborted")
         if bound:
-            bound[0].client.commit_all([t.inner for t in bound], group=group)
+            name = bound[0].relation
+            client, seq = self._next_key()
+            inner = [t.inner for t in bound]
+            self.route(name, lambda c: c.commit_all(inner, group=group, key=(name, client, seq)), retry_unknown=True,
+                       unknown_outcome=True)
         for t in transactions:
             t.finish_empty()
 
@@ -341,8 +345,18 @@ class ClusterClient:
         return self.route(name, lambda c: c.trace_info(name), retry_unknown=True)
 
     def alter_relation(self, name: str, **changes: Any) -> int:
-        """Not retried after an unknown outcome: send it again only after reading schema_version."""
-        return self.route(name, lambda c: c.alter_relation(name, **changes))
+        """Alter from the schema version read just before (cluster/alter_once.py): retried
+        after an unknown outcome and applied at most once (a retry finding this change as the
+        next version answers it); sent again from the new version when another alter came first."""
+        deadline = time.monotonic() + self.deadline
+        while True:
+            base = self.schema_version(name)
+            try:
+                return self.route(name, lambda c, base=base: c.alter_relation(name, base=base, **changes), retry_unknown=True,
+                                  unknown_outcome=True)
+            except SchemaVersionMoved:
+                if time.monotonic() > deadline:
+                    raise
 
     def schema_version(self, name: str) -> int:
         return self.route(name, lambda c: c.schema_version(name), retry_unknown=True)
@@ -411,7 +425,7 @@ class ClusterRemoteTransaction(PartitionTransaction):
         self._group = group
         self.inner: RemoteTransaction | None = None
         self.client: Client | None = None
-        self._name = ""  # the first relation appended to: its partition holds the transaction
+        self.relation = ""  # the first relation appended to: its partition holds the transaction
 
     def append(self, name: str, updates: pa.Table) -> None:
         if self.inner is None:
@@ -420,7 +434,7 @@ class ClusterRemoteTransaction(PartitionTransaction):
                 self.client, self.inner = c, c.transaction(self._group)
 
             self._cluster.route(name, begin)
-            self._name = name
+            self.relation = name
         self.inner.append(name, updates)
 
     def commit(self) -> None:
@@ -429,7 +443,7 @@ class ClusterRemoteTransaction(PartitionTransaction):
         transaction was lost (its partition moved before it committed: nothing committed)."""
         if self.inner is not None:
             client, seq = self._cluster._next_key()
-            name = self._name
+            name = self.relation
 
             def send(txn: int) -> str:
                 return self._cluster.route(name, lambda c: c.commit_once(txn, name, client, seq),

@@ -61,6 +61,12 @@ class SchemaChangeRefused(SchemaMismatch):
         self.rule = rule
 
 
+class SchemaVersionMoved(NothingWritten):
+    """An alter sent from schema version ``base`` (a cluster client's, cluster/alter_once.py)
+    found that another alter took version ``base + 1``; nothing was changed: read the
+    relation's schema version and send the alter from it (the cluster client does)."""
+
+
 class InvalidUpdates(NothingWritten, ValueError):
     """Updates whose ``time`` or ``diff`` column is missing, of the wrong type, null,
     or whose time is negative."""

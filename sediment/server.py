@@ -35,11 +35,12 @@ from sediment import errors
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.clock import MONOTONIC, Clock
 from sediment.engine import staged
+from sediment.engine.engine import Engine
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net import keyed
 from sediment.net.alter_wire import decode_alter
-from sediment.net.append_stream import PLAIN_ARGS, serve_append_stream
+from sediment.net.append_stream import PLAIN_ARGS, EarlyAck, serve_append_stream
 from sediment.net.feed_streams import FeedStreams
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
 from sediment.net.messages import Action, Get, Put
@@ -142,6 +143,9 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._held_tails = HeldTails(clock=clock)  # plans' WAL-tail rows kept for readers' tail_part calls
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
+        # a plain streamed append is acknowledged by the thread that syncs its group (EarlyAck);
+        # False: by the stream's own thread once it wakes (bench/serve.py measures both)
+        self.early_acks = True
         self._feeds = FeedStreams(lambda: self._stopped, FEED_POLL)
         self._actions = self._action_table()
         try:  # listens from here on, so everything a handler uses is set above
@@ -166,8 +170,8 @@ class SedimentFlightServer(flight.FlightServerBase):
                                      "cluster": getattr(eng, "cluster_uri", None)}, "protocol check"),
             Action.ADD_RELATION: (self._add_relation, "create a relation {name, schema: base64 IPC}"),
             Action.DROP_RELATION: (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
-            Action.ALTER_RELATION: (lambda a: eng.alter_relation(field(a, "name", "alter_relation"), **decode_alter(a)),
-                                    "change a relation's columns {name, add, widen, rename, drop, defaults} -> version"),
+            Action.ALTER_RELATION: (self._alter_relation, "change a relation's columns {name, add, widen, rename, "
+                                    "drop, defaults, base|absent} -> version"),
             Action.SCHEMA_VERSION: (named(eng.schema_version, "schema_version", "name"),
                                     "a relation's schema version {name}"),
             Action.DESCRIBE: (named(eng.describe, "describe", "name"), "a relation's schema, versions, frontiers {name}"),
@@ -223,8 +227,15 @@ class SedimentFlightServer(flight.FlightServerBase):
         self.engine.release_read(lease)
         self._held_tails.release(lease)
 
-    def _commit_all(self, args: dict[str, Any]) -> list[str]:
-        ids = field(args, "txns", "commit_all")
+    def _alter_relation(self, args: dict[str, Any]) -> int:
+        name = field(args, "name", "alter_relation")
+        if "base" in args:  # a cluster client's alter, which a retry must not apply twice
+            return keyed.alter_from(self.engine, name, args["base"], decode_alter(args))
+        return self.engine.alter_relation(name, **decode_alter(args))
+
+    def _open_txns(self, ids: object) -> list[Any]:
+        """The open transactions ``ids`` of a commit_all; TransactionError (each aborted and
+        settled) when one is not open here."""
         if not isinstance(ids, list):
             raise ValueError(f"commit_all: txns must be a list of transaction ids, not {ids!r}")
         txns, unknown = [], []
@@ -233,19 +244,34 @@ class SedimentFlightServer(flight.FlightServerBase):
                 txns.append(self._txns.get(i))
             except TransactionError as exc:
                 unknown.append(exc)
-        try:
-            if unknown:
+        if unknown:
+            try:
                 for tx in txns:
                     tx.abort()
-                raise TransactionError(f"{unknown[0]}; every transaction of this commit_all was aborted")
-            self.engine.commit_all(txns)
+            finally:
+                self._settle_all(txns)
+            raise TransactionError(f"{unknown[0]}; every transaction of this commit_all was aborted")
+        return txns
+
+    def _settle_all(self, txns: list[Any]) -> None:
+        for tx in txns:
+            self._txns.settle(tx)
+
+    def _commit_all(self, args: dict[str, Any]) -> list[str]:
+        ids = field(args, "txns", "commit_all")
+        try:
+            if "client" in args:
+                return keyed.commit_all_once(self.engine, args, lambda: self._open_txns(ids), self._settle_all)
+            txns = self._open_txns(ids)
+            try:
+                self.engine.commit_all(txns)
+            finally:
+                self._settle_all(txns)
+            return [tx.state for tx in txns]
         finally:
-            for tx in txns:
-                self._txns.settle(tx)
             group = args.get("group")
             if group is not None:
                 self._abort_group({"group": group})
-        return [tx.state for tx in txns]
 
     def _abort_group(self, args: dict[str, Any]) -> int:
         """Abort the group's transactions still open (a Spark job's losing task attempts); how many."""
@@ -335,10 +361,14 @@ class SedimentFlightServer(flight.FlightServerBase):
                 if self._stopped:
                     raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
                 engine_append = self.engine.append  # looked up once per stream, not per append
+                early = self.early_acks and isinstance(self.engine, Engine)
 
-                def append(table: pa.Table, meta: dict[str, Any]) -> None:
+                def append(table: pa.Table, meta: dict[str, Any], ack: EarlyAck) -> None:
                     if meta is PLAIN_ARGS:
-                        engine_append(name, table)
+                        if early:
+                            engine_append(name, table, durable=ack)
+                        else:
+                            engine_append(name, table)
                     elif "client" in meta:
                         keyed.append_once(self.engine, name, table, meta)
                     else:

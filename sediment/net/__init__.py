@@ -14,7 +14,8 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   ``{"op": "append_stream", "relation": NAME}`` opens a stream of appends to NAME, each
   acknowledged on the stream's metadata channel (see :mod:`sediment.net.append_stream`);
   the client's appends use it; a cluster client's keyed appends carry their idempotency
-  key ``{"client": ID, "seq": N}`` in each append's metadata there.
+  key ``{"client": ID, "seq": N}`` in each append's metadata there (with ``"locks"`` too for
+  a locked one: the locks are checked only when the key was not applied yet).
   ``{"op": "append", "relation": NAME, "txn": ID|null, "locks": LOCKS|absent}`` appends the
   streamed batches as one ``Engine.append`` (or into open transaction ID); the put
   completes only after the append is durable. LOCKS is ``{"high_water": T, "write":
@@ -55,15 +56,17 @@ Wire protocol (version 1; every JSON is UTF-8, every time an integer):
   one result ``{"result": ...}``: add_relation {name, schema: base64 Arrow IPC schema},
   drop_relation {name}, relations {}, schema {name} -> base64 IPC schema, seal {name, t},
   alter_relation {name, add: base64 IPC schema, widen: base64 IPC schema, rename {old: new},
-  drop [names], defaults: base64 IPC stream of one row|absent} -> schema version (see
-  :mod:`sediment.net.alter_wire`), schema_version {name}, describe {name},
+  drop [names], defaults: base64 IPC stream of one row|absent, base|absent} -> schema version
+  (see :mod:`sediment.net.alter_wire`; ``base``, a cluster member's: the schema version the
+  alter starts from, so a retry is not applied twice, see sediment/cluster/alter_once.py), schema_version {name}, describe {name},
   set_since {name, t}, since {name}, sealed {name}, compact {name|null}, trace_info {name}, stats {},
   compaction_errors {},
   begin {group|absent} -> transaction id, commit {txn, relation|absent, client|absent,
   seq|absent} (with a key, a cluster member's: at most once across retries, recorded with
   the commit in the log of RELATION's partition), abort {txn}, txn_state {txn},
-  commit_all {txns, group|absent} (one COMMIT record for them all; then every other open
-  transaction of the group is aborted), abort_group {group} (either ends the group: a later
+  commit_all {txns, group|absent, relation|absent, client|absent, seq|absent} (one COMMIT
+  record for them all; then every other open transaction of the group is aborted; a key as
+  commit's), abort_group {group} (either ends the group: a later
   begin in it is refused with TransactionError),
   append_many {stage, locks|absent, client|absent, seq|absent} (a key as commit's),
   discard_stage {stage}, release_read {lease}, ping {}.

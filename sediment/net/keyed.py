@@ -1,5 +1,7 @@
-"""The server's half of keyed (idempotent) writes: a cluster client's appends, ``append_many``
-calls and transaction commits that carry an idempotency key (client id, sequence number).
+"""The server's half of keyed (idempotent) writes: a cluster client's appends (with or without
+locks), ``append_many`` calls, transaction commits and ``commit_all`` calls that carry an
+idempotency key (client id, sequence number), and alters that name the schema version they
+start from.
 
 The key goes to the cluster member's engine (cluster/router.py), which records it in the
 partition's log with the write and answers a repeat of an applied key with success, so a
@@ -15,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from sediment.errors import InvalidArgument
-from sediment.net.protocol import field
+from sediment.net.protocol import decode_locks, field
 
 
 def _key(args: dict[str, Any], what: str) -> tuple[Any, Any]:
@@ -29,22 +31,26 @@ def _member(engine: Any, what: str) -> Any:
     return engine
 
 
-def _unlocked(args: dict[str, Any], what: str) -> None:
-    if args.get("txn") is not None or args.get("locks") is not None:
-        raise InvalidArgument(f"{what} with an idempotency key goes outside transactions and without locks (a lock "
-                              "check is not idempotent); nothing was written")
+def _outside_transactions(args: dict[str, Any], what: str) -> dict[str, Any]:
+    """The keyword arguments for the member: its ``locks``, when the write carries them (the
+    key is checked first, so a retry of a locked write that landed is not checked again)."""
+    if args.get("txn") is not None:
+        raise InvalidArgument(f"{what} with an idempotency key goes outside transactions (a transaction's commit "
+                              "carries the key); nothing was written")
+    locks = args.get("locks")
+    return {} if locks is None else {"locks": decode_locks(locks)}
 
 
 def append_once(engine: Any, name: str, table: pa.Table, meta: dict[str, Any]) -> None:
     """One keyed append of the append stream (``meta``: its metadata)."""
-    _unlocked(meta, "an append")
-    _member(engine, "an append").append_once(name, table, *_key(meta, "append stream metadata"))
+    extra = _outside_transactions(meta, "an append")
+    _member(engine, "an append").append_once(name, table, *_key(meta, "append stream metadata"), **extra)
 
 
 def append_many_once(engine: Any, tables: dict[str, pa.Table], args: dict[str, Any]) -> None:
     """A keyed ``append_many`` of the staged ``tables``."""
-    _unlocked(args, "append_many")
-    _member(engine, "append_many").append_many_once(tables, *_key(args, "append_many"))
+    extra = _outside_transactions(args, "append_many")
+    _member(engine, "append_many").append_many_once(tables, *_key(args, "append_many"), **extra)
 
 
 def commit_once(engine: Any, args: dict[str, Any], txn: Callable[[], Any],
@@ -60,3 +66,32 @@ def commit_once(engine: Any, args: dict[str, Any], txn: Callable[[], Any],
 
     _member(engine, "commit").commit_once(name, *_key(args, "commit"), commit)
     return "committed"
+
+
+def commit_all_once(engine: Any, args: dict[str, Any], txns: Callable[[], list[Any]],
+                    settle: Callable[[list[Any]], None]) -> list[str]:
+    """A keyed ``commit_all``: ``txns()`` finds the open transactions (TransactionError, each
+    aborted, when one is not held here), ``settle(txns)`` forgets them once done; the key's
+    marks go into the first one. A key already applied answers ``committed`` for each without
+    looking for them (at a later owner they are gone)."""
+    name = field(args, "relation", "commit_all")
+    count = len(field(args, "txns", "commit_all"))
+
+    def commit(partition: int, marks: pa.Table) -> None:
+        found = txns()
+        try:
+            engine.commit_all_marked(found, partition, marks)
+        finally:
+            settle(found)
+
+    _member(engine, "commit_all").commit_once(name, *_key(args, "commit_all"), commit)
+    return ["committed"] * count
+
+
+def alter_from(engine: Any, name: str, base: Any, changes: dict[str, Any]) -> int:
+    """An alter that starts from schema version ``base`` (cluster/alter_once.py): applied when
+    the relation is at ``base``, answered with ``base + 1`` when that version is this change."""
+    if isinstance(base, bool) or not isinstance(base, int) or base < 0:
+        raise InvalidArgument(f"alter_relation: base must be a schema version (an int >= 0), not {base!r}; "
+                              "nothing was changed")
+    return _member(engine, "an alter from a schema version").alter_relation(name, base=base, **changes)

@@ -1,7 +1,8 @@
 """Writes whose outcome the cluster client cannot know (issue 29): an append, an append_many,
-a seal and a transaction commit each reach the owner, which carries it out, and then lose
-their answer, once with the owner alive (the connection is cut) and once with the owner
-SIGKILLed. Each call returns success, and each write is applied exactly once.
+a seal, a transaction commit, a commit_all, appends and append_many with locks, and an alter
+each reach the owner, which carries it out, and then lose their answer, once with the owner
+alive (the connection is cut) and once with the owner SIGKILLed. Each call returns success
+(an alter, the version it made), and each write is applied exactly once.
 
 Real processes: ZooKeeper, moto's S3, three storage nodes, ``sediment serve --cluster``
 members, each advertised through a TCP proxy that withholds the answer to the request it is
@@ -89,6 +90,10 @@ def _kinds(db, round_: int) -> list[tuple[str, bytes, object, object]]:
         tx.append("tx", rows([40 + round_]))
         return tx.commit
 
+    return _first_kinds(db, round_, commit) + _more_kinds(db, round_)
+
+
+def _first_kinds(db, round_: int, commit) -> list[tuple[str, bytes, object, object]]:
     return [
         ("append", b'"seq":', lambda: lambda: db.append("ap", rows([10 + round_])),
          lambda c: 10 + round_ in stored_keys(c, "ap")),
@@ -100,16 +105,50 @@ def _kinds(db, round_: int) -> list[tuple[str, bytes, object, object]]:
     ]
 
 
-def test_outcome_unknown_writes_are_retried_and_applied_once(proxied):
+def _more_kinds(db, round_: int) -> list[tuple[str, bytes, object, object]]:
+    """commit_all of two transactions, locked appends (the lock's high-water mark is past every
+    time written, so only a second application could conflict) and an alter."""
+    locks = sediment.Locks(high_water=100, write=[("lk", round_)])
+
+    def commit_all():
+        txns = [db.transaction(), db.transaction()]
+        for i, tx in enumerate(txns):
+            tx.append("ca", rows([50 + 2 * round_ + i]))
+        return lambda: db.commit_all(txns)
+
+    def alter():
+        return lambda: versions.append(db.alter_relation("al", add=[pa.field(f"c{round_}", pa.int64())]))
+
+    versions = ALTERED.setdefault(round_, [])
+    return [
+        ("commit_all", b"commit_all", commit_all, lambda c: 50 + 2 * round_ in stored_keys(c, "ca")),
+        ("locked append", b'"locks":{', lambda: lambda: db.append("la", rows([60 + round_]), locks=locks),
+         lambda c: 60 + round_ in stored_keys(c, "la")),
+        ("locked append_many", b'"locks": {',
+         lambda: lambda: db.append_many({"lm": rows([70 + round_])}, locks=sediment.Locks(100, write=[("lm", round_)])),
+         lambda c: 70 + round_ in stored_keys(c, "lm")),
+        ("alter", b"alter_relation", alter, lambda c: c.schema_version("al") == round_ + 1),
+    ]
+
+
+ALTERED: dict[int, list[int]] = {}  # round -> what the alter call returned
+RELATIONS = ("ap", "m1", "m2", "se", "tx", "ca", "la", "lm", "al")
+
+
+@pytest.mark.parametrize("kinds", ["append append_many seal commit", "commit_all locked alter"])
+def test_outcome_unknown_writes_are_retried_and_applied_once(proxied, kinds):
     cluster = proxied.cluster
     proxied.start()
     proxied.start()
     cluster.wait_assigned(cluster.live())
+    ALTERED.clear()
     with sediment.connect(cluster.uri, token=TOKEN) as db:
-        for name in ("ap", "m1", "m2", "se", "tx"):
+        for name in RELATIONS:
             db.add_relation(name, SCHEMA, partition=PARTITION)
         for round_, kill in enumerate((False, True)):
             for kind, marker, prepare, landed in _kinds(db, round_):
+                if kind.split()[0] not in kinds.split():
+                    continue
                 owner, proxy = proxied.owner()
                 call = prepare()
                 proxy.arm(marker)
@@ -140,7 +179,13 @@ def test_outcome_unknown_writes_are_retried_and_applied_once(proxied):
                 if kill:  # keep two members for the next kind
                     proxied.start()
                     cluster.wait_assigned(cluster.live())
-        assert stored_keys(db, "ap") == [10, 11]
-        assert stored_keys(db, "m1") == [20, 21] and stored_keys(db, "m2") == [30, 31]
-        assert stored_keys(db, "tx") == [40, 41]
-        assert db.sealed("se") == 6
+        if "append" in kinds.split():
+            assert stored_keys(db, "ap") == [10, 11]
+            assert stored_keys(db, "m1") == [20, 21] and stored_keys(db, "m2") == [30, 31]
+            assert stored_keys(db, "tx") == [40, 41]
+            assert db.sealed("se") == 6
+        else:
+            assert stored_keys(db, "ca") == [50, 51, 52, 53]
+            assert stored_keys(db, "la") == [60, 61] and stored_keys(db, "lm") == [70, 71]
+            assert ALTERED == {0: [1], 1: [2]} and db.schema_version("al") == 2
+            assert db.schema("al").names == ["k", "c0", "c1"]

@@ -211,3 +211,50 @@ def test_a_client_with_a_timeout_keeps_appending_past_it(node):
             c.append("r", ups([(n, "a", 1, 1)]))
     engine.seal("r", 1)
     assert engine.snapshot("r", 1).num_rows == n
+
+
+def test_a_follower_append_is_acknowledged_by_the_thread_that_synced_its_group(node, monkeypatch):
+    """Eight clients append at once, so groups hold several appends: some acknowledgements
+    leave from another stream's thread (the group's leader, EarlyAck), each append is
+    acknowledged once, and no hook is left behind. With early_acks off, every one leaves
+    from its own stream's thread."""
+    from sediment.net import append_stream
+
+    engine, server = node
+    made: dict[int, int] = {}
+    acked: list[tuple[int, int]] = []  # (the stream's thread, the acknowledging thread)
+    real_init, real_call = append_stream.EarlyAck.__init__, append_stream.EarlyAck.__call__
+
+    def init(self, writer):
+        real_init(self, writer)
+        made[id(self)] = threading.get_ident()
+
+    def call(self):
+        acked.append((made[id(self)], threading.get_ident()))
+        real_call(self)
+
+    monkeypatch.setattr(append_stream.EarlyAck, "__init__", init)
+    monkeypatch.setattr(append_stream.EarlyAck, "__call__", call)
+
+    def run(label: int) -> None:
+        def work(k: int) -> None:
+            with Client(server.uri, TOKEN) as c:
+                for i in range(30):
+                    c.append("r", ups([(label * 1000 + k * 100 + i, "x", 1, 1)]))
+
+        workers = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+
+    with Client(server.uri, TOKEN) as c:
+        c.add_relation("r", SCHEMA)
+    run(1)
+    assert len(acked) == 240 and any(stream != thread for stream, thread in acked)
+    assert engine.view.durable_hooks == {}
+    acked.clear()
+    server.early_acks = False
+    run(2)
+    assert acked == []
+    assert sum(b.num_rows for b in engine.replay("r")) == 480
