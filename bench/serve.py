@@ -11,10 +11,8 @@ rounds interleaved, with the same rows:
   client *processes* (as Spark executors or other services would be), each with its own
   ``sediment.connect`` connection, appending the same tables for the same time;
 * optionally (``--per-call``) the same with one do_put per append, the protocol before the
-  append stream, (``--client-threads``) the clients as threads of the server's process,
-  where their Python work shares the server's interpreter lock, and (``--late-acks``) the
-  served case with each acknowledgement sent by the stream's own thread once it wakes after
-  the group commit, as before the thread that syncs a group acknowledged its appends.
+  append stream, and (``--client-threads``) the clients as threads of the server's process,
+  where their Python work shares the server's interpreter lock.
 
 Each case gets a fresh data directory (compaction on, as by default). N is 4 and 16;
 each round runs every case once, in a rotated order, and the ratio of a round is
@@ -183,7 +181,7 @@ def run_served_threads(root: str, clients: int, seconds: float) -> dict:
     return got
 
 
-def run_served(root: str, clients: int, seconds: float, per_call: bool = False, early_acks: bool = True) -> dict:
+def run_served(root: str, clients: int, seconds: float, per_call: bool = False) -> dict:
     from sediment.server import SedimentFlightServer
 
     d = tempfile.mkdtemp(prefix="sed-serve-net-", dir=root)
@@ -193,7 +191,6 @@ def run_served(root: str, clients: int, seconds: float, per_call: bool = False, 
         with sediment.open(d) as engine:
             engine.add_relation("r", SCHEMA)
             server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
-            server.early_acks = early_acks
             try:
                 ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
                 procs = [ctx.Process(target=_client, args=(server.uri, token, k, ready, go, seconds, out, per_call),
@@ -230,14 +227,10 @@ def main() -> None:
                         help="also measure one do_put per append (the protocol before the append stream)")
     parser.add_argument("--client-threads", action="store_true",
                         help="also measure served appends from client threads inside this process")
-    parser.add_argument("--late-acks", action="store_true",
-                        help="also measure served appends acknowledged by the stream's own thread once it wakes, "
-                             "not by the thread that synced the group")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     modes = ("in-process", "served", *(("per-call",) if args.per_call else ()),
-             *(("late-acks",) if args.late_acks else ()),
              *(("served-threads",) if args.client_threads else ()))
     results: dict[tuple[str, int], list[float]] = {(mode, n): [] for n in counts for mode in modes}
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores, "
@@ -253,8 +246,7 @@ def main() -> None:
             elif mode == "served-threads":
                 got = run_served_threads(args.dir, n, args.seconds)
             else:
-                got = run_served(args.dir, n, args.seconds, per_call=mode == "per-call",
-                                 early_acks=mode != "late-acks")
+                got = run_served(args.dir, n, args.seconds, per_call=mode == "per-call")
             results[(mode, n)].append(got["rows_s"])
             print(f"round {r + 1}: {mode:10s} {n:2d} writers: {got['rows_s'] / 1e3:8.1f}k rows/s, "
                   f"{got['group']:.1f} records per group commit, {got['cpu_us']:.0f} us CPU per append here, "

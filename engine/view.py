@@ -12,7 +12,6 @@ the engine lock, passed in, guards it all.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -22,8 +21,6 @@ from sediment.engine.relation import Relation, TailEntry
 from sediment.engine.schema import check_name
 from sediment.errors import CoordinatorSuperseded, EngineClosed, UnknownRelation
 from sediment.wal.record import Record, RecordKind, committed_txn_ids
-
-log = logging.getLogger(__name__)
 
 # Record kinds as plain names: an enum member's attribute access costs ~0.3 us, paid per record written
 _UPDATES, _PROGRESS, _BEGIN, _COMMIT, _ABORT = (RecordKind.UPDATES, RecordKind.PROGRESS, RecordKind.BEGIN,
@@ -142,8 +139,6 @@ class RelationView:
         self.relations = Relations()
         self.txns = OpenTxns()
         self.max_time = -1  # greatest time of any durable update seen (the lock table's floor)
-        # id of an append's last record -> what to call once it is durable and visible (Writer.append's durable)
-        self.durable_hooks: dict[int, Callable[[], None]] = {}
         self.closed = False
         self.superseded: Exception | None = None  # set when a newer coordinator fenced this engine
         self._on_group = on_group
@@ -181,15 +176,6 @@ class RelationView:
                 self.apply(r)
                 if r.kind == _UPDATES:
                     cache.put(r.lsn, r.body, len(r.body))
-        hooks = self.durable_hooks
-        if hooks:
-            for r in records:
-                hook = hooks.pop(id(r), None)
-                if hook is not None:
-                    try:
-                        hook()
-                    except Exception:  # noqa: BLE001 - the append is durable: its caller's hook cannot fail the log
-                        log.exception("a durable hook of an append failed")
 
     def apply(self, r: Record) -> None:
         """One durable record's effect (under the lock)."""

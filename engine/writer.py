@@ -108,18 +108,13 @@ class Writer:
                 f"append at times > {rel.sealed}"
             )
 
-    def append(self, name: str, updates: pa.Table, *, locks: Locks | None = None,
-               durable: Callable[[], None] | None = None) -> None:
+    def append(self, name: str, updates: pa.Table, *, locks: Locks | None = None) -> None:
         """Append updates: the relation's columns plus ``time`` (int64 >= 0, above the sealed
         frontier) and ``diff`` (int64). Returns once they are durable. All or nothing.
 
         With ``locks``, the append is refused with LockConflict (writing nothing) when a
         write- or read-locked id was written after ``locks.high_water``; its write and
-        append locks record the append's greatest time.
-
-        ``durable()`` runs once the append is durable and visible, on the thread that synced
-        its group (maybe another caller's), before this call returns: a server acknowledges
-        from there without waiting for its own thread to wake. It must not block or raise."""
+        append locks record the append's greatest time."""
         start = time.perf_counter()
         args.check_locks(locks)
         rel, table, bounds, version = self._prepare(name, updates)
@@ -131,7 +126,7 @@ class Writer:
             for r in records:
                 r.txn_id = txn
             records = [Record(RecordKind.BEGIN, txn_id=txn), *records, Record(RecordKind.COMMIT, txn_id=txn)]
-        self._submit(records, [(rel, name, bounds)], locks, bounds[1], start, durable)
+        self._submit(records, [(rel, name, bounds)], locks, bounds[1], start)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Locks | None = None) -> None:
         """Append to several relations atomically: after a crash, all or none are there.
@@ -151,25 +146,17 @@ class Writer:
                      max((b[1] for _n, _r, _t, b, _v in prepared if b is not None), default=None), start)
 
     def _submit(self, records: list[Record], admit: list[tuple[Relation, str, tuple[int, int] | None]],
-                locks: Locks | None, t_max: int | None, start: float, durable: Callable[[], None] | None = None,
-                ) -> None:
+                locks: Locks | None, t_max: int | None, start: float) -> None:
         """Admit and submit under the lock, then wait for durability outside it."""
-        hooks = self.view.durable_hooks
-        if durable is not None:
-            hooks[id(records[-1])] = durable
-        try:
-            with self._lock:
-                self.wait_backlog(records)
-                self.view.check_open()
-                for rel, name, bounds in admit:
-                    self._admit(rel, name, bounds)
-                if locks is not None:
-                    self.locks.check_and_record(locks, t_max)
-                ticket = self.log.submit(records, self.view.on_durable)
-            ticket.wait()
-        finally:
-            if durable is not None:  # not durable (refused, failed): never called; an id is reused once freed
-                hooks.pop(id(records[-1]), None)
+        with self._lock:
+            self.wait_backlog(records)
+            self.view.check_open()
+            for rel, name, bounds in admit:
+                self._admit(rel, name, bounds)
+            if locks is not None:
+                self.locks.check_and_record(locks, t_max)
+            ticket = self.log.submit(records, self.view.on_durable)
+        ticket.wait()
         self.metrics.append_latency.observe(time.perf_counter() - start)
 
     def transaction(self) -> Transaction:

@@ -35,12 +35,11 @@ from sediment import errors
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.clock import MONOTONIC, Clock
 from sediment.engine import staged
-from sediment.engine.engine import Engine
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net import keyed
 from sediment.net.alter_wire import decode_alter
-from sediment.net.append_stream import PLAIN_ARGS, EarlyAck, serve_append_stream
+from sediment.net.append_stream import PLAIN_ARGS, serve_append_stream
 from sediment.net.feed_streams import FeedStreams
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
 from sediment.net.messages import Action, Get, Put
@@ -143,9 +142,6 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._held_tails = HeldTails(clock=clock)  # plans' WAL-tail rows kept for readers' tail_part calls
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
-        # a plain streamed append is acknowledged by the thread that syncs its group (EarlyAck);
-        # False: by the stream's own thread once it wakes (bench/serve.py measures both)
-        self.early_acks = True
         self._feeds = FeedStreams(lambda: self._stopped, FEED_POLL)
         self._actions = self._action_table()
         try:  # listens from here on, so everything a handler uses is set above
@@ -361,14 +357,10 @@ class SedimentFlightServer(flight.FlightServerBase):
                 if self._stopped:
                     raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
                 engine_append = self.engine.append  # looked up once per stream, not per append
-                early = self.early_acks and isinstance(self.engine, Engine)
 
-                def append(table: pa.Table, meta: dict[str, Any], ack: EarlyAck) -> None:
+                def append(table: pa.Table, meta: dict[str, Any]) -> None:
                     if meta is PLAIN_ARGS:
-                        if early:
-                            engine_append(name, table, durable=ack)
-                        else:
-                            engine_append(name, table)
+                        engine_append(name, table)
                     elif "client" in meta:
                         keyed.append_once(self.engine, name, table, meta)
                     else:

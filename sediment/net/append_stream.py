@@ -204,48 +204,21 @@ class StreamPool:
             stream.close()
 
 
-class EarlyAck:
-    """An append's acknowledgement that may be sent from the thread that made the append
-    durable (``Engine.append``'s ``durable``), so the client hears of it without waiting for
-    the stream's own thread to wake. Called at most once per append; never raises (a broken
-    stream ends at the handler's next read)."""
-
-    __slots__ = ("_writer", "_ok", "sent")
-
-    def __init__(self, writer: flight.FlightMetadataWriter) -> None:
-        self._writer = writer
-        self._ok = pa.py_buffer(ACK_OK)
-        self.sent = False
-
-    def __call__(self) -> None:
-        self.sent = True
-        try:
-            self._writer.write(self._ok)
-        except Exception:  # noqa: BLE001 - see the class doc
-            pass
-
-
 def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter,
-                        append: Callable[[pa.Table, dict[str, Any], EarlyAck], None],
-                        stopping: Callable[[], bool]) -> None:
+                        append: Callable[[pa.Table, dict[str, Any]], None], stopping: Callable[[], bool]) -> None:
     """The server's half: each append (batches up to one with metadata) goes to
-    ``append(table, metadata, ack)`` (``PLAIN_ARGS`` itself for a plain append) and is
-    acknowledged, by ``ack()`` once durable if ``append`` hands it on, else here when
-    ``append`` returns; returns when the client ends the stream, or once ``stopping()``:
-    right after an acknowledgement, or instead of applying an append that arrives then
-    (unacknowledged, so the client sends it elsewhere)."""
-    ack = EarlyAck(writer)
+    ``append(table, metadata)`` (``PLAIN_ARGS`` itself for a plain append) and is acknowledged; returns when the client ends the
+    stream, or once ``stopping()``: right after an acknowledgement, or instead of applying
+    an append that arrives then (unacknowledged, so the client sends it elsewhere)."""
     for table, meta in _appends(reader):
         if stopping():
             return
-        ack.sent = False
         try:
-            append(table, PLAIN_ARGS if meta == PLAIN else json_arg(meta, "append stream metadata"), ack)
-            reply = ACK_OK
+            append(table, PLAIN_ARGS if meta == PLAIN else json_arg(meta, "append stream metadata"))
+            ack = ACK_OK
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed, the stream lives on
-            reply = b'{"error":' + error_detail(exc) + b"}"
-        if not ack.sent:  # once durable and acknowledged, nothing after may fail the append
-            writer.write(pa.py_buffer(reply))
+            ack = b'{"error":' + error_detail(exc) + b"}"
+        writer.write(pa.py_buffer(ack))
         if stopping():
             return
 
