@@ -17,11 +17,12 @@ appended after a torn tail. Byte layouts are in docs/formats.md ("Metadata store
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 
 from sediment._fs import fsync_dir as _fsync_dir
-from sediment._fs import makedirs_durable
+from sediment._fs import makedirs_durable, replace_durably, write_all
 from sediment.errors import (
     DataDirLocked,
     MetadataCorruption,
@@ -188,7 +189,7 @@ class JournalMetadataStore(MemoryMetadataStore):
         fd = os.open(new_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         try:
             header = journal_header(base)
-            _write_all(fd, header)
+            write_all(fd, header)
             os.fsync(fd)
             os.replace(new_path, self.journal_path)
             _fsync_dir(self.directory)
@@ -206,15 +207,7 @@ class JournalMetadataStore(MemoryMetadataStore):
         fresh = not os.path.exists(self.journal_path)
         if fresh:  # the first journal exists before the first snapshot, so a snapshot proves one
             self._install_journal(base)
-        data = encode_snapshot(base, self._data)
-        fd = os.open(self.partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(self.partial_path, self.snapshot_path)
-        _fsync_dir(self.directory)
+        replace_durably(self.snapshot_path, encode_snapshot(base, self._data), tmp=self.partial_path)
         if not fresh:
             self._install_journal(base)
 
@@ -254,14 +247,12 @@ class JournalMetadataStore(MemoryMetadataStore):
         assert fd is not None
         offset = self._journal_size
         try:
-            _write_all(fd, entry)
+            write_all(fd, entry)
             os.fdatasync(fd)
         except OSError as exc:
             self._failed = f"append at {self.journal_path} offset {offset} failed: {exc}"
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(fd, offset)
-            except OSError:
-                pass
             raise MetadataError(
                 f"metadata journal write failed: {self.journal_path} at offset {offset}: {exc}; "
                 "the change was not applied, fix the disk and reopen the store"
@@ -283,15 +274,8 @@ class JournalMetadataStore(MemoryMetadataStore):
         if self._journal_fd is None or self._failed is not None:
             return
         end = JournalEnd(self._journal_base, self._next_txid - 1, self._journal_size)
-        tmp = os.path.join(self.directory, END_NEW_NAME)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, end.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, os.path.join(self.directory, END_NAME))
-        _fsync_dir(self.directory)
+        replace_durably(os.path.join(self.directory, END_NAME), end.encode(),
+                        tmp=os.path.join(self.directory, END_NEW_NAME))
 
     def close(self) -> None:
         with self._lock:
@@ -310,10 +294,3 @@ class JournalMetadataStore(MemoryMetadataStore):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
