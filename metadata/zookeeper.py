@@ -23,6 +23,7 @@ docs/formats.md ("Metadata store formats").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -49,13 +50,14 @@ from kazoo.retry import KazooRetry
 from sediment.errors import (
     EngineClosed,
     InvalidMetadataRequest,
-    MetadataConflict,
     MetadataCorruption,
     MetadataError,
     MetadataUnavailable,
 )
 from sediment.metadata.protocol import Versioned
 from sediment.metadata.validation import (
+    check_delete,
+    next_version,
     validate_expected,
     validate_key,
     validate_prefix,
@@ -157,10 +159,8 @@ class ZooKeeperMetadataStore:
         if state == KazooState.LOST and not self._closed:
             self._session_lost = True
             for callback in list(self._lost_callbacks):
-                try:
+                with contextlib.suppress(Exception):
                     callback()
-                except Exception:
-                    pass
 
     @property
     def session_lost(self) -> bool:
@@ -268,6 +268,14 @@ class ZooKeeperMetadataStore:
             except KazooException as exc:
                 raise MetadataError(f"ZooKeeper at {self.hosts} refused to {what}: {exc!r}") from exc
 
+    def _conditional(self, start: Callable[[], Any], deadline: float, what: str) -> None:
+        """A write conditional on a znode version: a lost race (the version moved, the znode
+        went) makes the whole operation go round again."""
+        try:
+            self._call(start, deadline, what)
+        except (BadVersionError, NoNodeError) as exc:
+            raise _Retry() from exc
+
     def _get_node(self, path: str, deadline: float) -> tuple[tuple[int, bytes, bytes] | None, Any] | None:
         """(decoded, stat) of ``path``, or None when the znode does not exist."""
         try:
@@ -296,6 +304,7 @@ class ZooKeeperMetadataStore:
         validate_expected(key, expected_version)
         value = validate_value(key, value)
         path = self._path(key)
+        where = f"znode {path} on {self.hosts}"
         write_id = os.urandom(8)
 
         def create(deadline: float) -> int:
@@ -318,51 +327,26 @@ class ZooKeeperMetadataStore:
             decoded, stat = found
             if decoded is None:
                 data = encode_key_node(value, stat.version + 1, write_id)
-                try:
-                    self._call(
-                        lambda: self._client.set_async(path, data, version=stat.version),
-                        deadline,
-                        f"set {path}",
-                    )
-                except (BadVersionError, NoNodeError) as exc:
-                    raise _Retry() from exc
+                self._conditional(lambda: self._client.set_async(path, data, version=stat.version), deadline,
+                                  f"set {path}")
                 return 0
             base, stored_id, _ = decoded
             if stored_id == write_id:
                 return stat.version - base
-            raise MetadataConflict(
-                f"metadata key {key!r} already exists at version {stat.version - base} "
-                f"(znode {path} on {self.hosts}); re-read it and retry with that version"
-            )
+            return next_version(key, stat.version - base, None, where)  # raises: the key exists
 
         def update(deadline: float) -> int:
             found = self._get_node(path, deadline)
-            decoded = found[0] if found is not None else None
-            if found is None or decoded is None:
-                raise MetadataConflict(
-                    f"metadata key {key!r} (znode {path} on {self.hosts}) is absent, expected "
-                    f"version {expected_version}; re-read it and retry"
-                )
-            stat = found[1]
-            base, stored_id, _ = decoded
+            if found is None or found[0] is None:
+                return next_version(key, None, expected_version, where)  # raises: the key is absent
+            (base, stored_id, _), stat = found
             if stored_id == write_id:
                 return stat.version - base
-            if stat.version - base != expected_version:
-                raise MetadataConflict(
-                    f"metadata key {key!r} (znode {path} on {self.hosts}) is at version "
-                    f"{stat.version - base}, expected {expected_version}; re-read it and retry"
-                )
-            try:
-                self._call(
-                    lambda: self._client.set_async(
-                        path, encode_key_node(value, base, write_id), version=stat.version
-                    ),
-                    deadline,
-                    f"set {path}",
-                )
-            except (BadVersionError, NoNodeError) as exc:
-                raise _Retry() from exc
-            return expected_version + 1
+            version = next_version(key, stat.version - base, expected_version, where)
+            data = encode_key_node(value, base, write_id)
+            self._conditional(lambda: self._client.set_async(path, data, version=stat.version), deadline,
+                              f"set {path}")
+            return version
 
         op = create if expected_version is None else update
         return self._run(op, f"write {path}", write=True)
@@ -375,35 +359,21 @@ class ZooKeeperMetadataStore:
 
         def op(deadline: float) -> None:
             found = self._get_node(path, deadline)
-            decoded = found[0] if found is not None else None
-            if found is None or decoded is None:
+            if found is None or found[0] is None:
                 if expected_version is None or attempted[0]:
                     return
-                raise MetadataConflict(
-                    f"cannot delete metadata key {key!r} (znode {path} on {self.hosts}): it is "
-                    f"absent, expected version {expected_version}; re-read it and retry"
-                )
-            stat = found[1]
-            base = decoded[0]
-            if expected_version is not None and stat.version - base != expected_version:
-                raise MetadataConflict(
-                    f"cannot delete metadata key {key!r} (znode {path} on {self.hosts}): it is at "
-                    f"version {stat.version - base}, expected {expected_version}; re-read it and retry"
-                )
+                check_delete(key, None, expected_version, f"znode {path} on {self.hosts}")  # raises
+                return
+            (base, _, _), stat = found
+            check_delete(key, stat.version - base, expected_version, f"znode {path} on {self.hosts}")
             attempted[0] = True
             try:
                 self._call(
                     lambda: self._client.delete_async(path, version=stat.version), deadline, f"delete {path}"
                 )
             except NotEmptyError:
-                try:
-                    self._call(
-                        lambda: self._client.set_async(path, b"", version=stat.version),
-                        deadline,
-                        f"clear {path}",
-                    )
-                except (BadVersionError, NoNodeError) as exc:
-                    raise _Retry() from exc
+                self._conditional(lambda: self._client.set_async(path, b"", version=stat.version), deadline,
+                                  f"clear {path}")
                 return
             except (BadVersionError, NoNodeError) as exc:
                 raise _Retry() from exc
