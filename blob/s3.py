@@ -300,18 +300,13 @@ class S3BlobStore:
         """Abort a failed upload; returns a note for the error message if even that failed."""
         try:
             self._client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
-        except ClientError as e:
-            if _error_code(e) == "NoSuchUpload":
+        except (ClientError, BotoCoreError) as e:
+            why = _error_code(e) if isinstance(e, ClientError) else type(e).__name__
+            if why == "NoSuchUpload":
                 return ""
             log.error("S3 abort of multipart upload %s of %s failed: %s", upload_id, self._where(key), e)
             return (
-                f" Aborting multipart upload {upload_id} also failed ({_error_code(e)}); no object was "
-                "created, but abort it by hand or set a bucket lifecycle rule AbortIncompleteMultipartUpload."
-            )
-        except BotoCoreError as e:
-            log.error("S3 abort of multipart upload %s of %s failed: %s", upload_id, self._where(key), e)
-            return (
-                f" Aborting multipart upload {upload_id} also failed ({type(e).__name__}); no object was "
+                f" Aborting multipart upload {upload_id} also failed ({why}); no object was "
                 "created, but abort it by hand or set a bucket lifecycle rule AbortIncompleteMultipartUpload."
             )
         return ""
