@@ -62,7 +62,7 @@ def _paths(directory: str) -> dict[str, str]:
     return {name: os.path.join(directory, name) for name in (SNAPSHOT_NAME, PARTIAL_NAME, JOURNAL_NAME, END_NAME)}
 
 
-def _restore_from_disk(directory: str):
+def _restore_from_disk(directory: str) -> RecoveryReport:
     paths = _paths(directory)
     return restore(_read(paths[SNAPSHOT_NAME]), _read(paths[PARTIAL_NAME]), _read(paths[JOURNAL_NAME]), paths,
                    _read(paths[END_NAME]))
@@ -79,11 +79,12 @@ def verify(path: str | os.PathLike[str]) -> list[str]:
         restored = _restore_from_disk(directory)
     except MetadataCorruption as exc:
         return [str(exc)]
-    if restored.torn is None:
+    if restored.torn_tail is None:
         return []
     journal_path = os.path.join(directory, JOURNAL_NAME)
-    return [f"{journal_path}: torn tail at offset {restored.torn.offset} ({restored.torn.length} bytes: "
-            f"{restored.torn.reason}); an unacknowledged write, open discards it"]
+    torn = restored.torn_tail
+    return [f"{journal_path}: torn tail at offset {torn.offset} ({torn.length} bytes: "
+            f"{torn.reason}); an unacknowledged write, open discards it"]
 
 
 def load_readonly(path: str | os.PathLike[str]) -> dict[str, Versioned]:
@@ -156,30 +157,22 @@ class JournalMetadataStore(MemoryMetadataStore):
             self._lock_fd = None
 
     def _recover(self) -> RecoveryReport:
-        report = RecoveryReport(directory=self.directory)
-        r = _restore_from_disk(self.directory)
+        report = _restore_from_disk(self.directory)
         for name in (JOURNAL_NEW_NAME, END_NEW_NAME):  # a reset or a close that crashed before its rename
             stale = os.path.join(self.directory, name)
             if os.path.exists(stale):
                 os.unlink(stale)
                 _fsync_dir(self.directory)
                 report.notes.append(f"deleted {stale}: written by a checkpoint or close that crashed before its rename")
-        if r.partial_action == "delete":
+        if report.partial_action == "delete":
             os.unlink(self.partial_path)
             _fsync_dir(self.directory)
-        elif r.partial_action == "rename":
+        elif report.partial_action == "rename":
             os.replace(self.partial_path, self.snapshot_path)
             _fsync_dir(self.directory)
-        self._data = r.state
-        report.snapshot_rule = r.rule
-        report.snapshot_txid = r.snapshot_txid
-        report.snapshot_keys = r.snapshot_keys
-        report.journal_entries_replayed, report.journal_entries_skipped = r.replayed, r.skipped
-        report.torn_tail = r.torn
-        report.notes += r.notes
-        self._next_txid = r.last_txid + 1
+        self._data = report.state
+        self._next_txid = report.last_txid + 1
         self._checkpoint_locked()
-        report.checkpoint_txid = r.last_txid
         return report
 
     def _install_journal(self, base: int) -> None:
