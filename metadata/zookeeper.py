@@ -172,11 +172,6 @@ class ZooKeeperMetadataStore:
         """
         return self._session_lost
 
-    @property
-    def connected(self) -> bool:
-        """True while the client has a live connection."""
-        return self._connected.is_set()
-
     def wait_connected(self, timeout: float) -> bool:
         """Block until the client has a live connection (True) or ``timeout`` passed (False)."""
         return self._connected.wait(timeout)
