@@ -105,6 +105,8 @@ class JournalMetadataStore(MemoryMetadataStore):
         checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES,
     ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
+        self.journal_path, self.snapshot_path, self.partial_path = (
+            os.path.join(self.directory, name) for name in (JOURNAL_NAME, SNAPSHOT_NAME, PARTIAL_NAME))
         self.checkpoint_bytes = checkpoint_bytes
         super().__init__()
         self._journal_fd: int | None = None
@@ -119,18 +121,6 @@ class JournalMetadataStore(MemoryMetadataStore):
         except BaseException:
             self._release()
             raise
-
-    @property
-    def journal_path(self) -> str:
-        return os.path.join(self.directory, JOURNAL_NAME)
-
-    @property
-    def snapshot_path(self) -> str:
-        return os.path.join(self.directory, SNAPSHOT_NAME)
-
-    @property
-    def partial_path(self) -> str:
-        return os.path.join(self.directory, PARTIAL_NAME)
 
     def _take_lock(self) -> int:
         lock_path = os.path.join(self.directory, LOCK_NAME)
