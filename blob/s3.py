@@ -9,6 +9,7 @@ or the completion fails, so no partial object and no dangling upload remain.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -277,16 +278,10 @@ class S3BlobStore:
 
         try:
             if self.multipart_concurrency == 1:
-                parts = [upload(n, off) for n, off in enumerate(offsets, start=1)]
-            else:
+                parts = list(map(upload, itertools.count(1), offsets))
+            else:  # Executor.map cancels the parts not yet started once one fails
                 with ThreadPoolExecutor(self.multipart_concurrency, thread_name_prefix="s3-part") as pool:
-                    futures = [pool.submit(upload, n, off) for n, off in enumerate(offsets, start=1)]
-                    try:
-                        parts = [f.result() for f in futures]
-                    except BaseException:
-                        for f in futures:
-                            f.cancel()
-                        raise
+                    parts = list(pool.map(upload, itertools.count(1), offsets))
             self._client.complete_multipart_upload(
                 Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload={"Parts": parts}
             )
