@@ -54,15 +54,8 @@ from sediment.errors import (
     MetadataError,
     MetadataUnavailable,
 )
+from sediment.metadata import validation as valid
 from sediment.metadata.protocol import Versioned
-from sediment.metadata.validation import (
-    check_delete,
-    next_version,
-    validate_expected,
-    validate_key,
-    validate_prefix,
-    validate_value,
-)
 
 KEY_NODE_TAG = 0x01
 _KEY_HEADER = struct.Struct(">BI8s")  # tag, base znode version, write id
@@ -191,7 +184,7 @@ class ZooKeeperMetadataStore:
         at once that another one took its partition, instead of at its next write. Returns
         a function that cancels the watch. ZooKeeper re-arms it after each change and after
         a reconnect."""
-        validate_key(key)
+        valid.validate_key(key)
         cancelled = threading.Event()
 
         def changed(_data: object, _stat: object, _event: object = None) -> bool:
@@ -282,7 +275,7 @@ class ZooKeeperMetadataStore:
     # --- the protocol ----------------------------------------------------------------------
 
     def get(self, key: str) -> Versioned | None:
-        validate_key(key)
+        valid.validate_key(key)
         path = self._path(key)
 
         def op(deadline: float) -> Versioned | None:
@@ -295,9 +288,9 @@ class ZooKeeperMetadataStore:
         return self._run(op, f"read {path}")
 
     def compare_and_set(self, key: str, value: bytes, expected_version: int | None) -> int:
-        validate_key(key)
-        validate_expected(key, expected_version)
-        value = validate_value(key, value)
+        valid.validate_key(key)
+        valid.validate_expected(key, expected_version)
+        value = valid.validate_value(key, value)
         path = self._path(key)
         where = f"znode {path} on {self.hosts}"
         write_id = os.urandom(8)
@@ -328,16 +321,16 @@ class ZooKeeperMetadataStore:
             base, stored_id, _ = decoded
             if stored_id == write_id:
                 return stat.version - base
-            return next_version(key, stat.version - base, None, where)  # raises: the key exists
+            return valid.next_version(key, stat.version - base, None, where)  # raises: the key exists
 
         def update(deadline: float) -> int:
             found = self._get_node(path, deadline)
             if found is None or found[0] is None:
-                return next_version(key, None, expected_version, where)  # raises: the key is absent
+                return valid.next_version(key, None, expected_version, where)  # raises: the key is absent
             (base, stored_id, _), stat = found
             if stored_id == write_id:
                 return stat.version - base
-            version = next_version(key, stat.version - base, expected_version, where)
+            version = valid.next_version(key, stat.version - base, expected_version, where)
             data = encode_key_node(value, base, write_id)
             self._conditional(lambda: self._client.set_async(path, data, version=stat.version), deadline,
                               f"set {path}")
@@ -347,8 +340,8 @@ class ZooKeeperMetadataStore:
         return self._run(op, f"write {path}", write=True)
 
     def delete(self, key: str, expected_version: int | None = None) -> None:
-        validate_key(key)
-        validate_expected(key, expected_version)
+        valid.validate_key(key)
+        valid.validate_expected(key, expected_version)
         path = self._path(key)
         attempted = [False]
 
@@ -357,10 +350,10 @@ class ZooKeeperMetadataStore:
             if found is None or found[0] is None:
                 if expected_version is None or attempted[0]:
                     return
-                check_delete(key, None, expected_version, f"znode {path} on {self.hosts}")  # raises
+                valid.check_delete(key, None, expected_version, f"znode {path} on {self.hosts}")  # raises
                 return
             (base, _, _), stat = found
-            check_delete(key, stat.version - base, expected_version, f"znode {path} on {self.hosts}")
+            valid.check_delete(key, stat.version - base, expected_version, f"znode {path} on {self.hosts}")
             attempted[0] = True
             try:
                 self._call(
@@ -394,7 +387,7 @@ class ZooKeeperMetadataStore:
             parent = parent.rsplit("/", 1)[0]
 
     def list(self, prefix: str) -> list[str]:
-        validate_prefix(prefix)
+        valid.validate_prefix(prefix)
         if "/" in prefix:
             directory, partial = prefix.rsplit("/", 1)
             start = self._path(directory)
