@@ -1,12 +1,13 @@
 """SIGKILLs during background compaction on the device ring, many seeds in parallel processes.
 
-Why: ``tests/engine/test_compaction.py::test_sigkill_during_compaction_loses_nothing`` fails
+Why: ``tests/engine/test_compaction.py::test_sigkill_during_compaction_loses_nothing`` failed
 now and then on the device ring under load (one append of the 2-row model missing after
-three SIGKILLs), never on the file log. This script runs the same scenario (the test's
-crasher: append, seal, ``set_since`` every 5th time, ``compact`` every 9th, background
-compaction every 10 ms; three rounds killed at a random point) for many seeds at once, so
-that the machine is loaded as the suite loads it, and reports each mismatch with the rounds'
-first and last acknowledged times and the times whose loss explains the difference.
+three SIGKILLs): a compaction pass could cut past a record whose ``on_durable`` callback had
+not run yet (docs/reliability.md, "Found and fixed"). This script runs the same scenario
+(the test's crasher: append, seal, ``set_since`` every 5th time, ``compact`` every 9th,
+background compaction every 10 ms; three rounds killed at a random point) for many seeds at
+once, so that the machine is loaded as the suite loads it, and reports each mismatch with
+the rounds' first and last acknowledged times and the times whose loss explains it.
 
     .venv/bin/python bench/device_compaction_kills.py --seeds 64 --jobs 8
     .venv/bin/python bench/device_compaction_kills.py --wal file     # the file log, same runs

@@ -184,7 +184,9 @@ class WriteAheadLog(Protocol):
     @property
     def finished_lsn(self) -> int:
         """Every record below this LSN lies in a finished segment: it will never move or
-        change, and the compacter may turn it into batches."""
+        change, and the compacter may turn it into batches. It never passes a record whose
+        ``on_durable`` callback has not returned: the compacter reads what the callbacks
+        applied, so a record counted as finished before its callback ran would be skipped."""
         ...
 
     def set_finish_listener(self, callback: Callable[[int], None] | None) -> None:

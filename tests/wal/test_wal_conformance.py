@@ -6,6 +6,7 @@ computed: the file and replicated logs number records, the ring uses byte offset
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from support.protocols import assert_takes_protocol_calls
@@ -182,6 +183,42 @@ def test_finish_segment_moves_finished_lsn_and_tells_the_listener(log):
     assert told.wait(10), "the finish listener was not called"
     assert heard[-1] == log.finished_lsn
     assert ours(log.scan()) == [fields(r) for r in appended]  # finishing adds no caller-visible record
+
+
+def test_finished_lsn_never_passes_a_record_whose_callback_has_not_returned(log):
+    """The compacter takes the records below ``finished_lsn`` from what the ``on_durable``
+    callbacks applied (and skips them when the log is replayed), so while a callback is held
+    a segment finished from another thread must not count its record as finished. The device
+    ring once did: its finishing record became durable in a later block and moved
+    ``finished_lsn`` before the earlier block's callback ran, and a compaction pass in that
+    window dropped an acknowledged append."""
+    entered, release = threading.Event(), threading.Event()
+    held = upd(1)
+
+    def on_durable(records) -> None:
+        entered.set()
+        release.wait(30)
+
+    ticket = log.submit([held], on_durable)
+    waiter = threading.Thread(target=ticket.wait)  # a waiter makes a queued group be written
+    waiter.start()
+    try:
+        assert entered.wait(10), "the callback was not called"
+        finisher = threading.Thread(target=log.finish_segment)
+        finisher.start()
+        deadline = time.monotonic() + 1.0  # the ring writes the finishing record in milliseconds
+        while time.monotonic() < deadline:
+            assert log.finished_lsn <= held.lsn, "a segment finished past a record whose callback is running"
+            if not finisher.is_alive():
+                break
+            finisher.join(0.01)
+    finally:
+        release.set()
+        waiter.join(10)
+    finisher.join(10)
+    assert not finisher.is_alive()
+    log.finish_segment()
+    assert log.finished_lsn > held.lsn
 
 
 class _Recorder:

@@ -277,8 +277,6 @@ class RingWriter:
                 b = inflight.popleft()
                 b.durable = True
                 self._durable_end = b.end
-                if b.frontiers_end >= 0:
-                    self.segments.finished = b.frontiers_end
                 if b.pooled and len(self._pool) < 2 * self.io_threads + 2:
                     self._pool.append(b.buf)
                 else:
@@ -305,14 +303,20 @@ class RingWriter:
                 batch, self._done_q = self._done_q, deque()
 
     def _announce(self, b: _Block) -> None:
+        """Run the block's callbacks; only then may a FRONTIERS record in it finish the
+        segment: the compacter takes records below ``finished_lsn`` from what the callbacks
+        applied, so a record it counts as finished must already have been applied."""
         for t in b.tickets:
             if t.on_durable is not None:
                 try:
                     t.on_durable(t.records)
                 except Exception:
                     _log.exception("%s: on_durable callback failed", self.path)
-        if b.frontiers_end >= 0 and self.segments.notify(b.frontiers_end):
-            self._checkpoint()
+        if b.frontiers_end >= 0:
+            with self._lock:
+                self.segments.finished = max(self.segments.finished, b.frontiers_end)
+            if self.segments.notify(b.frontiers_end):
+                self._checkpoint()
         b.flag.set()
 
     def _checkpoint(self) -> None:
