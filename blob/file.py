@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from sediment._fs import fsync_dir as _fsync_dir
-from sediment._fs import makedirs_durable
+from sediment._fs import makedirs_durable, write_all
 from sediment.errors import BlobAlreadyExists, BlobError, BlobNotFound
 
 from .keys import TEMP_SUFFIX, open_key, validate_range
@@ -58,32 +58,21 @@ class FileBlobStore:
 
     def _ensure_parent(self, path: Path, key: str) -> None:
         """Create missing parent directories, fsyncing each new entry's parent for durability."""
-        missing: list[Path] = []
-        parent = path.parent
-        while parent != self.root and not parent.is_dir():
-            missing.append(parent)
-            parent = parent.parent
         with self._mkdir_lock:
-            for d in reversed(missing):
-                try:
-                    d.mkdir()
-                except FileExistsError:
-                    if not d.is_dir():
-                        raise BlobError(
-                            f"cannot store {self._where(key)}: {str(d)!r} is an object, not a directory "
-                            "(the file store cannot hold both 'a' and 'a/b'); choose another key"
-                        ) from None
-                    continue
-                _fsync_dir(d.parent)
+            try:
+                makedirs_durable(path.parent)
+            except FileExistsError as e:
+                raise BlobError(
+                    f"cannot store {self._where(key)}: {e.filename!r} is an object, not a directory "
+                    "(the file store cannot hold both 'a' and 'a/b'); choose another key"
+                ) from None
 
     def _write_temp(self, path: Path, key: str, data: bytes) -> Path:
         self._ensure_parent(path, key)
         tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             os.fsync(fd)
         except BaseException:
             os.close(fd)

@@ -9,6 +9,7 @@ or the completion fails, so no partial object and no dangling upload remain.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -277,16 +278,10 @@ class S3BlobStore:
 
         try:
             if self.multipart_concurrency == 1:
-                parts = [upload(n, off) for n, off in enumerate(offsets, start=1)]
-            else:
+                parts = list(map(upload, itertools.count(1), offsets))
+            else:  # Executor.map cancels the parts not yet started once one fails
                 with ThreadPoolExecutor(self.multipart_concurrency, thread_name_prefix="s3-part") as pool:
-                    futures = [pool.submit(upload, n, off) for n, off in enumerate(offsets, start=1)]
-                    try:
-                        parts = [f.result() for f in futures]
-                    except BaseException:
-                        for f in futures:
-                            f.cancel()
-                        raise
+                    parts = list(pool.map(upload, itertools.count(1), offsets))
             self._client.complete_multipart_upload(
                 Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload={"Parts": parts}
             )
@@ -300,18 +295,13 @@ class S3BlobStore:
         """Abort a failed upload; returns a note for the error message if even that failed."""
         try:
             self._client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
-        except ClientError as e:
-            if _error_code(e) == "NoSuchUpload":
+        except (ClientError, BotoCoreError) as e:
+            why = _error_code(e) if isinstance(e, ClientError) else type(e).__name__
+            if why == "NoSuchUpload":
                 return ""
             log.error("S3 abort of multipart upload %s of %s failed: %s", upload_id, self._where(key), e)
             return (
-                f" Aborting multipart upload {upload_id} also failed ({_error_code(e)}); no object was "
-                "created, but abort it by hand or set a bucket lifecycle rule AbortIncompleteMultipartUpload."
-            )
-        except BotoCoreError as e:
-            log.error("S3 abort of multipart upload %s of %s failed: %s", upload_id, self._where(key), e)
-            return (
-                f" Aborting multipart upload {upload_id} also failed ({type(e).__name__}); no object was "
+                f" Aborting multipart upload {upload_id} also failed ({why}); no object was "
                 "created, but abort it by hand or set a bucket lifecycle rule AbortIncompleteMultipartUpload."
             )
         return ""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sediment._fs import fsync_dir
+from sediment._fs import replace_durably
 from sediment.engine.data_dir import DataDir
 from sediment.engine.verify import VerifyReport, relation_names, verify_data_dir
 from sediment.errors import RepairRefused
@@ -67,10 +67,6 @@ def repair_data_dir(data_dir: str, open_engine: Callable[[], object], *, force: 
         for ext, text in (("json", json.dumps(doc, indent=2, sort_keys=True) + "\n"),
                           ("txt", "".join(f"{line}\n" for line in result.lines))):
             path = os.path.join(data_dir, f"repair-{stamp}.{ext}")
-            with open(path, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+            replace_durably(path, text.encode())
             result.report_paths.append(path)
-        fsync_dir(data_dir)
     return result

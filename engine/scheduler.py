@@ -18,6 +18,7 @@ The loop runs on the clock passed in (:mod:`sediment.clock`: tests pass ``Manual
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -156,10 +157,8 @@ class Scheduler:
         token = self._token
         if token is None or self._stopping:
             return
-        try:
+        with contextlib.suppress(trio.RunFinishedError):
             token.run_sync_soon(fn)
-        except trio.RunFinishedError:
-            pass
 
     def stop(self) -> None:
         """Finish the steps under way (if any) and stop; idempotent."""
@@ -169,9 +168,7 @@ class Scheduler:
             self._stopping = True
         token = self._token
         if token is not None:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(lambda: self._wake.set())
-            except trio.RunFinishedError:
-                pass
         if self._thread is not threading.current_thread():
             self._thread.join()

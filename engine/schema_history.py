@@ -14,21 +14,13 @@ current version.
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from sediment.arrow_codec import schema_from_text, schema_to_text, table_from_text, table_to_text
 from sediment.trace.evolve import Layout, field_id, with_id
-
-
-def _b64_schema(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
-def _schema_b64(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,25 +69,22 @@ class SchemaHistory:
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "next_field_id": self.next_field_id,
-            "versions": [{"version": v, "schema": _b64_schema(cols)} for v, cols in self.versions],
+            "versions": [{"version": v, "schema": schema_to_text(cols)} for v, cols in self.versions],
         }
         if self.defaults:
             names = [str(fid) for fid in self.defaults]
-            batch = pa.RecordBatch.from_arrays([pa.array([s.as_py()], s.type) for s in self.defaults.values()], names)
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, batch.schema) as w:
-                w.write_batch(batch)
-            doc["defaults"] = base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
+            doc["defaults"] = table_to_text(pa.table([pa.array([s.as_py()], s.type) for s in self.defaults.values()],
+                                                     names=names))
         return doc
 
     @staticmethod
     def from_json(doc: dict[str, Any]) -> SchemaHistory:
-        versions = tuple((int(v["version"]), _schema_b64(v["schema"])) for v in doc["versions"])
+        versions = tuple((int(v["version"]), schema_from_text(v["schema"])) for v in doc["versions"])
         if not versions or any(field_id(f) is None for _v, cols in versions for f in cols):
             raise ValueError("schema history without versions or with a column lacking a field id")
         defaults: dict[int, pa.Scalar] = {}
         if doc.get("defaults"):
-            table = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(doc["defaults"]))).read_all()
+            table = table_from_text(doc["defaults"])
             defaults = {int(name): table.column(name)[0] for name in table.column_names}
         return SchemaHistory(versions, int(doc["next_field_id"]), defaults)
 

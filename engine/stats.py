@@ -7,6 +7,7 @@ directory, so a scrape every few seconds costs next to nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -48,10 +49,8 @@ def _wal_files(log: Any) -> tuple[int | None, int | None, int | None]:
             if entry.name.endswith((".seg", ".idx", ".recycled")):
                 segments += entry.name.endswith(".seg")
                 kept += entry.name.endswith(".recycled")
-                try:
+                with contextlib.suppress(FileNotFoundError):  # trimmed meanwhile
                     size += entry.stat().st_blocks * 512  # allocated, not apparent: segments are preallocated
-                except FileNotFoundError:  # trimmed meanwhile
-                    pass
     return segments, size, kept
 
 

@@ -10,6 +10,7 @@ than silently opening an empty log or store. The record is written once the open
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -129,10 +130,8 @@ class Storage:
         """Release whatever was opened (idempotent for the lock)."""
         for closer in (self.log, self.meta, self.blobs):
             if closer is not None:
-                try:
+                with contextlib.suppress(Exception):  # keep releasing the rest
                     closer.close()
-                except Exception:  # noqa: BLE001 - keep releasing the rest
-                    pass
         if self.lock_fd is not None:
             os.close(self.lock_fd)
             self.lock_fd = None

@@ -88,21 +88,22 @@ def verify_wal(directory: str, report: VerifyReport, *, expected: bool = True, r
         return
     for pid in sorted(set(ctl.partitions if ctl else []) | set(wal_partitions(directory))):
         pdir = os.path.join(directory, str(pid))
+        found = problems if pid == 0 else report.problems  # open's own refusal already names partition 0's
         rebuilt = False
         try:
             manifest = mf.read(directory, pid)
             report.checked.append(os.path.join(directory, mf.manifest_name(pid)))
         except SedimentError as exc:
-            (problems if pid == 0 else report.problems).append(str(exc))
+            found.append(str(exc))
             if not repair or ctl is None:
                 continue
             manifest, rebuilt = mf.Manifest(ctl.header.cluster_key, pid), True
         if ctl is not None and manifest.cluster_key != ctl.header.cluster_key:
-            (problems if pid == 0 else report.problems).append(f"{os.path.join(directory, mf.manifest_name(pid))}: offset 8: manifest belongs to "
-                                   f"cluster {manifest.cluster_key}, control file to {ctl.header.cluster_key}")
+            found.append(f"{os.path.join(directory, mf.manifest_name(pid))}: offset 8: manifest belongs to "
+                         f"cluster {manifest.cluster_key}, control file to {ctl.header.cluster_key}")
             continue
         if ctl is not None and pid not in ctl.partitions:
-            (problems if pid == 0 else report.problems).append(f"{ctl.path}: partition {pid} has a log but is not in the control file")
+            found.append(f"{ctl.path}: partition {pid} has a log but is not in the control file")
         firsts, _ = lr.list_segments(pdir)
         if rebuilt and firsts:
             manifest.start_lsn = firsts[0]
@@ -151,18 +152,6 @@ def verify_device(path: str, report: VerifyReport) -> None:
         report.notes.append(f"{path}: one ring header copy is damaged; the other is used (rewritten at open)")
     for where, off, cut, why in found.recovered.torn_tails:
         report.notes.append(f"{where}: logical offset {off}: {why} ({cut} bytes cut at open)")
-
-
-def verify_traces(data_dir: str, blob: str | None, s3_endpoint: str | None, report: VerifyReport) -> None:
-    """The traces of a local data directory's metadata (see :func:`verify_trace_batches`)."""
-    from sediment.metadata.journal import load_readonly
-
-    try:
-        meta = load_readonly(DataDir(data_dir).meta)
-    except SedimentError as exc:
-        report.problems.append(str(exc))
-        return
-    verify_trace_batches(meta, blob or DataDir(data_dir).default_blob_uri, s3_endpoint, report)
 
 
 def verify_trace_batches(meta: dict, uri: str, s3_endpoint: str | None, report: VerifyReport) -> None:
@@ -215,41 +204,41 @@ def _verify_owner(meta: dict, blobs, uri: str, report: VerifyReport) -> None:
                                "the engine refuses to open it (see --take-over-blob-prefix)")
 
 
-def _check_wal_through(meta_dir: str, report: VerifyReport) -> None:
-    """Open's check that the log reaches every trace's ``wal_through`` (data_dir.traces_past_log)."""
+def _read_meta(meta_dir: str) -> tuple[dict | None, SedimentError | None]:
+    """The local metadata as an open would restore it (None without a directory), or why it cannot be read."""
     from sediment.metadata.journal import load_readonly
 
-    if report.wal_end is None:
-        return
+    if not os.path.isdir(meta_dir):
+        return None, None
     try:
-        meta = load_readonly(meta_dir)
-    except SedimentError:
-        return
-    report.problems += [str(p) for p in traces_past_log(os.path.dirname(meta_dir), report.wal_end, trace_ends(meta))]
+        return load_readonly(meta_dir), None
+    except SedimentError as exc:
+        return None, exc
 
 
-def relation_names(meta_dir: str) -> dict[int, str]:
-    """Relation id -> name from the catalog in the metadata (empty when it cannot be read)."""
+def relation_names(meta_dir: str, meta: dict | None = None) -> dict[int, str]:
+    """Relation id -> name from the catalog in the metadata (``meta``, else read from ``meta_dir``;
+    empty when it cannot be read)."""
     from sediment.engine.catalog import RELATIONS, RelationEntry
-    from sediment.metadata.journal import load_readonly
 
+    meta = meta if meta is not None else _read_meta(meta_dir)[0]
     try:
-        meta = load_readonly(meta_dir) if os.path.isdir(meta_dir) else {}
-        entries = [RelationEntry.decode(v.value, v.version, k) for k, v in meta.items() if k.startswith(RELATIONS)]
+        entries = [RelationEntry.decode(v.value, v.version, k) for k, v in (meta or {}).items()
+                   if k.startswith(RELATIONS)]
     except SedimentError:
         return {}
     return {e.id: e.name for e in entries}
 
 
-def _recorded_wal(meta_dir: str) -> tuple[WalSpec, bool]:
+def _recorded_wal(meta: dict | None, unreadable: SedimentError | None) -> tuple[WalSpec, bool]:
     """The WAL this data directory was created with (its storage record), and whether one is recorded."""
-    from sediment.metadata.journal import load_readonly
-
     try:
-        recorded, _version = read_storage_record(load_readonly(meta_dir)) if os.path.isdir(meta_dir) else (None, None)
+        recorded = read_storage_record(meta)[0] if meta is not None else None
     except SedimentError:
         return parse_wal(None), True
-    return (recorded.wal_spec, True) if recorded is not None else (parse_wal(None), False)
+    if recorded is None:
+        return parse_wal(None), unreadable is not None
+    return recorded.wal_spec, True
 
 
 def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str | None = None,
@@ -261,21 +250,25 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
         report.problems.append(f"{data_dir}: no such data directory")
         return report
     paths = DataDir(data_dir)
-    meta = paths.meta
-    wal, recorded = _recorded_wal(meta)
+    meta, unreadable = _read_meta(paths.meta)
+    wal, recorded = _recorded_wal(meta, unreadable)
     missing = paths.meta_missing()
     if missing is not None:
         report.problems.append(str(missing))
     if wal.kind == "device":
         verify_device(wal.location, report)
     else:
-        verify_wal(paths.wal, report, expected=recorded, repair=repair, names=relation_names(meta))
-    if os.path.isdir(meta):
+        verify_wal(paths.wal, report, expected=recorded, repair=repair, names=relation_names(paths.meta, meta))
+    if os.path.isdir(paths.meta):
         from sediment.metadata.journal import verify as verify_journal
 
-        for line in verify_journal(meta):
+        for line in verify_journal(paths.meta):
             (report.notes if "torn tail" in line else report.problems).append(line)
-        report.checked.append(meta)
-        verify_traces(data_dir, blob, s3_endpoint, report)
-        _check_wal_through(meta, report)
+        report.checked.append(paths.meta)
+        if meta is None:
+            report.problems.append(str(unreadable))
+            return report
+        verify_trace_batches(meta, blob or paths.default_blob_uri, s3_endpoint, report)
+        if report.wal_end is not None:  # open's check that the log reaches every trace's wal_through
+            report.problems += [str(p) for p in traces_past_log(data_dir, report.wal_end, trace_ends(meta))]
     return report

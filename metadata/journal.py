@@ -17,11 +17,12 @@ appended after a torn tail. Byte layouts are in docs/formats.md ("Metadata store
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 
 from sediment._fs import fsync_dir as _fsync_dir
-from sediment._fs import makedirs_durable
+from sediment._fs import makedirs_durable, replace_durably, write_all
 from sediment.errors import (
     DataDirLocked,
     MetadataCorruption,
@@ -61,7 +62,7 @@ def _paths(directory: str) -> dict[str, str]:
     return {name: os.path.join(directory, name) for name in (SNAPSHOT_NAME, PARTIAL_NAME, JOURNAL_NAME, END_NAME)}
 
 
-def _restore_from_disk(directory: str):
+def _restore_from_disk(directory: str) -> RecoveryReport:
     paths = _paths(directory)
     return restore(_read(paths[SNAPSHOT_NAME]), _read(paths[PARTIAL_NAME]), _read(paths[JOURNAL_NAME]), paths,
                    _read(paths[END_NAME]))
@@ -78,11 +79,12 @@ def verify(path: str | os.PathLike[str]) -> list[str]:
         restored = _restore_from_disk(directory)
     except MetadataCorruption as exc:
         return [str(exc)]
-    if restored.torn is None:
+    if restored.torn_tail is None:
         return []
     journal_path = os.path.join(directory, JOURNAL_NAME)
-    return [f"{journal_path}: torn tail at offset {restored.torn.offset} ({restored.torn.length} bytes: "
-            f"{restored.torn.reason}); an unacknowledged write, open discards it"]
+    torn = restored.torn_tail
+    return [f"{journal_path}: torn tail at offset {torn.offset} ({torn.length} bytes: "
+            f"{torn.reason}); an unacknowledged write, open discards it"]
 
 
 def load_readonly(path: str | os.PathLike[str]) -> dict[str, Versioned]:
@@ -103,6 +105,8 @@ class JournalMetadataStore(MemoryMetadataStore):
         checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES,
     ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
+        self.journal_path, self.snapshot_path, self.partial_path = (
+            os.path.join(self.directory, name) for name in (JOURNAL_NAME, SNAPSHOT_NAME, PARTIAL_NAME))
         self.checkpoint_bytes = checkpoint_bytes
         super().__init__()
         self._journal_fd: int | None = None
@@ -117,18 +121,6 @@ class JournalMetadataStore(MemoryMetadataStore):
         except BaseException:
             self._release()
             raise
-
-    @property
-    def journal_path(self) -> str:
-        return os.path.join(self.directory, JOURNAL_NAME)
-
-    @property
-    def snapshot_path(self) -> str:
-        return os.path.join(self.directory, SNAPSHOT_NAME)
-
-    @property
-    def partial_path(self) -> str:
-        return os.path.join(self.directory, PARTIAL_NAME)
 
     def _take_lock(self) -> int:
         lock_path = os.path.join(self.directory, LOCK_NAME)
@@ -155,30 +147,22 @@ class JournalMetadataStore(MemoryMetadataStore):
             self._lock_fd = None
 
     def _recover(self) -> RecoveryReport:
-        report = RecoveryReport(directory=self.directory)
-        r = _restore_from_disk(self.directory)
+        report = _restore_from_disk(self.directory)
         for name in (JOURNAL_NEW_NAME, END_NEW_NAME):  # a reset or a close that crashed before its rename
             stale = os.path.join(self.directory, name)
             if os.path.exists(stale):
                 os.unlink(stale)
                 _fsync_dir(self.directory)
                 report.notes.append(f"deleted {stale}: written by a checkpoint or close that crashed before its rename")
-        if r.partial_action == "delete":
+        if report.partial_action == "delete":
             os.unlink(self.partial_path)
             _fsync_dir(self.directory)
-        elif r.partial_action == "rename":
+        elif report.partial_action == "rename":
             os.replace(self.partial_path, self.snapshot_path)
             _fsync_dir(self.directory)
-        self._data = r.state
-        report.snapshot_rule = r.rule
-        report.snapshot_txid = r.snapshot_txid
-        report.snapshot_keys = r.snapshot_keys
-        report.journal_entries_replayed, report.journal_entries_skipped = r.replayed, r.skipped
-        report.torn_tail = r.torn
-        report.notes += r.notes
-        self._next_txid = r.last_txid + 1
+        self._data = report.state
+        self._next_txid = report.last_txid + 1
         self._checkpoint_locked()
-        report.checkpoint_txid = r.last_txid
         return report
 
     def _install_journal(self, base: int) -> None:
@@ -188,7 +172,7 @@ class JournalMetadataStore(MemoryMetadataStore):
         fd = os.open(new_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         try:
             header = journal_header(base)
-            _write_all(fd, header)
+            write_all(fd, header)
             os.fsync(fd)
             os.replace(new_path, self.journal_path)
             _fsync_dir(self.directory)
@@ -206,15 +190,7 @@ class JournalMetadataStore(MemoryMetadataStore):
         fresh = not os.path.exists(self.journal_path)
         if fresh:  # the first journal exists before the first snapshot, so a snapshot proves one
             self._install_journal(base)
-        data = encode_snapshot(base, self._data)
-        fd = os.open(self.partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(self.partial_path, self.snapshot_path)
-        _fsync_dir(self.directory)
+        replace_durably(self.snapshot_path, encode_snapshot(base, self._data), tmp=self.partial_path)
         if not fresh:
             self._install_journal(base)
 
@@ -254,14 +230,12 @@ class JournalMetadataStore(MemoryMetadataStore):
         assert fd is not None
         offset = self._journal_size
         try:
-            _write_all(fd, entry)
+            write_all(fd, entry)
             os.fdatasync(fd)
         except OSError as exc:
             self._failed = f"append at {self.journal_path} offset {offset} failed: {exc}"
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(fd, offset)
-            except OSError:
-                pass
             raise MetadataError(
                 f"metadata journal write failed: {self.journal_path} at offset {offset}: {exc}; "
                 "the change was not applied, fix the disk and reopen the store"
@@ -283,15 +257,8 @@ class JournalMetadataStore(MemoryMetadataStore):
         if self._journal_fd is None or self._failed is not None:
             return
         end = JournalEnd(self._journal_base, self._next_txid - 1, self._journal_size)
-        tmp = os.path.join(self.directory, END_NEW_NAME)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, end.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, os.path.join(self.directory, END_NAME))
-        _fsync_dir(self.directory)
+        replace_durably(os.path.join(self.directory, END_NAME), end.encode(),
+                        tmp=os.path.join(self.directory, END_NEW_NAME))
 
     def close(self) -> None:
         with self._lock:
@@ -310,10 +277,3 @@ class JournalMetadataStore(MemoryMetadataStore):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]

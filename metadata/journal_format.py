@@ -70,21 +70,6 @@ class TornTail:
     reason: str
 
 
-@dataclass
-class RecoveryReport:
-    """What opening the store found, for ``sediment verify`` and logs."""
-
-    directory: str
-    snapshot_rule: str = ""
-    snapshot_txid: int = 0
-    snapshot_keys: int = 0
-    journal_entries_replayed: int = 0
-    journal_entries_skipped: int = 0
-    torn_tail: TornTail | None = None
-    checkpoint_txid: int = 0
-    notes: list[str] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class _Entry:
     txid: int
@@ -326,19 +311,25 @@ def _replay(
 
 
 @dataclass
-class Restored:
-    """What an open yields from the three files' bytes (see :func:`restore`)."""
+class RecoveryReport:
+    """What an open restores from the three files' bytes (see :func:`restore`), kept by the
+    store for ``sediment verify`` and logs. ``state`` is the restored map, which the store
+    then owns and changes."""
 
-    state: dict[str, Versioned]
-    last_txid: int
-    snapshot_txid: int
-    rule: str
+    state: dict[str, Versioned] = field(default_factory=dict, repr=False)
+    last_txid: int = 0  # where the open checkpoints
+    snapshot_txid: int = 0
+    snapshot_rule: str = ""
     snapshot_keys: int = 0
     partial_action: str | None = None  # "delete" or "rename": what open does to snapshot.partial
-    torn: TornTail | None = None
-    replayed: int = 0
-    skipped: int = 0
+    torn_tail: TornTail | None = None
+    journal_entries_replayed: int = 0
+    journal_entries_skipped: int = 0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def checkpoint_txid(self) -> int:
+        return self.last_txid
 
 
 @dataclass(frozen=True)
@@ -391,35 +382,35 @@ def check_end(end: JournalEnd | None, base: int | None, last_txid: int, valid_le
 
 
 def restore(snap: bytes | None, partial: bytes | None, journal: bytes | None, paths: dict[str, str],
-            end: bytes | None = None) -> Restored:
+            end: bytes | None = None) -> RecoveryReport:
     """The store's contents from the bytes of ``snapshot``, ``snapshot.partial`` and
     ``journal`` (None: file absent), applying NiFi's restore rules and the cross-checks
     between the files, and the journal's recorded durable end (``journal.end``, None:
     absent). ``paths`` maps each file name to its path (for messages). Raises
     MetadataCorruption naming the file when acknowledged writes may be missing."""
     snap_path, partial_path, journal_path = paths[SNAPSHOT_NAME], paths[PARTIAL_NAME], paths[JOURNAL_NAME]
-    out = Restored({}, 0, 0, "")
+    out = RecoveryReport()
     source = snap_path
     if snap is None and partial is None:
-        out.rule = "no snapshot: restoring from the journal alone"
+        out.snapshot_rule = "no snapshot: restoring from the journal alone"
     elif snap is not None and partial is None:
-        out.rule = "snapshot only: restored from it"
+        out.snapshot_rule = "snapshot only: restored from it"
     elif snap is not None:
         out.partial_action = "delete"
-        out.rule = "snapshot and .partial: crash during checkpoint, .partial deleted"
+        out.snapshot_rule = "snapshot and .partial: crash during checkpoint, .partial deleted"
     else:
         assert partial is not None
         try:
             _decode_snapshot(partial, partial_path)
         except MetadataCorruption as exc:
             out.partial_action = "delete"
-            out.rule = (".partial only and incomplete: first checkpoint crashed, .partial deleted, "
+            out.snapshot_rule = (".partial only and incomplete: first checkpoint crashed, .partial deleted, "
                         "restoring from the journal")
             out.notes.append(str(exc))
         else:
             out.partial_action = "rename"
             snap, source = partial, partial_path
-            out.rule = ".partial only: renamed to snapshot"
+            out.snapshot_rule = ".partial only: renamed to snapshot"
     if snap is not None:
         out.snapshot_txid, out.state = _decode_snapshot(snap, source)
         out.snapshot_keys = len(out.state)
@@ -455,12 +446,12 @@ def restore(snap: bytes | None, partial: bytes | None, journal: bytes | None, pa
             raise _corruption(journal_path, scan.entries[0].offset,
                               f"first entry has transaction id {scan.entries[0].txid} but the header says the "
                               f"journal follows {scan.base}: entries are missing")
-    out.last_txid, out.replayed, out.skipped = _replay(scan.entries, out.snapshot_txid, out.state, journal_path)
+    out.last_txid, out.journal_entries_replayed, out.journal_entries_skipped = _replay(scan.entries, out.snapshot_txid, out.state, journal_path)
     if end is not None:
         end_path = paths.get(END_NAME, END_NAME)
         check_end(JournalEnd.decode(end, end_path), scan.base, out.last_txid,
                   scan.torn.offset if scan.torn is not None else len(journal), journal_path, end_path)
-    out.torn = scan.torn
+    out.torn_tail = scan.torn
     if scan.torn is not None:
         out.notes.append(f"discarded torn tail of {journal_path} at offset {scan.torn.offset} "
                          f"({scan.torn.length} bytes): {scan.torn.reason}")

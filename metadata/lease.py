@@ -13,6 +13,7 @@ the lease: use the lease to decide who *should* serve, and the log's claim to ma
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Protocol
 
@@ -82,8 +83,6 @@ class Lease:
     def release(self) -> None:
         """Give the lease up now (others need not wait out the lease time)."""
         if self._version is not None:
-            try:
+            with contextlib.suppress(MetadataConflict):
                 self.store.delete(self.key, self._version)
-            except MetadataConflict:
-                pass
             self._version = None

@@ -29,6 +29,17 @@ def _check_chars(text: str, what: str) -> None:
             )
 
 
+def _check_relative(text: str, what: str, segments: list[str]) -> None:
+    """The rules a key and a prefix share: printable, relative, no empty, '.' or '..' segment."""
+    _check_chars(text, what)
+    if text.startswith("/"):
+        raise InvalidMetadataRequest(f"metadata {what} {text!r} starts with '/'; keys and prefixes are relative "
+                                     "paths like 'trace/17'")
+    if any(segment in ("", ".", "..") for segment in segments):
+        raise InvalidMetadataRequest(f"metadata {what} {text!r} has an empty, '.' or '..' segment; keys are "
+                                     "'/'-separated names like 'catalog/relations/orders'")
+
+
 def validate_key(key: str) -> str:
     """Check ``key`` is a relative ``/``-separated path and return it.
 
@@ -41,17 +52,7 @@ def validate_key(key: str) -> str:
         raise InvalidMetadataRequest(
             f"metadata key {key[:64]!r}... is longer than {MAX_KEY_BYTES} bytes; use a shorter key"
         )
-    _check_chars(key, "key")
-    if key.startswith("/"):
-        raise InvalidMetadataRequest(
-            f"metadata key {key!r} starts with '/'; keys are relative paths like 'trace/17'"
-        )
-    for segment in key.split("/"):
-        if segment in ("", ".", ".."):
-            raise InvalidMetadataRequest(
-                f"metadata key {key!r} has an empty, '.' or '..' segment; "
-                "keys are '/'-separated names like 'catalog/relations/orders'"
-            )
+    _check_relative(key, "key", key.split("/"))
     return key
 
 
@@ -61,14 +62,7 @@ def validate_prefix(prefix: str) -> str:
         raise InvalidMetadataRequest(f"metadata prefix must be a str, got {prefix!r}")
     if not prefix:
         return prefix
-    _check_chars(prefix, "prefix")
-    if prefix.startswith("/"):
-        raise InvalidMetadataRequest(
-            f"metadata prefix {prefix!r} starts with '/'; prefixes are relative like 'trace/'"
-        )
-    for segment in prefix.split("/")[:-1]:
-        if segment in ("", ".", ".."):
-            raise InvalidMetadataRequest(f"metadata prefix {prefix!r} has an empty, '.' or '..' segment")
+    _check_relative(prefix, "prefix", prefix.split("/")[:-1])
     return prefix
 
 

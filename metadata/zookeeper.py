@@ -23,6 +23,7 @@ docs/formats.md ("Metadata store formats").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -49,18 +50,12 @@ from kazoo.retry import KazooRetry
 from sediment.errors import (
     EngineClosed,
     InvalidMetadataRequest,
-    MetadataConflict,
     MetadataCorruption,
     MetadataError,
     MetadataUnavailable,
 )
+from sediment.metadata import validation as valid
 from sediment.metadata.protocol import Versioned
-from sediment.metadata.validation import (
-    validate_expected,
-    validate_key,
-    validate_prefix,
-    validate_value,
-)
 
 KEY_NODE_TAG = 0x01
 _KEY_HEADER = struct.Struct(">BI8s")  # tag, base znode version, write id
@@ -157,10 +152,8 @@ class ZooKeeperMetadataStore:
         if state == KazooState.LOST and not self._closed:
             self._session_lost = True
             for callback in list(self._lost_callbacks):
-                try:
+                with contextlib.suppress(Exception):
                     callback()
-                except Exception:
-                    pass
 
     @property
     def session_lost(self) -> bool:
@@ -171,11 +164,6 @@ class ZooKeeperMetadataStore:
         coordinator) must be re-established: the replication layer fences on this.
         """
         return self._session_lost
-
-    @property
-    def connected(self) -> bool:
-        """True while the client has a live connection."""
-        return self._connected.is_set()
 
     def wait_connected(self, timeout: float) -> bool:
         """Block until the client has a live connection (True) or ``timeout`` passed (False)."""
@@ -196,7 +184,7 @@ class ZooKeeperMetadataStore:
         at once that another one took its partition, instead of at its next write. Returns
         a function that cancels the watch. ZooKeeper re-arms it after each change and after
         a reconnect."""
-        validate_key(key)
+        valid.validate_key(key)
         cancelled = threading.Event()
 
         def changed(_data: object, _stat: object, _event: object = None) -> bool:
@@ -268,6 +256,14 @@ class ZooKeeperMetadataStore:
             except KazooException as exc:
                 raise MetadataError(f"ZooKeeper at {self.hosts} refused to {what}: {exc!r}") from exc
 
+    def _conditional(self, start: Callable[[], Any], deadline: float, what: str) -> None:
+        """A write conditional on a znode version: a lost race (the version moved, the znode
+        went) makes the whole operation go round again."""
+        try:
+            self._call(start, deadline, what)
+        except (BadVersionError, NoNodeError) as exc:
+            raise _Retry() from exc
+
     def _get_node(self, path: str, deadline: float) -> tuple[tuple[int, bytes, bytes] | None, Any] | None:
         """(decoded, stat) of ``path``, or None when the znode does not exist."""
         try:
@@ -279,7 +275,7 @@ class ZooKeeperMetadataStore:
     # --- the protocol ----------------------------------------------------------------------
 
     def get(self, key: str) -> Versioned | None:
-        validate_key(key)
+        valid.validate_key(key)
         path = self._path(key)
 
         def op(deadline: float) -> Versioned | None:
@@ -292,10 +288,11 @@ class ZooKeeperMetadataStore:
         return self._run(op, f"read {path}")
 
     def compare_and_set(self, key: str, value: bytes, expected_version: int | None) -> int:
-        validate_key(key)
-        validate_expected(key, expected_version)
-        value = validate_value(key, value)
+        valid.validate_key(key)
+        valid.validate_expected(key, expected_version)
+        value = valid.validate_value(key, value)
         path = self._path(key)
+        where = f"znode {path} on {self.hosts}"
         write_id = os.urandom(8)
 
         def create(deadline: float) -> int:
@@ -318,92 +315,53 @@ class ZooKeeperMetadataStore:
             decoded, stat = found
             if decoded is None:
                 data = encode_key_node(value, stat.version + 1, write_id)
-                try:
-                    self._call(
-                        lambda: self._client.set_async(path, data, version=stat.version),
-                        deadline,
-                        f"set {path}",
-                    )
-                except (BadVersionError, NoNodeError) as exc:
-                    raise _Retry() from exc
+                self._conditional(lambda: self._client.set_async(path, data, version=stat.version), deadline,
+                                  f"set {path}")
                 return 0
             base, stored_id, _ = decoded
             if stored_id == write_id:
                 return stat.version - base
-            raise MetadataConflict(
-                f"metadata key {key!r} already exists at version {stat.version - base} "
-                f"(znode {path} on {self.hosts}); re-read it and retry with that version"
-            )
+            return valid.next_version(key, stat.version - base, None, where)  # raises: the key exists
 
         def update(deadline: float) -> int:
             found = self._get_node(path, deadline)
-            decoded = found[0] if found is not None else None
-            if found is None or decoded is None:
-                raise MetadataConflict(
-                    f"metadata key {key!r} (znode {path} on {self.hosts}) is absent, expected "
-                    f"version {expected_version}; re-read it and retry"
-                )
-            stat = found[1]
-            base, stored_id, _ = decoded
+            if found is None or found[0] is None:
+                return valid.next_version(key, None, expected_version, where)  # raises: the key is absent
+            (base, stored_id, _), stat = found
             if stored_id == write_id:
                 return stat.version - base
-            if stat.version - base != expected_version:
-                raise MetadataConflict(
-                    f"metadata key {key!r} (znode {path} on {self.hosts}) is at version "
-                    f"{stat.version - base}, expected {expected_version}; re-read it and retry"
-                )
-            try:
-                self._call(
-                    lambda: self._client.set_async(
-                        path, encode_key_node(value, base, write_id), version=stat.version
-                    ),
-                    deadline,
-                    f"set {path}",
-                )
-            except (BadVersionError, NoNodeError) as exc:
-                raise _Retry() from exc
-            return expected_version + 1
+            version = valid.next_version(key, stat.version - base, expected_version, where)
+            data = encode_key_node(value, base, write_id)
+            self._conditional(lambda: self._client.set_async(path, data, version=stat.version), deadline,
+                              f"set {path}")
+            return version
 
         op = create if expected_version is None else update
         return self._run(op, f"write {path}", write=True)
 
     def delete(self, key: str, expected_version: int | None = None) -> None:
-        validate_key(key)
-        validate_expected(key, expected_version)
+        valid.validate_key(key)
+        valid.validate_expected(key, expected_version)
         path = self._path(key)
         attempted = [False]
 
         def op(deadline: float) -> None:
             found = self._get_node(path, deadline)
-            decoded = found[0] if found is not None else None
-            if found is None or decoded is None:
+            if found is None or found[0] is None:
                 if expected_version is None or attempted[0]:
                     return
-                raise MetadataConflict(
-                    f"cannot delete metadata key {key!r} (znode {path} on {self.hosts}): it is "
-                    f"absent, expected version {expected_version}; re-read it and retry"
-                )
-            stat = found[1]
-            base = decoded[0]
-            if expected_version is not None and stat.version - base != expected_version:
-                raise MetadataConflict(
-                    f"cannot delete metadata key {key!r} (znode {path} on {self.hosts}): it is at "
-                    f"version {stat.version - base}, expected {expected_version}; re-read it and retry"
-                )
+                valid.check_delete(key, None, expected_version, f"znode {path} on {self.hosts}")  # raises
+                return
+            (base, _, _), stat = found
+            valid.check_delete(key, stat.version - base, expected_version, f"znode {path} on {self.hosts}")
             attempted[0] = True
             try:
                 self._call(
                     lambda: self._client.delete_async(path, version=stat.version), deadline, f"delete {path}"
                 )
             except NotEmptyError:
-                try:
-                    self._call(
-                        lambda: self._client.set_async(path, b"", version=stat.version),
-                        deadline,
-                        f"clear {path}",
-                    )
-                except (BadVersionError, NoNodeError) as exc:
-                    raise _Retry() from exc
+                self._conditional(lambda: self._client.set_async(path, b"", version=stat.version), deadline,
+                                  f"clear {path}")
                 return
             except (BadVersionError, NoNodeError) as exc:
                 raise _Retry() from exc
@@ -429,7 +387,7 @@ class ZooKeeperMetadataStore:
             parent = parent.rsplit("/", 1)[0]
 
     def list(self, prefix: str) -> list[str]:
-        validate_prefix(prefix)
+        valid.validate_prefix(prefix)
         if "/" in prefix:
             directory, partial = prefix.rsplit("/", 1)
             start = self._path(directory)

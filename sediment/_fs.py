@@ -24,11 +24,18 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
         offset += n
 
 
-def replace_durably(path: str, data: bytes, mode: int = 0o644) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """``write`` until every byte is written (a single call may write fewer)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def replace_durably(path: str, data: bytes, mode: int = 0o644, tmp: str | None = None) -> None:
     """Make ``path`` hold ``data``, whole or not at all, durably: a temporary file beside it
-    (its name ends with this process's id, so two writers never share one), fsync, rename
-    over ``path``, fsync of the directory."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    (``tmp``, or a name ending with this process's id, so two writers never share one), fsync,
+    rename over ``path``, fsync of the directory."""
+    tmp = tmp or f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         pwrite_all(fd, data, 0)

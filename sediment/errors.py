@@ -10,7 +10,21 @@ from __future__ import annotations
 
 
 class SedimentError(Exception):
-    """Base class of every error sediment raises on purpose."""
+    """Base class of every error sediment raises on purpose. Keyword arguments set the
+    details a subclass declares as class attributes (their defaults), so that every error
+    carries its facts (a path, an offset, a partition) without an ``__init__`` of its own."""
+
+    def __init__(self, *args: object, **details: object) -> None:
+        super().__init__(*args)
+        for name, value in details.items():
+            if name not in _declared(type(self)):
+                raise TypeError(f"{type(self).__name__} carries no detail {name!r}")
+            setattr(self, name, value)
+
+
+def _declared(cls: type) -> set[str]:
+    """The details ``cls`` and its bases declare (annotated class attributes)."""
+    return {name for c in cls.__mro__ for name in vars(c).get("__annotations__", {})}
 
 
 class NothingWritten(SedimentError):
@@ -55,10 +69,8 @@ class SchemaChangeRefused(SchemaMismatch):
     clash of names, dropping the last column, an added column that is neither nullable nor
     given a default). ``column`` and ``rule`` name what was refused; nothing was changed."""
 
-    def __init__(self, message: str, *, column: str = "", rule: str = "") -> None:
-        super().__init__(message)
-        self.column = column
-        self.rule = rule
+    column: str = ""
+    rule: str = ""
 
 
 class SchemaVersionMoved(NothingWritten):
@@ -87,10 +99,8 @@ class DiffOverflow(SedimentError, OverflowError):
     rather than wrapped. ``relation`` and ``row`` say which (when known); the updates stay
     stored, so appending a compensating diff for that row repairs it."""
 
-    def __init__(self, message: str, *, relation: str = "", row: object = None):
-        super().__init__(message)
-        self.relation = relation
-        self.row = row
+    relation: str = ""
+    row: object = None
 
 
 class CompactionFailed(SedimentError):
@@ -133,10 +143,8 @@ class LockConflict(NothingWritten):
     mark: what the client read is stale. Nothing was written; read again and retry.
     ``time`` is the conflicting write's time, ``lock`` the (name, id) pair."""
 
-    def __init__(self, message: str, *, lock: object = None, time: int = -1):
-        super().__init__(message)
-        self.lock = lock
-        self.time = time
+    lock: object = None
+    time: int = -1
 
 
 class EngineClosed(SedimentError):
@@ -170,11 +178,9 @@ class WalCorruption(WalError):
     damage after you have decided the loss is acceptable.
     """
 
-    def __init__(self, message: str, *, path: str = "", offset: int = -1, reason: str = ""):
-        super().__init__(message)
-        self.path = path
-        self.offset = offset
-        self.reason = reason
+    path: str = ""
+    offset: int = -1
+    reason: str = ""
 
 
 class WalMissing(WalCorruption):
@@ -185,11 +191,8 @@ class WalMissing(WalCorruption):
     ``[first_lsn, last_lsn]`` it held (-1 when unknown). Never answered by starting a fresh
     log: restore the file, or run ``sediment verify --repair --force`` to accept the loss."""
 
-    def __init__(self, message: str, *, path: str = "", offset: int = -1, reason: str = "",
-                 first_lsn: int = -1, last_lsn: int = -1):
-        super().__init__(message, path=path, offset=offset, reason=reason)
-        self.first_lsn = first_lsn
-        self.last_lsn = last_lsn
+    first_lsn: int = -1
+    last_lsn: int = -1
 
 
 class RepairRefused(WalError):
@@ -209,20 +212,15 @@ class WalBacklogFull(WalError, NothingWritten):
     ``Engine.compaction_errors()`` and long open transactions, or raise the bound."""
 
     retryable = True
-
-    def __init__(self, message: str, *, backlog: int = 0, bound: int | None = None):
-        super().__init__(message)
-        self.backlog = backlog
-        self.bound = bound
+    backlog: int = 0
+    bound: int | None = None
 
 
 class WalExists(WalError):
     """Creating a log was asked for where a log holding records already exists; creating
     would discard them. Open it without ``create``."""
 
-    def __init__(self, message: str, *, path: str = ""):
-        super().__init__(message)
-        self.path = path
+    path: str = ""
 
 
 class WalShortened(WalCorruption):
@@ -230,11 +228,8 @@ class WalShortened(WalCorruption):
     checkpoint): acknowledged records in ``[lost_from, lost_to)`` (LSNs) are missing or
     damaged. Not a torn tail; restore the log, or cut it with ``--repair`` to accept the loss."""
 
-    def __init__(self, message: str, *, path: str = "", offset: int = -1, reason: str = "",
-                 lost_from: int = -1, lost_to: int = -1):
-        super().__init__(message, path=path, offset=offset, reason=reason)
-        self.lost_from = lost_from
-        self.lost_to = lost_to
+    lost_from: int = -1
+    lost_to: int = -1
 
 
 class WalFenced(WalError, NothingWritten):
@@ -454,12 +449,9 @@ class NotPartitionOwner(ClusterError, NothingWritten):
     ``owner`` (the serving member's advertised address, or None while unassigned) and
     ``generation`` say where to go; nothing was read or written here."""
 
-    def __init__(self, message: str, *, partition: int = -1, owner: str | None = None,
-                 generation: int = -1) -> None:
-        super().__init__(message)
-        self.partition = partition
-        self.owner = owner
-        self.generation = generation
+    partition: int = -1
+    owner: str | None = None
+    generation: int = -1
 
 
 class MembershipLost(ClusterError, OutcomeUnknown):

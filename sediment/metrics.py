@@ -14,6 +14,7 @@ server and a tool) never share or double-register a metric.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -80,10 +81,8 @@ class EngineMetrics:
         """Stop exporting a dropped relation's series (a relation added again starts at 0)."""
         for counter in (self.appends, self.rows, self.seals, self.batches_written, self.merges,
                         self.major_compactions):
-            try:
+            with contextlib.suppress(KeyError):
                 counter.remove(relation)
-            except KeyError:
-                pass
 
     @contextmanager
     def timed(self, histogram: Histogram) -> Iterator[None]:

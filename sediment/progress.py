@@ -77,18 +77,14 @@ class Progress:
         self._start = clock.current_time()
         self._bar: tqdm | None = None
         if self.mode == "bar":
-            self._bar = tqdm(total=self.total or None, desc=self.label, unit=unit if unit and unit != "B" else
-                             ("B" if unit == "B" else "it"), unit_scale=unit == "B" or self.total >= 10_000,
+            self._bar = tqdm(total=self.total or None, desc=self.label, unit=unit or "it",
+                             unit_scale=unit == "B" or self.total >= 10_000,
                              unit_divisor=1024 if unit == "B" else 1000,
                              file=self._stream, mininterval=0.1, dynamic_ncols=True, leave=True,
                              **({} if self.counts else {"bar_format": "{desc}: {elapsed}"}))
         elif self.mode == "lines":
             of = f" of {_human(self.total, unit)}" if self.total else ""
             self._write(f"{self.label}: started{of}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "off"
 
     def _write(self, line: str) -> None:
         self._stream.write(line + "\n")

@@ -10,7 +10,6 @@ from __future__ import annotations
 from sediment.errors import TransactionError
 
 OPEN, COMMITTED, ABORTED = "open", "committed", "aborted"
-STATES = (OPEN, COMMITTED, ABORTED)
 
 
 class TxnState:

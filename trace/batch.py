@@ -428,15 +428,12 @@ class BlobReader(io.RawIOBase):
         self._size = store.size(key) if size is None else size
         self._pos = 0
         self._tail = tail  # the object's last bytes, already fetched (the footer)
-        self.bytes_fetched = 0
 
     def _fetch(self, pos: int, n: int) -> bytes:
         start = self._size - len(self._tail)
         if self._tail and pos >= start:
             return self._tail[pos - start: pos - start + n]
-        data = self._store.get_range(self._key, pos, n)
-        self.bytes_fetched += len(data)
-        return data
+        return self._store.get_range(self._key, pos, n)
 
     def readable(self) -> bool:
         return True

@@ -13,6 +13,7 @@ order, so every sorted table in a trace is sorted by these functions' rules.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -82,10 +83,8 @@ def _gather(table: pa.Table, indices: pa.Array) -> pa.Table:
     cols = []
     for col in table.columns:
         if col.num_chunks > 1:
-            try:
+            with contextlib.suppress(pa.ArrowInvalid, pa.ArrowCapacityError):  # past 2 GiB: gather the chunks
                 col = pa.chunked_array([pa.concat_arrays(col.chunks)], col.type)
-            except (pa.ArrowInvalid, pa.ArrowCapacityError):
-                pass  # offsets past 2 GiB: gather the chunks as they are
         cols.append(pc.take(col, indices))
     return pa.Table.from_arrays(cols, schema=table.schema)
 
@@ -153,7 +152,7 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
     diff = table.column(DIFF)
     if len(ends) == n:
         return _each_row_a_run(table, cols, drop_zeros)
-    if _cannot_overflow(diff, n):
+    if cannot_overflow(diff, n):
         sums = _run_sums(diff, ends)
     else:
         sums = _run_sums_checked(table, cols, diff, ends)
@@ -166,11 +165,16 @@ def sum_sorted(table: pa.Table, group_cols: Sequence[str], *, drop_zeros: bool =
 
 def _each_row_a_run(table: pa.Table, cols: list[str], drop_zeros: bool) -> pa.Table:
     out = table.select([*cols, DIFF])
-    zero = pc.equal(out.column(DIFF), 0)
-    return out.filter(pc.invert(zero)) if drop_zeros and pc.any(zero).as_py() else out
+    return nonzero(out) if drop_zeros else out
 
 
-def _cannot_overflow(diff: pa.ChunkedArray | pa.Array, n: int) -> bool:
+def nonzero(table: pa.Table) -> pa.Table:
+    """The rows with a non-zero diff; the table itself when all are (a filter copies every column)."""
+    keep = pc.not_equal(table.column(DIFF), 0)
+    return table if pc.all(keep).as_py() else table.filter(keep)
+
+
+def cannot_overflow(diff: pa.ChunkedArray | pa.Array, n: int) -> bool:
     """True when no prefix sum of ``n`` diffs can leave int64: n * max|diff| < 2^63. One
     min/max pass; real diffs (small counts) always pass, so the exact path is rare."""
     lo, hi = pc.min_max(diff).values()

@@ -40,14 +40,6 @@ def with_id(f: pa.Field, fid: int) -> pa.Field:
     return f.with_metadata({FIELD_ID: str(fid).encode()})
 
 
-def schema_version_of(schema: pa.Schema) -> int | None:
-    """The schema version stamped on a stored schema (a batch's footer), or None."""
-    meta = schema.metadata
-    if not meta or VERSION_KEY not in meta:
-        return None
-    return int(meta[VERSION_KEY])
-
-
 @dataclass(frozen=True, eq=False)
 class Layout:
     """How to read a relation's stored updates: ``versions`` maps each schema version to its

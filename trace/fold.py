@@ -24,9 +24,17 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.trace.consolidate import DIFF, TIME, advance_times, consolidate, sort_keys, sorted_table
+from sediment.trace.consolidate import (
+    DIFF,
+    TIME,
+    advance_times,
+    cannot_overflow,
+    consolidate,
+    nonzero,
+    sort_keys,
+    sorted_table,
+)
 
-_TWO_63 = 1 << 63
 REPEAT_SHARE = 0.5  # hash route when the first key column has fewer distinct values than this share of rows
 
 
@@ -35,18 +43,6 @@ def _plain(t: pa.DataType) -> bool:
     return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or
             pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t) or
             pa.types.is_fixed_size_binary(t) or pa.types.is_temporal(t) or pa.types.is_decimal(t))
-
-
-def _sums_fit(diff: pa.ChunkedArray, n: int) -> bool:
-    lo, hi = pc.min_max(diff).values()
-    if lo.as_py() is None:
-        return True
-    return max(abs(lo.as_py()), abs(hi.as_py())) * n < _TWO_63
-
-
-def _drop_zeros(table: pa.Table) -> pa.Table:
-    keep = pc.not_equal(table.column(DIFF), 0)
-    return table if pc.all(keep).as_py() else table.filter(keep)
 
 
 def _ordered_type(t: pa.DataType) -> bool:
@@ -118,14 +114,14 @@ def fold(table: pa.Table, key_columns: Sequence[str], since: int | None = None) 
     table = advance_times(table.select([*keys, TIME, DIFF]), since)
     first = table.column(keys[0])
     if first.null_count == 0 and _ordered_type(first.type) and _increasing(first):
-        return _drop_zeros(table)  # fresh ids in order: sorted and distinct as it is, no hash and no sort
-    if _sums_fit(table.column(DIFF), n) and _few_groups(table, keys, n):
+        return nonzero(table)  # fresh ids in order: sorted and distinct as it is, no hash and no sort
+    if cannot_overflow(table.column(DIFF), n) and _few_groups(table, keys, n):
         grouped = table.group_by([*keys, TIME], use_threads=False).aggregate([(DIFF, "sum")])
         out = grouped.select([*keys, TIME]).append_column(DIFF, grouped.column(f"{DIFF}_sum"))
-        return _drop_zeros(sorted_table(out, sort_keys(keys)))
+        return nonzero(sorted_table(out, sort_keys(keys)))
     table = sorted_table(table, sort_keys(keys))
     if first.null_count == 0:
         first = table.column(keys[0])
         if not pc.any(pc.equal(first.slice(1), first.slice(0, n - 1))).as_py():
-            return _drop_zeros(table)
+            return nonzero(table)
     return consolidate(table, keys, None, presorted=True)

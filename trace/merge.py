@@ -17,11 +17,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sediment.errors import TraceError
 from sediment.trace.batch import DEFAULT_ROW_GROUP_ROWS, BatchDescription, write_batch_stream
-from sediment.trace.consolidate import DIFF, TIME, advance_times, first_unsorted, sum_sorted
+from sediment.trace.consolidate import DIFF, TIME, advance_times, first_unsorted, nonzero, sum_sorted
 from sediment.trace.runs import RunStats, iter_merge_runs
 
 DEFAULT_CHUNK_ROWS = 64 * 1024
@@ -72,20 +71,14 @@ def _consolidated_stream(
                 )
             summed = sum_sorted(piece, cols, drop_zeros=False)
             carry = summed.slice(summed.num_rows - 1)
-            out = _nonzero(summed.slice(0, summed.num_rows - 1))
+            out = nonzero(summed.slice(0, summed.num_rows - 1))
             if out.num_rows:
                 yield out
         seen += table.num_rows
     if carry is not None:
-        carry = _nonzero(carry)
+        carry = nonzero(carry)
         if carry.num_rows:
             yield carry
-
-
-def _nonzero(table: pa.Table) -> pa.Table:
-    """The rows with a non-zero diff; the table itself when all are (a filter copies every column)."""
-    keep = pc.not_equal(table.column(DIFF), 0)
-    return table if pc.all(keep).as_py() else table.filter(keep)
 
 
 def merge_sorted(

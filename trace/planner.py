@@ -107,10 +107,14 @@ def plan_full_merge(batches: Sequence[BatchLike]) -> MergeTask | None:
     """One task merging every batch, or None for fewer than two: the major compaction an
     explicit ``compact()`` runs on a relation with no history left (every time at its
     ``since``), where the result is its current state in one batch, read as stored."""
-    if len(batches) < 2:
-        return None
-    return MergeTask(tuple(range(len(batches))), batches[0].lower, batches[-1].upper,
-                     sum(b.rows for b in batches), 1 + max(b.level for b in batches))
+    return _task(batches, 0, len(batches)) if len(batches) >= 2 else None
+
+
+def _task(batches: Sequence[BatchLike], start: int, stop: int) -> MergeTask:
+    """The task merging ``batches[start:stop]``."""
+    members = batches[start:stop]
+    return MergeTask(tuple(range(start, stop)), members[0].lower, members[-1].upper,
+                     sum(m.rows for m in members), 1 + max(m.level for m in members))
 
 
 DEFAULT_MAJOR_REWRITE_RATIO = 8.0
@@ -192,20 +196,7 @@ def _plan_segment(
             j = k
         else:
             j += 1
-    spans.sort()
-    out = []
-    for start, stop in spans:
-        members = [batches[j] for j in range(start, stop)]
-        out.append(
-            MergeTask(
-                indices=tuple(range(start, stop)),
-                lower=members[0].lower,
-                upper=members[-1].upper,
-                rows=sum(m.rows for m in members),
-                level=1 + max(m.level for m in members),
-            )
-        )
-    return out
+    return [_task(batches, start, stop) for start, stop in sorted(spans)]
 
 
 DEFAULT_MAX_PENDING_RUNS = 8

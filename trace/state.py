@@ -52,6 +52,7 @@ class BatchRef:
 
 
 _REF_FIELDS = tuple(f.name for f in dataclasses.fields(BatchRef))
+_REF_REQUIRED = ("key", "lower", "upper", "rows", "bytes", "level")  # the others were added later: defaults
 
 
 @dataclass(frozen=True)
@@ -192,18 +193,9 @@ class TraceState:
             )
         try:
             fields = {k: doc[k] for k in ("relation_id", "since", "upper", "wal_through", "version")}
-            refs = {
-                name: tuple(
-                    BatchRef(
-                        key=r["key"], lower=r["lower"], upper=r["upper"],
-                        rows=r["rows"], bytes=r["bytes"], level=r["level"],
-                        since=r.get("since", 0), wal_first=r.get("wal_first"), wal_last=r.get("wal_last"),
-                        crc=r.get("crc"), footer_crc=r.get("footer_crc"),
-                    )
-                    for r in doc[name]
-                )
-                for name in ("batches", "pending")
-            }
+            refs = {name: tuple(BatchRef(**{f: r[f] for f in _REF_FIELDS if f in _REF_REQUIRED or f in r})
+                                for r in doc[name])
+                    for name in ("batches", "pending")}
         except (KeyError, TypeError) as e:
             raise TraceError(f"trace state of relation {rel} lacks or misshapes field {e}") from e
         for name, refs_ in refs.items():

@@ -6,6 +6,7 @@ become messages."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import json
@@ -195,10 +196,8 @@ def cmd_append(args: argparse.Namespace) -> int:
                         bar.update(table.num_rows)
             txn.commit()
         except BaseException:
-            try:
+            with contextlib.suppress(Exception):  # report the first failure, not the abort's
                 txn.abort()
-            except Exception:  # noqa: BLE001 - report the first failure, not the abort's
-                pass
             raise
     print(f"appended {rows} rows to {args.name} from {path} (times {t_lo}..{t_hi})")
     return 0
@@ -241,8 +240,6 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     """What the engine holds: per relation rows, batches, bytes, frontiers, WAL tail and
     compaction lag; the WAL's size and backlog; where the storage lives."""
-    import json
-
     with open_engine(args) as engine:
         stats = engine.stats(include_internal=args.all)
     if args.json:

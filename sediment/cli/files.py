@@ -4,6 +4,7 @@ from the command definitions (sediment/cli/commands.py) so each file holds one c
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import re
@@ -142,10 +143,8 @@ def _write_atomically(table: pa.Table, out: str, fmt: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, out)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
