@@ -215,7 +215,9 @@ def test_join_rebalances_sigterm_hands_over_and_the_manager_is_replaced(cluster)
         assert handover <= 2.0, handover  # the new owner serves within about a second
         handed_over = re.search(r"handed partition 2 over: (\d+) appends taken after the new assignment, until "
                                 r"the new owner fenced it", Path(leaving.log.name).read_text())
-        assert handed_over and int(handed_over[1]) > 0, "the leaving owner took appends until it was fenced"
+        assert handed_over, "the leaving owner held the partition for appends until the new owner fenced it"
+        assert re.search(r"compacted the WAL tails of [1-9]\d* partitions before handing them over",
+                         Path(leaving.log.name).read_text()), "the leaving owner compacted its tails first"
         rest = [m for m in cluster.live()]
         cluster.wait_assigned(rest)
         manager = min(rest, key=lambda m: m.member_id)
