@@ -11,11 +11,12 @@ import statistics
 from datetime import datetime
 from pathlib import Path
 
-PHASES = ("detect", "assign", "notify", "open", "client")
+PHASES = ("detect", "assign", "notify", "fence", "open", "client")
 LABELS = {
     "detect": "kill -> manager sees the member gone",
     "assign": "-> assignment written",
     "notify": "-> new owner starts opening",
+    "fence": "-> its store session fences the old one",
     "open": "-> new owner serves",
     "client": "-> client's first acknowledgement",
 }
@@ -56,7 +57,8 @@ def timeline(logs: list[Path], kill: float, acked: float, victim: str, partition
     assigned = _first(lines, kill - 0.01, "assigned", f"{partition}: ('{owner}', {generation})")
     opens = _first(lines, kill - 0.01, f"{owner} opens partition {partition} (generation {generation})")
     serves = _first(lines, kill - 0.01, f"{owner} serves partition {partition} (generation {generation})")
-    points = [kill, seen, assigned, opens, serves, acked]
+    fence = None if opens is None else _first(lines, opens, f"partition {partition}: store session")
+    points = [kill, seen, assigned, opens, fence, serves, acked]
     out: dict[str, float | None] = {}
     for name, a, b in zip(PHASES, points[:-1], points[1:], strict=True):
         out[name] = None if a is None or b is None else b - a

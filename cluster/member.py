@@ -21,6 +21,14 @@ looks at every member's port, or, for the manager itself, by the others, which l
 its port. A live member removed so rejoins under a new id. That is only quicker, never
 needed for safety: the old owner is fenced by the generation either way.
 
+A member that leaves (SIGTERM) keeps acknowledging appends and seals to each partition it
+hands over until the new owner's recovery fences it (or ``HANDOVER_WAIT`` passes): what the
+new owner does before it takes the log (its metadata, blob store and catalog) then costs the
+writers nothing. Those writes are safe as any fenced owner's: one acknowledged before the new
+store session took the storage nodes is in the log the new owner recovers, and after it the
+nodes refuse them. Reads of such a partition are redirected from the moment the new
+assignment is seen, so no read is answered from state another owner may have moved past.
+
 A SUSPENDED or LOST ZooKeeper connection stops serving at once (:meth:`engine_for` refuses);
 a LOST session also closes every partition, and once connected again the member registers
 anew under a new id, so a member paused past its session rejoins as a new member.
@@ -34,6 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sediment.clock import Clock, MonotonicClock
@@ -44,7 +53,19 @@ from sediment.errors import MembershipLost, NotPartitionOwner
 
 POLL = 0.5  # seconds between the control loop's looks when no watch fires
 OPEN_RETRY = 1.0  # seconds before a partition whose open failed is tried again
+HANDOVER_WAIT = 5.0  # seconds a handed-over partition takes appends while its new owner has not fenced it
+LEAVE_COMPACT_WAIT = 3.0  # seconds a leaving member spends compacting its partitions' WAL tails first
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Handing:
+    """A partition this leaving member handed over, serving appends until the new owner fences it."""
+
+    engine: Any
+    generation: int
+    fenced: threading.Event = field(default_factory=threading.Event)
+    appends: int = 0  # appends and seals it took meanwhile
 
 
 class Member:
@@ -68,6 +89,7 @@ class Member:
         self._heard = 0.0  # clock time of the last pass that read ZooKeeper
         self._leaving = False
         self._engines: dict[int, tuple[Any, int]] = {}  # partition -> (engine, generation)
+        self._handing: dict[int, _Handing] = {}  # partitions handed over while leaving, until fenced
         self._opening: set[int] = set()
         self._retry_at: dict[int, float] = {}
         self._seen: dict[int, tuple[str, int]] = {}  # the assignment of the previous pass
@@ -104,6 +126,7 @@ class Member:
         """SIGTERM: ask the manager to move this member's partitions, close each as it goes, and
         return once none is left (True) or after ``timeout`` seconds (False)."""
         self._leaving = True
+        self._compact_before_leaving(min(timeout / 4, LEAVE_COMPACT_WAIT))
         try:
             self._zk.create(self.where.path("leaving", self.member_id), b"", ephemeral=True)
         except Exception as exc:  # noqa: BLE001 - the partitions then move when the session ends
@@ -112,12 +135,37 @@ class Member:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._engines and not self._opening:
+                if not self._engines and not self._opening and not self._handing:
                     return True
             if set(self.view["members"]) <= {self.member_id}:
                 return False  # nobody to hand over to
             time.sleep(0.05)
         return False
+
+    def _compact_before_leaving(self, wait: float) -> None:
+        """Take each partition's WAL tail into batches (and trim the storage nodes to it) before
+        handing it over, so that its new owner reads and replays only what arrives after this;
+        the member goes on serving meanwhile. At most ``wait`` seconds: a slow pass only
+        leaves a longer tail to replay."""
+        with self._lock:
+            engines = [e for e, _g in self._engines.values()]
+
+        def compact(engine: Any) -> None:
+            try:
+                engine.wal.finish_segment()
+                engine.compaction.run_pass(None, merge=False)
+            except Exception as exc:  # noqa: BLE001 - the new owner replays the longer tail instead
+                log.warning("compacting before the hand-over failed: %s", exc)
+
+        threads = [threading.Thread(target=compact, args=(e,), name="compact-before-leaving", daemon=True)
+                   for e in engines]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, started + wait - time.monotonic()))
+        log.info("member %s compacted the WAL tails of %d partitions before handing them over (%.3f s)",
+                 self.member_id, sum(not t.is_alive() for t in threads), time.monotonic() - started)
 
     def stop(self) -> None:
         """Close every partition and end the session (the ephemeral znode goes with it)."""
@@ -128,9 +176,11 @@ class Member:
         if self._thread is not None:
             self._thread.join(10.0)
         with self._lock:
-            engines = list(self._engines.items())
+            engines = [*((p, e) for p, (e, _g) in self._engines.items()),
+                       *((p, h.engine) for p, h in self._handing.items())]
             self._engines.clear()
-        for partition, (engine, _g) in engines:
+            self._handing.clear()
+        for partition, engine in engines:
             self._close_engine(partition, engine)
         if self._zk is not None:
             self._zk.stop()
@@ -159,15 +209,18 @@ class Member:
         return (self._connected.is_set() and not self._session_lost
                 and self.clock.current_time() - self._heard < self.config.session_timeout / 2)
 
-    def engine_for(self, partition: int) -> tuple[Any, int]:
-        """(engine, generation) of a partition this member serves now; NotPartitionOwner (a
-        redirect naming the owner) otherwise, also while out of touch with ZooKeeper."""
+    def engine_for(self, partition: int, *, append: bool = False) -> tuple[Any, int]:
+        """(engine, generation) of a partition this member serves now (``append``: or hands over,
+        not fenced yet); NotPartitionOwner (a redirect naming the owner) otherwise, also while
+        out of touch with ZooKeeper."""
         with self._lock:
             held = self._engines.get(partition)
             if held is not None and getattr(held[0], "superseded", None) is not None:
                 del self._engines[partition]  # fenced by a newer owner: it refuses everything now
                 held = None
                 self._wake.set()
+            if held is None and append:
+                held = self._handed(partition)
             if held is not None and self._in_touch():
                 return held
         self.metrics.redirects.inc()
@@ -180,11 +233,19 @@ class Member:
     def check_still_serving(self, partition: int, generation: int) -> None:
         """After a write: acknowledge only while the session holds and the partition is still ours."""
         with self._lock:
-            held = self._engines.get(partition)
+            held = self._engines.get(partition) or self._handed(partition)
             ok = held is not None and held[1] == generation and self._in_touch()
         if not ok:
             raise MembershipLost(f"{self.advertise} lost partition {partition} (or its ZooKeeper session) while "
                                  "the call ran: it may or may not have been applied; retry at the owner")
+
+    def _handed(self, partition: int) -> tuple[Any, int] | None:
+        """A partition being handed over whose new owner has not fenced it yet (under the lock)."""
+        h = self._handing.get(partition)
+        if h is None or h.fenced.is_set() or getattr(h.engine, "superseded", None) is not None:
+            return None
+        h.appends += 1
+        return h.engine, h.generation
 
     def owned(self) -> dict[int, tuple[Any, int]]:
         with self._lock:
@@ -326,8 +387,12 @@ class Member:
     def _apply(self, assignment: dict[int, tuple[str, int]]) -> None:
         mine = {p: g for p, (m, g) in assignment.items() if m == self.member_id}
         with self._lock:
-            stale = [p for p, (_e, g) in self._engines.items() if mine.get(p) != g]
-            closing = [(p, self._engines.pop(p)[0]) for p in stale]
+            held = {p: self._engines.pop(p) for p, (_e, g) in list(self._engines.items()) if mine.get(p) != g}
+            handed = [(p, e) for p, (e, g) in held.items()  # appends go on until the new owner fences it
+                      if self._leaving and assignment.get(p, (self.member_id, 0))[0] != self.member_id]
+            for p, e in handed:
+                self._handing[p] = _Handing(e, held[p][1])
+            closing = [(p, e) for p, (e, _g) in held.items() if p not in dict(handed)]
             now = self.clock.current_time()
             to_open = [(p, g) for p, g in mine.items()
                        if p not in self._engines and p not in self._opening and self._retry_at.get(p, 0) <= now]
@@ -337,6 +402,9 @@ class Member:
         for p, engine in closing:
             self.metrics.ownership_changes.labels("lost").inc()
             threading.Thread(target=self._close_engine, args=(p, engine), daemon=True).start()
+        for p, engine in handed:
+            self.metrics.ownership_changes.labels("lost").inc()
+            threading.Thread(target=self._hand_over, args=(p, engine), daemon=True).start()
         for p, g in to_open:
             before = previous.get(p, (None, 0))[0]
             failover = before is not None and before != self.member_id and before not in live
@@ -379,9 +447,26 @@ class Member:
         self.metrics.partitions_owned.set(len(self._engines))
         self._wake.set()
 
+    def _hand_over(self, partition: int, engine: Any) -> None:
+        """Close a handed-over partition once its new owner fenced it, or after HANDOVER_WAIT."""
+        with self._lock:
+            h = self._handing.get(partition)
+        if h is not None and h.engine is engine:
+            fenced = h.fenced.wait(HANDOVER_WAIT)
+            log.info("member %s handed partition %d over: %d appends taken after the new assignment, until %s",
+                     self.member_id, partition, h.appends,
+                     "the new owner fenced it" if fenced else f"{HANDOVER_WAIT:g} s passed without a new owner")
+        with self._lock:
+            if h is not None and self._handing.get(partition) is h:
+                del self._handing[partition]
+        self._close_engine(partition, engine)
+
     def _fenced_listener(self, partition: int, engine: Any) -> Callable[[BaseException], None]:
         def fenced(err: BaseException) -> None:
             with self._lock:
+                h = self._handing.get(partition)
+                if h is not None and h.engine is engine:
+                    h.fenced.set()
                 if self._engines.get(partition, (None, 0))[0] is engine:
                     del self._engines[partition]
             log.warning("partition %d was taken over: %s", partition, err)
@@ -391,9 +476,11 @@ class Member:
 
     def _drop_all(self) -> None:
         with self._lock:
-            engines = list(self._engines.items())
+            engines = [*((p, e) for p, (e, _g) in self._engines.items()),
+                       *((p, h.engine) for p, h in self._handing.items())]
             self._engines.clear()
-        for p, (engine, _g) in engines:
+            self._handing.clear()
+        for p, engine in engines:
             self.metrics.ownership_changes.labels("lost").inc()
             threading.Thread(target=self._close_engine, args=(p, engine), daemon=True).start()
         self.metrics.partitions_owned.set(0)

@@ -8,7 +8,9 @@ owner's advertised address, generation). A write is acknowledged only if the mem
 owns the partition, in the same generation, with its ZooKeeper session, after the write
 (:class:`~sediment.errors.MembershipLost` otherwise, an outcome-unknown error the client
 retries at the owner). A read is refused the same way before it starts and again before
-its answer leaves, so a superseded owner never answers from stale state.
+its answer leaves, so a superseded owner never answers from stale state. A member that
+hands a partition over (SIGTERM) takes its appends and seals until the new owner's
+recovery fences it (cluster/member.py), its reads no longer.
 """
 
 from __future__ import annotations
@@ -57,14 +59,15 @@ class ClusterEngine:
             raise UnknownRelation(f"no relation {name!r} in cluster {self.member.where.uri}; add it first")
         return p
 
-    def _engine(self, name: str) -> tuple[Any, int, int]:
-        """(engine, partition, generation) for ``name``, or the redirect."""
+    def _engine(self, name: str, *, append: bool = False) -> tuple[Any, int, int]:
+        """(engine, partition, generation) for ``name``, or the redirect. ``append``: a partition
+        this member hands over serves appends and seals until its new owner fences it."""
         p = self._partition(name)
-        engine, generation = self.member.engine_for(p)
+        engine, generation = self.member.engine_for(p, append=append)
         return engine, p, generation
 
-    def _write(self, name: str, call: str, *args: Any, **kwargs: Any) -> Any:
-        engine, p, generation = self._engine(name)
+    def _write(self, name: str, call: str, *args: Any, append: bool = False, **kwargs: Any) -> Any:
+        engine, p, generation = self._engine(name, append=append)
         result = getattr(engine, call)(name, *args, **kwargs)
         self.member.check_still_serving(p, generation)
         return result
@@ -149,15 +152,15 @@ class ClusterEngine:
 
     def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
         if locks is None:
-            self._write(name, "append", updates)
+            self._write(name, "append", updates, append=True)
         else:
-            self._write(name, "append", updates, locks=locks)
+            self._write(name, "append", updates, append=True, locks=locks)
 
     def append_once(self, name: str, updates: pa.Table, client: str, seq: int, *, locks: Any = None) -> None:
         """An append with an idempotency key: applied at most once however often it is retried,
         here or at a later owner (cluster/applied.py). ``locks`` are checked only when the key
         was not applied yet: a retry of a locked append that landed succeeds."""
-        engine, p, generation = self._engine(name)
+        engine, p, generation = self._engine(name, append=True)
         if not self._applied.append_many(engine, p, {name: updates}, client, seq, locks):
             self.metrics.deduplicated.inc()
         self.member.check_still_serving(p, generation)
@@ -173,7 +176,7 @@ class ClusterEngine:
         p = self._one_partition(updates)
         if p is None:
             return
-        engine, generation = self.member.engine_for(p)
+        engine, generation = self.member.engine_for(p, append=True)
         engine.append_many(updates, **({} if locks is None else {"locks": locks}))
         self.member.check_still_serving(p, generation)
 
@@ -183,7 +186,7 @@ class ClusterEngine:
         p = self._one_partition(updates)
         if p is None:
             return
-        engine, generation = self.member.engine_for(p)
+        engine, generation = self.member.engine_for(p, append=True)
         if not self._applied.append_many(engine, p, updates, client, seq, locks):
             self.metrics.deduplicated.inc()
         self.member.check_still_serving(p, generation)
@@ -199,7 +202,7 @@ class ClusterEngine:
         self.member.check_still_serving(p, generation)
 
     def seal(self, name: str, t: int) -> None:
-        self._write(name, "seal", t)
+        self._write(name, "seal", t, append=True)
 
     def set_since(self, name: str, t: int) -> None:
         self._write(name, "set_since", t)

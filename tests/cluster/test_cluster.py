@@ -5,11 +5,13 @@ their PIDs. The scenarios share one cluster per test where they can, to keep the
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -211,6 +213,11 @@ def test_join_rebalances_sigterm_hands_over_and_the_manager_is_replaced(cluster)
         writers[2].first_ack_after(handed)
         handover = writers[2].longest_gap(stopped, time.monotonic())
         assert handover <= 2.0, handover  # the new owner serves within about a second
+        handed_over = re.search(r"handed partition 2 over: (\d+) appends taken after the new assignment, until "
+                                r"the new owner fenced it", Path(leaving.log.name).read_text())
+        assert handed_over, "the leaving owner held the partition for appends until the new owner fenced it"
+        assert re.search(r"compacted the WAL tails of [1-9]\d* partitions before handing them over",
+                         Path(leaving.log.name).read_text()), "the leaving owner compacted its tails first"
         rest = [m for m in cluster.live()]
         cluster.wait_assigned(rest)
         manager = min(rest, key=lambda m: m.member_id)

@@ -15,7 +15,15 @@ tests/sim_world.py), served by members of a cluster:
   recovery before it serves (clients are refused until it is writable); a partition it
   no longer owns it stops at once. The old owner is fenced where the data lands: the
   partition metadata refuses an older generation and the storage nodes an older session.
-* Faults: a member killed (its session lapses), paused (its links and heartbeats freeze;
+* Quick detection (cluster/probe.py): the manager looks at every member's port every
+  ``PROBE`` seconds, the others at the manager's; a port that accepted once and then
+  refuses twice, ``PROBE_CONFIRM`` apart, is a dead process, and its member's session is
+  deleted at once. A paused process's port still accepts (the kernel answers), so a
+  SIGSTOPped member, or one cut off, still waits for its session to expire.
+* Hand-over (cluster/member.py): a leaving member keeps acknowledging appends to each
+  partition it handed over until the new owner's recovery fences its coordinator (or
+  ``HANDOVER_WAIT`` passes), and exits once nothing is assigned to it or held.
+* Faults: a member killed (its session lapses, or its port is seen refusing), paused (its links and heartbeats freeze;
   past the session it resumes with stale beliefs, finds its session gone and rejoins as
   a new member), a member joining, one leaving (it hands its partitions over first), the
   manager killed, ZooKeeper unreachable (members stop acknowledging at once), and the
@@ -46,6 +54,9 @@ from support.sim_world import SimDisk, SimNodeEndpoint, SimPartitionStore
 SESSION_TIMEOUT = 2.0  # virtual seconds without a heartbeat before ZooKeeper ends a member's session
 LEASE = SESSION_TIMEOUT * 2 / 3  # a member stops serving when ZooKeeper has not answered for this long
 TICK = 0.1  # how often a member heartbeats and reads the assignment (a watch, polled)
+PROBE = 0.2  # seconds between a member's looks at its peers' ports (cluster/probe.py)
+PROBE_CONFIRM = 0.05  # a refusal is confirmed by a second look this much later
+HANDOVER_WAIT = 5.0  # a handed-over partition takes appends until fenced, at most this long
 OWNED_WITHIN = SESSION_TIMEOUT + 3.0  # after the last disturbance, every partition is served within this
 MAX_MEMBERS = 5
 CLUSTER_FAULT_KINDS = {  # kind -> weight in the schedule
@@ -99,6 +110,7 @@ class Member:
     connected: bool = True  # its own view of its ZooKeeper session
     heard: float = 0.0  # when ZooKeeper last answered its heartbeat (its own clock)
     owned: dict[int, tuple[int, CoordHandle]] = field(default_factory=dict)
+    handing: dict[int, tuple[int, CoordHandle, float]] = field(default_factory=dict)  # (generation, coord, since)
     resumed: trio.Event = field(default_factory=trio.Event)
 
 
@@ -139,6 +151,7 @@ class ClusterSim(Cluster):
         self.plan_cpu: list[float] = []  # its CPU time (the wall clock also counts preemption by other processes)
         self.finished = False  # the members are stopped for the final recovery
         self.gaps: list[float] = []  # virtual seconds some partition went unserved, per spell
+        self.seen_up: set[str] = set()  # members whose port a probe found accepting
         self.livelock_limit = 20_000 + 2_000 * partitions  # every log's tasks may run at one instant
 
     # --- the per-partition world ---------------------------------------------------------------
@@ -193,6 +206,9 @@ class ClusterSim(Cluster):
         m.resumed.set()
         for p in list(m.owned):
             self.drop(m, p)
+        for _g, ch, _since in m.handing.values():
+            self.crash_coordinator(ch)
+        m.handing.clear()
         self.note(f"{m.name} killed")
         self.disturbed()
 
@@ -217,7 +233,8 @@ class ClusterSim(Cluster):
             self.follow(m)
             if self.manager() is m:
                 self.manage(m)
-            if m.leaving and all(o.member != m.name for o in self.zk.assignment.values()):
+            self.end_hand_overs(m)
+            if m.leaving and not m.handing and all(o.member != m.name for o in self.zk.assignment.values()):
                 del self.zk.sessions[m.name]
                 self.zk.leaving.discard(m.name)
                 self.note(f"{m.name} handed everything over and exits")
@@ -239,8 +256,51 @@ class ClusterSim(Cluster):
             m.owned[p] = (owner.generation, ch)
         for p in list(m.owned):
             owner = self.zk.assignment.get(p)
-            if owner is None or owner.member != m.name or owner.generation != m.owned[p][0]:
+            if owner is not None and owner.member != m.name and m.leaving:
+                g, ch = m.owned.pop(p)
+                m.handing[p] = (g, ch, trio.current_time())
+                self.note(f"{m.name} hands partition {p} over; it takes appends until fenced")
+            elif owner is None or owner.member != m.name or owner.generation != m.owned[p][0]:
                 self.drop(m, p)
+
+    def end_hand_overs(self, m: Member) -> None:
+        """Stop each handed-over partition's coordinator once fenced, or HANDOVER_WAIT after."""
+        now = trio.current_time()
+        for p, (_g, ch, since) in list(m.handing.items()):
+            if not ch.alive or ch.coord.fenced is not None or now - since > HANDOVER_WAIT:
+                del m.handing[p]
+                self.stats["handed_over"] += 1
+                self.crash_coordinator(ch)
+
+    async def probe_ports(self) -> None:
+        """cluster/probe.py's quick detection of dead members (see the module doc)."""
+        while True:
+            await trio.sleep(PROBE)
+            dead = self.refusing()
+            if not dead:
+                continue
+            await trio.sleep(PROBE_CONFIRM)
+            for name in sorted(dead & self.refusing()):
+                if name in self.zk.sessions:
+                    del self.zk.sessions[name]
+                    self.zk.leaving.discard(name)
+                    self.note(f"{name}'s port refused twice: its member znode deleted")
+                    self.stats["probed_dead"] += 1
+                    self.disturbed()
+
+    def refusing(self) -> set[str]:
+        """Members in ZooKeeper whose port a live prober finds refusing after it accepted once:
+        the manager looks at every member, the others at the manager only."""
+        manager = self.manager()
+        if self.zk.down or manager is None:
+            return set()
+        probers = [m for m in self.live_members() if not m.paused and self.may_serve(m) and m.name in self.zk.sessions]
+        if manager in probers:
+            targets = [self.members[n] for n in self.zk.sessions if n != manager.name]
+        else:
+            targets = [manager] if any(m is not manager for m in probers) else []
+        self.seen_up.update(m.name for m in targets if m.alive)
+        return {m.name for m in targets if not m.alive and m.name in self.seen_up}
 
     def manage(self, m: Member) -> None:
         """The manager's step: plan from the live sessions and record the plan if it changed."""
@@ -282,6 +342,7 @@ class ClusterSim(Cluster):
     async def client(self, cid: int) -> None:
         rng = self.work_rng
         view: dict[int, PartitionOwner] = {}
+        last: dict[int, Member] = {}  # where each partition's appends went: kept until that member refuses
         k = 0
         while not self.stopping:
             await trio.sleep(rng.expovariate(1 / 0.05))
@@ -290,8 +351,11 @@ class ClusterSim(Cluster):
             p = rng.randrange(self.partitions)
             owner = view.get(p)
             m = self.members.get(owner.member) if owner is not None else None
+            if p in last and p in last[p].handing and last[p].alive:
+                m = last[p]  # not redirected yet: the leaving owner still takes its appends
             if self.stopping or m is None or not m.alive:
                 continue
+            last[p] = m
             n = 1 if rng.random() < 0.8 else rng.randint(2, 4)
             bodies = [f"c{cid}.{k}.{j}".encode() for j in range(n)]
             k += 1
@@ -306,6 +370,9 @@ class ClusterSim(Cluster):
         if m.paused:
             await m.resumed.wait()
         cur = m.owned.get(p)
+        if cur is None and p in m.handing and m.handing[p][1].coord.fenced is None:
+            cur = m.handing[p][:2]
+            self.stats["handover_appends"] += 1
         if not self.may_serve(m) or cur is None or not cur[1].alive or not cur[1].coord.writable.is_set():
             self.stats["redirects"] += 1
             return
@@ -460,6 +527,7 @@ class ClusterSim(Cluster):
                 await self.add_node(a)
                 self.replicas.append(a)
             nursery.start_soon(self.expire_sessions)
+            nursery.start_soon(self.probe_ports)
             for host in range(1, self.first_members + 1):
                 self.join(host)
             with trio.move_on_after(20.0):

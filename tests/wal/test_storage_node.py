@@ -219,7 +219,8 @@ def test_low_water_marks_only_move_forward_and_truncation_stays_in_range(tmp_pat
     """A real node process: a lower low-water mark and a truncation outside [first - 1, last]
     are refused (nothing changes, the partition keeps serving); after SIGKILL the control
     file still holds the highest mark. The control file and the store refuse the same
-    directly, with typed errors. A trimmed node refuses to keep less than first - 1."""
+    directly, with typed errors. A trimmed node serves from the TRIM's point on (not from the
+    first record of the segment it keeps) and refuses to keep less than that point - 1."""
     node = Node(tmp_path / "node", extra_args=("--segment-bytes", "8192"))
     node.start()
     bodies = [f"r{i}".encode() * 200 for i in range(60)]
@@ -236,8 +237,11 @@ def test_low_water_marks_only_move_forward_and_truncation_stays_in_range(tmp_pat
             for bad in (61, 62):  # keep more than the last record
                 assert (await conn.call(MsgType.TRUNCATE, SESSION, bad)).status == Status.BAD_REQUEST
             assert (await conn.call(MsgType.TRIM, SESSION, 40)).ok
-            first = struct.unpack("<Q", (await conn.call(MsgType.READ, SESSION, 0, 1)).payload[:8])[0]
-            assert 20 < first <= 40
+            assert first_record(node) < 40, "the store keeps the segment that holds LSN 40 whole"
+            trimmed = await conn.call(MsgType.READ, SESSION, 0, 1)
+            first = struct.unpack("<Q", trimmed.payload[:8])[0]
+            assert trimmed.status == Status.TRIMMED and first == 40  # the TRIM's point, not the segment's start
+            assert [r.lsn for r in wire.iter_records((await conn.call(MsgType.READ, SESSION, 40, 1)).payload)] == [40]
             below = await conn.call(MsgType.TRUNCATE, SESSION, first - 1)  # would keep less than first - 1
             assert below.status == Status.BAD_REQUEST and below.max_lsn == 59, below.message
             assert (await conn.call(MsgType.TRUNCATE, SESSION, 60)).max_lsn == 59  # keep all: allowed

@@ -32,7 +32,9 @@ acknowledged (wal/replication/tail_cache.py), not from the nodes; only records i
 fetched from the in-sync replicas.
 
 ``trim`` (called by the compacter once records are in batches) tells the storage nodes
-to drop whole segments below the trim point. A replica that was away meanwhile cannot be
+to drop whole segments below the trim point; a node also serves only from that point on
+(READs below it answer TRIMMED), so a new owner's open, which scans from the first record
+the nodes serve, reads and replays only what lies past the last trim. A replica that was away meanwhile cannot be
 caught up record by record from there: its catch-up finds the source TRIMMED and RESETs
 it to the first kept LSN (the records below live in the batches), then copies the rest.
 """

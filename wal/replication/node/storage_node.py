@@ -157,6 +157,10 @@ class _Partition:
         self.highest_session = self.state.session_id
         self.queued_state = self.state  # the state once every queued operation ran (trio thread)
         self.reserved_next = store.next_lsn
+        # The last TRIM's point (trio thread; memory only): records below it are in the engine's
+        # batches, so READs below it answer TRIMMED, and a new owner's scan starts there rather
+        # than at the first record of the oldest segment the store still keeps.
+        self.trimmed = 0
         # The store's next LSN as of the last completed operation: replies read it here rather
         # than from the store, which the writer thread may be changing.
         self.next_lsn = store.next_lsn
@@ -174,6 +178,11 @@ class _Partition:
             self._finish([op], *self._apply([op]))
         else:
             self._queue.put(op)
+
+    def first_kept(self) -> int:
+        """The first LSN this replica serves: its store's first record, or the last TRIM's
+        point when that is higher (the store drops only whole segments)."""
+        return max(self.store.start_lsn, self.trimmed)
 
     def stop(self) -> None:
         """Let the writer thread finish what is queued, then exit."""
@@ -373,10 +382,12 @@ class StorageNode:
             self._truncate(req, part, reply)
             return None
         if req.type == MsgType.TRIM:
+            part.trimmed = max(part.trimmed, min(req.arg1, part.reserved_next))
             part.enqueue(_CALL, (part.store.trim_prefix, req.arg1), self._after(req, part, reply))
             return None
         if req.type == MsgType.RESET:
             part.reserved_next = req.arg1
+            part.trimmed = min(part.trimmed, req.arg1)
             part.enqueue(_CALL, (part.store.reset, req.arg1), self._after(req, part, reply))
             return None
         if req.type == MsgType.SET_LWM:
@@ -387,10 +398,11 @@ class StorageNode:
 
     def _truncate(self, req: Request, part: _Partition, reply: Reply) -> None:
         """Keep LSNs below ``arg1``: refused unless that keeps between first - 1 and the last."""
-        if not part.store.start_lsn <= req.arg1 <= part.reserved_next:
+        first = part.first_kept()
+        if not first <= req.arg1 <= part.reserved_next:
             reply(self._reply(req, part, Status.BAD_REQUEST,
                               f"partition {req.partition}: truncate at LSN {req.arg1} refused: it must keep "
-                              f"between first - 1 = {part.store.start_lsn - 1} and the last record "
+                              f"between first - 1 = {first - 1} and the last record "
                               f"{part.reserved_next - 1}"))
             return
         part.reserved_next = req.arg1
@@ -421,10 +433,11 @@ class StorageNode:
         return done
 
     async def _read(self, req: Request, part: _Partition, reply: Reply) -> None:
-        if req.arg1 < part.store.start_lsn:
+        first = part.first_kept()
+        if req.arg1 < first:
             reply(self._reply(req, part, Status.TRIMMED,
                               f"partition {req.partition}: LSN {req.arg1} was trimmed; the first kept is "
-                              f"{part.store.start_lsn}", payload=struct.pack("<Q", part.store.start_lsn)))
+                              f"{first}", payload=struct.pack("<Q", first)))
             return
         limit = min(max(req.arg2, 1), MAX_READ_BYTES)
         if part.store.blocking:
