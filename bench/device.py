@@ -12,9 +12,10 @@ recovery. So in one run we measure, on the same file system:
   ticket's ``wait`` (the engine's calls), placement, the write and completion. Tables 1
   and 2: one record outstanding per appender; table 3: each keeps ``--depth`` submit() tickets in
   flight, against a plain writer/fio with threads x depth threads. Rounds alternate ring,
-  plain, fio; each row shows medians, the min-max of the per-round ratio, and the CPU
+  plain, fio; each row shows medians, the min-max of the per-round ratio, the CPU
   time (all threads) per append of the ring and of the plain writer, which the machine's
-  load moves far less than the bandwidth;
+  load moves far less than the bandwidth, and the ring's appends per data write (``a/w``:
+  1.00 when no two appends shared a block write);
 * recovery scan speed for a ring filled with ``--recovery-mib`` of records.
 
     .venv/bin/python bench/device.py                 # full run (1 GiB recovery ring)
@@ -57,7 +58,14 @@ def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: i
     if os.path.exists(path):
         os.unlink(path)
     kw = {} if io_threads is None else {"io_threads": io_threads}
-    log = DeviceLog.open(path, ring_bytes, create=True, segment_bytes=ring_bytes // 8, full_timeout=60, **kw)
+    writes = [0]
+
+    def pwrite(fd: int, data, offset: int) -> int:  # counts the data writes (appends per write)
+        writes[0] += offset >= 2 * 4096
+        return os.pwrite(fd, data, offset)
+
+    log = DeviceLog.open(path, ring_bytes, create=True, segment_bytes=ring_bytes // 8, full_timeout=60,
+                         pwrite=pwrite, **kw)
     log.set_finish_listener(log.trim)
     body = os.urandom(size - HEADER_SIZE)
     stop = time.monotonic() + seconds
@@ -101,7 +109,8 @@ def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: i
     all_l = [x for xs in lats for x in xs]
     assert depth > 1 or sum(durable) == len(all_l), "an acknowledged append missed its on_durable call"
     return {"ops": len(all_l), "mbps": len(all_l) * size / elapsed / 1e6, "p50": pct(all_l, 0.5) * 1e3,
-            "p99": pct(all_l, 0.99) * 1e3, "cpu_us": cpu / max(1, len(all_l)) * 1e6, "direct": direct}
+            "p99": pct(all_l, 0.99) * 1e3, "cpu_us": cpu / max(1, len(all_l)) * 1e6, "direct": direct,
+            "per_write": len(all_l) / max(1, writes[0])}
 
 
 def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: int) -> dict:
@@ -179,7 +188,7 @@ def print_case(size: int, runs: list[tuple]) -> None:
     spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
     print(f"{size // 1024:>5}Ki | {r['mbps']:9.1f} {r['p50']:7.2f} {r['p99']:7.2f} | {p['mbps']:10.1f} "
           f"{p['p50']:7.2f} {p['p99']:7.2f} | {statistics.median(ratios):6.2f} {spread:>9} | "
-          f"{r['cpu_us']:6.1f} {p['cpu_us']:6.1f} | {fio}"
+          f"{r['cpu_us']:6.1f} {p['cpu_us']:6.1f} | {r['per_write']:5.2f} | {fio}"
           + ("" if r["direct"] else "  (ring fell back to buffered I/O)"), flush=True)
 
 
@@ -237,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dir={d} threads={a.threads} seconds={a.seconds} repeat={a.repeat} ring={a.ring_mib} MiB "
               f"fio={shutil.which('fio')} load={os.getloadavg()[0]:.1f} cpus={os.cpu_count()}")
         print(f"{'record':>7} | {'ring MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} | {'plain MB/s':>10} {'p50 ms':>7} "
-              f"{'p99 ms':>7} | {'ratio':>6} {'min-max':>9} | {'CPU us/append':>13} | {'fio MB/s':>8} {'ratio':>6}")
+              f"{'p99 ms':>7} | {'ratio':>6} {'min-max':>9} | {'CPU us/append':>13} | {'a/w':>5} | {'fio MB/s':>8} {'ratio':>6}")
         cases = [(int(t), 1) for t in a.threads.split(",")] + [(int(a.threads.split(",")[-1]), a.depth)]
         for threads, depth in cases:
             qd = threads * depth

@@ -1,11 +1,12 @@
 """The device ring's writer: several block writes in flight at once (a block is sealed as
-soon as an I/O slot is free, not after the write in flight), and a submit nobody waits on
-made durable by an I/O thread."""
+soon as an I/O slot is free, not after the write in flight), appenders writing their own
+blocks, and when a submit nobody waits on is written."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 from support.waiting import Progress
@@ -69,21 +70,83 @@ def test_two_appenders_have_two_block_writes_in_flight_at_once(tmp_path: Path) -
     log.close()
 
 
-def test_a_submit_nobody_waits_on_becomes_durable(tmp_path: Path) -> None:
-    """An I/O thread writes a block whose ticket is never waited on, even on a test clock
-    that never moves (no block waits for an age)."""
+def test_an_appender_writes_its_own_block_and_wakes_no_thread(tmp_path: Path) -> None:
+    """``submit`` + ``wait`` alone on the ring: the block is written on the caller's thread
+    (no hand-off to an I/O thread and back), and the callback ran before ``wait`` returned."""
     writes = DataWrites()
     log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, pwrite=writes, clock=ManualClock()))
-    progress = Progress()
-    done: list[Record] = []
+    done: list[int] = []
+    before = io_threads_asleep()
+    for i in range(20):
+        assert log.submit([upd(i, 100)], lambda recs: done.extend(r.lsn for r in recs)).wait() == done[-1]
+    assert io_thread_switches() == before  # no I/O thread was woken
+    assert len(done) == 20 and set(writes.threads) == {threading.get_ident()}
+    log.close()
 
-    def on_durable(recs) -> None:
-        done.extend(recs)
+
+def io_thread_switches() -> dict[int, int]:
+    """Each ring I/O thread's count of voluntary context switches (Linux /proc): a thread
+    woken from its wait and sleeping again adds to it."""
+    out = {}
+    for t in threading.enumerate():
+        if t.name.startswith("sediment-wal-io-") and t.native_id is not None:
+            with open(f"/proc/self/task/{t.native_id}/status") as f:
+                out[t.native_id] = next(int(x.split()[1]) for x in f if x.startswith("voluntary_ctxt_switches"))
+    assert out, "no ring I/O threads found"
+    return out
+
+
+def io_threads_asleep(timeout: float = 10.0) -> dict[int, int]:
+    """Poll (deadline ``timeout``) until the I/O threads have started and sleep: the same
+    switch counts twice, the interpreter lock free meanwhile. Their switch counts."""
+    deadline = time.monotonic() + timeout
+    last = io_thread_switches()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = io_thread_switches()
+        if now == last and all(now.values()):
+            return now
+        last = now
+    raise AssertionError(f"the ring's I/O threads did not settle within {timeout}s")
+
+
+def test_a_submit_nobody_waits_on_is_written_by_the_next_waiter_or_close(tmp_path: Path) -> None:
+    """The protocol's rule: a ticket nobody waits on is written once some caller waits (its
+    block first: log order) or the log closes; its callback runs before the later one's."""
+    writes = DataWrites()
+    path = tmp_path / "ring"
+    log = DeviceLog.open(path, 1 << 20, create=True, pwrite=writes, clock=ManualClock())
+    order: list[int] = []
+    first = log.submit([upd(1)], lambda recs: order.append(1))
+    second = log.submit([upd(2)], lambda recs: order.append(2))
+    n = upd(1).frame_size
+    assert second.wait() == n and order == [1, 2] and log.durable_lsn == 2 * n
+    assert first.wait() == 0
+    log.submit([upd(3)], lambda recs: order.append(3))
+    log.close()
+    assert order == [1, 2, 3]
+    log = owned(DeviceLog.open(path))
+    assert [r.t_lo for r in log.scan()] == [1, 2, 3]
+    log.close()
+
+
+def test_a_finished_segment_is_told_without_a_wait(tmp_path: Path) -> None:
+    """A submit that fills the segment places its FRONTIERS record; an I/O thread writes it
+    and tells the finish listener though nobody waits (a compacter is not kept waiting for
+    the next append)."""
+    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, segment_bytes=8 * BS,
+                               clock=ManualClock()))
+    progress = Progress()
+    finished: list[int] = []
+
+    def listener(lsn: int) -> None:
+        finished.append(lsn)
         progress.changed()
 
-    ticket = log.submit([upd(7)], on_durable)
-    progress.wait_for(lambda: done, 10, "the unwaited submit to become durable")
-    assert done[0].lsn == 0 and log.durable_lsn >= done[0].frame_size
-    assert writes.threads and threading.get_ident() not in writes.threads
-    assert ticket.wait() == 0
+    log.set_finish_listener(listener)
+    tickets = [log.submit([upd(i)]) for i in range(3)]
+    log.submit([upd(9, 6 * BS)])
+    progress.wait_for(lambda: finished, 10, "the finish listener")
+    assert log.finished_lsn == finished[0] and log.durable_lsn >= finished[0]
+    assert [t.wait() for t in tickets] == [0, upd(0).frame_size, 2 * upd(0).frame_size]
     log.close()

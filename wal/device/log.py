@@ -19,8 +19,9 @@ for the byte layout and the recovery rules; the short version:
   zeroed before new writes, so they can never be resurrected behind newer records.
 * ``trim(lsn)`` moves the trim offset to the last finished FRONTIERS record at or
   below ``lsn`` (a clamp, never an error) and raises past the durable end.
-* An appender waiting for its block writes pending blocks itself when one of the
-  ``io_threads`` slots is free; the threads do the rest (``submit``). A block is sealed
+* An appender waiting for its block writes pending blocks itself (oldest first) when one
+  of the ``io_threads`` slots is free, waking no other thread; the I/O threads write only
+  what no waiter can (``submit``). A block is sealed
   as soon as a slot is free to write it, so several writes are in flight at once and
   appends coalesce into one block only while every slot is busy.
 * Creating a ring is explicit (``create=True``); a missing or blank ring is WalMissing,
@@ -288,14 +289,17 @@ class DeviceLog:
     def append(self, records: Sequence[Record]) -> int:
         """Append ``records`` contiguously; return once they and everything before them
         are durable. Waits up to ``full_timeout`` for room, then raises WalFull."""
-        return self.submit(records, _sync=True).wait()
+        return self.submit(records).wait()
 
     def submit(self, records: Sequence[Record],
-               on_durable: Callable[[Sequence[Record]], None] | None = None, *, _sync: bool = False) -> DeviceTicket:
+               on_durable: Callable[[Sequence[Record]], None] | None = None) -> DeviceTicket:
         """Place ``records`` in the ring (placement order is log order) and return a
         ticket whose ``wait()`` returns once they are durable; ``on_durable(records)``
-        runs on an I/O thread right after that, in log order, before any waiter wakes.
-        Returns at once unless the ring is full (then waits up to ``full_timeout``)."""
+        runs right after that, in log order, before any waiter wakes, on the thread that
+        completed the write. Returns at once unless the ring is full (then waits up to
+        ``full_timeout``). Placing wakes no thread: the block is written by the first
+        caller that waits (this one's or a later one's), or by an I/O thread at a segment
+        boundary, when the ring is full, or at close (the WAL protocol's rule)."""
         check_appendable(records, self.path)
         crcs = [crc32c(r.body) for r in records]
         sizes = [r.frame_size for r in records]
@@ -306,7 +310,7 @@ class DeviceLog:
                     f"{self.path}: a record of {n} bytes cannot fit a ring whose data area is {d} bytes; "
                     "raise the WAL capacity or split the record."
                 )
-        ticket = DeviceTicket(self.writer, records, on_durable, _sync)
+        ticket = DeviceTicket(self.writer, records, on_durable)
         self.writer.place(records, crcs, sizes, False, ticket)
         return ticket
 

@@ -30,7 +30,8 @@ _ZEROS = bytes(64 * 1024)
 class _Block:
     """A run of records written with one aligned pwrite."""
 
-    __slots__ = ("start", "fill", "buf", "pooled", "flag", "written", "durable", "frontiers_end", "tickets")
+    __slots__ = ("start", "fill", "buf", "pooled", "flag", "taken", "written", "durable", "frontiers_end",
+                 "tickets")
 
     def __init__(self, start: int, buf: mmap.mmap, pooled: bool) -> None:
         self.start = start
@@ -38,6 +39,7 @@ class _Block:
         self.buf = buf
         self.pooled = pooled
         self.flag = DoneFlag()  # set once durable, or once the log failed
+        self.taken = False
         self.written = False
         self.durable = False
         self.frontiers_end = -1
@@ -51,15 +53,14 @@ class _Block:
 class DeviceTicket:
     """An append in flight (see ``DeviceLog.submit``)."""
 
-    __slots__ = ("records", "on_durable", "block", "writer", "sync")
+    __slots__ = ("records", "on_durable", "block", "writer")
 
     def __init__(self, writer: RingWriter, records: Sequence[Record],
-                 on_durable: Callable[[Sequence[Record]], None] | None, sync: bool = False) -> None:
+                 on_durable: Callable[[Sequence[Record]], None] | None) -> None:
         self.writer = writer
         self.records = records
         self.on_durable = on_durable
         self.block: _Block | None = None
-        self.sync = sync  # the caller waits at once: it writes the block itself, no I/O thread is woken
 
     def wait(self) -> int:
         """Block until the records (and everything before them) are durable; the last
@@ -71,8 +72,10 @@ class DeviceTicket:
 
 class RingWriter:
     """Placement, the I/O slots and completion of one ring. ``io_threads`` bounds the block
-    writes in flight (appenders waiting for a block write it themselves when a slot is free;
-    the threads write the rest); the window (``head.window``) bounds how far past the oldest
+    writes in flight. Appenders waiting for a block write it themselves when a slot is free,
+    so an append costs no thread hand-off; the threads write only what no waiter can (a
+    block whose appender found every slot busy, a FRONTIERS record's block, what is left
+    when the ring is full or closing). The window (``head.window``) bounds how far past the oldest
     unfinished block a write may land, which is how far recovery looks past a gap. A block
     is sealed as soon as a slot is free to write it: appends coalesce only while every slot
     is busy, so a lone appender never waits for company and a busy device gets big writes."""
@@ -102,6 +105,7 @@ class RingWriter:
         self._writing = 0
         self._done_q: deque[_Block] = deque()
         self._notifying = False
+        self._stalled = 0  # waiters whose block is not taken and who found no slot: the threads write it
 
     # ---------------------------------------------------------------- state others read
 
@@ -225,6 +229,7 @@ class RingWriter:
             self._seal()
         if self._pending and self._eligible(self._pending[0]):
             blk = self._pending.popleft()
+            blk.taken = True
             self._inflight.append(blk)
             self._writing += 1
             return blk
@@ -285,7 +290,7 @@ class RingWriter:
                 self._done_q.append(b)
             if self._closed:
                 self._work_cv.notify_all()
-            elif self._pending or self._cur is not None:
+            elif self._stalled and (self._pending or self._cur is not None):
                 self._work_cv.notify()
             if self._notifying or not self._done_q:
                 return
@@ -342,13 +347,22 @@ class RingWriter:
             b.flag.set()
 
     def await_block(self, blk: _Block) -> None:
-        """Wait until ``blk`` is durable, writing blocks on this thread meanwhile when an
-        I/O slot is free (saves two thread hand-offs per append)."""
+        """Wait until ``blk`` is durable, writing blocks (in log order, its own last) on
+        this thread while an I/O slot is free: a lone appender writes its own block and
+        wakes no other thread. Only when no slot is free does it leave the block to the
+        I/O threads, which the next completion wakes."""
         while not blk.flag.is_set():
             with self._lock:
                 job = self._take()
+                stalled = job is None and not blk.taken
+                self._stalled += stalled
             if job is None:
-                blk.flag.wait()
+                try:
+                    blk.flag.wait()
+                finally:
+                    if stalled:
+                        with self._lock:
+                            self._stalled -= 1
                 break
             self._run(job)
         if not blk.durable:
@@ -379,8 +393,8 @@ class RingWriter:
                 if ticket is not None:
                     ticket.block = blk
                     blk.tickets.append(ticket)
-                    if not ticket.sync:
-                        self._work_cv.notify()
+                if fblk is not None:  # a finished segment is told without waiting for the next append
+                    self._work_cv.notify()
                 return fblk
         finally:
             self._alloc_lock.release()
@@ -416,6 +430,7 @@ class RingWriter:
                 raise self._full(total)
             self._full_waiters += 1
             self._space_cv.notify_all()  # wakes wait_for_full_waiters; appenders re-check
+            self._work_cv.notify()  # blocks nobody waits on become durable, so they can be trimmed
             try:
                 self._space_cv.wait(deadline - now)
             finally:
