@@ -18,6 +18,15 @@ def one_row(i: int) -> pa.Table:
                      "time": pa.array([i + 1], pa.int64()), "diff": pa.array([1], pa.int64())})
 
 
+def _subscribed(eng, n: int) -> list:
+    """``n`` subscribers of a new sealed relation "r", past their snapshots."""
+    eng.add_relation("r", SCHEMA)
+    eng.seal("r", 0)
+    subs = [eng.subscribe("r") for _ in range(n)]
+    assert all(sub.next(timeout=5).kind == "snapshot" for sub in subs)
+    return subs
+
+
 def _read_all(sub, out: list[int], timeout: float | None) -> None:
     """Read every update, with ``next(timeout)`` timing out again and again when given."""
     while len(out) < UPDATES:
@@ -42,11 +51,7 @@ def _read_one_then_stop(sub, out: list[int]) -> None:
 
 def test_subscribers_that_time_out_stop_or_close_never_leave_the_others_asleep(open_engine):
     eng = open_engine()
-    eng.add_relation("r", SCHEMA)
-    eng.seal("r", 0)
-    subs = [eng.subscribe("r") for _ in range(60)]
-    for sub in subs:
-        assert sub.next(timeout=5).kind == "snapshot"
+    subs = _subscribed(eng, 60)
     got: list[list[int]] = [[] for _ in subs]
     roles = ["blocking", "timing out", "stopping", "closing"]
     threads = []
@@ -85,11 +90,7 @@ def test_subscribers_that_time_out_stop_or_close_never_leave_the_others_asleep(o
 @pytest.mark.embedded_only  # compares event objects
 def test_subscribers_behind_by_the_same_updates_share_one_merged_event(open_engine):
     eng = open_engine()
-    eng.add_relation("r", SCHEMA)
-    eng.seal("r", 0)
-    subs = [eng.subscribe("r") for _ in range(3)]
-    for sub in subs:
-        assert sub.next(timeout=5).kind == "snapshot"
+    subs = _subscribed(eng, 3)
     for i in range(20):
         eng.append("r", one_row(i))
     events = [sub.next(timeout=5) for sub in subs]
