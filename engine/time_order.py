@@ -9,7 +9,8 @@ it is sorted by (row, time), so every row group of it spans its whole time range
 Rows of one time keep their storage order: items in the order given, rows within an
 item as stored. The sort is a stable counting sort on the int64 time column (one
 ``array_sort_indices`` on a contiguous array), then a gather of each column in output
-chunks; a batch holding one time is streamed as stored. Binary and string columns whose
+chunks (the columns of a chunk side by side on two shared threads, the next chunk while
+the caller consumes this one); a batch holding one time is streamed as stored. Binary and string columns whose
 values share one length are gathered as fixed-size binary: Arrow's variable-length
 ``take`` costs about 60 ns a row on time-interleaved indices here, the fixed-size one 10.
 """
