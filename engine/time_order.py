@@ -9,17 +9,14 @@ it is sorted by (row, time), so every row group of it spans its whole time range
 Rows of one time keep their storage order: items in the order given, rows within an
 item as stored. The sort is a stable counting sort on the int64 time column (one
 ``array_sort_indices`` on a contiguous array), then a gather of each column in output
-chunks (the columns of a chunk side by side on two shared threads, the next chunk while
-the caller consumes this one); a batch holding one time is streamed as stored. Binary and string columns whose
+chunks; a batch holding one time is streamed as stored. Binary and string columns whose
 values share one length are gathered as fixed-size binary: Arrow's variable-length
 ``take`` costs about 60 ns a row on time-interleaved indices here, the fixed-size one 10.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 import pyarrow as pa
@@ -87,37 +84,10 @@ def in_time_order(table: pa.Table, schema: pa.Schema, batch_rows: int) -> Iterat
     columns = [(times, _same) if name == "time" else _gatherable(col, piece_rows)
                for name, col in zip(table.column_names, table.columns, strict=True)]
     order = pc.array_sort_indices(times)
-    pool = _gather_pool()
-
-    def gather(start: int) -> list[Future[pa.Array]]:
+    for start in range(0, table.num_rows, batch_rows):
         idx = order.slice(start, batch_rows)
-        return [pool.submit(_gather_one, col, back, idx) for col, back in columns]
-
-    starts = range(0, table.num_rows, batch_rows)
-    ahead = gather(0)
-    for start in starts:
-        pieces, ahead = ahead, (gather(start + batch_rows) if start + batch_rows < table.num_rows else [])
-        arrays = [f.result() for f in pieces]
+        arrays = [back(col.take(idx)) for col, back in columns]
         yield _conform(pa.RecordBatch.from_arrays(arrays, schema=table.schema), schema)
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _gather_pool() -> ThreadPoolExecutor:
-    """Two threads shared by every replay: Arrow's ``take`` runs without the interpreter
-    lock, so a piece's columns are gathered side by side (and the next piece while the
-    caller consumes this one) when a core is free; on a busy machine it costs no more CPU."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(2, thread_name_prefix="sediment-replay-gather")
-        return _POOL
-
-
-def _gather_one(col: pa.Array | pa.ChunkedArray, back: Callable[[pa.Array], pa.Array], idx: pa.Array) -> pa.Array:
-    return back(col.take(idx))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
