@@ -10,13 +10,14 @@ bounded cache of recent events, each a :class:`FeedEvent` that also keeps its wi
 encoding once made) and handed to every subscriber as the same object.
 
 The writer never waits for a subscriber. Appending an event costs the writer a list
-append and, when subscribers sleep, one wake-up: the sleepers join the feed's *relay*,
+append and, when subscribers sleep, at most two wake-ups: the sleepers join the feed's *relay*,
 and each subscriber woken from it wakes the next sleeper before it reads. With 100 or
 1,000 subscriber threads, waking them all at once would have every one of them wait for
 the interpreter lock together (each polling for it); the relay keeps about
 :data:`_CHAINS` of them runnable at a time, so they take their turns back to back.
-Subscribers read the log without a lock. A subscriber that falls behind catches up in bulk (consecutive updates in one
-event) and reads records the cache no longer holds again from the WAL, which is kept
+Subscribers read the log without a lock. A subscriber that falls behind catches up in
+bulk (consecutive updates in one event, shared by the subscribers behind by the same
+updates) and reads records the cache no longer holds again from the WAL, which is kept
 until the slowest cursor has passed: it gets exactly the events it missed, in order,
 with no repeat.
 
@@ -54,7 +55,6 @@ from sediment.errors import EngineClosed, FeedOverrun
 _MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber that is behind
 MAX_LAG = 1 << 18  # events a subscriber may fall behind before it is dropped (about 100 B each)
 CHECK_EVERY = 1024  # events between checks of the subscribers' lag (and trims of the log)
-_BULK_KEPT = 64  # merged catch-up events kept for the subscribers that take the same range
 _CHAINS = 2  # subscribers of a relay woken at once; each wakes the next sleeper when it wakes
 SNAPSHOT = "snapshot"
 UPDATES = "updates"
@@ -108,6 +108,7 @@ class FeedLog:
         self._cache_limit = cache_bytes
         self._cache_lock = threading.Lock()
         self._bulk: dict[tuple[int, int], FeedEvent] = {}  # (first seq, end seq) -> merged event, oldest first
+        self._bulk_bytes = 0
         self.closed = False
 
     @property
@@ -239,20 +240,29 @@ class FeedLog:
                 self._cache_bytes -= old.table.nbytes if old.table is not None else 0
         return got
 
-
     def bulk(self, start: int, end: int, events: Callable[[], list[FeedEvent]]) -> FeedEvent:
         """One UPDATES event for events ``start`` to ``end`` (seqs, consecutive updates of one
         schema), shared by the subscribers that catch up over the same range: the relay wakes
-        subscribers that slept at the same head, so they mostly take the same range."""
+        subscribers that slept at the same head, so they mostly take the same range. The
+        merged events kept hold at most a quarter of the cache's bytes (they keep their
+        records' tables alive)."""
         key = (start, end)
         got = self._bulk.get(key)
-        if got is None:
-            parts = events()
-            got = self._bulk.setdefault(key, FeedEvent(UPDATES, parts[0].time,
-                                                       pa.concat_tables([e.table for e in parts])))
-            if len(self._bulk) > _BULK_KEPT:
-                self._bulk.pop(next(iter(self._bulk)), None)
-        return got
+        if got is not None:
+            return got
+        parts = events()
+        got = FeedEvent(UPDATES, parts[0].time, pa.concat_tables([e.table for e in parts]))
+        size, limit = got.table.nbytes, self._cache_limit // 4
+        if size > limit:
+            return got
+        with self._cache_lock:
+            kept = self._bulk.setdefault(key, got)
+            if kept is got:
+                self._bulk_bytes += size
+                while self._bulk_bytes > limit:
+                    old = self._bulk.pop(next(iter(self._bulk)))
+                    self._bulk_bytes -= old.table.nbytes
+        return kept
 
 
 def _release(lock: threading.Lock) -> None:
