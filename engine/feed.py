@@ -55,6 +55,7 @@ from sediment.errors import EngineClosed, FeedOverrun
 _MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber that is behind
 MAX_LAG = 1 << 18  # events a subscriber may fall behind before it is dropped (about 100 B each)
 CHECK_EVERY = 1024  # events between checks of the subscribers' lag (and trims of the log)
+_NBYTES = "nbytes"  # FeedEvent.encoded key of a table's size
 _CHAINS = 2  # subscribers of a relay woken at once; each wakes the next sleeper when it wakes
 SNAPSHOT = "snapshot"
 UPDATES = "updates"
@@ -234,10 +235,10 @@ class FeedLog:
             kept = self._events.setdefault(lsn, got)
             if kept is not got:
                 return kept
-            self._cache_bytes += table.nbytes
+            self._cache_bytes += _nbytes(got)
             while self._cache_bytes > self._cache_limit and len(self._events) > 1:
                 old = self._events.pop(next(iter(self._events)))
-                self._cache_bytes -= old.table.nbytes if old.table is not None else 0
+                self._cache_bytes -= _nbytes(old)
         return got
 
     def bulk(self, start: int, end: int, events: Callable[[], list[FeedEvent]]) -> FeedEvent:
@@ -252,7 +253,8 @@ class FeedLog:
             return got
         parts = events()
         got = FeedEvent(UPDATES, parts[0].time, pa.concat_tables([e.table for e in parts]))
-        size, limit = got.table.nbytes, self._cache_limit // 4
+        size, limit = sum(map(_nbytes, parts)), self._cache_limit // 4  # a merged table's nbytes costs ms
+        got.encoded(_NBYTES, lambda: size)
         if size > limit:
             return got
         with self._cache_lock:
@@ -261,8 +263,13 @@ class FeedLog:
                 self._bulk_bytes += size
                 while self._bulk_bytes > limit:
                     old = self._bulk.pop(next(iter(self._bulk)))
-                    self._bulk_bytes -= old.table.nbytes
+                    self._bulk_bytes -= _nbytes(old)
         return kept
+
+
+def _nbytes(event: FeedEvent) -> int:
+    """The bytes of an UPDATES event's table, counted once per event."""
+    return event.encoded(_NBYTES, lambda: event.table.nbytes if event.table is not None else 0)
 
 
 def _release(lock: threading.Lock) -> None:
