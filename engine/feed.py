@@ -10,10 +10,14 @@ bounded cache of recent events, each a :class:`FeedEvent` that also keeps its wi
 encoding once made) and handed to every subscriber as the same object.
 
 The writer never waits for a subscriber. Appending an event costs the writer a list
-append and the release of the locks of the subscribers that sleep (beyond a few, a
-fan-out thread of the feed releases the rest). Subscribers read the log without a
-lock. A subscriber that falls behind catches up in bulk (consecutive updates in one
-event) and reads records the cache no longer holds again from the WAL, which is kept
+append and, when subscribers sleep, at most two wake-ups: the sleepers join the feed's *relay*,
+and each subscriber woken from it wakes the next sleeper before it reads. With 100 or
+1,000 subscriber threads, waking them all at once would have every one of them wait for
+the interpreter lock together (each polling for it); the relay keeps about
+:data:`_CHAINS` of them runnable at a time, so they take their turns back to back.
+Subscribers read the log without a lock. A subscriber that falls behind catches up in
+bulk (consecutive updates in one event, shared by the subscribers behind by the same
+updates) and reads records the cache no longer holds again from the WAL, which is kept
 until the slowest cursor has passed: it gets exactly the events it missed, in order,
 with no repeat.
 
@@ -51,7 +55,8 @@ from sediment.errors import EngineClosed, FeedOverrun
 _MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber that is behind
 MAX_LAG = 1 << 18  # events a subscriber may fall behind before it is dropped (about 100 B each)
 CHECK_EVERY = 1024  # events between checks of the subscribers' lag (and trims of the log)
-_DIRECT_WAKES = 4  # sleeping subscribers the writer wakes itself; the fan-out thread wakes the rest
+_NBYTES = "nbytes"  # FeedEvent.encoded key of a table's size
+_CHAINS = 2  # subscribers of a relay woken at once; each wakes the next sleeper when it wakes
 SNAPSHOT = "snapshot"
 UPDATES = "updates"
 PROGRESS = "progress"
@@ -94,16 +99,17 @@ class FeedLog:
         self.window: tuple[int, list[tuple[str, int, int]]] = (0, [])
         self.next_seq = 0
         self.subs: dict[int, Subscription] = {}
-        self._waiting: list[threading.Lock] = []
+        self.waiting: list[Subscription] = []  # subscribers about to sleep, appended without a lock
+        self._relay: deque[Subscription] = deque()
+        self._relay_lock = threading.Lock()
+        self._chains = 0  # woken subscribers of the relay that have yet to wake the next
         self._next_check = CHECK_EVERY
         self._events: dict[int, FeedEvent] = {}  # lsn -> decoded event, oldest first
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._cache_lock = threading.Lock()
-        self._fanout: deque[list[threading.Lock]] = deque()
-        self._fanout_kick = threading.Lock()
-        self._fanout_kick.acquire()
-        self._fanout_thread: threading.Thread | None = None
+        self._bulk: dict[tuple[int, int], FeedEvent] = {}  # (first seq, end seq) -> merged event, oldest first
+        self._bulk_bytes = 0
         self.closed = False
 
     @property
@@ -130,29 +136,37 @@ class FeedLog:
         self.next_seq += 1
         if self.next_seq >= self._next_check:
             self._check()
-        if self._waiting:
+        if self.waiting:
             self._wake()
 
     def _wake(self) -> None:
-        waiting, self._waiting = self._waiting, []
-        if len(waiting) > _DIRECT_WAKES:
-            self._fanout.append(waiting[_DIRECT_WAKES:])
-            waiting = waiting[:_DIRECT_WAKES]
-            if self._fanout_thread is None:
-                self._fanout_thread = threading.Thread(target=self._fan_out, name="sediment-feed-fanout",
-                                                       daemon=True)
-                self._fanout_thread.start()
-            _release(self._fanout_kick)
-        for lock in waiting:
-            _release(lock)
+        """Move the sleepers to the relay and start up to :data:`_CHAINS` wake-ups in it."""
+        waiting, self.waiting = self.waiting, []
+        with self._relay_lock:
+            self._relay.extend(waiting)
+            while self._chains < _CHAINS and self._hand_on():
+                self._chains += 1
 
-    def _fan_out(self) -> None:
-        """Wake the sleeping subscribers the writer handed over, off the writer's thread."""
-        while not self.closed:
-            self._fanout_kick.acquire()
-            while self._fanout:
-                for lock in self._fanout.popleft():
-                    _release(lock)
+    def _hand_on(self) -> bool:
+        """Wake the relay's next subscriber that still sleeps (relay lock held); False if none."""
+        relay = self._relay
+        while relay:
+            sub = relay.popleft()
+            if sub.sleeping:
+                sub.sleeping = False
+                _release(sub.wake)
+                return True
+        return False
+
+    def settle(self, sub: Subscription) -> None:
+        """``sub`` stopped waiting. If the relay woke it (it no longer counts as sleeping), it
+        wakes the next sleeper in its place, so every wake-up the relay starts carries on
+        until the relay is empty, whatever else woke ``sub`` (a timeout, a close, a drop)."""
+        with self._relay_lock:
+            if sub.sleeping:
+                sub.sleeping = False
+            elif not self._hand_on():
+                self._chains -= 1
 
     def _check(self) -> None:
         """Drop subscribers more than their ``max_lag`` behind, and trim what every cursor
@@ -199,9 +213,8 @@ class FeedLog:
     def close(self) -> None:
         with self.changed:
             self.closed = True
-            for lock in self._waiting:
-                _release(lock)
-            _release(self._fanout_kick)
+            for sub in [*self.waiting, *self._relay]:
+                _release(sub.wake)
 
     def oldest_lsn(self) -> int | None:
         """The LSN of the oldest event a subscriber has yet to read: the WAL is kept from there."""
@@ -222,11 +235,41 @@ class FeedLog:
             kept = self._events.setdefault(lsn, got)
             if kept is not got:
                 return kept
-            self._cache_bytes += table.nbytes
+            self._cache_bytes += _nbytes(got)
             while self._cache_bytes > self._cache_limit and len(self._events) > 1:
                 old = self._events.pop(next(iter(self._events)))
-                self._cache_bytes -= old.table.nbytes if old.table is not None else 0
+                self._cache_bytes -= _nbytes(old)
         return got
+
+    def bulk(self, start: int, end: int, events: Callable[[], list[FeedEvent]]) -> FeedEvent:
+        """One UPDATES event for events ``start`` to ``end`` (seqs, consecutive updates of one
+        schema), shared by the subscribers that catch up over the same range: the relay wakes
+        subscribers that slept at the same head, so they mostly take the same range. The
+        merged events kept hold at most a quarter of the cache's bytes (they keep their
+        records' tables alive)."""
+        key = (start, end)
+        got = self._bulk.get(key)
+        if got is not None:
+            return got
+        parts = events()
+        got = FeedEvent(UPDATES, parts[0].time, pa.concat_tables([e.table for e in parts]))
+        size, limit = sum(map(_nbytes, parts)), self._cache_limit // 4  # a merged table's nbytes costs ms
+        got.encoded(_NBYTES, lambda: size)
+        if size > limit:
+            return got
+        with self._cache_lock:
+            kept = self._bulk.setdefault(key, got)
+            if kept is got:
+                self._bulk_bytes += size
+                while self._bulk_bytes > limit:
+                    old = self._bulk.pop(next(iter(self._bulk)))
+                    self._bulk_bytes -= _nbytes(old)
+        return kept
+
+
+def _nbytes(event: FeedEvent) -> int:
+    """The bytes of an UPDATES event's table, counted once per event."""
+    return event.encoded(_NBYTES, lambda: event.table.nbytes if event.table is not None else 0)
 
 
 def _release(lock: threading.Lock) -> None:
@@ -259,6 +302,7 @@ class Subscription:
         self.dropped_at: int | None = None
         self.wake = threading.Lock()
         self.wake.acquire()
+        self.sleeping = False  # set before it joins the feed's sleepers; cleared by whoever wakes it
         self.last_progress: int | None = None
         feed.register(self)
 
@@ -292,14 +336,20 @@ class Subscription:
                 continue  # trimmed past: dropped, as the next look says
             if self.cursor - base < len(items):
                 return self._take(items, self.cursor - base)
-            feed._waiting.append(self.wake)  # then look again: an event may have come meanwhile
+            self.sleeping = True
+            feed.waiting.append(self)  # then look again: an event may have come meanwhile
             base, items = feed.window
-            if self.cursor - base < len(items) or self._closed or self.dropped_at is not None:
-                continue
             wait = -1 if deadline is None else deadline - _time.monotonic()
-            if deadline is not None and wait <= 0:
+            if self.cursor - base >= len(items) and not self._closed and self.dropped_at is None \
+                    and (deadline is None or wait > 0):
+                try:
+                    self.wake.acquire(timeout=wait)
+                finally:
+                    feed.settle(self)
+                continue
+            feed.settle(self)
+            if deadline is not None and wait <= 0 and self.cursor - base >= len(items):
                 return None
-            self.wake.acquire(timeout=wait)
 
     def _check_live(self, feed: FeedLog) -> None:
         if self.dropped_at is not None:
@@ -323,12 +373,13 @@ class Subscription:
         while end < stop and items[end][0] == UPDATES and items[end][2] == t:  # catch up in bulk, one schema
             end += 1
         feed = self._feed
-        events = [feed.event(entry[1], t, self._load) for entry in items[i:end]]
-        self.cursor += end - i
-        if len(events) == 1:
-            return events[0]
-        table = pa.concat_tables([e.table for e in events])
-        return FeedEvent(UPDATES, events[0].time, table)
+        if end == i + 1:
+            event = feed.event(items[i][1], t, self._load)
+        else:
+            event = feed.bulk(self.cursor, self.cursor + end - i,
+                              lambda: [feed.event(e[1], t, self._load) for e in items[i:end]])
+        self.cursor += end - i  # after the read: the WAL is kept until the cursor passes
+        return event
 
     def _note(self, event: FeedEvent) -> FeedEvent:
         if event.kind == PROGRESS:
