@@ -6,9 +6,10 @@ disk, is the limit (0.73x ``df.write.parquet``). A bulk load keeps the rows in t
 
 * the driver checks the options and columns as the row path does, asks the coordinator for
   the load's staging directory (engine/staged.py), and names the load (a random job name);
-* executors sort their partition by (row, time) and write it with Spark's own Parquet writer
-  into that directory; Spark's commit protocol keeps exactly one output per partition, so a
-  retried or speculative task attempt is committed once, and a failed job leaves only its
+* executors sort their partition by (row, time) (unless the frame's plan already orders it
+  by the first key column) and write it with Spark's own Parquet writer into that
+  directory; Spark's commit protocol keeps exactly one output per partition, so a retried
+  or speculative task attempt is committed once, and a failed job leaves only its
   temporary files;
 * the driver asks the coordinator to commit the staged files as pending runs of the relation
   (one compare-and-set, recorded under the job's name: a repeated commit changes nothing);
