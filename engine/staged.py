@@ -104,7 +104,11 @@ def staged_keys(engine: Engine, rel: Relation, job: str) -> list[str]:
 
 
 def _check_file(key: str, path: str, schema: pa.Schema, keys: list[str], where: str) -> _Staged | None:
-    """Schema, nulls, times and order of one staged file, one row group at a time; None when empty."""
+    """Schema, nulls, times and order of one staged file, one row group at a time; None when empty.
+
+    Why so: times and diffs are settled by the row groups' statistics when the writer kept them
+    (Spark's and Arrow's writers do), so only the first key column is decoded when it alone
+    orders the rows; a group it does not order is read whole and checked in full."""
     try:
         pf = pq.ParquetFile(path)
         got = pf.schema_arrow.remove_metadata()
@@ -119,30 +123,50 @@ def _check_file(key: str, path: str, schema: pa.Schema, keys: list[str], where: 
         return None
     cols = [*keys, "time"]
     lo, hi, is_run, last = None, None, True, None
-    lead = [keys[0], "time", "diff"]  # the first column alone settles the order of rows it tells apart
     for i in range(pf.num_row_groups):
+        facts = _stated_facts(pf.metadata.row_group(i), schema)
+        lead = [keys[0]] if facts is not None else [keys[0], "time", "diff"]
+        whole = False  # the first column alone settles the order of rows it tells apart
         try:
-            t = pf.read_row_group(i, columns=lead)
+            t = pf.read_row_group(i, columns=lead) if is_run or facts is None else None
             if is_run and (last is not None or first_unsorted(t, keys[:1], strict=True) is not None):
-                t = pf.read_row_group(i)
+                t, whole = pf.read_row_group(i), True
         except _DECODE_ERRORS as e:
             raise StagedFileInvalid(f"{where}: staged file {key!r} row group {i} fails to decode ({e})") from None
-        time, diff = t.column("time"), t.column("diff")
-        if time.null_count or diff.null_count:
-            raise StagedFileInvalid(f"{where}: staged file {key!r} has null times or diffs; fill them")
-        t_lo, t_hi = (v.as_py() for v in pc.min_max(time).values())
+        t_lo, t_hi, nonzero = facts if facts is not None else _read_facts(t, key, where)
         if t_lo < 0:
             raise StagedFileInvalid(f"{where}: staged file {key!r} has time {t_lo}; times are >= 0")
         lo, hi = (t_lo, t_hi) if lo is None else (min(lo, t_lo), max(hi, t_hi))
-        if is_run and t.num_columns == len(lead):
-            is_run = pc.min(pc.abs(diff)).as_py() > 0
+        if is_run and not whole:
+            is_run = nonzero
             last = None if i + 1 == pf.num_row_groups else pf.read_row_group(i, columns=cols).slice(t.num_rows - 1)
         elif is_run:
             part = t.select(cols)
             joined = part if last is None else pa.concat_tables([last, part])
-            is_run = pc.min(pc.abs(diff)).as_py() > 0 and first_unsorted(joined, cols, strict=True) is None
+            is_run = nonzero and first_unsorted(joined, cols, strict=True) is None
             last = part.slice(part.num_rows - 1)
     return _Staged(key, path, pf.metadata.num_rows, lo, hi, is_run)
+
+
+def _stated_facts(group: Any, schema: pa.Schema) -> tuple[int, int, bool] | None:
+    """(least time, greatest time, no zero diff) from a row group's statistics, or None when they
+    are missing or leave it open (nulls, or diffs on both sides of zero): then the data decides."""
+    stats = [group.column(schema.get_field_index(name)).statistics for name in ("time", "diff")]
+    if any(s is None or not s.has_min_max or not s.has_null_count or s.null_count for s in stats):
+        return None
+    (t_lo, t_hi), (d_lo, d_hi) = ((s.min, s.max) for s in stats)
+    if not d_lo > 0 and not d_hi < 0:
+        return None
+    return t_lo, t_hi, True
+
+
+def _read_facts(t: pa.Table, key: str, where: str) -> tuple[int, int, bool]:
+    """:func:`_stated_facts` from the decoded time and diff columns; refuses null times or diffs."""
+    time, diff = t.column("time"), t.column("diff")
+    if time.null_count or diff.null_count:
+        raise StagedFileInvalid(f"{where}: staged file {key!r} has null times or diffs; fill them")
+    t_lo, t_hi = (v.as_py() for v in pc.min_max(time).values())
+    return t_lo, t_hi, pc.min(pc.abs(diff)).as_py() > 0
 
 
 def _footer(path: str, schema: pa.Schema, desc: BatchDescription) -> tuple[int, bytes]:

@@ -6,9 +6,10 @@ disk, is the limit (0.73x ``df.write.parquet``). A bulk load keeps the rows in t
 
 * the driver checks the options and columns as the row path does, asks the coordinator for
   the load's staging directory (engine/staged.py), and names the load (a random job name);
-* executors sort their partition by (row, time) and write it with Spark's own Parquet writer
-  into that directory; Spark's commit protocol keeps exactly one output per partition, so a
-  retried or speculative task attempt is committed once, and a failed job leaves only its
+* executors sort their partition by (row, time) (unless the frame's plan already orders it
+  by the first key column) and write it with Spark's own Parquet writer into that
+  directory; Spark's commit protocol keeps exactly one output per partition, so a retried
+  or speculative task attempt is committed once, and a failed job leaves only its
   temporary files;
 * the driver asks the coordinator to commit the staged files as pending runs of the relation
   (one compare-and-set, recorded under the job's name: a repeated commit changes nothing);
@@ -110,7 +111,8 @@ def staged_frame(df: DataFrame, rel_schema: Any, time: int | None, diff: int | N
                  fills: Mapping[str, Any] | None = None) -> DataFrame:
     """The frame as the relation's updates, every column nullable (as a batch's are), each
     partition sorted by (row, time) with NULLs last (a batch's order), so most staged files
-    are runs as written and the commit does not rewrite them. ``fills`` gives the values of
+    are runs as written and the commit does not rewrite them; a frame whose plan already
+    orders it by the first key column (:func:`ordered_by`) is not sorted again. ``fills`` gives the values of
     the columns the frame leaves out (:func:`bulk_fills`)."""
     given = {f.name: f.dataType for f in df.schema.fields}
     columns = []
@@ -128,8 +130,31 @@ def staged_frame(df: DataFrame, rel_schema: Any, time: int | None, diff: int | N
         columns.append((DIFF, F.lit(1 if diff is None else diff).cast("long")))
     live = F.spark_partition_id() >= 0  # not foldable: keeps the CASE (and so the column) nullable
     frame = df.select(*[F.when(live, c).alias(name) for name, c in columns])
+    first = rel_schema[0]
+    if given.get(first.name) == spark_type(first.type) and ordered_by(df, first.name):
+        return frame
     keys = [f.name for f in rel_schema] + [TIME]
     return frame.sortWithinPartitions(*[F.col(k).asc_nulls_last() for k in keys])
+
+
+def ordered_by(df: DataFrame, column: str) -> bool:
+    """Whether Spark's plan says each partition of ``df`` comes ordered by ``column`` ascending
+    (a frame built from ``spark.range`` or sorted by the caller, cached or not).
+
+    Why: sorting a partition that is already in order still copies every row into Spark's
+    sorter before the writer sees the first one. Ordered by the first key column, a partition
+    is a run whenever that column does not repeat; the commit checks every file and
+    consolidates (sorts and rewrites) one that is not, so the result is the same either way.
+    False when the plan cannot be asked (Spark Connect) or says nothing."""
+    try:
+        plan = df._jdf.queryExecution().executedPlan()
+        order, out = plan.outputOrdering(), plan.output()
+        if order.isEmpty() or order.head().direction().sql() != "ASC":
+            return False
+        lead = order.head().child()
+        return any(out.apply(i).name() == column and lead.semanticEquals(out.apply(i)) for i in range(out.length()))
+    except Exception:  # noqa: BLE001 - any failure to ask only means the frame is sorted by Spark
+        return False
 
 
 def route_bulk_writes() -> None:

@@ -9,6 +9,7 @@ import random
 from collections import Counter
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
@@ -121,3 +122,33 @@ def test_bulk_refusals_are_typed_and_change_nothing(spark, coordinator):
     with pytest.raises(InvalidArgument, match="register"):  # a session without the hook: the source refuses
         SedimentWriter({**c.options("bulk"), "bulk": "true"}, df.schema, False)
     assert bulk_write.BULK in options.BATCH_WRITE
+
+
+def test_a_frame_already_ordered_by_the_first_key_is_not_sorted_again(spark, coordinator):
+    """Partitions of ``spark.range`` come ordered by id: the staged frame has no sort and its
+    files are runs as Spark wrote them. A frame ordered by id whose rows repeat is not a run:
+    the commit consolidates it. A shuffled frame is sorted by Spark. All read back as the row
+    path's."""
+    c = coordinator(compact_interval=None)
+    ranged = spark.range(0, 3_000, numPartitions=2).select(
+        "id", F.concat(F.lit("i"), (F.col("id") % 7).cast("string")).alias("item"), (4 - F.col("id") % 3).alias("time"))
+    twice = ranged.union(ranged).coalesce(1).sortWithinPartitions("id")
+    shuffled, _data = updates_frame(spark)
+    plans = {name: bulk_write.staged_frame(df, SCHEMA, None, None)._jdf.queryExecution().executedPlan().toString()
+             for name, df in (("ranged", ranged), ("twice", twice), ("shuffled", shuffled))}
+    assert "Sort [" not in plans["ranged"] and "Sort [" in plans["shuffled"]
+    assert bulk_write.ordered_by(twice, "id") and not bulk_write.ordered_by(shuffled, "id")
+    for name, df in (("ranged", ranged), ("twice", twice), ("shuffled", shuffled)):
+        for side in ("rows", "bulk"):
+            c.engine.add_relation(f"{name}_{side}", SCHEMA)
+            c.engine.seal(f"{name}_{side}", 1)
+        write(df, c, f"{name}_rows")
+        write(df, c, f"{name}_bulk", bulk="true")
+        codecs = {pq.ParquetFile(c.engine.traces.blobs.local_path(run.key)).metadata.row_group(0).column(0).compression
+                  for run in c.engine.view.relations[f"{name}_bulk"].trace.pending}
+        if name != "shuffled":  # its rows repeat: consolidated at the commit whoever sorted them
+            assert codecs == ({"SNAPPY"} if name == "ranged" else {"ZSTD"}), (name, codecs)  # Spark's files kept, or rewritten
+        for t in (2, 3, 4, 5):
+            for side in ("rows", "bulk"):
+                c.engine.seal(f"{name}_{side}", t)
+            assert raw(c, f"{name}_bulk", t) == raw(c, f"{name}_rows", t), (name, t)
