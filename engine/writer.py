@@ -70,10 +70,11 @@ class Writer:
                 bounds: tuple[int, int] | None = None, version: int = 0) -> list[Record]:
         """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches),
         stamped with the schema version ``table`` is in."""
-        if table.num_rows <= 64 and table.column(0).num_chunks == 1:  # small appends: one record, no sizing
-            batch = table.to_batches()[0]
+        n = table.num_rows
+        batches = table.to_batches() if n <= 64 else ()
+        if len(batches) == 1:  # small appends in one chunk: one record, no sizing
             lo, hi = bounds or time_range(table)
-            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, encode_updates(batch),
+            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, n, encode_updates(batches[0]),
                            schema_version=version)]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self.max_record_bytes // per_row)
@@ -116,9 +117,10 @@ class Writer:
         write- or read-locked id was written after ``locks.high_water``; its write and
         append locks record the append's greatest time."""
         start = time.perf_counter()
-        args.check_locks(locks)
+        if locks is not None:
+            args.check_locks(locks)
         rel, table, bounds, version = self._prepare(name, updates)
-        if table.num_rows == 0:
+        if bounds is None:  # no rows
             return
         records = self._encode(rel, table, 0, bounds, version)
         if len(records) > 1:  # too big for one record: make it one transaction
