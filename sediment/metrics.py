@@ -115,8 +115,8 @@ class RelationCounters:
         self.appends = appends
         self.rows = rows
 
-    def add(self, rows: int) -> None:
-        self.appends.inc()
+    def add(self, rows: int, appends: int = 1) -> None:
+        self.appends.inc(appends)
         self.rows.inc(rows)
 
 
