@@ -53,7 +53,7 @@ class Writer:
         backlog = self.view.backlog
         if backlog.bound is None:
             return
-        n = sum(len(r.body) for r in records)
+        n = len(records[0].body) if len(records) == 1 else sum(len(r.body) for r in records)
         if not backlog.must_wait(n):
             return
         self.metrics.backlog_waits.inc()
