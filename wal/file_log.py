@@ -104,6 +104,7 @@ class FileLog:
         self.index_interval = max(1, index_interval)
         self.report = OpenReport()
         self.dir = os.path.join(directory, str(partition))
+        self._where = f"the write-ahead log at {self.dir}"  # for refusals; built once, not per append
         self._preamble: SegmentPreamble = NO_PREAMBLE
         self._segments: list[Segment] = []
         self._lock = threading.Lock()  # what readers see: the segments and their offsets
@@ -230,8 +231,8 @@ class FileLog:
         order, before any waiter wakes. Only queues: the records are written when a caller
         waits (this one or a later one), or at ``finish_segment`` or ``close``.
         """
-        rec.check_appendable(records, f"the write-ahead log at {self.dir}")
-        crc = rec.crc32c
+        rec.check_appendable(records, self._where)
+        crc = rec.crc32c_raw
         return self._group.submit(GroupAppend(self._group, records, [crc(r.body) for r in records], on_durable))
 
     def _write_batch(self, batch: list[GroupAppend]) -> None:
