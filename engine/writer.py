@@ -22,6 +22,7 @@ from sediment.engine.args import check_time
 from sediment.engine.locks import Locks, LockTable
 from sediment.engine.relation import Relation
 from sediment.engine.schema import conform_updates, time_range
+from sediment.engine.small_encode import SmallBodyEncoder
 from sediment.engine.transaction import Admission, Transaction, commit_all
 from sediment.engine.view import RelationView
 from sediment.errors import FrontierRegression, InvalidArgument, TimeAlreadySealed, UnknownRelation
@@ -45,6 +46,8 @@ class Writer:
         self._wake_compaction = wake_compaction
         self._lock: threading.RLock = view.lock
         self._txn_counter = 0
+        self._small: dict[tuple[int, int], SmallBodyEncoder] = {}  # (relation id, schema version) -> encoder
+        self._appending = 0  # appends between prepare and encode now, about
 
     def wait_backlog(self, records: list[Record]) -> None:
         """Under the lock: wait while the append would take the WAL backlog past
@@ -71,11 +74,20 @@ class Writer:
         """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches),
         stamped with the schema version ``table`` is in."""
         n = table.num_rows
-        batches = table.to_batches() if n <= 64 else ()
-        if len(batches) == 1:  # small appends in one chunk: one record, no sizing
-            lo, hi = bounds or time_range(table)
-            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, n, encode_updates(batches[0]),
-                           schema_version=version)]
+        if n <= 64:  # small appends: one record, no sizing
+            body = None
+            if self._appending > 1:  # others append too: build it without releasing the GIL (engine/small_encode.py)
+                key = (rel.entry.id, version)
+                encoder = self._small.get(key)
+                if encoder is None:
+                    encoder = self._small[key] = SmallBodyEncoder(table.schema)
+                body = encoder.encode(table)
+            if body is None:
+                batches = table.to_batches()
+                body = encode_updates(batches[0]) if len(batches) == 1 else None
+            if body is not None:
+                lo, hi = bounds or time_range(table)
+                return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, n, body, schema_version=version)]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self.max_record_bytes // per_row)
         records = []
@@ -122,6 +134,14 @@ class Writer:
         rel, table, bounds, version = self._prepare(name, updates)
         if bounds is None:  # no rows
             return
+        self._appending += 1  # a hint for _encode only: a lost update under a race costs nothing but speed
+        try:
+            self._append_records(rel, name, table, bounds, version, locks, start)
+        finally:
+            self._appending -= 1
+
+    def _append_records(self, rel: Relation, name: str, table: pa.Table, bounds: tuple[int, int], version: int,
+                        locks: Locks | None, start: float) -> None:
         records = self._encode(rel, table, 0, bounds, version)
         if len(records) > 1:  # too big for one record: make it one transaction
             txn = self.next_txn_id()
