@@ -153,21 +153,33 @@ def conform_updates(relation: str, schema: pa.Schema | None, updates: object, ta
 
 def time_range(table: pa.Table) -> tuple[int, int] | None:
     """(least, greatest) time of the updates, or None when there are none."""
-    if not table.num_rows:
+    n = table.num_rows
+    if not n:
         return None
-    time = table.column("time")
-    if table.num_rows <= 16:
-        values = time.to_pylist()
+    return _bounds(table.column("time"), n)
+
+
+def _bounds(time: pa.ChunkedArray, n: int) -> tuple[int, int]:
+    if n <= 16:  # a few rows: Python ints are cheaper than a kernel call
+        values = time.chunk(0).to_pylist() if time.num_chunks == 1 else time.to_pylist()
         return min(values), max(values)
     lo, hi = pc.min_max(time).values()
     return lo.as_py(), hi.as_py()
 
 
 def _check_time_and_diff(relation: str, table: pa.Table) -> tuple[int, int] | None:
-    for name in RESERVED:
-        if table.column(name).null_count:
-            raise InvalidUpdates(f"column {name!r} of updates for {relation!r} contains nulls")
-    bounds = time_range(table)
-    if bounds is not None and bounds[0] < 0:
+    """Refuse nulls in ``time`` or ``diff`` and negative times; the time bounds. ``table``
+    is in an update schema, so they are its last two columns (looked up by position: this
+    runs for every append)."""
+    k = table.num_columns
+    time = table.column(k - 2)
+    if time.null_count or table.column(k - 1).null_count:
+        name = "time" if time.null_count else "diff"
+        raise InvalidUpdates(f"column {name!r} of updates for {relation!r} contains nulls")
+    n = table.num_rows
+    if not n:
+        return None
+    bounds = _bounds(time, n)
+    if bounds[0] < 0:
         raise InvalidUpdates(f"updates for {relation!r} have a negative time; times are >= 0")
     return bounds

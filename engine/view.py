@@ -170,12 +170,26 @@ class RelationView:
     def on_durable(self, records: Sequence[Record]) -> None:
         """The log's callback: ``records`` are durable, in log order."""
         self._on_group(len(records))
+        counted: dict[int, list] = {}  # relation id -> [relation, appends, rows]: counters bumped once a group
         with self.lock:
             cache = self.bodies
             for r in records:
-                self.apply(r)
-                if r.kind == _UPDATES:
-                    cache.put(r.lsn, r.body, len(r.body))
+                if r.kind != _UPDATES:
+                    self.apply(r)
+                    continue
+                size = len(r.body)
+                if r.txn_id == 0:  # a plain append, as apply() takes it, with its counts gathered
+                    rel = self.add_tail(r.relation_id, TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, size,
+                                                                 r.schema_version))
+                    if rel is not None:
+                        c = counted.setdefault(r.relation_id, [rel, 0, 0])
+                        c[1] += 1
+                        c[2] += r.count
+                else:
+                    self.apply(r)
+                cache.put(r.lsn, r.body, size)
+            for rel, appends, rows in counted.values():
+                rel.counters.add(rows, appends)
 
     def apply(self, r: Record) -> None:
         """One durable record's effect (under the lock)."""

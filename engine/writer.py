@@ -22,6 +22,7 @@ from sediment.engine.args import check_time
 from sediment.engine.locks import Locks, LockTable
 from sediment.engine.relation import Relation
 from sediment.engine.schema import conform_updates, time_range
+from sediment.engine.small_encode import SmallBodyEncoder
 from sediment.engine.transaction import Admission, Transaction, commit_all
 from sediment.engine.view import RelationView
 from sediment.errors import FrontierRegression, InvalidArgument, TimeAlreadySealed, UnknownRelation
@@ -45,6 +46,8 @@ class Writer:
         self._wake_compaction = wake_compaction
         self._lock: threading.RLock = view.lock
         self._txn_counter = 0
+        self._small: dict[tuple[int, int], SmallBodyEncoder] = {}  # (relation id, schema version) -> encoder
+        self._appending = 0  # appends between prepare and encode now, about
 
     def wait_backlog(self, records: list[Record]) -> None:
         """Under the lock: wait while the append would take the WAL backlog past
@@ -53,7 +56,7 @@ class Writer:
         backlog = self.view.backlog
         if backlog.bound is None:
             return
-        n = sum(len(r.body) for r in records)
+        n = len(records[0].body) if len(records) == 1 else sum(len(r.body) for r in records)
         if not backlog.must_wait(n):
             return
         self.metrics.backlog_waits.inc()
@@ -70,11 +73,21 @@ class Writer:
                 bounds: tuple[int, int] | None = None, version: int = 0) -> list[Record]:
         """UPDATES records of at most ``max_record_bytes`` each (Arrow IPC record batches),
         stamped with the schema version ``table`` is in."""
-        if table.num_rows <= 64 and table.column(0).num_chunks == 1:  # small appends: one record, no sizing
-            batch = table.to_batches()[0]
-            lo, hi = bounds or time_range(table)
-            return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, batch.num_rows, encode_updates(batch),
-                           schema_version=version)]
+        n = table.num_rows
+        if n <= 64:  # small appends: one record, no sizing
+            body = None
+            if self._appending > 1:  # others append too: build it without releasing the GIL (engine/small_encode.py)
+                key = (rel.entry.id, version)
+                encoder = self._small.get(key)
+                if encoder is None:
+                    encoder = self._small[key] = SmallBodyEncoder(table.schema)
+                body = encoder.encode(table)
+            if body is None:
+                batches = table.to_batches()
+                body = encode_updates(batches[0]) if len(batches) == 1 else None
+            if body is not None:
+                lo, hi = bounds or time_range(table)
+                return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, n, body, schema_version=version)]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self.max_record_bytes // per_row)
         records = []
@@ -116,10 +129,19 @@ class Writer:
         write- or read-locked id was written after ``locks.high_water``; its write and
         append locks record the append's greatest time."""
         start = time.perf_counter()
-        args.check_locks(locks)
+        if locks is not None:
+            args.check_locks(locks)
         rel, table, bounds, version = self._prepare(name, updates)
-        if table.num_rows == 0:
+        if bounds is None:  # no rows
             return
+        self._appending += 1  # a hint for _encode only: a lost update under a race costs nothing but speed
+        try:
+            self._append_records(rel, name, table, bounds, version, locks, start)
+        finally:
+            self._appending -= 1
+
+    def _append_records(self, rel: Relation, name: str, table: pa.Table, bounds: tuple[int, int], version: int,
+                        locks: Locks | None, start: float) -> None:
         records = self._encode(rel, table, 0, bounds, version)
         if len(records) > 1:  # too big for one record: make it one transaction
             txn = self.next_txn_id()

@@ -114,8 +114,8 @@ class RelationCounters:
         self.appends = appends
         self.rows = rows
 
-    def add(self, rows: int) -> None:
-        self.appends.inc()
+    def add(self, rows: int, appends: int = 1) -> None:
+        self.appends.inc(appends)
         self.rows.inc(rows)
 
 

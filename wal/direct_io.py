@@ -18,6 +18,13 @@ _IOV_MAX = 1024
 
 def pwritev_all(fd: int, buffers: list, offset: int) -> None:
     """Write the buffers back to back at ``offset`` without joining them first."""
+    if len(buffers) == 1:  # a small group commit: one plain pwrite
+        data = buffers[0]
+        n = os.pwrite(fd, data, offset)
+        if n == len(data):
+            return
+        buffers = [memoryview(data)[n:]]
+        offset += n
     for start in range(0, len(buffers), _IOV_MAX):
         chunk = [memoryview(b).cast("B") for b in buffers[start:start + _IOV_MAX]]
         while chunk:

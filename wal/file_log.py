@@ -104,6 +104,7 @@ class FileLog:
         self.index_interval = max(1, index_interval)
         self.report = OpenReport()
         self.dir = os.path.join(directory, str(partition))
+        self._where = f"the write-ahead log at {self.dir}"  # for refusals; built once, not per append
         self._preamble: SegmentPreamble = NO_PREAMBLE
         self._segments: list[Segment] = []
         self._lock = threading.Lock()  # what readers see: the segments and their offsets
@@ -230,8 +231,8 @@ class FileLog:
         order, before any waiter wakes. Only queues: the records are written when a caller
         waits (this one or a later one), or at ``finish_segment`` or ``close``.
         """
-        rec.check_appendable(records, f"the write-ahead log at {self.dir}")
-        crc = rec.crc32c
+        rec.check_appendable(records, self._where)
+        crc = rec.crc32c_raw
         return self._group.submit(GroupAppend(self._group, records, [crc(r.body) for r in records], on_durable))
 
     def _write_batch(self, batch: list[GroupAppend]) -> None:
@@ -241,11 +242,18 @@ class FileLog:
         lsn = seg.next_lsn
         base = pos = seg.end
         small = bytearray()  # headers and small bodies are joined; large bodies are written in place
+        every: list[rec.Record] = []
+        callbacks: dict = {}  # one call per callback per group commit, records in log order
+        header = rec.encode_header
         for p in batch:
-            for r, crc in zip(p.records, p.crcs, strict=True):
+            records = p.records
+            every += records
+            if p.on_durable is not None and records:
+                callbacks.setdefault(p.on_durable, []).extend(records)
+            for r, crc in zip(records, p.crcs, strict=True):
                 r.lsn = lsn
                 offsets.append(pos)
-                small += rec.encode_header(r, lsn, crc)
+                small += header(r, lsn, crc)
                 body = r.body
                 size = len(body)
                 if size >= 65536:
@@ -257,25 +265,18 @@ class FileLog:
                 pos += rec.HEADER_SIZE + size
                 lsn += 1
             p.last_lsn = lsn - 1
-        if small:
-            buffers.append(small)
+        small += sg.END_MARK  # overwritten by the next group; in a recycled file it marks the end
+        buffers.append(small)
         if pos + len(sg.END_MARK) > self._allocated:  # a small first segment grows in doublings
             self._allocated = max(pos + len(sg.END_MARK), min(2 * self._allocated, self.segment_bytes))
             allocate(self._active.fd, self._allocated)
-        buffers.append(sg.END_MARK)  # overwritten by the next group; in a recycled file it marks the end
         if self._direct.takes(pos - base):
             self._direct.write(self._active.fd, buffers, base, pos + len(sg.END_MARK))
             os.fdatasync(self._active.fd)
         else:
             self._active.write(buffers, base)
-        preamble = self._preamble
-        for p in batch:
-            preamble.observe(p.records)
+        self._preamble.observe(every)
         self._commit_offsets(seg, offsets, pos)
-        callbacks: dict = {}
-        for p in batch:  # one call per callback per group commit, records in log order
-            if p.on_durable is not None and p.records:
-                callbacks.setdefault(p.on_durable, []).extend(p.records)
         for callback, records in callbacks.items():
             callback(records)
 

@@ -109,11 +109,14 @@ class GroupCommit:
             else:
                 self._leading = True
                 wake = None
+                group, self._queue = self._queue, []  # taken with the lead: one lock round fewer
         if wake is not None:
             wake.acquire()  # released by the leader: done, or the lead is ours
             if pending.state == _DONE:
                 return
-        self._lead()
+            with self._lock:
+                group, self._queue = self._queue, []
+        self._lead(group)
 
     def run_background(self) -> None:
         """Have the background thread take the lead, write what is queued and run
@@ -141,10 +144,9 @@ class GroupCommit:
 
     # --- the lead --------------------------------------------------------------------------------
 
-    def _lead(self) -> None:
-        """Holding the lead: write one group, then pass the lead on."""
-        with self._lock:
-            group, self._queue = self._queue, []
+    def _lead(self, group: list[GroupAppend]) -> None:
+        """Holding the lead: write ``group`` (what was queued when the lead was taken), then
+        pass the lead on."""
         if not group:
             self._pass_lead([])
             return

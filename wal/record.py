@@ -44,6 +44,8 @@ assert HEADER_SIZE == 64
 MAX_BODY = 1 << 30
 FRONTIER_ENTRY = struct.Struct("<Qq")
 _unpack_from = HEADER.unpack_from
+_HEADER_TAIL = struct.Struct("<" + HEADER.format[2:])  # the header after its CRC field
+_U32 = struct.Struct("<I")
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -153,17 +155,18 @@ def check_appendable(records: Sequence[Record], where: str) -> None:
 
 def encode_header(record: Record, lsn: int, body_crc: int | None = None) -> bytes:
     """The 64-byte header of the record's frame at ``lsn``; the body follows it unchanged.
-    Pass ``body_crc`` when it was computed earlier (outside the writer's critical section)."""
+    Pass ``body_crc`` when it was computed earlier (outside the writer's critical section).
+    Packs the 60 bytes after the CRC once and checksums them in place: this runs for every
+    record written."""
     body = record.body
-    if len(body) > MAX_BODY:
-        raise ValueError(f"record body of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
+    size = len(body)
+    if size > MAX_BODY:
+        raise ValueError(f"record body of {size} bytes exceeds the {MAX_BODY}-byte limit")
     if body_crc is None:
-        body_crc = crc32c(body)
-    head = HEADER.pack(
-        0, MAGIC, VERSION, int(record.kind), len(body), body_crc, lsn,
-        record.relation_id, record.txn_id, record.t_lo, record.t_hi, record.count, record.schema_version,
-    )
-    return struct.pack("<I", crc32c(memoryview(head)[4:])) + head[4:]
+        body_crc = crc32c_raw(body)
+    tail = _HEADER_TAIL.pack(MAGIC, VERSION, record.kind, size, body_crc, lsn, record.relation_id, record.txn_id,
+                             record.t_lo, record.t_hi, record.count, record.schema_version)
+    return _U32.pack(crc32c_raw(tail)) + tail
 
 
 def encode(record: Record, lsn: int, body_crc: int | None = None) -> bytes:
