@@ -51,6 +51,7 @@ from typing import Any
 import pyarrow as pa
 
 from sediment.errors import EngineClosed, FeedOverrun
+from sediment.interrupts import wait_slices
 
 _MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber that is behind
 MAX_LAG = 1 << 18  # events a subscriber may fall behind before it is dropped (about 100 B each)
@@ -76,13 +77,18 @@ class FeedEvent:
     time: int
     table: pa.Table | None = None
     _memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
+    _making: threading.RLock = field(default_factory=threading.RLock, compare=False, repr=False)
 
     def encoded(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        """``make()``, made once per event and key (two racing callers may both make it;
-        both results are equal and one is kept)."""
+        """``make()``, made once per event and key: subscribers the relay wakes together ask
+        at the same moment, and a racing caller waits for the first one's result rather than
+        encoding the change again."""
         got = self._memo.get(key)
         if got is None:
-            got = self._memo.setdefault(key, make())
+            with self._making:
+                got = self._memo.get(key)
+                if got is None:
+                    got = self._memo[key] = make()
         return got
 
 
@@ -343,7 +349,9 @@ class Subscription:
             if self.cursor - base >= len(items) and not self._closed and self.dropped_at is None \
                     and (deadline is None or wait > 0):
                 try:
-                    self.wake.acquire(timeout=wait)
+                    for part in wait_slices(None if wait < 0 else wait):  # Ctrl-C ends it (sediment/interrupts.py)
+                        if self.wake.acquire(timeout=-1 if part is None else part):
+                            break
                 finally:
                     feed.settle(self)
                 continue

@@ -18,6 +18,7 @@ import pyarrow.flight as flight
 
 from sediment import errors
 from sediment.errors import EngineClosed
+from sediment.interrupts import wait_slices
 from sediment.net.wire_errors import typed_error
 
 _END = object()
@@ -110,9 +111,14 @@ class RemoteSubscription:
         timeout or once the subscription is closed."""
         if self._closed:
             return None
-        try:
-            item = self._events.get(timeout=timeout)
-        except queue.Empty:
+        for part in wait_slices(timeout):  # Ctrl-C ends it (sediment/interrupts.py)
+            try:
+                item = self._events.get(timeout=part)
+                break
+            except queue.Empty:
+                if self._closed:
+                    return None
+        else:
             return None
         if item is _END:
             self._events.put(_END)

@@ -422,3 +422,52 @@ def test_a_served_change_is_encoded_once_for_every_remote_subscriber(tmp_path, m
             server.stop(grace=10)
     assert made.count("snapshot") == 3, "each subscription has its own snapshot"
     assert made.count("updates") == 1, "the live change was encoded once per subscriber, not once"
+
+
+_CTRL_C_IN_ANOTHER_THREAD = """
+import signal, sys, threading, time, uuid
+import pyarrow as pa
+import sediment
+eng = sediment.open(sys.argv[1])
+eng.add_relation("r", pa.schema([("k", pa.int64())]))
+eng.seal("r", 0)
+if sys.argv[2] == "served":
+    from sediment import server as served
+    from sediment.client import Client
+    token = uuid.uuid4().hex
+    server = served.SedimentFlightServer(eng, "grpc://127.0.0.1:0", token)
+    sub = Client(server.uri, token).subscribe("r")
+else:
+    sub = eng.subscribe("r")
+assert sub.next(timeout=10).kind == "snapshot"
+main = threading.main_thread()
+
+def nudge():
+    # the kernel may pick any thread for a process's SIGINT: this one takes it
+    while not (sub.sleeping if hasattr(sub, "sleeping") else
+               sys._current_frames()[main.ident].f_code.co_name in ("wait", "get")):
+        time.sleep(0.01)
+    time.sleep(0.3)  # well inside the wait
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+threading.Thread(target=nudge, daemon=True).start()
+try:
+    sub.next()
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    import os
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("where", ["local", "served"])
+def test_ctrl_c_taken_by_another_thread_ends_a_subscription_wait(tmp_path, where):
+    """A SIGINT the kernel hands to a thread other than the main one runs Python's handler
+    only when the main thread runs again: a subscription's endless wait in the main thread
+    must wake up for it (`sediment tail` once ignored Ctrl-C this way, now and then)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_IN_ANOTHER_THREAD, str(tmp_path / "d"), where],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "interrupted", proc.stderr[-2000:]
