@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.columns import WORKS
+from support.terminal import sigint_as_at_a_terminal
 
 import sediment
 from sediment.cli import main as cli_main
@@ -147,7 +148,8 @@ def test_tail_count_counts_printed_rows_and_ends(tmp_path):
 
 def test_ctrl_c_exits_quietly_with_130(tmp_path):
     d = seeded(tmp_path, rows=1)
-    proc = popen("--data-dir", d, "tail", "orders", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = popen("--data-dir", d, "tail", "orders", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 preexec_fn=sigint_as_at_a_terminal)
     out = lines_of(proc.stdout)
     assert out.get(timeout=RUN_TIMEOUT) == "event,time,id,diff\n"
     assert out.get(timeout=RUN_TIMEOUT).startswith("snapshot,")

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 from support.served import Served
+from support.terminal import sigint_as_at_a_terminal
 
 import sediment
 from sediment.cli.discover import SERVER_FILE, read_record
@@ -136,7 +137,8 @@ def test_a_local_tail_does_not_block_writers(tmp_path):
     env = _env()  # no token anywhere: the tail makes one up and records it
     assert _cli(data, "relation", "add", "fresh", "--schema", "id:int64", env=env).returncode == 0
     tail = subprocess.Popen([sys.executable, "-m", "sediment", "--data-dir", str(data), "tail", "fresh"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=sigint_as_at_a_terminal)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line.rstrip("\n")) for line in tail.stdout] and None,
                      daemon=True).start()

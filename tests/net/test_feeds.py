@@ -468,6 +468,8 @@ def test_ctrl_c_taken_by_another_thread_ends_a_subscription_wait(tmp_path, where
     import subprocess
     import sys
 
+    from support.terminal import sigint_as_at_a_terminal
+
     proc = subprocess.run([sys.executable, "-c", _CTRL_C_IN_ANOTHER_THREAD, str(tmp_path / "d"), where],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, preexec_fn=sigint_as_at_a_terminal)
     assert proc.stdout.strip() == "interrupted", proc.stderr[-2000:]
