@@ -442,12 +442,18 @@ else:
 assert sub.next(timeout=10).kind == "snapshot"
 main = threading.main_thread()
 
+def asleep():
+    # the main thread is inside its wait and blocked in the kernel (state S in /proc)
+    waiting = sub.sleeping if hasattr(sub, "sleeping") else \
+        sys._current_frames()[main.ident].f_code.co_name in ("wait", "get")
+    with open(f"/proc/self/task/{main.native_id}/stat") as f:
+        return waiting and f.read().rsplit(")", 1)[1].split()[0] == "S"
+
 def nudge():
     # the kernel may pick any thread for a process's SIGINT: this one takes it
-    while not (sub.sleeping if hasattr(sub, "sleeping") else
-               sys._current_frames()[main.ident].f_code.co_name in ("wait", "get")):
+    deadline = time.monotonic() + 30
+    while not asleep() and time.monotonic() < deadline:
         time.sleep(0.01)
-    time.sleep(0.3)  # well inside the wait
     signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
 threading.Thread(target=nudge, daemon=True).start()
