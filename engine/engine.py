@@ -34,7 +34,7 @@ import pyarrow as pa
 from sediment._fs import makedirs_durable, remove_tree_durable
 from sediment.blob.counting import counting
 from sediment.clock import Clock, MonotonicClock
-from sediment.engine import args, log_replay, s3_deploy, staged, takeover
+from sediment.engine import args, log_replay, staged, takeover
 from sediment.engine.backlog import (
     DEFAULT_MAX_WAL_BACKLOG,
     DEFAULT_WAL_BACKLOG_TIMEOUT,
@@ -231,8 +231,8 @@ class Engine:
                   repair: bool) -> WriteAheadLog:
         storage, record = self.storage, self.storage.record
         if record.wal_spec.kind == "s3":
-            storage.log = s3_deploy.open_log(self, record.wal, metadata, marker, storage.s3_endpoint,
-                                             segment_bytes=segment_bytes, repair=repair, create=storage.created)
+            storage.log = takeover.open_s3_log(self, record.wal, metadata, marker, storage.s3_endpoint,
+                                               segment_bytes=segment_bytes, repair=repair, create=storage.created)
             return storage.log
         if not record.replicas:
             return storage.open_local_log(record.wal_spec, segment_bytes=segment_bytes, repair=repair,
