@@ -312,13 +312,7 @@ class Engine:
     replay = _forward("reads", Reads.replay)
     trace_info = _forward("reads", Reads.trace_info)
     compact = _forward("compaction", Compaction.compact)
-
-    def compaction_errors(self) -> dict[str, str]:
-        """Relations whose last compaction attempt (a pass or a merge) failed, with the error;
-        each is retried on every pass until it succeeds. A failed pass keeps the relation's WAL
-        records (the log is trimmed only below them); a failed merge leaves its inputs as they
-        are. Empty when every relation compacts."""
-        return self.compaction.errors()
+    compaction_errors = _forward("compaction", Compaction.compaction_errors)
 
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data. Its WAL records are ignored from now on and
