@@ -35,7 +35,6 @@ class WalBacklog:
         self.bound = bound
         self.timeout = timeout
         self.waiting = 0
-        self.waits = 0  # appends that had to wait, ever
         self._watchers = 0
         self._cond = threading.Condition(lock)
         self._clock = clock if clock is not None else MonotonicClock()
@@ -64,7 +63,6 @@ class WalBacklog:
             return
         deadline = self._clock.current_time() + self.timeout
         self.waiting += 1
-        self.waits += 1
         self._cond.notify_all()  # watchers of ``waiting`` (stats readers, tests) see the change
         try:
             wake_compacter()
@@ -114,9 +112,6 @@ class BodyCache:
         if self.bytes + size <= self.cap:
             self._bodies[lsn] = body
             self.bytes += size
-
-    def get(self, lsn: int) -> object | None:
-        return self._bodies.get(lsn)
 
     def take(self, lsn: int) -> object | None:
         """The body, removed from the cache: a pass takes what it decodes, so the room is free
