@@ -35,6 +35,7 @@ class WalBacklog:
         self.bound = bound
         self.timeout = timeout
         self.waiting = 0
+        self.waits = 0  # appends that had to wait, ever
         self._watchers = 0
         self._cond = threading.Condition(lock)
         self._clock = clock if clock is not None else MonotonicClock()
@@ -63,6 +64,7 @@ class WalBacklog:
             return
         deadline = self._clock.current_time() + self.timeout
         self.waiting += 1
+        self.waits += 1
         self._cond.notify_all()  # watchers of ``waiting`` (stats readers, tests) see the change
         try:
             wake_compacter()
