@@ -465,7 +465,7 @@ class Client:
         held = json.loads(held_raw) if held_raw is not None else None
         schema = schema_from_text(held.pop("update_schema")) if held is not None else body.schema
         tail = schema.empty_table() if held is not None else body.replace_schema_metadata(metadata or None)
-        plan = ReadPlan(update_schema=tail.schema, tail=tail, **{name: meta.get(name) for name in PLAN_FIELDS})
+        plan = ReadPlan(update_schema=tail.schema, tail=tail, **{key: meta.get(key) for key in PLAN_FIELDS})
         return plan, held, (body.column("cut").combine_chunks() if held is not None else None)
 
     def tail_part(self, name: str, lease: int, *, key: str | None = None, cuts: pa.Array | None = None,
