@@ -3,25 +3,8 @@
 One frame format serves every WAL backend (file segments, the device ring, and
 replica storage): a 64-byte header with its own CRC32C, then the body with a
 second CRC32C. The header's CRC lets a reader trust ``body_len`` before it reads
-the body, which is how a torn tail is told from damage. See docs/formats.md,
-"WAL record frame". All integers are little-endian.
-
-    off size field
-      0    4 header_crc   crc32c of header bytes [4, 64)
-      4    2 magic        0x5344 ("DS" on disk)
-      6    1 version      1
-      7    1 kind         RecordKind
-      8    4 body_len
-     12    4 body_crc     crc32c of the body
-     16    8 lsn          file backend: sequence number; device: logical byte offset
-     24    8 relation_id  0 when the record belongs to no relation
-     32    8 txn_id       0: the record commits by itself
-     40    8 t_lo         UPDATES: least time; PROGRESS: t of "close t"
-     48    8 t_hi         UPDATES: greatest time; PROGRESS: t
-     56    4 count        UPDATES: rows; FRONTIERS: entries; else 0
-     60    4 schema_ver   UPDATES: the relation's schema version the body was written
-                          under (engine/schema_history.py); else 0. Written as 0
-                          before schema versions existed, which is version 0
+the body, which is how a torn tail is told from damage. The field table is in
+docs/formats.md, "WAL record frame" (``HEADER`` below packs it, little-endian).
 """
 
 from __future__ import annotations

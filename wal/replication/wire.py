@@ -1,25 +1,10 @@
 """The storage-node wire protocol: framed, versioned, checksummed messages (pure; no sockets).
 
-Every message is one frame (docs/formats.md ("Replication formats")). All integers little-endian.
-
-    off size field
-      0    4 magic      b"SDRP"
-      4    1 version    1
-      5    1 type       MsgType
-      6    2 reserved   0
-      8    4 body_len
-     12    4 crc        crc32c of bytes [0, 12) followed by the body
-     16    . body
-
-A request body is a fixed 56-byte part then a payload (APPEND: record frames):
-request id u64, cluster key 16 bytes, partition u32, reserved u32, session id i64,
-arg1 i64, arg2 i64. A response body is a fixed 48-byte part, a UTF-8 message and a
-payload (READ: record frames): request id u64, status u16, reserved u16, message length
-u32, node session i64, max LSN i64, low-water mark i64, local low-water mark i64.
-
-The magic and version on every frame mean a node never misreads a stray or future
-peer's bytes as a command; the CRC covers the header too, so a flipped type or length
-is caught before anything acts on it.
+Every message is one frame: a 16-byte header (``FRAME``), then a request (``REQUEST``) or
+response (``RESPONSE``) body and its payload; the layouts are in docs/formats.md
+("Replication formats", "Wire frame"). The magic and version on every frame mean a node
+never misreads a stray or future peer's bytes as a command; the CRC covers the header too,
+so a flipped type or length is caught before anything acts on it.
 """
 
 from __future__ import annotations

@@ -2,12 +2,11 @@
 
     sediment storage-node --dir DIR --listen 127.0.0.1:7001 --cluster-key UUID
 
-Each partition is a directory of segment files in the WAL's file layout
-(``<dir>/<partition>/<first LSN>.seg``/``.idx``, record frames of wal/record.py) and a
-partition-state entry in the control file ``<dir>/sediment-wal.ctl`` (session id,
-low-water mark, local low-water mark). Records arrive already framed with their LSNs,
-so a node checks them and writes the coordinator's bytes as they are: every replica
-holds byte-identical records.
+Each partition is kept in the WAL's file layout with its state in the control file
+(partition_store.py; docs/formats.md, "Storage node layout"). Records arrive already
+framed with their LSNs, so a node checks them and writes the coordinator's bytes as they
+are: every replica holds byte-identical records. Nothing is acknowledged before it is
+durable (fdatasync).
 
 Why a node refuses things:
 
@@ -18,38 +17,14 @@ Why a node refuses things:
   The highest session is persisted at OPEN, so a restart does not forget it;
 * an APPEND whose first LSN is not the next one (the coordinator must catch it up).
 
-Nothing is acknowledged before it is durable (fdatasync). Appends queued while a
-write is in progress are written together with one sync (group commit), which is
-what makes pipelined batches from a coordinator cheap.
-
-How a request flows. The node is CPU-bound under load, so the path of an APPEND costs
-as few trio scheduler passes and thread hops as it can:
-
-1. The connection's receiver task decodes a request and calls :meth:`StorageNode.submit`,
-   which checks and orders it synchronously, in arrival order (cluster key, session
-   fence, OPEN, LSN reservation, record checksums). A request that needs no storage
-   (INFO, a refusal) is answered at once.
-2. A request that changes storage becomes an operation on its partition's queue, with a
-   completion callback. Each partition of a file store has one plain writer thread: it
-   takes everything queued, writes each run of consecutive appends with one pwrite and
-   one fdatasync (group commit), and runs the other operations in order.
-3. The writer then publishes the group's effect (next LSN, partition state) and calls
-   the group's callbacks, which build each reply from the state after the operation and
-   put it on the connection's outbox. A reply is written to the socket right there when
-   nothing is queued ahead of it, so an acknowledgement costs the trio thread nothing;
-   otherwise the connection's sender task writes everything queued with one
-   ``send_all``. Replies leave in any order (the coordinator matches them by request id)
-   but never interleave.
-
-An in-memory store (the simulations) runs each operation at once in the trio thread and
-completes it through the same callbacks: no threads, so a MockClock run stays
-deterministic.
-
-READ runs in a worker thread of its own (it is not on the hot path) and is not ordered
-with the writes.
-
-The request handling (:class:`StorageNode`) is independent of sockets and of where
-bytes are kept: tests run it over in-memory streams with :class:`MemoryPartitionStore`.
+The node is CPU-bound under load, so an APPEND costs as few trio scheduler passes and
+thread hops as it can: :meth:`StorageNode.submit` checks and orders each request
+synchronously in arrival order; a partition's writer thread writes each run of queued
+appends with one sync (:class:`_Partition`, group commit) and replies from there
+(replies.py). An in-memory store (the simulations) runs each operation at once in the
+trio thread through the same callbacks, so a MockClock run stays deterministic. READ
+runs in a worker thread and is not ordered with the writes. :class:`StorageNode` is
+independent of sockets: tests run it over in-memory streams.
 """
 
 from __future__ import annotations
@@ -88,8 +63,6 @@ log = logging.getLogger(__name__)
 
 MAX_READ_BYTES = 4 << 20
 OPEN_PAYLOAD = struct.Struct("<q")  # OPEN response payload: the session persisted before this OPEN
-
-
 
 
 def check_payload(payload: bytes, first_lsn: int) -> list[int]:
