@@ -98,17 +98,11 @@ class ControlFile:
             ids.append(PARTITION.unpack_from(data, off)[0])
         return cls(path, header, ids)
 
-    @classmethod
-    def open_or_create(cls, directory: str, cluster_key: uuid.UUID | None = None) -> ControlFile:
-        if os.path.exists(os.path.join(directory, CONTROL_NAME)):
-            ctl = cls.open(directory)
-            if cluster_key is not None and ctl.header.cluster_key != cluster_key:
-                raise WalError(
-                    f"{ctl.path} belongs to cluster {ctl.header.cluster_key}, not {cluster_key}; "
-                    "point this node at its own storage directory"
-                )
-            return ctl
-        return cls.create(directory, cluster_key)
+    def check_cluster(self, cluster_key: uuid.UUID | None) -> None:
+        """Refuse another cluster's storage directory (None: any)."""
+        if cluster_key is not None and self.header.cluster_key != cluster_key:
+            raise WalError(f"{self.path} belongs to cluster {self.header.cluster_key}, not {cluster_key}; "
+                           "point this node at its own storage directory")
 
     @property
     def partitions(self) -> list[int]:

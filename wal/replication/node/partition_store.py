@@ -436,9 +436,7 @@ def open_directory(directory: str, cluster_key: uuid.UUID,
                          path=ctl_path, reason="control file missing")
     else:
         control = ControlFile.open(directory)
-        if control.header.cluster_key != cluster_key:
-            raise WalError(f"{control.path} belongs to cluster {control.header.cluster_key}, not {cluster_key}; "
-                           "point this node at its own storage directory")
+        control.check_cluster(cluster_key)
     lock = threading.Lock()
 
     def open_store(pid: int) -> PartitionStore:
