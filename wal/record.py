@@ -171,6 +171,23 @@ def check_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple 
     return u
 
 
+def check_frame(buf: memoryview, pos: int = 0, end: int | None = None) -> tuple[tuple | None, str]:
+    """The header fields (see :func:`check_header`) of the whole frame at ``pos`` when it ends
+    by ``end`` (default: the end of ``buf``) and its body matches its CRC, else (None, why not):
+    how a reader of frames held in memory (replica payloads, S3 objects) checks each one."""
+    u = check_header(buf, pos)
+    if u is None or pos + HEADER_SIZE + u[4] > (len(buf) if end is None else end):
+        return None, "is damaged or cut short"
+    if crc32c_raw(buf[pos + HEADER_SIZE:pos + HEADER_SIZE + u[4]]) != u[5]:
+        return None, f"(LSN {u[6]}) fails its body checksum"
+    return u, ""
+
+
+def record_of(u: tuple, body: bytes | memoryview) -> Record:
+    """The record whose header :func:`check_header` unpacked as ``u``, with ``body``."""
+    return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6], u[12])
+
+
 def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header | None:
     """The header at ``offset`` (see :func:`check_header`), or None. Never raises on garbage."""
     u = check_header(buf, offset)

@@ -30,6 +30,7 @@ import threading
 from sediment._fs import fsync_dir, pwrite_all
 from sediment.wal import segment as sg
 from sediment.wal.direct_io import allocate
+from sediment.wal.log_apply import write_new_file
 
 DEFAULT_KEEP = 2  # files kept for reuse: a segment rolling while the next trim is under way
 
@@ -95,10 +96,5 @@ def reuse_segment_file(pool_path: str, seg_path: str, idx_path: str, seg_header:
     finally:
         os.close(fd)
     os.rename(pool_path, seg_path)
-    fd = os.open(idx_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        pwrite_all(fd, idx_header, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_new_file(idx_path, idx_header)
     fsync_dir(os.path.dirname(seg_path))

@@ -106,14 +106,13 @@ def frames(data: bytes, head: ObjectHeader) -> tuple[list[int], str]:
         return offsets, f"object holds {len(data) - HEADER_SIZE} bytes of frames, its header says {head.frames_len}"
     if len(data) > end:
         return offsets, f"object has {len(data) - end} bytes past its frames"
+    view = memoryview(data)
     while len(offsets) < head.records:
-        frame = rec.decode_header(data, pos)
-        if frame is None or frame.lsn != lsn or pos + frame.frame_size > end:
-            return offsets, f"record header at offset {pos} (LSN {lsn}) is damaged"
-        if not rec.body_ok(frame, memoryview(data)[pos + rec.HEADER_SIZE:pos + frame.frame_size]):
-            return offsets, f"record body at offset {pos} (LSN {lsn}) fails its checksum"
+        u, why = rec.check_frame(view, pos, end)
+        if u is None or u[6] != lsn:
+            return offsets, f"record at offset {pos} (LSN {lsn}) {why or f'has LSN {u[6]}'}"
         offsets.append(pos)
-        pos += frame.frame_size
+        pos += rec.HEADER_SIZE + u[4]
         lsn += 1
     if pos != end:
         return offsets, f"{end - pos} bytes follow the last of its {head.records} records"

@@ -150,14 +150,11 @@ def iter_records(payload: bytes) -> Iterator[rec.Record]:
     view = memoryview(payload)
     pos = 0
     while pos < len(payload):
-        head = rec.decode_header(view, pos)
-        if head is None or pos + head.frame_size > len(payload):
-            raise WireError(f"record frame at payload offset {pos} is damaged or cut short")
-        body = view[pos + rec.HEADER_SIZE:pos + head.frame_size]
-        if not rec.body_ok(head, body):
-            raise WireError(f"record body at payload offset {pos} (LSN {head.lsn}) fails its checksum")
-        yield rec.to_record(head, bytes(body))
-        pos += head.frame_size
+        u, why = rec.check_frame(view, pos)
+        if u is None:
+            raise WireError(f"record frame at payload offset {pos} {why}")
+        yield rec.record_of(u, view[pos + rec.HEADER_SIZE:pos + rec.HEADER_SIZE + u[4]])
+        pos += rec.HEADER_SIZE + u[4]
 
 
 class FrameReader:

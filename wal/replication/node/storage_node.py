@@ -67,28 +67,19 @@ OPEN_PAYLOAD = struct.Struct("<q")  # OPEN response payload: the session persist
 
 def check_payload(payload: bytes, first_lsn: int) -> list[int]:
     """The frame sizes of the records in an APPEND payload; WireError unless every frame is
-    intact and the LSNs run first_lsn, first_lsn + 1, ... (a node stores nothing it cannot vouch for).
-
-    The checks are record.check_header's plus the body CRC, without building a Header per
-    record: this runs for every record a node receives."""
+    intact and the LSNs run first_lsn, first_lsn + 1, ... (a node stores nothing it cannot vouch for)."""
     sizes = []
     view = memoryview(payload)
-    end = len(payload)
-    crc = rec.crc32c
     pos = 0
     lsn = first_lsn
-    while pos < end:
-        u = rec.check_header(view, pos)
-        frame_end = end + 1 if u is None else pos + rec.HEADER_SIZE + u[4]
-        if frame_end > end:
-            raise WireError(f"APPEND record frame at payload offset {pos} is damaged or cut short")
-        body_crc, head_lsn = u[5], u[6]
-        if head_lsn != lsn:
-            raise WireError(f"APPEND record at payload offset {pos} has LSN {head_lsn}, expected {lsn}")
-        if crc(view[pos + rec.HEADER_SIZE:frame_end]) != body_crc:
-            raise WireError(f"APPEND record LSN {lsn} fails its body checksum")
-        sizes.append(frame_end - pos)
-        pos = frame_end
+    while pos < len(payload):
+        u, why = rec.check_frame(view, pos)
+        if u is None:
+            raise WireError(f"APPEND record frame at payload offset {pos} {why}")
+        if u[6] != lsn:
+            raise WireError(f"APPEND record at payload offset {pos} has LSN {u[6]}, expected {lsn}")
+        sizes.append(rec.HEADER_SIZE + u[4])
+        pos += sizes[-1]
         lsn += 1
     return sizes
 
