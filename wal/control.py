@@ -1,11 +1,10 @@
 """The control file: the storage directory's identity and each partition's session state.
 
-Waltz layout (docs/formats.md, "Control file"): a 128-byte header (magic, format
-version, creation time, cluster key, partition count, header CRC), then one
-partition-info record per partition holding two alternating copies of the
-partition's state. A state update overwrites the older copy in place and
-fdatasyncs (wal/dual_slot.py); a copy torn by a crash fails its CRC and the other copy
-is used, which rolls the partition back to its previous session.
+Waltz layout (docs/formats.md, "Control file"): a header, then one partition-info record
+per partition holding two alternating copies of the partition's state. A state update
+overwrites the older copy in place and fdatasyncs (wal/dual_slot.py); a copy torn by a
+crash fails its CRC and the other copy is used, which rolls the partition back to its
+previous session.
 """
 
 from __future__ import annotations

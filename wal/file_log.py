@@ -85,8 +85,7 @@ class FileLog:
         reported in ``problems`` and appends resume past it.
 
         Group commits of at least ``direct_threshold`` bytes are written with O_DIRECT
-        from an aligned buffer (the page-cache write path was the bottleneck for big
-        appends, about 0.6 GB/s against 2 GB/s direct here); None disables it.
+        (wal/direct_io.py); None disables it.
 
         ``keep_recovered``: keep what open verified for one call of :meth:`recovered` (the
         engine replays it instead of reading the log a second time).

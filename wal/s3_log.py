@@ -1,23 +1,17 @@
 """The log on S3 (``wal="s3://bucket/prefix"``): a WriteAheadLog whose group commits are
-objects, for a deployment with nothing but object storage.
+objects, for a deployment with nothing but object storage. Objects, writing, claiming
+and recovery: docs/formats.md, "Log on S3".
 
-One writer thread owns the log, as in the file log: appenders queue their records and
-wait; the writer takes everything queued, writes it as one object at the next slot with
-``If-None-Match: *`` (format in wal/s3_format.py and docs/formats.md), and wakes them when
-S3 has answered. An append is acknowledged when its object's PUT is, and a PUT takes
-milliseconds, so batching is what keeps throughput: every append queued while one PUT is
-in flight goes into the next object.
+One writer thread owns the log: appenders queue their records and wait; the writer takes
+everything queued, writes it as one object at the next slot and wakes them when S3 has
+answered. A PUT takes milliseconds, so batching is what keeps throughput: every append
+queued while one PUT is in flight goes into the next object.
 
-Opening claims the log: the opener writes a CLAIM object with the next epoch at the slot
-after the newest. A writer still running from before (paused, partitioned) then finds its
-next slot taken, gets 412 on bytes that are not its own, fails with WalFenced and writes
-nothing more. CLAIM objects are never deleted by a trim: a fenced writer's next PUT is
-always aimed at the slot the next epoch claimed, so keeping claims keeps every fenced
-writer out, however long it stalled (the hole of SlateDB issue 352, closed).
-
-Segments are runs of objects: a boundary is an object flagged SEGMENT whose one record is
-the owner's FRONTIERS record. A trim writes a small object recording the new start slot,
-then deletes the objects below it (not the claims).
+Opening claims the log with a CLAIM object at the slot after the newest, so a writer
+still running from before finds its next slot taken and stops (WalFenced). CLAIM objects
+are never deleted by a trim: a fenced writer's next PUT is always aimed at the slot the
+next epoch claimed, so keeping claims keeps every fenced writer out, however long it
+stalled (the hole of SlateDB issue 352, closed).
 """
 
 from __future__ import annotations

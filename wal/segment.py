@@ -1,13 +1,10 @@
 """Segment files: ``<first LSN, 19 digits>.seg`` data and ``.idx`` index (Waltz layout).
 
-Both files start with the same 128-byte header (docs/formats.md, "Segment files"):
-magic (``SDSG`` data, ``SDIX`` index), format version, creation time, cluster key,
-partition id, first LSN, and for the index the number of entries known flushed
-(its checkpoint), then a CRC32C of the header. A data file's body is a sequence of
-record frames (wal/record.py); an index file's body is one little-endian u64 per
-record: the byte offset of record ``first_lsn + i`` in the data file.
+Both files start with the same 128-byte header (docs/formats.md, "Segment files"). A data
+file's body is a sequence of record frames (wal/record.py); an index file's body is one
+little-endian u64 per record: the byte offset of record ``first_lsn + i`` in the data file.
 
-This module reads and checks segments; the log (wal/file_log.py) writes them.
+This module reads and checks segments; wal/segment_writer.py writes them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Where a storage node keeps one partition's replica: segment files, or memory (simulations).
 
-:class:`FilePartitionStore` keeps the WAL's file layout (``<dir>/<partition>/<first
-LSN>.seg``/``.idx``, record frames of wal/record.py) and the partition's state in the
-storage directory's control file; :class:`MemoryPartitionStore` keeps frames in a list
-for deterministic simulations. Both refuse a truncation outside [first record - 1, last
-record] and a low-water mark below the stored one (Waltz refuses both): the request
-path in wal/replication/node/storage_node.py checks first and answers BAD_REQUEST; these are the backstop.
+Both refuse a truncation outside [first record - 1, last record] and a low-water mark
+below the stored one (Waltz refuses both): the request path in storage_node.py checks
+first and answers BAD_REQUEST; these are the backstop. The layout and recovery rules are
+in docs/formats.md, "Storage node layout".
 """
 
 from __future__ import annotations
@@ -82,18 +80,10 @@ class PartitionStore(Protocol):
 
 class FilePartitionStore:
     """One partition's replica in segment files (the WAL's file layout), its manifest and the
-    storage directory's control file.
-
-    It opens and recovers exactly as the local log does (wal/file_log.py): the manifest
-    (wal/log_open.py) says what must be there, the shared reader (wal/log_reader.py) plans the
-    recovery and wal/log_apply.py carries it out, so a missing or shortened segment, a lost
-    manifest or an active segment ending before the recorded durable end is refused (the
-    node answers FAILED for the partition), never served as a shorter replica. Unlike FileLog
-    it never writes records of its own (no FRONTIERS at segment ends): LSNs are the
-    coordinator's, and every replica must hold the same record at each. Every change that
-    lowers the log's end (a truncation, a reset) is recorded in the manifest before any byte
-    is cut, so the next open never mistakes it for loss.
-    """
+    storage directory's control file. It opens and recovers exactly as the local log does
+    (log_open, log_reader, log_apply), so damage is refused (the node answers FAILED for the
+    partition), never served as a shorter replica. Unlike FileLog it writes no records of its
+    own: LSNs are the coordinator's, and every replica must hold the same record at each."""
 
     blocking = True
 
