@@ -36,7 +36,15 @@ from sediment.errors import (
 )
 from sediment.wal import record as rec
 from sediment.wal import s3_format as fmt
-from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble, check_usable
+from sediment.wal.protocol import (
+    NO_PREAMBLE,
+    OpenReport,
+    PendingAppend,
+    SegmentPreamble,
+    check_trim,
+    check_usable,
+    notify,
+)
 from sediment.wal.s3_objects import Loaded, Newest, SlotStore, damaged, read_newest, read_range
 
 log = logging.getLogger(__name__)
@@ -314,11 +322,7 @@ class S3Log:
             p.error = err
             p.done.set()
         if isinstance(exc, _TAKEN_OVER):
-            for callback in list(self._fenced_callbacks):
-                try:
-                    callback(exc)
-                except Exception:  # noqa: BLE001 - a callback must not stop the others
-                    log.exception("fenced callback failed")
+            notify(list(self._fenced_callbacks), exc, "an on_fenced callback")
 
     def _write_group(self, batch: list[_Pending]) -> None:
         records = [r for p in batch for r in p.records]
@@ -378,12 +382,7 @@ class S3Log:
             self._seg_first, self._seg_records, self._seg_bytes = first, 0, 0
         self._write_object(fmt.SEGMENT, [record], [rec.crc32c(record.body)])
         self._preamble.observe([record])
-        listener = self._listener
-        if listener is not None:
-            try:
-                listener(first)
-            except Exception:  # noqa: BLE001 - a listener must not stop the writer
-                log.exception("segment-finish listener failed")
+        notify([self._listener], first, "segment-finish listener")
 
     def finish_segment(self) -> None:
         self._enqueue(_Pending([], [], finish=True)).wait()
@@ -503,9 +502,7 @@ class S3Log:
     def trim(self, lsn: int) -> None:
         """Record a new start (the newest segment boundary at or below ``lsn`` and the finished
         LSN) in an object of its own, then delete the objects below it except CLAIMs."""
-        if lsn > self.end_lsn:
-            raise WalError(f"{self.dir}: cannot trim to {lsn}: the log ends at {self.end_lsn}. Trim only LSNs that "
-                           "append() returned and the compacter has finished with")
+        check_trim(self.dir, lsn, self.end_lsn)
         with self._trim_lock:
             with self._lock:
                 limit = min(lsn, self._seg_first)

@@ -34,7 +34,7 @@ from sediment.clock import Clock, MonotonicClock
 from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
 from sediment.metadata.protocol import MetadataStore
 from sediment.wal import record as rec
-from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble
+from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble, check_trim, notify
 from sediment.wal.replication.partition_meta import PartitionMeta, PartitionMetaStore
 from sediment.wal.replication.partition_probe import refuse_claimed_partition
 from sediment.wal.replication.replica import tcp_connect
@@ -160,11 +160,7 @@ class ReplicatedLog:
             self._ready.set()
             fenced = self.coordinator.fenced
             if fenced is not None and not self._closed:
-                for callback in list(self._fenced_callbacks):
-                    try:
-                        callback(fenced)
-                    except Exception:  # noqa: BLE001 - one listener must not silence the others
-                        log.exception("an on_fenced callback failed")
+                notify(list(self._fenced_callbacks), fenced, "an on_fenced callback")
 
     async def _coordinate(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await self.coordinator.run(task_status=task_status)
@@ -429,9 +425,7 @@ class ReplicatedLog:
         """Records below ``lsn`` are in the engine's batches: storage nodes drop whole segments
         below it. A replica that was away meanwhile is reset to the first kept LSN when it
         catches up, since the records below exist nowhere in the log any more."""
-        if lsn > self.end_lsn:
-            raise WalError(f"cannot trim the replicated log of partition {self.partition} to {lsn}: it ends at "
-                           f"{self.end_lsn}. Trim only LSNs that append() returned and the compacter has finished with")
+        check_trim(f"the replicated log of partition {self.partition}", lsn, self.end_lsn)
         lsn = min(lsn, self._finished - 1)  # keep the last finished FRONTIERS record: it carries every frontier
         if lsn <= self._trimmed:
             return

@@ -86,13 +86,3 @@ def decide(voting: Sequence[int], non_voting: Sequence[int], absent: int, quorum
         if supports + absent >= quorum:
             return Decision(undecidable=True, catch_up=behind)
     return Decision(undecidable=True, catch_up=behind)
-
-
-def resolve_closing_hwm(reported: dict[str, int], replica_count: int) -> int | None:
-    """Every reporter votes, nobody is new: the closing mark, or None while undecidable.
-
-    Kept for callers that know only max LSNs; catch-up is theirs to do."""
-    if len(reported) > replica_count:
-        raise ValueError(f"{len(reported)} replicas reported but the partition has {replica_count}")
-    d = decide(list(reported.values()), [], replica_count - len(reported), quorum_size(replica_count))
-    return d.resolved
