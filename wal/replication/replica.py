@@ -141,7 +141,7 @@ class ReplicaConnection:
                     raise ReplicaUnavailable(f"storage node {self.address} closed the connection")
             except* Exception as group:  # any failure ends the connection; a Cancelled (kill, or an
                 # outer scope) travels on, so a send error beside it cannot escape this task
-                self.kill(f"connection to storage node {self.address} failed: {_first(group)}")
+                self.kill(f"connection to storage node {self.address} failed: {first_leaf(group)}")
         self.kill(self.dead or f"connection to storage node {self.address} closed")
         await trio.aclose_forcefully(self.stream)
 
@@ -169,7 +169,7 @@ class ReplicaConnection:
                 call._finish()
 
 
-def _first(exc: BaseException) -> BaseException:
+def first_leaf(exc: BaseException) -> BaseException:
     """The first leaf of an exception group (trio nurseries wrap what their tasks raise)."""
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]

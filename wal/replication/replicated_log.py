@@ -37,7 +37,7 @@ from sediment.wal import record as rec
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble, check_trim, notify
 from sediment.wal.replication.partition_meta import PartitionMeta, PartitionMetaStore
 from sediment.wal.replication.partition_probe import refuse_claimed_partition
-from sediment.wal.replication.replica import tcp_connect
+from sediment.wal.replication.replica import first_leaf, tcp_connect
 from sediment.wal.replication.state_watch import StateWatch
 from sediment.wal.replication.store_session import Coordinator
 from sediment.wal.replication.tail_cache import DEFAULT_MAX_BYTES as DEFAULT_CACHE_BYTES
@@ -151,7 +151,7 @@ class ReplicatedLog:
                     await nursery.start(self._coordinate)
                     self._ready.set()
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, not lost in a dead thread
-            self._failure = _innermost(exc)
+            self._failure = first_leaf(exc)
         finally:
             self._stopped = True
             self._drain()
@@ -446,10 +446,3 @@ class ReplicatedLog:
             self._unwatch()
         self._thread.join(timeout=10)
         self._fail_inbox()
-
-
-def _innermost(exc: BaseException) -> BaseException:
-    """The first leaf of nested exception groups: the error a caller can act on."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
