@@ -13,11 +13,11 @@ import uuid
 import pytest
 import trio
 import trio.testing
+from support.memory_store import MemoryPartitionStore
 
 from sediment.errors import QuorumLost, QuorumUnavailable, SessionFenced
 from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
-from sediment.wal.replication.node.partition_store import MemoryPartitionStore
 from sediment.wal.replication.node.storage_node import StorageNode
 from sediment.wal.replication.partition_meta import UNRESOLVED, PartitionMetaStore
 from sediment.wal.replication.store_session import Batch, Coordinator, Pending

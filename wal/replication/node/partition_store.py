@@ -1,6 +1,7 @@
-"""Where a storage node keeps one partition's replica: segment files, or memory (simulations).
+"""Where a storage node keeps one partition's replica: segment files (the simulations keep
+it in memory, tests/support/memory_store.py).
 
-Both refuse a truncation outside [first record - 1, last record] and a low-water mark
+Stores refuse a truncation outside [first record - 1, last record] and a low-water mark
 below the stored one (Waltz refuses both): the request path in storage_node.py checks
 first and answers BAD_REQUEST; these are the backstop. The layout and recovery rules are
 in docs/formats.md, "Storage node layout".
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from sediment._fs import makedirs_durable
-from sediment.errors import LowWaterMarkRegression, WalError, WalMissing
+from sediment.errors import WalError, WalMissing
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import segment as sg
@@ -333,66 +334,6 @@ class FilePartitionStore:
             os.fsync(files.fd)
             self._record_end()
         files.close()
-
-
-class MemoryPartitionStore:
-    """A replica kept in memory: for deterministic simulations (everything is durable at once).
-    ``frames[i]`` is the record at LSN ``base + i``."""
-
-    blocking = False
-
-    def __init__(self) -> None:
-        self.frames: list[bytes] = []
-        self.base = 0
-        self.state = PartitionState()
-
-    @property
-    def next_lsn(self) -> int:
-        return self.base + len(self.frames)
-
-    @property
-    def start_lsn(self) -> int:
-        return self.base
-
-    def read_state(self) -> PartitionState:
-        return self.state
-
-    def write_state(self, state: PartitionState) -> None:
-        if (state.low_water_mark < self.state.low_water_mark
-                or state.local_low_water_mark < self.state.local_low_water_mark):
-            raise LowWaterMarkRegression(f"memory replica: low-water marks {state} below the stored {self.state}")
-        self.state = PartitionState(state.session_id, state.low_water_mark, state.local_low_water_mark,
-                                    self.state.sequence + 1)
-
-    def write(self, payload: bytes, first_lsn: int, sizes: list[int]) -> None:
-        if first_lsn != self.next_lsn:
-            raise WalError(f"memory replica: write at LSN {first_lsn}, next is {self.next_lsn}")
-        pos = 0
-        for s in sizes:
-            self.frames.append(payload[pos:pos + s])
-            pos += s
-
-    def read(self, start: int, max_bytes: int) -> bytes:
-        out = bytearray()
-        for f in self.frames[max(0, start - self.base):] if start >= self.base else []:
-            if out and len(out) + len(f) > max_bytes:
-                break
-            out += f
-        return bytes(out)
-
-    def trim_prefix(self, lsn: int) -> None:
-        """Simulations keep everything (trimming only saves space)."""
-
-    def reset(self, lsn: int) -> None:
-        self.frames = []
-        self.base = lsn
-
-    def truncate(self, lsn: int) -> None:
-        check_truncate(lsn, self.start_lsn, self.next_lsn, "memory replica")
-        del self.frames[lsn - self.base:]
-
-    def close(self) -> None:
-        pass
 
 
 def check_truncate(lsn: int, start: int, next_lsn: int, where: str) -> None:
