@@ -31,7 +31,6 @@ from sediment.errors import (
     RepairRefused,
     WalError,
     WalFenced,
-    WalMissing,
     WalTakenOverInFlight,
 )
 from sediment.wal import record as rec
@@ -45,7 +44,7 @@ from sediment.wal.protocol import (
     check_usable,
     notify,
 )
-from sediment.wal.s3_objects import Loaded, Newest, SlotStore, damaged, read_newest, read_range
+from sediment.wal.s3_objects import Loaded, Newest, SlotStore, damaged, no_log, read_newest, read_range
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +76,7 @@ def check_log(spec: str, s3_endpoint: str | None = None, partition: int = 0) -> 
     try:
         newest = read_newest(store, partition)
         if newest is None:
-            raise WalMissing(f"{store.where(f'{partition}/')}: the log on S3 has no objects; it was never created "
-                             "here or was deleted. Restore its objects", path=store.where(), reason="no log")
+            raise no_log(store, partition)
         got = read_range(store, partition, newest, newest.slot + 1)
         notes = [f"{store.where(fmt.slot_name(partition, newest.slot))}: torn object (the next open cuts it): "
                  f"{newest.torn}"] if newest.torn else []
@@ -162,9 +160,7 @@ class S3Log:
     def _claim_and_recover(self, create: bool) -> None:
         newest = read_newest(self.store, self.partition)
         if newest is None and not create:
-            raise WalMissing(f"{self.dir}: the log on S3 has no objects; it was never created here or was deleted. "
-                             "Point wal= at the log's prefix, or restore its objects", path=self.dir,
-                             reason="no log")
+            raise no_log(self.store, self.partition)
         for _ in range(_CLAIM_ROUNDS):
             if newest is None:
                 head = fmt.new_header(fmt.CLAIM, 1, 0, 0, 0, 0)

@@ -164,6 +164,12 @@ def damaged(store: SlotStore, partition: int, slot: int, reason: str) -> WalCorr
                          "verify` to see what the log holds", path=name, offset=slot, reason=reason)
 
 
+def no_log(store: SlotStore, partition: int) -> WalMissing:
+    where = store.where(f"{partition}/")
+    return WalMissing(f"{where}: the log on S3 has no objects; it was never created here or was deleted. Point wal= "
+                      "at the log's prefix, or restore its objects", path=where, reason="no log")
+
+
 def read_newest(store: SlotStore, partition: int, start: int = 0) -> Newest | None:
     """The newest object of ``partition`` (listing from ``start``), or None when the log has none."""
     for _ in range(8):

@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 
@@ -89,18 +89,15 @@ Done = Callable[[BaseException | None], None]  # an operation's completion: None
 _APPEND, _STATE, _CALL = "append", "state", "call"
 
 
-class _Op:
+class _Op(NamedTuple):
     """One storage operation of a partition and whom to tell once it is durable (or failed).
 
     ``arg``: for an append (payload, first LSN, frame sizes); for a state write the new
     PartitionState; for a call (store method, LSN)."""
 
-    __slots__ = ("kind", "arg", "done")
-
-    def __init__(self, kind: str, arg: object, done: Done) -> None:
-        self.kind = kind
-        self.arg = arg
-        self.done = done
+    kind: str
+    arg: object
+    done: Done
 
 
 class _Partition:
