@@ -309,17 +309,15 @@ def file_flags(fd: int) -> int:
     return 0 if header is None else header.flags
 
 
-def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start: int = HEADER_SIZE,
-                 keep_heads: bool = False, buf: ReadBuffer | None = None):
+def scan_segment(path: str, first_lsn: int, *, start: int = HEADER_SIZE, keep_heads: bool = False,
+                 buf: ReadBuffer | None = None) -> SegmentScan:
     """Read every record frame of a data file, checking each header, LSN and body CRC, in
     one pass over cache-sized windows (CRCs over slices, no copies). Stops at the first
-    frame that fails (see :func:`_judge_rest`). Returns a SegmentScan (plus the records
-    when ``want_records``). ``start``: resume at this offset, whose frame carries
+    frame that fails (see :func:`_judge_rest`). ``start``: resume at this offset, whose frame carries
     ``first_lsn``; ``keep_heads``: keep every verified header and COMMIT and FRONTIERS body, so an open
     applies what it verified without a second read; ``buf``: a reusable read buffer.
     """
     scan = SegmentScan(path, first_lsn, end=start)
-    records: list[rec.Record] = []
     offsets = scan.offsets
     sealed = scan.sealed
     heads = bytearray() if keep_heads else None
@@ -331,7 +329,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
         fd = f.fileno()
         scan.file_size = os.fstat(fd).st_size
         if scan.file_size <= HEADER_SIZE:
-            return (scan, records) if want_records else scan
+            return scan
         recycled = bool(file_flags(fd) & FLAG_RECYCLED)
         w = _sequential_window(f, buf, scan.file_size)
         data, lo, hi = w.view, 0, 0
@@ -375,8 +373,6 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
                 heads += data[at:at + _H]
                 if (kind == _COMMIT or kind == _FRONTIERS) and body_len:
                     bodies[lsn] = bytes(body)
-            if want_records:
-                records.append(rec.to_record(rec.decode_header(data, at), bytes(body)))
             pos = nxt
             expected += 1
         if reason:
@@ -385,7 +381,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
         scan.heads = bytes(heads)
         scan.bodies = bodies
     scan.end = pos if scan.bad_offset < 0 else scan.bad_offset
-    return (scan, records) if want_records else scan
+    return scan
 
 
 def remove_segment_files(directory: str, segments: list) -> None:
