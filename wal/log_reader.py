@@ -121,12 +121,6 @@ def refusal(directory: str, fatal: list[Problem], names: dict[int, str] | None =
     return exc
 
 
-def _header(path: str) -> sg.SegmentHeader | None:
-    with open(path, "rb") as f:
-        header = sg.parse_header(f.read(sg.HEADER_SIZE))
-    return header if header is not None and header.magic == sg.SEG_MAGIC else None
-
-
 def _looks_unwritten(path: str) -> bool:
     with open(path, "rb") as f:
         f.seek(sg.HEADER_SIZE)
@@ -202,8 +196,9 @@ class _PlanReader:
         return sg.scan_segment(path, first, keep_heads=self.keep_heads, buf=self.buf, **kw)
 
     def check_header(self, first: int, path: str) -> str:
-        h = _header(path)
-        if h is None:
+        with open(path, "rb") as f:
+            h = sg.parse_header(f.read(sg.HEADER_SIZE))
+        if h is None or h.magic != sg.SEG_MAGIC:
             return "bad segment header"
         if h.first_lsn != first or h.partition != self.part:
             return f"header says first LSN {h.first_lsn}, partition {h.partition}"
