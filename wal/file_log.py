@@ -382,7 +382,7 @@ class FileLog:
         if not rec.body_ok(head, body):
             raise WalCorruption(f"{seg.path}: record body at offset {offset} (LSN {lsn}) fails its checksum; run "
                                 "`sediment verify`", path=seg.path, offset=offset, reason="bad body on read")
-        return rec.to_record(head, body)
+        return rec.record_of(head, body)
 
     def scan(self, start: int | None = None) -> Iterator[rec.Record]:
         with self._lock:
@@ -418,7 +418,7 @@ class FileLog:
                 if not rec.body_ok(head, body):
                     raise WalCorruption(f"{seg.path}: record body at offset {pos} (LSN {lsn}) fails its checksum",
                                         path=seg.path, offset=pos, reason="bad body on scan")
-                yield rec.to_record(head, body)
+                yield rec.record_of(head, body)
                 pos += head.frame_size
                 lsn += 1
 

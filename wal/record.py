@@ -75,7 +75,8 @@ class Record:
 class HeadRecord(tuple):
     """A record as an open verified it: its decoded 64-byte header (the fields of ``HEADER``,
     in order), plus the body only where applying the record needs it (a COMMIT's list of
-    transactions, a FRONTIERS record's frontiers). What the engine replays at open;
+    transactions, a FRONTIERS record's frontiers); also what :func:`decode_header` returns
+    (no body). What the engine replays at open;
     reading an UPDATES record's rows goes back to the log, which checks its checksum
     again. A tuple made straight from ``HEADER.iter_unpack``: an open builds one per
     record, so no per-field Python work."""
@@ -84,6 +85,7 @@ class HeadRecord(tuple):
 
     kind = property(lambda self: _KIND_OF[self[3]])
     body_len = property(itemgetter(4))
+    body_crc = property(itemgetter(5))
     lsn = property(itemgetter(6))
     relation_id = property(itemgetter(7))
     txn_id = property(itemgetter(8))
@@ -92,26 +94,7 @@ class HeadRecord(tuple):
     count = property(itemgetter(11))
     schema_version = property(itemgetter(12))
     body = property(lambda self: self[13] if len(self) > 13 else b"")
-
-
-@dataclass(frozen=True, slots=True)
-class Header:
-    """A decoded, checksum-verified record header."""
-
-    kind: int
-    body_len: int
-    body_crc: int
-    lsn: int
-    relation_id: int
-    txn_id: int
-    t_lo: int
-    t_hi: int
-    count: int
-    schema_version: int = 0
-
-    @property
-    def frame_size(self) -> int:
-        return HEADER_SIZE + self.body_len
+    frame_size = property(lambda self: HEADER_SIZE + self[4])
 
 
 _APPENDABLE = frozenset(k for k in RecordKind if k != RecordKind.PADDING)
@@ -160,8 +143,8 @@ def encode(record: Record, lsn: int, body_crc: int | None = None) -> bytes:
 def check_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple | None:
     """The header fields at ``offset`` as ``HEADER`` unpacks them, or None when the header is
     short, has a wrong magic, version or kind, a body over MAX_BODY, or fails its CRC. The one
-    frame check every reader runs (segments, the ring, replica payloads); a tuple, not a
-    Header, because recovery runs it once per record."""
+    frame check every reader runs (segments, the ring, replica payloads); a plain tuple,
+    because recovery runs it once per record (:func:`decode_header` names the fields)."""
     if len(buf) - offset < HEADER_SIZE:
         return None
     u = _unpack_from(buf, offset)
@@ -188,21 +171,14 @@ def record_of(u: tuple, body: bytes | memoryview) -> Record:
     return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6], u[12])
 
 
-def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header | None:
+def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> HeadRecord | None:
     """The header at ``offset`` (see :func:`check_header`), or None. Never raises on garbage."""
     u = check_header(buf, offset)
-    return None if u is None else Header(u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12])
+    return None if u is None else tuple.__new__(HeadRecord, u)
 
 
-def body_ok(header: Header, body: bytes | bytearray | memoryview) -> bool:
+def body_ok(header: HeadRecord, body: bytes | bytearray | memoryview) -> bool:
     return len(body) == header.body_len and crc32c(body) == header.body_crc
-
-
-def to_record(header: Header, body: bytes) -> Record:
-    return Record(
-        RecordKind(header.kind), header.relation_id, header.txn_id,
-        header.t_lo, header.t_hi, header.count, bytes(body), header.lsn, header.schema_version,
-    )
 
 
 def encode_frontiers(frontiers: dict[int, int]) -> bytes:

@@ -475,7 +475,7 @@ class S3Log:
     @staticmethod
     def _record(data: bytes, offset: int) -> rec.Record:
         head = rec.decode_header(data, offset)
-        return rec.to_record(head, memoryview(data)[offset + rec.HEADER_SIZE:offset + head.frame_size])
+        return rec.record_of(head, memoryview(data)[offset + rec.HEADER_SIZE:offset + head.frame_size])
 
     def read(self, lsn: int) -> rec.Record:
         obj = self._object_for(lsn)
