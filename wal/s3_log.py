@@ -86,14 +86,6 @@ def check_log(spec: str, s3_endpoint: str | None = None, partition: int = 0) -> 
 
 
 @dataclass
-class _Obj:
-    slot: int
-    first_lsn: int
-    records: int
-    flags: int
-
-
-@dataclass
 class _Pending(PendingAppend):
     """An append in flight (also the caller's ticket), or a request for the writer:
     ``mark`` a trim's new start slot, ``finish`` a segment boundary."""
@@ -175,10 +167,10 @@ class S3Log:
                            "in a row); two coordinators are competing for the log: stop one")
         self.epoch = head.epoch
         self.created = newest is None
-        self._objects: list[_Obj] = []
+        self._objects: list[fmt.ObjectHeader] = []  # every object kept, in slot order
         if newest is not None:
             self._recover(newest, head.slot)
-        self._objects.append(_Obj(head.slot, head.first_lsn, 0, head.flags))
+        self._objects.append(head)
         self._start_slot = head.start_slot
         self._next_slot, self._next_lsn = head.slot + 1, head.first_lsn
         self._seg_first, self._seg_records, self._seg_bytes = self._segment_state()
@@ -196,7 +188,7 @@ class S3Log:
             self.store.delete([fmt.slot_name(self.partition, s) for s in garbage])
 
     def _recovered_object(self, loaded: Loaded) -> None:
-        self._objects.append(_Obj(loaded.head.slot, loaded.head.first_lsn, loaded.head.records, loaded.head.flags))
+        self._objects.append(loaded.head)
         self.report.records += loaded.head.records
         self._remember(loaded)
 
@@ -208,10 +200,7 @@ class S3Log:
         first = self._objects[i].first_lsn
         boundary = 1 if self._objects[i].flags & fmt.SEGMENT else 0
         n = sum(o.records for o in self._objects[i:]) - boundary
-        size = 0
-        for o in self._objects[i:]:
-            cached = self._cache.get(o.slot)
-            size += len(cached[0]) if cached else 0
+        size = sum(len(self._cache[o.slot][0]) for o in self._objects[i:] if o.slot in self._cache)
         return first, n, size
 
     def _remember(self, loaded: Loaded) -> None:
@@ -362,7 +351,7 @@ class S3Log:
                             f"the log was taken over (this writer's epoch {self.epoch} is superseded); nothing "
                             "more is written here: stop this coordinator, the one that took over serves the data")
         with self._lock:
-            self._objects.append(_Obj(slot, self._next_lsn, len(records), flags))
+            self._objects.append(head)
             self._next_slot, self._next_lsn = slot + 1, lsn
             self._seg_bytes += len(body)
             self._seg_records += len(records) - (1 if flags & fmt.SEGMENT else 0)
@@ -445,7 +434,7 @@ class S3Log:
         with self._lock:
             return self._seg_first
 
-    def _object_for(self, lsn: int) -> _Obj:
+    def _object_for(self, lsn: int) -> fmt.ObjectHeader:
         with self._lock:
             objects = self._objects
             i = bisect.bisect_right(objects, lsn, key=lambda o: o.first_lsn) - 1
@@ -454,7 +443,7 @@ class S3Log:
                                f"[{objects[0].first_lsn}, {self._next_lsn}))")
             return objects[i]
 
-    def _load(self, obj: _Obj) -> tuple[bytes, list[int]]:
+    def _load(self, obj: fmt.ObjectHeader) -> tuple[bytes, list[int]]:
         with self._lock:
             cached = self._cache.get(obj.slot)
             if cached is not None:
