@@ -1,11 +1,6 @@
 """Partition metadata of a replicated partition, kept in a MetadataStore (Waltz's znode).
 
-Key ``store/partition/<id>`` (under a ZooKeeper store's root: ``<root>/store/partition/<id>``).
-Value: UTF-8 JSON, documented in docs/formats.md ("Replication formats")::
-
-    {"format": 1, "generation": 0, "session_id": 7, "owner": "host-a pid 4242 /data/a",
-     "replicas": {"127.0.0.1:7001": {"session_id": 7, "closing_hwm": -2}, ...}}
-
+Key ``store/partition/<id>``, value UTF-8 JSON (docs/formats.md, "Partition metadata").
 It is written only by compare-and-set, which is what makes session ids unique: two
 coordinators racing for a new session cannot both win the same version. A replica's
 state says which store session it is engaged in, and, once recovery resolved it, the
