@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import suppress
 
 from sediment._fs import fsync_dir, pwrite_all
 from sediment.wal.direct_io import allocate
@@ -64,11 +65,9 @@ def carry_out(plan, pdir: str, header: Callable[[int], bytes], segment_bytes: in
     of damaged bytes first keeps a copy of the file; returns the copies' paths."""
     removed = False
     for path in plan.delete:
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(path)
             removed = True
-        except FileNotFoundError:
-            pass
     if removed:
         fsync_dir(pdir)
     for src, start, end, first, new_path in plan.salvage:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import suppress
 
 from sediment._fs import fsync_dir, pwrite_all
 from sediment.wal import segment as sg
@@ -69,10 +70,8 @@ class SegmentPool:
             return False
         kept = os.path.join(self.dir, sg.recycled_name(first_lsn))
         os.rename(path, kept)
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(idx_path)
-        except FileNotFoundError:
-            pass
         fsync_dir(self.dir)
         with self._lock:
             self._files.append(kept)

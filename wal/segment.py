@@ -14,6 +14,7 @@ import os
 import struct
 import uuid
 from array import array
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from sediment._fs import fsync_dir
@@ -254,10 +255,8 @@ def _sequential_window(f, buf: ReadBuffer | None, file_size: int) -> _Window:
     """A read window over ``f`` up to its written extent (past it: zeros), read ahead."""
     fd = f.fileno()
     w = _Window(f, buf, _written_extent(fd, file_size))
-    try:
+    with suppress((OSError, AttributeError)):
         os.posix_fadvise(fd, 0, w.size, os.POSIX_FADV_SEQUENTIAL)
-    except (OSError, AttributeError):
-        pass
     return w
 
 
@@ -389,10 +388,8 @@ def remove_segment_files(directory: str, segments: list) -> None:
     ``idx_path``), then make the deletions durable."""
     for seg in segments:
         for path in (seg.path, seg.idx_path):
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
     if segments:
         fsync_dir(directory)
 

@@ -27,6 +27,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 
 import trio
 
@@ -256,10 +257,8 @@ class ReplicatedLog:
 
     def _call_soon(self, fn: Callable, *args) -> None:
         if self._token is not None and not self._closed:
-            try:
+            with suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(fn, *args)
-            except trio.RunFinishedError:
-                pass
 
     def _run(self, afn: Callable, *args):
         if self._closed:
@@ -437,10 +436,8 @@ class ReplicatedLog:
         if self._closed:
             return
         if self._token is not None and self._stop is not None:
-            try:
+            with suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self._stop.cancel)
-            except trio.RunFinishedError:
-                pass
         self._closed = True
         if self._unwatch is not None:
             self._unwatch()
