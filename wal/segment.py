@@ -255,7 +255,7 @@ def _sequential_window(f, buf: ReadBuffer | None, file_size: int) -> _Window:
     """A read window over ``f`` up to its written extent (past it: zeros), read ahead."""
     fd = f.fileno()
     w = _Window(f, buf, _written_extent(fd, file_size))
-    with suppress((OSError, AttributeError)):
+    with suppress(OSError, AttributeError):
         os.posix_fadvise(fd, 0, w.size, os.POSIX_FADV_SEQUENTIAL)
     return w
 
