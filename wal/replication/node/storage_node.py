@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import logging
 import queue
 import struct
@@ -161,15 +162,9 @@ class _Partition:
             stop = None in ops
             if stop:
                 ops = ops[:ops.index(None)]
-            i = 0
-            while i < len(ops):
-                j = i + 1
-                if ops[i].kind == _APPEND:
-                    while j < len(ops) and ops[j].kind == _APPEND:
-                        j += 1
-                group = ops[i:j]
-                i = j
-                self._finish(group, *self._apply(group))
+            for appends, run in itertools.groupby(ops, key=lambda op: op.kind == _APPEND):
+                for group in [list(run)] if appends else [[op] for op in run]:
+                    self._finish(group, *self._apply(group))
             if stop:
                 return
 
