@@ -16,6 +16,7 @@ import itertools
 import os
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import trio
 
@@ -33,16 +34,14 @@ async def tcp_connect(address: str) -> trio.abc.Stream:
     return stream
 
 
+@dataclass(slots=True, eq=False)
 class Call:
     """One request in flight; ``on_reply`` (if given) runs in the receiver task."""
 
-    __slots__ = ("done", "response", "error", "on_reply")
-
-    def __init__(self, on_reply: Callable[[Call], None] | None) -> None:
-        self.done = trio.Event()
-        self.response: Response | None = None
-        self.error: BaseException | None = None
-        self.on_reply = on_reply
+    on_reply: Callable[[Call], None] | None
+    done: trio.Event = field(default_factory=trio.Event)
+    response: Response | None = None
+    error: BaseException | None = None
 
     def _finish(self) -> None:
         self.done.set()
