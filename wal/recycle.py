@@ -1,4 +1,5 @@
-"""Segment recycling: trimmed data files are kept and reused for new segments.
+"""Segment recycling: trimmed data files are kept and reused for new segments (the rules a
+reader follows are in docs/formats.md, "Recycled data files").
 
 Why: on ext4 an fdatasync after writing into a preallocated (fallocated, never written)
 extent must also commit the extent's conversion to the journal, and deleting a 64 MiB
@@ -10,16 +11,8 @@ into a fallocated one, and appends of 1 KiB rows with background compaction on w
 
 How it stays safe: a reused file gets a fresh header with ``FLAG_RECYCLED`` written and
 synced *before* it is renamed to its segment name, so a crash leaves either a pool file or
-a whole new segment, never a segment with an old header. Past the new records the file
-still holds frames of the segment it was, all with LSNs below the new first LSN; the
-writer ends every group commit with a zero header (``segment.END_MARK``), and the segment
-scan (``segment._judge_rest``) takes the end mark or a stale frame as the end, while a valid
-frame of this segment beyond it still means damage. Finished segments are cut to their
-records, so only the active segment carries stale bytes.
-
-Pool files are named ``<first LSN>.seg.recycled``: they are not segments, every record in
-them was trimmed (compacted) before the file entered the pool, and at most ``keep`` of them
-exist; an open keeps that many and deletes the rest.
+a whole new segment, never a segment with an old header; the stale frames past the new
+records all have LSNs below the new first LSN, and the segment scan tells them from damage.
 """
 
 from __future__ import annotations
