@@ -54,8 +54,6 @@ class RecoveryHost(Protocol):
 
     def check_status(self, resp: Response, address: str, what: str) -> None: ...
 
-    def clip(self, payload: bytes, start: int, stop: int) -> tuple[bytes, int]: ...
-
 
 @dataclass
 class RecoveryResult:
@@ -170,7 +168,7 @@ async def copy_records(host: RecoveryHost, source: ReplicaConnection, target: Re
         host.check_status(resp, source.address, "READ")
         if not resp.payload:
             raise ReplicaUnavailable(f"catch-up source {source.address} has nothing at LSN {nxt}")
-        payload, count = host.clip(resp.payload, nxt, stop)
+        payload, count = clip_frames(resp.payload, nxt, stop)
         resp = await target.call(MsgType.APPEND, session, nxt, 0, payload)
         host.check_status(resp, target.address, "APPEND (catch-up)")
         nxt += count
@@ -198,7 +196,7 @@ async def read_back_ours(host: RecoveryHost, clean: dict[str, ReplicaConnection]
             while nxt < stop:
                 resp = await conn.call(MsgType.READ, session, nxt, host.catchup_bytes)
                 host.check_status(resp, address, f"READ at LSN {nxt}")
-                frames, _ = host.clip(resp.payload, nxt, stop)
+                frames, _ = clip_frames(resp.payload, nxt, stop)
                 if not frames:
                     raise ReplicaUnavailable(f"storage node {address} has nothing at LSN {nxt}")
                 view, pos = memoryview(frames), 0

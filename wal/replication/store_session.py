@@ -499,7 +499,7 @@ class Coordinator:
             if b.last < nxt:
                 continue
             if b.first < nxt:
-                payload, _ = self.clip(b.payload, nxt, b.last + 1)
+                payload, _ = clip_frames(b.payload, nxt, b.last + 1)
                 part = Batch(nxt, b.last, payload, [], [])
                 self._send_to(link, part)
             else:
@@ -545,8 +545,6 @@ class Coordinator:
             raise ReplicationError(f"storage node {address} refused {what}: {resp.message}")
         raise ReplicaUnavailable(f"storage node {address} refused {what}: {resp.status.name}: {resp.message}")
 
-    clip = staticmethod(clip_frames)
-
     async def read(self, start: int, max_bytes: int = 1 << 20) -> bytes:
         """Committed record frames from ``start`` (up to the committed end), from an in-sync replica."""
         if start > self.committed:
@@ -567,7 +565,7 @@ class Coordinator:
                 except ReplicaUnavailable:
                     continue
                 if resp.ok:
-                    return self.clip(resp.payload, start, self.committed + 1)[0]
+                    return clip_frames(resp.payload, start, self.committed + 1)[0]
             if not self.restarting:
                 break
         raise QuorumLost(f"partition {self.partition}: no in-sync replica answered a read at LSN {start}")
