@@ -205,12 +205,15 @@ class _Window:
     """A sliding window over one file: ``view`` holds the file's bytes [lo, hi). Refilled
     from a frame's start, so a frame is always whole in it (grown for a frame bigger than
     the window); reading in cache-sized pieces costs about a third less CPU per GiB than
-    one read of the whole file followed by the checks."""
+    one read of the whole file followed by the checks. It ends at the file's written extent
+    (past it: zeros), and the kernel is told the file is read sequentially."""
 
-    def __init__(self, f, buf: ReadBuffer | None, size: int) -> None:
-        self.f, self.buf, self.size = f, buf or ReadBuffer(), size
+    def __init__(self, f, buf: ReadBuffer | None, file_size: int) -> None:
+        self.f, self.buf, self.size = f, buf or ReadBuffer(), _written_extent(f.fileno(), file_size)
         self.lo = self.hi = 0
         self.view = memoryview(b"")
+        with suppress(OSError, AttributeError):
+            os.posix_fadvise(f.fileno(), 0, self.size, os.POSIX_FADV_SEQUENTIAL)
 
     def fill(self, pos: int, need: int) -> None:
         """Read from ``pos`` at least ``need`` bytes (fewer only at the end of the extent)."""
@@ -249,15 +252,6 @@ _H = rec.HEADER_SIZE
 _PROGRESS = int(rec.RecordKind.PROGRESS)
 _FRONTIERS = int(rec.RecordKind.FRONTIERS)
 _COMMIT = int(rec.RecordKind.COMMIT)
-
-
-def _sequential_window(f, buf: ReadBuffer | None, file_size: int) -> _Window:
-    """A read window over ``f`` up to its written extent (past it: zeros), read ahead."""
-    fd = f.fileno()
-    w = _Window(f, buf, _written_extent(fd, file_size))
-    with suppress(OSError, AttributeError):
-        os.posix_fadvise(fd, 0, w.size, os.POSIX_FADV_SEQUENTIAL)
-    return w
 
 
 def _judge_rest(scan: SegmentScan, fd: int, size: int, pos: int, expected: int, reason: str,
@@ -302,12 +296,6 @@ def _ends_here(rest: bytes, first_lsn: int) -> bool:
     return head is not None and head.lsn < first_lsn
 
 
-def file_flags(fd: int) -> int:
-    """The data file's header flags (0 when the header does not parse: the scan judges it)."""
-    header = parse_header(os.pread(fd, HEADER_SIZE, 0))
-    return 0 if header is None else header.flags
-
-
 def scan_segment(path: str, first_lsn: int, *, start: int = HEADER_SIZE, keep_heads: bool = False,
                  buf: ReadBuffer | None = None) -> SegmentScan:
     """Read every record frame of a data file, checking each header, LSN and body CRC, in
@@ -329,8 +317,9 @@ def scan_segment(path: str, first_lsn: int, *, start: int = HEADER_SIZE, keep_he
         scan.file_size = os.fstat(fd).st_size
         if scan.file_size <= HEADER_SIZE:
             return scan
-        recycled = bool(file_flags(fd) & FLAG_RECYCLED)
-        w = _sequential_window(f, buf, scan.file_size)
+        header = parse_header(os.pread(fd, HEADER_SIZE, 0))  # does not parse: the scan judges it
+        recycled = header is not None and header.recycled
+        w = _Window(f, buf, scan.file_size)
         data, lo, hi = w.view, 0, 0
         while pos < w.size:
             end = pos + _H
