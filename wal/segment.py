@@ -104,6 +104,7 @@ class SegmentScan:
     sealed: dict[int, int] = field(default_factory=dict)  # greatest "close t" per relation seen
     heads: bytes = b""  # with keep_heads: the verified 64-byte header of every record, in order
     bodies: dict[int, bytes] = field(default_factory=dict)  # with keep_heads: COMMIT and FRONTIERS bodies by LSN
+    finished: bool = False  # in a recovery plan (wal/log_reader.py): kept as a finished segment
 
     @property
     def next_lsn(self) -> int:
