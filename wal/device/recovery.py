@@ -50,12 +50,9 @@ class RingSource(Protocol):
 
 
 def pread_exact(src: RingSource, offset: int, n: int) -> bytes:
-    buf = mmap.mmap(-1, align_up(max(n, 1), src.block_size))
-    try:
+    with mmap.mmap(-1, align_up(max(n, 1), src.block_size)) as buf:
         src.pread_into(memoryview(buf)[: len(buf)], offset)
         return bytes(buf[:n])
-    finally:
-        buf.close()
 
 
 class RingReader:

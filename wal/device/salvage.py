@@ -89,12 +89,9 @@ def _fill(log, lo: int, hi: int) -> None:
     phys = start % d
     old = pread_exact(log, log.header_bytes + phys, end - start)
     frame = old[:lo - start] + _padding(lo, hi) + old[hi - start:]
-    buf = mmap.mmap(-1, len(frame))
-    try:
+    with mmap.mmap(-1, len(frame)) as buf:
         buf[:] = frame
         log.write_at(memoryview(buf), log.header_bytes + phys)
-    finally:
-        buf.close()
     os.fsync(log.files.fd)
 
 
