@@ -86,16 +86,13 @@ class ControlFile:
         with open(path, "rb") as f:
             data = f.read()
         header = _parse_header(data, path)
-        ids = []
-        for i in range(header.partitions):
-            off = HEADER_SIZE + i * PARTITION_SIZE
-            if len(data) < off + PARTITION_SIZE:
-                raise WalCorruption(
-                    f"control file {path} is truncated at partition {i} (offset {off}); restore it from a copy",
-                    path=path, offset=off, reason="truncated",
-                )
-            ids.append(PARTITION.unpack_from(data, off)[0])
-        return cls(path, header, ids)
+        whole = (len(data) - HEADER_SIZE) // PARTITION_SIZE
+        if whole < header.partitions:
+            off = HEADER_SIZE + whole * PARTITION_SIZE
+            raise WalCorruption(f"control file {path} is truncated at partition {whole} (offset {off}); restore it "
+                                "from a copy", path=path, offset=off, reason="truncated")
+        return cls(path, header, [PARTITION.unpack_from(data, HEADER_SIZE + i * PARTITION_SIZE)[0]
+                                  for i in range(header.partitions)])
 
     def check_cluster(self, cluster_key: uuid.UUID | None) -> None:
         """Refuse another cluster's storage directory (None: any)."""
