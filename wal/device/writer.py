@@ -1,9 +1,6 @@
 """Appending to the device ring. :class:`RingWriter` owns the write position, the open and
-sealed blocks, the in-flight window, the block writes and their completion in LSN order,
-and so the durable end; a :class:`sediment.wal.device.log.DeviceLog` holds one and calls it
-through its public methods. Header copies go through the log's
-:class:`sediment.wal.device.head.RingHead` (which owns the trim point and the window),
-segment bookkeeping through :class:`sediment.wal.device.segments.Segments`."""
+sealed blocks, the block writes and their completion in LSN order, and so the durable end
+(the other parts of the ring and their owners are listed in wal/device/log.py)."""
 
 from __future__ import annotations
 

@@ -110,14 +110,9 @@ class _Op(NamedTuple):
 
 
 class _Partition:
-    """One partition's request ordering: operations are checked and reserved in arrival order
-    (by StorageNode.submit, in the trio thread), then run in that order by the partition's
-    writer thread, which writes each run of queued appends with one sync (or at once, in the
-    trio thread, for a non-blocking store).
-
-    Who writes what: the trio thread ``highest_session`` and ``reserved_next``; whoever runs
-    the operations (the writer thread) ``next_lsn``, ``state`` and ``failed``. Each is one
-    attribute, read whole by the other side."""
+    """One partition's request ordering (see the module doc). Who writes what: the trio thread
+    ``highest_session`` and ``reserved_next``; whoever runs the operations (the writer thread)
+    ``next_lsn``, ``state`` and ``failed``. Each is one attribute, read whole by the other side."""
 
     def __init__(self, pid: int, store: PartitionStore, metrics: NodeMetrics | None = None) -> None:
         self.pid = pid
