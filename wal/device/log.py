@@ -64,14 +64,13 @@ from sediment.wal.device.recovery import (
     load_header,
     missing,
     pread_exact,
-    record_of,
     recover,
     walk,
 )
 from sediment.wal.device.segments import Segments
 from sediment.wal.device.writer import DeviceTicket, RingWriter
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
-from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, crc32c
+from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, crc32c, record_of
 
 __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "DeviceTicket", "RingHeader"]
 
