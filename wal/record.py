@@ -40,7 +40,6 @@ MAGIC = 0x5344
 VERSION = 1
 HEADER = struct.Struct("<IHBBIIQQQqqII")
 HEADER_SIZE = HEADER.size
-assert HEADER_SIZE == 64
 MAX_BODY = 1 << 30
 FRONTIER_ENTRY = struct.Struct("<Qq")
 _unpack_from = HEADER.unpack_from
@@ -124,7 +123,7 @@ class Header:
     t_lo: int
     t_hi: int
     count: int
-    schema_version: int = 0
+    schema_version: int
 
     @property
     def frame_size(self) -> int:
