@@ -61,6 +61,7 @@ from sediment.engine.writer import Writer
 from sediment.errors import CompactionFailed  # noqa: F401  (Engine.compact raises it)
 from sediment.metadata.protocol import MetadataStore
 from sediment.metrics import EngineMetrics
+from sediment.trace.runs import RunStats
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
 from sediment.wal.record import Record, RecordKind
@@ -117,6 +118,8 @@ class Engine:
         self.collector: Collector | None = None
         self.compaction: Compaction | None = None
         self.reads: Reads | None = None
+        self.wal: WriteAheadLog | None = None
+        self.read_stats: RunStats | None = None  # counters of consolidation on read, for tests and operators
         self.scheduler: Scheduler | None = None
         self.swept: list[str] = []
         self.blob_uri: str | None = None  # where the batches live, once open
@@ -280,6 +283,7 @@ class Engine:
                                      self.settings, self._opened_at)
         self.reads = Reads(view, self.traces, log_, self.collector, blob_uri=self.storage.blob_uri,
                            s3_endpoint=self.storage.s3_endpoint, failure_count=self.compaction.failure_count)
+        self.wal, self.read_stats = log_, self.reads.read_stats
         if compact:
             self.scheduler = Scheduler(self.compaction.background_pass, self.compaction.merge_pass,
                                        self.settings.interval, self.clock)
@@ -332,15 +336,6 @@ class Engine:
         check_name(name)
         with self.compaction.merge_lock, self.compaction.pass_lock, self.view.lock:  # no old-schema batch being written
             return self.registry.alter(name, add=add, defaults=defaults, widen=widen, rename=rename, drop=drop)
-
-    @property
-    def wal(self) -> WriteAheadLog:
-        return self.storage.log
-
-    @property
-    def read_stats(self) -> Any:
-        """Counters of consolidation on read (sediment.trace.runs.RunStats), for tests and operators."""
-        return self.reads.read_stats
 
     @property
     def superseded(self) -> Exception | None:

@@ -44,14 +44,14 @@ from __future__ import annotations
 import threading
 import time as _time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from sediment.errors import EngineClosed, FeedOverrun
-from sediment.interrupts import wait_slices
+from sediment.interrupts import WaitingIterator, wait_slices
 
 _MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber that is behind
 MAX_LAG = 1 << 18  # events a subscriber may fall behind before it is dropped (about 100 B each)
@@ -285,7 +285,7 @@ def _release(lock: threading.Lock) -> None:
         pass
 
 
-class Subscription:
+class Subscription(WaitingIterator[FeedEvent]):
     """An iterator of FeedEvents. Created by ``Engine.subscribe``; close it when done."""
 
     _ids = 0
@@ -316,15 +316,6 @@ class Subscription:
         """Events that come before any the feed delivers: the snapshot and stored updates,
         computed after the subscription registered its cursor."""
         self._pending.extend(events)
-
-    def __iter__(self) -> Iterator[FeedEvent]:
-        return self
-
-    def __next__(self) -> FeedEvent:
-        event = self.next()
-        if event is None:
-            raise StopIteration
-        return event
 
     def next(self, timeout: float | None = None) -> FeedEvent | None:
         """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None

@@ -336,11 +336,6 @@ class FileLog:
     # --- reading -------------------------------------------------------------------------------
 
     @property
-    def start_lsn(self) -> int:
-        with self._lock:
-            return self._segments[0].first_lsn
-
-    @property
     def end_lsn(self) -> int:
         with self._lock:
             return self._segments[-1].next_lsn
@@ -430,6 +425,11 @@ class FileLog:
         return data, pos, 0
 
     # --- trimming and closing ------------------------------------------------------------------
+
+    @property
+    def start_lsn(self) -> int:
+        with self._lock:
+            return self._segments[0].first_lsn
 
     def trim(self, lsn: int) -> None:
         """Drop the finished segments wholly below ``lsn``. One trim at a time: the new start

@@ -62,7 +62,7 @@ class SegmentHeader:
     cluster_key: uuid.UUID
     partition: int
     first_lsn: int
-    checkpoint: int = 0
+    checkpoint: int
     flags: int = 0
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -18,13 +18,13 @@ import pyarrow.flight as flight
 
 from sediment import errors
 from sediment.errors import EngineClosed
-from sediment.interrupts import wait_slices
+from sediment.interrupts import WaitingIterator, wait_slices
 from sediment.net.wire_errors import typed_error
 
 _END = object()
 
 
-class RemoteSubscription:
+class RemoteSubscription(WaitingIterator[Any]):
     """A feed from the server, like the engine's Subscription: an iterator of
     ``sediment.engine.feed.FeedEvent``; ``next(timeout)``; ``last_progress``; close it when
     done. A background thread reads the stream, so ``next`` can time out; when the server
@@ -129,15 +129,6 @@ class RemoteSubscription:
         if item.kind == "progress":
             self.last_progress = item.time
         return item
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        event = self.next()
-        if event is None:
-            raise StopIteration
-        return event
 
     def close(self) -> None:
         """Stop the feed (the server ends its side); idempotent."""

@@ -34,6 +34,7 @@ def test_wire_example_in_docs_decodes() -> None:
     doc = (Path(__file__).parent.parent.parent / "docs" / "formats.md").read_text()
     section = doc[doc.index("## Replication formats"):]
     hexes = section.split("```hex\n")[1].split("```")[0]
+    assert wire.FRAME_SIZE == 16  # the frame header's table
     msg = wire.decode_message(bytes.fromhex("".join(hexes.split())))
     assert isinstance(msg, wire.Request) and msg.type == wire.MsgType.APPEND and msg.arg1 == 0
     [record] = list(wire.iter_records(msg.payload))

@@ -313,6 +313,11 @@ class DeviceLog:
         self.writer.place(records, crcs, sizes, False, ticket)
         return ticket
 
+    @property
+    def durable_lsn(self) -> int:
+        """Every record below this offset is durable."""
+        return self.writer.durable_end
+
     # ---------------------------------------------------------------- segments and trim
 
     def set_finish_listener(self, callback: Callable[[int], None] | None) -> None:
@@ -345,11 +350,6 @@ class DeviceLog:
     @property
     def end_lsn(self) -> int:
         return self.writer.next_lsn
-
-    @property
-    def durable_lsn(self) -> int:
-        """Every record below this offset is durable."""
-        return self.writer.durable_end
 
     @property
     def finished_lsn(self) -> int:

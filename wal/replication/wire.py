@@ -22,7 +22,6 @@ MAGIC = b"SDRP"
 VERSION = 1
 FRAME = struct.Struct("<4sBBHII")
 FRAME_SIZE = FRAME.size
-assert FRAME_SIZE == 16
 MAX_BODY = 64 << 20
 REQUEST = struct.Struct("<Q16sIIqqq")
 RESPONSE = struct.Struct("<QHHIqqqq")
