@@ -3,19 +3,19 @@
     .venv/bin/python bench/feeds_ab.py --base d7fa6a5 [--counts 100,1000] [--rounds 3] [--appends 1000]
 
 Why: on this shared machine absolute latencies swing several-fold between runs, so a
-change to ``engine/feed.py`` is judged against the previous one measured alternately.
-Each case runs in its own process: ``bench/feeds.py``'s in-process case (one writer, N
-subscriber threads), with ``engine/feed.py`` either as checked out or as of ``--base``
-(loaded in its place before the engine opens). Prints, per case, the median over the
-rounds with min-max, process CPU included.
+change to the feed is judged against the previous build measured alternately. Each case
+runs in its own process: ``bench/feeds.py``'s in-process case (one writer, N subscriber
+threads), with the package either as checked out or as of ``--base`` (the commit's tree,
+exported to a temporary folder, imported in place of the editable install's folders).
+Prints, per case, the median over the rounds with min-max, process CPU included.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,19 +25,25 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(base_file: str | None, subscribers: int, appends: int) -> None:
+def use_tree(root: str) -> None:
+    """Import the package from ``root`` (an exported commit) instead of this checkout: the
+    editable install's finder maps each package to a folder of the checkout."""
+    here = os.path.dirname(HERE)
+    finders = [m for name, m in sys.modules.items() if name.startswith("__editable__") and hasattr(m, "MAPPING")]
+    if not finders:
+        raise SystemExit("feeds_ab.py needs the project installed in editable mode (pip install -e .)")
+    for finder in finders:
+        for name, path in finder.MAPPING.items():
+            if path.startswith(here + os.sep):
+                finder.MAPPING[name] = root + path[len(here):]
+
+
+def child(base_tree: str | None, subscribers: int, appends: int) -> None:
+    if base_tree:
+        use_tree(base_tree)
     sys.path.insert(0, HERE)
     import feeds
 
-    if base_file:
-        import sediment.engine.reads as reads
-        import sediment.engine.relation_registry as registry
-
-        spec = importlib.util.spec_from_file_location("sediment.engine.feed_base", base_file)
-        base = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = base
-        spec.loader.exec_module(base)
-        reads.Subscription, reads.FeedEvent, registry.FeedLog = base.Subscription, base.FeedEvent, base.FeedLog
     c0 = time.process_time()
     got = feeds.run("in-process", subscribers, appends, tempfile.gettempdir())
     got["cpu"] = time.process_time() - c0
@@ -46,7 +52,7 @@ def child(base_file: str | None, subscribers: int, appends: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, help="the commit whose engine/feed.py is the peer")
+    ap.add_argument("--base", required=True, help="the commit whose build is the peer")
     ap.add_argument("--counts", default="100,1000")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--appends", type=int, default=1000)
@@ -55,11 +61,10 @@ def main() -> None:
     if args.child:
         child(args.child[0] or None, int(args.child[1]), int(args.child[2]))
         return
-    source = subprocess.run(["git", "show", f"{args.base}:engine/feed.py"], cwd=HERE, check=True,
-                            capture_output=True, text=True).stdout
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(source)
-    builds = {f"base {args.base}": f.name, "this build": ""}
+    tree = tempfile.mkdtemp(prefix="sediment-feeds-base-")
+    archive = subprocess.run(["git", "archive", args.base], cwd=os.path.dirname(HERE), check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    builds = {f"base {args.base}": tree, "this build": ""}
     counts = [int(c) for c in args.counts.split(",")]
     results: dict[tuple[str, int], list[dict]] = {(b, n): [] for b in builds for n in counts}
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {args.appends} one-row appends per case", flush=True)
@@ -69,7 +74,9 @@ def main() -> None:
             for n in counts:
                 for build in order:
                     out = subprocess.run([sys.executable, __file__, "--base", args.base, "--child", builds[build],
-                                          str(n), str(args.appends)], check=True, capture_output=True, text=True)
+                                          str(n), str(args.appends)], capture_output=True, text=True)
+                    if out.returncode:
+                        raise SystemExit(f"{build}, {n} subscribers failed:\n{out.stderr[-3000:]}")
                     got = json.loads(out.stdout.strip().splitlines()[-1])
                     results[(build, n)].append(got)
                     print(f"round {r + 1}: {build:16s} {n:5d} subscribers: append p99 {got['append_p99'] * 1e3:.2f} ms, "
@@ -77,7 +84,7 @@ def main() -> None:
                           f"{got['delivery_p99'] / got['append_p99']:.2f}x, CPU {got['cpu']:.2f} s, "
                           f"missing {got['missing']}, load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
-        os.unlink(f.name)
+        shutil.rmtree(tree, ignore_errors=True)
 
     def spread(values: list[float], scale: float = 1.0) -> str:
         return f"{statistics.median(values) * scale:.2f} ({min(values) * scale:.2f}-{max(values) * scale:.2f})"
