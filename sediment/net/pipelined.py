@@ -18,7 +18,11 @@ room in the window, ``flush`` or ``close``), and the appends sent after it are s
 yet acknowledged, their outcome is unknown, as with a broken ``append``
 (:class:`~sediment.errors.OutcomeUnknown` says how many); if the server ended the stream
 cleanly (it stops), the ones it did not acknowledge were not applied and are sent again, in
-order, through ``Client.append``.
+order, through ``Client.append``; if that is refused too (a stopping server refuses it),
+the error is raised and the appends not yet answered were not applied. ``sent`` counts the
+appends sent, ``acknowledged`` those the server answered (applied, or refused with their
+error raised): after an error that ends the stream, the ``sent - acknowledged`` last ones
+were not applied, or for ``OutcomeUnknown`` are in doubt.
 """
 
 from __future__ import annotations

@@ -285,3 +285,37 @@ def test_a_bad_window_is_refused_and_nothing_is_sent(node):
                 c.pipelined("r", window=bad)
     engine.seal("r", 1)
     assert engine.snapshot("r", 1).num_rows == 0
+
+
+def test_a_stopping_server_applies_no_pipelined_append_it_did_not_acknowledge(node):
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    gate, entered = threading.Event(), threading.Event()
+    real = engine.append
+
+    def held(name, table, **kwargs):  # the first append waits in the server until the stop has begun
+        entered.set()
+        gate.wait(30)
+        return real(name, table, **kwargs)
+
+    engine.append = held
+    c = Client(server.uri, TOKEN)
+    try:
+        writer = c.pipelined("r", window=8)
+        for i in range(5):
+            writer.append(ups([(i, f"n{i}", 1, 1)]))
+        assert entered.wait(10)
+        stopped: list[bool] = []
+        stopper = threading.Thread(target=lambda: stopped.append(server.stop(grace=30)))
+        stopper.start()
+        assert server.stopping.wait(10)
+        gate.set()
+        with pytest.raises((errors.EngineClosed, errors.CoordinatorUnavailable)):
+            writer.flush()  # the rest went again through append, which the stopping server refuses
+        stopper.join(30)
+        assert stopped == [True]
+        assert (writer.sent, writer.acknowledged) == (5, 1), "the append answered before the stop, no other"
+    finally:
+        c.close()
+    engine.seal("r", 1)
+    assert engine.snapshot("r", 1).column("id").to_pylist() == [0], "an unacknowledged append was applied"
