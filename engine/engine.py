@@ -34,7 +34,7 @@ import pyarrow as pa
 from sediment._fs import makedirs_durable, remove_tree_durable
 from sediment.blob.counting import counting
 from sediment.clock import Clock, MonotonicClock
-from sediment.engine import args, log_replay, s3_deploy, staged, takeover
+from sediment.engine import args, log_replay, staged, takeover
 from sediment.engine.backlog import (
     DEFAULT_MAX_WAL_BACKLOG,
     DEFAULT_WAL_BACKLOG_TIMEOUT,
@@ -231,8 +231,8 @@ class Engine:
                   repair: bool) -> WriteAheadLog:
         storage, record = self.storage, self.storage.record
         if record.wal_spec.kind == "s3":
-            storage.log = s3_deploy.open_log(self, record.wal, metadata, marker, storage.s3_endpoint,
-                                             segment_bytes=segment_bytes, repair=repair, create=storage.created)
+            storage.log = takeover.open_s3_log(self, record.wal, metadata, marker, storage.s3_endpoint,
+                                               segment_bytes=segment_bytes, repair=repair, create=storage.created)
             return storage.log
         if not record.replicas:
             return storage.open_local_log(record.wal_spec, segment_bytes=segment_bytes, repair=repair,
@@ -312,13 +312,7 @@ class Engine:
     replay = _forward("reads", Reads.replay)
     trace_info = _forward("reads", Reads.trace_info)
     compact = _forward("compaction", Compaction.compact)
-
-    def compaction_errors(self) -> dict[str, str]:
-        """Relations whose last compaction attempt (a pass or a merge) failed, with the error;
-        each is retried on every pass until it succeeds. A failed pass keeps the relation's WAL
-        records (the log is trimmed only below them); a failed merge leaves its inputs as they
-        are. Empty when every relation compacts."""
-        return self.compaction.errors()
+    compaction_errors = _forward("compaction", Compaction.compaction_errors)
 
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data. Its WAL records are ignored from now on and
