@@ -163,12 +163,17 @@ class Reads:
             trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
             feed = rel.feed
 
-            def load(lsn: int, version: int) -> pa.Table:
-                """The record at ``lsn`` in schema ``version``; lsn -1: an empty table of it."""
+            def load(lsn: int, version: int, written: int) -> pa.Table:
+                """The record at ``lsn`` (written under schema ``written``, -1: not known) in schema
+                ``version``, from the bodies still in memory when it can (no read of the log);
+                lsn -1: an empty table of it."""
                 if lsn < 0:
                     return rel.layout.project(rel.layout.versions[version].empty_table(), version)
-                record = self.log.read(lsn)
-                return pa.Table.from_batches([rel.decode_body(record.body, record.schema_version, version)])
+                body = self.view.bodies.get(lsn) if written >= 0 else None
+                if body is None:
+                    record = self.log.read(lsn)
+                    body, written = record.body, record.schema_version
+                return pa.Table.from_batches([rel.decode_body(body, written, version)])
 
             sub = Subscription(feed, [], load, lambda: not self.view.closed, name=name, max_lag=max_lag)
             self.collector.pin()

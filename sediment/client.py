@@ -37,6 +37,8 @@ from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
 from sediment.net.messages import Action, Get, Put, encode
+from sediment.net.pipelined import WINDOW as PIPELINE_WINDOW
+from sediment.net.pipelined import PipelinedAppends
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_FIELDS,
@@ -328,6 +330,14 @@ class Client:
         """Append updates (columns plus ``time`` and ``diff``); durable on return, all or nothing.
         ``locks``: a ``sediment.Locks``, checked by the server as by the engine."""
         self._append(name, _as_table(name, updates), locks=locks)
+
+    def pipelined(self, name: str, *, window: int = PIPELINE_WINDOW) -> PipelinedAppends:
+        """Plain appends to ``name`` with up to ``window`` in flight on one stream, applied in
+        order; each is durable once a later call collects its acknowledgement (``flush``,
+        ``close``; see sediment/net/pipelined.py for how errors come back)."""
+        with self._remote():  # a closed client refuses here
+            return PipelinedAppends(name, window, PUT_CHUNK_BYTES, take=self._streams.take, give=self._streams.give,
+                                    resend=lambda table: self._append(name, table), remote=self._remote)
 
     def append_once(self, name: str, updates: pa.Table, client: str, seq: int, *, locks: Any = None) -> None:
         """Append with an idempotency key (``client``, ``seq``) to a cluster member: a retry of
