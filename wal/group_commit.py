@@ -5,9 +5,12 @@ writer's and back, about ten futex calls for one pwrite and one fdatasync, which
 one-row append cost more in hand-offs than on the disk. Here (as in RocksDB's WriteThread
 and LevelDB's ``DBImpl::Write``) the caller that waits on its ticket while no one leads
 becomes the leader: it takes every queued append as one group, has the log write and sync
-it in its own thread, marks the group done and passes the lead to the first follower still
-queued and waiting, then wakes the group. Followers only wait. One writer appending alone
-never blocks on a lock nobody else holds, nor wakes another thread.
+it in its own thread, marks the group done and wakes it. If followers queued meanwhile,
+it writes their group too, once (its caller waits at most two groups): a lead handed to
+another thread between two syncs costs a wake and that thread's wait for the interpreter
+lock behind the followers just woken. Then it passes the lead to the first follower still
+queued and waiting. Followers only wait. One writer appending alone never blocks on a lock
+nobody else holds, nor wakes another thread.
 
 The contract stays the log's: a group's appends are acknowledged (``done``) only after the
 write and its sync return, groups are written one at a time in queue order (so LSN order is
@@ -148,23 +151,35 @@ class GroupCommit:
     # --- the lead --------------------------------------------------------------------------------
 
     def _lead(self, group: list[GroupAppend]) -> None:
-        """Holding the lead: write ``group`` (what was queued when the lead was taken), then
-        pass the lead on."""
+        """Holding the lead: write ``group`` (what was queued when the lead was taken) and,
+        once, the group queued meanwhile, then pass the lead on."""
         if not group:
             self._pass_lead([])
             return
+        if not self._written(group):
+            return
+        nxt = self._pass_lead(group, self._wants_background(), keep=True)
+        if nxt is not None and self._written(nxt):
+            self._pass_lead(nxt, self._wants_background())
+
+    def _written(self, group: list[GroupAppend]) -> bool:
+        """Write ``group``; on failure fail it, everything queued and the log, and say False."""
         try:
             self._write(group)
         except BaseException as exc:  # noqa: BLE001 - every waiter must learn of the failure
             self._fail(group, exc)
-            return
-        self._pass_lead(group, self._wants_background())
+            return False
+        return True
 
-    def _pass_lead(self, group: list[GroupAppend], background: bool = False) -> None:
-        """Mark ``group`` done (acknowledged, in LSN order), hand the lead to the background
-        thread if it wants it, else to the first queued follower that waits, else drop it;
-        then wake the group's followers."""
+    def _pass_lead(self, group: list[GroupAppend], background: bool = False,
+                   keep: bool = False) -> list[GroupAppend] | None:
+        """Mark ``group`` done (acknowledged, in LSN order); with ``keep``, when followers
+        wait in the queue and the background thread does not want the lead, take the queue
+        as the next group to write and return it; else hand the lead to the background
+        thread if it wants it, else to the first queued follower that waits, else drop it.
+        Then wake the group's followers."""
         nxt = None
+        kept = None
         with self._lock:
             for p in group:
                 p.state = _DONE
@@ -173,6 +188,8 @@ class GroupCommit:
             if self._bg_wanted:
                 self._bg_leads = True
                 self._bg_turn.notify()
+            elif keep and any(p.wake for p in self._queue):
+                kept, self._queue = self._queue, []
             else:
                 for p in self._queue:
                     if p.wake:
@@ -184,6 +201,7 @@ class GroupCommit:
         if nxt is not None:
             nxt.release()
         _wake_all(group)
+        return kept
 
     def _fail(self, group: list[GroupAppend], exc: BaseException) -> None:
         log.error("write-ahead log %s failed: %s", self.where, exc)

@@ -270,3 +270,31 @@ def test_every_waiter_of_a_big_group_is_woken_once_the_group_is_durable(tmp_path
     finally:
         release.set()
         log.close()
+
+
+def test_a_leader_also_writes_the_group_queued_during_its_own(tmp_path, monkeypatch):
+    """Followers that queued while the leader wrote its group are written by that leader
+    too, on its thread (no hand-off of the lead between the two syncs), and each returns
+    its own LSN once that second group is durable."""
+    log = FileLog.open(str(tmp_path), create=True, index_interval=10_000)
+    release = threading.Event()
+    try:
+        syncs = syncs_by_thread(monkeypatch)
+        first, leader = held_leader(log, upd(0), release)
+        tickets = [log.submit([upd(i)]) for i in range(1, 6)]
+        got: dict[int, int] = {}
+        waiters = [threading.Thread(target=lambda i=i: got.__setitem__(i, tickets[i].wait()), daemon=True)
+                   for i in range(5)]
+        for t in waiters:
+            t.start()
+        poll(lambda: all(t.wake for t in tickets), "five followers queued")
+        release.set()
+        deadline = time.monotonic() + 60
+        for t in [leader, *waiters]:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in [leader, *waiters])
+        assert got == {i: first.wait() + 1 + i for i in range(5)}
+        assert len(syncs) == 2 and set(syncs) == {leader.ident}
+    finally:
+        release.set()
+        log.close()
