@@ -105,7 +105,7 @@ def before_build(engine, rev: str):
 
     def run() -> tuple[float, int]:
         reads.time_order = old
-        traces.read_pieces = lambda rid, ref: traces.read(rid, ref, use_threads=False)
+        traces.read_pieces = lambda rid, ref, **_: traces.read(rid, ref, use_threads=False)
         try:
             return run_replay(engine)
         finally:

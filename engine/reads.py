@@ -251,7 +251,7 @@ class Reads:
         def load(item: Any) -> pa.Table | Iterator[pa.RecordBatch]:
             if isinstance(item, TailEntry):
                 return pa.Table.from_batches([self._decode(rel, item.lsn)])
-            return self.traces.read_pieces(rel.entry.id, item.ref)
+            return self.traces.read_pieces(rel.entry.id, item.ref, use_threads=True)
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:

@@ -10,7 +10,7 @@ Rows of one time keep their storage order: items in the order given, rows within
 item as stored. The order is found in two passes, so that no gather reads a whole
 (row, time)-sorted batch in time order (each value's cache line once per time it holds:
 about 40 ms a column at 8.5M rows here). As an item is loaded, each of its blocks (a row
-group, decoded on a helper thread one ahead, or a WAL record) is stably sorted by time
+group as it is decoded, or a WAL record) is stably sorted by time
 while it is still in the CPU cache; the sweep then cuts a block at a boundary by slicing a
 prefix. Emitting is a k-way merge by time in windows of whole times: a window takes from
 every block the slice of its times (runs found by run-end encoding), concatenates them and
@@ -22,12 +22,10 @@ costs about 60 ns a row on time-interleaved indices here, the fixed-size one 10.
 
 from __future__ import annotations
 
-import queue
-import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -57,8 +55,6 @@ def time_ordered(
         nonlocal i
         while i < len(pending) and items[pending[i]].t_lo == t_lo:
             rows = load(items[pending[i]])
-            if rows is not None and not isinstance(rows, pa.Table):
-                rows = decoded_ahead(rows)
             blocks = sorted_blocks(rows, schema) if rows is not None else []
             if blocks:
                 active.append((pending[i], blocks))
@@ -181,54 +177,6 @@ def _window(parts: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int, *,
     out = _restored(window.take(pc.array_sort_indices(window.column(schema.get_field_index("time")))), schema)
     for start in range(0, out.num_rows, batch_rows):
         yield out.slice(start, batch_rows)
-
-
-_END = object()
-
-
-class _Failed(NamedTuple):
-    error: BaseException
-
-
-def decoded_ahead(pieces: Iterable[pa.RecordBatch], depth: int = 2) -> Iterator[pa.RecordBatch]:
-    """``pieces`` produced on a helper thread up to ``depth`` ahead of the caller: Parquet's
-    decode releases the GIL, so the next row group decodes while the caller sorts this one.
-    Errors reach the caller as raised; a caller that stops early stops the thread."""
-    ready: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        it = iter(pieces)
-        try:
-            for piece in it:
-                ready.put(piece)
-                if stop.is_set():
-                    break
-        except BaseException as e:  # handed to the caller, who raises it
-            ready.put(_Failed(e))
-            return
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-        ready.put(_END)
-
-    thread = threading.Thread(target=produce, name="replay-decode", daemon=True)
-    thread.start()
-    done = False
-    try:
-        while (piece := ready.get()) is not _END:
-            if isinstance(piece, _Failed):
-                done = True
-                raise piece.error
-            yield piece
-        done = True
-    finally:
-        stop.set()
-        while not done:  # unblock the producer: it stops after at most one more piece
-            piece = ready.get()
-            done = piece is _END or isinstance(piece, _Failed)
-        thread.join()
 
 
 def _restored(block: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -413,12 +413,14 @@ def decode_verified(
 
 
 def stream_verified(source: pa.NativeFile, expected: BatchDescription | None = None, *, where: str = "batch",
-                    schema: pa.Schema | tuple[pa.Schema, ...] | None = None) -> Iterator[pa.RecordBatch]:
-    """As :func:`decode_verified`, but decoded on the caller's thread one row group at a time, so
-    a consumer works on each piece while it is still in the CPU cache (time-ordered replay)."""
+                    schema: pa.Schema | tuple[pa.Schema, ...] | None = None,
+                    use_threads: bool = False) -> Iterator[pa.RecordBatch]:
+    """As :func:`decode_verified`, but decoded one row group at a time (columns on Arrow's
+    threads with ``use_threads``), so a consumer works on each piece while it is still in the
+    CPU cache (time-ordered replay)."""
     pf, desc = _open(source, where, expected, schema, page_checks=False)
     try:
-        for batch in pf.iter_batches(batch_size=65536, use_threads=False):  # the format's row group size
+        for batch in pf.iter_batches(batch_size=65536, use_threads=use_threads):  # the format's row group size
             _check_times(batch, desc)
             yield batch
     except _DECODE_ERRORS + (TraceError,) as e:

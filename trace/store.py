@@ -252,13 +252,13 @@ class TraceStore:
         return decode_verified(source, describe(relation_id, ref), where=where, schema=self._expected(relation_id),
                                use_threads=use_threads)
 
-    def read_pieces(self, relation_id: int, ref: BatchRef) -> Iterator[pa.RecordBatch]:
-        """A whole batch as :meth:`read` checks it, decoded on the caller's thread one row group
-        at a time (see ``stream_verified``): the time-ordered replay sorts each piece by time
-        while it is still in the CPU cache, instead of the whole decoded batch afterwards."""
+    def read_pieces(self, relation_id: int, ref: BatchRef, *, use_threads: bool = False) -> Iterator[pa.RecordBatch]:
+        """A whole batch as :meth:`read` checks it, decoded one row group at a time (see
+        ``stream_verified``): the time-ordered replay sorts each piece by time while it is
+        still in the CPU cache, instead of the whole decoded batch afterwards."""
         layout = self._layouts.get(relation_id)
         if ref.key is None or ref.crc is None:
-            table = self.read(relation_id, ref, use_threads=False)
+            table = self.read(relation_id, ref, use_threads=use_threads)
             yield from table.to_batches() if table is not None else ()
             return
         where = f"batch {ref.key!r}"
@@ -268,7 +268,7 @@ class TraceStore:
             reader = source if isinstance(source, pa.NativeFile) else pa.BufferReader(source)
             older = []  # pieces written before a column was dropped: consolidated again whole
             for piece in stream_verified(reader, describe(relation_id, ref), where=where,
-                                         schema=self._expected(relation_id)):
+                                         schema=self._expected(relation_id), use_threads=use_threads):
                 if layout is None:
                     yield piece
                 elif layout.is_current(piece.schema):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 
 import sediment
 from sediment.clock import ManualClock
-from sediment.engine.time_order import decoded_ahead, in_time_order, time_ordered
+from sediment.engine.time_order import in_time_order, time_ordered
 
 UPDATE = pa.schema([("k", pa.int64()), ("b", pa.binary()), ("s", pa.string()), ("time", pa.int64()),
                     ("diff", pa.int64())])
@@ -74,7 +73,7 @@ def tables(draw, n_items):
        streamed=st.booleans())
 def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, streamed):
     """Items come as tables of several chunks, or (as stored batches do) as a stream of record
-    batches decoded on a helper thread; each chunk is a block sorted on its own."""
+    batches; each chunk is a block sorted on its own."""
     def load(item: Item) -> pa.Table:
         t = item.table
         step = max(1, -(-t.num_rows // chunks))
@@ -86,40 +85,6 @@ def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, stre
     assert all(b.num_rows <= batch_rows and b.schema.equals(UPDATE) for b in out)
     got = [r for b in out for r in _rows(pa.Table.from_batches([b]))]
     assert got == _brute([i.table for i in items])
-
-
-def _decoders() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "replay-decode"]
-
-
-def test_decoded_ahead_hands_over_every_piece_and_errors_and_stops_when_dropped():
-    pieces = [pa.record_batch({"x": [i]}) for i in range(10)]
-    assert list(decoded_ahead(iter(pieces))) == pieces
-
-    def failing():
-        yield pieces[0]
-        raise OSError("disk gone")
-
-    got = []
-    with pytest.raises(OSError, match="disk gone"):
-        for p in decoded_ahead(failing()):
-            got.append(p)
-    assert got == pieces[:1]
-    closed = threading.Event()
-
-    def endless():
-        try:
-            i = 0
-            while True:
-                yield pa.record_batch({"x": [i]})
-                i += 1
-        finally:
-            closed.set()
-
-    stream = decoded_ahead(endless())
-    assert next(stream).column(0).to_pylist() == [0]
-    stream.close()  # the caller stops early: the helper thread ends and closes its source
-    assert closed.is_set() and not _decoders()
 
 
 def test_fixed_width_gather_keeps_values_types_and_offsets():
@@ -275,7 +240,6 @@ def test_replay_of_batches_of_many_row_groups_with_overlapping_times_and_a_tail(
         for batch_rows in (65_536, 9_999):
             got = pa.Table.from_batches(list(engine.replay("r", batch_rows=batch_rows)))
             assert got.equals(expected)
-        assert not _decoders()
     finally:
         engine.close()
 
