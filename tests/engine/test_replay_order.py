@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import sediment
 from sediment.clock import ManualClock
+from sediment.engine import time_order
 from sediment.engine.time_order import in_time_order, time_ordered
 
 UPDATE = pa.schema([("k", pa.int64()), ("b", pa.binary()), ("s", pa.string()), ("time", pa.int64()),
@@ -70,10 +71,11 @@ def tables(draw, n_items):
 
 @settings(max_examples=200, deadline=None)
 @given(items=st.integers(0, 6).flatmap(tables), batch_rows=st.integers(1, 50), chunks=st.integers(1, 4),
-       streamed=st.booleans())
-def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, streamed):
+       streamed=st.booleans(), window=st.sampled_from([1, 5, 40, 1 << 19]))
+def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, streamed, window):
     """Items come as tables of several chunks, or (as stored batches do) as a stream of record
-    batches; each chunk is a block sorted on its own."""
+    batches; each chunk is a block sorted on its own, and the blocks are merged in windows of
+    about ``window`` rows (small ones here, so most merges take several windows)."""
     def load(item: Item) -> pa.Table:
         t = item.table
         step = max(1, -(-t.num_rows // chunks))
@@ -81,7 +83,11 @@ def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, stre
             return (b for b in t.to_batches(max_chunksize=step))
         return pa.Table.from_batches(t.to_batches(max_chunksize=step), schema=UPDATE)  # several chunks
 
-    out = list(time_ordered(items, load, UPDATE, batch_rows))
+    saved, time_order.WINDOW_ROWS = time_order.WINDOW_ROWS, window
+    try:
+        out = list(time_ordered(items, load, UPDATE, batch_rows))
+    finally:
+        time_order.WINDOW_ROWS = saved
     assert all(b.num_rows <= batch_rows and b.schema.equals(UPDATE) for b in out)
     got = [r for b in out for r in _rows(pa.Table.from_batches([b]))]
     assert got == _brute([i.table for i in items])
@@ -213,7 +219,7 @@ def test_replay_of_a_wide_fixed_width_relation_matches_a_sort_by_time(tmp_path):
         engine.close()
 
 
-def test_replay_of_batches_of_many_row_groups_with_overlapping_times_and_a_tail(tmp_path):
+def test_replay_of_batches_of_many_row_groups_and_a_tail(tmp_path, monkeypatch):
     """Batches past one row group (65,536 rows), so each is sorted block by block and merged,
     with repeated times and a WAL tail, against a Python stable sort of the stored rows by
     time. (Items overlapping in time are the sweep's case, tested above on random items.)"""
@@ -237,7 +243,8 @@ def test_replay_of_batches_of_many_row_groups_with_overlapping_times_and_a_tail(
         stored = pa.concat_tables(t.cast(engine.view.get("r").update_schema) for t in _stored_as(engine, "r"))
         times = stored.column("time").to_pylist()
         expected = stored.take(sorted(range(len(times)), key=times.__getitem__))
-        for batch_rows in (65_536, 9_999):
+        for batch_rows, window in ((65_536, 1 << 19), (9_999, 1 << 19), (9_999, 30_000)):
+            monkeypatch.setattr(time_order, "WINDOW_ROWS", window)
             got = pa.Table.from_batches(list(engine.replay("r", batch_rows=batch_rows)))
             assert got.equals(expected)
     finally:
