@@ -253,10 +253,10 @@ class Reads:
             entries = list(rel.tail)
             self.collector.pin()
 
-        def load(item: Any) -> pa.Table | None:
+        def load(item: Any) -> pa.Table | Iterator[pa.RecordBatch]:
             if isinstance(item, TailEntry):
                 return pa.Table.from_batches([self._decode(rel, item.lsn)])
-            return self.traces.read(rel.entry.id, item.ref, use_threads=False)  # threads lost here under load
+            return self.traces.read_pieces(rel.entry.id, item.ref, use_threads=True)
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:
