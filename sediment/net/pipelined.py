@@ -13,7 +13,8 @@ The promise per append is the one of ``Client.append``: all or nothing, and appl
 order sent (the server takes a stream's appends one after the other). What changes is when
 the caller hears of the outcome: :meth:`PipelinedAppends.append` returns once the append is
 sent; a refused append's typed error is raised by a later call (the ``append`` that needs its
-room in the window, ``flush`` or ``close``), and the appends sent after it are still applied.
+room in the window, after sending its own table; ``flush`` or ``close``, after collecting
+every other acknowledgement), and the appends sent after it are still applied.
 ``flush`` returns once every append sent is durable. If the stream breaks with appends not
 yet acknowledged, their outcome is unknown, as with a broken ``append``
 (:class:`~sediment.errors.OutcomeUnknown` says how many); if the server ended the stream
@@ -62,28 +63,34 @@ class PipelinedAppends:
 
     def append(self, table: pa.Table) -> None:
         """Send ``table`` (columns plus ``time`` and ``diff``); returns once it is sent, after
-        collecting the oldest acknowledgement when the window is full (raising that append's
-        typed error if the server refused it)."""
+        collecting the oldest acknowledgement when the window is full. If that (earlier) append
+        was refused, its typed error is raised after ``table`` has been sent: the call that
+        raises an earlier append's refusal still sends its own table (``sent`` counts it)."""
         with self._remote():
+            refused = None
             stream = self._stream
             if stream is not None and stream.key[1] != table.schema:
-                self._drain()
-                stream = None
+                refused = self._settled(self._drain)
+                if self._stream is not None:
+                    self._give(self._stream)
+                self._stream = stream = None
             if stream is None:
                 stream, _fresh = self._take(self.name, table.schema)
                 self._stream = stream
             if len(self._flight) >= self._window:
-                self._collect()
+                refused = refused or self._settled(self._collect)
                 stream = self._stream
                 if stream is None:  # the server ended the stream: the rest went through append
                     self._resend(table)
                     self.sent += 1
                     self.acknowledged += 1
+                    self._raise(refused)
                     return
             self._flight.append(table)
             self.sent += 1
             if not stream.send(append_batches(table, self._chunk), PLAIN):
-                self._drain()  # the acknowledgements up to the end say what the server took
+                refused = refused or self._settled(self._drain)  # the acknowledgements up to the end say what the server took
+            self._raise(refused)
 
     def flush(self) -> None:
         """Wait until every append sent is durable (raising the first refusal's typed error)."""
@@ -102,8 +109,28 @@ class PipelinedAppends:
                 stream.close()
 
     def _drain(self) -> None:
+        """Collect every acknowledgement; the first refusal is raised once all are in (so that
+        ``sent - acknowledged`` stays exactly the appends whose outcome is not known)."""
+        refused = None
         while self._flight:
-            self._collect()
+            refused = refused or self._settled(self._collect)
+        self._raise(refused)
+
+    @staticmethod
+    def _settled(step: Callable[[], None]) -> Exception | None:
+        """Run ``step``; a refusal it raises is returned instead (a broken stream still raises)."""
+        try:
+            step()
+        except OutcomeUnknown:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a typed refusal, raised by the caller later
+            return exc
+        return None
+
+    @staticmethod
+    def _raise(refused: Exception | None) -> None:
+        if refused is not None:
+            raise refused
 
     def _collect(self) -> None:
         """Read the oldest acknowledgement; its refusal is raised here (the append is done with)."""

@@ -319,3 +319,36 @@ def test_a_stopping_server_applies_no_pipelined_append_it_did_not_acknowledge(no
         c.close()
     engine.seal("r", 1)
     assert engine.snapshot("r", 1).column("id").to_pylist() == [0], "an unacknowledged append was applied"
+
+
+def test_close_after_a_refusal_collects_the_appends_behind_it(node):
+    """``close`` raises the refusal only once every later append is acknowledged, so
+    ``sent - acknowledged`` never counts an applied append as unanswered."""
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    engine.seal("r", 3)
+    with Client(server.uri, TOKEN) as c:
+        writer = c.pipelined("r", window=8)
+        writer.append(ups([(1, "n1", 2, 1)]))  # at a sealed time: refused
+        writer.append(ups([(2, "n2", 5, 1)]))
+        with pytest.raises(errors.TimeAlreadySealed):
+            writer.close()
+        assert (writer.sent, writer.acknowledged) == (2, 2)
+    engine.seal("r", 5)
+    assert engine.snapshot("r", 5).column("id").to_pylist() == [2]
+
+
+def test_the_append_that_raises_an_earlier_refusal_still_sends_its_own_table(node):
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    engine.seal("r", 3)
+    with Client(server.uri, TOKEN) as c:
+        writer = c.pipelined("r", window=1)
+        writer.append(ups([(1, "n1", 2, 1)]))  # refused
+        with pytest.raises(errors.TimeAlreadySealed):
+            writer.append(ups([(2, "n2", 5, 1)]))  # raises the first one's refusal, after sending
+        writer.append(ups([(3, "n3", 6, 1)]))
+        writer.close()
+        assert (writer.sent, writer.acknowledged) == (3, 3)
+    engine.seal("r", 6)
+    assert sorted(engine.snapshot("r", 6).column("id").to_pylist()) == [2, 3]
