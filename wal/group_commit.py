@@ -19,6 +19,10 @@ sees groups in log order), and a failed write fails its group, every append queu
 it and the log. ``submit`` only queues: a group is written when someone waits, so a ticket
 nobody waits on is written with the next group, by ``run_background`` or at ``close``.
 
+A wait ended by an exception (Ctrl-C on the main thread) leaves its append queued and
+strands no one: the main thread is never a node of the wake-up relay, and a lead passed to
+a waiter that has left goes on to the next.
+
 Work that must not land on a caller (finishing a segment: truncate, fsyncs, creating the
 next file) runs on one background thread that takes the lead like a follower does.
 """
@@ -36,14 +40,18 @@ from sediment.wal.record import Record
 log = logging.getLogger(__name__)
 
 _QUEUED, _LEAD, _DONE = 0, 1, 2
+_MAIN = threading.main_thread().ident
 
 
 class GroupAppend:
     """One submission: queued, then written with its group, then durable. The caller's
     ticket; ``wake`` holds one lock per thread waiting on it as a follower (any number of
-    threads may wait on one ticket), and is empty while none does."""
+    threads may wait on one ticket), and is empty while none does; ``main`` is the main
+    thread's lock among them, which is woken directly, never as a node of the relay: Ctrl-C
+    may end the main thread's wait, and a node that never runs would strand the waiters
+    below it."""
 
-    __slots__ = ("records", "crcs", "on_durable", "last_lsn", "error", "state", "wake", "relay", "_group")
+    __slots__ = ("records", "crcs", "on_durable", "last_lsn", "error", "state", "wake", "main", "relay", "_group")
 
     def __init__(self, group: GroupCommit | None, records: Sequence[Record], crcs: list[int],
                  on_durable: Callable[[Sequence[Record]], None] | None = None) -> None:
@@ -55,6 +63,7 @@ class GroupAppend:
         self.error: BaseException | None = None
         self.state = _QUEUED
         self.wake: list[threading.Lock] = []
+        self.main: threading.Lock | None = None
         self.relay: _Relay | None = None  # set when done: the waiters this one's waiter wakes in turn
 
     def wait(self) -> int:
@@ -110,12 +119,18 @@ class GroupCommit:
                 wake = threading.Lock()
                 wake.acquire()
                 pending.wake.append(wake)
+                if threading.get_ident() == _MAIN:
+                    pending.main = wake
             else:
                 self._leading = True
                 wake = None
                 group, self._queue = self._queue, []  # taken with the lead: one lock round fewer
         if wake is not None:
-            wake.acquire()  # released by the leader: done, or the lead is ours
+            try:
+                wake.acquire()  # released by the leader: done, or the lead is ours
+            except BaseException:
+                self._abandon(pending, wake)
+                raise
             if pending.state == _DONE:
                 pending.relay.woken(wake)
                 return
@@ -130,6 +145,8 @@ class GroupCommit:
         wake = threading.Lock()
         wake.acquire()
         waiter.wake.append(wake)
+        if threading.get_ident() == _MAIN:
+            waiter.main = wake
         with self._lock:
             check_usable(self.where, self._closing, self.failed)
             self._bg_waiters.append(waiter)
@@ -138,6 +155,21 @@ class GroupCommit:
         waiter.relay.woken(wake)
         if waiter.error is not None:
             raise waiter.error
+
+    def _abandon(self, pending: GroupAppend, wake: threading.Lock) -> None:
+        """A follower's wait ended by an exception (Ctrl-C on the main thread): forget its lock,
+        or, if the lead was passed to it, leave the append queued for the next group (it is
+        written like a ticket nobody waits on) and pass the lead on."""
+        with self._lock:
+            if wake in pending.wake:  # a new list: _wake_all may be reading the old one
+                pending.wake = [w for w in pending.wake if w is not wake]
+                if pending.main is wake:
+                    pending.main = None
+                return
+            if pending.state != _LEAD:
+                return  # done: the main thread's lock is woken directly, so no one waits on it
+            pending.state = _QUEUED
+        self._pass_lead([])
 
     def close(self) -> None:
         """Write what is queued, stop the background thread; later submissions raise EngineClosed."""
@@ -195,6 +227,8 @@ class GroupCommit:
                     if p.wake:
                         p.state = _LEAD
                         nxt = p.wake.pop(0)  # one of its waiters leads; any others wait for done
+                        if p.main is nxt:
+                            p.main = None
                         break
                 else:
                     self._leading = False
@@ -303,14 +337,24 @@ class _Relay:
 
 def _wake_all(pendings: list[GroupAppend]) -> None:
     """Wake every thread waiting on ``pendings`` (their state is already done): set each
-    pending's relay before releasing any waiter, then start it."""
+    pending's relay before releasing any waiter, wake the main thread's locks directly, then
+    start the relay."""
     locks: list[threading.Lock] = []
+    direct: list[threading.Lock] = []
     for p in pendings:
         if p.wake:
-            locks += p.wake
+            main = p.main  # read once: an abandoning main thread may clear it meanwhile
+            if main is not None:
+                direct.append(main)
+                locks += [w for w in p.wake if w is not main]
+                p.main = None
+            else:
+                locks += p.wake
             p.wake = []
-    if locks:  # else no one waits (a lone writer led its own group)
+    if locks or direct:  # else no one waits (a lone writer led its own group)
         relay = _Relay(locks)
         for p in pendings:
             p.relay = relay
+        for w in direct:
+            w.release()
         relay.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import threading
 import time
 
@@ -13,6 +14,7 @@ import pytest
 
 from sediment.errors import EngineClosed, WalError
 from sediment.wal.file_log import FileLog
+from sediment.wal.group_commit import GroupAppend, GroupCommit
 from sediment.wal.record import Record, RecordKind
 
 
@@ -298,3 +300,101 @@ def test_a_leader_also_writes_the_group_queued_during_its_own(tmp_path, monkeypa
     finally:
         release.set()
         log.close()
+
+
+def _blocked_in_wait(ticket) -> bool:
+    """The main thread waits on ``ticket`` and is blocked in the kernel (state S in /proc)."""
+    main = threading.main_thread()
+    with open(f"/proc/self/task/{main.native_id}/stat") as f:
+        return bool(ticket.wake) and f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+def _interrupt_main_once(ready) -> None:
+    deadline = time.monotonic() + 30
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def _gated_commit(gates: dict[int, threading.Event]):
+    """A GroupCommit whose n-th write sets entered[n] and then waits for gates[n] (when
+    given); LSNs count records."""
+    calls = [0]
+    lsn = [0]
+    entered = {n: threading.Event() for n in gates}
+
+    def write(group) -> None:
+        calls[0] += 1
+        if calls[0] in gates:
+            entered[calls[0]].set()
+            assert gates[calls[0]].wait(30)
+        for p in group:
+            lsn[0] += len(p.records)
+            p.last_lsn = lsn[0] - 1
+
+    return GroupCommit("test", write, lambda requested: None, lambda: False, "test-gc"), entered
+
+
+def test_ctrl_c_in_a_waiting_follower_strands_no_other_waiter_of_its_group():
+    gate = threading.Event()
+    gc, entered = _gated_commit({1: gate})
+    ticket = lambda: gc.submit(GroupAppend(gc, [upd(0)], [0]))  # noqa: E731
+    first = ticket()
+    leader = threading.Thread(target=first.wait, daemon=True)
+    leader.start()
+    assert entered[1].wait(10)  # the leader holds the lead inside write 1
+    others = [ticket()]
+    mine = ticket()
+    others += [ticket() for _ in range(5)]
+    done = [threading.Event() for _ in others]
+    for p, ev in zip(others, done, strict=True):
+        threading.Thread(target=lambda p=p, ev=ev: (p.wait(), ev.set()), daemon=True).start()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=_interrupt_main_once,
+                         args=(lambda: all(p.wake for p in others) and _blocked_in_wait(mine),), daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            mine.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    gate.set()
+    leader.join(10)
+    stranded = [i for i, ev in enumerate(done) if not ev.wait(10)]
+    assert stranded == [], f"followers {stranded} never returned although their group is durable"
+    assert mine.wait() >= 0  # written with its group all the same
+    gc.close()
+
+
+def test_ctrl_c_in_a_follower_the_lead_is_passed_to_does_not_stall_the_log():
+    gates = {1: threading.Event(), 2: threading.Event()}
+    gc, entered = _gated_commit(gates)
+    ticket = lambda: gc.submit(GroupAppend(gc, [upd(0)], [0]))  # noqa: E731
+    first = ticket()
+    threading.Thread(target=first.wait, daemon=True).start()
+    assert entered[1].wait(10)
+    kept = ticket()  # queued during write 1: the leader keeps it as write 2
+    kept_done = threading.Event()
+    threading.Thread(target=lambda: (kept.wait(), kept_done.set()), daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not kept.wake and time.monotonic() < deadline:
+        time.sleep(0.001)
+    gates[1].set()
+    assert entered[2].wait(10)
+    mine = ticket()  # queued during write 2: the lead is passed to its waiter after
+    behind = ticket()
+    behind_done = threading.Event()
+    threading.Thread(target=lambda: (behind.wait(), behind_done.set()), daemon=True).start()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        def interrupt_then_pass() -> None:
+            _interrupt_main_once(lambda: bool(behind.wake) and _blocked_in_wait(mine))
+            gates[2].set()  # the lead is handed on while (or after) the main thread gives up
+        threading.Thread(target=interrupt_then_pass, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            mine.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert kept_done.wait(10)
+    assert behind_done.wait(10), "the lead went to a waiter that had left: the log stalled"
+    assert mine.wait() >= 0
+    gc.close()
