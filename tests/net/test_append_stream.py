@@ -258,10 +258,16 @@ def test_appends_go_out_while_earlier_ones_are_made_durable_and_apply_in_order(n
     feed.close()
 
 
-def test_a_refused_append_is_raised_later_and_the_appends_after_it_still_apply(node):
+def sealed_at_3(node):
+    """The node's engine with relation ``r`` sealed at 3 (an append at time <= 3 is refused)."""
     engine, server = node
     engine.add_relation("r", SCHEMA)
     engine.seal("r", 3)
+    return engine, server
+
+
+def test_a_refused_append_is_raised_later_and_the_appends_after_it_still_apply(node):
+    engine, server = sealed_at_3(node)
     with Client(server.uri, TOKEN) as c:
         writer = c.pipelined("r", window=8)
         writer.append(ups([(1, "n1", 4, 1)]))
@@ -324,9 +330,7 @@ def test_a_stopping_server_applies_no_pipelined_append_it_did_not_acknowledge(no
 def test_close_after_a_refusal_collects_the_appends_behind_it(node):
     """``close`` raises the refusal only once every later append is acknowledged, so
     ``sent - acknowledged`` never counts an applied append as unanswered."""
-    engine, server = node
-    engine.add_relation("r", SCHEMA)
-    engine.seal("r", 3)
+    engine, server = sealed_at_3(node)
     with Client(server.uri, TOKEN) as c:
         writer = c.pipelined("r", window=8)
         writer.append(ups([(1, "n1", 2, 1)]))  # at a sealed time: refused
@@ -339,9 +343,7 @@ def test_close_after_a_refusal_collects_the_appends_behind_it(node):
 
 
 def test_the_append_that_raises_an_earlier_refusal_still_sends_its_own_table(node):
-    engine, server = node
-    engine.add_relation("r", SCHEMA)
-    engine.seal("r", 3)
+    engine, server = sealed_at_3(node)
     with Client(server.uri, TOKEN) as c:
         writer = c.pipelined("r", window=1)
         writer.append(ups([(1, "n1", 2, 1)]))  # refused
