@@ -197,8 +197,10 @@ class SedimentFlightServer(flight.FlightServerBase):
             Action.RELEASE_READ: (self._release_read, "end a read plan's lease {lease}"),
             Action.BULK_STAGE: (named(functools.partial(staged.stage, eng), "bulk_stage", "name", "job"),
                                 "a bulk load's staging directory {name, job} -> path"),
-            Action.BULK_COMMIT: (named(functools.partial(staged.commit_staged, eng), "bulk_commit", "name", "job"),
-                                 "commit a bulk load's staged files as pending runs {name, job} -> counts"),
+            Action.BULK_COMMIT: (lambda a: staged.commit_staged(eng, field(a, "name", "bulk_commit"),
+                                                                field(a, "job", "bulk_commit"), a.get("time"), a.get("diff")),
+                                 "commit a bulk load's staged files as pending runs {name, job, time|absent, "
+                                 "diff|absent} -> counts"),
             Action.BULK_ABORT: (named(functools.partial(staged.abort_staged, eng), "bulk_abort", "name", "job"),
                                 "delete a bulk load's staged files {name, job} -> files"),
         }

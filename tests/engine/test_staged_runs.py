@@ -55,8 +55,8 @@ def stage_files(engine, job, tables) -> str:
 
 def test_staged_files_read_back_as_the_same_rows_appended_through_the_wal(engine):
     """One file sorted and consolidated (taken as written), one with repeats, a zero sum and
-    rows out of order (consolidated at the commit); both relations then read alike at every
-    time, before and after compaction folds the runs into batches."""
+    rows out of order (kept as written, a raw run that reads consolidate); both relations then
+    read alike at every time, before and after compaction folds the runs into batches."""
     sorted_run = updates([1, 2, 2, 5], ["a", "b", None, "e"], [3, 3, 4, 3], [1, 1, -1, 2])
     messy = updates([9, 1, 1, 7, 7], ["z", "a", "a", "q", "q"], [5, 3, 3, 4, 4], [1, 1, 1, 1, -1])
     engine.seal("bulk", 1)
@@ -64,7 +64,7 @@ def test_staged_files_read_back_as_the_same_rows_appended_through_the_wal(engine
     path = stage_files(engine, "job-1", [sorted_run, messy])
     written = os.path.getsize(os.path.join(path, "part-00000.parquet"))
     got = staged.commit_staged(engine, "bulk", "job-1")
-    assert got == {"rows": 6, "runs": 2, "min_time": 3, "max_time": 5, "committed": True}
+    assert got == {"rows": 9, "runs": 2, "min_time": 3, "max_time": 5, "committed": True}
     assert not os.path.exists(path)  # staged files collected
     info = engine.trace_info("bulk")
     assert info["pending"] == 2 and info["tail_records"] == 0  # no WAL record: runs straight into the trace
@@ -208,9 +208,11 @@ def test_add_runs_of_a_load_committed_meanwhile_makes_nothing(engine):
 
 
 @pytest.mark.parametrize("stats", [True, False])
-def test_a_one_column_relation_s_unsorted_staged_file_is_sorted_at_the_commit(tmp_path, stats):
+def test_a_one_column_relation_s_unsorted_staged_file_is_a_raw_run_that_compaction_sorts(tmp_path, stats):
     """With one key column the first column is the whole row: a file out of order in it (or in
-    time within a row) is not a run, whether or not the writer kept row-group statistics."""
+    time within a row) is not a run, whether or not the writer kept row-group statistics. The
+    commit keeps it as written (a raw run), reads consolidate it, and the merge task rewrites it
+    sorted; reads are the same before and after."""
     with sediment.open(tmp_path / "data", compact_interval=None) as eng:
         for name in ("bulk", "rows"):
             eng.add_relation(name, pa.schema([("id", pa.int64())]))
@@ -221,12 +223,22 @@ def test_a_one_column_relation_s_unsorted_staged_file_is_sorted_at_the_commit(tm
         for i, t in enumerate(files):
             pq.write_table(t, os.path.join(path, f"part-{i:05d}.parquet"), write_statistics=stats)
         assert staged.commit_staged(eng, "bulk", "job-7")["rows"] == 6
+        assert [run.raw for run in eng.view.relations["bulk"].trace.pending] == [True, True]
         eng.append("rows", pa.concat_tables(files))
         for t in (1, 2):
             for name in ("bulk", "rows"):
                 eng.seal(name, t)
-            assert eng.snapshot("bulk", t).equals(eng.snapshot("rows", t))
+
+        def reads(name):
+            return ([eng.snapshot(name, t) for t in (1, 2)],
+                    sorted(r for b in eng.replay(name) for r in zip(*b.to_pydict().values(), strict=True)))
+
+        before = reads("bulk")
+        assert before == reads("rows")
+        eng.compaction.merge_pass()  # rewrites the raw runs, folds nothing (no pass)
         runs = eng.view.relations["bulk"].trace.pending
+        assert len(runs) == 2 and not any(run.raw for run in runs)
         for run in runs:
             ids = pq.read_table(eng.traces.blobs.local_path(run.key)).column("id").to_pylist()
             assert ids == sorted(ids)
+        assert reads("bulk") == before
