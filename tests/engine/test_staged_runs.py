@@ -5,6 +5,10 @@ across a restart), and read back as the same rows appended through the WAL would
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 
 import pyarrow as pa
@@ -13,6 +17,7 @@ import pytest
 
 import sediment
 from sediment.engine import staged
+from sediment.engine.verify import verify_data_dir
 from sediment.errors import (
     InvalidArgument,
     SchemaMismatch,
@@ -242,3 +247,50 @@ def test_a_one_column_relation_s_unsorted_staged_file_is_a_raw_run_that_compacti
             ids = pq.read_table(eng.traces.blobs.local_path(run.key)).column("id").to_pylist()
             assert ids == sorted(ids)
         assert reads("bulk") == before
+
+
+KILLED_AFTER_COMMIT = textwrap.dedent("""
+    import os, sys
+    import pyarrow as pa, pyarrow.parquet as pq
+    import sediment
+    from sediment.engine import staged
+    eng = sediment.open(sys.argv[1], compact_interval=None)
+    eng.add_relation("bulk", pa.schema([("id", pa.int64()), ("item", pa.string())]))
+    eng.seal("bulk", 1)
+    path = staged.stage(eng, "bulk", "job-k")
+    frame = pa.schema([pa.field("item", pa.string()), pa.field("id", pa.int64(), nullable=False)])
+    for i, ids in enumerate(([5, 3, 5, 1], [2, 3])):
+        pq.write_table(pa.table({"item": [f"i{x}" for x in ids], "id": ids}, schema=frame),
+                       os.path.join(path, f"part-{i:05d}.parquet"))
+    print(staged.commit_staged(eng, "bulk", "job-k", time=4)["committed"], flush=True)
+    sys.stdin.read()  # killed here: after the commit, before any merge
+""")
+
+
+def test_raw_runs_committed_then_sigkilled_read_alike_before_and_after_the_merge_and_a_reopen(tmp_path):
+    """Files as Spark writes a frame (the relation's columns in another order, not null, no time
+    or diff): the commit keeps them as raw runs; the process is SIGKILLed before any merge; the
+    reopened engine reads them consolidated, the merge rewrites them, and a reopen reads the same."""
+    data = str(tmp_path / "data")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_AFTER_COMMIT, data], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "True"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    want = Counter({(1, "i1", 1): 1, (2, "i2", 1): 1, (3, "i3", 2): 1, (5, "i5", 2): 1})
+    report = verify_data_dir(data)  # the raw runs' footers, checksums and schemas, read-only
+    assert report.ok and sum("/trace/" in k for k in report.checked) == 2, report.problems
+    with sediment.open(data, compact_interval=None) as eng:
+        runs = eng.view.relations["bulk"].trace.pending
+        assert [(r.raw, r.time, r.diff, r.rows) for r in runs] == [(True, 4, 1, 4), (True, 4, 1, 2)]
+        eng.seal("bulk", 4)
+        assert snapshot(eng, "bulk", 3) == Counter() and snapshot(eng, "bulk", 4) == want
+        eng.compaction.merge_pass()
+        assert not any(r.raw for r in eng.view.relations["bulk"].trace.pending)
+        assert snapshot(eng, "bulk", 4) == want
+    with sediment.open(data, compact_interval=None) as eng:
+        assert snapshot(eng, "bulk", 4) == want
+        eng.compact()
+        assert eng.trace_info("bulk")["pending"] == 0 and snapshot(eng, "bulk", 4) == want
