@@ -119,7 +119,7 @@ def main() -> int:
             df.write.parquet("file://" + os.path.join(work, f"parquet-{uuid.uuid4().hex}"))
 
         def to_staged(df) -> None:  # noqa: ANN001 - a DataFrame
-            frame = df if written_as_is(df, SCHEMA) else staged_frame(df, SCHEMA, None, None)
+            frame = df if written_as_is(df.schema, SCHEMA) else staged_frame(df, SCHEMA, None, None)
             frame.write.parquet("file://" + os.path.join(work, f"staged-{uuid.uuid4().hex}"))
 
         def to_sorted(df) -> None:  # noqa: ANN001 - a DataFrame

@@ -289,7 +289,8 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
     Spark wrote as it is; diff defaults to 1). Every file is checked first (schema, null
     times or diffs, times above the sealed frontier): any refusal raises with nothing
     changed. Nothing is sorted or consolidated here: a file that is not a run as written is
-    committed as a raw run, which reads consolidate and background compaction rewrites.
+    committed as a raw run, which reads consolidate and the merge after the next compaction
+    pass rewrites (at once when the runs are more than ``max_pending_runs``).
     Returns ``{"rows", "runs", "min_time", "max_time", "committed"}``; ``committed`` is False
     when the load was committed before (a retry), which changes nothing."""
     _check_job(job)
@@ -317,8 +318,8 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
         check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS)
     if refs is None:  # a commit of the same load got there first
         return dict(_NOT_AGAIN)
-    if engine.scheduler is not None:
-        engine.scheduler.merge_soon()  # the merge task rewrites raw runs and folds neighbours together
+    if engine.scheduler is not None and len(rel.trace.pending) > engine.compaction.settings.max_pending_runs:
+        engine.scheduler.merge_soon()  # many runs: the merge task folds neighbours together now
     abort_staged(engine, name, job)
     return {"rows": sum(r.rows for r in refs), "runs": len(refs), "min_time": lo,
             "max_time": max((s.hi for s in checked), default=None), "committed": True}

@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from sediment.errors import InvalidArgument, SchemaMismatch, SedimentError, TimeAlreadySealed
 from sediment.spark_jobs.batch_write import READ_ONLY, check_columns, omitted
@@ -65,26 +66,27 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
     check_options(options, refused=READ_ONLY, what="writing")
     relation = required(options, "relation")
     time, diff, seal = int_option(options, TIME), int_option(options, DIFF), bool_option(options, "seal")
+    schema = df.schema  # each ask is a call into the JVM
     for name, given in ((TIME, time), (DIFF, diff)):
-        if given is not None and name in df.columns:
+        if given is not None and name in schema.names:
             raise InvalidArgument(f"the DataFrame has a {name!r} column and option({name!r}) is set too; use one")
     with connect(options) as client:
         rel_schema = client.schema(relation)
-        fills = bulk_fills(relation, rel_schema, omitted(client, relation, rel_schema, df.schema))
-        check_columns(relation, rel_schema, df.schema, fills)
+        fills = bulk_fills(relation, rel_schema, omitted(client, relation, rel_schema, schema))
+        check_columns(relation, rel_schema, schema, fills)
         sealed = client.sealed(relation)
-        if time is None and TIME not in df.columns:
+        if time is None and TIME not in schema.names:
             time = sealed + 1  # the next open time, as the row path
         if time is not None and time <= sealed:
             raise TimeAlreadySealed(f"relation {relation!r} is sealed through time {sealed}: option('time', {time}) "
                                     "can never commit; write at a later time")
-        as_is = written_as_is(df, rel_schema, fills)
+        as_is = written_as_is(schema, rel_schema, fills)
         frame = df if as_is else staged_frame(df, rel_schema, time, diff, fills)
         job = f"spark-{uuid.uuid4().hex}"
         path = client.bulk_stage(relation, job)
         try:
             frame.write.mode("append").parquet("file://" + path)
-            result = client.bulk_commit(relation, job, time=time if as_is and TIME not in df.columns else None,
+            result = client.bulk_commit(relation, job, time=time if as_is and TIME not in schema.names else None,
                                         diff=diff if as_is else None)
         except BaseException:
             try:
@@ -113,8 +115,8 @@ def bulk_fills(relation: str, rel_schema: pa.Schema, omitted: Mapping[str, Any])
     return dict(omitted)
 
 
-def written_as_is(df: DataFrame, rel_schema: Any, fills: Mapping[str, Any] | None = None) -> bool:
-    """Whether executors write ``df`` itself, as ``df.write.parquet`` would (no projection, no
+def written_as_is(schema: StructType, rel_schema: Any, fills: Mapping[str, Any] | None = None) -> bool:
+    """Whether executors write a frame of ``schema`` itself, as ``df.write.parquet`` would (no projection, no
     sort): it has every relation column in the relation's Spark type, ``time`` as a long or
     not at all (then the load's time goes with the commit), and no ``diff`` column (the
     load's diff goes with the commit). The commit keeps such files as raw runs (batch format
@@ -122,7 +124,7 @@ def written_as_is(df: DataFrame, rel_schema: Any, fills: Mapping[str, Any] | Non
 
     Why: any projection over a cached frame (even one constant column) cost Spark's writer
     0.75x of ``df.write.parquet`` here; the constants cost nothing as batch metadata."""
-    given = {f.name: f.dataType for f in df.schema.fields}
+    given = {f.name: f.dataType for f in schema.fields}
     if fills or DIFF in given or (TIME in given and given[TIME].simpleString() != "bigint"):
         return False
     return all(given.get(f.name) == spark_type(f.type) for f in rel_schema)

@@ -294,3 +294,27 @@ def test_raw_runs_committed_then_sigkilled_read_alike_before_and_after_the_merge
         assert snapshot(eng, "bulk", 4) == want
         eng.compact()
         assert eng.trace_info("bulk")["pending"] == 0 and snapshot(eng, "bulk", 4) == want
+
+
+def test_raw_runs_read_by_name_after_an_alter_and_are_rewritten_with_ids_after_one(tmp_path):
+    """A raw run committed before an alter reads in the altered columns (an added column's
+    default); one committed after an alter added a column (files without field ids) is
+    rewritten at the commit as a batch with the relation's ids."""
+    frame = pa.schema([pa.field("item", pa.string()), pa.field("id", pa.int64(), nullable=False)])
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        path = staged.stage(eng, "bulk", "before")
+        pq.write_table(pa.table({"item": ["b", "a", "b"], "id": [2, 1, 2]}, schema=frame),
+                       os.path.join(path, "part-0.parquet"))
+        staged.commit_staged(eng, "bulk", "before", time=3)
+        eng.alter_relation("bulk", add=[pa.field("n", pa.int64())], defaults={"n": 7})
+        path = staged.stage(eng, "bulk", "after")
+        pq.write_table(pa.table({"n": [8], "item": ["c"], "id": [3]}), os.path.join(path, "part-0.parquet"))
+        staged.commit_staged(eng, "bulk", "after", time=4)
+        assert [r.raw for r in eng.view.relations["bulk"].trace.pending] == [True, False]
+        eng.seal("bulk", 4)
+        got = eng.snapshot("bulk", 4).to_pylist()
+        assert got == [{"id": 1, "item": "a", "n": 7, "diff": 1}, {"id": 2, "item": "b", "n": 7, "diff": 2},
+                       {"id": 3, "item": "c", "n": 8, "diff": 1}]
+        eng.compact()
+        assert eng.trace_info("bulk")["pending"] == 0 and eng.snapshot("bulk", 4).to_pylist() == got

@@ -153,7 +153,7 @@ def test_a_frame_is_written_as_df_write_parquet_writes_it_and_reads_the_same(spa
     with_diff, _data = updates_frame(spark)
     frames = {"ranged": ranged, "twice": twice, "shuffled": with_diff.drop("diff"), "no_time": ranged.drop("time"),
               "with_diff": with_diff}
-    assert bulk_write.written_as_is(ranged, SCHEMA) and not bulk_write.written_as_is(with_diff, SCHEMA)
+    assert bulk_write.written_as_is(ranged.schema, SCHEMA) and not bulk_write.written_as_is(with_diff.schema, SCHEMA)
     for name, df in frames.items():
         for side in ("rows", "bulk"):
             c.engine.add_relation(f"{name}_{side}", SCHEMA)
