@@ -8,11 +8,13 @@ one compare-and-set of the trace state, the same commit point as a compaction pa
 is skipped: the files are durable in the blob store before the commit. Compaction folds the
 runs into batches when their times are sealed, as it folds any pending run.
 
-A run must be sorted by (row, time) with distinct (row, time) and no zero diff. A staged file
-that is (the writer sorted it) gets a sediment footer in place (the old footer is cut off and
-a new one, with the same row groups and the batch's ``sediment.*`` description, is appended:
-the data pages are not rewritten) and is linked under a batch key; one that is not is
-consolidated and written again (``fold``), slower but with the same result.
+Every staged file gets a sediment footer in place (the old footer is cut off and a new one,
+with the same schema and row groups and the batch's ``sediment.*`` description, is appended:
+the data pages are not rewritten) and is linked under a batch key. A file in the update
+schema that is sorted by (row, time) with distinct (row, time) and no zero diff becomes a
+version 1 run; any other (a frame Spark wrote as it is, or rows out of order) a raw run
+(batch format version 2, trace/raw.py), which reads consolidate and compaction's merge
+rewrites: nothing is sorted inside the commit.
 
 Exactly once: the commit records the load's job name in the trace state (``loads``) in the
 same compare-and-set, so a commit retried after it succeeded changes nothing. A refused
