@@ -197,6 +197,9 @@ def report(engine, spark, server, token: str, rows: int, rounds: int, res: dict[
             line += f", {ratio(res, side):.2f}x of Parquet's rows/s (fastest rounds {fastest / min(xs):.2f}x)"
         if side in ("sediment", "bulk"):
             line += f"; target >= 0.9x: {'OK' if ratio(res, side) >= 0.9 else 'MISSED'}"
+        if side != "parquet":  # the same round's Parquet over this side's: pairs taken moments apart
+            paired = [p / x for p, x in zip(res["parquet"], xs, strict=True)]
+            line += f"; per round {statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})"
         print(line)
     if "staged" in res and "bulk" in res:
         print(f"  bulk load minus Spark's part (the driver's calls and the commit): "

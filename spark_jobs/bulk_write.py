@@ -32,8 +32,11 @@ each staged file as a batch with the relation's field ids (engine/staged.py).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -85,7 +88,8 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
         job = f"spark-{uuid.uuid4().hex}"
         path = client.bulk_stage(relation, job)
         try:
-            frame.write.mode("append").parquet("file://" + path)
+            with early_writeback(path):
+                frame.write.mode("append").parquet("file://" + path)
             result = client.bulk_commit(relation, job, time=time if as_is and TIME not in schema.names else None,
                                         diff=diff if as_is else None)
         except BaseException:
@@ -99,6 +103,49 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
             if t is not None and t > client.sealed(relation):
                 client.seal(relation, t)
     return result
+
+
+@contextlib.contextmanager
+def early_writeback(root: str, every: float = 0.05) -> Iterator[dict[str, int]]:
+    """While the body runs, flush the Parquet files appearing under ``root`` to disk
+    (``fdatasync``, again whenever a file grew), so the commit's fsyncs find little left;
+    yields the paths flushed so far with their sizes then.
+
+    Why: Spark's writer leaves its files in the page cache; the commit must fsync them, and
+    for 4M rows that was about 30 ms of the commit, paid after Spark's job. A head start
+    only: the commit still fsyncs every file (and the directories) itself. The staging
+    directory is on this machine (a file blob store's), as the bulk load requires."""
+    stop = threading.Event()
+    flushed: dict[str, int] = {}
+
+    def flush() -> None:
+        for top, _dirs, files in os.walk(root):
+            for name in files:
+                path = os.path.join(top, name)
+                try:
+                    size = os.path.getsize(path)
+                    if not name.endswith(".parquet") or flushed.get(path) == size:
+                        continue
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+                    flushed[path] = size
+                except OSError:
+                    pass  # moved by Spark's task commit meanwhile: found again under its new name
+
+    def loop() -> None:
+        while not stop.wait(every):
+            flush()
+
+    worker = threading.Thread(target=loop, name="sediment-bulk-writeback", daemon=True)
+    worker.start()
+    try:
+        yield flushed
+    finally:
+        stop.set()
+        worker.join()
 
 
 def bulk_fills(relation: str, rel_schema: pa.Schema, omitted: Mapping[str, Any]) -> dict[str, Any]:

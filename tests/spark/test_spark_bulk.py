@@ -180,3 +180,32 @@ def test_a_frame_is_written_as_df_write_parquet_writes_it_and_reads_the_same(spa
         assert not any(run.raw for run in c.engine.view.relations[f"{name}_bulk"].trace.pending)
         assert [raw(c, f"{name}_bulk", t) for t in (2, 3, 4, 5)] == before[name], name
     assert spark_read(spark, c, "shuffled_bulk", 4) == spark_read(spark, c, "shuffled_rows", 4)
+
+
+def test_staged_files_are_flushed_while_spark_still_writes_and_again_after_a_move(tmp_path):
+    """The driver's early writeback fdatasyncs each Parquet file that appears or grows under the
+    staging directory (a file moved by Spark's task commit is found under its new name); other
+    files are left alone."""
+    import threading
+    import time
+
+    root = tmp_path / "stage"
+    (root / "_temporary" / "0").mkdir(parents=True)
+
+    def flushed_as(flushed, path, size):
+        deadline = time.monotonic() + 30
+        while flushed.get(str(path)) != size:
+            assert time.monotonic() < deadline, f"{path} not flushed at {size} bytes: {flushed}"
+            threading.Event().wait(0.005)
+
+    with bulk_write.early_writeback(str(root), every=0.01) as flushed:
+        part = root / "_temporary" / "0" / "part-0.parquet"
+        part.write_bytes(b"x" * 1000)
+        flushed_as(flushed, part, 1000)
+        with open(part, "ab") as f:
+            f.write(b"y" * 24)
+        flushed_as(flushed, part, 1024)
+        part.rename(root / "part-0.parquet")
+        flushed_as(flushed, root / "part-0.parquet", 1024)
+        (root / "_SUCCESS").write_bytes(b"")
+    assert str(root / "_SUCCESS") not in flushed
