@@ -28,6 +28,7 @@ Cases, alternated in each round:
     .venv/bin/python bench/replay.py            # about 1 min: 10M rows, 5 rounds
     .venv/bin/python bench/replay.py --quick    # about 10-20 s: 3M rows, 5 rounds
     .venv/bin/python bench/replay.py --profile  # also cProfile one replay and one snapshot
+    .venv/bin/python bench/replay.py --before e6b4734   # also that build's time-ordered sweep, same rounds
 
 Temp directories go under ``--dir`` (default /tmp) and are removed afterwards.
 """
@@ -85,6 +86,35 @@ def run_replay(engine, ordered: bool = True) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
+def before_build(engine, rev: str):
+    """A replay through ``rev``'s ``engine/time_order.py`` (loaded from git into this process),
+    fed whole decoded batches as that build was: the previous build in the same rounds."""
+    import importlib.util
+    import subprocess
+
+    from sediment.engine import reads
+    src = subprocess.run(["git", "show", f"{rev}:engine/time_order.py"], capture_output=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout
+    path = os.path.join(tempfile.mkdtemp(prefix="sed-before-"), "time_order_before.py")
+    with open(path, "wb") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location("time_order_before", path)
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    current, traces = reads.time_order, engine.traces
+
+    def run() -> tuple[float, int]:
+        reads.time_order = old
+        traces.read_pieces = lambda rid, ref, **_: traces.read(rid, ref, use_threads=False)
+        try:
+            return run_replay(engine)
+        finally:
+            reads.time_order = current
+            del traces.read_pieces
+
+    return run
+
+
 def run_snapshot(engine, as_of: int) -> tuple[float, int]:
     t0 = time.perf_counter()
     t = engine.snapshot("r", as_of)
@@ -136,6 +166,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="append+seal+compact steps")
     ap.add_argument("--rounds", type=int, help="default 5")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--before", help="a git revision whose time-ordered sweep also runs, in the same rounds")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -154,6 +185,7 @@ def main() -> None:
               f"built in {time.perf_counter() - t_start:.1f} s", flush=True)
         cases = {
             "replay": lambda: run_replay(engine),
+            **({f"replay ({args.before})": before_build(engine, args.before)} if args.before else {}),
             "replay ordered=False": lambda: run_replay(engine, ordered=False),
             "snapshot": lambda: run_snapshot(engine, sealed),
             "pq.read_table": lambda: run_plain(files),

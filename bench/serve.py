@@ -10,6 +10,9 @@ rounds interleaved, with the same rows:
 * served: the same engine options behind a ``SedimentFlightServer`` in this process, and N
   client *processes* (as Spark executors or other services would be), each with its own
   ``sediment.connect`` connection, appending the same tables for the same time;
+* served, pipelined: the same client processes, each appending through
+  ``client.pipelined("r", window=W)`` (up to W appends in flight on its stream, applied in
+  order; rows count once acknowledged, the last ones collected before the clock stops);
 * optionally (``--per-call``) the same with one do_put per append, the protocol before the
   append stream, and (``--client-threads``) the clients as threads of the server's process,
   where their Python work shares the server's interpreter lock.
@@ -114,12 +117,15 @@ def run_in_process(root: str, writers: int, seconds: float) -> dict:
 # --- served ----------------------------------------------------------------------------------
 
 
-def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, per_call: bool) -> None:
+def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, how: str, window: int) -> None:
     """One client process: connect, warm up, wait for the start, append until the deadline.
-    ``per_call``: one do_put per append (the protocol before the append stream, which the
-    server still serves), through the client's own per-call path."""
+    ``how``: ``served`` (``client.append``), ``pipelined`` (``client.pipelined``, ``window``
+    in flight) or ``per-call`` (one do_put per append, the protocol before the append stream,
+    which the server still serves, through the client's own per-call path)."""
     client = sediment.connect(uri, token)
-    if per_call:
+    if how == "pipelined":
+        return _pipelined_client(client, k, ready, go, seconds, out, window)
+    if how == "per-call":
         command = {"op": "append", "relation": "r", "txn": None}
         client.append = lambda name, table: client._put(command, table)  # noqa: SLF001 - the old path, measured
     try:
@@ -134,6 +140,22 @@ def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, per_ca
             client.append("r", table)
             n += table.num_rows
         out.put((n, t0, time.perf_counter()))
+    finally:
+        client.close()
+
+
+def _pipelined_client(client, k: int, ready, go, seconds: float, out, window: int) -> None:
+    try:
+        table = make_table(BATCH_ROWS, k * BATCH_ROWS)
+        client.append("r", table)
+        ready.put(k)
+        go.wait()
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        with client.pipelined("r", window=window) as writer:
+            while time.perf_counter() < deadline:
+                writer.append(table)
+        out.put((writer.acknowledged * table.num_rows, t0, time.perf_counter()))
     finally:
         client.close()
 
@@ -181,7 +203,7 @@ def run_served_threads(root: str, clients: int, seconds: float) -> dict:
     return got
 
 
-def run_served(root: str, clients: int, seconds: float, per_call: bool = False) -> dict:
+def run_served(root: str, clients: int, seconds: float, how: str = "served", window: int = 8) -> dict:
     from sediment.server import SedimentFlightServer
 
     d = tempfile.mkdtemp(prefix="sed-serve-net-", dir=root)
@@ -193,7 +215,7 @@ def run_served(root: str, clients: int, seconds: float, per_call: bool = False) 
             server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
             try:
                 ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-                procs = [ctx.Process(target=_client, args=(server.uri, token, k, ready, go, seconds, out, per_call),
+                procs = [ctx.Process(target=_client, args=(server.uri, token, k, ready, go, seconds, out, how, window),
                                      daemon=True) for k in range(clients)]
                 for p in procs:
                     p.start()
@@ -227,10 +249,11 @@ def main() -> None:
                         help="also measure one do_put per append (the protocol before the append stream)")
     parser.add_argument("--client-threads", action="store_true",
                         help="also measure served appends from client threads inside this process")
+    parser.add_argument("--window", type=int, default=8, help="appends in flight per pipelined client")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
-    modes = ("in-process", "served", *(("per-call",) if args.per_call else ()),
+    modes = ("in-process", "served", "pipelined", *(("per-call",) if args.per_call else ()),
              *(("served-threads",) if args.client_threads else ()))
     results: dict[tuple[str, int], list[float]] = {(mode, n): [] for n in counts for mode in modes}
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores, "
@@ -246,7 +269,7 @@ def main() -> None:
             elif mode == "served-threads":
                 got = run_served_threads(args.dir, n, args.seconds)
             else:
-                got = run_served(args.dir, n, args.seconds, per_call=mode == "per-call")
+                got = run_served(args.dir, n, args.seconds, how=mode, window=args.window)
             results[(mode, n)].append(got["rows_s"])
             print(f"round {r + 1}: {mode:10s} {n:2d} writers: {got['rows_s'] / 1e3:8.1f}k rows/s, "
                   f"{got['group']:.1f} records per group commit, {got['cpu_us']:.0f} us CPU per append here, "

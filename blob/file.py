@@ -82,17 +82,14 @@ class FileBlobStore:
         return tmp
 
     def get(self, key: str) -> bytes:
-        path = self._path(key)
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise BlobNotFound(f"no object at {self._where(key)}") from None
-        except OSError as e:
-            raise self._io_error("get", key, e) from e
+        return self._read("get", key, 0, -1)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         validate_range(key, start, length)
+        return self._read("get_range", key, start, length)
+
+    def _read(self, op: str, key: str, start: int, length: int) -> bytes:
+        """``length`` bytes (-1: all) from ``start`` of the object's file."""
         path = self._path(key)
         try:
             with open(path, "rb") as f:
@@ -101,7 +98,7 @@ class FileBlobStore:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise BlobNotFound(f"no object at {self._where(key)}") from None
         except OSError as e:
-            raise self._io_error("get_range", key, e) from e
+            raise self._io_error(op, key, e) from e
 
     def local_path(self, key: str) -> str:
         """The file holding ``key``, so readers can open it with pyarrow's native file instead

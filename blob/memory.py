@@ -34,12 +34,9 @@ class MemoryBlobStore:
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name
-        if name is None:
-            self._objects = _Objects()
-        else:
-            with _named_lock:
-                self._objects = _named.setdefault(name, _Objects())
         self._closed = False
+        with _named_lock:
+            self._objects = _Objects() if name is None else _named.setdefault(name, _Objects())
 
     def __repr__(self) -> str:
         return f"MemoryBlobStore(name={self.name!r})"

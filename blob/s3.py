@@ -9,6 +9,7 @@ or the completion fails, so no partial object and no dangling upload remain.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -204,13 +205,9 @@ class S3BlobStore:
             except ClientError as e:
                 if _error_code(e) == "InvalidRange" or _status(e) == 416:
                     return {"Body": _Empty()}
-                if _error_code(e) in _NOT_FOUND_CODES:
-                    raise BlobNotFound(f"no object at {self._where(key)}") from None
-                raise self._fail("get_range", key, e) from e
-            except BotoCoreError as e:
-                raise self._fail("get_range", key, e) from e
+                raise
 
-        return self._read_body("get_range", key, request)
+        return self._read_body("get_range", key, lambda: self._call("get_range", key, request))
 
     def size(self, key: str) -> int:
         full = self._check(key)
@@ -308,14 +305,8 @@ class S3BlobStore:
 
     def delete(self, key: str) -> None:
         full = self._check(key)
-        try:
-            self._client.delete_object(Bucket=self.bucket, Key=full)
-        except ClientError as e:
-            if _error_code(e) in _NOT_FOUND_CODES:
-                return
-            raise self._fail("delete", key, e) from e
-        except BotoCoreError as e:
-            raise self._fail("delete", key, e) from e
+        with contextlib.suppress(BlobNotFound):
+            self._call("delete", key, self._client.delete_object, Bucket=self.bucket, Key=full)
 
     def list(self, prefix: str = "") -> list[str]:
         if self._closed:

@@ -175,11 +175,7 @@ class Member:
             self._probe.stop()
         if self._thread is not None:
             self._thread.join(10.0)
-        with self._lock:
-            engines = [*((p, e) for p, (e, _g) in self._engines.items()),
-                       *((p, h.engine) for p, h in self._handing.items())]
-            self._engines.clear()
-            self._handing.clear()
+        engines = self._release_all()
         for partition, engine in engines:
             self._close_engine(partition, engine)
         if self._zk is not None:
@@ -475,15 +471,20 @@ class Member:
         return fenced
 
     def _drop_all(self) -> None:
+        engines = self._release_all()
+        for p, engine in engines:
+            self.metrics.ownership_changes.labels("lost").inc()
+            threading.Thread(target=self._close_engine, args=(p, engine), daemon=True).start()
+        self.metrics.partitions_owned.set(0)
+
+    def _release_all(self) -> list[tuple[int, Any]]:
+        """(partition, engine) of every engine held or being handed over; none is held after."""
         with self._lock:
             engines = [*((p, e) for p, (e, _g) in self._engines.items()),
                        *((p, h.engine) for p, h in self._handing.items())]
             self._engines.clear()
             self._handing.clear()
-        for p, engine in engines:
-            self.metrics.ownership_changes.labels("lost").inc()
-            threading.Thread(target=self._close_engine, args=(p, engine), daemon=True).start()
-        self.metrics.partitions_owned.set(0)
+        return engines
 
     @staticmethod
     def _close_engine(partition: int, engine: Any) -> None:

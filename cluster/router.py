@@ -151,10 +151,7 @@ class ClusterEngine:
     # --- writes --------------------------------------------------------------------------------
 
     def append(self, name: str, updates: pa.Table, *, locks: Any = None) -> None:
-        if locks is None:
-            self._write(name, "append", updates, append=True)
-        else:
-            self._write(name, "append", updates, append=True, locks=locks)
+        self._write(name, "append", updates, append=True, locks=locks)
 
     def append_once(self, name: str, updates: pa.Table, client: str, seq: int, *, locks: Any = None) -> None:
         """An append with an idempotency key: applied at most once however often it is retried,
@@ -177,7 +174,7 @@ class ClusterEngine:
         if p is None:
             return
         engine, generation = self.member.engine_for(p, append=True)
-        engine.append_many(updates, **({} if locks is None else {"locks": locks}))
+        engine.append_many(updates, locks=locks)
         self.member.check_still_serving(p, generation)
 
     def append_many_once(self, updates: Mapping[str, pa.Table], client: str, seq: int, *,
@@ -301,20 +298,25 @@ class ClusterTransaction(PartitionTransaction):
         self._generation = -1
         self._mutex = threading.Lock()
 
+    def _bind(self, p: int, elsewhere: str) -> int:
+        """With ``_mutex`` held: the generation of partition ``p``, the transaction bound to it
+        on first use; ``elsewhere`` is the refusal when it is bound to another partition."""
+        if self.state != "open":
+            raise TransactionError(f"transaction {self.id:#x} is {self.state}")
+        if self.partition is not None and p != self.partition:
+            raise CrossPartitionTransaction(f"transaction {self.id:#x} writes partition {self.partition}; "
+                                            + elsewhere)
+        engine, generation = self._router.member.engine_for(p)
+        if self.inner is None:
+            self.partition, self.inner, self._generation = p, engine.transaction(), generation
+        return generation
+
     def append(self, name: str, updates: pa.Table) -> None:
         with self._mutex:
-            if self.state != "open":
-                raise TransactionError(f"transaction {self.id:#x} is {self.state}")
             p = self._router._partition(name)
-            if self.partition is not None and p != self.partition:
-                raise CrossPartitionTransaction(
-                    f"transaction {self.id:#x} writes partition {self.partition}; relation {name!r} is in "
-                    f"partition {p}: a transaction is atomic within one partition; nothing of this append "
-                    "was written")
-            engine, generation = self._router.member.engine_for(p)
-            if self.inner is None:
-                self.partition, self.inner, self._generation = p, engine.transaction(), generation
-            elif generation != self._generation:
+            generation = self._bind(p, f"relation {name!r} is in partition {p}: a transaction is atomic within "
+                                       "one partition; nothing of this append was written")
+            if generation != self._generation:
                 raise TransactionError(f"partition {p} moved while transaction {self.id:#x} was open; it is lost: "
                                        "begin again at the new owner")
         self.inner.append(name, updates)
@@ -332,13 +334,6 @@ class ClusterTransaction(PartitionTransaction):
     def mark(self, partition: int, marks: pa.Table) -> None:
         """Write an idempotency key's ``marks`` into this transaction, in ``partition``."""
         with self._mutex:
-            if self.state != "open":
-                raise TransactionError(f"transaction {self.id:#x} is {self.state}")
-            if self.partition is not None and self.partition != partition:
-                raise CrossPartitionTransaction(f"transaction {self.id:#x} writes partition {self.partition}, its "
-                                                f"commit names partition {partition}; nothing was committed")
-            engine, generation = self._router.member.engine_for(partition)
-            if self.inner is None:
-                self.partition, self.inner, self._generation = partition, engine.transaction(), generation
+            self._bind(partition, f"its commit names partition {partition}; nothing was committed")
         self.inner.append(APPLIED, marks)
 

@@ -97,7 +97,7 @@ class WalBacklog:
 
 class BodyCache:
     """The bodies of recently appended UPDATES records, by LSN, up to ``cap`` bytes, so that
-    compaction decodes them from memory instead of reading the log back.
+    compaction and feeds decode them from memory instead of reading the log back.
 
     Large group commits are written with O_DIRECT, past the page cache: reading them back
     went to the disk and competed with the appends for it (issue 15: 0.69x of compaction off).
@@ -116,6 +116,9 @@ class BodyCache:
             self.bytes += size
 
     def get(self, lsn: int) -> object | None:
+        """The body, left in the cache: a feed decodes a record just made durable from here
+        (engine/feed.py) rather than reading it back from the log. A dict lookup, safe
+        without the engine lock."""
         return self._bodies.get(lsn)
 
     def take(self, lsn: int) -> object | None:

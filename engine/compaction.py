@@ -126,7 +126,7 @@ class Compaction:
             self.segment_age.finished()
         self.run_pass(None, merge=False)
 
-    def errors(self) -> dict[str, str]:
+    def compaction_errors(self) -> dict[str, str]:
         """Relations whose last compaction attempt (a pass or a merge) failed, with the error;
         each is retried on every pass until it succeeds. A failed pass keeps the relation's WAL
         records (the log is trimmed only below them); a failed merge leaves its inputs as they

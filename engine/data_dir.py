@@ -84,14 +84,6 @@ class WalSpec:
         return self.kind if self.location is None else f"{self.kind}:{self.location}"
 
 
-def _file_spec(rest: str | None) -> WalSpec | None:
-    return WalSpec("file") if rest is None else None
-
-
-def _device_spec(rest: str | None) -> WalSpec | None:
-    return WalSpec("device", os.path.abspath(rest)) if rest else None
-
-
 def _s3_spec(rest: str | None) -> WalSpec | None:
     """``s3://bucket/prefix[?endpoint=...]``: the location keeps the ``//``; a malformed one is
     refused by the log's own parser (InvalidArgument naming the form)."""
@@ -105,8 +97,11 @@ def _s3_spec(rest: str | None) -> WalSpec | None:
 
 # kind -> parser of what follows "kind:" (None when there is no colon); a parser returns None
 # for a value it does not accept. A new kind of log is one more row.
-WAL_KINDS: dict[str, Callable[[str | None], WalSpec | None]] = {"file": _file_spec, "device": _device_spec,
-                                                                "s3": _s3_spec}
+WAL_KINDS: dict[str, Callable[[str | None], WalSpec | None]] = {
+    "file": lambda rest: WalSpec("file") if rest is None else None,
+    "device": lambda rest: WalSpec("device", os.path.abspath(rest)) if rest else None,
+    "s3": _s3_spec,
+}
 WAL_USAGE = "use 'file', 'device:<path>' or 's3://bucket/prefix'"
 
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 from sediment._fs import makedirs_durable, remove_tree_durable
 from sediment.blob.counting import counting
 from sediment.clock import Clock, MonotonicClock
-from sediment.engine import args, log_replay, s3_deploy, staged, takeover
+from sediment.engine import args, log_replay, staged, takeover
 from sediment.engine.backlog import (
     DEFAULT_MAX_WAL_BACKLOG,
     DEFAULT_WAL_BACKLOG_TIMEOUT,
@@ -61,6 +61,7 @@ from sediment.engine.writer import Writer
 from sediment.errors import CompactionFailed  # noqa: F401  (Engine.compact raises it)
 from sediment.metadata.protocol import MetadataStore
 from sediment.metrics import EngineMetrics
+from sediment.trace.runs import RunStats
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
 from sediment.wal.record import Record, RecordKind
@@ -117,6 +118,8 @@ class Engine:
         self.collector: Collector | None = None
         self.compaction: Compaction | None = None
         self.reads: Reads | None = None
+        self.wal: WriteAheadLog | None = None
+        self.read_stats: RunStats | None = None  # counters of consolidation on read, for tests and operators
         self.scheduler: Scheduler | None = None
         self.swept: list[str] = []
         self.blob_uri: str | None = None  # where the batches live, once open
@@ -231,8 +234,8 @@ class Engine:
                   repair: bool) -> WriteAheadLog:
         storage, record = self.storage, self.storage.record
         if record.wal_spec.kind == "s3":
-            storage.log = s3_deploy.open_log(self, record.wal, metadata, marker, storage.s3_endpoint,
-                                             segment_bytes=segment_bytes, repair=repair, create=storage.created)
+            storage.log = takeover.open_s3_log(self, record.wal, metadata, marker, storage.s3_endpoint,
+                                               segment_bytes=segment_bytes, repair=repair, create=storage.created)
             return storage.log
         if not record.replicas:
             return storage.open_local_log(record.wal_spec, segment_bytes=segment_bytes, repair=repair,
@@ -280,6 +283,7 @@ class Engine:
                                      self.settings, self._opened_at)
         self.reads = Reads(view, self.traces, log_, self.collector, blob_uri=self.storage.blob_uri,
                            s3_endpoint=self.storage.s3_endpoint, failure_count=self.compaction.failure_count)
+        self.wal, self.read_stats = log_, self.reads.read_stats
         if compact:
             self.scheduler = Scheduler(self.compaction.background_pass, self.compaction.merge_pass,
                                        self.settings.interval, self.clock)
@@ -312,13 +316,7 @@ class Engine:
     replay = _forward("reads", Reads.replay)
     trace_info = _forward("reads", Reads.trace_info)
     compact = _forward("compaction", Compaction.compact)
-
-    def compaction_errors(self) -> dict[str, str]:
-        """Relations whose last compaction attempt (a pass or a merge) failed, with the error;
-        each is retried on every pass until it succeeds. A failed pass keeps the relation's WAL
-        records (the log is trimmed only below them); a failed merge leaves its inputs as they
-        are. Empty when every relation compacts."""
-        return self.compaction.errors()
+    compaction_errors = _forward("compaction", Compaction.compaction_errors)
 
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data. Its WAL records are ignored from now on and
@@ -338,15 +336,6 @@ class Engine:
         check_name(name)
         with self.compaction.merge_lock, self.compaction.pass_lock, self.view.lock:  # no old-schema batch being written
             return self.registry.alter(name, add=add, defaults=defaults, widen=widen, rename=rename, drop=drop)
-
-    @property
-    def wal(self) -> WriteAheadLog:
-        return self.storage.log
-
-    @property
-    def read_stats(self) -> Any:
-        """Counters of consolidation on read (sediment.trace.runs.RunStats), for tests and operators."""
-        return self.reads.read_stats
 
     @property
     def superseded(self) -> Exception | None:

@@ -5,9 +5,11 @@ recent transactions) and a catch-up feed (from storage) for clients that fall
 behind. Here every relation with subscribers keeps a *feed log*: the sequence of
 its visible events (committed UPDATES records, by LSN, and progress records) in
 the order they became visible. Each subscriber's queue is its window of that one
-log, from its cursor to the head: an event is recorded once, decoded once (a shared,
-bounded cache of recent events, each a :class:`FeedEvent` that also keeps its wire
-encoding once made) and handed to every subscriber as the same object.
+log, from its cursor to the head: an event is recorded once, decoded once (by the first
+subscriber to reach it, from the record's body still in the engine's memory when it can, while
+the others wait for it; kept in a shared, bounded cache of recent events, each a
+:class:`FeedEvent` that also keeps its wire encoding once made) and handed to every
+subscriber as the same object.
 
 The writer never waits for a subscriber. Appending an event costs the writer a list
 append and, when subscribers sleep, at most two wake-ups: the sleepers join the feed's *relay*,
@@ -44,14 +46,14 @@ from __future__ import annotations
 import threading
 import time as _time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from sediment.errors import EngineClosed, FeedOverrun
-from sediment.interrupts import wait_slices
+from sediment.interrupts import WaitingIterator, wait_slices
 
 _MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber that is behind
 MAX_LAG = 1 << 18  # events a subscriber may fall behind before it is dropped (about 100 B each)
@@ -62,6 +64,7 @@ SNAPSHOT = "snapshot"
 UPDATES = "updates"
 PROGRESS = "progress"
 SCHEMA = "schema"  # an alter: later updates come in the new schema (engine/schema_history.py)
+Loader = Callable[[int, int, int], pa.Table]  # (lsn, schema version to deliver in, version written) -> table
 
 
 @dataclass(frozen=True)
@@ -95,14 +98,14 @@ class FeedEvent:
 class FeedLog:
     """One relation's visible events while it has subscribers.
 
-    ``window`` is ``(seq of its first entry, entries)``, entries being ``(kind, lsn, time)``
-    tuples; it is only appended to in place, and replaced whole when trimmed, so a reader
+    ``window`` is ``(seq of its first entry, entries)``, entries being ``(kind, lsn, time,
+    written)`` tuples (``written``: an UPDATES record's schema version, -1 when not known); it is only appended to in place, and replaced whole when trimmed, so a reader
     holding an older window still reads valid entries. ``changed`` guards registration,
     trims and drops (taken inside the engine lock by writers)."""
 
     def __init__(self, cache_bytes: int = 64 << 20):
         self.changed = threading.Condition(threading.Lock())
-        self.window: tuple[int, list[tuple[str, int, int]]] = (0, [])
+        self.window: tuple[int, list[tuple[str, int, int, int]]] = (0, [])
         self.next_seq = 0
         self.subs: dict[int, Subscription] = {}
         self.waiting: list[Subscription] = []  # subscribers about to sleep, appended without a lock
@@ -114,6 +117,7 @@ class FeedLog:
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._cache_lock = threading.Lock()
+        self._load_lock = threading.Lock()  # one decode of a record at a time: the others wait for it
         self._bulk: dict[tuple[int, int], FeedEvent] = {}  # (first seq, end seq) -> merged event, oldest first
         self._bulk_bytes = 0
         self.closed = False
@@ -128,17 +132,19 @@ class FeedLog:
         return {sub_id: sub.cursor for sub_id, sub in list(self.subs.items())}
 
     @property
-    def entries(self) -> list[tuple[str, int, int]]:
+    def entries(self) -> list[tuple[str, int, int, int]]:
         return self.window[1]
 
-    def add(self, kind: str, lsn: int, time: int = 0) -> None:
-        """A new visible event (called under the engine lock, from the log's writer thread).
-        Without subscribers only the sequence moves: subscribers register under the engine
-        lock too, so none can appear while this runs."""
+    def add(self, kind: str, lsn: int, time: int = 0, written: int = -1) -> None:
+        """A new visible event (called under the engine lock, from the log's writer thread;
+        ``written``: an UPDATES record's own schema version, which lets a subscriber decode it
+        from the engine's memory instead of reading it back from the log). Without subscribers
+        only the sequence moves: subscribers register under the engine lock too, so none can
+        appear while this runs."""
         if not self.subs:
             self.next_seq += 1
             return
-        self.window[1].append((kind, lsn, time))
+        self.window[1].append((kind, lsn, time, written))
         self.next_seq += 1
         if self.next_seq >= self._next_check:
             self._check()
@@ -229,22 +235,27 @@ class FeedLog:
             low = min((s.cursor for s in self.subs.values()), default=self.next_seq)
             return items[low - base][1] if low - base < len(items) else None
 
-    def event(self, lsn: int, version: int, load: Callable[[int, int], pa.Table]) -> FeedEvent:
-        """The UPDATES event of the record at ``lsn`` (written under schema ``version``):
-        decoded once and shared while the cache holds it, read again from the WAL after."""
+    def event(self, lsn: int, version: int, written: int, load: Loader) -> FeedEvent:
+        """The UPDATES event of the record at ``lsn`` (written under schema ``written``, -1: not
+        known, delivered in schema ``version``): decoded once and shared while the cache holds
+        it, read again from the WAL after. Subscribers woken together miss the same record
+        together: the first decodes it and the others wait for it (each decoding its own copy
+        cost every one of them the interpreter lock for the read and the decode)."""
         got = self._events.get(lsn)
         if got is not None:
             return got
-        table = load(lsn, version)
-        got = FeedEvent(UPDATES, int(table.column("time")[0].as_py()) if table.num_rows else 0, table)
-        with self._cache_lock:
-            kept = self._events.setdefault(lsn, got)
-            if kept is not got:
-                return kept
-            self._cache_bytes += _nbytes(got)
-            while self._cache_bytes > self._cache_limit and len(self._events) > 1:
-                old = self._events.pop(next(iter(self._events)))
-                self._cache_bytes -= _nbytes(old)
+        with self._load_lock:
+            got = self._events.get(lsn)
+            if got is not None:
+                return got
+            table = load(lsn, version, written)
+            got = FeedEvent(UPDATES, int(table.column("time")[0].as_py()) if table.num_rows else 0, table)
+            with self._cache_lock:
+                self._events[lsn] = got
+                self._cache_bytes += _nbytes(got)
+                while self._cache_bytes > self._cache_limit and len(self._events) > 1:
+                    old = self._events.pop(next(iter(self._events)))
+                    self._cache_bytes -= _nbytes(old)
         return got
 
     def bulk(self, start: int, end: int, events: Callable[[], list[FeedEvent]]) -> FeedEvent:
@@ -285,14 +296,14 @@ def _release(lock: threading.Lock) -> None:
         pass
 
 
-class Subscription:
+class Subscription(WaitingIterator[FeedEvent]):
     """An iterator of FeedEvents. Created by ``Engine.subscribe``; close it when done."""
 
     _ids = 0
     _ids_lock = threading.Lock()
 
     def __init__(self, feed: FeedLog, initial: list[FeedEvent],
-                 load: Callable[[int, int], pa.Table], engine_open: Callable[[], bool], *,
+                 load: Loader, engine_open: Callable[[], bool], *,
                  name: str = "", max_lag: int | None = None):
         with Subscription._ids_lock:
             Subscription._ids += 1
@@ -316,15 +327,6 @@ class Subscription:
         """Events that come before any the feed delivers: the snapshot and stored updates,
         computed after the subscription registered its cursor."""
         self._pending.extend(events)
-
-    def __iter__(self) -> Iterator[FeedEvent]:
-        return self
-
-    def __next__(self) -> FeedEvent:
-        event = self.next()
-        if event is None:
-            raise StopIteration
-        return event
 
     def next(self, timeout: float | None = None) -> FeedEvent | None:
         """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None
@@ -368,24 +370,24 @@ class Subscription:
         if not self._engine_open() or feed.closed:
             raise EngineClosed("the engine was closed; subscribe again after reopening it")
 
-    def _take(self, items: list[tuple[str, int, int]], i: int) -> FeedEvent:
-        kind, lsn, t = items[i]
+    def _take(self, items: list[tuple[str, int, int, int]], i: int) -> FeedEvent:
+        kind, lsn, t, written = items[i]
         if kind == PROGRESS:
             self.cursor += 1
             return self._note(FeedEvent(PROGRESS, t))
         if kind == SCHEMA:
             self.cursor += 1
-            return FeedEvent(SCHEMA, t, self._load(-1, t))
+            return FeedEvent(SCHEMA, t, self._load(-1, t, t))
         end = i + 1
         stop = min(len(items), i + _MAX_BATCHED)
         while end < stop and items[end][0] == UPDATES and items[end][2] == t:  # catch up in bulk, one schema
             end += 1
         feed = self._feed
         if end == i + 1:
-            event = feed.event(items[i][1], t, self._load)
+            event = feed.event(lsn, t, written, self._load)
         else:
             event = feed.bulk(self.cursor, self.cursor + end - i,
-                              lambda: [feed.event(e[1], t, self._load) for e in items[i:end]])
+                              lambda: [feed.event(e[1], t, e[3], self._load) for e in items[i:end]])
         self.cursor += end - i  # after the read: the WAL is kept until the cursor passes
         return event
 

@@ -163,12 +163,17 @@ class Reads:
             trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
             feed = rel.feed
 
-            def load(lsn: int, version: int) -> pa.Table:
-                """The record at ``lsn`` in schema ``version``; lsn -1: an empty table of it."""
+            def load(lsn: int, version: int, written: int) -> pa.Table:
+                """The record at ``lsn`` (written under schema ``written``, -1: not known) in schema
+                ``version``, from the bodies still in memory when it can (no read of the log);
+                lsn -1: an empty table of it."""
                 if lsn < 0:
                     return rel.layout.project(rel.layout.versions[version].empty_table(), version)
-                record = self.log.read(lsn)
-                return pa.Table.from_batches([rel.decode_body(record.body, record.schema_version, version)])
+                body = self.view.bodies.get(lsn) if written >= 0 else None
+                if body is None:
+                    record = self.log.read(lsn)
+                    body, written = record.body, record.schema_version
+                return pa.Table.from_batches([rel.decode_body(body, written, version)])
 
             sub = Subscription(feed, [], load, lambda: not self.view.closed, name=name, max_lag=max_lag)
             self.collector.pin()
@@ -248,10 +253,10 @@ class Reads:
             entries = list(rel.tail)
             self.collector.pin()
 
-        def load(item: Any) -> pa.Table | None:
+        def load(item: Any) -> pa.Table | Iterator[pa.RecordBatch]:
             if isinstance(item, TailEntry):
                 return pa.Table.from_batches([self._decode(rel, item.lsn)])
-            return self.traces.read(rel.entry.id, item.ref, use_threads=False)  # threads lost here under load
+            return self.traces.read_pieces(rel.entry.id, item.ref, use_threads=True)
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:

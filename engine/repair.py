@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from sediment._fs import replace_durably
 from sediment.engine.data_dir import DataDir
-from sediment.engine.verify import VerifyReport, relation_names, verify_data_dir
+from sediment.engine.verify import relation_names, verify_data_dir
 from sediment.errors import RepairRefused
 
 
@@ -36,16 +36,11 @@ def _named(finding: dict, names: dict[int, str]) -> dict:
     return finding
 
 
-def plan_loss(data_dir: str, **blob_options: object) -> VerifyReport:
-    """What a repair would find and lose, changing nothing."""
-    return verify_data_dir(data_dir, repair=True, **blob_options)  # type: ignore[arg-type]
-
-
 def repair_data_dir(data_dir: str, open_engine: Callable[[], object], *, force: bool,
                     **blob_options: object) -> RepairResult:
     """Repair the data directory's log; RepairRefused (nothing changed) when acknowledged
     records would be lost and not ``force``. ``open_engine()`` opens it with repair=True."""
-    planned = plan_loss(data_dir, **blob_options)
+    planned = verify_data_dir(data_dir, repair=True, **blob_options)  # type: ignore[arg-type]
     lost = [p for p in planned.wal_findings if p.lost]
     if lost and not force:
         raise RepairRefused(

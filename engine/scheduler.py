@@ -9,8 +9,8 @@ compactions apart, the loop runs two tasks: the pass task wakes when the log fin
 segment (an event set from the log's writer thread, not a polling sleep) and every
 ``interval`` seconds; after each pass it wakes the merge task, which merges beside the
 next passes. Each runs its step in a worker thread (``trio.to_thread``), as the steps do
-blocking file, blob and metadata I/O. A failed step is logged and retried at the next wake;
-the error is kept in ``last_error`` / ``last_merge_error`` for tools and tests.
+blocking file, blob and metadata I/O. A failed step is logged and retried at the next wake
+(a failed pass's error is kept in ``last_error`` for tools and tests).
 
 The loop runs on the clock passed in (:mod:`sediment.clock`: tests pass ``ManualClock`` or
 ``trio.testing.MockClock``), which must also serve as a trio clock.
@@ -53,7 +53,6 @@ class Scheduler:
         self.passes = 0
         self.merges = 0
         self.last_error: BaseException | None = None
-        self.last_merge_error: BaseException | None = None
         self.cpu_seconds = {"pass": 0.0, "merge": 0.0}  # CPU time of the steps' own threads, for benchmarks
 
     def start(self) -> None:
@@ -102,9 +101,7 @@ class Scheduler:
             try:
                 await trio.to_thread.run_sync(self._timed, "merge", self._run_merge,
                                              thread_name="compaction-merge")
-                self.last_merge_error = None
-            except Exception as exc:  # noqa: BLE001 - logged and kept; the next wake retries
-                self.last_merge_error = exc
+            except Exception:  # noqa: BLE001 - logged; the next wake retries
                 log.exception("background merge failed (retried at the next wake)")
             finally:
                 with self._done:

@@ -44,11 +44,32 @@ class SmallBodyEncoder:
 
     def encode(self, table: pa.Table) -> bytes | None:
         """``table.to_batches()[0].serialize()`` as bytes, or None when not handled here."""
+        got = self._build(table)
+        return None if got is None else got[0]
+
+    def encode_with_times(self, table: pa.Table) -> tuple[bytes, int, int] | None:
+        """:meth:`encode` and the least and greatest value of the second-last column (an
+        update schema's ``time``), read from the buffer the body copies: a writer that has
+        this need not look the columns up a second time to check the times. None when not
+        handled here, or when the table has no rows."""
+        got = self._build(table)
+        if got is None or got[1] is None or not table.num_rows:
+            return None
+        body, times = got
+        values = times.cast("q")
+        if len(values) == 1:
+            return body, values[0], values[0]
+        return body, min(values), max(values)
+
+    def _build(self, table: pa.Table) -> tuple[bytes, memoryview | None] | None:
+        """The body, and the second-last column's data when it is 8 bytes wide."""
         if not self._usable:
             return None
         n = table.num_rows
         pieces: list = []
         lengths = [n]
+        times = None
+        last = len(self._kinds) - 2
         for i, (kind, width) in enumerate(self._kinds):
             col = table.column(i)
             if col.num_chunks != 1:
@@ -64,6 +85,8 @@ class SmallBodyEncoder:
                     return None
                 pieces.append(data)
                 lengths.append(size)
+                if i == last and width == 8:
+                    times = data
             else:
                 offsets = memoryview(bufs[1]).cast("i")
                 if len(offsets) < n + 1 or offsets[0] != 0:
@@ -89,7 +112,7 @@ class SmallBodyEncoder:
                 self._meta[key] = meta
         if meta is None:
             return None
-        return meta + body
+        return meta + body, times
 
     def _learn(self, table: pa.Table, body: bytes) -> bytes | None:
         """The metadata part of ``serialize`` for this shape, when the rest is ``body``."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sediment.clock import Clock
@@ -29,20 +30,20 @@ from sediment.metadata.protocol import MetadataStore
 from sediment.wal.protocol import WriteAheadLog
 
 
+@dataclass(eq=False)
 class Storage:
     """The engine's stores, each None until opened."""
 
-    def __init__(self, data_dir: DataDir) -> None:
-        self.dir = data_dir
-        self.lock_fd: int | None = None
-        self.meta: MetadataStore | None = None
-        self.blobs: Any = None
-        self.log: WriteAheadLog | None = None
-        self.blob_uri: str | None = None
-        self.s3_endpoint: str | None = None
-        self.record = StorageRecord()
-        self._unsaved: tuple[bytes, int | None] | None = None
-        self.created = False  # this open made the storage record: a new log may be made
+    dir: DataDir
+    lock_fd: int | None = None
+    meta: MetadataStore | None = None
+    blobs: Any = None
+    log: WriteAheadLog | None = None
+    blob_uri: str | None = None
+    s3_endpoint: str | None = None
+    record: StorageRecord = field(default_factory=StorageRecord)
+    _unsaved: tuple[bytes, int | None] | None = field(default=None, init=False, repr=False)
+    created: bool = False  # this open made the storage record: a new log may be made
 
     def take_lock(self) -> None:
         self.lock_fd = self.dir.take_lock()

@@ -17,6 +17,13 @@ Three rules, all checked before anything is created:
 
 A coordinator fenced by a newer one closes its engine (:func:`close_when_fenced`); the
 reason is kept in ``engine.superseded`` and ``sediment serve`` exits non-zero with it.
+
+An engine whose log is on S3 (``wal="s3://bucket/prefix"``, :func:`open_s3_log`) follows
+the same rules: with ``metadata="s3://..."`` and ``blob="s3://..."`` it keeps nothing but
+caches in its data directory, so any coordinator can take it over from S3 alone. Opening
+the log claims it (a new epoch at the slot after the newest object), which fences the
+previous writer; that one closes at its next write or within 2 s of its clock
+(wal/s3_log.py ``watch_takeover``).
 """
 
 from __future__ import annotations
@@ -26,9 +33,13 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sediment.errors import CoordinatorSuperseded, StorageRecordMismatch
+from sediment.engine.data_dir import write_marker
+from sediment.errors import CoordinatorSuperseded, MetadataMissing, StorageRecordMismatch
+
+if TYPE_CHECKING:
+    from sediment.wal.s3_log import S3Log
 
 log = logging.getLogger(__name__)
 
@@ -82,3 +93,24 @@ def close_when_fenced(engine: Any, on_fenced: Callable[[Callable[[BaseException]
         threading.Thread(target=close_and_tell, name="close-superseded", daemon=True).start()
 
     on_fenced(fenced)
+
+
+def open_s3_log(engine: Any, wal: str, metadata: object, marker: str | None, s3_endpoint: str | None, *,
+                segment_bytes: int, repair: bool, create: bool) -> S3Log:
+    """Open (and claim) the engine's log on S3; close the engine when a newer coordinator fences it."""
+    from sediment.wal.s3_log import S3Log
+
+    if metadata is None:
+        raise StorageRecordMismatch(f"{engine.data_dir}: wal={wal!r} needs a metadata store every coordinator can "
+                                    "reach, e.g. metadata='s3://bucket/meta'; nothing was created")
+    log_ = S3Log.open(wal, s3_endpoint=s3_endpoint, create=create, segment_bytes=segment_bytes, repair=repair)
+    if create and log_.end_lsn > 0:
+        log_.close()
+        raise MetadataMissing(f"{engine.data_dir}: the metadata has no storage record, but the log {wal} holds LSNs "
+                              f"up to {log_.end_lsn - 1}: the metadata was lost or points elsewhere; restore it or "
+                              "pass the right metadata= (opening would lose every acknowledged update)")
+    close_when_fenced(engine, log_.on_fenced)
+    log_.watch_takeover(engine.clock)
+    if marker is None:
+        write_marker(engine.data_dir, metadata_spec(metadata))
+    return log_

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 import pyarrow as pa
 
 from sediment.errors import TransactionError
-from sediment.txn_state import TxnState
+from sediment.txn_state import ABORTED, COMMITTED, TxnState
 from sediment.wal.protocol import Ticket
 from sediment.wal.record import Record, RecordKind, encode_txn_ids
 
@@ -68,14 +68,6 @@ class Transaction:
         """``open``, ``committed`` or ``aborted``."""
         return self._txn.value
 
-    @property
-    def _state(self) -> str:
-        return self._txn.value
-
-    @_state.setter
-    def _state(self, value: str) -> None:
-        self._txn.finish(value)
-
     def _check(self) -> None:
         self._txn.check_open()
 
@@ -109,9 +101,9 @@ class Transaction:
 
     def _abort_locked(self):
         """Abort with ``_mutex`` held; the ABORT record's ticket, if one was written."""
-        if self._state != "open":
+        if not self._txn.is_open:
             return None
-        self._state = "aborted"
+        self._txn.finish(ABORTED)
         if not self._begun:
             return None
         return self._writer.txn_submit([Record(RecordKind.ABORT, txn_id=self.id)])[0]
@@ -135,7 +127,7 @@ def commit_all(writer: TxnWriter, transactions: Sequence[Transaction]) -> None:
     with ExitStack() as held:
         for t in txns:  # in id order, so two concurrent commit_all calls cannot deadlock
             held.enter_context(t._mutex)
-        closed = [t for t in txns if t._state != "open"]
+        closed = [t for t in txns if not t._txn.is_open]
         if len(txns) == 1 and closed:
             closed[0]._check()  # "already committed" / "already aborted"
         if closed:
@@ -143,12 +135,12 @@ def commit_all(writer: TxnWriter, transactions: Sequence[Transaction]) -> None:
             for tk in tickets:
                 if tk is not None:
                     tk.wait()
-            raise TransactionError("cannot commit " + ", ".join(f"{t.id:#x} ({t._state})" for t in closed) +
+            raise TransactionError("cannot commit " + ", ".join(f"{t.id:#x} ({t.state})" for t in closed) +
                                    ": already finished; every transaction of this commit was aborted")
         begun = [t for t in txns if t._begun]
         if not begun:  # nothing was written: nothing to log
             for t in txns:
-                t._state = "committed"
+                t._txn.finish(COMMITTED)
             return
         ids = [t.id for t in begun]
         ticket, failure = writer.txn_submit(
@@ -156,7 +148,7 @@ def commit_all(writer: TxnWriter, transactions: Sequence[Transaction]) -> None:
             [(rel, name, t_min) for t in begun for name, (rel, t_min) in t._touched.items()],
             refused=[Record(RecordKind.ABORT, txn_id=t.id) for t in begun])
         for t in txns:
-            t._state = "aborted" if failure is not None else "committed"
+            t._txn.finish(ABORTED if failure is not None else COMMITTED)
     ticket.wait()
     if failure is not None:
         which = f"transaction {txns[0].id:#x} was" if len(txns) == 1 else f"transactions {[hex(t.id) for t in txns]} were"

@@ -236,7 +236,7 @@ class RelationView:
             self.max_time = entry.t_hi
         if rel is not None and entry.lsn >= rel.trace.wal_through:  # below it: already in the trace
             rel.tail.append(entry)
-            rel.feed.add(UPDATES, entry.lsn, rel.shape[0])
+            rel.feed.add(UPDATES, entry.lsn, rel.shape[0], entry.schema_version)
             self.backlog.add(entry.bytes)
             return rel
         return None

@@ -131,14 +131,38 @@ class Writer:
         start = time.perf_counter()
         if locks is not None:
             args.check_locks(locks)
-        rel, table, bounds, version = self._prepare(name, updates)
-        if bounds is None:  # no rows
-            return
         self._appending += 1  # a hint for _encode only: a lost update under a race costs nothing but speed
         try:
-            self._append_records(rel, name, table, bounds, version, locks, start)
+            if self._appending > 1 and self._append_small(name, updates, locks, start):
+                return
+            rel, table, bounds, version = self._prepare(name, updates)
+            if bounds is not None:  # else no rows
+                self._append_records(rel, name, table, bounds, version, locks, start)
         finally:
             self._appending -= 1
+
+    def _append_small(self, name: str, updates: object, locks: Locks | None, start: float) -> bool:
+        """While others append too: a small table already in the relation's update schema,
+        checked and encoded in one pass over its columns (engine/small_encode.py), then
+        submitted as one record. False, with nothing done, for anything else (the full
+        path then checks it and says what is wrong)."""
+        rel = self.view.relations.get(name) if isinstance(name, str) and not self.view.closed else None
+        if rel is None or not isinstance(updates, pa.Table) or updates.num_rows > 64:
+            return False
+        version, target = rel.shape
+        if not updates.schema.equals(target):
+            return False
+        key = (rel.entry.id, version)
+        encoder = self._small.get(key)
+        if encoder is None:
+            encoder = self._small[key] = SmallBodyEncoder(target)
+        got = encoder.encode_with_times(updates)
+        if got is None or got[1] < 0:
+            return False
+        body, lo, hi = got
+        record = Record(RecordKind.UPDATES, rel.entry.id, 0, lo, hi, updates.num_rows, body, schema_version=version)
+        self._submit([record], [(rel, name, (lo, hi))], locks, hi, start)
+        return True
 
     def _append_records(self, rel: Relation, name: str, table: pa.Table, bounds: tuple[int, int], version: int,
                         locks: Locks | None, start: float) -> None:

@@ -222,11 +222,8 @@ class ZooKeeperMetadataStore:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not self._connected.wait(remaining):
             raise self._unavailable(what, "not connected")
-        remaining = max(deadline - time.monotonic(), 0.001)
         try:
-            return start().get(timeout=remaining)
-        except self._client.handler.timeout_exception as exc:
-            raise self._unavailable(what, exc) from exc
+            return self._wait(start(), deadline, what)
         except ConnectionClosedError as exc:
             raise EngineClosed(f"ZooKeeper metadata store {self.hosts}{self.root} was closed") from exc
 

@@ -6,7 +6,7 @@ opening the data directory (only one process may). Code written against
 the same methods, the same return types, the same durability (a call returns once
 the server has made it durable) and the same typed errors from
 :mod:`sediment.errors`, carried in the Flight error's detail. The wire protocol is
-described in :mod:`sediment.net`.
+in docs/formats.md ("Network protocol").
 
     import sediment
     with sediment.connect("grpc://127.0.0.1:8815", token="...") as db:
@@ -37,8 +37,11 @@ from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
 from sediment.net.messages import Action, Get, Put, encode
+from sediment.net.pipelined import WINDOW as PIPELINE_WINDOW
+from sediment.net.pipelined import PipelinedAppends
 from sediment.net.protocol import (
     AUTH_HEADER,
+    PLAN_FIELDS,
     PLAN_METADATA_KEY,
     PROTOCOL_VERSION,
     TOKEN_ENV,
@@ -61,7 +64,6 @@ def _as_table(name: str, updates: object) -> pa.Table:
     if not isinstance(updates, pa.Table):
         raise InvalidUpdates(f"updates for {name!r} must be a pyarrow.Table, not {type(updates).__name__}")
     return updates
-
 
 
 class RemoteTransaction:
@@ -186,14 +188,11 @@ class Client:
 
     # --- plumbing ------------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineClosed(f"the client of {self.uri} is closed; connect again")
-
     @contextmanager
     def _remote(self) -> Iterator[None]:
         """Turn the server's errors back into the typed errors they were."""
-        self._check_open()
+        if self._closed:
+            raise EngineClosed(f"the client of {self.uri} is closed; connect again")
         try:
             yield
         except flight.FlightError as exc:
@@ -208,8 +207,9 @@ class Client:
             results = list(self._flight.do_action(flight.Action(op, body), options=self._options))
         return json.loads(results[0].body.to_pybytes())["result"] if results else None
 
-    def _ticket(self, op: Get, **args: Any) -> flight.Ticket:
-        return flight.Ticket(encode(op, **args))
+    def _get(self, op: Get, **args: Any) -> flight.FlightStreamReader:
+        """The stream that answers a do_get ticket (called inside :meth:`_remote`)."""
+        return self._flight.do_get(flight.Ticket(encode(op, **args)), options=self._options)
 
     def _put(self, command: bytes, table: pa.Table) -> None:
         """Stream ``table``; returns once the server has finished with it (made it durable),
@@ -331,6 +331,14 @@ class Client:
         ``locks``: a ``sediment.Locks``, checked by the server as by the engine."""
         self._append(name, _as_table(name, updates), locks=locks)
 
+    def pipelined(self, name: str, *, window: int = PIPELINE_WINDOW) -> PipelinedAppends:
+        """Plain appends to ``name`` with up to ``window`` in flight on one stream, applied in
+        order; each is durable once a later call collects its acknowledgement (``flush``,
+        ``close``; see sediment/net/pipelined.py for how errors come back)."""
+        with self._remote():  # a closed client refuses here
+            return PipelinedAppends(name, window, PUT_CHUNK_BYTES, take=self._streams.take, give=self._streams.give,
+                                    resend=lambda table: self._append(name, table), remote=self._remote)
+
     def append_once(self, name: str, updates: pa.Table, client: str, seq: int, *, locks: Any = None) -> None:
         """Append with an idempotency key (``client``, ``seq``) to a cluster member: a retry of
         an append it has applied returns success and applies nothing again (nor checks its
@@ -431,15 +439,12 @@ class Client:
     def snapshot(self, name: str, as_of: int) -> pa.Table:
         """The relation as of ``as_of`` (its columns plus ``diff``), consolidated and sorted."""
         with self._remote():
-            reader = self._flight.do_get(self._ticket(Get.SNAPSHOT, relation=name, as_of=as_of),
-                                         options=self._options)
-            return reader.read_all()
+            return self._get(Get.SNAPSHOT, relation=name, as_of=as_of).read_all()
 
     def replay(self, name: str, *, batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
         """Every stored update of the relation in time order, streamed as record batches."""
         with self._remote():  # an unknown relation fails here, as with the engine
-            reader = self._flight.do_get(self._ticket(Get.REPLAY, relation=name, batch_rows=batch_rows),
-                                         options=self._options)
+            reader = self._get(Get.REPLAY, relation=name, batch_rows=batch_rows)
 
         def generate() -> Iterator[pa.RecordBatch]:
             with self._remote():
@@ -463,19 +468,16 @@ class Client:
         ``max_parts`` parts. Returns (the plan, with an empty tail when held; ``{"rows",
         "parts", "key"}`` or None when the tail came inline; the cuts or None)."""
         hold = None if part_rows is None else {"part_rows": part_rows, "max_parts": max_parts}
-        ticket = self._ticket(Get.PLAN, relation=name, as_of=as_of, **{"from": from_t},
-                              lease_seconds=lease_seconds, **({"hold_tail": hold} if hold else {}))
         with self._remote():
-            body = self._flight.do_get(ticket, options=self._options).read_all()
+            body = self._get(Get.PLAN, relation=name, as_of=as_of, **{"from": from_t}, lease_seconds=lease_seconds,
+                             **({"hold_tail": hold} if hold else {})).read_all()
         metadata = dict(body.schema.metadata or {})
         meta = json.loads(metadata.pop(PLAN_METADATA_KEY))
         held_raw = metadata.pop(HELD_METADATA_KEY, None)
         held = json.loads(held_raw) if held_raw is not None else None
         schema = schema_from_text(held.pop("update_schema")) if held is not None else body.schema
         tail = schema.empty_table() if held is not None else body.replace_schema_metadata(metadata or None)
-        plan = ReadPlan(meta["lease"], meta["relation"], meta["relation_id"], tail.schema, meta["key_columns"],
-                        meta["since"], meta["sealed"], meta["as_of"], meta["blob_uri"], meta["s3_endpoint"],
-                        meta["batches"], tail, meta.get("schema_history"))
+        plan = ReadPlan(update_schema=tail.schema, tail=tail, **{key: meta.get(key) for key in PLAN_FIELDS})
         return plan, held, (body.column("cut").combine_chunks() if held is not None else None)
 
     def tail_part(self, name: str, lease: int, *, key: str | None = None, cuts: pa.Array | None = None,
@@ -483,21 +485,18 @@ class Client:
         """Rows of the WAL tail the coordinator holds for read lease ``lease``
         (:meth:`plan_read_held`): key range ``index`` of ``cuts`` on column ``key``, or rows
         [start, stop), or all of them."""
-        ticket = self._ticket(Get.TAIL_PART, relation=name, lease=lease, key=key, index=index, start=start,
-                              stop=stop, cuts=encode_cuts(cuts) if cuts is not None and len(cuts) else None)
         with self._remote():
-            return self._flight.do_get(ticket, options=self._options).read_all()
+            return self._get(Get.TAIL_PART, relation=name, lease=lease, key=key, index=index, start=start, stop=stop,
+                             cuts=encode_cuts(cuts) if cuts is not None and len(cuts) else None).read_all()
 
     def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
                   max_lag: int | None = None) -> RemoteSubscription:
         """A feed of the relation's changes (see :meth:`sediment.Engine.subscribe`)."""
         with self._remote():
-            reader = self._flight.do_get(self._ticket(Get.SUBSCRIBE, relation=name, as_of=as_of, resume=resume,
-                                                      max_lag=max_lag), options=self._options)
+            reader = self._get(Get.SUBSCRIBE, relation=name, as_of=as_of, resume=resume, max_lag=max_lag)
 
         def reopen(token: str) -> flight.FlightStreamReader:  # the same feed after an alter
-            return self._flight.do_get(self._ticket(Get.SUBSCRIBE, relation=name, continuation=token),
-                                       options=self._options)
+            return self._get(Get.SUBSCRIBE, relation=name, continuation=token)
 
         return RemoteSubscription(self.uri, reader, reopen)
 

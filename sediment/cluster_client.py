@@ -139,10 +139,8 @@ class ClusterClient:
                 self._partition_of[name] = err.partition
             if err.partition >= 0:
                 known = self._owners.get(err.partition)
-                if known is not None and known[0] is not None and err.generation <= known[1] and \
-                        err.owner != known[0]:
-                    if err.generation < known[1]:
-                        return  # an older hint than one already followed: ignore it
+                if known is not None and known[0] not in (None, err.owner) and err.generation < known[1]:
+                    return  # an older hint than one already followed: ignore it
                 self._learn_locked(err.partition, err.owner, err.generation)
                 if err.owner is None:
                     self._owners.pop(err.partition, None)

@@ -27,13 +27,16 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 import sediment
 from sediment.errors import SedimentError
 from sediment.progress import Progress
+
+if TYPE_CHECKING:
+    from sediment.client import Client
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string()), ("qty", pa.int64())])
 ITEMS = ["tea", "cake", "bread", "jam", "milk", "eggs", "rice", "salt"]
@@ -105,30 +108,6 @@ def differences(got: Any, want: Any) -> int:
         .filter((F.col("d") != 0) | (F.col("n") != 2)).count()
 
 
-class _Served:
-    """The engine served on a free loopback port, as `sediment serve` would serve it."""
-
-    def __init__(self, data_dir: str, token: str, options: dict[str, Any]) -> None:
-        from sediment.server import SedimentFlightServer
-
-        self.engine = sediment.open(data_dir, **options)
-        try:
-            self.server = SedimentFlightServer(self.engine, "grpc://127.0.0.1:0", token)
-        except BaseException:
-            self.engine.close()
-            raise
-
-    @property
-    def uri(self) -> str:
-        return self.server.uri
-
-    def stop(self) -> None:
-        try:
-            self.server.stop(grace=30.0)
-        finally:
-            self.engine.close()
-
-
 class _Settings:
     """The demo's size and storage, from the command line's arguments (all optional)."""
 
@@ -147,6 +126,14 @@ class _Settings:
         self.token = uuid.uuid4().hex
         self.checks = sorted({self.times // 2, self.times * 2 // 3, self.times - 1, self.times})
         self.since = self.times // 2
+
+
+def _serve(data_dir: str, s: _Settings) -> Client:
+    """The engine served on a free loopback port, as `sediment serve` would serve it: a client
+    whose ``close()`` stops the server and closes the engine."""
+    from sediment.server import serve_local
+
+    return serve_local(sediment.open(data_dir, **s.options), token=s.token)
 
 
 def _feed(spark: Any, stream: Any, per_time: dict[int, int], total: int, uri: str, s: _Settings) -> None:
@@ -203,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
 
     data_dir = tempfile.mkdtemp(prefix="sediment-demo-")  # never touches the user's data directory
     timings: dict[str, float] = {}
-    served: _Served | None = None
+    served: Client | None = None
     spark = None
 
     def phase(name: str, label: str) -> Any:
@@ -216,9 +203,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with phase("start", "start Spark and a served engine"):
             spark = local_spark("sediment-demo")
-            served = _Served(data_dir, s.token, s.options)
-            with sediment.connect(served.uri, s.token) as client:
-                client.add_relation(RELATION, SCHEMA)
+            served = _serve(data_dir, s)
+            served.add_relation(RELATION, SCHEMA)
         done("start")
         with phase("generate", f"generate about {s.rows} updates over {s.times} times"):
             stream = generate(spark, s.rows, s.times).cache()
@@ -228,25 +214,24 @@ def run(args: argparse.Namespace) -> int:
         timings["feed+seal"] = time.perf_counter()
         _feed(spark, stream, per_time, total, served.uri, s)
         done("feed+seal")
-        with phase("compact", f"compact (since {s.since})"), sediment.connect(served.uri, s.token) as client:
-            client.set_since(RELATION, s.since)
-            client.compact()
-            info = client.trace_info(RELATION)
+        with phase("compact", f"compact (since {s.since})"):
+            served.set_since(RELATION, s.since)
+            served.compact()
+            info = served.trace_info(RELATION)
         done("compact")
         with phase("restart", "restart the engine (replay)"):
-            served.stop()
-            served = None
-            served = _Served(data_dir, s.token, s.options)
+            served.close()
+            served: Client | None = None
+            served = _serve(data_dir, s)
         done("restart")
         timings["verify"] = time.perf_counter()
         mismatches = _verify(spark, stream, served.uri, s)
         done("verify")
-        with sediment.connect(served.uri, s.token) as client:
-            if s.blob:  # leave no objects behind in the user's bucket
-                client.drop_relation(RELATION)
+        if s.blob:  # leave no objects behind in the user's bucket
+            served.drop_relation(RELATION)
     finally:
         if served is not None:
-            served.stop()
+            served.close()
         if spark is not None:
             spark.stop()
         shutil.rmtree(data_dir, ignore_errors=True)

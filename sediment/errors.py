@@ -108,9 +108,7 @@ class CompactionFailed(SedimentError):
     the log trimmed below what the failed ones still need; they keep their WAL records and
     are retried on every later pass. ``failures`` maps relation name to the error text."""
 
-    def __init__(self, message: str, *, failures: dict | None = None):
-        super().__init__(message)
-        self.failures = dict(failures or {})
+    failures: dict[str, str] = {}
 
 
 class TimeAlreadySealed(NothingWritten, ValueError):

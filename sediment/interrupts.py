@@ -1,4 +1,4 @@
-"""Waits that Ctrl-C can end.
+"""Waits that Ctrl-C can end, and the iteration over them that both kinds of subscription share.
 
 Why: a signal sent to the process may be handed by the kernel to any of its threads; the
 Python handler (KeyboardInterrupt) then runs only once the main thread executes bytecode
@@ -12,6 +12,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 SLICE = 0.2  # seconds the main thread blocks at a time
 
@@ -29,3 +32,21 @@ def wait_slices(timeout: float | None) -> Iterator[float | None]:
         if left <= 0:
             return
         yield left
+
+
+class WaitingIterator(Generic[T]):
+    """The iterator protocol over ``next(timeout)``, a wait (in slices on the main thread)
+    that returns None once its source is closed: ``for event in source`` then waits for
+    each event, Ctrl-C ends the wait, and the loop stops at the close."""
+
+    def next(self, timeout: float | None = None) -> T | None:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        event = self.next()
+        if event is None:
+            raise StopIteration
+        return event

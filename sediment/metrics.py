@@ -32,44 +32,43 @@ _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 _COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
+def _counter(registry: CollectorRegistry, name: str, doc: str, *labels: str) -> Counter:
+    return Counter(f"{PREFIX}_{name}", doc, list(labels), registry=registry)
+
+
+def _histogram(registry: CollectorRegistry, name: str, doc: str, buckets: tuple = _LATENCY_BUCKETS) -> Histogram:
+    return Histogram(f"{PREFIX}_{name}", doc, buckets=buckets, registry=registry)
+
+
 class EngineMetrics:
     """The event instruments of one engine (see the module doc for why state is not here)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.appends = Counter(f"{PREFIX}_appends", "Durable appends per relation: each append, "
-                               "each relation an append_many wrote, each relation a committed transaction wrote "
-                               "(in process, served, or from Spark and ingest)", ["relation"], registry=r)
-        self.rows = Counter(f"{PREFIX}_rows_appended", "Update rows made durable and visible by appends and "
-                            "transaction commits", ["relation"],
-                            registry=r)
-        self.append_latency = Histogram(f"{PREFIX}_append_latency_seconds", "From the call to the durable "
-                                        "acknowledgement", buckets=_LATENCY_BUCKETS, registry=r)
-        self.group_commit = Histogram(f"{PREFIX}_group_commit_records", "WAL records made durable together "
-                                      "by one group commit (one sync of the log)", buckets=_COUNT_BUCKETS,
-                                      registry=r)
-        self.seals = Counter(f"{PREFIX}_seals", "Acknowledged seal calls", ["relation"], registry=r)
-        self.compactions = Counter(f"{PREFIX}_compaction_passes", "Compaction passes run", registry=r)
-        self.compaction_seconds = Histogram(f"{PREFIX}_compaction_pass_seconds", "Duration of a compaction "
-                                            "pass", buckets=_LATENCY_BUCKETS, registry=r)
-        self.batches_written = Counter(f"{PREFIX}_batches_written", "Batches written from the WAL",
-                                       ["relation"], registry=r)
-        self.merges = Counter(f"{PREFIX}_merges", "Batch merges committed", ["relation"], registry=r)
-        self.major_compactions = Counter(f"{PREFIX}_major_compactions", "Background major compactions committed "
-                                         "(a quiet relation's batches merged into one)", ["relation"], registry=r)
-        self.merge_seconds = Histogram(f"{PREFIX}_merge_seconds", "Duration of one merge",
-                                       buckets=_LATENCY_BUCKETS, registry=r)
-        self.blob_requests = Counter(f"{PREFIX}_blob_requests", "Blob store requests", ["op"], registry=r)
-        self.errors = Counter(f"{PREFIX}_errors", "Errors by kind (typed error class) and where they "
-                              "happened", ["where", "kind"], registry=r)
-        self.quorum_latency = Histogram(f"{PREFIX}_quorum_latency_seconds", "Replicated log: from a submit to "
-                                        "a write quorum's durable acknowledgement", buckets=_LATENCY_BUCKETS,
-                                        registry=r)
-        self.backlog_waits = Counter(f"{PREFIX}_wal_backlog_waits", "Appends that waited because the WAL "
-                                     "backlog was at max_wal_backlog", registry=r)
-        self.retries = Counter(f"{PREFIX}_retries", "Work retried after an error (e.g. a relation's "
-                               "compaction)", ["where"], registry=r)
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.appends = _counter(r, "appends", "Durable appends per relation: each append, each relation an "
+                                "append_many wrote, each relation a committed transaction wrote (in process, "
+                                "served, or from Spark and ingest)", "relation")
+        self.rows = _counter(r, "rows_appended", "Update rows made durable and visible by appends and transaction "
+                             "commits", "relation")
+        self.append_latency = _histogram(r, "append_latency_seconds", "From the call to the durable acknowledgement")
+        self.group_commit = _histogram(r, "group_commit_records", "WAL records made durable together by one group "
+                                       "commit (one sync of the log)", _COUNT_BUCKETS)
+        self.seals = _counter(r, "seals", "Acknowledged seal calls", "relation")
+        self.compactions = _counter(r, "compaction_passes", "Compaction passes run")
+        self.compaction_seconds = _histogram(r, "compaction_pass_seconds", "Duration of a compaction pass")
+        self.batches_written = _counter(r, "batches_written", "Batches written from the WAL", "relation")
+        self.merges = _counter(r, "merges", "Batch merges committed", "relation")
+        self.major_compactions = _counter(r, "major_compactions", "Background major compactions committed (a quiet "
+                                          "relation's batches merged into one)", "relation")
+        self.merge_seconds = _histogram(r, "merge_seconds", "Duration of one merge")
+        self.blob_requests = _counter(r, "blob_requests", "Blob store requests", "op")
+        self.errors = _counter(r, "errors", "Errors by kind (typed error class) and where they happened", "where",
+                               "kind")
+        self.quorum_latency = _histogram(r, "quorum_latency_seconds", "Replicated log: from a submit to a write "
+                                         "quorum's durable acknowledgement")
+        self.backlog_waits = _counter(r, "wal_backlog_waits", "Appends that waited because the WAL backlog was at "
+                                      "max_wal_backlog")
+        self.retries = _counter(r, "retries", "Work retried after an error (e.g. a relation's compaction)", "where")
 
     def relation_counters(self, relation: str) -> RelationCounters:
         """The counters of a relation that now exists, each exported at 0 from this moment:
@@ -170,17 +169,12 @@ class NodeMetrics:
     and (read at scrape time) each partition's next LSN, session and low-water mark."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.records = Counter(f"{PREFIX}_node_records_appended", "Records a partition made durable",
-                               ["partition"], registry=r)
-        self.bytes = Counter(f"{PREFIX}_node_bytes_appended", "Bytes a partition made durable", ["partition"],
-                             registry=r)
-        self.syncs = Counter(f"{PREFIX}_node_syncs", "Group commits (one sync each)", ["partition"], registry=r)
-        self.sync_seconds = Histogram(f"{PREFIX}_node_sync_seconds", "Write plus sync of one group of appends",
-                                      buckets=_LATENCY_BUCKETS, registry=r)
-        self.errors = Counter(f"{PREFIX}_node_errors", "Operations that failed in a partition's store",
-                              ["partition"], registry=r)
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.records = _counter(r, "node_records_appended", "Records a partition made durable", "partition")
+        self.bytes = _counter(r, "node_bytes_appended", "Bytes a partition made durable", "partition")
+        self.syncs = _counter(r, "node_syncs", "Group commits (one sync each)", "partition")
+        self.sync_seconds = _histogram(r, "node_sync_seconds", "Write plus sync of one group of appends")
+        self.errors = _counter(r, "node_errors", "Operations that failed in a partition's store", "partition")
 
     def count_sync(self, partition: int, records: int, size: int, seconds: float) -> None:
         label = str(partition)

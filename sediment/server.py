@@ -6,7 +6,8 @@ coordinator's disk. The server exposes the whole Engine API over Arrow Flight, s
 updates and reads travel as Arrow record batches, never re-encoded, and a
 :class:`sediment.client.Client` behaves like an Engine.
 
-The wire protocol is described in :mod:`sediment.net` (shared with the client).
+The wire protocol is in docs/formats.md ("Network protocol"); the pieces the client shares
+are in :mod:`sediment.net`.
 
 Transactions live on the server by id between calls. One left idle (no call naming it)
 for longer than ``txn_idle_timeout`` is aborted, and so is every one still open when the
@@ -42,7 +43,7 @@ from sediment.net.alter_wire import decode_alter
 from sediment.net.append_stream import PLAIN_ARGS, serve_append_stream
 from sediment.net.feed_streams import FeedStreams
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
-from sediment.net.messages import Action, Get, Put
+from sediment.net.messages import FIELDS, Action, Get, Put
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_METADATA_KEY,
@@ -154,55 +155,42 @@ class SedimentFlightServer(flight.FlightServerBase):
             threading.Thread(target=self._reap_loop, args=(min(txn_idle_timeout / 4, 30.0),),
                              name="sediment-server-txn-reaper", daemon=True).start()
 
-    def _action_table(self) -> dict[str, tuple[Callable[[dict[str, Any]], Any], str]]:
-        """Every do_action type: (handler of the JSON body, what it does)."""
+    def _action_table(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
+        """Every do_action type's handler of the JSON body. An op whose fields
+        (messages.FIELDS) are all its call's arguments passes them in that order."""
         eng = self.engine
 
-        def named(call: Callable[..., Any], op: str, *keys: str) -> Callable[[dict[str, Any]], Any]:
-            return lambda a: call(*(field(a, key, op) for key in keys))
+        def by_fields(op: Action, call: Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:
+            return lambda a: call(*(field(a, key, op) for key in FIELDS[op]))
 
-        return {
-            Action.PING: (lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir,
-                                     "cluster": getattr(eng, "cluster_uri", None)}, "protocol check"),
-            Action.ADD_RELATION: (self._add_relation, "create a relation {name, schema: base64 IPC}"),
-            Action.DROP_RELATION: (named(eng.drop_relation, "drop_relation", "name"), "drop a relation {name}"),
-            Action.ALTER_RELATION: (self._alter_relation, "change a relation's columns {name, add, widen, rename, "
-                                    "drop, defaults, base|absent} -> version"),
-            Action.SCHEMA_VERSION: (named(eng.schema_version, "schema_version", "name"),
-                                    "a relation's schema version {name}"),
-            Action.DESCRIBE: (named(eng.describe, "describe", "name"), "a relation's schema, versions, frontiers {name}"),
-            Action.RELATIONS: (lambda a: eng.relations(bool(a.get("include_internal"))),
-                          "list relation names {include_internal|absent}"),
-            Action.SCHEMA: (lambda a: schema_to_text(eng.schema(field(a, "name", "schema"))),
-                       "a relation's columns {name} -> base64 IPC schema"),
-            Action.SEAL: (named(eng.seal, "seal", "name", "t"), "close time t {name, t}"),
-            Action.SET_SINCE: (named(eng.set_since, "set_since", "name", "t"), "advance the compaction frontier {name, t}"),
-            Action.SINCE: (named(eng.since, "since", "name"), "compaction frontier {name}"),
-            Action.SEALED: (named(eng.sealed, "sealed", "name"), "sealed frontier {name}"),
-            Action.COMPACT: (lambda a: eng.compact(a.get("name")), "run a compaction pass {name|null}"),
-            Action.TRACE_INFO: (named(eng.trace_info, "trace_info", "name"), "a relation's stored shape {name}"),
-            Action.STATS: (lambda a: eng.stats(bool(a.get("include_internal"))),
-                      "what the engine holds: relations, WAL, storage {include_internal|absent}"),
-            Action.COMPACTION_ERRORS: (lambda a: eng.compaction_errors(),
-                                  "relations whose last compaction failed -> {name: error}"),
-            Action.BEGIN: (lambda a: self._txns.begin(a.get("group")), "open a transaction {group|absent} -> id"),
-            Action.COMMIT_ALL: (self._commit_all, "commit transactions as one {txns, group|absent}; then abort the "
-                                             "group's other open transactions"),
-            Action.ABORT_GROUP: (self._abort_group, "abort every open transaction of a group {group}"),
-            Action.COMMIT: (self._commit, "commit a transaction {txn}"),
-            Action.ABORT: (self._abort, "abort a transaction {txn}"),
-            Action.TXN_STATE: (lambda a: self._txns.state(field(a, "txn", "txn_state")), "a transaction's state {txn}"),
-            Action.APPEND_MANY: (self._append_many, "append the staged tables atomically {stage}"),
-            Action.DISCARD_STAGE: (self._discard_stage, "forget staged tables {stage}"),
-            Action.RELEASE_READ: (self._release_read, "end a read plan's lease {lease}"),
-            Action.BULK_STAGE: (named(functools.partial(staged.stage, eng), "bulk_stage", "name", "job"),
-                                "a bulk load's staging directory {name, job} -> path"),
-            Action.BULK_COMMIT: (lambda a: staged.commit_staged(eng, field(a, "name", "bulk_commit"),
-                                                                field(a, "job", "bulk_commit"), a.get("time"), a.get("diff")),
-                                 "commit a bulk load's staged files as pending runs {name, job, time|absent, "
-                                 "diff|absent} -> counts"),
-            Action.BULK_ABORT: (named(functools.partial(staged.abort_staged, eng), "bulk_abort", "name", "job"),
-                                "delete a bulk load's staged files {name, job} -> files"),
+        positional = {
+            Action.DROP_RELATION: eng.drop_relation, Action.SCHEMA_VERSION: eng.schema_version,
+            Action.DESCRIBE: eng.describe, Action.SEAL: eng.seal, Action.SET_SINCE: eng.set_since,
+            Action.SINCE: eng.since, Action.SEALED: eng.sealed, Action.TRACE_INFO: eng.trace_info,
+            Action.BULK_STAGE: functools.partial(staged.stage, eng),
+            Action.BULK_ABORT: functools.partial(staged.abort_staged, eng),
+        }
+        return {op: by_fields(op, call) for op, call in positional.items()} | {
+            Action.PING: lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir,
+                                    "cluster": getattr(eng, "cluster_uri", None)},
+            Action.ADD_RELATION: self._add_relation,
+            Action.ALTER_RELATION: self._alter_relation,
+            Action.RELATIONS: lambda a: eng.relations(bool(a.get("include_internal"))),
+            Action.SCHEMA: lambda a: schema_to_text(eng.schema(field(a, "name", "schema"))),
+            Action.COMPACT: lambda a: eng.compact(a.get("name")),
+            Action.STATS: lambda a: eng.stats(bool(a.get("include_internal"))),
+            Action.COMPACTION_ERRORS: lambda a: eng.compaction_errors(),
+            Action.BEGIN: lambda a: self._txns.begin(a.get("group")),
+            Action.COMMIT_ALL: self._commit_all,
+            Action.ABORT_GROUP: self._abort_group,
+            Action.COMMIT: self._commit,
+            Action.ABORT: self._abort,
+            Action.TXN_STATE: lambda a: self._txns.state(field(a, "txn", "txn_state")),
+            Action.APPEND_MANY: self._append_many,
+            Action.DISCARD_STAGE: self._discard_stage,
+            Action.RELEASE_READ: self._release_read,
+            Action.BULK_COMMIT: lambda a: staged.commit_staged(eng, field(a, "name", "bulk_commit"),  # time, diff optional
+                                                               field(a, "job", "bulk_commit"), a.get("time"), a.get("diff")),
         }
 
     @property
@@ -215,10 +203,8 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _add_relation(self, args: dict[str, Any]) -> None:
         schema = schema_from_text(field(args, "schema", "add_relation"))
-        if "partition" in args:  # a cluster member (cluster/router.py) places the relation in it
-            self.engine.add_relation(field(args, "name", "add_relation"), schema, partition=args["partition"])
-        else:
-            self.engine.add_relation(field(args, "name", "add_relation"), schema)
+        where = {"partition": args["partition"]} if "partition" in args else {}  # a cluster member's
+        self.engine.add_relation(field(args, "name", "add_relation"), schema, **where)
 
     def _release_read(self, args: dict[str, Any]) -> None:
         lease = field(args, "lease", "release_read")
@@ -332,16 +318,17 @@ class SedimentFlightServer(flight.FlightServerBase):
     # --- Flight RPCs ---------------------------------------------------------------------------
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
-        return [(name, doc) for name, (_f, doc) in self._actions.items()]
+        """Each action with the fields its body may carry (docs/formats.md, "Messages")."""
+        return [(op.value, "{" + ", ".join(FIELDS[op]) + "}") for op in Action]
 
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[flight.Result]:
         """Runs to completion before answering, so a returned action is durable."""
         try:
-            entry = self._actions.get(action.type)
-            if entry is None:
+            handler = self._actions.get(action.type)
+            if handler is None:
                 raise ValueError(f"unknown action {action.type!r}; known: {sorted(self._actions)}")
             body = action.body.to_pybytes() if action.body is not None else b""
-            result = entry[0](json_arg(body, f"body of action {action.type!r}"))
+            result = handler(json_arg(body, f"body of action {action.type!r}"))
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
         return iter([flight.Result(json.dumps({"result": result}).encode())])

@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource
@@ -43,20 +42,15 @@ from pyspark.sql.types import StructField, StructType
 
 from sediment.arrow_codec import schema_to_text, table_to_text
 from sediment.errors import AsOfOutOfRange, InvalidArgument
-from sediment.spark_jobs.batch_read import (  # noqa: F401 - re-exported names
-    SPLIT_ROWS,
+from sediment.spark_jobs.batch_read import (
     PlanInfo,
-    ReadSpec,
-    ScanPartition,
     SedimentPushdownReader,
     SedimentReader,
-    ipc_bytes,
     mode_of,
-    open_batch,
     plan_relation,
     pushdown_enabled,
 )
-from sediment.spark_jobs.batch_write import SedimentCommitMessage, SedimentWriter  # noqa: F401
+from sediment.spark_jobs.batch_write import SedimentWriter
 from sediment.spark_jobs.bulk_write import route_bulk_writes
 from sediment.spark_jobs.errors import short_traceback as _short
 from sediment.spark_jobs.options import (  # noqa: F401 - re-exported names
@@ -295,25 +289,3 @@ def open_relation(spark: SparkSession, uri: str, relation: str, as_of: int, from
     finally:
         with connect(uri, token, relation) as client:
             client.release_read(info.lease)
-
-
-# --- compatibility with the executor-side reader's earlier names (tests/trace/test_batch_integrity.py)
-
-
-class BatchPartition(ScanPartition):
-    """A whole stored batch as one raw partition."""
-
-    def __init__(self, spec: ReadSpec, ref: dict, part: int = 0, parts: int = 1) -> None:
-        super().__init__(spec, [(ref, [])], b"", None)
-        self.part, self.parts = part, parts
-
-
-def _batch_tables(spec: ReadSpec, partition: BatchPartition) -> Iterator[pa.Table]:
-    """The partition's row groups of its batch, footer and page checksums verified."""
-    from sediment.trace.batch import read_row_group
-
-    ((ref, _),) = partition.groups
-    pf, desc, where = open_batch(spec, ref)
-    groups = pf.num_row_groups
-    for i in range(groups * partition.part // partition.parts, groups * (partition.part + 1) // partition.parts):
-        yield read_row_group(pf, i, desc, where=where)

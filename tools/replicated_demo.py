@@ -59,13 +59,16 @@ def ask(port: int, word: bytes) -> bytes:
         return b""
 
 
-def first_line(proc: subprocess.Popen, what: str) -> str:
+def first_line(proc: subprocess.Popen, what: str, prefix: str) -> str:
     """The first line a started process prints, within READY_TIMEOUT (a silent process fails
-    the demo instead of hanging it)."""
+    the demo instead of hanging it); it starts with ``prefix`` once the process is ready."""
     ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT)
     if not ready:
         raise DemoFailed(f"{what} printed nothing within {READY_TIMEOUT}s")
-    return proc.stdout.readline()
+    line = proc.stdout.readline()
+    if not line.startswith(prefix):
+        raise DemoFailed(f"{what} did not start: {line!r}")
+    return line
 
 
 def wait_for(check, what: str, proc: subprocess.Popen) -> None:
@@ -121,10 +124,7 @@ class Demo:
             node = self.spawn(f"node{i}", [str(BIN / "sediment"), "storage-node", "--dir",
                                            str(self.workdir / f"node{i}"), "--listen", "127.0.0.1:0",
                                            "--cluster-key", self.key], stdout=subprocess.PIPE, text=True)
-            line = first_line(node, f"storage node {i}")
-            if not line.startswith("listening on "):
-                raise DemoFailed(f"storage node {i} did not start: {line!r}")
-            replicas.append(line.split()[-1])
+            replicas.append(first_line(node, f"storage node {i}", "listening on ").split()[-1])
         wait_for(lambda: ask(zk_port, b"ruok") == b"imok", "ZooKeeper", zk)
         wait_for(lambda: ask(s3_port, b"GET / HTTP/1.0\r\n\r\n").startswith(b"HTTP"), "moto", moto)
         endpoint = f"http://127.0.0.1:{s3_port}"
@@ -144,10 +144,7 @@ class Demo:
         self.run(*create, "relation", "add", "orders", "--schema", "id:int64,item:string")
         serve = self.spawn("coordinator-a", [str(BIN / "sediment"), "--data-dir", a, "serve", "--listen",
                                              "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
-        line = first_line(serve, "coordinator A")
-        if not line.startswith("serving"):
-            raise DemoFailed(f"coordinator A did not start serving: {line!r}")
-        uri = line.split(" on ")[-1].strip()
+        uri = first_line(serve, "coordinator A", "serving").split(" on ")[-1].strip()
         for t, rows in ((1, "1,apple,1,1\n2,pear,1,1\n"), (2, "3,plum,2,1\n1,apple,2,-1\n")):
             csv = self.workdir / f"t{t}.csv"
             csv.write_text("id,item,time,diff\n" + rows)

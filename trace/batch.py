@@ -429,6 +429,21 @@ def decode_verified(
     return table
 
 
+def stream_verified(source: pa.NativeFile, expected: BatchDescription | None = None, *, where: str = "batch",
+                    schema: pa.Schema | tuple[pa.Schema, ...] | None = None,
+                    use_threads: bool = False) -> Iterator[pa.RecordBatch]:
+    """As :func:`decode_verified`, but decoded one row group at a time (columns on Arrow's
+    threads with ``use_threads``), so a consumer works on each piece while it is still in the
+    CPU cache (time-ordered replay)."""
+    pf, desc = _open(source, where, expected, schema, page_checks=False)
+    try:
+        for batch in pf.iter_batches(batch_size=65536, use_threads=use_threads):  # the format's row group size
+            _check_times(batch, desc)
+            yield batch
+    except _DECODE_ERRORS + (TraceError,) as e:
+        raise BatchCorruption(f"{where}: fails to decode or check ({e}); the object is damaged (run sediment verify)") from e
+
+
 def read_description(data: bytes, *, where: str = "batch") -> BatchDescription:
     """Just the description from a batch's footer (for listing-based recovery)."""
     return _open(pa.BufferReader(data), where, None)[1]

@@ -35,6 +35,7 @@ from sediment.trace.batch import (
     parse_batch_key,
     read_row_group,
     stored_schema,
+    stream_verified,
 )
 from sediment.trace.consolidate import consolidate
 from sediment.trace.evolve import Layout
@@ -243,14 +244,7 @@ class TraceStore:
             tables = list(self.read_stream(relation_id, ref))
             return pa.concat_tables(tables) if tables else None
         where = f"batch {ref.key!r}"
-        try:  # a local object is checked and decoded through one open file: an unlink meanwhile is harmless
-            source: pa.NativeFile | pa.Buffer = pa.OSFile(self._local.local_path(ref.key)) \
-                if self._local is not None else pa.py_buffer(self.blobs.get(ref.key))
-        except (BlobNotFound, FileNotFoundError) as e:
-            raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
-        except OSError as e:
-            raise BlobError(f"reading {where} from {self.blobs!r} failed: {e}; check the disk and the file's "
-                            "permissions, then retry") from e
+        source = self._source(ref, where)
         try:
             table = self._decode_checked(source, relation_id, ref, where, use_threads)
         finally:
@@ -274,6 +268,52 @@ class TraceStore:
     def _decode_checked(self, source: pa.NativeFile | pa.Buffer, relation_id: int, ref: BatchRef,
                         where: str, use_threads: bool = True) -> pa.Table:
         """The batch decoded from ``source`` once its size and CRC32Cs match the trace state."""
+        self._check_whole(source, ref, where)
+        return decode_verified(source, describe(relation_id, ref), where=where, schema=self._expected(relation_id),
+                               use_threads=use_threads)
+
+    def read_pieces(self, relation_id: int, ref: BatchRef, *, use_threads: bool = False) -> Iterator[pa.RecordBatch]:
+        """A whole batch as :meth:`read` checks it, decoded one row group at a time (see
+        ``stream_verified``): the time-ordered replay sorts each piece by time while it is
+        still in the CPU cache, instead of the whole decoded batch afterwards."""
+        layout = self._layouts.get(relation_id)
+        if ref.key is None or ref.crc is None:
+            table = self.read(relation_id, ref, use_threads=use_threads)
+            yield from table.to_batches() if table is not None else ()
+            return
+        where = f"batch {ref.key!r}"
+        source = self._source(ref, where)
+        try:
+            self._check_whole(source, ref, where)
+            reader = source if isinstance(source, pa.NativeFile) else pa.BufferReader(source)
+            older = []  # pieces written before a column was dropped: consolidated again whole
+            for piece in stream_verified(reader, describe(relation_id, ref), where=where,
+                                         schema=self._expected(relation_id), use_threads=use_threads):
+                if layout is None:
+                    yield piece
+                elif layout.is_current(piece.schema):
+                    yield pa.RecordBatch.from_arrays(piece.columns, schema=layout.plain)
+                else:
+                    older.append(piece)
+        finally:
+            if isinstance(source, pa.NativeFile):
+                source.close()
+        if older:
+            yield from self._project(relation_id, pa.Table.from_batches(older)).to_batches()
+
+    def _source(self, ref: BatchRef, where: str) -> pa.NativeFile | pa.Buffer:
+        """The stored object: a local file opened (an unlink meanwhile is harmless), a remote one fetched whole."""
+        try:
+            return pa.OSFile(self._local.local_path(ref.key)) if self._local is not None \
+                else pa.py_buffer(self.blobs.get(ref.key))
+        except (BlobNotFound, FileNotFoundError) as e:
+            raise BatchCorruption(f"{where} is missing from the blob store; the trace state references it") from e
+        except OSError as e:
+            raise BlobError(f"reading {where} from {self.blobs!r} failed: {e}; check the disk and the file's "
+                            "permissions, then retry") from e
+
+    def _check_whole(self, source: pa.NativeFile | pa.Buffer, ref: BatchRef, where: str) -> None:
+        """Raise BatchCorruption unless ``source``'s size and CRC32Cs match the trace state."""
         local = isinstance(source, pa.NativeFile)
         try:
             size = source.size() if local else source.size
@@ -286,8 +326,6 @@ class TraceStore:
         if got != (ref.crc, ref.footer_crc if ref.footer_crc is not None else got[1]):
             raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
                                   f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
-        return decode_verified(source, describe(relation_id, ref), where=where, schema=self._expected(relation_id),
-                               use_threads=use_threads)
 
     def _open(self, relation_id: int, ref: BatchRef):
         return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,

@@ -1,11 +1,10 @@
 """The control file: the storage directory's identity and each partition's session state.
 
-Waltz layout (docs/formats.md, "Control file"): a 128-byte header (magic, format
-version, creation time, cluster key, partition count, header CRC), then one
-partition-info record per partition holding two alternating copies of the
-partition's state. A state update overwrites the older copy in place and
-fdatasyncs (wal/dual_slot.py); a copy torn by a crash fails its CRC and the other copy
-is used, which rolls the partition back to its previous session.
+Waltz layout (docs/formats.md, "Control file"): a header, then one partition-info record
+per partition holding two alternating copies of the partition's state. A state update
+overwrites the older copy in place and fdatasyncs (wal/dual_slot.py); a copy torn by a
+crash fails its CRC and the other copy is used, which rolls the partition back to its
+previous session.
 """
 
 from __future__ import annotations
@@ -87,28 +86,19 @@ class ControlFile:
         with open(path, "rb") as f:
             data = f.read()
         header = _parse_header(data, path)
-        ids = []
-        for i in range(header.partitions):
-            off = HEADER_SIZE + i * PARTITION_SIZE
-            if len(data) < off + PARTITION_SIZE:
-                raise WalCorruption(
-                    f"control file {path} is truncated at partition {i} (offset {off}); restore it from a copy",
-                    path=path, offset=off, reason="truncated",
-                )
-            ids.append(PARTITION.unpack_from(data, off)[0])
-        return cls(path, header, ids)
+        whole = (len(data) - HEADER_SIZE) // PARTITION_SIZE
+        if whole < header.partitions:
+            off = HEADER_SIZE + whole * PARTITION_SIZE
+            raise WalCorruption(f"control file {path} is truncated at partition {whole} (offset {off}); restore it "
+                                "from a copy", path=path, offset=off, reason="truncated")
+        return cls(path, header, [PARTITION.unpack_from(data, HEADER_SIZE + i * PARTITION_SIZE)[0]
+                                  for i in range(header.partitions)])
 
-    @classmethod
-    def open_or_create(cls, directory: str, cluster_key: uuid.UUID | None = None) -> ControlFile:
-        if os.path.exists(os.path.join(directory, CONTROL_NAME)):
-            ctl = cls.open(directory)
-            if cluster_key is not None and ctl.header.cluster_key != cluster_key:
-                raise WalError(
-                    f"{ctl.path} belongs to cluster {ctl.header.cluster_key}, not {cluster_key}; "
-                    "point this node at its own storage directory"
-                )
-            return ctl
-        return cls.create(directory, cluster_key)
+    def check_cluster(self, cluster_key: uuid.UUID | None) -> None:
+        """Refuse another cluster's storage directory (None: any)."""
+        if cluster_key is not None and self.header.cluster_key != cluster_key:
+            raise WalError(f"{self.path} belongs to cluster {self.header.cluster_key}, not {cluster_key}; "
+                           "point this node at its own storage directory")
 
     @property
     def partitions(self) -> list[int]:

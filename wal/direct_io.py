@@ -8,6 +8,7 @@ import errno
 import logging
 import mmap
 import os
+from contextlib import suppress
 
 log = logging.getLogger("sediment.wal.file_log")
 
@@ -39,10 +40,8 @@ def pwritev_all(fd: int, buffers: list, offset: int) -> None:
 
 def allocate(fd: int, length: int) -> None:
     """Preallocate ``length`` bytes (fdatasync on a growing file measured about 1.8x slower)."""
-    try:
+    with suppress(OSError):  # file systems without fallocate: growing writes still work
         os.posix_fallocate(fd, 0, length)
-    except OSError:  # file systems without fallocate: growing writes still work
-        pass
 
 
 class DirectWriter:

@@ -41,7 +41,7 @@ from sediment.wal.direct_io import DirectWriter, allocate
 from sediment.wal.group_commit import GroupAppend, GroupCommit
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_control_and_manifest
-from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
+from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble, check_trim, notify
 from sediment.wal.recycle import SegmentPool, reuse_segment_file
 from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
 
@@ -85,8 +85,7 @@ class FileLog:
         reported in ``problems`` and appends resume past it.
 
         Group commits of at least ``direct_threshold`` bytes are written with O_DIRECT
-        from an aligned buffer (the page-cache write path was the bottleneck for big
-        appends, about 0.6 GB/s against 2 GB/s direct here); None disables it.
+        (wal/direct_io.py); None disables it.
 
         ``keep_recovered``: keep what open verified for one call of :meth:`recovered` (the
         engine replays it instead of reading the log a second time).
@@ -323,12 +322,7 @@ class FileLog:
         self._direct.open(new.path)
         self._idx_checkpoint = 0
         self._write_batch([self._boundary()])
-        listener = self._listener
-        if listener is not None:
-            try:
-                listener(new.first_lsn)
-            except Exception:  # noqa: BLE001 - a listener must not stop the writer
-                log.exception("segment-finish listener failed")
+        notify([self._listener], new.first_lsn, "segment-finish listener")
 
     def _only_frontiers(self, seg: Segment) -> bool:
         return self.read(seg.first_lsn).kind == rec.RecordKind.FRONTIERS
@@ -340,11 +334,6 @@ class FileLog:
         self._listener = callback
 
     # --- reading -------------------------------------------------------------------------------
-
-    @property
-    def start_lsn(self) -> int:
-        with self._lock:
-            return self._segments[0].first_lsn
 
     @property
     def end_lsn(self) -> int:
@@ -388,7 +377,7 @@ class FileLog:
         if not rec.body_ok(head, body):
             raise WalCorruption(f"{seg.path}: record body at offset {offset} (LSN {lsn}) fails its checksum; run "
                                 "`sediment verify`", path=seg.path, offset=offset, reason="bad body on read")
-        return rec.to_record(head, body)
+        return rec.record_of(head, body)
 
     def scan(self, start: int | None = None) -> Iterator[rec.Record]:
         with self._lock:
@@ -424,7 +413,7 @@ class FileLog:
                 if not rec.body_ok(head, body):
                     raise WalCorruption(f"{seg.path}: record body at offset {pos} (LSN {lsn}) fails its checksum",
                                         path=seg.path, offset=pos, reason="bad body on scan")
-                yield rec.to_record(head, body)
+                yield rec.record_of(head, body)
                 pos += head.frame_size
                 lsn += 1
 
@@ -437,14 +426,17 @@ class FileLog:
 
     # --- trimming and closing ------------------------------------------------------------------
 
+    @property
+    def start_lsn(self) -> int:
+        with self._lock:
+            return self._segments[0].first_lsn
+
     def trim(self, lsn: int) -> None:
         """Drop the finished segments wholly below ``lsn``. One trim at a time: the new start
         is recorded in the manifest first, then the files are deleted oldest first, each
         deletion made durable, so a crash anywhere leaves only garbage below the recorded
         start (deleted quietly at the next open), never a hole."""
-        if lsn > self.end_lsn:
-            raise WalError(f"{self.dir}: cannot trim to {lsn}: the log ends at {self.end_lsn}. Trim only LSNs that "
-                           "append() returned and the compacter has finished with")
+        check_trim(self.dir, lsn, self.end_lsn)
         with self._trim_lock:
             with self._lock:
                 n = finished_below(self._segments, lsn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import suppress
 
 from sediment._fs import fsync_dir, pwrite_all
 from sediment.wal.direct_io import allocate
@@ -21,18 +22,26 @@ def keep_copy(src: str, dst: str) -> str:
     return dst
 
 
+def write_new_file(path: str, data: bytes, allocate_to: int = 0) -> None:
+    """Create (or empty) ``path`` holding ``data``, preallocated to ``allocate_to`` bytes, and
+    fsync it; the caller fsyncs the directory once for every file it creates."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if allocate_to:
+            allocate(fd, allocate_to)
+        pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_salvage(src: str, start: int, end: int, header: bytes, new_path: str) -> None:
     """A new segment file: ``header`` then the frames ``src[start:end]`` (valid records found
     after damage), fsynced with its directory."""
     with open(src, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    fd = os.open(new_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        pwrite_all(fd, header + data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_new_file(new_path, header + data)
     fsync_dir(os.path.dirname(new_path))
 
 
@@ -56,11 +65,9 @@ def carry_out(plan, pdir: str, header: Callable[[int], bytes], segment_bytes: in
     of damaged bytes first keeps a copy of the file; returns the copies' paths."""
     removed = False
     for path in plan.delete:
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(path)
             removed = True
-        except FileNotFoundError:
-            pass
     if removed:
         fsync_dir(pdir)
     for src, start, end, first, new_path in plan.salvage:
@@ -78,13 +85,6 @@ def create_segment_files(seg_path: str, idx_path: str, seg_header: bytes, idx_he
                          segment_bytes: int) -> None:
     """A new, empty segment: the data file preallocated to ``segment_bytes`` (fdatasync on a
     growing file is slower) and its index, both with their headers, fsynced with the directory."""
-    for path, head in ((seg_path, seg_header), (idx_path, idx_header)):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            if path == seg_path:
-                allocate(fd, segment_bytes)
-            pwrite_all(fd, head, 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    write_new_file(seg_path, seg_header, segment_bytes)
+    write_new_file(idx_path, idx_header)
     fsync_dir(os.path.dirname(seg_path))

@@ -13,11 +13,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from sediment._fs import makedirs_durable
-from sediment.errors import WalCorruption, WalError, WalMissing
+from sediment.errors import WalCorruption, WalMissing
 from sediment.wal import manifest as mf
 from sediment.wal import segment as sg
 from sediment.wal.control import CONTROL_NAME, ControlFile
 from sediment.wal.log_reader import list_segments
+from sediment.wal.segment_writer import Segment
 
 
 def _segment_key(pdir: str, firsts: list[int]) -> uuid.UUID | None:
@@ -34,6 +35,17 @@ def _empty_start(pdir: str, firsts: list[int]) -> bool:
     if not firsts:
         return True
     return firsts == [0] and not sg.scan_segment(os.path.join(pdir, sg.segment_name(0)), 0).offsets
+
+
+def _remove_empty_start(pdir: str, firsts: list[int]) -> None:
+    """Delete an interrupted creation's empty segment 0 (see :func:`_empty_start`), durably."""
+    sg.remove_segment_files(pdir, [Segment.in_dir(pdir, first) for first in firsts])
+
+
+def _check_manifest_key(manifest: mf.Manifest, key: uuid.UUID, man_path: str, ctl_path: str) -> None:
+    if manifest.cluster_key != key:
+        raise WalCorruption(f"log manifest {man_path} belongs to cluster {manifest.cluster_key}, control file "
+                            f"{ctl_path} to {key}", path=man_path, offset=8, reason="cluster key mismatch")
 
 
 @dataclass
@@ -71,9 +83,7 @@ def decide_open(directory: str, partition: int, cluster_key: uuid.UUID | None, *
     d = OpenDecision("read", "read", manifest_record=manifest, firsts=firsts)
     if has_ctl:
         d.control_file = ControlFile.open(directory)
-        if cluster_key is not None and d.control_file.header.cluster_key != cluster_key:
-            raise WalError(f"{d.control_file.path} belongs to cluster {d.control_file.header.cluster_key}, not "
-                           f"{cluster_key}; point this node at its own storage directory")
+        d.control_file.check_cluster(cluster_key)
         key = d.control_file.header.cluster_key
         listed = partition in d.control_file.partitions
     elif has_man or firsts:
@@ -86,9 +96,8 @@ def decide_open(directory: str, partition: int, cluster_key: uuid.UUID | None, *
     else:
         d.control, key, listed = "create", cluster_key, False
     d.key = key
-    if manifest is not None and key is not None and manifest.cluster_key != key:
-        raise WalCorruption(f"log manifest {man_path} belongs to cluster {manifest.cluster_key}, control file "
-                            f"{ctl_path} to {key}", path=man_path, offset=8, reason="cluster key mismatch")
+    if manifest is not None and key is not None:
+        _check_manifest_key(manifest, key, man_path, ctl_path)
     if not listed:
         if manifest is not None or not _empty_start(pdir, firsts):
             raise WalMissing(f"control file {ctl_path} does not list partition {partition}, whose log exists",
@@ -138,10 +147,7 @@ def open_control_and_manifest(directory: str, partition: int, cluster_key: uuid.
         assert d.manifest_record is not None
         return control, d.manifest_record, "read"
     if d.manifest == "new":
-        for first in d.firsts:  # an empty segment 0 from an interrupted creation
-            for name in (sg.segment_name(first), sg.index_name(first)):
-                if os.path.exists(os.path.join(pdir, name)):
-                    os.unlink(os.path.join(pdir, name))
+        _remove_empty_start(pdir, d.firsts)
         return control, mf.Manifest(key, partition), "new"
     return control, mf.Manifest(key, partition, start_lsn=d.firsts[0] if d.firsts else 0), "rebuilt"
 
@@ -159,9 +165,7 @@ def open_replica_manifest(directory: str, partition: int, control: ControlFile) 
     key = control.header.cluster_key
     if os.path.exists(man_path):
         manifest = mf.read(directory, partition)
-        if manifest.cluster_key != key:
-            raise WalCorruption(f"log manifest {man_path} belongs to cluster {manifest.cluster_key}, control file "
-                                f"{control.path} to {key}", path=man_path, offset=8, reason="cluster key mismatch")
+        _check_manifest_key(manifest, key, man_path, control.path)
         if partition not in control.partitions:
             raise WalMissing(f"control file {control.path} does not list partition {partition}, whose manifest "
                              f"{man_path} exists: restore the control file, or move the partition away",
@@ -170,10 +174,7 @@ def open_replica_manifest(directory: str, partition: int, control: ControlFile) 
     firsts, _ = list_segments(pdir)
     listed = partition in control.partitions
     if (not listed or control.read_state(partition).sequence == 0) and _empty_start(pdir, firsts):
-        for first in firsts:  # an empty segment 0 from an interrupted first start
-            for name in (sg.segment_name(first), sg.index_name(first)):
-                if os.path.exists(os.path.join(pdir, name)):
-                    os.unlink(os.path.join(pdir, name))
+        _remove_empty_start(pdir, firsts)
         makedirs_durable(pdir)
         return mf.Manifest(key, partition), True
     raise WalMissing(f"log manifest {man_path} of partition {partition} is missing while the node's control "

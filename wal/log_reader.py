@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sediment.errors import WalCorruption, WalMissing
 from sediment.wal import segment as sg
@@ -62,29 +62,13 @@ class Problem:
 
 
 @dataclass
-class KeptSegment:
-    first_lsn: int
-    path: str
-    offsets: array
-    end: int
-    sealed: dict[int, int]
-    finished: bool
-    heads: bytes = b""  # with keep_heads: every record's verified header, in LSN order
-    bodies: dict[int, bytes] = field(default_factory=dict)  # with keep_heads: COMMIT and FRONTIERS bodies by LSN
-
-    @property
-    def next_lsn(self) -> int:
-        return self.first_lsn + len(self.offsets)
-
-
-@dataclass
 class Plan:
     """What open does: keep ``segments`` (holes between them only where recorded or repaired),
     delete ``delete``, cut each ``cuts`` path at its offset (finished: to exactly that length,
     else zero-filled to the segment size), create an empty active segment at ``new_active``
     when set, then write ``manifest``."""
 
-    segments: list[KeptSegment] = field(default_factory=list)
+    segments: list[sg.SegmentScan] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     cuts: list[tuple[str, int, bool]] = field(default_factory=list)
     new_active: int | None = None
@@ -119,12 +103,6 @@ def refusal(directory: str, fatal: list[Problem], names: dict[int, str] | None =
     exc.problems = fatal  # type: ignore[attr-defined]
     exc.directory = directory  # type: ignore[attr-defined]
     return exc
-
-
-def _header(path: str) -> sg.SegmentHeader | None:
-    with open(path, "rb") as f:
-        header = sg.parse_header(f.read(sg.HEADER_SIZE))
-    return header if header is not None and header.magic == sg.SEG_MAGIC else None
 
 
 def _looks_unwritten(path: str) -> bool:
@@ -202,8 +180,9 @@ class _PlanReader:
         return sg.scan_segment(path, first, keep_heads=self.keep_heads, buf=self.buf, **kw)
 
     def check_header(self, first: int, path: str) -> str:
-        h = _header(path)
-        if h is None:
+        with open(path, "rb") as f:
+            h = sg.parse_header(f.read(sg.HEADER_SIZE))
+        if h is None or h.magic != sg.SEG_MAGIC:
             return "bad segment header"
         if h.first_lsn != first or h.partition != self.part:
             return f"header says first LSN {h.first_lsn}, partition {h.partition}"
@@ -253,8 +232,8 @@ class _PlanReader:
                                             f"{f.length}: bytes after the last record", fatal=True))
                 self.out.cuts.append((path, scan.end, True))
             if scan.offsets:
-                self.out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, True,
-                                                scan.heads, scan.bodies))
+                scan.finished = True
+                self.out.segments.append(scan)
                 self.finished.append(FinishedSegment(first, kept_last, scan.end))
             _salvage(self.out, self.pdir, scan, self.finished, f.last_lsn, self.scan_file)
         for first in self.firsts:
@@ -309,8 +288,8 @@ class _PlanReader:
             elif not is_last and scan.file_size > scan.end:  # finished by a later segment: cut to its records
                 self.out.cuts.append((path, scan.end, True))
             done = not is_last or scan.resume is not None  # salvaged records after damage follow it
-            self.out.segments.append(KeptSegment(first, path, scan.offsets, scan.end, scan.sealed, done,
-                                            scan.heads, scan.bodies))
+            scan.finished = done
+            self.out.segments.append(scan)
             if done and scan.offsets:
                 self.finished.append(FinishedSegment(first, scan.next_lsn - 1, scan.end))
             expect = scan.next_lsn
@@ -400,7 +379,7 @@ def _salvage(out: Plan, pdir: str, scan: sg.SegmentScan, finished: list[Finished
         length = run.end - pos + sg.HEADER_SIZE
         out.salvage.append((scan.path, pos, run.end, lsn, new_path))
         offsets = array("Q", (o - pos + sg.HEADER_SIZE for o in run.offsets))
-        out.segments.append(KeptSegment(lsn, new_path, offsets, length, run.sealed, True, run.heads, run.bodies))
+        out.segments.append(replace(run, path=new_path, offsets=offsets, end=length, finished=True))
         finished.append(FinishedSegment(lsn, run.next_lsn - 1, length))
         end = run.next_lsn
         lost = None

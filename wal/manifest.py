@@ -1,17 +1,11 @@
 """The log manifest: what a file log must find when it opens (RocksDB tracks its WAL files
-in its MANIFEST for the same reason).
+in its MANIFEST for the same reason). Layout and write rules: docs/formats.md, "Log manifest".
 
-``<wal dir>/sediment-wal-<partition>.manifest`` records the log's start (the trim point),
-every finished segment's first and last LSN and byte length, the first LSN of the active
-segment, and the durable end (the LSN after the last record known fsynced). Without it a
-deleted segment, a deleted active segment or an active segment cut at a record boundary
-looks exactly like a shorter, healthy log. Layout in docs/formats.md, "Log manifest".
-
-Structural changes (create, rollover, trim, repair) rewrite the file whole (temporary file,
-fsync, rename, directory fsync). The durable end changes at every index checkpoint and
-close, so it lives in two alternating 32-byte slots overwritten in place (one pwrite, one
-fdatasync); a slot torn by a crash fails its CRC and the other, older slot is a valid
-lower bound.
+Without it a deleted segment, a deleted active segment or an active segment cut at a
+record boundary looks exactly like a shorter, healthy log. Structural changes rewrite the
+file whole; the durable end changes at every index checkpoint and close, so it lives in
+two alternating slots overwritten in place (wal/dual_slot.py): a slot torn by a crash
+fails its CRC and the other, older slot is a valid lower bound.
 """
 
 from __future__ import annotations

@@ -14,13 +14,17 @@ backend to the same behaviour.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from sediment.errors import EngineClosed, WalError
 from sediment.wal.record import Record, RecordKind
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -69,6 +73,24 @@ def check_usable(where: str, closed: bool, failed: BaseException | None) -> None
     if failed is not None:
         raise WalError(f"the write-ahead log at {where} failed earlier ({failed}); nothing after "
                        "that failure was acknowledged. Close and reopen the engine to recover") from failed
+
+
+def check_trim(where: str, lsn: int, end: int) -> None:
+    """Refuse a trim past the end of the log (WalError, nothing changed)."""
+    if lsn > end:
+        raise WalError(f"{where}: cannot trim to {lsn}: the log ends at {end}. Trim only LSNs that append() "
+                       "returned and the compacter has finished with")
+
+
+def notify(callbacks: Iterable[Callable[[T], None] | None], arg: T, what: str) -> None:
+    """Call each callback with ``arg`` on a log's own thread: one that raises is logged and
+    stops neither the others nor that thread."""
+    for callback in callbacks:
+        if callback is not None:
+            try:
+                callback(arg)
+            except Exception:  # noqa: BLE001 - a listener must not stop the writer
+                log.exception("%s failed", what)
 
 
 @dataclass

@@ -3,25 +3,8 @@
 One frame format serves every WAL backend (file segments, the device ring, and
 replica storage): a 64-byte header with its own CRC32C, then the body with a
 second CRC32C. The header's CRC lets a reader trust ``body_len`` before it reads
-the body, which is how a torn tail is told from damage. See docs/formats.md,
-"WAL record frame". All integers are little-endian.
-
-    off size field
-      0    4 header_crc   crc32c of header bytes [4, 64)
-      4    2 magic        0x5344 ("DS" on disk)
-      6    1 version      1
-      7    1 kind         RecordKind
-      8    4 body_len
-     12    4 body_crc     crc32c of the body
-     16    8 lsn          file backend: sequence number; device: logical byte offset
-     24    8 relation_id  0 when the record belongs to no relation
-     32    8 txn_id       0: the record commits by itself
-     40    8 t_lo         UPDATES: least time; PROGRESS: t of "close t"
-     48    8 t_hi         UPDATES: greatest time; PROGRESS: t
-     56    4 count        UPDATES: rows; FRONTIERS: entries; else 0
-     60    4 schema_ver   UPDATES: the relation's schema version the body was written
-                          under (engine/schema_history.py); else 0. Written as 0
-                          before schema versions existed, which is version 0
+the body, which is how a torn tail is told from damage. The field table is in
+docs/formats.md, "WAL record frame" (``HEADER`` below packs it, little-endian).
 """
 
 from __future__ import annotations
@@ -92,7 +75,8 @@ class Record:
 class HeadRecord(tuple):
     """A record as an open verified it: its decoded 64-byte header (the fields of ``HEADER``,
     in order), plus the body only where applying the record needs it (a COMMIT's list of
-    transactions, a FRONTIERS record's frontiers). What the engine replays at open;
+    transactions, a FRONTIERS record's frontiers); also what :func:`decode_header` returns
+    (no body). What the engine replays at open;
     reading an UPDATES record's rows goes back to the log, which checks its checksum
     again. A tuple made straight from ``HEADER.iter_unpack``: an open builds one per
     record, so no per-field Python work."""
@@ -101,6 +85,7 @@ class HeadRecord(tuple):
 
     kind = property(lambda self: _KIND_OF[self[3]])
     body_len = property(itemgetter(4))
+    body_crc = property(itemgetter(5))
     lsn = property(itemgetter(6))
     relation_id = property(itemgetter(7))
     txn_id = property(itemgetter(8))
@@ -109,26 +94,7 @@ class HeadRecord(tuple):
     count = property(itemgetter(11))
     schema_version = property(itemgetter(12))
     body = property(lambda self: self[13] if len(self) > 13 else b"")
-
-
-@dataclass(frozen=True, slots=True)
-class Header:
-    """A decoded, checksum-verified record header."""
-
-    kind: int
-    body_len: int
-    body_crc: int
-    lsn: int
-    relation_id: int
-    txn_id: int
-    t_lo: int
-    t_hi: int
-    count: int
-    schema_version: int = 0
-
-    @property
-    def frame_size(self) -> int:
-        return HEADER_SIZE + self.body_len
+    frame_size = property(lambda self: HEADER_SIZE + self[4])
 
 
 _APPENDABLE = frozenset(k for k in RecordKind if k != RecordKind.PADDING)
@@ -177,8 +143,8 @@ def encode(record: Record, lsn: int, body_crc: int | None = None) -> bytes:
 def check_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple | None:
     """The header fields at ``offset`` as ``HEADER`` unpacks them, or None when the header is
     short, has a wrong magic, version or kind, a body over MAX_BODY, or fails its CRC. The one
-    frame check every reader runs (segments, the ring, replica payloads); a tuple, not a
-    Header, because recovery runs it once per record."""
+    frame check every reader runs (segments, the ring, replica payloads); a plain tuple,
+    because recovery runs it once per record (:func:`decode_header` names the fields)."""
     if len(buf) - offset < HEADER_SIZE:
         return None
     u = _unpack_from(buf, offset)
@@ -188,21 +154,31 @@ def check_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple 
     return u
 
 
-def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Header | None:
+def check_frame(buf: memoryview, pos: int = 0, end: int | None = None) -> tuple[tuple | None, str]:
+    """The header fields (see :func:`check_header`) of the whole frame at ``pos`` when it ends
+    by ``end`` (default: the end of ``buf``) and its body matches its CRC, else (None, why not):
+    how a reader of frames held in memory (replica payloads, S3 objects) checks each one."""
+    u = check_header(buf, pos)
+    if u is None or pos + HEADER_SIZE + u[4] > (len(buf) if end is None else end):
+        return None, "is damaged or cut short"
+    if crc32c_raw(buf[pos + HEADER_SIZE:pos + HEADER_SIZE + u[4]]) != u[5]:
+        return None, f"(LSN {u[6]}) fails its body checksum"
+    return u, ""
+
+
+def record_of(u: tuple, body: bytes | memoryview) -> Record:
+    """The record whose header :func:`check_header` unpacked as ``u``, with ``body``."""
+    return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6], u[12])
+
+
+def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> HeadRecord | None:
     """The header at ``offset`` (see :func:`check_header`), or None. Never raises on garbage."""
     u = check_header(buf, offset)
-    return None if u is None else Header(u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12])
+    return None if u is None else tuple.__new__(HeadRecord, u)
 
 
-def body_ok(header: Header, body: bytes | bytearray | memoryview) -> bool:
+def body_ok(header: HeadRecord, body: bytes | bytearray | memoryview) -> bool:
     return len(body) == header.body_len and crc32c(body) == header.body_crc
-
-
-def to_record(header: Header, body: bytes) -> Record:
-    return Record(
-        RecordKind(header.kind), header.relation_id, header.txn_id,
-        header.t_lo, header.t_hi, header.count, bytes(body), header.lsn, header.schema_version,
-    )
 
 
 def encode_frontiers(frontiers: dict[int, int]) -> bytes:

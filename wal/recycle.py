@@ -1,4 +1,5 @@
-"""Segment recycling: trimmed data files are kept and reused for new segments.
+"""Segment recycling: trimmed data files are kept and reused for new segments (the rules a
+reader follows are in docs/formats.md, "Recycled data files").
 
 Why: on ext4 an fdatasync after writing into a preallocated (fallocated, never written)
 extent must also commit the extent's conversion to the journal, and deleting a 64 MiB
@@ -10,26 +11,20 @@ into a fallocated one, and appends of 1 KiB rows with background compaction on w
 
 How it stays safe: a reused file gets a fresh header with ``FLAG_RECYCLED`` written and
 synced *before* it is renamed to its segment name, so a crash leaves either a pool file or
-a whole new segment, never a segment with an old header. Past the new records the file
-still holds frames of the segment it was, all with LSNs below the new first LSN; the
-writer ends every group commit with a zero header (``segment.END_MARK``), and the segment
-scan (``segment._judge_rest``) takes the end mark or a stale frame as the end, while a valid
-frame of this segment beyond it still means damage. Finished segments are cut to their
-records, so only the active segment carries stale bytes.
-
-Pool files are named ``<first LSN>.seg.recycled``: they are not segments, every record in
-them was trimmed (compacted) before the file entered the pool, and at most ``keep`` of them
-exist; an open keeps that many and deletes the rest.
+a whole new segment, never a segment with an old header; the stale frames past the new
+records all have LSNs below the new first LSN, and the segment scan tells them from damage.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from contextlib import suppress
 
 from sediment._fs import fsync_dir, pwrite_all
 from sediment.wal import segment as sg
 from sediment.wal.direct_io import allocate
+from sediment.wal.log_apply import write_new_file
 
 DEFAULT_KEEP = 2  # files kept for reuse: a segment rolling while the next trim is under way
 
@@ -68,10 +63,8 @@ class SegmentPool:
             return False
         kept = os.path.join(self.dir, sg.recycled_name(first_lsn))
         os.rename(path, kept)
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(idx_path)
-        except FileNotFoundError:
-            pass
         fsync_dir(self.dir)
         with self._lock:
             self._files.append(kept)
@@ -95,10 +88,5 @@ def reuse_segment_file(pool_path: str, seg_path: str, idx_path: str, seg_header:
     finally:
         os.close(fd)
     os.rename(pool_path, seg_path)
-    fd = os.open(idx_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        pwrite_all(fd, idx_header, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_new_file(idx_path, idx_header)
     fsync_dir(os.path.dirname(seg_path))

@@ -1,28 +1,13 @@
 """Objects of the log on S3 (``wal="s3://bucket/prefix"``; layout in docs/formats.md, "Log on S3").
 
 Each group commit is one immutable object ``<root><partition>/<slot as 20 digits>``, created
-once with ``If-None-Match: *``: an 80-byte header, then the group's record frames exactly as
-in a segment (wal/record.py). Slots are numbered 0, 1, 2, ... with no gaps between the log's
-start and its newest object, so a writer that takes slot ``n`` first owns it and any other
-writer's PUT at ``n`` fails: that is how a new writer fences an old one.
-
-    off size field
-      0    4 magic        b"SDSL"
-      4    2 version      1
-      6    2 flags        bit 0 CLAIM: a writer's first object (its epoch starts here);
-                          bit 1 SEGMENT: the first record is a segment boundary (FRONTIERS)
-      8    8 epoch        the writer's epoch; grows by one at each takeover
-     16    8 slot         the object's own slot (must match its name)
-     24    8 first_lsn    LSN of its first record (the log's next LSN when it has none)
-     32    4 records      number of frames that follow
-     36    4 frames_len   bytes of frames that follow
-     40    8 start_slot   the log's first kept slot when this object was written
-     48    8 cut_slot     CLAIM only: a torn object just below that this writer cut; else NONE
-     56   16 token        random, unique to this object's write
-     72    4 reserved     0
-     76    4 header_crc   crc32c of bytes [0, 76)
-
-All integers are little-endian, as in the record frame.
+once with ``If-None-Match: *``: an 80-byte header (``HEADER``, then its CRC32C), then the
+group's record frames exactly as in a segment (wal/record.py). Slots are numbered 0, 1, 2,
+... with no gaps between the log's start and its newest object, so a writer that takes slot
+``n`` first owns it and any other writer's PUT at ``n`` fails: that is how a new writer
+fences an old one. A CLAIM object starts a writer's epoch; a SEGMENT object's first record
+is a segment boundary; ``cut_slot`` names a torn object a CLAIM cut; the random ``token``
+tells a resent PUT of our own bytes from another writer's.
 """
 
 from __future__ import annotations
@@ -121,14 +106,13 @@ def frames(data: bytes, head: ObjectHeader) -> tuple[list[int], str]:
         return offsets, f"object holds {len(data) - HEADER_SIZE} bytes of frames, its header says {head.frames_len}"
     if len(data) > end:
         return offsets, f"object has {len(data) - end} bytes past its frames"
+    view = memoryview(data)
     while len(offsets) < head.records:
-        frame = rec.decode_header(data, pos)
-        if frame is None or frame.lsn != lsn or pos + frame.frame_size > end:
-            return offsets, f"record header at offset {pos} (LSN {lsn}) is damaged"
-        if not rec.body_ok(frame, memoryview(data)[pos + rec.HEADER_SIZE:pos + frame.frame_size]):
-            return offsets, f"record body at offset {pos} (LSN {lsn}) fails its checksum"
+        u, why = rec.check_frame(view, pos, end)
+        if u is None or u[6] != lsn:
+            return offsets, f"record at offset {pos} (LSN {lsn}) {why or f'has LSN {u[6]}'}"
         offsets.append(pos)
-        pos += frame.frame_size
+        pos += rec.HEADER_SIZE + u[4]
         lsn += 1
     if pos != end:
         return offsets, f"{end - pos} bytes follow the last of its {head.records} records"

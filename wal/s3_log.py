@@ -1,23 +1,17 @@
 """The log on S3 (``wal="s3://bucket/prefix"``): a WriteAheadLog whose group commits are
-objects, for a deployment with nothing but object storage.
+objects, for a deployment with nothing but object storage. Objects, writing, claiming
+and recovery: docs/formats.md, "Log on S3".
 
-One writer thread owns the log, as in the file log: appenders queue their records and
-wait; the writer takes everything queued, writes it as one object at the next slot with
-``If-None-Match: *`` (format in wal/s3_format.py and docs/formats.md), and wakes them when
-S3 has answered. An append is acknowledged when its object's PUT is, and a PUT takes
-milliseconds, so batching is what keeps throughput: every append queued while one PUT is
-in flight goes into the next object.
+One writer thread owns the log: appenders queue their records and wait; the writer takes
+everything queued, writes it as one object at the next slot and wakes them when S3 has
+answered. A PUT takes milliseconds, so batching is what keeps throughput: every append
+queued while one PUT is in flight goes into the next object.
 
-Opening claims the log: the opener writes a CLAIM object with the next epoch at the slot
-after the newest. A writer still running from before (paused, partitioned) then finds its
-next slot taken, gets 412 on bytes that are not its own, fails with WalFenced and writes
-nothing more. CLAIM objects are never deleted by a trim: a fenced writer's next PUT is
-always aimed at the slot the next epoch claimed, so keeping claims keeps every fenced
-writer out, however long it stalled (the hole of SlateDB issue 352, closed).
-
-Segments are runs of objects: a boundary is an object flagged SEGMENT whose one record is
-the owner's FRONTIERS record. A trim writes a small object recording the new start slot,
-then deletes the objects below it (not the claims).
+Opening claims the log with a CLAIM object at the slot after the newest, so a writer
+still running from before finds its next slot taken and stops (WalFenced). CLAIM objects
+are never deleted by a trim: a fenced writer's next PUT is always aimed at the slot the
+next epoch claimed, so keeping claims keeps every fenced writer out, however long it
+stalled (the hole of SlateDB issue 352, closed).
 """
 
 from __future__ import annotations
@@ -37,13 +31,20 @@ from sediment.errors import (
     RepairRefused,
     WalError,
     WalFenced,
-    WalMissing,
     WalTakenOverInFlight,
 )
 from sediment.wal import record as rec
 from sediment.wal import s3_format as fmt
-from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble, check_usable
-from sediment.wal.s3_objects import Loaded, Newest, SlotStore, damaged, read_newest, read_range
+from sediment.wal.protocol import (
+    NO_PREAMBLE,
+    OpenReport,
+    PendingAppend,
+    SegmentPreamble,
+    check_trim,
+    check_usable,
+    notify,
+)
+from sediment.wal.s3_objects import Loaded, Newest, SlotStore, damaged, no_log, read_newest, read_range
 
 log = logging.getLogger(__name__)
 
@@ -75,22 +76,13 @@ def check_log(spec: str, s3_endpoint: str | None = None, partition: int = 0) -> 
     try:
         newest = read_newest(store, partition)
         if newest is None:
-            raise WalMissing(f"{store.where(f'{partition}/')}: the log on S3 has no objects; it was never created "
-                             "here or was deleted. Restore its objects", path=store.where(), reason="no log")
+            raise no_log(store, partition)
         got = read_range(store, partition, newest, newest.slot + 1)
         notes = [f"{store.where(fmt.slot_name(partition, newest.slot))}: torn object (the next open cuts it): "
                  f"{newest.torn}"] if newest.torn else []
         return newest.next_lsn, notes, got.count
     finally:
         store.close()
-
-
-@dataclass
-class _Obj:
-    slot: int
-    first_lsn: int
-    records: int
-    flags: int
 
 
 @dataclass
@@ -160,9 +152,7 @@ class S3Log:
     def _claim_and_recover(self, create: bool) -> None:
         newest = read_newest(self.store, self.partition)
         if newest is None and not create:
-            raise WalMissing(f"{self.dir}: the log on S3 has no objects; it was never created here or was deleted. "
-                             "Point wal= at the log's prefix, or restore its objects", path=self.dir,
-                             reason="no log")
+            raise no_log(self.store, self.partition)
         for _ in range(_CLAIM_ROUNDS):
             if newest is None:
                 head = fmt.new_header(fmt.CLAIM, 1, 0, 0, 0, 0)
@@ -177,10 +167,10 @@ class S3Log:
                            "in a row); two coordinators are competing for the log: stop one")
         self.epoch = head.epoch
         self.created = newest is None
-        self._objects: list[_Obj] = []
+        self._objects: list[fmt.ObjectHeader] = []  # every object kept, in slot order
         if newest is not None:
             self._recover(newest, head.slot)
-        self._objects.append(_Obj(head.slot, head.first_lsn, 0, head.flags))
+        self._objects.append(head)
         self._start_slot = head.start_slot
         self._next_slot, self._next_lsn = head.slot + 1, head.first_lsn
         self._seg_first, self._seg_records, self._seg_bytes = self._segment_state()
@@ -198,7 +188,7 @@ class S3Log:
             self.store.delete([fmt.slot_name(self.partition, s) for s in garbage])
 
     def _recovered_object(self, loaded: Loaded) -> None:
-        self._objects.append(_Obj(loaded.head.slot, loaded.head.first_lsn, loaded.head.records, loaded.head.flags))
+        self._objects.append(loaded.head)
         self.report.records += loaded.head.records
         self._remember(loaded)
 
@@ -210,10 +200,7 @@ class S3Log:
         first = self._objects[i].first_lsn
         boundary = 1 if self._objects[i].flags & fmt.SEGMENT else 0
         n = sum(o.records for o in self._objects[i:]) - boundary
-        size = 0
-        for o in self._objects[i:]:
-            cached = self._cache.get(o.slot)
-            size += len(cached[0]) if cached else 0
+        size = sum(len(self._cache[o.slot][0]) for o in self._objects[i:] if o.slot in self._cache)
         return first, n, size
 
     def _remember(self, loaded: Loaded) -> None:
@@ -320,11 +307,7 @@ class S3Log:
             p.error = err
             p.done.set()
         if isinstance(exc, _TAKEN_OVER):
-            for callback in list(self._fenced_callbacks):
-                try:
-                    callback(exc)
-                except Exception:  # noqa: BLE001 - a callback must not stop the others
-                    log.exception("fenced callback failed")
+            notify(list(self._fenced_callbacks), exc, "an on_fenced callback")
 
     def _write_group(self, batch: list[_Pending]) -> None:
         records = [r for p in batch for r in p.records]
@@ -368,7 +351,7 @@ class S3Log:
                             f"the log was taken over (this writer's epoch {self.epoch} is superseded); nothing "
                             "more is written here: stop this coordinator, the one that took over serves the data")
         with self._lock:
-            self._objects.append(_Obj(slot, self._next_lsn, len(records), flags))
+            self._objects.append(head)
             self._next_slot, self._next_lsn = slot + 1, lsn
             self._seg_bytes += len(body)
             self._seg_records += len(records) - (1 if flags & fmt.SEGMENT else 0)
@@ -384,12 +367,7 @@ class S3Log:
             self._seg_first, self._seg_records, self._seg_bytes = first, 0, 0
         self._write_object(fmt.SEGMENT, [record], [rec.crc32c(record.body)])
         self._preamble.observe([record])
-        listener = self._listener
-        if listener is not None:
-            try:
-                listener(first)
-            except Exception:  # noqa: BLE001 - a listener must not stop the writer
-                log.exception("segment-finish listener failed")
+        notify([self._listener], first, "segment-finish listener")
 
     def finish_segment(self) -> None:
         self._enqueue(_Pending([], [], finish=True)).wait()
@@ -456,7 +434,7 @@ class S3Log:
         with self._lock:
             return self._seg_first
 
-    def _object_for(self, lsn: int) -> _Obj:
+    def _object_for(self, lsn: int) -> fmt.ObjectHeader:
         with self._lock:
             objects = self._objects
             i = bisect.bisect_right(objects, lsn, key=lambda o: o.first_lsn) - 1
@@ -465,7 +443,7 @@ class S3Log:
                                f"[{objects[0].first_lsn}, {self._next_lsn}))")
             return objects[i]
 
-    def _load(self, obj: _Obj) -> tuple[bytes, list[int]]:
+    def _load(self, obj: fmt.ObjectHeader) -> tuple[bytes, list[int]]:
         with self._lock:
             cached = self._cache.get(obj.slot)
             if cached is not None:
@@ -486,7 +464,7 @@ class S3Log:
     @staticmethod
     def _record(data: bytes, offset: int) -> rec.Record:
         head = rec.decode_header(data, offset)
-        return rec.to_record(head, memoryview(data)[offset + rec.HEADER_SIZE:offset + head.frame_size])
+        return rec.record_of(head, memoryview(data)[offset + rec.HEADER_SIZE:offset + head.frame_size])
 
     def read(self, lsn: int) -> rec.Record:
         obj = self._object_for(lsn)
@@ -509,9 +487,7 @@ class S3Log:
     def trim(self, lsn: int) -> None:
         """Record a new start (the newest segment boundary at or below ``lsn`` and the finished
         LSN) in an object of its own, then delete the objects below it except CLAIMs."""
-        if lsn > self.end_lsn:
-            raise WalError(f"{self.dir}: cannot trim to {lsn}: the log ends at {self.end_lsn}. Trim only LSNs that "
-                           "append() returned and the compacter has finished with")
+        check_trim(self.dir, lsn, self.end_lsn)
         with self._trim_lock:
             with self._lock:
                 limit = min(lsn, self._seg_first)

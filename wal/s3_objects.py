@@ -1,18 +1,12 @@
 """The S3 side of the log on S3: creating, reading, listing and deleting slot objects, and
-the recovery rules shared by :class:`~sediment.wal.s3_log.S3Log` and ``sediment verify``.
+the recovery rules (docs/formats.md, "Log on S3") shared by
+:class:`~sediment.wal.s3_log.S3Log` and ``sediment verify``.
 
 What S3 really does is handled in :meth:`SlotStore.create`: a PUT whose answer was lost but
 which landed is resent by botocore and answers 412, so a 412 after a resend is compared
 with our own bytes (each object carries a random token, so equal bytes are our write);
 409 ConditionalRequestConflict is retried; a timeout or 5xx past botocore's budget leaves
 the outcome unknown and is resolved by reading the slot.
-
-Recovery (:func:`read_newest`, :func:`read_range`) applies the local log's rules to
-objects: every slot from the log's start (named by the newest object) to the newest must
-be there (else WalMissing) and whole (else WalCorruption), LSNs follow on, and an epoch
-only grows at a CLAIM object. S3 writes objects whole, so the only tear is an object a
-non-atomic store left short: when that is the newest, it is cut (the next CLAIM names it
-in ``cut_slot`` and readers skip it); anywhere else it is damage.
 """
 
 from __future__ import annotations
@@ -168,6 +162,12 @@ def damaged(store: SlotStore, partition: int, slot: int, reason: str) -> WalCorr
     name = store.where(fmt.slot_name(partition, slot))
     return WalCorruption(f"{name}: {reason}; the log on S3 is damaged here. Restore the object, or run `sediment "
                          "verify` to see what the log holds", path=name, offset=slot, reason=reason)
+
+
+def no_log(store: SlotStore, partition: int) -> WalMissing:
+    where = store.where(f"{partition}/")
+    return WalMissing(f"{where}: the log on S3 has no objects; it was never created here or was deleted. Point wal= "
+                      "at the log's prefix, or restore its objects", path=where, reason="no log")
 
 
 def read_newest(store: SlotStore, partition: int, start: int = 0) -> Newest | None:

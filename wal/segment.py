@@ -1,13 +1,10 @@
 """Segment files: ``<first LSN, 19 digits>.seg`` data and ``.idx`` index (Waltz layout).
 
-Both files start with the same 128-byte header (docs/formats.md, "Segment files"):
-magic (``SDSG`` data, ``SDIX`` index), format version, creation time, cluster key,
-partition id, first LSN, and for the index the number of entries known flushed
-(its checkpoint), then a CRC32C of the header. A data file's body is a sequence of
-record frames (wal/record.py); an index file's body is one little-endian u64 per
-record: the byte offset of record ``first_lsn + i`` in the data file.
+Both files start with the same 128-byte header (docs/formats.md, "Segment files"). A data
+file's body is a sequence of record frames (wal/record.py); an index file's body is one
+little-endian u64 per record: the byte offset of record ``first_lsn + i`` in the data file.
 
-This module reads and checks segments; the log (wal/file_log.py) writes them.
+This module reads and checks segments; wal/segment_writer.py writes them.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import os
 import struct
 import uuid
 from array import array
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from sediment._fs import fsync_dir
@@ -64,7 +62,7 @@ class SegmentHeader:
     cluster_key: uuid.UUID
     partition: int
     first_lsn: int
-    checkpoint: int = 0
+    checkpoint: int
     flags: int = 0
 
     @property
@@ -106,6 +104,7 @@ class SegmentScan:
     sealed: dict[int, int] = field(default_factory=dict)  # greatest "close t" per relation seen
     heads: bytes = b""  # with keep_heads: the verified 64-byte header of every record, in order
     bodies: dict[int, bytes] = field(default_factory=dict)  # with keep_heads: COMMIT and FRONTIERS bodies by LSN
+    finished: bool = False  # in a recovery plan (wal/log_reader.py): kept as a finished segment
 
     @property
     def next_lsn(self) -> int:
@@ -207,12 +206,15 @@ class _Window:
     """A sliding window over one file: ``view`` holds the file's bytes [lo, hi). Refilled
     from a frame's start, so a frame is always whole in it (grown for a frame bigger than
     the window); reading in cache-sized pieces costs about a third less CPU per GiB than
-    one read of the whole file followed by the checks."""
+    one read of the whole file followed by the checks. It ends at the file's written extent
+    (past it: zeros), and the kernel is told the file is read sequentially."""
 
-    def __init__(self, f, buf: ReadBuffer | None, size: int) -> None:
-        self.f, self.buf, self.size = f, buf or ReadBuffer(), size
+    def __init__(self, f, buf: ReadBuffer | None, file_size: int) -> None:
+        self.f, self.buf, self.size = f, buf or ReadBuffer(), _written_extent(f.fileno(), file_size)
         self.lo = self.hi = 0
         self.view = memoryview(b"")
+        with suppress(OSError, AttributeError):
+            os.posix_fadvise(f.fileno(), 0, self.size, os.POSIX_FADV_SEQUENTIAL)
 
     def fill(self, pos: int, need: int) -> None:
         """Read from ``pos`` at least ``need`` bytes (fewer only at the end of the extent)."""
@@ -251,17 +253,6 @@ _H = rec.HEADER_SIZE
 _PROGRESS = int(rec.RecordKind.PROGRESS)
 _FRONTIERS = int(rec.RecordKind.FRONTIERS)
 _COMMIT = int(rec.RecordKind.COMMIT)
-
-
-def _sequential_window(f, buf: ReadBuffer | None, file_size: int) -> _Window:
-    """A read window over ``f`` up to its written extent (past it: zeros), read ahead."""
-    fd = f.fileno()
-    w = _Window(f, buf, _written_extent(fd, file_size))
-    try:
-        os.posix_fadvise(fd, 0, w.size, os.POSIX_FADV_SEQUENTIAL)
-    except (OSError, AttributeError):
-        pass
-    return w
 
 
 def _judge_rest(scan: SegmentScan, fd: int, size: int, pos: int, expected: int, reason: str,
@@ -306,23 +297,15 @@ def _ends_here(rest: bytes, first_lsn: int) -> bool:
     return head is not None and head.lsn < first_lsn
 
 
-def file_flags(fd: int) -> int:
-    """The data file's header flags (0 when the header does not parse: the scan judges it)."""
-    header = parse_header(os.pread(fd, HEADER_SIZE, 0))
-    return 0 if header is None else header.flags
-
-
-def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start: int = HEADER_SIZE,
-                 keep_heads: bool = False, buf: ReadBuffer | None = None):
+def scan_segment(path: str, first_lsn: int, *, start: int = HEADER_SIZE, keep_heads: bool = False,
+                 buf: ReadBuffer | None = None) -> SegmentScan:
     """Read every record frame of a data file, checking each header, LSN and body CRC, in
     one pass over cache-sized windows (CRCs over slices, no copies). Stops at the first
-    frame that fails (see :func:`_judge_rest`). Returns a SegmentScan (plus the records
-    when ``want_records``). ``start``: resume at this offset, whose frame carries
+    frame that fails (see :func:`_judge_rest`). ``start``: resume at this offset, whose frame carries
     ``first_lsn``; ``keep_heads``: keep every verified header and COMMIT and FRONTIERS body, so an open
     applies what it verified without a second read; ``buf``: a reusable read buffer.
     """
     scan = SegmentScan(path, first_lsn, end=start)
-    records: list[rec.Record] = []
     offsets = scan.offsets
     sealed = scan.sealed
     heads = bytearray() if keep_heads else None
@@ -334,9 +317,10 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
         fd = f.fileno()
         scan.file_size = os.fstat(fd).st_size
         if scan.file_size <= HEADER_SIZE:
-            return (scan, records) if want_records else scan
-        recycled = bool(file_flags(fd) & FLAG_RECYCLED)
-        w = _sequential_window(f, buf, scan.file_size)
+            return scan
+        header = parse_header(os.pread(fd, HEADER_SIZE, 0))  # does not parse: the scan judges it
+        recycled = header is not None and header.recycled
+        w = _Window(f, buf, scan.file_size)
         data, lo, hi = w.view, 0, 0
         while pos < w.size:
             end = pos + _H
@@ -378,8 +362,6 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
                 heads += data[at:at + _H]
                 if (kind == _COMMIT or kind == _FRONTIERS) and body_len:
                     bodies[lsn] = bytes(body)
-            if want_records:
-                records.append(rec.to_record(rec.decode_header(data, at), bytes(body)))
             pos = nxt
             expected += 1
         if reason:
@@ -388,7 +370,7 @@ def scan_segment(path: str, first_lsn: int, *, want_records: bool = False, start
         scan.heads = bytes(heads)
         scan.bodies = bodies
     scan.end = pos if scan.bad_offset < 0 else scan.bad_offset
-    return (scan, records) if want_records else scan
+    return scan
 
 
 def remove_segment_files(directory: str, segments: list) -> None:
@@ -396,10 +378,8 @@ def remove_segment_files(directory: str, segments: list) -> None:
     ``idx_path``), then make the deletions durable."""
     for seg in segments:
         for path in (seg.path, seg.idx_path):
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
     if segments:
         fsync_dir(directory)
 

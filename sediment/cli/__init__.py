@@ -1,13 +1,5 @@
-"""The ``sediment`` command line: manage relations, append files, seal, read, verify a data directory.
-
-    sediment [--data-dir DIR] relation add NAME --schema 'id:int64,name:string'   (engine/schema_text.py)
-    sediment relation drop NAME | relation list
-    sediment append NAME FILE.csv|FILE.parquet
-    sediment seal NAME T      sediment since NAME T
-    sediment read NAME --as-of T [--out FILE.csv|FILE.parquet]
-    sediment verify [--repair]
-    sediment demo [--rows N]
-    sediment serve --listen HOST:PORT [--token T]     (clients: sediment.connect)
+"""The ``sediment`` command line: manage relations, append files, seal, read, verify a data
+directory, serve it (``sediment --help`` lists the commands, sediment/cli/parser.py builds them).
 
 Users never see a traceback: every failure is one ``sediment: error: ...`` line on
 stderr, exit code 2 for a malformed command line and 1 for an operation that

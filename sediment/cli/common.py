@@ -77,22 +77,15 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, discover: boo
         # (with --metadata the engine may live in a shared store: a new coordinator's directory is fine)
         raise SedimentError(f"no data directory at {data_dir}; `sediment relation add` creates one, or pass "
                             "--data-dir")
-    if getattr(args, "blob", None):
-        options.setdefault("blob", args.blob)
-        options.setdefault("s3_endpoint", getattr(args, "s3_endpoint", None))
-    if getattr(args, "metadata", None):
-        options.setdefault("metadata", args.metadata)
-    if getattr(args, "wal", None):
-        options.setdefault("wal", args.wal)
+    given = {option: getattr(args, option, None) for option in ("blob", "metadata", "wal", "cluster_key",
+                                                                "take_over_blob_prefix", "max_wal_backlog")}
+    for option, value in given.items():
+        if value:  # a flag left out (None, False): the engine's default or its recorded storage
+            options.setdefault(option, value)
+    if given["blob"] or given["wal"]:
         options.setdefault("s3_endpoint", getattr(args, "s3_endpoint", None))
     if getattr(args, "replicas", None):
         options.setdefault("replicas", [r.strip() for r in args.replicas.split(",") if r.strip()])
-    if getattr(args, "cluster_key", None):
-        options.setdefault("cluster_key", args.cluster_key)
-    if getattr(args, "take_over_blob_prefix", False):
-        options.setdefault("take_over_blob_prefix", True)
-    if getattr(args, "max_wal_backlog", None) is not None:
-        options.setdefault("max_wal_backlog", args.max_wal_backlog)
     quiet = getattr(args, "major_compaction_quiet", None)
     if quiet is not None:
         options.setdefault("major_compaction_quiet", None if quiet == "never" else quiet)

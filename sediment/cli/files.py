@@ -91,13 +91,16 @@ def _csv_chunks(path: str, target: pa.Schema, chunk_bytes: int) -> Iterator[tupl
             yield pa.Table.from_batches([batch]), offset
 
 
-def _parquet_chunks(path: str) -> Iterator[tuple[pa.Table, int]]:
-    """(chunk, rows read so far)."""
+def _parquet_file(path: str) -> pq.ParquetFile:
     try:
-        pf = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except pa.ArrowInvalid as exc:
         raise InputError(f"{path}: not a readable Parquet file: {_one_line(str(exc))}") from None
-    with pf:
+
+
+def _parquet_chunks(path: str) -> Iterator[tuple[pa.Table, int]]:
+    """(chunk, rows read so far)."""
+    with _parquet_file(path) as pf:
         done = 0
         for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS):
             done += batch.num_rows
@@ -106,12 +109,7 @@ def _parquet_chunks(path: str) -> Iterator[tuple[pa.Table, int]]:
 
 def _input_size(path: str, fmt: str) -> int:
     """The progress total: bytes for CSV, rows for Parquet."""
-    if fmt == "csv":
-        return os.path.getsize(path)
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except pa.ArrowInvalid as exc:
-        raise InputError(f"{path}: not a readable Parquet file: {_one_line(str(exc))}") from None
+    return os.path.getsize(path) if fmt == "csv" else _parquet_file(path).metadata.num_rows
 
 
 def _print_stats(stats: dict) -> None:

@@ -79,7 +79,7 @@ def _seconds_or_never(text: str) -> float | str:
     return seconds
 
 
-Command = Callable[..., argparse.ArgumentParser]  # command(name, func, help_text[, where]) -> its parser
+Command = Callable[..., argparse.ArgumentParser]  # command(name, func, help_text[, where, relation=]) -> its parser
 
 
 def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
@@ -150,22 +150,25 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
                      default=default(None), help=doc("never show progress"))
 
 
-
 def _command_adder(sub: argparse._SubParsersAction) -> Command:
-    """``command(name, func, help_text, where=sub)``: a sub-parser that runs ``func``, with the
-    global options accepted after the command name too."""
+    """``command(name, func, help_text, where=sub, relation=None)``: a sub-parser that runs
+    ``func``, with the global options accepted after the command name too; a command on one
+    relation takes its NAME first (``relation``: that argument's help)."""
     def command(name: str, func: Callable[[argparse.Namespace], int], help_text: str,
-                where: argparse._SubParsersAction = sub) -> argparse.ArgumentParser:
+                where: argparse._SubParsersAction = sub, relation: str | None = None) -> argparse.ArgumentParser:
         p = where.add_parser(name, help=help_text, description=help_text,
                              epilog="Global options (--data-dir, --connect, --log-level, ...) may also follow the "
                                     "command; `sediment --help` lists them.")
         _add_common(p, top=False)
         p.set_defaults(func=func)
+        if relation is not None:
+            p.add_argument("name", metavar="NAME", help=relation)
         return p
 
     return command
 
 
+THE_RELATION = "the relation"
 ALL_HELP = "also internal relations (names starting with '_', such as the Spark sink's _spark_sink.<id>)"
 
 
@@ -174,15 +177,13 @@ def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) ->
                               "relations.")
     _add_common(relation, top=False)
     rel_sub = relation.add_subparsers(dest="relation_command", required=True, metavar="ACTION")
-    p = command("add", cmd_relation_add, "create an empty relation", rel_sub)
-    p.add_argument("name", metavar="NAME", help="the new relation's name")
+    p = command("add", cmd_relation_add, "create an empty relation", rel_sub, relation="the new relation's name")
     p.add_argument("--schema", required=True, metavar="SPEC",
                    help="the columns, e.g. 'id:int64,price:decimal(10,2),at:timestamp[us,tz=UTC]' (time and "
                         "diff are added; `relation list` prints the same form)")
-    p = command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub)
-    p.add_argument("name", metavar="NAME", help="the relation")
-    p = command("alter", cmd_relation_alter, "change a relation's columns (all changes or none)", rel_sub)
-    p.add_argument("name", metavar="NAME", help="the relation")
+    command("drop", cmd_relation_drop, "forget a relation and its data", rel_sub, relation=THE_RELATION)
+    p = command("alter", cmd_relation_alter, "change a relation's columns (all changes or none)", rel_sub,
+                relation=THE_RELATION)
     p.add_argument("--add", action="append", default=[], metavar="SPEC",
                    help="add columns, nullable, spelled as --schema: 'qty:int32' (repeatable)")
     p.add_argument("--default", action="append", default=[], metavar="COL=VALUE",
@@ -193,8 +194,7 @@ def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) ->
     p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW", help="rename a column")
     p.add_argument("--drop", action="append", default=[], metavar="COL", help="drop a column (not the last)")
     p = command("describe", cmd_relation_describe, "a relation's schema, schema version and columns' field ids",
-                rel_sub)
-    p.add_argument("name", metavar="NAME", help="the relation")
+                rel_sub, relation=THE_RELATION)
     p.add_argument("--json", action="store_true", help="print Engine.describe's dictionary as JSON")
     p = command("list", cmd_relation_list, "list relations: name, schema, since, sealed, schema version",
                 rel_sub)
@@ -202,26 +202,24 @@ def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) ->
 
 
 def _add_write_commands(command: Command) -> None:
-    p = command("append", cmd_append, "append a CSV or Parquet file of updates (all or nothing)")
-    p.add_argument("name", metavar="NAME", help="the relation")
+    p = command("append", cmd_append, "append a CSV or Parquet file of updates (all or nothing)",
+                relation=THE_RELATION)
     p.add_argument("file", metavar="FILE", help="the relation's columns plus int64 time and diff")
     p.add_argument("--format", choices=FORMATS, help="the file's format (default: from its extension)")
     p.add_argument("--chunk-bytes", type=_positive_int, default=DEFAULT_CHUNK_BYTES, metavar="N",
                    help="CSV block size: the file is checked and appended in chunks of about N bytes")
 
-    p = command("seal", cmd_seal, "close time T: no more updates at times <= T")
-    p.add_argument("name", metavar="NAME", help="the relation")
+    p = command("seal", cmd_seal, "close time T: no more updates at times <= T", relation=THE_RELATION)
     p.add_argument("t", type=_time_arg, metavar="T", help="a time: an integer in [0, 2**63)")
 
-    p = command("since", cmd_since, "advance the compaction frontier to T (reads below T become impossible)")
-    p.add_argument("name", metavar="NAME", help="the relation")
+    p = command("since", cmd_since, "advance the compaction frontier to T (reads below T become impossible)",
+                relation=THE_RELATION)
     p.add_argument("t", type=_time_arg, metavar="T", help="a time: an integer in [0, 2**63)")
-
 
 
 def _add_read_commands(command: Command) -> None:
-    p = command("tail", cmd_tail, "print the relation's changes as they become durable (a feed)")
-    p.add_argument("name", metavar="NAME", help="the relation")
+    p = command("tail", cmd_tail, "print the relation's changes as they become durable (a feed)",
+                relation=THE_RELATION)
     p.add_argument("--as-of", type=_time_arg, default=None, metavar="T",
                    help="start with the snapshot at T (default: the sealed frontier; on a relation never "
                         "sealed, every update from the start)")
@@ -240,14 +238,13 @@ def _add_read_commands(command: Command) -> None:
     p.add_argument("--json", action="store_true", help="print the same figures as JSON (as Engine.stats())")
     p.add_argument("--all", action="store_true", help=ALL_HELP)
 
-    p = command("read", cmd_read, "print or write the relation as of a time (columns + diff)")
-    p.add_argument("name", metavar="NAME", help="the relation")
+    p = command("read", cmd_read, "print or write the relation as of a time (columns + diff)",
+                relation=THE_RELATION)
     p.add_argument("--as-of", type=_time_arg, required=True, metavar="T", help="the time to read the relation at")
     p.add_argument("--from", dest="from_t", type=_time_arg, default=None, metavar="T0",
                    help="print the consolidated changes in (T0, T] instead of the whole relation")
     p.add_argument("--out", metavar="FILE", help="write FILE.csv or FILE.parquet instead of CSV on stdout")
     p.add_argument("--format", choices=FORMATS, help="the output format (default: from --out's extension)")
-
 
 
 def _add_admin_commands(command: Command) -> None:

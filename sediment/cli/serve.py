@@ -23,7 +23,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sediment._fs import remove_tree_durable
@@ -133,6 +134,17 @@ def _start(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes
         raise
 
 
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` inside; the handlers before are restored after."""
+    previous = {sig: signal.signal(sig, lambda _sig, _frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Opens the engine (creating the directory, as a coordinator's first start must), serves,
     and on SIGTERM/SIGINT shuts down in order: no new calls, calls under way finish, open
@@ -149,24 +161,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _check_port_free(host, port)  # before the engine opens: a first start then leaves no directory behind
     location = f"grpc://[{host}]:{port}" if ":" in host else f"grpc://{host}:{port}"
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
     if args.cluster:
         from sediment.cli.cluster import serve_cluster
 
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with _stop_on_signals(stop):
             return serve_cluster(args, location, token, tls, stop)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     clean = True
     superseded: list[BaseException] = []
-    try:
+    with _stop_on_signals(stop):
         engine, server = _start(args, location, token, tls, lambda err: (superseded.append(err), stop.set()))
         metrics = None
         try:
@@ -193,9 +195,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     metrics.stop()
             finally:
                 engine.close()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     print(f"stopped serving {data_dir_of(args)}", flush=True)
     if not clean:
         # the engine is closed and everything acknowledged is durable; what is left are gRPC

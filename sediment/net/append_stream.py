@@ -85,6 +85,7 @@ class AppendStream:
         self.last_used = 0.0  # when the pool last got it back
         self.opened = 0.0  # when the pool opened it
         self.in_doubt = False  # an append went out and its acknowledgement was not read: unusable
+        self._unacknowledged = 0
 
     def append(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
         """Send one append and wait for its acknowledgement: True once it is durable; False when
@@ -92,16 +93,28 @@ class AppendStream:
         (not appended: send it again on another stream); raises the server's typed error for
         a refused append, and a FlightError when the stream broke after the append was sent
         (outcome unknown, as with a per-call do_put)."""
+        return self.send(batches, meta) and self.receive()
+
+    def send(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
+        """Send one append without waiting for its acknowledgement; False when it did not go
+        out whole (the server takes an append only with its last batch)."""
         writer = self._writer
         self.in_doubt = True
+        self._unacknowledged += 1
         try:
             for batch in batches[:-1]:
                 writer.write_batch(batch)
             writer.write_with_metadata(batches[-1], pa.py_buffer(meta))
         except (flight.FlightError, pa.ArrowException, OSError):
-            return False  # the server takes an append only with its last batch, which did not go
+            return False
+        return True
+
+    def receive(self) -> bool:
+        """The oldest unread acknowledgement: True (durable), False (the server ended the stream
+        without reading that append), or the refusal raised as its typed error."""
         ack = self._acks.read()
-        self.in_doubt = False
+        self._unacknowledged -= 1
+        self.in_doubt = self._unacknowledged > 0
         if ack is None:
             return False
         raw = ack.to_pybytes()

@@ -135,7 +135,7 @@ class HeldTails:
             self._bytes -= held[0].get_total_buffer_size()
 
 
-# --- the wire (see sediment/net/__init__.py: the plan ticket's hold_tail, the tail_part ticket) ---
+# --- the wire (docs/formats.md, "Network protocol": the plan ticket's hold_tail, the tail_part ticket) ---
 
 HELD_METADATA_KEY = b"sediment.held_tail"
 

@@ -3,7 +3,7 @@
 Server and client both name ops through these enums and build or check bodies against
 ``FIELDS``, so a renamed op or field breaks both sides at once instead of one silently.
 docs/formats.md ("Messages") has a worked example of every message; tests decode them
-against this table. The meaning of each field is in :mod:`sediment.net`.
+against this table, and says what each field means ("Network protocol").
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ def json_arg(raw: bytes, what: str) -> dict[str, Any]:
     try:
         value = json.loads(raw) if raw else {}
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"the {what} is not valid JSON ({exc}); see sediment/net/__init__.py for the "
-                         "protocol") from None
+        raise ValueError(f"the {what} is not valid JSON ({exc}); see docs/formats.md "
+                         "(Network protocol)") from None
     if not isinstance(value, dict):
         raise ValueError(f"the {what} must be a JSON object, not {type(value).__name__}")
     return value
@@ -40,7 +40,7 @@ def field(args: dict[str, Any], key: str, what: str) -> Any:
     try:
         return args[key]
     except KeyError:
-        raise ValueError(f"the {what} lacks {key!r}; see sediment/net/__init__.py for the protocol") from None
+        raise ValueError(f"the {what} lacks {key!r}; see docs/formats.md (Network protocol)") from None
 
 
 def tuples(value: Any) -> Any:

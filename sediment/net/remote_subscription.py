@@ -1,8 +1,9 @@
 """A feed over the network: the client side of ``subscribe`` (see :mod:`sediment.net`).
 
-A thread pumps the server's stream into a queue so that ``next(timeout=...)``
-can wait with a deadline, which a Flight reader cannot; events come out as the
-engine's ``FeedEvent`` values. Across an alter it moves to the feed's next stream.
+A reader thread's ``next()`` reads the server's stream itself; for ``next(timeout=...)``
+(and on the main thread) a thread pumps the stream into a queue so that the wait can have
+a deadline, which a Flight reader's cannot. Events come out as the engine's ``FeedEvent``
+values. Across an alter it moves to the feed's next stream.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -18,22 +19,29 @@ import pyarrow.flight as flight
 
 from sediment import errors
 from sediment.errors import EngineClosed
-from sediment.interrupts import wait_slices
+from sediment.interrupts import WaitingIterator, wait_slices
 from sediment.net.wire_errors import typed_error
 
 _END = object()
 
 
-class RemoteSubscription:
+class RemoteSubscription(WaitingIterator[Any]):
     """A feed from the server, like the engine's Subscription: an iterator of
     ``sediment.engine.feed.FeedEvent``; ``next(timeout)``; ``last_progress``; close it when
-    done. A background thread reads the stream, so ``next`` can time out; when the server
-    stops, ``next`` raises EngineClosed (subscribe again, with ``resume``, to a new one).
+    done. When the server stops, ``next`` raises EngineClosed (subscribe again, with
+    ``resume``, to a new one). Read it from one thread at a time.
+
+    A ``next()`` without a timeout, off the main thread (a reader thread iterating the feed),
+    reads the stream itself: one thread woken per event and subscriber, where a pump thread
+    handing events to the reader through a queue woke two (with 1,000 subscribers in a
+    process, the wake-ups are what bound the feed). The first ``next`` with a timeout, or on
+    the main thread (whose waits must let Ctrl-C through, sediment/interrupts.py), starts a
+    thread that pumps the stream into a queue, and every later ``next`` reads the queue.
 
     A relation's alter ends the server's stream (one Flight stream has one schema) with a
-    continuation token: the thread opens the next stream of the same server-side
-    subscription with it (``reopen``) and the feed goes on in the new schema, after the
-    ``schema`` event, with nothing lost or repeated."""
+    continuation token: the feed opens the next stream of the same server-side subscription
+    with it (``reopen``) and goes on in the new schema, after the ``schema`` event, with
+    nothing lost or repeated."""
 
     def __init__(self, uri: str, reader: flight.FlightStreamReader,
                  reopen: Callable[[str], flight.FlightStreamReader] | None = None) -> None:
@@ -44,25 +52,33 @@ class RemoteSubscription:
         self._events: queue.Queue[Any] = queue.Queue()
         self._closed = False
         self.last_progress: int | None = None
-        self._thread = threading.Thread(target=self._pump, name="sediment-feed", daemon=True)
-        self._thread.start()
+        self._items = self._feed_items()
+        self._direct = threading.Lock()  # held while a next() reads the stream itself
+        self._pumping = False  # set once the stream is read by the pump thread (or fully read)
+        self._thread: threading.Thread | None = None
 
-    def _pump(self) -> None:
+    def _feed_items(self) -> Iterator[Any]:
+        """The feed's items in order, across schema changes: events, then the error that ended it."""
         reader: flight.FlightStreamReader | None = self._reader
         try:
             while reader is not None:
-                reader = self._drain(reader)
+                reader = yield from self._drain(reader)
         except flight.FlightError as exc:
             if not self._closed:
-                self._events.put(typed_error(exc))
+                yield typed_error(exc)
         except Exception as exc:  # noqa: BLE001 - handed to the reader of the events
             if not self._closed:
-                self._events.put(exc)
+                yield exc
+
+    def _pump(self) -> None:
+        try:
+            for item in self._items:
+                self._events.put(item)
         finally:
             self._events.put(_END)
 
-    def _drain(self, reader: flight.FlightStreamReader) -> flight.FlightStreamReader | None:
-        """Queue the events of one stream; the next stream after a schema change, else None."""
+    def _drain(self, reader: flight.FlightStreamReader) -> Generator[Any, None, flight.FlightStreamReader | None]:
+        """The events of one stream; returns the next stream after a schema change, else None."""
         from sediment.engine.feed import FeedEvent
 
         parts: list[pa.RecordBatch] = []
@@ -75,27 +91,26 @@ class RemoteSubscription:
             parts = []
             kind, t = meta["kind"], meta["time"]
             if kind == "schema":
-                return self._next_stream(t, meta.get("continuation"))
+                return (yield from self._next_stream(t, meta.get("continuation")))
             if kind == "progress":
-                self._events.put(FeedEvent(kind, t))
+                yield FeedEvent(kind, t)
             elif kind == "snapshot":
-                self._events.put(FeedEvent(kind, t, table.drop_columns(["time"])))
+                yield FeedEvent(kind, t, table.drop_columns(["time"]))
             else:
-                self._events.put(FeedEvent(kind, t, table))
+                yield FeedEvent(kind, t, table)
         if not self._closed:
-            self._events.put(EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
-                                          "subscribe again with resume=True"))
+            yield EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
+                               "subscribe again with resume=True")
         return None
 
-    def _next_stream(self, version: int, token: str | None) -> flight.FlightStreamReader | None:
-        """Open the stream after schema version ``version``'s event, then queue the event (an
+    def _next_stream(self, version: int, token: str | None) -> Generator[Any, None, flight.FlightStreamReader | None]:
+        """Open the stream after schema version ``version``'s event, then yield the event (an
         empty table of the new update schema, as the engine's): the caller sees it in order."""
         from sediment.engine.feed import FeedEvent
 
         if token is None or self._reopen is None:  # a server without continuations
-            self._events.put(FeedEvent("schema", version))
-            self._events.put(errors.SchemaMismatch(
-                f"relation altered to schema version {version}: subscribe with resume=True"))
+            yield FeedEvent("schema", version)
+            yield errors.SchemaMismatch(f"relation altered to schema version {version}: subscribe with resume=True")
             return None
         reader = self._reopen(token)
         with self._lock:
@@ -103,13 +118,19 @@ class RemoteSubscription:
                 reader.cancel()
                 return None
             self._reader = reader
-        self._events.put(FeedEvent("schema", version, reader.schema.empty_table()))
+        yield FeedEvent("schema", version, reader.schema.empty_table())
         return reader
 
     def next(self, timeout: float | None = None) -> Any:
         """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None on
         timeout or once the subscription is closed."""
         if self._closed:
+            return None
+        if not self._pumping and timeout is None and threading.current_thread() is not threading.main_thread():
+            with self._direct:
+                if not self._pumping:
+                    return self._read_directly()
+        if not self._pumping and not self._start_pump(timeout):
             return None
         for part in wait_slices(timeout):  # Ctrl-C ends it (sediment/interrupts.py)
             try:
@@ -126,18 +147,42 @@ class RemoteSubscription:
         if isinstance(item, BaseException):
             self._events.put(item)  # raise it again on the next call too
             raise item
-        if item.kind == "progress":
-            self.last_progress = item.time
-        return item
+        return self._note(item)
 
-    def __iter__(self) -> Iterator[Any]:
-        return self
+    def _read_directly(self) -> Any:
+        """The next item read from the stream in the caller's thread (``_direct`` held). The
+        feed's end, or its error, is queued for the calls after (which then read the queue)."""
+        item = next(self._items, _END)
+        if self._closed:
+            return None
+        if item is _END or isinstance(item, BaseException):
+            self._events.put(item)
+            if item is not _END:
+                self._events.put(_END)
+            self._pumping = True  # nothing is left to pump: later calls read what is queued
+            if item is _END:
+                return None
+            raise item
+        return self._note(item)
 
-    def __next__(self) -> Any:
-        event = self.next()
-        if event is None:
-            raise StopIteration
+    def _note(self, event: Any) -> Any:
+        if event.kind == "progress":
+            self.last_progress = event.time
         return event
+
+    def _start_pump(self, timeout: float | None) -> bool:
+        """Start the thread that pumps the stream into the queue (once); False if a direct read
+        held the stream past ``timeout``."""
+        if not self._direct.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return False
+        try:
+            if not self._pumping:
+                self._thread = threading.Thread(target=self._pump, name="sediment-feed", daemon=True)
+                self._thread.start()
+                self._pumping = True
+        finally:
+            self._direct.release()
+        return True
 
     def close(self) -> None:
         """Stop the feed (the server ends its side); idempotent."""
@@ -147,7 +192,8 @@ class RemoteSubscription:
             self._closed = True
             reader = self._reader
         reader.cancel()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
     def __enter__(self) -> RemoteSubscription:
         return self

@@ -390,7 +390,7 @@ def test_compaction_component_on_its_own_seam(tmp_path):
         log.finish_segment()
         assert compaction.run_pass() == {}
         assert rel.trace.upper == 2 and len(rel.trace.batches) == 1 and len(rel.trace.pending) == 1
-        assert not rel.tail and view.backlog.bytes == 0 and compaction.errors() == {}
+        assert not rel.tail and view.backlog.bytes == 0 and compaction.compaction_errors() == {}
         assert log.start_lsn == rel.trace.wal_through, "the log is trimmed below what the trace holds"
         assert traces.load(rel.entry.id) == rel.trace, "the trace state is committed"
         log.submit([Record(RecordKind.PROGRESS, rel.entry.id, 0, 5, 5)], view.on_durable).wait()

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import sediment
 from sediment.clock import ManualClock
+from sediment.engine import time_order
 from sediment.engine.time_order import in_time_order, time_ordered
 
 UPDATE = pa.schema([("k", pa.int64()), ("b", pa.binary()), ("s", pa.string()), ("time", pa.int64()),
@@ -69,14 +70,24 @@ def tables(draw, n_items):
 
 
 @settings(max_examples=200, deadline=None)
-@given(items=st.integers(0, 6).flatmap(tables), batch_rows=st.integers(1, 50), chunks=st.integers(1, 4))
-def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks):
+@given(items=st.integers(0, 6).flatmap(tables), batch_rows=st.integers(1, 50), chunks=st.integers(1, 4),
+       streamed=st.booleans(), window=st.sampled_from([1, 5, 40, 1 << 19]))
+def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, streamed, window):
+    """Items come as tables of several chunks, or (as stored batches do) as a stream of record
+    batches; each chunk is a block sorted on its own, and the blocks are merged in windows of
+    about ``window`` rows (small ones here, so most merges take several windows)."""
     def load(item: Item) -> pa.Table:
         t = item.table
         step = max(1, -(-t.num_rows // chunks))
+        if streamed:
+            return (b for b in t.to_batches(max_chunksize=step))
         return pa.Table.from_batches(t.to_batches(max_chunksize=step), schema=UPDATE)  # several chunks
 
-    out = list(time_ordered(items, load, UPDATE, batch_rows))
+    saved, time_order.WINDOW_ROWS = time_order.WINDOW_ROWS, window
+    try:
+        out = list(time_ordered(items, load, UPDATE, batch_rows))
+    finally:
+        time_order.WINDOW_ROWS = saved
     assert all(b.num_rows <= batch_rows and b.schema.equals(UPDATE) for b in out)
     got = [r for b in out for r in _rows(pa.Table.from_batches([b]))]
     assert got == _brute([i.table for i in items])
@@ -206,3 +217,44 @@ def test_replay_of_a_wide_fixed_width_relation_matches_a_sort_by_time(tmp_path):
         assert got.equals(stored.sort_by([("time", "ascending")]))
     finally:
         engine.close()
+
+
+def test_replay_of_batches_of_many_row_groups_and_a_tail(tmp_path, monkeypatch):
+    """Batches past one row group (65,536 rows), so each is sorted block by block and merged,
+    with repeated times and a WAL tail, against a Python stable sort of the stored rows by
+    time. (Items overlapping in time are the sweep's case, tested above on random items.)"""
+    engine = sediment.open(str(tmp_path / "d"), clock=ManualClock())
+    try:
+        engine.add_relation("r", pa.schema([("k", pa.int64()), ("v", pa.binary())]))
+        rng = random.Random(7)
+        for step, n in enumerate((150_000, 90_000)):
+            ks = rng.sample(range(1 << 40), n)
+            engine.append("r", pa.table({"k": pa.array(ks, pa.int64()),
+                                         "v": pa.array([k.to_bytes(8, "little") * 2 for k in ks], pa.binary()),
+                                         "time": pa.array([step * 40 + rng.randrange(40) for _ in ks], pa.int64()),
+                                         "diff": pa.array([rng.choice([1, 2, -1]) for _ in ks], pa.int64())}))
+            engine.seal("r", step * 40 + 39)
+            engine.compact()
+        engine.append("r", _updates(rng, 500, 80, 90, True).select(["k", "b", "time", "diff"]).rename_columns(
+            ["k", "v", "time", "diff"]))
+        rel = engine.view.get("r")
+        stored_rows = [b.rows for b in rel.trace.batches if b.key]
+        assert max(stored_rows) > 2 * 65_536 and len(rel.tail) == 1
+        stored = pa.concat_tables(t.cast(engine.view.get("r").update_schema) for t in _stored_as(engine, "r"))
+        times = stored.column("time").to_pylist()
+        expected = stored.take(sorted(range(len(times)), key=times.__getitem__))
+        for batch_rows, window in ((65_536, 1 << 19), (9_999, 1 << 19), (9_999, 30_000)):
+            monkeypatch.setattr(time_order, "WINDOW_ROWS", window)
+            got = pa.Table.from_batches(list(engine.replay("r", batch_rows=batch_rows)))
+            assert got.equals(expected)
+    finally:
+        engine.close()
+
+
+def _stored_as(engine: sediment.Engine, name: str) -> list[pa.Table]:
+    rel = engine.view.get(name)
+    out = [engine.traces.read(rel.entry.id, ref) for ref in (*rel.trace.batches, *rel.trace.pending) if ref.key]
+    for entry in rel.tail:
+        record = engine.wal.read(entry.lsn)
+        out.append(pa.Table.from_batches([rel.decode_body(record.body, record.schema_version)]))
+    return out

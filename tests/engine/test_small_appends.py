@@ -70,3 +70,68 @@ def test_concurrent_one_row_appends_are_counted_once_each_and_compact_whole(tmp_
         assert got.column("id").to_pylist() == list(range(n))
         assert got.column("payload").to_pylist() == [b"p%d" % k for k in range(n)]
         assert set(got.column("diff").to_pylist()) == {1}
+
+
+def test_concurrent_small_appends_are_checked_and_kept_apart(tmp_path):
+    """With other appends in flight, a small table in the update schema is checked and
+    encoded in one pass over its columns (engine/writer.py ``_append_small``). Each
+    append's rows stay its own, and each bad one is refused with its own typed error,
+    writing nothing: a negative time, a null time or diff, a time at or below the sealed
+    frontier (the check reads the least time from the buffer the body copies)."""
+    threads, each = 16, 30
+    big = 1 << 40  # ids far from any time: a bound read from the wrong column would pass the seal check
+
+    def table(k: int, times: list, diffs: list | None = None) -> pa.Table:
+        n = len(times)
+        return pa.table({"id": pa.array([big + k * 100 + i for i in range(n)], pa.int64()),
+                         "payload": pa.array([b"p%d.%d" % (k, i) for i in range(n)], pa.binary()),
+                         "time": pa.array(times, pa.int64()), "diff": pa.array(diffs or [1] * n, pa.int64())})
+
+    bad = {0: ([-1], sediment.errors.InvalidUpdates), 1: ([None], sediment.errors.InvalidUpdates),
+           2: ([4, 3], sediment.errors.TimeAlreadySealed), 3: ([6, 3, 7], sediment.errors.TimeAlreadySealed)}
+    with sediment.open(tmp_path / "d", clock=ManualClock()) as engine:
+        engine.add_relation("r", SCHEMA)
+        engine.seal("r", 3)
+        start = threading.Barrier(threads)
+        kept: list[pa.Table] = []
+        refused: list[tuple[int, type]] = []
+        lock = threading.Lock()
+
+        def work(w: int) -> None:
+            start.wait()
+            for i in range(each):
+                k = w * each + i
+                case = k % 7
+                if case in bad:
+                    times, error = bad[case]
+                    try:
+                        engine.append("r", table(k, times))
+                    except error:
+                        with lock:
+                            refused.append((k, error))
+                        continue
+                    raise AssertionError(f"append {k} with times {times} was accepted")
+                if case == 4:
+                    t = table(k, [5], [None])
+                    try:
+                        engine.append("r", t)
+                    except sediment.errors.InvalidUpdates:
+                        continue
+                    raise AssertionError(f"append {k} with a null diff was accepted")
+                t = table(k, [4 + (k % 3)] * (1 + k % 5))
+                engine.append("r", t.select(["payload", "id", "diff", "time"]) if case == 5 else t)
+                with lock:
+                    kept.append(t)
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(work, range(threads)))
+        assert len(refused) == sum(1 for k in range(threads * each) if k % 7 in bad)
+        engine.seal("r", 9)
+        want = pa.concat_tables(kept).sort_by("id")
+        got = engine.snapshot("r", as_of=9).sort_by("id")
+        assert got.column("id").to_pylist() == want.column("id").to_pylist()
+        assert got.column("payload").to_pylist() == want.column("payload").to_pylist()
+        assert got.column("diff").to_pylist() == want.column("diff").to_pylist()
+        at5 = engine.snapshot("r", as_of=5)
+        assert sorted(at5.column("id").to_pylist()) == sorted(
+            i for i, t in zip(want.column("id").to_pylist(), want.column("time").to_pylist(), strict=True) if t <= 5)

@@ -1,7 +1,9 @@
 """Appends on a client's long-lived do_put streams (sediment/net/append_stream.py): one
 stream carries many appends, a refused append leaves it usable, a stopping server ends it
 without applying what it did not acknowledge, and idle streams close so a stop never
-waits on them. Real server, real engine, real gRPC on 127.0.0.1."""
+waits on them; pipelined appends (sediment/net/pipelined.py) keep several in flight on one
+stream, applied in order, a refusal raised by a later call. Real server, real engine, real
+gRPC on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -211,3 +213,109 @@ def test_a_client_with_a_timeout_keeps_appending_past_it(node):
             c.append("r", ups([(n, "a", 1, 1)]))
     engine.seal("r", 1)
     assert engine.snapshot("r", 1).num_rows == n
+
+
+def test_appends_go_out_while_earlier_ones_are_made_durable_and_apply_in_order(node):
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    engine.seal("r", 0)
+    feed = engine.subscribe("r")
+    assert feed.next(timeout=5).kind == "snapshot"
+    gate = threading.Event()
+    real = engine.append
+
+    def held(name, table, **kwargs):  # the server's first append waits until the test opens the gate
+        gate.wait(30)
+        return real(name, table, **kwargs)
+
+    engine.append = held
+    sent = threading.Event()
+    with Client(server.uri, TOKEN) as c:
+        writer = c.pipelined("r", window=4)
+
+        def send_four() -> None:
+            for i in range(4):
+                writer.append(ups([(i, f"n{i}", 1, 1)]))
+            sent.set()
+
+        th = threading.Thread(target=send_four, daemon=True)
+        th.start()
+        assert sent.wait(10), "append waited for an acknowledgement with room left in the window"
+        assert writer.acknowledged == 0 and engine.sealed("r") == 0
+        gate.set()
+        th.join(10)
+        for i in range(4, 200):
+            writer.append(ups([(i, f"n{i}", 1, 1)]))
+        writer.close()
+        assert writer.acknowledged == writer.sent == 200
+    got: list[int] = []
+    while len(got) < 200:
+        event = feed.next(timeout=10)
+        assert event is not None, "the feed stalled"
+        if event.kind == "updates":
+            got.extend(event.table.column("id").to_pylist())
+    assert got == list(range(200)), "the appends were not applied in the order sent"
+    feed.close()
+
+
+def test_a_refused_append_is_raised_later_and_the_appends_after_it_still_apply(node):
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    engine.seal("r", 3)
+    with Client(server.uri, TOKEN) as c:
+        writer = c.pipelined("r", window=8)
+        writer.append(ups([(1, "n1", 4, 1)]))
+        writer.append(ups([(2, "n2", 2, 1)]))  # sealed: refused
+        writer.append(ups([(3, "n3", 5, 1)]))
+        with pytest.raises(errors.TimeAlreadySealed):
+            writer.flush()
+        writer.flush()  # the rest was acknowledged
+        writer.close()
+        assert writer.acknowledged == writer.sent == 3
+    engine.seal("r", 5)
+    assert sorted(engine.snapshot("r", 5).column("id").to_pylist()) == [1, 3]
+
+
+def test_a_bad_window_is_refused_and_nothing_is_sent(node):
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    with Client(server.uri, TOKEN) as c:
+        for bad in (0, -1, 2.5, True, "4"):
+            with pytest.raises(errors.InvalidArgument, match="window"):
+                c.pipelined("r", window=bad)
+    engine.seal("r", 1)
+    assert engine.snapshot("r", 1).num_rows == 0
+
+
+def test_a_stopping_server_applies_no_pipelined_append_it_did_not_acknowledge(node):
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    gate, entered = threading.Event(), threading.Event()
+    real = engine.append
+
+    def held(name, table, **kwargs):  # the first append waits in the server until the stop has begun
+        entered.set()
+        gate.wait(30)
+        return real(name, table, **kwargs)
+
+    engine.append = held
+    c = Client(server.uri, TOKEN)
+    try:
+        writer = c.pipelined("r", window=8)
+        for i in range(5):
+            writer.append(ups([(i, f"n{i}", 1, 1)]))
+        assert entered.wait(10)
+        stopped: list[bool] = []
+        stopper = threading.Thread(target=lambda: stopped.append(server.stop(grace=30)))
+        stopper.start()
+        assert server.stopping.wait(10)
+        gate.set()
+        with pytest.raises((errors.EngineClosed, errors.CoordinatorUnavailable)):
+            writer.flush()  # the rest went again through append, which the stopping server refuses
+        stopper.join(30)
+        assert stopped == [True]
+        assert (writer.sent, writer.acknowledged) == (5, 1), "the append answered before the stop, no other"
+    finally:
+        c.close()
+    engine.seal("r", 1)
+    assert engine.snapshot("r", 1).column("id").to_pylist() == [0], "an unacknowledged append was applied"

@@ -1,6 +1,9 @@
 """The feed's relay: sleeping subscribers are woken a few at a time, each waking the next,
 so no subscriber that times out, stops reading or closes may leave the others asleep; and
-subscribers that catch up over the same events share one merged event."""
+subscribers that catch up over the same events share one merged event. A record just made
+durable reaches every subscriber decoded once, from the engine's memory (subscribers woken
+together neither read it back from the log nor each decode their own copy); a record no
+longer in memory is read from the log, with the same result."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import pytest
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
 UPDATES = 300
+RECORDS = 40
+SUBSCRIBERS = 8
 
 
 def one_row(i: int) -> pa.Table:
@@ -101,3 +106,64 @@ def test_subscribers_behind_by_the_same_updates_share_one_merged_event(open_engi
     assert made == [1]
     for sub in subs:
         sub.close()
+
+
+def _counting(obj, name: str) -> list[int]:
+    """Count the calls of ``obj.name`` (the call itself runs as before)."""
+    calls: list[int] = []
+    real = getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return calls
+
+
+def _read_events(sub, out: list, rows: int = RECORDS) -> None:
+    while sum(e.table.num_rows for e in out) < rows:
+        event = sub.next(timeout=30)
+        assert event is not None, "the feed stalled"
+        if event.kind == "updates":
+            out.append(event)
+
+
+@pytest.mark.embedded_only  # counts the engine's log reads and decodes
+def test_subscribers_woken_together_share_one_decode_from_memory(open_engine):
+    eng = open_engine()
+    subs = _subscribed(eng, SUBSCRIBERS)
+    log_reads = _counting(eng.reads.log, "read")
+    decodes = _counting(eng.view.get("r"), "decode_body")
+    got: list[list] = [[] for _ in subs]
+    threads = [threading.Thread(target=_read_events, args=(sub, out), daemon=True) for sub, out in zip(subs, got, strict=True)]
+    for th in threads:
+        th.start()
+    for i in range(RECORDS):
+        eng.append("r", one_row(i))
+    for th in threads:
+        th.join(timeout=60)
+    assert not any(th.is_alive() for th in threads)
+    for out in got:
+        assert pa.concat_tables([e.table for e in out]).column("k").to_pylist() == list(range(RECORDS))
+    assert log_reads == [], "a record just made durable was read back from the log"
+    assert len(decodes) == RECORDS, f"{len(decodes)} decodes of {RECORDS} records for {SUBSCRIBERS} subscribers"
+    for sub in subs:
+        sub.close()
+
+
+@pytest.mark.embedded_only  # empties the engine's memory of record bodies
+def test_a_record_no_longer_in_memory_is_read_from_the_log(open_engine):
+    eng = open_engine()
+    [sub] = _subscribed(eng, 1)
+    log_reads = _counting(eng.reads.log, "read")
+    for i in range(5):
+        eng.append("r", one_row(i))
+    eng.view.bodies.drop_below(1 << 62)
+    out: list = []
+    _read_events(sub, out, 5)
+    assert pa.concat_tables([e.table for e in out]).to_pydict() == pa.concat_tables(
+        [one_row(i) for i in range(5)]).to_pydict()
+    assert log_reads, "the records were not read from the log"
+    sub.close()
+

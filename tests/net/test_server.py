@@ -224,6 +224,22 @@ def test_closed_client_raises_engine_closed(served):
         c.relations()
 
 
+def test_every_action_is_served_and_listed_with_the_fields_of_its_message(served):
+    from sediment.net.messages import FIELDS, Action
+
+    fc = flight.FlightClient(served.server.uri)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    listed = {a.type: a.description for a in fc.list_actions(options=options)}
+    assert listed == {op.value: "{" + ", ".join(FIELDS[op]) + "}" for op in Action}
+    for op in Action:  # an empty body: refused for a missing field, never as an unknown action
+        try:
+            list(fc.do_action(flight.Action(op.value, b"{}"), options=options))
+        except flight.FlightError as exc:
+            assert "unknown action" not in str(exc), op
+    assert served.engine.relations() == []  # no action with an empty body created anything
+    fc.close()
+
+
 # --- writing and reading through the server -------------------------------------------------
 
 

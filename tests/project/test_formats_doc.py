@@ -47,7 +47,7 @@ def _example_after(heading: str) -> bytes:
 
 def test_wal_record_example_decodes():
     frame = _example_after("**Worked example.** `close 7`")
-    assert len(frame) == rec.HEADER_SIZE
+    assert len(frame) == rec.HEADER_SIZE == 64
     head = rec.decode_header(frame)
     assert head is not None
     assert (head.kind, head.lsn, head.relation_id, head.txn_id, head.t_lo, head.t_hi, head.body_len) == (

@@ -77,8 +77,10 @@ class Node:
         for name in sorted(os.listdir(pdir)):
             parsed = sg.parse_name(name)
             if parsed and parsed[1] == "seg":
-                _scan, recs = sg.scan_segment(str(pdir / name), parsed[0], want_records=True)
-                out += [r.body for r in recs]
+                data = memoryview((pdir / name).read_bytes())
+                for off in sg.scan_segment(str(pdir / name), parsed[0]).offsets:
+                    u, _why = rec.check_frame(data, off)
+                    out.append(bytes(data[off + rec.HEADER_SIZE:off + rec.HEADER_SIZE + u[4]]))
         return out
 
 

@@ -158,10 +158,14 @@ def test_truncated_and_garbage_tails_are_batch_corruption(tmp_path):
 
 
 def test_spark_executor_reader_refuses_a_damaged_footer(tmp_path):
-    """The executor-side reader of a read plan (spark_jobs.datasource._batch_tables) checks
+    """The executor-side reader of a read plan (spark_jobs.batch_read.open_batch) checks
     the footer CRC32C the plan carries, without Spark in the loop."""
     pytest.importorskip("pyspark")
-    from sediment.spark_jobs.datasource import BatchPartition, PlanInfo, ReadSpec, _batch_tables
+    from sediment.spark_jobs.batch_read import PlanInfo, ReadSpec, open_batch
+
+    def rows(spec: ReadSpec, ref: dict) -> int:
+        pf, desc, where = open_batch(spec, ref)
+        return sum(read_row_group(pf, i, desc, where=where).num_rows for i in range(pf.num_row_groups))
 
     data_dir, ref = _engine_with_batch(tmp_path / "d")
     obj = os.path.join(data_dir, "blobs", ref.key)
@@ -170,14 +174,14 @@ def test_spark_executor_reader_refuses_a_damaged_footer(tmp_path):
         try:
             spec = ReadSpec.of(PlanInfo.of(plan, None))
             (batch,) = plan.batches
-            assert sum(t.num_rows for t in _batch_tables(spec, BatchPartition(spec, batch))) == 50
+            assert rows(spec, batch) == 50
             with open(obj, "rb") as f:
                 data = f.read()
             span = _footer_span(data)
             for pos in (span[0], span[len(span) // 2], span[-9]):
                 old = _flip(obj, pos)
                 with pytest.raises(BatchCorruption, match=ref.key):
-                    list(_batch_tables(spec, BatchPartition(spec, batch)))
+                    rows(spec, batch)
                 _restore(obj, pos, old)
         finally:
             e.release_read(plan.lease)

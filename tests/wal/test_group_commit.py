@@ -176,16 +176,24 @@ def poll(predicate, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.001)
 
 
+def held_leader(log: FileLog, first: Record, release: threading.Event):
+    """Submit ``first`` and lead its group on a thread held inside the group's callback until
+    ``release`` is set; (its ticket, the thread) once it is held there."""
+    inside = threading.Event()
+    ticket = log.submit([first], lambda rs: (inside.set(), release.wait(60)))
+    leader = threading.Thread(target=ticket.wait)
+    leader.start()
+    assert inside.wait(60)
+    return ticket, leader
+
+
 def test_many_threads_may_wait_on_one_ticket(tmp_path):
     """A leader held inside its group's callback while three threads wait on one queued
     ticket: one of them leads next and all three return."""
     log = FileLog.open(str(tmp_path), create=True)
-    inside, release = threading.Event(), threading.Event()
+    release = threading.Event()
     try:
-        first = log.submit([upd(1)], lambda rs: (inside.set(), release.wait(60)))
-        leader = threading.Thread(target=first.wait)
-        leader.start()
-        assert inside.wait(60)
+        first, leader = held_leader(log, upd(1), release)
         shared = log.submit([upd(2)])
         got: list[int] = []
         waiters = [threading.Thread(target=lambda: got.append(shared.wait())) for _ in range(3)]
@@ -227,3 +235,66 @@ def test_a_close_asked_during_a_segment_finish_still_gets_its_turn(tmp_path):
     closer.join(timeout=60)
     finisher.join(timeout=60)
     assert not closer.is_alive() and not finisher.is_alive(), "close hung after a segment finish"
+
+
+def test_every_waiter_of_a_big_group_is_woken_once_the_group_is_durable(tmp_path):
+    """The waiters of a finished group are woken as a tree (each woken waiter wakes two
+    more): with 45 tickets queued behind a held leader (three threads on one of them), every
+    thread returns, each with its own ticket's LSN, in submit order."""
+    log = FileLog.open(str(tmp_path), create=True)
+    release = threading.Event()
+    try:
+        first, leader = held_leader(log, upd(0), release)
+        tickets = [log.submit([upd(i)]) for i in range(1, 46)]
+        got: dict[int, list[int]] = {}
+        lock = threading.Lock()
+
+        def wait(i: int) -> None:
+            lsn = tickets[i].wait()
+            with lock:
+                got.setdefault(i, []).append(lsn)
+
+        waiters = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(45)]
+        waiters += [threading.Thread(target=wait, args=(7,), daemon=True) for _ in range(2)]
+        for t in waiters:
+            t.start()
+        poll(lambda: sum(len(t.wake) for t in tickets) == 47, "47 followers queued")
+        release.set()
+        deadline = time.monotonic() + 60
+        for t in [leader, *waiters]:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in [leader, *waiters]), "a follower of the group was never woken"
+        base = first.wait()
+        assert got == {i: [base + 1 + i] * (3 if i == 7 else 1) for i in range(45)}
+        assert [r.t_lo for r in log.scan()] == list(range(46))
+    finally:
+        release.set()
+        log.close()
+
+
+def test_a_leader_also_writes_the_group_queued_during_its_own(tmp_path, monkeypatch):
+    """Followers that queued while the leader wrote its group are written by that leader
+    too, on its thread (no hand-off of the lead between the two syncs), and each returns
+    its own LSN once that second group is durable."""
+    log = FileLog.open(str(tmp_path), create=True, index_interval=10_000)
+    release = threading.Event()
+    try:
+        syncs = syncs_by_thread(monkeypatch)
+        first, leader = held_leader(log, upd(0), release)
+        tickets = [log.submit([upd(i)]) for i in range(1, 6)]
+        got: dict[int, int] = {}
+        waiters = [threading.Thread(target=lambda i=i: got.__setitem__(i, tickets[i].wait()), daemon=True)
+                   for i in range(5)]
+        for t in waiters:
+            t.start()
+        poll(lambda: all(t.wake for t in tickets), "five followers queued")
+        release.set()
+        deadline = time.monotonic() + 60
+        for t in [leader, *waiters]:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in [leader, *waiters])
+        assert got == {i: first.wait() + 1 + i for i in range(5)}
+        assert len(syncs) == 2 and set(syncs) == {leader.ident}
+    finally:
+        release.set()
+        log.close()

@@ -12,6 +12,7 @@ import uuid
 import pytest
 import trio
 import trio.testing
+from support.memory_store import MemoryPartitionStore
 from support.sim_world import SimDisk, SimPartitionStore
 
 from sediment.errors import LowWaterMarkRegression, WalError
@@ -19,7 +20,6 @@ from sediment.wal import record as rec
 from sediment.wal.control import PartitionState
 from sediment.wal.replication.node.partition_store import (
     FilePartitionStore,
-    MemoryPartitionStore,
     PartitionStore,
     open_directory,
 )

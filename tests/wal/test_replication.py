@@ -34,6 +34,7 @@ def test_wire_example_in_docs_decodes() -> None:
     doc = (Path(__file__).parent.parent.parent / "docs" / "formats.md").read_text()
     section = doc[doc.index("## Replication formats"):]
     hexes = section.split("```hex\n")[1].split("```")[0]
+    assert wire.FRAME_SIZE == 16  # the frame header's table
     msg = wire.decode_message(bytes.fromhex("".join(hexes.split())))
     assert isinstance(msg, wire.Request) and msg.type == wire.MsgType.APPEND and msg.arg1 == 0
     [record] = list(wire.iter_records(msg.payload))
@@ -184,6 +185,9 @@ def test_lagging_replica_catches_up(nodes) -> None:
     log.append([r(300)])
     states = PartitionMetaStore(meta, 0).load()[0]
     assert states.replicas[nodes[2].address].session_id == log.coordinator.session
+    # the append returned on a quorum; close does not wait for the third acknowledgement
+    wait_until(log, lambda: all(v["lag"] == 0 for v in log.replica_lag().values()),
+               what="every replica to acknowledge the last record")
     log.close()
     for n in nodes:
         n.kill()

@@ -11,6 +11,7 @@ import itertools
 
 import pytest
 import trio
+from support.memory_store import MemoryPartitionStore
 from test_replication_sim import (
     KEY,
     SimNetwork,
@@ -27,7 +28,6 @@ from sediment.errors import LowWaterMarkRegression, ReplicaUnavailable, SessionF
 from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
 from sediment.wal.control import PartitionState
-from sediment.wal.replication.node.partition_store import MemoryPartitionStore
 from sediment.wal.replication.node.storage_node import StorageNode
 from sediment.wal.replication.partition_meta import (
     UNRESOLVED,

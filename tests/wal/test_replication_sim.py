@@ -13,11 +13,11 @@ import uuid
 import pytest
 import trio
 import trio.testing
+from support.memory_store import MemoryPartitionStore
 
 from sediment.errors import QuorumLost, QuorumUnavailable, SessionFenced
 from sediment.metadata.memory import MemoryMetadataStore
 from sediment.wal import record as rec
-from sediment.wal.replication.node.partition_store import MemoryPartitionStore
 from sediment.wal.replication.node.storage_node import StorageNode
 from sediment.wal.replication.partition_meta import UNRESOLVED, PartitionMetaStore
 from sediment.wal.replication.store_session import Batch, Coordinator, Pending
@@ -103,7 +103,7 @@ class SimNetwork:
 
     def log(self, address: str, pid: int = 0) -> list[rec.Record]:
         frames = self.stores[address][pid].frames
-        return [rec.to_record(rec.decode_header(f), f[rec.HEADER_SIZE:]) for f in frames]
+        return [rec.record_of(rec.decode_header(f), f[rec.HEADER_SIZE:]) for f in frames]
 
 
 def make_coordinator(net: SimNetwork, meta: MemoryMetadataStore, replicas: list[str] | None = None, *,
@@ -439,7 +439,7 @@ def test_carry_over_acknowledges_what_recovery_kept_and_resends_the_rest_in_orde
     coord._send_batch()
     [batch] = coord.inflight
     assert (batch.first, batch.last) == (8, 11)
-    frames = [rec.to_record(rec.decode_header(f), f[rec.HEADER_SIZE:]) for f in _frames(batch.payload)]
+    frames = [rec.record_of(rec.decode_header(f), f[rec.HEADER_SIZE:]) for f in _frames(batch.payload)]
     assert [(f.lsn, f.body) for f in frames] == [(8, b"r8"), (9, b"r9"), (10, b"r10"), (11, b"r11")]
     batch.acks.update(ADDRS[:2])
     coord._advance()

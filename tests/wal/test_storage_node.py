@@ -108,7 +108,7 @@ class FailingStore(FilePartitionStore):
     the appends that arrive meanwhile queue up and reach the store as one group."""
 
     def __init__(self, root: str, partition: int) -> None:
-        control = ControlFile.open_or_create(root, KEY)
+        control = ControlFile.create(root, KEY)
         control.add_partition(partition)
         super().__init__(root, partition, control, threading.Lock())
         self.entered = threading.Event()

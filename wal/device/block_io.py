@@ -147,8 +147,7 @@ class RingFiles:
         """Write zeros over ring bytes [lsn, lsn + n) (block-aligned) of a data area of
         ``data_capacity`` bytes, with ``keep`` written first (to zero the tail of a partly
         valid block)."""
-        buf = mmap.mmap(-1, ZERO_CHUNK)
-        try:
+        with mmap.mmap(-1, ZERO_CHUNK) as buf:
             first = True
             while n > 0:
                 phys = lsn % data_capacity
@@ -162,17 +161,12 @@ class RingFiles:
                 lsn += step
                 n -= step
             assert lsn % self.block_size == 0
-        finally:
-            buf.close()
 
     def write_header(self, hdr: RingHeader) -> None:
         """Write one header copy into its slot (``hdr.seq`` picks it), durably."""
-        buf = mmap.mmap(-1, self.block_size)
-        try:
+        with mmap.mmap(-1, self.block_size) as buf:
             buf[: SLOT.size + 4] = hdr.pack()
             self.write_at(memoryview(buf), slot_offset(0, self.block_size, hdr.seq))
-        finally:
-            buf.close()
 
     def close(self) -> None:
         """Close every descriptor (also what a failed open undoes)."""

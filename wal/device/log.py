@@ -64,14 +64,13 @@ from sediment.wal.device.recovery import (
     load_header,
     missing,
     pread_exact,
-    record_of,
     recover,
     walk,
 )
 from sediment.wal.device.segments import Segments
 from sediment.wal.device.writer import DeviceTicket, RingWriter
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
-from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, crc32c
+from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, crc32c, record_of
 
 __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "DeviceTicket", "RingHeader"]
 
@@ -314,6 +313,11 @@ class DeviceLog:
         self.writer.place(records, crcs, sizes, False, ticket)
         return ticket
 
+    @property
+    def durable_lsn(self) -> int:
+        """Every record below this offset is durable."""
+        return self.writer.durable_end
+
     # ---------------------------------------------------------------- segments and trim
 
     def set_finish_listener(self, callback: Callable[[int], None] | None) -> None:
@@ -346,11 +350,6 @@ class DeviceLog:
     @property
     def end_lsn(self) -> int:
         return self.writer.next_lsn
-
-    @property
-    def durable_lsn(self) -> int:
-        """Every record below this offset is durable."""
-        return self.writer.durable_end
 
     @property
     def finished_lsn(self) -> int:

@@ -9,28 +9,25 @@ end, then for real, reading the steps it appends to ``out``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sediment.wal.device.format import align_up
 from sediment.wal.record import HEADER_SIZE
 
 
+@dataclass(slots=True)
 class Plan:
     """Allocation state (the open block and the write position) and the ring's geometry."""
 
-    __slots__ = ("next", "open", "start", "fill", "cap", "block_size", "data_capacity", "pool_size",
-                 "max_block_bytes")
-
-    def __init__(self, next_: int, open_: bool, start: int, fill: int, cap: int, block_size: int,
-                 data_capacity: int, pool_size: int, max_block_bytes: int) -> None:
-        self.next = next_
-        self.open = open_
-        self.start = start
-        self.fill = fill
-        self.cap = cap
-        self.block_size = block_size
-        self.data_capacity = data_capacity
-        self.pool_size = pool_size
-        self.max_block_bytes = max_block_bytes
+    next: int
+    open: bool
+    start: int
+    fill: int
+    cap: int
+    block_size: int
+    data_capacity: int
+    pool_size: int
+    max_block_bytes: int
 
 
 def plan_seal(p: Plan, out: list | None) -> None:

@@ -32,7 +32,6 @@ from sediment.wal.device.format import (
 )
 from sediment.wal.record import (
     HEADER_SIZE,
-    Record,
     RecordKind,
     check_header,
 )
@@ -51,12 +50,9 @@ class RingSource(Protocol):
 
 
 def pread_exact(src: RingSource, offset: int, n: int) -> bytes:
-    buf = mmap.mmap(-1, align_up(max(n, 1), src.block_size))
-    try:
+    with mmap.mmap(-1, align_up(max(n, 1), src.block_size)) as buf:
         src.pread_into(memoryview(buf)[: len(buf)], offset)
         return bytes(buf[:n])
-    finally:
-        buf.close()
 
 
 class RingReader:
@@ -156,10 +152,6 @@ def check(rd: RingReader, pos: int) -> tuple[tuple | None, str]:
     if _crc(view[o : o + n]) != u[5]:
         return None, "body checksum mismatch"
     return u, ""
-
-
-def record_of(u: tuple, body: memoryview) -> Record:
-    return Record(RecordKind(u[3]), u[7], u[8], u[9], u[10], u[11], bytes(body), u[6], u[12])
 
 
 def walk(rd: RingReader, pos: int, limit: int, stop: list) -> Iterator[tuple[int, tuple]]:

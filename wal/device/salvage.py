@@ -21,6 +21,7 @@ from sediment._fs import fsync_dir
 from sediment.errors import WalCorruption, WalShortened
 from sediment.wal.device.format import SHUTDOWN_CLEAN, RingHeader, align_down, align_up
 from sediment.wal.device.recovery import RingReader, check, pread_exact, recover
+from sediment.wal.log_apply import write_new_file
 from sediment.wal.record import HEADER, HEADER_SIZE, MAGIC, MAX_BODY, VERSION, Record, RecordKind, encode
 
 MAX_HOLES = 1024
@@ -70,10 +71,7 @@ def _read(log, lo: int, hi: int) -> bytes:
 def preserve(log, lo: int, hi: int) -> str:
     """Copy ring bytes [lo, hi) (logical) to ``<ring>.pre-repair-<lo>``, durably."""
     path = f"{log.path}.pre-repair-{lo}"
-    with open(path, "wb") as f:
-        f.write(_read(log, lo, hi))
-        f.flush()
-        os.fsync(f.fileno())
+    write_new_file(path, _read(log, lo, hi))
     fsync_dir(os.path.dirname(os.path.abspath(path)))
     return path
 
@@ -91,12 +89,9 @@ def _fill(log, lo: int, hi: int) -> None:
     phys = start % d
     old = pread_exact(log, log.header_bytes + phys, end - start)
     frame = old[:lo - start] + _padding(lo, hi) + old[hi - start:]
-    buf = mmap.mmap(-1, len(frame))
-    try:
+    with mmap.mmap(-1, len(frame)) as buf:
         buf[:] = frame
         log.write_at(memoryview(buf), log.header_bytes + phys)
-    finally:
-        buf.close()
     os.fsync(log.files.fd)
 
 

@@ -5,14 +5,11 @@ it under its lock; nothing here does I/O."""
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from sediment.wal.protocol import NO_PREAMBLE, SegmentPreamble
+from sediment.wal.protocol import NO_PREAMBLE, SegmentPreamble, notify
 from sediment.wal.record import Record
-
-_log = logging.getLogger("sediment.wal.device.log")
 
 
 class Segments:
@@ -55,12 +52,7 @@ class Segments:
         if frontiers_end <= self._notified:
             return False
         self._notified = frontiers_end
-        cb = self.listener
-        if cb is not None:
-            try:
-                cb(frontiers_end)
-            except Exception:
-                _log.exception("WAL finish listener failed")
+        notify([self.listener], frontiers_end, "WAL finish listener")
         return True
 
     def trim_target(self, lsn: int) -> int:

@@ -1,9 +1,6 @@
 """Appending to the device ring. :class:`RingWriter` owns the write position, the open and
-sealed blocks, the in-flight window, the block writes and their completion in LSN order,
-and so the durable end; a :class:`sediment.wal.device.log.DeviceLog` holds one and calls it
-through its public methods. Header copies go through the log's
-:class:`sediment.wal.device.head.RingHead` (which owns the trim point and the window),
-segment bookkeeping through :class:`sediment.wal.device.segments.Segments`."""
+sealed blocks, the block writes and their completion in LSN order, and so the durable end
+(the other parts of the ring and their owners are listed in wal/device/log.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ import mmap
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from sediment.clock import Clock
 from sediment.errors import EngineClosed, WalError, WalFull
@@ -27,40 +25,34 @@ _log = logging.getLogger("sediment.wal.device.log")
 _ZEROS = bytes(64 * 1024)
 
 
+@dataclass(slots=True, eq=False)
 class _Block:
     """A run of records written with one aligned pwrite."""
 
-    __slots__ = ("start", "fill", "buf", "pooled", "flag", "taken", "written", "durable", "frontiers_end",
-                 "tickets")
-
-    def __init__(self, start: int, buf: mmap.mmap, pooled: bool) -> None:
-        self.start = start
-        self.fill = 0
-        self.buf = buf
-        self.pooled = pooled
-        self.flag = DoneFlag()  # set once durable, or once the log failed
-        self.taken = False
-        self.written = False
-        self.durable = False
-        self.frontiers_end = -1
-        self.tickets: list[DeviceTicket] = []
+    start: int
+    buf: mmap.mmap
+    pooled: bool
+    fill: int = 0
+    flag: DoneFlag = field(default_factory=DoneFlag)  # set once durable, or once the log failed
+    taken: bool = False
+    written: bool = False
+    durable: bool = False
+    frontiers_end: int = -1
+    tickets: list[DeviceTicket] = field(default_factory=list)
 
     @property
     def end(self) -> int:
         return self.start + self.fill
 
 
+@dataclass(slots=True, eq=False)
 class DeviceTicket:
     """An append in flight (see ``DeviceLog.submit``)."""
 
-    __slots__ = ("records", "on_durable", "block", "writer")
-
-    def __init__(self, writer: RingWriter, records: Sequence[Record],
-                 on_durable: Callable[[Sequence[Record]], None] | None) -> None:
-        self.writer = writer
-        self.records = records
-        self.on_durable = on_durable
-        self.block: _Block | None = None
+    writer: RingWriter
+    records: Sequence[Record]
+    on_durable: Callable[[Sequence[Record]], None] | None
+    block: _Block | None = None
 
     def wait(self) -> int:
         """Block until the records (and everything before them) are durable; the last

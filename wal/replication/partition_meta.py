@@ -1,11 +1,6 @@
 """Partition metadata of a replicated partition, kept in a MetadataStore (Waltz's znode).
 
-Key ``store/partition/<id>`` (under a ZooKeeper store's root: ``<root>/store/partition/<id>``).
-Value: UTF-8 JSON, documented in docs/formats.md ("Replication formats")::
-
-    {"format": 1, "generation": 0, "session_id": 7, "owner": "host-a pid 4242 /data/a",
-     "replicas": {"127.0.0.1:7001": {"session_id": 7, "closing_hwm": -2}, ...}}
-
+Key ``store/partition/<id>``, value UTF-8 JSON (docs/formats.md, "Partition metadata").
 It is written only by compare-and-set, which is what makes session ids unique: two
 coordinators racing for a new session cannot both win the same version. A replica's
 state says which store session it is engaged in, and, once recovery resolved it, the
@@ -126,46 +121,46 @@ class PartitionMetaWriter:
         """Take the next store session id by compare-and-set. Returns the metadata as it was
         before (its replica states drive the recovery) and the new session id. Refuses with
         SessionFenced when the metadata's generation is newer than ours."""
+        def take(meta: PartitionMeta) -> None:
+            self._check_generation(meta)
+            meta.generation, meta.session_id, meta.owner = self.generation, meta.session_id + 1, self.owner
+
         async with self._lock:
-            for _attempt in range(MAX_CAS_ATTEMPTS):
-                before, version = await self.blocking(self.store.load)
-                self._check_generation(before)
-                new = before.copy()
-                new.generation = self.generation
-                new.session_id = before.session_id + 1
-                new.owner = self.owner
-                try:
-                    self.version = await self.blocking(self.store.save, new, version)
-                except MetadataConflict:
-                    self.conflicts += 1
-                    continue
-                self.writes += 1
-                self.meta, self.session_id = new, new.session_id
-                return before, new.session_id
-        raise MetadataError(f"partition {self.store.partition}: {MAX_CAS_ATTEMPTS} compare-and-set conflicts "
-                            "in a row taking a store session; another coordinator keeps writing")
+            self.meta, self.version = await self.blocking(self.store.load)
+            before, new = await self._write(take, "taking a store session")
+            self.session_id = new.session_id
+            return before, new.session_id
 
     async def update(self, change: Callable[[PartitionMeta], None]) -> PartitionMeta:
         """Apply ``change`` (mutates a copy) to the freshest metadata and write it; retried on
         a compare-and-set conflict. SessionFenced once the metadata is no longer ours."""
+        def checked(meta: PartitionMeta) -> None:
+            self._check_ours(meta)
+            change(meta)
+
         async with self._lock:
-            for _attempt in range(MAX_CAS_ATTEMPTS):
-                self._check_ours(self.meta)
-                new = self.meta.copy()
-                change(new)
-                if new == self.meta:
-                    return new
-                try:
-                    self.version = await self.blocking(self.store.save, new, self.version)
-                except MetadataConflict:
-                    self.conflicts += 1
-                    self.meta, self.version = await self.blocking(self.store.load)
-                    continue
-                self.writes += 1
-                self.meta = new
-                return new
+            return (await self._write(checked, "on the partition metadata"))[1]
+
+    async def _write(self, change: Callable[[PartitionMeta], None], what: str) -> tuple[PartitionMeta, PartitionMeta]:
+        """(before, after) of ``change`` applied to a copy of the metadata held, written by
+        compare-and-set; after a conflict the metadata is read again and changed again."""
+        for _attempt in range(MAX_CAS_ATTEMPTS):
+            before = self.meta
+            new = before.copy()
+            change(new)
+            if new == before:
+                return before, new
+            try:
+                self.version = await self.blocking(self.store.save, new, self.version)
+            except MetadataConflict:
+                self.conflicts += 1
+                self.meta, self.version = await self.blocking(self.store.load)
+                continue
+            self.writes += 1
+            self.meta = new
+            return before, new
         raise MetadataError(f"partition {self.store.partition}: {MAX_CAS_ATTEMPTS} compare-and-set conflicts "
-                            "in a row on the partition metadata")
+                            f"in a row {what}; another coordinator keeps writing")
 
     def queued(self) -> int:
         """How many metadata writes wait for the one in progress (they run one at a time)."""

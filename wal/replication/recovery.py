@@ -1,26 +1,17 @@
-"""The recovery procedure a new store session runs before it accepts writes (Waltz's).
+"""The recovery procedure a new store session runs before it accepts writes (Waltz's; the
+rules in prose are in docs/architecture.md, "Replication", and docs/formats.md, "The vote").
 
 1. Take a new store session id by compare-and-set of the partition metadata (refused
    when the metadata's generation is newer than the coordinator's).
 2. Open a replica session on every assigned storage node (OPEN fences older sessions).
-3. Each replica classifies itself (:func:`classify`) before any vote: storage older
-   than its metadata state, or new to the metadata: truncate to the low-water mark its
-   storage saved, no vote (a new one is not even counted absent); closing high-water
-   mark already set: truncate to it, no vote (to its stored low-water mark if higher
-   when its storage's session is newer: a later session engaged it and its metadata
-   update never landed); otherwise it votes if its max LSN is at or above its low-water mark.
-4. Vote (wal/replication/vote.py) every time the situation changes. Replicas below the highest
-   report are caught up from it meanwhile (a mark below the lowest voting one decides
-   nothing until they are); absent replicas are retried. The result does not depend on
-   who reports first: a decided mark is confirmed by every later report. Never below a
-   low-water mark a reporter stored and holds (an earlier recovery resolved it; nodes
-   never lower it): a lower mark decides nothing until the others are caught up.
+3. Each replica classifies itself (:func:`classify`) before any vote: it may be truncated
+   to a mark already known to be committed, and then does not vote.
+4. Vote (wal/replication/vote.py) every time the situation changes, catching replicas
+   below the highest report up meanwhile; absent replicas are retried. The result does
+   not depend on who reports first: a decided mark is confirmed by every later report.
 5. On every reachable replica: truncate dirty records above the result, set the
    low-water mark to it, catch up from a replica that holds it: then it is clean.
-6. Update the metadata (the seed's last step): clean replicas join the new session with
-   UNRESOLVED; other assigned replicas still UNRESOLVED get the resolved mark, keeping
-   their session id; new replicas that are not clean get it with session -1; the rest
-   stay; replicas no longer assigned leave the metadata.
+6. Update the metadata (:func:`final_states`): clean replicas join the new session.
 """
 
 from __future__ import annotations
@@ -62,8 +53,6 @@ class RecoveryHost(Protocol):
     meta_writer: PartitionMetaWriter
 
     def check_status(self, resp: Response, address: str, what: str) -> None: ...
-
-    def clip(self, payload: bytes, start: int, stop: int) -> tuple[bytes, int]: ...
 
 
 @dataclass
@@ -179,7 +168,7 @@ async def copy_records(host: RecoveryHost, source: ReplicaConnection, target: Re
         host.check_status(resp, source.address, "READ")
         if not resp.payload:
             raise ReplicaUnavailable(f"catch-up source {source.address} has nothing at LSN {nxt}")
-        payload, count = host.clip(resp.payload, nxt, stop)
+        payload, count = clip_frames(resp.payload, nxt, stop)
         resp = await target.call(MsgType.APPEND, session, nxt, 0, payload)
         host.check_status(resp, target.address, "APPEND (catch-up)")
         nxt += count
@@ -207,7 +196,7 @@ async def read_back_ours(host: RecoveryHost, clean: dict[str, ReplicaConnection]
             while nxt < stop:
                 resp = await conn.call(MsgType.READ, session, nxt, host.catchup_bytes)
                 host.check_status(resp, address, f"READ at LSN {nxt}")
-                frames, _ = host.clip(resp.payload, nxt, stop)
+                frames, _ = clip_frames(resp.payload, nxt, stop)
                 if not frames:
                     raise ReplicaUnavailable(f"storage node {address} has nothing at LSN {nxt}")
                 view, pos = memoryview(frames), 0

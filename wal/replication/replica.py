@@ -16,6 +16,7 @@ import itertools
 import os
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import trio
 
@@ -33,16 +34,14 @@ async def tcp_connect(address: str) -> trio.abc.Stream:
     return stream
 
 
+@dataclass(slots=True, eq=False)
 class Call:
     """One request in flight; ``on_reply`` (if given) runs in the receiver task."""
 
-    __slots__ = ("done", "response", "error", "on_reply")
-
-    def __init__(self, on_reply: Callable[[Call], None] | None) -> None:
-        self.done = trio.Event()
-        self.response: Response | None = None
-        self.error: BaseException | None = None
-        self.on_reply = on_reply
+    on_reply: Callable[[Call], None] | None
+    done: trio.Event = field(default_factory=trio.Event)
+    response: Response | None = None
+    error: BaseException | None = None
 
     def _finish(self) -> None:
         self.done.set()
@@ -141,7 +140,7 @@ class ReplicaConnection:
                     raise ReplicaUnavailable(f"storage node {self.address} closed the connection")
             except* Exception as group:  # any failure ends the connection; a Cancelled (kill, or an
                 # outer scope) travels on, so a send error beside it cannot escape this task
-                self.kill(f"connection to storage node {self.address} failed: {_first(group)}")
+                self.kill(f"connection to storage node {self.address} failed: {first_leaf(group)}")
         self.kill(self.dead or f"connection to storage node {self.address} closed")
         await trio.aclose_forcefully(self.stream)
 
@@ -169,7 +168,7 @@ class ReplicaConnection:
                 call._finish()
 
 
-def _first(exc: BaseException) -> BaseException:
+def first_leaf(exc: BaseException) -> BaseException:
     """The first leaf of an exception group (trio nurseries wrap what their tasks raise)."""
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]

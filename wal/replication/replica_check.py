@@ -1,13 +1,11 @@
 """Read-only inspection of a partition on its storage nodes, for ``sediment verify``.
 
-A replicated engine's log lives on the nodes, not in its data directory, so verifying
-the engine means asking each node: INFO (its session, max LSN, low-water mark) and then
-READ of every record it still holds, each frame's header and body checksums checked
-(wal/replication/wire.py ``iter_records``) and the LSNs checked to follow each other.
-Neither request changes anything on the node: INFO is answered at once, and a READ in
-the node's current session is served from its files without ordering it with writes,
-so a running coordinator is not disturbed. A node that cannot be reached is reported
-as such: the caller decides whether enough of them were checked.
+A replicated engine's log lives on the nodes, not in its data directory, so verifying the
+engine means asking each node: INFO, then READ of every record it still holds, each frame
+checked (``wire.iter_records``) and the LSNs checked to follow each other. Neither request
+changes anything on the node nor is ordered with its writes, so a running coordinator is
+not disturbed. A node that cannot be reached is reported as such: the caller decides
+whether enough of them were checked.
 """
 
 from __future__ import annotations

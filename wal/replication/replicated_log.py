@@ -3,40 +3,20 @@
     log = ReplicatedLog.open(replicas=["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"],
                              metadata=store, partition=0, cluster_key=key)
 
-The coordinator (wal/replication/store_session.py) runs on trio in a background thread; this class
-is the thread-safe, blocking face the engine expects. An append is acknowledged only
-once a write quorum made it durable. If the quorum is lost, waiting appends fail with
-QuorumLost and the coordinator recovers a new store session by itself; if another
-coordinator takes over they fail with SessionFenced and the log stays fenced: open a
-new one (``on_fenced`` callbacks hear of it; the engine closes itself). The log does not
-wait for a write to learn it was replaced: it watches its partition's metadata key (or,
-for a store without watches, re-reads it every ``owner_check_interval`` seconds of the
-clock it was given) and fences itself once the key names another session.
+The coordinator (wal/replication/store_session.py) runs on trio in a background thread;
+this class is the thread-safe, blocking face the engine expects. How it behaves when a
+quorum is lost, another coordinator takes over or ZooKeeper expires, and how trims reach
+the nodes, is in docs/architecture.md ("Replication"). The choices made here:
 
-Losing ZooKeeper is not losing the job: a reconnect within the session timeout keeps
-the ZooKeeper session and nothing happens. After an expiry the log re-reads the
-partition metadata (retrying until ZooKeeper answers): if its session id is still
-ours, no other coordinator took over, and the coordinator closes its store session
-the ordinary way (appends in flight wait, nothing fails) and recovers a new one in
-this process; only a metadata session id that moved on fences it.
-
-Segments finish by size as in the local log: once ``segment_bytes`` of records were
-acknowledged since the last finish, the log appends its owner's FRONTIERS record
-(protocol.SegmentPreamble; from the trio thread, in log order) and tells the finish listener, so the background
-compacter turns them into batches and trims the nodes with no ``compact()`` call. The
-engine's compacter also finishes by age (trace/wal_cut.py SegmentAge).
-
-Reads of the uncompacted tail come from the coordinator's own cache of what it
-acknowledged (wal/replication/tail_cache.py), not from the nodes; only records it does not hold
-(evicted past ``cache_bytes``, or written before a restart and not seen at open) are
-fetched from the in-sync replicas.
-
-``trim`` (called by the compacter once records are in batches) tells the storage nodes
-to drop whole segments below the trim point; a node also serves only from that point on
-(READs below it answer TRIMMED), so a new owner's open, which scans from the first record
-the nodes serve, reads and replays only what lies past the last trim. A replica that was away meanwhile cannot be
-caught up record by record from there: its catch-up finds the source TRIMMED and RESETs
-it to the first kept LSN (the records below live in the batches), then copies the rest.
+* the log does not wait for a write to learn it was replaced: it watches its partition's
+  metadata key (or re-reads it every ``owner_check_interval`` seconds of its clock);
+* a ZooKeeper expiry is not a takeover: unless the metadata names another session, the
+  coordinator closes its store session the ordinary way (nothing fails) and recovers;
+* segments finish by size as in the local log (the owner's FRONTIERS record, appended
+  from the trio thread in log order), so the compacter needs no ``compact()`` call;
+* reads of the uncompacted tail come from the coordinator's cache of what it
+  acknowledged (wal/replication/tail_cache.py); only what it does not hold is read from
+  the in-sync replicas.
 """
 
 from __future__ import annotations
@@ -47,6 +27,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 
 import trio
 
@@ -54,10 +35,10 @@ from sediment.clock import Clock, MonotonicClock
 from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
 from sediment.metadata.protocol import MetadataStore
 from sediment.wal import record as rec
-from sediment.wal.protocol import NO_PREAMBLE, DoneFlag, OpenReport, SegmentPreamble
+from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble, check_trim, notify
 from sediment.wal.replication.partition_meta import PartitionMeta, PartitionMetaStore
 from sediment.wal.replication.partition_probe import refuse_claimed_partition
-from sediment.wal.replication.replica import tcp_connect
+from sediment.wal.replication.replica import first_leaf, tcp_connect
 from sediment.wal.replication.state_watch import StateWatch
 from sediment.wal.replication.store_session import Coordinator
 from sediment.wal.replication.tail_cache import DEFAULT_MAX_BYTES as DEFAULT_CACHE_BYTES
@@ -66,24 +47,6 @@ from sediment.wal.replication.wire import iter_records
 
 log = logging.getLogger(__name__)
 OWNER_CHECK_INTERVAL = 1.0  # seconds between ownership checks of a metadata store without watches
-
-
-class _Ticket:
-    __slots__ = ("done", "lsn", "error")
-
-    def __init__(self) -> None:
-        self.done = DoneFlag()
-        self.lsn = -1
-        self.error: BaseException | None = None
-
-    def wait(self) -> int:
-        """Block until a quorum made the records durable; their last LSN. Raises QuorumLost,
-        SessionFenced or LogStopped (all OutcomeUnknown: not acknowledged, but maybe
-        written), or EngineClosed if the log was closed before the submit."""
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.lsn
 
 
 def assignment_generation(current: PartitionMeta, replicas: Sequence[str]) -> int:
@@ -189,7 +152,7 @@ class ReplicatedLog:
                     await nursery.start(self._coordinate)
                     self._ready.set()
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, not lost in a dead thread
-            self._failure = _innermost(exc)
+            self._failure = first_leaf(exc)
         finally:
             self._stopped = True
             self._drain()
@@ -198,11 +161,7 @@ class ReplicatedLog:
             self._ready.set()
             fenced = self.coordinator.fenced
             if fenced is not None and not self._closed:
-                for callback in list(self._fenced_callbacks):
-                    try:
-                        callback(fenced)
-                    except Exception:  # noqa: BLE001 - one listener must not silence the others
-                        log.exception("an on_fenced callback failed")
+                notify(list(self._fenced_callbacks), fenced, "an on_fenced callback")
 
     async def _coordinate(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await self.coordinator.run(task_status=task_status)
@@ -298,15 +257,16 @@ class ReplicatedLog:
 
     def _call_soon(self, fn: Callable, *args) -> None:
         if self._token is not None and not self._closed:
-            try:
+            with suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(fn, *args)
-            except trio.RunFinishedError:
-                pass
 
     def _run(self, afn: Callable, *args):
         if self._closed:
-            raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
+            raise self._closed_error()
         return trio.from_thread.run(afn, *args, trio_token=self._token)
+
+    def _closed_error(self) -> EngineClosed:
+        return EngineClosed(f"the replicated log of partition {self.partition} is closed")
 
     def _on_ack(self, records: Sequence[rec.Record]) -> None:
         """Acknowledged records, in log order, on the trio thread: finish by size."""
@@ -333,9 +293,12 @@ class ReplicatedLog:
     # --- writing -------------------------------------------------------------------------
 
     def submit(self, records: Sequence[rec.Record],
-               on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> _Ticket:
+               on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> PendingAppend:
+        """Queue ``records``; the ticket's ``wait()`` returns their last LSN once a quorum made
+        them durable, or raises QuorumLost, SessionFenced or LogStopped (all OutcomeUnknown:
+        not acknowledged, but maybe written)."""
         rec.check_appendable(records, f"the replicated log of partition {self.partition}")
-        ticket = _Ticket()
+        ticket = PendingAppend(records, [])
         started = time.perf_counter()
 
         def done(lsn: int, err: BaseException | None) -> None:
@@ -343,11 +306,11 @@ class ReplicatedLog:
                 self.latency_observer(time.perf_counter() - started)
             if err is None and on_durable is not None and records:
                 on_durable(records)
-            ticket.lsn, ticket.error = lsn, err
+            ticket.last_lsn, ticket.error = lsn, err
             ticket.done.set()
 
         if self._closed:
-            raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
+            raise self._closed_error()
         # Not a blocking round trip: the trio thread takes submissions in order, so the
         # coordinator's queue keeps submit order, and a caller holding its own lock (the engine
         # does) never waits for the trio thread, which may itself wait for that lock in
@@ -450,7 +413,7 @@ class ReplicatedLog:
         record since the last FRONTIERS record) appends nothing, as the other logs do."""
         with self._lock:
             if self._closed:
-                raise EngineClosed(f"the replicated log of partition {self.partition} is closed")
+                raise self._closed_error()
             if self.end_lsn <= self._finished:
                 return
             lsn = self.append([self._preamble.record()])
@@ -461,9 +424,7 @@ class ReplicatedLog:
         """Records below ``lsn`` are in the engine's batches: storage nodes drop whole segments
         below it. A replica that was away meanwhile is reset to the first kept LSN when it
         catches up, since the records below exist nowhere in the log any more."""
-        if lsn > self.end_lsn:
-            raise WalError(f"cannot trim the replicated log of partition {self.partition} to {lsn}: it ends at "
-                           f"{self.end_lsn}. Trim only LSNs that append() returned and the compacter has finished with")
+        check_trim(f"the replicated log of partition {self.partition}", lsn, self.end_lsn)
         lsn = min(lsn, self._finished - 1)  # keep the last finished FRONTIERS record: it carries every frontier
         if lsn <= self._trimmed:
             return
@@ -475,19 +436,10 @@ class ReplicatedLog:
         if self._closed:
             return
         if self._token is not None and self._stop is not None:
-            try:
+            with suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self._stop.cancel)
-            except trio.RunFinishedError:
-                pass
         self._closed = True
         if self._unwatch is not None:
             self._unwatch()
         self._thread.join(timeout=10)
         self._fail_inbox()
-
-
-def _innermost(exc: BaseException) -> BaseException:
-    """The first leaf of nested exception groups: the error a caller can act on."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 
 import trio
 
@@ -81,10 +82,8 @@ class StateWatch:
             waiter.done.set()
         waiter.done.wait(timeout)
         if not waiter.done.is_set() and token is not None:
-            try:
+            with suppress(trio.RunFinishedError):
                 token.run_sync_soon(self._forget, waiter)
-            except trio.RunFinishedError:
-                pass
         if waiter.error is not None:
             raise waiter.error
         return waiter.held
@@ -100,7 +99,5 @@ class StateWatch:
 
     def _forget(self, waiter: _Waiter) -> None:
         self._waiters.discard(waiter)
-        try:
+        with suppress(KeyError):  # already removed: its predicate held
             trio.lowlevel.remove_instrument(waiter)
-        except KeyError:
-            pass  # already removed: its predicate held

@@ -1,30 +1,20 @@
 """The coordinator of one replicated partition: store sessions, quorum writes, catch-up.
 
 A store session is one coordinator's tenure, with a session id taken by compare-and-set
-of the partition metadata (wal/replication/recovery.py runs before it writes). Appends are queued,
-batched, given LSNs, and sent to every replica that is in sync, pipelined (a node
-writes everything queued with one sync). A batch is acknowledged, in LSN order, once a
-write quorum (n // 2 + 1) of counting replicas made it durable; never earlier.
+of the partition metadata (wal/replication/recovery.py runs before it writes). Appends are
+queued, batched, given LSNs, and sent pipelined to every replica in sync; a batch is
+acknowledged, in LSN order, once a write quorum (n // 2 + 1) of counting replicas made it
+durable, never earlier. What a failed replica, a lost quorum and a FENCED reply do is in
+docs/architecture.md ("Replication"); the reasons that matter here:
 
-* A replica of the write set that fails (connection lost, error, timeout) closes the
-  session, and a new store session starts with recovery, as in Waltz. Appends in
-  flight are not failed: recovery's closing high-water mark says which of them a
-  quorum holds (acknowledged now) and which were truncated (sent again, in order,
-  in the new session). Appends submitted meanwhile wait in the queue. If no new
-  session accepts writes within ``timeout``, they all fail with QuorumLost.
-* A replica that is down is caught up in the background: from a peer's storage, then
-  from the batches still in memory, after which it receives new batches again. It
-  counts towards the quorum only once the metadata records it as engaged in this
-  session, so the next recovery vote will count it (otherwise an ack could rest on a
-  replica the vote ignores). A replica failing while it catches up only retries.
-* When fewer than a quorum of counting replicas remain, every unacknowledged append
-  fails with QuorumLost (its outcome is unknown until recovery) and the coordinator
-  starts a new store session (recovery waits until the vote is decidable), after
-  which writes resume.
-* A FENCED reply (a newer session exists) makes the coordinator re-read the partition
-  metadata: only if it names another session (or a newer generation) does every
-  append fail with SessionFenced and the coordinator stop for good; otherwise that
-  node is treated as unavailable. A lost ZooKeeper session fences too.
+* a replica of the write set that fails closes the session rather than failing appends:
+  the next recovery's closing high-water mark says which appends in flight a quorum
+  holds, and the others are sent again (:meth:`Coordinator._carry_over`);
+* a replica caught up in the background counts towards the quorum only once the
+  metadata records it as engaged in this session, so the next recovery vote counts it
+  (otherwise an ack could rest on a replica the vote ignores);
+* a FENCED reply only makes the coordinator re-read the metadata: a node whose storage
+  came from elsewhere may claim a newer session, and only the metadata says who owns it.
 
 Everything runs on trio with streams from ``connect`` and trio's clock, so a whole
 cluster runs in memory under a MockClock (tests/wal/test_replication_sim.py).
@@ -509,7 +499,7 @@ class Coordinator:
             if b.last < nxt:
                 continue
             if b.first < nxt:
-                payload, _ = self.clip(b.payload, nxt, b.last + 1)
+                payload, _ = clip_frames(b.payload, nxt, b.last + 1)
                 part = Batch(nxt, b.last, payload, [], [])
                 self._send_to(link, part)
             else:
@@ -555,8 +545,6 @@ class Coordinator:
             raise ReplicationError(f"storage node {address} refused {what}: {resp.message}")
         raise ReplicaUnavailable(f"storage node {address} refused {what}: {resp.status.name}: {resp.message}")
 
-    clip = staticmethod(clip_frames)
-
     async def read(self, start: int, max_bytes: int = 1 << 20) -> bytes:
         """Committed record frames from ``start`` (up to the committed end), from an in-sync replica."""
         if start > self.committed:
@@ -577,7 +565,7 @@ class Coordinator:
                 except ReplicaUnavailable:
                     continue
                 if resp.ok:
-                    return self.clip(resp.payload, start, self.committed + 1)[0]
+                    return clip_frames(resp.payload, start, self.committed + 1)[0]
             if not self.restarting:
                 break
         raise QuorumLost(f"partition {self.partition}: no in-sync replica answered a read at LSN {start}")

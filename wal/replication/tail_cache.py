@@ -1,14 +1,11 @@
 """The coordinator's cache of the replicated log's tail: what it acknowledged (or read at
 open) and the compacter has not yet trimmed.
 
-Snapshots, replays, feeds and compaction read the uncompacted tail record by record.
-On a replicated log a read from the storage nodes is a network round trip per call
-(and fails while the nodes are partitioned away), although the coordinator itself
-held every one of these records when it acknowledged them. So it keeps them: the
-cache holds records by LSN, drops them when the log is trimmed below them (they are
-in batches by then), and past ``max_bytes`` drops the oldest, which are then read
-from the nodes again (as are records written before a restart that the open scan
-did not keep). Thread-safe: filled from the log's trio thread, read by any thread.
+Snapshots, replays, feeds and compaction read the uncompacted tail record by record; on a
+replicated log a read from the storage nodes is a network round trip per call (and fails
+while the nodes are partitioned away), although the coordinator held every one of these
+records when it acknowledged them. Past ``max_bytes`` the oldest are dropped and read from
+the nodes again. Thread-safe: filled from the log's trio thread, read by any thread.
 """
 
 from __future__ import annotations

@@ -10,20 +10,14 @@ far behind to have taken part in the last session's writes. Replicas new to the
 metadata take no part at all; *absent* replicas are metadata replicas that have not
 reported (removed ones still in the metadata included): they might hold anything.
 
-With ``quorum = len(metadata replicas) // 2 + 1``, distinct reported marks are examined
-in descending order; ``supports(H)`` counts reporters (voting or not) at or above H:
-
-* H below the lowest voting mark: no decision yet. Some voter holds more than H and it
-  may have been acknowledged; the replicas below are caught up from one above them and
-  the vote runs again (catch-up only raises marks, so this terminates).
-* ``supports(H) >= quorum``: H is the closing high-water mark.
-* ``supports(H) + absent >= quorum``: undecidable; the absent replicas could still give
-  H a quorum. It stays so until the situation changes (a report, a catch-up).
-* H below ``floor``, the highest low-water mark a reporter stored and still holds: no
-  decision yet, as below the lowest voting mark. A stored low-water mark was resolved
-  by an earlier recovery whose metadata update may never have landed; it never moves
-  backwards, so a lower closing mark could never be set on that replica (recovery would
-  hang), and everything at or below it was a valid closing mark: catch up to it.
+The rule over the reported marks, in descending order, is in docs/formats.md ("The vote").
+A mark below the lowest voting mark decides nothing because some voter holds more and it
+may have been acknowledged; the replicas below are caught up and the vote runs again
+(catch-up only raises marks, so this terminates). A mark below ``floor``, the highest
+low-water mark a reporter stored and still holds, decides nothing either: that mark was
+resolved by an earlier recovery whose metadata update may never have landed; it never
+moves backwards, so a lower closing mark could never be set on that replica (recovery
+would hang), and everything at or below it was a valid closing mark: catch up to it.
 
 While no replica votes, nothing is decided as long as some replica is absent (it may
 be a voter holding more; Waltz waits the same way). With no voter and nobody absent,
@@ -86,13 +80,3 @@ def decide(voting: Sequence[int], non_voting: Sequence[int], absent: int, quorum
         if supports + absent >= quorum:
             return Decision(undecidable=True, catch_up=behind)
     return Decision(undecidable=True, catch_up=behind)
-
-
-def resolve_closing_hwm(reported: dict[str, int], replica_count: int) -> int | None:
-    """Every reporter votes, nobody is new: the closing mark, or None while undecidable.
-
-    Kept for callers that know only max LSNs; catch-up is theirs to do."""
-    if len(reported) > replica_count:
-        raise ValueError(f"{len(reported)} replicas reported but the partition has {replica_count}")
-    d = decide(list(reported.values()), [], replica_count - len(reported), quorum_size(replica_count))
-    return d.resolved

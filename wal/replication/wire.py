@@ -1,25 +1,10 @@
 """The storage-node wire protocol: framed, versioned, checksummed messages (pure; no sockets).
 
-Every message is one frame (docs/formats.md ("Replication formats")). All integers little-endian.
-
-    off size field
-      0    4 magic      b"SDRP"
-      4    1 version    1
-      5    1 type       MsgType
-      6    2 reserved   0
-      8    4 body_len
-     12    4 crc        crc32c of bytes [0, 12) followed by the body
-     16    . body
-
-A request body is a fixed 56-byte part then a payload (APPEND: record frames):
-request id u64, cluster key 16 bytes, partition u32, reserved u32, session id i64,
-arg1 i64, arg2 i64. A response body is a fixed 48-byte part, a UTF-8 message and a
-payload (READ: record frames): request id u64, status u16, reserved u16, message length
-u32, node session i64, max LSN i64, low-water mark i64, local low-water mark i64.
-
-The magic and version on every frame mean a node never misreads a stray or future
-peer's bytes as a command; the CRC covers the header too, so a flipped type or length
-is caught before anything acts on it.
+Every message is one frame: a 16-byte header (``FRAME``), then a request (``REQUEST``) or
+response (``RESPONSE``) body and its payload; the layouts are in docs/formats.md
+("Replication formats", "Wire frame"). The magic and version on every frame mean a node
+never misreads a stray or future peer's bytes as a command; the CRC covers the header too,
+so a flipped type or length is caught before anything acts on it.
 """
 
 from __future__ import annotations
@@ -37,7 +22,6 @@ MAGIC = b"SDRP"
 VERSION = 1
 FRAME = struct.Struct("<4sBBHII")
 FRAME_SIZE = FRAME.size
-assert FRAME_SIZE == 16
 MAX_BODY = 64 << 20
 REQUEST = struct.Struct("<Q16sIIqqq")
 RESPONSE = struct.Struct("<QHHIqqqq")
@@ -165,14 +149,11 @@ def iter_records(payload: bytes) -> Iterator[rec.Record]:
     view = memoryview(payload)
     pos = 0
     while pos < len(payload):
-        head = rec.decode_header(view, pos)
-        if head is None or pos + head.frame_size > len(payload):
-            raise WireError(f"record frame at payload offset {pos} is damaged or cut short")
-        body = view[pos + rec.HEADER_SIZE:pos + head.frame_size]
-        if not rec.body_ok(head, body):
-            raise WireError(f"record body at payload offset {pos} (LSN {head.lsn}) fails its checksum")
-        yield rec.to_record(head, bytes(body))
-        pos += head.frame_size
+        u, why = rec.check_frame(view, pos)
+        if u is None:
+            raise WireError(f"record frame at payload offset {pos} {why}")
+        yield rec.record_of(u, view[pos + rec.HEADER_SIZE:pos + rec.HEADER_SIZE + u[4]])
+        pos += rec.HEADER_SIZE + u[4]
 
 
 class FrameReader:

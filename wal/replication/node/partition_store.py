@@ -1,11 +1,10 @@
-"""Where a storage node keeps one partition's replica: segment files, or memory (simulations).
+"""Where a storage node keeps one partition's replica: segment files (the simulations keep
+it in memory, tests/support/memory_store.py).
 
-:class:`FilePartitionStore` keeps the WAL's file layout (``<dir>/<partition>/<first
-LSN>.seg``/``.idx``, record frames of wal/record.py) and the partition's state in the
-storage directory's control file; :class:`MemoryPartitionStore` keeps frames in a list
-for deterministic simulations. Both refuse a truncation outside [first record - 1, last
-record] and a low-water mark below the stored one (Waltz refuses both): the request
-path in wal/replication/node/storage_node.py checks first and answers BAD_REQUEST; these are the backstop.
+Stores refuse a truncation outside [first record - 1, last record] and a low-water mark
+below the stored one (Waltz refuses both): the request path in storage_node.py checks
+first and answers BAD_REQUEST; these are the backstop. The layout and recovery rules are
+in docs/formats.md, "Storage node layout".
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from sediment._fs import makedirs_durable
-from sediment.errors import LowWaterMarkRegression, WalError, WalMissing
+from sediment.errors import WalError, WalMissing
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import segment as sg
@@ -82,18 +81,10 @@ class PartitionStore(Protocol):
 
 class FilePartitionStore:
     """One partition's replica in segment files (the WAL's file layout), its manifest and the
-    storage directory's control file.
-
-    It opens and recovers exactly as the local log does (wal/file_log.py): the manifest
-    (wal/log_open.py) says what must be there, the shared reader (wal/log_reader.py) plans the
-    recovery and wal/log_apply.py carries it out, so a missing or shortened segment, a lost
-    manifest or an active segment ending before the recorded durable end is refused (the
-    node answers FAILED for the partition), never served as a shorter replica. Unlike FileLog
-    it never writes records of its own (no FRONTIERS at segment ends): LSNs are the
-    coordinator's, and every replica must hold the same record at each. Every change that
-    lowers the log's end (a truncation, a reset) is recorded in the manifest before any byte
-    is cut, so the next open never mistakes it for loss.
-    """
+    storage directory's control file. It opens and recovers exactly as the local log does
+    (log_open, log_reader, log_apply), so damage is refused (the node answers FAILED for the
+    partition), never served as a shorter replica. Unlike FileLog it writes no records of its
+    own: LSNs are the coordinator's, and every replica must hold the same record at each."""
 
     blocking = True
 
@@ -345,66 +336,6 @@ class FilePartitionStore:
         files.close()
 
 
-class MemoryPartitionStore:
-    """A replica kept in memory: for deterministic simulations (everything is durable at once).
-    ``frames[i]`` is the record at LSN ``base + i``."""
-
-    blocking = False
-
-    def __init__(self) -> None:
-        self.frames: list[bytes] = []
-        self.base = 0
-        self.state = PartitionState()
-
-    @property
-    def next_lsn(self) -> int:
-        return self.base + len(self.frames)
-
-    @property
-    def start_lsn(self) -> int:
-        return self.base
-
-    def read_state(self) -> PartitionState:
-        return self.state
-
-    def write_state(self, state: PartitionState) -> None:
-        if (state.low_water_mark < self.state.low_water_mark
-                or state.local_low_water_mark < self.state.local_low_water_mark):
-            raise LowWaterMarkRegression(f"memory replica: low-water marks {state} below the stored {self.state}")
-        self.state = PartitionState(state.session_id, state.low_water_mark, state.local_low_water_mark,
-                                    self.state.sequence + 1)
-
-    def write(self, payload: bytes, first_lsn: int, sizes: list[int]) -> None:
-        if first_lsn != self.next_lsn:
-            raise WalError(f"memory replica: write at LSN {first_lsn}, next is {self.next_lsn}")
-        pos = 0
-        for s in sizes:
-            self.frames.append(payload[pos:pos + s])
-            pos += s
-
-    def read(self, start: int, max_bytes: int) -> bytes:
-        out = bytearray()
-        for f in self.frames[max(0, start - self.base):] if start >= self.base else []:
-            if out and len(out) + len(f) > max_bytes:
-                break
-            out += f
-        return bytes(out)
-
-    def trim_prefix(self, lsn: int) -> None:
-        """Simulations keep everything (trimming only saves space)."""
-
-    def reset(self, lsn: int) -> None:
-        self.frames = []
-        self.base = lsn
-
-    def truncate(self, lsn: int) -> None:
-        check_truncate(lsn, self.start_lsn, self.next_lsn, "memory replica")
-        del self.frames[lsn - self.base:]
-
-    def close(self) -> None:
-        pass
-
-
 def check_truncate(lsn: int, start: int, next_lsn: int, where: str) -> None:
     """A truncation keeps records up to ``lsn - 1``, which must lie in [first - 1, last]: a
     replica cannot keep less than nothing or more than it has (Waltz refuses both)."""
@@ -436,9 +367,7 @@ def open_directory(directory: str, cluster_key: uuid.UUID,
                          path=ctl_path, reason="control file missing")
     else:
         control = ControlFile.open(directory)
-        if control.header.cluster_key != cluster_key:
-            raise WalError(f"{control.path} belongs to cluster {control.header.cluster_key}, not {cluster_key}; "
-                           "point this node at its own storage directory")
+        control.check_cluster(cluster_key)
     lock = threading.Lock()
 
     def open_store(pid: int) -> PartitionStore:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import suppress
 
 import trio
 
@@ -56,10 +57,8 @@ class Replies:
         if threading.get_ident() == self._trio_thread:
             self._wake_sender()
         else:
-            try:
+            with suppress(trio.RunFinishedError):  # the node stopped: nobody is left to send to
                 self._token.run_sync_soon(self._wake_sender, idempotent=True)
-            except trio.RunFinishedError:
-                pass  # the node stopped: nobody is left to send to
 
     def _wake_sender(self) -> None:
         self._wake.set()

@@ -2,12 +2,11 @@
 
     sediment storage-node --dir DIR --listen 127.0.0.1:7001 --cluster-key UUID
 
-Each partition is a directory of segment files in the WAL's file layout
-(``<dir>/<partition>/<first LSN>.seg``/``.idx``, record frames of wal/record.py) and a
-partition-state entry in the control file ``<dir>/sediment-wal.ctl`` (session id,
-low-water mark, local low-water mark). Records arrive already framed with their LSNs,
-so a node checks them and writes the coordinator's bytes as they are: every replica
-holds byte-identical records.
+Each partition is kept in the WAL's file layout with its state in the control file
+(partition_store.py; docs/formats.md, "Storage node layout"). Records arrive already
+framed with their LSNs, so a node checks them and writes the coordinator's bytes as they
+are: every replica holds byte-identical records. Nothing is acknowledged before it is
+durable (fdatasync).
 
 Why a node refuses things:
 
@@ -18,44 +17,21 @@ Why a node refuses things:
   The highest session is persisted at OPEN, so a restart does not forget it;
 * an APPEND whose first LSN is not the next one (the coordinator must catch it up).
 
-Nothing is acknowledged before it is durable (fdatasync). Appends queued while a
-write is in progress are written together with one sync (group commit), which is
-what makes pipelined batches from a coordinator cheap.
-
-How a request flows. The node is CPU-bound under load, so the path of an APPEND costs
-as few trio scheduler passes and thread hops as it can:
-
-1. The connection's receiver task decodes a request and calls :meth:`StorageNode.submit`,
-   which checks and orders it synchronously, in arrival order (cluster key, session
-   fence, OPEN, LSN reservation, record checksums). A request that needs no storage
-   (INFO, a refusal) is answered at once.
-2. A request that changes storage becomes an operation on its partition's queue, with a
-   completion callback. Each partition of a file store has one plain writer thread: it
-   takes everything queued, writes each run of consecutive appends with one pwrite and
-   one fdatasync (group commit), and runs the other operations in order.
-3. The writer then publishes the group's effect (next LSN, partition state) and calls
-   the group's callbacks, which build each reply from the state after the operation and
-   put it on the connection's outbox. A reply is written to the socket right there when
-   nothing is queued ahead of it, so an acknowledgement costs the trio thread nothing;
-   otherwise the connection's sender task writes everything queued with one
-   ``send_all``. Replies leave in any order (the coordinator matches them by request id)
-   but never interleave.
-
-An in-memory store (the simulations) runs each operation at once in the trio thread and
-completes it through the same callbacks: no threads, so a MockClock run stays
-deterministic.
-
-READ runs in a worker thread of its own (it is not on the hot path) and is not ordered
-with the writes.
-
-The request handling (:class:`StorageNode`) is independent of sockets and of where
-bytes are kept: tests run it over in-memory streams with :class:`MemoryPartitionStore`.
+The node is CPU-bound under load, so an APPEND costs as few trio scheduler passes and
+thread hops as it can: :meth:`StorageNode.submit` checks and orders each request
+synchronously in arrival order; a partition's writer thread writes each run of queued
+appends with one sync (:class:`_Partition`, group commit) and replies from there
+(replies.py). An in-memory store (the simulations) runs each operation at once in the
+trio thread through the same callbacks, so a MockClock run stays deterministic. READ
+runs in a worker thread and is not ordered with the writes. :class:`StorageNode` is
+independent of sockets: tests run it over in-memory streams.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import logging
 import queue
 import struct
@@ -64,7 +40,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 
@@ -90,18 +66,16 @@ MAX_READ_BYTES = 4 << 20
 OPEN_PAYLOAD = struct.Struct("<q")  # OPEN response payload: the session persisted before this OPEN
 
 
-
-
 def check_payload(payload: bytes, first_lsn: int) -> list[int]:
     """The frame sizes of the records in an APPEND payload; WireError unless every frame is
     intact and the LSNs run first_lsn, first_lsn + 1, ... (a node stores nothing it cannot vouch for).
 
-    The checks are record.check_header's plus the body CRC, without building a Header per
-    record: this runs for every record a node receives."""
+    record.check_frame's checks written out in the loop: this runs for every record a node
+    receives, and a call per record costs about a fifth of the check (docs/benchmarks.md)."""
     sizes = []
     view = memoryview(payload)
     end = len(payload)
-    crc = rec.crc32c
+    crc = rec.crc32c_raw
     pos = 0
     lsn = first_lsn
     while pos < end:
@@ -109,10 +83,9 @@ def check_payload(payload: bytes, first_lsn: int) -> list[int]:
         frame_end = end + 1 if u is None else pos + rec.HEADER_SIZE + u[4]
         if frame_end > end:
             raise WireError(f"APPEND record frame at payload offset {pos} is damaged or cut short")
-        body_crc, head_lsn = u[5], u[6]
-        if head_lsn != lsn:
-            raise WireError(f"APPEND record at payload offset {pos} has LSN {head_lsn}, expected {lsn}")
-        if crc(view[pos + rec.HEADER_SIZE:frame_end]) != body_crc:
+        if u[6] != lsn:
+            raise WireError(f"APPEND record at payload offset {pos} has LSN {u[6]}, expected {lsn}")
+        if crc(view[pos + rec.HEADER_SIZE:frame_end]) != u[5]:
             raise WireError(f"APPEND record LSN {lsn} fails its body checksum")
         sizes.append(frame_end - pos)
         pos = frame_end
@@ -125,29 +98,21 @@ Done = Callable[[BaseException | None], None]  # an operation's completion: None
 _APPEND, _STATE, _CALL = "append", "state", "call"
 
 
-class _Op:
+class _Op(NamedTuple):
     """One storage operation of a partition and whom to tell once it is durable (or failed).
 
     ``arg``: for an append (payload, first LSN, frame sizes); for a state write the new
     PartitionState; for a call (store method, LSN)."""
 
-    __slots__ = ("kind", "arg", "done")
-
-    def __init__(self, kind: str, arg: object, done: Done) -> None:
-        self.kind = kind
-        self.arg = arg
-        self.done = done
+    kind: str
+    arg: object
+    done: Done
 
 
 class _Partition:
-    """One partition's request ordering: operations are checked and reserved in arrival order
-    (by StorageNode.submit, in the trio thread), then run in that order by the partition's
-    writer thread, which writes each run of queued appends with one sync (or at once, in the
-    trio thread, for a non-blocking store).
-
-    Who writes what: the trio thread ``highest_session`` and ``reserved_next``; whoever runs
-    the operations (the writer thread) ``next_lsn``, ``state`` and ``failed``. Each is one
-    attribute, read whole by the other side."""
+    """One partition's request ordering (see the module doc). Who writes what: the trio thread
+    ``highest_session`` and ``reserved_next``; whoever runs the operations (the writer thread)
+    ``next_lsn``, ``state`` and ``failed``. Each is one attribute, read whole by the other side."""
 
     def __init__(self, pid: int, store: PartitionStore, metrics: NodeMetrics | None = None) -> None:
         self.pid = pid
@@ -200,15 +165,9 @@ class _Partition:
             stop = None in ops
             if stop:
                 ops = ops[:ops.index(None)]
-            i = 0
-            while i < len(ops):
-                j = i + 1
-                if ops[i].kind == _APPEND:
-                    while j < len(ops) and ops[j].kind == _APPEND:
-                        j += 1
-                group = ops[i:j]
-                i = j
-                self._finish(group, *self._apply(group))
+            for appends, run in itertools.groupby(ops, key=lambda op: op.kind == _APPEND):
+                for group in [list(run)] if appends else [[op] for op in run]:
+                    self._finish(group, *self._apply(group))
             if stop:
                 return
 

@@ -1,0 +1,151 @@
+"""Pipelined appends: one client keeps several appends in flight on one append stream.
+
+Why: a client's ``append`` is durable on return, so a client with one thread has one append
+in flight, and each append waits for a whole round trip (its encoding, the network both ways,
+the server's decode, the acknowledgement) beside the group commit it joins. On 2 cores shared
+with the server that round trip is about as long as the group commit itself, so a served
+client fed the group commit half as often as a thread in the server's process. Here the
+client sends the next appends while the earlier ones are being made durable: the server
+reads each as soon as it has acknowledged the one before, so its stream thread goes straight
+from one group commit to the next.
+
+The promise per append is the one of ``Client.append``: all or nothing, and applied in the
+order sent (the server takes a stream's appends one after the other). What changes is when
+the caller hears of the outcome: :meth:`PipelinedAppends.append` returns once the append is
+sent; a refused append's typed error is raised by a later call (the ``append`` that needs its
+room in the window, ``flush`` or ``close``), and the appends sent after it are still applied.
+``flush`` returns once every append sent is durable. If the stream breaks with appends not
+yet acknowledged, their outcome is unknown, as with a broken ``append``
+(:class:`~sediment.errors.OutcomeUnknown` says how many); if the server ended the stream
+cleanly (it stops), the ones it did not acknowledge were not applied and are sent again, in
+order, through ``Client.append``; if that is refused too (a stopping server refuses it),
+the error is raised and the appends not yet answered were not applied. ``sent`` counts the
+appends sent, ``acknowledged`` those the server answered (applied, or refused with their
+error raised): after an error that ends the stream, the ``sent - acknowledged`` last ones
+were not applied, or for ``OutcomeUnknown`` are in doubt.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from sediment.errors import InvalidArgument, OutcomeUnknown
+from sediment.net.append_stream import PLAIN, AppendStream, append_batches
+
+WINDOW = 8  # appends in flight per stream by default
+
+
+class PipelinedAppends:
+    """Plain appends to one relation with up to ``window`` in flight; made by
+    ``Client.pipelined``. Not thread-safe (one per thread); close it (or use it as a context
+    manager) to wait for the last acknowledgements and give the stream back."""
+
+    def __init__(self, name: str, window: int, chunk_bytes: int, *,
+                 take: Callable[[str, pa.Schema], tuple[AppendStream, bool]], give: Callable[[AppendStream], None],
+                 resend: Callable[[pa.Table], None],
+                 remote: Callable[[], AbstractContextManager[None]]) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise InvalidArgument(f"window must be a whole number of appends >= 1, not {window!r}")
+        self.name = name
+        self._window = window
+        self._chunk = chunk_bytes
+        self._take, self._give, self._resend, self._remote = take, give, resend, remote
+        self._stream: AppendStream | None = None
+        self._flight: deque[pa.Table] = deque()  # sent, not yet acknowledged, oldest first
+        self.sent = 0
+        self.acknowledged = 0
+
+    def append(self, table: pa.Table) -> None:
+        """Send ``table`` (columns plus ``time`` and ``diff``); returns once it is sent, after
+        collecting the oldest acknowledgement when the window is full (raising that append's
+        typed error if the server refused it)."""
+        with self._remote():
+            stream = self._stream
+            if stream is not None and stream.key[1] != table.schema:
+                self._drain()
+                stream = None
+            if stream is None:
+                stream, _fresh = self._take(self.name, table.schema)
+                self._stream = stream
+            if len(self._flight) >= self._window:
+                self._collect()
+                stream = self._stream
+                if stream is None:  # the server ended the stream: the rest went through append
+                    self._resend(table)
+                    self.sent += 1
+                    self.acknowledged += 1
+                    return
+            self._flight.append(table)
+            self.sent += 1
+            if not stream.send(append_batches(table, self._chunk), PLAIN):
+                self._drain()  # the acknowledgements up to the end say what the server took
+
+    def flush(self) -> None:
+        """Wait until every append sent is durable (raising the first refusal's typed error)."""
+        with self._remote():
+            self._drain()
+
+    def close(self) -> None:
+        """Flush, then give the stream back to the client's pool."""
+        try:
+            self.flush()
+        finally:
+            stream, self._stream = self._stream, None
+            if stream is not None and not self._flight:
+                self._give(stream)
+            elif stream is not None:
+                stream.close()
+
+    def _drain(self) -> None:
+        while self._flight:
+            self._collect()
+
+    def _collect(self) -> None:
+        """Read the oldest acknowledgement; its refusal is raised here (the append is done with)."""
+        stream = self._stream
+        assert stream is not None
+        try:
+            done = stream.receive()
+        except flight.FlightError as exc:
+            raise self._broken() from exc
+        except Exception:
+            self._flight.popleft()
+            self.acknowledged += 1
+            raise
+        if not done:
+            self._ended()
+            return
+        self._flight.popleft()
+        self.acknowledged += 1
+
+    def _ended(self) -> None:
+        """The server ended the stream cleanly: what it did not acknowledge was not applied."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+        pending, self._flight = list(self._flight), deque()
+        for table in pending:
+            self._resend(table)
+            self.acknowledged += 1
+
+    def _broken(self) -> OutcomeUnknown:
+        """The stream broke: forget the appends in flight, and the error that says so."""
+        stream, self._stream = self._stream, None
+        lost = len(self._flight)
+        self._flight.clear()
+        if stream is not None:
+            stream.close()
+        return OutcomeUnknown(f"the append stream to {self.name!r} broke with {lost} appends sent and not "
+                             "acknowledged: they may or may not be applied; read the relation to find out, or "
+                             "use keyed appends (append_once) to retry safely")
+
+    def __enter__(self) -> PipelinedAppends:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
