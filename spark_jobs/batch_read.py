@@ -531,7 +531,7 @@ def read_partition(partition: ScanPartition, target: pa.Schema, options: Any = N
     A raw run's rows (a bulk load's file as written) get their constant time and diff here;
     raw reads hand them out unconsolidated, as they hand out the WAL tail's."""
     from sediment.trace.batch import read_row_group
-    from sediment.trace.raw import raw_updates
+    from sediment.trace.raw import RAW_VERSION, raw_updates
 
     spec = partition.spec
     layout = spec.layout()
@@ -540,7 +540,7 @@ def read_partition(partition: ScanPartition, target: pa.Schema, options: Any = N
         pf, desc, where = open_batch(spec, ref)
         for i in indices:
             table = read_row_group(pf, i, desc, where=where)
-            table = _keep(current(raw_updates(table, desc) if desc.raw else table, layout), spec, partition.index)
+            table = _keep(current(raw_updates(table, desc) if desc.format_version == RAW_VERSION else table, layout), spec, partition.index)
             if spec.mode == "raw":
                 yield from conform(table, target).to_batches()
             elif table.num_rows:

@@ -39,7 +39,7 @@ from sediment.trace.batch_checksum import (  # noqa: E402,F401  (part of this mo
     object_checksum,
 )
 from sediment.trace.consolidate import first_unsorted
-from sediment.trace.raw import FORMAT_VERSION, RAW_FIELDS, RAW_VERSION, check_constants, raw_matches
+from sediment.trace.raw import FORMAT_VERSION, RAW_FIELDS, RAW_VERSION, check_constants, footer_matches
 
 FORMAT_NAME = "sediment-trace-batch"
 META_PREFIX = "sediment."
@@ -62,8 +62,7 @@ class BatchDescription:
     are the WAL LSN range a batch was cut from, both None for merged batches (and for
     batches built from other sources). ``level`` counts merge generations: 0 when cut
     from the WAL, ``1 + max(inputs)`` when merged (informational; the planner uses sizes).
-    ``format_version`` 2 is a raw run (trace/raw.py), with ``time``/``diff`` when every
-    row's is one value (None: in the file's column); version 1 has neither.
+    ``format_version`` 2: a raw run (trace/raw.py), ``time``/``diff`` its rows' one time and diff.
     """
 
     relation_id: int
@@ -93,11 +92,6 @@ class BatchDescription:
             raise TraceError(f"{where}: WAL range {self.wal_first}..{self.wal_last} is not 0 <= first <= last")
 
     @property
-    def raw(self) -> bool:
-        """Whether this is a bulk load's file as written (version 2): conform and consolidate on read."""
-        return self.format_version == RAW_VERSION
-
-    @property
     def min_time(self) -> int:
         """The smallest time a stored update may carry."""
         return max(self.lower, self.since)
@@ -111,7 +105,7 @@ class BatchDescription:
         """The Parquet key-value metadata (all values decimal text; None is the empty string)."""
         out = {f"{META_PREFIX}format": FORMAT_NAME}
         for f in dataclasses.fields(self):
-            if f.name in RAW_FIELDS and not self.raw:
+            if f.name in RAW_FIELDS and self.format_version != RAW_VERSION:
                 continue  # version 1 footers keep exactly their keys
             v = getattr(self, f.name)
             out[META_PREFIX + f.name] = "" if v is None else str(v)
@@ -128,11 +122,10 @@ class BatchDescription:
         fmt = m.get(f"{META_PREFIX}format")
         if fmt != FORMAT_NAME:
             raise BatchCorruption(f"{where}: not a sediment batch (sediment.format={fmt!r}, want {FORMAT_NAME!r})")
-        version = m.get(f"{META_PREFIX}format_version")
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             key = META_PREFIX + f.name
-            if f.name in RAW_FIELDS and version != str(RAW_VERSION):
+            if f.name in RAW_FIELDS and m.get(f"{META_PREFIX}format_version") != str(RAW_VERSION):
                 continue
             if key not in m:
                 raise BatchCorruption(f"{where}: footer metadata lacks key {key!r}; the object is damaged")
@@ -334,8 +327,7 @@ def _open(source: Any, where: str, expected: BatchDescription | None,
         )
     if expected is not None:
         desc.check_matches(expected, where)
-    if schema is not None and not (raw_matches(stored_schema, schema, desc.time, desc.diff) if desc.raw
-                                   else _schema_matches(stored_schema, schema)):
+    if schema is not None and not footer_matches(stored_schema, schema, desc):
         schema = schema[-1] if isinstance(schema, tuple) else schema
         raise BatchCorruption(
             f"{where}: the footer's schema {stored_schema.names} {[str(t) for t in stored_schema.types]} is not "
@@ -343,12 +335,6 @@ def _open(source: Any, where: str, expected: BatchDescription | None,
             "the object is damaged or belongs to another relation (run sediment verify)"
         )
     return pf, desc
-
-
-def _schema_matches(stored: pa.Schema, expected: pa.Schema | tuple[pa.Schema, ...]) -> bool:
-    """Whether a footer's schema is the expected one (or one of them: a relation's schema
-    versions), field ids and other metadata aside."""
-    return any(stored.equals(e) for e in (expected if isinstance(expected, tuple) else (expected,)))
 
 
 def _read_group(pf: pq.ParquetFile, i: int, desc: BatchDescription, where: str, columns: list[str] | None) -> pa.Table:

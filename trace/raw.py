@@ -49,6 +49,15 @@ def raw_matches(stored: pa.Schema, expected: pa.Schema | tuple[pa.Schema, ...], 
                for e in (expected if isinstance(expected, tuple) else (expected,)))
 
 
+def footer_matches(stored: pa.Schema, expected: pa.Schema | tuple[pa.Schema, ...], desc: object) -> bool:
+    """Whether a footer's schema is the expected one (or one of them: a relation's schema
+    versions), field ids and other metadata aside; for a raw run (``desc``, a
+    BatchDescription, of version 2) by :func:`raw_matches`."""
+    if getattr(desc, "format_version", FORMAT_VERSION) == RAW_VERSION:
+        return raw_matches(stored, expected, desc.time, desc.diff)
+    return any(stored.equals(e) for e in (expected if isinstance(expected, tuple) else (expected,)))
+
+
 def raw_updates(table: pa.Table, desc: object, schema: pa.Schema | None = None) -> pa.Table:
     """A raw file's rows as updates: the constant ``time``/``diff`` of ``desc`` (a
     BatchDescription) as columns, every column nullable, in ``schema``'s order and types when

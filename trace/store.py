@@ -277,7 +277,7 @@ class TraceStore:
         ``stream_verified``): the time-ordered replay sorts each piece by time while it is
         still in the CPU cache, instead of the whole decoded batch afterwards."""
         layout = self._layouts.get(relation_id)
-        if ref.key is None or ref.crc is None:
+        if ref.key is None or ref.crc is None or ref.raw:  # a raw run is consolidated whole
             table = self.read(relation_id, ref, use_threads=use_threads)
             yield from table.to_batches() if table is not None else ()
             return

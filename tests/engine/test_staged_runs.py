@@ -287,6 +287,13 @@ def test_raw_runs_committed_then_sigkilled_read_alike_before_and_after_the_merge
         assert [(r.raw, r.time, r.diff, r.rows) for r in runs] == [(True, 4, 1, 4), (True, 4, 1, 2)]
         eng.seal("bulk", 4)
         assert snapshot(eng, "bulk", 3) == Counter() and snapshot(eng, "bulk", 4) == want
+        for ordered in (True, False):  # replay in time order and as stored: each raw run consolidated
+            replayed = [r for b in eng.replay("bulk", ordered=ordered) for r in zip(*b.to_pydict().values(), strict=True)]
+            sums = Counter()
+            for i, item, t, d in replayed:
+                sums[(i, item, t)] += d
+            assert Counter({(i, item, d): 1 for (i, item, _t), d in sums.items()}) == want  # one row per run
+            assert {t for _i, _item, t, _d in replayed} == {4} and len(replayed) == 5
         eng.compaction.merge_pass()
         assert not any(r.raw for r in eng.view.relations["bulk"].trace.pending)
         assert snapshot(eng, "bulk", 4) == want
