@@ -32,6 +32,7 @@ from sediment.trace.planner import (
     plan_major_merge,
     plan_merges,
     plan_pending_merges,
+    with_raw_runs,
 )
 from sediment.trace.state import BatchRef, TraceState
 from sediment.trace.store import TraceStore
@@ -305,11 +306,13 @@ class Compaction:
 
     def merge_pending(self, rel: Relation) -> None:
         """Keep the pending runs few: merge neighbours by the size-tiered rule once there
-        are more than ``max_pending_runs`` (trace/planner.py plan_pending_merges)."""
+        are more than ``max_pending_runs`` (trace/planner.py plan_pending_merges), and rewrite
+        every raw run (a bulk load's file as written) sorted and consolidated."""
         with self._lock:
             trace = rel.trace
         spans = plan_pending_merges([p.rows for p in trace.pending], max_runs=self.settings.max_pending_runs,
                                     factor=max(self.settings.merge_factor, 1.5))
+        spans = with_raw_runs(spans, [p.raw for p in trace.pending])
         if not spans:
             return
         done = []

@@ -8,11 +8,13 @@ one compare-and-set of the trace state, the same commit point as a compaction pa
 is skipped: the files are durable in the blob store before the commit. Compaction folds the
 runs into batches when their times are sealed, as it folds any pending run.
 
-A run must be sorted by (row, time) with distinct (row, time) and no zero diff. A staged file
-that is (the writer sorted it) gets a sediment footer in place (the old footer is cut off and
-a new one, with the same row groups and the batch's ``sediment.*`` description, is appended:
-the data pages are not rewritten) and is linked under a batch key; one that is not is
-consolidated and written again (``fold``), slower but with the same result.
+Every staged file gets a sediment footer in place (the old footer is cut off and a new one,
+with the same schema and row groups and the batch's ``sediment.*`` description, is appended:
+the data pages are not rewritten) and is linked under a batch key. A file in the update
+schema that is sorted by (row, time) with distinct (row, time) and no zero diff becomes a
+version 1 run; any other (a frame Spark wrote as it is, or rows out of order) a raw run
+(batch format version 2, trace/raw.py), which reads consolidate and compaction's merge
+rewrites: nothing is sorted inside the commit.
 
 Exactly once: the commit records the load's job name in the trace state (``loads``) in the
 same compare-and-set, so a commit retried after it succeeded changes nothing. A refused
@@ -34,10 +36,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sediment._fs import remove_tree_durable
+from sediment.engine.args import check_time
 from sediment.errors import InvalidArgument, SchemaMismatch, StagedFileInvalid, TimeAlreadySealed
-from sediment.trace.batch import BatchDescription, file_checksums
+from sediment.trace.batch import (
+    FORMAT_VERSION,
+    RAW_VERSION,
+    BatchDescription,
+    file_checksums,
+)
 from sediment.trace.consolidate import first_unsorted
 from sediment.trace.fold import fold
+from sediment.trace.raw import raw_matches, raw_updates
 from sediment.trace.state import BatchRef
 
 if TYPE_CHECKING:
@@ -55,7 +64,8 @@ _NOT_AGAIN = {"rows": 0, "runs": 0, "min_time": None, "max_time": None, "committ
 
 @dataclass(frozen=True)
 class _Staged:
-    """One checked staged file: its key, rows, time range and whether it is a run as it is."""
+    """One checked staged file: its key, rows, time range, whether it is a run as it is or is
+    kept as a raw run (batch format version 2), and a raw run's one time and diff."""
 
     key: str
     path: str
@@ -63,6 +73,9 @@ class _Staged:
     lo: int
     hi: int
     is_run: bool
+    raw: bool = False
+    time: int | None = None
+    diff: int | None = None
 
 
 def staging_prefix(relation_id: int, job: str) -> str:
@@ -103,22 +116,74 @@ def staged_keys(engine: Engine, rel: Relation, job: str) -> list[str]:
                   if k.endswith(".parquet") and not k[len(prefix):].startswith(("_", ".")))
 
 
-def _check_file(key: str, path: str, schema: pa.Schema, keys: list[str], where: str) -> _Staged | None:
-    """Schema, nulls, times and order of one staged file, one row group at a time; None when empty.
-
-    Why so: times and diffs are settled by the row groups' statistics when the writer kept them
-    (Spark's and Arrow's writers do), so only the first key column is decoded when it alone
-    orders the rows; a group it does not order is read whole and checked in full."""
+def _check_file(key: str, path: str, accepted: tuple[pa.Schema, ...], keys: list[str], where: str,
+                consts: tuple[int | None, int | None]) -> _Staged | None:
+    """One staged file checked; None when empty. A file in the relation's update schema (time
+    and diff columns, every column nullable) is checked as a run (:func:`_check_run`); any
+    other shape of the relation's columns (a frame Spark wrote as it is) from its footer
+    alone (:func:`_check_raw`) and becomes a raw run."""
     try:
         pf = pq.ParquetFile(path)
         got = pf.schema_arrow.remove_metadata()
     except _DECODE_ERRORS as e:
         raise StagedFileInvalid(f"{where}: staged file {key!r} is not a readable Parquet file ({e}); "
                                 "abort the load and write it again") from None
-    if not got.equals(schema):
+    schema = accepted[-1]
+    if got.equals(schema):
+        return _check_run(pf, key, path, schema, keys, where)
+    time, diff = consts
+    shape = BatchDescription(0, 0, 1, 0, 0, format_version=RAW_VERSION, time=0 if time is not None else None,
+                             diff=diff if "diff" not in got.names else None)
+    if (time is None and "time" not in got.names) or not raw_matches(got, accepted, shape.time, shape.diff):
         raise SchemaMismatch(f"{where}: staged file {key!r} has columns {got.names} {[str(t) for t in got.types]}, "
-                             f"the relation's updates are {schema.names} {[str(t) for t in schema.types]} "
-                             "(nullable); write the relation's columns, then time and diff, as int64")
+                             f"the relation's are {schema.names} {[str(t) for t in schema.types]}; write the "
+                             "relation's columns (any order and nullability), with time as int64 or a load time")
+    return _check_raw(pf, key, path, where, time if "time" not in got.names else None, shape.diff)
+
+
+def _check_raw(pf: pq.ParquetFile, key: str, path: str, where: str, time: int | None,
+               diff: int | None) -> _Staged | None:
+    """A raw file's rows and times from its footer (the time column read only where its
+    statistics are missing); null times or diffs are refused. Its rows are never decoded."""
+    if pf.metadata.num_rows == 0:
+        return None
+    names = pf.schema_arrow.names
+    lo = hi = time
+    for i in range(pf.num_row_groups):
+        group = pf.metadata.row_group(i)
+        for name in ("time", "diff"):
+            if name not in names:
+                continue
+            s = group.column(names.index(name)).statistics
+            if s is None or not s.has_null_count or not s.has_min_max and s.null_count < group.num_rows:
+                col = _read(pf, i, name, key, where)
+                nulls, mm = col.null_count, pc.min_max(col)
+                s_lo, s_hi = mm["min"].as_py(), mm["max"].as_py()
+            else:
+                nulls, s_lo, s_hi = s.null_count, (s.min if s.has_min_max else None), (s.max if s.has_min_max else None)
+            if nulls:
+                raise StagedFileInvalid(f"{where}: staged file {key!r} has null {name}s; fill them")
+            if name == "time":
+                lo, hi = (s_lo, s_hi) if lo is None else (min(lo, s_lo), max(hi, s_hi))
+    if lo < 0:
+        raise StagedFileInvalid(f"{where}: staged file {key!r} has time {lo}; times are >= 0")
+    return _Staged(key, path, pf.metadata.num_rows, lo, hi, False, True, time, diff)
+
+
+def _read(pf: pq.ParquetFile, i: int, name: str, key: str, where: str) -> pa.ChunkedArray:
+    try:
+        return pf.read_row_group(i, columns=[name]).column(0)
+    except _DECODE_ERRORS as e:
+        raise StagedFileInvalid(f"{where}: staged file {key!r} row group {i} fails to decode ({e})") from None
+
+
+def _check_run(pf: pq.ParquetFile, key: str, path: str, schema: pa.Schema, keys: list[str],
+               where: str) -> _Staged | None:
+    """Nulls, times and order of a staged file in the update schema, one row group at a time.
+
+    Why so: times and diffs are settled by the row groups' statistics when the writer kept them
+    (Spark's and Arrow's writers do), so only the first key column is decoded when it alone
+    orders the rows; a group it does not order is read whole and checked in full."""
     if pf.metadata.num_rows == 0:
         return None
     cols = [*keys, "time"]
@@ -145,7 +210,7 @@ def _check_file(key: str, path: str, schema: pa.Schema, keys: list[str], where: 
             joined = part if last is None else pa.concat_tables([last, part])
             is_run = nonzero and first_unsorted(joined, cols, strict=True) is None
             last = part.slice(part.num_rows - 1)
-    return _Staged(key, path, pf.metadata.num_rows, lo, hi, is_run)
+    return _Staged(key, path, pf.metadata.num_rows, lo, hi, is_run, not is_run)
 
 
 def _stated_facts(group: Any, schema: pa.Schema) -> tuple[int, int, bool] | None:
@@ -170,7 +235,7 @@ def _read_facts(t: pa.Table, key: str, where: str) -> tuple[int, int, bool]:
 
 
 def _footer(path: str, schema: pa.Schema, desc: BatchDescription) -> tuple[int, bytes]:
-    """(where the file's footer starts, a footer with the same row groups and ``desc``)."""
+    """(where the file's footer starts, a footer with the same row groups, ``schema`` and ``desc``)."""
     meta = pq.read_metadata(path)
     sink = pa.BufferOutputStream()
     pq.ParquetWriter(sink, schema.with_metadata(desc.to_metadata())).close()
@@ -186,19 +251,25 @@ def _footer(path: str, schema: pa.Schema, desc: BatchDescription) -> tuple[int, 
 
 
 def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> BatchRef:
-    """The staged file as a pending run under a fresh batch key."""
+    """The staged file as a pending run under a fresh batch key: its pages kept, a new footer."""
     rid, keys = rel.entry.id, rel.keys
     # Spark's files carry no field ids, so they are read by version 0's names: a relation an
     # alter renamed or added columns to gets the file rewritten with its ids instead
     by_name = rel.layout is None or rel.layout.is_current(engine.traces.schema_of(rid))
-    if not staged.is_run or not by_name:
-        run = fold(pq.read_table(staged.path), keys, None)
+    desc = BatchDescription(rid, staged.lo, staged.hi + 1, since, staged.rows,
+                            format_version=RAW_VERSION if staged.raw else FORMAT_VERSION,
+                            time=staged.time, diff=staged.diff)
+    if not by_name:
+        table = pq.read_table(staged.path)
+        if staged.raw:
+            table = raw_updates(table, desc, engine.traces.schema_of(rid))
+        run = fold(table, keys, None)
         if not run.num_rows:
             return BatchRef(None, staged.lo, staged.hi + 1)
         lo, hi = (v.as_py() for v in pc.min_max(run.column("time")).values())
         return engine.traces.write(rid, run.select(rel.update_schema.names), lo, hi + 1, since)
-    desc = BatchDescription(rid, staged.lo, staged.hi + 1, since, staged.rows)
-    start, footer = _footer(staged.path, engine.traces.schema_of(rid), desc)
+    schema = pq.read_schema(staged.path).remove_metadata() if staged.raw else engine.traces.schema_of(rid)
+    start, footer = _footer(staged.path, schema, desc)
     with open(staged.path, "r+b") as f:
         f.truncate(start)
         f.seek(start)
@@ -209,17 +280,27 @@ def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> Batch
     key = engine.traces.new_key(rid, staged.lo, staged.hi + 1)
     engine.traces.blobs.put_file(key, staged.path, if_absent=True)
     return BatchRef(key, staged.lo, staged.hi + 1, staged.rows, os.path.getsize(staged.path), 0, since,
-                    None, None, crc, footer_crc)
+                    None, None, crc, footer_crc, staged.raw, staged.time, staged.diff)
 
 
-def commit_staged(engine: Engine, name: str, job: str) -> dict[str, Any]:
+def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, diff: int | None = None
+                  ) -> dict[str, Any]:
     """Add the staged files of load ``job`` to relation ``name`` as pending runs, atomically.
 
-    Every file is checked first (schema, null times or diffs, times above the sealed
-    frontier): any refusal raises with nothing changed. Returns ``{"rows", "runs",
-    "min_time", "max_time", "committed"}``; ``committed`` is False when the load was committed
-    before (a retry), which changes nothing."""
+    ``time``/``diff``: every row's time and diff, for files without such a column (a frame
+    Spark wrote as it is; diff defaults to 1). Every file is checked first (schema, null
+    times or diffs, times above the sealed frontier): any refusal raises with nothing
+    changed. Nothing is sorted or consolidated here: a file that is not a run as written is
+    committed as a raw run, which reads consolidate and the merge after the next compaction
+    pass rewrites (at once when the runs are more than ``max_pending_runs``).
+    Returns ``{"rows", "runs", "min_time", "max_time", "committed"}``; ``committed`` is False
+    when the load was committed before (a retry), which changes nothing."""
     _check_job(job)
+    if time is not None:
+        check_time(time, "time")
+    diff = 1 if diff is None else diff
+    if not isinstance(diff, int) or isinstance(diff, bool) or not 0 < abs(diff) < 1 << 63:
+        raise InvalidArgument(f"bulk load {job!r}: diff {diff!r} must be a non-zero int64")
     with engine.view.lock:
         rel = engine.view.get(name)
         if job in rel.trace.loads:
@@ -228,10 +309,10 @@ def commit_staged(engine: Engine, name: str, job: str) -> dict[str, Any]:
     if not os.path.isdir(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/"))):
         raise StagedFileInvalid(f"{where}: no staging directory (the load was aborted, or collected at a restart); "
                                 "write it again")
-    schema = engine.traces.schema_of(rel.entry.id)
+    accepted = (engine.traces.schema_of(rel.entry.id),)
     keys = staged_keys(engine, rel, job)
-    checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), schema, rel.keys, where), keys,
-                               "sediment-bulk-check") if s is not None]
+    checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), accepted, rel.keys, where, (time, diff)),
+                               keys, "sediment-bulk-check") if s is not None]
     lo = min((s.lo for s in checked), default=None)
     _check_sealed(rel, name, lo)
     refs = engine.compaction.add_runs(
@@ -239,8 +320,8 @@ def commit_staged(engine: Engine, name: str, job: str) -> dict[str, Any]:
         check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS)
     if refs is None:  # a commit of the same load got there first
         return dict(_NOT_AGAIN)
-    if engine.scheduler is not None:
-        engine.scheduler.merge_soon()  # many runs: the merge task folds neighbours together
+    if engine.scheduler is not None and len(rel.trace.pending) > engine.compaction.settings.max_pending_runs:
+        engine.scheduler.merge_soon()  # many runs: the merge task folds neighbours together now
     abort_staged(engine, name, job)
     return {"rows": sum(r.rows for r in refs), "runs": len(refs), "min_time": lo,
             "max_time": max((s.hi for s in checked), default=None), "committed": True}

@@ -420,9 +420,11 @@ class Client:
         """The directory where bulk load ``job`` of ``name`` writes Parquet files (engine/staged.py)."""
         return str(self._action(Action.BULK_STAGE, name=name, job=job))
 
-    def bulk_commit(self, name: str, job: str) -> dict[str, Any]:
-        """Commit bulk load ``job``'s staged files as pending runs, atomically and at most once."""
-        return dict(self._action(Action.BULK_COMMIT, name=name, job=job))
+    def bulk_commit(self, name: str, job: str, *, time: int | None = None, diff: int | None = None) -> dict[str, Any]:
+        """Commit bulk load ``job``'s staged files as pending runs, atomically and at most once;
+        ``time``/``diff``: every row's, for files without such a column (engine/staged.py)."""
+        given = {k: v for k, v in (("time", time), ("diff", diff)) if v is not None}
+        return dict(self._action(Action.BULK_COMMIT, name=name, job=job, **given))
 
     def bulk_abort(self, name: str, job: str) -> int:
         """Delete bulk load ``job``'s staged files; nothing of it becomes visible."""

@@ -168,7 +168,6 @@ class SedimentFlightServer(flight.FlightServerBase):
             Action.DESCRIBE: eng.describe, Action.SEAL: eng.seal, Action.SET_SINCE: eng.set_since,
             Action.SINCE: eng.since, Action.SEALED: eng.sealed, Action.TRACE_INFO: eng.trace_info,
             Action.BULK_STAGE: functools.partial(staged.stage, eng),
-            Action.BULK_COMMIT: functools.partial(staged.commit_staged, eng),
             Action.BULK_ABORT: functools.partial(staged.abort_staged, eng),
         }
         return {op: by_fields(op, call) for op, call in positional.items()} | {
@@ -190,6 +189,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             Action.APPEND_MANY: self._append_many,
             Action.DISCARD_STAGE: self._discard_stage,
             Action.RELEASE_READ: self._release_read,
+            Action.BULK_COMMIT: lambda a: staged.commit_staged(eng, field(a, "name", "bulk_commit"),  # time, diff optional
+                                                               field(a, "job", "bulk_commit"), a.get("time"), a.get("diff")),
         }
 
     @property

@@ -247,12 +247,12 @@ def _stats(rg: Any, column: int) -> tuple[Any, Any, int | None]:
     return (s.min, s.max, nulls) if s.has_min_max else (None, None, nulls)
 
 
-def group_stats(pf: Any, batch: int, names: Sequence[str], layout: Any = None,
+def group_stats(pf: Any, batch: int, names: Sequence[str], layout: Any = None, time: int | None = None,
                 ) -> list[tuple[GroupStats, dict[str, tuple]]]:
     """Every row group's statistics: the first row column's and time's, and each named column's.
     With a ``layout`` (an altered relation) a current column's statistics are those of the
     stored column with its field id, in the type it was written with; none when the batch
-    predates the column."""
+    predates the column. ``time``: a raw run's one time, when its file has no time column."""
     md = pf.metadata
     schema_names = [md.schema.column(i).name for i in range(md.num_columns)]
     stored = {n: n for n in schema_names} if layout is None else layout.stored_names(pf.schema_arrow)
@@ -260,7 +260,7 @@ def group_stats(pf: Any, batch: int, names: Sequence[str], layout: Any = None,
     for i in range(md.num_row_groups):
         rg = md.row_group(i)
         cols = {n: _stats(rg, schema_names.index(stored[n])) for n in names if stored.get(n) in schema_names}
-        t = _stats(rg, schema_names.index(TIME))
+        t = _stats(rg, schema_names.index(TIME)) if TIME in schema_names else (time, time)
         first = cols.get(names[0], (None, None, None)) if names else (None, None, None)
         out.append((GroupStats(batch, i, rg.num_rows, first, (t[0], t[1])), cols))
     return out
@@ -435,8 +435,8 @@ def plan_partitions(info: PlanInfo, tail: pa.Table, mode: str, filters: Sequence
     refs = [r for r in info.batches if r.get("key")]
     groups: list[GroupStats] = []
     for b, ref in enumerate(refs):
-        pf, _, _ = open_batch(base, ref)
-        groups += [g for g, cols in group_stats(pf, b, names, layout)
+        pf, desc, _ = open_batch(base, ref)
+        groups += [g for g, cols in group_stats(pf, b, names, layout, desc.time)
                    if wanted(g, cols, info.as_of, info.from_t, filters)]
     if filters and tail.num_rows:
         tail = pushdown.apply(tail, filters)
@@ -527,8 +527,11 @@ def fetch_tail(fetch: TailFetch, options: Any) -> pa.Table:
 
 
 def read_partition(partition: ScanPartition, target: pa.Schema, options: Any = None) -> Iterator[pa.RecordBatch]:
-    """A task's rows: raw updates streamed row group by row group, or its range consolidated."""
+    """A task's rows: raw updates streamed row group by row group, or its range consolidated.
+    A raw run's rows (a bulk load's file as written) get their constant time and diff here;
+    raw reads hand them out unconsolidated, as they hand out the WAL tail's."""
     from sediment.trace.batch import read_row_group
+    from sediment.trace.raw import RAW_VERSION, raw_updates
 
     spec = partition.spec
     layout = spec.layout()
@@ -536,7 +539,8 @@ def read_partition(partition: ScanPartition, target: pa.Schema, options: Any = N
     for ref, indices in partition.groups:
         pf, desc, where = open_batch(spec, ref)
         for i in indices:
-            table = _keep(current(read_row_group(pf, i, desc, where=where), layout), spec, partition.index)
+            table = read_row_group(pf, i, desc, where=where)
+            table = _keep(current(raw_updates(table, desc) if desc.format_version == RAW_VERSION else table, layout), spec, partition.index)
             if spec.mode == "raw":
                 yield from conform(table, target).to_batches()
             elif table.num_rows:

@@ -39,9 +39,9 @@ from sediment.trace.batch_checksum import (  # noqa: E402,F401  (part of this mo
     object_checksum,
 )
 from sediment.trace.consolidate import first_unsorted
+from sediment.trace.raw import FORMAT_VERSION, RAW_FIELDS, RAW_VERSION, check_constants, footer_matches
 
 FORMAT_NAME = "sediment-trace-batch"
-FORMAT_VERSION = 1
 META_PREFIX = "sediment."
 DEFAULT_ROW_GROUP_ROWS = 64 * 1024
 COMPRESSION = "zstd"
@@ -62,6 +62,7 @@ class BatchDescription:
     are the WAL LSN range a batch was cut from, both None for merged batches (and for
     batches built from other sources). ``level`` counts merge generations: 0 when cut
     from the WAL, ``1 + max(inputs)`` when merged (informational; the planner uses sizes).
+    ``format_version`` 2: a raw run (trace/raw.py), ``time``/``diff`` its rows' one time and diff.
     """
 
     relation_id: int
@@ -73,6 +74,8 @@ class BatchDescription:
     wal_last: int | None = None
     level: int = 0
     format_version: int = FORMAT_VERSION
+    time: int | None = None
+    diff: int | None = None
 
     def __post_init__(self) -> None:
         where = f"batch description of relation {self.relation_id} [{self.lower}, {self.upper})"
@@ -80,6 +83,7 @@ class BatchDescription:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > U64_MAX:
                 raise TraceError(f"{where}: {name}={v!r} must be an integer in [0, 2^64)")
+        check_constants(self.format_version, self.time, self.diff, self.min_time, self.max_time, where)
         if self.lower >= self.upper:
             raise TraceError(f"{where}: lower must be < upper (a batch covers a non-empty interval)")
         if (self.wal_first is None) != (self.wal_last is None):
@@ -101,6 +105,8 @@ class BatchDescription:
         """The Parquet key-value metadata (all values decimal text; None is the empty string)."""
         out = {f"{META_PREFIX}format": FORMAT_NAME}
         for f in dataclasses.fields(self):
+            if f.name in RAW_FIELDS and self.format_version != RAW_VERSION:
+                continue  # version 1 footers keep exactly their keys
             v = getattr(self, f.name)
             out[META_PREFIX + f.name] = "" if v is None else str(v)
         return out
@@ -119,19 +125,22 @@ class BatchDescription:
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             key = META_PREFIX + f.name
+            if f.name in RAW_FIELDS and m.get(f"{META_PREFIX}format_version") != str(RAW_VERSION):
+                continue
             if key not in m:
                 raise BatchCorruption(f"{where}: footer metadata lacks key {key!r}; the object is damaged")
             text = m[key]
-            if text == "" and f.name in ("wal_first", "wal_last"):
+            if text == "" and f.name in ("wal_first", "wal_last", *RAW_FIELDS):
                 kwargs[f.name] = None
                 continue
-            if not (text.isascii() and text.isdigit()):
+            digits = text[1:] if f.name == "diff" and text.startswith("-") else text
+            if not (digits.isascii() and digits.isdigit()):
                 raise BatchCorruption(f"{where}: footer metadata {key}={text!r} is not a decimal integer")
             kwargs[f.name] = int(text)
-        if kwargs["format_version"] != FORMAT_VERSION:
+        if kwargs["format_version"] not in (FORMAT_VERSION, RAW_VERSION):
             raise BatchCorruption(
                 f"{where}: batch format version {kwargs['format_version']} is not supported "
-                f"(this build reads version {FORMAT_VERSION}); upgrade sediment"
+                f"(this build reads versions {FORMAT_VERSION} and {RAW_VERSION}); upgrade sediment"
             )
         try:
             return cls(**kwargs)
@@ -190,7 +199,7 @@ def parse_batch_key(key: str) -> BatchKey:
 
 
 def _check_times(table: pa.Table | pa.RecordBatch, desc: BatchDescription) -> None:
-    if table.num_rows == 0:
+    if table.num_rows == 0 or desc.time is not None:  # a constant time is checked with the description
         return
     mm = pc.min_max(table.column("time"))
     lo, hi = mm["min"].as_py(), mm["max"].as_py()
@@ -318,7 +327,7 @@ def _open(source: Any, where: str, expected: BatchDescription | None,
         )
     if expected is not None:
         desc.check_matches(expected, where)
-    if schema is not None and not _schema_matches(stored_schema, schema):
+    if schema is not None and not footer_matches(stored_schema, schema, desc):
         schema = schema[-1] if isinstance(schema, tuple) else schema
         raise BatchCorruption(
             f"{where}: the footer's schema {stored_schema.names} {[str(t) for t in stored_schema.types]} is not "
@@ -326,12 +335,6 @@ def _open(source: Any, where: str, expected: BatchDescription | None,
             "the object is damaged or belongs to another relation (run sediment verify)"
         )
     return pf, desc
-
-
-def _schema_matches(stored: pa.Schema, expected: pa.Schema | tuple[pa.Schema, ...]) -> bool:
-    """Whether a footer's schema is the expected one (or one of them: a relation's schema
-    versions), field ids and other metadata aside."""
-    return any(stored.equals(e) for e in (expected if isinstance(expected, tuple) else (expected,)))
 
 
 def _read_group(pf: pq.ParquetFile, i: int, desc: BatchDescription, where: str, columns: list[str] | None) -> pa.Table:

@@ -233,3 +233,11 @@ def plan_pending_merges(
         stack[-1][1] = newer[1]
         stack[-1][2] += newer[2]
     return [(start, stop) for start, stop, _w in stack if stop - start >= 2]
+
+
+def with_raw_runs(spans: Sequence[tuple[int, int]], raw: Sequence[bool]) -> list[tuple[int, int]]:
+    """``spans`` (from :func:`plan_pending_merges`) plus a one-run span for each raw run
+    (a bulk load's file as written, ``raw[i]``) no span covers: a merge of one raw run
+    rewrites it sorted and consolidated, so reads stop consolidating it. Pure."""
+    covered = {i for start, stop in spans for i in range(start, stop)}
+    return sorted([*spans, *((i, i + 1) for i, r in enumerate(raw) if r and i not in covered)])

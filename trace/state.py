@@ -41,18 +41,23 @@ class BatchRef:
     wal_last: int | None = None
     crc: int | None = None  # CRC32C of the whole object (None in states written before it was recorded)
     footer_crc: int | None = None  # CRC32C of the Parquet footer and its 8-byte trailer
+    raw: bool = False  # a bulk load's file as written (batch format version 2): consolidated on read
+    time: int | None = None  # a raw run's one time and diff when its file has no such column
+    diff: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The ref's fields; the checksums only when known, so old documents keep their bytes."""
+        """The ref's fields; the checksums only when known and a raw run's fields only for one,
+        so old documents keep their bytes."""
         doc = {f: getattr(self, f) for f in _REF_FIELDS}  # not dataclasses.asdict: it deep-copies every value,
-        for name in ("crc", "footer_crc"):  # and a pass encodes every ref of the state on each commit
-            if doc[name] is None:
+        for name in _OPTIONAL:  # and a pass encodes every ref of the state on each commit
+            if doc[name] is None or doc[name] is False:
                 del doc[name]
         return doc
 
 
 _REF_FIELDS = tuple(f.name for f in dataclasses.fields(BatchRef))
 _REF_REQUIRED = ("key", "lower", "upper", "rows", "bytes", "level")  # the others were added later: defaults
+_OPTIONAL = ("crc", "footer_crc", "raw", "time", "diff")
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,13 @@ class TraceState:
             v = getattr(b, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 32):
                 raise self._fail(f"{kind} [{b.lower}, {b.upper}) has {name}={v!r}, not a 32-bit checksum", [b.key])
+        if not isinstance(b.raw, bool) or (not b.raw and (b.time, b.diff) != (None, None)):
+            raise self._fail(f"{kind} [{b.lower}, {b.upper}) has raw={b.raw!r}, time={b.time!r}, diff={b.diff!r}",
+                             [b.key])
+        for name in ("time", "diff"):
+            v = getattr(b, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not -_U64 <= v <= _U64):
+                raise self._fail(f"{kind} [{b.lower}, {b.upper}) has {name}={v!r}", [b.key])
         if b.key is None:
             if b.rows or b.bytes or b.crc is not None:
                 raise self._fail(f"empty {kind} [{b.lower}, {b.upper}) claims {b.rows} rows, {b.bytes} bytes")

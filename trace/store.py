@@ -21,6 +21,8 @@ from sediment.errors import BatchCorruption, BlobError, BlobNotFound, TraceError
 from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
 from sediment.trace.batch import (
+    FORMAT_VERSION,
+    RAW_VERSION,
     BatchDescription,
     batch_key,
     checksums,
@@ -37,7 +39,9 @@ from sediment.trace.batch import (
 )
 from sediment.trace.consolidate import consolidate
 from sediment.trace.evolve import Layout
+from sediment.trace.fold import fold
 from sediment.trace.merge import merge_to_batch
+from sediment.trace.raw import raw_updates
 from sediment.trace.state import BatchRef, TraceState
 
 STATE_PREFIX = names.TRACES
@@ -47,7 +51,7 @@ state_key = names.trace_key
 def describe(relation_id: int, ref: BatchRef) -> BatchDescription:
     """What the batch's footer must say, given the trace state's reference to it."""
     return BatchDescription(relation_id, ref.lower, ref.upper, ref.since, ref.rows, ref.wal_first, ref.wal_last,
-                            ref.level)
+                            ref.level, RAW_VERSION if ref.raw else FORMAT_VERSION, ref.time, ref.diff)
 
 
 class TraceStore:
@@ -213,7 +217,11 @@ class TraceStore:
         pf, desc = self._open(relation_id, ref)
         groups = (read_row_group(pf, i, desc, where=f"batch {ref.key!r}") for i in range(pf.metadata.num_row_groups))
         layout = self._layouts.get(relation_id)
-        if as_stored or layout is None:
+        if ref.raw and not as_stored:  # rows in any order: sorted and summed whole
+            tables = list(groups)
+            if tables:
+                yield self._project(relation_id, self._consolidated(relation_id, ref, pa.concat_tables(tables)))
+        elif as_stored or layout is None:
             yield from groups
         elif layout.keeps_order(pf.schema_arrow):
             yield from (self._project(relation_id, g) for g in groups)
@@ -243,7 +251,19 @@ class TraceStore:
             if isinstance(source, pa.NativeFile):
                 source.close()
         self.whole_reads += 1
+        if ref.raw:
+            table = self._consolidated(relation_id, ref, table)
         return self._project(relation_id, table) if table.num_rows else None
+
+    def _consolidated(self, relation_id: int, ref: BatchRef, table: pa.Table) -> pa.Table:
+        """A raw run's rows (batch format version 2) as a sorted, consolidated run: in the
+        relation's stored columns, or in version 0's for an altered relation (a raw run is
+        only committed while the current columns are version 0's), which :meth:`_project`
+        then brings to the current ones."""
+        layout = self._layouts.get(relation_id)
+        target = self.schema_of(relation_id) if layout is None else stored_schema(layout.versions[min(layout.versions)])
+        updates = raw_updates(table, describe(relation_id, ref), target)
+        return fold(updates, [n for n in updates.column_names if n not in ("time", "diff")])
 
     def _decode_checked(self, source: pa.NativeFile | pa.Buffer, relation_id: int, ref: BatchRef,
                         where: str, use_threads: bool = True) -> pa.Table:
@@ -257,7 +277,7 @@ class TraceStore:
         ``stream_verified``): the time-ordered replay sorts each piece by time while it is
         still in the CPU cache, instead of the whole decoded batch afterwards."""
         layout = self._layouts.get(relation_id)
-        if ref.key is None or ref.crc is None:
+        if ref.key is None or ref.crc is None or ref.raw:  # a raw run is consolidated whole
             table = self.read(relation_id, ref, use_threads=use_threads)
             yield from table.to_batches() if table is not None else ()
             return

@@ -104,7 +104,7 @@ FIELDS: dict[Op, tuple[str, ...]] = {
     Action.DISCARD_STAGE: ("stage",),
     Action.RELEASE_READ: ("lease",),
     Action.BULK_STAGE: ("name", "job"),
-    Action.BULK_COMMIT: ("name", "job"),
+    Action.BULK_COMMIT: ("name", "job", "time", "diff"),
     Action.BULK_ABORT: ("name", "job"),
 }
 

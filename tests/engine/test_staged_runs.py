@@ -5,6 +5,10 @@ across a restart), and read back as the same rows appended through the WAL would
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 
 import pyarrow as pa
@@ -13,6 +17,7 @@ import pytest
 
 import sediment
 from sediment.engine import staged
+from sediment.engine.verify import verify_data_dir
 from sediment.errors import (
     InvalidArgument,
     SchemaMismatch,
@@ -55,8 +60,8 @@ def stage_files(engine, job, tables) -> str:
 
 def test_staged_files_read_back_as_the_same_rows_appended_through_the_wal(engine):
     """One file sorted and consolidated (taken as written), one with repeats, a zero sum and
-    rows out of order (consolidated at the commit); both relations then read alike at every
-    time, before and after compaction folds the runs into batches."""
+    rows out of order (kept as written, a raw run that reads consolidate); both relations then
+    read alike at every time, before and after compaction folds the runs into batches."""
     sorted_run = updates([1, 2, 2, 5], ["a", "b", None, "e"], [3, 3, 4, 3], [1, 1, -1, 2])
     messy = updates([9, 1, 1, 7, 7], ["z", "a", "a", "q", "q"], [5, 3, 3, 4, 4], [1, 1, 1, 1, -1])
     engine.seal("bulk", 1)
@@ -64,7 +69,7 @@ def test_staged_files_read_back_as_the_same_rows_appended_through_the_wal(engine
     path = stage_files(engine, "job-1", [sorted_run, messy])
     written = os.path.getsize(os.path.join(path, "part-00000.parquet"))
     got = staged.commit_staged(engine, "bulk", "job-1")
-    assert got == {"rows": 6, "runs": 2, "min_time": 3, "max_time": 5, "committed": True}
+    assert got == {"rows": 9, "runs": 2, "min_time": 3, "max_time": 5, "committed": True}
     assert not os.path.exists(path)  # staged files collected
     info = engine.trace_info("bulk")
     assert info["pending"] == 2 and info["tail_records"] == 0  # no WAL record: runs straight into the trace
@@ -208,9 +213,11 @@ def test_add_runs_of_a_load_committed_meanwhile_makes_nothing(engine):
 
 
 @pytest.mark.parametrize("stats", [True, False])
-def test_a_one_column_relation_s_unsorted_staged_file_is_sorted_at_the_commit(tmp_path, stats):
+def test_a_one_column_relation_s_unsorted_staged_file_is_a_raw_run_that_compaction_sorts(tmp_path, stats):
     """With one key column the first column is the whole row: a file out of order in it (or in
-    time within a row) is not a run, whether or not the writer kept row-group statistics."""
+    time within a row) is not a run, whether or not the writer kept row-group statistics. The
+    commit keeps it as written (a raw run), reads consolidate it, and the merge task rewrites it
+    sorted; reads are the same before and after."""
     with sediment.open(tmp_path / "data", compact_interval=None) as eng:
         for name in ("bulk", "rows"):
             eng.add_relation(name, pa.schema([("id", pa.int64())]))
@@ -221,12 +228,100 @@ def test_a_one_column_relation_s_unsorted_staged_file_is_sorted_at_the_commit(tm
         for i, t in enumerate(files):
             pq.write_table(t, os.path.join(path, f"part-{i:05d}.parquet"), write_statistics=stats)
         assert staged.commit_staged(eng, "bulk", "job-7")["rows"] == 6
+        assert [run.raw for run in eng.view.relations["bulk"].trace.pending] == [True, True]
         eng.append("rows", pa.concat_tables(files))
         for t in (1, 2):
             for name in ("bulk", "rows"):
                 eng.seal(name, t)
-            assert eng.snapshot("bulk", t).equals(eng.snapshot("rows", t))
+
+        def reads(name):
+            return ([eng.snapshot(name, t) for t in (1, 2)],
+                    sorted(r for b in eng.replay(name) for r in zip(*b.to_pydict().values(), strict=True)))
+
+        before = reads("bulk")
+        assert before == reads("rows")
+        eng.compaction.merge_pass()  # rewrites the raw runs, folds nothing (no pass)
         runs = eng.view.relations["bulk"].trace.pending
+        assert len(runs) == 2 and not any(run.raw for run in runs)
         for run in runs:
             ids = pq.read_table(eng.traces.blobs.local_path(run.key)).column("id").to_pylist()
             assert ids == sorted(ids)
+        assert reads("bulk") == before
+
+
+KILLED_AFTER_COMMIT = textwrap.dedent("""
+    import os, sys
+    import pyarrow as pa, pyarrow.parquet as pq
+    import sediment
+    from sediment.engine import staged
+    eng = sediment.open(sys.argv[1], compact_interval=None)
+    eng.add_relation("bulk", pa.schema([("id", pa.int64()), ("item", pa.string())]))
+    eng.seal("bulk", 1)
+    path = staged.stage(eng, "bulk", "job-k")
+    frame = pa.schema([pa.field("item", pa.string()), pa.field("id", pa.int64(), nullable=False)])
+    for i, ids in enumerate(([5, 3, 5, 1], [2, 3])):
+        pq.write_table(pa.table({"item": [f"i{x}" for x in ids], "id": ids}, schema=frame),
+                       os.path.join(path, f"part-{i:05d}.parquet"))
+    print(staged.commit_staged(eng, "bulk", "job-k", time=4)["committed"], flush=True)
+    sys.stdin.read()  # killed here: after the commit, before any merge
+""")
+
+
+def test_raw_runs_committed_then_sigkilled_read_alike_before_and_after_the_merge_and_a_reopen(tmp_path):
+    """Files as Spark writes a frame (the relation's columns in another order, not null, no time
+    or diff): the commit keeps them as raw runs; the process is SIGKILLed before any merge; the
+    reopened engine reads them consolidated, the merge rewrites them, and a reopen reads the same."""
+    data = str(tmp_path / "data")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_AFTER_COMMIT, data], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "True"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    want = Counter({(1, "i1", 1): 1, (2, "i2", 1): 1, (3, "i3", 2): 1, (5, "i5", 2): 1})
+    report = verify_data_dir(data)  # the raw runs' footers, checksums and schemas, read-only
+    assert report.ok and sum("/trace/" in k for k in report.checked) == 2, report.problems
+    with sediment.open(data, compact_interval=None) as eng:
+        runs = eng.view.relations["bulk"].trace.pending
+        assert [(r.raw, r.time, r.diff, r.rows) for r in runs] == [(True, 4, 1, 4), (True, 4, 1, 2)]
+        eng.seal("bulk", 4)
+        assert snapshot(eng, "bulk", 3) == Counter() and snapshot(eng, "bulk", 4) == want
+        for ordered in (True, False):  # replay in time order and as stored: each raw run consolidated
+            replayed = [r for b in eng.replay("bulk", ordered=ordered) for r in zip(*b.to_pydict().values(), strict=True)]
+            sums = Counter()
+            for i, item, t, d in replayed:
+                sums[(i, item, t)] += d
+            assert Counter({(i, item, d): 1 for (i, item, _t), d in sums.items()}) == want  # one row per run
+            assert {t for _i, _item, t, _d in replayed} == {4} and len(replayed) == 5
+        eng.compaction.merge_pass()
+        assert not any(r.raw for r in eng.view.relations["bulk"].trace.pending)
+        assert snapshot(eng, "bulk", 4) == want
+    with sediment.open(data, compact_interval=None) as eng:
+        assert snapshot(eng, "bulk", 4) == want
+        eng.compact()
+        assert eng.trace_info("bulk")["pending"] == 0 and snapshot(eng, "bulk", 4) == want
+
+
+def test_raw_runs_read_by_name_after_an_alter_and_are_rewritten_with_ids_after_one(tmp_path):
+    """A raw run committed before an alter reads in the altered columns (an added column's
+    default); one committed after an alter added a column (files without field ids) is
+    rewritten at the commit as a batch with the relation's ids."""
+    frame = pa.schema([pa.field("item", pa.string()), pa.field("id", pa.int64(), nullable=False)])
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        path = staged.stage(eng, "bulk", "before")
+        pq.write_table(pa.table({"item": ["b", "a", "b"], "id": [2, 1, 2]}, schema=frame),
+                       os.path.join(path, "part-0.parquet"))
+        staged.commit_staged(eng, "bulk", "before", time=3)
+        eng.alter_relation("bulk", add=[pa.field("n", pa.int64())], defaults={"n": 7})
+        path = staged.stage(eng, "bulk", "after")
+        pq.write_table(pa.table({"n": [8], "item": ["c"], "id": [3]}), os.path.join(path, "part-0.parquet"))
+        staged.commit_staged(eng, "bulk", "after", time=4)
+        assert [r.raw for r in eng.view.relations["bulk"].trace.pending] == [True, False]
+        eng.seal("bulk", 4)
+        got = eng.snapshot("bulk", 4).to_pylist()
+        assert got == [{"id": 1, "item": "a", "n": 7, "diff": 1}, {"id": 2, "item": "b", "n": 7, "diff": 2},
+                       {"id": 3, "item": "c", "n": 8, "diff": 1}]
+        eng.compact()
+        assert eng.trace_info("bulk")["pending"] == 0 and eng.snapshot("bulk", 4).to_pylist() == got

@@ -451,3 +451,49 @@ def test_every_flight_message_has_a_worked_example_that_decodes():
         assert json.loads(msg.encode(op, **fields)) == example  # the bytes the client sends for it
         seen.add(op)
     assert seen == set(msg.FIELDS), sorted(set(msg.FIELDS) - seen)
+
+
+def _raw_example() -> tuple[bytes, object]:
+    """The raw run of the formats doc's example: the frame's own Parquet file, its description in the footer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sediment.trace.batch import RAW_VERSION, BatchDescription
+
+    desc = BatchDescription(7, 6, 7, 3, 3, format_version=RAW_VERSION, time=6, diff=1)
+    frame = pa.table({"k": pa.array([2, 1, 2], pa.int64()), "v": ["b", "a", "b"]},
+                     schema=pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.string())]))
+    sink = pa.BufferOutputStream()
+    pq.write_table(frame.replace_schema_metadata(desc.to_metadata()), sink)
+    return sink.getvalue().to_pybytes(), desc
+
+
+def test_raw_run_example_footer_and_ref_decode():
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sediment.trace.batch import read_description
+    from sediment.trace.fold import fold
+    from sediment.trace.raw import raw_updates
+    from sediment.trace.state import BatchRef
+    from sediment.trace.store import describe
+
+    block = _block_after("Worked example: a frame `(k int64 not null, v string)` written as it is")
+    listed = dict((k.strip(), v.strip()) for k, v in (ln.split("=", 1) for ln in block.strip().splitlines()))
+    data, desc = _raw_example()
+    meta = {k.decode(): v.decode() for k, v in pq.ParquetFile(pa.BufferReader(data)).metadata.metadata.items()
+            if k.startswith(b"sediment.")}
+    assert meta == listed
+    assert read_description(data) == desc
+    run = fold(raw_updates(pq.read_table(pa.BufferReader(data)), desc), ["k", "v"])
+    assert [tuple(r.values()) for r in run.to_pylist()] == [(1, "a", 6, 1), (2, "b", 6, 2)]
+    assert "It reads as the consolidated run `(1, \"a\", 6, 1)`, `(2, \"b\", 6, 2)`." in DOC.read_text()
+
+    text = DOC.read_text()
+    size = int(re.search(r"metadata, ([\d,]+)\s+bytes; a commit", text).group(1).replace(",", ""))
+    ref_doc = json.loads(re.search(r"Example:\s+`(\{\"bytes\": \d+.*?\})`", text, re.S).group(1))
+    ref = BatchRef(**ref_doc)
+    assert ref.raw and (ref.time, ref.diff) == (6, 1) and describe(7, ref) == desc
+    assert ref.bytes == size == len(data) and ref.to_json() == ref_doc

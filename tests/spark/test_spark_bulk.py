@@ -124,31 +124,88 @@ def test_bulk_refusals_are_typed_and_change_nothing(spark, coordinator):
     assert bulk_write.BULK in options.BATCH_WRITE
 
 
-def test_a_frame_already_ordered_by_the_first_key_is_not_sorted_again(spark, coordinator):
-    """Partitions of ``spark.range`` come ordered by id: the staged frame has no sort and its
-    files are runs as Spark wrote them. A frame ordered by id whose rows repeat is not a run:
-    the commit consolidates it. A shuffled frame is sorted by Spark. All read back as the row
-    path's."""
+def spark_read(spark, c, relation, as_of) -> list:
+    df = spark.read.format("sediment").options(**c.options(relation)).option("asOf", as_of).load()
+    return Counter(tuple(r) for r in df.collect())
+
+
+def replayed(c, relation) -> tuple[list, Counter]:
+    """The time-ordered replay's times in order, and its updates summed by (row, time) (the row
+    path's WAL tail holds a repeated update twice, a raw run once with the diffs summed)."""
+    times, sums = [], Counter()
+    for b in c.engine.replay(relation):
+        for i, item, t, d in zip(*b.to_pydict().values(), strict=True):
+            times.append(t)
+            sums[(i, item, t)] += d
+    return sorted(times) == times, +sums
+
+
+def test_a_frame_is_written_as_df_write_parquet_writes_it_and_reads_the_same(spark, coordinator):
+    """Frames with the relation's columns and types (and time, or a load time) are written by
+    Spark as they are: no projection, no sort, no diff column; their files are kept as raw
+    runs. An ordered frame, one whose (row, time) repeat and a shuffled one read back as the
+    row path's (snapshots, time-ordered replay, Spark reads) before background compaction
+    rewrites the raw runs and after; a frame with a diff column still goes as updates."""
     c = coordinator(compact_interval=None)
     ranged = spark.range(0, 3_000, numPartitions=2).select(
         "id", F.concat(F.lit("i"), (F.col("id") % 7).cast("string")).alias("item"), (4 - F.col("id") % 3).alias("time"))
     twice = ranged.union(ranged).coalesce(1).sortWithinPartitions("id")
-    shuffled, _data = updates_frame(spark)
-    plans = {name: bulk_write.staged_frame(df, SCHEMA, None, None)._jdf.queryExecution().executedPlan().toString()
-             for name, df in (("ranged", ranged), ("twice", twice), ("shuffled", shuffled))}
-    assert "Sort [" not in plans["ranged"] and "Sort [" in plans["shuffled"]
-    assert bulk_write.ordered_by(twice, "id") and not bulk_write.ordered_by(shuffled, "id")
-    for name, df in (("ranged", ranged), ("twice", twice), ("shuffled", shuffled)):
+    with_diff, _data = updates_frame(spark)
+    frames = {"ranged": ranged, "twice": twice, "shuffled": with_diff.drop("diff"), "no_time": ranged.drop("time"),
+              "with_diff": with_diff}
+    assert bulk_write.written_as_is(ranged.schema, SCHEMA) and not bulk_write.written_as_is(with_diff.schema, SCHEMA)
+    for name, df in frames.items():
         for side in ("rows", "bulk"):
             c.engine.add_relation(f"{name}_{side}", SCHEMA)
             c.engine.seal(f"{name}_{side}", 1)
-        write(df, c, f"{name}_rows")
-        write(df, c, f"{name}_bulk", bulk="true")
-        codecs = {pq.ParquetFile(c.engine.traces.blobs.local_path(run.key)).metadata.row_group(0).column(0).compression
-                  for run in c.engine.view.relations[f"{name}_bulk"].trace.pending}
-        if name != "shuffled":  # its rows repeat: consolidated at the commit whoever sorted them
-            assert codecs == ({"SNAPPY"} if name == "ranged" else {"ZSTD"}), (name, codecs)  # Spark's files kept, or rewritten
-        for t in (2, 3, 4, 5):
-            for side in ("rows", "bulk"):
-                c.engine.seal(f"{name}_{side}", t)
-            assert raw(c, f"{name}_bulk", t) == raw(c, f"{name}_rows", t), (name, t)
+        extra = {"time": 3} if name == "no_time" else {}
+        write(df, c, f"{name}_rows", **extra)
+        write(df, c, f"{name}_bulk", bulk="true", **extra)
+        runs = c.engine.view.relations[f"{name}_bulk"].trace.pending
+        files = [pq.ParquetFile(c.engine.traces.blobs.local_path(run.key)) for run in runs]
+        assert {f.metadata.row_group(0).column(0).compression for f in files} == {"SNAPPY"}  # Spark's pages kept
+        if name != "with_diff":
+            assert all(run.raw for run in runs) and not any("diff" in f.schema_arrow.names for f in files)
+        assert {run.time for run in runs} == ({3} if name == "no_time" else {None})
+    for name in frames:
+        for side in ("rows", "bulk"):
+            c.engine.seal(f"{name}_{side}", 5)
+    before = {name: [raw(c, f"{name}_bulk", t) for t in (2, 3, 4, 5)] for name in frames}
+    for name in frames:
+        assert before[name] == [raw(c, f"{name}_rows", t) for t in (2, 3, 4, 5)], name
+        assert replayed(c, f"{name}_bulk") == replayed(c, f"{name}_rows"), name
+    assert spark_read(spark, c, "shuffled_bulk", 4) == spark_read(spark, c, "shuffled_rows", 4)
+    c.engine.compaction.merge_pass()  # raw runs rewritten sorted; no pass folds them yet
+    for name in frames:
+        assert not any(run.raw for run in c.engine.view.relations[f"{name}_bulk"].trace.pending)
+        assert [raw(c, f"{name}_bulk", t) for t in (2, 3, 4, 5)] == before[name], name
+    assert spark_read(spark, c, "shuffled_bulk", 4) == spark_read(spark, c, "shuffled_rows", 4)
+
+
+def test_staged_files_are_flushed_while_spark_still_writes_and_again_after_a_move(tmp_path):
+    """The driver's early writeback fdatasyncs each Parquet file that appears or grows under the
+    staging directory (a file moved by Spark's task commit is found under its new name); other
+    files are left alone."""
+    import threading
+    import time
+
+    root = tmp_path / "stage"
+    (root / "_temporary" / "0").mkdir(parents=True)
+
+    def flushed_as(flushed, path, size):
+        deadline = time.monotonic() + 30
+        while flushed.get(str(path)) != size:
+            assert time.monotonic() < deadline, f"{path} not flushed at {size} bytes: {flushed}"
+            threading.Event().wait(0.005)
+
+    with bulk_write.early_writeback(str(root), every=0.01) as flushed:
+        part = root / "_temporary" / "0" / "part-0.parquet"
+        part.write_bytes(b"x" * 1000)
+        flushed_as(flushed, part, 1000)
+        with open(part, "ab") as f:
+            f.write(b"y" * 24)
+        flushed_as(flushed, part, 1024)
+        part.rename(root / "part-0.parquet")
+        flushed_as(flushed, root / "part-0.parquet", 1024)
+        (root / "_SUCCESS").write_bytes(b"")
+    assert str(root / "_SUCCESS") not in flushed
