@@ -254,8 +254,10 @@ def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> Batch
     """The staged file as a pending run under a fresh batch key: its pages kept, a new footer."""
     rid, keys = rel.entry.id, rel.keys
     # Spark's files carry no field ids, so they are read by version 0's names: a relation an
-    # alter renamed or added columns to gets the file rewritten with its ids instead
-    by_name = rel.layout is None or rel.layout.is_current(engine.traces.schema_of(rid))
+    # alter renamed or added columns to gets the file rewritten with its ids instead; a raw
+    # file (written as the frame was) is kept as it is only while no alter has run at all
+    unaltered = rel.layout is None or rel.layout.current_version == 0
+    by_name = unaltered or (not staged.raw and rel.layout.is_current(engine.traces.schema_of(rid)))
     desc = BatchDescription(rid, staged.lo, staged.hi + 1, since, staged.rows,
                             format_version=RAW_VERSION if staged.raw else FORMAT_VERSION,
                             time=staged.time, diff=staged.diff)
