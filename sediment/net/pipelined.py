@@ -78,7 +78,8 @@ class PipelinedAppends:
                 stream, _fresh = self._take(self.name, table.schema)
                 self._stream = stream
             if len(self._flight) >= self._window:
-                refused = refused or self._settled(self._collect)
+                later = self._settled(self._collect)  # always collect: the window needs the room
+                refused = refused or later
                 stream = self._stream
                 if stream is None:  # the server ended the stream: the rest went through append
                     self._resend(table)
@@ -89,7 +90,8 @@ class PipelinedAppends:
             self._flight.append(table)
             self.sent += 1
             if not stream.send(append_batches(table, self._chunk), PLAIN):
-                refused = refused or self._settled(self._drain)  # the acknowledgements up to the end say what the server took
+                later = self._settled(self._drain)  # the acknowledgements up to the end say what the server took
+                refused = refused or later
             self._raise(refused)
 
     def flush(self) -> None:
@@ -113,7 +115,11 @@ class PipelinedAppends:
         ``sent - acknowledged`` stays exactly the appends whose outcome is not known)."""
         refused = None
         while self._flight:
-            refused = refused or self._settled(self._collect)
+            left = len(self._flight)
+            later = self._settled(self._collect)  # every one, even after a refusal
+            if later is not None and len(self._flight) >= left:
+                raise later  # not an answer to an append: collecting again would not end
+            refused = refused or later
         self._raise(refused)
 
     @staticmethod
