@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from support.waiting import Progress
 
 from sediment.errors import EngineClosed, WalError
 from sediment.wal.file_log import FileLog
@@ -302,6 +303,25 @@ def test_a_leader_also_writes_the_group_queued_during_its_own(tmp_path, monkeypa
         log.close()
 
 
+class _Registered(list):
+    """A ticket's list of follower locks that tells ``progress`` when a follower registers
+    (GroupCommit.wait appends its lock under the log's lock), so a test waits on the event."""
+
+    def __init__(self, progress: Progress) -> None:
+        super().__init__()
+        self.progress = progress
+
+    def append(self, lock) -> None:
+        super().append(lock)
+        self.progress.changed()
+
+
+def _watched(gc, progress: Progress):
+    pending = GroupAppend(gc, [upd(0)], [0])
+    pending.wake = _Registered(progress)
+    return gc.submit(pending)
+
+
 def _blocked_in_wait(ticket) -> bool:
     """The main thread waits on ``ticket`` and is blocked in the kernel (state S in /proc)."""
     main = threading.main_thread()
@@ -310,9 +330,8 @@ def _blocked_in_wait(ticket) -> bool:
 
 
 def _interrupt_main_once(ready) -> None:
-    deadline = time.monotonic() + 30
-    while not ready() and time.monotonic() < deadline:
-        time.sleep(0.001)
+    # the main thread's state in the kernel has no event to wait on: read it until it sleeps
+    poll(ready, "the main thread to block in its wait", timeout=30)
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
@@ -338,7 +357,8 @@ def _gated_commit(gates: dict[int, threading.Event]):
 def test_ctrl_c_in_a_waiting_follower_strands_no_other_waiter_of_its_group():
     gate = threading.Event()
     gc, entered = _gated_commit({1: gate})
-    ticket = lambda: gc.submit(GroupAppend(gc, [upd(0)], [0]))  # noqa: E731
+    progress = Progress()
+    ticket = lambda: _watched(gc, progress)  # noqa: E731
     first = ticket()
     leader = threading.Thread(target=first.wait, daemon=True)
     leader.start()
@@ -349,10 +369,10 @@ def test_ctrl_c_in_a_waiting_follower_strands_no_other_waiter_of_its_group():
     done = [threading.Event() for _ in others]
     for p, ev in zip(others, done, strict=True):
         threading.Thread(target=lambda p=p, ev=ev: (p.wait(), ev.set()), daemon=True).start()
+    progress.wait_for(lambda: all(p.wake for p in others), 10, "every other follower to wait")
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        threading.Thread(target=_interrupt_main_once,
-                         args=(lambda: all(p.wake for p in others) and _blocked_in_wait(mine),), daemon=True).start()
+        threading.Thread(target=_interrupt_main_once, args=(lambda: _blocked_in_wait(mine),), daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             mine.wait()
     finally:
@@ -368,26 +388,26 @@ def test_ctrl_c_in_a_waiting_follower_strands_no_other_waiter_of_its_group():
 def test_ctrl_c_in_a_follower_the_lead_is_passed_to_does_not_stall_the_log():
     gates = {1: threading.Event(), 2: threading.Event()}
     gc, entered = _gated_commit(gates)
-    ticket = lambda: gc.submit(GroupAppend(gc, [upd(0)], [0]))  # noqa: E731
+    progress = Progress()
+    ticket = lambda: _watched(gc, progress)  # noqa: E731
     first = ticket()
     threading.Thread(target=first.wait, daemon=True).start()
     assert entered[1].wait(10)
     kept = ticket()  # queued during write 1: the leader keeps it as write 2
     kept_done = threading.Event()
     threading.Thread(target=lambda: (kept.wait(), kept_done.set()), daemon=True).start()
-    deadline = time.monotonic() + 10
-    while not kept.wake and time.monotonic() < deadline:
-        time.sleep(0.001)
+    progress.wait_for(lambda: bool(kept.wake), 10, "the kept append's follower to wait")
     gates[1].set()
     assert entered[2].wait(10)
     mine = ticket()  # queued during write 2: the lead is passed to its waiter after
     behind = ticket()
     behind_done = threading.Event()
     threading.Thread(target=lambda: (behind.wait(), behind_done.set()), daemon=True).start()
+    progress.wait_for(lambda: bool(behind.wake), 10, "the follower behind to wait")
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         def interrupt_then_pass() -> None:
-            _interrupt_main_once(lambda: bool(behind.wake) and _blocked_in_wait(mine))
+            _interrupt_main_once(lambda: _blocked_in_wait(mine))
             gates[2].set()  # the lead is handed on while (or after) the main thread gives up
         threading.Thread(target=interrupt_then_pass, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
