@@ -72,7 +72,6 @@ class _Staged:
     rows: int
     lo: int
     hi: int
-    is_run: bool
     raw: bool = False
     time: int | None = None
     diff: int | None = None
@@ -167,7 +166,7 @@ def _check_raw(pf: pq.ParquetFile, key: str, path: str, where: str, time: int | 
                 lo, hi = (s_lo, s_hi) if lo is None else (min(lo, s_lo), max(hi, s_hi))
     if lo < 0:
         raise StagedFileInvalid(f"{where}: staged file {key!r} has time {lo}; times are >= 0")
-    return _Staged(key, path, pf.metadata.num_rows, lo, hi, False, True, time, diff)
+    return _Staged(key, path, pf.metadata.num_rows, lo, hi, True, time, diff)
 
 
 def _read(pf: pq.ParquetFile, i: int, name: str, key: str, where: str) -> pa.ChunkedArray:
@@ -210,7 +209,7 @@ def _check_run(pf: pq.ParquetFile, key: str, path: str, schema: pa.Schema, keys:
             joined = part if last is None else pa.concat_tables([last, part])
             is_run = nonzero and first_unsorted(joined, cols, strict=True) is None
             last = part.slice(part.num_rows - 1)
-    return _Staged(key, path, pf.metadata.num_rows, lo, hi, is_run, not is_run)
+    return _Staged(key, path, pf.metadata.num_rows, lo, hi, not is_run)
 
 
 def _stated_facts(group: Any, schema: pa.Schema) -> tuple[int, int, bool] | None:
