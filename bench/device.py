@@ -14,8 +14,10 @@ recovery. So in one run we measure, on the same file system:
   flight, against a plain writer/fio with threads x depth threads. Rounds alternate ring,
   plain, fio; each row shows medians, the min-max of the per-round ratio, the CPU
   time (all threads) per append of the ring and of the plain writer, which the machine's
-  load moves far less than the bandwidth, and the ring's appends per data write (``a/w``:
-  1.00 when no two appends shared a block write);
+  load moves far less than the bandwidth, their context switches per append, and the
+  ring's appends per data write (``a/w``: 1.00 when no two appends shared a block write);
+* with ``--python-us``, the plain writer again with that much Python before each write:
+  what the interpreter's share of an append costs a writer;
 * recovery scan speed for a ring filled with ``--recovery-mib`` of records.
 
     .venv/bin/python bench/device.py                 # full run (1 GiB recovery ring)
@@ -36,8 +38,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from sediment.wal.device.log import DeviceLog
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind
@@ -54,14 +56,11 @@ def run_threads(work, threads: int) -> tuple[float, float, float]:
     """Run ``work(k)`` on ``threads`` threads; wall seconds, CPU seconds of the process (all
     threads) and its context switches (voluntary and not, every thread, ended ones too:
     each is a sleep or a preemption, which is where the interpreter lock's hand-offs show)."""
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
     u0 = resource.getrusage(resource.RUSAGE_SELF)
     c0 = time.process_time()
     t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(work, range(threads)))  # re-raises a thread's failure
     elapsed = time.perf_counter() - t0
     cpu = time.process_time() - c0
     u1 = resource.getrusage(resource.RUSAGE_SELF)
