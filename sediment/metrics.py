@@ -181,6 +181,7 @@ class ThreadHistogram:
         self._lock = threading.Lock()
         self._cells: list[tuple[weakref.ref, list[float]]] = []
         self._retired = [0.0] * (len(self._bounds) + 2)
+        self._fold_at = 64
         registry.register(self)
 
     def observe(self, value: float) -> None:
@@ -198,17 +199,30 @@ class ThreadHistogram:
         self._local.cell = cell
         with self._lock:
             self._cells.append((weakref.ref(owner), cell))
+            if len(self._cells) >= self._fold_at:  # threads come and go unscraped: keep the list near the live ones
+                self._fold()
+                self._fold_at = max(64, 2 * len(self._cells))
         return cell
+
+    def _fold(self) -> None:
+        """Under the lock: add finished threads' cells to the retired total and drop them."""
+        live = []
+        for ref, cell in self._cells:
+            if ref() is None:
+                self._retired = [a + b for a, b in zip(self._retired, cell, strict=True)]
+            else:
+                live.append((ref, cell))
+        self._cells = live
+
+    @property
+    def cells(self) -> int:
+        """How many per-thread cells are held (live threads', and finished ones' not yet folded)."""
+        return len(self._cells)
 
     def _totals(self) -> list[float]:
         with self._lock:
-            live = []
-            for ref, cell in self._cells:
-                if ref() is None:
-                    self._retired = [a + b for a, b in zip(self._retired, cell, strict=True)]
-                else:
-                    live.append((ref, cell))
-            self._cells = live
+            self._fold()
+            live = self._cells
             total = list(self._retired)
             for _ref, cell in live:
                 total = [a + b for a, b in zip(total, cell, strict=True)]

@@ -59,6 +59,21 @@ def test_histogram_counts_every_observation_of_live_and_finished_threads():
     assert again[("sediment_t_seconds_bucket", (("le", "0.001"),))] == 8001
 
 
+def test_cells_of_finished_threads_are_folded_even_without_a_scrape():
+    registry = CollectorRegistry(auto_describe=True)
+    h = ThreadHistogram(registry, "t_seconds", "test")
+    for _ in range(20):  # 20 x 25 short-lived threads, never scraped meanwhile
+        threads = [threading.Thread(target=h.observe, args=(0.002,)) for _ in range(25)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert h.cells <= 128  # the list follows the live threads, not every thread that ever observed
+    got = _scrape(registry)
+    assert got[("sediment_t_seconds_count", ())] == 500
+    assert got[("sediment_t_seconds_bucket", (("le", "0.0025"),))] == 500
+
+
 def test_plain_counter_series_are_created_at_zero_and_removed():
     registry = CollectorRegistry(auto_describe=True)
     c = PlainCounter(registry, "things", "test", "relation")
