@@ -273,7 +273,7 @@ class FileLog:
             every = batch[0].records
             self._preamble.observe(every)
             self._commit_offsets(seg, offsets, pos)
-            if batch[0].on_durable is not None:
+            if batch[0].on_durable is not None and every:
                 batch[0].on_durable(every)
             return
         self._preamble.observe([r for p in batch for r in p.records])
