@@ -30,7 +30,7 @@ import time
 def use_build(root: str) -> None:
     """Import sediment from ``root`` instead of this checkout (the editable install's finder)."""
     import __editable___sediment_engine_0_1_0_finder as finder  # noqa: PLC0415 - only for --build
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(finder.MAPPING["sediment"])  # the checkout the virtualenv was installed from
     for name, path in list(finder.MAPPING.items()):
         finder.MAPPING[name] = path.replace(here, os.path.abspath(root))
 
@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.build:
         use_build(a.build)
     one, many = measure(a.dir)
+    import sediment.engine.writer  # noqa: PLC0415 - which checkout ran
+
+    if a.build and not os.path.abspath(sediment.engine.writer.__file__).startswith(os.path.abspath(a.build)):
+        raise SystemExit(f"--build {a.build}: ran {sediment.engine.writer.__file__} instead")
     print(f"{a.build or 'this build'}: one writer {one:.2f} us thread CPU per append; "
           f"64 writers {many:.1f} us process CPU per append (load {os.getloadavg()[0]:.1f})")
     return 0
