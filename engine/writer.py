@@ -48,6 +48,7 @@ class Writer:
         self._txn_counter = 0
         self._small: dict[tuple[int, int], SmallBodyEncoder] = {}  # (relation id, schema version) -> encoder
         self._appending = 0  # appends between prepare and encode now, about
+        self._observe_latency = metrics.append_latency.observe
 
     def wait_backlog(self, records: list[Record]) -> None:
         """Under the lock: wait while the append would take the WAL backlog past
@@ -203,7 +204,7 @@ class Writer:
                 self.locks.check_and_record(locks, t_max)
             ticket = self.log.submit(records, self.view.on_durable)
         ticket.wait()
-        self.metrics.append_latency.observe(time.perf_counter() - start)
+        self._observe_latency(time.perf_counter() - start)
 
     def transaction(self) -> Transaction:
         """A write transaction: appends to any relations, visible only after ``commit()``."""
