@@ -22,13 +22,18 @@ costs about 60 ns a row on time-interleaved indices here, the fixed-size one 10.
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import lru_cache
-from typing import Protocol
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import lru_cache, partial
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+T = TypeVar("T")
 
 
 class Ranged(Protocol):
@@ -94,21 +99,46 @@ def in_time_order(table: pa.Table, schema: pa.Schema, batch_rows: int) -> Iterat
 
 def sorted_blocks(rows: pa.Table | Iterable[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
     """``rows``' chunks (row groups, records), each stably sorted by time, in ``schema``'s
-    column types except that binary columns of one width may come as fixed-size binary."""
+    column types except that binary columns of one width may come as fixed-size binary.
+    Each chunk is sorted on a helper thread while the caller decodes the next one."""
     at = schema.get_field_index("time")
-    out = []
-    for block in rows.to_batches() if isinstance(rows, pa.Table) else rows:
-        if not block.num_rows:
-            continue
-        if not block.schema.equals(schema):
-            block = block.cast(schema)
-        block = pa.RecordBatch.from_arrays([_fixed_or_same(col) for col in block.columns], names=schema.names)
-        times = block.column(at)
-        span = pc.min_max(times)
-        if span["min"] != span["max"]:
-            block = block.take(pc.array_sort_indices(times))
-        out.append(block)
-    return out
+    blocks = rows.to_batches() if isinstance(rows, pa.Table) else rows
+    return list(in_order((partial(_sorted_block, b, schema, at) for b in blocks if b.num_rows), WORKERS))
+
+
+def _sorted_block(block: pa.RecordBatch, schema: pa.Schema, at: int) -> pa.RecordBatch:
+    """``block`` in ``schema``'s types (binary of one width as fixed-size), stably sorted by time."""
+    if not block.schema.equals(schema):
+        block = block.cast(schema)
+    block = pa.RecordBatch.from_arrays([_fixed_or_same(col) for col in block.columns], names=schema.names)
+    times = block.column(at)
+    span = pc.min_max(times)
+    if span["min"] != span["max"]:
+        block = block.take(pc.array_sort_indices(times))
+    return block
+
+
+def in_order(tasks: Iterable[Callable[[], T]], workers: int) -> Iterator[T]:
+    """The results of ``tasks``, in order, computed on up to ``workers`` helper threads while
+    the caller produces the next task (decodes the next row group, cuts the next window):
+    Arrow's kernels release the GIL, so a time-ordered read uses both cores of a small
+    machine as the plain threaded read does. At most ``workers`` results wait unclaimed,
+    so memory stays bounded. With one worker or fewer, each task runs on the caller."""
+    if workers < 2:
+        yield from (task() for task in tasks)
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sediment-replay") as pool:
+        waiting: deque[Future[T]] = deque()
+        try:
+            for task in tasks:
+                waiting.append(pool.submit(task))
+                if len(waiting) > workers:
+                    yield waiting.popleft().result()
+            while waiting:
+                yield waiting.popleft().result()
+        finally:
+            for future in waiting:
+                future.cancel()
 
 
 def merged(blocks: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -116,6 +146,13 @@ def merged(blocks: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int) -> 
     of ``schema`` of <= ``batch_rows`` rows: a k-way merge in windows of whole times. Each
     window takes from every block the slice of rows whose times fall in it and sorts just
     those, so memory is allocated (and reused) a window at a time."""
+    for out in in_order(_windows(blocks, schema, batch_rows), WORKERS):
+        yield from out
+
+
+def _windows(blocks: list[pa.RecordBatch], schema: pa.Schema,
+             batch_rows: int) -> Iterator[Callable[[], list[pa.RecordBatch]]]:
+    """For :func:`merged`: each window's merge, as a task to run, in order."""
     if not blocks:
         return
     at = schema.get_field_index("time")
@@ -139,11 +176,17 @@ def merged(blocks: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int) -> 
             if stop > cursors[n]:
                 parts.append(blocks[n].slice(cursors[n], stop - cursors[n]))
                 cursors[n] = stop
-        yield from _window(parts, schema, batch_rows, one_time=j == i + 1)
+        yield partial(_merged_window, parts, schema, batch_rows, one_time=j == i + 1)
         i = j
 
 
 WINDOW_ROWS = 1 << 19  # rows merged at once (about 20 MB of the benchmark's rows)
+WORKERS = min(2, os.cpu_count() or 1)  # threads sorting blocks and merging windows (see in_order)
+
+
+def _merged_window(parts: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int, *,
+                   one_time: bool) -> list[pa.RecordBatch]:
+    return list(_window(parts, schema, batch_rows, one_time=one_time))
 
 
 def _runs(times: pa.Array) -> tuple[list[int], list[int], pa.Array]:
