@@ -28,7 +28,7 @@ Cases, alternated in each round:
     .venv/bin/python bench/replay.py            # about 1 min: 10M rows, 5 rounds
     .venv/bin/python bench/replay.py --quick    # about 10-20 s: 3M rows, 5 rounds
     .venv/bin/python bench/replay.py --profile  # also cProfile one replay and one snapshot
-    .venv/bin/python bench/replay.py --before e6b4734   # also that build's time-ordered sweep, same rounds
+    .venv/bin/python bench/replay.py --before a8fd827   # also that build's time-ordered sweep, same rounds
 
 Temp directories go under ``--dir`` (default /tmp) and are removed afterwards.
 """
@@ -87,8 +87,9 @@ def run_replay(engine, ordered: bool = True) -> tuple[float, int]:
 
 
 def before_build(engine, rev: str):
-    """A replay through ``rev``'s ``engine/time_order.py`` (loaded from git into this process),
-    fed whole decoded batches as that build was: the previous build in the same rounds."""
+    """A replay through ``rev``'s ``engine/time_order.py`` (loaded from git into this process):
+    the previous build in the same rounds. A build from before the row-group sort
+    (``sorted_blocks``) is fed whole decoded batches, as it was."""
     import importlib.util
     import subprocess
 
@@ -103,14 +104,18 @@ def before_build(engine, rev: str):
     spec.loader.exec_module(old)
     current, traces = reads.time_order, engine.traces
 
+    whole = not hasattr(old, "sorted_blocks")
+
     def run() -> tuple[float, int]:
         reads.time_order = old
-        traces.read_pieces = lambda rid, ref, **_: traces.read(rid, ref, use_threads=False)
+        if whole:
+            traces.read_pieces = lambda rid, ref, **_: traces.read(rid, ref, use_threads=False)
         try:
             return run_replay(engine)
         finally:
             reads.time_order = current
-            del traces.read_pieces
+            if whole:
+                del traces.read_pieces
 
     return run
 
