@@ -15,27 +15,20 @@ while it is still in the CPU cache; the sweep then cuts a block at a boundary by
 prefix. Emitting is a k-way merge by time in windows of whole times: a window takes from
 every block the slice of its times (runs found by run-end encoding), concatenates them and
 sorts that with one stable counting sort (``array_sort_indices``), whose gather reads runs
-of neighbouring rows. Windows are merged on two helper threads while the caller cuts the
-next window and hands on the last (:func:`in_order`); the row groups are sorted on the
-caller's thread, which decoded them. Binary and string columns whose values share one width are sorted
+of neighbouring rows. Binary and string columns whose values share one width are sorted
 as fixed-size binary and viewed back without a copy: Arrow's variable-length ``take``
 costs about 60 ns a row on time-interleaved indices here, the fixed-size one 10.
 """
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from functools import lru_cache, partial
-from typing import Protocol, TypeVar
+from functools import lru_cache
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-T = TypeVar("T")
 
 
 class Ranged(Protocol):
@@ -101,47 +94,21 @@ def in_time_order(table: pa.Table, schema: pa.Schema, batch_rows: int) -> Iterat
 
 def sorted_blocks(rows: pa.Table | Iterable[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
     """``rows``' chunks (row groups, records), each stably sorted by time, in ``schema``'s
-    column types except that binary columns of one width may come as fixed-size binary.
-    Each chunk is sorted on the thread that decoded it, while it is in that core's cache (on
-    a helper thread the sort cost a third more CPU here)."""
+    column types except that binary columns of one width may come as fixed-size binary."""
     at = schema.get_field_index("time")
-    return [_sorted_block(b, schema, at) for b in (rows.to_batches() if isinstance(rows, pa.Table) else rows)
-            if b.num_rows]
-
-
-def _sorted_block(block: pa.RecordBatch, schema: pa.Schema, at: int) -> pa.RecordBatch:
-    """``block`` in ``schema``'s types (binary of one width as fixed-size), stably sorted by time."""
-    if not block.schema.equals(schema):
-        block = block.cast(schema)
-    block = pa.RecordBatch.from_arrays([_fixed_or_same(col) for col in block.columns], names=schema.names)
-    times = block.column(at)
-    span = pc.min_max(times)
-    if span["min"] != span["max"]:
-        block = block.take(pc.array_sort_indices(times))
-    return block
-
-
-def in_order(tasks: Iterable[Callable[[], T]], workers: int) -> Iterator[T]:
-    """The results of ``tasks``, in order, computed on up to ``workers`` helper threads while
-    the caller cuts the next task (the next merge window) and consumes the last result:
-    Arrow's kernels release the GIL, so the merge uses both cores of a small machine, as
-    the plain threaded read does. At most ``workers`` results wait unclaimed, so memory
-    stays bounded. With one worker or fewer, each task runs on the caller."""
-    if workers < 2:
-        yield from (task() for task in tasks)
-        return
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sediment-replay") as pool:
-        waiting: deque[Future[T]] = deque()
-        try:
-            for task in tasks:
-                waiting.append(pool.submit(task))
-                if len(waiting) > workers:
-                    yield waiting.popleft().result()
-            while waiting:
-                yield waiting.popleft().result()
-        finally:
-            for future in waiting:
-                future.cancel()
+    out = []
+    for block in rows.to_batches() if isinstance(rows, pa.Table) else rows:
+        if not block.num_rows:
+            continue
+        if not block.schema.equals(schema):
+            block = block.cast(schema)
+        block = pa.RecordBatch.from_arrays([_fixed_or_same(col) for col in block.columns], names=schema.names)
+        times = block.column(at)
+        span = pc.min_max(times)
+        if span["min"] != span["max"]:
+            block = block.take(pc.array_sort_indices(times))
+        out.append(block)
+    return out
 
 
 def merged(blocks: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -149,13 +116,6 @@ def merged(blocks: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int) -> 
     of ``schema`` of <= ``batch_rows`` rows: a k-way merge in windows of whole times. Each
     window takes from every block the slice of rows whose times fall in it and sorts just
     those, so memory is allocated (and reused) a window at a time."""
-    for out in in_order(_windows(blocks, schema, batch_rows), WORKERS):
-        yield from out
-
-
-def _windows(blocks: list[pa.RecordBatch], schema: pa.Schema,
-             batch_rows: int) -> Iterator[Callable[[], list[pa.RecordBatch]]]:
-    """For :func:`merged`: each window's merge, as a task to run, in order."""
     if not blocks:
         return
     at = schema.get_field_index("time")
@@ -179,17 +139,11 @@ def _windows(blocks: list[pa.RecordBatch], schema: pa.Schema,
             if stop > cursors[n]:
                 parts.append(blocks[n].slice(cursors[n], stop - cursors[n]))
                 cursors[n] = stop
-        yield partial(_merged_window, parts, schema, batch_rows, one_time=j == i + 1)
+        yield from _window(parts, schema, batch_rows, one_time=j == i + 1)
         i = j
 
 
 WINDOW_ROWS = 1 << 19  # rows merged at once (about 20 MB of the benchmark's rows)
-WORKERS = min(2, os.cpu_count() or 1)  # threads merging windows (see in_order)
-
-
-def _merged_window(parts: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int, *,
-                   one_time: bool) -> list[pa.RecordBatch]:
-    return list(_window(parts, schema, batch_rows, one_time=one_time))
 
 
 def _runs(times: pa.Array) -> tuple[list[int], list[int], pa.Array]:

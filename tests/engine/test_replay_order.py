@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 import sediment
 from sediment.clock import ManualClock
 from sediment.engine import staged, time_order
-from sediment.engine.time_order import in_order, in_time_order, time_ordered
+from sediment.engine.time_order import in_time_order, time_ordered
 
 UPDATE = pa.schema([("k", pa.int64()), ("b", pa.binary()), ("s", pa.string()), ("time", pa.int64()),
                     ("diff", pa.int64())])
@@ -73,12 +72,11 @@ def tables(draw, n_items):
 
 @settings(max_examples=200, deadline=None)
 @given(items=st.integers(0, 6).flatmap(tables), batch_rows=st.integers(1, 50), chunks=st.integers(1, 4),
-       streamed=st.booleans(), window=st.sampled_from([1, 5, 40, 1 << 19]), workers=st.sampled_from([1, 2, 3]))
-def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, streamed, window, workers):
+       streamed=st.booleans(), window=st.sampled_from([1, 5, 40, 1 << 19]))
+def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, streamed, window):
     """Items come as tables of several chunks, or (as stored batches do) as a stream of record
     batches; each chunk is a block sorted on its own, and the blocks are merged in windows of
-    about ``window`` rows (small ones here, so most merges take several windows), on the
-    caller's thread alone or with ``workers`` helper threads."""
+    about ``window`` rows (small ones here, so most merges take several windows)."""
     def load(item: Item) -> pa.Table:
         t = item.table
         step = max(1, -(-t.num_rows // chunks))
@@ -86,12 +84,11 @@ def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, stre
             return (b for b in t.to_batches(max_chunksize=step))
         return pa.Table.from_batches(t.to_batches(max_chunksize=step), schema=UPDATE)  # several chunks
 
-    saved = time_order.WINDOW_ROWS, time_order.WORKERS
-    time_order.WINDOW_ROWS, time_order.WORKERS = window, workers
+    saved, time_order.WINDOW_ROWS = time_order.WINDOW_ROWS, window
     try:
         out = list(time_ordered(items, load, UPDATE, batch_rows))
     finally:
-        time_order.WINDOW_ROWS, time_order.WORKERS = saved
+        time_order.WINDOW_ROWS = saved
     assert all(b.num_rows <= batch_rows and b.schema.equals(UPDATE) for b in out)
     got = [r for b in out for r in _rows(pa.Table.from_batches([b]))]
     assert got == _brute([i.table for i in items])
@@ -264,62 +261,14 @@ def _stored_as(engine: sediment.Engine, name: str) -> list[pa.Table]:
     return out
 
 
-# --- helper threads: order, bounded look-ahead, errors ------------------------------------------
-
-
-def test_in_order_keeps_order_when_later_tasks_finish_first():
-    """Task 0 finishes only after task 1 has: the results still come as the tasks were given."""
-    second_done = threading.Event()
-
-    def first() -> str:
-        assert second_done.wait(30), "the second task never ran beside the first"
-        return "first"
-
-    def second() -> str:
-        second_done.set()
-        return "second"
-
-    assert list(in_order(iter([first, second, lambda: "third"]), 2)) == ["first", "second", "third"]
-
-
-@pytest.mark.parametrize("workers", [1, 2, 3])
-def test_in_order_takes_at_most_workers_tasks_ahead_of_the_consumer(workers):
-    """The look-ahead bounds memory: when the consumer has taken k results, no more than
-    k + workers + 1 tasks were ever asked for (none ahead on the caller's thread alone)."""
-    made = []
-
-    def tasks():
-        for n in range(20):
-            made.append(n)
-            yield lambda n=n: (n, threading.get_ident())
-
-    got = []
-    for n, ident in in_order(tasks(), workers):
-        assert len(made) <= n + 1 + (workers + 1 if workers > 1 else 0)
-        assert (ident == threading.get_ident()) == (workers < 2)
-        got.append(n)
-    assert got == list(range(20))
-
-
-def test_in_order_raises_a_task_s_error_and_asks_for_no_more_tasks():
-    made = []
-
-    def tasks():
-        for n in range(50):
-            made.append(n)
-            yield (lambda: 1 / 0) if n == 3 else (lambda n=n: n)
-
-    got = []
-    with pytest.raises(ZeroDivisionError):
-        for n in in_order(tasks(), 2):
-            got.append(n)
-    assert got == [0, 1, 2] and len(made) <= 7
+# --- raw runs (bulk loads) beside batches and a tail --------------------------------------------
 
 
 def test_replay_with_raw_runs_batches_and_a_tail_equals_brute_force(tmp_path):
     """Bulk-loaded files out of order (raw runs, read consolidated) beside compacted batches and
     a WAL tail, all overlapping in time: the replay is the stable sort by time of what each
-    stores (a raw run as its read consolidates it), with and without helper threads."""
+    stores (a raw run as its read consolidates it), with windows small enough that the merge
+    takes several."""
     engine = sediment.open(str(tmp_path / "d"), clock=ManualClock(), compact_interval=None)
     try:
         engine.add_relation("r", ENGINE_SCHEMA)
@@ -334,12 +283,12 @@ def test_replay_with_raw_runs_batches_and_a_tail_equals_brute_force(tmp_path):
         assert [ref.raw for ref in engine.view.get("r").trace.pending] == [True, True]
         engine.append("r", _updates(rng, 200, 8, 14, False))
         expected = _brute(_stored(engine))
-        for workers in (1, 2):
-            time_order.WORKERS, saved = workers, time_order.WORKERS
+        for window in (1 << 19, 150):
+            saved, time_order.WINDOW_ROWS = time_order.WINDOW_ROWS, window
             try:
                 got = [r for b in engine.replay("r", batch_rows=97) for r in _rows(pa.Table.from_batches([b]))]
             finally:
-                time_order.WORKERS = saved
+                time_order.WINDOW_ROWS = saved
             assert got == expected
     finally:
         engine.close()
