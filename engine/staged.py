@@ -46,7 +46,7 @@ from sediment.trace.batch import (
 )
 from sediment.trace.consolidate import first_unsorted
 from sediment.trace.fold import fold
-from sediment.trace.raw import raw_matches, raw_updates
+from sediment.trace.raw import raw_matches, raw_run
 from sediment.trace.state import BatchRef
 
 if TYPE_CHECKING:
@@ -262,9 +262,7 @@ def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> Batch
                             time=staged.time, diff=staged.diff)
     if not by_name:
         table = pq.read_table(staged.path)
-        if staged.raw:
-            table = raw_updates(table, desc, engine.traces.schema_of(rid))
-        run = fold(table, keys, None)
+        run = raw_run(table, desc, engine.traces.schema_of(rid)) if staged.raw else fold(table, keys, None)
         if not run.num_rows:
             return BatchRef(None, staged.lo, staged.hi + 1)
         lo, hi = (v.as_py() for v in pc.min_max(run.column("time")).values())
