@@ -71,6 +71,7 @@ class TraceStore:
         self._claim: tuple[str, str, bool, str] | None = None
         self.whole_reads = 0  # batches read whole through the checksummed fast path (tests observe it)
         self.memory_bound = 256 << 20  # bytes a raw run's read may hold besides its output (the merge's bound)
+        self.raw_spills = 0  # sorted pieces of raw runs spilled to local files (tests observe it)
 
     def check_owner(self, engine_id: str, where: str, *, take_over: bool = False, data_dir: str = "") -> None:
         """Before anything is written or deleted: refuse (BlobPrefixOwned) a prefix another
@@ -215,6 +216,10 @@ class TraceStore:
         os.close(fd)
         return path
 
+    def _raw_spill(self) -> str:
+        self.raw_spills += 1
+        return self._spill_path()
+
     def read_stream(self, relation_id: int, ref: BatchRef, *, as_stored: bool = False,
                     memory: int | None = None) -> Iterator[pa.Table]:
         """A batch's row groups one at a time, each checked against the trace state, in the
@@ -231,7 +236,7 @@ class TraceStore:
             if self._local is not None:  # mapped: Parquet reads a column chunk whole, a raw file's may be all of it
                 pf = pq.ParquetFile(pa.memory_map(str(self._local.local_path(ref.key))), page_checksum_verification=True)
             pieces = sorted_raw(pf, desc, self._raw_schema(relation_id), memory=memory or self.memory_bound,
-                                spill=self._spill_path, where=f"batch {ref.key!r}")
+                                spill=self._raw_spill, where=f"batch {ref.key!r}")
             yield from (self._project(relation_id, t) for t in pieces)
         elif as_stored or layout is None:
             yield from groups
