@@ -239,7 +239,10 @@ def _footer(path: str, schema: pa.Schema, desc: BatchDescription) -> tuple[int, 
     sink = pa.BufferOutputStream()
     pq.ParquetWriter(sink, schema.with_metadata(desc.to_metadata())).close()
     footer = pq.read_metadata(pa.BufferReader(sink.getvalue()))
-    footer.append_row_groups(meta)  # refuses a file whose Parquet schema is not the batch's
+    try:
+        footer.append_row_groups(meta)
+    except RuntimeError as e:  # Arrow's refusal of a file whose Parquet schema is not the batch's (field ids)
+        raise ValueError(f"its Parquet schema is not the batch's: {str(e).splitlines()[0]}") from e
     out = pa.BufferOutputStream()
     footer.write_metadata_file(out)
     with open(path, "rb") as f:
@@ -315,7 +318,7 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
     lo = min((s.lo for s in checked), default=None)
     _check_sealed(rel, name, lo)
     refs = engine.compaction.add_runs(
-        rel, lambda since: list(_map(lambda s: _as_run(engine, rel, s, since), checked, "sediment-bulk-run")), job,
+        rel, lambda since: _as_runs(engine, rel, checked, since, where), job,
         check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS)
     if refs is None:  # a commit of the same load got there first
         return dict(_NOT_AGAIN)
@@ -324,6 +327,24 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
     abort_staged(engine, name, job)
     return {"rows": sum(r.rows for r in refs), "runs": len(refs), "min_time": lo,
             "max_time": max((s.hi for s in checked), default=None), "committed": True}
+
+
+def _as_runs(engine: Engine, rel: Relation, checked: list[_Staged], since: int, where: str) -> list[BatchRef]:
+    """Every checked file as a pending run (:func:`_as_run`, two at a time). When one fails, the
+    runs already linked are deleted before the error is raised: nothing references them, and
+    left alone they would wait for the next open's orphan sweep."""
+    with ThreadPoolExecutor(2, "sediment-bulk-run") as pool:
+        futures = [pool.submit(_as_run, engine, rel, s, since) for s in checked]
+    failed = [(s, f.exception()) for s, f in zip(checked, futures, strict=True) if f.exception() is not None]
+    if failed:
+        engine.traces.delete([f.result().key for f in futures if f.exception() is None and f.result().key])
+        s, e = failed[0]
+        if isinstance(e, _DECODE_ERRORS):
+            raise StagedFileInvalid(f"{where}: staged file {s.key!r} cannot take a batch footer "
+                                    f"({str(e).splitlines()[0]}); nothing was "
+                                    "committed: abort the load and write it again") from e
+        raise e
+    return [f.result() for f in futures]
 
 
 def _map(fn: Callable[[Any], Any], items: list[Any], name: str) -> list[Any]:

@@ -402,3 +402,24 @@ def test_a_raw_run_past_the_memory_bound_reads_and_merges_as_the_row_path_does(t
         assert same(eng) and same(eng, replay=True)
     with sediment.open(tmp_path / "data", compact_interval=None, memory_bound=1 << 20) as eng:
         assert same(eng)
+
+
+def test_a_commit_failing_on_one_file_leaves_no_linked_runs_behind(engine):
+    """The second file passes the check (its columns are the update schema's) but carries Parquet
+    field ids, so its row groups cannot take the batch footer: the commit fails with a typed
+    error, nothing is committed, and the first file's run, already linked under a batch key,
+    is deleted at once (before, it waited for the next open's orphan sweep). Without the
+    second file the load then commits."""
+    ids = pa.schema([pa.field(f.name, f.type, metadata={b"PARQUET:field_id": str(i + 1).encode()})
+                     for i, f in enumerate(updates([], [], [], []).schema)])
+    path = stage_files(engine, "job-f", [updates([1, 2], ["a", "b"], [1, 1], [1, 1])])
+    pq.write_table(updates([3], ["c"], [1], [1]).cast(ids), os.path.join(path, "part-00001.parquet"))
+    before = set(engine.traces.blobs.list("trace/"))
+    with pytest.raises(StagedFileInvalid, match="part-00001.parquet.*batch footer"):
+        staged.commit_staged(engine, "bulk", "job-f")
+    assert set(engine.traces.blobs.list("trace/")) == before
+    assert engine.view.relations["bulk"].trace.pending == () and "job-f" not in engine.view.relations["bulk"].trace.loads
+    os.unlink(os.path.join(path, "part-00001.parquet"))
+    assert staged.commit_staged(engine, "bulk", "job-f")["rows"] == 2
+    engine.seal("bulk", 1)
+    assert snapshot(engine, "bulk", 1) == Counter({(1, "a", 1): 1, (2, "b", 1): 1})
