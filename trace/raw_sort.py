@@ -106,6 +106,13 @@ def _merge_to_file(runs: list[str], keys: list[str], budget: int, spill: Callabl
     return path
 
 
+def stored_pieces(pf: pq.ParquetFile, desc: BatchDescription, *, memory: int, where: str) -> Iterator[pa.Table]:
+    """The raw run ``pf``'s rows as written (verify counts and checks them), a budget of rows
+    at a time, page checksums and times checked."""
+    for piece in _pieces(pf, budget_rows(pf.metadata, memory), where):
+        yield _checked(piece, desc, where) if "time" in piece.column_names else piece
+
+
 def _pieces(pf: pq.ParquetFile, rows: int, where: str, columns: list[str] | None = None) -> Iterator[pa.Table]:
     try:
         for batch in pf.iter_batches(batch_size=rows, columns=columns, use_threads=False):
@@ -131,10 +138,10 @@ def _increasing(pf: pq.ParquetFile, column: str, rows: int, where: str) -> bool:
 
 
 def _checked(run: pa.Table, desc: BatchDescription, where: str) -> pa.Table:
-    """``run`` once its times lie in the batch's interval, as any row group's must."""
+    """``run`` once its times lie in the batch's interval (none null), as any row group's must."""
     if run.num_rows:
         lo, hi = (v.as_py() for v in pc.min_max(run.column("time")).values())
-        if lo < desc.lower or hi >= desc.upper:
+        if run.column("time").null_count or lo < desc.lower or hi >= desc.upper:
             raise BatchCorruption(f"{where}: times span [{lo}, {hi}] but must lie in [{desc.min_time}, "
                                   f"{desc.max_time}]; the object is damaged")
     return run

@@ -41,7 +41,7 @@ from sediment.trace.batch import (
 from sediment.trace.consolidate import consolidate
 from sediment.trace.evolve import Layout
 from sediment.trace.merge import merge_to_batch
-from sediment.trace.raw_sort import sorted_raw
+from sediment.trace.raw_sort import sorted_raw, stored_pieces
 from sediment.trace.state import BatchRef, TraceState
 
 STATE_PREFIX = names.TRACES
@@ -232,12 +232,16 @@ class TraceStore:
         pf, desc = self._open(relation_id, ref)
         groups = (read_row_group(pf, i, desc, where=f"batch {ref.key!r}") for i in range(pf.metadata.num_row_groups))
         layout = self._layouts.get(relation_id)
-        if ref.raw and not as_stored:
-            if self._local is not None:  # mapped: Parquet reads a column chunk whole, a raw file's may be all of it
+        if ref.raw:  # one row group may be the whole file (Spark's): read in pieces of the budget
+            if self._local is not None:  # mapped: Parquet reads a column chunk whole
                 pf = pq.ParquetFile(pa.memory_map(str(self._local.local_path(ref.key))), page_checksum_verification=True)
-            pieces = sorted_raw(pf, desc, self._raw_schema(relation_id), memory=memory or self.memory_bound,
-                                spill=self._raw_spill, where=f"batch {ref.key!r}")
-            yield from (self._project(relation_id, t) for t in pieces)
+            memory, where = memory or self.memory_bound, f"batch {ref.key!r}"
+            if as_stored:
+                yield from stored_pieces(pf, desc, memory=memory, where=where)
+            else:
+                pieces = sorted_raw(pf, desc, self._raw_schema(relation_id), memory=memory, spill=self._raw_spill,
+                                    where=where)
+                yield from (self._project(relation_id, t) for t in pieces)
         elif as_stored or layout is None:
             yield from groups
         elif layout.keeps_order(pf.schema_arrow):

@@ -59,7 +59,7 @@ MEASURE = textwrap.dedent("""
     import pyarrow as pa
     from sediment.blob.file import FileBlobStore
     from sediment.metadata.memory import MemoryMetadataStore
-    from sediment.trace.state import BatchRef
+    from sediment.trace.state import BatchRef, TraceState
     from sediment.trace.store import TraceStore
     root, ref, bound, op = sys.argv[1], BatchRef(**json.loads(sys.argv[2])), int(sys.argv[3]), sys.argv[4]
     store = TraceStore(MemoryMetadataStore(), FileBlobStore(root))
@@ -72,6 +72,8 @@ MEASURE = textwrap.dedent("""
     if op == "merge":  # as the merge task calls it: one raw run, chunks from the same bound
         out["ref"] = store.merge(1, [ref], ["k", "v"], store.schema_of(1), ref.since, 1,
                                  chunk_rows=max(1024, bound // (4 * 64)), span=(ref.lower, ref.upper)).to_json()
+    elif op == "verify":  # every row as stored, page checksums checked
+        out["problems"] = store.verify(TraceState(1, upper=0, pending=(ref,)))
     else:
         out["rows"] = sum(t.num_rows for t in store.read_stream(1, ref))
     out["peak"] = pool.max_memory() - base
@@ -96,8 +98,8 @@ def store(tmp_path) -> TraceStore:
 def test_a_raw_run_past_the_bound_is_merged_and_read_within_it(store, tmp_path):
     """400k shuffled rows, half of them repeats, in one row group (Spark's shape): about 7 MB of
     decoded rows, which consolidating whole peaked at 50 MB
-against an 8 MB bound. The merge task's merge and a
-    streamed read keep to the bound; whole reads, replay's pieces and the merge all give the
+against an 8 MB bound. The merge task's merge, a
+    streamed read and verify (the rows as stored) keep to the bound; whole reads, replay's pieces and the merge all give the
     rows consolidating the whole file gives; no spill file is left behind."""
     rng = random.Random(27)
     keys = [rng.randrange(ROWS // 2) for _ in range(ROWS)]
@@ -109,8 +111,9 @@ against an 8 MB bound. The merge task's merge and a
     root = str(tmp_path / "blobs")
     merged = measured(root, ref, "merge", tmp_path)
     streamed = measured(root, ref, "stream", tmp_path)
-    assert streamed["rows"] == want.num_rows
-    for peak in (merged["peak"], streamed["peak"]):
+    verified = measured(root, ref, "verify", tmp_path)
+    assert streamed["rows"] == want.num_rows and verified["problems"] == []
+    for peak in (merged["peak"], streamed["peak"], verified["peak"]):
         assert peak <= BOUND + SLACK, f"peak allocation {peak} past the bound {BOUND} + {SLACK}"
     out = BatchRef(**merged["ref"])
     assert not out.raw and store.read(1, out).equals(want)
