@@ -96,6 +96,7 @@ def main() -> int:
     sides = [s for s in SIDES if s == "parquet" or s in args.sides.split(",")]
     from pyspark.sql import functions as F
 
+    from sediment.spark_jobs import bulk_write
     from sediment.spark_jobs.bulk_write import staged_frame, written_as_is
     from sediment.spark_jobs.session import local_spark
 
@@ -150,14 +151,18 @@ def main() -> int:
             return took
 
         res: dict[str, list[float]] = {side: [] for side in sides}
+        phases: list[dict[str, float]] = []  # the bulk load's own phases, per round
         for r in range(args.rounds + 1):  # round 0 warms up
             df = frame(spark, r * rows, rows)
             for side in sides:
                 took = timed(side, df)
                 if r:
                     res[side].append(took)
+                    if side == "bulk":
+                        phases.append(dict(bulk_write.last_phases, load=os.getloadavg()[0]))
             df.unpersist()
         report(engine, spark, server, token, rows, args.rounds, res)
+        report_phases(res, phases)
         spark.stop()
         server.stop()
         engine.close()
@@ -206,6 +211,21 @@ def report(engine, spark, server, token: str, rows: int, rounds: int, res: dict[
               f"{statistics.median(res['bulk']) - statistics.median(res['staged']):.2f} s at the medians")
     if same is not None:
         print(f"  bulk read back equals the row path's: {same}")
+
+
+def report_phases(res: dict[str, list[float]], phases: list[dict[str, float]]) -> None:
+    """Each round's bulk load cut into its phases (the driver's calls, Spark's write, the
+    commit) beside the same round's Parquet: which part moves when the ratio does."""
+    if not phases:
+        return
+    print("  bulk load per round: parquet | calls + spark + commit = bulk (ratio), load")
+    for p, par, bulk in zip(phases, res["parquet"], res["bulk"], strict=True):
+        print(f"    {par:.2f} s | {p['calls'] * 1e3:.0f} ms + {p['spark']:.2f} s + {p['commit'] * 1e3:.0f} ms = "
+              f"{bulk:.2f} s ({par / bulk:.2f}x), load {p['load']:.1f}")
+    for name in ("calls", "spark", "commit"):
+        xs = [p[name] for p in phases]
+        print(f"  bulk {name}: median {statistics.median(xs) * 1e3:.0f} ms (min {min(xs) * 1e3:.0f}, "
+              f"max {max(xs) * 1e3:.0f})")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ class Compaction:
                  metrics: EngineMetrics, clock: Clock, settings: CompactionSettings, opened_at: float) -> None:
         self.view = view
         self.traces = traces
+        traces.memory_bound = settings.memory_bound  # raw runs' reads and merges keep to it too
         self.log = log_
         self.collector = collector
         self.metrics = metrics

@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -46,7 +46,7 @@ from sediment.trace.batch import (
 )
 from sediment.trace.consolidate import first_unsorted
 from sediment.trace.fold import fold
-from sediment.trace.raw import raw_matches, raw_updates
+from sediment.trace.raw import raw_matches, raw_run
 from sediment.trace.state import BatchRef
 
 if TYPE_CHECKING:
@@ -65,7 +65,8 @@ _NOT_AGAIN = {"rows": 0, "runs": 0, "min_time": None, "max_time": None, "committ
 @dataclass(frozen=True)
 class _Staged:
     """One checked staged file: its key, rows, time range, whether it is a run as it is or is
-    kept as a raw run (batch format version 2), and a raw run's one time and diff."""
+    kept as a raw run (batch format version 2), a raw run's one time and diff, and the footer
+    the check read (``meta``), so the commit parses each file's footer once."""
 
     key: str
     path: str
@@ -75,6 +76,7 @@ class _Staged:
     raw: bool = False
     time: int | None = None
     diff: int | None = None
+    meta: Any = field(default=None, compare=False, repr=False)  # pq.FileMetaData
 
 
 def staging_prefix(relation_id: int, job: str) -> str:
@@ -166,7 +168,7 @@ def _check_raw(pf: pq.ParquetFile, key: str, path: str, where: str, time: int | 
                 lo, hi = (s_lo, s_hi) if lo is None else (min(lo, s_lo), max(hi, s_hi))
     if lo < 0:
         raise StagedFileInvalid(f"{where}: staged file {key!r} has time {lo}; times are >= 0")
-    return _Staged(key, path, pf.metadata.num_rows, lo, hi, True, time, diff)
+    return _Staged(key, path, pf.metadata.num_rows, lo, hi, True, time, diff, pf.metadata)
 
 
 def _read(pf: pq.ParquetFile, i: int, name: str, key: str, where: str) -> pa.ChunkedArray:
@@ -209,7 +211,7 @@ def _check_run(pf: pq.ParquetFile, key: str, path: str, schema: pa.Schema, keys:
             joined = part if last is None else pa.concat_tables([last, part])
             is_run = nonzero and first_unsorted(joined, cols, strict=True) is None
             last = part.slice(part.num_rows - 1)
-    return _Staged(key, path, pf.metadata.num_rows, lo, hi, not is_run)
+    return _Staged(key, path, pf.metadata.num_rows, lo, hi, not is_run, meta=pf.metadata)
 
 
 def _stated_facts(group: Any, schema: pa.Schema) -> tuple[int, int, bool] | None:
@@ -233,13 +235,16 @@ def _read_facts(t: pa.Table, key: str, where: str) -> tuple[int, int, bool]:
     return t_lo, t_hi, pc.min(pc.abs(diff)).as_py() > 0
 
 
-def _footer(path: str, schema: pa.Schema, desc: BatchDescription) -> tuple[int, bytes]:
-    """(where the file's footer starts, a footer with the same row groups, ``schema`` and ``desc``)."""
-    meta = pq.read_metadata(path)
+def _footer(path: str, schema: pa.Schema, desc: BatchDescription, meta: Any) -> tuple[int, bytes]:
+    """(where the file's footer starts, a footer with the same row groups as ``meta`` (the
+    file's), ``schema`` and ``desc``)."""
     sink = pa.BufferOutputStream()
     pq.ParquetWriter(sink, schema.with_metadata(desc.to_metadata())).close()
     footer = pq.read_metadata(pa.BufferReader(sink.getvalue()))
-    footer.append_row_groups(meta)  # refuses a file whose Parquet schema is not the batch's
+    try:
+        footer.append_row_groups(meta)
+    except RuntimeError as e:  # Arrow's refusal of a file whose Parquet schema is not the batch's (field ids)
+        raise ValueError(f"its Parquet schema is not the batch's: {str(e).splitlines()[0]}") from e
     out = pa.BufferOutputStream()
     footer.write_metadata_file(out)
     with open(path, "rb") as f:
@@ -262,15 +267,13 @@ def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> Batch
                             time=staged.time, diff=staged.diff)
     if not by_name:
         table = pq.read_table(staged.path)
-        if staged.raw:
-            table = raw_updates(table, desc, engine.traces.schema_of(rid))
-        run = fold(table, keys, None)
+        run = raw_run(table, desc, engine.traces.schema_of(rid)) if staged.raw else fold(table, keys, None)
         if not run.num_rows:
             return BatchRef(None, staged.lo, staged.hi + 1)
         lo, hi = (v.as_py() for v in pc.min_max(run.column("time")).values())
         return engine.traces.write(rid, run.select(rel.update_schema.names), lo, hi + 1, since)
-    schema = pq.read_schema(staged.path).remove_metadata() if staged.raw else engine.traces.schema_of(rid)
-    start, footer = _footer(staged.path, schema, desc)
+    schema = staged.meta.schema.to_arrow_schema().remove_metadata() if staged.raw else engine.traces.schema_of(rid)
+    start, footer = _footer(staged.path, schema, desc, staged.meta)
     with open(staged.path, "r+b") as f:
         f.truncate(start)
         f.seek(start)
@@ -317,7 +320,7 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
     lo = min((s.lo for s in checked), default=None)
     _check_sealed(rel, name, lo)
     refs = engine.compaction.add_runs(
-        rel, lambda since: list(_map(lambda s: _as_run(engine, rel, s, since), checked, "sediment-bulk-run")), job,
+        rel, lambda since: _as_runs(engine, rel, checked, since, where), job,
         check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS)
     if refs is None:  # a commit of the same load got there first
         return dict(_NOT_AGAIN)
@@ -326,6 +329,24 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
     abort_staged(engine, name, job)
     return {"rows": sum(r.rows for r in refs), "runs": len(refs), "min_time": lo,
             "max_time": max((s.hi for s in checked), default=None), "committed": True}
+
+
+def _as_runs(engine: Engine, rel: Relation, checked: list[_Staged], since: int, where: str) -> list[BatchRef]:
+    """Every checked file as a pending run (:func:`_as_run`, two at a time). When one fails, the
+    runs already linked are deleted before the error is raised: nothing references them, and
+    left alone they would wait for the next open's orphan sweep."""
+    with ThreadPoolExecutor(2, "sediment-bulk-run") as pool:
+        futures = [pool.submit(_as_run, engine, rel, s, since) for s in checked]
+    failed = [(s, f.exception()) for s, f in zip(checked, futures, strict=True) if f.exception() is not None]
+    if failed:
+        engine.traces.delete([f.result().key for f in futures if f.exception() is None and f.result().key])
+        s, e = failed[0]
+        if isinstance(e, _DECODE_ERRORS):
+            raise StagedFileInvalid(f"{where}: staged file {s.key!r} cannot take a batch footer "
+                                    f"({str(e).splitlines()[0]}); nothing was "
+                                    "committed: abort the load and write it again") from e
+        raise e
+    return [f.result() for f in futures]
 
 
 def _map(fn: Callable[[Any], Any], items: list[Any], name: str) -> list[Any]:

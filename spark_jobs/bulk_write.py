@@ -37,6 +37,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
+from time import perf_counter
 from typing import Any
 
 import pyarrow as pa
@@ -60,6 +61,7 @@ from sediment.spark_jobs.options import (
 )
 
 BULK = "bulk"
+last_phases: dict[str, float] = {}  # the driver's last bulk load, in seconds: "calls", "spark", "commit" (benchmarks)
 
 
 def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,6 +75,7 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
     for name, given in ((TIME, time), (DIFF, diff)):
         if given is not None and name in schema.names:
             raise InvalidArgument(f"the DataFrame has a {name!r} column and option({name!r}) is set too; use one")
+    started = perf_counter()
     with connect(options) as client:
         rel_schema = client.schema(relation)
         fills = bulk_fills(relation, rel_schema, omitted(client, relation, rel_schema, schema))
@@ -88,10 +91,15 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
         job = f"spark-{uuid.uuid4().hex}"
         path = client.bulk_stage(relation, job)
         try:
+            marks = [perf_counter()]
             with early_writeback(path):
                 frame.write.mode("append").parquet("file://" + path)
+            marks.append(perf_counter())
             result = client.bulk_commit(relation, job, time=time if as_is and TIME not in schema.names else None,
                                         diff=diff if as_is else None)
+            marks.append(perf_counter())
+            last_phases.clear()
+            last_phases.update(calls=marks[0] - started, spark=marks[1] - marks[0], commit=marks[2] - marks[1])
         except BaseException:
             try:
                 client.bulk_abort(relation, job)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from sediment.errors import TraceError
+from sediment.trace.fold import fold
 
 FORMAT_VERSION = 1  # a batch: sorted and consolidated, in the relation's update schema
 RAW_VERSION = 2  # a raw run
@@ -73,3 +74,11 @@ def raw_updates(table: pa.Table, desc: object, schema: pa.Schema | None = None) 
         schema = pa.schema([*(f.with_nullable(True).remove_metadata() for f in data),
                             pa.field("time", pa.int64()), pa.field("diff", pa.int64())])
     return pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def raw_run(table: pa.Table, desc: object, schema: pa.Schema | None = None) -> pa.Table:
+    """A raw file's rows (or a piece of them) as a sorted, consolidated run: :func:`raw_updates`
+    then :func:`sediment.trace.fold.fold` by every column but time and diff. The one route for
+    reads, merges and a bulk load's rewrite, so they cannot disagree on the order or the sums."""
+    updates = raw_updates(table, desc, schema)
+    return fold(updates, [n for n in updates.column_names if n not in RAW_FIELDS])

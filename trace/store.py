@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore, LocalBlobStore
@@ -39,9 +40,8 @@ from sediment.trace.batch import (
 )
 from sediment.trace.consolidate import consolidate
 from sediment.trace.evolve import Layout
-from sediment.trace.fold import fold
 from sediment.trace.merge import merge_to_batch
-from sediment.trace.raw import raw_updates
+from sediment.trace.raw_sort import sorted_raw, stored_pieces
 from sediment.trace.state import BatchRef, TraceState
 
 STATE_PREFIX = names.TRACES
@@ -70,6 +70,8 @@ class TraceStore:
         self.owner_tag = ""  # prefix of every nonce this engine writes ("" without an identity)
         self._claim: tuple[str, str, bool, str] | None = None
         self.whole_reads = 0  # batches read whole through the checksummed fast path (tests observe it)
+        self.memory_bound = 256 << 20  # bytes a raw run's read may hold besides its output (the merge's bound)
+        self.raw_spills = 0  # sorted pieces of raw runs spilled to local files (tests observe it)
 
     def check_owner(self, engine_id: str, where: str, *, take_over: bool = False, data_dir: str = "") -> None:
         """Before anything is written or deleted: refuse (BlobPrefixOwned) a prefix another
@@ -181,15 +183,12 @@ class TraceStore:
         the inputs or the output whole. ``span``: the output's ``[lower, upper)`` when the
         inputs are not adjacent intervals (pending runs, whose time spans overlap)."""
         lower, upper = span if span is not None else (refs[0].lower, refs[-1].upper)
-        inputs = [self.read_stream(relation_id, r) for r in refs if r.key is not None]
+        share = self.memory_bound // max(1, sum(r.key is not None for r in refs))
+        inputs = [self.read_stream(relation_id, r, memory=share) for r in refs if r.key is not None]
         if not inputs:
             return BatchRef(None, lower, upper, level=level)
         desc = BatchDescription(relation_id, lower, upper, since, 0, level=level)
-        if self._local is not None:
-            path = self._local.spill_path()
-        else:
-            fd, path = tempfile.mkstemp(prefix="sediment-merge-", suffix=".parquet", dir=self.spill_dir)
-            os.close(fd)
+        path = self._spill_path()
         try:
             final = merge_to_batch(inputs, key_columns, self._stamped(relation_id, schema), desc, path,
                                    chunk_rows=chunk_rows)
@@ -208,19 +207,41 @@ class TraceStore:
             if os.path.exists(path):
                 os.unlink(path)
 
-    def read_stream(self, relation_id: int, ref: BatchRef, *, as_stored: bool = False) -> Iterator[pa.Table]:
+    def _spill_path(self) -> str:
+        """A fresh local file for a merge's output or a raw run's sorted piece: inside a file
+        store (swept as a temporary after a crash), else under ``spill_dir``."""
+        if self._local is not None:
+            return self._local.spill_path()
+        fd, path = tempfile.mkstemp(prefix="sediment-merge-", suffix=".parquet", dir=self.spill_dir)
+        os.close(fd)
+        return path
+
+    def _raw_spill(self) -> str:
+        self.raw_spills += 1
+        return self._spill_path()
+
+    def read_stream(self, relation_id: int, ref: BatchRef, *, as_stored: bool = False,
+                    memory: int | None = None) -> Iterator[pa.Table]:
         """A batch's row groups one at a time, each checked against the trace state, in the
         current schema (``as_stored``: as written). A batch written before a column was
-        dropped comes whole, once consolidated again in the current schema."""
+        dropped comes whole, once consolidated again in the current schema. A raw run comes
+        sorted and consolidated, in pieces, holding about ``memory`` bytes (default
+        :attr:`memory_bound`: trace/raw_sort.py)."""
         if ref.key is None:
             return
         pf, desc = self._open(relation_id, ref)
         groups = (read_row_group(pf, i, desc, where=f"batch {ref.key!r}") for i in range(pf.metadata.num_row_groups))
         layout = self._layouts.get(relation_id)
-        if ref.raw and not as_stored:  # rows in any order: sorted and summed whole
-            tables = list(groups)
-            if tables:
-                yield self._project(relation_id, self._consolidated(relation_id, ref, pa.concat_tables(tables)))
+        if ref.raw:  # one row group may be the whole file (Spark's): read in pieces of the budget
+            if self._local is not None:  # mapped: Parquet reads a column chunk whole
+                pf = pq.ParquetFile(pa.memory_map(str(self._local.local_path(ref.key))), page_checksum_verification=True)
+            memory, where = memory or self.memory_bound, f"batch {ref.key!r}"
+            if as_stored:
+                yield from stored_pieces(pf, desc, memory=memory, where=where)
+            else:
+                pieces = sorted_raw(pf, desc, self._raw_schema(relation_id), memory=memory, spill=self._raw_spill,
+                                    where=where)
+                yield from (self._project(relation_id, t) for t in pieces)
         elif as_stored or layout is None:
             yield from groups
         elif layout.keeps_order(pf.schema_arrow):
@@ -240,8 +261,8 @@ class TraceStore:
         ``use_threads=False`` decodes on the caller's thread only."""
         if ref.key is None:
             return None
-        if ref.crc is None:
-            tables = list(self.read_stream(relation_id, ref))
+        if ref.crc is None or ref.raw:
+            tables = list(self._raw_checked(relation_id, ref) if ref.raw else self.read_stream(relation_id, ref))
             return pa.concat_tables(tables) if tables else None
         where = f"batch {ref.key!r}"
         source = self._source(ref, where)
@@ -251,19 +272,27 @@ class TraceStore:
             if isinstance(source, pa.NativeFile):
                 source.close()
         self.whole_reads += 1
-        if ref.raw:
-            table = self._consolidated(relation_id, ref, table)
         return self._project(relation_id, table) if table.num_rows else None
 
-    def _consolidated(self, relation_id: int, ref: BatchRef, table: pa.Table) -> pa.Table:
-        """A raw run's rows (batch format version 2) as a sorted, consolidated run: in the
-        relation's stored columns, or in version 0's for an altered relation (a raw run is
-        only committed while the current columns are version 0's), which :meth:`_project`
-        then brings to the current ones."""
+    def _raw_schema(self, relation_id: int) -> pa.Schema:
+        """The columns a raw run's rows are consolidated in: the relation's stored ones, or
+        version 0's for an altered relation (a raw run is only committed while the current
+        columns are version 0's), which :meth:`_project` then brings to the current ones."""
         layout = self._layouts.get(relation_id)
-        target = self.schema_of(relation_id) if layout is None else stored_schema(layout.versions[min(layout.versions)])
-        updates = raw_updates(table, describe(relation_id, ref), target)
-        return fold(updates, [n for n in updates.column_names if n not in ("time", "diff")])
+        return self.schema_of(relation_id) if layout is None else stored_schema(layout.versions[min(layout.versions)])
+
+    def _raw_checked(self, relation_id: int, ref: BatchRef) -> Iterator[pa.Table]:
+        """A raw run's consolidated pieces (:meth:`read_stream`) once the whole object's size
+        and CRC32Cs, when recorded, match the trace state."""
+        if ref.crc is not None:
+            where = f"batch {ref.key!r}"
+            source = self._source(ref, where)
+            try:
+                self._check_whole(source, ref, where)
+            finally:
+                if isinstance(source, pa.NativeFile):
+                    source.close()
+        yield from self.read_stream(relation_id, ref)
 
     def _decode_checked(self, source: pa.NativeFile | pa.Buffer, relation_id: int, ref: BatchRef,
                         where: str, use_threads: bool = True) -> pa.Table:
@@ -277,7 +306,11 @@ class TraceStore:
         ``stream_verified``): the time-ordered replay sorts each piece by time while it is
         still in the CPU cache, instead of the whole decoded batch afterwards."""
         layout = self._layouts.get(relation_id)
-        if ref.key is None or ref.crc is None or ref.raw:  # a raw run is consolidated whole
+        if ref.raw:  # consolidated a piece at a time (trace/raw_sort.py)
+            for table in self._raw_checked(relation_id, ref):
+                yield from table.to_batches()
+            return
+        if ref.key is None or ref.crc is None:
             table = self.read(relation_id, ref, use_threads=use_threads)
             yield from table.to_batches() if table is not None else ()
             return
