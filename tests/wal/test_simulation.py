@@ -138,6 +138,31 @@ def test_a_seed_replays_beside_another_trio_run() -> None:
         assert r.trace == alone.trace and r.digest == alone.digest
 
 
+def test_a_seed_reads_no_real_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every clock and timer of the simulated components is the run's virtual one: real
+    clocks that jump at random (as on a loaded machine, seconds between two reads) leave the
+    trace as it was. The read count shows the patched clocks were in place."""
+    alone = run_seed(7, **SMALL)
+    import random
+    import time
+
+    jumps = random.Random(99)
+    reads = [0]
+
+    def erratic(real):
+        def read() -> float:
+            reads[0] += 1
+            return real() + jumps.uniform(0, 30) * reads[0]
+        return read
+
+    for name in ("monotonic", "perf_counter", "time", "thread_time"):
+        monkeypatch.setattr(time, name, erratic(getattr(time, name)))
+    jumped = run_seed(7, **SMALL, logs=True)
+    monkeypatch.undo()
+    assert reads[0] > 0
+    assert [line for line in jumped.trace if " LOG " not in line] == alone.trace
+
+
 def test_a_seed_replays_in_another_process() -> None:
     """The bench replays a seed from its number alone, whatever the hash seed of the process."""
     here = run_seed(3, steps=6, duration=3.0, logs=True)
