@@ -137,8 +137,9 @@ def connect_zk(where: ClusterPath, timeout: float = DEFAULT_SESSION_TIMEOUT) -> 
     from kazoo.client import KazooClient
 
     from sediment.errors import MetadataUnavailable
+    from sediment.metadata.zookeeper import attempt_hosts
 
-    zk = KazooClient(hosts=where.hosts, timeout=timeout)
+    zk = KazooClient(hosts=attempt_hosts(where.hosts), timeout=timeout)
     try:
         zk.start(timeout=max(timeout, 5.0))
     except Exception as exc:  # noqa: BLE001 - kazoo raises its own timeout type

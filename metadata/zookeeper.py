@@ -89,6 +89,24 @@ def _decode(path: str, data: bytes) -> tuple[int, bytes, bytes] | None:
     return base, write_id, bytes(data[KEY_HEADER_SIZE:])
 
 
+ATTEMPTS_PER_SESSION = 3  # connection attempts a handshake that is never answered may cost, per session timeout
+
+
+def attempt_hosts(hosts: str) -> list[str]:
+    """The server list handed to kazoo: ``hosts`` repeated so it has ATTEMPTS_PER_SESSION entries.
+
+    kazoo gives each connection attempt the session timeout divided by the number of
+    entries to complete its handshake. With one server a handshake that is accepted and
+    never answered (ZooKeeper 3.8 leaves a connection it took while starting open and
+    silent) cost the whole session timeout: the client tried again only once the
+    restarted server had expired its session. Repeated entries bound an attempt to a
+    third of the session, so the next attempt, on the same server, still finds it."""
+    servers, _, chroot = hosts.partition("/")
+    entries = [h for h in servers.split(",") if h.strip()]
+    repeat = -(-ATTEMPTS_PER_SESSION // max(len(entries), 1))
+    return entries * repeat + ([f"/{chroot}"] if chroot else [])
+
+
 class ZooKeeperMetadataStore:
     """A :class:`~sediment.metadata.protocol.MetadataStore` over ZooKeeper znodes."""
 
@@ -116,7 +134,7 @@ class ZooKeeperMetadataStore:
             self._lost_callbacks.append(on_session_lost)
         self._connected = threading.Event()
         self._client = KazooClient(
-            hosts=hosts,
+            hosts=attempt_hosts(hosts),
             timeout=session_timeout,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
         )

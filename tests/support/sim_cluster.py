@@ -11,9 +11,9 @@ faults; then every fault heals, a final coordinator recovers, and the history ch
 The code under test is used only through what the real log uses: ``Coordinator(...)``,
 ``submit``, ``run``, ``writable``, ``in_sync()``, ``session``, ``committed``, ``fenced``,
 ``StorageNode(key, open_store)``, ``run``/``serve`` and the PartitionStore protocol,
-``PartitionMetaStore`` over a MetadataStore. Private API used: trio's scheduler
-randomness (``trio._core._run._r`` and ``_ALLOW_DETERMINISTIC_SCHEDULING``), seeded
-per run so task order is reproducible.
+``PartitionMetaStore`` over a MetadataStore. Trio's scheduler randomness is seeded per
+run and kept to the run's thread (tests/support/sim_schedule.py), so task order is
+reproducible whatever else runs in the process.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from sediment.wal.replication.partition_meta import key as meta_key
 from sediment.wal.replication.store_session import Coordinator
 from support.sim_checker import Final, History, Violation, check_final
 from support.sim_instruments import Livelock, TraceLogs
+from support.sim_schedule import seeded_scheduler
 from support.sim_world import SimDisk, SimNet, SimNodeEndpoint, SimPartitionStore
 
 KEY = uuid.UUID(int=13)
@@ -515,14 +516,8 @@ def run_seed(seed: int, steps: int = 12, duration: float = 8.0, logs: bool = Fal
     test's log lines (INFO and up) in the trace. ``kinds``: fault kinds and weights
     (default FAULT_KINDS). ``clients``: concurrent appenders. ``make``: builds the world
     from those arguments (default :class:`Cluster`; the cluster mode passes its own)."""
-    import trio._core._run as trio_run  # private: the scheduler's randomness, seeded per run
-
-    saved_flag = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
-    saved_state = trio_run._r.getstate()
     logger = logging.getLogger("sediment")
     saved_level = logger.level
-    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
-    trio_run._r.seed(seed)
     cluster = (make or Cluster)(seed, steps, duration, kinds, clients)
     handler = TraceLogs(cluster)
     if logs:
@@ -542,10 +537,9 @@ def run_seed(seed: int, steps: int = 12, duration: float = 8.0, logs: bool = Fal
                 cluster.history.flag("hang", "the simulation did not finish within its virtual time bound")
             end = trio.current_time()
 
-        trio.run(main, clock=clock, instruments=[livelock])
+        with seeded_scheduler(seed):
+            trio.run(main, clock=clock, instruments=[livelock])
     finally:
-        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved_flag
-        trio_run._r.setstate(saved_state)
         logger.setLevel(saved_level)
         logger.removeHandler(handler)
     hs = cluster.histories()
