@@ -355,7 +355,9 @@ class SedimentFlightServer(flight.FlightServerBase):
                     else:
                         self._append(name, table, meta.get("txn"), meta.get("locks"))
 
-                serve_append_stream(reader, writer, append, lambda: self._stopped)
+                queued = getattr(self.engine, "append_queued", None)  # an Engine's; a cluster member has none
+                serve_append_stream(reader, writer, append, lambda: self._stopped,
+                                    None if queued is None else functools.partial(queued, name))
                 return
             table = reader.read_all()
             if op == Put.APPEND:

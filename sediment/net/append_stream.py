@@ -16,10 +16,12 @@ The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor
 * server -> client: one metadata message per append, in order: ``{"ok": true}`` once it is
   durable, or ``{"error": DETAIL}`` (the typed error, as :func:`error_detail` writes it;
   the stream stays usable).
+* Plain appends are queued on the log as they are read and acknowledged in order once
+  durable (:class:`Acks`), so one stream's pipelined appends share group commits.
 * The client ends a stream it has not used for ``STREAM_IDLE_SECONDS`` (so a server's stop
-  never waits longer than that for it); the server ends it only when stopping: right after
-  an acknowledgement, or on receiving an append, which it then neither applies nor
-  acknowledges. So an append without an acknowledgement on a stream the server ended
+  never waits longer than that for it); the server ends it only when stopping: on
+  receiving an append, which it then neither applies nor acknowledges, once every append
+  it took is acknowledged (or right after an acknowledgement, without a queue). So an append without an acknowledgement on a stream the server ended
   cleanly was not applied, and the client sends it again on a new stream (which a stopping
   server refuses: ``EngineClosed`` or ``CoordinatorUnavailable``).
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
+from queue import SimpleQueue
 from typing import Any
 
 import pyarrow as pa
@@ -218,22 +221,94 @@ class StreamPool:
 
 
 def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter,
-                        append: Callable[[pa.Table, dict[str, Any]], None], stopping: Callable[[], bool]) -> None:
+                        append: Callable[[pa.Table, dict[str, Any]], None], stopping: Callable[[], bool],
+                        queue: Callable[[pa.Table], Callable[[], None]] | None = None) -> None:
     """The server's half: each append (batches up to one with metadata) goes to
     ``append(table, metadata)`` (``PLAIN_ARGS`` itself for a plain append) and is acknowledged; returns when the client ends the
     stream, or once ``stopping()``: right after an acknowledgement, or instead of applying
-    an append that arrives then (unacknowledged, so the client sends it elsewhere)."""
-    for table, meta in _appends(reader):
-        if stopping():
-            return
-        try:
-            append(table, PLAIN_ARGS if meta == PLAIN else json_arg(meta, "append stream metadata"))
-            ack = ACK_OK
-        except Exception as exc:  # noqa: BLE001 - every failure goes back typed, the stream lives on
-            ack = b'{"error":' + error_detail(exc) + b"}"
-        writer.write(pa.py_buffer(ack))
-        if stopping():
-            return
+    an append that arrives then (unacknowledged, so the client sends it elsewhere).
+
+    With ``queue`` (the engine's ``append_queued``), plain appends are queued on the log as
+    they arrive and acknowledged in order by a second thread once durable (:class:`Acks`), so
+    a pipelining client's appends share group commits and the next one is read and decoded
+    while the earlier ones are written; other appends are applied here, after the ones queued
+    before them."""
+    if queue is None:
+        for table, meta in _appends(reader):
+            if stopping():
+                return
+            writer.write(pa.py_buffer(_outcome(append, table, PLAIN_ARGS if meta == PLAIN else None, meta)))
+            if stopping():
+                return
+        return
+    acks = Acks(writer)
+    try:
+        for table, meta in _appends(reader):
+            if stopping():
+                return
+            if meta == PLAIN:
+                try:
+                    acks.put(queue(table))
+                except Exception as exc:  # noqa: BLE001 - refused before it was queued: acknowledged in order
+                    acks.put(error_ack(exc))
+            else:
+                acks.put(_outcome(append, table, None, meta))
+    finally:
+        acks.close()
+
+
+def _outcome(append: Callable[[pa.Table, dict[str, Any]], None], table: pa.Table, args: dict[str, Any] | None,
+             meta: bytes) -> bytes:
+    """Apply one append; its acknowledgement."""
+    try:
+        append(table, args if args is not None else json_arg(meta, "append stream metadata"))
+    except Exception as exc:  # noqa: BLE001 - every failure goes back typed, the stream lives on
+        return error_ack(exc)
+    return ACK_OK
+
+
+def error_ack(exc: BaseException) -> bytes:
+    """The acknowledgement of a refused append: its typed error."""
+    return b'{"error":' + error_detail(exc) + b"}"
+
+
+class Acks:
+    """A stream's acknowledgements, written in order by their own thread: each entry is the
+    acknowledgement itself or a queued append's wait (acknowledged once it returns). At most
+    ``limit`` entries are outstanding: a client that stops reading acknowledgements stops
+    the stream's reads, not the engine. ``close`` waits until every entry is acknowledged
+    (or the stream is broken): the stream's writer is valid only while its handler runs."""
+
+    def __init__(self, writer: flight.FlightMetadataWriter, limit: int = 64) -> None:
+        self._writer = writer
+        self._entries: SimpleQueue[bytes | Callable[[], None] | None] = SimpleQueue()
+        self._room = threading.Semaphore(limit)
+        self._thread = threading.Thread(target=self._run, name="sediment-append-acks", daemon=True)
+        self._thread.start()
+
+    def put(self, entry: bytes | Callable[[], None]) -> None:
+        self._room.acquire()
+        self._entries.put(entry)
+
+    def close(self) -> None:
+        self._entries.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        broken = False
+        while (entry := self._entries.get()) is not None:
+            if not isinstance(entry, bytes):
+                try:
+                    entry()
+                    entry = ACK_OK
+                except Exception as exc:  # noqa: BLE001 - the write's error goes back typed
+                    entry = error_ack(exc)
+            if not broken:
+                try:
+                    self._writer.write(pa.py_buffer(entry))
+                except (flight.FlightError, pa.ArrowException, OSError):
+                    broken = True  # the client is gone: the rest are still waited for, not sent
+            self._room.release()
 
 
 PLAIN_ARGS: dict[str, Any] = {"txn": None}  # the metadata of a plain append, decoded once

@@ -13,6 +13,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
+from support.waiting import Progress
 
 import sediment
 from sediment import errors
@@ -222,13 +223,7 @@ def test_appends_go_out_while_earlier_ones_are_made_durable_and_apply_in_order(n
     feed = engine.subscribe("r")
     assert feed.next(timeout=5).kind == "snapshot"
     gate = threading.Event()
-    real = engine.append
-
-    def held(name, table, **kwargs):  # the server's first append waits until the test opens the gate
-        gate.wait(30)
-        return real(name, table, **kwargs)
-
-    engine.append = held
+    hold(engine, gate)  # the server's appends wait until the test opens the gate
     sent = threading.Event()
     with Client(server.uri, TOKEN) as c:
         writer = c.pipelined("r", window=4)
@@ -256,6 +251,59 @@ def test_appends_go_out_while_earlier_ones_are_made_durable_and_apply_in_order(n
             got.extend(event.table.column("id").to_pylist())
     assert got == list(range(200)), "the appends were not applied in the order sent"
     feed.close()
+
+
+def hold(engine, gate: threading.Event, entered: threading.Event | None = None) -> None:
+    """The engine's appends, as the server makes them (``append``, or ``append_queued`` for a
+    stream's plain appends), wait until ``gate`` opens; ``entered`` is set when one waits."""
+    for method in ("append", "append_queued"):
+        real = getattr(engine, method)
+
+        def held(name, table, _real=real, **kwargs):
+            if entered is not None:
+                entered.set()
+            gate.wait(30)
+            return _real(name, table, **kwargs)
+
+        setattr(engine, method, held)
+
+
+def test_a_stream_queues_its_plain_appends_while_the_first_is_made_durable(node):
+    """The server reads and queues a pipelined stream's next appends while the first one's
+    durability is held, then acknowledges them in order (the serial stream read the next
+    one only after acknowledging the one before)."""
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    gate, progress = threading.Event(), Progress()
+    queued: list[int] = []
+    real = engine.append_queued
+
+    def counted(name, table):
+        durable = real(name, table)
+        queued.append(table.column("id")[0].as_py())
+        progress.changed()
+        if len(queued) > 1:
+            return durable
+
+        def held() -> None:  # the first append's wait: until the test opens the gate
+            gate.wait(30)
+            durable()
+
+        return held
+
+    engine.append_queued = counted
+    with Client(server.uri, TOKEN) as c:
+        writer = c.pipelined("r", window=8)
+        for i in range(6):
+            writer.append(ups([(i, f"n{i}", 1, 1)]))
+        progress.wait_for(lambda: len(queued) == 6, 10, "the server to queue all six appends")
+        assert writer.acknowledged == 0
+        gate.set()
+        writer.close()
+        assert writer.acknowledged == writer.sent == 6
+    assert queued == list(range(6))
+    engine.seal("r", 1)
+    assert sorted(engine.snapshot("r", 1).column("id").to_pylist()) == list(range(6))
 
 
 def sealed_at_3(node):
@@ -297,14 +345,7 @@ def test_a_stopping_server_applies_no_pipelined_append_it_did_not_acknowledge(no
     engine, server = node
     engine.add_relation("r", SCHEMA)
     gate, entered = threading.Event(), threading.Event()
-    real = engine.append
-
-    def held(name, table, **kwargs):  # the first append waits in the server until the stop has begun
-        entered.set()
-        gate.wait(30)
-        return real(name, table, **kwargs)
-
-    engine.append = held
+    hold(engine, gate, entered)  # the first append waits in the server until the stop has begun
     c = Client(server.uri, TOKEN)
     try:
         writer = c.pipelined("r", window=8)
