@@ -42,6 +42,7 @@ from sediment.net.messages import STREAM_FIELDS, Put, encode
 from sediment.net.protocol import json_arg
 from sediment.net.wire_errors import error_detail, error_from_detail
 
+StreamKey = tuple[str, pa.Schema, bool]  # relation, schema, whether the server queues its plain appends
 STREAM_IDLE_SECONDS = 2.0  # a client's stream unused this long is closed
 ACK_OK = b'{"ok":true}'
 PLAIN = b'{"txn":null}'  # the metadata of an append outside any transaction, without locks
@@ -80,9 +81,9 @@ class AppendStream:
     :class:`StreamPool` lends it to one caller at a time."""
 
     def __init__(self, client: flight.FlightClient, relation: str, schema: pa.Schema,
-                 options: flight.FlightCallOptions) -> None:
-        command = encode(Put.APPEND_STREAM, relation=relation)
-        self.key = (relation, schema)
+                 options: flight.FlightCallOptions, queued: bool = False) -> None:
+        command = encode(Put.APPEND_STREAM, relation=relation, **({"queue": True} if queued else {}))
+        self.key: StreamKey = (relation, schema, queued)
         self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
                                                  options=options)
         self.last_used = 0.0  # when the pool last got it back
@@ -146,24 +147,25 @@ class StreamPool:
     again but closed (a client with a call timeout opens its streams with that deadline,
     which gRPC applies to the whole stream: each append still gets at least the rest)."""
 
-    def __init__(self, opener: Callable[[str, pa.Schema], AppendStream], idle_seconds: float = STREAM_IDLE_SECONDS,
+    def __init__(self, opener: Callable[[str, pa.Schema, bool], AppendStream], idle_seconds: float = STREAM_IDLE_SECONDS,
                  clock: Clock = MONOTONIC, max_age: float | None = None) -> None:
         self._open = opener
         self._idle_seconds = idle_seconds
         self._clock = clock
         self._max_age = max_age
         self._lock = threading.Lock()
-        self._idle: dict[tuple[str, pa.Schema], list[AppendStream]] = {}
+        self._idle: dict[StreamKey, list[AppendStream]] = {}
         self._closed = False
         self._wake = threading.Event()
         self._reaper: threading.Thread | None = None
 
-    def take(self, relation: str, schema: pa.Schema) -> tuple[AppendStream, bool]:
-        """A stream for the relation and schema, and whether it is new (never used)."""
+    def take(self, relation: str, schema: pa.Schema, queued: bool = False) -> tuple[AppendStream, bool]:
+        """A stream for the relation and schema (``queued``: one whose plain appends the server
+        queues, for pipelined appends), and whether it is new (never used)."""
         now = self._clock.current_time()
         old: list[AppendStream] = []
         with self._lock:
-            idle = self._idle.get((relation, schema))
+            idle = self._idle.get((relation, schema, queued))
             while idle and self._max_age is not None and now - idle[-1].opened > self._max_age:
                 old.append(idle.pop())
             if idle:
@@ -173,7 +175,7 @@ class StreamPool:
                 self._reaper.start()
         for stream in old:
             stream.close()
-        stream = self._open(relation, schema)
+        stream = self._open(relation, schema, queued)
         stream.opened = now
         return stream, True
 

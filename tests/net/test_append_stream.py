@@ -130,7 +130,7 @@ def test_the_pool_closes_streams_idle_too_long_and_those_given_back_after_close(
             closed.append(self)
 
     clock = ManualClock(100.0)
-    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=clock)
+    pool = StreamPool(lambda relation, schema, queued: Stream((relation, schema, queued)), idle_seconds=3600, clock=clock)
     lent, fresh = pool.take("r", SCHEMA)
     assert fresh
     pool.give(lent)
@@ -139,6 +139,8 @@ def test_the_pool_closes_streams_idle_too_long_and_those_given_back_after_close(
     other, fresh = pool.take("r", SCHEMA)  # the only stream is lent out: a new one
     assert fresh and other is not again
     pool.give(other)
+    queued, fresh = pool.take("r", SCHEMA, queued=True)  # a pipelined stream is never a plain one
+    assert fresh and queued.key == ("r", SCHEMA, True)
     clock.advance(3600)
     assert pool.close_idle() == 0, "idle exactly idle_seconds: kept"
     clock.advance(1)
@@ -186,7 +188,7 @@ def test_the_pool_lends_no_stream_older_than_max_age():
             closed.append(self)
 
     clock = ManualClock(100.0)
-    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=clock,
+    pool = StreamPool(lambda relation, schema, queued: Stream((relation, schema, queued)), idle_seconds=3600, clock=clock,
                       max_age=5.0)
     first, _ = pool.take("r", SCHEMA)
     assert first.opened == 100.0
@@ -302,6 +304,32 @@ def test_a_stream_queues_its_plain_appends_while_the_first_is_made_durable(node)
         writer.close()
         assert writer.acknowledged == writer.sent == 6
     assert queued == list(range(6))
+    engine.seal("r", 1)
+    assert sorted(engine.snapshot("r", 1).column("id").to_pylist()) == list(range(6))
+
+
+def test_only_a_pipelined_stream_has_its_appends_queued(node):
+    """``Client.append`` waits for each acknowledgement, so its stream is served one append
+    at a time in the stream's thread (no hand-off to a second one); ``pipelined`` asks for
+    the queue (``"queue": true`` in the descriptor)."""
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    queued: list[int] = []
+    real = engine.append_queued
+
+    def counted(name, table):
+        queued.append(table.num_rows)
+        return real(name, table)
+
+    engine.append_queued = counted
+    with Client(server.uri, TOKEN) as c:
+        for i in range(3):
+            c.append("r", ups([(i, "plain", 1, 1)]))
+        assert queued == []
+        with c.pipelined("r", window=4) as writer:
+            for i in range(3, 6):
+                writer.append(ups([(i, "piped", 1, 1)]))
+        assert queued == [1, 1, 1]
     engine.seal("r", 1)
     assert sorted(engine.snapshot("r", 1).column("id").to_pylist()) == list(range(6))
 
