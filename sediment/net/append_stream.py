@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import pyarrow as pa
@@ -90,6 +90,7 @@ class AppendStream:
         self.opened = 0.0  # when the pool opened it
         self.in_doubt = False  # an append went out and its acknowledgement was not read: unusable
         self._unacknowledged = 0
+        self._durable_ahead = 0  # appends after this one that the last acknowledgement also covered
 
     def append(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
         """Send one append and wait for its acknowledgement: True once it is durable; False when
@@ -115,16 +116,24 @@ class AppendStream:
 
     def receive(self) -> bool:
         """The oldest unread acknowledgement: True (durable), False (the server ended the stream
-        without reading that append), or the refusal raised as its typed error."""
-        ack = self._acks.read()
+        without reading that append), or the refusal raised as its typed error. One message
+        ``{"ok":N}`` (a queued stream's) acknowledges the next N appends."""
         self._unacknowledged -= 1
         self.in_doubt = self._unacknowledged > 0
+        if self._durable_ahead:
+            self._durable_ahead -= 1
+            return True
+        ack = self._acks.read()
         if ack is None:
             return False
         raw = ack.to_pybytes()
         if raw == ACK_OK:
             return True
         reply = json.loads(raw)
+        count = reply.get("ok")
+        if type(count) is int and 1 <= count <= self._unacknowledged + 1:
+            self._durable_ahead = count - 1
+            return True
         raise error_from_detail(reply.get("error")) or ValueError(f"unexpected append acknowledgement {raw!r}")
 
     def finish(self) -> None:
@@ -269,6 +278,11 @@ def _outcome(append: Callable[[pa.Table, dict[str, Any]], None], table: pa.Table
     return ACK_OK
 
 
+def durable_ack(n: int) -> bytes:
+    """The acknowledgement of the next ``n`` appends as durable: ``{"ok":true}`` for one."""
+    return ACK_OK if n == 1 else b'{"ok":%d}' % n
+
+
 def error_ack(exc: BaseException) -> bytes:
     """The acknowledgement of a refused append: its typed error."""
     return b'{"error":' + error_detail(exc) + b"}"
@@ -276,7 +290,10 @@ def error_ack(exc: BaseException) -> bytes:
 
 class Acks:
     """A stream's acknowledgements, written in order by their own thread: each entry is the
-    acknowledgement itself or a queued append's wait (acknowledged once it returns). At most
+    acknowledgement itself or a queued append's wait (acknowledged once it returns). Appends
+    durable in a row are acknowledged by one message ``{"ok":N}`` once no entry waits behind
+    them (each gRPC write is a hand-off to gRPC's own threads; a group commit makes many
+    appends durable at once). At most
     ``limit`` entries are outstanding: a client that stops reading acknowledgements stops
     the stream's reads, not the engine. ``close`` waits until every entry is acknowledged
     (or the stream is broken): the stream's writer is valid only while its handler runs."""
@@ -285,6 +302,8 @@ class Acks:
         self._writer = writer
         self._entries: SimpleQueue[bytes | Callable[[], None] | None] = SimpleQueue()
         self._room = threading.Semaphore(limit)
+        self._limit = limit
+        self._broken = False
         self._thread = threading.Thread(target=self._run, name="sediment-append-acks", daemon=True)
         self._thread.start()
 
@@ -297,20 +316,47 @@ class Acks:
         self._thread.join()
 
     def _run(self) -> None:
-        broken = False
-        while (entry := self._entries.get()) is not None:
-            if not isinstance(entry, bytes):
-                try:
-                    entry()
-                    entry = ACK_OK
-                except Exception as exc:  # noqa: BLE001 - the write's error goes back typed
-                    entry = error_ack(exc)
-            if not broken:
-                try:
-                    self._writer.write(pa.py_buffer(entry))
-                except (flight.FlightError, pa.ArrowException, OSError):
-                    broken = True  # the client is gone: the rest are still waited for, not sent
+        durable = 0  # appends durable in a row, not acknowledged yet: one message for them all
+        while True:
+            try:
+                entry = self._entries.get_nowait() if durable else self._entries.get()
+            except Empty:  # none waiting behind them: acknowledge them now
+                durable = self._send_durable(durable)
+                continue
+            if entry is None:
+                self._send_durable(durable)
+                return
+            ack = entry if isinstance(entry, bytes) else _settled(entry)
             self._room.release()
+            if ack == ACK_OK:
+                durable += 1
+                if durable >= self._limit:
+                    durable = self._send_durable(durable)
+            else:
+                durable = self._send_durable(durable)
+                self._send(ack)
+
+    def _send_durable(self, n: int) -> int:
+        """Acknowledge ``n`` appends as durable (``{"ok":true}`` for one); 0."""
+        if n:
+            self._send(durable_ack(n))
+        return 0
+
+    def _send(self, ack: bytes) -> None:
+        if not self._broken:
+            try:
+                self._writer.write(pa.py_buffer(ack))
+            except (flight.FlightError, pa.ArrowException, OSError):
+                self._broken = True  # the client is gone: the rest are still waited for, not sent
+
+
+def _settled(durable: Callable[[], None]) -> bytes:
+    """Wait for a queued append; its acknowledgement."""
+    try:
+        durable()
+    except Exception as exc:  # noqa: BLE001 - the write's error goes back typed
+        return error_ack(exc)
+    return ACK_OK
 
 
 PLAIN_ARGS: dict[str, Any] = {"txn": None}  # the metadata of a plain append, decoded once

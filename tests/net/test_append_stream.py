@@ -156,14 +156,15 @@ def test_the_worked_example_in_formats_md_decodes():
     import pathlib
     import re
 
-    from sediment.net.append_stream import ACK_OK, append_metadata
+    from sediment.net.append_stream import ACK_OK, append_metadata, durable_ack
     from sediment.net.protocol import json_arg
     from sediment.net.wire_errors import error_from_detail
 
     text = (pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "formats.md").read_text()
     section = text[text.index("### Append stream"):]
     blocks = re.findall(r"```\n([0-9a-f \n]+)\n```", section)
-    meta, ack, keyed = (bytes.fromhex(re.sub(r"\s+", "", b)) for b in blocks[:3])
+    meta, ack, counted, keyed = (bytes.fromhex(re.sub(r"\s+", "", b)) for b in blocks[:4])
+    assert counted == durable_ack(12) and json.loads(counted) == {"ok": 12} and durable_ack(1) == ACK_OK
     assert json_arg(meta, "append stream metadata") == {"txn": None}
     assert append_metadata(None, None) == meta
     assert json_arg(keyed, "append stream metadata") == {"txn": None, "client": "c-1f2e-3", "seq": 12}
@@ -306,6 +307,48 @@ def test_a_stream_queues_its_plain_appends_while_the_first_is_made_durable(node)
     assert queued == list(range(6))
     engine.seal("r", 1)
     assert sorted(engine.snapshot("r", 1).column("id").to_pylist()) == list(range(6))
+
+
+def test_appends_durable_together_are_acknowledged_by_one_message(node):
+    """On a queued stream, the appends one group commit made durable get one acknowledgement
+    ``{"ok":N}`` (the raw messages, read with pyarrow's own Flight client)."""
+    import pyarrow.flight as flight
+
+    from sediment.net.append_stream import PLAIN
+
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    gate = threading.Event()
+    progress, queued = Progress(), []
+    real = engine.append_queued
+
+    def counted(name, table):
+        durable = real(name, table)
+        queued.append(table)
+        progress.changed()
+
+        def held() -> None:  # nothing is written until the gate opens: then one group takes all six
+            gate.wait(30)
+            durable()
+
+        return held
+
+    engine.append_queued = counted
+    client = flight.FlightClient(server.uri)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    command = b'{"op": "append_stream", "relation": "r", "queue": true}'
+    writer, acks = client.do_put(flight.FlightDescriptor.for_command(command), SCHEMA.append(
+        pa.field("time", pa.int64())).append(pa.field("diff", pa.int64())), options=options)
+    for i in range(6):
+        writer.write_with_metadata(ups([(i, "x", 1, 1)]).to_batches()[0], pa.py_buffer(PLAIN))
+    progress.wait_for(lambda: len(queued) == 6, 10, "the server to queue all six appends")
+    gate.set()
+    assert acks.read().to_pybytes() == b'{"ok":6}'
+    writer.done_writing()
+    writer.close()
+    client.close()
+    engine.seal("r", 1)
+    assert engine.snapshot("r", 1).num_rows == 6
 
 
 def test_only_a_pipelined_stream_has_its_appends_queued(node):
