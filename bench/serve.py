@@ -22,6 +22,7 @@ each round runs every case once, in a rotated order, and the ratio of a round is
 served / in-process rows/s of that round. Prints the median with min-max over the rounds.
 
     .venv/bin/python bench/serve.py                 # 3 rounds x 3 s per case, about 1.5 min
+    .venv/bin/python bench/serve.py --serial        # also a server applying each stream's appends one at a time
     .venv/bin/python bench/serve.py --per-call      # also one do_put per append (the old protocol)
     .venv/bin/python bench/serve.py --client-threads  # also clients as threads of the server's process
     .venv/bin/python bench/serve.py --rounds 5 --seconds 4 --json out.json
