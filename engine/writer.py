@@ -48,6 +48,7 @@ class Writer:
         self._txn_counter = 0
         self._small: dict[tuple[int, int], SmallBodyEncoder] = {}  # (relation id, schema version) -> encoder
         self._appending = 0  # appends between prepare and encode now, about
+        self._observe_latency = metrics.append_latency.observe
 
     def wait_backlog(self, records: list[Record]) -> None:
         """Under the lock: wait while the append would take the WAL backlog past
@@ -189,7 +190,7 @@ class Writer:
 
         def durable() -> None:
             ticket.wait()
-            self.metrics.append_latency.observe(time.perf_counter() - start)
+            self._observe_latency(time.perf_counter() - start)
 
         return durable
 
@@ -223,7 +224,7 @@ class Writer:
             ticket = self.log.submit(records, self.view.on_durable)
         if wait:
             ticket.wait()
-            self.metrics.append_latency.observe(time.perf_counter() - start)
+            self._observe_latency(time.perf_counter() - start)
         return ticket
 
     def transaction(self) -> Transaction:

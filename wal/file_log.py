@@ -241,14 +241,9 @@ class FileLog:
         lsn = seg.next_lsn
         base = pos = seg.end
         small = bytearray()  # headers and small bodies are joined; large bodies are written in place
-        every: list[rec.Record] = []
-        callbacks: dict = {}  # one call per callback per group commit, records in log order
         header = rec.encode_header
         for p in batch:
             records = p.records
-            every += records
-            if p.on_durable is not None and records:
-                callbacks.setdefault(p.on_durable, []).extend(records)
             for r, crc in zip(records, p.crcs, strict=True):
                 r.lsn = lsn
                 offsets.append(pos)
@@ -274,8 +269,19 @@ class FileLog:
             os.fdatasync(self._active.fd)
         else:
             self._active.write(buffers, base)
-        self._preamble.observe(every)
+        if len(batch) == 1:  # a lone writer's group: its own records, no lists to build
+            every = batch[0].records
+            self._preamble.observe(every)
+            self._commit_offsets(seg, offsets, pos)
+            if batch[0].on_durable is not None and every:
+                batch[0].on_durable(every)
+            return
+        self._preamble.observe([r for p in batch for r in p.records])
         self._commit_offsets(seg, offsets, pos)
+        callbacks: dict = {}  # one call per callback per group commit, records in log order
+        for p in batch:
+            if p.on_durable is not None and p.records:
+                callbacks.setdefault(p.on_durable, []).extend(p.records)
         for callback, records in callbacks.items():
             callback(records)
 

@@ -135,3 +135,27 @@ def test_concurrent_small_appends_are_checked_and_kept_apart(tmp_path):
         at5 = engine.snapshot("r", as_of=5)
         assert sorted(at5.column("id").to_pylist()) == sorted(
             i for i, t in zip(want.column("id").to_pylist(), want.column("time").to_pylist(), strict=True) if t <= 5)
+
+
+def test_a_lone_writer_s_appends_are_visible_on_return_and_each_its_own_feed_event(tmp_path):
+    """One writer's group is its own record: the log and the view take it on their one-record
+    path. Each append is visible to stats the moment it returns, reaches a subscriber as one
+    event holding exactly its row, is counted once, and is all there after a reopen."""
+    n = 40
+    with sediment.open(tmp_path / "data", clock=ManualClock()) as engine:
+        engine.add_relation("r", SCHEMA)
+        with engine.subscribe("r") as feed:
+            assert feed.next(timeout=10).kind == "snapshot"
+            for k in range(n):
+                engine.append("r", _one_row(k, t=k + 1))
+                assert engine.stats()["relations"]["r"]["tail_records"] == k + 1  # read-your-writes
+                event = feed.next(timeout=10)
+                assert event.kind == "updates" and event.table.column("id").to_pylist() == [k]
+                assert event.table.column("time").to_pylist() == [k + 1]
+        assert _counter(engine, "sediment_appends_total", "r") == n
+        assert _counter(engine, "sediment_rows_appended_total", "r") == n
+    with sediment.open(tmp_path / "data", clock=ManualClock()) as engine:
+        engine.seal("r", n)
+        got = engine.snapshot("r", as_of=n).sort_by("id")
+        assert got.column("id").to_pylist() == list(range(n))
+        assert got.column("payload").to_pylist() == [b"p%d" % k for k in range(n)]

@@ -150,3 +150,79 @@ def test_a_finished_segment_is_told_without_a_wait(tmp_path: Path) -> None:
     assert log.finished_lsn == finished[0] and log.durable_lsn >= finished[0]
     assert [t.wait() for t in tickets] == [0, upd(0).frame_size, 2 * upd(0).frame_size]
     log.close()
+
+
+class HeldFirstWrite:
+    """A pwrite that holds the first data write until ``release`` is set, and notes every
+    data write that returned (``returned``: offsets, signalled through ``progress``)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.progress = Progress()
+        self.returned: list[int] = []
+        self.held = False
+        self.lock = threading.Lock()
+
+    def __call__(self, fd: int, data, offset: int) -> int:
+        if offset < HEADER_AREA:
+            return os.pwrite(fd, data, offset)
+        with self.lock:
+            hold, self.held = not self.held, True
+        if hold:
+            self.progress.changed()
+            assert self.release.wait(30)
+        n = os.pwrite(fd, data, offset)
+        self.returned.append(offset)
+        self.progress.changed()
+        return n
+
+
+def thread_settled(t: threading.Thread, timeout: float = 10.0) -> None:
+    """Poll (deadline ``timeout``) until ``t`` has ended or sleeps: the same count of
+    voluntary context switches twice, the interpreter lock free meanwhile."""
+    def switches() -> int | None:
+        try:
+            with open(f"/proc/self/task/{t.native_id}/status") as f:
+                return next(int(x.split()[1]) for x in f if x.startswith("voluntary_ctxt_switches"))
+        except FileNotFoundError:
+            return None
+    deadline = time.monotonic() + timeout
+    last = switches()
+    while time.monotonic() < deadline and t.is_alive():
+        time.sleep(0.05)
+        now = switches()
+        if now == last:
+            return
+        last = now
+    assert not t.is_alive(), f"thread {t.name} did not settle within {timeout}s"
+
+
+def test_a_later_block_written_first_is_acknowledged_only_after_the_earlier_one(tmp_path: Path) -> None:
+    """Two block writes in flight, the later one finishing first: its append neither returns
+    nor runs its callback until the earlier block is durable too (in-order acknowledgement:
+    the durable log is a prefix). Fails if an append were acknowledged at its own write."""
+    writes = HeldFirstWrite()
+    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, pwrite=writes, clock=ManualClock()))
+    called: list[int] = []
+    returned: list[int] = []
+
+    def append(i: int) -> None:
+        log.submit([upd(i)], lambda recs: called.append(i)).wait()
+        returned.append(i)
+
+    first = threading.Thread(target=append, args=(1,), name="first")
+    second = threading.Thread(target=append, args=(2,), name="second")
+    first.start()
+    try:
+        writes.progress.wait_for(lambda: writes.held, 10, "the first block's write, held")
+        second.start()
+        writes.progress.wait_for(lambda: writes.returned, 10, "the second block's write")
+        assert writes.returned == [HEADER_AREA + BS]  # the later block, on disk while the first is held
+        thread_settled(second)
+        assert returned == [] and called == [] and log.durable_lsn == 0
+    finally:
+        writes.release.set()
+    first.join(30)
+    second.join(30)
+    assert called == [1, 2] and sorted(returned) == [1, 2] and log.durable_lsn == BS + upd(2).frame_size
+    log.close()

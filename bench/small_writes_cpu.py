@@ -1,0 +1,97 @@
+"""CPU per one-row durable append with the disk taken out: the log on tmpfs (/dev/shm),
+where fdatasync costs next to nothing, so what is left is the Python of the write path.
+
+Why: on the shared machine the disk swings SQLite's one-row commits by 30x between
+minutes, and the rates of bench/small_writes.py move with it; the CPU an append costs
+does not. Two figures, each the least of several repetitions (the least is the run the
+other sessions disturbed least):
+
+* one writer: the caller thread's CPU per ``Engine.append`` of one row (it leads its
+  own group, so the whole path runs there), least of 15 x 1,000 appends;
+* 64 writer threads: the process's CPU per append, least of 3 x 64 x 150 appends.
+
+``--build DIR`` runs another checkout of the repository (``git archive`` of a commit,
+unpacked) through this virtualenv, for builds compared A B A B:
+
+    for i in 1 2 3; do python bench/small_writes_cpu.py --build /tmp/before; python bench/small_writes_cpu.py; done
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+
+def use_build(root: str) -> None:
+    """Import sediment from ``root`` instead of this checkout (the editable install's finder)."""
+    import __editable___sediment_engine_0_1_0_finder as finder  # noqa: PLC0415 - only for --build
+    here = os.path.dirname(finder.MAPPING["sediment"])  # the checkout the virtualenv was installed from
+    for name, path in list(finder.MAPPING.items()):
+        finder.MAPPING[name] = path.replace(here, os.path.abspath(root))
+
+
+def measure(directory: str) -> tuple[float, float]:
+    import pyarrow as pa  # noqa: PLC0415 - after use_build
+
+    import sediment  # noqa: PLC0415
+
+    table = pa.table({"id": pa.array([0], pa.int64()), "payload": pa.array([os.urandom(76)], pa.binary()),
+                      "time": pa.array([1], pa.int64()), "diff": pa.array([1], pa.int64())})
+    d = tempfile.mkdtemp(prefix="sed-cpu-", dir=directory)
+    try:
+        engine = sediment.open(d)
+        try:
+            engine.add_relation("r", pa.schema([("id", pa.int64()), ("payload", pa.binary())]))
+            for _ in range(1000):
+                engine.append("r", table)
+            one = []
+            for _ in range(15):
+                c0 = time.thread_time()
+                for _ in range(1000):
+                    engine.append("r", table)
+                one.append((time.thread_time() - c0) / 1000 * 1e6)
+
+            def work() -> None:
+                for _ in range(150):
+                    engine.append("r", table)
+
+            many = []
+            for _ in range(3):
+                threads = [threading.Thread(target=work) for _ in range(64)]
+                c0 = time.process_time()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                many.append((time.process_time() - c0) / (64 * 150) * 1e6)
+            return min(one), min(many)
+        finally:
+            engine.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", help="a checkout of the repository to run instead of this one")
+    ap.add_argument("--dir", default="/dev/shm")
+    a = ap.parse_args(argv)
+    if a.build:
+        use_build(a.build)
+    one, many = measure(a.dir)
+    import sediment.engine.writer  # noqa: PLC0415 - which checkout ran
+
+    if a.build and not os.path.abspath(sediment.engine.writer.__file__).startswith(os.path.abspath(a.build)):
+        raise SystemExit(f"--build {a.build}: ran {sediment.engine.writer.__file__} instead")
+    print(f"{a.build or 'this build'}: one writer {one:.2f} us thread CPU per append; "
+          f"64 writers {many:.1f} us process CPU per append (load {os.getloadavg()[0]:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
