@@ -22,6 +22,7 @@ each round runs every case once, in a rotated order, and the ratio of a round is
 served / in-process rows/s of that round. Prints the median with min-max over the rounds.
 
     .venv/bin/python bench/serve.py                 # 3 rounds x 3 s per case, about 1.5 min
+    .venv/bin/python bench/serve.py --serial        # also a server applying each stream's appends one at a time
     .venv/bin/python bench/serve.py --per-call      # also one do_put per append (the old protocol)
     .venv/bin/python bench/serve.py --client-threads  # also clients as threads of the server's process
     .venv/bin/python bench/serve.py --rounds 5 --seconds 4 --json out.json
@@ -203,16 +204,32 @@ def run_served_threads(root: str, clients: int, seconds: float) -> dict:
     return got
 
 
+class SerialStreams:
+    """The engine as a server sees it, without ``append_queued``: the server then applies a
+    stream's appends one after the other, each acknowledged before the next is read (the
+    append stream before session 12), for the ``-serial`` peers of ``--serial``."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str):
+        if name == "append_queued":
+            raise AttributeError(name)
+        return getattr(self._engine, name)
+
+
 def run_served(root: str, clients: int, seconds: float, how: str = "served", window: int = 8) -> dict:
     from sediment.server import SedimentFlightServer
 
     d = tempfile.mkdtemp(prefix="sed-serve-net-", dir=root)
     token = uuid.uuid4().hex
     ctx = mp.get_context("spawn")  # the parent runs gRPC threads: never fork it
+    serial = how.endswith("-serial")
+    how = how.removesuffix("-serial")
     try:
         with sediment.open(d) as engine:
             engine.add_relation("r", SCHEMA)
-            server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
+            server = SedimentFlightServer(SerialStreams(engine) if serial else engine, "grpc://127.0.0.1:0", token)
             try:
                 ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
                 procs = [ctx.Process(target=_client, args=(server.uri, token, k, ready, go, seconds, out, how, window),
@@ -250,11 +267,15 @@ def main() -> None:
     parser.add_argument("--client-threads", action="store_true",
                         help="also measure served appends from client threads inside this process")
     parser.add_argument("--window", type=int, default=8, help="appends in flight per pipelined client")
+    parser.add_argument("--serial", action="store_true",
+                        help="also measure the served paths with the server applying a stream's appends one "
+                             "after the other (the append stream before session 12)")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     modes = ("in-process", "served", "pipelined", *(("per-call",) if args.per_call else ()),
-             *(("served-threads",) if args.client_threads else ()))
+             *(("served-threads",) if args.client_threads else ()),
+             *(("served-serial", "pipelined-serial") if args.serial else ()))
     results: dict[tuple[str, int], list[float]] = {(mode, n): [] for n in counts for mode in modes}
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.1f}; {BATCH_ROWS}-row batches of ~{ROW_BYTES} B rows, "

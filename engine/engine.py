@@ -298,6 +298,7 @@ class Engine:
 
     append = _forward("writer", Writer.append)
     append_many = _forward("writer", Writer.append_many)
+    append_queued = _forward("writer", Writer.append_queued)
     transaction = _forward("writer", Writer.transaction)
     commit_all = _forward("writer", Writer.commit_all)
     seal = _forward("writer", Writer.seal)

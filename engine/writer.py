@@ -166,14 +166,33 @@ class Writer:
         return True
 
     def _append_records(self, rel: Relation, name: str, table: pa.Table, bounds: tuple[int, int], version: int,
-                        locks: Locks | None, start: float) -> None:
+                        locks: Locks | None, start: float, wait: bool = True) -> Ticket:
         records = self._encode(rel, table, 0, bounds, version)
         if len(records) > 1:  # too big for one record: make it one transaction
             txn = self.next_txn_id()
             for r in records:
                 r.txn_id = txn
             records = [Record(RecordKind.BEGIN, txn_id=txn), *records, Record(RecordKind.COMMIT, txn_id=txn)]
-        self._submit(records, [(rel, name, bounds)], locks, bounds[1], start)
+        return self._submit(records, [(rel, name, bounds)], locks, bounds[1], start, wait)
+
+    def append_queued(self, name: str, updates: pa.Table) -> Callable[[], None]:
+        """A plain append checked, encoded and queued on the log but not yet durable; the call
+        returned waits until it is (raising the write's error). Refusals are raised here, with
+        nothing queued. Why: a server's append stream queues a client's next append while the
+        earlier ones' group commit runs, so one stream's appends can share a group
+        (sediment/net/append_stream.py). Appends queued one after the other are applied in
+        that order, as appends made one after the other."""
+        start = time.perf_counter()
+        rel, table, bounds, version = self._prepare(name, updates)
+        if bounds is None:
+            return _nothing
+        ticket = self._append_records(rel, name, table, bounds, version, None, start, wait=False)
+
+        def durable() -> None:
+            ticket.wait()
+            self._observe_latency(time.perf_counter() - start)
+
+        return durable
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Locks | None = None) -> None:
         """Append to several relations atomically: after a crash, all or none are there.
@@ -193,8 +212,8 @@ class Writer:
                      max((b[1] for _n, _r, _t, b, _v in prepared if b is not None), default=None), start)
 
     def _submit(self, records: list[Record], admit: list[tuple[Relation, str, tuple[int, int] | None]],
-                locks: Locks | None, t_max: int | None, start: float) -> None:
-        """Admit and submit under the lock, then wait for durability outside it."""
+                locks: Locks | None, t_max: int | None, start: float, wait: bool = True) -> Ticket:
+        """Admit and submit under the lock, then (``wait``) wait for durability outside it."""
         with self._lock:
             self.wait_backlog(records)
             self.view.check_open()
@@ -203,8 +222,10 @@ class Writer:
             if locks is not None:
                 self.locks.check_and_record(locks, t_max)
             ticket = self.log.submit(records, self.view.on_durable)
-        ticket.wait()
-        self._observe_latency(time.perf_counter() - start)
+        if wait:
+            ticket.wait()
+            self._observe_latency(time.perf_counter() - start)
+        return ticket
 
     def transaction(self) -> Transaction:
         """A write transaction: appends to any relations, visible only after ``commit()``."""
@@ -271,3 +292,6 @@ class Writer:
             ticket.wait()
         self.metrics.seals.labels(relation=name).inc()
 
+
+def _nothing() -> None:
+    """The wait of a queued append with no rows: nothing to make durable."""

@@ -17,6 +17,7 @@ in docs/formats.md ("Network protocol").
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -263,8 +264,8 @@ class Client:
                                                         f"({why}; nothing was appended); is it stopping?")
                 stream.close()  # an idle stream the server had ended: send on another
 
-    def _open_stream(self, name: str, schema: pa.Schema) -> AppendStream:
-        return AppendStream(self._flight, name, schema, self._options)
+    def _open_stream(self, name: str, schema: pa.Schema, queued: bool = False) -> AppendStream:
+        return AppendStream(self._flight, name, schema, self._options, queued)
 
     def end_streams(self) -> None:
         """End this client's idle append streams now, and each lent one when it is given back;
@@ -336,7 +337,7 @@ class Client:
         order; each is durable once a later call collects its acknowledgement (``flush``,
         ``close``; see sediment/net/pipelined.py for how errors come back)."""
         with self._remote():  # a closed client refuses here
-            return PipelinedAppends(name, window, PUT_CHUNK_BYTES, take=self._streams.take, give=self._streams.give,
+            return PipelinedAppends(name, window, PUT_CHUNK_BYTES, take=functools.partial(self._streams.take, queued=True), give=self._streams.give,
                                     resend=lambda table: self._append(name, table), remote=self._remote)
 
     def append_once(self, name: str, updates: pa.Table, client: str, seq: int, *, locks: Any = None) -> None:

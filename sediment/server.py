@@ -355,7 +355,11 @@ class SedimentFlightServer(flight.FlightServerBase):
                     else:
                         self._append(name, table, meta.get("txn"), meta.get("locks"))
 
-                serve_append_stream(reader, writer, append, lambda: self._stopped)
+                # a pipelining client's stream (``queue``) has its plain appends queued; an
+                # Engine has append_queued, a cluster member not
+                queued = getattr(self.engine, "append_queued", None) if args.get("queue") is True else None
+                serve_append_stream(reader, writer, append, lambda: self._stopped,
+                                    None if queued is None else functools.partial(queued, name))
                 return
             table = reader.read_all()
             if op == Put.APPEND:

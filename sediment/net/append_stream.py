@@ -16,10 +16,12 @@ The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor
 * server -> client: one metadata message per append, in order: ``{"ok": true}`` once it is
   durable, or ``{"error": DETAIL}`` (the typed error, as :func:`error_detail` writes it;
   the stream stays usable).
+* Plain appends are queued on the log as they are read and acknowledged in order once
+  durable (:class:`Acks`), so one stream's pipelined appends share group commits.
 * The client ends a stream it has not used for ``STREAM_IDLE_SECONDS`` (so a server's stop
-  never waits longer than that for it); the server ends it only when stopping: right after
-  an acknowledgement, or on receiving an append, which it then neither applies nor
-  acknowledges. So an append without an acknowledgement on a stream the server ended
+  never waits longer than that for it); the server ends it only when stopping: on
+  receiving an append, which it then neither applies nor acknowledges, once every append
+  it took is acknowledged (or right after an acknowledgement, without a queue). So an append without an acknowledgement on a stream the server ended
   cleanly was not applied, and the client sends it again on a new stream (which a stopping
   server refuses: ``EngineClosed`` or ``CoordinatorUnavailable``).
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +42,7 @@ from sediment.net.messages import STREAM_FIELDS, Put, encode
 from sediment.net.protocol import json_arg
 from sediment.net.wire_errors import error_detail, error_from_detail
 
+StreamKey = tuple[str, pa.Schema, bool]  # relation, schema, whether the server queues its plain appends
 STREAM_IDLE_SECONDS = 2.0  # a client's stream unused this long is closed
 ACK_OK = b'{"ok":true}'
 PLAIN = b'{"txn":null}'  # the metadata of an append outside any transaction, without locks
@@ -77,15 +81,16 @@ class AppendStream:
     :class:`StreamPool` lends it to one caller at a time."""
 
     def __init__(self, client: flight.FlightClient, relation: str, schema: pa.Schema,
-                 options: flight.FlightCallOptions) -> None:
-        command = encode(Put.APPEND_STREAM, relation=relation)
-        self.key = (relation, schema)
+                 options: flight.FlightCallOptions, queued: bool = False) -> None:
+        command = encode(Put.APPEND_STREAM, relation=relation, **({"queue": True} if queued else {}))
+        self.key: StreamKey = (relation, schema, queued)
         self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
                                                  options=options)
         self.last_used = 0.0  # when the pool last got it back
         self.opened = 0.0  # when the pool opened it
         self.in_doubt = False  # an append went out and its acknowledgement was not read: unusable
         self._unacknowledged = 0
+        self._durable_ahead = 0  # appends after this one that the last acknowledgement also covered
 
     def append(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
         """Send one append and wait for its acknowledgement: True once it is durable; False when
@@ -111,16 +116,24 @@ class AppendStream:
 
     def receive(self) -> bool:
         """The oldest unread acknowledgement: True (durable), False (the server ended the stream
-        without reading that append), or the refusal raised as its typed error."""
-        ack = self._acks.read()
+        without reading that append), or the refusal raised as its typed error. One message
+        ``{"ok":N}`` (a queued stream's) acknowledges the next N appends."""
         self._unacknowledged -= 1
         self.in_doubt = self._unacknowledged > 0
+        if self._durable_ahead:
+            self._durable_ahead -= 1
+            return True
+        ack = self._acks.read()
         if ack is None:
             return False
         raw = ack.to_pybytes()
         if raw == ACK_OK:
             return True
         reply = json.loads(raw)
+        count = reply.get("ok")
+        if type(count) is int and 1 <= count <= self._unacknowledged + 1:
+            self._durable_ahead = count - 1
+            return True
         raise error_from_detail(reply.get("error")) or ValueError(f"unexpected append acknowledgement {raw!r}")
 
     def finish(self) -> None:
@@ -143,24 +156,25 @@ class StreamPool:
     again but closed (a client with a call timeout opens its streams with that deadline,
     which gRPC applies to the whole stream: each append still gets at least the rest)."""
 
-    def __init__(self, opener: Callable[[str, pa.Schema], AppendStream], idle_seconds: float = STREAM_IDLE_SECONDS,
+    def __init__(self, opener: Callable[[str, pa.Schema, bool], AppendStream], idle_seconds: float = STREAM_IDLE_SECONDS,
                  clock: Clock = MONOTONIC, max_age: float | None = None) -> None:
         self._open = opener
         self._idle_seconds = idle_seconds
         self._clock = clock
         self._max_age = max_age
         self._lock = threading.Lock()
-        self._idle: dict[tuple[str, pa.Schema], list[AppendStream]] = {}
+        self._idle: dict[StreamKey, list[AppendStream]] = {}
         self._closed = False
         self._wake = threading.Event()
         self._reaper: threading.Thread | None = None
 
-    def take(self, relation: str, schema: pa.Schema) -> tuple[AppendStream, bool]:
-        """A stream for the relation and schema, and whether it is new (never used)."""
+    def take(self, relation: str, schema: pa.Schema, queued: bool = False) -> tuple[AppendStream, bool]:
+        """A stream for the relation and schema (``queued``: one whose plain appends the server
+        queues, for pipelined appends), and whether it is new (never used)."""
         now = self._clock.current_time()
         old: list[AppendStream] = []
         with self._lock:
-            idle = self._idle.get((relation, schema))
+            idle = self._idle.get((relation, schema, queued))
             while idle and self._max_age is not None and now - idle[-1].opened > self._max_age:
                 old.append(idle.pop())
             if idle:
@@ -170,7 +184,7 @@ class StreamPool:
                 self._reaper.start()
         for stream in old:
             stream.close()
-        stream = self._open(relation, schema)
+        stream = self._open(relation, schema, queued)
         stream.opened = now
         return stream, True
 
@@ -218,22 +232,131 @@ class StreamPool:
 
 
 def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter,
-                        append: Callable[[pa.Table, dict[str, Any]], None], stopping: Callable[[], bool]) -> None:
+                        append: Callable[[pa.Table, dict[str, Any]], None], stopping: Callable[[], bool],
+                        queue: Callable[[pa.Table], Callable[[], None]] | None = None) -> None:
     """The server's half: each append (batches up to one with metadata) goes to
     ``append(table, metadata)`` (``PLAIN_ARGS`` itself for a plain append) and is acknowledged; returns when the client ends the
     stream, or once ``stopping()``: right after an acknowledgement, or instead of applying
-    an append that arrives then (unacknowledged, so the client sends it elsewhere)."""
-    for table, meta in _appends(reader):
-        if stopping():
-            return
-        try:
-            append(table, PLAIN_ARGS if meta == PLAIN else json_arg(meta, "append stream metadata"))
-            ack = ACK_OK
-        except Exception as exc:  # noqa: BLE001 - every failure goes back typed, the stream lives on
-            ack = b'{"error":' + error_detail(exc) + b"}"
-        writer.write(pa.py_buffer(ack))
-        if stopping():
-            return
+    an append that arrives then (unacknowledged, so the client sends it elsewhere).
+
+    With ``queue`` (the engine's ``append_queued``), plain appends are queued on the log as
+    they arrive and acknowledged in order by a second thread once durable (:class:`Acks`), so
+    a pipelining client's appends share group commits and the next one is read and decoded
+    while the earlier ones are written; other appends are applied here, after the ones queued
+    before them."""
+    if queue is None:
+        for table, meta in _appends(reader):
+            if stopping():
+                return
+            writer.write(pa.py_buffer(_outcome(append, table, PLAIN_ARGS if meta == PLAIN else None, meta)))
+            if stopping():
+                return
+        return
+    acks = Acks(writer)
+    try:
+        for table, meta in _appends(reader):
+            if stopping():
+                return
+            if meta == PLAIN:
+                try:
+                    acks.put(queue(table))
+                except Exception as exc:  # noqa: BLE001 - refused before it was queued: acknowledged in order
+                    acks.put(error_ack(exc))
+            else:
+                acks.put(_outcome(append, table, None, meta))
+    finally:
+        acks.close()
+
+
+def _outcome(append: Callable[[pa.Table, dict[str, Any]], None], table: pa.Table, args: dict[str, Any] | None,
+             meta: bytes) -> bytes:
+    """Apply one append; its acknowledgement."""
+    try:
+        append(table, args if args is not None else json_arg(meta, "append stream metadata"))
+    except Exception as exc:  # noqa: BLE001 - every failure goes back typed, the stream lives on
+        return error_ack(exc)
+    return ACK_OK
+
+
+def durable_ack(n: int) -> bytes:
+    """The acknowledgement of the next ``n`` appends as durable: ``{"ok":true}`` for one."""
+    return ACK_OK if n == 1 else b'{"ok":%d}' % n
+
+
+def error_ack(exc: BaseException) -> bytes:
+    """The acknowledgement of a refused append: its typed error."""
+    return b'{"error":' + error_detail(exc) + b"}"
+
+
+class Acks:
+    """A stream's acknowledgements, written in order by their own thread: each entry is the
+    acknowledgement itself or a queued append's wait (acknowledged once it returns). Appends
+    durable in a row are acknowledged by one message ``{"ok":N}`` once no entry waits behind
+    them (each gRPC write is a hand-off to gRPC's own threads; a group commit makes many
+    appends durable at once). At most
+    ``limit`` entries are outstanding: a client that stops reading acknowledgements stops
+    the stream's reads, not the engine. ``close`` waits until every entry is acknowledged
+    (or the stream is broken): the stream's writer is valid only while its handler runs."""
+
+    def __init__(self, writer: flight.FlightMetadataWriter, limit: int = 64) -> None:
+        self._writer = writer
+        self._entries: SimpleQueue[bytes | Callable[[], None] | None] = SimpleQueue()
+        self._room = threading.Semaphore(limit)
+        self._limit = limit
+        self._broken = False
+        self._thread = threading.Thread(target=self._run, name="sediment-append-acks", daemon=True)
+        self._thread.start()
+
+    def put(self, entry: bytes | Callable[[], None]) -> None:
+        self._room.acquire()
+        self._entries.put(entry)
+
+    def close(self) -> None:
+        self._entries.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        durable = 0  # appends durable in a row, not acknowledged yet: one message for them all
+        while True:
+            try:
+                entry = self._entries.get_nowait() if durable else self._entries.get()
+            except Empty:  # none waiting behind them: acknowledge them now
+                durable = self._send_durable(durable)
+                continue
+            if entry is None:
+                self._send_durable(durable)
+                return
+            ack = entry if isinstance(entry, bytes) else _settled(entry)
+            self._room.release()
+            if ack == ACK_OK:
+                durable += 1
+                if durable >= self._limit:
+                    durable = self._send_durable(durable)
+            else:
+                durable = self._send_durable(durable)
+                self._send(ack)
+
+    def _send_durable(self, n: int) -> int:
+        """Acknowledge ``n`` appends as durable (``{"ok":true}`` for one); 0."""
+        if n:
+            self._send(durable_ack(n))
+        return 0
+
+    def _send(self, ack: bytes) -> None:
+        if not self._broken:
+            try:
+                self._writer.write(pa.py_buffer(ack))
+            except (flight.FlightError, pa.ArrowException, OSError):
+                self._broken = True  # the client is gone: the rest are still waited for, not sent
+
+
+def _settled(durable: Callable[[], None]) -> bytes:
+    """Wait for a queued append; its acknowledgement."""
+    try:
+        durable()
+    except Exception as exc:  # noqa: BLE001 - the write's error goes back typed
+        return error_ack(exc)
+    return ACK_OK
 
 
 PLAIN_ARGS: dict[str, Any] = {"txn": None}  # the metadata of a plain append, decoded once

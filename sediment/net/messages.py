@@ -69,7 +69,7 @@ Op = Put | Get | Action
 
 # the fields each message may carry (besides a descriptor's or ticket's "op")
 FIELDS: dict[Op, tuple[str, ...]] = {
-    Put.APPEND_STREAM: ("relation",),
+    Put.APPEND_STREAM: ("relation", "queue"),
     Put.APPEND: ("relation", "txn", "locks"),
     Put.APPEND_ONCE: ("relation", "client", "seq"),
     Put.STAGE: ("relation", "stage"),

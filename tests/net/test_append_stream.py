@@ -13,6 +13,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
+from support.waiting import Progress
 
 import sediment
 from sediment import errors
@@ -129,7 +130,7 @@ def test_the_pool_closes_streams_idle_too_long_and_those_given_back_after_close(
             closed.append(self)
 
     clock = ManualClock(100.0)
-    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=clock)
+    pool = StreamPool(lambda relation, schema, queued: Stream((relation, schema, queued)), idle_seconds=3600, clock=clock)
     lent, fresh = pool.take("r", SCHEMA)
     assert fresh
     pool.give(lent)
@@ -138,6 +139,8 @@ def test_the_pool_closes_streams_idle_too_long_and_those_given_back_after_close(
     other, fresh = pool.take("r", SCHEMA)  # the only stream is lent out: a new one
     assert fresh and other is not again
     pool.give(other)
+    queued, fresh = pool.take("r", SCHEMA, queued=True)  # a pipelined stream is never a plain one
+    assert fresh and queued.key == ("r", SCHEMA, True)
     clock.advance(3600)
     assert pool.close_idle() == 0, "idle exactly idle_seconds: kept"
     clock.advance(1)
@@ -153,14 +156,15 @@ def test_the_worked_example_in_formats_md_decodes():
     import pathlib
     import re
 
-    from sediment.net.append_stream import ACK_OK, append_metadata
+    from sediment.net.append_stream import ACK_OK, append_metadata, durable_ack
     from sediment.net.protocol import json_arg
     from sediment.net.wire_errors import error_from_detail
 
     text = (pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "formats.md").read_text()
     section = text[text.index("### Append stream"):]
     blocks = re.findall(r"```\n([0-9a-f \n]+)\n```", section)
-    meta, ack, keyed = (bytes.fromhex(re.sub(r"\s+", "", b)) for b in blocks[:3])
+    meta, ack, counted, keyed = (bytes.fromhex(re.sub(r"\s+", "", b)) for b in blocks[:4])
+    assert counted == durable_ack(12) and json.loads(counted) == {"ok": 12} and durable_ack(1) == ACK_OK
     assert json_arg(meta, "append stream metadata") == {"txn": None}
     assert append_metadata(None, None) == meta
     assert json_arg(keyed, "append stream metadata") == {"txn": None, "client": "c-1f2e-3", "seq": 12}
@@ -185,7 +189,7 @@ def test_the_pool_lends_no_stream_older_than_max_age():
             closed.append(self)
 
     clock = ManualClock(100.0)
-    pool = StreamPool(lambda relation, schema: Stream((relation, schema)), idle_seconds=3600, clock=clock,
+    pool = StreamPool(lambda relation, schema, queued: Stream((relation, schema, queued)), idle_seconds=3600, clock=clock,
                       max_age=5.0)
     first, _ = pool.take("r", SCHEMA)
     assert first.opened == 100.0
@@ -222,13 +226,7 @@ def test_appends_go_out_while_earlier_ones_are_made_durable_and_apply_in_order(n
     feed = engine.subscribe("r")
     assert feed.next(timeout=5).kind == "snapshot"
     gate = threading.Event()
-    real = engine.append
-
-    def held(name, table, **kwargs):  # the server's first append waits until the test opens the gate
-        gate.wait(30)
-        return real(name, table, **kwargs)
-
-    engine.append = held
+    hold(engine, gate)  # the server's appends wait until the test opens the gate
     sent = threading.Event()
     with Client(server.uri, TOKEN) as c:
         writer = c.pipelined("r", window=4)
@@ -256,6 +254,127 @@ def test_appends_go_out_while_earlier_ones_are_made_durable_and_apply_in_order(n
             got.extend(event.table.column("id").to_pylist())
     assert got == list(range(200)), "the appends were not applied in the order sent"
     feed.close()
+
+
+def hold(engine, gate: threading.Event, entered: threading.Event | None = None) -> None:
+    """The engine's appends, as the server makes them (``append``, or ``append_queued`` for a
+    stream's plain appends), wait until ``gate`` opens; ``entered`` is set when one waits."""
+    for method in ("append", "append_queued"):
+        real = getattr(engine, method)
+
+        def held(name, table, _real=real, **kwargs):
+            if entered is not None:
+                entered.set()
+            gate.wait(30)
+            return _real(name, table, **kwargs)
+
+        setattr(engine, method, held)
+
+
+def test_a_stream_queues_its_plain_appends_while_the_first_is_made_durable(node):
+    """The server reads and queues a pipelined stream's next appends while the first one's
+    durability is held, then acknowledges them in order (the serial stream read the next
+    one only after acknowledging the one before)."""
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    gate, progress = threading.Event(), Progress()
+    queued: list[int] = []
+    real = engine.append_queued
+
+    def counted(name, table):
+        durable = real(name, table)
+        queued.append(table.column("id")[0].as_py())
+        progress.changed()
+        if len(queued) > 1:
+            return durable
+
+        def held() -> None:  # the first append's wait: until the test opens the gate
+            gate.wait(30)
+            durable()
+
+        return held
+
+    engine.append_queued = counted
+    with Client(server.uri, TOKEN) as c:
+        writer = c.pipelined("r", window=8)
+        for i in range(6):
+            writer.append(ups([(i, f"n{i}", 1, 1)]))
+        progress.wait_for(lambda: len(queued) == 6, 10, "the server to queue all six appends")
+        assert writer.acknowledged == 0
+        gate.set()
+        writer.close()
+        assert writer.acknowledged == writer.sent == 6
+    assert queued == list(range(6))
+    engine.seal("r", 1)
+    assert sorted(engine.snapshot("r", 1).column("id").to_pylist()) == list(range(6))
+
+
+def test_appends_durable_together_are_acknowledged_by_one_message(node):
+    """On a queued stream, the appends one group commit made durable get one acknowledgement
+    ``{"ok":N}`` (the raw messages, read with pyarrow's own Flight client)."""
+    import pyarrow.flight as flight
+
+    from sediment.net.append_stream import PLAIN
+
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    gate = threading.Event()
+    progress, queued = Progress(), []
+    real = engine.append_queued
+
+    def counted(name, table):
+        durable = real(name, table)
+        queued.append(table)
+        progress.changed()
+
+        def held() -> None:  # nothing is written until the gate opens: then one group takes all six
+            gate.wait(30)
+            durable()
+
+        return held
+
+    engine.append_queued = counted
+    client = flight.FlightClient(server.uri)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    command = b'{"op": "append_stream", "relation": "r", "queue": true}'
+    writer, acks = client.do_put(flight.FlightDescriptor.for_command(command), SCHEMA.append(
+        pa.field("time", pa.int64())).append(pa.field("diff", pa.int64())), options=options)
+    for i in range(6):
+        writer.write_with_metadata(ups([(i, "x", 1, 1)]).to_batches()[0], pa.py_buffer(PLAIN))
+    progress.wait_for(lambda: len(queued) == 6, 10, "the server to queue all six appends")
+    gate.set()
+    assert acks.read().to_pybytes() == b'{"ok":6}'
+    writer.done_writing()
+    writer.close()
+    client.close()
+    engine.seal("r", 1)
+    assert engine.snapshot("r", 1).num_rows == 6
+
+
+def test_only_a_pipelined_stream_has_its_appends_queued(node):
+    """``Client.append`` waits for each acknowledgement, so its stream is served one append
+    at a time in the stream's thread (no hand-off to a second one); ``pipelined`` asks for
+    the queue (``"queue": true`` in the descriptor)."""
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    queued: list[int] = []
+    real = engine.append_queued
+
+    def counted(name, table):
+        queued.append(table.num_rows)
+        return real(name, table)
+
+    engine.append_queued = counted
+    with Client(server.uri, TOKEN) as c:
+        for i in range(3):
+            c.append("r", ups([(i, "plain", 1, 1)]))
+        assert queued == []
+        with c.pipelined("r", window=4) as writer:
+            for i in range(3, 6):
+                writer.append(ups([(i, "piped", 1, 1)]))
+        assert queued == [1, 1, 1]
+    engine.seal("r", 1)
+    assert sorted(engine.snapshot("r", 1).column("id").to_pylist()) == list(range(6))
 
 
 def sealed_at_3(node):
@@ -297,14 +416,7 @@ def test_a_stopping_server_applies_no_pipelined_append_it_did_not_acknowledge(no
     engine, server = node
     engine.add_relation("r", SCHEMA)
     gate, entered = threading.Event(), threading.Event()
-    real = engine.append
-
-    def held(name, table, **kwargs):  # the first append waits in the server until the stop has begun
-        entered.set()
-        gate.wait(30)
-        return real(name, table, **kwargs)
-
-    engine.append = held
+    hold(engine, gate, entered)  # the first append waits in the server until the stop has begun
     c = Client(server.uri, TOKEN)
     try:
         writer = c.pipelined("r", window=8)
