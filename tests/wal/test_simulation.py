@@ -126,11 +126,10 @@ def test_a_seed_replays_beside_another_trio_run() -> None:
     beside.start()
     try:
         assert started.wait(10)
-        runs = []
+        runs, before = [], ticks[0]
         for _ in range(3):
-            before = ticks[0]
             runs.append(run_seed(7, **SMALL))
-            assert ticks[0] > before, "the other trio run made no step during the simulation: nothing was tested"
+        assert ticks[0] > before, "the other trio run made no step during the simulations: nothing was tested"
     finally:
         stop.set()
         beside.join(10)
