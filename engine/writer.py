@@ -175,9 +175,9 @@ class Writer:
             records = [Record(RecordKind.BEGIN, txn_id=txn), *records, Record(RecordKind.COMMIT, txn_id=txn)]
         return self._submit(records, [(rel, name, bounds)], locks, bounds[1], start, wait)
 
-    def append_queued(self, name: str, updates: pa.Table) -> Callable[[], None]:
-        """A plain append checked, encoded and queued on the log but not yet durable; the call
-        returned waits until it is (raising the write's error). Refusals are raised here, with
+    def append_queued(self, name: str, updates: pa.Table) -> QueuedAppend:
+        """A plain append checked, encoded and queued on the log but not yet durable; its
+        ``wait()`` returns once it is (raising the write's error). Refusals are raised here, with
         nothing queued. Why: a server's append stream queues a client's next append while the
         earlier ones' group commit runs, so one stream's appends can share a group
         (sediment/net/append_stream.py). Appends queued one after the other are applied in
@@ -185,14 +185,9 @@ class Writer:
         start = time.perf_counter()
         rel, table, bounds, version = self._prepare(name, updates)
         if bounds is None:
-            return _nothing
-        ticket = self._append_records(rel, name, table, bounds, version, None, start, wait=False)
-
-        def durable() -> None:
-            ticket.wait()
-            self._observe_latency(time.perf_counter() - start)
-
-        return durable
+            return QueuedAppend(None, start, self._observe_latency)
+        return QueuedAppend(self._append_records(rel, name, table, bounds, version, None, start, wait=False),
+                            start, self._observe_latency)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Locks | None = None) -> None:
         """Append to several relations atomically: after a crash, all or none are there.
@@ -293,5 +288,23 @@ class Writer:
         self.metrics.seals.labels(relation=name).inc()
 
 
-def _nothing() -> None:
-    """The wait of a queued append with no rows: nothing to make durable."""
+class QueuedAppend:
+    """A plain append on the log, not waited for yet (:meth:`Writer.append_queued`); no
+    ticket: it had no rows, nothing to make durable."""
+
+    __slots__ = ("_ticket", "_start", "_observe")
+
+    def __init__(self, ticket: Ticket | None, start: float, observe: Callable[[float], None]) -> None:
+        self._ticket = ticket
+        self._start = start
+        self._observe = observe
+
+    def settled(self) -> bool:
+        """Whether :meth:`wait` would return (or raise) at once."""
+        return self._ticket is None or self._ticket.settled()
+
+    def wait(self) -> None:
+        """Return once the append is durable; raises the write's error."""
+        if self._ticket is not None:
+            self._ticket.wait()
+            self._observe(time.perf_counter() - self._start)

@@ -103,6 +103,8 @@ def attempt_hosts(hosts: str) -> list[str]:
     third of the session, so the next attempt, on the same server, still finds it."""
     servers, _, chroot = hosts.partition("/")
     entries = [h for h in servers.split(",") if h.strip()]
+    if not entries:
+        raise InvalidMetadataRequest(f"no ZooKeeper host in {hosts!r}; use HOST:PORT[,HOST:PORT...][/chroot]")
     repeat = -(-ATTEMPTS_PER_SESSION // max(len(entries), 1))
     return entries * repeat + ([f"/{chroot}"] if chroot else [])
 

@@ -49,7 +49,7 @@ from sediment.net.protocol import (
     encode_locks,
 )
 from sediment.net.remote_subscription import RemoteSubscription
-from sediment.net.wire_errors import typed_error
+from sediment.net.wire_errors import error_line, server_error, typed_error
 from sediment.txn_state import TxnState
 
 __all__ = ["Client", "RemoteSubscription", "RemoteTransaction", "ServerError", "connect", "typed_error"]
@@ -240,6 +240,14 @@ class Client:
                 stream, fresh = self._streams.take(name, table.schema)
                 try:
                     done = stream.append(batches, meta)
+                except flight.FlightError as exc:
+                    stream.close()
+                    if server_error(exc) is not None:
+                        raise
+                    raise errors.OutcomeUnknown(
+                        f"the append stream to {self.uri} broke after the append to {name!r} was sent "
+                        f"({error_line(exc)}): it may or may not be applied; read the relation to find out, "
+                        "or use keyed appends (append_once) to retry safely") from exc
                 except BaseException as exc:
                     # broken or interrupted before the acknowledgement: never reuse; redirected: the
                     # member does not serve the relation (or stops), and a stopping one waits for the stream
@@ -259,7 +267,7 @@ class Client:
                         typed = typed_error(exc)
                         if typed is not exc:
                             raise typed from None
-                        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                        why = error_line(exc)
                     raise errors.CoordinatorUnavailable(f"the coordinator at {self.uri} did not take the append "
                                                         f"({why}; nothing was appended); is it stopping?")
                 stream.close()  # an idle stream the server had ended: send on another

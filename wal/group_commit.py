@@ -75,6 +75,9 @@ class GroupAppend:
             raise self.error
         return self.last_lsn
 
+    def settled(self) -> bool:
+        return self.state == _DONE
+
 
 class GroupCommit:
     """The queue and the lead of one log. ``write(group)`` writes and syncs a group in queue

@@ -112,12 +112,20 @@ class PendingAppend:
             raise self.error
         return self.last_lsn
 
+    def settled(self) -> bool:
+        return self.done.is_set()
+
 
 class Ticket(Protocol):
     """An append in flight."""
 
     def wait(self) -> int:
         """Block until durable; the last record's LSN. Raises the write's error."""
+        ...
+
+    def settled(self) -> bool:
+        """Whether ``wait`` would return (or raise) at once: durable, or failed. Why: a caller
+        with appends in flight acknowledges the durable ones before it waits on the next."""
         ...
 
 

@@ -6,24 +6,30 @@ millisecond of CPU per call on this machine, as much as the engine's own work fo
 1,000-row append. On an open stream an append is its record batches (the last one
 carrying the append's JSON metadata) and one acknowledgement back.
 
-The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor):
+The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor, with
+``"queue": true`` from a pipelining client; docs/formats.md "Append stream"):
 
 * client -> server: an append's batches, of the stream's schema; every batch but the last
   has no app metadata; the last has ``{"txn": ID|null, "locks": LOCKS|absent}`` (as the
   per-call ``append`` op's descriptor), or for a keyed append to a cluster member
   ``{"txn": null, "client": ID, "seq": N}`` (its idempotency key, as ``append_once``'s).
   An empty append is one empty batch.
-* server -> client: one metadata message per append, in order: ``{"ok": true}`` once it is
+* server -> client: acknowledgements in the appends' order: ``{"ok": true}`` for one append
+  once it is durable, ``{"ok": N}`` (queued streams only) for the next N appends, all
   durable, or ``{"error": DETAIL}`` (the typed error, as :func:`error_detail` writes it;
   the stream stays usable).
-* Plain appends are queued on the log as they are read and acknowledged in order once
-  durable (:class:`Acks`), so one stream's pipelined appends share group commits.
+* On a queued stream the server queues plain appends on the log as it reads them and
+  acknowledges them in order once durable (:class:`Acks`), so one stream's pipelined
+  appends share group commits; other appends are applied after the ones queued before them.
+  Without the queue it reads the next append only after acknowledging the one before.
 * The client ends a stream it has not used for ``STREAM_IDLE_SECONDS`` (so a server's stop
-  never waits longer than that for it); the server ends it only when stopping: on
-  receiving an append, which it then neither applies nor acknowledges, once every append
-  it took is acknowledged (or right after an acknowledgement, without a queue). So an append without an acknowledgement on a stream the server ended
-  cleanly was not applied, and the client sends it again on a new stream (which a stopping
-  server refuses: ``EngineClosed`` or ``CoordinatorUnavailable``).
+  does not wait longer than that for a live client); the server ends it only when stopping:
+  on receiving an append, which it then neither applies nor acknowledges, once every append
+  it took is acknowledged (or right after an acknowledgement, without a queue). So an append
+  without an acknowledgement on a stream the server ended cleanly (an OK status) was not
+  applied, and the client sends it again on a new stream (which a stopping server refuses:
+  ``EngineClosed`` or ``CoordinatorUnavailable``). A stream that broke (the connection, a
+  deadline: a failed status) leaves the appends sent in doubt: ``OutcomeUnknown``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -40,7 +46,7 @@ import pyarrow.flight as flight
 from sediment.clock import MONOTONIC, Clock
 from sediment.net.messages import STREAM_FIELDS, Put, encode
 from sediment.net.protocol import json_arg
-from sediment.net.wire_errors import error_detail, error_from_detail
+from sediment.net.wire_errors import error_detail, error_from_detail, server_error
 
 StreamKey = tuple[str, pa.Schema, bool]  # relation, schema, whether the server queues its plain appends
 STREAM_IDLE_SECONDS = 2.0  # a client's stream unused this long is closed
@@ -91,6 +97,7 @@ class AppendStream:
         self.in_doubt = False  # an append went out and its acknowledgement was not read: unusable
         self._unacknowledged = 0
         self._durable_ahead = 0  # appends after this one that the last acknowledgement also covered
+        self._status: flight.FlightError | None | bool = False  # the call's final status once read (False: not yet)
 
     def append(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
         """Send one append and wait for its acknowledgement: True once it is durable; False when
@@ -125,7 +132,7 @@ class AppendStream:
             return True
         ack = self._acks.read()
         if ack is None:
-            return False
+            return self._ended()
         raw = ack.to_pybytes()
         if raw == ACK_OK:
             return True
@@ -136,9 +143,28 @@ class AppendStream:
             return True
         raise error_from_detail(reply.get("error")) or ValueError(f"unexpected append acknowledgement {raw!r}")
 
+    def _ended(self) -> bool:
+        """No acknowledgement follows: False when the server ended the stream (with or without
+        a typed error: it read no more appends). Flight's read gives the same end for a broken
+        connection or a passed deadline, which only the call's status tells apart: then the
+        appends sent may have been applied, and the status is raised as it is (in doubt)."""
+        try:
+            self._writer.close()
+        except flight.FlightError as exc:
+            self._status = exc
+            if server_error(exc) is None:
+                self.in_doubt = True
+                raise
+        else:
+            self._status = None
+        return False
+
     def finish(self) -> None:
         """End the stream, raising the server's final status if it failed."""
-        self._writer.close()
+        if self._status is False:
+            self._writer.close()
+        elif self._status is not None:
+            raise self._status
 
     def close(self) -> None:
         """End the stream (the server's handler returns); errors of a broken stream are moot."""
@@ -233,7 +259,7 @@ class StreamPool:
 
 def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter,
                         append: Callable[[pa.Table, dict[str, Any]], None], stopping: Callable[[], bool],
-                        queue: Callable[[pa.Table], Callable[[], None]] | None = None) -> None:
+                        queue: Callable[[pa.Table], Queued] | None = None) -> None:
     """The server's half: each append (batches up to one with metadata) goes to
     ``append(table, metadata)`` (``PLAIN_ARGS`` itself for a plain append) and is acknowledged; returns when the client ends the
     stream, or once ``stopping()``: right after an acknowledgement, or instead of applying
@@ -288,26 +314,35 @@ def error_ack(exc: BaseException) -> bytes:
     return b'{"error":' + error_detail(exc) + b"}"
 
 
+class Queued(Protocol):
+    """A queued append (the engine's ``append_queued``): ``wait`` until durable (raising the
+    write's error); ``settled``: whether ``wait`` would return at once."""
+
+    def wait(self) -> None: ...
+
+    def settled(self) -> bool: ...
+
+
 class Acks:
     """A stream's acknowledgements, written in order by their own thread: each entry is the
-    acknowledgement itself or a queued append's wait (acknowledged once it returns). Appends
-    durable in a row are acknowledged by one message ``{"ok":N}`` once no entry waits behind
-    them (each gRPC write is a hand-off to gRPC's own threads; a group commit makes many
-    appends durable at once). At most
+    acknowledgement itself or a queued append (acknowledged once its wait returns). Appends
+    durable in a row are acknowledged by one message ``{"ok":N}`` sent before the thread
+    waits for one that is not durable yet, or when no entry is left (each gRPC write is a
+    hand-off to gRPC's own threads; a group commit makes many appends durable at once). At most
     ``limit`` entries are outstanding: a client that stops reading acknowledgements stops
     the stream's reads, not the engine. ``close`` waits until every entry is acknowledged
     (or the stream is broken): the stream's writer is valid only while its handler runs."""
 
     def __init__(self, writer: flight.FlightMetadataWriter, limit: int = 64) -> None:
         self._writer = writer
-        self._entries: SimpleQueue[bytes | Callable[[], None] | None] = SimpleQueue()
+        self._entries: SimpleQueue[bytes | Queued | None] = SimpleQueue()
         self._room = threading.Semaphore(limit)
         self._limit = limit
         self._broken = False
         self._thread = threading.Thread(target=self._run, name="sediment-append-acks", daemon=True)
         self._thread.start()
 
-    def put(self, entry: bytes | Callable[[], None]) -> None:
+    def put(self, entry: bytes | Queued) -> None:
         self._room.acquire()
         self._entries.put(entry)
 
@@ -326,7 +361,12 @@ class Acks:
             if entry is None:
                 self._send_durable(durable)
                 return
-            ack = entry if isinstance(entry, bytes) else _settled(entry)
+            if isinstance(entry, bytes):
+                ack = entry
+            else:
+                if durable and not entry.settled():  # the durable ones are not held back by it
+                    durable = self._send_durable(durable)
+                ack = _settled(entry)
             self._room.release()
             if ack == ACK_OK:
                 durable += 1
@@ -350,10 +390,10 @@ class Acks:
                 self._broken = True  # the client is gone: the rest are still waited for, not sent
 
 
-def _settled(durable: Callable[[], None]) -> bytes:
+def _settled(queued: Queued) -> bytes:
     """Wait for a queued append; its acknowledgement."""
     try:
-        durable()
+        queued.wait()
     except Exception as exc:  # noqa: BLE001 - the write's error goes back typed
         return error_ack(exc)
     return ACK_OK

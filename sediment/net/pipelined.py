@@ -5,12 +5,13 @@ in flight, and each append waits for a whole round trip (its encoding, the netwo
 the server's decode, the acknowledgement) beside the group commit it joins. On 2 cores shared
 with the server that round trip is about as long as the group commit itself, so a served
 client fed the group commit half as often as a thread in the server's process. Here the
-client sends the next appends while the earlier ones are being made durable: the server
-reads each as soon as it has acknowledged the one before, so its stream thread goes straight
-from one group commit to the next.
+client sends the next appends while the earlier ones are being made durable, on a stream
+that asks the server to queue them (``"queue": true``): the server queues each plain append
+on the log as it reads it, so one stream's appends share group commits, and acknowledges
+them in order once durable (sediment/net/append_stream.py).
 
 The promise per append is the one of ``Client.append``: all or nothing, and applied in the
-order sent (the server takes a stream's appends one after the other). What changes is when
+order sent (the server queues a stream's appends on the log in the order it reads them). What changes is when
 the caller hears of the outcome: :meth:`PipelinedAppends.append` returns once the append is
 sent; a refused append's typed error is raised by a later call (the ``append`` that needs its
 room in the window, after sending its own table; ``flush`` or ``close``, after collecting
@@ -18,7 +19,7 @@ every other acknowledgement), and the appends sent after it are still applied.
 ``flush`` returns once every append sent is durable. If the stream breaks with appends not
 yet acknowledged, their outcome is unknown, as with a broken ``append``
 (:class:`~sediment.errors.OutcomeUnknown` says how many); if the server ended the stream
-cleanly (it stops), the ones it did not acknowledge were not applied and are sent again, in
+cleanly (it stops: an OK status), the ones it did not acknowledge were not applied and are sent again, in
 order, through ``Client.append``; if that is refused too (a stopping server refuses it),
 the error is raised and the appends not yet answered were not applied. ``sent`` counts the
 appends sent, ``acknowledged`` those the server answered (applied, or refused with their

@@ -66,21 +66,33 @@ def error_from_detail(detail: object) -> BaseException | None:
     return typed
 
 
-def typed_error(exc: flight.FlightError) -> BaseException:
-    """The error the server raised, rebuilt from the Flight error's detail. Flight errors
-    without that detail (authentication, an unreachable server) become sediment's transport
-    errors, or are returned as they are."""
+def server_error(exc: flight.FlightError) -> BaseException | None:
+    """The error the server raised, rebuilt from the Flight error's detail; None when the
+    error carries none (the transport's own: a broken connection, a deadline)."""
     try:
         detail = json.loads(exc.extra_info.decode("utf-8")) if exc.extra_info else None
     except (UnicodeDecodeError, json.JSONDecodeError):
         detail = None
-    typed = error_from_detail(detail)
+    return error_from_detail(detail)
+
+
+def typed_error(exc: flight.FlightError) -> BaseException:
+    """The error the server raised, rebuilt from the Flight error's detail. Flight errors
+    without that detail (authentication, an unreachable server) become sediment's transport
+    errors, or are returned as they are."""
+    typed = server_error(exc)
     return typed if typed is not None else transport_error(exc)
+
+
+def error_line(exc: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def transport_error(exc: flight.FlightError) -> BaseException:
     """Flight's own errors (no sediment detail) as sediment's: one line, typed."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = error_line(exc)
     if isinstance(exc, flight.FlightUnauthenticatedError):
         return errors.AuthenticationFailed(f"the coordinator refused the token ({first}); pass its token with "
                                            "--token or $SEDIMENT_TOKEN")

@@ -31,9 +31,12 @@ def test_queued_appends_apply_in_order_and_a_refusal_queues_nothing(tmp_path):
             engine.append_queued("r", ups([7], 2))
         with pytest.raises(errors.SchemaMismatch):
             engine.append_queued("r", pa.table({"other": [1], "time": [5], "diff": [1]}))
-        engine.append_queued("r", ups([], 5))()  # nothing to make durable
-        for wait in waits:
-            wait()
+        empty = engine.append_queued("r", ups([], 5))  # nothing to make durable
+        assert empty.settled()
+        empty.wait()
+        for queued in waits:
+            queued.wait()
+            assert queued.settled()
         got = []
         while len(got) < 6:
             event = feed.next(timeout=10)

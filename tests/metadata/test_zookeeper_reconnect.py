@@ -9,6 +9,7 @@ import struct
 import pytest
 from support.cut_proxy import CutProxy
 
+from sediment.errors import InvalidMetadataRequest
 from sediment.metadata.zookeeper import ATTEMPTS_PER_SESSION, attempt_hosts
 from sediment.metadata.zookeeper import ZooKeeperMetadataStore as Store
 
@@ -23,6 +24,8 @@ def test_each_server_is_listed_so_an_attempt_gets_a_third_of_the_session() -> No
     assert attempt_hosts("127.0.0.1:2181") == ["127.0.0.1:2181"] * ATTEMPTS_PER_SESSION
     assert attempt_hosts("a:1,b:2/chroot/x") == ["a:1", "b:2", "a:1", "b:2", "/chroot/x"]
     assert attempt_hosts("a:1,b:2,c:3") == ["a:1", "b:2", "c:3"]
+    with pytest.raises(InvalidMetadataRequest, match="no ZooKeeper host"):
+        attempt_hosts(",/x")
 
 
 @pytest.mark.zookeeper

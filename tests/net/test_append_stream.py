@@ -256,6 +256,20 @@ def test_appends_go_out_while_earlier_ones_are_made_durable_and_apply_in_order(n
     feed.close()
 
 
+class Held:
+    """A queued append whose wait is held until ``gate`` opens (it is not settled before)."""
+
+    def __init__(self, queued, gate: threading.Event) -> None:
+        self.queued, self.gate = queued, gate
+
+    def settled(self) -> bool:
+        return self.gate.is_set() and self.queued.settled()
+
+    def wait(self) -> None:
+        self.gate.wait(30)
+        self.queued.wait()
+
+
 def hold(engine, gate: threading.Event, entered: threading.Event | None = None) -> None:
     """The engine's appends, as the server makes them (``append``, or ``append_queued`` for a
     stream's plain appends), wait until ``gate`` opens; ``entered`` is set when one waits."""
@@ -285,14 +299,7 @@ def test_a_stream_queues_its_plain_appends_while_the_first_is_made_durable(node)
         durable = real(name, table)
         queued.append(table.column("id")[0].as_py())
         progress.changed()
-        if len(queued) > 1:
-            return durable
-
-        def held() -> None:  # the first append's wait: until the test opens the gate
-            gate.wait(30)
-            durable()
-
-        return held
+        return durable if len(queued) > 1 else Held(durable, gate)  # the first: held until the gate opens
 
     engine.append_queued = counted
     with Client(server.uri, TOKEN) as c:
@@ -326,12 +333,7 @@ def test_appends_durable_together_are_acknowledged_by_one_message(node):
         durable = real(name, table)
         queued.append(table)
         progress.changed()
-
-        def held() -> None:  # nothing is written until the gate opens: then one group takes all six
-            gate.wait(30)
-            durable()
-
-        return held
+        return Held(durable, gate)  # nothing is written until the gate opens: then one group takes all six
 
     engine.append_queued = counted
     client = flight.FlightClient(server.uri)

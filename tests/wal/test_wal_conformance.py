@@ -142,6 +142,15 @@ def test_submit_runs_on_durable_in_log_order_before_waiters_wake(log):
     assert seen == [r.lsn for b in batches for r in b] == sorted(seen)
 
 
+def test_a_ticket_is_settled_once_durable_and_stays_so(log):
+    """``settled()`` is True exactly when ``wait()`` would return at once: after the ticket's
+    wait (or any later one's) returned, for every ticket up to it."""
+    tickets = [log.submit([upd(i)]) for i in range(5)]
+    tickets[-1].wait()
+    assert all(t.settled() for t in tickets)
+    assert [t.wait() for t in tickets] == sorted(t.wait() for t in tickets)
+
+
 def test_records_survive_close_and_reopen(backend):
     log = backend.open()
     appended = []

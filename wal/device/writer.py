@@ -61,6 +61,9 @@ class DeviceTicket:
         self.writer.await_block(self.block)
         return self.records[-1].lsn
 
+    def settled(self) -> bool:
+        return self.block is not None and self.block.flag.is_set()
+
 
 class RingWriter:
     """Placement, the I/O slots and completion of one ring. ``io_threads`` bounds the block
