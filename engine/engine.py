@@ -201,7 +201,8 @@ class Engine:
             takeover.require_shared_blob(blob, self.data_dir)
         blobs = storage.open_blobs(blob, lambda store: counting(store, self.metrics))
         self.blob_uri, self.s3_endpoint = storage.blob_uri, storage.s3_endpoint
-        self.traces = TraceStore(meta, blobs)
+        self.traces = TraceStore(meta, blobs, spill_dir=os.path.join(self.data_dir, "spill"))
+        self.traces.sweep_spills()
         self.traces.check_owner(record.engine_id, storage.blob_uri or "<blob store object>",
                                 take_over=take_over_blob_prefix, data_dir=self.data_dir)
         self.catalog = Catalog(meta)

@@ -31,11 +31,18 @@ WORK_FACTOR = 8  # a piece's decoded bytes to the peak of consolidating it (copi
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError)
 
 
-def budget_rows(meta: pq.FileMetaData, memory: int) -> int:
-    """Rows of a raw file consolidated at once within ``memory`` bytes, from the footer's
-    uncompressed sizes (plus the constant time and diff a reader adds)."""
+def budget_rows(pf: pq.ParquetFile, memory: int, where: str) -> int:
+    """Rows of a raw file consolidated at once within ``memory`` bytes (plus the constant time
+    and diff a reader adds), by the larger of two sizes per row: the footer's uncompressed
+    sizes, and the decoded size of the first rows (a dictionary-encoded column's pages are
+    its codes, several times smaller than the values it decodes to)."""
+    meta = pf.metadata
     size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     per_row = 16 + size // max(1, meta.num_rows)
+    if meta.num_rows > MIN_ROWS:
+        sample = next(_pieces(pf, MIN_ROWS, where), None)
+        if sample is not None and sample.num_rows:
+            per_row = max(per_row, 16 + sample.nbytes // sample.num_rows)
     return max(MIN_ROWS, memory // (WORK_FACTOR * per_row))
 
 
@@ -44,7 +51,7 @@ def sorted_raw(pf: pq.ParquetFile, desc: BatchDescription, schema: pa.Schema, *,
     """The raw run ``pf`` (opened and checked, described by ``desc``) as consolidated tables in
     ``schema``'s columns, strictly increasing in (row, time) across tables, holding about
     ``memory`` bytes; ``spill()`` names a fresh local file for a sorted piece (deleted here)."""
-    budget = budget_rows(pf.metadata, memory)
+    budget = budget_rows(pf, memory, where)
     keys = [n for n in schema.names if n not in RAW_FIELDS]
     if pf.metadata.num_rows <= budget:
         try:
@@ -67,7 +74,8 @@ def sorted_raw(pf: pq.ParquetFile, desc: BatchDescription, schema: pa.Schema, *,
     try:
         runs = _spill_pieces(pf, desc, schema, budget, fresh, where)
         while len(runs) > FAN_IN:  # the merge of runs compares per run and round: merge a few at a time
-            runs = [_merge_to_file(runs[i:i + FAN_IN], keys, budget, fresh) for i in range(0, len(runs), FAN_IN)]
+            merged = (_merge_to_file(runs[i:i + FAN_IN], keys, budget, fresh) for i in range(0, len(runs), FAN_IN))
+            runs = [r for r in merged if r is not None]
         chunk = max(MIN_ROWS, budget // max(1, len(runs)))
         yield from merge_sorted([_spilled(p, chunk) for p in runs], keys, None, chunk)
     finally:
@@ -88,8 +96,9 @@ def _spill_pieces(pf: pq.ParquetFile, desc: BatchDescription, schema: pa.Schema,
     return paths
 
 
-def _merge_to_file(runs: list[str], keys: list[str], budget: int, spill: Callable[[], str]) -> str:
-    """Spilled runs merged into one spill file (the inputs deleted), holding about ``budget`` rows."""
+def _merge_to_file(runs: list[str], keys: list[str], budget: int, spill: Callable[[], str]) -> str | None:
+    """Spilled runs merged into one spill file (the inputs deleted), holding about ``budget``
+    rows; None when they cancel out (every key's diffs summing to 0): no file."""
     if len(runs) == 1:
         return runs[0]
     chunk = max(MIN_ROWS, budget // len(runs))
@@ -103,13 +112,13 @@ def _merge_to_file(runs: list[str], keys: list[str], budget: int, spill: Callabl
             writer.close()
     for p in runs:
         os.unlink(p)
-    return path
+    return path if writer is not None else None
 
 
 def stored_pieces(pf: pq.ParquetFile, desc: BatchDescription, *, memory: int, where: str) -> Iterator[pa.Table]:
     """The raw run ``pf``'s rows as written (verify counts and checks them), a budget of rows
     at a time, page checksums and times checked."""
-    for piece in _pieces(pf, budget_rows(pf.metadata, memory), where):
+    for piece in _pieces(pf, budget_rows(pf, memory, where), where):
         yield _checked(piece, desc, where) if "time" in piece.column_names else piece
 
 

@@ -54,6 +54,8 @@ def describe(relation_id: int, ref: BatchRef) -> BatchDescription:
                             ref.level, RAW_VERSION if ref.raw else FORMAT_VERSION, ref.time, ref.diff)
 
 
+SPILL_PREFIX = "sediment-merge-"  # a local spill file, never data: swept at open
+
 class TraceStore:
     """Loads, writes and commits traces. Thread-safe as long as each relation's trace
     has one writer at a time (the compacter)."""
@@ -209,12 +211,25 @@ class TraceStore:
 
     def _spill_path(self) -> str:
         """A fresh local file for a merge's output or a raw run's sorted piece: inside a file
-        store (swept as a temporary after a crash), else under ``spill_dir``."""
+        store (swept as a temporary after a crash), else under ``spill_dir`` (swept by
+        :meth:`sweep_spills`)."""
         if self._local is not None:
             return self._local.spill_path()
-        fd, path = tempfile.mkstemp(prefix="sediment-merge-", suffix=".parquet", dir=self.spill_dir)
+        if self.spill_dir is not None:
+            os.makedirs(self.spill_dir, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix=SPILL_PREFIX, suffix=".parquet", dir=self.spill_dir)
         os.close(fd)
         return path
+
+    def sweep_spills(self) -> list[str]:
+        """Delete the spill files a crashed process left in ``spill_dir`` (call it only while no
+        other process spills there: the engine holds its data directory's lock); their names."""
+        if self.spill_dir is None or not os.path.isdir(self.spill_dir):
+            return []
+        gone = [n for n in os.listdir(self.spill_dir) if n.startswith(SPILL_PREFIX)]
+        for name in gone:
+            os.unlink(os.path.join(self.spill_dir, name))
+        return gone
 
     def _raw_spill(self) -> str:
         self.raw_spills += 1

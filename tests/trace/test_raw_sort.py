@@ -20,7 +20,7 @@ from sediment.blob.file import FileBlobStore
 from sediment.metadata.memory import MemoryMetadataStore
 from sediment.trace.batch import RAW_VERSION, BatchDescription, batch_key, file_checksums
 from sediment.trace.raw import raw_run
-from sediment.trace.raw_sort import budget_rows, sorted_raw
+from sediment.trace.raw_sort import WORK_FACTOR, budget_rows, sorted_raw
 from sediment.trace.state import BatchRef
 from sediment.trace.store import TraceStore
 
@@ -105,7 +105,7 @@ against an 8 MB bound. The merge task's merge, a
     keys = [rng.randrange(ROWS // 2) for _ in range(ROWS)]
     table = frame(keys)
     ref = put_raw(store.blobs, table, "big", tmp_path)
-    assert budget_rows(pq.read_metadata(store.blobs.local_path(ref.key)), BOUND) < ROWS // 4  # four pieces or more
+    assert budget_rows(pq.ParquetFile(store.blobs.local_path(ref.key)), BOUND, "w") < ROWS // 4  # four pieces or more
     want = whole(table)
     assert want.num_rows < ROWS and max(want.column("diff").to_pylist()) > 1  # repeats were summed
     root = str(tmp_path / "blobs")
@@ -136,8 +136,66 @@ def test_an_ordered_raw_run_past_the_bound_streams_without_spilling(tmp_path):
             return made[-1]
 
         pf = pq.ParquetFile(path)
-        assert budget_rows(pf.metadata, 1 << 20) < 10_000  # five pieces or more
+        assert budget_rows(pf, 1 << 20, "w") < 10_000  # five pieces or more
         got = pa.concat_tables(sorted_raw(pf, desc, SCHEMA, memory=1 << 20, spill=spill, where="w"))
         assert got.equals(raw_run(pq.read_table(path), desc, SCHEMA))
         assert len(made) >= spills and (spills or not made)
         assert not [p for p in made if os.path.exists(p)]
+
+
+def test_pieces_that_cancel_each_other_out_leave_no_run_behind(tmp_path):
+    """A changelog load past the bound: its first eight pieces insert and then retract the
+    same keys, so their merge is empty; the ninth holds other rows. The read gives those rows
+    (it raised FileNotFoundError on a spill file never written, on every read)."""
+    n = 1024
+    keys = list(range(4 * n)) * 2 + list(range(100_000, 100_000 + n))
+    diffs = [1] * (4 * n) + [-1] * (4 * n) + [1] * n
+    path = str(tmp_path / "raw.parquet")
+    pq.write_table(frame(keys).append_column("diff", pa.array(diffs, pa.int64())), path, row_group_size=1 << 24)
+    desc = BatchDescription(1, 6, 7, 3, len(keys), format_version=RAW_VERSION, time=6, diff=None)
+    pf = pq.ParquetFile(path)
+    assert budget_rows(pf, 1, "w") == n  # nine pieces: two rounds of merging, the first one empty
+    made: list[str] = []
+
+    def spill() -> str:
+        made.append(str(tmp_path / f"spill-{len(made)}.parquet"))
+        return made[-1]
+
+    want = raw_run(pq.read_table(path), desc, SCHEMA)
+    assert want.column("k").to_pylist() == list(range(100_000, 100_000 + n))
+    assert pa.concat_tables(sorted_raw(pf, desc, SCHEMA, memory=1, spill=spill, where="w")).equals(want)
+    assert not [p for p in made if os.path.exists(p)]
+
+
+def test_the_budget_counts_decoded_values_not_dictionary_codes(tmp_path):
+    """A column of a few long strings is stored as dictionary codes: the footer says about 9
+    bytes a row, decoded it is over 200. The budget follows the decoded size (it followed the
+    footer and held 5x the bound)."""
+    rows = 50_000
+    names = [("v%d" % (i % 10)) * 60 for i in range(rows)]
+    path = str(tmp_path / "dict.parquet")
+    pq.write_table(pa.table({"k": pa.array(range(rows), pa.int64()), "name": pa.array(names)}), path,
+                   row_group_size=1 << 24)
+    pf = pq.ParquetFile(path)
+    footer_per_row = pf.metadata.row_group(0).total_byte_size / rows
+    decoded_per_row = pq.read_table(path).nbytes / rows
+    assert decoded_per_row > 5 * footer_per_row
+    memory = 64 << 20
+    assert budget_rows(pf, memory, "w") * WORK_FACTOR * decoded_per_row <= memory
+
+
+def test_spills_of_a_store_without_local_files_are_swept_at_the_next_open(tmp_path):
+    """A store whose blobs are not local files (S3) spills under the engine's data directory;
+    what a killed process left there is deleted when the engine opens again."""
+    import sediment
+    from sediment.trace.store import SPILL_PREFIX
+
+    data = tmp_path / "data"
+    with sediment.open(str(data), blob="memory://", compact_interval=None) as eng:
+        left = os.path.join(eng.traces.spill_dir, SPILL_PREFIX + "killed.parquet")
+        os.makedirs(eng.traces.spill_dir, exist_ok=True)
+        with open(left, "wb") as f:
+            f.write(b"a sorted piece of a process that was killed")
+        assert eng.traces.spill_dir.startswith(str(data))
+    with sediment.open(str(data), blob="memory://", compact_interval=None):
+        assert not os.path.exists(left)
