@@ -172,7 +172,7 @@ def test_the_budget_counts_decoded_values_not_dictionary_codes(tmp_path):
     bytes a row, decoded it is over 200. The budget follows the decoded size (it followed the
     footer and held 5x the bound)."""
     rows = 50_000
-    names = [("v%d" % (i % 10)) * 60 for i in range(rows)]
+    names = [f"v{i % 10}" * 60 for i in range(rows)]
     path = str(tmp_path / "dict.parquet")
     pq.write_table(pa.table({"k": pa.array(range(rows), pa.int64()), "name": pa.array(names)}), path,
                    row_group_size=1 << 24)
