@@ -49,6 +49,7 @@ from sediment.net.protocol import json_arg
 from sediment.net.wire_errors import error_detail, error_from_detail, server_error
 
 StreamKey = tuple[str, pa.Schema, bool]  # relation, schema, whether the server queues its plain appends
+REFUSED_BEFORE_HANDLER = (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError)  # nothing applied
 STREAM_IDLE_SECONDS = 2.0  # a client's stream unused this long is closed
 ACK_OK = b'{"ok":true}'
 PLAIN = b'{"txn":null}'  # the metadata of an append outside any transaction, without locks
@@ -130,7 +131,11 @@ class AppendStream:
         if self._durable_ahead:
             self._durable_ahead -= 1
             return True
-        ack = self._acks.read()
+        try:
+            ack = self._acks.read()
+        except REFUSED_BEFORE_HANDLER as exc:  # the call's token check: no handler ran, nothing applied
+            self._status = exc
+            return False
         if ack is None:
             return self._ended()
         raw = ack.to_pybytes()
@@ -145,14 +150,15 @@ class AppendStream:
 
     def _ended(self) -> bool:
         """No acknowledgement follows: False when the server ended the stream (with or without
-        a typed error: it read no more appends). Flight's read gives the same end for a broken
+        a typed error: it read no more appends; or its token check refused the call, before
+        any handler ran). Flight's read gives the same end for a broken
         connection or a passed deadline, which only the call's status tells apart: then the
         appends sent may have been applied, and the status is raised as it is (in doubt)."""
         try:
             self._writer.close()
         except flight.FlightError as exc:
             self._status = exc
-            if server_error(exc) is None:
+            if server_error(exc) is None and not isinstance(exc, REFUSED_BEFORE_HANDLER):
                 self.in_doubt = True
                 raise
         else:

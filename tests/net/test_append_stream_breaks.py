@@ -196,3 +196,24 @@ def test_a_durable_append_is_acknowledged_before_a_later_one_is_durable(node):
     writer.done_writing()
     writer.close()
     client.close()
+
+
+def test_a_token_refused_on_a_new_stream_is_an_authentication_error_not_in_doubt(node, monkeypatch):
+    """The server's token check refuses the call before any handler runs: nothing was
+    applied, so the append raises AuthenticationFailed (the status is read as a broken
+    stream's would be: it raised OutcomeUnknown)."""
+    from sediment import server as server_module
+
+    engine, server = node
+    with Client(server.uri, TOKEN) as c:
+        def refuse(self, info, headers):
+            raise flight.FlightUnauthenticatedError("sediment server: call with a wrong token")
+
+        monkeypatch.setattr(server_module.BearerTokenMiddlewareFactory, "start_call", refuse)
+        with pytest.raises(errors.AuthenticationFailed):
+            c.append("r", ups(1))
+        with pytest.raises(errors.AuthenticationFailed):
+            with c.pipelined("r", window=4) as w:
+                w.append(ups(2))
+        monkeypatch.undo()
+    assert stored_ids(engine) == []
