@@ -96,18 +96,27 @@ def io_thread_switches() -> dict[int, int]:
     return out
 
 
-def io_threads_asleep(timeout: float = 10.0) -> dict[int, int]:
-    """Poll (deadline ``timeout``) until the I/O threads have started and sleep: the same
-    switch counts twice, the interpreter lock free meanwhile. Their switch counts."""
+def unchanged(read, timeout: float, what: str, ready=lambda now: True, gone=lambda: False):
+    """Poll ``read()`` (deadline ``timeout``) until two reads 50 ms apart agree and ``ready``
+    holds: threads asleep keep their voluntary switch counts, the interpreter lock free
+    meanwhile; the last read. Stops early, returning None, once ``gone()``. A bounded poll
+    for something that must not happen (a thread that stays asleep): no event can say so."""
     deadline = time.monotonic() + timeout
-    last = io_thread_switches()
-    while time.monotonic() < deadline:
+    last = read()
+    while time.monotonic() < deadline and not gone():
         time.sleep(0.05)
-        now = io_thread_switches()
-        if now == last and all(now.values()):
+        now = read()
+        if now == last and ready(now):
             return now
         last = now
-    raise AssertionError(f"the ring's I/O threads did not settle within {timeout}s")
+    if gone():
+        return None
+    raise AssertionError(f"{what} did not settle within {timeout}s")
+
+
+def io_threads_asleep(timeout: float = 10.0) -> dict[int, int]:
+    """Once the I/O threads have started and sleep: their switch counts."""
+    return unchanged(io_thread_switches, timeout, "the ring's I/O threads", ready=lambda now: all(now.values()))
 
 
 def test_a_submit_nobody_waits_on_is_written_by_the_next_waiter_or_close(tmp_path: Path) -> None:
@@ -186,15 +195,7 @@ def thread_settled(t: threading.Thread, timeout: float = 10.0) -> None:
                 return next(int(x.split()[1]) for x in f if x.startswith("voluntary_ctxt_switches"))
         except FileNotFoundError:
             return None
-    deadline = time.monotonic() + timeout
-    last = switches()
-    while time.monotonic() < deadline and t.is_alive():
-        time.sleep(0.05)
-        now = switches()
-        if now == last:
-            return
-        last = now
-    assert not t.is_alive(), f"thread {t.name} did not settle within {timeout}s"
+    unchanged(switches, timeout, f"thread {t.name}", gone=lambda: not t.is_alive())
 
 
 def test_a_later_block_written_first_is_acknowledged_only_after_the_earlier_one(tmp_path: Path) -> None:
