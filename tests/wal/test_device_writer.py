@@ -226,4 +226,6 @@ def test_a_later_block_written_first_is_acknowledged_only_after_the_earlier_one(
     first.join(30)
     second.join(30)
     assert called == [1, 2] and sorted(returned) == [1, 2] and log.durable_lsn == BS + upd(2).frame_size
+    counts = log.writer.counts
+    assert (counts.writes, counts.inflight_at_start, counts.waits_for_older) == (2, 1, 1)  # the second waited
     log.close()
