@@ -112,6 +112,7 @@ class RingWriter:
         self._writing = 0
         self._done_q: deque[_Block] = deque()
         self._notifying = False
+        self._checkpointing = False
         self._stalled = 0  # waiters whose block is not taken and who found no slot: the threads write it
         self.counts = WriterCounts()
 
@@ -309,13 +310,20 @@ class RingWriter:
         while True:
             for b in batch:
                 self._announce(b)
-            if self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes:
-                self._checkpoint()
             with self._lock:
                 if not self._done_q:
                     self._notifying = False
-                    return
+                    due = not self._checkpointing and (
+                        self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes)
+                    self._checkpointing |= due
+                    break
                 batch, self._done_q = self._done_q, deque()
+        if due:  # after giving up announcing: completions behind it are not held up by a header write
+            try:
+                self._checkpoint()
+            finally:
+                with self._lock:
+                    self._checkpointing = False
 
     def _announce(self, b: _Block) -> None:
         """Run the block's callbacks; only then may a FRONTIERS record in it finish the
