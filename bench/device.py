@@ -15,7 +15,12 @@ recovery. So in one run we measure, on the same file system:
   plain, fio; each row shows medians, the min-max of the per-round ratio, the CPU
   time (all threads) per append of the ring and of the plain writer, which the machine's
   load moves far less than the bandwidth, their context switches per append, and the
-  ring's appends per data write (``a/w``: 1.00 when no two appends shared a block write);
+  ring's appends per data write (``a/w``: 1.00 when no two appends shared a block write),
+  its waits per append for an older write after its own had finished (``wt/a``: the
+  price of acknowledging in log order), the mean writes in flight as one starts (``qd``)
+  and header writes per append (``hdr/a``); with ``--ordered``, the plain writer again
+  with completion in log order (``o/pl``: its share of the plain writer; ``r/o``: the
+  ring's share of it), which separates the cost of ordering from the ring's own;
 * with ``--python-us``, the plain writer again with that much Python before each write:
   what the interpreter's share of an append costs a writer;
 * recovery scan speed for a ring filled with ``--recovery-mib`` of records.
@@ -38,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -119,20 +125,64 @@ def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: i
                 ticket.wait()
                 mine.append(time.perf_counter() - t0)
 
+    head0 = log.head.writes
     elapsed, cpu, switches = run_threads(work, threads)
     direct = log.direct_io
+    counts, heads = log.writer.counts, log.head.writes - head0
     log.close()
     os.unlink(path)
     out = summary(lats, size, elapsed, cpu, switches)
     assert depth > 1 or sum(durable) == out["ops"], "an acknowledged append missed its on_durable call"
-    return {**out, "direct": direct, "per_write": out["ops"] / max(1, writes[0])}
+    n = max(1, out["ops"])
+    return {**out, "direct": direct, "per_write": out["ops"] / max(1, writes[0]), "waits": counts.waits_for_older / n,
+            "qd": 1 + counts.inflight_at_start / max(1, counts.writes), "headers": heads / n}
 
 
-def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: int, python_us: float = 0) -> dict:
+class InOrder:
+    """Completion in log order for the plain writer (``--ordered``): a writer takes a
+    ticket before its write and, after it, returns only once every earlier ticket's write
+    has returned, the last of them waking it; the least Python that acknowledging in log
+    order takes, so the peer shows what the ring's ordering alone costs."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.next = 0
+        self.done = 0  # every ticket below this has returned
+        self.returned: set[int] = set()
+        self.sleepers: dict[int, threading.Lock] = {}
+
+    def ticket(self) -> int:
+        with self.lock:
+            self.next += 1
+            return self.next - 1
+
+    def finish(self, t: int) -> None:
+        wake = []
+        with self.lock:
+            self.returned.add(t)
+            while self.done in self.returned:
+                self.returned.discard(self.done)
+                w = self.sleepers.pop(self.done, None)
+                if w is not None:
+                    wake.append(w)
+                self.done += 1
+            mine = None
+            if self.done <= t:
+                mine = self.sleepers[t] = threading.Lock()
+                mine.acquire()
+        for w in wake:
+            w.release()
+        if mine is not None:
+            mine.acquire()
+
+
+def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: int, python_us: float = 0,
+                ordered: bool = False) -> dict:
     """Each thread: aligned O_DIRECT|O_DSYNC pwrite of ``size`` bytes (a multiple of the
     512-byte logical block) at the next sequential offset, one at a time. ``python_us``:
     that many microseconds of Python (a busy loop, holding the interpreter lock) before
-    each write, to show what the interpreter's share of an append costs a writer."""
+    each write, to show what the interpreter's share of an append costs a writer.
+    ``ordered``: writes return in the order they were issued (:class:`InOrder`)."""
     wsize = (size + 511) // 512 * 512
     if os.path.exists(path):
         os.unlink(path)
@@ -140,6 +190,7 @@ def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: 
     os.posix_fallocate(fd, 0, file_bytes)
     slots = file_bytes // wsize
     counter = itertools.count()
+    order = InOrder() if ordered else None
     stop = time.monotonic() + seconds
     lats: list[list[float]] = [[] for _ in range(threads)]
 
@@ -149,13 +200,15 @@ def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: 
         view = memoryview(buf)
         mine = lats[k]
         while time.monotonic() < stop:
-            off = next(counter) % slots * wsize
             t0 = time.perf_counter()
+            seq = next(counter) if order is None else order.ticket()
             if python_us:
                 busy = t0 + python_us / 1e6
                 while time.perf_counter() < busy:
                     pass
-            os.pwrite(fd, view, off)
+            os.pwrite(fd, view, seq % slots * wsize)
+            if order is not None:
+                order.finish(seq)
             mine.append(time.perf_counter() - t0)
 
     elapsed, cpu, switches = run_threads(work, threads)
@@ -190,16 +243,22 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def print_case(size: int, runs: list[tuple]) -> None:
-    """One row: medians over the rounds, and the ratio's median and min-max per round."""
+    """One row: medians over the rounds, and the ratio's median and min-max per round;
+    then the ring's waits for older writes per append, mean writes in flight when one
+    starts and header writes per append; then fio and the ordered peer when measured."""
     r = median_run([x[0] for x in runs])
     p = median_run([x[1] for x in runs])
     ratios = [x[0]["mbps"] / x[1]["mbps"] for x in runs]
     f = median_run([x[2] for x in runs]) if all(x[2] for x in runs) else None
     fio = f"{f['mbps']:8.1f} {r['mbps'] / f['mbps']:6.2f}" if f else f"{'-':>8} {'-':>6}"
+    o = median_run([x[3] for x in runs]) if all(x[3] for x in runs) else None
+    ordered = (f" | {o['mbps']:8.1f} {statistics.median(x[3]['mbps'] / x[1]['mbps'] for x in runs):5.2f} "
+               f"{statistics.median(x[0]['mbps'] / x[3]['mbps'] for x in runs):5.2f}" if o else "")
     spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
     print(f"{size // 1024:>5}Ki | {r['mbps']:9.1f} {r['p50']:7.2f} {r['p99']:7.2f} | {p['mbps']:10.1f} "
           f"{p['p50']:7.2f} {p['p99']:7.2f} | {statistics.median(ratios):6.2f} {spread:>9} | "
-          f"{r['cpu_us']:6.1f} {p['cpu_us']:6.1f} | {r['cs']:5.1f} {p['cs']:5.1f} | {r['per_write']:5.2f} | {fio}"
+          f"{r['cpu_us']:6.1f} {p['cpu_us']:6.1f} | {r['cs']:5.1f} {p['cs']:5.1f} | {r['per_write']:5.2f} "
+          f"{r['waits']:5.2f} {r['qd']:4.1f} {r['headers']:6.4f} | {fio}{ordered}"
           + ("" if r["direct"] else "  (ring fell back to buffered I/O)"), flush=True)
 
 
@@ -264,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1024,4096,65536", help="record sizes in bytes, frame included")
     ap.add_argument("--python-us", default="", help="also run the plain writer with these microseconds of "
                     "Python before each write (comma-separated), against none: the interpreter's share")
+    ap.add_argument("--ordered", action="store_true", help="also run the plain writer with completion in "
+                    "log order (the least Python that takes): what the ring's ordering alone costs")
     ap.add_argument("--depth", type=int, default=4, help="submit() tickets in flight per appender, second table")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case, alternating; medians are shown")
     ap.add_argument("--quick", action="store_true", help="1.5 s per case, one run, 128 MiB recovery ring")
@@ -277,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dir={d} threads={a.threads} seconds={a.seconds} repeat={a.repeat} ring={a.ring_mib} MiB "
               f"fio={shutil.which('fio')} load={os.getloadavg()[0]:.1f} cpus={os.cpu_count()}")
         print(f"{'record':>7} | {'ring MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} | {'plain MB/s':>10} {'p50 ms':>7} "
-              f"{'p99 ms':>7} | {'ratio':>6} {'min-max':>9} | {'CPU us/append':>13} | {'switches':>11} | {'a/w':>5} | {'fio MB/s':>8} {'ratio':>6}")
+              f"{'p99 ms':>7} | {'ratio':>6} {'min-max':>9} | {'CPU us/append':>13} | {'switches':>11} | {'a/w':>5} "
+              f"{'wt/a':>5} {'qd':>4} {'hdr/a':>6} | {'fio MB/s':>8} {'ratio':>6}"
+              + (f" | {'ord MB/s':>8} {'o/pl':>5} {'r/o':>5}" if a.ordered else ""))
         cases = [(int(t), 1) for t in a.threads.split(",")] + [(int(a.threads.split(",")[-1]), a.depth)]
         for threads, depth in cases:
             qd = threads * depth
@@ -286,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
             for size in (int(x) for x in a.sizes.split(",")):
                 print_case(size, [(bench_ring(ring, size, threads, a.seconds, a.ring_mib * MiB, depth, a.io_threads),
                                    bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB),
-                                   bench_fio(plain, size, qd, max(1, int(a.seconds)), a.ring_mib * MiB // qd))
+                                   bench_fio(plain, size, qd, max(1, int(a.seconds)), a.ring_mib * MiB // qd),
+                                   bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB, ordered=True)
+                                   if a.ordered else None)
                                   for _ in range(a.repeat)])
         if a.python_us:
             interpreter_share(plain, a, [float(x) for x in a.python_us.split(",")])

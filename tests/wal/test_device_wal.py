@@ -89,6 +89,26 @@ def raw_walk(image: bytes, start: int, end: int) -> list:
     return out
 
 
+def test_bodies_either_side_of_the_checksum_lock_threshold_verify(tmp_path: Path) -> None:
+    """Bodies up to 256 KiB are checksummed keeping the interpreter lock, bigger ones letting
+    it go: both give the CRC32C that reads and recovery check, and ``body_crc`` is that CRC."""
+    import crc32c
+
+    from sediment.wal.device.format import HOLD_GIL_CRC_BYTES, body_crc
+
+    sizes = [1, 32 * 1024 - 1, 64 * 1024, HOLD_GIL_CRC_BYTES, HOLD_GIL_CRC_BYTES + 1, 300 * 1024]
+    records = [upd(i, n) for i, n in enumerate(sizes)]
+    assert [body_crc(r.body) for r in records] == [crc32c.crc32c(r.body) for r in records]
+    log = open_log(tmp_path / "ring", 4 << 20)
+    for r in records:
+        log.append([r])
+    log.close()
+    log = owned(DeviceLog.open(tmp_path / "ring"))
+    assert log.report.records == len(sizes) and not log.report.torn_tails
+    assert [(r.lsn, r.body) for r in log.scan()] == [(r.lsn, r.body) for r in records]
+    log.close()
+
+
 def test_wrap_around_writes_padding_and_keeps_order(tmp_path: Path) -> None:
     path = tmp_path / "ring"
     log = open_log(path, max_block_bytes=16 * 1024, segment_bytes=1 << 40)

@@ -226,4 +226,47 @@ def test_a_later_block_written_first_is_acknowledged_only_after_the_earlier_one(
     first.join(30)
     second.join(30)
     assert called == [1, 2] and sorted(returned) == [1, 2] and log.durable_lsn == BS + upd(2).frame_size
+    counts = log.writer.counts
+    assert (counts.writes, counts.inflight_at_start, counts.waits_for_older) == (2, 1, 1)  # the second waited
+    log.close()
+
+
+class HeldHeaderWrites:
+    """A pwrite that, once ``armed``, holds every header write until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.release = threading.Event()
+        self.progress = Progress()
+        self.held = 0
+
+    def __call__(self, fd: int, data, offset: int) -> int:
+        if self.armed and offset < HEADER_AREA:
+            self.held += 1
+            self.progress.changed()
+            assert self.release.wait(30)
+        return os.pwrite(fd, data, offset)
+
+
+def test_a_header_checkpoint_holds_up_no_other_appends_acknowledgement(tmp_path: Path) -> None:
+    """The append whose completion makes a header checkpoint due writes it after handing
+    back the completion of others: with that header write held, the next append is still
+    written, acknowledged and returns; the checkpoint then records the durable end."""
+    writes = HeldHeaderWrites()
+    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, pwrite=writes, checkpoint_bytes=BS,
+                               clock=ManualClock()))
+    writes.armed = True
+    first = threading.Thread(target=log.append, args=([upd(1, 5000)],), name="checkpointing")
+    first.start()
+    try:
+        writes.progress.wait_for(lambda: writes.held == 1, 10, "the checkpoint's header write, held")
+        second = upd(2)
+        done = threading.Event()
+        threading.Thread(target=lambda: (log.append([second]), done.set()), daemon=True).start()
+        assert done.wait(10), "an append waited for another thread's header checkpoint"
+        assert log.durable_lsn == second.lsn + second.frame_size and first.is_alive() and writes.held == 1
+    finally:
+        writes.release.set()
+    first.join(30)
+    assert log.writer.head.recorded_durable >= upd(1, 5000).frame_size
     log.close()

@@ -49,6 +49,8 @@ class RingFiles:
         self._rfd = -1
         self._old_fds: list[int] = []
         self._lock = threading.Lock()
+        self._header_lock = threading.Lock()
+        self._header_buf: mmap.mmap | None = None
         self._warned = False
 
     def open(self, create: bool, missing: Callable[[str], Exception]) -> bool:
@@ -163,8 +165,12 @@ class RingFiles:
             assert lsn % self.block_size == 0
 
     def write_header(self, hdr: RingHeader) -> None:
-        """Write one header copy into its slot (``hdr.seq`` picks it), durably."""
-        with mmap.mmap(-1, self.block_size) as buf:
+        """Write one header copy into its slot (``hdr.seq`` picks it), durably, from one
+        reused aligned buffer (a header write every few MiB need not map and unmap one)."""
+        with self._header_lock:
+            if self._header_buf is None:
+                self._header_buf = mmap.mmap(-1, self.block_size)
+            buf = self._header_buf
             buf[: SLOT.size + 4] = hdr.pack()
             self.write_at(memoryview(buf), slot_offset(0, self.block_size, hdr.seq))
 
@@ -176,3 +182,7 @@ class RingFiles:
                     os.close(fd)
             self.fd = self._rfd = -1
             self._old_fds = []
+        with self._header_lock:
+            if self._header_buf is not None:
+                self._header_buf.close()
+                self._header_buf = None

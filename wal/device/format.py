@@ -13,6 +13,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import crc32c as _crc32c
+
 from sediment.wal.dual_slot import newest, seal, unseal
 
 RING_MAGIC = b"SDMTRING"
@@ -25,6 +27,16 @@ SHUTDOWN_CLEAN = 1
 MIN_DATA_BYTES = 64 * 1024
 READ_CHUNK = 8 * 1024 * 1024
 ZERO_CHUNK = 4 * 1024 * 1024
+
+
+HOLD_GIL_CRC_BYTES = 256 * 1024
+
+
+def body_crc(body: bytes | bytearray | memoryview) -> int:
+    """CRC32C of a record body, keeping the interpreter lock for bodies up to 256 KiB. The
+    crc32c package lets it go from 32 KiB, and with several appenders taking it back
+    costs a context switch and more time than the checksum (3 us for 64 KiB) saves."""
+    return _crc32c.crc32c(body, 0, 0 if len(body) <= HOLD_GIL_CRC_BYTES else 1)
 
 
 def align_up(x: int, a: int) -> int:

@@ -24,6 +24,7 @@ class RingHead:
         self.trim = 0
         self.window = window
         self.recorded_durable = 0
+        self.writes = 0  # header copies written (for benchmarks)
         self._lock = threading.Lock()
 
     def load(self, hdr: RingHeader) -> None:
@@ -45,6 +46,7 @@ class RingHead:
             hdr = RingHeader(self.block_size, self.capacity, trim, self.seq + 1, window, shutdown, clean_end,
                              max(durable, trim))
             self.files.write_header(hdr)
+            self.writes += 1
             self.seq, self.window, self.trim, self.recorded_durable = hdr.seq, window, trim, hdr.durable_end
 
     def close(self) -> None:

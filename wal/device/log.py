@@ -54,6 +54,7 @@ from sediment.wal.device.format import (
     RingHeader,
     align_down,
     align_up,
+    body_crc,
 )
 from sediment.wal.device.head import RingHead
 from sediment.wal.device.recovery import (
@@ -70,7 +71,7 @@ from sediment.wal.device.recovery import (
 from sediment.wal.device.segments import Segments
 from sediment.wal.device.writer import DeviceTicket, RingWriter
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
-from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, crc32c, record_of
+from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, record_of
 
 __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "DeviceTicket", "RingHeader"]
 
@@ -300,7 +301,7 @@ class DeviceLog:
         caller that waits (this one's or a later one's), or by an I/O thread at a segment
         boundary, when the ring is full, or at close (the WAL protocol's rule)."""
         check_appendable(records, self.path)
-        crcs = [crc32c(r.body) for r in records]
+        crcs = [body_crc(r.body) for r in records]
         sizes = [r.frame_size for r in records]
         d = self.data_capacity
         for n in sizes:

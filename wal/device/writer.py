@@ -65,6 +65,18 @@ class DeviceTicket:
         return self.block is not None and self.block.flag.is_set()
 
 
+@dataclass(slots=True)
+class WriterCounts:
+    """Event counts for benchmarks and tests (updated under the writer's lock): data block
+    writes, the writes already in flight summed over each write's start (their mean queue
+    depth), and waits of a caller whose block was written but an older one not yet (the
+    price of acknowledging in log order)."""
+
+    writes: int = 0
+    inflight_at_start: int = 0
+    waits_for_older: int = 0
+
+
 class RingWriter:
     """Placement, the I/O slots and completion of one ring. ``io_threads`` bounds the block
     writes in flight. Appenders waiting for a block write it themselves when a slot is free,
@@ -100,7 +112,9 @@ class RingWriter:
         self._writing = 0
         self._done_q: deque[_Block] = deque()
         self._notifying = False
+        self._checkpointing = False
         self._stalled = 0  # waiters whose block is not taken and who found no slot: the threads write it
+        self.counts = WriterCounts()
 
     # ---------------------------------------------------------------- state others read
 
@@ -226,6 +240,8 @@ class RingWriter:
             blk = self._pending.popleft()
             blk.taken = True
             self._inflight.append(blk)
+            self.counts.writes += 1
+            self.counts.inflight_at_start += self._writing
             self._writing += 1
             return blk
         return None
@@ -294,13 +310,20 @@ class RingWriter:
         while True:
             for b in batch:
                 self._announce(b)
-            if self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes:
-                self._checkpoint()
             with self._lock:
                 if not self._done_q:
                     self._notifying = False
-                    return
+                    due = not self._checkpointing and (
+                        self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes)
+                    self._checkpointing |= due
+                    break
                 batch, self._done_q = self._done_q, deque()
+        if due:  # after giving up announcing: completions behind it are not held up by a header write
+            try:
+                self._checkpoint()
+            finally:
+                with self._lock:
+                    self._checkpointing = False
 
     def _announce(self, b: _Block) -> None:
         """Run the block's callbacks; only then may a FRONTIERS record in it finish the
@@ -351,6 +374,7 @@ class RingWriter:
                 job = self._take()
                 stalled = job is None and not blk.taken
                 self._stalled += stalled
+                self.counts.waits_for_older += job is None and blk.written and not blk.flag.is_set()
             if job is None:
                 try:
                     blk.flag.wait()
