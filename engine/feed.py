@@ -361,6 +361,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         self.sleeping = False  # set before it joins the feed's sleepers; cleared by whoever wakes it
         self.last_progress: int | None = None
         self.waiters: LoopWaiters | None = None  # the event loop this subscription is read in, if any
+        self._joining = threading.Lock()  # a close racing the first async read joins or leaves once
         feed.register(self)
 
     def add_initial(self, events: list[FeedEvent]) -> None:
@@ -442,11 +443,18 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
 
     def _loop_waiters(self, loop: asyncio.AbstractEventLoop) -> LoopWaiters:
         waiters = self.waiters
-        if waiters is None or waiters.loop is not loop:
-            if waiters is not None:
+        if waiters is not None and waiters.loop is loop:
+            return waiters
+        with self._joining:
+            if self.waiters is not None:
+                self._feed.leave_loop(self.waiters)
+                self.waiters = None
+            waiters = self._feed.join_loop(loop)
+            if not self._closed:  # else closed meanwhile: the next look returns None
+                self.waiters = waiters
+            else:
                 self._feed.leave_loop(waiters)
-            waiters = self.waiters = self._feed.join_loop(loop)
-        return waiters
+            return waiters
 
     def __aiter__(self) -> Subscription:
         return self
@@ -501,9 +509,10 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         """Stop reading (from any thread): a waiting ``next`` or ``next_async`` returns None."""
         self._closed = True
         self._feed.leave(self)
-        waiters, self.waiters = self.waiters, None
-        if waiters is not None:
-            self._feed.leave_loop(waiters)
+        with self._joining:
+            if self.waiters is not None:
+                self._feed.leave_loop(self.waiters)
+                self.waiters = None
 
     def __enter__(self) -> Subscription:
         return self
