@@ -224,3 +224,36 @@ def test_a_loop_that_ends_without_closing_its_subscriptions_holds_up_no_one(open
     assert eng.view.relations["r"].feed.loops == (), "the closed loop is still woken"
     for sub in abandoned + [live]:
         sub.close()
+
+
+def test_the_writer_wakes_a_loop_at_most_once_per_append_whatever_its_subscribers(open_engine):
+    eng = open_engine()
+    _relation(eng)
+    subs = [eng.subscribe("r") for _ in range(200)]
+    appends, wakes, ready = 50, [], threading.Event()
+
+    async def read_all() -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        real = loop.call_soon_threadsafe
+
+        def counted(*args, **kwargs):  # counts the writer's wake-ups of this loop; each runs as before
+            wakes.append(1)
+            return real(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counted
+        for sub in subs:
+            await sub.next_async(timeout=5)
+        tasks = [asyncio.ensure_future(_keys(sub, appends)) for sub in subs]
+        await asyncio.sleep(0)
+        ready.set()
+        return await asyncio.gather(*tasks)
+
+    th, result = _in_loop(read_all())
+    assert ready.wait(30)
+    for i in range(appends):
+        eng.append("r", rows([i]))
+    th.join(timeout=60)
+    assert result["result"] == [list(range(appends))] * len(subs)
+    assert 1 <= len(wakes) <= appends, f"{len(wakes)} wake-ups of the loop for {appends} appends"
+    for sub in subs:
+        sub.close()
