@@ -5,10 +5,12 @@
     .venv/bin/python bench/feeds.py --counts 1,10,100 --rounds 5 --modes in-process
 
 One writer appends single-row updates, each waiting for durability, and N subscribers
-read the feed. Two ways to subscribe, as peers in the same rounds (order rotated every
+read the feed. Three ways to subscribe, as peers in the same rounds (order rotated every
 round, a fresh data directory per case):
 
 * ``in-process``: N threads, each with its own ``Engine.subscribe``;
+* ``in-process-async``: N tasks in one asyncio event loop (one thread), each iterating its
+  own ``Engine.subscribe`` with ``async for``;
 * ``network``: a ``SedimentFlightServer`` on the same engine in this process, and the N
   subscribers spread over 4 client processes, each a ``sediment.connect(...).subscribe``.
 
@@ -17,12 +19,14 @@ and each subscriber's delivery latency (submit to ``next()`` returning it; the c
 CLOCK_MONOTONIC, shared by the processes). A subscriber can receive an update before
 the writer's call returns (the feed is fed by the durability callback). Target: p99
 delivery <= 2x the append's own p99 with 100 subscribers (issue 27). Prints, per case,
-the median over the rounds with min-max.
+the median over the rounds with min-max, and the process's CPU per delivered update (CPU
+moves less with the machine's load than latency does).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import os
 import shutil
@@ -50,17 +54,22 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))] if values else float("nan")
 
 
+def record(event, out: list[tuple[int, float]]) -> int:
+    """Note an update event's ids with the time now; returns how many (0 for other events)."""
+    at = now()
+    if event.kind != "updates":
+        return 0
+    ids = event.table.column("id").to_pylist()
+    out.extend((i, at) for i in ids)
+    return len(ids)
+
+
 def read_feed(sub, appends: int, out: list[tuple[int, float]]) -> None:
     """What a user writes: iterate the subscription, until ``appends`` ids have come,
     recording (id, time received)."""
     got = 0
     for event in sub:
-        at = now()
-        if event.kind != "updates":
-            continue
-        ids = event.table.column("id").to_pylist()
-        got += len(ids)
-        out.extend((i, at) for i in ids)
+        got += record(event, out)
         if got >= appends:
             return
 
@@ -90,6 +99,39 @@ def run_in_process(eng, subscribers: int, appends: int) -> tuple[dict[int, float
     submitted, latency = write(eng, appends)
     for th in threads:
         th.join(timeout=300)
+    for s in subs:
+        s.close()
+    return submitted, latency, received
+
+
+async def read_feed_async(sub, appends: int, out: list[tuple[int, float]]) -> None:
+    """:func:`read_feed` as a task: ``async for`` over the subscription."""
+    got = 0
+    async for event in sub:
+        got += record(event, out)
+        if got >= appends:
+            return
+
+
+def run_in_process_async(eng, subscribers: int, appends: int) -> tuple[dict[int, float], list[float], list]:
+    """``subscribers`` tasks in one event loop, run by one thread."""
+    subs = [eng.subscribe("r") for _ in range(subscribers)]
+    for s in subs:
+        s.next(timeout=5)  # the snapshot
+    received: list[list[tuple[int, float]]] = [[] for _ in subs]
+    started = threading.Event()
+
+    async def read_all() -> None:
+        tasks = [asyncio.ensure_future(read_feed_async(s, appends, out)) for s, out in zip(subs, received, strict=True)]
+        await asyncio.sleep(0)
+        started.set()
+        await asyncio.gather(*tasks)
+
+    loop_thread = threading.Thread(target=asyncio.run, args=(read_all(),), daemon=True)
+    loop_thread.start()
+    started.wait(60)
+    submitted, latency = write(eng, appends)
+    loop_thread.join(timeout=300)
     for s in subs:
         s.close()
     return submitted, latency, received
@@ -146,13 +188,16 @@ def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
         with sediment.open(data, compact=False) as eng:
             eng.add_relation("r", SCHEMA)
             eng.seal("r", 0)
-            go = run_in_process if mode == "in-process" else run_network
+            go = {"in-process": run_in_process, "in-process-async": run_in_process_async}.get(mode, run_network)
+            cpu = time.process_time()
             submitted, latency, received = go(eng, subscribers, appends)
+            cpu = time.process_time() - cpu
         delivery = [at - submitted[i] for out in received for i, at in out]
         missing = subscribers * appends - len(delivery)
         delivery = delivery or [0.0]
         return {"append_p99": pct(latency, 99), "delivery_p50": pct(delivery, 50),
-                "delivery_p99": pct(delivery, 99), "missing": missing}
+                "delivery_p99": pct(delivery, 99), "missing": missing,
+                "cpu_us": cpu / max(1, len(delivery) if subscribers else appends) * 1e6}
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
@@ -169,7 +214,7 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=1000)
     ap.add_argument("--counts", default="0,1,10,100,1000",
                     help="subscriber counts; 0 runs the appends alone, in process only")
-    ap.add_argument("--modes", default="in-process,network")
+    ap.add_argument("--modes", default="in-process,in-process-async,network")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     args = ap.parse_args()
     counts = [int(c) for c in ("0,1,10,100" if args.quick else args.counts).split(",")]
@@ -185,16 +230,18 @@ def main() -> None:
                 print(f"round {r + 1}: {mode:10s} {n:5d} subscribers: append p99 {got['append_p99'] * 1e3:.2f} ms, "
                       f"delivery p50 {got['delivery_p50'] * 1e3:.2f} ms p99 {got['delivery_p99'] * 1e3:.2f} ms, "
                       f"{got['delivery_p99'] / got['append_p99']:.2f}x, missing {got['missing']}, "
+                      f"CPU {got['cpu_us']:.1f} us/delivery, "
                       f"load {os.getloadavg()[0]:.1f}", flush=True)
-    print("\n| subscribers | path | append p99 ms | delivery p50 ms | delivery p99 ms | p99 / append p99 |")
-    print("| ---: | --- | --- | --- | --- | --- |")
+    print("\n| subscribers | path | append p99 ms | delivery p50 ms | delivery p99 ms | p99 / append p99 "
+          "| CPU us per delivery |")
+    print("| ---: | --- | --- | --- | --- | --- | --- |")
     for n in counts:
         for mode in modes if n else ["in-process"]:
             rows = results[(mode, n)]
             ratios = [g["delivery_p99"] / g["append_p99"] for g in rows]
             print(f"| {n} | {mode} | {spread([g['append_p99'] for g in rows], 1e3)} | "
                   f"{spread([g['delivery_p50'] for g in rows], 1e3)} | {spread([g['delivery_p99'] for g in rows], 1e3)} "
-                  f"| {spread(ratios)}x |")
+                  f"| {spread(ratios)}x | {spread([g['cpu_us'] for g in rows], fmt='.1f')} |")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,10 @@ every stored update after ``as_of`` (appended earlier at future times), then a
 PROGRESS event for the sealed frontier, then the live events. Consolidating the
 stream up to any PROGRESS(t) event gives exactly ``snapshot(t)``.
 
+Subscriptions may also be read from asyncio (``async for``, :meth:`Subscription.next_async`):
+many of them in one event loop cost the writer one wake-up of the loop per batch of events
+(:mod:`sediment.engine.feed_async`), where each subscriber thread costs a wake-up of its own.
+
 To resume after a disconnect, keep your state as of the last PROGRESS(t) you saw,
 drop updates received after it, and subscribe again with ``as_of=t, resume=True``
 (no snapshot is sent): nothing is lost or repeated.
@@ -43,6 +47,7 @@ drop updates received after it, and subscribe again with ``as_of=t, resume=True`
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time as _time
 from collections import deque
@@ -52,6 +57,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from sediment.engine.feed_async import LoopWaiters, expire
 from sediment.errors import EngineClosed, FeedOverrun
 from sediment.interrupts import WaitingIterator, wait_slices
 
@@ -120,6 +126,7 @@ class FeedLog:
         self._load_lock = threading.Lock()  # one decode of a record at a time: the others wait for it
         self._bulk: dict[tuple[int, int], FeedEvent] = {}  # (first seq, end seq) -> merged event, oldest first
         self._bulk_bytes = 0
+        self.loops: tuple[LoopWaiters, ...] = ()  # event loops with async subscribers, replaced whole
         self.closed = False
 
     @property
@@ -150,6 +157,33 @@ class FeedLog:
             self._check()
         if self.waiting:
             self._wake()
+        if self.loops:
+            self._wake_loops()
+
+    def _wake_loops(self) -> None:
+        """One resume per event loop that has async subscribers asleep; a closed loop is forgotten."""
+        for waiters in self.loops:
+            if not waiters.poke():
+                with self.changed:
+                    self.loops = tuple(w for w in self.loops if w is not waiters)
+
+    def join_loop(self, loop: asyncio.AbstractEventLoop) -> LoopWaiters:
+        """The sleepers of ``loop``, for one more subscription reading in it."""
+        with self.changed:
+            waiters = next((w for w in self.loops if w.loop is loop), None)
+            if waiters is None:
+                waiters = LoopWaiters(loop)
+                self.loops = (*self.loops, waiters)
+            waiters.users += 1
+            return waiters
+
+    def leave_loop(self, waiters: LoopWaiters) -> None:
+        """One subscription fewer reads in ``waiters``' loop; its sleepers are woken to look."""
+        waiters.poke()
+        with self.changed:
+            waiters.users -= 1
+            if waiters.users <= 0:
+                self.loops = tuple(w for w in self.loops if w is not waiters)
 
     def _wake(self) -> None:
         """Move the sleepers to the relay and start up to :data:`_CHAINS` wake-ups in it."""
@@ -189,6 +223,8 @@ class FeedLog:
                 sub.dropped_at = sub.cursor
                 del self.subs[sub.id]
                 _release(sub.wake)
+                if sub.waiters is not None:
+                    sub.waiters.poke()
             self._trim()
 
     def _trim(self) -> None:
@@ -227,6 +263,8 @@ class FeedLog:
             self.closed = True
             for sub in [*self.waiting, *self._relay]:
                 _release(sub.wake)
+            for waiters in self.loops:
+                waiters.poke()
 
     def oldest_lsn(self) -> int | None:
         """The LSN of the oldest event a subscriber has yet to read: the WAL is kept from there."""
@@ -297,7 +335,8 @@ def _release(lock: threading.Lock) -> None:
 
 
 class Subscription(WaitingIterator[FeedEvent]):
-    """An iterator of FeedEvents. Created by ``Engine.subscribe``; close it when done."""
+    """An iterator of FeedEvents, also asynchronous (``async for``, :meth:`next_async`: read
+it from one thread or one event loop). Created by ``Engine.subscribe``; close it when done."""
 
     _ids = 0
     _ids_lock = threading.Lock()
@@ -321,6 +360,8 @@ class Subscription(WaitingIterator[FeedEvent]):
         self.wake.acquire()
         self.sleeping = False  # set before it joins the feed's sleepers; cleared by whoever wakes it
         self.last_progress: int | None = None
+        self.waiters: LoopWaiters | None = None  # the event loop this subscription is read in, if any
+        self._joining = threading.Lock()  # a close racing the first async read joins or leaves once
         feed.register(self)
 
     def add_initial(self, events: list[FeedEvent]) -> None:
@@ -336,14 +377,9 @@ class Subscription(WaitingIterator[FeedEvent]):
         feed = self._feed
         deadline = None if timeout is None else _time.monotonic() + timeout
         while True:
-            if self._closed:
-                return None
-            self._check_live(feed)
-            base, items = feed.window
-            if self.cursor < base:
-                continue  # trimmed past: dropped, as the next look says
-            if self.cursor - base < len(items):
-                return self._take(items, self.cursor - base)
+            got = self._poll(feed)
+            if got is not False:
+                return None if got is True else got
             self.sleeping = True
             feed.waiting.append(self)  # then look again: an event may have come meanwhile
             base, items = feed.window
@@ -360,6 +396,74 @@ class Subscription(WaitingIterator[FeedEvent]):
             feed.settle(self)
             if deadline is not None and wait <= 0 and self.cursor - base >= len(items):
                 return None
+
+    async def next_async(self, timeout: float | None = None) -> FeedEvent | None:
+        """:meth:`next` for asyncio: the task sleeps as a future of its event loop, which the
+        feed wakes once per batch of events for all its sleeping subscriptions (see
+        :mod:`sediment.engine.feed_async`). Returns None on timeout or once closed; raises
+        FeedOverrun and EngineClosed as :meth:`next` does. Cancelling the awaiting task
+        leaves the subscription as it was: read or close it after."""
+        if self._pending:
+            return self._note(self._pending.popleft())
+        feed = self._feed
+        loop = deadline = None
+        while True:
+            got = self._poll(feed)
+            if got is not False:
+                return None if got is True else got
+            if loop is None:
+                loop = asyncio.get_running_loop()
+                deadline = None if timeout is None else loop.time() + timeout
+            fut = self._loop_waiters(loop).sleep()  # then look again: an event may have come meanwhile
+            base, items = feed.window
+            if self.cursor - base < len(items) or self._closed or self.dropped_at is not None \
+                    or feed.closed or not self._engine_open():
+                continue
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return None
+            timer = None if left is None else loop.call_later(left, expire, fut)
+            try:
+                await fut
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    def _poll(self, feed: FeedLog) -> FeedEvent | bool:
+        """The next event if the feed has one for this subscriber; True once closed, False if
+        there is none yet. Raises FeedOverrun or EngineClosed."""
+        while True:
+            if self._closed:
+                return True
+            self._check_live(feed)
+            base, items = feed.window
+            if self.cursor >= base:  # else trimmed past: dropped, as the next look says
+                break
+        return self._take(items, self.cursor - base) if self.cursor - base < len(items) else False
+
+    def _loop_waiters(self, loop: asyncio.AbstractEventLoop) -> LoopWaiters:
+        waiters = self.waiters
+        if waiters is not None and waiters.loop is loop:
+            return waiters
+        with self._joining:
+            if self.waiters is not None:
+                self._feed.leave_loop(self.waiters)
+                self.waiters = None
+            waiters = self._feed.join_loop(loop)
+            if not self._closed:  # else closed meanwhile: the next look returns None
+                self.waiters = waiters
+            else:
+                self._feed.leave_loop(waiters)
+            return waiters
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> FeedEvent:
+        event = await self.next_async()
+        if event is None:
+            raise StopAsyncIteration
+        return event
 
     def _check_live(self, feed: FeedLog) -> None:
         if self.dropped_at is not None:
@@ -402,8 +506,13 @@ class Subscription(WaitingIterator[FeedEvent]):
         return self._feed.next_seq - self.cursor
 
     def close(self) -> None:
+        """Stop reading (from any thread): a waiting ``next`` or ``next_async`` returns None."""
         self._closed = True
         self._feed.leave(self)
+        with self._joining:
+            if self.waiters is not None:
+                self._feed.leave_loop(self.waiters)
+                self.waiters = None
 
     def __enter__(self) -> Subscription:
         return self
