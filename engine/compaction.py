@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.arrow_codec import decode_updates_many
 from sediment.clock import Clock
 from sediment.engine.collector import Collector
 from sediment.engine.relation import Relation, TailEntry
@@ -277,10 +278,22 @@ class Compaction:
     def _wal_table(self, rel: Relation, entries: list[TailEntry], trace: TraceState, safe: int) -> pa.Table:
         with self._lock:
             cached = [self.view.bodies.take(e.lsn) for e in entries]
-        parts = [rel.decode_body(body if body is not None else self.log.read(e.lsn).body, e.schema_version)
-                 for e, body in zip(entries, cached, strict=True)]
-        table = pa.Table.from_batches(parts, schema=rel.update_schema)
-        if len(parts) > 1 and table.num_rows < _SMALL_RECORD_ROWS * len(parts):
+        bodies = [body if body is not None else self.log.read(e.lsn).body for e, body in zip(entries, cached, strict=True)]
+        small = len(entries) > 1 and sum(e.rows for e in entries) < _SMALL_RECORD_ROWS * len(entries)
+        table = None
+        if small and all(e.schema_version == rel.schema_version for e in entries):
+            try:  # one stream read for many small records (arrow_codec.decode_updates_many)
+                table = decode_updates_many(bodies, rel.update_schema)
+            except pa.ArrowException:
+                table = None  # decoded one by one below, which says which record is damaged
+        if table is None:
+            parts = [rel.decode_body(body, e.schema_version) for e, body in zip(entries, bodies, strict=True)]
+            table = pa.Table.from_batches(parts, schema=rel.update_schema)
+        return self._checked(rel, entries, trace, safe, table)
+
+    @staticmethod
+    def _checked(rel: Relation, entries: list[TailEntry], trace: TraceState, safe: int, table: pa.Table) -> pa.Table:
+        if table.num_columns and table.column(0).num_chunks > 1 and table.num_rows < _SMALL_RECORD_ROWS * len(entries):
             table = table.combine_chunks()  # small appends: the kernels below cost per chunk, not per row
         if entries and min(e.t_lo for e in entries) < trace.upper:
             raise TraceInvariantViolation(

@@ -56,3 +56,18 @@ def encode_updates(batch: pa.RecordBatch) -> pa.Buffer:
 def decode_updates(body: bytes | pa.Buffer, update_schema: pa.Schema) -> pa.RecordBatch:
     """The batch of an UPDATES body, read with the relation's update schema."""
     return pa.ipc.read_record_batch(pa.py_buffer(body), update_schema)
+
+
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def decode_updates_many(bodies: list, update_schema: pa.Schema) -> pa.Table:
+    """Many UPDATES bodies of one schema as one table, in their order.
+
+    Why: compaction takes thousands of one-row records at a time, and decoding each with
+    :func:`decode_updates` cost about 7 us of interpreter time a record, with the interpreter
+    lock held, beside the writers that need it. Each body is a whole encapsulated message,
+    so the schema's message, the bodies and an end-of-stream marker are an IPC stream,
+    read in one call. Raises pyarrow's error on a body that does not decode."""
+    stream = b"".join([update_schema.serialize(), *bodies, _EOS])
+    return pa.ipc.open_stream(pa.py_buffer(stream)).read_all()
