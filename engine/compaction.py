@@ -23,7 +23,13 @@ from sediment.clock import Clock
 from sediment.engine.collector import Collector
 from sediment.engine.relation import Relation, TailEntry
 from sediment.engine.view import RelationView
-from sediment.errors import CompactionFailed, TraceInvariantViolation, UnknownRelation
+from sediment.errors import (
+    CompactionFailed,
+    SedimentError,
+    TraceInvariantViolation,
+    UnknownRelation,
+    WalCorruption,
+)
 from sediment.metrics import EngineMetrics
 from sediment.trace import wal_cut
 from sediment.trace.fold import fold
@@ -284,11 +290,13 @@ class Compaction:
         if small and all(e.schema_version == rel.schema_version for e in entries):
             try:  # one stream read for many small records (arrow_codec.decode_updates_many)
                 table = decode_updates_many(bodies, rel.update_schema)
-            except pa.ArrowException:
+            except (pa.ArrowException, OSError, EOFError, ValueError):
                 table = None  # decoded one by one below, which says which record is damaged
+            if table is not None and table.num_rows != sum(e.rows for e in entries):
+                table = None
         if table is None:
-            parts = [rel.decode_body(body, e.schema_version) for e, body in zip(entries, bodies, strict=True)]
-            table = pa.Table.from_batches(parts, schema=rel.update_schema)
+            table = pa.Table.from_batches([_decoded(rel, e, body) for e, body in zip(entries, bodies, strict=True)],
+                                          schema=rel.update_schema)
         return self._checked(rel, entries, trace, safe, table)
 
     @staticmethod
@@ -425,6 +433,23 @@ class Compaction:
                     rel.trace = new
                     rel.trace_changed_at = self.clock.current_time()
                     self.collector.discard(r.key for r in refs)
+
+
+def _decoded(rel: Relation, entry: TailEntry, body) -> pa.RecordBatch:
+    """One WAL record's batch, or WalCorruption naming it when its body does not decode to
+    the rows its header counts (the body passed its checksum: damage after it was read)."""
+    try:
+        batch = rel.decode_body(body, entry.schema_version)
+    except SedimentError:
+        raise
+    except Exception as e:  # pyarrow's errors on a damaged message: OSError, EOFError, ArrowInvalid
+        batch, cause = None, f"{type(e).__name__}: {e}"
+    else:
+        cause = f"{batch.num_rows} rows decoded"
+    if batch is None or batch.num_rows != entry.rows:
+        raise WalCorruption(f"relation {rel.entry.name!r}: the UPDATES record at LSN {entry.lsn} does not decode to "
+                            f"the {entry.rows} rows its header counts ({cause}); run `sediment verify`")
+    return batch
 
 
 def _find_run(refs: list, wanted) -> int | None:

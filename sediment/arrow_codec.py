@@ -68,6 +68,11 @@ def decode_updates_many(bodies: list, update_schema: pa.Schema) -> pa.Table:
     :func:`decode_updates` cost about 7 us of interpreter time a record, with the interpreter
     lock held, beside the writers that need it. Each body is a whole encapsulated message,
     so the schema's message, the bodies and an end-of-stream marker are an IPC stream,
-    read in one call. Raises pyarrow's error on a body that does not decode."""
+    read in one call. Raises pyarrow's error (or ValueError) on a body that does not decode,
+    and ValueError when the stream holds another number of batches than ``bodies`` (a damaged
+    body can read as an end-of-stream marker, which would end the read early and silently)."""
     stream = b"".join([update_schema.serialize(), *bodies, _EOS])
-    return pa.ipc.open_stream(pa.py_buffer(stream)).read_all()
+    batches = list(pa.ipc.open_stream(pa.py_buffer(stream)))
+    if len(batches) != len(bodies):
+        raise ValueError(f"{len(bodies)} UPDATES bodies read as {len(batches)} batches: a body is damaged")
+    return pa.Table.from_batches(batches, schema=update_schema)

@@ -10,11 +10,13 @@ import random
 import threading
 
 import pyarrow as pa
+import pytest
 
 import sediment
 from sediment.arrow_codec import decode_updates, decode_updates_many, encode_updates
 from sediment.clock import ManualClock
 from sediment.engine.small_encode import SmallBodyEncoder
+from sediment.errors import CompactionFailed
 
 SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
 UPDATES = pa.schema([("id", pa.int64()), ("payload", pa.binary()), ("time", pa.int64()), ("diff", pa.int64())])
@@ -82,3 +84,31 @@ def test_records_written_before_an_alter_are_decoded_under_their_own_version(tmp
         got = engine.snapshot("r", as_of=2).sort_by("id")
         assert got.column("id").to_pylist() == list(range(140))
         assert got.column("qty").to_pylist() == [7] * 100 + list(range(100, 140))
+
+
+def test_a_body_that_reads_as_an_end_of_stream_is_refused_not_cut_short():
+    bodies = [encode_updates(_table([i]).to_batches()[0]) for i in range(6)]
+    bodies[2] = b"\x00" * len(bodies[2])  # a continuation marker then a zero length: an end of stream
+    try:
+        got = decode_updates_many(bodies, UPDATES)
+    except ValueError as e:
+        assert "damaged" in str(e)
+    else:
+        raise AssertionError(f"read {got.num_rows} rows of 6 bodies without an error")
+
+
+def test_a_damaged_body_fails_the_pass_naming_its_record_and_drops_nothing(tmp_path):
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
+        engine.add_relation("r", SCHEMA)
+        for i in range(10):
+            engine.append("r", _table([i]))
+        engine.seal("r", 2)
+        bodies = engine.compaction.view.bodies
+        lsn = sorted(e.lsn for e in engine.compaction.view.get("r").tail)[3]
+        size = len(memoryview(bodies.get(lsn)))
+        bodies.put(lsn, b"\x00" * size, size)  # damaged in memory, after its checksum was checked
+        with pytest.raises(CompactionFailed, match=f"LSN {lsn}"):
+            engine.compact("r")
+        bodies.put(lsn, engine.wal.read(lsn).body, size)  # the log's copy is whole: the retry takes every row
+        engine.compact("r")
+        assert sorted(engine.snapshot("r", as_of=2).column("id").to_pylist()) == list(range(10))
