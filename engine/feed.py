@@ -167,6 +167,12 @@ class FeedLog:
                 with self.changed:
                     self.loops = tuple(w for w in self.loops if w is not waiters)
 
+    def _forget_closed_loops(self) -> None:
+        """Let go of event loops closed without closing their subscriptions (``changed`` held):
+        the writer's wake only finds them while someone sleeps in them."""
+        if any(w.loop.is_closed() for w in self.loops):
+            self.loops = tuple(w for w in self.loops if not w.loop.is_closed())
+
     def join_loop(self, loop: asyncio.AbstractEventLoop) -> LoopWaiters:
         """The sleepers of ``loop``, for one more subscription reading in it."""
         with self.changed:
@@ -225,6 +231,7 @@ class FeedLog:
                 _release(sub.wake)
                 if sub.waiters is not None:
                     sub.waiters.poke()
+            self._forget_closed_loops()
             self._trim()
 
     def _trim(self) -> None:
@@ -256,6 +263,7 @@ class FeedLog:
             self.subs.pop(sub.id, None)
             if not self.subs:
                 self.window = (self.next_seq, [])
+            self._forget_closed_loops()
             _release(sub.wake)
 
     def close(self) -> None:
@@ -414,14 +422,14 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             if loop is None:
                 loop = asyncio.get_running_loop()
                 deadline = None if timeout is None else loop.time() + timeout
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return None
             fut = self._loop_waiters(loop).sleep()  # then look again: an event may have come meanwhile
             base, items = feed.window
             if self.cursor - base < len(items) or self._closed or self.dropped_at is not None \
                     or feed.closed or not self._engine_open():
                 continue
-            left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                return None
             timer = None if left is None else loop.call_later(left, expire, fut)
             try:
                 await fut

@@ -33,7 +33,11 @@ class LoopWaiters:
         self.users = 0  # subscriptions of the feed reading in this loop
 
     def sleep(self) -> asyncio.Future[None]:
-        """A future the next :meth:`resume` completes (call in the loop's thread)."""
+        """A future the next :meth:`resume` completes (call in the loop's thread). Waits that
+        ended by a timeout or a cancellation leave done futures behind until the next resume;
+        on a quiet feed they are swept here once they outnumber the subscriptions."""
+        if len(self.asleep) > 2 * self.users + 16:
+            self.asleep = [f for f in self.asleep if not f.done()]
         fut = self.loop.create_future()
         self.asleep.append(fut)
         return fut
@@ -41,6 +45,8 @@ class LoopWaiters:
     def poke(self) -> bool:
         """Have the loop resume its sleepers, unless a resume is already pending or none
         sleeps (from any thread). False once the loop is closed: forget it."""
+        if self.loop.is_closed():
+            return False
         if self.scheduled or not self.asleep:
             return True
         self.scheduled = True

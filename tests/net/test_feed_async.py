@@ -257,3 +257,57 @@ def test_the_writer_wakes_a_loop_at_most_once_per_append_whatever_its_subscriber
     assert 1 <= len(wakes) <= appends, f"{len(wakes)} wake-ups of the loop for {appends} appends"
     for sub in subs:
         sub.close()
+
+
+def test_timed_out_and_cancelled_reads_on_a_quiet_feed_leave_no_pile_of_waits(open_engine):
+    eng = open_engine()
+    _relation(eng)
+    sub = eng.subscribe("r")
+
+    async def idle_reads() -> list[int]:
+        while await sub.next_async(timeout=0) is not None:  # the snapshot and what follows it
+            pass
+        for _ in range(2000):
+            assert await sub.next_async(timeout=0) is None
+        after_timeouts = len(sub.waiters.asleep) if sub.waiters is not None else 0
+        for _ in range(300):
+            assert await sub.next_async(timeout=0.0001) is None
+        for _ in range(300):
+            task = asyncio.ensure_future(sub.next_async())
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        return [after_timeouts, len(sub.waiters.asleep)]
+
+    th, out = _in_loop(idle_reads())
+    th.join(timeout=60)
+    assert "error" not in out, out.get("error")
+    after_timeouts, after_all = out["result"]
+    assert after_timeouts <= 1, f"{after_timeouts} waits kept after 2,000 reads that timed out at once"
+    assert after_all <= 2 * 1 + 17, f"{after_all} waits kept after 600 timed-out or cancelled reads"
+    eng.append("r", rows([1]))  # still readable after all that
+    assert sub.next(timeout=10).table.column("k").to_pylist() == [1]
+    sub.close()
+
+
+def test_a_closed_loop_is_let_go_once_its_subscriber_is_dropped(open_engine):
+    eng = open_engine()
+    _relation(eng)
+    sub = eng.subscribe("r", max_lag=50)
+
+    async def one_update() -> str:
+        await sub.next_async(timeout=5)  # the snapshot
+        task = asyncio.ensure_future(sub.next_async())
+        await asyncio.sleep(0)
+        await asyncio.get_running_loop().run_in_executor(None, eng.append, "r", rows([1]))
+        return (await task).kind
+
+    th, out = _in_loop(one_update())
+    th.join(timeout=60)
+    assert out.get("result") == "updates", out
+    for k in range(2, 3000):  # the loop is closed, nothing sleeps in it; the subscriber falls behind and is dropped
+        eng.append("r", rows([k]))
+    assert sub.dropped_at is not None
+    assert eng.view.relations["r"].feed.loops == (), "a closed loop is kept by the feed"
+    sub.close()
