@@ -44,7 +44,7 @@ def served(tmp_path):
 def test_a_reader_thread_reads_the_stream_itself_until_a_timeout_asks_for_the_pump(served):
     engine, client = served
     before = pumps()
-    sub = client.subscribe("r")
+    sub = client.subscribe("r", shared=False)
     keys: list[int] = []
 
     def read() -> None:
@@ -71,7 +71,7 @@ def test_a_reader_thread_reads_the_stream_itself_until_a_timeout_asks_for_the_pu
 
 def test_a_close_ends_a_read_blocked_in_another_thread(served):
     _engine, client = served
-    sub = client.subscribe("r")
+    sub = client.subscribe("r", shared=False)
     got: list = []
     first = threading.Event()
 
