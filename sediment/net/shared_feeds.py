@@ -65,6 +65,7 @@ class _Share:
     def __init__(self, relation: str) -> None:
         self.relation = relation
         self.subs: dict[str, Any] = {}
+        self.idle: set[str] = set()  # subscriptions that had nothing to take once (their initial events are gone)
         self.lock = threading.Lock()
         self.ended = False
 
@@ -163,7 +164,8 @@ class SharedFeeds:
                 self._streams.release(sub)
 
     def _round(self, share: _Share, subs: list[tuple[str, Any]]) -> Iterator[tuple[pa.RecordBatch, bytes]]:
-        taken = [(sid, got) for sid, sub in subs if (got := self._take(share, sid, sub, 0)) is not None]
+        ready = [(sid, sub) for sid, sub in subs if sid not in share.idle or getattr(sub, "lag", 1) > 0]
+        taken = [(sid, got) for sid, sub in ready if (got := self._take(share, sid, sub, 0)) is not None]
         if not taken:  # all caught up: wait on one; the others take the same event at once after it
             first = self._take(share, subs[0][0], subs[0][1], WAIT_SLICE)
             if first is None:
@@ -186,7 +188,10 @@ class SharedFeeds:
     def _take(self, share: _Share, sid: str, sub: Any, timeout: float) -> Any:
         """``sub``'s next event, or the error that ended it (then it leaves the stream)."""
         try:
-            return sub.next(timeout=timeout)
+            event = sub.next(timeout=timeout)
+            if event is None:  # its initial events are all taken: from now on, it has one when it lags
+                share.idle.add(sid)
+            return event
         except Exception as exc:  # noqa: BLE001 - goes to that subscription alone
             with share.lock:
                 share.subs.pop(sid, None)
