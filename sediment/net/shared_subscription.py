@@ -24,8 +24,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.errors import CoordinatorUnavailable, EngineClosed, FeedOverrun, SedimentError, ServerError
-from sediment.interrupts import WaitingIterator, wait_slices
+from sediment.interrupts import WaitingIterator
 from sediment.net.messages import Action, Get
+from sediment.net.remote_subscription import NOTHING, wait_item
 from sediment.net.shared_feeds import SHARE_VERSION
 from sediment.net.wire_errors import error_from_detail, error_line, typed_error
 
@@ -86,16 +87,8 @@ class SharedSubscription(WaitingIterator[Any]):
             return None
         if self._failure is not None:
             raise self._failure
-        for part in wait_slices(timeout):  # Ctrl-C ends it (sediment/interrupts.py)
-            try:
-                item = self._queue.get(timeout=part)
-                break
-            except queue.Empty:
-                if self._closed:
-                    return None
-        else:
-            return None
-        if item is _END:
+        item = wait_item(self._queue, timeout, lambda: self._closed)
+        if item is _END or item is NOTHING:
             return None
         if isinstance(item, BaseException):
             self._failure = item

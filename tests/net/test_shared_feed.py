@@ -5,8 +5,8 @@ all of them, each subscription still its own. Real server, real engine, real gRP
 
 from __future__ import annotations
 
-import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -18,10 +18,10 @@ from sediment.errors import CoordinatorUnavailable, EngineClosed, FeedOverrun, I
 from sediment.net import shared_feeds
 from sediment.net.messages import Action, Get, encode
 from sediment.net.remote_subscription import RemoteSubscription
-from sediment.net.shared_subscription import SharedSubscription
+from sediment.net.shared_subscription import SharedSubscription, decode_event
 from sediment.net.wire_errors import typed_error
 from sediment.server import SedimentFlightServer
-from tests.support.served import Served
+from tests.support.served import Served, served_engine
 
 SCHEMA = pa.schema([("k", pa.int64())])
 TOKEN = "shared-" + uuid.uuid4().hex
@@ -30,6 +30,14 @@ TOKEN = "shared-" + uuid.uuid4().hex
 def row(k: int, t: int | None = None) -> pa.Table:
     return pa.table({"k": pa.array([k], pa.int64()), "time": pa.array([k + 1 if t is None else t], pa.int64()),
                      "diff": pa.array([1], pa.int64())})
+
+
+def snapshots_taken(client: Client, n: int, **options) -> list:
+    """``n`` subscriptions to ``r``, each past its snapshot."""
+    subs = [client.subscribe("r", **options) for _ in range(n)]
+    for s in subs:
+        assert s.next(timeout=10).kind == "snapshot"
+    return subs
 
 
 def keys_until(sub, n: int, timeout: float = 30) -> list[int]:
@@ -45,15 +53,8 @@ def keys_until(sub, n: int, timeout: float = 30) -> list[int]:
 
 @pytest.fixture
 def served(tmp_path):
-    engine = sediment.open(str(tmp_path / "data"), segment_bytes=1 << 20)
-    engine.add_relation("r", SCHEMA)
-    engine.seal("r", 0)
-    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN)
-    client = Client(server.uri, TOKEN)
-    yield engine, server, client
-    client.close()
-    server.stop(grace=30)
-    engine.close()
+    with served_engine(tmp_path / "data", TOKEN, SCHEMA) as got:
+        yield got
 
 
 @pytest.fixture
@@ -108,9 +109,7 @@ def test_a_later_subscription_starts_at_its_own_position(served):
 
 def test_one_closed_leaves_the_others_running(served):
     engine, _server, client = served
-    subs = [client.subscribe("r") for _ in range(3)]
-    for s in subs:
-        assert s.next(timeout=10).kind == "snapshot"
+    subs = snapshots_taken(client, 3)
     engine.append("r", row(0))
     subs[0].close()
     assert subs[0].next(timeout=0.1) is None
@@ -128,9 +127,7 @@ def test_one_closed_leaves_the_others_running(served):
 
 def test_the_last_close_releases_every_server_subscription(served):
     _engine, server, client = served
-    subs = [client.subscribe("r") for _ in range(4)]
-    for s in subs:
-        assert s.next(timeout=10).kind == "snapshot"
+    subs = snapshots_taken(client, 4)
     for s in subs:
         s.close()
     assert server.wait_feeds_released(30), "the server still holds subscriptions of a cancelled stream"
@@ -155,9 +152,7 @@ def test_a_subscription_past_its_max_lag_is_dropped_alone(served):
 
 def test_the_stream_goes_on_across_an_alter(served):
     engine, _server, client = served
-    subs = [client.subscribe("r") for _ in range(2)]
-    for s in subs:
-        assert s.next(timeout=10).kind == "snapshot"
+    subs = snapshots_taken(client, 2)
     engine.append("r", row(0))
     engine.alter_relation("r", add=[pa.field("v", pa.string())])
     engine.append("r", pa.table({"k": [1], "v": ["one"], "time": [2], "diff": [1]},
@@ -199,9 +194,7 @@ def test_a_cut_connection_ends_every_subscription_with_a_typed_error(tmp_path):
     try:
         client = Client(served.uri, served.token)
         client.add_relation("r", SCHEMA)
-        subs = [client.subscribe("r") for _ in range(3)]
-        for s in subs:
-            assert s.next(timeout=10).kind == "snapshot"
+        subs = snapshots_taken(client, 3)
         client.append("r", row(0))
         for s in subs:
             assert keys_until(s, 1) == [0]
@@ -229,24 +222,13 @@ class OlderServer(SedimentFlightServer):
 
 
 def test_against_an_older_server_each_subscription_gets_its_own_stream(tmp_path):
-    engine = sediment.open(str(tmp_path / "data"))
-    engine.add_relation("r", SCHEMA)
-    engine.seal("r", 0)
-    server = OlderServer(engine, "grpc://127.0.0.1:0", TOKEN)
-    client = Client(server.uri, TOKEN)
-    try:
-        subs = [client.subscribe("r") for _ in range(2)]
+    with served_engine(tmp_path / "data", TOKEN, SCHEMA, OlderServer) as (engine, _server, client):
+        subs = snapshots_taken(client, 2)
         assert all(isinstance(s, RemoteSubscription) for s in subs)
-        for s in subs:
-            assert s.next(timeout=10).kind == "snapshot"
         engine.append("r", row(0))
         for s in subs:
             assert keys_until(s, 1) == [0]
             s.close()
-    finally:
-        client.close()
-        server.stop(grace=30)
-        engine.close()
 
 
 def refused(uri: str, call) -> None:
@@ -271,25 +253,31 @@ def test_an_unknown_version_or_stream_is_refused_typed(served):
         refused(client.uri, lambda c, o: list(c.do_action(join, options=o)))
 
 
-def test_subscriptions_from_many_threads_share_the_stream(served):
+def test_subscriptions_from_many_threads_share_the_stream(served, messages):
     engine, _server, client = served
-    subs: list = []
-    lock = threading.Lock()
-
-    def subscribe() -> None:
-        sub = client.subscribe("r")
-        with lock:
-            subs.append(sub)
-
-    threads = [threading.Thread(target=subscribe) for _ in range(8)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(30)
-    assert len(subs) == 8
-    for s in subs:
-        assert s.next(timeout=10).kind == "snapshot"
+    with ThreadPoolExecutor(8) as pool:
+        subs = list(pool.map(lambda _: client.subscribe("r"), range(8)))
+    assert len({s.id for s in subs}) == 8
     engine.append("r", row(0))
     for s in subs:
         assert keys_until(s, 1) == [0]
         s.close()
+    updates = [ids for kind, ids in messages if kind == "updates"]
+    assert sorted(sid for ids in updates for sid in ids) == sorted(s.id for s in subs)
+    assert len(updates) < 8, "the subscriptions made from other threads got a stream each"
+
+
+def test_the_worked_example_in_formats_md_decodes_to_its_event():
+    import base64
+    import json
+    from pathlib import Path
+
+    text = Path(__file__).resolve().parents[2].joinpath("docs", "formats.md").read_text()
+    section = text[text.index("### Shared feed stream"):]
+    meta = json.loads(section.split("app metadata: ", 1)[1].splitlines()[0])
+    raw = base64.b64decode(section.split("row 0 (504 bytes): ", 1)[1].splitlines()[0])
+    assert len(raw) == 504
+    event = decode_event(meta, pa.record_batch([pa.array([raw], pa.binary())], schema=shared_feeds.SHARE_SCHEMA))
+    assert (event.kind, event.time, meta["subs"]) == ("updates", 6, ["1", "3"])
+    assert event.table.to_pylist() == [{"k": 2, "time": 6, "diff": 1}]
+    assert shared_feeds.table_ipc(event.table) == [raw], "the server encodes that event to those bytes"
