@@ -551,6 +551,7 @@ class Client:
             callbacks, self._on_close = self._on_close, []
         try:
             self._streams.close()
+            self._feed_shares.close()
             self._flight.close()
         finally:
             failures = []

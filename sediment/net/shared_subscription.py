@@ -128,6 +128,7 @@ class SharedStream:
         self._lock = threading.Lock()
         self._subs: dict[str, SharedSubscription] = {}
         self._reader: flight.FlightStreamReader | None = None
+        self._closed_by: BaseException | None = None  # the error for its subscriptions once the client closed
         self.ended = False
 
     def add(self, as_of: int | None, resume: bool, max_lag: int | None) -> SharedSubscription | None:
@@ -175,6 +176,14 @@ class SharedStream:
         except Exception:  # noqa: BLE001 - the stream is gone: the server ended that subscription with it
             pass
 
+    def close(self, why: BaseException) -> None:
+        """End the stream and every subscription on it with ``why`` (the client is closing)."""
+        with self._lock:
+            self._closed_by = why
+            reader = self._reader
+        if reader is not None:
+            reader.cancel()
+
     def _pump(self, reader: flight.FlightStreamReader) -> None:
         """Read the stream, handing each event to the subscriptions it names, until it ends."""
         failure: BaseException | None = None
@@ -202,6 +211,7 @@ class SharedStream:
         with self._lock:
             self.ended = True
             subs, self._subs = list(self._subs.values()), {}
+            failure = self._closed_by or failure
         self._end(subs, failure or EngineClosed(f"the sediment server at {self.uri} ended the feed (it stopped); "
                                                 "subscribe again with resume=True"))
 
@@ -243,3 +253,12 @@ class FeedShares:
                 if sub is not None:
                     return sub
         return None
+
+    def close(self) -> None:
+        """End every shared stream: their subscriptions raise EngineClosed (the client closed)."""
+        with self._lock:
+            self.supported = False  # no new ones
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.close(EngineClosed(f"the client of {self._uri} was closed; connect again and subscribe with "
+                                      "resume=True"))
