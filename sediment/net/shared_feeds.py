@@ -59,15 +59,54 @@ def share_message(meta: dict[str, Any], parts: list[bytes]) -> tuple[pa.RecordBa
     return batch, json.dumps(meta).encode()
 
 
+class _Carrier:
+    """An engine subscription and the subscriptions of the stream it delivers to: one at
+    first; carriers that have reached the same place in the feed merge (:meth:`_Share.merge`)."""
+
+    __slots__ = ("sub", "sids", "idle")
+
+    def __init__(self, sub: Any, sid: str) -> None:
+        self.sub = sub
+        self.sids = [sid]
+        self.idle = False  # it had nothing to take once: its initial events are gone
+
+
 class _Share:
-    """One shared stream: its relation and the engine subscriptions it serves, by id."""
+    """One shared stream: its relation and its carriers."""
 
     def __init__(self, relation: str) -> None:
         self.relation = relation
-        self.subs: dict[str, Any] = {}
-        self.idle: set[str] = set()  # subscriptions that had nothing to take once (their initial events are gone)
+        self.carriers: list[_Carrier] = []
+        self.by_sid: dict[str, _Carrier] = {}
         self.lock = threading.Lock()
         self.ended = False
+
+    def drop(self, carrier: _Carrier) -> list[str]:
+        """Take ``carrier`` off the stream (lock held); the subscriptions it delivered to."""
+        if carrier in self.carriers:
+            self.carriers.remove(carrier)
+        for sid in carrier.sids:
+            self.by_sid.pop(sid, None)
+        return list(carrier.sids)
+
+    def merge(self) -> list[Any]:
+        """Merge the idle carriers at one place of the feed (same cursor, same max_lag): from
+        there on they would take the same events, so one engine subscription takes them for
+        all. Returns the engine subscriptions merged away (to close)."""
+        merged, at = [], {}
+        with self.lock:
+            for carrier in list(self.carriers):
+                cursor = getattr(carrier.sub, "cursor", None)
+                if not carrier.idle or cursor is None:
+                    continue
+                key = (cursor, getattr(carrier.sub, "max_lag", None))
+                into = at.setdefault(key, carrier)
+                if into is not carrier:
+                    into.sids.extend(carrier.sids)
+                    self.by_sid.update((sid, into) for sid in carrier.sids)
+                    self.carriers.remove(carrier)
+                    merged.append(carrier.sub)
+        return merged
 
 
 class SharedFeeds:
@@ -122,18 +161,24 @@ class SharedFeeds:
         if share is None:
             return
         with share.lock:
-            sub = share.subs.pop(sid, None)
-        if sub is not None:
-            self._streams.release(sub)
+            carrier = share.by_sid.pop(sid, None)
+            if carrier is None:
+                return
+            carrier.sids.remove(sid)
+            if carrier.sids:
+                return
+            share.drop(carrier)
+        self._streams.release(carrier.sub)
 
     def _add(self, share: _Share, sid: str, args: dict[str, Any], where: str) -> None:
         sub = self._subscribe(share.relation, args)
         self._streams.track(sub, where)
         with share.lock:
-            if not share.ended and sid not in share.subs:
-                share.subs[sid] = sub
+            taken = sid in share.by_sid
+            if not share.ended and not taken:
+                carrier = share.by_sid[sid] = _Carrier(sub, sid)
+                share.carriers.append(carrier)
                 return
-            taken = sid in share.subs
         self._streams.release(sub)
         if taken:
             raise InvalidArgument(f"feed subscription id {sid!r} is already in use on this stream; pick a new one")
@@ -141,16 +186,18 @@ class SharedFeeds:
 
     def _events(self, stream: str, share: _Share, context: flight.ServerCallContext,
                 ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
-        """Rounds of one event per subscription that has one; each distinct event goes out
-        once, for every subscription that takes it in that round."""
+        """Rounds of one event per carrier that has one; each distinct event goes out once,
+        for every subscription of every carrier that takes it in that round."""
         try:
             while not self._stopped() and not context.is_cancelled():
                 with share.lock:
-                    subs = list(share.subs.items())
-                if not subs:
+                    carriers = list(share.carriers)
+                if not carriers:
                     share_wait(context)
                     continue
-                yield from self._round(share, subs)
+                yield from self._round(share, carriers)
+                for sub in share.merge():
+                    self._streams.release(sub)
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
         finally:
@@ -158,24 +205,22 @@ class SharedFeeds:
                 self._shares.pop(stream, None)
             with share.lock:
                 share.ended = True
-                subs = list(share.subs.values())
-                share.subs.clear()
-            for sub in subs:
-                self._streams.release(sub)
+                carriers, share.carriers = share.carriers, []
+                share.by_sid.clear()
+            for carrier in carriers:
+                self._streams.release(carrier.sub)
 
-    def _round(self, share: _Share, subs: list[tuple[str, Any]]) -> Iterator[tuple[pa.RecordBatch, bytes]]:
-        ready = [(sid, sub) for sid, sub in subs if sid not in share.idle or getattr(sub, "lag", 1) > 0]
-        taken = [(sid, got) for sid, sub in ready if (got := self._take(share, sid, sub, 0)) is not None]
+    def _round(self, share: _Share, carriers: list[_Carrier]) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+        ready = [c for c in carriers if not c.idle or getattr(c.sub, "lag", 1) > 0]
+        taken = [got for c in ready if (got := self._take(share, c, 0)) is not None]
         if not taken:  # all caught up: wait on one; the others take the same event at once after it
-            first = self._take(share, subs[0][0], subs[0][1], WAIT_SLICE)
+            first = self._take(share, carriers[0], WAIT_SLICE)
             if first is None:
                 return
-            taken = [(subs[0][0], first)] + [(sid, got) for sid, sub in subs[1:]
-                                             if (got := self._take(share, sid, sub, 0)) is not None]
+            taken = [first] + [got for c in carriers[1:] if (got := self._take(share, c, 0)) is not None]
         groups: dict[Any, tuple[Any, list[str]]] = {}
-        for sid, event in taken:
-            key = _group_key(event)
-            groups.setdefault(key, (event, []))[1].append(sid)
+        for event, sids in taken:
+            groups.setdefault(_group_key(event), (event, []))[1].extend(sids)
         for event, sids in groups.values():
             if isinstance(event, BaseException):
                 detail = json.loads(error_detail(event))
@@ -185,18 +230,20 @@ class SharedFeeds:
                 event.encoded(_IPC_KEY, lambda event=event: table_ipc(event.table))
             yield share_message({"kind": event.kind, "time": event.time, "subs": sids}, parts)
 
-    def _take(self, share: _Share, sid: str, sub: Any, timeout: float) -> Any:
-        """``sub``'s next event, or the error that ended it (then it leaves the stream)."""
+    def _take(self, share: _Share, carrier: _Carrier, timeout: float) -> tuple[Any, list[str]] | None:
+        """``carrier``'s next event, or the error that ended it (then it leaves the stream),
+        with the subscriptions it goes to; None when it has none."""
         try:
-            event = sub.next(timeout=timeout)
-            if event is None:  # its initial events are all taken: from now on, it has one when it lags
-                share.idle.add(sid)
-            return event
-        except Exception as exc:  # noqa: BLE001 - goes to that subscription alone
+            event = carrier.sub.next(timeout=timeout)
+            if event is None:
+                carrier.idle = True
+                return None
+            return event, list(carrier.sids)
+        except Exception as exc:  # noqa: BLE001 - goes to that carrier's subscriptions alone
             with share.lock:
-                share.subs.pop(sid, None)
-            self._streams.release(sub)
-            return exc
+                sids = share.drop(carrier)
+            self._streams.release(carrier.sub)
+            return exc, sids
 
 
 def _group_key(event: Any) -> Any:

@@ -293,3 +293,26 @@ def test_closing_the_client_ends_its_subscriptions_and_their_server_side(served)
         with pytest.raises(EngineClosed, match="client .* was closed"):
             s.next(timeout=30)
     assert server.wait_feeds_released(30), "the server still holds the closed client's subscriptions"
+
+
+def test_caught_up_subscriptions_are_carried_by_one_engine_subscription(served):
+    engine, server, client = served
+    subs = snapshots_taken(client, 10)
+    for k in range(4):  # each read by all before the next: by the last, the server has merged them
+        engine.append("r", row(k))
+        for s in subs:
+            assert keys_until(s, 1) == [k]
+    assert engine.stats()["relations"]["r"]["subscribers"] == 1, "the server reads each subscription on its own"
+    for s in subs[:9]:
+        s.close()
+    engine.append("r", row(4))
+    assert keys_until(subs[9], 1) == [4], "closing the others stopped the one left"
+    late = client.subscribe("r")  # a new one is read on its own until it has caught up, then merged
+    assert late.next(timeout=10).kind == "snapshot"
+    assert keys_until(late, 5) == list(range(5))  # the stored updates after its snapshot
+    engine.append("r", row(5))
+    assert keys_until(late, 1) == keys_until(subs[9], 1) == [5]
+    subs[9].close()
+    late.close()
+    assert server.wait_feeds_released(30)
+    assert engine.stats()["relations"]["r"]["subscribers"] == 0
