@@ -16,7 +16,6 @@ import json
 import queue
 import threading
 import uuid
-from collections import deque
 from collections.abc import Callable
 from itertools import count
 from typing import Any
@@ -33,7 +32,6 @@ from sediment.net.wire_errors import error_from_detail, error_line, typed_error
 
 _END = object()
 MAX_QUEUED = 1 << 18  # events a subscription may have waiting in the client when it has no max_lag
-MAX_MERGED = 1024  # queued updates merged into one event for a reader that is behind
 
 
 def decode_event(meta: dict[str, Any], data: pa.RecordBatch) -> Any:
@@ -60,7 +58,6 @@ class SharedSubscription(WaitingIterator[Any]):
         self.id = sid
         self._stream = stream
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._held: deque[Any] = deque()  # an item taken from the queue while merging, next in line
         self._max_lag = MAX_QUEUED if max_lag is None else max_lag
         self._closed = False
         self._dropped = False
@@ -90,36 +87,15 @@ class SharedSubscription(WaitingIterator[Any]):
             return None
         if self._failure is not None:
             raise self._failure
-        item = self._held.popleft() if self._held else wait_item(self._queue, timeout, lambda: self._closed)
+        item = wait_item(self._queue, timeout, lambda: self._closed)
         if item is _END or item is NOTHING:
             return None
         if isinstance(item, BaseException):
             self._failure = item
             raise item
-        if item.kind == "updates":
-            item = self._catch_up(item)
-        elif item.kind == "progress":
+        if item.kind == "progress":
             self.last_progress = item.time
         return item
-
-    def _catch_up(self, first: Any) -> Any:
-        """``first`` and the updates queued right after it, of its schema, as one event (as
-        the engine's feed gives a subscriber that is behind): a reader that fell behind
-        takes them in one ``next()``, not one each."""
-        parts = [first]
-        while len(parts) < MAX_MERGED:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, BaseException) or item is _END or item.kind != "updates" \
-                    or item.table.schema != first.table.schema:
-                self._held.append(item)
-                break
-            parts.append(item)
-        if len(parts) == 1:
-            return first
-        return type(first)("updates", first.time, pa.concat_tables([part.table for part in parts]))
 
     def close(self) -> None:
         """Stop this subscription (the others on the stream go on); idempotent."""

@@ -316,17 +316,3 @@ def test_caught_up_subscriptions_are_carried_by_one_engine_subscription(served):
     late.close()
     assert server.wait_feeds_released(30)
     assert engine.stats()["relations"]["r"]["subscribers"] == 0
-
-
-def test_a_reader_behind_takes_the_updates_queued_for_it_in_one_event(served):
-    engine, _server, client = served
-    behind, witness = snapshots_taken(client, 2)
-    for k in range(20):
-        engine.append("r", row(k))
-    assert keys_until(witness, 20) == list(range(20))
-    engine.append("r", row(20))  # read by the witness: the stream's reader has queued all before it for both
-    assert keys_until(witness, 1) == [20]
-    first = behind.next(timeout=10)
-    assert first.kind == "updates" and first.table.num_rows >= 20, "a reader behind took its updates one by one"
-    keys = first.table.column("k").to_pylist()
-    assert keys + keys_until(behind, 21 - len(keys)) == list(range(21))
