@@ -33,7 +33,7 @@ from sediment.net.protocol import FEED_BATCH_ROWS, field
 from sediment.net.wire_errors import error_detail, to_flight_error
 
 SHARE_VERSION = 1  # the shared stream's message format (docs/formats.md "Messages")
-SHARE_SCHEMA = pa.schema([("ipc", pa.binary())])
+SHARE_SCHEMA = pa.schema([("ipc", pa.large_binary())])
 WAIT_SLICE = 0.05  # seconds the reader waits on one subscription before looking at new joiners
 _IPC_KEY = ("shared-ipc", SHARE_VERSION)
 
@@ -54,9 +54,18 @@ def table_ipc(table: pa.Table | None) -> list[bytes]:
 
 
 def share_message(meta: dict[str, Any], parts: list[bytes]) -> tuple[pa.RecordBatch, bytes]:
-    """One message of a shared stream: the table's IPC parts as rows, ``meta`` as app metadata."""
-    batch = pa.record_batch([pa.array(parts, pa.binary())], schema=SHARE_SCHEMA)
+    """One message of a shared stream: IPC parts of the event's table as rows, ``meta`` as
+    app metadata."""
+    batch = pa.record_batch([pa.array(parts, pa.large_binary())], schema=SHARE_SCHEMA)
     return batch, json.dumps(meta).encode()
+
+
+def share_messages(meta: dict[str, Any], parts: list[bytes]) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    """An event as messages of one IPC part each (a large snapshot is not one gRPC message);
+    every one but the last says ``"more": true``."""
+    for part in parts[:-1]:
+        yield share_message({**meta, "more": True}, [part])
+    yield share_message(meta, parts[-1:])
 
 
 class _Carrier:
@@ -228,7 +237,7 @@ class SharedFeeds:
                 continue
             parts = table_ipc(event.table) if event.kind != "updates" else \
                 event.encoded(_IPC_KEY, lambda event=event: table_ipc(event.table))
-            yield share_message({"kind": event.kind, "time": event.time, "subs": sids}, parts)
+            yield from share_messages({"kind": event.kind, "time": event.time, "subs": sids}, parts)
 
     def _take(self, share: _Share, carrier: _Carrier, timeout: float) -> tuple[Any, list[str]] | None:
         """``carrier``'s next event, or the error that ended it (then it leaves the stream),

@@ -34,14 +34,15 @@ _END = object()
 MAX_QUEUED = 1 << 18  # events a subscription may have waiting in the client when it has no max_lag
 
 
-def decode_event(meta: dict[str, Any], data: pa.RecordBatch) -> Any:
-    """A shared stream's message as the engine's FeedEvent."""
+def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
+    """A shared stream's event (its messages' batches, ``meta`` the last one's) as the
+    engine's FeedEvent."""
     from sediment.engine.feed import FeedEvent
 
     kind, t = meta["kind"], meta["time"]
     if kind == "progress":
         return FeedEvent(kind, t)
-    tables = [pa.ipc.open_stream(part.as_buffer()).read_all() for part in data.column(0)]
+    tables = [pa.ipc.open_stream(part.as_buffer()).read_all() for batch in data for part in batch.column(0)]
     return FeedEvent(kind, t, tables[0] if len(tables) == 1 else pa.concat_tables(tables))
 
 
@@ -187,9 +188,14 @@ class SharedStream:
     def _pump(self, reader: flight.FlightStreamReader) -> None:
         """Read the stream, handing each event to the subscriptions it names, until it ends."""
         failure: BaseException | None = None
+        parts: list[pa.RecordBatch] = []
         try:
             for chunk in reader:
                 meta = json.loads(chunk.app_metadata.to_pybytes())
+                parts.append(chunk.data)
+                if meta.get("more"):
+                    continue
+                data, parts = parts, []
                 with self._lock:
                     subs = [s for sid in meta["subs"] if (s := self._subs.get(sid)) is not None]
                 if not subs:
@@ -198,7 +204,7 @@ class SharedStream:
                     self._end(subs, error_from_detail(meta.get("error")) or ServerError(
                         f"the sediment server at {self.uri} ended a feed without saying why"))
                     continue
-                event = decode_event(meta, chunk.data)
+                event = decode_event(meta, data)
                 for sub in subs:
                     sub.push(event)
         except flight.FlightError as exc:

@@ -279,7 +279,7 @@ def test_the_worked_example_in_formats_md_decodes_to_its_event():
     meta = json.loads(section.split("app metadata: ", 1)[1].splitlines()[0])
     raw = base64.b64decode(section.split("row 0 (504 bytes): ", 1)[1].splitlines()[0])
     assert len(raw) == 504
-    event = decode_event(meta, pa.record_batch([pa.array([raw], pa.binary())], schema=shared_feeds.SHARE_SCHEMA))
+    event = decode_event(meta, [pa.record_batch([pa.array([raw], pa.large_binary())], schema=shared_feeds.SHARE_SCHEMA)])
     assert (event.kind, event.time, meta["subs"]) == ("updates", 6, ["1", "3"])
     assert event.table.to_pylist() == [{"k": 2, "time": 6, "diff": 1}]
     assert shared_feeds.table_ipc(event.table) == [raw], "the server encodes that event to those bytes"
@@ -316,3 +316,18 @@ def test_caught_up_subscriptions_are_carried_by_one_engine_subscription(served):
     late.close()
     assert server.wait_feeds_released(30)
     assert engine.stats()["relations"]["r"]["subscribers"] == 0
+
+
+def test_an_event_larger_than_a_part_comes_in_several_messages_whole(served, messages):
+    engine, _server, client = served
+    rows = shared_feeds.FEED_BATCH_ROWS + 10
+    engine.append("r", pa.table({"k": pa.array(range(rows), pa.int64()), "time": pa.array([5] * rows, pa.int64()),
+                                 "diff": pa.array([1] * rows, pa.int64())}))
+    sub = client.subscribe("r")
+    assert sub.next(timeout=10).kind == "snapshot"
+    stored = sub.next(timeout=30)
+    assert stored.kind == "updates" and stored.table.column("k").to_pylist() == list(range(rows))
+    assert [kind for kind, _ in messages].count("updates") == 2, "the event went as one message"
+    engine.append("r", row(rows))
+    assert keys_until(sub, 1) == [rows]
+    sub.close()
