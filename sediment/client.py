@@ -49,6 +49,7 @@ from sediment.net.protocol import (
     encode_locks,
 )
 from sediment.net.remote_subscription import RemoteSubscription
+from sediment.net.shared_subscription import FeedShares, SharedSubscription
 from sediment.net.wire_errors import error_line, server_error, typed_error
 from sediment.txn_state import TxnState
 
@@ -175,6 +176,7 @@ class Client:
         self._close_lock = threading.Lock()
         self._on_close: list[Callable[[], None]] = []
         self._streams = StreamPool(self._open_stream, max_age=timeout / 2 if timeout else None)
+        self._feed_shares = FeedShares(uri, self._get, self._action)
         try:
             info = self._action(Action.PING)
         except BaseException:
@@ -499,9 +501,17 @@ class Client:
                              cuts=encode_cuts(cuts) if cuts is not None and len(cuts) else None).read_all()
 
     def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
-                  max_lag: int | None = None) -> RemoteSubscription:
-        """A feed of the relation's changes (see :meth:`sediment.Engine.subscribe`)."""
+                  max_lag: int | None = None, shared: bool = True) -> RemoteSubscription | SharedSubscription:
+        """A feed of the relation's changes (see :meth:`sediment.Engine.subscribe`).
+
+        ``shared``: this client's subscriptions to the relation share one stream from the
+        server, which sends each event once for all of them (sediment/net/shared_feeds.py);
+        False, or a server without shared streams: a stream of its own."""
         with self._remote():
+            if shared and self._feed_shares.supported:
+                sub = self._feed_shares.subscribe(name, as_of, resume, max_lag)
+                if sub is not None:
+                    return sub
             reader = self._get(Get.SUBSCRIBE, relation=name, as_of=as_of, resume=resume, max_lag=max_lag)
 
         def reopen(token: str) -> flight.FlightStreamReader:  # the same feed after an alter
@@ -541,6 +551,7 @@ class Client:
             callbacks, self._on_close = self._on_close, []
         try:
             self._streams.close()
+            self._feed_shares.close()
             self._flight.close()
         finally:
             failures = []

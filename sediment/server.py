@@ -54,6 +54,7 @@ from sediment.net.protocol import (
     json_arg,
     plan_metadata,
 )
+from sediment.net.shared_feeds import SharedFeeds
 from sediment.net.tls import check_tls_pem
 from sediment.net.txn_registry import TxnRegistry
 from sediment.net.wire_errors import error_detail, to_flight_error
@@ -144,6 +145,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._feeds = FeedStreams(lambda: self._stopped, FEED_POLL)
+        self._shared = SharedFeeds(self._feeds, self._engine_subscription, lambda: self._stopped)
         self._actions = self._action_table()
         try:  # listens from here on, so everything a handler uses is set above
             super().__init__(location, middleware={"auth": BearerTokenMiddlewareFactory(self._token)},
@@ -189,6 +191,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             Action.APPEND_MANY: self._append_many,
             Action.DISCARD_STAGE: self._discard_stage,
             Action.RELEASE_READ: self._release_read,
+            Action.FEED_JOIN: self._shared.join,
+            Action.FEED_LEAVE: self._shared.leave,
             Action.BULK_COMMIT: lambda a: staged.commit_staged(eng, field(a, "name", "bulk_commit"),  # time, diff optional
                                                                field(a, "job", "bulk_commit"), a.get("time"), a.get("diff")),
         }
@@ -405,6 +409,8 @@ class SedimentFlightServer(flight.FlightServerBase):
                 return self._plan_stream(name, args)
             if op == Get.SUBSCRIBE:
                 return self._subscribe(name, args, context)
+            if op == Get.FEED_SHARE:
+                return self._shared.open(name, args, context, self.uri)
             if op == Get.TAIL_PART:
                 return flight.RecordBatchStream(serve_tail_part(self._held_tails, name, args))
             raise ValueError(f"unknown do_get op {op!r}: use one of {[o.value for o in Get]}")
@@ -419,9 +425,13 @@ class SedimentFlightServer(flight.FlightServerBase):
             sub, schema = self._feeds.take(str(token))
         else:
             schema = update_schema(self.engine.schema(name))
-            sub = self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)),
-                                        max_lag=args.get("max_lag"))
+            sub = self._engine_subscription(name, args)
         return self._feeds.stream(sub, schema, context, self.uri)
+
+    def _engine_subscription(self, name: str, args: dict[str, Any]) -> Any:
+        """The engine's subscription a subscribe request (its own stream or a shared one) asks for."""
+        return self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)),
+                                     max_lag=args.get("max_lag"))
 
     def _plan_stream(self, name: str, args: dict[str, Any]) -> flight.FlightDataStream:
         plan = self.engine.plan_read(name, field(args, "as_of", "plan ticket"), from_t=args.get("from"),

@@ -45,12 +45,17 @@ class FeedStreams:
                where: str) -> flight.FlightDataStream:
         """A stream of ``sub``'s events in ``schema``; EngineClosed (``sub`` closed) once the
         server stops."""
+        self.track(sub, where)
+        return flight.GeneratorStream(schema, self._events(sub, schema, context))
+
+    def track(self, sub: Any, where: str) -> None:
+        """Hold ``sub`` among the open subscriptions (closed when the server stops); closes it
+        and raises EngineClosed when the server is stopping."""
         with self._lock:
             if self._closed:
                 sub.close()
                 raise EngineClosed(f"the sediment server on {where} is stopping")
             self._open.add(sub)
-        return flight.GeneratorStream(schema, self._events(sub, schema, context))
 
     def take(self, token: str) -> tuple[Any, pa.Schema]:
         """The subscription parked under ``token`` and its new stream schema."""
@@ -80,9 +85,10 @@ class FeedStreams:
         with self._lock:
             got = self._parked.pop(token, None)
         if got is not None:
-            self._release(got[0])
+            self.release(got[0])
 
-    def _release(self, sub: Any) -> None:
+    def release(self, sub: Any) -> None:
+        """Close ``sub`` and stop holding it."""
         sub.close()
         with self._lock:
             self._open.discard(sub)
@@ -111,7 +117,7 @@ class FeedStreams:
             raise to_flight_error(exc) from exc
         finally:
             if not parked:
-                self._release(sub)
+                self.release(sub)
 
     def wait_released(self, timeout: float) -> bool:
         """Wait until no subscription is streamed or parked; False after ``timeout`` seconds."""

@@ -30,6 +30,7 @@ class Get(StrEnum):
     PLAN = "plan"
     TAIL_PART = "tail_part"
     SUBSCRIBE = "subscribe"
+    FEED_SHARE = "feed_share"
 
 
 class Action(StrEnum):
@@ -63,6 +64,8 @@ class Action(StrEnum):
     BULK_STAGE = "bulk_stage"
     BULK_COMMIT = "bulk_commit"
     BULK_ABORT = "bulk_abort"
+    FEED_JOIN = "feed_join"
+    FEED_LEAVE = "feed_leave"
 
 
 Op = Put | Get | Action
@@ -78,6 +81,7 @@ FIELDS: dict[Op, tuple[str, ...]] = {
     Get.PLAN: ("relation", "as_of", "from", "lease_seconds", "hold_tail"),
     Get.TAIL_PART: ("relation", "lease", "key", "cuts", "index", "start", "stop"),
     Get.SUBSCRIBE: ("relation", "as_of", "resume", "max_lag", "continuation"),
+    Get.FEED_SHARE: ("relation", "version", "stream", "sub", "as_of", "resume", "max_lag"),
     Action.PING: (),
     Action.ADD_RELATION: ("name", "schema", "partition"),
     Action.DROP_RELATION: ("name",),
@@ -106,6 +110,8 @@ FIELDS: dict[Op, tuple[str, ...]] = {
     Action.BULK_STAGE: ("name", "job"),
     Action.BULK_COMMIT: ("name", "job", "time", "diff"),
     Action.BULK_ABORT: ("name", "job"),
+    Action.FEED_JOIN: ("stream", "sub", "as_of", "resume", "max_lag"),
+    Action.FEED_LEAVE: ("stream", "sub"),
 }
 
 # the fields of an append's metadata on the append stream (its last batch's app metadata)

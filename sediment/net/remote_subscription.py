@@ -23,6 +23,21 @@ from sediment.interrupts import WaitingIterator, wait_slices
 from sediment.net.wire_errors import typed_error
 
 _END = object()
+NOTHING = object()  # what wait_item returns on a timeout or a close
+
+
+def wait_item(events: queue.Queue[Any] | queue.SimpleQueue[Any], timeout: float | None,
+              closed: Callable[[], bool]) -> Any:
+    """The next item of ``events`` within ``timeout`` seconds (None: no limit), or NOTHING
+    on timeout or once ``closed()``; on the main thread in slices, so Ctrl-C ends the wait
+    (sediment/interrupts.py)."""
+    for part in wait_slices(timeout):
+        try:
+            return events.get(timeout=part)
+        except queue.Empty:
+            if closed():
+                return NOTHING
+    return NOTHING
 
 
 class RemoteSubscription(WaitingIterator[Any]):
@@ -132,14 +147,8 @@ class RemoteSubscription(WaitingIterator[Any]):
                     return self._read_directly()
         if not self._pumping and not self._start_pump(timeout):
             return None
-        for part in wait_slices(timeout):  # Ctrl-C ends it (sediment/interrupts.py)
-            try:
-                item = self._events.get(timeout=part)
-                break
-            except queue.Empty:
-                if self._closed:
-                    return None
-        else:
+        item = wait_item(self._events, timeout, lambda: self._closed)
+        if item is NOTHING:
             return None
         if item is _END:
             self._events.put(_END)

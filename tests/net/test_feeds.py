@@ -411,7 +411,7 @@ def test_a_served_change_is_encoded_once_for_every_remote_subscriber(tmp_path, m
         server = served.SedimentFlightServer(eng, "grpc://127.0.0.1:0", token)
         try:
             with Client(server.uri, token) as client:
-                subs = [client.subscribe("r") for _ in range(3)]
+                subs = [client.subscribe("r", shared=False) for _ in range(3)]  # a stream each
                 assert [s.next(timeout=10).kind for s in subs] == ["snapshot"] * 3
                 eng.append("r", one_row(5))
                 got = [s.next(timeout=10) for s in subs]
@@ -445,7 +445,7 @@ main = threading.main_thread()
 def asleep():
     # the main thread is inside its wait and blocked in the kernel (state S in /proc)
     waiting = sub.sleeping if hasattr(sub, "sleeping") else \
-        sys._current_frames()[main.ident].f_code.co_name in ("wait", "get")
+        sys._current_frames()[main.ident].f_code.co_name in ("wait", "get", "next")
     with open(f"/proc/self/task/{main.native_id}/stat") as f:
         return waiting and f.read().rsplit(")", 1)[1].split()[0] == "S"
 

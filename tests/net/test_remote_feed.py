@@ -11,9 +11,7 @@ import uuid
 import pyarrow as pa
 import pytest
 
-import sediment
-from sediment.client import Client
-from sediment.server import SedimentFlightServer
+from tests.support.served import served_engine
 
 SCHEMA = pa.schema([("k", pa.int64())])
 TOKEN = "feed-" + uuid.uuid4().hex
@@ -30,21 +28,14 @@ def pumps() -> int:
 
 @pytest.fixture
 def served(tmp_path):
-    engine = sediment.open(str(tmp_path / "data"), segment_bytes=1 << 20)
-    engine.add_relation("r", SCHEMA)
-    engine.seal("r", 0)
-    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN)
-    client = Client(server.uri, TOKEN)
-    yield engine, client
-    client.close()
-    server.stop(grace=30)
-    engine.close()
+    with served_engine(tmp_path / "data", TOKEN, SCHEMA) as (engine, _server, client):
+        yield engine, client
 
 
 def test_a_reader_thread_reads_the_stream_itself_until_a_timeout_asks_for_the_pump(served):
     engine, client = served
     before = pumps()
-    sub = client.subscribe("r")
+    sub = client.subscribe("r", shared=False)
     keys: list[int] = []
 
     def read() -> None:
@@ -71,7 +62,7 @@ def test_a_reader_thread_reads_the_stream_itself_until_a_timeout_asks_for_the_pu
 
 def test_a_close_ends_a_read_blocked_in_another_thread(served):
     _engine, client = served
-    sub = client.subscribe("r")
+    sub = client.subscribe("r", shared=False)
     got: list = []
     first = threading.Event()
 

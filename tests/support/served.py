@@ -9,7 +9,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 class Served:
@@ -41,3 +44,25 @@ class Served:
     def kill(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=60)
+
+
+@contextmanager
+def served_engine(data_dir: Path | str, token: str, schema: Any, server_class: Any = None) -> Iterator[tuple]:
+    """An engine with relation ``r`` of ``schema`` (sealed at 0) served in this process on
+    127.0.0.1 (by ``server_class``, a SedimentFlightServer by default), and a client of it:
+    yields (engine, server, client), all closed after."""
+    import sediment
+    from sediment.client import Client
+    from sediment.server import SedimentFlightServer
+
+    engine = sediment.open(str(data_dir), segment_bytes=1 << 20)
+    engine.add_relation("r", schema)
+    engine.seal("r", 0)
+    server = (server_class or SedimentFlightServer)(engine, "grpc://127.0.0.1:0", token)
+    client = Client(server.uri, token)
+    try:
+        yield engine, server, client
+    finally:
+        client.close()
+        server.stop(grace=30)
+        engine.close()

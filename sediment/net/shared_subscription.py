@@ -1,0 +1,270 @@
+"""The client's side of shared feed streams (see :mod:`sediment.net.shared_feeds`).
+
+A client's subscriptions to one relation share one Flight stream: the first opens it
+(``feed_share``), the next ones join it (``feed_join``), and one thread per stream reads
+it, decodes each event once and hands it to the queue of every subscription it names.
+Each subscription is the server's own engine subscription, so it has its own snapshot,
+position and ``max_lag``; closing one (``feed_leave``) leaves the others running, and the
+last one to close cancels the stream. A stream that breaks ends every subscription on it
+with a typed error. A server that predates the op gets each subscription a stream of its
+own (:class:`~sediment.net.remote_subscription.RemoteSubscription`).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import uuid
+from collections.abc import Callable
+from itertools import count
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from sediment.errors import CoordinatorUnavailable, EngineClosed, FeedOverrun, SedimentError, ServerError
+from sediment.interrupts import WaitingIterator
+from sediment.net.messages import Action, Get
+from sediment.net.remote_subscription import NOTHING, wait_item
+from sediment.net.shared_feeds import SHARE_VERSION
+from sediment.net.wire_errors import error_from_detail, error_line, typed_error
+
+_END = object()
+MAX_QUEUED = 1 << 18  # events a subscription may have waiting in the client when it has no max_lag
+
+
+def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
+    """A shared stream's event (its messages' batches, ``meta`` the last one's) as the
+    engine's FeedEvent."""
+    from sediment.engine.feed import FeedEvent
+
+    kind, t = meta["kind"], meta["time"]
+    if kind == "progress":
+        return FeedEvent(kind, t)
+    tables = [pa.ipc.open_stream(part.as_buffer()).read_all() for batch in data for part in batch.column(0)]
+    return FeedEvent(kind, t, tables[0] if len(tables) == 1 else pa.concat_tables(tables))
+
+
+class SharedSubscription(WaitingIterator[Any]):
+    """One subscription on a shared stream, used like the engine's Subscription: an iterator
+    of ``FeedEvent``; ``next(timeout)``; ``last_progress``; close it when done. When the
+    server stops, ``next`` raises EngineClosed; when the connection breaks,
+    CoordinatorUnavailable (subscribe again, with ``resume``). Read it from one thread at a time.
+
+    Its events wait in its own queue in the client: more than ``max_lag`` waiting there
+    (a reader that stopped reading) drops it with FeedOverrun, as the engine does."""
+
+    def __init__(self, stream: SharedStream, sid: str, max_lag: int | None) -> None:
+        self.id = sid
+        self._stream = stream
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._max_lag = MAX_QUEUED if max_lag is None else max_lag
+        self._closed = False
+        self._dropped = False
+        self._failure: BaseException | None = None
+        self.last_progress: int | None = None
+
+    def push(self, item: Any) -> None:
+        """Queue an event or the error that ends this subscription (the stream's reader calls it)."""
+        if self._dropped:
+            return
+        if not isinstance(item, BaseException) and self._queue.qsize() >= self._max_lag:
+            self._dropped = True
+            self._queue.put(FeedOverrun(
+                f"the feed of {self._stream.relation!r} dropped this subscription: more than {self._max_lag} "
+                f"events waited for it in the client; subscribe again with as_of={self.last_progress} and "
+                "resume=True after dropping the updates received since that progress"))
+            self._stream.leave(self.id)
+            return
+        if isinstance(item, BaseException):
+            self._dropped = True
+        self._queue.put(item)
+
+    def next(self, timeout: float | None = None) -> Any:
+        """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None on
+        timeout or once the subscription is closed."""
+        if self._closed:
+            return None
+        if self._failure is not None:
+            raise self._failure
+        item = wait_item(self._queue, timeout, lambda: self._closed)
+        if item is _END or item is NOTHING:
+            return None
+        if isinstance(item, BaseException):
+            self._failure = item
+            raise item
+        if item.kind == "progress":
+            self.last_progress = item.time
+        return item
+
+    def close(self) -> None:
+        """Stop this subscription (the others on the stream go on); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_END)
+        self._stream.leave(self.id)
+
+    def __enter__(self) -> SharedSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SharedStream:
+    """One shared stream of a relation and the subscriptions on it. ``get(op, **fields)``
+    opens a do_get stream; ``action(op, **fields)`` runs an action (raising typed errors)."""
+
+    _sids = count(1)
+
+    def __init__(self, uri: str, relation: str, get: Callable[..., flight.FlightStreamReader],
+                 action: Callable[..., Any]) -> None:
+        self.uri = uri
+        self.relation = relation
+        self.id = uuid.uuid4().hex
+        self._get = get
+        self._action = action
+        self._lock = threading.Lock()
+        self._subs: dict[str, SharedSubscription] = {}
+        self._reader: flight.FlightStreamReader | None = None
+        self._closed_by: BaseException | None = None  # the error for its subscriptions once the client closed
+        self.ended = False
+
+    def add(self, as_of: int | None, resume: bool, max_lag: int | None) -> SharedSubscription | None:
+        """A new subscription on this stream (opening it for the first); None when the stream
+        has ended meanwhile (use a new one)."""
+        sub = SharedSubscription(self, str(next(SharedStream._sids)), max_lag)
+        with self._lock:
+            if self.ended:
+                return None
+            self._subs[sub.id] = sub
+            opening = self._reader is None
+        args = {"stream": self.id, "sub": sub.id, "as_of": as_of, "resume": resume, "max_lag": max_lag}
+        try:
+            if opening:
+                try:
+                    reader = self._get(Get.FEED_SHARE, relation=self.relation, version=SHARE_VERSION, **args)
+                except flight.FlightError as exc:
+                    raise typed_error(exc) from None
+                self._reader = reader
+                threading.Thread(target=self._pump, args=(reader,), name="sediment-shared-feed", daemon=True).start()
+            else:
+                self._action(Action.FEED_JOIN, **args)
+        except BaseException:
+            with self._lock:
+                self._subs.pop(sub.id, None)
+                if opening:
+                    self.ended = True
+            raise
+        return sub
+
+    def leave(self, sid: str) -> None:
+        """Take subscription ``sid`` off the stream; the last one cancels the stream."""
+        with self._lock:
+            if self._subs.pop(sid, None) is None or self.ended:
+                return
+            last = not self._subs
+            if last:
+                self.ended = True
+            reader = self._reader
+        if last and reader is not None:
+            reader.cancel()
+            return
+        try:
+            self._action(Action.FEED_LEAVE, stream=self.id, sub=sid)
+        except Exception:  # noqa: BLE001 - the stream is gone: the server ended that subscription with it
+            pass
+
+    def close(self, why: BaseException) -> None:
+        """End the stream and every subscription on it with ``why`` (the client is closing)."""
+        with self._lock:
+            self._closed_by = why
+            reader = self._reader
+        if reader is not None:
+            reader.cancel()
+
+    def _pump(self, reader: flight.FlightStreamReader) -> None:
+        """Read the stream, handing each event to the subscriptions it names, until it ends."""
+        failure: BaseException | None = None
+        parts: list[pa.RecordBatch] = []
+        try:
+            for chunk in reader:
+                meta = json.loads(chunk.app_metadata.to_pybytes())
+                parts.append(chunk.data)
+                if meta.get("more"):
+                    continue
+                data, parts = parts, []
+                with self._lock:
+                    subs = [s for sid in meta["subs"] if (s := self._subs.get(sid)) is not None]
+                if not subs:
+                    continue
+                if meta["kind"] == "error":
+                    self._end(subs, error_from_detail(meta.get("error")) or ServerError(
+                        f"the sediment server at {self.uri} ended a feed without saying why"))
+                    continue
+                event = decode_event(meta, data)
+                for sub in subs:
+                    sub.push(event)
+        except flight.FlightError as exc:
+            failure = typed_error(exc)
+            if not isinstance(failure, SedimentError):
+                failure = CoordinatorUnavailable(f"the feed stream from {self.uri} broke ({error_line(exc)}); "
+                                                 "subscribe again with as_of=<last progress> and resume=True")
+        except Exception as exc:  # noqa: BLE001 - handed to every subscription on the stream
+            failure = exc
+        with self._lock:
+            self.ended = True
+            subs, self._subs = list(self._subs.values()), {}
+            failure = self._closed_by or failure
+        self._end(subs, failure or EngineClosed(f"the sediment server at {self.uri} ended the feed (it stopped); "
+                                                "subscribe again with resume=True"))
+
+    def _end(self, subs: list[SharedSubscription], failure: BaseException) -> None:
+        with self._lock:
+            for sub in subs:
+                self._subs.pop(sub.id, None)
+        for sub in subs:
+            sub.push(failure)
+
+
+class FeedShares:
+    """A client's shared streams, one per relation; ``supported`` turns False once the server
+    answers that it has no ``feed_share`` op (an older server)."""
+
+    def __init__(self, uri: str, get: Callable[..., flight.FlightStreamReader], action: Callable[..., Any]) -> None:
+        self._uri = uri
+        self._get = get
+        self._action = action
+        self._lock = threading.Lock()
+        self._streams: dict[str, SharedStream] = {}
+        self.supported = True
+
+    def subscribe(self, name: str, as_of: int | None, resume: bool,
+                  max_lag: int | None) -> SharedSubscription | None:
+        """A subscription on ``name``'s shared stream; None when the server lacks shared streams."""
+        with self._lock:  # one at a time: a join must find its stream open
+            while self.supported:
+                stream = self._streams.get(name)
+                if stream is None or stream.ended:
+                    stream = self._streams[name] = SharedStream(self._uri, name, self._get, self._action)
+                try:
+                    sub = stream.add(as_of, resume, max_lag)
+                except ValueError as exc:
+                    if "unknown do_get op" not in str(exc):
+                        raise
+                    self.supported = False
+                    return None
+                if sub is not None:
+                    return sub
+        return None
+
+    def close(self) -> None:
+        """End every shared stream: their subscriptions raise EngineClosed (the client closed)."""
+        with self._lock:
+            self.supported = False  # no new ones
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.close(EngineClosed(f"the client of {self._uri} was closed; connect again and subscribe with "
+                                      "resume=True"))
