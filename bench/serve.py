@@ -54,6 +54,7 @@ import uuid
 import pyarrow as pa
 
 import sediment
+from sediment.net.messages import Put, encode
 
 SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
 ROW_BYTES = 100
@@ -143,7 +144,7 @@ def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, how: s
         how = how.removesuffix("-ee")
     client = sediment.connect(uri, token)
     if how == "per-call":
-        command = {"op": "append", "relation": "r", "txn": None}
+        command = encode(Put.APPEND, relation="r", txn=None)
         client.append = lambda name, table: client._put(command, table)  # noqa: SLF001 - the old path, measured
     try:
         table = make_table(BATCH_ROWS, k * BATCH_ROWS)
