@@ -19,12 +19,19 @@ rounds interleaved, with the same rows:
 
 Each case gets a fresh data directory (compaction on, as by default). N is 4 and 16;
 each round runs every case once, in a rotated order, and the ratio of a round is
-served / in-process rows/s of that round. Prints the median with min-max over the rounds.
+served / in-process rows/s of that round. Prints the median with min-max over the rounds,
+and per case the CPU and context switches per append of this process (the server's, for
+client processes) and of the client processes: counts that the machine's load moves little.
+``--event-engine`` adds the served cases with client processes left on gRPC's event engine
+(``GRPC_EXPERIMENTS`` empty: the client half of the build before inline polling,
+sediment/net/grpc_setup.py); ``GRPC_EXPERIMENTS= .venv/bin/python bench/serve.py`` runs
+everything, the server too, on gRPC's defaults.
 
     .venv/bin/python bench/serve.py                 # 3 rounds x 3 s per case, about 1.5 min
     .venv/bin/python bench/serve.py --serial        # also a server applying each stream's appends one at a time
     .venv/bin/python bench/serve.py --per-call      # also one do_put per append (the old protocol)
     .venv/bin/python bench/serve.py --client-threads  # also clients as threads of the server's process
+    .venv/bin/python bench/serve.py --event-engine  # also clients on gRPC's event engine (the build before)
     .venv/bin/python bench/serve.py --rounds 5 --seconds 4 --json out.json
 """
 
@@ -35,6 +42,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import resource
 import shutil
 import statistics
 import sys
@@ -46,6 +54,7 @@ import uuid
 import pyarrow as pa
 
 import sediment
+from sediment.net.messages import Put, encode
 
 SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
 ROW_BYTES = 100
@@ -70,12 +79,17 @@ def group_mean(engine) -> float:
     return got.get("sediment_group_commit_records_sum", 0.0) / count if count else 0.0
 
 
-def finish(rows: int, elapsed: float, engine, cpu0: float) -> dict:
-    """The case's figures: rows/s, records per group commit, and this process's CPU per
-    1,000-row append (the server's alone when the clients are other processes)."""
+def finish(rows: int, elapsed: float, engine, cpu0: float, switches0: int, clients: list | None = None) -> dict:
+    """The case's figures: rows/s, records per group commit, this process's CPU and context
+    switches per 1,000-row append (the server's alone when the clients are other processes)
+    and, for client processes, theirs (``clients``: each one's CPU seconds and switches)."""
     appends = max(1, rows // BATCH_ROWS)
-    return {"rows": rows, "seconds": elapsed, "rows_s": rows / elapsed, "group": group_mean(engine),
-            "cpu_us": (time.process_time() - cpu0) / appends * 1e6}
+    got = {"rows": rows, "seconds": elapsed, "rows_s": rows / elapsed, "group": group_mean(engine),
+           "cpu_us": (time.process_time() - cpu0) / appends * 1e6, "switches": (_switches() - switches0) / appends}
+    if clients:
+        got["client_cpu_us"] = sum(c for c, _s in clients) / appends * 1e6
+        got["client_switches"] = sum(s for _c, s in clients) / appends
+    return got
 
 
 # --- in process ------------------------------------------------------------------------------
@@ -105,11 +119,11 @@ def run_in_process(root: str, writers: int, seconds: float) -> dict:
                 t.start()
             deadline[0] = time.perf_counter() + 3600
             ready.wait()
-            t0, cpu0 = time.perf_counter(), time.process_time()
+            t0, cpu0, switches0 = time.perf_counter(), time.process_time(), _switches()
             deadline[0] = t0 + seconds
             for t in threads:
                 t.join()
-            got = finish(sum(counts), time.perf_counter() - t0, engine, cpu0)
+            got = finish(sum(counts), time.perf_counter() - t0, engine, cpu0, switches0)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return got
@@ -122,43 +136,43 @@ def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, how: s
     """One client process: connect, warm up, wait for the start, append until the deadline.
     ``how``: ``served`` (``client.append``), ``pipelined`` (``client.pipelined``, ``window``
     in flight) or ``per-call`` (one do_put per append, the protocol before the append stream,
-    which the server still serves, through the client's own per-call path)."""
+    which the server still serves, through the client's own per-call path); with ``-ee``, the
+    client keeps gRPC's event engine (``GRPC_EXPERIMENTS`` empty: gRPC's defaults, the build
+    before inline polling). Reports its rows, start, end, CPU seconds and context switches."""
+    if how.endswith("-ee"):
+        os.environ["GRPC_EXPERIMENTS"] = ""  # read at gRPC's first use in this process, just below
+        how = how.removesuffix("-ee")
     client = sediment.connect(uri, token)
-    if how == "pipelined":
-        return _pipelined_client(client, k, ready, go, seconds, out, window)
     if how == "per-call":
-        command = {"op": "append", "relation": "r", "txn": None}
+        command = encode(Put.APPEND, relation="r", txn=None)
         client.append = lambda name, table: client._put(command, table)  # noqa: SLF001 - the old path, measured
     try:
         table = make_table(BATCH_ROWS, k * BATCH_ROWS)
         client.append("r", table)
         ready.put(k)
         go.wait()
-        n = 0
+        cpu0, switches0 = time.process_time(), _switches()
         t0 = time.perf_counter()
         deadline = t0 + seconds
-        while time.perf_counter() < deadline:
-            client.append("r", table)
-            n += table.num_rows
-        out.put((n, t0, time.perf_counter()))
-    finally:
-        client.close()
-
-
-def _pipelined_client(client, k: int, ready, go, seconds: float, out, window: int) -> None:
-    try:
-        table = make_table(BATCH_ROWS, k * BATCH_ROWS)
-        client.append("r", table)
-        ready.put(k)
-        go.wait()
-        t0 = time.perf_counter()
-        deadline = t0 + seconds
-        with client.pipelined("r", window=window) as writer:
+        if how == "pipelined":
+            with client.pipelined("r", window=window) as writer:
+                while time.perf_counter() < deadline:
+                    writer.append(table)
+            n = writer.acknowledged * table.num_rows
+        else:
+            n = 0
             while time.perf_counter() < deadline:
-                writer.append(table)
-        out.put((writer.acknowledged * table.num_rows, t0, time.perf_counter()))
+                client.append("r", table)
+                n += table.num_rows
+        out.put((n, t0, time.perf_counter(), time.process_time() - cpu0, _switches() - switches0))
     finally:
         client.close()
+
+
+def _switches() -> int:
+    """This process's context switches so far (all threads, voluntary and not)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 def run_served_threads(root: str, clients: int, seconds: float) -> dict:
@@ -192,11 +206,11 @@ def run_served_threads(root: str, clients: int, seconds: float) -> dict:
                 for t in threads:
                     t.start()
                 ready.wait()
-                t0, cpu0 = time.perf_counter(), time.process_time()
+                t0, cpu0, switches0 = time.perf_counter(), time.process_time(), _switches()
                 deadline[0] = t0 + seconds
                 for t in threads:
                     t.join()
-                got = finish(sum(counts), time.perf_counter() - t0, engine, cpu0)
+                got = finish(sum(counts), time.perf_counter() - t0, engine, cpu0, switches0)
             finally:
                 server.stop(grace=10)
     finally:
@@ -225,7 +239,7 @@ def run_served(root: str, clients: int, seconds: float, how: str = "served", win
     token = uuid.uuid4().hex
     ctx = mp.get_context("spawn")  # the parent runs gRPC threads: never fork it
     serial = how.endswith("-serial")
-    how = how.removesuffix("-serial")
+    how = how.replace("-serial", "")
     try:
         with sediment.open(d) as engine:
             engine.add_relation("r", SCHEMA)
@@ -238,12 +252,12 @@ def run_served(root: str, clients: int, seconds: float, how: str = "served", win
                     p.start()
                 for _ in procs:
                     ready.get(timeout=120)
-                cpu0 = time.process_time()
+                cpu0, switches0 = time.process_time(), _switches()
                 go.set()
                 results = [out.get(timeout=seconds + 120) for _ in procs]
-                rows = sum(n for n, _a, _b in results)
-                elapsed = max(b for _n, _a, b in results) - min(a for _n, a, _b in results)
-                got = finish(rows, elapsed, engine, cpu0)
+                rows = sum(r[0] for r in results)
+                elapsed = max(r[2] for r in results) - min(r[1] for r in results)
+                got = finish(rows, elapsed, engine, cpu0, switches0, [(r[3], r[4]) for r in results])
                 for p in procs:
                     p.join(timeout=60)
             finally:
@@ -270,12 +284,16 @@ def main() -> None:
     parser.add_argument("--serial", action="store_true",
                         help="also measure the served paths with the server applying a stream's appends one "
                              "after the other (the append stream before session 12)")
+    parser.add_argument("--event-engine", action="store_true",
+                        help="also measure the served paths with client processes on gRPC's event engine (gRPC's "
+                             "defaults, the client half of the build before inline polling; sediment/net/grpc_setup.py)")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     modes = ("in-process", "served", "pipelined", *(("per-call",) if args.per_call else ()),
              *(("served-threads",) if args.client_threads else ()),
-             *(("served-serial", "pipelined-serial") if args.serial else ()))
+             *(("served-serial", "pipelined-serial") if args.serial else ()),
+             *(("served-ee", "pipelined-ee") if args.event_engine else ()))
     results: dict[tuple[str, int], list[float]] = {(mode, n): [] for n in counts for mode in modes}
     print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.1f}; {BATCH_ROWS}-row batches of ~{ROW_BYTES} B rows, "
@@ -292,9 +310,11 @@ def main() -> None:
             else:
                 got = run_served(args.dir, n, args.seconds, how=mode, window=args.window)
             results[(mode, n)].append(got["rows_s"])
-            print(f"round {r + 1}: {mode:10s} {n:2d} writers: {got['rows_s'] / 1e3:8.1f}k rows/s, "
-                  f"{got['group']:.1f} records per group commit, {got['cpu_us']:.0f} us CPU per append here, "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            clients = (f", clients {got['client_cpu_us']:.0f} us and {got['client_switches']:.1f} switches"
+                       if "client_cpu_us" in got else "")
+            print(f"round {r + 1}: {mode:12s} {n:2d} writers: {got['rows_s'] / 1e3:8.1f}k rows/s, "
+                  f"{got['group']:.1f} records per group commit, per append: {got['cpu_us']:.0f} us CPU and "
+                  f"{got['switches']:.1f} context switches here{clients}, load {os.getloadavg()[0]:.1f}", flush=True)
     summary = []
     print()
     print("| writers | path | rows/s, median (min-max) | / in process, median (min-max) |")

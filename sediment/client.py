@@ -34,6 +34,7 @@ from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.args import check_updates_map  # the engine's own argument check: no engine state
 from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
 from sediment.errors import EngineClosed, InvalidUpdates, SchemaMismatch, ServerError, TransactionError
+from sediment.net import grpc_setup
 from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
@@ -171,6 +172,7 @@ class Client:
                 tls_root_certs = f.read()
         if tls_root_certs is not None and not uri.startswith("grpc+tls://"):
             raise ValueError(f"tls_root_certs given for {uri!r}: use grpc+tls://HOST:PORT for a TLS coordinator")
+        grpc_setup.apply()  # before gRPC's first use in the process, or it has no effect
         self._flight = flight.FlightClient(uri, **({"tls_root_certs": tls_root_certs} if tls_root_certs else {}))
         self._closed = False
         self._close_lock = threading.Lock()

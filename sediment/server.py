@@ -38,7 +38,7 @@ from sediment.clock import MONOTONIC, Clock
 from sediment.engine import staged
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
-from sediment.net import keyed
+from sediment.net import grpc_setup, keyed
 from sediment.net.alter_wire import decode_alter
 from sediment.net.append_stream import PLAIN_ARGS, serve_append_stream
 from sediment.net.feed_streams import FeedStreams
@@ -147,6 +147,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._feeds = FeedStreams(lambda: self._stopped, FEED_POLL)
         self._shared = SharedFeeds(self._feeds, self._engine_subscription, lambda: self._stopped)
         self._actions = self._action_table()
+        grpc_setup.apply()  # before gRPC's first use in the process, or it has no effect
         try:  # listens from here on, so everything a handler uses is set above
             super().__init__(location, middleware={"auth": BearerTokenMiddlewareFactory(self._token)},
                              **({"tls_certificates": [flight.CertKeyPair(*tls)]} if tls is not None else {}))
