@@ -210,13 +210,21 @@ class FeedLog:
                 return True
         return False
 
-    def settle(self, sub: Subscription) -> None:
+    def settle(self, sub: Subscription, forget: bool = False) -> None:
         """``sub`` stopped waiting. If the relay woke it (it no longer counts as sleeping), it
         wakes the next sleeper in its place, so every wake-up the relay starts carries on
-        until the relay is empty, whatever else woke ``sub`` (a timeout, a close, a drop)."""
+        until the relay is empty, whatever else woke ``sub`` (a timeout, a close, a drop).
+        ``forget``: it slept and nothing woke it (a timeout, Ctrl-C): it leaves the sleepers,
+        or the waits of an idle feed's readers with timeouts would pile up there until the
+        next event (an event moves them all to the relay, which skips those not asleep)."""
         with self._relay_lock:
             if sub.sleeping:
                 sub.sleeping = False
+                if forget:
+                    try:
+                        self.waiting.remove(sub)
+                    except ValueError:  # the writer moved it to the relay meanwhile
+                        pass
             elif not self._hand_on():
                 self._chains -= 1
 
@@ -388,20 +396,24 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             got = self._poll(feed)
             if got is not False:
                 return None if got is True else got
+            if deadline is not None and deadline - _time.monotonic() <= 0:
+                return None
             self.sleeping = True
             feed.waiting.append(self)  # then look again: an event may have come meanwhile
             base, items = feed.window
             wait = -1 if deadline is None else deadline - _time.monotonic()
             if self.cursor - base >= len(items) and not self._closed and self.dropped_at is None \
                     and (deadline is None or wait > 0):
+                woken = False
                 try:
                     for part in wait_slices(None if wait < 0 else wait):  # Ctrl-C ends it (sediment/interrupts.py)
                         if self.wake.acquire(timeout=-1 if part is None else part):
+                            woken = True
                             break
                 finally:
-                    feed.settle(self)
+                    feed.settle(self, forget=not woken)
                 continue
-            feed.settle(self)
+            feed.settle(self, forget=deadline is not None and wait <= 0)
             if deadline is not None and wait <= 0 and self.cursor - base >= len(items):
                 return None
 

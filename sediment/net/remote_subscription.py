@@ -31,6 +31,10 @@ def wait_item(events: queue.Queue[Any] | queue.SimpleQueue[Any], timeout: float 
     """The next item of ``events`` within ``timeout`` seconds (None: no limit), or NOTHING
     on timeout or once ``closed()``; on the main thread in slices, so Ctrl-C ends the wait
     (sediment/interrupts.py)."""
+    try:
+        return events.get_nowait()  # a zero timeout on the main thread has no slice to wait in
+    except queue.Empty:
+        pass
     for part in wait_slices(timeout):
         try:
             return events.get(timeout=part)

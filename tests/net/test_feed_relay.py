@@ -7,10 +7,13 @@ longer in memory is read from the log, with the same result."""
 
 from __future__ import annotations
 
+import queue
 import threading
 
 import pyarrow as pa
 import pytest
+
+from sediment.net.remote_subscription import NOTHING, wait_item
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
 UPDATES = 300
@@ -167,3 +170,27 @@ def test_a_record_no_longer_in_memory_is_read_from_the_log(open_engine):
     assert log_reads, "the records were not read from the log"
     sub.close()
 
+
+
+@pytest.mark.embedded_only
+def test_readers_with_timeouts_on_an_idle_feed_do_not_pile_up_among_the_sleepers(open_engine):
+    eng = open_engine()
+    subs = _subscribed(eng, 4)
+    for _ in range(50):
+        for sub in subs:
+            assert sub.next(timeout=0.001) is None
+            assert sub.next(timeout=0) is None
+    feed = eng.view.relations["r"].feed
+    assert len(feed.waiting) <= len(subs), f"{len(feed.waiting)} sleeper entries after 400 timed-out reads"
+    eng.append("r", one_row(7))  # and each still reads the next update
+    assert [sub.next(timeout=10).table.column("k").to_pylist() for sub in subs] == [[7]] * 4
+    for sub in subs:
+        sub.close()
+
+
+def test_a_zero_timeout_on_the_main_thread_takes_what_is_queued():
+    assert threading.current_thread() is threading.main_thread()
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    events.put("event")
+    assert wait_item(events, 0, lambda: False) == "event"
+    assert wait_item(events, 0, lambda: False) is NOTHING
