@@ -10,8 +10,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
-
-from tests.support.served import served_engine
+from support.served import served_engine
 
 SCHEMA = pa.schema([("k", pa.int64())])
 TOKEN = "feed-" + uuid.uuid4().hex

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from support.served import Served, served_engine
 
 import sediment
 from sediment.client import Client
@@ -21,7 +22,6 @@ from sediment.net.remote_subscription import RemoteSubscription
 from sediment.net.shared_subscription import SharedSubscription, decode_event
 from sediment.net.wire_errors import typed_error
 from sediment.server import SedimentFlightServer
-from tests.support.served import Served, served_engine
 
 SCHEMA = pa.schema([("k", pa.int64())])
 TOKEN = "shared-" + uuid.uuid4().hex
