@@ -171,3 +171,41 @@ def test_a_client_reader_that_fails_cancels_the_stream(served, monkeypatch):
     with pytest.raises(ValueError, match="cannot decode"):
         sub.next(timeout=10)
     assert server.wait_feeds_released(10), "the server still streams to a reader that failed"
+
+
+def test_an_overrun_does_not_hold_up_the_other_subscriptions_of_its_stream(tmp_path, monkeypatch):
+    """The overrun's feed_leave is a round trip (here a slow one): the stream's reader
+    thread must not make it, or every other subscription on the stream waits for it."""
+    real = shared_feeds.SharedFeeds.leave
+
+    def slow_leave(self, args):
+        threading.Event().wait(10)
+        real(self, args)
+    monkeypatch.setattr(shared_feeds.SharedFeeds, "leave", slow_leave)
+    with served_engine(tmp_path / "data", TOKEN, SCHEMA) as (engine, _server, client):
+        idle = client.subscribe("r", max_lag=3)
+        busy = client.subscribe("r")
+        for s in (idle, busy):
+            assert s.next(timeout=10).kind == "snapshot"
+        more = shared_subscription.CHECK_EVERY + 8  # idle is dropped in the client on the way
+        slowest = 0.0
+        for k in range(more):  # one at a time: the server keeps up, idle lags in the client alone
+            engine.append("r", row(k, k + 2))
+            began = time.monotonic()
+            assert keys_until(busy, 1) == [k]
+            slowest = max(slowest, time.monotonic() - began)
+        assert slowest < 5, f"busy waited {slowest:.1f} s for an event: the overrun's feed_leave held it up"
+        with pytest.raises(shared_subscription.FeedOverrun, match="in the client"):
+            while True:
+                assert idle.next(timeout=10) is not None
+        busy.close()
+
+
+def keys_until(sub, n: int) -> list[int]:
+    """The keys of ``sub``'s next ``n`` updates (other events skipped)."""
+    keys: list[int] = []
+    while len(keys) < n:
+        event = sub.next(timeout=30)
+        assert event is not None, f"the feed stalled after {keys}"
+        keys += event.table.column("k").to_pylist() if event.kind == "updates" else []
+    return keys
