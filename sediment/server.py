@@ -145,7 +145,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._feeds = FeedStreams(lambda: self._stopped, FEED_POLL)
-        self._shared = SharedFeeds(self._feeds, self._engine_subscription, lambda: self._stopped)
+        self._shared = SharedFeeds(self._feeds, self._engine_subscription, lambda: self._stopped, FEED_POLL)
         self._actions = self._action_table()
         grpc_setup.apply()  # before gRPC's first use in the process, or it has no effect
         try:  # listens from here on, so everything a handler uses is set above

@@ -25,6 +25,37 @@ from sediment.net.protocol import event_batches
 from sediment.net.wire_errors import to_flight_error
 
 PARK_SECONDS = 60.0  # how long a feed's subscription waits, after a schema change, for its client to reopen it
+START_SECONDS = 5.0  # how long a stream's subscription waits for gRPC to start the stream before it is let go
+
+
+class StartGuard:
+    """Releases what a returned stream holds if gRPC never starts it (its call was cancelled
+    before the handler returned): a generator that never ran never runs its ``finally``, and
+    its engine subscription would pin the WAL until the server stops."""
+
+    def __init__(self, abandon: Callable[[], None], seconds: float = START_SECONDS) -> None:
+        self._abandon = abandon
+        self._lock = threading.Lock()
+        self._state = ""
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def started(self) -> bool:
+        """The stream started (its generator's first step); False when it was let go already."""
+        with self._lock:
+            if self._state:
+                return False
+            self._state = "started"
+        self._timer.cancel()
+        return True
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._state:
+                return
+            self._state = "expired"
+        self._abandon()
 
 
 class FeedStreams:
@@ -46,7 +77,8 @@ class FeedStreams:
         """A stream of ``sub``'s events in ``schema``; EngineClosed (``sub`` closed) once the
         server stops."""
         self.track(sub, where)
-        return flight.GeneratorStream(schema, self._events(sub, schema, context))
+        guard = StartGuard(lambda: self.release(sub))
+        return flight.GeneratorStream(schema, self._events(sub, schema, context, guard))
 
     def track(self, sub: Any, where: str) -> None:
         """Hold ``sub`` among the open subscriptions (closed when the server stops); closes it
@@ -95,12 +127,15 @@ class FeedStreams:
             self.changed.notify_all()
 
     def _events(self, sub: Any, schema: pa.Schema, context: flight.ServerCallContext,
-                ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+                guard: StartGuard) -> Iterator[tuple[pa.RecordBatch, bytes]]:
         """``sub``'s events as batches of ``schema``, each with app metadata ``{"kind", "time",
         "last"}``; an event's table may span several batches (``last`` marks its end), a
         progress event is one empty batch. A schema event ends the stream with
         ``"continuation"`` added. Wakes every ``poll`` seconds to notice a client that went
         away, so its subscription does not pin the feed log forever."""
+        if not guard.started():
+            raise to_flight_error(EngineClosed("the feed stream started after its subscription was let go; "
+                                               "subscribe again"))
         parked = False
         try:
             while not self._stopped() and not context.is_cancelled():

@@ -19,6 +19,7 @@ encoding, so one stream goes on across the relation's alters (see docs/formats.m
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -28,13 +29,12 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.errors import EngineClosed, InvalidArgument
-from sediment.net.feed_streams import FeedStreams
+from sediment.net.feed_streams import FeedStreams, StartGuard
 from sediment.net.protocol import FEED_BATCH_ROWS, field
 from sediment.net.wire_errors import error_detail, to_flight_error
 
 SHARE_VERSION = 1  # the shared stream's message format (docs/formats.md "Messages")
 SHARE_SCHEMA = pa.schema([("ipc", pa.large_binary())])
-WAIT_SLICE = 0.05  # seconds the reader waits on one subscription before looking at new joiners
 _IPC_KEY = ("shared-ipc", SHARE_VERSION)
 
 
@@ -70,25 +70,37 @@ def share_messages(meta: dict[str, Any], parts: list[bytes]) -> Iterator[tuple[p
 
 class _Carrier:
     """An engine subscription and the subscriptions of the stream it delivers to: one at
-    first; carriers that have reached the same place in the feed merge (:meth:`_Share.merge`)."""
+    first; carriers that have reached the same place in the same feed merge (:meth:`_Share.merge`)."""
 
-    __slots__ = ("sub", "sids", "idle")
+    __slots__ = ("sub", "sids", "idle", "feed")
 
     def __init__(self, sub: Any, sid: str) -> None:
         self.sub = sub
         self.sids = [sid]
         self.idle = False  # it had nothing to take once: its initial events are gone
+        self.feed = id(getattr(sub, "_feed", sub))  # cursors are positions in one feed: merge only within it
 
 
 class _Share:
-    """One shared stream: its relation and its carriers."""
+    """One shared stream: its relation, its carriers, and the event loop its reader waits in
+    (on every carrier at once, and on joins)."""
 
     def __init__(self, relation: str) -> None:
         self.relation = relation
         self.carriers: list[_Carrier] = []
         self.by_sid: dict[str, _Carrier] = {}
+        self.left: set[str] = set()  # left before their join was done: the join is undone
         self.lock = threading.Lock()
         self.ended = False
+        self.loop = asyncio.new_event_loop()
+        self.joined = asyncio.Event()
+
+    def wake(self) -> None:
+        """A carrier joined: the reader stops waiting and takes its initial events (any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.joined.set)
+        except RuntimeError:  # the stream ended: its loop is closed
+            pass
 
     def drop(self, carrier: _Carrier) -> list[str]:
         """Take ``carrier`` off the stream (lock held); the subscriptions it delivered to."""
@@ -99,16 +111,16 @@ class _Share:
         return list(carrier.sids)
 
     def merge(self) -> list[Any]:
-        """Merge the idle carriers at one place of the feed (same cursor, same max_lag): from
-        there on they would take the same events, so one engine subscription takes them for
-        all. Returns the engine subscriptions merged away (to close)."""
+        """Merge the idle carriers at one place of one feed (same feed, cursor and max_lag):
+        from there on they would take the same events, so one engine subscription takes them
+        for all. Returns the engine subscriptions merged away (to close)."""
         merged, at = [], {}
         with self.lock:
             for carrier in list(self.carriers):
                 cursor = getattr(carrier.sub, "cursor", None)
                 if not carrier.idle or cursor is None:
                     continue
-                key = (cursor, getattr(carrier.sub, "max_lag", None))
+                key = (carrier.feed, cursor, getattr(carrier.sub, "max_lag", None))
                 into = at.setdefault(key, carrier)
                 if into is not carrier:
                     into.sids.extend(carrier.sids)
@@ -121,13 +133,15 @@ class _Share:
 class SharedFeeds:
     """The shared streams a server serves, by the client's stream id. ``subscribe(name,
     args)`` makes an engine subscription from a request's ``as_of``/``resume``/``max_lag``;
-    every subscription is also held in ``streams`` so that the server's stop closes it."""
+    every subscription is also held in ``streams`` so that the server's stop closes it.
+    ``poll``: how often (seconds) an idle stream checks that its client is still there."""
 
     def __init__(self, streams: FeedStreams, subscribe: Callable[[str, dict[str, Any]], Any],
-                 stopped: Callable[[], bool]) -> None:
+                 stopped: Callable[[], bool], poll: float = 1.0) -> None:
         self._streams = streams
         self._subscribe = subscribe
         self._stopped = stopped
+        self._poll = poll
         self._lock = threading.Lock()
         self._shares: dict[str, _Share] = {}
 
@@ -142,15 +156,16 @@ class SharedFeeds:
         share = _Share(name)
         with self._lock:
             if stream in self._shares:
+                share.loop.close()
                 raise InvalidArgument(f"feed stream {stream!r} is already open on {where}; pick a new stream id")
             self._shares[stream] = share
         try:
             self._add(share, sid, args, where)
         except BaseException:
-            with self._lock:
-                self._shares.pop(stream, None)
+            self._end(stream, share)
             raise
-        return flight.GeneratorStream(SHARE_SCHEMA, self._events(stream, share, context))
+        guard = StartGuard(lambda: self._end(stream, share))
+        return flight.GeneratorStream(SHARE_SCHEMA, self._events(stream, share, context, guard))
 
     def join(self, args: dict[str, Any]) -> None:
         """Add subscription ``sub`` to the open stream ``stream``: its events follow on it."""
@@ -163,7 +178,8 @@ class SharedFeeds:
         self._add(share, sid, args, stream)
 
     def leave(self, args: dict[str, Any]) -> None:
-        """End subscription ``sub`` of stream ``stream`` (the others go on); idempotent."""
+        """End subscription ``sub`` of stream ``stream`` (the others go on); idempotent. A
+        leave that comes before its join is done (the client gave up on the join) undoes it."""
         stream, sid = str(field(args, "stream", "feed_leave")), str(field(args, "sub", "feed_leave"))
         with self._lock:
             share = self._shares.get(stream)
@@ -172,6 +188,7 @@ class SharedFeeds:
         with share.lock:
             carrier = share.by_sid.pop(sid, None)
             if carrier is None:
+                share.left.add(sid)
                 return
             carrier.sids.remove(sid)
             if carrier.sids:
@@ -183,86 +200,127 @@ class SharedFeeds:
         sub = self._subscribe(share.relation, args)
         self._streams.track(sub, where)
         with share.lock:
-            taken = sid in share.by_sid
-            if not share.ended and not taken:
+            taken, left = sid in share.by_sid, sid in share.left
+            if not share.ended and not taken and not left:
                 carrier = share.by_sid[sid] = _Carrier(sub, sid)
                 share.carriers.append(carrier)
-                return
+        if not (share.ended or taken or left):
+            share.wake()
+            return
         self._streams.release(sub)
         if taken:
             raise InvalidArgument(f"feed subscription id {sid!r} is already in use on this stream; pick a new one")
         raise EngineClosed(f"the feed stream on {where} ended while subscription {sid!r} joined it; subscribe again")
 
+    def _end(self, stream: str, share: _Share) -> None:
+        """The stream is over: forget it and release every engine subscription it held."""
+        with self._lock:
+            if self._shares.get(stream) is share:
+                del self._shares[stream]
+        with share.lock:
+            share.ended = True
+            carriers, share.carriers = share.carriers, []
+            share.by_sid.clear()
+        for carrier in carriers:
+            self._streams.release(carrier.sub)
+        share.loop.close()  # nothing runs in it now: the reader never started, or is finishing
+
     def _events(self, stream: str, share: _Share, context: flight.ServerCallContext,
-                ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+                guard: StartGuard) -> Iterator[tuple[pa.RecordBatch, bytes]]:
         """Rounds of one event per carrier that has one; each distinct event goes out once,
         for every subscription of every carrier that takes it in that round."""
+        if not guard.started():
+            raise to_flight_error(EngineClosed("the feed stream started after it was let go; subscribe again"))
         try:
             while not self._stopped() and not context.is_cancelled():
-                with share.lock:
-                    carriers = list(share.carriers)
-                if not carriers:
-                    share_wait(context)
-                    continue
-                yield from self._round(share, carriers)
+                yield from self._round(share)
                 for sub in share.merge():
                     self._streams.release(sub)
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
         finally:
-            with self._lock:
-                self._shares.pop(stream, None)
-            with share.lock:
-                share.ended = True
-                carriers, share.carriers = share.carriers, []
-                share.by_sid.clear()
-            for carrier in carriers:
-                self._streams.release(carrier.sub)
+            self._end(stream, share)
 
-    def _round(self, share: _Share, carriers: list[_Carrier]) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    def _round(self, share: _Share) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+        share.joined.clear()  # before the carriers are looked at: a join after this wakes the wait
+        with share.lock:
+            carriers = list(share.carriers)
         ready = [c for c in carriers if not c.idle or getattr(c.sub, "lag", 1) > 0]
-        taken = [got for c in ready if (got := self._take(share, c, 0)) is not None]
-        if not taken:  # all caught up: wait on one; the others take the same event at once after it
-            first = self._take(share, carriers[0], WAIT_SLICE)
-            if first is None:
-                return
-            taken = [first] + [got for c in carriers[1:] if (got := self._take(share, c, 0)) is not None]
-        groups: dict[Any, tuple[Any, list[str]]] = {}
-        for event, sids in taken:
-            groups.setdefault(_group_key(event), (event, []))[1].extend(sids)
-        for event, sids in groups.values():
+        taken = [got for c in ready if (got := self._take(share, c)) is not None]
+        if not taken:  # all caught up: wait on all of them (and on joins) at once
+            woke = dict(share.loop.run_until_complete(_first_events(share, carriers, self._poll)))
+            taken = [got for c in carriers if (got := self._settle(share, c, woke[c]) if c in woke
+                                               else self._take(share, c)) is not None]
+        groups: dict[Any, tuple[Any, bool, list[str]]] = {}
+        for event, initial, sids in taken:
+            groups.setdefault(_group_key(event, initial), (event, initial, []))[2].extend(sids)
+        for event, initial, sids in groups.values():
             if isinstance(event, BaseException):
                 detail = json.loads(error_detail(event))
                 yield share_message({"kind": "error", "time": None, "subs": sids, "error": detail}, [])
                 continue
             parts = table_ipc(event.table) if event.kind != "updates" else \
                 event.encoded(_IPC_KEY, lambda event=event: table_ipc(event.table))
-            yield from share_messages({"kind": event.kind, "time": event.time, "subs": sids}, parts)
+            meta = {"kind": event.kind, "time": event.time, "subs": sids}
+            yield from share_messages({**meta, "initial": True} if initial else meta, parts)
 
-    def _take(self, share: _Share, carrier: _Carrier, timeout: float) -> tuple[Any, list[str]] | None:
-        """``carrier``'s next event, or the error that ended it (then it leaves the stream),
-        with the subscriptions it goes to; None when it has none."""
+    def _take(self, share: _Share, carrier: _Carrier) -> tuple[Any, bool, list[str]] | None:
+        """``carrier``'s next event if it has one now (see :meth:`_settle`)."""
+        cursor = getattr(carrier.sub, "cursor", None)
         try:
-            event = carrier.sub.next(timeout=timeout)
-            if event is None:
-                carrier.idle = True
-                return None
-            return event, list(carrier.sids)
+            got: Any = carrier.sub.next(timeout=0)
         except Exception as exc:  # noqa: BLE001 - goes to that carrier's subscriptions alone
+            got = exc
+        return self._settle(share, carrier, (got, cursor))
+
+    def _settle(self, share: _Share, carrier: _Carrier, got: tuple[Any, int | None],
+                ) -> tuple[Any, bool, list[str]] | None:
+        """The event ``carrier`` took, whether it is one of its initial events (the cursor did
+        not move: the engine's max_lag does not count those, nor does the client's), and the
+        subscriptions it goes to; an error ends the carrier (it leaves the stream); None: nothing."""
+        event, cursor = got
+        if event is None:
+            carrier.idle = True
+            return None
+        if isinstance(event, BaseException):
             with share.lock:
-                sids = share.drop(carrier)
+                sids = [sid for sid in carrier.sids if share.by_sid.get(sid) is carrier]  # not those that left
+                share.drop(carrier)
             self._streams.release(carrier.sub)
-            return exc, sids
+            return (event, False, sids) if sids else None
+        return event, cursor is not None and cursor == getattr(carrier.sub, "cursor", None), list(carrier.sids)
 
 
-def _group_key(event: Any) -> Any:
+async def _first_events(share: _Share, carriers: list[_Carrier], timeout: float,
+                        ) -> list[tuple[_Carrier, tuple[Any, int | None]]]:
+    """Wait up to ``timeout`` seconds for the first of ``carriers`` to have an event (or a
+    join): one sleep for all of them, however many feeds they are on; the waits not done are
+    cancelled, which leaves their subscriptions as they were. Each carrier that took one,
+    with it (or its error) and its cursor before."""
+    cursors = {c: getattr(c.sub, "cursor", None) for c in carriers}
+    waits = {asyncio.ensure_future(c.sub.next_async()): c for c in carriers}
+    joined = asyncio.ensure_future(share.joined.wait())
+    await asyncio.wait([*waits, joined], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    pending = [w for w in [*waits, joined] if not w.done()]
+    for w in pending:
+        w.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    woke = []
+    for w, carrier in waits.items():
+        if w.cancelled():
+            continue
+        got = w.exception() or w.result()
+        if got is None:  # next_async without a timeout returns None only once closed
+            got = EngineClosed("the sediment server closed this feed's subscription (it is stopping)")
+        woke.append((carrier, (got, cursors[carrier])))
+    return woke
+
+
+def _group_key(event: Any, initial: bool) -> Any:
     """Subscriptions that took the same event share one message: an update event is one
-    object for all of them; progress and schema events are equal by kind and time."""
+    object for all of them; progress and schema events are equal by kind, time and being
+    initial or not."""
     if isinstance(event, BaseException) or event.kind == "updates" or event.kind == "snapshot":
         return id(event)
-    return (event.kind, event.time)
+    return (event.kind, event.time, initial)
 
-
-def share_wait(context: flight.ServerCallContext) -> None:
-    """Idle while a stream has no subscription (its last one left; the client cancels it next)."""
-    threading.Event().wait(WAIT_SLICE)

@@ -32,6 +32,7 @@ from sediment.net.wire_errors import error_from_detail, error_line, typed_error
 
 _END = object()
 MAX_QUEUED = 1 << 18  # events a subscription may have waiting in the client when it has no max_lag
+CHECK_EVERY = 1024  # live events between checks of a subscription's queue against its max_lag, as the engine's
 
 
 def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
@@ -52,8 +53,10 @@ class SharedSubscription(WaitingIterator[Any]):
     server stops, ``next`` raises EngineClosed; when the connection breaks,
     CoordinatorUnavailable (subscribe again, with ``resume``). Read it from one thread at a time.
 
-    Its events wait in its own queue in the client: more than ``max_lag`` waiting there
-    (a reader that stopped reading) drops it with FeedOverrun, as the engine does."""
+    Its events wait in its own queue in the client: more than ``max_lag`` live events
+    waiting there (a reader that stopped reading) drops it with FeedOverrun, with the same
+    rule as the engine's: its initial events do not count, the check runs every
+    :data:`CHECK_EVERY` live events, and the error names the last progress read."""
 
     def __init__(self, stream: SharedStream, sid: str, max_lag: int | None) -> None:
         self.id = sid
@@ -62,38 +65,52 @@ class SharedSubscription(WaitingIterator[Any]):
         self._max_lag = MAX_QUEUED if max_lag is None else max_lag
         self._closed = False
         self._dropped = False
+        self._overrun = False
+        self._pushed = 0  # live events queued (the reader's count) ...
+        self._taken = 0  # ... and read (the subscriber's): their difference is its lag
         self._failure: BaseException | None = None
         self.last_progress: int | None = None
 
-    def push(self, item: Any) -> None:
-        """Queue an event or the error that ends this subscription (the stream's reader calls it)."""
+    def push(self, item: Any, initial: bool = False) -> None:
+        """Queue an event (``initial``: one of its snapshot, stored updates and first progress)
+        or the error that ends this subscription (the stream's reader calls it)."""
         if self._dropped:
-            return
-        if not isinstance(item, BaseException) and self._queue.qsize() >= self._max_lag:
-            self._dropped = True
-            self._queue.put(FeedOverrun(
-                f"the feed of {self._stream.relation!r} dropped this subscription: more than {self._max_lag} "
-                f"events waited for it in the client; subscribe again with as_of={self.last_progress} and "
-                "resume=True after dropping the updates received since that progress"))
-            self._stream.leave(self.id)
             return
         if isinstance(item, BaseException):
             self._dropped = True
-        self._queue.put(item)
+            self._queue.put(item)
+            return
+        if not initial:
+            self._pushed += 1
+            if self._pushed % CHECK_EVERY == 0 and self._pushed - self._taken > self._max_lag:
+                self._dropped = self._overrun = True
+                self._queue.put(_END)  # wakes a waiting reader, which raises FeedOverrun
+                threading.Thread(target=self._stream.leave, args=(self.id,), name="sediment-feed-leave",
+                                 daemon=True).start()  # not on the reader thread: the others go on meanwhile
+                return
+        self._queue.put((item, initial))
 
     def next(self, timeout: float | None = None) -> Any:
         """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None on
         timeout or once the subscription is closed."""
         if self._closed:
             return None
+        if self._overrun and self._failure is None:
+            self._failure = FeedOverrun(
+                f"the feed of {self._stream.relation!r} dropped this subscription: more than {self._max_lag} "
+                f"events waited for it in the client; subscribe again with as_of={self.last_progress} and "
+                "resume=True after dropping the updates received since that progress")
         if self._failure is not None:
             raise self._failure
         item = wait_item(self._queue, timeout, lambda: self._closed)
         if item is _END or item is NOTHING:
-            return None
+            return self.next(0) if self._overrun and not self._closed else None
         if isinstance(item, BaseException):
             self._failure = item
             raise item
+        item, initial = item
+        if not initial:
+            self._taken += 1
         if item.kind == "progress":
             self.last_progress = item.time
         return item
@@ -151,7 +168,7 @@ class SharedStream:
                 self._reader = reader
                 threading.Thread(target=self._pump, args=(reader,), name="sediment-shared-feed", daemon=True).start()
             else:
-                self._action(Action.FEED_JOIN, **args)
+                self._join(args)
         except BaseException:
             with self._lock:
                 self._subs.pop(sub.id, None)
@@ -159,6 +176,18 @@ class SharedStream:
                     self.ended = True
             raise
         return sub
+
+    def _join(self, args: dict[str, Any]) -> None:
+        """``feed_join``; when it fails here (a deadline, Ctrl-C, a lost answer) the server may
+        still finish it, so a ``feed_leave`` for it follows, lest it serve an orphan."""
+        try:
+            self._action(Action.FEED_JOIN, **args)
+        except BaseException:
+            try:
+                self._action(Action.FEED_LEAVE, stream=self.id, sub=args["sub"])
+            except Exception:  # noqa: BLE001 - best effort: the stream's end releases it anyway
+                pass
+            raise
 
     def leave(self, sid: str) -> None:
         """Take subscription ``sid`` off the stream; the last one cancels the stream."""
@@ -204,9 +233,9 @@ class SharedStream:
                     self._end(subs, error_from_detail(meta.get("error")) or ServerError(
                         f"the sediment server at {self.uri} ended a feed without saying why"))
                     continue
-                event = decode_event(meta, data)
+                event, initial = decode_event(meta, data), bool(meta.get("initial"))
                 for sub in subs:
-                    sub.push(event)
+                    sub.push(event, initial)
         except flight.FlightError as exc:
             failure = typed_error(exc)
             if not isinstance(failure, SedimentError):
@@ -214,6 +243,7 @@ class SharedStream:
                                                  "subscribe again with as_of=<last progress> and resume=True")
         except Exception as exc:  # noqa: BLE001 - handed to every subscription on the stream
             failure = exc
+            reader.cancel()  # else the server goes on sending to no one
         with self._lock:
             self.ended = True
             subs, self._subs = list(self._subs.values()), {}

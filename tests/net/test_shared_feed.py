@@ -16,7 +16,7 @@ from support.served import Served, served_engine
 import sediment
 from sediment.client import Client
 from sediment.errors import CoordinatorUnavailable, EngineClosed, FeedOverrun, InvalidArgument, SedimentError
-from sediment.net import shared_feeds
+from sediment.net import shared_feeds, shared_subscription
 from sediment.net.messages import Action, Get, encode
 from sediment.net.remote_subscription import RemoteSubscription
 from sediment.net.shared_subscription import SharedSubscription, decode_event
@@ -136,19 +136,31 @@ def test_the_last_close_releases_every_server_subscription(served):
 
 
 def test_a_subscription_past_its_max_lag_is_dropped_alone(served):
+    """The engine's rule: a burst longer than max_lag between two checks keeps the reader;
+    past max_lag at a check (every CHECK_EVERY live events) drops it alone, naming the last
+    progress it read as the resume point."""
     engine, _server, client = served
     idle = client.subscribe("r", max_lag=3)
     busy = client.subscribe("r")
     for s in (idle, busy):
         assert s.next(timeout=10).kind == "snapshot"
-    for k in range(10):
-        engine.append("r", row(k))
-    assert keys_until(busy, 10) == list(range(10))
-    with pytest.raises(FeedOverrun):
+    engine.seal("r", 1)
+    for s in (idle, busy):
+        assert s.next(timeout=10).kind == "progress"
+    burst = shared_subscription.CHECK_EVERY // 2  # fewer events than the check interval, many more than max_lag
+    for k in range(burst):
+        engine.append("r", row(k, k + 2))
+    assert keys_until(busy, burst) == list(range(burst))
+    assert keys_until(idle, 1) == [0], "a burst shorter than the check interval dropped the reader"
+    more = 4 * shared_subscription.CHECK_EVERY  # at least one check, however the server batches them
+    for k in range(burst, burst + more):
+        engine.append("r", row(k, k + 2))
+    assert keys_until(busy, more) == list(range(burst, burst + more))
+    with pytest.raises(FeedOverrun, match="as_of=1 "):
         while True:
             assert idle.next(timeout=10) is not None
-    engine.append("r", row(10))
-    assert keys_until(busy, 1) == [10]
+    engine.append("r", row(burst + more, burst + more + 2))
+    assert keys_until(busy, 1) == [burst + more]
     busy.close()
 
 
