@@ -11,10 +11,10 @@ import uuid
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from support.served import served_engine
 
 from sediment.client import Client
 from sediment.net import shared_feeds, shared_subscription
-from tests.support.served import served_engine
 
 SCHEMA = pa.schema([("k", pa.int64())])
 TOKEN = "shared-edge-" + uuid.uuid4().hex
