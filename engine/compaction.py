@@ -440,7 +440,7 @@ def _decoded(rel: Relation, entry: TailEntry, body) -> pa.RecordBatch:
     the rows its header counts (the body passed its checksum: damage after it was read)."""
     try:
         batch = rel.decode_body(body, entry.schema_version)
-    except SedimentError:
+    except (SedimentError, MemoryError):  # not damage: out of memory keeps its type
         raise
     except Exception as e:  # pyarrow's errors on a damaged message: OSError, EOFError, ArrowInvalid
         batch, cause = None, f"{type(e).__name__}: {e}"

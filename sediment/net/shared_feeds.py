@@ -36,6 +36,7 @@ from sediment.net.wire_errors import error_detail, to_flight_error
 SHARE_VERSION = 1  # the shared stream's message format (docs/formats.md "Messages")
 SHARE_SCHEMA = pa.schema([("ipc", pa.large_binary())])
 _IPC_KEY = ("shared-ipc", SHARE_VERSION)
+LEFT_KEPT = 1024  # leaves of a stream remembered for a join still on its way
 
 
 def table_ipc(table: pa.Table | None) -> list[bytes]:
@@ -89,7 +90,7 @@ class _Share:
         self.relation = relation
         self.carriers: list[_Carrier] = []
         self.by_sid: dict[str, _Carrier] = {}
-        self.left: set[str] = set()  # left before their join was done: the join is undone
+        self.left: dict[str, None] = {}  # left before their join was done (the join is undone), oldest first
         self.lock = threading.Lock()
         self.ended = False
         self.loop = asyncio.new_event_loop()
@@ -187,8 +188,10 @@ class SharedFeeds:
             return
         with share.lock:
             carrier = share.by_sid.pop(sid, None)
-            if carrier is None:
-                share.left.add(sid)
+            if carrier is None:  # a join not done yet, or refused, or never sent: the newest few are kept
+                share.left[sid] = None
+                if len(share.left) > LEFT_KEPT:
+                    del share.left[next(iter(share.left))]
                 return
             carrier.sids.remove(sid)
             if carrier.sids:
@@ -200,7 +203,7 @@ class SharedFeeds:
         sub = self._subscribe(share.relation, args)
         self._streams.track(sub, where)
         with share.lock:
-            taken, left = sid in share.by_sid, sid in share.left
+            taken, left = sid in share.by_sid, share.left.pop(sid, 0) is None
             if not share.ended and not taken and not left:
                 carrier = share.by_sid[sid] = _Carrier(sub, sid)
                 share.carriers.append(carrier)

@@ -15,6 +15,7 @@ import pytest
 import sediment
 from sediment.arrow_codec import decode_updates, decode_updates_many, encode_updates
 from sediment.clock import ManualClock
+from sediment.engine import compaction as compaction_module
 from sediment.engine.small_encode import SmallBodyEncoder
 from sediment.errors import CompactionFailed
 
@@ -112,3 +113,24 @@ def test_a_damaged_body_fails_the_pass_naming_its_record_and_drops_nothing(tmp_p
         bodies.put(lsn, engine.wal.read(lsn).body, size)  # the log's copy is whole: the retry takes every row
         engine.compact("r")
         assert sorted(engine.snapshot("r", as_of=2).column("id").to_pylist()) == list(range(10))
+
+
+def test_running_out_of_memory_in_a_pass_is_not_reported_as_a_damaged_record(tmp_path, monkeypatch):
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
+        engine.add_relation("r", SCHEMA)
+        for i in range(4):
+            engine.append("r", _table([i]))
+        engine.seal("r", 2)
+        rel = engine.compaction.view.get("r")
+
+        def no_memory(*args, **kwargs):
+            raise pa.ArrowMemoryError("malloc of size 1073741824 failed")
+
+        monkeypatch.setattr(rel, "decode_body", no_memory)  # the one-by-one decode runs out of memory
+        monkeypatch.setattr(compaction_module, "decode_updates_many", no_memory)  # so does the joined read
+        with pytest.raises(CompactionFailed, match="MemoryError") as failed:
+            engine.compact("r")
+        assert "WalCorruption" not in str(failed.value)
+        monkeypatch.undo()
+        engine.compact("r")
+        assert sorted(engine.snapshot("r", as_of=2).column("id").to_pylist()) == [0, 1, 2, 3]

@@ -14,6 +14,7 @@ import pytest
 from support.served import served_engine
 
 from sediment.client import Client
+from sediment.errors import EngineClosed, InvalidArgument
 from sediment.net import shared_feeds, shared_subscription
 
 SCHEMA = pa.schema([("k", pa.int64())])
@@ -209,3 +210,38 @@ def keys_until(sub, n: int) -> list[int]:
         assert event is not None, f"the feed stalled after {keys}"
         keys += event.table.column("k").to_pylist() if event.kind == "updates" else []
     return keys
+
+
+class _HeldSubscriptions:
+    """The server's holder of engine subscriptions, as SharedFeeds uses it: counts releases."""
+
+    def __init__(self) -> None:
+        self.released: list = []
+
+    def track(self, sub, where: str) -> None:
+        pass
+
+    def release(self, sub) -> None:
+        self.released.append(sub)
+
+
+def test_leaves_remembered_for_joins_on_their_way_stay_bounded_and_still_undo_a_late_join():
+    held = _HeldSubscriptions()
+
+    def subscribe(name: str, args: dict):
+        if args.get("as_of") == -5:
+            raise InvalidArgument("as_of -5 is before any time")
+        return object()
+
+    feeds = shared_feeds.SharedFeeds(held, subscribe, lambda: False, 1.0)
+    feeds.open("r", {"version": shared_feeds.SHARE_VERSION, "stream": "s", "sub": "a"}, None, "here")
+    share = feeds._shares["s"]
+    for i in range(3 * shared_feeds.LEFT_KEPT):  # refused joins, each followed by the client's leave
+        with pytest.raises(InvalidArgument):
+            feeds.join({"stream": "s", "sub": f"j{i}", "as_of": -5})
+        feeds.leave({"stream": "s", "sub": f"j{i}"})
+    assert len(share.left) <= shared_feeds.LEFT_KEPT
+    feeds.leave({"stream": "s", "sub": "late"})  # the leave overtakes its join
+    with pytest.raises(EngineClosed):
+        feeds.join({"stream": "s", "sub": "late"})
+    assert "late" not in share.by_sid and "late" not in share.left and len(held.released) == 1
