@@ -43,19 +43,22 @@ class StartGuard:
 
     def started(self) -> bool:
         """The stream started (its generator's first step); False when it was let go already."""
-        with self._lock:
-            if self._state:
-                return False
-            self._state = "started"
+        if not self._settle("started"):
+            return False
         self._timer.cancel()
         return True
 
     def _expire(self) -> None:
+        if self._settle("expired"):
+            self._abandon()
+
+    def _settle(self, state: str) -> bool:
+        """Whether this call decided the stream's fate (started or let go): only the first does."""
         with self._lock:
             if self._state:
-                return
-            self._state = "expired"
-        self._abandon()
+                return False
+            self._state = state
+            return True
 
 
 class FeedStreams:
