@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from sediment.arrow_codec import table_to_ipc
 from sediment.errors import EngineClosed, InvalidArgument
 from sediment.net.feed_streams import FeedStreams, StartGuard
 from sediment.net.protocol import FEED_BATCH_ROWS, field
@@ -44,14 +45,8 @@ def table_ipc(table: pa.Table | None) -> list[bytes]:
     progress event)."""
     if table is None:
         return []
-    out = []
-    for batch in table.to_batches(max_chunksize=FEED_BATCH_ROWS) or [None]:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            if batch is not None:
-                writer.write_batch(batch)
-        out.append(sink.getvalue().to_pybytes())
-    return out
+    return [table_to_ipc(table.slice(start, FEED_BATCH_ROWS))
+            for start in range(0, max(table.num_rows, 1), FEED_BATCH_ROWS)]
 
 
 def share_message(meta: dict[str, Any], parts: list[bytes]) -> tuple[pa.RecordBatch, bytes]:

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from sediment.arrow_codec import table_from_ipc
 from sediment.errors import CoordinatorUnavailable, EngineClosed, FeedOverrun, SedimentError, ServerError
 from sediment.interrupts import WaitingIterator
 from sediment.net.messages import Action, Get
@@ -43,7 +44,7 @@ def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
     kind, t = meta["kind"], meta["time"]
     if kind == "progress":
         return FeedEvent(kind, t)
-    tables = [pa.ipc.open_stream(part.as_buffer()).read_all() for batch in data for part in batch.column(0)]
+    tables = [table_from_ipc(part.as_buffer()) for batch in data for part in batch.column(0)]
     return FeedEvent(kind, t, tables[0] if len(tables) == 1 else pa.concat_tables(tables))
 
 
