@@ -19,7 +19,8 @@ from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.schema_history import SchemaHistory
 from sediment.errors import MetadataConflict, MetadataCorruption, RelationExists, UnknownRelation
 from sediment.metadata import names
-from sediment.metadata.protocol import MetadataStore
+from sediment.metadata.fence import Fence, rewrite_all
+from sediment.metadata.protocol import MetadataStore, Versioned
 
 RELATIONS = names.RELATIONS
 NEXT_ID = names.NEXT_RELATION_ID
@@ -68,17 +69,22 @@ class RelationEntry:
 
 
 class Catalog:
-    """Relations in a MetadataStore."""
+    """Relations in a MetadataStore. ``fence``: what a refused write of a replaced coordinator tells."""
 
-    def __init__(self, store: MetadataStore):
+    def __init__(self, store: MetadataStore, fence: Fence | None = None):
         self.store = store
+        self.fence = fence if fence is not None else Fence()
+        self._epoch: Versioned | None = None  # engine/epoch as this coordinator last wrote it
 
-    def load(self) -> dict[str, RelationEntry]:
+    def load(self, *, take_over: bool = False) -> dict[str, RelationEntry]:
+        """Every relation's entry; ``take_over``: each entry rewritten first (metadata/fence.py),
+        so that a replaced coordinator's later writes to it fail."""
+        keys = self.store.list(RELATIONS)
+        got = rewrite_all(self.store, keys) if take_over else [self.store.get(k) for k in keys]
         out = {}
-        for key in self.store.list(RELATIONS):
-            got = self.store.get(key)
-            if got is not None:
-                entry = RelationEntry.decode(got.value, got.version, key)
+        for key, value in zip(keys, got, strict=True):
+            if value is not None:
+                entry = RelationEntry.decode(value.value, value.version, key)
                 out[entry.name] = entry
         return out
 
@@ -88,25 +94,26 @@ class Catalog:
             raise UnknownRelation(f"no relation named {name!r}; `sediment relation list` shows the relations")
         return RelationEntry.decode(got.value, got.version, RELATIONS + name)
 
-    def _bump(self, key: str) -> int:
-        """Atomically increment a counter key; the new value."""
+    def _bump(self, key: str) -> Versioned:
+        """Atomically increment a counter key; the new value and version."""
         while True:
             got = self.store.get(key)
-            value = (int(got.value) if got else 0) + 1
+            value = str((int(got.value) if got else 0) + 1).encode()
             try:
-                self.store.compare_and_set(key, str(value).encode(), got.version if got else None)
-                return value
+                return Versioned(value, self.store.compare_and_set(key, value, got.version if got else None))
             except MetadataConflict:
                 continue
 
     def next_epoch(self) -> int:
-        """A number no earlier opening of this engine used: the high bits of transaction ids."""
-        return self._bump(EPOCH)
+        """A number no earlier opening of this engine used: the high bits of transaction ids.
+        Bumped after the log claim."""
+        self._epoch = self._bump(EPOCH)
+        return int(self._epoch.value)
 
     def create(self, name: str, schema: pa.Schema) -> RelationEntry:
         if self.store.get(RELATIONS + name) is not None:
             raise RelationExists(f"relation {name!r} already exists; drop it first or pick another name")
-        entry = RelationEntry(name, self._bump(NEXT_ID), schema, history=SchemaHistory.initial(schema))
+        entry = RelationEntry(name, int(self._bump(NEXT_ID).value), schema, history=SchemaHistory.initial(schema))
         try:
             version = self.store.compare_and_set(RELATIONS + name, entry.encode(), None)
         except MetadataConflict:

@@ -25,6 +25,7 @@ from sediment.engine.relation import Relation, TailEntry
 from sediment.engine.view import RelationView
 from sediment.errors import (
     CompactionFailed,
+    CoordinatorSuperseded,
     SedimentError,
     TraceInvariantViolation,
     UnknownRelation,
@@ -113,6 +114,8 @@ class Compaction:
         started = time.perf_counter()
         self.log.finish_segment()
         failed = self.run_pass(names, full=True)
+        if self.traces.fence.replaced is not None:  # no retries into the new coordinator's state
+            raise CoordinatorSuperseded(str(self.traces.fence.replaced))
         log.info("compaction pass over %s took %.3f s (%d relations failed)", "all relations" if name is None
                  else repr(name), time.perf_counter() - started, len(failed))
         if failed:
@@ -163,6 +166,9 @@ class Compaction:
         the trim below this one's records)."""
         name = rel.entry.name
         if name in failed:
+            return
+        if self.traces.fence.replaced is not None:
+            failed[name] = f"CoordinatorSuperseded: {self.traces.fence.replaced}"
             return
         if (name, kind) in self.failures:
             self.metrics.retries.labels(where="compaction").inc()

@@ -59,6 +59,7 @@ from sediment.engine.storage import Storage
 from sediment.engine.view import RelationView
 from sediment.engine.writer import Writer
 from sediment.errors import CompactionFailed  # noqa: F401  (Engine.compact raises it)
+from sediment.metadata.fence import Fence
 from sediment.metadata.protocol import MetadataStore
 from sediment.metrics import EngineMetrics
 from sediment.trace.runs import RunStats
@@ -201,16 +202,22 @@ class Engine:
             takeover.require_shared_blob(blob, self.data_dir)
         blobs = storage.open_blobs(blob, lambda store: counting(store, self.metrics))
         self.blob_uri, self.s3_endpoint = storage.blob_uri, storage.s3_endpoint
-        self.traces = TraceStore(meta, blobs, spill_dir=os.path.join(self.data_dir, "spill"))
+        fence = Fence()
+        self.traces = TraceStore(meta, blobs, spill_dir=os.path.join(self.data_dir, "spill"), fence=fence)
         self.traces.sweep_spills()
         self.traces.check_owner(record.engine_id, storage.blob_uri or "<blob store object>",
                                 take_over=take_over_blob_prefix, data_dir=self.data_dir)
-        self.catalog = Catalog(meta)
-        epoch = self.catalog.next_epoch()
+        self.catalog = Catalog(meta, fence)
         self.registry = RelationRegistry(self.view, self.catalog, self.traces, meta, self.metrics)
         log_ = self._open_log(metadata, marker, segment_bytes, repair)
-        for entry in self.catalog.load().values():
-            rel = self.registry.register(entry, self.traces.load(entry.id))
+        shared = bool(record.replicas) or record.wal_spec.kind == "s3"  # another coordinator may be replaced
+        if shared:
+            takeover.close_when_fenced(self, fence.on_replaced)
+        epoch = self.catalog.next_epoch()  # after the claim, before the listing: metadata/fence.py
+        entries = list(self.catalog.load(take_over=shared).values())
+        for entry, trace in zip(entries, self.traces.load_many([e.id for e in entries], take_over=shared),
+                                strict=True):
+            rel = self.registry.register(entry, trace)
             self.view.max_time = max(self.view.max_time, rel.trace.upper - 1,
                                       *(p.upper - 1 for p in rel.trace.pending))
         if not record.replicas:

@@ -5,6 +5,10 @@ batches are only ever written under fresh keys before the commit that references
 them, and deleted after the commit that stops referencing them. So at every instant
 the committed state names complete objects, and anything in the blob store that no
 state names is garbage (a crash between a put and its commit), swept at start-up.
+
+A coordinator that takes over rewrites every trace state before it sweeps
+(metadata/fence.py): a commit of the coordinator it replaced, made from a version read
+before, then fails with CoordinatorSuperseded, never pointing at a swept batch.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import pyarrow.parquet as pq
 
 from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore, LocalBlobStore
-from sediment.errors import BatchCorruption, BlobError, BlobNotFound, TraceError
+from sediment.errors import BatchCorruption, BlobError, BlobNotFound, MetadataConflict, TraceError
 from sediment.metadata import names
+from sediment.metadata.fence import Fence, rewrite_all
 from sediment.metadata.protocol import MetadataStore
 from sediment.trace.batch import (
     FORMAT_VERSION,
@@ -60,8 +65,10 @@ class TraceStore:
     """Loads, writes and commits traces. Thread-safe as long as each relation's trace
     has one writer at a time (the compacter)."""
 
-    def __init__(self, meta: MetadataStore, blobs: BlobStore, *, spill_dir: str | None = None):
+    def __init__(self, meta: MetadataStore, blobs: BlobStore, *, spill_dir: str | None = None,
+                 fence: Fence | None = None):
         self.meta = meta
+        self.fence = fence if fence is not None else Fence()
         self.blobs = blobs
         self._local = blobs if isinstance(blobs, LocalBlobStore) else None  # files: read and link in place
         self.spill_dir = spill_dir
@@ -142,21 +149,38 @@ class TraceStore:
         return self._schemas.get(relation_id)
 
     def load(self, relation_id: int) -> TraceState:
-        got = self.meta.get(state_key(relation_id))
-        if got is None:
-            self._versions[relation_id] = None
-            return TraceState(relation_id)
-        state = TraceState.decode(got.value)
-        if state.relation_id != relation_id:
-            raise TraceError(f"trace state at {state_key(relation_id)} belongs to relation {state.relation_id}")
-        self._versions[relation_id] = got.version
-        return state
+        return self.load_many([relation_id])[0]
+
+    def load_many(self, relation_ids: list[int], *, take_over: bool = False) -> list[TraceState]:
+        """The relations' trace states; ``take_over``: each rewritten first, a missing one
+        created empty (metadata/fence.py), so that a replaced coordinator's commits fail."""
+        keys = [state_key(r) for r in relation_ids]
+        if take_over:
+            empty = {state_key(r): TraceState(r).encode() for r in relation_ids}
+            got = rewrite_all(self.meta, keys, empty.get)
+        else:
+            got = [self.meta.get(k) for k in keys]
+        out = []
+        for relation_id, value in zip(relation_ids, got, strict=True):
+            self._versions[relation_id] = None if value is None else value.version
+            if value is None:
+                out.append(TraceState(relation_id))
+                continue
+            state = TraceState.decode(value.value)
+            if state.relation_id != relation_id:
+                raise TraceError(f"trace state at {state_key(relation_id)} belongs to relation {state.relation_id}")
+            out.append(state)
+        return out
 
     def commit(self, new: TraceState) -> TraceState:
-        """Replace the trace state by compare-and-set; raises MetadataConflict if it changed."""
+        """Replace the trace state by compare-and-set. CoordinatorSuperseded if it changed: only
+        a coordinator that took over writes it besides this one, and nothing was committed."""
         new.check_invariants()
         expected = self._versions.get(new.relation_id)
-        version = self.meta.compare_and_set(state_key(new.relation_id), new.encode(), expected)
+        try:
+            version = self.meta.compare_and_set(state_key(new.relation_id), new.encode(), expected)
+        except MetadataConflict:
+            raise self.fence.refuse(f"the trace commit of relation {new.relation_id}") from None
         self._versions[new.relation_id] = version
         return new
 

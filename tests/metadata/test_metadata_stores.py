@@ -204,6 +204,22 @@ def test_concurrent_cas_one_winner_per_version(store: MetadataStore) -> None:
     assert final.value == f"{won[target][0]}:{target - 1}".encode()
 
 
+def test_a_rewrite_fences_every_older_version_and_keeps_a_write_that_won_the_race(store: MetadataStore) -> None:
+    """metadata/fence.py on every store: after the rewrite a compare-and-set from any version
+    read before fails; a write that landed first is in the value rewritten; a missing key is
+    created, so a writer that expected it absent fails too."""
+    from sediment.metadata.fence import rewrite_all
+
+    v0 = store.compare_and_set("trace/a", b"old", None)
+    v1 = store.compare_and_set("trace/a", b"raced", v0)  # the old owner's commit wins the race
+    got = rewrite_all(store, ["trace/a", "trace/b", "trace/c"], {"trace/b": b"empty"}.get)
+    assert got[0] == Versioned(b"raced", v1 + 1) and got[1] == Versioned(b"empty", 0) and got[2] is None
+    for key, version in (("trace/a", v1), ("trace/a", v0), ("trace/b", None)):
+        with pytest.raises(MetadataConflict):
+            store.compare_and_set(key, b"late", version)
+    assert store.get("trace/a") == Versioned(b"raced", v1 + 1) and store.get("trace/c") is None
+
+
 # --- journal -----------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ import sys
 
 import pyarrow as pa
 import pytest
+from support.takeover_fence import s3_options, ups
 
 import sediment
 from sediment.errors import (
@@ -46,16 +47,6 @@ try:
 except SedimentError as exc:
     print("refused", type(exc).__name__, exc, flush=True)
 """
-
-
-def ups(ks: list[int], t: int) -> pa.Table:
-    return pa.table({"k": pa.array(ks, pa.int64()), "time": pa.array([t] * len(ks), pa.int64()),
-                     "diff": pa.array([1] * len(ks), pa.int64())})
-
-
-def s3_options(endpoint: str, bucket: str) -> dict:
-    return {"wal": f"s3://{bucket}/wal", "metadata": f"s3://{bucket}/meta?endpoint={endpoint}",
-            "blob": f"s3://{bucket}/blobs", "s3_endpoint": endpoint, "compact_interval": 3600.0}
 
 
 def start(data_dir, options: dict) -> subprocess.Popen:

@@ -1,0 +1,73 @@
+"""A coordinator replaced by a newer one on the same S3 log and S3 metadata commits nothing more
+to the traces (metadata/fence.py): its trace commits and merges made after the new coordinator
+opened are refused with CoordinatorSuperseded, so the new coordinator's sweep never deletes a
+batch a committed state names, and the old one closes itself."""
+
+from __future__ import annotations
+
+import pytest
+from support.takeover_fence import SCHEMA, HeldCommit, closed_event, in_thread, keys, s3_options, ups
+
+import sediment
+from sediment.clock import ManualClock
+from sediment.errors import CoordinatorSuperseded
+
+
+@pytest.mark.timeout(120)
+def test_a_commit_held_past_a_takeover_is_refused_and_the_swept_batch_is_never_named(tmp_path, s3_bucket):
+    """The old coordinator wrote its batch, then stalled before its commit; the new one opened
+    and swept the batch. Before the fence the late commit landed, naming the deleted batch:
+    acknowledged keys 1-3 became unreadable (BatchCorruption) after the next open."""
+    o = s3_options(*s3_bucket)
+    old = sediment.open(tmp_path / "old", clock=ManualClock(), **o)
+    old.add_relation("r", SCHEMA)
+    for t in range(1, 4):
+        old.append("r", ups([t], t))
+        old.seal("r", t)
+    closed = closed_event(old)
+    held = HeldCommit(old)
+    compacting = in_thread(old.compact)
+    assert held.reached.wait(30)
+    new = sediment.open(tmp_path / "new", metadata=o["metadata"], clock=ManualClock())
+    assert new.swept, "the old coordinator's uncommitted batch is swept"
+    held.release()
+    assert compacting["done"].wait(60)
+    assert isinstance(compacting.get("error"), CoordinatorSuperseded), compacting
+    assert closed.wait(30) and isinstance(old.superseded, CoordinatorSuperseded)
+    new.compact()  # the new coordinator's own commits go on from the state it loaded
+    assert keys(new, "r", 3) == [1, 2, 3]
+    new.close()
+    old.close()
+    with sediment.open(tmp_path / "again", metadata=o["metadata"]) as again:
+        assert keys(again, "r", 3) == [1, 2, 3]
+
+
+@pytest.mark.timeout(120)
+def test_a_merge_held_past_a_takeover_is_refused_and_deletes_none_of_its_inputs(tmp_path, s3_bucket):
+    """Before the fence the old coordinator's merge committed after the new one loaded the
+    trace and deleted its inputs, which the new one still read: BatchCorruption."""
+    o = s3_options(*s3_bucket)
+    old = sediment.open(tmp_path / "old", clock=ManualClock(), major_compaction_quiet=None, merge_factor=1000.0, **o)
+    old.add_relation("r", SCHEMA)
+    for t in range(1, 5):
+        old.append("r", ups([t], t))
+        old.seal("r", t)
+        old.wal.finish_segment()
+        old.compaction.run_pass(None, merge=False)
+    batches = len(old.view.get("r").trace.batches)
+    assert batches >= 2
+    held = HeldCommit(old, when=lambda new: len(new.batches) < batches)
+    old.set_since("r", 4)
+    compacting = in_thread(old.compact)
+    assert held.reached.wait(30), "no merge ran"
+    new = sediment.open(tmp_path / "new", metadata=o["metadata"], clock=ManualClock())
+    held.release()
+    assert compacting["done"].wait(60)
+    assert isinstance(compacting.get("error"), CoordinatorSuperseded), compacting
+    try:
+        assert keys(new, "r", 4) == [1, 2, 3, 4]
+        new.compact()  # the new coordinator merges them itself
+        assert len(new.view.get("r").trace.batches) == 1 and keys(new, "r", 4) == [1, 2, 3, 4]
+    finally:
+        new.close()
+        old.close()
