@@ -6,6 +6,11 @@ compare-and-set on that key's version, so the same code runs on the local journa
 and on ZooKeeper. Relation ids come from a counter key and are never reused: WAL
 records of a dropped relation can never be taken for those of a new relation
 with the same name.
+
+A coordinator that was replaced must write nothing more here (metadata/fence.py): an
+update or drop from a version the new coordinator rewrote fails, and a creation is
+confirmed by a compare-and-set of ``engine/epoch``, which the new coordinator bumped
+after its claim; both refuse with CoordinatorSuperseded.
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ class RelationEntry:
 
 
 class Catalog:
-    """Relations in a MetadataStore. ``fence``: what a refused write of a replaced coordinator tells."""
+    """Relations in a MetadataStore. ``fence`` refuses the writes of a replaced coordinator."""
 
     def __init__(self, store: MetadataStore, fence: Fence | None = None):
         self.store = store
@@ -106,7 +111,7 @@ class Catalog:
 
     def next_epoch(self) -> int:
         """A number no earlier opening of this engine used: the high bits of transaction ids.
-        Bumped after the log claim."""
+        Bumped after the log claim: creations of a coordinator opened earlier fail from then on."""
         self._epoch = self._bump(EPOCH)
         return int(self._epoch.value)
 
@@ -118,12 +123,39 @@ class Catalog:
             version = self.store.compare_and_set(RELATIONS + name, entry.encode(), None)
         except MetadataConflict:
             raise RelationExists(f"relation {name!r} already exists (created concurrently)") from None
+        self._confirm(name, version)
         return replace(entry, version=version)
 
+    def _confirm(self, name: str, version: int) -> None:
+        """Still the coordinator after creating ``name``? A compare-and-set of ``engine/epoch``
+        from the version this one wrote. If it fails, a newer open bumped the epoch, and its
+        listing of the catalog may have missed the entry: the entry is removed again unless
+        the new coordinator already rewrote it (then it holds and serves the relation)."""
+        if self._epoch is None:  # not opened as a coordinator (tools): no epoch to hold
+            return
+        try:
+            self._epoch = Versioned(self._epoch.value,
+                                    self.store.compare_and_set(EPOCH, self._epoch.value, self._epoch.version))
+            return
+        except MetadataConflict:
+            pass
+        try:
+            self.store.delete(RELATIONS + name, version)
+            held = "it was removed again"
+        except MetadataConflict:
+            held = "the new coordinator holds it"
+        raise self.fence.refuse(f"creating relation {name!r} ({held})")
+
     def update(self, entry: RelationEntry) -> RelationEntry:
-        """Write a changed entry; MetadataConflict if someone else changed it since it was read."""
-        version = self.store.compare_and_set(RELATIONS + entry.name, entry.encode(), entry.version)
+        """Write a changed entry; CoordinatorSuperseded if another coordinator rewrote it since it was read."""
+        try:
+            version = self.store.compare_and_set(RELATIONS + entry.name, entry.encode(), entry.version)
+        except MetadataConflict:
+            raise self.fence.refuse(f"changing relation {entry.name!r}") from None
         return replace(entry, version=version)
 
     def drop(self, entry: RelationEntry) -> None:
-        self.store.delete(RELATIONS + entry.name, entry.version)
+        try:
+            self.store.delete(RELATIONS + entry.name, entry.version)
+        except MetadataConflict:
+            raise self.fence.refuse(f"dropping relation {entry.name!r}") from None

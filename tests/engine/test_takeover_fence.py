@@ -1,10 +1,11 @@
-"""A coordinator replaced by a newer one on the same S3 log and S3 metadata commits nothing more
-to the traces (metadata/fence.py): its trace commits and merges made after the new coordinator
-opened are refused with CoordinatorSuperseded, so the new coordinator's sweep never deletes a
-batch a committed state names, and the old one closes itself."""
+"""A coordinator replaced by a newer one on the same S3 log and S3 metadata writes nothing more
+to the metadata (metadata/fence.py): its trace commits, merges and catalog writes made after
+the new coordinator opened are refused with CoordinatorSuperseded, so the new coordinator's
+sweep never deletes a batch a committed state names, and the old one closes itself."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from support.takeover_fence import SCHEMA, HeldCommit, closed_event, in_thread, keys, s3_options, ups
 
@@ -71,3 +72,30 @@ def test_a_merge_held_past_a_takeover_is_refused_and_deletes_none_of_its_inputs(
     finally:
         new.close()
         old.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_replaced_coordinators_catalog_writes_are_refused_and_change_nothing(tmp_path, s3_bucket):
+    """add_relation, alter_relation, set_since and drop_relation write the catalog only, so
+    the log's claim never stopped them: before the fence each was acknowledged after the
+    takeover, and the new coordinator did not see it until a reopen."""
+    o = s3_options(*s3_bucket)
+    old = sediment.open(tmp_path / "old", clock=ManualClock(), **o)
+    old.add_relation("r", SCHEMA)
+    old.add_relation("q", SCHEMA)
+    old.append("r", ups([1], 1))
+    old.seal("r", 1)
+    new = sediment.open(tmp_path / "new", metadata=o["metadata"], clock=ManualClock())
+    with pytest.raises(CoordinatorSuperseded, match="creating relation 's'"):
+        old.add_relation("s", SCHEMA)
+    for refused in (lambda: old.alter_relation("r", add=[pa.field("extra", pa.string())]),
+                    lambda: old.set_since("r", 1), lambda: old.drop_relation("q")):
+        with pytest.raises(CoordinatorSuperseded):
+            refused()
+    assert new.relations() == ["q", "r"] and new.schema_version("r") == 0 and new.since("r") == 0
+    new.add_relation("s", SCHEMA)  # the name the refused creation tried is free
+    assert new.alter_relation("r", add=[pa.field("extra", pa.string())]) == 1
+    new.close()
+    old.close()
+    with sediment.open(tmp_path / "again", metadata=o["metadata"]) as again:
+        assert again.relations() == ["q", "r", "s"] and again.schema_version("r") == 1 and again.since("r") == 0
