@@ -95,20 +95,27 @@ def close_when_fenced(engine: Any, on_fenced: Callable[[Callable[[BaseException]
     on_fenced(fenced)
 
 
+def _refuse_a_log_with_records(engine: Any, wal: str, end_lsn: int) -> None:
+    if end_lsn > 0:
+        raise MetadataMissing(f"{engine.data_dir}: the metadata has no storage record, but the log {wal} holds LSNs "
+                              f"up to {end_lsn - 1}: the metadata was lost or points elsewhere; restore it or "
+                              "pass the right metadata= (opening would lose every acknowledged update)")
+
+
 def open_s3_log(engine: Any, wal: str, metadata: object, marker: str | None, s3_endpoint: str | None, *,
                 segment_bytes: int, repair: bool, create: bool) -> S3Log:
     """Open (and claim) the engine's log on S3; close the engine when a newer coordinator fences it."""
-    from sediment.wal.s3_log import S3Log
+    from sediment.wal.s3_log import S3Log, peek_end
 
     if metadata is None:
         raise StorageRecordMismatch(f"{engine.data_dir}: wal={wal!r} needs a metadata store every coordinator can "
                                     "reach, e.g. metadata='s3://bucket/meta'; nothing was created")
+    if create:  # read-only first: a refused open must not claim (and so fence) the log
+        _refuse_a_log_with_records(engine, wal, peek_end(wal, s3_endpoint))
     log_ = S3Log.open(wal, s3_endpoint=s3_endpoint, create=create, segment_bytes=segment_bytes, repair=repair)
-    if create and log_.end_lsn > 0:
+    if create and log_.end_lsn > 0:  # records written between the look and the claim
         log_.close()
-        raise MetadataMissing(f"{engine.data_dir}: the metadata has no storage record, but the log {wal} holds LSNs "
-                              f"up to {log_.end_lsn - 1}: the metadata was lost or points elsewhere; restore it or "
-                              "pass the right metadata= (opening would lose every acknowledged update)")
+        _refuse_a_log_with_records(engine, wal, log_.end_lsn)
     close_when_fenced(engine, log_.on_fenced)
     log_.watch_takeover(engine.clock)
     if marker is None:

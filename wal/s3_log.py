@@ -85,6 +85,18 @@ def check_log(spec: str, s3_endpoint: str | None = None, partition: int = 0) -> 
         store.close()
 
 
+def peek_end(spec: str, s3_endpoint: str | None = None, partition: int = 0) -> int:
+    """The end LSN of the log at ``spec`` (0: no records, or no log), read without claiming it:
+    an open that would be refused must not fence the writer that holds the log."""
+    bucket, prefix, endpoint = parse_spec(spec, s3_endpoint)
+    store = SlotStore(bucket, prefix, endpoint)
+    try:
+        newest = read_newest(store, partition)
+        return 0 if newest is None else newest.next_lsn
+    finally:
+        store.close()
+
+
 @dataclass
 class _Pending(PendingAppend):
     """An append in flight (also the caller's ticket), or a request for the writer:

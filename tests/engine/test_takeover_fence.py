@@ -11,7 +11,7 @@ from support.takeover_fence import SCHEMA, HeldCommit, closed_event, in_thread, 
 
 import sediment
 from sediment.clock import ManualClock
-from sediment.errors import CoordinatorSuperseded
+from sediment.errors import CoordinatorSuperseded, MetadataMissing
 
 
 @pytest.mark.timeout(120)
@@ -99,3 +99,23 @@ def test_a_replaced_coordinators_catalog_writes_are_refused_and_change_nothing(t
     old.close()
     with sediment.open(tmp_path / "again", metadata=o["metadata"]) as again:
         assert again.relations() == ["q", "r", "s"] and again.schema_version("r") == 1 and again.since("r") == 0
+
+
+@pytest.mark.timeout(120)
+def test_an_open_refused_for_empty_metadata_leaves_the_live_coordinator_alone(tmp_path, s3_bucket):
+    """The right wal= with the wrong (empty) metadata is refused (MetadataMissing); it used to
+    claim the log first, so the live coordinator's next append raised WalFenced."""
+    endpoint, bucket = s3_bucket
+    o = s3_options(endpoint, bucket)
+    live = sediment.open(tmp_path / "live", **o)
+    try:
+        live.add_relation("r", SCHEMA)
+        live.append("r", ups([1], 1))
+        with pytest.raises(MetadataMissing, match="holds LSNs"):
+            sediment.open(tmp_path / "typo", **{**o, "metadata": f"s3://{bucket}/meta2?endpoint={endpoint}",
+                                                 "blob": f"s3://{bucket}/blobs2"})
+        live.append("r", ups([2], 2))
+        live.seal("r", 2)
+        assert keys(live, "r", 2) == [1, 2]
+    finally:
+        live.close()
