@@ -242,6 +242,12 @@ class WalTakenOverInFlight(WalError, OutcomeUnknown):
     then the new writer's log holds it. Read back through the coordinator that took over."""
 
 
+class WalOutcomeUnknown(WalError, OutcomeUnknown):
+    """A log on S3 could not learn whether a PUT landed (its answer was lost and reading the
+    slot back failed too): the append may be in the log. The log writes nothing more; reopen
+    the engine, whose recovery reads the log as it is, and read back before writing again."""
+
+
 # --- metadata -------------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from sediment.clock import Clock
 from sediment.errors import (
     InvalidArgument,
+    OutcomeUnknown,
     RepairRefused,
     WalError,
     WalFenced,
@@ -313,7 +314,7 @@ class S3Log:
                 return  # the writer (or the takeover watch) already failed it
             self._failed = self._failed or exc
             waiting, self._queue = self._queue, []
-        err = exc if isinstance(exc, _TAKEN_OVER) else \
+        err = exc if isinstance(exc, (*_TAKEN_OVER, OutcomeUnknown)) else \
             WalError(f"write to the log at {self.dir} failed: {exc}; not acknowledged")
         for p in batch + waiting:
             p.error = err

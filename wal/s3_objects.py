@@ -21,7 +21,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sediment._s3 import Bucket, PreconditionFailed, read_object
-from sediment.errors import WalCorruption, WalError, WalMissing
+from sediment.errors import WalCorruption, WalError, WalMissing, WalOutcomeUnknown
 from sediment.wal import s3_format as fmt
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,8 @@ class SlotStore:
     def create(self, name: str, body: bytes) -> bool | None:
         """Create ``name`` holding ``body``: True once it holds our bytes, False when another
         writer's object holds the slot, None when a resent PUT met 412 and the slot is empty
-        again (deleted since: whether our first attempt landed is unknown). WalError when the
-        outcome stays unknown."""
+        again (deleted since: whether our first attempt landed is unknown). WalOutcomeUnknown
+        when the outcome stays unknown (reading the slot back failed too)."""
         retried = False
         unknown: Exception | None = None
         for _ in range(_UNKNOWN_ROUNDS):
@@ -93,19 +93,30 @@ class SlotStore:
             except PreconditionFailed as e:
                 if not (e.retried or retried):
                     return False
-                stored = self.get(name)
+                stored = self._read_back(name, e)
                 if stored == body:
                     log.info("S3 log: an earlier attempt of the PUT of %s landed", self.where(name))
                 return None if stored is None else stored == body
             except (ClientError, BotoCoreError) as e:
                 unknown = e
-            stored = self.get(name)
+            stored = self._read_back(name, unknown)
             if stored is not None:
                 return stored == body
             retried = True
-        raise WalError(f"S3 log PUT of {self.where(name)} at {self.endpoint_url} has an unknown outcome "
-                       f"({type(unknown).__name__}: {unknown}); not acknowledged: reopen the engine, whose recovery "
-                       "reads the log as it is")
+        raise self._outcome_unknown(name, unknown)
+
+    def _read_back(self, name: str, cause: Exception | None) -> bytes | None:
+        """The slot after a PUT whose outcome is unknown; WalOutcomeUnknown if it cannot be read."""
+        try:
+            return self.get(name)
+        except WalError as e:
+            raise self._outcome_unknown(name, cause, e) from e
+
+    def _outcome_unknown(self, name: str, put: Exception | None, read: Exception | None = None) -> WalOutcomeUnknown:
+        also = f"; reading the slot back failed too ({read})" if read is not None else ""
+        return WalOutcomeUnknown(f"S3 log PUT of {self.where(name)} at {self.endpoint_url} has an unknown outcome "
+                                 f"({type(put).__name__}: {put}){also}: it may have landed; reopen the engine, whose "
+                                 "recovery reads the log as it is, and read back before writing it again")
 
     def delete(self, names: list[str]) -> None:
         """Best effort: what is left is garbage the next open deletes."""

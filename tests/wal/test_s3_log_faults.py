@@ -232,3 +232,26 @@ def test_a_writer_stalled_past_a_takeover_and_a_trim_still_meets_the_claim(seria
     finally:
         old.close()
         new.close()
+
+
+def test_a_put_that_landed_but_could_not_be_read_back_is_outcome_unknown(faulty_proxy, spec_at):
+    """The PUT lands, its answer is lost, and S3 answers no read meanwhile: whether the append
+    is in the log is unknown, and it is (after a reopen). It used to be a plain WalError ("not
+    acknowledged"), on which a caller that appended again wrote it twice."""
+    from sediment.errors import NothingWritten, OutcomeUnknown, WalOutcomeUnknown
+
+    spec = spec_at(faulty_proxy.endpoint)
+    log = S3Log.open(spec, create=True, max_attempts=1, read_timeout=5.0)
+    log.append([row(0)])
+    faulty_proxy.drop_response_next(1, match=is_log_put)
+    faulty_proxy.fail_next(50, status=503, match=lambda m, p: m == "GET")
+    with pytest.raises(WalOutcomeUnknown, match="may have landed") as got:
+        log.append([row(1)])
+    assert isinstance(got.value, OutcomeUnknown) and not isinstance(got.value, NothingWritten)
+    faulty_proxy.clear()
+    log.close()
+    again = S3Log.open(spec)
+    try:
+        assert bodies(again).count(bytes(row(1).body)) == 1
+    finally:
+        again.close()
