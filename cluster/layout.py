@@ -133,13 +133,14 @@ def encode_assignment(assignment: dict[int, tuple[str, int]]) -> bytes:
 
 
 def connect_zk(where: ClusterPath, timeout: float = DEFAULT_SESSION_TIMEOUT) -> object:
-    """A started kazoo client for the cluster's ZooKeeper."""
+    """A started kazoo client for the cluster's ZooKeeper, reconnecting at least once a second
+    after an outage (the metadata store's retry), not kazoo's backoff of up to an hour."""
     from kazoo.client import KazooClient
 
     from sediment.errors import MetadataUnavailable
-    from sediment.metadata.zookeeper import attempt_hosts
+    from sediment.metadata.zookeeper import attempt_hosts, connection_retry
 
-    zk = KazooClient(hosts=attempt_hosts(where.hosts), timeout=timeout)
+    zk = KazooClient(hosts=attempt_hosts(where.hosts), timeout=timeout, connection_retry=connection_retry())
     try:
         zk.start(timeout=max(timeout, 5.0))
     except Exception as exc:  # noqa: BLE001 - kazoo raises its own timeout type

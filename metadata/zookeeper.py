@@ -109,6 +109,13 @@ def attempt_hosts(hosts: str) -> list[str]:
     return entries * repeat + ([f"/{chroot}"] if chroot else [])
 
 
+def connection_retry() -> KazooRetry:
+    """How a kazoo client reconnects: at most a second between attempts, for ever. Kazoo's
+    default doubles the wait up to an hour, so a client back from a long outage would stay
+    disconnected about as long again after ZooKeeper returned."""
+    return KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0)
+
+
 class ZooKeeperMetadataStore:
     """A :class:`~sediment.metadata.protocol.MetadataStore` over ZooKeeper znodes."""
 
@@ -138,7 +145,7 @@ class ZooKeeperMetadataStore:
         self._client = KazooClient(
             hosts=attempt_hosts(hosts),
             timeout=session_timeout,
-            connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
+            connection_retry=connection_retry(),
         )
         self._client.add_listener(self._on_state)
         try:
