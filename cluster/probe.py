@@ -5,9 +5,9 @@ ends.
 A SIGKILLed process's listening socket closes with it, so the next connection to its port
 is refused at once, while ZooKeeper ends its session only after the session timeout. Safety
 never rests on this check: the manager only moves the member's partitions (as for a member
-that leaves), and the old owner, dead or alive, is fenced by the generation where data lands
-(the new owner's store session at the storage nodes, the metadata compare-and-set, the trace
-commits). A paused process (SIGSTOP, a long GC) still accepts connections in the kernel, so
+that leaves), and the old owner, dead or alive, is fenced where data lands: the new owner's
+store session at the storage nodes, and its open's rewrite of every trace state and catalog
+entry (metadata/fence.py), which makes the old owner's later commits fail. A paused process (SIGSTOP, a long GC) still accepts connections in the kernel, so
 it is not suspected: its partitions move when its session ends. Only a refusal counts, never
 a timeout or an unreachable network, and a refusal is confirmed by a second attempt.
 """
