@@ -17,12 +17,13 @@ pytestmark = pytest.mark.zookeeper
 @pytest.mark.timeout(120)
 def test_a_replicated_coordinators_commit_held_past_a_takeover_is_refused(tmp_path, zookeeper, zk_root):
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
     spec = f"zk://{zookeeper.hosts}{zk_root}"
+    options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY), "metadata": spec,
+               "blob": f"file://{tmp_path}/shared-blobs", "compact_interval": 3600.0}
     try:
-        old = sediment.open(tmp_path / "a", replicas=[n.address for n in nodes], cluster_key=str(KEY),
-                            metadata=spec, blob=f"file://{tmp_path}/shared-blobs", compact_interval=3600.0)
+        for n in nodes:
+            n.start()
+        old = sediment.open(tmp_path / "a", **options)
         old.add_relation("r", SCHEMA)
         for t in range(1, 4):
             old.append("r", ups([t], t))
