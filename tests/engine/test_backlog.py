@@ -88,21 +88,26 @@ def test_a_writer_outrunning_compaction_stays_under_the_bound(tmp_path):
                 eng.seal("r", i + 3)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             failed.append(exc)
+        finally:
+            with eng.view.lock:  # the test waits on the backlog's condition for this end too
+                finished.set()
+                eng.view.backlog.wake_all()
 
+    finished = threading.Event()
     thread = threading.Thread(target=writer)
     thread.start()
     cycles = 0
-    while thread.is_alive():
-        if not wait_backlog(eng, lambda: eng.view.backlog.waiting > 0 or not thread.is_alive()):
+    while not finished.is_set():
+        if not wait_backlog(eng, lambda: eng.view.backlog.waiting > 0 or finished.is_set()):
             break
-        if not thread.is_alive():
+        if finished.is_set():
             break
         cycles += 1
         stats = eng.stats()["wal"]
         assert stats["backlog_waiting_appends"] == 1 and stats["backlog_bytes"] <= bound
         assert b"sediment_wal_backlog_bytes" in eng.metrics.exposition()
         store.gate.set()  # let compaction catch up, then close the gate again
-        assert wait_backlog(eng, lambda: eng.view.backlog.waiting == 0 or not thread.is_alive())
+        assert wait_backlog(eng, lambda: eng.view.backlog.waiting == 0 or finished.is_set())
         store.gate.clear()
     store.gate.set()
     thread.join(120)

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 
 import pyarrow as pa
@@ -139,26 +137,17 @@ def test_storage_nodes_expose_metrics_over_http(tmp_path):
     them counted every record, and each reports its partition's next LSN."""
     import uuid
 
-    from support.replication import free_port
+    from support.replication import Node, start_all, stop_all
 
     from sediment.metadata.memory import MemoryMetadataStore
     from sediment.wal import record as rec
     from sediment.wal.replication.replicated_log import ReplicatedLog
 
     key = uuid.uuid4()
-    procs, urls, addresses = [], [], []
+    nodes = [Node(tmp_path / f"n{i}", key, ("--metrics-listen", "127.0.0.1:0")) for i in range(3)]
+    start_all(nodes)
+    urls, addresses = [n.metrics_url for n in nodes], [n.address for n in nodes]
     try:
-        for i in range(3):
-            address = f"127.0.0.1:{free_port()}"
-            proc = subprocess.Popen([sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir", str(tmp_path / f"n{i}"),
-                                     "--listen", address, "--cluster-key", str(key), "--metrics-listen", "127.0.0.1:0"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            procs.append(proc)
-            metrics_line = proc.stdout.readline()
-            assert metrics_line.startswith("metrics on "), (metrics_line, proc.stderr.read() if proc.poll() else "")
-            assert proc.stdout.readline().startswith("listening on")
-            urls.append(metrics_line.split()[-1])
-            addresses.append(address)
         log = ReplicatedLog.open(addresses, MemoryMetadataStore(), 0, key, timeout=5.0)
         try:
             for i in range(10):
@@ -175,20 +164,17 @@ def test_storage_nodes_expose_metrics_over_http(tmp_path):
                 assert s[("sediment_node_syncs_total", (("partition", "0"),))] >= 1
         assert end >= 10
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        stop_all(nodes)
 
 
 @pytest.mark.slow
 def test_a_replicated_engine_reports_quorum_latency_and_replica_lag(tmp_path):
-    from support.replication import KEY, Node
+    from support.replication import KEY, Node, start_all
 
     from sediment.metadata.memory import MemoryMetadataStore
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     try:
         with sediment.open(tmp_path / "data", replicas=[n.address for n in nodes], metadata=MemoryMetadataStore(),
                            cluster_key=str(KEY), blob=f"file://{tmp_path}/blobs") as engine:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from support.replication import KEY, Node
+from support.replication import KEY, Node, start_all, stop_all
 
 TOKEN = "cluster-test-token"
 
@@ -31,11 +31,15 @@ class MemberProc:
                                       "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", "--log-level", "info",
                                       "--shutdown-grace", "5", "--metrics-listen", "127.0.0.1:0", *extra],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        line = self.proc.stdout.readline()
-        self.metrics_url = line.split()[-1] if line.startswith("metrics on ") else None
-        if self.metrics_url is not None:
+        try:
             line = self.proc.stdout.readline()
-        assert line.startswith("serving cluster"), f"member did not start: {line!r}; see {self.log.name}"
+            self.metrics_url = line.split()[-1] if line.startswith("metrics on ") else None
+            if self.metrics_url is not None:
+                line = self.proc.stdout.readline()
+            assert line.startswith("serving cluster"), f"member did not start: {line!r}; see {self.log.name}"
+        except BaseException:
+            self.kill()  # a member that did not come up is not left running
+            raise
         words = line.split()
         self.member_id, self.uri = words[words.index("as") + 1], words[-1]
 
@@ -79,14 +83,17 @@ class Cluster:
         self.session_timeout = session_timeout
         self.env = {**os.environ, "SEDIMENT_TOKEN": TOKEN, "AWS_ENDPOINT_URL": moto_endpoint}
         self.nodes = [Node(root / f"node{i}", extra_args=node_args) for i in range(3)]
-        for n in self.nodes:
-            n.start()
         self.members: list[MemberProc] = []
-        subprocess.run([sys.executable, "-m", "sediment", "cluster", "create", "--metadata", self.uri,
-                        "--partitions", str(partitions), "--replicas", ",".join(n.address for n in self.nodes),
-                        "--cluster-key", str(KEY), "--blob", f"s3://{bucket}/{zk_root.strip('/')}",
-                        "--s3-endpoint", moto_endpoint, "--session-timeout", str(session_timeout)],
-                       check=True, env=self.env, capture_output=True)
+        start_all(self.nodes)
+        try:
+            subprocess.run([sys.executable, "-m", "sediment", "cluster", "create", "--metadata", self.uri,
+                            "--partitions", str(partitions), "--replicas", ",".join(n.address for n in self.nodes),
+                            "--cluster-key", str(KEY), "--blob", f"s3://{bucket}/{zk_root.strip('/')}",
+                            "--s3-endpoint", moto_endpoint, "--session-timeout", str(session_timeout)],
+                           check=True, env=self.env, capture_output=True)
+        except BaseException:
+            stop_all(self.nodes)  # the cluster was not made: its nodes are not left running
+            raise
 
     def start_member(self, advertise: str | None = None) -> MemberProc:
         """A new member; ``advertise``: the address it names to clients (a proxy's) instead of its own."""
@@ -129,9 +136,7 @@ class Cluster:
         for m in self.members:
             if m.proc.returncode is None:
                 m.kill()
-        for n in self.nodes:
-            if n.proc is not None:
-                n.kill()
+        stop_all(self.nodes)
 
 
 @contextmanager

@@ -22,9 +22,12 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if TESTS not in sys.path:  # also run as a child process by its path: find the support package
     sys.path.insert(0, TESTS)
 
+from support import faults_model as fm  # noqa: E402
 from support.faults_model import DROP_WEIGHT, SEGMENT_SIZES, Model, check_engine, next_op, run_op  # noqa: E402
 
 OPS_PER_CHILD = 24
+# The workload's alter weight as the parent has it (a test raises it), handed to each child.
+ALTER_WEIGHT_ENV = "FAULTS_ALTER_WEIGHT"
 # Steps inside the engine where a child kills itself (SIGKILL) at a chosen call, "before" or
 # "after" the real call runs: the narrow windows a kill at a random moment seldom hits.
 STEPS = (
@@ -95,6 +98,7 @@ def child_main(argv: list[str]) -> int:
     from sediment.errors import SedimentError
 
     opts = json.loads(opts_json)
+    fm.ALTER_WEIGHT = float(os.environ.get(ALTER_WEIGHT_ENV, fm.ALTER_WEIGHT))
     with open(model_path) as f:
         model = Model.from_json(json.load(f))
     rng = random.Random(seed)
@@ -241,7 +245,8 @@ def kill_trial(data_dir: str, opts: dict, model: Model, rng: random.Random, chil
         step, want, delay = [f"{where}|{when}|{rng.randrange(1, 4)}"], "k ", 0.0
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "child", data_dir, json.dumps(opts),
                              model_path, str(child_seed), str(OPS_PER_CHILD), *step],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env={**os.environ, ALTER_WEIGHT_ENV: repr(fm.ALTER_WEIGHT)})
     deadline = time.monotonic() + timeout
     reader = _Lines(proc)
     eof = reader.read(lambda ln: ln == want or ln.startswith(want), deadline)

@@ -1,5 +1,6 @@
 """Three storage nodes (``nodes``) for the tests of the replicated log and engine: real
-``sediment storage-node`` processes, started, and killed by their PIDs when the test ends."""
+``sediment storage-node`` processes, started, and killed by their PIDs when the test ends
+(or when a later one fails to start)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from support.replication import Node
+from support.replication import Node, start_all, stop_all
 
 
 @pytest.fixture
 def nodes(tmp_path: Path):
     started = [Node(tmp_path / f"node{i}") for i in range(3)]
+    start_all(started)
     try:
-        for n in started:
-            n.start()
         yield started
     finally:
-        for n in started:
-            if n.proc is not None:
-                n.kill()
+        stop_all(started)

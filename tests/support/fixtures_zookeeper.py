@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from support.ports import RESTART_DEADLINE, free_port, restart_on_port
+
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 SLF4J_JAR = "/usr/share/java/slf4j-simple.jar"
 # The JVM's start until it serves: 1-13 s measured on 2 shared cores at load 8-28, over 20 s
@@ -25,18 +27,15 @@ SLF4J_JAR = "/usr/share/java/slf4j-simple.jar"
 READY_TIMEOUT = 60.0
 # ZooKeeperServerMain logs this after the server reached RUNNING (ContainerManager starts next).
 READY_LINE = b"ContainerManager - Using checkIntervalMs"
+# What the JVM logs (then exits) when another process holds its port.
+IN_USE_LINE = b"BindException: Address already in use"
+FRESH_PORT_TRIES = 5
 STOP_TIMEOUT = 10.0
 # ZooKeeper grants a session timeout between 2 and 20 ticks (unless told otherwise) and expires
 # sessions in tick-sized buckets: a short tick lets a 3 s session be granted as asked and end
 # within a tick of its timeout (with tickTime=2000 it was granted 4 s and ended 4-6 s late).
 TICK_MS = 250
 MAX_SESSION_MS = 60_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def four_letter_word(port: int, word: str, timeout: float = 1.0) -> str:
@@ -60,26 +59,19 @@ class ZooKeeperServer:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.port = _free_port()
-        self.hosts = f"127.0.0.1:{self.port}"
+        self.port: int | None = None  # known once it first served
+        self.hosts = ""
         self.data_dir = workdir / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "zoo.cfg"
-        self.config.write_text(
-            f"tickTime={TICK_MS}\n"
-            f"maxSessionTimeout={MAX_SESSION_MS}\n"
-            f"dataDir={self.data_dir}\n"
-            "clientPortAddress=127.0.0.1\n"
-            f"clientPort={self.port}\n"
-            "admin.enableServer=false\n"
-            "4lw.commands.whitelist=ruok,srvr,stat,envi,cons\n"
-        )
         self.log_path = workdir / "zookeeper.log"
         self._process: subprocess.Popen[bytes] | None = None
         self._output = threading.Condition()  # signalled by the thread reading the server's output
         self._ready = threading.Event()
         self._exited = threading.Event()
+        self._in_use = threading.Event()
         self._pump: threading.Thread | None = None
+        self.restart_deadline = RESTART_DEADLINE
 
     @property
     def pid(self) -> int | None:
@@ -92,10 +84,32 @@ class ZooKeeperServer:
             return "(no log)"
 
     def start(self) -> None:
+        """Start the server: a first start on a port free now, another one if the JVM finds it
+        taken (ZooKeeper reads port 0 as "no port", so it cannot bind 0 and report); a start
+        after stop() on the port it had, waiting while another process holds it."""
         if self._process is not None:
             return
-        self._ready = threading.Event()
-        self._exited = threading.Event()
+        if self.port is not None:
+            restart_on_port(self.port, lambda: self._attempt(self.port), "ZooKeeper", self.restart_deadline)
+            return
+        for _ in range(FRESH_PORT_TRIES):
+            if self._attempt(free_port()):
+                return
+        pytest.fail(f"ZooKeeper found each of {FRESH_PORT_TRIES} free ports taken by the time it bound it")
+
+    def _attempt(self, port: int) -> bool | None:
+        """Run the server on ``port`` until it serves (True) or reports the port in use (None,
+        after it exited); fail the test on anything else."""
+        self.config.write_text(
+            f"tickTime={TICK_MS}\n"
+            f"maxSessionTimeout={MAX_SESSION_MS}\n"
+            f"dataDir={self.data_dir}\n"
+            "clientPortAddress=127.0.0.1\n"
+            f"clientPort={port}\n"
+            "admin.enableServer=false\n"
+            "4lw.commands.whitelist=ruok,srvr,stat,envi,cons\n"
+        )
+        self._ready, self._exited, self._in_use = threading.Event(), threading.Event(), threading.Event()
         self._process = subprocess.Popen(
             [
                 "java",
@@ -114,14 +128,17 @@ class ZooKeeperServer:
         self._pump.start()
         with self._output:
             self._output.wait_for(lambda: self._ready.is_set() or self._exited.is_set(), READY_TIMEOUT)
-        if self._ready.is_set() and four_letter_word(self.port, "ruok") == "imok":
-            return
+        if self._ready.is_set() and four_letter_word(port, "ruok") == "imok":
+            self.port, self.hosts = port, f"127.0.0.1:{port}"
+            return True
         exited = self._exited.is_set()
         self.stop()
+        if self._in_use.is_set():
+            return None
         if exited:
             pytest.fail(f"ZooKeeper exited during start-up; log tail:\n{self._log_tail()}")
         pytest.fail(
-            f"ZooKeeper on {self.hosts} did not log that it serves (or answer 'ruok') within "
+            f"ZooKeeper on 127.0.0.1:{port} did not log that it serves (or answer 'ruok') within "
             f"{READY_TIMEOUT}s; log tail:\n{self._log_tail()}"
         )
 
@@ -133,6 +150,8 @@ class ZooKeeperServer:
             for line in process.stdout:
                 log.write(line)
                 log.flush()
+                if IN_USE_LINE in line:
+                    self._in_use.set()
                 if READY_LINE in line:
                     with self._output:
                         self._ready.set()

@@ -25,11 +25,23 @@ class Served:
                                       "--listen", "127.0.0.1:0", *extra], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=self.env)
         self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [self.lines.put(line.rstrip("\n")) for line in self.proc.stdout] and None,
-                         daemon=True).start()
+        threading.Thread(target=self._pump, daemon=True).start()
         self.metrics_url: str | None = None
+        try:
+            self._wait_serving()
+        except BaseException:
+            self.kill()  # a server that did not come up is not left running
+            raise
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)  # the end of its output: it exited
+
+    def _wait_serving(self) -> None:
         while True:
             line = self.lines.get(timeout=60)
+            assert line is not None, f"sediment serve exited before serving: {self.proc.stderr.read()[-2000:]}"
             if line.startswith("metrics on "):
                 self.metrics_url = line.split()[-1]
             elif line.startswith("serving "):
@@ -42,7 +54,8 @@ class Served:
         return self.proc.wait(timeout=60)
 
     def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=60)
 
 

@@ -16,6 +16,7 @@ import functools
 import os
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from sediment.wal.protocol import WriteAheadLog
 from sediment.wal.replication.node.storage_node import serve_tcp
 from sediment.wal.replication.replicated_log import ReplicatedLog
 from sediment.wal.s3_log import S3Log
+from support.ports import POLL, RESTART_DEADLINE, PortTaken, address_in_use
 
 KEY = uuid.UUID("c0f0c0f0-0000-4000-8000-00000000000e")
 SEGMENT_BYTES = 8192
@@ -146,9 +148,8 @@ class InProcessNodes:
         async def main() -> None:
             with trio.CancelScope() as self._scope:
                 async with trio.open_nursery() as nursery:
-                    for i, d in enumerate(self.dirs):
-                        listeners = await nursery.start(functools.partial(
-                            serve_tcp, str(d), "127.0.0.1", self.ports[i], KEY, SEGMENT_BYTES))
+                    for i in range(len(self.dirs)):
+                        listeners = await self._listen(nursery, i)
                         self.ports[i] = listeners[0].socket.getsockname()[1]
                     self._token = trio.lowlevel.current_trio_token()
                     ready.set()
@@ -162,8 +163,25 @@ class InProcessNodes:
 
         self._thread = threading.Thread(target=run, name="conformance-nodes", daemon=True)
         self._thread.start()
-        assert ready.wait(30), "storage nodes did not start"
+        assert ready.wait(RESTART_DEADLINE + 30), "storage nodes did not start"
         assert self._failure is None, f"storage nodes failed to start: {self._failure!r}"
+
+    async def _listen(self, nursery: trio.Nursery, i: int) -> list:
+        """Serve node ``i``: first on port 0, after a stop on the port it had, waiting while
+        another process holds it (support.ports)."""
+        port = self.ports[i]
+        end = time.monotonic() + RESTART_DEADLINE
+        while True:
+            try:
+                return await nursery.start(functools.partial(serve_tcp, str(self.dirs[i]), "127.0.0.1", port, KEY,
+                                                             SEGMENT_BYTES))
+            except Exception as exc:
+                if port == 0 or not address_in_use(exc):
+                    raise
+            if time.monotonic() >= end:
+                raise PortTaken(f"in-process storage node {i}: 127.0.0.1:{port} stayed taken by another process "
+                                f"for {RESTART_DEADLINE}s; the restart at the same address failed")
+            await trio.sleep(POLL)  # no event tells when another process lets a port go
 
     def stop(self) -> None:
         if self._thread is None:

@@ -6,7 +6,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from support.replication import COORDINATOR, KEY, Node
+from support.replication import COORDINATOR, KEY, Node, start_all
 
 import sediment
 
@@ -21,8 +21,7 @@ def ups(ks, t):
 
 def test_engine_over_three_storage_nodes_survives_a_dead_replica_and_a_restart(tmp_path, zookeeper, zk_root):
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
                "metadata": f"zk://{zookeeper.hosts}{zk_root}",
                "blob": f"file://{tmp_path}/shared-blobs"}
@@ -52,8 +51,7 @@ def test_coordinator_killed_mid_stream_then_a_new_one_recovers(tmp_path, zookeep
     import sys
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
                "metadata": f"zk://{zookeeper.hosts}{zk_root}",
                "blob": f"file://{tmp_path}/shared-blobs"}
@@ -88,8 +86,7 @@ def test_cli_reaches_a_replicated_engine_through_its_zookeeper_metadata(tmp_path
     from sediment.cli import main
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     spec = f"zk://{zookeeper.hosts}{zk_root}"
     try:
         with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
@@ -124,8 +121,7 @@ class SmallNode(Node):
 
 def test_compaction_trims_the_replicas_and_a_returning_replica_skips_ahead(tmp_path, zookeeper, zk_root):
     nodes = [SmallNode(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
                "metadata": f"zk://{zookeeper.hosts}{zk_root}",
                "blob": f"file://{tmp_path}/shared-blobs"}
@@ -166,8 +162,7 @@ def test_background_compacter_compacts_and_trims_the_nodes_without_compact_calls
     """Segments of the replicated log finish by size (no compact() call anywhere): the
     background compacter writes batches and the storage nodes drop old segments."""
     nodes = [SmallNode(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     try:
         with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
                            metadata=f"zk://{zookeeper.hosts}{zk_root}", blob=f"file://{tmp_path}/shared-blobs",
@@ -201,8 +196,7 @@ def test_an_append_without_a_quorum_is_outcome_unknown_and_says_so(tmp_path, zoo
     from sediment.errors import NothingWritten, OutcomeUnknown, QuorumLost, TimeAlreadySealed
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     try:
         with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
                            metadata=f"zk://{zookeeper.hosts}{zk_root}", blob=f"file://{tmp_path}/shared-blobs") as eng:
@@ -236,8 +230,7 @@ def test_zookeeper_restart_and_session_expiry_during_appends_do_not_stop_the_coo
     from kazoo.client import KazooClient
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     try:
         with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
                            metadata=f"zk://{zookeeper.hosts}{zk_root}",
@@ -318,8 +311,7 @@ def test_killed_coordinator_is_replaced_on_another_data_directory_reading_back_f
 
     endpoint, bucket = s3_bucket
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     spec = f"zk://{zookeeper.hosts}{zk_root}"
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY), "metadata": spec,
                "blob": f"s3://{bucket}/trace", "s3_endpoint": endpoint, "segment_bytes": 1 << 12}
@@ -374,8 +366,7 @@ def test_a_fenced_served_coordinator_closes_and_serve_exits_non_zero(tmp_path, z
     from sediment.errors import SedimentError
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     spec = f"zk://{zookeeper.hosts}{zk_root}"
     try:
         with sediment.open(tmp_path / "a", replicas=[n.address for n in nodes], cluster_key=str(KEY),
@@ -413,8 +404,7 @@ def test_tail_reads_come_from_the_coordinators_cache_not_the_nodes(tmp_path, zoo
     """Every storage node is killed: snapshots and replays of the uncompacted tail still
     answer, from what the coordinator acknowledged; no read reached a node."""
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     try:
         with sediment.open(tmp_path / "c", replicas=[n.address for n in nodes], cluster_key=str(KEY),
                            metadata=f"zk://{zookeeper.hosts}{zk_root}", blob=f"file://{tmp_path}/shared-blobs",
@@ -445,8 +435,7 @@ def test_storage_nodes_shared_by_two_zookeeper_roots_refuse_the_second_engine(tm
     from sediment.errors import PartitionClaimed
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     shared = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY)}
     try:  # each engine has its own blob prefix: a shared one is refused first, by the prefix's owner marker
         with sediment.open(tmp_path / "a", metadata=f"zk://{zookeeper.hosts}{zk_root}/a",
@@ -475,8 +464,7 @@ def test_a_replaced_coordinator_refuses_reads_within_the_bound_without_any_write
     from sediment.errors import CoordinatorSuperseded
 
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     spec = f"zk://{zookeeper.hosts}{zk_root}"
     try:
         old = sediment.open(tmp_path / "a", replicas=[n.address for n in nodes], cluster_key=str(KEY),

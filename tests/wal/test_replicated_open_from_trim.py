@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from support.replication import KEY, Node
+from support.replication import KEY, Node, start_all
 
 import sediment
 
@@ -27,8 +27,7 @@ def state(eng) -> dict:
 def test_a_new_owner_scans_from_the_trim_point_and_a_restarted_node_only_makes_it_read_more(
         tmp_path, zookeeper, zk_root):
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]  # 64 MiB segments: nothing is dropped on disk
-    for n in nodes:
-        n.start()
+    start_all(nodes)
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY),
                "metadata": f"zk://{zookeeper.hosts}{zk_root}", "blob": f"file://{tmp_path}/shared-blobs"}
     try:

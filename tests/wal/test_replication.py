@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support.replication import KEY, Node, free_port, r, wait_until  # noqa: F401 - used here and re-exported
+from support.replication import KEY, Node, r, wait_until  # noqa: F401 - used here and re-exported
 from support.waiting import Progress
 
 from sediment.errors import QuorumLost, QuorumUnavailable, ReplicationError, SessionFenced

@@ -75,11 +75,11 @@ def test_issue_example_real_nodes_resolves_120(cluster, zk_store) -> None:
     nodes = cluster(5)
     for i, (n, last) in enumerate(zip(nodes, [120, 120, 110, 105, 105], strict=True)):
         lay_out(n.dir, last, 2 if i < 2 else 1, 100 if i < 2 else last)
+    for n in reversed(nodes):  # the lower replicas are up first (each learns its port here)
+        n.start()
     states = {n.address: ReplicaState(2, UNRESOLVED) if i < 2 else ReplicaState(1, [0, 0, 110, 105, 105][i])
               for i, n in enumerate(nodes)}
     PartitionMetaStore(zk_store, 0).save(PartitionMeta(0, 2, states), None)
-    for n in reversed(nodes):  # the lower replicas are up first
-        n.start()
     log = open_log(nodes, zk_store)
     assert log.end_lsn == 121
     assert [x.body for x in log.scan()] == expected(121)

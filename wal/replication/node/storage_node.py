@@ -30,6 +30,7 @@ independent of sockets: tests run it over in-memory streams.
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import itertools
 import logging
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 
-from sediment.errors import SedimentError, WalError
+from sediment.errors import ReplicationError, SedimentError, WalError
 from sediment.wal import record as rec
 from sediment.wal.control import PartitionState
 from sediment.wal.replication import wire
@@ -447,7 +448,8 @@ def add_storage_node_parser(sub: argparse._SubParsersAction) -> argparse.Argumen
     text = "run a storage node serving replicated partitions"
     p = sub.add_parser("storage-node", help=text, description=text)
     p.add_argument("--dir", required=True, help="storage directory (control file and partition directories)")
-    p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on")
+    p.add_argument("--listen", required=True, metavar="HOST:PORT",
+                   help="address to listen on (port 0 picks a free one; the `listening on` line names it)")
     p.add_argument("--cluster-key", required=True, help="the cluster's UUID; requests for another are refused")
     p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
     p.add_argument("--checkpoint-records", type=int, default=DEFAULT_CHECKPOINT,
@@ -458,8 +460,16 @@ def add_storage_node_parser(sub: argparse._SubParsersAction) -> argparse.Argumen
     return p
 
 
+def _address_in_use(exc: BaseException) -> OSError | None:
+    """The EADDRINUSE error in what a failed listen raised (trio may wrap it in groups)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return next(filter(None, map(_address_in_use, exc.exceptions)), None)
+    return exc if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE else None
+
+
 def cmd_storage_node(args: argparse.Namespace) -> int:
-    """Run until killed. Prints ``listening on HOST:PORT`` once it accepts connections."""
+    """Run until killed. Prints ``listening on HOST:PORT`` once it accepts connections (with
+    port 0, the port it bound: how a supervisor or a test learns it without a race)."""
     host, _, port = args.listen.rpartition(":")
     try:
         key = uuid.UUID(args.cluster_key)
@@ -485,7 +495,14 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
             addr = listeners[0].socket.getsockname()
             print(f"listening on {addr[0]}:{addr[1]}", flush=True)
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except BaseException as exc:
+        in_use = _address_in_use(exc)
+        if in_use is None:
+            raise
+        raise ReplicationError(f"storage node cannot listen on {args.listen}: {in_use.strerror}; another process "
+                               "holds the port: stop it, or pick another port (0 picks a free one)") from None
     return 0
 
 
