@@ -5,6 +5,8 @@ Appenders queue their records and wait; the first waiter finding the log idle le
 one fdatasync in its own thread, and only then wakes the others: concurrent appends
 share one sync, none is acknowledged before its bytes are durable, and a lone appender
 hands nothing to another thread. Finishing a segment runs on a background thread.
+Appends submitted as joinable (``submit_joinable``) that stand next to each other in a
+group are written as one record (wal/group_records.py).
 
 A segment is finished when it grows past ``segment_bytes``: a FRONTIERS record
 ends it, the file is cut to its data, and the next segment begins with the same
@@ -31,6 +33,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 
 from sediment._fs import pwrite_all as _pwrite_all
+from sediment.arrow_codec import is_group_body
 from sediment.errors import WalCorruption, WalError
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
@@ -243,7 +246,7 @@ class FileLog:
         queue order (wal/group_records.py), given to ``on_durable`` as one record. Every
         ticket of a joined record gets its LSN."""
         rec.check_appendable((record,), self._where)
-        if record.kind != rec.RecordKind.UPDATES or record.txn_id:
+        if record.kind != rec.RecordKind.UPDATES or record.txn_id or is_group_body(record.body):
             return self.submit((record,), on_durable)
         return self._group.submit(GroupAppend(self._group, (record,), [rec.crc32c_raw(record.body)], on_durable, True))
 

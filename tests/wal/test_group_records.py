@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from sediment.arrow_codec import GROUP_HEADER, GROUP_MAGIC, decode_updates, encode_updates
+from sediment.arrow_codec import GROUP_HEADER, GROUP_MAGIC, decode_updates, encode_updates, join_updates
 from sediment.errors import WalCorruption
 from sediment.wal import segment as sg
 from sediment.wal.file_log import FileLog
@@ -80,13 +80,16 @@ def test_runs_break_at_other_relations_versions_and_plain_appends(tmp_path):
     log.close()
 
 
-def test_a_transaction_record_is_never_joined(tmp_path):
+def test_a_transaction_record_or_a_group_body_is_never_joined(tmp_path):
     log = FileLog.open(str(tmp_path), create=True)
     r = _record(1)
     r.txn_id = 9
-    tickets = [log.submit_joinable(_record(0)), log.submit_joinable(r), log.submit_joinable(_record(2))]
+    group = Record(RecordKind.UPDATES, 1, 0, 3, 4, 2, join_updates([_record(3).body, _record(4).body]))
+    tickets = [log.submit_joinable(_record(0)), log.submit_joinable(r), log.submit_joinable(_record(2)),
+               log.submit_joinable(group), log.submit_joinable(_record(5))]
     tickets[-1].wait()
-    assert [(x.txn_id, x.count) for x in log.scan()] == [(0, 1), (9, 1), (0, 1)]
+    assert [(x.txn_id, x.count) for x in log.scan()] == [(0, 1), (9, 1), (0, 1), (0, 2), (0, 1)]
+    assert [_ids(x.body) for x in log.scan()] == [[0], [1], [2], [3, 4], [5]]
     log.close()
 
 
