@@ -19,6 +19,11 @@ and figures are medians with min-max:
 
     .venv/bin/python bench/small_writes.py                # 3 rounds x 2 s per case
     .venv/bin/python bench/small_writes.py --rounds 5 --seconds 3 --json out.json
+
+A/B against another build (``git archive`` of a commit, unpacked), turns alternated:
+
+    for i in 1 2 3 4 5; do .venv/bin/python bench/small_writes.py --rounds 1 --seconds 3 --build /tmp/before \
+        --json b$i.json; .venv/bin/python bench/small_writes.py --rounds 1 --seconds 3 --json a$i.json; done
 """
 
 from __future__ import annotations
@@ -33,10 +38,15 @@ import tempfile
 import threading
 import time
 
-import pyarrow as pa
-from append import sqlite_table  # bench/append.py: the same SQLite peer
+if "--build" in sys.argv[:-1]:  # before sediment is imported: another checkout, for A/B runs
+    from small_writes_cpu import use_build
 
-import sediment
+    use_build(sys.argv[sys.argv.index("--build") + 1])
+
+import pyarrow as pa  # noqa: E402
+from append import sqlite_table  # noqa: E402 - bench/append.py: the same SQLite peer
+
+import sediment  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
 ROW_BYTES = 100
@@ -131,7 +141,8 @@ def run_threads(threads: int, seconds: float, step_for) -> tuple[list[float], fl
 
 
 def group_commits(engine) -> tuple[float, float]:
-    """(group commits, records in them) so far, from the engine's own histogram."""
+    """(group commits, WAL records in them) so far, from the engine's own histogram (a
+    group's joined appends are one record: wal/group_records.py)."""
     got = {s.name.rsplit("_", 1)[-1]: s.value for s in engine.metrics.group_commit.collect()[0].samples
            if s.name.endswith(("_count", "_sum"))}
     return got.get("count", 0.0), got.get("sum", 0.0)
@@ -152,7 +163,9 @@ def sediment_many(root: str, threads: int, seconds: float) -> dict:
     finally:
         shutil.rmtree(d, ignore_errors=True)
     out = summary(lats, elapsed, cpu)
-    out["per_sync"] = (g1[1] - g0[1]) / max(1.0, g1[0] - g0[0])
+    appends = len(lats) + threads  # with the warm-up's
+    out["per_sync"] = appends / max(1.0, g1[0] - g0[0])  # one on_durable call, one histogram count, per group commit
+    out["per_record"] = appends / max(1.0, g1[1] - g0[1])
     return out
 
 
@@ -211,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=64)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json", help="also write every round's figures to this file")
+    ap.add_argument("--build", help="a checkout of the repository to run instead of this one (read before "
+                    "sediment is imported; see bench/small_writes_cpu.py)")
     a = ap.parse_args(argv)
     cases = {"sediment 1": lambda: sediment_one(a.dir, a.seconds), "sqlite 1": lambda: sqlite_one(a.dir, a.seconds),
              f"sediment {a.threads}": lambda: sediment_many(a.dir, a.threads, a.seconds),
@@ -222,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             r = case()
             res[name].append(r)
             print(f"round {i + 1} {name}: {r['rate']:,.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
-                  f"CPU {r['cpu_us']:.0f} us/append" + (f" {r['per_sync']:.1f}/sync" if "per_sync" in r else ""),
+                  f"CPU {r['cpu_us']:.0f} us/append" + (f" {r['per_sync']:.1f}/sync {r['per_record']:.1f}/record"
+                                                        if "per_sync" in r else ""),
                   file=sys.stderr)
         loads.append(os.getloadavg()[0])
     ratios = [s["rate"] / q["rate"] for s, q in zip(res["sediment 1"], res["sqlite 1"], strict=True)]
@@ -237,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"one writer, sediment / SQLite per round: {statistics.median(ratios):.2f}x "
           f"({min(ratios):.2f}-{max(ratios):.2f})")
     print(f"{a.threads} writers, sediment / bare loop per round: {statistics.median(ceil):.2f}x "
-          f"({min(ceil):.2f}-{max(ceil):.2f}); appends per fdatasync {fmt(res[f'sediment {a.threads}'], 'per_sync', digits=1)}")
+          f"({min(ceil):.2f}-{max(ceil):.2f}); appends per fdatasync {fmt(res[f'sediment {a.threads}'], 'per_sync', digits=1)}"
+          f", per WAL record {fmt(res[f'sediment {a.threads}'], 'per_record', digits=1)}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rounds": res, "load": loads}, f, indent=1)

@@ -34,7 +34,10 @@ below, where consolidating through any PROGRESS(t) still gives ``snapshot(t)``.
 A subscription starts with a snapshot at ``as_of``, then one UPDATES event with
 every stored update after ``as_of`` (appended earlier at future times), then a
 PROGRESS event for the sealed frontier, then the live events. Consolidating the
-stream up to any PROGRESS(t) event gives exactly ``snapshot(t)``.
+stream up to any PROGRESS(t) event gives exactly ``snapshot(t)``. A live UPDATES event is
+one WAL record's rows: one append's, or, when the file log joined a group of concurrent
+small appends into one record (wal/group_records.py), every append of the run, in the
+order they were queued.
 
 Subscriptions may also be read from asyncio (``async for``, :meth:`Subscription.next_async`):
 many of them in one event loop cost the writer one wake-up of the loop per batch of events

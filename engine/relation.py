@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from sediment.arrow_codec import decode_updates
+from sediment.arrow_codec import GROUP_VERSION, decode_updates, updates_body_version
 from sediment.engine.catalog import RelationEntry
 from sediment.engine.feed import FeedLog
 from sediment.engine.read_plan import ReadPlan  # noqa: F401  (re-exported: the reads hand it out)
@@ -55,15 +55,24 @@ class Relation:
 
     def decode_body(self, body: object, version: int, to_version: int | None = None) -> pa.RecordBatch:
         """An UPDATES record's body (written under schema ``version``) in the current update
-        schema, or that of ``to_version`` (a feed delivering updates made before an alter)."""
-        if version == self.schema_version and to_version in (None, version) or self.layout is None:
-            return decode_updates(body, self.update_schema)
-        schema = self.layout.decode_schema(version)
-        if schema is None:
-            raise WalCorruption(f"relation {self.entry.name!r}: a WAL record is written under schema version "
-                                f"{version}, which its schema history does not have (current "
-                                f"{self.schema_version}); the log and the catalog disagree: run `sediment verify`")
-        return self.layout.project(decode_updates(body, schema), to_version)
+        schema, or that of ``to_version`` (a feed delivering updates made before an alter).
+        WalCorruption for a group body of a version this build does not read."""
+        try:
+            if version == self.schema_version and to_version in (None, version) or self.layout is None:
+                return decode_updates(body, self.update_schema)
+            schema = self.layout.decode_schema(version)
+            if schema is None:
+                raise WalCorruption(f"relation {self.entry.name!r}: a WAL record is written under schema version "
+                                    f"{version}, which its schema history does not have (current "
+                                    f"{self.schema_version}); the log and the catalog disagree: run `sediment verify`")
+            return self.layout.project(decode_updates(body, schema), to_version)
+        except ValueError:
+            got = updates_body_version(body)
+            if got > GROUP_VERSION:
+                raise WalCorruption(f"relation {self.entry.name!r}: a WAL record's UPDATES body is of version {got}, "
+                                    f"which this build does not read (it reads up to {GROUP_VERSION}); open the data "
+                                    "directory with the build that wrote it") from None
+            raise
 
     def needs_from(self) -> int | None:
         """The least LSN of this relation's records that are not yet in its trace."""

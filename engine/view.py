@@ -191,7 +191,7 @@ class RelationView:
                                                                  r.schema_version))
                     if rel is not None:
                         c = counted.setdefault(r.relation_id, [rel, 0, 0])
-                        c[1] += 1
+                        c[1] += r.appends
                         c[2] += r.count
                 else:
                     self.apply(r)
@@ -200,13 +200,14 @@ class RelationView:
                 rel.counters.add(rows, appends)
 
     def _on_durable_append(self, r: Record) -> None:
-        """One plain append made durable alone (a lone writer's group): what ``on_durable``
-        does for it, without gathering counts."""
+        """One plain UPDATES record made durable alone (a lone writer's group, or a group's
+        appends the log joined into one record): what ``on_durable`` does for it, without
+        gathering counts."""
         size = len(r.body)
         with self.lock:
             rel = self.add_tail(r.relation_id, TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, size, r.schema_version))
             if rel is not None:
-                rel.counters.add(r.count)
+                rel.counters.add(r.count, r.appends)
             self.bodies.put(r.lsn, r.body, size)
 
     def apply(self, r: Record) -> None:

@@ -49,6 +49,7 @@ class Writer:
         self._small: dict[tuple[int, int], SmallBodyEncoder] = {}  # (relation id, schema version) -> encoder
         self._appending = 0  # appends between prepare and encode now, about
         self._observe_latency = metrics.append_latency.observe
+        self._submit_joinable = getattr(log_, "submit_joinable", None)  # the file log's (wal/group_records.py)
 
     def wait_backlog(self, records: list[Record]) -> None:
         """Under the lock: wait while the append would take the WAL backlog past
@@ -162,7 +163,7 @@ class Writer:
             return False
         body, lo, hi = got
         record = Record(RecordKind.UPDATES, rel.entry.id, 0, lo, hi, updates.num_rows, body, schema_version=version)
-        self._submit([record], [(rel, name, (lo, hi))], locks, hi, start)
+        self._submit([record], [(rel, name, (lo, hi))], locks, hi, start, joinable=locks is None)
         return True
 
     def _append_records(self, rel: Relation, name: str, table: pa.Table, bounds: tuple[int, int], version: int,
@@ -207,8 +208,11 @@ class Writer:
                      max((b[1] for _n, _r, _t, b, _v in prepared if b is not None), default=None), start)
 
     def _submit(self, records: list[Record], admit: list[tuple[Relation, str, tuple[int, int] | None]],
-                locks: Locks | None, t_max: int | None, start: float, wait: bool = True) -> Ticket:
-        """Admit and submit under the lock, then (``wait``) wait for durability outside it."""
+                locks: Locks | None, t_max: int | None, start: float, wait: bool = True,
+                joinable: bool = False) -> Ticket:
+        """Admit and submit under the lock, then (``wait``) wait for durability outside it.
+        ``joinable``: one plain small UPDATES record the log may write joined with its
+        group's others (the file log's ``submit_joinable``)."""
         with self._lock:
             self.wait_backlog(records)
             self.view.check_open()
@@ -216,7 +220,10 @@ class Writer:
                 self._admit(rel, name, bounds)
             if locks is not None:
                 self.locks.check_and_record(locks, t_max)
-            ticket = self.log.submit(records, self.view.on_durable)
+            if joinable and self._submit_joinable is not None:
+                ticket = self._submit_joinable(records[0], self.view.on_durable)
+            else:
+                ticket = self.log.submit(records, self.view.on_durable)
         if wait:
             ticket.wait()
             self._observe_latency(time.perf_counter() - start)

@@ -5,6 +5,8 @@ Appenders queue their records and wait; the first waiter finding the log idle le
 one fdatasync in its own thread, and only then wakes the others: concurrent appends
 share one sync, none is acknowledged before its bytes are durable, and a lone appender
 hands nothing to another thread. Finishing a segment runs on a background thread.
+Appends submitted as joinable (``submit_joinable``) that stand next to each other in a
+group are written as one record (wal/group_records.py).
 
 A segment is finished when it grows past ``segment_bytes``: a FRONTIERS record
 ends it, the file is cut to its data, and the next segment begins with the same
@@ -31,6 +33,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 
 from sediment._fs import pwrite_all as _pwrite_all
+from sediment.arrow_codec import is_group_body
 from sediment.errors import WalCorruption, WalError
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
@@ -39,6 +42,7 @@ from sediment.wal import segment as sg
 from sediment.wal.control import PartitionState
 from sediment.wal.direct_io import DirectWriter, allocate
 from sediment.wal.group_commit import GroupAppend, GroupCommit
+from sediment.wal.group_records import join_group, settle_joined
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble, check_trim, notify
@@ -234,7 +238,22 @@ class FileLog:
         crc = rec.crc32c_raw
         return self._group.submit(GroupAppend(self._group, records, [crc(r.body) for r in records], on_durable))
 
+    def submit_joinable(self, record: rec.Record,
+                        on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> GroupAppend:
+        """:meth:`submit` of one plain UPDATES record (txn 0, a plain body) that may be
+        written joined with the neighbouring joinable records of its group of the same
+        relation, schema version and callback: one record whose group body holds theirs in
+        queue order (wal/group_records.py), given to ``on_durable`` as one record. Every
+        ticket of a joined record gets its LSN."""
+        rec.check_appendable((record,), self._where)
+        if record.kind != rec.RecordKind.UPDATES or record.txn_id or is_group_body(record.body):
+            return self.submit((record,), on_durable)
+        return self._group.submit(GroupAppend(self._group, (record,), [rec.crc32c_raw(record.body)], on_durable, True))
+
     def _write_batch(self, batch: list[GroupAppend]) -> None:
+        joined = None
+        if len(batch) > 1:
+            batch, joined = join_group(batch)
         seg = self._segments[-1]
         buffers: list = []
         offsets = []
@@ -259,6 +278,8 @@ class FileLog:
                 pos += rec.HEADER_SIZE + size
                 lsn += 1
             p.last_lsn = lsn - 1
+        if joined:
+            settle_joined(joined)
         small += sg.END_MARK  # overwritten by the next group; in a recycled file it marks the end
         buffers.append(small)
         if pos + len(sg.END_MARK) > self._allocated:  # a small first segment grows in doublings

@@ -51,12 +51,14 @@ class GroupAppend:
     may end the main thread's wait, and a node that never runs would strand the waiters
     below it."""
 
-    __slots__ = ("records", "crcs", "on_durable", "last_lsn", "error", "state", "wake", "main", "relay", "_group")
+    __slots__ = ("records", "crcs", "on_durable", "joinable", "last_lsn", "error", "state", "wake", "main", "relay",
+                 "_group")
 
     def __init__(self, group: GroupCommit | None, records: Sequence[Record], crcs: list[int],
-                 on_durable: Callable[[Sequence[Record]], None] | None = None) -> None:
+                 on_durable: Callable[[Sequence[Record]], None] | None = None, joinable: bool = False) -> None:
         self._group = group
         self.records = records
+        self.joinable = joinable  # one plain UPDATES record the log may join with its neighbours (wal/group_records.py)
         self.crcs = crcs
         self.on_durable = on_durable
         self.last_lsn = -1

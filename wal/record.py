@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from operator import itemgetter
 
@@ -40,7 +40,7 @@ crc32c_raw = _crc32c.crc32c  # the same function without the wrapper's call, for
 
 
 class RecordKind(IntEnum):
-    UPDATES = 1  # an Arrow IPC record batch of (columns..., time, diff)
+    UPDATES = 1  # Arrow IPC record batch(es) of (columns..., time, diff)
     PROGRESS = 2  # "close t": no more updates at times <= t for relation_id
     BEGIN = 3  # a transaction starts; its records carry txn_id
     COMMIT = 4  # the transaction's records take effect, all at once
@@ -62,6 +62,7 @@ class Record:
     body: bytes = b""  # any buffer (bytes, pyarrow.Buffer, memoryview)
     lsn: int = -1
     schema_version: int = 0  # UPDATES: the schema version the body's columns are in
+    appends: int = field(default=1, compare=False)  # in memory only: appends joined in it (wal/group_records.py)
 
     @property
     def frame_size(self) -> int:

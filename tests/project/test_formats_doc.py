@@ -497,3 +497,24 @@ def test_raw_run_example_footer_and_ref_decode():
     ref = BatchRef(**ref_doc)
     assert ref.raw and (ref.time, ref.diff) == (6, 1) and describe(7, ref) == desc
     assert ref.bytes == size == len(data) and ref.to_json() == ref_doc
+
+
+def test_group_body_example_decodes():
+    import pyarrow as pa
+
+    from sediment.arrow_codec import GROUP_HEADER, decode_updates, encode_updates, join_updates
+
+    head = rec.decode_header(_example_after("two appends joined at LSN 44"))
+    assert head is not None
+    assert (head.kind, head.lsn, head.relation_id, head.txn_id, head.t_lo, head.t_hi, head.count, head.body_len,
+            head.body_crc) == (rec.RecordKind.UPDATES, 44, 3, 0, 5, 6, 2, 540, 0x0730E527)
+    _start, body = _xxd_bytes("Its 540-byte body")
+    assert rec.body_ok(head, body)
+    assert GROUP_HEADER.unpack_from(body) == (b"SDUG", 2, 0, 2)
+    schema = pa.schema([("id", pa.int64()), ("time", pa.int64()), ("diff", pa.int64())])
+    batch = decode_updates(body, schema)
+    assert batch.to_pydict() == {"id": [1, 2], "time": [5, 6], "diff": [1, 1]}
+    plain = [encode_updates(pa.record_batch([pa.array([k]), pa.array([t]), pa.array([1])], schema=schema)).to_pybytes()
+             for k, t in ((1, 5), (2, 6))]
+    assert join_updates(plain) == body
+    assert [body[off] for off in (0xFC, 0x104, 0x10C, 0x204, 0x20C, 0x214)] == [1, 5, 1, 2, 6, 1]
