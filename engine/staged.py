@@ -16,6 +16,11 @@ version 1 run; any other (a frame Spark wrote as it is, or rows out of order) a 
 (batch format version 2, trace/raw.py), which reads consolidate and compaction's merge
 rewrites: nothing is sorted inside the commit.
 
+Only a load staged since this open commits: the open deletes every staging directory, but a
+writer still running (Spark's file writer makes missing parent directories) can put part
+of a load back, so :func:`stage` records each load in memory, for this open only, and a
+commit of a load not recorded is refused.
+
 Exactly once: the commit records the load's job name in the trace state (``loads``) in the
 same compare-and-set, so a commit retried after it succeeded changes nothing. A refused
 commit changes nothing (every file is checked before any is touched) and leaves the staged
@@ -26,6 +31,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -60,6 +67,8 @@ KEPT_LOADS = 64  # job names the trace state remembers: a retry comes long befor
 _JOB = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError)
 _NOT_AGAIN = {"rows": 0, "runs": 0, "min_time": None, "max_time": None, "committed": False}
+_opened: weakref.WeakKeyDictionary[Any, set[tuple[int, str]]] = weakref.WeakKeyDictionary()  # engine: its staged loads
+_opened_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -106,7 +115,19 @@ def stage(engine: Engine, name: str, job: str) -> str:
         rel = engine.view.get(name)
     path = _local(engine, staging_prefix(rel.entry.id, _check_job(job)).rstrip("/"))
     os.makedirs(path, exist_ok=True)
+    with _opened_lock:
+        _opened.setdefault(engine, set()).add((rel.entry.id, job))
     return path
+
+
+def _staged_here(engine: Engine, relation_id: int, job: str, forget: bool = False) -> bool:
+    """Whether this engine (this open) staged load ``job`` of the relation; ``forget`` drops the record."""
+    with _opened_lock:
+        loads = _opened.get(engine, set())
+        here = (relation_id, job) in loads
+        if forget:
+            loads.discard((relation_id, job))
+    return here
 
 
 def staged_keys(engine: Engine, rel: Relation, job: str) -> list[str]:
@@ -310,9 +331,10 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
         if job in rel.trace.loads:
             return dict(_NOT_AGAIN)
     where = f"bulk load {job!r} of relation {name!r}"
-    if not os.path.isdir(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/"))):
-        raise StagedFileInvalid(f"{where}: no staging directory (the load was aborted, or collected at a restart); "
-                                "write it again")
+    if not _staged_here(engine, rel.entry.id, job) or \
+            not os.path.isdir(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/"))):
+        raise StagedFileInvalid(f"{where}: not staged since the coordinator opened (aborted, or staged before a "
+                                "restart, which collects its files even if a writer puts some back); write it again")
     accepted = (engine.traces.schema_of(rel.entry.id),)
     keys = staged_keys(engine, rel, job)
     checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), accepted, rel.keys, where, (time, diff)),
@@ -368,6 +390,7 @@ def abort_staged(engine: Engine, name: str, job: str) -> int:
         rel = engine.view.get(name)
     prefix = staging_prefix(rel.entry.id, job)
     root = _local(engine, prefix.rstrip("/"))
+    _staged_here(engine, rel.entry.id, job, forget=True)
     files = sum(len(f) for _top, _dirs, f in os.walk(root))
     if os.path.isdir(root):
         remove_tree_durable(root)  # with the writer's own leftovers (_temporary/, .crc files)
@@ -376,7 +399,7 @@ def abort_staged(engine: Engine, name: str, job: str) -> int:
 
 def sweep_staging(blobs: BlobStore) -> list[str]:
     """At open: delete every staging directory. A load staged before a restart can no longer
-    commit (its commit finds no directory and says so), so its writer writes it again."""
+    commit (this open did not stage it: its commit says so), so its writer writes it again."""
     local = getattr(blobs, "local_path", None)
     if local is None:
         return []

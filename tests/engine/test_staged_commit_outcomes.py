@@ -13,7 +13,7 @@ import pytest
 
 import sediment
 from sediment.engine import staged
-from sediment.errors import MetadataConflict, MetadataUnavailable
+from sediment.errors import MetadataConflict, MetadataUnavailable, StagedFileInvalid
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
 
@@ -66,3 +66,23 @@ def test_a_commit_the_metadata_store_refused_deletes_its_runs(tmp_path, monkeypa
             staged.commit_staged(eng, "bulk", "job-2", time=3)
         assert set(eng.traces.blobs.list("trace/")) == before
         assert not eng.view.relations["bulk"].trace.pending
+
+
+def test_a_load_half_put_back_after_a_restart_does_not_commit(tmp_path):
+    """The open deletes the load's directory; a writer still running puts its own file back
+    (Spark's writer makes missing parents): the commit refuses the load, it does not take the
+    half as a whole."""
+    data = tmp_path / "data"
+    with sediment.open(data, compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        path = stage_rows(eng, "job-3", [1, 2])
+    with sediment.open(data, compact_interval=None) as eng:
+        assert not os.path.exists(path)
+        os.makedirs(path)
+        pq.write_table(pa.table({"id": [3], "item": ["c"]}), os.path.join(path, "part-00001.parquet"))
+        with pytest.raises(StagedFileInvalid, match="not staged since the coordinator opened"):
+            staged.commit_staged(eng, "bulk", "job-3", time=3)
+        assert not eng.view.relations["bulk"].trace.pending and not eng.view.relations["bulk"].trace.loads
+        assert staged.abort_staged(eng, "bulk", "job-3") == 1 and not os.path.exists(path)
+        stage_rows(eng, "job-3", [4])  # the writer writes it again under the same name: that commits
+        assert staged.commit_staged(eng, "bulk", "job-3", time=3)["rows"] == 1
