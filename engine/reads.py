@@ -260,6 +260,7 @@ class Reads:
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:
+                yield pa.record_batch([])  # primed past here: closing or collecting it unpins
                 if not ordered:
                     yield from self._replay_as_stored(rel, trace, entries, batch_rows)
                     return
@@ -270,7 +271,9 @@ class Reads:
             finally:
                 self.collector.unpin()
 
-        return generate()
+        replay = generate()
+        next(replay)  # inside its try: a replay never iterated still releases its pin when dropped
+        return replay
 
     def _replay_as_stored(self, rel: Relation, trace: TraceState, entries: list[TailEntry],
                           batch_rows: int) -> Iterator[pa.RecordBatch]:
