@@ -330,19 +330,18 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
         rel = engine.view.get(name)
         if job in rel.trace.loads:
             return dict(_NOT_AGAIN)
+        version, keys, accepted = rel.schema_version, rel.keys, (engine.traces.schema_of(rel.entry.id),)
     where = f"bulk load {job!r} of relation {name!r}"
     if not _staged_here(engine, rel.entry.id, job) or \
             not os.path.isdir(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/"))):
         raise StagedFileInvalid(f"{where}: not staged since the coordinator opened (aborted, or staged before a "
                                 "restart, which collects its files even if a writer puts some back); write it again")
-    accepted = (engine.traces.schema_of(rel.entry.id),)
-    keys = staged_keys(engine, rel, job)
-    checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), accepted, rel.keys, where, (time, diff)),
-                               keys, "sediment-bulk-check") if s is not None]
+    checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), accepted, keys, where, (time, diff)),
+                               staged_keys(engine, rel, job), "sediment-bulk-check") if s is not None]
     lo = min((s.lo for s in checked), default=None)
     _check_sealed(rel, name, lo)
     refs = engine.compaction.add_runs(
-        rel, lambda since: _as_runs(engine, rel, checked, since, where), job,
+        rel, lambda since: _as_runs(engine, rel, checked, since, where, version), job,
         check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS)
     if refs is None:  # a commit of the same load got there first
         return dict(_NOT_AGAIN)
@@ -353,10 +352,16 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
             "max_time": max((s.hi for s in checked), default=None), "committed": True}
 
 
-def _as_runs(engine: Engine, rel: Relation, checked: list[_Staged], since: int, where: str) -> list[BatchRef]:
-    """Every checked file as a pending run (:func:`_as_run`, two at a time). When one fails, the
-    runs already linked are deleted before the error is raised: nothing references them, and
-    left alone they would wait for the next open's orphan sweep."""
+def _as_runs(engine: Engine, rel: Relation, checked: list[_Staged], since: int, where: str,
+             version: int) -> list[BatchRef]:
+    """Every checked file as a pending run (:func:`_as_run`, two at a time), under the pass lock,
+    which an alter takes too: files checked against schema ``version`` are refused when an
+    alter came between the checks and here. When one fails, the runs already linked are
+    deleted before the error is raised: nothing references them, and left alone they would
+    wait for the next open's orphan sweep."""
+    if rel.schema_version != version:
+        raise SchemaMismatch(f"{where}: the relation was altered during the load (schema version {version}, now "
+                             f"{rel.schema_version}); nothing was committed: abort the load and write it again")
     with ThreadPoolExecutor(2, "sediment-bulk-run") as pool:
         futures = [pool.submit(_as_run, engine, rel, s, since) for s in checked]
     failed = [(s, f.exception()) for s, f in zip(checked, futures, strict=True) if f.exception() is not None]
