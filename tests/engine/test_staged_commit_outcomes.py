@@ -118,3 +118,28 @@ def test_an_alter_between_the_checks_and_the_commit_refuses_it_typed(tmp_path, m
         rel = eng.view.relations["bulk"]
         assert not rel.trace.pending and not rel.trace.loads and set(eng.traces.blobs.list("trace/")) == before
         assert os.listdir(path) == ["part-00000.parquet"]  # left for the abort
+
+
+@pytest.mark.parametrize("shape", ["frame", "frame-with-time", "run"])
+def test_a_staged_file_with_an_empty_row_group_commits(tmp_path, shape):
+    """Writers may close a file with an empty row group, whose statistics have no min or max."""
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        path = staged.stage(eng, "bulk", "job-5")
+        t = pa.table({"item": ["b", "a", "c"], "id": [2, 1, 3]})
+        if shape != "frame":
+            t = t.append_column("time", pa.array([3, 3, 4], pa.int64()))
+        if shape == "run":
+            t = pa.table({"id": [1, 2, 3], "item": ["a", "b", "c"], "time": [3, 3, 4], "diff": [1, 1, 1]})
+            t = t.cast(eng.traces.schema_of(eng.view.relations["bulk"].entry.id))
+        with pq.ParquetWriter(os.path.join(path, "part-00000.parquet"), t.schema) as w:
+            w.write_table(t.slice(0, 2))
+            w.write_table(t.slice(0, 0))
+            w.write_table(t.slice(2))
+            w.write_table(t.slice(0, 0))
+        got = staged.commit_staged(eng, "bulk", "job-5", time=3 if shape == "frame" else None)
+        assert got["rows"] == 3 and got["min_time"] == 3 and got["max_time"] == (3 if shape == "frame" else 4)
+        eng.seal("bulk", 4)
+        assert sorted(eng.snapshot("bulk", 4).column("id").to_pylist()) == [1, 2, 3]
+        eng.compact()
+        assert sorted(eng.snapshot("bulk", 4).column("id").to_pylist()) == [1, 2, 3]
