@@ -23,8 +23,11 @@ commit of a load not recorded is refused.
 
 Exactly once: the commit records the load's job name in the trace state (``loads``) in the
 same compare-and-set, so a commit retried after it succeeded changes nothing. A refused
-commit changes nothing (every file is checked before any is touched) and leaves the staged
-files for :func:`abort_staged`, which deletes them.
+commit changes nothing visible and leaves the staged files for :func:`abort_staged`, which
+deletes them. Every file is checked before any footer is rewritten, and so are an alter, a
+drop and the sealed frontier once the pass lock is held; only a seal that lands while the
+footers are rewritten is found after them (the commit is refused then, and the files keep
+their rows under the new footers).
 """
 
 from __future__ import annotations
@@ -44,7 +47,13 @@ import pyarrow.parquet as pq
 
 from sediment._fs import remove_tree_durable
 from sediment.engine.args import check_time
-from sediment.errors import InvalidArgument, SchemaMismatch, StagedFileInvalid, TimeAlreadySealed
+from sediment.errors import (
+    InvalidArgument,
+    SchemaMismatch,
+    StagedFileInvalid,
+    TimeAlreadySealed,
+    UnknownRelation,
+)
 from sediment.trace.batch import (
     FORMAT_VERSION,
     RAW_VERSION,
@@ -366,6 +375,10 @@ def _as_runs(engine: Engine, rel: Relation, checked: list[_Staged], since: int, 
     if rel.schema_version != version:
         raise SchemaMismatch(f"{where}: the relation was altered during the load (schema version {version}, now "
                              f"{rel.schema_version}); nothing was committed: abort the load and write it again")
+    with engine.view.lock:  # a drop takes the pass lock too; a seal does not, so add_runs checks it again
+        if engine.view.get(rel.entry.name) is not rel:
+            raise UnknownRelation(f"{where}: the relation was dropped during the load; nothing was committed")
+        _check_sealed(rel, rel.entry.name, min((s.lo for s in checked), default=None))
     with ThreadPoolExecutor(2, "sediment-bulk-run") as pool:
         futures = [pool.submit(_as_run, engine, rel, s, since) for s in checked]
     failed = [(s, f.exception()) for s, f in zip(checked, futures, strict=True) if f.exception() is not None]
@@ -409,11 +422,22 @@ def abort_staged(engine: Engine, name: str, job: str) -> int:
 def sweep_staging(blobs: BlobStore) -> list[str]:
     """At open: delete every staging directory. A load staged before a restart can no longer
     commit (this open did not stage it: its commit says so), so its writer writes it again."""
-    local = getattr(blobs, "local_path", None)
-    if local is None:
+    return _remove_local(blobs, STAGING)
+
+
+def drop_staging(blobs: BlobStore, relation_id: int) -> list[str]:
+    """At a relation's drop: delete its loads' staging directories (their commits and aborts
+    can only find the relation gone); returns the loads' names."""
+    try:
+        return _remove_local(blobs, f"{STAGING}/{relation_id:016x}")
+    except OSError:  # the drop stands: the next open's sweep deletes what is left
         return []
-    root = str(local(STAGING))
-    if not os.path.isdir(root):
+
+
+def _remove_local(blobs: BlobStore, key: str) -> list[str]:
+    local = getattr(blobs, "local_path", None)
+    root = str(local(key)) if local is not None else None
+    if root is None or not os.path.isdir(root):
         return []
     left = sorted(os.listdir(root))
     remove_tree_durable(root)

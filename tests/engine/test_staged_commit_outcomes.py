@@ -13,7 +13,14 @@ import pytest
 
 import sediment
 from sediment.engine import staged
-from sediment.errors import MetadataConflict, MetadataUnavailable, SchemaMismatch, StagedFileInvalid
+from sediment.errors import (
+    MetadataConflict,
+    MetadataUnavailable,
+    SchemaMismatch,
+    StagedFileInvalid,
+    TimeAlreadySealed,
+    UnknownRelation,
+)
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
 
@@ -143,3 +150,24 @@ def test_a_staged_file_with_an_empty_row_group_commits(tmp_path, shape):
         assert sorted(eng.snapshot("bulk", 4).column("id").to_pylist()) == [1, 2, 3]
         eng.compact()
         assert sorted(eng.snapshot("bulk", 4).column("id").to_pylist()) == [1, 2, 3]
+
+
+def test_a_drop_deletes_the_relation_s_staged_loads_and_a_seal_before_the_footers_touches_no_file(tmp_path, monkeypatch):
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        path = stage_rows(eng, "job-6", [1, 2])
+        footer = open(os.path.join(path, "part-00000.parquet"), "rb").read()
+        plain = eng.compaction.add_runs
+
+        def sealed_first(*args, **kwargs):
+            eng.seal("bulk", 3)
+            return plain(*args, **kwargs)
+
+        monkeypatch.setattr(eng.compaction, "add_runs", sealed_first)
+        with pytest.raises(TimeAlreadySealed):
+            staged.commit_staged(eng, "bulk", "job-6", time=3)
+        assert open(os.path.join(path, "part-00000.parquet"), "rb").read() == footer  # refused before any rewrite
+        eng.drop_relation("bulk")
+        assert not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
+        with pytest.raises(UnknownRelation):
+            staged.abort_staged(eng, "bulk", "job-6")
