@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import threading
 import weakref
 from collections.abc import Callable
@@ -45,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sediment._fs import remove_tree_durable
+from sediment._fs import fsync_dir, remove_tree_durable
 from sediment.engine.args import check_time
 from sediment.errors import (
     InvalidArgument,
@@ -308,6 +309,8 @@ def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> Batch
         return engine.traces.write(rid, run.select(rel.update_schema.names), lo, hi + 1, since)
     schema = staged.meta.schema.to_arrow_schema().remove_metadata() if staged.raw else engine.traces.schema_of(rid)
     start, footer = _footer(staged.path, schema, desc, staged.meta)
+    if os.stat(staged.path).st_nlink > 1:  # linked as a batch by an earlier commit of unknown outcome: keep it as it is
+        _own_copy(staged.path)
     with open(staged.path, "r+b") as f:
         f.truncate(start)
         f.seek(start)
@@ -319,6 +322,17 @@ def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> Batch
     engine.traces.blobs.put_file(key, staged.path, if_absent=True)
     return BatchRef(key, staged.lo, staged.hi + 1, staged.rows, os.path.getsize(staged.path), 0, since,
                     None, None, crc, footer_crc, staged.raw, staged.time, staged.diff)
+
+
+def _own_copy(path: str) -> None:
+    """Put a copy of ``path`` in its place, so rewriting its footer leaves the other links alone."""
+    tmp = f"{path}.copy"
+    with open(path, "rb") as src, open(tmp, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
 
 
 def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, diff: int | None = None

@@ -55,6 +55,11 @@ def test_a_commit_of_unknown_outcome_that_landed_keeps_its_runs_readable_after_a
         trace_commits_fail(monkeypatch, eng.traces.meta, MetadataUnavailable, landed=True)
         with pytest.raises(MetadataUnavailable):
             staged.commit_staged(eng, "bulk", "job-1", time=3)
+        batch = [k for k in eng.traces.blobs.list("trace/") if k.endswith(".parquet")]
+        stored = eng.traces.blobs.get(batch[0])
+        with pytest.raises(MetadataConflict):  # asked again (other load time): this process's trace is behind
+            staged.commit_staged(eng, "bulk", "job-1", time=4)
+        assert eng.traces.blobs.get(batch[0]) == stored  # the batch that landed keeps its footer
     with sediment.open(data, compact_interval=None) as eng:
         assert eng.view.relations["bulk"].trace.loads == ("job-1",)
         eng.seal("bulk", 3)
