@@ -18,8 +18,9 @@ rewrites: nothing is sorted inside the commit.
 
 Only a load staged since this open commits: the open deletes every staging directory, but a
 writer still running (Spark's file writer makes missing parent directories) can put part
-of a load back, so :func:`stage` records each load in memory, for this open only, and a
-commit of a load not recorded is refused.
+of a load back, so :func:`stage` records each load in memory, for this open only, and puts
+a marker file in its directory (which no writer makes, and a sweep deletes); a commit of a
+load without both is refused.
 
 Exactly once: the commit records the load's job name in the trace state (``loads``) in the
 same compare-and-set, so a commit retried after it succeeded changes nothing. A refused
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
 Engine = Any  # sediment.engine.engine.Engine, which opens with sweep_staging (an import would be a cycle)
 
 STAGING = "staging"
+MARKER = "_sediment-staged"  # in a load's directory from stage() on: a directory without it was swept
 KEPT_LOADS = 64  # job names the trace state remembers: a retry comes long before 64 other loads
 _JOB = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError)
@@ -125,6 +127,7 @@ def stage(engine: Engine, name: str, job: str) -> str:
         rel = engine.view.get(name)
     path = _local(engine, staging_prefix(rel.entry.id, _check_job(job)).rstrip("/"))
     os.makedirs(path, exist_ok=True)
+    open(os.path.join(path, MARKER), "ab").close()
     with _opened_lock:
         _opened.setdefault(engine, set()).add((rel.entry.id, job))
     return path
@@ -360,7 +363,7 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
         version, keys, accepted = rel.schema_version, rel.keys, (engine.traces.schema_of(rel.entry.id),)
     where = f"bulk load {job!r} of relation {name!r}"
     if not _staged_here(engine, rel.entry.id, job) or \
-            not os.path.isdir(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/"))):
+            not os.path.exists(os.path.join(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/")), MARKER)):
         raise StagedFileInvalid(f"{where}: not staged since the coordinator opened (aborted, or staged before a "
                                 "restart, which collects its files even if a writer puts some back); write it again")
     checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), accepted, keys, where, (time, diff)),

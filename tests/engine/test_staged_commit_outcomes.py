@@ -129,7 +129,7 @@ def test_an_alter_between_the_checks_and_the_commit_refuses_it_typed(tmp_path, m
             staged.commit_staged(eng, "bulk", "job-4", time=3 if shape == "raw" else None)
         rel = eng.view.relations["bulk"]
         assert not rel.trace.pending and not rel.trace.loads and set(eng.traces.blobs.list("trace/")) == before
-        assert os.listdir(path) == ["part-00000.parquet"]  # left for the abort
+        assert sorted(os.listdir(path)) == [staged.MARKER, "part-00000.parquet"]  # left for the abort
 
 
 @pytest.mark.parametrize("shape", ["frame", "frame-with-time", "run"])
@@ -176,3 +176,17 @@ def test_a_drop_deletes_the_relation_s_staged_loads_and_a_seal_before_the_footer
         assert not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
         with pytest.raises(UnknownRelation):
             staged.abort_staged(eng, "bulk", "job-6")
+
+
+def test_a_load_swept_while_its_writer_runs_does_not_commit_the_files_put_back(tmp_path):
+    """The sweep lands while the writer still writes (as at an open that follows a coordinator
+    restart; here called on the running engine): what the writer puts back is refused."""
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        path = stage_rows(eng, "job-7", [1, 2])
+        assert staged.sweep_staging(eng.traces.blobs) == [f"{eng.view.relations['bulk'].entry.id:016x}"]
+        os.makedirs(path)
+        pq.write_table(pa.table({"id": [3], "item": ["c"]}), os.path.join(path, "part-00001.parquet"))
+        with pytest.raises(StagedFileInvalid, match="not staged since the coordinator opened"):
+            staged.commit_staged(eng, "bulk", "job-7", time=3)
+        assert not eng.view.relations["bulk"].trace.pending

@@ -75,5 +75,5 @@ def test_an_outcome_that_stays_unknown_names_the_job_and_keeps_the_staged_files(
     replies_lost(monkeypatch, calls, lost=99, reached=False)
     with pytest.raises(OutcomeUnknown, match="'job-3'"):
         commit_load(client, "bulk", "job-3", time_=3, diff=None, attempts=3, pause=0)
-    assert len(calls) == 3 and os.listdir(path) == ["part-00000.parquet"]
+    assert len(calls) == 3 and "part-00000.parquet" in os.listdir(path)
     assert not c.engine.view.relations["bulk"].trace.pending
