@@ -6,7 +6,10 @@ was lost (a reset connection, a coordinator that could not tell whether its meta
 landed) may have committed: aborting then would leave the rows visible and report a
 failure, and writing the frame again (under a new job name) would add every row twice. So
 the driver asks again with the same job; only a typed refusal (``NothingWritten``) says
-nothing was committed, and only then are the staged files aborted.
+nothing was committed, and only then are the staged files aborted. A refusal of a retry
+says so too: the coordinator looks for the job among its committed loads before any check
+that refuses. Not a member's refusal to serve the relation (``NotPartitionOwner``), which
+comes before that look: after a lost reply it leaves the outcome unknown.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from sediment.errors import NothingWritten, OutcomeUnknown, SedimentError
+from sediment.errors import NothingWritten, NotPartitionOwner, OutcomeUnknown, SedimentError
 
 COMMIT_ATTEMPTS = 4
 FIRST_PAUSE = 0.5  # seconds before the first retry; doubled before each next one
@@ -44,12 +47,15 @@ def commit_load(client: Any, relation: str, job: str, *, time_: int | None, diff
             time.sleep(pause * 2 ** (attempt - 1))
         try:
             return client.bulk_commit(relation, job, time=time_, diff=diff)
-        except NothingWritten:
+        except NothingWritten as e:
+            if attempt and isinstance(e, NotPartitionOwner):
+                last = e
+                break
             abort_load(client, relation, job)
             raise
         except (SedimentError, flight.FlightError, OSError) as e:  # the reply lost, or the coordinator unsure
             last = e
     raise OutcomeUnknown(f"bulk load {job!r} of relation {relation!r}: the commit's outcome is unknown after "
-                         f"{attempts} attempts ({type(last).__name__}: {str(last).splitlines()[0] if str(last) else ''}); "
+                         f"{attempt + 1} attempts ({type(last).__name__}: {str(last).splitlines()[0] if str(last) else ''}); "
                          f"commit it again with Client.bulk_commit({relation!r}, {job!r}), which commits a load at most "
                          "once, before writing the frame again") from last

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sediment.client import Client
-from sediment.errors import OutcomeUnknown, SchemaMismatch
+from sediment.errors import NotPartitionOwner, OutcomeUnknown, SchemaMismatch
 from sediment.spark_jobs.bulk_commit import commit_load
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
@@ -77,3 +77,25 @@ def test_an_outcome_that_stays_unknown_names_the_job_and_keeps_the_staged_files(
         commit_load(client, "bulk", "job-3", time_=3, diff=None, attempts=3, pause=0)
     assert len(calls) == 3 and "part-00000.parquet" in os.listdir(path)
     assert not c.engine.view.relations["bulk"].trace.pending
+
+
+def test_a_retry_a_member_no_longer_serves_leaves_the_outcome_unknown(served, monkeypatch):
+    """The first commit landed and its reply was lost; the retry meets a member that gave the
+    relation's partition away (refused before it looks at the committed loads): not a proof
+    that nothing was committed, so no abort and no plain refusal."""
+    c, client = served
+    stage(client, "job-4")
+    calls: list[str] = []
+    replies_lost(monkeypatch, calls, lost=1, reached=True)
+    losing = Client.bulk_commit
+
+    def moved_after_the_first(self, *args, **kwargs):
+        if calls:
+            calls.append("refused")
+            raise NotPartitionOwner("relation 'bulk' is served by another member now")
+        return losing(self, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "bulk_commit", moved_after_the_first)
+    with pytest.raises(OutcomeUnknown, match="'job-4'.*NotPartitionOwner"):
+        commit_load(client, "bulk", "job-4", time_=3, diff=None, pause=0)
+    assert calls == ["commit", "refused"] and c.engine.view.relations["bulk"].trace.loads == ("job-4",)
