@@ -26,6 +26,7 @@ from sediment.engine.view import RelationView
 from sediment.errors import (
     CompactionFailed,
     CoordinatorSuperseded,
+    MetadataConflict,
     SedimentError,
     TraceInvariantViolation,
     UnknownRelation,
@@ -378,15 +379,19 @@ class Compaction:
         """Add runs written outside the WAL (a bulk load, engine/staged.py) to ``rel``'s pending
         runs in one trace commit that records ``job``. Under the pass lock, so no pass or merge
         splice commits the trace meanwhile: ``make_runs(since)`` writes the runs; ``check()``,
-        under the engine lock with the commit, may refuse them. A refused or failed commit
-        changes no trace and deletes the runs written. Returns the runs committed, or None when
-        ``job`` was committed already (a retry, perhaps racing the first commit): nothing is made."""
+        under the engine lock with the commit, may refuse them. A refused commit, or one the
+        metadata store refused (MetadataConflict), changes no trace and deletes the runs
+        written; a commit of unknown outcome (MetadataUnavailable: it may have landed) leaves
+        them for the next open's orphan sweep, as a compaction pass does. Returns the runs
+        committed, or None when ``job`` was committed already (a retry, perhaps racing the
+        first commit): nothing is made."""
         with self.pass_lock:
             with self._lock:
                 if job in rel.trace.loads:
                     return None
                 since = rel.trace.since
             refs = [r for r in make_runs(since) if r.key is not None]
+            sent = False  # once the compare-and-set is sent, only MetadataConflict says it did not land
             try:
                 with self._lock:
                     if self.view.get(rel.entry.name) is not rel:
@@ -394,12 +399,14 @@ class Compaction:
                                               "nothing was committed")
                     check()
                     new = rel.trace.with_load(refs, job, keep_loads)
+                    sent = True
                     self.traces.commit(new)
                     rel.trace = new
                     rel.trace_changed_at = self.clock.current_time()
                     self.view.max_time = max([self.view.max_time, *(r.upper - 1 for r in refs)])
-            except BaseException:
-                self.traces.delete([r.key for r in refs])
+            except BaseException as e:
+                if not sent or isinstance(e, MetadataConflict):
+                    self.traces.delete([r.key for r in refs])
                 raise
         return refs
 

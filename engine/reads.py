@@ -1,8 +1,9 @@
 """The engine's reads: snapshots, replays, feeds, read plans and their leases.
 
 Each read takes what it needs from the relation view under the engine lock (the trace and
-the tail as they are), pins them with the collector so compaction deletes nothing it may
-still read, and reads the stores without the lock.
+the tail as they are, and the relation's schema version: :class:`_Shape`), pins them with
+the collector so compaction deletes nothing it may still read, and reads the stores without
+the lock, in that schema version: an alter that lands meanwhile changes no column halfway.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.arrow_codec import decode_updates
 from sediment.engine import args, time_order
 from sediment.engine.args import check_time
 from sediment.engine.collector import Collector
@@ -28,6 +30,7 @@ from sediment.errors import (
     InvalidArgument,
 )
 from sediment.trace.consolidate import snapshot as consolidate_snapshot
+from sediment.trace.evolve import Layout
 from sediment.trace.runs import RunStats, batch_run, merge_runs
 from sediment.trace.state import BatchRef, TraceState
 from sediment.trace.store import TraceStore
@@ -43,6 +46,26 @@ class _Stored(NamedTuple):
     ref: BatchRef
     t_lo: int
     t_hi: int
+
+
+class _Shape(NamedTuple):
+    """A relation's schema version as a read found it under the lock: what it reads in."""
+
+    version: int
+    schema: pa.Schema  # the update schema: columns, time, diff
+    keys: list[str]
+    layout: Layout | None
+
+    @classmethod
+    def of(cls, rel: Relation) -> _Shape:
+        version, schema = rel.shape
+        return cls(version, schema, rel.keys, rel.layout)
+
+    def conform(self, table: pa.Table) -> pa.Table:
+        """A stored batch in this schema (Parquet returns some types in another unit)."""
+        if table.schema.names == self.schema.names and table.schema.types == self.schema.types:
+            return table
+        return table.select(self.schema.names).cast(self.schema)
 
 
 class Reads:
@@ -62,9 +85,11 @@ class Reads:
         self._failure_count = failure_count
         self._lock = view.lock
 
-    def _decode(self, rel: Relation, lsn: int) -> pa.RecordBatch:
+    def _decode(self, rel: Relation, lsn: int, shape: _Shape) -> pa.RecordBatch:
         record = self.log.read(lsn)
-        return rel.decode_body(record.body, record.schema_version)
+        if record.schema_version == shape.version:
+            return decode_updates(record.body, shape.schema)
+        return rel.decode_body(record.body, record.schema_version, shape.version)
 
     def snapshot(self, name: str, as_of: int) -> pa.Table:
         """The relation as of ``as_of``: its columns plus ``diff``, one row per distinct row
@@ -74,10 +99,10 @@ class Reads:
         with self._lock:
             rel = self.view.get(name)
             self._check_as_of(rel, as_of)
-            trace, entries = rel.trace, list(rel.tail)
+            trace, entries, shape = rel.trace, list(rel.tail), _Shape.of(rel)
             self.collector.pin()
         try:
-            return self._snapshot_of(rel, trace, entries, as_of)
+            return self._snapshot_of(rel, trace, entries, as_of, shape)
         finally:
             self.collector.unpin()
 
@@ -88,51 +113,54 @@ class Reads:
                 f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "")
             )
 
-    def _load_tail(self, rel: Relation, entries: list[TailEntry]) -> pa.Table:
-        parts = [self._decode(rel, e.lsn) for e in entries]
-        return pa.Table.from_batches(parts, schema=rel.update_schema)
+    def _load_tail(self, rel: Relation, entries: list[TailEntry], shape: _Shape) -> pa.Table:
+        parts = [self._decode(rel, e.lsn, shape) for e in entries]
+        return pa.Table.from_batches(parts, schema=shape.schema)
 
-    def _snapshot_of(self, rel: Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+    def _snapshot_of(self, rel: Relation, trace: TraceState, entries: list[TailEntry], as_of: int,
+                     shape: _Shape) -> pa.Table:
         try:
-            return self._snapshot_parts(rel, trace, entries, as_of)
+            return self._snapshot_parts(rel, trace, entries, as_of, shape)
         except DiffOverflow as exc:
             name = rel.entry.name
             raise DiffOverflow(f"relation {name!r} as of {as_of}: {exc}", relation=name, row=exc.row) from None
 
-    def _snapshot_parts(self, rel: Relation, trace: TraceState, entries: list[TailEntry], as_of: int) -> pa.Table:
+    def _snapshot_parts(self, rel: Relation, trace: TraceState, entries: list[TailEntry], as_of: int,
+                        shape: _Shape) -> pa.Table:
         """Consolidation on read (:mod:`sediment.trace.runs`): each batch becomes a sorted run
         without a sort (as stored when it holds one time), the WAL tail is consolidated into
         one more run, and the runs are merged in one streaming pass."""
-        keys = rel.keys
+        keys = shape.keys
         stats = self.read_stats
         runs = []
         for ref in (*trace.batches, *trace.pending):
             if ref.key is not None and ref.lower <= as_of:
-                table = self.traces.read(rel.entry.id, ref)
+                table = self.traces.read(rel.entry.id, ref, layout=shape.layout)
                 if table is not None:
                     lo, hi = max(ref.lower, ref.since), max(ref.upper - 1, ref.since)
-                    runs.append(batch_run(rel.conform(table), keys, as_of, min_time=lo, max_time=hi,
+                    runs.append(batch_run(shape.conform(table), keys, as_of, min_time=lo, max_time=hi,
                                           stats=stats))
         entries = [e for e in entries if e.t_lo <= as_of]
         if entries:
-            runs.append(consolidate_snapshot(self._load_tail(rel, entries), keys, as_of))
-        schema = pa.schema([rel.update_schema.field(c) for c in (*keys, "diff")])
+            runs.append(consolidate_snapshot(self._load_tail(rel, entries, shape), keys, as_of))
+        schema = pa.schema([shape.schema.field(c) for c in (*keys, "diff")])
         return merge_runs(runs, keys, schema, stats=stats, workers=_MERGE_WORKERS)
 
-    def _updates_after(self, rel: Relation, trace: TraceState, entries: list[TailEntry], t: int) -> pa.Table:
+    def _updates_after(self, rel: Relation, trace: TraceState, entries: list[TailEntry], t: int,
+                       shape: _Shape) -> pa.Table:
         """Every stored update at a time > t, sorted by time."""
         parts = []
         for ref in (*trace.batches, *trace.pending):
             if ref.key is not None and max(ref.upper - 1, ref.since) > t:
-                table = self.traces.read(rel.entry.id, ref)
+                table = self.traces.read(rel.entry.id, ref, layout=shape.layout)
                 if table is not None:
                     parts.append(table.filter(pc.greater(table.column("time"), t)))
         entries = [e for e in entries if e.t_hi > t]
         if entries:
-            tail = self._load_tail(rel, entries)
+            tail = self._load_tail(rel, entries, shape)
             parts.append(tail.filter(pc.greater(tail.column("time"), t)))
-        table = pa.concat_tables([p.select(rel.update_schema.names).cast(rel.update_schema) for p in parts]) \
-            if parts else rel.update_schema.empty_table()
+        table = pa.concat_tables([p.select(shape.schema.names).cast(shape.schema) for p in parts]) \
+            if parts else shape.schema.empty_table()
         return table.sort_by([("time", "ascending")])
 
     def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
@@ -160,7 +188,7 @@ class Reads:
                 as_of = rel.sealed_durable  # -1 when never sealed: since (0) is then no bound
             else:
                 self._check_as_of(rel, check_time(as_of, "as_of"))
-            trace, entries, sealed = rel.trace, list(rel.tail), rel.sealed_durable
+            trace, entries, sealed, shape = rel.trace, list(rel.tail), rel.sealed_durable, _Shape.of(rel)
             feed = rel.feed
 
             def load(lsn: int, version: int, written: int) -> pa.Table:
@@ -180,8 +208,8 @@ class Reads:
         try:
             initial = []
             if not resume:
-                initial.append(FeedEvent(SNAPSHOT, as_of, self._snapshot_of(rel, trace, entries, as_of)))
-            later = self._updates_after(rel, trace, entries, as_of)
+                initial.append(FeedEvent(SNAPSHOT, as_of, self._snapshot_of(rel, trace, entries, as_of, shape)))
+            later = self._updates_after(rel, trace, entries, as_of, shape)
             if later.num_rows:
                 initial.append(FeedEvent(UPDATES, int(later.column("time")[0].as_py()), later))
             if sealed > as_of:
@@ -211,12 +239,11 @@ class Reads:
                                      f" is outside [since {rel.entry.since}, sealed {rel.sealed_durable}]")
             if self.blob_uri is None:
                 raise InvalidArgument("plan_read needs an engine opened with a blob URI (file:// or s3://)")
-            trace = rel.trace
+            trace, shape, history = rel.trace, _Shape.of(rel), rel.entry.schema_history
             entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
             lease = self.collector.readers.lease(lease_seconds)
         try:
-            parts = [self._decode(rel, e.lsn) for e in entries]
-            tail = pa.Table.from_batches(parts, schema=rel.update_schema)
+            tail = self._load_tail(rel, entries, shape)
             keep = pc.less_equal(tail.column("time"), as_of)
             if from_t is not None:
                 keep = pc.and_(keep, pc.greater(tail.column("time"), from_t))
@@ -226,8 +253,7 @@ class Reads:
             raise
         refs = [ref.to_json() for ref in (*trace.batches, *trace.pending)
                 if ref.key is not None and ref.lower <= as_of and (from_t is None or max(ref.upper - 1, ref.since) > from_t)]
-        history = rel.entry.schema_history
-        return ReadPlan(lease, name, rel.entry.id, rel.update_schema, rel.keys, rel.entry.since,
+        return ReadPlan(lease, name, rel.entry.id, shape.schema, shape.keys, rel.entry.since,
                         rel.sealed_durable, as_of, self.blob_uri, self.s3_endpoint, refs, tail,
                         history.to_json() if history.version else None)
 
@@ -249,38 +275,40 @@ class Reads:
         args.check_bool(ordered, "ordered")
         with self._lock:
             rel = self.view.get(name)
-            trace = rel.trace
-            entries = list(rel.tail)
+            trace, entries, shape = rel.trace, list(rel.tail), _Shape.of(rel)
             self.collector.pin()
 
         def load(item: Any) -> pa.Table | Iterator[pa.RecordBatch]:
             if isinstance(item, TailEntry):
-                return pa.Table.from_batches([self._decode(rel, item.lsn)])
-            return self.traces.read_pieces(rel.entry.id, item.ref, use_threads=True)
+                return pa.Table.from_batches([self._decode(rel, item.lsn, shape)])
+            return self.traces.read_pieces(rel.entry.id, item.ref, use_threads=True, layout=shape.layout)
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:
+                yield pa.record_batch([])  # primed past here: closing or collecting it unpins
                 if not ordered:
-                    yield from self._replay_as_stored(rel, trace, entries, batch_rows)
+                    yield from self._replay_as_stored(rel, trace, entries, batch_rows, shape)
                     return
                 items: list[Any] = [_Stored(ref, max(ref.lower, ref.since), max(ref.upper - 1, ref.since))
                                     for ref in (*trace.batches, *trace.pending) if ref.key is not None]
                 items += entries
-                yield from time_order.time_ordered(items, load, rel.update_schema, batch_rows)
+                yield from time_order.time_ordered(items, load, shape.schema, batch_rows)
             finally:
                 self.collector.unpin()
 
-        return generate()
+        replay = generate()
+        next(replay)  # inside its try: a replay never iterated still releases its pin when dropped
+        return replay
 
     def _replay_as_stored(self, rel: Relation, trace: TraceState, entries: list[TailEntry],
-                          batch_rows: int) -> Iterator[pa.RecordBatch]:
+                          batch_rows: int, shape: _Shape) -> Iterator[pa.RecordBatch]:
         """Each batch's row groups as stored (footer opened once per batch, page checksums
         and time bounds checked per group), then the WAL tail records: no sort, no reopen."""
         for ref in (*trace.batches, *trace.pending):
-            for group in self.traces.read_stream(rel.entry.id, ref):
-                yield from rel.conform(group).to_batches(max_chunksize=batch_rows)
+            for group in self.traces.read_stream(rel.entry.id, ref, layout=shape.layout):
+                yield from shape.conform(group).to_batches(max_chunksize=batch_rows)
         for entry in entries:
-            batch = self._decode(rel, entry.lsn)
+            batch = self._decode(rel, entry.lsn, shape)
             yield from pa.Table.from_batches([batch]).to_batches(max_chunksize=batch_rows)
 
     def trace_info(self, name: str) -> dict[str, int]:

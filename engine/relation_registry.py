@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from sediment.engine import staged
 from sediment.engine.args import check_time
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import SCHEMA, FeedLog
@@ -104,6 +105,7 @@ class RelationRegistry:
         self.metrics.forget_relation(name)
         self.view.backlog.remove(sum(e.bytes for e in rel.tail))
         forget(name)
+        staged.drop_staging(self.traces.blobs, rel.entry.id)
         try:
             self.meta.delete(names.trace_key(rel.entry.id))
         except Exception as exc:  # noqa: BLE001 - the start-up sweep removes what is left

@@ -16,16 +16,28 @@ version 1 run; any other (a frame Spark wrote as it is, or rows out of order) a 
 (batch format version 2, trace/raw.py), which reads consolidate and compaction's merge
 rewrites: nothing is sorted inside the commit.
 
+Only a load staged since this open commits: the open deletes every staging directory, but a
+writer still running (Spark's file writer makes missing parent directories) can put part
+of a load back, so :func:`stage` records each load in memory, for this open only, and puts
+a marker file in its directory (which no writer makes, and a sweep deletes); a commit of a
+load without both is refused.
+
 Exactly once: the commit records the load's job name in the trace state (``loads``) in the
 same compare-and-set, so a commit retried after it succeeded changes nothing. A refused
-commit changes nothing (every file is checked before any is touched) and leaves the staged
-files for :func:`abort_staged`, which deletes them.
+commit changes nothing visible and leaves the staged files for :func:`abort_staged`, which
+deletes them. Every file is checked before any footer is rewritten, and so are an alter, a
+drop and the sealed frontier once the pass lock is held; only a seal that lands while the
+footers are rewritten is found after them (the commit is refused then, and the files keep
+their rows under the new footers).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,9 +47,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sediment._fs import remove_tree_durable
+from sediment._fs import fsync_dir, remove_tree_durable
 from sediment.engine.args import check_time
-from sediment.errors import InvalidArgument, SchemaMismatch, StagedFileInvalid, TimeAlreadySealed
+from sediment.errors import (
+    InvalidArgument,
+    SchemaMismatch,
+    StagedFileInvalid,
+    TimeAlreadySealed,
+    UnknownRelation,
+)
 from sediment.trace.batch import (
     FORMAT_VERSION,
     RAW_VERSION,
@@ -56,10 +74,13 @@ if TYPE_CHECKING:
 Engine = Any  # sediment.engine.engine.Engine, which opens with sweep_staging (an import would be a cycle)
 
 STAGING = "staging"
+MARKER = "_sediment-staged"  # in a load's directory from stage() on: a directory without it was swept
 KEPT_LOADS = 64  # job names the trace state remembers: a retry comes long before 64 other loads
 _JOB = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError)
 _NOT_AGAIN = {"rows": 0, "runs": 0, "min_time": None, "max_time": None, "committed": False}
+_opened: weakref.WeakKeyDictionary[Any, set[tuple[int, str]]] = weakref.WeakKeyDictionary()  # engine: its staged loads
+_opened_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -106,7 +127,20 @@ def stage(engine: Engine, name: str, job: str) -> str:
         rel = engine.view.get(name)
     path = _local(engine, staging_prefix(rel.entry.id, _check_job(job)).rstrip("/"))
     os.makedirs(path, exist_ok=True)
+    open(os.path.join(path, MARKER), "ab").close()
+    with _opened_lock:
+        _opened.setdefault(engine, set()).add((rel.entry.id, job))
     return path
+
+
+def _staged_here(engine: Engine, relation_id: int, job: str, forget: bool = False) -> bool:
+    """Whether this engine (this open) staged load ``job`` of the relation; ``forget`` drops the record."""
+    with _opened_lock:
+        loads = _opened.get(engine, set())
+        here = (relation_id, job) in loads
+        if forget:
+            loads.discard((relation_id, job))
+    return here
 
 
 def staged_keys(engine: Engine, rel: Relation, job: str) -> list[str]:
@@ -152,6 +186,8 @@ def _check_raw(pf: pq.ParquetFile, key: str, path: str, where: str, time: int | 
     lo = hi = time
     for i in range(pf.num_row_groups):
         group = pf.metadata.row_group(i)
+        if not group.num_rows:  # a writer's empty row group: no statistics to read
+            continue
         for name in ("time", "diff"):
             if name not in names:
                 continue
@@ -190,6 +226,8 @@ def _check_run(pf: pq.ParquetFile, key: str, path: str, schema: pa.Schema, keys:
     cols = [*keys, "time"]
     lo, hi, is_run, last = None, None, True, None
     for i in range(pf.num_row_groups):
+        if not pf.metadata.row_group(i).num_rows:  # a writer's empty row group: nothing to check or order
+            continue
         facts = _stated_facts(pf.metadata.row_group(i), schema)
         lead = [keys[0]] if facts is not None else [keys[0], "time", "diff"]
         whole = False  # the first column alone settles the order of rows it tells apart
@@ -274,6 +312,8 @@ def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> Batch
         return engine.traces.write(rid, run.select(rel.update_schema.names), lo, hi + 1, since)
     schema = staged.meta.schema.to_arrow_schema().remove_metadata() if staged.raw else engine.traces.schema_of(rid)
     start, footer = _footer(staged.path, schema, desc, staged.meta)
+    if os.stat(staged.path).st_nlink > 1:  # linked as a batch by an earlier commit of unknown outcome: keep it as it is
+        _own_copy(staged.path)
     with open(staged.path, "r+b") as f:
         f.truncate(start)
         f.seek(start)
@@ -285,6 +325,17 @@ def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> Batch
     engine.traces.blobs.put_file(key, staged.path, if_absent=True)
     return BatchRef(key, staged.lo, staged.hi + 1, staged.rows, os.path.getsize(staged.path), 0, since,
                     None, None, crc, footer_crc, staged.raw, staged.time, staged.diff)
+
+
+def _own_copy(path: str) -> None:
+    """Put a copy of ``path`` in its place, so rewriting its footer leaves the other links alone."""
+    tmp = f"{path}.copy"
+    with open(path, "rb") as src, open(tmp, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
 
 
 def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, diff: int | None = None
@@ -309,18 +360,18 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
         rel = engine.view.get(name)
         if job in rel.trace.loads:
             return dict(_NOT_AGAIN)
+        version, keys, accepted = rel.schema_version, rel.keys, (engine.traces.schema_of(rel.entry.id),)
     where = f"bulk load {job!r} of relation {name!r}"
-    if not os.path.isdir(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/"))):
-        raise StagedFileInvalid(f"{where}: no staging directory (the load was aborted, or collected at a restart); "
-                                "write it again")
-    accepted = (engine.traces.schema_of(rel.entry.id),)
-    keys = staged_keys(engine, rel, job)
-    checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), accepted, rel.keys, where, (time, diff)),
-                               keys, "sediment-bulk-check") if s is not None]
+    if not _staged_here(engine, rel.entry.id, job) or \
+            not os.path.exists(os.path.join(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/")), MARKER)):
+        raise StagedFileInvalid(f"{where}: not staged since the coordinator opened (aborted, or staged before a "
+                                "restart, which collects its files even if a writer puts some back); write it again")
+    checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), accepted, keys, where, (time, diff)),
+                               staged_keys(engine, rel, job), "sediment-bulk-check") if s is not None]
     lo = min((s.lo for s in checked), default=None)
     _check_sealed(rel, name, lo)
     refs = engine.compaction.add_runs(
-        rel, lambda since: _as_runs(engine, rel, checked, since, where), job,
+        rel, lambda since: _as_runs(engine, rel, checked, since, where, version), job,
         check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS)
     if refs is None:  # a commit of the same load got there first
         return dict(_NOT_AGAIN)
@@ -331,10 +382,20 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
             "max_time": max((s.hi for s in checked), default=None), "committed": True}
 
 
-def _as_runs(engine: Engine, rel: Relation, checked: list[_Staged], since: int, where: str) -> list[BatchRef]:
-    """Every checked file as a pending run (:func:`_as_run`, two at a time). When one fails, the
-    runs already linked are deleted before the error is raised: nothing references them, and
-    left alone they would wait for the next open's orphan sweep."""
+def _as_runs(engine: Engine, rel: Relation, checked: list[_Staged], since: int, where: str,
+             version: int) -> list[BatchRef]:
+    """Every checked file as a pending run (:func:`_as_run`, two at a time), under the pass lock,
+    which an alter takes too: files checked against schema ``version`` are refused when an
+    alter came between the checks and here. When one fails, the runs already linked are
+    deleted before the error is raised: nothing references them, and left alone they would
+    wait for the next open's orphan sweep."""
+    if rel.schema_version != version:
+        raise SchemaMismatch(f"{where}: the relation was altered during the load (schema version {version}, now "
+                             f"{rel.schema_version}); nothing was committed: abort the load and write it again")
+    with engine.view.lock:  # a drop takes the pass lock too; a seal does not, so add_runs checks it again
+        if engine.view.get(rel.entry.name) is not rel:
+            raise UnknownRelation(f"{where}: the relation was dropped during the load; nothing was committed")
+        _check_sealed(rel, rel.entry.name, min((s.lo for s in checked), default=None))
     with ThreadPoolExecutor(2, "sediment-bulk-run") as pool:
         futures = [pool.submit(_as_run, engine, rel, s, since) for s in checked]
     failed = [(s, f.exception()) for s, f in zip(checked, futures, strict=True) if f.exception() is not None]
@@ -368,6 +429,7 @@ def abort_staged(engine: Engine, name: str, job: str) -> int:
         rel = engine.view.get(name)
     prefix = staging_prefix(rel.entry.id, job)
     root = _local(engine, prefix.rstrip("/"))
+    _staged_here(engine, rel.entry.id, job, forget=True)
     files = sum(len(f) for _top, _dirs, f in os.walk(root))
     if os.path.isdir(root):
         remove_tree_durable(root)  # with the writer's own leftovers (_temporary/, .crc files)
@@ -376,12 +438,23 @@ def abort_staged(engine: Engine, name: str, job: str) -> int:
 
 def sweep_staging(blobs: BlobStore) -> list[str]:
     """At open: delete every staging directory. A load staged before a restart can no longer
-    commit (its commit finds no directory and says so), so its writer writes it again."""
-    local = getattr(blobs, "local_path", None)
-    if local is None:
+    commit (this open did not stage it: its commit says so), so its writer writes it again."""
+    return _remove_local(blobs, STAGING)
+
+
+def drop_staging(blobs: BlobStore, relation_id: int) -> list[str]:
+    """At a relation's drop: delete its loads' staging directories (their commits and aborts
+    can only find the relation gone); returns the loads' names."""
+    try:
+        return _remove_local(blobs, f"{STAGING}/{relation_id:016x}")
+    except OSError:  # the drop stands: the next open's sweep deletes what is left
         return []
-    root = str(local(STAGING))
-    if not os.path.isdir(root):
+
+
+def _remove_local(blobs: BlobStore, key: str) -> list[str]:
+    local = getattr(blobs, "local_path", None)
+    root = str(local(key)) if local is not None else None
+    if root is None or not os.path.isdir(root):
         return []
     left = sorted(os.listdir(root))
     remove_tree_durable(root)

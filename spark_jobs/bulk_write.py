@@ -17,7 +17,9 @@ disk, is the limit (0.73x ``df.write.parquet``). A bulk load keeps the rows in t
   (one compare-and-set, recorded under the job's name: a repeated commit changes nothing;
   files that are not sorted runs become raw runs, consolidated by reads until background
   compaction rewrites them);
-  if the job or the commit fails it aborts the load, which deletes the staged files.
+  if the job fails or the commit is refused it aborts the load, which deletes the staged
+  files; a commit whose reply is lost is asked again with the same job
+  (spark_jobs/bulk_commit.py), never aborted blindly.
 
 The WAL is skipped (the files are fsynced into the blob store before the commit). Reads see
 the same rows, times and consolidated diffs as after a row-by-row write of the same frame.
@@ -45,8 +47,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from sediment.errors import InvalidArgument, SchemaMismatch, SedimentError, TimeAlreadySealed
+from sediment.errors import InvalidArgument, SchemaMismatch, TimeAlreadySealed
 from sediment.spark_jobs.batch_write import READ_ONLY, check_columns, omitted
+from sediment.spark_jobs.bulk_commit import abort_load, commit_load
 from sediment.spark_jobs.options import (
     DIFF,
     FORMAT,
@@ -90,22 +93,19 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
         frame = df if as_is else staged_frame(df, rel_schema, time, diff, fills)
         job = f"spark-{uuid.uuid4().hex}"
         path = client.bulk_stage(relation, job)
+        marks = [perf_counter()]
         try:
-            marks = [perf_counter()]
             with early_writeback(path):
                 frame.write.mode("append").parquet("file://" + path)
-            marks.append(perf_counter())
-            result = client.bulk_commit(relation, job, time=time if as_is and TIME not in schema.names else None,
-                                        diff=diff if as_is else None)
-            marks.append(perf_counter())
-            last_phases.clear()
-            last_phases.update(calls=marks[0] - started, spark=marks[1] - marks[0], commit=marks[2] - marks[1])
         except BaseException:
-            try:
-                client.bulk_abort(relation, job)
-            except SedimentError:
-                pass  # the first failure is the one to report; the staged files go with the next abort
+            abort_load(client, relation, job)  # nothing was committed: the job failed before the commit
             raise
+        marks.append(perf_counter())
+        result = commit_load(client, relation, job, time_=time if as_is and TIME not in schema.names else None,
+                             diff=diff if as_is else None)
+        marks.append(perf_counter())
+        last_phases.clear()
+        last_phases.update(calls=marks[0] - started, spark=marks[1] - marks[0], commit=marks[2] - marks[1])
         if seal:
             t = time if time is not None else result.get("max_time")
             if t is not None and t > client.sealed(relation):

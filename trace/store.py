@@ -123,10 +123,11 @@ class TraceStore:
         self._layouts[relation_id] = layout
         self._accepted[relation_id] = tuple(stored_schema(s) for s in layout.versions.values())
 
-    def _project(self, relation_id: int, table: pa.Table) -> pa.Table:
-        """A stored table in the relation's current schema, still sorted and consolidated:
-        rows that differed only in a column dropped since are summed together."""
-        layout = self._layouts.get(relation_id)
+    def _project(self, relation_id: int, table: pa.Table, layout: Layout | None = None) -> pa.Table:
+        """A stored table in the relation's current schema (``layout``'s, when given: a read
+        that started before an alter), still sorted and consolidated: rows that differed only
+        in a column dropped since are summed together."""
+        layout = layout or self._layouts.get(relation_id)
         if layout is None:
             return table
         if layout.is_current(table.schema):  # the same columns: only the field ids and version stamp go
@@ -260,17 +261,18 @@ class TraceStore:
         return self._spill_path()
 
     def read_stream(self, relation_id: int, ref: BatchRef, *, as_stored: bool = False,
-                    memory: int | None = None) -> Iterator[pa.Table]:
+                    memory: int | None = None, layout: Layout | None = None) -> Iterator[pa.Table]:
         """A batch's row groups one at a time, each checked against the trace state, in the
         current schema (``as_stored``: as written). A batch written before a column was
         dropped comes whole, once consolidated again in the current schema. A raw run comes
         sorted and consolidated, in pieces, holding about ``memory`` bytes (default
-        :attr:`memory_bound`: trace/raw_sort.py)."""
+        :attr:`memory_bound`: trace/raw_sort.py). ``layout``: the schema versions to project
+        to instead of the relation's current ones (:meth:`read` says why)."""
         if ref.key is None:
             return
         pf, desc = self._open(relation_id, ref)
         groups = (read_row_group(pf, i, desc, where=f"batch {ref.key!r}") for i in range(pf.metadata.num_row_groups))
-        layout = self._layouts.get(relation_id)
+        layout = layout or self._layouts.get(relation_id)
         if ref.raw:  # one row group may be the whole file (Spark's): read in pieces of the budget
             if self._local is not None:  # mapped: Parquet reads a column chunk whole
                 pf = pq.ParquetFile(pa.memory_map(str(self._local.local_path(ref.key))), page_checksum_verification=True)
@@ -280,28 +282,32 @@ class TraceStore:
             else:
                 pieces = sorted_raw(pf, desc, self._raw_schema(relation_id), memory=memory, spill=self._raw_spill,
                                     where=where)
-                yield from (self._project(relation_id, t) for t in pieces)
+                yield from (self._project(relation_id, t, layout) for t in pieces)
         elif as_stored or layout is None:
             yield from groups
         elif layout.keeps_order(pf.schema_arrow):
-            yield from (self._project(relation_id, g) for g in groups)
+            yield from (self._project(relation_id, g, layout) for g in groups)
         else:
             tables = list(groups)
             if tables:
-                yield self._project(relation_id, pa.concat_tables(tables))
+                yield self._project(relation_id, pa.concat_tables(tables), layout)
 
-    def read(self, relation_id: int, ref: BatchRef, *, use_threads: bool = True) -> pa.Table | None:
+    def read(self, relation_id: int, ref: BatchRef, *, use_threads: bool = True,
+             layout: Layout | None = None) -> pa.Table | None:
         """A whole batch in memory. When the state recorded the object's CRC32C, the whole
         object is checked first and then decoded without Parquet's page checksums, which the
         object checksum already covers. A local object is checked by streaming the file
         through one reused buffer and decoded from the same open file, as ``pq.read_table``
         reads it: holding the object in a fresh buffer cost 0.06 s of page faults per 130 MB
         here. A remote one is fetched in one piece, and checked and decoded from that buffer.
-        ``use_threads=False`` decodes on the caller's thread only."""
+        ``use_threads=False`` decodes on the caller's thread only. ``layout``: the schema
+        versions to project to, a read's own (taken with its trace state), so an alter that
+        lands during the read does not change the columns halfway."""
         if ref.key is None:
             return None
         if ref.crc is None or ref.raw:
-            tables = list(self._raw_checked(relation_id, ref) if ref.raw else self.read_stream(relation_id, ref))
+            tables = list(self._raw_checked(relation_id, ref, layout) if ref.raw
+                          else self.read_stream(relation_id, ref, layout=layout))
             return pa.concat_tables(tables) if tables else None
         where = f"batch {ref.key!r}"
         source = self._source(ref, where)
@@ -311,7 +317,7 @@ class TraceStore:
             if isinstance(source, pa.NativeFile):
                 source.close()
         self.whole_reads += 1
-        return self._project(relation_id, table) if table.num_rows else None
+        return self._project(relation_id, table, layout) if table.num_rows else None
 
     def _raw_schema(self, relation_id: int) -> pa.Schema:
         """The columns a raw run's rows are consolidated in: the relation's stored ones, or
@@ -320,7 +326,7 @@ class TraceStore:
         layout = self._layouts.get(relation_id)
         return self.schema_of(relation_id) if layout is None else stored_schema(layout.versions[min(layout.versions)])
 
-    def _raw_checked(self, relation_id: int, ref: BatchRef) -> Iterator[pa.Table]:
+    def _raw_checked(self, relation_id: int, ref: BatchRef, layout: Layout | None = None) -> Iterator[pa.Table]:
         """A raw run's consolidated pieces (:meth:`read_stream`) once the whole object's size
         and CRC32Cs, when recorded, match the trace state."""
         if ref.crc is not None:
@@ -331,7 +337,7 @@ class TraceStore:
             finally:
                 if isinstance(source, pa.NativeFile):
                     source.close()
-        yield from self.read_stream(relation_id, ref)
+        yield from self.read_stream(relation_id, ref, layout=layout)
 
     def _decode_checked(self, source: pa.NativeFile | pa.Buffer, relation_id: int, ref: BatchRef,
                         where: str, use_threads: bool = True) -> pa.Table:
@@ -340,17 +346,18 @@ class TraceStore:
         return decode_verified(source, describe(relation_id, ref), where=where, schema=self._expected(relation_id),
                                use_threads=use_threads)
 
-    def read_pieces(self, relation_id: int, ref: BatchRef, *, use_threads: bool = False) -> Iterator[pa.RecordBatch]:
+    def read_pieces(self, relation_id: int, ref: BatchRef, *, use_threads: bool = False,
+                    layout: Layout | None = None) -> Iterator[pa.RecordBatch]:
         """A whole batch as :meth:`read` checks it, decoded one row group at a time (see
         ``stream_verified``): the time-ordered replay sorts each piece by time while it is
         still in the CPU cache, instead of the whole decoded batch afterwards."""
-        layout = self._layouts.get(relation_id)
+        layout = layout or self._layouts.get(relation_id)
         if ref.raw:  # consolidated a piece at a time (trace/raw_sort.py)
-            for table in self._raw_checked(relation_id, ref):
+            for table in self._raw_checked(relation_id, ref, layout):
                 yield from table.to_batches()
             return
         if ref.key is None or ref.crc is None:
-            table = self.read(relation_id, ref, use_threads=use_threads)
+            table = self.read(relation_id, ref, use_threads=use_threads, layout=layout)
             yield from table.to_batches() if table is not None else ()
             return
         where = f"batch {ref.key!r}"
@@ -371,7 +378,7 @@ class TraceStore:
             if isinstance(source, pa.NativeFile):
                 source.close()
         if older:
-            yield from self._project(relation_id, pa.Table.from_batches(older)).to_batches()
+            yield from self._project(relation_id, pa.Table.from_batches(older), layout).to_batches()
 
     def _source(self, ref: BatchRef, where: str) -> pa.NativeFile | pa.Buffer:
         """The stored object: a local file opened (an unlink meanwhile is harmless), a remote one fetched whole."""

@@ -155,7 +155,7 @@ def test_a_load_staged_before_a_restart_is_collected_and_cannot_commit(tmp_path)
     eng.close()
     with sediment.open(tmp_path / "data", compact_interval=None) as eng:
         assert not os.path.exists(path)  # the open collected it
-        with pytest.raises(StagedFileInvalid, match="no staging directory"):
+        with pytest.raises(StagedFileInvalid, match="not staged since the coordinator opened"):
             staged.commit_staged(eng, "bulk", "job-6")
         assert eng.trace_info("bulk")["pending"] == 0 and not eng.view.relations["bulk"].trace.loads
 

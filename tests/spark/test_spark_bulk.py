@@ -9,6 +9,7 @@ import random
 from collections import Counter
 
 import pyarrow as pa
+import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 
@@ -17,6 +18,7 @@ pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install
 from pyspark.sql import functions as F  # noqa: E402
 from support.fixtures_spark import ids_failing_at  # noqa: E402
 
+from sediment.client import Client  # noqa: E402
 from sediment.errors import InvalidArgument, SchemaMismatch  # noqa: E402
 from sediment.spark_jobs import bulk_write, options  # noqa: E402
 from sediment.spark_jobs.batch_write import SedimentWriter  # noqa: E402
@@ -110,6 +112,28 @@ def test_a_failed_job_leaves_nothing_and_its_staged_files_are_collected(spark, c
     assert staging_left(c) == []
     c.engine.seal("bulk", 5)
     assert c.engine.snapshot("bulk", 5).num_rows == 0
+
+
+def test_a_bulk_commit_whose_reply_is_lost_is_asked_again_and_the_save_succeeds(spark, coordinator, monkeypatch):
+    """The coordinator commits, the reply is lost on its way to the driver: the driver asks
+    again with the same job (spark_jobs/bulk_commit.py) instead of aborting and failing, so
+    the rows are there once and the save reports success."""
+    c = coordinator(compact_interval=None)
+    c.engine.add_relation("bulk", SCHEMA)
+    plain, calls = Client.bulk_commit, []
+
+    def first_reply_lost(self, *args, **kwargs):
+        calls.append(plain(self, *args, **kwargs))
+        if len(calls) == 1:
+            raise flight.FlightUnavailableError("Connection reset by peer")
+        return calls[-1]
+
+    monkeypatch.setattr(Client, "bulk_commit", first_reply_lost)
+    write(spark.createDataFrame([(1, "a"), (2, "b")], "id long, item string"), c, "bulk", bulk="true", time=5,
+          seal="true")
+    assert [r["committed"] for r in calls] == [True, False]
+    assert sorted(c.engine.snapshot("bulk", 5).column("id").to_pylist()) == [1, 2]
+    assert staging_left(c) == []
 
 
 def test_bulk_refusals_are_typed_and_change_nothing(spark, coordinator):
