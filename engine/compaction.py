@@ -380,7 +380,7 @@ class Compaction:
         runs in one trace commit that records ``job``. Under the pass lock, so no pass or merge
         splice commits the trace meanwhile: ``make_runs(since)`` writes the runs; ``check()``,
         under the engine lock with the commit, may refuse them. A refused commit, or one the
-        metadata store refused (MetadataConflict), changes no trace and deletes the runs
+        metadata store refused (MetadataConflict, CoordinatorSuperseded), changes no trace and deletes the runs
         written; a commit of unknown outcome (MetadataUnavailable: it may have landed) leaves
         them for the next open's orphan sweep, as a compaction pass does. Returns the runs
         committed, or None when ``job`` was committed already (a retry, perhaps racing the
@@ -405,7 +405,7 @@ class Compaction:
                     rel.trace_changed_at = self.clock.current_time()
                     self.view.max_time = max([self.view.max_time, *(r.upper - 1 for r in refs)])
             except BaseException as e:
-                if not sent or isinstance(e, MetadataConflict):
+                if not sent or isinstance(e, (MetadataConflict, CoordinatorSuperseded)):  # refused: not landed
                     self.traces.delete([r.key for r in refs])
                 raise
         return refs

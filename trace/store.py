@@ -22,7 +22,14 @@ import pyarrow.parquet as pq
 
 from sediment.blob import owner as owner_mod
 from sediment.blob.protocol import BlobStore, LocalBlobStore
-from sediment.errors import BatchCorruption, BlobError, BlobNotFound, MetadataConflict, TraceError
+from sediment.errors import (
+    BatchCorruption,
+    BlobError,
+    BlobNotFound,
+    MetadataConflict,
+    MetadataUnavailable,
+    TraceError,
+)
 from sediment.metadata import names
 from sediment.metadata.fence import Fence, rewrite_all
 from sediment.metadata.protocol import MetadataStore
@@ -73,6 +80,7 @@ class TraceStore:
         self._local = blobs if isinstance(blobs, LocalBlobStore) else None  # files: read and link in place
         self.spill_dir = spill_dir
         self._versions: dict[int, int | None] = {}  # metadata version of each loaded state
+        self._unresolved: dict[int, bytes] = {}  # relation id -> a commit of unknown outcome not read back
         self._schemas: dict[int, pa.Schema] = {}  # relation id -> update schema, from the catalog
         self._layouts: dict[int, Layout] = {}  # relation id -> its schema versions (trace/evolve.py)
         self._accepted: dict[int, tuple[pa.Schema, ...]] = {}  # stored forms of every version
@@ -175,15 +183,50 @@ class TraceStore:
 
     def commit(self, new: TraceState) -> TraceState:
         """Replace the trace state by compare-and-set. CoordinatorSuperseded if it changed: only
-        a coordinator that took over writes it besides this one, and nothing was committed."""
+        a coordinator that took over writes it besides this one, and nothing was committed.
+        A compare-and-set of unknown outcome (MetadataUnavailable) is read back: one that
+        landed is a commit; otherwise the error is raised, nothing known to be written."""
         new.check_invariants()
-        expected = self._versions.get(new.relation_id)
+        rid = new.relation_id
+        expected = self._versions.get(rid)
+        encoded = new.encode()
         try:
-            version = self.meta.compare_and_set(state_key(new.relation_id), new.encode(), expected)
+            version = self.meta.compare_and_set(state_key(rid), encoded, expected)
         except MetadataConflict:
-            raise self.fence.refuse(f"the trace commit of relation {new.relation_id}") from None
-        self._versions[new.relation_id] = version
+            self._check_resolved(rid)
+            raise self.fence.refuse(f"the trace commit of relation {rid}") from None
+        except MetadataUnavailable:
+            version = self._read_back(rid, encoded)
+        self._unresolved.pop(rid, None)
+        self._versions[rid] = version
         return new
+
+    def _read_back(self, rid: int, encoded: bytes) -> int:
+        """After a compare-and-set of unknown outcome: its version if the stored state is the
+        one sent (it landed); else the error again (re-raised), remembering what was sent when
+        the read fails too."""
+        try:
+            got = self.meta.get(state_key(rid))
+        except MetadataUnavailable:
+            self._unresolved[rid] = encoded
+            raise
+        if got is not None and got.value == encoded:
+            return got.version
+        raise MetadataUnavailable(f"the trace commit of relation {rid} did not answer and was not there when read back "
+                                  f"({state_key(rid)!r}); it is retried")
+
+    def _check_resolved(self, rid: int) -> None:
+        """On a conflict: when an earlier commit of unknown outcome is what landed, this
+        coordinator's state of the relation is behind its own write, not replaced: say so."""
+        sent = self._unresolved.get(rid)
+        if sent is None:
+            return
+        got = self.meta.get(state_key(rid))
+        if got is not None and got.value == sent:
+            raise MetadataConflict(f"relation {rid}: an earlier trace commit whose answer was lost landed "
+                                   f"({state_key(rid)!r}), so this coordinator's trace is behind its metadata; "
+                                   "nothing more was committed: reopen the engine to load it")
+
 
     # --- batches -------------------------------------------------------------------------------
 

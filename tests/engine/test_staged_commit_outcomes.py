@@ -14,6 +14,7 @@ import pytest
 import sediment
 from sediment.engine import staged
 from sediment.errors import (
+    CoordinatorSuperseded,
     MetadataConflict,
     MetadataUnavailable,
     SchemaMismatch,
@@ -31,10 +32,11 @@ def stage_rows(eng, job: str, ids: list[int], part: int = 0) -> str:
     return path
 
 
-def trace_commits_fail(monkeypatch, meta, error: type[Exception], landed: bool) -> None:
+def trace_commits_fail(monkeypatch, meta, error: type[Exception], landed: bool, read_back: bool = True) -> None:
     """The metadata store's next trace compare-and-set raises ``error``, after writing it when ``landed``
-    (ZooKeeper's ConnectionLoss or an S3 timeout after the write was applied)."""
-    plain = meta.compare_and_set
+    (ZooKeeper's ConnectionLoss or an S3 timeout after the write was applied); without ``read_back``
+    the reads of trace keys fail too, until ``monkeypatch.undo()``."""
+    plain, plain_get = meta.compare_and_set, meta.get
 
     def failing(key, value, expected):
         if not key.startswith("trace"):
@@ -44,7 +46,28 @@ def trace_commits_fail(monkeypatch, meta, error: type[Exception], landed: bool) 
             plain(key, value, expected)
         raise error(f"the metadata store did not answer for {key!r}")
 
+    def failing_get(key):
+        if key.startswith("trace"):
+            raise MetadataUnavailable(f"the metadata store did not answer for {key!r}")
+        return plain_get(key)
+
     monkeypatch.setattr(meta, "compare_and_set", failing)
+    if not read_back:
+        monkeypatch.setattr(meta, "get", failing_get)
+
+
+def test_a_commit_of_unknown_outcome_that_landed_is_read_back_as_committed(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    with sediment.open(data, compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        stage_rows(eng, "job-1", [1, 2])
+        trace_commits_fail(monkeypatch, eng.traces.meta, MetadataUnavailable, landed=True)
+        staged.commit_staged(eng, "bulk", "job-1", time=3)  # the lost answer is read back: it landed
+        assert eng.view.relations["bulk"].trace.loads == ("job-1",)
+        eng.seal("bulk", 3)
+        assert sorted(eng.snapshot("bulk", 3).column("id").to_pylist()) == [1, 2]
+        eng.compact()  # the next commit of the relation goes on from the version read back
+        assert sorted(eng.snapshot("bulk", 3).column("id").to_pylist()) == [1, 2]
 
 
 def test_a_commit_of_unknown_outcome_that_landed_keeps_its_runs_readable_after_a_reopen(tmp_path, monkeypatch):
@@ -52,13 +75,15 @@ def test_a_commit_of_unknown_outcome_that_landed_keeps_its_runs_readable_after_a
     with sediment.open(data, compact_interval=None) as eng:
         eng.add_relation("bulk", SCHEMA)
         stage_rows(eng, "job-1", [1, 2])
-        trace_commits_fail(monkeypatch, eng.traces.meta, MetadataUnavailable, landed=True)
+        trace_commits_fail(monkeypatch, eng.traces.meta, MetadataUnavailable, landed=True, read_back=False)
         with pytest.raises(MetadataUnavailable):
             staged.commit_staged(eng, "bulk", "job-1", time=3)
+        monkeypatch.undo()
         batch = [k for k in eng.traces.blobs.list("trace/") if k.endswith(".parquet")]
         stored = eng.traces.blobs.get(batch[0])
-        with pytest.raises(MetadataConflict):  # asked again (other load time): this process's trace is behind
+        with pytest.raises(MetadataConflict, match="reopen"):  # asked again: this process's trace is behind
             staged.commit_staged(eng, "bulk", "job-1", time=4)
+        assert eng.traces.fence.replaced is None  # behind its own write, not replaced
         assert eng.traces.blobs.get(batch[0]) == stored  # the batch that landed keeps its footer
     with sediment.open(data, compact_interval=None) as eng:
         assert eng.view.relations["bulk"].trace.loads == ("job-1",)
@@ -74,7 +99,7 @@ def test_a_commit_the_metadata_store_refused_deletes_its_runs(tmp_path, monkeypa
         stage_rows(eng, "job-2", [1, 2])
         before = set(eng.traces.blobs.list("trace/"))
         trace_commits_fail(monkeypatch, eng.traces.meta, MetadataConflict, landed=False)
-        with pytest.raises(MetadataConflict):
+        with pytest.raises(CoordinatorSuperseded):  # a trace key changed under it: another coordinator took over
             staged.commit_staged(eng, "bulk", "job-2", time=3)
         assert set(eng.traces.blobs.list("trace/")) == before
         assert not eng.view.relations["bulk"].trace.pending
