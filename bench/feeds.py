@@ -143,15 +143,24 @@ def run_in_process_async(eng, subscribers: int, appends: int) -> tuple[dict[int,
 
 def _client(uri: str, token: str, n: int, appends: int, ready, results, in_loop: bool = False) -> None:
     """One client process: ``n`` subscriptions, a reader thread each (``in_loop``: tasks of one
-    event loop); sends back what came when, and the CPU it spent reading."""
+    event loop); sends back what came when, the CPU it spent reading and how many times the
+    stream's reading thread woke the loop."""
     client = sediment.connect(uri, token)
     subs = [client.subscribe("r") for _ in range(n)]
     for s in subs:
         s.next(timeout=60)  # the snapshot
     received: list[list[tuple[int, float]]] = [[] for _ in subs]
-    cpu = time.process_time()
+    cpu, wakes = time.process_time(), [0]
     if in_loop:
         async def read_all() -> None:
+            loop = asyncio.get_running_loop()
+            real = loop.call_soon_threadsafe
+
+            def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - each wake-up runs as before
+                wakes[0] += 1
+                return real(*args, **kwargs)
+
+            loop.call_soon_threadsafe = counted
             tasks = [asyncio.ensure_future(asyncio.wait_for(read_feed_async(s, appends, out), 300))
                      for s, out in zip(subs, received, strict=True)]
             await asyncio.sleep(0)
@@ -167,7 +176,7 @@ def _client(uri: str, token: str, n: int, appends: int, ready, results, in_loop:
         ready.put(n)
         for th in threads:
             th.join(timeout=300)
-    results.put((received, time.process_time() - cpu))
+    results.put((received, time.process_time() - cpu, wakes[0]))
     for s in subs:
         s.close()
     client.close()
@@ -175,7 +184,7 @@ def _client(uri: str, token: str, n: int, appends: int, ready, results, in_loop:
 
 def run_network(eng, subscribers: int, appends: int, in_loop: bool = False) -> tuple[dict[int, float], list[float],
                                                                                     list, float]:
-    """4 client processes; the fourth item: their CPU, summed."""
+    """4 client processes; the fourth item: their CPU and their loops' wake-ups, each summed."""
     from sediment.server import SedimentFlightServer
 
     token = uuid.uuid4().hex
@@ -197,7 +206,8 @@ def run_network(eng, subscribers: int, appends: int, in_loop: bool = False) -> t
             p.join(timeout=60)
     finally:
         server.stop(grace=10)
-    return submitted, latency, [out for outs, _ in sent for out in outs], sum(cpu for _, cpu in sent)
+    return (submitted, latency, [out for outs, _, _ in sent for out in outs],
+            (sum(cpu for _, cpu, _ in sent), sum(wakes for _, _, wakes in sent)))
 
 
 MODES = {"in-process": run_in_process, "in-process-async": run_in_process_async, "network": run_network,
@@ -212,6 +222,7 @@ def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
             eng.seal("r", 0)
             cpu = time.process_time()
             submitted, latency, received, *clients = MODES[mode](eng, subscribers, appends)
+            client_cpu, wakes = clients[0] if clients else (0.0, 0)
             cpu = time.process_time() - cpu
         delivery = [at - submitted[i] for out in received for i, at in out]
         missing = subscribers * appends - len(delivery)
@@ -219,7 +230,8 @@ def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
         return {"append_p99": pct(latency, 99), "delivery_p50": pct(delivery, 50),
                 "delivery_p99": pct(delivery, 99), "missing": missing,
                 "cpu_us": cpu / max(1, len(delivery) if subscribers else appends) * 1e6,
-                "client_cpu_us": sum(clients) / max(1, len(delivery)) * 1e6}
+                "client_cpu_us": client_cpu / max(1, len(delivery)) * 1e6,
+                "loop_wakes": wakes / appends / min(CLIENT_PROCESSES, subscribers or 1)}
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
@@ -253,6 +265,7 @@ def main() -> None:
                       f"delivery p50 {got['delivery_p50'] * 1e3:.2f} ms p99 {got['delivery_p99'] * 1e3:.2f} ms, "
                       f"{got['delivery_p99'] / got['append_p99']:.2f}x, missing {got['missing']}, "
                       f"CPU {got['cpu_us']:.1f} us/delivery, clients' {got['client_cpu_us']:.1f} us, "
+                      f"loop wake-ups per append and client {got['loop_wakes']:.2f}, "
                       f"load {os.getloadavg()[0]:.1f}", flush=True)
     print("\n| subscribers | path | append p99 ms | delivery p50 ms | delivery p99 ms | p99 / append p99 "
           "| CPU us per delivery | clients' CPU us per delivery |")
