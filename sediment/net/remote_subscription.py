@@ -38,6 +38,28 @@ def overrun_error(relation: str, max_lag: int, last_progress: int | None) -> Fee
         "received since that progress")
 
 
+class ClientFeedEnd:
+    """How a client's subscription (shared or not) ends: closed, or failed for good (an error
+    from the stream, or FeedOverrun once dropped in the client), raised by every read after."""
+
+    _closed: bool
+    _overrun: bool
+    _failure: BaseException | None
+    _relation: str
+    _max_lag: int
+    last_progress: int | None
+
+    def _open(self) -> bool:
+        """False once closed; raises the error that ended the subscription."""
+        if self._closed:
+            return False
+        if self._overrun and self._failure is None:
+            self._failure = overrun_error(self._relation, self._max_lag, self.last_progress)
+        if self._failure is not None:
+            raise self._failure
+        return True
+
+
 def wait_item(events: queue.Queue[Any] | queue.SimpleQueue[Any], timeout: float | None,
               closed: Callable[[], bool]) -> Any:
     """The next item of ``events`` within ``timeout`` seconds (None: no limit), or NOTHING
@@ -56,7 +78,7 @@ def wait_item(events: queue.Queue[Any] | queue.SimpleQueue[Any], timeout: float 
     return NOTHING
 
 
-class RemoteSubscription(WaitingIterator[Any], AsyncIterating):
+class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
     """A feed from the server, like the engine's Subscription: an iterator of
     ``sediment.engine.feed.FeedEvent``; ``next(timeout)``; ``last_progress``; close it when
     done; also asynchronous (``async for``, :meth:`next_async`). When the server stops,
@@ -87,6 +109,7 @@ class RemoteSubscription(WaitingIterator[Any], AsyncIterating):
         self._max_lag = MAX_QUEUED if max_lag is None else max_lag
         self._taken = 0  # events read from the queue
         self._overrun = False
+        self._failure: BaseException | None = None
         self._reader = reader
         self._reopen = reopen
         self._lock = threading.Lock()
@@ -198,40 +221,32 @@ class RemoteSubscription(WaitingIterator[Any], AsyncIterating):
             return None  # closed, or a reader thread holds the stream (read from one place at a time)
         return self._took(await wait_item_async(self._events, self._seat, timeout, lambda: self._closed))
 
-    def _open(self) -> bool:
-        """False once closed; raises FeedOverrun once dropped for lagging."""
-        if self._overrun and not self._closed:
-            raise overrun_error(self._relation, self._max_lag, self.last_progress)
-        return not self._closed
-
     def _took(self, item: Any) -> Any:
         """What a read of the queue returns for ``item``: the event, None, or the error raised."""
         if item is NOTHING:
             return None
         if item is _END:
-            self._events.put(_END)
-            if self._overrun and not self._closed:
-                raise overrun_error(self._relation, self._max_lag, self.last_progress)
+            self._events.put(_END)  # for the next call too
+            self._open()  # raises FeedOverrun when that is why the stream ended
             return None
         if isinstance(item, BaseException):
-            self._events.put(item)  # raise it again on the next call too
+            self._failure = item  # raised again by every later call
             raise item
         self._taken += 1
         return self._note(item)
 
     def _read_directly(self) -> Any:
-        """The next item read from the stream in the caller's thread (``_direct`` held). The
-        feed's end, or its error, is queued for the calls after (which then read the queue)."""
+        """The next item read from the stream in the caller's thread (``_direct`` held). At the
+        feed's end, or its error, the calls after read the queue (its end)."""
         item = next(self._items, _END)
         if self._closed:
             return None
         if item is _END or isinstance(item, BaseException):
-            self._events.put(item)
-            if item is not _END:
-                self._events.put(_END)
+            self._events.put(_END)
             self._pumping = True  # nothing is left to pump: later calls read what is queued
             if item is _END:
                 return None
+            self._failure = item  # raised again by every later call
             raise item
         return self._note(item)
 

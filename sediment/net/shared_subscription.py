@@ -31,7 +31,7 @@ from sediment.errors import CoordinatorUnavailable, EngineClosed, SedimentError,
 from sediment.interrupts import WaitingIterator
 from sediment.net.async_reads import NOTHING, wait_item_async
 from sediment.net.messages import Action, Get
-from sediment.net.remote_subscription import CHECK_EVERY, MAX_QUEUED, overrun_error, wait_item
+from sediment.net.remote_subscription import CHECK_EVERY, MAX_QUEUED, ClientFeedEnd, wait_item
 from sediment.net.shared_feeds import SHARE_VERSION
 from sediment.net.wire_errors import error_from_detail, error_line, typed_error
 
@@ -51,7 +51,7 @@ def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
     return FeedEvent(kind, t, tables[0] if len(tables) == 1 else pa.concat_tables(tables))
 
 
-class SharedSubscription(WaitingIterator[Any], AsyncIterating):
+class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
     """One subscription on a shared stream, used like the engine's Subscription: an iterator
     of ``FeedEvent``; ``next(timeout)``; ``last_progress``; close it when done; also
     asynchronous (``async for``, :meth:`next_async`). When the server stops, ``next`` raises
@@ -66,6 +66,7 @@ class SharedSubscription(WaitingIterator[Any], AsyncIterating):
     def __init__(self, stream: SharedStream, sid: str, max_lag: int | None) -> None:
         self.id = sid
         self._stream = stream
+        self._relation = stream.relation
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._max_lag = MAX_QUEUED if max_lag is None else max_lag
         self._closed = False
@@ -118,16 +119,6 @@ class SharedSubscription(WaitingIterator[Any], AsyncIterating):
             return None
         got = self._took(await wait_item_async(self._queue, self._seat, timeout, lambda: self._closed))
         return self.next(0) if got is _AGAIN else got
-
-    def _open(self) -> bool:
-        """False once closed; raises the error that ended the subscription."""
-        if self._closed:
-            return False
-        if self._overrun and self._failure is None:
-            self._failure = overrun_error(self._stream.relation, self._max_lag, self.last_progress)
-        if self._failure is not None:
-            raise self._failure
-        return True
 
     def _took(self, item: Any) -> Any:
         """What a read of the queue returns for ``item``: the event, None, _AGAIN (dropped for

@@ -202,9 +202,10 @@ def test_a_close_from_another_thread_ends_a_waiting_async_for(served, shared):
     other.close()
 
 
-def test_a_loop_that_ends_with_its_subscriptions_open_holds_up_no_one(served):
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_loop_that_ends_with_its_subscriptions_open_holds_up_no_one(served, shared):
     engine, _server, client = served
-    abandoned = [client.subscribe("r") for _ in range(10)]
+    abandoned = [client.subscribe("r", shared=shared) for _ in range(10)]
     live = client.subscribe("r")
     assert live.next(timeout=10).kind == "snapshot"
 
@@ -226,7 +227,8 @@ def test_a_loop_that_ends_with_its_subscriptions_open_holds_up_no_one(served):
         engine.append("r", row(k))
     reader.join(timeout=60)
     assert got == list(range(101)), "the stream's reader was held up by a closed loop"
-    assert len(live.stream.loops) == 0, "the closed loop is still woken"
+    if shared:
+        assert len(live.stream.loops) == 0, "the closed loop is still woken"
     out: list[int] = []
     thread_keys(abandoned[0], 100, out)  # still readable, from a thread now
     assert out == list(range(1, 101))
@@ -234,10 +236,12 @@ def test_a_loop_that_ends_with_its_subscriptions_open_holds_up_no_one(served):
         sub.close()
 
 
-def ends_of_waiting_tasks(client: Client, end: Callable[[], None], first: int | None = None) -> tuple[list, float]:
+def ends_of_waiting_tasks(client: Client, end: Callable[[], None],
+                          first: int | None = None) -> tuple[list, float, list]:
     """20 shared and 3 unshared subscriptions of ``r`` read from one loop (past their snapshot
     and, with ``first``, past that key's update), each task waiting in ``async for`` when
-    ``end()`` runs: what each task ended with, and how long after ``end()`` the last one did."""
+    ``end()`` runs: what each task ended with, how long after ``end()`` the last one did, and
+    the subscriptions."""
     subs = [client.subscribe("r") for _ in range(20)] + [client.subscribe("r", shared=False) for _ in range(3)]
     waiting = threading.Event()
 
@@ -254,13 +258,23 @@ def ends_of_waiting_tasks(client: Client, end: Callable[[], None], first: int | 
     assert waiting.wait(60)
     began = time.monotonic()
     end()
-    return finished(th, out, timeout=60), time.monotonic() - began
+    return finished(th, out, timeout=60), time.monotonic() - began, subs
+
+
+def raises_again(subs: list, error: type | tuple) -> None:
+    """Every later read of an ended subscription raises its error again, from a thread or a loop."""
+    for sub in subs:
+        with pytest.raises(error):
+            sub.next(timeout=1)
+        with pytest.raises(error):
+            asyncio.run(sub.next_async(timeout=1))
 
 
 def test_a_stopping_server_ends_every_waiting_task_with_engine_closed(served):
     _engine, server, client = served
-    ends, _ = ends_of_waiting_tasks(client, lambda: server.stop(grace=30))
+    ends, _, subs = ends_of_waiting_tasks(client, lambda: server.stop(grace=30))
     assert all(isinstance(e, EngineClosed) for e in ends), ends
+    raises_again(subs, EngineClosed)
 
 
 def test_a_killed_server_ends_every_waiting_task_with_a_typed_error_in_bounded_time(tmp_path):
@@ -269,9 +283,10 @@ def test_a_killed_server_ends_every_waiting_task_with_a_typed_error_in_bounded_t
         client = Client(served.uri, served.token)
         client.add_relation("r", SCHEMA)
         client.append("r", row(0))
-        ends, took = ends_of_waiting_tasks(client, served.kill, first=0)
+        ends, took, subs = ends_of_waiting_tasks(client, served.kill, first=0)
         assert took < 30, f"the tasks ended {took:.1f} s after the kill"
         assert all(isinstance(e, CoordinatorUnavailable | EngineClosed) for e in ends), ends
+        raises_again(subs, (CoordinatorUnavailable, EngineClosed))
         client.close()
     finally:
         if served.proc.poll() is None:
