@@ -8,8 +8,9 @@ position and ``max_lag``; closing one (``feed_leave``) leaves the others running
 last one to close cancels the stream. A stream that breaks ends every subscription on it
 with a typed error. Subscriptions read from asyncio (``async for``, ``await
 sub.next_async(timeout)``) sleep in their event loop: after each event the reading thread
-wakes each loop once for all its sleepers (:mod:`sediment.net.async_reads`). A server that predates the op gets each subscription a stream of its
-own (:class:`~sediment.net.remote_subscription.RemoteSubscription`).
+wakes each loop once for all its sleepers (:mod:`sediment.net.async_reads`). A server that
+predates the op gets each subscription a stream of its own
+(:class:`~sediment.net.remote_subscription.RemoteSubscription`).
 """
 
 from __future__ import annotations
