@@ -12,7 +12,10 @@ round, a fresh data directory per case):
 * ``in-process-async``: N tasks in one asyncio event loop (one thread), each iterating its
   own ``Engine.subscribe`` with ``async for``;
 * ``network``: a ``SedimentFlightServer`` on the same engine in this process, and the N
-  subscribers spread over 4 client processes, each a ``sediment.connect(...).subscribe``.
+  subscribers spread over 4 client processes, each a ``sediment.connect(...).subscribe``
+  read by a thread of its own;
+* ``network-async``: the same, each client process reading its subscriptions as tasks of
+  one asyncio event loop (``async for``).
 
 For every update the script records the append's own latency (submit to acknowledged)
 and each subscriber's delivery latency (submit to ``next()`` returning it; the clock is
@@ -20,7 +23,8 @@ CLOCK_MONOTONIC, shared by the processes). A subscriber can receive an update be
 the writer's call returns (the feed is fed by the durability callback). Target: p99
 delivery <= 2x the append's own p99 with 100 subscribers (issue 27). Prints, per case,
 the median over the rounds with min-max, and the process's CPU per delivered update (CPU
-moves less with the machine's load than latency does).
+moves less with the machine's load than latency does); over the network also the client
+processes' CPU per delivered update (their reading phase, summed over the 4).
 """
 
 from __future__ import annotations
@@ -137,27 +141,50 @@ def run_in_process_async(eng, subscribers: int, appends: int) -> tuple[dict[int,
     return submitted, latency, received
 
 
-def _client(uri: str, token: str, n: int, appends: int, ready, results) -> None:
-    """One client process: ``n`` subscriptions, a reader thread each; sends back what came when."""
+def _client(uri: str, token: str, n: int, appends: int, ready, results, in_loop: bool = False) -> None:
+    """One client process: ``n`` subscriptions, a reader thread each (``in_loop``: tasks of one
+    event loop); sends back what came when, the CPU it spent reading and how many times the
+    stream's reading thread woke the loop."""
     client = sediment.connect(uri, token)
     subs = [client.subscribe("r") for _ in range(n)]
     for s in subs:
         s.next(timeout=60)  # the snapshot
     received: list[list[tuple[int, float]]] = [[] for _ in subs]
-    threads = [threading.Thread(target=read_feed, args=(s, appends, out), daemon=True)
-               for s, out in zip(subs, received, strict=True)]
-    for th in threads:
-        th.start()
-    ready.put(n)
-    for th in threads:
-        th.join(timeout=300)
-    results.put(received)
+    cpu, wakes = time.process_time(), [0]
+    if in_loop:
+        async def read_all() -> None:
+            loop = asyncio.get_running_loop()
+            real = loop.call_soon_threadsafe
+
+            def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - each wake-up runs as before
+                wakes[0] += 1
+                return real(*args, **kwargs)
+
+            loop.call_soon_threadsafe = counted
+            tasks = [asyncio.ensure_future(asyncio.wait_for(read_feed_async(s, appends, out), 300))
+                     for s, out in zip(subs, received, strict=True)]
+            await asyncio.sleep(0)
+            ready.put(n)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run(read_all())
+    else:
+        threads = [threading.Thread(target=read_feed, args=(s, appends, out), daemon=True)
+                   for s, out in zip(subs, received, strict=True)]
+        for th in threads:
+            th.start()
+        ready.put(n)
+        for th in threads:
+            th.join(timeout=300)
+    results.put((received, time.process_time() - cpu, wakes[0]))
     for s in subs:
         s.close()
     client.close()
 
 
-def run_network(eng, subscribers: int, appends: int) -> tuple[dict[int, float], list[float], list]:
+def run_network(eng, subscribers: int, appends: int, in_loop: bool = False) -> tuple[dict[int, float], list[float],
+                                                                                    list, float]:
+    """4 client processes; the fourth item: their CPU and their loops' wake-ups, each summed."""
     from sediment.server import SedimentFlightServer
 
     token = uuid.uuid4().hex
@@ -167,19 +194,24 @@ def run_network(eng, subscribers: int, appends: int) -> tuple[dict[int, float], 
         ready, results = ctx.Queue(), ctx.Queue()
         shares = [subscribers // CLIENT_PROCESSES + (k < subscribers % CLIENT_PROCESSES)
                   for k in range(min(CLIENT_PROCESSES, subscribers))]
-        procs = [ctx.Process(target=_client, args=(server.uri, token, n, appends, ready, results), daemon=True)
-                 for n in shares]
+        procs = [ctx.Process(target=_client, args=(server.uri, token, n, appends, ready, results, in_loop),
+                             daemon=True) for n in shares]
         for p in procs:
             p.start()
         for _ in procs:
             ready.get(timeout=300)
         submitted, latency = write(eng, appends)
-        received = [out for _ in procs for out in results.get(timeout=600)]
+        sent = [results.get(timeout=600) for _ in procs]
         for p in procs:
             p.join(timeout=60)
     finally:
         server.stop(grace=10)
-    return submitted, latency, received
+    return (submitted, latency, [out for outs, _, _ in sent for out in outs],
+            (sum(cpu for _, cpu, _ in sent), sum(wakes for _, _, wakes in sent)))
+
+
+MODES = {"in-process": run_in_process, "in-process-async": run_in_process_async, "network": run_network,
+         "network-async": lambda eng, n, appends: run_network(eng, n, appends, in_loop=True)}
 
 
 def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
@@ -188,16 +220,18 @@ def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
         with sediment.open(data, compact=False) as eng:
             eng.add_relation("r", SCHEMA)
             eng.seal("r", 0)
-            go = {"in-process": run_in_process, "in-process-async": run_in_process_async}.get(mode, run_network)
             cpu = time.process_time()
-            submitted, latency, received = go(eng, subscribers, appends)
+            submitted, latency, received, *clients = MODES[mode](eng, subscribers, appends)
+            client_cpu, wakes = clients[0] if clients else (0.0, 0)
             cpu = time.process_time() - cpu
         delivery = [at - submitted[i] for out in received for i, at in out]
         missing = subscribers * appends - len(delivery)
         delivery = delivery or [0.0]
         return {"append_p99": pct(latency, 99), "delivery_p50": pct(delivery, 50),
                 "delivery_p99": pct(delivery, 99), "missing": missing,
-                "cpu_us": cpu / max(1, len(delivery) if subscribers else appends) * 1e6}
+                "cpu_us": cpu / max(1, len(delivery) if subscribers else appends) * 1e6,
+                "client_cpu_us": client_cpu / max(1, len(delivery)) * 1e6,
+                "loop_wakes": wakes / appends / min(CLIENT_PROCESSES, subscribers or 1)}
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
@@ -214,7 +248,7 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=1000)
     ap.add_argument("--counts", default="0,1,10,100,1000",
                     help="subscriber counts; 0 runs the appends alone, in process only")
-    ap.add_argument("--modes", default="in-process,in-process-async,network")
+    ap.add_argument("--modes", default="in-process,in-process-async,network,network-async")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     args = ap.parse_args()
     counts = [int(c) for c in ("0,1,10,100" if args.quick else args.counts).split(",")]
@@ -227,21 +261,23 @@ def main() -> None:
             for mode in modes[r % len(modes):] + modes[:r % len(modes)] if n else ["in-process"]:
                 got = run(mode, n, appends, args.dir)
                 results[(mode, n)].append(got)
-                print(f"round {r + 1}: {mode:10s} {n:5d} subscribers: append p99 {got['append_p99'] * 1e3:.2f} ms, "
+                print(f"round {r + 1}: {mode:16s} {n:5d} subscribers: append p99 {got['append_p99'] * 1e3:.2f} ms, "
                       f"delivery p50 {got['delivery_p50'] * 1e3:.2f} ms p99 {got['delivery_p99'] * 1e3:.2f} ms, "
                       f"{got['delivery_p99'] / got['append_p99']:.2f}x, missing {got['missing']}, "
-                      f"CPU {got['cpu_us']:.1f} us/delivery, "
+                      f"CPU {got['cpu_us']:.1f} us/delivery, clients' {got['client_cpu_us']:.1f} us, "
+                      f"loop wake-ups per append and client {got['loop_wakes']:.2f}, "
                       f"load {os.getloadavg()[0]:.1f}", flush=True)
     print("\n| subscribers | path | append p99 ms | delivery p50 ms | delivery p99 ms | p99 / append p99 "
-          "| CPU us per delivery |")
-    print("| ---: | --- | --- | --- | --- | --- | --- |")
+          "| CPU us per delivery | clients' CPU us per delivery |")
+    print("| ---: | --- | --- | --- | --- | --- | --- | --- |")
     for n in counts:
         for mode in modes if n else ["in-process"]:
             rows = results[(mode, n)]
             ratios = [g["delivery_p99"] / g["append_p99"] for g in rows]
             print(f"| {n} | {mode} | {spread([g['append_p99'] for g in rows], 1e3)} | "
                   f"{spread([g['delivery_p50'] for g in rows], 1e3)} | {spread([g['delivery_p99'] for g in rows], 1e3)} "
-                  f"| {spread(ratios)}x | {spread([g['cpu_us'] for g in rows], fmt='.1f')} |")
+                  f"| {spread(ratios)}x | {spread([g['cpu_us'] for g in rows], fmt='.1f')} "
+                  f"| {spread([g['client_cpu_us'] for g in rows], fmt='.1f')} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Feed latency of this build's feed against an earlier commit's, in the same rounds.
 
     .venv/bin/python bench/feeds_ab.py --base d7fa6a5 [--counts 100,1000] [--rounds 3] [--appends 1000] [--modes in-process,network]
+    .venv/bin/python bench/feeds_ab.py --base HEAD --modes network,network-async   # both builds need next_async for the async modes
 
 Why: on this shared machine absolute latencies swing several-fold between runs, so a
 change to the feed is judged against the previous build measured alternately. Each case
@@ -8,7 +9,8 @@ runs in its own process: a case of ``bench/feeds.py`` (one writer; N subscriber 
 in process, or N subscriptions over the network from 4 client processes), with the package
 either as checked out or as of ``--base`` (the commit's tree, exported to a temporary
 folder and put first on PYTHONPATH, so the client processes load it too).
-Prints, per case, the median over the rounds with min-max, process CPU included.
+Prints, per case, the median over the rounds with min-max, process CPU included (and, over
+the network, the client processes' CPU per delivered update).
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ def main() -> None:
                     print(f"round {r + 1}: {mode:10s} {build:16s} {n:5d} subscribers: append p99 "
                           f"{got['append_p99'] * 1e3:.2f} ms, delivery p50 {got['delivery_p50'] * 1e3:.2f} p99 "
                           f"{got['delivery_p99'] * 1e3:.2f} ms, {got['delivery_p99'] / got['append_p99']:.2f}x, "
-                          f"CPU {got['cpu']:.2f} s, missing {got['missing']}, load {os.getloadavg()[0]:.1f}", flush=True)
+                          f"CPU {got['cpu']:.2f} s, clients' {got.get('client_cpu_us', 0):.1f} us/delivery, "
+                          f"missing {got['missing']}, load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     print_table(results, cases, list(builds))
@@ -117,14 +120,15 @@ def print_table(results: dict[tuple[str, str, int], list[dict]], cases: list[tup
         return f"{statistics.median(values) * scale:.2f} ({min(values) * scale:.2f}-{max(values) * scale:.2f})"
 
     print("\n| subscribers | path | build | append p99 ms | delivery p50 ms | delivery p99 ms | p99 / append p99 "
-          "| CPU s |")
-    print("| ---: | --- | --- | --- | --- | --- | --- | --- |")
+          "| CPU s | clients' CPU us per delivery |")
+    print("| ---: | --- | --- | --- | --- | --- | --- | --- | --- |")
     for mode, n in cases:
         for build in builds:
             rows = results[(mode, build, n)]
             print(f"| {n} | {mode} | {build} | {spread([g['append_p99'] for g in rows], 1e3)} | "
                   f"{spread([g['delivery_p50'] for g in rows], 1e3)} | {spread([g['delivery_p99'] for g in rows], 1e3)} | "
-                  f"{spread([g['delivery_p99'] / g['append_p99'] for g in rows])}x | {spread([g['cpu'] for g in rows])} |")
+                  f"{spread([g['delivery_p99'] / g['append_p99'] for g in rows])}x | {spread([g['cpu'] for g in rows])} | "
+                  f"{spread([g.get('client_cpu_us', 0) for g in rows])} |")
 
 
 if __name__ == "__main__":

@@ -52,10 +52,10 @@ class Probe:
                 probe.added.append(feeds.now())
             return add(log, kind, lsn, time, written)
 
-        def timed_settle(log, sub):  # noqa: ANN001, ANN202
+        def timed_settle(log, sub, forget=False):  # noqa: ANN001, ANN202
             if not sub.sleeping:  # woken by the relay: it hands on now
                 probe.hand_ons.append(feeds.now())
-            return settle(log, sub)
+            return settle(log, sub, forget)
 
         def counted_resume(waiters):  # noqa: ANN001, ANN202
             probe.resumes += 1

@@ -60,7 +60,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sediment.engine.feed_async import LoopWaiters, expire
+from sediment.engine.feed_async import AsyncIterating, Loops, Seat, doze
 from sediment.errors import EngineClosed, FeedOverrun
 from sediment.interrupts import WaitingIterator, wait_slices
 
@@ -129,7 +129,7 @@ class FeedLog:
         self._load_lock = threading.Lock()  # one decode of a record at a time: the others wait for it
         self._bulk: dict[tuple[int, int], FeedEvent] = {}  # (first seq, end seq) -> merged event, oldest first
         self._bulk_bytes = 0
-        self.loops: tuple[LoopWaiters, ...] = ()  # event loops with async subscribers, replaced whole
+        self.loops = Loops()  # event loops with async subscribers
         self.closed = False
 
     @property
@@ -165,34 +165,7 @@ class FeedLog:
 
     def _wake_loops(self) -> None:
         """One resume per event loop that has async subscribers asleep; a closed loop is forgotten."""
-        for waiters in self.loops:
-            if not waiters.poke():
-                with self.changed:
-                    self.loops = tuple(w for w in self.loops if w is not waiters)
-
-    def _forget_closed_loops(self) -> None:
-        """Let go of event loops closed without closing their subscriptions (``changed`` held):
-        the writer's wake only finds them while someone sleeps in them."""
-        if any(w.loop.is_closed() for w in self.loops):
-            self.loops = tuple(w for w in self.loops if not w.loop.is_closed())
-
-    def join_loop(self, loop: asyncio.AbstractEventLoop) -> LoopWaiters:
-        """The sleepers of ``loop``, for one more subscription reading in it."""
-        with self.changed:
-            waiters = next((w for w in self.loops if w.loop is loop), None)
-            if waiters is None:
-                waiters = LoopWaiters(loop)
-                self.loops = (*self.loops, waiters)
-            waiters.users += 1
-            return waiters
-
-    def leave_loop(self, waiters: LoopWaiters) -> None:
-        """One subscription fewer reads in ``waiters``' loop; its sleepers are woken to look."""
-        waiters.poke()
-        with self.changed:
-            waiters.users -= 1
-            if waiters.users <= 0:
-                self.loops = tuple(w for w in self.loops if w is not waiters)
+        self.loops.poke()
 
     def _wake(self) -> None:
         """Move the sleepers to the relay and start up to :data:`_CHAINS` wake-ups in it."""
@@ -240,9 +213,8 @@ class FeedLog:
                 sub.dropped_at = sub.cursor
                 del self.subs[sub.id]
                 _release(sub.wake)
-                if sub.waiters is not None:
-                    sub.waiters.poke()
-            self._forget_closed_loops()
+                sub.seat.poke()
+            self.loops.forget_closed()
             self._trim()
 
     def _trim(self) -> None:
@@ -274,7 +246,7 @@ class FeedLog:
             self.subs.pop(sub.id, None)
             if not self.subs:
                 self.window = (self.next_seq, [])
-            self._forget_closed_loops()
+            self.loops.forget_closed()
             _release(sub.wake)
 
     def close(self) -> None:
@@ -282,8 +254,7 @@ class FeedLog:
             self.closed = True
             for sub in [*self.waiting, *self._relay]:
                 _release(sub.wake)
-            for waiters in self.loops:
-                waiters.poke()
+            self.loops.poke()
 
     def oldest_lsn(self) -> int | None:
         """The LSN of the oldest event a subscriber has yet to read: the WAL is kept from there."""
@@ -353,7 +324,7 @@ def _release(lock: threading.Lock) -> None:
         pass
 
 
-class Subscription(WaitingIterator[FeedEvent]):
+class Subscription(WaitingIterator[FeedEvent], AsyncIterating):
     """An iterator of FeedEvents, also asynchronous (``async for``, :meth:`next_async`: read
 it from one thread or one event loop). Created by ``Engine.subscribe``; close it when done."""
 
@@ -379,8 +350,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         self.wake.acquire()
         self.sleeping = False  # set before it joins the feed's sleepers; cleared by whoever wakes it
         self.last_progress: int | None = None
-        self.waiters: LoopWaiters | None = None  # the event loop this subscription is read in, if any
-        self._joining = threading.Lock()  # a close racing the first async read joins or leaves once
+        self.seat = Seat(feed.loops)  # its place among the sleepers of the event loop it is read in
         feed.register(self)
 
     def add_initial(self, events: list[FeedEvent]) -> None:
@@ -440,17 +410,12 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
                 return None
-            fut = self._loop_waiters(loop).sleep()  # then look again: an event may have come meanwhile
+            fut = self.seat.waiters_in(loop).sleep()  # then look again: an event may have come meanwhile
             base, items = feed.window
             if self.cursor - base < len(items) or self._closed or self.dropped_at is not None \
                     or feed.closed or not self._engine_open():
                 continue
-            timer = None if left is None else loop.call_later(left, expire, fut)
-            try:
-                await fut
-            finally:
-                if timer is not None:
-                    timer.cancel()
+            await doze(fut, left)
 
     def _poll(self, feed: FeedLog) -> FeedEvent | bool:
         """The next event if the feed has one for this subscriber; True once closed, False if
@@ -463,30 +428,6 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             if self.cursor >= base:  # else trimmed past: dropped, as the next look says
                 break
         return self._take(items, self.cursor - base) if self.cursor - base < len(items) else False
-
-    def _loop_waiters(self, loop: asyncio.AbstractEventLoop) -> LoopWaiters:
-        waiters = self.waiters
-        if waiters is not None and waiters.loop is loop:
-            return waiters
-        with self._joining:
-            if self.waiters is not None:
-                self._feed.leave_loop(self.waiters)
-                self.waiters = None
-            waiters = self._feed.join_loop(loop)
-            if not self._closed:  # else closed meanwhile: the next look returns None
-                self.waiters = waiters
-            else:
-                self._feed.leave_loop(waiters)
-            return waiters
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> FeedEvent:
-        event = await self.next_async()
-        if event is None:
-            raise StopAsyncIteration
-        return event
 
     def _check_live(self, feed: FeedLog) -> None:
         if self.dropped_at is not None:
@@ -532,10 +473,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         """Stop reading (from any thread): a waiting ``next`` or ``next_async`` returns None."""
         self._closed = True
         self._feed.leave(self)
-        with self._joining:
-            if self.waiters is not None:
-                self._feed.leave_loop(self.waiters)
-                self.waiters = None
+        self.seat.close()
 
     def __enter__(self) -> Subscription:
         return self

@@ -2,8 +2,9 @@
 
 A reader thread's ``next()`` reads the server's stream itself; for ``next(timeout=...)``
 (and on the main thread) a thread pumps the stream into a queue so that the wait can have
-a deadline, which a Flight reader's cannot. Events come out as the engine's ``FeedEvent``
-values. Across an alter it moves to the feed's next stream.
+a deadline, which a Flight reader's cannot; ``await next_async()`` and ``async for`` read
+that queue from an event loop (:mod:`sediment.net.async_reads`). Events come out as the
+engine's ``FeedEvent`` values. Across an alter it moves to the feed's next stream.
 """
 
 from __future__ import annotations
@@ -18,12 +19,45 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
-from sediment.errors import EngineClosed
+from sediment.engine.feed_async import AsyncIterating, Loops, Seat
+from sediment.errors import EngineClosed, FeedOverrun
 from sediment.interrupts import WaitingIterator, wait_slices
+from sediment.net.async_reads import NOTHING, wait_item_async
 from sediment.net.wire_errors import typed_error
 
 _END = object()
-NOTHING = object()  # what wait_item returns on a timeout or a close
+MAX_QUEUED = 1 << 18  # events a subscription may have waiting in the client when it has no max_lag
+CHECK_EVERY = 1024  # live events between checks of a subscription's queue against its max_lag, as the engine's
+
+
+def overrun_error(relation: str, max_lag: int, last_progress: int | None) -> FeedOverrun:
+    """The error of a subscription dropped for more than ``max_lag`` events queued in the client."""
+    return FeedOverrun(
+        f"the feed of {relation!r} dropped this subscription: more than {max_lag} events waited for it in "
+        f"the client; subscribe again with as_of={last_progress} and resume=True after dropping the updates "
+        "received since that progress")
+
+
+class ClientFeedEnd:
+    """How a client's subscription (shared or not) ends: closed, or failed for good (an error
+    from the stream, or FeedOverrun once dropped in the client), raised by every read after."""
+
+    _closed: bool
+    _overrun: bool
+    _failure: BaseException | None
+    _relation: str
+    _max_lag: int
+    last_progress: int | None
+
+    def _open(self) -> bool:
+        """False once closed; raises the error that ended the subscription."""
+        if self._closed:
+            return False
+        if self._overrun and self._failure is None:
+            self._failure = overrun_error(self._relation, self._max_lag, self.last_progress)
+        if self._failure is not None:
+            raise self._failure
+        return True
 
 
 def wait_item(events: queue.Queue[Any] | queue.SimpleQueue[Any], timeout: float | None,
@@ -44,18 +78,23 @@ def wait_item(events: queue.Queue[Any] | queue.SimpleQueue[Any], timeout: float 
     return NOTHING
 
 
-class RemoteSubscription(WaitingIterator[Any]):
+class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
     """A feed from the server, like the engine's Subscription: an iterator of
     ``sediment.engine.feed.FeedEvent``; ``next(timeout)``; ``last_progress``; close it when
-    done. When the server stops, ``next`` raises EngineClosed (subscribe again, with
-    ``resume``, to a new one). Read it from one thread at a time.
+    done; also asynchronous (``async for``, :meth:`next_async`). When the server stops,
+    ``next`` raises EngineClosed (subscribe again, with ``resume``, to a new one). Read it
+    from one thread or one event loop at a time.
 
     A ``next()`` without a timeout, off the main thread (a reader thread iterating the feed),
     reads the stream itself: one thread woken per event and subscriber, where a pump thread
     handing events to the reader through a queue woke two (with 1,000 subscribers in a
     process, the wake-ups are what bound the feed). The first ``next`` with a timeout, or on
     the main thread (whose waits must let Ctrl-C through, sediment/interrupts.py), starts a
-    thread that pumps the stream into a queue, and every later ``next`` reads the queue.
+    thread that pumps the stream into a queue, and every later ``next`` reads the queue; so
+    does every read from asyncio. More than ``max_lag`` live events waiting in that queue (a
+    reader that stopped reading; checked every :data:`CHECK_EVERY` of them) drops the
+    subscription with FeedOverrun, as the server's feed would have: the pump reads the stream
+    as fast as it comes, so the server never sees the lag.
 
     A relation's alter ends the server's stream (one Flight stream has one schema) with a
     continuation token: the feed opens the next stream of the same server-side subscription
@@ -63,8 +102,14 @@ class RemoteSubscription(WaitingIterator[Any]):
     nothing lost or repeated."""
 
     def __init__(self, uri: str, reader: flight.FlightStreamReader,
-                 reopen: Callable[[str], flight.FlightStreamReader] | None = None) -> None:
+                 reopen: Callable[[str], flight.FlightStreamReader] | None = None, *,
+                 relation: str = "", max_lag: int | None = None) -> None:
         self._uri = uri
+        self._relation = relation
+        self._max_lag = MAX_QUEUED if max_lag is None else max_lag
+        self._taken = 0  # events read from the queue
+        self._overrun = False
+        self._failure: BaseException | None = None
         self._reader = reader
         self._reopen = reopen
         self._lock = threading.Lock()
@@ -75,6 +120,8 @@ class RemoteSubscription(WaitingIterator[Any]):
         self._direct = threading.Lock()  # held while a next() reads the stream itself
         self._pumping = False  # set once the stream is read by the pump thread (or fully read)
         self._thread: threading.Thread | None = None
+        self._loops = Loops()  # the event loop it is read in, if any
+        self._seat = Seat(self._loops)
 
     def _feed_items(self) -> Iterator[Any]:
         """The feed's items in order, across schema changes: events, then the error that ended it."""
@@ -90,11 +137,23 @@ class RemoteSubscription(WaitingIterator[Any]):
                 yield exc
 
     def _pump(self) -> None:
+        pushed, live = 0, False  # live: past the first progress (the initial events do not count)
         try:
             for item in self._items:
+                if live:
+                    pushed += 1
+                    if pushed % CHECK_EVERY == 0 and pushed - self._taken > self._max_lag:
+                        self._overrun = True
+                        with self._lock:
+                            self._reader.cancel()  # the server ends its subscription
+                        return
+                elif getattr(item, "kind", None) == "progress":
+                    live = True
                 self._events.put(item)
+                self._loops.poke()
         finally:
             self._events.put(_END)
+            self._loops.poke()
 
     def _drain(self, reader: flight.FlightStreamReader) -> Generator[Any, None, flight.FlightStreamReader | None]:
         """The events of one stream; returns the next stream after a schema change, else None."""
@@ -143,7 +202,7 @@ class RemoteSubscription(WaitingIterator[Any]):
     def next(self, timeout: float | None = None) -> Any:
         """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None on
         timeout or once the subscription is closed."""
-        if self._closed:
+        if not self._open():
             return None
         if not self._pumping and timeout is None and threading.current_thread() is not threading.main_thread():
             with self._direct:
@@ -151,30 +210,43 @@ class RemoteSubscription(WaitingIterator[Any]):
                     return self._read_directly()
         if not self._pumping and not self._start_pump(timeout):
             return None
-        item = wait_item(self._events, timeout, lambda: self._closed)
+        return self._took(wait_item(self._events, timeout, lambda: self._closed))
+
+    async def next_async(self, timeout: float | None = None) -> Any:
+        """:meth:`next` for asyncio: the task sleeps in its event loop until the pump thread
+        queues the next event (see :mod:`sediment.net.async_reads`). Returns None on timeout or
+        once closed; raises as :meth:`next` does. Cancelling the awaiting task leaves the
+        subscription as it was."""
+        if not self._open() or not self._pumping and not self._start_pump(0):
+            return None  # closed, or a reader thread holds the stream (read from one place at a time)
+        return self._took(await wait_item_async(self._events, self._seat, timeout, lambda: self._closed))
+
+    def _took(self, item: Any) -> Any:
+        """What a read of the queue returns for ``item``: the event, None, or the error raised."""
         if item is NOTHING:
             return None
         if item is _END:
-            self._events.put(_END)
+            self._events.put(_END)  # for the next call too
+            self._open()  # raises FeedOverrun when that is why the stream ended
             return None
         if isinstance(item, BaseException):
-            self._events.put(item)  # raise it again on the next call too
+            self._failure = item  # raised again by every later call
             raise item
+        self._taken += 1
         return self._note(item)
 
     def _read_directly(self) -> Any:
-        """The next item read from the stream in the caller's thread (``_direct`` held). The
-        feed's end, or its error, is queued for the calls after (which then read the queue)."""
+        """The next item read from the stream in the caller's thread (``_direct`` held). At the
+        feed's end, or its error, the calls after read the queue (its end)."""
         item = next(self._items, _END)
         if self._closed:
             return None
         if item is _END or isinstance(item, BaseException):
-            self._events.put(item)
-            if item is not _END:
-                self._events.put(_END)
+            self._events.put(_END)
             self._pumping = True  # nothing is left to pump: later calls read what is queued
             if item is _END:
                 return None
+            self._failure = item  # raised again by every later call
             raise item
         return self._note(item)
 
@@ -204,6 +276,7 @@ class RemoteSubscription(WaitingIterator[Any]):
                 return
             self._closed = True
             reader = self._reader
+        self._seat.close()
         reader.cancel()
         if self._thread is not None:
             self._thread.join()

@@ -6,8 +6,11 @@ it, decodes each event once and hands it to the queue of every subscription it n
 Each subscription is the server's own engine subscription, so it has its own snapshot,
 position and ``max_lag``; closing one (``feed_leave``) leaves the others running, and the
 last one to close cancels the stream. A stream that breaks ends every subscription on it
-with a typed error. A server that predates the op gets each subscription a stream of its
-own (:class:`~sediment.net.remote_subscription.RemoteSubscription`).
+with a typed error. Subscriptions read from asyncio (``async for``, ``await
+sub.next_async(timeout)``) sleep in their event loop: after each event the reading thread
+wakes each loop once for all its sleepers (:mod:`sediment.net.async_reads`). A server that
+predates the op gets each subscription a stream of its own
+(:class:`~sediment.net.remote_subscription.RemoteSubscription`).
 """
 
 from __future__ import annotations
@@ -24,16 +27,17 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.arrow_codec import table_from_ipc
-from sediment.errors import CoordinatorUnavailable, EngineClosed, FeedOverrun, SedimentError, ServerError
+from sediment.engine.feed_async import AsyncIterating, Loops, Seat
+from sediment.errors import CoordinatorUnavailable, EngineClosed, SedimentError, ServerError
 from sediment.interrupts import WaitingIterator
+from sediment.net.async_reads import NOTHING, wait_item_async
 from sediment.net.messages import Action, Get
-from sediment.net.remote_subscription import NOTHING, wait_item
+from sediment.net.remote_subscription import CHECK_EVERY, MAX_QUEUED, ClientFeedEnd, wait_item
 from sediment.net.shared_feeds import SHARE_VERSION
 from sediment.net.wire_errors import error_from_detail, error_line, typed_error
 
 _END = object()
-MAX_QUEUED = 1 << 18  # events a subscription may have waiting in the client when it has no max_lag
-CHECK_EVERY = 1024  # live events between checks of a subscription's queue against its max_lag, as the engine's
+_AGAIN = object()  # an overrun seen: look again, which raises it
 
 
 def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
@@ -48,11 +52,12 @@ def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
     return FeedEvent(kind, t, tables[0] if len(tables) == 1 else pa.concat_tables(tables))
 
 
-class SharedSubscription(WaitingIterator[Any]):
+class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
     """One subscription on a shared stream, used like the engine's Subscription: an iterator
-    of ``FeedEvent``; ``next(timeout)``; ``last_progress``; close it when done. When the
-    server stops, ``next`` raises EngineClosed; when the connection breaks,
-    CoordinatorUnavailable (subscribe again, with ``resume``). Read it from one thread at a time.
+    of ``FeedEvent``; ``next(timeout)``; ``last_progress``; close it when done; also
+    asynchronous (``async for``, :meth:`next_async`). When the server stops, ``next`` raises
+    EngineClosed; when the connection breaks, CoordinatorUnavailable (subscribe again, with
+    ``resume``). Read it from one thread or one event loop at a time.
 
     Its events wait in its own queue in the client: more than ``max_lag`` live events
     waiting there (a reader that stopped reading) drops it with FeedOverrun, with the same
@@ -62,6 +67,7 @@ class SharedSubscription(WaitingIterator[Any]):
     def __init__(self, stream: SharedStream, sid: str, max_lag: int | None) -> None:
         self.id = sid
         self._stream = stream
+        self._relation = stream.relation
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._max_lag = MAX_QUEUED if max_lag is None else max_lag
         self._closed = False
@@ -70,7 +76,13 @@ class SharedSubscription(WaitingIterator[Any]):
         self._pushed = 0  # live events queued (the reader's count) ...
         self._taken = 0  # ... and read (the subscriber's): their difference is its lag
         self._failure: BaseException | None = None
+        self._seat = Seat(stream.loops)
         self.last_progress: int | None = None
+
+    @property
+    def stream(self) -> SharedStream:
+        """The shared stream it is on."""
+        return self._stream
 
     def push(self, item: Any, initial: bool = False) -> None:
         """Queue an event (``initial``: one of its snapshot, stored updates and first progress)
@@ -94,18 +106,26 @@ class SharedSubscription(WaitingIterator[Any]):
     def next(self, timeout: float | None = None) -> Any:
         """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None on
         timeout or once the subscription is closed."""
-        if self._closed:
+        if not self._open():
             return None
-        if self._overrun and self._failure is None:
-            self._failure = FeedOverrun(
-                f"the feed of {self._stream.relation!r} dropped this subscription: more than {self._max_lag} "
-                f"events waited for it in the client; subscribe again with as_of={self.last_progress} and "
-                "resume=True after dropping the updates received since that progress")
-        if self._failure is not None:
-            raise self._failure
-        item = wait_item(self._queue, timeout, lambda: self._closed)
+        got = self._took(wait_item(self._queue, timeout, lambda: self._closed))
+        return self.next(0) if got is _AGAIN else got
+
+    async def next_async(self, timeout: float | None = None) -> Any:
+        """:meth:`next` for asyncio: the task sleeps in its event loop, which the stream's
+        reading thread wakes once per event for all its sleepers. Returns None on timeout or
+        once closed; raises as :meth:`next` does. Cancelling the awaiting task leaves the
+        subscription as it was."""
+        if not self._open():
+            return None
+        got = self._took(await wait_item_async(self._queue, self._seat, timeout, lambda: self._closed))
+        return self.next(0) if got is _AGAIN else got
+
+    def _took(self, item: Any) -> Any:
+        """What a read of the queue returns for ``item``: the event, None, _AGAIN (dropped for
+        an overrun: look again), or the error raised."""
         if item is _END or item is NOTHING:
-            return self.next(0) if self._overrun and not self._closed else None
+            return _AGAIN if self._overrun and not self._closed else None
         if isinstance(item, BaseException):
             self._failure = item
             raise item
@@ -122,6 +142,7 @@ class SharedSubscription(WaitingIterator[Any]):
             return
         self._closed = True
         self._queue.put(_END)
+        self._seat.close()
         self._stream.leave(self.id)
 
     def __enter__(self) -> SharedSubscription:
@@ -148,6 +169,7 @@ class SharedStream:
         self._subs: dict[str, SharedSubscription] = {}
         self._reader: flight.FlightStreamReader | None = None
         self._closed_by: BaseException | None = None  # the error for its subscriptions once the client closed
+        self.loops = Loops()  # event loops its subscriptions are read in
         self.ended = False
 
     def add(self, as_of: int | None, resume: bool, max_lag: int | None) -> SharedSubscription | None:
@@ -237,6 +259,7 @@ class SharedStream:
                 event, initial = decode_event(meta, data), bool(meta.get("initial"))
                 for sub in subs:
                     sub.push(event, initial)
+                self.loops.poke()
         except flight.FlightError as exc:
             failure = typed_error(exc)
             if not isinstance(failure, SedimentError):
@@ -258,6 +281,7 @@ class SharedStream:
                 self._subs.pop(sub.id, None)
         for sub in subs:
             sub.push(failure)
+        self.loops.poke()
 
 
 class FeedShares:

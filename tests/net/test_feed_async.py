@@ -11,6 +11,7 @@ import threading
 
 import pyarrow as pa
 import pytest
+from support.event_loops import async_keys, cancel_reads, in_loop, thread_keys
 
 from sediment import errors
 from sediment.clock import ManualClock
@@ -31,39 +32,6 @@ def _relation(eng) -> None:
     eng.seal("r", 0)
 
 
-def _in_loop(coro) -> tuple[threading.Thread, dict]:
-    """Run ``coro`` by ``asyncio.run`` in a thread of its own; its result or error lands in the dict."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["result"] = asyncio.run(coro)
-        except BaseException as e:  # handed to the test's thread
-            out["error"] = e
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    return th, out
-
-
-async def _keys(sub, n: int) -> list[int]:
-    got: list[int] = []
-    async for event in sub:
-        if event.kind == "updates":
-            got.extend(event.table.column("k").to_pylist())
-            if len(got) >= n:
-                break
-    return got
-
-
-def _thread_keys(sub, n: int, out: list[int]) -> None:
-    for event in sub:
-        if event.kind == "updates":
-            out.extend(event.table.column("k").to_pylist())
-            if len(out) >= n:
-                return
-
-
 def test_many_async_and_thread_subscribers_get_every_update_once_in_the_same_order(open_engine):
     eng = open_engine()
     _relation(eng)
@@ -76,11 +44,11 @@ def test_many_async_and_thread_subscribers_get_every_update_once_in_the_same_ord
     async def read_all() -> list[list[int]]:
         firsts = [await sub.next_async(timeout=5) for sub in async_subs]
         assert all(e.kind == "snapshot" for e in firsts)
-        return await asyncio.gather(*(_keys(sub, n) for sub in async_subs))
+        return await asyncio.gather(*(async_keys(sub, n) for sub in async_subs))
 
-    loop_thread, result = _in_loop(read_all())
+    loop_thread, result = in_loop(read_all())
     threads_got: list[list[int]] = [[] for _ in thread_subs]
-    readers = [threading.Thread(target=_thread_keys, args=(s, n, out)) for s, out in zip(thread_subs, threads_got, strict=True)]
+    readers = [threading.Thread(target=thread_keys, args=(s, n, out)) for s, out in zip(thread_subs, threads_got, strict=True)]
     appenders = [threading.Thread(target=lambda w=w: [eng.append("r", rows([w * per_writer + i]))
                                                       for i in range(per_writer)]) for w in range(writers)]
     for th in readers + appenders:
@@ -111,7 +79,7 @@ def test_a_change_reaches_every_async_subscriber_as_one_shared_event(open_engine
         return await asyncio.gather(*waiting)
 
     ready = threading.Event()
-    th, result = _in_loop(read())
+    th, result = in_loop(read())
     assert ready.wait(30)
     eng.append("r", rows([7]))
     th.join(timeout=30)
@@ -152,12 +120,12 @@ def test_engine_close_ends_a_waiting_task_and_close_ends_another(open_engine):
     async def wait_both() -> tuple:
         for sub in (closed_by_engine, closed_by_user):
             await sub.next_async(timeout=5)
-        tasks = [asyncio.ensure_future(closed_by_engine.next_async()), asyncio.ensure_future(_keys(closed_by_user, 1))]
+        tasks = [asyncio.ensure_future(closed_by_engine.next_async()), asyncio.ensure_future(async_keys(closed_by_user, 1))]
         await asyncio.sleep(0)
         waiting.set()
         return tuple(await asyncio.gather(*tasks, return_exceptions=True))
 
-    th, result = _in_loop(wait_both())
+    th, result = in_loop(wait_both())
     assert waiting.wait(30)
     closed_by_user.close()  # from another thread: its `async for` ends
     eng.close()
@@ -177,17 +145,13 @@ def test_a_cancelled_wait_leaves_the_subscription_usable_and_a_timeout_returns_n
     async def cancel_then_read() -> tuple:
         assert (await sub.next_async(timeout=5)).kind == "snapshot"
         assert await sub.next_async(timeout=0.05) is None
-        task = asyncio.ensure_future(sub.next_async())
-        await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_reads(sub)
         again = asyncio.ensure_future(sub.next_async(timeout=30))
         await asyncio.sleep(0)
         started.set()
         return await again, sub.lag
 
-    th, result = _in_loop(cancel_then_read())
+    th, result = in_loop(cancel_then_read())
     assert started.wait(30)
     eng.append("r", rows([3]))
     th.join(timeout=30)
@@ -204,24 +168,24 @@ def test_a_loop_that_ends_without_closing_its_subscriptions_holds_up_no_one(open
     assert live.next(timeout=5).kind == "snapshot"
 
     async def read_one() -> list[list[int]]:
-        got = await asyncio.gather(*(_keys(sub, 1) for sub in abandoned))
+        got = await asyncio.gather(*(async_keys(sub, 1) for sub in abandoned))
         for sub in abandoned:  # left waiting: asyncio.run cancels them and closes the loop
             asyncio.ensure_future(sub.next_async())
         await asyncio.sleep(0)
         return got
 
-    th, result = _in_loop(read_one())
+    th, result = in_loop(read_one())
     eng.append("r", rows([0]))
     th.join(timeout=30)
     assert result["result"] == [[0]] * 10  # the loop is now closed, its subscriptions open
     got: list[int] = []
-    reader = threading.Thread(target=_thread_keys, args=(live, 100, got))
+    reader = threading.Thread(target=thread_keys, args=(live, 100, got))
     reader.start()
     for i in range(1, 100):
         eng.append("r", rows([i]))
     reader.join(timeout=60)
     assert got == list(range(100))
-    assert eng.view.relations["r"].feed.loops == (), "the closed loop is still woken"
+    assert len(eng.view.relations["r"].feed.loops) == 0, "the closed loop is still woken"
     for sub in abandoned + [live]:
         sub.close()
 
@@ -243,12 +207,12 @@ def test_the_writer_wakes_a_loop_at_most_once_per_append_whatever_its_subscriber
         loop.call_soon_threadsafe = counted
         for sub in subs:
             await sub.next_async(timeout=5)
-        tasks = [asyncio.ensure_future(_keys(sub, appends)) for sub in subs]
+        tasks = [asyncio.ensure_future(async_keys(sub, appends)) for sub in subs]
         await asyncio.sleep(0)
         ready.set()
         return await asyncio.gather(*tasks)
 
-    th, result = _in_loop(read_all())
+    th, result = in_loop(read_all())
     assert ready.wait(30)
     for i in range(appends):
         eng.append("r", rows([i]))
@@ -269,18 +233,13 @@ def test_timed_out_and_cancelled_reads_on_a_quiet_feed_leave_no_pile_of_waits(op
             pass
         for _ in range(2000):
             assert await sub.next_async(timeout=0) is None
-        after_timeouts = len(sub.waiters.asleep) if sub.waiters is not None else 0
+        after_timeouts = len(sub.seat.current.asleep) if sub.seat.current is not None else 0
         for _ in range(300):
             assert await sub.next_async(timeout=0.0001) is None
-        for _ in range(300):
-            task = asyncio.ensure_future(sub.next_async())
-            await asyncio.sleep(0)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        return [after_timeouts, len(sub.waiters.asleep)]
+        await cancel_reads(sub, 300)
+        return [after_timeouts, len(sub.seat.current.asleep)]
 
-    th, out = _in_loop(idle_reads())
+    th, out = in_loop(idle_reads())
     th.join(timeout=60)
     assert "error" not in out, out.get("error")
     after_timeouts, after_all = out["result"]
@@ -303,11 +262,11 @@ def test_a_closed_loop_is_let_go_once_its_subscriber_is_dropped(open_engine):
         await asyncio.get_running_loop().run_in_executor(None, eng.append, "r", rows([1]))
         return (await task).kind
 
-    th, out = _in_loop(one_update())
+    th, out = in_loop(one_update())
     th.join(timeout=60)
     assert out.get("result") == "updates", out
     for k in range(2, 3000):  # the loop is closed, nothing sleeps in it; the subscriber falls behind and is dropped
         eng.append("r", rows([k]))
     assert sub.dropped_at is not None
-    assert eng.view.relations["r"].feed.loops == (), "a closed loop is kept by the feed"
+    assert len(eng.view.relations["r"].feed.loops) == 0, "a closed loop is kept by the feed"
     sub.close()

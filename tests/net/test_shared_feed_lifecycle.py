@@ -14,7 +14,7 @@ import pytest
 from support.served import served_engine
 
 from sediment.client import Client
-from sediment.errors import EngineClosed, InvalidArgument
+from sediment.errors import EngineClosed, FeedOverrun, InvalidArgument
 from sediment.net import shared_feeds, shared_subscription
 
 SCHEMA = pa.schema([("k", pa.int64())])
@@ -196,7 +196,7 @@ def test_an_overrun_does_not_hold_up_the_other_subscriptions_of_its_stream(tmp_p
             assert keys_until(busy, 1) == [k]
             slowest = max(slowest, time.monotonic() - began)
         assert slowest < 5, f"busy waited {slowest:.1f} s for an event: the overrun's feed_leave held it up"
-        with pytest.raises(shared_subscription.FeedOverrun, match="in the client"):
+        with pytest.raises(FeedOverrun, match="in the client"):
             while True:
                 assert idle.next(timeout=10) is not None
         busy.close()
