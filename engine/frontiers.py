@@ -18,6 +18,7 @@ from sediment.wal.record import Record, RecordKind, decode_frontiers, encode_fro
 
 _PROGRESS = RecordKind.PROGRESS
 _FRONTIERS = RecordKind.FRONTIERS
+_SEALING = frozenset((_PROGRESS, _FRONTIERS))
 
 
 def fold(sealed: dict[int, int], records: Iterable[Record]) -> None:
@@ -43,6 +44,8 @@ class SealedFrontiers:
         self._sealed: dict[int, int] = {}
 
     def observe(self, records: Sequence[Record]) -> None:
+        if len(records) == 1 and records[0].kind not in _SEALING:  # a lone append: nothing to fold
+            return
         with self._lock:
             fold(self._sealed, records)
 

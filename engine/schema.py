@@ -167,6 +167,20 @@ def _bounds(time: pa.ChunkedArray, n: int) -> tuple[int, int]:
     return lo.as_py(), hi.as_py()
 
 
+def small_bounds(table: pa.Table) -> tuple[int, int] | None:
+    """(least, greatest) time of a table of 1-16 rows already in an update schema, or None
+    when its time or diff has a null, its time column more than one chunk, or a time is
+    negative: the lone-append path's check (engine/writer.py), which sends anything else
+    through :func:`conform_updates` for its error."""
+    k = table.num_columns
+    time = table.column(k - 2)
+    if time.null_count or time.num_chunks != 1 or table.column(k - 1).null_count:
+        return None
+    values = time.chunk(0).to_pylist()
+    lo = min(values)
+    return None if lo < 0 else (lo, max(values))
+
+
 def _check_time_and_diff(relation: str, table: pa.Table) -> tuple[int, int] | None:
     """Refuse nulls in ``time`` or ``diff`` and negative times; the time bounds. ``table``
     is in an update schema, so they are its last two columns (looked up by position: this

@@ -174,10 +174,10 @@ class RelationView:
 
     def on_durable(self, records: Sequence[Record]) -> None:
         """The log's callback: ``records`` are durable, in log order."""
-        self._on_group(len(records))
         if len(records) == 1 and records[0].txn_id == 0 and records[0].kind == _UPDATES:
             self._on_durable_append(records[0])
             return
+        self._on_group(len(records))
         counted: dict[int, list] = {}  # relation id -> [relation, appends, rows]: counters bumped once a group
         with self.lock:
             cache = self.bodies
@@ -203,6 +203,7 @@ class RelationView:
         """One plain UPDATES record made durable alone (a lone writer's group, or a group's
         appends the log joined into one record): what ``on_durable`` does for it, without
         gathering counts."""
+        self._on_group(1)
         size = len(r.body)
         with self.lock:
             rel = self.add_tail(r.relation_id, TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, size, r.schema_version))

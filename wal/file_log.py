@@ -236,7 +236,8 @@ class FileLog:
         """
         rec.check_appendable(records, self._where)
         crc = rec.crc32c_raw
-        return self._group.submit(GroupAppend(self._group, records, [crc(r.body) for r in records], on_durable))
+        crcs = [crc(records[0].body)] if len(records) == 1 else [crc(r.body) for r in records]
+        return self._group.submit(GroupAppend(self._group, records, crcs, on_durable))
 
     def submit_joinable(self, record: rec.Record,
                         on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> GroupAppend:
@@ -254,6 +255,11 @@ class FileLog:
         joined = None
         if len(batch) > 1:
             batch, joined = join_group(batch)
+        elif len(batch) == 1 and len(batch[0].records) == 1:
+            body_len = len(batch[0].records[0].body)
+            if body_len < 65536 and not self._direct.takes(rec.HEADER_SIZE + body_len):
+                self._write_one(batch[0])
+                return
         seg = self._segments[-1]
         buffers: list = []
         offsets = []
@@ -282,9 +288,7 @@ class FileLog:
             settle_joined(joined)
         small += sg.END_MARK  # overwritten by the next group; in a recycled file it marks the end
         buffers.append(small)
-        if pos + len(sg.END_MARK) > self._allocated:  # a small first segment grows in doublings
-            self._allocated = max(pos + len(sg.END_MARK), min(2 * self._allocated, self.segment_bytes))
-            allocate(self._active.fd, self._allocated)
+        self._allocate_to(pos + len(sg.END_MARK))
         if self._direct.takes(pos - base):
             self._direct.write(self._active.fd, buffers, base, pos + len(sg.END_MARK))
             os.fdatasync(self._active.fd)
@@ -305,6 +309,35 @@ class FileLog:
                 callbacks.setdefault(p.on_durable, []).extend(p.records)
         for callback, records in callbacks.items():
             callback(records)
+
+    def _allocate_to(self, end: int) -> None:
+        """Preallocate the active file through ``end``: a small first segment grows in doublings."""
+        if end > self._allocated:
+            self._allocated = max(end, min(2 * self._allocated, self.segment_bytes))
+            allocate(self._active.fd, self._allocated)
+
+    def _write_one(self, p: GroupAppend) -> None:
+        """A group of one small record (a lone writer's append): what :meth:`_write_batch` does,
+        without its lists. The frame and the end mark go out as one ``bytes`` in one
+        ``pwrite``, then one fdatasync; only then is the offset added and the callback run."""
+        records = p.records
+        r = records[0]
+        seg = self._segments[-1]
+        lsn = seg.next_lsn
+        pos = seg.end
+        r.lsn = p.last_lsn = lsn
+        data = rec.encode_header(r, lsn, p.crcs[0]) + r.body + sg.END_MARK
+        end = pos + len(data) - len(sg.END_MARK)
+        self._allocate_to(pos + len(data))
+        self._active.write_one(data, pos)
+        self._preamble.observe(records)
+        with self._lock:
+            seg.offsets.append(pos)
+            seg.end = end
+        if len(seg.offsets) - self._idx_checkpoint >= self.index_interval:
+            self._checkpoint_index(seg)
+        if p.on_durable is not None:
+            p.on_durable(records)
 
     def _commit_offsets(self, seg: Segment, offsets: list[int], end: int) -> None:
         """Index entries go to the file at each checkpoint only (one pwrite per group fewer):

@@ -110,7 +110,8 @@ class GroupCommit:
     def submit(self, pending: GroupAppend) -> GroupAppend:
         """Queue ``pending`` (queue order is log order) unless the log is closed or failed."""
         with self._lock:
-            check_usable(self.where, self._closing, self.failed)
+            if self._closing or self.failed is not None:
+                check_usable(self.where, self._closing, self.failed)
             self._queue.append(pending)
         return pending
 
@@ -195,9 +196,25 @@ class GroupCommit:
             return
         if not self._written(group):
             return
+        if len(group) == 1 and self._release_lone(group[0]):
+            return
         nxt = self._pass_lead(group, self._wants_background(), keep=True)
         if nxt is not None and self._written(nxt):
             self._pass_lead(nxt, self._wants_background())
+
+    def _release_lone(self, p: GroupAppend) -> bool:
+        """A lone leader's own append, written: mark it done and drop the lead when no other
+        thread waits on it, nothing is queued and the background thread wants nothing (what
+        :meth:`_pass_lead` would do then, without its loops and wakes). False, with nothing
+        changed, otherwise."""
+        if p.wake or self._wants_background():
+            return False
+        with self._lock:
+            if p.wake or self._queue or self._bg_wanted:
+                return False
+            p.state = _DONE
+            self._leading = False
+        return True
 
     def _written(self, group: list[GroupAppend]) -> bool:
         """Write ``group``; on failure fail it, everything queued and the log, and say False."""
