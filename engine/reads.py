@@ -22,7 +22,7 @@ from sediment.engine.args import check_time
 from sediment.engine.collector import Collector
 from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, Subscription
 from sediment.engine.read_plan import ReadPlan
-from sediment.engine.relation import Relation, TailEntry
+from sediment.engine.relation import Relation, TailEntry, check_body_version
 from sediment.engine.view import RelationView
 from sediment.errors import (
     AsOfOutOfRange,
@@ -88,7 +88,11 @@ class Reads:
     def _decode(self, rel: Relation, lsn: int, shape: _Shape) -> pa.RecordBatch:
         record = self.log.read(lsn)
         if record.schema_version == shape.version:
-            return decode_updates(record.body, shape.schema)
+            try:
+                return decode_updates(record.body, shape.schema)
+            except ValueError:
+                check_body_version(rel.entry.name, record.body)
+                raise
         return rel.decode_body(record.body, record.schema_version, shape.version)
 
     def snapshot(self, name: str, as_of: int) -> pa.Table:

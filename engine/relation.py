@@ -67,11 +67,7 @@ class Relation:
                                     f"{self.schema_version}); the log and the catalog disagree: run `sediment verify`")
             return self.layout.project(decode_updates(body, schema), to_version)
         except ValueError:
-            got = updates_body_version(body)
-            if got > GROUP_VERSION:
-                raise WalCorruption(f"relation {self.entry.name!r}: a WAL record's UPDATES body is of version {got}, "
-                                    f"which this build does not read (it reads up to {GROUP_VERSION}); open the data "
-                                    "directory with the build that wrote it") from None
+            check_body_version(self.entry.name, body)
             raise
 
     def needs_from(self) -> int | None:
@@ -110,3 +106,13 @@ def set_shape(rel: Relation, entry: RelationEntry, traces: Any) -> None:
     rel.entry = entry
     rel.shape = (layout.current_version, rel.update_schema)
     traces.set_layout(entry.id, layout)
+
+
+def check_body_version(relation: str, body: object) -> None:
+    """WalCorruption when an UPDATES body that failed to decode is a group body of a version
+    this build does not read (a newer build wrote it): said as such, not as pyarrow's error."""
+    got = updates_body_version(body)
+    if got > GROUP_VERSION:
+        raise WalCorruption(f"relation {relation!r}: a WAL record's UPDATES body is of version {got}, which this "
+                            f"build does not read (it reads up to {GROUP_VERSION}); open the data directory with the "
+                            "build that wrote it") from None

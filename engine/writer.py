@@ -265,7 +265,7 @@ class Writer:
             if locks is not None:
                 self.locks.check_and_record(locks, t_max)
             if joinable and self._submit_joinable is not None:
-                ticket = self._submit_joinable(records[0], self.view.on_durable)
+                ticket = self._submit_joinable(records[0], self.view.on_durable, self.max_record_bytes)
             else:
                 ticket = self.log.submit(records, self.view.on_durable)
         if wait:

@@ -42,7 +42,7 @@ from sediment.wal import segment as sg
 from sediment.wal.control import PartitionState
 from sediment.wal.direct_io import DirectWriter, allocate
 from sediment.wal.group_commit import GroupAppend, GroupCommit
-from sediment.wal.group_records import join_group, settle_joined
+from sediment.wal.group_records import MAX_JOINED_BODY, join_group, settle_joined
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble, check_trim, notify
@@ -239,17 +239,19 @@ class FileLog:
         crcs = [crc(records[0].body)] if len(records) == 1 else [crc(r.body) for r in records]
         return self._group.submit(GroupAppend(self._group, records, crcs, on_durable))
 
-    def submit_joinable(self, record: rec.Record,
-                        on_durable: Callable[[Sequence[rec.Record]], None] | None = None) -> GroupAppend:
+    def submit_joinable(self, record: rec.Record, on_durable: Callable[[Sequence[rec.Record]], None] | None = None,
+                        max_body: int = MAX_JOINED_BODY) -> GroupAppend:
         """:meth:`submit` of one plain UPDATES record (txn 0, a plain body) that may be
         written joined with the neighbouring joinable records of its group of the same
         relation, schema version and callback: one record whose group body holds theirs in
-        queue order (wal/group_records.py), given to ``on_durable`` as one record. Every
-        ticket of a joined record gets its LSN."""
+        queue order (wal/group_records.py), of at most ``max_body`` bytes (the engine's
+        ``max_record_bytes``), given to ``on_durable`` as one record. Every ticket of a
+        joined record gets its LSN."""
         rec.check_appendable((record,), self._where)
         if record.kind != rec.RecordKind.UPDATES or record.txn_id or is_group_body(record.body):
             return self.submit((record,), on_durable)
-        return self._group.submit(GroupAppend(self._group, (record,), [rec.crc32c_raw(record.body)], on_durable, True))
+        return self._group.submit(GroupAppend(self._group, (record,), [rec.crc32c_raw(record.body)], on_durable,
+                                              min(max_body, MAX_JOINED_BODY)))
 
     def _write_batch(self, batch: list[GroupAppend]) -> None:
         joined = None

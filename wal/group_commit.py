@@ -55,10 +55,10 @@ class GroupAppend:
                  "_group")
 
     def __init__(self, group: GroupCommit | None, records: Sequence[Record], crcs: list[int],
-                 on_durable: Callable[[Sequence[Record]], None] | None = None, joinable: bool = False) -> None:
+                 on_durable: Callable[[Sequence[Record]], None] | None = None, joinable: int = 0) -> None:
         self._group = group
         self.records = records
-        self.joinable = joinable  # one plain UPDATES record the log may join with its neighbours (wal/group_records.py)
+        self.joinable = joinable  # > 0: a plain UPDATES record the log may join, up to this many body bytes
         self.crcs = crcs
         self.on_durable = on_durable
         self.last_lsn = -1

@@ -14,11 +14,11 @@ the group's appends are acknowledged after the one fdatasync either way.
 
 from __future__ import annotations
 
-from sediment.arrow_codec import join_updates
+from sediment.arrow_codec import GROUP_HEADER, join_updates
 from sediment.wal import record as rec
 from sediment.wal.group_commit import GroupAppend
 
-MAX_JOINED_BODY = 1 << 20  # a run stops growing here: a joined body stays small beside max_record_bytes
+MAX_JOINED_BODY = 1 << 20  # a run stops growing here, or at the engine's max_record_bytes if smaller
 _UPDATES = rec.RecordKind.UPDATES
 
 
@@ -37,7 +37,7 @@ def join_group(batch: list[GroupAppend]) -> tuple[list[GroupAppend], list[tuple[
             r = p.records[0]
             k = (r.relation_id, r.schema_version, p.on_durable)
             n = len(r.body)
-            if run and k == key and size + n <= MAX_JOINED_BODY:
+            if run and k == key and size + n + GROUP_HEADER.size <= run[0].joinable:
                 run.append(p)
                 size += n
                 continue

@@ -183,6 +183,19 @@ def test_a_newer_group_body_version_is_refused_typed(tmp_path):
         assert rel.decode_body(join_updates([_body(1), _body(2)]), 0).num_rows == 2
 
 
+@pytest.mark.parametrize("read", ["snapshot", "replay"])
+def test_reads_refuse_a_newer_group_body_version_typed(tmp_path, read):
+    newer = GROUP_HEADER.pack(GROUP_MAGIC, 3, 0, 1) + _body(1)
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
+        engine.add_relation("r", SCHEMA)
+        rid = engine.writer.view.relations.get("r").entry.id
+        engine.writer.log.submit([Record(RecordKind.UPDATES, rid, 0, 1, 1, 1, newer)],
+                                 engine.writer.view.on_durable).wait()
+        engine.seal("r", 1)
+        with pytest.raises(WalCorruption, match="version 3"):
+            engine.snapshot("r", as_of=1) if read == "snapshot" else list(engine.replay("r"))
+
+
 def test_a_joined_record_that_decodes_to_other_rows_than_its_header_counts_is_refused(tmp_path):
     with sediment.open(tmp_path / "d", clock=ManualClock()) as engine:
         engine.add_relation("r", SCHEMA)

@@ -60,6 +60,20 @@ def test_queued_joinable_appends_become_one_record_in_queue_order(tmp_path):
     again.close()
 
 
+def test_a_joined_record_stays_within_the_body_size_it_is_given(tmp_path):
+    log = FileLog.open(str(tmp_path), create=True)
+    calls = Calls()
+    size = len(_record(0).body)
+    cap = GROUP_HEADER.size + 3 * size  # three bodies fit, a fourth does not
+    tickets = [log.submit_joinable(_record(k), calls, cap) for k in range(8)]
+    tickets[-1].wait()
+    (records,) = calls.got
+    assert [r.appends for r in records] == [3, 3, 2]
+    assert all(len(r.body) <= cap for r in records)
+    assert [i for r in records for i in _ids(r.body)] == list(range(8))
+    log.close()
+
+
 def test_runs_break_at_other_relations_versions_and_plain_appends(tmp_path):
     log = FileLog.open(str(tmp_path), create=True)
     calls = Calls()
