@@ -111,7 +111,7 @@ def test_an_engine_s_append_instruments_move_with_appends_from_many_threads(tmp_
         assert after[("sediment_append_latency_seconds_sum", ())] > before[("sediment_append_latency_seconds_sum", ())]
         groups = after[("sediment_group_commit_records_count", ())] - before[("sediment_group_commit_records_count", ())]
         records = after[("sediment_group_commit_records_sum", ())] - before[("sediment_group_commit_records_sum", ())]
-        assert 1 <= groups <= n and records >= n  # every append's record was made durable by some group
+        assert 1 <= groups <= records <= n  # each group wrote one or more records, a record one append or several joined
         engine.seal("r", 2)
         got = engine.snapshot("r", as_of=2)
         assert got.num_rows == n and set(got.column("diff").to_pylist()) == {2}  # each append's two rows

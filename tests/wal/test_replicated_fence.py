@@ -5,7 +5,7 @@ coordinator's ZooKeeper watch had not closed it yet, so the batch the new one sw
 from __future__ import annotations
 
 import pytest
-from support.replication import KEY, Node
+from support.replication import KEY, Node, start_all
 from support.takeover_fence import SCHEMA, HeldCommit, in_thread, keys, ups
 
 import sediment
@@ -18,11 +18,10 @@ pytestmark = pytest.mark.zookeeper
 def test_a_replicated_coordinators_commit_held_past_a_takeover_is_refused(tmp_path, zookeeper, zk_root):
     nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
     spec = f"zk://{zookeeper.hosts}{zk_root}"
+    start_all(nodes)  # a node's address is the port it bound at its first start
     options = {"replicas": [n.address for n in nodes], "cluster_key": str(KEY), "metadata": spec,
                "blob": f"file://{tmp_path}/shared-blobs", "compact_interval": 3600.0}
     try:
-        for n in nodes:
-            n.start()
         old = sediment.open(tmp_path / "a", **options)
         old.add_relation("r", SCHEMA)
         for t in range(1, 4):
