@@ -272,6 +272,11 @@ class MetadataUnavailable(MetadataError):
     """The metadata server (ZooKeeper) could not be reached within the timeout."""
 
 
+class CreationUnknown(MetadataError, OutcomeUnknown):
+    """A relation's catalog entry was written but could be neither confirmed nor removed
+    again (the metadata store stopped answering): reopen, which serves it if it is there."""
+
+
 class InvalidMetadataRequest(MetadataError, ValueError):
     """A metadata key is malformed (empty segment, leading slash, ``.``/``..``, control
     character, too long) or a value exceeds the size limit; nothing was written."""
