@@ -355,11 +355,11 @@ class Compaction:
             done.append((refs, merged))
         with self.pass_lock:  # no pass commits meanwhile: splice into the trace as it is now
             with self._lock:
-                now = rel.trace
+                now, live = rel.trace, self._live(rel)
             runs, dropped, replaced = list(now.pending), [], []
             for refs, merged in done:
                 at = _find_run(runs, refs)
-                if at is None or self.view.closed:  # a pass folded or split these runs meanwhile: nothing to splice
+                if at is None or not live:  # a pass folded or split these runs meanwhile: nothing to splice
                     dropped += [merged.key] if merged.key else []
                     continue
                 runs[at:at + len(refs)] = [merged] if merged.key is not None else []
@@ -373,6 +373,11 @@ class Compaction:
                     rel.trace = new
                     rel.trace_changed_at = self.clock.current_time()
                 self.collector.discard(replaced + dropped)
+
+    def _live(self, rel: Relation) -> bool:
+        """Still served (under the lock)? Not after a close, nor after a drop, which deletes the
+        trace state a merge's splice would commit over (the drop takes the pass lock, not the merge's)."""
+        return not self.view.closed and self.view.relations.get(rel.entry.name) is rel
 
     def add_runs(self, rel: Relation, make_runs: Callable[[int], list[BatchRef]], job: str, *,
                  check: Callable[[], None], keep_loads: int) -> list[BatchRef] | None:
@@ -431,9 +436,9 @@ class Compaction:
                                            chunk_rows=self._chunk_rows(refs))
             with self.pass_lock:  # splice into the trace as a pass may have left it (batches only appended)
                 with self._lock:
-                    now = rel.trace
+                    now, live = rel.trace, self._live(rel)
                 at = _find_run(list(now.batches), refs)
-                if at is None or self.view.closed:
+                if at is None or not live:
                     with self._lock:
                         self.collector.discard([merged.key])
                     continue

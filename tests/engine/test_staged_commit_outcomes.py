@@ -99,8 +99,10 @@ def test_a_commit_the_metadata_store_refused_deletes_its_runs(tmp_path, monkeypa
         stage_rows(eng, "job-2", [1, 2])
         before = set(eng.traces.blobs.list("trace/"))
         trace_commits_fail(monkeypatch, eng.traces.meta, MetadataConflict, landed=False)
-        with pytest.raises(CoordinatorSuperseded):  # a trace key changed under it: another coordinator took over
+        with pytest.raises(MetadataConflict) as info:  # a trace key changed under it
             staged.commit_staged(eng, "bulk", "job-2", time=3)
+        assert not isinstance(info.value, CoordinatorSuperseded)  # a local engine: no other coordinator exists
+        assert eng.traces.fence.replaced is None and eng.superseded is None
         assert set(eng.traces.blobs.list("trace/")) == before
         assert not eng.view.relations["bulk"].trace.pending
 
@@ -215,3 +217,4 @@ def test_a_load_swept_while_its_writer_runs_does_not_commit_the_files_put_back(t
         with pytest.raises(StagedFileInvalid, match="not staged since the coordinator opened"):
             staged.commit_staged(eng, "bulk", "job-7", time=3)
         assert not eng.view.relations["bulk"].trace.pending
+
