@@ -380,11 +380,13 @@ class Compaction:
         return not self.view.closed and self.view.relations.get(rel.entry.name) is rel
 
     def add_runs(self, rel: Relation, make_runs: Callable[[int], list[BatchRef]], job: str, *,
-                 check: Callable[[], None], keep_loads: int) -> list[BatchRef] | None:
+                 check: Callable[[], None], keep_loads: int,
+                 times: tuple[int | None, int | None] = (None, None)) -> list[BatchRef] | None:
         """Add runs written outside the WAL (a bulk load, engine/staged.py) to ``rel``'s pending
         runs in one trace commit that records ``job``. Under the pass lock, so no pass or merge
         splice commits the trace meanwhile: ``make_runs(since)`` writes the runs; ``check()``,
-        under the engine lock with the commit, may refuse them. A refused commit, or one the
+        under the engine lock with the commit, may refuse them.
+        ``times``: the load's min and max time, kept with ``job``. A refused commit, or one the
         metadata store refused (MetadataConflict, CoordinatorSuperseded), changes no trace and deletes the runs
         written; a commit of unknown outcome (MetadataUnavailable: it may have landed) leaves
         them for the next open's orphan sweep, as a compaction pass does. Returns the runs
@@ -403,7 +405,7 @@ class Compaction:
                         raise UnknownRelation(f"relation {rel.entry.name!r} was dropped during bulk load {job!r}; "
                                               "nothing was committed")
                     check()
-                    new = rel.trace.with_load(refs, job, keep_loads)
+                    new = rel.trace.with_load(refs, job, keep_loads, times)
                     sent = True
                     self.traces.commit(new)
                     rel.trace = new

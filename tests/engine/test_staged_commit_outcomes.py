@@ -266,5 +266,6 @@ def test_a_retry_sent_while_the_first_commit_runs_finds_the_load_committed(tmp_p
         assert results["first"]["committed"] is True and results["first"]["rows"] == 4
         assert isinstance(results["retry"], dict), results["retry"]
         assert results["retry"]["committed"] is False
+        assert (results["retry"]["rows"], results["retry"]["max_time"]) == (4, 3)  # what the first commit kept
         assert eng.view.relations["bulk"].trace.loads == ("job-1",)
         assert staged.committing(eng, rid, "job-1") == 0
