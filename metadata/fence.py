@@ -52,8 +52,8 @@ class Fence:
         change under a write of its own, e.g. a drop racing a merge; the engine goes on)."""
         if not self.shared:
             return MetadataConflict(f"{what} was refused: the metadata key changed under this engine's own write "
-                                    "(no other coordinator can exist here); nothing was committed: it is retried, "
-                                    "or reopen the engine to load the metadata again")
+                                    "(no other coordinator can exist here); nothing was committed: reopen the engine "
+                                    "to load the metadata again")
         err = CoordinatorSuperseded(
             f"{what} was refused: another coordinator took over this engine's metadata (it rewrote the key when "
             "it opened), so this coordinator was replaced and writes nothing more: stop it, the new coordinator "
