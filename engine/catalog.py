@@ -10,7 +10,10 @@ with the same name.
 A coordinator that was replaced must write nothing more here (metadata/fence.py): an
 update or drop from a version the new coordinator rewrote fails, and a creation is
 confirmed by a compare-and-set of ``engine/epoch``, which the new coordinator bumped
-after its claim; both refuse with CoordinatorSuperseded.
+after its claim; both refuse with CoordinatorSuperseded. Only a shared deployment (a
+replicated or S3 log) can have another coordinator; a local one skips the confirmation.
+A creation whose confirmation fails otherwise is removed again before the error is raised,
+so a retry can create it; if even that fails, CreationUnknown (reopen to resolve it).
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import pyarrow as pa
 
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.schema_history import SchemaHistory
-from sediment.errors import MetadataConflict, MetadataCorruption, RelationExists, UnknownRelation
+from sediment.errors import (
+    CreationUnknown,
+    MetadataConflict,
+    MetadataCorruption,
+    MetadataError,
+    RelationExists,
+    UnknownRelation,
+)
 from sediment.metadata import names
 from sediment.metadata.fence import Fence, rewrite_all
 from sediment.metadata.protocol import MetadataStore, Versioned
@@ -74,11 +84,13 @@ class RelationEntry:
 
 
 class Catalog:
-    """Relations in a MetadataStore. ``fence`` refuses the writes of a replaced coordinator."""
+    """Relations in a MetadataStore. ``fence`` refuses the writes of a replaced coordinator;
+    ``shared``: another coordinator may take over (creations are confirmed, see above)."""
 
-    def __init__(self, store: MetadataStore, fence: Fence | None = None):
+    def __init__(self, store: MetadataStore, fence: Fence | None = None, *, shared: bool = True):
         self.store = store
         self.fence = fence if fence is not None else Fence()
+        self.shared = shared
         self._epoch: Versioned | None = None  # engine/epoch as this coordinator last wrote it
 
     def load(self, *, take_over: bool = False) -> dict[str, RelationEntry]:
@@ -128,23 +140,56 @@ class Catalog:
 
     def _confirm(self, name: str, version: int) -> None:
         """Still the coordinator after creating ``name``? A compare-and-set of ``engine/epoch``
-        from the version this one wrote. If it fails, a newer open bumped the epoch, and its
+        (same value) from the version this one wrote, or, when it fails, a read of the epoch
+        showing this one's value (a newer open writes a larger one). If a newer open bumped it, its
         listing of the catalog may have missed the entry: the entry is removed again unless
-        the new coordinator already rewrote it (then it holds and serves the relation)."""
-        if self._epoch is None:  # not opened as a coordinator (tools): no epoch to hold
+        the new coordinator already rewrote it (then it holds and serves the relation). Any
+        other failure removes the entry too and is raised: nothing was created."""
+        if self._epoch is None or not self.shared:  # a tool, or a local engine: no other coordinator
             return
         try:
             self._epoch = Versioned(self._epoch.value,
                                     self.store.compare_and_set(EPOCH, self._epoch.value, self._epoch.version))
             return
-        except MetadataConflict:
-            pass
+        except MetadataError as e:  # a conflict too: an earlier confirmation of unknown outcome may have landed
+            held = self._epoch_held()
+            if held:
+                return
+            if held is None and not isinstance(e, MetadataConflict):
+                self._undo(name, version, e)
         try:
             self.store.delete(RELATIONS + name, version)
             held = "it was removed again"
         except MetadataConflict:
             held = "the new coordinator holds it"
         raise self.fence.refuse(f"creating relation {name!r} ({held})")
+
+    def _epoch_held(self) -> bool | None:
+        """After a failed confirmation: True (and its version kept) when the epoch
+        still holds this coordinator's value, False when a newer open wrote a larger one, None
+        when it cannot be read."""
+        try:
+            got = self.store.get(EPOCH)
+        except MetadataError:
+            return None
+        if got is None or got.value != self._epoch.value:
+            return False
+        self._epoch = got
+        return True
+
+    def _undo(self, name: str, version: int, err: MetadataError) -> None:
+        """Remove ``name``'s entry after its confirmation failed with ``err`` and the epoch could
+        not be read, then raise ``err`` (nothing created); a new coordinator's rewrite of the
+        entry returns (the caller refuses as superseded)."""
+        try:
+            self.store.delete(RELATIONS + name, version)
+        except MetadataConflict:
+            return
+        except MetadataError as e:
+            raise CreationUnknown(f"relation {name!r}: its catalog entry was written, but neither confirmed nor "
+                                  f"removed ({type(err).__name__}, then {type(e).__name__}: {e}); reopen the "
+                                  "engine, which serves the relation if the entry is there") from e
+        raise err
 
     def update(self, entry: RelationEntry) -> RelationEntry:
         """Write a changed entry; CoordinatorSuperseded if another coordinator rewrote it since it was read."""

@@ -355,11 +355,11 @@ class Compaction:
             done.append((refs, merged))
         with self.pass_lock:  # no pass commits meanwhile: splice into the trace as it is now
             with self._lock:
-                now = rel.trace
+                now, live = rel.trace, self._live(rel)
             runs, dropped, replaced = list(now.pending), [], []
             for refs, merged in done:
                 at = _find_run(runs, refs)
-                if at is None or self.view.closed:  # a pass folded or split these runs meanwhile: nothing to splice
+                if at is None or not live:  # a pass folded or split these runs meanwhile: nothing to splice
                     dropped += [merged.key] if merged.key else []
                     continue
                 runs[at:at + len(refs)] = [merged] if merged.key is not None else []
@@ -374,12 +374,19 @@ class Compaction:
                     rel.trace_changed_at = self.clock.current_time()
                 self.collector.discard(replaced + dropped)
 
+    def _live(self, rel: Relation) -> bool:
+        """Still served (under the lock)? Not after a close, nor after a drop, which deletes the
+        trace state a merge's splice would commit over (the drop takes the pass lock, not the merge's)."""
+        return not self.view.closed and self.view.relations.get(rel.entry.name) is rel
+
     def add_runs(self, rel: Relation, make_runs: Callable[[int], list[BatchRef]], job: str, *,
-                 check: Callable[[], None], keep_loads: int) -> list[BatchRef] | None:
+                 check: Callable[[], None], keep_loads: int,
+                 times: tuple[int | None, int | None] = (None, None)) -> list[BatchRef] | None:
         """Add runs written outside the WAL (a bulk load, engine/staged.py) to ``rel``'s pending
         runs in one trace commit that records ``job``. Under the pass lock, so no pass or merge
         splice commits the trace meanwhile: ``make_runs(since)`` writes the runs; ``check()``,
-        under the engine lock with the commit, may refuse them. A refused commit, or one the
+        under the engine lock with the commit, may refuse them.
+        ``times``: the load's min and max time, kept with ``job``. A refused commit, or one the
         metadata store refused (MetadataConflict, CoordinatorSuperseded), changes no trace and deletes the runs
         written; a commit of unknown outcome (MetadataUnavailable: it may have landed) leaves
         them for the next open's orphan sweep, as a compaction pass does. Returns the runs
@@ -398,7 +405,7 @@ class Compaction:
                         raise UnknownRelation(f"relation {rel.entry.name!r} was dropped during bulk load {job!r}; "
                                               "nothing was committed")
                     check()
-                    new = rel.trace.with_load(refs, job, keep_loads)
+                    new = rel.trace.with_load(refs, job, keep_loads, times)
                     sent = True
                     self.traces.commit(new)
                     rel.trace = new
@@ -431,9 +438,9 @@ class Compaction:
                                            chunk_rows=self._chunk_rows(refs))
             with self.pass_lock:  # splice into the trace as a pass may have left it (batches only appended)
                 with self._lock:
-                    now = rel.trace
+                    now, live = rel.trace, self._live(rel)
                 at = _find_run(list(now.batches), refs)
-                if at is None or self.view.closed:
+                if at is None or not live:
                     with self._lock:
                         self.collector.discard([merged.key])
                     continue

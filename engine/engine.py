@@ -211,6 +211,7 @@ class Engine:
         self.registry = RelationRegistry(self.view, self.catalog, self.traces, meta, self.metrics)
         log_ = self._open_log(metadata, marker, segment_bytes, repair)
         shared = bool(record.replicas) or record.wal_spec.kind == "s3"  # another coordinator may be replaced
+        self.catalog.shared = fence.shared = shared
         if shared:
             takeover.close_when_fenced(self, fence.on_replaced)
         epoch = self.catalog.next_epoch()  # after the claim, before the listing: metadata/fence.py

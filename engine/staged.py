@@ -23,7 +23,9 @@ a marker file in its directory (which no writer makes, and a sweep deletes); a c
 load without both is refused.
 
 Exactly once: the commit records the load's job name in the trace state (``loads``) in the
-same compare-and-set, so a commit retried after it succeeded changes nothing. A refused
+same compare-and-set, so a commit retried after it succeeded changes nothing; commits of one
+load run one at a time (a retry sent while the first attempt runs waits for it), and a
+refusal is raised only if the load is still not among the committed ones. A refused
 commit changes nothing visible and leaves the staged files for :func:`abort_staged`, which
 deletes them. Every file is checked before any footer is rewritten, and so are an alter, a
 drop and the sealed frontier once the pass lock is held; only a seal that lands while the
@@ -33,12 +35,13 @@ their rows under the new footers).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,6 +54,7 @@ from sediment._fs import fsync_dir, remove_tree_durable
 from sediment.engine.args import check_time
 from sediment.errors import (
     InvalidArgument,
+    NothingWritten,
     SchemaMismatch,
     StagedFileInvalid,
     TimeAlreadySealed,
@@ -78,9 +82,9 @@ MARKER = "_sediment-staged"  # in a load's directory from stage() on: a director
 KEPT_LOADS = 64  # job names the trace state remembers: a retry comes long before 64 other loads
 _JOB = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError)
-_NOT_AGAIN = {"rows": 0, "runs": 0, "min_time": None, "max_time": None, "committed": False}
 _opened: weakref.WeakKeyDictionary[Any, set[tuple[int, str]]] = weakref.WeakKeyDictionary()  # engine: its staged loads
 _opened_lock = threading.Lock()
+_committing: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], list[Any]]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -338,6 +342,31 @@ def _own_copy(path: str) -> None:
     fsync_dir(os.path.dirname(path))
 
 
+@contextlib.contextmanager
+def _one_at_a_time(engine: Engine, relation_id: int, job: str) -> Iterator[None]:
+    """Hold load ``job``'s commit lock: a retry the driver sends while the first attempt still
+    runs waits for it, then finds the load committed, instead of checking files the first
+    attempt's clean-up is deleting."""
+    with _opened_lock:
+        slot = _committing.setdefault(engine, {}).setdefault((relation_id, job), [threading.Lock(), 0])
+        slot[1] += 1
+    try:
+        with slot[0]:
+            yield
+    finally:
+        with _opened_lock:
+            slot[1] -= 1
+            if not slot[1]:
+                _committing.get(engine, {}).pop((relation_id, job), None)
+
+
+def committing(engine: Engine, relation_id: int, job: str) -> int:
+    """Commits of load ``job`` running or waiting for the one running (0: none)."""
+    with _opened_lock:
+        slot = _committing.get(engine, {}).get((relation_id, job))
+        return slot[1] if slot is not None else 0
+
+
 def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, diff: int | None = None
                   ) -> dict[str, Any]:
     """Add the staged files of load ``job`` to relation ``name`` as pending runs, atomically.
@@ -349,7 +378,8 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
     committed as a raw run, which reads consolidate and the merge after the next compaction
     pass rewrites (at once when the runs are more than ``max_pending_runs``).
     Returns ``{"rows", "runs", "min_time", "max_time", "committed"}``; ``committed`` is False
-    when the load was committed before (a retry), which changes nothing."""
+    when the load was committed before (a retry), which changes nothing and reports the rows
+    and times the first commit kept, and ``counts_known`` (False: not kept, rows 0)."""
     _check_job(job)
     if time is not None:
         check_time(time, "time")
@@ -358,8 +388,21 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
         raise InvalidArgument(f"bulk load {job!r}: diff {diff!r} must be a non-zero int64")
     with engine.view.lock:
         rel = engine.view.get(name)
+    with _one_at_a_time(engine, rel.entry.id, job):
+        try:
+            return _commit(engine, rel, name, job, time, diff)
+        except NothingWritten:
+            with engine.compaction.pass_lock, engine.view.lock:  # a commit of the load that landed meanwhile
+                if engine.view.relations.get(name) is rel and job in rel.trace.loads:
+                    return _again(rel, job)
+            raise
+
+
+def _commit(engine: Engine, rel: Relation, name: str, job: str, time: int | None, diff: int) -> dict[str, Any]:
+    """:func:`commit_staged` of load ``job``, with the load's commit lock held."""
+    with engine.view.lock:
         if job in rel.trace.loads:
-            return dict(_NOT_AGAIN)
+            return _again(rel, job)
         version, keys, accepted = rel.schema_version, rel.keys, (engine.traces.schema_of(rel.entry.id),)
     where = f"bulk load {job!r} of relation {name!r}"
     if not _staged_here(engine, rel.entry.id, job) or \
@@ -368,18 +411,28 @@ def commit_staged(engine: Engine, name: str, job: str, time: int | None = None, 
                                 "restart, which collects its files even if a writer puts some back); write it again")
     checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), accepted, keys, where, (time, diff)),
                                staged_keys(engine, rel, job), "sediment-bulk-check") if s is not None]
-    lo = min((s.lo for s in checked), default=None)
+    lo, hi = min((s.lo for s in checked), default=None), max((s.hi for s in checked), default=None)
     _check_sealed(rel, name, lo)
     refs = engine.compaction.add_runs(
         rel, lambda since: _as_runs(engine, rel, checked, since, where, version), job,
-        check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS)
+        check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS, times=(lo, hi))
     if refs is None:  # a commit of the same load got there first
-        return dict(_NOT_AGAIN)
+        with engine.view.lock:
+            return _again(rel, job)
     if engine.scheduler is not None and len(rel.trace.pending) > engine.compaction.settings.max_pending_runs:
         engine.scheduler.merge_soon()  # many runs: the merge task folds neighbours together now
     abort_staged(engine, name, job)
-    return {"rows": sum(r.rows for r in refs), "runs": len(refs), "min_time": lo,
-            "max_time": max((s.hi for s in checked), default=None), "committed": True}
+    return {"rows": sum(r.rows for r in refs), "runs": len(refs), "min_time": lo, "max_time": hi, "committed": True}
+
+
+def _again(rel: Relation, job: str) -> dict[str, Any]:
+    """The reply to a commit of a load committed before (under the lock): the rows and times
+    the trace state kept with it; ``counts_known`` False (rows 0, times None) for a load
+    committed by a build that did not keep them."""
+    facts = rel.trace.load_result(job)
+    rows, lo, hi = facts if facts is not None else (0, None, None)
+    return {"rows": rows, "runs": 0, "min_time": lo, "max_time": hi, "committed": False,
+            "counts_known": facts is not None}
 
 
 def _as_runs(engine: Engine, rel: Relation, checked: list[_Staged], since: int, where: str,

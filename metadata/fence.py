@@ -35,18 +35,25 @@ class Fence:
     """What a coordinator's metadata writers do when a write shows that another coordinator
     took over: one CoordinatorSuperseded, and the listeners (the engine's close) told once."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, shared: bool = True) -> None:
         self._lock = threading.Lock()
         self._listeners: list[Callable[[BaseException], None]] = []
         self.replaced: CoordinatorSuperseded | None = None
+        self.shared = shared  # False: a local engine, which no other coordinator can replace
 
     def on_replaced(self, callback: Callable[[BaseException], None]) -> None:
         """Call ``callback`` with the error once a write finds this coordinator replaced."""
         with self._lock:
             self._listeners.append(callback)
 
-    def refuse(self, what: str) -> CoordinatorSuperseded:
-        """The error for a refused write of ``what`` (to raise); the listeners hear of the first."""
+    def refuse(self, what: str) -> CoordinatorSuperseded | MetadataConflict:
+        """The error for a refused write of ``what`` (to raise); the listeners hear of the first.
+        Not shared: a plain MetadataConflict, nothing fenced (a local engine's key can only
+        change under a write of its own, e.g. a drop racing a merge; the engine goes on)."""
+        if not self.shared:
+            return MetadataConflict(f"{what} was refused: the metadata key changed under this engine's own write "
+                                    "(no other coordinator can exist here); nothing was committed: reopen the engine "
+                                    "to load the metadata again")
         err = CoordinatorSuperseded(
             f"{what} was refused: another coordinator took over this engine's metadata (it rewrote the key when "
             "it opened), so this coordinator was replaced and writes nothing more: stop it, the new coordinator "

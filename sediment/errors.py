@@ -111,6 +111,12 @@ class CompactionFailed(SedimentError):
     failures: dict[str, str] = {}
 
 
+class BulkSealUnknown(SedimentError):
+    """A bulk load with ``seal`` committed (an earlier attempt did), but its last time is not
+    known (the coordinator that committed it did not keep it): nothing was sealed; seal the
+    relation at the load's last time yourself."""
+
+
 class TimeAlreadySealed(NothingWritten, ValueError):
     """An append at a time <= the relation's sealed frontier: ``close t`` promised no
     further updates at times <= t."""
@@ -270,6 +276,11 @@ class MetadataCorruption(MetadataError):
 
 class MetadataUnavailable(MetadataError):
     """The metadata server (ZooKeeper) could not be reached within the timeout."""
+
+
+class CreationUnknown(MetadataError, OutcomeUnknown):
+    """A relation's catalog entry was written but could be neither confirmed nor removed
+    again (the metadata store stopped answering): reopen, which serves it if it is there."""
 
 
 class InvalidMetadataRequest(MetadataError, ValueError):

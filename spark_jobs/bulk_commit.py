@@ -40,7 +40,7 @@ def commit_load(client: Any, relation: str, job: str, *, time_: int | None, diff
     job while the outcome is unknown. A typed refusal aborts the load and is raised; an
     outcome still unknown after ``attempts`` raises OutcomeUnknown naming the job, with the
     staged files left in place. A retry that finds the load committed by an earlier attempt
-    returns ``committed: False`` and no counts."""
+    returns ``committed: False`` with the rows and times the first commit kept."""
     last: BaseException | None = None
     for attempt in range(attempts):
         if attempt:

@@ -47,7 +47,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from sediment.errors import InvalidArgument, SchemaMismatch, TimeAlreadySealed
+from sediment.errors import BulkSealUnknown, InvalidArgument, SchemaMismatch, TimeAlreadySealed
 from sediment.spark_jobs.batch_write import READ_ONLY, check_columns, omitted
 from sediment.spark_jobs.bulk_commit import abort_load, commit_load
 from sediment.spark_jobs.options import (
@@ -108,6 +108,10 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
         last_phases.update(calls=marks[0] - started, spark=marks[1] - marks[0], commit=marks[2] - marks[1])
         if seal:
             t = time if time is not None else result.get("max_time")
+            if t is None and not result.get("counts_known", True):
+                raise BulkSealUnknown(f"bulk load {job!r} of relation {relation!r} committed (an earlier attempt "
+                                      "did), but the coordinator did not keep its last time: nothing was sealed; "
+                                      "seal the relation at the frame's last time yourself")
             if t is not None and t > client.sealed(relation):
                 client.seal(relation, t)
     return result

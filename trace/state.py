@@ -81,6 +81,12 @@ class TraceState:
     wal_through: int = 0
     version: int = 0
     loads: tuple[str, ...] = ()  # the last bulk loads committed (engine/staged.py): a retried commit is a no-op
+    load_facts: tuple[tuple[str, int, int | None, int | None], ...] = ()  # (job, rows, min, max time) of loads
+
+    def load_result(self, job: str) -> tuple[int, int | None, int | None] | None:
+        """A kept load's rows and min and max time, or None when not recorded (committed by a
+        build that did not record them)."""
+        return next((tuple(f[1:]) for f in self.load_facts if f[0] == job), None)
 
     @property
     def sealed(self) -> int | None:
@@ -185,6 +191,8 @@ class TraceState:
         }
         if self.loads:
             doc["loads"] = list(self.loads)
+        if self.load_facts:
+            doc["load_facts"] = {job: [rows, lo, hi] for job, rows, lo, hi in self.load_facts}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -217,7 +225,8 @@ class TraceState:
         loads = doc.get("loads", [])
         if not isinstance(loads, list) or not all(isinstance(j, str) for j in loads):
             raise TraceError(f"trace state of relation {rel}: loads is {loads!r}, not a list of job names")
-        state = cls(**fields, batches=refs["batches"], pending=refs["pending"], loads=tuple(loads))
+        state = cls(**fields, batches=refs["batches"], pending=refs["pending"], loads=tuple(loads),
+                    load_facts=_load_facts(doc.get("load_facts", {}), rel))
         state.check_invariants()
         return state
 
@@ -263,8 +272,25 @@ class TraceState:
         """The state with its pending runs replaced (neighbouring runs merged), version + 1."""
         return dataclasses.replace(self, pending=tuple(pending), version=self.version + 1)
 
-    def with_load(self, runs: Sequence[BatchRef], job: str, keep: int) -> TraceState:
+    def with_load(self, runs: Sequence[BatchRef], job: str, keep: int,
+                  times: tuple[int | None, int | None] = (None, None)) -> TraceState:
         """The state with a bulk load's runs after its pending runs and the load's job name
-        remembered (the last ``keep`` of them, so a retried commit is seen), version + 1."""
-        return dataclasses.replace(self, pending=(*self.pending, *runs), version=self.version + 1,
-                                   loads=(*self.loads, job)[-keep:])
+        remembered (the last ``keep`` of them, so a retried commit is seen) with its rows and
+        ``times`` (min, max: what a retry reports, e.g. for a seal), version + 1."""
+        loads = (*self.loads, job)[-keep:]
+        facts = tuple(f for f in self.load_facts if f[0] in loads and f[0] != job)
+        return dataclasses.replace(self, pending=(*self.pending, *runs), version=self.version + 1, loads=loads,
+                                   load_facts=tuple(sorted((*facts, (job, sum(r.rows for r in runs), *times)),
+                                                           key=lambda f: f[0])))
+
+
+def _load_facts(doc: object, rel: object) -> tuple[tuple[str, int, int | None, int | None], ...]:
+    """The ``load_facts`` object of a trace state document, checked (absent in older ones)."""
+    def time(t: object) -> bool:
+        return t is None or isinstance(t, int) and not isinstance(t, bool)
+
+    if not isinstance(doc, dict) or not all(
+            isinstance(v, list) and len(v) == 3 and isinstance(v[0], int) and time(v[1]) and time(v[2])
+            for v in doc.values()):
+        raise TraceError(f"trace state of relation {rel}: load_facts is {doc!r}, not job -> [rows, min, max time]")
+    return tuple((job, v[0], v[1], v[2]) for job, v in sorted(doc.items()))

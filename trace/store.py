@@ -80,7 +80,8 @@ class TraceStore:
         self._local = blobs if isinstance(blobs, LocalBlobStore) else None  # files: read and link in place
         self.spill_dir = spill_dir
         self._versions: dict[int, int | None] = {}  # metadata version of each loaded state
-        self._unresolved: dict[int, bytes] = {}  # relation id -> a commit of unknown outcome not read back
+        self._unresolved: dict[int, tuple[bytes, int]] = {}  # relation id -> (sent, its version) of a commit of
+        # unknown outcome not read back
         self._schemas: dict[int, pa.Schema] = {}  # relation id -> update schema, from the catalog
         self._layouts: dict[int, Layout] = {}  # relation id -> its schema versions (trace/evolve.py)
         self._accepted: dict[int, tuple[pa.Schema, ...]] = {}  # stored forms of every version
@@ -196,33 +197,36 @@ class TraceStore:
             self._check_resolved(rid)
             raise self.fence.refuse(f"the trace commit of relation {rid}") from None
         except MetadataUnavailable:
-            version = self._read_back(rid, encoded)
+            version = self._read_back(rid, encoded, 0 if expected is None else expected + 1)
         self._unresolved.pop(rid, None)
         self._versions[rid] = version
         return new
 
-    def _read_back(self, rid: int, encoded: bytes) -> int:
-        """After a compare-and-set of unknown outcome: its version if the stored state is the
-        one sent (it landed); else the error again (re-raised), remembering what was sent when
-        the read fails too."""
+    def _read_back(self, rid: int, encoded: bytes, version: int) -> int:
+        """After a compare-and-set of unknown outcome: ``version`` (the one it made) if the
+        stored state is the one sent (it landed); else the error again (re-raised),
+        remembering what was sent when the read fails too. The same bytes at a later version
+        are this write rewritten by a take-over (metadata/fence.py; every write adds one to a
+        key's version): still a commit, but at ``version``, so the next one is refused."""
         try:
             got = self.meta.get(state_key(rid))
         except MetadataUnavailable:
-            self._unresolved[rid] = encoded
+            self._unresolved[rid] = (encoded, version)
             raise
-        if got is not None and got.value == encoded:
-            return got.version
+        if got is not None and got.value == encoded and got.version >= version:
+            return version
         raise MetadataUnavailable(f"the trace commit of relation {rid} did not answer and was not there when read back "
                                   f"({state_key(rid)!r}); it is retried")
 
     def _check_resolved(self, rid: int) -> None:
-        """On a conflict: when an earlier commit of unknown outcome is what landed, this
-        coordinator's state of the relation is behind its own write, not replaced: say so."""
+        """On a conflict: when an earlier commit of unknown outcome is what landed (the bytes
+        sent at the version it made: not rewritten by a take-over since), this coordinator's
+        state of the relation is behind its own write, not replaced: say so."""
         sent = self._unresolved.get(rid)
         if sent is None:
             return
         got = self.meta.get(state_key(rid))
-        if got is not None and got.value == sent:
+        if got is not None and (got.value, got.version) == sent:
             raise MetadataConflict(f"relation {rid}: an earlier trace commit whose answer was lost landed "
                                    f"({state_key(rid)!r}), so this coordinator's trace is behind its metadata; "
                                    "nothing more was committed: reopen the engine to load it")

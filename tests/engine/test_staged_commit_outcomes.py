@@ -6,6 +6,8 @@ and staged files with empty row groups commit."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -99,8 +101,10 @@ def test_a_commit_the_metadata_store_refused_deletes_its_runs(tmp_path, monkeypa
         stage_rows(eng, "job-2", [1, 2])
         before = set(eng.traces.blobs.list("trace/"))
         trace_commits_fail(monkeypatch, eng.traces.meta, MetadataConflict, landed=False)
-        with pytest.raises(CoordinatorSuperseded):  # a trace key changed under it: another coordinator took over
+        with pytest.raises(MetadataConflict) as info:  # a trace key changed under it
             staged.commit_staged(eng, "bulk", "job-2", time=3)
+        assert not isinstance(info.value, CoordinatorSuperseded)  # a local engine: no other coordinator exists
+        assert eng.traces.fence.replaced is None and eng.superseded is None
         assert set(eng.traces.blobs.list("trace/")) == before
         assert not eng.view.relations["bulk"].trace.pending
 
@@ -215,3 +219,53 @@ def test_a_load_swept_while_its_writer_runs_does_not_commit_the_files_put_back(t
         with pytest.raises(StagedFileInvalid, match="not staged since the coordinator opened"):
             staged.commit_staged(eng, "bulk", "job-7", time=3)
         assert not eng.view.relations["bulk"].trace.pending
+
+
+def test_a_retry_sent_while_the_first_commit_runs_finds_the_load_committed(tmp_path, monkeypatch):
+    """The driver asks again after a lost reply while the first attempt still runs: the retry
+    waits for it and finds the load committed, instead of checking files the first attempt's
+    clean-up deletes (StagedFileInvalid, a NothingWritten: the driver would abort and fail)."""
+    with sediment.open(tmp_path / "data", compact_interval=None) as eng:
+        eng.add_relation("bulk", SCHEMA)
+        stage_rows(eng, "job-1", [1, 2])
+        stage_rows(eng, "job-1", [11, 12], part=1)
+        rid = eng.view.relations["bulk"].entry.id
+        inside, go, results = threading.Event(), threading.Event(), {}
+        plain_runs, plain_check = staged._as_runs, staged._check_file
+
+        def held_runs(*a, **k):  # the first attempt, past its checks, holds here
+            inside.set()
+            assert go.wait(30)
+            return plain_runs(*a, **k)
+
+        def retry_check(*a, **k):  # reached by a retry running beside the first attempt
+            go.set()  # let the first attempt commit and delete the staged files
+            assert first.join(30) is None and not first.is_alive()
+            return plain_check(*a, **k)
+
+        def attempt(name):
+            try:
+                results[name] = staged.commit_staged(eng, "bulk", "job-1", time=3)
+            except Exception as e:  # noqa: BLE001 - recorded for the assertion below
+                results[name] = e
+
+        monkeypatch.setattr(staged, "_as_runs", held_runs)
+        first = threading.Thread(target=attempt, args=("first",))
+        first.start()
+        assert inside.wait(30)
+        monkeypatch.setattr(staged, "_check_file", retry_check)
+        retry = threading.Thread(target=attempt, args=("retry",))
+        retry.start()
+        deadline = time.monotonic() + 30
+        while staged.committing(eng, rid, "job-1") < 2 and not go.is_set():
+            assert time.monotonic() < deadline, "the retry neither waited for the first attempt nor checked files"
+            time.sleep(0.001)
+        go.set()
+        first.join(30)
+        retry.join(30)
+        assert results["first"]["committed"] is True and results["first"]["rows"] == 4
+        assert isinstance(results["retry"], dict), results["retry"]
+        assert results["retry"]["committed"] is False
+        assert (results["retry"]["rows"], results["retry"]["max_time"]) == (4, 3)  # what the first commit kept
+        assert eng.view.relations["bulk"].trace.loads == ("job-1",)
+        assert staged.committing(eng, rid, "job-1") == 0

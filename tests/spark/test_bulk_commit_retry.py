@@ -56,6 +56,7 @@ def test_a_commit_whose_reply_is_lost_is_asked_again_and_lands_once(served, monk
     replies_lost(monkeypatch, calls, lost=1, reached=True)
     got = commit_load(client, "bulk", "job-1", time_=3, diff=None, pause=0)
     assert len(calls) == 2 and got["committed"] is False  # the retry found the first attempt's commit
+    assert (got["rows"], got["min_time"], got["max_time"], got["counts_known"]) == (2, 3, 3, True)  # as it kept them
     c.engine.seal("bulk", 3)
     assert sorted(c.engine.snapshot("bulk", 3).column("id").to_pylist()) == [1, 2]
 

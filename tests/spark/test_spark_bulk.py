@@ -114,26 +114,46 @@ def test_a_failed_job_leaves_nothing_and_its_staged_files_are_collected(spark, c
     assert c.engine.snapshot("bulk", 5).num_rows == 0
 
 
+def first_reply_lost(monkeypatch) -> list[dict]:
+    """The first bulk commit lands but its reply is lost (a reset connection); every reply the
+    coordinator sent, in order."""
+    plain, calls = Client.bulk_commit, []
+
+    def losing(self, *args, **kwargs):
+        calls.append(plain(self, *args, **kwargs))
+        if len(calls) == 1:
+            raise flight.FlightUnavailableError("Connection reset by peer")
+        return calls[-1]
+
+    monkeypatch.setattr(Client, "bulk_commit", losing)
+    return calls
+
+
 def test_a_bulk_commit_whose_reply_is_lost_is_asked_again_and_the_save_succeeds(spark, coordinator, monkeypatch):
     """The coordinator commits, the reply is lost on its way to the driver: the driver asks
     again with the same job (spark_jobs/bulk_commit.py) instead of aborting and failing, so
     the rows are there once and the save reports success."""
     c = coordinator(compact_interval=None)
     c.engine.add_relation("bulk", SCHEMA)
-    plain, calls = Client.bulk_commit, []
-
-    def first_reply_lost(self, *args, **kwargs):
-        calls.append(plain(self, *args, **kwargs))
-        if len(calls) == 1:
-            raise flight.FlightUnavailableError("Connection reset by peer")
-        return calls[-1]
-
-    monkeypatch.setattr(Client, "bulk_commit", first_reply_lost)
+    calls = first_reply_lost(monkeypatch)
     write(spark.createDataFrame([(1, "a"), (2, "b")], "id long, item string"), c, "bulk", bulk="true", time=5,
           seal="true")
     assert [r["committed"] for r in calls] == [True, False]
     assert sorted(c.engine.snapshot("bulk", 5).column("id").to_pylist()) == [1, 2]
     assert staging_left(c) == []
+
+
+def test_a_retry_that_finds_the_load_committed_still_seals_at_the_frame_s_last_time(spark, coordinator, monkeypatch):
+    """The frame carries its own times and the save asks for a seal; the first commit's reply
+    is lost and the retry finds the load committed: it reports the rows and last time the
+    first commit kept, and the save seals there instead of silently skipping the seal."""
+    c = coordinator(compact_interval=None)
+    c.engine.add_relation("bulk", SCHEMA)
+    calls = first_reply_lost(monkeypatch)
+    df = spark.createDataFrame([(1, "a", 4, 1), (2, "b", 7, 1)], "id long, item string, time long, diff long")
+    write(df, c, "bulk", bulk="true", seal="true")
+    assert [(r["committed"], r["rows"], r["max_time"]) for r in calls] == [(True, 2, 7), (False, 2, 7)]
+    assert c.engine.sealed("bulk") == 7
 
 
 def test_bulk_refusals_are_typed_and_change_nothing(spark, coordinator):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -159,3 +160,34 @@ def test_sealed_and_keys():
     assert s.sealed == 5
     assert state().sealed is None
     assert s.keys() == [batch_key(REL, 0, 5, "a"), batch_key(REL, 7, 9, "p")]
+
+
+def test_load_facts_are_kept_with_their_loads_and_older_documents_still_load():
+    run = BatchRef(batch_key(1, 4, 8, "0f1e2d3c4b5a6978a1b2c3d4e5f60718"), 4, 8, 2, 10)
+    s1 = TraceState(1).with_load([run], "job-a", keep=2, times=(4, 7))
+    assert s1.load_result("job-a") == (2, 4, 7)
+    back = TraceState.decode(s1.encode())
+    assert back == s1 and back.load_result("job-a") == (2, 4, 7)
+    s3 = s1.with_load([], "job-b", keep=2).with_load([], "job-c", keep=2)
+    assert s3.loads == ("job-b", "job-c") and s3.load_result("job-a") is None  # forgotten with its name
+    assert s3.load_result("job-b") == (0, None, None)
+    doc = json.loads(s1.encode())
+    del doc["load_facts"]  # a document written before facts were kept
+    old = TraceState.decode(json.dumps(doc).encode())
+    assert old.loads == ("job-a",) and old.load_result("job-a") is None
+
+
+def test_malformed_load_facts_are_refused():
+    doc = json.loads(TraceState(1).with_load([], "job-a", keep=2).encode())
+    doc["load_facts"] = {"job-a": [1, "x", 2]}
+    with pytest.raises(TraceError, match="load_facts"):
+        TraceState.decode(json.dumps(doc).encode())
+
+
+def test_load_facts_example_of_the_formats_doc_decodes():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
+    block = text[text.index("Load facts example"):]
+    block = block[block.index("```text") + 7:]
+    state = TraceState.decode("".join(block[: block.index("```")].split("\n")).encode())
+    assert state.loads == ("spark-1a2b", "spark-3c4d")
+    assert state.load_result("spark-3c4d") == (2, 4, 7) and state.load_result("spark-1a2b") is None
