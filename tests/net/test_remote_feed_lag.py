@@ -1,0 +1,111 @@
+"""An unshared remote subscription (``client.subscribe(..., shared=False)``) in the client:
+its ``max_lag`` counts every live event queued for it from the first one, whether or not an
+initial progress came (the server marks its initial events on the wire); the overrun names
+a resume point that loses nothing. Real SedimentFlightServer, real engine, real gRPC on
+127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from support.served import served_engine
+
+from sediment.engine.feed import FeedEvent
+from sediment.errors import FeedOverrun
+from sediment.net.messages import Get, encode
+from sediment.net.protocol import event_batches
+from sediment.net.remote_subscription import CHECK_EVERY
+
+SCHEMA = pa.schema([("k", pa.int64())])
+TOKEN = "lag-" + uuid.uuid4().hex
+
+
+def row(k: int, t: int) -> pa.Table:
+    return pa.table({"k": pa.array([k], pa.int64()), "time": pa.array([t], pa.int64()),
+                     "diff": pa.array([1], pa.int64())})
+
+
+@pytest.fixture
+def served(tmp_path):
+    with served_engine(tmp_path / "data", TOKEN, SCHEMA) as got:
+        yield got
+
+
+def read_until_dropped(sub, most: int) -> int:
+    """Events read from ``sub`` before it raises FeedOverrun (at most ``most``)."""
+    read = 0
+    with pytest.raises(FeedOverrun) as dropped:
+        while read <= most:
+            assert sub.next(timeout=5) is not None, "the subscription waits on: it was never dropped"
+            read += 1
+    return read, str(dropped.value)
+
+
+def start(engine, client, how: str):
+    """An unshared subscription of max_lag 100 whose pump runs, past its initial events;
+    the first time its live updates may take."""
+    if how == "frontier":  # as_of=None: a snapshot at the sealed frontier, no initial progress
+        sub = client.subscribe("r", max_lag=100, shared=False)
+        assert sub.next(timeout=10).kind == "snapshot"
+        return sub, 1
+    if how == "resume":  # resume=True at the frontier: no initial event at all
+        sub = client.subscribe("r", max_lag=100, resume=True, shared=False)
+        assert sub.next(timeout=0.2) is None
+        return sub, 1
+    engine.seal("r", 1)  # the initial progress, read directly by a thread before the pump starts
+    sub = client.subscribe("r", 0, max_lag=100, shared=False)
+    kinds: list[str] = []
+    reader = threading.Thread(target=lambda: kinds.extend([sub.next().kind, sub.next().kind]))
+    reader.start()
+    reader.join(timeout=10)
+    assert kinds == ["snapshot", "progress"]
+    assert sub.next(timeout=0) is None
+    return sub, 2
+
+
+@pytest.mark.parametrize("how", ["frontier", "resume", "direct"])
+def test_an_unshared_subscription_is_dropped_past_its_max_lag_before_any_seal(served, how):
+    engine, _server, client = served
+    sub, t0 = start(engine, client, how)
+    n = 2 * CHECK_EVERY + 8
+    for k in range(n):  # distinct times: the server sends each as an event of its own
+        engine.append("r", row(k, t0 + k))
+    read, _message = read_until_dropped(sub, n)
+    assert read <= CHECK_EVERY  # dropped at the first check: nothing past it was queued
+    sub.close()
+
+
+def test_the_server_marks_initial_events_and_leaves_live_ones_unmarked(served):
+    engine, server, _client = served
+    engine.append("r", row(7, 5))  # a stored update past the frontier: initial
+    engine.seal("r", 1)
+    flight_client = flight.FlightClient(server.uri)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    ticket = flight.Ticket(encode(Get.SUBSCRIBE, relation="r", as_of=0, resume=False, max_lag=None))
+    reader = flight_client.do_get(ticket, options)
+    engine.append("r", row(8, 6))  # live
+    metas = []
+    while len(metas) < 4:
+        chunk = reader.read_chunk()
+        metas.append(json.loads(chunk.app_metadata.to_pybytes()))
+    reader.cancel()
+    flight_client.close()
+    assert [(m["kind"], m["time"], m["initial"]) for m in metas] == [
+        ("snapshot", 0, True), ("updates", 5, True), ("progress", 1, True), ("updates", 6, False)]
+
+
+def test_the_worked_example_in_formats_md_is_what_the_server_sends():
+    text = Path(__file__).resolve().parents[2].joinpath("docs", "formats.md").read_text()
+    section = text[text.index("  - `subscribe {relation"):]
+    example = section.split("app metadata:\n    `", 1)[1].split("`", 1)[0]
+    meta = json.loads(example)
+    assert (meta["kind"], meta["time"], meta["last"], meta["initial"]) == ("updates", 5, True, True)
+    event = FeedEvent("updates", 5, row(7, 5))
+    assert event_batches(event, SCHEMA.append(pa.field("time", pa.int64())).append(pa.field("diff", pa.int64())),
+                         initial=True)[-1][1] == example.encode()
