@@ -519,7 +519,7 @@ class Client:
         def reopen(token: str) -> flight.FlightStreamReader:  # the same feed after an alter
             return self._get(Get.SUBSCRIBE, relation=name, continuation=token)
 
-        return RemoteSubscription(self.uri, reader, reopen, relation=name, max_lag=max_lag)
+        return RemoteSubscription(self.uri, reader, reopen, relation=name, max_lag=max_lag, as_of=as_of)
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease."""

@@ -30,12 +30,13 @@ MAX_QUEUED = 1 << 18  # events a subscription may have waiting in the client whe
 CHECK_EVERY = 1024  # live events between checks of a subscription's queue against its max_lag, as the engine's
 
 
-def overrun_error(relation: str, max_lag: int, last_progress: int | None) -> FeedOverrun:
-    """The error of a subscription dropped for more than ``max_lag`` events queued in the client."""
-    return FeedOverrun(
-        f"the feed of {relation!r} dropped this subscription: more than {max_lag} events waited for it in "
-        f"the client; subscribe again with as_of={last_progress} and resume=True after dropping the updates "
-        "received since that progress")
+def overrun_error(relation: str, max_lag: int, last_progress: int | None, as_of: int | None) -> FeedOverrun:
+    """The error of a subscription dropped for more than ``max_lag`` events queued in the
+    client; it resumes from its last progress, or from ``as_of`` (its snapshot's time) before any."""
+    from sediment.engine.feed import resume_advice
+
+    return FeedOverrun(f"the feed of {relation!r} dropped this subscription: more than {max_lag} events waited for "
+                       f"it in the client; {resume_advice(last_progress, as_of)}")
 
 
 class ClientFeedEnd:
@@ -47,6 +48,7 @@ class ClientFeedEnd:
     _failure: BaseException | None
     _relation: str
     _max_lag: int
+    _as_of: int | None  # the time it started at: given, or its snapshot's
     last_progress: int | None
 
     def _open(self) -> bool:
@@ -54,7 +56,7 @@ class ClientFeedEnd:
         if self._closed:
             return False
         if self._overrun and self._failure is None:
-            self._failure = overrun_error(self._relation, self._max_lag, self.last_progress)
+            self._failure = overrun_error(self._relation, self._max_lag, self.last_progress, self._as_of)
         if self._failure is not None:
             raise self._failure
         return True
@@ -104,9 +106,10 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
 
     def __init__(self, uri: str, reader: flight.FlightStreamReader,
                  reopen: Callable[[str], flight.FlightStreamReader] | None = None, *,
-                 relation: str = "", max_lag: int | None = None) -> None:
+                 relation: str = "", max_lag: int | None = None, as_of: int | None = None) -> None:
         self._uri = uri
         self._relation = relation
+        self._as_of = as_of
         self._max_lag = MAX_QUEUED if max_lag is None else max_lag
         self._taken = 0  # live events read from the queue
         self._past_snapshot = False  # an older server's events carry no "initial": see _initial
@@ -268,6 +271,8 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
     def _note(self, event: Any) -> Any:
         if event.kind == "progress":
             self.last_progress = event.time
+        elif event.kind == "snapshot":
+            self._as_of = event.time
         return event
 
     def _start_pump(self, timeout: float | None) -> bool:

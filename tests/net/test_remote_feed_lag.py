@@ -47,37 +47,53 @@ def read_until_dropped(sub, most: int) -> int:
     return read, str(dropped.value)
 
 
-def start(engine, client, how: str):
-    """An unshared subscription of max_lag 100 whose pump runs, past its initial events;
-    the first time its live updates may take."""
+def start(engine, client, how: str, shared: bool):
+    """A subscription of max_lag 100 whose events are queued in the client (an unshared
+    one's pump runs), past its initial events; the first time its live updates may take,
+    and what its overrun must say to resume with nothing lost."""
     if how == "frontier":  # as_of=None: a snapshot at the sealed frontier, no initial progress
-        sub = client.subscribe("r", max_lag=100, shared=False)
+        sub = client.subscribe("r", max_lag=100, shared=shared)
         assert sub.next(timeout=10).kind == "snapshot"
-        return sub, 1
+        return sub, 1, "as_of=0 (the time this subscription started at) and resume=True"
     if how == "resume":  # resume=True at the frontier: no initial event at all
-        sub = client.subscribe("r", max_lag=100, resume=True, shared=False)
+        sub = client.subscribe("r", max_lag=100, resume=True, shared=shared)
         assert sub.next(timeout=0.2) is None
-        return sub, 1
+        return sub, 1, "resume=True and as_of = the time this subscription started at"
     engine.seal("r", 1)  # the initial progress, read directly by a thread before the pump starts
-    sub = client.subscribe("r", 0, max_lag=100, shared=False)
+    sub = client.subscribe("r", 0, max_lag=100, shared=shared)
     kinds: list[str] = []
     reader = threading.Thread(target=lambda: kinds.extend([sub.next().kind, sub.next().kind]))
     reader.start()
     reader.join(timeout=10)
     assert kinds == ["snapshot", "progress"]
     assert sub.next(timeout=0) is None
-    return sub, 2
+    return sub, 2, "as_of=1 and resume=True after dropping the updates received since that progress"
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("how", ["frontier", "resume", "direct"])
-def test_an_unshared_subscription_is_dropped_past_its_max_lag_before_any_seal(served, how):
+def test_a_subscription_is_dropped_past_its_max_lag_before_any_seal_naming_where_to_resume(served, how, shared):
     engine, _server, client = served
-    sub, t0 = start(engine, client, how)
+    sub, t0, advice = start(engine, client, how, shared)
     n = 2 * CHECK_EVERY + 8
     for k in range(n):  # distinct times: the server sends each as an event of its own
         engine.append("r", row(k, t0 + k))
-    read, _message = read_until_dropped(sub, n)
+    read, message = read_until_dropped(sub, n)
     assert read <= CHECK_EVERY  # dropped at the first check: nothing past it was queued
+    assert "in the client" in message and advice in message
+    sub.close()
+
+
+def test_the_engine_names_the_snapshot_time_for_a_subscriber_dropped_before_any_progress(served):
+    engine, _server, _client = served
+    engine.seal("r", 3)
+    sub = engine.subscribe("r", max_lag=10)
+    assert sub.next(timeout=10).kind == "snapshot"
+    for k in range(2 * CHECK_EVERY):
+        engine.append("r", row(k, 4 + k))
+    with pytest.raises(FeedOverrun, match=r"no progress was read: subscribe again with as_of=3 \(the time"):
+        while sub.next(timeout=5) is not None:
+            pass
     sub.close()
 
 
