@@ -246,8 +246,7 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             self._open()  # raises FeedOverrun when that is why the stream ended
             return None
         if isinstance(item, BaseException):
-            self._failure = item  # raised again by every later call
-            raise item
+            self._fail(item)
         event, initial = item
         if not initial:
             self._taken += 1
@@ -263,10 +262,18 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             self._events.put(_END)
             self._pumping = True  # nothing is left to pump: later calls read what is queued
             if item is _END:
+                self._open()  # raises why it was ended, if it was
                 return None
-            self._failure = item  # raised again by every later call
-            raise item
+            self._fail(item)
         return self._note(item[0])
+
+    def _fail(self, error: BaseException) -> None:
+        """Raise the error that ended the feed, again on every later call: the first one (a
+        feed ended by its client's close sees the stream's cancellation after)."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = error
+        raise self._failure
 
     def _note(self, event: Any) -> Any:
         if event.kind == "progress":
@@ -288,6 +295,18 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
         finally:
             self._direct.release()
         return True
+
+    def end(self, why: BaseException) -> None:
+        """End the feed with ``why`` (its client is closing): a read waiting now, from a
+        thread or a task, and every read after raise it; the server ends its side."""
+        with self._lock:
+            if self._closed or self._failure is not None:
+                return
+            self._failure = why
+            reader = self._reader
+        self._events.put(_END)  # wakes a read of the queue, which then raises it
+        self._loops.poke()
+        reader.cancel()  # ends a read of the stream itself, and the pump
 
     def close(self) -> None:
         """Stop the feed (the server ends its side); idempotent."""

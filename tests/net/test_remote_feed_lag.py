@@ -1,23 +1,27 @@
-"""An unshared remote subscription (``client.subscribe(..., shared=False)``) in the client:
-its ``max_lag`` counts every live event queued for it from the first one, whether or not an
-initial progress came (the server marks its initial events on the wire); the overrun names
-a resume point that loses nothing. Real SedimentFlightServer, real engine, real gRPC on
+"""Remote subscriptions in the client, unshared (``client.subscribe(..., shared=False)``)
+and shared alike: ``max_lag`` counts every live event queued for one from the first,
+whether or not an initial progress came (the server marks its initial events on the wire);
+the overrun names a resume point that loses nothing; ``Client.close()`` ends every read
+waiting on them with EngineClosed. Real SedimentFlightServer, real engine, real gRPC on
 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from support.event_loops import async_keys, in_loop
 from support.served import served_engine
 
 from sediment.engine.feed import FeedEvent
-from sediment.errors import FeedOverrun
+from sediment.errors import EngineClosed, FeedOverrun
 from sediment.net.messages import Get, encode
 from sediment.net.protocol import event_batches
 from sediment.net.remote_subscription import CHECK_EVERY
@@ -125,3 +129,60 @@ def test_the_worked_example_in_formats_md_is_what_the_server_sends():
     event = FeedEvent("updates", 5, row(7, 5))
     assert event_batches(event, SCHEMA.append(pa.field("time", pa.int64())).append(pa.field("diff", pa.int64())),
                          initial=True)[-1][1] == example.encode()
+
+
+def ends_with(out: dict, th: threading.Thread, began: float) -> BaseException:
+    th.join(timeout=10)
+    assert not th.is_alive(), "a read waits on after client.close()"
+    assert time.monotonic() - began < 10
+    return out.get("error") or out.get("result")
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_closing_the_client_ends_tasks_waiting_on_its_subscriptions(served, shared):
+    _engine, _server, client = served
+    subs = [client.subscribe("r", shared=shared) for _ in range(3)]
+    waiting = threading.Event()
+
+    async def wait_all() -> list:
+        for s in subs:
+            assert (await s.next_async(timeout=10)).kind == "snapshot"
+        tasks = [asyncio.ensure_future(async_keys(s, 1)) for s in subs]
+        loop = asyncio.get_running_loop()
+        loop.call_soon(waiting.set)  # after every task has started waiting
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    th, out = in_loop(wait_all())
+    assert waiting.wait(30)
+    began = time.monotonic()
+    client.close()
+    got = ends_with(out, th, began)
+    assert [type(e) for e in got] == [EngineClosed] * 3, got
+    assert all("was closed" in str(e) for e in got)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("timeout", [60.0, None])
+def test_closing_the_client_ends_a_thread_waiting_on_its_subscription(served, shared, timeout):
+    _engine, _server, client = served
+    sub = client.subscribe("r", shared=shared)
+    out: dict = {}
+    waiting = threading.Event()
+
+    def read() -> None:
+        try:
+            assert sub.next(timeout=timeout).kind == "snapshot"  # an unshared one without a timeout ...
+            waiting.set()
+            out["result"] = sub.next(timeout=timeout)  # ... reads the stream itself, in this thread
+        except BaseException as e:  # handed to the test's thread
+            out["error"] = e
+
+    th = threading.Thread(target=read, daemon=True)
+    th.start()
+    assert waiting.wait(30)
+    began = time.monotonic()
+    client.close()
+    got = ends_with(out, th, began)
+    assert isinstance(got, EngineClosed), got
+    with pytest.raises(EngineClosed, match="was closed"):
+        sub.next(timeout=1)
