@@ -28,7 +28,8 @@ The policy for slow subscribers: each one's queue is bounded by ``max_lag`` even
 behind is dropped from the feed log (checked every :data:`CHECK_EVERY` events), so
 neither the log's memory nor the WAL it pins grows for it; its next read raises
 :class:`~sediment.errors.FeedOverrun`, which names the last progress time it
-delivered. It then catches up from the trace and the log with the resume protocol
+delivered (before any, the ``as_of`` it started at: never the current frontier, which
+would skip the updates in between). It then catches up from the trace and the log with the resume protocol
 below, where consolidating through any PROGRESS(t) still gives ``snapshot(t)``.
 
 A subscription starts with a snapshot at ``as_of``, then one UPDATES event with
@@ -324,6 +325,20 @@ def _release(lock: threading.Lock) -> None:
         pass
 
 
+def resume_advice(last_progress: int | None, as_of: int | None) -> str:
+    """How a dropped subscriber resumes without losing updates: from the last progress it
+    read, else from the time its subscription started at (its snapshot's), never from the
+    current frontier (``as_of=None``), which would skip the updates in between."""
+    if last_progress is not None:
+        return (f"subscribe again with as_of={last_progress} and resume=True after dropping the updates "
+                "received since that progress")
+    if as_of is not None:
+        return (f"no progress was read: subscribe again with as_of={as_of} (the time this subscription started "
+                "at) and resume=True after dropping every update received")
+    return ("no progress was read: subscribe again with resume=True and as_of = the time this subscription "
+            "started at (the sealed frontier when it subscribed) after dropping every update received")
+
+
 class Subscription(WaitingIterator[FeedEvent], AsyncIterating):
     """An iterator of FeedEvents, also asynchronous (``async for``, :meth:`next_async`: read
 it from one thread or one event loop). Created by ``Engine.subscribe``; close it when done."""
@@ -350,12 +365,15 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         self.wake.acquire()
         self.sleeping = False  # set before it joins the feed's sleepers; cleared by whoever wakes it
         self.last_progress: int | None = None
+        self.as_of: int | None = None
         self.seat = Seat(feed.loops)  # its place among the sleepers of the event loop it is read in
         feed.register(self)
 
-    def add_initial(self, events: list[FeedEvent]) -> None:
+    def add_initial(self, events: list[FeedEvent], as_of: int | None = None) -> None:
         """Events that come before any the feed delivers: the snapshot and stored updates,
-        computed after the subscription registered its cursor."""
+        computed after the subscription registered its cursor; ``as_of``, the time they
+        start from, is where a subscriber dropped before any progress resumes."""
+        self.as_of = as_of
         self._pending.extend(events)
 
     def next(self, timeout: float | None = None) -> FeedEvent | None:
@@ -433,8 +451,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         if self.dropped_at is not None:
             raise FeedOverrun(
                 f"the feed of {self._name!r} dropped this subscriber: it fell more than {self.max_lag} events "
-                f"behind (at event {self.dropped_at}); subscribe again with as_of={self.last_progress} and "
-                "resume=True after dropping the updates received since that progress")
+                f"behind (at event {self.dropped_at}); {resume_advice(self.last_progress, self.as_of)}")
         if not self._engine_open() or feed.closed:
             raise EngineClosed("the engine was closed; subscribe again after reopening it")
 

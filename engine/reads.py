@@ -223,7 +223,7 @@ class Reads:
             raise
         finally:
             self.collector.unpin()
-        sub.add_initial(initial)
+        sub.add_initial(initial, as_of)
         return sub
 
     def plan_read(self, name: str, as_of: int, *, from_t: int | None = None,

@@ -22,6 +22,7 @@ import json
 import os
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -179,6 +180,7 @@ class Client:
         self._on_close: list[Callable[[], None]] = []
         self._streams = StreamPool(self._open_stream, max_age=timeout / 2 if timeout else None)
         self._feed_shares = FeedShares(uri, self._get, self._action)
+        self._unshared: weakref.WeakSet[RemoteSubscription] = weakref.WeakSet()  # ended by close()
         try:
             info = self._action(Action.PING)
         except BaseException:
@@ -519,7 +521,17 @@ class Client:
         def reopen(token: str) -> flight.FlightStreamReader:  # the same feed after an alter
             return self._get(Get.SUBSCRIBE, relation=name, continuation=token)
 
-        return RemoteSubscription(self.uri, reader, reopen, relation=name, max_lag=max_lag)
+        sub = RemoteSubscription(self.uri, reader, reopen, relation=name, max_lag=max_lag, as_of=as_of)
+        with self._close_lock:
+            closed = self._closed
+            if not closed:
+                self._unshared.add(sub)
+        if closed:  # closed while it subscribed
+            sub.end(self._closed_error())
+        return sub
+
+    def _closed_error(self) -> EngineClosed:
+        return EngineClosed(f"the client of {self.uri} was closed; connect again and subscribe with resume=True")
 
     def release_read(self, lease: int) -> None:
         """End a read plan's lease."""
@@ -545,15 +557,18 @@ class Client:
 
     def close(self) -> None:
         """Close the connection (transactions left open stay open on the server until it
-        stops). Idempotent."""
+        stops); its subscriptions, shared or not, end with EngineClosed. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
             callbacks, self._on_close = self._on_close, []
+            unshared = list(self._unshared)
         try:
             self._streams.close()
             self._feed_shares.close()
+            for sub in unshared:
+                sub.end(self._closed_error())
             self._flight.close()
         finally:
             failures = []

@@ -8,8 +8,12 @@ which bounds a feed over the network as it bounds one in process. Read with ``as
 its loop, among the sleepers of that loop (:mod:`sediment.engine.feed_async`, the engine's
 own). The thread that reads the Flight stream queues each event for its subscriptions as
 before, then pokes every loop with sleepers once (one ``call_soon_threadsafe``, none while a
-resume is still pending), and the loop resumes them all in its own thread. A loop that closes without closing its subscriptions is forgotten at the
-next poke; its subscriptions stay readable from a thread or another loop.
+resume is still pending), and the loop resumes them all in its own thread. That is one
+wake-up per event for a client's shared subscriptions to a relation (one stream); an
+unshared one (``shared=False``, or an older server) has a stream and a reading thread of
+its own, woken per event as before. A loop that closes without closing its subscriptions
+is forgotten at the next poke; its subscriptions stay readable from a thread or another
+loop.
 """
 
 from __future__ import annotations

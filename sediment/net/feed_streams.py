@@ -132,8 +132,10 @@ class FeedStreams:
     def _events(self, sub: Any, schema: pa.Schema, context: flight.ServerCallContext,
                 guard: StartGuard) -> Iterator[tuple[pa.RecordBatch, bytes]]:
         """``sub``'s events as batches of ``schema``, each with app metadata ``{"kind", "time",
-        "last"}``; an event's table may span several batches (``last`` marks its end), a
-        progress event is one empty batch. A schema event ends the stream with
+        "last", "initial"}``; an event's table may span several batches (``last`` marks its
+        end), a progress event is one empty batch; ``initial`` marks the subscription's own
+        first events (snapshot, stored updates, first progress), which its client's max_lag
+        check does not count. A schema event ends the stream with
         ``"continuation"`` added. Wakes every ``poll`` seconds to notice a client that went
         away, so its subscription does not pin the feed log forever."""
         if not guard.started():
@@ -142,14 +144,20 @@ class FeedStreams:
         parked = False
         try:
             while not self._stopped() and not context.is_cancelled():
+                cursor = getattr(sub, "cursor", None)
                 event = sub.next(timeout=self._poll)
-                if event is not None and event.kind == "schema":
+                if event is None:
+                    continue
+                if event.kind == "schema":
                     token = self._park(sub, event.table.schema)
                     parked = True
-                    meta = {"kind": "schema", "time": event.time, "last": True, "continuation": token}
+                    meta = {"kind": "schema", "time": event.time, "last": True, "initial": False,
+                            "continuation": token}
                     yield pa.RecordBatch.from_pylist([], schema=schema), json.dumps(meta).encode()
                     return
-                if event is not None:  # a live event's batches are made once for every subscriber
+                if cursor is not None and getattr(sub, "cursor", None) == cursor:  # initial: the cursor did not move
+                    yield from event_batches(event, schema, initial=True)
+                else:  # a live event's batches are made once for every subscriber
                     yield from event.encoded(schema, lambda event=event: event_batches(event, schema))
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc

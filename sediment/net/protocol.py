@@ -80,12 +80,13 @@ def plan_metadata(plan: Any) -> bytes:
     return json.dumps({name: getattr(plan, name) for name in PLAN_FIELDS}).encode()
 
 
-def event_metadata(kind: str, time: int, last: bool) -> bytes:
-    """A feed event batch's app metadata; ``last`` ends the event."""
-    return json.dumps({"kind": kind, "time": time, "last": last}).encode()
+def event_metadata(kind: str, time: int, last: bool, initial: bool = False) -> bytes:
+    """A feed event batch's app metadata; ``last`` ends the event; ``initial``: one of the
+    subscription's initial events, which its client's max_lag check does not count."""
+    return json.dumps({"kind": kind, "time": time, "last": last, "initial": initial}).encode()
 
 
-def event_batches(event: Any, schema: pa.Schema) -> list[tuple[pa.RecordBatch, bytes]]:
+def event_batches(event: Any, schema: pa.Schema, initial: bool = False) -> list[tuple[pa.RecordBatch, bytes]]:
     """One feed event on the wire: batches of the update schema, the last one marked. A
     snapshot's rows get ``time`` = the snapshot's time so that every batch has the one
     update schema; a progress event is one empty batch."""
@@ -97,4 +98,4 @@ def event_batches(event: Any, schema: pa.Schema) -> list[tuple[pa.RecordBatch, b
     batches = table.select(schema.names).cast(schema).to_batches(max_chunksize=FEED_BATCH_ROWS) or \
         [pa.RecordBatch.from_pylist([], schema=schema)]
     last = len(batches) - 1
-    return [(batch, event_metadata(event.kind, event.time, i == last)) for i, batch in enumerate(batches)]
+    return [(batch, event_metadata(event.kind, event.time, i == last, initial)) for i, batch in enumerate(batches)]

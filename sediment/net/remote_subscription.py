@@ -30,12 +30,13 @@ MAX_QUEUED = 1 << 18  # events a subscription may have waiting in the client whe
 CHECK_EVERY = 1024  # live events between checks of a subscription's queue against its max_lag, as the engine's
 
 
-def overrun_error(relation: str, max_lag: int, last_progress: int | None) -> FeedOverrun:
-    """The error of a subscription dropped for more than ``max_lag`` events queued in the client."""
-    return FeedOverrun(
-        f"the feed of {relation!r} dropped this subscription: more than {max_lag} events waited for it in "
-        f"the client; subscribe again with as_of={last_progress} and resume=True after dropping the updates "
-        "received since that progress")
+def overrun_error(relation: str, max_lag: int, last_progress: int | None, as_of: int | None) -> FeedOverrun:
+    """The error of a subscription dropped for more than ``max_lag`` events queued in the
+    client; it resumes from its last progress, or from ``as_of`` (its snapshot's time) before any."""
+    from sediment.engine.feed import resume_advice
+
+    return FeedOverrun(f"the feed of {relation!r} dropped this subscription: more than {max_lag} events waited for "
+                       f"it in the client; {resume_advice(last_progress, as_of)}")
 
 
 class ClientFeedEnd:
@@ -47,6 +48,7 @@ class ClientFeedEnd:
     _failure: BaseException | None
     _relation: str
     _max_lag: int
+    _as_of: int | None  # the time it started at: given, or its snapshot's
     last_progress: int | None
 
     def _open(self) -> bool:
@@ -54,7 +56,7 @@ class ClientFeedEnd:
         if self._closed:
             return False
         if self._overrun and self._failure is None:
-            self._failure = overrun_error(self._relation, self._max_lag, self.last_progress)
+            self._failure = overrun_error(self._relation, self._max_lag, self.last_progress, self._as_of)
         if self._failure is not None:
             raise self._failure
         return True
@@ -92,9 +94,10 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
     the main thread (whose waits must let Ctrl-C through, sediment/interrupts.py), starts a
     thread that pumps the stream into a queue, and every later ``next`` reads the queue; so
     does every read from asyncio. More than ``max_lag`` live events waiting in that queue (a
-    reader that stopped reading; checked every :data:`CHECK_EVERY` of them) drops the
-    subscription with FeedOverrun, as the server's feed would have: the pump reads the stream
-    as fast as it comes, so the server never sees the lag.
+    reader that stopped reading; checked every :data:`CHECK_EVERY` of them; every event but
+    the initial ones the server marks counts, from the first) drops the subscription with
+    FeedOverrun, as the server's feed would have: the pump reads the stream as fast as it
+    comes, so the server never sees the lag.
 
     A relation's alter ends the server's stream (one Flight stream has one schema) with a
     continuation token: the feed opens the next stream of the same server-side subscription
@@ -103,11 +106,13 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
 
     def __init__(self, uri: str, reader: flight.FlightStreamReader,
                  reopen: Callable[[str], flight.FlightStreamReader] | None = None, *,
-                 relation: str = "", max_lag: int | None = None) -> None:
+                 relation: str = "", max_lag: int | None = None, as_of: int | None = None) -> None:
         self._uri = uri
         self._relation = relation
+        self._as_of = as_of
         self._max_lag = MAX_QUEUED if max_lag is None else max_lag
-        self._taken = 0  # events read from the queue
+        self._taken = 0  # live events read from the queue
+        self._past_snapshot = False  # an older server's events carry no "initial": see _initial
         self._overrun = False
         self._failure: BaseException | None = None
         self._reader = reader
@@ -137,18 +142,16 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
                 yield exc
 
     def _pump(self) -> None:
-        pushed, live = 0, False  # live: past the first progress (the initial events do not count)
+        pushed = 0  # live events queued: the initial ones do not count
         try:
             for item in self._items:
-                if live:
+                if isinstance(item, tuple) and not item[1]:
                     pushed += 1
                     if pushed % CHECK_EVERY == 0 and pushed - self._taken > self._max_lag:
                         self._overrun = True
                         with self._lock:
                             self._reader.cancel()  # the server ends its subscription
                         return
-                elif getattr(item, "kind", None) == "progress":
-                    live = True
                 self._events.put(item)
                 self._loops.poke()
         finally:
@@ -156,7 +159,8 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             self._loops.poke()
 
     def _drain(self, reader: flight.FlightStreamReader) -> Generator[Any, None, flight.FlightStreamReader | None]:
-        """The events of one stream; returns the next stream after a schema change, else None."""
+        """The events of one stream, each as (event, initial); returns the next stream after
+        a schema change, else None."""
         from sediment.engine.feed import FeedEvent
 
         parts: list[pa.RecordBatch] = []
@@ -170,16 +174,28 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             kind, t = meta["kind"], meta["time"]
             if kind == "schema":
                 return (yield from self._next_stream(t, meta.get("continuation")))
+            initial = self._initial(kind, meta.get("initial"))
             if kind == "progress":
-                yield FeedEvent(kind, t)
+                yield FeedEvent(kind, t), initial
             elif kind == "snapshot":
-                yield FeedEvent(kind, t, table.drop_columns(["time"]))
+                yield FeedEvent(kind, t, table.drop_columns(["time"])), initial
             else:
-                yield FeedEvent(kind, t, table)
+                yield FeedEvent(kind, t, table), initial
         if not self._closed:
             yield EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
                                "subscribe again with resume=True")
         return None
+
+    def _initial(self, kind: str, marked: bool | None) -> bool:
+        """Whether an event is one of the subscription's initial events, which the max_lag
+        check does not count: as the server marks it; an older server marks none, so the
+        snapshot and the one event after it count as initial (at most one initial event, its
+        first progress, is then counted as live: the check stays bounded)."""
+        if marked is not None:
+            return marked
+        initial = kind == "snapshot" or not self._past_snapshot
+        self._past_snapshot = self._past_snapshot or kind != "snapshot"
+        return initial
 
     def _next_stream(self, version: int, token: str | None) -> Generator[Any, None, flight.FlightStreamReader | None]:
         """Open the stream after schema version ``version``'s event, then yield the event (an
@@ -187,7 +203,7 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
         from sediment.engine.feed import FeedEvent
 
         if token is None or self._reopen is None:  # a server without continuations
-            yield FeedEvent("schema", version)
+            yield FeedEvent("schema", version), False
             yield errors.SchemaMismatch(f"relation altered to schema version {version}: subscribe with resume=True")
             return None
         reader = self._reopen(token)
@@ -196,7 +212,7 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
                 reader.cancel()
                 return None
             self._reader = reader
-        yield FeedEvent("schema", version, reader.schema.empty_table())
+        yield FeedEvent("schema", version, reader.schema.empty_table()), False
         return reader
 
     def next(self, timeout: float | None = None) -> Any:
@@ -230,10 +246,11 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             self._open()  # raises FeedOverrun when that is why the stream ended
             return None
         if isinstance(item, BaseException):
-            self._failure = item  # raised again by every later call
-            raise item
-        self._taken += 1
-        return self._note(item)
+            self._fail(item)
+        event, initial = item
+        if not initial:
+            self._taken += 1
+        return self._note(event)
 
     def _read_directly(self) -> Any:
         """The next item read from the stream in the caller's thread (``_direct`` held). At the
@@ -245,14 +262,24 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             self._events.put(_END)
             self._pumping = True  # nothing is left to pump: later calls read what is queued
             if item is _END:
+                self._open()  # raises why it was ended, if it was
                 return None
-            self._failure = item  # raised again by every later call
-            raise item
-        return self._note(item)
+            self._fail(item)
+        return self._note(item[0])
+
+    def _fail(self, error: BaseException) -> None:
+        """Raise the error that ended the feed, again on every later call: the first one (a
+        feed ended by its client's close sees the stream's cancellation after)."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = error
+        raise self._failure
 
     def _note(self, event: Any) -> Any:
         if event.kind == "progress":
             self.last_progress = event.time
+        elif event.kind == "snapshot":
+            self._as_of = event.time
         return event
 
     def _start_pump(self, timeout: float | None) -> bool:
@@ -268,6 +295,18 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
         finally:
             self._direct.release()
         return True
+
+    def end(self, why: BaseException) -> None:
+        """End the feed with ``why`` (its client is closing): a read waiting now, from a
+        thread or a task, and every read after raise it; the server ends its side."""
+        with self._lock:
+            if self._closed or self._failure is not None:
+                return
+            self._failure = why
+            reader = self._reader
+        self._events.put(_END)  # wakes a read of the queue, which then raises it
+        self._loops.poke()
+        reader.cancel()  # ends a read of the stream itself, and the pump
 
     def close(self) -> None:
         """Stop the feed (the server ends its side); idempotent."""

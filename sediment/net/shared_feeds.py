@@ -309,7 +309,8 @@ async def _first_events(share: _Share, carriers: list[_Carrier], timeout: float,
             continue
         got = w.exception() or w.result()
         if got is None:  # next_async without a timeout returns None only once closed
-            got = EngineClosed("the sediment server closed this feed's subscription (it is stopping)")
+            got = EngineClosed("the sediment server ended the feed (it is stopping): subscribe again with "
+                               "resume=True")
         woke.append((carrier, (got, cursors[carrier])))
     return woke
 

@@ -62,10 +62,12 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
     Its events wait in its own queue in the client: more than ``max_lag`` live events
     waiting there (a reader that stopped reading) drops it with FeedOverrun, with the same
     rule as the engine's: its initial events do not count, the check runs every
-    :data:`CHECK_EVERY` live events, and the error names the last progress read."""
+    :data:`CHECK_EVERY` live events, and the error names the last progress read (before
+    any, the time it started at)."""
 
-    def __init__(self, stream: SharedStream, sid: str, max_lag: int | None) -> None:
+    def __init__(self, stream: SharedStream, sid: str, max_lag: int | None, as_of: int | None = None) -> None:
         self.id = sid
+        self._as_of = as_of
         self._stream = stream
         self._relation = stream.relation
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -134,6 +136,8 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             self._taken += 1
         if item.kind == "progress":
             self.last_progress = item.time
+        elif item.kind == "snapshot":
+            self._as_of = item.time
         return item
 
     def close(self) -> None:
@@ -175,7 +179,7 @@ class SharedStream:
     def add(self, as_of: int | None, resume: bool, max_lag: int | None) -> SharedSubscription | None:
         """A new subscription on this stream (opening it for the first); None when the stream
         has ended meanwhile (use a new one)."""
-        sub = SharedSubscription(self, str(next(SharedStream._sids)), max_lag)
+        sub = SharedSubscription(self, str(next(SharedStream._sids)), max_lag, as_of)
         with self._lock:
             if self.ended:
                 return None

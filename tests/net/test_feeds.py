@@ -403,7 +403,8 @@ def test_a_served_change_is_encoded_once_for_every_remote_subscriber(tmp_path, m
 
     made = []
     real = feed_streams.event_batches
-    monkeypatch.setattr(feed_streams, "event_batches", lambda event, schema: made.append(event.kind) or real(event, schema))
+    monkeypatch.setattr(feed_streams, "event_batches",
+                        lambda event, schema, **kw: made.append(event.kind) or real(event, schema, **kw))
     token = uuid.uuid4().hex
     with sediment.open(str(tmp_path / "d")) as eng:
         eng.add_relation("r", SCHEMA)
