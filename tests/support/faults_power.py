@@ -38,7 +38,7 @@ if TESTS not in sys.path:  # also run as a child process by its path: find the s
 from support.faults_model import DROP_WEIGHT, Model, check_engine, next_op, run_op  # noqa: E402
 from support.faults_model import SEGMENT_SIZES as SIZES  # noqa: E402 - each workload opens with one, reopens with others
 
-BURST_WEIGHT = 0.15  # concurrent appends; runs of them to one relation become joined records
+BURST_WEIGHT = 0.2  # concurrent appends; runs of them to one relation become joined records
 GROUP_MARK = b"SDUG\x02\x00"  # a group body's magic and version (docs/formats.md "Group bodies")
 
 
@@ -208,7 +208,7 @@ def record_main(argv: list[str]) -> int:
     engine = sediment.open(data, **options_of(seed))
     for i in range(nops):
         op = next_op(rng, model, compact_weight=0.12, reopen_weight=0.06, burst_weight=BURST_WEIGHT,
-                     drop_weight=DROP_WEIGHT, burst_one_relation=0.6)
+                     drop_weight=DROP_WEIGHT, burst_one_relation=0.8)
         rec.mark("begin", i, op)
         if op[0] == "reopen":
             engine.close()
