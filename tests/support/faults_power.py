@@ -404,16 +404,20 @@ def _pool_event(e: tuple) -> str:
     return "offer" if e[4].endswith(".seg" + RECYCLED_SUFFIX) else "take" if e[2].endswith(".seg" + RECYCLED_SUFFIX) else ""
 
 
-def _joined_points(events: list[tuple]) -> list[int]:
-    """Crash points just after each joined record's write (unsynced) and just after the
-    fsync that made it durable (before any append of it returned)."""
-    points = []
+def _joined_points(events: list[tuple]) -> list[tuple[int, str | None]]:
+    """(crash point, strategy) aimed at joined records: just after each one's write, with the
+    strategies in turn (its appends are in flight: each there entirely or not at all), and
+    just after each append of its burst that returned after it, with every unsynced write
+    dropped (an acknowledged append must be durable already)."""
+    points: list[tuple[int, str | None]] = []
     for k, e in enumerate(events):
         if e[0] == "write" and GROUP_MARK in e[3]:
-            points.append(k + 1)
-            sync = next((n for n in range(k + 1, len(events)) if events[n][0] == "fsync" and events[n][1] == e[1]), None)
-            if sync is not None:
-                points.append(sync + 1)
+            points.append((k + 1, None))
+            for n in range(k + 1, len(events)):
+                if events[n][0] == "ack":
+                    break
+                if events[n][0] == "sack":
+                    points.append((n + 1, "drop"))
     return points
 
 
@@ -432,9 +436,10 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
     stats.traces += 1
     rng = random.Random(seed)
     span = len(events) + 1 if first is None else min(first, len(events) + 1)
-    windows = [p for p in _joined_points(events) if p < span]
-    aimed = states // 4 if windows else 0  # cut just after a joined record's write, or just after its sync
-    points = sorted([rng.randrange(span) for _ in range(states - aimed)] + [rng.choice(windows) for _ in range(aimed)])
+    windows = [p for p in _joined_points(events) if p[0] < span]
+    aimed = states // 4 if windows else 0
+    points = sorted([(rng.randrange(span), None) for _ in range(states - aimed)] +
+                    [windows[i % len(windows)] for i in range(aimed)], key=lambda p: p[0])
     fs = FsModel(trace["base"])
     model, begun, committing, done = Model(), {}, set(), set()
     reused = False
@@ -446,7 +451,7 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
     sub_acked: dict[int, set[int]] = {}
     pos = 0
     target = os.path.join(work, "state")
-    for n, point in enumerate(points):
+    for n, (point, forced) in enumerate(points):
         while pos < point:
             e = events[pos]
             pos += 1
@@ -476,7 +481,7 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
                 inflight = ["burst", [s for j, s in enumerate(inflight[1]) if j not in sub_acked.get(open_ops[-1], ())]]
         stats.states_in_joined += any(w[0] == "write" and GROUP_MARK in w[3]
                                       for ops in fs.pending_data.values() for w in ops)
-        strategy = STRATEGIES[n % len(STRATEGIES)]
+        strategy = forced or STRATEGIES[n % len(STRATEGIES)]
         dirs, data = fs.crash_state(random.Random(f"{seed}:{n}"), strategy)
         materialize(fs.base, dirs, data, target)
         result, detail, vok = check_state(target, model, inflight, {} if n % 2 else options_of(seed))
