@@ -145,7 +145,7 @@ class Member:
                     return True
             if set(self.view["members"]) <= {self.member_id}:
                 return False  # nobody to hand over to
-            if not self._in_touch():
+            if not self._connected.is_set() or self._session_lost:
                 return False  # no new assignment can be read: the partitions move when the session ends
             time.sleep(0.05)
         return False
