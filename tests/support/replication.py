@@ -80,6 +80,7 @@ class Node:
 
     def start_at(self, port: int) -> bool | None:
         """Start on ``port``; ``None`` when the node reported the port in use (it exited)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             began = log.tell()
             proc = subprocess.Popen(
