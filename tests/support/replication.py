@@ -64,6 +64,7 @@ class Node:
         self.metrics_url: str | None = None
         self.restart_deadline = RESTART_DEADLINE
         self.log_path = directory.parent / f"{directory.name}.stderr.log"
+        self._log_start = 0
 
     @property
     def address(self) -> str:
@@ -98,6 +99,7 @@ class Node:
             raise
         if line.startswith("listening on"):
             self.proc, self.port = proc, int(line.rsplit(":", 1)[1])
+            self._log_start = began
             return True
         stop_process(proc)
         with open(self.log_path, "rb") as log:
@@ -106,6 +108,12 @@ class Node:
         if ADDRESS_IN_USE in err and port != 0:
             return None
         raise AssertionError(f"node {self.dir.name} did not start: {line!r}; its stderr ends:\n{err[-4000:]}")
+
+    def stderr_since_start(self) -> str:
+        """What the node wrote to stderr since its last successful start."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode(errors="replace")
 
     def stderr_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines the node (any of its starts) wrote to stderr."""
