@@ -200,9 +200,12 @@ def main(argv: list[str] | None = None) -> int:
                 n += 1
             fig["power"] = {"trials": ps.states, "lost": ps.lost, "open refused": ps.refused, "partial": ps.partial,
                             "silent": ps.wrong, "untyped": ps.untyped, "disagree": ps.disagree,
-                            "pool offers": ps.pool_offers, "pool takes": ps.pool_takes,
+                            "bursts": ps.bursts, "joined records": ps.joined_records,
+                            "states in joined": ps.states_in_joined, "pool offers": ps.pool_offers, "pool takes": ps.pool_takes,
                             "after reuse": ps.states_after_reuse}
-            print(f"  {ps.traces} recorded workloads, failures by strategy: {ps.by_strategy}")
+            print(f"  {ps.traces} recorded workloads, {ps.bursts} concurrent bursts, {ps.joined_records} joined records "
+                  f"written, {ps.states_in_joined} crash states with a joined record unsynced; failures by strategy: "
+                  f"{ps.by_strategy}")
             failures += [("power " + note.split("] ")[-1].split(":")[0][:40], f"{me} --only power --states {states}", note)
                          for note in ps.failures]
     finally:
@@ -235,6 +238,8 @@ ROWS = [("trials", "trials run"), ("clean closes", "step runs that closed cleanl
         ("hangs", "hangs"), ("destroyed", "records verify --repair destroyed"),
         ("disagree", "verify/open disagreements"), ("verify crashed", "verify crashed"),
         ("same", "same data (damage)"), ("typed", "typed errors (damage)"), ("reported", "reported losses (damage)"),
+        ("bursts", "concurrent append bursts (power)"), ("joined records", "joined records written (power)"),
+        ("states in joined", "crash states with a joined record unsynced (power)"),
         ("pool offers", "segment files offered to the pool (power)"), ("pool takes", "pool files reused (power)"),
         ("after reuse", "crash states after a reuse (power)")]
 

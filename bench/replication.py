@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -79,6 +78,18 @@ def measure(log, seconds: float, threads: list[int], size: int, pids: list[int])
     return out
 
 
+def start_node(directory: str, key: uuid.UUID, procs: list[subprocess.Popen]) -> str:
+    """A storage node on port 0 (no race with other processes for a port picked before it
+    binds): its address, from the ``listening on HOST:PORT`` line it prints."""
+    p = subprocess.Popen([sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir", directory,
+                          "--listen", "127.0.0.1:0", "--cluster-key", str(key)], stdout=subprocess.PIPE, text=True)
+    procs.append(p)
+    line = p.stdout.readline()
+    if not line.startswith("listening on "):
+        raise SystemExit(f"storage node in {directory} did not start: {line!r}")
+    return line.split()[-1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -91,24 +102,16 @@ def main() -> None:
         single = FileLog.open(os.path.join(tmp, "single"), cluster_key=key, create=True)
         one = measure(single, args.seconds, threads, args.bytes, [])
         single.close()
-        procs, addrs = [], []
-        for i in range(3):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            addrs.append(f"127.0.0.1:{port}")
-            p = subprocess.Popen([sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir",
-                                  os.path.join(tmp, f"n{i}"), "--listen", addrs[-1], "--cluster-key", str(key)],
-                                 stdout=subprocess.PIPE, text=True)
-            p.stdout.readline()
-            procs.append(p)
+        procs: list[subprocess.Popen] = []
         try:
+            addrs = [start_node(os.path.join(tmp, f"n{i}"), key, procs) for i in range(3)]
             log = ReplicatedLog.open(addrs, MemoryMetadataStore(), 0, key)
             three = measure(log, args.seconds, threads, args.bytes, [p.pid for p in procs])
             log.close()
         finally:
             for p in procs:
-                os.kill(p.pid, signal.SIGKILL)
+                if p.poll() is None:
+                    os.kill(p.pid, signal.SIGKILL)
                 p.wait()
     print(f"{args.bytes}-byte records, {args.seconds:g} s per case")
     print("| setup | writers | appends/s | p50 ms | p99 ms | CPU us/append: writer process | each node |")

@@ -31,7 +31,10 @@ assignment is seen, so no read is answered from state another owner may have mov
 
 A SUSPENDED or LOST ZooKeeper connection stops serving at once (:meth:`engine_for` refuses);
 a LOST session also closes every partition, and once connected again the member registers
-anew under a new id, so a member paused past its session rejoins as a new member.
+anew under a new id, so a member paused past its session rejoins as a new member. kazoo
+queues a call made while the connection is suspended until it is back (for a SIGSTOPped
+ZooKeeper, for ever), so the calls made on a client's thread and on the way out go through
+:meth:`zk_call`, bounded by ``ZK_CALL_TIMEOUT``; only the control loop's own thread waits.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ POLL = 0.5  # seconds between the control loop's looks when no watch fires
 OPEN_RETRY = 1.0  # seconds before a partition whose open failed is tried again
 HANDOVER_WAIT = 5.0  # seconds a handed-over partition takes appends while its new owner has not fenced it
 LEAVE_COMPACT_WAIT = 3.0  # seconds a leaving member spends compacting its partitions' WAL tails first
+ZK_CALL_TIMEOUT = 5.0  # seconds a ZooKeeper call made for a client's request (or a leave) waits at most
 log = logging.getLogger(__name__)
 
 
@@ -111,6 +115,7 @@ class Member:
         self._zk = layout.connect_zk(self.where, timeout=self.config.session_timeout)
         self._zk.add_listener(self._on_state)
         self._connected.set()
+        self._zk_timeout = self._zk.handler.timeout_exception
         self._register()
         self._thread = threading.Thread(target=self._loop, name="cluster-member", daemon=True)
         self._thread.start()
@@ -128,7 +133,8 @@ class Member:
         self._leaving = True
         self._compact_before_leaving(min(timeout / 4, LEAVE_COMPACT_WAIT))
         try:
-            self._zk.create(self.where.path("leaving", self.member_id), b"", ephemeral=True)
+            self.zk_call(lambda: self._zk.create_async(self.where.path("leaving", self.member_id), b"", ephemeral=True),
+                         "announce leaving", write=True)
         except Exception as exc:  # noqa: BLE001 - the partitions then move when the session ends
             log.warning("could not announce leaving: %s", exc)
         self._wake.set()
@@ -139,6 +145,8 @@ class Member:
                     return True
             if set(self.view["members"]) <= {self.member_id}:
                 return False  # nobody to hand over to
+            if not self._connected.is_set() or self._session_lost:
+                return False  # no new assignment can be read: the partitions move when the session ends
             time.sleep(0.05)
         return False
 
@@ -179,25 +187,54 @@ class Member:
         for partition, engine in engines:
             self._close_engine(partition, engine)
         if self._zk is not None:
-            self._zk.stop()
-            self._zk.close()
+            try:
+                self._zk.stop()  # bounded by kazoo (the session timeout, at least 10 s)
+            except Exception as exc:  # noqa: BLE001 - the session then ends on ZooKeeper's side
+                log.warning("member %s: ending the ZooKeeper session: %s: %s", self.member_id, type(exc).__name__, exc)
+            finally:
+                self._zk.close()
 
     # --- serving -------------------------------------------------------------------------------
 
     def partition_of(self, name: str) -> int | None:
         """The relation's recorded partition (None: no such relation)."""
-        from kazoo.exceptions import KazooException
+        from kazoo.exceptions import NoNodeError
 
         p = self.view["relations"].get(name)
         if p is not None:
             return p
         try:
-            return self._read_relation(name)
-        except KazooException as exc:  # out of touch: refuse, as for a partition it no longer holds
-            self.metrics.redirects.inc()
-            raise NotPartitionOwner(
-                f"{self.advertise} cannot reach ZooKeeper ({type(exc).__name__}) to find relation {name!r}'s "
-                "partition; ask another member or connect with the cluster's zk:// URI") from None
+            value, _ = self.zk_call(lambda: self._zk.get_async(self.where.path("relations", name)),
+                                    f"find relation {name!r}'s partition")
+        except NoNodeError:
+            return None
+        return int(value)
+
+    def zk_call(self, start: Callable[[], Any], what: str, *, write: bool = False) -> Any:
+        """The result of one kazoo async call ``start()``, for a thread that must not wait on
+        an unreachable ZooKeeper: refused at once while out of touch, and after
+        ``ZK_CALL_TIMEOUT`` seconds without an answer. A read that cannot be made is a
+        NotPartitionOwner (nothing done: ask another member); a write that was sent but not
+        answered is a MembershipLost (it may yet be applied). kazoo's own errors (NoNodeError,
+        ...) pass through."""
+        from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
+
+        if not self._connected.is_set() or self._session_lost:
+            raise self._unreachable(what, "the connection is suspended or the session lost")
+        result = start()
+        try:
+            return result.get(timeout=ZK_CALL_TIMEOUT)
+        except (self._zk_timeout, ConnectionLoss, SessionExpiredError, ConnectionClosedError) as exc:
+            why = f"no answer within {ZK_CALL_TIMEOUT:g} s" if isinstance(exc, self._zk_timeout) else type(exc).__name__
+            if write:
+                raise MembershipLost(f"{self.advertise} sent ZooKeeper the request to {what} but got {why}: it may "
+                                     "or may not be applied; read back (or retry at another member)") from None
+            raise self._unreachable(what, why) from None
+
+    def _unreachable(self, what: str, why: str) -> NotPartitionOwner:
+        self.metrics.redirects.inc()
+        return NotPartitionOwner(f"{self.advertise} cannot reach ZooKeeper to {what} ({why}); nothing was done: "
+                                 "ask another member or connect with the cluster's zk:// URI")
 
     def _in_touch(self) -> bool:
         """Connected, the session not lost, and ZooKeeper read within half the session timeout:
@@ -269,15 +306,6 @@ class Member:
                                ephemeral=True, sequence=True)
         self.member_id = path.rsplit("/", 1)[1]
         log.info("joined %s as %s (%s)", self.where.uri, self.member_id, self.advertise)
-
-    def _read_relation(self, name: str) -> int | None:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            value, _ = self._zk.get(self.where.path("relations", name))
-        except NoNodeError:
-            return None
-        return int(value)
 
     def _watch(self, _event: object = None) -> None:
         self._wake.set()

@@ -93,7 +93,8 @@ class ClusterEngine:
         zk = self.member.zk()
         path = self.member.where.path("relations", name)
         try:
-            zk.create(path, str(partition).encode())
+            self.member.zk_call(lambda: zk.create_async(path, str(partition).encode()), f"record relation {name!r}",
+                                write=True)
         except NodeExistsError:
             recorded = self._partition(name)
             if recorded != partition:
@@ -103,14 +104,18 @@ class ClusterEngine:
         self.member.check_still_serving(partition, generation)
 
     def drop_relation(self, name: str) -> None:
+        from kazoo.exceptions import NoNodeError
+
         self._write(name, "drop_relation")
+        path = self.member.where.path("relations", name)
         try:
-            self.member.zk().delete(self.member.where.path("relations", name))
-        except Exception:  # noqa: BLE001 - already gone: the catalog drop is what counts
+            self.member.zk_call(lambda: self.member.zk().delete_async(path), f"remove relation {name!r}", write=True)
+        except NoNodeError:  # already gone: the catalog drop is what counts
             pass
 
     def relations(self, include_internal: bool = False) -> list[str]:
-        names = self.member.zk().get_children(self.member.where.path("relations"))
+        path = self.member.where.path("relations")
+        names = self.member.zk_call(lambda: self.member.zk().get_children_async(path), "list the relations")
         return sorted(n for n in names if include_internal or not n.startswith("_"))
 
     def schema(self, name: str) -> pa.Schema:

@@ -10,7 +10,7 @@ than silently opening an empty log or store. The record is written once the open
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +28,8 @@ from sediment.engine.data_dir import (
 from sediment.errors import InvalidArgument, MetadataMissing, WalCorruption
 from sediment.metadata.protocol import MetadataStore
 from sediment.wal.protocol import WriteAheadLog
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -131,8 +133,10 @@ class Storage:
         """Release whatever was opened (idempotent for the lock)."""
         for closer in (self.log, self.meta, self.blobs):
             if closer is not None:
-                with contextlib.suppress(Exception):  # keep releasing the rest
+                try:
                     closer.close()
+                except Exception as exc:  # noqa: BLE001 - keep releasing the rest; the appends concerned got it too
+                    _log.warning("closing %s: %s: %s", type(closer).__name__, type(exc).__name__, exc)
         if self.lock_fd is not None:
             os.close(self.lock_fd)
             self.lock_fd = None

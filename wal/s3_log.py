@@ -32,6 +32,7 @@ from sediment.errors import (
     RepairRefused,
     WalError,
     WalFenced,
+    WalOutcomeUnknown,
     WalTakenOverInFlight,
 )
 from sediment.wal import record as rec
@@ -54,6 +55,7 @@ DEFAULT_OBJECT_BYTES = 16 << 20
 DEFAULT_CACHE_BYTES = 64 << 20
 TAKEOVER_POLL = 2.0  # seconds between looks for a newer writer (see S3Log.watch_takeover)
 LINGER_MAX = 0.005  # seconds a group waits at most for more appends (see S3Log._linger)
+CLOSE_TIMEOUT = 30.0  # seconds close() waits for the writer's PUTs before giving up on them (S3Log.close)
 _CLAIM_ROUNDS = 32
 _TAKEN_OVER = (WalFenced, WalTakenOverInFlight)
 
@@ -120,14 +122,16 @@ class S3Log:
     @classmethod
     def open(cls, spec: str, *, partition: int = 0, s3_endpoint: str | None = None, create: bool = False,
              segment_bytes: int = DEFAULT_SEGMENT_BYTES, object_bytes: int = DEFAULT_OBJECT_BYTES,
-             cache_bytes: int = DEFAULT_CACHE_BYTES, repair: bool = False, **s3_options) -> S3Log:
+             cache_bytes: int = DEFAULT_CACHE_BYTES, repair: bool = False, close_timeout: float = CLOSE_TIMEOUT,
+             **s3_options) -> S3Log:
         """Open (and claim) the log of ``partition`` at ``spec``, ``s3://bucket/prefix``.
 
         A log with no objects is created only with ``create`` (else WalMissing: a deployment
         whose log vanished must not start over). Every object from the start to the newest is
         read and checked (the rules of wal/s3_objects.py) after this writer's CLAIM is in
-        place, so nothing a fenced writer acknowledged can be missed. ``s3_options`` go to the
-        boto3 client (``connect_timeout``, ``read_timeout``, ``max_attempts``, ...)."""
+        place, so nothing a fenced writer acknowledged can be missed. ``close_timeout``: how long
+        :meth:`close` waits for the PUTs still to make. ``s3_options`` go to the boto3 client
+        (``connect_timeout``, ``read_timeout``, ``max_attempts``, ...)."""
         if repair:
             raise RepairRefused(f"{spec}: the log on S3 has no repair; restore the damaged objects (or delete the "
                                 "ones you accept to lose, then the rest from that slot up) and reopen")
@@ -144,7 +148,9 @@ class S3Log:
         self._wake = threading.Condition(self._lock)
         self._trim_lock = threading.Lock()
         self._queue: list[_Pending] = []
-        self._closing = self._closed = False
+        self._closing = self._closed = self._abandoned = False
+        self.close_timeout = close_timeout
+        self._in_flight: list[_Pending] = []
         self._failed: BaseException | None = None
         self._listener: Callable[[int], None] | None = None
         self._fenced_callbacks: list[Callable[[BaseException], None]] = []
@@ -273,13 +279,15 @@ class S3Log:
             if not self._queue:
                 return [], True
             if self._queue[0].mark >= 0 or self._queue[0].finish:
-                return [self._queue.pop(0)], self._closing
+                self._in_flight = [self._queue.pop(0)]
+                return self._in_flight, self._closing
             n, size = 0, 0
             while n < len(self._queue) and not (self._queue[n].mark >= 0 or self._queue[n].finish) and \
                     (n == 0 or size + self._queue[n].size <= self.object_bytes):
                 size += self._queue[n].size
                 n += 1
             batch, self._queue = self._queue[:n], self._queue[n:]
+            self._in_flight = batch
             return batch, self._closing
 
     def _write_loop(self) -> None:
@@ -308,6 +316,9 @@ class S3Log:
             self._finish()
 
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+        with self._lock:
+            if self._abandoned:
+                return  # close() gave up on this write and told its waiters the outcome is unknown
         log.error("write-ahead log %s failed: %s", self.dir, exc)
         with self._lock:
             if self._failed is not None and not batch:
@@ -328,6 +339,10 @@ class S3Log:
         began = time.monotonic()
         self._write_object(0, records, crcs)
         self._last_put, self._last_group = time.monotonic() - began, len(batch)
+        with self._lock:
+            if self._abandoned:
+                return  # its waiters were told the outcome is unknown: neither acknowledge nor apply
+            self._in_flight = []  # answered: close() no longer counts it as unknown
         for p in batch:
             p.last_lsn = p.records[-1].lsn
             self._preamble.observe(p.records)
@@ -351,6 +366,8 @@ class S3Log:
             frames += r.body
             lsn += 1
         slot = self._next_slot
+        if self._abandoned:
+            raise WalError(f"{self.dir}: the log was closed before slot {slot} was written")
         head = fmt.new_header(flags, self.epoch, slot, self._next_lsn, len(records),
                               self._start_slot if start_slot is None else start_slot)
         body = fmt.encode(head, frames)
@@ -525,14 +542,42 @@ class S3Log:
         """S3 requests this log made, by kind (put, get, list, delete)."""
         return dict(self.store.requests)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is queued, then release the writer and the client. Bounded: when S3
+        does not answer, one PUT can take minutes (botocore's attempts, timeouts and the
+        read-backs of an unknown outcome), so after ``timeout`` seconds (default: the
+        ``close_timeout`` given to :meth:`open`) close gives up on the writes still to make:
+        their appends fail with WalOutcomeUnknown (a PUT in flight may yet land) and so does
+        close, saying how many. The writer thread writes nothing after that."""
         with self._lock:
             if self._closed or self._closing:
                 return
             self._closing = True
             self._wake.notify()
-        self._writer.join()
+        self._writer.join(self.close_timeout if timeout is None else max(0.0, timeout))
         with self._lock:
             self._closed = True
+            stuck = [] if not self._writer.is_alive() else \
+                [p for p in self._in_flight + self._queue if not p.done.is_set()]
+            if self._writer.is_alive():
+                self._abandoned = True
+                self._queue = []
         self.store.close()
+        if stuck:
+            self._give_up(stuck, self.close_timeout if timeout is None else timeout)
+
+    def _give_up(self, stuck: list[_Pending], waited: float) -> None:
+        appends = [p for p in stuck if p.records]
+        lsns = [r.lsn for p in appends for r in p.records if r.lsn >= 0]
+        where = f"LSNs {min(lsns)}-{max(lsns)}, " if lsns else ""
+        err = WalOutcomeUnknown(
+            f"{self.dir}: closed after {waited:g} s with {len(appends)} append(s) ({where}from slot "
+            f"{self._next_slot}) not yet answered by S3 at {self.store.endpoint_url}: whether they landed is "
+            "unknown; reopen the engine when S3 answers (its recovery reads the log as it is) and read back "
+            "before writing them again")
+        for p in stuck:
+            p.error = err
+            p.done.set()
+        log.error("%s", err)
+        raise err
 

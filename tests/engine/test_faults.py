@@ -193,3 +193,18 @@ def test_kills_inside_alters_are_all_or_nothing(tmp_path, monkeypatch):
     fk.run_kills(str(tmp_path), "file", 12, SEED, stats, log=lambda _l: None, step_share=1.0)
     _assert_kill_zeros(stats)
     assert sum(n for phase, n in stats.phases.items() if "Catalog.update" in phase) >= 2, stats.phases
+
+
+@pytest.mark.slow
+def test_power_loss_states_inside_joined_records_lose_nothing(tmp_path):
+    """Concurrent bursts of small appends, which the file log's leader writes as joined
+    records (one group body each): the recorded calls hold joined records, crash states cut
+    between a joined record's write and its fdatasync and between the sync and the appends'
+    return, and every state holds each acknowledged append, each unacknowledged one entirely
+    or not at all, nothing refused."""
+    stats = fp.PowerStats()
+    for seed in (12, 18):
+        fp.run_power(str(tmp_path), seed, 24, stats, nops=30, log=lambda _l: None)
+    assert stats.bursts >= 2 and stats.joined_records >= 1 and stats.states_in_joined >= 1, stats
+    bad = {k: getattr(stats, k) for k in ("lost", "partial", "wrong", "refused", "untyped", "disagree")}
+    assert not any(bad.values()), (bad, stats.failures[:3])

@@ -153,11 +153,13 @@ def replay_rows(engine: Any, rel: str, since: int) -> list[tuple]:
 
 def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
             reopen_weight: float = 0.03, burst_weight: float = 0.08, drop_weight: float = 0.0,
-            alter_weight: float | None = None) -> list:
+            alter_weight: float | None = None, burst_one_relation: float = 0.0) -> list:
     """A random operation valid against ``model`` (times above the sealed frontier, since at
     or below it). The caller's engine may lag the model only by an in-flight call that did
     not survive, and then a ``since`` can be refused: that is a typed error, not a fault.
-    ``drop_weight``: how often the optional relation is dropped (and, as often, added again)."""
+    ``drop_weight``: how often the optional relation is dropped (and, as often, added again);
+    ``burst_one_relation``: the share of bursts whose appends all go to one relation (the
+    file log joins a group's consecutive appends to one relation into one record)."""
     for rel in RELATIONS:
         if rel not in model.updates:
             return ["add", rel]
@@ -184,8 +186,10 @@ def next_op(rng: random.Random, model: Model, *, compact_weight: float = 0.06,
         return ["reopen"]
     x -= reopen_weight
     if x < burst_weight:  # concurrent appends from several threads (one group commit), at times with a compaction
+        width = rng.randrange(2, 5)
+        one = burst_one_relation and rng.random() < burst_one_relation
         subs: list[list] = [["append", r, rows(r, rng.randrange(1, 6))]
-                            for r in (rng.choice(present) for _ in range(rng.randrange(2, 5)))]
+                            for r in ((rel if one else rng.choice(present)) for _ in range(width))]
         return ["burst", subs + ([["compact"]] if drop_weight and rng.random() < 0.3 else [])]
     if x < 0.45:
         return ["append", rel, rows(rel, rng.randrange(1, 12))]

@@ -4,7 +4,9 @@ then build the states a power cut can leave under POSIX rules and open each.
 The child process interposes on ``os.open/write/pwrite/pwritev/ftruncate/posix_fallocate/
 fsync/fdatasync/rename/replace/link/unlink/remove/mkdir/rmdir/close`` (one lock around each
 call and its record, so the log is the order the kernel saw) and logs each call with its data,
-plus ``begin``/``commit``/``ack`` of every workload call. At each fsync it also records the
+plus ``begin``/``commit``/``ack`` of every workload call (and ``sack`` of each append of a
+burst: appends from 2-4 concurrent threads, which the file log's leader may write as one
+joined record, so crash states also cut through joined records and their fdatasync). At each fsync it also records the
 file's whole content, which covers bytes written by native code (pyarrow's Parquet writer
 bypasses ``os``): those bytes become durable at the sync, and before it they count as lost.
 
@@ -35,6 +37,9 @@ if TESTS not in sys.path:  # also run as a child process by its path: find the s
 
 from support.faults_model import DROP_WEIGHT, Model, check_engine, next_op, run_op  # noqa: E402
 from support.faults_model import SEGMENT_SIZES as SIZES  # noqa: E402 - each workload opens with one, reopens with others
+
+BURST_WEIGHT = 0.2  # concurrent appends; runs of them to one relation become joined records
+GROUP_MARK = b"SDUG\x02\x00"  # a group body's magic and version (docs/formats.md "Group bodies")
 
 
 def options_of(seed: int) -> dict:
@@ -202,13 +207,15 @@ def record_main(argv: list[str]) -> int:
     model = Model()
     engine = sediment.open(data, **options_of(seed))
     for i in range(nops):
-        op = next_op(rng, model, compact_weight=0.12, reopen_weight=0.06, burst_weight=0.0, drop_weight=DROP_WEIGHT)
+        op = next_op(rng, model, compact_weight=0.12, reopen_weight=0.06, burst_weight=BURST_WEIGHT,
+                     drop_weight=DROP_WEIGHT, burst_one_relation=0.8)
         rec.mark("begin", i, op)
         if op[0] == "reopen":
             engine.close()
             engine = sediment.open(data, segment_bytes=rng.choice(SIZES))
         else:
-            run_op(engine, op, on_commit=lambda i=i: rec.mark("commit", i))
+            run_op(engine, op, on_commit=lambda i=i: rec.mark("commit", i),
+                   on_sub_ack=lambda j, i=i: rec.mark("sack", i, j))
         rec.mark("ack", i)
         model.apply(op)
     engine.close()
@@ -353,6 +360,9 @@ class PowerStats:
     refused: int = 0
     untyped: int = 0
     disagree: int = 0
+    bursts: int = 0  # concurrent bursts in the recorded workloads
+    joined_records: int = 0  # group bodies written to the log (joined records), counted in the recorded writes
+    states_in_joined: int = 0  # crash states with a joined record written but not yet synced
     pool_offers: int = 0  # trimmed segment files kept for reuse, in the recorded workloads
     pool_takes: int = 0  # pool files made new segments
     states_after_reuse: int = 0  # crash states cut after a pool file became a segment
@@ -394,6 +404,23 @@ def _pool_event(e: tuple) -> str:
     return "offer" if e[4].endswith(".seg" + RECYCLED_SUFFIX) else "take" if e[2].endswith(".seg" + RECYCLED_SUFFIX) else ""
 
 
+def _joined_points(events: list[tuple]) -> list[tuple[int, str | None]]:
+    """(crash point, strategy) aimed at joined records: just after each one's write, with the
+    strategies in turn (its appends are in flight: each there entirely or not at all), and
+    just after each append of its burst that returned after it, with every unsynced write
+    dropped (an acknowledged append must be durable already)."""
+    points: list[tuple[int, str | None]] = []
+    for k, e in enumerate(events):
+        if e[0] == "write" and GROUP_MARK in e[3]:
+            points.append((k + 1, None))
+            for n in range(k + 1, len(events)):
+                if events[n][0] == "ack":
+                    break
+                if events[n][0] == "sack":
+                    points.append((n + 1, "drop"))
+    return points
+
+
 def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 40, log=print,
               first: int | None = None) -> PowerStats:
     """Record one workload (seeded), then check ``states`` crash states spread over it (over
@@ -409,16 +436,22 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
     stats.traces += 1
     rng = random.Random(seed)
     span = len(events) + 1 if first is None else min(first, len(events) + 1)
-    points = sorted(rng.randrange(span) for _ in range(states))
+    windows = [p for p in _joined_points(events) if p[0] < span]
+    aimed = states // 4 if windows else 0
+    points = sorted([(rng.randrange(span), None) for _ in range(states - aimed)] +
+                    [windows[i % len(windows)] for i in range(aimed)], key=lambda p: p[0])
     fs = FsModel(trace["base"])
     model, begun, committing, done = Model(), {}, set(), set()
     reused = False
     pool = [_pool_event(e) for e in events]
     stats.pool_offers += pool.count("offer")
     stats.pool_takes += pool.count("take")
+    stats.bursts += sum(e[0] == "begin" and e[2][0] == "burst" for e in events)
+    stats.joined_records += sum(e[3].count(GROUP_MARK) for e in events if e[0] == "write")
+    sub_acked: dict[int, set[int]] = {}
     pos = 0
     target = os.path.join(work, "state")
-    for n, point in enumerate(points):
+    for n, (point, forced) in enumerate(points):
         while pos < point:
             e = events[pos]
             pos += 1
@@ -426,9 +459,15 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
                 begun[e[1]] = e[2]
             elif e[0] == "commit":
                 committing.add(e[1])
+            elif e[0] == "sack":  # one append of a burst returned: acknowledged on its own
+                sub_acked.setdefault(e[1], set()).add(e[2])
+                model.apply(begun[e[1]][1][e[2]])
             elif e[0] == "ack":
                 done.add(e[1])
-                model.apply(begun[e[1]])
+                op = begun[e[1]]
+                if op[0] == "burst":
+                    op = ["burst", [s for j, s in enumerate(op[1]) if j not in sub_acked.get(e[1], ())]]
+                model.apply(op)
             else:
                 reused = reused or pool[pos - 1] == "take"
                 fs.step(e)
@@ -438,7 +477,11 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
             inflight = begun[open_ops[-1]]
             if inflight[0] == "txn" and open_ops[-1] not in committing:
                 inflight = ["txn", inflight[1], False]
-        strategy = STRATEGIES[n % len(STRATEGIES)]
+            if inflight[0] == "burst":  # its appends not yet returned: each there entirely or not at all
+                inflight = ["burst", [s for j, s in enumerate(inflight[1]) if j not in sub_acked.get(open_ops[-1], ())]]
+        stats.states_in_joined += any(w[0] == "write" and GROUP_MARK in w[3]
+                                      for ops in fs.pending_data.values() for w in ops)
+        strategy = forced or STRATEGIES[n % len(STRATEGIES)]
         dirs, data = fs.crash_state(random.Random(f"{seed}:{n}"), strategy)
         materialize(fs.base, dirs, data, target)
         result, detail, vok = check_state(target, model, inflight, {} if n % 2 else options_of(seed))

@@ -38,6 +38,11 @@ def wait_until(log: ReplicatedLog, predicate, timeout: float = 20.0, what: str =
                                               f"{log.coordinator.fenced}, replicas {log.replica_lag()})")
 
 
+def stderr_tails(nodes: list[Node], lines: int = 20) -> str:
+    """Each node's last stderr lines, for a failure message."""
+    return "\n".join(f"--- {n.dir.name} ---\n{n.stderr_tail(lines)}" for n in nodes)
+
+
 class Node:
     """A storage node subprocess (``python -m sediment.wal.replication.node.storage_node``).
 
@@ -45,7 +50,9 @@ class Node:
     a start after a kill binds that port again (a test restarts a node at the address the
     coordinator knows), waiting while another process holds it (support.ports). A start that
     fails kills the process it began. ``pids``: every process started, for the tests that
-    check none is left behind."""
+    check none is left behind. The node's stderr goes to ``log_path`` (every start appends),
+    not to a pipe nobody reads, which a chatty node would fill and then block on;
+    :meth:`stderr_tail` shows its end in failure messages."""
 
     def __init__(self, directory: Path, key: uuid.UUID = KEY, extra_args: tuple[str, ...] = ()) -> None:
         self.dir = directory
@@ -56,6 +63,8 @@ class Node:
         self.pids: list[int] = []
         self.metrics_url: str | None = None
         self.restart_deadline = RESTART_DEADLINE
+        self.log_path = directory.parent / f"{directory.name}.stderr.log"
+        self._log_start = 0
 
     @property
     def address(self) -> str:
@@ -72,10 +81,13 @@ class Node:
 
     def start_at(self, port: int) -> bool | None:
         """Start on ``port``; ``None`` when the node reported the port in use (it exited)."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir", str(self.dir),
-             "--listen", f"127.0.0.1:{port}", "--cluster-key", str(self.key), *self.extra_args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            began = log.tell()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sediment.wal.replication.node.storage_node", "--dir", str(self.dir),
+                 "--listen", f"127.0.0.1:{port}", "--cluster-key", str(self.key), *self.extra_args],
+                stdout=subprocess.PIPE, stderr=log, text=True)
         self.pids.append(proc.pid)
         try:
             line = proc.stdout.readline()
@@ -87,13 +99,28 @@ class Node:
             raise
         if line.startswith("listening on"):
             self.proc, self.port = proc, int(line.rsplit(":", 1)[1])
+            self._log_start = began
             return True
         stop_process(proc)
-        err = proc.stderr.read()
-        proc.stderr.close()
+        with open(self.log_path, "rb") as log:
+            log.seek(began)
+            err = log.read().decode(errors="replace")
         if ADDRESS_IN_USE in err and port != 0:
             return None
-        raise AssertionError(f"node {self.dir.name} did not start: {line!r} {err}")
+        raise AssertionError(f"node {self.dir.name} did not start: {line!r}; its stderr ends:\n{err[-4000:]}")
+
+    def stderr_since_start(self) -> str:
+        """What the node wrote to stderr since its last successful start."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode(errors="replace")
+
+    def stderr_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines the node (any of its starts) wrote to stderr."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no stderr yet)"
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -1,8 +1,10 @@
 """A real ``sediment serve`` process for tests: started on a free port, ready once it prints
-its ``serving ... on URI`` line, stopped by its PID."""
+its ``serving ... on URI`` line, stopped by its PID. Its stderr is read all along by a thread
+that keeps the last lines (a pipe nobody reads would fill and block a chatty server)."""
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import signal
@@ -25,7 +27,10 @@ class Served:
                                       "--listen", "127.0.0.1:0", *extra], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=self.env)
         self.lines: queue.Queue = queue.Queue()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=200)
         threading.Thread(target=self._pump, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._stderr_reader.start()
         self.metrics_url: str | None = None
         try:
             self._wait_serving()
@@ -38,10 +43,16 @@ class Served:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)  # the end of its output: it exited
 
+    def _drain_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line.rstrip("\n"))
+
     def _wait_serving(self) -> None:
         while True:
             line = self.lines.get(timeout=60)
-            assert line is not None, f"sediment serve exited before serving: {self.proc.stderr.read()[-2000:]}"
+            if line is None:
+                self._stderr_reader.join(10)
+            assert line is not None, "sediment serve exited before serving: " + "\n".join(self.stderr_tail)[-2000:]
             if line.startswith("metrics on "):
                 self.metrics_url = line.split()[-1]
             elif line.startswith("serving "):

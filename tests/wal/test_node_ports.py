@@ -170,3 +170,20 @@ def test_in_process_nodes_restart_on_their_ports_once_another_process_lets_one_g
         held.close()
         starter.join(60)
         nodes.stop()
+
+
+def test_a_nodes_stderr_goes_to_a_file_and_its_tail_shows_when_it_fails(tmp_path):
+    """A node's stderr is a file, not a pipe nobody reads (a chatty node would block once the
+    pipe filled); a start that fails shows what the node wrote there."""
+    import os
+
+    node = Node(tmp_path / "n0")
+    node.start()
+    try:
+        assert os.readlink(f"/proc/{node.proc.pid}/fd/2") == str(node.log_path)
+    finally:
+        node.kill()
+    bad = Node(tmp_path / "n1", extra_args=("--segment-bytes", "lots"))
+    with pytest.raises(AssertionError, match="invalid int value"):
+        bad.start()
+    assert "invalid int value" in bad.stderr_tail()

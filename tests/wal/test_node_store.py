@@ -54,9 +54,8 @@ def stop_all(nodes: list[Node]) -> None:
 
 def stderr_after_kill(node: Node) -> str:
     assert node.proc is not None
-    proc = node.proc
     node.kill()
-    return proc.stderr.read()
+    return node.stderr_since_start()
 
 
 def segment_files(directory: Path, partition: int = 0) -> dict[str, bytes]:

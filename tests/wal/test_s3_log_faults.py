@@ -255,3 +255,39 @@ def test_a_put_that_landed_but_could_not_be_read_back_is_outcome_unknown(faulty_
         assert bodies(again).count(bytes(row(1).body)) == 1
     finally:
         again.close()
+
+
+def test_close_while_s3_does_not_answer_is_bounded_and_reports_outcome_unknown(faulty_proxy, spec_at):
+    """S3 stops answering the log's PUTs (the proxy holds them): botocore alone would keep a
+    close waiting for minutes (attempts x read timeout, then read-backs). close(timeout=1)
+    returns within its bound with WalOutcomeUnknown naming the appends in flight; each of
+    their waiters gets the same typed error at once; what was acknowledged before is there
+    after a reopen, and the appends given up on are there entirely or not at all."""
+    import time
+
+    from sediment.errors import OutcomeUnknown, WalOutcomeUnknown
+
+    log = S3Log.open(spec_at(faulty_proxy.endpoint), create=True, max_attempts=3, read_timeout=20.0)
+    acked = [row(0)]
+    log.append(acked)
+    hold = faulty_proxy.hold_next(50, match=is_log_put)
+    tickets = [log.submit([row(i)]) for i in range(1, 4)]
+    assert hold.reached.wait(30), "a PUT reached the proxy and is held"
+    began = time.monotonic()
+    with pytest.raises(WalOutcomeUnknown, match=r"append\(s\).*unknown"):
+        log.close(timeout=1.0)
+    assert time.monotonic() - began < 10.0  # the bound is 1 s; the rest is slack for a loaded machine
+    for ticket in tickets:
+        assert ticket.settled()
+        with pytest.raises(OutcomeUnknown):
+            ticket.wait()
+    faulty_proxy.clear()
+    hold.release.set()  # S3 answers again: the held PUT may land now, after close gave up on it
+    again = S3Log.open(spec_at(faulty_proxy.endpoint))
+    try:
+        seen = bodies(again)
+        assert seen[:1] == [bytes(acked[0].body)]
+        given_up = [bytes(row(i).body) for i in range(1, 4)]
+        assert seen[1:] in ([], given_up[:len(seen) - 1]), seen
+    finally:
+        again.close()
