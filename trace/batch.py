@@ -310,12 +310,10 @@ def stored_schema(schema: pa.Schema) -> pa.Schema:
     return got
 
 
-def _open(source: Any, where: str, expected: BatchDescription | None,
-          schema: pa.Schema | tuple[pa.Schema, ...] | None = None, *, page_checks: bool = True,
-          buffer_size: int = 0) -> tuple[pq.ParquetFile, BatchDescription]:
-    try:
-        pf = pq.ParquetFile(source, page_checksum_verification=page_checks, buffer_size=buffer_size,
-                            **({"pre_buffer": False} if buffer_size else {}))  # pre-buffering reads chunks whole
+def _open(source: Any, where: str, expected: BatchDescription | None, schema: pa.Schema | tuple[pa.Schema, ...] | None = None,
+          *, page_checks: bool = True, buffer_size: int = 0) -> tuple[pq.ParquetFile, BatchDescription]:
+    try:  # with a buffer, no pre-buffering (it reads column chunks whole)
+        pf = pq.ParquetFile(source, page_checksum_verification=page_checks, buffer_size=buffer_size, pre_buffer=not buffer_size)
         meta = pf.metadata
         kv = meta.metadata
         stored_schema = pf.schema_arrow
@@ -502,8 +500,7 @@ def open_stored(
     """Open a stored batch for streaming reads with everything the caller knows checked
     first: the object exists, its size, the CRC32C of its footer (fetched once and served
     to Parquet from memory), then the description and the schema. Every failure is
-    BatchCorruption naming the key. ``buffer_size`` > 0: column chunks are read through a
-    buffer of that size instead of whole (a merge's bounded reads)."""
+    BatchCorruption naming the key. ``buffer_size``: column chunks read through it, not whole."""
     where = f"batch {key!r}"
     try:
         size = store.size(key)
@@ -529,8 +526,7 @@ def open_stored(
             "footer (schema, row-group offsets or sediment.* metadata) is damaged (run sediment verify)"
         )
     if not isinstance(store, LocalBlobStore):
-        return _open(pa.PythonFile(BlobReader(store, key, size, tail), mode="r"), where, expected, schema,
-                     buffer_size=buffer_size)
+        return _open(pa.PythonFile(BlobReader(store, key, size, tail), mode="r"), where, expected, schema, buffer_size=buffer_size)
     try:
         source = pa.OSFile(store.local_path(key))
     except FileNotFoundError as e:
@@ -602,21 +598,3 @@ def read_row_group(
     """One row group of an opened batch, page checksums and time bounds verified."""
     return _read_group(pf, index, desc, where, columns)
 
-
-def read_row_group_pieces(pf: pq.ParquetFile, index: int, desc: BatchDescription, rows: int, *,
-                          where: str = "batch") -> Iterator[pa.Table]:
-    """One row group of an opened batch in pieces of at most ``rows`` rows, each checked as
-    :func:`read_row_group` checks the group: a merge holds a piece of each input, not a whole
-    row group (64K rows of 1 KiB are 64 MiB per input, whatever its memory bound)."""
-    try:
-        for batch in pf.iter_batches(batch_size=rows, row_groups=[index], use_threads=False):
-            t = pa.Table.from_batches([batch])
-            try:
-                _check_times(t, desc)
-            except TraceError as e:
-                raise BatchCorruption(f"{where}: row group {index}: {e}") from e
-            yield t
-    except _DECODE_ERRORS as e:
-        raise BatchCorruption(
-            f"{where}: row group {index} fails to decode or its page checksum ({e}); the object is damaged"
-        ) from e

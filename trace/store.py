@@ -33,11 +33,13 @@ from sediment.errors import (
 from sediment.metadata import names
 from sediment.metadata.fence import Fence, rewrite_all
 from sediment.metadata.protocol import MetadataStore
-from sediment.trace.batch import (
+from sediment.trace.batch import (  # the private two: a piece is checked as a row group is
+    _DECODE_ERRORS,
     DEFAULT_ROW_GROUP_ROWS,
     FORMAT_VERSION,
     RAW_VERSION,
     BatchDescription,
+    _check_times,
     batch_key,
     checksums,
     decode_verified,
@@ -48,7 +50,6 @@ from sediment.trace.batch import (
     open_stored,
     parse_batch_key,
     read_row_group,
-    read_row_group_pieces,
     stored_schema,
     stream_verified,
 )
@@ -66,6 +67,24 @@ def describe(relation_id: int, ref: BatchRef) -> BatchDescription:
     """What the batch's footer must say, given the trace state's reference to it."""
     return BatchDescription(relation_id, ref.lower, ref.upper, ref.since, ref.rows, ref.wal_first, ref.wal_last,
                             ref.level, RAW_VERSION if ref.raw else FORMAT_VERSION, ref.time, ref.diff)
+
+
+def _row_group_pieces(pf: pq.ParquetFile, index: int, desc: BatchDescription, rows: int,
+                      where: str) -> Iterator[pa.Table]:
+    """One row group of an opened batch in pieces of at most ``rows`` rows, each checked as
+    ``read_row_group`` checks a group: a merge holds a piece of each input, not a whole row
+    group (64K rows of 1 KiB are 64 MiB per input, whatever its memory bound)."""
+    try:
+        for batch in pf.iter_batches(batch_size=rows, row_groups=[index], use_threads=False):
+            piece = pa.Table.from_batches([batch])
+            try:
+                _check_times(piece, desc)
+            except TraceError as e:
+                raise BatchCorruption(f"{where}: row group {index}: {e}") from e
+            yield piece
+    except _DECODE_ERRORS as e:
+        raise BatchCorruption(f"{where}: row group {index} fails to decode or its page checksum ({e}); "
+                              "the object is damaged") from e
 
 
 _STREAM_BUFFER = (1 << 20, 16 << 20)  # bytes a merge's input reads a column chunk through: a quarter of its share
@@ -330,7 +349,7 @@ class TraceStore:
         groups: Iterator[pa.Table] = (
             (read_row_group(pf, i, desc, where=where) for i in range(pf.metadata.num_row_groups)) if rows is None
             else (t for i in range(pf.metadata.num_row_groups)
-                  for t in read_row_group_pieces(pf, i, desc, rows, where=where)))
+                  for t in _row_group_pieces(pf, i, desc, rows, where)))
         layout = layout or self._layouts.get(relation_id)
         if ref.raw:  # one row group may be the whole file (Spark's): read in pieces of the budget
             if self._local is not None:  # mapped: Parquet reads a column chunk whole
