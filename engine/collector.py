@@ -115,7 +115,9 @@ class Collector:
         self.collect()
 
     def collect(self) -> None:
-        """Delete replaced blobs and trim the log, once no reader may still need them."""
+        """Delete replaced blobs and trim the log, once no reader may still need them. A trim
+        that fails (the disk refused the manifest's write, say) is logged and retried at the next
+        collection: the read or pass that happened to trigger it still succeeds."""
         with self.lock:
             self.readers.expire()
             if not self.readers.idle:
@@ -129,4 +131,10 @@ class Collector:
         except Exception as exc:  # noqa: BLE001 - orphans are swept at the next start
             log.warning("could not delete replaced batches (swept at next start): %s", exc)
         if trim is not None:
-            self.log.trim(trim)
+            try:
+                self.log.trim(trim)
+            except Exception as exc:  # noqa: BLE001 - the records stay; a read or pass must not fail for it
+                with self.lock:
+                    self.trim_to = max(self.trim_to or 0, trim)  # retried at the next collection
+                log.warning("could not trim the WAL below LSN %d (its records are kept; retried at the next "
+                            "collection): %s: %s", trim, type(exc).__name__, exc)

@@ -310,10 +310,10 @@ def stored_schema(schema: pa.Schema) -> pa.Schema:
     return got
 
 
-def _open(source: Any, where: str, expected: BatchDescription | None,
-          schema: pa.Schema | tuple[pa.Schema, ...] | None = None, *, page_checks: bool = True) -> tuple[pq.ParquetFile, BatchDescription]:
-    try:
-        pf = pq.ParquetFile(source, page_checksum_verification=page_checks)
+def _open(source: Any, where: str, expected: BatchDescription | None, schema: pa.Schema | tuple[pa.Schema, ...] | None = None,
+          *, page_checks: bool = True, buffer_size: int = 0) -> tuple[pq.ParquetFile, BatchDescription]:
+    try:  # with a buffer, no pre-buffering (it reads column chunks whole)
+        pf = pq.ParquetFile(source, page_checksum_verification=page_checks, buffer_size=buffer_size, pre_buffer=not buffer_size)
         meta = pf.metadata
         kv = meta.metadata
         stored_schema = pf.schema_arrow
@@ -495,11 +495,12 @@ def open_stored(
     expected_bytes: int | None = None,
     footer_crc: int | None = None,
     schema: pa.Schema | tuple[pa.Schema, ...] | None = None,
+    buffer_size: int = 0,
 ) -> tuple[pq.ParquetFile, BatchDescription]:
     """Open a stored batch for streaming reads with everything the caller knows checked
     first: the object exists, its size, the CRC32C of its footer (fetched once and served
     to Parquet from memory), then the description and the schema. Every failure is
-    BatchCorruption naming the key."""
+    BatchCorruption naming the key. ``buffer_size``: column chunks read through it, not whole."""
     where = f"batch {key!r}"
     try:
         size = store.size(key)
@@ -525,12 +526,12 @@ def open_stored(
             "footer (schema, row-group offsets or sediment.* metadata) is damaged (run sediment verify)"
         )
     if not isinstance(store, LocalBlobStore):
-        return _open(pa.PythonFile(BlobReader(store, key, size, tail), mode="r"), where, expected, schema)
+        return _open(pa.PythonFile(BlobReader(store, key, size, tail), mode="r"), where, expected, schema, buffer_size=buffer_size)
     try:
         source = pa.OSFile(store.local_path(key))
     except FileNotFoundError as e:
         raise BatchCorruption(f"{where} vanished from the blob store while being read") from e
-    return _open(source, where, expected, schema)
+    return _open(source, where, expected, schema, buffer_size=buffer_size)
 
 
 def iter_batch(
@@ -596,3 +597,4 @@ def read_row_group(
 ) -> pa.Table:
     """One row group of an opened batch, page checksums and time bounds verified."""
     return _read_group(pf, index, desc, where, columns)
+

@@ -33,10 +33,13 @@ from sediment.errors import (
 from sediment.metadata import names
 from sediment.metadata.fence import Fence, rewrite_all
 from sediment.metadata.protocol import MetadataStore
-from sediment.trace.batch import (
+from sediment.trace.batch import (  # the private two: a piece is checked as a row group is
+    _DECODE_ERRORS,
+    DEFAULT_ROW_GROUP_ROWS,
     FORMAT_VERSION,
     RAW_VERSION,
     BatchDescription,
+    _check_times,
     batch_key,
     checksums,
     decode_verified,
@@ -66,6 +69,25 @@ def describe(relation_id: int, ref: BatchRef) -> BatchDescription:
                             ref.level, RAW_VERSION if ref.raw else FORMAT_VERSION, ref.time, ref.diff)
 
 
+def _row_group_pieces(pf: pq.ParquetFile, index: int, desc: BatchDescription, rows: int,
+                      where: str) -> Iterator[pa.Table]:
+    """One row group of an opened batch in pieces of at most ``rows`` rows, each checked as
+    ``read_row_group`` checks a group: a merge holds a piece of each input, not a whole row
+    group (64K rows of 1 KiB are 64 MiB per input, whatever its memory bound)."""
+    try:
+        for batch in pf.iter_batches(batch_size=rows, row_groups=[index], use_threads=False):
+            piece = pa.Table.from_batches([batch])
+            try:
+                _check_times(piece, desc)
+            except TraceError as e:
+                raise BatchCorruption(f"{where}: row group {index}: {e}") from e
+            yield piece
+    except _DECODE_ERRORS as e:
+        raise BatchCorruption(f"{where}: row group {index} fails to decode or its page checksum ({e}); "
+                              "the object is damaged") from e
+
+
+_STREAM_BUFFER = (1 << 20, 16 << 20)  # bytes a merge's input reads a column chunk through: a quarter of its share
 SPILL_PREFIX = "sediment-merge-"  # a local spill file, never data: swept at open
 
 class TraceStore:
@@ -258,14 +280,15 @@ class TraceStore:
         inputs are not adjacent intervals (pending runs, whose time spans overlap)."""
         lower, upper = span if span is not None else (refs[0].lower, refs[-1].upper)
         share = self.memory_bound // max(1, sum(r.key is not None for r in refs))
-        inputs = [self.read_stream(relation_id, r, memory=share) for r in refs if r.key is not None]
+        inputs = [self.read_stream(relation_id, r, memory=share, rows=chunk_rows) for r in refs if r.key is not None]
         if not inputs:
             return BatchRef(None, lower, upper, level=level)
         desc = BatchDescription(relation_id, lower, upper, since, 0, level=level)
         path = self._spill_path()
-        try:
+        try:  # the output's row groups are buffered whole: no larger than the inputs' chunks together
             final = merge_to_batch(inputs, key_columns, self._stamped(relation_id, schema), desc, path,
-                                   chunk_rows=chunk_rows)
+                                   chunk_rows=chunk_rows,
+                                   row_group_rows=min(DEFAULT_ROW_GROUP_ROWS, chunk_rows * len(inputs)))
             if final.rows == 0:
                 return BatchRef(None, lower, upper, level=level)
             key = batch_key(relation_id, lower, upper, self._nonce())
@@ -308,22 +331,30 @@ class TraceStore:
         return self._spill_path()
 
     def read_stream(self, relation_id: int, ref: BatchRef, *, as_stored: bool = False,
-                    memory: int | None = None, layout: Layout | None = None) -> Iterator[pa.Table]:
+                    memory: int | None = None, layout: Layout | None = None,
+                    rows: int | None = None) -> Iterator[pa.Table]:
         """A batch's row groups one at a time, each checked against the trace state, in the
         current schema (``as_stored``: as written). A batch written before a column was
         dropped comes whole, once consolidated again in the current schema. A raw run comes
         sorted and consolidated, in pieces, holding about ``memory`` bytes (default
         :attr:`memory_bound`: trace/raw_sort.py). ``layout``: the schema versions to project
-        to instead of the relation's current ones (:meth:`read` says why)."""
+        to instead of the relation's current ones (:meth:`read` says why). ``rows``: a batch's
+        row groups come in pieces of at most that many rows (a merge's chunk), so a reader holds
+        a piece, not a whole row group."""
         if ref.key is None:
             return
-        pf, desc = self._open(relation_id, ref)
-        groups = (read_row_group(pf, i, desc, where=f"batch {ref.key!r}") for i in range(pf.metadata.num_row_groups))
+        buffer = min(_STREAM_BUFFER[1], max(_STREAM_BUFFER[0], (memory or self.memory_bound) // 4))
+        pf, desc = self._open(relation_id, ref, buffer_size=0 if rows is None else buffer)
+        where = f"batch {ref.key!r}"
+        groups: Iterator[pa.Table] = (
+            (read_row_group(pf, i, desc, where=where) for i in range(pf.metadata.num_row_groups)) if rows is None
+            else (t for i in range(pf.metadata.num_row_groups)
+                  for t in _row_group_pieces(pf, i, desc, rows, where)))
         layout = layout or self._layouts.get(relation_id)
         if ref.raw:  # one row group may be the whole file (Spark's): read in pieces of the budget
             if self._local is not None:  # mapped: Parquet reads a column chunk whole
                 pf = pq.ParquetFile(pa.memory_map(str(self._local.local_path(ref.key))), page_checksum_verification=True)
-            memory, where = memory or self.memory_bound, f"batch {ref.key!r}"
+            memory = memory or self.memory_bound
             if as_stored:
                 yield from stored_pieces(pf, desc, memory=memory, where=where)
             else:
@@ -453,9 +484,9 @@ class TraceStore:
             raise BatchCorruption(f"{where}: CRC32C (object, footer) is {got} but the trace state recorded "
                                   f"{(ref.crc, ref.footer_crc)}; the object is damaged (run sediment verify)")
 
-    def _open(self, relation_id: int, ref: BatchRef):
+    def _open(self, relation_id: int, ref: BatchRef, buffer_size: int = 0):
         return open_stored(self.blobs, ref.key, describe(relation_id, ref), expected_bytes=ref.bytes,
-                           footer_crc=ref.footer_crc, schema=self._expected(relation_id))
+                           footer_crc=ref.footer_crc, schema=self._expected(relation_id), buffer_size=buffer_size)
 
     def _expected(self, relation_id: int) -> pa.Schema | tuple[pa.Schema, ...] | None:
         """The footer schemas a batch of the relation may have: one per schema version."""
