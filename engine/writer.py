@@ -192,7 +192,8 @@ class Writer:
 
     def _append_small(self, name: str, updates: object, locks: Locks | None, start: float) -> bool:
         """While others append too: a small table already in the relation's update schema,
-        checked and encoded in one pass over its columns (engine/small_encode.py), then
+        on the file log left for the group's leader to encode (:meth:`_append_deferred`),
+        else checked and encoded in one pass over its columns (engine/small_encode.py), then
         submitted as one record. False, with nothing done, for anything else (the full
         path then checks it and says what is wrong)."""
         rel = self.view.relations.get(name) if isinstance(name, str) and not self.view.closed else None
@@ -201,12 +202,12 @@ class Writer:
         version, target = rel.shape
         if not updates.schema.equals(target):
             return False
-        if locks is None and self._submit_joinable is not None:
-            return self._append_deferred(rel, name, updates, version, start)
         key = (rel.entry.id, version)
         encoder = self._small.get(key)
         if encoder is None:
             encoder = self._small[key] = SmallBodyEncoder(target)
+        if locks is None and self._submit_joinable is not None and encoder.usable:
+            return self._append_deferred(rel, name, updates, version, start)
         got = encoder.encode_with_times(updates)
         if got is None or got[1] < 0:
             return False
@@ -218,8 +219,9 @@ class Writer:
     def _append_deferred(self, rel: Relation, name: str, updates: pa.Table, version: int, start: float) -> bool:
         """:meth:`_append_small` on the file log: the table checked (:func:`small_bounds`),
         admitted and queued with its body left to the group's leader, which encodes a run of
-        such appends as one body (wal/group_records.py). False, with nothing done, for
-        anything else.
+        such appends as one body (wal/group_records.py). Only for schemas of the flat types
+        the small encoder takes, whose encode cannot fail in the leader. False, with nothing
+        done, for anything else.
 
         Why: encoding here read every column through pyarrow's wrappers (about 3 us each,
         with the interpreter lock held while 63 other writers wait for it); the time and
