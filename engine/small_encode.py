@@ -39,7 +39,7 @@ class SmallBodyEncoder:
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
         self._kinds = [(_kind(f.type), f.type.bit_width // 8 if _kind(f.type) == 1 else 0) for f in schema]
-        self._usable = all(k for k, _w in self._kinds)
+        self.usable = all(k for k, _w in self._kinds)  # flat fixed-width and binary/string columns only
         self._meta: dict[tuple, bytes | None] = {}
 
     def encode(self, table: pa.Table) -> bytes | None:
@@ -63,7 +63,7 @@ class SmallBodyEncoder:
 
     def _build(self, table: pa.Table) -> tuple[bytes, memoryview | None] | None:
         """The body, and the second-last column's data when it is 8 bytes wide."""
-        if not self._usable:
+        if not self.usable:
             return None
         n = table.num_rows
         pieces: list = []

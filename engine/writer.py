@@ -31,6 +31,7 @@ from sediment.wal.protocol import Ticket, WriteAheadLog
 from sediment.wal.record import Record, RecordKind
 
 _UPDATES = RecordKind.UPDATES
+_DEFERRED_BODY = 1 << 16  # a concurrent small append whose body may be left to the log's leader: at most this bound
 
 
 class Writer:
@@ -53,14 +54,16 @@ class Writer:
         self._observe_latency = metrics.append_latency.observe
         self._submit_joinable = getattr(log_, "submit_joinable", None)  # the file log's (wal/group_records.py)
 
-    def wait_backlog(self, records: list[Record]) -> None:
+    def wait_backlog(self, records: list[Record], size: int | None = None) -> None:
         """Under the lock: wait while the append would take the WAL backlog past
         ``max_wal_backlog`` (engine/backlog.py); compaction is asked to finish the active
-        segment so that the records in it can be compacted."""
+        segment so that the records in it can be compacted. ``size``: the bodies' size when
+        they are not encoded yet."""
         backlog = self.view.backlog
         if backlog.bound is None:
             return
-        n = len(records[0].body) if len(records) == 1 else sum(len(r.body) for r in records)
+        n = size if size is not None else len(records[0].body) if len(records) == 1 else \
+            sum(len(r.body) for r in records)
         if not backlog.must_wait(n):
             return
         self.metrics.backlog_waits.inc()
@@ -189,7 +192,8 @@ class Writer:
 
     def _append_small(self, name: str, updates: object, locks: Locks | None, start: float) -> bool:
         """While others append too: a small table already in the relation's update schema,
-        checked and encoded in one pass over its columns (engine/small_encode.py), then
+        on the file log left for the group's leader to encode (:meth:`_append_deferred`),
+        else checked and encoded in one pass over its columns (engine/small_encode.py), then
         submitted as one record. False, with nothing done, for anything else (the full
         path then checks it and says what is wrong)."""
         rel = self.view.relations.get(name) if isinstance(name, str) and not self.view.closed else None
@@ -202,12 +206,42 @@ class Writer:
         encoder = self._small.get(key)
         if encoder is None:
             encoder = self._small[key] = SmallBodyEncoder(target)
+        if locks is None and self._submit_joinable is not None and encoder.usable:
+            return self._append_deferred(rel, name, updates, version, start)
         got = encoder.encode_with_times(updates)
         if got is None or got[1] < 0:
             return False
         body, lo, hi = got
         record = Record(RecordKind.UPDATES, rel.entry.id, 0, lo, hi, updates.num_rows, body, schema_version=version)
-        self._submit([record], [(rel, name, (lo, hi))], locks, hi, start, joinable=locks is None)
+        self._submit([record], [(rel, name, (lo, hi))], locks, hi, start)
+        return True
+
+    def _append_deferred(self, rel: Relation, name: str, updates: pa.Table, version: int, start: float) -> bool:
+        """:meth:`_append_small` on the file log: the table checked (:func:`small_bounds`),
+        admitted and queued with its body left to the group's leader, which encodes a run of
+        such appends as one body (wal/group_records.py). Only for schemas of the flat types
+        the small encoder takes, whose encode cannot fail in the leader. False, with nothing
+        done, for anything else.
+
+        Why: encoding here read every column through pyarrow's wrappers (about 3 us each,
+        with the interpreter lock held while 63 other writers wait for it); the time and
+        diff checks need two of them, and the leader's one encode per run is shared."""
+        n = updates.num_rows
+        bounds = small_bounds(updates) if n else None
+        if bounds is None:
+            return False
+        size = updates.get_total_buffer_size() + 128 * updates.num_columns + n + 512  # >= its body (see formats)
+        if size > min(self.max_record_bytes, _DEFERRED_BODY):
+            return False
+        lo, hi = bounds
+        record = Record(_UPDATES, rel.entry.id, 0, lo, hi, n, b"", schema_version=version)
+        with self._lock:
+            self.wait_backlog([record], size)
+            self.view.check_open()
+            self._admit(rel, name, bounds)
+            ticket = self._submit_joinable(record, self.view.on_durable, self.max_record_bytes, updates, size)
+        ticket.wait()
+        self._observe_latency(time.perf_counter() - start)
         return True
 
     def _append_records(self, rel: Relation, name: str, table: pa.Table, bounds: tuple[int, int], version: int,
@@ -252,11 +286,8 @@ class Writer:
                      max((b[1] for _n, _r, _t, b, _v in prepared if b is not None), default=None), start)
 
     def _submit(self, records: list[Record], admit: list[tuple[Relation, str, tuple[int, int] | None]],
-                locks: Locks | None, t_max: int | None, start: float, wait: bool = True,
-                joinable: bool = False) -> Ticket:
-        """Admit and submit under the lock, then (``wait``) wait for durability outside it.
-        ``joinable``: one plain small UPDATES record the log may write joined with its
-        group's others (the file log's ``submit_joinable``)."""
+                locks: Locks | None, t_max: int | None, start: float, wait: bool = True) -> Ticket:
+        """Admit and submit under the lock, then (``wait``) wait for durability outside it."""
         with self._lock:
             self.wait_backlog(records)
             self.view.check_open()
@@ -264,10 +295,7 @@ class Writer:
                 self._admit(rel, name, bounds)
             if locks is not None:
                 self.locks.check_and_record(locks, t_max)
-            if joinable and self._submit_joinable is not None:
-                ticket = self._submit_joinable(records[0], self.view.on_durable, self.max_record_bytes)
-            else:
-                ticket = self.log.submit(records, self.view.on_durable)
+            ticket = self.log.submit(records, self.view.on_durable)
         if wait:
             ticket.wait()
             self._observe_latency(time.perf_counter() - start)

@@ -62,6 +62,15 @@ GROUP_HEADER = struct.Struct("<4sHHI")  # magic, version, reserved (0), number o
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
+def encode_joined_tables(tables: list[pa.Table]) -> bytes:
+    """One plain UPDATES body (one IPC message) holding the rows of ``tables``, all of one
+    schema, in order. Why: a group of concurrent small appends to one relation is one
+    append of all their rows, so the log encodes them once, in the leader, instead of each
+    appender reading its table's columns through pyarrow's wrappers (wal/group_records.py)."""
+    batches = pa.concat_tables(tables).combine_chunks().to_batches()
+    return batches[0].serialize().to_pybytes()
+
+
 def join_updates(bodies: list) -> bytes:
     """One group body holding the plain UPDATES bodies ``bodies`` in order: a byte join,
     no decode. Why: the file log writes a group of concurrent small appends as one record

@@ -32,9 +32,11 @@ import uuid
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 
+import pyarrow as pa
+
 from sediment._fs import pwrite_all as _pwrite_all
 from sediment.arrow_codec import is_group_body
-from sediment.errors import WalCorruption, WalError
+from sediment.errors import InvalidArgument, WalCorruption, WalError
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import record as rec
@@ -42,7 +44,7 @@ from sediment.wal import segment as sg
 from sediment.wal.control import PartitionState
 from sediment.wal.direct_io import DirectWriter, allocate
 from sediment.wal.group_commit import GroupAppend, GroupCommit
-from sediment.wal.group_records import MAX_JOINED_BODY, join_group, settle_joined
+from sediment.wal.group_records import MAX_JOINED_BODY, encode_alone, join_group, settle_joined
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble, check_trim, notify
@@ -240,13 +242,30 @@ class FileLog:
         return self._group.submit(GroupAppend(self._group, records, crcs, on_durable))
 
     def submit_joinable(self, record: rec.Record, on_durable: Callable[[Sequence[rec.Record]], None] | None = None,
-                        max_body: int = MAX_JOINED_BODY) -> GroupAppend:
+                        max_body: int = MAX_JOINED_BODY, table: pa.Table | None = None,
+                        size: int = 0) -> GroupAppend:
         """:meth:`submit` of one plain UPDATES record (txn 0, a plain body) that may be
         written joined with the neighbouring joinable records of its group of the same
         relation, schema version and callback: one record whose group body holds theirs in
         queue order (wal/group_records.py), of at most ``max_body`` bytes (the engine's
         ``max_record_bytes``), given to ``on_durable`` as one record. Every ticket of a
-        joined record gets its LSN."""
+        joined record gets its LSN.
+
+        With ``table`` (the record's rows, already checked, in the relation's update schema
+        of the record's version; the record's body empty) and ``size`` (a bound on its
+        body), the body is left to the leader: a run of such appends becomes one record
+        with one plain body of all their rows in queue order, an append alone its own."""
+        if table is not None:
+            if record.kind != rec.RecordKind.UPDATES or record.txn_id or record.body or not 0 < size <= max_body:
+                raise InvalidArgument(f"{self._where}: a record whose body the log encodes must be a plain UPDATES "
+                                      f"record with an empty body and a size bound of 1-{max_body} bytes, not "
+                                      f"{record.kind!r}, txn {record.txn_id}, {len(record.body)}-byte body, "
+                                      f"bound {size}; nothing was appended")
+            rec.check_appendable((record,), self._where)
+            p = GroupAppend(self._group, (record,), [], on_durable, min(max_body, MAX_JOINED_BODY))
+            p.table = table
+            p.size = size
+            return self._group.submit(p)
         rec.check_appendable((record,), self._where)
         if record.kind != rec.RecordKind.UPDATES or record.txn_id or is_group_body(record.body):
             return self.submit((record,), on_durable)
@@ -258,6 +277,8 @@ class FileLog:
         if len(batch) > 1:
             batch, joined = join_group(batch)
         elif len(batch) == 1 and len(batch[0].records) == 1:
+            if batch[0].table is not None:
+                encode_alone(batch[0])
             body_len = len(batch[0].records[0].body)
             if body_len < 65536 and not self._direct.takes(rec.HEADER_SIZE + body_len):
                 self._write_one(batch[0])

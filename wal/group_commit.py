@@ -51,14 +51,16 @@ class GroupAppend:
     may end the main thread's wait, and a node that never runs would strand the waiters
     below it."""
 
-    __slots__ = ("records", "crcs", "on_durable", "joinable", "last_lsn", "error", "state", "wake", "main", "relay",
-                 "_group")
+    __slots__ = ("records", "crcs", "on_durable", "joinable", "table", "size", "last_lsn", "error", "state", "wake",
+                 "main", "relay", "_group")
 
     def __init__(self, group: GroupCommit | None, records: Sequence[Record], crcs: list[int],
                  on_durable: Callable[[Sequence[Record]], None] | None = None, joinable: int = 0) -> None:
         self._group = group
         self.records = records
         self.joinable = joinable  # > 0: a plain UPDATES record the log may join, up to this many body bytes
+        self.table = None  # a joinable record's rows, when its body is left for the leader to encode
+        self.size = 0  # ... and then a bound on that body's size
         self.crcs = crcs
         self.on_durable = on_durable
         self.last_lsn = -1
