@@ -305,8 +305,14 @@ class SedimentFlightServer(flight.FlightServerBase):
         return self._end(tx, tx.abort)
 
     def _append_many(self, args: dict[str, Any]) -> None:
+        stage = str(field(args, "stage", "append_many"))
         with self._lock:
-            staged = self._stages.pop(str(field(args, "stage", "append_many")), {})
+            staged = self._stages.pop(stage, None)
+        if staged is None:  # appending nothing would answer success for tables never written
+            raise errors.StageMissing(
+                f"append_many: the server on {self.uri} holds no tables staged as {stage!r} (it restarted or "
+                "stopped since they were staged, or they were appended or discarded already); nothing was "
+                "written: send the whole append_many again")
         tables = {name: pa.concat_tables(parts) if len(parts) > 1 else parts[0] for name, parts in staged.items()}
         locks = decode_locks(args.get("locks"))
         if "client" in args:
