@@ -4,6 +4,8 @@ answering (SIGSTOP) under a client's deadline, staged tables of a client that we
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from urllib.parse import urlparse
 
@@ -66,3 +68,29 @@ def test_append_many_after_a_restart_lost_its_stage_is_refused_not_acknowledged(
         first.kill()
         if second is not None:
             second.kill()
+
+
+def test_a_call_past_its_deadline_is_outcome_unknown_not_a_raw_flight_error(tmp_path):
+    """A client with a timeout whose server stops answering (SIGSTOP: the connection stays up,
+    no reply comes) gets sediment's typed error for a call that may have been carried out,
+    for actions (a seal, a commit) and reads alike, not pyarrow's FlightTimedOutError."""
+    server = Served(tmp_path / "data")
+    try:
+        with sediment.connect(server.uri, token=server.token, timeout=2.0) as client:
+            client.add_relation("r", SCHEMA)
+            tx = client.transaction()
+            tx.append("r", ups([1]))
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(errors.CallTimedOut, match="deadline"):
+                    client.seal("r", 5)
+                with pytest.raises(errors.OutcomeUnknown, match="may or may not"):
+                    tx.commit()
+                assert tx.state == "open"  # not known to be committed, nor aborted
+                with pytest.raises(errors.OutcomeUnknown):
+                    client.snapshot("r", 0)
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            assert client.sealed("r") in (-1, 5)  # answered again; the seal sent before may have landed
+    finally:
+        server.kill()
