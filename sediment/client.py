@@ -80,6 +80,7 @@ class RemoteTransaction:
         self.id = txn_id
         self._txn = TxnState(txn_id)
         self._mutex = threading.Lock()
+        self._in_doubt = False  # a commit went out and its answer never came: it may have landed
 
     @property
     def state(self) -> str:
@@ -96,31 +97,72 @@ class RemoteTransaction:
         """Make every append visible at once; durable on return. Raises TransactionError (and
         the transaction is aborted) if one of its times was sealed meanwhile. ``send``: how
         the commit of this id goes, when not as one commit call to this client (the cluster
-        client's keyed, retried commit); it returns the final state."""
+        client's keyed, retried commit); it returns the final state.
+
+        A commit whose answer was lost (the connection broke, the call timed out) may have
+        landed; calling ``commit`` again asks the server, and answers success if it did, or
+        raises OutcomeUnknown if the server no longer knows (it restarted)."""
         with self._mutex:
             self._txn.check_open()
             try:
-                self._txn.settle(send(self.id) if send is not None else self._client._action(Action.COMMIT,
-                                                                                               txn=self.id))
-            except TransactionError:
-                self._txn.settle(self._remote_state())
+                state = send(self.id) if send is not None else self._client._action(Action.COMMIT, txn=self.id)
+            except TransactionError as exc:
+                if self._settle_refused(exc):
+                    return
                 raise
+            except errors.NothingWritten:
+                raise
+            except BaseException:
+                self._in_doubt = True
+                raise
+            self._txn.settle(state)
 
-    def _remote_state(self) -> str:
-        """After a refused commit: the server's word on the transaction (aborted, unless it
-        somehow finished otherwise); a server that no longer knows it has aborted it."""
+    def _settle_refused(self, refusal: TransactionError) -> bool:
+        """After a refused commit: take the server's word on the transaction (aborted, unless it
+        somehow finished otherwise; a server that no longer knows it has aborted it). True
+        when an earlier commit whose answer was lost turns out to have committed it."""
+        state = self._remote_state()
+        if self._in_doubt:
+            if state == "committed":
+                self._txn.settle(state)
+                return True
+            if state != "aborted":
+                raise self._unknown("commit", refusal)
+        self._txn.settle(state or "aborted")
+        return False
+
+    def _unknown(self, what: str, cause: BaseException) -> errors.OutcomeUnknown:
+        return errors.OutcomeUnknown(
+            f"{what} of transaction {self.id:#x}: an earlier commit of it whose answer was lost may have landed, "
+            f"and the server no longer knows it ({error_line(cause)}); read the relations back to find out")
+
+    def _remote_state(self) -> str | None:
+        """The server's word on the transaction; None when it cannot be asked."""
         try:
             return self._client._action(Action.TXN_STATE, txn=self.id)
-        except Exception:  # noqa: BLE001 - a commit the server refused did not happen
-            return "aborted"
+        except Exception:  # noqa: BLE001 - the caller decides what no answer means
+            return None
 
     def abort(self) -> None:
-        """Discard every append of the transaction. Aborting twice is harmless."""
+        """Discard every append of the transaction. Aborting twice is harmless. After a commit
+        whose answer was lost, the server's word decides: TransactionError if that commit
+        landed, OutcomeUnknown if the server no longer knows."""
         with self._mutex:
             if not self._txn.is_open:
                 return
-            self._txn.finish("aborted")
-            self._client._action(Action.ABORT, txn=self.id)
+            if not self._in_doubt:
+                self._txn.finish("aborted")
+                self._client._action(Action.ABORT, txn=self.id)
+                return
+            try:
+                state = self._client._action(Action.ABORT, txn=self.id)
+            except TransactionError as exc:
+                raise self._unknown("abort", exc) from None
+            self._txn.settle(state)
+            self._in_doubt = False
+            if state == "committed":
+                raise TransactionError(f"transaction {self.id:#x} was committed by an earlier commit whose answer "
+                                       "was lost; abort cannot undo it")
 
     def __enter__(self) -> RemoteTransaction:
         return self
@@ -417,7 +459,14 @@ class Client:
         except TransactionError:
             for t in transactions:
                 if isinstance(t, RemoteTransaction):
-                    t._txn.settle(t._remote_state())
+                    t._txn.settle(t._remote_state() or "aborted")
+            raise
+        except errors.NothingWritten:
+            raise
+        except BaseException:
+            for t in transactions:
+                if isinstance(t, RemoteTransaction):
+                    t._in_doubt = True  # the commit may have landed: their commit or abort asks the server
             raise
         for t, state in zip(transactions, states, strict=True):
             if isinstance(t, RemoteTransaction):

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 import uuid
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pytest
+from support.cut_proxy import CutProxy
 from support.ports import ADDRESS_IN_USE, restart_on_port
 from support.served import Served
 
@@ -94,3 +97,78 @@ def test_a_call_past_its_deadline_is_outcome_unknown_not_a_raw_flight_error(tmp_
             assert client.sealed("r") in (-1, 5)  # answered again; the seal sent before may have landed
     finally:
         server.kill()
+
+
+def _commit_answer_lost(tmp_path):
+    """A served process behind a proxy; a transaction with one row whose commit the server
+    carried out and whose answer the proxy withheld, then the server SIGKILLed: yields
+    (data dir, port, token, the client through the proxy, the transaction, the failure the
+    commit raised)."""
+    data = tmp_path / "data"
+    server = Served(data)
+    proxy = CutProxy()
+    proxy.upstream = server.uri
+    client = sediment.connect(proxy.uri, token=server.token)
+    client.add_relation("r", SCHEMA)
+    tx = client.transaction()
+    tx.append("r", ups([7]))
+    failure: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            tx.commit()
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            failure.append(exc)
+
+    proxy.arm(b"commit")
+    committer = threading.Thread(target=commit)
+    committer.start()
+    assert proxy.triggered.wait(30)
+    with sediment.connect(server.uri, token=server.token) as direct:
+        end = time.monotonic() + 30
+        while direct._action(Action.TXN_STATE, txn=tx.id) != "committed":  # each check is a round trip
+            assert time.monotonic() < end, "the server never committed"
+    server.kill()
+    committer.join(60)
+    assert not committer.is_alive() and len(failure) == 1
+    return data, urlparse(server.uri).port, server.token, proxy, client, tx, failure[0]
+
+
+def test_a_commit_retried_after_its_answer_was_lost_and_the_server_restarted_is_not_called_aborted(tmp_path):
+    """The commit landed (the log has its COMMIT), the answer was lost, the server restarted
+    and no longer knows the transaction: a retried commit must not report it aborted (the
+    row is visible); its outcome is unknown to the client."""
+    data, port, token, proxy, client, tx, first = _commit_answer_lost(tmp_path)
+    again = serve_again(data, port, token)
+    try:
+        assert isinstance(first, errors.CoordinatorUnavailable | errors.OutcomeUnknown)
+        assert tx.state == "open"
+        with pytest.raises(errors.OutcomeUnknown, match="may have"):
+            tx.commit()
+        assert tx.state != "aborted"
+        with sediment.connect(again.uri, token=token) as direct:
+            direct.seal("r", 1)
+            assert direct.snapshot("r", 1).column("id").to_pylist() == [7]
+    finally:
+        client.close()
+        proxy.close()
+        again.kill()
+
+
+def test_an_abort_after_a_commit_whose_answer_was_lost_does_not_claim_the_committed_rows_gone(tmp_path):
+    """The same lost answer; the caller cleans up with abort(). The server (restarted) cannot
+    say what became of it, and the rows are visible: abort must not leave the transaction
+    reading ``aborted`` as if nothing was written; it raises OutcomeUnknown."""
+    data, port, token, proxy, client, tx, _first = _commit_answer_lost(tmp_path)
+    again = serve_again(data, port, token)
+    try:
+        with pytest.raises(errors.OutcomeUnknown):
+            tx.abort()
+        assert tx.state != "aborted"
+        with sediment.connect(again.uri, token=token) as direct:
+            direct.seal("r", 1)
+            assert direct.snapshot("r", 1).column("id").to_pylist() == [7]
+    finally:
+        client.close()
+        proxy.close()
+        again.kill()
