@@ -13,7 +13,8 @@ Transactions live on the server by id between calls. One left idle (no call nami
 for longer than ``txn_idle_timeout`` is aborted, and so is every one still open when the
 server stops: an open transaction holds back the compacter's WAL cut, so a client that
 vanished must not keep one open for ever (and the WAL's replay discards one that a crash
-left open).
+left open). Tables staged for an ``append_many`` are dropped after as long without a call
+(sediment/net/staged_tables.py).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from sediment.net.protocol import (
     plan_metadata,
 )
 from sediment.net.shared_feeds import SharedFeeds
+from sediment.net.staged_tables import StagedTables
 from sediment.net.tls import check_tls_pem
 from sediment.net.txn_registry import TxnRegistry
 from sediment.net.wire_errors import error_detail, to_flight_error
@@ -140,11 +142,11 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self._txns = TxnRegistry(engine.transaction, txn_idle_timeout, clock)
         self._reaper_stop = threading.Event()
-        self._stages: dict[str, dict[str, list[pa.Table]]] = {}
         self._held_tails = HeldTails(clock=clock)  # plans' WAL-tail rows kept for readers' tail_part calls
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._feeds = FeedStreams(lambda: self._stopped, FEED_POLL)
+        self._stages = StagedTables(txn_idle_timeout, clock, lambda: self.uri)
         self._shared = SharedFeeds(self._feeds, self._engine_subscription, lambda: self._stopped, FEED_POLL)
         self._actions = self._action_table()
         grpc_setup.apply()  # before gRPC's first use in the process, or it has no effect
@@ -286,6 +288,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         while not self._reaper_stop.wait(interval):
             try:
                 self.reap_idle_transactions()
+                self.reap_idle_stages()
             except Exception as exc:  # noqa: BLE001 - the next round tries again
                 log.warning("reaping idle transactions failed: %s", exc)
 
@@ -305,15 +308,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         return self._end(tx, tx.abort)
 
     def _append_many(self, args: dict[str, Any]) -> None:
-        stage = str(field(args, "stage", "append_many"))
-        with self._lock:
-            staged = self._stages.pop(stage, None)
-        if staged is None:  # appending nothing would answer success for tables never written
-            raise errors.StageMissing(
-                f"append_many: the server on {self.uri} holds no tables staged as {stage!r} (it restarted or "
-                "stopped since they were staged, or they were appended or discarded already); nothing was "
-                "written: send the whole append_many again")
-        tables = {name: pa.concat_tables(parts) if len(parts) > 1 else parts[0] for name, parts in staged.items()}
+        tables = self._stages.take(str(field(args, "stage", "append_many")))
         locks = decode_locks(args.get("locks"))
         if "client" in args:
             keyed.append_many_once(self.engine, tables, args)
@@ -323,8 +318,18 @@ class SedimentFlightServer(flight.FlightServerBase):
             self.engine.append_many(tables, locks=locks)
 
     def _discard_stage(self, args: dict[str, Any]) -> None:
-        with self._lock:
-            self._stages.pop(str(field(args, "stage", "discard_stage")), None)
+        self._stages.discard(str(field(args, "stage", "discard_stage")))
+
+    def reap_idle_stages(self) -> list[str]:
+        """Drop the tables staged for append_many calls that no call named for longer than
+        ``txn_idle_timeout``; their stage ids. A background thread calls this with
+        :meth:`reap_idle_transactions`."""
+        return self._stages.reap_idle()
+
+    @property
+    def staged_rows(self) -> int:
+        """Rows staged for append_many calls still to come, held in memory."""
+        return self._stages.rows
 
     # --- Flight RPCs ---------------------------------------------------------------------------
 
@@ -380,8 +385,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             elif op == Put.STAGE:
                 check_name(name)  # a name that is not a string must not become a staging key
                 stage = str(field(args, "stage", "do_put descriptor"))
-                with self._lock:
-                    self._stages.setdefault(stage, {}).setdefault(name, []).append(table)
+                self._stages.put(stage, name, table)
             else:
                 raise ValueError(f"unknown do_put op {op!r}: use one of {[o.value for o in Put]}")
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
@@ -477,8 +481,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._reaper_stop.set()
         self._feeds.close()  # ends their streams, which would otherwise hold up the shutdown for ever
         clean = self._shut_down(grace)
-        with self._lock:
-            self._stages.clear()
+        self._stages.clear()
         for tx in self._txns.close(f"the sediment server on {self.uri} is stopping; reconnect to a new one"):
             try:
                 tx.abort()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -19,7 +21,10 @@ from support.served import Served
 
 import sediment
 from sediment import errors
+from sediment.client import Client
+from sediment.clock import ManualClock
 from sediment.net.messages import Action, Put, encode
+from sediment.server import SedimentFlightServer
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -172,3 +177,56 @@ def test_an_abort_after_a_commit_whose_answer_was_lost_does_not_claim_the_commit
         client.close()
         proxy.close()
         again.kill()
+
+
+STAGING_CLIENT = """
+import sys
+import pyarrow as pa
+import sediment
+from sediment.net.messages import Put, encode
+c = sediment.connect(sys.argv[1], token=sys.argv[2])
+n = 100_000
+table = pa.table({"id": pa.array(range(n), pa.int64()), "time": pa.array([1] * n, pa.int64()),
+                  "diff": pa.array([1] * n, pa.int64())})
+c._put(encode(Put.STAGE, relation="r", stage="left-behind"), table)
+print("staged", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_tables_staged_by_a_client_that_was_killed_are_dropped_once_idle(tmp_path):
+    """A client process SIGKILLed between its stage puts and its append_many leaves tables in
+    the server's memory; they go after ``txn_idle_timeout`` without a call naming them (the
+    server's clock), as an idle transaction does, instead of until the server stops."""
+    clock = ManualClock(1000.0)
+    token = "t-" + uuid.uuid4().hex
+    engine = sediment.open(str(tmp_path / "data"), segment_bytes=1 << 20)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token, txn_idle_timeout=10.0, clock=clock)
+    proc = subprocess.Popen([sys.executable, "-c", STAGING_CLIENT, server.uri, token], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        engine.add_relation("r", SCHEMA)
+        assert proc.stdout.readline().strip() == "staged"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        assert server.staged_rows == 100_000
+        clock.advance(6)
+        assert server.reap_idle_stages() == []
+        assert server.staged_rows == 100_000  # not idle long enough
+        clock.advance(6)
+        assert server.reap_idle_stages() == ["left-behind"]
+        assert server.staged_rows == 0
+        with Client(server.uri, token) as client:
+            with pytest.raises(errors.StageMissing, match="left-behind"):
+                client._action(Action.APPEND_MANY, stage="left-behind")
+            with pytest.raises(errors.StageMissing, match="dropped"):  # no part of it can come back
+                client._put(encode(Put.STAGE, relation="r", stage="left-behind"), ups([1]))
+            client.append_many({"r": ups([1])})
+        engine.seal("r", 1)
+        assert engine.snapshot("r", 1).column("id").to_pylist() == [1]
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        server.stop()
+        engine.close()
