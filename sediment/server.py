@@ -34,13 +34,13 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
-from sediment.arrow_codec import schema_from_text, schema_to_text
+from sediment.arrow_codec import schema_to_text
 from sediment.clock import MONOTONIC, Clock
 from sediment.engine import staged
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net import grpc_setup, keyed
-from sediment.net.alter_wire import decode_alter
+from sediment.net.alter_wire import decode_alter, wire_schema
 from sediment.net.append_stream import PLAIN_ARGS, serve_append_stream
 from sediment.net.feed_streams import FeedStreams
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
@@ -209,7 +209,7 @@ class SedimentFlightServer(flight.FlightServerBase):
     # --- actions -------------------------------------------------------------------------------
 
     def _add_relation(self, args: dict[str, Any]) -> None:
-        schema = schema_from_text(field(args, "schema", "add_relation"))
+        schema = wire_schema(field(args, "schema", "add_relation"), "add_relation: schema")
         where = {"partition": args["partition"]} if "partition" in args else {}  # a cluster member's
         self.engine.add_relation(field(args, "name", "add_relation"), schema, **where)
 

@@ -230,3 +230,28 @@ def test_tables_staged_by_a_client_that_was_killed_are_dropped_once_idle(tmp_pat
             proc.wait(30)
         server.stop()
         engine.close()
+
+
+def test_malformed_alter_and_add_relation_bodies_are_refused_typed_and_change_nothing(tmp_path):
+    """A client other than sediment's (any JSON can reach the server) sends ``drop`` as a
+    string: it was taken letter by letter and dropped columns ``a`` and ``b`` of the
+    relation; a schema that is not base64 Arrow IPC came back as ServerError."""
+    token = "t-" + uuid.uuid4().hex
+    engine = sediment.open(str(tmp_path / "data"))
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
+    try:
+        with Client(server.uri, token) as client:
+            client.add_relation("r", pa.schema([("a", pa.int64()), ("b", pa.int64()), ("c", pa.int64())]))
+            with pytest.raises(errors.InvalidArgument, match="drop"):
+                client._action(Action.ALTER_RELATION, name="r", drop="ab")
+            with pytest.raises(errors.InvalidArgument, match="rename"):
+                client._action(Action.ALTER_RELATION, name="r", rename=[["a", "z"]])
+            with pytest.raises(errors.InvalidArgument, match="add"):
+                client._action(Action.ALTER_RELATION, name="r", add="not base64 IPC")
+            assert client.schema("r").names == ["a", "b", "c"] and client.schema_version("r") == 0
+            with pytest.raises(errors.InvalidArgument, match="schema"):
+                client._action(Action.ADD_RELATION, name="q", schema="AAAA")
+            assert client.relations() == ["r"]
+    finally:
+        server.stop()
+        engine.close()
