@@ -58,7 +58,7 @@ from sediment.net.protocol import (
 from sediment.net.shared_feeds import SharedFeeds
 from sediment.net.staged_tables import StagedTables
 from sediment.net.tls import check_tls_pem
-from sediment.net.txn_registry import TxnRegistry
+from sediment.net.txn_registry import TxnRegistry, group_name
 from sediment.net.wire_errors import error_detail, to_flight_error
 
 if TYPE_CHECKING:
@@ -250,6 +250,7 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _commit_all(self, args: dict[str, Any]) -> list[str]:
         ids = field(args, "txns", "commit_all")
+        group_name(args.get("group"))  # a bad one is refused before anything is committed
         try:
             if "client" in args:
                 return keyed.commit_all_once(self.engine, args, lambda: self._open_txns(ids), self._settle_all)
@@ -266,7 +267,7 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _abort_group(self, args: dict[str, Any]) -> int:
         """Abort the group's transactions still open (a Spark job's losing task attempts); how many."""
-        txns = self._txns.group_members(str(field(args, "group", "abort_group")))
+        txns = self._txns.group_members(str(group_name(field(args, "group", "abort_group"))))
         for tx in txns:
             self._end(tx, tx.abort)
         return len(txns)

@@ -255,3 +255,23 @@ def test_malformed_alter_and_add_relation_bodies_are_refused_typed_and_change_no
     finally:
         server.stop()
         engine.close()
+
+
+def test_a_transaction_group_that_is_not_text_is_refused_before_anything_is_begun(tmp_path):
+    """``begin`` with a group that is a list was taken as the group named "['x']" and opened a
+    transaction; it is refused with InvalidArgument and no transaction is left open."""
+    token = "t-" + uuid.uuid4().hex
+    engine = sediment.open(str(tmp_path / "data"))
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token)
+    try:
+        with Client(server.uri, token) as client:
+            for group in (["x"], {"a": 1}, 5):
+                with pytest.raises(errors.InvalidArgument, match="group"):
+                    client._action(Action.BEGIN, group=group)
+                with pytest.raises(errors.InvalidArgument, match="group"):
+                    client._action(Action.ABORT_GROUP, group=group)
+            assert server.open_transactions == []
+            assert client.transaction(group="job-1").id in server.open_transactions
+    finally:
+        server.stop()
+        engine.close()
