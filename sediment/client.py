@@ -34,7 +34,7 @@ from sediment import errors
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.args import check_updates_map  # the engine's own argument check: no engine state
 from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
-from sediment.errors import EngineClosed, InvalidUpdates, SchemaMismatch, ServerError, TransactionError
+from sediment.errors import EngineClosed, SchemaMismatch, ServerError, TransactionError
 from sediment.net import grpc_setup
 from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
@@ -51,85 +51,14 @@ from sediment.net.protocol import (
     encode_locks,
 )
 from sediment.net.remote_subscription import RemoteSubscription
+from sediment.net.remote_transaction import RemoteTransaction
+from sediment.net.remote_transaction import as_table as _as_table
 from sediment.net.shared_subscription import FeedShares, SharedSubscription
 from sediment.net.wire_errors import error_line, server_error, typed_error
-from sediment.txn_state import TxnState
 
 __all__ = ["Client", "RemoteSubscription", "RemoteTransaction", "ServerError", "connect", "typed_error"]
 
 PUT_CHUNK_BYTES = 4 << 20  # record batches on the wire stay well below gRPC's message limits
-
-
-def _as_table(name: str, updates: object) -> pa.Table:
-    """Tables and record batches travel as they are; anything else is refused here with the
-    engine's own error, since it cannot be streamed."""
-    if isinstance(updates, pa.RecordBatch):
-        return pa.Table.from_batches([updates])
-    if not isinstance(updates, pa.Table):
-        raise InvalidUpdates(f"updates for {name!r} must be a pyarrow.Table, not {type(updates).__name__}")
-    return updates
-
-
-class RemoteTransaction:
-    """A write transaction held open on the server; created by :meth:`Client.transaction`.
-    Like :class:`sediment.Transaction`: appends are durable but invisible until ``commit()``;
-    as a context manager it commits on success and aborts on an exception."""
-
-    def __init__(self, client: Client, txn_id: int) -> None:
-        self._client = client
-        self.id = txn_id
-        self._txn = TxnState(txn_id)
-        self._mutex = threading.Lock()
-
-    @property
-    def state(self) -> str:
-        """``open``, ``committed`` or ``aborted``."""
-        return self._txn.value
-
-    def append(self, name: str, updates: pa.Table) -> None:
-        """Add updates to the transaction; durable (but invisible) on return."""
-        with self._mutex:
-            self._txn.check_open()
-            self._client._append(name, _as_table(name, updates), txn=self.id)
-
-    def commit(self, *, send: Callable[[int], str] | None = None) -> None:
-        """Make every append visible at once; durable on return. Raises TransactionError (and
-        the transaction is aborted) if one of its times was sealed meanwhile. ``send``: how
-        the commit of this id goes, when not as one commit call to this client (the cluster
-        client's keyed, retried commit); it returns the final state."""
-        with self._mutex:
-            self._txn.check_open()
-            try:
-                self._txn.settle(send(self.id) if send is not None else self._client._action(Action.COMMIT,
-                                                                                               txn=self.id))
-            except TransactionError:
-                self._txn.settle(self._remote_state())
-                raise
-
-    def _remote_state(self) -> str:
-        """After a refused commit: the server's word on the transaction (aborted, unless it
-        somehow finished otherwise); a server that no longer knows it has aborted it."""
-        try:
-            return self._client._action(Action.TXN_STATE, txn=self.id)
-        except Exception:  # noqa: BLE001 - a commit the server refused did not happen
-            return "aborted"
-
-    def abort(self) -> None:
-        """Discard every append of the transaction. Aborting twice is harmless."""
-        with self._mutex:
-            if not self._txn.is_open:
-                return
-            self._txn.finish("aborted")
-            self._client._action(Action.ABORT, txn=self.id)
-
-    def __enter__(self) -> RemoteTransaction:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
 
 
 _SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
@@ -417,11 +346,18 @@ class Client:
         except TransactionError:
             for t in transactions:
                 if isinstance(t, RemoteTransaction):
-                    t._txn.settle(t._remote_state())
+                    t.settle(t.remote_state() or "aborted")
+            raise
+        except errors.NothingWritten:
+            raise
+        except BaseException:
+            for t in transactions:
+                if isinstance(t, RemoteTransaction):
+                    t.mark_in_doubt()
             raise
         for t, state in zip(transactions, states, strict=True):
             if isinstance(t, RemoteTransaction):
-                t._txn.settle(state)
+                t.settle(state)
 
     def abort_group(self, group: str) -> int:
         """Abort every open transaction of ``group``; how many there were."""

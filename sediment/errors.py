@@ -421,6 +421,18 @@ class AuthenticationFailed(SedimentError):
     ``$SEDIMENT_TOKEN``)."""
 
 
+class CallTimedOut(OutcomeUnknown):
+    """The client's ``timeout`` passed before the coordinator answered (it is overloaded,
+    paused or cut off): the call may or may not have been carried out. Read back before
+    writing again, or use a keyed write."""
+
+
+class StageMissing(NothingWritten, LookupError):
+    """An ``append_many`` names staged tables the server does not hold: it restarted (or
+    stopped) after they were staged, or they were appended or discarded already. Nothing was
+    written by this call; send the whole ``append_many`` again (it stages the tables anew)."""
+
+
 class CoordinatorUnavailable(SedimentError):
     """No coordinator answered at the address (not running, wrong port, TLS mismatch, network).
     A call that was under way when the connection broke may or may not have been carried out."""

@@ -13,7 +13,8 @@ Transactions live on the server by id between calls. One left idle (no call nami
 for longer than ``txn_idle_timeout`` is aborted, and so is every one still open when the
 server stops: an open transaction holds back the compacter's WAL cut, so a client that
 vanished must not keep one open for ever (and the WAL's replay discards one that a crash
-left open).
+left open). Tables staged for an ``append_many`` are dropped after as long without a call
+(sediment/net/staged_tables.py).
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment import errors
-from sediment.arrow_codec import schema_from_text, schema_to_text
+from sediment.arrow_codec import schema_to_text
 from sediment.clock import MONOTONIC, Clock
 from sediment.engine import staged
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net import grpc_setup, keyed
-from sediment.net.alter_wire import decode_alter
+from sediment.net.alter_wire import decode_alter, wire_schema
 from sediment.net.append_stream import PLAIN_ARGS, serve_append_stream
 from sediment.net.feed_streams import FeedStreams
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
@@ -55,8 +56,9 @@ from sediment.net.protocol import (
     plan_metadata,
 )
 from sediment.net.shared_feeds import SharedFeeds
+from sediment.net.staged_tables import StagedTables
 from sediment.net.tls import check_tls_pem
-from sediment.net.txn_registry import TxnRegistry
+from sediment.net.txn_registry import TxnRegistry, group_name
 from sediment.net.wire_errors import error_detail, to_flight_error
 
 if TYPE_CHECKING:
@@ -140,11 +142,11 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self._txns = TxnRegistry(engine.transaction, txn_idle_timeout, clock)
         self._reaper_stop = threading.Event()
-        self._stages: dict[str, dict[str, list[pa.Table]]] = {}
         self._held_tails = HeldTails(clock=clock)  # plans' WAL-tail rows kept for readers' tail_part calls
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._feeds = FeedStreams(lambda: self._stopped, FEED_POLL)
+        self._stages = StagedTables(txn_idle_timeout, clock, lambda: self.uri)
         self._shared = SharedFeeds(self._feeds, self._engine_subscription, lambda: self._stopped, FEED_POLL)
         self._actions = self._action_table()
         grpc_setup.apply()  # before gRPC's first use in the process, or it has no effect
@@ -207,7 +209,7 @@ class SedimentFlightServer(flight.FlightServerBase):
     # --- actions -------------------------------------------------------------------------------
 
     def _add_relation(self, args: dict[str, Any]) -> None:
-        schema = schema_from_text(field(args, "schema", "add_relation"))
+        schema = wire_schema(field(args, "schema", "add_relation"), "add_relation: schema")
         where = {"partition": args["partition"]} if "partition" in args else {}  # a cluster member's
         self.engine.add_relation(field(args, "name", "add_relation"), schema, **where)
 
@@ -248,6 +250,7 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _commit_all(self, args: dict[str, Any]) -> list[str]:
         ids = field(args, "txns", "commit_all")
+        group_name(args.get("group"))  # a bad one is refused before anything is committed
         try:
             if "client" in args:
                 return keyed.commit_all_once(self.engine, args, lambda: self._open_txns(ids), self._settle_all)
@@ -264,7 +267,7 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _abort_group(self, args: dict[str, Any]) -> int:
         """Abort the group's transactions still open (a Spark job's losing task attempts); how many."""
-        txns = self._txns.group_members(str(field(args, "group", "abort_group")))
+        txns = self._txns.group_members(str(group_name(field(args, "group", "abort_group"))))
         for tx in txns:
             self._end(tx, tx.abort)
         return len(txns)
@@ -286,6 +289,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         while not self._reaper_stop.wait(interval):
             try:
                 self.reap_idle_transactions()
+                self.reap_idle_stages()
             except Exception as exc:  # noqa: BLE001 - the next round tries again
                 log.warning("reaping idle transactions failed: %s", exc)
 
@@ -305,9 +309,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         return self._end(tx, tx.abort)
 
     def _append_many(self, args: dict[str, Any]) -> None:
-        with self._lock:
-            staged = self._stages.pop(str(field(args, "stage", "append_many")), {})
-        tables = {name: pa.concat_tables(parts) if len(parts) > 1 else parts[0] for name, parts in staged.items()}
+        tables = self._stages.take(str(field(args, "stage", "append_many")))
         locks = decode_locks(args.get("locks"))
         if "client" in args:
             keyed.append_many_once(self.engine, tables, args)
@@ -317,8 +319,18 @@ class SedimentFlightServer(flight.FlightServerBase):
             self.engine.append_many(tables, locks=locks)
 
     def _discard_stage(self, args: dict[str, Any]) -> None:
-        with self._lock:
-            self._stages.pop(str(field(args, "stage", "discard_stage")), None)
+        self._stages.discard(str(field(args, "stage", "discard_stage")))
+
+    def reap_idle_stages(self) -> list[str]:
+        """Drop the tables staged for append_many calls that no call named for longer than
+        ``txn_idle_timeout``; their stage ids. A background thread calls this with
+        :meth:`reap_idle_transactions`."""
+        return self._stages.reap_idle()
+
+    @property
+    def staged_rows(self) -> int:
+        """Rows staged for append_many calls still to come, held in memory."""
+        return self._stages.rows
 
     # --- Flight RPCs ---------------------------------------------------------------------------
 
@@ -374,8 +386,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             elif op == Put.STAGE:
                 check_name(name)  # a name that is not a string must not become a staging key
                 stage = str(field(args, "stage", "do_put descriptor"))
-                with self._lock:
-                    self._stages.setdefault(stage, {}).setdefault(name, []).append(table)
+                self._stages.put(stage, name, table)
             else:
                 raise ValueError(f"unknown do_put op {op!r}: use one of {[o.value for o in Put]}")
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
@@ -471,8 +482,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._reaper_stop.set()
         self._feeds.close()  # ends their streams, which would otherwise hold up the shutdown for ever
         clean = self._shut_down(grace)
-        with self._lock:
-            self._stages.clear()
+        self._stages.clear()
         for tx in self._txns.close(f"the sediment server on {self.uri} is stopping; reconnect to a new one"):
             try:
                 tx.abort()

@@ -7,6 +7,7 @@ Shared by the client (encode) and the server (decode); pure.
 
 from __future__ import annotations
 
+import binascii
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 
 from sediment.arrow_codec import schema_from_text, schema_to_text, table_from_text, table_to_text
 from sediment.engine.schema_rules import check_alter_args
+from sediment.errors import InvalidArgument
 
 
 def encode_alter(add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | None = None,
@@ -38,12 +40,28 @@ def encode_alter(add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | Non
     return doc
 
 
+def wire_schema(text: object, what: str) -> pa.Schema:
+    """A schema sent as base64 Arrow IPC; InvalidArgument naming ``what`` when it is not one."""
+    try:
+        if not isinstance(text, str):
+            raise TypeError(f"a {type(text).__name__}, not text")
+        return schema_from_text(text)
+    except (binascii.Error, pa.ArrowException, TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{what} must be a base64 Arrow IPC schema ({exc}); nothing was changed") from None
+
+
 def decode_alter(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of ``Engine.alter_relation`` from an action's JSON body."""
+    """The keyword arguments of ``Engine.alter_relation`` from an action's JSON body, of the
+    shapes sent: the engine refuses wrong ones (a string ``drop`` is not a list of names)."""
     defaults: dict[str, Any] = {}
     if doc.get("defaults"):
-        table = table_from_text(doc["defaults"])
+        try:
+            table = table_from_text(doc["defaults"])
+        except (binascii.Error, pa.ArrowException, TypeError, ValueError) as exc:
+            raise InvalidArgument(f"alter_relation: defaults must be a base64 Arrow IPC stream of one row ({exc}); "
+                                  "nothing was changed") from None
         defaults = {name: table.column(name)[0].as_py() for name in table.column_names}
-    return {"add": list(schema_from_text(doc.get("add") or schema_to_text(pa.schema([])))),
-            "widen": {f.name: f.type for f in schema_from_text(doc.get("widen") or schema_to_text(pa.schema([])))},
-            "rename": dict(doc.get("rename") or {}), "drop": list(doc.get("drop") or []), "defaults": defaults}
+    empty = schema_to_text(pa.schema([]))
+    return {"add": list(wire_schema(doc.get("add") or empty, "alter_relation: add")),
+            "widen": {f.name: f.type for f in wire_schema(doc.get("widen") or empty, "alter_relation: widen")},
+            "rename": doc.get("rename") or {}, "drop": doc.get("drop") or [], "defaults": defaults}

@@ -29,6 +29,14 @@ ENDED_GROUPS = 4096  # how many ended groups are remembered
 log = logging.getLogger("sediment.server")
 
 
+def group_name(group: object) -> str | None:
+    """A transaction group as sent (None: no group); InvalidArgument unless it is text."""
+    if group is not None and not isinstance(group, str):
+        raise errors.InvalidArgument(f"a transaction group is a name (text), not {group!r}; nothing was begun, "
+                                     "committed or aborted")
+    return group
+
+
 class TxnRegistry:
     """Open transactions of one server; ``begin`` makes them through ``new_txn``."""
 
@@ -49,6 +57,7 @@ class TxnRegistry:
     # --- lookups -------------------------------------------------------------------------------
 
     def begin(self, group: object = None) -> int:
+        group = group_name(group)
         with self._lock:
             if self._closed_reason is not None:
                 raise errors.EngineClosed(self._closed_reason)

@@ -96,6 +96,9 @@ def transport_error(exc: flight.FlightError) -> BaseException:
     if isinstance(exc, flight.FlightUnauthenticatedError):
         return errors.AuthenticationFailed(f"the coordinator refused the token ({first}); pass its token with "
                                            "--token or $SEDIMENT_TOKEN")
+    if isinstance(exc, flight.FlightTimedOutError):
+        return errors.CallTimedOut(f"the coordinator did not answer within the call's deadline ({first}): the call "
+                                   "may or may not have been carried out; read back before writing again")
     if isinstance(exc, flight.FlightUnavailableError):
         return errors.CoordinatorUnavailable(f"no coordinator answered ({first}); is `sediment serve` running "
                                              "there, on that port, with the same TLS setting?")

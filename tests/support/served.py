@@ -18,10 +18,11 @@ from typing import Any
 
 
 class Served:
-    """``sediment serve --data-dir DIR --listen 127.0.0.1:0 [extra...]`` with a fresh token."""
+    """``sediment serve --data-dir DIR --listen 127.0.0.1:0 [extra...]`` with a fresh token
+    (or ``token``: a restarted server's clients keep theirs)."""
 
-    def __init__(self, data_dir: Path | str, *extra: str) -> None:
-        self.token = "t-" + os.urandom(8).hex()
+    def __init__(self, data_dir: Path | str, *extra: str, token: str | None = None) -> None:
+        self.token = token or "t-" + os.urandom(8).hex()
         self.env = {**os.environ, "SEDIMENT_TOKEN": self.token}
         self.proc = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--data-dir", str(data_dir),
                                       "--listen", "127.0.0.1:0", *extra], stdout=subprocess.PIPE,
