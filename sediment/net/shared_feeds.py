@@ -38,7 +38,7 @@ from sediment.net.wire_errors import error_detail, to_flight_error
 
 SHARE_VERSION = 1  # the shared stream's message format (docs/formats.md "Messages")
 SHARE_SCHEMA = pa.schema([("ipc", pa.large_binary())])
-_IPC_KEY = ("shared-ipc", SHARE_VERSION)
+_IPC_KEY = ("shared-batches", SHARE_VERSION)
 LEFT_KEPT = 1024  # leaves of a stream remembered for a join still on its way
 
 
@@ -51,19 +51,25 @@ def table_ipc(table: pa.Table | None) -> list[bytes]:
             for start in range(0, max(table.num_rows, 1), FEED_BATCH_ROWS)]
 
 
-def share_message(meta: dict[str, Any], parts: list[bytes]) -> tuple[pa.RecordBatch, bytes]:
-    """One message of a shared stream: IPC parts of the event's table as rows, ``meta`` as
-    app metadata."""
-    batch = pa.record_batch([pa.array(parts, pa.large_binary())], schema=SHARE_SCHEMA)
+def share_batches(parts: list[bytes]) -> list[pa.RecordBatch]:
+    """An event's IPC parts as the batches of its messages, one part each (a large snapshot is
+    not one gRPC message; a progress event is one batch of no rows). The same for every stream
+    that sends the event, so an update's are made once (:meth:`FeedEvent.encoded`)."""
+    chunks = [[part] for part in parts] or [[]]
+    return [pa.record_batch([pa.array(chunk, pa.large_binary())], schema=SHARE_SCHEMA) for chunk in chunks]
+
+
+def share_message(meta: dict[str, Any], batch: pa.RecordBatch) -> tuple[pa.RecordBatch, bytes]:
+    """One message of a shared stream: ``batch`` (IPC parts of the event's table as rows),
+    ``meta`` as app metadata."""
     return batch, json.dumps(meta).encode()
 
 
-def share_messages(meta: dict[str, Any], parts: list[bytes]) -> Iterator[tuple[pa.RecordBatch, bytes]]:
-    """An event as messages of one IPC part each (a large snapshot is not one gRPC message);
-    every one but the last says ``"more": true``."""
-    for part in parts[:-1]:
-        yield share_message({**meta, "more": True}, [part])
-    yield share_message(meta, parts[-1:])
+def share_messages(meta: dict[str, Any], batches: list[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    """An event as messages of one batch each; every one but the last says ``"more": true``."""
+    for batch in batches[:-1]:
+        yield share_message({**meta, "more": True}, batch)
+    yield share_message(meta, batches[-1])
 
 
 class _Carrier:
@@ -265,12 +271,12 @@ class SharedFeeds:
         for event, initial, sids in groups.values():
             if isinstance(event, BaseException):
                 detail = json.loads(error_detail(event))
-                yield share_message({"kind": "error", "time": None, "subs": sids, "error": detail}, [])
+                yield share_message({"kind": "error", "time": None, "subs": sids, "error": detail}, share_batches([])[0])
                 continue
-            parts = table_ipc(event.table) if event.kind != "updates" else \
-                event.encoded(_IPC_KEY, lambda event=event: table_ipc(event.table))
+            batches = share_batches(table_ipc(event.table)) if event.kind != "updates" else \
+                event.encoded(_IPC_KEY, lambda event=event: share_batches(table_ipc(event.table)))
             meta = {"kind": event.kind, "time": event.time, "subs": sids}
-            yield from share_messages({**meta, "initial": True} if initial else meta, parts)
+            yield from share_messages({**meta, "initial": True} if initial else meta, batches)
 
     def _sleep_on_feeds(self, share: _Share, carriers: list[_Carrier]) -> list[tuple[Any, bool, list[str]]]:
         """Wait up to the poll interval for any of ``carriers`` to have an event (or for a join),
