@@ -482,6 +482,11 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         return event
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
     def lag(self) -> int:
         """Events written but not yet read by this subscriber."""
         return self._feed.next_seq - self.cursor

@@ -63,7 +63,7 @@ def messages(monkeypatch):
     sent: list[tuple[str, list[str]]] = []
     real = shared_feeds.share_message
     monkeypatch.setattr(shared_feeds, "share_message",
-                        lambda meta, parts: sent.append((meta["kind"], list(meta["subs"]))) or real(meta, parts))
+                        lambda meta, batch: sent.append((meta["kind"], list(meta["subs"]))) or real(meta, batch))
     return sent
 
 
