@@ -39,7 +39,6 @@ from support.faults_model import DROP_WEIGHT, Model, check_engine, next_op, run_
 from support.faults_model import SEGMENT_SIZES as SIZES  # noqa: E402 - each workload opens with one, reopens with others
 
 BURST_WEIGHT = 0.2  # concurrent appends; runs of them to one relation become joined records
-GROUP_MARK = b"SDUG\x02\x00"  # a group body's magic and version (docs/formats.md "Group bodies")
 
 
 def options_of(seed: int) -> dict:
@@ -60,6 +59,7 @@ class Recorder:
         self.dsync_fds: set[int] = set()
         self.ids: dict[int, int] = {}
         self.ids_seen: list[int] = []
+        self.joining = threading.local()  # a leader's joined records, marked on its next segment write
         self.real = {n: getattr(os, n) for n in (
             "open", "write", "pwrite", "pwritev", "ftruncate", "posix_fallocate", "fsync", "fdatasync",
             "rename", "replace", "link", "unlink", "remove", "mkdir", "rmdir", "close")}
@@ -106,6 +106,10 @@ class Recorder:
         def _written(fd, offset, data):
             info = r.fds.get(fd)
             if info is not None and data:
+                joined = getattr(r.joining, "records", 0)
+                if joined and info[0].endswith(".seg"):
+                    r.joining.records = 0
+                    r.log.append(("joined", info[1], offset, joined))
                 r.log.append(("write", info[1], offset, bytes(data)))
                 if fd in r.dsync_fds:
                     r._sync(fd)
@@ -201,7 +205,16 @@ def record_main(argv: list[str]) -> int:
     rec = Recorder(base)
     rec.install()
     import sediment
+    from sediment.wal import file_log
 
+    def observed_join(batch, _join=file_log.join_group):
+        """The leader's join, observed: the records it joined are marked on its next write."""
+        out, joined = _join(batch)
+        if joined:
+            rec.joining.records = len(joined)
+        return out, joined
+
+    file_log.join_group = observed_join
     data = os.path.join(base, "data")
     rng = random.Random(seed)
     model = Model()
@@ -361,7 +374,7 @@ class PowerStats:
     untyped: int = 0
     disagree: int = 0
     bursts: int = 0  # concurrent bursts in the recorded workloads
-    joined_records: int = 0  # group bodies written to the log (joined records), counted in the recorded writes
+    joined_records: int = 0  # records joining several appends, marked by the leader on its write
     states_in_joined: int = 0  # crash states with a joined record written but not yet synced
     pool_offers: int = 0  # trimmed segment files kept for reuse, in the recorded workloads
     pool_takes: int = 0  # pool files made new segments
@@ -411,9 +424,9 @@ def _joined_points(events: list[tuple]) -> list[tuple[int, str | None]]:
     dropped (an acknowledged append must be durable already)."""
     points: list[tuple[int, str | None]] = []
     for k, e in enumerate(events):
-        if e[0] == "write" and GROUP_MARK in e[3]:
-            points.append((k + 1, None))
-            for n in range(k + 1, len(events)):
+        if e[0] == "joined":  # the next event is the leader's write holding the joined records
+            points.append((k + 2, None))
+            for n in range(k + 2, len(events)):
                 if events[n][0] == "ack":
                     break
                 if events[n][0] == "sack":
@@ -447,7 +460,8 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
     stats.pool_offers += pool.count("offer")
     stats.pool_takes += pool.count("take")
     stats.bursts += sum(e[0] == "begin" and e[2][0] == "burst" for e in events)
-    stats.joined_records += sum(e[3].count(GROUP_MARK) for e in events if e[0] == "write")
+    stats.joined_records += sum(e[3] for e in events if e[0] == "joined")
+    joined_writes = {(e[1], e[2]) for e in events if e[0] == "joined"}
     sub_acked: dict[int, set[int]] = {}
     pos = 0
     target = os.path.join(work, "state")
@@ -479,7 +493,7 @@ def run_power(work: str, seed: int, states: int, stats: PowerStats, nops: int = 
                 inflight = ["txn", inflight[1], False]
             if inflight[0] == "burst":  # its appends not yet returned: each there entirely or not at all
                 inflight = ["burst", [s for j, s in enumerate(inflight[1]) if j not in sub_acked.get(open_ops[-1], ())]]
-        stats.states_in_joined += any(w[0] == "write" and GROUP_MARK in w[3]
+        stats.states_in_joined += any(w[0] == "write" and (w[1], w[2]) in joined_writes
                                       for ops in fs.pending_data.values() for w in ops)
         strategy = forced or STRATEGIES[n % len(STRATEGIES)]
         dirs, data = fs.crash_state(random.Random(f"{seed}:{n}"), strategy)
