@@ -4,6 +4,7 @@ answering (SIGSTOP) under a client's deadline, staged tables of a client that we
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -104,11 +105,12 @@ def test_a_call_past_its_deadline_is_outcome_unknown_not_a_raw_flight_error(tmp_
         server.kill()
 
 
+@contextlib.contextmanager
 def _commit_answer_lost(tmp_path):
     """A served process behind a proxy; a transaction with one row whose commit the server
-    carried out and whose answer the proxy withheld, then the server SIGKILLed: yields
-    (data dir, port, token, the client through the proxy, the transaction, the failure the
-    commit raised)."""
+    carried out and whose answer the proxy withheld, then the server SIGKILLed and started
+    again on its port: yields (the transaction, the failure the commit raised, the ids a
+    direct client reads once it seals); stops everything after."""
     data = tmp_path / "data"
     server = Served(data)
     proxy = CutProxy()
@@ -136,47 +138,43 @@ def _commit_answer_lost(tmp_path):
     server.kill()
     committer.join(60)
     assert not committer.is_alive() and len(failure) == 1
-    return data, urlparse(server.uri).port, server.token, proxy, client, tx, failure[0]
+    again = serve_again(data, urlparse(server.uri).port, server.token)
+
+    def visible() -> list[int]:
+        with sediment.connect(again.uri, token=server.token) as direct:
+            direct.seal("r", 1)
+            return direct.snapshot("r", 1).column("id").to_pylist()
+
+    try:
+        yield tx, failure[0], visible
+    finally:
+        client.close()
+        proxy.close()
+        again.kill()
 
 
 def test_a_commit_retried_after_its_answer_was_lost_and_the_server_restarted_is_not_called_aborted(tmp_path):
     """The commit landed (the log has its COMMIT), the answer was lost, the server restarted
     and no longer knows the transaction: a retried commit must not report it aborted (the
     row is visible); its outcome is unknown to the client."""
-    data, port, token, proxy, client, tx, first = _commit_answer_lost(tmp_path)
-    again = serve_again(data, port, token)
-    try:
+    with _commit_answer_lost(tmp_path) as (tx, first, visible):
         assert isinstance(first, errors.CoordinatorUnavailable | errors.OutcomeUnknown)
         assert tx.state == "open"
         with pytest.raises(errors.OutcomeUnknown, match="may have"):
             tx.commit()
         assert tx.state != "aborted"
-        with sediment.connect(again.uri, token=token) as direct:
-            direct.seal("r", 1)
-            assert direct.snapshot("r", 1).column("id").to_pylist() == [7]
-    finally:
-        client.close()
-        proxy.close()
-        again.kill()
+        assert visible() == [7]
 
 
 def test_an_abort_after_a_commit_whose_answer_was_lost_does_not_claim_the_committed_rows_gone(tmp_path):
     """The same lost answer; the caller cleans up with abort(). The server (restarted) cannot
     say what became of it, and the rows are visible: abort must not leave the transaction
     reading ``aborted`` as if nothing was written; it raises OutcomeUnknown."""
-    data, port, token, proxy, client, tx, _first = _commit_answer_lost(tmp_path)
-    again = serve_again(data, port, token)
-    try:
+    with _commit_answer_lost(tmp_path) as (tx, _first, visible):
         with pytest.raises(errors.OutcomeUnknown):
             tx.abort()
         assert tx.state != "aborted"
-        with sediment.connect(again.uri, token=token) as direct:
-            direct.seal("r", 1)
-            assert direct.snapshot("r", 1).column("id").to_pylist() == [7]
-    finally:
-        client.close()
-        proxy.close()
-        again.kill()
+        assert visible() == [7]
 
 
 STAGING_CLIENT = """

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from support.joined_runs import UPDATES, Calls
+from support.joined_runs import ids_of as _ids
 
-from sediment.arrow_codec import decode_updates, encode_updates, is_group_body
+from sediment.arrow_codec import encode_updates, is_group_body
 from sediment.errors import InvalidArgument
 from sediment.wal.file_log import FileLog
 from sediment.wal.record import Record, RecordKind
-
-UPDATES = pa.schema([("id", pa.int64()), ("time", pa.int64()), ("diff", pa.int64())])
 
 
 def _table(*ids: int, t: int = 1) -> pa.Table:
@@ -26,18 +26,6 @@ def _submit(log: FileLog, calls, *ids: int, rel: int = 1, version: int = 0, cap:
             size: int = 1024, t: int = 1):
     record = Record(RecordKind.UPDATES, rel, 0, t, t, len(ids), b"", schema_version=version)
     return log.submit_joinable(record, calls, cap, _table(*ids, t=t), size)
-
-
-def _ids(body: bytes) -> list[int]:
-    return decode_updates(body, UPDATES).column(0).to_pylist()
-
-
-class Calls:
-    def __init__(self) -> None:
-        self.got: list[list[Record]] = []
-
-    def __call__(self, records) -> None:
-        self.got.append(list(records))
 
 
 def test_a_run_of_tables_is_one_plain_body_of_their_rows_in_queue_order(tmp_path):

@@ -11,14 +11,15 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
+from support.joined_runs import UPDATES, Calls
+from support.joined_runs import ids_of as _ids
 
-from sediment.arrow_codec import GROUP_HEADER, GROUP_MAGIC, decode_updates, encode_updates, join_updates
+from sediment.arrow_codec import GROUP_HEADER, GROUP_MAGIC, encode_updates, join_updates
 from sediment.errors import WalCorruption
 from sediment.wal import segment as sg
 from sediment.wal.file_log import FileLog
 from sediment.wal.record import Record, RecordKind
 
-UPDATES = pa.schema([("id", pa.int64()), ("time", pa.int64()), ("diff", pa.int64())])
 SMALL = 1 << 14
 
 
@@ -27,18 +28,6 @@ def _record(k: int, rel: int = 1, version: int = 0, t: int | None = None) -> Rec
     batch = pa.record_batch([pa.array([k], pa.int64()), pa.array([t], pa.int64()), pa.array([1], pa.int64())],
                             schema=UPDATES)
     return Record(RecordKind.UPDATES, rel, 0, t, t, 1, encode_updates(batch).to_pybytes(), schema_version=version)
-
-
-def _ids(body: bytes) -> list[int]:
-    return decode_updates(body, UPDATES).column(0).to_pylist()
-
-
-class Calls:
-    def __init__(self) -> None:
-        self.got: list[list[Record]] = []
-
-    def __call__(self, records) -> None:
-        self.got.append(list(records))
 
 
 def test_queued_joinable_appends_become_one_record_in_queue_order(tmp_path):
