@@ -58,7 +58,7 @@ from sediment.net.protocol import (
 from sediment.net.shared_feeds import SharedFeeds
 from sediment.net.staged_tables import StagedTables
 from sediment.net.tls import check_tls_pem
-from sediment.net.txn_registry import TxnRegistry, group_name
+from sediment.net.txn_registry import TxnRegistry, group_name, txn_id_of
 from sediment.net.wire_errors import error_detail, to_flight_error
 
 if TYPE_CHECKING:
@@ -251,6 +251,9 @@ class SedimentFlightServer(flight.FlightServerBase):
     def _commit_all(self, args: dict[str, Any]) -> list[str]:
         ids = field(args, "txns", "commit_all")
         group_name(args.get("group"))  # a bad one is refused before anything is committed
+        if isinstance(ids, list):
+            for i in ids:  # every one checked before any is committed or aborted
+                txn_id_of(i)
         try:
             if "client" in args:
                 return keyed.commit_all_once(self.engine, args, lambda: self._open_txns(ids), self._settle_all)
