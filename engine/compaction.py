@@ -152,7 +152,8 @@ class Compaction:
 
     def compaction_errors(self) -> dict[str, str]:
         """Relations whose last compaction attempt (a pass or a merge) failed, with the error;
-        each is retried on every pass until it succeeds. A failed pass keeps the relation's WAL
+        a failed pass is retried on every pass, a failed merge step after a backoff, until it
+        succeeds. A failed pass keeps the relation's WAL
         records (the log is trimmed only below them); a failed merge leaves its inputs as they
         are. Empty when every relation compacts."""
         with self._lock:
