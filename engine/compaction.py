@@ -80,6 +80,17 @@ def _split_at(table: pa.Table, upper: int) -> tuple[list[pa.Table], pa.Table | N
     return [table.filter(pc.less(t, upper))], table.filter(pc.greater_equal(t, upper))
 
 
+MERGE_PENDING, MERGE_BATCHES = "merge pending", "merge"  # a relation's two merge steps, failing apart
+MERGE_STEPS = (MERGE_PENDING, MERGE_BATCHES)
+MERGE_RETRY_FIRST = 1.0  # seconds before a failed merge step is tried again
+MERGE_RETRY_MOST = 300.0  # the longest wait between attempts of a merge step that keeps failing
+
+
+def merge_retry_delay(attempts: int) -> float:
+    """Seconds before the next attempt of a merge step that failed ``attempts`` times in a row."""
+    return min(MERGE_RETRY_MOST, MERGE_RETRY_FIRST * 2 ** min(attempts - 1, 32))
+
+
 class Compaction:
     """Runs compaction passes and merges over ``view``'s relations. ``pass_lock`` is held by a
     pass and by whoever must not interleave with one (dropping a relation, closing)."""
@@ -98,6 +109,7 @@ class Compaction:
         self.pass_lock = threading.Lock()
         self.merge_lock = threading.Lock()
         self.failures: dict[tuple[str, str], tuple[str, int]] = {}  # (name, step) -> (error, attempts)
+        self.retry_at: dict[tuple[str, str], float] = {}  # (name, merge step) -> clock time of its next attempt
         self.segment_age = wal_cut.SegmentAge(clock.current_time())
         self._lock = view.lock
 
@@ -140,7 +152,8 @@ class Compaction:
 
     def compaction_errors(self) -> dict[str, str]:
         """Relations whose last compaction attempt (a pass or a merge) failed, with the error;
-        each is retried on every pass until it succeeds. A failed pass keeps the relation's WAL
+        a failed pass is retried on every pass, a failed merge step after a backoff, until it
+        succeeds. A failed pass keeps the relation's WAL
         records (the log is trimmed only below them); a failed merge leaves its inputs as they
         are. Empty when every relation compacts."""
         with self._lock:
@@ -157,33 +170,47 @@ class Compaction:
 
     def forget(self, name: str) -> None:
         """A dropped relation: one added again under its name starts clean (under the lock)."""
-        for step in ("pass", "merge"):
+        for step in ("pass", *MERGE_STEPS):
             self.failures.pop((name, step), None)
+            self.retry_at.pop((name, step), None)
 
     def _isolated(self, rel: Relation, failed: dict[str, str], step, kind: str = "pass") -> None:
-        """Run one relation's compaction step (``kind``: "pass" or "merge"); a failure is
-        logged and recorded under that kind, so a merge failing on the merger's thread is not
-        hidden by the next pass succeeding, and never stops the other relations' steps (nor
-        the trim below this one's records)."""
+        """Run one relation's compaction step (``kind``: "pass", or one of ``MERGE_STEPS``); a
+        failure is logged and recorded under that kind, so a merge failing on the merger's
+        thread is not hidden by the next pass succeeding, and never stops the other relations'
+        steps, nor the relation's other kind of merge (nor the trim below its records). A
+        failing merge step is retried after a backoff on the clock (MERGE_RETRY_FIRST seconds,
+        doubling up to MERGE_RETRY_MOST); a failing pass on every pass, as its WAL records
+        hold the log back."""
         name = rel.entry.name
-        if name in failed:
-            return
         if self.traces.fence.replaced is not None:
             failed[name] = f"CoordinatorSuperseded: {self.traces.fence.replaced}"
             return
+        now = self.clock.current_time()
+        with self._lock:
+            if self.retry_at.get((name, kind), now) > now:
+                return  # backing off; its failure stays reported
         if (name, kind) in self.failures:
             self.metrics.retries.labels(where="compaction").inc()
         try:
             step()
         except Exception as exc:  # noqa: BLE001 - reported, retried on the next pass
             text = f"{type(exc).__name__}: {exc}"
-            failed[name] = text
+            failed[name] = f"{failed[name]}; {text}" if name in failed else text
             self.metrics.error("compaction", exc)
             with self._lock:
                 count = self.failures.get((name, kind), ("", 0))[1] + 1
                 self.failures[(name, kind)] = (text, count)
-            log.error("compaction (%s) of relation %r failed (attempt %d; its WAL records are kept and it is "
-                      "retried on the next pass): %s", kind, name, count, text)
+                if kind in MERGE_STEPS:
+                    self.retry_at[(name, kind)] = now + merge_retry_delay(count)
+            log.error("compaction (%s) of relation %r failed (attempt %d; %s): %s", kind, name, count,
+                      "its WAL records are kept and it is retried on the next pass" if kind == "pass" else
+                      f"its inputs are kept and it is retried in {merge_retry_delay(count):g} s", text)
+            return
+        if kind in MERGE_STEPS:
+            with self._lock:
+                self.failures.pop((name, kind), None)
+                self.retry_at.pop((name, kind), None)
 
     def run_pass(self, names: set[str] | None = None, *, merge: bool = True, full: bool = False) -> dict[str, str]:
         """Take finished WAL records into the traces and trim the log; then, with ``merge``,
@@ -227,15 +254,13 @@ class Compaction:
                 if self.view.closed:
                     return
                 rels = [r for r in self.view.relations.values() if names is None or r.entry.name in names]
-            skipped = set(failed)
+            skipped = set(failed)  # their pass failed just now: their merges wait for the next one
             with self.collector.merge_running():
                 for rel in rels:
-                    self._isolated(rel, failed, lambda rel=rel: self.merge_pending(rel), "merge")
-                    self._isolated(rel, failed, lambda rel=rel: self.merge_relation(rel, full), "merge")
-                with self._lock:
-                    for rel in rels:
-                        if rel.entry.name not in failed and rel.entry.name not in skipped:
-                            self.failures.pop((rel.entry.name, "merge"), None)
+                    if rel.entry.name in skipped:
+                        continue
+                    self._isolated(rel, failed, lambda rel=rel: self.merge_pending(rel), MERGE_PENDING)
+                    self._isolated(rel, failed, lambda rel=rel: self.merge_relation(rel, full), MERGE_BATCHES)
 
     def compact_relation(self, safe: int, rel: Relation, entries: list[TailEntry], progress: list[int],
                           trace: TraceState, since: int) -> None:

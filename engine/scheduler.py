@@ -8,9 +8,11 @@ next passes, the backlog filled and appends waited behind it (measured: two appe
 compactions apart, the loop runs two tasks: the pass task wakes when the log finishes a
 segment (an event set from the log's writer thread, not a polling sleep) and every
 ``interval`` seconds; after each pass it wakes the merge task, which merges beside the
-next passes. Each runs its step in a worker thread (``trio.to_thread``), as the steps do
-blocking file, blob and metadata I/O. A failed step is logged and retried at the next wake
-(a failed pass's error is kept in ``last_error`` for tools and tests).
+next passes, whether the pass succeeded or not. Each runs its step in a worker thread
+(``trio.to_thread``), as the steps do blocking file, blob and metadata I/O. A failed step is
+logged and retried at the next wake (a failed pass's error is kept in ``last_error`` for
+tools and tests; a relation's failing merge step backs off on the clock, see
+engine/compaction.py).
 
 The loop runs on the clock passed in (:mod:`sediment.clock`: tests pass ``ManualClock`` or
 ``trio.testing.MockClock``), which must also serve as a trio clock.
@@ -80,10 +82,10 @@ class Scheduler:
             try:
                 await trio.to_thread.run_sync(self._timed, "pass", self._run_pass, thread_name="compaction-pass")
                 self.last_error = None
-                self.merge_soon()
             except Exception as exc:  # noqa: BLE001 - keep running; the next wake retries
                 self.last_error = exc
                 log.warning("compaction pass failed (will retry): %s", exc)
+            self.merge_soon()  # merges do not depend on the pass: a failing one must not stop them
             with self._done:
                 self.passes += 1
                 self._done.notify_all()

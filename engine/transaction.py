@@ -65,7 +65,8 @@ class Transaction:
 
     @property
     def state(self) -> str:
-        """``open``, ``committed`` or ``aborted``."""
+        """``open``, ``committed``, ``aborted``, or ``in doubt`` (a commit whose COMMIT record
+        was submitted and is not known to be durable: waiting for its sync, or the sync failed)."""
         return self._txn.value
 
     def _check(self) -> None:
@@ -148,8 +149,13 @@ def commit_all(writer: TxnWriter, transactions: Sequence[Transaction]) -> None:
             [(rel, name, t_min) for t in begun for name, (rel, t_min) in t._touched.items()],
             refused=[Record(RecordKind.ABORT, txn_id=t.id) for t in begun])
         for t in txns:
-            t._txn.finish(ABORTED if failure is not None else COMMITTED)
-    ticket.wait()
+            if failure is not None:
+                t._txn.finish(ABORTED)
+            else:
+                t._txn.start_commit()
+    ticket.wait()  # a failed sync leaves them in doubt: the COMMIT record may or may not be durable
+    for t in txns:
+        t._txn.commit_durable()
     if failure is not None:
         which = f"transaction {txns[0].id:#x} was" if len(txns) == 1 else f"transactions {[hex(t.id) for t in txns]} were"
         raise TransactionError(f"{which} aborted: {failure}") from failure

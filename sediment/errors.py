@@ -427,6 +427,24 @@ class CallTimedOut(OutcomeUnknown):
     writing again, or use a keyed write."""
 
 
+class CallCancelled(OutcomeUnknown):
+    """The call was cancelled before its answer came (the server stopping cancels the
+    streams still open; a client may cancel its own): it may or may not have been carried
+    out. Read back before writing again, or use a keyed write."""
+
+
+class TransportFailed(OutcomeUnknown):
+    """The transport failed during the call with no word from sediment on the server (a gRPC
+    internal error, a stream reset, a server that died mid-call): the call may or may not
+    have been carried out. Read back before writing again, or use a keyed write."""
+
+
+class CallRefused(NothingWritten):
+    """The coordinator's transport refused the call before carrying it out (permission
+    denied): nothing was done. Retrying the same call cannot help; the message says what
+    to change."""
+
+
 class StageMissing(NothingWritten, LookupError):
     """An ``append_many`` names staged tables the server does not hold: it restarted (or
     stopped) after they were staged, or they were appended or discarded already. Nothing was

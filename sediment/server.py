@@ -58,7 +58,7 @@ from sediment.net.protocol import (
 from sediment.net.shared_feeds import SharedFeeds
 from sediment.net.staged_tables import StagedTables
 from sediment.net.tls import check_tls_pem
-from sediment.net.txn_registry import TxnRegistry, group_name
+from sediment.net.txn_registry import TxnRegistry, group_name, txn_id_of
 from sediment.net.wire_errors import error_detail, to_flight_error
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ __all__ = ["DEFAULT_LOCATION", "PLAN_METADATA_KEY", "SedimentFlightServer", "err
 
 DEFAULT_LOCATION = "grpc://127.0.0.1:0"
 LOCAL_STOP_GRACE = 10.0  # seconds serve_local's close() waits for calls still running
+DEFAULT_STOP_GRACE = 30.0  # seconds stop() waits for calls still running when given no grace
 DEFAULT_TXN_IDLE_TIMEOUT = 600.0  # seconds without a call before the server aborts a transaction
 FEED_POLL = 1.0  # seconds a feed stream waits for an event before checking that its client is still there
 
@@ -124,14 +125,19 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def __init__(self, engine: Engine, location: str = DEFAULT_LOCATION, token: str | None = None, *,
                  close_engine: bool = False, txn_idle_timeout: float | None = DEFAULT_TXN_IDLE_TIMEOUT,
-                 clock: Clock = MONOTONIC, tls: tuple[bytes, bytes] | None = None) -> None:
+                 clock: Clock = MONOTONIC, tls: tuple[bytes, bytes] | None = None,
+                 stop_grace: float = DEFAULT_STOP_GRACE) -> None:
         """``txn_idle_timeout``: seconds a transaction may go without a call before it is
-        aborted (None: never); ``clock`` measures it (tests pass their own). ``tls``: the
+        aborted (None: never); ``clock`` measures it (tests pass their own). ``stop_grace``:
+        seconds :meth:`stop` waits for calls still running when it is given no grace. ``tls``: the
         server's (certificate chain, private key) in PEM; then ``location`` is
         ``grpc+tls://HOST:PORT`` and clients must connect with TLS (the token is still required)."""
         self._token = resolve_token(token)
         if txn_idle_timeout is not None and txn_idle_timeout <= 0:
             raise ValueError(f"txn_idle_timeout must be positive seconds or None, not {txn_idle_timeout!r}")
+        if not stop_grace >= 0:
+            raise ValueError(f"stop_grace must be seconds >= 0, not {stop_grace!r}")
+        self.stop_grace = stop_grace
         location, parsed = _listen_location(location, tls)
         if tls is not None:
             check_tls_pem(*tls, "tls[0] (the certificate)", "tls[1] (the key)")
@@ -251,6 +257,9 @@ class SedimentFlightServer(flight.FlightServerBase):
     def _commit_all(self, args: dict[str, Any]) -> list[str]:
         ids = field(args, "txns", "commit_all")
         group_name(args.get("group"))  # a bad one is refused before anything is committed
+        if isinstance(ids, list):
+            for i in ids:  # every one checked before any is committed or aborted
+                txn_id_of(i)
         try:
             if "client" in args:
                 return keyed.commit_all_once(self.engine, args, lambda: self._open_txns(ids), self._settle_all)
@@ -468,11 +477,12 @@ class SedimentFlightServer(flight.FlightServerBase):
         """Stop listening, abort the transactions clients left open, drop staged tables, and
         close the engine if this server owns it. Idempotent.
 
-        Calls under way are waited for: without ``grace``, for as long as they take (a client
-        that stops reading a large stream holds them up); with ``grace``, for that many
-        seconds, after which the transactions are aborted and the engine closed under the
-        calls still running (they fail). Returns False in that case, True when all calls
-        finished in time. gRPC finishes the shutdown once those clients go away."""
+        Calls under way are waited for ``grace`` seconds (without it, the server's
+        ``stop_grace``, DEFAULT_STOP_GRACE unless given: a client that holds a stream open
+        without using it, or stops reading one, must not keep the stop waiting for ever),
+        after which the transactions are aborted and the engine closed under the calls still
+        running (they fail at their next step). Returns False in that case, True when all
+        calls finished in time. gRPC finishes the shutdown once those clients go away."""
         with self._lock:
             if self._stopped:
                 return True
@@ -481,7 +491,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._txns.refuse_new(f"the sediment server on {self.uri} is stopping; reconnect to a new one")
         self._reaper_stop.set()
         self._feeds.close()  # ends their streams, which would otherwise hold up the shutdown for ever
-        clean = self._shut_down(grace)
+        clean = self._shut_down(self.stop_grace if grace is None else grace)
         self._stages.clear()
         for tx in self._txns.close(f"the sediment server on {self.uri} is stopping; reconnect to a new one"):
             try:
@@ -492,7 +502,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             self.engine.close()
         return clean
 
-    def _shut_down(self, grace: float | None) -> bool:
+    def _shut_down(self, grace: float) -> bool:
         """gRPC's shutdown, waited for at most ``grace`` seconds; whether it finished."""
         finished = threading.Event()
 
@@ -504,11 +514,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             finally:
                 finished.set()
 
-        if grace is None:
-            shut_down()
-        else:
-            threading.Thread(target=shut_down, name="sediment-server-shutdown", daemon=True).start()
-            finished.wait(max(0.0, grace))
+        threading.Thread(target=shut_down, name="sediment-server-shutdown", daemon=True).start()
+        finished.wait(max(0.0, grace))
         if not finished.is_set():
             log.warning("sediment server on %s: calls still running after %.1f s are cut off", self.uri, grace)
         return finished.is_set()

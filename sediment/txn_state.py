@@ -1,5 +1,8 @@
 """The life of a write transaction, shared by the engine's ``Transaction`` and the network
-client's ``RemoteTransaction``: ``open``, then once ``committed`` or ``aborted``.
+client's ``RemoteTransaction``: ``open``, then once ``committed`` or ``aborted``. A commit
+whose COMMIT record went to the log but whose sync failed (the log failed, the engine
+closed) is ``in doubt``: the record may be durable or not, so it is neither committed nor
+abortable; replay at the next open decides.
 
 Pure state (no I/O, no locking): the owners hold their own mutex around it, so that the
 two kinds of transaction cannot drift apart in what a finished one refuses.
@@ -9,7 +12,7 @@ from __future__ import annotations
 
 from sediment.errors import TransactionError
 
-OPEN, COMMITTED, ABORTED = "open", "committed", "aborted"
+OPEN, COMMITTED, ABORTED, IN_DOUBT = "open", "committed", "aborted", "in doubt"
 
 
 class TxnState:
@@ -36,6 +39,17 @@ class TxnState:
             raise ValueError(f"a transaction finishes as committed or aborted, not {state!r}")
         if self.value == OPEN:
             self.value = state
+
+    def start_commit(self) -> None:
+        """The COMMIT record is submitted but not yet durable: ``in doubt`` until
+        :meth:`commit_durable`, and for good if the sync fails."""
+        if self.value == OPEN:
+            self.value = IN_DOUBT
+
+    def commit_durable(self) -> None:
+        """The COMMIT record is synced: only now is the transaction ``committed``."""
+        if self.value == IN_DOUBT:
+            self.value = COMMITTED
 
     def settle(self, state: str) -> None:
         """Take the state another party decided (the server's word after a refused commit): a

@@ -139,6 +139,11 @@ class RemoteTransaction:
                 state = self._client._action(Action.ABORT, txn=self.id)
             except TransactionError as exc:
                 raise self._unknown("abort", exc) from None
+            if state not in ("committed", "aborted"):  # in doubt on the server too: its log failed the sync
+                raise errors.OutcomeUnknown(
+                    f"abort of transaction {self.id:#x}: the server is in doubt whether its earlier commit is "
+                    f"durable (state {state!r}: the log failed the sync); read the relations back after the "
+                    "server reopens to find out")
             self._txn.settle(state)
             self._in_doubt = False
             if state == "committed":

@@ -37,6 +37,15 @@ def group_name(group: object) -> str | None:
     return group
 
 
+def txn_id_of(value: object) -> int:
+    """A transaction id as sent; InvalidArgument unless it is an integer (a list or an object
+    would otherwise reach the registry's dicts as a builtin TypeError)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.InvalidArgument(f"a transaction id is an integer, not {value!r}; nothing was appended, "
+                                     "committed or aborted")
+    return value
+
+
 class TxnRegistry:
     """Open transactions of one server; ``begin`` makes them through ``new_txn``."""
 
@@ -73,15 +82,17 @@ class TxnRegistry:
         return tx.id
 
     def get(self, txn_id: object) -> Any:
-        """The open transaction ``txn_id`` (its idle clock restarts), or TransactionError."""
+        """The open transaction ``txn_id`` (its idle clock restarts), or TransactionError
+        (InvalidArgument when ``txn_id`` is not an integer)."""
+        txn_id = txn_id_of(txn_id)
         with self._lock:
-            tx = self._txns.get(txn_id) if isinstance(txn_id, int) else None
-            state = self._finished.get(txn_id) if isinstance(txn_id, int) else None
+            tx = self._txns.get(txn_id)
+            state = self._finished.get(txn_id)
             if tx is not None:
                 self._used[tx.id] = self._clock.current_time()
             idle = txn_id in self._idle_aborted
         if tx is None:
-            shown = f"{txn_id:#x}" if isinstance(txn_id, int) else repr(txn_id)
+            shown = f"{txn_id:#x}"
             if idle:
                 state = (f"{state}: the server aborted it after {self.idle_timeout:g} s without a call "
                          "(txn_idle_timeout)")
@@ -91,11 +102,13 @@ class TxnRegistry:
         return tx
 
     def state(self, txn_id: object) -> str:
+        txn_id = txn_id_of(txn_id)
         with self._lock:
             tx = self._txns.get(txn_id)
             return tx.state if tx is not None else self._finished.get(txn_id, "unknown")
 
     def finished_state(self, txn_id: object) -> str | None:
+        txn_id = txn_id_of(txn_id)
         with self._lock:
             return self._finished.get(txn_id)
 

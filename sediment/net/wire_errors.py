@@ -78,8 +78,8 @@ def server_error(exc: flight.FlightError) -> BaseException | None:
 
 def typed_error(exc: flight.FlightError) -> BaseException:
     """The error the server raised, rebuilt from the Flight error's detail. Flight errors
-    without that detail (authentication, an unreachable server) become sediment's transport
-    errors, or are returned as they are."""
+    without that detail (authentication, an unreachable server, a cancelled call, an
+    internal transport failure) become sediment's transport errors."""
     typed = server_error(exc)
     return typed if typed is not None else transport_error(exc)
 
@@ -91,7 +91,9 @@ def error_line(exc: BaseException) -> str:
 
 
 def transport_error(exc: flight.FlightError) -> BaseException:
-    """Flight's own errors (no sediment detail) as sediment's: one line, typed."""
+    """Flight's own errors (no sediment detail) as sediment's: one line, typed, and saying by
+    their class whether the call may have been carried out (OutcomeUnknown: cancelled, an
+    internal or unknown transport failure) or not (NothingWritten: refused before it ran)."""
     first = error_line(exc)
     if isinstance(exc, flight.FlightUnauthenticatedError):
         return errors.AuthenticationFailed(f"the coordinator refused the token ({first}); pass its token with "
@@ -102,4 +104,10 @@ def transport_error(exc: flight.FlightError) -> BaseException:
     if isinstance(exc, flight.FlightUnavailableError):
         return errors.CoordinatorUnavailable(f"no coordinator answered ({first}); is `sediment serve` running "
                                              "there, on that port, with the same TLS setting?")
-    return exc
+    if isinstance(exc, flight.FlightCancelledError):
+        return errors.CallCancelled(f"the call was cancelled before its answer came ({first}): it may or may not "
+                                    "have been carried out; read back before writing again")
+    if isinstance(exc, flight.FlightUnauthorizedError):
+        return errors.CallRefused(f"the coordinator's transport refused the call ({first}); nothing was done")
+    return errors.TransportFailed(f"the transport failed during the call ({type(exc).__name__}: {first}): it may "
+                                  "or may not have been carried out; read back before writing again")

@@ -259,7 +259,71 @@ def test_a_failing_background_merge_stays_reported_after_a_pass_succeeds(eng):
     assert "unreachable" in eng.compaction_errors()["r"]
     assert eng.trace_info("r")["compaction_failures"] >= 1  # the pass's finished segment may wake one more try
     eng.traces.merge = real
+    eng.clock.advance(600)  # past the failing merge's backoff
     eng.scheduler.merge_soon()
     assert eng.scheduler.wait_merges_idle(GATE_TIMEOUT)
     assert eng.compaction_errors() == {} and eng.trace_info("r")["compaction_failures"] == 0
     assert len(pending_keys(eng)) <= 2
+
+
+def test_a_relation_whose_pending_merge_keeps_failing_does_not_stop_any_other_merge(tmp_path):
+    """Damaged pending runs of "a" (bytes overwritten on disk): its pending-run merge fails on
+    every attempt. That is reported (compaction_errors, trace_info, the errors metric) and
+    retried after a backoff on the engine's clock, and it stops neither "a"'s batch merges
+    nor any merge of "b"; the background merger does the merging here."""
+    from sediment.engine.compaction import MERGE_RETRY_FIRST
+
+    clock = ManualClock()
+    eng = sediment.open(str(tmp_path / "data"), clock=clock, segment_bytes=64 << 20)
+    names = ("a", "b")
+
+    def merged_in_background() -> None:
+        eng.scheduler.merge_soon()
+        assert eng.scheduler.wait_merges_idle(GATE_TIMEOUT)
+
+    try:
+        for name in names:
+            eng.add_relation(name, SCHEMA)
+        eng.settings.max_pending_runs = 2
+        for step in range(2):  # two unsealed runs each: no merge due yet
+            for name in names:
+                eng.append(name, ups(list(range(step * 10, step * 10 + 10)), 100 + step))
+            flush(eng)
+        merged_in_background()
+        assert [len(eng.view.relations[n].trace.pending) for n in names] == [2, 2]
+        for ref in eng.view.relations["a"].trace.pending:
+            [path] = [p for p in (tmp_path / "data").rglob("*") if p.is_file() and str(p).endswith(ref.key)]
+            damaged = bytearray(path.read_bytes())
+            damaged[4:-8] = b"\xa5" * (len(damaged) - 12)
+            path.write_bytes(bytes(damaged))
+        for name in names:  # a third run: the merge is due, and a's fails
+            eng.append(name, ups([77], 102))
+        flush(eng)
+        merged_in_background()
+        assert list(eng.compaction_errors()) == ["a"]
+        assert eng.trace_info("a")["compaction_failures"] == 1
+        assert len(eng.view.relations["b"].trace.pending) <= 2
+        assert 'where="compaction"' in eng.metrics.exposition().decode()
+
+        for t in range(1, 17):  # sixteen sealed batches each: batch merges are due again and again
+            for name in names:
+                eng.append(name, ups([t], t))
+                eng.seal(name, t)
+            flush(eng)
+            merged_in_background()
+        batches = [len(eng.view.relations[n].trace.batches) for n in names]
+        assert batches[0] == batches[1] < 16, f"a's batch merges stopped behind its failing pending merge: {batches}"
+        assert eng.trace_info("a")["compaction_failures"] == 1  # backing off: not retried on every wake
+
+        clock.advance(MERGE_RETRY_FIRST)
+        eng.compaction.merge_pass()
+        assert eng.trace_info("a")["compaction_failures"] == 2
+        clock.advance(MERGE_RETRY_FIRST)  # the backoff doubled
+        eng.compaction.merge_pass()
+        assert eng.trace_info("a")["compaction_failures"] == 2
+        clock.advance(MERGE_RETRY_FIRST)
+        eng.compaction.merge_pass()
+        assert eng.trace_info("a")["compaction_failures"] == 3
+        assert list(eng.compaction_errors()) == ["a"]
+    finally:
+        eng.close()

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 import sediment
-from sediment.errors import TransactionError
+from sediment.errors import InvalidArgument, TransactionError
+from sediment.net.messages import Action
 from sediment.server import SedimentFlightServer
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -45,6 +46,32 @@ def test_an_ended_group_refuses_new_transactions_and_keeps_none_open(tmp_path, e
         got = sorted(client.snapshot("r", 1).column("id").to_pylist())
         assert got == ([3] if end == "abort_group" else [1, 3])
         assert server.open_transactions == []
+    finally:
+        client.close()
+        server.stop(grace=10.0)
+        engine.close()
+
+
+@pytest.mark.parametrize(("action", "body"), [
+    ("txn_state", {"txn": [1]}), ("commit", {"txn": [1]}), ("abort", {"txn": {"a": 1}}),
+    ("commit_all", {"txns": ["ok", [1]]}), ("commit", {"txn": True}),
+])
+def test_a_transaction_id_that_is_not_an_integer_is_refused_before_anything_changes(tmp_path, action, body):
+    engine = sediment.open(tmp_path / "d", segment_bytes=1 << 20)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", "token")
+    client = sediment.connect(server.uri, token="token")
+    try:
+        client.add_relation("r", SCHEMA)
+        tx = client.transaction()
+        tx.append("r", rows([1], 1))
+        if action == "commit_all":
+            body = {"txns": [tx.id, body["txns"][1]]}
+        with pytest.raises(InvalidArgument, match="transaction id is an integer"):
+            client._action(Action(action), **body)
+        assert server.open_transactions == [tx.id]  # the good one of a commit_all was not aborted
+        tx.commit()
+        client.seal("r", 1)
+        assert client.snapshot("r", 1).column("id").to_pylist() == [1]
     finally:
         client.close()
         server.stop(grace=10.0)

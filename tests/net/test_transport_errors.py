@@ -1,0 +1,76 @@
+"""Flight's own errors (no sediment detail from the server) reach users as sediment's typed
+errors, whose class says whether the call may have been carried out (OutcomeUnknown) or
+not (NothingWritten): a cancelled stream, a server SIGKILLed in the middle of a call, and
+each other kind of Flight error."""
+
+from __future__ import annotations
+
+import signal
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from support.served import Served
+
+import sediment
+from sediment import errors
+from sediment.net.messages import Get
+from sediment.net.wire_errors import transport_error, typed_error
+from sediment.server import SedimentFlightServer
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def test_a_cancelled_stream_is_call_cancelled_an_outcome_unknown(tmp_path):
+    engine = sediment.open(tmp_path / "d", segment_bytes=1 << 20)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", "token")
+    client = sediment.connect(server.uri, token="token")
+    try:
+        client.add_relation("r", SCHEMA)
+        client.seal("r", 0)
+        with pytest.raises(errors.CallCancelled) as cancelled, client._remote():
+            reader = client._get(Get.SUBSCRIBE, relation="r", as_of=0)
+            reader.read_chunk()
+            reader.cancel()
+            reader.read_chunk()
+        assert isinstance(cancelled.value, errors.OutcomeUnknown)
+        assert "cancelled" in str(cancelled.value) and "\n" not in str(cancelled.value)
+    finally:
+        client.close()
+        server.stop(grace=10.0)
+        engine.close()
+
+
+def test_a_server_killed_mid_call_is_a_typed_error(tmp_path):
+    served = Served(tmp_path / "data")
+    client = sediment.connect(served.uri, token=served.token)
+    try:
+        client.add_relation("r", SCHEMA)
+        client.seal("r", 0)
+        with pytest.raises(errors.SedimentError) as broken, client._remote():
+            reader = client._get(Get.SUBSCRIBE, relation="r", as_of=0)
+            reader.read_chunk()
+            served.proc.send_signal(signal.SIGKILL)
+            served.proc.wait(timeout=30)
+            while True:
+                reader.read_chunk()
+        assert not isinstance(broken.value, flight.FlightError | errors.NothingWritten)
+        assert isinstance(broken.value, errors.CoordinatorUnavailable | errors.OutcomeUnknown)
+    finally:
+        client.close()
+        served.kill()
+
+
+@pytest.mark.parametrize(("raised", "expected", "kind"), [
+    (flight.FlightInternalError, errors.TransportFailed, errors.OutcomeUnknown),
+    (flight.FlightServerError, errors.TransportFailed, errors.OutcomeUnknown),
+    (flight.FlightCancelledError, errors.CallCancelled, errors.OutcomeUnknown),
+    (flight.FlightUnauthorizedError, errors.CallRefused, errors.NothingWritten),
+    (flight.FlightTimedOutError, errors.CallTimedOut, errors.OutcomeUnknown),
+])
+def test_every_flight_error_without_detail_is_typed_by_whether_it_may_have_run(raised, expected, kind):
+    exc = raised("Received RST_STREAM with error code 2.\ngRPC client debug context: ...")
+    typed = typed_error(exc)
+    assert type(typed) is expected and isinstance(typed, kind)
+    assert "RST_STREAM" in str(typed) and "\n" not in str(typed)
+    assert type(transport_error(exc)) is expected
