@@ -101,6 +101,7 @@ class DeviceLog:
         max_block_bytes: int = 256 * 1024,
         max_block_age: float = 0.001,
         io_threads: int = 8,
+        partial_writes: int = 2,
         window_bytes: int | None = None,
         segment_bytes: int = 64 * 1024 * 1024,
         full_timeout: float = 10.0,
@@ -126,7 +127,7 @@ class DeviceLog:
         block no longer waits to age, it is written as soon as an I/O slot is free."""
         log = cls(
             os.fspath(path), block_size=block_size, max_block_bytes=max_block_bytes,
-            io_threads=io_threads, window_bytes=window_bytes,
+            io_threads=io_threads, partial_writes=partial_writes, window_bytes=window_bytes,
             segment_bytes=segment_bytes, full_timeout=full_timeout, direct=direct, pwrite=pwrite,
             checkpoint_bytes=checkpoint_bytes, clock=clock,
         )
@@ -140,11 +141,12 @@ class DeviceLog:
     def __init__(
         self, path: str, *, block_size: int, max_block_bytes: int, io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
         direct: bool, pwrite: PWrite, checkpoint_bytes: int = 4 * 1024 * 1024, clock: Clock | None = None,
+        partial_writes: int = 2,
     ) -> None:
         if block_size < 4096 or block_size > 65536 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two from 4096 to 65536, not {block_size}")
-        if io_threads < 1:
-            raise ValueError("io_threads must be >= 1")
+        if io_threads < 1 or partial_writes < 1:
+            raise ValueError("io_threads and partial_writes must be >= 1")
         self.path = path
         self.block_size = block_size
         self.header_bytes = 2 * block_size
@@ -161,7 +163,7 @@ class DeviceLog:
         self.writer = RingWriter(
             self.files, self.head, path=path, block_size=block_size, max_block_bytes=self.max_block_bytes,
             io_threads=io_threads, checkpoint_bytes=self.checkpoint_bytes,
-            full_timeout=full_timeout, clock=self.clock,
+            full_timeout=full_timeout, clock=self.clock, partial_writes=partial_writes,
         )
         if hasattr(self.clock, "on_advance"):  # a clock moved by hand: waiters look at it again
             self.clock.on_advance(self.writer.clock_moved)
