@@ -21,9 +21,11 @@ for the byte layout and the recovery rules; the short version:
   below ``lsn`` (a clamp, never an error) and raises past the durable end.
 * An appender waiting for its block writes pending blocks itself (oldest first) when one
   of the ``io_threads`` slots is free, waking no other thread; the I/O threads write only
-  what no waiter can (``submit``). A block is sealed
-  as soon as a slot is free to write it, so several writes are in flight at once and
-  appends coalesce into one block only while every slot is busy.
+  what no waiter can (``submit``). Concurrent appends share writes: while
+  ``partial_writes`` block writes are in flight (or until it holds as many appends as the
+  block made durable last) the open block gathers the appends that arrive, and the
+  appender whose own block became durable on its write writes it (a group commit's
+  leader); a lone appender, finding no write in flight, writes at once.
 * Creating a ring is explicit (``create=True``); a missing or blank ring is WalMissing,
   and every header copy records the durable end, which open must reach (WalShortened).
 
@@ -118,7 +120,8 @@ class DeviceLog:
         ring, header area included; it is fixed at creation. The header records the durable
         end at every segment finish, trim, close and every ``checkpoint_bytes`` of log, and
         open refuses (WalShortened) a log that ends before it. ``io_threads`` bounds the block
-        writes in flight; ``window_bytes`` (default ``io_threads * 2 * max_block_bytes``) bounds
+        writes in flight, ``partial_writes`` those of blocks not yet full, so that concurrent
+        appends share fewer, larger writes (1 to ``io_threads``); ``window_bytes`` (default ``io_threads * 2 * max_block_bytes``) bounds
         how far past the oldest unfinished block they land, and so how far past the first gap
         recovery looks. ``repair`` cuts the log at damage instead of refusing to open.
         ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests; ``clock``

@@ -81,11 +81,18 @@ class RingWriter:
     """Placement, the I/O slots and completion of one ring. ``io_threads`` bounds the block
     writes in flight. Appenders waiting for a block write it themselves when a slot is free,
     so an append costs no thread hand-off; the threads write only what no waiter can (a
-    block whose appender found every slot busy, a FRONTIERS record's block, what is left
-    when the ring is full or closing). The window (``head.window``) bounds how far past the oldest
-    unfinished block a write may land, which is how far recovery looks past a gap. A block
-    is sealed as soon as a slot is free to write it: appends coalesce only while every slot
-    is busy, so a lone appender never waits for company and a busy device gets big writes."""
+    block no completing writer took, a FRONTIERS record's block, what is left when the ring
+    is full or closing). The window (``head.window``) bounds how far past the oldest
+    unfinished block a write may land, which is how far recovery looks past a gap.
+
+    Concurrent appends share writes (group commit): each block write costs a syscall, the
+    interpreter lock's hand-offs around it and, with several in flight, waits for older
+    ones to finish in log order; one write for a group costs those once. So a block that
+    is not full is written at once only when no write is in flight (a lone appender never
+    waits for company); else it gathers the appends arriving while ``partial_writes`` writes
+    are in flight, or until it holds as many as the block made durable last (woken
+    together, they come back together), and the appender whose own block became durable
+    on its write then writes it (``_lead_next``)."""
 
     def __init__(self, files: RingFiles, head: RingHead, *, path: str, block_size: int, max_block_bytes: int,
                  io_threads: int, checkpoint_bytes: int, full_timeout: float, clock: Clock,
@@ -234,7 +241,7 @@ class RingWriter:
 
     def _take(self) -> _Block | None:
         """Under the lock: the next block to write, if an I/O slot is free and the window
-        allows; seals the open block when nothing sealed waits."""
+        allows; seals the open block when nothing sealed waits and it is not gathering."""
         if self._failed is not None or self._writing >= self.io_threads:
             return None
         if not self._pending and self._cur is not None:
@@ -322,8 +329,8 @@ class RingWriter:
             lead = own is not None and own.durable
             if self._closed:
                 self._work_cv.notify_all()
-            elif self._stalled and not lead and (self._pending or self._cur is not None):
-                self._work_cv.notify()
+            elif (self._stalled and not lead or self._full_waiters) and (self._pending or self._cur is not None):
+                self._work_cv.notify()  # an appender waiting for room needs the blocks before it written
             if self._notifying or not self._done_q:
                 return lead
             self._notifying = True
@@ -389,8 +396,10 @@ class RingWriter:
     def await_block(self, blk: _Block) -> None:
         """Wait until ``blk`` is durable, writing blocks (in log order, its own last) on
         this thread while an I/O slot is free: a lone appender writes its own block and
-        wakes no other thread. Only when no slot is free does it leave the block to the
-        I/O threads, which the next completion wakes."""
+        wakes no other thread. When its block gathers company (``_gathers``) or no slot is
+        free, it sleeps; the writer of the next block to complete writes it, or, failing
+        that, an I/O thread that completion wakes. When its own write made its block
+        durable, it writes the block gathered meanwhile before returning."""
         lead = False
         while not blk.flag.is_set():
             with self._lock:
