@@ -329,8 +329,8 @@ class RingWriter:
             lead = own is not None and own.durable
             if self._closed:
                 self._work_cv.notify_all()
-            elif (self._stalled and not lead or self._full_waiters) and (self._pending or self._cur is not None):
-                self._work_cv.notify()  # an appender waiting for room needs the blocks before it written
+            elif self._stalled and not lead and (self._pending or self._cur is not None):
+                self._work_cv.notify()
             if self._notifying or not self._done_q:
                 return lead
             self._notifying = True
