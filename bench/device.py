@@ -27,6 +27,11 @@ recovery. So in one run we measure, on the same file system:
 
     .venv/bin/python bench/device.py                 # full run (1 GiB recovery ring)
     .venv/bin/python bench/device.py --quick         # a few seconds, 128 MiB recovery ring
+
+A/B against another build (``git archive`` of a commit, unpacked), runs alternated:
+
+    for i in 1 2 3; do .venv/bin/python bench/device.py --repeat 1 --no-recovery --build /tmp/before; \
+        .venv/bin/python bench/device.py --repeat 1 --no-recovery; done
 """
 
 from __future__ import annotations
@@ -47,8 +52,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sediment.wal.device.log import DeviceLog
-from sediment.wal.record import HEADER_SIZE, Record, RecordKind
+if "--build" in sys.argv[:-1]:  # before sediment is imported: another checkout, for A/B runs
+    from small_writes_cpu import use_build
+
+    use_build(sys.argv[sys.argv.index("--build") + 1])
+
+from sediment.wal.device.log import DeviceLog  # noqa: E402
+from sediment.wal.record import HEADER_SIZE, Record, RecordKind  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -328,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depth", type=int, default=4, help="submit() tickets in flight per appender, second table")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case, alternating; medians are shown")
     ap.add_argument("--quick", action="store_true", help="1.5 s per case, one run, 128 MiB recovery ring")
+    ap.add_argument("--build", help="a checkout of the repository to run instead of this one (read before "
+                    "sediment is imported; see bench/small_writes_cpu.py)")
+    ap.add_argument("--no-recovery", action="store_true", help="skip the recovery scan (A/B runs of appends)")
     a = ap.parse_args(argv)
     if a.quick:
         a.seconds, a.recovery_mib, a.repeat = 1.5, 128, 1
@@ -341,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{'p99 ms':>7} | {'ratio':>6} {'min-max':>9} | {'CPU us/append':>13} | {'switches':>11} | {'a/w':>5} "
               f"{'wt/a':>5} {'qd':>4} {'hdr/a':>6} | {'fio MB/s':>8} {'ratio':>6}"
               + (f" | {'ord MB/s':>8} {'o/pl':>5} {'r/o':>5}" if a.ordered else ""))
-        cases = [(int(t), 1) for t in a.threads.split(",")] + [(int(a.threads.split(",")[-1]), a.depth)]
+        cases = [(int(t), 1) for t in a.threads.split(",")] + ([(int(a.threads.split(",")[-1]), a.depth)]
+                                                                  if a.depth > 1 else [])
         for threads, depth in cases:
             qd = threads * depth
             print(f"-- ring: {threads} appender(s), " + ("submit().wait() each" if depth == 1 else
@@ -355,9 +369,10 @@ def main(argv: list[str] | None = None) -> int:
                                   for _ in range(a.repeat)])
         if a.python_us:
             interpreter_share(plain, a, [float(x) for x in a.python_us.split(",")])
-        rec = bench_recovery(ring, a.recovery_mib * MiB, a.recovery_record)
-        print(f"recovery: {rec['bytes'] / MiB:.0f} MiB, {rec['records']} records of {a.recovery_record} B "
-              f"in {rec['secs']:.2f} s = {rec['mbps']:.0f} MB/s (target: 1 GiB < 3 s); fill took {rec['fill_s']:.1f} s")
+        if not a.no_recovery:
+            rec = bench_recovery(ring, a.recovery_mib * MiB, a.recovery_record)
+            print(f"recovery: {rec['bytes'] / MiB:.0f} MiB, {rec['records']} records of {a.recovery_record} B in "
+                  f"{rec['secs']:.2f} s = {rec['mbps']:.0f} MB/s (target: 1 GiB < 3 s); fill took {rec['fill_s']:.1f} s")
         print(f"load at the end: {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(d, ignore_errors=True)

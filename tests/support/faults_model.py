@@ -100,6 +100,10 @@ class Model:
         else:
             self.extra[rel] = [[n, d] for n, d in cols if n != change[1]]
 
+    def columns(self, rel: str) -> list[tuple[str, Any]]:
+        """The relation's columns as (name, default): its own, then those alters added."""
+        return [(f.name, None) for f in schema_of(rel)] + [(n, d) for n, d in self.extra.get(rel, [])]
+
     def defaults(self, rel: str) -> tuple:
         return tuple(d for _n, d in self.extra.get(rel, []))
 
@@ -304,8 +308,12 @@ class Check:
 def _fitting(engine: Any, rel: str, sealed: int, since: int, options: dict[str, Model], notes: list[str]) -> set[str]:
     """The options (models) that explain what the engine holds for ``rel``."""
     ok = set()
+    columns = [(c["name"], c["default"]) for c in engine.describe(rel)["columns"]]
     for name, m in options.items():
         if rel not in m.updates or sealed != m.sealed[rel] or since != m.since[rel]:
+            continue
+        if columns != m.columns(rel):  # an alter of a relation without rows shows in no row
+            notes.append(f"{rel}: columns {columns} differ from option {name}'s {m.columns(rel)}")
             continue
         good = replay_rows(engine, rel, since) == m.stored(rel, since)
         if not good:

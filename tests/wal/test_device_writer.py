@@ -4,15 +4,18 @@ blocks, and when a submit nobody waits on is written."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 from pathlib import Path
 
+import pytest
 from support.waiting import Progress
 from support.wal_backends import owned
 
 from sediment.clock import ManualClock
+from sediment.errors import WalError
 from sediment.wal.device.log import DeviceLog
 from sediment.wal.record import Record, RecordKind
 
@@ -269,4 +272,150 @@ def test_a_header_checkpoint_holds_up_no_other_appends_acknowledgement(tmp_path:
         writes.release.set()
     first.join(30)
     assert log.writer.head.recorded_durable >= upd(1, 5000).frame_size
+    log.close()
+
+
+class HeldThenFailing:
+    """A pwrite that holds the first data write until ``release`` is set, fails the data
+    writes listed in ``fail`` (0-based, EIO), and notes every data write that returned:
+    (offset, length, thread) in ``returned``."""
+
+    def __init__(self, fail: tuple[int, ...] = ()) -> None:
+        self.release = threading.Event()
+        self.progress = Progress()
+        self.fail = fail
+        self.started = 0
+        self.returned: list[tuple[int, int, int]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, fd: int, data, offset: int) -> int:
+        if offset < HEADER_AREA:
+            return os.pwrite(fd, data, offset)
+        with self.lock:
+            k, self.started = self.started, self.started + 1
+        if k == 0:
+            self.progress.changed()
+            assert self.release.wait(30)
+        if k in self.fail:
+            raise OSError(errno.EIO, "injected write failure")
+        n = os.pwrite(fd, data, offset)
+        with self.lock:
+            self.returned.append((offset, len(data), threading.get_ident()))
+        self.progress.changed()
+        return n
+
+    def covers(self, lsn: int, size: int) -> bool:
+        """Whether a data write that returned holds ring bytes [lsn, lsn + size)."""
+        with self.lock:
+            return any(o - HEADER_AREA <= lsn and lsn + size <= o - HEADER_AREA + n for o, n, _ in self.returned)
+
+
+def gathered_appends(log: DeviceLog, writes: HeldThenFailing, count: int):
+    """One appender whose write is held, then ``count`` appenders (real threads) that
+    submit and wait while it is in flight: with ``partial_writes=1`` they gather in the open
+    block. Returns (first thread, the others, their records, callbacks run, outcomes)."""
+    records = [upd(i) for i in range(count + 1)]
+    called: list[tuple[int, bool]] = []
+    outcome: dict[int, object] = {}
+
+    def append(i: int) -> None:
+        def durable(recs) -> None:
+            called.append((i, writes.covers(recs[0].lsn, recs[0].frame_size)))
+        try:
+            outcome[i] = log.submit([records[i]], durable).wait()
+        except BaseException as e:  # noqa: BLE001
+            outcome[i] = e
+
+    first = threading.Thread(target=append, args=(0,), name="first")
+    first.start()
+    writes.progress.wait_for(lambda: writes.started == 1, 10, "the first block's write, held")
+    others = [threading.Thread(target=append, args=(i,), name=f"appender-{i}") for i in range(1, count + 1)]
+    for t in others:
+        t.start()
+    for t in others:
+        thread_settled(t)  # asleep on its block: no slot for a partial block was free
+    assert writes.started == 1 and not called
+    writes.release.set()
+    for t in [first, *others]:
+        t.join(30)
+    return first, records, called, outcome
+
+
+def test_appends_waiting_together_share_one_write_led_by_the_appender_that_finished(tmp_path: Path) -> None:
+    """Three appenders (real threads) that submit and wait while a write is in flight share
+    one block write, which the first appender writes on its own thread once its own block is
+    durable (no I/O thread is woken). Every append is acknowledged exactly once, in log
+    order, only after the write holding it returned. Fails if each wrote its own block."""
+    writes = HeldThenFailing()
+    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, pwrite=writes, partial_writes=1,
+                               clock=ManualClock()))
+    before = io_threads_asleep()
+    first, records, called, outcome = gathered_appends(log, writes, 3)
+    assert called == [(i, True) for i in range(4)]  # in log order, each after its write returned
+    assert outcome == {i: r.lsn for i, r in enumerate(records)}
+    assert [r.lsn for r in records] == sorted(r.lsn for r in records)
+    assert len(writes.returned) == 2 and writes.returned[1][2] == first.ident
+    assert writes.returned[1][0] - HEADER_AREA == records[1].lsn  # the second write holds appends 1-3
+    assert log.writer.counts.writes == 2 and io_thread_switches() == before
+    log.close()
+    log = owned(DeviceLog.open(tmp_path / "ring"))
+    assert [r.t_lo for r in log.scan()] == [0, 1, 2, 3]
+    log.close()
+
+
+def test_a_failed_shared_write_fails_every_append_in_it_and_acknowledges_none(tmp_path: Path) -> None:
+    """The shared write of three gathered appends fails (EIO): each of them raises WalError,
+    none of their callbacks runs, the durable end stays at the append written before, and
+    the log refuses further appends; reopening finds only that append."""
+    writes = HeldThenFailing(fail=(1,))
+    path = tmp_path / "ring"
+    log = DeviceLog.open(path, 1 << 20, create=True, pwrite=writes, partial_writes=1, clock=ManualClock())
+    _, records, called, outcome = gathered_appends(log, writes, 3)
+    assert called == [(0, True)] and outcome[0] == 0
+    assert all(isinstance(outcome[i], WalError) and "failed before the append was durable" in str(outcome[i])
+               for i in (1, 2, 3))
+    assert log.durable_lsn == records[0].frame_size
+    with pytest.raises(WalError):
+        log.append([upd(9)])
+    log.close()
+    log = owned(DeviceLog.open(path))
+    assert [r.t_lo for r in log.scan()] == [0]
+    log.close()
+
+
+def test_eight_appenders_share_writes_and_each_append_is_acknowledged_once_in_order(tmp_path: Path) -> None:
+    """Eight threads appending one record at a time (the engine's submit + wait) with the
+    defaults: appends share block writes (fewer data writes than appends), every append's
+    callback runs exactly once, in LSN order, after the write holding it returned, and
+    before its wait returns; reopening finds every record in order."""
+    writes = HeldThenFailing()
+    writes.release.set()
+    path = tmp_path / "ring"
+    log = owned(DeviceLog.open(path, 8 << 20, create=True, pwrite=writes))
+    called: list[tuple[int, int, bool]] = []
+    returned: dict[tuple[int, int], int] = {}
+    per_thread = 60
+
+    def appender(k: int) -> None:
+        for j in range(per_thread):
+            rec = Record(RecordKind.UPDATES, relation_id=1, t_lo=k, t_hi=j, count=1, body=bytes([k]) * 3000)
+
+            def durable(recs, k=k, j=j) -> None:
+                called.append((k, j, writes.covers(recs[0].lsn, recs[0].frame_size)))
+            lsn = log.submit([rec], durable).wait()
+            assert (k, j, True) in called
+            returned[(k, j)] = lsn
+
+    threads = [threading.Thread(target=appender, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    n = 8 * per_thread
+    assert len(returned) == n and len(called) == n and all(ok for _, _, ok in called)
+    assert [returned[(k, j)] for k, j, _ in called] == sorted(returned.values())  # callbacks in log order
+    assert log.writer.counts.writes < n  # shared writes
+    log.close()
+    log = owned(DeviceLog.open(path))
+    assert [(r.t_lo, r.t_hi) for r in log.scan()] == [(k, j) for k, j, _ in called]
     log.close()

@@ -21,9 +21,11 @@ for the byte layout and the recovery rules; the short version:
   below ``lsn`` (a clamp, never an error) and raises past the durable end.
 * An appender waiting for its block writes pending blocks itself (oldest first) when one
   of the ``io_threads`` slots is free, waking no other thread; the I/O threads write only
-  what no waiter can (``submit``). A block is sealed
-  as soon as a slot is free to write it, so several writes are in flight at once and
-  appends coalesce into one block only while every slot is busy.
+  what no waiter can (``submit``). Concurrent appends share writes: while
+  ``partial_writes`` block writes are in flight (or until it holds as many appends as the
+  block made durable last) the open block gathers the appends that arrive, and the
+  appender whose own block became durable on its write writes it (a group commit's
+  leader); a lone appender, finding no write in flight, writes at once.
 * Creating a ring is explicit (``create=True``); a missing or blank ring is WalMissing,
   and every header copy records the durable end, which open must reach (WalShortened).
 
@@ -101,6 +103,7 @@ class DeviceLog:
         max_block_bytes: int = 256 * 1024,
         max_block_age: float = 0.001,
         io_threads: int = 8,
+        partial_writes: int = 2,
         window_bytes: int | None = None,
         segment_bytes: int = 64 * 1024 * 1024,
         full_timeout: float = 10.0,
@@ -117,7 +120,8 @@ class DeviceLog:
         ring, header area included; it is fixed at creation. The header records the durable
         end at every segment finish, trim, close and every ``checkpoint_bytes`` of log, and
         open refuses (WalShortened) a log that ends before it. ``io_threads`` bounds the block
-        writes in flight; ``window_bytes`` (default ``io_threads * 2 * max_block_bytes``) bounds
+        writes in flight, ``partial_writes`` those of blocks not yet full, so that concurrent
+        appends share fewer, larger writes (1 to ``io_threads``); ``window_bytes`` (default ``io_threads * 2 * max_block_bytes``) bounds
         how far past the oldest unfinished block they land, and so how far past the first gap
         recovery looks. ``repair`` cuts the log at damage instead of refusing to open.
         ``pwrite`` is the write call (``os.pwrite`` signature), injectable for tests; ``clock``
@@ -126,7 +130,7 @@ class DeviceLog:
         block no longer waits to age, it is written as soon as an I/O slot is free."""
         log = cls(
             os.fspath(path), block_size=block_size, max_block_bytes=max_block_bytes,
-            io_threads=io_threads, window_bytes=window_bytes,
+            io_threads=io_threads, partial_writes=partial_writes, window_bytes=window_bytes,
             segment_bytes=segment_bytes, full_timeout=full_timeout, direct=direct, pwrite=pwrite,
             checkpoint_bytes=checkpoint_bytes, clock=clock,
         )
@@ -140,11 +144,12 @@ class DeviceLog:
     def __init__(
         self, path: str, *, block_size: int, max_block_bytes: int, io_threads: int, window_bytes: int | None, segment_bytes: int, full_timeout: float,
         direct: bool, pwrite: PWrite, checkpoint_bytes: int = 4 * 1024 * 1024, clock: Clock | None = None,
+        partial_writes: int = 2,
     ) -> None:
         if block_size < 4096 or block_size > 65536 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two from 4096 to 65536, not {block_size}")
-        if io_threads < 1:
-            raise ValueError("io_threads must be >= 1")
+        if io_threads < 1 or partial_writes < 1:
+            raise ValueError("io_threads and partial_writes must be >= 1")
         self.path = path
         self.block_size = block_size
         self.header_bytes = 2 * block_size
@@ -161,7 +166,7 @@ class DeviceLog:
         self.writer = RingWriter(
             self.files, self.head, path=path, block_size=block_size, max_block_bytes=self.max_block_bytes,
             io_threads=io_threads, checkpoint_bytes=self.checkpoint_bytes,
-            full_timeout=full_timeout, clock=self.clock,
+            full_timeout=full_timeout, clock=self.clock, partial_writes=partial_writes,
         )
         if hasattr(self.clock, "on_advance"):  # a clock moved by hand: waiters look at it again
             self.clock.on_advance(self.writer.clock_moved)

@@ -81,18 +81,27 @@ class RingWriter:
     """Placement, the I/O slots and completion of one ring. ``io_threads`` bounds the block
     writes in flight. Appenders waiting for a block write it themselves when a slot is free,
     so an append costs no thread hand-off; the threads write only what no waiter can (a
-    block whose appender found every slot busy, a FRONTIERS record's block, what is left
-    when the ring is full or closing). The window (``head.window``) bounds how far past the oldest
-    unfinished block a write may land, which is how far recovery looks past a gap. A block
-    is sealed as soon as a slot is free to write it: appends coalesce only while every slot
-    is busy, so a lone appender never waits for company and a busy device gets big writes."""
+    block no completing writer took, a FRONTIERS record's block, what is left when the ring
+    is full or closing). The window (``head.window``) bounds how far past the oldest
+    unfinished block a write may land, which is how far recovery looks past a gap.
+
+    Concurrent appends share writes (group commit): each block write costs a syscall, the
+    interpreter lock's hand-offs around it and, with several in flight, waits for older
+    ones to finish in log order; one write for a group costs those once. So a block that
+    is not full is written at once only when no write is in flight (a lone appender never
+    waits for company); else it gathers the appends arriving while ``partial_writes`` writes
+    are in flight, or until it holds as many as the block made durable last (woken
+    together, they come back together), and the appender whose own block became durable
+    on its write then writes it (``_lead_next``)."""
 
     def __init__(self, files: RingFiles, head: RingHead, *, path: str, block_size: int, max_block_bytes: int,
-                 io_threads: int, checkpoint_bytes: int, full_timeout: float, clock: Clock) -> None:
+                 io_threads: int, checkpoint_bytes: int, full_timeout: float, clock: Clock,
+                 partial_writes: int = 2) -> None:
         self.files, self.head, self.clock, self.path = files, head, clock, path
         self.block_size, self.header_bytes, self.data_capacity = block_size, 2 * block_size, 0
         self.max_block_bytes = max_block_bytes
         self.io_threads, self.checkpoint_bytes, self.full_timeout = io_threads, checkpoint_bytes, full_timeout
+        self.partial_writes = min(partial_writes, io_threads)
         self.segments = Segments(0)
         self._lock = threading.Lock()
         self._work_cv = threading.Condition(self._lock)
@@ -113,6 +122,7 @@ class RingWriter:
         self._done_q: deque[_Block] = deque()
         self._notifying = False
         self._checkpointing = False
+        self._company = 1  # appends in the block made durable last
         self._stalled = 0  # waiters whose block is not taken and who found no slot: the threads write it
         self.counts = WriterCounts()
 
@@ -231,10 +241,12 @@ class RingWriter:
 
     def _take(self) -> _Block | None:
         """Under the lock: the next block to write, if an I/O slot is free and the window
-        allows; seals the open block when nothing sealed waits."""
+        allows; seals the open block when nothing sealed waits and it is not gathering."""
         if self._failed is not None or self._writing >= self.io_threads:
             return None
         if not self._pending and self._cur is not None:
+            if self._gathers(self._cur):
+                return None
             self._seal()
         if self._pending and self._eligible(self._pending[0]):
             blk = self._pending.popleft()
@@ -246,15 +258,27 @@ class RingWriter:
             return blk
         return None
 
-    def _run(self, blk: _Block) -> bool:
+    def _gathers(self, cur: _Block) -> bool:
+        """Under the lock: whether the open block waits for company rather than being
+        written now. Never while no write is in flight (a lone appender writes at once) or
+        at close; always while ``partial_writes`` are in flight; else until it holds as many
+        appends as the block written last (its appenders, woken together, come back
+        together). A write in flight completes, and its writer then takes the block."""
+        if self._writing == 0 or self._closed:
+            return False
+        return self._writing >= self.partial_writes or len(cur.tickets) < self._company
+
+    def _run(self, blk: _Block, own: _Block | None = None) -> bool:
+        """Write ``blk`` and complete it; True if it did not fail. With ``own`` (the caller's
+        block), True also means that ``own`` became durable here and the caller then writes
+        the block gathered meanwhile (:meth:`_lead_next`)."""
         try:
             self._write_block(blk)
         except BaseException as e:  # noqa: BLE001 - any failure poisons the log
             _log.error("%s: WAL write failed: %s", self.path, e)
             self._fail(e)
             return False
-        self._complete(blk)
-        return True
+        return self._complete(blk, own)
 
     def _worker(self) -> None:
         while True:
@@ -282,9 +306,11 @@ class RingWriter:
 
     # ---------------------------------------------------------------- completion
 
-    def _complete(self, blk: _Block) -> None:
+    def _complete(self, blk: _Block, own: _Block | None = None) -> bool:
         """Advance the durable end over blocks finished in order; then (one thread at a
-        time, no lock held, in log order) run callbacks and wake waiters."""
+        time, no lock held, in log order) run callbacks and wake waiters. True when ``own``
+        is durable now: its caller writes the next block itself, so no I/O thread is woken
+        for waiters whose block is not taken."""
         with self._lock:
             blk.written = True
             self._writing -= 1
@@ -293,18 +319,20 @@ class RingWriter:
                 b = inflight.popleft()
                 b.durable = True
                 self._durable_end = b.end
+                self._company = len(b.tickets)
                 if b.pooled and len(self._pool) < 2 * self.io_threads + 2:
                     self._pool.append(b.buf)
                 else:
                     b.buf.close()
                 b.buf = None  # type: ignore[assignment]
                 self._done_q.append(b)
+            lead = own is not None and own.durable
             if self._closed:
                 self._work_cv.notify_all()
-            elif self._stalled and (self._pending or self._cur is not None):
+            elif self._stalled and not lead and (self._pending or self._cur is not None):
                 self._work_cv.notify()
             if self._notifying or not self._done_q:
-                return
+                return lead
             self._notifying = True
             batch, self._done_q = self._done_q, deque()
         while True:
@@ -324,6 +352,7 @@ class RingWriter:
             finally:
                 with self._lock:
                     self._checkpointing = False
+        return lead
 
     def _announce(self, b: _Block) -> None:
         """Run the block's callbacks; only then may a FRONTIERS record in it finish the
@@ -367,8 +396,11 @@ class RingWriter:
     def await_block(self, blk: _Block) -> None:
         """Wait until ``blk`` is durable, writing blocks (in log order, its own last) on
         this thread while an I/O slot is free: a lone appender writes its own block and
-        wakes no other thread. Only when no slot is free does it leave the block to the
-        I/O threads, which the next completion wakes."""
+        wakes no other thread. When its block gathers company (``_gathers``) or no slot is
+        free, it sleeps; the writer of the next block to complete writes it, or, failing
+        that, an I/O thread that completion wakes. When its own write made its block
+        durable, it writes the block gathered meanwhile before returning."""
+        lead = False
         while not blk.flag.is_set():
             with self._lock:
                 job = self._take()
@@ -383,10 +415,21 @@ class RingWriter:
                         with self._lock:
                             self._stalled -= 1
                 break
-            self._run(job)
+            lead = self._run(job, blk)
+        if lead:
+            self._lead_next()
         if not blk.durable:
             err = self._failed
             raise WalError(f"{self.path}: the WAL failed before the append was durable: {err}") from err
+
+    def _lead_next(self) -> None:
+        """After the caller's own block became durable on its write: write the block that
+        appends gathered while every slot for partial blocks was busy, once, if any waiter
+        waits on it (as a group commit's leader writes the group queued behind its own)."""
+        with self._lock:
+            job = self._take() if self._stalled else None
+        if job is not None:
+            self._run(job)
 
     # ---------------------------------------------------------------- placing
 
