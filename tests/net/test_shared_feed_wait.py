@@ -53,7 +53,7 @@ def _until_idle(feeds, share) -> None:
 
 @pytest.fixture
 def stream(tmp_path):
-    engine = sediment.open(str(tmp_path / "data"), compact=False)
+    engine = sediment.open(str(tmp_path / "data"))
     engine.add_relation("r", SCHEMA)
     subscribe = lambda name, args: engine.subscribe(name, args.get("as_of"), max_lag=args.get("max_lag"))  # noqa: E731
     feeds = shared_feeds.SharedFeeds(_Held(), subscribe, lambda: False, poll=5.0)
@@ -96,7 +96,7 @@ def test_a_join_ends_the_wait_and_its_snapshot_follows(stream):
 
 
 def test_an_idle_stream_wakes_at_its_poll_interval_and_not_before(tmp_path):
-    engine = sediment.open(str(tmp_path / "data"), compact=False)
+    engine = sediment.open(str(tmp_path / "data"))
     engine.add_relation("r", SCHEMA)
     feeds = shared_feeds.SharedFeeds(_Held(), lambda name, args: engine.subscribe(name), lambda: False, poll=0.05)
     feeds.open("r", {"version": shared_feeds.SHARE_VERSION, "stream": "s", "sub": "a"}, None, "here")

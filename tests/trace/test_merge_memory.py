@@ -38,7 +38,9 @@ MERGE = textwrap.dedent("""
     import json, sys
     import pyarrow as pa
     import sediment
-    eng = sediment.open(sys.argv[1], compact=False, memory_bound=int(sys.argv[2]))
+    from sediment.clock import ManualClock
+    eng = sediment.open(sys.argv[1], clock=ManualClock(), compact_interval=None, major_compaction_quiet=None,
+                        memory_bound=int(sys.argv[2]))
     rel = eng.view.relations["r"]
     refs = list(rel.trace.batches)
     before = pa.default_memory_pool().max_memory()
@@ -59,5 +61,5 @@ def test_a_merge_of_batches_with_large_row_groups_keeps_to_the_memory_bound(tmp_
     assert out["rows"] == ROWS + ROWS // 3 + ROWS // 9
     assert out["before"] < BOUND  # a fresh process: the peak is the merge's
     assert out["peak"] < 3 * BOUND, f"the merge held {out['peak'] >> 20} MiB with a {BOUND >> 20} MiB bound ({out})"
-    with sediment.open(data_dir, compact=False) as eng:
+    with sediment.open(data_dir, clock=ManualClock(), compact_interval=None, major_compaction_quiet=None) as eng:
         assert eng.snapshot("r", 3).num_rows == ROWS + ROWS // 3 + ROWS // 9
