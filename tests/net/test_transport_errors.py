@@ -10,24 +10,18 @@ import signal
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from support.served import Served
+from support.served import Served, served_engine
 
 import sediment
 from sediment import errors
 from sediment.net.messages import Get
 from sediment.net.wire_errors import transport_error, typed_error
-from sediment.server import SedimentFlightServer
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
 
 def test_a_cancelled_stream_is_call_cancelled_an_outcome_unknown(tmp_path):
-    engine = sediment.open(tmp_path / "d", segment_bytes=1 << 20)
-    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", "token")
-    client = sediment.connect(server.uri, token="token")
-    try:
-        client.add_relation("r", SCHEMA)
-        client.seal("r", 0)
+    with served_engine(tmp_path / "d", "token", SCHEMA) as (_engine, _server, client):
         with pytest.raises(errors.CallCancelled) as cancelled, client._remote():
             reader = client._get(Get.SUBSCRIBE, relation="r", as_of=0)
             reader.read_chunk()
@@ -35,10 +29,6 @@ def test_a_cancelled_stream_is_call_cancelled_an_outcome_unknown(tmp_path):
             reader.read_chunk()
         assert isinstance(cancelled.value, errors.OutcomeUnknown)
         assert "cancelled" in str(cancelled.value) and "\n" not in str(cancelled.value)
-    finally:
-        client.close()
-        server.stop(grace=10.0)
-        engine.close()
 
 
 def test_a_server_killed_mid_call_is_a_typed_error(tmp_path):

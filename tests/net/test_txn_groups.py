@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from support.served import served_engine
 
 import sediment
 from sediment.errors import InvalidArgument, TransactionError
@@ -57,11 +58,7 @@ def test_an_ended_group_refuses_new_transactions_and_keeps_none_open(tmp_path, e
     ("commit_all", {"txns": ["ok", [1]]}), ("commit", {"txn": True}),
 ])
 def test_a_transaction_id_that_is_not_an_integer_is_refused_before_anything_changes(tmp_path, action, body):
-    engine = sediment.open(tmp_path / "d", segment_bytes=1 << 20)
-    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", "token")
-    client = sediment.connect(server.uri, token="token")
-    try:
-        client.add_relation("r", SCHEMA)
+    with served_engine(tmp_path / "d", "token", SCHEMA) as (_engine, server, client):
         tx = client.transaction()
         tx.append("r", rows([1], 1))
         if action == "commit_all":
@@ -72,7 +69,3 @@ def test_a_transaction_id_that_is_not_an_integer_is_refused_before_anything_chan
         tx.commit()
         client.seal("r", 1)
         assert client.snapshot("r", 1).column("id").to_pylist() == [1]
-    finally:
-        client.close()
-        server.stop(grace=10.0)
-        engine.close()
