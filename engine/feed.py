@@ -89,6 +89,7 @@ class FeedEvent:
     kind: str
     time: int
     table: pa.Table | None = None
+    records: int = 1  # the feed's entries it stands for: more than one for a catch-up in bulk
     _memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
     _making: threading.RLock = field(default_factory=threading.RLock, compare=False, repr=False)
 
@@ -298,7 +299,7 @@ class FeedLog:
         if got is not None:
             return got
         parts = events()
-        got = FeedEvent(UPDATES, parts[0].time, pa.concat_tables([e.table for e in parts]))
+        got = FeedEvent(UPDATES, parts[0].time, pa.concat_tables([e.table for e in parts]), records=end - start)
         size, limit = sum(map(_nbytes, parts)), self._cache_limit // 4  # a merged table's nbytes costs ms
         got.encoded(_NBYTES, lambda: size)
         if size > limit:

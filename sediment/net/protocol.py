@@ -80,10 +80,15 @@ def plan_metadata(plan: Any) -> bytes:
     return json.dumps({name: getattr(plan, name) for name in PLAN_FIELDS}).encode()
 
 
-def event_metadata(kind: str, time: int, last: bool, initial: bool = False) -> bytes:
+def event_metadata(kind: str, time: int, last: bool, initial: bool = False, records: int = 1) -> bytes:
     """A feed event batch's app metadata; ``last`` ends the event; ``initial``: one of the
-    subscription's initial events, which its client's max_lag check does not count."""
-    return json.dumps({"kind": kind, "time": time, "last": last, "initial": initial}).encode()
+    subscription's initial events, which its client's max_lag check does not count;
+    ``records`` (sent when more than one): the feed entries a catch-up in bulk merged into
+    it, which that check counts as the engine's feed does."""
+    meta = {"kind": kind, "time": time, "last": last, "initial": initial}
+    if records != 1:
+        meta["records"] = records
+    return json.dumps(meta).encode()
 
 
 def event_batches(event: Any, schema: pa.Schema, initial: bool = False) -> list[tuple[pa.RecordBatch, bytes]]:
@@ -98,4 +103,6 @@ def event_batches(event: Any, schema: pa.Schema, initial: bool = False) -> list[
     batches = table.select(schema.names).cast(schema).to_batches(max_chunksize=FEED_BATCH_ROWS) or \
         [pa.RecordBatch.from_pylist([], schema=schema)]
     last = len(batches) - 1
-    return [(batch, event_metadata(event.kind, event.time, i == last, initial)) for i, batch in enumerate(batches)]
+    records = getattr(event, "records", 1)
+    return [(batch, event_metadata(event.kind, event.time, i == last, initial, records))
+            for i, batch in enumerate(batches)]

@@ -142,12 +142,12 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
                 yield exc
 
     def _pump(self) -> None:
-        pushed = 0  # live events queued: the initial ones do not count
+        pushed = 0  # live events queued (a catch-up in bulk counts its records): the initial ones do not count
         try:
             for item in self._items:
                 if isinstance(item, tuple) and not item[1]:
-                    pushed += 1
-                    if pushed % CHECK_EVERY == 0 and pushed - self._taken > self._max_lag:
+                    before, pushed = pushed, pushed + item[0].records
+                    if pushed // CHECK_EVERY > before // CHECK_EVERY and pushed - self._taken > self._max_lag:
                         self._overrun = True
                         with self._lock:
                             self._reader.cancel()  # the server ends its subscription
@@ -180,7 +180,7 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             elif kind == "snapshot":
                 yield FeedEvent(kind, t, table.drop_columns(["time"])), initial
             else:
-                yield FeedEvent(kind, t, table), initial
+                yield FeedEvent(kind, t, table, records=int(meta.get("records", 1))), initial
         if not self._closed:
             yield EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
                                "subscribe again with resume=True")
@@ -249,7 +249,7 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             self._fail(item)
         event, initial = item
         if not initial:
-            self._taken += 1
+            self._taken += event.records
         return self._note(event)
 
     def _read_directly(self) -> Any:

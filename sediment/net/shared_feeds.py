@@ -276,6 +276,8 @@ class SharedFeeds:
             batches = share_batches(table_ipc(event.table)) if event.kind != "updates" else \
                 event.encoded(_IPC_KEY, lambda event=event: share_batches(table_ipc(event.table)))
             meta = {"kind": event.kind, "time": event.time, "subs": sids}
+            if event.records != 1:
+                meta["records"] = event.records
             yield from share_messages({**meta, "initial": True} if initial else meta, batches)
 
     def _sleep_on_feeds(self, share: _Share, carriers: list[_Carrier]) -> list[tuple[Any, bool, list[str]]]:

@@ -49,7 +49,8 @@ def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
     if kind == "progress":
         return FeedEvent(kind, t)
     tables = [table_from_ipc(part.as_buffer()) for batch in data for part in batch.column(0)]
-    return FeedEvent(kind, t, tables[0] if len(tables) == 1 else pa.concat_tables(tables))
+    return FeedEvent(kind, t, tables[0] if len(tables) == 1 else pa.concat_tables(tables),
+                     records=int(meta.get("records", 1)))
 
 
 class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
@@ -96,8 +97,9 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             self._queue.put(item)
             return
         if not initial:
-            self._pushed += 1
-            if self._pushed % CHECK_EVERY == 0 and self._pushed - self._taken > self._max_lag:
+            before = self._pushed
+            self._pushed += item.records
+            if self._pushed // CHECK_EVERY > before // CHECK_EVERY and self._pushed - self._taken > self._max_lag:
                 self._dropped = self._overrun = True
                 self._queue.put(_END)  # wakes a waiting reader, which raises FeedOverrun
                 threading.Thread(target=self._stream.leave, args=(self.id,), name="sediment-feed-leave",
@@ -133,7 +135,7 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             raise item
         item, initial = item
         if not initial:
-            self._taken += 1
+            self._taken += item.records
         if item.kind == "progress":
             self.last_progress = item.time
         elif item.kind == "snapshot":

@@ -19,6 +19,7 @@ import pyarrow.flight as flight
 import pytest
 from support.event_loops import async_keys, in_loop
 from support.served import served_engine
+from support.waiting import poll_until
 
 from sediment.engine.feed import FeedEvent
 from sediment.errors import EngineClosed, FeedOverrun
@@ -82,9 +83,77 @@ def test_a_subscription_is_dropped_past_its_max_lag_before_any_seal_naming_where
     n = 2 * CHECK_EVERY + 8
     for k in range(n):  # distinct times: the server sends each as an event of its own
         engine.append("r", row(k, t0 + k))
+    # nothing was read meanwhile: once the client has queued the first CHECK_EVERY live
+    # events, it must drop the subscription (a reader reading as they arrive never lags)
+    poll_until(lambda: sub._overrun, 60, "the client to queue the live events and drop the subscription")
     read, message = read_until_dropped(sub, n)
     assert read <= CHECK_EVERY  # dropped at the first check: nothing past it was queued
     assert "in the client" in message and advice in message
+    sub.close()
+
+
+def test_a_subscriber_behind_catches_up_in_one_event_that_counts_the_entries_it_merges(served):
+    engine, _server, _client = served
+    sub = engine.subscribe("r", max_lag=10_000)
+    assert sub.next(timeout=10).kind == "snapshot"
+    for k in range(50):
+        engine.append("r", row(k, 1 + k))
+    event = sub.next(timeout=10)
+    assert (event.kind, event.records, event.table.column("k").to_pylist()) == ("updates", 50, list(range(50)))
+    sub.close()
+
+
+def live_updates(reader, appended: int) -> list[dict]:
+    """The app metadata of each whole live updates event read from a raw subscribe stream,
+    until they hold ``appended`` rows (one per append)."""
+    metas: list[dict] = []
+    rows = 0
+    while rows < appended:
+        chunk = reader.read_chunk()
+        meta = json.loads(chunk.app_metadata.to_pybytes())
+        if meta["kind"] == "updates" and not meta["initial"]:
+            rows += chunk.data.num_rows
+            if meta["last"]:
+                metas.append(meta)
+    return metas
+
+
+def test_the_wire_counts_each_event_as_the_feed_entries_it_merges(served):
+    """A server stream that falls behind its engine subscription (its client reads nothing
+    while the appends run) sends merged events; their ``records`` add up to the appends, so
+    a client's max_lag counts what the engine's feed counts."""
+    engine, server, _client = served
+    flight_client = flight.FlightClient(server.uri)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())], timeout=60)
+    reader = flight_client.do_get(flight.Ticket(encode(Get.SUBSCRIBE, relation="r", as_of=0, resume=False,
+                                                       max_lag=None)), options)
+    n = 3 * CHECK_EVERY
+    for k in range(n):
+        engine.append("r", row(k, 1 + k))
+    metas = live_updates(reader, n)
+    reader.cancel()
+    flight_client.close()
+    assert sum(m.get("records", 1) for m in metas) == n  # one entry per append, not one more
+    assert all(m.get("records", 1) >= 1 for m in metas)
+    assert [m["time"] for m in metas] == sorted(m["time"] for m in metas)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_client_event_carries_the_entries_it_merges(served, shared):
+    engine, _server, client = served
+    sub = client.subscribe("r", shared=shared)
+    assert sub.next(timeout=10).kind == "snapshot"
+    n = 3 * CHECK_EVERY
+    for k in range(n):
+        engine.append("r", row(k, 1 + k))
+    got, records = [], 0
+    while records < n:
+        event = sub.next(timeout=30)
+        assert event is not None and event.kind == "updates"
+        assert event.records == event.table.num_rows  # one row per append
+        got += event.table.column("k").to_pylist()
+        records += event.records
+    assert got == list(range(n))
     sub.close()
 
 

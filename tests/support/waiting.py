@@ -5,6 +5,7 @@ on each call (under the condition's lock, so no change between check and wait is
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 
@@ -23,3 +24,13 @@ class Progress:
         with self._cond:
             if not self._cond.wait_for(predicate, timeout):
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def poll_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Re-check ``predicate`` every few milliseconds until it holds, for state that no thread
+    signals (a client's pump, another process); fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)
