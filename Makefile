@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# Test processes: most tests wait on fsync, child processes, ZooKeeper or a JVM, so two
+# workers halve the suite on two cores; each worker starts its own fixtures (ports are 0).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench clean zookeeper java cluster-demo replicated-demo
 
@@ -29,7 +32,7 @@ demo: $(STAMP) java
 test: $(STAMP) java zookeeper
 	$(BIN)/ruff check .
 	$(BIN)/python tools/lint_imports.py
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -95,7 +95,8 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
     thread that pumps the stream into a queue, and every later ``next`` reads the queue; so
     does every read from asyncio. More than ``max_lag`` live events waiting in that queue (a
     reader that stopped reading; checked every :data:`CHECK_EVERY` of them; every event but
-    the initial ones the server marks counts, from the first) drops the subscription with
+    the initial ones the server marks counts, from the first, an event the server merged
+    from several feed entries as that many) drops the subscription with
     FeedOverrun, as the server's feed would have: the pump reads the stream as fast as it
     comes, so the server never sees the lag.
 

@@ -62,8 +62,9 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
 
     Its events wait in its own queue in the client: more than ``max_lag`` live events
     waiting there (a reader that stopped reading) drops it with FeedOverrun, with the same
-    rule as the engine's: its initial events do not count, the check runs every
-    :data:`CHECK_EVERY` live events, and the error names the last progress read (before
+    rule as the engine's: its initial events do not count, an event merged from several
+    feed entries counts as that many, the check runs every :data:`CHECK_EVERY` live
+    events, and the error names the last progress read (before
     any, the time it started at)."""
 
     def __init__(self, stream: SharedStream, sid: str, max_lag: int | None, as_of: int | None = None) -> None:
