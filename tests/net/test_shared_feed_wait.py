@@ -14,6 +14,7 @@ import uuid
 import pyarrow as pa
 import pytest
 from support.served import served_engine
+from support.waiting import poll_until
 
 import sediment
 from sediment.client import Client
@@ -67,8 +68,11 @@ def stream(tmp_path):
     engine.close()
 
 
-def _after(delay: float, action) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(delay), action()), daemon=True)
+def _once_asleep(share, action) -> threading.Thread:
+    """Run ``action`` on a thread once the stream's round sleeps on its feeds (its bell is
+    set only during that wait), so the wake-up is what the test sees."""
+    thread = threading.Thread(target=lambda: (poll_until(lambda: share.bell is not None, 10, "the round to sleep"),
+                                              action()), daemon=True)
     thread.start()
     return thread
 
@@ -76,7 +80,7 @@ def _after(delay: float, action) -> threading.Thread:
 def test_an_event_ends_the_wait_at_once_and_goes_to_every_carrier(stream):
     engine, feeds, share = stream
     began = time.monotonic()
-    appender = _after(0.2, lambda: engine.append("r", row(7)))
+    appender = _once_asleep(share, lambda: engine.append("r", row(7)))
     got = _messages(feeds, share)
     appender.join()
     assert time.monotonic() - began < 2.5, "the wait ran to its 5 s poll interval"
@@ -87,7 +91,7 @@ def test_an_event_ends_the_wait_at_once_and_goes_to_every_carrier(stream):
 def test_a_join_ends_the_wait_and_its_snapshot_follows(stream):
     _engine, feeds, share = stream
     began = time.monotonic()
-    joiner = _after(0.2, lambda: feeds.join({"stream": "s", "sub": "c"}))
+    joiner = _once_asleep(share, lambda: feeds.join({"stream": "s", "sub": "c"}))
     first = _messages(feeds, share)
     joiner.join()
     assert time.monotonic() - began < 2.5, "the join waited for the poll interval"
@@ -118,7 +122,7 @@ def test_a_subscription_the_server_closes_during_the_wait_ends_with_engine_close
     _engine, feeds, share = stream
     carrier = share.by_sid["b"]
     began = time.monotonic()
-    closer = _after(0.2, carrier.sub.close)  # what the stopping server does to every engine subscription
+    closer = _once_asleep(share, carrier.sub.close)  # what the stopping server does to every engine subscription
     got = _messages(feeds, share)
     closer.join()
     assert time.monotonic() - began < 2.5
