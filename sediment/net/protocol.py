@@ -91,6 +91,11 @@ def event_metadata(kind: str, time: int, last: bool, initial: bool = False, reco
     return json.dumps(meta).encode()
 
 
+def event_records(meta: dict[str, Any]) -> int:
+    """The feed entries an event's app metadata says it stands for (1 when absent)."""
+    return int(meta.get("records", 1))
+
+
 def event_batches(event: Any, schema: pa.Schema, initial: bool = False) -> list[tuple[pa.RecordBatch, bytes]]:
     """One feed event on the wire: batches of the update schema, the last one marked. A
     snapshot's rows get ``time`` = the snapshot's time so that every batch has the one

@@ -23,11 +23,18 @@ from sediment.engine.feed_async import AsyncIterating, Loops, Seat
 from sediment.errors import EngineClosed, FeedOverrun
 from sediment.interrupts import WaitingIterator, wait_slices
 from sediment.net.async_reads import NOTHING, wait_item_async
+from sediment.net.protocol import event_records
 from sediment.net.wire_errors import typed_error
 
 _END = object()
 MAX_QUEUED = 1 << 18  # events a subscription may have waiting in the client when it has no max_lag
 CHECK_EVERY = 1024  # live events between checks of a subscription's queue against its max_lag, as the engine's
+
+
+def check_due(before: int, after: int) -> bool:
+    """Whether a subscription's count of live events queued, going from ``before`` to
+    ``after``, passed a multiple of :data:`CHECK_EVERY`: where its max_lag check runs."""
+    return after // CHECK_EVERY > before // CHECK_EVERY
 
 
 def overrun_error(relation: str, max_lag: int, last_progress: int | None, as_of: int | None) -> FeedOverrun:
@@ -148,7 +155,7 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             for item in self._items:
                 if isinstance(item, tuple) and not item[1]:
                     before, pushed = pushed, pushed + item[0].records
-                    if pushed // CHECK_EVERY > before // CHECK_EVERY and pushed - self._taken > self._max_lag:
+                    if check_due(before, pushed) and pushed - self._taken > self._max_lag:
                         self._overrun = True
                         with self._lock:
                             self._reader.cancel()  # the server ends its subscription
@@ -181,7 +188,7 @@ class RemoteSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
             elif kind == "snapshot":
                 yield FeedEvent(kind, t, table.drop_columns(["time"])), initial
             else:
-                yield FeedEvent(kind, t, table, records=int(meta.get("records", 1))), initial
+                yield FeedEvent(kind, t, table, records=event_records(meta)), initial
         if not self._closed:
             yield EngineClosed(f"the sediment server at {self._uri} ended the feed (it stopped); "
                                "subscribe again with resume=True")

@@ -32,7 +32,8 @@ from sediment.errors import CoordinatorUnavailable, EngineClosed, SedimentError,
 from sediment.interrupts import WaitingIterator
 from sediment.net.async_reads import NOTHING, wait_item_async
 from sediment.net.messages import Action, Get
-from sediment.net.remote_subscription import CHECK_EVERY, MAX_QUEUED, ClientFeedEnd, wait_item
+from sediment.net.protocol import event_records
+from sediment.net.remote_subscription import MAX_QUEUED, ClientFeedEnd, check_due, wait_item
 from sediment.net.shared_feeds import SHARE_VERSION
 from sediment.net.wire_errors import error_from_detail, error_line, typed_error
 
@@ -50,7 +51,7 @@ def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
         return FeedEvent(kind, t)
     tables = [table_from_ipc(part.as_buffer()) for batch in data for part in batch.column(0)]
     return FeedEvent(kind, t, tables[0] if len(tables) == 1 else pa.concat_tables(tables),
-                     records=int(meta.get("records", 1)))
+                     records=event_records(meta))
 
 
 class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
@@ -100,7 +101,7 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
         if not initial:
             before = self._pushed
             self._pushed += item.records
-            if self._pushed // CHECK_EVERY > before // CHECK_EVERY and self._pushed - self._taken > self._max_lag:
+            if check_due(before, self._pushed) and self._pushed - self._taken > self._max_lag:
                 self._dropped = self._overrun = True
                 self._queue.put(_END)  # wakes a waiting reader, which raises FeedOverrun
                 threading.Thread(target=self._stream.leave, args=(self.id,), name="sediment-feed-leave",

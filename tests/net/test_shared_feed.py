@@ -16,9 +16,9 @@ from support.served import Served, served_engine
 import sediment
 from sediment.client import Client
 from sediment.errors import CoordinatorUnavailable, EngineClosed, FeedOverrun, InvalidArgument, SedimentError
-from sediment.net import shared_feeds, shared_subscription
+from sediment.net import shared_feeds
 from sediment.net.messages import Action, Get, encode
-from sediment.net.remote_subscription import RemoteSubscription
+from sediment.net.remote_subscription import CHECK_EVERY, RemoteSubscription
 from sediment.net.shared_subscription import SharedSubscription, decode_event
 from sediment.net.wire_errors import typed_error
 from sediment.server import SedimentFlightServer
@@ -147,12 +147,12 @@ def test_a_subscription_past_its_max_lag_is_dropped_alone(served):
     engine.seal("r", 1)
     for s in (idle, busy):
         assert s.next(timeout=10).kind == "progress"
-    burst = shared_subscription.CHECK_EVERY // 2  # fewer events than the check interval, many more than max_lag
+    burst = CHECK_EVERY // 2  # fewer events than the check interval, many more than max_lag
     for k in range(burst):
         engine.append("r", row(k, k + 2))
     assert keys_until(busy, burst) == list(range(burst))
     assert keys_until(idle, 1) == [0], "a burst shorter than the check interval dropped the reader"
-    more = 4 * shared_subscription.CHECK_EVERY  # at least one check, however the server batches them
+    more = 4 * CHECK_EVERY  # at least one check, however the server batches them
     for k in range(burst, burst + more):
         engine.append("r", row(k, k + 2))
     assert keys_until(busy, more) == list(range(burst, burst + more))

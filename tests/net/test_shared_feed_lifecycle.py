@@ -12,10 +12,12 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from support.served import served_engine
+from support.waiting import poll_until
 
 from sediment.client import Client
 from sediment.errors import EngineClosed, FeedOverrun, InvalidArgument
 from sediment.net import shared_feeds, shared_subscription
+from sediment.net.remote_subscription import CHECK_EVERY
 
 SCHEMA = pa.schema([("k", pa.int64())])
 TOKEN = "shared-edge-" + uuid.uuid4().hex
@@ -28,14 +30,6 @@ def row(k: int, t: int) -> pa.Table:
 
 def subscribers(engine) -> int:
     return engine.stats()["relations"]["r"]["subscribers"]
-
-
-def until(predicate, timeout: float, what: str) -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        threading.Event().wait(0.05)
 
 
 def slowed(real, seconds: float, done: threading.Event):
@@ -118,7 +112,7 @@ def test_a_join_the_client_gave_up_on_is_undone_on_the_server(served):
         client.subscribe("r", max_lag=1000)
     assert done.wait(10)
     server._shared._subscribe = real
-    until(lambda: subscribers(engine) == 1, 15, "the abandoned join's engine subscription to be released")
+    poll_until(lambda: subscribers(engine) == 1, 15, "the abandoned join's engine subscription to be released")
     engine.append("r", row(1, 2))
     event = first.next(timeout=10)
     assert event.kind == "updates" and event.table.column("k").to_pylist() == [1]
@@ -135,7 +129,7 @@ def test_a_subscribe_the_client_gave_up_on_releases_its_engine_subscription(serv
     with pytest.raises(Exception):  # noqa: B017 - whichever error the deadline gives
         client.subscribe("r", shared=shared)
     assert done.wait(10)
-    until(lambda: subscribers(engine) == 0, 20, "the abandoned subscribe's engine subscription to be released")
+    poll_until(lambda: subscribers(engine) == 0, 20, "the abandoned subscribe's engine subscription to be released")
     assert not server._shared._shares, "the shared stream that never started is still listed"
     client.close()
 
@@ -188,7 +182,7 @@ def test_an_overrun_does_not_hold_up_the_other_subscriptions_of_its_stream(tmp_p
         busy = client.subscribe("r")
         for s in (idle, busy):
             assert s.next(timeout=10).kind == "snapshot"
-        more = shared_subscription.CHECK_EVERY + 8  # idle is dropped in the client on the way
+        more = CHECK_EVERY + 8  # idle is dropped in the client on the way
         slowest = 0.0
         for k in range(more):  # one at a time: the server keeps up, idle lags in the client alone
             engine.append("r", row(k, k + 2))

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from support.waiting import Progress
+from support.waiting import Progress, poll_until
 
 from sediment.errors import EngineClosed, WalError
 from sediment.wal.file_log import FileLog
@@ -172,13 +172,6 @@ def test_segments_are_finished_off_the_appenders_threads(tmp_path):
         log.close()
 
 
-def poll(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
-
-
 def held_leader(log: FileLog, first: Record, release: threading.Event):
     """Submit ``first`` and lead its group on a thread held inside the group's callback until
     ``release`` is set; (its ticket, the thread) once it is held there."""
@@ -202,7 +195,7 @@ def test_many_threads_may_wait_on_one_ticket(tmp_path):
         waiters = [threading.Thread(target=lambda: got.append(shared.wait())) for _ in range(3)]
         for t in waiters:
             t.start()
-        poll(lambda: len(shared.wake) == 3, "three followers on the shared ticket")
+        poll_until(lambda: len(shared.wake) == 3, 60, "three followers on the shared ticket")
         release.set()
         for t in [leader, *waiters]:
             t.join(timeout=60)
@@ -233,7 +226,7 @@ def test_a_close_asked_during_a_segment_finish_still_gets_its_turn(tmp_path):
             return True
         return False
 
-    poll(closing, "close to ask for the lead")
+    poll_until(closing, 60, "close to ask for the lead")
     release.set()
     closer.join(timeout=60)
     finisher.join(timeout=60)
@@ -261,7 +254,7 @@ def test_every_waiter_of_a_big_group_is_woken_once_the_group_is_durable(tmp_path
         waiters += [threading.Thread(target=wait, args=(7,), daemon=True) for _ in range(2)]
         for t in waiters:
             t.start()
-        poll(lambda: sum(len(t.wake) for t in tickets) == 47, "47 followers queued")
+        poll_until(lambda: sum(len(t.wake) for t in tickets) == 47, 60, "47 followers queued")
         release.set()
         deadline = time.monotonic() + 60
         for t in [leader, *waiters]:
@@ -290,7 +283,7 @@ def test_a_leader_also_writes_the_group_queued_during_its_own(tmp_path, monkeypa
                    for i in range(5)]
         for t in waiters:
             t.start()
-        poll(lambda: all(t.wake for t in tickets), "five followers queued")
+        poll_until(lambda: all(t.wake for t in tickets), 60, "five followers queued")
         release.set()
         deadline = time.monotonic() + 60
         for t in [leader, *waiters]:
@@ -331,7 +324,7 @@ def _blocked_in_wait(ticket) -> bool:
 
 def _interrupt_main_once(ready) -> None:
     # the main thread's state in the kernel has no event to wait on: read it until it sleeps
-    poll(ready, "the main thread to block in its wait", timeout=30)
+    poll_until(ready, 30, "the main thread to block in its wait")
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
