@@ -354,9 +354,12 @@ class Compaction:
         return self.traces.write(rid, table, lo.as_py(), hi.as_py() + 1, since)
 
     def _chunk_rows(self, refs: list) -> int:
-        """Rows per input chunk of a merge, so that its chunks fit the memory bound."""
+        """Rows per input chunk of a merge, so that its chunks fit the memory bound. The floor
+        (1,024 rows, fewer Python steps per row) gives way for wide rows: at 64 KiB a row,
+        1,024 rows an input would be 64 MiB each, whatever the bound."""
         per_row = max(64, 8 * (sum(r.bytes for r in refs) or 1) // max(1, sum(r.rows for r in refs)))
-        return max(1024, self.settings.memory_bound // (4 * len(refs) * per_row))
+        fits = self.settings.memory_bound // (4 * len(refs) * per_row)
+        return max(fits, min(1024, max(1, self.settings.memory_bound // (len(refs) * per_row))))
 
     def merge_pending(self, rel: Relation) -> None:
         """Keep the pending runs few: merge neighbours by the size-tiered rule once there
@@ -434,7 +437,7 @@ class Compaction:
                     sent = True
                     self.traces.commit(new)
                     rel.trace = new
-                    rel.trace_changed_at = self.clock.current_time()
+                    rel.trace_changed_at = rel.data_added_at = self.clock.current_time()  # new data: not quiet
                     self.view.max_time = max([self.view.max_time, *(r.upper - 1 for r in refs)])
             except BaseException as e:
                 if not sent or isinstance(e, (MetadataConflict, CoordinatorSuperseded)):  # refused: not landed

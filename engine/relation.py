@@ -44,7 +44,7 @@ class Relation:
     seal_ticket: Any = None
     feed: FeedLog | None = None
     trace_changed_at: float | None = None  # monotonic time this process last changed the trace
-    data_added_at: float | None = None  # clock time a pass last took this relation's WAL records
+    data_added_at: float | None = None  # clock time a pass last took its WAL records, or a bulk load committed
     counters: Any = None  # sediment.metrics.RelationCounters: bumped as its appends become durable
     layout: Layout | None = None  # its schema versions, to read updates written under older ones
     shape: tuple[int, pa.Schema] = (0, pa.schema([]))  # (schema version, update schema), replaced as one

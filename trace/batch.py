@@ -45,6 +45,7 @@ FORMAT_NAME = "sediment-trace-batch"
 META_PREFIX = "sediment."
 DEFAULT_ROW_GROUP_ROWS = 64 * 1024
 COMPRESSION = "zstd"
+_WRITE_BATCH_ROWS, _WRITE_BATCH_BYTES = 1024, 1 << 20  # Parquet's default write batch; its dictionary page limit
 U64_MAX = (1 << 64) - 1
 # Anything pyarrow or our own parsing raises on damaged bytes (UnicodeDecodeError is a ValueError).
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError, TypeError, OverflowError)
@@ -211,6 +212,16 @@ def _check_times(table: pa.Table | pa.RecordBatch, desc: BatchDescription) -> No
         )
 
 
+def write_batch_rows(sample: pa.Table | None) -> int:
+    """Rows per Parquet write batch (the values a writer encodes before it checks its
+    dictionary and page sizes): at most 1 MiB of ``sample``'s rows, at most Parquet's default
+    1,024. Why: Parquet falls back from a dictionary only between write batches, so 1,024
+    rows of 64 KiB made one 64 MiB dictionary page that every reader must decode whole,
+    whatever its memory bound."""
+    width = sample.nbytes // sample.num_rows if sample is not None and sample.num_rows else 0
+    return max(1, min(_WRITE_BATCH_ROWS, _WRITE_BATCH_BYTES // max(1, width)))
+
+
 class BatchWriter:
     """Write a batch incrementally to a sink, so a merge never holds its whole output.
 
@@ -234,13 +245,20 @@ class BatchWriter:
         self._row_group_rows = row_group_rows
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
+        self._sink = sink
+        self._writer: pq.ParquetWriter | None = None  # opened at the first rows, sized by their width
+
+    def _open(self, sample: pa.Table | None) -> pq.ParquetWriter:
+        """The Parquet writer, its write batch sized by ``sample`` (:func:`write_batch_rows`)."""
         self._writer = pq.ParquetWriter(
-            sink,
-            schema,
+            self._sink,
+            self._schema,
             compression=COMPRESSION,
             write_page_checksum=True,
             write_statistics=True,
+            write_batch_size=write_batch_rows(sample),
         )
+        return self._writer
 
     def write(self, table: pa.Table | pa.RecordBatch) -> None:
         """Append rows (already consolidated and sorted, continuing the previous ones)."""
@@ -263,7 +281,8 @@ class BatchWriter:
             return
         full = buffered.num_rows if final else buffered.num_rows - buffered.num_rows % self._row_group_rows
         if full:
-            self._writer.write_table(buffered.slice(0, full), row_group_size=self._row_group_rows)
+            writer = self._writer or self._open(buffered)
+            writer.write_table(buffered.slice(0, full), row_group_size=self._row_group_rows)
         if full < buffered.num_rows:
             self._pending = [buffered.slice(full)]
             self._pending_rows = buffered.num_rows - full
@@ -272,8 +291,9 @@ class BatchWriter:
         """Write the footer (with the description) and return the final description."""
         self._flush(final=True)
         desc = dataclasses.replace(self._desc, rows=self._rows)
-        self._writer.add_key_value_metadata(desc.to_metadata())
-        self._writer.close()
+        writer = self._writer or self._open(None)
+        writer.add_key_value_metadata(desc.to_metadata())
+        writer.close()
         return desc
 
 

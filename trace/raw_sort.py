@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sediment.errors import BatchCorruption
-from sediment.trace.batch import BatchDescription
+from sediment.trace.batch import BatchDescription, write_batch_rows
 from sediment.trace.merge import merge_sorted
 from sediment.trace.raw import RAW_FIELDS, raw_run
 
@@ -92,7 +92,8 @@ def _spill_pieces(pf: pq.ParquetFile, desc: BatchDescription, schema: pa.Schema,
         run = _checked(raw_run(piece, desc, schema), desc, where)
         if run.num_rows:
             paths.append(spill())
-            pq.write_table(run, paths[-1], row_group_size=max(MIN_ROWS, budget // FAN_IN), compression="none")
+            pq.write_table(run, paths[-1], row_group_size=max(MIN_ROWS, budget // FAN_IN), compression="none",
+                           write_batch_size=write_batch_rows(run))
     return paths
 
 
@@ -105,7 +106,8 @@ def _merge_to_file(runs: list[str], keys: list[str], budget: int, spill: Callabl
     path, writer = spill(), None
     try:
         for table in merge_sorted([_spilled(p, chunk) for p in runs], keys, None, chunk):
-            writer = writer or pq.ParquetWriter(path, table.schema, compression="none")
+            writer = writer or pq.ParquetWriter(path, table.schema, compression="none",
+                                                write_batch_size=write_batch_rows(table))
             writer.write_table(table, row_group_size=chunk)
     finally:
         if writer is not None:

@@ -7,13 +7,16 @@ event it waits on), as tests/wal/test_replication_recovery.py holds a ZooKeeper 
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import sediment
 from sediment.clock import ManualClock
+from sediment.engine import staged
 
 SCHEMA = pa.schema([("k", pa.int64())])
 GATE_TIMEOUT = 60
@@ -325,5 +328,41 @@ def test_a_relation_whose_pending_merge_keeps_failing_does_not_stop_any_other_me
         eng.compaction.merge_pass()
         assert eng.trace_info("a")["compaction_failures"] == 3
         assert list(eng.compaction_errors()) == ["a"]
+    finally:
+        eng.close()
+
+
+def test_a_bulk_load_counts_as_new_data_for_the_major_compactions_quiet_time(tmp_path):
+    """Rows that arrive as a bulk load's runs (engine/staged.py), not through the WAL, restart
+    the quiet time too: the major compaction waits major_compaction_quiet seconds after the
+    load, not after the last append, and then makes one batch of everything."""
+    clock = ManualClock()
+    eng = sediment.open(str(tmp_path / "data"), clock=clock, segment_bytes=64 << 20, compact_interval=5.0,
+                        major_compaction_quiet=30.0)
+    try:
+        expected: dict[str, dict[int, int]] = {"now": {}}
+        eng.add_relation("now", SCHEMA)
+        append_step(eng, expected, 0, [(i * 7) % 60_000 for i in range(50_000)])
+        background_round(eng, clock, 5.0)
+        append_step(eng, expected, 1, [(i * 7 + 1) % 60_000 for i in range(8_000)])
+        background_round(eng, clock, 5.0)
+        assert eng.trace_info("now")["batches"] == 2
+        background_round(eng, clock, 25.0)  # 25 s after the pass took the last append: not yet quiet
+
+        keys = list(range(300_000, 311_000))
+        path = staged.stage(eng, "now", "load-1")
+        pq.write_table(ups(keys, 2), os.path.join(path, "part-00000.parquet"))
+        assert staged.commit_staged(eng, "now", "load-1")["rows"] == len(keys)
+        for k in keys:
+            expected["now"][k] = 1
+        eng.seal("now", 2)
+        eng.set_since("now", 2)
+        background_round(eng, clock, 5.0)  # 30 s after the last append's pass, 5 s after the load
+        assert eng.metrics.major_compactions.labels(relation="now")._value.get() == 0
+        assert eng.trace_info("now")["batches"] + eng.trace_info("now")["pending"] >= 2
+        background_round(eng, clock, 25.0)  # 30 s after the load: quiet
+        assert eng.metrics.major_compactions.labels(relation="now")._value.get() == 1
+        assert eng.trace_info("now")["batches"] == 1 and eng.trace_info("now")["pending"] == 0
+        assert model_of(eng.snapshot("now", 2)) == expected["now"]
     finally:
         eng.close()
