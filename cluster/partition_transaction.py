@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from sediment.txn_state import ABORTED, COMMITTED, OPEN
+
 
 class PartitionTransaction:
     """A transaction bound lazily to one partition's inner transaction (``inner``)."""
 
     def __init__(self) -> None:
         self.inner: Any = None
-        self._state = "open"
+        self._state = OPEN
 
     @property
     def state(self) -> str:
@@ -26,10 +28,10 @@ class PartitionTransaction:
     def abort(self) -> None:
         if self.inner is not None:
             self.inner.abort()
-        elif self._state == "open":
-            self._state = "aborted"
+        elif self._state == OPEN:
+            self._state = ABORTED
 
     def finish_empty(self) -> None:
         """Commit of a transaction that appended nothing: it commits, writing nothing."""
-        if self.inner is None and self._state == "open":
-            self._state = "committed"
+        if self.inner is None and self._state == OPEN:
+            self._state = COMMITTED

@@ -34,6 +34,7 @@ from sediment.errors import (
     TransactionError,
     UnknownRelation,
 )
+from sediment.txn_state import OPEN
 
 
 class ClusterEngine:
@@ -306,7 +307,7 @@ class ClusterTransaction(PartitionTransaction):
     def _bind(self, p: int, elsewhere: str) -> int:
         """With ``_mutex`` held: the generation of partition ``p``, the transaction bound to it
         on first use; ``elsewhere`` is the refusal when it is bound to another partition."""
-        if self.state != "open":
+        if self.state != OPEN:
             raise TransactionError(f"transaction {self.id:#x} is {self.state}")
         if self.partition is not None and p != self.partition:
             raise CrossPartitionTransaction(f"transaction {self.id:#x} writes partition {self.partition}; "

@@ -55,6 +55,7 @@ from sediment.net.remote_transaction import RemoteTransaction
 from sediment.net.remote_transaction import as_table as _as_table
 from sediment.net.shared_subscription import FeedShares, SharedSubscription
 from sediment.net.wire_errors import error_line, server_error, typed_error
+from sediment.txn_state import ABORTED
 
 __all__ = ["Client", "RemoteSubscription", "RemoteTransaction", "ServerError", "connect", "typed_error"]
 
@@ -346,7 +347,7 @@ class Client:
         except TransactionError:
             for t in transactions:
                 if isinstance(t, RemoteTransaction):
-                    t.settle(t.remote_state() or "aborted")
+                    t.settle(t.remote_state() or ABORTED)
             raise
         except errors.NothingWritten:
             raise

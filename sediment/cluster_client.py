@@ -43,6 +43,7 @@ from sediment.errors import (
     SchemaVersionMoved,
     UnknownRelation,
 )
+from sediment.txn_state import OPEN
 
 DEFAULT_DEADLINE = 30.0  # seconds a call keeps following redirects and moves
 RETRY_PAUSE = 0.05  # seconds between tries while a partition has no reachable owner
@@ -454,9 +455,9 @@ class ClusterRemoteTransaction(PartitionTransaction):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if exc_type is None and self.state == "open":
+        if exc_type is None and self.state == OPEN:
             self.commit()
-        elif self.state == "open":
+        elif self.state == OPEN:
             self.abort()
 
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from sediment.errors import InvalidArgument
 from sediment.net.protocol import decode_locks, field
+from sediment.txn_state import COMMITTED
 
 
 def _key(args: dict[str, Any], what: str) -> tuple[Any, Any]:
@@ -65,7 +66,7 @@ def commit_once(engine: Any, args: dict[str, Any], txn: Callable[[], Any],
         end(tx, lambda: tx.commit_marked(partition, marks))
 
     _member(engine, "commit").commit_once(name, *_key(args, "commit"), commit)
-    return "committed"
+    return COMMITTED
 
 
 def commit_all_once(engine: Any, args: dict[str, Any], txns: Callable[[], list[Any]],
@@ -85,7 +86,7 @@ def commit_all_once(engine: Any, args: dict[str, Any], txns: Callable[[], list[A
             settle(found)
 
     _member(engine, "commit_all").commit_once(name, *_key(args, "commit_all"), commit)
-    return ["committed"] * count
+    return [COMMITTED] * count
 
 
 def alter_from(engine: Any, name: str, base: Any, changes: dict[str, Any]) -> int:

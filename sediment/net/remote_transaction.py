@@ -20,7 +20,7 @@ from sediment import errors
 from sediment.errors import InvalidUpdates, TransactionError
 from sediment.net.messages import Action
 from sediment.net.wire_errors import error_line
-from sediment.txn_state import TxnState
+from sediment.txn_state import ABORTED, COMMITTED, TxnState
 
 
 class TxnClient(Protocol):
@@ -95,12 +95,12 @@ class RemoteTransaction:
         when an earlier commit whose answer was lost turns out to have committed it."""
         state = self.remote_state()
         if self._in_doubt:
-            if state == "committed":
+            if state == COMMITTED:
                 self._txn.settle(state)
                 return True
-            if state != "aborted":
+            if state != ABORTED:
                 raise self._unknown("commit", refusal)
-        self._txn.settle(state or "aborted")
+        self._txn.settle(state or ABORTED)
         return False
 
     def _unknown(self, what: str, cause: BaseException) -> errors.OutcomeUnknown:
@@ -132,21 +132,21 @@ class RemoteTransaction:
             if not self._txn.is_open:
                 return
             if not self._in_doubt:
-                self._txn.finish("aborted")
+                self._txn.finish(ABORTED)
                 self._client._action(Action.ABORT, txn=self.id)
                 return
             try:
                 state = self._client._action(Action.ABORT, txn=self.id)
             except TransactionError as exc:
                 raise self._unknown("abort", exc) from None
-            if state not in ("committed", "aborted"):  # in doubt on the server too: its log failed the sync
+            if state not in (COMMITTED, ABORTED):  # in doubt on the server too: its log failed the sync
                 raise errors.OutcomeUnknown(
                     f"abort of transaction {self.id:#x}: the server is in doubt whether its earlier commit is "
                     f"durable (state {state!r}: the log failed the sync); read the relations back after the "
                     "server reopens to find out")
             self._txn.settle(state)
             self._in_doubt = False
-            if state == "committed":
+            if state == COMMITTED:
                 raise TransactionError(f"transaction {self.id:#x} was committed by an earlier commit whose answer "
                                        "was lost; abort cannot undo it")
 

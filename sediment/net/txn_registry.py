@@ -22,6 +22,7 @@ from typing import Any
 from sediment import errors
 from sediment.clock import Clock
 from sediment.errors import TransactionError
+from sediment.txn_state import OPEN
 
 FINISHED_TXN_STATES = 4096  # how many finished transactions' states are remembered
 ENDED_GROUPS = 4096  # how many ended groups are remembered
@@ -139,7 +140,7 @@ class TxnRegistry:
     def settle(self, tx: Any) -> str:
         """Forget a finished transaction, remembering its final state for ``state``."""
         state = tx.state
-        if state != "open":
+        if state != OPEN:
             with self._lock:
                 self._forget(tx.id)
                 self._remember(tx.id, state)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from support.cluster_procs import TOKEN, running_cluster
 from support.fixtures_zookeeper import ZooKeeperServer
+from support.waiting import poll_until
 
 import sediment
 from sediment.client import Client
@@ -87,15 +88,17 @@ def test_a_member_whose_zookeeper_is_suspended_refuses_in_bounded_time_exits_and
             assert time.monotonic() - began < EXIT_BOUND
             os.kill(zk.pid, signal.SIGCONT)
             stopped = False
+            cluster.wait_assigned([serving], timeout=60)  # the member that stayed takes every partition again
             with sediment.connect(cluster.uri, token=TOKEN) as client:
-                deadline = time.monotonic() + 60
-                while True:  # the member that stayed takes every partition again
+
+                def appended() -> bool:  # refused while it opens what it took
                     try:
                         client.append("r0", rows([3], t=3))
-                        break
                     except SedimentError:
-                        assert time.monotonic() < deadline, "the cluster did not serve r0 again"
-                        time.sleep(0.2)
+                        return False
+                    return True
+
+                poll_until(appended, 60, "the cluster to serve r0 again")
                 client.seal("r0", 3)
                 keys = client.snapshot("r0", 3).column("k").to_pylist()
                 assert 1 in keys and 3 in keys, keys
