@@ -363,7 +363,8 @@ def test_order_is_verified_on_request_across_row_groups():
 
 
 def test_open_batch_and_read_row_group_over_a_blob_reader():
-    from sediment.trace.batch import BlobReader, open_batch, read_row_group
+    from sediment.blob.reader import BlobReader
+    from sediment.trace.batch import open_batch, read_row_group
 
     t = make_table(1000)
     d = desc_for(t)
