@@ -17,6 +17,7 @@ rotated position); figures are medians over rounds, with min-max:
 
     .venv/bin/python bench/caller_depth.py                    # log on /tmp (the disk), 3 rounds
     .venv/bin/python bench/caller_depth.py --dir /dev/shm     # tmpfs: the CPU without the sync
+    .venv/bin/python bench/caller_depth.py --build /tmp/before # another checkout (bench/small_writes_cpu.py)
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ import tempfile
 import time
 
 import pyarrow as pa
-
-import sediment
+from small_writes_cpu import use_build
 
 SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
 PAYLOAD = 76
@@ -66,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--positions", type=int, default=140, help="caller depths, one padding frame apart")
     ap.add_argument("--calls", type=int, default=300, help="appends (and inserts) per position and round")
+    ap.add_argument("--build", help="a checkout of the repository to run instead of this one")
     a = ap.parse_args(argv)
+    if a.build:
+        use_build(a.build)
+    import sediment  # noqa: PLC0415 - after use_build
+
     root = tempfile.mkdtemp(prefix="sed-depth-", dir=a.dir)
     try:
         engine = sediment.open(os.path.join(root, "sed"))
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     def span(xs: list[float]) -> str:
         return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})" if xs else "-"
 
-    print(f"{a.rounds} rounds x {a.positions} caller depths x {a.calls} calls, log on {a.dir}, "
+    print(f"{a.build or 'this build'}: {a.rounds} rounds x {a.positions} caller depths x {a.calls} calls, log on {a.dir}, "
           f"load {min(loads):.1f}-{max(loads):.1f}; medians over rounds, then over positions (min-max)")
     print("| case | positions with >= 1 fault per call | CPU us per call there | elsewhere | all positions |")
     print("| --- | --- | --- | --- | --- |")

@@ -175,7 +175,18 @@ class RelationView:
     def on_durable(self, records: Sequence[Record]) -> None:
         """The log's callback: ``records`` are durable, in log order."""
         if len(records) == 1 and records[0].txn_id == 0 and records[0].kind == _UPDATES:
-            self._on_durable_append(records[0])
+            # one plain UPDATES record made durable alone (a lone writer's group, or a group's
+            # appends the log joined into one record), without gathering counts; inline, as
+            # a call here is one frame more on a lone append's path (FileLog._write_group)
+            r = records[0]
+            self._on_group(1)
+            size = len(r.body)
+            with self.lock:
+                rel = self.add_tail(r.relation_id, TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, size,
+                                                             r.schema_version))
+                if rel is not None:
+                    rel.counters.add(r.count, r.appends)
+                self.bodies.put(r.lsn, r.body, size)
             return
         self._on_group(len(records))
         counted: dict[int, list] = {}  # relation id -> [relation, appends, rows]: counters bumped once a group
@@ -198,18 +209,6 @@ class RelationView:
                 cache.put(r.lsn, r.body, size)
             for rel, appends, rows in counted.values():
                 rel.counters.add(rows, appends)
-
-    def _on_durable_append(self, r: Record) -> None:
-        """One plain UPDATES record made durable alone (a lone writer's group, or a group's
-        appends the log joined into one record): what ``on_durable`` does for it, without
-        gathering counts."""
-        self._on_group(1)
-        size = len(r.body)
-        with self.lock:
-            rel = self.add_tail(r.relation_id, TailEntry(r.lsn, r.t_lo, r.t_hi, r.count, size, r.schema_version))
-            if rel is not None:
-                rel.counters.add(r.count, r.appends)
-            self.bodies.put(r.lsn, r.body, size)
 
     def apply(self, r: Record) -> None:
         """One durable record's effect (under the lock)."""

@@ -130,7 +130,7 @@ class FileLog:
         state = self.control.read_state(partition)
         last = self._segments[-1].next_lsn - 1
         self.control.write_state(partition, PartitionState(state.session_id + 1, last, last), rewind=True)
-        self._group = GroupCommit(self.dir, self._write_batch, self._background,
+        self._group = GroupCommit(self.dir, self._write_group, self._background,
                                   lambda: self._segments[-1].end >= self.segment_bytes, f"wal-finisher-{partition}")
 
     # --- recovery ------------------------------------------------------------------------------
@@ -272,17 +272,49 @@ class FileLog:
         return self._group.submit(GroupAppend(self._group, (record,), [rec.crc32c_raw(record.body)], on_durable,
                                               min(max_body, MAX_JOINED_BODY)))
 
+    def _write_group(self, batch: list[GroupAppend]) -> None:
+        """The group commit's write. A group of one small record (a lone writer's append) is
+        written here, without :meth:`_write_batch`'s lists: the frame and the end mark go out
+        as one ``bytes`` in one ``pwrite``, then one fdatasync; only then is the offset added
+        and the callback run. Anything else goes to :meth:`_write_batch`.
+
+        Why in one method: besides the steps, each Python frame on a lone append's path is
+        room on the interpreter's frame stack, and a call that crosses the end of one of its
+        16 KiB chunks allocates and frees a chunk each time (bench/caller_depth.py)."""
+        if len(batch) != 1 or len(batch[0].records) != 1:
+            self._write_batch(batch)
+            return
+        p = batch[0]
+        if p.table is not None:
+            encode_alone(p)
+        records = p.records
+        r = records[0]
+        if len(r.body) >= 65536 or self._direct.takes(rec.HEADER_SIZE + len(r.body)):
+            self._write_batch(batch)
+            return
+        seg = self._segments[-1]
+        lsn = seg.next_lsn
+        pos = seg.end
+        r.lsn = p.last_lsn = lsn
+        data = rec.encode_header(r, lsn, p.crcs[0]) + r.body + sg.END_MARK
+        end = pos + len(data) - len(sg.END_MARK)
+        self._allocate_to(pos + len(data))
+        self._active.write_one(data, pos)
+        self._preamble.observe(records)
+        with self._lock:
+            seg.offsets.append(pos)
+            seg.end = end
+        if len(seg.offsets) - self._idx_checkpoint >= self.index_interval:
+            self._checkpoint_index(seg)
+        if p.on_durable is not None:
+            p.on_durable(records)
+
     def _write_batch(self, batch: list[GroupAppend]) -> None:
         joined = None
         if len(batch) > 1:
             batch, joined = join_group(batch)
-        elif len(batch) == 1 and len(batch[0].records) == 1:
-            if batch[0].table is not None:
-                encode_alone(batch[0])
-            body_len = len(batch[0].records[0].body)
-            if body_len < 65536 and not self._direct.takes(rec.HEADER_SIZE + body_len):
-                self._write_one(batch[0])
-                return
+        elif len(batch) == 1 and batch[0].table is not None:
+            encode_alone(batch[0])
         seg = self._segments[-1]
         buffers: list = []
         offsets = []
@@ -339,29 +371,6 @@ class FileLog:
             self._allocated = max(end, min(2 * self._allocated, self.segment_bytes))
             allocate(self._active.fd, self._allocated)
 
-    def _write_one(self, p: GroupAppend) -> None:
-        """A group of one small record (a lone writer's append): what :meth:`_write_batch` does,
-        without its lists. The frame and the end mark go out as one ``bytes`` in one
-        ``pwrite``, then one fdatasync; only then is the offset added and the callback run."""
-        records = p.records
-        r = records[0]
-        seg = self._segments[-1]
-        lsn = seg.next_lsn
-        pos = seg.end
-        r.lsn = p.last_lsn = lsn
-        data = rec.encode_header(r, lsn, p.crcs[0]) + r.body + sg.END_MARK
-        end = pos + len(data) - len(sg.END_MARK)
-        self._allocate_to(pos + len(data))
-        self._active.write_one(data, pos)
-        self._preamble.observe(records)
-        with self._lock:
-            seg.offsets.append(pos)
-            seg.end = end
-        if len(seg.offsets) - self._idx_checkpoint >= self.index_interval:
-            self._checkpoint_index(seg)
-        if p.on_durable is not None:
-            p.on_durable(records)
-
     def _commit_offsets(self, seg: Segment, offsets: list[int], end: int) -> None:
         """Index entries go to the file at each checkpoint only (one pwrite per group fewer):
         the index is synced only there, and an open rebuilds entries past its checkpoint."""
@@ -393,7 +402,7 @@ class FileLog:
         old = self._segments[-1]
         if len(old.offsets) == 0 or (len(old.offsets) == 1 and old.first_lsn > 0 and self._only_frontiers(old)):
             return
-        self._write_batch([self._boundary()])
+        self._write_group([self._boundary()])
         self._checkpoint_index(old)
         self._active.finish()
         with self._lock:
@@ -404,7 +413,7 @@ class FileLog:
         self._allocated = os.fstat(self._active.fd).st_size
         self._direct.open(new.path)
         self._idx_checkpoint = 0
-        self._write_batch([self._boundary()])
+        self._write_group([self._boundary()])
         notify([self._listener], new.first_lsn, "segment-finish listener")
 
     def _only_frontiers(self, seg: Segment) -> bool:

@@ -443,10 +443,18 @@ else:
 assert sub.next(timeout=10).kind == "snapshot"
 main = threading.main_thread()
 
+def in_next():
+    # the main thread's stack holds sub.next (not Thread.start's own wait for the nudger)
+    f = sys._current_frames().get(main.ident)
+    while f is not None:
+        if f.f_code.co_name == "next" and f.f_locals.get("self") is sub:
+            return True
+        f = f.f_back
+    return False
+
 def asleep():
     # the main thread is inside its wait and blocked in the kernel (state S in /proc)
-    waiting = sub.sleeping if hasattr(sub, "sleeping") else \
-        sys._current_frames()[main.ident].f_code.co_name in ("wait", "get", "next")
+    waiting = sub.sleeping if hasattr(sub, "sleeping") else in_next()
     with open(f"/proc/self/task/{main.native_id}/stat") as f:
         return waiting and f.read().rsplit(")", 1)[1].split()[0] == "S"
 
