@@ -144,7 +144,22 @@ class GroupCommit:
                 return
             with self._lock:
                 group, self._queue = self._queue, []
-        self._lead(group)
+        # the lead, here rather than in a method of its own (one frame fewer on a lone append's
+        # path: FileLog._write_group says why): write the group taken with it and, once, the
+        # group queued meanwhile, then pass the lead on
+        if not group:
+            self._pass_lead([])
+            return
+        try:
+            self._write(group)
+        except BaseException as exc:  # noqa: BLE001 - every waiter must learn of the failure
+            self._fail(group, exc)
+            return
+        if len(group) == 1 and self._release_lone(group[0]):
+            return
+        nxt = self._pass_lead(group, self._wants_background(), keep=True)
+        if nxt is not None and self._written(nxt):
+            self._pass_lead(nxt, self._wants_background())
 
     def run_background(self) -> None:
         """Have the background thread take the lead, write what is queued and run
@@ -189,23 +204,6 @@ class GroupCommit:
         self._thread.join()
 
     # --- the lead --------------------------------------------------------------------------------
-
-    def _lead(self, group: list[GroupAppend]) -> None:
-        """Holding the lead: write ``group`` (what was queued when the lead was taken) and,
-        once, the group queued meanwhile, then pass the lead on."""
-        if not group:
-            self._pass_lead([])
-            return
-        try:  # what _written does, one frame fewer on a lone append's path (FileLog._write_group says why)
-            self._write(group)
-        except BaseException as exc:  # noqa: BLE001 - every waiter must learn of the failure
-            self._fail(group, exc)
-            return
-        if len(group) == 1 and self._release_lone(group[0]):
-            return
-        nxt = self._pass_lead(group, self._wants_background(), keep=True)
-        if nxt is not None and self._written(nxt):
-            self._pass_lead(nxt, self._wants_background())
 
     def _release_lone(self, p: GroupAppend) -> bool:
         """A lone leader's own append, written: mark it done and drop the lead when no other

@@ -88,10 +88,10 @@ def test_a_member_whose_zookeeper_is_suspended_refuses_in_bounded_time_exits_and
             assert time.monotonic() - began < EXIT_BOUND
             os.kill(zk.pid, signal.SIGCONT)
             stopped = False
-            cluster.wait_assigned([serving], timeout=60)  # the member that stayed takes every partition again
             with sediment.connect(cluster.uri, token=TOKEN) as client:
 
-                def appended() -> bool:  # refused while it opens what it took
+                def appended() -> bool:  # refused until the member that stayed (under a new member id:
+                    # a new ZooKeeper session) has taken every partition again and opened them
                     try:
                         client.append("r0", rows([3], t=3))
                     except SedimentError:
