@@ -26,22 +26,20 @@ import argparse
 import os
 import resource
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 
-import pyarrow as pa
-from small_writes_cpu import use_build
+if "--build" in sys.argv[:-1]:  # before sediment is imported: another checkout, for A/B runs
+    from small_writes_cpu import use_build
 
-SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
-PAYLOAD = 76
+    use_build(sys.argv[sys.argv.index("--build") + 1])
 
+from append import sqlite_table  # noqa: E402 - bench/append.py: the same SQLite peer
+from small_writes import PAYLOAD, SCHEMA, one_row  # noqa: E402 - the same rows as bench/small_writes.py
 
-def one_row(k: int) -> pa.Table:
-    return pa.table({"id": pa.array([k], pa.int64()), "payload": pa.array([os.urandom(PAYLOAD)], pa.binary()),
-                     "time": pa.array([1], pa.int64()), "diff": pa.array([1], pa.int64())})
+import sediment  # noqa: E402
 
 
 def measure(step, n: int) -> tuple[float, float]:  # noqa: ANN001 - any callable
@@ -66,21 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--positions", type=int, default=140, help="caller depths, one padding frame apart")
     ap.add_argument("--calls", type=int, default=300, help="appends (and inserts) per position and round")
-    ap.add_argument("--build", help="a checkout of the repository to run instead of this one")
+    ap.add_argument("--build", help="a checkout of the repository to run instead of this one (applied at import)")
     a = ap.parse_args(argv)
-    if a.build:
-        use_build(a.build)
-    import sediment  # noqa: PLC0415 - after use_build
-
     root = tempfile.mkdtemp(prefix="sed-depth-", dir=a.dir)
     try:
         engine = sediment.open(os.path.join(root, "sed"))
-        conn = sqlite3.connect(os.path.join(root, "sqlite.db"), isolation_level=None, check_same_thread=False)
+        conn = sqlite_table(root)
         try:
             engine.add_relation("r", SCHEMA)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("CREATE TABLE r (id INTEGER, payload BLOB, time INTEGER, diff INTEGER)")
             table, body = one_row(0), os.urandom(PAYLOAD)
             cases = {"sediment": lambda: engine.append("r", table),
                      "sqlite": lambda: conn.execute("INSERT INTO r VALUES (?, ?, 1, 1)", (0, body))}

@@ -30,7 +30,7 @@ def _fill(data_dir: str, rows: int, width: int) -> None:
             eng.append("r", pa.table({"k": pa.array(ks, pa.int64()), "p": [os.urandom(width) for _ in ks],
                                       "time": [b + 1] * n, "diff": [1] * n}))
             eng.seal("r", b + 1)
-            eng.compaction.log.finish_segment()
+            eng.wal.finish_segment()
             eng.compaction.run_pass(None, merge=False)  # one batch per step: the merge is the test's
         assert eng.trace_info("r")["batches"] == 3
 
