@@ -31,7 +31,10 @@ may always follow it:
     .venv/bin/python bench/replay.py            # about 1 min: 10M rows, 5 rounds
     .venv/bin/python bench/replay.py --quick    # about 10-20 s: 3M rows, 5 rounds
     .venv/bin/python bench/replay.py --profile  # also cProfile one replay and one snapshot
-    .venv/bin/python bench/replay.py --before a8fd827   # also that build's time-ordered sweep, same rounds
+
+A/B against another build (``git archive`` of a commit, unpacked), runs alternated:
+
+    for i in 1 2 3; do .venv/bin/python bench/replay.py --rounds 3 --build /tmp/before; .venv/bin/python bench/replay.py --rounds 3; done
 
 Temp directories go under ``--dir`` (default /tmp) and are removed afterwards.
 """
@@ -53,13 +56,17 @@ import sys
 import tempfile
 import time
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-import sediment
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if "--build" in sys.argv[:-1]:  # before sediment is imported: another checkout, for A/B runs
+    from small_writes_cpu import use_build
+
+    use_build(sys.argv[sys.argv.index("--build") + 1])
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 from compact import SCHEMA, fmt_rate, make_updates, status  # noqa: E402
+
+import sediment  # noqa: E402
 
 MiB = 1 << 20
 
@@ -88,40 +95,6 @@ def run_replay(engine, ordered: bool = True) -> tuple[float, int]:
     for b in engine.replay("r", ordered=ordered):
         n += b.num_rows
     return time.perf_counter() - t0, n
-
-
-def before_build(engine, rev: str):
-    """A replay through ``rev``'s ``engine/time_order.py`` (loaded from git into this process):
-    the previous build in the same rounds. A build from before the row-group sort
-    (``sorted_blocks``) is fed whole decoded batches, as it was."""
-    import importlib.util
-    import subprocess
-
-    from sediment.engine import reads
-    src = subprocess.run(["git", "show", f"{rev}:engine/time_order.py"], capture_output=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout
-    path = os.path.join(tempfile.mkdtemp(prefix="sed-before-"), "time_order_before.py")
-    with open(path, "wb") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("time_order_before", path)
-    old = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(old)
-    current, traces = reads.time_order, engine.traces
-
-    whole = not hasattr(old, "sorted_blocks")
-
-    def run() -> tuple[float, int]:
-        reads.time_order = old
-        if whole:
-            traces.read_pieces = lambda rid, ref, **_: traces.read(rid, ref, use_threads=False)
-        try:
-            return run_replay(engine)
-        finally:
-            reads.time_order = current
-            if whole:
-                del traces.read_pieces
-
-    return run
 
 
 def run_snapshot(engine, as_of: int) -> tuple[float, int]:
@@ -175,7 +148,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="append+seal+compact steps")
     ap.add_argument("--rounds", type=int, help="default 5")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--before", help="a git revision whose time-ordered sweep also runs, in the same rounds")
+    ap.add_argument("--build", help="a checkout of the repository to run instead of this one (read before "
+                    "sediment is imported, for A/B runs)")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -194,7 +168,6 @@ def main() -> None:
               f"built in {time.perf_counter() - t_start:.1f} s", flush=True)
         cases = {
             "replay": lambda: run_replay(engine),
-            **({f"replay ({args.before})": before_build(engine, args.before)} if args.before else {}),
             "replay ordered=False": lambda: run_replay(engine, ordered=False),
             "snapshot": lambda: run_snapshot(engine, sealed),
             "pq.read_table": lambda: run_plain(files),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -282,10 +282,10 @@ class Reads:
             trace, entries, shape = rel.trace, list(rel.tail), _Shape.of(rel)
             self.collector.pin()
 
-        def load(item: Any) -> pa.Table | Iterator[pa.RecordBatch]:
+        def load(item: Any, sort: Callable[[pa.RecordBatch], list[pa.RecordBatch]]) -> Iterable[list[pa.RecordBatch]]:
             if isinstance(item, TailEntry):
-                return pa.Table.from_batches([self._decode(rel, item.lsn, shape)])
-            return self.traces.read_pieces(rel.entry.id, item.ref, use_threads=True, layout=shape.layout)
+                return [sort(self._decode(rel, item.lsn, shape))]
+            return self.traces.read_pieces(rel.entry.id, item.ref, layout=shape.layout, each=sort)
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:
@@ -306,10 +306,10 @@ class Reads:
 
     def _replay_as_stored(self, rel: Relation, trace: TraceState, entries: list[TailEntry],
                           batch_rows: int, shape: _Shape) -> Iterator[pa.RecordBatch]:
-        """Each batch's row groups as stored (footer opened once per batch, page checksums
-        and time bounds checked per group), then the WAL tail records: no sort, no reopen."""
+        """Each batch's row groups as stored (:meth:`TraceStore.read_as_stored`), then the WAL
+        tail records: no sort, no reopen."""
         for ref in (*trace.batches, *trace.pending):
-            for group in self.traces.read_stream(rel.entry.id, ref, layout=shape.layout):
+            for group in self.traces.read_as_stored(rel.entry.id, ref, layout=shape.layout):
                 yield from shape.conform(group).to_batches(max_chunksize=batch_rows)
         for entry in entries:
             batch = self._decode(rel, entry.lsn, shape)

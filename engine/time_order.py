@@ -24,11 +24,15 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from sediment.read_ahead import ordered_map
+
+Piece = pa.Table | pa.RecordBatch
 
 
 class Ranged(Protocol):
@@ -38,15 +42,17 @@ class Ranged(Protocol):
 
 def time_ordered(
     items: Sequence[Ranged],
-    load: Callable[[Ranged], pa.Table | Iterable[pa.RecordBatch] | None],
+    load: Callable[[Ranged, Callable[[Piece], list[pa.RecordBatch]]], Iterable[list[pa.RecordBatch]] | None],
     schema: pa.Schema,
     batch_rows: int = 65536,
 ) -> Iterator[pa.RecordBatch]:
     """Yield every row of every item, ordered by ``time`` (rows of one time in item order,
-    then as stored), in record batches of <= ``batch_rows`` rows of ``schema``. ``load`` gives
-    an item's rows as a table or as record batches in storage order (best decoded one row
-    group at a time: each is sorted while it is still in the CPU cache)."""
+    then as stored), in record batches of <= ``batch_rows`` rows of ``schema``. ``load(item,
+    sort)`` gives ``sort(piece)`` for each piece of the item's rows (a table or record batch)
+    in storage order; best one row group each, sorted as it is decoded, while it is still in
+    the CPU cache, several at a time on the read-ahead pool."""
     at = schema.get_field_index("time")
+    sort = partial(sorted_piece, schema=schema)
     pending = sorted(range(len(items)), key=lambda n: items[n].t_lo)
     active: list[tuple[int, list[pa.RecordBatch]]] = []
     i = 0
@@ -54,8 +60,8 @@ def time_ordered(
     def load_from(t_lo: int) -> None:
         nonlocal i
         while i < len(pending) and items[pending[i]].t_lo == t_lo:
-            rows = load(items[pending[i]])
-            blocks = sorted_blocks(rows, schema) if rows is not None else []
+            pieces = load(items[pending[i]], sort)
+            blocks = [block for sorted_ in pieces for block in sorted_] if pieces is not None else []
             if blocks:
                 active.append((pending[i], blocks))
             i += 1
@@ -92,6 +98,11 @@ def in_time_order(table: pa.Table, schema: pa.Schema, batch_rows: int) -> Iterat
         yield from merged(sorted_blocks(table, schema), schema, batch_rows)
 
 
+def sorted_piece(piece: Piece, schema: pa.Schema) -> list[pa.RecordBatch]:
+    """:func:`sorted_blocks` of one piece (a table's chunks, or one record batch)."""
+    return sorted_blocks(piece if isinstance(piece, pa.Table) else [piece], schema)
+
+
 def sorted_blocks(rows: pa.Table | Iterable[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
     """``rows``' chunks (row groups, records), each stably sorted by time, in ``schema``'s
     column types except that binary columns of one width may come as fixed-size binary."""
@@ -122,28 +133,37 @@ def merged(blocks: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int) -> 
     runs = [_runs(b.column(at)) for b in blocks]
     distinct, counts = _counts(runs)
     limit = max(batch_rows, WINDOW_ROWS)
-    cursors = [0] * len(blocks)
-    i = 0
-    while i < len(distinct):
-        j, rows = i + 1, counts[i]
-        while j < len(distinct) and rows + counts[j] <= limit:
-            rows += counts[j]
-            j += 1
-        parts = []
-        for n, (times, ends, _lengths) in enumerate(runs):
-            if j == len(distinct):
-                stop = blocks[n].num_rows
-            else:  # where the block's rows of times before the next window end
-                k = bisect_left(times, distinct[j])
-                stop = ends[k - 1] if k else 0
-            if stop > cursors[n]:
-                parts.append(blocks[n].slice(cursors[n], stop - cursors[n]))
-                cursors[n] = stop
-        yield from _window(parts, schema, batch_rows, one_time=j == i + 1)
-        i = j
+
+    def windows() -> Iterator[tuple[list[pa.RecordBatch], bool]]:
+        cursors = [0] * len(blocks)
+        i = 0
+        while i < len(distinct):
+            j, rows = i + 1, counts[i]
+            while j < len(distinct) and rows + counts[j] <= limit:
+                rows += counts[j]
+                j += 1
+            parts = []
+            for n, (times, ends, _lengths) in enumerate(runs):
+                if j == len(distinct):
+                    stop = blocks[n].num_rows
+                else:  # where the block's rows of times before the next window end
+                    k = bisect_left(times, distinct[j])
+                    stop = ends[k - 1] if k else 0
+                if stop > cursors[n]:
+                    parts.append(blocks[n].slice(cursors[n], stop - cursors[n]))
+                    cursors[n] = stop
+            yield parts, j == i + 1
+            i = j
+
+    def window(w: tuple[list[pa.RecordBatch], bool]) -> list[pa.RecordBatch]:
+        return list(_window(w[0], schema, batch_rows, one_time=w[1]))
+
+    for out in ordered_map(window, windows(), ahead=WINDOWS_AHEAD):
+        yield from out
 
 
 WINDOW_ROWS = 1 << 19  # rows merged at once (about 20 MB of the benchmark's rows)
+WINDOWS_AHEAD = 1  # windows merged on the read-ahead pool beyond the one being yielded
 
 
 def _runs(times: pa.Array) -> tuple[list[int], list[int], pa.Array]:

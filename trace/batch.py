@@ -20,7 +20,7 @@ import dataclasses
 import io
 import re
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from sediment.blob.protocol import BlobStore, LocalBlobStore
 from sediment.blob.reader import BlobReader
 from sediment.errors import BatchCorruption, BlobNotFound, TraceError
+from sediment.read_ahead import ordered_map
 from sediment.trace.batch_checksum import (  # noqa: E402,F401  (part of this module's API)
     PARQUET_MAGIC,
     TAIL_PREFETCH,
@@ -358,9 +359,10 @@ def _open(source: Any, where: str, expected: BatchDescription | None, schema: pa
     return pf, desc
 
 
-def _read_group(pf: pq.ParquetFile, i: int, desc: BatchDescription, where: str, columns: list[str] | None) -> pa.Table:
+def _read_group(pf: pq.ParquetFile, i: int, desc: BatchDescription, where: str, columns: list[str] | None,
+                *, use_threads: bool = True) -> pa.Table:
     try:
-        t = pf.read_row_group(i, columns=columns)
+        t = pf.read_row_group(i, columns=columns, use_threads=use_threads)
     except _DECODE_ERRORS as e:
         raise BatchCorruption(
             f"{where}: row group {i} fails to decode or its page checksum ({e}); the object is damaged"
@@ -436,19 +438,21 @@ def decode_verified(
     return table
 
 
-def stream_verified(source: pa.NativeFile, expected: BatchDescription | None = None, *, where: str = "batch",
-                    schema: pa.Schema | tuple[pa.Schema, ...] | None = None,
-                    use_threads: bool = False) -> Iterator[pa.RecordBatch]:
-    """As :func:`decode_verified`, but decoded one row group at a time (columns on Arrow's
-    threads with ``use_threads``), so a consumer works on each piece while it is still in the
-    CPU cache (time-ordered replay)."""
-    pf, desc = _open(source, where, expected, schema, page_checks=False)
-    try:
-        for batch in pf.iter_batches(batch_size=65536, use_threads=use_threads):  # the format's row group size
-            _check_times(batch, desc)
-            yield batch
-    except _DECODE_ERRORS + (TraceError,) as e:
-        raise BatchCorruption(f"{where}: fails to decode or check ({e}); the object is damaged (run sediment verify)") from e
+def groups_ahead(pf: pq.ParquetFile, source: pa.NativeFile | pa.Buffer, desc: BatchDescription, where: str,
+                 each: Callable[[pa.Table], Any], *, page_checks: bool) -> Iterator[Any]:
+    """``each`` of every row group of the opened batch ``pf``, in order, several row groups
+    decoded (and passed through ``each``) at once on the read-ahead pool (sediment/read_ahead.py).
+    A Parquet reader is not safe to share between threads, but positional reads of a file
+    or buffer are: each group gets its own reader of ``source`` over ``pf``'s parsed footer.
+    Page checksums are verified with ``page_checks``; time bounds as by :func:`_read_group`."""
+    meta = pf.metadata
+
+    def group(i: int) -> Any:
+        reader = source if isinstance(source, pa.NativeFile) else pa.BufferReader(source)
+        own = pq.ParquetFile(reader, metadata=meta, page_checksum_verification=page_checks, pre_buffer=False)
+        return each(_read_group(own, i, desc, where, None, use_threads=False))
+
+    return ordered_map(group, range(meta.num_row_groups))
 
 
 def read_description(data: bytes, *, where: str = "batch") -> BatchDescription:
@@ -554,11 +558,13 @@ def write_batch_stream(
 
 
 def open_batch(
-    source: Any, expected: BatchDescription | None = None, *, where: str = "batch", schema: pa.Schema | None = None
+    source: Any, expected: BatchDescription | None = None, *, where: str = "batch",
+    schema: pa.Schema | tuple[pa.Schema, ...] | None = None, page_checks: bool = True,
 ) -> tuple[pq.ParquetFile, BatchDescription]:
     """Open a batch from any pyarrow-readable source (e.g. ``pa.PythonFile(BlobReader(...))``),
-    checking the footer, description and (given) schema; read its groups with :func:`read_row_group`."""
-    return _open(source, where, expected, schema)
+    checking the footer, description and (given) schema; read its groups with :func:`read_row_group`
+    or :func:`groups_ahead`. ``page_checks=False`` when the whole object's checksum was verified."""
+    return _open(source, where, expected, schema, page_checks=page_checks)
 
 
 def read_row_group(

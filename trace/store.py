@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -45,13 +46,14 @@ from sediment.trace.batch import (  # the private two: a piece is checked as a r
     decode_verified,
     encode_batch,
     file_checksums,
+    groups_ahead,
     new_nonce,
     object_checksum,
+    open_batch,
     open_stored,
     parse_batch_key,
     read_row_group,
     stored_schema,
-    stream_verified,
 )
 from sediment.trace.consolidate import consolidate
 from sediment.trace.evolve import Layout
@@ -61,6 +63,10 @@ from sediment.trace.state import BatchRef, TraceState
 
 STATE_PREFIX = names.TRACES
 state_key = names.trace_key
+
+
+def _same(table: pa.Table) -> pa.Table:
+    return table
 
 
 def describe(relation_id: int, ref: BatchRef) -> BatchDescription:
@@ -424,39 +430,48 @@ class TraceStore:
         return decode_verified(source, describe(relation_id, ref), where=where, schema=self._expected(relation_id),
                                use_threads=use_threads)
 
-    def read_pieces(self, relation_id: int, ref: BatchRef, *, use_threads: bool = False,
-                    layout: Layout | None = None) -> Iterator[pa.RecordBatch]:
-        """A whole batch as :meth:`read` checks it, decoded one row group at a time (see
-        ``stream_verified``): the time-ordered replay sorts each piece by time while it is
-        still in the CPU cache, instead of the whole decoded batch afterwards."""
+    def read_pieces(self, relation_id: int, ref: BatchRef, *, layout: Layout | None = None,
+                    each: Callable[[pa.Table], Any] = _same) -> Iterator[Any]:
+        """``each`` of every piece of a whole batch checked as :meth:`read` checks it, in
+        storage order: a piece is a row group, decoded, checked and passed through ``each``
+        several at a time on the read-ahead pool (``groups_ahead``), so that the time-ordered
+        replay sorts a piece by time while it is still in the CPU cache, on every core."""
         layout = layout or self._layouts.get(relation_id)
         if ref.raw:  # consolidated a piece at a time (trace/raw_sort.py)
-            for table in self._raw_checked(relation_id, ref, layout):
-                yield from table.to_batches()
+            yield from map(each, self._raw_checked(relation_id, ref, layout))
             return
         if ref.key is None or ref.crc is None:
-            table = self.read(relation_id, ref, use_threads=use_threads, layout=layout)
-            yield from table.to_batches() if table is not None else ()
+            table = self.read(relation_id, ref, layout=layout)
+            if table is not None:
+                yield each(table)
             return
         where = f"batch {ref.key!r}"
         source = self._source(ref, where)
         try:
             self._check_whole(source, ref, where)
-            reader = source if isinstance(source, pa.NativeFile) else pa.BufferReader(source)
-            older = []  # pieces written before a column was dropped: consolidated again whole
-            for piece in stream_verified(reader, describe(relation_id, ref), where=where,
-                                         schema=self._expected(relation_id), use_threads=use_threads):
-                if layout is None:
-                    yield piece
-                elif layout.is_current(piece.schema):
-                    yield pa.RecordBatch.from_arrays(piece.columns, schema=layout.plain)
-                else:
-                    older.append(piece)
+            pf, desc = open_batch(source if isinstance(source, pa.NativeFile) else pa.BufferReader(source),
+                                  describe(relation_id, ref), where=where, schema=self._expected(relation_id),
+                                  page_checks=False)  # the object's checksum covers its pages
+            if layout is None or layout.is_current(pf.schema_arrow):
+                plain = None if layout is None else layout.plain
+                yield from groups_ahead(pf, source, desc, where, page_checks=False, each=each if plain is None
+                                        else lambda t: each(pa.Table.from_arrays(t.columns, schema=plain)))
+                return
+            older = pa.concat_tables(list(groups_ahead(pf, source, desc, where, _same, page_checks=False)))
         finally:
             if isinstance(source, pa.NativeFile):
                 source.close()
-        if older:
-            yield from self._project(relation_id, pa.Table.from_batches(older), layout).to_batches()
+        yield each(self._project(relation_id, older, layout))  # written before a column was dropped
+
+    def read_as_stored(self, relation_id: int, ref: BatchRef, *, layout: Layout | None = None) -> Iterator[pa.Table]:
+        """A batch's row groups in storage order for a streaming reader, in bounded memory.
+        A local object with a recorded checksum is checked whole first (a pass over the
+        file, far cheaper than Parquet's page checksums) and decoded several row groups at
+        a time (:meth:`read_pieces`); a remote one is streamed a row group at a time with its
+        page checksums (:meth:`read_stream`), never fetched whole."""
+        if self._local is not None and ref.crc is not None and not ref.raw:
+            return self.read_pieces(relation_id, ref, layout=layout)
+        return self.read_stream(relation_id, ref, layout=layout)
 
     def _source(self, ref: BatchRef, where: str) -> pa.NativeFile | pa.Buffer:
         """The stored object: a local file opened (an unlink meanwhile is harmless), a remote one fetched whole."""

@@ -77,12 +77,12 @@ def test_time_ordered_equals_stable_sort_by_time(items, batch_rows, chunks, stre
     """Items come as tables of several chunks, or (as stored batches do) as a stream of record
     batches; each chunk is a block sorted on its own, and the blocks are merged in windows of
     about ``window`` rows (small ones here, so most merges take several windows)."""
-    def load(item: Item) -> pa.Table:
+    def load(item: Item, sort):
         t = item.table
         step = max(1, -(-t.num_rows // chunks))
         if streamed:
-            return (b for b in t.to_batches(max_chunksize=step))
-        return pa.Table.from_batches(t.to_batches(max_chunksize=step), schema=UPDATE)  # several chunks
+            return map(sort, t.to_batches(max_chunksize=step))
+        return [sort(pa.Table.from_batches(t.to_batches(max_chunksize=step), schema=UPDATE))]  # several chunks
 
     saved, time_order.WINDOW_ROWS = time_order.WINDOW_ROWS, window
     try:

@@ -188,26 +188,31 @@ def test_spark_executor_reader_refuses_a_damaged_footer(tmp_path):
 
 
 def test_flips_in_pages_never_give_a_wrong_answer_or_an_untyped_error(tmp_path):
-    """Outside the footer, the streaming path (replay) relies on page CRCs and decoding; page
+    """Outside the footer, the row-group stream (``read_stream``: merges, and replay from a
+    remote store, which never fetches an object whole) relies on page CRCs and decoding; page
     headers are not covered, so a flip there must still end typed or change nothing read.
-    The whole-object read (snapshot) checks the object's CRC32C and refuses every flip."""
+    Reads that check the object's CRC32C first (snapshot, and replay in either order from
+    local files) refuse every flip."""
     data_dir, ref = _engine_with_batch(tmp_path / "d")
     obj = os.path.join(data_dir, "blobs", ref.key)
     with open(obj, "rb") as f:
         original = f.read()
     outcomes: dict[str, int] = {}
     with sediment.open(data_dir, compact_interval=None) as e:
-        good = pa.Table.from_batches(list(e.replay("r")))
+        rid = e.view.relations["r"].entry.id
+        good = pa.concat_tables(list(e.traces.read_stream(rid, ref)))
         for pos in range(4, _footer_span(original)[0], 2):
             old = _flip(obj, pos)
             try:
-                got = pa.Table.from_batches(list(e.replay("r")))
+                got = pa.concat_tables(list(e.traces.read_stream(rid, ref)))
                 outcome = "same data" if got.equals(good) else "wrong answer"
             except BatchCorruption as exc:
                 assert ref.key in str(exc)
                 outcome = "typed error"
-            with pytest.raises(BatchCorruption, match="CRC32C"):
-                e.snapshot("r", 1)
+            for read in (lambda: e.snapshot("r", 1), lambda: list(e.replay("r")),
+                         lambda: list(e.replay("r", ordered=False))):
+                with pytest.raises(BatchCorruption, match="CRC32C"):
+                    read()
             _restore(obj, pos, old)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
     assert set(outcomes) <= {"same data", "typed error"} and outcomes["typed error"] > outcomes.get("same data", 0)

@@ -118,7 +118,7 @@ against an 8 MB bound. The merge task's merge, a
     out = BatchRef(**merged["ref"])
     assert not out.raw and store.read(1, out).equals(want)
     assert store.read(1, ref).equals(want)
-    assert pa.Table.from_batches(list(store.read_pieces(1, ref))).equals(want)
+    assert pa.concat_tables(list(store.read_pieces(1, ref))).equals(want)
     assert not [f for f in os.listdir(root) if f.startswith("spill-")]
 
 

@@ -1,0 +1,67 @@
+"""Work on the next few pieces of a read while the current one is used, results in order.
+
+Why: a replay is a chain of Arrow kernels (a row group's Parquet decode, its sort by
+time, a window's gather) that each release the interpreter lock, but one thread runs
+them one after another and leaves the machine's other cores idle, while the peer every
+reader is measured against (``pq.read_table``) decodes row groups on all of them. Here
+the next pieces are worked on by a small pool shared by every read of the process, at
+most ``ahead`` at once per read, so memory stays bounded by a few pieces.
+
+``fn`` must not wait on the pool itself (no nesting): every task is a leaf, so reads
+sharing the pool can slow each other but never block each other. Closing the iterator
+early (the consumer stopped, an error) cancels the pieces not yet started and waits for
+the running ones, so no task touches a file after its reader has closed it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it was made in, the pool)
+
+
+def pool_workers() -> int:
+    """How many pieces run at once in the whole process: the cores, at most 4 (a decode
+    past that is bound by memory bandwidth here, not by cores)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    """The process's pool, made at first use (again in a forked child: threads do not fork)."""
+    global _pool
+    with _lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(pool_workers(), thread_name_prefix="sediment-read"))
+        return _pool[1]
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, ahead: int | None = None) -> Iterator[R]:
+    """``fn`` of each of ``items``, in ``items``' order, with up to ``ahead`` (default: twice
+    the pool's workers) submitted before the caller takes the first result. ``items`` is
+    iterated in the caller's thread. With one core, or ``ahead=0``, it is plain ``map``."""
+    ahead = 2 * pool_workers() if ahead is None else ahead
+    if ahead <= 0 or pool_workers() == 1:
+        yield from map(fn, items)
+        return
+    pool = _shared_pool()
+    pending: deque[Future[R]] = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+        wait(pending)
