@@ -9,7 +9,6 @@ the lock, in that schema version: an alter that lands meanwhile changes no colum
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -29,6 +28,7 @@ from sediment.errors import (
     DiffOverflow,
     InvalidArgument,
 )
+from sediment.read_ahead import pool_workers
 from sediment.trace.consolidate import snapshot as consolidate_snapshot
 from sediment.trace.evolve import Layout
 from sediment.trace.runs import RunStats, batch_run, merge_runs
@@ -37,7 +37,7 @@ from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
 
 log = logging.getLogger(__name__)
-_MERGE_WORKERS = min(4, os.cpu_count() or 1)  # threads sorting a large snapshot's merge windows
+_MERGE_WORKERS = pool_workers()  # merge windows of a large snapshot sorted at once
 
 
 class _Stored(NamedTuple):

@@ -22,14 +22,13 @@ Order is pyarrow's (NULLs last, NaN after numbers), as in :mod:`sediment.trace.c
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.read_ahead import ordered_map
 from sediment.trace.consolidate import DIFF, TIME, first_unsorted, permuted, sort_keys, sum_sorted
 
 DEFAULT_RUN_CHUNK_ROWS = 1 << 20
@@ -237,27 +236,9 @@ def iter_merge_runs(runs: Sequence[pa.Table | Iterable[pa.Table]], key_columns: 
             if out.num_rows:
                 yield out
         return
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sediment-merge") as pool:
-        inflight: deque[Future | pa.Table] = deque()
-        try:
-            for needs_sort, rows in rounds:
-                inflight.append(pool.submit(_combine, rows, keys, order) if needs_sort else rows)
-                while len(inflight) > workers:
-                    out = _result(inflight.popleft())
-                    if out.num_rows:
-                        yield out
-            while inflight:
-                out = _result(inflight.popleft())
-                if out.num_rows:
-                    yield out
-        finally:
-            for item in inflight:
-                if isinstance(item, Future):
-                    item.cancel()
-
-
-def _result(item: Future | pa.Table) -> pa.Table:
-    return item.result() if isinstance(item, Future) else item
+    for out in ordered_map(lambda r: _combine(r[1], keys, order) if r[0] else r[1], rounds, ahead=workers):
+        if out.num_rows:
+            yield out
 
 
 def merge_runs(runs: Sequence[pa.Table], key_columns: Sequence[str], schema: pa.Schema, *,
