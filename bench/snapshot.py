@@ -31,6 +31,7 @@ Cases, alternated in each round:
 
     .venv/bin/python bench/snapshot.py            # 4M and 16M rows, 5 rounds
     .venv/bin/python bench/snapshot.py --quick    # 1M and 4M rows, 3 rounds
+    .venv/bin/python bench/snapshot.py --quick --build /tmp/before   # another checkout (A/B, alternate runs)
 
 Temp directories go under ``--dir`` (default /tmp) and are removed afterwards.
 """
@@ -48,15 +49,19 @@ import sys
 import tempfile
 import time
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-import sediment
-from sediment.clock import ManualClock
-from sediment.engine.compaction import DEFAULT_MAJOR_COMPACTION_QUIET
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if "--build" in sys.argv[:-1]:  # before sediment is imported: another checkout, for A/B runs
+    from small_writes_cpu import use_build
+
+    use_build(sys.argv[sys.argv.index("--build") + 1])
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 from compact import SCHEMA, make_updates  # noqa: E402
+
+import sediment  # noqa: E402
+from sediment.clock import ManualClock  # noqa: E402
+from sediment.engine.compaction import DEFAULT_MAJOR_COMPACTION_QUIET  # noqa: E402
 
 
 def build(root: str, rows: int, steps: int, times: int, background: bool = False,
@@ -152,6 +157,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help="default 5 (quick 3); at least 3")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json")
+    ap.add_argument("--build", help="a checkout of the repository to run instead of this one (read before "
+                    "sediment is imported, for A/B runs)")
     args = ap.parse_args()
     sizes = args.sizes or ([1_000_000, 4_000_000] if args.quick else [4_000_000, 16_000_000])
     rounds = max(3, args.rounds or (3 if args.quick else 5))

@@ -31,7 +31,7 @@ from sediment.errors import (
 from sediment.read_ahead import pool_workers
 from sediment.trace.consolidate import snapshot as consolidate_snapshot
 from sediment.trace.evolve import Layout
-from sediment.trace.runs import RunStats, batch_run, merge_runs
+from sediment.trace.runs import RunStats, batch_run, merge_runs, stitched
 from sediment.trace.state import BatchRef, TraceState
 from sediment.trace.store import TraceStore
 from sediment.wal.protocol import WriteAheadLog
@@ -139,16 +139,41 @@ class Reads:
         runs = []
         for ref in (*trace.batches, *trace.pending):
             if ref.key is not None and ref.lower <= as_of:
-                table = self.traces.read(rel.entry.id, ref, layout=shape.layout)
-                if table is not None:
-                    lo, hi = max(ref.lower, ref.since), max(ref.upper - 1, ref.since)
-                    runs.append(batch_run(shape.conform(table), keys, as_of, min_time=lo, max_time=hi,
-                                          stats=stats))
+                run = self._batch_run(rel, ref, as_of, shape)
+                if run is not None:
+                    runs.append(run)
         entries = [e for e in entries if e.t_lo <= as_of]
         if entries:
             runs.append(consolidate_snapshot(self._load_tail(rel, entries, shape), keys, as_of))
         schema = pa.schema([shape.schema.field(c) for c in (*keys, "diff")])
         return merge_runs(runs, keys, schema, stats=stats, workers=_MERGE_WORKERS)
+
+    def _batch_run(self, rel: Relation, ref: BatchRef, as_of: int, shape: _Shape) -> pa.Table | None:
+        """One batch's snapshot at ``as_of`` as a run (None when the batch has no rows): each
+        row group decoded and summed (:func:`batch_run`) on the read-ahead pool as it is read
+        (``TraceStore.read_pieces``), and the pieces joined where a row's times cross a row
+        group boundary (:func:`stitched`). A partial sum past int64 whose total may still fit
+        is decided on the whole batch instead, as before."""
+        keys = shape.keys
+        lo, hi = max(ref.lower, ref.since), max(ref.upper - 1, ref.since)
+
+        def piece(table: pa.Table) -> pa.Table:
+            return batch_run(shape.conform(table), keys, as_of, min_time=lo, max_time=hi)
+
+        try:
+            parts = list(stitched(self.traces.read_pieces(rel.entry.id, ref, layout=shape.layout, each=piece), keys))
+        except DiffOverflow:
+            table = self.traces.read(rel.entry.id, ref, layout=shape.layout)
+            parts = [] if table is None else [piece(table)]
+        if not parts and not ref.rows:
+            return None
+        stats = self.read_stats
+        if lo <= as_of:
+            if lo == hi:
+                stats.batches_as_is += 1
+            else:
+                stats.batches_summed += 1
+        return pa.concat_tables(parts) if parts else None
 
     def _updates_after(self, rel: Relation, trace: TraceState, entries: list[TailEntry], t: int,
                        shape: _Shape) -> pa.Table:

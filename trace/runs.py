@@ -110,6 +110,34 @@ def batch_run(table: pa.Table, key_columns: Sequence[str], as_of: int, *, min_ti
     return sum_sorted(table.select([*keys, DIFF]), keys)
 
 
+def stitched(pieces: Iterable[pa.Table], key_columns: Sequence[str]) -> Iterator[pa.Table]:
+    """Consecutive pieces of one sorted batch, each made a run on its own (:func:`batch_run`
+    of a row group), joined into one run: where a row continues from one piece into the
+    next (a row's times spread over a row group boundary), its two sums are added (exactly,
+    as :func:`sum_sorted` adds) and it is dropped if they cancel. Yields non-empty tables
+    that are together one run. Why: each row group can then be decoded and summed on its
+    own core, and only the rows at the boundaries are looked at twice."""
+    keys = list(key_columns)
+    held: pa.Table | None = None
+    for piece in pieces:
+        if not piece.num_rows:
+            continue
+        if held is None or not held.num_rows:
+            held = piece
+            continue
+        n = held.num_rows
+        edge = sum_sorted(pa.concat_tables([held.slice(n - 1), piece.slice(0, 1)]), keys)
+        if edge.num_rows == 2:  # the rows differ: nothing continues
+            yield held
+            held = piece
+            continue
+        if n > 1:
+            yield held.slice(0, n - 1)
+        held = pa.concat_tables([edge, piece.slice(1)]) if edge.num_rows else piece.slice(1)
+    if held is not None and held.num_rows:
+        yield held
+
+
 def _is_nan(value: pa.Scalar) -> bool:
     v = value.as_py()
     return isinstance(v, float) and math.isnan(v)

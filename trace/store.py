@@ -447,6 +447,7 @@ class TraceStore:
             return
         where = f"batch {ref.key!r}"
         source = self._source(ref, where)
+        self.whole_reads += 1
         try:
             self._check_whole(source, ref, where)
             pf, desc = open_batch(source if isinstance(source, pa.NativeFile) else pa.BufferReader(source),

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sediment
-from sediment.errors import BatchCorruption
+from sediment.errors import BatchCorruption, DiffOverflow
 from sediment.trace.consolidate import consolidate, sort_keys
 from sediment.trace.consolidate import snapshot as sorted_snapshot
-from sediment.trace.runs import RunStats, batch_run, merge_runs
+from sediment.trace.runs import RunStats, batch_run, merge_runs, stitched
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
 RUN_SCHEMA = pa.schema([("a", pa.float64()), ("b", pa.string()), ("diff", pa.int64())])
@@ -95,6 +95,29 @@ def test_batch_run_equals_a_sorted_snapshot(updates, since, as_of):
         assert (stats.batches_as_is, stats.batches_summed) == ((1, 0) if lo == hi else (0, 1))
         if lo == hi:
             assert _rows(got) == _rows(batch.select(["k", "v", "diff"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(updates=st.lists(st.tuples(st.sampled_from([None, float("nan"), 0.0, 1.5]), st.sampled_from(["p", None]),
+                                  st.integers(0, 6), st.integers(-2, 2)), max_size=40),
+       since=st.integers(0, 6), as_of=st.integers(0, 8), cuts=st.lists(st.integers(0, 40), max_size=8))
+def test_stitched_pieces_of_a_batch_equal_its_whole_run(updates, since, as_of, cuts):
+    """A batch cut into row groups anywhere (a row's times across a cut, several cuts in one
+    row's times, empty pieces), each piece made a run on its own and the pieces stitched,
+    is the whole batch's run: boundary rows summed, cancelled ones dropped, NULL and NaN
+    keys equal to themselves."""
+    raw = pa.table({"a": pa.array([u[0] for u in updates], pa.float64()), "b": pa.array([u[1] for u in updates], pa.string()),
+                    "time": pa.array([u[2] for u in updates], pa.int64()), "diff": pa.array([u[3] for u in updates], pa.int64())})
+    batch = consolidate(raw, ["a", "b"], since)
+    lo, hi = since, max(6, since)
+    whole = batch_run(batch, ["a", "b"], as_of, min_time=lo, max_time=hi)
+    bounds = sorted({0, batch.num_rows, *(min(c, batch.num_rows) for c in cuts)})
+    pieces = [batch_run(batch.slice(x, y - x), ["a", "b"], as_of, min_time=lo, max_time=hi)
+              for x, y in zip(bounds, bounds[1:], strict=False)]
+    out = list(stitched(pieces, ["a", "b"]))
+    assert all(t.num_rows for t in out)
+    got = pa.concat_tables(out) if out else whole.slice(0, 0)
+    assert _rows(got) == _rows(whole)
 
 
 # --- the engine: several batches plus the tail, against a model ------------------------------
@@ -262,3 +285,23 @@ def test_snapshot_merges_tiered_batches_and_tail(tmp_path):
                 assert engine.read_stats.rows_sorted > before
     finally:
         engine.close()
+
+
+def test_a_row_whose_partial_sum_overflows_in_one_row_group_is_summed_exactly(tmp_path):
+    """A row's times span two row groups, and the first group's diffs alone sum past int64
+    while the row's total fits: the snapshot is the exact total (the batch is then summed
+    whole, as before the pieces), not a DiffOverflow."""
+    n = 65_537  # one more than a row group holds
+    big = 1 << 62
+    diffs = [big, big] + [1] * (n - 3) + [-big]
+    with sediment.open(str(tmp_path / "d"), compact_interval=None) as engine:
+        engine.add_relation("r", SCHEMA)
+        engine.append("r", pa.table({"k": pa.array([7] * n, pa.int64()), "v": pa.array(["x"] * n, pa.string()),
+                                     "time": pa.array(range(n), pa.int64()), "diff": pa.array(diffs, pa.int64())}))
+        engine.seal("r", n - 1)
+        engine.compact()
+        assert engine.trace_info("r")["tail_records"] == 0 and engine.trace_info("r")["rows"] == n
+        snap = engine.snapshot("r", n - 1)
+        assert _snap_rows(snap) == [(7, "x", big + n - 3)]
+        with pytest.raises(DiffOverflow, match="outside int64"):  # the two large diffs alone do not fit
+            engine.snapshot("r", 1)
