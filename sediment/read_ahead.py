@@ -44,6 +44,15 @@ def _shared_pool() -> ThreadPoolExecutor:
         return _pool[1]
 
 
+def _after_fork_in_child() -> None:
+    """A child forked while another thread held the lock would wait on it forever."""
+    global _lock, _pool
+    _lock, _pool = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, ahead: int | None = None) -> Iterator[R]:
     """``fn`` of each of ``items``, in ``items``' order, with up to ``ahead`` (default: twice
     the pool's workers) submitted before the caller takes the first result. ``items`` is

@@ -94,3 +94,25 @@ def test_closing_early_waits_for_running_tasks_and_cancels_the_rest():
         assert state["inside"] == 0
         assert all(i <= 4 for i in state["ran"])  # none past the window, none started after the close
         assert len(state["ran"]) <= 1 + read_ahead.pool_workers()  # the queued ones were cancelled
+
+
+@needs_two
+def test_a_forked_child_gets_a_pool_of_its_own(tmp_path):
+    """Threads do not survive a fork: a child (Spark's Python workers fork) makes its own pool."""
+    import os
+    import signal
+
+    assert list(ordered_map(lambda i: i + 1, range(4), ahead=2)) == [1, 2, 3, 4]  # the parent's pool exists
+    out = tmp_path / "child"
+    pid = os.fork()
+    if pid == 0:  # the child: exit without running the parent's test machinery
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not the test timeout's handler: the kernel ends it
+        signal.alarm(20)  # an inherited pool has no threads: its tasks would never run
+        try:
+            got = list(ordered_map(lambda i: i * 2, range(20), ahead=3))
+            out.write_text(",".join(map(str, got)))
+        finally:
+            os._exit(0)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert out.read_text() == ",".join(str(i * 2) for i in range(20))

@@ -70,13 +70,13 @@ def test_a_snapshot_an_alter_lands_in_keeps_its_schema(tmp_path, monkeypatch, ch
     with sediment.open(tmp_path / "d", compact_interval=None) as eng:
         filled(eng, compacted=True)
         whole = eng.snapshot("r", 5)
-        plain, altered = eng.traces.read, []
+        plain, altered = eng.traces.read_pieces, []
 
         def read_after_an_alter(*args, **kwargs):
             if not altered:
                 altered.append(eng.alter_relation("r", **CHANGES[change]))
             return plain(*args, **kwargs)
 
-        monkeypatch.setattr(eng.traces, "read", read_after_an_alter)
+        monkeypatch.setattr(eng.traces, "read_pieces", read_after_an_alter)  # how a snapshot reads a batch
         got = eng.snapshot("r", 5)
         assert altered and got.schema == whole.schema and got.to_pylist() == whole.to_pylist()
