@@ -177,13 +177,15 @@ class Reads:
 
     def _updates_after(self, rel: Relation, trace: TraceState, entries: list[TailEntry], t: int,
                        shape: _Shape) -> pa.Table:
-        """Every stored update at a time > t, sorted by time."""
+        """Every stored update at a time > t, sorted by time (a batch's row groups filtered on
+        the read-ahead pool as they are decoded: only the rows kept are held)."""
+        def after(table: pa.Table) -> pa.Table:
+            return table.filter(pc.greater(table.column("time"), t))
+
         parts = []
         for ref in (*trace.batches, *trace.pending):
             if ref.key is not None and max(ref.upper - 1, ref.since) > t:
-                table = self.traces.read(rel.entry.id, ref, layout=shape.layout)
-                if table is not None:
-                    parts.append(table.filter(pc.greater(table.column("time"), t)))
+                parts += self.traces.read_pieces(rel.entry.id, ref, layout=shape.layout, each=after)
         entries = [e for e in entries if e.t_hi > t]
         if entries:
             tail = self._load_tail(rel, entries, shape)
