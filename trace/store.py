@@ -434,8 +434,10 @@ class TraceStore:
                     each: Callable[[pa.Table], Any] = _same) -> Iterator[Any]:
         """``each`` of every piece of a whole batch checked as :meth:`read` checks it, in
         storage order: a piece is a row group, decoded, checked and passed through ``each``
-        several at a time on the read-ahead pool (``groups_ahead``), so that the time-ordered
-        replay sorts a piece by time while it is still in the CPU cache, on every core."""
+        several at a time on the read-ahead pool (``groups_ahead``), so that a reader's work
+        on a piece (a replay's sort by time, a snapshot's sums, a catch-up's filter) runs while
+        the piece is still in the CPU cache, on every core. A raw run comes in the pieces its
+        consolidation makes, a batch without a recorded checksum as one piece."""
         layout = layout or self._layouts.get(relation_id)
         if ref.raw:  # consolidated a piece at a time (trace/raw_sort.py)
             yield from map(each, self._raw_checked(relation_id, ref, layout))
