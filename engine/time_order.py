@@ -30,7 +30,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.read_ahead import ordered_map
+from sediment.read_ahead import ordered_map, pieces_in_flight
 
 Piece = pa.Table | pa.RecordBatch
 
@@ -158,12 +158,13 @@ def merged(blocks: list[pa.RecordBatch], schema: pa.Schema, batch_rows: int) -> 
     def window(w: tuple[list[pa.RecordBatch], bool]) -> list[pa.RecordBatch]:
         return list(_window(w[0], schema, batch_rows, one_time=w[1]))
 
-    for out in ordered_map(window, windows(), ahead=WINDOWS_AHEAD):
+    per_row = sum(b.nbytes for b in blocks) / max(1, sum(b.num_rows for b in blocks))
+    for out in ordered_map(window, windows(), ahead=pieces_in_flight(int(per_row * limit), WINDOWS_AHEAD)):
         yield from out
 
 
 WINDOW_ROWS = 1 << 19  # rows merged at once (about 20 MB of the benchmark's rows)
-WINDOWS_AHEAD = 1  # windows merged on the read-ahead pool beyond the one being yielded
+WINDOWS_AHEAD = 1  # windows merged on the read-ahead pool beyond the one being yielded (narrow rows)
 
 
 def _runs(times: pa.Array) -> tuple[list[int], list[int], pa.Array]:

@@ -5,7 +5,8 @@ time, a window's gather) that each release the interpreter lock, but one thread 
 them one after another and leaves the machine's other cores idle, while the peer every
 reader is measured against (``pq.read_table``) decodes row groups on all of them. Here
 the next pieces are worked on by a small pool shared by every read of the process, at
-most ``ahead`` at once per read, so memory stays bounded by a few pieces.
+most ``ahead`` at once per read, and a read of wide rows takes fewer (:func:`pieces_in_flight`),
+so memory stays bounded by :data:`AHEAD_BYTES` beyond the piece being used.
 
 ``fn`` must not wait on the pool itself (no nesting): every task is a leaf, so reads
 sharing the pool can slow each other but never block each other. Closing the iterator
@@ -27,6 +28,17 @@ R = TypeVar("R")
 
 _lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it was made in, the pool)
+
+
+AHEAD_BYTES = 64 << 20  # decoded data one read may have in flight beyond the piece it is on
+
+
+def pieces_in_flight(piece_bytes: int, most: int | None = None) -> int:
+    """How many pieces of about ``piece_bytes`` each a read works on ahead: ``most``
+    (default: twice the pool's workers), fewer when they would pass :data:`AHEAD_BYTES`, 0
+    (one piece at a time, in the caller's thread) when one piece alone would."""
+    most = 2 * pool_workers() if most is None else most
+    return max(0, min(most, AHEAD_BYTES // max(1, piece_bytes)))
 
 
 def pool_workers() -> int:

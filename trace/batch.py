@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from sediment.blob.protocol import BlobStore, LocalBlobStore
 from sediment.blob.reader import BlobReader
 from sediment.errors import BatchCorruption, BlobNotFound, TraceError
-from sediment.read_ahead import ordered_map
+from sediment.read_ahead import ordered_map, pieces_in_flight
 from sediment.trace.batch_checksum import (  # noqa: E402,F401  (part of this module's API)
     PARQUET_MAGIC,
     TAIL_PREFETCH,
@@ -452,7 +452,14 @@ def groups_ahead(pf: pq.ParquetFile, source: pa.NativeFile | pa.Buffer, desc: Ba
         own = pq.ParquetFile(reader, metadata=meta, page_checksum_verification=page_checks, pre_buffer=False)
         return each(_read_group(own, i, desc, where, None, use_threads=False))
 
-    return ordered_map(group, range(meta.num_row_groups))
+    return ordered_map(group, range(meta.num_row_groups), ahead=groups_in_flight(meta))
+
+
+def groups_in_flight(meta: pq.FileMetaData) -> int:
+    """How many row groups :func:`groups_ahead` decodes ahead, by the largest one's decoded
+    size (1 KiB rows make 64 MiB row groups: those are read one at a time)."""
+    largest = max((meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)), default=0)
+    return pieces_in_flight(largest)
 
 
 def read_description(data: bytes, *, where: str = "batch") -> BatchDescription:

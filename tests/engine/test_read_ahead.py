@@ -116,3 +116,12 @@ def test_a_forked_child_gets_a_pool_of_its_own(tmp_path):
     _pid, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert out.read_text() == ",".join(str(i * 2) for i in range(20))
+
+
+def test_pieces_in_flight_keep_to_the_byte_budget():
+    budget = read_ahead.AHEAD_BYTES
+    assert read_ahead.pieces_in_flight(1024) == 2 * read_ahead.pool_workers()  # narrow: the most
+    assert read_ahead.pieces_in_flight(budget // 3, most=8) == 3
+    assert read_ahead.pieces_in_flight(budget, most=8) == 1
+    assert read_ahead.pieces_in_flight(budget + 1, most=8) == 0  # one piece alone passes it: none ahead
+    assert read_ahead.pieces_in_flight(0, most=1) == 1

@@ -375,3 +375,28 @@ def test_open_batch_and_read_row_group_over_a_blob_reader():
     assert pa.concat_tables([read_row_group(pf, i, desc) for i in range(3)]).equals(t)
     with pytest.raises(BatchCorruption, match="sediment.since"):
         open_batch(pa.PythonFile(BlobReader(store, "k"), mode="r"), desc_for(t, since=1))
+
+
+def test_wide_row_groups_are_decoded_fewer_at_a_time(monkeypatch):
+    """The read-ahead keeps about AHEAD_BYTES of decoded row groups in flight: 8 narrow row
+    groups ahead, fewer as they grow, one at a time when one is past the budget (wide rows)."""
+    from sediment import read_ahead
+    from sediment.read_ahead import pool_workers
+    from sediment.trace import batch as batch_mod
+
+    t = make_table(2000)
+    d = desc_for(t)
+    meta = pq.ParquetFile(pa.BufferReader(encode_batch(t, d, row_group_rows=500))).metadata
+    group_bytes = max(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    monkeypatch.setattr(read_ahead, "AHEAD_BYTES", 100 * group_bytes)
+    assert batch_mod.groups_in_flight(meta) == 2 * pool_workers()
+    monkeypatch.setattr(read_ahead, "AHEAD_BYTES", 3 * group_bytes)
+    assert batch_mod.groups_in_flight(meta) == min(3, 2 * pool_workers())
+    monkeypatch.setattr(read_ahead, "AHEAD_BYTES", group_bytes // 2)
+    assert batch_mod.groups_in_flight(meta) == 0
+    data = encode_batch(t, d, row_group_rows=500)
+    asked, real = [], batch_mod.ordered_map
+    monkeypatch.setattr(batch_mod, "ordered_map", lambda fn, items, ahead=None: asked.append(ahead) or real(fn, items, ahead=ahead))
+    pf = pq.ParquetFile(pa.BufferReader(data))
+    got = list(batch_mod.groups_ahead(pf, pa.py_buffer(data), d, "batch", lambda g: g, page_checks=True))
+    assert asked == [0] and pa.concat_tables(got).equals(t)  # the reader asks for what the budget allows
