@@ -12,10 +12,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 
 import pyarrow as pa
 import pytest
+from support.frontier_race import race_appends_and_seals
 
 from sediment import errors
 
@@ -223,29 +223,7 @@ def test_append_many_is_atomic_across_relations(open_engine):
 def test_concurrent_appends_and_seals_never_violate_the_frontier(open_engine):
     eng = open_engine()
     eng.add_relation("r", SCHEMA)
-    refused = []
-
-    def writer(w):
-        for t in range(1, 60):
-            try:
-                eng.append("r", ups([(w, "w", t, 1)]))
-            except errors.TimeAlreadySealed:
-                refused.append((w, t))
-
-    def sealer():
-        for t in range(0, 60, 3):
-            eng.seal("r", t)
-
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(6)] + [threading.Thread(target=sealer)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    eng.seal("r", 60)
-    replayed = pa.Table.from_batches(list(eng.replay("r")))
-    written = {(r[0], r[2]) for r in rows(replayed)}
-    assert written.isdisjoint(refused)
-    assert len(written) + len(refused) == 6 * 59
+    race_appends_and_seals(eng, writers=6, last=60)
     # every accepted update is in the log after the last seal below its time
     seals, last_seal = {}, -1
     for r in eng.wal.scan():

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from support.frontier_race import race_appends_and_seals
 
 import sediment
 from sediment import Locks, errors
@@ -264,27 +265,7 @@ def test_a_put_of_many_batches_is_one_all_or_nothing_append(served, monkeypatch)
 def test_concurrent_appends_and_seals_through_one_client(served):
     c = served.client()
     c.add_relation("r", SCHEMA)
-    refused = []
-
-    def writer(w):
-        for t in range(1, 40):
-            try:
-                c.append("r", ups([(w, "w", t, 1)]))
-            except errors.TimeAlreadySealed:
-                refused.append((w, t))
-
-    def sealer():
-        for t in range(0, 40, 3):
-            c.seal("r", t)
-
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(5)] + [threading.Thread(target=sealer)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    c.seal("r", 40)
-    written = {(r[0], r[2]) for r in rows(pa.Table.from_batches(list(c.replay("r"))))}
-    assert written.isdisjoint(refused) and len(written) + len(refused) == 5 * 39
+    race_appends_and_seals(c, writers=5, last=40)
 
 
 # --- transactions ---------------------------------------------------------------------------
