@@ -205,8 +205,10 @@ def test_power_loss_states_inside_joined_records_lose_nothing(tmp_path):
     return, and every state holds each acknowledged append, each unacknowledged one entirely
     or not at all, nothing refused."""
     stats = fp.PowerStats()
-    for seed in (12, 18):
+    for seed in (12, 18, 24, 30, 36, 42):  # whether appends meet in the log is timing: until some did
         fp.run_power(str(tmp_path), seed, 24, stats, nops=30, log=lambda _l: None)
+        if stats.traces >= 2 and stats.joined_records and stats.states_in_joined:
+            break
     assert stats.bursts >= 2 and stats.joined_records >= 1 and stats.states_in_joined >= 1, stats
     bad = {k: getattr(stats, k) for k in ("lost", "partial", "wrong", "refused", "untyped", "disagree")}
     assert not any(bad.values()), (bad, stats.failures[:3])

@@ -240,9 +240,11 @@ def run_op(engine: Any, op: list, on_commit: Any = None, on_sub_ack: Any = None)
         import threading
 
         errors: list[BaseException] = []
+        start = threading.Barrier(len(op[1]))  # all at once: appends that meet in the log are joined
 
         def one(j: int, sub: list) -> None:
             try:
+                start.wait(timeout=30)
                 run_op(engine, sub)
                 if on_sub_ack is not None:
                     on_sub_ack(j)
