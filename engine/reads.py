@@ -135,7 +135,6 @@ class Reads:
         without a sort (as stored when it holds one time), the WAL tail is consolidated into
         one more run, and the runs are merged in one streaming pass."""
         keys = shape.keys
-        stats = self.read_stats
         runs = []
         for ref in (*trace.batches, *trace.pending):
             if ref.key is not None and ref.lower <= as_of:
@@ -146,7 +145,7 @@ class Reads:
         if entries:
             runs.append(consolidate_snapshot(self._load_tail(rel, entries, shape), keys, as_of))
         schema = pa.schema([shape.schema.field(c) for c in (*keys, "diff")])
-        return merge_runs(runs, keys, schema, stats=stats, workers=_MERGE_WORKERS)
+        return merge_runs(runs, keys, schema, stats=self.read_stats, workers=_MERGE_WORKERS)
 
     def _batch_run(self, rel: Relation, ref: BatchRef, as_of: int, shape: _Shape) -> pa.Table | None:
         """One batch's snapshot at ``as_of`` as a run (None when the batch has no rows): each
@@ -167,12 +166,7 @@ class Reads:
             parts = [] if table is None else [piece(table)]
         if not parts and not ref.rows:
             return None
-        stats = self.read_stats
-        if lo <= as_of:
-            if lo == hi:
-                stats.batches_as_is += 1
-            else:
-                stats.batches_summed += 1
+        self.read_stats.count_batch(as_of, lo, hi)
         return pa.concat_tables(parts) if parts else None
 
     def _updates_after(self, rel: Relation, trace: TraceState, entries: list[TailEntry], t: int,

@@ -27,7 +27,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _lock = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it was made in, the pool)
+_pool: ThreadPoolExecutor | None = None  # made at first use; dropped in a forked child
 
 
 AHEAD_BYTES = 64 << 20  # decoded data one read may have in flight beyond the piece it is on
@@ -48,16 +48,17 @@ def pool_workers() -> int:
 
 
 def _shared_pool() -> ThreadPoolExecutor:
-    """The process's pool, made at first use (again in a forked child: threads do not fork)."""
+    """The process's pool, made at first use."""
     global _pool
     with _lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(pool_workers(), thread_name_prefix="sediment-read"))
-        return _pool[1]
+        if _pool is None:
+            _pool = ThreadPoolExecutor(pool_workers(), thread_name_prefix="sediment-read")
+        return _pool
 
 
 def _after_fork_in_child() -> None:
-    """A child forked while another thread held the lock would wait on it forever."""
+    """Threads do not fork: a child gets a pool of its own. The lock too, since a child
+    forked while another thread held it would wait on it forever."""
     global _lock, _pool
     _lock, _pool = threading.Lock(), None
 

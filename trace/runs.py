@@ -45,6 +45,14 @@ class RunStats:
     rows_sorted: int = 0  # rows of interleaving runs sorted together
     max_held_rows: int = 0  # most rows the streamed runs held at once (their current pieces)
 
+    def count_batch(self, as_of: int, min_time: int, max_time: int) -> None:
+        """Count one batch's snapshot (:func:`batch_run`, whole or in pieces) by how it is made."""
+        if min_time <= as_of:
+            if min_time == max_time:
+                self.batches_as_is += 1
+            else:
+                self.batches_summed += 1
+
 
 class _Run:
     """One run as the merge reads it: a table, or a stream of tables that together are one
@@ -97,16 +105,14 @@ def batch_run(table: pa.Table, key_columns: Sequence[str], as_of: int, *, min_ti
     are the batch's time bounds from its description: when they are equal and <= as_of the
     rows are already distinct and are returned as stored."""
     keys = list(key_columns)
+    if stats is not None:
+        stats.count_batch(as_of, min_time, max_time)
     if min_time > as_of:
         return table.select([*keys, DIFF]).slice(0, 0)
     if min_time == max_time:
-        if stats is not None:
-            stats.batches_as_is += 1
         return table.select([*keys, DIFF])
     if max_time > as_of:
         table = table.filter(pc.less_equal(table.column(TIME), pa.scalar(as_of, pa.int64())))
-    if stats is not None:
-        stats.batches_summed += 1
     return sum_sorted(table.select([*keys, DIFF]), keys)
 
 
