@@ -164,6 +164,31 @@ def test_a_finished_segment_is_told_without_a_wait(tmp_path: Path) -> None:
     log.close()
 
 
+def test_an_io_thread_keeps_serving_after_the_blocks_it_wrote(tmp_path: Path) -> None:
+    """Finished segments told without a wait, more times than there are I/O threads: each is
+    written by an I/O thread, which then waits for the next job. Fails if a thread left after
+    a write that succeeded (the third finish was never written, and an appender whose block
+    only a thread could write waited for ever)."""
+    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, segment_bytes=8 * BS, io_threads=2,
+                               clock=ManualClock()))
+    progress = Progress()
+    finished: list[int] = []
+
+    def listener(lsn: int) -> None:
+        finished.append(lsn)
+        progress.changed()
+
+    log.set_finish_listener(listener)
+    tickets = []
+    for k in range(5):
+        tickets += [log.submit([upd(10 * k + i)]) for i in range(3)]
+        tickets.append(log.submit([upd(10 * k + 9, 6 * BS)]))
+        progress.wait_for(lambda k=k: len(finished) > k, 10, f"finish {k + 1} told by an I/O thread")
+    assert all(t.is_alive() for t in log.writer._threads)
+    assert sorted(t.wait() for t in tickets) == [t.records[-1].lsn for t in tickets]
+    log.close()
+
+
 class HeldFirstWrite:
     """A pwrite that holds the first data write until ``release`` is set, and notes every
     data write that returned (``returned``: offsets, signalled through ``progress``)."""

@@ -269,9 +269,9 @@ class RingWriter:
         return self._writing >= self.partial_writes or len(cur.tickets) < self._company
 
     def _run(self, blk: _Block, own: _Block | None = None) -> bool:
-        """Write ``blk`` and complete it; True if it did not fail. With ``own`` (the caller's
-        block), True also means that ``own`` became durable here and the caller then writes
-        the block gathered meanwhile (:meth:`_lead_next`)."""
+        """Write ``blk`` and complete it; True when ``own`` (the caller's block) became
+        durable here, and the caller then writes the block gathered meanwhile
+        (:meth:`_lead_next`). A failed write fails the log (``_failed``) and returns False."""
         try:
             self._write_block(blk)
         except BaseException as e:  # noqa: BLE001 - any failure poisons the log
@@ -292,8 +292,7 @@ class RingWriter:
                     if self._closed and not self._pending and not self._inflight and self._cur is None:
                         return
                     self._work_cv.wait()
-            if not self._run(blk):
-                return
+            self._run(blk)  # a failure is seen at the top of the loop
 
     def _write_block(self, blk: _Block) -> None:
         bs = self.block_size
