@@ -118,13 +118,15 @@ class RingFiles:
                 self._rfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
                 self._rdirect = False
 
-    def write_at(self, view: memoryview, offset: int) -> None:
-        """One aligned write of ``view`` at device ``offset``, durable on return."""
+    def write_at(self, view: memoryview, offset: int, pwrite: Callable[[int, memoryview, int], int] | None = None) -> None:
+        """One aligned write of ``view`` at device ``offset``, durable on return (``pwrite``:
+        the write call, else the injected one)."""
+        pwrite = self._pwrite if pwrite is None else pwrite
         done = 0
         while done < len(view):
             fd = self.fd
             try:
-                n = self._pwrite(fd, view[done:], offset + done)
+                n = pwrite(fd, view[done:], offset + done)
             except OSError as e:
                 if e.errno == errno.EINVAL and self.direct:
                     self._fall_back(fd, e)
@@ -145,10 +147,11 @@ class RingFiles:
                 self.fd = os.open(self.path, os.O_RDWR | os.O_DSYNC | os.O_CLOEXEC)
                 self.direct = False
 
-    def zero(self, lsn: int, n: int, data_capacity: int, keep: bytes = b"") -> None:
+    def zero(self, lsn: int, n: int, data_capacity: int, keep: bytes = b"",
+             pwrite: Callable[[int, memoryview, int], int] | None = None) -> None:
         """Write zeros over ring bytes [lsn, lsn + n) (block-aligned) of a data area of
         ``data_capacity`` bytes, with ``keep`` written first (to zero the tail of a partly
-        valid block)."""
+        valid block); ``pwrite`` as for :meth:`write_at`."""
         with mmap.mmap(-1, ZERO_CHUNK) as buf:
             first = True
             while n > 0:
@@ -156,7 +159,7 @@ class RingFiles:
                 step = min(n, ZERO_CHUNK, data_capacity - phys)
                 if first and keep:
                     buf[: len(keep)] = keep
-                self.write_at(memoryview(buf)[:step], self.header_bytes + phys)
+                self.write_at(memoryview(buf)[:step], self.header_bytes + phys, pwrite)
                 if first and keep:
                     buf[: len(keep)] = bytes(len(keep))
                 first = False

@@ -222,7 +222,15 @@ class DeviceLog:
 
     def _init_ring(self, capacity: int | None, size: int, regular: bool, created: bool) -> None:
         """Initialise a new ring; refuses a blank header area over data that holds record
-        frames (a wiped ring, not a new device)."""
+        frames (a wiped ring, not a new device).
+
+        The data area is written with zeros, a new file's too. Why: a file's fallocated
+        extents are unwritten, and a durable O_DIRECT write into one must also record its
+        conversion, which made the first pass round a new ring about 2.2x slower per write
+        (4 and 64 KiB, measured here) than every later pass; written once at creation, the
+        file behaves like the device it stands in for from the first append on. A new file is
+        written with the plain write call, not the injected one (which sees the ring's own
+        writes: its blocks and headers)."""
         bs = self.block_size
         if capacity is None:
             raise WalError(f"{self.path}: creating a ring needs a capacity (bytes, a multiple of {bs}).")
@@ -254,8 +262,7 @@ class DeviceLog:
                 fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self.capacity = self.head.capacity = capacity
         self.data_capacity = capacity - self.header_bytes
-        if not (created and regular):
-            self.files.zero(0, self.data_capacity, self.data_capacity)
+        self.files.zero(0, self.data_capacity, self.data_capacity, pwrite=os.pwrite if created and regular else None)
         self.head.write(SHUTDOWN_RUNNING, 0, 0, window=min(self.configured_window, self.data_capacity), exact=True)
         self.writer.start(self.data_capacity, 0, 0, Segments(self.segment_bytes))
 
