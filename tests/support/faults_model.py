@@ -331,11 +331,29 @@ def _fitting(engine: Any, rel: str, sealed: int, since: int, options: dict[str, 
     return ok
 
 
+def _differs(a: Model, b: Model) -> str:
+    """What two models that both explain an engine differ in that a later check or
+    :func:`next_op` reads ('' for nothing): the relations, frontiers and added columns, and
+    each relation's updates consolidated at its ``since`` (every later ``stored`` and every
+    snapshot at or above ``since`` follows from those, as ``since`` only advances)."""
+    if sorted(a.updates) != sorted(b.updates):
+        return f"relations {sorted(a.updates)} against {sorted(b.updates)}"
+    for rel in sorted(a.updates):
+        if (a.sealed[rel], a.since[rel], a.columns(rel)) != (b.sealed[rel], b.since[rel], b.columns(rel)):
+            return f"{rel}: frontiers or columns"
+        if a.stored(rel, a.since[rel]) != b.stored(rel, b.since[rel]):
+            return f"{rel}: consolidated updates"
+    return ""
+
+
 def check_engine(engine: Any, acked: Model, inflight: list | None) -> Check:
     """Compare an open engine with the model: everything acknowledged is there, a call in
     flight is there entirely or not at all, frontiers never behind what was acknowledged.
     Options A (without the in-flight call) and B (with it) must explain every relation
-    consistently; a mix on a transaction is a partial transaction."""
+    consistently; a mix on a transaction is a partial transaction. When several options
+    explain it (an in-flight append whose updates cancel out, say), the first is kept only
+    after :func:`_differs` finds nothing that would tell them apart later; else the check
+    fails and says what it does not compare."""
     if inflight is not None and inflight[0] == "burst":  # each unacknowledged append of it: there or not
         subs = inflight[1]
         options = {f"A{mask:b}" if mask == 0 else f"B{mask:b}":
@@ -365,7 +383,13 @@ def check_engine(engine: Any, acked: Model, inflight: list | None) -> Check:
         fits[rel] = _fitting(engine, rel, sealed, since, options, notes)
     common = set.intersection(*fits.values()) if fits else {"A"}
     if common:
-        return Check(True, model=options[sorted(common)[0]])
+        first, *others = sorted(common)
+        for other in others:
+            why = _differs(options[first], options[other])
+            if why:
+                return Check(False, "wrong", f"options {first} and {other} both explain the engine but differ "
+                                             f"for later checks ({why}): the check must compare that too")
+        return Check(True, model=options[first])
     if inflight is not None and inflight[0] in ("txn", "many") and all(fits.values()):
         return Check(False, "partial", f"transaction {inflight[:1]} visible in part: {fits}")
     missing = any(not f for f in fits.values())
