@@ -418,26 +418,35 @@ class Cluster:
                 await self.add_node(a)
                 self.replicas.append(a)
             self.current = self.start_coordinator(self.replicas)
-            kinds, weights = list(self.kinds), list(self.kinds.values())
-            schedule = sorted((self.rng.uniform(0.2, self.duration), self.rng.choices(kinds, weights)[0])
-                              for _ in range(self.steps))
+            schedule = self.fault_schedule()
             with trio.move_on_after(10.0):  # clients start once the first session accepts writes
                 while not self.current.coord.writable.is_set():
                     await trio.sleep(0.01)
-            async with trio.open_nursery() as work:
-                for i in range(self.clients):
-                    work.start_soon(self.client, i)
-                async with trio.open_nursery() as faults:
-                    for at, kind in schedule:
-                        faults.start_soon(self.fault, at, kind)
-                    await trio.sleep(self.duration)
-                    faults.cancel_scope.cancel()
-                self.stopping = True
-                await self.heal()
-                await self.settle()
-                work.cancel_scope.cancel()
-            await self.final_check()
+            await self.clients_under_faults(schedule)
             nursery.cancel_scope.cancel()
+
+    def fault_schedule(self) -> list[tuple[float, str]]:
+        """``steps`` faults at random times in the run, kinds drawn by their weights."""
+        kinds, weights = list(self.kinds), list(self.kinds.values())
+        return sorted((self.rng.uniform(0.2, self.duration), self.rng.choices(kinds, weights)[0])
+                      for _ in range(self.steps))
+
+    async def clients_under_faults(self, schedule: list[tuple[float, str]]) -> None:
+        """The clients' run with the faults of ``schedule``, then every fault healed, the
+        cluster settled and the final check."""
+        async with trio.open_nursery() as work:
+            for i in range(self.clients):
+                work.start_soon(self.client, i)
+            async with trio.open_nursery() as faults:
+                for at, kind in schedule:
+                    faults.start_soon(self.fault, at, kind)
+                await trio.sleep(self.duration)
+                faults.cancel_scope.cancel()
+            self.stopping = True
+            await self.heal()
+            await self.settle()
+            work.cancel_scope.cancel()
+        await self.final_check()
 
     async def heal(self) -> None:
         self.final_phase = True

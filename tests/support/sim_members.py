@@ -534,22 +534,8 @@ class ClusterSim(Cluster):
                 while self.unserved():
                     await trio.sleep(TICK)
             nursery.start_soon(self.watch_ownership)
-            kinds, weights = list(self.kinds), list(self.kinds.values())
-            schedule = sorted((self.rng.uniform(0.2, self.duration), self.rng.choices(kinds, weights)[0])
-                              for _ in range(self.steps))
-            async with trio.open_nursery() as work:
-                for i in range(self.clients):
-                    work.start_soon(self.client, i)
-                async with trio.open_nursery() as faults:
-                    for at, kind in schedule:
-                        faults.start_soon(self.fault, at, kind)
-                    await trio.sleep(self.duration)
-                    faults.cancel_scope.cancel()
-                self.stopping = True
-                await self.heal()
-                await self.settle()
-                work.cancel_scope.cancel()
-            await self.final_check()
+            schedule = self.fault_schedule()
+            await self.clients_under_faults(schedule)
             nursery.cancel_scope.cancel()
 
     async def heal(self) -> None:

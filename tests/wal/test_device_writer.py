@@ -142,12 +142,8 @@ def test_a_submit_nobody_waits_on_is_written_by_the_next_waiter_or_close(tmp_pat
     log.close()
 
 
-def test_a_finished_segment_is_told_without_a_wait(tmp_path: Path) -> None:
-    """A submit that fills the segment places its FRONTIERS record; an I/O thread writes it
-    and tells the finish listener though nobody waits (a compacter is not kept waiting for
-    the next append)."""
-    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, segment_bytes=8 * BS,
-                               clock=ManualClock()))
+def told_finishes(log: DeviceLog) -> tuple[Progress, list[int]]:
+    """A finish listener on ``log`` noting each finished LSN (signalled through the Progress)."""
     progress = Progress()
     finished: list[int] = []
 
@@ -156,6 +152,16 @@ def test_a_finished_segment_is_told_without_a_wait(tmp_path: Path) -> None:
         progress.changed()
 
     log.set_finish_listener(listener)
+    return progress, finished
+
+
+def test_a_finished_segment_is_told_without_a_wait(tmp_path: Path) -> None:
+    """A submit that fills the segment places its FRONTIERS record; an I/O thread writes it
+    and tells the finish listener though nobody waits (a compacter is not kept waiting for
+    the next append)."""
+    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, segment_bytes=8 * BS,
+                               clock=ManualClock()))
+    progress, finished = told_finishes(log)
     tickets = [log.submit([upd(i)]) for i in range(3)]
     log.submit([upd(9, 6 * BS)])
     progress.wait_for(lambda: finished, 10, "the finish listener")
@@ -171,14 +177,7 @@ def test_an_io_thread_keeps_serving_after_the_blocks_it_wrote(tmp_path: Path) ->
     only a thread could write waited for ever)."""
     log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, segment_bytes=8 * BS, io_threads=2,
                                clock=ManualClock()))
-    progress = Progress()
-    finished: list[int] = []
-
-    def listener(lsn: int) -> None:
-        finished.append(lsn)
-        progress.changed()
-
-    log.set_finish_listener(listener)
+    progress, finished = told_finishes(log)
     tickets = []
     for k in range(5):
         tickets += [log.submit([upd(10 * k + i)]) for i in range(3)]
