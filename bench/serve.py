@@ -4,12 +4,13 @@ Why: issue 15's target is relative (served appends from 4 clients >= 0.8x the in
 rows/s), and this machine is shared and noisy, so the peer is measured in the same run,
 rounds interleaved, with the same rows:
 
-* in process: N threads share one ``Engine`` and each calls ``engine.append`` with its own
-  1,000-row table (``id int64, payload binary`` plus ``time`` and ``diff``, ~100 B a row),
-  durable on return, for ``--seconds``;
+* in process: N threads share one ``Engine`` and each calls ``engine.append`` with a
+  1,000-row table of new ids every time (``id int64, payload binary`` plus ``time`` and
+  ``diff``, ~100 B a row, random payloads: :class:`FreshTables`), durable on return, for
+  ``--seconds``;
 * served: the same engine options behind a ``SedimentFlightServer`` in this process, and N
   client *processes* (as Spark executors or other services would be), each with its own
-  ``sediment.connect`` connection, appending the same tables for the same time;
+  ``sediment.connect`` connection, appending tables made the same way for the same time;
 * served, pipelined: the same client processes, each appending through
   ``client.pipelined("r", window=W)`` (up to W appends in flight on its stream, applied in
   order; rows count once acknowledged, the last ones collected before the clock stops);
@@ -52,24 +53,37 @@ import time
 import uuid
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import sediment
 from sediment.net.messages import Put, encode
 
 SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
+UPDATES = pa.schema([*SCHEMA, ("time", pa.int64()), ("diff", pa.int64())])
 ROW_BYTES = 100
 BATCH_ROWS = 1000
 CLIENTS = (4, 16)
 
 
-def make_table(rows: int, first_id: int) -> pa.Table:
-    body = os.urandom(ROW_BYTES - 24)
-    return pa.table({
-        "id": pa.array(range(first_id, first_id + rows), pa.int64()),
-        "payload": pa.array([body] * rows, pa.binary()),
-        "time": pa.array([1] * rows, pa.int64()),
-        "diff": pa.array([1] * rows, pa.int64()),
-    })
+class FreshTables:
+    """Writer ``k``'s appends: ``rows`` rows each, every id new (writer ``k``'s ids start at
+    ``k << 40``), random payloads. The columns but the ids are made once; an append's ids
+    are one Arrow addition, the same few microseconds on either side of the comparison."""
+
+    def __init__(self, k: int, rows: int = BATCH_ROWS) -> None:
+        blob = os.urandom((ROW_BYTES - 24) * rows)
+        width = ROW_BYTES - 24
+        self.rows = rows
+        self.base = k << 40
+        self.ids = pa.array(range(rows), pa.int64())
+        self.rest = [pa.array([blob[i * width:(i + 1) * width] for i in range(rows)], pa.binary()),
+                     pa.array([1] * rows, pa.int64()), pa.array([1] * rows, pa.int64())]
+        self.made = 0
+
+    def next(self) -> pa.Table:
+        ids = pc.add(self.ids, pa.scalar(self.base + self.made * self.rows, pa.int64()))
+        self.made += 1
+        return pa.Table.from_arrays([ids, *self.rest], schema=UPDATES)
 
 
 def group_mean(engine) -> float:
@@ -105,13 +119,13 @@ def run_in_process(root: str, writers: int, seconds: float) -> dict:
             deadline = [0.0]
 
             def work(k: int) -> None:
-                table = make_table(BATCH_ROWS, k * BATCH_ROWS)
-                engine.append("r", table)  # warm-up, not counted
+                tables = FreshTables(k)
+                engine.append("r", tables.next())  # warm-up, not counted
                 ready.wait()
                 n = 0
                 while time.perf_counter() < deadline[0]:
-                    engine.append("r", table)
-                    n += table.num_rows
+                    engine.append("r", tables.next())
+                    n += BATCH_ROWS
                 counts[k] = n
 
             threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(writers)]
@@ -147,8 +161,8 @@ def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, how: s
         command = encode(Put.APPEND, relation="r", txn=None)
         client.append = lambda name, table: client._put(command, table)  # noqa: SLF001 - the old path, measured
     try:
-        table = make_table(BATCH_ROWS, k * BATCH_ROWS)
-        client.append("r", table)
+        tables = FreshTables(k)
+        client.append("r", tables.next())
         ready.put(k)
         go.wait()
         cpu0, switches0 = time.process_time(), _switches()
@@ -157,13 +171,13 @@ def _client(uri: str, token: str, k: int, ready, go, seconds: float, out, how: s
         if how == "pipelined":
             with client.pipelined("r", window=window) as writer:
                 while time.perf_counter() < deadline:
-                    writer.append(table)
-            n = writer.acknowledged * table.num_rows
+                    writer.append(tables.next())
+            n = writer.acknowledged * BATCH_ROWS
         else:
             n = 0
             while time.perf_counter() < deadline:
-                client.append("r", table)
-                n += table.num_rows
+                client.append("r", tables.next())
+                n += BATCH_ROWS
         out.put((n, t0, time.perf_counter(), time.process_time() - cpu0, _switches() - switches0))
     finally:
         client.close()
@@ -193,13 +207,13 @@ def run_served_threads(root: str, clients: int, seconds: float) -> dict:
 
                 def work(k: int) -> None:
                     with sediment.connect(server.uri, token) as client:
-                        table = make_table(BATCH_ROWS, k * BATCH_ROWS)
-                        client.append("r", table)
+                        tables = FreshTables(k)
+                        client.append("r", tables.next())
                         ready.wait()
                         n = 0
                         while time.perf_counter() < deadline[0]:
-                            client.append("r", table)
-                            n += table.num_rows
+                            client.append("r", tables.next())
+                            n += BATCH_ROWS
                         counts[k] = n
 
                 threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(clients)]
