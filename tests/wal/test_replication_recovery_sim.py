@@ -467,3 +467,49 @@ def test_the_vote_never_resolves_below_a_low_water_mark_a_voter_stored() -> None
             nursery.cancel_scope.cancel()
 
     run_sim(main)
+
+
+def test_the_vote_joins_again_a_replica_whose_connection_dropped() -> None:
+    """a (120) and b (110) vote in session 2; c is down throughout. Nothing is decided until
+    b is caught up from a (c with a might hold a quorum above 110). a's connection drops
+    after a reported and before b did; a comes back. The vote must join a again, copy a's
+    records to b and decide 120. It kept a's report with its dead connection and waited for
+    a change nobody would make: no catch-up had a live source, and no join was left to run."""
+    three = ["a:1", "b:1", "c:1"]
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = SimNetwork(nursery)
+            meta = MemoryMetadataStore()
+            lay_out(net, "a:1", 120, 2, 100)
+            lay_out(net, "b:1", 110, 2, 100)
+            for a in ("a:1", "b:1"):
+                await net.add_node(a)
+            write_meta(meta, 2, {a: ReplicaState(2, UNRESOLVED) for a in three})
+            plain, down = net.connect, {"c:1"}
+
+            async def connect(address: str):
+                if address in down:
+                    raise OSError(f"connection to {address} refused")
+                if address == "b:1":
+                    await trio.sleep(0.05)  # b reports after a's connection dropped
+                return await plain(address)
+
+            async def drop_a() -> None:
+                await trio.sleep(0.02)
+                down.add("a:1")
+                for stream in net.streams.get("a:1", []):
+                    await stream.aclose()
+                await trio.sleep(0.5)
+                down.discard("a:1")
+
+            net.connect = connect
+            coord = make_coordinator(net, meta, three)
+            nursery.start_soon(drop_a)
+            with trio.fail_after(30):
+                await nursery.start(coord.run)
+            assert coord.committed == 120
+            assert bodies(net.log("b:1")) == [f"r{i}".encode() for i in range(121)]
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)

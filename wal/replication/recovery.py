@@ -225,6 +225,7 @@ class Vote:
         self.members = list(meta.replicas) or list(host.replicas)  # who votes or counts as absent
         self.joined: dict[str, Joined] = {}
         self.catching: set[str] = set()
+        self.rejoining: set[str] = set()
         self.decided: int | None = None
         self._changed = trio.Event()
 
@@ -247,7 +248,9 @@ class Vote:
                         joins.cancel_scope.cancel()
                         break
                     self._start_catch_ups(copiers)
-                    await self._changed.wait()
+                    self._rejoin_dropped(joins)
+                    with trio.move_on_after(self.host.retry_interval):  # a connection dies unannounced
+                        await self._changed.wait()
                     self._changed = trio.Event()
         return self.decided  # copies still running finished first: clean-up asks each replica
 
@@ -270,8 +273,19 @@ class Vote:
                 j.conn.kill("recovery already decided")
                 return
             self.joined[address] = j
+            self.rejoining.discard(address)
             self._changed.set()
             return
+
+    def _rejoin_dropped(self, joins: trio.Nursery) -> None:
+        """Join again each replica whose connection dropped after it reported. Its report
+        stays counted until the new one replaces it, but a catch-up needs a live connection:
+        when the only replica ahead had dropped, no copy could start and no join was left to
+        run, and the vote waited for ever."""
+        for address, j in self.joined.items():
+            if j.conn.dead and address not in self.rejoining:
+                self.rejoining.add(address)
+                joins.start_soon(self._join, address)
 
     def _start_catch_ups(self, copiers: trio.Nursery) -> None:
         counted = [j for j in self.joined.values() if not j.new and not j.conn.dead]
