@@ -513,3 +513,41 @@ def test_the_vote_joins_again_a_replica_whose_connection_dropped() -> None:
             nursery.cancel_scope.cancel()
 
     run_sim(main)
+
+
+def test_a_replica_dropped_while_joining_is_caught_up_again_without_a_new_append() -> None:
+    """c comes back after a crash; as its catch-up sends the live batches (the joining step)
+    its replies start to be lost, so the watchdog drops it. With no append after that, the
+    catch-up must still notice the drop and try again, and c is back in sync once its replies
+    flow. It waited for an acknowledgement's progress that only a new append would make."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            net = await start_nodes(nursery)
+            meta = MemoryMetadataStore()
+            coord = make_coordinator(net, meta)
+            await nursery.start(coord.run)
+            for i in range(10):
+                assert await append(coord, [rec_of(i)]) == i
+            down = {"c:1"}
+            await crash_nodes(net, coord, down)
+            for i in range(10, 20):
+                assert await append(coord, [rec_of(i)]) == i
+            await wait_for(lambda: set(coord.in_sync()) == {"a:1", "b:1"})
+            send_to, lost = coord._send_to, []  # noqa: SLF001 - the joining step's first send
+
+            def send_then_lose_replies(link, batch) -> None:
+                send_to(link, batch)
+                if link.address == "c:1" and link.state == "catching" and not lost:
+                    lost.append(trio.current_time())
+                    net.partition("c:1")  # what was sent arrives; every reply is lost
+
+            coord._send_to = send_then_lose_replies
+            down.clear()
+            await wait_for(lambda: lost, 30)
+            await trio.sleep(3 * coord.timeout)  # the watchdog drops c
+            net.heal("c:1")
+            await wait_for(lambda: "c:1" in coord.in_sync(), 30)  # no append meanwhile
+            assert bodies(net.log("c:1")) == [f"r{i}".encode() for i in range(20)]
+            nursery.cancel_scope.cancel()
+
+    run_sim(main)

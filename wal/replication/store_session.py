@@ -359,6 +359,11 @@ class Coordinator:
             self._retained_bytes += len(b.payload)
             while self._retained_bytes > self.retain_bytes and len(self.retained) > 1:
                 self._retained_bytes -= len(self.retained.popleft().payload)
+        self._wake_progress()
+
+    def _wake_progress(self) -> None:
+        """Wake whoever waits for acknowledgements to move (the write loop's room, a
+        replica's catch-up waiting for its joining appends): they look again."""
         self._progress.set()
         self._progress = trio.Event()
 
@@ -412,6 +417,7 @@ class Coordinator:
         link.unacked.clear()
         if conn is not None:
             conn.kill(why)
+        self._wake_progress()  # a catch-up waiting for this link's acknowledgements sees it down
 
     def _end_session(self, why: BaseException) -> None:
         """Stop writing and cancel the session; run() logs ``why`` and recovers a new one."""
