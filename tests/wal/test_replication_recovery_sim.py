@@ -544,7 +544,7 @@ def test_a_replica_dropped_while_joining_is_caught_up_again_without_a_new_append
             coord._send_to = send_then_lose_replies
             down.clear()
             await wait_for(lambda: lost, 30)
-            await trio.sleep(3 * coord.timeout)  # the watchdog drops c
+            await wait_for(lambda: coord.links["c:1"].state == "down", 30)  # the watchdog dropped c
             net.heal("c:1")
             await wait_for(lambda: "c:1" in coord.in_sync(), 30)  # no append meanwhile
             assert bodies(net.log("c:1")) == [f"r{i}".encode() for i in range(20)]
