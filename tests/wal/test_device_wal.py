@@ -361,19 +361,21 @@ def test_wrong_size_and_capacity(tmp_path: Path) -> None:
         DeviceLog.open(tmp_path / "odd", CAP + 1, create=True)
 
 
-def test_a_new_ring_file_has_its_data_area_written(tmp_path: Path) -> None:
+def test_a_new_ring_file_has_its_data_area_written(tmp_path: Path, monkeypatch, capsys) -> None:
     """A created ring file holds no unwritten extent: its first pass writes over written
-    blocks, as every later pass (and a device) does. File systems that report a fallocated,
-    never written range as a hole (ext4, xfs) show it with SEEK_HOLE; elsewhere the check
-    has nothing to see."""
+    blocks, as every later pass (and a device) does, and the writing is reported as progress
+    when asked for. File systems that report a fallocated, never written range as a hole
+    (ext4, xfs) show it with SEEK_HOLE; elsewhere the check has nothing to see."""
     control = tmp_path / "control"
     with open(control, "wb") as f:
         os.posix_fallocate(f.fileno(), 0, 4 * CAP)
         if os.lseek(f.fileno(), 0, os.SEEK_HOLE) >= 4 * CAP:
             pytest.skip("this file system reports fallocated ranges as data")
     path = tmp_path / "ring"
+    monkeypatch.setenv("SEDIMENT_PROGRESS", "1")
     log = open_log(path, 4 * CAP)
     log.close()
+    assert f"{path}: zeros over the new ring's data area: done" in capsys.readouterr().err
     fd = os.open(path, os.O_RDONLY)
     try:
         assert os.lseek(fd, 0, os.SEEK_HOLE) == 4 * CAP  # the first hole is the end of the file

@@ -46,6 +46,7 @@ from typing import Any
 from sediment._fs import fsync_dir
 from sediment.clock import MONOTONIC, Clock
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalExists
+from sediment.progress import Progress
 from sediment.wal.device.block_io import RingFiles
 from sediment.wal.device.format import (
     DEFAULT_BLOCK_SIZE,
@@ -78,6 +79,7 @@ from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendabl
 __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "DeviceTicket", "RingHeader"]
 
 PWrite = Callable[[int, Any, int], int]
+_INIT_STEP = 64 << 20  # zeros written between two progress updates when a ring is initialised
 _align_up = align_up
 _align_down = align_down
 
@@ -262,7 +264,13 @@ class DeviceLog:
                 fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self.capacity = self.head.capacity = capacity
         self.data_capacity = capacity - self.header_bytes
-        self.files.zero(0, self.data_capacity, self.data_capacity, pwrite=os.pwrite if created and regular else None)
+        pwrite = os.pwrite if created and regular else None
+        with Progress(total=self.data_capacity, label=f"{self.path}: zeros over the new ring's data area",
+                      unit="B") as bar:  # a device of some GiB takes seconds
+            for lo in range(0, self.data_capacity, _INIT_STEP):
+                n = min(_INIT_STEP, self.data_capacity - lo)
+                self.files.zero(lo, n, self.data_capacity, pwrite=pwrite)
+                bar.update(n)
         self.head.write(SHUTDOWN_RUNNING, 0, 0, window=min(self.configured_window, self.data_capacity), exact=True)
         self.writer.start(self.data_capacity, 0, 0, Segments(self.segment_bytes))
 
