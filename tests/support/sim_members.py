@@ -548,7 +548,7 @@ class ClusterSim(Cluster):
         for a, ep in self.net.nodes.items():
             if not ep.up:
                 await self.start_node(a)
-        if not self.live_members():
+        if not any(not m.leaving for m in self.live_members()):  # one that is leaving is about to be gone
             self.join(max(self.incarnations) + 1)
         self.disturbed()
 
