@@ -20,6 +20,7 @@ from test_replication_sim import (
     make_coordinator,
     rec_of,
     run_sim,
+    start_cluster,
     start_nodes,
     wait_for,
 )
@@ -522,10 +523,7 @@ def test_a_replica_dropped_while_joining_is_caught_up_again_without_a_new_append
     flow. It waited for an acknowledgement's progress that only a new append would make."""
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = await start_nodes(nursery)
-            meta = MemoryMetadataStore()
-            coord = make_coordinator(net, meta)
-            await nursery.start(coord.run)
+            net, coord = await start_cluster(nursery)
             for i in range(10):
                 assert await append(coord, [rec_of(i)]) == i
             down = {"c:1"}
