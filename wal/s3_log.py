@@ -317,8 +317,12 @@ class S3Log:
 
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
         with self._lock:
-            if self._abandoned:
-                return  # close() gave up on this write and told its waiters the outcome is unknown
+            if self._abandoned:  # close() gave up on the writer and answered what S3 had not
+                late = [p for p in batch if not p.done.is_set()]  # answered by S3: a callback failed
+                for p in late:
+                    p.error = WalError(f"write to the log at {self.dir} failed after close: {exc}; not acknowledged")
+                    p.done.set()
+                return
         log.error("write-ahead log %s failed: %s", self.dir, exc)
         with self._lock:
             if self._failed is not None and not batch:

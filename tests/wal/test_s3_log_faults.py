@@ -291,3 +291,38 @@ def test_close_while_s3_does_not_answer_is_bounded_and_reports_outcome_unknown(f
         assert seen[1:] in ([], given_up[:len(seen) - 1]), seen
     finally:
         again.close()
+
+
+def test_an_append_whose_callback_fails_after_close_gave_up_is_still_answered(s3_bucket, spec_at):
+    """The group's object landed and its callback is running when close() gives up on the
+    writer (close's bound); the callback then raises. Close told only the appends S3 had not
+    answered, so this one's waiter must learn the failure from the writer: it waited for ever
+    (the failure path returned early once close had given up)."""
+    from sediment.errors import WalError
+
+    endpoint, _ = s3_bucket
+    log = S3Log.open(spec_at(endpoint), create=True)
+    entered, release = threading.Event(), threading.Event()
+
+    def on_durable(records) -> None:
+        entered.set()
+        release.wait(30)
+        raise RuntimeError("the callback failed")
+
+    ticket = log.submit([row(1)], on_durable)
+    outcome: list = []
+    waiter = threading.Thread(target=lambda: outcome.append(_append_or_error_of(ticket)), daemon=True)
+    waiter.start()
+    assert entered.wait(30), "the object landed and the callback runs"
+    log.close(timeout=0.2)  # the writer is busy in the callback: close gives up on it
+    release.set()
+    waiter.join(30)
+    assert not waiter.is_alive(), "the append's waiter was never answered"
+    assert isinstance(outcome[0], WalError) and "not acknowledged" in str(outcome[0]), outcome
+
+
+def _append_or_error_of(ticket) -> BaseException | int:
+    try:
+        return ticket.wait()
+    except BaseException as exc:  # noqa: BLE001 - the outcome is what the test looks at
+        return exc
