@@ -51,6 +51,17 @@ def lay_out(net: SimNetwork, address: str, last: int, session: int, lwm: int) ->
     store.state = PartitionState(session, lwm, min(lwm, last), 1)
 
 
+async def laid_out(nursery: trio.Nursery, layouts: dict[str, tuple[int, int, int]]) -> tuple[SimNetwork, MemoryMetadataStore]:
+    """A network whose nodes hold what :func:`lay_out` lays out for each (last, session,
+    low-water mark), started in that order, and an empty metadata store."""
+    net = SimNetwork(nursery)
+    for address, (last, session, lwm) in layouts.items():
+        lay_out(net, address, last, session, lwm)
+    for address in layouts:
+        await net.add_node(address)
+    return net, MemoryMetadataStore()
+
+
 def write_meta(meta: MemoryMetadataStore, session: int, states: dict[str, ReplicaState], generation: int = 0) -> None:
     store = PartitionMetaStore(meta, 0)
     _, version = store.load()
@@ -412,13 +423,7 @@ def test_storage_engaged_by_a_session_whose_metadata_update_failed_keeps_its_low
     low-water marks the nodes refuse to lower: recovery never finished."""
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            meta = MemoryMetadataStore()
-            lay_out(net, "a:1", 12, 7, 12)
-            lay_out(net, "b:1", 11, 6, 10)
-            lay_out(net, "c:1", 12, 7, 12)
-            for a in ("a:1", "b:1", "c:1"):
-                await net.add_node(a)
+            net, meta = await laid_out(nursery, {"a:1": (12, 7, 12), "b:1": (11, 6, 10), "c:1": (12, 7, 12)})
             write_meta(meta, 7, {"a:1": ReplicaState(6, UNRESOLVED), "b:1": ReplicaState(6, UNRESOLVED),
                                  "c:1": ReplicaState(5, 10)})
             coord = make_coordinator(net, meta)
@@ -446,14 +451,8 @@ def test_the_vote_never_resolves_below_a_low_water_mark_a_voter_stored() -> None
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            meta = MemoryMetadataStore()
-            lay_out(net, "a:1", 12, 4, 10)
-            lay_out(net, "b:1", 13, 5, 13)
-            lay_out(net, "c:1", 10, 5, 8)
-            lay_out(net, "d:1", 13, 5, 13)
-            for a in four:
-                await net.add_node(a)
+            net, meta = await laid_out(nursery, {"a:1": (12, 4, 10), "b:1": (13, 5, 13), "c:1": (10, 5, 8),
+                                                 "d:1": (13, 5, 13)})
             write_meta(meta, 5, {"a:1": ReplicaState(4, UNRESOLVED), "b:1": ReplicaState(4, UNRESOLVED),
                                  "c:1": ReplicaState(3, 10), "d:1": ReplicaState(4, UNRESOLVED)})
             coord = make_coordinator(net, meta, four)
@@ -480,12 +479,7 @@ def test_the_vote_joins_again_a_replica_whose_connection_dropped() -> None:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            net = SimNetwork(nursery)
-            meta = MemoryMetadataStore()
-            lay_out(net, "a:1", 120, 2, 100)
-            lay_out(net, "b:1", 110, 2, 100)
-            for a in ("a:1", "b:1"):
-                await net.add_node(a)
+            net, meta = await laid_out(nursery, {"a:1": (120, 2, 100), "b:1": (110, 2, 100)})
             write_meta(meta, 2, {a: ReplicaState(2, UNRESOLVED) for a in three})
             plain, down = net.connect, {"c:1"}
 
