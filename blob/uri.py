@@ -17,7 +17,6 @@ from urllib.parse import unquote, urlsplit
 from .file import FileBlobStore
 from .memory import MemoryBlobStore
 from .protocol import BlobStore
-from .s3 import S3BlobStore
 
 _S3_OPTIONS = {
     "s3_endpoint": "endpoint_url",
@@ -65,6 +64,8 @@ def open_blob_store(uri: str, **options: Any) -> BlobStore:
     if scheme == "s3":
         if not parts.netloc:
             raise ValueError(f"blob store URI {uri!r} has no bucket; use s3://bucket/prefix")
+        from .s3 import S3BlobStore  # noqa: PLC0415 - boto3 loads only for an S3 store (blob/__init__.py)
+
         kwargs = {_S3_OPTIONS[k]: v for k, v in opts.items()}
         return S3BlobStore(parts.netloc, prefix=unquote(parts.path).strip("/"), **kwargs)
     raise ValueError(

@@ -63,3 +63,17 @@ def test_building_the_cli_parser_does_not_load_flight():
     loaded = loaded_after("from sediment.cli import build_parser\nbuild_parser()",
                           ["pyarrow.flight", "sediment.server", "sediment.client"])
     assert loaded == []
+
+
+def test_a_local_engine_does_not_load_the_s3_client():
+    """boto3 costs about a quarter of a second to import; an engine on local files and its
+    CLI commands never use it, and an S3 store still loads it on first use."""
+    code = ("import sediment, tempfile\n"
+            "root = tempfile.mkdtemp()\n"
+            "sediment.open(root + '/d').close()\n"
+            "sediment.open(root + '/m', blob='memory://').close()\n"
+            "from sediment.cli import main\n"
+            "main(['verify', root + '/d'])")
+    assert loaded_after(code, ["boto3", "botocore", "sediment.blob.s3"]) == []
+    assert loaded_after("from sediment.blob import S3BlobStore", ["boto3", "sediment.blob.s3"]) == [
+        "boto3", "sediment.blob.s3"]
