@@ -333,7 +333,8 @@ class Engine:
 
     def drop_relation(self, name: str) -> None:
         """Forget a relation and its data. Its WAL records are ignored from now on and
-        go away when the log is trimmed."""
+        go away when the log is trimmed; its subscriptions end (their reads raise
+        UnknownRelation)."""
         with self.compaction.pass_lock, self.view.lock:
             self.collector.discard(self.registry.drop(name, self.compaction.forget))
         self.collector.collect()

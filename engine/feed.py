@@ -62,7 +62,7 @@ from typing import Any
 import pyarrow as pa
 
 from sediment.engine.feed_async import AsyncIterating, Loops, Seat, doze
-from sediment.errors import EngineClosed, FeedOverrun
+from sediment.errors import EngineClosed, FeedOverrun, UnknownRelation
 from sediment.interrupts import WaitingIterator, wait_slices
 
 _MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber that is behind
@@ -133,6 +133,7 @@ class FeedLog:
         self._bulk_bytes = 0
         self.loops = Loops()  # event loops with async subscribers
         self.closed = False
+        self.dropped_as: str | None = None  # the relation's name, once it was dropped under its subscribers
 
     @property
     def active(self) -> bool:
@@ -251,8 +252,11 @@ class FeedLog:
             self.loops.forget_closed()
             _release(sub.wake)
 
-    def close(self) -> None:
+    def close(self, dropped_as: str | None = None) -> None:
+        """End the feed: its subscribers' reads raise EngineClosed, or with ``dropped_as`` (the
+        relation was dropped) UnknownRelation, rather than waiting for events that never come."""
         with self.changed:
+            self.dropped_as = dropped_as
             self.closed = True
             for sub in [*self.waiting, *self._relay]:
                 _release(sub.wake)
@@ -438,7 +442,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
 
     def _poll(self, feed: FeedLog) -> FeedEvent | bool:
         """The next event if the feed has one for this subscriber; True once closed, False if
-        there is none yet. Raises FeedOverrun or EngineClosed."""
+        there is none yet. Raises FeedOverrun, UnknownRelation (dropped) or EngineClosed."""
         while True:
             if self._closed:
                 return True
@@ -453,6 +457,9 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             raise FeedOverrun(
                 f"the feed of {self._name!r} dropped this subscriber: it fell more than {self.max_lag} events "
                 f"behind (at event {self.dropped_at}); {resume_advice(self.last_progress, self.as_of)}")
+        if feed.dropped_as is not None:
+            raise UnknownRelation(f"relation {feed.dropped_as!r} was dropped under this subscription; its feed has "
+                                  "ended (subscribe again once the relation exists)")
         if not self._engine_open() or feed.closed:
             raise EngineClosed("the engine was closed; subscribe again after reopening it")
 

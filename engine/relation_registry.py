@@ -102,6 +102,7 @@ class RelationRegistry:
         rel = self.view.get(name)
         self.catalog.drop(rel.entry)
         self.view.relations.remove(rel)
+        rel.feed.close(dropped_as=name)
         self.metrics.forget_relation(name)
         self.view.backlog.remove(sum(e.bytes for e in rel.tail))
         forget(name)

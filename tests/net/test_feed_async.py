@@ -270,3 +270,52 @@ def test_a_closed_loop_is_let_go_once_its_subscriber_is_dropped(open_engine):
     assert sub.dropped_at is not None
     assert len(eng.view.relations["r"].feed.loops) == 0, "a closed loop is kept by the feed"
     sub.close()
+
+
+def test_dropping_the_relation_ends_its_subscriptions_with_unknown_relation(open_engine):
+    """A feed whose relation is dropped gets no more events: a thread already waiting, a task
+    already waiting and a later read all raise UnknownRelation instead of waiting for ever,
+    and a relation of the same name added after has a feed of its own."""
+    eng = open_engine()
+    _relation(eng)
+    in_thread, in_task, later = eng.subscribe("r"), eng.subscribe("r"), eng.subscribe("r")
+    for sub in (in_thread, later):
+        assert sub.next(timeout=5).kind == "snapshot"
+    waiting, thread_end = threading.Event(), {}
+
+    def read_in_thread() -> None:
+        waiting.set()
+        try:
+            thread_end["got"] = in_thread.next(timeout=30)
+        except errors.SedimentError as exc:
+            thread_end["got"] = exc
+
+    async def read_in_task() -> object:
+        await in_task.next_async(timeout=5)  # the snapshot
+        task = asyncio.ensure_future(in_task.next_async(timeout=30))
+        await asyncio.sleep(0)
+        waiting_task.set()
+        return await asyncio.gather(task, return_exceptions=True)
+
+    waiting_task = threading.Event()
+    reader = threading.Thread(target=read_in_thread)
+    reader.start()
+    th, result = in_loop(read_in_task())
+    assert waiting.wait(30) and waiting_task.wait(30)
+    eng.drop_relation("r")
+    reader.join(timeout=30)
+    th.join(timeout=30)
+    assert not reader.is_alive() and not th.is_alive(), "a read of a dropped relation's feed hung"
+    for end in (thread_end["got"], result["result"][0]):
+        assert isinstance(end, errors.UnknownRelation) and "'r' was dropped" in str(end), end
+    with pytest.raises(errors.UnknownRelation):
+        later.next(timeout=30)
+    _relation(eng)
+    fresh = eng.subscribe("r")
+    assert fresh.next(timeout=5).kind == "snapshot"
+    eng.append("r", rows([4]))
+    keys: list[int] = []
+    thread_keys(fresh, 1, keys)
+    assert keys == [4]
+    for sub in (in_thread, in_task, later, fresh):
+        sub.close()

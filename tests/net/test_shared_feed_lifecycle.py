@@ -15,7 +15,7 @@ from support.served import served_engine
 from support.waiting import poll_until
 
 from sediment.client import Client
-from sediment.errors import EngineClosed, FeedOverrun, InvalidArgument
+from sediment.errors import EngineClosed, FeedOverrun, InvalidArgument, UnknownRelation
 from sediment.net import shared_feeds, shared_subscription
 from sediment.net.remote_subscription import CHECK_EVERY
 
@@ -239,3 +239,23 @@ def test_leaves_remembered_for_joins_on_their_way_stay_bounded_and_still_undo_a_
     with pytest.raises(EngineClosed):
         feeds.join({"stream": "s", "sub": "late"})
     assert "late" not in share.by_sid and "late" not in share.left and len(held.released) == 1
+
+
+def test_a_stream_whose_subscriptions_the_server_all_ended_is_let_go(served):
+    """When the server ends every subscription on a shared stream with an error (here the
+    relation was dropped), the client ends the stream too, rather than keeping it and its
+    reading thread (and the server's handler) until a later subscribe reuses it."""
+    engine, server, client = served
+    sub = client.subscribe("r")
+    assert sub.next(timeout=10).kind == "snapshot"
+    engine.drop_relation("r")
+    with pytest.raises(UnknownRelation, match="'r' was dropped"):
+        while True:
+            assert sub.next(timeout=10) is not None, "the dropped relation's subscription neither ended nor failed"
+    assert server.wait_feeds_released(10), "the stream outlived every subscription on it"
+    engine.add_relation("r", SCHEMA)
+    again = client.subscribe("r")  # on a new stream
+    assert again.next(timeout=10).kind == "snapshot"
+    engine.append("r", row(7, 1))
+    assert keys_until(again, 1) == [7]
+    again.close()
