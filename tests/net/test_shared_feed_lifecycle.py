@@ -241,12 +241,14 @@ def test_leaves_remembered_for_joins_on_their_way_stay_bounded_and_still_undo_a_
     assert "late" not in share.by_sid and "late" not in share.left and len(held.released) == 1
 
 
-def test_a_stream_whose_subscriptions_the_server_all_ended_is_let_go(served):
-    """When the server ends every subscription on a shared stream with an error (here the
-    relation was dropped), the client ends the stream too, rather than keeping it and its
-    reading thread (and the server's handler) until a later subscribe reuses it."""
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_stream_whose_subscriptions_the_server_all_ended_is_let_go(served, shared):
+    """When the server ends every subscription on a stream with an error (here the relation
+    was dropped), the client gets it typed and the stream ends, rather than staying open
+    with its reading thread (and the server's handler) until a later subscribe reuses it;
+    a stream of its own (``shared=False``) the same."""
     engine, server, client = served
-    sub = client.subscribe("r")
+    sub = client.subscribe("r", shared=shared)
     assert sub.next(timeout=10).kind == "snapshot"
     engine.drop_relation("r")
     with pytest.raises(UnknownRelation, match="'r' was dropped"):
@@ -254,7 +256,7 @@ def test_a_stream_whose_subscriptions_the_server_all_ended_is_let_go(served):
             assert sub.next(timeout=10) is not None, "the dropped relation's subscription neither ended nor failed"
     assert server.wait_feeds_released(10), "the stream outlived every subscription on it"
     engine.add_relation("r", SCHEMA)
-    again = client.subscribe("r")  # on a new stream
+    again = client.subscribe("r", shared=shared)  # on a new stream
     assert again.next(timeout=10).kind == "snapshot"
     engine.append("r", row(7, 1))
     assert keys_until(again, 1) == [7]
