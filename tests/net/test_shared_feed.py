@@ -151,7 +151,8 @@ def test_a_subscription_past_its_max_lag_is_dropped_alone(served):
     for k in range(burst):
         engine.append("r", row(k, k + 2))
     assert keys_until(busy, burst) == list(range(burst))
-    assert keys_until(idle, 1) == [0], "a burst shorter than the check interval dropped the reader"
+    first = keys_until(idle, 1)  # one event: a reader behind may get consecutive updates merged
+    assert first == list(range(len(first))), "a burst shorter than the check interval dropped the reader"
     more = 4 * CHECK_EVERY  # at least one check, however the server batches them
     for k in range(burst, burst + more):
         engine.append("r", row(k, k + 2))
