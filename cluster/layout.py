@@ -149,26 +149,34 @@ def connect_zk(where: ClusterPath, timeout: float = DEFAULT_SESSION_TIMEOUT) -> 
     return zk
 
 
-def read_view(zk: object, where: ClusterPath) -> dict:
+def read_view(zk: object, where: ClusterPath, timeout: float | None = None) -> dict:
     """What clients and ``cluster status`` need: members (id -> advertised address), the
-    manager, the assignment and the relations' partitions."""
+    manager, the assignment and the relations' partitions. With ``timeout``, each read
+    waits at most that long (kazoo's timeout error after it): kazoo holds a call while its
+    connection is suspended, and a caller with a deadline must not wait for ZooKeeper's return."""
     from kazoo.exceptions import NoNodeError
 
+    def children(path: str) -> list[str]:
+        return zk.get_children_async(path).get(timeout=timeout)
+
+    def get(path: str) -> bytes:
+        return zk.get_async(path).get(timeout=timeout)[0]
+
     members: dict[str, str] = {}
-    for child in sorted(zk.get_children(where.path("members"))):
+    for child in sorted(children(where.path("members"))):
         try:
-            data, _ = zk.get(where.path("members", child))
+            data = get(where.path("members", child))
         except NoNodeError:
             continue
         members[child] = json.loads(data)["advertise"]
     try:
-        data, _ = zk.get(where.path("assignment"))
+        data = get(where.path("assignment"))
     except NoNodeError:
         data = b""
     relations = {}
-    for name in zk.get_children(where.path("relations")):
+    for name in children(where.path("relations")):
         try:
-            value, _ = zk.get(where.path("relations", name))
+            value = get(where.path("relations", name))
         except NoNodeError:
             continue
         relations[name] = int(value)

@@ -106,11 +106,12 @@ class ClusterClient:
             closer.daemon = True
             closer.start()
 
-    def _refresh(self) -> None:
-        """Learn owners and relations again from ZooKeeper (a zk:// client only)."""
+    def _refresh(self, timeout: float | None = None) -> None:
+        """Learn owners and relations again from ZooKeeper (a zk:// client only), each read
+        waiting at most ``timeout`` seconds (None: as long as it takes)."""
         if self._zk is None:
             return
-        view = layout.read_view(self._zk, self._where)
+        view = layout.read_view(self._zk, self._where, timeout)
         with self._lock:
             self._seeds = list(view["members"].values())
             self._partition_of.update(view["relations"])
@@ -207,8 +208,8 @@ class ClusterClient:
             raise err
         time.sleep(RETRY_PAUSE)
         try:
-            self._refresh()
-        except Exception:  # noqa: BLE001 - ZooKeeper away: go on with what is known
+            self._refresh(max(0.1, deadline - time.monotonic()))  # a paused ZooKeeper must not outlast the deadline
+        except Exception:  # noqa: BLE001 - ZooKeeper away (or slower than the deadline): go on with what is known
             pass
 
     # --- relations -----------------------------------------------------------------------------
@@ -376,7 +377,11 @@ class ClusterClient:
             self._client(address).compact()
 
     def members(self) -> list[str]:
-        self._refresh()
+        try:
+            self._refresh(self.deadline)  # bounded: ZooKeeper may be paused
+        except Exception as exc:  # noqa: BLE001 - kazoo's errors and timeouts, typed for the caller
+            raise CoordinatorUnavailable(f"ZooKeeper of {self.uri} did not answer within {self.deadline:g} s "
+                                         f"({type(exc).__name__}); retry once it is reachable") from None
         with self._lock:
             return sorted(set(self._seeds) | {a for a, _g in self._owners.values() if a is not None})
 
