@@ -84,7 +84,7 @@ def _known_hint() -> str:
 
 
 def _int_arg(text: str, what: str, spelled: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # str.isdigit takes '²', which int() refuses
         raise SchemaMismatch(f"type {spelled!r}: {what} must be a whole number, not {text!r}; e.g. decimal(10,2)")
     return int(text)
 
@@ -146,7 +146,7 @@ def parse_type(text: str) -> pa.DataType:
         return _decimal_type(word, args, spelled)
     if word in ("fixed_size_binary", "binary") and len(args) == 1:
         width = _int_arg(args[0], "the width", spelled)
-        if width >= 1:
+        if 1 <= width < 1 << 31:
             return pa.binary(width)
     raise SchemaMismatch(f"unknown type {spelled!r}; {_known_hint()}")
 
@@ -187,6 +187,8 @@ def _field(part: str, where: str) -> pa.Field:
         return pa.field(name, parse_type(type_text))
     except SchemaMismatch as exc:
         raise SchemaMismatch(f"column {name!r} ({where}): {exc}") from None
+    except UnicodeError as exc:  # a name Arrow cannot store as UTF-8 (a lone surrogate)
+        raise SchemaMismatch(f"column {name!r} ({where}): the name is not valid Unicode text ({exc.reason})") from None
 
 
 def parse_schema_spec(spec: str) -> pa.Schema:

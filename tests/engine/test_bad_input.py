@@ -497,3 +497,24 @@ def test_schema_spec_parser_against_a_model_exhaustively():
             assert [(f.name, str(f.type)) for f in got] == [(n, "int64" if t == "int64" else "string")
                                                              for n, t in want], spec
     assert checked > 30000 and accepted > 50
+
+
+@pytest.mark.parametrize("spec", [
+    "a:decimal(\u00b2,1)",  # a digit to str.isdigit that int() refuses
+    "a:fixed_size_binary[\u00b3]",
+    "a:fixed_size_binary[2147483648]",  # past Arrow's int32 width
+    "a:fixed_size_binary[99999999999999999999]",
+    '"a\\ud800":int64',  # a JSON-quoted name with a lone surrogate: not storable as UTF-8
+])
+def test_schema_specs_that_python_refused_untyped_are_schema_mismatch(spec):
+    from sediment.engine.schema_text import parse_schema_spec
+
+    with pytest.raises(errors.SchemaMismatch) as got:
+        parse_schema_spec(spec)
+    _one_line(got.value)
+
+
+def test_the_widest_fixed_size_binary_is_accepted():
+    from sediment.engine.schema_text import parse_schema_spec
+
+    assert parse_schema_spec("a:fixed_size_binary[2147483647]").field("a").type == pa.binary(2147483647)
