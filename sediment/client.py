@@ -243,7 +243,7 @@ class Client:
         retry is not applied twice (cluster/alter_once.py; SchemaVersionMoved when another alter
         came first)."""
         where = {} if base is None else {"base": base}
-        return int(self._action(Action.ALTER_RELATION, name=name, **encode_alter(**changes), **where))
+        return int(self._action(Action.ALTER_RELATION, name=name, **encode_alter(**changes, relation=name), **where))
 
     def describe(self, name: str) -> dict[str, Any]:
         """The relation's schema, schema version, columns and frontiers (see :meth:`sediment.Engine.describe`)."""

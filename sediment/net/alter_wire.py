@@ -14,14 +14,17 @@ from typing import Any
 import pyarrow as pa
 
 from sediment.arrow_codec import schema_from_text, schema_to_text, table_from_text, table_to_text
-from sediment.engine.schema_rules import check_alter_args
+from sediment.engine.schema_rules import check_alter_args, refuse
 from sediment.errors import InvalidArgument
 
 
 def encode_alter(add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | None = None,
                  widen: Mapping[str, pa.DataType] | None = None, rename: Mapping[str, str] | None = None,
-                 drop: Sequence[str] = ()) -> dict[str, Any]:
-    """The JSON body of an ``alter_relation`` action; InvalidArgument for arguments of the wrong shape."""
+                 drop: Sequence[str] = (), relation: str = "") -> dict[str, Any]:
+    """The JSON body of an ``alter_relation`` action (of ``relation``); InvalidArgument for
+    arguments of the wrong shape, and the engine's SchemaChangeRefused for a default that is
+    not of its added column's type (sent as text, the server would take it for a string
+    column: ``5`` would be stored as ``"5"``)."""
     defaults, widen, rename = defaults or {}, widen or {}, rename or {}
     check_alter_args(add, defaults, widen, rename, drop)
     doc: dict[str, Any] = {"add": schema_to_text(pa.schema(list(add))),
@@ -33,8 +36,11 @@ def encode_alter(add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | Non
         for name, value in defaults.items():
             try:
                 arrays.append(pa.array([value], types.get(name)))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-                arrays.append(pa.array([str(value)]))  # the server refuses it with the rule's own error
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+                if name in types:
+                    raise refuse(relation, name, "default of the column's type",
+                                 f"default {value!r} is not a {types[name]}: {exc}") from None
+                arrays.append(pa.array([str(value)]))  # not an added column: the server refuses it by its rule
         batch = pa.RecordBatch.from_arrays(arrays, list(defaults))
         doc["defaults"] = table_to_text(pa.Table.from_batches([batch]))
     return doc
@@ -60,6 +66,8 @@ def decode_alter(doc: Mapping[str, Any]) -> dict[str, Any]:
         except (binascii.Error, pa.ArrowException, TypeError, ValueError) as exc:
             raise InvalidArgument(f"alter_relation: defaults must be a base64 Arrow IPC stream of one row ({exc}); "
                                   "nothing was changed") from None
+        if table.num_rows != 1:
+            raise InvalidArgument(f"alter_relation: defaults must be one row, not {table.num_rows}; nothing was changed")
         defaults = {name: table.column(name)[0].as_py() for name in table.column_names}
     empty = schema_to_text(pa.schema([]))
     return {"add": list(wire_schema(doc.get("add") or empty, "alter_relation: add")),

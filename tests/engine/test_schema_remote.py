@@ -48,7 +48,24 @@ def test_refusals_come_back_typed_and_change_nothing(client):
         client.alter_relation("r", widen={"id": pa.int32()})
     with pytest.raises(SchemaChangeRefused, match="'q'.*default of the column's type"):
         client.alter_relation("r", add=[pa.field("q", pa.int32())], defaults={"q": "seven"})
+    for wrong in (5, {"k": 1}, [1, 2]):  # as the engine refuses them: not stored as the text "5"
+        with pytest.raises(SchemaChangeRefused, match="'note'.*default of the column's type"):
+            client.alter_relation("r", add=[pa.field("note", pa.string())], defaults={"note": wrong})
     assert client.schema_version("r") == 0 and client.schema("r") == pa.schema([("id", pa.int64())])
+
+
+def test_a_defaults_stream_of_other_than_one_row_is_invalid_argument(client):
+    from sediment.arrow_codec import table_to_text
+    from sediment.errors import InvalidArgument
+    from sediment.net.alter_wire import encode_alter
+    from sediment.net.messages import Action
+
+    client.add_relation("r", pa.schema([("id", pa.int64())]))
+    doc = encode_alter(add=[pa.field("q", pa.int32())])
+    doc["defaults"] = table_to_text(pa.table({"q": pa.array([], pa.int32())}))
+    with pytest.raises(InvalidArgument, match="one row, not 0"):
+        client._action(Action.ALTER_RELATION, name="r", **doc)
+    assert client.schema_version("r") == 0
 
 
 def _run(capsys, data_dir, *argv):
