@@ -14,6 +14,7 @@ columns.
 from __future__ import annotations
 
 import re
+import zoneinfo
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +45,21 @@ def _supported(t: pa.DataType) -> bool:
     )
 
 
+_OFFSET = re.compile(r"[+-]\d\d:\d\d")
+
+
+def known_zone(tz: str) -> bool:
+    """Whether ``tz`` is a time zone reads can convert with: UTC, an offset such as +05:30,
+    or an IANA name (a timestamp column with another zone is stored but cannot be read)."""
+    if tz == "UTC" or _OFFSET.fullmatch(tz):
+        return True
+    try:
+        zoneinfo.ZoneInfo(tz)
+    except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+        return False
+    return True
+
+
 def check_schema(schema: object) -> pa.Schema:
     """A relation schema, checked: at least one column, unique names, no reserved names,
     sortable types. Metadata on the schema is dropped."""
@@ -62,6 +78,9 @@ def check_schema(schema: object) -> pa.Schema:
             )
         if not field.name:
             raise SchemaMismatch("column names must not be empty")
+        if pa.types.is_timestamp(field.type) and field.type.tz is not None and not known_zone(field.type.tz):
+            raise SchemaMismatch(f"column {field.name!r} has type {field.type}: unknown time zone {field.type.tz!r}; "
+                                 "use an IANA name such as UTC or Europe/Paris, or an offset such as +05:30")
         if not _supported(field.type):
             raise SchemaMismatch(
                 f"column {field.name!r} has type {field.type}, which the engine cannot sort, group and store; use "

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import re
-import zoneinfo
 
 import pyarrow as pa
 
-from sediment.engine.schema import check_schema
+from sediment.engine.schema import check_schema, known_zone
 from sediment.errors import SchemaMismatch
 
 _SIMPLE: dict[str, pa.DataType] = {  # canonical name first for each type: format_type prints it
@@ -44,7 +43,6 @@ _DEFAULT_ARG = {"date32": "day", "date64": "ms"}  # pyarrow prints date32[day], 
 _UNITS = {"timestamp": ("s", "ms", "us", "ns"), "duration": ("s", "ms", "us", "ns"), "time32": ("s", "ms"),
           "time64": ("us", "ns"), "time": ("s", "ms", "us", "ns")}
 _DECIMALS = {"decimal32": 9, "decimal64": 18, "decimal128": 38, "decimal256": 76}
-_OFFSET = re.compile(r"[+-]\d\d:\d\d")
 _BARE_NAME = re.compile(r"[^,:\"\s\[\]()](?:[^,:\"\[\]()]*[^,:\"\s\[\]()])?")
 _TYPE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:([\[(])(.*)([\])]))?\s*", re.DOTALL)
 KNOWN = ("int8..int64 (int = int32, bigint/long = int64), uint8..uint64, float32/float, float64/double, bool, "
@@ -107,11 +105,7 @@ def _unit_type(word: str, args: list[str], spelled: str) -> pa.DataType:
 
 
 def _check_zone(tz: str, spelled: str) -> None:
-    if tz == "UTC" or _OFFSET.fullmatch(tz):
-        return
-    try:
-        zoneinfo.ZoneInfo(tz)
-    except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+    if not known_zone(tz):
         raise SchemaMismatch(f"type {spelled!r}: unknown time zone {tz!r}; use an IANA name such as UTC or "
                              "Europe/Paris, or an offset such as +05:30") from None
 

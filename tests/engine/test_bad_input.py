@@ -518,3 +518,17 @@ def test_the_widest_fixed_size_binary_is_accepted():
     from sediment.engine.schema_text import parse_schema_spec
 
     assert parse_schema_spec("a:fixed_size_binary[2147483647]").field("a").type == pa.binary(2147483647)
+
+
+def test_a_timestamp_with_an_unknown_time_zone_is_refused_with_nothing_changed(open_engine):
+    """As the text grammar refuses it: stored, such a column could not be read back."""
+    eng = open_engine(compact_interval=None)
+    bad = pa.field("at", pa.timestamp("us", tz="Not/AZone"))
+    with pytest.raises(errors.SchemaMismatch, match="unknown time zone 'Not/AZone'"):
+        eng.add_relation("r", pa.schema([bad]))
+    assert eng.relations() == []
+    eng.add_relation("r", pa.schema([("k", pa.int64()), ("t", pa.timestamp("us", tz="Europe/Paris")),
+                                     ("u", pa.timestamp("ms", tz="+05:30"))]))
+    with pytest.raises(errors.SchemaChangeRefused):
+        eng.alter_relation("r", add=[bad])
+    assert eng.schema_version("r") == 0 and eng.schema("r").names == ["k", "t", "u"]
