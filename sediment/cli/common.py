@@ -58,6 +58,10 @@ def describe(exc: BaseException) -> str:
 
 
 def data_dir_of(args: argparse.Namespace) -> str:
+    """The data directory, absolute; an empty ``--data-dir`` is refused (``abspath('')`` would
+    make the working directory one, as the API refuses an empty path)."""
+    if not str(args.data_dir).strip():
+        raise UsageError("--data-dir is empty; pass a directory, e.g. --data-dir ./sediment-data")
     return os.path.abspath(os.path.expanduser(args.data_dir))
 
 

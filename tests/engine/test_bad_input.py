@@ -532,3 +532,10 @@ def test_a_timestamp_with_an_unknown_time_zone_is_refused_with_nothing_changed(o
     with pytest.raises(errors.SchemaChangeRefused):
         eng.alter_relation("r", add=[bad])
     assert eng.schema_version("r") == 0 and eng.schema("r").names == ["k", "t", "u"]
+
+
+def test_cli_refuses_an_empty_data_dir_and_creates_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["--data-dir", "", "relation", "add", "t", "--schema", "id:int64"]) == 2
+    assert "--data-dir is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [], "an empty --data-dir made the working directory a data directory"
