@@ -44,6 +44,16 @@ def refuse(relation: str, column: str, rule: str, detail: str) -> SchemaChangeRe
                                "nothing was changed", column=column, rule=rule)
 
 
+def typed_default(relation: str, column: pa.Field, value: Any) -> pa.Scalar:
+    """An added column's default as a scalar of its type, or the rule's refusal (the engine's
+    alter and a network client's encoding of it both ask here)."""
+    try:
+        return pa.scalar(value, column.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        raise refuse(relation, column.name, "default of the column's type",
+                     f"default {value!r} is not a {column.type}: {exc}") from None
+
+
 def check_alter_args(add: object, defaults: object, widen: object, rename: object, drop: object) -> None:
     """Refuse arguments of the wrong shape before any rule is looked at."""
     if not isinstance(add, Sequence) or isinstance(add, (str, bytes)) or \
@@ -124,11 +134,7 @@ def evolve(relation: str, history: SchemaHistory, *, add: Sequence[pa.Field] = (
         except SchemaMismatch as exc:
             raise refuse(relation, f.name, "supported type", str(exc)) from None
         if f.name in defaults:
-            try:
-                new_defaults[next_id] = pa.scalar(defaults[f.name], f.type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-                raise refuse(relation, f.name, "default of the column's type",
-                              f"default {defaults[f.name]!r} is not a {f.type}: {exc}") from None
+            new_defaults[next_id] = typed_default(relation, f, defaults[f.name])
         elif not f.nullable:
             raise refuse(relation, f.name, "nullable or default",
                           "an added column must be nullable or have a default (older rows need a value)")

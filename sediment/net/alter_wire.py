@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from sediment.arrow_codec import schema_from_text, schema_to_text, table_from_text, table_to_text
-from sediment.engine.schema_rules import check_alter_args, refuse
+from sediment.engine.schema_rules import check_alter_args, typed_default
 from sediment.errors import InvalidArgument
 
 
@@ -31,15 +31,15 @@ def encode_alter(add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | Non
                            "widen": schema_to_text(pa.schema([pa.field(k, v) for k, v in widen.items()])),
                            "rename": dict(rename), "drop": list(drop)}
     if defaults:
-        types = {f.name: f.type for f in add}
+        added = {f.name: f for f in add}
         arrays = []
         for name, value in defaults.items():
+            if name in added:
+                arrays.append(pa.array([typed_default(relation, added[name], value)]))
+                continue
             try:
-                arrays.append(pa.array([value], types.get(name)))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-                if name in types:
-                    raise refuse(relation, name, "default of the column's type",
-                                 f"default {value!r} is not a {types[name]}: {exc}") from None
+                arrays.append(pa.array([value]))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
                 arrays.append(pa.array([str(value)]))  # not an added column: the server refuses it by its rule
         batch = pa.RecordBatch.from_arrays(arrays, list(defaults))
         doc["defaults"] = table_to_text(pa.Table.from_batches([batch]))
