@@ -39,7 +39,7 @@ def is_widening(src: pa.DataType, dst: pa.DataType) -> bool:
         (pa.types.is_binary(src) and pa.types.is_large_binary(dst))
 
 
-def refuse(relation: str, column: str, rule: str, detail: str) -> SchemaChangeRefused:
+def _refuse(relation: str, column: str, rule: str, detail: str) -> SchemaChangeRefused:
     return SchemaChangeRefused(f"alter of {relation!r} refused: column {column!r}: {detail} (rule: {rule}); "
                                "nothing was changed", column=column, rule=rule)
 
@@ -50,7 +50,7 @@ def typed_default(relation: str, column: pa.Field, value: Any) -> pa.Scalar:
     try:
         return pa.scalar(value, column.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-        raise refuse(relation, column.name, "default of the column's type",
+        raise _refuse(relation, column.name, "default of the column's type",
                      f"default {value!r} is not a {column.type}: {exc}") from None
 
 
@@ -73,20 +73,20 @@ def _apply_drop_rename_widen(relation: str, cols: list[pa.Field], widen: Mapping
     names = [f.name for f in cols]
     for column in (*drop, *rename, *widen):
         if column not in names:
-            raise refuse(relation, column, "unknown column", f"the relation has no such column; it has {names}")
+            raise _refuse(relation, column, "unknown column", f"the relation has no such column; it has {names}")
     for column in drop:
         if column in rename:
-            raise refuse(relation, column, "drop or rename", "a column cannot be both dropped and renamed")
+            raise _refuse(relation, column, "drop or rename", "a column cannot be both dropped and renamed")
     kept = [f for f in cols if f.name not in set(drop)]
     if not kept:
-        raise refuse(relation, drop[-1], "keep one column", "an alter may not drop the last column")
+        raise _refuse(relation, drop[-1], "keep one column", "an alter may not drop the last column")
     out = []
     for f in kept:
         typ = f.type
         if f.name in widen:
             new = widen[f.name]
             if not is_widening(typ, new):
-                raise refuse(relation, f.name, "widen only", f"{typ} -> {new} is not an allowed widening "
+                raise _refuse(relation, f.name, "widen only", f"{typ} -> {new} is not an allowed widening "
                               "(int8->int16->int32->int64, float32->float64, decimal(P,S)->decimal(P'>P,S), "
                               "string->large_string, binary->large_binary)")
             typ = new
@@ -96,9 +96,9 @@ def _apply_drop_rename_widen(relation: str, cols: list[pa.Field], widen: Mapping
 
 def _check_new_name(relation: str, name: str, taken: list[str], what: str) -> None:
     if name in RESERVED:
-        raise refuse(relation, name, "reserved name", f"{what} {name!r} is reserved for every relation's updates")
+        raise _refuse(relation, name, "reserved name", f"{what} {name!r} is reserved for every relation's updates")
     if name in taken:
-        raise refuse(relation, name, "name clash", f"{what} {name!r} would clash with an existing column")
+        raise _refuse(relation, name, "name clash", f"{what} {name!r} would clash with an existing column")
 
 
 def evolve(relation: str, history: SchemaHistory, *, add: Sequence[pa.Field] = (),
@@ -111,32 +111,32 @@ def evolve(relation: str, history: SchemaHistory, *, add: Sequence[pa.Field] = (
     defaults, widen, rename = dict(defaults), dict(widen), dict(rename)
     if not (add or widen or rename or drop):
         if defaults:
-            raise refuse(relation, next(iter(defaults)), "default for an added column",
+            raise _refuse(relation, next(iter(defaults)), "default for an added column",
                           "defaults only apply to columns added in the same alter")
         return None
     cols = _apply_drop_rename_widen(relation, list(history.current), widen, rename, drop)
     renamed = [f.name for f in cols]
     for old, new in rename.items():
         if not new:
-            raise refuse(relation, old, "valid name", "a column cannot be renamed to an empty name")
+            raise _refuse(relation, old, "valid name", "a column cannot be renamed to an empty name")
         _check_new_name(relation, new, renamed[:renamed.index(new)] + renamed[renamed.index(new) + 1:],
                         f"new name of {old!r}")
     next_id, new_defaults = history.next_field_id, {}
     added_names = [f.name for f in add]
     for column in defaults:
         if column not in added_names:
-            raise refuse(relation, column, "default for an added column",
+            raise _refuse(relation, column, "default for an added column",
                           "defaults only apply to columns added in the same alter")
     for f in add:
         _check_new_name(relation, f.name, [c.name for c in cols], "added column")
         try:
             checked = check_schema(pa.schema([f]))[0]
         except SchemaMismatch as exc:
-            raise refuse(relation, f.name, "supported type", str(exc)) from None
+            raise _refuse(relation, f.name, "supported type", str(exc)) from None
         if f.name in defaults:
             new_defaults[next_id] = typed_default(relation, f, defaults[f.name])
         elif not f.nullable:
-            raise refuse(relation, f.name, "nullable or default",
+            raise _refuse(relation, f.name, "nullable or default",
                           "an added column must be nullable or have a default (older rows need a value)")
         cols.append(with_id(checked, next_id))
         next_id += 1
