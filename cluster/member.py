@@ -196,11 +196,12 @@ class Member:
 
     # --- serving -------------------------------------------------------------------------------
 
-    def partition_of(self, name: str) -> int | None:
-        """The relation's recorded partition (None: no such relation)."""
+    def partition_of(self, name: str, *, fresh: bool = False) -> int | None:
+        """The relation's recorded partition (None: no such relation); ``fresh``: read from
+        ZooKeeper, not from the view of the last pass."""
         from kazoo.exceptions import NoNodeError
 
-        p = self.view["relations"].get(name)
+        p = None if fresh else self.view["relations"].get(name)
         if p is not None:
             return p
         try:

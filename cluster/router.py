@@ -51,11 +51,18 @@ class ClusterEngine:
         self._txn_ids = itertools.count(secrets.randbits(40) << 20)
         self._applied = AppliedOnce()
         self._alter_lock = threading.Lock()
+        self._relations_lock = threading.Lock()  # adds and drops: none removes a record another completes
 
     # --- routing -------------------------------------------------------------------------------
 
     def _partition(self, name: str) -> int:
+        """The partition ``name`` is recorded in: the member's view (read every pass), or the
+        record itself when a partition served here lacks the relation (the view is older than a
+        drop, or a drop and an add elsewhere)."""
         p = self.member.partition_of(name)
+        held = self.member.owned().get(p) if p is not None else None
+        if held is not None and held[0].view.relations.get(name) is None:
+            p = self.member.partition_of(name, fresh=True)
         if p is None:
             raise UnknownRelation(f"no relation {name!r} in cluster {self.member.where.uri}; add it first")
         return p
@@ -79,9 +86,9 @@ class ClusterEngine:
 
     def add_relation(self, name: str, schema: pa.Schema, partition: int | None = None) -> None:
         """Create ``name`` in ``partition`` (default: a hash of the name), recorded in ZooKeeper
-        first so that every member and client routes it the same way."""
-        from kazoo.exceptions import NodeExistsError
-
+        first so that every member and client routes it the same way. An add whose owner
+        stopped after the record completes when added again to the same partition; any other
+        partition is refused (RelationExists) until the name is dropped (see :meth:`drop_relation`)."""
         from sediment.engine.schema import check_name
 
         check_name(name)
@@ -90,29 +97,60 @@ class ClusterEngine:
             partition = layout.default_partition(name, count)
         elif not isinstance(partition, int) or isinstance(partition, bool) or not 0 <= partition < count:
             raise InvalidArgument(f"partition must be an integer in [0, {count}), not {partition!r}")
-        engine, generation = self.member.engine_for(partition)
-        zk = self.member.zk()
-        path = self.member.where.path("relations", name)
-        try:
-            self.member.zk_call(lambda: zk.create_async(path, str(partition).encode()), f"record relation {name!r}",
-                                write=True)
-        except NodeExistsError:
-            recorded = self._partition(name)
+        with self._relations_lock:
+            engine, generation = self.member.engine_for(partition)
+            recorded = self._record_relation(name, partition)
             if recorded != partition:
                 raise RelationExists(f"relation {name!r} already exists in partition {recorded} of "
-                                     f"{self.member.where.uri}") from None
-        engine.add_relation(name, schema)
-        self.member.check_still_serving(partition, generation)
+                                     f"{self.member.where.uri}; drop it first or pick another name")
+            engine.add_relation(name, schema)
+            self.member.check_still_serving(partition, generation)
+
+    def _record_relation(self, name: str, partition: int) -> int:
+        """Record ``name`` in ``partition`` unless it is recorded already: the partition it is
+        recorded in. The record is the arbiter between adds of one name at two members."""
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+
+        zk, path = self.member.zk(), self.member.where.path("relations", name)
+        while True:
+            try:
+                self.member.zk_call(lambda: zk.create_async(path, str(partition).encode()),
+                                    f"record relation {name!r}", write=True)
+                return partition
+            except NodeExistsError:
+                pass
+            try:
+                value, _stat = self.member.zk_call(lambda: zk.get_async(path), f"read relation {name!r}'s record")
+                return int(value)
+            except NoNodeError:
+                continue  # dropped meanwhile: record it again
 
     def drop_relation(self, name: str) -> None:
+        """Drop ``name`` from its partition's catalog, then its record in ZooKeeper. A drop
+        finding the record but no catalog entry (a drop or add whose owner stopped between
+        its two writes) removes the record: the drop is complete, and the name free."""
         from kazoo.exceptions import NoNodeError
 
-        self._write(name, "drop_relation")
-        path = self.member.where.path("relations", name)
-        try:
-            self.member.zk_call(lambda: self.member.zk().delete_async(path), f"remove relation {name!r}", write=True)
-        except NoNodeError:  # already gone: the catalog drop is what counts
-            pass
+        zk, path = self.member.zk(), self.member.where.path("relations", name)
+        with self._relations_lock:
+            try:
+                value, stat = self.member.zk_call(lambda: zk.get_async(path), f"find relation {name!r}'s partition")
+            except NoNodeError:
+                raise UnknownRelation(f"no relation {name!r} in cluster {self.member.where.uri}; nothing was dropped") from None
+            partition = int(value)
+            engine, generation = self.member.engine_for(partition)
+            try:
+                engine.drop_relation(name)
+            except UnknownRelation:
+                pass  # dropped already, or never added: only the record is left
+            self.member.check_still_serving(partition, generation)
+            try:
+                _value, now = self.member.zk_call(lambda: zk.get_async(path), f"read relation {name!r}'s record")
+                if now.czxid != stat.czxid:
+                    return  # dropped and added again meanwhile (by a newer owner): that relation stays
+                self.member.zk_call(lambda: zk.delete_async(path), f"remove relation {name!r}", write=True)
+            except NoNodeError:  # already gone: the catalog drop is what counts
+                pass
 
     def relations(self, include_internal: bool = False) -> list[str]:
         path = self.member.where.path("relations")

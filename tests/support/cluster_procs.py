@@ -17,17 +17,20 @@ from pathlib import Path
 from support.replication import KEY, Node, start_all, stop_all
 
 TOKEN = "cluster-test-token"
+KILL_AT = str(Path(__file__).with_name("member_kill_at.py"))
 
 
 class MemberProc:
     """One ``sediment serve --cluster`` process; ready once it prints its ``serving`` line."""
 
-    def __init__(self, cluster: str, data_dir: Path, env: dict[str, str], advertise: str | None = None) -> None:
+    def __init__(self, cluster: str, data_dir: Path, env: dict[str, str], advertise: str | None = None,
+                 kill_at: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115 - closed in wait()
         extra = ["--advertise", advertise] if advertise is not None else []
-        self.proc = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--cluster", cluster,
+        command = [sys.executable, "-m", "sediment"] if not kill_at else [sys.executable, KILL_AT, *kill_at, "--"]
+        self.proc = subprocess.Popen([*command, "serve", "--cluster", cluster,
                                       "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", "--log-level", "info",
                                       "--shutdown-grace", "5", "--metrics-listen", "127.0.0.1:0", *extra],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
@@ -95,9 +98,10 @@ class Cluster:
             stop_all(self.nodes)  # the cluster was not made: its nodes are not left running
             raise
 
-    def start_member(self, advertise: str | None = None) -> MemberProc:
-        """A new member; ``advertise``: the address it names to clients (a proxy's) instead of its own."""
-        m = MemberProc(self.uri, self.root / f"member-{uuid.uuid4().hex[:6]}", self.env, advertise)
+    def start_member(self, advertise: str | None = None, kill_at: tuple[str, ...] = ()) -> MemberProc:
+        """A new member; ``advertise``: the address it names to clients (a proxy's) instead of its own;
+        ``kill_at``: steps at which it SIGKILLs itself (tests/support/member_kill_at.py)."""
+        m = MemberProc(self.uri, self.root / f"member-{uuid.uuid4().hex[:6]}", self.env, advertise, kill_at)
         self.members.append(m)
         return m
 
