@@ -30,6 +30,7 @@ from sediment.cluster.partition_transaction import PartitionTransaction
 from sediment.errors import (
     CrossPartitionTransaction,
     InvalidArgument,
+    NothingWritten,
     RelationExists,
     TransactionError,
     UnknownRelation,
@@ -99,16 +100,23 @@ class ClusterEngine:
             raise InvalidArgument(f"partition must be an integer in [0, {count}), not {partition!r}")
         with self._relations_lock:
             engine, generation = self.member.engine_for(partition)
-            recorded = self._record_relation(name, partition)
+            recorded, created = self._record_relation(name, partition)
             if recorded != partition:
                 raise RelationExists(f"relation {name!r} already exists in partition {recorded} of "
                                      f"{self.member.where.uri}; drop it first or pick another name")
-            engine.add_relation(name, schema)
+            try:
+                engine.add_relation(name, schema)
+            except NothingWritten:
+                if created:  # refused (a bad schema): the record goes too, nothing is left changed
+                    self.member.zk_call(lambda: self.member.zk().delete_async(self.member.where.path("relations", name)),
+                                        f"remove the record of refused relation {name!r}", write=True)
+                raise
             self.member.check_still_serving(partition, generation)
 
-    def _record_relation(self, name: str, partition: int) -> int:
+    def _record_relation(self, name: str, partition: int) -> tuple[int, bool]:
         """Record ``name`` in ``partition`` unless it is recorded already: the partition it is
-        recorded in. The record is the arbiter between adds of one name at two members."""
+        recorded in, and whether this call recorded it. The record is the arbiter between adds
+        of one name at two members."""
         from kazoo.exceptions import NodeExistsError, NoNodeError
 
         zk, path = self.member.zk(), self.member.where.path("relations", name)
@@ -116,12 +124,12 @@ class ClusterEngine:
             try:
                 self.member.zk_call(lambda: zk.create_async(path, str(partition).encode()),
                                     f"record relation {name!r}", write=True)
-                return partition
+                return partition, True
             except NodeExistsError:
                 pass
             try:
                 value, _stat = self.member.zk_call(lambda: zk.get_async(path), f"read relation {name!r}'s record")
-                return int(value)
+                return int(value), False
             except NoNodeError:
                 continue  # dropped meanwhile: record it again
 

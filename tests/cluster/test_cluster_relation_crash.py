@@ -11,7 +11,13 @@ from support.cluster_procs import TOKEN, Cluster
 from test_cluster import SCHEMA, keys_of, rows
 
 import sediment
-from sediment.errors import CoordinatorUnavailable, OutcomeUnknown, RelationExists, UnknownRelation
+from sediment.errors import (
+    CoordinatorUnavailable,
+    OutcomeUnknown,
+    RelationExists,
+    SchemaMismatch,
+    UnknownRelation,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(240)]
 ENGINE = "sediment.engine.engine:Engine"
@@ -33,6 +39,10 @@ def test_a_drop_or_add_cut_between_its_two_writes_is_completed_by_the_next(clust
     doomed = cluster.start_member(kill_at=KILLS)
     cluster.wait_assigned([doomed])
     with sediment.connect(cluster.uri, token=TOKEN) as db:
+        with pytest.raises(SchemaMismatch):  # refused by the catalog: its record in ZooKeeper goes too
+            db.add_relation("bad", pa.schema([("time", pa.int64())]), partition=2)
+        assert db.relations() == []
+        db.add_relation("bad", SCHEMA, partition=3)
         db.add_relation("dropped", SCHEMA, partition=0)
         db.append("dropped", rows([1]))
         with pytest.raises(DIED):  # the owner died: the drop is in its catalog, not in ZooKeeper
