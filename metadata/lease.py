@@ -2,9 +2,12 @@
 
 ZooKeeper has ephemeral nodes; a metadata store on S3 has only compare-and-set. So the
 holder renews the lease by a compare-and-set that moves the key's version on, and another
-member takes the lease over only after it has seen the *same version* unchanged for
+member takes the lease over only after it has seen the *same write* unchanged for
 ``lease_time`` seconds of *its own* clock: no clocks are compared across machines, so clock
-skew cannot hand the lease to two members at once beyond what pauses allow.
+skew cannot hand the lease to two members at once beyond what pauses allow. A write is told
+by its version *and* a random token in its value: a release deletes the key, and the next
+holder's first write is version 0 again, which must not pass for the version 0 of a lease
+seen (or held) before it.
 
 A lease is advisory. A holder that stalls past the lease time may still believe it holds
 it; safety comes from epochs (the log on S3 fences a stale writer by its claim), never from
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 from typing import Protocol
 
 from sediment.errors import InvalidMetadataRequest, MetadataConflict
@@ -41,7 +45,8 @@ class Lease:
                                          f"{lease_time!r}")
         self.store, self.key, self.holder, self.lease_time, self._clock = store, key, holder, lease_time, clock
         self._version: int | None = None  # the version we wrote, while we hold the lease
-        self._seen: tuple[int, float] | None = None  # (another holder's version, when we first saw it)
+        self._value = b""  # what we wrote at _version (its token tells it from a later write's)
+        self._seen: tuple[int, bytes, float] | None = None  # (another's write: version, value; when first seen)
 
     @property
     def held(self) -> bool:
@@ -58,26 +63,26 @@ class Lease:
         got = self.store.get(self.key)
         if got is None:
             return self._write(None)
-        if self._version is not None and got.version == self._version:
+        if self._version is not None and (got.version, got.value) == (self._version, self._value):
             return self._write(got.version)
         self._version = None
         now = self._clock.current_time()
-        if self._seen is None or self._seen[0] != got.version:
-            self._seen = (got.version, now)  # the holder moved on (or first look): it is alive
+        if self._seen is None or self._seen[:2] != (got.version, got.value):
+            self._seen = (got.version, got.value, now)  # the holder moved on (or first look): it is alive
             return False
-        if now - self._seen[1] < self.lease_time:
+        if now - self._seen[2] < self.lease_time:
             return False
         return self._write(got.version)
 
     def _write(self, expected: int | None) -> bool:
         renewals = 0 if expected is None else expected + 1
-        value = json.dumps({"holder": self.holder, "renewals": renewals}).encode()
+        value = json.dumps({"holder": self.holder, "renewals": renewals, "token": secrets.token_hex(8)}).encode()
         try:
             self._version = self.store.compare_and_set(self.key, value, expected)
         except MetadataConflict:
             self._version = None
             return False
-        self._seen = None
+        self._value, self._seen = value, None
         return True
 
     def release(self) -> None:

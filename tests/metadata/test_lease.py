@@ -1,7 +1,8 @@
 """The membership lease over a metadata store without sessions (metadata/lease.py): renewed
-by its holder, taken over by another member only after it saw the same version unchanged for
+by its holder, taken over by another member only after it saw the same write unchanged for
 the lease time on its own clock. On the memory store and on the S3 store through the proxy
-that serializes conditional writes (race outcomes are asserted only there)."""
+that serializes conditional writes (race outcomes are asserted only there); a release and a
+new holder's take, which start the key's versions again at 0, on every metadata store."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sediment.clock import ManualClock
 from sediment.errors import InvalidMetadataRequest
 from sediment.metadata.lease import Lease
 from sediment.metadata.memory import MemoryMetadataStore
+from sediment.metadata.protocol import MetadataStore
 
 KEY = "cluster/lease"
 
@@ -37,6 +39,43 @@ def test_the_holder_keeps_the_lease_while_it_renews_and_loses_it_once_it_stops()
     assert not a.try_acquire() and not a.held  # a's renewal finds b's version: a lost it
     b.release()
     assert a.try_acquire() and a.current_holder() == "a"
+
+
+def test_a_lease_taken_anew_after_a_release_is_not_taken_over_at_once(store: MetadataStore):
+    """A release deletes the key, so the next holder's first write is version 0 again: a
+    member that saw the previous holder's version 0 a lease time ago must not count that as
+    the same lease unrenewed, and the previous holder must not renew the new one as its own."""
+    a_clock, b_clock = ManualClock(), ManualClock(50.0)
+    a = Lease(store, KEY, "a", 10.0, a_clock)
+    b = Lease(store, KEY, "b", 10.0, b_clock)
+    assert a.try_acquire()
+    assert not b.try_acquire()  # b sees a's version 0 at its time 50
+    a.release()
+    c = Lease(store, KEY, "c", 10.0, ManualClock())
+    assert c.try_acquire()  # version 0 again, a moment before b looks
+    b_clock.advance(10.0)
+    assert not b.try_acquire() and c.current_holder() == "c"  # c's lease is new: b waits a lease time from now
+    b_clock.advance(9.9)
+    assert not b.try_acquire()
+    b_clock.advance(0.2)  # c stopped renewing a whole lease time ago on b's clock
+    assert b.try_acquire() and c.current_holder() == "b"
+
+
+def test_a_stale_holder_does_not_renew_a_lease_that_reached_its_version_again(store: MetadataStore):
+    """``a`` stalls holding version 0; ``b`` takes the lease over and releases it, and ``c``
+    takes it at version 0: ``a``, resumed, finds version 0 but not its own write."""
+    a = Lease(store, KEY, "a", 10.0, ManualClock())
+    b_clock = ManualClock()
+    b = Lease(store, KEY, "b", 10.0, b_clock)
+    assert a.try_acquire()
+    assert not b.try_acquire()
+    b_clock.advance(10.0)
+    assert b.try_acquire()
+    b.release()
+    c = Lease(store, KEY, "c", 10.0, ManualClock())
+    assert c.try_acquire()
+    assert not a.try_acquire() and not a.held
+    assert c.current_holder() == "c" and c.try_acquire() and c.held
 
 
 def test_a_lease_needs_a_holder_and_a_positive_time():

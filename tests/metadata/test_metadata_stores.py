@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,30 +37,9 @@ from sediment.metadata.journal_format import HEADER_SIZE, _decode_snapshot
 from sediment.metadata.memory import MemoryMetadataStore
 from sediment.metadata.open_store import open_metadata_store
 from sediment.metadata.protocol import MetadataStore, Versioned
-from sediment.metadata.s3 import S3MetadataStore
 from sediment.metadata.zookeeper import ZooKeeperMetadataStore
 
 PYTHON = sys.executable
-
-
-@pytest.fixture(params=["memory", "journal", pytest.param("zookeeper", marks=pytest.mark.zookeeper),
-                        pytest.param("s3", marks=pytest.mark.s3)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
-    if request.param == "s3":
-        # through the proxy that serializes conditional writes per object, as S3 does
-        proxy = request.getfixturevalue("serializing_proxy")
-        _, bucket = request.getfixturevalue("s3_bucket")
-        s: MetadataStore = S3MetadataStore(bucket, "meta", endpoint_url=proxy.endpoint)
-    elif request.param == "memory":
-        s = MemoryMetadataStore()
-    elif request.param == "journal":
-        s = JournalMetadataStore(tmp_path / "meta")
-    else:
-        server = request.getfixturevalue("zookeeper")
-        s = ZooKeeperMetadataStore(server.hosts, request.getfixturevalue("zk_root"), timeout=5)
-    assert isinstance(s, MetadataStore)
-    yield s
-    s.close()
 
 
 # --- conformance -------------------------------------------------------------------------------
