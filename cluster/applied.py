@@ -8,11 +8,19 @@ applied". The owner writes the append together with a row of the internal relati
 the client's previous row, so the key is durable exactly when the append is. A new owner
 rebuilds the table from the relation's committed rows after the engine's recovery, so a
 retry sent to it after a failover is recognised and answered with success, not applied twice.
+
+A keyed write that fails with anything but NothingWritten (a lost quorum: QuorumLost, an
+OutcomeUnknown) may be in the log, where the next recovery keeps it, while the engine that
+wrote it shows nothing of it: its table cannot tell a retry from a new write. That engine
+then takes no keyed write (NotPartitionOwner: nothing written, retry) and ``on_doubt`` has
+the partition opened again, whose recovery settles the log and whose table is rebuilt
+from it.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.errors import InvalidArgument, RelationExists
+from sediment.errors import InvalidArgument, NothingWritten, NotPartitionOwner, RelationExists
 
 APPLIED = "_cluster.applied"
 SCHEMA = pa.schema([("client", pa.string()), ("seq", pa.int64())])
@@ -53,12 +61,16 @@ def load(engine: Any) -> dict[str, int]:
 
 
 class AppliedOnce:
-    """The owner's side: each partition engine's table, loaded on first use after it opened."""
+    """The owner's side: each partition engine's table, loaded on first use after it opened.
+    ``on_doubt(partition, engine)``: called once a keyed write on ``engine`` failed with its
+    outcome unknown (see the module doc); it should open the partition again."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_doubt: Callable[[int, Any], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._tables: dict[int, tuple[Any, dict[str, int]]] = {}
         self._client_locks: dict[tuple[int, str], threading.Lock] = defaultdict(threading.Lock)
+        self._doubted: weakref.WeakSet = weakref.WeakSet()  # engines whose log may hold more than their table
+        self._on_doubt = on_doubt
 
     def _table(self, engine: Any, partition: int) -> dict[str, int]:
         with self._lock:
@@ -89,10 +101,22 @@ class AppliedOnce:
                                   f"not ({client!r}, {seq!r})")
         table = self._table(engine, partition)
         with self._client_locks[(partition, client)]:
+            if engine in self._doubted:
+                raise NotPartitionOwner(f"partition {partition} is being opened again after a write whose outcome is "
+                                        f"unknown; nothing was written for ({client!r}, {seq}): retry",
+                                        partition=partition)
             last = table.get(client)
             if last is not None and seq <= last:
                 return False
             marks = [(client, seq, 1)] + ([(client, last, -1)] if last is not None else [])
-            write(_marks(marks))
+            try:
+                write(_marks(marks))
+            except NothingWritten:
+                raise
+            except BaseException:
+                self._doubted.add(engine)
+                if self._on_doubt is not None:
+                    self._on_doubt(partition, engine)
+                raise
             table[client] = seq
             return True

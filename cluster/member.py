@@ -264,6 +264,25 @@ class Member:
             f"partition {partition} is not served by {self.advertise}; its owner is {address or 'being chosen'} "
             f"(generation {generation}): retry there", partition=partition, owner=address, generation=generation)
 
+    def reopen(self, partition: int, engine: Any) -> None:
+        """Close ``engine`` and open its partition again if it is still assigned here: after a
+        write of unknown outcome it may show less than its log holds, which the open's recovery
+        settles (cluster/applied.py). Requests are redirected meanwhile."""
+        with self._lock:
+            held = self._engines.get(partition)
+            if held is None or held[0] is not engine:
+                return  # moved, or reopened already
+            del self._engines[partition]
+            self._opening.add(partition)
+        log.warning("member %s opens partition %d again after a write whose outcome is unknown", self.member_id,
+                    partition)
+
+        def run() -> None:
+            self._close_engine(partition, engine)
+            self._open_partition(partition, held[1], False)
+
+        threading.Thread(target=run, name=f"reopen-partition-{partition}", daemon=True).start()
+
     def check_still_serving(self, partition: int, generation: int) -> None:
         """After a write: acknowledge only while the session holds and the partition is still ours."""
         with self._lock:

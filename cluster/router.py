@@ -50,7 +50,7 @@ class ClusterEngine:
         self.superseded_listeners: list = []
         # random-based ids: a client resending a commit to a later owner must never name another's
         self._txn_ids = itertools.count(secrets.randbits(40) << 20)
-        self._applied = AppliedOnce()
+        self._applied = AppliedOnce(on_doubt=member.reopen)
         self._alter_lock = threading.Lock()
         self._relations_lock = threading.Lock()  # adds and drops: none removes a record another completes
 
