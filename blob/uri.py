@@ -38,11 +38,10 @@ def open_blob_store(uri: str, **options: Any) -> BlobStore:
     unknown = sorted(set(opts) - set(_S3_OPTIONS))
     if unknown:
         raise ValueError(f"unknown blob store option(s) {unknown}; known: {sorted(_S3_OPTIONS)}")
+    problem = blob_uri_problem(uri)
+    if problem is not None:
+        raise ValueError(problem)
     if "://" not in uri:
-        if not uri:
-            raise ValueError(
-                "blob store URI is empty; use memory://, file:///path, a path, or s3://bucket/prefix"
-            )
         _no_options(uri, opts)
         return FileBlobStore(uri)
     parts = urlsplit(uri)
@@ -53,25 +52,35 @@ def open_blob_store(uri: str, **options: Any) -> BlobStore:
         return MemoryBlobStore(name=name or None)
     if scheme == "file":
         _no_options(uri, opts)
-        if parts.netloc not in ("", "localhost"):
-            raise ValueError(
-                f"blob store URI {uri!r} names host {parts.netloc!r}; "
-                "file URIs are local: use file:///abs/path"
-            )
-        if not parts.path:
-            raise ValueError(f"blob store URI {uri!r} has no path; use file:///abs/path")
         return FileBlobStore(unquote(parts.path))
-    if scheme == "s3":
-        if not parts.netloc:
-            raise ValueError(f"blob store URI {uri!r} has no bucket; use s3://bucket/prefix")
-        from .s3 import S3BlobStore  # noqa: PLC0415 - boto3 loads only for an S3 store (blob/__init__.py)
+    from .s3 import S3BlobStore  # noqa: PLC0415 - boto3 loads only for an S3 store (blob/__init__.py)
 
-        kwargs = {_S3_OPTIONS[k]: v for k, v in opts.items()}
-        return S3BlobStore(parts.netloc, prefix=unquote(parts.path).strip("/"), **kwargs)
-    raise ValueError(
-        f"unknown blob store scheme {parts.scheme!r} in {uri!r}; use memory://, file:///path, "
-        "a plain path, or s3://bucket/prefix"
-    )
+    kwargs = {_S3_OPTIONS[k]: v for k, v in opts.items()}
+    return S3BlobStore(parts.netloc, prefix=unquote(parts.path).strip("/"), **kwargs)
+
+
+def blob_uri_problem(uri: str) -> str | None:
+    """What is wrong with the form of a ``blob=`` URI (None: nothing), without opening the
+    store: ``sediment.open`` checks it before it creates anything."""
+    if "://" not in uri:
+        if not uri:
+            return "blob store URI is empty; use memory://, file:///path, a path, or s3://bucket/prefix"
+        return None
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            return (f"blob store URI {uri!r} names host {parts.netloc!r}; file URIs are local: use "
+                    "file:///abs/path")
+        if not parts.path:
+            return f"blob store URI {uri!r} has no path; use file:///abs/path"
+        return None
+    if scheme == "s3" and not parts.netloc:
+        return f"blob store URI {uri!r} has no bucket; use s3://bucket/prefix"
+    if scheme not in ("memory", "file", "s3"):
+        return (f"unknown blob store scheme {parts.scheme!r} in {uri!r}; use memory://, file:///path, "
+                "a plain path, or s3://bucket/prefix")
+    return None
 
 
 def _no_options(uri: str, opts: dict[str, Any]) -> None:

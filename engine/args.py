@@ -14,8 +14,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from sediment.blob.uri import blob_uri_problem
 from sediment.engine.data_dir import parse_wal
+from sediment.engine.memory import POOLS
 from sediment.errors import InvalidArgument, InvalidTime
+from sediment.metadata.open_store import metadata_spec_problem
 
 MAX_TIME = (1 << 63) - 1
 
@@ -72,12 +75,27 @@ def check_str(value: object, what: str, *, allow_none: bool = True) -> str | Non
     return value
 
 
+def _directory_or_creatable(path: str, what: str) -> None:
+    """InvalidArgument unless ``path`` is a directory, or the nearest of it and its parents
+    that exists is one (so that it can be created)."""
+    probe = os.path.abspath(path)
+    while not os.path.isdir(probe):
+        if os.path.lexists(probe):
+            raise InvalidArgument(f"{what} {path!r}: {probe} exists and is not a directory; pass a directory, or "
+                                  "a path where one can be created")
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return
+        probe = parent
+
+
 def check_data_dir(data_dir: object) -> str:
     if not isinstance(data_dir, (str, os.PathLike)) or not os.fspath(data_dir):
         raise InvalidArgument(f"the data directory must be a non-empty path (str or os.PathLike), not {data_dir!r}")
     path = os.fspath(data_dir)
     if not isinstance(path, str) or "\0" in path:
         raise InvalidArgument(f"the data directory must be a text path without NUL bytes, not {data_dir!r}")
+    _directory_or_creatable(path, "the data directory")
     return path
 
 
@@ -106,12 +124,22 @@ def check_open_options(options: Mapping[str, Any]) -> None:
     if metadata is not None and not isinstance(metadata, str) and not hasattr(metadata, "compare_and_set"):
         raise InvalidArgument(f"metadata must be a spec such as 'zk://127.0.0.1:2181/sediment' or a MetadataStore, "
                               f"not {type(metadata).__name__}")
-    check_str(metadata if isinstance(metadata, str) else None, "metadata")
+    if isinstance(metadata, str):
+        check_str(metadata, "metadata")
+        problem = metadata_spec_problem(metadata)
+        if problem is not None:
+            raise InvalidArgument(f"metadata={metadata!r}: {problem}")
+        if "://" not in metadata:  # a local metadata directory
+            _directory_or_creatable(metadata, "metadata")
     blob = o.get("blob")
     if blob is not None and not isinstance(blob, str) and not hasattr(blob, "put"):
         raise InvalidArgument(f"blob must be a URI ('file:///path', 'memory://', 's3://bucket/prefix') or a blob "
                               f"store, not {type(blob).__name__}")
-    check_str(blob if isinstance(blob, str) else None, "blob")
+    if isinstance(blob, str):
+        check_str(blob, "blob")
+        problem = blob_uri_problem(blob)
+        if problem is not None:
+            raise InvalidArgument(f"blob={blob!r}: {problem}")
     check_str(o.get("s3_endpoint"), "s3_endpoint")
     check_number(o.get("compact_interval"), "compact_interval", allow_none=True)
     check_bool(o.get("compact", True), "compact")
@@ -120,7 +148,14 @@ def check_open_options(options: Mapping[str, Any]) -> None:
         raise InvalidArgument(f"merge_factor must be a finite number >= 1.0, not {merge_factor!r}")
     check_int(o.get("memory_bound", 1 << 20), "memory_bound", low=1)
     check_int(o.get("lock_slots", 1), "lock_slots", low=1)
-    check_str(o.get("arrow_memory_pool"), "arrow_memory_pool")
+    pool = o.get("arrow_memory_pool")
+    if pool is not None and pool not in POOLS:
+        raise InvalidArgument(f"arrow_memory_pool must be one of {sorted(POOLS)} or None, not {pool!r}")
+    check_bool(o.get("take_over_blob_prefix", False), "take_over_blob_prefix")
+    clock = o.get("clock")
+    if clock is not None and not callable(getattr(clock, "current_time", None)):
+        raise InvalidArgument(f"clock must be a sediment.clock.Clock (an object with current_time() -> seconds, "
+                              f"e.g. sediment.clock.ManualClock()) or None, not {clock!r}")
     check_bool(o.get("repair", False), "repair")
     if o.get("max_wal_backlog") is not None:
         check_int(o["max_wal_backlog"], "max_wal_backlog (bytes of WAL not yet compacted, or None: unbounded)",

@@ -60,6 +60,11 @@ class DataDir:
                                 "stop it or use another --data-dir") from None
         return fd
 
+    def holds_engine(self) -> bool:
+        """Whether an engine has been made here: its local metadata ``meta/``, its file log
+        ``wal/``, or the marker of a replicated (or S3-log) engine, whose metadata is shared."""
+        return os.path.isdir(self.meta) or os.path.isdir(self.wal) or os.path.isfile(self.marker)
+
     def meta_missing(self) -> MetadataMissing | None:
         """Why opening would start an empty catalog over acknowledged data (a journal metadata
         directory gone while the log survives), or None: open raises it, verify reports it."""

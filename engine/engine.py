@@ -23,6 +23,7 @@ fdatasync, so concurrent appends share one group commit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -31,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sediment._fs import makedirs_durable, remove_tree_durable
+from sediment._fs import makedirs_durable, undo_makedirs
 from sediment.blob.counting import counting
 from sediment.clock import Clock, MonotonicClock
 from sediment.engine import args, log_replay, staged, takeover
@@ -157,30 +158,37 @@ class Engine:
         """Open (creating if needed) the engine on ``data_dir``: see :func:`sediment.open`.
         Options are checked, and a replicated engine's marker read, before anything is
         created; a failure part-way releases whatever was opened, and removes the data
-        directory again if this open created it."""
+        directory again if this open created it, or empties it again if it was empty (unless
+        the storage record was written: the directory kept then is a new, empty engine's)."""
         args.check_open_options({k: v for k, v in locals().items() if k not in ("cls", "data_dir")})
         data_dir = os.path.abspath(args.check_data_dir(data_dir))
         configure_memory_pool(arrow_memory_pool)
         marker = check_marker(data_dir, metadata)  # before anything is created
         if metadata is None and marker is not None:
             metadata = marker  # a replicated engine's directory names its metadata store
+        was_empty = os.path.isdir(data_dir) and not os.listdir(data_dir)
         created = makedirs_durable(data_dir)
-        engine = cls(data_dir, metadata_spec=metadata if isinstance(metadata, str) else None,
-                     max_record_bytes=max_record_bytes, merge_factor=merge_factor, memory_bound=memory_bound,
-                     lock_slots=lock_slots, compact_interval=compact_interval, clock=clock,
-                     max_wal_backlog=max_wal_backlog if compact else None,
-                     wal_backlog_timeout=wal_backlog_timeout, major_compaction_quiet=major_compaction_quiet)
+        engine = None
         try:
+            engine = cls(data_dir, metadata_spec=metadata if isinstance(metadata, str) else None,
+                         max_record_bytes=max_record_bytes, merge_factor=merge_factor, memory_bound=memory_bound,
+                         lock_slots=lock_slots, compact_interval=compact_interval, clock=clock,
+                         max_wal_backlog=max_wal_backlog if compact else None,
+                         wal_backlog_timeout=wal_backlog_timeout, major_compaction_quiet=major_compaction_quiet)
             engine._open(metadata, marker, {"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
                                             "cluster_key": cluster_key, "log_partition": log_partition, "blob": blob,
                                             "s3_endpoint": s3_endpoint},
                          segment_bytes=segment_bytes, repair=repair, compact=compact,
                          take_over_blob_prefix=take_over_blob_prefix)
         except BaseException:
-            locked = engine.storage.lock_fd is not None
-            engine._release_all()
-            if created is not None and locked and metadata is None:  # a failed first open leaves nothing
-                remove_tree_durable(created)
+            # All in a directory this open made (or found empty) and locked is its own until the storage
+            # record is written (then a shared store or a blob prefix's owner marker may refer to it).
+            whole = engine is not None and engine.storage.lock_fd is not None and not engine.storage.recorded
+            if engine is not None:
+                engine._release_all()
+            if created is not None or was_empty:
+                with contextlib.suppress(OSError):  # the open's own error is the one to report
+                    undo_makedirs(created, data_dir, whole=whole)
             raise
         return engine
 

@@ -13,14 +13,22 @@ import os
 
 import pyarrow as pa
 
+from sediment.errors import InvalidArgument
+
+POOLS = {"system": pa.system_memory_pool, "jemalloc": pa.jemalloc_memory_pool, "mimalloc": pa.mimalloc_memory_pool}
+
 
 def configure_memory_pool(name: str | None) -> None:
-    """Make ``name`` ("system", "jemalloc", "mimalloc") Arrow's default pool; None or an
-    ARROW_DEFAULT_MEMORY_POOL in the environment leave it as it is."""
+    """Make ``name`` (one of :data:`POOLS`) Arrow's default pool; None or an
+    ARROW_DEFAULT_MEMORY_POOL in the environment leave it as it is. InvalidArgument for a
+    name not in POOLS or a pool this build of pyarrow lacks."""
     if not name or os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return
-    pools = {"system": pa.system_memory_pool, "jemalloc": pa.jemalloc_memory_pool,
-             "mimalloc": pa.mimalloc_memory_pool}
-    if name not in pools:
-        raise ValueError(f"unknown arrow_memory_pool {name!r}; use one of {sorted(pools)} or None")
-    pa.set_memory_pool(pools[name]())
+    if name not in POOLS:
+        raise InvalidArgument(f"arrow_memory_pool must be one of {sorted(POOLS)} or None, not {name!r}")
+    try:
+        pool = POOLS[name]()
+    except NotImplementedError:
+        raise InvalidArgument(f"arrow_memory_pool={name!r} is not built into this pyarrow; use 'system' or "
+                              "None") from None
+    pa.set_memory_pool(pool)

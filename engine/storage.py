@@ -46,6 +46,7 @@ class Storage:
     record: StorageRecord = field(default_factory=StorageRecord)
     _unsaved: tuple[bytes, int | None] | None = field(default=None, init=False, repr=False)
     created: bool = False  # this open made the storage record: a new log may be made
+    recorded: bool = False  # this open wrote the storage record: from here on the directory is kept
 
     def take_lock(self) -> None:
         self.lock_fd = self.dir.take_lock()
@@ -76,6 +77,7 @@ class Storage:
 
     def save_record(self) -> None:
         if self._unsaved is not None:
+            self.recorded = True  # set first: a write that fails may still have landed
             self.meta.compare_and_set(STORAGE_KEY, *self._unsaved)
             self._unsaved = None
 

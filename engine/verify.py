@@ -271,4 +271,6 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
         verify_trace_batches(meta, blob or paths.default_blob_uri, s3_endpoint, report)
         if report.wal_end is not None:  # open's check that the log reaches every trace's wal_through
             report.problems += [str(p) for p in traces_past_log(data_dir, report.wal_end, trace_ends(meta))]
+    elif blob is not None:  # no engine here yet: open would refuse a blob prefix another engine owns
+        verify_trace_batches({}, blob, s3_endpoint, report)
     return report

@@ -21,15 +21,13 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
     * anything else: a local directory, opened as :class:`JournalMetadataStore`.
     """
     text = os.fspath(spec)
+    problem = metadata_spec_problem(text)
+    if problem is not None:
+        raise InvalidMetadataRequest(problem)
     if text.startswith("zk://"):
         from sediment.metadata.zookeeper import ZooKeeperMetadataStore
 
-        rest = text[len("zk://") :]
-        hosts, slash, root = rest.partition("/")
-        if not hosts:
-            raise InvalidMetadataRequest(
-                f"metadata spec {text!r} names no ZooKeeper host; use zk://127.0.0.1:2181/sediment"
-            )
+        hosts, slash, root = text[len("zk://") :].partition("/")
         root = "/" + root if slash and root.strip("/") else "/sediment"
         return ZooKeeperMetadataStore(hosts, root, **options)
     if text.startswith("s3://"):
@@ -40,11 +38,6 @@ def open_metadata_store(spec: str | os.PathLike[str], **options: Any) -> Metadat
         if options:
             raise InvalidMetadataRequest(f"memory:// takes no options, got {sorted(options)}")
         return MemoryMetadataStore()
-    if "://" in text:
-        raise InvalidMetadataRequest(
-            f"metadata spec {text!r} has an unknown scheme; use zk://host:port/root, "
-            "s3://bucket/prefix, memory:// or a directory path"
-        )
     from sediment.metadata.journal import JournalMetadataStore
 
     return JournalMetadataStore(text, **options)
@@ -57,11 +50,28 @@ def _open_s3(text: str, options: dict[str, Any]) -> MetadataStore:
 
     parts = urlsplit(text)
     query = parse_qs(parts.query)
-    if not parts.netloc or set(query) - {"endpoint"} or len(query.get("endpoint", [""])) != 1:
-        raise InvalidMetadataRequest(
-            f"metadata spec {text!r} is not s3://bucket/prefix[?endpoint=http://host:port]; name a bucket "
-            "and at most one endpoint"
-        )
     if "endpoint" in query:
         options = {"endpoint_url": query["endpoint"][0], **options}
     return S3MetadataStore(parts.netloc, unquote(parts.path).strip("/"), **options)
+
+
+def metadata_spec_problem(text: str) -> str | None:
+    """What is wrong with the form of a metadata spec (None: nothing), without opening the
+    store: ``sediment.open`` checks it before it creates anything."""
+    if text.startswith("zk://"):
+        if not text[len("zk://") :].partition("/")[0]:
+            return f"metadata spec {text!r} names no ZooKeeper host; use zk://127.0.0.1:2181/sediment"
+        return None
+    if text.startswith("s3://"):
+        from urllib.parse import parse_qs, urlsplit
+
+        parts = urlsplit(text)
+        query = parse_qs(parts.query)
+        if not parts.netloc or set(query) - {"endpoint"} or len(query.get("endpoint", [""])) != 1:
+            return (f"metadata spec {text!r} is not s3://bucket/prefix[?endpoint=http://host:port]; name a bucket "
+                    "and at most one endpoint")
+        return None
+    if "://" in text and not text.startswith("memory://"):
+        return (f"metadata spec {text!r} has an unknown scheme; use zk://host:port/root, s3://bucket/prefix, "
+                "memory:// or a directory path")
+    return None

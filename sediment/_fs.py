@@ -79,3 +79,33 @@ def remove_tree_durable(path: str | os.PathLike[str]) -> None:
     under it can come back after a power cut."""
     shutil.rmtree(path)
     fsync_dir(os.path.dirname(os.path.abspath(os.fspath(path))))
+
+
+def undo_makedirs(top: str | None, path: str, *, whole: bool) -> None:
+    """Undo, durably, the making of directory ``path``: ``top`` is what :func:`makedirs_durable`
+    returned (None: ``path`` was there already, empty). ``whole`` (the caller held the
+    directory's lock, so all in it is the caller's): remove ``top`` and everything in it, or
+    empty ``path`` again when it was there before. Else only the empty directories from
+    ``path`` up to ``top``, stopping at the first that is not empty (another process may
+    have begun to use it)."""
+    if whole and top is None:
+        for entry in os.scandir(path):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        fsync_dir(path)
+        return
+    if whole:
+        remove_tree_durable(top)
+        return
+    d = os.path.abspath(path)
+    while top is not None:
+        try:
+            os.rmdir(d)
+        except OSError:  # not empty (or gone): leave it and what is above it
+            return
+        fsync_dir(os.path.dirname(d))
+        if d == top:
+            return
+        d = os.path.dirname(d)

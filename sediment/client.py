@@ -32,7 +32,11 @@ import pyarrow.flight as flight
 
 from sediment import errors
 from sediment.arrow_codec import schema_from_text, schema_to_text
-from sediment.engine.args import check_updates_map  # the engine's own argument check: no engine state
+from sediment.engine.args import (  # the engine's own argument checks: no engine state
+    check_number,
+    check_str,
+    check_updates_map,
+)
 from sediment.engine.read_plan import ReadPlan  # a plain value type: none of the engine comes with it
 from sediment.errors import EngineClosed, SchemaMismatch, ServerError, TransactionError
 from sediment.net import grpc_setup
@@ -94,7 +98,12 @@ class Client:
         uri = server_location(uri)
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         if not token:
-            raise ValueError(f"no token to connect to {uri}: pass token=..., or set ${TOKEN_ENV}")
+            raise errors.InvalidArgument(f"no token to connect to {uri}: pass token=..., or set ${TOKEN_ENV}")
+        check_str(token, "token (the server's shared secret)")
+        check_number(timeout, "timeout (seconds per call)", allow_none=True)
+        if tls_root_certs is not None and not isinstance(tls_root_certs, (bytes, str)):
+            raise errors.InvalidArgument(f"tls_root_certs must be PEM bytes or a file name, not "
+                                         f"{type(tls_root_certs).__name__}")
         self.uri = uri
         self._options = flight.FlightCallOptions(timeout=timeout,
                                                  headers=[(AUTH_HEADER.encode(), f"Bearer {token}".encode())])
@@ -102,7 +111,8 @@ class Client:
             with open(tls_root_certs, "rb") as f:
                 tls_root_certs = f.read()
         if tls_root_certs is not None and not uri.startswith("grpc+tls://"):
-            raise ValueError(f"tls_root_certs given for {uri!r}: use grpc+tls://HOST:PORT for a TLS coordinator")
+            raise errors.InvalidArgument(f"tls_root_certs given for {uri!r}: use grpc+tls://HOST:PORT for a TLS "
+                                         "coordinator")
         grpc_setup.apply()  # before gRPC's first use in the process, or it has no effect
         self._flight = flight.FlightClient(uri, **({"tls_root_certs": tls_root_certs} if tls_root_certs else {}))
         self._closed = False

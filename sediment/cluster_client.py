@@ -32,6 +32,7 @@ import pyarrow.flight as flight
 from sediment.client import Client, RemoteTransaction, _as_table
 from sediment.cluster import layout
 from sediment.cluster.partition_transaction import PartitionTransaction
+from sediment.engine.args import check_number
 from sediment.errors import (
     CoordinatorSuperseded,
     CoordinatorUnavailable,
@@ -59,7 +60,7 @@ class ClusterClient:
     def __init__(self, uri: str, token: str | None = None, *, deadline: float = DEFAULT_DEADLINE,
                  **options: Any) -> None:
         self.uri = uri
-        self.deadline = deadline
+        self.deadline = check_number(deadline, "deadline (seconds a call may take, retries included)")
         self._token = token
         self._options = {"timeout": DEFAULT_CALL_TIMEOUT, **options}
         self._lock = threading.Lock()

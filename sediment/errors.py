@@ -167,6 +167,11 @@ class DataDirLocked(SedimentError):
     a data directory at a time."""
 
 
+class NotADataDir(NothingWritten, LookupError):
+    """A command that works on an existing engine was given a directory that does not exist
+    or holds no engine (none of ``meta/``, ``wal/``, ``REPLICATED``); nothing was created in it."""
+
+
 # --- the write-ahead log --------------------------------------------------------------------
 
 

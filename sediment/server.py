@@ -37,6 +37,7 @@ from sediment import errors
 from sediment.arrow_codec import schema_to_text
 from sediment.clock import MONOTONIC, Clock
 from sediment.engine import staged
+from sediment.engine.args import check_bool, check_number, check_str
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net import grpc_setup, keyed
@@ -82,8 +83,9 @@ def resolve_token(token: str | None) -> str:
     a coordinator that accepts writes from anyone who can reach the port is a foot-gun."""
     token = token if token is not None else os.environ.get(TOKEN_ENV)
     if not token:
-        raise ValueError(f"no token for the sediment server: pass token=... (or --token), or set ${TOKEN_ENV}")
-    return token
+        raise errors.InvalidArgument(f"no token for the sediment server: pass token=... (or --token), or set "
+                                     f"${TOKEN_ENV}")
+    return check_str(token, "token (the server's shared secret)", allow_none=False)
 
 
 class BearerTokenMiddlewareFactory(flight.ServerMiddlewareFactory):
@@ -107,14 +109,16 @@ class BearerTokenMiddlewareFactory(flight.ServerMiddlewareFactory):
 
 def _listen_location(location: str, tls: tuple[bytes, bytes] | None) -> tuple[str, Any]:
     """The location to listen on, checked (``grpc+tls://`` exactly when ``tls`` is given)."""
+    check_str(location, "location (grpc://HOST:PORT to listen on)", allow_none=False)
     parsed = urlparse(location)
     if tls is not None and parsed.scheme == "grpc":  # the same address, served with TLS
         location = "grpc+tls" + location[len("grpc"):]
         parsed = urlparse(location)
     if parsed.scheme not in ("grpc", "grpc+tcp", "grpc+tls") or not parsed.hostname or parsed.port is None:
-        raise ValueError(f"cannot serve on {location!r}: give grpc://HOST:PORT (PORT 0 picks a free port)")
+        raise errors.InvalidArgument(f"cannot serve on {location!r}: give grpc://HOST:PORT (PORT 0 picks a free port)")
     if (parsed.scheme == "grpc+tls") != (tls is not None):
-        raise ValueError(f"cannot serve on {location!r}: grpc+tls:// needs tls=(cert, key), and TLS needs grpc+tls://")
+        raise errors.InvalidArgument(f"cannot serve on {location!r}: grpc+tls:// needs tls=(cert, key), and TLS "
+                                     "needs grpc+tls://")
     return location, parsed
 
 
@@ -133,11 +137,9 @@ class SedimentFlightServer(flight.FlightServerBase):
         server's (certificate chain, private key) in PEM; then ``location`` is
         ``grpc+tls://HOST:PORT`` and clients must connect with TLS (the token is still required)."""
         self._token = resolve_token(token)
-        if txn_idle_timeout is not None and txn_idle_timeout <= 0:
-            raise ValueError(f"txn_idle_timeout must be positive seconds or None, not {txn_idle_timeout!r}")
-        if not stop_grace >= 0:
-            raise ValueError(f"stop_grace must be seconds >= 0, not {stop_grace!r}")
-        self.stop_grace = stop_grace
+        check_number(txn_idle_timeout, "txn_idle_timeout (seconds)", allow_none=True)
+        self.stop_grace = check_number(stop_grace, "stop_grace (seconds)", low_open=False)
+        check_bool(close_engine, "close_engine")
         location, parsed = _listen_location(location, tls)
         if tls is not None:
             check_tls_pem(*tls, "tls[0] (the certificate)", "tls[1] (the key)")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import sediment
 from sediment.cli.files import UsageError, _one_line
-from sediment.errors import DataDirLocked, SedimentError
+from sediment.errors import DataDirLocked, NotADataDir
 from sediment.progress import Progress
 
 if TYPE_CHECKING:
@@ -65,9 +65,32 @@ def data_dir_of(args: argparse.Namespace) -> str:
     return os.path.abspath(os.path.expanduser(args.data_dir))
 
 
+def require_engine_dir(data_dir: str, *, shared: bool) -> None:
+    """What a command that does not create an engine may open, so that it never makes (or
+    litters) a directory: one an engine was made in (engine/data_dir.py's layout). With
+    ``shared`` (``--metadata``) the engine lives in the shared store, and a new coordinator's
+    directory may also be missing or empty (it is made then), but not someone else's."""
+    from sediment.engine.data_dir import LOCK_NAME, DataDir
+
+    how = "`sediment relation add` creates one, or pass --data-dir"
+    if not os.path.isdir(data_dir):
+        if shared and not os.path.lexists(data_dir):
+            return
+        what = "no data directory at" if not os.path.lexists(data_dir) else "not a directory:"
+        raise NotADataDir(f"{what} {data_dir}; {how}")
+    if DataDir(data_dir).holds_engine():
+        return
+    entries = os.listdir(data_dir)
+    if shared and (not entries or LOCK_NAME in entries):
+        return
+    raise NotADataDir(f"{data_dir} is not a sediment data directory (it has none of meta/, wal/, REPLICATED) and "
+                      f"was left as it is; {how}")
+
+
 def open_engine(args: argparse.Namespace, *, create: bool = False, discover: bool = True,
                 **options: object) -> sediment.Engine:
-    """Open the engine; only commands that create things may create the data directory. With
+    """Open the engine; only commands that create things (``create``) may create the data
+    directory, the others need one an engine was made in (:func:`require_engine_dir`). With
     ``--connect`` the engine is a served coordinator's, reached through a client that has the
     same methods, so every command reads the same either way. A data directory another
     process serves is used through that server (``discover``: see sediment/cli/discover.py)."""
@@ -77,10 +100,8 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, discover: boo
             raise UsageError("--connect needs a token: pass --token T or set $SEDIMENT_TOKEN")
         return sediment.connect(args.connect, token=token, tls_root_certs=getattr(args, "tls_root_certs", None))
     data_dir = data_dir_of(args)
-    if not create and not os.path.isdir(data_dir) and not getattr(args, "metadata", None):
-        # (with --metadata the engine may live in a shared store: a new coordinator's directory is fine)
-        raise SedimentError(f"no data directory at {data_dir}; `sediment relation add` creates one, or pass "
-                            "--data-dir")
+    if not create:
+        require_engine_dir(data_dir, shared=bool(getattr(args, "metadata", None)))
     given = {option: getattr(args, option, None) for option in ("blob", "metadata", "wal", "cluster_key",
                                                                 "take_over_blob_prefix", "max_wal_backlog")}
     for option, value in given.items():

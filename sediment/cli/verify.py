@@ -7,7 +7,7 @@ import os
 
 from sediment.cli.common import data_dir_of, open_engine, progress_for
 from sediment.cli.files import _one_line
-from sediment.engine.data_dir import read_marker
+from sediment.engine.data_dir import DataDir, read_marker
 from sediment.engine.verify import VerifyReport, verify_data_dir
 from sediment.engine.verify_replicated import verify_engine
 from sediment.errors import InvalidArgument, SedimentError
@@ -55,7 +55,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                           "wal": [p.to_json() for p in report.wal_findings]}, indent=2, sort_keys=True))
         return 0 if report.ok else 1
     _print_report(report, args.verbose)
-    if args.repair and os.path.isdir(data_dir):
+    if args.repair and DataDir(data_dir).holds_engine():  # else nothing to repair, and nothing is made
         result = repair_data_dir(data_dir, lambda: open_engine(args, repair=True, compact=False, discover=False),
                                  force=getattr(args, "force", False), **blob_options)
         for line in result.lines:

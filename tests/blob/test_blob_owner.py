@@ -7,6 +7,7 @@ identity; taking a prefix over is explicit."""
 from __future__ import annotations
 
 import json
+import os
 
 import pyarrow as pa
 import pytest
@@ -52,9 +53,10 @@ def test_second_engine_on_a_prefix_is_refused_and_the_first_keeps_its_data(tmp_p
         owner_id = json.loads(a.storage.meta.get("engine/storage").value)["engine_id"]
     before = _listing(uri, endpoint)
     assert owner_mod.OWNER_KEY in before and any(k.startswith("trace/") for k in before)
-    (tmp_path / "b").mkdir()  # an operator's directory: the refused open leaves it for verify to look at
+    (tmp_path / "b").mkdir()  # an operator's directory: the refused open leaves it as it was, for verify
     with pytest.raises(BlobPrefixOwned) as info:
         sediment.open(str(tmp_path / "b"), **opts)
+    assert os.listdir(tmp_path / "b") == []
     assert uri in str(info.value) and owner_id in str(info.value) and str(tmp_path / "a") in str(info.value)
     assert _listing(uri, endpoint) == before  # nothing written or deleted
     from sediment.engine.verify import verify_data_dir

@@ -222,6 +222,15 @@ def test_client_append_many_with_a_list_is_a_typed_error(tmp_path):
         server.stop()
 
 
+@pytest.mark.parametrize("options", [{"timeout": "5"}, {"timeout": -1}, {"token": 5}, {"tls_root_certs": 5},
+                                     {"deadline": "soon"}])
+def test_connect_options_are_typed_errors_before_any_connection(options):
+    uri = "zk://127.0.0.1:1/c" if "deadline" in options else "grpc://127.0.0.1:1"  # nothing listens there
+    with pytest.raises(InvalidArgument) as refused:
+        sediment.connect(uri, **{"token": "t", **options})
+    assert next(iter(options)) in str(refused.value)
+
+
 # --- progress -------------------------------------------------------------------------------------
 
 

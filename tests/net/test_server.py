@@ -365,11 +365,13 @@ def test_idle_transactions_are_aborted_and_stop_holding_back_compaction(tmp_path
         engine.close()
 
 
-def test_idle_timeout_must_be_positive(tmp_path):
+@pytest.mark.parametrize("option", [{"txn_idle_timeout": 0}, {"txn_idle_timeout": "5"}, {"stop_grace": "x"},
+                                    {"close_engine": "yes"}, {"token": 5}, {"location": 8815}])
+def test_server_options_of_the_wrong_type_or_range_are_invalid_argument(tmp_path, option):
     engine = sediment.open(str(tmp_path / "data"))
     try:
-        with pytest.raises(ValueError, match="txn_idle_timeout"):
-            SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN, txn_idle_timeout=0)
+        with pytest.raises(errors.InvalidArgument, match=next(iter(option))):
+            SedimentFlightServer(engine, **{"location": "grpc://127.0.0.1:0", "token": TOKEN, **option})
     finally:
         engine.close()
 

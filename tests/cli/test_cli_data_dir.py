@@ -1,0 +1,78 @@
+"""Which directories a command may open: every command but ``relation add`` and ``serve``
+works on an existing engine, so pointed at a directory an engine was never made in (none of
+``meta/``, ``wal/``, ``REPLICATED``), or at none, it fails with NotADataDir (exit 1) and
+leaves the directory exactly as it was, instead of making it a data directory first."""
+
+from __future__ import annotations
+
+import pytest
+from test_cli import assert_one_line_error, ok, run
+
+import sediment
+from sediment.cli.common import require_engine_dir
+from sediment.errors import NotADataDir
+
+COMMANDS = {  # the read-only ones first; then those that write to a relation that must exist
+    "read": ["read", "r", "--as-of", "1"],
+    "relation list": ["relation", "list"],
+    "relation describe": ["relation", "describe", "r"],
+    "stats": ["stats"],
+    "tail": ["tail", "r", "--as-of", "0", "--idle-timeout", "0.1"],
+    "compact": ["compact"],
+    "seal": ["seal", "r", "1"],
+    "since": ["since", "r", "1"],
+    "relation drop": ["relation", "drop", "r"],
+    "relation alter": ["relation", "alter", "r", "--add", "x:int64"],
+    "verify --repair": ["verify", "--repair"],
+}
+
+
+def listing(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("holding", ["nothing", "a file"])
+def test_a_directory_without_an_engine_is_refused_and_left_as_it_was(tmp_path, capsys, command, holding):
+    d = tmp_path / "mine"
+    d.mkdir()
+    if holding == "a file":
+        (d / "notes.txt").write_text("keep")
+    before = listing(tmp_path)
+    rc, _out, err = run(capsys, d, *COMMANDS[command])
+    assert listing(tmp_path) == before, f"{command} changed {d}"
+    if command == "verify --repair":  # verify reports; there is nothing to repair
+        assert rc == 0 and err == ""
+        return
+    assert_one_line_error(rc, err, f"{d} is not a sediment data directory", "relation add")
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_missing_directory_is_not_created(tmp_path, capsys, command):
+    d = tmp_path / "a" / "data"
+    rc, _out, err = run(capsys, d, *COMMANDS[command])
+    assert rc == 1 and listing(tmp_path) == [], err
+
+
+def test_with_shared_metadata_a_new_or_empty_directory_may_be_used_but_not_a_full_one(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(NotADataDir, match="not a sediment data directory"):
+        require_engine_dir(str(mine), shared=True)
+    require_engine_dir(str(tmp_path / "new"), shared=True)  # a new coordinator's directory
+    (tmp_path / "empty").mkdir()
+    require_engine_dir(str(tmp_path / "empty"), shared=True)
+    with pytest.raises(NotADataDir, match="no data directory"):
+        require_engine_dir(str(tmp_path / "new"), shared=False)
+
+
+def test_creating_commands_still_make_the_directory_and_every_layout_is_found(tmp_path, capsys):
+    d = tmp_path / "data"
+    d.mkdir()  # empty: relation add makes it a data directory, as before
+    ok(capsys, d, "relation", "add", "r", "--schema", "id:int64")
+    assert "r\tid:int64" in ok(capsys, d, "relation", "list")
+    ring = tmp_path / "data-ring"  # a device ring's engine: its log outside, its metadata in meta/
+    with sediment.open(ring, wal=f"device:{tmp_path / 'ring'}", wal_capacity=8 << 20) as eng:
+        eng.add_relation("r", sediment.parse_schema_spec("id:int64"))
+    assert "r\tid:int64" in ok(capsys, ring, "relation", "list")

@@ -1,0 +1,72 @@
+"""A failed ``sediment.open`` leaves the disk as it found it: a path that cannot be a data
+directory (or a metadata directory) is refused before anything is made, and once past the
+option checks a data directory that the open itself created is removed again, or emptied
+again when it was there but empty; a directory that held anything is never removed."""
+
+from __future__ import annotations
+
+import pytest
+from test_engine import SCHEMA, rows, ups
+
+import sediment
+from sediment import errors
+
+
+def listing(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("option", ["data_dir", "metadata"])
+@pytest.mark.parametrize("where", ["the file", "under the file"])
+def test_a_regular_file_is_not_a_directory(tmp_path, option, where):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    path = afile if where == "the file" else afile / "data"
+    before = listing(tmp_path)
+    with pytest.raises(errors.InvalidArgument) as refused:
+        if option == "data_dir":
+            sediment.open(path)
+        else:
+            sediment.open(tmp_path / "data", metadata=str(path))
+    text = str(refused.value)
+    assert f"{afile} exists and is not a directory" in text and (option == "data_dir" or "metadata" in text)
+    assert listing(tmp_path) == before and afile.read_text() == "mine"
+
+
+def _fail_once_locked(data_dir, tmp_path, metadata):
+    """An open that passes the option checks and fails with the directory's lock held: a
+    device ring that does not exist, and no wal_capacity to create it with."""
+    with pytest.raises(errors.InvalidArgument, match="wal_capacity"):
+        sediment.open(data_dir, wal=f"device:{tmp_path / 'no-ring'}", metadata=metadata)
+
+
+@pytest.mark.parametrize("metadata", [None, "memory://"])
+def test_a_new_data_directory_is_removed_when_opening_fails(tmp_path, metadata):
+    _fail_once_locked(tmp_path / "a" / "b" / "data", tmp_path, metadata)
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("metadata", [None, "memory://"])
+def test_an_empty_data_directory_is_emptied_again_and_kept(tmp_path, metadata):
+    (tmp_path / "data").mkdir()
+    _fail_once_locked(tmp_path / "data", tmp_path, metadata)
+    assert listing(tmp_path) == ["data"]
+
+
+def test_a_directory_with_files_or_data_is_kept_as_it_was(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    _fail_once_locked(mine, tmp_path, "memory://")
+    assert (mine / "notes.txt").read_text() == "keep"
+    data = tmp_path / "data"
+    with sediment.open(data, compact_interval=None) as eng:
+        eng.add_relation("orders", SCHEMA)
+        eng.append("orders", ups([(1, "a", 1, 1)]))
+        eng.seal("orders", 1)
+    before = listing(data)
+    with pytest.raises(errors.InvalidArgument, match="wal_capacity"):  # refused once the lock is held
+        sediment.open(data, wal=f"device:{tmp_path / 'no-ring'}")
+    assert listing(data) == before
+    with sediment.open(data, compact_interval=None) as eng:
+        assert rows(eng.snapshot("orders", 1)) == [(1, "a", 1)]
