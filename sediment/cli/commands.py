@@ -68,9 +68,11 @@ def cmd_relation_alter(args: argparse.Namespace) -> int:
     check_name(args.name)
     changes = alter_changes(args)
     with open_engine(args) as engine:
+        before = engine.schema_version(args.name)
         version = engine.alter_relation(args.name, **changes)
         schema = engine.schema(args.name)
-    print(f"altered relation {args.name}: schema version {version} ({schema_spec(schema)})")
+    done = "altered relation" if version != before else "nothing to change in relation"
+    print(f"{done} {args.name}: schema version {version} ({schema_spec(schema)})")
     return 0
 
 

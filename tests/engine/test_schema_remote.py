@@ -52,6 +52,10 @@ def test_refusals_come_back_typed_and_change_nothing(client):
         with pytest.raises(SchemaChangeRefused, match="'note'.*default of the column's type"):
             client.alter_relation("r", add=[pa.field("note", pa.string())], defaults={"note": wrong})
     assert client.schema_version("r") == 0 and client.schema("r") == pa.schema([("id", pa.int64())])
+    with pytest.raises(SchemaChangeRefused, match="'q'.*non-null default"):  # a null default travels as one
+        client.alter_relation("r", add=[pa.field("q", pa.int32(), nullable=False)], defaults={"q": None})
+    assert client.alter_relation("r", rename={"id": "id"}, widen={"id": pa.int64()}) == 0  # no change
+    assert client.schema_version("r") == 0
 
 
 def test_a_defaults_stream_of_other_than_one_row_is_invalid_argument(client):
@@ -87,6 +91,16 @@ def test_cli_relation_alter_and_list(tmp_path, capsys):
         e.append("orders", pa.table({"id": [1], "product": ["a"], "time": [1], "diff": [1]}))
         e.seal("orders", 1)
         assert e.snapshot("orders", 1).column("qty").to_pylist() == [5]
+
+
+def test_cli_alter_that_changes_nothing_says_so(tmp_path, capsys):
+    d = tmp_path / "data"
+    assert _run(capsys, d, "relation", "add", "orders", "--schema", "id:int32,item:string")[0] == 0
+    rc, out, err = _run(capsys, d, "relation", "alter", "orders", "--rename", "item=item", "--widen", "id:int32")
+    assert rc == 0, err
+    assert out.strip() == "nothing to change in relation orders: schema version 0 (id:int32,item:string)"
+    rc, out, _ = _run(capsys, d, "relation", "list")
+    assert out.splitlines() == ["orders\tid:int32,item:string\tsince=0\tsealed=-1\tschema_version=0"]
 
 
 @pytest.mark.parametrize(("argv", "code", "words"), [
