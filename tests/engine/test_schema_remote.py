@@ -188,3 +188,68 @@ def test_describe_on_the_engine_the_client_and_the_cli(tmp_path, capsys):
         "  id\tint64\tfield_id=1", "  d\tdecimal128(5,2)\tfield_id=3\tdefault=1.50"]
     assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == want
+
+
+def _altered(run_cli) -> None:
+    assert run_cli("relation", "add", "r", "--schema", "id:int64,name:string")[0] == 0
+    assert run_cli("relation", "alter", "r", "--add", "qty:int32", "--default", "qty=7", "--add", "note:string")[0] == 0
+
+
+@pytest.mark.parametrize("where", ["data-dir", "connect"])
+def test_cli_append_may_leave_out_columns_an_alter_added(tmp_path, capsys, where):
+    """As Engine.append does, a file without the columns an alter added gets their default
+    (null without one); `sediment append` refused it (SchemaMismatch: missing ['qty', 'note'])."""
+    import pyarrow.parquet as pq
+
+    engine = server = None
+    if where == "connect":
+        engine = sediment.open(str(tmp_path / "served"), compact_interval=None)
+        server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN)
+        target = ["--connect", server.uri, "--token", TOKEN]
+    else:
+        target = ["--data-dir", str(tmp_path / "data")]
+
+    def run_cli(*argv):
+        rc = main([*target, *argv])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    try:
+        _altered(run_cli)
+        lacking_both = tmp_path / "a.csv"
+        lacking_both.write_text("id,name,time,diff\n" + "".join(f"{i},n{i:03d},1,1\n" for i in range(200)))
+        rc, out, err = run_cli("append", "r", str(lacking_both), "--chunk-bytes", "512")  # several chunks
+        assert rc == 0, err
+        assert out.strip() == f"appended 200 rows to r from {lacking_both} (times 1..1)"
+        lacking_note = tmp_path / "b.parquet"
+        pq.write_table(pa.table({"id": [500], "name": ["x"], "qty": pa.array([None], pa.int32()), "time": [2],
+                                 "diff": [1]}), lacking_note)
+        rc, _out, err = run_cli("append", "r", str(lacking_note))
+        assert rc == 0, err
+        assert run_cli("seal", "r", "2")[0] == 0
+        rc, out, err = run_cli("read", "r", "--as-of", "2")
+        assert rc == 0, err
+        lines = out.splitlines()
+        assert lines[0] == '"id","name","qty","note","diff"' and len(lines) == 202
+        assert lines[1] == '0,"n000",7,,1' and lines[-1] == '500,"x",,,1'
+        assert all(line.split(",")[2:] == ["7", "", "1"] for line in lines[1:-1])
+    finally:
+        if server is not None:
+            server.stop()
+            engine.close()
+
+
+def test_cli_append_without_a_first_column_names_what_may_be_left_out(tmp_path, capsys):
+    d = tmp_path / "data"
+
+    def run_cli(*argv):
+        return _run(capsys, d, *argv)
+
+    _altered(run_cli)
+    src = tmp_path / "c.csv"
+    src.write_text("id,time,diff\n1,1,1\n")
+    rc, out, err = run_cli("append", "r", str(src))
+    assert rc == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "missing ['name']" in err and "['note', 'qty'] may be left out" in err and str(src) in err
+    with sediment.open(str(d)) as e:
+        assert sum(b.num_rows for b in e.replay("r")) == 0
