@@ -351,7 +351,8 @@ class Engine:
                        widen: Mapping[str, pa.DataType] | None = None, rename: Mapping[str, str] | None = None,
                        drop: Sequence[str] = ()) -> int:
         """Change the relation's columns without rewriting its history; the new schema
-        version (unchanged when nothing changes). See engine/schema_rules.py for what is
+        version (unchanged when nothing changes: no changes, a rename to the same name, a
+        widening to the same type). See engine/schema_rules.py for what is
         allowed; a refused change raises SchemaChangeRefused naming the column and the rule,
         with nothing changed. All changes or none (one compare-and-set of the catalog entry),
         durable on return, and every append that starts after it uses the new schema."""

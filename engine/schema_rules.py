@@ -1,12 +1,16 @@
 """Which schema changes a relation allows, and the next schema version they make.
 
-Pure: no I/O. Allowed: adding a column that is nullable or has a default; widening
+Pure: no I/O. Allowed: adding a column that is nullable or has a non-null default; widening
 int8 -> int16 -> int32 -> int64, float32 -> float64, decimal(P, S) -> decimal(P', S) with
 P' > P, string -> large_string, binary -> large_binary; renaming; dropping any column but
 the last. Everything else (narrowing, a change of kind, a name clash, a reserved name) is
 refused with :class:`SchemaChangeRefused` naming the column and the rule. Old updates are
 never rewritten to make a change possible: each allowed change is one that a read can
 apply to them (trace/evolve.py), which is why only these are allowed.
+
+A change that changes nothing (renaming a column to its own name, widening one to the type
+it has) is no change: an alter made only of such changes, or of none, makes no schema
+version and answers the current one, so that an alter can be sent again without effect.
 
 The changes of one alter apply in this order, every name in them meaning the column as
 it is before the alter: drop, rename, widen, add (``defaults`` names added columns).
@@ -85,7 +89,7 @@ def _apply_drop_rename_widen(relation: str, cols: list[pa.Field], widen: Mapping
         typ = f.type
         if f.name in widen:
             new = widen[f.name]
-            if not is_widening(typ, new):
+            if new != typ and not is_widening(typ, new):
                 raise _refuse(relation, f.name, "widen only", f"{typ} -> {new} is not an allowed widening "
                               "(int8->int16->int32->int64, float32->float64, decimal(P,S)->decimal(P'>P,S), "
                               "string->large_string, binary->large_binary)")
@@ -133,11 +137,15 @@ def evolve(relation: str, history: SchemaHistory, *, add: Sequence[pa.Field] = (
             checked = check_schema(pa.schema([f]))[0]
         except SchemaMismatch as exc:
             raise _refuse(relation, f.name, "supported type", str(exc)) from None
-        if f.name in defaults:
-            new_defaults[next_id] = typed_default(relation, f, defaults[f.name])
-        elif not f.nullable:
+        default = typed_default(relation, f, defaults[f.name]) if f.name in defaults else None
+        if not f.nullable and (default is None or not default.is_valid):
             raise _refuse(relation, f.name, "nullable or default",
-                          "an added column must be nullable or have a default (older rows need a value)")
+                          "an added column that is not nullable needs a non-null default (older rows read "
+                          "as it); give one, or add the column nullable")
+        if default is not None:
+            new_defaults[next_id] = default
         cols.append(with_id(checked, next_id))
         next_id += 1
+    if pa.schema(cols).equals(history.current, check_metadata=True):
+        return None  # only renames to the same name and widenings to the same type: nothing changes
     return history.with_version(pa.schema(cols), next_id, new_defaults)

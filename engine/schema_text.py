@@ -48,7 +48,7 @@ _TYPE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:([\[(])(.*)([\])]))?\s*", 
 KNOWN = ("int8..int64 (int = int32, bigint/long = int64), uint8..uint64, float32/float, float64/double, bool, "
          "string, large_string, binary, large_binary, fixed_size_binary[N], date32/date, date64, "
          "time32[s|ms], time64[us|ns], timestamp[UNIT] or timestamp[UNIT,tz=ZONE], duration[UNIT], "
-         "decimal(P,S) / decimal128(P,S) / decimal256(P,S)")
+         "decimal(P,S) / decimal32(P,S) / decimal64(P,S) / decimal128(P,S) / decimal256(P,S)")
 
 
 def format_name(name: str) -> str:

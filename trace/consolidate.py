@@ -8,7 +8,9 @@ Tables here have the relation's row columns plus ``time`` (int64) and ``diff`` (
 ``key_columns`` names the row columns (all of them: a row's identity is its whole
 value). NULLs in a key column group together as one value and sort last, as
 pyarrow's ``sort_by`` places them; :mod:`sediment.trace.merge` relies on the same
-order, so every sorted table in a trace is sorted by these functions' rules.
+order, so every sorted table in a trace is sorted by these functions' rules. Every sort
+goes through :func:`sort_indices`, which sorts decimal32/decimal64 columns by value
+(pyarrow cannot sort them by itself).
 """
 
 from __future__ import annotations
@@ -33,6 +35,33 @@ def sort_keys(key_columns: Sequence[str], *, with_time: bool = True) -> list[tup
     return [(c, "ascending") for c in cols]
 
 
+def _sortable(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """``col`` as pyarrow sorts it by value: decimal32/decimal64 as decimal128 of the same
+    precision and scale (exact). pyarrow 26 has no sort kernel for those two: alone they fail
+    (ArrowNotImplementedError), and as one of several keys they sort by their bytes, not
+    their value (-1.00 after 3.00), an order every comparison here disagrees with."""
+    t = col.type
+    if pa.types.is_decimal32(t) or pa.types.is_decimal64(t):
+        return col.cast(pa.decimal128(t.precision, t.scale))
+    return col
+
+
+def sort_indices(data: pa.Table | pa.ChunkedArray | pa.Array,
+                 order: Sequence[tuple[str, str]] | None = None) -> pa.Array:
+    """``pc.sort_indices(data, order)`` in the trace's order for every column type the
+    engine stores (see :func:`_sortable`); the one sort every trace table goes through."""
+    if not isinstance(data, pa.Table):
+        return pc.sort_indices(_sortable(data))
+    names = {c for c, _ in order or ()}
+    view = data
+    for i, name in enumerate(data.column_names):
+        if name in names:
+            col = _sortable(data.column(i))
+            if col.type != data.schema.field(i).type:
+                view = view.set_column(i, name, col)
+    return pc.sort_indices(view, list(order or ()))
+
+
 RUN_SLICE_ROWS = 256  # mean length of in-order runs at which slices beat a gather
 
 
@@ -47,7 +76,7 @@ def sorted_table(table: pa.Table, order: Sequence[tuple[str, str]]) -> pa.Table:
     about twice as much)."""
     if table.num_rows < 2:
         return table
-    return permuted(table, pc.sort_indices(table, list(order)))
+    return permuted(table, sort_indices(table, order))
 
 
 def permuted(table: pa.Table, indices: pa.Array) -> pa.Table:

@@ -29,7 +29,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sediment.read_ahead import ordered_map
-from sediment.trace.consolidate import DIFF, TIME, first_unsorted, permuted, sort_keys, sum_sorted
+from sediment.trace.consolidate import (
+    DIFF,
+    TIME,
+    first_unsorted,
+    permuted,
+    sort_indices,
+    sort_keys,
+    sum_sorted,
+)
 
 DEFAULT_RUN_CHUNK_ROWS = 1 << 20
 
@@ -195,7 +203,7 @@ def _apart(pieces: list[pa.Table], keys: list[str], order: list[tuple[str, str]]
     if len(pieces) == 1:
         return pieces
     firsts = pa.concat_tables([p.slice(0, 1).select(keys) for p in pieces])
-    ranked = [pieces[i] for i in pc.sort_indices(firsts, order).to_pylist()]
+    ranked = [pieces[i] for i in sort_indices(firsts, order).to_pylist()]
     for a, b in zip(ranked, ranked[1:], strict=False):
         pair = pa.concat_tables([a.slice(a.num_rows - 1).select(keys), b.slice(0, 1).select(keys)])
         if first_unsorted(pair, keys, strict=True) is not None:
@@ -223,7 +231,7 @@ def _rounds(runs: list[_Run], keys: list[str], order: list[tuple[str, str]], chu
         take = [w.num_rows for w in windows]
         if bounded:
             lasts = pa.concat_tables([windows[i].slice(windows[i].num_rows - 1).select(keys) for i in bounded])
-            first = pc.sort_indices(lasts, order)[0].as_py()
+            first = sort_indices(lasts, order)[0].as_py()
             frontier = {c: lasts.column(c)[first] for c in keys}
             for i, w in enumerate(windows):
                 if i != bounded[first]:
@@ -243,7 +251,7 @@ def _rounds(runs: list[_Run], keys: list[str], order: list[tuple[str, str]], chu
 
 
 def _combine(rows: pa.Table, keys: list[str], order: list[tuple[str, str]]) -> pa.Table:
-    return sum_sorted(permuted(rows, pc.sort_indices(rows.select(keys), order)), keys)
+    return sum_sorted(permuted(rows, sort_indices(rows.select(keys), order)), keys)
 
 
 def iter_merge_runs(runs: Sequence[pa.Table | Iterable[pa.Table]], key_columns: Sequence[str], *,

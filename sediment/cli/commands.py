@@ -68,9 +68,11 @@ def cmd_relation_alter(args: argparse.Namespace) -> int:
     check_name(args.name)
     changes = alter_changes(args)
     with open_engine(args) as engine:
+        before = engine.schema_version(args.name)
         version = engine.alter_relation(args.name, **changes)
         schema = engine.schema(args.name)
-    print(f"altered relation {args.name}: schema version {version} ({schema_spec(schema)})")
+    done = "altered relation" if version != before else "nothing to change in relation"
+    print(f"{done} {args.name}: schema version {version} ({schema_spec(schema)})")
     return 0
 
 
@@ -138,7 +140,9 @@ def cmd_relation_list(args: argparse.Namespace) -> int:
 def cmd_append(args: argparse.Namespace) -> int:
     """Two passes so that bad input never touches the log: first every chunk is parsed and
     checked against the relation (types, nulls, negative or sealed times), then the chunks
-    go into one transaction, committed at the end, so the file lands whole or not at all."""
+    go into one transaction, committed at the end, so the file lands whole or not at all.
+    As ``append`` does, a file may leave out columns an alter added (``describe`` marks them
+    not required): the engine fills them with their default, null unless one was given."""
     path = args.file
     fmt = _file_format(path, args.format, "input file")
     if not os.path.isfile(path):
@@ -149,6 +153,7 @@ def cmd_append(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         schema = engine.schema(args.name)
         target = update_schema(schema)
+        optional = {c["name"] for c in engine.describe(args.name)["columns"] if not c["required"]}
         sealed = engine.sealed(args.name)
         total = _input_size(path, fmt)
         unit = "B" if fmt == "csv" else "rows"
@@ -164,7 +169,8 @@ def cmd_append(args: argparse.Namespace) -> int:
         with progress_for(args, total, f"check {os.path.basename(path)}", unit) as bar:
             for chunk, position in chunks():
                 try:
-                    table, _bounds = conform_updates(args.name, schema, chunk)
+                    given = _given_columns(args.name, target, optional, chunk)
+                    table, _bounds = conform_updates(args.name, schema, chunk, given)
                 except SedimentError as exc:
                     raise type(exc)(f"{path}: {exc}") from None
                 if table.num_rows:
@@ -201,6 +207,22 @@ def cmd_append(args: argparse.Namespace) -> int:
             raise
     print(f"appended {rows} rows to {args.name} from {path} (times {t_lo}..{t_hi})")
     return 0
+
+
+def _given_columns(name: str, target: pa.Schema, optional: set[str], chunk: pa.Table) -> pa.Schema:
+    """The update schema a chunk of an input file is checked against: ``target`` without the
+    ``optional`` columns (added by an alter) that the file leaves out, which the engine's
+    append fills; SchemaMismatch naming both kinds when it also leaves out a required one."""
+    have = set(chunk.column_names)
+    may = sorted(n for n in optional if n not in have)
+    if not may:
+        return target
+    lacking = [n for n in target.names if n not in have and n not in optional and n not in ("time", "diff")]
+    if lacking:
+        raise SchemaMismatch(f"updates for {name!r} do not match its schema: missing {lacking}; expected columns "
+                             f"{target.names}, of which {may} may be left out (added by an alter: they read as "
+                             "their default)")
+    return pa.schema([f for f in target if f.name not in may])
 
 
 # --- frontiers ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from sediment.arrow_codec import schema_to_text, table_from_text, table_to_text
 from sediment.clock import MONOTONIC, Clock
 from sediment.errors import InvalidArgument
+from sediment.trace.consolidate import sort_indices
 
 HELD_TAIL_BYTES = 256 << 20  # the most WAL-tail rows held for readers at once
 
@@ -48,7 +49,7 @@ def quantile_cuts(column: pa.ChunkedArray | pa.Array, parts: int) -> pa.Array:
         values = values.combine_chunks() if values.num_chunks else pa.array([], column.type)
     if parts <= 1 or len(values) == 0:
         return pa.array([], column.type)
-    ordered = values.take(pc.sort_indices(values))
+    ordered = values.take(sort_indices(values))
     picks = [ordered[k * len(ordered) // parts] for k in range(1, parts)]
     cuts: list[pa.Scalar] = []
     for v in picks:

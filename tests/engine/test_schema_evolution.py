@@ -192,6 +192,42 @@ def test_a_refused_alter_changes_nothing(engine):
     e.append("r", _old([1], ["a"], ["x"], 1))  # still takes the old columns
 
 
+@pytest.mark.parametrize("changes", [{}, {"rename": {"id": "id"}}, {"widen": {"id": pa.int32()}},
+                                     {"rename": {"item": "item"}, "widen": {"note": pa.string()}}])
+def test_an_alter_that_changes_nothing_makes_no_version(engine, changes):
+    """A rename to the column's own name made schema version 1 (a catalog write and a
+    feed's schema event for nothing); now it is no change, as an empty alter always was."""
+    e = engine()
+    e.add_relation("r", SCHEMA0)
+    before = e.storage.meta.get(names.RELATIONS + "r")
+    with e.subscribe("r") as feed:
+        assert feed.next(timeout=10).kind == SNAPSHOT
+        assert e.alter_relation("r", **changes) == 0
+        e.append("r", _old([1], ["a"], ["x"], 1))
+        assert feed.next(timeout=10).kind == UPDATES  # no schema event before it
+    after = e.storage.meta.get(names.RELATIONS + "r")
+    assert (after.version, after.value) == (before.version, before.value)
+    assert e.schema_version("r") == 0 and e.describe("r")["schema_version"] == 0
+
+
+def test_a_non_nullable_column_added_with_a_null_default_is_refused(engine):
+    """It was accepted, and the rows written before it read null in a column declared not
+    nullable."""
+    e = engine()
+    e.add_relation("r", SCHEMA0)
+    e.append("r", _old([1], ["a"], ["x"], 1))
+    before = e.storage.meta.get(names.RELATIONS + "r")
+    with pytest.raises(SchemaChangeRefused) as info:
+        e.alter_relation("r", add=[pa.field("qty", pa.int32(), nullable=False)], defaults={"qty": None})
+    assert info.value.column == "qty" and info.value.rule == "nullable or default"
+    assert "non-null default" in str(info.value) and "nothing was changed" in str(info.value)
+    after = e.storage.meta.get(names.RELATIONS + "r")
+    assert (after.version, after.value) == (before.version, before.value)
+    assert e.alter_relation("r", add=[pa.field("qty", pa.int32(), nullable=False)], defaults={"qty": 0}) == 1
+    e.seal("r", 1)
+    assert _snap(e, "r", 1) == [{"id": 1, "item": "a", "note": "x", "qty": 0, "diff": 1}]
+
+
 def test_feed_delivers_the_schema_change_in_order(engine):
     e = engine()
     e.add_relation("r", pa.schema([("k", pa.int64()), ("v", pa.string())]))

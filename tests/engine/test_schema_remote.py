@@ -52,6 +52,10 @@ def test_refusals_come_back_typed_and_change_nothing(client):
         with pytest.raises(SchemaChangeRefused, match="'note'.*default of the column's type"):
             client.alter_relation("r", add=[pa.field("note", pa.string())], defaults={"note": wrong})
     assert client.schema_version("r") == 0 and client.schema("r") == pa.schema([("id", pa.int64())])
+    with pytest.raises(SchemaChangeRefused, match="'q'.*non-null default"):  # a null default travels as one
+        client.alter_relation("r", add=[pa.field("q", pa.int32(), nullable=False)], defaults={"q": None})
+    assert client.alter_relation("r", rename={"id": "id"}, widen={"id": pa.int64()}) == 0  # no change
+    assert client.schema_version("r") == 0
 
 
 def test_a_defaults_stream_of_other_than_one_row_is_invalid_argument(client):
@@ -87,6 +91,16 @@ def test_cli_relation_alter_and_list(tmp_path, capsys):
         e.append("orders", pa.table({"id": [1], "product": ["a"], "time": [1], "diff": [1]}))
         e.seal("orders", 1)
         assert e.snapshot("orders", 1).column("qty").to_pylist() == [5]
+
+
+def test_cli_alter_that_changes_nothing_says_so(tmp_path, capsys):
+    d = tmp_path / "data"
+    assert _run(capsys, d, "relation", "add", "orders", "--schema", "id:int32,item:string")[0] == 0
+    rc, out, err = _run(capsys, d, "relation", "alter", "orders", "--rename", "item=item", "--widen", "id:int32")
+    assert rc == 0, err
+    assert out.strip() == "nothing to change in relation orders: schema version 0 (id:int32,item:string)"
+    rc, out, _ = _run(capsys, d, "relation", "list")
+    assert out.splitlines() == ["orders\tid:int32,item:string\tsince=0\tsealed=-1\tschema_version=0"]
 
 
 @pytest.mark.parametrize(("argv", "code", "words"), [
@@ -174,3 +188,68 @@ def test_describe_on_the_engine_the_client_and_the_cli(tmp_path, capsys):
         "  id\tint64\tfield_id=1", "  d\tdecimal128(5,2)\tfield_id=3\tdefault=1.50"]
     assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == want
+
+
+def _altered(run_cli) -> None:
+    assert run_cli("relation", "add", "r", "--schema", "id:int64,name:string")[0] == 0
+    assert run_cli("relation", "alter", "r", "--add", "qty:int32", "--default", "qty=7", "--add", "note:string")[0] == 0
+
+
+@pytest.mark.parametrize("where", ["data-dir", "connect"])
+def test_cli_append_may_leave_out_columns_an_alter_added(tmp_path, capsys, where):
+    """As Engine.append does, a file without the columns an alter added gets their default
+    (null without one); `sediment append` refused it (SchemaMismatch: missing ['qty', 'note'])."""
+    import pyarrow.parquet as pq
+
+    engine = server = None
+    if where == "connect":
+        engine = sediment.open(str(tmp_path / "served"), compact_interval=None)
+        server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", TOKEN)
+        target = ["--connect", server.uri, "--token", TOKEN]
+    else:
+        target = ["--data-dir", str(tmp_path / "data")]
+
+    def run_cli(*argv):
+        rc = main([*target, *argv])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    try:
+        _altered(run_cli)
+        lacking_both = tmp_path / "a.csv"
+        lacking_both.write_text("id,name,time,diff\n" + "".join(f"{i},n{i:03d},1,1\n" for i in range(200)))
+        rc, out, err = run_cli("append", "r", str(lacking_both), "--chunk-bytes", "512")  # several chunks
+        assert rc == 0, err
+        assert out.strip() == f"appended 200 rows to r from {lacking_both} (times 1..1)"
+        lacking_note = tmp_path / "b.parquet"
+        pq.write_table(pa.table({"id": [500], "name": ["x"], "qty": pa.array([None], pa.int32()), "time": [2],
+                                 "diff": [1]}), lacking_note)
+        rc, _out, err = run_cli("append", "r", str(lacking_note))
+        assert rc == 0, err
+        assert run_cli("seal", "r", "2")[0] == 0
+        rc, out, err = run_cli("read", "r", "--as-of", "2")
+        assert rc == 0, err
+        lines = out.splitlines()
+        assert lines[0] == '"id","name","qty","note","diff"' and len(lines) == 202
+        assert lines[1] == '0,"n000",7,,1' and lines[-1] == '500,"x",,,1'
+        assert all(line.split(",")[2:] == ["7", "", "1"] for line in lines[1:-1])
+    finally:
+        if server is not None:
+            server.stop()
+            engine.close()
+
+
+def test_cli_append_without_a_first_column_names_what_may_be_left_out(tmp_path, capsys):
+    d = tmp_path / "data"
+
+    def run_cli(*argv):
+        return _run(capsys, d, *argv)
+
+    _altered(run_cli)
+    src = tmp_path / "c.csv"
+    src.write_text("id,time,diff\n1,1,1\n")
+    rc, out, err = run_cli("append", "r", str(src))
+    assert rc == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "missing ['name']" in err and "['note', 'qty'] may be left out" in err and str(src) in err
+    with sediment.open(str(d)) as e:
+        assert sum(b.num_rows for b in e.replay("r")) == 0

@@ -90,8 +90,27 @@ def test_nothing_to_change_is_no_new_version():
     assert evolve("r", _history()) is None
 
 
+@pytest.mark.parametrize("changes", [
+    {"rename": {"item": "item"}}, {"widen": {"id": pa.int32()}}, {"widen": {"amount": pa.decimal128(10, 2)}},
+    {"rename": {"item": "item", "note": "note"}, "widen": {"item": pa.string()}, "defaults": {}},
+])
+def test_changes_that_change_nothing_make_no_version(changes):
+    """A rename to its own name made version 1 (same columns, same ids) and a widening to
+    the same type was refused as not a widening; both are no change now, as an empty alter."""
+    assert evolve("r", _history(), **changes) is None
+
+
+def test_a_change_that_changes_nothing_beside_a_real_one_leaves_only_the_real_one():
+    h = evolve("r", _history(), rename={"item": "item"}, widen={"id": pa.int32()}, add=[pa.field("q", pa.int8())])
+    assert h.version == 1
+    assert h.current.equals(pa.schema([*_history().current, h.current.field("q")]), check_metadata=True)
+
+
 @pytest.mark.parametrize(("changes", "column", "rule"), [
     ({"add": [pa.field("qty", pa.int32(), nullable=False)]}, "qty", "nullable or default"),
+    ({"add": [pa.field("qty", pa.int32(), nullable=False)], "defaults": {"qty": None}}, "qty",
+     "nullable or default"),  # older rows would read null in it
+    ({"rename": {"note": "note"}, "drop": ["note"]}, "note", "drop or rename"),
     ({"add": [pa.field("item", pa.string())]}, "item", "name clash"),
     ({"add": [pa.field("time", pa.int64())]}, "time", "reserved name"),
     ({"add": [pa.field("l", pa.list_(pa.int32()))]}, "l", "supported type"),

@@ -117,3 +117,14 @@ def test_range_index_and_quantile_cuts_match_a_model():
         assert all(c in known for c in cuts)
         idx = held_tails.range_index(pa.array(values, pa.int64()), cuts).to_pylist()
         assert idx == [0 if v is None else sum(v >= c for c in cuts) for v in values]
+
+
+@pytest.mark.parametrize("t", [pa.decimal32(5, 2), pa.decimal64(12, 2)])
+def test_quantile_cuts_of_a_decimal_key_are_in_value_order(t):
+    """pyarrow 26 cannot sort decimal32/decimal64 by itself: the cuts of a tail keyed by one
+    failed with ArrowNotImplementedError."""
+    import decimal
+    values = [decimal.Decimal(v) for v in ("3.00", "-1.00", "2.56", "-300.00", "0.01", "-0.01", "1.00", "9.99")]
+    cuts = held_tails.quantile_cuts(pa.chunked_array([pa.array([*values, None], t)]), 4).to_pylist()
+    ordered = sorted(values)
+    assert cuts == [ordered[2], ordered[4], ordered[6]]

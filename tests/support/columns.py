@@ -21,6 +21,8 @@ WORKS = {  # type -> three distinct values, in ascending order
     "uint64": (pa.uint64(), [0, 1, 2**64 - 1]),
     "float32": (pa.float32(), [-1.5, 0.0, 2.25]),
     "float64": (pa.float64(), [-1.5, 0.0, 1e300]),
+    "decimal32": (pa.decimal32(5, 2), [D("-3.10"), D("0.00"), D("1.25")]),
+    "decimal64": (pa.decimal64(12, 2), [D("-3.10"), D("0.00"), D("1.25")]),
     "decimal128": (pa.decimal128(10, 2), [D("-3.10"), D("0.00"), D("1.25")]),
     "decimal256": (pa.decimal256(50, 3), [D("-1.000"), D("0.001"), D("12345678901234567890123456789.123")]),
     "bool": (pa.bool_(), [False, True, None]),
