@@ -181,9 +181,11 @@ class Engine:
                          segment_bytes=segment_bytes, repair=repair, compact=compact,
                          take_over_blob_prefix=take_over_blob_prefix)
         except BaseException:
-            # All in a directory this open made (or found empty) and locked is its own until the storage
-            # record is written (then a shared store or a blob prefix's owner marker may refer to it).
-            whole = engine is not None and engine.storage.lock_fd is not None and not engine.storage.recorded
+            # All in a directory this open made (or found empty) and locked is its own, unless an engine was
+            # made in it before the lock was taken (another open), or the storage record was written (then
+            # a shared store or a blob prefix's owner marker may refer to it).
+            st = engine.storage if engine is not None else None
+            whole = st is not None and st.lock_fd is not None and st.fresh and not st.recorded
             if engine is not None:
                 engine._release_all()
             if created is not None or was_empty:

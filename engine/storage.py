@@ -47,9 +47,11 @@ class Storage:
     _unsaved: tuple[bytes, int | None] | None = field(default=None, init=False, repr=False)
     created: bool = False  # this open made the storage record: a new log may be made
     recorded: bool = False  # this open wrote the storage record: from here on the directory is kept
+    fresh: bool = False  # no engine had been made in the directory when this open took its lock
 
     def take_lock(self) -> None:
         self.lock_fd = self.dir.take_lock()
+        self.fresh = not self.dir.holds_engine()
 
     def open_metadata(self, metadata: str | MetadataStore | None) -> MetadataStore:
         if metadata is None:

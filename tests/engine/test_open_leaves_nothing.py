@@ -70,3 +70,35 @@ def test_a_directory_with_files_or_data_is_kept_as_it_was(tmp_path):
     assert listing(data) == before
     with sediment.open(data, compact_interval=None) as eng:
         assert rows(eng.snapshot("orders", 1)) == [(1, "a", 1)]
+
+
+def test_an_engine_made_while_an_open_waited_for_the_lock_is_kept(tmp_path, monkeypatch):
+    """The open found the directory empty, another process made an engine in it before this
+    open took the lock, and this open then failed: the other engine is not this open's to
+    remove (it was emptied with everything in it before)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from sediment.engine.data_dir import DataDir
+
+    data = tmp_path / "data"
+    data.mkdir()
+    maker = textwrap.dedent(f"""
+        import pyarrow as pa, sediment
+        with sediment.open({str(data)!r}, compact_interval=None) as eng:
+            eng.add_relation("r", pa.schema([("k", pa.int64())]))
+            eng.append("r", pa.table({{"k": [7], "time": [1], "diff": [1]}}))
+            eng.seal("r", 2)
+    """)
+    take_lock = DataDir.take_lock
+
+    def another_process_first(self):
+        subprocess.run([sys.executable, "-c", maker], check=True, timeout=120)
+        return take_lock(self)
+
+    monkeypatch.setattr(DataDir, "take_lock", another_process_first)
+    _fail_once_locked(data, tmp_path, None)
+    monkeypatch.undo()
+    with sediment.open(data, compact_interval=None) as eng:
+        assert eng.snapshot("r", 1).column("k").to_pylist() == [7]
