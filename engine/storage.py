@@ -72,6 +72,10 @@ class Storage:
             given["wal"] = parse_wal(given["wal"]).text
         recorded, version = read_storage_record(self.meta)
         self.created = recorded is None
+        if recorded is not None and recorded.wal is None and not recorded.replicas and given.get("wal") not in (
+                None, "file"):
+            raise InvalidArgument(f"{self.dir.root} was created with the file log (wal='file'), not "
+                                  f"wal={given['wal']!r}; open it with wal='file' (or leave wal out)")
         self.record = (recorded or StorageRecord()).merged(given, self.dir.root)
         if recorded is None or self.record != recorded:  # recorded once the engine has opened with it
             self._unsaved = (self.record.encode(), version)

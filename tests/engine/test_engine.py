@@ -393,6 +393,10 @@ def test_storage_options_are_remembered_by_the_data_directory(tmp_path):
         sediment.open(tmp_path / "new", wal="bogus")
     with sediment.open(tmp_path / "new") as eng:
         assert eng.relations() == []
+    for given in ({}, {"wal_capacity": 8 << 20}):  # the default file log is recorded too
+        with pytest.raises(errors.InvalidArgument, match=r"created with the file log \(wal='file'\)"):
+            sediment.open(tmp_path / "new", wal=f"device:{tmp_path / 'other.dev'}", **given)
+    assert not (tmp_path / "other.dev").exists()
 
 
 @pytest.mark.every_log
