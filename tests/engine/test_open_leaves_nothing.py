@@ -33,10 +33,11 @@ def test_a_regular_file_is_not_a_directory(tmp_path, option, where):
     assert listing(tmp_path) == before and afile.read_text() == "mine"
 
 
-def _fail_once_locked(data_dir, tmp_path, metadata):
+def _fail_once_locked(data_dir, tmp_path, metadata, match="wal_capacity"):
     """An open that passes the option checks and fails with the directory's lock held: a
-    device ring that does not exist, and no wal_capacity to create it with."""
-    with pytest.raises(errors.InvalidArgument, match="wal_capacity"):
+    device ring that does not exist, and no wal_capacity to create it with (or, where an
+    engine with the file log is found, a log it was not created with)."""
+    with pytest.raises(errors.InvalidArgument, match=match):
         sediment.open(data_dir, wal=f"device:{tmp_path / 'no-ring'}", metadata=metadata)
 
 
@@ -65,7 +66,7 @@ def test_a_directory_with_files_or_data_is_kept_as_it_was(tmp_path):
         eng.append("orders", ups([(1, "a", 1, 1)]))
         eng.seal("orders", 1)
     before = listing(data)
-    with pytest.raises(errors.InvalidArgument, match="wal_capacity"):  # refused once the lock is held
+    with pytest.raises(errors.InvalidArgument, match="created with the file log"):  # refused once locked
         sediment.open(data, wal=f"device:{tmp_path / 'no-ring'}")
     assert listing(data) == before
     with sediment.open(data, compact_interval=None) as eng:
@@ -98,7 +99,7 @@ def test_an_engine_made_while_an_open_waited_for_the_lock_is_kept(tmp_path, monk
         return take_lock(self)
 
     monkeypatch.setattr(DataDir, "take_lock", another_process_first)
-    _fail_once_locked(data, tmp_path, None)
+    _fail_once_locked(data, tmp_path, None, match="created with the file log")
     monkeypatch.undo()
     with sediment.open(data, compact_interval=None) as eng:
         assert eng.snapshot("r", 1).column("k").to_pylist() == [7]
