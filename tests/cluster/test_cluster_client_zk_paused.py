@@ -43,7 +43,7 @@ def in_thread(call) -> tuple[threading.Thread, list]:
 def test_calls_end_by_their_deadline_while_zookeeper_is_paused(tmp_path):
     zk_server = ZooKeeperServer(tmp_path / "zk")
     zk_server.start()
-    paused, client = False, None
+    paused, client, zk = False, None, None
     try:
         where = layout.ClusterPath.parse(f"zk://127.0.0.1:{zk_server.port}/paused")
         zk = layout.connect_zk(where)
@@ -78,4 +78,7 @@ def test_calls_end_by_their_deadline_while_zookeeper_is_paused(tmp_path):
             os.kill(zk_server.pid, signal.SIGCONT)
         if client is not None:
             client.close()
+        if zk is not None:  # else its reconnecting thread outlives the server, logging into later tests
+            zk.stop()
+            zk.close()
         zk_server.stop()
