@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from support.cluster_procs import TOKEN, Cluster
+from support.cluster_procs import TOKEN
 
 import sediment
 from sediment.client import Client
@@ -28,15 +28,6 @@ SCHEMA = pa.schema([("k", pa.int64())])
 def rows(keys: list[int], t: int = 1) -> pa.Table:
     return pa.table({"k": pa.array(keys, pa.int64()), "time": pa.array([t] * len(keys), pa.int64()),
                      "diff": pa.array([1] * len(keys), pa.int64())})
-
-
-@pytest.fixture
-def cluster(tmp_path, zookeeper, zk_root, moto_server, s3_bucket):
-    c = Cluster(tmp_path, f"127.0.0.1:{zookeeper.port}", zk_root, moto_server.endpoint, s3_bucket[1])
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def keys_of(client, name: str, as_of: int) -> list[int]:

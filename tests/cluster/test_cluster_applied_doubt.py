@@ -6,7 +6,7 @@ again, and the table it rebuilds from the recovered log knows the key (cluster/a
 from __future__ import annotations
 
 import pytest
-from support.cluster_procs import TOKEN, Cluster
+from support.cluster_procs import TOKEN
 from support.waiting import poll_until
 from test_cluster import SCHEMA, keys_of, rows
 
@@ -15,15 +15,6 @@ from sediment.client import Client
 from sediment.errors import NotPartitionOwner, OutcomeUnknown, QuorumUnavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def cluster(tmp_path, zookeeper, zk_root, moto_server, s3_bucket):
-    c = Cluster(tmp_path, f"127.0.0.1:{zookeeper.port}", zk_root, moto_server.endpoint, s3_bucket[1])
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_a_retry_of_an_append_of_unknown_outcome_at_the_same_owner_is_applied_once(cluster):

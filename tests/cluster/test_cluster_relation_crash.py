@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from support.cluster_procs import TOKEN, Cluster
+from support.cluster_procs import TOKEN
 from test_cluster import SCHEMA, keys_of, rows
 
 import sediment
@@ -24,15 +24,6 @@ ENGINE = "sediment.engine.engine:Engine"
 # the member dies once the catalog dropped "dropped", and before the catalog adds "added"
 KILLS = (f"{ENGINE}.drop_relation|after|dropped", f"{ENGINE}.add_relation|before|added")
 DIED = (OutcomeUnknown, CoordinatorUnavailable)  # what the client sees of an owner dying in the call
-
-
-@pytest.fixture
-def cluster(tmp_path, zookeeper, zk_root, moto_server, s3_bucket):
-    c = Cluster(tmp_path, f"127.0.0.1:{zookeeper.port}", zk_root, moto_server.endpoint, s3_bucket[1])
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_a_drop_or_add_cut_between_its_two_writes_is_completed_by_the_next(cluster):
