@@ -160,8 +160,9 @@ class RelationView:
         check_name(name)
         rel = self.relations.get(name)
         if rel is None:
-            raise UnknownRelation(f"no relation named {name!r} in {self.where}; known: "
-                                  f"{sorted(self.relations) or 'none'}")
+            known = sorted(self.relations)
+            listed = f"{known[:20]}" + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+            raise UnknownRelation(f"no relation named {name!r} in {self.where}; known: {listed if known else 'none'}")
         return rel
 
     def needed_lsns(self) -> list[int]:

@@ -147,6 +147,11 @@ class Client:
             if typed is exc:
                 raise
             raise typed from None
+        except pa.ArrowException as exc:
+            if "gRPC" not in str(exc):  # not the transport's (pyarrow reports some of gRPC's codes so)
+                raise
+            raise errors.TransportFailed(f"the transport failed during the call ({error_line(exc)}): it may or "
+                                         "may not have been carried out; read back before writing again") from None
 
     def _action(self, op: Action, **args: Any) -> Any:
         body = encode(op, **args)

@@ -36,14 +36,32 @@ def error_detail(exc: BaseException) -> bytes:
         except (TypeError, ValueError):
             continue  # not representable: the message still says it
         attrs[key] = value
-    return json.dumps({"error": cls.__name__, "module": module, "message": str(exc), "attrs": attrs}).encode()
+    detail = {"error": cls.__name__, "module": module, "message": shortened(str(exc), MESSAGE_CHARS), "attrs": attrs}
+    out = json.dumps(detail).encode()
+    if len(out) > DETAIL_BYTES:  # attributes too large for the trailers: the message still says it
+        detail["attrs"] = {}
+        out = json.dumps(detail).encode()
+    return out
+
+
+# gRPC refuses trailers past 16 KiB (the status message and the detail travel there), and the
+# call then fails with a transport error in place of the server's: both are kept well below.
+MESSAGE_CHARS = 2000
+DETAIL_BYTES = 10 * 1024
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def to_flight_error(exc: BaseException) -> flight.FlightError:
     """``exc`` as the Flight error the client maps back (authentication errors pass as they are)."""
     if isinstance(exc, flight.FlightError):
         return exc
-    return flight.FlightServerError(f"{type(exc).__name__}: {exc}", extra_info=error_detail(exc))
+    return flight.FlightServerError(shortened(f"{type(exc).__name__}: {exc}", 200), extra_info=error_detail(exc))
 
 
 def error_from_detail(detail: object) -> BaseException | None:

@@ -217,6 +217,21 @@ def test_error_detail_keeps_attributes_and_unknown_errors_become_server_errors()
     assert json.loads(error_detail(KeyError("k")))["module"] == "builtins"
 
 
+def test_an_error_with_a_long_message_comes_back_typed(served):
+    """gRPC refuses trailers past 16 KiB, where the error travels: a longer message made the
+    call fail with pyarrow's ArrowInvalid in place of the server's typed error."""
+    c = served.client()
+    for i in range(250):
+        served.engine.add_relation(f"orders_by_region_and_customer_segment_{i:04d}_materialized_view_v2", SCHEMA)
+    for call in (lambda: c.describe("missing"), lambda: c.snapshot("missing", 1),
+                 lambda: c.append_many({"missing": ups([(1, "a", 1, 1)])})):
+        with pytest.raises(errors.UnknownRelation, match="known: .* and 230 more"):
+            call()
+    with pytest.raises(errors.InvalidRelationName, match=r"more characters\)"):
+        c.seal("a" * 20_000, 1)
+    assert c.relations() == served.engine.relations()
+
+
 def test_closed_client_raises_engine_closed(served):
     c = served.client()
     c.close()
