@@ -296,7 +296,7 @@ class Reads:
         overlap the current time, not the whole relation (see :mod:`sediment.engine.time_order`).
         ``ordered=False`` streams batches as stored (sorted by row, then time) and then the
         WAL tail: no sort, for consumers that consolidate anyway."""
-        args.check_int(batch_rows, "batch_rows", low=1)
+        args.check_int(batch_rows, "batch_rows", low=1, high=1 << 31)
         args.check_bool(ordered, "ordered")
         with self._lock:
             rel = self.view.get(name)

@@ -426,7 +426,7 @@ class SedimentFlightServer(flight.FlightServerBase):
                 return flight.RecordBatchStream(self.engine.snapshot(name, field(args, "as_of", "snapshot ticket")))
             if op == Get.REPLAY:
                 schema = update_schema(self.engine.schema(name))
-                batches = self.engine.replay(name, batch_rows=int(args.get("batch_rows", 65536)))
+                batches = self.engine.replay(name, batch_rows=args.get("batch_rows", 65536))
                 return flight.GeneratorStream(schema, _typed_errors(batches))
             if op == Get.PLAN:
                 return self._plan_stream(name, args)
@@ -453,12 +453,12 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def _engine_subscription(self, name: str, args: dict[str, Any]) -> Any:
         """The engine's subscription a subscribe request (its own stream or a shared one) asks for."""
-        return self.engine.subscribe(name, args.get("as_of"), resume=bool(args.get("resume", False)),
+        return self.engine.subscribe(name, args.get("as_of"), resume=args.get("resume", False),
                                      max_lag=args.get("max_lag"))
 
     def _plan_stream(self, name: str, args: dict[str, Any]) -> flight.FlightDataStream:
         plan = self.engine.plan_read(name, field(args, "as_of", "plan ticket"), from_t=args.get("from"),
-                                     lease_seconds=float(args.get("lease_seconds", 600.0)))
+                                     lease_seconds=args.get("lease_seconds", 600.0))
         try:
             body, extra = serve_hold(self._held_tails, plan, args)  # the tail rows, or held and quantiles
             tail = body.replace_schema_metadata({**(body.schema.metadata or {}), **extra,

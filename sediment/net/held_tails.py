@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from sediment.arrow_codec import schema_to_text, table_from_text, table_to_text
 from sediment.clock import MONOTONIC, Clock
+from sediment.engine.args import check_int, check_number
 from sediment.errors import InvalidArgument
 from sediment.trace.consolidate import sort_indices
 
@@ -179,9 +180,11 @@ def serve_hold(held: HeldTails, plan: Any, args: dict[str, Any]) -> tuple[pa.Tab
         return tail, {}
     if not isinstance(ask, dict):
         raise InvalidArgument(f"plan: hold_tail must be {{part_rows, max_parts}}, not {ask!r}")
-    part_rows = int(ask.get("part_rows") or 65536)
-    parts = tail_parts(tail.num_rows, part_rows, int(ask.get("max_parts") or 16))
-    if parts < 2 or not held.hold(plan.lease, plan.relation, tail, float(args.get("lease_seconds", 600.0))):
+    part_rows = check_int(ask.get("part_rows") or 65536, "plan: hold_tail part_rows", high=1 << 40)
+    max_parts = check_int(ask.get("max_parts") or 16, "plan: hold_tail max_parts", high=1 << 16)
+    parts = tail_parts(tail.num_rows, part_rows, max_parts)
+    lease = check_number(args.get("lease_seconds", 600.0), "lease_seconds")
+    if parts < 2 or not held.hold(plan.lease, plan.relation, tail, lease):
         return tail, {}
     key = first_key(plan.key_columns, plan.update_schema.names)
     cuts = quantile_cuts(tail.column(key), parts) if key is not None else pa.array([], pa.int64())

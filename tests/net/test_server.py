@@ -232,6 +232,27 @@ def test_an_error_with_a_long_message_comes_back_typed(served):
     assert c.relations() == served.engine.relations()
 
 
+@pytest.mark.parametrize("op, fields", [
+    ("replay", {"batch_rows": 10**30}), ("replay", {"batch_rows": "5"}),
+    ("subscribe", {"resume": "false"}), ("plan", {"as_of": 1, "lease_seconds": "Infinity"}),
+    ("plan", {"as_of": 1, "hold_tail": {"part_rows": 1e300}}),
+    ("plan", {"as_of": 1, "hold_tail": {"part_rows": 2, "max_parts": "many"}}),
+])
+def test_request_fields_of_the_wrong_type_or_range_are_invalid_argument(served, op, fields):
+    """The server handed these to int()/float()/bool(): an OverflowError came back as the
+    server's failure, "false" read as True, a string as a builtin error."""
+    served.engine.add_relation("r", SCHEMA)
+    served.engine.append("r", ups([(k, "a", 1, 1) for k in range(4)]))
+    served.engine.seal("r", 2)
+    fc = flight.FlightClient(served.server.uri)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    body = json.dumps({"op": op, "relation": "r", **fields})
+    with pytest.raises(flight.FlightError) as failed:
+        fc.do_get(flight.Ticket(body.encode()), options=options).read_all()
+    fc.close()
+    assert type(typed_error(failed.value)) is errors.InvalidArgument, failed.value
+
+
 def test_closed_client_raises_engine_closed(served):
     c = served.client()
     c.close()
