@@ -304,6 +304,11 @@ class Member:
         with self._lock:
             return dict(self._engines)
 
+    def held(self, partition: int) -> tuple[Any, int] | None:
+        """(engine, generation) of ``partition`` if this member holds it (one lookup, no copy)."""
+        with self._lock:
+            return self._engines.get(partition)
+
     def zk(self) -> Any:
         return self._zk
 

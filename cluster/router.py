@@ -61,7 +61,7 @@ class ClusterEngine:
         record itself when a partition served here lacks the relation (the view is older than a
         drop, or a drop and an add elsewhere)."""
         p = self.member.partition_of(name)
-        held = self.member.owned().get(p) if p is not None else None
+        held = self.member.held(p) if p is not None else None
         if held is not None and held[0].view.relations.get(name) is None:
             p = self.member.partition_of(name, fresh=True)
         if p is None:
