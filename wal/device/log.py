@@ -25,14 +25,15 @@ for the byte layout and the recovery rules; the short version:
   ``partial_writes`` block writes are in flight (or until it holds as many appends as the
   block made durable last) the open block gathers the appends that arrive, and the
   appender whose own block became durable on its write writes it (a group commit's
-  leader); a lone appender, finding no write in flight, writes at once.
+  leader); a lone appender, finding no write in flight, writes at once, through a short
+  path (``RingWriter.place_fast`` and ``write_alone``) without the planning and slot steps.
 * Creating a ring is explicit (``create=True``); a missing or blank ring is WalMissing,
   and every header copy records the durable end, which open must reach (WalShortened).
 
 Parts, each the one owner of its state: ``format`` (header bytes), ``recovery`` (read-only
 recovery, shared with ``sediment verify``), ``block_io`` (descriptors, aligned I/O), ``head``
 (the header copies: trim point, window, recorded durable end), ``writer`` (write position,
-blocks, I/O slots, completion, durable end), ``placement`` (where frames go), ``segments``
+blocks, I/O slots, completion, durable end; its blocks and tickets in ``blocks``), ``placement`` (where frames go), ``segments``
 (FRONTIERS bookkeeping); this module is the log that holds them and opens the ring.
 """
 
@@ -48,6 +49,7 @@ from sediment.clock import MONOTONIC, Clock
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalExists
 from sediment.progress import Progress
 from sediment.wal.device.block_io import RingFiles
+from sediment.wal.device.blocks import DeviceTicket
 from sediment.wal.device.format import (
     DEFAULT_BLOCK_SIZE,
     MIN_DATA_BYTES,
@@ -72,7 +74,7 @@ from sediment.wal.device.recovery import (
     walk,
 )
 from sediment.wal.device.segments import Segments
-from sediment.wal.device.writer import DeviceTicket, RingWriter
+from sediment.wal.device.writer import RingWriter
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, record_of
 
@@ -321,8 +323,15 @@ class DeviceLog:
         caller that waits (this one's or a later one's), or by an I/O thread at a segment
         boundary, when the ring is full, or at close (the WAL protocol's rule)."""
         check_appendable(records, self.path)
-        crcs = [body_crc(r.body) for r in records]
-        sizes = [r.frame_size for r in records]
+        if len(records) == 1:
+            body = records[0].body
+            crcs, sizes = [body_crc(body)], [HEADER_SIZE + len(body)]
+        else:
+            crcs = [body_crc(r.body) for r in records]
+            sizes = [r.frame_size for r in records]
+        ticket = DeviceTicket(self.writer, records, on_durable)
+        if self.writer.place_fast(records, crcs, sizes, ticket):
+            return ticket
         d = self.data_capacity
         for n in sizes:
             if n > d:
@@ -330,7 +339,6 @@ class DeviceLog:
                     f"{self.path}: a record of {n} bytes cannot fit a ring whose data area is {d} bytes; "
                     "raise the WAL capacity or split the record."
                 )
-        ticket = DeviceTicket(self.writer, records, on_durable)
         self.writer.place(records, crcs, sizes, False, ticket)
         return ticket
 

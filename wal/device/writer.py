@@ -9,72 +9,20 @@ import mmap
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from sediment.clock import Clock
 from sediment.errors import EngineClosed, WalError, WalFull
 from sediment.wal.device.block_io import RingFiles
+from sediment.wal.device.blocks import Block, DeviceTicket, WriterCounts
 from sediment.wal.device.format import SHUTDOWN_RUNNING, align_up
 from sediment.wal.device.head import RingHead
 from sediment.wal.device.placement import Plan, plan_call
 from sediment.wal.device.segments import Segments
-from sediment.wal.protocol import DoneFlag, SegmentPreamble
+from sediment.wal.protocol import SegmentPreamble
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_header
 
 _log = logging.getLogger("sediment.wal.device.log")
 _ZEROS = bytes(64 * 1024)
-
-
-@dataclass(slots=True, eq=False)
-class _Block:
-    """A run of records written with one aligned pwrite."""
-
-    start: int
-    buf: mmap.mmap
-    pooled: bool
-    fill: int = 0
-    flag: DoneFlag = field(default_factory=DoneFlag)  # set once durable, or once the log failed
-    taken: bool = False
-    written: bool = False
-    durable: bool = False
-    frontiers_end: int = -1
-    tickets: list[DeviceTicket] = field(default_factory=list)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.fill
-
-
-@dataclass(slots=True, eq=False)
-class DeviceTicket:
-    """An append in flight (see ``DeviceLog.submit``)."""
-
-    writer: RingWriter
-    records: Sequence[Record]
-    on_durable: Callable[[Sequence[Record]], None] | None
-    block: _Block | None = None
-
-    def wait(self) -> int:
-        """Block until the records (and everything before them) are durable; the last
-        record's LSN. Raises WalError if the log failed first."""
-        assert self.block is not None
-        self.writer.await_block(self.block)
-        return self.records[-1].lsn
-
-    def settled(self) -> bool:
-        return self.block is not None and self.block.flag.is_set()
-
-
-@dataclass(slots=True)
-class WriterCounts:
-    """Event counts for benchmarks and tests (updated under the writer's lock): data block
-    writes, the writes already in flight summed over each write's start (their mean queue
-    depth), and waits of a caller whose block was written but an older one not yet (the
-    price of acknowledging in log order)."""
-
-    writes: int = 0
-    inflight_at_start: int = 0
-    waits_for_older: int = 0
 
 
 class RingWriter:
@@ -109,17 +57,17 @@ class RingWriter:
         self._alloc_lock = threading.Lock()
         self._pool: list[mmap.mmap] = []
         self._pool_size = align_up(max_block_bytes, block_size)
-        self._cur: _Block | None = None
+        self._cur: Block | None = None
         self._next = 0
-        self._pending: deque[_Block] = deque()
-        self._inflight: deque[_Block] = deque()
+        self._pending: deque[Block] = deque()
+        self._inflight: deque[Block] = deque()
         self._durable_end = 0
         self._failed: BaseException | None = None
         self._closed = False
         self._threads: list[threading.Thread] = []
         self._full_waiters = 0
         self._writing = 0
-        self._done_q: deque[_Block] = deque()
+        self._done_q: deque[Block] = deque()
         self._notifying = False
         self._checkpointing = False
         self._company = 1  # appends in the block made durable last
@@ -226,7 +174,7 @@ class RingWriter:
 
     # ---------------------------------------------------------------- I/O slots
 
-    def _eligible(self, blk: _Block) -> bool:
+    def _eligible(self, blk: Block) -> bool:
         if not self._inflight:
             return True
         wlen = align_up(blk.fill, self.block_size)
@@ -239,7 +187,7 @@ class RingWriter:
             self._next = align_up(self._next, self.block_size)
             self._pending.append(cur)
 
-    def _take(self) -> _Block | None:
+    def _take(self) -> Block | None:
         """Under the lock: the next block to write, if an I/O slot is free and the window
         allows; seals the open block when nothing sealed waits and it is not gathering."""
         if self._failed is not None or self._writing >= self.io_threads:
@@ -258,7 +206,7 @@ class RingWriter:
             return blk
         return None
 
-    def _gathers(self, cur: _Block) -> bool:
+    def _gathers(self, cur: Block) -> bool:
         """Under the lock: whether the open block waits for company rather than being
         written now. Never while no write is in flight (a lone appender writes at once) or
         at close; always while ``partial_writes`` are in flight; else until it holds as many
@@ -268,7 +216,7 @@ class RingWriter:
             return False
         return self._writing >= self.partial_writes or len(cur.tickets) < self._company
 
-    def _run(self, blk: _Block, own: _Block | None = None) -> bool:
+    def _run(self, blk: Block, own: Block | None = None) -> bool:
         """Write ``blk`` and complete it; True when ``own`` (the caller's block) became
         durable here, and the caller then writes the block gathered meanwhile
         (:meth:`_lead_next`). A failed write fails the log (``_failed``) and returns False."""
@@ -294,7 +242,7 @@ class RingWriter:
                     self._work_cv.wait()
             self._run(blk)  # a failure is seen at the top of the loop
 
-    def _write_block(self, blk: _Block) -> None:
+    def _write_block(self, blk: Block) -> None:
         bs = self.block_size
         wlen = align_up(blk.fill, bs)
         if wlen > self.head.window:
@@ -305,7 +253,7 @@ class RingWriter:
 
     # ---------------------------------------------------------------- completion
 
-    def _complete(self, blk: _Block, own: _Block | None = None) -> bool:
+    def _complete(self, blk: Block, own: Block | None = None) -> bool:
         """Advance the durable end over blocks finished in order; then (one thread at a
         time, no lock held, in log order) run callbacks and wake waiters. True when ``own``
         is durable now: its caller writes the next block itself, so no I/O thread is woken
@@ -353,7 +301,7 @@ class RingWriter:
                     self._checkpointing = False
         return lead
 
-    def _announce(self, b: _Block) -> None:
+    def _announce(self, b: Block) -> None:
         """Run the block's callbacks; only then may a FRONTIERS record in it finish the
         segment: the compacter takes records below ``finished_lsn`` from what the callbacks
         applied, so a record it counts as finished must already have been applied."""
@@ -392,7 +340,43 @@ class RingWriter:
         for b in blocks:
             b.flag.set()
 
-    def await_block(self, blk: _Block) -> None:
+    def write_alone(self, blk: Block) -> bool:
+        """When the caller's block is the open one and no write is in flight: seal, write and
+        complete it on this thread in one pass; False, with nothing done, otherwise
+        (:meth:`await_block` then decides). Raises WalError when the write fails.
+
+        Why: a lone appender goes through this path every time, and the general one's
+        steps (take, gather, eligibility, run, each its own call) cost about as much CPU as
+        the write itself."""
+        with self._lock:
+            if blk is not self._cur or self._writing or self._pending or self._failed is not None or self._closed:
+                return False
+            bs = self.block_size
+            fill = blk.fill
+            wlen = (fill + bs - 1) // bs * bs
+            if wlen > self.head.window:
+                return False
+            self._cur = None
+            self._next = (self._next + bs - 1) // bs * bs
+            blk.taken = True
+            self._inflight.append(blk)
+            self._writing = 1
+            self.counts.writes += 1
+        buf = blk.buf
+        if wlen > fill:
+            buf[fill:wlen] = _ZEROS[: wlen - fill]
+        try:
+            self.files.write_at(memoryview(buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
+        except BaseException as e:
+            _log.error("%s: WAL write failed: %s", self.path, e)
+            self._fail(e)
+            raise WalError(f"{self.path}: the WAL failed before the append was durable: {e}") from e
+        self._complete(blk, blk)  # the first in flight: durable now
+        if self._stalled:  # read after completing under the lock: a waiter stalled before it is counted
+            self._lead_next()
+        return True
+
+    def await_block(self, blk: Block) -> None:
         """Wait until ``blk`` is durable, writing blocks (in log order, its own last) on
         this thread while an I/O slot is free: a lone appender writes its own block and
         wakes no other thread. When its block gathers company (``_gathers``) or no slot is
@@ -433,7 +417,7 @@ class RingWriter:
     # ---------------------------------------------------------------- placing
 
     def place(self, records: Sequence[Record], crcs: list[int], sizes: list[int], force_frontiers: bool,
-              ticket: DeviceTicket | None) -> _Block | None:
+              ticket: DeviceTicket | None) -> Block | None:
         """Place the frames (and a FRONTIERS record at a segment boundary), waiting up to
         ``full_timeout`` for room; returns the FRONTIERS record's block, if one was placed."""
         total = sum(sizes)
@@ -445,18 +429,58 @@ class RingWriter:
                 if room is None:
                     return None
                 boundary, fsize = room
-                blk = None if boundary is not None else self._place_fast(records, crcs, sizes, total)
-                if blk is None:
-                    blk, fblk = self._place_planned(records, crcs, sizes, boundary, fsize)
-                else:
-                    fblk = None
-                    self.segments.placed(records, None)
+                blk, fblk = self._place_planned(records, crcs, sizes, boundary, fsize)
                 if ticket is not None:
                     ticket.block = blk
                     blk.tickets.append(ticket)
                 if fblk is not None:  # a finished segment is told without waiting for the next append
                     self._work_cv.notify()
                 return fblk
+        finally:
+            self._alloc_lock.release()
+
+    def place_fast(self, records: Sequence[Record], crcs: list[int], sizes: list[int], ticket: DeviceTicket) -> bool:
+        """Place the frames in the common case with the fewest steps: no one waiting for room,
+        room without waiting, no segment boundary, and the frames fit the open block (or a
+        fresh pooled one) before the ring's physical end and before the block is full. False,
+        with nothing done, otherwise (:meth:`place` then does it, by the plan, which puts
+        frames that fit the same way).
+
+        Why: an appender alone on the ring pays every interpreter step between its writes,
+        and the general path's steps cost about as much CPU as a 4 KiB write."""
+        if not self._alloc_lock.acquire(False):
+            return False
+        try:
+            with self._lock:
+                nxt, seg, cur = self._next, self.segments, self._cur
+                bs, d = self.block_size, self.data_capacity
+                total, last = sum(sizes), sizes[-1]
+                pad = last if len(sizes) == 1 else max(sizes)
+                if self._closed or self._failed is not None or nxt + total - seg.seg_start >= seg.segment_bytes \
+                        or (nxt + bs - 1) // bs * bs + total + pad + 2 * (len(sizes) + 3) * bs > self.head.trim + d \
+                        or nxt % d + total > d:
+                    return False
+                fill = cur.fill if cur is not None else 0
+                if fill + total > (len(cur.buf) if cur is not None else self._pool_size) \
+                        or fill + total - last >= self.max_block_bytes:
+                    return False
+                if cur is None:
+                    cur = self._open_block(nxt, self._pool_size)
+                buf = cur.buf
+                for r, crc, n in zip(records, crcs, sizes, strict=True):
+                    buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crc)
+                    buf[fill + HEADER_SIZE : fill + n] = r.body
+                    r.lsn = nxt
+                    fill += n
+                    nxt += n
+                cur.fill = fill
+                self._next = nxt
+                if fill >= self.max_block_bytes:
+                    self._seal()
+                seg.placed(records, None)
+                ticket.block = cur
+                cur.tickets.append(ticket)
+                return True
         finally:
             self._alloc_lock.release()
 
@@ -503,39 +527,14 @@ class RingWriter:
                     len(cur.buf) if cur else 0, self.block_size, self.data_capacity, self._pool_size,
                     self.max_block_bytes)
 
-    def _open_block(self, start: int, cap: int) -> _Block:
+    def _open_block(self, start: int, cap: int) -> Block:
         pooled = cap == self._pool_size
         buf = self._pool.pop() if pooled and self._pool else mmap.mmap(-1, cap)
-        self._cur = _Block(start, buf, pooled)
+        self._cur = Block(start, buf, pooled)
         return self._cur
 
-    def _place_fast(self, records: Sequence[Record], crcs: list[int], sizes: list[int], total: int) -> _Block | None:
-        """The common case, without a plan: frames that fit the open block (or a fresh pooled
-        one) before the ring's physical end and before the block is full. None when the
-        plan is needed (it would place them the same way where they fit)."""
-        nxt, d = self._next, self.data_capacity
-        cur = self._cur
-        fill = cur.fill if cur is not None else 0
-        cap = len(cur.buf) if cur is not None else self._pool_size
-        if nxt % d + total > d or fill + total > cap or fill + total - sizes[-1] >= self.max_block_bytes:
-            return None
-        if cur is None:
-            cur = self._open_block(nxt, cap)
-        buf = cur.buf
-        for r, crc, n in zip(records, crcs, sizes, strict=True):
-            buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crc)
-            buf[fill + HEADER_SIZE : fill + n] = r.body
-            r.lsn = nxt
-            fill += n
-            nxt += n
-        cur.fill = fill
-        self._next = nxt
-        if fill >= self.max_block_bytes:
-            self._seal()
-        return cur
-
     def _place_planned(self, records: Sequence[Record], crcs: list[int], sizes: list[int],
-                       boundary: Record | None, fsize: int) -> tuple[_Block, _Block | None]:
+                       boundary: Record | None, fsize: int) -> tuple[Block, Block | None]:
         """Place by the plan (padding at the ring's end, block seals, the FRONTIERS record);
         the last record's block and the FRONTIERS record's block."""
         out: list = []
@@ -554,9 +553,9 @@ class RingWriter:
         self.segments.placed(records, boundary, flsn)
         return placed[len(records) - 1][1] if records else placed[-1][1], fblk
 
-    def _apply(self, out: list, frames: list[tuple[Record, int | None]]) -> list[tuple[int, _Block]]:
+    def _apply(self, out: list, frames: list[tuple[Record, int | None]]) -> list[tuple[int, Block]]:
         """Carry out a plan; returns each frame's LSN and block."""
-        placed: list[tuple[int, _Block]] = []
+        placed: list[tuple[int, Block]] = []
         fi = 0
         for step in out:
             op = step[0]
