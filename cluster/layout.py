@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from sediment.errors import ClusterExists, ClusterMissing, InvalidArgument
 
@@ -141,12 +142,41 @@ def connect_zk(where: ClusterPath, timeout: float = DEFAULT_SESSION_TIMEOUT) -> 
     from sediment.metadata.zookeeper import attempt_hosts, connection_retry
 
     zk = KazooClient(hosts=attempt_hosts(where.hosts), timeout=timeout, connection_retry=connection_retry())
+    _record_granted_timeout(zk)
     try:
         zk.start(timeout=max(timeout, 5.0))
     except Exception as exc:  # noqa: BLE001 - kazoo raises its own timeout type
         zk.close()
         raise MetadataUnavailable(f"cannot reach ZooKeeper at {where.hosts} ({exc}); is it running?") from None
     return zk
+
+
+def _record_granted_timeout(zk: Any) -> None:
+    """Keep on ``zk.granted_timeout`` (seconds) the session timeout ZooKeeper granted at each
+    connect: it grants no more than its ``maxSessionTimeout``, so a member that counted on the
+    timeout it asked for could go on serving after its session ended. kazoo negotiates it in
+    its connection handler and keeps only the read timeout made from it (two thirds of it);
+    where that handler is not as expected, nothing is recorded and the asked timeout holds."""
+    conn = getattr(zk, "_connection", None)
+    connect = getattr(conn, "_connect", None)
+    if connect is None:
+        return
+
+    def connect_and_record(*args: Any) -> Any:
+        got = connect(*args)
+        try:
+            zk.granted_timeout = float(got[0]) * 1.5 / 1000.0
+        except (TypeError, ValueError, IndexError):
+            pass
+        return got
+
+    conn._connect = connect_and_record
+
+
+def granted_timeout(zk: Any, asked: float) -> float:
+    """The session timeout ZooKeeper granted ``zk`` at its last connect, or ``asked`` when unknown."""
+    got = getattr(zk, "granted_timeout", None)
+    return got if isinstance(got, float) and got > 0 else asked
 
 
 def read_view(zk: object, where: ClusterPath, timeout: float | None = None) -> dict:

@@ -238,10 +238,12 @@ class Member:
                                  "ask another member or connect with the cluster's zk:// URI")
 
     def _in_touch(self) -> bool:
-        """Connected, the session not lost, and ZooKeeper read within half the session timeout:
-        a process resumed after a pause (SIGSTOP, a long GC) refuses before kazoo notices."""
+        """Connected, the session not lost, and ZooKeeper read within half the session timeout
+        (the one ZooKeeper granted, which may be less than the one asked): a process resumed
+        after a pause (SIGSTOP, a long GC) refuses before kazoo notices."""
+        timeout = layout.granted_timeout(self._zk, self.config.session_timeout)
         return (self._connected.is_set() and not self._session_lost
-                and self.clock.current_time() - self._heard < self.config.session_timeout / 2)
+                and self.clock.current_time() - self._heard < timeout / 2)
 
     def engine_for(self, partition: int, *, append: bool = False) -> tuple[Any, int]:
         """(engine, generation) of a partition this member serves now (``append``: or hands over,
