@@ -35,6 +35,7 @@ from sediment.errors import (
     WalOutcomeUnknown,
     WalTakenOverInFlight,
 )
+from sediment.metadata.open_store import s3_endpoint_problem
 from sediment.wal import record as rec
 from sediment.wal import s3_format as fmt
 from sediment.wal.protocol import (
@@ -68,6 +69,11 @@ def parse_spec(spec: str, s3_endpoint: str | None = None) -> tuple[str, str, str
     if parts.scheme != "s3" or not parts.netloc or set(query) - {"endpoint"} or len(query.get("endpoint", [""])) != 1:
         raise InvalidArgument(f"wal {spec!r} is not s3://bucket/prefix[?endpoint=http://host:port]: name a bucket "
                               "and at most one endpoint")
+    for endpoint, what in ((query.get("endpoint", [None])[0], f"the endpoint of wal {spec!r}"),
+                           (s3_endpoint, "s3_endpoint")):
+        problem = s3_endpoint_problem(endpoint, what) if endpoint is not None else None
+        if problem is not None:
+            raise InvalidArgument(problem)
     return parts.netloc, unquote(parts.path).strip("/"), query["endpoint"][0] if "endpoint" in query else s3_endpoint
 
 
