@@ -336,3 +336,37 @@ def test_an_endpoint_without_its_scheme_is_refused_before_anything_is_created(tm
     assert bare in str(refused.value)
     assert not os.path.exists(tmp_path / "d")
     assert _bucket_keys(moto_server, bucket) == []
+
+
+def test_the_newest_object_cut_short_is_damage_not_a_torn_tail(tmp_path, s3_bucket, moto_server, capsys):
+    """S3 stores an object whole before it answers the PUT, so a newest object shorter than its
+    header says held acknowledged appends. Before, the open cut it as a torn tail and served
+    without them (verify then said ok); now open and verify refuse it by name, writing nothing."""
+    from sediment.cli import main
+
+    endpoint, bucket = s3_bucket
+    options = s3_options(endpoint, bucket)
+    proc = start(tmp_path / "first", options)
+    try:
+        acked = read_acks(proc, 5)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    client = moto_server.client()
+    objects = _objects(client, bucket)
+    newest = max(objects)
+    assert fmt.decode_header(objects[newest]).records, "a coordinator killed mid-loop leaves a data object newest"
+    key = "wal/" + fmt.slot_name(0, newest)
+    client.put_object(Bucket=bucket, Key=key, Body=objects[newest][:-10])
+    before = sorted(_bucket_keys(moto_server, bucket))
+    with pytest.raises(WalCorruption, match="cut short") as refused:
+        sediment.open(tmp_path / "second", metadata=options["metadata"])
+    assert f"s3://{bucket}/{key}" in str(refused.value)
+    assert sorted(_bucket_keys(moto_server, bucket)) == before, "the refused open claimed nothing"
+    capsys.readouterr()
+    assert main(["--data-dir", str(tmp_path / "first"), "verify"]) == 1
+    assert f"problem: WalCorruption: {refused.value}" in capsys.readouterr().out
+    client.delete_object(Bucket=bucket, Key=key)  # the way out the error names: give up its records
+    with sediment.open(tmp_path / "third", metadata=options["metadata"]) as eng:
+        keys = all_keys(eng)
+        assert keys == list(range(1, len(keys) + 1)) and len(keys) >= acked - 1
