@@ -18,7 +18,7 @@ from sediment.blob.uri import blob_uri_problem
 from sediment.engine.data_dir import parse_wal
 from sediment.engine.memory import POOLS
 from sediment.errors import InvalidArgument, InvalidTime
-from sediment.metadata.open_store import metadata_spec_problem
+from sediment.metadata.open_store import metadata_spec_problem, s3_endpoint_problem
 
 MAX_TIME = (1 << 63) - 1
 
@@ -140,7 +140,10 @@ def check_open_options(options: Mapping[str, Any]) -> None:
         problem = blob_uri_problem(blob)
         if problem is not None:
             raise InvalidArgument(f"blob={blob!r}: {problem}")
-    check_str(o.get("s3_endpoint"), "s3_endpoint")
+    s3_endpoint = check_str(o.get("s3_endpoint"), "s3_endpoint")
+    problem = s3_endpoint_problem(s3_endpoint, "s3_endpoint") if s3_endpoint is not None else None
+    if problem is not None:
+        raise InvalidArgument(problem)
     check_number(o.get("compact_interval"), "compact_interval", allow_none=True)
     check_bool(o.get("compact", True), "compact")
     merge_factor = check_number(o.get("merge_factor", 2.0), "merge_factor")

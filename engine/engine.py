@@ -61,6 +61,7 @@ from sediment.engine.view import RelationView
 from sediment.engine.writer import Writer
 from sediment.errors import CompactionFailed  # noqa: F401  (Engine.compact raises it)
 from sediment.metadata.fence import Fence
+from sediment.metadata.open_store import with_s3_endpoint
 from sediment.metadata.protocol import MetadataStore
 from sediment.metrics import EngineMetrics
 from sediment.trace.runs import RunStats
@@ -162,6 +163,8 @@ class Engine:
         the storage record was written: the directory kept then is a new, empty engine's)."""
         args.check_open_options({k: v for k, v in locals().items() if k not in ("cls", "data_dir")})
         data_dir = os.path.abspath(args.check_data_dir(data_dir))
+        if isinstance(metadata, str):  # s3_endpoint reaches the metadata too (and so the marker names it)
+            metadata = with_s3_endpoint(metadata, s3_endpoint)
         configure_memory_pool(arrow_memory_pool)
         marker = check_marker(data_dir, metadata)  # before anything is created
         if metadata is None and marker is not None:

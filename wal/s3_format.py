@@ -6,7 +6,8 @@ group's record frames exactly as in a segment (wal/record.py). Slots are numbere
 ... with no gaps between the log's start and its newest object, so a writer that takes slot
 ``n`` first owns it and any other writer's PUT at ``n`` fails: that is how a new writer
 fences an old one. A CLAIM object starts a writer's epoch; a SEGMENT object's first record
-is a segment boundary; ``cut_slot`` names a torn object a CLAIM cut; the random ``token``
+is a segment boundary; ``cut_slot`` names a short object an older version's CLAIM cut
+(none is cut now: a short object is damage); the random ``token``
 tells a resent PUT of our own bytes from another writer's.
 """
 

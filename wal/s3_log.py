@@ -35,6 +35,7 @@ from sediment.errors import (
     WalOutcomeUnknown,
     WalTakenOverInFlight,
 )
+from sediment.metadata.open_store import s3_endpoint_problem
 from sediment.wal import record as rec
 from sediment.wal import s3_format as fmt
 from sediment.wal.protocol import (
@@ -68,6 +69,11 @@ def parse_spec(spec: str, s3_endpoint: str | None = None) -> tuple[str, str, str
     if parts.scheme != "s3" or not parts.netloc or set(query) - {"endpoint"} or len(query.get("endpoint", [""])) != 1:
         raise InvalidArgument(f"wal {spec!r} is not s3://bucket/prefix[?endpoint=http://host:port]: name a bucket "
                               "and at most one endpoint")
+    for endpoint, what in ((query.get("endpoint", [None])[0], f"the endpoint of wal {spec!r}"),
+                           (s3_endpoint, "s3_endpoint")):
+        problem = s3_endpoint_problem(endpoint, what) if endpoint is not None else None
+        if problem is not None:
+            raise InvalidArgument(problem)
     return parts.netloc, unquote(parts.path).strip("/"), query["endpoint"][0] if "endpoint" in query else s3_endpoint
 
 
@@ -81,9 +87,7 @@ def check_log(spec: str, s3_endpoint: str | None = None, partition: int = 0) -> 
         if newest is None:
             raise no_log(store, partition)
         got = read_range(store, partition, newest, newest.slot + 1)
-        notes = [f"{store.where(fmt.slot_name(partition, newest.slot))}: torn object (the next open cuts it): "
-                 f"{newest.torn}"] if newest.torn else []
-        return newest.next_lsn, notes, got.count
+        return newest.next_lsn, [], got.count
     finally:
         store.close()
 
@@ -177,7 +181,7 @@ class S3Log:
                 head = fmt.new_header(fmt.CLAIM, 1, 0, 0, 0, 0)
             else:
                 head = fmt.new_header(fmt.CLAIM, newest.head.epoch + 1, newest.slot + 1, newest.next_lsn, 0,
-                                      newest.head.start_slot, newest.slot if newest.torn else fmt.NONE)
+                                      newest.head.start_slot)
             if self.store.create(fmt.slot_name(self.partition, head.slot), fmt.encode(head, b"")) is True:
                 break  # (None: the slot is empty after a 412; a CLAIM of ours would still be there: not ours)
             newest = read_newest(self.store, self.partition, newest.slot + 1 if newest else 0) or newest
@@ -196,10 +200,6 @@ class S3Log:
 
     def _recover(self, newest: Newest, claim_slot: int) -> None:
         got = read_range(self.store, self.partition, newest, claim_slot, self._recovered_object)
-        if newest.torn:
-            self.report.torn_tails.append((self.store.where(fmt.slot_name(self.partition, newest.slot)), 0,
-                                           newest.size, f"torn object cut: {newest.torn}"))
-            log.warning("%s: cut torn object at slot %d: %s", self.dir, newest.slot, newest.torn)
         # below the start: objects with frames are a trim's leftovers; header-only ones (CLAIMs,
         # and rarely a trim's mark) stay, as a CLAIM is a fence (see the module doc)
         garbage = [s for s in got.garbage if self.store.sizes.get(s, fmt.HEADER_SIZE) != fmt.HEADER_SIZE]

@@ -143,13 +143,10 @@ class Loaded:
 
 @dataclass
 class Newest:
-    """The log's newest object and what it says: the slots listed, the start, whether the
-    newest is torn (then it is cut by the next CLAIM)."""
+    """The log's newest object and what it says: the slots listed, the start."""
 
     slots: list[int]
     head: fmt.ObjectHeader
-    torn: str = ""
-    size: int = 0
 
     @property
     def slot(self) -> int:
@@ -157,7 +154,7 @@ class Newest:
 
     @property
     def next_lsn(self) -> int:
-        return self.head.first_lsn if self.torn else self.head.next_lsn
+        return self.head.next_lsn
 
 
 @dataclass
@@ -173,6 +170,15 @@ def damaged(store: SlotStore, partition: int, slot: int, reason: str) -> WalCorr
     name = store.where(fmt.slot_name(partition, slot))
     return WalCorruption(f"{name}: {reason}; the log on S3 is damaged here. Restore the object, or run `sediment "
                          "verify` to see what the log holds", path=name, offset=slot, reason=reason)
+
+
+def cut_short(store: SlotStore, partition: int, slot: int, reason: str) -> WalCorruption:
+    """The newest object is shorter than its header says. S3 stores an object whole and answers
+    its PUT only then, so this one was cut after it was written: its appends were acknowledged."""
+    name = store.where(fmt.slot_name(partition, slot))
+    reason = f"{reason}: S3 stores objects whole, so it was cut short after its appends were acknowledged"
+    return WalCorruption(f"{name}: {reason}. Restore the object; to give up its records instead, delete it and "
+                         "open again", path=name, offset=slot, reason=reason)
 
 
 def no_log(store: SlotStore, partition: int) -> WalMissing:
@@ -194,10 +200,11 @@ def read_newest(store: SlotStore, partition: int, start: int = 0) -> Newest | No
         if head is None or head.slot != slots[-1]:
             raise damaged(store, partition, slots[-1], "the newest object's header is damaged")
         _, why = fmt.frames(data, head)
-        torn = why if why and len(data) < fmt.HEADER_SIZE + head.frames_len else ""
-        if why and not torn:
+        if why and len(data) < fmt.HEADER_SIZE + head.frames_len:
+            raise cut_short(store, partition, slots[-1], why)
+        if why:
             raise damaged(store, partition, slots[-1], why)
-        return Newest(slots, head, torn, len(data))
+        return Newest(slots, head)
     raise WalError(f"{store.where(str(partition))}: the newest object kept vanishing while read; reopen")
 
 
@@ -225,7 +232,8 @@ def read_range(store: SlotStore, partition: int, newest: Newest, end: int,
 
 def _check_object(store: SlotStore, partition: int, newest: Newest, slot: int, data: bytes | None,
                   prev: fmt.ObjectHeader | None, start: int, end: int) -> Loaded | None:
-    """The object at ``slot`` checked against the one before it; None for a torn one that is cut."""
+    """The object at ``slot`` checked against the one before it; None for a short one that an
+    older version's CLAIM cut (``cut_slot``: it no longer cuts, see :func:`cut_short`)."""
     if data is None:
         name = store.where(fmt.slot_name(partition, slot))
         raise WalMissing(f"{name} is missing: the log on S3 holds slots {start}..{end - 1} and needs every one; "
@@ -236,8 +244,6 @@ def _check_object(store: SlotStore, partition: int, newest: Newest, slot: int, d
         raise damaged(store, partition, slot, "object header is damaged")
     offsets, why = fmt.frames(data, head)
     if why:
-        if slot == newest.slot and newest.torn:
-            return None  # the torn newest, which this open's claim cuts
         after = store.get(fmt.slot_name(partition, slot + 1)) if slot + 1 < end else None
         following = fmt.decode_header(after) if after is not None else None
         if following is not None and following.claim and following.cut_slot == slot:
