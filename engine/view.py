@@ -12,6 +12,7 @@ the engine lock, passed in, guards it all.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -22,6 +23,7 @@ from sediment.engine.schema import check_name
 from sediment.errors import CoordinatorSuperseded, EngineClosed, EngineFailed, NothingWritten, UnknownRelation
 from sediment.wal.record import Record, RecordKind, committed_txn_ids
 
+log = logging.getLogger(__name__)
 # Record kinds as plain names: an enum member's attribute access costs ~0.3 us, paid per record written
 _UPDATES, _PROGRESS, _BEGIN, _COMMIT, _ABORT = (RecordKind.UPDATES, RecordKind.PROGRESS, RecordKind.BEGIN,
                                                 RecordKind.COMMIT, RecordKind.ABORT)
@@ -147,6 +149,7 @@ class RelationView:
         self.closed = False
         self.superseded: Exception | None = None  # set when a newer coordinator fenced this engine
         self.failed: EngineFailed | None = None  # set by a write whose outcome is unknown (:meth:`fail`)
+        self.failed_listeners: list[Callable[[EngineFailed], None]] = []  # told once, on the failing writer's thread
         self._on_group = on_group
 
     def check_open(self) -> None:
@@ -175,6 +178,12 @@ class RelationView:
                 "engine and open it again: the reopened engine shows what the log kept")
             for rel in self.relations.values():
                 rel.feed.close()
+            failed = self.failed
+        for listener in list(self.failed_listeners):  # e.g. a cluster member opens the partition again
+            try:
+                listener(failed)
+            except Exception:  # noqa: BLE001 - the writer's own error is the one to raise
+                log.exception("a listener of the failure of the engine on %s failed", self.where)
 
     def waited(self, ticket: object) -> object:
         """``ticket.wait()``; a failure of unknown outcome fails the engine first (:meth:`fail`)."""
