@@ -482,6 +482,7 @@ class Member:
             self._wake.set()
             return
         engine.superseded_listeners.append(self._fenced_listener(partition, engine))
+        engine.failed_listeners.append(lambda _err, engine=engine: self.reopen(partition, engine))
         with self._lock:
             self._opening.discard(partition)
             owner, current = self.view["assignment"].get(partition, (None, -1))

@@ -143,6 +143,8 @@ class Compaction:
         backlog, then take the finished records; the scheduler merges after it."""
         log_ = self.log
         with self._lock:
+            if self.view.failed is not None:
+                return  # nothing more goes to its log (RelationView.fail)
             backlog_waits = self.view.backlog.waiting
         if self.segment_age.due(log_.finished_lsn, log_.end_lsn, self.clock.current_time(),
                                 self.settings.interval) or backlog_waits and log_.end_lsn > log_.finished_lsn:
@@ -219,7 +221,7 @@ class Compaction:
         with self.pass_lock, self.metrics.timed(self.metrics.compaction_seconds):
             self.metrics.compactions.inc()
             with self._lock:
-                if self.view.closed:
+                if self.view.closed or self.view.failed is not None:  # failed: records may exist it never saw
                     return failed
                 cut = wal_cut.plan_wal_cut(self.log.finished_lsn, self.view.txns.first_lsns())
                 rels = [r for r in self.view.relations.values() if names is None or r.entry.name in names]
@@ -251,7 +253,7 @@ class Compaction:
         failed = {} if failed is None else failed
         with self.merge_lock:
             with self._lock:
-                if self.view.closed:
+                if self.view.closed or self.view.failed is not None:
                     return
                 rels = [r for r in self.view.relations.values() if names is None or r.entry.name in names]
             skipped = set(failed)  # their pass failed just now: their merges wait for the next one

@@ -50,6 +50,10 @@ class TxnWriter(Protocol):
         ``refused``). With ``admit`` None, submit without checks."""
         ...
 
+    def txn_wait(self, ticket: Ticket) -> None:
+        """``ticket.wait()``; a failure of unknown outcome fails the engine first."""
+        ...
+
 
 class Transaction:
     """Created by :meth:`Engine.transaction`. Use as a context manager: commits on success,
@@ -86,7 +90,7 @@ class Transaction:
             self._begun = True
             prev = self._touched.get(name)
             self._touched[name] = (rel, t_min if prev is None else min(prev[1], t_min))
-        ticket.wait()
+        self._writer.txn_wait(ticket)
 
     def commit(self) -> None:
         """Make every append of the transaction visible at once; durable on return.
@@ -98,7 +102,7 @@ class Transaction:
         with self._mutex:
             ticket = self._abort_locked()
         if ticket is not None:
-            ticket.wait()
+            self._writer.txn_wait(ticket)
 
     def _abort_locked(self):
         """Abort with ``_mutex`` held; the ABORT record's ticket, if one was written."""
@@ -135,7 +139,7 @@ def commit_all(writer: TxnWriter, transactions: Sequence[Transaction]) -> None:
             tickets = [t._abort_locked() for t in txns]
             for tk in tickets:
                 if tk is not None:
-                    tk.wait()
+                    writer.txn_wait(tk)
             raise TransactionError("cannot commit " + ", ".join(f"{t.id:#x} ({t.state})" for t in closed) +
                                    ": already finished; every transaction of this commit was aborted")
         begun = [t for t in txns if t._begun]
@@ -153,7 +157,7 @@ def commit_all(writer: TxnWriter, transactions: Sequence[Transaction]) -> None:
                 t._txn.finish(ABORTED)
             else:
                 t._txn.start_commit()
-    ticket.wait()  # a failed sync leaves them in doubt: the COMMIT record may or may not be durable
+    writer.txn_wait(ticket)  # a failed sync leaves them in doubt: the COMMIT record may or may not be durable
     for t in txns:
         t._txn.commit_durable()
     if failure is not None:

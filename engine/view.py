@@ -12,6 +12,7 @@ the engine lock, passed in, guards it all.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -19,9 +20,10 @@ from sediment.engine.backlog import BodyCache, WalBacklog
 from sediment.engine.feed import PROGRESS, UPDATES
 from sediment.engine.relation import Relation, TailEntry
 from sediment.engine.schema import check_name
-from sediment.errors import CoordinatorSuperseded, EngineClosed, UnknownRelation
+from sediment.errors import CoordinatorSuperseded, EngineClosed, EngineFailed, NothingWritten, UnknownRelation
 from sediment.wal.record import Record, RecordKind, committed_txn_ids
 
+log = logging.getLogger(__name__)
 # Record kinds as plain names: an enum member's attribute access costs ~0.3 us, paid per record written
 _UPDATES, _PROGRESS, _BEGIN, _COMMIT, _ABORT = (RecordKind.UPDATES, RecordKind.PROGRESS, RecordKind.BEGIN,
                                                 RecordKind.COMMIT, RecordKind.ABORT)
@@ -146,6 +148,8 @@ class RelationView:
         self.max_time = -1  # greatest time of any durable update seen (the lock table's floor)
         self.closed = False
         self.superseded: Exception | None = None  # set when a newer coordinator fenced this engine
+        self.failed: EngineFailed | None = None  # set by a write whose outcome is unknown (:meth:`fail`)
+        self.failed_listeners: list[Callable[[EngineFailed], None]] = []  # told once, on the failing writer's thread
         self._on_group = on_group
 
     def check_open(self) -> None:
@@ -153,6 +157,41 @@ class RelationView:
             raise CoordinatorSuperseded(str(self.superseded))
         if self.closed:
             raise EngineClosed(f"the engine on {self.where} is closed")
+        if self.failed is not None:  # a fresh error each time: one raised again would grow its traceback
+            raise EngineFailed(str(self.failed))
+
+    def fail(self, exc: BaseException) -> None:
+        """A write failed with ``exc`` after its records were handed to the log. Unless the log
+        refused them (NothingWritten) or the engine is closing, the log may hold records the view
+        does not (a replicated log's next session keeps a record one node has; a file log's
+        failed sync may have reached the disk): from now on every read and write raises
+        EngineFailed, and feeds end, so nothing answers from a state a reopen could contradict.
+        Compaction stops too (it must not trim or pass over records the view never saw)."""
+        if isinstance(exc, (NothingWritten, EngineClosed, CoordinatorSuperseded)):
+            return
+        with self.lock:
+            if self.failed is not None or self.closed:
+                return
+            self.failed = EngineFailed(
+                f"the engine on {self.where} refuses reads and writes: a write failed with its outcome unknown "
+                f"({type(exc).__name__}: {exc}), so its log may hold records this engine does not show. Close the "
+                "engine and open it again: the reopened engine shows what the log kept")
+            for rel in self.relations.values():
+                rel.feed.close()
+            failed = self.failed
+        for listener in list(self.failed_listeners):  # e.g. a cluster member opens the partition again
+            try:
+                listener(failed)
+            except Exception:  # noqa: BLE001 - the writer's own error is the one to raise
+                log.exception("a listener of the failure of the engine on %s failed", self.where)
+
+    def waited(self, ticket: object) -> object:
+        """``ticket.wait()``; a failure of unknown outcome fails the engine first (:meth:`fail`)."""
+        try:
+            return ticket.wait()
+        except Exception as exc:
+            self.fail(exc)
+            raise
 
     def get(self, name: str) -> Relation:
         """The open engine's relation ``name``; UnknownRelation when there is none. Under the lock."""

@@ -186,7 +186,11 @@ class Writer:
             if locks is not None:
                 self.locks.check_and_record(locks, hi)
             ticket = self.log.submit(records, view.on_durable)
-        ticket.wait()
+        try:
+            ticket.wait()
+        except Exception as exc:
+            view.fail(exc)
+            raise
         self._observe_latency(time.perf_counter() - start)
         return True
 
@@ -240,7 +244,11 @@ class Writer:
             self.view.check_open()
             self._admit(rel, name, bounds)
             ticket = self._submit_joinable(record, self.view.on_durable, self.max_record_bytes, updates, size)
-        ticket.wait()
+        try:
+            ticket.wait()
+        except Exception as exc:
+            self.view.fail(exc)
+            raise
         self._observe_latency(time.perf_counter() - start)
         return True
 
@@ -264,9 +272,9 @@ class Writer:
         start = time.perf_counter()
         rel, table, bounds, version = self._prepare(name, updates)
         if bounds is None:
-            return QueuedAppend(None, start, self._observe_latency)
+            return QueuedAppend(None, start, self._observe_latency, self.view.fail)
         return QueuedAppend(self._append_records(rel, name, table, bounds, version, None, start, wait=False),
-                            start, self._observe_latency)
+                            start, self._observe_latency, self.view.fail)
 
     def append_many(self, updates: Mapping[str, pa.Table], *, locks: Locks | None = None) -> None:
         """Append to several relations atomically: after a crash, all or none are there.
@@ -297,7 +305,7 @@ class Writer:
                 self.locks.check_and_record(locks, t_max)
             ticket = self.log.submit(records, self.view.on_durable)
         if wait:
-            ticket.wait()
+            self.view.waited(ticket)
             self._observe_latency(time.perf_counter() - start)
         return ticket
 
@@ -348,6 +356,10 @@ class Writer:
                 return self.log.submit(refused, self.view.on_durable), exc
             return self.log.submit(records, self.view.on_durable), None
 
+    def txn_wait(self, ticket: Ticket) -> None:
+        """Wait for a transaction's records (:meth:`RelationView.waited`)."""
+        self.view.waited(ticket)
+
     def seal(self, name: str, t: int) -> None:
         """Write ``close t``: no further updates at times <= t. Durable on return."""
         t = check_time(t, "seal time")
@@ -363,7 +375,7 @@ class Writer:
                 ticket = rel.seal_ticket = self.log.submit(
                     [Record(RecordKind.PROGRESS, rel.entry.id, 0, t, t)], self.view.on_durable)
         if ticket is not None:
-            ticket.wait()
+            self.view.waited(ticket)
         self.metrics.seals.labels(relation=name).inc()
 
 
@@ -371,12 +383,14 @@ class QueuedAppend:
     """A plain append on the log, not waited for yet (:meth:`Writer.append_queued`); no
     ticket: it had no rows, nothing to make durable."""
 
-    __slots__ = ("_ticket", "_start", "_observe")
+    __slots__ = ("_ticket", "_start", "_observe", "_fail")
 
-    def __init__(self, ticket: Ticket | None, start: float, observe: Callable[[float], None]) -> None:
+    def __init__(self, ticket: Ticket | None, start: float, observe: Callable[[float], None],
+                 fail: Callable[[BaseException], None]) -> None:
         self._ticket = ticket
         self._start = start
         self._observe = observe
+        self._fail = fail  # RelationView.fail: a write of unknown outcome fails the engine
 
     def settled(self) -> bool:
         """Whether :meth:`wait` would return (or raise) at once."""
@@ -385,5 +399,9 @@ class QueuedAppend:
     def wait(self) -> None:
         """Return once the append is durable; raises the write's error."""
         if self._ticket is not None:
-            self._ticket.wait()
+            try:
+                self._ticket.wait()
+            except Exception as exc:
+                self._fail(exc)
+                raise
             self._observe(time.perf_counter() - self._start)

@@ -101,15 +101,23 @@ def connect(uri: str, token: str | None = None, **options: Any) -> Client:
     """Connect to a ``sediment serve`` coordinator at ``grpc://HOST:PORT``: a client with the
     Engine's methods (``token`` defaults to $SEDIMENT_TOKEN). A cluster of coordinators is
     reached as ``zk://HOST:PORT/NAME`` or through any member's ``grpc://`` address: the
-    client then follows each relation's owner (sediment/cluster_client.py). Imported on use, so ``import
-    sediment`` does not load Arrow Flight."""
+    client then follows each relation's owner (sediment/cluster_client.py). Options: ``timeout``
+    (seconds per call), ``tls_root_certs`` (for ``grpc+tls://``) and ``deadline`` (a cluster's:
+    seconds a call keeps following redirects); any other is InvalidArgument. Imported on use,
+    so ``import sediment`` does not load Arrow Flight."""
+    from sediment.client import check_connect_options
     from sediment.client import connect as _connect
 
+    check_connect_options(uri, options)
     if isinstance(uri, str) and uri.startswith("zk://"):  # a cluster of coordinators
         from sediment.cluster_client import ClusterClient
 
         return ClusterClient(uri, token, **options)
-    client = _connect(uri, token, **options)
+    if "deadline" in options:  # a cluster's option: checked here, as the address may be a member's
+        from sediment.engine.args import check_number
+
+        check_number(options["deadline"], "deadline (seconds a call may take, retries included)")
+    client = _connect(uri, token, **{k: v for k, v in options.items() if k != "deadline"})
     if client.cluster is None:
         return client
     from sediment.cluster_client import ClusterClient  # a cluster member: follow its redirects

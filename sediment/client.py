@@ -539,6 +539,22 @@ class Client:
         self.close()
 
 
+CONNECT_OPTIONS = {
+    "timeout": "seconds each call may take",
+    "tls_root_certs": "PEM bytes or a file name of the CA for grpc+tls://",
+    "deadline": "a cluster's: seconds a call keeps following redirects, retries included",
+}
+
+
+def check_connect_options(uri: object, options: Mapping[str, Any]) -> None:
+    """InvalidArgument naming each keyword ``sediment.connect`` does not take, and the ones it does."""
+    unknown = sorted(set(options) - set(CONNECT_OPTIONS))
+    if unknown:
+        known = "; ".join(f"{k} ({what})" for k, what in CONNECT_OPTIONS.items())
+        raise errors.InvalidArgument(f"unknown option(s) {unknown} for sediment.connect({uri!r}); nothing was "
+                                     f"connected. Known options: {known}")
+
+
 def connect(uri: str, token: str | None = None, *, timeout: float | None = None,
             tls_root_certs: bytes | str | None = None) -> Client:
     """Connect to a sediment server (``sediment serve``) at ``grpc://HOST:PORT`` (or

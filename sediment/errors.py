@@ -192,6 +192,14 @@ class WalCorruption(WalError):
     reason: str = ""
 
 
+class EngineFailed(WalError):
+    """A write whose outcome is unknown (QuorumLost, a failed sync: the log may hold records
+    this engine never acknowledged) left the engine's view possibly behind its log, so the
+    engine refuses every read and write (and stops compacting) rather than answer from a
+    state a reopen could contradict. Close the engine and open it again: the open's
+    recovery settles the log, and the reopened engine shows what it kept."""
+
+
 class WalMissing(WalCorruption):
     """A file the log must hold is missing or shorter than recorded: a finished segment,
     the active segment, the control file or the log manifest, or the active segment ends

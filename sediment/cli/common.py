@@ -87,6 +87,23 @@ def require_engine_dir(data_dir: str, *, shared: bool) -> None:
                       f"was left as it is; {how}")
 
 
+def require_metadata_dir(spec: str) -> None:
+    """A ``--metadata`` that names a local directory (the journal store, as opposed to
+    ``zk://``, ``s3://`` or ``memory://``), for a command that does not create an engine: it
+    must hold a store already, as opening one would make the directory and an empty store."""
+    if "://" in spec:
+        return
+    from sediment.metadata.journal_format import JOURNAL_NAME, SNAPSHOT_NAME
+
+    path = os.path.abspath(spec)
+    if os.path.isdir(path) and any(os.path.lexists(os.path.join(path, n)) for n in (JOURNAL_NAME, SNAPSHOT_NAME)):
+        return
+    what = ("no metadata directory at" if not os.path.lexists(path) else
+            "not a directory:" if not os.path.isdir(path) else "no metadata store in")
+    raise NotADataDir(f"--metadata {spec}: {what} {path}, so there is no engine to open; nothing was created. Pass "
+                      "the metadata the engine was created with (`sediment relation add` creates one)")
+
+
 def open_engine(args: argparse.Namespace, *, create: bool = False, discover: bool = True,
                 **options: object) -> sediment.Engine:
     """Open the engine; only commands that create things (``create``) may create the data
@@ -101,6 +118,8 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, discover: boo
         return sediment.connect(args.connect, token=token, tls_root_certs=getattr(args, "tls_root_certs", None))
     data_dir = data_dir_of(args)
     if not create:
+        if getattr(args, "metadata", None):
+            require_metadata_dir(args.metadata)
         require_engine_dir(data_dir, shared=bool(getattr(args, "metadata", None)))
     given = {option: getattr(args, option, None) for option in ("blob", "metadata", "wal", "cluster_key",
                                                                 "take_over_blob_prefix", "max_wal_backlog")}

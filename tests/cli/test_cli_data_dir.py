@@ -76,3 +76,26 @@ def test_creating_commands_still_make_the_directory_and_every_layout_is_found(tm
     with sediment.open(ring, wal=f"device:{tmp_path / 'ring'}", wal_capacity=8 << 20) as eng:
         eng.add_relation("r", sediment.parse_schema_spec("id:int64"))
     assert "r\tid:int64" in ok(capsys, ring, "relation", "list")
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("metadata", ["missing", "empty"])
+def test_a_metadata_directory_without_a_store_is_refused_and_not_created(tmp_path, capsys, command, metadata):
+    """``--metadata DIR`` (a local journal store) for a command that does not create an engine:
+    refused with NotADataDir, and neither DIR nor the data directory is made."""
+    meta = tmp_path / "m"
+    if metadata == "empty":
+        meta.mkdir()
+    before = listing(tmp_path)
+    rc, out, err = run(capsys, tmp_path / "d", "--metadata", str(meta), *COMMANDS[command])
+    assert listing(tmp_path) == before, f"{command} created {listing(tmp_path)}"
+    if command == "verify --repair":  # verify reports (no such data directory); it opens nothing
+        assert rc == 1 and "no such data directory" in out
+        return
+    assert_one_line_error(rc, err, f"--metadata {meta}", "nothing was created")
+
+
+def test_a_metadata_directory_made_by_relation_add_serves_the_other_commands(tmp_path, capsys):
+    meta = tmp_path / "m"
+    ok(capsys, tmp_path / "d", "--metadata", str(meta), "relation", "add", "r", "--schema", "id:int64")
+    assert "r\tid:int64" in ok(capsys, tmp_path / "d", "--metadata", str(meta), "relation", "list")

@@ -12,7 +12,7 @@ from test_cluster import SCHEMA, keys_of, rows
 
 import sediment
 from sediment.client import Client
-from sediment.errors import NotPartitionOwner, OutcomeUnknown, QuorumUnavailable
+from sediment.errors import EngineFailed, NotPartitionOwner, OutcomeUnknown, QuorumUnavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(240)]
 
@@ -45,3 +45,31 @@ def test_a_retry_of_an_append_of_unknown_outcome_at_the_same_owner_is_applied_on
     cluster.wait_assigned([successor])
     with sediment.connect(cluster.uri, token=TOKEN) as db:
         assert keys_of(db, "r", 1) == [1, 2]  # [1, 2, 2] before: the retry wrote it again
+
+
+def test_an_unkeyed_write_of_unknown_outcome_has_the_owner_open_the_partition_again(cluster):
+    """Without a key nothing tells the owner to doubt its engine but the engine itself, which
+    fails after the QuorumLost (EngineFailed, engine/view.py): the owner opens the partition
+    again, and reads then show the record the recovery kept, instead of the stale engine
+    answering without it (before) or refusing for good."""
+    owner = cluster.start_member()
+    cluster.wait_assigned([owner])
+    with sediment.connect(cluster.uri, token=TOKEN) as db:
+        db.add_relation("r", SCHEMA, partition=0)
+    with Client(owner.uri, TOKEN) as c:
+        c.append("r", rows([1]))
+        cluster.nodes[1].kill()
+        cluster.nodes[2].kill()
+        with pytest.raises(OutcomeUnknown):  # on node 0 only
+            c.append("r", rows([2]))
+        cluster.nodes[1].start()  # node 2 stays away: the recovery's quorum is node 0 (holding k=2) and node 1
+        seen: list[list[int]] = []
+
+        def shows_both() -> bool:
+            try:
+                seen.append(keys_of(c, "r", 1))
+            except (NotPartitionOwner, QuorumUnavailable, EngineFailed):  # being opened again
+                return False
+            return seen[-1] == [1, 2]
+
+        poll_until(shows_both, 60, "the owner to show the record the recovery kept")

@@ -147,6 +147,19 @@ def test_connect_with_a_wrong_or_missing_token_fails_at_connect(served, monkeypa
         assert c.relations() == [] and c.data_dir == served.engine.data_dir
 
 
+@pytest.mark.parametrize("uri", ["served", "zk://127.0.0.1:1/nowhere"])
+def test_connect_refuses_an_unknown_keyword_naming_it_and_the_known_ones(served, uri):
+    uri = served.server.uri if uri == "served" else uri
+    with pytest.raises(errors.InvalidArgument) as err:  # was a plain TypeError
+        sediment.connect(uri, token=TOKEN, timout=5.0)
+    text = str(err.value)
+    assert "timout" in text and all(k in text for k in ("timeout", "tls_root_certs", "deadline"))
+    with pytest.raises(errors.InvalidArgument, match="deadline"):
+        sediment.connect(served.server.uri, token=TOKEN, deadline=-1)
+    with sediment.connect(served.server.uri, token=TOKEN, timeout=5.0, deadline=10.0) as c:  # a cluster's option
+        assert c.relations() == []
+
+
 def test_a_server_needs_a_token(tmp_path, monkeypatch):
     monkeypatch.delenv("SEDIMENT_TOKEN", raising=False)
     with sediment.open(tmp_path / "d") as eng, pytest.raises(ValueError, match="token"):
