@@ -9,7 +9,10 @@ Arrow Flight; the server is imported only when ``serve`` runs. Prints one line,
 tests wait for it; ``--listen HOST:0`` picks a free port and the line names it), and
 serves until SIGTERM or SIGINT. Then it stops listening, lets calls under way finish
 (for at most ``--shutdown-grace`` seconds), aborts the transactions clients left open
-and closes the engine, exiting 0. A replicated coordinator superseded by a newer one
+and closes the engine, exiting 0. An engine that failed (a write whose outcome is unknown,
+such as a lost quorum: it refuses reads and writes until reopened) is closed and opened
+again in the same way, in this process, every second until it opens. A replicated
+coordinator superseded by a newer one
 (fenced) has closed its engine already: serve stops the same way and exits 3, with
 the reason on stderr, so a supervisor sees that this process must not simply restart
 in place of the new coordinator.
@@ -36,6 +39,8 @@ from sediment.errors import SedimentError
 DEFAULT_LISTEN = "127.0.0.1:8815"
 DEFAULT_GRACE = 30.0
 EXIT_SUPERSEDED = 3
+REOPEN_EVERY = 1.0  # seconds between attempts to open a failed engine again
+FAILED_GRACE = 2.0  # seconds calls under way get once the engine failed (they fail at their next step)
 SIGNAL_CHECK = 0.5  # seconds between the main thread's checks for a signal's handler
 
 
@@ -112,7 +117,8 @@ def _tls_of(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
 
 
 def _start(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes, bytes] | None,
-           on_superseded: Callable[[BaseException], object]) -> tuple[Any, Any]:
+           on_superseded: Callable[[BaseException], object],
+           on_failed: Callable[[BaseException], object] | None = None) -> tuple[Any, Any]:
     """Open the engine and listen: (engine, server). If listening fails, the engine is closed
     again (its lock released) and a data directory this start created is removed, so a
     failed first start leaves nothing behind."""
@@ -125,6 +131,8 @@ def _start(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes
         listeners = getattr(engine, "superseded_listeners", None)
         if listeners is not None:
             listeners.append(on_superseded)
+        if on_failed is not None and getattr(engine, "failed_listeners", None) is not None:
+            engine.failed_listeners.append(on_failed)
         return engine, SedimentFlightServer(engine, location, token, txn_idle_timeout=args.txn_idle_timeout or None,
                                             tls=tls)
     except BaseException:
@@ -134,15 +142,73 @@ def _start(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes
         raise
 
 
+def _start_again(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes, bytes] | None,
+                 on_superseded: Callable[[BaseException], object], on_failed: Callable[[BaseException], object],
+                 stop: threading.Event) -> tuple[Any, Any] | None:
+    """After the engine failed (a write of unknown outcome, engine/view.py ``fail``): open it
+    again, whose recovery settles the log, every ``REOPEN_EVERY`` seconds until it opens (its
+    storage may still be away) or a signal stops serving (None). Clients meanwhile find no
+    server (a transport error: they retry)."""
+    last = ""
+    while not stop.is_set():
+        try:
+            return _start(args, location, token, tls, on_superseded, on_failed)
+        except SedimentError as exc:
+            if str(exc) != last:
+                print(f"sediment serve: opening the engine again failed ({type(exc).__name__}: {exc}); retrying "
+                      f"every {REOPEN_EVERY:g} s", file=sys.stderr, flush=True)
+                last = str(exc)
+        stop.wait(REOPEN_EVERY)
+    return None
+
+
 @contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM and SIGINT set ``stop`` inside; the handlers before are restored after."""
-    previous = {sig: signal.signal(sig, lambda _sig, _frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+def _stop_on_signals(stop: threading.Event, signalled: threading.Event | None = None) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` (and ``signalled``) inside; the handlers before are restored after."""
+    def handler(_sig: int, _frame: object) -> None:
+        if signalled is not None:
+            signalled.set()
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _serve_until_stopped(args: argparse.Namespace, engine: Any, server: Any, stop: threading.Event,
+                         superseded: list[BaseException], failed: list[BaseException]) -> bool:
+    """Serve until ``stop`` (a signal, a fencing, a failed engine), then stop listening (calls
+    under way finish for at most the grace; after a failure at most ``FAILED_GRACE``: they
+    fail anyway) and close the engine; False when calls were still running after the grace."""
+    metrics = None
+    try:
+        if args.metrics_listen is not None:
+            from sediment.metrics import MetricsServer
+
+            metrics = MetricsServer(engine.metrics, *args.metrics_listen)
+            print(f"metrics on {metrics.url}", flush=True)
+        with advertised(engine.data_dir, server.uri):  # other commands find it (cli/discover.py)
+            print(f"serving {data_dir_of(args)} on {server.uri}", flush=True)
+            # a signal handler (run by this thread) or a fencing sets it; the wait wakes up every
+            # half second because a SIGTERM delivered to one of gRPC's threads does not interrupt
+            # this thread's lock wait, and Python runs the handler only once this thread runs
+            while not stop.wait(SIGNAL_CHECK):
+                pass
+        if superseded:
+            print(f"sediment serve: {superseded[0]}", file=sys.stderr, flush=True)
+        print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
+              file=sys.stderr, flush=True)
+    finally:
+        try:
+            clean = server.stop(grace=min(args.shutdown_grace, FAILED_GRACE) if failed else args.shutdown_grace)
+            if metrics is not None:
+                metrics.stop()
+        finally:
+            engine.close()
+    return clean
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -168,33 +234,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return serve_cluster(args, location, token, tls, stop)
     clean = True
     superseded: list[BaseException] = []
-    with _stop_on_signals(stop):
-        engine, server = _start(args, location, token, tls, lambda err: (superseded.append(err), stop.set()))
-        metrics = None
-        try:
-            if args.metrics_listen is not None:
-                from sediment.metrics import MetricsServer
+    failed: list[BaseException] = []
+    signalled = threading.Event()
 
-                metrics = MetricsServer(engine.metrics, *args.metrics_listen)
-                print(f"metrics on {metrics.url}", flush=True)
-            with advertised(engine.data_dir, server.uri):  # other commands find it (cli/discover.py)
-                print(f"serving {data_dir_of(args)} on {server.uri}", flush=True)
-                # a signal handler (run by this thread) or a fencing sets it; the wait wakes up every
-                # half second because a SIGTERM delivered to one of gRPC's threads does not interrupt
-                # this thread's lock wait, and Python runs the handler only once this thread runs
-                while not stop.wait(SIGNAL_CHECK):
-                    pass
-            if superseded:
-                print(f"sediment serve: {superseded[0]}", file=sys.stderr, flush=True)
-            print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
-                  file=sys.stderr, flush=True)
-        finally:
-            try:
-                clean = server.stop(grace=args.shutdown_grace)
-                if metrics is not None:
-                    metrics.stop()
-            finally:
-                engine.close()
+    def on_superseded(err: BaseException) -> None:
+        superseded.append(err)
+        stop.set()
+
+    def on_failed(err: BaseException) -> None:
+        failed.append(err)
+        stop.set()
+
+    with _stop_on_signals(stop, signalled):
+        started: tuple[Any, Any] | None = _start(args, location, token, tls, on_superseded, on_failed)
+        while started is not None:
+            engine, server = started
+            clean = _serve_until_stopped(args, engine, server, stop, superseded, failed)
+            started = None
+            location = server.uri  # the port it bound (--listen HOST:0 picked one): clients come back there
+            if failed and not superseded and not signalled.is_set():
+                print(f"sediment serve: {failed[0]}; opening it again", file=sys.stderr, flush=True)
+                failed.clear()
+                stop.clear()
+                if signalled.is_set():  # a signal between the check and the clear
+                    stop.set()
+                started = _start_again(args, location, token, tls, on_superseded, on_failed, stop)
     print(f"stopped serving {data_dir_of(args)}", flush=True)
     if not clean:
         # the engine is closed and everything acknowledged is durable; what is left are gRPC

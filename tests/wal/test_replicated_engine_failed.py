@@ -67,3 +67,68 @@ def test_after_quorum_lost_the_engine_refuses_reads_and_writes_until_reopened(tm
         for n in nodes:
             if n.proc is not None:
                 n.kill()
+
+
+def test_serve_opens_a_failed_engine_again_and_serves_what_the_log_kept(tmp_path, zookeeper, zk_root):
+    """`sediment serve` of a replicated engine: an append loses its quorum (the record on node 0
+    only), the engine fails; serve closes it and opens it again, in the same process and on the
+    same port, once a quorum is back (node 1 restarted; node 0 holds the record), and serves the
+    kept record: a client that retries reaches the reopened engine, and nothing is lost or
+    written twice."""
+    import queue
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from sediment.errors import SedimentError
+
+    nodes = [Node(tmp_path / f"node{i}") for i in range(3)]
+    start_all(nodes)
+    spec = f"zk://{zookeeper.hosts}{zk_root}"
+    with sediment.open(tmp_path / "a", replicas=[n.address for n in nodes], cluster_key=str(KEY), metadata=spec,
+                       blob=f"file://{tmp_path}/shared-blobs", compact_interval=3600) as eng:
+        eng.add_relation("r", SCHEMA)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "sediment", "--data-dir", str(tmp_path / "a"), "serve", "--listen", "127.0.0.1:0",
+         "--token", "secret"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in serve.stdout], daemon=True).start()
+
+    def next_serving() -> str:
+        """The next 'serving ... on URI' line, within 90 s."""
+        while True:
+            got = lines.get(timeout=90)
+            if got.startswith("serving"):
+                return got.split(" on ")[-1].strip()
+
+    try:
+        uri = next_serving()
+        with sediment.connect(uri, token="secret", timeout=60) as client:
+            client.append("r", ups([1], 1))
+            nodes[1].kill()
+            nodes[2].kill()
+            with pytest.raises(SedimentError):
+                client.append("r", ups([2], 2))  # reached node 0 only: outcome unknown
+        nodes[1].start()
+        assert next_serving() == uri  # printed once the engine is open again, on the same address
+        deadline = time.monotonic() + 60
+        with sediment.connect(uri, token="secret", timeout=60) as client:
+            while True:  # the client's first calls may still meet the stopped server's port
+                try:
+                    client.seal("r", 2)
+                    break
+                except SedimentError:
+                    if time.monotonic() > deadline:
+                        raise
+            assert sorted(client.snapshot("r", 2).column("k").to_pylist()) == [1, 2]
+        assert serve.poll() is None
+        serve.terminate()
+        assert serve.wait(timeout=60) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        for n in nodes:
+            if n.proc is not None:
+                n.kill()
