@@ -108,8 +108,7 @@ class Client:
         self._options = flight.FlightCallOptions(timeout=timeout,
                                                  headers=[(AUTH_HEADER.encode(), f"Bearer {token}".encode())])
         if isinstance(tls_root_certs, str):
-            with open(tls_root_certs, "rb") as f:
-                tls_root_certs = f.read()
+            tls_root_certs = _read_ca_file(tls_root_certs)
         if tls_root_certs is not None and not uri.startswith("grpc+tls://"):
             raise errors.InvalidArgument(f"tls_root_certs given for {uri!r}: use grpc+tls://HOST:PORT for a TLS "
                                          "coordinator")
@@ -537,6 +536,17 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _read_ca_file(path: str) -> bytes:
+    """The PEM of ``tls_root_certs`` given as a file name."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise errors.InvalidArgument(f"tls_root_certs: cannot read the CA file {path!r} ({exc.strerror or exc}); "
+                                     "give the PEM file of the CA that signed the server's certificate, or its "
+                                     "PEM bytes") from None
 
 
 def connect(uri: str, token: str | None = None, *, timeout: float | None = None,
