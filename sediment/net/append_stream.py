@@ -51,6 +51,7 @@ from sediment.net.wire_errors import error_detail, error_from_detail, server_err
 StreamKey = tuple[str, pa.Schema, bool]  # relation, schema, whether the server queues its plain appends
 REFUSED_BEFORE_HANDLER = (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError)  # nothing applied
 STREAM_IDLE_SECONDS = 2.0  # a client's stream unused this long is closed
+CLOSE_WAIT_SECONDS = 2.0  # the most a client's close waits for the server to end its streams
 ACK_OK = b'{"ok":true}'
 PLAIN = b'{"txn":null}'  # the metadata of an append outside any transaction, without locks
 
@@ -254,13 +255,29 @@ class StreamPool:
         while not self._wake.wait(self._idle_seconds / 2):
             self.close_idle()
 
-    def close(self) -> None:
-        """Close every idle stream; streams lent out are closed when given back."""
+    def close(self, wait: float | None = None) -> None:
+        """Close every idle stream; streams lent out are closed when given back. ``wait``: the
+        most seconds to wait for the server to end them (a stream's close waits for the server's
+        final status, which a paused server never sends): past it, the rest of the closing goes
+        on in the background, and the server ends its halves when it can."""
         with self._lock:
             self._closed = True
         self._wake.set()
-        for stream in self._take_idle(None):
+        close_streams(self._take_idle(None), wait)
+
+
+def close_streams(streams: list[AppendStream], wait: float | None) -> None:
+    """Close ``streams``, waiting at most ``wait`` seconds (None: as long as it takes)."""
+    if not streams:
+        return
+    if wait is None:
+        for stream in streams:
             stream.close()
+        return
+    closer = threading.Thread(target=lambda: [stream.close() for stream in streams], name="sediment-stream-close",
+                              daemon=True)
+    closer.start()
+    closer.join(wait)
 
 
 def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter,
