@@ -43,6 +43,7 @@ from sediment.net import grpc_setup
 from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import (
     CLOSE_WAIT_SECONDS,
+    PROBE_AFTER_SECONDS,
     AppendStream,
     StreamPool,
     append_batches,
@@ -210,7 +211,9 @@ class Client:
 
     def _append_now(self, name: str, schema: pa.Schema, batches: list[pa.RecordBatch], meta: bytes) -> None:
         while True:
-            stream, fresh = self._streams.take(name, schema)
+            # a stream unused for a while is probed first: one that broke meanwhile (its server
+            # died, say) is replaced before anything of the append goes out on it
+            stream, fresh = self._streams.take(name, schema, probe_after=PROBE_AFTER_SECONDS)
             try:
                 done = stream.append(batches, meta)
             except flight.FlightError as exc:

@@ -1,6 +1,8 @@
 """A client's close() against a server that stopped answering (a ``sediment serve`` process
-paused with SIGSTOP: its connections stay up, nothing comes back): close() returns within
-its bound, and calls under way on other threads end typed."""
+paused with SIGSTOP: its connections stay up, nothing comes back), and pooled append streams
+whose server was killed and started again on its port: close() returns within its bound,
+calls under way on other threads end typed, and an append on a stream that died while idle
+goes on a new one instead of ending in OutcomeUnknown."""
 
 from __future__ import annotations
 
@@ -10,14 +12,17 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from urllib.parse import urlparse
 
 import pyarrow as pa
 import pytest
+from support.ports import ADDRESS_IN_USE, restart_on_port
 from support.served import Served
 from support.waiting import poll_until
 
 import sediment
 from sediment import errors
+from sediment.clock import ManualClock
 from sediment.net import shared_subscription
 from sediment.net.append_stream import CLOSE_WAIT_SECONDS
 
@@ -32,12 +37,25 @@ def ups(ids, t=1):
 
 @contextmanager
 def paused(server: Served):
-    """SIGSTOP to the server's PID; SIGCONT on the way out (the test then kills it)."""
+    """SIGSTOP to the server's PID, once every thread of it has stopped (the signal is not
+    taken at once); SIGCONT on the way out (the test then kills it)."""
     os.kill(server.proc.pid, signal.SIGSTOP)
     try:
+        poll_until(lambda: _all_stopped(server.proc.pid), BOUND, "the server's threads to stop")
         yield
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
+
+
+def _all_stopped(pid: int) -> bool:
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return all(state in ("T", "t") for state in states)
 
 
 def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list]:
@@ -132,5 +150,63 @@ def test_closing_one_of_several_shared_subscriptions_is_bounded_when_the_server_
                 seen.append(b.next(timeout=BOUND))
                 assert seen[-1] is not None, "the remaining subscription got nothing"
             b.close()
+    finally:
+        server.kill()
+
+
+def serve_again(data, port: int, token: str) -> Served:
+    """``sediment serve`` on 127.0.0.1:PORT again (after a kill), waiting for the port."""
+
+    def attempt() -> Served | None:
+        try:
+            return Served(data, "--listen", f"127.0.0.1:{port}", token=token)
+        except AssertionError as exc:
+            if ADDRESS_IN_USE in str(exc) or "port in use" in str(exc):
+                return None
+            raise
+
+    return restart_on_port(port, attempt, "sediment serve")
+
+
+def test_an_append_after_a_restart_on_the_same_port_goes_on_a_new_stream_not_outcome_unknown(tmp_path):
+    """The server is killed and started again on its port while the client's append stream
+    sits idle in its pool: the next plain append was sent on the dead stream and ended in
+    OutcomeUnknown although no live server could have read it. The client now probes a
+    stream it has not used for a while first: the probe gets no answer, nothing of the append
+    was sent, and it goes on a new stream to the new server, applied once."""
+    data = tmp_path / "data"
+    server = Served(data)
+    port = urlparse(server.uri).port
+    try:
+        with sediment.connect(server.uri, token=server.token) as client:
+            client._streams._clock = clock = ManualClock()  # the pool's idle times, told here
+            client.add_relation("r", SCHEMA)
+            for n in range(2):
+                client.append("r", ups([10 * n]))
+                server.kill()
+                server = serve_again(data, port, server.token)
+                clock.advance(1.0)  # within the pool's idle window (2 s): the dead stream is still pooled
+                client.append("r", ups([10 * n + 1]))  # OutcomeUnknown before
+            client.seal("r", 1)
+            assert sorted(client.snapshot("r", 1).column("id").to_pylist()) == [0, 1, 10, 11]
+    finally:
+        server.kill()
+
+
+def test_an_append_on_a_stream_whose_server_died_while_idle_says_nothing_was_written(tmp_path):
+    """Killed and not started again: the probe finds the idle stream dead, the new stream
+    finds no server, and the append ends in CoordinatorUnavailable (nothing sent to a live
+    server), not OutcomeUnknown."""
+    server = Served(tmp_path / "data")
+    try:
+        with sediment.connect(server.uri, token=server.token) as client:
+            client._streams._clock = clock = ManualClock()
+            client.add_relation("r", SCHEMA)
+            client.append("r", ups([1]))
+            server.kill()
+            clock.advance(1.0)
+            with pytest.raises(errors.CoordinatorUnavailable) as failed:
+                client.append("r", ups([2]))
+            assert not isinstance(failed.value, errors.OutcomeUnknown)
     finally:
         server.kill()
