@@ -105,8 +105,8 @@ def connect(uri: str, token: str | None = None, **options: Any) -> Client:
     (seconds per call), ``tls_root_certs`` (for ``grpc+tls://``) and ``deadline`` (a cluster's:
     seconds a call keeps following redirects); any other is InvalidArgument. Imported on use,
     so ``import sediment`` does not load Arrow Flight."""
-    from sediment.client import check_connect_options
     from sediment.client import connect as _connect
+    from sediment.net.connect_options import check_connect_options
 
     check_connect_options(uri, options)
     if isinstance(uri, str) and uri.startswith("zk://"):  # a cluster of coordinators

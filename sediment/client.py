@@ -41,7 +41,15 @@ from sediment.engine.read_plan import ReadPlan  # a plain value type: none of th
 from sediment.errors import EngineClosed, SchemaMismatch, ServerError, TransactionError
 from sediment.net import grpc_setup
 from sediment.net.alter_wire import encode_alter
-from sediment.net.append_stream import AppendStream, StreamPool, append_batches, append_metadata
+from sediment.net.append_stream import (
+    CLOSE_WAIT_SECONDS,
+    PROBE_AFTER_SECONDS,
+    AppendStream,
+    StreamPool,
+    append_batches,
+    append_metadata,
+)
+from sediment.net.call_gate import CallGate
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
 from sediment.net.messages import Action, Get, Put, encode
 from sediment.net.pipelined import WINDOW as PIPELINE_WINDOW
@@ -105,11 +113,11 @@ class Client:
             raise errors.InvalidArgument(f"tls_root_certs must be PEM bytes or a file name, not "
                                          f"{type(tls_root_certs).__name__}")
         self.uri = uri
+        self._timeout = timeout
         self._options = flight.FlightCallOptions(timeout=timeout,
                                                  headers=[(AUTH_HEADER.encode(), f"Bearer {token}".encode())])
         if isinstance(tls_root_certs, str):
-            with open(tls_root_certs, "rb") as f:
-                tls_root_certs = f.read()
+            tls_root_certs = _read_ca_file(tls_root_certs)
         if tls_root_certs is not None and not uri.startswith("grpc+tls://"):
             raise errors.InvalidArgument(f"tls_root_certs given for {uri!r}: use grpc+tls://HOST:PORT for a TLS "
                                          "coordinator")
@@ -117,6 +125,8 @@ class Client:
         self._flight = flight.FlightClient(uri, **({"tls_root_certs": tls_root_certs} if tls_root_certs else {}))
         self._closed = False
         self._close_lock = threading.Lock()
+        self._calls = CallGate(uri)  # blocking calls, which close() ends
+        self._close_wait = CLOSE_WAIT_SECONDS if timeout is None else min(timeout, CLOSE_WAIT_SECONDS)
         self._on_close: list[Callable[[], None]] = []
         self._streams = StreamPool(self._open_stream, max_age=timeout / 2 if timeout else None)
         self._feed_shares = FeedShares(uri, self._get, self._action)
@@ -124,9 +134,11 @@ class Client:
         try:
             info = self._action(Action.PING)
         except BaseException:
+            self._calls.close()
             self._flight.close()
             raise
         if info.get("protocol") != PROTOCOL_VERSION:
+            self._calls.close()
             self._flight.close()
             raise ServerError(f"the server at {uri} speaks sediment protocol {info.get('protocol')}, this client "
                               f"{PROTOCOL_VERSION}; use matching sediment versions")
@@ -153,32 +165,40 @@ class Client:
             raise errors.TransportFailed(f"the transport failed during the call ({error_line(exc)}): it may or "
                                          "may not have been carried out; read back before writing again") from None
 
-    def _action(self, op: Action, **args: Any) -> Any:
-        body = encode(op, **args)
+    def _action(self, op: Action, *, within: float | None = None, **args: Any) -> Any:
+        """Run action ``op``; ``within``: its own deadline in seconds (the client's if sooner)."""
+        action, options = flight.Action(op, encode(op, **args)), self._options
+        if within is not None:
+            options = flight.FlightCallOptions(timeout=min(within, self._timeout or within), headers=options.headers)
         with self._remote():
-            results = list(self._flight.do_action(flight.Action(op, body), options=self._options))
+            results = self._calls.run(lambda: list(self._flight.do_action(action, options=options)))
         return json.loads(results[0].body.to_pybytes())["result"] if results else None
 
     def _get(self, op: Get, **args: Any) -> flight.FlightStreamReader:
-        """The stream that answers a do_get ticket (called inside :meth:`_remote`)."""
-        return self._flight.do_get(flight.Ticket(encode(op, **args)), options=self._options)
+        """The stream that answers a do_get ticket (called inside :meth:`_remote`); the
+        client's close cancels it."""
+        ticket = flight.Ticket(encode(op, **args))
+        return self._calls.track(self._calls.run(lambda: self._flight.do_get(ticket, options=self._options)))
 
     def _put(self, command: bytes, table: pa.Table) -> None:
         """Stream ``table``; returns once the server has finished with it (made it durable),
         or raises the server's error."""
-        descriptor = flight.FlightDescriptor.for_command(command)
         with self._remote():
-            writer, _reader = self._flight.do_put(descriptor, table.schema, options=self._options)
-            failure: BaseException | None = None
-            try:
-                for batch in append_batches(table, PUT_CHUNK_BYTES):
-                    writer.write_batch(batch)
-                writer.done_writing()
-            except (flight.FlightError, pa.ArrowException, OSError) as exc:
-                failure = exc  # the server may have refused early: close() reports why
-            writer.close()
-            if failure is not None:
-                raise failure
+            self._calls.run(lambda: self._put_now(command, table))
+
+    def _put_now(self, command: bytes, table: pa.Table) -> None:
+        descriptor = flight.FlightDescriptor.for_command(command)
+        writer, _reader = self._flight.do_put(descriptor, table.schema, options=self._options)
+        failure: BaseException | None = None
+        try:
+            for batch in append_batches(table, PUT_CHUNK_BYTES):
+                writer.write_batch(batch)
+            writer.done_writing()
+        except (flight.FlightError, pa.ArrowException, OSError) as exc:
+            failure = exc  # the server may have refused early: close() reports why
+        writer.close()
+        if failure is not None:
+            raise failure
 
     def _append(self, name: str, table: pa.Table, txn: int | None = None, locks: Any = None,
                 key: tuple[str, int] | None = None) -> None:
@@ -186,42 +206,47 @@ class Client:
         append stream; returns once the server has made it durable, or raises the server's error."""
         meta = append_metadata(txn, encode_locks(locks), key)
         batches = append_batches(table, PUT_CHUNK_BYTES)
-        with self._remote():
-            while True:
-                stream, fresh = self._streams.take(name, table.schema)
-                try:
-                    done = stream.append(batches, meta)
-                except flight.FlightError as exc:
-                    stream.close()
-                    if server_error(exc) is not None:
-                        raise
-                    raise errors.OutcomeUnknown(
-                        f"the append stream to {self.uri} broke after the append to {name!r} was sent "
-                        f"({error_line(exc)}): it may or may not be applied; read the relation to find out, "
-                        "or use keyed appends (append_once) to retry safely") from exc
-                except BaseException as exc:
-                    # broken or interrupted before the acknowledgement: never reuse; redirected: the
-                    # member does not serve the relation (or stops), and a stopping one waits for the stream
-                    if stream.in_doubt or isinstance(exc, (errors.NotPartitionOwner, errors.EngineClosed)):
-                        stream.close()
-                    else:
-                        self._streams.give(stream)  # a refused append: the stream carries on
+        with self._remote():  # on the caller's thread: a hop to a worker costs appends two context switches
+            self._append_now(name, table.schema, batches, meta)
+
+    def _append_now(self, name: str, schema: pa.Schema, batches: list[pa.RecordBatch], meta: bytes) -> None:
+        while True:
+            # a stream unused for a while is probed first: one that broke meanwhile (its server
+            # died, say) is replaced before anything of the append goes out on it
+            stream, fresh = self._streams.take(name, schema, probe_after=PROBE_AFTER_SECONDS)
+            try:
+                done = stream.append(batches, meta)
+            except flight.FlightError as exc:
+                stream.close()
+                if server_error(exc) is not None:
                     raise
-                if done:
-                    self._streams.give(stream)
-                    return
-                if fresh:  # a new stream that took nothing: the server's status says why, if it is typed
-                    why = "it ended the stream"
-                    try:
-                        stream.finish()
-                    except flight.FlightError as exc:
-                        typed = typed_error(exc)
-                        if typed is not exc:
-                            raise typed from None
-                        why = error_line(exc)
-                    raise errors.CoordinatorUnavailable(f"the coordinator at {self.uri} did not take the append "
-                                                        f"({why}; nothing was appended); is it stopping?")
-                stream.close()  # an idle stream the server had ended: send on another
+                raise errors.OutcomeUnknown(
+                    f"the append stream to {self.uri} broke after the append to {name!r} was sent "
+                    f"({error_line(exc)}): it may or may not be applied; read the relation to find out, "
+                    "or use keyed appends (append_once) to retry safely") from exc
+            except BaseException as exc:
+                # broken or interrupted before the acknowledgement: never reuse; redirected: the
+                # member does not serve the relation (or stops), and a stopping one waits for the stream
+                if stream.in_doubt or isinstance(exc, (errors.NotPartitionOwner, errors.EngineClosed)):
+                    stream.close()
+                else:
+                    self._streams.give(stream)  # a refused append: the stream carries on
+                raise
+            if done:
+                self._streams.give(stream)
+                return
+            if fresh:  # a new stream that took nothing: the server's status says why, if it is typed
+                why = "it ended the stream"
+                try:
+                    stream.finish()
+                except flight.FlightError as exc:
+                    typed = typed_error(exc)
+                    if typed is not exc:
+                        raise typed from None
+                    why = error_line(exc)
+                raise errors.CoordinatorUnavailable(f"the coordinator at {self.uri} did not take the append "
+                                                    f"({why}; nothing was appended); is it stopping?")
+            stream.close()  # an idle stream the server had ended: send on another
 
     def _open_stream(self, name: str, schema: pa.Schema, queued: bool = False) -> AppendStream:
         return AppendStream(self._flight, name, schema, self._options, queued)
@@ -229,7 +254,7 @@ class Client:
     def end_streams(self) -> None:
         """End this client's idle append streams now, and each lent one when it is given back;
         later appends still work, each on a stream of its own."""
-        self._streams.close()
+        self._streams.close(self._close_wait)
 
     def add_close_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` after :meth:`close` (used to stop an in-process server with its client)."""
@@ -517,7 +542,8 @@ class Client:
             callbacks, self._on_close = self._on_close, []
             unshared = list(self._unshared)
         try:
-            self._streams.close()
+            self._calls.close()  # calls waiting on other threads end now, with CallCancelled
+            self._streams.close(self._close_wait)
             self._feed_shares.close()
             for sub in unshared:
                 sub.end(self._closed_error())
@@ -539,20 +565,15 @@ class Client:
         self.close()
 
 
-CONNECT_OPTIONS = {
-    "timeout": "seconds each call may take",
-    "tls_root_certs": "PEM bytes or a file name of the CA for grpc+tls://",
-    "deadline": "a cluster's: seconds a call keeps following redirects, retries included",
-}
-
-
-def check_connect_options(uri: object, options: Mapping[str, Any]) -> None:
-    """InvalidArgument naming each keyword ``sediment.connect`` does not take, and the ones it does."""
-    unknown = sorted(set(options) - set(CONNECT_OPTIONS))
-    if unknown:
-        known = "; ".join(f"{k} ({what})" for k, what in CONNECT_OPTIONS.items())
-        raise errors.InvalidArgument(f"unknown option(s) {unknown} for sediment.connect({uri!r}); nothing was "
-                                     f"connected. Known options: {known}")
+def _read_ca_file(path: str) -> bytes:
+    """The PEM of ``tls_root_certs`` given as a file name."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise errors.InvalidArgument(f"tls_root_certs: cannot read the CA file {path!r} ({exc.strerror or exc}); "
+                                     "give the PEM file of the CA that signed the server's certificate, or its "
+                                     "PEM bytes") from None
 
 
 def connect(uri: str, token: str | None = None, *, timeout: float | None = None,

@@ -18,6 +18,11 @@ The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor
   once it is durable, ``{"ok": N}`` (queued streams only) for the next N appends, all
   durable, or ``{"error": DETAIL}`` (the typed error, as :func:`error_detail` writes it;
   the stream stays usable).
+* ``{"probe": true}`` alone (a message without a batch): the client asks whether the server
+  still reads the stream, before sending an append on one it has not used for
+  ``PROBE_AFTER_SECONDS``; the server answers ``{"probe": true}`` in the acknowledgements'
+  order. A probe that gets no answer (the server died while the stream was idle, say) proves
+  that nothing of the append was sent on a live stream: it goes on a new one.
 * On a queued stream the server queues plain appends on the log as it reads them and
   acknowledges them in order once durable (:class:`Acks`), so one stream's pipelined
   appends share group commits; other appends are applied after the ones queued before them.
@@ -51,8 +56,11 @@ from sediment.net.wire_errors import error_detail, error_from_detail, server_err
 StreamKey = tuple[str, pa.Schema, bool]  # relation, schema, whether the server queues its plain appends
 REFUSED_BEFORE_HANDLER = (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError)  # nothing applied
 STREAM_IDLE_SECONDS = 2.0  # a client's stream unused this long is closed
+CLOSE_WAIT_SECONDS = 2.0  # the most a client's close waits for the server to end its streams
 ACK_OK = b'{"ok":true}'
 PLAIN = b'{"txn":null}'  # the metadata of an append outside any transaction, without locks
+PROBE = b'{"probe":true}'  # a message without an append: the server answers it with PROBE (is it reading?)
+PROBE_AFTER_SECONDS = 0.1  # a plain append first probes a stream unused this long
 
 
 def append_metadata(txn: int | None, locks: dict[str, Any] | None, key: tuple[str, int] | None = None) -> bytes:
@@ -165,6 +173,17 @@ class AppendStream:
             self._status = None
         return False
 
+    def probe(self) -> bool:
+        """Whether the server still reads this idle stream: a message with no append
+        (``{"probe":true}``, no batch), which the server answers at once. False when the stream
+        broke or was ended meanwhile: the probe is all that was sent on it since its last
+        acknowledgement, so an append sent elsewhere now cannot be applied twice."""
+        try:
+            self._writer.write_metadata(pa.py_buffer(PROBE))
+            return self._acks.read() is not None  # any answer: an older server's ack of an empty append too
+        except (flight.FlightError, pa.ArrowException, OSError):
+            return False
+
     def finish(self) -> None:
         """End the stream, raising the server's final status if it failed."""
         if self._status is False:
@@ -200,22 +219,30 @@ class StreamPool:
         self._wake = threading.Event()
         self._reaper: threading.Thread | None = None
 
-    def take(self, relation: str, schema: pa.Schema, queued: bool = False) -> tuple[AppendStream, bool]:
+    def take(self, relation: str, schema: pa.Schema, queued: bool = False,
+             probe_after: float | None = None) -> tuple[AppendStream, bool]:
         """A stream for the relation and schema (``queued``: one whose plain appends the server
-        queues, for pipelined appends), and whether it is new (never used)."""
-        now = self._clock.current_time()
-        old: list[AppendStream] = []
-        with self._lock:
-            idle = self._idle.get((relation, schema, queued))
-            while idle and self._max_age is not None and now - idle[-1].opened > self._max_age:
-                old.append(idle.pop())
-            if idle:
-                return idle.pop(), False
-            if self._reaper is None:
-                self._reaper = threading.Thread(target=self._reap, name="sediment-append-streams", daemon=True)
-                self._reaper.start()
-        for stream in old:
-            stream.close()
+        queues, for pipelined appends), and whether it is new (never used). ``probe_after``: an
+        idle stream unused for that many seconds is first probed (:meth:`AppendStream.probe`);
+        one the server no longer reads is closed, and another taken."""
+        while True:
+            now = self._clock.current_time()
+            old: list[AppendStream] = []
+            with self._lock:
+                idle = self._idle.get((relation, schema, queued))
+                while idle and self._max_age is not None and now - idle[-1].opened > self._max_age:
+                    old.append(idle.pop())
+                stream = idle.pop() if idle else None
+                if self._reaper is None:
+                    self._reaper = threading.Thread(target=self._reap, name="sediment-append-streams", daemon=True)
+                    self._reaper.start()
+            for gone in old:
+                gone.close()
+            if stream is None:
+                break
+            if probe_after is None or now - stream.last_used < probe_after or stream.probe():
+                return stream, False
+            stream.close()  # it broke while idle (the server died, say): nothing was sent on it
         stream = self._open(relation, schema, queued)
         stream.opened = now
         return stream, True
@@ -254,13 +281,29 @@ class StreamPool:
         while not self._wake.wait(self._idle_seconds / 2):
             self.close_idle()
 
-    def close(self) -> None:
-        """Close every idle stream; streams lent out are closed when given back."""
+    def close(self, wait: float | None = None) -> None:
+        """Close every idle stream; streams lent out are closed when given back. ``wait``: the
+        most seconds to wait for the server to end them (a stream's close waits for the server's
+        final status, which a paused server never sends): past it, the rest of the closing goes
+        on in the background, and the server ends its halves when it can."""
         with self._lock:
             self._closed = True
         self._wake.set()
-        for stream in self._take_idle(None):
+        close_streams(self._take_idle(None), wait)
+
+
+def close_streams(streams: list[AppendStream], wait: float | None) -> None:
+    """Close ``streams``, waiting at most ``wait`` seconds (None: as long as it takes)."""
+    if not streams:
+        return
+    if wait is None:
+        for stream in streams:
             stream.close()
+        return
+    closer = threading.Thread(target=lambda: [stream.close() for stream in streams], name="sediment-stream-close",
+                              daemon=True)
+    closer.start()
+    closer.join(wait)
 
 
 def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter,
@@ -280,6 +323,9 @@ def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight
         for table, meta in _appends(reader):
             if stopping():
                 return
+            if meta == PROBE:
+                writer.write(pa.py_buffer(PROBE))
+                continue
             writer.write(pa.py_buffer(_outcome(append, table, PLAIN_ARGS if meta == PLAIN else None, meta)))
             if stopping():
                 return
@@ -289,7 +335,9 @@ def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight
         for table, meta in _appends(reader):
             if stopping():
                 return
-            if meta == PLAIN:
+            if meta == PROBE:
+                acks.put(PROBE)  # answered in order, after the acknowledgements before it
+            elif meta == PLAIN:
                 try:
                     acks.put(queue(table))
                 except Exception as exc:  # noqa: BLE001 - refused before it was queued: acknowledged in order

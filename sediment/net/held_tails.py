@@ -42,6 +42,31 @@ def range_index(column: pa.ChunkedArray | pa.Array, cuts: Sequence[Any] | pa.Arr
     return idx
 
 
+def _kind(t: pa.DataType) -> str:
+    """What a value of type ``t`` compares with: numbers with numbers, text with text, ..."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "bytes"
+    return str(t)
+
+
+def cuts_of(key_type: pa.DataType, cuts: pa.Array, key: str, lease: int) -> pa.Array:
+    """``cuts`` as values of the key column's type; InvalidArgument when they are of another
+    kind (text cuts on a number key) or do not fit in it."""
+    if cuts.type == key_type:
+        return cuts
+    where = f"tail_part (read lease {lease}): cut points of type {cuts.type} on key column {key!r} of type {key_type}"
+    if _kind(cuts.type) != _kind(key_type):
+        raise InvalidArgument(f"{where} cannot be compared; send the cuts plan_read_held gave, or cuts of the key's type")
+    try:
+        return cuts.cast(key_type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise InvalidArgument(f"{where} do not fit in the key's type ({exc}); send cuts of the key's type") from None
+
+
 def quantile_cuts(column: pa.ChunkedArray | pa.Array, parts: int) -> pa.Array:
     """Strictly increasing cut points splitting a column's non-null values into about
     ``parts`` equal ranges (of the column's type; empty for one part or no values)."""
@@ -110,7 +135,8 @@ class HeldTails:
                 raise InvalidArgument(f"tail_part: key {key!r} is not a column of the held rows {tail.column_names}")
             if cuts is None or len(cuts) == 0:
                 return tail if index == 0 else tail.slice(0, 0)
-            return tail.filter(pc.equal(range_index(tail.column(key), cuts), index))
+            column = tail.column(key)
+            return tail.filter(pc.equal(range_index(column, cuts_of(column.type, cuts, key, lease)), index))
         if start is not None or stop is not None:
             lo = max(0, start or 0)
             hi = tail.num_rows if stop is None else min(tail.num_rows, stop)

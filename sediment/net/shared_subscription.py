@@ -38,6 +38,7 @@ from sediment.net.shared_feeds import SHARE_VERSION
 from sediment.net.wire_errors import error_from_detail, error_line, typed_error
 
 _END = object()
+LEAVE_SECONDS = 5.0  # the most a subscription's close waits for the server to take it off the stream
 _AGAIN = object()  # an overrun seen: look again, which raises it
 
 
@@ -215,13 +216,16 @@ class SharedStream:
             self._action(Action.FEED_JOIN, **args)
         except BaseException:
             try:
-                self._action(Action.FEED_LEAVE, stream=self.id, sub=args["sub"])
+                self._action(Action.FEED_LEAVE, within=LEAVE_SECONDS, stream=self.id, sub=args["sub"])
             except Exception:  # noqa: BLE001 - best effort: the stream's end releases it anyway
                 pass
             raise
 
     def leave(self, sid: str) -> None:
-        """Take subscription ``sid`` off the stream; the last one cancels the stream."""
+        """Take subscription ``sid`` off the stream; the last one cancels the stream. The
+        ``feed_leave`` waits at most :data:`LEAVE_SECONDS` (a paused server): past it, the
+        server goes on sending that subscription's events, which the reader drops, until the
+        stream ends."""
         with self._lock:
             if self._subs.pop(sid, None) is None or self.ended:
                 return
@@ -233,7 +237,7 @@ class SharedStream:
             reader.cancel()
             return
         try:
-            self._action(Action.FEED_LEAVE, stream=self.id, sub=sid)
+            self._action(Action.FEED_LEAVE, within=LEAVE_SECONDS, stream=self.id, sub=sid)
         except Exception:  # noqa: BLE001 - the stream is gone: the server ended that subscription with it
             pass
 

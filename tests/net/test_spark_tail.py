@@ -128,3 +128,22 @@ def test_quantile_cuts_of_a_decimal_key_are_in_value_order(t):
     cuts = held_tails.quantile_cuts(pa.chunked_array([pa.array([*values, None], t)]), 4).to_pylist()
     ordered = sorted(values)
     assert cuts == [ordered[2], ordered[4], ordered[6]]
+
+
+def test_tail_part_cuts_that_do_not_compare_with_the_key_are_invalid_argument(coordinator):
+    """Cut points come from the caller (a Spark task passes on the plan's): text cuts on the
+    int64 key, or cuts that do not fit in it, are the caller's mistake (InvalidArgument naming
+    the key and the types), not the server's failure (ServerError); the held rows stay."""
+    c = coordinator(compact_interval=None)
+    c.engine.add_relation("orders", SCHEMA)
+    want = Counter(u for u in big_tail(c, 3_000) if u[2] <= 2)
+    with sediment.connect(c.uri, c.token) as client:
+        plan, held, cuts = client.plan_read_held("orders", 2, part_rows=500, max_parts=4)
+        assert held is not None and cuts.type == pa.int64()
+        for bad, why in ((pa.array(["a", "m"]), "cannot be compared"), (pa.array([1.5]), "do not fit"),
+                         (pa.array([2**63], pa.uint64()), "do not fit")):
+            with pytest.raises(InvalidArgument, match=f"key column 'id' of type int64 {why}"):
+                client.tail_part("orders", plan.lease, key="id", cuts=bad, index=1)
+        narrow = cuts.cast(pa.int32())  # cuts of another integer type that fit are taken as they are
+        parts = [client.tail_part("orders", plan.lease, key="id", cuts=narrow, index=i) for i in range(len(cuts) + 1)]
+        assert sum((rows_of(p) for p in parts), Counter()) == want

@@ -17,7 +17,7 @@ import pytest
 import sediment
 from sediment.cli import main as cli_main
 from sediment.client import Client
-from sediment.errors import AuthenticationFailed, CoordinatorUnavailable
+from sediment.errors import AuthenticationFailed, CoordinatorUnavailable, InvalidArgument
 from sediment.server import SedimentFlightServer
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -76,3 +76,22 @@ def test_sediment_serve_with_tls_and_the_remote_cli(tmp_path, certificate, capsy
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+
+
+def test_a_ca_file_that_cannot_be_read_is_invalid_argument_naming_the_option_and_path(tmp_path, certificate):
+    """``tls_root_certs`` given as a file name that does not exist (or is a directory) is the
+    caller's mistake: InvalidArgument naming the option and the path, before any connection,
+    not a bare FileNotFoundError; the right file connects."""
+    cert_pem, key_pem, cert_file, _key_file = certificate
+    missing = tmp_path / "no-such-ca.pem"
+    for path in (missing, tmp_path):
+        with pytest.raises(InvalidArgument, match=f"tls_root_certs: cannot read the CA file '{path}'"):
+            sediment.connect("grpc+tls://127.0.0.1:1", token="t", tls_root_certs=str(path))
+    assert not missing.exists()
+    engine = sediment.open(tmp_path / "data")
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", "t", close_engine=True, tls=(cert_pem, key_pem))
+    try:
+        with sediment.connect(server.uri, token="t", tls_root_certs=str(cert_file)) as client:
+            assert client.relations() == []
+    finally:
+        server.stop()
