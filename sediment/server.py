@@ -132,7 +132,8 @@ class SedimentFlightServer(flight.FlightServerBase):
                  clock: Clock = MONOTONIC, tls: tuple[bytes, bytes] | None = None,
                  stop_grace: float = DEFAULT_STOP_GRACE) -> None:
         """``txn_idle_timeout``: seconds a transaction may go without a call before it is
-        aborted (None: never); ``clock`` measures it (tests pass their own). ``stop_grace``:
+        aborted (None: never), and tables staged for an ``append_many`` before they are dropped
+        (with None: DEFAULT_TXN_IDLE_TIMEOUT); ``clock`` measures it (tests pass their own). ``stop_grace``:
         seconds :meth:`stop` waits for calls still running when it is given no grace. ``tls``: the
         server's (certificate chain, private key) in PEM; then ``location`` is
         ``grpc+tls://HOST:PORT`` and clients must connect with TLS (the token is still required)."""
@@ -154,7 +155,10 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._stopped = False
         self.stopping = threading.Event()  # set as stop() begins: no new calls from then on
         self._feeds = FeedStreams(lambda: self._stopped, FEED_POLL)
-        self._stages = StagedTables(txn_idle_timeout, clock, lambda: self.uri)
+        # stages expire even when transactions never do: a client that died between its puts
+        # and its append_many must not hold memory until the server stops
+        stage_idle = txn_idle_timeout if txn_idle_timeout is not None else DEFAULT_TXN_IDLE_TIMEOUT
+        self._stages = StagedTables(stage_idle, clock, lambda: self.uri)
         self._shared = SharedFeeds(self._feeds, self._engine_subscription, lambda: self._stopped, FEED_POLL)
         self._actions = self._action_table()
         grpc_setup.apply()  # before gRPC's first use in the process, or it has no effect
@@ -164,9 +168,8 @@ class SedimentFlightServer(flight.FlightServerBase):
         except pa.ArrowException as exc:  # gRPC only says "Server did not start properly"
             raise SedimentError(f"could not listen on {location} ({exc}); is the port in use by another process? "
                                 "pick another port (0 picks a free one)") from None
-        if txn_idle_timeout is not None:
-            threading.Thread(target=self._reap_loop, args=(min(txn_idle_timeout / 4, 30.0),),
-                             name="sediment-server-txn-reaper", daemon=True).start()
+        threading.Thread(target=self._reap_loop, args=(min(stage_idle / 4, 30.0),),
+                         name="sediment-server-txn-reaper", daemon=True).start()
 
     def _action_table(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
         """Every do_action type's handler of the JSON body. An op whose fields
@@ -334,7 +337,8 @@ class SedimentFlightServer(flight.FlightServerBase):
 
     def reap_idle_stages(self) -> list[str]:
         """Drop the tables staged for append_many calls that no call named for longer than
-        ``txn_idle_timeout``; their stage ids. A background thread calls this with
+        ``txn_idle_timeout`` (DEFAULT_TXN_IDLE_TIMEOUT when transactions never time out); their
+        stage ids. A background thread calls this with
         :meth:`reap_idle_transactions`."""
         return self._stages.reap_idle()
 

@@ -25,7 +25,7 @@ from sediment import errors
 from sediment.client import Client
 from sediment.clock import ManualClock
 from sediment.net.messages import Action, Put, encode
-from sediment.server import SedimentFlightServer
+from sediment.server import DEFAULT_TXN_IDLE_TIMEOUT, SedimentFlightServer
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -192,14 +192,17 @@ sys.stdin.read()
 """
 
 
-def test_tables_staged_by_a_client_that_was_killed_are_dropped_once_idle(tmp_path):
+@pytest.mark.parametrize("txn_idle_timeout", [10.0, None])
+def test_tables_staged_by_a_client_that_was_killed_are_dropped_once_idle(tmp_path, txn_idle_timeout):
     """A client process SIGKILLed between its stage puts and its append_many leaves tables in
     the server's memory; they go after ``txn_idle_timeout`` without a call naming them (the
-    server's clock), as an idle transaction does, instead of until the server stops."""
+    server's clock), as an idle transaction does, instead of until the server stops; with
+    transactions that never time out (None), after the default timeout."""
     clock = ManualClock(1000.0)
     token = "t-" + uuid.uuid4().hex
     engine = sediment.open(str(tmp_path / "data"), segment_bytes=1 << 20)
-    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token, txn_idle_timeout=10.0, clock=clock)
+    server = SedimentFlightServer(engine, "grpc://127.0.0.1:0", token, txn_idle_timeout=txn_idle_timeout, clock=clock)
+    idle = txn_idle_timeout if txn_idle_timeout is not None else DEFAULT_TXN_IDLE_TIMEOUT
     proc = subprocess.Popen([sys.executable, "-c", STAGING_CLIENT, server.uri, token], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -208,10 +211,10 @@ def test_tables_staged_by_a_client_that_was_killed_are_dropped_once_idle(tmp_pat
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
         assert server.staged_rows == 100_000
-        clock.advance(6)
+        clock.advance(idle * 0.6)
         assert server.reap_idle_stages() == []
         assert server.staged_rows == 100_000  # not idle long enough
-        clock.advance(6)
+        clock.advance(idle * 0.6)
         assert server.reap_idle_stages() == ["left-behind"]
         assert server.staged_rows == 0
         with Client(server.uri, token) as client:
