@@ -158,15 +158,28 @@ def replicated_spec(data_dir: str, metadata: str | None, report: VerifyReport) -
     return metadata or marked
 
 
+def _shared_metadata(data_dir: str, metadata: str | None) -> bool:
+    """Whether ``--metadata`` names a deployment another coordinator could open from any
+    directory: always ``zk://``; ``s3://`` unless this data directory holds a local log (then
+    it is an embedded engine that keeps only its catalog in S3, checked locally)."""
+    if not metadata:
+        return False
+    if metadata.startswith("zk://"):
+        return True
+    return metadata.startswith("s3://") and not os.path.isdir(os.path.join(data_dir, "wal"))
+
+
 def verify_engine(data_dir: str, *, metadata: str | None = None, blob: str | None = None,
                   s3_endpoint: str | None = None) -> VerifyReport:
     """What ``sediment verify`` runs: a replicated engine's stores and nodes when the data
-    directory's marker (or a ``zk://`` ``metadata``) says it is one, else the local checks."""
+    directory's marker (or a ``zk://`` ``metadata``, or an ``s3://`` one for a directory with
+    no local log: an S3-only deployment checked from another machine) says it is one, else
+    the local checks."""
     from sediment.engine.verify import verify_data_dir
 
     report = VerifyReport()
     if os.path.isdir(data_dir) or metadata:
-        spec = replicated_spec(data_dir, metadata if metadata and metadata.startswith("zk://") else None, report)
+        spec = replicated_spec(data_dir, metadata if _shared_metadata(data_dir, metadata) else None, report)
         if spec is not None:
             verify_replicated(data_dir, spec, report, blob=blob, s3_endpoint=s3_endpoint)
             return report
