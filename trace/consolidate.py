@@ -62,6 +62,29 @@ def sort_indices(data: pa.Table | pa.ChunkedArray | pa.Array,
     return pc.sort_indices(view, list(order or ()))
 
 
+def first_out_of_order(table: pa.Table, before: pa.Table | None = None) -> int | None:
+    """The index of the first row of ``table`` (a stored batch's piece: its row columns, then
+    ``time`` and ``diff``) that sorts before the row preceding it in the trace's order, or None
+    when it is in order; ``before``: the last row of the previous piece, checked against the
+    first. For ``sediment verify``: a batch out of order (written by a build whose sort
+    disagreed with the comparisons, as decimal32/64 columns once did) breaks every merge."""
+    data = pa.concat_tables([before, table]) if before is not None and before.num_rows else table
+    shift = data.num_rows - table.num_rows
+    if data.num_rows < 2:
+        return None
+    keys = [c for c in data.column_names if c not in (TIME, DIFF)]
+    try:
+        idx = sort_indices(data, sort_keys(keys))
+    except pa.ArrowNotImplementedError:  # a type pyarrow cannot sort: nothing to compare with
+        return None
+    n = len(idx)
+    if pc.all(pc.less(idx.slice(0, n - 1), idx.slice(1))).as_py():  # a permutation sorted ascending: the identity
+        return None
+    rank = pc.sort_indices(idx)  # each row's place in the sorted order (the stable sort keeps ties in place)
+    descent = pc.less(rank.slice(1), rank.slice(0, n - 1))
+    return max(0, int(pc.index(descent, True).as_py()) + 1 - shift)
+
+
 RUN_SLICE_ROWS = 256  # mean length of in-order runs at which slices beat a gather
 
 
