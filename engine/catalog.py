@@ -19,6 +19,7 @@ so a retry can create it; if even that fails, CreationUnknown (reopen to resolve
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -42,6 +43,7 @@ NEXT_ID = names.NEXT_RELATION_ID
 EPOCH = names.EPOCH
 FORMAT = "sediment.relation"
 VERSION = 2  # 2: the entry carries the schema history; version 1 entries (no history) still decode
+TRACED_VERSION = 3  # 3: ``trace_state``: the relation's trace state was written before the entry (see create)
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,14 @@ class RelationEntry:
     since: int = 0
     version: int = -1
     history: SchemaHistory | None = None  # None only while being built: decode and create always set it
+    traced: bool = False  # its trace state was written before this entry: a missing one was lost (see create)
 
     @property
     def schema_history(self) -> SchemaHistory:
         return self.history if self.history is not None else SchemaHistory.initial(self.schema)
 
     def encode(self) -> bytes:
-        return json.dumps({
+        doc = {
             "history": self.schema_history.to_json(),
             "format": FORMAT,
             "version": VERSION,
@@ -68,17 +71,23 @@ class RelationEntry:
             "id": self.id,
             "since": self.since,
             "schema": schema_to_text(self.schema),
-        }, sort_keys=True).encode()
+        }
+        if self.traced:  # only then version 3: an entry made before it keeps its version and meaning
+            doc.update(version=TRACED_VERSION, trace_state=True)
+        return json.dumps(doc, sort_keys=True).encode()
 
     @staticmethod
     def decode(raw: bytes, version: int, key: str) -> RelationEntry:
         try:
             doc = json.loads(raw)
-            if doc.get("format") != FORMAT or doc.get("version") not in (1, VERSION):
+            if doc.get("format") != FORMAT or doc.get("version") not in (1, VERSION, TRACED_VERSION):
                 raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}")
+            traced = doc.get("trace_state", False)
+            if traced is not (doc["version"] == TRACED_VERSION):
+                raise ValueError(f"version {doc['version']} with trace_state {traced!r}")
             schema = schema_from_text(doc["schema"])
             history = SchemaHistory.from_json(doc["history"]) if "history" in doc else SchemaHistory.initial(schema)
-            return RelationEntry(doc["name"], int(doc["id"]), schema, int(doc["since"]), version, history)
+            return RelationEntry(doc["name"], int(doc["id"]), schema, int(doc["since"]), version, history, traced)
         except (ValueError, KeyError, TypeError, IndexError, pa.ArrowInvalid) as exc:
             raise MetadataCorruption(f"catalog entry {key!r} is unreadable: {exc}") from None
 
@@ -127,10 +136,18 @@ class Catalog:
         self._epoch = self._bump(EPOCH)
         return int(self._epoch.value)
 
-    def create(self, name: str, schema: pa.Schema) -> RelationEntry:
+    def create(self, name: str, schema: pa.Schema, prepare: Callable[[int], object] | None = None) -> RelationEntry:
+        """Write a new relation's entry under a fresh id. ``prepare(id)`` first writes what must
+        exist before the entry does (the engine: the relation's empty trace state), and the entry
+        then says so (``trace_state``): a crash between the two leaves only an unused trace state
+        of an id no entry names, and a trace state missing under an entry was lost, not never
+        written (engine/engine.py refuses to open without it)."""
         if self.store.get(RELATIONS + name) is not None:
             raise RelationExists(f"relation {name!r} already exists; drop it first or pick another name")
-        entry = RelationEntry(name, int(self._bump(NEXT_ID).value), schema, history=SchemaHistory.initial(schema))
+        entry = RelationEntry(name, int(self._bump(NEXT_ID).value), schema, history=SchemaHistory.initial(schema),
+                              traced=prepare is not None)
+        if prepare is not None:
+            prepare(entry.id)
         try:
             version = self.store.compare_and_set(RELATIONS + name, entry.encode(), None)
         except MetadataConflict:

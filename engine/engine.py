@@ -230,8 +230,9 @@ class Engine:
             takeover.close_when_fenced(self, fence.on_replaced)
         epoch = self.catalog.next_epoch()  # after the claim, before the listing: metadata/fence.py
         entries = list(self.catalog.load(take_over=shared).values())
-        for entry, trace in zip(entries, self.traces.load_many([e.id for e in entries], take_over=shared),
-                                strict=True):
+        traces = self.traces.load_many([e.id for e in entries], take_over=shared,
+                                       required={e.id: e.name for e in entries if e.traced})
+        for entry, trace in zip(entries, traces, strict=True):
             rel = self.registry.register(entry, trace)
             self.view.max_time = max(self.view.max_time, rel.trace.upper - 1,
                                       *(p.upper - 1 for p in rel.trace.pending))

@@ -65,7 +65,9 @@ class RelationRegistry:
             self.view.check_open()
             if name in self.view.relations:
                 raise RelationExists(f"relation {name!r} already exists; drop it first or pick another name")
-            self.register(self.catalog.create(name, schema))
+            made: list[TraceState] = []  # its trace state first, then the entry (Catalog.create)
+            entry = self.catalog.create(name, schema, lambda rid: made.append(self.traces.create(rid)))
+            self.register(entry, made[0])
 
     def alter(self, name: str, *, add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | None = None,
               widen: Mapping[str, pa.DataType] | None = None, rename: Mapping[str, str] | None = None,

@@ -161,7 +161,7 @@ def verify_trace_batches(meta: dict, uri: str, s3_endpoint: str | None, report: 
     from sediment.blob.uri import open_blob_store
     from sediment.engine.catalog import RELATIONS, RelationEntry
     from sediment.trace.state import TraceState
-    from sediment.trace.store import TraceStore, state_key
+    from sediment.trace.store import TraceStore, missing_state, state_key
 
     blobs = open_blob_store(uri, s3_endpoint=s3_endpoint) if uri.startswith("s3://") else open_blob_store(uri)
     store = TraceStore(meta=None, blobs=blobs)  # type: ignore[arg-type]
@@ -174,6 +174,8 @@ def verify_trace_batches(meta: dict, uri: str, s3_endpoint: str | None, report: 
                 entry = RelationEntry.decode(value.value, value.version, key)
                 raw = meta.get(state_key(entry.id))
                 if raw is None:
+                    if entry.traced:  # written when the relation was added: lost since (open refuses)
+                        report.problems.append(str(missing_state(entry.id, entry.name)))
                     continue
                 state = TraceState.decode(raw.value)
             except SedimentError as exc:

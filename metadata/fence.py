@@ -7,7 +7,9 @@ traces (and swept the batches no state named) would point at deleted objects.
 
 So a coordinator taking over rewrites, after its claim and before its sweep, every
 catalog entry and every relation's trace state once by compare-and-set, with the value
-it holds (:func:`rewrite_all`; a relation with no trace state yet gets an empty one).
+it holds (:func:`rewrite_all`; a relation with no trace state yet gets an empty one, unless
+its catalog entry says the state was written at its add: then it was lost, and the open
+refuses, trace/store.py ``load_many``).
 From then on every compare-and-set the old coordinator makes from a version it read
 earlier fails, and a commit that won the race against the rewrite is in the value the
 new coordinator loads. The old coordinator's store turns that failure into

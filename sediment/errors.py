@@ -284,7 +284,8 @@ class MetadataConflict(MetadataError):
 
 
 class MetadataCorruption(MetadataError):
-    """A metadata journal or snapshot fails its checksum or format checks."""
+    """A metadata journal or snapshot fails its checksum or format checks, a stored document
+    does not decode, or a key the catalog says was written is missing (a relation's trace state)."""
 
 
 class MetadataUnavailable(MetadataError):

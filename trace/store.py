@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +28,7 @@ from sediment.errors import (
     BlobError,
     BlobNotFound,
     MetadataConflict,
+    MetadataCorruption,
     MetadataUnavailable,
     TraceError,
 )
@@ -63,6 +64,15 @@ from sediment.trace.state import BatchRef, TraceState
 
 STATE_PREFIX = names.TRACES
 state_key = names.trace_key
+
+
+def missing_state(relation_id: int, name: str) -> MetadataCorruption:
+    """The error for a trace state that its relation's catalog entry says was written, and is gone."""
+    return MetadataCorruption(
+        f"relation {name!r} (id {relation_id}): its trace state, metadata key {state_key(relation_id)!r}, is missing, "
+        "though its catalog entry says it was written when the relation was added: the compacted part of the "
+        "relation (every row no longer in the write-ahead log) would be lost. Restore the key from a copy of "
+        "the metadata store")
 
 
 def _same(table: pa.Table) -> pa.Table:
@@ -189,15 +199,23 @@ class TraceStore:
     def load(self, relation_id: int) -> TraceState:
         return self.load_many([relation_id])[0]
 
-    def load_many(self, relation_ids: list[int], *, take_over: bool = False) -> list[TraceState]:
+    def load_many(self, relation_ids: list[int], *, take_over: bool = False,
+                  required: Mapping[int, str] | None = None) -> list[TraceState]:
         """The relations' trace states; ``take_over``: each rewritten first, a missing one
-        created empty (metadata/fence.py), so that a replaced coordinator's commits fail."""
+        created empty (metadata/fence.py), so that a replaced coordinator's commits fail.
+        ``required`` (relation id -> name): relations whose state was written when they were
+        added (:meth:`create`); a missing one was lost, and is MetadataCorruption naming its key,
+        never an empty trace (nor created empty by a take-over)."""
         keys = [state_key(r) for r in relation_ids]
+        required = required or {}
         if take_over:
-            empty = {state_key(r): TraceState(r).encode() for r in relation_ids}
+            empty = {state_key(r): TraceState(r).encode() for r in relation_ids if r not in required}
             got = rewrite_all(self.meta, keys, empty.get)
         else:
             got = [self.meta.get(k) for k in keys]
+        for relation_id, value in zip(relation_ids, got, strict=True):
+            if value is None and relation_id in required:
+                raise missing_state(relation_id, required[relation_id])
         out = []
         for relation_id, value in zip(relation_ids, got, strict=True):
             self._versions[relation_id] = None if value is None else value.version
@@ -209,6 +227,23 @@ class TraceStore:
                 raise TraceError(f"trace state at {state_key(relation_id)} belongs to relation {state.relation_id}")
             out.append(state)
         return out
+
+    def create(self, relation_id: int) -> TraceState:
+        """Write a new relation's empty trace state (before its catalog entry: engine/catalog.py
+        ``create``), so that from then on a missing one is known to be lost. A compare-and-set
+        of unknown outcome is read back, as a commit's is."""
+        state = TraceState(relation_id)
+        encoded = state.encode()
+        try:
+            version = self.meta.compare_and_set(state_key(relation_id), encoded, None)
+        except MetadataConflict:
+            raise MetadataConflict(f"the trace state {state_key(relation_id)!r} of new relation id {relation_id} "
+                                   "already exists, though ids are never reused: another engine writes this "
+                                   "metadata store; nothing was created") from None
+        except MetadataUnavailable:
+            version = self._read_back(relation_id, encoded, 0)
+        self._versions[relation_id] = version
+        return state
 
     def commit(self, new: TraceState) -> TraceState:
         """Replace the trace state by compare-and-set. CoordinatorSuperseded if it changed: only

@@ -171,7 +171,7 @@ def test_alter_is_durable_and_recorded_in_the_catalog_history(engine):
     e.add_relation("r", SCHEMA0)
     e.alter_relation("r", widen={"id": pa.int64()})
     doc = json.loads(e.storage.meta.get(names.RELATIONS + "r").value)
-    assert doc["version"] == 2
+    assert doc["version"] == 3 and doc["trace_state"] is True  # the alter kept the trace-state mark
     assert [v["version"] for v in doc["history"]["versions"]] == [0, 1]
     e.close()
     e = engine()
