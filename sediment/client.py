@@ -542,11 +542,11 @@ class Client:
             callbacks, self._on_close = self._on_close, []
             unshared = list(self._unshared)
         try:
+            for sub in unshared:  # first: ended as closed, before their readers are cancelled below
+                sub.end(self._closed_error())
+            self._feed_shares.close()
             self._calls.close()  # calls waiting on other threads end now, with CallCancelled
             self._streams.close(self._close_wait)
-            self._feed_shares.close()
-            for sub in unshared:
-                sub.end(self._closed_error())
             self._flight.close()
         finally:
             failures = []
