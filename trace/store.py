@@ -49,14 +49,14 @@ from sediment.trace.batch import (  # the private two: a piece is checked as a r
     file_checksums,
     groups_ahead,
     new_nonce,
-    object_checksum,
     open_batch,
     open_stored,
     parse_batch_key,
     read_row_group,
     stored_schema,
 )
-from sediment.trace.consolidate import consolidate, first_out_of_order
+from sediment.trace.batch_check import batch_problems
+from sediment.trace.consolidate import consolidate
 from sediment.trace.evolve import Layout
 from sediment.trace.merge import merge_to_batch
 from sediment.trace.raw_sort import sorted_raw, stored_pieces
@@ -575,30 +575,7 @@ class TraceStore:
         except TraceError as exc:
             problems.append(str(exc))
         for ref in (*state.batches, *state.pending):
-            if ref.key is None:
-                continue
-            try:
-                if ref.crc is not None:
-                    got = object_checksum(self.blobs, ref.key, ref.bytes)
-                    if got != ref.crc:
-                        problems.append(f"batch {ref.key!r}: CRC32C of the object is {got:#010x} but the trace "
-                                        f"state recorded {ref.crc:#010x}; the object is damaged")
-                        continue
-                rows, last = 0, None
-                for t in self.read_stream(state.relation_id, ref, as_stored=True):
-                    bad = None if ref.raw or not t.num_rows else first_out_of_order(t, last)
-                    if bad is not None:
-                        problems.append(f"batch {ref.key!r}: row {rows + bad} sorts before the row ahead of it: the "
-                                        "batch is out of the trace's order, and merges of it fail; restore the batch "
-                                        "from a backup, or drop and reload the relation")
-                        break
-                    rows += t.num_rows
-                    last = t.slice(t.num_rows - 1) if t.num_rows else last
-                else:
-                    if rows != ref.rows:
-                        problems.append(f"batch {ref.key!r}: holds {rows} rows, the trace state says {ref.rows}")
-            except (BatchCorruption, TraceError) as exc:
-                problems.append(str(exc))
-            except BlobNotFound as exc:
-                problems.append(f"batch {ref.key!r} is missing from the blob store ({exc})")
+            if ref.key is not None:
+                problems += batch_problems(self.blobs, ref,
+                                           lambda r: self.read_stream(state.relation_id, r, as_stored=True))
         return problems

@@ -16,8 +16,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 import pytest
-from support.ports import ADDRESS_IN_USE, restart_on_port
-from support.served import Served
+from support.served import Served, serve_again
 from support.waiting import poll_until
 
 import sediment
@@ -152,20 +151,6 @@ def test_closing_one_of_several_shared_subscriptions_is_bounded_when_the_server_
             b.close()
     finally:
         server.kill()
-
-
-def serve_again(data, port: int, token: str) -> Served:
-    """``sediment serve`` on 127.0.0.1:PORT again (after a kill), waiting for the port."""
-
-    def attempt() -> Served | None:
-        try:
-            return Served(data, "--listen", f"127.0.0.1:{port}", token=token)
-        except AssertionError as exc:
-            if ADDRESS_IN_USE in str(exc) or "port in use" in str(exc):
-                return None
-            raise
-
-    return restart_on_port(port, attempt, "sediment serve")
 
 
 def test_an_append_after_a_restart_on_the_same_port_goes_on_a_new_stream_not_outcome_unknown(tmp_path):

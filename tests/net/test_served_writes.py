@@ -17,8 +17,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pytest
 from support.cut_proxy import CutProxy
-from support.ports import ADDRESS_IN_USE, restart_on_port
-from support.served import Served
+from support.served import Served, serve_again
 
 import sediment
 from sediment import errors
@@ -33,20 +32,6 @@ SCHEMA = pa.schema([("id", pa.int64())])
 def ups(ids, t=1):
     return pa.table({"id": pa.array(ids, pa.int64()), "time": pa.array([t] * len(ids), pa.int64()),
                      "diff": pa.array([1] * len(ids), pa.int64())})
-
-
-def serve_again(data, port: int, token: str) -> Served:
-    """``sediment serve`` on 127.0.0.1:PORT again (after a kill), waiting for the port."""
-
-    def attempt() -> Served | None:
-        try:
-            return Served(data, "--listen", f"127.0.0.1:{port}", token=token)
-        except AssertionError as exc:
-            if ADDRESS_IN_USE in str(exc) or "port in use" in str(exc):
-                return None
-            raise
-
-    return restart_on_port(port, attempt, "sediment serve")
 
 
 def test_append_many_after_a_restart_lost_its_stage_is_refused_not_acknowledged(tmp_path):

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from support.ports import ADDRESS_IN_USE, restart_on_port
+
 
 class Served:
     """``sediment serve --data-dir DIR --listen 127.0.0.1:0 [extra...]`` with a fresh token
@@ -91,3 +93,17 @@ def served_engine(data_dir: Path | str, token: str, schema: Any, server_class: A
         client.close()
         server.stop(grace=30)
         engine.close()
+
+
+def serve_again(data, port: int, token: str) -> Served:
+    """``sediment serve`` on 127.0.0.1:PORT again (after a kill), waiting for the port."""
+
+    def attempt() -> Served | None:
+        try:
+            return Served(data, "--listen", f"127.0.0.1:{port}", token=token)
+        except AssertionError as exc:
+            if ADDRESS_IN_USE in str(exc) or "port in use" in str(exc):
+                return None
+            raise
+
+    return restart_on_port(port, attempt, "sediment serve")

@@ -165,15 +165,21 @@ def test_verify_and_open_report_the_same_typed_error_for_a_damaged_object(tmp_pa
     assert f"problem: {expected.__name__}: {opened.value}" in out, out
 
 
-def test_sigkill_mid_append_then_a_fresh_coordinator_has_every_acknowledged_append(tmp_path, s3_bucket):
-    endpoint, bucket = s3_bucket
-    options = s3_options(endpoint, bucket)
-    proc = start(tmp_path / "first", options)
+def acked_then_killed(directory, options: dict, n: int) -> int:
+    """A coordinator process appending on ``directory``, SIGKILLed mid-append once at least ``n``
+    appends were acknowledged; how many were."""
+    proc = start(directory, options)
     try:
-        acked = read_acks(proc, 40)
+        return read_acks(proc, n)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def test_sigkill_mid_append_then_a_fresh_coordinator_has_every_acknowledged_append(tmp_path, s3_bucket):
+    endpoint, bucket = s3_bucket
+    options = s3_options(endpoint, bucket)
+    acked = acked_then_killed(tmp_path / "first", options, 40)
     with sediment.open(tmp_path / "second", metadata=options["metadata"]) as eng:
         keys = all_keys(eng)
         assert keys[:acked] == list(range(1, acked + 1)), "0 acknowledged appends lost"
@@ -351,12 +357,7 @@ def test_the_newest_object_cut_short_is_damage_not_a_torn_tail(tmp_path, s3_buck
 
     endpoint, bucket = s3_bucket
     options = s3_options(endpoint, bucket)
-    proc = start(tmp_path / "first", options)
-    try:
-        acked = read_acks(proc, 5)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+    acked = acked_then_killed(tmp_path / "first", options, 5)
     client = moto_server.client()
     objects = _objects(client, bucket)
     newest = max(objects)
