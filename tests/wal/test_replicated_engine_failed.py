@@ -1,8 +1,9 @@
 """An engine on a replicated log after an append whose outcome is unknown (QuorumLost: two of
 three storage nodes gone, the record on the third, which the next recovery keeps) refuses
-reads and writes with EngineFailed until it is reopened, and the reopened engine shows the
-record: no read answers from a state the reopen contradicts, and a retry of the append
-cannot write the row a second time unseen."""
+reads and writes with EngineFailed until it is reopened, and the reopened engine shows what
+the recovery kept (the record, when it was durable on node 0, as it usually is): no read
+answers from a state the reopen contradicts, and a retry of the append cannot write the row
+a second time unseen."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_after_quorum_lost_the_engine_refuses_reads_and_writes_until_reopened(tm
             nodes[1].kill()
             nodes[2].kill()
             with pytest.raises(QuorumLost):
-                eng.append("r", ups([2], 2))  # reached node 0 only
+                eng.append("r", ups([2], 2))  # sent to node 0 only, durable there or not
             # before: the replay answered [1] (and a snapshot as of 2 would once sealed) while a reopen answers [1, 2]
             with pytest.raises(EngineFailed, match="open it again") as refused:
                 keys(eng)
@@ -60,9 +61,9 @@ def test_after_quorum_lost_the_engine_refuses_reads_and_writes_until_reopened(tm
                     pass
         finally:
             eng.close()
-        nodes[1].start()  # node 2 stays away: the recovery's quorum is node 0 (which holds k=2) and node 1
+        nodes[1].start()  # node 2 stays away: the recovery's quorum is node 0 and node 1
         with sediment.open(tmp_path / "c", **options) as eng:
-            assert keys(eng) == [1, 2]
+            assert keys(eng) in ([1], [1, 2])  # k=2 if it was durable on node 0 (usually), and never twice
     finally:
         for n in nodes:
             if n.proc is not None:
@@ -109,7 +110,7 @@ def test_serve_opens_a_failed_engine_again_and_serves_what_the_log_kept(tmp_path
             nodes[1].kill()
             nodes[2].kill()
             with pytest.raises(SedimentError):
-                client.append("r", ups([2], 2))  # reached node 0 only: outcome unknown
+                client.append("r", ups([2], 2))  # sent to node 0 only: outcome unknown
         nodes[1].start()
         assert next_serving() == uri  # printed once the engine is open again, on the same address
         deadline = time.monotonic() + 60
@@ -121,7 +122,7 @@ def test_serve_opens_a_failed_engine_again_and_serves_what_the_log_kept(tmp_path
                 except SedimentError:
                     if time.monotonic() > deadline:
                         raise
-            assert sorted(client.snapshot("r", 2).column("k").to_pylist()) == [1, 2]
+            assert sorted(client.snapshot("r", 2).column("k").to_pylist()) in ([1], [1, 2])
         assert serve.poll() is None
         serve.terminate()
         assert serve.wait(timeout=60) == 0
