@@ -349,31 +349,19 @@ class RingWriter:
         steps (take, gather, eligibility, run, each its own call) cost about as much CPU as
         the write itself."""
         with self._lock:
-            if blk is not self._cur or self._writing or self._pending or self._failed is not None or self._closed:
+            if blk is not self._cur or self._writing or self._pending or self._failed is not None or self._closed \
+                    or align_up(blk.fill, self.block_size) > self.head.window:
                 return False
-            bs = self.block_size
-            fill = blk.fill
-            wlen = (fill + bs - 1) // bs * bs
-            if wlen > self.head.window:
-                return False
-            self._cur = None
-            self._next = (self._next + bs - 1) // bs * bs
+            self._cur = None  # taken here, not sealed into the pending queue
+            self._next = align_up(self._next, self.block_size)
             blk.taken = True
             self._inflight.append(blk)
             self._writing = 1
             self.counts.writes += 1
-        buf = blk.buf
-        if wlen > fill:
-            buf[fill:wlen] = _ZEROS[: wlen - fill]
-        try:
-            self.files.write_at(memoryview(buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
-        except BaseException as e:
-            _log.error("%s: WAL write failed: %s", self.path, e)
-            self._fail(e)
-            raise WalError(f"{self.path}: the WAL failed before the append was durable: {e}") from e
-        self._complete(blk, blk)  # the first in flight: durable now
-        if self._stalled:  # read after completing under the lock: a waiter stalled before it is counted
+        if self._run(blk, blk) and self._stalled:  # read after completing under the lock: a waiter stalled before it is counted
             self._lead_next()
+        if not blk.durable:
+            raise WalError(f"{self.path}: the WAL failed before the append was durable: {self._failed}") from self._failed
         return True
 
     def await_block(self, blk: Block) -> None:
