@@ -6,6 +6,8 @@ each other kind of Flight error."""
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -64,3 +66,65 @@ def test_every_flight_error_without_detail_is_typed_by_whether_it_may_have_run(r
     assert type(typed) is expected and isinstance(typed, kind)
     assert "RST_STREAM" in str(typed) and "\n" not in str(typed)
     assert type(transport_error(exc)) is expected
+
+
+def _bytes_waiting_at(port: int) -> int:
+    """Bytes the kernel holds unread for the sockets on local ``port`` (IPv4, or IPv6 with
+    mapped addresses, as gRPC listens): a call sent to a stopped server waits there."""
+    waiting = 0
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(path) as table:
+            for line in table.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    waiting += int(fields[4].split(":")[1], 16)
+    return waiting
+
+
+CALLS = {
+    "add_relation": lambda c: c.add_relation("s", SCHEMA),
+    "seal": lambda c: c.seal("r", 5),
+    "append": lambda c: c.append("r", pa.table({"id": [2], "time": [2], "diff": [1]})),
+    "snapshot": lambda c: c.snapshot("r", 1),
+    "compact": lambda c: c.compact("r"),
+    "stats": lambda c: c.stats(),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_a_server_killed_while_a_call_waits_on_it_is_a_typed_error(tmp_path, call):
+    """The call reached the server (its bytes wait in the stopped server's socket), then the
+    server dies: the caller gets, in bounded time, an error that does not say the call was not
+    carried out, because it may have been."""
+    served = Served(tmp_path / "data")
+    client = sediment.connect(served.uri, token=served.token)
+    port = int(served.uri.rsplit(":", 1)[1])
+    try:
+        client.add_relation("r", SCHEMA)
+        client.append("r", pa.table({"id": [1], "time": [1], "diff": [1]}))
+        served.proc.send_signal(signal.SIGSTOP)
+        before = _bytes_waiting_at(port)
+        outcome: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                CALLS[call](client)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                outcome.append(exc)
+
+        caller = threading.Thread(target=run, daemon=True)
+        caller.start()
+        deadline = time.monotonic() + 20
+        while _bytes_waiting_at(port) <= before and time.monotonic() < deadline:
+            caller.join(0.01)
+        assert _bytes_waiting_at(port) > before, "the call never reached the server's socket"
+        served.kill()
+        caller.join(30)
+        assert not caller.is_alive(), f"{call} hung after the server died"
+        [raised] = outcome
+        assert isinstance(raised, errors.CoordinatorUnavailable | errors.OutcomeUnknown), repr(raised)
+        assert not isinstance(raised, errors.NothingWritten)
+    finally:
+        client.close()
+        served.kill()
