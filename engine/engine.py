@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -59,7 +60,11 @@ from sediment.engine.stats import engine_stats
 from sediment.engine.storage import Storage
 from sediment.engine.view import RelationView
 from sediment.engine.writer import Writer
-from sediment.errors import CompactionFailed  # noqa: F401  (Engine.compact raises it)
+from sediment.errors import (
+    CompactionFailed,  # noqa: F401  (Engine.compact raises it)
+    CreatedConcurrently,
+    SedimentError,
+)
 from sediment.metadata.fence import Fence
 from sediment.metadata.open_store import with_s3_endpoint
 from sediment.metadata.protocol import MetadataStore
@@ -170,31 +175,51 @@ class Engine:
         marker = check_marker(data_dir, metadata)  # before anything is created
         if metadata is None and marker is not None:
             metadata = marker  # a replicated engine's directory names its metadata store
+        settings = {"metadata_spec": metadata if isinstance(metadata, str) else None,
+                    "max_record_bytes": max_record_bytes, "merge_factor": merge_factor, "memory_bound": memory_bound,
+                    "lock_slots": lock_slots, "compact_interval": compact_interval, "clock": clock,
+                    "max_wal_backlog": max_wal_backlog if compact else None, "wal_backlog_timeout": wal_backlog_timeout,
+                    "major_compaction_quiet": major_compaction_quiet}
+        given = {"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas, "cluster_key": cluster_key,
+                 "log_partition": log_partition, "blob": blob, "s3_endpoint": s3_endpoint}
+        steps = {"segment_bytes": segment_bytes, "repair": repair, "compact": compact,
+                 "take_over_blob_prefix": take_over_blob_prefix}
+        try:
+            return cls._open_attempt(data_dir, metadata, marker, settings, given, steps)
+        except CreatedConcurrently as exc:  # the deployment exists now: open it as any coordinator would
+            logging.getLogger(__name__).warning("%s: another coordinator created this deployment at the same time "
+                                                "(%s); opening what it created", data_dir, exc.__cause__)
+        return cls._open_attempt(data_dir, metadata, marker, settings, given, steps)
+
+    @classmethod
+    def _open_attempt(cls, data_dir: str, metadata: str | MetadataStore | None, marker: str | None,
+                      settings: dict[str, Any], given: dict[str, Any], steps: dict[str, Any]) -> Engine:
+        """One open (see :meth:`open`). CreatedConcurrently when it was creating the deployment and
+        failed because another coordinator created it meanwhile (its storage record is there now)."""
         was_empty = os.path.isdir(data_dir) and not os.listdir(data_dir)
         created = makedirs_durable(data_dir)
         engine = None
         try:
-            engine = cls(data_dir, metadata_spec=metadata if isinstance(metadata, str) else None,
-                         max_record_bytes=max_record_bytes, merge_factor=merge_factor, memory_bound=memory_bound,
-                         lock_slots=lock_slots, compact_interval=compact_interval, clock=clock,
-                         max_wal_backlog=max_wal_backlog if compact else None,
-                         wal_backlog_timeout=wal_backlog_timeout, major_compaction_quiet=major_compaction_quiet)
-            engine._open(metadata, marker, {"wal": wal, "wal_capacity": wal_capacity, "replicas": replicas,
-                                            "cluster_key": cluster_key, "log_partition": log_partition, "blob": blob,
-                                            "s3_endpoint": s3_endpoint},
-                         segment_bytes=segment_bytes, repair=repair, compact=compact,
-                         take_over_blob_prefix=take_over_blob_prefix)
-        except BaseException:
+            engine = cls(data_dir, **settings)
+            engine._open(metadata, marker, dict(given), **steps)
+        except BaseException as exc:
             # All in a directory this open made (or found empty) and locked is its own, unless an engine was
             # made in it before the lock was taken (another open), or the storage record was written (then
             # a shared store or a blob prefix's owner marker may refer to it).
             st = engine.storage if engine is not None else None
             whole = st is not None and st.lock_fd is not None and st.fresh and not st.recorded
+            raced = isinstance(exc, SedimentError) and st is not None and st.created_elsewhere()
             if engine is not None:
                 engine._release_all()
             if created is not None or was_empty:
                 with contextlib.suppress(OSError):  # the open's own error is the one to report
                     undo_makedirs(created, data_dir, whole=whole)
+            if raced:
+                raise CreatedConcurrently(
+                    f"{data_dir}: another coordinator created the deployment whose metadata is "
+                    f"{settings['metadata_spec'] or 'the given store'} at the same time as this open, which then "
+                    f"failed ({type(exc).__name__}: {exc}); this open wrote no storage record and serves nothing: "
+                    "open it again") from exc
             raise
         return engine
 

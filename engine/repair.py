@@ -6,7 +6,9 @@ recorded in the manifest, appends resume past the highest LSN the log ever ackno
 Before changing anything the same reader plans the repair read-only; if the plan loses
 records the log had acknowledged (a segment or durable end the manifest records), the
 repair is refused unless ``force``. What was lost is written, human-readable and as JSON,
-to ``<data dir>/repair-<time>.txt`` / ``.json`` (fsynced, directory fsynced).
+to ``<data dir>/repair-<time>.txt`` / ``.json`` (fsynced, directory fsynced). Empty trace
+states no catalog entry names (an add interrupted between its two writes) are deleted and
+listed there too (engine/unused_traces.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 from sediment._fs import replace_durably
 from sediment.engine.data_dir import DataDir
+from sediment.engine.unused_traces import delete_unused
 from sediment.engine.verify import relation_names, verify_data_dir
 from sediment.errors import RepairRefused
 
@@ -55,6 +58,11 @@ def repair_data_dir(data_dir: str, open_engine: Callable[[], object], *, force: 
         result.lines = [p.describe(names) for p in problems if p.kind != "stray"] or list(wal.report.describe())
         result.findings = [_named(p.to_json(), names) for p in problems]
         result.lines += [f"{path}: original bytes kept before the cut" for path in getattr(wal, "preserved", [])]
+        for unused, deleted in delete_unused(engine):
+            result.lines.append(f"deleted {unused.key}: an empty trace state no catalog entry names" if deleted
+                                else f"kept: {unused.describe()}")
+            result.findings.append({"kind": "unused_trace_state", "key": unused.key, "relation_id": unused.relation_id,
+                                    "batches": unused.refs, "deleted": deleted, "lost": False})
     if result.findings:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         doc = {"data_dir": data_dir, "time": stamp, "forced": force,

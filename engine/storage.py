@@ -45,6 +45,7 @@ class Storage:
     s3_endpoint: str | None = None
     record: StorageRecord = field(default_factory=StorageRecord)
     _unsaved: tuple[bytes, int | None] | None = field(default=None, init=False, repr=False)
+    _written: bytes | None = field(default=None, init=False, repr=False)  # the record this open wrote, if any
     created: bool = False  # this open made the storage record: a new log may be made
     recorded: bool = False  # this open wrote the storage record: from here on the directory is kept
     fresh: bool = False  # no engine had been made in the directory when this open took its lock
@@ -83,9 +84,22 @@ class Storage:
 
     def save_record(self) -> None:
         if self._unsaved is not None:
+            self._written = self._unsaved[0]
             self.recorded = True  # set first: a write that fails may still have landed
             self.meta.compare_and_set(STORAGE_KEY, *self._unsaved)
             self._unsaved = None
+
+    def created_elsewhere(self) -> bool:
+        """After this creating open failed: whether another coordinator's storage record is
+        there now (it created the same deployment at the same time). False for an open that
+        found a record, and when the record cannot be read (nothing to conclude)."""
+        if not self.created or self.meta is None:
+            return False
+        try:
+            got = self.meta.get(STORAGE_KEY)
+        except Exception:  # noqa: BLE001 - a store that fails now says nothing about a race
+            return False
+        return got is not None and got.value != self._written
 
     def open_blobs(self, blob: Any, wrap: Callable[[Any], Any]) -> Any:
         """The blob store ``blob`` names (None: the data directory's own), wrapped by ``wrap``."""

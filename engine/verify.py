@@ -157,12 +157,15 @@ def verify_device(path: str, report: VerifyReport) -> None:
 def verify_trace_batches(meta: dict, uri: str, s3_endpoint: str | None, report: VerifyReport) -> None:
     """Every relation's trace in ``meta`` (key -> Versioned): its invariants, and every batch
     it references read in full (size, whole-object and footer CRC32C recorded in the trace
-    state, footer description, schema against the catalog, Parquet page checksums, row count)."""
+    state, footer description, schema against the catalog, Parquet page checksums, row count).
+    A trace state no entry names is a note (engine/unused_traces.py)."""
     from sediment.blob.uri import open_blob_store
     from sediment.engine.catalog import RELATIONS, RelationEntry
+    from sediment.engine.unused_traces import find_unused
     from sediment.trace.state import TraceState
     from sediment.trace.store import TraceStore, missing_state, state_key
 
+    report.notes += [unused.describe() for unused in find_unused(meta)]
     blobs = open_blob_store(uri, s3_endpoint=s3_endpoint) if uri.startswith("s3://") else open_blob_store(uri)
     store = TraceStore(meta=None, blobs=blobs)  # type: ignore[arg-type]
     try:

@@ -9,10 +9,15 @@ larger transaction id hold every acknowledged write.
 
 Recovery (on every open) applies NiFi's four restore rules to ``snapshot`` and
 ``snapshot.partial``, replays the journal, discards a torn tail (a crash mid-append
-leaves a short or zero-filled last entry, which was never acknowledged), refuses to
+leaves a short or zero-filled last entry, which was never acknowledged), and refuses to
 open when damage is followed by valid entries (that is lost acknowledged data, not a
-crash), and then checkpoints before accepting writes so new entries are never
-appended after a torn tail. Byte layouts are in docs/formats.md ("Metadata store formats").
+crash). An open writes nothing unless recovery must (a torn tail, a .partial, leftovers
+of a crashed rename, a missing snapshot or journal, a journal a crash left unclosed), so
+a read-only session, or an open the engine refuses, leaves every file as it was. The
+journal a clean close left is folded into a new snapshot just before the session's first
+change, so a journal holds one writing session's changes and names the snapshot it
+follows (a deleted snapshot is then detected). Byte layouts are in docs/formats.md
+("Metadata store formats").
 """
 
 from __future__ import annotations
@@ -94,6 +99,28 @@ def load_readonly(path: str | os.PathLike[str]) -> dict[str, Versioned]:
     return _restore_from_disk(os.fspath(path)).state
 
 
+def _checkpoint_reason(report: RecoveryReport, leftovers: bool) -> str | None:
+    """Why an open must checkpoint before it serves anything (None: it need not write).
+    Each is a state only recovery may leave: the checkpoint replaces it with a snapshot
+    and a fresh journal (a torn tail is never appended after; what a crashed session
+    left, fdatasynced or not, is durable before it is served)."""
+    if report.journal_length == 0:
+        return "no journal yet: a new store"
+    if report.journal_base is None:
+        return "a version-1 journal: rewritten with its base"
+    if not report.snapshot_found:
+        return "no snapshot: written from the journal"
+    if report.partial_action is not None:
+        return f"snapshot.partial {report.partial_action}d"
+    if report.torn_tail is not None:
+        return "a torn tail discarded"
+    if leftovers:
+        return "leftovers of a crashed rename deleted"
+    if report.journal_entries and not report.closed_cleanly:
+        return "the journal was not closed cleanly (a crash): its changes made durable in a snapshot"
+    return None
+
+
 class JournalMetadataStore(MemoryMetadataStore):
     """A durable, thread-safe, single-process :class:`~sediment.metadata.protocol.MetadataStore`:
     the memory store's dict, each change journaled (fdatasync) before it is applied."""
@@ -114,6 +141,8 @@ class JournalMetadataStore(MemoryMetadataStore):
         self._journal_base = 0
         self._next_txid = 1
         self._failed: str | None = None
+        self._fold_due = False  # the journal holds an earlier session's changes: checkpoint before a change
+        self._end_recorded: JournalEnd | None = None  # what journal.end holds, when it describes this journal
         makedirs_durable(self.directory)
         self._lock_fd = self._take_lock()
         try:
@@ -148,11 +177,13 @@ class JournalMetadataStore(MemoryMetadataStore):
 
     def _recover(self) -> RecoveryReport:
         report = _restore_from_disk(self.directory)
+        leftovers = False
         for name in (JOURNAL_NEW_NAME, END_NEW_NAME):  # a reset or a close that crashed before its rename
             stale = os.path.join(self.directory, name)
             if os.path.exists(stale):
                 os.unlink(stale)
                 _fsync_dir(self.directory)
+                leftovers = True
                 report.notes.append(f"deleted {stale}: written by a checkpoint or close that crashed before its rename")
         if report.partial_action == "delete":
             os.unlink(self.partial_path)
@@ -162,7 +193,16 @@ class JournalMetadataStore(MemoryMetadataStore):
             _fsync_dir(self.directory)
         self._data = report.state
         self._next_txid = report.last_txid + 1
-        self._checkpoint_locked()
+        report.checkpointed = _checkpoint_reason(report, leftovers)
+        if report.checkpointed is not None:
+            self._checkpoint_locked()
+            return report
+        assert report.journal_base is not None
+        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND)
+        self._journal_size, self._journal_base = report.journal_length, report.journal_base
+        self._fold_due = report.journal_entries > 0
+        if report.closed_cleanly:
+            self._end_recorded = JournalEnd(self._journal_base, self._next_txid - 1, self._journal_size)
         return report
 
     def _install_journal(self, base: int) -> None:
@@ -193,6 +233,7 @@ class JournalMetadataStore(MemoryMetadataStore):
         replace_durably(self.snapshot_path, encode_snapshot(base, self._data), tmp=self.partial_path)
         if not fresh:
             self._install_journal(base)
+        self._fold_due = False
 
     def checkpoint(self) -> None:
         """Write the whole map as a new snapshot and start an empty journal."""
@@ -219,6 +260,15 @@ class JournalMetadataStore(MemoryMetadataStore):
             )
 
     def _record(self, key: str, version: int | None, value: bytes = b"") -> None:
+        if self._fold_due:
+            try:
+                self._checkpoint_locked()
+            except OSError as exc:
+                self._failed = f"checkpoint before the session's first change failed: {exc}"
+                raise MetadataError(
+                    f"metadata checkpoint in {self.directory} failed before a change to {key!r}: {exc}; the "
+                    "change was not applied, fix the disk and reopen the store"
+                ) from exc
         if version is None:
             self._append(OP_DELETE, key)
         else:
@@ -257,8 +307,11 @@ class JournalMetadataStore(MemoryMetadataStore):
         if self._journal_fd is None or self._failed is not None:
             return
         end = JournalEnd(self._journal_base, self._next_txid - 1, self._journal_size)
+        if end == self._end_recorded:  # nothing changed since: the record on disk says it already
+            return
         replace_durably(os.path.join(self.directory, END_NAME), end.encode(),
                         tmp=os.path.join(self.directory, END_NEW_NAME))
+        self._end_recorded = end
 
     def close(self) -> None:
         with self._lock:

@@ -317,7 +317,7 @@ class RecoveryReport:
     then owns and changes."""
 
     state: dict[str, Versioned] = field(default_factory=dict, repr=False)
-    last_txid: int = 0  # where the open checkpoints
+    last_txid: int = 0  # the last transaction restored
     snapshot_txid: int = 0
     snapshot_rule: str = ""
     snapshot_keys: int = 0
@@ -325,6 +325,12 @@ class RecoveryReport:
     torn_tail: TornTail | None = None
     journal_entries_replayed: int = 0
     journal_entries_skipped: int = 0
+    snapshot_found: bool = False  # a snapshot (or a complete .partial) was there to load
+    journal_length: int = 0  # the journal's valid length in bytes (0: no journal)
+    journal_base: int | None = None  # its header's base (None: no journal, or a version-1 one)
+    journal_entries: int = 0  # entries in it, replayed or skipped
+    closed_cleanly: bool = False  # journal.end records exactly this journal's end
+    checkpointed: str | None = None  # why the open checkpointed (None: it wrote nothing)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -414,6 +420,7 @@ def restore(snap: bytes | None, partial: bytes | None, journal: bytes | None, pa
     if snap is not None:
         out.snapshot_txid, out.state = _decode_snapshot(snap, source)
         out.snapshot_keys = len(out.state)
+        out.snapshot_found = True
     out.last_txid = out.snapshot_txid
     if journal is None:
         if end is not None:
@@ -447,10 +454,14 @@ def restore(snap: bytes | None, partial: bytes | None, journal: bytes | None, pa
                               f"first entry has transaction id {scan.entries[0].txid} but the header says the "
                               f"journal follows {scan.base}: entries are missing")
     out.last_txid, out.journal_entries_replayed, out.journal_entries_skipped = _replay(scan.entries, out.snapshot_txid, out.state, journal_path)
+    out.journal_length = scan.torn.offset if scan.torn is not None else len(journal)
+    out.journal_base, out.journal_entries = scan.base, len(scan.entries)
     if end is not None:
         end_path = paths.get(END_NAME, END_NAME)
-        check_end(JournalEnd.decode(end, end_path), scan.base, out.last_txid,
-                  scan.torn.offset if scan.torn is not None else len(journal), journal_path, end_path)
+        recorded = JournalEnd.decode(end, end_path)
+        check_end(recorded, scan.base, out.last_txid, out.journal_length, journal_path, end_path)
+        out.closed_cleanly = (scan.torn is None and scan.base is not None
+                             and recorded == JournalEnd(scan.base, out.last_txid, len(journal)))
     out.torn_tail = scan.torn
     if scan.torn is not None:
         out.notes.append(f"discarded torn tail of {journal_path} at offset {scan.torn.offset} "

@@ -283,6 +283,14 @@ class MetadataConflict(MetadataError):
     """A compare-and-set found a different version than expected (someone else wrote)."""
 
 
+class CreatedConcurrently(MetadataError):
+    """Another coordinator created the same deployment (its storage record appeared in the
+    shared metadata store) while this open was creating it. This open wrote no storage
+    record and serves nothing; ``sediment.open`` has already retried once as an open of
+    what the other created, so this is raised only when that retry met the same race:
+    open the deployment again (which takes it over, as any later open does)."""
+
+
 class MetadataCorruption(MetadataError):
     """A metadata journal or snapshot fails its checksum or format checks, a stored document
     does not decode, or a key the catalog says was written is missing (a relation's trace state)."""

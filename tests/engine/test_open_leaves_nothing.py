@@ -103,3 +103,28 @@ def test_an_engine_made_while_an_open_waited_for_the_lock_is_kept(tmp_path, monk
     monkeypatch.undo()
     with sediment.open(data, compact_interval=None) as eng:
         assert eng.snapshot("r", 1).column("k").to_pylist() == [7]
+
+
+def test_a_refused_open_of_an_engine_leaves_its_metadata_files_as_they_were(tmp_path):
+    """The metadata store is open when the engine refuses an option that contradicts the
+    directory's storage record; that open must not rewrite ``meta/`` (it checkpointed the
+    snapshot and journal before, at every open). Bytes, inodes and mtimes are compared; the
+    lock file is left out: taking the lock records the holder's pid in it."""
+    data = tmp_path / "data"
+    with sediment.open(data, compact_interval=None) as eng:
+        eng.add_relation("orders", SCHEMA)
+        eng.append("orders", ups([(1, "a", 1, 1)]))
+        eng.seal("orders", 1)
+
+    def meta_files():
+        return {p.name: (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns)
+                for p in sorted((data / "meta").iterdir()) if p.name != "lock"}
+
+    before = meta_files()
+    assert {"snapshot", "journal", "journal.end"} <= set(before)
+    for _ in range(2):
+        with pytest.raises(errors.InvalidArgument, match="created with the file log"):
+            sediment.open(data, wal=f"device:{tmp_path / 'no-ring'}")
+        assert meta_files() == before
+    with sediment.open(data, compact_interval=None) as eng:
+        assert rows(eng.snapshot("orders", 1)) == [(1, "a", 1)]

@@ -115,13 +115,9 @@ def test_a_relation_never_compacted_opens_after_others_trimmed_the_log_old_entri
     assert verify_engine(d).ok
 
 
-def test_a_crash_between_the_trace_state_and_the_catalog_entry_of_an_add_leaves_it_not_added(tmp_path):
-    """A real process SIGKILLed right after the new relation's trace state was written, before
-    its catalog entry: the next open serves what was there, without the relation; the name can
-    be added again (under a new id) and verify finds nothing wrong."""
-    d = str(tmp_path / "d")
-    with sediment.open(d) as e:
-        _fill(e)
+def _kill_between_the_two_writes_of_an_add(d: str, name: str = "b") -> str:
+    """A real process adds ``name`` and is SIGKILLed right after the trace state's write,
+    before the catalog entry's. Returns the trace state's key."""
     code = textwrap.dedent(f"""
         import os, signal
         import pyarrow as pa
@@ -133,13 +129,29 @@ def test_a_crash_between_the_trace_state_and_the_catalog_entry_of_an_add_leaves_
             os.kill(os.getpid(), signal.SIGKILL)
         TraceStore.create = create
         e = sediment.open({d!r})
-        e.add_relation("b", pa.schema([("k", pa.int64())]))
+        e.add_relation({name!r}, pa.schema([("k", pa.int64())]))
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=120, capture_output=True)
     assert proc.returncode == -9, proc.stderr.decode()
     meta = JournalMetadataStore(os.path.join(d, "meta"))
-    assert meta.get(names.relation_key("b")) is None and len(meta.list(names.TRACES)) == 2, "killed between"
-    meta.close()
+    try:
+        assert meta.get(names.relation_key(name)) is None, "killed between the two writes"
+        named = {Catalog(meta).get(n).id for n in (k[len(names.RELATIONS):] for k in meta.list(names.RELATIONS))}
+        unused = [k for k in meta.list(names.TRACES) if names.trace_relation_id(k) not in named]
+    finally:
+        meta.close()
+    assert len(unused) == 1
+    return unused[0]
+
+
+def test_a_crash_between_the_trace_state_and_the_catalog_entry_of_an_add_leaves_it_not_added(tmp_path):
+    """A real process SIGKILLed right after the new relation's trace state was written, before
+    its catalog entry: the next open serves what was there, without the relation; the name can
+    be added again (under a new id) and verify finds nothing wrong."""
+    d = str(tmp_path / "d")
+    with sediment.open(d) as e:
+        _fill(e)
+    _kill_between_the_two_writes_of_an_add(d)
     with sediment.open(d) as e:
         assert e.relations() == ["r"] and _keys(e) == [1, 2, 3, 4, 5, 6]
         e.add_relation("b", SCHEMA)
@@ -148,3 +160,44 @@ def test_a_crash_between_the_trace_state_and_the_catalog_entry_of_an_add_leaves_
     with sediment.open(d) as e:
         assert _keys(e, "b") == [1]
     assert verify_engine(d).ok
+
+
+def test_verify_notes_an_unused_trace_state_and_repair_deletes_it_only_when_empty(tmp_path, capsys):
+    """The state a kill between the two writes of an add leaves is noted by verify (not a
+    problem: the engine opens) and deleted by ``verify --repair``; an unused state that names
+    batches (here a compacted relation's whose catalog entry alone was deleted, as a drop
+    stopped between its two deletes leaves it) is reported and kept. Relations in use are
+    untouched."""
+    from sediment.cli import main
+    from sediment.trace.state import TraceState
+
+    d = str(tmp_path / "d")
+    with sediment.open(d) as e:
+        _fill(e)
+        _fill(e, "s")
+    empty = _kill_between_the_two_writes_of_an_add(d)
+    meta = JournalMetadataStore(os.path.join(d, "meta"))
+    used, full = _trace_key(meta), _trace_key(meta, "s")
+    full_state, used_state = (TraceState.decode(meta.get(k).value) for k in (full, used))
+    assert full_state.batches
+    meta.delete(names.relation_key("s"))
+    meta.close()
+    report = verify_engine(d)
+    assert report.ok, report.problems
+    notes = [n for n in report.notes if "unused trace state" in n]
+    assert len(notes) == 2 and empty in notes[0] + notes[1] and full in notes[0] + notes[1], report.notes
+    capsys.readouterr()
+    assert main(["--data-dir", d, "verify", "--repair"]) == 0
+    out = capsys.readouterr().out
+    assert f"repaired: deleted {empty}" in out and f"repaired: kept: metadata key {full!r}" in out, out
+    meta = JournalMetadataStore(os.path.join(d, "meta"))
+    try:
+        assert meta.get(empty) is None
+        assert TraceState.decode(meta.get(full).value) == full_state
+        assert TraceState.decode(meta.get(used).value) == used_state
+    finally:
+        meta.close()
+    after = verify_engine(d)
+    assert after.ok and not any(empty in n for n in after.notes) and any(full in n for n in after.notes)
+    with sediment.open(d) as e:
+        assert e.relations() == ["r"] and _keys(e) == [1, 2, 3, 4, 5, 6]

@@ -211,18 +211,24 @@ def test_stale_snapshot_is_detected(source, tmp_path):
 
 def test_header_only_journal_after_checkpoint_and_deleted_snapshot(tmp_path):
     """The case that silently emptied the catalog before: a journal just reset by a checkpoint
-    (no entries) plus a deleted snapshot."""
-    d = tmp_path / "meta"
-    with JournalMetadataStore(d) as s:
-        s.compare_and_set("catalog/relations/r", b"x", None)
-    assert os.path.getsize(d / JOURNAL_NAME) > JOURNAL_HEADER_SIZE
-    with JournalMetadataStore(d):
-        pass
-    assert (d / JOURNAL_NAME).read_bytes() == journal_header(1)
-    (d / SNAPSHOT_NAME).unlink()
-    with pytest.raises(MetadataCorruption, match="snapshot missing"):
-        JournalMetadataStore(d)
-    assert any("snapshot missing" in p for p in verify(d))
+    (no entries) plus a deleted snapshot. Also the journal a session's first change starts
+    (the previous session's journal folded into the snapshot, then that change)."""
+    for first_change in (False, True):
+        d = tmp_path / f"meta-{first_change}"
+        with JournalMetadataStore(d) as s:
+            s.compare_and_set("catalog/relations/r", b"x", None)
+        assert os.path.getsize(d / JOURNAL_NAME) > JOURNAL_HEADER_SIZE
+        with JournalMetadataStore(d) as s:
+            if first_change:
+                s.compare_and_set("catalog/relations/s", b"y", None)
+            else:
+                s.checkpoint()
+        assert (d / JOURNAL_NAME).read_bytes()[:JOURNAL_HEADER_SIZE] == journal_header(1)
+        assert (os.path.getsize(d / JOURNAL_NAME) > JOURNAL_HEADER_SIZE) == first_change
+        (d / SNAPSHOT_NAME).unlink()
+        with pytest.raises(MetadataCorruption, match="snapshot missing"):
+            JournalMetadataStore(d)
+        assert any("snapshot missing" in p for p in verify(d))
 
 
 def test_crash_states_of_a_checkpoint_open_cleanly(tmp_path):
@@ -233,8 +239,8 @@ def test_crash_states_of_a_checkpoint_open_cleanly(tmp_path):
     journal, end = (d / JOURNAL_NAME).read_bytes(), (d / END_NAME).read_bytes()
     # Crash after the snapshot rename, before the new journal was installed: old journal (and
     # the end record of its clean close) kept, and a half-written journal.new beside it.
-    with JournalMetadataStore(d):
-        pass
+    with JournalMetadataStore(d) as s:
+        s.checkpoint()
     (d / JOURNAL_NAME).write_bytes(journal)
     (d / END_NAME).write_bytes(end)
     (d / "journal.new").write_bytes(journal_header(1)[:7])

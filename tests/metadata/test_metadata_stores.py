@@ -33,7 +33,7 @@ from sediment.metadata.journal import (
     encode_snapshot,
     verify,
 )
-from sediment.metadata.journal_format import HEADER_SIZE, _decode_snapshot
+from sediment.metadata.journal_format import HEADER_SIZE, _decode_snapshot, journal_header
 from sediment.metadata.memory import MemoryMetadataStore
 from sediment.metadata.open_store import open_metadata_store
 from sediment.metadata.protocol import MetadataStore, Versioned
@@ -231,16 +231,28 @@ def test_journal_persists_across_reopen(tmp_path: Path) -> None:
     assert verify(d) == []
 
 
-def test_journal_recovery_checkpoints(tmp_path: Path) -> None:
+def test_a_cleanly_closed_journal_is_folded_before_the_first_change(tmp_path: Path) -> None:
+    """An open after a clean close writes nothing; the session's first change first folds the
+    journal it found into a snapshot, so the journal holds one writing session's changes."""
     d = tmp_path / "meta"
     write_entries(d, 5)
-    assert os.path.getsize(d / JOURNAL_NAME) > HEADER_SIZE
+    journal = (d / JOURNAL_NAME).read_bytes()
+    assert len(journal) > HEADER_SIZE
     with JournalMetadataStore(d) as s:
-        assert os.path.getsize(d / JOURNAL_NAME) == HEADER_SIZE
+        assert s.report.checkpointed is None and s.report.closed_cleanly
+        assert s.get("k/4") == Versioned(b"value-4", 0)
+        assert (d / JOURNAL_NAME).read_bytes() == journal
+        assert s.compare_and_set("k/5", b"value-5", None) == 0
         txid, records = _decode_snapshot((d / SNAPSHOT_NAME).read_bytes(), "snapshot")
         assert txid == 5 == s.report.checkpoint_txid
         assert sorted(records) == [f"k/{i}" for i in range(5)]
         assert not (d / PARTIAL_NAME).exists()
+        after = (d / JOURNAL_NAME).read_bytes()
+        assert after[:HEADER_SIZE] == journal_header(5) and len(after) > HEADER_SIZE
+        assert s.compare_and_set("k/6", b"value-6", None) == 0  # folded once per session
+        assert (d / JOURNAL_NAME).read_bytes().startswith(after)
+    with JournalMetadataStore(d) as s:
+        assert s.list("") == [f"k/{i}" for i in range(7)]
 
 
 def test_journal_torn_tail_at_every_offset(tmp_path: Path) -> None:

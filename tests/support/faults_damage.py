@@ -44,8 +44,9 @@ def options(wal: str, root: str) -> dict:
 
 def build_pristine(root: str, wal: str, seed: int) -> Model:
     """A data directory holding every file kind: batches (compactions, merges), a metadata
-    snapshot and journal (a reopen checkpoints), several WAL segments (a transaction left open
-    holds back the trim), closed cleanly. Returns the model of what it holds."""
+    snapshot and journal (the second session's first change folds the first one's journal
+    into the snapshot), several WAL segments (a transaction left open holds back the trim),
+    closed cleanly. Returns the model of what it holds."""
     import sediment
 
     shutil.rmtree(root, ignore_errors=True)

@@ -14,7 +14,8 @@ An operation is plain JSON (so a child process can report it on a pipe before ru
     ["alter", rel, change, ...]       alter_relation: ["add", name, default] (an int64 column that
                                       appends leave out, so it reads as its default), ["rename",
                                       old, new] or ["drop", name] of such a column
-    ["reopen"]                        close and open again (recovery, metadata checkpoint)
+    ["reopen"]                        close and open again (recovery; the first change after it
+                                      folds the metadata journal into its snapshot)
 
 The model is the consolidation of every acknowledged update: a snapshot as of ``t`` must equal
 the per-row sum of diffs at times <= t, zeros dropped. A call that was in flight when the

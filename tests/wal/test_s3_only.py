@@ -376,3 +376,58 @@ def test_the_newest_object_cut_short_is_damage_not_a_torn_tail(tmp_path, s3_buck
     with sediment.open(tmp_path / "third", metadata=options["metadata"]) as eng:
         keys = all_keys(eng)
         assert keys == list(range(1, len(keys) + 1)) and len(keys) >= acked - 1
+
+
+RACER = """
+import json, sys, sediment
+from sediment.engine.storage import Storage
+from sediment.errors import SedimentError
+real, first = Storage.settle_record, []
+def settle(self, given):  # both read "no storage record yet" before either goes on: the race, every run
+    record = real(self, given)
+    if not first:
+        first.append(self.created)
+        print("read", self.created, flush=True)
+        sys.stdin.readline()
+    return record
+Storage.settle_record = settle
+try:
+    eng = sediment.open(sys.argv[1], **json.loads(sys.argv[2]))
+except SedimentError as exc:
+    print("refused", type(exc).__name__, exc, flush=True)
+else:
+    print("opened", "created" if eng.storage.created else "found", flush=True)
+    eng.close()
+"""
+
+
+def test_two_coordinators_creating_the_same_deployment_at_once_end_with_it_open(tmp_path, s3_bucket):
+    """Two real processes create the same fresh S3-only deployment, both having read that no
+    storage record exists (held at a barrier, released together). The one whose record lands
+    first has created it; the other opens what it created (before, it failed with the metadata
+    store's MetadataConflict). The creator may be fenced by that open, as by any later open,
+    with a typed refusal; a third coordinator then opens and uses the deployment."""
+    endpoint, bucket = s3_bucket
+    options = s3_options(endpoint, bucket)
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / name), json.dumps(options)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for name in ("a", "b")]
+    try:
+        assert [p.stdout.readline().split() for p in procs] == [["read", "True"]] * 2
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outcomes = [p.communicate(timeout=120)[0].strip() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    found = [o for o in outcomes if o == "opened found"]
+    others = [o for o in outcomes if o != "opened found"]
+    assert len(found) == 1, outcomes
+    assert others[0] == "opened created" or others[0].split()[1] in ("CoordinatorSuperseded", "WalFenced"), outcomes
+    with sediment.open(tmp_path / "c", metadata=options["metadata"]) as third:
+        assert not third.storage.created
+        third.add_relation("r", SCHEMA)
+        third.append("r", ups([1], 1))
+        third.seal("r", 1)
+        assert all_keys(third) == [1]
