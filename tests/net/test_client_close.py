@@ -106,7 +106,7 @@ def test_close_ends_the_calls_waiting_on_other_threads_with_a_typed_error(tmp_pa
     """An action, a read and an append_many under way on other threads when the server stops
     answering waited for good, close() or not. Closing the client now ends each of them at
     once with CallCancelled (an OutcomeUnknown: the request may have reached the server).
-    (Not a plain append: it waits on its own thread, see sediment/net/call_gate.py.)"""
+    (A plain append: test_close_ends_an_append_under_way_on_another_thread_with_call_cancelled.)"""
     server = Served(tmp_path / "data")
     try:
         client = sediment.connect(server.uri, token=server.token)
