@@ -232,12 +232,13 @@ class AppendStream:
             raise self._status
 
     def close(self) -> None:
-        """End the stream (the server's handler returns); errors of a broken stream are moot."""
-        try:
-            self._writer.done_writing()
-            self._writer.close()
-        except (flight.FlightError, pa.ArrowException, OSError):
-            pass
+        """End the stream (the server's handler returns); errors of a broken stream are moot,
+        and the writer is closed even then (Arrow complains of a writer dropped unclosed)."""
+        for step in (self._writer.done_writing, self._writer.close):
+            try:
+                step()
+            except (flight.FlightError, pa.ArrowException, OSError):
+                pass
 
     def cancel(self) -> None:
         """Cancel the call from any thread: a wait for an acknowledgement (or a close waiting
