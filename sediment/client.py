@@ -43,11 +43,13 @@ from sediment.net import grpc_setup
 from sediment.net.alter_wire import encode_alter
 from sediment.net.append_stream import (
     CLOSE_WAIT_SECONDS,
+    EXCHANGE_VERSION,
     PROBE_AFTER_SECONDS,
     AppendStream,
     StreamPool,
     append_batches,
     append_metadata,
+    cancelled_append,
 )
 from sediment.net.call_gate import CallGate
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
@@ -72,6 +74,7 @@ from sediment.txn_state import ABORTED
 __all__ = ["Client", "RemoteSubscription", "RemoteTransaction", "ServerError", "connect", "typed_error"]
 
 PUT_CHUNK_BYTES = 4 << 20  # record batches on the wire stay well below gRPC's message limits
+INLINE_APPEND_BYTES = 1 << 20  # a larger append waits on a worker: a write gRPC holds cannot be cancelled
 
 
 _SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
@@ -142,6 +145,8 @@ class Client:
             self._flight.close()
             raise ServerError(f"the server at {uri} speaks sediment protocol {info.get('protocol')}, this client "
                               f"{PROTOCOL_VERSION}; use matching sediment versions")
+        # a server of the build before has no append exchange: its appends go on do_put streams
+        self._exchange = EXCHANGE_VERSION in (info.get("append_exchange") or ())
         self.data_dir: str = info.get("data_dir", "")
         self.cluster: str | None = info.get("cluster")  # a cluster member's cluster URI
 
@@ -206,8 +211,11 @@ class Client:
         append stream; returns once the server has made it durable, or raises the server's error."""
         meta = append_metadata(txn, encode_locks(locks), key)
         batches = append_batches(table, PUT_CHUNK_BYTES)
-        with self._remote():  # on the caller's thread: a hop to a worker costs appends two context switches
-            self._append_now(name, table.schema, batches, meta)
+        with self._remote():
+            if table.nbytes > INLINE_APPEND_BYTES:
+                self._calls.run(lambda: self._append_now(name, table.schema, batches, meta))
+            else:  # on the caller's thread: a hop to a worker costs appends two context switches
+                self._append_now(name, table.schema, batches, meta)
 
     def _append_now(self, name: str, schema: pa.Schema, batches: list[pa.RecordBatch], meta: bytes) -> None:
         while True:
@@ -218,6 +226,8 @@ class Client:
                 done = stream.append(batches, meta)
             except flight.FlightError as exc:
                 stream.close()
+                if stream.cancelled:
+                    raise cancelled_append(self.uri, name) from exc
                 if server_error(exc) is not None:
                     raise
                 raise errors.OutcomeUnknown(
@@ -235,6 +245,9 @@ class Client:
             if done:
                 self._streams.give(stream)
                 return
+            if stream.cancelled:  # cut off while it was being sent
+                stream.close()
+                raise cancelled_append(self.uri, name)
             if fresh:  # a new stream that took nothing: the server's status says why, if it is typed
                 why = "it ended the stream"
                 try:
@@ -249,7 +262,7 @@ class Client:
             stream.close()  # an idle stream the server had ended: send on another
 
     def _open_stream(self, name: str, schema: pa.Schema, queued: bool = False) -> AppendStream:
-        return AppendStream(self._flight, name, schema, self._options, queued)
+        return AppendStream(self._flight, name, schema, self._options, queued, exchange=self._exchange)
 
     def end_streams(self) -> None:
         """End this client's idle append streams now, and each lent one when it is given back;
@@ -546,6 +559,7 @@ class Client:
                 sub.end(self._closed_error())
             self._feed_shares.close()
             self._calls.close()  # calls waiting on other threads end now, with CallCancelled
+            self._streams.cancel()  # and so do appends waiting for their acknowledgements
             self._streams.close(self._close_wait)
             self._flight.close()
         finally:

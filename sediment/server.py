@@ -42,10 +42,11 @@ from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net import grpc_setup, keyed
 from sediment.net.alter_wire import decode_alter, wire_schema
-from sediment.net.append_stream import PLAIN_ARGS, serve_append_stream
+from sediment.net.append_serving import PLAIN_ARGS, serve_append_stream
+from sediment.net.append_stream import EXCHANGE_VERSION
 from sediment.net.feed_streams import FeedStreams
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
-from sediment.net.messages import FIELDS, Action, Get, Put
+from sediment.net.messages import FIELDS, Action, Exchange, Get, Put
 from sediment.net.protocol import (
     AUTH_HEADER,
     PLAN_METADATA_KEY,
@@ -188,7 +189,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         }
         return {op: by_fields(op, call) for op, call in positional.items()} | {
             Action.PING: lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir,
-                                    "cluster": getattr(eng, "cluster_uri", None)},
+                                    "cluster": getattr(eng, "cluster_uri", None), "append_exchange": [EXCHANGE_VERSION]},
             Action.ADD_RELATION: self._add_relation,
             Action.ALTER_RELATION: self._alter_relation,
             Action.RELATIONS: lambda a: eng.relations(bool(a.get("include_internal"))),
@@ -369,29 +370,14 @@ class SedimentFlightServer(flight.FlightServerBase):
                reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
         """``append`` and ``stage`` read the whole stream, then append it as one call: the engine's
         appends are all or nothing, so a stream that breaks off midway writes nothing.
-        ``append_stream`` carries many appends, each acknowledged (sediment/net/append_stream.py)."""
+        ``append_stream`` carries many appends, each acknowledged: the append stream of clients
+        of the build before the exchange (sediment/net/append_serving.py)."""
         try:
             args = json_arg(descriptor.command, "do_put descriptor command")
             op = args.get("op", Put.APPEND)
             name = field(args, "relation", "do_put descriptor")
             if op == Put.APPEND_STREAM:
-                if self._stopped:
-                    raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
-                engine_append = self.engine.append  # looked up once per stream, not per append
-
-                def append(table: pa.Table, meta: dict[str, Any]) -> None:
-                    if meta is PLAIN_ARGS:
-                        engine_append(name, table)
-                    elif "client" in meta:
-                        keyed.append_once(self.engine, name, table, meta)
-                    else:
-                        self._append(name, table, meta.get("txn"), meta.get("locks"))
-
-                # a pipelining client's stream (``queue``) has its plain appends queued; an
-                # Engine has append_queued, a cluster member not
-                queued = getattr(self.engine, "append_queued", None) if args.get("queue") is True else None
-                serve_append_stream(reader, writer, append, lambda: self._stopped,
-                                    None if queued is None else functools.partial(queued, name))
+                self._serve_appends(name, args, reader, writer.write)
                 return
             table = reader.read_all()
             if op == Put.APPEND:
@@ -406,6 +392,43 @@ class SedimentFlightServer(flight.FlightServerBase):
                 raise ValueError(f"unknown do_put op {op!r}: use one of {[o.value for o in Put]}")
         except Exception as exc:  # noqa: BLE001 - every failure goes back typed
             raise to_flight_error(exc) from exc
+
+    def do_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+                    reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter) -> None:
+        """The append stream (``append_exchange``, version 1): an exchange, so that a client's
+        close can cancel an append waiting for its acknowledgement (sediment/net/append_stream.py)."""
+        try:
+            args = json_arg(descriptor.command, "do_exchange descriptor command")
+            op = field(args, "op", "do_exchange descriptor")
+            if op != Exchange.APPEND_STREAM:
+                raise ValueError(f"unknown do_exchange op {op!r}: use one of {[o.value for o in Exchange]}")
+            if args.get("version") != EXCHANGE_VERSION:
+                raise errors.InvalidArgument(f"append_exchange version {args.get('version')!r} is not served by "
+                                             f"{self.uri} (it serves {EXCHANGE_VERSION}); use matching versions")
+            self._serve_appends(field(args, "relation", "do_exchange descriptor"), args, reader, writer.write_metadata)
+        except Exception as exc:  # noqa: BLE001 - every failure goes back typed
+            raise to_flight_error(exc) from exc
+
+    def _serve_appends(self, name: str, args: dict[str, Any], reader: flight.MetadataRecordBatchReader,
+                       send: Callable[[pa.Buffer], None]) -> None:
+        """One append stream's appends to ``name``, each acknowledged with ``send``."""
+        if self._stopped:
+            raise errors.EngineClosed(f"the sediment server on {self.uri} is stopping")
+        engine_append = self.engine.append  # looked up once per stream, not per append
+
+        def append(table: pa.Table, meta: dict[str, Any]) -> None:
+            if meta is PLAIN_ARGS:
+                engine_append(name, table)
+            elif "client" in meta:
+                keyed.append_once(self.engine, name, table, meta)
+            else:
+                self._append(name, table, meta.get("txn"), meta.get("locks"))
+
+        # a pipelining client's stream (``queue``) has its plain appends queued; an
+        # Engine has append_queued, a cluster member not
+        queued = getattr(self.engine, "append_queued", None) if args.get("queue") is True else None
+        serve_append_stream(reader, send, append, lambda: self._stopped,
+                            None if queued is None else functools.partial(queued, name))
 
     def _append(self, name: str, table: pa.Table, txn: object, locks: object) -> None:
         """One append as the client asked for it: plain, with locks, or into a transaction."""

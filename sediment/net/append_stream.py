@@ -1,13 +1,20 @@
-"""Appends over one long-lived Flight ``do_put`` stream per (relation, schema), both halves.
+"""Appends over one long-lived Flight stream per (relation, schema): the client's half
+(the server's: sediment/net/append_serving.py).
 
-Why: a do_put per append costs a new gRPC stream (headers, the token check, the
+Why: a call per append costs a new gRPC stream (headers, the token check, the
 descriptor, the schema message, the closing status) on top of the batches: about half a
 millisecond of CPU per call on this machine, as much as the engine's own work for a
 1,000-row append. On an open stream an append is its record batches (the last one
 carrying the append's JSON metadata) and one acknowledgement back.
 
-The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor, with
-``"queue": true`` from a pipelining client; docs/formats.md "Append stream"):
+The stream is a ``do_exchange`` whose descriptor is ``{"op": "append_exchange", "version":
+1, "relation": NAME}`` (with ``"queue": true`` from a pipelining client; docs/formats.md
+"Append stream"): unlike a ``do_put``, whose acknowledgements Arrow reads with no way to
+cancel, an exchange's reader can be cancelled from another thread, so a client's
+``close()`` ends an append waiting for its acknowledgement (:meth:`StreamPool.cancel`). A
+server of the build before has no exchange (its ``ping`` does not list ``append_exchange``):
+the same messages then go on a ``do_put`` whose descriptor is ``{"op": "append_stream",
+"relation": NAME}``, which ``close()`` cannot cancel.
 
 * client -> server: an append's batches, of the stream's schema; every batch but the last
   has no app metadata; the last has ``{"txn": ID|null, "locks": LOCKS|absent}`` (as the
@@ -24,7 +31,7 @@ The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor
   order. A probe that gets no answer (the server died while the stream was idle, say) proves
   that nothing of the append was sent on a live stream: it goes on a new one.
 * On a queued stream the server queues plain appends on the log as it reads them and
-  acknowledges them in order once durable (:class:`Acks`), so one stream's pipelined
+  acknowledges them in order once durable, so one stream's pipelined
   appends share group commits; other appends are applied after the ones queued before them.
   Without the queue it reads the next append only after acknowledging the one before.
 * The client ends a stream it has not used for ``STREAM_IDLE_SECONDS`` (so a server's stop
@@ -34,24 +41,25 @@ The wire (``{"op": "append_stream", "relation": NAME}`` as the do_put descriptor
   without an acknowledgement on a stream the server ended cleanly (an OK status) was not
   applied, and the client sends it again on a new stream (which a stopping server refuses:
   ``EngineClosed`` or ``CoordinatorUnavailable``). A stream that broke (the connection, a
-  deadline: a failed status) leaves the appends sent in doubt: ``OutcomeUnknown``.
+  deadline, the client's own close: a failed status) leaves the appends sent in doubt:
+  ``OutcomeUnknown`` (``CallCancelled`` for the close).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
-from queue import Empty, SimpleQueue
-from typing import Any, Protocol
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.clock import MONOTONIC, Clock
-from sediment.net.messages import STREAM_FIELDS, Put, encode
-from sediment.net.protocol import json_arg
-from sediment.net.wire_errors import error_detail, error_from_detail, server_error
+from sediment.errors import CallCancelled
+from sediment.net.messages import STREAM_FIELDS, Exchange, Put, encode
+from sediment.net.wire_errors import error_from_detail, server_error
 
 StreamKey = tuple[str, pa.Schema, bool]  # relation, schema, whether the server queues its plain appends
 REFUSED_BEFORE_HANDLER = (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError)  # nothing applied
@@ -61,6 +69,7 @@ ACK_OK = b'{"ok":true}'
 PLAIN = b'{"txn":null}'  # the metadata of an append outside any transaction, without locks
 PROBE = b'{"probe":true}'  # a message without an append: the server answers it with PROBE (is it reading?)
 PROBE_AFTER_SECONDS = 0.1  # a plain append first probes a stream unused this long
+EXCHANGE_VERSION = 1  # the append exchange's version, in its descriptor; a server's ping lists those it serves
 
 
 def append_metadata(txn: int | None, locks: dict[str, Any] | None, key: tuple[str, int] | None = None) -> bytes:
@@ -92,28 +101,40 @@ def append_batches(table: pa.Table, chunk_bytes: int) -> list[pa.RecordBatch]:
 
 
 class AppendStream:
-    """One open do_put of the append stream (the client's half). Not thread-safe: a
-    :class:`StreamPool` lends it to one caller at a time."""
+    """One open append stream (the client's half): a do_exchange, or with ``exchange=False``
+    (a server of the build before) a do_put. Not thread-safe: a :class:`StreamPool` lends
+    it to one caller at a time, and only :meth:`cancel` may come from another thread."""
 
     def __init__(self, client: flight.FlightClient, relation: str, schema: pa.Schema,
-                 options: flight.FlightCallOptions, queued: bool = False) -> None:
-        command = encode(Put.APPEND_STREAM, relation=relation, **({"queue": True} if queued else {}))
+                 options: flight.FlightCallOptions, queued: bool = False, exchange: bool = True) -> None:
+        queue = {"queue": True} if queued else {}
         self.key: StreamKey = (relation, schema, queued)
-        self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
-                                                 options=options)
+        self._reader: flight.FlightStreamReader | None = None  # an exchange's: acknowledgements, and cancel
+        self._acks: flight.FlightMetadataReader | None = None  # a do_put's acknowledgements
+        if exchange:
+            command = encode(Exchange.APPEND_STREAM, version=EXCHANGE_VERSION, relation=relation, **queue)
+            self._writer, self._reader = client.do_exchange(flight.FlightDescriptor.for_command(command),
+                                                            options=options)
+            self._writer.begin(schema)
+        else:
+            command = encode(Put.APPEND_STREAM, relation=relation, **queue)
+            self._writer, self._acks = client.do_put(flight.FlightDescriptor.for_command(command), schema,
+                                                     options=options)
         self.last_used = 0.0  # when the pool last got it back
         self.opened = 0.0  # when the pool opened it
         self.in_doubt = False  # an append went out and its acknowledgement was not read: unusable
+        self.cancelled = False  # the client's close cancelled it: what it was waiting for ends CallCancelled
         self._unacknowledged = 0
         self._durable_ahead = 0  # appends after this one that the last acknowledgement also covered
         self._status: flight.FlightError | None | bool = False  # the call's final status once read (False: not yet)
+        self._failed: flight.FlightError | None = None  # the failed status an exchange's read raised
 
     def append(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
         """Send one append and wait for its acknowledgement: True once it is durable; False when
         it never reached the server whole or the server had ended the stream before reading it
         (not appended: send it again on another stream); raises the server's typed error for
         a refused append, and a FlightError when the stream broke after the append was sent
-        (outcome unknown, as with a per-call do_put)."""
+        (outcome unknown, as with a per-call do_put; cancelled, when ``cancelled``)."""
         return self.send(batches, meta) and self.receive()
 
     def send(self, batches: list[pa.RecordBatch], meta: bytes) -> bool:
@@ -140,7 +161,7 @@ class AppendStream:
             self._durable_ahead -= 1
             return True
         try:
-            ack = self._acks.read()
+            ack = self._next_ack()
         except REFUSED_BEFORE_HANDLER as exc:  # the call's token check: no handler ran, nothing applied
             self._status = exc
             return False
@@ -156,21 +177,37 @@ class AppendStream:
             return True
         raise error_from_detail(reply.get("error")) or ValueError(f"unexpected append acknowledgement {raw!r}")
 
+    def _next_ack(self) -> pa.Buffer | None:
+        """The next metadata message from the server; None once the stream has ended (a
+        failed status of an exchange is kept for :meth:`_ended`; a do_put's comes with its close)."""
+        if self._reader is None:
+            assert self._acks is not None
+            return self._acks.read()
+        try:
+            return self._reader.read_chunk().app_metadata
+        except StopIteration:
+            return None
+        except REFUSED_BEFORE_HANDLER:
+            raise
+        except flight.FlightError as exc:
+            self._failed = exc
+            return None
+
     def _ended(self) -> bool:
         """No acknowledgement follows: False when the server ended the stream (with or without
         a typed error: it read no more appends; or its token check refused the call, before
         any handler ran). Flight's read gives the same end for a broken
         connection or a passed deadline, which only the call's status tells apart: then the
         appends sent may have been applied, and the status is raised as it is (in doubt)."""
+        status = self._failed
         try:
             self._writer.close()
         except flight.FlightError as exc:
-            self._status = exc
-            if server_error(exc) is None and not isinstance(exc, REFUSED_BEFORE_HANDLER):
-                self.in_doubt = True
-                raise
-        else:
-            self._status = None
+            status = status or exc
+        self._status = status
+        if status is not None and server_error(status) is None and not isinstance(status, REFUSED_BEFORE_HANDLER):
+            self.in_doubt = True
+            raise status
         return False
 
     def probe(self) -> bool:
@@ -180,24 +217,49 @@ class AppendStream:
         acknowledgement, so an append sent elsewhere now cannot be applied twice."""
         try:
             self._writer.write_metadata(pa.py_buffer(PROBE))
-            return self._acks.read() is not None  # any answer: an older server's ack of an empty append too
+            return self._next_ack() is not None  # any answer: an older server's ack of an empty append too
         except (flight.FlightError, pa.ArrowException, OSError):
             return False
 
     def finish(self) -> None:
         """End the stream, raising the server's final status if it failed."""
         if self._status is False:
+            if self._failed is not None:
+                self._status = self._failed
+                raise self._failed
             self._writer.close()
         elif self._status is not None:
             raise self._status
 
     def close(self) -> None:
-        """End the stream (the server's handler returns); errors of a broken stream are moot."""
-        try:
-            self._writer.done_writing()
-            self._writer.close()
-        except (flight.FlightError, pa.ArrowException, OSError):
-            pass
+        """End the stream (the server's handler returns); errors of a broken stream are moot,
+        and the writer is closed even then (Arrow complains of a writer dropped unclosed)."""
+        for step in (self._writer.done_writing, self._writer.close):
+            try:
+                step()
+            except (flight.FlightError, pa.ArrowException, OSError):
+                pass
+
+    def cancel(self) -> None:
+        """Cancel the call from any thread: a wait for an acknowledgement (or a close waiting
+        for the server's status) ends at once with FlightCancelledError. A write that gRPC's
+        flow control holds (a server that stopped reading a large append) ends only with the
+        transport. A do_put stream cannot be cancelled: it is only marked."""
+        self.cancelled = True
+        if self._reader is not None:
+            try:
+                self._reader.cancel()
+            except (flight.FlightError, pa.ArrowException, OSError):  # ended already
+                pass
+
+
+def cancelled_append(uri: str | None, relation: str | None) -> CallCancelled:
+    """The error of an append under way when its client was closed (its stream cancelled)."""
+    where = f" of {uri}" if uri else ""
+    what = f"the append to {relation!r}" if relation else "an append"
+    return CallCancelled(f"the client{where} was closed while {what} waited for the server: it may or may not have "
+                         "been carried out; connect again and read back before writing again, or use keyed appends "
+                         "(append_once)")
 
 
 class StreamPool:
@@ -216,6 +278,8 @@ class StreamPool:
         self._lock = threading.Lock()
         self._idle: dict[StreamKey, list[AppendStream]] = {}
         self._closed = False
+        self._cancelled = False
+        self._lent: weakref.WeakSet[AppendStream] = weakref.WeakSet()  # taken, not given back (or dropped)
         self._wake = threading.Event()
         self._reaper: threading.Thread | None = None
 
@@ -224,7 +288,8 @@ class StreamPool:
         """A stream for the relation and schema (``queued``: one whose plain appends the server
         queues, for pipelined appends), and whether it is new (never used). ``probe_after``: an
         idle stream unused for that many seconds is first probed (:meth:`AppendStream.probe`);
-        one the server no longer reads is closed, and another taken."""
+        one the server no longer reads is closed, and another taken. CallCancelled once
+        :meth:`cancel` was called (the client closed)."""
         while True:
             now = self._clock.current_time()
             old: list[AppendStream] = []
@@ -240,20 +305,47 @@ class StreamPool:
                 gone.close()
             if stream is None:
                 break
+            self._lend(stream)
             if probe_after is None or now - stream.last_used < probe_after or stream.probe():
                 return stream, False
             stream.close()  # it broke while idle (the server died, say): nothing was sent on it
+            self._check_cancelled(stream)
+        self._check_cancelled(None)
         stream = self._open(relation, schema, queued)
         stream.opened = now
+        self._lend(stream)
         return stream, True
+
+    def _lend(self, stream: AppendStream) -> None:
+        """Count ``stream`` as lent out, so that :meth:`cancel` reaches it (at once if it came first)."""
+        with self._lock:
+            self._lent.add(stream)
+            cancelled = self._cancelled
+        if cancelled:
+            stream.cancel()
+
+    def _check_cancelled(self, stream: AppendStream | None) -> None:
+        if self._cancelled or (stream is not None and stream.cancelled):
+            raise cancelled_append(None, stream.key[0] if stream is not None else None)
 
     def give(self, stream: AppendStream) -> None:
         stream.last_used = self._clock.current_time()
         with self._lock:
+            self._lent.discard(stream)
             if not self._closed:
                 self._idle.setdefault(stream.key, []).append(stream)
                 return
         stream.close()
+
+    def cancel(self) -> None:
+        """Cancel every stream lent out (the append or probe waiting on it ends with
+        FlightCancelledError, and its caller raises CallCancelled); streams taken later are
+        cancelled as they are lent. The client's close calls this before :meth:`close`."""
+        with self._lock:
+            self._cancelled = True
+            lent = list(self._lent)
+        for stream in lent:
+            stream.cancel()
 
     def _take_idle(self, older_than: float | None) -> list[AppendStream]:
         """Take out of the pool the idle streams last used before ``older_than`` (None: all)."""
@@ -284,8 +376,8 @@ class StreamPool:
     def close(self, wait: float | None = None) -> None:
         """Close every idle stream; streams lent out are closed when given back. ``wait``: the
         most seconds to wait for the server to end them (a stream's close waits for the server's
-        final status, which a paused server never sends): past it, the rest of the closing goes
-        on in the background, and the server ends its halves when it can."""
+        final status, which a paused server never sends): past it, they are cancelled (a do_put
+        stream's close goes on in the background, and its server ends its half when it can)."""
         with self._lock:
             self._closed = True
         self._wake.set()
@@ -304,168 +396,8 @@ def close_streams(streams: list[AppendStream], wait: float | None) -> None:
                               daemon=True)
     closer.start()
     closer.join(wait)
+    if closer.is_alive():  # the server does not answer: cancelled, the closes end now (do_put ones with gRPC)
+        for stream in streams:
+            stream.cancel()
 
 
-def serve_append_stream(reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter,
-                        append: Callable[[pa.Table, dict[str, Any]], None], stopping: Callable[[], bool],
-                        queue: Callable[[pa.Table], Queued] | None = None) -> None:
-    """The server's half: each append (batches up to one with metadata) goes to
-    ``append(table, metadata)`` (``PLAIN_ARGS`` itself for a plain append) and is acknowledged; returns when the client ends the
-    stream, or once ``stopping()``: right after an acknowledgement, or instead of applying
-    an append that arrives then (unacknowledged, so the client sends it elsewhere).
-
-    With ``queue`` (the engine's ``append_queued``), plain appends are queued on the log as
-    they arrive and acknowledged in order by a second thread once durable (:class:`Acks`), so
-    a pipelining client's appends share group commits and the next one is read and decoded
-    while the earlier ones are written; other appends are applied here, after the ones queued
-    before them."""
-    if queue is None:
-        for table, meta in _appends(reader):
-            if stopping():
-                return
-            if meta == PROBE:
-                writer.write(pa.py_buffer(PROBE))
-                continue
-            writer.write(pa.py_buffer(_outcome(append, table, PLAIN_ARGS if meta == PLAIN else None, meta)))
-            if stopping():
-                return
-        return
-    acks = Acks(writer)
-    try:
-        for table, meta in _appends(reader):
-            if stopping():
-                return
-            if meta == PROBE:
-                acks.put(PROBE)  # answered in order, after the acknowledgements before it
-            elif meta == PLAIN:
-                try:
-                    acks.put(queue(table))
-                except Exception as exc:  # noqa: BLE001 - refused before it was queued: acknowledged in order
-                    acks.put(error_ack(exc))
-            else:
-                acks.put(_outcome(append, table, None, meta))
-    finally:
-        acks.close()
-
-
-def _outcome(append: Callable[[pa.Table, dict[str, Any]], None], table: pa.Table, args: dict[str, Any] | None,
-             meta: bytes) -> bytes:
-    """Apply one append; its acknowledgement."""
-    try:
-        append(table, args if args is not None else json_arg(meta, "append stream metadata"))
-    except Exception as exc:  # noqa: BLE001 - every failure goes back typed, the stream lives on
-        return error_ack(exc)
-    return ACK_OK
-
-
-def durable_ack(n: int) -> bytes:
-    """The acknowledgement of the next ``n`` appends as durable: ``{"ok":true}`` for one."""
-    return ACK_OK if n == 1 else b'{"ok":%d}' % n
-
-
-def error_ack(exc: BaseException) -> bytes:
-    """The acknowledgement of a refused append: its typed error."""
-    return b'{"error":' + error_detail(exc) + b"}"
-
-
-class Queued(Protocol):
-    """A queued append (the engine's ``append_queued``): ``wait`` until durable (raising the
-    write's error); ``settled``: whether ``wait`` would return at once."""
-
-    def wait(self) -> None: ...
-
-    def settled(self) -> bool: ...
-
-
-class Acks:
-    """A stream's acknowledgements, written in order by their own thread: each entry is the
-    acknowledgement itself or a queued append (acknowledged once its wait returns). Appends
-    durable in a row are acknowledged by one message ``{"ok":N}`` sent before the thread
-    waits for one that is not durable yet, or when no entry is left (each gRPC write is a
-    hand-off to gRPC's own threads; a group commit makes many appends durable at once). At most
-    ``limit`` entries are outstanding: a client that stops reading acknowledgements stops
-    the stream's reads, not the engine. ``close`` waits until every entry is acknowledged
-    (or the stream is broken): the stream's writer is valid only while its handler runs."""
-
-    def __init__(self, writer: flight.FlightMetadataWriter, limit: int = 64) -> None:
-        self._writer = writer
-        self._entries: SimpleQueue[bytes | Queued | None] = SimpleQueue()
-        self._room = threading.Semaphore(limit)
-        self._limit = limit
-        self._broken = False
-        self._thread = threading.Thread(target=self._run, name="sediment-append-acks", daemon=True)
-        self._thread.start()
-
-    def put(self, entry: bytes | Queued) -> None:
-        self._room.acquire()
-        self._entries.put(entry)
-
-    def close(self) -> None:
-        self._entries.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        durable = 0  # appends durable in a row, not acknowledged yet: one message for them all
-        while True:
-            try:
-                entry = self._entries.get_nowait() if durable else self._entries.get()
-            except Empty:  # none waiting behind them: acknowledge them now
-                durable = self._send_durable(durable)
-                continue
-            if entry is None:
-                self._send_durable(durable)
-                return
-            if isinstance(entry, bytes):
-                ack = entry
-            else:
-                if durable and not entry.settled():  # the durable ones are not held back by it
-                    durable = self._send_durable(durable)
-                ack = _settled(entry)
-            self._room.release()
-            if ack == ACK_OK:
-                durable += 1
-                if durable >= self._limit:
-                    durable = self._send_durable(durable)
-            else:
-                durable = self._send_durable(durable)
-                self._send(ack)
-
-    def _send_durable(self, n: int) -> int:
-        """Acknowledge ``n`` appends as durable (``{"ok":true}`` for one); 0."""
-        if n:
-            self._send(durable_ack(n))
-        return 0
-
-    def _send(self, ack: bytes) -> None:
-        if not self._broken:
-            try:
-                self._writer.write(pa.py_buffer(ack))
-            except (flight.FlightError, pa.ArrowException, OSError):
-                self._broken = True  # the client is gone: the rest are still waited for, not sent
-
-
-def _settled(queued: Queued) -> bytes:
-    """Wait for a queued append; its acknowledgement."""
-    try:
-        queued.wait()
-    except Exception as exc:  # noqa: BLE001 - the write's error goes back typed
-        return error_ack(exc)
-    return ACK_OK
-
-
-PLAIN_ARGS: dict[str, Any] = {"txn": None}  # the metadata of a plain append, decoded once
-
-
-def _appends(reader: flight.MetadataRecordBatchReader) -> Iterator[tuple[pa.Table, bytes]]:
-    parts: list[pa.RecordBatch] = []
-    schema = reader.schema
-    while True:
-        try:
-            chunk = reader.read_chunk()
-        except StopIteration:
-            return
-        if chunk.data is not None:
-            parts.append(chunk.data)
-        if chunk.app_metadata is not None:
-            yield pa.Table.from_batches(parts, schema=schema), chunk.app_metadata.to_pybytes()
-            parts = []

@@ -10,12 +10,13 @@ once (the request may have reached the server: its outcome is unknown), and canc
 open do_get readers (a snapshot or replay still streaming). A worker left in a call ends
 when gRPC does (the server answers, dies, or the deadline passes); its answer is dropped.
 
-The gate carries actions, do_get calls and do_put stage calls. A thread hop costs tens of
-microseconds, a tenth or less of such a call's round trip, but about two context switches
-per call, as many as a plain append on a pooled append stream costs in all
-(tests/net/test_grpc_setup.py): appends therefore wait on the caller's own thread, and one
-under way when the client closes still waits for its acknowledgement (or the client's
-``timeout``); Arrow exposes no cancel for a do_put stream. The
+The gate carries actions, do_get calls, do_put stage calls and appends over 1 MiB. A thread
+hop costs tens of microseconds, a tenth or less of such a call's round trip, but about two
+context switches per call, as many as a plain append on a pooled append stream costs in all
+(tests/net/test_grpc_setup.py): smaller appends therefore wait on the caller's own thread,
+and the close ends them by cancelling their streams, which are exchanges
+(sediment/net/append_stream.py); a larger one may wait in a write that gRPC's flow control
+holds, which no cancel ends, so it waits here. The
 workers are daemon threads of the gate's own, not ``concurrent.futures``' (whose exit hook
 joins its workers: a process would not exit while one waits on a paused server).
 """

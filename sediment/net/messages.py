@@ -22,6 +22,12 @@ class Put(StrEnum):
     STAGE = "stage"
 
 
+class Exchange(StrEnum):
+    """``do_exchange``: the descriptor command's ``op`` (its magic; ``version`` its version)."""
+
+    APPEND_STREAM = "append_exchange"
+
+
 class Get(StrEnum):
     """``do_get``: the ticket's ``op``."""
 
@@ -68,7 +74,7 @@ class Action(StrEnum):
     FEED_LEAVE = "feed_leave"
 
 
-Op = Put | Get | Action
+Op = Put | Exchange | Get | Action
 
 # the fields each message may carry (besides a descriptor's or ticket's "op")
 FIELDS: dict[Op, tuple[str, ...]] = {
@@ -76,6 +82,7 @@ FIELDS: dict[Op, tuple[str, ...]] = {
     Put.APPEND: ("relation", "txn", "locks"),
     Put.APPEND_ONCE: ("relation", "client", "seq"),
     Put.STAGE: ("relation", "stage"),
+    Exchange.APPEND_STREAM: ("version", "relation", "queue"),
     Get.SNAPSHOT: ("relation", "as_of"),
     Get.REPLAY: ("relation", "batch_rows"),
     Get.PLAN: ("relation", "as_of", "from", "lease_seconds", "hold_tail"),
@@ -119,7 +126,7 @@ STREAM_FIELDS: tuple[str, ...] = ("txn", "locks", "client", "seq")
 
 
 def encode(op: Op, **fields: Any) -> bytes:
-    """A message's JSON bytes: a descriptor command or ticket (``op`` first) or, for an
+    """A message's JSON bytes: a descriptor command (do_put, do_exchange) or ticket (``op`` first) or, for an
     Action, its body. ValueError for a field the op does not carry (a caller's typo)."""
     extra = sorted(set(fields) - set(FIELDS[op]))
     if extra:

@@ -36,7 +36,7 @@ from contextlib import AbstractContextManager
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from sediment.errors import InvalidArgument, OutcomeUnknown
+from sediment.errors import CallCancelled, InvalidArgument, OutcomeUnknown
 from sediment.net.append_stream import PLAIN, AppendStream, append_batches
 
 WINDOW = 8  # appends in flight per stream by default
@@ -168,12 +168,17 @@ class PipelinedAppends:
             self.acknowledged += 1
 
     def _broken(self) -> OutcomeUnknown:
-        """The stream broke: forget the appends in flight, and the error that says so."""
+        """The stream broke (or the client's close cancelled it: CallCancelled): forget the
+        appends in flight, and the error that says so."""
         stream, self._stream = self._stream, None
         lost = len(self._flight)
         self._flight.clear()
         if stream is not None:
             stream.close()
+            if stream.cancelled:
+                return CallCancelled(f"the client was closed with {lost} appends to {self.name!r} sent and not "
+                                     "acknowledged: they may or may not be applied; read the relation to find out, "
+                                     "or use keyed appends (append_once) to retry safely")
         return OutcomeUnknown(f"the append stream to {self.name!r} broke with {lost} appends sent and not "
                              "acknowledged: they may or may not be applied; read the relation to find out, or "
                              "use keyed appends (append_once) to retry safely")

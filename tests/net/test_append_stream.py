@@ -1,4 +1,4 @@
-"""Appends on a client's long-lived do_put streams (sediment/net/append_stream.py): one
+"""Appends on a client's long-lived exchange streams (sediment/net/append_stream.py): one
 stream carries many appends, a refused append leaves it usable, a stopping server ends it
 without applying what it did not acknowledge, and idle streams close so a stop never
 waits on them; pipelined appends (sediment/net/pipelined.py) keep several in flight on one
@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pyarrow as pa
+import pyarrow.flight as flight
 import pytest
 from support.waiting import Progress
 
@@ -41,22 +42,22 @@ def node(tmp_path):
     engine.close()
 
 
-def puts(server: SedimentFlightServer) -> list[int]:
-    """Counts the server's do_put calls (its own method, wrapped; the calls still run)."""
+def calls(server: SedimentFlightServer, method: str = "do_exchange") -> list[int]:
+    """Counts the server's calls of ``method`` (its own, wrapped; the calls still run)."""
     seen = [0]
-    real = server.do_put
+    real = getattr(server, method)
 
     def counting(*args):
         seen[0] += 1
         return real(*args)
 
-    server.do_put = counting
+    setattr(server, method, counting)
     return seen
 
 
 def test_many_appends_and_refusals_share_one_stream(node):
     engine, server = node
-    seen = puts(server)
+    seen, put = calls(server), calls(server, "do_put")
     with Client(server.uri, TOKEN) as c:
         c.add_relation("r", SCHEMA)
         for i in range(50):
@@ -71,7 +72,74 @@ def test_many_appends_and_refusals_share_one_stream(node):
             tx.append("r", ups([(51, "n51", 5, 1)]))
         c.seal("r", 5)
         assert c.snapshot("r", 5).num_rows == 52
-    assert seen[0] == 2, "one stream for relation r, one for the refused name; no do_put per append"
+    assert seen[0] == 2, "one stream for relation r, one for the refused name; no call per append"
+    assert put[0] == 0, "the append streams are exchanges (which close() can cancel), not do_puts"
+
+
+class ServerBefore(SedimentFlightServer):
+    """A server of the build before the append exchange: its ping lists no ``append_exchange``
+    and it has no do_exchange (pyarrow's own answers: not implemented)."""
+
+    def _action_table(self):
+        table = super()._action_table()
+        ping = table["ping"]
+        table["ping"] = lambda a: {k: v for k, v in ping(a).items() if k != "append_exchange"}
+        return table
+
+    do_exchange = flight.FlightServerBase.do_exchange
+
+
+def test_a_server_without_the_exchange_gets_its_appends_on_do_put_streams(tmp_path):
+    """A client of this build appends to a server of the build before (no exchange) on the
+    do_put append stream it serves: every append applied once, refusals typed, and the
+    pipelined ones in order; the server's do_exchange is never called."""
+    engine = sediment.open(str(tmp_path / "data"))
+    server = ServerBefore(engine, "grpc://127.0.0.1:0", TOKEN)
+    try:
+        exchanges, put = calls(server), calls(server, "do_put")
+        with Client(server.uri, TOKEN) as c:
+            c.add_relation("r", SCHEMA)
+            for i in range(5):
+                c.append("r", ups([(i, "a", 1, 1)]))
+            with pytest.raises(errors.UnknownRelation):
+                c.append("nope", ups([(1, "a", 1, 1)]))
+            with c.pipelined("r") as pipe:
+                for i in range(5, 10):
+                    pipe.append(ups([(i, "b", 2, 1)]))
+            c.seal("r", 2)
+            assert sorted(c.snapshot("r", 2).column("id").to_pylist()) == list(range(10))
+        assert exchanges[0] == 0 and put[0] == 3, (exchanges, put)
+    finally:
+        server.stop(grace=30)
+        engine.close()
+
+
+def test_an_exchange_of_another_version_is_refused_typed_with_nothing_read(node):
+    """The descriptor's version is the stream's: one the server does not serve is refused
+    with InvalidArgument before any append is read."""
+
+    from sediment.net.append_stream import PLAIN
+    from sediment.net.wire_errors import typed_error
+
+    engine, server = node
+    engine.add_relation("r", SCHEMA)
+    client = flight.FlightClient(server.uri)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    command = b'{"op": "append_exchange", "version": 2, "relation": "r"}'
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(command), options=options)
+    with pytest.raises(flight.FlightError) as refused:  # the refusal may come before the append is written
+        writer.begin(ups([]).schema)
+        writer.write_with_metadata(ups([(1, "a", 1, 1)]).to_batches()[0], pa.py_buffer(PLAIN))
+        reader.read_chunk()
+    assert isinstance(typed_error(refused.value), errors.InvalidArgument), refused.value
+    assert "append_exchange version 2" in str(typed_error(refused.value))
+    try:
+        writer.close()
+    except flight.FlightError:
+        pass
+    client.close()
+    engine.seal("r", 1)
+    assert engine.snapshot("r", 1).num_rows == 0
 
 
 def test_large_tables_are_cut_below_the_chunk_size_and_small_ones_go_as_they_are():
@@ -158,7 +226,8 @@ def test_the_worked_example_in_formats_md_decodes():
     import pathlib
     import re
 
-    from sediment.net.append_stream import ACK_OK, append_metadata, durable_ack
+    from sediment.net.append_serving import durable_ack
+    from sediment.net.append_stream import ACK_OK, append_metadata
     from sediment.net.protocol import json_arg
     from sediment.net.wire_errors import error_from_detail
 
@@ -321,7 +390,6 @@ def test_a_stream_queues_its_plain_appends_while_the_first_is_made_durable(node)
 def test_appends_durable_together_are_acknowledged_by_one_message(node):
     """On a queued stream, the appends one group commit made durable get one acknowledgement
     ``{"ok":N}`` (the raw messages, read with pyarrow's own Flight client)."""
-    import pyarrow.flight as flight
 
     from sediment.net.append_stream import PLAIN
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -105,7 +106,7 @@ def test_close_ends_the_calls_waiting_on_other_threads_with_a_typed_error(tmp_pa
     """An action, a read and an append_many under way on other threads when the server stops
     answering waited for good, close() or not. Closing the client now ends each of them at
     once with CallCancelled (an OutcomeUnknown: the request may have reached the server).
-    (Not a plain append: it waits on its own thread, see sediment/net/call_gate.py.)"""
+    (A plain append: test_close_ends_an_append_under_way_on_another_thread_with_call_cancelled.)"""
     server = Served(tmp_path / "data")
     try:
         client = sediment.connect(server.uri, token=server.token)
@@ -193,5 +194,73 @@ def test_an_append_on_a_stream_whose_server_died_while_idle_says_nothing_was_wri
             with pytest.raises(errors.CoordinatorUnavailable) as failed:
                 client.append("r", ups([2]))
             assert not isinstance(failed.value, errors.OutcomeUnknown)
+    finally:
+        server.kill()
+
+
+BIG = pa.schema([("blob", pa.large_binary())])
+
+
+def in_stream_call(name: str) -> bool:
+    """Whether some thread is in the append stream's method ``name`` now (its stack, read)."""
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code.co_name == name and frame.f_code.co_filename.endswith("append_stream.py"):
+                return True
+            frame = frame.f_back
+    return False
+
+
+def _big_rows(megabytes: int) -> pa.Table:
+    """One append of ``megabytes`` MiB: more than gRPC takes into its buffers from a stream
+    that a paused server does not read, so its writes are held by flow control."""
+    rows = [b"x" * (1 << 20)] * megabytes
+    return pa.table({"blob": pa.array(rows, pa.large_binary()), "time": pa.array([1] * megabytes, pa.int64()),
+                     "diff": pa.array([1] * megabytes, pa.int64())})
+
+
+@pytest.mark.parametrize("case", ["acknowledgement", "probe", "held_write", "pipelined"])
+def test_close_ends_an_append_under_way_on_another_thread_with_call_cancelled(tmp_path, case):
+    """A plain append sent on its pooled stream to a server that stopped answering waited for
+    its acknowledgement for good, close() or not: the stream was a do_put, which Arrow cannot
+    cancel. It is now an exchange, which close() cancels: the append ends at once with
+    CallCancelled (an OutcomeUnknown: it may have reached the server), whether it waited for
+    its acknowledgement, for the probe of its idle stream, or (a large append, over
+    INLINE_APPEND_BYTES, on a worker) in a write held by gRPC's flow control; and so does a
+    pipelined flush waiting for its appends' acknowledgements."""
+    server = Served(tmp_path / "data")
+    try:
+        client = sediment.connect(server.uri, token=server.token)
+        client._streams._clock = clock = ManualClock()  # the pool's idle times, told here: a probe only when asked
+        client.add_relation("r", SCHEMA)
+        client.add_relation("big", BIG)
+        client.append("r", ups([1]))  # its stream now idles in the pool
+        pipe = client.pipelined("r") if case == "pipelined" else None
+        with paused(server):
+            if case == "probe":
+                clock.advance(1.0)  # the idle stream is probed before the append goes out on it
+            if case == "held_write":
+                call = lambda: client.append("big", _big_rows(16))  # noqa: E731
+            elif pipe is not None:
+                pipe.append(ups([3]))
+                call = pipe.flush
+            else:
+                call = lambda: client.append("r", ups([2]))  # noqa: E731
+            thread, box = in_thread(call)
+            where = {"held_write": "send", "probe": "probe"}.get(case, "receive")  # where the append waits
+            poll_until(lambda: in_stream_call(where), BOUND, f"a thread to be in AppendStream.{where}")
+            start = time.monotonic()
+            closing, closed = in_thread(client.close)
+            thread.join(BOUND)
+            took = time.monotonic() - start
+            assert not thread.is_alive(), f"the {case} append still blocked {BOUND}s after close()"
+            assert took < 3.0, f"the {case} append ended {took:.1f}s after close()"
+            assert box[0][0] == "raised" and isinstance(box[0][1], errors.CallCancelled), box
+            closing.join(BOUND)
+            assert not closing.is_alive() and closed == [("ok", None)], closed
+        with sediment.connect(server.uri, token=server.token) as again:  # the server took what it read
+            again.append("r", ups([4]))
+            again.seal("r", 1)
+            assert set(again.snapshot("r", 1).column("id").to_pylist()) - {2, 3} == {1, 4}
     finally:
         server.kill()

@@ -436,7 +436,8 @@ def test_every_flight_message_has_a_worked_example_that_decodes():
     text = DOC.read_text()
     section = text[text.index("### Messages"):]
     section = section[: section.index("\n### ", 1)]
-    kinds = {"do_put descriptor": msg.Put, "do_get ticket": msg.Get, "do_action body": msg.Action}
+    kinds = {"do_put descriptor": msg.Put, "do_exchange descriptor": msg.Exchange, "do_get ticket": msg.Get,
+             "do_action body": msg.Action}
     seen = set()
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| do_") else []
