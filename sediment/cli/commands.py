@@ -84,11 +84,21 @@ def alter_changes(args: argparse.Namespace) -> dict[str, Any]:
         bad = [i for i in items if "=" not in i or not i.split("=", 1)[0]]
         if bad:
             raise UsageError(f"{flag} takes NAME=VALUE, not {bad[0]!r}")
-        return dict(i.split("=", 1) for i in items)
+        return once(flag, [tuple(i.split("=", 1)) for i in items])
+
+    def once(flag: str, items: list[tuple[str, Any]]) -> dict[str, Any]:
+        """A column named twice was resolved silently (the last one won): which was meant is
+        the caller's to say."""
+        seen: dict[str, Any] = {}
+        for name, value in items:
+            if name in seen:
+                raise UsageError(f"{flag} names column {name!r} twice; give it once (nothing was changed)")
+            seen[name] = value
+        return seen
 
     try:
         add = [f for spec in args.add for f in parse_schema_spec(spec)]
-        widen = {f.name: f.type for spec in args.widen for f in parse_schema_spec(spec)}
+        widen = once("--widen", [(f.name, f.type) for spec in args.widen for f in parse_schema_spec(spec)])
     except SchemaMismatch as exc:
         raise UsageError(f"--add/--widen: {exc}") from None
     types = {f.name: f.type for f in add}
