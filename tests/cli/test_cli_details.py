@@ -315,3 +315,21 @@ def test_failed_first_open_or_serve_leaves_no_directory(tmp_path, monkeypatch):
         assert cli_main([*serve, kept]) == 1
         with sediment.open(kept) as engine:
             assert engine.relations() == ["orders"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["tail", "r", "--idle-timeout", "nan"],  # waited forever
+    ["tail", "r", "--idle-timeout", "-1"],
+    ["tail", "r", "--idle-timeout", "0"],
+    ["serve", "--shutdown-grace", "-1"],  # was used as given
+    ["serve", "--shutdown-grace", "inf"],
+    ["serve", "--txn-idle-timeout", "nan"],
+    ["cluster", "create", "--partitions", "2", "--session-timeout", "nan"],
+])
+def test_a_duration_that_is_not_a_finite_number_of_seconds_is_a_usage_error(tmp_path, capsys, monkeypatch, argv):
+    monkeypatch.delenv("SEDIMENT_TOKEN", raising=False)
+    d = tmp_path / "data"
+    rc = cli_main(["--data-dir", str(d), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "invalid duration" in err, err
+    assert argv[-2] in err and not d.exists()
