@@ -31,6 +31,7 @@ from sediment.cli.files import (
     _print_stats,
     _write_atomically,
     _write_stdout_csv,
+    check_output_path,
 )
 from sediment.engine.schema import check_name, conform_updates, update_schema
 from sediment.engine.schema_text import parse_schema_spec
@@ -293,6 +294,8 @@ def cmd_read(args: argparse.Namespace) -> int:
         raise UsageError("--format parquet needs --out FILE; stdout gets CSV")
     if args.from_t is not None and args.from_t > args.as_of:
         raise UsageError(f"--from {args.from_t} is after --as-of {args.as_of}: changes run forward in time")
+    if args.out:
+        check_output_path(args.out)
     with open_engine(args) as engine:
         table = engine.snapshot(args.name, args.as_of)
         if args.from_t is not None:

@@ -333,3 +333,22 @@ def test_a_duration_that_is_not_a_finite_number_of_seconds_is_a_usage_error(tmp_
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "invalid duration" in err, err
     assert argv[-2] in err and not d.exists()
+
+
+def test_read_refuses_an_out_it_cannot_write_before_reading(tmp_path, capsys, monkeypatch):
+    """A missing directory was found after the whole read, naming sediment's temporary file; a
+    directory named like a CSV file failed at the rename."""
+    d = seeded(tmp_path)
+    capsys.readouterr()
+    (tmp_path / "dir.csv").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for out, words in [(str(tmp_path / "missing" / "x.csv"), ["--out", "no directory", "missing"]),
+                       ("sub/../x.parquet", ["no directory sub/.."]),
+                       (str(tmp_path / "dir.csv"), ["is a directory"])]:
+        rc = cli_main(["--data-dir", d, "read", "orders", "--as-of", "1", "--out", out])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and ".tmp-" not in err, err
+        assert all(w in err for w in words), err
+    assert sorted(os.listdir(tmp_path)) == ["data", "dir.csv", "seed.csv"] and os.listdir(tmp_path / "dir.csv") == []
+    assert cli_main(["--data-dir", d, "read", "orders", "--as-of", "1", "--out", "dir.csv/x.csv"]) == 0
+    assert (tmp_path / "dir.csv" / "x.csv").read_text().count("\n") == 6
