@@ -335,12 +335,13 @@ def cmd_tail(args: argparse.Namespace) -> int:
         names = engine.schema(args.name).names
         out.writerow(["event", "time", *names, "diff"])
         sys.stdout.flush()
+        done: tuple[str, int] | None = None  # the last snapshot or progress line printed whole: where to go on
         with engine.subscribe(args.name, args.as_of, resume=args.resume) as sub:
             while args.count is None or printed < args.count:
                 try:
                     event = sub.next(timeout=args.idle_timeout)
                 except EngineClosed:
-                    raise EngineClosed(_tail_ended(args.name, sub.last_progress)) from None
+                    raise EngineClosed(_tail_ended(args.name, done)) from None
                 if event is None:
                     break
                 if event.kind == "schema":  # the columns change: say so in order, then go on in the new ones
@@ -351,12 +352,20 @@ def cmd_tail(args: argparse.Namespace) -> int:
                     if printed == args.count:
                         break
                 sys.stdout.flush()
+                if event.kind in ("snapshot", "progress") and event.time >= 0:
+                    done = (event.kind, event.time)
     return 0
 
 
-def _tail_ended(name: str, last_progress: int | None) -> str:
-    again = (f"`sediment tail {name} --as-of {last_progress} --resume` goes on after the last progress line "
-             f"printed (time {last_progress})" if last_progress is not None else f"run `sediment tail {name}` again")
+def _tail_ended(name: str, done: tuple[str, int] | None) -> str:
+    """A snapshot printed whole holds everything through its time, as a progress line does: a
+    feed that ended after one goes on from there, not with the whole relation again."""
+    if done is None:
+        again = f"run `sediment tail {name}` again"
+    else:
+        kind, t = done
+        line = "progress line" if kind == "progress" else "snapshot"
+        again = f"`sediment tail {name} --as-of {t} --resume` goes on after the last {line} printed (time {t})"
     return f"the feed of {name} ended because its engine or server stopped; {again}"
 
 

@@ -352,3 +352,25 @@ def test_read_refuses_an_out_it_cannot_write_before_reading(tmp_path, capsys, mo
     assert sorted(os.listdir(tmp_path)) == ["data", "dir.csv", "seed.csv"] and os.listdir(tmp_path / "dir.csv") == []
     assert cli_main(["--data-dir", d, "read", "orders", "--as-of", "1", "--out", "dir.csv/x.csv"]) == 0
     assert (tmp_path / "dir.csv" / "x.csv").read_text().count("\n") == 6
+
+
+def test_a_tail_ended_after_its_snapshot_names_the_command_that_goes_on(tmp_path):
+    """A snapshot printed whole is the relation through its time, as a progress line is; a tail
+    whose server stopped after one said only "run `sediment tail orders` again", which prints the
+    whole relation again instead of going on."""
+    d = seeded(tmp_path)
+    token = os.urandom(8).hex()
+    server = SedimentFlightServer(sediment.open(d), "grpc://127.0.0.1:0", token, close_engine=True)
+    try:
+        tail = popen("--connect", f"127.0.0.1:{server.port}", "--token", token, "tail", "orders",
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out = lines_of(tail.stdout)
+        assert out.get(timeout=RUN_TIMEOUT) == "event,time,id,diff\n"
+        assert sorted(out.get(timeout=RUN_TIMEOUT) for _ in range(5)) == [f"snapshot,1,{i},1\n" for i in range(5)]
+    finally:
+        server.stop()
+    assert tail.wait(timeout=RUN_TIMEOUT) == 1
+    err = tail.stderr.read()
+    assert err.count("\n") == 1 and "`sediment tail orders --as-of 1 --resume`" in err and "snapshot" in err, err
+    resumed = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "1", "--resume", "--idle-timeout", "0.5")
+    assert (resumed.returncode, resumed.stdout) == (0, "event,time,id,diff\n"), resumed.stderr
