@@ -27,7 +27,7 @@ from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from sediment.errors import LockConflict
+from sediment.errors import InvalidArgument, LockConflict
 
 DEFAULT_SLOTS = 1 << 20
 
@@ -42,6 +42,24 @@ class Locks:
     write: Sequence[LockId] = ()
     read: Sequence[LockId] = ()
     append: Sequence[LockId] = ()
+
+    def __post_init__(self) -> None:
+        """Checked here, where the caller builds it, so that a malformed lock is refused with a
+        typed error before the append reaches the engine's critical section, not as a
+        TypeError from a comparison inside it (and the same way when a server decodes one)."""
+        hw = self.high_water
+        if not isinstance(hw, int) or isinstance(hw, bool) or not -1 <= hw < 1 << 63:
+            raise InvalidArgument(f"Locks.high_water must be the integer time the client last read, in "
+                                  f"[-1, 2**63) (-1: nothing sealed yet), not {hw!r}")
+        for kind in ("write", "read", "append"):
+            locks = getattr(self, kind)
+            if isinstance(locks, (str, bytes)) or not isinstance(locks, Sequence):
+                raise InvalidArgument(f"Locks.{kind} must be a list of (name, id) pairs, e.g. "
+                                      f"[('orders', 42)], not {locks!r}")
+            for lock in locks:
+                if not isinstance(lock, (tuple, list)) or len(lock) != 2 or not isinstance(lock[0], str):
+                    raise InvalidArgument(f"Locks.{kind} holds {lock!r}: each lock is a (name, id) pair with a "
+                                          f"string name, e.g. ('orders', 42)")
 
 
 def slot_of(lock: LockId, slots: int) -> int:

@@ -23,7 +23,7 @@ from sediment.engine.schema import check_name, check_schema, update_schema
 from sediment.engine.schema_history import describe_relation
 from sediment.engine.schema_rules import evolve
 from sediment.engine.view import RelationView
-from sediment.errors import FrontierRegression, RelationExists
+from sediment.errors import FrontierRegression, InvalidArgument, RelationExists
 from sediment.metadata import names
 from sediment.metadata.protocol import MetadataStore
 from sediment.metrics import EngineMetrics
@@ -56,9 +56,15 @@ class RelationRegistry:
     def referenced_blobs(self) -> set[str]:
         return {k for rel in self.view.relations.values() for k in rel.trace.keys()}
 
-    def add_relation(self, name: str, schema: pa.Schema) -> None:
+    def add_relation(self, name: str, schema: pa.Schema, partition: int | None = None) -> None:
         """Create an empty relation. Its updates will carry ``schema``'s columns plus
-        ``time`` and ``diff``. Raises RelationExists, InvalidRelationName, SchemaMismatch."""
+        ``time`` and ``diff``. Raises RelationExists, InvalidRelationName, SchemaMismatch.
+        ``partition`` is a cluster's (cluster/router.py): taken here only to refuse it in one
+        typed line, the same in process and through a server, rather than as a TypeError."""
+        if partition is not None:
+            raise InvalidArgument(f"add_relation({name!r}, partition={partition!r}): partitions belong to a cluster "
+                                  f"of coordinators (sediment.connect('zk://...')); {self.view.where} is a single "
+                                  f"engine: leave partition out")
         check_name(name)
         schema = check_schema(schema)
         with self.view.lock:

@@ -33,6 +33,7 @@ import pyarrow.flight as flight
 from sediment import errors
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.args import (  # the engine's own argument checks: no engine state
+    check_locks,
     check_number,
     check_str,
     check_updates_map,
@@ -88,13 +89,15 @@ def server_location(uri: str) -> str:
     if not isinstance(uri, str):
         raise errors.InvalidArgument(f"a server address is a string such as grpc://127.0.0.1:8815, not "
                                      f"{type(uri).__name__}")
-    if uri.startswith(_SCHEMES):
-        return uri
-    host, sep, port = uri.rpartition(":")
-    if "://" in uri or not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+    scheme = next((s for s in _SCHEMES if uri.startswith(s)), None)
+    address = uri.removeprefix(scheme) if scheme else uri
+    host, sep, port = address.rpartition(":")
+    if ("://" in address or "/" in address or any(c.isspace() for c in address) or not sep or not host
+            or not port.isdigit() or not 0 < int(port) <= 65535):
         raise errors.InvalidArgument(f"cannot read {uri!r} as a sediment server's address: give "
-                                     "grpc://HOST:PORT, grpc+tls://HOST:PORT (a server with --tls-cert) or HOST:PORT")
-    return "grpc://" + uri
+                                     "grpc://HOST:PORT, grpc+tls://HOST:PORT (a server with --tls-cert) or HOST:PORT "
+                                     "with a port in 1..65535")
+    return uri if scheme else "grpc://" + uri
 
 
 class Client:
@@ -209,6 +212,7 @@ class Client:
                 key: tuple[str, int] | None = None) -> None:
         """One append (into transaction ``txn`` when given; with idempotency ``key``) on a pooled
         append stream; returns once the server has made it durable, or raises the server's error."""
+        check_locks(locks)
         meta = append_metadata(txn, encode_locks(locks), key)
         batches = append_batches(table, PUT_CHUNK_BYTES)
         with self._remote():
@@ -357,6 +361,7 @@ class Client:
         call writes nothing, exactly as with the engine. ``key`` (client id, sequence number):
         an idempotency key for a cluster member, as in :meth:`append_once`."""
         check_updates_map(updates)
+        check_locks(locks)
         tables = {name: _as_table(name, table) for name, table in updates.items()}
         if not tables:
             return
@@ -389,6 +394,11 @@ class Client:
         TransactionError, and all of them are aborted, if one cannot commit. ``key``
         (a relation the transactions wrote, client id, sequence number): an idempotency key
         for a cluster member, as in :meth:`commit_once`."""
+        if isinstance(transactions, (str, bytes, Mapping)) or not isinstance(transactions, Sequence) or not all(
+                isinstance(t, RemoteTransaction) or (isinstance(t, int) and not isinstance(t, bool))
+                for t in transactions):
+            raise errors.InvalidArgument(f"commit_all takes a list of transactions from Client.transaction() (or "
+                                         f"their ids), not {transactions!r}")
         ids = [t.id if isinstance(t, RemoteTransaction) else int(t) for t in transactions]
         args: dict[str, Any] = {"txns": ids}
         if group is not None:

@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import Any
 
+from sediment.cli.arg_types import positive_seconds
 from sediment.cli.files import UsageError
 
 LEAVE_TIMEOUT = 20.0  # seconds a SIGTERM'd member waits for its partitions to move before it exits anyway
@@ -31,7 +32,7 @@ def add_cluster_parser(sub: argparse._SubParsersAction, command: Any, add_common
     p = command("create", cmd_cluster_create, "record a cluster once: partitions, storage nodes, blob store "
                 "(with --metadata zk://HOST:PORT/NAME --replicas --cluster-key --blob)", cl_sub)
     p.add_argument("--partitions", type=int, required=True, metavar="N", help="how many partitions (fixed)")
-    p.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--session-timeout", type=positive_seconds, default=10.0, metavar="SECONDS",
                    help="members' ZooKeeper session timeout: a killed member's partitions move after it "
                         "(default 10)")
     p = command("status", cmd_cluster_status, "members, the manager, and per partition its owner, generation, "

@@ -31,6 +31,7 @@ from sediment.cli.files import (
     _print_stats,
     _write_atomically,
     _write_stdout_csv,
+    check_output_path,
 )
 from sediment.engine.schema import check_name, conform_updates, update_schema
 from sediment.engine.schema_text import parse_schema_spec
@@ -84,11 +85,21 @@ def alter_changes(args: argparse.Namespace) -> dict[str, Any]:
         bad = [i for i in items if "=" not in i or not i.split("=", 1)[0]]
         if bad:
             raise UsageError(f"{flag} takes NAME=VALUE, not {bad[0]!r}")
-        return dict(i.split("=", 1) for i in items)
+        return once(flag, [tuple(i.split("=", 1)) for i in items])
+
+    def once(flag: str, items: list[tuple[str, Any]]) -> dict[str, Any]:
+        """A column named twice was resolved silently (the last one won): which was meant is
+        the caller's to say."""
+        seen: dict[str, Any] = {}
+        for name, value in items:
+            if name in seen:
+                raise UsageError(f"{flag} names column {name!r} twice; give it once (nothing was changed)")
+            seen[name] = value
+        return seen
 
     try:
         add = [f for spec in args.add for f in parse_schema_spec(spec)]
-        widen = {f.name: f.type for spec in args.widen for f in parse_schema_spec(spec)}
+        widen = once("--widen", [(f.name, f.type) for spec in args.widen for f in parse_schema_spec(spec)])
     except SchemaMismatch as exc:
         raise UsageError(f"--add/--widen: {exc}") from None
     types = {f.name: f.type for f in add}
@@ -283,6 +294,8 @@ def cmd_read(args: argparse.Namespace) -> int:
         raise UsageError("--format parquet needs --out FILE; stdout gets CSV")
     if args.from_t is not None and args.from_t > args.as_of:
         raise UsageError(f"--from {args.from_t} is after --as-of {args.as_of}: changes run forward in time")
+    if args.out:
+        check_output_path(args.out)
     with open_engine(args) as engine:
         table = engine.snapshot(args.name, args.as_of)
         if args.from_t is not None:
@@ -322,12 +335,13 @@ def cmd_tail(args: argparse.Namespace) -> int:
         names = engine.schema(args.name).names
         out.writerow(["event", "time", *names, "diff"])
         sys.stdout.flush()
+        done: tuple[str, int] | None = None  # the last snapshot or progress line printed whole: where to go on
         with engine.subscribe(args.name, args.as_of, resume=args.resume) as sub:
             while args.count is None or printed < args.count:
                 try:
                     event = sub.next(timeout=args.idle_timeout)
                 except EngineClosed:
-                    raise EngineClosed(_tail_ended(args.name, sub.last_progress)) from None
+                    raise EngineClosed(_tail_ended(args.name, done)) from None
                 if event is None:
                     break
                 if event.kind == "schema":  # the columns change: say so in order, then go on in the new ones
@@ -338,12 +352,20 @@ def cmd_tail(args: argparse.Namespace) -> int:
                     if printed == args.count:
                         break
                 sys.stdout.flush()
+                if event.kind in ("snapshot", "progress") and event.time >= 0:
+                    done = (event.kind, event.time)
     return 0
 
 
-def _tail_ended(name: str, last_progress: int | None) -> str:
-    again = (f"`sediment tail {name} --as-of {last_progress} --resume` goes on after the last progress line "
-             f"printed (time {last_progress})" if last_progress is not None else f"run `sediment tail {name}` again")
+def _tail_ended(name: str, done: tuple[str, int] | None) -> str:
+    """A snapshot printed whole holds everything through its time, as a progress line does: a
+    feed that ended after one goes on from there, not with the whole relation again."""
+    if done is None:
+        again = f"run `sediment tail {name}` again"
+    else:
+        kind, t = done
+        line = "progress line" if kind == "progress" else "snapshot"
+        again = f"`sediment tail {name} --as-of {t} --resume` goes on after the last {line} printed (time {t})"
     return f"the feed of {name} ended because its engine or server stopped; {again}"
 
 

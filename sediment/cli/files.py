@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from sediment._fs import fsync_dir
 from sediment.errors import SedimentError
 
 FORMATS = ("csv", "parquet")
@@ -128,8 +129,19 @@ def _print_stats(stats: dict) -> None:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True))))
 
 
+def check_output_path(out: str) -> None:
+    """Refuse an ``--out`` that cannot be written before the engine is read: a missing directory
+    was found only after the whole read, and named the temporary file, not ``--out``."""
+    directory = os.path.dirname(out) or "."  # as the file system will resolve it: sub/.. needs sub
+    if not os.path.isdir(directory):
+        raise UsageError(f"--out {out}: no directory {directory}; create it or write elsewhere")
+    if os.path.isdir(out):
+        raise UsageError(f"--out {out} is a directory; name a file in it")
+
+
 def _write_atomically(table: pa.Table, out: str, fmt: str) -> None:
-    """Write to a temporary name beside ``out`` and rename, so a failure leaves no partial file."""
+    """Write to a temporary name beside ``out`` and rename, so a failure leaves no partial file;
+    the rename is made durable too (the directory's fsync)."""
     directory = os.path.dirname(os.path.abspath(out))
     tmp = os.path.join(directory, f".{os.path.basename(out)}.tmp-{os.getpid()}")
     try:
@@ -140,6 +152,7 @@ def _write_atomically(table: pa.Table, out: str, fmt: str) -> None:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, out)
+        fsync_dir(directory)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

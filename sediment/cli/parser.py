@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import sediment
+from sediment.cli.arg_types import positive_seconds
 from sediment.cli.cluster import add_cluster_parser
 from sediment.cli.commands import (
     cmd_append,
@@ -228,7 +229,7 @@ def _add_read_commands(command: Command) -> None:
                         "the progress line of time T)")
     p.add_argument("--count", type=_positive_int, default=None, metavar="N",
                    help="stop once N rows (snapshot, update or progress lines) have been printed")
-    p.add_argument("--idle-timeout", type=float, default=None, metavar="S",
+    p.add_argument("--idle-timeout", type=positive_seconds, default=None, metavar="S",
                    help="stop after S seconds without an event (default: never)")
 
     p = command("compact", cmd_compact, "turn the WAL into batches, merge them, and trim the WAL now")

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sediment._fs import remove_tree_durable
+from sediment.cli.arg_types import seconds
 from sediment.cli.common import data_dir_of, open_engine
 from sediment.cli.discover import advertised
 from sediment.cli.files import UsageError
@@ -62,7 +63,7 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p = command("serve", cmd_serve, "serve the data directory to clients over Arrow Flight until SIGTERM")
     p.add_argument("--listen", type=_listen_arg, default=_listen_arg(DEFAULT_LISTEN), metavar="HOST:PORT",
                    help=f"where to listen (default {DEFAULT_LISTEN}; port 0 picks a free port)")
-    p.add_argument("--shutdown-grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS",
+    p.add_argument("--shutdown-grace", type=seconds, default=DEFAULT_GRACE, metavar="SECONDS",
                    help=f"on SIGTERM, how long calls under way may take to finish before they are cut off "
                         f"(default {DEFAULT_GRACE:g})")
     p.add_argument("--tls-cert", default=None, metavar="FILE",
@@ -71,7 +72,7 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p.add_argument("--metrics-listen", type=_listen_arg, default=None, metavar="HOST:PORT",
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one; "
                         "default: no metrics endpoint)")
-    p.add_argument("--txn-idle-timeout", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--txn-idle-timeout", type=seconds, default=600.0, metavar="SECONDS",
                    help="abort a transaction that no call has named for this long: an open transaction "
                         "holds back compaction (default 600; 0 never)")
     p.add_argument("--cluster", default=None, metavar="zk://HOST:PORT/NAME",

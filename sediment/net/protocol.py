@@ -12,6 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from sediment.errors import InvalidArgument
+
 PROTOCOL_VERSION = 1
 TOKEN_ENV = "SEDIMENT_TOKEN"
 AUTH_HEADER = "authorization"
@@ -57,8 +59,8 @@ def encode_locks(locks: Any) -> dict[str, Any] | None:
     try:
         json.dumps(spec)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"lock ids must be strings, numbers, booleans or tuples of them to cross the network "
-                         f"({exc})") from None
+        raise InvalidArgument(f"lock ids must be strings, numbers, booleans or tuples of them to cross the "
+                              f"network ({exc})") from None
     return spec
 
 

@@ -486,8 +486,8 @@ BAD = [
     ("directory as csv", lambda p: ["append", "orders", _directory(p, "d.csv")], 1, ["d.csv", "not a regular file"]),
     ("not parquet", lambda p: ["append", "orders", _garbage_parquet(p)], 1, ["garbage.parquet", "Parquet"]),
     ("empty csv", lambda p: ["append", "orders", _files(p, "e.csv", "", "")], 1, ["e.csv", "Empty CSV"]),
-    ("read out to missing dir", lambda p: ["read", "orders", "--as-of", "2", "--out", str(p / "no" / "o.csv")], 1,
-     ["o.csv", "No such file"]),
+    ("read out to missing dir", lambda p: ["read", "orders", "--as-of", "2", "--out", str(p / "no" / "o.csv")], 2,
+     ["o.csv", "no directory"]),
 ]
 
 

@@ -315,3 +315,62 @@ def test_failed_first_open_or_serve_leaves_no_directory(tmp_path, monkeypatch):
         assert cli_main([*serve, kept]) == 1
         with sediment.open(kept) as engine:
             assert engine.relations() == ["orders"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["tail", "r", "--idle-timeout", "nan"],  # waited forever
+    ["tail", "r", "--idle-timeout", "-1"],
+    ["tail", "r", "--idle-timeout", "0"],
+    ["serve", "--shutdown-grace", "-1"],  # was used as given
+    ["serve", "--shutdown-grace", "inf"],
+    ["serve", "--txn-idle-timeout", "nan"],
+    ["cluster", "create", "--partitions", "2", "--session-timeout", "nan"],
+])
+def test_a_duration_that_is_not_a_finite_number_of_seconds_is_a_usage_error(tmp_path, capsys, monkeypatch, argv):
+    monkeypatch.delenv("SEDIMENT_TOKEN", raising=False)
+    d = tmp_path / "data"
+    rc = cli_main(["--data-dir", str(d), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "invalid duration" in err, err
+    assert argv[-2] in err and not d.exists()
+
+
+def test_read_refuses_an_out_it_cannot_write_before_reading(tmp_path, capsys, monkeypatch):
+    """A missing directory was found after the whole read, naming sediment's temporary file; a
+    directory named like a CSV file failed at the rename."""
+    d = seeded(tmp_path)
+    capsys.readouterr()
+    (tmp_path / "dir.csv").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for out, words in [(str(tmp_path / "missing" / "x.csv"), ["--out", "no directory", "missing"]),
+                       ("sub/../x.parquet", ["no directory sub/.."]),
+                       (str(tmp_path / "dir.csv"), ["is a directory"])]:
+        rc = cli_main(["--data-dir", d, "read", "orders", "--as-of", "1", "--out", out])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and ".tmp-" not in err, err
+        assert all(w in err for w in words), err
+    assert sorted(os.listdir(tmp_path)) == ["data", "dir.csv", "seed.csv"] and os.listdir(tmp_path / "dir.csv") == []
+    assert cli_main(["--data-dir", d, "read", "orders", "--as-of", "1", "--out", "dir.csv/x.csv"]) == 0
+    assert (tmp_path / "dir.csv" / "x.csv").read_text().count("\n") == 6
+
+
+def test_a_tail_ended_after_its_snapshot_names_the_command_that_goes_on(tmp_path):
+    """A snapshot printed whole is the relation through its time, as a progress line is; a tail
+    whose server stopped after one said only "run `sediment tail orders` again", which prints the
+    whole relation again instead of going on."""
+    d = seeded(tmp_path)
+    token = os.urandom(8).hex()
+    server = SedimentFlightServer(sediment.open(d), "grpc://127.0.0.1:0", token, close_engine=True)
+    try:
+        tail = popen("--connect", f"127.0.0.1:{server.port}", "--token", token, "tail", "orders",
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out = lines_of(tail.stdout)
+        assert out.get(timeout=RUN_TIMEOUT) == "event,time,id,diff\n"
+        assert sorted(out.get(timeout=RUN_TIMEOUT) for _ in range(5)) == [f"snapshot,1,{i},1\n" for i in range(5)]
+    finally:
+        server.stop()
+    assert tail.wait(timeout=RUN_TIMEOUT) == 1
+    err = tail.stderr.read()
+    assert err.count("\n") == 1 and "`sediment tail orders --as-of 1 --resume`" in err and "snapshot" in err, err
+    resumed = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "1", "--resume", "--idle-timeout", "0.5")
+    assert (resumed.returncode, resumed.stdout) == (0, "event,time,id,diff\n"), resumed.stderr

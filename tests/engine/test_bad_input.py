@@ -451,6 +451,55 @@ def test_bad_relation_names_are_typed_and_change_nothing(seeded, tmp_path, acces
     assert dir_digest(tmp_path / "data") == digest
 
 
+BAD_LOCKS = {
+    "high_water str": lambda: sediment.Locks(high_water="7", write=[("orders", 1)]),
+    "high_water None": lambda: sediment.Locks(high_water=None, write=[("orders", 1)]),
+    "high_water bool": lambda: sediment.Locks(high_water=True),
+    "high_water below -1": lambda: sediment.Locks(high_water=-2),
+    "one flat pair": lambda: sediment.Locks(high_water=7, write=("orders", 1)),
+    "a name alone": lambda: sediment.Locks(high_water=7, read=["orders"]),
+    "a triple": lambda: sediment.Locks(high_water=7, append=[("orders", 1, 2)]),
+    "a name not str": lambda: sediment.Locks(high_water=7, write=[(1, 1)]),
+    "a plain dict": lambda: {"high_water": 7, "write": [("orders", 1)]},
+}
+
+
+@file_only
+@pytest.mark.parametrize("case", sorted(BAD_LOCKS))
+def test_malformed_locks_are_invalid_argument_and_change_nothing(seeded, tmp_path, access, case):
+    """A lock request the engine cannot check was a TypeError or ValueError from inside the lock
+    table (an AttributeError on the client): it is refused in one typed line, nothing written."""
+    eng = seeded
+    before = observe(eng)
+    digest = dir_digest(tmp_path / "data")
+    for call in (lambda locks: eng.append("orders", ups([(3, "c", 8, 1)]), locks=locks),
+                 lambda locks: eng.append_many({"orders": ups([(3, "c", 8, 1)])}, locks=locks)):
+        with pytest.raises(errors.InvalidArgument) as err:
+            call(BAD_LOCKS[case]())
+        assert "lock" in _one_line(err.value).lower()
+    assert observe(eng) == before
+    assert dir_digest(tmp_path / "data") == digest
+    eng.append("orders", ups([(3, "c", 8, 1)]), locks=sediment.Locks(high_water=-1, write=[["orders", 3]]))
+    eng.seal("orders", 8)
+    assert (3, "c", 1) in rows(eng.snapshot("orders", 8))
+
+
+@file_only
+def test_a_partition_outside_a_cluster_is_invalid_argument_and_changes_nothing(seeded, tmp_path, access):
+    """``partition=`` is a cluster's; a single engine took it as a TypeError (across the wire too)."""
+    eng = seeded
+    before = observe(eng)
+    digest = dir_digest(tmp_path / "data")
+    for partition in (0, 3):
+        with pytest.raises(errors.InvalidArgument, match="cluster") as err:
+            eng.add_relation("placed", SCHEMA, partition=partition)
+        _one_line(err.value)
+    assert observe(eng) == before and "placed" not in eng.relations()
+    assert dir_digest(tmp_path / "data") == digest
+    eng.add_relation("placed", SCHEMA, partition=None)
+    assert "placed" in eng.relations()
+
+
 @file_only
 def test_compaction_failure_is_typed_over_the_wire(open_engine, access):
     eng = open_engine(compact_interval=None)

@@ -109,6 +109,10 @@ def test_cli_alter_that_changes_nothing_says_so(tmp_path, capsys):
     (["--rename", "item"], 2, ["--rename takes NAME=VALUE"]),
     ([], 2, ["at least one of"]),
     (["--add", "qty:notatype"], 2, ["--add/--widen"]),
+    # a column named twice was resolved silently, the last one winning
+    (["--rename", "item=a", "--rename", "item=b"], 2, ["--rename names column 'item' twice"]),
+    (["--add", "qty:int32", "--default", "qty=1", "--default", "qty=2"], 2, ["--default names column 'qty' twice"]),
+    (["--widen", "id:int64", "--widen", "id:int32"], 2, ["--widen names column 'id' twice"]),
 ])
 def test_cli_refused_alter_is_one_line_and_changes_nothing(tmp_path, capsys, argv, code, words):
     d = tmp_path / "data"

@@ -184,6 +184,24 @@ def test_a_nodes_stderr_goes_to_a_file_and_its_tail_shows_when_it_fails(tmp_path
     finally:
         node.kill()
     bad = Node(tmp_path / "n1", extra_args=("--segment-bytes", "lots"))
-    with pytest.raises(AssertionError, match="invalid int value"):
+    with pytest.raises(AssertionError, match="invalid count .lots."):
         bad.start()
-    assert "invalid int value" in bad.stderr_tail()
+    assert "invalid count 'lots'" in bad.stderr_tail()
+
+
+@pytest.mark.parametrize(("argv", "code", "words"), [
+    (["--listen", "127.0.0.1:99999"], 2, ["invalid address '127.0.0.1:99999'"]),  # bound port 34463
+    (["--listen", "nohost"], 2, ["invalid address 'nohost'"]),  # an internal error, after making --dir
+    (["--metrics-listen", "x"], 2, ["invalid address 'x'"]),
+    (["--segment-bytes", "0"], 2, ["--segment-bytes", "positive"]),  # taken as given
+    (["--checkpoint-records", "-1"], 2, ["--checkpoint-records", "positive"]),
+    (["--listen", "nohost.invalid:0"], 1, ["cannot listen on nohost.invalid:0", "this machine"]),
+])
+def test_storage_node_refuses_a_bad_address_or_count_in_one_line(tmp_path: Path, argv, code, words) -> None:
+    """Before listening, and (for what argparse can check) before its directory is made."""
+    d = tmp_path / "node"
+    cli = subprocess.run([sys.executable, "-m", "sediment", "storage-node", "--dir", str(d), "--listen",
+                          "127.0.0.1:0", "--cluster-key", str(KEY), *argv], capture_output=True, text=True, timeout=30)
+    assert cli.returncode == code and cli.stderr.count("\n") == 1, cli.stderr
+    assert all(w in cli.stderr for w in words) and "internal error" not in cli.stderr, cli.stderr
+    assert code == 1 or not d.exists()

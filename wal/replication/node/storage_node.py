@@ -443,28 +443,51 @@ async def serve_tcp(directory: str, host: str, port: int, cluster_key: uuid.UUID
         task_status.started(listeners)
 
 
+def _address_arg(text: str) -> str:
+    """``HOST:PORT`` with a port in 0..65535, checked before anything is created: a bad one was
+    an internal error after the storage directory was made, and a port past 65535 was bound
+    modulo 65536, a port nobody asked for."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"invalid address {text!r}: give HOST:PORT with a port in 0..65535, "
+                                         "e.g. 127.0.0.1:7001 (0 picks a free port)")
+    return text
+
+
+def _positive_int_arg(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a positive integer")
+    return n
+
+
 def add_storage_node_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``storage-node`` to the ``sediment`` command's subparsers."""
     text = "run a storage node serving replicated partitions"
     p = sub.add_parser("storage-node", help=text, description=text)
     p.add_argument("--dir", required=True, help="storage directory (control file and partition directories)")
-    p.add_argument("--listen", required=True, metavar="HOST:PORT",
+    p.add_argument("--listen", required=True, type=_address_arg, metavar="HOST:PORT",
                    help="address to listen on (port 0 picks a free one; the `listening on` line names it)")
     p.add_argument("--cluster-key", required=True, help="the cluster's UUID; requests for another are refused")
-    p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
-    p.add_argument("--checkpoint-records", type=int, default=DEFAULT_CHECKPOINT,
+    p.add_argument("--segment-bytes", type=_positive_int_arg, default=DEFAULT_SEGMENT_BYTES,
+                   help=f"bytes after which a partition's log segment is finished (default {DEFAULT_SEGMENT_BYTES})")
+    p.add_argument("--checkpoint-records", type=_positive_int_arg, default=DEFAULT_CHECKPOINT,
                    help="records between durable ends recorded in a partition's manifest")
-    p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+    p.add_argument("--metrics-listen", type=_address_arg, default=None, metavar="HOST:PORT",
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one)")
     p.set_defaults(func=cmd_storage_node)
     return p
 
 
-def _address_in_use(exc: BaseException) -> OSError | None:
-    """The EADDRINUSE error in what a failed listen raised (trio may wrap it in groups)."""
+def _listen_failure(exc: BaseException) -> OSError | None:
+    """The OSError in what a failed listen raised (trio may wrap it in groups): a port in use,
+    or a host that does not resolve or is not this machine's."""
     if isinstance(exc, BaseExceptionGroup):
-        return next(filter(None, map(_address_in_use, exc.exceptions)), None)
-    return exc if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE else None
+        return next(filter(None, map(_listen_failure, exc.exceptions)), None)
+    return exc if isinstance(exc, OSError) else None
 
 
 def cmd_storage_node(args: argparse.Namespace) -> int:
@@ -498,10 +521,13 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
     try:
         trio.run(main)
     except BaseException as exc:
-        in_use = _address_in_use(exc)
-        if in_use is None:
+        failed = _listen_failure(exc)
+        if failed is None:
             raise
-        raise ReplicationError(f"storage node cannot listen on {args.listen}: {in_use.strerror}; another process "
+        if failed.errno != errno.EADDRINUSE:
+            raise ReplicationError(f"storage node cannot listen on {args.listen}: {failed.strerror or failed}; "
+                                   "give a host name or address of this machine") from None
+        raise ReplicationError(f"storage node cannot listen on {args.listen}: {failed.strerror}; another process "
                                "holds the port: stop it, or pick another port (0 picks a free one)") from None
     return 0
 
