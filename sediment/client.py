@@ -53,6 +53,7 @@ from sediment.net.append_stream import (
     cancelled_append,
 )
 from sediment.net.call_gate import CallGate
+from sediment.net.connect_options import read_ca_file, server_location
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
 from sediment.net.messages import Action, Get, Put, encode
 from sediment.net.pipelined import WINDOW as PIPELINE_WINDOW
@@ -78,28 +79,6 @@ PUT_CHUNK_BYTES = 4 << 20  # record batches on the wire stay well below gRPC's m
 INLINE_APPEND_BYTES = 1 << 20  # a larger append waits on a worker: a write gRPC holds cannot be cancelled
 
 
-_SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
-
-
-def server_location(uri: str) -> str:
-    """The Flight location of a server address: ``grpc://HOST:PORT`` or ``grpc+tls://HOST:PORT``
-    as given, and a bare ``HOST:PORT`` (``[v6]:PORT``) read as ``grpc://HOST:PORT``, since that
-    is how people write an address and plain gRPC is what ``sediment serve`` listens with
-    unless it has a certificate."""
-    if not isinstance(uri, str):
-        raise errors.InvalidArgument(f"a server address is a string such as grpc://127.0.0.1:8815, not "
-                                     f"{type(uri).__name__}")
-    scheme = next((s for s in _SCHEMES if uri.startswith(s)), None)
-    address = uri.removeprefix(scheme) if scheme else uri
-    host, sep, port = address.rpartition(":")
-    if ("://" in address or "/" in address or any(c.isspace() for c in address) or not sep or not host
-            or not port.isdigit() or not 0 < int(port) <= 65535):
-        raise errors.InvalidArgument(f"cannot read {uri!r} as a sediment server's address: give "
-                                     "grpc://HOST:PORT, grpc+tls://HOST:PORT (a server with --tls-cert) or HOST:PORT "
-                                     "with a port in 1..65535")
-    return uri if scheme else "grpc://" + uri
-
-
 class Client:
     """A connection to a sediment server with the methods of :class:`sediment.Engine`.
     Thread-safe: calls from many threads share one gRPC channel. Use as a context manager."""
@@ -123,7 +102,7 @@ class Client:
         self._options = flight.FlightCallOptions(timeout=timeout,
                                                  headers=[(AUTH_HEADER.encode(), f"Bearer {token}".encode())])
         if isinstance(tls_root_certs, str):
-            tls_root_certs = _read_ca_file(tls_root_certs)
+            tls_root_certs = read_ca_file(tls_root_certs)
         if tls_root_certs is not None and not uri.startswith("grpc+tls://"):
             raise errors.InvalidArgument(f"tls_root_certs given for {uri!r}: use grpc+tls://HOST:PORT for a TLS "
                                          "coordinator")
@@ -587,17 +566,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _read_ca_file(path: str) -> bytes:
-    """The PEM of ``tls_root_certs`` given as a file name."""
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise errors.InvalidArgument(f"tls_root_certs: cannot read the CA file {path!r} ({exc.strerror or exc}); "
-                                     "give the PEM file of the CA that signed the server's certificate, or its "
-                                     "PEM bytes") from None
 
 
 def connect(uri: str, token: str | None = None, *, timeout: float | None = None,

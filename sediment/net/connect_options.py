@@ -1,6 +1,7 @@
-"""What ``sediment.connect`` accepts: its keyword options, checked before anything connects.
+"""What ``sediment.connect`` accepts: the server's address, its keyword options and the CA of
+a TLS server, checked before anything connects.
 
-Kept apart from :mod:`sediment.client` so that the check needs no Arrow Flight import."""
+Kept apart from :mod:`sediment.client` so that the checks need no Arrow Flight import."""
 
 from __future__ import annotations
 
@@ -23,3 +24,36 @@ def check_connect_options(uri: object, options: Mapping[str, Any]) -> None:
         known = "; ".join(f"{k} ({what})" for k, what in CONNECT_OPTIONS.items())
         raise errors.InvalidArgument(f"unknown option(s) {unknown} for sediment.connect({uri!r}); nothing was "
                                      f"connected. Known options: {known}")
+
+
+_SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
+
+
+def server_location(uri: str) -> str:
+    """The Flight location of a server address: ``grpc://HOST:PORT`` or ``grpc+tls://HOST:PORT``
+    as given, and a bare ``HOST:PORT`` (``[v6]:PORT``) read as ``grpc://HOST:PORT``, since that
+    is how people write an address and plain gRPC is what ``sediment serve`` listens with
+    unless it has a certificate."""
+    if not isinstance(uri, str):
+        raise errors.InvalidArgument(f"a server address is a string such as grpc://127.0.0.1:8815, not "
+                                     f"{type(uri).__name__}")
+    scheme = next((s for s in _SCHEMES if uri.startswith(s)), None)
+    address = uri.removeprefix(scheme) if scheme else uri
+    host, sep, port = address.rpartition(":")
+    if ("://" in address or "/" in address or any(c.isspace() for c in address) or not sep or not host
+            or not port.isdigit() or not 0 < int(port) <= 65535):
+        raise errors.InvalidArgument(f"cannot read {uri!r} as a sediment server's address: give "
+                                     "grpc://HOST:PORT, grpc+tls://HOST:PORT (a server with --tls-cert) or HOST:PORT "
+                                     "with a port in 1..65535")
+    return uri if scheme else "grpc://" + uri
+
+
+def read_ca_file(path: str) -> bytes:
+    """The PEM of ``tls_root_certs`` given as a file name."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise errors.InvalidArgument(f"tls_root_certs: cannot read the CA file {path!r} ({exc.strerror or exc}); "
+                                     "give the PEM file of the CA that signed the server's certificate, or its "
+                                     "PEM bytes") from None
