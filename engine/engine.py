@@ -408,6 +408,7 @@ class Engine:
         yet compacted) and where its storage lives. Plain JSON-ready values; the same
         dictionary backs ``sediment stats`` and the state gauges of ``/metrics``. Internal
         relations are listed only with ``include_internal`` (the WAL figures count them)."""
+        args.check_bool(include_internal, "include_internal")
         settings = self.settings
         stats = engine_stats(self.view, self.storage.log, self.clock.current_time(),
                              compaction={"background": self.scheduler is not None,

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from sediment.engine import staged
-from sediment.engine.args import check_time
+from sediment.engine.args import check_bool, check_time
 from sediment.engine.catalog import Catalog, RelationEntry
 from sediment.engine.feed import SCHEMA, FeedLog
 from sediment.engine.relation import Relation, is_internal, set_shape
@@ -124,6 +124,7 @@ class RelationRegistry:
     def relations(self, include_internal: bool = False) -> list[str]:
         """Names of the relations, sorted; internal ones (names starting with an underscore,
         see :func:`sediment.engine.relation.is_internal`) only with ``include_internal``."""
+        check_bool(include_internal, "include_internal")
         with self.view.lock:
             self.view.check_open()
             return sorted(n for n in self.view.relations if include_internal or not is_internal(n))

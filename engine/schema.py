@@ -145,9 +145,9 @@ def conform_updates(relation: str, schema: pa.Schema | None, updates: object, ta
             "carries an int64 `time` (>= 0) and an int64 `diff`"
         )
     if missing or extra:
+        wrong = "; ".join(f"{what} {names}" for what, names in (("missing", missing), ("unexpected", extra)) if names)
         raise SchemaMismatch(
-            f"updates for {relation!r} do not match its schema: missing {missing}, unexpected {extra}; "
-            f"expected columns {target.names}"
+            f"updates for {relation!r} do not match its schema: {wrong}; expected columns {target.names}"
         )
     columns = []
     for field in target:

@@ -33,6 +33,7 @@ import pyarrow.flight as flight
 from sediment import errors
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.engine.args import (  # the engine's own argument checks: no engine state
+    check_bool,
     check_locks,
     check_number,
     check_str,
@@ -291,7 +292,7 @@ class Client:
     def relations(self, include_internal: bool = False) -> list[str]:
         """Names of the relations, sorted; internal ones (``_spark_sink.<id>`` and any name
         starting with an underscore) only with ``include_internal``."""
-        return list(self._action(Action.RELATIONS, include_internal=include_internal))
+        return list(self._action(Action.RELATIONS, include_internal=check_bool(include_internal, "include_internal")))
 
     def schema(self, name: str) -> pa.Schema:
         """The relation's own columns (without ``time`` and ``diff``)."""
@@ -522,7 +523,7 @@ class Client:
 
     def stats(self, include_internal: bool = False) -> dict:
         """The served engine's :meth:`Engine.stats`."""
-        return dict(self._action(Action.STATS, include_internal=include_internal))
+        return dict(self._action(Action.STATS, include_internal=check_bool(include_internal, "include_internal")))
 
     def compact(self, name: str | None = None) -> None:
         """Run a compaction pass on the server and wait for it."""

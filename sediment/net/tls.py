@@ -46,10 +46,7 @@ def check_tls_pem(cert: bytes | str, key: bytes | str, cert_name: str = "the cer
 def check_tls_files(cert_path: str, key_path: str, cert_name: str, key_name: str) -> tuple[bytes, bytes]:
     """The (certificate, key) PEM of two files, checked: each of the right kind (see
     :func:`check_tls_pem`), and the key the certificate's (loaded with :mod:`ssl`)."""
-    with open(cert_path, "rb") as f:
-        cert = f.read()
-    with open(key_path, "rb") as f:
-        key = f.read()
+    cert, key = (_read_pem(path, name) for path, name in ((cert_path, cert_name), (key_path, key_name)))
     check_tls_pem(cert, key, cert_name, key_name)
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_path, key_path, password=lambda: b"")
@@ -57,3 +54,11 @@ def check_tls_files(cert_path: str, key_path: str, cert_name: str, key_name: str
         raise InvalidArgument(f"{key_name} is not the private key of {cert_name} ({exc.reason or exc}), or one of "
                               "them is damaged; give the key the certificate was made for") from None
     return cert, key
+
+
+def _read_pem(path: str, name: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise InvalidArgument(f"{name}: cannot read it ({exc.strerror or exc}); give a readable PEM file") from None

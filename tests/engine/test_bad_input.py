@@ -601,3 +601,21 @@ def test_cli_refuses_an_empty_data_dir_and_creates_nothing(tmp_path, monkeypatch
     assert cli_main(["--data-dir", "", "relation", "add", "t", "--schema", "id:int64"]) == 2
     assert "--data-dir is empty" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [], "an empty --data-dir made the working directory a data directory"
+
+
+@file_only
+def test_include_internal_must_be_a_bool_and_a_schema_mismatch_names_only_what_is_wrong(seeded, tmp_path, access):
+    """``include_internal="yes"`` was taken as true (across the wire too); a mismatch said
+    "missing []" beside the one column that was wrong."""
+    eng = seeded
+    before = observe(eng)
+    for call in (eng.stats, eng.relations):
+        with pytest.raises(errors.InvalidArgument, match="include_internal must be True or False") as err:
+            call(include_internal="yes")
+        _one_line(err.value)
+    extra = ups([(3, "c", 8, 1)]).append_column("zz", pa.array([1], pa.int64()))
+    with pytest.raises(errors.SchemaMismatch) as err:
+        eng.append("orders", extra)
+    assert "unexpected ['zz']" in _one_line(err.value) and "missing" not in str(err.value)
+    assert observe(eng) == before
+    assert eng.relations(include_internal=False) == ["orders"]

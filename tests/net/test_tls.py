@@ -18,6 +18,7 @@ import sediment
 from sediment.cli import main as cli_main
 from sediment.client import Client
 from sediment.errors import AuthenticationFailed, CoordinatorUnavailable, InvalidArgument
+from sediment.net.tls import check_tls_files
 from sediment.server import SedimentFlightServer
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -95,3 +96,13 @@ def test_a_ca_file_that_cannot_be_read_is_invalid_argument_naming_the_option_and
             assert client.relations() == []
     finally:
         server.stop()
+
+
+def test_a_server_certificate_file_that_cannot_be_read_is_invalid_argument_naming_the_option(tmp_path, certificate):
+    """``sediment serve --tls-cert`` naming no file said only "No such file or directory"."""
+    _cert_pem, _key_pem, cert_file, key_file = certificate
+    missing = tmp_path / "nope.pem"
+    for cert, key, named in ((missing, key_file, "--tls-cert"), (cert_file, missing, "--tls-key")):
+        with pytest.raises(InvalidArgument, match=f"{named} {missing}: cannot read it"):
+            check_tls_files(str(cert), str(key), f"--tls-cert {cert}", f"--tls-key {key}")
+    assert len(check_tls_files(str(cert_file), str(key_file), "--tls-cert", "--tls-key")) == 2
