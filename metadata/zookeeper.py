@@ -65,6 +65,9 @@ _TRANSIENT = (ConnectionLoss, SessionExpiredError, OperationTimeoutError)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+# kazoo warns once per failed attempt; with no logging set up, Python's fallback printed dozens
+# of lines before sediment's one typed error. Set-up logging still gets them.
+logging.getLogger("kazoo").addHandler(logging.NullHandler())
 
 
 class _Retry(Exception):

@@ -65,3 +65,21 @@ def test_a_lock_id_that_cannot_cross_the_network_is_invalid_argument(served):
             call()
     c.seal("r", 1)
     assert c.snapshot("r", 1).num_rows == 0
+
+
+def test_an_unreachable_cluster_is_one_typed_line_on_stderr_not_a_screen_of_warnings():
+    """``connect("zk://...")`` with ZooKeeper down: kazoo's warning for each failed attempt went
+    to stderr through Python's fallback handler (dozens of lines) before the typed error."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"zk://127.0.0.1:{port}/nowhere"
+    script = (f"import sediment\ntry:\n    sediment.connect({uri!r})\n"
+              "except sediment.errors.MetadataUnavailable as e:\n    print('typed:', e)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("typed: cannot reach ZooKeeper"), done.stdout + done.stderr
+    assert done.stderr == "", done.stderr
