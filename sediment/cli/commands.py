@@ -333,10 +333,10 @@ def cmd_tail(args: argparse.Namespace) -> int:
     printed = 0
     with open_engine(args) as engine, shared(engine, args):  # other commands work through it meanwhile
         names = engine.schema(args.name).names
-        out.writerow(["event", "time", *names, "diff"])
-        sys.stdout.flush()
         done: tuple[str, int] | None = None  # the last snapshot or progress line printed whole: where to go on
-        with engine.subscribe(args.name, args.as_of, resume=args.resume) as sub:
+        with engine.subscribe(args.name, args.as_of, resume=args.resume) as sub:  # refused: no header printed
+            out.writerow(["event", "time", *names, "diff"])
+            sys.stdout.flush()
             while args.count is None or printed < args.count:
                 try:
                     event = sub.next(timeout=args.idle_timeout)

@@ -146,6 +146,15 @@ def test_tail_count_counts_printed_rows_and_ends(tmp_path):
     assert "positive integer" in sediment_cmd("--data-dir", d, "tail", "orders", "--count", "0").stderr
 
 
+def test_a_tail_refused_prints_no_header(tmp_path):
+    """``tail --as-of T`` past the sealed frontier is refused: the error alone, not a CSV header
+    first that a script would take for an empty feed."""
+    d = seeded(tmp_path, rows=2)
+    proc = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "99", "--count", "1")
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "99" in proc.stderr, proc.stderr
+
+
 def test_ctrl_c_exits_quietly_with_130(tmp_path):
     d = seeded(tmp_path, rows=1)
     proc = popen("--data-dir", d, "tail", "orders", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
