@@ -35,6 +35,7 @@ import functools
 import itertools
 import logging
 import queue
+import socket
 import struct
 import sys
 import threading
@@ -500,6 +501,7 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
         raise WalError(f"--cluster-key {args.cluster_key!r} is not a UUID; use the key the cluster was "
                        "created with") from None
 
+    _check_listen(args.listen, host or "127.0.0.1", int(port))
     open_store = open_directory(args.dir, key, args.segment_bytes, args.checkpoint_records)  # refuses a lost control file before listening
 
     metrics = None
@@ -524,12 +526,30 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
         failed = _listen_failure(exc)
         if failed is None:
             raise
-        if failed.errno != errno.EADDRINUSE:
-            raise ReplicationError(f"storage node cannot listen on {args.listen}: {failed.strerror or failed}; "
-                                   "give a host name or address of this machine") from None
-        raise ReplicationError(f"storage node cannot listen on {args.listen}: {failed.strerror}; another process "
-                               "holds the port: stop it, or pick another port (0 picks a free one)") from None
+        raise _cannot_listen(args.listen, failed) from None
     return 0
+
+
+def _cannot_listen(listen: str, failed: OSError) -> ReplicationError:
+    if failed.errno != errno.EADDRINUSE:
+        return ReplicationError(f"storage node cannot listen on {listen}: {failed.strerror or failed}; "
+                                "give a host name or address of this machine")
+    return ReplicationError(f"storage node cannot listen on {listen}: {failed.strerror}; another process "
+                            "holds the port: stop it, or pick another port (0 picks a free one)")
+
+
+def _check_listen(listen: str, host: str, port: int) -> None:
+    """Bind the address once and let it go, before the directory is made: a host that does not
+    resolve, is not this machine's, or a port another process holds is refused with nothing
+    created (the listener itself binds it again right after)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener binds
+            probe.bind(address)
+    except OSError as exc:
+        raise _cannot_listen(listen, exc) from None
 
 
 if __name__ == "__main__":
