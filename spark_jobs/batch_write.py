@@ -31,6 +31,7 @@ from pyspark.sql.types import StructType
 
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.errors import InvalidArgument, SchemaMismatch, TimeAlreadySealed
+from sediment.spark_jobs.job_commit import commit_job
 from sediment.spark_jobs.options import (
     BATCH_READ,
     DIFF,
@@ -251,8 +252,9 @@ class SedimentWriter(WriterBase, DataSourceArrowWriter):
 
     def commit(self, messages: list[SedimentCommitMessage | None]) -> None:
         done = [m for m in messages if m is not None]
+        commit_job(lambda: connect(self.uri, self.token, self.relation), [m.txn for m in done if m.txn is not None],
+                   group=self.group, relation=self.relation)
         with connect(self.uri, self.token, self.relation) as client:
-            client.commit_all([m.txn for m in done if m.txn is not None], group=self.group)
             if self.seal:
                 fixed = self.time if self.time is not None else self.open_time
                 t = fixed if fixed is not None else max(

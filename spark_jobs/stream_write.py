@@ -37,6 +37,7 @@ from pyspark.sql.types import StructType
 
 from sediment.errors import InvalidArgument, RelationExists, TransactionError
 from sediment.spark_jobs.batch_write import SedimentCommitMessage, WriterBase
+from sediment.spark_jobs.job_commit import commit_job
 from sediment.spark_jobs.options import connect
 
 PROGRESS_SCHEMA = pa.schema([("batch", pa.int64()), ("data_time", pa.int64())])
@@ -113,7 +114,8 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
             marker.append(self.progress, pa.table({
                 "batch": [r[0] for r in rows], "data_time": [r[1] for r in rows],
                 "time": pa.array([r[2] for r in rows], pa.int64()), "diff": pa.array([r[3] for r in rows], pa.int64())}))
-            client.commit_all([*(m.txn for m in done if m.txn is not None), marker])
+            commit_job(lambda: connect(self.uri, self.token, self.relation),
+                       [*(m.txn for m in done if m.txn is not None), marker.id], group=None, relation=self.relation)
             for g in groups:
                 client.abort_group(g)
             self._seal(client, batchId, data_time)
