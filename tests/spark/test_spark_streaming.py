@@ -16,6 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+import sediment
+
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
 
 from support.fixtures_spark import append_updates, append_wal_tail  # noqa: E402
@@ -317,3 +319,43 @@ def test_a_stream_reads_a_large_wal_tail_in_parallel_tasks(spark, coordinator, t
     assert tasks >= 3
     held = c.server._held_tails.leases()
     assert set(held) <= set(c.engine.collector.readers.leases), (held, c.engine.collector.readers.leases)  # rows only for live leases
+
+
+def test_a_failed_stream_query_gives_sediment_s_typed_error(spark, tmp_path):
+    """A micro-batch whose tasks fail with a sediment error (the coordinator, a ``sediment
+    serve`` process, SIGKILLed by a task): the query's own exception says only "Writing job
+    failed" (the tasks' traceback is in its cause), and ``sediment_errors()`` around
+    ``awaitTermination`` still gives the one line."""
+    from pyspark.sql import functions as F
+    from support.served import Served
+
+    from sediment.errors import CoordinatorUnavailable
+
+    served = Served(tmp_path / "data")
+    try:
+        with sediment.connect(served.uri, token=served.token) as client:
+            client.add_relation("orders", SCHEMA)
+        pid, marker = served.proc.pid, str(tmp_path / "killed")
+
+        @F.udf("long", useArrow=False)
+        def kill_on_first(i: int) -> int:
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(pid, signal.SIGKILL)
+            return i
+
+        src = tmp_path / "in"
+        src.mkdir()
+        (src / "f0.json").write_text(json.dumps({"id": 1, "item": "x"}) + "\n")
+        q = (spark.readStream.schema("id long, item string").json(str(src)).select(kill_on_first("id").alias("id"), "item")
+             .writeStream.format("sediment").option("uri", served.uri).option("token", served.token)
+             .option("relation", "orders").option("checkpointLocation", str(tmp_path / "ck")).start())
+        try:
+            with pytest.raises(CoordinatorUnavailable, match="no coordinator answered") as info:
+                with sediment_errors():
+                    q.awaitTermination(120)
+            assert len(str(info.value).splitlines()) == 1
+        finally:
+            q.stop()
+    finally:
+        served.kill()
