@@ -31,7 +31,7 @@ from pyspark.sql.types import StructType
 
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.errors import InvalidArgument, SchemaMismatch, TimeAlreadySealed
-from sediment.spark_jobs.job_commit import commit_job
+from sediment.spark_jobs.job_commit import commit_job, seal_through
 from sediment.spark_jobs.options import (
     BATCH_READ,
     DIFF,
@@ -259,8 +259,8 @@ class SedimentWriter(WriterBase, DataSourceArrowWriter):
                 fixed = self.time if self.time is not None else self.open_time
                 t = fixed if fixed is not None else max(
                     (m.max_time for m in done if m.max_time is not None), default=None)
-                if t is not None and t > client.sealed(self.relation):
-                    client.seal(self.relation, t)
+                if t is not None:
+                    seal_through(client, self.relation, t)
 
     def abort(self, messages: list[SedimentCommitMessage | None]) -> None:
         with connect(self.uri, self.token, self.relation) as client:

@@ -37,7 +37,7 @@ from pyspark.sql.types import StructType
 
 from sediment.errors import InvalidArgument, RelationExists, TransactionError
 from sediment.spark_jobs.batch_write import SedimentCommitMessage, WriterBase
-from sediment.spark_jobs.job_commit import commit_job
+from sediment.spark_jobs.job_commit import commit_job, seal_through
 from sediment.spark_jobs.options import connect
 
 PROGRESS_SCHEMA = pa.schema([("batch", pa.int64()), ("data_time", pa.int64())])
@@ -134,8 +134,8 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
         if client.sealed(self.progress) < batch:
             client.seal(self.progress, batch)
             client.set_since(self.progress, batch)
-        if data_time >= 0 and (self.seal or not self.has_time) and client.sealed(self.relation) < data_time:
-            client.seal(self.relation, data_time)
+        if data_time >= 0 and (self.seal or not self.has_time):
+            seal_through(client, self.relation, data_time)
 
     def abort(self, messages: list[SedimentCommitMessage | None], batchId: int) -> None:  # noqa: N803
         with connect(self.uri, self.token, self.relation) as client:

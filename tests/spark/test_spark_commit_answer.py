@@ -1,9 +1,11 @@
-"""A Spark job's commit whose answer is lost (spark_jobs/job_commit.py), against a real Flight
+"""A Spark job's commit whose answer is lost, and its seal raced by another job's
+(spark_jobs/job_commit.py), against a real Flight
 coordinator on 127.0.0.1 that commits and then drops the connection, or drops it before the
 commit arrives: the driver asks the coordinator what became of the job's transactions, so a
 save whose commit landed succeeds (rows once, sealed), one whose commit never arrived is
 committed again, and after a restart that forgot them the outcome is reported as unknown,
-naming the job, never as a failure that invites writing the rows twice."""
+naming the job, never as a failure that invites writing the rows twice. A seal that another
+job's seal overtook is no failure either: the rows are visible and the relation sealed."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 import sediment
 from sediment.client import Client
 from sediment.errors import OutcomeUnknown, TransactionError
+from sediment.net.messages import Action
 from sediment.server import SedimentFlightServer
 from sediment.spark_jobs.job_commit import commit_job
 
@@ -106,3 +109,41 @@ def test_a_refused_commit_is_raised_at_once(coordinator):
     c.engine.add_relation("orders", SCHEMA)
     with pytest.raises(TransactionError, match="not open on this server"):
         commit_job(lambda: Client(c.uri, c.token), [12345], group="spark-job-2", relation="orders", pause=0)
+
+
+class RacingServer(SedimentFlightServer):
+    """A coordinator where another job's seal, two times further, lands just before the first
+    seal this test's job asks for (between its check of the sealed frontier and its seal)."""
+
+    def _action_table(self):
+        table = super()._action_table()
+        plain = table[Action.SEAL]
+        self.raced = False
+
+        def seal(args):
+            if not self.raced:
+                self.raced = True
+                self.engine.seal(args["name"], args["t"] + 2)
+            return plain(args)
+
+        table[Action.SEAL] = seal
+        return table
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_a_save_whose_seal_another_job_overtook_succeeds(spark, tmp_path, bulk):
+    engine = sediment.open(tmp_path / "data", compact_interval=None)
+    token = uuid.uuid4().hex
+    server = RacingServer(engine, "grpc://127.0.0.1:0", token)
+    try:
+        engine.add_relation("orders", SCHEMA)
+        engine.seal("orders", 0)
+        df = spark.createDataFrame([(i, "x") for i in range(20)], "id long, item string")
+        (df.write.format("sediment").option("uri", server.uri).option("token", token).option("relation", "orders")
+         .option("time", 5).option("seal", "true").option("bulk", str(bulk).lower()).mode("append").save())
+        assert server.raced
+        assert engine.sealed("orders") == 7  # the other job's seal; this one's (5) is within it
+        assert sorted(engine.snapshot("orders", 7).column("id").to_pylist()) == list(range(20))
+    finally:
+        server.stop(grace=5)
+        engine.close()
