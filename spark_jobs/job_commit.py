@@ -38,12 +38,13 @@ def _line(exc: BaseException) -> str:
 
 
 def commit_job(connect: Callable[[], Any], txns: Sequence[int], *, group: str | None, relation: str,
-               attempts: int = COMMIT_ATTEMPTS, pause: float = FIRST_PAUSE) -> None:
+               job: str | None = None, attempts: int = COMMIT_ATTEMPTS, pause: float = FIRST_PAUSE) -> None:
     """``commit_all(txns, group=group)`` through a client from ``connect()``, settled even
-    when its answer is lost (see the module docstring). Raises the coordinator's refusal
+    when its answer is lost (see the module docstring); ``job`` names it in errors (default:
+    the group). Raises the coordinator's refusal
     (TransactionError: nothing is visible), or OutcomeUnknown when it cannot tell."""
     ids = [int(t) for t in txns]
-    job = group or "the micro-batch"
+    job = job or group or "spark job"
     lost: BaseException | None = None
     for attempt in range(attempts):
         if attempt:

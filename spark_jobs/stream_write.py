@@ -115,7 +115,8 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
                 "batch": [r[0] for r in rows], "data_time": [r[1] for r in rows],
                 "time": pa.array([r[2] for r in rows], pa.int64()), "diff": pa.array([r[3] for r in rows], pa.int64())}))
             commit_job(lambda: connect(self.uri, self.token, self.relation),
-                       [*(m.txn for m in done if m.txn is not None), marker.id], group=None, relation=self.relation)
+                       [*(m.txn for m in done if m.txn is not None), marker.id], group=None, relation=self.relation,
+                       job=f"micro-batch {batchId} of sink {self.progress}")
             for g in groups:
                 client.abort_group(g)
             self._seal(client, batchId, data_time)
