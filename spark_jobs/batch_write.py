@@ -63,6 +63,7 @@ class SedimentCommitMessage(WriterCommitMessage):
     partition: int | None = None
     txn: int | None = None  # the attempt's transaction (None: it wrote nothing)
     group: str | None = None  # the stream sink's transaction group of the attempt
+    query: str | None = None  # the stream sink's Spark query id (stable across restarts of its checkpoint)
 
 
 def omitted(client: Any, relation: str, rel_schema: pa.Schema, schema: StructType) -> dict[str, Any]:
