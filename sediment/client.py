@@ -403,6 +403,11 @@ class Client:
             if isinstance(t, RemoteTransaction):
                 t.settle(state)
 
+    def txn_state(self, txn: int) -> str:
+        """The server's word on transaction ``txn``: open, committed, aborted, or unknown (a
+        server that restarted since, or forgot it among many), after a commit whose answer was lost."""
+        return str(self._action(Action.TXN_STATE, txn=int(txn)))
+
     def abort_group(self, group: str) -> int:
         """Abort every open transaction of ``group``; how many there were."""
         return int(self._action(Action.ABORT_GROUP, group=group))

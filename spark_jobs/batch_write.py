@@ -31,6 +31,7 @@ from pyspark.sql.types import StructType
 
 from sediment.arrow_codec import schema_from_text, schema_to_text
 from sediment.errors import InvalidArgument, SchemaMismatch, TimeAlreadySealed
+from sediment.spark_jobs.job_commit import commit_job, seal_through
 from sediment.spark_jobs.options import (
     BATCH_READ,
     DIFF,
@@ -62,6 +63,7 @@ class SedimentCommitMessage(WriterCommitMessage):
     partition: int | None = None
     txn: int | None = None  # the attempt's transaction (None: it wrote nothing)
     group: str | None = None  # the stream sink's transaction group of the attempt
+    query: str | None = None  # the stream sink's Spark query id (stable across restarts of its checkpoint)
 
 
 def omitted(client: Any, relation: str, rel_schema: pa.Schema, schema: StructType) -> dict[str, Any]:
@@ -251,14 +253,15 @@ class SedimentWriter(WriterBase, DataSourceArrowWriter):
 
     def commit(self, messages: list[SedimentCommitMessage | None]) -> None:
         done = [m for m in messages if m is not None]
+        commit_job(lambda: connect(self.uri, self.token, self.relation), [m.txn for m in done if m.txn is not None],
+                   group=self.group, relation=self.relation)
         with connect(self.uri, self.token, self.relation) as client:
-            client.commit_all([m.txn for m in done if m.txn is not None], group=self.group)
             if self.seal:
                 fixed = self.time if self.time is not None else self.open_time
                 t = fixed if fixed is not None else max(
                     (m.max_time for m in done if m.max_time is not None), default=None)
-                if t is not None and t > client.sealed(self.relation):
-                    client.seal(self.relation, t)
+                if t is not None:
+                    seal_through(client, self.relation, t)
 
     def abort(self, messages: list[SedimentCommitMessage | None]) -> None:
         with connect(self.uri, self.token, self.relation) as client:

@@ -50,6 +50,7 @@ from pyspark.sql.types import StructType
 from sediment.errors import BulkSealUnknown, InvalidArgument, SchemaMismatch, TimeAlreadySealed
 from sediment.spark_jobs.batch_write import READ_ONLY, check_columns, omitted
 from sediment.spark_jobs.bulk_commit import abort_load, commit_load
+from sediment.spark_jobs.job_commit import seal_through
 from sediment.spark_jobs.options import (
     DIFF,
     FORMAT,
@@ -112,8 +113,8 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
                 raise BulkSealUnknown(f"bulk load {job!r} of relation {relation!r} committed (an earlier attempt "
                                       "did), but the coordinator did not keep its last time: nothing was sealed; "
                                       "seal the relation at the frame's last time yourself")
-            if t is not None and t > client.sealed(relation):
-                client.seal(relation, t)
+            if t is not None:
+                seal_through(client, relation, t)
     return result
 
 

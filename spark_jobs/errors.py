@@ -25,7 +25,7 @@ def sediment_error(exc: BaseException) -> errors.SedimentError | None:
     if isinstance(exc, errors.SedimentError):
         return exc
     found: errors.SedimentError | None = None
-    for line in str(exc).splitlines():
+    for line in "\n".join(_texts(exc)).splitlines():
         m = _LINE.search(line.strip())
         if m is None:
             continue
@@ -36,6 +36,20 @@ def sediment_error(exc: BaseException) -> errors.SedimentError | None:
             except TypeError:
                 continue
     return found
+
+
+def _texts(exc: BaseException) -> list[str]:
+    """The exception's text, then its causes' (outermost first). A streaming query's failure
+    (``StreamingQueryException``) says only "Writing job failed": the task's or commit's
+    Python traceback is in the cause PySpark keeps (``_cause``), not in its text."""
+    texts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(texts) < 16:
+        seen.add(id(current))
+        texts.append(str(current))
+        current = getattr(current, "_cause", None) or current.__cause__
+    return texts
 
 
 @contextmanager

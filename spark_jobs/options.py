@@ -81,9 +81,31 @@ def check_options(options: Mapping[str, Any], *, refused: Iterable[str] = (), wh
         raise InvalidArgument(
             f"the sediment data source has no option {', '.join(repr(k) for k in unknown)} (option names are "
             f"case-insensitive; known: {', '.join(sorted(KNOWN))}); remove it or fix its spelling")
+    check_values(options)
     bad = sorted(keys & {k.lower() for k in refused} - {""})
     if bad and any(options.get(k) not in (None, "") for k in bad):
         raise InvalidArgument(f"option(s) {', '.join(repr(k) for k in bad)} do not apply when {what}; remove them")
+
+
+POSITIVE = {"split_rows": int, "batch_rows": int, "maxtimespertrigger": int, "lease_seconds": float}
+
+
+def check_values(options: Mapping[str, Any]) -> None:
+    """The sizes and durations among the options are numbers > 0, checked where Spark plans:
+    ``lease_seconds="x"`` must not reach a task as Python's ValueError, nor ``split_rows=0``
+    silently mean the default."""
+    given = {str(k).lower(): v for k, v in options.items()}
+    for key, kind in POSITIVE.items():
+        value = given.get(key)
+        if value is None or str(value).strip() == "":
+            continue
+        try:
+            number = kind(str(value).strip())
+        except ValueError:
+            number = None
+        if number is None or not 0 < number < float("inf"):
+            raise InvalidArgument(f"option {key!r} must be {'an integer' if kind is int else 'a number'} > 0, "
+                                  f"not {value!r} ({KNOWN.get(key, key)})")
 
 
 def required(options: Mapping[str, Any], key: str) -> str:

@@ -16,7 +16,11 @@ the batch again after a failure:
   the last recorded batch again was committed before (Spark replays the last batch after a
   restart), so its new transactions are aborted instead, and only the seals that may not
   have happened yet are redone; an older batch means the checkpoint was reset while the
-  sink's progress was kept, and is refused (TransactionError) rather than skipped.
+  sink's progress was kept, and is refused (TransactionError) rather than skipped. So is
+  the last batch again when it comes from another Spark query (the progress row keeps the
+  query id its tasks saw, which a restart from the checkpoint keeps and a reset checkpoint
+  changes): a reset query's micro-batch 0 after a sink that committed only batch 0 would
+  otherwise pass for a replay, and its rows be dropped without a word.
 
 The sink's identity is its checkpoint location plus the relation (stable across restarts of
 the query, as Spark's own query id is), or ``queryName`` without a checkpoint location.
@@ -37,9 +41,11 @@ from pyspark.sql.types import StructType
 
 from sediment.errors import InvalidArgument, RelationExists, TransactionError
 from sediment.spark_jobs.batch_write import SedimentCommitMessage, WriterBase
+from sediment.spark_jobs.job_commit import commit_job, seal_through
 from sediment.spark_jobs.options import connect
 
-PROGRESS_SCHEMA = pa.schema([("batch", pa.int64()), ("data_time", pa.int64())])
+PROGRESS_SCHEMA = pa.schema([("batch", pa.int64()), ("data_time", pa.int64()), ("query", pa.string())])
+QUERY_ID = "sql.streaming.queryId"  # the local property Spark gives a streaming query's tasks
 
 
 def sink_id(options: dict[str, str], relation: str) -> str:
@@ -50,16 +56,36 @@ def sink_id(options: dict[str, str], relation: str) -> str:
     return hashlib.sha256(f"{where}\0{relation}".encode()).hexdigest()[:24]
 
 
-def last_committed(client: Any, progress: str) -> tuple[int, int]:
-    """(last committed batch, its data time), or (-1, -1): from every committed update."""
-    net: dict[tuple[int, int], int] = {}
+def last_committed(client: Any, progress: str) -> tuple[int, int, str | None]:
+    """(last committed batch, its data time, the Spark query id that committed it, None when
+    unknown), or (-1, -1, None): from every committed update."""
+    net: dict[tuple[int, int, str | None], int] = {}
     for batch in client.replay(progress):
         t = pa.Table.from_batches([batch])
-        for b, dt, d in zip(t.column("batch").to_pylist(), t.column("data_time").to_pylist(),
-                            t.column("diff").to_pylist(), strict=True):
-            net[(b, dt)] = net.get((b, dt), 0) + d
+        queries = t.column("query").to_pylist() if "query" in t.column_names else [None] * t.num_rows
+        for b, dt, q, d in zip(t.column("batch").to_pylist(), t.column("data_time").to_pylist(), queries,
+                               t.column("diff").to_pylist(), strict=True):
+            net[(b, dt, q)] = net.get((b, dt, q), 0) + d
     live = [k for k, v in net.items() if v > 0]
-    return max(live) if live else (-1, -1)
+    return max(live, key=lambda k: (k[0], k[1])) if live else (-1, -1, None)
+
+
+def progress_relation(client: Any, name: str) -> None:
+    """Create the sink's progress relation, or give one made before it kept query ids the
+    ``query`` column (older rows read it as null: their replays are told apart as before)."""
+    try:
+        client.add_relation(name, PROGRESS_SCHEMA)
+    except RelationExists:
+        if "query" not in client.schema(name).names:
+            client.alter_relation(name, add=[pa.field("query", pa.string())])
+
+
+def query_id() -> str | None:
+    """The Spark query id this task runs for (None outside a streaming query's task)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.getLocalProperty(QUERY_ID) if ctx is not None else None
 
 
 class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
@@ -72,10 +98,7 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
             self.sink = sink_id(options, self.relation)
             self.run = uuid.uuid4().hex[:12]  # Spark numbers stages from 0 in every application
             self.progress = f"_spark_sink.{self.sink}"
-            try:
-                client.add_relation(self.progress, PROGRESS_SCHEMA)
-            except RelationExists:
-                pass
+            progress_relation(client, self.progress)
 
     def _group(self) -> str:
         from pyspark import TaskContext
@@ -90,30 +113,38 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
                 time = client.sealed(self.relation) + 1
         message = self._write(iterator, self._group(), time)
         message.group = self._group()
+        message.query = query_id()
         return message
 
     def commit(self, messages: list[SedimentCommitMessage | None], batchId: int) -> None:  # noqa: N803
         done = [m for m in messages if m is not None]
         groups = sorted({getattr(m, "group", "") for m in done} - {""})
         with connect(self.uri, self.token, self.relation) as client:
-            last, last_time = last_committed(client, self.progress)
+            last, last_time, last_query = last_committed(client, self.progress)
+            query = next((m.query for m in done if getattr(m, "query", None)), None)
             if batchId <= last:
                 for g in groups:
                     client.abort_group(g)
-                if batchId < last:  # Spark replays only its last batch: this is another query's history
+                other = batchId == last and query is not None and last_query is not None and query != last_query
+                if batchId < last or other:  # Spark replays only its last batch, in the same query
                     raise TransactionError(
-                        f"micro-batch {batchId} is older than batch {last}, the last one this sink committed to "
-                        f"{self.relation!r} (progress relation {self.progress!r}): the query's checkpoint was "
-                        "reset or reused; give the new query its own checkpointLocation")
+                        f"micro-batch {batchId} {'is older than' if batchId < last else 'of another query repeats'} "
+                        f"batch {last}, the last one this sink committed to {self.relation!r} (progress relation "
+                        f"{self.progress!r}): the query's checkpoint was reset or reused; give the new query its "
+                        "own checkpointLocation")
                 self._seal(client, last, last_time)  # a replay of the committed batch: keep the first
                 return
             data_time = self._data_time(done)
             marker = client.transaction()
-            rows = [(batchId, data_time, batchId, 1)] + ([(last, last_time, batchId, -1)] if last >= 0 else [])
+            rows = [(batchId, data_time, query, batchId, 1)] + (
+                [(last, last_time, last_query, batchId, -1)] if last >= 0 else [])
             marker.append(self.progress, pa.table({
-                "batch": [r[0] for r in rows], "data_time": [r[1] for r in rows],
-                "time": pa.array([r[2] for r in rows], pa.int64()), "diff": pa.array([r[3] for r in rows], pa.int64())}))
-            client.commit_all([*(m.txn for m in done if m.txn is not None), marker])
+                "batch": pa.array([r[0] for r in rows], pa.int64()), "data_time": pa.array([r[1] for r in rows], pa.int64()),
+                "query": pa.array([r[2] for r in rows], pa.string()),
+                "time": pa.array([r[3] for r in rows], pa.int64()), "diff": pa.array([r[4] for r in rows], pa.int64())}))
+            commit_job(lambda: connect(self.uri, self.token, self.relation),
+                       [*(m.txn for m in done if m.txn is not None), marker.id], group=None, relation=self.relation,
+                       job=f"micro-batch {batchId} of sink {self.progress}")
             for g in groups:
                 client.abort_group(g)
             self._seal(client, batchId, data_time)
@@ -132,8 +163,8 @@ class SedimentStreamWriter(WriterBase, DataSourceStreamArrowWriter):
         if client.sealed(self.progress) < batch:
             client.seal(self.progress, batch)
             client.set_since(self.progress, batch)
-        if data_time >= 0 and (self.seal or not self.has_time) and client.sealed(self.relation) < data_time:
-            client.seal(self.relation, data_time)
+        if data_time >= 0 and (self.seal or not self.has_time):
+            seal_through(client, self.relation, data_time)
 
     def abort(self, messages: list[SedimentCommitMessage | None], batchId: int) -> None:  # noqa: N803
         with connect(self.uri, self.token, self.relation) as client:

@@ -122,6 +122,11 @@ def test_bad_options_fail_on_the_driver_before_any_job_with_sediment_s_error(spa
         with pytest.raises(InvalidArgument, match="'raw' must be true or false"):
             with sediment_errors():
                 load(spark, c, raw="maybe")
+        for key, value in (("lease_seconds", "x"), ("lease_seconds", "nan"), ("split_rows", "0"),
+                           ("split_rows", "-5"), ("batch_rows", "0")):  # not a ValueError in a task, nor the default
+            with pytest.raises(InvalidArgument, match=f"option '{key}' must be an? .* > 0, not '{value}'"):
+                with sediment_errors():
+                    load(spark, c, **{key: value}).collect()
     finally:
         sc.setJobGroup("", "")
     assert sc.statusTracker().getJobIdsForGroup("bad-options") == []  # every check ran at plan time

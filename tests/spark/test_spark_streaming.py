@@ -16,6 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+import sediment
+
 pytest.importorskip("pyspark", reason="the Spark tests need PySpark (pip install -e '.[test]')")
 
 from support.fixtures_spark import append_updates, append_wal_tail  # noqa: E402
@@ -317,3 +319,97 @@ def test_a_stream_reads_a_large_wal_tail_in_parallel_tasks(spark, coordinator, t
     assert tasks >= 3
     held = c.server._held_tails.leases()
     assert set(held) <= set(c.engine.collector.readers.leases), (held, c.engine.collector.readers.leases)  # rows only for live leases
+
+
+def test_a_failed_stream_query_gives_sediment_s_typed_error(spark, tmp_path):
+    """A micro-batch whose tasks fail with a sediment error (the coordinator, a ``sediment
+    serve`` process, SIGKILLed by a task): the query's own exception says only "Writing job
+    failed" (the tasks' traceback is in its cause), and ``sediment_errors()`` around
+    ``awaitTermination`` still gives the one line."""
+    from pyspark.sql import functions as F
+    from support.served import Served
+
+    from sediment.errors import CoordinatorUnavailable
+
+    served = Served(tmp_path / "data")
+    try:
+        with sediment.connect(served.uri, token=served.token) as client:
+            client.add_relation("orders", SCHEMA)
+        pid, marker = served.proc.pid, str(tmp_path / "killed")
+
+        @F.udf("long", useArrow=False)
+        def kill_on_first(i: int) -> int:
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(pid, signal.SIGKILL)
+            return i
+
+        src = tmp_path / "in"
+        src.mkdir()
+        (src / "f0.json").write_text(json.dumps({"id": 1, "item": "x"}) + "\n")
+        q = (spark.readStream.schema("id long, item string").json(str(src)).select(kill_on_first("id").alias("id"), "item")
+             .writeStream.format("sediment").option("uri", served.uri).option("token", served.token)
+             .option("relation", "orders").option("checkpointLocation", str(tmp_path / "ck")).start())
+        try:
+            with pytest.raises(CoordinatorUnavailable, match="no coordinator answered") as info:
+                with sediment_errors():
+                    q.awaitTermination(120)
+            assert len(str(info.value).splitlines()) == 1
+        finally:
+            q.stop()
+    finally:
+        served.kill()
+
+
+def test_a_reset_checkpoint_s_first_batch_is_refused_not_taken_for_a_replay(spark, coordinator, tmp_path):
+    """A sink that committed only micro-batch 0, then its checkpoint deleted and the query
+    started again on the same location: the new query's batch 0 is no replay of the old one
+    (another Spark query id), so it is refused like an older batch, not dropped in silence."""
+    import shutil
+
+    c = coordinator()
+    c.engine.add_relation("orders", SCHEMA)
+    src = tmp_path / "in"
+    src.mkdir()
+
+    def start():
+        return (spark.readStream.schema("id long, item string").json(str(src))
+                .writeStream.format("sediment").options(**c.options("orders"))
+                .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+
+    (src / "f0.json").write_text(json.dumps({"id": 1, "item": "a"}) + "\n")
+    start().awaitTermination(120)
+    assert [b.column("id").to_pylist() for b in c.engine.replay("orders")] == [[1]]
+    shutil.rmtree(tmp_path / "ck")
+    (src / "f1.json").write_text(json.dumps({"id": 2, "item": "b"}) + "\n")
+    q = start()
+    try:
+        with pytest.raises(TransactionError, match="micro-batch 0 of another query repeats batch 0.*checkpoint was reset"):
+            with sediment_errors():
+                q.awaitTermination(120)
+    finally:
+        q.stop()
+    assert sorted(i for b in c.engine.replay("orders") for i in b.column("id").to_pylist()) == [1]  # nothing more
+
+
+def test_a_progress_relation_from_before_query_ids_gains_the_column_and_keeps_its_batches(coordinator, tmp_path):
+    """A sink whose progress relation was made with (batch, data_time) only: the writer adds
+    the ``query`` column, a replay of its last batch is still skipped, and the next commits."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    c = coordinator()
+    c.engine.add_relation("orders", SCHEMA)
+    options = {**c.options("orders"), "checkpointlocation": str(tmp_path / "ck")}
+    progress = f"_spark_sink.{stream_write.sink_id(options, 'orders')}"
+    c.engine.add_relation(progress, pa.schema([("batch", pa.int64()), ("data_time", pa.int64())]))
+    c.engine.append(progress, pa.table({"batch": pa.array([0], pa.int64()), "data_time": pa.array([0], pa.int64()),
+                                        "time": pa.array([0], pa.int64()), "diff": pa.array([1], pa.int64())}))
+    c.engine.seal(progress, 0)
+    schema = StructType([StructField("id", LongType()), StructField("item", StringType())])
+    batch = pa.record_batch([pa.array([1], pa.int64()), pa.array(["tea"])], names=["id", "item"])
+    for batch_id in (0, 1):
+        writer = stream_write.SedimentStreamWriter(options, schema, False)
+        writer.commit([writer.write(iter([batch]))], batch_id)
+    assert c.engine.schema(progress).names == ["batch", "data_time", "query"]
+    assert sum(b.num_rows for b in c.engine.replay("orders")) == 1  # batch 0 skipped as a replay, batch 1 taken
+    assert c.server.open_transactions == []
