@@ -406,7 +406,9 @@ class Client:
     def txn_state(self, txn: int) -> str:
         """The server's word on transaction ``txn``: open, committed, aborted, or unknown (a
         server that restarted since, or forgot it among many), after a commit whose answer was lost."""
-        return str(self._action(Action.TXN_STATE, txn=int(txn)))
+        if isinstance(txn, bool) or not isinstance(txn, int):
+            raise errors.InvalidArgument(f"txn_state takes a transaction id (an int), not {txn!r}")
+        return str(self._action(Action.TXN_STATE, txn=txn))
 
     def abort_group(self, group: str) -> int:
         """Abort every open transaction of ``group``; how many there were."""

@@ -83,3 +83,18 @@ def test_an_unreachable_cluster_is_one_typed_line_on_stderr_not_a_screen_of_warn
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.startswith("typed: cannot reach ZooKeeper"), done.stdout + done.stderr
     assert done.stderr == "", done.stderr
+
+
+def test_txn_state_takes_an_int_id(served):
+    """A transaction id that is not an int is refused before any call (``int("x")`` was a bare
+    ValueError); a real one is answered."""
+    with served.client() as client:
+        for bad in ("x", 1.5, True, None):
+            with pytest.raises(errors.InvalidArgument, match="transaction id"):
+                client.txn_state(bad)
+        client.add_relation("r", SCHEMA)
+        tx = client.transaction()
+        tx.append("r", ups([(1, "a", 1, 1)]))
+        assert client.txn_state(tx.id) == "open"
+        tx.commit()
+        assert client.txn_state(tx.id) == "committed"
