@@ -20,15 +20,12 @@ left open). Tables staged for an ``append_many`` are dropped after as long witho
 from __future__ import annotations
 
 import functools
-import hmac
 import json
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -37,26 +34,30 @@ from sediment import errors
 from sediment.arrow_codec import schema_to_text
 from sediment.clock import MONOTONIC, Clock
 from sediment.engine import staged
-from sediment.engine.args import check_bool, check_number, check_str
+from sediment.engine.args import check_bool, check_number
 from sediment.engine.schema import check_name, update_schema
 from sediment.errors import SedimentError, TransactionError
 from sediment.net import grpc_setup, keyed
 from sediment.net.alter_wire import decode_alter, wire_schema
-from sediment.net.append_serving import PLAIN_ARGS, serve_append_stream
+from sediment.net.append_serving import (
+    DEFAULT_MAX_APPEND_BYTES,
+    PLAIN_ARGS,
+    read_bounded,
+    serve_append_stream,
+)
 from sediment.net.append_stream import EXCHANGE_VERSION
 from sediment.net.feed_streams import FeedStreams
 from sediment.net.held_tails import HeldTails, serve_hold, serve_tail_part
 from sediment.net.messages import FIELDS, Action, Exchange, Get, Put
 from sediment.net.protocol import (
-    AUTH_HEADER,
     PLAN_METADATA_KEY,
     PROTOCOL_VERSION,
-    TOKEN_ENV,
     decode_locks,
     field,
     json_arg,
     plan_metadata,
 )
+from sediment.net.server_access import BearerTokenMiddlewareFactory, listen_location, resolve_token
 from sediment.net.shared_feeds import SharedFeeds
 from sediment.net.staged_tables import StagedTables
 from sediment.net.tls import check_tls_pem
@@ -79,50 +80,6 @@ FEED_POLL = 1.0  # seconds a feed stream waits for an event before checking that
 log = logging.getLogger(__name__)
 
 
-def resolve_token(token: str | None) -> str:
-    """The shared secret: the argument, else ``$SEDIMENT_TOKEN``. There is no anonymous mode:
-    a coordinator that accepts writes from anyone who can reach the port is a foot-gun."""
-    token = token if token is not None else os.environ.get(TOKEN_ENV)
-    if not token:
-        raise errors.InvalidArgument(f"no token for the sediment server: pass token=... (or --token), or set "
-                                     f"${TOKEN_ENV}")
-    return check_str(token, "token (the server's shared secret)", allow_none=False)
-
-
-class BearerTokenMiddlewareFactory(flight.ServerMiddlewareFactory):
-    """Checks ``authorization: Bearer <token>`` on every call before its handler runs, so no
-    RPC kind (including ones sediment does not implement) is reachable without the token."""
-
-    def __init__(self, token: str) -> None:
-        super().__init__()
-        self._expected = f"Bearer {token}".encode()
-
-    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> None:
-        for value in headers.get(AUTH_HEADER, []):
-            given = value if isinstance(value, bytes) else str(value).encode()
-            if hmac.compare_digest(given, self._expected):
-                return None
-        what = "a wrong" if headers.get(AUTH_HEADER) else "no"
-        raise flight.FlightUnauthenticatedError(
-            f"sediment server: {info.method} call with {what} token; send the server's token "
-            f"(sediment.connect(uri, token=...) or ${TOKEN_ENV})")
-
-
-def _listen_location(location: str, tls: tuple[bytes, bytes] | None) -> tuple[str, Any]:
-    """The location to listen on, checked (``grpc+tls://`` exactly when ``tls`` is given)."""
-    check_str(location, "location (grpc://HOST:PORT to listen on)", allow_none=False)
-    parsed = urlparse(location)
-    if tls is not None and parsed.scheme == "grpc":  # the same address, served with TLS
-        location = "grpc+tls" + location[len("grpc"):]
-        parsed = urlparse(location)
-    if parsed.scheme not in ("grpc", "grpc+tcp", "grpc+tls") or not parsed.hostname or parsed.port is None:
-        raise errors.InvalidArgument(f"cannot serve on {location!r}: give grpc://HOST:PORT (PORT 0 picks a free port)")
-    if (parsed.scheme == "grpc+tls") != (tls is not None):
-        raise errors.InvalidArgument(f"cannot serve on {location!r}: grpc+tls:// needs tls=(cert, key), and TLS "
-                                     "needs grpc+tls://")
-    return location, parsed
-
-
 class SedimentFlightServer(flight.FlightServerBase):
     """Serves ``engine`` on ``location`` (it listens as soon as it is constructed; ``port`` and
     ``uri`` say where). :meth:`stop` stops listening, waits for calls under way and aborts the
@@ -131,18 +88,24 @@ class SedimentFlightServer(flight.FlightServerBase):
     def __init__(self, engine: Engine, location: str = DEFAULT_LOCATION, token: str | None = None, *,
                  close_engine: bool = False, txn_idle_timeout: float | None = DEFAULT_TXN_IDLE_TIMEOUT,
                  clock: Clock = MONOTONIC, tls: tuple[bytes, bytes] | None = None,
-                 stop_grace: float = DEFAULT_STOP_GRACE) -> None:
+                 stop_grace: float = DEFAULT_STOP_GRACE, max_append_bytes: int | None = None) -> None:
         """``txn_idle_timeout``: seconds a transaction may go without a call before it is
         aborted (None: never), and tables staged for an ``append_many`` before they are dropped
         (with None: DEFAULT_TXN_IDLE_TIMEOUT); ``clock`` measures it (tests pass their own). ``stop_grace``:
         seconds :meth:`stop` waits for calls still running when it is given no grace. ``tls``: the
         server's (certificate chain, private key) in PEM; then ``location`` is
-        ``grpc+tls://HOST:PORT`` and clients must connect with TLS (the token is still required)."""
+        ``grpc+tls://HOST:PORT`` and clients must connect with TLS (the token is still required).
+        ``max_append_bytes``: the most Arrow bytes of one append or staged table the server holds
+        (it holds a whole append before applying it; None: 1 GiB); a larger one is refused, nothing applied."""
         self._token = resolve_token(token)
         check_number(txn_idle_timeout, "txn_idle_timeout (seconds)", allow_none=True)
         self.stop_grace = check_number(stop_grace, "stop_grace (seconds)", low_open=False)
+        max_append_bytes = DEFAULT_MAX_APPEND_BYTES if max_append_bytes is None else max_append_bytes
+        if isinstance(max_append_bytes, bool) or not isinstance(max_append_bytes, int) or max_append_bytes <= 0:
+            raise errors.InvalidArgument(f"max_append_bytes must be a positive int of bytes, not {max_append_bytes!r}")
+        self.max_append_bytes = max_append_bytes
         check_bool(close_engine, "close_engine")
-        location, parsed = _listen_location(location, tls)
+        location, parsed = listen_location(location, tls)
         if tls is not None:
             check_tls_pem(*tls, "tls[0] (the certificate)", "tls[1] (the key)")
         self.scheme = "grpc+tls" if tls is not None else "grpc"
@@ -379,7 +342,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             if op == Put.APPEND_STREAM:
                 self._serve_appends(name, args, reader, writer.write)
                 return
-            table = reader.read_all()
+            table = read_bounded(reader, self.max_append_bytes)
             if op == Put.APPEND:
                 self._append(name, table, args.get("txn"), args.get("locks"))
             elif op == Put.APPEND_ONCE and hasattr(self.engine, "append_once"):  # a cluster member's
@@ -428,7 +391,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         # Engine has append_queued, a cluster member not
         queued = getattr(self.engine, "append_queued", None) if args.get("queue") is True else None
         serve_append_stream(reader, send, append, lambda: self._stopped,
-                            None if queued is None else functools.partial(queued, name))
+                            None if queued is None else functools.partial(queued, name), self.max_append_bytes)
 
     def _append(self, name: str, table: pa.Table, txn: object, locks: object) -> None:
         """One append as the client asked for it: plain, with locks, or into a transaction."""

@@ -1,4 +1,4 @@
-"""Argument types for durations on the command line, shared by the commands' parsers.
+"""Argument types for durations and sizes on the command line, shared by the commands' parsers.
 
 ``type=float`` took ``-1``, ``nan`` and ``inf``: a ``tail --idle-timeout nan`` then waited
 forever and a negative ``--shutdown-grace`` was used as given. A duration is a finite number
@@ -30,3 +30,14 @@ def seconds(text: str) -> float:
 def positive_seconds(text: str) -> float:
     """A duration of more than zero seconds."""
     return _seconds(text, zero=False)
+
+
+def positive_bytes(text: str) -> int:
+    """A size of one or more bytes (an integer)."""
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: give a positive integer number of bytes")
+    return size

@@ -101,7 +101,8 @@ def serve_cluster(args: argparse.Namespace, location: str, token: str, tls: tupl
     where = layout.ClusterPath.parse(_cluster_uri(args, "cluster"))
     member = Member(where, args.advertise or "", data_dir_of(args))
     server = SedimentFlightServer(ClusterEngine(member), location, token,
-                                  txn_idle_timeout=args.txn_idle_timeout or None, tls=tls)
+                                  txn_idle_timeout=args.txn_idle_timeout or None, tls=tls,
+                                  max_append_bytes=args.max_append_bytes)
     advertise = member.advertise = args.advertise or server.uri
     metrics = None
     try:

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sediment._fs import remove_tree_durable
-from sediment.cli.arg_types import seconds
+from sediment.cli.arg_types import positive_bytes, seconds
 from sediment.cli.common import data_dir_of, open_engine
 from sediment.cli.discover import advertised
 from sediment.cli.files import UsageError
@@ -75,6 +75,9 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p.add_argument("--txn-idle-timeout", type=seconds, default=600.0, metavar="SECONDS",
                    help="abort a transaction that no call has named for this long: an open transaction "
                         "holds back compaction (default 600; 0 never)")
+    p.add_argument("--max-append-bytes", type=positive_bytes, default=None, metavar="BYTES",
+                   help="refuse an append (or a table staged for append_many) whose Arrow buffers pass this "
+                        "many bytes: the server holds a whole append before applying it (default 1 GiB)")
     p.add_argument("--cluster", default=None, metavar="zk://HOST:PORT/NAME",
                    help="join this cluster of coordinators (`sediment cluster create` records it) and serve "
                         "the partitions assigned to this member; --data-dir holds their local state")
@@ -135,7 +138,7 @@ def _start(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes
         if on_failed is not None and getattr(engine, "failed_listeners", None) is not None:
             engine.failed_listeners.append(on_failed)
         return engine, SedimentFlightServer(engine, location, token, txn_idle_timeout=args.txn_idle_timeout or None,
-                                            tls=tls)
+                                            tls=tls, max_append_bytes=args.max_append_bytes)
     except BaseException:
         engine.close()
         if fresh:

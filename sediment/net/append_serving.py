@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from sediment.errors import InvalidArgument
 from sediment.net.append_stream import ACK_OK, PLAIN, PROBE
 from sediment.net.protocol import json_arg
 from sediment.net.wire_errors import error_detail
@@ -25,11 +26,36 @@ from sediment.net.wire_errors import error_detail
 Send = Callable[[pa.Buffer], None]  # writes one acknowledgement (a metadata message) to the client
 
 PLAIN_ARGS: dict[str, Any] = {"txn": None}  # the metadata of a plain append, decoded once
+DEFAULT_MAX_APPEND_BYTES = 1 << 30  # the most Arrow bytes of one append (or staged table) a server holds
+
+
+def too_big(limit: int) -> InvalidArgument:
+    """The refusal of an append whose batches pass ``limit`` bytes: the server holds a whole append
+    before applying it (all or nothing), so one client could otherwise take all its memory."""
+    return InvalidArgument(f"an append of more than {limit} bytes (Arrow buffers) was refused and nothing of it "
+                           "was applied: split it into smaller appends (a transaction keeps them all or nothing), "
+                           "or start the server with a larger --max-append-bytes")
+
+
+def read_bounded(reader: flight.MetadataRecordBatchReader, limit: int) -> pa.Table:
+    """A do_put's whole table, refused (:func:`too_big`) once its batches pass ``limit`` bytes."""
+    parts, held = [], 0
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return pa.Table.from_batches(parts, schema=reader.schema)
+        if chunk.data is not None:
+            held += chunk.data.nbytes
+            if held > limit:
+                raise too_big(limit)
+            parts.append(chunk.data)
 
 
 def serve_append_stream(reader: flight.MetadataRecordBatchReader, send: Send,
                         append: Callable[[pa.Table, dict[str, Any]], None], stopping: Callable[[], bool],
-                        queue: Callable[[pa.Table], Queued] | None = None) -> None:
+                        queue: Callable[[pa.Table], Queued] | None = None,
+                        max_bytes: int = DEFAULT_MAX_APPEND_BYTES) -> None:
     """Each append (batches up to one with metadata) goes to ``append(table, metadata)``
     (``PLAIN_ARGS`` itself for a plain append) and is acknowledged with ``send``; returns when
     the client ends the stream, or once ``stopping()``: right after an acknowledgement, or
@@ -40,13 +66,17 @@ def serve_append_stream(reader: flight.MetadataRecordBatchReader, send: Send,
     they arrive and acknowledged in order by a second thread once durable (:class:`Acks`), so
     a pipelining client's appends share group commits and the next one is read and decoded
     while the earlier ones are written; other appends are applied here, after the ones queued
-    before them."""
+    before them. An append whose batches pass ``max_bytes`` is read to its end without being
+    kept and refused (:func:`too_big`); the stream goes on."""
     if queue is None:
-        for table, meta in _appends(reader):
+        for table, meta in _appends(reader, max_bytes):
             if stopping():
                 return
             if meta == PROBE:
                 send(pa.py_buffer(PROBE))
+                continue
+            if table is None:
+                send(pa.py_buffer(error_ack(too_big(max_bytes))))
                 continue
             send(pa.py_buffer(_outcome(append, table, PLAIN_ARGS if meta == PLAIN else None, meta)))
             if stopping():
@@ -54,11 +84,13 @@ def serve_append_stream(reader: flight.MetadataRecordBatchReader, send: Send,
         return
     acks = Acks(send)
     try:
-        for table, meta in _appends(reader):
+        for table, meta in _appends(reader, max_bytes):
             if stopping():
                 return
             if meta == PROBE:
                 acks.put(PROBE)  # answered in order, after the acknowledgements before it
+            elif table is None:
+                acks.put(error_ack(too_big(max_bytes)))
             elif meta == PLAIN:
                 try:
                     acks.put(queue(table))
@@ -175,16 +207,24 @@ def _settled(queued: Queued) -> bytes:
     return ACK_OK
 
 
-def _appends(reader: flight.MetadataRecordBatchReader) -> Iterator[tuple[pa.Table, bytes]]:
+def _appends(reader: flight.MetadataRecordBatchReader, max_bytes: int) -> Iterator[tuple[pa.Table | None, bytes]]:
+    """Each append of the stream (its batches, up to the one with metadata) and its metadata;
+    None for the table of an append that passed ``max_bytes`` (its batches were let go)."""
     parts: list[pa.RecordBatch] = []
+    held, over = 0, False
     schema = reader.schema
     while True:
         try:
             chunk = reader.read_chunk()
         except StopIteration:
             return
-        if chunk.data is not None:
-            parts.append(chunk.data)
+        if chunk.data is not None and not over:
+            held += chunk.data.nbytes
+            over = held > max_bytes
+            if over:
+                parts = []  # let go: the rest of this append is read and dropped
+            else:
+                parts.append(chunk.data)
         if chunk.app_metadata is not None:
-            yield pa.Table.from_batches(parts, schema=schema), chunk.app_metadata.to_pybytes()
-            parts = []
+            yield None if over else pa.Table.from_batches(parts, schema=schema), chunk.app_metadata.to_pybytes()
+            parts, held, over = [], 0, False
