@@ -32,12 +32,21 @@ def positive_seconds(text: str) -> float:
     return _seconds(text, zero=False)
 
 
+def _positive(text: str, what: str, unit: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: give a positive integer{unit}")
+    return n
+
+
+def positive_count(text: str) -> int:
+    """A count of one or more."""
+    return _positive(text, "count", "")
+
+
 def positive_bytes(text: str) -> int:
     """A size of one or more bytes (an integer)."""
-    try:
-        size = int(text)
-    except ValueError:
-        size = 0
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: give a positive integer number of bytes")
-    return size
+    return _positive(text, "size", " number of bytes")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import sediment
-from sediment.cli.arg_types import positive_seconds
+from sediment.cli.arg_types import positive_count, positive_seconds
 from sediment.cli.cluster import add_cluster_parser
 from sediment.cli.commands import (
     cmd_append,
@@ -56,16 +56,6 @@ def _time_arg(text: str) -> int:
     if not 0 <= t < 1 << 63:
         raise argparse.ArgumentTypeError(f"invalid time {text!r}: times are integers in [0, 2**63)")
     return t
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a positive integer") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a positive integer")
-    return n
 
 
 def _seconds_or_never(text: str) -> float | str:
@@ -137,7 +127,7 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
     p.add_argument("--take-over-blob-prefix", action="store_true", default=default(False),
                    help=doc("make this data directory the owner of a blob prefix another engine owns "
                             "(only once that engine is gone for good)"))
-    p.add_argument("--max-wal-backlog", type=_positive_int, default=default(None), metavar="BYTES",
+    p.add_argument("--max-wal-backlog", type=positive_count, default=default(None), metavar="BYTES",
                    help=doc("bytes of WAL not yet compacted beyond which appends wait for compaction "
                             "(default 1 GiB; at least 1 MiB)"))
     p.add_argument("--major-compaction-quiet", type=_seconds_or_never, default=default(None), metavar="SECONDS",
@@ -207,7 +197,7 @@ def _add_write_commands(command: Command) -> None:
                 relation=THE_RELATION)
     p.add_argument("file", metavar="FILE", help="the relation's columns plus int64 time and diff")
     p.add_argument("--format", choices=FORMATS, help="the file's format (default: from its extension)")
-    p.add_argument("--chunk-bytes", type=_positive_int, default=DEFAULT_CHUNK_BYTES, metavar="N",
+    p.add_argument("--chunk-bytes", type=positive_count, default=DEFAULT_CHUNK_BYTES, metavar="N",
                    help="CSV block size: the file is checked and appended in chunks of about N bytes")
 
     p = command("seal", cmd_seal, "close time T: no more updates at times <= T", relation=THE_RELATION)
@@ -227,7 +217,7 @@ def _add_read_commands(command: Command) -> None:
     p.add_argument("--resume", action="store_true",
                    help="with --as-of T: no snapshot, only the changes after T (to go on after a feed ended at "
                         "the progress line of time T)")
-    p.add_argument("--count", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--count", type=positive_count, default=None, metavar="N",
                    help="stop once N rows (snapshot, update or progress lines) have been printed")
     p.add_argument("--idle-timeout", type=positive_seconds, default=None, metavar="S",
                    help="stop after S seconds without an event (default: never)")
@@ -258,7 +248,7 @@ def _add_admin_commands(command: Command) -> None:
     command("cluster-key", cmd_cluster_key, "print a new cluster key for a set of storage nodes")
 
     p = command("demo", cmd_demo, "run a demonstration workload")
-    p.add_argument("--rows", type=_positive_int, default=1_000_000, metavar="N",
+    p.add_argument("--rows", type=positive_count, default=1_000_000, metavar="N",
                    help="about how many updates Spark generates and feeds (default 1000000)")
 
 
