@@ -41,13 +41,13 @@ from sediment.trace.batch_checksum import (  # noqa: E402,F401  (part of this mo
     object_checksum,
 )
 from sediment.trace.consolidate import first_unsorted
+from sediment.trace.parquet_layout import dictionary_columns, write_batch_rows
 from sediment.trace.raw import FORMAT_VERSION, RAW_FIELDS, RAW_VERSION, check_constants, footer_matches
 
 FORMAT_NAME = "sediment-trace-batch"
 META_PREFIX = "sediment."
 DEFAULT_ROW_GROUP_ROWS = 64 * 1024
 COMPRESSION = "zstd"
-_WRITE_BATCH_ROWS, _WRITE_BATCH_BYTES = 1024, 1 << 20  # Parquet's default write batch; its dictionary page limit
 U64_MAX = (1 << 64) - 1
 # Anything pyarrow or our own parsing raises on damaged bytes (UnicodeDecodeError is a ValueError).
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError, TypeError, OverflowError)
@@ -214,16 +214,6 @@ def _check_times(table: pa.Table | pa.RecordBatch, desc: BatchDescription) -> No
         )
 
 
-def write_batch_rows(sample: pa.Table | None) -> int:
-    """Rows per Parquet write batch (the values a writer encodes before it checks its
-    dictionary and page sizes): at most 1 MiB of ``sample``'s rows, at most Parquet's default
-    1,024. Why: Parquet falls back from a dictionary only between write batches, so 1,024
-    rows of 64 KiB made one 64 MiB dictionary page that every reader must decode whole,
-    whatever its memory bound."""
-    width = sample.nbytes // sample.num_rows if sample is not None and sample.num_rows else 0
-    return max(1, min(_WRITE_BATCH_ROWS, _WRITE_BATCH_BYTES // max(1, width)))
-
-
 class BatchWriter:
     """Write a batch incrementally to a sink, so a merge never holds its whole output.
 
@@ -259,6 +249,7 @@ class BatchWriter:
             write_page_checksum=True,
             write_statistics=True,
             write_batch_size=write_batch_rows(sample),
+            use_dictionary=dictionary_columns(sample),
         )
         return self._writer
 

@@ -21,8 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sediment.errors import BatchCorruption
-from sediment.trace.batch import BatchDescription, write_batch_rows
+from sediment.trace.batch import BatchDescription
 from sediment.trace.merge import merge_sorted
+from sediment.trace.parquet_layout import write_batch_rows
 from sediment.trace.raw import RAW_FIELDS, raw_run
 
 MIN_ROWS = 1024

@@ -1,0 +1,45 @@
+"""How batches are laid out in Parquet: dictionaries only where values repeat, same rows back."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sediment.trace.batch import BatchDescription, decode_batch, encode_batch
+from sediment.trace.parquet_layout import dictionary_columns
+
+
+def _fresh(n: int, start: int = 0) -> pa.Table:
+    blob = os.urandom(40 * n)
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
+                     "region": pa.array([f"r{i % 7}" for i in range(n)]),
+                     "payload": pa.array([blob[40 * i:40 * (i + 1)] for i in range(n)], pa.binary()),
+                     "time": pa.array([i // 1000 for i in range(n)], pa.int64()),
+                     "diff": pa.array([1] * n, pa.int64())})
+
+
+def test_distinct_columns_get_no_dictionary_and_repeating_ones_do():
+    assert dictionary_columns(_fresh(20_000)) == ["region", "time", "diff"]
+    chunked = pa.concat_tables([_fresh(1000, 1000 * k) for k in range(20)])  # the same judged over chunks
+    assert dictionary_columns(chunked) == ["region", "time", "diff"]
+
+
+def test_no_sample_a_small_one_or_a_nested_column_keep_parquets_default():
+    assert dictionary_columns(None) is True
+    assert dictionary_columns(_fresh(100)) is True
+    nested = _fresh(20_000).append_column("tags", pa.array([[i % 3] for i in range(20_000)], pa.list_(pa.int64())))
+    assert dictionary_columns(nested) is True
+
+
+def test_a_batch_of_fresh_ids_has_dictionary_pages_only_for_repeating_columns_and_reads_back_equal():
+    table = _fresh(150_000)
+    desc = BatchDescription(1, 0, 1000, 0, table.num_rows)
+    data = encode_batch(table, desc)
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    names = table.column_names
+    for g in range(meta.num_row_groups):
+        has = {names[c]: meta.row_group(g).column(c).has_dictionary_page for c in range(meta.num_columns)}
+        assert has == {"id": False, "region": True, "payload": False, "time": True, "diff": True}
+    assert decode_batch(data, desc, key_columns=["id", "region", "payload"]).select(names).equals(table)

@@ -1,0 +1,51 @@
+"""How a batch's columns are laid out in Parquet: the write batch and the dictionary columns.
+
+Both are chosen from the first rows a writer gets, per batch, by the batch format's writer
+(trace/batch.py) and by the external sort's run files (trace/raw_sort.py). Neither changes
+what a batch reads back as: only its size and what writing and reading it cost.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_WRITE_BATCH_ROWS, _WRITE_BATCH_BYTES = 1024, 1 << 20  # Parquet's default write batch; its dictionary page limit
+
+
+def write_batch_rows(sample: pa.Table | None) -> int:
+    """Rows per Parquet write batch (the values a writer encodes before it checks its
+    dictionary and page sizes): at most 1 MiB of ``sample``'s rows, at most Parquet's default
+    1,024. Why: Parquet falls back from a dictionary only between write batches, so 1,024
+    rows of 64 KiB made one 64 MiB dictionary page that every reader must decode whole,
+    whatever its memory bound."""
+    width = sample.nbytes // sample.num_rows if sample is not None and sample.num_rows else 0
+    return max(1, min(_WRITE_BATCH_ROWS, _WRITE_BATCH_BYTES // max(1, width)))
+
+
+_DICT_SLICES, _DICT_SLICE_ROWS = 64, 16  # the spread sample that picks the dictionary columns
+_DICT_SHARE = 0.5  # a column gets a dictionary when its sample has at most this share of distinct values
+
+
+def _flat(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+            or pa.types.is_fixed_size_binary(t) or pa.types.is_temporal(t) or pa.types.is_decimal(t))
+
+
+def dictionary_columns(sample: pa.Table | None) -> list[str] | bool:
+    """The columns Parquet should dictionary-encode, judged on spread slices of ``sample``
+    (True, Parquet's default of every column, for no sample or a nested column). Why: a
+    column of distinct values (fresh ids, payloads) fills a dictionary by hashing every
+    value until the 1 MiB page limit makes Parquet fall back to plain: 11% of a compaction
+    pass's CPU for nothing, while time, diff and repeating columns still get theirs. A
+    misjudged sample only changes the file's size, never what it reads back as."""
+    if sample is None or sample.num_rows < 2 * _DICT_SLICES * _DICT_SLICE_ROWS:
+        return True
+    if not all(_flat(f.type) for f in sample.schema):
+        return True
+    step = sample.num_rows // _DICT_SLICES
+    rows = pa.concat_tables([sample.slice(i * step, _DICT_SLICE_ROWS) for i in range(_DICT_SLICES)])
+    limit = _DICT_SHARE * rows.num_rows
+    return [name for name, col in zip(rows.column_names, rows.columns, strict=True)
+            if pc.count_distinct(col, mode="all").as_py() <= limit]
