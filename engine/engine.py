@@ -62,8 +62,11 @@ from sediment.engine.view import RelationView
 from sediment.engine.writer import Writer
 from sediment.errors import (
     CompactionFailed,  # noqa: F401  (Engine.compact raises it)
+    CoordinatorSuperseded,
     CreatedConcurrently,
     SedimentError,
+    SessionFenced,
+    WalFenced,
 )
 from sediment.metadata.fence import Fence
 from sediment.metadata.open_store import with_s3_endpoint
@@ -76,6 +79,8 @@ from sediment.wal.record import Record, RecordKind
 
 DEFAULT_MAX_RECORD_BYTES = 8 << 20
 DEFAULT_MEMORY_BOUND = 256 << 20
+# What a log or metadata store raises once another coordinator took it over (claimed the log).
+_FENCED = (CoordinatorSuperseded, SessionFenced, WalFenced)
 
 
 def _forward(component: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -104,6 +109,8 @@ class Engine:
         self.data_dir = data_dir
         self.metadata_spec = metadata_spec
         self.superseded_listeners: list = []
+        self.fence_lock = threading.Lock()  # orders a fence against the end of the open (engine/takeover.py)
+        self.opening = True
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.metrics = EngineMetrics()
         memory_bound = max(1 << 20, int(memory_bound))
@@ -187,6 +194,8 @@ class Engine:
         try:
             return cls._open_attempt(data_dir, metadata, marker, settings, given, steps)
         except CreatedConcurrently as exc:  # the deployment exists now: open it as any coordinator would
+            if not exc.winner_recorded or not isinstance(metadata, str):  # (a store object was closed with it)
+                raise
             logging.getLogger(__name__).warning("%s: another coordinator created this deployment at the same time "
                                                 "(%s); opening what it created", data_dir, exc.__cause__)
         return cls._open_attempt(data_dir, metadata, marker, settings, given, steps)
@@ -195,7 +204,9 @@ class Engine:
     def _open_attempt(cls, data_dir: str, metadata: str | MetadataStore | None, marker: str | None,
                       settings: dict[str, Any], given: dict[str, Any], steps: dict[str, Any]) -> Engine:
         """One open (see :meth:`open`). CreatedConcurrently when it was creating the deployment and
-        failed because another coordinator created it meanwhile (its storage record is there now)."""
+        failed because another coordinator was creating it too: ``winner_recorded`` when the
+        other's storage record is there now, else the other took the log over from this open
+        (fenced it) before either recorded the deployment."""
         was_empty = os.path.isdir(data_dir) and not os.listdir(data_dir)
         created = makedirs_durable(data_dir)
         engine = None
@@ -209,17 +220,24 @@ class Engine:
             st = engine.storage if engine is not None else None
             whole = st is not None and st.lock_fd is not None and st.fresh and not st.recorded
             raced = isinstance(exc, SedimentError) and st is not None and st.created_elsewhere()
+            lost = (not raced and st is not None and st.created and not st.recorded
+                    and (engine.superseded is not None or isinstance(exc, _FENCED)))
             if engine is not None:
                 engine._release_all()
             if created is not None or was_empty:
                 with contextlib.suppress(OSError):  # the open's own error is the one to report
                     undo_makedirs(created, data_dir, whole=whole)
+            where = f"the deployment whose metadata is {settings['metadata_spec'] or 'the given store'}"
             if raced:
                 raise CreatedConcurrently(
-                    f"{data_dir}: another coordinator created the deployment whose metadata is "
-                    f"{settings['metadata_spec'] or 'the given store'} at the same time as this open, which then "
+                    f"{data_dir}: another coordinator created {where} at the same time as this open, which then "
                     f"failed ({type(exc).__name__}: {exc}); this open wrote no storage record and serves nothing: "
-                    "open it again") from exc
+                    "open it again", winner_recorded=True) from exc
+            if lost:
+                raise CreatedConcurrently(
+                    f"{data_dir}: another coordinator took over the log of {where} while this open was creating "
+                    f"it, before either wrote its storage record ({type(exc).__name__}: {exc}); this open wrote "
+                    "none and serves nothing: open it again (it then opens what the other created)") from exc
             raise
         return engine
 
@@ -268,6 +286,7 @@ class Engine:
         if hasattr(log_, "latency_observer"):
             log_.latency_observer = self.metrics.quorum_latency.observe
         self._recover(log_)
+        takeover.refuse_if_superseded(self)
         storage.save_record()
         self.locks = LockTable(self._lock_slots, floor=self.view.max_time)
         self._start(log_, epoch, compact)
@@ -278,6 +297,7 @@ class Engine:
             log_.set_finish_listener(self.scheduler.notify)
             if hasattr(self.clock, "on_advance"):  # a clock moved by hand: the scheduler looks again
                 self.clock.on_advance(self.scheduler.tick)
+        takeover.opened(self)
 
     def _open_log(self, metadata: str | MetadataStore | None, marker: str | None, segment_bytes: int,
                   repair: bool) -> WriteAheadLog:

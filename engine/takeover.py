@@ -75,13 +75,20 @@ def require_shared_blob(blob: object, data_dir: str) -> None:
 
 def close_when_fenced(engine: Any, on_fenced: Callable[[Callable[[BaseException], None]], None]) -> None:
     """When the log is fenced by a newer coordinator, close the engine (in a thread of its own,
-    as the log's thread must not wait for itself) and tell ``engine.superseded_listeners``."""
+    as the log's thread must not wait for itself) and tell ``engine.superseded_listeners``.
+    While the engine is still opening nothing is closed from here (its parts are half made,
+    and the open releases them itself): the open sees ``engine.superseded`` and fails with it,
+    before it writes a storage record if the fence came by then (:func:`opened`)."""
 
     def fenced(err: BaseException) -> None:
-        engine.superseded = CoordinatorSuperseded(
-            f"the coordinator on {engine.data_dir} was superseded ({err}); its engine was closed: stop this "
-            "process, the new coordinator serves the data")
+        with engine.fence_lock:
+            engine.superseded = CoordinatorSuperseded(
+                f"the coordinator on {engine.data_dir} was superseded ({err}); its engine was closed: stop this "
+                "process, the new coordinator serves the data")
+            opening = engine.opening
         log.error("%s", engine.superseded)
+        if opening:
+            return
 
         def close_and_tell() -> None:
             try:
@@ -93,6 +100,25 @@ def close_when_fenced(engine: Any, on_fenced: Callable[[Callable[[BaseException]
         threading.Thread(target=close_and_tell, name="close-superseded", daemon=True).start()
 
     on_fenced(fenced)
+
+
+def refuse_if_superseded(engine: Any) -> None:
+    """Raise the fence that came during the open so far (a creating open checks before it
+    writes its storage record: a coordinator fenced by then must not record the deployment)."""
+    with engine.fence_lock:
+        superseded = engine.superseded
+    if superseded is not None:
+        raise superseded
+
+
+def opened(engine: Any) -> None:
+    """The open is done: from now on a fence closes the engine from the log's side. A fence
+    that came during the open is raised instead (the open then releases what it holds)."""
+    with engine.fence_lock:
+        engine.opening = False
+        superseded = engine.superseded
+    if superseded is not None:
+        raise superseded
 
 
 def _refuse_a_log_with_records(engine: Any, wal: str, end_lsn: int) -> None:

@@ -130,7 +130,8 @@ class Writer:
 
     def append(self, name: str, updates: pa.Table, *, locks: Locks | None = None) -> None:
         """Append updates: the relation's columns plus ``time`` (int64 >= 0, above the sealed
-        frontier) and ``diff`` (int64). Returns once they are durable. All or nothing.
+        frontier) and ``diff`` (int64; a diff of 0 is no update, taken and consolidated away).
+        Returns once they are durable. All or nothing.
 
         With ``locks``, the append is refused with LockConflict (writing nothing) when a
         write- or read-locked id was written after ``locks.high_water``; its write and

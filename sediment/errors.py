@@ -284,11 +284,16 @@ class MetadataConflict(MetadataError):
 
 
 class CreatedConcurrently(MetadataError):
-    """Another coordinator created the same deployment (its storage record appeared in the
-    shared metadata store) while this open was creating it. This open wrote no storage
-    record and serves nothing; ``sediment.open`` has already retried once as an open of
-    what the other created, so this is raised only when that retry met the same race:
-    open the deployment again (which takes it over, as any later open does)."""
+    """Another coordinator was creating the same deployment while this open was: it took the
+    log over from this open (fenced it) before either wrote its storage record
+    (``winner_recorded`` False), or its storage record is there now (True). This open wrote
+    no storage record and serves nothing: open the deployment again, which then opens (takes
+    over) what the other created. ``sediment.open`` retries the second kind once by itself,
+    so it raises it only when the metadata store was given as an object (the failed open
+    closed it) or when the retry met the same race (which a store whose reads see every
+    write made before them never gives: the retry finds the record)."""
+
+    winner_recorded: bool = False
 
 
 class MetadataCorruption(MetadataError):

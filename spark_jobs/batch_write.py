@@ -41,6 +41,7 @@ from sediment.spark_jobs.options import (
     bool_option,
     check_options,
     connect,
+    diff_option,
     int_option,
     required,
     token,
@@ -122,7 +123,7 @@ class WriterBase:
         self.token = token(options)
         self.relation = required(options, "relation")
         self.time = int_option(options, "time")
-        self.diff = int_option(options, "diff")
+        self.diff = diff_option(options)
         self.seal = bool_option(options, "seal")
         self.batch_rows = int_option(options, "batch_rows", APPEND_ROWS) or APPEND_ROWS
         columns = list(schema.names)

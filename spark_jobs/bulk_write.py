@@ -58,6 +58,7 @@ from sediment.spark_jobs.options import (
     bool_option,
     check_options,
     connect,
+    diff_option,
     int_option,
     lowered,
     required,
@@ -74,7 +75,7 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
     options = lowered(options)
     check_options(options, refused=READ_ONLY, what="writing")
     relation = required(options, "relation")
-    time, diff, seal = int_option(options, TIME), int_option(options, DIFF), bool_option(options, "seal")
+    time, diff, seal = int_option(options, TIME), diff_option(options), bool_option(options, "seal")
     schema = df.schema  # each ask is a call into the JVM
     for name, given in ((TIME, time), (DIFF, diff)):
         if given is not None and name in schema.names:

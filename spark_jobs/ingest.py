@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if ext not in FORMATS:
             parser.error(f"cannot tell the format of {args.input!r} from its extension: pass --format")
         args.format = ext
+    if args.diff == 0:
+        parser.error("--diff 0: a diff of 0 is no update, so every row would change nothing; give a non-zero diff "
+                     "(-1 retracts) or leave it out (a 'diff' column, or 1)")
     for spec in args.map:
         if spec.count("=") != 1 or not all(spec.split("=")):
             parser.error(f"--map {spec!r}: give SRC=DST")

@@ -125,6 +125,22 @@ def int_option(options: Mapping[str, Any], key: str, default: int | None = None)
         raise InvalidArgument(f"option {key!r} must be an integer, not {value!r}") from None
 
 
+def diff_option(options: Mapping[str, Any]) -> int | None:
+    """``option("diff", d)``: every row's diff, or None (a ``diff`` column, else +1). Both write
+    paths refuse 0 before anything is written: a diff of 0 is no update (the engine takes such
+    a row and it consolidates away), so a job whose every row has it would change nothing,
+    which is a mistake, not a request. Rows of a ``diff`` column that are 0 are no updates too,
+    and are taken as such, as ``Engine.append`` takes them."""
+    diff = int_option(options, DIFF)
+    if diff == 0:
+        raise InvalidArgument("option 'diff' is 0: a diff of 0 is no update, so every row of this write would change "
+                              "nothing; give a non-zero diff (-1 retracts) or leave the option out (+1); nothing "
+                              "was written")
+    if diff is not None and not -(1 << 63) <= diff < 1 << 63:
+        raise InvalidArgument(f"option 'diff' is {diff}, outside int64; give a non-zero int64; nothing was written")
+    return diff
+
+
 def bool_option(options: Mapping[str, Any], key: str) -> bool:
     value = str(options.get(key) or "false").strip().lower()
     if value in ("true", "1", "yes"):

@@ -20,7 +20,7 @@ from support.fixtures_spark import ids_failing_at  # noqa: E402
 
 from sediment.client import Client  # noqa: E402
 from sediment.errors import InvalidArgument, SchemaMismatch  # noqa: E402
-from sediment.spark_jobs import bulk_write, options  # noqa: E402
+from sediment.spark_jobs import bulk_write, ingest, options  # noqa: E402
 from sediment.spark_jobs.batch_write import SedimentWriter  # noqa: E402
 from sediment.spark_jobs.errors import sediment_errors  # noqa: E402
 
@@ -78,6 +78,34 @@ def test_bulk_and_row_by_row_writes_read_back_the_same(spark, coordinator):
     plain = spark.createDataFrame([(7, "x"), (8, None)], "id long, item string")
     write(plain, c, "bulk", bulk="true", seal="true")  # time: the next open time, then sealed
     assert c.engine.sealed("bulk") == 6 and raw(c, "bulk", 6)[(7, "x", 1)] == 1
+
+
+def test_both_write_paths_refuse_option_diff_0_and_take_rows_of_diff_0_as_no_updates(spark, coordinator):
+    """A diff of 0 is no update: Engine.append takes such a row and it consolidates away.
+    ``option("diff", 0)`` makes every row of a write one, so the row path and the bulk path
+    both refuse it, naming the option, before anything is written (the row path took it and
+    wrote nothing visible; the bulk path refused only at its commit, after Spark had written
+    the files). Rows of a ``diff`` column that are 0 are taken by both as no updates, and the
+    two read back the same."""
+    c = coordinator(compact_interval=None)
+    for name in ("rows", "bulk"):
+        c.engine.add_relation(name, SCHEMA)
+        c.engine.seal(name, 1)
+    df = spark.createDataFrame([(1, "a"), (2, "b")], "id long, item string")
+    for name, extra in (("rows", {}), ("bulk", {"bulk": "true"})):
+        before = c.engine.trace_info(name)
+        with pytest.raises(InvalidArgument, match=r"^option 'diff' is 0: a diff of 0 is no update.*nothing was written$"):
+            write(df, c, name, diff=0, time=2, **extra)
+        assert c.engine.trace_info(name) == before and staging_left(c) == []
+    with pytest.raises(SystemExit):
+        ingest.parse_args(["--uri", c.uri, "--relation", "rows", "--input", "in.csv", "--diff", "0"])
+    zeros = spark.createDataFrame([(1, "a", 2, 0), (2, "b", 2, 1), (3, "c", 2, 0), (3, "c", 3, 0), (4, "d", 3, -1)],
+                                  "id long, item string, time long, diff long")
+    write(zeros, c, "rows")
+    write(zeros, c, "bulk", bulk="true")
+    for name in ("rows", "bulk"):
+        c.engine.seal(name, 3)
+    assert raw(c, "rows", 3) == raw(c, "bulk", 3) == Counter({(2, "b", 1): 1, (4, "d", -1): 1})
 
 
 def test_a_retried_task_attempt_is_committed_once(spark, coordinator):

@@ -32,7 +32,14 @@ from contextlib import suppress
 import trio
 
 from sediment.clock import Clock, MonotonicClock
-from sediment.errors import EngineClosed, LogStopped, MetadataError, ReplicationError, WalError
+from sediment.errors import (
+    EngineClosed,
+    LogStopped,
+    MetadataError,
+    PartitionClaimed,
+    ReplicationError,
+    WalError,
+)
 from sediment.metadata.protocol import MetadataStore
 from sediment.wal import record as rec
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, PendingAppend, SegmentPreamble, check_trim, notify
@@ -59,6 +66,23 @@ def assignment_generation(current: PartitionMeta, replicas: Sequence[str]) -> in
     return current.generation + (set(replicas) != set(current.replicas))
 
 
+def _refuse_another_engines_partition(metadata: MetadataStore, meta_key: str, replicas: Sequence[str],
+                                      cluster_key: uuid.UUID, partition: int, timeout: float) -> None:
+    """A partition new to this metadata store must be new on the nodes too (PartitionClaimed
+    otherwise: they serve another engine), unless the metadata names it by the time the nodes
+    answered: a session is written there before the nodes are told, so another coordinator
+    of this deployment claimed it meanwhile (one creating it at the same time), and this one
+    opens it as any later coordinator does."""
+    if metadata.get(meta_key) is not None:
+        return
+    where = getattr(metadata, "hosts", "") + getattr(metadata, "root", "") or type(metadata).__name__
+    try:
+        refuse_claimed_partition(replicas, cluster_key, partition, where, timeout)
+    except PartitionClaimed:
+        if metadata.get(meta_key) is None:
+            raise
+
+
 class ReplicatedLog:
     """A WriteAheadLog whose records live on a quorum of storage nodes."""
 
@@ -72,7 +96,8 @@ class ReplicatedLog:
              cache_bytes: int = DEFAULT_CACHE_BYTES, owner: str = "", clock: Clock | None = None,
              owner_check_interval: float = OWNER_CHECK_INTERVAL) -> ReplicatedLog:
         """Start a store session (recovery included) and return once it accepts writes.
-        Raises ReplicationError if no write quorum is reachable within ``open_timeout``.
+        Raises ReplicationError if no write quorum is reachable within ``open_timeout``, and
+        SessionFenced if another coordinator claimed the partition meanwhile.
         ``owner`` names this coordinator in the partition metadata; ``clock`` times the
         periodic ownership check of a metadata store without watches (see :meth:`_watch_owner`)."""
         if cluster_key is None:
@@ -96,9 +121,7 @@ class ReplicatedLog:
         self._stopped = False  # the trio thread is done: nothing will drain the inbox again
         key = cluster_key if isinstance(cluster_key, uuid.UUID) else uuid.UUID(cluster_key)
         meta = PartitionMetaStore(metadata, partition)
-        if metadata.get(meta.key) is None:  # a partition new to this metadata store: is it new on the nodes?
-            where = getattr(metadata, "hosts", "") + getattr(metadata, "root", "") or type(metadata).__name__
-            refuse_claimed_partition(replicas, key, partition, where, timeout)
+        _refuse_another_engines_partition(metadata, meta.key, replicas, key, partition, timeout)
         self.coordinator = Coordinator(replicas, meta, key, partition, connect=tcp_connect, timeout=timeout,
                                        generation=assignment_generation(meta.load()[0], replicas), owner=owner)
         self.coordinator.listeners.append(self._on_ack)
@@ -119,6 +142,10 @@ class ReplicatedLog:
                                         name=f"replicated-log-{partition}")
         self._thread.start()
         ready = self._ready.wait(open_timeout)
+        fenced = self.coordinator.fenced
+        if fenced is not None:  # another coordinator claimed the partition while this one recovered it
+            self.close()
+            raise fenced
         if self._failure is not None:
             failure = self._failure
             self.close()
@@ -263,7 +290,10 @@ class ReplicatedLog:
     def _run(self, afn: Callable, *args):
         if self._closed:
             raise self._closed_error()
-        return trio.from_thread.run(afn, *args, trio_token=self._token)
+        try:
+            return trio.from_thread.run(afn, *args, trio_token=self._token)
+        except trio.RunFinishedError:  # the coordinator stopped (fenced, most often): say why
+            raise self._stop_error() from None
 
     def _closed_error(self) -> EngineClosed:
         return EngineClosed(f"the replicated log of partition {self.partition} is closed")
