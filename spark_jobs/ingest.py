@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import Any
 
-from sediment.spark_jobs.session import add_connection_args, local_spark, run_job, token_of
+from sediment.spark_jobs.session import add_connection_args, debugging, local_spark, run_job, token_of
 
 FORMATS = ("csv", "parquet", "json")
 
@@ -107,7 +107,7 @@ def run(spark: Any, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    spark = local_spark("sediment-ingest", master=args.master)
+    spark = local_spark("sediment-ingest", master=args.master, quiet=not debugging())
     try:
         run(spark, args)
     finally:

@@ -16,7 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from sediment.spark_jobs.session import add_connection_args, local_spark, run_job, token_of
+from sediment.spark_jobs.session import add_connection_args, debugging, local_spark, run_job, token_of
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +65,7 @@ def run(spark: Any, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    spark = local_spark("sediment-read-trace", master=args.master)
+    spark = local_spark("sediment-read-trace", master=args.master, quiet=not debugging())
     try:
         rows = run(spark, args)
     finally:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 DEFAULT_MASTER = "local[2]"
+QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
 
 
 def python_environment() -> None:
@@ -25,10 +26,14 @@ def python_environment() -> None:
 
 
 def local_spark(app_name: str = "sediment", *, master: str | None = None, shuffle_partitions: int = 4,
-                driver_memory: str = "2g", conf: dict[str, Any] | None = None) -> Any:
+                driver_memory: str = "2g", conf: dict[str, Any] | None = None, quiet: bool = False) -> Any:
     """A SparkSession (``local[2]`` unless ``master`` says otherwise, or one already running)
     with the sediment data source registered. Few shuffle partitions: the default 200 makes
-    every small consolidation spend most of its time scheduling empty tasks."""
+    every small consolidation spend most of its time scheduling empty tasks.
+
+    ``quiet`` (the command-line jobs, unless :func:`debugging`): no Spark logs at all, from
+    the JVM's start on, nor PySpark's own error log: a failed task printed about 120 lines
+    of Java stacks before the job's one-line error, which said the same."""
     python_environment()
     from pyspark.sql import SparkSession
 
@@ -45,12 +50,31 @@ def local_spark(app_name: str = "sediment", *, master: str | None = None, shuffl
                .config("spark.sql.python.filterPushdown.enabled", "true"))
     if master is not None or "SPARK_MASTER" not in os.environ and not _submitted():
         builder = builder.master(master or DEFAULT_MASTER)
+    if quiet:  # read when the JVM starts: its first lines already
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{QUIET_LOG4J}")
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("OFF" if quiet else "ERROR")
+    if quiet:
+        _quiet_pyspark_loggers()
     register(spark)
     return spark
+
+
+def debugging() -> bool:
+    """Whether ``SEDIMENT_DEBUG`` asks for tracebacks and Spark's logs."""
+    return os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0")
+
+
+def _quiet_pyspark_loggers() -> None:
+    """PySpark logs a failed DataFrame query (as JSON) before raising it: the raise is enough."""
+    import logging
+
+    from pyspark.logger import PySparkLogger
+
+    for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def _submitted() -> bool:
@@ -101,7 +125,7 @@ def run_job(prog: str, job: Any, argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line
-        if os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0"):
+        if debugging():
             raise
         sys.stderr.write(f"{prog}: error: {describe_error(exc)}\n")
         return 1

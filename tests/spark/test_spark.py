@@ -368,6 +368,39 @@ def test_spark_submit_ingest_script_against_sediment_serve(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_failed_ingest_job_says_so_in_one_line_without_sparks_logs(tmp_path):
+    """A CSV value that does not cast fails a task: the job's stderr is its one error line
+    (plus the JVM's own start-up warning), not Spark's ERROR logs and Java stacks (about 120
+    lines before), and nothing was appended."""
+    token = "quiet-job-token"
+    serve = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--data-dir", str(tmp_path / "d"),
+                              "--listen", "127.0.0.1:0", "--token", token],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = serve.stdout.readline()
+        assert "serving" in ready, serve.stderr.read()
+        uri = ready.split()[-1]
+        with sediment.connect(uri, token) as db:
+            db.add_relation("counts", pa.schema([("id", pa.int64()), ("n", pa.int64())]))
+        (tmp_path / "bad.csv").write_text("id,n\n1,2\n3,many\n")
+        env = {k: v for k, v in _spark_env().items() if k != "SEDIMENT_DEBUG"}
+        out = subprocess.run([sys.executable, "-m", "sediment.spark_jobs.ingest", "--uri", uri, "--relation", "counts",
+                              "--input", str(tmp_path / "bad.csv"), "--time", "1"],
+                             env={**env, "SEDIMENT_TOKEN": token}, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 1, out.stderr[-3000:]
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert lines[-1].startswith("sediment.spark_jobs.ingest: error: [CAST_INVALID_INPUT]"), lines[-5:]
+        noise = [line for line in lines[:-1] if not line.startswith("WARNING: Using incubator modules")]
+        assert noise == [], noise[:10]
+        with sediment.connect(uri, token) as db:
+            db.seal("counts", 1)
+            assert db.snapshot("counts", 1).num_rows == 0
+    finally:
+        serve.terminate()
+        serve.communicate(timeout=60)
+
+
+@pytest.mark.slow
 def test_the_demo_runs_small_and_reports_ok():
     out = subprocess.run([sys.executable, "-m", "sediment", "demo", "--rows", "20000", "--progress"], env=_spark_env(),
                          capture_output=True, text=True, timeout=300, cwd=ROOT / "tests")
