@@ -178,19 +178,44 @@ def _row_at_most(window: pa.Table, i: int, keys: list[str], frontier: dict[str, 
     return bool(le[0].as_py())
 
 
+def _python_ordered(t: pa.DataType) -> bool:
+    """Types whose Python values compare in pyarrow's sort order: integers, and strings and
+    binaries (UTF-8 byte order is code point order)."""
+    return (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def _sort_key(value: object) -> tuple:
+    return (1,) if value is None else (0, value)  # NULL after every value, equal to NULL
+
+
 def _rows_at_most(window: pa.Table, keys: list[str], frontier: dict[str, pa.Scalar]) -> int:
     """How many leading rows of a sorted window are <= the frontier row: a binary search,
     so a round compares about log2(window) rows, not every byte of every key column (a
-    window of wide rows, such as 1 KiB payloads, made a full comparison the merge's cost)."""
+    window of wide rows, such as 1 KiB payloads, made a full comparison the merge's cost).
+    Where every key column's Python values compare as pyarrow sorts them, a row is compared
+    as a tuple of them: comparing through pyarrow's kernels cost ~30 us a row, a fifth of a
+    merge of several writers' fresh ids."""
     n = window.num_rows
-    if n == 0 or _row_at_most(window, n - 1, keys, frontier):
+    if n == 0:
         return n
-    if not _row_at_most(window, 0, keys, frontier):
+    if all(_python_ordered(window.schema.field(c).type) for c in keys):
+        cols = [window.column(c) for c in keys]
+        bound = tuple(_sort_key(frontier[c].as_py()) for c in keys)
+
+        def at_most(i: int) -> bool:
+            return tuple(_sort_key(col[i].as_py()) for col in cols) <= bound
+    else:
+        def at_most(i: int) -> bool:
+            return _row_at_most(window, i, keys, frontier)
+    if at_most(n - 1):
+        return n
+    if not at_most(0):
         return 0  # runs that do not interleave (fresh keys) settle in these two looks
     lo, hi = 1, n - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if _row_at_most(window, mid, keys, frontier):
+        if at_most(mid):
             lo = mid + 1
         else:
             hi = mid
