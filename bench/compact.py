@@ -52,8 +52,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import sediment
-from sediment.trace.batch import COMPRESSION, DEFAULT_ROW_GROUP_ROWS
+from sediment.trace.batch import DEFAULT_ROW_GROUP_ROWS
 from sediment.trace.consolidate import consolidate
+from sediment.trace.parquet_layout import COMPRESSION
 
 MiB = 1 << 20
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.binary())])

@@ -41,13 +41,12 @@ from sediment.trace.batch_checksum import (  # noqa: E402,F401  (part of this mo
     object_checksum,
 )
 from sediment.trace.consolidate import first_unsorted
-from sediment.trace.parquet_layout import dictionary_columns, write_batch_rows
+from sediment.trace.parquet_layout import column_compression, dictionary_columns, write_batch_rows
 from sediment.trace.raw import FORMAT_VERSION, RAW_FIELDS, RAW_VERSION, check_constants, footer_matches
 
 FORMAT_NAME = "sediment-trace-batch"
 META_PREFIX = "sediment."
 DEFAULT_ROW_GROUP_ROWS = 64 * 1024
-COMPRESSION = "zstd"
 U64_MAX = (1 << 64) - 1
 # Anything pyarrow or our own parsing raises on damaged bytes (UnicodeDecodeError is a ValueError).
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError, TypeError, OverflowError)
@@ -245,7 +244,7 @@ class BatchWriter:
         self._writer = pq.ParquetWriter(
             self._sink,
             self._schema,
-            compression=COMPRESSION,
+            compression=column_compression(sample),
             write_page_checksum=True,
             write_statistics=True,
             write_batch_size=write_batch_rows(sample),

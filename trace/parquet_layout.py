@@ -23,14 +23,31 @@ def write_batch_rows(sample: pa.Table | None) -> int:
     return max(1, min(_WRITE_BATCH_ROWS, _WRITE_BATCH_BYTES // max(1, width)))
 
 
-_DICT_SLICES, _DICT_SLICE_ROWS = 64, 16  # the spread sample that picks the dictionary columns
+_SLICES, _SLICE_ROWS = 64, 16  # the spread sample that picks the dictionary columns and the codecs
 _DICT_SHARE = 0.5  # a column gets a dictionary when its sample has at most this share of distinct values
+COMPRESSION = "zstd"
+_STORED_SHARE = 0.9  # a byte column whose sample zstd cannot shrink below this share is stored uncompressed
 
 
 def _flat(t: pa.DataType) -> bool:
     return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
             or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
             or pa.types.is_fixed_size_binary(t) or pa.types.is_temporal(t) or pa.types.is_decimal(t))
+
+
+def _bytes_type(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _spread_rows(sample: pa.Table | None) -> pa.Table | None:
+    """``_SLICES`` slices of ``_SLICE_ROWS`` rows spread over ``sample``, as one chunk; None
+    for no sample, too few rows to judge, or a nested column (Parquet's defaults then)."""
+    if sample is None or sample.num_rows < 2 * _SLICES * _SLICE_ROWS:
+        return None
+    if not all(_flat(f.type) for f in sample.schema):
+        return None
+    step = sample.num_rows // _SLICES
+    return pa.concat_tables([sample.slice(i * step, _SLICE_ROWS) for i in range(_SLICES)]).combine_chunks()
 
 
 def dictionary_columns(sample: pa.Table | None) -> list[str] | bool:
@@ -40,12 +57,28 @@ def dictionary_columns(sample: pa.Table | None) -> list[str] | bool:
     value until the 1 MiB page limit makes Parquet fall back to plain: 11% of a compaction
     pass's CPU for nothing, while time, diff and repeating columns still get theirs. A
     misjudged sample only changes the file's size, never what it reads back as."""
-    if sample is None or sample.num_rows < 2 * _DICT_SLICES * _DICT_SLICE_ROWS:
+    rows = _spread_rows(sample)
+    if rows is None:
         return True
-    if not all(_flat(f.type) for f in sample.schema):
-        return True
-    step = sample.num_rows // _DICT_SLICES
-    rows = pa.concat_tables([sample.slice(i * step, _DICT_SLICE_ROWS) for i in range(_DICT_SLICES)])
     limit = _DICT_SHARE * rows.num_rows
     return [name for name, col in zip(rows.column_names, rows.columns, strict=True)
             if pc.count_distinct(col, mode="all").as_py() <= limit]
+
+
+def column_compression(sample: pa.Table | None) -> str | dict[str, str]:
+    """The codec of each column: zstd, but none for a string or binary column whose sampled
+    bytes zstd cannot shrink below 90% (random, encrypted or already compressed payloads).
+    Why: zstd on 76-byte random payloads was a quarter of a compaction pass's CPU and about
+    as much of a merge's, and saved nothing. A misjudged sample changes the file's size only."""
+    rows = _spread_rows(sample)
+    if rows is None or not any(_bytes_type(f.type) for f in rows.schema):
+        return COMPRESSION
+    out = {}
+    for name, col in zip(rows.column_names, rows.columns, strict=True):
+        out[name] = COMPRESSION
+        if _bytes_type(col.type):
+            data = col.chunk(0).buffers()[2] if col.num_chunks == 1 else None
+            if data is not None and data.size >= 4096 and \
+                    len(pa.compress(data, codec=COMPRESSION, asbytes=True)) >= _STORED_SHARE * data.size:
+                out[name] = "none"
+    return out
