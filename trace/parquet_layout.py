@@ -24,6 +24,8 @@ def write_batch_rows(sample: pa.Table | None) -> int:
 
 
 _SLICES, _SLICE_ROWS = 64, 16  # the spread sample that picks the dictionary columns and the codecs
+_SAMPLE_BYTES = 1 << 20  # ... at most this much of the rows: fewer rows and slices when rows are wide
+_MIN_SLICES = 8  # ... and no fewer slices (rows over 128 KiB keep Parquet's defaults)
 _DICT_SHARE = 0.5  # a column gets a dictionary when its sample has at most this share of distinct values
 COMPRESSION = "zstd"
 _STORED_SHARE = 0.9  # a byte column whose sample zstd cannot shrink below this share is stored uncompressed
@@ -40,14 +42,21 @@ def _bytes_type(t: pa.DataType) -> bool:
 
 
 def _spread_rows(sample: pa.Table | None) -> pa.Table | None:
-    """``_SLICES`` slices of ``_SLICE_ROWS`` rows spread over ``sample``, as one chunk; None
-    for no sample, too few rows to judge, or a nested column (Parquet's defaults then)."""
+    """``_SLICES`` slices of ``_SLICE_ROWS`` rows spread over ``sample``, as one chunk of at
+    most about ``_SAMPLE_BYTES`` (rows of 64 KiB: 16 slices of one row); None for no sample,
+    too few rows to judge, rows too wide for 8 slices, or a nested column (Parquet's
+    defaults then)."""
     if sample is None or sample.num_rows < 2 * _SLICES * _SLICE_ROWS:
         return None
     if not all(_flat(f.type) for f in sample.schema):
         return None
-    step = sample.num_rows // _SLICES
-    return pa.concat_tables([sample.slice(i * step, _SLICE_ROWS) for i in range(_SLICES)]).combine_chunks()
+    width = max(1, sample.nbytes // sample.num_rows)
+    slices = min(_SLICES, _SAMPLE_BYTES // width)
+    if slices < _MIN_SLICES:
+        return None
+    rows = max(1, min(_SLICE_ROWS, _SAMPLE_BYTES // (slices * width)))
+    step = sample.num_rows // slices
+    return pa.concat_tables([sample.slice(i * step, rows) for i in range(slices)]).combine_chunks()
 
 
 def dictionary_columns(sample: pa.Table | None) -> list[str] | bool:

@@ -62,3 +62,16 @@ def test_payloads_zstd_cannot_shrink_are_stored_uncompressed_and_the_rest_compre
         assert codecs == {"id": "ZSTD", "region": "ZSTD", "payload": "UNCOMPRESSED", "time": "ZSTD", "diff": "ZSTD",
                           "note": "ZSTD"}
     assert decode_batch(data, desc, key_columns=["id", "region", "payload", "note"]).select(names).equals(table)
+
+
+def test_the_sample_stays_near_1_mib_for_wide_rows_and_rows_over_128_kib_keep_the_defaults():
+    from sediment.trace.parquet_layout import _spread_rows
+
+    def wide(width: int) -> pa.Table:
+        blob = os.urandom(width)
+        return pa.table({"id": pa.array(range(3000), pa.int64()), "blob": pa.array([blob] * 3000, pa.binary())})
+
+    sample = _spread_rows(wide(64 << 10))
+    assert sample is not None and sample.nbytes <= (1 << 20) + 64 * 1024
+    assert dictionary_columns(wide(64 << 10)) == ["blob"]  # one value again and again
+    assert dictionary_columns(wide(256 << 10)) is True and column_compression(wide(256 << 10)) == "zstd"
