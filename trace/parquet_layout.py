@@ -1,8 +1,9 @@
-"""How a batch's columns are laid out in Parquet: the write batch and the dictionary columns.
+"""How a batch's columns are laid out in Parquet: the write batch, the dictionary columns
+and each column's codec.
 
-Both are chosen from the first rows a writer gets, per batch, by the batch format's writer
-(trace/batch.py) and by the external sort's run files (trace/raw_sort.py). Neither changes
-what a batch reads back as: only its size and what writing and reading it cost.
+All three are chosen from the first rows a batch's writer gets (trace/batch.py); the external
+sort's run files (trace/raw_sort.py) take the write batch. None changes what a batch reads
+back as: only its size and what writing and reading it cost.
 """
 
 from __future__ import annotations
