@@ -122,6 +122,17 @@ def test_redirects_stale_addresses_cross_partition_and_status(cluster, tmp_path)
         p0 = status["partitions"][0]
         assert (p0["owner"], p0["generation"], p0["sealed"]) == (owner.uri, view["assignment"][0][1], {"a": 2})
         assert isinstance(p0["wal_backlog_bytes"], int)
+        # `stats` over the cluster and over one member: each partition under a line naming it
+        # (it was an internal error, KeyError 'wal': the printer expected one engine's stats)
+        for target, shown in ((cluster.uri, members), (owner.uri, [owner])):
+            out = subprocess.run([sys.executable, "-m", "sediment", "--connect", target, "stats"], env=cluster.env,
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            headings = re.findall(r"^partition (\d+): member (\S+) (\S+) generation (\d+)$", out.stdout, re.M)
+            assert {int(p) for p, *_ in headings} == {p for p, (m, _g) in view["assignment"].items()
+                                                       if m in {x.member_id for x in shown}}
+            assert (str(0), owner.member_id, owner.uri, str(view["assignment"][0][1])) in headings
+            assert re.search(r"^a +\d+ ", out.stdout, re.M) and out.stdout.count("wal: replicated") == len(headings)
         # the stale address: its member is gone, the client still finds the owners through ZooKeeper
         victim = cluster.owner_of(1)
         stale = sediment.connect(cluster.uri, token=TOKEN)
