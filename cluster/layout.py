@@ -83,12 +83,14 @@ def default_partition(name: str, partitions: int) -> int:
 
 def check_config(config: ClusterConfig) -> None:
     """Bad input is refused before anything is recorded."""
+    from sediment.engine.args import check_cluster_key, check_replicas
+
     if not isinstance(config.partitions, int) or isinstance(config.partitions, bool) or not 1 <= config.partitions <= 4096:
         raise InvalidArgument(f"--partitions must be an integer in [1, 4096], not {config.partitions!r}")
-    if not config.replicas or not all(isinstance(r, str) and ":" in r for r in config.replicas):
-        raise InvalidArgument(f"--replicas must list storage nodes as HOST:PORT,..., not {config.replicas!r}")
+    check_replicas(config.replicas, "--replicas")
     if not config.cluster_key:
         raise InvalidArgument("--cluster-key is required: the storage nodes' cluster key")
+    check_cluster_key(config.cluster_key, "--cluster-key")
     if not (config.blob.startswith("s3://") or config.blob.startswith("file://")):
         raise InvalidArgument(f"--blob must be s3://bucket/prefix or file:///shared/path every member reaches, "
                               f"not {config.blob!r}")

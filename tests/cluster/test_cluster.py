@@ -23,6 +23,7 @@ from sediment.errors import CrossPartitionTransaction, NotPartitionOwner
 
 pytestmark = [pytest.mark.slow, pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(240)]
 SCHEMA = pa.schema([("k", pa.int64())])
+KEY = "5e5e5e5e-0000-4000-8000-00000000c0de"
 
 
 def rows(keys: list[int], t: int = 1) -> pa.Table:
@@ -280,11 +281,19 @@ def test_cluster_create_records_once_and_refuses_bad_input(zookeeper, zk_root):
 
     def create(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "sediment", "cluster", "create", "--metadata", uri,
-                               "--replicas", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--cluster-key", "k",
+                               "--replicas", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--cluster-key", KEY,
                                "--blob", "s3://bucket/prefix", *extra], capture_output=True, text=True, timeout=60)
 
     bad = create("--partitions", "0")
     assert bad.returncode != 0 and "--partitions must be an integer in [1, 4096]" in bad.stderr
+    # a node named twice would count twice towards a write quorum; a malformed one or a key that is
+    # no UUID failed only when a member opened a partition (an internal error, or a bare "badly
+    # formed hexadecimal UUID string")
+    for extra, said in ((("--replicas", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:1"), "names storage node 127.0.0.1:1 twice"),
+                        (("--replicas", "127.0.0.1:1,nohost"), "'nohost' is not a storage node's HOST:PORT"),
+                        (("--cluster-key", "k"), "--cluster-key 'k' is not a UUID")):
+        bad = create("--partitions", "4", *extra)
+        assert bad.returncode == 1 and said in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
     from sediment.cluster import layout
 
     where = layout.ClusterPath.parse(uri)
