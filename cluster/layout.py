@@ -141,15 +141,18 @@ def connect_zk(where: ClusterPath, timeout: float = DEFAULT_SESSION_TIMEOUT) -> 
     from kazoo.client import KazooClient
 
     from sediment.errors import MetadataUnavailable
-    from sediment.metadata.zookeeper import attempt_hosts, connection_retry
+    from sediment.metadata.zookeeper import attempt_hosts, connection_retry, kazoo_logger
 
-    zk = KazooClient(hosts=attempt_hosts(where.hosts), timeout=timeout, connection_retry=connection_retry())
+    logger, quiet = kazoo_logger()
+    zk = KazooClient(hosts=attempt_hosts(where.hosts), timeout=timeout, connection_retry=connection_retry(),
+                     logger=logger)
     _record_granted_timeout(zk)
     try:
         zk.start(timeout=max(timeout, 5.0))
     except Exception as exc:  # noqa: BLE001 - kazoo raises its own timeout type
         zk.close()
         raise MetadataUnavailable(f"cannot reach ZooKeeper at {where.hosts} ({exc}); is it running?") from None
+    quiet.connected = True
     return zk
 
 
