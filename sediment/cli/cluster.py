@@ -57,6 +57,7 @@ def cmd_cluster_create(args: argparse.Namespace) -> int:
                                   cluster_key=args.cluster_key, blob=args.blob, s3_endpoint=args.s3_endpoint,
                                   session_timeout=args.session_timeout)
     layout.check_config(config)
+    _check_blob_reachable(config.blob, config.s3_endpoint)
     zk = layout.connect_zk(where)
     try:
         layout.create(zk, where, config)
@@ -65,6 +66,24 @@ def cmd_cluster_create(args: argparse.Namespace) -> int:
         zk.close()
     print(f"created cluster {where.uri}: {config.partitions} partitions on {','.join(config.replicas)}")
     return 0
+
+
+def _check_blob_reachable(blob: str, s3_endpoint: str | None) -> None:
+    """Read one key of an S3 blob store before the cluster is recorded: a missing bucket, a
+    wrong endpoint or credentials were found only by the members, each retrying its partitions'
+    opens every second, while clients heard only that no owner answered."""
+    if not blob.startswith("s3://"):
+        return
+    from sediment.blob.uri import open_blob_store
+    from sediment.errors import BlobNotFound
+
+    store = open_blob_store(blob, s3_endpoint=s3_endpoint)
+    try:
+        store.get("sediment-owner")
+    except BlobNotFound:
+        pass
+    finally:
+        store.close()
 
 
 def cmd_cluster_status(args: argparse.Namespace) -> int:

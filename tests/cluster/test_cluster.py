@@ -276,13 +276,14 @@ def test_a_member_paused_past_its_session_is_refused_and_rejoins(cluster, zookee
         assert [keys_of(db, f"r{p}", 3) for p in (1, 2, 3)] == [[1, 201], [2, 202], [3, 203]]
 
 
-def test_cluster_create_records_once_and_refuses_bad_input(zookeeper, zk_root):
+def test_cluster_create_records_once_and_refuses_bad_input(zookeeper, zk_root, moto_server, tmp_path):
     uri = f"zk://127.0.0.1:{zookeeper.port}{zk_root}"
 
     def create(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "sediment", "cluster", "create", "--metadata", uri,
                                "--replicas", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--cluster-key", KEY,
-                               "--blob", "s3://bucket/prefix", *extra], capture_output=True, text=True, timeout=60)
+                               "--blob", f"file://{tmp_path}/blobs", *extra], capture_output=True, text=True,
+                              timeout=60)
 
     bad = create("--partitions", "0")
     assert bad.returncode != 0 and "--partitions must be an integer in [1, 4096]" in bad.stderr
@@ -291,7 +292,10 @@ def test_cluster_create_records_once_and_refuses_bad_input(zookeeper, zk_root):
     # formed hexadecimal UUID string")
     for extra, said in ((("--replicas", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:1"), "names storage node 127.0.0.1:1 twice"),
                         (("--replicas", "127.0.0.1:1,nohost"), "'nohost' is not a storage node's HOST:PORT"),
-                        (("--cluster-key", "k"), "--cluster-key 'k' is not a UUID")):
+                        (("--cluster-key", "k"), "--cluster-key 'k' is not a UUID"),
+                        # found by the members only, each retrying its opens every second
+                        (("--blob", "s3://no-such-bucket-here/c", "--s3-endpoint", moto_server.endpoint),
+                         "bucket 'no-such-bucket-here' does not exist; create it or fix the URI")):
         bad = create("--partitions", "4", *extra)
         assert bad.returncode == 1 and said in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
     from sediment.cluster import layout
