@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 from typing import Any
@@ -87,8 +88,6 @@ def _check_blob_reachable(blob: str, s3_endpoint: str | None) -> None:
 
 
 def cmd_cluster_status(args: argparse.Namespace) -> int:
-    import os
-
     from sediment.cluster_client import cluster_status
     from sediment.net.protocol import TOKEN_ENV
 
@@ -108,16 +107,55 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _member_directory(directory: str) -> tuple[int, str | None]:
+    """Lock a member's ``--data-dir`` (made if missing) before it joins: (the descriptor that
+    holds the lock, the outermost directory made). A directory holding an engine is refused:
+    the member would make its partitions' engines inside another engine's directory. A second
+    member on the same directory is refused as well: its partition opens would fail on the
+    first one's locks, once a second."""
+    from sediment._fs import makedirs_durable
+    from sediment.engine.data_dir import DataDir
+
+    where = DataDir(directory)
+    if where.holds_engine():
+        raise UsageError(f"--data-dir {directory} holds an engine (meta/, wal/ or REPLICATED): a cluster member "
+                         "keeps its partitions in a directory of its own; give another --data-dir")
+    created = makedirs_durable(directory)
+    try:
+        return where.take_lock(), created
+    except BaseException:
+        if created is not None:
+            from sediment._fs import undo_makedirs
+
+            undo_makedirs(created, directory, whole=False)
+        raise
+
+
 def serve_cluster(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes, bytes] | None,
                   stop: threading.Event) -> int:
     """Join the cluster as a member and serve its partitions until SIGTERM, then hand them over."""
+    from sediment._fs import undo_makedirs
     from sediment.cli.common import data_dir_of
     from sediment.cluster import layout
+
+    where = layout.ClusterPath.parse(_cluster_uri(args, "cluster"))
+    directory = os.path.abspath(data_dir_of(args))
+    _lock, created = _member_directory(directory)  # held until the process exits
+    try:
+        return _serve_member(args, where, location, token, tls, stop)
+    except BaseException:
+        if created is not None and set(os.listdir(directory)) <= {"LOCK"}:  # a first start that never served
+            undo_makedirs(created, directory, whole=True)
+        raise
+
+
+def _serve_member(args: argparse.Namespace, where: Any, location: str, token: str,
+                  tls: tuple[bytes, bytes] | None, stop: threading.Event) -> int:
+    from sediment.cli.common import data_dir_of
     from sediment.cluster.member import Member
     from sediment.cluster.router import ClusterEngine
     from sediment.server import SedimentFlightServer
 
-    where = layout.ClusterPath.parse(_cluster_uri(args, "cluster"))
     member = Member(where, args.advertise or "", data_dir_of(args))
     server = SedimentFlightServer(ClusterEngine(member), location, token,
                                   txn_idle_timeout=args.txn_idle_timeout or None, tls=tls,
