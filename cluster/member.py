@@ -331,7 +331,11 @@ class Member:
             self._connected.clear()
             if state == KazooState.LOST:
                 self._session_lost = True
-                log.warning("member %s lost its ZooKeeper session: it stops serving and will rejoin", self.member_id)
+                if self._stop.is_set():  # stop() ended the session itself: no loss to warn about
+                    log.info("member %s ended its ZooKeeper session", self.member_id)
+                else:
+                    log.warning("member %s lost its ZooKeeper session: it stops serving and will rejoin",
+                                self.member_id)
         self._wake.set()
 
     def _register(self) -> None:

@@ -221,6 +221,9 @@ def test_join_rebalances_sigterm_hands_over_and_the_manager_is_replaced(cluster)
         assert handed_over, "the leaving owner held the partition for appends until the new owner fenced it"
         assert re.search(r"compacted the WAL tails of [1-9]\d* partitions before handing them over",
                          Path(leaving.log.name).read_text()), "the leaving owner compacted its tails first"
+        # it ended its session itself: no warning that it lost it and "will rejoin"
+        assert "lost its ZooKeeper session" not in Path(leaving.log.name).read_text()
+        assert f"member {leaving.member_id} ended its ZooKeeper session" in Path(leaving.log.name).read_text()
         rest = [m for m in cluster.live()]
         cluster.wait_assigned(rest)
         manager = min(rest, key=lambda m: m.member_id)
