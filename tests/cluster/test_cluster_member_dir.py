@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from support.waiting import poll_until
 
 import sediment
 
@@ -29,6 +30,12 @@ def test_a_members_directory_is_its_own(cluster, tmp_path):
     assert f"{member.data_dir} is in use by another sediment process" in second.stderr
     assert "serving cluster" not in second.stdout and set(cluster.view()["members"]) == {member.member_id}
     assert cluster.view()["assignment"] == view["assignment"]
+    # a command on the member's directory was told to make an engine there (`relation add`)
+    poll_until(lambda: (member.data_dir / "partitions").is_dir(), 30, "the member's first partition")
+    listed = subprocess.run([sys.executable, "-m", "sediment", "--data-dir", str(member.data_dir), "relation", "list"],
+                            env=cluster.env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 1 and listed.stderr.count("\n") == 1 and "relation add" not in listed.stderr
+    assert "is a cluster member's directory" in listed.stderr and "--connect zk://" in listed.stderr
     # a standalone engine's directory: the member made partitions/N engines inside it
     engine_dir = tmp_path / "engine"
     sediment.open(engine_dir).close()
