@@ -98,12 +98,15 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
-    print(f"cluster {status['cluster']}: manager {status['manager']}")
+    manager = status["manager"] or (f"none (no member is running: start one with `sediment serve --cluster "
+                                    f"{status['cluster']}`)")
+    print(f"cluster {status['cluster']}: manager {manager}")
     for member in status["members"]:
         print(f"member {member['id']} {member['advertise']}")
     for p in status["partitions"]:
-        print(f"partition {p['partition']}: owner {p['owner']} generation {p['generation']} "
-              f"sealed {json.dumps(p['sealed'])} wal_backlog_bytes {p['wal_backlog_bytes']}")
+        backlog = "unknown" if p["wal_backlog_bytes"] is None else p["wal_backlog_bytes"]
+        print(f"partition {p['partition']}: owner {p['owner'] or 'none'} generation {p['generation']} "
+              f"sealed {json.dumps(p['sealed'])} wal_backlog_bytes {backlog}")
     return 0
 
 

@@ -311,6 +311,10 @@ def test_cluster_create_records_once_and_refuses_bad_input(zookeeper, zk_root, m
         again = create("--partitions", "8")
         assert again.returncode != 0 and "already records a cluster" in again.stderr
         assert layout.read_config(zk, where).partitions == 4
+        status = subprocess.run([sys.executable, "-m", "sediment", "--connect", uri, "cluster", "status"],
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and "None" not in status.stdout, status.stdout  # no member yet: not Python's None
+        assert f"manager none (no member is running: start one with `sediment serve --cluster {uri}`)" in status.stdout
     finally:
         zk.stop()
         zk.close()
