@@ -83,12 +83,14 @@ def default_partition(name: str, partitions: int) -> int:
 
 def check_config(config: ClusterConfig) -> None:
     """Bad input is refused before anything is recorded."""
+    from sediment.engine.args import check_cluster_key, check_replicas
+
     if not isinstance(config.partitions, int) or isinstance(config.partitions, bool) or not 1 <= config.partitions <= 4096:
         raise InvalidArgument(f"--partitions must be an integer in [1, 4096], not {config.partitions!r}")
-    if not config.replicas or not all(isinstance(r, str) and ":" in r for r in config.replicas):
-        raise InvalidArgument(f"--replicas must list storage nodes as HOST:PORT,..., not {config.replicas!r}")
+    check_replicas(config.replicas, "--replicas")
     if not config.cluster_key:
         raise InvalidArgument("--cluster-key is required: the storage nodes' cluster key")
+    check_cluster_key(config.cluster_key, "--cluster-key")
     if not (config.blob.startswith("s3://") or config.blob.startswith("file://")):
         raise InvalidArgument(f"--blob must be s3://bucket/prefix or file:///shared/path every member reaches, "
                               f"not {config.blob!r}")
@@ -139,15 +141,18 @@ def connect_zk(where: ClusterPath, timeout: float = DEFAULT_SESSION_TIMEOUT) -> 
     from kazoo.client import KazooClient
 
     from sediment.errors import MetadataUnavailable
-    from sediment.metadata.zookeeper import attempt_hosts, connection_retry
+    from sediment.metadata.zookeeper import attempt_hosts, connection_retry, kazoo_logger
 
-    zk = KazooClient(hosts=attempt_hosts(where.hosts), timeout=timeout, connection_retry=connection_retry())
+    logger, quiet = kazoo_logger()
+    zk = KazooClient(hosts=attempt_hosts(where.hosts), timeout=timeout, connection_retry=connection_retry(),
+                     logger=logger)
     _record_granted_timeout(zk)
     try:
         zk.start(timeout=max(timeout, 5.0))
     except Exception as exc:  # noqa: BLE001 - kazoo raises its own timeout type
         zk.close()
         raise MetadataUnavailable(f"cannot reach ZooKeeper at {where.hosts} ({exc}); is it running?") from None
+    quiet.connected = True
     return zk
 
 

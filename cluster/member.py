@@ -96,6 +96,7 @@ class Member:
         self._handing: dict[int, _Handing] = {}  # partitions handed over while leaving, until fenced
         self._opening: set[int] = set()
         self._retry_at: dict[int, float] = {}
+        self._open_failed: dict[int, str] = {}  # why an assigned partition's last open failed
         self._seen: dict[int, tuple[str, int]] = {}  # the assignment of the previous pass
         self._zk: Any = None
         self._probe: PeerProbe | None = None
@@ -262,6 +263,11 @@ class Member:
         self.metrics.redirects.inc()
         owner, generation = self.view["assignment"].get(partition, (None, -1))
         address = self.view["members"].get(owner) if owner != self.member_id else None
+        failed = self._open_failed.get(partition) if owner == self.member_id else None
+        if failed is not None:
+            raise NotPartitionOwner(
+                f"partition {partition} is assigned to {self.advertise}, which cannot open it ({failed}); it retries "
+                "every second: fix that and retry", partition=partition, owner=None, generation=generation)
         raise NotPartitionOwner(
             f"partition {partition} is not served by {self.advertise}; its owner is {address or 'being chosen'} "
             f"(generation {generation}): retry there", partition=partition, owner=address, generation=generation)
@@ -325,7 +331,11 @@ class Member:
             self._connected.clear()
             if state == KazooState.LOST:
                 self._session_lost = True
-                log.warning("member %s lost its ZooKeeper session: it stops serving and will rejoin", self.member_id)
+                if self._stop.is_set():  # stop() ended the session itself: no loss to warn about
+                    log.info("member %s ended its ZooKeeper session", self.member_id)
+                else:
+                    log.warning("member %s lost its ZooKeeper session: it stops serving and will rejoin",
+                                self.member_id)
         self._wake.set()
 
     def _register(self) -> None:
@@ -475,7 +485,14 @@ class Member:
                                  blob=layout.partition_blob(cfg.blob, partition), s3_endpoint=cfg.s3_endpoint,
                                  **self._engine_options)
         except Exception as exc:  # noqa: BLE001 - tried again on a later pass
-            log.warning("member %s could not open partition %d: %s", self.member_id, partition, exc)
+            reason = f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                repeated = self._open_failed.get(partition) == reason
+                self._open_failed[partition] = reason
+            # once per reason, not once per retry (every OPEN_RETRY seconds)
+            (log.debug if repeated else log.warning)(
+                "member %s could not open partition %d: %s (retried every %g s; logged again if the reason changes)",
+                self.member_id, partition, exc, OPEN_RETRY)
             with self._lock:
                 self._opening.discard(partition)
                 self._retry_at[partition] = self.clock.current_time() + OPEN_RETRY
@@ -485,6 +502,7 @@ class Member:
         engine.failed_listeners.append(lambda _err, engine=engine: self.reopen(partition, engine))
         with self._lock:
             self._opening.discard(partition)
+            self._open_failed.pop(partition, None)
             owner, current = self.view["assignment"].get(partition, (None, -1))
             keep = owner == self.member_id and current == generation and not self._session_lost
             if keep:

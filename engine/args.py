@@ -99,6 +99,39 @@ def check_data_dir(data_dir: object) -> str:
     return path
 
 
+def check_replicas(replicas: object, what: str) -> list[str]:
+    """Storage nodes as distinct ``HOST:PORT`` strings. A malformed one failed inside the log's
+    connection task (an internal error), and one named twice counted twice towards a write
+    quorum that then held fewer copies than it claimed."""
+    if isinstance(replicas, (str, bytes)) or not isinstance(replicas, (list, tuple)) or not replicas:
+        raise InvalidArgument(f"{what} must be a list of storage nodes as 'host:port' strings, not {replicas!r}")
+    seen: set[str] = set()
+    for r in replicas:
+        host, sep, port = r.rpartition(":") if isinstance(r, str) else ("", "", "")
+        if not sep or not host.strip() or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise InvalidArgument(f"{what}: {r!r} is not a storage node's HOST:PORT (a port in 1..65535), "
+                                  "e.g. 127.0.0.1:7001")
+        if r in seen:
+            raise InvalidArgument(f"{what} names storage node {r} twice: a write quorum counts each node once; "
+                                  "give every node once")
+        seen.add(r)
+    return list(replicas)
+
+
+def check_cluster_key(key: object, what: str) -> str:
+    """The storage nodes' cluster key: a UUID (``sediment cluster-key`` prints a new one)."""
+    import uuid
+
+    if isinstance(key, uuid.UUID):
+        return str(key)
+    try:
+        uuid.UUID(key if isinstance(key, str) else "")
+    except ValueError:
+        raise InvalidArgument(f"{what} {key!r} is not a UUID: give the key the storage nodes were started "
+                              "with (`sediment cluster-key` prints a new one)") from None
+    return key
+
+
 def check_open_options(options: Mapping[str, Any]) -> None:
     """The Engine's constructor options, checked before the data directory is touched."""
     o = options
@@ -109,13 +142,13 @@ def check_open_options(options: Mapping[str, Any]) -> None:
     if o.get("wal_capacity") is not None:
         check_int(o["wal_capacity"], "wal_capacity", low=1)
     replicas = o.get("replicas")
-    if replicas is not None and (isinstance(replicas, (str, bytes)) or not isinstance(replicas, (list, tuple))
-                                 or not all(isinstance(r, str) and r for r in replicas)):
-        raise InvalidArgument(f"replicas must be a list of 'host:port' strings, not {replicas!r}")
+    if replicas is not None and not (isinstance(replicas, (list, tuple)) and not replicas):
+        check_replicas(replicas, "replicas")
     if replicas and o.get("metadata") is None:
         raise InvalidArgument("replicas=[...] needs a shared metadata store, e.g. "
                               "metadata='zk://127.0.0.1:2181/sediment'")
-    check_str(o.get("cluster_key"), "cluster_key")
+    if o.get("cluster_key") is not None:
+        check_cluster_key(o["cluster_key"], "cluster_key")
     if o.get("log_partition") is not None:
         check_int(o["log_partition"], "log_partition (the replicated log's partition on the storage nodes)", low=0)
     check_int(o.get("segment_bytes", 1), "segment_bytes", low=4096)

@@ -256,7 +256,8 @@ class Engine:
         if blob is None or isinstance(blob, str):  # else a store object, given for this open only
             blob = record.blob
         if record.replicas or record.wal_spec.kind == "s3":
-            takeover.require_shared_blob(blob, self.data_dir)
+            takeover.require_shared_blob(blob, self.data_dir, "a replicated engine" if record.replicas
+                                         else "an engine with its log on S3")
         blobs = storage.open_blobs(blob, lambda store: counting(store, self.metrics))
         self.blob_uri, self.s3_endpoint = storage.blob_uri, storage.s3_endpoint
         fence = Fence()

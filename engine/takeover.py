@@ -60,15 +60,16 @@ def owner_name(data_dir: str) -> str:
     return f"{socket.gethostname()} pid {os.getpid()} {data_dir}"
 
 
-def require_shared_blob(blob: object, data_dir: str) -> None:
-    """Replicated mode: the batches must be reachable by every coordinator, so the blob
-    store must be named (given now, or recorded when the engine was created)."""
+def require_shared_blob(blob: object, data_dir: str, what: str = "a replicated engine") -> None:
+    """Replicated mode (or the log on S3, ``what`` saying which): the batches must be reachable
+    by every coordinator, so the blob store must be named (given now, or recorded when the
+    engine was created)."""
     if isinstance(blob, str) and (blob.startswith("s3://") or blob.startswith("file://")):
         return
     if blob is not None and not isinstance(blob, str):
         return  # a store object: the caller built it, and vouches for where it lives
     raise StorageRecordMismatch(
-        f"{data_dir}: a replicated engine needs a blob store every coordinator can reach, not "
+        f"{data_dir}: {what} needs a blob store every coordinator can reach, not "
         f"{blob or 'the local default ' + os.path.join(data_dir, 'blobs')!r}: pass blob='s3://bucket/prefix' "
         "(with s3_endpoint= if not AWS) or blob='file:///shared/mount/path' on storage all coordinators share")
 

@@ -112,6 +112,34 @@ def attempt_hosts(hosts: str) -> list[str]:
     return entries * repeat + ([f"/{chroot}"] if chroot else [])
 
 
+class QuietUntilConnected(logging.Filter):
+    """Demotes kazoo's warnings to debug until the client first connects: a ZooKeeper that is
+    not there gave a warning per attempt (about 40 lines in 10 s) before the one-line error
+    that says so. Once connected, a lost connection is worth its warnings again."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self.connected = False
+        self._logger = logger
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.connected or record.levelno < logging.WARNING:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return self._logger.isEnabledFor(logging.DEBUG)
+
+
+def kazoo_logger() -> tuple[logging.Logger, QuietUntilConnected]:
+    """A logger of one kazoo client's own (under ``kazoo.client``, so its handlers apply), and
+    its filter: set ``connected`` once the client's first start succeeded."""
+    base = logging.getLogger("kazoo.client")
+    logger = logging.Logger(base.name)
+    logger.parent = base
+    quiet = QuietUntilConnected(logger)
+    logger.addFilter(quiet)
+    return logger, quiet
+
+
 def connection_retry() -> KazooRetry:
     """How a kazoo client reconnects: at most a second between attempts, for ever. Kazoo's
     default doubles the wait up to an hour, so a client back from a long outage would stay
@@ -145,10 +173,12 @@ class ZooKeeperMetadataStore:
         if on_session_lost is not None:
             self._lost_callbacks.append(on_session_lost)
         self._connected = threading.Event()
+        logger, quiet = kazoo_logger()
         self._client = KazooClient(
             hosts=attempt_hosts(hosts),
             timeout=session_timeout,
             connection_retry=connection_retry(),
+            logger=logger,
         )
         self._client.add_listener(self._on_state)
         try:
@@ -159,6 +189,7 @@ class ZooKeeperMetadataStore:
                 f"cannot connect to ZooKeeper at {hosts} within {timeout}s ({exc!r}); check that "
                 "the servers are running and reachable"
             ) from exc
+        quiet.connected = True
         self._connected.set()
         self._session_id = self._client.client_id[0] if self._client.client_id else None
         try:

@@ -84,10 +84,12 @@ def remove_tree_durable(path: str | os.PathLike[str]) -> None:
 def undo_makedirs(top: str | None, path: str, *, whole: bool) -> None:
     """Undo, durably, the making of directory ``path``: ``top`` is what :func:`makedirs_durable`
     returned (None: ``path`` was there already, empty). ``whole`` (the caller held the
-    directory's lock, so all in it is the caller's): remove ``top`` and everything in it, or
-    empty ``path`` again when it was there before. Else only the empty directories from
-    ``path`` up to ``top``, stopping at the first that is not empty (another process may
-    have begun to use it)."""
+    directory's lock, so all in ``path`` is the caller's): remove ``path`` and everything in
+    it, or empty it again when it was there before. Then the empty directories above
+    ``path`` up to ``top``, stopping at the first that is not empty: the lock covers
+    ``path`` only, and another open may have begun to use a directory made beside it (a
+    cluster member opens its partitions' directories under one parent at once)."""
+    d = os.path.abspath(path)
     if whole and top is None:
         for entry in os.scandir(path):
             if entry.is_dir(follow_symlinks=False):
@@ -97,9 +99,10 @@ def undo_makedirs(top: str | None, path: str, *, whole: bool) -> None:
         fsync_dir(path)
         return
     if whole:
-        remove_tree_durable(top)
-        return
-    d = os.path.abspath(path)
+        remove_tree_durable(d)
+        if d == top:
+            return
+        d = os.path.dirname(d)
     while top is not None:
         try:
             os.rmdir(d)

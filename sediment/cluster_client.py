@@ -172,6 +172,7 @@ class ClusterClient:
         such a call raises OutcomeUnknown, since an attempt may have landed."""
         deadline = time.monotonic() + self.deadline
         uncertain: BaseException | None = None
+        refused: BaseException | None = None  # the last redirect or refusal, for the error at the deadline
         while True:
             address = self._target(name)
             if address is None:  # no member known (yet): look again until the deadline
@@ -182,6 +183,7 @@ class ClusterClient:
             try:
                 return call(self._client(address))
             except NotPartitionOwner as err:
+                refused = err
                 self._redirected(name, err)
                 if err.owner is None or err.owner == address:
                     self._pause_and_refresh(deadline, err)
@@ -202,7 +204,9 @@ class ClusterClient:
         if unknown_outcome and uncertain is not None:
             raise OutcomeUnknown(f"write to {name!r} in {self.uri}: no owner acknowledged it within {self.deadline:g} "
                                  f"s (last: {uncertain}); it may or may not have been applied") from None
-        raise CoordinatorUnavailable(f"no owner of {name!r} in {self.uri} answered within {self.deadline:g} s")
+        last = f" (last answer: {refused})" if refused is not None else ""
+        raise CoordinatorUnavailable(f"no owner of {name!r} in {self.uri} answered within {self.deadline:g} s{last}; "
+                                     f"`sediment --connect {self.uri} cluster status` shows the owners")
 
     def _pause_and_refresh(self, deadline: float, err: BaseException) -> None:
         if time.monotonic() > deadline:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 from typing import Any
@@ -57,6 +58,7 @@ def cmd_cluster_create(args: argparse.Namespace) -> int:
                                   cluster_key=args.cluster_key, blob=args.blob, s3_endpoint=args.s3_endpoint,
                                   session_timeout=args.session_timeout)
     layout.check_config(config)
+    _check_blob_reachable(config.blob, config.s3_endpoint)
     zk = layout.connect_zk(where)
     try:
         layout.create(zk, where, config)
@@ -67,9 +69,25 @@ def cmd_cluster_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cluster_status(args: argparse.Namespace) -> int:
-    import os
+def _check_blob_reachable(blob: str, s3_endpoint: str | None) -> None:
+    """Read one key of an S3 blob store before the cluster is recorded: a missing bucket, a
+    wrong endpoint or credentials were found only by the members, each retrying its partitions'
+    opens every second, while clients heard only that no owner answered."""
+    if not blob.startswith("s3://"):
+        return
+    from sediment.blob.uri import open_blob_store
+    from sediment.errors import BlobNotFound
 
+    store = open_blob_store(blob, s3_endpoint=s3_endpoint)
+    try:
+        store.get("sediment-owner")
+    except BlobNotFound:
+        pass
+    finally:
+        store.close()
+
+
+def cmd_cluster_status(args: argparse.Namespace) -> int:
     from sediment.cluster_client import cluster_status
     from sediment.net.protocol import TOKEN_ENV
 
@@ -80,25 +98,67 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
-    print(f"cluster {status['cluster']}: manager {status['manager']}")
+    manager = status["manager"] or (f"none (no member is running: start one with `sediment serve --cluster "
+                                    f"{status['cluster']}`)")
+    print(f"cluster {status['cluster']}: manager {manager}")
     for member in status["members"]:
         print(f"member {member['id']} {member['advertise']}")
     for p in status["partitions"]:
-        print(f"partition {p['partition']}: owner {p['owner']} generation {p['generation']} "
-              f"sealed {json.dumps(p['sealed'])} wal_backlog_bytes {p['wal_backlog_bytes']}")
+        backlog = "unknown" if p["wal_backlog_bytes"] is None else p["wal_backlog_bytes"]
+        print(f"partition {p['partition']}: owner {p['owner'] or 'none'} generation {p['generation']} "
+              f"sealed {json.dumps(p['sealed'])} wal_backlog_bytes {backlog}")
     return 0
+
+
+def _member_directory(directory: str) -> tuple[int, str | None]:
+    """Lock a member's ``--data-dir`` (made if missing) before it joins: (the descriptor that
+    holds the lock, the outermost directory made). A directory holding an engine is refused:
+    the member would make its partitions' engines inside another engine's directory. A second
+    member on the same directory is refused as well: its partition opens would fail on the
+    first one's locks, once a second."""
+    from sediment._fs import makedirs_durable
+    from sediment.engine.data_dir import DataDir
+
+    where = DataDir(directory)
+    if where.holds_engine():
+        raise UsageError(f"--data-dir {directory} holds an engine (meta/, wal/ or REPLICATED): a cluster member "
+                         "keeps its partitions in a directory of its own; give another --data-dir")
+    created = makedirs_durable(directory)
+    try:
+        return where.take_lock(), created
+    except BaseException:
+        if created is not None:
+            from sediment._fs import undo_makedirs
+
+            undo_makedirs(created, directory, whole=False)
+        raise
 
 
 def serve_cluster(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes, bytes] | None,
                   stop: threading.Event) -> int:
     """Join the cluster as a member and serve its partitions until SIGTERM, then hand them over."""
+    from sediment._fs import undo_makedirs
     from sediment.cli.common import data_dir_of
     from sediment.cluster import layout
+
+    where = layout.ClusterPath.parse(_cluster_uri(args, "cluster"))
+    directory = os.path.abspath(data_dir_of(args))
+    _lock, created = _member_directory(directory)  # held until the process exits
+    try:
+        return _serve_member(args, where, location, token, tls, stop)
+    except BaseException:
+        if created is not None and set(os.listdir(directory)) <= {"LOCK"}:  # a first start that never served
+            undo_makedirs(created, directory, whole=True)
+        raise
+
+
+def _serve_member(args: argparse.Namespace, where: Any, location: str, token: str,
+                  tls: tuple[bytes, bytes] | None, stop: threading.Event) -> int:
+    from sediment.cli.common import data_dir_of
     from sediment.cluster.member import Member
     from sediment.cluster.router import ClusterEngine
     from sediment.server import SedimentFlightServer
 
-    where = layout.ClusterPath.parse(_cluster_uri(args, "cluster"))
     member = Member(where, args.advertise or "", data_dir_of(args))
     server = SedimentFlightServer(ClusterEngine(member), location, token,
                                   txn_idle_timeout=args.txn_idle_timeout or None, tls=tls,

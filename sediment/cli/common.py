@@ -83,6 +83,8 @@ def require_engine_dir(data_dir: str, *, shared: bool) -> None:
     entries = os.listdir(data_dir)
     if shared and (not entries or LOCK_NAME in entries):
         return
+    if os.path.isdir(os.path.join(data_dir, "partitions")):  # `relation add` here would make an engine in it
+        how = "it is a cluster member's directory (partitions/): reach the cluster with --connect zk://HOST:PORT/NAME"
     raise NotADataDir(f"{data_dir} is not a sediment data directory (it has none of meta/, wal/, REPLICATED) and "
                       f"was left as it is; {how}")
 

@@ -114,6 +114,22 @@ def _input_size(path: str, fmt: str) -> int:
 
 
 def _print_stats(stats: dict) -> None:
+    """One engine's stats; a cluster's (``sediment.connect("zk://...")``: each member's) or a
+    member's (its ``grpc://`` address) as each partition's engine under a heading naming it."""
+    if "members" in stats or "partitions" in stats:
+        members = stats["members"].values() if "members" in stats else [stats]
+        for member in members:
+            if not member["partitions"]:
+                print(f"member {member['member']} {member['advertise']}: no partitions")
+            for p, engine in member["partitions"].items():
+                print(f"partition {p}: member {member['member']} {member['advertise']} generation "
+                      f"{engine['generation']}")
+                _print_engine_stats(engine)
+        return
+    _print_engine_stats(stats)
+
+
+def _print_engine_stats(stats: dict) -> None:
     wal, storage = stats["wal"], stats["storage"]
     size = "" if wal.get("bytes") is None else f", {wal['segments']} segments, {wal['bytes']} bytes on disk"
     print(f"wal: {wal['kind']}, LSN {wal['start_lsn']}..{wal['end_lsn']}{size}, backlog "

@@ -58,6 +58,24 @@ def _listen_arg(text: str) -> tuple[str, int]:
     return host, number
 
 
+def _advertise_arg(text: str) -> str:
+    """``grpc://HOST:PORT`` or ``grpc+tls://HOST:PORT`` (a bare ``HOST:PORT`` is ``grpc://``, as
+    for ``--connect``): the address members publish and clients are sent to. Anything else was
+    published as given, and every client redirected to that member failed."""
+    from urllib.parse import urlsplit
+
+    uri = text if "://" in text else f"grpc://{text}"
+    parts = urlsplit(uri)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("grpc", "grpc+tls") or not parts.hostname or not port or parts.path not in ("", "/"):
+        raise argparse.ArgumentTypeError(f"invalid --advertise {text!r}: give the address clients reach this "
+                                         "member at, grpc://HOST:PORT or grpc+tls://HOST:PORT (a port in 1..65535)")
+    return uri.rstrip("/")
+
+
 def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Adds ``serve`` through the CLI's ``command(name, func, help)`` helper (sediment/cli/parser.py)."""
     p = command("serve", cmd_serve, "serve the data directory to clients over Arrow Flight until SIGTERM")
@@ -81,7 +99,7 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p.add_argument("--cluster", default=None, metavar="zk://HOST:PORT/NAME",
                    help="join this cluster of coordinators (`sediment cluster create` records it) and serve "
                         "the partitions assigned to this member; --data-dir holds their local state")
-    p.add_argument("--advertise", default=None, metavar="grpc://HOST:PORT",
+    p.add_argument("--advertise", type=_advertise_arg, default=None, metavar="grpc://HOST:PORT",
                    help="with --cluster: the address clients are sent to (default: the address listened on)")
     return p
 
@@ -221,6 +239,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     transactions are aborted (so they never become visible), the engine closes."""
     from sediment.net.protocol import TOKEN_ENV
 
+    if args.advertise is not None and not args.cluster:
+        raise UsageError(f"--advertise {args.advertise} is the address of a cluster member: give it with "
+                         "--cluster zk://HOST:PORT/NAME, or leave it out")
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     if not token:
         raise UsageError(f"serve needs a token: pass --token T or set ${TOKEN_ENV} (clients send the same)")

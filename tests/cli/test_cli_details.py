@@ -383,3 +383,39 @@ def test_a_tail_ended_after_its_snapshot_names_the_command_that_goes_on(tmp_path
     assert err.count("\n") == 1 and "`sediment tail orders --as-of 1 --resume`" in err and "snapshot" in err, err
     resumed = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "1", "--resume", "--idle-timeout", "0.5")
     assert (resumed.returncode, resumed.stdout) == (0, "event,time,id,diff\n"), resumed.stderr
+
+
+@pytest.fixture
+def taken_port():
+    """A port this process listens on: a serve that got past its argument checks fails at once
+    (cannot listen), so a missing check shows as a wrong error, not a server that runs on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("advertise", ["notaurl", "grpc://host", "grpc://host:0", "http://host:8815",
+                                       "grpc://host:8815/x", "host:99999"])
+def test_serve_refuses_an_advertised_address_clients_cannot_reach_and_joins_nothing(tmp_path, capsys, monkeypatch,
+                                                                                     taken_port, advertise):
+    """A member published ``--advertise`` as given: a word, a host without a port or port 0 went
+    to ZooKeeper and every client sent to that member failed."""
+    monkeypatch.setenv("SEDIMENT_TOKEN", "t")
+    data = tmp_path / "member"
+    code = cli_main(["serve", "--cluster", "zk://127.0.0.1:1/none", "--advertise", advertise, "--listen",
+                     f"127.0.0.1:{taken_port}", "--data-dir", str(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"invalid --advertise {advertise!r}" in err
+    assert not data.exists()
+
+
+def test_serve_refuses_advertise_without_cluster_and_makes_nothing(tmp_path, capsys, monkeypatch, taken_port):
+    monkeypatch.setenv("SEDIMENT_TOKEN", "t")
+    data = tmp_path / "d"
+    code = cli_main(["serve", "--advertise", "grpc://127.0.0.1:8815", "--listen", f"127.0.0.1:{taken_port}",
+                     "--data-dir", str(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "--advertise grpc://127.0.0.1:8815 is the address of a cluster member" in err
+    assert not data.exists()

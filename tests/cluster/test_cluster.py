@@ -23,6 +23,7 @@ from sediment.errors import CrossPartitionTransaction, NotPartitionOwner
 
 pytestmark = [pytest.mark.slow, pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(240)]
 SCHEMA = pa.schema([("k", pa.int64())])
+KEY = "5e5e5e5e-0000-4000-8000-00000000c0de"
 
 
 def rows(keys: list[int], t: int = 1) -> pa.Table:
@@ -122,6 +123,17 @@ def test_redirects_stale_addresses_cross_partition_and_status(cluster, tmp_path)
         p0 = status["partitions"][0]
         assert (p0["owner"], p0["generation"], p0["sealed"]) == (owner.uri, view["assignment"][0][1], {"a": 2})
         assert isinstance(p0["wal_backlog_bytes"], int)
+        # `stats` over the cluster and over one member: each partition under a line naming it
+        # (it was an internal error, KeyError 'wal': the printer expected one engine's stats)
+        for target, shown in ((cluster.uri, members), (owner.uri, [owner])):
+            out = subprocess.run([sys.executable, "-m", "sediment", "--connect", target, "stats"], env=cluster.env,
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            headings = re.findall(r"^partition (\d+): member (\S+) (\S+) generation (\d+)$", out.stdout, re.M)
+            assert {int(p) for p, *_ in headings} == {p for p, (m, _g) in view["assignment"].items()
+                                                       if m in {x.member_id for x in shown}}
+            assert (str(0), owner.member_id, owner.uri, str(view["assignment"][0][1])) in headings
+            assert re.search(r"^a +\d+ ", out.stdout, re.M) and out.stdout.count("wal: replicated") == len(headings)
         # the stale address: its member is gone, the client still finds the owners through ZooKeeper
         victim = cluster.owner_of(1)
         stale = sediment.connect(cluster.uri, token=TOKEN)
@@ -209,6 +221,9 @@ def test_join_rebalances_sigterm_hands_over_and_the_manager_is_replaced(cluster)
         assert handed_over, "the leaving owner held the partition for appends until the new owner fenced it"
         assert re.search(r"compacted the WAL tails of [1-9]\d* partitions before handing them over",
                          Path(leaving.log.name).read_text()), "the leaving owner compacted its tails first"
+        # it ended its session itself: no warning that it lost it and "will rejoin"
+        assert "lost its ZooKeeper session" not in Path(leaving.log.name).read_text()
+        assert f"member {leaving.member_id} ended its ZooKeeper session" in Path(leaving.log.name).read_text()
         rest = [m for m in cluster.live()]
         cluster.wait_assigned(rest)
         manager = min(rest, key=lambda m: m.member_id)
@@ -264,16 +279,28 @@ def test_a_member_paused_past_its_session_is_refused_and_rejoins(cluster, zookee
         assert [keys_of(db, f"r{p}", 3) for p in (1, 2, 3)] == [[1, 201], [2, 202], [3, 203]]
 
 
-def test_cluster_create_records_once_and_refuses_bad_input(zookeeper, zk_root):
+def test_cluster_create_records_once_and_refuses_bad_input(zookeeper, zk_root, moto_server, tmp_path):
     uri = f"zk://127.0.0.1:{zookeeper.port}{zk_root}"
 
     def create(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "sediment", "cluster", "create", "--metadata", uri,
-                               "--replicas", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--cluster-key", "k",
-                               "--blob", "s3://bucket/prefix", *extra], capture_output=True, text=True, timeout=60)
+                               "--replicas", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--cluster-key", KEY,
+                               "--blob", f"file://{tmp_path}/blobs", *extra], capture_output=True, text=True,
+                              timeout=60)
 
     bad = create("--partitions", "0")
     assert bad.returncode != 0 and "--partitions must be an integer in [1, 4096]" in bad.stderr
+    # a node named twice would count twice towards a write quorum; a malformed one or a key that is
+    # no UUID failed only when a member opened a partition (an internal error, or a bare "badly
+    # formed hexadecimal UUID string")
+    for extra, said in ((("--replicas", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:1"), "names storage node 127.0.0.1:1 twice"),
+                        (("--replicas", "127.0.0.1:1,nohost"), "'nohost' is not a storage node's HOST:PORT"),
+                        (("--cluster-key", "k"), "--cluster-key 'k' is not a UUID"),
+                        # found by the members only, each retrying its opens every second
+                        (("--blob", "s3://no-such-bucket-here/c", "--s3-endpoint", moto_server.endpoint),
+                         "bucket 'no-such-bucket-here' does not exist; create it or fix the URI")):
+        bad = create("--partitions", "4", *extra)
+        assert bad.returncode == 1 and said in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
     from sediment.cluster import layout
 
     where = layout.ClusterPath.parse(uri)
@@ -284,6 +311,10 @@ def test_cluster_create_records_once_and_refuses_bad_input(zookeeper, zk_root):
         again = create("--partitions", "8")
         assert again.returncode != 0 and "already records a cluster" in again.stderr
         assert layout.read_config(zk, where).partitions == 4
+        status = subprocess.run([sys.executable, "-m", "sediment", "--connect", uri, "cluster", "status"],
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and "None" not in status.stdout, status.stdout  # no member yet: not Python's None
+        assert f"manager none (no member is running: start one with `sediment serve --cluster {uri}`)" in status.stdout
     finally:
         zk.stop()
         zk.close()

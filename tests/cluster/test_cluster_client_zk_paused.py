@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 
 import pyarrow as pa
 import pytest
@@ -47,8 +48,9 @@ def test_calls_end_by_their_deadline_while_zookeeper_is_paused(tmp_path):
     try:
         where = layout.ClusterPath.parse(f"zk://127.0.0.1:{zk_server.port}/paused")
         zk = layout.connect_zk(where)
-        layout.create(zk, where, layout.ClusterConfig(partitions=1, replicas=["127.0.0.1:1"], cluster_key="k",
-                                                      blob="file:///nowhere", session_timeout=4.0))
+        layout.create(zk, where, layout.ClusterConfig(partitions=1, replicas=["127.0.0.1:1"],
+                                                      cluster_key=str(uuid.uuid4()), blob="file:///nowhere",
+                                                      session_timeout=4.0))
         dead = f"grpc://127.0.0.1:{free_port()}"  # the owner's process is gone: its port refuses
         zk.create(where.path("members", "m-"), json.dumps({"advertise": dead}).encode(), ephemeral=True,
                   sequence=True)

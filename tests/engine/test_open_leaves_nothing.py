@@ -5,6 +5,8 @@ again when it was there but empty; a directory that held anything is never remov
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from test_engine import SCHEMA, rows, ups
 
@@ -128,3 +130,37 @@ def test_a_refused_open_of_an_engine_leaves_its_metadata_files_as_they_were(tmp_
         assert meta_files() == before
     with sediment.open(data, compact_interval=None) as eng:
         assert rows(eng.snapshot("orders", 1)) == [(1, "a", 1)]
+
+
+@pytest.mark.s3
+def test_a_failed_open_keeps_a_directory_another_open_made_beside_it(tmp_path, faulty_proxy):
+    """A cluster member opens its partitions under one new parent at once, and the first open
+    makes that parent: when it failed, it removed the parent with the other partitions'
+    directories in it, locks, markers and all, while their engines were open. Its lock
+    covers its own directory only."""
+    parent = tmp_path / "member" / "partitions"
+    held = faulty_proxy.hold_next(1)  # the failing open's first S3 request: after its lock and mkdir
+    failed: list[BaseException] = []
+
+    def open_into_a_missing_bucket() -> None:
+        try:
+            sediment.open(parent / "1", blob="s3://no-such-bucket-here/p1", s3_endpoint=faulty_proxy.endpoint)
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            failed.append(exc)
+
+    opener = threading.Thread(target=open_into_a_missing_bucket)
+    opener.start()
+    assert held.reached.wait(30), "the open did not reach S3"
+    sibling = sediment.open(parent / "0")
+    try:
+        sibling.add_relation("r", SCHEMA)
+        held.release.set()
+        opener.join(30)
+        assert not opener.is_alive() and len(failed) == 1 and isinstance(failed[0], errors.BlobError)
+        assert not (parent / "1").exists()
+        assert (parent / "0" / "LOCK").exists() and (parent / "0" / "meta").is_dir()
+        sibling.append("r", ups([(1, "a", 1, 1)]))
+    finally:
+        sibling.close()
+    with sediment.open(parent / "0") as again:
+        assert again.relations() == ["r"]

@@ -4,12 +4,13 @@ starts) costs a third of the session timeout, not the whole session."""
 
 from __future__ import annotations
 
+import logging
 import struct
 
 import pytest
 from support.cut_proxy import CutProxy
 
-from sediment.errors import InvalidMetadataRequest
+from sediment.errors import InvalidMetadataRequest, MetadataUnavailable
 from sediment.metadata.zookeeper import ATTEMPTS_PER_SESSION, attempt_hosts
 from sediment.metadata.zookeeper import ZooKeeperMetadataStore as Store
 
@@ -44,6 +45,36 @@ def test_a_reconnection_never_answered_is_abandoned_within_the_session(zookeeper
         assert not store.session_lost
         got = store.get("k")
         assert got is not None and got.value == b"v"
+    finally:
+        store.close()
+        proxy.close()
+
+
+@pytest.mark.zookeeper
+def test_an_unreachable_zookeeper_is_one_error_not_a_warning_per_attempt(zookeeper, zk_root, caplog) -> None:
+    """kazoo warned at each attempt to reach a ZooKeeper that is not there (about 40 lines in
+    10 s before the command's one-line error); once a client has connected, a lost connection
+    is still warned about."""
+    from support.ports import free_port
+    from support.waiting import poll_until
+
+    from sediment.cluster import layout
+
+    caplog.set_level(logging.WARNING)
+    nowhere = f"127.0.0.1:{free_port()}"
+    with pytest.raises(MetadataUnavailable, match=f"cannot connect to ZooKeeper at {nowhere}"):
+        Store(nowhere, zk_root, timeout=1.0)
+    with pytest.raises(MetadataUnavailable, match=f"cannot reach ZooKeeper at {nowhere}"):
+        layout.connect_zk(layout.ClusterPath.parse(f"zk://{nowhere}/c"), timeout=1.0)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("kazoo")] == []
+    proxy = CutProxy()
+    proxy.upstream = zookeeper.hosts
+    store = Store(proxy.uri.removeprefix("grpc://"), zk_root, timeout=10.0, session_timeout=SESSION)
+    try:
+        proxy.cut()
+        poll_until(lambda: any(r.name.startswith("kazoo") and r.levelno == logging.WARNING for r in caplog.records),
+                   10.0, "a warning that the connection was lost")
+        assert store.wait_connected(RECONNECTED_WITHIN)
     finally:
         store.close()
         proxy.close()

@@ -206,3 +206,33 @@ def test_storage_node_refuses_a_bad_address_or_count_in_one_line(tmp_path: Path,
     assert cli.returncode == code and cli.stderr.count("\n") == 1, cli.stderr
     assert all(w in cli.stderr for w in words) and "internal error" not in cli.stderr, cli.stderr
     assert not d.exists()
+
+
+def test_a_second_node_on_the_same_directory_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    """Two nodes on one --dir both served it, appending to the same segment files; the second
+    is refused by the directory's lock in one line, the first serves on, nothing changed."""
+    node = Node(tmp_path / "node")
+    node.start()
+    try:
+        assert answers(node)
+        before = sorted((p.relative_to(node.dir), p.stat().st_size, p.stat().st_mtime_ns) for p in node.dir.rglob("*"))
+        cli = subprocess.run([sys.executable, "-m", "sediment", "storage-node", "--dir", str(node.dir), "--listen",
+                              "127.0.0.1:0", "--cluster-key", str(KEY)], capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 1 and cli.stderr.count("\n") == 1, (cli.stdout, cli.stderr)
+        assert f"storage node directory {node.dir} is in use by another process" in cli.stderr
+        assert "give each node its own --dir" in cli.stderr and "listening on" not in cli.stdout
+        after = sorted((p.relative_to(node.dir), p.stat().st_size, p.stat().st_mtime_ns) for p in node.dir.rglob("*"))
+        assert after == before and answers(node)
+    finally:
+        node.kill()
+    node.start()  # the lock went with the killed process: the node starts again on its directory
+    try:
+        assert answers(node)
+    finally:
+        node.kill()
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    cli = subprocess.run([sys.executable, "-m", "sediment", "storage-node", "--dir", str(afile), "--listen",
+                          "127.0.0.1:0", "--cluster-key", str(KEY)], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and cli.stderr.count("\n") == 1 and "exists and is not a directory" in cli.stderr
+    assert afile.read_text() == "mine"

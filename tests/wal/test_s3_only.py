@@ -98,9 +98,10 @@ def test_wal_on_s3_needs_shared_metadata_and_blobs(tmp_path, s3_bucket):
     assert not os.path.exists(tmp_path / "a")
     with pytest.raises(InvalidArgument):
         sediment.open(tmp_path / "b", wal="s3://", metadata=f"s3://{bucket}/m?endpoint={endpoint}")
-    with pytest.raises(StorageRecordMismatch):
+    with pytest.raises(StorageRecordMismatch) as local_blobs:
         sediment.open(tmp_path / "c", wal=f"s3://{bucket}/wal", metadata=f"s3://{bucket}/m?endpoint={endpoint}",
                       s3_endpoint=endpoint)
+    assert "an engine with its log on S3 needs a blob store every coordinator can reach" in str(local_blobs.value)
 
 
 def test_the_cli_creates_serves_and_verifies_an_s3_only_engine(tmp_path, s3_bucket, capsys):

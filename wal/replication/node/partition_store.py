@@ -9,6 +9,7 @@ in docs/formats.md, "Storage node layout".
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import threading
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from sediment._fs import makedirs_durable
-from sediment.errors import WalError, WalMissing
+from sediment.errors import DataDirLocked, InvalidArgument, WalError, WalMissing
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import segment as sg
@@ -344,6 +345,29 @@ def check_truncate(lsn: int, start: int, next_lsn: int, where: str) -> None:
                        f"record {start}, next {next_lsn}); the coordinator's view of this replica is stale")
 
 
+LOCK_NAME = "LOCK"
+
+
+def lock_directory(directory: str) -> int:
+    """The storage directory's exclusive lock (an open descriptor, held for the process's
+    life), taken before anything in it is read or made: two nodes started on one ``--dir``
+    both served it, each appending to the same segment files. DataDirLocked if another
+    process holds it; the directory is made if missing (the node's first start would)."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise InvalidArgument(f"storage node --dir {directory} exists and is not a directory; give a directory "
+                              "(missing or empty for a new node)")
+    makedirs_durable(directory)
+    path = os.path.join(directory, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirLocked(f"storage node directory {directory} is in use by another process (lock {path}); "
+                            "stop that node, or give each node its own --dir") from None
+    return fd
+
+
 def open_directory(directory: str, cluster_key: uuid.UUID,
                    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                    checkpoint_records: int = DEFAULT_CHECKPOINT) -> Callable[[int], PartitionStore]:
@@ -354,7 +378,7 @@ def open_directory(directory: str, cluster_key: uuid.UUID,
     directory holding anything else but no control file lost it: WalMissing, naming the file
     (the node must not come back empty and answer as a replica that lost nothing)."""
     ctl_path = os.path.join(directory, CONTROL_NAME)
-    leftovers = [n for n in os.listdir(directory) if not n.endswith(".tmp") and n != "lost+found"] \
+    leftovers = [n for n in os.listdir(directory) if not n.endswith(".tmp") and n not in ("lost+found", LOCK_NAME)] \
         if os.path.isdir(directory) else []  # an interrupted first start, or a fresh file system's root
     if not os.path.exists(ctl_path) and not leftovers:
         makedirs_durable(directory)

@@ -54,6 +54,7 @@ from sediment.wal.replication.node.partition_store import (
     DEFAULT_CHECKPOINT,
     DEFAULT_SEGMENT_BYTES,
     PartitionStore,
+    lock_directory,
     open_directory,
 )
 from sediment.wal.replication.node.replies import Replies
@@ -502,6 +503,7 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
                        "created with") from None
 
     _check_listen(args.listen, host or "127.0.0.1", int(port))
+    lock_fd = lock_directory(args.dir)  # noqa: F841 - held until the process exits
     open_store = open_directory(args.dir, key, args.segment_bytes, args.checkpoint_records)  # refuses a lost control file before listening
 
     metrics = None
