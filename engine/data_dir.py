@@ -8,7 +8,6 @@ verify had to repeat open's checks by hand. Layout in docs/formats.md ("Data dir
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import struct
@@ -20,7 +19,7 @@ from typing import Any
 
 import crc32c
 
-from sediment._fs import replace_durably
+from sediment._fs import lock_file, replace_durably
 from sediment.errors import (
     DataDirLocked,
     InvalidArgument,
@@ -51,13 +50,10 @@ class DataDir:
 
     def take_lock(self) -> int:
         """The directory's exclusive lock (an open file descriptor); DataDirLocked if another process holds it."""
-        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = lock_file(self.lock)
+        if fd is None:
             raise DataDirLocked(f"{self.root} is in use by another sediment process (lock {self.lock}); "
-                                "stop it or use another --data-dir") from None
+                                "stop it or use another --data-dir")
         return fd
 
     def holds_engine(self) -> bool:

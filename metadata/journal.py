@@ -23,11 +23,10 @@ follows (a deleted snapshot is then detected). Byte layouts are in docs/formats.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 
 from sediment._fs import fsync_dir as _fsync_dir
-from sediment._fs import makedirs_durable, replace_durably, write_all
+from sediment._fs import lock_file, makedirs_durable, replace_durably, write_all
 from sediment.errors import (
     DataDirLocked,
     MetadataCorruption,
@@ -153,16 +152,14 @@ class JournalMetadataStore(MemoryMetadataStore):
 
     def _take_lock(self) -> int:
         lock_path = os.path.join(self.directory, LOCK_NAME)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
+        fd = lock_file(lock_path)
+        if fd is None:
+            with open(lock_path, "rb") as f:
+                holder = f.read(32).decode("ascii", "replace").strip() or "unknown"
             raise DataDirLocked(
                 f"metadata directory {self.directory} is in use: {lock_path} is locked by "
                 f"another store (pid {holder}); close that store or stop that process first"
-            ) from None
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd

@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+
+
+def lock_file(path: str) -> int | None:
+    """An exclusive, non-blocking ``flock`` on ``path`` (made if missing): its open descriptor,
+    held until closed (or the process ends), or None when another process holds it. The one
+    lock every directory sediment owns is guarded by (a data directory, a metadata journal, a
+    storage node's directory); each caller words its own refusal."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

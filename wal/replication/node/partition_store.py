@@ -9,7 +9,6 @@ in docs/formats.md, "Storage node layout".
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import threading
@@ -18,7 +17,7 @@ from array import array
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from sediment._fs import makedirs_durable
+from sediment._fs import lock_file, makedirs_durable
 from sediment.errors import DataDirLocked, InvalidArgument, WalError, WalMissing
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
@@ -358,13 +357,10 @@ def lock_directory(directory: str) -> int:
                               "(missing or empty for a new node)")
     makedirs_durable(directory)
     path = os.path.join(directory, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = lock_file(path)
+    if fd is None:
         raise DataDirLocked(f"storage node directory {directory} is in use by another process (lock {path}); "
-                            "stop that node, or give each node its own --dir") from None
+                            "stop that node, or give each node its own --dir")
     return fd
 
 
