@@ -3,6 +3,7 @@ a local[2] SparkSession, a Flight coordinator on 127.0.0.1, moto for S3."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import subprocess
@@ -338,16 +339,25 @@ def _spark_env() -> dict[str, str]:
             "SPARK_LOCAL_IP": "127.0.0.1"}
 
 
-@pytest.mark.slow
-def test_spark_submit_ingest_script_against_sediment_serve(tmp_path):
-    token = "spark-submit-token"
+@contextlib.contextmanager
+def served(tmp_path, token: str):
+    """A real ``sediment serve`` on a fresh data directory, its URI; stopped by its PID after."""
     serve = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--data-dir", str(tmp_path / "d"),
                               "--listen", "127.0.0.1:0", "--token", token],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ready = serve.stdout.readline()
         assert "serving" in ready, serve.stderr.read()
-        uri = ready.split()[-1]
+        yield ready.split()[-1]
+    finally:
+        serve.terminate()
+        serve.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_spark_submit_ingest_script_against_sediment_serve(tmp_path):
+    token = "spark-submit-token"
+    with served(tmp_path, token) as uri:
         with sediment.connect(uri, token) as db:
             db.add_relation("orders", SCHEMA)
         (tmp_path / "in.csv").write_text("id,item\n7,tea\n8,jam\n")
@@ -362,9 +372,6 @@ def test_spark_submit_ingest_script_against_sediment_serve(tmp_path):
         with sediment.connect(uri, token) as db:
             assert db.sealed("orders") == 2
             assert rows_of(db.snapshot("orders", 2)) == Counter({(7, "tea", 1): 1, (8, "jam", 1): 1})
-    finally:
-        serve.terminate()
-        serve.communicate(timeout=60)
 
 
 @pytest.mark.slow
@@ -373,13 +380,7 @@ def test_a_failed_ingest_job_says_so_in_one_line_without_sparks_logs(tmp_path):
     (plus the JVM's own start-up warning), not Spark's ERROR logs and Java stacks (about 120
     lines before), and nothing was appended."""
     token = "quiet-job-token"
-    serve = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--data-dir", str(tmp_path / "d"),
-                              "--listen", "127.0.0.1:0", "--token", token],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        ready = serve.stdout.readline()
-        assert "serving" in ready, serve.stderr.read()
-        uri = ready.split()[-1]
+    with served(tmp_path, token) as uri:
         with sediment.connect(uri, token) as db:
             db.add_relation("counts", pa.schema([("id", pa.int64()), ("n", pa.int64())]))
         (tmp_path / "bad.csv").write_text("id,n\n1,2\n3,many\n")
@@ -395,9 +396,6 @@ def test_a_failed_ingest_job_says_so_in_one_line_without_sparks_logs(tmp_path):
         with sediment.connect(uri, token) as db:
             db.seal("counts", 1)
             assert db.snapshot("counts", 1).num_rows == 0
-    finally:
-        serve.terminate()
-        serve.communicate(timeout=60)
 
 
 @pytest.mark.slow
