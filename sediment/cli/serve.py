@@ -242,6 +242,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.advertise is not None and not args.cluster:
         raise UsageError(f"--advertise {args.advertise} is the address of a cluster member: give it with "
                          "--cluster zk://HOST:PORT/NAME, or leave it out")
+    ignored = [flag for flag, value in (("--replicas", args.replicas), ("--cluster-key", args.cluster_key)) if value]
+    if args.cluster and ignored:  # (--metadata, --blob and --s3-endpoint may come from the environment)
+        raise UsageError(f"{' and '.join(ignored)}: a cluster member takes its storage nodes and their key from the "
+                         "cluster's record (`sediment cluster create` wrote them); leave them out of serve --cluster")
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     if not token:
         raise UsageError(f"serve needs a token: pass --token T or set ${TOKEN_ENV} (clients send the same)")

@@ -419,3 +419,17 @@ def test_serve_refuses_advertise_without_cluster_and_makes_nothing(tmp_path, cap
     assert code == 2 and err.count("\n") == 1
     assert "--advertise grpc://127.0.0.1:8815 is the address of a cluster member" in err
     assert not data.exists()
+
+
+@pytest.mark.parametrize("given", [["--replicas", "127.0.0.1:7001"], ["--cluster-key", "5e5e5e5e-0000-4000-8000-000000000001"]])
+def test_serve_cluster_refuses_the_storage_options_its_record_holds_and_makes_nothing(tmp_path, capsys, monkeypatch,
+                                                                                       taken_port, given):
+    """A member takes its storage nodes and their key from the cluster's record: given on the
+    command line they were silently ignored."""
+    monkeypatch.setenv("SEDIMENT_TOKEN", "t")
+    data = tmp_path / "member"
+    code = cli_main([*given, "--data-dir", str(data), "serve", "--cluster", "zk://127.0.0.1:1/none", "--listen",
+                     f"127.0.0.1:{taken_port}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{given[0]}: a cluster member takes its storage nodes" in err
+    assert not data.exists()
