@@ -20,6 +20,17 @@ def _fresh(n: int, start: int = 0) -> pa.Table:
                      "diff": pa.array([1] * n, pa.int64())})
 
 
+def _written(table: pa.Table, key_columns: list[str], attribute: str) -> list[dict]:
+    """Encode ``table`` as a batch, check it reads back equal, and give each row group's
+    ``attribute`` of its column chunks by column name."""
+    desc = BatchDescription(1, 0, 1000, 0, table.num_rows)
+    data = encode_batch(table, desc)
+    assert decode_batch(data, desc, key_columns=key_columns).select(table.column_names).equals(table)
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    return [{table.column_names[c]: getattr(meta.row_group(g).column(c), attribute) for c in range(meta.num_columns)}
+            for g in range(meta.num_row_groups)]
+
+
 def test_distinct_columns_get_no_dictionary_and_repeating_ones_do():
     assert dictionary_columns(_fresh(20_000)) == ["region", "time", "diff"]
     chunked = pa.concat_tables([_fresh(1000, 1000 * k) for k in range(20)])  # the same judged over chunks
@@ -34,15 +45,9 @@ def test_no_sample_a_small_one_or_a_nested_column_keep_parquets_default():
 
 
 def test_a_batch_of_fresh_ids_has_dictionary_pages_only_for_repeating_columns_and_reads_back_equal():
-    table = _fresh(150_000)
-    desc = BatchDescription(1, 0, 1000, 0, table.num_rows)
-    data = encode_batch(table, desc)
-    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
-    names = table.column_names
-    for g in range(meta.num_row_groups):
-        has = {names[c]: meta.row_group(g).column(c).has_dictionary_page for c in range(meta.num_columns)}
-        assert has == {"id": False, "region": True, "payload": False, "time": True, "diff": True}
-    assert decode_batch(data, desc, key_columns=["id", "region", "payload"]).select(names).equals(table)
+    groups = _written(_fresh(150_000), ["id", "region", "payload"], "has_dictionary_page")
+    assert groups and all(has == {"id": False, "region": True, "payload": False, "time": True, "diff": True}
+                          for has in groups)
 
 
 def test_payloads_zstd_cannot_shrink_are_stored_uncompressed_and_the_rest_compressed():
@@ -53,15 +58,9 @@ def test_payloads_zstd_cannot_shrink_are_stored_uncompressed_and_the_rest_compre
     assert column_compression(table) == {"id": "zstd", "region": "zstd", "payload": "none", "time": "zstd",
                                          "diff": "zstd", "note": "zstd"}
     assert column_compression(None) == "zstd" and column_compression(_fresh(100)) == "zstd"
-    desc = BatchDescription(1, 0, 1000, 0, table.num_rows)
-    data = encode_batch(table, desc)
-    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
-    names = table.column_names
-    for g in range(meta.num_row_groups):
-        codecs = {names[c]: meta.row_group(g).column(c).compression for c in range(meta.num_columns)}
-        assert codecs == {"id": "ZSTD", "region": "ZSTD", "payload": "UNCOMPRESSED", "time": "ZSTD", "diff": "ZSTD",
-                          "note": "ZSTD"}
-    assert decode_batch(data, desc, key_columns=["id", "region", "payload", "note"]).select(names).equals(table)
+    groups = _written(table, ["id", "region", "payload", "note"], "compression")
+    assert groups and all(codecs == {"id": "ZSTD", "region": "ZSTD", "payload": "UNCOMPRESSED", "time": "ZSTD",
+                                     "diff": "ZSTD", "note": "ZSTD"} for codecs in groups)
 
 
 def test_the_sample_stays_near_1_mib_for_wide_rows_and_rows_over_32_kib_keep_the_defaults():
