@@ -327,16 +327,8 @@ class Compaction:
         with self._lock:
             cached = [self.view.bodies.take(e.lsn) for e in entries]
         bodies = [body if body is not None else self.log.read(e.lsn).body for e, body in zip(entries, cached, strict=True)]
-        small = _small_records(entries)
-        table = None
-        if small and all(e.schema_version == rel.schema_version for e in entries):
-            try:  # one stream read for many small records (arrow_codec.decode_updates_many)
-                table = decode_updates_many(bodies, rel.update_schema)
-            except (pa.ArrowException, OSError, EOFError, ValueError):
-                table = None  # decoded one by one below, which says which record is damaged
-            if table is not None and table.num_rows != sum(e.rows for e in entries):
-                table = None
-        if table is None:
+        table = _joined(rel, entries, bodies) if _small_records(entries) else None
+        if table is None:  # one by one, which says which record is damaged
             table = pa.Table.from_batches([_decoded(rel, e, body) for e, body in zip(entries, bodies, strict=True)],
                                           schema=rel.update_schema)
         return self._checked(rel, entries, trace, safe, table)
@@ -491,6 +483,37 @@ class Compaction:
                     rel.trace = new
                     rel.trace_changed_at = self.clock.current_time()
                     self.collector.discard(r.key for r in refs)
+
+
+def _joined(rel: Relation, entries: list[TailEntry], bodies: list) -> pa.Table | None:
+    """Small records decoded with one stream read per run of one schema version
+    (arrow_codec.decode_updates_many), older versions' runs projected to the current schema
+    once each; None when any run does not decode to its rows (the caller then decodes one
+    by one, naming the damaged record).
+
+    Why per run: pyarrow lets go of the interpreter lock in each call, so a call per record
+    waits for the lock once per record beside busy threads (after an alter, a pass over
+    the older version's one-row records did)."""
+    parts = []
+    start = 0
+    while start < len(entries):
+        version = entries[start].schema_version
+        stop = start + 1
+        while stop < len(entries) and entries[stop].schema_version == version:
+            stop += 1
+        schema = rel.update_schema if version == rel.schema_version else \
+            rel.layout.decode_schema(version) if rel.layout is not None else None
+        if schema is None:
+            return None
+        try:
+            part = decode_updates_many(bodies[start:stop], schema)
+        except (pa.ArrowException, OSError, EOFError, ValueError):
+            return None
+        if part.num_rows != sum(e.rows for e in entries[start:stop]):
+            return None
+        parts.append(part if schema is rel.update_schema else rel.layout.project(part))
+        start = stop
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
 def _decoded(rel: Relation, entry: TailEntry, body) -> pa.RecordBatch:

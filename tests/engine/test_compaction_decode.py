@@ -6,10 +6,12 @@ the engine's cache or are read back from the log after a reopen, and across an a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -46,27 +48,35 @@ def test_many_bodies_decode_as_each_alone_whichever_encoder_wrote_them():
     assert together.equals(alone)
 
 
-def test_many_bodies_decode_in_one_call_beside_threads_running_python():
-    # pyarrow lets go of the interpreter lock in every reader call: a read batch by batch
-    # waited for the lock once per body (2,000 bodies: 10-20 s beside two busy threads)
-    bodies = [encode_updates(_table([i]).combine_chunks().to_batches()[0]) for i in range(2_000)]
+@contextlib.contextmanager
+def _threads_running_python(n: int) -> Iterator[None]:
+    """``n`` threads that hold the interpreter lock whenever they can, as busy writers or an
+    application's own threads do."""
     stop = threading.Event()
 
     def spin() -> None:
         while not stop.is_set():
             pass
 
-    spinners = [threading.Thread(target=spin) for _ in range(2)]
+    spinners = [threading.Thread(target=spin) for _ in range(n)]
     for th in spinners:
         th.start()
     try:
-        started = time.perf_counter()
-        table = decode_updates_many(bodies, UPDATES)
-        took = time.perf_counter() - started
+        yield
     finally:
         stop.set()
         for th in spinners:
             th.join()
+
+
+def test_many_bodies_decode_in_one_call_beside_threads_running_python():
+    # pyarrow lets go of the interpreter lock in every reader call: a read batch by batch
+    # waited for the lock once per body (2,000 bodies: 10-20 s beside two busy threads)
+    bodies = [encode_updates(_table([i]).combine_chunks().to_batches()[0]) for i in range(2_000)]
+    with _threads_running_python(2):
+        started = time.perf_counter()
+        table = decode_updates_many(bodies, UPDATES)
+        took = time.perf_counter() - started
     assert table.num_rows == 2_000
     assert took < 2.0, f"2,000 one-row bodies took {took:.1f} s to decode beside two busy threads"
 
@@ -112,6 +122,27 @@ def test_records_written_before_an_alter_are_decoded_under_their_own_version(tmp
         got = engine.snapshot("r", as_of=2).sort_by("id")
         assert got.column("id").to_pylist() == list(range(140))
         assert got.column("qty").to_pylist() == [7] * 100 + list(range(100, 140))
+
+
+def test_a_pass_over_an_older_versions_records_beside_threads_running_python_reads_them_together(tmp_path):
+    # each record of an older version was decoded and projected alone: several pyarrow calls,
+    # each waiting for the interpreter lock again beside busy threads
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
+        engine.add_relation("r", SCHEMA)
+        for i in range(3_000):
+            engine.append("r", _table([i], 1))
+        engine.alter_relation("r", add=[pa.field("qty", pa.int32())], defaults={"qty": 7})
+        for i in range(3_000, 3_100):
+            engine.append("r", _table([i], 2).add_column(2, "qty", pa.array([i], pa.int32())))
+        engine.seal("r", 2)
+        with _threads_running_python(2):
+            started = time.perf_counter()
+            engine.compact("r")
+            took = time.perf_counter() - started
+        got = engine.snapshot("r", as_of=2).sort_by("id")
+    assert got.column("id").to_pylist() == list(range(3_100))
+    assert got.column("qty").to_pylist() == [7] * 3_000 + list(range(3_000, 3_100))
+    assert took < 12.0, f"a pass over 3,100 one-row records took {took:.1f} s beside two busy threads"
 
 
 def test_a_body_that_reads_as_an_end_of_stream_is_refused_not_cut_short():
