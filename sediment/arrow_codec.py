@@ -128,8 +128,8 @@ def decode_updates(body: bytes | pa.Buffer, update_schema: pa.Schema) -> pa.Reco
     group = _group(body)
     if group is None:
         return pa.ipc.read_record_batch(pa.py_buffer(body), update_schema)
-    table = _stream([group[0]], update_schema, group[1])
-    return pa.RecordBatch.from_arrays([column.combine_chunks() for column in table.columns], schema=update_schema)
+    batches = _stream([group[0]], update_schema, group[1]).combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=update_schema)
 
 
 def decode_updates_many(bodies: list, update_schema: pa.Schema) -> pa.Table:
