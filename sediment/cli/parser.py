@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import sediment
-from sediment.cli.arg_types import positive_count, positive_seconds
+from sediment.cli.arg_types import Given, positive_count, positive_seconds
 from sediment.cli.cluster import add_cluster_parser
 from sediment.cli.commands import (
     cmd_append,
@@ -117,7 +117,7 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
          "for --connect grpc+tls://...: the CA certificate (PEM) to trust"),
     )
     for flag, value, metavar, text in plain:
-        p.add_argument(flag, default=default(value), metavar=metavar, help=doc(text))
+        p.add_argument(flag, action=Given, default=default(value), metavar=metavar, help=doc(text))
     p.add_argument("--log-level", default=default(os.environ.get("SEDIMENT_LOG_LEVEL", "warning")),
                    choices=LOG_LEVELS, metavar="LEVEL",
                    help=doc(f"log messages at this level and above on stderr: {', '.join(LOG_LEVELS)} "
