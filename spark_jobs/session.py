@@ -8,10 +8,11 @@ binds to loopback (``SPARK_LOCAL_IP``); and the UI is off (no port, faster start
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 DEFAULT_MASTER = "local[2]"
 QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
@@ -131,6 +132,18 @@ def _submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ or "spark.master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
 
 
+class JobUsageError(Exception):
+    """A job's command line that cannot be carried out as written: one line, exit code 2."""
+
+
+class JobParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (argparse prints the usage block first), as
+    the ``sediment`` command's are."""
+
+    def error(self, message: str) -> NoReturn:
+        raise JobUsageError(f"{message} (see `python -m {self.prog} --help`)")
+
+
 def add_connection_args(parser: Any) -> None:
     """``--uri``, ``--token`` and ``--master``, shared by the jobs' command lines."""
     parser.add_argument("--uri", default=os.environ.get("SEDIMENT_URI"), required="SEDIMENT_URI" not in os.environ,
@@ -147,7 +160,7 @@ def token_of(args: Any) -> str:
     """The token from ``--token`` or $SEDIMENT_TOKEN, or one clear error."""
     token = args.token or os.environ.get("SEDIMENT_TOKEN")
     if not token:
-        raise SystemExit("error: no token: pass --token T or set $SEDIMENT_TOKEN")
+        raise JobUsageError("no token: pass --token T or set $SEDIMENT_TOKEN (the coordinator's)")
     return token
 
 
@@ -167,9 +180,13 @@ def describe_error(exc: BaseException) -> str:
 
 def run_job(prog: str, job: Any, argv: list[str] | None = None) -> int:
     """Run a job's ``main``-style function; a failure is one line on stderr and exit code 1
-    (``SEDIMENT_DEBUG=1`` shows the traceback instead)."""
+    (``SEDIMENT_DEBUG=1`` shows the traceback instead), a command line that cannot be carried
+    out one line and exit code 2."""
     try:
         return int(job(argv) or 0)
+    except JobUsageError as exc:
+        sys.stderr.write(f"{prog}: error: {exc}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130

@@ -164,8 +164,8 @@ ALL_HELP = "also internal relations (names starting with '_', such as the Spark 
 
 
 def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) -> None:
-    relation = sub.add_parser("relation", help="add, drop or list relations", description="Add, drop or list "
-                              "relations.")
+    relation = sub.add_parser("relation", help="add, drop, alter, describe or list relations",
+                              description="Add, drop, alter, describe or list relations.")
     _add_common(relation, top=False)
     rel_sub = relation.add_subparsers(dest="relation_command", required=True, metavar="ACTION")
     p = command("add", cmd_relation_add, "create an empty relation", rel_sub, relation="the new relation's name")

@@ -397,6 +397,25 @@ def test_a_failed_ingest_job_says_so_in_one_line_without_sparks_logs(tmp_path):
             assert db.snapshot("counts", 1).num_rows == 0
 
 
+@pytest.mark.parametrize("job,required", [(ingest, ["--input", "in.csv"]), (read_trace, ["--output", "out"])])
+def test_a_jobs_command_line_mistake_is_one_line_before_spark_starts(capsys, monkeypatch, job, required):
+    """A missing option printed argparse's usage block, and a missing token came as
+    ``error: no token`` (no program, exit 1) after Spark had started, seconds later."""
+    from sediment.spark_jobs.session import run_job
+
+    for variable in ("SEDIMENT_TOKEN", "SEDIMENT_URI", "SEDIMENT_DEBUG"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(job, "local_spark", lambda *a, **k: pytest.fail("Spark was started"))
+    prog = job.__name__
+    assert run_job(prog, job.main, ["--relation", "r"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{prog}: error: the following arguments are required: --uri"), err
+    assert f"(see `python -m {prog} --help`)" in err
+    assert run_job(prog, job.main, ["--uri", "grpc://127.0.0.1:1", "--relation", "r", *required]) == 2
+    err = capsys.readouterr().err
+    assert err == f"{prog}: error: no token: pass --token T or set $SEDIMENT_TOKEN (the coordinator's)\n"
+
+
 def test_a_job_whose_jvm_cannot_start_still_shows_why(tmp_path):
     """The driver's stderr passes through a filter (for the JVM's incubator-module line): what
     a launch that fails writes (here: no java at $JAVA_HOME) still reaches the user, before the
