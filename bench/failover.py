@@ -22,6 +22,7 @@ the append stream carried keys; "stream": on the append stream), interleaved ove
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import statistics
@@ -335,6 +336,9 @@ def main() -> None:
     args = ap.parse_args()
     from moto.server import ThreadedMotoServer
 
+    # werkzeug, under moto's server, logs every request on stderr (its logger gets a handler at
+    # INFO when it has none): thousands of lines around the summary. Its warnings still show.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()

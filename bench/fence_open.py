@@ -17,6 +17,7 @@ when started here), as median (min-max), with the load average.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import resource
 import statistics
@@ -77,7 +78,8 @@ def main() -> None:
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request (bench/failover.py)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
         endpoint = f"http://{host}:{port}"

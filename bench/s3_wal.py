@@ -49,8 +49,9 @@ DELAYS = {"s3+20ms": 0.020, "s3+60ms": 0.060}
 BODY = b"x" * 100
 
 SERVERS = """
-import sys, time
+import logging, sys, time
 sys.path.insert(0, sys.argv[1])
+logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request on the bench's stderr
 from moto.server import ThreadedMotoServer
 from support.faulty_proxy import FaultyProxy
 moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -24,6 +24,7 @@ from sediment.errors import (
     DataDirLocked,
     InvalidArgument,
     MetadataMissing,
+    NotADataDir,
     SedimentError,
     StorageRecordMismatch,
     WalMissing,
@@ -36,6 +37,8 @@ META_NAME = "meta"
 WAL_NAME = "wal"
 BLOBS_NAME = "blobs"
 MARKER_NAME = "REPLICATED"
+MEMBER_NAME = "MEMBER"  # a cluster member's directory (sediment serve --cluster): names its cluster
+MEMBER_FORMAT = "sediment-member"
 STORAGE_KEY = names.STORAGE
 
 
@@ -46,6 +49,7 @@ class DataDir:
         self.root = root
         self.lock, self.meta, self.wal, self.blobs, self.marker = (
             os.path.join(root, name) for name in (LOCK_NAME, META_NAME, WAL_NAME, BLOBS_NAME, MARKER_NAME))
+        self.member = os.path.join(root, MEMBER_NAME)
         self.default_blob_uri = "file://" + self.blobs
 
     def take_lock(self) -> int:
@@ -60,6 +64,29 @@ class DataDir:
         """Whether an engine has been made here: its local metadata ``meta/``, its file log
         ``wal/``, or the marker of a replicated (or S3-log) engine, whose metadata is shared."""
         return os.path.isdir(self.meta) or os.path.isdir(self.wal) or os.path.isfile(self.marker)
+
+    def member_of(self) -> str | None:
+        """The cluster whose member keeps its partitions here (its ``MEMBER`` record), or None.
+        A member's directory holds only its lock until its first partition opens, as an
+        engine's does while its first open runs: the record is what tells them apart. A record
+        that does not parse still marks a member's directory ("an unknown cluster")."""
+        try:
+            with open(self.member, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            record = json.loads(data)
+            cluster = record["cluster"] if record.get("format") == MEMBER_FORMAT else None
+        except (ValueError, AttributeError, KeyError):
+            cluster = None
+        return cluster if isinstance(cluster, str) else "an unknown cluster"
+
+    def mark_member(self, cluster: str) -> None:
+        """Durably record that a member of ``cluster`` keeps its partitions here (the lock held)."""
+        if self.member_of() != cluster:
+            record = {"format": MEMBER_FORMAT, "version": 1, "cluster": cluster}
+            replace_durably(self.member, json.dumps(record, sort_keys=True).encode() + b"\n")
 
     def meta_missing(self) -> MetadataMissing | None:
         """Why opening would start an empty catalog over acknowledged data (a journal metadata
@@ -230,6 +257,16 @@ def read_marker(data_dir: str) -> str | None:
 def write_marker(data_dir: str, spec: str) -> None:
     """Durably record that ``data_dir`` belongs to the replicated engine whose metadata is ``spec``."""
     replace_durably(DataDir(data_dir).marker, encode_marker(spec))
+
+
+def check_not_member(data_dir: str) -> None:
+    """Before anything is created: an engine is never made in a cluster member's directory,
+    where it would sit beside the member's partitions and stop the member from starting again."""
+    cluster = DataDir(data_dir).member_of()
+    if cluster is not None:
+        raise NotADataDir(f"{data_dir} is a cluster member's directory (a member of {cluster}: its MEMBER record "
+                          f"says so), not an engine's; nothing was created: reach the cluster (sediment --connect "
+                          f"{cluster}) or use another directory")
 
 
 def check_marker(data_dir: str, metadata: object) -> str | None:

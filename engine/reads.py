@@ -114,8 +114,10 @@ class Reads:
         if not rel.entry.since <= as_of <= rel.sealed_durable:
             raise AsOfOutOfRange(
                 f"as_of {as_of} for {rel.entry.name!r} is outside [since {rel.entry.since}, sealed "
-                f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "")
-            )
+                f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "") +
+                ("; read at a time in that range (below since, history was consolidated away)"
+                 if as_of < rel.entry.since else f"; seal {rel.entry.name!r} through {as_of} first, or read at a time "
+                 "in that range (above sealed, more updates may still arrive)"))
 
     def _load_tail(self, rel: Relation, entries: list[TailEntry], shape: _Shape) -> pa.Table:
         parts = [self._decode(rel, e.lsn, shape) for e in entries]

@@ -19,13 +19,20 @@ import argparse
 import sys
 from typing import Any
 
-from sediment.spark_jobs.session import add_connection_args, debugging, local_spark, run_job, token_of
+from sediment.spark_jobs.session import (
+    JobParser,
+    add_connection_args,
+    debugging,
+    local_spark,
+    run_job,
+    token_of,
+)
 
 FORMATS = ("csv", "parquet", "json")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sediment.spark_jobs.ingest", description=__doc__,
+    parser = JobParser(prog="sediment.spark_jobs.ingest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_connection_args(parser)
     parser.add_argument("--input", required=True, help="a file or directory (anything Spark's readers accept)")
@@ -107,6 +114,7 @@ def run(spark: Any, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    token_of(args)  # before Spark starts (seconds), not after
     spark = local_spark("sediment-ingest", master=args.master, quiet=not debugging())
     try:
         run(spark, args)

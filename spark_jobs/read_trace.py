@@ -16,11 +16,18 @@ import argparse
 import sys
 from typing import Any
 
-from sediment.spark_jobs.session import add_connection_args, debugging, local_spark, run_job, token_of
+from sediment.spark_jobs.session import (
+    JobParser,
+    add_connection_args,
+    debugging,
+    local_spark,
+    run_job,
+    token_of,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sediment.spark_jobs.read_trace", description=__doc__,
+    parser = JobParser(prog="sediment.spark_jobs.read_trace", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_connection_args(parser)
     parser.add_argument("--as-of", type=int, default=None, help="the time to read at (default: the sealed frontier)")
@@ -65,6 +72,7 @@ def run(spark: Any, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    token_of(args)  # before Spark starts (seconds), not after
     spark = local_spark("sediment-read-trace", master=args.master, quiet=not debugging())
     try:
         rows = run(spark, args)

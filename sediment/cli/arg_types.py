@@ -1,4 +1,5 @@
-"""Argument types for durations and sizes on the command line, shared by the commands' parsers.
+"""Argument types for durations and sizes on the command line, shared by the commands' parsers,
+and the action that tells a flag given on the command line from its default.
 
 ``type=float`` took ``-1``, ``nan`` and ``inf``: a ``tail --idle-timeout nan`` then waited
 forever and a negative ``--shutdown-grace`` was used as given. A duration is a finite number
@@ -9,6 +10,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
+from typing import Any
+
+_GIVEN = "given_on_command_line_"
 
 
 def _seconds(text: str, *, zero: bool) -> float:
@@ -50,3 +55,21 @@ def positive_count(text: str) -> int:
 def positive_bytes(text: str) -> int:
     """A size of one or more bytes (an integer)."""
     return _positive(text, "size", " number of bytes")
+
+
+class Given(argparse.Action):
+    """Stores the value as ``store`` does and notes that the flag was on the command line.
+
+    Several global options default to an environment variable, so their value alone does not
+    say whether the user typed them: ``serve --cluster`` refuses storage options typed for it,
+    but must not refuse the same ones exported for the shell's other commands."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, _GIVEN + self.dest, True)
+
+
+def given_on_command_line(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the option stored in ``dest`` (with :class:`Given`) was given on the command line."""
+    return bool(getattr(args, _GIVEN + dest, False))

@@ -110,12 +110,14 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _member_directory(directory: str) -> tuple[int, str | None]:
-    """Lock a member's ``--data-dir`` (made if missing) before it joins: (the descriptor that
-    holds the lock, the outermost directory made). A directory holding an engine is refused:
-    the member would make its partitions' engines inside another engine's directory. A second
-    member on the same directory is refused as well: its partition opens would fail on the
-    first one's locks, once a second."""
+def _member_directory(directory: str, cluster: str) -> tuple[int, str | None]:
+    """Lock a member's ``--data-dir`` (made if missing) before it joins, and record in it whose
+    member keeps its partitions there (``MEMBER``: until the first partition opens, the lock
+    alone looked like an engine's directory): (the descriptor that holds the lock, the
+    outermost directory made). A directory holding an engine is refused: the member would make
+    its partitions' engines inside another engine's directory. A second member on the same
+    directory is refused as well: its partition opens would fail on the first one's locks,
+    once a second."""
     from sediment._fs import makedirs_durable
     from sediment.engine.data_dir import DataDir
 
@@ -124,9 +126,14 @@ def _member_directory(directory: str) -> tuple[int, str | None]:
         raise UsageError(f"--data-dir {directory} holds an engine (meta/, wal/ or REPLICATED): a cluster member "
                          "keeps its partitions in a directory of its own; give another --data-dir")
     created = makedirs_durable(directory)
+    lock = None
     try:
-        return where.take_lock(), created
+        lock = where.take_lock()
+        where.mark_member(cluster)
+        return lock, created
     except BaseException:
+        if lock is not None:
+            os.close(lock)
         if created is not None:
             from sediment._fs import undo_makedirs
 
@@ -143,11 +150,11 @@ def serve_cluster(args: argparse.Namespace, location: str, token: str, tls: tupl
 
     where = layout.ClusterPath.parse(_cluster_uri(args, "cluster"))
     directory = os.path.abspath(data_dir_of(args))
-    _lock, created = _member_directory(directory)  # held until the process exits
+    _lock, created = _member_directory(directory, where.uri)  # held until the process exits
     try:
         return _serve_member(args, where, location, token, tls, stop)
     except BaseException:
-        if created is not None and set(os.listdir(directory)) <= {"LOCK"}:  # a first start that never served
+        if created is not None and set(os.listdir(directory)) <= {"LOCK", "MEMBER"}:  # a first start that never served
             undo_makedirs(created, directory, whole=True)
         raise
 

@@ -35,7 +35,7 @@ from sediment.cli.files import (
 )
 from sediment.engine.schema import check_name, conform_updates, update_schema
 from sediment.engine.schema_text import parse_schema_spec
-from sediment.errors import EngineClosed, SchemaMismatch, SedimentError, TimeAlreadySealed
+from sediment.errors import AsOfOutOfRange, EngineClosed, SchemaMismatch, SedimentError, TimeAlreadySealed
 
 KEEP_VALIDATED_BYTES = 256 << 20  # below this, the checked chunks are appended without reading the file again
 
@@ -297,9 +297,9 @@ def cmd_read(args: argparse.Namespace) -> int:
     if args.out:
         check_output_path(args.out)
     with open_engine(args) as engine:
-        table = engine.snapshot(args.name, args.as_of)
+        table = _snapshot_for(engine, args.name, args.as_of, "--as-of")
         if args.from_t is not None:
-            table = _difference(table, engine.snapshot(args.name, args.from_t))
+            table = _difference(table, _snapshot_for(engine, args.name, args.from_t, "--from"))
     what = f"as of {args.as_of}" if args.from_t is None else f"changes in ({args.from_t}, {args.as_of}]"
     if args.out:
         _write_atomically(table, args.out, fmt)
@@ -307,6 +307,24 @@ def cmd_read(args: argparse.Namespace) -> int:
     else:
         _write_stdout_csv(table)
     return 0
+
+
+def _snapshot_for(engine: Any, name: str, t: int, flag: str) -> pa.Table:
+    """The snapshot at ``t``; a time out of range names the flag that gave it."""
+    with _flag_named(t, flag):
+        return engine.snapshot(name, t)
+
+
+@contextlib.contextmanager
+def _flag_named(t: int, flag: str) -> Iterator[None]:
+    """The engine's AsOfOutOfRange says ``as_of T``, for ``--as-of`` and ``--from`` alike: the
+    command line's says which flag gave the time."""
+    try:
+        yield
+    except AsOfOutOfRange as exc:
+        text, api = str(exc), f"as_of {t}"
+        raise AsOfOutOfRange(f"{flag} {t}{text[len(api):]}" if text.startswith(api) else f"{flag} {t}: {text}") \
+            from None
 
 
 def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
@@ -334,7 +352,9 @@ def cmd_tail(args: argparse.Namespace) -> int:
     with open_engine(args) as engine, shared(engine, args):  # other commands work through it meanwhile
         names = engine.schema(args.name).names
         done: tuple[str, int] | None = None  # the last snapshot or progress line printed whole: where to go on
-        with engine.subscribe(args.name, args.as_of, resume=args.resume) as sub:  # refused: no header printed
+        with _flag_named(args.as_of, "--as-of"):
+            sub = engine.subscribe(args.name, args.as_of, resume=args.resume)
+        with sub:  # refused: no header printed
             out.writerow(["event", "time", *names, "diff"])
             sys.stdout.flush()
             while args.count is None or printed < args.count:

@@ -69,7 +69,9 @@ def require_engine_dir(data_dir: str, *, shared: bool) -> None:
     """What a command that does not create an engine may open, so that it never makes (or
     litters) a directory: one an engine was made in (engine/data_dir.py's layout). With
     ``shared`` (``--metadata``) the engine lives in the shared store, and a new coordinator's
-    directory may also be missing or empty (it is made then), but not someone else's."""
+    directory may also be missing or empty (it is made then), but not someone else's: not a
+    cluster member's, whose directory holds only its lock (and its ``MEMBER`` record) until its
+    first partition opens."""
     from sediment.engine.data_dir import LOCK_NAME, DataDir
 
     how = "`sediment relation add` creates one, or pass --data-dir"
@@ -78,15 +80,28 @@ def require_engine_dir(data_dir: str, *, shared: bool) -> None:
             return
         what = "no data directory at" if not os.path.lexists(data_dir) else "not a directory:"
         raise NotADataDir(f"{what} {data_dir}; {how}")
-    if DataDir(data_dir).holds_engine():
+    where = DataDir(data_dir)
+    cluster = where.member_of()
+    if cluster is not None or os.path.isdir(os.path.join(data_dir, "partitions")):
+        raise NotADataDir(f"{data_dir} is a cluster member's directory ({member_what(cluster)}), not an engine's; "
+                          f"nothing was changed: reach the cluster with --connect {cluster or 'zk://HOST:PORT/NAME'}")
+    if where.holds_engine():
         return
     entries = os.listdir(data_dir)
-    if shared and (not entries or LOCK_NAME in entries):
+    if shared and not entries:
         return
-    if os.path.isdir(os.path.join(data_dir, "partitions")):  # `relation add` here would make an engine in it
-        how = "it is a cluster member's directory (partitions/): reach the cluster with --connect zk://HOST:PORT/NAME"
+    if shared and entries == [LOCK_NAME]:
+        raise NotADataDir(f"{data_dir} holds only a LOCK file, as a cluster member's directory can (or one whose "
+                          "engine's first open was stopped), so it was left as it is: a member's "
+                          "is reached with --connect zk://HOST:PORT/NAME; for a new coordinator pass an empty or new "
+                          f"--data-dir, or remove {where.lock} if no member uses it")
     raise NotADataDir(f"{data_dir} is not a sediment data directory (it has none of meta/, wal/, REPLICATED) and "
                       f"was left as it is; {how}")
+
+
+def member_what(cluster: str | None) -> str:
+    """How a member's directory was recognised, for the one-line refusal."""
+    return f"a member of {cluster}: its MEMBER record says so" if cluster else "its partitions/ directory"
 
 
 def require_metadata_dir(spec: str) -> None:

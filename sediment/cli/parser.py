@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import sediment
-from sediment.cli.arg_types import positive_count, positive_seconds
+from sediment.cli.arg_types import Given, positive_count, positive_seconds
 from sediment.cli.cluster import add_cluster_parser
 from sediment.cli.commands import (
     cmd_append,
@@ -117,7 +117,7 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
          "for --connect grpc+tls://...: the CA certificate (PEM) to trust"),
     )
     for flag, value, metavar, text in plain:
-        p.add_argument(flag, default=default(value), metavar=metavar, help=doc(text))
+        p.add_argument(flag, action=Given, default=default(value), metavar=metavar, help=doc(text))
     p.add_argument("--log-level", default=default(os.environ.get("SEDIMENT_LOG_LEVEL", "warning")),
                    choices=LOG_LEVELS, metavar="LEVEL",
                    help=doc(f"log messages at this level and above on stderr: {', '.join(LOG_LEVELS)} "
@@ -164,8 +164,8 @@ ALL_HELP = "also internal relations (names starting with '_', such as the Spark 
 
 
 def _add_relation_commands(sub: argparse._SubParsersAction, command: Command) -> None:
-    relation = sub.add_parser("relation", help="add, drop or list relations", description="Add, drop or list "
-                              "relations.")
+    relation = sub.add_parser("relation", help="add, drop, alter, describe or list relations",
+                              description="Add, drop, alter, describe or list relations.")
     _add_common(relation, top=False)
     rel_sub = relation.add_subparsers(dest="relation_command", required=True, metavar="ACTION")
     p = command("add", cmd_relation_add, "create an empty relation", rel_sub, relation="the new relation's name")

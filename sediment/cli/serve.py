@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sediment._fs import remove_tree_durable
-from sediment.cli.arg_types import positive_bytes, seconds
+from sediment.cli.arg_types import given_on_command_line, positive_bytes, seconds
 from sediment.cli.common import data_dir_of, open_engine
 from sediment.cli.discover import advertised
 from sediment.cli.files import UsageError
@@ -98,7 +98,9 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
                         "many bytes: the server holds a whole append before applying it (default 1 GiB)")
     p.add_argument("--cluster", default=None, metavar="zk://HOST:PORT/NAME",
                    help="join this cluster of coordinators (`sediment cluster create` records it) and serve "
-                        "the partitions assigned to this member; --data-dir holds their local state")
+                        "the partitions assigned to this member; --data-dir holds their local state. Its storage "
+                        "comes from the cluster's record: --metadata, --blob, --s3-endpoint, --wal, --replicas and "
+                        "--cluster-key on the command line are refused, exported ($SEDIMENT_BLOB, ...) ignored")
     p.add_argument("--advertise", type=_advertise_arg, default=None, metavar="grpc://HOST:PORT",
                    help="with --cluster: the address clients are sent to (default: the address listened on)")
     return p
@@ -233,6 +235,30 @@ def _serve_until_stopped(args: argparse.Namespace, engine: Any, server: Any, sto
     return clean
 
 
+# a cluster member's storage, all from the cluster's record: (flag, dest)
+MEMBER_STORAGE = (("--metadata", "metadata"), ("--blob", "blob"), ("--s3-endpoint", "s3_endpoint"), ("--wal", "wal"),
+                  ("--replicas", "replicas"), ("--cluster-key", "cluster_key"))
+# options of the one engine a plain serve opens, which a member's partitions do not take: (flag, dest)
+ENGINE_ONLY = (("--take-over-blob-prefix", "take_over_blob_prefix"), ("--max-wal-backlog", "max_wal_backlog"),
+               ("--major-compaction-quiet", "major_compaction_quiet"))
+
+
+def _refuse_member_storage_options(args: argparse.Namespace) -> None:
+    """A member takes its metadata, blob store, S3 endpoint, storage nodes and key from the
+    cluster's record, so these options were silently ignored. Refused when typed on the
+    command line only: exported ($SEDIMENT_BLOB, ...) for the shell's other commands, they are
+    ignored, as refusing them would make a member unstartable from that shell."""
+    typed = [flag for flag, dest in MEMBER_STORAGE if given_on_command_line(args, dest)]
+    if typed:
+        raise UsageError(f"{' and '.join(typed)}: a cluster member takes its storage (metadata, blob store, S3 "
+                         "endpoint, storage nodes, cluster key) from the cluster's record (`sediment cluster create` "
+                         "wrote it); leave them out of serve --cluster (nothing was started)")
+    unused = [flag for flag, dest in ENGINE_ONLY if getattr(args, dest, None) not in (None, False)]
+    if unused:
+        raise UsageError(f"{' and '.join(unused)}: serve --cluster opens its partitions' engines with the defaults, "
+                         "so this would be ignored; leave it out (nothing was started)")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Opens the engine (creating the directory, as a coordinator's first start must), serves,
     and on SIGTERM/SIGINT shuts down in order: no new calls, calls under way finish, open
@@ -242,10 +268,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.advertise is not None and not args.cluster:
         raise UsageError(f"--advertise {args.advertise} is the address of a cluster member: give it with "
                          "--cluster zk://HOST:PORT/NAME, or leave it out")
-    ignored = [flag for flag, value in (("--replicas", args.replicas), ("--cluster-key", args.cluster_key)) if value]
-    if args.cluster and ignored:  # (--metadata, --blob and --s3-endpoint may come from the environment)
-        raise UsageError(f"{' and '.join(ignored)}: a cluster member takes its storage nodes and their key from the "
-                         "cluster's record (`sediment cluster create` wrote them); leave them out of serve --cluster")
+    if args.cluster:
+        _refuse_member_storage_options(args)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     if not token:
         raise UsageError(f"serve needs a token: pass --token T or set ${TOKEN_ENV} (clients send the same)")

@@ -474,7 +474,10 @@ BAD = [
      ["sealed through time 2", "time 2"]),
     ("seal backwards", lambda p: ["seal", "orders", "1"], 1, ["sealed through 2", "cannot seal at 1"]),
     ("since beyond sealed", lambda p: ["since", "orders", "3"], 1, ["since 3", "sealed frontier 2"]),
-    ("as_of above sealed", lambda p: ["read", "orders", "--as-of", "3"], 1, ["as_of 3", "[since 0, sealed 2]"]),
+    ("as_of above sealed", lambda p: ["read", "orders", "--as-of", "3"], 1,
+     ["--as-of 3 for 'orders'", "[since 0, sealed 2]", "seal 'orders' through 3 first"]),
+    ("tail as_of above sealed", lambda p: ["tail", "orders", "--as-of", "3", "--idle-timeout", "0.1"], 1,
+     ["--as-of 3 for 'orders'", "[since 0, sealed 2]", "seal 'orders' through 3 first"]),
     ("malformed row halfway", lambda p: ["append", "orders", _halfway(p, "9,broken\n"), "--chunk-bytes", "2048"], 1,
      ["halfway.csv", "Expected 4 columns, got 2"]),
     ("bad value halfway", lambda p: ["append", "orders", _halfway(p, "9,x,5,many\n"), "--chunk-bytes", "2048"], 1,
@@ -509,7 +512,9 @@ def test_since_backwards(ddir, capsys):
     rc, _, err = run(capsys, ddir, "since", "orders", "1")
     assert_one_line_error(rc, err, "since of 'orders' is 2", "cannot move back to 1")
     rc, _, err = run(capsys, ddir, "read", "orders", "--as-of", "1")
-    assert_one_line_error(rc, err, "as_of 1", "[since 2, sealed 2]")
+    assert_one_line_error(rc, err, "--as-of 1 for 'orders'", "[since 2, sealed 2]", "history was consolidated away")
+    rc, _, err = run(capsys, ddir, "read", "orders", "--as-of", "2", "--from", "1")  # said `as_of 1` for --from 1
+    assert_one_line_error(rc, err, "--from 1 for 'orders'", "[since 2, sealed 2]", "read at a time in that range")
     assert state(ddir) == before
 
 

@@ -99,3 +99,44 @@ def test_a_metadata_directory_made_by_relation_add_serves_the_other_commands(tmp
     meta = tmp_path / "m"
     ok(capsys, tmp_path / "d", "--metadata", str(meta), "relation", "add", "r", "--schema", "id:int64")
     assert "r\tid:int64" in ok(capsys, tmp_path / "d", "--metadata", str(meta), "relation", "list")
+
+
+@pytest.mark.parametrize("command", sorted(set(COMMANDS) - {"verify --repair"}))
+def test_with_shared_metadata_a_directory_holding_only_a_lock_is_refused_and_left_as_it_was(tmp_path, capsys,
+                                                                                             command):
+    """A cluster member's directory holds only its LOCK until its first partition opens (as
+    does one whose engine's first open was stopped): it was taken for a new coordinator's,
+    which left blobs/ behind in it and blamed a missing write-ahead log."""
+    meta = tmp_path / "m"
+    ok(capsys, tmp_path / "d", "--metadata", str(meta), "relation", "add", "r", "--schema", "id:int64")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "LOCK").touch()
+    before = listing(tmp_path)
+    rc, _out, err = run(capsys, locked, "--metadata", str(meta), *COMMANDS[command])
+    assert listing(tmp_path) == before, f"{command} changed {locked}"
+    assert_one_line_error(rc, err, f"{locked} holds only a LOCK file", "cluster member", "--connect zk://")
+
+
+@pytest.mark.parametrize("command", [*sorted(set(COMMANDS) - {"verify --repair"}), "relation add"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_cluster_members_directory_is_named_and_left_as_it_was(tmp_path, capsys, command, shared):
+    """A member records its cluster in MEMBER (sediment serve --cluster): every command, the
+    creating ones too, names the cluster to reach instead of making an engine beside the
+    member's partitions (the member would then refuse to start on it)."""
+    meta = tmp_path / "m"
+    ok(capsys, tmp_path / "d", "--metadata", str(meta), "relation", "add", "r", "--schema", "id:int64")
+    member = tmp_path / "member"
+    member.mkdir()
+    (member / "LOCK").touch()
+    (member / "MEMBER").write_text('{"cluster": "zk://127.0.0.1:2181/prod", "format": "sediment-member", '
+                                   '"version": 1}\n')  # as docs/formats.md spells it
+    before = listing(tmp_path)
+    argv = ["relation", "add", "r2", "--schema", "id:int64"] if command == "relation add" else COMMANDS[command]
+    rc, _out, err = run(capsys, member, *(["--metadata", str(meta)] if shared else []), *argv)
+    assert listing(tmp_path) == before, f"{command} changed {member}"
+    assert_one_line_error(rc, err, f"{member} is a cluster member's directory",
+                          "a member of zk://127.0.0.1:2181/prod", "--connect zk://127.0.0.1:2181/prod")
+    with pytest.raises(NotADataDir, match="cluster member's directory"):
+        sediment.open(member)
+    assert listing(tmp_path) == before

@@ -421,15 +421,57 @@ def test_serve_refuses_advertise_without_cluster_and_makes_nothing(tmp_path, cap
     assert not data.exists()
 
 
-@pytest.mark.parametrize("given", [["--replicas", "127.0.0.1:7001"], ["--cluster-key", "5e5e5e5e-0000-4000-8000-000000000001"]])
+MEMBER_STORAGE = {"--metadata": ("SEDIMENT_METADATA", "zk://127.0.0.1:1/other"),
+                  "--blob": ("SEDIMENT_BLOB", "s3://bucket/prefix"),
+                  "--s3-endpoint": ("AWS_ENDPOINT_URL", "http://127.0.0.1:1"),
+                  "--wal": ("SEDIMENT_WAL", "s3://bucket/wal"),
+                  "--replicas": (None, "127.0.0.1:7001"),
+                  "--cluster-key": (None, "5e5e5e5e-0000-4000-8000-000000000001")}
+
+
+@pytest.mark.parametrize("where", ["before serve", "after serve"])
+@pytest.mark.parametrize("flag", sorted(MEMBER_STORAGE))
 def test_serve_cluster_refuses_the_storage_options_its_record_holds_and_makes_nothing(tmp_path, capsys, monkeypatch,
-                                                                                       taken_port, given):
-    """A member takes its storage nodes and their key from the cluster's record: given on the
-    command line they were silently ignored."""
+                                                                                       taken_port, flag, where):
+    """A member takes its metadata, blob store, S3 endpoint, storage nodes and their key from
+    the cluster's record: given on the command line they were silently ignored. Refused even
+    when the value is the one exported (it was typed for this command)."""
+    monkeypatch.setenv("SEDIMENT_TOKEN", "t")
+    variable, value = MEMBER_STORAGE[flag]
+    if variable is not None:
+        monkeypatch.setenv(variable, value)
+    data = tmp_path / "member"
+    serve = ["serve", "--cluster", "zk://127.0.0.1:1/none", "--listen", f"127.0.0.1:{taken_port}"]
+    argv = [flag, value, "--data-dir", str(data), *serve] if where == "before serve" else [
+        "--data-dir", str(data), *serve, flag, value]
+    code = cli_main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"error: {flag}: a cluster member takes its storage" in err and "nothing was started" in err
+    assert not data.exists()
+
+
+def test_serve_cluster_ignores_storage_options_exported_in_the_environment(tmp_path, capsys, monkeypatch, taken_port):
+    """A shell that exports $SEDIMENT_BLOB and the rest for its other commands can still start
+    a member: the exported values are not refused (the serve goes on to listen, and fails on
+    the taken port)."""
+    monkeypatch.setenv("SEDIMENT_TOKEN", "t")
+    for variable, value in MEMBER_STORAGE.values():
+        if variable is not None:
+            monkeypatch.setenv(variable, value)
+    code = cli_main(["serve", "--cluster", "zk://127.0.0.1:1/none", "--listen", f"127.0.0.1:{taken_port}",
+                     "--data-dir", str(tmp_path / "member")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{taken_port}" in err, err
+
+
+@pytest.mark.parametrize("given", [["--max-wal-backlog", "2000000"], ["--major-compaction-quiet", "5"],
+                                   ["--take-over-blob-prefix"]])
+def test_serve_cluster_refuses_options_of_one_engine_it_would_ignore(tmp_path, capsys, monkeypatch, taken_port, given):
     monkeypatch.setenv("SEDIMENT_TOKEN", "t")
     data = tmp_path / "member"
-    code = cli_main([*given, "--data-dir", str(data), "serve", "--cluster", "zk://127.0.0.1:1/none", "--listen",
-                     f"127.0.0.1:{taken_port}"])
+    code = cli_main(["serve", "--cluster", "zk://127.0.0.1:1/none", "--listen", f"127.0.0.1:{taken_port}",
+                     "--data-dir", str(data), *given])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and f"{given[0]}: a cluster member takes its storage nodes" in err
+    assert code == 2 and err.count("\n") == 1 and f"{given[0]}: serve --cluster opens its partitions' engines" in err
     assert not data.exists()

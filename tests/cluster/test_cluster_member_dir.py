@@ -3,6 +3,7 @@ engine, is refused in one line before joining; a first start that fails leaves n
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -25,6 +26,15 @@ def test_a_members_directory_is_its_own(cluster, tmp_path):
     view = cluster.wait_assigned([member])
     # a second member on the same directory joined, took partitions over, and failed each
     # open on the first one's locks once a second
+    # until its first partition opens, a member's directory held only its lock: taken for a new
+    # coordinator's with --metadata; its MEMBER record names the cluster instead
+    record = json.loads((member.data_dir / "MEMBER").read_text())
+    assert record == {"format": "sediment-member", "version": 1, "cluster": cluster.uri}
+    shared = subprocess.run([sys.executable, "-m", "sediment", "--data-dir", str(member.data_dir), "--metadata",
+                             cluster.uri + "/partitions/0", "stats"], env=cluster.env, capture_output=True, text=True,
+                            timeout=60)
+    assert shared.returncode == 1 and shared.stderr.count("\n") == 1, shared.stderr
+    assert f"a member of {cluster.uri}" in shared.stderr and f"--connect {cluster.uri}" in shared.stderr
     second = serve(cluster, member.data_dir)
     assert second.returncode == 1 and second.stderr.count("\n") == 1, second.stderr
     assert f"{member.data_dir} is in use by another sediment process" in second.stderr

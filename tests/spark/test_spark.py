@@ -376,9 +376,9 @@ def test_spark_submit_ingest_script_against_sediment_serve(tmp_path):
 
 @pytest.mark.slow
 def test_a_failed_ingest_job_says_so_in_one_line_without_sparks_logs(tmp_path):
-    """A CSV value that does not cast fails a task: the job's stderr is its one error line
-    (plus the JVM's own start-up warning), not Spark's ERROR logs and Java stacks (about 120
-    lines before), and nothing was appended."""
+    """A CSV value that does not cast fails a task: the job's stderr is its one error line, not
+    Spark's ERROR logs and Java stacks (about 120 lines before) nor the line the JVM prints at
+    boot for the incubator module Spark's launcher adds, and nothing was appended."""
     token = "quiet-job-token"
     with served(tmp_path, token) as uri:
         with sediment.connect(uri, token) as db:
@@ -391,11 +391,44 @@ def test_a_failed_ingest_job_says_so_in_one_line_without_sparks_logs(tmp_path):
         assert out.returncode == 1, out.stderr[-3000:]
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert lines[-1].startswith("sediment.spark_jobs.ingest: error: [CAST_INVALID_INPUT]"), lines[-5:]
-        noise = [line for line in lines[:-1] if not line.startswith("WARNING: Using incubator modules")]
-        assert noise == [], noise[:10]
+        assert lines[:-1] == [], lines[:10]  # not even the JVM's "WARNING: Using incubator modules" line
         with sediment.connect(uri, token) as db:
             db.seal("counts", 1)
             assert db.snapshot("counts", 1).num_rows == 0
+
+
+@pytest.mark.parametrize("job,required", [(ingest, ["--input", "in.csv"]), (read_trace, ["--output", "out"])])
+def test_a_jobs_command_line_mistake_is_one_line_before_spark_starts(capsys, monkeypatch, job, required):
+    """A missing option printed argparse's usage block, and a missing token came as
+    ``error: no token`` (no program, exit 1) after Spark had started, seconds later."""
+    from sediment.spark_jobs.session import run_job
+
+    for variable in ("SEDIMENT_TOKEN", "SEDIMENT_URI", "SEDIMENT_DEBUG"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(job, "local_spark", lambda *a, **k: pytest.fail("Spark was started"))
+    prog = job.__name__
+    assert run_job(prog, job.main, ["--relation", "r"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{prog}: error: the following arguments are required: --uri"), err
+    assert f"(see `python -m {prog} --help`)" in err
+    assert run_job(prog, job.main, ["--uri", "grpc://127.0.0.1:1", "--relation", "r", *required]) == 2
+    err = capsys.readouterr().err
+    assert err == f"{prog}: error: no token: pass --token T or set $SEDIMENT_TOKEN (the coordinator's)\n"
+
+
+def test_a_job_whose_jvm_cannot_start_still_shows_why(tmp_path):
+    """The driver's stderr passes through a filter (for the JVM's incubator-module line): what
+    a launch that fails writes (here: no java at $JAVA_HOME) still reaches the user, before the
+    job's one error line."""
+    (tmp_path / "in.csv").write_text("id,n\n1,2\n")
+    env = {k: v for k, v in _spark_env().items() if k != "SEDIMENT_DEBUG"}
+    out = subprocess.run([sys.executable, "-m", "sediment.spark_jobs.ingest", "--uri", "grpc://127.0.0.1:1",
+                          "--relation", "counts", "--input", str(tmp_path / "in.csv"), "--time", "1"],
+                         env={**env, "SEDIMENT_TOKEN": "t", "JAVA_HOME": str(tmp_path / "no-java")},
+                         capture_output=True, text=True, timeout=60)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 1 and lines[-1].startswith("sediment.spark_jobs.ingest: error: "), out.stderr
+    assert any(f"{tmp_path / 'no-java'}/bin/java" in line for line in lines[:-1]), out.stderr
 
 
 @pytest.mark.slow
