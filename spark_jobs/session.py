@@ -34,9 +34,10 @@ def local_spark(app_name: str = "sediment", *, master: str | None = None, shuffl
 
     ``quiet`` (the command-line jobs, unless :func:`debugging`): no Spark logs at all, from
     the JVM's start on, nor PySpark's own error log: a failed task printed about 120 lines
-    of Java stacks before the job's one-line error, which said the same. Unless
-    :func:`debugging`, a driver JVM started here passes its stderr through
-    :func:`start_driver_filtered` (the JVM's incubator-module line dropped)."""
+    of Java stacks before the job's one-line error, which said the same; and a driver JVM
+    started here passes its stderr through :func:`start_driver_filtered` (the JVM's
+    incubator-module line dropped). Other sessions (tests, the demo, benchmarks) start Spark
+    the usual way."""
     python_environment()
     from pyspark.sql import SparkSession
 
@@ -56,7 +57,7 @@ def local_spark(app_name: str = "sediment", *, master: str | None = None, shuffl
     if quiet:  # read when the JVM starts: its first lines already
         options["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
     options.update((key, str(value)) for key, value in (conf or {}).items())
-    if "spark.master" in options and not debugging():
+    if quiet and "spark.master" in options:
         start_driver_filtered(options)
     builder = SparkSession.builder
     for key, value in options.items():
