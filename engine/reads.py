@@ -142,9 +142,6 @@ class Reads:
                 f"{rel.sealed_durable}]" + ("; the relation was never sealed" if rel.sealed_durable < 0 else "")
             )
 
-    def _load_tail(self, rel: Relation, entries: list[TailEntry], shape: _Shape) -> pa.Table:
-        return self._tail(rel, entries, shape)
-
     def _snapshot_of(self, rel: Relation, trace: TraceState, entries: list[TailEntry], as_of: int,
                      shape: _Shape) -> pa.Table:
         try:
@@ -167,7 +164,7 @@ class Reads:
                     runs.append(run)
         entries = [e for e in entries if e.t_lo <= as_of]
         if entries:
-            runs.append(consolidate_snapshot(self._load_tail(rel, entries, shape), keys, as_of))
+            runs.append(consolidate_snapshot(self._tail(rel, entries, shape), keys, as_of))
         schema = pa.schema([shape.schema.field(c) for c in (*keys, "diff")])
         return merge_runs(runs, keys, schema, stats=self.read_stats, workers=_MERGE_WORKERS)
 
@@ -206,7 +203,7 @@ class Reads:
                 parts += self.traces.read_pieces(rel.entry.id, ref, layout=shape.layout, each=after)
         entries = [e for e in entries if e.t_hi > t]
         if entries:
-            tail = self._load_tail(rel, entries, shape)
+            tail = self._tail(rel, entries, shape)
             parts.append(tail.filter(pc.greater(tail.column("time"), t)))
         table = pa.concat_tables([p.select(shape.schema.names).cast(shape.schema) for p in parts]) \
             if parts else shape.schema.empty_table()
@@ -307,7 +304,7 @@ class Reads:
             entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
             lease = self.collector.readers.lease(lease_seconds)
         try:
-            tail = self._load_tail(rel, entries, shape)
+            tail = self._tail(rel, entries, shape)
             keep = pc.less_equal(tail.column("time"), as_of)
             if from_t is not None:
                 keep = pc.and_(keep, pc.greater(tail.column("time"), from_t))
