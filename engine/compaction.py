@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.arrow_codec import decode_updates_many
 from sediment.clock import Clock
+from sediment.engine import tail_decode
 from sediment.engine.collector import Collector
 from sediment.engine.relation import Relation, TailEntry
 from sediment.engine.view import RelationView
@@ -27,10 +27,8 @@ from sediment.errors import (
     CompactionFailed,
     CoordinatorSuperseded,
     MetadataConflict,
-    SedimentError,
     TraceInvariantViolation,
     UnknownRelation,
-    WalCorruption,
 )
 from sediment.metrics import EngineMetrics
 from sediment.trace import wal_cut
@@ -50,15 +48,6 @@ from sediment.wal.protocol import WriteAheadLog
 log = logging.getLogger(__name__)
 
 DEFAULT_MAJOR_COMPACTION_QUIET = 10.0  # seconds without new data before a relation's batches become one
-# WAL records whose bodies average less than this are joined into one chunk before a pass: past
-# it, a chunk's rows are enough for the kernels' per-chunk costs, and two copies of every byte
-# (the stream's join, the chunks' combine) cost more (1,000-row records of 100 B rows: 20% of
-# a pass's CPU)
-_SMALL_RECORD_BYTES = 64 << 10
-
-
-def _small_records(entries: list[TailEntry]) -> bool:
-    return len(entries) > 1 and sum(e.bytes for e in entries) < _SMALL_RECORD_BYTES * len(entries)
 
 
 @dataclass
@@ -325,17 +314,14 @@ class Compaction:
 
     def _wal_table(self, rel: Relation, entries: list[TailEntry], trace: TraceState, safe: int) -> pa.Table:
         with self._lock:
-            cached = [self.view.bodies.take(e.lsn) for e in entries]
-        bodies = [body if body is not None else self.log.read(e.lsn).body for e, body in zip(entries, cached, strict=True)]
-        table = _joined(rel, entries, bodies) if _small_records(entries) else None
-        if table is None:  # one by one, which says which record is damaged
-            table = pa.Table.from_batches([_decoded(rel, e, body) for e, body in zip(entries, bodies, strict=True)],
-                                          schema=rel.update_schema)
+            cached = {e.lsn: self.view.bodies.take(e.lsn) for e in entries}
+        bodies = tail_decode.bodies_of(entries, cached.get, self.log)
+        table = tail_decode.decode_tail(rel, entries, bodies, rel.shape)
         return self._checked(rel, entries, trace, safe, table)
 
     @staticmethod
     def _checked(rel: Relation, entries: list[TailEntry], trace: TraceState, safe: int, table: pa.Table) -> pa.Table:
-        if table.num_columns and table.column(0).num_chunks > 1 and _small_records(entries):
+        if table.num_columns and table.column(0).num_chunks > 1 and tail_decode.small_records(entries):
             table = table.combine_chunks()  # small appends: the kernels below cost per chunk, not per row
         if entries and min(e.t_lo for e in entries) < trace.upper:
             raise TraceInvariantViolation(
@@ -483,54 +469,6 @@ class Compaction:
                     rel.trace = new
                     rel.trace_changed_at = self.clock.current_time()
                     self.collector.discard(r.key for r in refs)
-
-
-def _joined(rel: Relation, entries: list[TailEntry], bodies: list) -> pa.Table | None:
-    """Small records decoded with one stream read per run of one schema version
-    (arrow_codec.decode_updates_many), older versions' runs projected to the current schema
-    once each; None when any run does not decode to its rows (the caller then decodes one
-    by one, naming the damaged record).
-
-    Why per run: pyarrow lets go of the interpreter lock in each call, so a call per record
-    waits for the lock once per record beside busy threads (after an alter, a pass over
-    the older version's one-row records did)."""
-    parts = []
-    start = 0
-    while start < len(entries):
-        version = entries[start].schema_version
-        stop = start + 1
-        while stop < len(entries) and entries[stop].schema_version == version:
-            stop += 1
-        schema = rel.update_schema if version == rel.schema_version else \
-            rel.layout.decode_schema(version) if rel.layout is not None else None
-        if schema is None:
-            return None
-        try:
-            part = decode_updates_many(bodies[start:stop], schema)
-        except (pa.ArrowException, OSError, EOFError, ValueError):
-            return None
-        if part.num_rows != sum(e.rows for e in entries[start:stop]):
-            return None
-        parts.append(part if schema is rel.update_schema else rel.layout.project(part))
-        start = stop
-    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-
-
-def _decoded(rel: Relation, entry: TailEntry, body) -> pa.RecordBatch:
-    """One WAL record's batch, or WalCorruption naming it when its body does not decode to
-    the rows its header counts (the body passed its checksum: damage after it was read)."""
-    try:
-        batch = rel.decode_body(body, entry.schema_version)
-    except (SedimentError, MemoryError):  # not damage: out of memory keeps its type
-        raise
-    except Exception as e:  # pyarrow's errors on a damaged message: OSError, EOFError, ArrowInvalid
-        batch, cause = None, f"{type(e).__name__}: {e}"
-    else:
-        cause = f"{batch.num_rows} rows decoded"
-    if batch is None or batch.num_rows != entry.rows:
-        raise WalCorruption(f"relation {rel.entry.name!r}: the UPDATES record at LSN {entry.lsn} does not decode to "
-                            f"the {entry.rows} rows its header counts ({cause}); run `sediment verify`")
-    return batch
 
 
 def _find_run(refs: list, wanted) -> int | None:

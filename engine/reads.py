@@ -9,19 +9,18 @@ the lock, in that schema version: an alter that lands meanwhile changes no colum
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.arrow_codec import decode_updates
-from sediment.engine import args, time_order
+from sediment.engine import args, tail_decode, time_order
 from sediment.engine.args import check_time
 from sediment.engine.collector import Collector
 from sediment.engine.feed import PROGRESS, SNAPSHOT, UPDATES, FeedEvent, Subscription
 from sediment.engine.read_plan import ReadPlan
-from sediment.engine.relation import Relation, TailEntry, check_body_version
+from sediment.engine.relation import Relation, TailEntry
 from sediment.engine.view import RelationView
 from sediment.errors import (
     AsOfOutOfRange,
@@ -46,6 +45,35 @@ class _Stored(NamedTuple):
     ref: BatchRef
     t_lo: int
     t_hi: int
+
+
+class _TailRun(NamedTuple):
+    """Consecutive WAL tail records as one replay item, decoded together (engine/tail_decode.py)."""
+
+    entries: tuple[TailEntry, ...]
+    t_lo: int
+    t_hi: int
+
+
+_RUN_BYTES = 1 << 20  # a replay's tail run: records decoded together, and held until its last time passes
+_RUN_RECORDS = 4096
+
+
+def _tail_runs(entries: Sequence[TailEntry]) -> list[_TailRun]:
+    """``entries`` in order, as runs of small records (one each for a record of 64 KiB or more)."""
+    runs: list[_TailRun] = []
+    run: list[TailEntry] = []
+    size = 0
+    for e in entries:
+        if run and (size + e.bytes > _RUN_BYTES or len(run) >= _RUN_RECORDS
+                    or e.bytes >= tail_decode.SMALL_RECORD_BYTES):
+            runs.append(_TailRun(tuple(run), min(x.t_lo for x in run), max(x.t_hi for x in run)))
+            run, size = [], 0
+        run.append(e)
+        size += e.bytes
+    if run:
+        runs.append(_TailRun(tuple(run), min(x.t_lo for x in run), max(x.t_hi for x in run)))
+    return runs
 
 
 class _Shape(NamedTuple):
@@ -85,15 +113,12 @@ class Reads:
         self._failure_count = failure_count
         self._lock = view.lock
 
-    def _decode(self, rel: Relation, lsn: int, shape: _Shape) -> pa.RecordBatch:
-        record = self.log.read(lsn)
-        if record.schema_version == shape.version:
-            try:
-                return decode_updates(record.body, shape.schema)
-            except ValueError:
-                check_body_version(rel.entry.name, record.body)
-                raise
-        return rel.decode_body(record.body, record.schema_version, shape.version)
+    def _tail(self, rel: Relation, entries: Sequence[TailEntry], shape: _Shape) -> pa.Table:
+        """The rows of WAL records ``entries`` in the read's schema version, decoded together
+        (engine/tail_decode.py: a record at a time, beside busy threads, waited for the
+        interpreter lock several times a record)."""
+        bodies = tail_decode.bodies_of(entries, self.view.bodies.get, self.log)
+        return tail_decode.decode_tail(rel, entries, bodies, (shape.version, shape.schema))
 
     def snapshot(self, name: str, as_of: int) -> pa.Table:
         """The relation as of ``as_of``: its columns plus ``diff``, one row per distinct row
@@ -119,10 +144,6 @@ class Reads:
                  if as_of < rel.entry.since else f"; seal {rel.entry.name!r} through {as_of} first, or read at a time "
                  "in that range (above sealed, more updates may still arrive)"))
 
-    def _load_tail(self, rel: Relation, entries: list[TailEntry], shape: _Shape) -> pa.Table:
-        parts = [self._decode(rel, e.lsn, shape) for e in entries]
-        return pa.Table.from_batches(parts, schema=shape.schema)
-
     def _snapshot_of(self, rel: Relation, trace: TraceState, entries: list[TailEntry], as_of: int,
                      shape: _Shape) -> pa.Table:
         try:
@@ -145,7 +166,7 @@ class Reads:
                     runs.append(run)
         entries = [e for e in entries if e.t_lo <= as_of]
         if entries:
-            runs.append(consolidate_snapshot(self._load_tail(rel, entries, shape), keys, as_of))
+            runs.append(consolidate_snapshot(self._tail(rel, entries, shape), keys, as_of))
         schema = pa.schema([shape.schema.field(c) for c in (*keys, "diff")])
         return merge_runs(runs, keys, schema, stats=self.read_stats, workers=_MERGE_WORKERS)
 
@@ -184,7 +205,7 @@ class Reads:
                 parts += self.traces.read_pieces(rel.entry.id, ref, layout=shape.layout, each=after)
         entries = [e for e in entries if e.t_hi > t]
         if entries:
-            tail = self._load_tail(rel, entries, shape)
+            tail = self._tail(rel, entries, shape)
             parts.append(tail.filter(pc.greater(tail.column("time"), t)))
         table = pa.concat_tables([p.select(shape.schema.names).cast(shape.schema) for p in parts]) \
             if parts else shape.schema.empty_table()
@@ -230,7 +251,22 @@ class Reads:
                     body, written = record.body, record.schema_version
                 return pa.Table.from_batches([rel.decode_body(body, written, version)])
 
-            sub = Subscription(feed, [], load, lambda: not self.view.closed, name=name, max_lag=max_lag)
+            def load_many(wanted: list[tuple[int, int]], version: int) -> list[tuple[pa.Table, int]]:
+                """The records ``wanted`` ((lsn, schema version written)) as ``load`` gives
+                each, decoded together (engine/tail_decode.py)."""
+                got = [(written, self.view.bodies.get(lsn) if written >= 0 else None) for lsn, written in wanted]
+                missing = [lsn for (lsn, _w), (_v, body) in zip(wanted, got, strict=True) if body is None]
+                read = iter(self.log.read_many(missing) if missing else ())
+                for i, (_w, body) in enumerate(got):
+                    if body is None:
+                        record = next(read)
+                        got[i] = (record.schema_version, record.body)
+                current, schema = rel.shape
+                target = (version, schema if version == current else rel.layout.decode_schema(version))
+                return tail_decode.decode_each(rel, got, target, lambda i: load(wanted[i][0], version, wanted[i][1]))
+
+            sub = Subscription(feed, [], load, lambda: not self.view.closed, name=name, max_lag=max_lag,
+                               load_many=load_many)
             self.collector.pin()
         try:
             initial = []
@@ -270,7 +306,7 @@ class Reads:
             entries = [e for e in rel.tail if e.t_lo <= as_of and (from_t is None or e.t_hi > from_t)]
             lease = self.collector.readers.lease(lease_seconds)
         try:
-            tail = self._load_tail(rel, entries, shape)
+            tail = self._tail(rel, entries, shape)
             keep = pc.less_equal(tail.column("time"), as_of)
             if from_t is not None:
                 keep = pc.and_(keep, pc.greater(tail.column("time"), from_t))
@@ -306,8 +342,8 @@ class Reads:
             self.collector.pin()
 
         def load(item: Any, sort: Callable[[pa.RecordBatch], list[pa.RecordBatch]]) -> Iterable[list[pa.RecordBatch]]:
-            if isinstance(item, TailEntry):
-                return [sort(self._decode(rel, item.lsn, shape))]
+            if isinstance(item, _TailRun):
+                return [sort(self._tail(rel, item.entries, shape).combine_chunks())]
             return self.traces.read_pieces(rel.entry.id, item.ref, layout=shape.layout, each=sort)
 
         def generate() -> Iterator[pa.RecordBatch]:
@@ -318,7 +354,7 @@ class Reads:
                     return
                 items: list[Any] = [_Stored(ref, max(ref.lower, ref.since), max(ref.upper - 1, ref.since))
                                     for ref in (*trace.batches, *trace.pending) if ref.key is not None]
-                items += entries
+                items += _tail_runs(entries)
                 yield from time_order.time_ordered(items, load, shape.schema, batch_rows)
             finally:
                 self.collector.unpin()
@@ -334,9 +370,8 @@ class Reads:
         for ref in (*trace.batches, *trace.pending):
             for group in self.traces.read_as_stored(rel.entry.id, ref, layout=shape.layout):
                 yield from shape.conform(group).to_batches(max_chunksize=batch_rows)
-        for entry in entries:
-            batch = self._decode(rel, entry.lsn, shape)
-            yield from pa.Table.from_batches([batch]).to_batches(max_chunksize=batch_rows)
+        for run in _tail_runs(entries):
+            yield from self._tail(rel, run.entries, shape).combine_chunks().to_batches(max_chunksize=batch_rows)
 
     def trace_info(self, name: str) -> dict[str, int]:
         """The relation's stored shape: batches, pending batches, rows and bytes in them, the

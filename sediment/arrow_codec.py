@@ -132,6 +132,13 @@ def decode_updates(body: bytes | pa.Buffer, update_schema: pa.Schema) -> pa.Reco
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=update_schema)
 
 
+def message_count(body: bytes | pa.Buffer) -> int:
+    """How many IPC messages an UPDATES body holds (a group body's, else one): the chunks it
+    becomes in :func:`decode_updates_many`'s table. ValueError for a group body of another version."""
+    group = _group(body)
+    return 1 if group is None else group[1]
+
+
 def decode_updates_many(bodies: list, update_schema: pa.Schema) -> pa.Table:
     """Many UPDATES bodies of one schema as one table, in their order.
 

@@ -471,6 +471,27 @@ class FileLog:
                                 "`sediment verify`", path=seg.path, offset=offset, reason="bad body on read")
         return rec.record_of(head, body)
 
+    def read_many(self, lsns: Sequence[int]) -> list[rec.Record]:
+        # neighbouring frames of a segment come in one pread: a read per record let go of the
+        # interpreter lock twice a record, each time waiting for it again beside busy threads
+        got: dict[int, rec.Record] = {}
+        wanted = sorted(set(lsns))
+        i = 0
+        while i < len(wanted):
+            seg = self._segment_for(wanted[i])
+            with self._lock:
+                n, end = len(seg.offsets), seg.end
+            j = bisect.bisect_left(wanted, seg.first_lsn + n, i)
+            fd = self._read_fd(seg.path)
+            for lo, hi, indices in sg.read_spans(seg.offsets, end, [lsn - seg.first_lsn for lsn in wanted[i:j]]):
+                data = sg.pread_all(fd, hi - lo, lo)
+                for k in indices:
+                    lsn = seg.first_lsn + k
+                    got[lsn] = sg.framed_record(data, seg.offsets[k] - lo, lsn, seg.path, seg.offsets[k]) \
+                        or self.read(lsn)
+            i = j
+        return [got[lsn] for lsn in lsns]
+
     def scan(self, start: int | None = None) -> Iterator[rec.Record]:
         with self._lock:
             segments = list(self._segments)

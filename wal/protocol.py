@@ -201,6 +201,14 @@ class WriteAheadLog(Protocol):
         was never written."""
         ...
 
+    def read_many(self, lsns: Sequence[int]) -> list[Record]:
+        """The records at ``lsns``, in that order; the same errors as :meth:`read` for any
+        of them. Why: neighbouring records come with one read of the store, where a read a
+        record gave up the interpreter lock (a syscall or more) once or twice a record, and
+        beside threads running Python each such call waits for the lock again (a compaction
+        pass over 100,000 small records read back after a reopen, a snapshot of a long tail)."""
+        ...
+
     @property
     def start_lsn(self) -> int:
         """The oldest LSN still kept (records below it were trimmed)."""

@@ -505,6 +505,10 @@ class S3Log:
         data, offsets = self._load(obj)
         return self._record(data, offsets[lsn - obj.first_lsn])
 
+    def read_many(self, lsns: Sequence[int]) -> list[rec.Record]:
+        # an object is fetched once and kept in the cache: the records after the first are in memory
+        return [self.read(lsn) for lsn in lsns]
+
     def scan(self, start: int | None = None) -> Iterator[rec.Record]:
         with self._lock:
             objects = [o for o in self._objects if o.records]

@@ -14,10 +14,12 @@ import os
 import struct
 import uuid
 from array import array
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 
 from sediment._fs import fsync_dir
+from sediment.errors import WalCorruption
 from sediment.wal import record as rec
 
 SEG_MAGIC = b"SDSG"
@@ -200,6 +202,50 @@ def _pread_all(fd: int, n: int, offset: int) -> bytes:
 
 
 _WINDOW = 8 << 20  # bytes read at a time: the frames are checked while they are still in the CPU's cache
+
+
+SPAN_GAP = 256 << 10  # bytes of unwanted frames a range read reads through rather than read again
+SPAN_MOST = 8 << 20  # bytes one range read takes at most
+
+
+def read_spans(offsets: Sequence[int], end: int, indices: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+    """The byte ranges (start, stop, indices in them) that cover the frames at ``indices``
+    (ascending) of a segment whose frames start at ``offsets`` and whose last ends at
+    ``end``: neighbours join one range unless the gap or the range grows too large."""
+    spans: list[tuple[int, int, list[int]]] = []
+    n = len(offsets)
+    for i in indices:
+        lo, hi = offsets[i], offsets[i + 1] if i + 1 < n else end
+        if spans and lo - spans[-1][1] <= SPAN_GAP and hi - spans[-1][0] <= SPAN_MOST:
+            spans[-1][2].append(i)
+            spans[-1] = (spans[-1][0], hi, spans[-1][2])
+        else:
+            spans.append((lo, hi, [i]))
+    return spans
+
+
+def framed_record(data: bytes, at: int, lsn: int, path: str, offset: int) -> rec.Record | None:
+    """The record at ``lsn`` whose frame (at ``offset`` in ``path``) starts at ``data[at:]``,
+    or None when ``data`` ends inside it; WalCorruption when its header or body is damaged."""
+    if len(data) < at + rec.HEADER_SIZE:
+        return None
+    head = rec.decode_header(data, at)
+    if head is None or head.lsn != lsn:
+        raise WalCorruption(f"{path}: record header at offset {offset} (LSN {lsn}) is damaged; run "
+                            "`sediment verify`", path=path, offset=offset, reason="bad header on read")
+    if len(data) < at + head.frame_size:
+        return None
+    body = data[at + rec.HEADER_SIZE:at + head.frame_size]
+    if not rec.body_ok(head, body):
+        raise WalCorruption(f"{path}: record body at offset {offset} (LSN {lsn}) fails its checksum; run "
+                            "`sediment verify`", path=path, offset=offset, reason="bad body on read")
+    return rec.record_of(head, body)
+
+
+def pread_all(fd: int, n: int, offset: int) -> bytes:
+    """``n`` bytes at ``offset`` (fewer only at the end of the file), in as few reads as the
+    kernel allows."""
+    return _pread_all(fd, n, offset)
 
 
 class _Window:

@@ -6,20 +6,19 @@ the engine's cache or are read back from the log after a reopen, and across an a
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
+from support.busy_threads import threads_running_python
 
 import sediment
 from sediment.arrow_codec import decode_updates, decode_updates_many, encode_updates
 from sediment.clock import ManualClock
-from sediment.engine import compaction as compaction_module
+from sediment.engine import tail_decode
 from sediment.engine.small_encode import SmallBodyEncoder
 from sediment.errors import CompactionFailed
 
@@ -48,32 +47,11 @@ def test_many_bodies_decode_as_each_alone_whichever_encoder_wrote_them():
     assert together.equals(alone)
 
 
-@contextlib.contextmanager
-def _threads_running_python(n: int) -> Iterator[None]:
-    """``n`` threads that hold the interpreter lock whenever they can, as busy writers or an
-    application's own threads do."""
-    stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            pass
-
-    spinners = [threading.Thread(target=spin) for _ in range(n)]
-    for th in spinners:
-        th.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for th in spinners:
-            th.join()
-
-
-def test_many_bodies_decode_in_one_call_beside_threads_running_python():
+def test_many_bodies_decode_in_one_call_besidethreads_running_python():
     # pyarrow lets go of the interpreter lock in every reader call: a read batch by batch
     # waited for the lock once per body (2,000 bodies: 10-20 s beside two busy threads)
     bodies = [encode_updates(_table([i]).combine_chunks().to_batches()[0]) for i in range(2_000)]
-    with _threads_running_python(2):
+    with threads_running_python(2):
         started = time.perf_counter()
         table = decode_updates_many(bodies, UPDATES)
         took = time.perf_counter() - started
@@ -135,7 +113,7 @@ def test_a_pass_over_an_older_versions_records_beside_threads_running_python_rea
         for i in range(3_000, 3_100):
             engine.append("r", _table([i], 2).add_column(2, "qty", pa.array([i], pa.int32())))
         engine.seal("r", 2)
-        with _threads_running_python(2):
+        with threads_running_python(2):
             started = time.perf_counter()
             engine.compact("r")
             took = time.perf_counter() - started
@@ -192,7 +170,7 @@ def test_running_out_of_memory_in_a_pass_is_not_reported_as_a_damaged_record(tmp
             raise pa.ArrowMemoryError("malloc of size 1073741824 failed")
 
         monkeypatch.setattr(rel, "decode_body", no_memory)  # the one-by-one decode runs out of memory
-        monkeypatch.setattr(compaction_module, "decode_updates_many", no_memory)  # so does the joined read
+        monkeypatch.setattr(tail_decode, "decode_updates_many", no_memory)  # so does the joined read
         with pytest.raises(CompactionFailed, match="MemoryError") as failed:
             engine.compact("r")
         assert "WalCorruption" not in str(failed.value)

@@ -13,6 +13,7 @@ import threading
 import pyarrow as pa
 import pytest
 
+from sediment.engine import tail_decode
 from sediment.net.remote_subscription import NOTHING, wait_item
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
@@ -111,9 +112,23 @@ def test_subscribers_behind_by_the_same_updates_share_one_merged_event(open_engi
         sub.close()
 
 
-def _counting(obj, name: str) -> list[int]:
-    """Count the calls of ``obj.name`` (the call itself runs as before)."""
-    calls: list[int] = []
+def _decoded_together(monkeypatch) -> list[int]:
+    """The records a subscriber catching up decoded together, one count a decoded run."""
+    runs: list[int] = []
+    real = tail_decode._run_each
+
+    def counted(*args, **kwargs):
+        got = real(*args, **kwargs)
+        runs.append(len(got) if got is not None else 0)
+        return got
+
+    monkeypatch.setattr(tail_decode, "_run_each", counted)
+    return runs
+
+
+def _counting(obj, name: str, calls: list[int] | None = None) -> list[int]:
+    """Count the calls of ``obj.name`` (the call itself runs as before) in ``calls``."""
+    calls = [] if calls is None else calls
     real = getattr(obj, name)
 
     def counted(*args, **kwargs):
@@ -133,11 +148,12 @@ def _read_events(sub, out: list, rows: int = RECORDS) -> None:
 
 
 @pytest.mark.embedded_only  # counts the engine's log reads and decodes
-def test_subscribers_woken_together_share_one_decode_from_memory(open_engine):
+def test_subscribers_woken_together_share_one_decode_from_memory(open_engine, monkeypatch):
     eng = open_engine()
     subs = _subscribed(eng, SUBSCRIBERS)
-    log_reads = _counting(eng.reads.log, "read")
+    log_reads = _counting(eng.reads.log, "read", _counting(eng.reads.log, "read_many"))
     decodes = _counting(eng.view.get("r"), "decode_body")
+    joined = _decoded_together(monkeypatch)
     got: list[list] = [[] for _ in subs]
     threads = [threading.Thread(target=_read_events, args=(sub, out), daemon=True) for sub, out in zip(subs, got, strict=True)]
     for th in threads:
@@ -150,7 +166,8 @@ def test_subscribers_woken_together_share_one_decode_from_memory(open_engine):
     for out in got:
         assert pa.concat_tables([e.table for e in out]).column("k").to_pylist() == list(range(RECORDS))
     assert log_reads == [], "a record just made durable was read back from the log"
-    assert len(decodes) == RECORDS, f"{len(decodes)} decodes of {RECORDS} records for {SUBSCRIBERS} subscribers"
+    decoded = len(decodes) + sum(joined)
+    assert decoded == RECORDS, f"{decoded} decodes of {RECORDS} records for {SUBSCRIBERS} subscribers"
     for sub in subs:
         sub.close()
 
@@ -159,7 +176,7 @@ def test_subscribers_woken_together_share_one_decode_from_memory(open_engine):
 def test_a_record_no_longer_in_memory_is_read_from_the_log(open_engine):
     eng = open_engine()
     [sub] = _subscribed(eng, 1)
-    log_reads = _counting(eng.reads.log, "read")
+    log_reads = _counting(eng.reads.log, "read", _counting(eng.reads.log, "read_many"))
     for i in range(5):
         eng.append("r", one_row(i))
     eng.view.bodies.drop_below(1 << 62)

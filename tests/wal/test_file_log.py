@@ -51,6 +51,21 @@ def test_append_read_scan_roundtrip(tmp_path):
         log.append([updates(1, 0, b"x")])
 
 
+@pytest.mark.parametrize("where", ["header", "body"])
+def test_read_many_names_the_damaged_record_by_lsn_and_offset(tmp_path, where):
+    log = FileLog.open(str(tmp_path), create=True)
+    log.append([updates(1, i, b"row %d " % i * 20) for i in range(8)])
+    [seg] = [s for s in log._segments if len(s.offsets) == 8]
+    offset = seg.offsets[5] + (3 if where == "header" else rec.HEADER_SIZE + 7)
+    with open(seg.path, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\xff")
+    assert [r.body for r in log.read_many([0, 1, 2])] == [b"row %d " % i * 20 for i in range(3)]
+    with pytest.raises(WalCorruption, match=f"offset {seg.offsets[5]} \\(LSN 5\\)"):
+        log.read_many(list(range(8)))
+    log.close()
+
+
 def test_concurrent_appends_share_syncs_and_keep_each_callers_order(tmp_path):
     log = FileLog.open(str(tmp_path), create=True)
     syncs = []

@@ -394,6 +394,40 @@ def test_a_torn_tail_is_cut_and_appends_continue(backend):
         log.close()
 
 
+def test_read_many_gives_each_record_asked_for_in_the_order_asked_across_segments(log):
+    appended = []
+    for i in range(60):  # 200-byte bodies: several segments, some finished
+        r = upd(i, n=200)
+        log.append([r])
+        appended.append(r)
+    log.finish_segment()
+    more = [upd(i) for i in range(60, 70)]
+    log.append(more)  # several in one append, in the active segment
+    appended += more
+    lsns = [r.lsn for r in appended]
+    assert [fields(r) for r in log.read_many(lsns)] == [fields(r) for r in appended]
+    picked = lsns[65:3:-7] + lsns[10:12] + [lsns[0], lsns[-1], lsns[10]]  # descending, neighbours, repeats
+    assert [fields(r) for r in log.read_many(picked)] == [fields(log.read(lsn)) for lsn in picked]
+    assert log.read_many([]) == []
+
+
+def test_read_many_refuses_what_was_never_written_or_was_trimmed(backend):
+    log, appended = _trimmed_log(backend)
+    try:
+        with pytest.raises(WalError):
+            log.read_many([appended[-1].lsn, log.end_lsn])
+        with pytest.raises(WalError):
+            log.read_many([-1, appended[0].lsn])
+        log.trim(appended[120].lsn)
+        below = [r.lsn for r in appended if r.lsn < log.start_lsn]
+        with pytest.raises(WalError):
+            log.read_many([below[-1], appended[-1].lsn])
+        kept = [r for r in appended if r.lsn >= log.start_lsn]
+        assert [fields(r) for r in log.read_many([r.lsn for r in kept])] == [fields(r) for r in kept]
+    finally:
+        log.close()
+
+
 def test_reading_what_was_never_written_is_a_wal_error(log):
     r = [upd(1)]
     log.append(r)
