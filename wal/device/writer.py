@@ -22,7 +22,7 @@ from sediment.wal.protocol import SegmentPreamble
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_header
 
 _log = logging.getLogger("sediment.wal.device.log")
-_ZEROS = bytes(64 * 1024)
+_ZEROS = memoryview(bytes(64 * 1024))
 
 
 class RingWriter:
@@ -57,6 +57,7 @@ class RingWriter:
         self._alloc_lock = threading.Lock()
         self._pool: list[mmap.mmap] = []
         self._pool_size = align_up(max_block_bytes, block_size)
+        self._pool_max = 2 * io_threads + 2  # buffers kept for reuse
         self._cur: Block | None = None
         self._next = 0
         self._pending: deque[Block] = deque()
@@ -265,9 +266,9 @@ class RingWriter:
             while inflight and inflight[0].written:
                 b = inflight.popleft()
                 b.durable = True
-                self._durable_end = b.end
+                self._durable_end = b.start + b.fill
                 self._company = len(b.tickets)
-                if b.pooled and len(self._pool) < 2 * self.io_threads + 2:
+                if b.pooled and len(self._pool) < self._pool_max:
                     self._pool.append(b.buf)
                 else:
                     b.buf.close()
@@ -278,21 +279,20 @@ class RingWriter:
                 self._work_cv.notify_all()
             elif self._stalled and not lead and (self._pending or self._cur is not None):
                 self._work_cv.notify()
-            if self._notifying or not self._done_q:
+            done_q = self._done_q
+            if self._notifying or not done_q:
                 return lead
             self._notifying = True
-            batch, self._done_q = self._done_q, deque()
         while True:
-            for b in batch:
-                self._announce(b)
+            while done_q:  # only the announcing thread takes from it (a deque's ends are thread-safe)
+                self._announce(done_q.popleft())
             with self._lock:
-                if not self._done_q:
+                if not done_q:
                     self._notifying = False
                     due = not self._checkpointing and (
                         self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes)
                     self._checkpointing |= due
                     break
-                batch, self._done_q = self._done_q, deque()
         if due:  # after giving up announcing: completions behind it are not held up by a header write
             try:
                 self._checkpoint()
@@ -311,12 +311,13 @@ class RingWriter:
                     t.on_durable(t.records)
                 except Exception:
                     _log.exception("%s: on_durable callback failed", self.path)
+        b.tickets.clear()
         if b.frontiers_end >= 0:
             with self._lock:
                 self.segments.finished = max(self.segments.finished, b.frontiers_end)
             if self.segments.notify(b.frontiers_end):
                 self._checkpoint()
-        b.flag.set()
+        b.settle()
 
     def _checkpoint(self) -> None:
         """Record the current durable end in the header (a lower bound: it may lag, never lead)."""
@@ -338,7 +339,7 @@ class RingWriter:
             self._work_cv.notify_all()
             self._space_cv.notify_all()
         for b in blocks:
-            b.flag.set()
+            b.settle()
 
     def write_alone(self, blk: Block) -> bool:
         """When the caller's block is the open one and no write is in flight: seal, write and
@@ -348,18 +349,29 @@ class RingWriter:
         Why: a lone appender goes through this path every time, and the general one's
         steps (take, gather, eligibility, run, each its own call) cost about as much CPU as
         the write itself."""
+        bs = self.block_size
         with self._lock:
+            fill = blk.fill
+            wlen = (fill + bs - 1) // bs * bs
             if blk is not self._cur or self._writing or self._pending or self._failed is not None or self._closed \
-                    or align_up(blk.fill, self.block_size) > self.head.window:
+                    or wlen > self.head.window:
                 return False
             self._cur = None  # taken here, not sealed into the pending queue
-            self._next = align_up(self._next, self.block_size)
+            self._next = (self._next + bs - 1) // bs * bs
             blk.taken = True
             self._inflight.append(blk)
             self._writing = 1
             self.counts.writes += 1
-        if self._run(blk, blk) and self._stalled:  # read after completing under the lock: a waiter stalled before it is counted
-            self._lead_next()
+        try:
+            if wlen > fill:
+                blk.buf[fill:wlen] = _ZEROS[: wlen - fill]
+            self.files.write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
+        except BaseException as e:  # noqa: BLE001 - any failure poisons the log
+            _log.error("%s: WAL write failed: %s", self.path, e)
+            self._fail(e)
+        else:
+            if self._complete(blk, blk) and self._stalled:  # read after completing under the lock
+                self._lead_next()
         if not blk.durable:
             raise WalError(f"{self.path}: the WAL failed before the append was durable: {self._failed}") from self._failed
         return True
@@ -372,15 +384,15 @@ class RingWriter:
         that, an I/O thread that completion wakes. When its own write made its block
         durable, it writes the block gathered meanwhile before returning."""
         lead = False
-        while not blk.flag.is_set():
+        while not blk.settled:
             with self._lock:
                 job = self._take()
                 stalled = job is None and not blk.taken
                 self._stalled += stalled
-                self.counts.waits_for_older += job is None and blk.written and not blk.flag.is_set()
+                self.counts.waits_for_older += job is None and blk.written and not blk.settled
             if job is None:
                 try:
-                    blk.flag.wait()
+                    blk.wait_settled()
                 finally:
                     if stalled:
                         with self._lock:
@@ -426,6 +438,37 @@ class RingWriter:
                 return fblk
         finally:
             self._alloc_lock.release()
+
+    def place_one(self, record: Record, crc: int, ticket: DeviceTicket) -> bool:
+        """:meth:`place_fast` for one record (most appends), with its checks in one
+        expression: no appender waiting for room, room without waiting, no segment
+        boundary, and a frame that fits the open block (or a fresh pooled one) before the
+        ring's physical end. False, with nothing done, otherwise."""
+        n = HEADER_SIZE + len(record.body)
+        with self._lock:
+            nxt, seg, cur = self._next, self.segments, self._cur
+            bs, d = self.block_size, self.data_capacity
+            fill = 0 if cur is None else cur.fill
+            if self._full_waiters or self._closed or self._failed is not None \
+                    or nxt + n - seg.seg_start >= seg.segment_bytes \
+                    or (nxt + bs - 1) // bs * bs + 2 * n + 8 * bs > self.head.trim + d or nxt % d + n > d \
+                    or fill + n > (self._pool_size if cur is None else len(cur.buf)):
+                return False
+            if cur is None:
+                cur = self._open_block(nxt, self._pool_size)
+            buf = cur.buf
+            buf[fill : fill + HEADER_SIZE] = encode_header(record, nxt, crc)
+            buf[fill + HEADER_SIZE : fill + n] = record.body
+            record.lsn = nxt
+            cur.fill = fill = fill + n
+            self._next = nxt + n
+            if fill >= self.max_block_bytes:
+                self._seal()
+            seg.preamble.observe(ticket.records)
+            seg.seg_records += 1
+            ticket.block = cur
+            cur.tickets.append(ticket)
+            return True
 
     def place_fast(self, records: Sequence[Record], crcs: list[int], sizes: list[int], ticket: DeviceTicket) -> bool:
         """Place the frames in the common case with the fewest steps: no one waiting for room,
