@@ -259,7 +259,9 @@ class RingWriter:
         time, no lock held, in log order) run callbacks and wake waiters. True when ``own``
         is durable now: its caller writes the next block itself, so no I/O thread is woken
         for waiters whose block is not taken."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with`` (see place_one)
+        try:
             blk.written = True
             self._writing -= 1
             inflight = self._inflight
@@ -283,16 +285,21 @@ class RingWriter:
             if self._notifying or not done_q:
                 return lead
             self._notifying = True
+        finally:
+            lock.release()
         while True:
             while done_q:  # only the announcing thread takes from it (a deque's ends are thread-safe)
                 self._announce(done_q.popleft())
-            with self._lock:
+            lock.acquire()
+            try:
                 if not done_q:
                     self._notifying = False
                     due = not self._checkpointing and (
                         self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes)
                     self._checkpointing |= due
                     break
+            finally:
+                lock.release()
         if due:  # after giving up announcing: completions behind it are not held up by a header write
             try:
                 self._checkpoint()
@@ -349,8 +356,9 @@ class RingWriter:
         Why: a lone appender goes through this path every time, and the general one's
         steps (take, gather, eligibility, run, each its own call) cost about as much CPU as
         the write itself."""
-        bs = self.block_size
-        with self._lock:
+        bs, lock = self.block_size, self._lock
+        lock.acquire()  # not ``with`` (see place_one)
+        try:
             fill = blk.fill
             wlen = (fill + bs - 1) // bs * bs
             if blk is not self._cur or self._writing or self._pending or self._failed is not None or self._closed \
@@ -362,6 +370,8 @@ class RingWriter:
             self._inflight.append(blk)
             self._writing = 1
             self.counts.writes += 1
+        finally:
+            lock.release()
         try:
             if wlen > fill:
                 blk.buf[fill:wlen] = _ZEROS[: wlen - fill]
@@ -445,7 +455,9 @@ class RingWriter:
         boundary, and a frame that fits the open block (or a fresh pooled one) before the
         ring's physical end. False, with nothing done, otherwise."""
         n = HEADER_SIZE + len(record.body)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: its two method calls cost as much as the lock, once per append
+        try:
             nxt, seg, cur = self._next, self.segments, self._cur
             bs, d = self.block_size, self.data_capacity
             fill = 0 if cur is None else cur.fill
@@ -469,6 +481,8 @@ class RingWriter:
             ticket.block = cur
             cur.tickets.append(ticket)
             return True
+        finally:
+            lock.release()
 
     def place_fast(self, records: Sequence[Record], crcs: list[int], sizes: list[int], ticket: DeviceTicket) -> bool:
         """Place the frames in the common case with the fewest steps: no one waiting for room,
