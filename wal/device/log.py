@@ -323,18 +323,15 @@ class DeviceLog:
         caller that waits (this one's or a later one's), or by an I/O thread at a segment
         boundary, when the ring is full, or at close (the WAL protocol's rule)."""
         check_appendable(records, self.path)
-        ticket = DeviceTicket(self.writer, records, on_durable)
         if len(records) == 1:
             body = records[0].body
-            crc = body_crc(body)
-            if self.writer.place_one(records[0], crc, ticket):
-                return ticket
-            crcs, sizes = [crc], [HEADER_SIZE + len(body)]
+            crcs, sizes = [body_crc(body)], [HEADER_SIZE + len(body)]
         else:
             crcs = [body_crc(r.body) for r in records]
             sizes = [r.frame_size for r in records]
-            if self.writer.place_fast(records, crcs, sizes, ticket):
-                return ticket
+        ticket = DeviceTicket(self.writer, records, on_durable)
+        if self.writer.place_fast(records, crcs, sizes, ticket):
+            return ticket
         d = self.data_capacity
         for n in sizes:
             if n > d:

@@ -218,11 +218,17 @@ class RingWriter:
         return self._writing >= self.partial_writes or len(cur.tickets) < self._company
 
     def _run(self, blk: Block, own: Block | None = None) -> bool:
-        """Write ``blk`` and complete it; True when ``own`` (the caller's block) became
-        durable here, and the caller then writes the block gathered meanwhile
-        (:meth:`_lead_next`). A failed write fails the log (``_failed``) and returns False."""
+        """Write ``blk`` (a header copy first if it is wider than the window) and complete it;
+        True when ``own`` (the caller's block) became durable here, and the caller then writes
+        the block gathered meanwhile (:meth:`_lead_next`). A failed write fails the log
+        (``_failed``) and returns False."""
         try:
-            self._write_block(blk)
+            wlen = (blk.fill + self.block_size - 1) // self.block_size * self.block_size
+            if wlen > self.head.window:
+                self.head.write(SHUTDOWN_RUNNING, 0, self._durable_end, window=wlen)
+            if wlen > blk.fill:
+                blk.buf[blk.fill : wlen] = _ZEROS[: wlen - blk.fill]
+            self.files.write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
         except BaseException as e:  # noqa: BLE001 - any failure poisons the log
             _log.error("%s: WAL write failed: %s", self.path, e)
             self._fail(e)
@@ -243,15 +249,6 @@ class RingWriter:
                     self._work_cv.wait()
             self._run(blk)  # a failure is seen at the top of the loop
 
-    def _write_block(self, blk: Block) -> None:
-        bs = self.block_size
-        wlen = align_up(blk.fill, bs)
-        if wlen > self.head.window:
-            self.head.write(SHUTDOWN_RUNNING, 0, self._durable_end, window=wlen)
-        if wlen > blk.fill:
-            blk.buf[blk.fill : wlen] = _ZEROS[: wlen - blk.fill]
-        self.files.write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
-
     # ---------------------------------------------------------------- completion
 
     def _complete(self, blk: Block, own: Block | None = None) -> bool:
@@ -260,7 +257,7 @@ class RingWriter:
         is durable now: its caller writes the next block itself, so no I/O thread is woken
         for waiters whose block is not taken."""
         lock = self._lock
-        lock.acquire()  # not ``with`` (see place_one)
+        lock.acquire()  # not ``with`` (see place_fast)
         try:
             blk.written = True
             self._writing -= 1
@@ -357,10 +354,9 @@ class RingWriter:
         steps (take, gather, eligibility, run, each its own call) cost about as much CPU as
         the write itself."""
         bs, lock = self.block_size, self._lock
-        lock.acquire()  # not ``with`` (see place_one)
+        lock.acquire()  # not ``with`` (see place_fast)
         try:
-            fill = blk.fill
-            wlen = (fill + bs - 1) // bs * bs
+            wlen = (blk.fill + bs - 1) // bs * bs
             if blk is not self._cur or self._writing or self._pending or self._failed is not None or self._closed \
                     or wlen > self.head.window:
                 return False
@@ -372,16 +368,8 @@ class RingWriter:
             self.counts.writes += 1
         finally:
             lock.release()
-        try:
-            if wlen > fill:
-                blk.buf[fill:wlen] = _ZEROS[: wlen - fill]
-            self.files.write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
-        except BaseException as e:  # noqa: BLE001 - any failure poisons the log
-            _log.error("%s: WAL write failed: %s", self.path, e)
-            self._fail(e)
-        else:
-            if self._complete(blk, blk) and self._stalled:  # read after completing under the lock
-                self._lead_next()
+        if self._run(blk, blk) and self._stalled:  # read after completing under the lock: a waiter stalled before it is counted
+            self._lead_next()
         if not blk.durable:
             raise WalError(f"{self.path}: the WAL failed before the append was durable: {self._failed}") from self._failed
         return True
@@ -449,41 +437,6 @@ class RingWriter:
         finally:
             self._alloc_lock.release()
 
-    def place_one(self, record: Record, crc: int, ticket: DeviceTicket) -> bool:
-        """:meth:`place_fast` for one record (most appends), with its checks in one
-        expression: no appender waiting for room, room without waiting, no segment
-        boundary, and a frame that fits the open block (or a fresh pooled one) before the
-        ring's physical end. False, with nothing done, otherwise."""
-        n = HEADER_SIZE + len(record.body)
-        lock = self._lock
-        lock.acquire()  # not ``with``: its two method calls cost as much as the lock, once per append
-        try:
-            nxt, seg, cur = self._next, self.segments, self._cur
-            bs, d = self.block_size, self.data_capacity
-            fill = 0 if cur is None else cur.fill
-            if self._full_waiters or self._closed or self._failed is not None \
-                    or nxt + n - seg.seg_start >= seg.segment_bytes \
-                    or (nxt + bs - 1) // bs * bs + 2 * n + 8 * bs > self.head.trim + d or nxt % d + n > d \
-                    or fill + n > (self._pool_size if cur is None else len(cur.buf)):
-                return False
-            if cur is None:
-                cur = self._open_block(nxt, self._pool_size)
-            buf = cur.buf
-            buf[fill : fill + HEADER_SIZE] = encode_header(record, nxt, crc)
-            buf[fill + HEADER_SIZE : fill + n] = record.body
-            record.lsn = nxt
-            cur.fill = fill = fill + n
-            self._next = nxt + n
-            if fill >= self.max_block_bytes:
-                self._seal()
-            seg.preamble.observe(ticket.records)
-            seg.seg_records += 1
-            ticket.block = cur
-            cur.tickets.append(ticket)
-            return True
-        finally:
-            lock.release()
-
     def place_fast(self, records: Sequence[Record], crcs: list[int], sizes: list[int], ticket: DeviceTicket) -> bool:
         """Place the frames in the common case with the fewest steps: no one waiting for room,
         room without waiting, no segment boundary, and the frames fit the open block (or a
@@ -492,42 +445,48 @@ class RingWriter:
         frames that fit the same way).
 
         Why: an appender alone on the ring pays every interpreter step between its writes,
-        and the general path's steps cost about as much CPU as a 4 KiB write."""
-        if not self._alloc_lock.acquire(False):
-            return False
+        and the general path's steps cost about as much CPU as a 4 KiB write; one record
+        (most appends) takes no loop."""
+        one, last = len(sizes) == 1, sizes[-1]
+        total, pad = (last, last) if one else (sum(sizes), max(sizes))
+        lock = self._lock
+        lock.acquire()  # not ``with``: its two method calls cost as much as the lock, once per append
         try:
-            with self._lock:
-                nxt, seg, cur = self._next, self.segments, self._cur
-                bs, d = self.block_size, self.data_capacity
-                total, last = sum(sizes), sizes[-1]
-                pad = last if len(sizes) == 1 else max(sizes)
-                if self._closed or self._failed is not None or nxt + total - seg.seg_start >= seg.segment_bytes \
-                        or (nxt + bs - 1) // bs * bs + total + pad + 2 * (len(sizes) + 3) * bs > self.head.trim + d \
-                        or nxt % d + total > d:
-                    return False
-                fill = cur.fill if cur is not None else 0
-                if fill + total > (len(cur.buf) if cur is not None else self._pool_size) \
-                        or fill + total - last >= self.max_block_bytes:
-                    return False
-                if cur is None:
-                    cur = self._open_block(nxt, self._pool_size)
-                buf = cur.buf
+            nxt, seg, cur = self._next, self.segments, self._cur
+            bs, d = self.block_size, self.data_capacity
+            fill = 0 if cur is None else cur.fill
+            if self._full_waiters or self._closed or self._failed is not None \
+                    or nxt + total - seg.seg_start >= seg.segment_bytes \
+                    or (nxt + bs - 1) // bs * bs + total + pad + 2 * (len(sizes) + 3) * bs > self.head.trim + d \
+                    or nxt % d + total > d or fill + total > (self._pool_size if cur is None else len(cur.buf)) \
+                    or fill + total - last >= self.max_block_bytes:
+                return False
+            if cur is None:
+                cur = self._open_block(nxt, self._pool_size)
+            buf = cur.buf
+            if one:
+                r = records[0]
+                buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crcs[0])
+                buf[fill + HEADER_SIZE : fill + last] = r.body
+                r.lsn, fill, nxt = nxt, fill + last, nxt + last
+            else:
                 for r, crc, n in zip(records, crcs, sizes, strict=True):
                     buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crc)
                     buf[fill + HEADER_SIZE : fill + n] = r.body
                     r.lsn = nxt
                     fill += n
                     nxt += n
-                cur.fill = fill
-                self._next = nxt
-                if fill >= self.max_block_bytes:
-                    self._seal()
-                seg.placed(records, None)
-                ticket.block = cur
-                cur.tickets.append(ticket)
-                return True
+            cur.fill = fill
+            self._next = nxt
+            if fill >= self.max_block_bytes:
+                self._seal()
+            seg.preamble.observe(records)  # Segments.placed without a segment boundary
+            seg.seg_records += len(records)
+            ticket.block = cur
+            cur.tickets.append(ticket)
+            return True
         finally:
-            self._alloc_lock.release()
+            lock.release()
 
     def _wait_room(self, records: Sequence[Record], sizes: list[int], total: int,
                    force: bool) -> tuple[Record | None, int] | None:
