@@ -350,6 +350,54 @@ def bench_recovery(path: str, fill_bytes: int, record: int) -> dict:
     return {"bytes": written, "records": n, "secs": secs, "mbps": written / secs / 1e6, "fill_s": fill_s}
 
 
+def append_cpu(directory: str, size: int, pause_us: float, n: int = 2000, reps: int = 7) -> tuple[float, float]:
+    """Thread CPU (us) per append of one ``size``-byte record (``submit`` with an
+    ``on_durable`` callback, then ``wait``, as the engine appends) on a ring in ``directory``
+    (tmpfs: no Direct I/O, the write is a copy into memory), and per aligned ``pwrite`` of
+    the same size by a plain writer there; least of ``reps`` x ``n``. With ``pause_us``,
+    each append (write) follows a sleep and only its own CPU counts: on a device the
+    appender sleeps in every write and runs its path with cold caches.
+
+    Why: the disk here swings the bandwidth ratios by 2x between seconds; the CPU an append
+    costs the caller's thread is what a change to the ring's path moves."""
+    path = os.path.join(directory, f"sediment-cpu-{os.getpid()}")
+    log = DeviceLog.open(path, 64 * MiB, create=True, segment_bytes=8 * MiB, full_timeout=60, direct=False)
+    log.set_finish_listener(log.trim)
+    body = os.urandom(size - HEADER_SIZE)
+    fd = os.open(path + ".plain", os.O_RDWR | os.O_CREAT, 0o644)
+    buf = mmap.mmap(-1, size)
+    view = memoryview(buf)
+    slots = 64 * MiB // size
+    ring_best = plain_best = float("inf")
+
+    def noop(records: list[Record]) -> None:
+        pass
+
+    try:
+        for _ in range(reps):
+            for side in ("ring", "plain"):
+                used = 0.0
+                for i in range(n):
+                    if pause_us:
+                        time.sleep(pause_us / 1e6)
+                    c0 = time.thread_time()
+                    if side == "ring":
+                        log.submit([Record(RecordKind.UPDATES, relation_id=1, body=body)], noop).wait()
+                    else:
+                        os.pwrite(fd, view, i % slots * size)
+                    used += time.thread_time() - c0
+                if side == "ring":
+                    ring_best = min(ring_best, used / n * 1e6)
+                else:
+                    plain_best = min(plain_best, used / n * 1e6)
+    finally:
+        log.close()
+        os.close(fd)
+        for p in (path, path + ".plain"):
+            os.unlink(p)
+    return ring_best, plain_best
+
+
 def interpreter_share(plain: str, a: argparse.Namespace, extra_us: list[float]) -> None:
     """The plain writer at the last appender count, with and without ``extra_us`` of Python
     before each write, rounds alternating: how much a writer's throughput depends on the
@@ -388,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
                     "sediment is imported; see bench/small_writes_cpu.py)")
     ap.add_argument("--slices", type=int, default=1, help="split each case's seconds into this many slices, "
                     "ring and plain writer alternating (the disk's swings then fall on both alike)")
+    ap.add_argument("--cpu", metavar="DIR", help="also measure the thread CPU per append on a ring in DIR "
+                    "(a tmpfs such as /dev/shm), back to back and after a sleep, beside a plain writer there")
     ap.add_argument("--no-recovery", action="store_true", help="skip the recovery scan (A/B runs of appends)")
     a = ap.parse_args(argv)
     if a.quick:
@@ -419,6 +469,14 @@ def main(argv: list[str] | None = None) -> int:
                                   for _ in range(a.repeat)])
         if a.python_us:
             interpreter_share(plain, a, [float(x) for x in a.python_us.split(",")])
+        if a.cpu:
+            print(f"-- thread CPU per append on {a.cpu} (least of 7 x 2,000; load {os.getloadavg()[0]:.1f}): "
+                  "ring (submit + wait) | plain pwrite of the same size")
+            for size in (int(x) for x in a.sizes.split(",")):
+                hot = append_cpu(a.cpu, size, 0)
+                cold = append_cpu(a.cpu, size, 100, n=1000)
+                print(f"{size // 1024:>5}Ki | back to back {hot[0]:6.2f} | {hot[1]:5.2f} us | after 100 us asleep "
+                      f"{cold[0]:6.2f} | {cold[1]:5.2f} us", flush=True)
         if not a.no_recovery:
             rec = bench_recovery(ring, a.recovery_mib * MiB, a.recovery_record)
             print(f"recovery: {rec['bytes'] / MiB:.0f} MiB, {rec['records']} records of {a.recovery_record} B in "
