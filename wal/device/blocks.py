@@ -46,10 +46,6 @@ class Block:
         self.frontiers_end = -1
         self.tickets: list[DeviceTicket] = []
 
-    @property
-    def end(self) -> int:
-        return self.start + self.fill
-
     def settle(self) -> None:
         """Wake every waiter (once; the announcing thread and a failing one may both call it)."""
         if not self.settled:
