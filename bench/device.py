@@ -32,10 +32,13 @@ recovery. So in one run we measure, on the same file system:
     .venv/bin/python bench/device.py                 # full run (1 GiB recovery ring)
     .venv/bin/python bench/device.py --quick         # a few seconds, 128 MiB recovery ring
 
-A/B against another build (``git archive`` of a commit, unpacked), runs alternated:
+A/B against another build (``git archive`` of a commit, unpacked), runs alternated; on a
+shared disk, ``--slices`` alternates ring and plain writer within each case, and ``--cpu``
+measures the CPU per append apart from the disk:
 
-    for i in 1 2 3; do .venv/bin/python bench/device.py --repeat 1 --no-recovery --build /tmp/before; \
-        .venv/bin/python bench/device.py --repeat 1 --no-recovery; done
+    for i in 1 2 3; do .venv/bin/python bench/device.py --repeat 1 --no-recovery --slices 30 --build /tmp/before; \
+        .venv/bin/python bench/device.py --repeat 1 --no-recovery --slices 30; done
+    .venv/bin/python bench/device.py --no-recovery --threads 1 --depth 1 --seconds 0.2 --cpu /dev/shm
 """
 
 from __future__ import annotations
