@@ -32,10 +32,13 @@ recovery. So in one run we measure, on the same file system:
     .venv/bin/python bench/device.py                 # full run (1 GiB recovery ring)
     .venv/bin/python bench/device.py --quick         # a few seconds, 128 MiB recovery ring
 
-A/B against another build (``git archive`` of a commit, unpacked), runs alternated:
+A/B against another build (``git archive`` of a commit, unpacked), runs alternated; on a
+shared disk, ``--slices`` alternates ring and plain writer within each case, and ``--cpu``
+measures the CPU per append apart from the disk:
 
-    for i in 1 2 3; do .venv/bin/python bench/device.py --repeat 1 --no-recovery --build /tmp/before; \
-        .venv/bin/python bench/device.py --repeat 1 --no-recovery; done
+    for i in 1 2 3; do .venv/bin/python bench/device.py --repeat 1 --no-recovery --slices 30 --build /tmp/before; \
+        .venv/bin/python bench/device.py --repeat 1 --no-recovery --slices 30; done
+    .venv/bin/python bench/device.py --no-recovery --threads 1 --depth 1 --seconds 0.2 --cpu /dev/shm
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 if "--build" in sys.argv[:-1]:  # before sediment is imported: another checkout, for A/B runs
@@ -87,6 +91,23 @@ def run_threads(work, threads: int) -> tuple[float, float, float]:
     return elapsed, cpu, (u1.ru_nvcsw + u1.ru_nivcsw) - (u0.ru_nvcsw + u0.ru_nivcsw)
 
 
+def interleave(*runs: Iterator[None]) -> list:
+    """Drive generator benchmarks (:func:`bench_ring`, :func:`bench_plain`) a slice each in
+    turn; their results. Why: the shared disk here swings by 2x within seconds, and a ring
+    timed over one stretch against a plain writer timed over the next measured mostly which
+    stretch was slower; slices alternated over the same seconds see the same disk."""
+    results: list = [None] * len(runs)
+    live = list(enumerate(runs))
+    while live:
+        for item in list(live):
+            try:
+                next(item[1])
+            except StopIteration as stop:
+                results[item[0]] = stop.value
+                live.remove(item)
+    return results
+
+
 def summary(lats: list[list[float]], size: int, elapsed: float, cpu: float, switches: float) -> dict:
     all_l = [x for xs in lats for x in xs]
     n = max(1, len(all_l))
@@ -95,11 +116,13 @@ def summary(lats: list[list[float]], size: int, elapsed: float, cpu: float, swit
 
 
 def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: int, depth: int = 1,
-               io_threads: int | None = None) -> dict:
+               io_threads: int | None = None, slices: int = 1) -> Iterator[None]:
     """Appenders each append one record of ``size`` bytes (frame included) at a time
     (``depth`` 1: ``submit`` with an ``on_durable`` callback, then ``wait``, as the engine
     appends), or keep ``depth`` ``submit`` tickets in flight each. Latency: from the call
-    to the moment the record is known durable."""
+    to the moment the record is known durable. A generator of ``slices`` runs of
+    ``seconds / slices`` each over the same ring (see :func:`interleave`); returns the
+    summary."""
     if os.path.exists(path):
         os.unlink(path)
     kw = {} if io_threads is None else {"io_threads": io_threads}
@@ -113,7 +136,7 @@ def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: i
                          pwrite=pwrite, **kw)
     log.set_finish_listener(log.trim)
     body = os.urandom(size - HEADER_SIZE)
-    stop = time.monotonic() + seconds
+    stop = 0.0
     lats: list[list[float]] = [[] for _ in range(threads)]
 
     durable = [0] * threads
@@ -140,7 +163,12 @@ def bench_ring(path: str, size: int, threads: int, seconds: float, ring_bytes: i
                 mine.append(time.perf_counter() - t0)
 
     head0 = log.head.writes
-    elapsed, cpu, switches = run_threads(work, threads)
+    elapsed = cpu = switches = 0.0
+    for _ in range(slices):
+        yield
+        stop = time.monotonic() + seconds / slices
+        e, c, w = run_threads(work, threads)
+        elapsed, cpu, switches = elapsed + e, cpu + c, switches + w
     direct = log.direct_io
     counts, heads = log.writer.counts, log.head.writes - head0
     log.close()
@@ -201,12 +229,13 @@ def write_through(fd: int, size: int) -> None:
 
 
 def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: int, python_us: float = 0,
-                ordered: bool = False) -> dict:
+                ordered: bool = False, slices: int = 1) -> Iterator[None]:
     """Each thread: aligned O_DIRECT|O_DSYNC pwrite of ``size`` bytes (a multiple of the
     512-byte logical block) at the next sequential offset, one at a time. ``python_us``:
     that many microseconds of Python (a busy loop, holding the interpreter lock) before
     each write, to show what the interpreter's share of an append costs a writer.
-    ``ordered``: writes return in the order they were issued (:class:`InOrder`)."""
+    ``ordered``: writes return in the order they were issued (:class:`InOrder`). A generator
+    of slices, as :func:`bench_ring`."""
     wsize = (size + 511) // 512 * 512
     if os.path.exists(path):
         os.unlink(path)
@@ -216,7 +245,7 @@ def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: 
     slots = file_bytes // wsize
     counter = itertools.count()
     order = InOrder() if ordered else None
-    stop = time.monotonic() + seconds
+    stop = 0.0
     lats: list[list[float]] = [[] for _ in range(threads)]
 
     def work(k: int) -> None:
@@ -236,7 +265,12 @@ def bench_plain(path: str, size: int, threads: int, seconds: float, file_bytes: 
                 order.finish(seq)
             mine.append(time.perf_counter() - t0)
 
-    elapsed, cpu, switches = run_threads(work, threads)
+    elapsed = cpu = switches = 0.0
+    for _ in range(slices):
+        yield
+        stop = time.monotonic() + seconds / slices
+        e, c, w = run_threads(work, threads)
+        elapsed, cpu, switches = elapsed + e, cpu + c, switches + w
     os.close(fd)
     os.unlink(path)
     return summary(lats, size, elapsed, cpu, switches)
@@ -319,6 +353,54 @@ def bench_recovery(path: str, fill_bytes: int, record: int) -> dict:
     return {"bytes": written, "records": n, "secs": secs, "mbps": written / secs / 1e6, "fill_s": fill_s}
 
 
+def append_cpu(directory: str, size: int, pause_us: float, n: int = 2000, reps: int = 7) -> tuple[float, float]:
+    """Thread CPU (us) per append of one ``size``-byte record (``submit`` with an
+    ``on_durable`` callback, then ``wait``, as the engine appends) on a ring in ``directory``
+    (tmpfs: no Direct I/O, the write is a copy into memory), and per aligned ``pwrite`` of
+    the same size by a plain writer there; least of ``reps`` x ``n``. With ``pause_us``,
+    each append (write) follows a sleep and only its own CPU counts: on a device the
+    appender sleeps in every write and runs its path with cold caches.
+
+    Why: the disk here swings the bandwidth ratios by 2x between seconds; the CPU an append
+    costs the caller's thread is what a change to the ring's path moves."""
+    path = os.path.join(directory, f"sediment-cpu-{os.getpid()}")
+    log = DeviceLog.open(path, 64 * MiB, create=True, segment_bytes=8 * MiB, full_timeout=60, direct=False)
+    log.set_finish_listener(log.trim)
+    body = os.urandom(size - HEADER_SIZE)
+    fd = os.open(path + ".plain", os.O_RDWR | os.O_CREAT, 0o644)
+    buf = mmap.mmap(-1, size)
+    view = memoryview(buf)
+    slots = 64 * MiB // size
+    ring_best = plain_best = float("inf")
+
+    def noop(records: list[Record]) -> None:
+        pass
+
+    try:
+        for _ in range(reps):
+            for side in ("ring", "plain"):
+                used = 0.0
+                for i in range(n):
+                    if pause_us:
+                        time.sleep(pause_us / 1e6)
+                    c0 = time.thread_time()
+                    if side == "ring":
+                        log.submit([Record(RecordKind.UPDATES, relation_id=1, body=body)], noop).wait()
+                    else:
+                        os.pwrite(fd, view, i % slots * size)
+                    used += time.thread_time() - c0
+                if side == "ring":
+                    ring_best = min(ring_best, used / n * 1e6)
+                else:
+                    plain_best = min(plain_best, used / n * 1e6)
+    finally:
+        log.close()
+        os.close(fd)
+        for p in (path, path + ".plain"):
+            os.unlink(p)
+    return ring_best, plain_best
+
+
 def interpreter_share(plain: str, a: argparse.Namespace, extra_us: list[float]) -> None:
     """The plain writer at the last appender count, with and without ``extra_us`` of Python
     before each write, rounds alternating: how much a writer's throughput depends on the
@@ -326,8 +408,8 @@ def interpreter_share(plain: str, a: argparse.Namespace, extra_us: list[float]) 
     threads = int(a.threads.split(",")[-1])
     print(f"-- the interpreter's share: {threads} plain writers, N us of Python before each write, against none")
     for size in (int(x) for x in a.sizes.split(",")):
-        rounds = [[bench_plain(plain, size, threads, a.seconds, a.ring_mib * MiB, us) for us in [0.0, *extra_us]]
-                  for _ in range(a.repeat)]
+        rounds = [[interleave(bench_plain(plain, size, threads, a.seconds, a.ring_mib * MiB, us))[0]
+                   for us in [0.0, *extra_us]] for _ in range(a.repeat)]
         for i, us in enumerate(extra_us, 1):
             ratios = [r[i]["mbps"] / r[0]["mbps"] for r in rounds]
             med = median_run([r[i] for r in rounds])
@@ -355,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1.5 s per case, one run, 128 MiB recovery ring")
     ap.add_argument("--build", help="a checkout of the repository to run instead of this one (read before "
                     "sediment is imported; see bench/small_writes_cpu.py)")
+    ap.add_argument("--slices", type=int, default=1, help="split each case's seconds into this many slices, "
+                    "ring and plain writer alternating (the disk's swings then fall on both alike)")
+    ap.add_argument("--cpu", metavar="DIR", help="also measure the thread CPU per append on a ring in DIR "
+                    "(a tmpfs such as /dev/shm), back to back and after a sleep, beside a plain writer there")
     ap.add_argument("--no-recovery", action="store_true", help="skip the recovery scan (A/B runs of appends)")
     a = ap.parse_args(argv)
     if a.quick:
@@ -376,14 +462,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"-- ring: {threads} appender(s), " + ("submit().wait() each" if depth == 1 else
                   f"{depth} submit() tickets in flight each") + f"; plain/fio: {qd} threads, one write each (QD {qd})")
             for size in (int(x) for x in a.sizes.split(",")):
-                print_case(size, [(bench_ring(ring, size, threads, a.seconds, a.ring_mib * MiB, depth, a.io_threads),
-                                   bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB),
-                                   bench_fio(plain, size, qd, max(1, int(a.seconds)), a.ring_mib * MiB // qd),
-                                   bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB, ordered=True)
+                print_case(size, [(*interleave(
+                                       bench_ring(ring, size, threads, a.seconds, a.ring_mib * MiB, depth, a.io_threads,
+                                                  a.slices),
+                                       bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB, slices=a.slices)),
+                                   bench_fio(plain + ".fio", size, qd, max(1, int(a.seconds)), a.ring_mib * MiB // qd),
+                                   interleave(bench_plain(plain, size, qd, a.seconds, a.ring_mib * MiB, ordered=True))[0]
                                    if a.ordered else None)
                                   for _ in range(a.repeat)])
         if a.python_us:
             interpreter_share(plain, a, [float(x) for x in a.python_us.split(",")])
+        if a.cpu:
+            print(f"-- thread CPU per append on {a.cpu} (least of 7 x 2,000; load {os.getloadavg()[0]:.1f}): "
+                  "ring (submit + wait) | plain pwrite of the same size")
+            for size in (int(x) for x in a.sizes.split(",")):
+                hot = append_cpu(a.cpu, size, 0)
+                cold = append_cpu(a.cpu, size, 100, n=1000)
+                print(f"{size // 1024:>5}Ki | back to back {hot[0]:6.2f} | {hot[1]:5.2f} us | after 100 us asleep "
+                      f"{cold[0]:6.2f} | {cold[1]:5.2f} us", flush=True)
         if not a.no_recovery:
             rec = bench_recovery(ring, a.recovery_mib * MiB, a.recovery_record)
             print(f"recovery: {rec['bytes'] / MiB:.0f} MiB, {rec['records']} records of {a.recovery_record} B in "

@@ -5,9 +5,11 @@ blocks, and when a submit nobody waits on is written."""
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -442,4 +444,30 @@ def test_eight_appenders_share_writes_and_each_append_is_acknowledged_once_in_or
     log.close()
     log = owned(DeviceLog.open(path))
     assert [(r.t_lo, r.t_hi) for r in log.scan()] == [(k, j) for k, j, _ in called]
+    log.close()
+
+
+class Body(bytearray):
+    """A record body that can be watched for being freed (bytes takes no weak reference)."""
+
+
+def test_an_acknowledged_append_is_freed_without_the_garbage_collector(tmp_path: Path) -> None:
+    """Once told, a block lets go of its appends: a ticket refers to its block, so a block
+    that kept its tickets was a reference cycle, and every acknowledged record and its
+    body stayed in memory until the collector ran. Lone appends (written by their own
+    caller) and appends sharing one write (written at close) alike."""
+    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, clock=ManualClock()))
+    gc.disable()
+    try:
+        bodies = [Body(b"x" * 900) for _ in range(4)]
+        watched = [weakref.ref(b) for b in bodies]
+        log.append([Record(RecordKind.UPDATES, relation_id=1, body=bodies[0])])
+        log.submit([Record(RecordKind.UPDATES, relation_id=1, body=bodies[1])], lambda _: None).wait()
+        shared = [log.submit([Record(RecordKind.UPDATES, relation_id=1, body=b)]) for b in bodies[2:]]
+        assert shared[0].block is shared[1].block  # placed in one open block, written once
+        shared[1].wait()
+        del bodies, shared
+        assert [w() for w in watched] == [None] * 4, "an acknowledged append is still referenced"
+    finally:
+        gc.enable()
     log.close()

@@ -122,17 +122,17 @@ class RingFiles:
         """One aligned write of ``view`` at device ``offset``, durable on return (``pwrite``:
         the write call, else the injected one)."""
         pwrite = self._pwrite if pwrite is None else pwrite
-        done = 0
-        while done < len(view):
+        done, size = 0, len(view)
+        while done < size:
             fd = self.fd
             try:
-                n = pwrite(fd, view[done:], offset + done)
+                n = pwrite(fd, view[done:] if done else view, offset + done)
             except OSError as e:
                 if e.errno == errno.EINVAL and self.direct:
                     self._fall_back(fd, e)
                     continue
                 raise WalError(
-                    f"{self.path}: write of {len(view) - done} bytes at offset {offset + done} failed: {e}. "
+                    f"{self.path}: write of {size - done} bytes at offset {offset + done} failed: {e}. "
                     "The log is unusable; check the device and reopen to recover."
                 ) from e
             if n <= 0:

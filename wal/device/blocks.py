@@ -6,11 +6,11 @@ only its logic."""
 from __future__ import annotations
 
 import mmap
+from _thread import allocate_lock
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from sediment.wal.protocol import DoneFlag
 from sediment.wal.record import Record
 
 
@@ -22,24 +22,46 @@ class BlockWriter(Protocol):
     def await_block(self, blk: Block) -> None: ...
 
 
-@dataclass(slots=True, eq=False)
 class Block:
-    """A run of records written with one aligned pwrite."""
+    """A run of records written with one aligned pwrite. ``settled`` once the block is
+    durable or the log failed (:meth:`settle`); ``tickets`` are its appends, dropped once
+    they are told (a ticket refers to its block, so keeping them would make every block a
+    cycle for the garbage collector, holding its records' bodies until a collection).
 
-    start: int
-    buf: mmap.mmap
-    pooled: bool
-    fill: int = 0
-    flag: DoneFlag = field(default_factory=DoneFlag)  # set once durable, or once the log failed
-    taken: bool = False
-    written: bool = False
-    durable: bool = False
-    frontiers_end: int = -1
-    tickets: list[DeviceTicket] = field(default_factory=list)
+    A plain class that is its own completion flag (a lock held until settled, as
+    wal/protocol.py ``DoneFlag``): one is made per block write, on the path of a lone
+    appender, where a dataclass and a flag object of its own cost two more calls."""
 
-    @property
-    def end(self) -> int:
-        return self.start + self.fill
+    __slots__ = ("start", "buf", "pooled", "fill", "settled", "_gate", "taken", "written", "durable",
+                 "frontiers_end", "tickets")
+
+    def __init__(self, start: int, buf: mmap.mmap, pooled: bool) -> None:
+        self.start = start
+        self.buf = buf
+        self.pooled = pooled
+        self.fill = 0
+        self.settled = self.taken = self.written = self.durable = False
+        self._gate = allocate_lock()
+        self._gate.acquire()
+        self.frontiers_end = -1
+        self.tickets: list[DeviceTicket] = []
+
+    def settle(self) -> None:
+        """Wake every waiter (once; the announcing thread and a failing one may both call it)."""
+        if not self.settled:
+            self.settled = True
+            try:
+                self._gate.release()
+            except RuntimeError:  # the other caller released it between the test and here
+                pass
+
+    def wait_settled(self) -> None:
+        if not self.settled:
+            self._gate.acquire()
+            try:
+                self._gate.release()
+            except RuntimeError:  # a second settle() released it meanwhile: open either way
+                pass
 
 
 @dataclass(slots=True, eq=False)
@@ -61,7 +83,7 @@ class DeviceTicket:
         return self.records[-1].lsn
 
     def settled(self) -> bool:
-        return self.block is not None and self.block.flag.is_set()
+        return self.block is not None and self.block.settled
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ from sediment.wal.protocol import SegmentPreamble
 from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_header
 
 _log = logging.getLogger("sediment.wal.device.log")
-_ZEROS = bytes(64 * 1024)
+_ZEROS = memoryview(bytes(64 * 1024))
 
 
 class RingWriter:
@@ -57,6 +57,7 @@ class RingWriter:
         self._alloc_lock = threading.Lock()
         self._pool: list[mmap.mmap] = []
         self._pool_size = align_up(max_block_bytes, block_size)
+        self._pool_max = 2 * io_threads + 2  # buffers kept for reuse
         self._cur: Block | None = None
         self._next = 0
         self._pending: deque[Block] = deque()
@@ -217,11 +218,17 @@ class RingWriter:
         return self._writing >= self.partial_writes or len(cur.tickets) < self._company
 
     def _run(self, blk: Block, own: Block | None = None) -> bool:
-        """Write ``blk`` and complete it; True when ``own`` (the caller's block) became
-        durable here, and the caller then writes the block gathered meanwhile
-        (:meth:`_lead_next`). A failed write fails the log (``_failed``) and returns False."""
+        """Write ``blk`` (a header copy first if it is wider than the window) and complete it;
+        True when ``own`` (the caller's block) became durable here, and the caller then writes
+        the block gathered meanwhile (:meth:`_lead_next`). A failed write fails the log
+        (``_failed``) and returns False."""
         try:
-            self._write_block(blk)
+            wlen = (blk.fill + self.block_size - 1) // self.block_size * self.block_size
+            if wlen > self.head.window:
+                self.head.write(SHUTDOWN_RUNNING, 0, self._durable_end, window=wlen)
+            if wlen > blk.fill:
+                blk.buf[blk.fill : wlen] = _ZEROS[: wlen - blk.fill]
+            self.files.write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
         except BaseException as e:  # noqa: BLE001 - any failure poisons the log
             _log.error("%s: WAL write failed: %s", self.path, e)
             self._fail(e)
@@ -242,15 +249,6 @@ class RingWriter:
                     self._work_cv.wait()
             self._run(blk)  # a failure is seen at the top of the loop
 
-    def _write_block(self, blk: Block) -> None:
-        bs = self.block_size
-        wlen = align_up(blk.fill, bs)
-        if wlen > self.head.window:
-            self.head.write(SHUTDOWN_RUNNING, 0, self._durable_end, window=wlen)
-        if wlen > blk.fill:
-            blk.buf[blk.fill : wlen] = _ZEROS[: wlen - blk.fill]
-        self.files.write_at(memoryview(blk.buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
-
     # ---------------------------------------------------------------- completion
 
     def _complete(self, blk: Block, own: Block | None = None) -> bool:
@@ -258,16 +256,18 @@ class RingWriter:
         time, no lock held, in log order) run callbacks and wake waiters. True when ``own``
         is durable now: its caller writes the next block itself, so no I/O thread is woken
         for waiters whose block is not taken."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with`` (see place_fast)
+        try:
             blk.written = True
             self._writing -= 1
             inflight = self._inflight
             while inflight and inflight[0].written:
                 b = inflight.popleft()
                 b.durable = True
-                self._durable_end = b.end
+                self._durable_end = b.start + b.fill
                 self._company = len(b.tickets)
-                if b.pooled and len(self._pool) < 2 * self.io_threads + 2:
+                if b.pooled and len(self._pool) < self._pool_max:
                     self._pool.append(b.buf)
                 else:
                     b.buf.close()
@@ -278,21 +278,25 @@ class RingWriter:
                 self._work_cv.notify_all()
             elif self._stalled and not lead and (self._pending or self._cur is not None):
                 self._work_cv.notify()
-            if self._notifying or not self._done_q:
+            done_q = self._done_q
+            if self._notifying or not done_q:
                 return lead
             self._notifying = True
-            batch, self._done_q = self._done_q, deque()
+        finally:
+            lock.release()
         while True:
-            for b in batch:
-                self._announce(b)
-            with self._lock:
-                if not self._done_q:
+            while done_q:  # only the announcing thread takes from it (a deque's ends are thread-safe)
+                self._announce(done_q.popleft())
+            lock.acquire()
+            try:
+                if not done_q:
                     self._notifying = False
                     due = not self._checkpointing and (
                         self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes)
                     self._checkpointing |= due
                     break
-                batch, self._done_q = self._done_q, deque()
+            finally:
+                lock.release()
         if due:  # after giving up announcing: completions behind it are not held up by a header write
             try:
                 self._checkpoint()
@@ -311,12 +315,13 @@ class RingWriter:
                     t.on_durable(t.records)
                 except Exception:
                     _log.exception("%s: on_durable callback failed", self.path)
+        b.tickets.clear()
         if b.frontiers_end >= 0:
             with self._lock:
                 self.segments.finished = max(self.segments.finished, b.frontiers_end)
             if self.segments.notify(b.frontiers_end):
                 self._checkpoint()
-        b.flag.set()
+        b.settle()
 
     def _checkpoint(self) -> None:
         """Record the current durable end in the header (a lower bound: it may lag, never lead)."""
@@ -338,7 +343,7 @@ class RingWriter:
             self._work_cv.notify_all()
             self._space_cv.notify_all()
         for b in blocks:
-            b.flag.set()
+            b.settle()
 
     def write_alone(self, blk: Block) -> bool:
         """When the caller's block is the open one and no write is in flight: seal, write and
@@ -348,16 +353,21 @@ class RingWriter:
         Why: a lone appender goes through this path every time, and the general one's
         steps (take, gather, eligibility, run, each its own call) cost about as much CPU as
         the write itself."""
-        with self._lock:
+        bs, lock = self.block_size, self._lock
+        lock.acquire()  # not ``with`` (see place_fast)
+        try:
+            wlen = (blk.fill + bs - 1) // bs * bs
             if blk is not self._cur or self._writing or self._pending or self._failed is not None or self._closed \
-                    or align_up(blk.fill, self.block_size) > self.head.window:
+                    or wlen > self.head.window:
                 return False
             self._cur = None  # taken here, not sealed into the pending queue
-            self._next = align_up(self._next, self.block_size)
+            self._next = (self._next + bs - 1) // bs * bs
             blk.taken = True
             self._inflight.append(blk)
             self._writing = 1
             self.counts.writes += 1
+        finally:
+            lock.release()
         if self._run(blk, blk) and self._stalled:  # read after completing under the lock: a waiter stalled before it is counted
             self._lead_next()
         if not blk.durable:
@@ -372,15 +382,15 @@ class RingWriter:
         that, an I/O thread that completion wakes. When its own write made its block
         durable, it writes the block gathered meanwhile before returning."""
         lead = False
-        while not blk.flag.is_set():
+        while not blk.settled:
             with self._lock:
                 job = self._take()
                 stalled = job is None and not blk.taken
                 self._stalled += stalled
-                self.counts.waits_for_older += job is None and blk.written and not blk.flag.is_set()
+                self.counts.waits_for_older += job is None and blk.written and not blk.settled
             if job is None:
                 try:
-                    blk.flag.wait()
+                    blk.wait_settled()
                 finally:
                     if stalled:
                         with self._lock:
@@ -435,42 +445,48 @@ class RingWriter:
         frames that fit the same way).
 
         Why: an appender alone on the ring pays every interpreter step between its writes,
-        and the general path's steps cost about as much CPU as a 4 KiB write."""
-        if not self._alloc_lock.acquire(False):
-            return False
+        and the general path's steps cost about as much CPU as a 4 KiB write; one record
+        (most appends) takes no loop."""
+        one, last = len(sizes) == 1, sizes[-1]
+        total, pad = (last, last) if one else (sum(sizes), max(sizes))
+        lock = self._lock
+        lock.acquire()  # not ``with``: its two method calls cost as much as the lock, once per append
         try:
-            with self._lock:
-                nxt, seg, cur = self._next, self.segments, self._cur
-                bs, d = self.block_size, self.data_capacity
-                total, last = sum(sizes), sizes[-1]
-                pad = last if len(sizes) == 1 else max(sizes)
-                if self._closed or self._failed is not None or nxt + total - seg.seg_start >= seg.segment_bytes \
-                        or (nxt + bs - 1) // bs * bs + total + pad + 2 * (len(sizes) + 3) * bs > self.head.trim + d \
-                        or nxt % d + total > d:
-                    return False
-                fill = cur.fill if cur is not None else 0
-                if fill + total > (len(cur.buf) if cur is not None else self._pool_size) \
-                        or fill + total - last >= self.max_block_bytes:
-                    return False
-                if cur is None:
-                    cur = self._open_block(nxt, self._pool_size)
-                buf = cur.buf
+            nxt, seg, cur = self._next, self.segments, self._cur
+            bs, d = self.block_size, self.data_capacity
+            fill = 0 if cur is None else cur.fill
+            if self._full_waiters or self._closed or self._failed is not None \
+                    or nxt + total - seg.seg_start >= seg.segment_bytes \
+                    or (nxt + bs - 1) // bs * bs + total + pad + 2 * (len(sizes) + 3) * bs > self.head.trim + d \
+                    or nxt % d + total > d or fill + total > (self._pool_size if cur is None else len(cur.buf)) \
+                    or fill + total - last >= self.max_block_bytes:
+                return False
+            if cur is None:
+                cur = self._open_block(nxt, self._pool_size)
+            buf = cur.buf
+            if one:
+                r = records[0]
+                buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crcs[0])
+                buf[fill + HEADER_SIZE : fill + last] = r.body
+                r.lsn, fill, nxt = nxt, fill + last, nxt + last
+            else:
                 for r, crc, n in zip(records, crcs, sizes, strict=True):
                     buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crc)
                     buf[fill + HEADER_SIZE : fill + n] = r.body
                     r.lsn = nxt
                     fill += n
                     nxt += n
-                cur.fill = fill
-                self._next = nxt
-                if fill >= self.max_block_bytes:
-                    self._seal()
-                seg.placed(records, None)
-                ticket.block = cur
-                cur.tickets.append(ticket)
-                return True
+            cur.fill = fill
+            self._next = nxt
+            if fill >= self.max_block_bytes:
+                self._seal()
+            seg.preamble.observe(records)  # Segments.placed without a segment boundary
+            seg.seg_records += len(records)
+            ticket.block = cur
+            cur.tickets.append(ticket)
+            return True
         finally:
-            self._alloc_lock.release()
+            lock.release()
 
     def _wait_room(self, records: Sequence[Record], sizes: list[int], total: int,
                    force: bool) -> tuple[Record | None, int] | None:
