@@ -101,9 +101,24 @@ class BodyBounds:
         """(least, greatest) time of ``table`` (1-16 rows in an update schema) read from
         ``body``, its batch's ``serialize()``; None, as from :func:`small_bounds`, when its
         time or diff has a null or a time is negative (the caller then takes the full path
-        for the typed error)."""
-        got = self._read(body, table.num_rows)
-        return self._learn(body, table) if got is _UNREAD else got
+        for the typed error). The read is inline (no call of :meth:`_read`): it runs for
+        every lone append."""
+        fmt = self._struct
+        if fmt is not None and len(body) >= fmt.size:
+            meta, nodes, t_len, t_nulls, d_len, d_nulls, buffers, t_at, t_size = self._pick(fmt.unpack_from(body))
+            n = table.num_rows
+            if meta == self._meta and nodes == self.columns and buffers == self._buffers and t_len == n \
+                    and d_len == n and t_size == 8 * n:
+                if t_nulls or d_nulls:
+                    return None
+                at = self._body_at + t_at
+                values = memoryview(body)[at:at + t_size].cast("q")
+                if n == 1:
+                    lo = hi = values[0]
+                else:
+                    lo, hi = min(values), max(values)
+                return None if lo < 0 else (lo, hi)
+        return self._learn(body, table)
 
     def _read(self, body: pa.Buffer, n: int) -> tuple[int, int] | None | object:
         """:meth:`bounds` from the layout known, or _UNREAD when the message does not have it."""
@@ -118,10 +133,7 @@ class BodyBounds:
             return None
         at = self._body_at + t_at
         values = memoryview(body)[at:at + t_size].cast("q")
-        if n == 1:
-            lo = hi = values[0]
-        else:
-            lo, hi = min(values), max(values)
+        lo, hi = min(values), max(values)
         return None if lo < 0 else (lo, hi)
 
     def _learn(self, body: pa.Buffer, table: pa.Table) -> tuple[int, int] | None:

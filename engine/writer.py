@@ -165,8 +165,8 @@ class Writer:
         sleep); the full path's layers (prepare, conform, encode, submit, each a call with
         its own lists) were half the steps of a one-row append."""
         view = self.view
-        rel = view.relations.get(name) if type(updates) is pa.Table and isinstance(name, str) and not view.closed \
-            else None
+        named = view.relations.named
+        rel = named.get(name) if type(updates) is pa.Table and isinstance(name, str) and not view.closed else None
         if rel is None:
             return False
         version, target = rel.shape
@@ -186,13 +186,14 @@ class Writer:
         if bounds is None:
             return False
         lo, hi = bounds
-        record = Record(_UPDATES, rel.entry.id, 0, lo, hi, n, body, schema_version=version)
+        record = Record(_UPDATES, rel.entry.id, 0, lo, hi, n, body, -1, version)  # positional: no keyword parsing
         records = [record]
         with self._lock:
             if view.backlog.must_wait(len(record.body)):
                 self.wait_backlog(records)
-            view.check_open()
-            if view.relations.get(name) is not rel or lo <= rel.sealed:
+            if view.closed or view.failed is not None or view.superseded is not None:
+                view.check_open()
+            if named.get(name) is not rel or lo <= rel.sealed:
                 self._admit(rel, name, bounds)
             if locks is not None:
                 self.locks.check_and_record(locks, hi)
