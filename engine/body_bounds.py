@@ -88,53 +88,27 @@ def _layout(body: object, columns: int) -> tuple[struct.Struct, Callable, int, i
 
 class BodyBounds:
     """Bounds of serialized small appends of one update schema (a relation at one schema
-    version). Not thread-safe by itself: a racing relearn computes the same layout."""
+    version). Safe to share between threads: the layout is one tuple, read once per call and
+    replaced whole (a racing relearn computes the same one)."""
 
-    __slots__ = ("columns", "_struct", "_pick", "_meta", "_buffers", "_body_at", "usable")
+    __slots__ = ("columns", "_layout", "usable")
 
     def __init__(self, columns: int) -> None:
         self.columns = columns
-        self._struct: struct.Struct | None = None
+        self._layout: tuple[struct.Struct, Callable, int, int, int] | None = None
         self.usable = True  # False once the walked layout disagreed with pyarrow: ask pyarrow from then on
 
     def bounds(self, body: pa.Buffer, table: pa.Table) -> tuple[int, int] | None:
         """(least, greatest) time of ``table`` (1-16 rows in an update schema) read from
         ``body``, its batch's ``serialize()``; None, as from :func:`small_bounds`, when its
         time or diff has a null or a time is negative (the caller then takes the full path
-        for the typed error). The read is inline (no call of :meth:`_read`): it runs for
-        every lone append."""
-        fmt = self._struct
-        if fmt is not None and len(body) >= fmt.size:
-            meta, nodes, t_len, t_nulls, d_len, d_nulls, buffers, t_at, t_size = self._pick(fmt.unpack_from(body))
-            n = table.num_rows
-            if meta == self._meta and nodes == self.columns and buffers == self._buffers and t_len == n \
-                    and d_len == n and t_size == 8 * n:
-                if t_nulls or d_nulls:
-                    return None
-                at = self._body_at + t_at
-                values = memoryview(body)[at:at + t_size].cast("q")
-                if n == 1:
-                    lo = hi = values[0]
-                else:
-                    lo, hi = min(values), max(values)
-                return None if lo < 0 else (lo, hi)
+        for the typed error)."""
+        layout = self._layout
+        if layout is not None:
+            got = _read(layout, self.columns, body, table.num_rows)
+            if got is not _UNREAD:
+                return got
         return self._learn(body, table)
-
-    def _read(self, body: pa.Buffer, n: int) -> tuple[int, int] | None | object:
-        """:meth:`bounds` from the layout known, or _UNREAD when the message does not have it."""
-        fmt = self._struct
-        if fmt is None or len(body) < fmt.size:
-            return _UNREAD
-        meta, nodes, t_len, t_nulls, d_len, d_nulls, buffers, t_at, t_size = self._pick(fmt.unpack_from(body))
-        if meta != self._meta or nodes != self.columns or buffers != self._buffers or t_len != n or d_len != n \
-                or t_size != 8 * n:
-            return _UNREAD
-        if t_nulls or d_nulls:
-            return None
-        at = self._body_at + t_at
-        values = memoryview(body)[at:at + t_size].cast("q")
-        lo, hi = min(values), max(values)
-        return None if lo < 0 else (lo, hi)
 
     def _learn(self, body: pa.Buffer, table: pa.Table) -> tuple[int, int] | None:
         """pyarrow's answer; and, when the message is one this reads, its layout, kept if
@@ -142,11 +116,33 @@ class BodyBounds:
         expected = small_bounds(table)
         if not self.usable:
             return expected
-        got = _layout(body, self.columns)
-        if got is None:
+        layout = _layout(body, self.columns)
+        if layout is None:
             return expected
-        self._struct, self._pick, self._meta, self._buffers, self._body_at = got
-        if self._read(body, table.num_rows) != expected:
-            self._struct = None
+        if _read(layout, self.columns, body, table.num_rows) == expected:
+            self._layout = layout
+        else:
             self.usable = False
+            self._layout = None
         return expected
+
+
+def _read(layout: tuple[struct.Struct, Callable, int, int, int], columns: int, body: pa.Buffer,
+          n: int) -> tuple[int, int] | None | object:
+    """:meth:`BodyBounds.bounds` of a body of ``n`` rows read with ``layout``, or _UNREAD
+    when the message does not have that layout."""
+    fmt, pick, meta_len, n_buffers, body_at = layout
+    if len(body) < fmt.size:
+        return _UNREAD
+    meta, nodes, t_len, t_nulls, d_len, d_nulls, buffers, t_at, t_size = pick(fmt.unpack_from(body))
+    if meta != meta_len or nodes != columns or buffers != n_buffers or t_len != n or d_len != n or t_size != 8 * n:
+        return _UNREAD
+    if t_nulls or d_nulls:
+        return None
+    at = body_at + t_at
+    values = memoryview(body)[at:at + t_size].cast("q")
+    if n == 1:
+        lo = hi = values[0]
+    else:
+        lo, hi = min(values), max(values)
+    return None if lo < 0 else (lo, hi)
