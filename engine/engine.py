@@ -117,6 +117,7 @@ class Engine:
         lock = threading.RLock()
         self.view = RelationView(data_dir, lock, WalBacklog(lock, max_wal_backlog, wal_backlog_timeout, self.clock),
                                  BodyCache(memory_bound // 2), self.metrics.group_commit.observe)
+        self.metrics.group_commit.count_also(1, lambda: self.view.lone_groups)
         self.failed_listeners = self.view.failed_listeners  # called with EngineFailed (engine/view.py fail)
         self.settings = CompactionSettings(compact_interval, merge_factor, memory_bound,
                                            major_quiet=major_compaction_quiet)

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from sediment.arrow_codec import encode_updates
 from sediment.engine import args
 from sediment.engine.args import check_time
+from sediment.engine.body_bounds import BodyBounds
 from sediment.engine.locks import Locks, LockTable
 from sediment.engine.relation import Relation
 from sediment.engine.schema import conform_updates, small_bounds, time_range
@@ -50,6 +51,7 @@ class Writer:
         self._lock: threading.RLock = view.lock
         self._txn_counter = 0
         self._small: dict[tuple[int, int], SmallBodyEncoder] = {}  # (relation id, schema version) -> encoder
+        self._bounds: dict[int, tuple[pa.Schema, BodyBounds]] = {}  # id(update schema) -> it, its body reader
         self._appending = 0  # appends between prepare and encode now, about
         self._observe_latency = metrics.append_latency.observe
         self._submit_joinable = getattr(log_, "submit_joinable", None)  # the file log's (wal/group_records.py)
@@ -163,26 +165,35 @@ class Writer:
         sleep); the full path's layers (prepare, conform, encode, submit, each a call with
         its own lists) were half the steps of a one-row append."""
         view = self.view
-        rel = view.relations.get(name) if type(updates) is pa.Table and isinstance(name, str) and not view.closed \
-            else None
+        named = view.relations.named
+        rel = named.get(name) if type(updates) is pa.Table and isinstance(name, str) and not view.closed else None
         if rel is None:
             return False
         version, target = rel.shape
         n = updates.num_rows
         if not 0 < n <= 16 or not updates.schema.equals(target):
             return False
-        bounds = small_bounds(updates)
         batches = updates.to_batches()
-        if bounds is None or len(batches) != 1:
+        if len(batches) != 1:
+            return False
+        body = batches[0].serialize()
+        known = self._bounds.get(id(target))
+        if known is None or known[0] is not target:
+            if len(self._bounds) >= 1024:  # schemas of dropped relations and old versions: start over
+                self._bounds.clear()
+            known = self._bounds[id(target)] = (target, BodyBounds(len(target)))
+        bounds = known[1].bounds(body, updates)
+        if bounds is None:
             return False
         lo, hi = bounds
-        record = Record(_UPDATES, rel.entry.id, 0, lo, hi, n, batches[0].serialize(), schema_version=version)
+        record = Record(_UPDATES, rel.entry.id, 0, lo, hi, n, body, -1, version)  # positional: no keyword parsing
         records = [record]
         with self._lock:
             if view.backlog.must_wait(len(record.body)):
                 self.wait_backlog(records)
-            view.check_open()
-            if view.relations.get(name) is not rel or lo <= rel.sealed:
+            if view.closed or view.failed is not None or view.superseded is not None:
+                view.check_open()
+            if named.get(name) is not rel or lo <= rel.sealed:
                 self._admit(rel, name, bounds)
             if locks is not None:
                 self.locks.check_and_record(locks, hi)

@@ -289,7 +289,8 @@ class FileLog:
             encode_alone(p)
         records = p.records
         r = records[0]
-        if len(r.body) >= 65536 or self._direct.takes(rec.HEADER_SIZE + len(r.body)):
+        direct = self._direct
+        if len(r.body) >= 65536 or direct.threshold is not None and direct.takes(rec.HEADER_SIZE + len(r.body)):
             self._write_batch(batch)
             return
         seg = self._segments[-1]
@@ -298,8 +299,13 @@ class FileLog:
         r.lsn = p.last_lsn = lsn
         data = rec.encode_header(r, lsn, p.crcs[0]) + r.body + sg.END_MARK
         end = pos + len(data) - len(sg.END_MARK)
-        self._allocate_to(pos + len(data))
-        self._active.write_one(data, pos)
+        if pos + len(data) > self._allocated:
+            self._allocate_to(pos + len(data))
+        fd = self._active.fd  # one pwrite, more only if it comes back short
+        n = os.pwrite(fd, data, pos)
+        if n != len(data):
+            _pwrite_all(fd, memoryview(data)[n:], pos + n)
+        os.fdatasync(fd)
         self._preamble.observe(records)
         with self._lock:
             seg.offsets.append(pos)

@@ -69,14 +69,6 @@ class ActiveSegment:
         pwritev_all(self.fd, buffers, at)
         os.fdatasync(self.fd)
 
-    def write_one(self, data: bytes, at: int) -> None:
-        """:meth:`write` of one ``bytes`` object: a plain ``pwrite`` (more only if it comes
-        back short), then the fdatasync."""
-        n = os.pwrite(self.fd, data, at)
-        if n != len(data):
-            pwrite_all(self.fd, memoryview(data)[n:], at + n)
-        os.fdatasync(self.fd)
-
     def add(self, offsets: array, end: int, lock: threading.Lock, index: bool = True) -> None:
         """Frames now durable in the data file start at ``offsets`` and end at ``end``: add them
         to memory and (``index``) to the index file, which is synced at checkpoints and at the

@@ -29,14 +29,14 @@ def _rows(ids: list[int], t: int = 1, *, schema: pa.Schema | None = None, **extr
 def short_path(monkeypatch):
     """The bounds the short path's check returned, in order (None: it sent the append on)."""
     seen: list = []
-    real = writer_module.small_bounds
+    real = writer_module.BodyBounds.bounds
 
-    def spy(table: pa.Table):
-        got = real(table)
+    def spy(self, body, table: pa.Table):
+        got = real(self, body, table)
         seen.append(got)
         return got
 
-    monkeypatch.setattr(writer_module, "small_bounds", spy)
+    monkeypatch.setattr(writer_module.BodyBounds, "bounds", spy)
     return seen
 
 
@@ -64,7 +64,7 @@ def test_equal_looking_schemas_go_the_full_way_and_are_stored_in_the_relation_s_
     """Tables whose columns have the relation's names but not exactly its update schema
     (narrower integers, large binary, a non-nullable field, another column order, 17 rows)
     are converted by the full path without reaching the short path's check, a time column in
-    two chunks is sent on by the check, and what is stored is in the relation's types."""
+    two chunks is sent on before it, and what is stored is in the relation's types."""
     with sediment.open(tmp_path / "d", clock=ManualClock()) as engine:
         engine.add_relation("r", SCHEMA)
         schemas = [
@@ -82,7 +82,7 @@ def test_equal_looking_schemas_go_the_full_way_and_are_stored_in_the_relation_s_
         engine.append("r", seventeen)
         two_chunks = pa.Table.from_batches(_rows([200, 201]).to_batches(max_chunksize=1))
         engine.append("r", two_chunks)
-        assert short_path == [None]  # the time column's two chunks: sent on by the check
+        assert short_path == []  # the time column's two chunks: two batches, sent on before the check
         engine.seal("r", 1)
         got = engine.snapshot("r", as_of=1)
         assert got.schema.field("id").type == pa.int64() and got.schema.field("payload").type == pa.binary()
@@ -163,3 +163,42 @@ def test_bad_lone_appends_are_typed_refusals_that_change_nothing(tmp_path, short
         assert short_path[-1] == (5, 5)
     finally:
         engine.close()
+
+
+def test_lone_appends_leave_the_state_a_reopen_rebuilds(tmp_path):
+    """``on_durable``'s one-record path (inline tail entry, backlog, greatest time, counters,
+    feed) leaves for lone appends to two relations, one with a subscriber and one altered
+    halfway, exactly the tail
+    entries, backlog and greatest time that an open's replay of the same log builds; the
+    subscriber gets every append in order and the counters count every append and row."""
+    rows = [(name, k, t) for k, (name, t) in enumerate((("r" if i % 3 else "s"), 1 + i // 2) for i in range(40))]
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
+        engine.add_relation("r", SCHEMA)
+        engine.add_relation("s", SCHEMA)
+        with engine.subscribe("s") as feed:
+            assert feed.next(timeout=10).kind == "snapshot"
+            for name, k, t in rows:
+                ids = list(range(k, k + 1 + k % 16))
+                if k == 20:  # later entries of r carry its schema version 1
+                    engine.alter_relation("r", add=[pa.field("note", pa.string())], defaults={"note": "none"})
+                extra = {"note": ["n"] * len(ids)} if name == "r" and k >= 20 else {}
+                engine.append(name, _rows(ids, t=t, **extra))
+            want = [i for name, k, _t in rows if name == "s" for i in range(k, k + 1 + k % 16)]
+            got: list[int] = []
+            while len(got) < len(want):
+                event = feed.next(timeout=10)
+                assert event is not None and event.kind == "updates"
+                got += event.table.column("id").to_pylist()
+        assert got == want
+        view = engine.view
+        live = ({n: list(view.relations[n].tail) for n in ("r", "s")}, view.backlog.bytes, view.max_time)
+        assert view.lone_groups == len(rows)
+        counters = {n: (view.relations[n].counters.appends.value, view.relations[n].counters.rows.value)
+                    for n in ("r", "s")}
+        assert counters == {n: (sum(1 for m, _k, _t in rows if m == n), sum(1 + k % 16 for m, k, _t in rows if m == n))
+                            for n in ("r", "s")}
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
+        view = engine.view
+        assert ({n: list(view.relations[n].tail) for n in ("r", "s")}, view.backlog.bytes, view.max_time) == live
+    assert {e.schema_version for e in live[0]["r"]} == {0, 1}
+    assert [len(entries) for entries in live[0].values()] == [sum(1 for m, _k, _t in rows if m == n) for n in "rs"]
