@@ -23,6 +23,7 @@ from sediment.errors import InvalidArgument, SchemaMismatch  # noqa: E402
 from sediment.spark_jobs import bulk_write, ingest, options  # noqa: E402
 from sediment.spark_jobs.batch_write import SedimentWriter  # noqa: E402
 from sediment.spark_jobs.errors import sediment_errors  # noqa: E402
+from sediment.spark_jobs.session import JobUsageError  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
 
@@ -97,7 +98,7 @@ def test_both_write_paths_refuse_option_diff_0_and_take_rows_of_diff_0_as_no_upd
         with pytest.raises(InvalidArgument, match=r"^option 'diff' is 0: a diff of 0 is no update.*nothing was written$"):
             write(df, c, name, diff=0, time=2, **extra)
         assert c.engine.trace_info(name) == before and staging_left(c) == []
-    with pytest.raises(SystemExit):
+    with pytest.raises(JobUsageError, match=r"^--diff 0: a diff of 0 is no update"):
         ingest.parse_args(["--uri", c.uri, "--relation", "rows", "--input", "in.csv", "--diff", "0"])
     zeros = spark.createDataFrame([(1, "a", 2, 0), (2, "b", 2, 1), (3, "c", 2, 0), (3, "c", 3, 0), (4, "d", 3, -1)],
                                   "id long, item string, time long, diff long")
