@@ -13,7 +13,7 @@ the damaged record by its LSN.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -63,14 +63,8 @@ def joined(rel: Relation, entries: Sequence[TailEntry], bodies: Sequence[Body], 
     each; None when any run does not decode to its rows (the caller then decodes one by one)."""
     version, schema = target
     parts = []
-    start = 0
-    while start < len(entries):
-        written = entries[start].schema_version
-        stop = start + 1
-        while stop < len(entries) and entries[stop].schema_version == written:
-            stop += 1
-        source = schema if written == version else \
-            rel.layout.decode_schema(written) if rel.layout is not None else None
+    for start, stop, written in _runs([e.schema_version for e in entries]):
+        source = _source(rel, written, target)
         if source is None:
             return None
         try:
@@ -82,7 +76,6 @@ def joined(rel: Relation, entries: Sequence[TailEntry], bodies: Sequence[Body], 
         if source is not schema:
             part = rel.layout.project(part, version)
         parts.append(part)
-        start = stop
     if not parts:
         return schema.empty_table()
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -115,21 +108,35 @@ def decode_each(rel: Relation, records: Sequence[tuple[int, Body]], target: Targ
     record waited for it a record). A run that does not decode whole is taken one record at a
     time with ``one(i)`` (``i``: its index), which raises as a read of that record alone does."""
     out: list[tuple[pa.Table, int]] = []
-    start = 0
-    while start < len(records):
-        written = records[start][0]
-        stop = start + 1
-        while stop < len(records) and records[stop][0] == written:
-            stop += 1
+    for start, stop, written in _runs([w for w, _body in records]):
         out += _run_each(rel, [body for _w, body in records[start:stop]], written, target) or \
             [(table, table.nbytes) for table in (one(i) for i in range(start, stop))]
-        start = stop
     return out
+
+
+def _runs(versions: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+    """(start, stop, version) of each run of equal schema versions in ``versions``."""
+    start = 0
+    while start < len(versions):
+        stop = start + 1
+        while stop < len(versions) and versions[stop] == versions[start]:
+            stop += 1
+        yield start, stop, versions[start]
+        start = stop
+
+
+def _source(rel: Relation, written: int, target: Target) -> pa.Schema | None:
+    """The schema records written under version ``written`` decode with (``target``'s own
+    schema object when it is that version), or None when the relation does not know it."""
+    version, schema = target
+    if written == version:
+        return schema
+    return rel.layout.decode_schema(written) if rel.layout is not None else None
 
 
 def _run_each(rel: Relation, bodies: list[Body], written: int, target: Target) -> list[tuple[pa.Table, int]] | None:
     version, schema = target
-    source = schema if written == version else rel.layout.decode_schema(written) if rel.layout is not None else None
+    source = _source(rel, written, target)
     if source is None or len(bodies) < 2:
         return None
     try:
