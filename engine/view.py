@@ -268,7 +268,9 @@ class RelationView:
                 else:
                     feed.next_seq += 1
                 self.backlog.bytes += size  # WalBacklog.add
-                rel.counters.add(count, r.appends)
+                counters = rel.counters  # RelationCounters.add
+                counters.appends.value += r.appends
+                counters.rows.value += count
             self.bodies.put(lsn, r.body, size)
 
     def apply(self, r: Record) -> None:

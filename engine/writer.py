@@ -190,9 +190,10 @@ class Writer:
         lo, hi = bounds
         record = Record(_UPDATES, rel.entry.id, 0, lo, hi, n, body, -1, version)  # positional: no keyword parsing
         lead = self._lead_lone
+        backlog = view.backlog
         with self._lock:
-            if view.backlog.must_wait(len(body)):
-                self.wait_backlog([record])
+            if backlog.bound is not None and backlog.bytes and backlog.bytes + len(body) > backlog.bound:
+                self.wait_backlog([record])  # WalBacklog.must_wait, inline
             if view.closed or view.failed is not None or view.superseded is not None:
                 view.check_open()
             if named.get(name) is not rel or lo <= rel.sealed:

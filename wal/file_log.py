@@ -278,15 +278,12 @@ class FileLog:
 
     def lead_lone(self, record: rec.Record) -> bytes | None:
         """Under the caller's lock (the one its submits are made under): when the log is idle,
-        take the lead for ``record`` and return its frame header (the record's LSN set); the
-        caller must then write it with :meth:`write_lone` before anything else. None, with
-        nothing changed, when the log is busy, closed or failed, or the record is not a plain
-        UPDATES record that one ``pwrite`` takes or has a field the frame cannot carry (the
-        caller then submits, and :meth:`submit` refuses what the frame cannot carry).
-
-        Why: wal/group_commit.py ``lead_idle``; and packing the header here, where the LSN is
-        fixed (no one else writes while this caller leads), is also the range check of the
-        record's fields, so the write after the sync has nothing left to check."""
+        take the lead for ``record`` and return its frame header (its LSN set); the caller
+        must then write it with :meth:`write_lone`. None, with nothing changed, when the log
+        is busy, closed or failed, or the record is not a small plain UPDATES record the frame
+        can carry (the caller then submits, and :meth:`submit` refuses what it cannot carry).
+        Why: wal/group_commit.py ``lead_idle``; packing the header here, where the LSN is
+        fixed, is also the range check of the record's fields."""
         if record.kind != _UPDATES or len(record.body) >= self._one_max or not self._group.lead_idle():
             return None
         lsn = self._segments[-1].next_lsn
@@ -326,14 +323,11 @@ class FileLog:
         self._write_one(r, rec.encode_header(r, r.lsn, p.crcs[0]), p.on_durable)
 
     def _write_one(self, r: rec.Record, header: bytes, on_durable: Callable[[Sequence[rec.Record]], None] | None) -> None:
-        """One small record (below ``_one_max``, its LSN set and ``header`` its frame header)
-        without :meth:`_write_batch`'s lists: the frame and the end mark go out as one
-        ``bytes`` in one ``pwrite``, then one fdatasync; only then is the offset added and the
-        callback run.
-
-        Why in one method: besides the steps, each Python frame on a lone append's path is
-        room on the interpreter's frame stack, and a call that crosses the end of one of its
-        16 KiB chunks allocates and frees a chunk each time (bench/caller_depth.py)."""
+        """One record below ``_one_max`` (its LSN set, ``header`` its frame header) without
+        :meth:`_write_batch`'s lists: frame and end mark in one ``pwrite``, one fdatasync, then
+        the offset and the callback. In one method: each frame on a lone append's path is room
+        on the interpreter's frame stack, and a call that crosses the end of one of its 16 KiB
+        chunks allocates and frees a chunk each time (bench/caller_depth.py)."""
         seg = self._segments[-1]
         pos = seg.end
         data = header + r.body + _END_MARK
