@@ -101,8 +101,8 @@ class FileLog:
         self = object.__new__(cls)
         self._keep_recovered = keep_recovered
         self._direct = DirectWriter(direct_threshold, os.path.join(directory, str(partition)))
-        threshold = self._direct.threshold  # the bodies _write_one writes: below O_DIRECT's size and 64 KiB
-        self._one_max = 65536 if threshold is None else max(0, min(65536, threshold - rec.HEADER_SIZE))
+        limit = self._direct.threshold  # _write_one takes bodies below O_DIRECT's size and 64 KiB
+        self._one_max = 65536 if limit is None else max(0, min(65536, limit - rec.HEADER_SIZE))
         self._init(directory, partition, cluster_key, segment_bytes, index_interval, repair, create)
         return self
 
@@ -286,12 +286,14 @@ class FileLog:
         fixed, is also the range check of the record's fields."""
         if record.kind != _UPDATES or len(record.body) >= self._one_max or not self._group.lead_idle():
             return None
-        lsn = self._segments[-1].next_lsn
         try:
+            lsn = self._segments[-1].next_lsn
             header = rec.encode_header(record, lsn, rec.crc32c_raw(record.body))
-        except (struct.error, TypeError, ValueError):  # out of its field's range: submit's check says which
+        except BaseException as exc:  # a field out of range (submit's check says which), or Ctrl-C: no lead kept
             self._group.drop_lead()
-            return None
+            if isinstance(exc, (struct.error, TypeError, ValueError)):
+                return None
+            raise
         record.lsn = lsn
         return header
 
@@ -307,8 +309,7 @@ class FileLog:
         self._group.end_lead(self._segments[-1].end >= self.segment_bytes)
 
     def _write_group(self, batch: list[GroupAppend]) -> None:
-        """The group commit's write: a group of one small record goes to :meth:`_write_one`,
-        anything else to :meth:`_write_batch`."""
+        """The group commit's write: one small record by :meth:`_write_one`, else :meth:`_write_batch`."""
         if len(batch) != 1 or len(batch[0].records) != 1:
             self._write_batch(batch)
             return
