@@ -10,7 +10,8 @@ it writes their group too, once (its caller waits at most two groups): a lead ha
 another thread between two syncs costs a wake and that thread's wait for the interpreter
 lock behind the followers just woken. Then it passes the lead to the first follower still
 queued and waiting. Followers only wait. One writer appending alone never blocks on a lock
-nobody else holds, nor wakes another thread.
+nobody else holds, nor wakes another thread; when it finds the log idle it need not queue
+at all (:meth:`GroupCommit.lead_idle`: it leads with its one append, then ``end_lead``).
 
 The contract stays the log's: a group's appends are acknowledged (``done``) only after the
 write and its sync return, groups are written one at a time in queue order (so LSN order is
