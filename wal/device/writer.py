@@ -286,12 +286,23 @@ class RingWriter(RingPlacement):
             lock.release()
         while True:
             while done_q:  # only the announcing thread takes from it (a deque's ends are thread-safe)
-                self._announce(done_q.popleft())
+                b = done_q.popleft()
+                for t in b.tickets:  # before a FRONTIERS record in it finishes the segment (_finished)
+                    if t.on_durable is not None:
+                        try:
+                            t.on_durable(t.records)
+                        except Exception:
+                            _log.exception("%s: on_durable callback failed", self.path)
+                b.tickets.clear()
+                if b.frontiers_end >= 0:
+                    self._finished(b.frontiers_end)
+                b.settle()
             lock.acquire()
             try:
                 if not done_q:
                     self._notifying = False
-                    due = self._checkpoint_to_write()
+                    due = (self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes
+                           and self._checkpoint_to_write())
                     break
             finally:
                 lock.release()
@@ -321,23 +332,15 @@ class RingWriter(RingPlacement):
             self._work_cv.notify()
         return False
 
-    def _announce(self, b: Block) -> None:
-        """Run the block's callbacks; only then may a FRONTIERS record in it finish the
-        segment: the compacter takes records below ``finished_lsn`` from what the callbacks
-        applied, so a record it counts as finished must already have been applied."""
-        for t in b.tickets:
-            if t.on_durable is not None:
-                try:
-                    t.on_durable(t.records)
-                except Exception:
-                    _log.exception("%s: on_durable callback failed", self.path)
-        b.tickets.clear()
-        if b.frontiers_end >= 0:
-            with self._lock:
-                self.segments.finished = max(self.segments.finished, b.frontiers_end)
-            if self.segments.notify(b.frontiers_end):
-                self._checkpoint()
-        b.settle()
+    def _finished(self, frontiers_end: int) -> None:
+        """A FRONTIERS record ending at ``frontiers_end`` is durable and the callbacks of its
+        block and every earlier one have run: the segment is finished. Only now: the
+        compacter takes records below ``finished_lsn`` from what the callbacks applied, so a
+        record it counts as finished must already have been applied."""
+        with self._lock:
+            self.segments.finished = max(self.segments.finished, frontiers_end)
+        if self.segments.notify(frontiers_end):
+            self._checkpoint()
 
     def _checkpoint(self) -> None:
         """Record the current durable end in the header (a lower bound: it may lag, never lead)."""
@@ -384,8 +387,17 @@ class RingWriter(RingPlacement):
             self.counts.writes += 1
         finally:
             lock.release()
-        if self._run(blk, blk) and self._stalled:  # read after completing under the lock: a waiter stalled before it is counted
-            self._lead_next()
+        buf, fill = blk.buf, blk.fill  # as _run, one call fewer: the window was checked above
+        try:
+            if wlen > fill:
+                buf[fill:wlen] = _ZEROS[: wlen - fill]
+            self.files.write_at(memoryview(buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
+        except BaseException as e:  # noqa: BLE001 - any failure poisons the log
+            _log.error("%s: WAL write failed: %s", self.path, e)
+            self._fail(e)
+        else:  # _stalled is read after completing under the lock: a waiter stalled before it is counted
+            if self._complete(blk, blk) and self._stalled:
+                self._lead_next()
         if not blk.durable:
             raise WalError(f"{self.path}: the WAL failed before the append was durable: {self._failed}") from self._failed
         return True
