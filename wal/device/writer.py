@@ -29,8 +29,9 @@ class RingWriter(RingPlacement):
     writes in flight. Appenders waiting for a block write it themselves when a slot is free,
     so an append costs no thread hand-off; the threads write only what no waiter can (a
     block no completing writer took, a FRONTIERS record's block, what is left when the ring
-    is full or closing). The window (``head.window``) bounds how far past the oldest
-    unfinished block a write may land, which is how far recovery looks past a gap.
+    is full or closing) and the header checkpoint every ``checkpoint_bytes``. The window
+    (``head.window``) bounds how far past the oldest unfinished block a write may land,
+    which is how far recovery looks past a gap.
 
     Concurrent appends share writes (group commit): each block write costs a syscall, the
     interpreter lock's hand-offs around it and, with several in flight, waits for older
