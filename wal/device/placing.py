@@ -107,8 +107,9 @@ class RingPlacement:
                     or nxt % d + total > d or fill + total > (self._pool_size if cur is None else len(cur.buf)) \
                     or fill + total - last >= self.max_block_bytes:
                 return False
-            if cur is None:
-                cur = self._open_block(nxt, self._pool_size)
+            if cur is None:  # _open_block, one call fewer
+                pool = self._pool
+                cur = self._cur = Block(nxt, pool.pop() if pool else mmap.mmap(-1, self._pool_size), True)
             buf = cur.buf
             if one:
                 r = records[0]
