@@ -320,10 +320,18 @@ def test_the_appender_writes_the_checkpoint_once_the_header_lags_two(tmp_path: P
                                io_threads=1, clock=ManualClock()))
     writes.armed = True
     recs = [upd(1, 5000), upd(2, 5000)]
-    appender = threading.Thread(target=lambda: [log.append([r]) for r in recs], daemon=True)
+    second = threading.Event()
+
+    def append_both() -> None:
+        log.append([recs[0]])
+        writes.progress.wait_for(lambda: writes.held == 1, 10, "the I/O thread's header checkpoint, held")
+        second.set()
+        log.append([recs[1]])
+
+    appender = threading.Thread(target=append_both, daemon=True)
     appender.start()
     try:
-        writes.progress.wait_for(lambda: writes.held == 1, 10, "the I/O thread's header checkpoint, held")
+        assert second.wait(10), "the first append or its checkpoint's header write did not come"
         assert writes.threads[0] != appender.ident
     finally:
         writes.release.set()
