@@ -99,25 +99,30 @@ class HeadRecord(tuple):
 
 
 _APPENDABLE = frozenset(k for k in RecordKind if k != RecordKind.PADDING)
-_U64, _I64 = 1 << 64, 1 << 63
+_FIELDS = struct.Struct("<QQqqII")  # relation, txn, t_lo, t_hi, count, schema version: the header's types
 
 
 def check_appendable(records: Sequence[Record], where: str) -> None:
     """Refuse, before anything is queued, an append the frame cannot carry: a field out of
-    its header range, an unknown kind, PADDING (the ring's own), an oversized body, or no
-    record at all. Found later, in a backend's writer, the same fault would fail the whole
-    log for every caller instead of this one call."""
+    its header range or not an integer, an unknown kind, PADDING (the ring's own), an
+    oversized body, or no record at all. Found later, in a backend's writer, the same fault
+    would fail the whole log for every caller instead of this one call. The header's own
+    struct checks the integer fields, in one call per record: this runs for every append."""
     if not records:
         raise InvalidArgument(f"{where}: an append needs at least one record; nothing was appended")
+    pack = _FIELDS.pack
     for i, r in enumerate(records):
-        if not (r.kind in _APPENDABLE and 0 <= r.relation_id < _U64 and 0 <= r.txn_id < _U64
-                and -_I64 <= r.t_lo < _I64 and -_I64 <= r.t_hi < _I64 and 0 <= r.count < 1 << 32
-                and 0 <= r.schema_version < 1 << 32 and len(r.body) <= MAX_BODY):
-            raise InvalidArgument(
-                f"{where}: record {i} of the append cannot be written (kind {r.kind!r}, relation {r.relation_id}, "
-                f"txn {r.txn_id}, t_lo {r.t_lo}, t_hi {r.t_hi}, count {r.count}, {len(r.body)}-byte body): "
-                "kinds 1-6, u64 relation and transaction ids, i64 times, a u32 count and schema version and bodies of at most "
-                f"{MAX_BODY} bytes; nothing was appended")
+        try:
+            if r.kind in _APPENDABLE and len(r.body) <= MAX_BODY:
+                pack(r.relation_id, r.txn_id, r.t_lo, r.t_hi, r.count, r.schema_version)
+                continue
+        except struct.error:
+            pass
+        raise InvalidArgument(
+            f"{where}: record {i} of the append cannot be written (kind {r.kind!r}, relation {r.relation_id!r}, "
+            f"txn {r.txn_id!r}, t_lo {r.t_lo!r}, t_hi {r.t_hi!r}, count {r.count!r}, {len(r.body)}-byte body): "
+            "kinds 1-6, u64 relation and transaction ids, i64 times, a u32 count and schema version and bodies of at "
+            f"most {MAX_BODY} bytes; nothing was appended")
 
 
 def encode_header(record: Record, lsn: int, body_crc: int | None = None) -> bytes:

@@ -530,6 +530,27 @@ def test_odirect_fallback_writes_identical_bytes(tmp_path: Path, caplog: pytest.
     assert (tmp_path / "direct").read_bytes() == (tmp_path / "buffered").read_bytes()
 
 
+def test_short_writes_go_on_where_they_stopped(tmp_path: Path) -> None:
+    """A write call that takes fewer bytes than asked (one block at a time here) is
+    followed by writes of the rest: the ring reads back every record."""
+    calls: list[int] = []
+
+    def one_block(fd: int, data, offset: int) -> int:
+        calls.append(len(data))
+        return os.pwrite(fd, data[:BS], offset)
+
+    path = tmp_path / "ring"
+    log = open_log(path, direct=False, pwrite=one_block)
+    recs = [upd(i, 5000 * i + 10) for i in range(6)]
+    for r in recs:
+        log.append([r])
+    log.close()
+    assert any(n > BS for n in calls)
+    log = owned(DeviceLog.open(path, direct=False))
+    assert [(g.lsn, g.body) for g in log.scan()] == [(r.lsn, r.body) for r in recs]
+    log.close()
+
+
 def test_concurrent_appenders(tmp_path: Path) -> None:
     log = open_log(tmp_path / "ring", capacity=16 << 20, segment_bytes=1 << 20)
     per_thread, threads_n = 150, 8

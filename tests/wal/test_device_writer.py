@@ -13,7 +13,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from support.waiting import Progress
+from support.waiting import Progress, poll_until
 from support.wal_backends import owned
 
 from sediment.clock import ManualClock
@@ -261,43 +261,84 @@ def test_a_later_block_written_first_is_acknowledged_only_after_the_earlier_one(
 
 
 class HeldHeaderWrites:
-    """A pwrite that, once ``armed``, holds every header write until ``release`` is set."""
+    """A pwrite that, once ``armed``, holds every header write until ``release`` is set, and
+    notes the thread of each header write once armed (``threads``)."""
 
     def __init__(self) -> None:
         self.armed = False
         self.release = threading.Event()
         self.progress = Progress()
         self.held = 0
+        self.threads: list[int] = []
 
     def __call__(self, fd: int, data, offset: int) -> int:
         if self.armed and offset < HEADER_AREA:
+            self.threads.append(threading.get_ident())
             self.held += 1
             self.progress.changed()
             assert self.release.wait(30)
         return os.pwrite(fd, data, offset)
 
 
-def test_a_header_checkpoint_holds_up_no_other_appends_acknowledgement(tmp_path: Path) -> None:
-    """The append whose completion makes a header checkpoint due writes it after handing
-    back the completion of others: with that header write held, the next append is still
-    written, acknowledged and returns; the checkpoint then records the durable end."""
+def test_a_header_checkpoint_is_written_off_the_appenders_path(tmp_path: Path) -> None:
+    """The append whose completion makes a header checkpoint due hands the header write to
+    an I/O thread: with that write held, it and the next append are written, acknowledged
+    and return; once let go, the header records the first one's durable end."""
     writes = HeldHeaderWrites()
-    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, pwrite=writes, checkpoint_bytes=BS,
+    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, pwrite=writes, checkpoint_bytes=2 * BS,
                                clock=ManualClock()))
     writes.armed = True
-    first = threading.Thread(target=log.append, args=([upd(1, 5000)],), name="checkpointing")
-    first.start()
-    try:
+    first, second = upd(1, 9000), upd(2)  # the second leaves the header less than two checkpoints behind
+    appenders: list[int] = []
+    done = threading.Event()
+
+    def append_both() -> None:
+        appenders.append(threading.get_ident())
+        log.append([first])
         writes.progress.wait_for(lambda: writes.held == 1, 10, "the checkpoint's header write, held")
-        second = upd(2)
-        done = threading.Event()
-        threading.Thread(target=lambda: (log.append([second]), done.set()), daemon=True).start()
-        assert done.wait(10), "an append waited for another thread's header checkpoint"
-        assert log.durable_lsn == second.lsn + second.frame_size and first.is_alive() and writes.held == 1
+        log.append([second])
+        done.set()
+
+    threading.Thread(target=append_both, daemon=True).start()
+    try:
+        assert done.wait(10), "an append waited for a header checkpoint"
+        assert log.durable_lsn == second.lsn + second.frame_size and writes.held == 1
+        assert writes.threads[0] not in appenders, "the appender wrote the header checkpoint"
     finally:
         writes.release.set()
-    first.join(30)
-    assert log.writer.head.recorded_durable >= upd(1, 5000).frame_size
+    poll_until(lambda: log.writer.head.recorded_durable >= first.lsn + first.frame_size, 10,
+               "the header checkpoint to record the first append")
+    log.close()
+
+
+def test_the_appender_writes_the_checkpoint_once_the_header_lags_two(tmp_path: Path) -> None:
+    """While the I/O thread's header checkpoint is held, the appender whose completion puts
+    the durable end two checkpoints past the header writes one itself (after the held one):
+    the header never lags further than that behind a lone appender."""
+    writes = HeldHeaderWrites()
+    log = owned(DeviceLog.open(tmp_path / "ring", 1 << 20, create=True, pwrite=writes, checkpoint_bytes=BS,
+                               io_threads=1, clock=ManualClock()))
+    writes.armed = True
+    recs = [upd(1, 5000), upd(2, 5000)]
+    second = threading.Event()
+
+    def append_both() -> None:
+        log.append([recs[0]])
+        writes.progress.wait_for(lambda: writes.held == 1, 10, "the I/O thread's header checkpoint, held")
+        second.set()
+        log.append([recs[1]])
+
+    appender = threading.Thread(target=append_both, daemon=True)
+    appender.start()
+    try:
+        assert second.wait(10), "the first append or its checkpoint's header write did not come"
+        assert writes.threads[0] != appender.ident
+    finally:
+        writes.release.set()
+    appender.join(10)
+    assert not appender.is_alive()
+    assert writes.threads[1:] == [appender.ident], "the appender left the header two checkpoints behind"
+    assert log.writer.head.recorded_durable == recs[1].lsn + recs[1].frame_size
     log.close()
 
 

@@ -448,8 +448,10 @@ def test_reading_what_was_never_written_is_a_wal_error(log):
     rec.Record(K.UPDATES, count=1 << 32),
     rec.Record(K.PADDING, body=bytes(8)),
     rec.Record(99),
+    rec.Record(K.UPDATES, t_lo=1.5),
+    rec.Record(K.UPDATES, relation_id="7"),
 ], ids=["negative-relation", "relation-over-u64", "negative-txn", "time-over-i64", "count-over-u32",
-        "padding", "unknown-kind"])
+        "padding", "unknown-kind", "float-time", "text-relation"])
 def test_a_bad_record_is_refused_with_a_typed_error_and_the_log_goes_on(log, bad):
     good = [upd(1)]
     log.append(good)

@@ -120,24 +120,48 @@ class RingFiles:
 
     def write_at(self, view: memoryview, offset: int, pwrite: Callable[[int, memoryview, int], int] | None = None) -> None:
         """One aligned write of ``view`` at device ``offset``, durable on return (``pwrite``:
-        the write call, else the injected one)."""
+        the write call, else the injected one). The whole write in one call first, with no
+        loop (every block write of the ring comes here); a short write or one that Direct
+        I/O refused goes on in :meth:`_write_from`."""
         pwrite = self._pwrite if pwrite is None else pwrite
-        done, size = 0, len(view)
+        fd = self.fd
+        try:
+            n = pwrite(fd, view, offset)
+        except OSError as e:
+            self._refused(fd, e, len(view), offset)
+            self._write_from(0, view, offset, pwrite)
+            return
+        if n != len(view):
+            if n <= 0:
+                raise WalError(f"{self.path}: write at offset {offset} wrote nothing")
+            self._write_from(n, view, offset, pwrite)
+
+    def _write_from(self, done: int, view: memoryview, offset: int,
+                    pwrite: Callable[[int, memoryview, int], int]) -> None:
+        """The rest of :meth:`write_at` once ``done`` bytes are written (none after a write
+        Direct I/O refused fell back to buffered I/O)."""
+        size = len(view)
         while done < size:
             fd = self.fd
             try:
                 n = pwrite(fd, view[done:] if done else view, offset + done)
             except OSError as e:
-                if e.errno == errno.EINVAL and self.direct:
-                    self._fall_back(fd, e)
-                    continue
-                raise WalError(
-                    f"{self.path}: write of {size - done} bytes at offset {offset + done} failed: {e}. "
-                    "The log is unusable; check the device and reopen to recover."
-                ) from e
+                self._refused(fd, e, size - done, offset + done)
+                continue
             if n <= 0:
                 raise WalError(f"{self.path}: write at offset {offset + done} wrote nothing")
             done += n
+
+    def _refused(self, fd: int, e: OSError, size: int, offset: int) -> None:
+        """A write of ``size`` bytes at ``offset`` raised ``e``: writes fall back from Direct I/O
+        when the device refused it (EINVAL; the caller writes again), else the typed error."""
+        if e.errno == errno.EINVAL and self.direct:
+            self._fall_back(fd, e)
+            return
+        raise WalError(
+            f"{self.path}: write of {size} bytes at offset {offset} failed: {e}. "
+            "The log is unusable; check the device and reopen to recover."
+        ) from e
 
     def _fall_back(self, fd: int, e: OSError) -> None:
         with self._lock:

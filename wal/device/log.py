@@ -21,7 +21,8 @@ for the byte layout and the recovery rules; the short version:
   below ``lsn`` (a clamp, never an error) and raises past the durable end.
 * An appender waiting for its block writes pending blocks itself (oldest first) when one
   of the ``io_threads`` slots is free, waking no other thread; the I/O threads write only
-  what no waiter can (``submit``). Concurrent appends share writes: while
+  what no waiter can (``submit``), and the header checkpoint every ``checkpoint_bytes``, so
+  no appender waits for it. Concurrent appends share writes: while
   ``partial_writes`` block writes are in flight (or until it holds as many appends as the
   block made durable last) the open block gathers the appends that arrive, and the
   appender whose own block became durable on its write writes it (a group commit's
@@ -33,8 +34,9 @@ for the byte layout and the recovery rules; the short version:
 Parts, each the one owner of its state: ``format`` (header bytes), ``recovery`` (read-only
 recovery, shared with ``sediment verify``), ``block_io`` (descriptors, aligned I/O), ``head``
 (the header copies: trim point, window, recorded durable end), ``writer`` (write position,
-blocks, I/O slots, completion, durable end; its blocks and tickets in ``blocks``), ``placement`` (where frames go), ``segments``
-(FRONTIERS bookkeeping); this module is the log that holds them and opens the ring.
+blocks, I/O slots, completion, durable end; its blocks and tickets in ``blocks``, and the
+appender's placing of frames in ``placing``), ``placement`` (where frames go: the plan),
+``segments`` (FRONTIERS bookkeeping); this module is the log that holds them and opens the ring.
 """
 
 from __future__ import annotations

@@ -8,30 +8,30 @@ import logging
 import mmap
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from sediment.clock import Clock
-from sediment.errors import EngineClosed, WalError, WalFull
+from sediment.errors import EngineClosed, WalError
 from sediment.wal.device.block_io import RingFiles
-from sediment.wal.device.blocks import Block, DeviceTicket, WriterCounts
+from sediment.wal.device.blocks import Block, WriterCounts
 from sediment.wal.device.format import SHUTDOWN_RUNNING, align_up
 from sediment.wal.device.head import RingHead
-from sediment.wal.device.placement import Plan, plan_call
+from sediment.wal.device.placing import RingPlacement
 from sediment.wal.device.segments import Segments
 from sediment.wal.protocol import SegmentPreamble
-from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_header
 
 _log = logging.getLogger("sediment.wal.device.log")
 _ZEROS = memoryview(bytes(64 * 1024))
 
 
-class RingWriter:
+class RingWriter(RingPlacement):
     """Placement, the I/O slots and completion of one ring. ``io_threads`` bounds the block
     writes in flight. Appenders waiting for a block write it themselves when a slot is free,
     so an append costs no thread hand-off; the threads write only what no waiter can (a
     block no completing writer took, a FRONTIERS record's block, what is left when the ring
-    is full or closing). The window (``head.window``) bounds how far past the oldest
-    unfinished block a write may land, which is how far recovery looks past a gap.
+    is full or closing) and the header checkpoint every ``checkpoint_bytes``. The window
+    (``head.window``) bounds how far past the oldest unfinished block a write may land,
+    which is how far recovery looks past a gap.
 
     Concurrent appends share writes (group commit): each block write costs a syscall, the
     interpreter lock's hand-offs around it and, with several in flight, waits for older
@@ -70,7 +70,9 @@ class RingWriter:
         self._writing = 0
         self._done_q: deque[Block] = deque()
         self._notifying = False
-        self._checkpointing = False
+        self._checkpoint_due = False  # an I/O thread is to write a header checkpoint
+        self._checkpointing = False  # an I/O thread writes one
+        self._backstop = False  # a completing thread writes one (the I/O threads fell behind)
         self._company = 1  # appends in the block made durable last
         self._stalled = 0  # waiters whose block is not taken and who found no slot: the threads write it
         self.counts = WriterCounts()
@@ -146,12 +148,6 @@ class RingWriter:
             self._work_cv.notify_all()
             self._space_cv.notify_all()
 
-    def check_open(self) -> None:
-        if self._closed:
-            raise EngineClosed(f"{self.path}: the WAL is closed")
-        if self._failed is not None:
-            raise WalError(f"{self.path}: the WAL failed earlier and accepts no appends: {self._failed!r}")
-
     # ---------------------------------------------------------------- trim
 
     def trim_target(self, lsn: int) -> int:
@@ -180,13 +176,6 @@ class RingWriter:
             return True
         wlen = align_up(blk.fill, self.block_size)
         return blk.start + wlen <= self._inflight[0].start + self.head.window
-
-    def _seal(self) -> None:
-        cur = self._cur
-        if cur is not None:
-            self._cur = None
-            self._next = align_up(self._next, self.block_size)
-            self._pending.append(cur)
 
     def _take(self) -> Block | None:
         """Under the lock: the next block to write, if an I/O slot is free and the window
@@ -244,10 +233,22 @@ class RingWriter:
                     blk = self._take()
                     if blk is not None:
                         break
+                    if self._checkpoint_due:  # unless a trim or segment finish recorded the end meanwhile
+                        self._checkpoint_due = False
+                        if self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes:
+                            self._checkpointing = True
+                            break
                     if self._closed and not self._pending and not self._inflight and self._cur is None:
                         return
                     self._work_cv.wait()
-            self._run(blk)  # a failure is seen at the top of the loop
+            if blk is not None:
+                self._run(blk)  # a failure is seen at the top of the loop
+                continue
+            try:
+                self._checkpoint()
+            finally:
+                with self._lock:
+                    self._checkpointing = False
 
     # ---------------------------------------------------------------- completion
 
@@ -286,14 +287,23 @@ class RingWriter:
             lock.release()
         while True:
             while done_q:  # only the announcing thread takes from it (a deque's ends are thread-safe)
-                self._announce(done_q.popleft())
+                b = done_q.popleft()
+                for t in b.tickets:  # before a FRONTIERS record in it finishes the segment (_finished)
+                    if t.on_durable is not None:
+                        try:
+                            t.on_durable(t.records)
+                        except Exception:
+                            _log.exception("%s: on_durable callback failed", self.path)
+                b.tickets.clear()
+                if b.frontiers_end >= 0:
+                    self._finished(b.frontiers_end)
+                b.settle()
             lock.acquire()
             try:
                 if not done_q:
                     self._notifying = False
-                    due = not self._checkpointing and (
-                        self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes)
-                    self._checkpointing |= due
+                    due = (self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes
+                           and self._checkpoint_to_write())
                     break
             finally:
                 lock.release()
@@ -302,26 +312,36 @@ class RingWriter:
                 self._checkpoint()
             finally:
                 with self._lock:
-                    self._checkpointing = False
+                    self._backstop = False
         return lead
 
-    def _announce(self, b: Block) -> None:
-        """Run the block's callbacks; only then may a FRONTIERS record in it finish the
-        segment: the compacter takes records below ``finished_lsn`` from what the callbacks
-        applied, so a record it counts as finished must already have been applied."""
-        for t in b.tickets:
-            if t.on_durable is not None:
-                try:
-                    t.on_durable(t.records)
-                except Exception:
-                    _log.exception("%s: on_durable callback failed", self.path)
-        b.tickets.clear()
-        if b.frontiers_end >= 0:
-            with self._lock:
-                self.segments.finished = max(self.segments.finished, b.frontiers_end)
-            if self.segments.notify(b.frontiers_end):
-                self._checkpoint()
-        b.settle()
+    def _checkpoint_to_write(self) -> bool:
+        """Under the lock, after completing: whether this thread writes a header checkpoint
+        now. Once ``checkpoint_bytes`` of durable log are past the recorded durable end, an
+        I/O thread writes one, so the appender whose completion made it due (a lone appender
+        every 4 MiB) does not wait for the header write; only once the lag reaches twice
+        that (the I/O threads starved or busy) does the completing thread write it itself,
+        which bounds how far the header lags."""
+        lag = self._durable_end - self.head.recorded_durable
+        if lag < self.checkpoint_bytes:
+            return False
+        if lag >= 2 * self.checkpoint_bytes and not self._backstop:
+            self._backstop = True
+            return True
+        if not self._checkpoint_due and not self._checkpointing:
+            self._checkpoint_due = True
+            self._work_cv.notify()
+        return False
+
+    def _finished(self, frontiers_end: int) -> None:
+        """A FRONTIERS record ending at ``frontiers_end`` is durable and the callbacks of its
+        block and every earlier one have run: the segment is finished. Only now: the
+        compacter takes records below ``finished_lsn`` from what the callbacks applied, so a
+        record it counts as finished must already have been applied."""
+        with self._lock:
+            self.segments.finished = max(self.segments.finished, frontiers_end)
+        if self.segments.notify(frontiers_end):
+            self._checkpoint()
 
     def _checkpoint(self) -> None:
         """Record the current durable end in the header (a lower bound: it may lag, never lead)."""
@@ -368,8 +388,17 @@ class RingWriter:
             self.counts.writes += 1
         finally:
             lock.release()
-        if self._run(blk, blk) and self._stalled:  # read after completing under the lock: a waiter stalled before it is counted
-            self._lead_next()
+        buf, fill = blk.buf, blk.fill  # as _run, one call fewer: the window was checked above
+        try:
+            if wlen > fill:
+                buf[fill:wlen] = _ZEROS[: wlen - fill]
+            self.files.write_at(memoryview(buf)[:wlen], self.header_bytes + blk.start % self.data_capacity)
+        except BaseException as e:  # noqa: BLE001 - any failure poisons the log
+            _log.error("%s: WAL write failed: %s", self.path, e)
+            self._fail(e)
+        else:  # _stalled is read after completing under the lock: a waiter stalled before it is counted
+            if self._complete(blk, blk) and self._stalled:
+                self._lead_next()
         if not blk.durable:
             raise WalError(f"{self.path}: the WAL failed before the append was durable: {self._failed}") from self._failed
         return True
@@ -411,187 +440,3 @@ class RingWriter:
             job = self._take() if self._stalled else None
         if job is not None:
             self._run(job)
-
-    # ---------------------------------------------------------------- placing
-
-    def place(self, records: Sequence[Record], crcs: list[int], sizes: list[int], force_frontiers: bool,
-              ticket: DeviceTicket | None) -> Block | None:
-        """Place the frames (and a FRONTIERS record at a segment boundary), waiting up to
-        ``full_timeout`` for room; returns the FRONTIERS record's block, if one was placed."""
-        total = sum(sizes)
-        if not self._alloc_lock.acquire(timeout=self.full_timeout):
-            raise self._full(total)
-        try:
-            with self._lock:
-                room = self._wait_room(records, sizes, total, force_frontiers)
-                if room is None:
-                    return None
-                boundary, fsize = room
-                blk, fblk = self._place_planned(records, crcs, sizes, boundary, fsize)
-                if ticket is not None:
-                    ticket.block = blk
-                    blk.tickets.append(ticket)
-                if fblk is not None:  # a finished segment is told without waiting for the next append
-                    self._work_cv.notify()
-                return fblk
-        finally:
-            self._alloc_lock.release()
-
-    def place_fast(self, records: Sequence[Record], crcs: list[int], sizes: list[int], ticket: DeviceTicket) -> bool:
-        """Place the frames in the common case with the fewest steps: no one waiting for room,
-        room without waiting, no segment boundary, and the frames fit the open block (or a
-        fresh pooled one) before the ring's physical end and before the block is full. False,
-        with nothing done, otherwise (:meth:`place` then does it, by the plan, which puts
-        frames that fit the same way).
-
-        Why: an appender alone on the ring pays every interpreter step between its writes,
-        and the general path's steps cost about as much CPU as a 4 KiB write; one record
-        (most appends) takes no loop."""
-        one, last = len(sizes) == 1, sizes[-1]
-        total, pad = (last, last) if one else (sum(sizes), max(sizes))
-        lock = self._lock
-        lock.acquire()  # not ``with``: its two method calls cost as much as the lock, once per append
-        try:
-            nxt, seg, cur = self._next, self.segments, self._cur
-            bs, d = self.block_size, self.data_capacity
-            fill = 0 if cur is None else cur.fill
-            if self._full_waiters or self._closed or self._failed is not None \
-                    or nxt + total - seg.seg_start >= seg.segment_bytes \
-                    or (nxt + bs - 1) // bs * bs + total + pad + 2 * (len(sizes) + 3) * bs > self.head.trim + d \
-                    or nxt % d + total > d or fill + total > (self._pool_size if cur is None else len(cur.buf)) \
-                    or fill + total - last >= self.max_block_bytes:
-                return False
-            if cur is None:
-                cur = self._open_block(nxt, self._pool_size)
-            buf = cur.buf
-            if one:
-                r = records[0]
-                buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crcs[0])
-                buf[fill + HEADER_SIZE : fill + last] = r.body
-                r.lsn, fill, nxt = nxt, fill + last, nxt + last
-            else:
-                for r, crc, n in zip(records, crcs, sizes, strict=True):
-                    buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crc)
-                    buf[fill + HEADER_SIZE : fill + n] = r.body
-                    r.lsn = nxt
-                    fill += n
-                    nxt += n
-            cur.fill = fill
-            self._next = nxt
-            if fill >= self.max_block_bytes:
-                self._seal()
-            seg.preamble.observe(records)  # Segments.placed without a segment boundary
-            seg.seg_records += len(records)
-            ticket.block = cur
-            cur.tickets.append(ticket)
-            return True
-        finally:
-            lock.release()
-
-    def _wait_room(self, records: Sequence[Record], sizes: list[int], total: int,
-                   force: bool) -> tuple[Record | None, int] | None:
-        """Under the lock: wait until the frames (and the segment's FRONTIERS record, if
-        they finish it) fit before the trim point; the boundary record and its size, or None
-        when there is nothing to place."""
-        deadline = None
-        while True:
-            self.check_open()
-            boundary = self.segments.boundary(records, force, self._next, total)
-            if not records and boundary is None:
-                return None
-            fsize = boundary.frame_size if boundary is not None else 0
-            bs, d = self.block_size, self.data_capacity
-            pad = max(max(sizes, default=0), fsize)
-            limit = self.head.trim + d
-            if align_up(self._next, bs) + total + fsize + pad + 2 * (len(sizes) + 3) * bs <= limit:
-                return boundary, fsize
-            end = plan_call(self._plan(), sizes, fsize, None)
-            if end - self._next > d:
-                raise WalError(
-                    f"{self.path}: an append of {total} bytes can never fit the "
-                    f"{d}-byte ring; raise the WAL capacity or append less at once."
-                )
-            if end <= limit:
-                return boundary, fsize
-            now = self.clock.current_time()
-            deadline = now + self.full_timeout if deadline is None else deadline
-            if deadline - now <= 0:
-                raise self._full(total)
-            self._full_waiters += 1
-            self._space_cv.notify_all()  # wakes wait_for_full_waiters; appenders re-check
-            self._work_cv.notify()  # blocks nobody waits on become durable, so they can be trimmed
-            try:
-                self._space_cv.wait(deadline - now)
-            finally:
-                self._full_waiters -= 1
-
-    def _plan(self) -> Plan:
-        cur = self._cur
-        return Plan(self._next, cur is not None, cur.start if cur else 0, cur.fill if cur else 0,
-                    len(cur.buf) if cur else 0, self.block_size, self.data_capacity, self._pool_size,
-                    self.max_block_bytes)
-
-    def _open_block(self, start: int, cap: int) -> Block:
-        pooled = cap == self._pool_size
-        buf = self._pool.pop() if pooled and self._pool else mmap.mmap(-1, cap)
-        self._cur = Block(start, buf, pooled)
-        return self._cur
-
-    def _place_planned(self, records: Sequence[Record], crcs: list[int], sizes: list[int],
-                       boundary: Record | None, fsize: int) -> tuple[Block, Block | None]:
-        """Place by the plan (padding at the ring's end, block seals, the FRONTIERS record);
-        the last record's block and the FRONTIERS record's block."""
-        out: list = []
-        plan_call(self._plan(), sizes, fsize, out)
-        frames: list[tuple[Record, int | None]] = list(zip(records, crcs, strict=True))
-        if boundary is not None:
-            frames.append((boundary, None))
-        placed = self._apply(out, frames)
-        for r, (lsn, _) in zip(records, placed, strict=False):
-            r.lsn = lsn
-        fblk = None
-        flsn = -1
-        if boundary is not None:
-            flsn, fblk = placed[-1]
-            fblk.frontiers_end = flsn + fsize
-        self.segments.placed(records, boundary, flsn)
-        return placed[len(records) - 1][1] if records else placed[-1][1], fblk
-
-    def _apply(self, out: list, frames: list[tuple[Record, int | None]]) -> list[tuple[int, Block]]:
-        """Carry out a plan; returns each frame's LSN and block."""
-        placed: list[tuple[int, Block]] = []
-        fi = 0
-        for step in out:
-            op = step[0]
-            if op == "open":
-                self._open_block(step[1], step[2])
-            elif op == "seal":
-                self._seal()
-            else:
-                cur = self._cur
-                assert cur is not None
-                n = step[-1]
-                at = cur.fill
-                if op == "zeros":
-                    cur.buf[at : at + n] = bytes(n)
-                else:
-                    lsn = step[1]
-                    assert lsn == self._next
-                    if op == "pad":
-                        rec, crc = Record(RecordKind.PADDING, body=bytes(n - HEADER_SIZE)), None
-                    else:
-                        rec, crc = frames[fi]
-                        fi += 1
-                        placed.append((lsn, cur))
-                    cur.buf[at : at + HEADER_SIZE] = encode_header(rec, lsn, crc)
-                    cur.buf[at + HEADER_SIZE : at + n] = rec.body
-                cur.fill += n
-                self._next += n
-        return placed
-
-    def _full(self, n: int) -> WalFull:
-        return WalFull(
-            f"{self.path}: WAL ring full: no room for {n} bytes within {self.full_timeout}s "
-            f"(trim offset {self.head.trim}, write offset {self._next}, data capacity {self.data_capacity}). "
-            "Raise the WAL capacity or let the compacter catch up and trim."
-        )
