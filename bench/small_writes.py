@@ -24,6 +24,9 @@ A/B against another build (``git archive`` of a commit, unpacked), turns alterna
 
     for i in 1 2 3 4 5; do .venv/bin/python bench/small_writes.py --rounds 1 --seconds 3 --build /tmp/before \
         --json b$i.json; .venv/bin/python bench/small_writes.py --rounds 1 --seconds 3 --json a$i.json; done
+
+``--slices 30``: the one-writer peers open together and take turns of 0.1 s (3 s rounds), so
+that both see the same disk and load; their figures are the sums over their turns.
 """
 
 from __future__ import annotations
@@ -108,6 +111,50 @@ def sqlite_one(root: str, seconds: float) -> dict:
             return timed_loop(lambda: conn.execute("INSERT INTO r VALUES (?, ?, 1, 1)", (0, body)), seconds)
         finally:
             conn.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def one_writer_sliced(root: str, seconds: float, slices: int) -> tuple[dict, dict]:
+    """One writer, sediment and SQLite both open, taking turns of ``seconds / slices`` (which
+    goes first alternates): (sediment's figures, SQLite's). Why: on the shared host the disk
+    and the CPUs swing between seconds, and turns of 0.1 s put both peers under nearly the
+    same conditions, where back-to-back 3 s runs did not. No timed compaction pass (a
+    back-to-back round's 3 s ends before the first, at 5 s; here it would run in SQLite's
+    turns)."""
+    d = tempfile.mkdtemp(prefix="sed-sliced-", dir=root)
+    try:
+        engine = sediment.open(os.path.join(d, "sed"), compact_interval=None)  # a pass would land in SQLite's turns
+        os.mkdir(os.path.join(d, "sqlite"))
+        conn = sqlite_table(os.path.join(d, "sqlite"))
+        try:
+            engine.add_relation("r", SCHEMA)
+            table, body = one_row(0), os.urandom(PAYLOAD)
+            steps = (lambda: engine.append("r", table),
+                     lambda: conn.execute("INSERT INTO r VALUES (?, ?, 1, 1)", (0, body)))
+            lats: tuple[list[float], list[float]] = ([], [])
+            spent = [0.0, 0.0]
+            cpu = [0.0, 0.0]
+            for step in steps:
+                step()  # warm-up
+            for i in range(slices):
+                for k in ((0, 1) if i % 2 == 0 else (1, 0)):
+                    step, mine = steps[k], lats[k]
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    end = t0 + seconds / slices
+                    while True:
+                        a = time.perf_counter()
+                        step()
+                        b = time.perf_counter()
+                        mine.append(b - a)
+                        if b >= end:
+                            break
+                    spent[k] += time.perf_counter() - t0
+                    cpu[k] += time.process_time() - c0
+            return summary(lats[0], spent[0], cpu[0]), summary(lats[1], spent[1], cpu[1])
+        finally:
+            conn.close()
+            engine.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -224,12 +271,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=64)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json", help="also write every round's figures to this file")
+    ap.add_argument("--slices", type=int, default=0,
+                    help="one writer: sediment and SQLite open together, taking turns in this many slices per round "
+                         "(0: each its own back-to-back run)")
     ap.add_argument("--build", help="a checkout of the repository to run instead of this one (read before "
                     "sediment is imported; see bench/small_writes_cpu.py)")
     a = ap.parse_args(argv)
     cases = {"sediment 1": lambda: sediment_one(a.dir, a.seconds), "sqlite 1": lambda: sqlite_one(a.dir, a.seconds),
              f"sediment {a.threads}": lambda: sediment_many(a.dir, a.threads, a.seconds),
              f"bare loop {a.threads}": lambda: bare_loop(a.threads, a.seconds)}
+    if a.slices:
+        turns: list[dict] = []
+
+        def sliced_sediment() -> dict:
+            got = one_writer_sliced(a.dir, a.seconds, a.slices)
+            turns.append(got[1])
+            return got[0]
+
+        cases["sediment 1"] = sliced_sediment
+        cases["sqlite 1"] = lambda: turns.pop()
     res: dict[str, list[dict]] = {k: [] for k in cases}
     loads = [os.getloadavg()[0]]
     for i in range(a.rounds):

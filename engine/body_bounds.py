@@ -26,6 +26,7 @@ import pyarrow as pa
 from sediment.engine.schema import small_bounds
 
 _U8, _U16, _I32, _U32 = struct.Struct("<B"), struct.Struct("<H"), struct.Struct("<i"), struct.Struct("<I")
+_I64 = struct.Struct("=q")  # the native order, as the multi-row path's memoryview cast reads them
 _RECORD_BATCH = 3  # MessageHeader.RecordBatch in Arrow's Message.fbs
 _CONTINUATION = 0xFFFFFFFF
 _UNREAD = object()  # the message does not have the layout known
@@ -140,9 +141,9 @@ def _read(layout: tuple[struct.Struct, Callable, int, int, int], columns: int, b
     if t_nulls or d_nulls:
         return None
     at = body_at + t_at
-    values = memoryview(body)[at:at + t_size].cast("q")
     if n == 1:
-        lo = hi = values[0]
+        lo = hi = _I64.unpack_from(body, at)[0]
     else:
+        values = memoryview(body)[at:at + t_size].cast("q")
         lo, hi = min(values), max(values)
     return None if lo < 0 else (lo, hi)

@@ -220,30 +220,7 @@ class RelationView:
     def on_durable(self, records: Sequence[Record]) -> None:
         """The log's callback: ``records`` are durable, in log order."""
         if len(records) == 1 and records[0].txn_id == 0 and records[0].kind == _UPDATES:
-            # one plain UPDATES record made durable alone (a lone writer's group, or a group's
-            # appends the log joined into one record): add_tail, the counters and the body
-            # cache inline, since each call here is a frame on a lone append's path, run
-            # right after its fdatasync with cold caches (FileLog._write_group); the feed is
-            # called only when it has subscribers (its add then just moves the sequence), and
-            # the group is counted in ``lone_groups``, which the group size histogram adds at
-            # a scrape (the engine wires it), rather than observed
-            r = records[0]
-            lsn, t_hi, size, count = r.lsn, r.t_hi, len(r.body), r.count
-            with self.lock:
-                self.lone_groups += 1
-                if t_hi > self.max_time:
-                    self.max_time = t_hi
-                rel = self.relations._by_id.get(r.relation_id)
-                if rel is not None and lsn >= rel.trace.wal_through:  # below it: already in the trace
-                    rel.tail.append(_tail_entry((lsn, r.t_lo, t_hi, count, size, r.schema_version)))
-                    feed = rel.feed
-                    if feed.subs:
-                        feed.add(UPDATES, lsn, rel.shape[0], r.schema_version)
-                    else:
-                        feed.next_seq += 1
-                    self.backlog.bytes += size  # WalBacklog.add
-                    rel.counters.add(count, r.appends)
-                self.bodies.put(lsn, r.body, size)
+            self.on_durable_one(records)
             return
         self._on_group(len(records))
         counted: dict[int, list] = {}  # relation id -> [relation, appends, rows]: counters bumped once a group
@@ -266,6 +243,35 @@ class RelationView:
                 cache.put(r.lsn, r.body, size)
             for rel, appends, rows in counted.values():
                 rel.counters.add(rows, appends)
+
+    def on_durable_one(self, records: Sequence[Record]) -> None:
+        """:meth:`on_durable` of one plain UPDATES record made durable alone (a lone writer's
+        append, or a group's appends the log joined into one record): add_tail, the counters
+        and the body cache inline, since each call here is a frame on a lone append's path,
+        run right after its fdatasync with cold caches (FileLog._write_one); the feed is
+        called only when it has subscribers (its add then just moves the sequence), and the
+        group is counted in ``lone_groups``, which the group size histogram adds at a scrape
+        (the engine wires it), rather than observed. A lone writer's append hands it to the log
+        itself (engine/writer.py), which skips :meth:`on_durable`'s dispatch."""
+        r = records[0]
+        lsn, t_hi, size, count = r.lsn, r.t_hi, len(r.body), r.count
+        with self.lock:
+            self.lone_groups += 1
+            if t_hi > self.max_time:
+                self.max_time = t_hi
+            rel = self.relations._by_id.get(r.relation_id)
+            if rel is not None and lsn >= rel.trace.wal_through:  # below it: already in the trace
+                rel.tail.append(_tail_entry((lsn, r.t_lo, t_hi, count, size, r.schema_version)))
+                feed = rel.feed
+                if feed.subs:
+                    feed.add(UPDATES, lsn, rel.shape[0], r.schema_version)
+                else:
+                    feed.next_seq += 1
+                self.backlog.bytes += size  # WalBacklog.add
+                counters = rel.counters  # RelationCounters.add
+                counters.appends.value += r.appends
+                counters.rows.value += count
+            self.bodies.put(lsn, r.body, size)
 
     def apply(self, r: Record) -> None:
         """One durable record's effect (under the lock)."""

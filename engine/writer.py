@@ -55,6 +55,8 @@ class Writer:
         self._appending = 0  # appends between prepare and encode now, about
         self._observe_latency = metrics.append_latency.observe
         self._submit_joinable = getattr(log_, "submit_joinable", None)  # the file log's (wal/group_records.py)
+        self._lead_lone = getattr(log_, "lead_lone", None)  # ... and its lead taken by an idle log's caller
+        self._write_lone = getattr(log_, "write_lone", None)
 
     def wait_backlog(self, records: list[Record], size: int | None = None) -> None:
         """Under the lock: wait while the append would take the WAL backlog past
@@ -176,7 +178,7 @@ class Writer:
         batches = updates.to_batches()
         if len(batches) != 1:
             return False
-        body = batches[0].serialize()
+        body = batches[0].serialize().to_pybytes()  # bytes: each len() and buffer read of a pyarrow Buffer is a call
         known = self._bounds.get(id(target))
         if known is None or known[0] is not target:
             if len(self._bounds) >= 1024:  # schemas of dropped relations and old versions: start over
@@ -187,19 +189,25 @@ class Writer:
             return False
         lo, hi = bounds
         record = Record(_UPDATES, rel.entry.id, 0, lo, hi, n, body, -1, version)  # positional: no keyword parsing
-        records = [record]
+        lead = self._lead_lone
+        backlog = view.backlog
         with self._lock:
-            if view.backlog.must_wait(len(record.body)):
-                self.wait_backlog(records)
+            if backlog.bound is not None and backlog.bytes and backlog.bytes + len(body) > backlog.bound:
+                self.wait_backlog([record])  # WalBacklog.must_wait, inline
             if view.closed or view.failed is not None or view.superseded is not None:
                 view.check_open()
             if named.get(name) is not rel or lo <= rel.sealed:
                 self._admit(rel, name, bounds)
             if locks is not None:
                 self.locks.check_and_record(locks, hi)
-            ticket = self.log.submit(records, view.on_durable)
+            header = lead(record) if lead is not None else None
+            if header is None:
+                ticket = self.log.submit((record,), view.on_durable)
         try:
-            ticket.wait()
+            if header is not None:  # the log was idle: this thread leads and writes its record itself
+                self._write_lone(record, header, view.on_durable_one)
+            else:
+                ticket.wait()
         except Exception as exc:
             view.fail(exc)
             raise

@@ -26,6 +26,7 @@ import bisect
 import itertools
 import logging
 import os
+import struct
 import threading
 import time
 import uuid
@@ -57,7 +58,8 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 FIRST_SEGMENT_BYTES = 1 << 20  # a new log's first segment is preallocated this far, then in doublings
 DEFAULT_INDEX_INTERVAL = 1000
 DEFAULT_DIRECT_THRESHOLD = 1 << 20
-_READ_CHUNK = 8 << 20
+_UPDATES = rec.RecordKind.UPDATES
+_END_MARK, _END_LEN = sg.END_MARK, len(sg.END_MARK)
 
 
 class FileLog:
@@ -99,6 +101,8 @@ class FileLog:
         self = object.__new__(cls)
         self._keep_recovered = keep_recovered
         self._direct = DirectWriter(direct_threshold, os.path.join(directory, str(partition)))
+        limit = self._direct.threshold  # _write_one takes bodies below O_DIRECT's size and 64 KiB
+        self._one_max = 65536 if limit is None else max(0, min(65536, limit - rec.HEADER_SIZE))
         self._init(directory, partition, cluster_key, segment_bytes, index_interval, repair, create)
         return self
 
@@ -272,48 +276,79 @@ class FileLog:
         return self._group.submit(GroupAppend(self._group, (record,), [rec.crc32c_raw(record.body)], on_durable,
                                               min(max_body, MAX_JOINED_BODY)))
 
-    def _write_group(self, batch: list[GroupAppend]) -> None:
-        """The group commit's write. A group of one small record (a lone writer's append) is
-        written here, without :meth:`_write_batch`'s lists: the frame and the end mark go out
-        as one ``bytes`` in one ``pwrite``, then one fdatasync; only then is the offset added
-        and the callback run. Anything else goes to :meth:`_write_batch`.
+    def lead_lone(self, record: rec.Record) -> bytes | None:
+        """Under the caller's lock (the one its submits are made under): when the log is idle,
+        take the lead for ``record`` and return its frame header (its LSN set); the caller
+        must then write it with :meth:`write_lone`. None, with nothing changed, when the log
+        is busy, closed or failed, or the record is not a small plain UPDATES record the frame
+        can carry (the caller then submits, and :meth:`submit` refuses what it cannot carry).
+        Why: wal/group_commit.py ``lead_idle``; packing the header here, where the LSN is
+        fixed, is also the range check of the record's fields."""
+        if record.kind != _UPDATES or len(record.body) >= self._one_max or not self._group.lead_idle():
+            return None
+        try:
+            lsn = self._segments[-1].next_lsn
+            header = rec.encode_header(record, lsn, rec.crc32c_raw(record.body))
+        except BaseException as exc:  # a field out of range (submit's check says which), or Ctrl-C: no lead kept
+            self._group.drop_lead()
+            if isinstance(exc, (struct.error, TypeError, ValueError)):
+                return None
+            raise
+        record.lsn = lsn
+        return header
 
-        Why in one method: besides the steps, each Python frame on a lone append's path is
-        room on the interpreter's frame stack, and a call that crosses the end of one of its
-        16 KiB chunks allocates and frees a chunk each time (bench/caller_depth.py)."""
+    def write_lone(self, record: rec.Record, header: bytes,
+                   on_durable: Callable[[Sequence[rec.Record]], None] | None) -> None:
+        """With the lead and the ``header`` from :meth:`lead_lone`: write and sync ``record``
+        (``on_durable`` called with it, as for :meth:`submit`), then end the lead. Returns
+        once it is durable; raises WalError, with the log failed, if the write failed."""
+        try:
+            self._write_one(record, header, on_durable)
+        except BaseException as exc:  # noqa: BLE001 - the log fails, as after a failed group
+            raise self._group.fail_lead(exc) from exc
+        self._group.end_lead(self._segments[-1].end >= self.segment_bytes)
+
+    def _write_group(self, batch: list[GroupAppend]) -> None:
+        """The group commit's write: one small record by :meth:`_write_one`, else :meth:`_write_batch`."""
         if len(batch) != 1 or len(batch[0].records) != 1:
             self._write_batch(batch)
             return
         p = batch[0]
         if p.table is not None:
             encode_alone(p)
-        records = p.records
-        r = records[0]
-        direct = self._direct
-        if len(r.body) >= 65536 or direct.threshold is not None and direct.takes(rec.HEADER_SIZE + len(r.body)):
+        r = p.records[0]
+        if len(r.body) >= self._one_max:
             self._write_batch(batch)
             return
+        r.lsn = p.last_lsn = self._segments[-1].next_lsn
+        self._write_one(r, rec.encode_header(r, r.lsn, p.crcs[0]), p.on_durable)
+
+    def _write_one(self, r: rec.Record, header: bytes, on_durable: Callable[[Sequence[rec.Record]], None] | None) -> None:
+        """One record below ``_one_max`` (its LSN set, ``header`` its frame header) without
+        :meth:`_write_batch`'s lists: frame and end mark in one ``pwrite``, one fdatasync, then
+        the offset and the callback. In one method: each frame on a lone append's path is room
+        on the interpreter's frame stack, and a call that crosses the end of one of its 16 KiB
+        chunks allocates and frees a chunk each time (bench/caller_depth.py)."""
         seg = self._segments[-1]
-        lsn = seg.next_lsn
         pos = seg.end
-        r.lsn = p.last_lsn = lsn
-        data = rec.encode_header(r, lsn, p.crcs[0]) + r.body + sg.END_MARK
-        end = pos + len(data) - len(sg.END_MARK)
-        if pos + len(data) > self._allocated:
-            self._allocate_to(pos + len(data))
+        data = header + r.body + _END_MARK
+        end = pos + len(data) - _END_LEN
+        if end + _END_LEN > self._allocated:
+            self._allocate_to(end + _END_LEN)
         fd = self._active.fd  # one pwrite, more only if it comes back short
         n = os.pwrite(fd, data, pos)
         if n != len(data):
             _pwrite_all(fd, memoryview(data)[n:], pos + n)
         os.fdatasync(fd)
+        records = (r,)
         self._preamble.observe(records)
         with self._lock:
             seg.offsets.append(pos)
             seg.end = end
         if len(seg.offsets) - self._idx_checkpoint >= self.index_interval:
             self._checkpoint_index(seg)
-        if p.on_durable is not None:
-            p.on_durable(records)
+        if on_durable is not None:
+            on_durable(records)
 
     def _write_batch(self, batch: list[GroupAppend]) -> None:
         joined = None
@@ -508,40 +543,9 @@ class FileLog:
                 continue
             first = 0 if start is None else max(0, start - seg.first_lsn)
             try:
-                yield from self._scan_range(seg, first, n, end)
+                yield from sg.read_frames(seg.path, seg.first_lsn, seg.offsets[first], first, n, end)
             except FileNotFoundError:
                 raise WalError(f"segment {seg.path} was trimmed while being scanned") from None
-
-    def _scan_range(self, seg: Segment, first: int, n: int, end: int) -> Iterator[rec.Record]:
-        with open(seg.path, "rb", buffering=0) as f:
-            pos = seg.offsets[first]
-            buf = b""
-            buf_at = pos
-            lsn = seg.first_lsn + first
-            while lsn < seg.first_lsn + n:
-                rel = pos - buf_at
-                if len(buf) - rel < rec.HEADER_SIZE:
-                    buf, buf_at, rel = self._refill(f, buf, buf_at, pos, end)
-                head = rec.decode_header(buf, rel)
-                if head is None or head.lsn != lsn:
-                    raise WalCorruption(f"{seg.path}: damaged record header at offset {pos} (LSN {lsn})",
-                                        path=seg.path, offset=pos, reason="bad header on scan")
-                if len(buf) - rel < head.frame_size:
-                    buf, buf_at, rel = self._refill(f, buf, buf_at, pos, end, head.frame_size)
-                body = buf[rel + rec.HEADER_SIZE : rel + head.frame_size]
-                if not rec.body_ok(head, body):
-                    raise WalCorruption(f"{seg.path}: record body at offset {pos} (LSN {lsn}) fails its checksum",
-                                        path=seg.path, offset=pos, reason="bad body on scan")
-                yield rec.record_of(head, body)
-                pos += head.frame_size
-                lsn += 1
-
-    @staticmethod
-    def _refill(f, buf: bytes, buf_at: int, pos: int, end: int, need: int = 0):
-        f.seek(pos)
-        want = max(_READ_CHUNK, need)
-        data = f.read(min(want, max(end - pos, need)))
-        return data, pos, 0
 
     # --- trimming and closing ------------------------------------------------------------------
 

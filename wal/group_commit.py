@@ -10,7 +10,8 @@ it writes their group too, once (its caller waits at most two groups): a lead ha
 another thread between two syncs costs a wake and that thread's wait for the interpreter
 lock behind the followers just woken. Then it passes the lead to the first follower still
 queued and waiting. Followers only wait. One writer appending alone never blocks on a lock
-nobody else holds, nor wakes another thread.
+nobody else holds, nor wakes another thread; when it finds the log idle it need not queue
+at all (:meth:`GroupCommit.lead_idle`: it leads with its one append, then ``end_lead``).
 
 The contract stays the log's: a group's appends are acknowledged (``done``) only after the
 write and its sync return, groups are written one at a time in queue order (so LSN order is
@@ -161,6 +162,49 @@ class GroupCommit:
         if nxt is not None and self._written(nxt):
             self._pass_lead(nxt, self._wants_background())
 
+    def lead_idle(self) -> bool:
+        """Take the lead when no one leads, nothing is queued, the background thread wants
+        nothing and the log is open: the caller then writes its one append itself, with no
+        queue entry or ticket, and must end with :meth:`end_lead` (or :meth:`fail_lead`).
+        False, with nothing changed, otherwise (the caller then submits and waits).
+
+        Why: a lone writer's append went through a ``GroupAppend``, the queue, and the
+        ticket's wait only to find itself the whole group (three rounds of this lock, a
+        frame per step, each costing twice its hot cost after the last fdatasync's sleep).
+        Taken under the caller's own lock (the one its submits are made under), the lead
+        keeps queue order: whatever is submitted later queues behind it and is written by
+        this leader (once, as :meth:`wait` does) or the next."""
+        with self._lock:
+            if self._leading or self._queue or self._bg_wanted or self._closing or self.failed is not None:
+                return False
+            self._leading = True
+            return True
+
+    def end_lead(self, background: bool) -> None:
+        """After a lead from :meth:`lead_idle` wrote its append: drop the lead when nothing
+        was queued meanwhile and the background thread wants nothing (``background``: what
+        ``wants_background()`` says, passed by the log that knows it without a call), else
+        do what a leader does after its group (write the group queued meanwhile once, then
+        pass the lead on)."""
+        if not background:
+            with self._lock:
+                if not self._queue and not self._bg_wanted:
+                    self._leading = False
+                    return
+        nxt = self._pass_lead([], background, keep=True)
+        if nxt is not None and self._written(nxt):
+            self._pass_lead(nxt, self._wants_background())
+
+    def drop_lead(self) -> None:
+        """Give up a lead from :meth:`lead_idle` that wrote nothing: to a follower that waits
+        meanwhile, else no one."""
+        self._pass_lead([])
+
+    def fail_lead(self, exc: BaseException) -> WalError:
+        """After a lead from :meth:`lead_idle` failed to write its append: fail what is
+        queued and the log, as a failed group does; the error to raise to the caller."""
+        return self._fail([], exc)
+
     def run_background(self) -> None:
         """Have the background thread take the lead, write what is queued and run
         ``background()``; return when it has (raises the log's failure)."""
@@ -262,7 +306,7 @@ class GroupCommit:
         _wake_all(group)
         return kept
 
-    def _fail(self, group: list[GroupAppend], exc: BaseException) -> None:
+    def _fail(self, group: list[GroupAppend], exc: BaseException) -> WalError:
         log.error("write-ahead log %s failed: %s", self.where, exc)
         err = WalError(f"write to the log at {self.where} failed: {exc}; not acknowledged")
         with self._lock:
@@ -280,6 +324,7 @@ class GroupCommit:
             else:
                 self._leading = False
         _wake_all(every)
+        return err
 
     def _ask_background(self) -> None:
         """Under the lock: the background thread wants the lead; take it now if no one leads."""

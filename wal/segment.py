@@ -14,7 +14,7 @@ import os
 import struct
 import uuid
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -417,6 +417,41 @@ def scan_segment(path: str, first_lsn: int, *, start: int = HEADER_SIZE, keep_he
         scan.bodies = bodies
     scan.end = pos if scan.bad_offset < 0 else scan.bad_offset
     return scan
+
+
+_READ_CHUNK = 8 << 20
+
+
+def read_frames(path: str, first_lsn: int, pos: int, first: int, n: int, end: int) -> Iterator[rec.Record]:
+    """The records ``first`` to ``n - 1`` of the segment at ``path`` (its ``first_lsn``), the
+    first at offset ``pos``, its frames ending by ``end``: read in chunks of 8 MiB, each header
+    and body checked (WalCorruption, naming the file, offset and LSN, on damage)."""
+    with open(path, "rb", buffering=0) as f:
+        buf = b""
+        buf_at = pos
+        lsn = first_lsn + first
+        while lsn < first_lsn + n:
+            at = pos - buf_at
+            if len(buf) - at < rec.HEADER_SIZE:
+                buf, buf_at, at = _refill(f, pos, end)
+            head = rec.decode_header(buf, at)
+            if head is None or head.lsn != lsn:
+                raise WalCorruption(f"{path}: damaged record header at offset {pos} (LSN {lsn})",
+                                    path=path, offset=pos, reason="bad header on scan")
+            if len(buf) - at < head.frame_size:
+                buf, buf_at, at = _refill(f, pos, end, head.frame_size)
+            body = buf[at + rec.HEADER_SIZE : at + head.frame_size]
+            if not rec.body_ok(head, body):
+                raise WalCorruption(f"{path}: record body at offset {pos} (LSN {lsn}) fails its checksum",
+                                    path=path, offset=pos, reason="bad body on scan")
+            yield rec.record_of(head, body)
+            pos += head.frame_size
+            lsn += 1
+
+
+def _refill(f, pos: int, end: int, need: int = 0) -> tuple[bytes, int, int]:  # noqa: ANN001 - a raw file
+    f.seek(pos)
+    return f.read(min(max(_READ_CHUNK, need), max(end - pos, need))), pos, 0
 
 
 def remove_segment_files(directory: str, segments: list) -> None:

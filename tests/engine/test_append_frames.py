@@ -57,7 +57,7 @@ def test_a_lone_one_row_append_takes_a_bounded_chain_of_frames(tmp_path):
         eng.append("r", row)  # warm: the first append of a relation takes other steps once
         room, chain = deepest_chain(lambda: eng.append("r", row))
         assert chain[0].endswith("<lambda>") and "Engine.append" in chain
-        assert "FileLog._write_group" in chain, f"not the lone append's path: {chain}"
+        assert "FileLog._write_one" in chain, f"not the lone append's path: {chain}"
         assert room - frame_bytes((lambda: None).__code__) <= BOUND, \
             f"{room} bytes of frames below the caller: {' > '.join(chain)}"
         eng.seal("r", 1)

@@ -13,6 +13,7 @@ import pytest
 import sediment
 from sediment.clock import ManualClock
 from sediment.engine import writer as writer_module
+from sediment.wal.group_commit import GroupAppend
 
 SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.binary())])
 
@@ -202,3 +203,27 @@ def test_lone_appends_leave_the_state_a_reopen_rebuilds(tmp_path):
         assert ({n: list(view.relations[n].tail) for n in ("r", "s")}, view.backlog.bytes, view.max_time) == live
     assert {e.schema_version for e in live[0]["r"]} == {0, 1}
     assert [len(entries) for entries in live[0].values()] == [sum(1 for m, _k, _t in rows if m == n) for n in "rs"]
+
+
+def test_a_lone_writer_leads_the_idle_log_itself_with_no_queue_entry(tmp_path, monkeypatch):
+    """A lone writer's append takes the idle log's lead under the engine lock and writes its
+    record on its own thread: no ``GroupAppend`` (queue entry and ticket) is made for it,
+    and every append is durable, in order, across a reopen."""
+    made: list[int] = []
+    real = GroupAppend.__init__
+
+    def counting(self, *args, **kwargs) -> None:  # noqa: ANN001
+        made.append(1)
+        real(self, *args, **kwargs)
+
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
+        engine.add_relation("r", SCHEMA)
+        engine.append("r", _rows([0]))
+        monkeypatch.setattr(GroupAppend, "__init__", counting)
+        for k in range(1, 200):
+            engine.append("r", _rows([k], t=1 + k // 50))
+        monkeypatch.setattr(GroupAppend, "__init__", real)
+        assert made == [], f"{len(made)} of 199 lone appends were queued"
+        engine.seal("r", 10)
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
+        assert [k for k, _p in _stored(engine, "r", 10)] == list(range(200))
