@@ -191,18 +191,24 @@ class Writer:
         record = Record(_UPDATES, rel.entry.id, 0, lo, hi, n, body, -1, version)  # positional: no keyword parsing
         lead = self._lead_lone
         backlog = view.backlog
-        with self._lock:
-            if backlog.bound is not None and backlog.bytes and backlog.bytes + len(body) > backlog.bound:
-                self.wait_backlog([record])  # WalBacklog.must_wait, inline
-            if view.closed or view.failed is not None or view.superseded is not None:
-                view.check_open()
-            if named.get(name) is not rel or lo <= rel.sealed:
-                self._admit(rel, name, bounds)
-            if locks is not None:
-                self.locks.check_and_record(locks, hi)
-            header = lead(record) if lead is not None else None
-            if header is None:
-                ticket = self.log.submit((record,), view.on_durable)
+        header = None
+        try:
+            with self._lock:
+                if backlog.bound is not None and backlog.bytes and backlog.bytes + len(body) > backlog.bound:
+                    self.wait_backlog([record])  # WalBacklog.must_wait, inline
+                if view.closed or view.failed is not None or view.superseded is not None:
+                    view.check_open()
+                if named.get(name) is not rel or lo <= rel.sealed:
+                    self._admit(rel, name, bounds)
+                if locks is not None:
+                    self.locks.check_and_record(locks, hi)
+                header = lead(record) if lead is not None else None
+                if header is None:
+                    ticket = self.log.submit((record,), view.on_durable)
+        except BaseException:
+            if header is not None:  # Ctrl-C after the lead was taken: give it back, nothing written
+                self.log.drop_lone()
+            raise
         try:
             if header is not None:  # the log was idle: this thread leads and writes its record itself
                 self._write_lone(record, header, view.on_durable_one)
@@ -210,6 +216,10 @@ class Writer:
                 ticket.wait()
         except Exception as exc:
             view.fail(exc)
+            raise
+        except BaseException:
+            if header is not None:  # Ctrl-C: a lead not yet taken over by write_lone is given back
+                self.log.drop_lone()
             raise
         self._observe_latency(time.perf_counter() - start)
         return True

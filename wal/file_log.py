@@ -50,7 +50,7 @@ from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble, check_trim, notify
 from sediment.wal.recycle import SegmentPool, reuse_segment_file
-from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
+from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below, rewrite_index
 
 log = logging.getLogger(__name__)
 
@@ -197,17 +197,7 @@ class FileLog:
         if missing == 0 and header is not None and header.checkpoint == len(seg.offsets):
             return
         self.report.rebuilt_index_entries += missing
-        fd = os.open(seg.idx_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if header is None:
-                os.ftruncate(fd, 0)
-            _pwrite_all(fd, seg.offsets[trusted:].tobytes(), sg.HEADER_SIZE + 8 * trusted)
-            os.ftruncate(fd, sg.HEADER_SIZE + 8 * len(seg.offsets))
-            os.fdatasync(fd)
-            _pwrite_all(fd, self._header(sg.IDX_MAGIC, seg.first_lsn, len(seg.offsets)), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        rewrite_index(seg, trusted, self._header(sg.IDX_MAGIC, seg.first_lsn, len(seg.offsets)), header is None)
 
     def _header(self, magic: bytes, first: int, checkpoint: int = 0, flags: int = 0) -> bytes:
         return sg.SegmentHeader(magic, sg.VERSION, time.time_ns(), self.cluster_key, self.partition, first,
@@ -307,6 +297,11 @@ class FileLog:
         except BaseException as exc:  # noqa: BLE001 - the log fails, as after a failed group
             raise self._group.fail_lead(exc) from exc
         self._group.end_lead(self._segments[-1].end >= self.segment_bytes)
+
+    def drop_lone(self) -> None:
+        """Give back a lead from :meth:`lead_lone` whose record was not written (the caller was
+        interrupted before :meth:`write_lone` took it over); nothing if this thread holds none."""
+        self._group.drop_lead()
 
     def _write_group(self, batch: list[GroupAppend]) -> None:
         """The group commit's write: one small record by :meth:`_write_one`, else :meth:`_write_batch`."""

@@ -99,6 +99,7 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._queue: list[GroupAppend] = []
         self._leading = False
+        self._lone = 0  # the thread id holding a lead from lead_idle, 0 for none
         self._closing = False
         self.failed: BaseException | None = None
         self._bg_turn = threading.Condition(self._lock)
@@ -178,6 +179,7 @@ class GroupCommit:
             if self._leading or self._queue or self._bg_wanted or self._closing or self.failed is not None:
                 return False
             self._leading = True
+            self._lone = threading.get_ident()
             return True
 
     def end_lead(self, background: bool) -> None:
@@ -186,6 +188,7 @@ class GroupCommit:
         ``wants_background()`` says, passed by the log that knows it without a call), else
         do what a leader does after its group (write the group queued meanwhile once, then
         pass the lead on)."""
+        self._lone = 0
         if not background:
             with self._lock:
                 if not self._queue and not self._bg_wanted:
@@ -197,12 +200,18 @@ class GroupCommit:
 
     def drop_lead(self) -> None:
         """Give up a lead from :meth:`lead_idle` that wrote nothing: to a follower that waits
-        meanwhile, else no one."""
+        meanwhile, else no one. Nothing when the calling thread holds no such lead (it ended,
+        failed or was given back already), so a caller interrupted anywhere between taking the
+        lead and ending it can always call this, and never hands on a lead it does not hold."""
+        if self._lone != threading.get_ident():
+            return
+        self._lone = 0
         self._pass_lead([])
 
     def fail_lead(self, exc: BaseException) -> WalError:
         """After a lead from :meth:`lead_idle` failed to write its append: fail what is
         queued and the log, as a failed group does; the error to raise to the caller."""
+        self._lone = 0
         return self._fail([], exc)
 
     def run_background(self) -> None:

@@ -97,3 +97,21 @@ class ActiveSegment:
             if fd >= 0:
                 os.close(fd)
         self.fd = self.idx_fd = -1
+
+
+def rewrite_index(seg: Segment, trusted: int, header: bytes, fresh: bool) -> None:
+    """Make ``seg``'s index file name every record of ``seg.offsets`` (its first ``trusted``
+    entries already do; ``fresh``: the file has no valid header and is cut first), cut to
+    them: entries synced first, then ``header`` (whose checkpoint counts them) synced, so
+    the header never vouches for entries that are not on disk."""
+    fd = os.open(seg.idx_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fresh:
+            os.ftruncate(fd, 0)
+        pwrite_all(fd, seg.offsets[trusted:].tobytes(), sg.HEADER_SIZE + 8 * trusted)
+        os.ftruncate(fd, sg.HEADER_SIZE + 8 * len(seg.offsets))
+        os.fdatasync(fd)
+        pwrite_all(fd, header, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

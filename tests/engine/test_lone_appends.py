@@ -7,6 +7,8 @@ was stored, and that every refusal is typed and changes nothing."""
 
 from __future__ import annotations
 
+import threading
+
 import pyarrow as pa
 import pytest
 
@@ -227,3 +229,36 @@ def test_a_lone_writer_leads_the_idle_log_itself_with_no_queue_entry(tmp_path, m
         engine.seal("r", 10)
     with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
         assert [k for k, _p in _stored(engine, "r", 10)] == list(range(200))
+
+
+def _within(seconds: float, call) -> bool:  # noqa: ANN001
+    """Whether ``call()`` returned within ``seconds`` (run on a daemon thread, so a call that
+    hangs fails the test instead of hanging it)."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (call(), done.set()), daemon=True).start()
+    return done.wait(seconds)
+
+
+def test_ctrl_c_between_the_lead_and_the_write_gives_the_lead_back(tmp_path):
+    """KeyboardInterrupt raised after a lone append took the idle log's lead and before its
+    write began (where Ctrl-C may land on the main thread) writes nothing and keeps no lead:
+    the next append and the close return, and a reopen holds exactly the appends that
+    returned."""
+    engine = sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None)
+    engine.add_relation("r", SCHEMA)
+    engine.append("r", _rows([1]))
+    writer = engine.writer  # the interrupt lands on this writer's call
+    real = writer._write_lone  # noqa: SLF001
+
+    def interrupted(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        raise KeyboardInterrupt
+
+    writer._write_lone = interrupted  # noqa: SLF001
+    with pytest.raises(KeyboardInterrupt):
+        engine.append("r", _rows([2]))
+    writer._write_lone = real  # noqa: SLF001
+    assert _within(30, lambda: engine.append("r", _rows([3]))), "the next append waited on a lead never given back"
+    engine.seal("r", 1)
+    assert _within(30, engine.close), "close waited on a lead never given back"
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None) as engine:
+        assert [k for k, _p in _stored(engine, "r", 1)] == [1, 3]

@@ -211,3 +211,55 @@ def test_a_ticket_queued_before_is_not_overtaken_by_a_lone_lead(tmp_path):
         assert early.wait() == last - 1 and ids(log) == [1, 2]
     finally:
         log.close()
+
+
+def test_a_lead_given_back_unwritten_lets_the_next_caller_lead_and_close_return(tmp_path):
+    """A caller interrupted between taking the lead and writing gives it back with
+    ``drop_lone``: a submit queued meanwhile is written by its own wait, the next caller
+    leads, and close returns (a lead kept would leave the log's finisher waiting forever)."""
+    log = FileLog.open(str(tmp_path), create=True)
+    try:
+        taken = upd(1)
+        assert log.lead_lone(taken) is not None
+        queued = log.submit([upd(2)])
+        log.drop_lone()
+        assert queued.wait() == 0  # the LSN the unwritten record had been given
+        again = upd(3)
+        header = log.lead_lone(again)
+        assert header is not None
+        log.write_lone(again, header, None)
+        assert ids(log) == [2, 3]
+    finally:
+        done = threading.Event()
+        closer = threading.Thread(target=lambda: (log.close(), done.set()), daemon=True)
+        closer.start()
+        assert done.wait(30), "close waited on a lead that was never given back"
+
+
+def test_drop_lone_hands_on_no_lead_this_thread_does_not_hold(tmp_path):
+    """After its lead ended (or failed), a late ``drop_lone`` of an interrupted caller does
+    nothing: another thread's lone lead taken meanwhile is not handed on under it."""
+    log = FileLog.open(str(tmp_path), create=True)
+    try:
+        mine = upd(1)
+        log.write_lone(mine, log.lead_lone(mine), None)
+        theirs_led = threading.Event()
+        go_on = threading.Event()
+        theirs = upd(2)
+
+        def other() -> None:
+            header = log.lead_lone(theirs)
+            theirs_led.set()
+            go_on.wait(30)
+            log.write_lone(theirs, header, None)
+
+        t = threading.Thread(target=other)
+        t.start()
+        assert theirs_led.wait(30)
+        log.drop_lone()  # this thread's lead ended already: nothing to give back
+        assert log.lead_lone(upd(3)) is None, "the other thread's lead was handed on"
+        go_on.set()
+        t.join(30)
+        assert ids(log) == [1, 2]
+    finally:
+        log.close()
