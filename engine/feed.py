@@ -62,6 +62,7 @@ from typing import Any
 import pyarrow as pa
 
 from sediment.engine.feed_async import AsyncIterating, Loops, Seat, doze
+from sediment.engine.feed_bells import Bell, Bells
 from sediment.errors import EngineClosed, FeedOverrun, UnknownRelation
 from sediment.interrupts import WaitingIterator, wait_slices
 
@@ -133,6 +134,7 @@ class FeedLog:
         self._bulk: dict[tuple[int, int], FeedEvent] = {}  # (first seq, end seq) -> merged event, oldest first
         self._bulk_bytes = 0
         self.loops = Loops()  # event loops with async subscribers
+        self.bells = Bells()  # threads asleep on this feed among others (a server's shared streams)
         self.closed = False
         self.dropped_as: str | None = None  # the relation's name, once it was dropped under its subscribers
 
@@ -166,6 +168,8 @@ class FeedLog:
             self._wake()
         if self.loops:
             self._wake_loops()
+        if self.bells:
+            self.bells.ring()
 
     def _wake_loops(self) -> None:
         """One resume per event loop that has async subscribers asleep; a closed loop is forgotten."""
@@ -262,6 +266,7 @@ class FeedLog:
             for sub in [*self.waiting, *self._relay]:
                 _release(sub.wake)
             self.loops.poke()
+            self.bells.ring()
 
     def oldest_lsn(self) -> int | None:
         """The LSN of the oldest event a subscriber has yet to read: the WAL is kept from there."""
@@ -466,9 +471,21 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
                 continue
             await doze(fut, left)
 
-    def _poll(self, feed: FeedLog) -> FeedEvent | bool:
-        """The next event if the feed has one for this subscriber; True once closed, False if
-        there is none yet. Raises FeedOverrun, UnknownRelation (dropped) or EngineClosed."""
+    def next_run(self) -> list[FeedEvent] | None:
+        """The next event if there is one now, as ``next(timeout=0)``, except that a run of
+        updates that a subscriber behind takes as one merged event comes as its records' own
+        events: each is one object for every subscriber (and keeps its wire encoding, made
+        once), so a server sends the run without concatenating and encoding its tables again
+        for every stream. None when there is none yet or once closed."""
+        if self._pending:
+            return [self._note(self._pending.popleft())]
+        got = self._poll(self._feed, run=True)
+        return None if isinstance(got, bool) else got
+
+    def _poll(self, feed: FeedLog, run: bool = False) -> Any:
+        """The next event if the feed has one for this subscriber (``run``: as a list, see
+        :meth:`next_run`); True once closed, False if there is none yet. Raises FeedOverrun,
+        UnknownRelation (dropped) or EngineClosed."""
         while True:
             if self._closed:
                 return True
@@ -476,7 +493,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             base, items = feed.window
             if self.cursor >= base:  # else trimmed past: dropped, as the next look says
                 break
-        return self._take(items, self.cursor - base) if self.cursor - base < len(items) else False
+        return self._take(items, self.cursor - base, run) if self.cursor - base < len(items) else False
 
     def _check_live(self, feed: FeedLog) -> None:
         if self.dropped_at is not None:
@@ -489,19 +506,25 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         if not self._engine_open() or feed.closed:
             raise EngineClosed("the engine was closed; subscribe again after reopening it")
 
-    def _take(self, items: list[tuple[str, int, int, int]], i: int) -> FeedEvent:
+    def _take(self, items: list[tuple[str, int, int, int]], i: int, run: bool = False) -> Any:
         kind, lsn, t, written = items[i]
         if kind == PROGRESS:
             self.cursor += 1
-            return self._note(FeedEvent(PROGRESS, t))
+            event = self._note(FeedEvent(PROGRESS, t))
+            return [event] if run else event
         if kind == SCHEMA:
             self.cursor += 1
-            return FeedEvent(SCHEMA, t, self._load(-1, t, t))
+            event = FeedEvent(SCHEMA, t, self._load(-1, t, t))
+            return [event] if run else event
         end = i + 1
         stop = min(len(items), i + _MAX_BATCHED)
         while end < stop and items[end][0] == UPDATES and items[end][2] == t:  # catch up in bulk, one schema
             end += 1
         feed = self._feed
+        if run:
+            events = feed.events(items[i:end], t, self._load, self._load_many)
+            self.cursor += end - i
+            return events
         if end == i + 1:
             event = feed.event(lsn, t, written, self._load)
         else:
@@ -530,6 +553,12 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         self._closed = True
         self._feed.leave(self)
         self.seat.close()
+        self._feed.bells.ring()
+
+    def hang(self, bell: Bell) -> None:
+        """Ring ``bell`` at this subscription's next event, close or drop (and maybe at
+        other subscribers' closes: a sleeper looks before it sleeps again)."""
+        self._feed.bells.hang(bell)
 
     def __enter__(self) -> Subscription:
         return self

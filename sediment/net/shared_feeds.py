@@ -20,7 +20,6 @@ encoding, so one stream goes on across the relation's alters (see docs/formats.m
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.arrow_codec import table_to_ipc
-from sediment.engine.feed_async import Seat
+from sediment.engine.feed_bells import Bell
 from sediment.errors import EngineClosed, InvalidArgument
 from sediment.net.feed_streams import FeedStreams, StartGuard
 from sediment.net.protocol import FEED_BATCH_ROWS, field
@@ -39,6 +38,8 @@ from sediment.net.wire_errors import error_detail, to_flight_error
 SHARE_VERSION = 1  # the shared stream's message format (docs/formats.md "Messages")
 SHARE_SCHEMA = pa.schema([("ipc", pa.large_binary())])
 _IPC_KEY = ("shared-batches", SHARE_VERSION)
+_PARTS_KEY = ("shared-parts", SHARE_VERSION)
+MESSAGE_BYTES = 1 << 20  # IPC parts packed into one message up to this many bytes
 LEFT_KEPT = 1024  # leaves of a stream remembered for a join still on its way
 
 
@@ -52,11 +53,25 @@ def table_ipc(table: pa.Table | None) -> list[bytes]:
 
 
 def share_batches(parts: list[bytes]) -> list[pa.RecordBatch]:
-    """An event's IPC parts as the batches of its messages, one part each (a large snapshot is
-    not one gRPC message; a progress event is one batch of no rows). The same for every stream
-    that sends the event, so an update's are made once (:meth:`FeedEvent.encoded`)."""
-    chunks = [[part] for part in parts] or [[]]
+    """An event's IPC parts as the batches of its messages: as many parts a message as fit in
+    :data:`MESSAGE_BYTES`, a larger part alone (a large snapshot is not one gRPC message; a
+    run of small updates is one, not one each); a progress event is one batch of no rows. The
+    same for every stream that sends the event, so an update's are made once
+    (:meth:`FeedEvent.encoded`)."""
+    chunks: list[list[bytes]] = [[]]
+    size = 0
+    for part in parts:
+        if chunks[-1] and size + len(part) > MESSAGE_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(part)
+        size += len(part)
     return [pa.record_batch([pa.array(chunk, pa.large_binary())], schema=SHARE_SCHEMA) for chunk in chunks]
+
+
+def event_ipc(event: Any) -> list[bytes]:
+    """An update event's IPC parts, made once for every stream that sends it, alone or in a run."""
+    return event.encoded(_PARTS_KEY, lambda: table_ipc(event.table))
 
 
 def share_message(meta: dict[str, Any], batch: pa.RecordBatch) -> tuple[pa.RecordBatch, bytes]:
@@ -70,6 +85,21 @@ def share_messages(meta: dict[str, Any], batches: list[pa.RecordBatch]) -> Itera
     for batch in batches[:-1]:
         yield share_message({**meta, "more": True}, batch)
     yield share_message(meta, batches[-1])
+
+
+class _Run:
+    """Consecutive updates a carrier that is behind took at once (the engine's ``next_run``),
+    sent as one event: their records' IPC parts, each made once for every stream, in as few
+    messages as fit, where a merged event's table was concatenated and encoded again by every
+    stream that took it (bench/feeds_hops.py, session 26)."""
+
+    __slots__ = ("parts", "time", "records")
+    kind = "updates"
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+        self.time = parts[0].time
+        self.records = sum(p.records for p in parts)
 
 
 class _Carrier:
@@ -98,19 +128,16 @@ class _Share:
         self.ended = False
         self.loop = asyncio.new_event_loop()
         self.joined = asyncio.Event()
-        self.bell: asyncio.Future[None] | None = None  # what the reader's wait on the feeds sleeps on
+        self.ringer = Bell()  # what the reader's wait on the feeds sleeps on
+        self.bell: Bell | None = None  # the ringer while the reader sleeps on it
 
     def wake(self) -> None:
         """A carrier joined: the reader stops waiting and takes its initial events (any thread)."""
+        self.ringer.ring()
         try:
-            self.loop.call_soon_threadsafe(self._joined)
+            self.loop.call_soon_threadsafe(self.joined.set)
         except RuntimeError:  # the stream ended: its loop is closed
             pass
-
-    def _joined(self) -> None:
-        self.joined.set()
-        if self.bell is not None:
-            _ring(self.bell)
 
     def drop(self, carrier: _Carrier) -> list[str]:
         """Take ``carrier`` off the stream (lock held); the subscriptions it delivered to."""
@@ -255,11 +282,12 @@ class SharedFeeds:
 
     def _round(self, share: _Share) -> Iterator[tuple[pa.RecordBatch, bytes]]:
         share.joined.clear()  # before the carriers are looked at: a join after this wakes the wait
+        share.ringer.arm()
         with share.lock:
             carriers = list(share.carriers)
         ready = [c for c in carriers if not c.idle or getattr(c.sub, "lag", 1) > 0]
         taken = [got for c in ready if (got := self._take(share, c)) is not None]
-        if not taken and all(isinstance(getattr(c.sub, "seat", None), Seat) for c in carriers):
+        if not taken and all(callable(getattr(c.sub, "hang", None)) for c in carriers):
             taken = self._sleep_on_feeds(share, carriers)  # all caught up: one sleep on every feed and on joins
         elif not taken:  # subscriptions without a place among a feed's sleepers: a wait each
             woke = dict(share.loop.run_until_complete(_first_events(share, carriers, self._poll)))
@@ -273,8 +301,12 @@ class SharedFeeds:
                 detail = json.loads(error_detail(event))
                 yield share_message({"kind": "error", "time": None, "subs": sids, "error": detail}, share_batches([])[0])
                 continue
-            batches = share_batches(table_ipc(event.table)) if event.kind != "updates" else \
-                event.encoded(_IPC_KEY, lambda event=event: share_batches(table_ipc(event.table)))
+            if isinstance(event, _Run):
+                batches = share_batches([part for e in event.parts for part in event_ipc(e)])
+            elif event.kind == "updates":
+                batches = event.encoded(_IPC_KEY, lambda event=event: share_batches(event_ipc(event)))
+            else:
+                batches = share_batches(table_ipc(event.table))
             meta = {"kind": event.kind, "time": event.time, "subs": sids}
             if event.records != 1:
                 meta["records"] = event.records
@@ -282,29 +314,22 @@ class SharedFeeds:
 
     def _sleep_on_feeds(self, share: _Share, carriers: list[_Carrier]) -> list[tuple[Any, bool, list[str]]]:
         """Wait up to the poll interval for any of ``carriers`` to have an event (or for a join),
-        then take one from each that has one. The stream's loop sleeps among each feed's
-        sleepers (the feed completes a future of it per batch of events) on one future that
-        any of them, a join or the timer completes: no task per carrier and no cancellations,
-        where a wait per carrier cost about 0.4 ms of the interpreter per event and stream
-        (bench/feeds_hops.py). The sleepers register, then the carriers are looked at again,
-        so an event added meanwhile is either taken by that look or followed by a wake-up."""
-        loop = share.loop
-        share.bell = bell = loop.create_future()
-        sleepers = [c.sub.seat.waiters_in(loop).sleep() for c in carriers]
+        then take one from each that has one. The thread sleeps on the stream's :class:`Bell`,
+        hung on each carrier's feed, which the feed's writer rings when it adds events (and a
+        join, a close or a drop rings too): one futex wake-up, where sleeping in an event loop
+        cost the thread about 80 us of CPU per event and stream (bench/feeds_hops.py). The bell
+        was armed when the round began and is hung before the carriers are looked at again,
+        so an event or a join that comes meanwhile is either taken by that look or rings it."""
+        share.bell = share.ringer
         try:
+            for carrier in carriers:
+                carrier.sub.hang(share.ringer)
             taken = self._take_each(share, carriers)
             if taken:
                 return taken
-            ring = functools.partial(_ring, bell)  # this wait's own: a late callback cannot end the next
-            for fut in sleepers:
-                fut.add_done_callback(ring)
-            timer = loop.call_later(self._poll, ring)
-            loop.run_until_complete(bell)
-            timer.cancel()
+            share.ringer.wait(self._poll)
         finally:
             share.bell = None
-            for fut in sleepers:
-                fut.cancel()  # the feed's next wake-up skips it
         return self._take_each(share, carriers)
 
     def _take_each(self, share: _Share, carriers: list[_Carrier]) -> list[tuple[Any, bool, list[str]]]:
@@ -322,8 +347,13 @@ class SharedFeeds:
     def _take(self, share: _Share, carrier: _Carrier) -> tuple[Any, bool, list[str]] | None:
         """``carrier``'s next event if it has one now (see :meth:`_settle`)."""
         cursor = getattr(carrier.sub, "cursor", None)
+        take_run = getattr(carrier.sub, "next_run", None)
         try:
-            got: Any = carrier.sub.next(timeout=0)
+            if take_run is None:
+                got: Any = carrier.sub.next(timeout=0)
+            else:
+                run = take_run()
+                got = None if run is None else run[0] if len(run) == 1 else _Run(run)
         except Exception as exc:  # noqa: BLE001 - goes to that carrier's subscriptions alone
             got = exc
         return self._settle(share, carrier, (got, cursor))
@@ -369,12 +399,6 @@ async def _first_events(share: _Share, carriers: list[_Carrier], timeout: float,
             got = _stopping()
         woke.append((carrier, (got, cursors[carrier])))
     return woke
-
-
-def _ring(bell: asyncio.Future[None], *_: object) -> None:
-    """End a wait on the feeds (in the stream loop's thread)."""
-    if not bell.done():
-        bell.set_result(None)
 
 
 def _stopping() -> EngineClosed:
