@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.arrow_codec import table_to_ipc
+from sediment.engine.feed import FeedEvent
 from sediment.engine.feed_bells import Bell
 from sediment.errors import EngineClosed, InvalidArgument
 from sediment.net.feed_streams import FeedStreams, StartGuard
@@ -40,6 +41,7 @@ SHARE_SCHEMA = pa.schema([("ipc", pa.large_binary())])
 _IPC_KEY = ("shared-batches", SHARE_VERSION)
 _PARTS_KEY = ("shared-parts", SHARE_VERSION)
 MESSAGE_BYTES = 1 << 20  # IPC parts packed into one message up to this many bytes
+RUN_PARTS = 8  # a longer run goes as one table: a client decodes a part in about 9 us, a whole run in 2 us a record
 LEFT_KEPT = 1024  # leaves of a stream remembered for a join still on its way
 
 
@@ -89,9 +91,11 @@ def share_messages(meta: dict[str, Any], batches: list[pa.RecordBatch]) -> Itera
 
 class _Run:
     """Consecutive updates a carrier that is behind took at once (the engine's ``next_run``),
-    sent as one event: their records' IPC parts, each made once for every stream, in as few
-    messages as fit, where a merged event's table was concatenated and encoded again by every
-    stream that took it (bench/feeds_hops.py, session 26)."""
+    at most :data:`RUN_PARTS` of them, sent as one event: their records' IPC parts, each made
+    once for every stream (and mostly made already, by a stream that sent it alone), in as
+    few messages as fit, where a merged event's table was concatenated and encoded again by
+    every stream that took it (bench/feeds_hops.py, session 26). A longer run (a catch-up)
+    goes as one concatenated table, since each client decodes every part on its own."""
 
     __slots__ = ("parts", "time", "records")
     kind = "updates"
@@ -353,7 +357,9 @@ class SharedFeeds:
                 got: Any = carrier.sub.next(timeout=0)
             else:
                 run = take_run()
-                got = None if run is None else run[0] if len(run) == 1 else _Run(run)
+                got = None if run is None else run[0] if len(run) == 1 else _Run(run) if len(run) <= RUN_PARTS \
+                    else FeedEvent("updates", run[0].time, pa.concat_tables([e.table for e in run]),
+                                   records=sum(e.records for e in run))
         except Exception as exc:  # noqa: BLE001 - goes to that carrier's subscriptions alone
             got = exc
         return self._settle(share, carrier, (got, cursor))

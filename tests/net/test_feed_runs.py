@@ -1,9 +1,9 @@
 """A server's shared streams over the engine's feed: the bell a stream's thread sleeps on
-(engine/feed_bells.py), rung by the feed's writer (which also drops laggards), a close or the
-engine's close;
-and a stream that is behind sending the updates it takes at once as one message of their
-records' own IPC parts, each made once for every stream (``Subscription.next_run``,
-sediment/net/shared_feeds.py ``_Run``). Real engine; the stream driven round by round."""
+(engine/feed_bells.py), rung by the feed's writer (which also drops laggards), a close or
+the engine's close; and a stream that is behind sending the updates it takes at once (up
+to RUN_PARTS) as one message of their records' own IPC parts, each made once for every
+stream (``Subscription.next_run``, sediment/net/shared_feeds.py ``_Run``), a longer run as
+one table. Real engine; the stream driven round by round."""
 
 from __future__ import annotations
 
@@ -117,6 +117,25 @@ def test_a_stream_behind_sends_the_updates_it_took_as_one_message_of_their_share
         event = decode_event(meta, [batch])
         assert (event.kind, event.time, event.records) == ("updates", 1, 3)
         assert event.table.column("k").to_pylist() == [0, 1, 2]
+    finally:
+        feeds._end("s", share)
+
+
+def test_a_longer_run_goes_as_one_table_each_client_decodes_once(engine):
+    subscribe = lambda name, args: engine.subscribe(name, args.get("as_of"))  # noqa: E731
+    feeds = shared_feeds.SharedFeeds(_Held(), subscribe, lambda: False, poll=5.0)
+    feeds.open("r", {"version": shared_feeds.SHARE_VERSION, "stream": "s", "sub": "a"}, None, "here")
+    share = feeds._shares["s"]
+    try:
+        while feeds._take_each(share, list(share.carriers)):
+            pass
+        n = shared_feeds.RUN_PARTS + 2
+        for k in range(n):
+            engine.append("r", row(k))
+        (batch, raw), = list(feeds._round(share))
+        meta = json.loads(raw)
+        assert (batch.num_rows, meta["records"]) == (1, n), "a long catch-up went as a part per record"
+        assert decode_event(meta, [batch]).table.column("k").to_pylist() == list(range(n))
     finally:
         feeds._end("s", share)
 
