@@ -4,7 +4,7 @@ Why: a server's shared feed stream is one thread serving many subscriptions of o
 it sleeps until any of them has an event, or a subscription joins, or the poll interval
 passes. Sleeping in an event loop for that (each feed completing a future of the loop)
 cost the stream's thread about 80 us of CPU per event, most of it the loop's own turns
-(bench/feeds_hops.py, session 26): once per event and stream, beside the writer, on the
+(docs/benchmarks.md, "Feed latency", session 26): once per event and stream, beside the writer, on the
 interpreter the writer needs too. A :class:`Bell` is a lock the sleeping thread waits
 on; each feed it hangs on releases it (one futex wake) when it adds events, as does a join
 or a close. Spurious rings are allowed: the sleeper looks and sleeps again.

@@ -94,7 +94,7 @@ class _Run:
     at most :data:`RUN_PARTS` of them, sent as one event: their records' IPC parts, each made
     once for every stream (and mostly made already, by a stream that sent it alone), in as
     few messages as fit, where a merged event's table was concatenated and encoded again by
-    every stream that took it (bench/feeds_hops.py, session 26). A longer run (a catch-up)
+    every stream that took it (docs/benchmarks.md, session 26). A longer run (a catch-up)
     goes as one concatenated table, since each client decodes every part on its own."""
 
     __slots__ = ("parts", "time", "records")
@@ -321,7 +321,7 @@ class SharedFeeds:
         then take one from each that has one. The thread sleeps on the stream's :class:`Bell`,
         hung on each carrier's feed, which the feed's writer rings when it adds events (and a
         join, a close or a drop rings too): one futex wake-up, where sleeping in an event loop
-        cost the thread about 80 us of CPU per event and stream (bench/feeds_hops.py). The bell
+        cost the thread about 80 us of CPU per event and stream (docs/benchmarks.md, session 26). The bell
         was armed when the round began and is hung before the carriers are looked at again,
         so an event or a join that comes meanwhile is either taken by that look or rings it."""
         share.bell = share.ringer
