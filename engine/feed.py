@@ -471,21 +471,9 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
                 continue
             await doze(fut, left)
 
-    def next_run(self) -> list[FeedEvent] | None:
-        """The next event if there is one now, as ``next(timeout=0)``, except that a run of
-        updates that a subscriber behind takes as one merged event comes as its records' own
-        events: each is one object for every subscriber (and keeps its wire encoding, made
-        once), so a server sends the run without concatenating and encoding its tables again
-        for every stream. None when there is none yet or once closed."""
-        if self._pending:
-            return [self._note(self._pending.popleft())]
-        got = self._poll(self._feed, run=True)
-        return None if isinstance(got, bool) else got
-
-    def _poll(self, feed: FeedLog, run: bool = False) -> Any:
-        """The next event if the feed has one for this subscriber (``run``: as a list, see
-        :meth:`next_run`); True once closed, False if there is none yet. Raises FeedOverrun,
-        UnknownRelation (dropped) or EngineClosed."""
+    def _poll(self, feed: FeedLog) -> FeedEvent | bool:
+        """The next event if the feed has one for this subscriber; True once closed, False if
+        there is none yet. Raises FeedOverrun, UnknownRelation (dropped) or EngineClosed."""
         while True:
             if self._closed:
                 return True
@@ -493,7 +481,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             base, items = feed.window
             if self.cursor >= base:  # else trimmed past: dropped, as the next look says
                 break
-        return self._take(items, self.cursor - base, run) if self.cursor - base < len(items) else False
+        return self._take(items, self.cursor - base) if self.cursor - base < len(items) else False
 
     def _check_live(self, feed: FeedLog) -> None:
         if self.dropped_at is not None:
@@ -506,25 +494,19 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         if not self._engine_open() or feed.closed:
             raise EngineClosed("the engine was closed; subscribe again after reopening it")
 
-    def _take(self, items: list[tuple[str, int, int, int]], i: int, run: bool = False) -> Any:
+    def _take(self, items: list[tuple[str, int, int, int]], i: int) -> FeedEvent:
         kind, lsn, t, written = items[i]
         if kind == PROGRESS:
             self.cursor += 1
-            event = self._note(FeedEvent(PROGRESS, t))
-            return [event] if run else event
+            return self._note(FeedEvent(PROGRESS, t))
         if kind == SCHEMA:
             self.cursor += 1
-            event = FeedEvent(SCHEMA, t, self._load(-1, t, t))
-            return [event] if run else event
+            return FeedEvent(SCHEMA, t, self._load(-1, t, t))
         end = i + 1
         stop = min(len(items), i + _MAX_BATCHED)
         while end < stop and items[end][0] == UPDATES and items[end][2] == t:  # catch up in bulk, one schema
             end += 1
         feed = self._feed
-        if run:
-            events = feed.events(items[i:end], t, self._load, self._load_many)
-            self.cursor += end - i
-            return events
         if end == i + 1:
             event = feed.event(lsn, t, written, self._load)
         else:

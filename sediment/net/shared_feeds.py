@@ -29,7 +29,6 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.arrow_codec import table_to_ipc
-from sediment.engine.feed import FeedEvent
 from sediment.engine.feed_bells import Bell
 from sediment.errors import EngineClosed, InvalidArgument
 from sediment.net.feed_streams import FeedStreams, StartGuard
@@ -39,9 +38,6 @@ from sediment.net.wire_errors import error_detail, to_flight_error
 SHARE_VERSION = 1  # the shared stream's message format (docs/formats.md "Messages")
 SHARE_SCHEMA = pa.schema([("ipc", pa.large_binary())])
 _IPC_KEY = ("shared-batches", SHARE_VERSION)
-_PARTS_KEY = ("shared-parts", SHARE_VERSION)
-MESSAGE_BYTES = 1 << 20  # IPC parts packed into one message up to this many bytes
-RUN_PARTS = 8  # a longer run goes as one table: a client decodes a part in about 9 us, a whole run in 2 us a record
 LEFT_KEPT = 1024  # leaves of a stream remembered for a join still on its way
 
 
@@ -55,25 +51,11 @@ def table_ipc(table: pa.Table | None) -> list[bytes]:
 
 
 def share_batches(parts: list[bytes]) -> list[pa.RecordBatch]:
-    """An event's IPC parts as the batches of its messages: as many parts a message as fit in
-    :data:`MESSAGE_BYTES`, a larger part alone (a large snapshot is not one gRPC message; a
-    run of small updates is one, not one each); a progress event is one batch of no rows. The
-    same for every stream that sends the event, so an update's are made once
-    (:meth:`FeedEvent.encoded`)."""
-    chunks: list[list[bytes]] = [[]]
-    size = 0
-    for part in parts:
-        if chunks[-1] and size + len(part) > MESSAGE_BYTES:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(part)
-        size += len(part)
+    """An event's IPC parts as the batches of its messages, one part each (a large snapshot is
+    not one gRPC message; a progress event is one batch of no rows). The same for every stream
+    that sends the event, so an update's are made once (:meth:`FeedEvent.encoded`)."""
+    chunks = [[part] for part in parts] or [[]]
     return [pa.record_batch([pa.array(chunk, pa.large_binary())], schema=SHARE_SCHEMA) for chunk in chunks]
-
-
-def event_ipc(event: Any) -> list[bytes]:
-    """An update event's IPC parts, made once for every stream that sends it, alone or in a run."""
-    return event.encoded(_PARTS_KEY, lambda: table_ipc(event.table))
 
 
 def share_message(meta: dict[str, Any], batch: pa.RecordBatch) -> tuple[pa.RecordBatch, bytes]:
@@ -87,23 +69,6 @@ def share_messages(meta: dict[str, Any], batches: list[pa.RecordBatch]) -> Itera
     for batch in batches[:-1]:
         yield share_message({**meta, "more": True}, batch)
     yield share_message(meta, batches[-1])
-
-
-class _Run:
-    """Consecutive updates a carrier that is behind took at once (the engine's ``next_run``),
-    at most :data:`RUN_PARTS` of them, sent as one event: their records' IPC parts, each made
-    once for every stream (and mostly made already, by a stream that sent it alone), in as
-    few messages as fit, where a merged event's table was concatenated and encoded again by
-    every stream that took it (docs/benchmarks.md, session 26). A longer run (a catch-up)
-    goes as one concatenated table, since each client decodes every part on its own."""
-
-    __slots__ = ("parts", "time", "records")
-    kind = "updates"
-
-    def __init__(self, parts: list[Any]) -> None:
-        self.parts = parts
-        self.time = parts[0].time
-        self.records = sum(p.records for p in parts)
 
 
 class _Carrier:
@@ -305,12 +270,8 @@ class SharedFeeds:
                 detail = json.loads(error_detail(event))
                 yield share_message({"kind": "error", "time": None, "subs": sids, "error": detail}, share_batches([])[0])
                 continue
-            if isinstance(event, _Run):
-                batches = share_batches([part for e in event.parts for part in event_ipc(e)])
-            elif event.kind == "updates":
-                batches = event.encoded(_IPC_KEY, lambda event=event: share_batches(event_ipc(event)))
-            else:
-                batches = share_batches(table_ipc(event.table))
+            batches = share_batches(table_ipc(event.table)) if event.kind != "updates" else \
+                event.encoded(_IPC_KEY, lambda event=event: share_batches(table_ipc(event.table)))
             meta = {"kind": event.kind, "time": event.time, "subs": sids}
             if event.records != 1:
                 meta["records"] = event.records
@@ -351,15 +312,8 @@ class SharedFeeds:
     def _take(self, share: _Share, carrier: _Carrier) -> tuple[Any, bool, list[str]] | None:
         """``carrier``'s next event if it has one now (see :meth:`_settle`)."""
         cursor = getattr(carrier.sub, "cursor", None)
-        take_run = getattr(carrier.sub, "next_run", None)
         try:
-            if take_run is None:
-                got: Any = carrier.sub.next(timeout=0)
-            else:
-                run = take_run()
-                got = None if run is None else run[0] if len(run) == 1 else _Run(run) if len(run) <= RUN_PARTS \
-                    else FeedEvent("updates", run[0].time, pa.concat_tables([e.table for e in run]),
-                                   records=sum(e.records for e in run))
+            got: Any = carrier.sub.next(timeout=0)
         except Exception as exc:  # noqa: BLE001 - goes to that carrier's subscriptions alone
             got = exc
         return self._settle(share, carrier, (got, cursor))

@@ -296,16 +296,6 @@ def test_the_worked_example_in_formats_md_decodes_to_its_event():
     assert (event.kind, event.time, meta["subs"]) == ("updates", 6, ["1", "3"])
     assert event.table.to_pylist() == [{"k": 2, "time": 6, "diff": 1}]
     assert shared_feeds.table_ipc(event.table) == [raw], "the server encodes that event to those bytes"
-    run = section.split("one message of two rows", 1)[1]
-    meta = json.loads(run.split("app metadata: ", 1)[1].splitlines()[0])
-    second = base64.b64decode(run.split("row 1 (504 bytes): ", 1)[1].splitlines()[0])
-    assert len(second) == 504
-    event = decode_event(meta, [pa.record_batch([pa.array([raw, second], pa.large_binary())],
-                                                schema=shared_feeds.SHARE_SCHEMA)])
-    assert (event.kind, event.time, event.records, meta["subs"]) == ("updates", 6, 2, ["1"])
-    assert event.table.to_pylist() == [{"k": 2, "time": 6, "diff": 1}, {"k": 3, "time": 7, "diff": 1}]
-    assert shared_feeds.share_batches([raw, second])[0].column(0).to_pylist() == [raw, second], \
-        "the server sends that run as those two rows of one message"
 
 
 def test_closing_the_client_ends_its_subscriptions_and_their_server_side(served):
