@@ -93,8 +93,8 @@ def write(eng, appends: int) -> tuple[dict[int, float], list[float]]:
         table = pa.table({"id": [i], "payload": [b"x" * 76], "time": [i + 1], "diff": [1]}, schema=UPDATE_SCHEMA)
         if PACE[0]:
             due += PACE[0]
-            while now() < due:
-                time.sleep(due - now())
+            while (left := due - now()) > 0:
+                time.sleep(left)
         start = now()
         submitted[i] = start
         eng.append("r", table)
