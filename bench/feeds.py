@@ -3,6 +3,7 @@
     .venv/bin/python bench/feeds.py                       # 3 rounds; 1, 10, 100, 1000 subscribers
     .venv/bin/python bench/feeds.py --quick               # 1 round, 300 appends, no 1000
     .venv/bin/python bench/feeds.py --counts 1,10,100 --rounds 5 --modes in-process
+    .venv/bin/python bench/feeds.py --counts 100 --modes network-async --pace-ms 2   # one append every 2 ms
 
 One writer appends single-row updates, each waiting for durability, and N subscribers
 read the feed. Three ways to subscribe, as peers in the same rounds (order rotated every
@@ -78,11 +79,22 @@ def read_feed(sub, appends: int, out: list[tuple[int, float]]) -> None:
             return
 
 
+PACE = [0.0]  # seconds between the appends' starts (--pace-ms); 0: back to back
+
+
 def write(eng, appends: int) -> tuple[dict[int, float], list[float]]:
+    """``appends`` one-row appends, back to back or one every PACE[0] seconds: back to back,
+    a build whose appends get faster also makes its subscribers' work come faster, which on 2
+    cores can queue up at the slowest reader; paced, both builds deliver the same rate."""
     submitted: dict[int, float] = {}
     latency: list[float] = []
+    due = now()
     for i in range(appends):
         table = pa.table({"id": [i], "payload": [b"x" * 76], "time": [i + 1], "diff": [1]}, schema=UPDATE_SCHEMA)
+        if PACE[0]:
+            due += PACE[0]
+            while (left := due - now()) > 0:
+                time.sleep(left)
         start = now()
         submitted[i] = start
         eng.append("r", table)
@@ -250,7 +262,9 @@ def main() -> None:
                     help="subscriber counts; 0 runs the appends alone, in process only")
     ap.add_argument("--modes", default="in-process,in-process-async,network,network-async")
     ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--pace-ms", type=float, default=0.0, help="one append every so many ms (default: back to back)")
     args = ap.parse_args()
+    PACE[0] = args.pace_ms / 1e3
     counts = [int(c) for c in ("0,1,10,100" if args.quick else args.counts).split(",")]
     rounds, appends = (1, 300) if args.quick else (args.rounds, args.appends)
     modes = args.modes.split(",")

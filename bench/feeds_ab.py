@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/feeds_ab.py --base d7fa6a5 [--counts 100,1000] [--rounds 3] [--appends 1000] [--modes in-process,network]
     .venv/bin/python bench/feeds_ab.py --base HEAD --modes network,network-async   # both builds need next_async for the async modes
+    .venv/bin/python bench/feeds_ab.py --base HEAD --counts 100 --modes network-async --pace-ms 2   # one append every 2 ms
 
 Why: on this shared machine absolute latencies swing several-fold between runs, so a
 change to the feed is judged against the previous build measured alternately. Each case
@@ -54,9 +55,11 @@ def package_root(tree: str) -> str:
     return root
 
 
-def child(mode: str, subscribers: int, appends: int) -> None:
+def child(mode: str, subscribers: int, appends: int, pace_ms: float) -> None:
     sys.path.insert(0, HERE)
     import feeds
+
+    feeds.PACE[0] = pace_ms / 1e3
 
     c0 = time.process_time()
     got = feeds.run(mode, subscribers, appends, tempfile.gettempdir())
@@ -71,10 +74,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--appends", type=int, default=1000)
     ap.add_argument("--modes", default="in-process")
+    ap.add_argument("--pace-ms", type=float, default=0.0, help="one append every so many ms (default: back to back)")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), int(args.child[2]))
+        child(args.child[0], int(args.child[1]), int(args.child[2]), args.pace_ms)
         return
     tree = tempfile.mkdtemp(prefix="sediment-feeds-base-")
     archive = subprocess.run(["git", "archive", args.base], cwd=os.path.dirname(HERE), check=True, capture_output=True).stdout
@@ -90,7 +94,7 @@ def main() -> None:
             order = list(builds) if r % 2 == 0 else list(builds)[::-1]
             for mode, n in cases:
                 for build in order:
-                    got = run_case(args.base, builds[build], mode, n, args.appends)
+                    got = run_case(args.base, builds[build], mode, n, args.appends, args.pace_ms)
                     results[(mode, build, n)].append(got)
                     print(f"round {r + 1}: {mode:10s} {build:16s} {n:5d} subscribers: append p99 "
                           f"{got['append_p99'] * 1e3:.2f} ms, delivery p50 {got['delivery_p50'] * 1e3:.2f} p99 "
@@ -102,12 +106,13 @@ def main() -> None:
     print_table(results, cases, list(builds))
 
 
-def run_case(base: str, packages: str, mode: str, subscribers: int, appends: int) -> dict:
+def run_case(base: str, packages: str, mode: str, subscribers: int, appends: int, pace_ms: float = 0.0) -> dict:
     """One case in a process of its own; ``packages``: the base build's package root ("" for this build)."""
     env = dict(os.environ)
     if packages:
         env["PYTHONPATH"] = packages + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, __file__, "--base", base, "--child", mode, str(subscribers), str(appends)],
+    out = subprocess.run([sys.executable, __file__, "--base", base, "--pace-ms", str(pace_ms),
+                          "--child", mode, str(subscribers), str(appends)],
                          capture_output=True, text=True, env=env)
     if out.returncode:
         raise SystemExit(f"{packages or 'this build'}, {mode}, {subscribers} subscribers failed:\n{out.stderr[-3000:]}")

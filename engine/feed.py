@@ -62,6 +62,7 @@ from typing import Any
 import pyarrow as pa
 
 from sediment.engine.feed_async import AsyncIterating, Loops, Seat, doze
+from sediment.engine.feed_bells import Bell, Bells
 from sediment.errors import EngineClosed, FeedOverrun, UnknownRelation
 from sediment.interrupts import WaitingIterator, wait_slices
 
@@ -133,6 +134,7 @@ class FeedLog:
         self._bulk: dict[tuple[int, int], FeedEvent] = {}  # (first seq, end seq) -> merged event, oldest first
         self._bulk_bytes = 0
         self.loops = Loops()  # event loops with async subscribers
+        self.bells = Bells()  # threads asleep on this feed among others (a server's shared streams)
         self.closed = False
         self.dropped_as: str | None = None  # the relation's name, once it was dropped under its subscribers
 
@@ -166,6 +168,8 @@ class FeedLog:
             self._wake()
         if self.loops:
             self._wake_loops()
+        if self.bells:
+            self.bells.ring()
 
     def _wake_loops(self) -> None:
         """One resume per event loop that has async subscribers asleep; a closed loop is forgotten."""
@@ -262,6 +266,7 @@ class FeedLog:
             for sub in [*self.waiting, *self._relay]:
                 _release(sub.wake)
             self.loops.poke()
+            self.bells.ring()
 
     def oldest_lsn(self) -> int | None:
         """The LSN of the oldest event a subscriber has yet to read: the WAL is kept from there."""
@@ -530,6 +535,12 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         self._closed = True
         self._feed.leave(self)
         self.seat.close()
+        self._feed.bells.ring()
+
+    def hang(self, bell: Bell) -> None:
+        """Ring ``bell`` at this subscription's next event, close or drop (and maybe at
+        other subscribers' closes: a sleeper looks before it sleeps again)."""
+        self._feed.bells.hang(bell)
 
     def __enter__(self) -> Subscription:
         return self

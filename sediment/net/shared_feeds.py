@@ -20,7 +20,6 @@ encoding, so one stream goes on across the relation's alters (see docs/formats.m
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from sediment.arrow_codec import table_to_ipc
-from sediment.engine.feed_async import Seat
+from sediment.engine.feed_bells import Bell
 from sediment.errors import EngineClosed, InvalidArgument
 from sediment.net.feed_streams import FeedStreams, StartGuard
 from sediment.net.protocol import FEED_BATCH_ROWS, field
@@ -98,19 +97,16 @@ class _Share:
         self.ended = False
         self.loop = asyncio.new_event_loop()
         self.joined = asyncio.Event()
-        self.bell: asyncio.Future[None] | None = None  # what the reader's wait on the feeds sleeps on
+        self.ringer = Bell()  # what the reader's wait on the feeds sleeps on
+        self.bell: Bell | None = None  # the ringer while the reader sleeps on it
 
     def wake(self) -> None:
         """A carrier joined: the reader stops waiting and takes its initial events (any thread)."""
+        self.ringer.ring()
         try:
-            self.loop.call_soon_threadsafe(self._joined)
+            self.loop.call_soon_threadsafe(self.joined.set)
         except RuntimeError:  # the stream ended: its loop is closed
             pass
-
-    def _joined(self) -> None:
-        self.joined.set()
-        if self.bell is not None:
-            _ring(self.bell)
 
     def drop(self, carrier: _Carrier) -> list[str]:
         """Take ``carrier`` off the stream (lock held); the subscriptions it delivered to."""
@@ -255,11 +251,12 @@ class SharedFeeds:
 
     def _round(self, share: _Share) -> Iterator[tuple[pa.RecordBatch, bytes]]:
         share.joined.clear()  # before the carriers are looked at: a join after this wakes the wait
+        share.ringer.arm()
         with share.lock:
             carriers = list(share.carriers)
         ready = [c for c in carriers if not c.idle or getattr(c.sub, "lag", 1) > 0]
         taken = [got for c in ready if (got := self._take(share, c)) is not None]
-        if not taken and all(isinstance(getattr(c.sub, "seat", None), Seat) for c in carriers):
+        if not taken and all(callable(getattr(c.sub, "hang", None)) for c in carriers):
             taken = self._sleep_on_feeds(share, carriers)  # all caught up: one sleep on every feed and on joins
         elif not taken:  # subscriptions without a place among a feed's sleepers: a wait each
             woke = dict(share.loop.run_until_complete(_first_events(share, carriers, self._poll)))
@@ -282,29 +279,22 @@ class SharedFeeds:
 
     def _sleep_on_feeds(self, share: _Share, carriers: list[_Carrier]) -> list[tuple[Any, bool, list[str]]]:
         """Wait up to the poll interval for any of ``carriers`` to have an event (or for a join),
-        then take one from each that has one. The stream's loop sleeps among each feed's
-        sleepers (the feed completes a future of it per batch of events) on one future that
-        any of them, a join or the timer completes: no task per carrier and no cancellations,
-        where a wait per carrier cost about 0.4 ms of the interpreter per event and stream
-        (bench/feeds_hops.py). The sleepers register, then the carriers are looked at again,
-        so an event added meanwhile is either taken by that look or followed by a wake-up."""
-        loop = share.loop
-        share.bell = bell = loop.create_future()
-        sleepers = [c.sub.seat.waiters_in(loop).sleep() for c in carriers]
+        then take one from each that has one. The thread sleeps on the stream's :class:`Bell`,
+        hung on each carrier's feed, which the feed's writer rings when it adds events (and a
+        join, a close or a drop rings too): one futex wake-up, where sleeping in an event loop
+        cost the thread about 80 us of CPU per event and stream (docs/benchmarks.md, session 26). The bell
+        was armed when the round began and is hung before the carriers are looked at again,
+        so an event or a join that comes meanwhile is either taken by that look or rings it."""
+        share.bell = share.ringer
         try:
+            for carrier in carriers:
+                carrier.sub.hang(share.ringer)
             taken = self._take_each(share, carriers)
             if taken:
                 return taken
-            ring = functools.partial(_ring, bell)  # this wait's own: a late callback cannot end the next
-            for fut in sleepers:
-                fut.add_done_callback(ring)
-            timer = loop.call_later(self._poll, ring)
-            loop.run_until_complete(bell)
-            timer.cancel()
+            share.ringer.wait(self._poll)
         finally:
             share.bell = None
-            for fut in sleepers:
-                fut.cancel()  # the feed's next wake-up skips it
         return self._take_each(share, carriers)
 
     def _take_each(self, share: _Share, carriers: list[_Carrier]) -> list[tuple[Any, bool, list[str]]]:
@@ -369,12 +359,6 @@ async def _first_events(share: _Share, carriers: list[_Carrier], timeout: float,
             got = _stopping()
         woke.append((carrier, (got, cursors[carrier])))
     return woke
-
-
-def _ring(bell: asyncio.Future[None], *_: object) -> None:
-    """End a wait on the feeds (in the stream loop's thread)."""
-    if not bell.done():
-        bell.set_result(None)
 
 
 def _stopping() -> EngineClosed:

@@ -1,5 +1,5 @@
 """The wait of a caught-up shared stream (sediment/net/shared_feeds.py ``_sleep_on_feeds``):
-its reader sleeps among the feed's sleepers on one future, which an event on any of its
+its reader sleeps on one bell hung on its carriers' feeds, which an event on any of its
 carriers, a join, a subscription the server closed or the poll interval ends. Driven
 round by round on a real engine; and over a real server, an update's message batches made
 once for every stream that sends it."""
@@ -18,6 +18,7 @@ from support.waiting import poll_until
 
 import sediment
 from sediment.client import Client
+from sediment.engine.feed_bells import Bell
 from sediment.errors import EngineClosed
 from sediment.net import shared_feeds
 from sediment.net.wire_errors import error_from_detail
@@ -46,8 +47,10 @@ def _messages(feeds: shared_feeds.SharedFeeds, share) -> list[dict]:
 
 
 def _until_idle(feeds, share) -> None:
+    """Take the carriers' initial events until each has none left (without a round's wait,
+    which nothing would end before the poll interval)."""
     for _ in range(20):
-        if not _messages(feeds, share) and all(c.idle for c in share.carriers):
+        if not feeds._take_each(share, list(share.carriers)) and all(c.idle for c in share.carriers):
             return
     raise AssertionError("the stream never caught up")
 
@@ -86,6 +89,17 @@ def test_an_event_ends_the_wait_at_once_and_goes_to_every_carrier(stream):
     assert time.monotonic() - began < 2.5, "the wait ran to its 5 s poll interval"
     updates = [m for m in got if m["kind"] == "updates"]
     assert sorted(sid for m in updates for sid in m["subs"]) == ["a", "b"]
+
+
+def test_a_caught_up_stream_sleeps_on_its_bell_not_in_its_event_loop(stream):
+    engine, feeds, share = stream
+    seen = []
+    appender = _once_asleep(share, lambda: (seen.append((share.bell, share.loop.is_running())),
+                                            engine.append("r", row(7))))
+    _messages(feeds, share)
+    appender.join()
+    bell, loop_running = seen[0]
+    assert isinstance(bell, Bell) and bell is share.ringer and not loop_running
 
 
 def test_a_join_ends_the_wait_and_its_snapshot_follows(stream):
