@@ -205,20 +205,16 @@ class Writer:
                 header = lead(record) if lead is not None else None
                 if header is None:
                     ticket = self.log.submit((record,), view.on_durable)
+            try:
+                if header is not None:  # the log was idle: this thread leads and writes its record itself
+                    self._write_lone(record, header, view.on_durable_one)
+                else:
+                    ticket.wait()
+            except Exception as exc:
+                view.fail(exc)
+                raise
         except BaseException:
-            if header is not None:  # Ctrl-C after the lead was taken: give it back, nothing written
-                self.log.drop_lone()
-            raise
-        try:
-            if header is not None:  # the log was idle: this thread leads and writes its record itself
-                self._write_lone(record, header, view.on_durable_one)
-            else:
-                ticket.wait()
-        except Exception as exc:
-            view.fail(exc)
-            raise
-        except BaseException:
-            if header is not None:  # Ctrl-C: a lead not yet taken over by write_lone is given back
+            if header is not None:  # Ctrl-C before write_lone took the lead over: give it back (else a no-op)
                 self.log.drop_lone()
             raise
         self._observe_latency(time.perf_counter() - start)
