@@ -43,11 +43,12 @@ from sediment.wal import manifest as mf
 from sediment.wal import record as rec
 from sediment.wal import segment as sg
 from sediment.wal.control import PartitionState
-from sediment.wal.direct_io import DirectWriter, allocate
+from sediment.wal.direct_io import DirectWriter, pwritev_all
 from sediment.wal.group_commit import GroupAppend, GroupCommit
 from sediment.wal.group_records import MAX_JOINED_BODY, encode_alone, join_group, settle_joined
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_control_and_manifest
+from sediment.wal.preallocation import FileRoom
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble, check_trim, notify
 from sediment.wal.recycle import SegmentPool, reuse_segment_file
 from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below, rewrite_index
@@ -176,10 +177,7 @@ class FileLog:
         active = self._segments[-1]
         self._active = ActiveSegment(active)
         self._direct.open(active.path)
-        size = os.fstat(self._active.fd).st_size
-        self._allocated = max(size, min(self.segment_bytes, max(FIRST_SEGMENT_BYTES, size)))
-        if size < self._allocated:
-            allocate(self._active.fd, self._allocated)
+        self._room = FileRoom(self._active.fd, active.end, self.segment_bytes, FIRST_SEGMENT_BYTES)
         os.fsync(self._active.fd)  # what was read back is now durable, so it may be recorded as the durable end
         self._idx_checkpoint = len(active.offsets)
         m = self._manifest
@@ -328,12 +326,15 @@ class FileLog:
         pos = seg.end
         data = header + r.body + _END_MARK
         end = pos + len(data) - _END_LEN
-        if end + _END_LEN > self._allocated:
-            self._allocate_to(end + _END_LEN)
-        fd = self._active.fd  # one pwrite, more only if it comes back short
-        n = os.pwrite(fd, data, pos)
-        if n != len(data):
-            _pwrite_all(fd, memoryview(data)[n:], pos + n)
+        fd = self._active.fd
+        room = self._room
+        if end + _END_LEN > room.written:  # preallocate, or zeros ahead (wal/preallocation.py)
+            room.reserve(end + _END_LEN)
+            pwritev_all(fd, [data, room.pad(pos, end + _END_LEN) or b""], pos)
+        else:  # one pwrite, more only if it comes back short
+            n = os.pwrite(fd, data, pos)
+            if n != len(data):
+                _pwrite_all(fd, memoryview(data)[n:], pos + n)
         os.fdatasync(fd)
         records = (r,)
         self._preamble.observe(records)
@@ -379,11 +380,16 @@ class FileLog:
             settle_joined(joined)
         small += sg.END_MARK  # overwritten by the next group; in a recycled file it marks the end
         buffers.append(small)
-        self._allocate_to(pos + len(sg.END_MARK))
+        room = self._room
+        room.reserve(pos + _END_LEN)
         if self._direct.takes(pos - base):
-            self._direct.write(self._active.fd, buffers, base, pos + len(sg.END_MARK))
+            self._direct.write(self._active.fd, buffers, base, pos + _END_LEN)
+            room.wrote(pos + _END_LEN)
             os.fdatasync(self._active.fd)
         else:
+            zeros = room.pad(base, pos + _END_LEN)
+            if zeros is not None:
+                buffers.append(zeros)
             self._active.write(buffers, base)
         if len(batch) == 1:  # a lone writer's group: its own records, no lists to build
             every = batch[0].records
@@ -400,12 +406,6 @@ class FileLog:
                 callbacks.setdefault(p.on_durable, []).extend(p.records)
         for callback, records in callbacks.items():
             callback(records)
-
-    def _allocate_to(self, end: int) -> None:
-        """Preallocate the active file through ``end``: a small first segment grows in doublings."""
-        if end > self._allocated:
-            self._allocated = max(end, min(2 * self._allocated, self.segment_bytes))
-            allocate(self._active.fd, self._allocated)
 
     def _commit_offsets(self, seg: Segment, offsets: list[int], end: int) -> None:
         """Index entries go to the file at each checkpoint only (one pwrite per group fewer):
@@ -446,7 +446,7 @@ class FileLog:
         with self._mlock:  # recorded only once the new segment's file is durable
             mf.record_rollover(self.root, self._manifest, mf.FinishedSegment(old.first_lsn, old.next_lsn - 1, old.end))
         self._active = ActiveSegment(new)
-        self._allocated = os.fstat(self._active.fd).st_size
+        self._room = FileRoom(self._active.fd, new.end, self.segment_bytes)
         self._direct.open(new.path)
         self._idx_checkpoint = 0
         self._write_group([self._boundary()])

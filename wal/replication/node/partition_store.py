@@ -23,9 +23,9 @@ from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
 from sediment.wal import segment as sg
 from sediment.wal.control import CONTROL_NAME, ControlFile, PartitionState
-from sediment.wal.direct_io import allocate
 from sediment.wal.log_apply import carry_out, create_segment_files
 from sediment.wal.log_open import open_replica_manifest
+from sediment.wal.preallocation import FileRoom
 from sediment.wal.segment_writer import ActiveSegment, Segment, finished_below
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class FilePartitionStore:
         self._lock = threading.Lock()
         self._segs: list[Segment] = []
         self._active: ActiveSegment | None = None
-        self._allocated = 0
+        self._room: FileRoom | None = None
         self.problems: list[lr.Problem] = []
         with control_lock:
             self._manifest, created = open_replica_manifest(root, partition, control)
@@ -141,8 +141,7 @@ class FilePartitionStore:
         active = self._segs[-1]
         files = self._files()
         os.ftruncate(files.idx_fd, sg.HEADER_SIZE + 8 * len(active.offsets))
-        self._allocated = os.fstat(files.fd).st_size
-        self._grow(files, active.end)  # a finished segment made active by a truncation
+        self._space().reserve(active.end)  # a finished segment made active by a truncation
         os.fsync(files.fd)  # what was read back is now durable, so it may be recorded as the durable end
         self._manifest.active_first = active.first_lsn
         self._manifest.durable_end = max(self._manifest.durable_end, active.next_lsn)
@@ -161,24 +160,27 @@ class FilePartitionStore:
 
     def _new_segment(self, first: int) -> None:
         seg = Segment.in_dir(self.dir, first)
-        self._allocated = min(FIRST_SEGMENT_BYTES, self.segment_bytes)
         create_segment_files(seg.path, seg.idx_path, self._header(sg.SEG_MAGIC, first),
-                             self._header(sg.IDX_MAGIC, first), self._allocated)
+                             self._header(sg.IDX_MAGIC, first), min(FIRST_SEGMENT_BYTES, self.segment_bytes))
         self._segs.append(seg)
         self._open_active()
-
-    def _grow(self, files: ActiveSegment, end: int) -> None:
-        """Preallocate the active segment past ``end``, doubling up to ``segment_bytes``: a
-        storage node holds many partitions, most of them idle, so none costs a whole segment
-        of disk until it is written that far."""
-        if end > self._allocated or self._allocated < min(FIRST_SEGMENT_BYTES, self.segment_bytes):
-            self._allocated = max(end, min(max(2 * self._allocated, FIRST_SEGMENT_BYTES), self.segment_bytes))
-            allocate(files.fd, self._allocated)
 
     def _open_active(self) -> None:
         if self._active is not None:
             self._active.close()
         self._active = ActiveSegment(self._segs[-1])
+        self._new_room()
+
+    def _new_room(self, end: int | None = None) -> None:
+        """The active file's room (wal/preallocation.py), preallocated in doublings up to
+        ``segment_bytes`` from FIRST_SEGMENT_BYTES: a storage node holds many partitions, most
+        of them idle, so none costs a whole segment of disk until it is written that far."""
+        at = self._segs[-1].end if end is None else end
+        self._room = FileRoom(self._files().fd, at, self.segment_bytes, FIRST_SEGMENT_BYTES)
+
+    def _space(self) -> FileRoom:
+        assert self._room is not None, "the store's active segment is open from construction to close"
+        return self._room
 
     def _files(self) -> ActiveSegment:
         assert self._active is not None, "the store's active segment is open from construction to close"
@@ -208,9 +210,11 @@ class FilePartitionStore:
             self._roll_over(seg)
             seg = self._segs[-1]
         files = self._files()
-        if seg.end + len(payload) > self._allocated:
-            self._grow(files, seg.end + len(payload))
-        files.write([payload], seg.end)
+        end = seg.end + len(payload)
+        room = self._space()
+        room.reserve(end)
+        zeros = room.pad(seg.end, end)
+        files.write([payload] if zeros is None else [payload, zeros], seg.end)
         offs = array("Q")
         pos = seg.end
         for s in sizes:
@@ -285,8 +289,7 @@ class FilePartitionStore:
         self._open_active()
         files = self._files()
         os.ftruncate(files.fd, cut)  # drops the frames; zeros follow, so no stale frame can reappear
-        self._allocated = cut
-        self._grow(files, cut)
+        self._new_room(cut)
         os.fsync(files.fd)
         os.ftruncate(files.idx_fd, sg.HEADER_SIZE + 8 * keep)
         os.fsync(files.idx_fd)
