@@ -99,6 +99,11 @@ class Writer:
             if body is not None:
                 lo, hi = bounds or time_range(table)
                 return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, lo, hi, n, body, schema_version=version)]
+        if bounds is not None and table.get_total_buffer_size() <= self.max_record_bytes:
+            batches = table.to_batches()  # one chunk that surely fits: no size pass, no second min/max
+            if len(batches) == 1:
+                return [Record(RecordKind.UPDATES, rel.entry.id, txn_id, bounds[0], bounds[1], n,
+                               encode_updates(batches[0]), schema_version=version)]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         rows = max(1, self.max_record_bytes // per_row)
         records = []

@@ -18,6 +18,7 @@ import pytest
 from support.frontier_race import race_appends_and_seals
 
 from sediment import errors
+from sediment.wal.record import RecordKind
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
@@ -119,6 +120,30 @@ def test_large_append_splits_into_one_atomic_transaction(open_engine):
     assert eng.wal.end_lsn - before > 3  # BEGIN, several UPDATES, COMMIT
     eng.seal("r", 5)
     assert eng.snapshot("r", 5).num_rows == 3000
+
+
+@pytest.mark.every_log
+@pytest.mark.embedded_only  # reads eng.wal
+def test_an_append_that_fits_is_one_record_bounded_by_its_own_times(open_engine):
+    """One UPDATES record per chunk that fits ``max_record_bytes``, whatever the buffers the
+    table shares: a slice of a large table is sized by its own rows, and each record's time
+    bounds are its rows' (the records the log keeps, read back)."""
+    eng = open_engine(max_record_bytes=64 << 10)
+    eng.add_relation("r", SCHEMA)
+
+    def records_of(table) -> list:
+        before = eng.wal.end_lsn
+        eng.append("r", table)
+        got = list(eng.wal.scan(before))
+        return [(r.t_lo, r.t_hi, r.count) for r in got if r.kind == RecordKind.UPDATES]
+
+    assert records_of(ups([(i, "a", 3 + i % 7, 1) for i in range(300)])) == [(3, 9, 300)]
+    big = ups([(i, "b" * 40, 20 + i // 1000, 1) for i in range(20000)])  # its buffers: about 1 MB
+    assert records_of(big.slice(5000, 300)) == [(25, 25, 300)]
+    chunked = pa.concat_tables([ups([(i, "c", 40 + i, 1) for i in range(50)]), ups([(i, "d", 60 + i, 1) for i in range(80)])])
+    assert records_of(chunked) == [(40, 89, 50), (60, 139, 80)]  # one per chunk, each its own bounds
+    eng.seal("r", 200)
+    assert eng.snapshot("r", 200).num_rows == 300 + 300 + 130
 
 
 @pytest.mark.every_log
