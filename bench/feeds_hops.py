@@ -41,10 +41,10 @@ def _stamp_client() -> dict[int, float]:
     seen: dict[int, float] = {}
     decode = shared_subscription.decode_event
 
-    def timed(meta, data):  # noqa: ANN001, ANN202
+    def timed(meta, data, *how):  # noqa: ANN001, ANN002, ANN202
         if meta.get("kind") == "updates":
             seen.setdefault(meta["time"], feeds.now())
-        return decode(meta, data)
+        return decode(meta, data, *how)
 
     shared_subscription.decode_event = timed
     return seen

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from sediment.arrow_codec import table_from_ipc
+from sediment.arrow_codec import StreamDecoder, table_from_ipc
 from sediment.engine.feed_async import AsyncIterating, Loops, Seat
 from sediment.errors import CoordinatorUnavailable, EngineClosed, SedimentError, ServerError
 from sediment.interrupts import WaitingIterator
@@ -42,15 +42,16 @@ LEAVE_SECONDS = 5.0  # the most a subscription's close waits for the server to t
 _AGAIN = object()  # an overrun seen: look again, which raises it
 
 
-def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch]) -> Any:
+def decode_event(meta: dict[str, Any], data: list[pa.RecordBatch],
+                 decode: Callable[[pa.Buffer], pa.Table] = table_from_ipc) -> Any:
     """A shared stream's event (its messages' batches, ``meta`` the last one's) as the
-    engine's FeedEvent."""
+    engine's FeedEvent; ``decode`` reads one IPC part (a stream's :class:`StreamDecoder`)."""
     from sediment.engine.feed import FeedEvent
 
     kind, t = meta["kind"], meta["time"]
     if kind == "progress":
         return FeedEvent(kind, t)
-    tables = [table_from_ipc(part.as_buffer()) for batch in data for part in batch.column(0)]
+    tables = [decode(part.as_buffer()) for batch in data for part in batch.column(0)]
     return FeedEvent(kind, t, tables[0] if len(tables) == 1 else pa.concat_tables(tables),
                      records=event_records(meta))
 
@@ -253,6 +254,7 @@ class SharedStream:
         """Read the stream, handing each event to the subscriptions it names, until it ends."""
         failure: BaseException | None = None
         parts: list[pa.RecordBatch] = []
+        decode = StreamDecoder().table
         try:
             for chunk in reader:
                 meta = json.loads(chunk.app_metadata.to_pybytes())
@@ -268,7 +270,7 @@ class SharedStream:
                     self._end(subs, error_from_detail(meta.get("error")) or ServerError(
                         f"the sediment server at {self.uri} ended a feed without saying why"))
                     continue
-                event, initial = decode_event(meta, data), bool(meta.get("initial"))
+                event, initial = decode_event(meta, data, decode), bool(meta.get("initial"))
                 for sub in subs:
                     sub.push(event, initial)
                 self.loops.poke()

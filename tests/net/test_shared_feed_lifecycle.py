@@ -159,7 +159,7 @@ def test_a_client_reader_that_fails_cancels_the_stream(served, monkeypatch):
     sub = client.subscribe("r")
     assert sub.next(timeout=10).kind == "snapshot"
 
-    def broken(meta, data):
+    def broken(meta, data, *how):
         raise ValueError("cannot decode this event")
     monkeypatch.setattr(shared_subscription, "decode_event", broken)
     engine.append("r", row(1, 2))
