@@ -27,7 +27,8 @@ for the byte layout and the recovery rules; the short version:
   block made durable last) the open block gathers the appends that arrive, and the
   appender whose own block became durable on its write writes it (a group commit's
   leader); a lone appender, finding no write in flight, writes at once, through a short
-  path (``RingWriter.place_fast`` and ``write_alone``) without the planning and slot steps.
+  path (``RingWriter.place_one`` or ``place_fast`` and ``write_alone``) without the planning
+  and slot steps.
 * Creating a ring is explicit (``create=True``); a missing or blank ring is WalMissing,
   and every header copy records the durable end, which open must reach (WalShortened).
 
