@@ -39,6 +39,8 @@ measures the CPU per append apart from the disk:
     for i in 1 2 3; do .venv/bin/python bench/device.py --repeat 1 --no-recovery --slices 30 --build /tmp/before; \
         .venv/bin/python bench/device.py --repeat 1 --no-recovery --slices 30; done
     .venv/bin/python bench/device.py --no-recovery --threads 1 --depth 1 --seconds 0.2 --cpu /dev/shm
+    .venv/bin/python bench/device.py --no-recovery --threads 1 --depth 1 --seconds 0.2 --cpu /dev/shm --noop-cpu
+    .venv/bin/python bench/device.py --no-recovery --threads 1 --depth 1 --seconds 0.2 --thread-cpu 6
 """
 
 from __future__ import annotations
@@ -348,18 +350,26 @@ def bench_recovery(path: str, fill_bytes: int, record: int) -> dict:
     return {"bytes": written, "records": n, "secs": secs, "mbps": written / secs / 1e6, "fill_s": fill_s}
 
 
-def append_cpu(directory: str, size: int, pause_us: float, n: int = 2000, reps: int = 7) -> tuple[float, float]:
+def noop_pwrite(fd: int, view: memoryview, offset: int) -> int:
+    """A block write that writes nothing (``--noop-cpu``): the ring's own work alone."""
+    return len(view)
+
+
+def append_cpu(directory: str, size: int, pause_us: float, n: int = 2000, reps: int = 7,
+               noop: bool = False) -> tuple[float, float]:
     """Thread CPU (us) per append of one ``size``-byte record (``submit`` with an
     ``on_durable`` callback, then ``wait``, as the engine appends) on a ring in ``directory``
-    (tmpfs: no Direct I/O, the write is a copy into memory), and per aligned ``pwrite`` of
-    the same size by a plain writer there; least of ``reps`` x ``n``. With ``pause_us``,
-    each append (write) follows a sleep and only its own CPU counts: on a device the
-    appender sleeps in every write and runs its path with cold caches.
+    (tmpfs: no Direct I/O, the write is a copy into memory; ``noop``: the ring's block writes
+    write nothing), and per aligned ``pwrite`` of the same size by a plain writer there;
+    least of ``reps`` x ``n``. With ``pause_us``, each append (write) follows a sleep and
+    only its own CPU counts: on a device the appender sleeps in every write and runs its
+    path with cold caches.
 
     Why: the disk here swings the bandwidth ratios by 2x between seconds; the CPU an append
     costs the caller's thread is what a change to the ring's path moves."""
     path = os.path.join(directory, f"sediment-cpu-{os.getpid()}")
-    log = DeviceLog.open(path, 64 * MiB, create=True, segment_bytes=8 * MiB, full_timeout=60, direct=False)
+    log = DeviceLog.open(path, 64 * MiB, create=True, segment_bytes=8 * MiB, full_timeout=60, direct=False,
+                         **({"pwrite": noop_pwrite} if noop else {}))
     log.set_finish_listener(log.trim)
     body = os.urandom(size - HEADER_SIZE)
     fd = os.open(path + ".plain", os.O_RDWR | os.O_CREAT, 0o644)
@@ -394,6 +404,55 @@ def append_cpu(directory: str, size: int, pause_us: float, n: int = 2000, reps: 
         for p in (path, path + ".plain"):
             os.unlink(p)
     return ring_best, plain_best
+
+
+def disk_thread_cpu(directory: str, size: int, seconds: float) -> dict:
+    """On the file system of ``directory``, one appender: the appending thread's CPU per
+    append (user, and user + system) for the ring (``submit`` + ``wait``, as the engine
+    appends) and for the plain writer (``pwrite``), alternating every 0.1 s, and their
+    appends per second. Why: the whole process's CPU also counts the ring's I/O threads, and
+    the disk's swings move the system time of both; the user time the appender adds over a
+    plain writer is what a change to the ring's path moves."""
+    ring = DeviceLog.open(os.path.join(directory, "cpu-ring"), 256 * MiB, create=True, segment_bytes=32 * MiB,
+                          full_timeout=60)
+    ring.set_finish_listener(ring.trim)
+    plain = os.path.join(directory, "cpu-plain")
+    fd = os.open(plain, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_DSYNC, 0o644)
+    os.posix_fallocate(fd, 0, 256 * MiB)
+    write_through(fd, 256 * MiB)
+    buf = mmap.mmap(-1, size)
+    buf[:] = os.urandom(size)
+    view = memoryview(buf)
+    body = os.urandom(size - HEADER_SIZE)
+    slots, seq = 256 * MiB // size, 0
+    acc = {side: [0.0, 0.0, 0, 0.0] for side in ("ring", "plain")}  # user, user + system, appends, seconds
+
+    def noop(records: list[Record]) -> None:
+        pass
+
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for side, a in acc.items():
+                stop = time.monotonic() + 0.1
+                u0, c0, w0, n = resource.getrusage(resource.RUSAGE_THREAD), time.thread_time(), time.perf_counter(), 0
+                while time.monotonic() < stop:
+                    if side == "ring":
+                        ring.submit([Record(RecordKind.UPDATES, relation_id=1, body=body)], noop).wait()
+                    else:
+                        os.pwrite(fd, view, seq % slots * size)
+                        seq += 1
+                    n += 1
+                a[1] += time.thread_time() - c0
+                a[0] += resource.getrusage(resource.RUSAGE_THREAD).ru_utime - u0.ru_utime
+                a[2] += n
+                a[3] += time.perf_counter() - w0
+    finally:
+        ring.close()
+        os.close(fd)
+        os.unlink(os.path.join(directory, "cpu-ring"))
+        os.unlink(plain)
+    return {side: {"user": a[0] / a[2] * 1e6, "cpu": a[1] / a[2] * 1e6, "rate": a[2] / a[3]} for side, a in acc.items()}
 
 
 def interpreter_share(plain: str, a: argparse.Namespace, extra_us: list[float]) -> None:
@@ -436,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
                     "ring and plain writer alternating (the disk's swings then fall on both alike)")
     ap.add_argument("--cpu", metavar="DIR", help="also measure the thread CPU per append on a ring in DIR "
                     "(a tmpfs such as /dev/shm), back to back and after a sleep, beside a plain writer there")
+    ap.add_argument("--noop-cpu", action="store_true", help="with --cpu: the ring's block writes write nothing "
+                    "(its own CPU per append; least of 9 x 5,000 back to back, 5 x 1,000 after a sleep)")
+    ap.add_argument("--thread-cpu", type=float, metavar="SECONDS", help="also measure, on the disk, the appending "
+                    "thread's CPU per append of one appender against a plain writer, alternating every 0.1 s")
     ap.add_argument("--no-recovery", action="store_true", help="skip the recovery scan (A/B runs of appends)")
     a = ap.parse_args(argv)
     if a.quick:
@@ -468,13 +531,28 @@ def main(argv: list[str] | None = None) -> int:
         if a.python_us:
             interpreter_share(plain, a, [float(x) for x in a.python_us.split(",")])
         if a.cpu:
-            print(f"-- thread CPU per append on {a.cpu} (least of 7 x 2,000; load {os.getloadavg()[0]:.1f}): "
-                  "ring (submit + wait) | plain pwrite of the same size")
+            runs = "9 x 5,000, after a sleep 5 x 1,000" if a.noop_cpu else "7 x 2,000, after a sleep 7 x 1,000"
+            print(f"-- thread CPU per append on {a.cpu} (least of {runs}; load {os.getloadavg()[0]:.1f}): "
+                  "ring (submit + wait" + (", its writes writing nothing" if a.noop_cpu else "")
+                  + ") | plain pwrite of the same size")
             for size in (int(x) for x in a.sizes.split(",")):
-                hot = append_cpu(a.cpu, size, 0)
-                cold = append_cpu(a.cpu, size, 100, n=1000)
+                if a.noop_cpu:
+                    hot = append_cpu(a.cpu, size, 0, n=5000, reps=9, noop=True)
+                    cold = append_cpu(a.cpu, size, 100, n=1000, reps=5, noop=True)
+                else:
+                    hot = append_cpu(a.cpu, size, 0)
+                    cold = append_cpu(a.cpu, size, 100, n=1000)
                 print(f"{size // 1024:>5}Ki | back to back {hot[0]:6.2f} | {hot[1]:5.2f} us | after 100 us asleep "
                       f"{cold[0]:6.2f} | {cold[1]:5.2f} us", flush=True)
+        if a.thread_cpu:
+            print(f"-- one appender's thread CPU per append on the disk, ring against plain alternating every 0.1 s "
+                  f"for {a.thread_cpu:g} s (load {os.getloadavg()[0]:.1f}): user | user + system | appends/s")
+            for size in (int(x) for x in a.sizes.split(",")):
+                c = disk_thread_cpu(d, size, a.thread_cpu)
+                r, p = c["ring"], c["plain"]
+                print(f"{size // 1024:>5}Ki | user {r['user']:6.1f} | {p['user']:6.1f} us (+{r['user'] - p['user']:.1f}) | "
+                      f"all {r['cpu']:6.1f} | {p['cpu']:6.1f} us (+{r['cpu'] - p['cpu']:.1f}) | {r['rate']:6.0f} | "
+                      f"{p['rate']:6.0f}/s ({r['rate'] / p['rate']:.3f}x)", flush=True)
         if not a.no_recovery:
             rec = bench_recovery(ring, a.recovery_mib * MiB, a.recovery_record)
             print(f"recovery: {rec['bytes'] / MiB:.0f} MiB, {rec['records']} records of {a.recovery_record} B in "

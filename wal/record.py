@@ -27,8 +27,8 @@ assert HEADER_SIZE == 64
 MAX_BODY = 1 << 30
 FRONTIER_ENTRY = struct.Struct("<Qq")
 _unpack_from = HEADER.unpack_from
-_HEADER_TAIL = struct.Struct("<" + HEADER.format[2:])  # the header after its CRC field
-_U32 = struct.Struct("<I")
+HEADER_TAIL = struct.Struct("<" + HEADER.format[2:])  # the header after its CRC field
+HEADER_CRC = struct.Struct("<I")  # the header's first field: the CRC32C of HEADER_TAIL's bytes
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -98,7 +98,7 @@ class HeadRecord(tuple):
     frame_size = property(lambda self: HEADER_SIZE + self[4])
 
 
-_APPENDABLE = frozenset(k for k in RecordKind if k != RecordKind.PADDING)
+APPENDABLE = frozenset(k for k in RecordKind if k != RecordKind.PADDING)  # the kinds an append may carry
 _FIELDS = struct.Struct("<QQqqII")  # relation, txn, t_lo, t_hi, count, schema version: the header's types
 
 
@@ -113,7 +113,7 @@ def check_appendable(records: Sequence[Record], where: str) -> None:
     pack = _FIELDS.pack
     for i, r in enumerate(records):
         try:
-            if r.kind in _APPENDABLE and len(r.body) <= MAX_BODY:
+            if r.kind in APPENDABLE and len(r.body) <= MAX_BODY:
                 pack(r.relation_id, r.txn_id, r.t_lo, r.t_hi, r.count, r.schema_version)
                 continue
         except struct.error:
@@ -136,9 +136,9 @@ def encode_header(record: Record, lsn: int, body_crc: int | None = None) -> byte
         raise ValueError(f"record body of {size} bytes exceeds the {MAX_BODY}-byte limit")
     if body_crc is None:
         body_crc = crc32c_raw(body)
-    tail = _HEADER_TAIL.pack(MAGIC, VERSION, record.kind, size, body_crc, lsn, record.relation_id, record.txn_id,
+    tail = HEADER_TAIL.pack(MAGIC, VERSION, record.kind, size, body_crc, lsn, record.relation_id, record.txn_id,
                              record.t_lo, record.t_hi, record.count, record.schema_version)
-    return _U32.pack(crc32c_raw(tail)) + tail
+    return HEADER_CRC.pack(crc32c_raw(tail)) + tail
 
 
 def encode(record: Record, lsn: int, body_crc: int | None = None) -> bytes:

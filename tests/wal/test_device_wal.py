@@ -89,6 +89,25 @@ def raw_walk(image: bytes, start: int, end: int) -> list:
     return out
 
 
+def test_a_lone_record_and_several_are_framed_as_encode_frames_them(tmp_path: Path) -> None:
+    """A one-record append packs its header into the block itself (``place_one``), a
+    several-record one through ``encode_header``: on the device both are ``encode``'s bytes."""
+    from sediment.wal.record import encode
+
+    log = open_log(tmp_path / "ring")
+    lone = Record(RecordKind.UPDATES, relation_id=7, txn_id=3, t_lo=-5, t_hi=9, count=2, body=b"x" * 300,
+                  schema_version=4)
+    pair = [upd(1, 40), Record(RecordKind.COMMIT, txn_id=3)]
+    log.append([lone])
+    log.append(pair)
+    log.append([Record(RecordKind.PROGRESS, relation_id=2, t_hi=11)])
+    image = snapshot(tmp_path / "ring")
+    for r in [lone, *pair]:
+        frame = encode(r, r.lsn)
+        assert image[HDR + r.lsn:HDR + r.lsn + len(frame)] == frame
+    log.close()
+
+
 def test_bodies_either_side_of_the_checksum_lock_threshold_verify(tmp_path: Path) -> None:
     """Bodies up to 256 KiB are checksummed keeping the interpreter lock, bigger ones letting
     it go: both give the CRC32C that reads and recovery check, and ``body_crc`` is that CRC."""

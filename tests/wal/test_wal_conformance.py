@@ -440,7 +440,7 @@ def test_reading_what_was_never_written_is_a_wal_error(log):
     assert list(log.scan(log.end_lsn)) == []
 
 
-@pytest.mark.parametrize("bad", [
+BAD_RECORDS = [
     rec.Record(K.UPDATES, relation_id=-1),
     rec.Record(K.UPDATES, relation_id=1 << 64),
     rec.Record(K.UPDATES, txn_id=-5),
@@ -450,13 +450,33 @@ def test_reading_what_was_never_written_is_a_wal_error(log):
     rec.Record(99),
     rec.Record(K.UPDATES, t_lo=1.5),
     rec.Record(K.UPDATES, relation_id="7"),
-], ids=["negative-relation", "relation-over-u64", "negative-txn", "time-over-i64", "count-over-u32",
-        "padding", "unknown-kind", "float-time", "text-relation"])
+    rec.Record(K.UPDATES, schema_version=1 << 32),
+]
+BAD_IDS = ["negative-relation", "relation-over-u64", "negative-txn", "time-over-i64", "count-over-u32",
+           "padding", "unknown-kind", "float-time", "text-relation", "schema-over-u32"]
+
+
+@pytest.mark.parametrize("bad", BAD_RECORDS, ids=BAD_IDS)
 def test_a_bad_record_is_refused_with_a_typed_error_and_the_log_goes_on(log, bad):
     good = [upd(1)]
     log.append(good)
     with pytest.raises(InvalidArgument):
         log.append([upd(2), bad])
+    after = [upd(3)]
+    log.append(after)
+    assert ours(log.scan()) == [fields(r) for r in good + after]
+
+
+@pytest.mark.parametrize("bad", BAD_RECORDS, ids=BAD_IDS)
+def test_a_bad_lone_record_is_refused_with_a_typed_error_and_the_log_goes_on(log, bad):
+    """An append of the one bad record alone: the device ring checks a lone record's
+    integer fields with the pack of its header, before anything is placed."""
+    good = [upd(1)]
+    log.append(good)
+    end = log.end_lsn
+    with pytest.raises(InvalidArgument):
+        log.append([bad])
+    assert log.end_lsn == end
     after = [upd(3)]
     log.append(after)
     assert ours(log.scan()) == [fields(r) for r in good + after]

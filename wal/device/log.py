@@ -27,7 +27,8 @@ for the byte layout and the recovery rules; the short version:
   block made durable last) the open block gathers the appends that arrive, and the
   appender whose own block became durable on its write writes it (a group commit's
   leader); a lone appender, finding no write in flight, writes at once, through a short
-  path (``RingWriter.place_fast`` and ``write_alone``) without the planning and slot steps.
+  path (``RingWriter.place_one`` or ``place_fast`` and ``write_alone``) without the planning
+  and slot steps.
 * Creating a ring is explicit (``create=True``); a missing or blank ring is WalMissing,
   and every header copy records the durable end, which open must reach (WalShortened).
 
@@ -46,6 +47,8 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import crc32c
+
 from sediment._fs import fsync_dir
 from sediment.clock import MONOTONIC, Clock
 from sediment.errors import EngineClosed, WalCorruption, WalError, WalExists
@@ -54,6 +57,7 @@ from sediment.wal.device.block_io import RingFiles
 from sediment.wal.device.blocks import DeviceTicket
 from sediment.wal.device.format import (
     DEFAULT_BLOCK_SIZE,
+    HOLD_GIL_CRC_BYTES,
     MIN_DATA_BYTES,
     RING_MAGIC,
     SHUTDOWN_CLEAN,
@@ -78,7 +82,15 @@ from sediment.wal.device.recovery import (
 from sediment.wal.device.segments import Segments
 from sediment.wal.device.writer import RingWriter
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble
-from sediment.wal.record import HEADER_SIZE, Record, RecordKind, check_appendable, record_of
+from sediment.wal.record import (
+    APPENDABLE,
+    HEADER_SIZE,
+    MAX_BODY,
+    Record,
+    RecordKind,
+    check_appendable,
+    record_of,
+)
 
 __all__ = ["RING_MAGIC", "SHUTDOWN_CLEAN", "SHUTDOWN_RUNNING", "DeviceLog", "DeviceTicket", "RingHeader"]
 
@@ -87,6 +99,7 @@ _INIT_STEP = 64 << 20  # zeros written between two progress updates when a ring 
 MANY_CHUNK = 1 << 20  # bytes read_many reads at once: the records near each other, not a recovery chunk
 _align_up = align_up
 _align_down = align_down
+_crc32c = crc32c.crc32c
 
 
 class DeviceLog:
@@ -325,16 +338,26 @@ class DeviceLog:
         ``full_timeout``). Placing wakes no thread: the block is written by the first
         caller that waits (this one's or a later one's), or by an I/O thread at a segment
         boundary, when the ring is full, or at close (the WAL protocol's rule)."""
-        check_appendable(records, self.path)
-        if len(records) == 1:
-            body = records[0].body
-            crcs, sizes = [body_crc(body)], [HEADER_SIZE + len(body)]
+        writer = self.writer
+        if len(records) == 1:  # check_appendable's checks, the integer fields' by place_one's header pack
+            r = records[0]
+            body = r.body
+            n = len(body)
+            if r.kind not in APPENDABLE or n > MAX_BODY:
+                check_appendable(records, self.path)
+            crc = _crc32c(body, 0, 0 if n <= HOLD_GIL_CRC_BYTES else 1)  # body_crc, one call fewer
+            ticket = DeviceTicket(writer, records, on_durable)
+            if writer.place_one(r, crc, HEADER_SIZE + n, ticket):
+                return ticket
+            check_appendable(records, self.path)
+            crcs, sizes = [crc], [HEADER_SIZE + n]
         else:
+            check_appendable(records, self.path)
             crcs = [body_crc(r.body) for r in records]
             sizes = [r.frame_size for r in records]
-        ticket = DeviceTicket(self.writer, records, on_durable)
-        if self.writer.place_fast(records, crcs, sizes, ticket):
-            return ticket
+            ticket = DeviceTicket(writer, records, on_durable)
+            if writer.place_fast(records, crcs, sizes, ticket):
+                return ticket
         d = self.data_capacity
         for n in sizes:
             if n > d:
@@ -342,7 +365,7 @@ class DeviceLog:
                     f"{self.path}: a record of {n} bytes cannot fit a ring whose data area is {d} bytes; "
                     "raise the WAL capacity or split the record."
                 )
-        self.writer.place(records, crcs, sizes, False, ticket)
+        writer.place(records, crcs, sizes, False, ticket)
         return ticket
 
     @property

@@ -7,6 +7,7 @@ module then holds only the block writes and their completion."""
 from __future__ import annotations
 
 import mmap
+import struct
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -18,7 +19,19 @@ from sediment.wal.device.format import align_up
 from sediment.wal.device.head import RingHead
 from sediment.wal.device.placement import Plan, plan_call
 from sediment.wal.device.segments import Segments
-from sediment.wal.record import HEADER_SIZE, Record, RecordKind, encode_header
+from sediment.wal.record import (
+    HEADER_CRC,
+    HEADER_SIZE,
+    HEADER_TAIL,
+    MAGIC,
+    VERSION,
+    Record,
+    RecordKind,
+    crc32c_raw,
+    encode_header,
+)
+
+_pack_tail, _pack_crc_into, _crc = HEADER_TAIL.pack, HEADER_CRC.pack_into, crc32c_raw
 
 
 class RingPlacement:
@@ -83,18 +96,65 @@ class RingPlacement:
         finally:
             self._alloc_lock.release()
 
+    def place_one(self, record: Record, crc: int, size: int, ticket: DeviceTicket) -> bool:
+        """Place one record's frame (``size`` bytes, body CRC ``crc``) in the common case:
+        the conditions of :meth:`place_fast`, checked for one frame. Packs its header into
+        the block (encode_header's bytes: the CRC of the 60 bytes after it, then those) and
+        copies the body after it, the body's one copy on its way to the device. False, with
+        nothing done, when the case is not the common one or a header field does not fit
+        its type (``check_appendable`` then names it: its check of the integer fields is
+        this pack).
+
+        Why: most appends are one record, and an appender alone on the ring pays every
+        interpreter step between its writes after the write's sleep, when they run cold."""
+        lock = self._lock
+        lock.acquire()  # not ``with`` (see place_fast)
+        try:
+            nxt, seg, cur = self._next, self.segments, self._cur
+            bs, d = self.block_size, self.data_capacity
+            fill = 0 if cur is None else cur.fill
+            if self._full_waiters or self._closed or self._failed is not None \
+                    or nxt + size - seg.seg_start >= seg.segment_bytes \
+                    or (nxt + bs - 1) // bs * bs + 2 * size + 8 * bs > self.head.trim + d \
+                    or nxt % d + size > d or fill + size > (self._pool_size if cur is None else len(cur.buf)) \
+                    or fill >= self.max_block_bytes:
+                return False
+            try:
+                tail = _pack_tail(MAGIC, VERSION, record.kind, size - HEADER_SIZE, crc, nxt, record.relation_id,
+                                  record.txn_id, record.t_lo, record.t_hi, record.count, record.schema_version)
+            except struct.error:
+                return False
+            if cur is None:  # _open_block, one call fewer
+                pool = self._pool
+                cur = self._cur = Block(nxt, pool.pop() if pool else mmap.mmap(-1, self._pool_size), True)
+            buf = cur.buf
+            _pack_crc_into(buf, fill, _crc(tail))
+            buf[fill + 4 : fill + HEADER_SIZE] = tail
+            end = fill + size
+            buf[fill + HEADER_SIZE : end] = record.body
+            record.lsn = nxt
+            cur.fill = end
+            self._next = nxt + size
+            if end >= self.max_block_bytes:
+                self._seal()
+            seg.preamble.observe(ticket.records)  # Segments.placed without a segment boundary
+            seg.seg_records += 1
+            ticket.block = cur
+            cur.tickets.append(ticket)
+            return True
+        finally:
+            lock.release()
+
     def place_fast(self, records: Sequence[Record], crcs: list[int], sizes: list[int], ticket: DeviceTicket) -> bool:
-        """Place the frames in the common case with the fewest steps: no one waiting for room,
-        room without waiting, no segment boundary, and the frames fit the open block (or a
-        fresh pooled one) before the ring's physical end and before the block is full. False,
-        with nothing done, otherwise (:meth:`place` then does it, by the plan, which puts
-        frames that fit the same way).
+        """Place the frames of several records in the common case with the fewest steps: no
+        one waiting for room, room without waiting, no segment boundary, and the frames fit
+        the open block (or a fresh pooled one) before the ring's physical end and before the
+        block is full. False, with nothing done, otherwise (:meth:`place` then does it, by
+        the plan, which puts frames that fit the same way). One record: :meth:`place_one`.
 
         Why: an appender alone on the ring pays every interpreter step between its writes,
-        and the general path's steps cost about as much CPU as a 4 KiB write; one record
-        (most appends) takes no loop."""
-        one, last = len(sizes) == 1, sizes[-1]
-        total, pad = (last, last) if one else (sum(sizes), max(sizes))
+        and the general path's steps cost about as much CPU as a 4 KiB write."""
+        total, pad = sum(sizes), max(sizes)
         lock = self._lock
         lock.acquire()  # not ``with``: its two method calls cost as much as the lock, once per append
         try:
@@ -105,24 +165,18 @@ class RingPlacement:
                     or nxt + total - seg.seg_start >= seg.segment_bytes \
                     or (nxt + bs - 1) // bs * bs + total + pad + 2 * (len(sizes) + 3) * bs > self.head.trim + d \
                     or nxt % d + total > d or fill + total > (self._pool_size if cur is None else len(cur.buf)) \
-                    or fill + total - last >= self.max_block_bytes:
+                    or fill + total - sizes[-1] >= self.max_block_bytes:
                 return False
             if cur is None:  # _open_block, one call fewer
                 pool = self._pool
                 cur = self._cur = Block(nxt, pool.pop() if pool else mmap.mmap(-1, self._pool_size), True)
             buf = cur.buf
-            if one:
-                r = records[0]
-                buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crcs[0])
-                buf[fill + HEADER_SIZE : fill + last] = r.body
-                r.lsn, fill, nxt = nxt, fill + last, nxt + last
-            else:
-                for r, crc, n in zip(records, crcs, sizes, strict=True):
-                    buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crc)
-                    buf[fill + HEADER_SIZE : fill + n] = r.body
-                    r.lsn = nxt
-                    fill += n
-                    nxt += n
+            for r, crc, n in zip(records, crcs, sizes, strict=True):
+                buf[fill : fill + HEADER_SIZE] = encode_header(r, nxt, crc)
+                buf[fill + HEADER_SIZE : fill + n] = r.body
+                r.lsn = nxt
+                fill += n
+                nxt += n
             cur.fill = fill
             self._next = nxt
             if fill >= self.max_block_bytes:

@@ -279,12 +279,20 @@ class RingWriter(RingPlacement):
                 self._work_cv.notify_all()
             elif self._stalled and not lead and (self._pending or self._cur is not None):
                 self._work_cv.notify()
-            done_q = self._done_q
-            if self._notifying or not done_q:
+            if self._notifying or not self._done_q:
                 return lead
             self._notifying = True
         finally:
             lock.release()
+        self._announce()
+        return lead
+
+    def _announce(self) -> None:
+        """Run the callbacks and wake the waiters of the blocks completed in order
+        (``_done_q``), one thread at a time (the caller set ``_notifying``), no lock held, in
+        log order, until none is left; then, having given up announcing, write a header
+        checkpoint if this thread is to (:meth:`_checkpoint_to_write`)."""
+        done_q, lock = self._done_q, self._lock
         while True:
             while done_q:  # only the announcing thread takes from it (a deque's ends are thread-safe)
                 b = done_q.popleft()
@@ -313,7 +321,6 @@ class RingWriter(RingPlacement):
             finally:
                 with self._lock:
                     self._backstop = False
-        return lead
 
     def _checkpoint_to_write(self) -> bool:
         """Under the lock, after completing: whether this thread writes a header checkpoint
@@ -397,10 +404,61 @@ class RingWriter(RingPlacement):
             _log.error("%s: WAL write failed: %s", self.path, e)
             self._fail(e)
         else:  # _stalled is read after completing under the lock: a waiter stalled before it is counted
-            if self._complete(blk, blk) and self._stalled:
+            if self._complete_alone(blk) and self._stalled:
                 self._lead_next()
         if not blk.durable:
             raise WalError(f"{self.path}: the WAL failed before the append was durable: {self._failed}") from self._failed
+        return True
+
+    def _complete_alone(self, blk: Block) -> bool:
+        """:meth:`_complete` for :meth:`write_alone`'s block written: when it is still the
+        only block in flight and no thread announces, it becomes durable and this thread
+        announces it, with no queue and no loop; else the general completion. True when
+        it is durable (as ``_complete(blk, blk)``)."""
+        lock = self._lock
+        lock.acquire()
+        if self._notifying or self._closed or len(self._inflight) != 1:
+            lock.release()
+            return self._complete(blk, blk)
+        try:  # as _complete's loop for one block: it is the oldest (nothing was in flight when it was taken)
+            self._inflight.popleft()
+            blk.written = blk.durable = True
+            self._writing -= 1
+            self._durable_end = blk.start + blk.fill
+            tickets = blk.tickets
+            self._company = len(tickets)
+            if blk.pooled and len(self._pool) < self._pool_max:
+                self._pool.append(blk.buf)
+            else:
+                blk.buf.close()
+            blk.buf = None  # type: ignore[assignment]
+            self._notifying = True
+        finally:
+            lock.release()
+        for t in tickets:  # as _announce for this one block
+            if t.on_durable is not None:
+                try:
+                    t.on_durable(t.records)
+                except Exception:
+                    _log.exception("%s: on_durable callback failed", self.path)
+        tickets.clear()
+        if blk.frontiers_end >= 0:
+            self._finished(blk.frontiers_end)
+        blk.settle()
+        lock.acquire()
+        if self._done_q:  # blocks completed meanwhile: this thread announces them too
+            lock.release()
+            self._announce()
+            return True
+        self._notifying = False
+        due = self._durable_end - self.head.recorded_durable >= self.checkpoint_bytes and self._checkpoint_to_write()
+        lock.release()
+        if due:  # the backstop (see _announce)
+            try:
+                self._checkpoint()
+            finally:
+                with lock:
+                    self._backstop = False
         return True
 
     def await_block(self, blk: Block) -> None:
