@@ -20,6 +20,7 @@ import dataclasses
 import io
 import re
 import secrets
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -436,10 +437,14 @@ def groups_ahead(pf: pq.ParquetFile, source: pa.NativeFile | pa.Buffer, desc: Ba
     or buffer are: each group gets its own reader of ``source`` over ``pf``'s parsed footer.
     Page checksums are verified with ``page_checks``; time bounds as by :func:`_read_group`."""
     meta = pf.metadata
+    readers: dict[int, pq.ParquetFile] = {}  # one per pool thread, reused for its next groups
 
     def group(i: int) -> Any:
-        reader = source if isinstance(source, pa.NativeFile) else pa.BufferReader(source)
-        own = pq.ParquetFile(reader, metadata=meta, page_checksum_verification=page_checks, pre_buffer=False)
+        own = readers.get(threading.get_ident())
+        if own is None:
+            reader = source if isinstance(source, pa.NativeFile) else pa.BufferReader(source)
+            own = pq.ParquetFile(reader, metadata=meta, page_checksum_verification=page_checks, pre_buffer=False)
+            readers[threading.get_ident()] = own
         return each(_read_group(own, i, desc, where, None, use_threads=False))
 
     return ordered_map(group, range(meta.num_row_groups), ahead=groups_in_flight(meta))
