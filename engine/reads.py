@@ -344,7 +344,8 @@ class Reads:
         def load(item: Any, sort: Callable[[pa.RecordBatch], list[pa.RecordBatch]]) -> Iterable[list[pa.RecordBatch]]:
             if isinstance(item, _TailRun):
                 return [sort(self._tail(rel, item.entries, shape).combine_chunks())]
-            return self.traces.read_pieces(rel.entry.id, item.ref, layout=shape.layout, each=sort)
+            return self.traces.read_pieces(rel.entry.id, item.ref, layout=shape.layout, each=sort,
+                                           ahead=time_order.PIECES_AHEAD)
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:

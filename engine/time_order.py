@@ -188,7 +188,13 @@ def merged(blocks: list[Block], schema: pa.Schema, batch_rows: int) -> Iterator[
 
 
 WINDOW_ROWS = 1 << 19  # rows merged at once (about 20 MB of the benchmark's rows)
-WINDOWS_AHEAD = 1  # windows merged on the read-ahead pool beyond the one being yielded (narrow rows)
+# Windows merged on the read-ahead pool beyond the one being yielded (narrow rows; fewer
+# within the pool's byte budget), and row groups of an item decoded and sorted ahead. The
+# pool's threads take the next queued piece without waiting for the caller's thread, which
+# on a loaded machine may wait for a core after each result; an item's pieces are all held
+# until it is merged anyway, so queued row groups add no memory beyond the running ones.
+WINDOWS_AHEAD = 3
+PIECES_AHEAD = 16
 
 
 def _runs(times: pa.Array) -> tuple[list[int], list[int], pa.Array]:
