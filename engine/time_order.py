@@ -10,10 +10,10 @@ Rows of one time keep their storage order: items in the order given, rows within
 item as stored. The order is found in two passes, so that no gather reads a whole
 (row, time)-sorted batch in time order (each value's cache line once per time it holds:
 about 40 ms a column at 8.5M rows here). As an item is loaded, each of its blocks (a row
-group as it is decoded, or a WAL record) is stably sorted by time
-while it is still in the CPU cache; the sweep then cuts a block at a boundary by slicing a
-prefix. Emitting is a k-way merge by time in windows of whole times: a window takes from
-every block the slice of its times (runs found by run-end encoding), concatenates them and
+group as it is decoded, or a WAL record) is stably sorted by time and run-end encoded
+(:class:`Block`) while it is still in the CPU cache, on a read-ahead thread; the sweep then
+cuts a block at a boundary by bisecting its runs. Emitting is a k-way merge by time in
+windows of whole times: a window takes from every block the slice of its times, concatenates them and
 sorts that with one stable counting sort (``array_sort_indices``), whose gather reads runs
 of neighbouring rows. Binary and string columns whose values share one width are sorted
 as fixed-size binary and viewed back without a copy: Arrow's variable-length ``take``
@@ -143,7 +143,7 @@ def sorted_blocks(rows: pa.Table | Iterable[pa.RecordBatch], schema: pa.Schema) 
         times = block.column(at)
         span = pc.min_max(times)
         if span["min"] != span["max"]:
-            block = _permuted(block, pc.array_sort_indices(times))
+            block = _permuted(block, _narrow(pc.array_sort_indices(times)))
         out.append(Block.of(block, at))
     return out
 
@@ -235,6 +235,16 @@ def _permuted(block: pa.RecordBatch, order: pa.Array) -> pa.RecordBatch:
     every index is in range: the gather skips Arrow's bounds check, a pass over the indices
     for each column (10-14% of a row group's gather here)."""
     return pc.take(block, order, boundscheck=False)
+
+
+def _narrow(order: pa.Array) -> pa.Array:
+    """A row group's sort indices (64-bit) as 16-bit ones when its rows allow (a row group
+    of 64Ki rows or fewer, the default): the gather that follows reads a quarter of the
+    bytes of them, 20-25% less time in this in-cache gather here. A merge window's gather
+    reads from memory, not cache, and gains nothing from it."""
+    if len(order) <= 1 << 16:
+        return order.cast(pa.uint16(), safe=False)  # a permutation of the block's rows: every index fits
+    return order
 
 
 def _restored(block: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
