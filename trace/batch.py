@@ -434,7 +434,8 @@ def groups_ahead(pf: pq.ParquetFile, source: pa.NativeFile | pa.Buffer, desc: Ba
     """``each`` of every row group of the opened batch ``pf``, in order, several row groups
     decoded (and passed through ``each``) at once on the read-ahead pool (sediment/read_ahead.py).
     A Parquet reader is not safe to share between threads, but positional reads of a file
-    or buffer are: each group gets its own reader of ``source`` over ``pf``'s parsed footer.
+    or buffer are: each pool thread gets its own reader of ``source`` over ``pf``'s parsed
+    footer, and reads its next groups with it.
     Page checksums are verified with ``page_checks``; time bounds as by :func:`_read_group`;
     ``most``: row groups in flight at most, as :func:`groups_in_flight`."""
     meta = pf.metadata
