@@ -341,10 +341,11 @@ class Reads:
             trace, entries, shape = rel.trace, list(rel.tail), _Shape.of(rel)
             self.collector.pin()
 
-        def load(item: Any, sort: Callable[[pa.RecordBatch], list[pa.RecordBatch]]) -> Iterable[list[pa.RecordBatch]]:
+        def load(item: Any, sort: Callable[[Any], list[time_order.Block]]) -> Iterable[list[time_order.Block]]:
             if isinstance(item, _TailRun):
                 return [sort(self._tail(rel, item.entries, shape).combine_chunks())]
-            return self.traces.read_pieces(rel.entry.id, item.ref, layout=shape.layout, each=sort)
+            return self.traces.read_pieces(rel.entry.id, item.ref, layout=shape.layout, each=sort,
+                                           ahead=time_order.PIECES_AHEAD)
 
         def generate() -> Iterator[pa.RecordBatch]:
             try:

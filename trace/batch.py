@@ -20,6 +20,7 @@ import dataclasses
 import io
 import re
 import secrets
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -429,27 +430,34 @@ def decode_verified(
 
 
 def groups_ahead(pf: pq.ParquetFile, source: pa.NativeFile | pa.Buffer, desc: BatchDescription, where: str,
-                 each: Callable[[pa.Table], Any], *, page_checks: bool) -> Iterator[Any]:
+                 each: Callable[[pa.Table], Any], *, page_checks: bool, most: int | None = None) -> Iterator[Any]:
     """``each`` of every row group of the opened batch ``pf``, in order, several row groups
     decoded (and passed through ``each``) at once on the read-ahead pool (sediment/read_ahead.py).
     A Parquet reader is not safe to share between threads, but positional reads of a file
-    or buffer are: each group gets its own reader of ``source`` over ``pf``'s parsed footer.
-    Page checksums are verified with ``page_checks``; time bounds as by :func:`_read_group`."""
+    or buffer are: each pool thread gets its own reader of ``source`` over ``pf``'s parsed
+    footer, and reads its next groups with it.
+    Page checksums are verified with ``page_checks``; time bounds as by :func:`_read_group`;
+    ``most``: row groups in flight at most, as :func:`groups_in_flight`."""
     meta = pf.metadata
+    readers: dict[int, pq.ParquetFile] = {}  # one per pool thread, reused for its next groups
 
     def group(i: int) -> Any:
-        reader = source if isinstance(source, pa.NativeFile) else pa.BufferReader(source)
-        own = pq.ParquetFile(reader, metadata=meta, page_checksum_verification=page_checks, pre_buffer=False)
+        own = readers.get(threading.get_ident())
+        if own is None:
+            reader = source if isinstance(source, pa.NativeFile) else pa.BufferReader(source)
+            own = pq.ParquetFile(reader, metadata=meta, page_checksum_verification=page_checks, pre_buffer=False)
+            readers[threading.get_ident()] = own
         return each(_read_group(own, i, desc, where, None, use_threads=False))
 
-    return ordered_map(group, range(meta.num_row_groups), ahead=groups_in_flight(meta))
+    return ordered_map(group, range(meta.num_row_groups), ahead=groups_in_flight(meta, most))
 
 
-def groups_in_flight(meta: pq.FileMetaData) -> int:
+def groups_in_flight(meta: pq.FileMetaData, most: int | None = None) -> int:
     """How many row groups :func:`groups_ahead` decodes ahead, by the largest one's decoded
-    size (1 KiB rows make 64 MiB row groups: those are read one at a time)."""
+    size (1 KiB rows make 64 MiB row groups: those are read one at a time), at most ``most``
+    (default: twice the pool's threads)."""
     largest = max((meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)), default=0)
-    return pieces_in_flight(largest)
+    return pieces_in_flight(largest, most)
 
 
 def read_description(data: bytes, *, where: str = "batch") -> BatchDescription:

@@ -466,12 +466,13 @@ class TraceStore:
                                use_threads=use_threads)
 
     def read_pieces(self, relation_id: int, ref: BatchRef, *, layout: Layout | None = None,
-                    each: Callable[[pa.Table], Any] = _same) -> Iterator[Any]:
+                    each: Callable[[pa.Table], Any] = _same, ahead: int | None = None) -> Iterator[Any]:
         """``each`` of every piece of a whole batch checked as :meth:`read` checks it, in
         storage order: a piece is a row group, decoded, checked and passed through ``each``
         several at a time on the read-ahead pool (``groups_ahead``), so that a reader's work
         on a piece (a replay's sort by time, a snapshot's sums, a catch-up's filter) runs while
-        the piece is still in the CPU cache, on every core. A raw run comes in the pieces its
+        the piece is still in the CPU cache, on every core (at most ``ahead`` row groups in
+        flight, within the read-ahead byte budget). A raw run comes in the pieces its
         consolidation makes, a batch without a recorded checksum as one piece."""
         layout = layout or self._layouts.get(relation_id)
         if ref.raw:  # consolidated a piece at a time (trace/raw_sort.py)
@@ -492,7 +493,7 @@ class TraceStore:
                                   page_checks=False)  # the object's checksum covers its pages
             if layout is None or layout.is_current(pf.schema_arrow):
                 plain = None if layout is None else layout.plain
-                yield from groups_ahead(pf, source, desc, where, page_checks=False, each=each if plain is None
+                yield from groups_ahead(pf, source, desc, where, page_checks=False, most=ahead, each=each if plain is None
                                         else lambda t: each(pa.Table.from_arrays(t.columns, schema=plain)))
                 return
             older = pa.concat_tables(list(groups_ahead(pf, source, desc, where, _same, page_checks=False)))

@@ -292,3 +292,94 @@ def test_replay_with_raw_runs_batches_and_a_tail_equals_brute_force(tmp_path):
             assert got == expected
     finally:
         engine.close()
+
+
+# --- sorted blocks' runs, found as each block is sorted, and the cut at a boundary -----------
+
+
+def _block_rows(rng: random.Random, n: int, lo: int, hi: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"k": i, "b": rng.randbytes(4), "s": None if rng.random() < 0.2 else "x" * (i % 3),
+                                        "time": rng.randrange(lo, hi + 1), "diff": rng.choice([1, -1, 2])}
+                                       for i in range(n)], schema=UPDATE)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_sorted_block_cut_anywhere_keeps_its_rows_and_runs(seed):
+    """A block's runs (distinct times, run ends, counts) describe its sorted rows; cut at any
+    bound (below, inside, past its times) the two parts hold exactly the rows below and from
+    the bound, in order, each with the runs a fresh block of those rows would have."""
+    rng = random.Random(seed)
+    lo = rng.randrange(0, 5)
+    (block,) = time_order.sorted_blocks([_block_rows(rng, rng.randrange(1, 300), lo, lo + rng.randrange(0, 9))],
+                                        UPDATE)
+    rows = _rows(pa.Table.from_batches([time_order._restored(block.rows, UPDATE)]))
+    times = [r[3] for r in rows]
+    assert times == sorted(times)
+    assert block.times == sorted(set(times))
+    assert block.ends == [max(i + 1 for i, t in enumerate(times) if t == u) for u in block.times]
+    assert block.counts.to_pylist() == [{"t": u, "n": times.count(u)} for u in block.times]
+    for bound in range(min(times) - 1, max(times) + 2):
+        below, above = block.cut(bound)
+        want_below = [r for r in rows if r[3] < bound]
+        for part, want in ((below, want_below), (above, rows[len(want_below):])):
+            if not want:
+                assert part is None
+                continue
+            fresh = time_order.Block.of(part.rows, UPDATE.get_field_index("time"))
+            assert _rows(pa.Table.from_batches([time_order._restored(part.rows, UPDATE)])) == want
+            assert (part.times, part.ends, part.counts.to_pylist()) == (fresh.times, fresh.ends,
+                                                                       fresh.counts.to_pylist())
+
+
+def _distinct_updates(rng: random.Random, n: int, t_lo: int, t_hi: int, fixed: bool) -> pa.Table:
+    """Like :func:`_updates`, with keys from a large space: few rows consolidate away."""
+    ks = [rng.randrange(1 << 30) for _ in range(n)]
+    return pa.table({"k": pa.array(ks, pa.int64()),
+                     "b": pa.array([k.to_bytes(4, "little") if fixed else bytes(k % 3) for k in ks], pa.binary()),
+                     "s": pa.array([f"{k % 1000:03d}" if fixed else "x" * (k % 4) for k in ks], pa.string()),
+                     "time": pa.array([rng.randrange(t_lo, t_hi + 1) for _ in ks], pa.int64()),
+                     "diff": pa.array([rng.choice([1, 1, -1, 2]) for _ in ks], pa.int64())}, schema=UPDATE)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_replay_of_merged_batches_of_many_row_groups_equals_brute_force(tmp_path, seed, monkeypatch):
+    """A small memory bound makes merged batches of many small row groups (past the row
+    groups a replay queues ahead), beside batches with overlapping and with disjoint time
+    ranges, retractions, an advanced since and a WAL tail: however many row groups and
+    windows are queued on the read-ahead pool, and however small the windows, the replay is
+    the stable sort by time of what is stored, in storage order."""
+    rng = random.Random(100 + seed)
+    engine = sediment.open(str(tmp_path / "d"), clock=ManualClock(), compact_interval=None, memory_bound=1 << 20)
+    try:
+        engine.add_relation("r", ENGINE_SCHEMA)
+        sealed = -1
+        for step in range(5):
+            width = rng.choice([1, 4, 12])  # one time per step, a few, or many
+            for _ in range(rng.randrange(1, 3)):  # records overlapping in time
+                table = _distinct_updates(rng, rng.randrange(2_000, 6_000), sealed + 1, sealed + width,
+                                          rng.random() < 0.7)
+                engine.append("r", table)
+                if rng.random() < 0.5:  # retract some of it: cancels on compaction, or stays negative
+                    engine.append("r", table.slice(0, 300).set_column(4, "diff", pc.negate(table.column("diff")
+                                                                                          .slice(0, 300))))
+            sealed += width
+            engine.seal("r", sealed)
+            if step == 2:
+                engine.set_since("r", sealed - 1)
+            engine.compact()
+        for n, lo, hi in ((4_000, 1, 6), (4_000, 2, 3), (200, 3, 9)):  # the tail: records overlapping in time
+            engine.append("r", _distinct_updates(rng, n, sealed + lo, sealed + hi, rng.random() < 0.5))
+        rel = engine.view.get("r")
+        groups = [pq.ParquetFile(engine.traces._local.local_path(ref.key)).num_row_groups
+                  for ref in (*rel.trace.batches, *rel.trace.pending) if ref.key]
+        assert max(groups) > 4 and len(rel.tail) == 3
+        expected = _brute(_stored(engine))
+        for pieces, windows, window_rows in ((1, 0, 1 << 19), (2, 1, 3_000), (time_order.PIECES_AHEAD, 3, 500)):
+            monkeypatch.setattr(time_order, "PIECES_AHEAD", pieces)
+            monkeypatch.setattr(time_order, "WINDOWS_AHEAD", windows)
+            monkeypatch.setattr(time_order, "WINDOW_ROWS", window_rows)
+            batch_rows = rng.choice([97, 4096, 65536])
+            got = [r for b in engine.replay("r", batch_rows=batch_rows) for r in _rows(pa.Table.from_batches([b]))]
+            assert got == expected
+    finally:
+        engine.close()
