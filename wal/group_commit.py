@@ -20,20 +20,19 @@ sees groups in log order), and a failed write fails its group, every append queu
 it and the log. ``submit`` only queues: a group is written when someone waits, so a ticket
 nobody waits on is written with the next group, by ``run_background`` or at ``close``.
 
-Followers other than the main thread sleep on their group's *bell*, one eventfd per group
-(created by the group's first follower that sleeps): the leader wakes the whole group with
-one write of the count of its sleepers, made with the interpreter lock released, and passes
-the lead to a queue's followers with a write of 1 (whichever sleeper takes it leads). Why:
-a lock per follower cost each follower a futex wake made by another thread with the
-interpreter lock held, and then often a second sleep for the interpreter lock the waker
-held: with 64 one-row writers, 2.3 voluntary context switches and 24-28 us of process CPU
-per append, against 1.5-1.7 and 20-21 us on bells (docs/benchmarks.md, "Session 27" under
-"Small writes").
+A group's followers sleep on its *bell*, one eventfd per group (made by the first that
+sleeps there): the leader wakes them all with one write of their count, made with the
+interpreter lock released. Two kinds of follower wait on a lock of their own instead: the
+group's first follower, so that the lead can be passed to one chosen thread (a write to the
+bell wakes every sleeper on it, and all but one would go back to sleep), and the main
+thread, whose wait Ctrl-C may end (a signal could end its read after it took a count meant
+for another). Why: a lock per follower, released by another thread with the interpreter
+lock held, cost each follower a futex wake under that lock and often a second sleep for the
+interpreter lock the waker held (docs/benchmarks.md, "Session 27" under "Small writes").
 
 A wait ended by an exception (Ctrl-C on the main thread) leaves its append queued and
-strands no one: the main thread waits on a lock of its own, woken directly, never on a bell
-(a signal could end its read after it took a bell's count meant for another), and a lead
-passed to a waiter that has left goes on to the next.
+strands no one: the main thread's lock is released directly, and a lead passed to a waiter
+that has left goes on to the next.
 
 Work that must not land on a caller (finishing a segment: truncate, fsyncs, creating the
 next file) runs on one background thread that takes the lead like a follower does.
@@ -142,14 +141,17 @@ class GroupCommit:
                 return
             if self._leading:
                 pending.waiting += 1
-                if threading.get_ident() == _MAIN:
+                bell = pending.bell
+                main = threading.get_ident() == _MAIN
+                if main or not bell.locked:  # the main thread, or the group's first follower: a lock
+                    bell.locked += 1
                     bell = None
                     wake = threading.Lock()
                     wake.acquire()
                     pending.wake.append(wake)
-                    pending.main = wake
+                    if main:
+                        pending.main = wake
                 else:
-                    bell = pending.bell
                     if bell.fd < 0:
                         bell.fd = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
                     bell.sleepers += 1
@@ -335,19 +337,20 @@ class GroupCommit:
             elif keep and (self._bell.sleepers or any(p.waiting for p in self._queue)):
                 kept, self._queue = self._queue, []
                 self._bell = _Bell()
-            elif self._bell.sleepers:
-                offer = self._bell
-                offer.sleepers -= 1  # the sleeper that takes this count leads
             else:
                 for p in self._queue:
                     if p.wake:
                         p.state = _LEAD
-                        nxt = p.wake.pop(0)  # the main thread's lock
+                        nxt = p.wake.pop(0)  # one of its waiters leads; any others wait for done
                         if p.main is nxt:
                             p.main = None
                         break
                 else:
-                    self._leading = False
+                    if self._bell.sleepers:  # the lock's waiter left (Ctrl-C): the bell's, every sleeper woken
+                        offer = self._bell
+                        offer.sleepers -= 1  # the sleeper that takes this count leads
+                    else:
+                        self._leading = False
         if offer is not None:
             offer.ring(1)
         elif nxt is not None:
@@ -426,24 +429,25 @@ class GroupCommit:
 
 class _Bell:
     """The eventfd (semaphore mode: each read takes one count) the followers of one queued
-    group sleep on, other than the main thread's; made by the first of them. ``sleepers``:
+    group sleep on, but for those on a lock (the first, the main thread). ``sleepers``:
     the threads asleep on it (or about to be) that no count was written for yet, under the
     group commit's lock. Closed when the last reference to it goes: its group's tickets and
     the sleepers reading it each hold one, so no read ever meets a closed descriptor."""
 
-    __slots__ = ("fd", "sleepers")
+    __slots__ = ("fd", "sleepers", "locked")
 
     def __init__(self) -> None:
         self.fd = -1
         self.sleepers = 0
+        self.locked = 0  # followers of the group that wait on a lock instead: the lead is passed to one
 
     def ring(self, n: int) -> None:
         """Wake ``n`` sleepers: one write, made with the interpreter lock released."""
         os.eventfd_write(self.fd, n)
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:  # bound now: at exit ``os`` may be gone
         if self.fd >= 0:
-            os.close(self.fd)
+            _close(self.fd)
 
 
 def _done(pendings: list[GroupAppend], bell: _Bell | None = None) -> list[tuple[_Bell, int]]:

@@ -13,6 +13,7 @@ import time
 from support.waiting import poll_until
 
 from sediment.wal.file_log import FileLog
+from sediment.wal.group_commit import GroupAppend, GroupCommit
 from sediment.wal.record import Record, RecordKind
 
 
@@ -61,7 +62,8 @@ def test_a_group_of_sleeping_followers_is_woken_by_one_write_of_their_count(tmp_
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         assert not any(t.is_alive() for t in [leader, *waiters]), "a follower was never woken"
         assert got == {i: first.wait() + 1 + i for i in range(40)}
-        assert rings == [40], "the leader keeps the queued group and wakes its 40 sleepers with one write"
+        assert rings == [39], "the leader keeps the queued group and wakes its sleepers (all but the first "\
+            "follower, which waits on a lock to be passed the lead) with one write"
     finally:
         release.set()
         log.close()
@@ -129,3 +131,58 @@ def test_each_bell_s_descriptor_is_closed_once_its_group_is_done(tmp_path, monke
         assert len([r for r in log.scan() if r.kind == RecordKind.UPDATES]) == 481
     finally:
         log.close()
+
+
+def test_the_lead_is_passed_to_the_queue_s_first_follower_on_its_lock_not_through_the_bell(monkeypatch):
+    """A leader done with its two groups passes the lead to the queue's first follower, which
+    waits on a lock: a write of 1 to the bell would wake every sleeper on it for one to lead."""
+
+    gates = {1: threading.Event(), 2: threading.Event(), 3: threading.Event()}
+    entered = {n: threading.Event() for n in gates}
+    calls, lsn = [0], [0]
+
+    def write(group) -> None:
+        calls[0] += 1
+        if calls[0] in gates:
+            entered[calls[0]].set()
+            assert gates[calls[0]].wait(30)
+        for p in group:
+            lsn[0] += 1
+            p.last_lsn = lsn[0] - 1
+
+    rings: list[int] = []
+    real = os.eventfd_write
+    monkeypatch.setattr(os, "eventfd_write", lambda fd, value: (rings.append(value), real(fd, value))[1])
+    gc = GroupCommit("test", write, lambda requested: None, lambda: False, "test-gc")
+    try:
+        leader_ticket = gc.submit(GroupAppend(gc, [upd(0)], [0]))
+        leader = threading.Thread(target=leader_ticket.wait, daemon=True)
+        leader.start()
+        assert entered[1].wait(10)
+        threads: list[threading.Thread] = []
+
+        def followers(n: int) -> list:
+            tickets = [gc.submit(GroupAppend(gc, [upd(0)], [0])) for _ in range(n)]
+            for t in tickets:
+                threads.append(threading.Thread(target=t.wait, daemon=True))
+                threads[-1].start()
+            poll_until(lambda: all(t.waiting for t in tickets), 10, f"{n} followers waiting")
+            return tickets
+
+        kept = followers(5)  # queued during write 1: the leader writes them as write 2
+        gates[1].set()
+        assert entered[2].wait(10)
+        queued = followers(5)  # queued during write 2: the lead goes to one of their threads
+        gates[2].set()
+        assert entered[3].wait(10)
+        assert leader_ticket.settled() and all(t.settled() for t in kept)
+        gates[3].set()
+        for t in [leader, *threads]:
+            t.join(10)
+        assert not any(t.is_alive() for t in [leader, *threads])
+        assert all(t.settled() for t in queued)
+        assert rings == [4, 4], "each group's four sleepers woken by one write; the lead passed on a lock"
+    finally:
+        for g in gates.values():
+            g.set()
+        gc.close()
