@@ -8,8 +8,8 @@ becomes the leader: it takes every queued append as one group, has the log write
 it in its own thread, marks the group done and wakes it. If followers queued meanwhile,
 it writes their group too, once (its caller waits at most two groups): a lead handed to
 another thread between two syncs costs a wake and that thread's wait for the interpreter
-lock behind the followers just woken. Then it passes the lead to a follower still queued
-and waiting. Followers only wait. One writer appending alone never blocks on a lock
+lock behind the followers just woken. Then it passes the lead to the first follower still
+queued and waiting. Followers only wait. One writer appending alone never blocks on a lock
 nobody else holds, nor wakes another thread; when it finds the log idle it need not queue
 at all (:meth:`GroupCommit.lead_idle`: it leads with its one append, then ``end_lead``).
 
@@ -20,19 +20,9 @@ sees groups in log order), and a failed write fails its group, every append queu
 it and the log. ``submit`` only queues: a group is written when someone waits, so a ticket
 nobody waits on is written with the next group, by ``run_background`` or at ``close``.
 
-A group's followers sleep on its *bell*, one eventfd per group (made by the first that
-sleeps there): the leader wakes them all with one write of their count, made with the
-interpreter lock released. Two kinds of follower wait on a lock of their own instead: the
-group's first follower, so that the lead can be passed to one chosen thread (a write to the
-bell wakes every sleeper on it, and all but one would go back to sleep), and the main
-thread, whose wait Ctrl-C may end (a signal could end its read after it took a count meant
-for another). Why: a lock per follower, released by another thread with the interpreter
-lock held, cost each follower a futex wake under that lock and often a second sleep for the
-interpreter lock the waker held (docs/benchmarks.md, "Session 27" under "Small writes").
-
 A wait ended by an exception (Ctrl-C on the main thread) leaves its append queued and
-strands no one: the main thread's lock is released directly, and a lead passed to a waiter
-that has left goes on to the next.
+strands no one: the main thread is never a node of the wake-up relay, and a lead passed to
+a waiter that has left goes on to the next.
 
 Work that must not land on a caller (finishing a segment: truncate, fsyncs, creating the
 next file) runs on one background thread that takes the lead like a follower does.
@@ -41,7 +31,6 @@ next file) runs on one background thread that takes the lead like a follower doe
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 
@@ -57,14 +46,14 @@ _MAIN = threading.main_thread().ident
 
 class GroupAppend:
     """One submission: queued, then written with its group, then durable. The caller's
-    ticket; ``waiting`` counts the threads that waited on it as followers (any number of
-    threads may wait on one ticket); ``bell`` is its group's (set when queued), where
-    followers other than the main thread sleep; ``wake`` holds a lock for each thread that
-    waits on a lock instead (the main thread: Ctrl-C may end its wait; ``main`` is its lock
-    among them), woken directly."""
+    ticket; ``wake`` holds one lock per thread waiting on it as a follower (any number of
+    threads may wait on one ticket), and is empty while none does; ``main`` is the main
+    thread's lock among them, which is woken directly, never as a node of the relay: Ctrl-C
+    may end the main thread's wait, and a node that never runs would strand the waiters
+    below it."""
 
     __slots__ = ("records", "crcs", "on_durable", "joinable", "table", "size", "last_lsn", "error", "state", "wake",
-                 "main", "bell", "waiting", "_group")
+                 "main", "relay", "_group")
 
     def __init__(self, group: GroupCommit | None, records: Sequence[Record], crcs: list[int],
                  on_durable: Callable[[Sequence[Record]], None] | None = None, joinable: int = 0) -> None:
@@ -80,8 +69,7 @@ class GroupAppend:
         self.state = _QUEUED
         self.wake: list[threading.Lock] = []
         self.main: threading.Lock | None = None
-        self.bell: _Bell | None = None
-        self.waiting = 0
+        self.relay: _Relay | None = None  # set when done: the waiters this one's waiter wakes in turn
 
     def wait(self) -> int:
         """Block until the records are durable (leading the group if no one leads); their
@@ -110,7 +98,6 @@ class GroupCommit:
         self._wants_background = wants_background
         self._lock = threading.Lock()
         self._queue: list[GroupAppend] = []
-        self._bell = _Bell()  # the queue's: it goes with the queue when the queue is taken as a group
         self._leading = False
         self._lone = 0  # the thread id holding a lead from lead_idle, 0 for none
         self._closing = False
@@ -130,7 +117,6 @@ class GroupCommit:
             if self._closing or self.failed is not None:
                 check_usable(self.where, self._closing, self.failed)
             self._queue.append(pending)
-            pending.bell = self._bell
         return pending
 
     def wait(self, pending: GroupAppend) -> None:
@@ -140,49 +126,26 @@ class GroupCommit:
             if pending.state == _DONE:
                 return
             if self._leading:
-                pending.waiting += 1
-                bell = pending.bell
-                main = threading.get_ident() == _MAIN
-                if main or not bell.locked:  # the main thread, or the group's first follower: a lock
-                    bell.locked += 1
-                    bell = None
-                    wake = threading.Lock()
-                    wake.acquire()
-                    pending.wake.append(wake)
-                    if main:
-                        pending.main = wake
-                else:
-                    if bell.fd < 0:
-                        bell.fd = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
-                    bell.sleepers += 1
+                wake = threading.Lock()
+                wake.acquire()
+                pending.wake.append(wake)
+                if threading.get_ident() == _MAIN:
+                    pending.main = wake
             else:
                 self._leading = True
-                bell = wake = None
+                wake = None
                 group, self._queue = self._queue, []  # taken with the lead: one lock round fewer
-                self._bell = _Bell()
-        if bell is not None:
-            while True:
-                try:
-                    os.eventfd_read(bell.fd)  # a count written for this sleeper: done, or the queue's lead
-                    break
-                except InterruptedError:  # a signal handled on this thread: the count is still there
-                    continue
-            if pending.state == _DONE:
-                return
-            with self._lock:  # a lead passed to the queue's sleepers, taken by this one
-                group, self._queue = self._queue, []
-                self._bell = _Bell()
-        elif wake is not None:
+        if wake is not None:
             try:
                 wake.acquire()  # released by the leader: done, or the lead is ours
             except BaseException:
                 self._abandon(pending, wake)
                 raise
             if pending.state == _DONE:
+                pending.relay.woken(wake)
                 return
             with self._lock:
                 group, self._queue = self._queue, []
-                self._bell = _Bell()
         # the lead, here rather than in a method of its own (one frame fewer on a lone append's
         # path: FileLog._write_group says why): write the group taken with it and, once, the
         # group queued meanwhile, then pass the lead on
@@ -258,11 +221,14 @@ class GroupCommit:
         wake = threading.Lock()
         wake.acquire()
         waiter.wake.append(wake)
+        if threading.get_ident() == _MAIN:
+            waiter.main = wake
         with self._lock:
             check_usable(self.where, self._closing, self.failed)
             self._bg_waiters.append(waiter)
             self._ask_background()
         wake.acquire()  # released once the turn is over
+        waiter.relay.woken(wake)
         if waiter.error is not None:
             raise waiter.error
 
@@ -273,7 +239,6 @@ class GroupCommit:
         with self._lock:
             if wake in pending.wake:  # a new list: _wake_all may be reading the old one
                 pending.wake = [w for w in pending.wake if w is not wake]
-                pending.waiting -= 1
                 if pending.main is wake:
                     pending.main = None
                 return
@@ -298,13 +263,12 @@ class GroupCommit:
         thread waits on it, nothing is queued and the background thread wants nothing (what
         :meth:`_pass_lead` would do then, without its loops and wakes). False, with nothing
         changed, otherwise."""
-        if p.waiting or self._wants_background():
+        if p.wake or self._wants_background():
             return False
         with self._lock:
-            if p.waiting or self._queue or self._bg_wanted:
+            if p.wake or self._queue or self._bg_wanted:
                 return False
             p.state = _DONE
-            p.bell = None
             self._leading = False
         return True
 
@@ -322,21 +286,20 @@ class GroupCommit:
         """Mark ``group`` done (acknowledged, in LSN order); with ``keep``, when followers
         wait in the queue and the background thread does not want the lead, take the queue
         as the next group to write and return it; else hand the lead to the background
-        thread if it wants it, else to the queue's followers (one of those asleep on its
-        bell, else the first lock waiter), else drop it. Then wake the group's followers."""
+        thread if it wants it, else to the first queued follower that waits, else drop it.
+        Then wake the group's followers."""
         nxt = None
         kept = None
-        offer = None
         with self._lock:
-            rung = _done(group)
+            for p in group:
+                p.state = _DONE
             if background:
                 self._bg_wanted = True
             if self._bg_wanted:
                 self._bg_leads = True
                 self._bg_turn.notify()
-            elif keep and (self._bell.sleepers or any(p.waiting for p in self._queue)):
+            elif keep and any(p.wake for p in self._queue):
                 kept, self._queue = self._queue, []
-                self._bell = _Bell()
             else:
                 for p in self._queue:
                     if p.wake:
@@ -346,16 +309,10 @@ class GroupCommit:
                             p.main = None
                         break
                 else:
-                    if self._bell.sleepers:  # the lock's waiter left (Ctrl-C): the bell's, every sleeper woken
-                        offer = self._bell
-                        offer.sleepers -= 1  # the sleeper that takes this count leads
-                    else:
-                        self._leading = False
-        if offer is not None:
-            offer.ring(1)
-        elif nxt is not None:
+                    self._leading = False
+        if nxt is not None:
             nxt.release()
-        _wake_all(group, rung)
+        _wake_all(group)
         return kept
 
     def _fail(self, group: list[GroupAppend], exc: BaseException) -> WalError:
@@ -369,14 +326,13 @@ class GroupCommit:
             every = group + rest + waiters
             for p in every:
                 p.error = err
-            rung = _done(group) + _done(rest, self._bell) + _done(waiters)
-            self._bell = _Bell()
+                p.state = _DONE
             if self._bg_wanted:  # the background thread keeps or takes the lead (close waits on it)
                 self._leading = self._bg_leads = True
                 self._bg_turn.notify()
             else:
                 self._leading = False
-        _wake_all(every, rung)
+        _wake_all(every)
         return err
 
     def _ask_background(self) -> None:
@@ -394,7 +350,6 @@ class GroupCommit:
                 closing = self._closing
                 waiters, self._bg_waiters = self._bg_waiters, []
                 group, self._queue = self._queue, []
-                self._bell = _Bell()
             error = self._background_turn(group, bool(waiters))
             with self._lock:
                 for w in waiters:
@@ -403,7 +358,7 @@ class GroupCommit:
                 if not closing:  # requests made during the turn keep it wanted
                     self._bg_leads = False
                     self._bg_wanted = bool(self._bg_waiters) or self._closing
-            _wake_all(waiters, [])
+            _wake_all(waiters)
             if closing:
                 return  # the lead stays here: nothing is written after close
             self._pass_lead([])  # back to the background thread, to a waiting follower, or dropped
@@ -420,61 +375,65 @@ class GroupCommit:
             self._fail(group, exc)
             return WalError(f"write to the log at {self.where} failed: {exc}; not acknowledged")
         with self._lock:
-            rung = _done(group)
-        _wake_all(group, rung)
+            for p in group:
+                p.state = _DONE
+        _wake_all(group)
         if self.failed is not None:
             return WalError(f"the write-ahead log at {self.where} failed earlier ({self.failed})")
         return None
 
 
-class _Bell:
-    """The eventfd (semaphore mode: each read takes one count) the followers of one queued
-    group sleep on, but for those on a lock (the first, the main thread). ``sleepers``:
-    the threads asleep on it (or about to be) that no count was written for yet, under the
-    group commit's lock. Closed when the last reference to it goes: its group's tickets and
-    the sleepers reading it each hold one, so no read ever meets a closed descriptor."""
+class _Relay:
+    """The waiters of a finished group, woken as a binary tree: the leader releases the first
+    two, and each woken waiter releases two more before it returns.
 
-    __slots__ = ("fd", "sleepers", "locked")
+    Why: a leader that released every waiter itself (one futex wake each, with the
+    interpreter lock held) spent about a tenth of the 64-writer run doing it, between one
+    group's fdatasync and the next group's write. Now it wakes two and moves on, and the
+    wakes spread over the threads that were waiting anyway (depth log2 of the group)."""
 
-    def __init__(self) -> None:
-        self.fd = -1
-        self.sleepers = 0
-        self.locked = 0  # followers of the group that wait on a lock instead: the lead is passed to one
+    __slots__ = ("locks", "at")
 
-    def ring(self, n: int) -> None:
-        """Wake ``n`` sleepers: one write, made with the interpreter lock released."""
-        os.eventfd_write(self.fd, n)
+    def __init__(self, locks: list[threading.Lock]) -> None:
+        self.locks = locks
+        self.at = {id(w): i for i, w in enumerate(locks)}
 
-    def __del__(self, _close: Callable[[int], None] = os.close) -> None:  # bound now: at exit ``os`` may be gone
-        if self.fd >= 0:
-            _close(self.fd)
+    def start(self) -> None:
+        self._release(0)
 
+    def woken(self, wake: threading.Lock) -> None:
+        """Called by the thread ``wake`` woke: wake its two children (none when ``wake`` is
+        not in the tree: a lock that passed the lead)."""
+        i = self.at.get(id(wake))
+        if i is not None:
+            self._release(2 * i + 2)
 
-def _done(pendings: list[GroupAppend], bell: _Bell | None = None) -> list[tuple[_Bell, int]]:
-    """Under the lock: mark ``pendings`` done, with ``bell`` (default: the first's; a group is
-    one queue, which has one bell) rung for every sleeper on it; the (bell, count) to ring
-    once the lock is let go."""
-    if not pendings:
-        return []
-    if bell is None:
-        bell = pendings[0].bell
-    for p in pendings:
-        p.state = _DONE
-        p.bell = None
-    if bell is None or not bell.sleepers:
-        return []
-    n, bell.sleepers = bell.sleepers, 0
-    return [(bell, n)]
+    def _release(self, i: int) -> None:
+        locks = self.locks
+        for w in locks[i:i + 2]:
+            w.release()
 
 
-def _wake_all(pendings: list[GroupAppend], rung: list[tuple[_Bell, int]]) -> None:
-    """Wake every thread waiting on ``pendings`` (their state is already done): ring each
-    bell in ``rung`` once, then release the locks of the threads that wait on one."""
-    for bell, n in rung:
-        bell.ring(n)
+def _wake_all(pendings: list[GroupAppend]) -> None:
+    """Wake every thread waiting on ``pendings`` (their state is already done): set each
+    pending's relay before releasing any waiter, wake the main thread's locks directly, then
+    start the relay."""
+    locks: list[threading.Lock] = []
+    direct: list[threading.Lock] = []
     for p in pendings:
         if p.wake:
-            locks, p.wake = p.wake, []
-            p.main = None
-            for w in locks:
-                w.release()
+            main = p.main  # read once: an abandoning main thread may clear it meanwhile
+            if main is not None:
+                direct.append(main)
+                locks += [w for w in p.wake if w is not main]
+                p.main = None
+            else:
+                locks += p.wake
+            p.wake = []
+    if locks or direct:  # else no one waits (a lone writer led its own group)
+        relay = _Relay(locks)
+        for p in pendings:
+            p.relay = relay
+        for w in direct:
+            w.release()
+        relay.start()

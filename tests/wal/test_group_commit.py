@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from support.waiting import poll_until
+from support.waiting import Progress, poll_until
 
 from sediment.errors import EngineClosed, WalError
 from sediment.wal.file_log import FileLog
@@ -195,7 +195,7 @@ def test_many_threads_may_wait_on_one_ticket(tmp_path):
         waiters = [threading.Thread(target=lambda: got.append(shared.wait())) for _ in range(3)]
         for t in waiters:
             t.start()
-        poll_until(lambda: shared.waiting == 3, 60, "three followers on the shared ticket")
+        poll_until(lambda: len(shared.wake) == 3, 60, "three followers on the shared ticket")
         release.set()
         for t in [leader, *waiters]:
             t.join(timeout=60)
@@ -254,7 +254,7 @@ def test_every_waiter_of_a_big_group_is_woken_once_the_group_is_durable(tmp_path
         waiters += [threading.Thread(target=wait, args=(7,), daemon=True) for _ in range(2)]
         for t in waiters:
             t.start()
-        poll_until(lambda: sum(t.waiting for t in tickets) == 47, 60, "47 followers queued")
+        poll_until(lambda: sum(len(t.wake) for t in tickets) == 47, 60, "47 followers queued")
         release.set()
         deadline = time.monotonic() + 60
         for t in [leader, *waiters]:
@@ -283,7 +283,7 @@ def test_a_leader_also_writes_the_group_queued_during_its_own(tmp_path, monkeypa
                    for i in range(5)]
         for t in waiters:
             t.start()
-        poll_until(lambda: all(t.waiting for t in tickets), 60, "five followers queued")
+        poll_until(lambda: all(t.wake for t in tickets), 60, "five followers queued")
         release.set()
         deadline = time.monotonic() + 60
         for t in [leader, *waiters]:
@@ -296,15 +296,30 @@ def test_a_leader_also_writes_the_group_queued_during_its_own(tmp_path, monkeypa
         log.close()
 
 
-def _watched(gc):
-    return gc.submit(GroupAppend(gc, [upd(0)], [0]))
+class _Registered(list):
+    """A ticket's list of follower locks that tells ``progress`` when a follower registers
+    (GroupCommit.wait appends its lock under the log's lock), so a test waits on the event."""
+
+    def __init__(self, progress: Progress) -> None:
+        super().__init__()
+        self.progress = progress
+
+    def append(self, lock) -> None:
+        super().append(lock)
+        self.progress.changed()
+
+
+def _watched(gc, progress: Progress):
+    pending = GroupAppend(gc, [upd(0)], [0])
+    pending.wake = _Registered(progress)
+    return gc.submit(pending)
 
 
 def _blocked_in_wait(ticket) -> bool:
     """The main thread waits on ``ticket`` and is blocked in the kernel (state S in /proc)."""
     main = threading.main_thread()
     with open(f"/proc/self/task/{main.native_id}/stat") as f:
-        return bool(ticket.waiting) and f.read().rsplit(")", 1)[1].split()[0] == "S"
+        return bool(ticket.wake) and f.read().rsplit(")", 1)[1].split()[0] == "S"
 
 
 def _interrupt_main_once(ready) -> None:
@@ -335,7 +350,8 @@ def _gated_commit(gates: dict[int, threading.Event]):
 def test_ctrl_c_in_a_waiting_follower_strands_no_other_waiter_of_its_group():
     gate = threading.Event()
     gc, entered = _gated_commit({1: gate})
-    ticket = lambda: _watched(gc)  # noqa: E731
+    progress = Progress()
+    ticket = lambda: _watched(gc, progress)  # noqa: E731
     first = ticket()
     leader = threading.Thread(target=first.wait, daemon=True)
     leader.start()
@@ -346,7 +362,7 @@ def test_ctrl_c_in_a_waiting_follower_strands_no_other_waiter_of_its_group():
     done = [threading.Event() for _ in others]
     for p, ev in zip(others, done, strict=True):
         threading.Thread(target=lambda p=p, ev=ev: (p.wait(), ev.set()), daemon=True).start()
-    poll_until(lambda: all(p.waiting for p in others), 10, "every other follower to wait")
+    progress.wait_for(lambda: all(p.wake for p in others), 10, "every other follower to wait")
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         threading.Thread(target=_interrupt_main_once, args=(lambda: _blocked_in_wait(mine),), daemon=True).start()
@@ -365,21 +381,22 @@ def test_ctrl_c_in_a_waiting_follower_strands_no_other_waiter_of_its_group():
 def test_ctrl_c_in_a_follower_the_lead_is_passed_to_does_not_stall_the_log():
     gates = {1: threading.Event(), 2: threading.Event()}
     gc, entered = _gated_commit(gates)
-    ticket = lambda: _watched(gc)  # noqa: E731
+    progress = Progress()
+    ticket = lambda: _watched(gc, progress)  # noqa: E731
     first = ticket()
     threading.Thread(target=first.wait, daemon=True).start()
     assert entered[1].wait(10)
     kept = ticket()  # queued during write 1: the leader keeps it as write 2
     kept_done = threading.Event()
     threading.Thread(target=lambda: (kept.wait(), kept_done.set()), daemon=True).start()
-    poll_until(lambda: kept.waiting, 10, "the kept append's follower to wait")
+    progress.wait_for(lambda: bool(kept.wake), 10, "the kept append's follower to wait")
     gates[1].set()
     assert entered[2].wait(10)
     mine = ticket()  # queued during write 2: the lead is passed to its waiter after
     behind = ticket()
     behind_done = threading.Event()
     threading.Thread(target=lambda: (behind.wait(), behind_done.set()), daemon=True).start()
-    poll_until(lambda: behind.waiting, 10, "the follower behind to wait")
+    progress.wait_for(lambda: bool(behind.wake), 10, "the follower behind to wait")
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         def interrupt_then_pass() -> None:

@@ -75,7 +75,7 @@ def test_a_submit_made_while_a_lone_leader_writes_is_written_and_woken(tmp_path)
         got: list[int] = []
         follower = threading.Thread(target=lambda: got.append(ticket.wait()))
         follower.start()
-        poll_until(lambda: ticket.waiting, 10, "the follower waiting on its ticket")
+        poll_until(lambda: ticket.wake, 10, "the follower waiting on its ticket")
         release.set()
         leader.join(30)
         follower.join(30)
