@@ -26,7 +26,9 @@ A/B against another build (``git archive`` of a commit, unpacked), turns alterna
         --json b$i.json; .venv/bin/python bench/small_writes.py --rounds 1 --seconds 3 --json a$i.json; done
 
 ``--many``: only the many-writer cases (sediment and the bare loop), each also reporting the
-process's voluntary context switches per append.
+process's voluntary context switches per append. ``--bell-loop`` adds the bare loop woken
+another way: the threads sleep on one eventfd per group, woken by one write of their count
+(session 27 tried this in the group commit: see docs/benchmarks.md).
 
 ``--slices 30``: the one-writer peers open together and take turns of 0.1 s (3 s rounds), so
 that both see the same disk and load; their figures are the sums over their turns.
@@ -264,6 +266,59 @@ def bare_loop(threads: int, seconds: float) -> dict:
     return summary(lats, elapsed, cpu, switches)
 
 
+class _LoopBell:
+    """An eventfd closed when the last thread holding it lets go (as wal/group_commit.py's)."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
+
+    def __del__(self, _close=os.close) -> None:  # noqa: ANN001
+        _close(self.fd)
+
+
+def bell_loop(threads: int, seconds: float) -> dict:
+    """The bare loop woken as the group commit wakes a group: the threads queue under one lock
+    and sleep on the queue's eventfd (semaphore mode); the draining thread takes the queue with
+    its eventfd and wakes them all with one write of their count."""
+    lock = threading.Lock()
+    ready = threading.Condition(lock)
+    queue: list[None] = []
+    current = [_LoopBell()]
+    done = threading.Event()
+
+    def drain() -> None:
+        while not done.is_set():
+            with lock:
+                while not queue and not done.is_set():
+                    ready.wait(0.05)
+                n = len(queue)
+                queue.clear()
+                bell = current[0]
+                if n:
+                    current[0] = _LoopBell()
+            if n:
+                os.eventfd_write(bell.fd, n)
+            del bell
+
+    def step_for(_k: int):
+        def step() -> None:
+            with lock:
+                bell = current[0]
+                queue.append(None)
+                ready.notify()
+            os.eventfd_read(bell.fd)
+        return step
+
+    drainer = threading.Thread(target=drain, daemon=True)
+    drainer.start()
+    try:
+        lats, elapsed, cpu, switches = run_threads(threads, seconds, step_for)
+    finally:
+        done.set()
+        drainer.join()
+    return summary(lats, elapsed, cpu, switches)
+
+
 def med(runs: list[dict], key: str) -> tuple[float, float, float]:
     xs = [r[key] for r in runs]
     return statistics.median(xs), min(xs), max(xs)
@@ -285,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="one writer: sediment and SQLite open together, taking turns in this many slices per round "
                          "(0: each its own back-to-back run)")
     ap.add_argument("--many", action="store_true", help="only the many-writer cases (sediment and the bare loop)")
+    ap.add_argument("--bell-loop", action="store_true",
+                    help="also the bare loop with one eventfd per group in place of a lock per waiter")
     ap.add_argument("--build", help="a checkout of the repository to run instead of this one (read before "
                     "sediment is imported; see bench/small_writes_cpu.py)")
     a = ap.parse_args(argv)
@@ -293,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
              f"bare loop {a.threads}": lambda: bare_loop(a.threads, a.seconds)}
     if a.many:
         del cases["sediment 1"], cases["sqlite 1"]
+    if a.bell_loop:
+        cases[f"bell loop {a.threads}"] = lambda: bell_loop(a.threads, a.seconds)
     if a.slices:
         turns: list[dict] = []
 
