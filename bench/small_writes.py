@@ -28,7 +28,8 @@ A/B against another build (``git archive`` of a commit, unpacked), turns alterna
 ``--many``: only the many-writer cases (sediment and the bare loop), each also reporting the
 process's voluntary context switches per append. ``--bell-loop`` adds the bare loop woken
 another way: the threads sleep on one eventfd per group, woken by one write of their count
-(session 27 tried this in the group commit: see docs/benchmarks.md).
+(session 27 tried this in the group commit: see docs/benchmarks.md). ``--loop-sync DIR``: the
+loops' draining thread writes 100 B per append and syncs each group into a file under DIR.
 
 ``--slices 30``: the one-writer peers open together and take turns of 0.1 s (3 s rounds), so
 that both see the same disk and load; their figures are the sums over their turns.
@@ -228,9 +229,24 @@ def sediment_many(root: str, threads: int, seconds: float) -> dict:
     return out
 
 
-def bare_loop(threads: int, seconds: float) -> dict:
+def loop_sync(root: str | None):
+    """None, or (for ``--loop-sync``) a function the loops' draining thread calls per group:
+    a ``pwrite`` of 100 B per append and an ``fdatasync``, into a file under ``root``."""
+    if root is None:
+        return None
+    fd = os.open(os.path.join(tempfile.mkdtemp(prefix="loop-sync-", dir=root), "f"), os.O_RDWR | os.O_CREAT)
+    os.ftruncate(fd, 1 << 20)
+
+    def sync(n: int) -> None:
+        os.pwrite(fd, b"x" * min(ROW_BYTES * n, 1 << 20), 0)
+        os.fdatasync(fd)
+    return sync
+
+
+def bare_loop(threads: int, seconds: float, sync=None) -> dict:  # noqa: ANN001
     """The threading ceiling: tickets on a bare Lock, queued under one lock; one thread
-    takes the whole queue and releases them (what a group commit does minus the work)."""
+    takes the whole queue and releases them (what a group commit does minus the work);
+    with ``sync`` (:func:`loop_sync`), after writing and syncing the group."""
     lock = threading.Lock()
     ready = threading.Condition(lock)
     queue: list[threading.Lock] = []
@@ -243,6 +259,8 @@ def bare_loop(threads: int, seconds: float) -> dict:
                     ready.wait(0.05)
                 batch = queue[:]
                 queue.clear()
+            if sync is not None and batch:
+                sync(len(batch))
             for t in batch:
                 t.release()
 
@@ -276,10 +294,11 @@ class _LoopBell:
         _close(self.fd)
 
 
-def bell_loop(threads: int, seconds: float) -> dict:
-    """The bare loop woken as the group commit wakes a group: the threads queue under one lock
-    and sleep on the queue's eventfd (semaphore mode); the draining thread takes the queue with
-    its eventfd and wakes them all with one write of their count."""
+def bell_loop(threads: int, seconds: float, sync=None) -> dict:  # noqa: ANN001
+    """The bare loop with its threads woken another way: they queue under one lock and sleep
+    on the queue's eventfd (semaphore mode); the draining thread takes the queue with its
+    eventfd (and with ``sync`` writes and syncs the group) and wakes them all with one write
+    of their count."""
     lock = threading.Lock()
     ready = threading.Condition(lock)
     queue: list[None] = []
@@ -297,6 +316,8 @@ def bell_loop(threads: int, seconds: float) -> dict:
                 if n:
                     current[0] = _LoopBell()
             if n:
+                if sync is not None:
+                    sync(n)
                 os.eventfd_write(bell.fd, n)
             del bell
 
@@ -342,16 +363,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--many", action="store_true", help="only the many-writer cases (sediment and the bare loop)")
     ap.add_argument("--bell-loop", action="store_true",
                     help="also the bare loop with one eventfd per group in place of a lock per waiter")
+    ap.add_argument("--loop-sync", metavar="DIR", help="the loops write 100 B per append and fdatasync each "
+                    "group, into a file under DIR")
     ap.add_argument("--build", help="a checkout of the repository to run instead of this one (read before "
                     "sediment is imported; see bench/small_writes_cpu.py)")
     a = ap.parse_args(argv)
     cases = {"sediment 1": lambda: sediment_one(a.dir, a.seconds), "sqlite 1": lambda: sqlite_one(a.dir, a.seconds),
              f"sediment {a.threads}": lambda: sediment_many(a.dir, a.threads, a.seconds),
-             f"bare loop {a.threads}": lambda: bare_loop(a.threads, a.seconds)}
+             f"bare loop {a.threads}": lambda: bare_loop(a.threads, a.seconds, loop_sync(a.loop_sync))}
     if a.many:
         del cases["sediment 1"], cases["sqlite 1"]
     if a.bell_loop:
-        cases[f"bell loop {a.threads}"] = lambda: bell_loop(a.threads, a.seconds)
+        cases[f"bell loop {a.threads}"] = lambda: bell_loop(a.threads, a.seconds, loop_sync(a.loop_sync))
     if a.slices:
         turns: list[dict] = []
 
