@@ -25,6 +25,12 @@ A/B against another build (``git archive`` of a commit, unpacked), turns alterna
     for i in 1 2 3 4 5; do .venv/bin/python bench/small_writes.py --rounds 1 --seconds 3 --build /tmp/before \
         --json b$i.json; .venv/bin/python bench/small_writes.py --rounds 1 --seconds 3 --json a$i.json; done
 
+``--many``: only the many-writer cases (sediment and the bare loop), each also reporting the
+process's voluntary context switches per append. ``--bell-loop`` adds the bare loop woken
+another way: the threads sleep on one eventfd per group, woken by one write of their count
+(session 27 tried this in the group commit: see docs/benchmarks.md). ``--loop-sync DIR``: the
+loops' draining thread writes 100 B per append and syncs each group into a file under DIR.
+
 ``--slices 30``: the one-writer peers open together and take turns of 0.1 s (3 s rounds), so
 that both see the same disk and load; their figures are the sums over their turns.
 """
@@ -34,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -66,10 +73,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def summary(lats: list[float], elapsed: float, cpu: float) -> dict:
+def summary(lats: list[float], elapsed: float, cpu: float, switches: int | None = None) -> dict:
     n = len(lats)
-    return {"appends": n, "rate": n / elapsed, "p50_ms": pct(lats, 0.5) * 1e3, "p99_ms": pct(lats, 0.99) * 1e3,
-            "cpu_us": cpu / max(1, n) * 1e6}
+    out = {"appends": n, "rate": n / elapsed, "p50_ms": pct(lats, 0.5) * 1e3, "p99_ms": pct(lats, 0.99) * 1e3,
+           "cpu_us": cpu / max(1, n) * 1e6}
+    if switches is not None:
+        out["switches"] = switches / max(1, n)
+    return out
 
 
 def timed_loop(step, seconds: float) -> dict:
@@ -159,9 +169,9 @@ def one_writer_sliced(root: str, seconds: float, slices: int) -> tuple[dict, dic
         shutil.rmtree(d, ignore_errors=True)
 
 
-def run_threads(threads: int, seconds: float, step_for) -> tuple[list[float], float, float]:
+def run_threads(threads: int, seconds: float, step_for) -> tuple[list[float], float, float, int]:
     """``threads`` threads each calling their ``step_for(k)()`` until ``seconds`` pass;
-    (latencies, elapsed, process CPU)."""
+    (latencies, elapsed, process CPU, the process's voluntary context switches)."""
     lats: list[list[float]] = [[] for _ in range(threads)]
     start = threading.Barrier(threads + 1)
     stop = threading.Event()
@@ -180,11 +190,13 @@ def run_threads(threads: int, seconds: float, step_for) -> tuple[list[float], fl
         t.start()
     start.wait()
     t0, c0 = time.perf_counter(), time.process_time()
+    v0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
     stop.wait(seconds)
     stop.set()
     for t in ts:
         t.join()
-    return [x for xs in lats for x in xs], time.perf_counter() - t0, time.process_time() - c0
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - v0
+    return [x for xs in lats for x in xs], time.perf_counter() - t0, time.process_time() - c0, switches
 
 
 def group_commits(engine) -> tuple[float, float]:
@@ -203,22 +215,38 @@ def sediment_many(root: str, threads: int, seconds: float) -> dict:
             engine.add_relation("r", SCHEMA)
             tables = [one_row(k) for k in range(threads)]
             g0 = group_commits(engine)
-            lats, elapsed, cpu = run_threads(threads, seconds, lambda k: lambda: engine.append("r", tables[k]))
+            lats, elapsed, cpu, switches = run_threads(threads, seconds,
+                                                       lambda k: lambda: engine.append("r", tables[k]))
             g1 = group_commits(engine)
         finally:
             engine.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    out = summary(lats, elapsed, cpu)
+    out = summary(lats, elapsed, cpu, switches)
     appends = len(lats) + threads  # with the warm-up's
     out["per_sync"] = appends / max(1.0, g1[0] - g0[0])  # one on_durable call, one histogram count, per group commit
     out["per_record"] = appends / max(1.0, g1[1] - g0[1])
     return out
 
 
-def bare_loop(threads: int, seconds: float) -> dict:
+def loop_sync(root: str | None):
+    """None, or (for ``--loop-sync``) a function the loops' draining thread calls per group:
+    a ``pwrite`` of 100 B per append and an ``fdatasync``, into a file under ``root``."""
+    if root is None:
+        return None
+    fd = os.open(os.path.join(tempfile.mkdtemp(prefix="loop-sync-", dir=root), "f"), os.O_RDWR | os.O_CREAT)
+    os.ftruncate(fd, 1 << 20)
+
+    def sync(n: int) -> None:
+        os.pwrite(fd, b"x" * min(ROW_BYTES * n, 1 << 20), 0)
+        os.fdatasync(fd)
+    return sync
+
+
+def bare_loop(threads: int, seconds: float, sync=None) -> dict:  # noqa: ANN001
     """The threading ceiling: tickets on a bare Lock, queued under one lock; one thread
-    takes the whole queue and releases them (what a group commit does minus the work)."""
+    takes the whole queue and releases them (what a group commit does minus the work);
+    with ``sync`` (:func:`loop_sync`), after writing and syncing the group."""
     lock = threading.Lock()
     ready = threading.Condition(lock)
     queue: list[threading.Lock] = []
@@ -231,6 +259,8 @@ def bare_loop(threads: int, seconds: float) -> dict:
                     ready.wait(0.05)
                 batch = queue[:]
                 queue.clear()
+            if sync is not None and batch:
+                sync(len(batch))
             for t in batch:
                 t.release()
 
@@ -247,11 +277,67 @@ def bare_loop(threads: int, seconds: float) -> dict:
     drainer = threading.Thread(target=drain, daemon=True)
     drainer.start()
     try:
-        lats, elapsed, cpu = run_threads(threads, seconds, step_for)
+        lats, elapsed, cpu, switches = run_threads(threads, seconds, step_for)
     finally:
         done.set()
         drainer.join()
-    return summary(lats, elapsed, cpu)
+    return summary(lats, elapsed, cpu, switches)
+
+
+class _LoopBell:
+    """An eventfd closed when the last thread holding it lets go (as wal/group_commit.py's)."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
+
+    def __del__(self, _close=os.close) -> None:  # noqa: ANN001
+        _close(self.fd)
+
+
+def bell_loop(threads: int, seconds: float, sync=None) -> dict:  # noqa: ANN001
+    """The bare loop with its threads woken another way: they queue under one lock and sleep
+    on the queue's eventfd (semaphore mode); the draining thread takes the queue with its
+    eventfd (and with ``sync`` writes and syncs the group) and wakes them all with one write
+    of their count."""
+    lock = threading.Lock()
+    ready = threading.Condition(lock)
+    queue: list[None] = []
+    current = [_LoopBell()]
+    done = threading.Event()
+
+    def drain() -> None:
+        while not done.is_set():
+            with lock:
+                while not queue and not done.is_set():
+                    ready.wait(0.05)
+                n = len(queue)
+                queue.clear()
+                bell = current[0]
+                if n:
+                    current[0] = _LoopBell()
+            if n:
+                if sync is not None:
+                    sync(n)
+                os.eventfd_write(bell.fd, n)
+            del bell
+
+    def step_for(_k: int):
+        def step() -> None:
+            with lock:
+                bell = current[0]
+                queue.append(None)
+                ready.notify()
+            os.eventfd_read(bell.fd)
+        return step
+
+    drainer = threading.Thread(target=drain, daemon=True)
+    drainer.start()
+    try:
+        lats, elapsed, cpu, switches = run_threads(threads, seconds, step_for)
+    finally:
+        done.set()
+        drainer.join()
+    return summary(lats, elapsed, cpu, switches)
 
 
 def med(runs: list[dict], key: str) -> tuple[float, float, float]:
@@ -274,12 +360,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slices", type=int, default=0,
                     help="one writer: sediment and SQLite open together, taking turns in this many slices per round "
                          "(0: each its own back-to-back run)")
+    ap.add_argument("--many", action="store_true", help="only the many-writer cases (sediment and the bare loop)")
+    ap.add_argument("--bell-loop", action="store_true",
+                    help="also the bare loop with one eventfd per group in place of a lock per waiter")
+    ap.add_argument("--loop-sync", metavar="DIR", help="the loops write 100 B per append and fdatasync each "
+                    "group, into a file under DIR")
     ap.add_argument("--build", help="a checkout of the repository to run instead of this one (read before "
                     "sediment is imported; see bench/small_writes_cpu.py)")
     a = ap.parse_args(argv)
     cases = {"sediment 1": lambda: sediment_one(a.dir, a.seconds), "sqlite 1": lambda: sqlite_one(a.dir, a.seconds),
              f"sediment {a.threads}": lambda: sediment_many(a.dir, a.threads, a.seconds),
-             f"bare loop {a.threads}": lambda: bare_loop(a.threads, a.seconds)}
+             f"bare loop {a.threads}": lambda: bare_loop(a.threads, a.seconds, loop_sync(a.loop_sync))}
+    if a.many:
+        del cases["sediment 1"], cases["sqlite 1"]
+    if a.bell_loop:
+        cases[f"bell loop {a.threads}"] = lambda: bell_loop(a.threads, a.seconds, loop_sync(a.loop_sync))
     if a.slices:
         turns: list[dict] = []
 
@@ -297,11 +392,12 @@ def main(argv: list[str] | None = None) -> int:
             r = case()
             res[name].append(r)
             print(f"round {i + 1} {name}: {r['rate']:,.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
-                  f"CPU {r['cpu_us']:.0f} us/append" + (f" {r['per_sync']:.1f}/sync {r['per_record']:.1f}/record"
+                  f"CPU {r['cpu_us']:.0f} us/append" + (f" {r['switches']:.2f} switches/append" if "switches" in r
+                                                        else "") + (f" {r['per_sync']:.1f}/sync {r['per_record']:.1f}/record"
                                                         if "per_sync" in r else ""),
                   file=sys.stderr)
         loads.append(os.getloadavg()[0])
-    ratios = [s["rate"] / q["rate"] for s, q in zip(res["sediment 1"], res["sqlite 1"], strict=True)]
+    ratios = [s["rate"] / q["rate"] for s, q in zip(res.get("sediment 1", []), res.get("sqlite 1", []), strict=True)]
     ceil = [s["rate"] / q["rate"] for s, q in zip(res[f"sediment {a.threads}"], res[f"bare loop {a.threads}"],
                                                   strict=True)]
     print(f"load average {min(loads):.1f}-{max(loads):.1f}, {a.rounds} rounds x {a.seconds} s, medians (min-max)")
@@ -310,11 +406,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, runs in res.items():
         print(f"| {name} | {fmt(runs, 'rate')} | {fmt(runs, 'p50_ms', digits=2)} | {fmt(runs, 'p99_ms', digits=2)} "
               f"| {fmt(runs, 'cpu_us')} |")
-    print(f"one writer, sediment / SQLite per round: {statistics.median(ratios):.2f}x "
-          f"({min(ratios):.2f}-{max(ratios):.2f})")
+    if ratios:
+        print(f"one writer, sediment / SQLite per round: {statistics.median(ratios):.2f}x "
+              f"({min(ratios):.2f}-{max(ratios):.2f})")
     print(f"{a.threads} writers, sediment / bare loop per round: {statistics.median(ceil):.2f}x "
           f"({min(ceil):.2f}-{max(ceil):.2f}); appends per fdatasync {fmt(res[f'sediment {a.threads}'], 'per_sync', digits=1)}"
-          f", per WAL record {fmt(res[f'sediment {a.threads}'], 'per_record', digits=1)}")
+          f", per WAL record {fmt(res[f'sediment {a.threads}'], 'per_record', digits=1)}; voluntary context "
+          f"switches per append {fmt(res[f'sediment {a.threads}'], 'switches', digits=2)} (bare loop "
+          f"{fmt(res[f'bare loop {a.threads}'], 'switches', digits=2)})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rounds": res, "load": loads}, f, indent=1)
