@@ -194,9 +194,13 @@ def _client(uri: str, token: str, n: int, appends: int, ready, results, in_loop:
     client.close()
 
 
-def run_network(eng, subscribers: int, appends: int, in_loop: bool = False) -> tuple[dict[int, float], list[float],
-                                                                                    list, float]:
-    """4 client processes; the fourth item: their CPU and their loops' wake-ups, each summed."""
+def run_clients(eng, client, subscribers: int, appends: int, in_loop: bool) -> tuple[dict[int, float], list[float],
+                                                                                 list, float]:
+    """Serve ``eng`` on loopback, start ``client`` in up to CLIENT_PROCESSES spawned processes
+    that share the ``subscribers`` (its arguments: uri, token, its share, appends, the ready and
+    results queues, ``in_loop``), and append once every one is ready: the appends' submit times
+    and latencies, each process's result, and this process's CPU from the first append to the
+    last result."""
     from sediment.server import SedimentFlightServer
 
     token = uuid.uuid4().hex
@@ -206,18 +210,27 @@ def run_network(eng, subscribers: int, appends: int, in_loop: bool = False) -> t
         ready, results = ctx.Queue(), ctx.Queue()
         shares = [subscribers // CLIENT_PROCESSES + (k < subscribers % CLIENT_PROCESSES)
                   for k in range(min(CLIENT_PROCESSES, subscribers))]
-        procs = [ctx.Process(target=_client, args=(server.uri, token, n, appends, ready, results, in_loop),
+        procs = [ctx.Process(target=client, args=(server.uri, token, n, appends, ready, results, in_loop),
                              daemon=True) for n in shares]
         for p in procs:
             p.start()
         for _ in procs:
             ready.get(timeout=300)
+        cpu = time.process_time()
         submitted, latency = write(eng, appends)
         sent = [results.get(timeout=600) for _ in procs]
+        cpu = time.process_time() - cpu
         for p in procs:
             p.join(timeout=60)
     finally:
         server.stop(grace=10)
+    return submitted, latency, sent, cpu
+
+
+def run_network(eng, subscribers: int, appends: int, in_loop: bool = False) -> tuple[dict[int, float], list[float],
+                                                                                    list, float]:
+    """4 client processes; the fourth item: their CPU and their loops' wake-ups, each summed."""
+    submitted, latency, sent, _cpu = run_clients(eng, _client, subscribers, appends, in_loop)
     return (submitted, latency, [out for outs, _, _ in sent for out in outs],
             (sum(cpu for _, cpu, _ in sent), sum(wakes for _, _, wakes in sent)))
 

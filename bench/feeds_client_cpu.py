@@ -24,14 +24,12 @@ process's CPU for the run and the delivery p99, median (min-max) over the rounds
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shutil
 import statistics
 import tempfile
 import threading
 import time
-import uuid
 
 import feeds
 
@@ -121,34 +119,13 @@ def _client(uri: str, token: str, n: int, appends: int, ready, results, in_loop:
 
 
 def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
-    from sediment.server import SedimentFlightServer
-
     data = tempfile.mkdtemp(prefix="sediment-bench-client-cpu-", dir=root)
     try:
         with sediment.open(data, compact=False) as eng:
             eng.add_relation("r", feeds.SCHEMA)
             eng.seal("r", 0)
-            token = uuid.uuid4().hex
-            server = SedimentFlightServer(eng, "grpc://127.0.0.1:0", token)
-            ctx = mp.get_context("spawn")
-            try:
-                ready, results = ctx.Queue(), ctx.Queue()
-                shares = [subscribers // feeds.CLIENT_PROCESSES + (k < subscribers % feeds.CLIENT_PROCESSES)
-                          for k in range(min(feeds.CLIENT_PROCESSES, subscribers))]
-                procs = [ctx.Process(target=_client, args=(server.uri, token, n, appends, ready, results,
-                                                           mode == "network-async"), daemon=True) for n in shares]
-                for p in procs:
-                    p.start()
-                for _ in procs:
-                    ready.get(timeout=300)
-                cpu = time.process_time()
-                submitted, _latency = feeds.write(eng, appends)
-                sent = [results.get(timeout=600) for _ in procs]
-                cpu = time.process_time() - cpu
-                for p in procs:
-                    p.join(timeout=60)
-            finally:
-                server.stop(grace=10)
+            submitted, _latency, sent, cpu = feeds.run_clients(eng, _client, subscribers, appends,
+                                                                 mode == "network-async")
     finally:
         shutil.rmtree(data, ignore_errors=True)
     delivery = [at - submitted[i] for received, _ in sent for out in received for i, at in out]

@@ -22,12 +22,10 @@ client to task) and of the append itself.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shutil
 import statistics
 import tempfile
-import uuid
 
 import feeds
 
@@ -64,7 +62,6 @@ def _client(uri: str, token: str, n: int, appends: int, ready, results, in_loop:
 
 
 def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
-    from sediment.server import SedimentFlightServer
 
     fed: list[float] = []  # callback time of each UPDATES event, in order: the writer's k-th append
     served: dict[int, float] = {}
@@ -86,25 +83,8 @@ def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
         with sediment.open(data, compact=False) as eng:
             eng.add_relation("r", feeds.SCHEMA)
             eng.seal("r", 0)
-            token = uuid.uuid4().hex
-            server = SedimentFlightServer(eng, "grpc://127.0.0.1:0", token)
-            ctx = mp.get_context("spawn")
-            try:
-                ready, results = ctx.Queue(), ctx.Queue()
-                shares = [subscribers // feeds.CLIENT_PROCESSES + (k < subscribers % feeds.CLIENT_PROCESSES)
-                          for k in range(min(feeds.CLIENT_PROCESSES, subscribers))]
-                procs = [ctx.Process(target=_client, args=(server.uri, token, n, appends, ready, results,
-                                                           mode == "network-async"), daemon=True) for n in shares]
-                for p in procs:
-                    p.start()
-                for _ in procs:
-                    ready.get(timeout=300)
-                submitted, latency = feeds.write(eng, appends)
-                sent = [results.get(timeout=600) for _ in procs]
-                for p in procs:
-                    p.join(timeout=60)
-            finally:
-                server.stop(grace=10)
+            submitted, latency, sent, _cpu = feeds.run_clients(eng, _client, subscribers, appends,
+                                                                 mode == "network-async")
     finally:
         feed_module.FeedLog.add, shared_feeds.share_messages = add, make
         shutil.rmtree(data, ignore_errors=True)
