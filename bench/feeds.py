@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
@@ -239,26 +240,34 @@ MODES = {"in-process": run_in_process, "in-process-async": run_in_process_async,
          "network-async": lambda eng, n, appends: run_network(eng, n, appends, in_loop=True)}
 
 
-def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
-    data = tempfile.mkdtemp(prefix="sediment-bench-feeds-", dir=root)
+@contextlib.contextmanager
+def fresh_engine(root: str, prefix: str):
+    """An engine in a new directory under ``root`` (removed after), compaction off, with the
+    relation ``r`` sealed through 0."""
+    data = tempfile.mkdtemp(prefix=prefix, dir=root)
     try:
         with sediment.open(data, compact=False) as eng:
             eng.add_relation("r", SCHEMA)
             eng.seal("r", 0)
-            cpu = time.process_time()
-            submitted, latency, received, *clients = MODES[mode](eng, subscribers, appends)
-            client_cpu, wakes = clients[0] if clients else (0.0, 0)
-            cpu = time.process_time() - cpu
-        delivery = [at - submitted[i] for out in received for i, at in out]
-        missing = subscribers * appends - len(delivery)
-        delivery = delivery or [0.0]
-        return {"append_p99": pct(latency, 99), "delivery_p50": pct(delivery, 50),
-                "delivery_p99": pct(delivery, 99), "missing": missing,
-                "cpu_us": cpu / max(1, len(delivery) if subscribers else appends) * 1e6,
-                "client_cpu_us": client_cpu / max(1, len(delivery)) * 1e6,
-                "loop_wakes": wakes / appends / min(CLIENT_PROCESSES, subscribers or 1)}
+            yield eng
     finally:
         shutil.rmtree(data, ignore_errors=True)
+
+
+def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
+    with fresh_engine(root, "sediment-bench-feeds-") as eng:
+        cpu = time.process_time()
+        submitted, latency, received, *clients = MODES[mode](eng, subscribers, appends)
+        client_cpu, wakes = clients[0] if clients else (0.0, 0)
+        cpu = time.process_time() - cpu
+    delivery = [at - submitted[i] for out in received for i, at in out]
+    missing = subscribers * appends - len(delivery)
+    delivery = delivery or [0.0]
+    return {"append_p99": pct(latency, 99), "delivery_p50": pct(delivery, 50),
+            "delivery_p99": pct(delivery, 99), "missing": missing,
+            "cpu_us": cpu / max(1, len(delivery) if subscribers else appends) * 1e6,
+            "client_cpu_us": client_cpu / max(1, len(delivery)) * 1e6,
+            "loop_wakes": wakes / appends / min(CLIENT_PROCESSES, subscribers or 1)}
 
 
 def spread(values: list[float], scale: float = 1.0, fmt: str = ".2f") -> str:

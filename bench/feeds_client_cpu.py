@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import tempfile
 import threading
@@ -33,7 +32,6 @@ import time
 
 import feeds
 
-import sediment
 from sediment.net import shared_subscription
 
 PARTS = ("receive", "decode", "hand", "deliver", "other")
@@ -119,15 +117,8 @@ def _client(uri: str, token: str, n: int, appends: int, ready, results, in_loop:
 
 
 def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
-    data = tempfile.mkdtemp(prefix="sediment-bench-client-cpu-", dir=root)
-    try:
-        with sediment.open(data, compact=False) as eng:
-            eng.add_relation("r", feeds.SCHEMA)
-            eng.seal("r", 0)
-            submitted, _latency, sent, cpu = feeds.run_clients(eng, _client, subscribers, appends,
-                                                                 mode == "network-async")
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
+    with feeds.fresh_engine(root, "sediment-bench-client-cpu-") as eng:
+        submitted, _latency, sent, cpu = feeds.run_clients(eng, _client, subscribers, appends, mode == "network-async")
     delivery = [at - submitted[i] for received, _ in sent for out in received for i, at in out]
     n = max(1, len(delivery))
     got = {p: sum(split[p] for _, split in sent) / n * 1e6 for p in PARTS}

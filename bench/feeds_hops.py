@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import tempfile
 
 import feeds
 
-import sediment
 from sediment.engine import feed as feed_module
 from sediment.net import shared_feeds, shared_subscription
 
@@ -78,16 +76,12 @@ def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
         return make(meta, parts)
 
     feed_module.FeedLog.add, shared_feeds.share_messages = timed_add, timed_messages
-    data = tempfile.mkdtemp(prefix="sediment-bench-hops-", dir=root)
     try:
-        with sediment.open(data, compact=False) as eng:
-            eng.add_relation("r", feeds.SCHEMA)
-            eng.seal("r", 0)
+        with feeds.fresh_engine(root, "sediment-bench-hops-") as eng:
             submitted, latency, sent, _cpu = feeds.run_clients(eng, _client, subscribers, appends,
                                                                  mode == "network-async")
     finally:
         feed_module.FeedLog.add, shared_feeds.share_messages = add, make
-        shutil.rmtree(data, ignore_errors=True)
     # an update's time is its id + 1 (feeds.write)
     hops: dict[str, list[float]] = {"append": latency, "submit->feed": [], "feed->server": [],
                                     "server->client": [], "client->task": [], "delivery": []}
