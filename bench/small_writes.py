@@ -82,10 +82,9 @@ def summary(lats: list[float], elapsed: float, cpu: float, switches: int | None 
     return out
 
 
-def timed_loop(step, seconds: float) -> dict:
-    """Call ``step()`` for ``seconds``; latencies, rate and process CPU per call."""
-    step()  # warm-up
-    lats = []
+def time_calls(step, seconds: float, lats: list[float]) -> tuple[float, float]:
+    """Call ``step()`` for ``seconds``, adding each call's latency to ``lats``; the wall time
+    and process CPU spent."""
     t0, c0 = time.perf_counter(), time.process_time()
     end = t0 + seconds
     while True:
@@ -95,7 +94,14 @@ def timed_loop(step, seconds: float) -> dict:
         lats.append(b - a)
         if b >= end:
             break
-    return summary(lats, time.perf_counter() - t0, time.process_time() - c0)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def timed_loop(step, seconds: float) -> dict:
+    """Call ``step()`` for ``seconds``; latencies, rate and process CPU per call."""
+    step()  # warm-up
+    lats: list[float] = []
+    return summary(lats, *time_calls(step, seconds, lats))
 
 
 def sediment_one(root: str, seconds: float) -> dict:
@@ -149,18 +155,9 @@ def one_writer_sliced(root: str, seconds: float, slices: int) -> tuple[dict, dic
                 step()  # warm-up
             for i in range(slices):
                 for k in ((0, 1) if i % 2 == 0 else (1, 0)):
-                    step, mine = steps[k], lats[k]
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    end = t0 + seconds / slices
-                    while True:
-                        a = time.perf_counter()
-                        step()
-                        b = time.perf_counter()
-                        mine.append(b - a)
-                        if b >= end:
-                            break
-                    spent[k] += time.perf_counter() - t0
-                    cpu[k] += time.process_time() - c0
+                    wall, used = time_calls(steps[k], seconds / slices, lats[k])
+                    spent[k] += wall
+                    cpu[k] += used
             return summary(lats[0], spent[0], cpu[0]), summary(lats[1], spent[1], cpu[1])
         finally:
             conn.close()
