@@ -47,11 +47,17 @@ def _filled(path, n: int, t: int = 1, **options):
     return engine
 
 
-def _timed(call, busy: int = 2):
+def _timed(call, busy: int = 2, tries: int = 1):
+    """``call``'s result and its quickest time of ``tries`` beside ``busy`` threads: a pass a
+    record waits for the lock thousands of times in every try, while a host's other load
+    slows only some tries."""
     with threads_running_python(busy):
-        started = time.perf_counter()
-        got = call()
-        return got, time.perf_counter() - started
+        took = []
+        for _ in range(tries):
+            started = time.perf_counter()
+            got = call()
+            took.append(time.perf_counter() - started)
+        return got, min(took)
 
 
 def test_a_pass_after_a_reopen_reads_its_records_from_the_ring_together_beside_busy_threads(tmp_path):
@@ -72,7 +78,7 @@ def test_a_snapshot_of_a_long_tail_after_a_reopen_reads_the_ring_together_beside
     n, ring = 500, {"wal": f"device:{tmp_path / 'ring.dev'}", "wal_capacity": 8 << 20}
     _filled(tmp_path / "d", n, **ring).close()
     with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None, **ring) as engine:
-        got, took = _timed(lambda: engine.snapshot("r", as_of=1))
+        got, took = _timed(lambda: engine.snapshot("r", as_of=1), tries=3)
     assert got.column("id").to_pylist() == list(range(n))
     assert got.column("payload").to_pylist() == [b"p%d" % i for i in range(n)]
     assert took < 2.0, f"a snapshot of {n} one-row records read back from the ring took {took:.1f} s"
@@ -83,7 +89,7 @@ def test_a_replay_of_a_long_tail_decodes_its_records_together_beside_busy_thread
     n = 5_000
     with _filled(tmp_path / "d", n, t=3) as engine:
         _one_row_records(engine, range(n, n + 100), 2)  # earlier times after later ones: a sort is needed
-        rows, took = _timed(lambda: pa.Table.from_batches(list(engine.replay("r"))))
+        rows, took = _timed(lambda: pa.Table.from_batches(list(engine.replay("r"))), tries=3)
     ids = rows.column("id").to_pylist()
     assert ids == list(range(n, n + 100)) + list(range(n))
     assert rows.column("time").to_pylist() == [2] * 100 + [3] * n
