@@ -331,6 +331,25 @@ def test_a_sorted_block_cut_anywhere_keeps_its_rows_and_runs(seed):
                                                                        fresh.counts.to_pylist())
 
 
+@pytest.mark.parametrize("python_runs", [0, 1 << 30])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_times_counted_over_blocks_and_their_cut_parts_equal_a_count_of_the_rows(seed, python_runs,
+                                                                                      monkeypatch):
+    """The merge's distinct times and their row counts, summed in Python (few runs) or by a
+    hash group-by (many), over whole blocks and the parts of blocks cut at a bound."""
+    monkeypatch.setattr(time_order, "PYTHON_RUNS", python_runs)
+    rng = random.Random(seed)
+    blocks = []
+    for _ in range(rng.randrange(1, 6)):
+        lo = rng.randrange(0, 20)
+        (block,) = time_order.sorted_blocks([_block_rows(rng, rng.randrange(1, 200), lo, lo + rng.randrange(0, 12))],
+                                            UPDATE)
+        below, above = block.cut(lo + rng.randrange(0, 12))
+        blocks += [b for b in (below, above) if b is not None] if rng.random() < 0.5 else [block]
+    times = [t for b in blocks for t in b.rows.column("time").to_pylist()]
+    assert time_order._counts(blocks) == (sorted(set(times)), [times.count(t) for t in sorted(set(times))])
+
+
 def _distinct_updates(rng: random.Random, n: int, t_lo: int, t_hi: int, fixed: bool) -> pa.Table:
     """Like :func:`_updates`, with keys from a large space: few rows consolidate away."""
     ks = [rng.randrange(1 << 30) for _ in range(n)]
