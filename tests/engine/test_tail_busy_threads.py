@@ -97,16 +97,17 @@ def test_a_snapshot_of_a_long_tail_after_a_reopen_reads_the_ring_together_beside
 
 
 def test_a_replay_of_a_long_tail_decodes_its_records_together_beside_busy_threads(tmp_path):
-    # a decode and a sort a record: 5,000 records ~5 s
+    # a decode and a sort a record: 5,000 records 3.5 s against 0.15-0.5 s at best of 3 on a
+    # loaded host with the default 5 ms switch interval; with 20 ms, 5-11 s against 0.3-0.6 s
     n = 5_000
     with _filled(tmp_path / "d", n, t=3) as engine:
         _one_row_records(engine, range(n, n + 100), 2)  # earlier times after later ones: a sort is needed
-        rows, took = _timed(lambda: pa.Table.from_batches(list(engine.replay("r"))), tries=3)
+        rows, took = _timed(lambda: pa.Table.from_batches(list(engine.replay("r"))), tries=3, switch=0.02)
     ids = rows.column("id").to_pylist()
     assert ids == list(range(n, n + 100)) + list(range(n))
     assert rows.column("time").to_pylist() == [2] * 100 + [3] * n
     assert rows.column("payload").to_pylist() == [b"p%d" % i for i in ids]
-    assert took < 2.0, f"a replay of {n} one-row records took {took:.1f} s"
+    assert took < 3.0, f"a replay of {n} one-row records took {took:.1f} s at best of 3"
 
 
 WIDE = pa.schema([("id", pa.int64())] + [(f"c{j}", pa.string()) for j in range(16)])
