@@ -215,7 +215,9 @@ def test_join_rebalances_sigterm_hands_over_and_the_manager_is_replaced(cluster)
         handed = time.monotonic()
         writers[2].first_ack_after(handed)
         handover = writers[2].longest_gap(stopped, time.monotonic())
-        assert handover <= 2.0, handover  # the new owner serves within about a second
+        # the new owner serves within about a second (0.6-1.0 s on a loaded host); a hand-over
+        # that waited for the leaving member's session to end would take the session or more
+        assert handover <= cluster.session_timeout - 0.5, handover
         handed_over = re.search(r"handed partition 2 over: (\d+) appends taken after the new assignment, until "
                                 r"the new owner fenced it", Path(leaving.log.name).read_text())
         assert handed_over, "the leaving owner held the partition for appends until the new owner fenced it"
