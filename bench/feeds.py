@@ -270,6 +270,18 @@ def run(mode: str, subscribers: int, appends: int, root: str) -> dict:
             "loop_wakes": wakes / appends / min(CLIENT_PROCESSES, subscribers or 1)}
 
 
+def banner(subscribers: int, appends: int, extra: str = "") -> None:
+    """The run's first line: the host's cores and load, and what each case does."""
+    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {subscribers} subscribers, {appends} appends{extra}",
+          flush=True)
+
+
+def in_turn(modes: list[str], r: int) -> list[str]:
+    """``modes`` in round ``r``'s order: each round starts one further along, so no mode
+    always runs first after the previous round."""
+    return modes[r % len(modes):] + modes[:r % len(modes)]
+
+
 def spread(values: list[float], scale: float = 1.0, fmt: str = ".2f") -> str:
     return (f"{statistics.median(values) * scale:{fmt}} "
             f"({min(values) * scale:{fmt}}-{max(values) * scale:{fmt}})")
@@ -294,7 +306,7 @@ def main() -> None:
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {appends} one-row appends per case", flush=True)
     for r in range(rounds):
         for n in counts:
-            for mode in modes[r % len(modes):] + modes[:r % len(modes)] if n else ["in-process"]:
+            for mode in in_turn(modes, r) if n else ["in-process"]:
                 got = run(mode, n, appends, args.dir)
                 results[(mode, n)].append(got)
                 print(f"round {r + 1}: {mode:16s} {n:5d} subscribers: append p99 {got['append_p99'] * 1e3:.2f} ms, "

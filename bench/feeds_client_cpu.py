@@ -141,10 +141,9 @@ def main() -> None:
     feeds.PACE[0] = args.pace_ms / 1e3
     modes = args.modes.split(",")
     got: dict[str, list[dict]] = {m: [] for m in modes}
-    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {args.subscribers} subscribers, "
-          f"{args.appends} appends", flush=True)
+    feeds.banner(args.subscribers, args.appends)
     for r in range(args.rounds):
-        for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+        for mode in feeds.in_turn(modes, r):
             row = run(mode, args.subscribers, args.appends, args.dir)
             got[mode].append(row)
             print(f"round {r + 1} {mode}: " + ", ".join(f"{p} {row[p]:.2f}" for p in PARTS)

@@ -112,10 +112,9 @@ def main() -> None:
     args = ap.parse_args()
     modes = args.modes.split(",")
     got: dict[str, list[dict]] = {m: [] for m in modes}
-    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {args.subscribers} subscribers, "
-          f"{args.appends} appends", flush=True)
+    feeds.banner(args.subscribers, args.appends)
     for r in range(args.rounds):
-        for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+        for mode in feeds.in_turn(modes, r):
             hops = run(mode, args.subscribers, args.appends, args.dir)
             got[mode].append(hops)
             print(f"round {r + 1} {mode}: " + ", ".join(f"{k} {p50 * 1e3:.2f}/{p99 * 1e3:.2f}"

@@ -114,10 +114,9 @@ def main() -> None:
     modes = args.modes.split(",")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval / 1e3)
-    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {args.subscribers} subscribers, "
-          f"{args.appends} appends, switch interval {sys.getswitchinterval() * 1e3:g} ms", flush=True)
+    feeds.banner(args.subscribers, args.appends, f", switch interval {sys.getswitchinterval() * 1e3:g} ms")
     for r in range(args.rounds):
-        for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+        for mode in feeds.in_turn(modes, r):
             got = one_round(args.subscribers, args.appends, args.dir, mode)
             shown = ", ".join(f"{k} {v * 1e3:.2f} ms" if k.endswith(("p50", "p99")) else f"{k} {v:.2f}"
                               for k, v in got.items())
