@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -211,3 +212,102 @@ def test_a_zero_timeout_on_the_main_thread_takes_what_is_queued():
     events.put("event")
     assert wait_item(events, 0, lambda: False) == "event"
     assert wait_item(events, 0, lambda: False) is NOTHING
+
+
+def _asleep_in_turn(subs: list, got: list[list]) -> list[threading.Thread]:
+    """A thread per subscriber reading its next event into ``got`` (waiting for it with no
+    timeout, which would end a stalled relay's wait), each started once the one before
+    sleeps in the feed (so the relay wakes them in this order)."""
+    threads = []
+    for sub, out in zip(subs, got, strict=True):
+        def read(sub=sub, out=out) -> None:
+            try:
+                out.append(sub.next())
+            except Exception as exc:  # noqa: BLE001 - the test looks at what was raised
+                out.append(exc)
+        threads.append(threading.Thread(target=read, daemon=True))
+        threads[-1].start()
+        assert _until(lambda sub=sub: sub.sleeping), "a subscriber never went to sleep"
+    return threads
+
+
+def _until(ok, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not ok():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _steps(feed, subs: list, monkeypatch) -> list[tuple[int, str]]:
+    """(subscriber id, "take" or "hand on"), in the order the subscribers' threads did them."""
+    steps: list[tuple[int, str]] = []
+    real_settle = feed.settle
+
+    def settle(sub, forget=False):
+        steps.append((sub.id, "hand on"))
+        return real_settle(sub, forget)
+
+    monkeypatch.setattr(feed, "settle", settle)
+    for sub in subs:
+        def take(items, i, sub=sub, real=sub._take):
+            steps.append((sub.id, "take"))
+            return real(items, i)
+        monkeypatch.setattr(sub, "_take", take)
+    return steps
+
+
+@pytest.mark.embedded_only  # watches the feed's relay from inside
+@pytest.mark.parametrize("behind", ["near the head", "far behind"])
+def test_a_woken_subscriber_takes_its_event_before_waking_the_next_unless_far_behind(open_engine, monkeypatch,
+                                                                                      behind):
+    from sediment.engine import feed as feed_mod
+
+    if behind == "far behind":
+        monkeypatch.setattr(feed_mod, "_TAKE_FIRST", 0)
+    eng = open_engine()
+    subs = _subscribed(eng, 4)
+    feed = eng.view.relations["r"].feed
+    got: list[list] = [[] for _ in subs]
+    threads = _asleep_in_turn(subs, got)
+    steps = _steps(feed, subs, monkeypatch)
+    eng.append("r", one_row(5))
+    for th in threads:
+        th.join(timeout=10)
+    assert not any(th.is_alive() for th in threads), "the relay left a subscriber asleep"
+    assert [out[0].table.column("k").to_pylist() for out in got] == [[5]] * 4
+    for sub in subs:
+        mine = [step for sub_id, step in steps if sub_id == sub.id]
+        expected = ["take", "hand on"] if behind == "near the head" else ["hand on", "take"]
+        assert mine == expected, f"subscriber {sub.id} ({behind}): {mine}"
+    for sub in subs:
+        sub.close()
+
+
+@pytest.mark.embedded_only  # breaks one subscriber's take
+def test_a_take_that_fails_still_wakes_the_next_sleeper(open_engine, monkeypatch):
+    from sediment.engine import feed as feed_mod
+
+    monkeypatch.setattr(feed_mod, "_CHAINS", 1)  # one chain: a lost hand-on would leave the rest asleep
+    eng = open_engine()
+    subs = _subscribed(eng, 4)
+
+    def broken(items, i):
+        raise RuntimeError("this take fails")
+
+    monkeypatch.setattr(subs[0], "_take", broken)
+    got: list[list] = [[] for _ in subs]
+    threads = _asleep_in_turn(subs, got)  # the failing one sleeps first: the relay wakes it first
+    eng.append("r", one_row(9))
+    for th in threads:
+        th.join(timeout=10)
+    stalled = sum(th.is_alive() for th in threads)
+    if stalled:
+        for sub in subs:
+            sub.close()
+    assert not stalled, f"the relay stopped at the failed take: {stalled} subscribers still asleep"
+    assert isinstance(got[0][0], RuntimeError)
+    assert [out[0].table.column("k").to_pylist() for out in got[1:]] == [[9]] * 3
+    for sub in subs:
+        sub.close()
