@@ -186,17 +186,30 @@ def _start_again(args: argparse.Namespace, location: str, token: str, tls: tuple
     return None
 
 
+class _SignalSafeEvent(threading.Event):
+    """An Event a signal handler may set. Python runs the handler in the main thread between
+    two bytecodes, possibly while that thread holds the event's lock (``Event.wait`` re-takes
+    it after each timed wake): with the plain lock, ``set`` then waited for its own thread
+    forever and serve ignored SIGTERM. A reentrant lock lets the handler in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cond = threading.Condition(threading.RLock())
+
+
 @contextmanager
-def _stop_on_signals(stop: threading.Event, signalled: threading.Event | None = None) -> Iterator[None]:
-    """SIGTERM and SIGINT set ``stop`` (and ``signalled``) inside; the handlers before are restored after."""
+def _stop_on_signals() -> Iterator[tuple[threading.Event, threading.Event]]:
+    """``(stop, signalled)``: SIGTERM and SIGINT set both inside (others may set ``stop``);
+    the handlers before are restored after."""
+    stop, signalled = _SignalSafeEvent(), _SignalSafeEvent()
+
     def handler(_sig: int, _frame: object) -> None:
-        if signalled is not None:
-            signalled.set()
+        signalled.set()
         stop.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield stop, signalled
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -279,16 +292,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host, port = args.listen
     _check_port_free(host, port)  # before the engine opens: a first start then leaves no directory behind
     location = f"grpc://[{host}]:{port}" if ":" in host else f"grpc://{host}:{port}"
-    stop = threading.Event()
     if args.cluster:
         from sediment.cli.cluster import serve_cluster
 
-        with _stop_on_signals(stop):
+        with _stop_on_signals() as (stop, _signalled):
             return serve_cluster(args, location, token, tls, stop)
     clean = True
     superseded: list[BaseException] = []
     failed: list[BaseException] = []
-    signalled = threading.Event()
 
     def on_superseded(err: BaseException) -> None:
         superseded.append(err)
@@ -298,7 +309,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         failed.append(err)
         stop.set()
 
-    with _stop_on_signals(stop, signalled):
+    with _stop_on_signals() as (stop, signalled):
         started: tuple[Any, Any] | None = _start(args, location, token, tls, on_superseded, on_failed)
         while started is not None:
             engine, server = started
