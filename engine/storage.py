@@ -32,6 +32,21 @@ from sediment.wal.protocol import WriteAheadLog
 _log = logging.getLogger(__name__)
 
 
+def _refuse_other_logs_options(given: dict[str, Any], record: StorageRecord, root: str) -> None:
+    """Options of a kind of log this engine does not use: they did nothing but were recorded,
+    so a user who meant them got a log without them, and a later open giving another value was
+    refused as contradicting the record of an option the log never used."""
+    kind = "the replicated log" if record.replicas else f"the {record.wal_spec.kind} log"
+    if given.get("wal_capacity") is not None and (record.replicas or record.wal_spec.kind != "device"):
+        raise InvalidArgument(f"wal_capacity={given['wal_capacity']!r} sizes the ring of a device log "
+                              f"(wal='device:PATH'), and {root} uses {kind}: leave it out (nothing was opened)")
+    for option in ("cluster_key", "log_partition"):
+        if given.get(option) is not None and not record.replicas:
+            raise InvalidArgument(f"{option}={given[option]!r} belongs to a replicated log (replicas=[...]), and "
+                                  f"{root} uses {kind}: leave it out, or give replicas=[...] too for a new engine "
+                                  "(nothing was opened)")
+
+
 @dataclass(eq=False)
 class Storage:
     """The engine's stores, each None until opened."""
@@ -78,6 +93,7 @@ class Storage:
             raise InvalidArgument(f"{self.dir.root} was created with the file log (wal='file'), not "
                                   f"wal={given['wal']!r}; open it with wal='file' (or leave wal out)")
         self.record = (recorded or StorageRecord()).merged(given, self.dir.root)
+        _refuse_other_logs_options(given, self.record, self.dir.root)
         if recorded is None or self.record != recorded:  # recorded once the engine has opened with it
             self._unsaved = (self.record.encode(), version)
         return self.record

@@ -67,7 +67,8 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     "s3://bucket/prefix" with ``s3_endpoint``; default ``<data_dir>/blobs``, refused with
     ``replicas``: every coordinator must reach the batches), ``replicas`` with
     ``cluster_key`` (the replicated log; needs ``metadata``; ``log_partition``: its partition
-    number on the storage nodes, default 0, one per engine of a cluster), ``compact`` (run the
+    number on the storage nodes, default 0, one per engine of a cluster; ``wal_capacity``,
+    ``cluster_key`` and ``log_partition`` given for another kind of log are refused), ``compact`` (run the
     background compacter, default True), ``compact_interval`` (seconds between passes
     besides the wake-up on every finished segment, default 5; a segment holding data
     that old is finished, so a sealed update reaches a batch within about twice it;

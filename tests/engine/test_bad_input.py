@@ -174,6 +174,9 @@ BAD_OPTIONS = {
     "max_record_bytes negative": {"max_record_bytes": -1},
     "max_wal_backlog str": {"max_wal_backlog": "1G"},
     "log_partition negative": {"log_partition": -1},
+    "wal_capacity of the file log": {"wal_capacity": 1 << 20},  # another log's options: refused, not recorded
+    "cluster_key without replicas": {"cluster_key": "0b7b0c2e-8a35-4f0e-9f43-5b8d5c0e7a11"},
+    "log_partition without replicas": {"log_partition": 1},
     "unknown option": {"segment_size": 1 << 20},
     "misspelt option": {"compact_intervall": 1.0},
 }
@@ -204,7 +207,7 @@ def test_bad_options_keep_an_existing_dir_as_it_was(tmp_path):
         eng.append("orders", ups([(1, "a", 1, 1)]))
         eng.seal("orders", 1)
     digest = dir_digest(data)
-    for options in ({"segment_bytes": -5}, {"merge_factor": "2"}, {"bogus": 1}):
+    for options in ({"segment_bytes": -5}, {"merge_factor": "2"}, {"bogus": 1}, {"wal_capacity": 1 << 20}):
         with pytest.raises(errors.InvalidArgument):
             sediment.open(data, **options)
     assert dir_digest(data) == digest
