@@ -215,7 +215,8 @@ class Reads:
                   max_lag: int | None = None) -> Subscription:
         """A feed of the relation: a ``snapshot`` event at ``as_of`` (default: the sealed
         frontier; skipped with ``resume``), an ``updates`` event with every stored update
-        after ``as_of``, a ``progress`` event for the sealed frontier, then every update and
+        after ``as_of`` (when there are any), a ``progress`` event for the sealed frontier (when
+        it is past ``as_of``: subscribed at the sealed frontier, none), then every update and
         progress record as it becomes durable, in order, with no gap and no repeat. Writers
         never wait for a subscriber; a slow one catches up from the WAL. See
         :mod:`sediment.engine.feed`.
