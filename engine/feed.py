@@ -12,16 +12,13 @@ the others wait for it; kept in a shared, bounded cache of recent events, each a
 subscriber as the same object.
 
 The writer never waits for a subscriber. Appending an event costs the writer a list
-append and, when subscribers sleep, at most two wake-ups: the sleepers join the feed's *relay*,
-and each subscriber woken from it wakes the next sleeper once it has taken its events (one
-at most :data:`_TAKE_FIRST` behind; one further behind, catching up, wakes it first, so a
-long catch-up holds no one up). With 100 or 1,000 subscriber threads, waking them all at
-once would have every one of them wait for the interpreter lock together (each polling for
-it); the relay keeps about :data:`_CHAINS` of them runnable at a time, so they take their
-turns back to back. Taking before waking means the next one finds the event decoded and
-the interpreter lock about to be let go: woken before the take, it waited for the decode
-and for the lock, and with the writer appending back to back a turn of 100 subscribers
-took three times as long.
+append and, when subscribers sleep, at most two wake-ups: the sleepers join the feed's
+*relay* (engine/feed_relay.py), which wakes :data:`_CHAINS` of them, and each one woken wakes
+the next sleeper once it has taken its events (one at most :data:`_TAKE_FIRST` behind; one
+further behind, catching up, wakes it first, so a long catch-up holds no one up). Taking
+before waking means the next one finds the event decoded and the interpreter lock about to
+be let go: woken before the take, it waited for the decode and for the lock, and with the
+writer appending back to back a turn of 100 subscribers took three times as long.
 Subscribers read the log without a lock. A subscriber that falls behind catches up in
 bulk (consecutive updates in one event, shared by the subscribers behind by the same
 updates) and reads records the cache no longer holds again from the WAL, which is kept
@@ -68,6 +65,7 @@ import pyarrow as pa
 
 from sediment.engine.feed_async import AsyncIterating, Loops, Seat, doze
 from sediment.engine.feed_bells import Bell, Bells
+from sediment.engine.feed_relay import CHAINS, Relay, release
 from sediment.errors import EngineClosed, FeedOverrun, UnknownRelation
 from sediment.interrupts import WaitingIterator, wait_slices
 
@@ -75,7 +73,7 @@ _MAX_BATCHED = 1024  # UPDATES records merged into one event for a subscriber th
 MAX_LAG = 1 << 18  # events a subscriber may fall behind before it is dropped (about 100 B each)
 CHECK_EVERY = 1024  # events between checks of the subscribers' lag (and trims of the log)
 _NBYTES = "nbytes"  # FeedEvent.encoded key of a table's size
-_CHAINS = 2  # subscribers of a relay woken at once; each wakes the next sleeper once it has taken its event
+_CHAINS = CHAINS  # subscribers of the relay woken at once
 _TAKE_FIRST = 64  # a woken subscriber at most this many events behind takes them before it wakes the next
 SNAPSHOT = "snapshot"
 UPDATES = "updates"
@@ -127,10 +125,7 @@ class FeedLog:
         self.window: tuple[int, list[tuple[str, int, int, int]]] = (0, [])
         self.next_seq = 0
         self.subs: dict[int, Subscription] = {}
-        self.waiting: list[Subscription] = []  # subscribers about to sleep, appended without a lock
-        self._relay: deque[Subscription] = deque()
-        self._relay_lock = threading.Lock()
-        self._chains = 0  # woken subscribers of the relay that have yet to wake the next
+        self.relay = Relay()  # subscribers about to sleep join its pending list, without a lock
         self._next_check = CHECK_EVERY
         self._events: dict[int, FeedEvent] = {}  # lsn -> decoded event, oldest first
         self._cache_bytes = 0
@@ -170,8 +165,8 @@ class FeedLog:
         self.next_seq += 1
         if self.next_seq >= self._next_check:
             self._check()
-        if self.waiting:
-            self._wake()
+        if self.relay.pending:
+            self.relay.start(_CHAINS)
         if self.loops:
             self._wake_loops()
         if self.bells:
@@ -181,42 +176,15 @@ class FeedLog:
         """One resume per event loop that has async subscribers asleep; a closed loop is forgotten."""
         self.loops.poke()
 
-    def _wake(self) -> None:
-        """Move the sleepers to the relay and start up to :data:`_CHAINS` wake-ups in it."""
-        waiting, self.waiting = self.waiting, []
-        with self._relay_lock:
-            self._relay.extend(waiting)
-            while self._chains < _CHAINS and self._hand_on():
-                self._chains += 1
-
-    def _hand_on(self) -> bool:
-        """Wake the relay's next subscriber that still sleeps (relay lock held); False if none."""
-        relay = self._relay
-        while relay:
-            sub = relay.popleft()
-            if sub.sleeping:
-                sub.sleeping = False
-                _release(sub.wake)
-                return True
-        return False
+    @property
+    def waiting(self) -> list[Subscription]:
+        """Subscribers asleep (or about to be) since the last event."""
+        return self.relay.pending
 
     def settle(self, sub: Subscription, forget: bool = False) -> None:
-        """``sub`` stopped waiting. If the relay woke it (it no longer counts as sleeping), it
-        wakes the next sleeper in its place, so every wake-up the relay starts carries on
-        until the relay is empty, whatever else woke ``sub`` (a timeout, a close, a drop).
-        ``forget``: it slept and nothing woke it (a timeout, Ctrl-C): it leaves the sleepers,
-        or the waits of an idle feed's readers with timeouts would pile up there until the
-        next event (an event moves them all to the relay, which skips those not asleep)."""
-        with self._relay_lock:
-            if sub.sleeping:
-                sub.sleeping = False
-                if forget:
-                    try:
-                        self.waiting.remove(sub)
-                    except ValueError:  # the writer moved it to the relay meanwhile
-                        pass
-            elif not self._hand_on():
-                self._chains -= 1
+        """``sub`` stopped waiting: :meth:`Relay.settle <sediment.engine.feed_relay.Relay.settle>`
+        (a wake-up of the relay is handed on, whatever ended the wait)."""
+        self.relay.settle(sub, forget)
 
     def _check(self) -> None:
         """Drop subscribers more than their ``max_lag`` behind, and trim what every cursor
@@ -226,7 +194,7 @@ class FeedLog:
             for sub in [s for s in self.subs.values() if self.next_seq - s.cursor > s.max_lag]:
                 sub.dropped_at = sub.cursor
                 del self.subs[sub.id]
-                _release(sub.wake)
+                release(sub.wake)
                 sub.seat.poke()
             self.loops.forget_closed()
             self._trim()
@@ -261,7 +229,7 @@ class FeedLog:
             if not self.subs:
                 self.window = (self.next_seq, [])
             self.loops.forget_closed()
-            _release(sub.wake)
+            release(sub.wake)
 
     def close(self, dropped_as: str | None = None) -> None:
         """End the feed: its subscribers' reads raise EngineClosed, or with ``dropped_as`` (the
@@ -269,8 +237,8 @@ class FeedLog:
         with self.changed:
             self.dropped_as = dropped_as
             self.closed = True
-            for sub in [*self.waiting, *self._relay]:
-                _release(sub.wake)
+            for sub in self.relay.everyone():
+                release(sub.wake)
             self.loops.poke()
             self.bells.ring()
 
@@ -359,13 +327,6 @@ def _nbytes(event: FeedEvent) -> int:
     return event.encoded(_NBYTES, lambda: event.table.nbytes if event.table is not None else 0)
 
 
-def _release(lock: threading.Lock) -> None:
-    try:
-        lock.release()
-    except RuntimeError:  # already released: the sleeper was woken twice
-        pass
-
-
 def resume_advice(last_progress: int | None, as_of: int | None) -> str:
     """How a dropped subscriber resumes without losing updates: from the last progress it
     read, else from the time its subscription started at (its snapshot's), never from the
@@ -432,7 +393,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             if deadline is not None and deadline - _time.monotonic() <= 0:
                 return None
             self.sleeping = True
-            feed.waiting.append(self)  # then look again: an event may have come meanwhile
+            feed.relay.pending.append(self)  # then look again: an event may have come meanwhile
             base, items = feed.window
             wait = -1 if deadline is None else deadline - _time.monotonic()
             if self.cursor - base >= len(items) and not self._closed and self.dropped_at is None \

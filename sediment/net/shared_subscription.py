@@ -2,7 +2,10 @@
 
 A client's subscriptions to one relation share one Flight stream: the first opens it
 (``feed_share``), the next ones join it (``feed_join``), and one thread per stream reads
-it, decodes each event once and hands it to the queue of every subscription it names.
+it, decodes each event once and hands it to the queue of every subscription it names,
+then wakes their reader threads through a relay (engine/feed_relay.py): a few at a time,
+each waking the next once it has the event, where waking them all at once had every one
+of them wait for the interpreter lock together (docs/benchmarks.md, "Feed latency").
 Each subscription is the server's own engine subscription, so it has its own snapshot,
 position and ``max_lag``; closing one (``feed_leave``) leaves the others running, and the
 last one to close cancels the stream. A stream that breaks ends every subscription on it
@@ -16,7 +19,6 @@ predates the op gets each subscription a stream of its own
 from __future__ import annotations
 
 import json
-import queue
 import threading
 import uuid
 from collections.abc import Callable
@@ -28,6 +30,7 @@ import pyarrow.flight as flight
 
 from sediment.arrow_codec import StreamDecoder, table_from_ipc
 from sediment.engine.feed_async import AsyncIterating, Loops, Seat
+from sediment.engine.feed_relay import Relay, RelayQueue
 from sediment.errors import CoordinatorUnavailable, EngineClosed, SedimentError, ServerError
 from sediment.interrupts import WaitingIterator
 from sediment.net.async_reads import NOTHING, wait_item_async
@@ -75,7 +78,7 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
         self._as_of = as_of
         self._stream = stream
         self._relation = stream.relation
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._queue = RelayQueue(stream.relay)
         self._max_lag = MAX_QUEUED if max_lag is None else max_lag
         self._closed = False
         self._dropped = False
@@ -93,7 +96,9 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
 
     def push(self, item: Any, initial: bool = False) -> None:
         """Queue an event (``initial``: one of its snapshot, stored updates and first progress)
-        or the error that ends this subscription (the stream's reader calls it)."""
+        or the error that ends this subscription (the stream's reader calls it). An event
+        wakes a reader thread through the stream's relay, which the reader starts once the
+        event is queued for every subscription it is for; an error wakes it at once."""
         if self._dropped:
             return
         if isinstance(item, BaseException):
@@ -109,7 +114,7 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
                 threading.Thread(target=self._stream.leave, args=(self.id,), name="sediment-feed-leave",
                                  daemon=True).start()  # not on the reader thread: the others go on meanwhile
                 return
-        self._queue.put((item, initial))
+        self._queue.put_quiet((item, initial))
 
     def next(self, timeout: float | None = None) -> Any:
         """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None on
@@ -180,6 +185,7 @@ class SharedStream:
         self._reader: flight.FlightStreamReader | None = None
         self._closed_by: BaseException | None = None  # the error for its subscriptions once the client closed
         self.loops = Loops()  # event loops its subscriptions are read in
+        self.relay = Relay()  # its subscriptions' reader threads asleep (engine/feed_relay.py)
         self.ended = False
 
     def add(self, as_of: int | None, resume: bool, max_lag: int | None) -> SharedSubscription | None:
@@ -273,6 +279,8 @@ class SharedStream:
                 event, initial = decode_event(meta, data, decode), bool(meta.get("initial"))
                 for sub in subs:
                     sub.push(event, initial)
+                if self.relay.pending:
+                    self.relay.start()
                 self.loops.poke()
         except flight.FlightError as exc:
             failure = typed_error(exc)

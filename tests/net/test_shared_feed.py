@@ -5,6 +5,8 @@ all of them, each subscription still its own. Real server, real engine, real gRP
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -280,6 +282,37 @@ def test_subscriptions_from_many_threads_share_the_stream(served, messages):
     updates = [ids for kind, ids in messages if kind == "updates"]
     assert sorted(sid for ids in updates for sid in ids) == sorted(s.id for s in subs)
     assert len(updates) < 8, "the subscriptions made from other threads got a stream each"
+
+
+def test_reader_threads_asleep_on_one_stream_are_woken_for_every_event(served):
+    """Each subscription read by a thread of its own that waits with no timeout: the stream's
+    reading thread queues an event for them all, then wakes them through its relay."""
+    engine, _server, client = served
+    subs = snapshots_taken(client, 12)
+    got: list[list[int]] = [[] for _ in subs]
+
+    def read(sub, out: list[int]) -> None:
+        for event in sub:
+            if event.kind == "updates":
+                out.extend(event.table.column("k").to_pylist())
+                if len(out) >= 40:
+                    return
+
+    threads = [threading.Thread(target=read, args=(s, out), daemon=True) for s, out in zip(subs, got, strict=True)]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + 10
+    while not all(s._queue.sleeping for s in subs) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    for k in range(40):
+        engine.append("r", row(k))
+    for th in threads:
+        th.join(timeout=30)
+    stalled = sum(th.is_alive() for th in threads)
+    for s in subs:
+        s.close()
+    assert not stalled, f"{stalled} reader threads were never woken"
+    assert got == [list(range(40))] * len(subs)
 
 
 def test_the_worked_example_in_formats_md_decodes_to_its_event():
