@@ -382,7 +382,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
     def next(self, timeout: float | None = None) -> FeedEvent | None:
         """The next event, waiting up to ``timeout`` seconds (None: forever). Returns None
         on timeout or once the subscription is closed."""
-        if self._pending:
+        if self._pending and self._initial_due():
             return self._note(self._pending.popleft())
         feed = self._feed
         deadline = None if timeout is None else _time.monotonic() + timeout
@@ -426,7 +426,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         :mod:`sediment.engine.feed_async`). Returns None on timeout or once closed; raises
         FeedOverrun and EngineClosed as :meth:`next` does. Cancelling the awaiting task
         leaves the subscription as it was: read or close it after."""
-        if self._pending:
+        if self._pending and self._initial_due():
             return self._note(self._pending.popleft())
         feed = self._feed
         loop = deadline = None
@@ -446,6 +446,16 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
                     or feed.closed or not self._engine_open():
                 continue
             await doze(fut, left)
+
+    def _initial_due(self) -> bool:
+        """Whether an initial event still queued is read: not once this subscription is
+        closed (the read returns None), nor once the engine is (it raises EngineClosed), as
+        for the live events and as a remote subscription does."""
+        if self._closed:
+            return False
+        if not self._engine_open() or self._feed.closed and self._feed.dropped_as is None:
+            raise EngineClosed("the engine was closed; subscribe again after reopening it")
+        return True
 
     def _poll(self, feed: FeedLog) -> FeedEvent | bool:
         """The next event if the feed has one for this subscriber; True once closed, False if

@@ -101,8 +101,9 @@ class SharedSubscription(ClientFeedEnd, WaitingIterator[Any], AsyncIterating):
         event is queued for every subscription it is for; an error wakes it at once."""
         if self._dropped:
             return
-        if isinstance(item, BaseException):
+        if isinstance(item, BaseException):  # raised by every read from now on, queued events or not
             self._dropped = True
+            self._failure = item
             self._queue.put(item)
             return
         if not initial:

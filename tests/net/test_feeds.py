@@ -173,6 +173,27 @@ def test_closing_the_engine_ends_subscriptions(open_engine):
         sub.next(timeout=1)
 
 
+def test_a_subscription_read_after_the_engine_closed_raises_even_with_its_snapshot_unread(open_engine):
+    eng = open_engine()
+    eng.add_relation("r", SCHEMA)
+    eng.append("r", ups([(1, "a", 1, 1)]))
+    eng.seal("r", 0)
+    sub = eng.subscribe("r")
+    eng.close()
+    with pytest.raises(errors.EngineClosed):
+        sub.next(timeout=1)
+
+
+def test_a_closed_subscription_returns_none_even_with_its_snapshot_unread(open_engine):
+    eng = open_engine()
+    eng.add_relation("r", SCHEMA)
+    eng.seal("r", 0)
+    sub = eng.subscribe("r")
+    sub.close()
+    assert sub.next(timeout=1) is None
+    assert list(sub) == []
+
+
 def test_cli_tail_prints_snapshot_updates_and_progress(tmp_path, capsys):
     from sediment.cli import main
 
