@@ -25,6 +25,7 @@ from sediment.engine.view import RelationView
 from sediment.errors import (
     AsOfOutOfRange,
     DiffOverflow,
+    EngineClosed,
     InvalidArgument,
 )
 from sediment.read_ahead import pool_workers
@@ -348,16 +349,25 @@ class Reads:
             return self.traces.read_pieces(rel.entry.id, item.ref, layout=shape.layout, each=sort,
                                            ahead=time_order.PIECES_AHEAD)
 
+        def batches() -> Iterator[pa.RecordBatch]:
+            if not ordered:
+                return self._replay_as_stored(rel, trace, entries, batch_rows, shape)
+            items: list[Any] = [_Stored(ref, max(ref.lower, ref.since), max(ref.upper - 1, ref.since))
+                                for ref in (*trace.batches, *trace.pending) if ref.key is not None]
+            items += _tail_runs(entries)
+            return time_order.time_ordered(items, load, shape.schema, batch_rows)
+
         def generate() -> Iterator[pa.RecordBatch]:
             try:
                 yield pa.record_batch([])  # primed past here: closing or collecting it unpins
-                if not ordered:
-                    yield from self._replay_as_stored(rel, trace, entries, batch_rows, shape)
-                    return
-                items: list[Any] = [_Stored(ref, max(ref.lower, ref.since), max(ref.upper - 1, ref.since))
-                                    for ref in (*trace.batches, *trace.pending) if ref.key is not None]
-                items += _tail_runs(entries)
-                yield from time_order.time_ordered(items, load, shape.schema, batch_rows)
+                view, source = self.view, batches()
+                while not view.closed:  # else its pin went with the engine: another open may compact the batches away
+                    batch = next(source, None)
+                    if batch is None:
+                        return
+                    yield batch
+                raise EngineClosed(f"the engine was closed while {name!r} was being replayed; replay it again "
+                                   "after reopening the engine")
             finally:
                 self.collector.unpin()
 

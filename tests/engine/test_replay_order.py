@@ -402,3 +402,26 @@ def test_replay_of_merged_batches_of_many_row_groups_equals_brute_force(tmp_path
             assert got == expected
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_replay_read_on_after_the_engine_closed_raises_engine_closed(tmp_path, ordered):
+    """Its pin on the batches goes with the engine (another open may compact them away): the
+    replay stops with a typed error at its next batch rather than reading on."""
+    from sediment.errors import EngineClosed
+
+    engine = sediment.open(str(tmp_path / "d"), clock=ManualClock())
+    engine.add_relation("r", ENGINE_SCHEMA)
+    rng = random.Random(7)
+    for t in range(4):
+        engine.append("r", _updates(rng, 50, t, t, True))
+    engine.seal("r", 3)
+    engine.compact()
+    whole = list(engine.replay("r", batch_rows=10, ordered=ordered))
+    assert len(whole) > 2
+    replay = engine.replay("r", batch_rows=10, ordered=ordered)
+    first = next(replay)
+    assert first.num_rows
+    engine.close()
+    with pytest.raises(EngineClosed, match="replay it again after reopening"):
+        next(replay)
