@@ -335,7 +335,8 @@ class Reads:
         order, each as stored. Memory holds only the batches and records whose time ranges
         overlap the current time, not the whole relation (see :mod:`sediment.engine.time_order`).
         ``ordered=False`` streams batches as stored (sorted by row, then time) and then the
-        WAL tail: no sort, for consumers that consolidate anyway."""
+        WAL tail: no sort, for consumers that consolidate anyway. Read on after the engine
+        closes, it raises EngineClosed."""
         args.check_int(batch_rows, "batch_rows", low=1, high=1 << 31)
         args.check_bool(ordered, "ordered")
         with self._lock:
