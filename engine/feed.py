@@ -449,12 +449,12 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
 
     def _initial_due(self) -> bool:
         """Whether an initial event still queued is read: not once this subscription is
-        closed (the read returns None), nor once the engine is (it raises EngineClosed), as
-        for the live events and as a remote subscription does."""
+        closed (the read returns None); once the engine is closed, the relation dropped or
+        this subscriber dropped, the read raises as for the live events (and as a remote
+        subscription's does)."""
         if self._closed:
             return False
-        if not self._engine_open() or self._feed.closed and self._feed.dropped_as is None:
-            raise EngineClosed("the engine was closed; subscribe again after reopening it")
+        self._check_live(self._feed)
         return True
 
     def _poll(self, feed: FeedLog) -> FeedEvent | bool:

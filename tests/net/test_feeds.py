@@ -184,6 +184,22 @@ def test_a_subscription_read_after_the_engine_closed_raises_even_with_its_snapsh
         sub.next(timeout=1)
 
 
+def test_a_subscription_read_after_its_relation_was_dropped_raises_even_with_its_snapshot_unread(open_engine,
+                                                                                                  access):
+    eng = open_engine()
+    eng.add_relation("r", SCHEMA)
+    eng.append("r", ups([(1, "a", 1, 1)]))
+    eng.seal("r", 0)
+    sub = eng.subscribe("r")
+    eng.drop_relation("r")
+    reads = 1 if access == "embedded" else 3  # over the network the error may follow events on their way
+    with pytest.raises(errors.UnknownRelation):
+        for _ in range(reads):
+            if sub.next(timeout=5) is None:
+                break
+    sub.close()
+
+
 def test_a_closed_subscription_returns_none_even_with_its_snapshot_unread(open_engine):
     eng = open_engine()
     eng.add_relation("r", SCHEMA)
