@@ -183,8 +183,10 @@ class FeedLog:
 
     def settle(self, sub: Subscription, forget: bool = False) -> None:
         """``sub`` stopped waiting: :meth:`Relay.settle <sediment.engine.feed_relay.Relay.settle>`
-        (a wake-up of the relay is handed on, whatever ended the wait)."""
-        self.relay.settle(sub, forget)
+        (a wake-up of the relay is handed on, whatever ended the wait). One closed or dropped
+        leaves the sleepers as one that timed out does: it never sleeps again, and an idle
+        feed would keep it there."""
+        self.relay.settle(sub, forget or sub.closed or sub.dropped_at is not None)
 
     def _check(self) -> None:
         """Drop subscribers more than their ``max_lag`` behind, and trim what every cursor
@@ -397,7 +399,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             base, items = feed.window
             wait = -1 if deadline is None else deadline - _time.monotonic()
             if self.cursor - base >= len(items) and not self._closed and self.dropped_at is None \
-                    and (deadline is None or wait > 0):
+                    and not feed.closed and (deadline is None or wait > 0):  # a close wakes only the sleepers it saw
                 woken = carry = False
                 try:
                     for part in wait_slices(None if wait < 0 else wait):  # Ctrl-C ends it (sediment/interrupts.py)

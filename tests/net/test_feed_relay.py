@@ -1,9 +1,11 @@
 """The feed's relay: sleeping subscribers are woken a few at a time, each waking the next,
-so no subscriber that times out, stops reading or closes may leave the others asleep; and
-subscribers that catch up over the same events share one merged event. A record just made
-durable reaches every subscriber decoded once, from the engine's memory (subscribers woken
-together neither read it back from the log nor each decode their own copy); a record no
-longer in memory is read from the log, with the same result."""
+so no subscriber that times out, stops reading or closes may leave the others asleep; a feed
+that ends (its relation dropped, the engine closed) wakes even a subscriber about to sleep; a
+subscriber closed asleep leaves the sleepers; and subscribers that catch up over the same
+events share one merged event. A record just made durable reaches every subscriber decoded
+once, from the engine's memory (subscribers woken together neither read it back from the log
+nor each decode their own copy); a record no longer in memory is read from the log, with the
+same result."""
 
 from __future__ import annotations
 
@@ -311,3 +313,63 @@ def test_a_take_that_fails_still_wakes_the_next_sleeper(open_engine, monkeypatch
     assert [out[0].table.column("k").to_pylist() for out in got[1:]] == [[9]] * 3
     for sub in subs:
         sub.close()
+
+
+@pytest.mark.embedded_only  # holds a subscriber between its look and its sleep
+@pytest.mark.parametrize("end", ["relation dropped", "engine closed"])
+def test_a_feed_ended_between_a_look_and_the_sleep_wakes_the_subscriber(open_engine, monkeypatch, end):
+    from sediment.errors import EngineClosed, UnknownRelation
+
+    eng = open_engine()
+    [sub] = _subscribed(eng, 1)
+    looked, ended = threading.Event(), threading.Event()
+    real_poll = sub._poll
+
+    def poll(feed):
+        got = real_poll(feed)
+        if got is False and not looked.is_set():  # it saw no event: end the feed before it joins the sleepers
+            looked.set()
+            assert ended.wait(10)
+        return got
+
+    monkeypatch.setattr(sub, "_poll", poll)
+    out: list = []
+
+    def read() -> None:
+        try:
+            out.append(sub.next())  # no timeout: only the end of the feed can end this wait
+        except Exception as exc:  # noqa: BLE001 - the test looks at what was raised
+            out.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert looked.wait(10)
+    if end == "relation dropped":
+        eng.drop_relation("r")
+    else:
+        eng.close()
+    ended.set()
+    reader.join(timeout=10)
+    stalled = reader.is_alive()
+    if stalled:
+        sub.close()
+    assert not stalled, f"the subscriber slept on after the feed ended ({end})"
+    assert isinstance(out[0], UnknownRelation if end == "relation dropped" else EngineClosed)
+
+
+@pytest.mark.embedded_only
+def test_subscribers_closed_while_asleep_on_an_idle_feed_do_not_pile_up_among_the_sleepers(open_engine):
+    eng = open_engine()
+    [keeper] = _subscribed(eng, 1)  # keeps the feed's sleepers alive between the others
+    feed = eng.view.relations["r"].feed
+    for _ in range(40):
+        sub = eng.subscribe("r")
+        assert sub.next(timeout=5).kind == "snapshot"
+        [reader] = _asleep_in_turn([sub], [[]])
+        sub.close()  # from another thread: its next() returns None
+        reader.join(timeout=10)
+        assert not reader.is_alive()
+    assert len(feed.waiting) <= 1, f"{len(feed.waiting)} sleeper entries after 40 subscribers were closed asleep"
+    eng.append("r", one_row(3))  # and the one left still reads the next update
+    assert keeper.next(timeout=10).table.column("k").to_pylist() == [3]
+    keeper.close()
