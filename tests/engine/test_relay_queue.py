@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 
 import pytest
+from support.polling import until
 
 from sediment.engine.feed_relay import Relay, RelayQueue
 
@@ -36,13 +36,6 @@ class CountingRelay(Relay):
         super().settle(sleeper, forget)
 
 
-def _until(ok, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not ok():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def _reader(q: RelayQueue, out: list, timeout: float | None = None) -> threading.Thread:
@@ -60,7 +53,7 @@ def _asleep(queues: list[RelayQueue], outs: list[list], timeout: float | None = 
     threads = []
     for q, out in zip(queues, outs, strict=True):
         threads.append(_reader(q, out, timeout))
-        assert _until(lambda q=q: q.sleeping), "a reader never went to sleep"
+        assert until(lambda q=q: q.sleeping), "a reader never went to sleep"
     return threads
 
 

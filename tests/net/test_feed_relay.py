@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 
 import pyarrow as pa
 import pytest
+from support.polling import until
 
 from sediment.engine import tail_decode
 from sediment.net.remote_subscription import NOTHING, wait_item
@@ -229,17 +229,10 @@ def _asleep_in_turn(subs: list, got: list[list]) -> list[threading.Thread]:
                 out.append(exc)
         threads.append(threading.Thread(target=read, daemon=True))
         threads[-1].start()
-        assert _until(lambda sub=sub: sub.sleeping), "a subscriber never went to sleep"
+        assert until(lambda sub=sub: sub.sleeping), "a subscriber never went to sleep"
     return threads
 
 
-def _until(ok, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not ok():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def _steps(feed, subs: list, monkeypatch) -> list[tuple[int, str]]:

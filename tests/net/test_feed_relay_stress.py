@@ -11,6 +11,7 @@ import time
 
 import pyarrow as pa
 import pytest
+from support.polling import until
 
 from sediment.errors import EngineClosed, FeedOverrun
 
@@ -47,13 +48,6 @@ def _reader(sub, role: str, out: list, ended: list) -> None:
     ended.append("done")
 
 
-def _until(ok, seconds: float = STALL) -> bool:
-    deadline = time.monotonic() + seconds
-    while not ok():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 @pytest.mark.embedded_only  # reads the relay's count of wake-ups
@@ -80,7 +74,7 @@ def test_a_crowd_of_subscribers_in_every_role_gets_every_update_once_in_order(op
         for i in range(UPDATES):
             eng.append("r", one_row(i))
             if i % 20 == 10:  # now and then every blocking reader gets there and sleeps: the relay wakes them all
-                assert _until(lambda i=i: all(len(out) > i for out in steady)), f"update {i} never reached them all"
+                assert until(lambda i=i: all(len(out) > i for out in steady), STALL), f"update {i} never reached them all"
             if i % 50 == 25 and closed:  # closed from another thread while they may sleep in the relay
                 for sub in closed[:len(closed) // 5 + 1]:
                     sub.close()

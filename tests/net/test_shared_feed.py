@@ -6,13 +6,13 @@ all of them, each subscription still its own. Real server, real engine, real gRP
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from support.polling import until
 from support.served import Served, served_engine
 
 import sediment
@@ -301,9 +301,7 @@ def test_reader_threads_asleep_on_one_stream_are_woken_for_every_event(served):
     threads = [threading.Thread(target=read, args=(s, out), daemon=True) for s, out in zip(subs, got, strict=True)]
     for th in threads:
         th.start()
-    deadline = time.monotonic() + 10
-    while not all(s._queue.sleeping for s in subs) and time.monotonic() < deadline:
-        time.sleep(0.001)
+    assert until(lambda: all(s._queue.sleeping for s in subs)), "a reader thread never went to sleep"
     for k in range(40):
         engine.append("r", row(k))
     for th in threads:
