@@ -24,6 +24,32 @@ def lock_file(path: str) -> int | None:
     return fd
 
 
+def flock_holder(path: str) -> int | None:
+    """The id of another process holding a ``flock`` on ``path``, read from Linux's
+    ``/proc/locks`` without taking the lock (taking it, even shared and for a moment, could
+    make an engine opening the directory just then fail); None when none does, or where
+    ``/proc/locks`` cannot be read."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    where = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in lines:
+        parts = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; a waiter's has "->" after the number
+        if "->" in parts or len(parts) < 6 or parts[1] != "FLOCK":
+            continue
+        try:
+            major, minor, inode = parts[5].split(":")
+            pid = int(parts[4])
+            if (int(major, 16), int(minor, 16), int(inode)) == where and pid != os.getpid():
+                return pid
+        except ValueError:
+            continue
+    return None
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a directory's entries (files created, renamed or deleted in it) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

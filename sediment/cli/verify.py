@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from sediment._fs import flock_holder
 from sediment.cli.common import data_dir_of, open_engine, progress_for
 from sediment.cli.files import _one_line
 from sediment.engine.data_dir import DataDir, read_marker
@@ -46,8 +47,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"`verify --repair` repairs a local data directory; {data_dir} is a replicated "
                               "engine's, whose log the storage nodes' recovery repairs at every open: run "
                               "`sediment verify` to see what is wrong, then open the engine")
+    holder = flock_holder(DataDir(data_dir).lock) if os.path.isdir(data_dir) else None
     with progress_for(args, 0, f"verify {data_dir}", ""):
         report = verify_engine(data_dir, metadata=metadata, **blob_options)
+    if holder is not None:
+        report.notes.insert(0, f"{data_dir} is in use by process {holder}: its log is being written, so this checks "
+                               "a moving target (a torn tail at the end of the active segment is a write under way, "
+                               "not a crash's); stop that process for an exact check")
     if getattr(args, "json", False) and not args.repair:
         import json
 
