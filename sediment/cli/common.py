@@ -132,6 +132,14 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, discover: boo
         token = args.token if getattr(args, "token", None) else os.environ.get("SEDIMENT_TOKEN")
         if not token:
             raise UsageError("--connect needs a token: pass --token T or set $SEDIMENT_TOKEN")
+        if not args.connect.startswith("zk://"):
+            from sediment.errors import InvalidArgument
+            from sediment.net.connect_options import server_location
+
+            try:
+                server_location(args.connect)
+            except InvalidArgument as exc:  # the flag's value: a bad command line
+                raise UsageError(f"--connect: {exc}") from None
         return sediment.connect(args.connect, token=token, tls_root_certs=getattr(args, "tls_root_certs", None))
     data_dir = data_dir_of(args)
     if not create:

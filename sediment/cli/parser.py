@@ -8,7 +8,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import sediment
@@ -42,9 +42,21 @@ DEFAULT_CHUNK_BYTES = 8 << 20  # CSV read block: the unit of an append chunk
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (argparse prints the usage block too)."""
 
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"sediment: error: {message} (see `{self.prog} --help`)\n")
+    def error(self, message: str, prog: str | None = None) -> NoReturn:
+        sys.stderr.write(f"sediment: error: {message} (see `{prog or self.prog} --help`)\n")
         raise SystemExit(2)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """argparse's, but an argument no parser took points to the help of the command it
+        followed (``sediment relation list --json``: ``sediment relation list --help``), where
+        the options that command does take are listed."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            words = (getattr(parsed, "command", None), getattr(parsed, "relation_command", None))
+            self.error(f"unrecognized arguments: {' '.join(extras)}",
+                       " ".join([self.prog, *(w for w in words if isinstance(w, str))]))
+        return parsed
 
 
 def _time_arg(text: str) -> int:

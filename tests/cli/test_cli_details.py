@@ -191,7 +191,7 @@ def test_connect_takes_host_port_and_tail_hint_speaks_the_cli(served):
     listed = sediment_cmd("--connect", f"127.0.0.1:{port}", "--token", token, "relation", "list")
     assert listed.returncode == 0 and listed.stdout.startswith("orders\tid:int64\t"), listed.stderr
     bad = sediment_cmd("--connect", "127.0.0.1", "--token", token, "relation", "list")
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "grpc://HOST:PORT" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "grpc://HOST:PORT" in bad.stderr, bad.stderr
 
     tail = popen("--connect", f"127.0.0.1:{port}", "--token", token, "tail", "orders", stdout=subprocess.PIPE,
                  stderr=subprocess.PIPE)
@@ -475,3 +475,27 @@ def test_serve_cluster_refuses_options_of_one_engine_it_would_ignore(tmp_path, c
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"{given[0]}: serve --cluster opens its partitions' engines" in err
     assert not data.exists()
+
+
+@pytest.mark.parametrize(("argv", "help_of"), [
+    (["relation", "list", "--json"], "sediment relation list"),
+    (["stats", "--bogus"], "sediment stats"),
+    (["--bogus", "stats"], "sediment stats"),
+])
+def test_an_unknown_argument_points_to_the_help_of_the_command_it_followed(argv, help_of, capsys, tmp_path):
+    from sediment.cli import main
+
+    assert main(["--data-dir", str(tmp_path / "d"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: --" in err and f"(see `{help_of} --help`)" in err, err
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("address", ["nonsense://x", "http://127.0.0.1:8815", "127.0.0.1:0", "host"])
+def test_a_connect_address_that_cannot_be_read_is_a_usage_error(address, capsys, monkeypatch):
+    from sediment.cli import main
+
+    monkeypatch.setenv("SEDIMENT_TOKEN", "t")
+    assert main(["--connect", address, "relation", "list"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("sediment: error: --connect: cannot read"), err
