@@ -139,8 +139,10 @@ class Writer:
 
     def append(self, name: str, updates: pa.Table, *, locks: Locks | None = None) -> None:
         """Append updates: the relation's columns plus ``time`` (int64 >= 0, above the sealed
-        frontier) and ``diff`` (int64; a diff of 0 is no update, taken and consolidated away).
-        Returns once they are durable. All or nothing.
+        frontier) and ``diff`` (int64; a diff of 0 is no update, taken and consolidated away),
+        as a ``pyarrow.Table`` (or a ``RecordBatch``); columns match by name, and a column of
+        another type is cast only when the cast is safe (an int32 column feeds an int64 one,
+        a string column never does). Returns once they are durable. All or nothing.
 
         With ``locks``, the append is refused with LockConflict (writing nothing) when a
         write- or read-locked id was written after ``locks.high_water``; its write and
