@@ -15,7 +15,8 @@ The writer never waits for a subscriber. Appending an event costs the writer a l
 append and, when subscribers sleep, at most two wake-ups: the sleepers join the feed's
 *relay* (engine/feed_relay.py), which wakes :data:`_CHAINS` of them, and each one woken wakes
 the next sleeper once it has taken its events (one at most :data:`_TAKE_FIRST` behind; one
-further behind, catching up, wakes it first, so a long catch-up holds no one up). Taking
+further behind, catching up, or one that finds a subscriber far behind decoding many records,
+wakes it first, so a long catch-up holds no one up). Taking
 before waking means the next one finds the event decoded and the interpreter lock about to
 be let go: woken before the take, it waited for the decode and for the lock, and with the
 writer appending back to back a turn of 100 subscribers took three times as long.
@@ -132,6 +133,7 @@ class FeedLog:
         self._cache_limit = cache_bytes
         self._cache_lock = threading.Lock()
         self._load_lock = threading.Lock()  # one decode of a record at a time: the others wait for it
+        self.long_decode = False  # a subscriber far behind decodes many records under that lock now
         self._bulk: dict[tuple[int, int], FeedEvent] = {}  # (first seq, end seq) -> merged event, oldest first
         self._bulk_bytes = 0
         self.loops = Loops()  # event loops with async subscribers
@@ -280,8 +282,12 @@ class FeedLog:
         with self._load_lock:
             got = [self._events.get(item[1]) for item in items]
             missing = [(item[1], item[3]) for item, g in zip(items, got, strict=True) if g is None]
-            made = iter([self._keep(lsn, table, size) for (lsn, _w), (table, size) in
-                         zip(missing, load_many(missing, version), strict=True)])
+            self.long_decode = len(missing) > _TAKE_FIRST
+            try:
+                made = iter([self._keep(lsn, table, size) for (lsn, _w), (table, size) in
+                             zip(missing, load_many(missing, version), strict=True)])
+            finally:
+                self.long_decode = False
         return [g if g is not None else next(made) for g in got]
 
     def _keep(self, lsn: int, table: pa.Table, size: int | None = None) -> FeedEvent:
@@ -406,7 +412,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
                         if self.wake.acquire(timeout=-1 if part is None else part):
                             woken = True
                             break
-                    carry = woken and feed.next_seq - self.cursor <= _TAKE_FIRST
+                    carry = woken and feed.next_seq - self.cursor <= _TAKE_FIRST and not feed.long_decode
                 finally:
                     if not carry:
                         feed.settle(self, forget=not woken)

@@ -366,3 +366,25 @@ def test_subscribers_closed_while_asleep_on_an_idle_feed_do_not_pile_up_among_th
     eng.append("r", one_row(3))  # and the one left still reads the next update
     assert keeper.next(timeout=10).table.column("k").to_pylist() == [3]
     keeper.close()
+
+
+@pytest.mark.embedded_only  # holds the feed's decode lock as a subscriber far behind would
+def test_a_woken_subscriber_wakes_the_next_first_while_one_far_behind_decodes(open_engine, monkeypatch):
+    eng = open_engine()
+    subs = _subscribed(eng, 4)
+    feed = eng.view.relations["r"].feed
+    got: list[list] = [[] for _ in subs]
+    threads = _asleep_in_turn(subs, got)
+    steps = _steps(feed, subs, monkeypatch)
+    with feed._load_lock:  # a long decode under way: each woken subscriber will wait for it
+        feed.long_decode = True
+        eng.append("r", one_row(3))
+        woke_all = until(lambda: sum(step == "take" for _id, step in steps) == len(subs))
+        feed.long_decode = False
+    for th in threads:
+        th.join(timeout=10)
+    assert woke_all, f"a subscriber held its chain while it waited for the decode: {steps}"
+    assert [out[0].table.column("k").to_pylist() for out in got] == [[3]] * 4
+    for sub in subs:
+        assert [step for sub_id, step in steps if sub_id == sub.id] == ["hand on", "take"]
+        sub.close()
