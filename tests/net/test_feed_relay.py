@@ -253,6 +253,18 @@ def _steps(feed, subs: list, monkeypatch) -> list[tuple[int, str]]:
     return steps
 
 
+def _watched(open_engine, monkeypatch, n: int = 4) -> tuple:
+    """An engine with ``n`` subscribers asleep in turn, each in a thread reading one event into
+    its list of ``got``, and the ``steps`` their threads take: (engine, subs, feed, got,
+    threads, steps)."""
+    eng = open_engine()
+    subs = _subscribed(eng, n)
+    feed = eng.view.relations["r"].feed
+    got: list[list] = [[] for _ in subs]
+    threads = _asleep_in_turn(subs, got)
+    return eng, subs, feed, got, threads, _steps(feed, subs, monkeypatch)
+
+
 @pytest.mark.embedded_only  # watches the feed's relay from inside
 @pytest.mark.parametrize("behind", ["near the head", "far behind"])
 def test_a_woken_subscriber_takes_its_event_before_waking_the_next_unless_far_behind(open_engine, monkeypatch,
@@ -261,12 +273,7 @@ def test_a_woken_subscriber_takes_its_event_before_waking_the_next_unless_far_be
 
     if behind == "far behind":
         monkeypatch.setattr(feed_mod, "_TAKE_FIRST", 0)
-    eng = open_engine()
-    subs = _subscribed(eng, 4)
-    feed = eng.view.relations["r"].feed
-    got: list[list] = [[] for _ in subs]
-    threads = _asleep_in_turn(subs, got)
-    steps = _steps(feed, subs, monkeypatch)
+    eng, subs, feed, got, threads, steps = _watched(open_engine, monkeypatch)
     eng.append("r", one_row(5))
     for th in threads:
         th.join(timeout=10)
@@ -370,12 +377,7 @@ def test_subscribers_closed_while_asleep_on_an_idle_feed_do_not_pile_up_among_th
 
 @pytest.mark.embedded_only  # holds the feed's decode lock as a subscriber far behind would
 def test_a_woken_subscriber_wakes_the_next_first_while_one_far_behind_decodes(open_engine, monkeypatch):
-    eng = open_engine()
-    subs = _subscribed(eng, 4)
-    feed = eng.view.relations["r"].feed
-    got: list[list] = [[] for _ in subs]
-    threads = _asleep_in_turn(subs, got)
-    steps = _steps(feed, subs, monkeypatch)
+    eng, subs, feed, got, threads, steps = _watched(open_engine, monkeypatch)
     with feed._load_lock:  # a long decode under way: each woken subscriber will wait for it
         feed.long_decode = True
         eng.append("r", one_row(3))
