@@ -359,6 +359,7 @@ class Reads:
             return time_order.time_ordered(items, load, shape.schema, batch_rows)
 
         def generate() -> Iterator[pa.RecordBatch]:
+            source: Iterator[pa.RecordBatch] = iter(())
             try:
                 yield pa.record_batch([])  # primed past here: closing or collecting it unpins
                 view, source = self.view, batches()
@@ -370,6 +371,9 @@ class Reads:
                 raise EngineClosed(f"the engine was closed while {name!r} was being replayed; replay it again "
                                    "after reopening the engine")
             finally:
+                close = getattr(source, "close", None)
+                if close is not None:  # its reads ahead end with the replay, as a `yield from` closed them
+                    close()
                 self.collector.unpin()
 
         replay = generate()
