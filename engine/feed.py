@@ -77,6 +77,11 @@ _NBYTES = "nbytes"  # FeedEvent.encoded key of a table's size
 _CHAINS = CHAINS  # subscribers of the relay woken at once
 _TAKE_FIRST = 64  # a woken subscriber at most this many events behind takes them before it wakes the next
 SNAPSHOT = "snapshot"
+# decoded events kept beside the byte bound: each is a few Python objects, and with one-row
+# records 64 MiB held half a million of them, which every full collection of Python's garbage
+# collector walked (pauses of 30-60 ms, growing with the feed's age)
+CACHE_EVENTS = 1024
+BULK_EVENTS = 256  # merged catch-up events kept, likewise
 UPDATES = "updates"
 PROGRESS = "progress"
 SCHEMA = "schema"  # an alter: later updates come in the new schema (engine/schema_history.py)
@@ -299,7 +304,7 @@ class FeedLog:
         with self._cache_lock:
             self._events[lsn] = got
             self._cache_bytes += _nbytes(got)
-            while self._cache_bytes > self._cache_limit and len(self._events) > 1:
+            while len(self._events) > 1 and (self._cache_bytes > self._cache_limit or len(self._events) > CACHE_EVENTS):
                 old = self._events.pop(next(iter(self._events)))
                 self._cache_bytes -= _nbytes(old)
         return got
@@ -309,7 +314,7 @@ class FeedLog:
         schema), shared by the subscribers that catch up over the same range: the relay wakes
         subscribers that slept at the same head, so they mostly take the same range. The
         merged events kept hold at most a quarter of the cache's bytes (they keep their
-        records' tables alive)."""
+        records' tables alive), and are at most ``BULK_EVENTS``."""
         key = (start, end)
         got = self._bulk.get(key)
         if got is not None:
@@ -324,7 +329,7 @@ class FeedLog:
             kept = self._bulk.setdefault(key, got)
             if kept is got:
                 self._bulk_bytes += size
-                while self._bulk_bytes > limit:
+                while self._bulk_bytes > limit or len(self._bulk) > BULK_EVENTS:
                     old = self._bulk.pop(next(iter(self._bulk)))
                     self._bulk_bytes -= _nbytes(old)
         return kept
