@@ -66,7 +66,7 @@ import pyarrow as pa
 
 from sediment.engine.feed_async import AsyncIterating, Loops, Seat, doze
 from sediment.engine.feed_bells import Bell, Bells
-from sediment.engine.feed_relay import CHAINS, Relay, release
+from sediment.engine.feed_relay import CHAINS, Relay, on_main_thread, release
 from sediment.errors import EngineClosed, FeedOverrun, UnknownRelation
 from sediment.interrupts import WaitingIterator, wait_slices
 
@@ -172,7 +172,7 @@ class FeedLog:
         self.next_seq += 1
         if self.next_seq >= self._next_check:
             self._check()
-        if self.relay.pending:
+        if self.relay.pending or self.relay.direct:
             self.relay.start(_CHAINS)
         if self.loops:
             self._wake_loops()
@@ -246,7 +246,9 @@ class FeedLog:
         with self.changed:
             self.dropped_as = dropped_as
             self.closed = True
-            for sub in self.relay.everyone():
+            # every subscriber, not only the relay's sleepers: one whose wake-up was cut short
+            # (Ctrl-C in a writer) sleeps outside the relay
+            for sub in [*self.relay.everyone(), *self.subs.values()]:
                 release(sub.wake)
             self.loops.poke()
             self.bells.ring()
@@ -380,6 +382,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         self.wake = threading.Lock()
         self.wake.acquire()
         self.sleeping = False  # set before it joins the feed's sleepers; cleared by whoever wakes it
+        self.direct = False  # asleep on the main thread: woken on its own, never in the relay's chain
         self.last_progress: int | None = None
         self.as_of: int | None = None
         self.seat = Seat(feed.loops)  # its place among the sleepers of the event loop it is read in
@@ -406,7 +409,8 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
             if deadline is not None and deadline - _time.monotonic() <= 0:
                 return None
             self.sleeping = True
-            feed.relay.pending.append(self)  # then look again: an event may have come meanwhile
+            self.direct = on_main_thread()
+            (feed.relay.direct if self.direct else feed.relay.pending).append(self)  # then look again
             base, items = feed.window
             wait = -1 if deadline is None else deadline - _time.monotonic()
             if self.cursor - base >= len(items) and not self._closed and self.dropped_at is None \

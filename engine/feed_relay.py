@@ -16,6 +16,11 @@ to read (an event added meanwhile is seen by that look or wakes it), then waits 
 lock. Whoever wakes it through the relay clears the flag; a direct wake (a close, an
 error) only releases the lock, so the sleeper's :meth:`Relay.settle` tells the two apart.
 
+A sleeper on the main thread joins :attr:`Relay.direct` instead: :meth:`Relay.start` wakes
+it on its own, and it never wakes another. Why: Ctrl-C raises KeyboardInterrupt in the
+main thread between any two of its bytecodes, so a hand-on run there could stop half way
+(a sleeper's flag cleared and its lock never released) and leave readers asleep for good.
+
 Used by the engine's feed log (engine/feed.py), where every sleeper is due at each event,
 and by a client's shared feed stream (:class:`RelayQueue`, sediment/net), where an event
 is for the subscriptions it names.
@@ -34,7 +39,13 @@ CHAINS = 2  # sleepers woken at once; each wakes the next when it settles
 
 class Sleeper(Protocol):
     sleeping: bool
+    direct: bool  # asleep in Relay.direct (the main thread), not in a chain
     wake: threading.Lock
+
+
+def on_main_thread() -> bool:
+    """Whether a sleeper here must be woken directly (see the module's docstring)."""
+    return threading.current_thread() is threading.main_thread()
 
 
 def release(lock: threading.Lock) -> None:
@@ -48,16 +59,24 @@ def release(lock: threading.Lock) -> None:
 class Relay:
     """The sleepers due a wake-up and the wake-ups under way."""
 
-    __slots__ = ("pending", "_queue", "_lock", "_running")
+    __slots__ = ("pending", "direct", "_queue", "_lock", "_running")
 
     def __init__(self) -> None:
         self.pending: list[Any] = []  # sleepers due a wake-up, appended without a lock
+        self.direct: list[Any] = []  # main-thread sleepers, woken one by one at the next start
         self._queue: deque[Any] = deque()
         self._lock = threading.Lock()
         self._running = 0  # woken sleepers that have yet to settle
 
     def start(self, chains: int = CHAINS) -> None:
-        """Move the pending sleepers to the relay and start up to ``chains`` wake-ups."""
+        """Wake the direct sleepers, move the pending ones to the relay and start up to
+        ``chains`` wake-ups."""
+        if self.direct:
+            direct, self.direct = self.direct, []
+            for sleeper in direct:
+                if sleeper.sleeping:
+                    sleeper.sleeping = False
+                    release(sleeper.wake)
         pending, self.pending = self.pending, []
         with self._lock:
             self._queue.extend(pending)
@@ -79,7 +98,15 @@ class Relay:
         """``sleeper`` stopped waiting. Woken by the relay (its flag cleared), it wakes the
         next sleeper in its place. ``forget``: it slept and nothing woke it (a timeout,
         Ctrl-C): it leaves ``pending``, lest an idle feed's readers with timeouts pile up
-        there until the next event."""
+        there until the next event. A direct sleeper takes no lock and wakes no one."""
+        if sleeper.direct:
+            sleeper.sleeping = False
+            if forget:
+                try:
+                    self.direct.remove(sleeper)
+                except ValueError:  # woken meanwhile
+                    pass
+            return
         with self._lock:
             if sleeper.sleeping:
                 sleeper.sleeping = False
@@ -94,7 +121,7 @@ class Relay:
     def everyone(self) -> list[Any]:
         """The sleepers pending or in the relay (to wake them all at a close)."""
         with self._lock:
-            return [*self.pending, *self._queue]
+            return [*self.direct, *self.pending, *self._queue]
 
 
 _EMPTY = object()
@@ -110,19 +137,20 @@ class RelayQueue:
     side is :class:`queue.SimpleQueue`'s (``get``, ``get_nowait``, ``empty``) for one
     reader, so the waits that read a queue read this one too."""
 
-    __slots__ = ("_items", "_relay", "sleeping", "wake")
+    __slots__ = ("_items", "_relay", "sleeping", "direct", "wake")
 
     def __init__(self, relay: Relay) -> None:
         self._items: deque[Any] = deque()
         self._relay = relay
         self.sleeping = False
+        self.direct = False
         self.wake = threading.Lock()
         self.wake.acquire()
 
     def put_quiet(self, item: Any) -> None:
         self._items.append(item)
         if self.sleeping:
-            self._relay.pending.append(self)
+            (self._relay.direct if self.direct else self._relay.pending).append(self)
 
     def put(self, item: Any) -> None:
         self._items.append(item)
@@ -146,6 +174,7 @@ class RelayQueue:
         if items or not block:
             return self.get_nowait()
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.direct = on_main_thread()
         while True:
             self.sleeping = True
             if items:  # queued since the look: the writer may have made it pending too

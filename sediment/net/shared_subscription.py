@@ -280,7 +280,7 @@ class SharedStream:
                 event, initial = decode_event(meta, data, decode), bool(meta.get("initial"))
                 for sub in subs:
                     sub.push(event, initial)
-                if self.relay.pending:
+                if self.relay.pending or self.relay.direct:
                     self.relay.start()
                 self.loops.poke()
         except flight.FlightError as exc:
