@@ -10,7 +10,7 @@ import threading
 
 import pyarrow as pa
 import pytest
-from support.polling import until
+from support.waiting import until
 
 import sediment
 from sediment.engine.feed_relay import Relay, RelayQueue

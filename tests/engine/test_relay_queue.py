@@ -8,7 +8,7 @@ import queue
 import threading
 
 import pytest
-from support.polling import until
+from support.waiting import until
 
 from sediment.engine.feed_relay import Relay, RelayQueue
 

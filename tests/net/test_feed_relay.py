@@ -14,7 +14,7 @@ import threading
 
 import pyarrow as pa
 import pytest
-from support.polling import until
+from support.waiting import until
 
 from sediment.engine import tail_decode
 from sediment.net.remote_subscription import NOTHING, wait_item

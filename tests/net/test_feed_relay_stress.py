@@ -11,7 +11,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from support.polling import until
+from support.waiting import until
 
 from sediment.errors import EngineClosed, FeedOverrun
 

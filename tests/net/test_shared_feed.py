@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from support.polling import until
 from support.served import Served, served_engine
+from support.waiting import until
 
 import sediment
 from sediment.client import Client

@@ -34,3 +34,13 @@ def poll_until(predicate: Callable[[], object], timeout: float, what: str) -> No
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.005)
+
+
+def until(predicate: Callable[[], object], timeout: float = 10.0) -> bool:
+    """:func:`poll_until` for a test that asserts on the outcome itself (or expects the
+    predicate never to hold): True once ``predicate()`` holds, False after ``timeout``."""
+    try:
+        poll_until(predicate, timeout, "")
+    except AssertionError:
+        return False
+    return True
