@@ -141,6 +141,7 @@ class FeedLog:
         self.long_decode = False  # a subscriber far behind decodes many records under that lock now
         self._bulk: dict[tuple[int, int], FeedEvent] = {}  # (first seq, end seq) -> merged event, oldest first
         self._bulk_bytes = 0
+        self._progress: tuple[int, FeedEvent] | None = None  # (lsn, event) of the latest progress taken
         self.loops = Loops()  # event loops with async subscribers
         self.bells = Bells()  # threads asleep on this feed among others (a server's shared streams)
         self.closed = False
@@ -310,6 +311,14 @@ class FeedLog:
                 old = self._events.pop(next(iter(self._events)))
                 self._cache_bytes -= _nbytes(old)
         return got
+
+    def progress(self, lsn: int, time: int) -> FeedEvent:
+        """The PROGRESS event of the record at ``lsn``: the latest one is shared by the
+        subscribers that take it (woken together, they mostly do), not made once each."""
+        got = self._progress
+        if got is None or got[0] != lsn or got[1].time != time:
+            got = self._progress = (lsn, FeedEvent(PROGRESS, time))
+        return got[1]
 
     def bulk(self, start: int, end: int, events: Callable[[], list[FeedEvent]]) -> FeedEvent:
         """One UPDATES event for events ``start`` to ``end`` (seqs, consecutive updates of one
@@ -501,7 +510,7 @@ it from one thread or one event loop). Created by ``Engine.subscribe``; close it
         kind, lsn, t, written = items[i]
         if kind == PROGRESS:
             self.cursor += 1
-            return self._note(FeedEvent(PROGRESS, t))
+            return self._note(self._feed.progress(lsn, t))
         if kind == SCHEMA:
             self.cursor += 1
             return FeedEvent(SCHEMA, t, self._load(-1, t, t))

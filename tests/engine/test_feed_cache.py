@@ -79,3 +79,21 @@ def test_subscribers_far_apart_read_every_update_past_the_count_bound(tmp_path):
         assert len(feed._events) <= CACHE_EVENTS and len(feed._bulk) <= BULK_EVENTS
         live.close()
         behind.close()
+
+
+def test_subscribers_share_the_latest_progress_event(tmp_path):
+    import sediment
+
+    with sediment.open(str(tmp_path / "d")) as eng:
+        eng.add_relation("r", SCHEMA)
+        subs = [eng.subscribe("r") for _ in range(3)]
+        assert all(sub.next(timeout=5).kind == "snapshot" for sub in subs)
+        eng.append("r", one_row(0))
+        eng.seal("r", 1)
+        eng.seal("r", 2)
+        steps = [[sub.next(timeout=5) for sub in subs] for _ in range(3)]  # in turn, as the relay wakes them
+        seen = [list(events) for events in zip(*steps, strict=True)]
+        assert [[e.kind for e in events] for events in seen] == [["updates", "progress", "progress"]] * 3
+        assert [[e.time for e in events[1:]] for events in seen] == [[1, 2]] * 3
+        assert all(seen[n][2] is seen[0][2] for n in range(3)), "each subscriber made its own event"
+        assert all(sub.last_progress == 2 for sub in subs)
