@@ -8,7 +8,10 @@ owner's advertised address, generation). A write is acknowledged only if the mem
 owns the partition, in the same generation, with its ZooKeeper session, after the write
 (:class:`~sediment.errors.MembershipLost` otherwise, an outcome-unknown error the client
 retries at the owner). A read is refused the same way before it starts and again before
-its answer leaves, so a superseded owner never answers from stale state. A member that
+its answer leaves, so a superseded owner never answers from stale state; nor does it fail
+from stale state: a call (or a replay's stream) that fails at a member that lost the
+partition meanwhile answers MembershipLost, not, say, that a batch the new owner compacted
+away is missing (BatchCorruption, which the client would not retry). A member that
 hands a partition over (SIGTERM) takes its appends and seals until the new owner's
 recovery fences it (cluster/member.py), its reads no longer.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -76,12 +79,33 @@ class ClusterEngine:
         return engine, p, generation
 
     def _write(self, name: str, call: str, *args: Any, append: bool = False, **kwargs: Any) -> Any:
+        return self._served(name, call, *args, append=append, **kwargs)[0]
+
+    def _served(self, name: str, call: str, *args: Any, append: bool = False, **kwargs: Any) -> tuple[Any, int, int]:
+        """(result, partition, generation) of the engine's ``call``, answered only while the
+        partition is still ours; a failure too, since a member that lost the partition
+        meanwhile failed on state another owner may have moved past."""
         engine, p, generation = self._engine(name, append=append)
-        result = getattr(engine, call)(name, *args, **kwargs)
+        try:
+            result = getattr(engine, call)(name, *args, **kwargs)
+        except Exception:
+            self.member.check_still_serving(p, generation)  # lost meanwhile: that is the answer, not the failure
+            raise
         self.member.check_still_serving(p, generation)
-        return result
+        return result, p, generation
 
     _read = _write  # a read's answer leaves only while the partition is still ours, as a write's
+
+    def _stream(self, batches: Iterator[Any], p: int, generation: int) -> Iterator[Any]:
+        """A stream read from an engine, whose failure mid-way is checked as a call's: an owner
+        that lost the partition while it streamed (paused past its session, say, and the
+        new owner deleted a batch it compacted away) answers that, which the client retries
+        at the owner, not that a batch of its old state is missing."""
+        try:
+            yield from batches
+        except Exception:
+            self.member.check_still_serving(p, generation)
+            raise
 
     # --- relations -----------------------------------------------------------------------------
 
@@ -295,7 +319,8 @@ class ClusterEngine:
         return self._read(name, "snapshot", as_of)
 
     def replay(self, name: str, *, batch_rows: int = 65536) -> Any:
-        return self._read(name, "replay", batch_rows=batch_rows)
+        batches, p, generation = self._served(name, "replay", batch_rows=batch_rows)
+        return self._stream(batches, p, generation)
 
     def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
                   max_lag: int | None = None) -> Any:
