@@ -101,3 +101,64 @@ def test_a_read_failing_at_an_owner_that_lost_its_partition_meanwhile_is_retried
 
 def holds(proxy: FaultyProxy) -> list[str]:
     return [path for _method, path, kind in proxy.log.faults if kind == "hold"]
+
+
+def test_a_keyed_append_failing_at_a_member_that_lost_the_partition_meanwhile_is_retried(
+        tmp_path, zookeeper, zk_root, moto_server, s3_bucket):
+    """The first keyed append after a partition opens reads the applied keys back from the
+    partition's batches (``_cluster.applied``, cluster/applied.py). A member that lost its
+    session during that read closed the engine, the read's next batch failed with BlobError
+    ("the store is closed"), and the append answered that, which the client does not retry
+    (found by bench/nemesis.py, seed 3004)."""
+    with FaultyProxy(moto_server.endpoint) as proxy, running_cluster(
+            tmp_path, zookeeper, zk_root, ProxiedMoto(moto_server, proxy), s3_bucket, partitions=1,
+            session_timeout=SESSION) as cluster:
+        first = cluster.start_member()
+        cluster.wait_assigned([first])
+        with sediment.connect(cluster.uri, token=TOKEN) as db:
+            db.add_relation("r", SCHEMA, partition=0)
+        for k in (1, 2):  # two clients' keys, each compacted into a batch of the applied keys
+            with sediment.connect(cluster.uri, token=TOKEN) as db:
+                db.append("r", rows([k], k))
+                db.compact()
+        owner = cluster.start_member()
+        first.signal(signal.SIGKILL)
+        first.wait()
+        generation = cluster.wait_assigned([owner])["assignment"][0][1]
+        poll_until(lambda: owner.metric("sediment_cluster_partitions_owned") == 1, 30, "the partition to open")
+        held = proxy.hold_next(1, match=lambda method, path: method == "GET" and "/p0/trace/" in path and "?" not in path)
+        got: list = []
+        writer = sediment.connect(owner.uri, token=TOKEN, timeout=60)
+
+        def append() -> None:
+            try:
+                writer.append("r", rows([3], 3))
+                got.append("ok")
+            except Exception as exc:  # noqa: BLE001 - the test's verdict
+                got.append(exc)
+
+        thread = threading.Thread(target=append, daemon=True)
+        thread.start()
+        try:
+            assert held.reached.wait(30), "the first keyed append never read the applied keys"
+            owner.signal(signal.SIGSTOP)
+            try:
+                poll_until(lambda: not cluster.view()["members"], 30, "the paused member's session to end")
+            finally:
+                owner.signal(signal.SIGCONT)
+
+            def reopened() -> bool:  # in the same directory: the engine before (and its store) is closed
+                _member, now = cluster.view()["assignment"].get(0, (None, -1))
+                return now > generation and owner.metric("sediment_cluster_partitions_owned") == 1
+
+            poll_until(reopened, 60, "the member to rejoin and open the partition again")
+            held.release.set()
+            thread.join(90)
+            assert not thread.is_alive()
+        finally:
+            held.release.set()
+            writer.close()
+        assert got == ["ok"], got  # before the fix: BlobError ("... the store is closed; open a new one")
+        with sediment.connect(cluster.uri, token=TOKEN) as db:
+            db.seal("r", 3)
+            assert db.snapshot("r", 3).column("k").to_pylist() == [1, 2, 3]  # the resent append, once
