@@ -11,7 +11,7 @@ snapshot reads over every relation. Meanwhile the nemesis, every 1-4 s, starts o
 - ``term``: SIGTERM a member (it hands its partitions over and exits), restart it;
 - ``pause``: SIGSTOP a member for 1-4 s longer than the ZooKeeper session, then SIGCONT (its
   partitions are taken over meanwhile: awake again, it must acknowledge nothing);
-- ``zk_pause``: SIGSTOP ZooKeeper for 1-4 s, then SIGCONT;
+- ``zk_pause``: SIGSTOP ZooKeeper for 1-4 s (``--zk-pause``), then SIGCONT;
 - ``node_kill``: SIGKILL one storage node (never two at once), restart it 1-4 s later.
 
 Faults overlap (at most two members faulted at once, so one serves). After ``--seconds`` the
@@ -20,7 +20,8 @@ is sealed past every append and read through the cluster and through each member
 checker (tests/support/nemesis_checker.py, pure) counts what must be zero.
 
     python bench/nemesis.py [--seconds 60 | --quick] [--seed 1] [--clients 3] [--appenders 2]
-                            [--session-timeout 3] [--workdir DIR]
+                            [--session-timeout 3] [--interval 1-4] [--zk-pause 1-4]
+                            [--weights kill=3,term=2,pause=3,zk_pause=1,node_kill=2] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -86,8 +87,10 @@ class Nemesis:
     """Faults from a seeded schedule, each in a thread of its own, until stopped; then heals."""
 
     def __init__(self, cluster: Cluster, slots: list[Slot], zk: ZooKeeperServer, seed: int, session: float,
-                 interval: tuple[float, float] = (1.0, 4.0), weights: dict[str, float] | None = None) -> None:
+                 interval: tuple[float, float] = (1.0, 4.0), weights: dict[str, float] | None = None,
+                 zk_pause: tuple[float, float] = (1.0, 4.0)) -> None:
         self.cluster, self.slots, self.zk, self.session, self.interval = cluster, slots, zk, session, interval
+        self.zk_pause = zk_pause
         self.weights = dict(weights or KINDS)
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
@@ -120,7 +123,8 @@ class Nemesis:
                 if self.zk_busy:
                     return None
                 self.zk_busy = True
-                return lambda: self._zk_pause(float(os.environ.get("NEMESIS_ZK_MIN", 1.0)) + 3.0 * length)
+                low, high = self.zk_pause
+                return lambda: self._zk_pause(low + (high - low) * length)
             if kind == "node_kill":
                 if self.node_busy:
                     return None
@@ -268,6 +272,11 @@ def report(f: Figures, nemesis: Nemesis, seed: int, seconds: float, settled: flo
         print(f"  hung client threads: {hung_threads}")
 
 
+def span(text: str) -> tuple[float, float]:
+    low, _, high = text.partition("-")
+    return float(low), float(high or low)
+
+
 def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
     """One run: the cluster, the clients, the nemesis, the heal and the check; violations."""
     import multiprocessing
@@ -293,9 +302,9 @@ def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
                    for i in range(args.clients)]
         for p in clients:
             p.start()
-        nemesis = Nemesis(cluster, slots, zk, args.seed, args.session_timeout,
-                          tuple(float(x) for x in args.interval.split("-")),
-                          {**KINDS, **{k: float(v) for k, v in (w.split("=") for w in args.weights.split(",") if w)}})
+        nemesis = Nemesis(cluster, slots, zk, args.seed, args.session_timeout, span(args.interval),
+                          {**KINDS, **{k: float(v) for k, v in (w.split("=") for w in args.weights.split(",") if w)}},
+                          span(args.zk_pause))
         began = time.monotonic()
         nemesis.run(args.seconds)
         nemesis.heal()
@@ -335,6 +344,7 @@ def main() -> None:
     ap.add_argument("--weights", default="", help="KIND=WEIGHT,... to change how often each fault is chosen "
                     f"(default {','.join(f'{k}={v}' for k, v in KINDS.items())})")
     ap.add_argument("--interval", default="1-4", help="seconds between the starts of two faults (uniform), MIN-MAX")
+    ap.add_argument("--zk-pause", default="1-4", help="seconds ZooKeeper stays SIGSTOPped (uniform), MIN-MAX")
     ap.add_argument("--hang-bound", type=float, default=60.0,
                     help="seconds a call may take before it counts as hung (the client's deadline is 30 s, plus "
                          "one call's 10 s timeout past it)")
