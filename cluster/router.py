@@ -8,7 +8,11 @@ owner's advertised address, generation). A write is acknowledged only if the mem
 owns the partition, in the same generation, with its ZooKeeper session, after the write
 (:class:`~sediment.errors.MembershipLost` otherwise, an outcome-unknown error the client
 retries at the owner). A read is refused the same way before it starts and again before
-its answer leaves, so a superseded owner never answers from stale state. A member that
+its answer leaves, so a superseded owner never answers from stale state; nor does it fail
+from stale state: a call (or a replay's stream) that fails at a member that lost the
+partition meanwhile answers MembershipLost, not, say, that a batch the new owner compacted
+away is missing (BatchCorruption) or that the engine's store was closed (BlobError), which
+the client would not retry. A member that
 hands a partition over (SIGTERM) takes its appends and seals until the new owner's
 recovery fences it (cluster/member.py), its reads no longer.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -76,12 +80,38 @@ class ClusterEngine:
         return engine, p, generation
 
     def _write(self, name: str, call: str, *args: Any, append: bool = False, **kwargs: Any) -> Any:
+        return self._served(name, call, *args, append=append, **kwargs)[0]
+
+    def _served(self, name: str, call: str, *args: Any, append: bool = False, **kwargs: Any) -> tuple[Any, int, int]:
+        """(result, partition, generation) of the engine's ``call``, as :meth:`_answered`."""
         engine, p, generation = self._engine(name, append=append)
-        result = getattr(engine, call)(name, *args, **kwargs)
+        return self._answered(p, generation, lambda: getattr(engine, call)(name, *args, **kwargs)), p, generation
+
+    def _answered(self, p: int, generation: int, run: Callable[[], Any]) -> Any:
+        """``run()``'s result, answered only while partition ``p`` is still ours in
+        ``generation``; its failure too, since a member that lost the partition meanwhile
+        failed on state another owner may have moved past or closed (a batch deleted, the
+        engine's store closed): MembershipLost then, which the client retries at the owner."""
+        try:
+            result = run()
+        except Exception:
+            self.member.check_still_serving(p, generation)  # lost meanwhile: that is the answer, not the failure
+            raise
         self.member.check_still_serving(p, generation)
         return result
 
     _read = _write  # a read's answer leaves only while the partition is still ours, as a write's
+
+    def _stream(self, batches: Iterator[Any], p: int, generation: int) -> Iterator[Any]:
+        """A stream read from an engine, whose failure mid-way is checked as a call's: an owner
+        that lost the partition while it streamed (paused past its session, say, and the
+        new owner deleted a batch it compacted away) answers that, which the client retries
+        at the owner, not that a batch of its old state is missing."""
+        try:
+            yield from batches
+        except Exception:
+            self.member.check_still_serving(p, generation)
+            raise
 
     # --- relations -----------------------------------------------------------------------------
 
@@ -210,9 +240,9 @@ class ClusterEngine:
         here or at a later owner (cluster/applied.py). ``locks`` are checked only when the key
         was not applied yet: a retry of a locked append that landed succeeds."""
         engine, p, generation = self._engine(name, append=True)
-        if not self._applied.append_many(engine, p, {name: updates}, client, seq, locks):
+        if not self._answered(p, generation, lambda: self._applied.append_many(engine, p, {name: updates}, client, seq,
+                                                                                locks)):
             self.metrics.deduplicated.inc()
-        self.member.check_still_serving(p, generation)
 
     def _one_partition(self, updates: Mapping[str, pa.Table]) -> int | None:
         parts = {self._partition(name) for name in updates}
@@ -226,8 +256,7 @@ class ClusterEngine:
         if p is None:
             return
         engine, generation = self.member.engine_for(p, append=True)
-        engine.append_many(updates, locks=locks)
-        self.member.check_still_serving(p, generation)
+        self._answered(p, generation, lambda: engine.append_many(updates, locks=locks))
 
     def append_many_once(self, updates: Mapping[str, pa.Table], client: str, seq: int, *,
                          locks: Any = None) -> None:
@@ -236,9 +265,8 @@ class ClusterEngine:
         if p is None:
             return
         engine, generation = self.member.engine_for(p, append=True)
-        if not self._applied.append_many(engine, p, updates, client, seq, locks):
+        if not self._answered(p, generation, lambda: self._applied.append_many(engine, p, updates, client, seq, locks)):
             self.metrics.deduplicated.inc()
-        self.member.check_still_serving(p, generation)
 
     def commit_once(self, name: str, client: str, seq: int, commit: Callable[[int, pa.Table], None]) -> None:
         """A transaction's commit with an idempotency key: ``commit(partition, marks)`` commits
@@ -246,9 +274,9 @@ class ClusterEngine:
         exactly when the commit is; a repeat of an applied key commits nothing and succeeds.
         ``name``: a relation the transaction wrote (it names the partition)."""
         engine, p, generation = self._engine(name)
-        if not self._applied.apply(engine, p, client, seq, lambda marks: commit(p, marks)):
+        if not self._answered(p, generation, lambda: self._applied.apply(engine, p, client, seq,
+                                                                          lambda marks: commit(p, marks))):
             self.metrics.deduplicated.inc()
-        self.member.check_still_serving(p, generation)
 
     def seal(self, name: str, t: int) -> None:
         self._write(name, "seal", t, append=True)
@@ -272,8 +300,7 @@ class ClusterEngine:
         if inner:
             (p,) = bound
             engine, generation = self.member.engine_for(p)
-            engine.commit_all(inner)
-            self.member.check_still_serving(p, generation)
+            self._answered(p, generation, lambda: engine.commit_all(inner))
         for t in transactions:
             t.finish_empty()
 
@@ -295,7 +322,8 @@ class ClusterEngine:
         return self._read(name, "snapshot", as_of)
 
     def replay(self, name: str, *, batch_rows: int = 65536) -> Any:
-        return self._read(name, "replay", batch_rows=batch_rows)
+        batches, p, generation = self._served(name, "replay", batch_rows=batch_rows)
+        return self._stream(batches, p, generation)
 
     def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
                   max_lag: int | None = None) -> Any:

@@ -1,0 +1,378 @@
+"""A nemesis campaign against a cluster of coordinators (session 30): real processes, random
+faults from a seeded schedule, several at once, and a checker of what the clients saw.
+
+Processes: a ZooKeeper, moto's S3, three storage nodes (quorum 2 of 3) and three ``sediment
+serve --cluster`` members (tests/support/cluster_procs.py), 4 partitions, 6 relations. Client
+processes (bench/nemesis_client.py) send keyed appends (``append_once`` with their own client
+ids and sequence numbers, resent with the same key while the outcome is unknown), seals and
+snapshot reads over every relation. Meanwhile the nemesis, every 1-4 s, starts one of:
+
+- ``kill``: SIGKILL a member, restart it (on its data directory) 0.5-3 s later;
+- ``term``: SIGTERM a member (it hands its partitions over and exits), restart it;
+- ``pause``: SIGSTOP a member for 1-4 s longer than the ZooKeeper session, then SIGCONT (its
+  partitions are taken over meanwhile: awake again, it must acknowledge nothing);
+- ``zk_pause``: SIGSTOP ZooKeeper for 1-4 s (``--zk-pause``), then SIGCONT;
+- ``node_kill``: SIGKILL one storage node (never two at once), restart it 1-4 s later.
+
+Faults overlap (at most two members faulted at once, so one serves). After ``--seconds`` the
+clients stop sending, every fault is healed, the cluster settles (bounded) and each relation
+is sealed past every append and read through the cluster and through each member; the
+checker (tests/support/nemesis_checker.py, pure) counts what must be zero.
+
+    python bench/nemesis.py [--seconds 60 | --quick] [--seed 1] [--clients 3] [--appenders 2]
+                            [--session-timeout 3] [--interval 1-4] [--zk-pause 1-4]
+                            [--weights kill=3,term=2,pause=3,zk_pause=1,node_kill=2] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import nemesis_client  # noqa: E402
+from support.cluster_procs import TOKEN, Cluster, MemberProc  # noqa: E402
+from support.fixtures_zookeeper import ZooKeeperServer  # noqa: E402
+from support.nemesis_checker import Figures, check  # noqa: E402
+
+import sediment  # noqa: E402
+
+PARTITIONS = 4
+RELATIONS = [f"r{i}" for i in range(6)]  # r_i in partition i % 4
+SETTLE_TIMEOUT = 120.0  # seconds the healed cluster has to serve every partition again
+EXIT_TIMEOUT = 90.0  # a SIGTERMed member's hand-over, grace and closes
+KINDS = {"kill": 3, "term": 2, "pause": 3, "zk_pause": 1, "node_kill": 2}
+# refusals the workload provokes: an append (or a resend of one) below a seal another client
+# made meanwhile, a seal behind another's
+REFUSALS = {"TimeAlreadySealed", "InvalidTime", "FrontierRegression"}
+
+
+def expected_errors() -> set[str]:
+    """The typed errors a call may end with: the refusals above, and what the client says
+    after its deadline (outcome unknown: any OutcomeUnknown; unavailable)."""
+    from sediment import errors
+
+    unknown = {name for name, cls in vars(errors).items()
+               if isinstance(cls, type) and issubclass(cls, errors.OutcomeUnknown)}
+    return REFUSALS | unknown | {"CoordinatorUnavailable"}
+
+
+class Slot:
+    """One of the three members: its data directory (kept across restarts) and its process."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.cluster, self.dir = cluster, cluster.root / name
+        self.proc: MemberProc | None = None
+        self.busy = False  # a fault holds it
+
+    def start(self) -> None:
+        self.proc = MemberProc(self.cluster.uri, self.dir, self.cluster.env)
+        self.cluster.members.append(self.proc)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.proc.poll() is None
+
+
+class Nemesis:
+    """Faults from a seeded schedule, each in a thread of its own, until stopped; then heals."""
+
+    def __init__(self, cluster: Cluster, slots: list[Slot], zk: ZooKeeperServer, seed: int, session: float,
+                 interval: tuple[float, float] = (1.0, 4.0), weights: dict[str, float] | None = None,
+                 zk_pause: tuple[float, float] = (1.0, 4.0)) -> None:
+        self.cluster, self.slots, self.zk, self.session, self.interval = cluster, slots, zk, session, interval
+        self.zk_pause = zk_pause
+        self.weights = dict(weights or KINDS)
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.applied: Counter = Counter()
+        self.skipped: Counter = Counter()
+        self.problems: list[str] = []  # a member that did not exit on SIGTERM, a restart that failed
+        self.zk_busy = False
+        self.node_busy = False
+
+    def run(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        kinds, weights = list(self.weights), list(self.weights.values())
+        while not self.stop.wait(self.rng.uniform(*self.interval)) and time.monotonic() < end:
+            kind = self.rng.choices(kinds, weights)[0]
+            action = self._claim(kind, self.rng.random(), self.rng.random())
+            if action is None:
+                self.skipped[kind] += 1
+                continue
+            self.applied[kind] += 1
+            t = threading.Thread(target=self._guard, args=(kind, action), name=f"nemesis-{kind}", daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _claim(self, kind: str, pick: float, length: float):  # noqa: ANN202 - a closure or None
+        """The fault to run now (its target taken), or None if none is free."""
+        with self.lock:
+            if kind == "zk_pause":
+                if self.zk_busy:
+                    return None
+                self.zk_busy = True
+                low, high = self.zk_pause
+                return lambda: self._zk_pause(low + (high - low) * length)
+            if kind == "node_kill":
+                if self.node_busy:
+                    return None
+                self.node_busy = True
+                return lambda: self._node_kill(self.cluster.nodes[int(pick * 3)], 1.0 + 3.0 * length)
+            free = [s for s in self.slots if not s.busy and s.running()]
+            if not free or sum(s.busy for s in self.slots) >= 2:
+                return None
+            slot = free[int(pick * len(free))]
+            slot.busy = True
+        if kind == "kill":
+            return lambda: self._member_restart(slot, signal.SIGKILL, 0.5 + 2.5 * length)
+        if kind == "term":
+            return lambda: self._member_restart(slot, signal.SIGTERM, 0.5 + 1.5 * length)
+        return lambda: self._member_pause(slot, self.session + 1.0 + 3.0 * length)
+
+    def _guard(self, kind: str, action) -> None:  # noqa: ANN001
+        try:
+            action()
+        except Exception as exc:  # noqa: BLE001 - reported with the figures
+            self.problems.append(f"{kind}: {type(exc).__name__}: {exc}")
+
+    def _member_restart(self, slot: Slot, sig: int, down: float) -> None:
+        try:
+            proc = slot.proc
+            proc.signal(sig)
+            try:
+                proc.wait(EXIT_TIMEOUT if sig == signal.SIGTERM else 30)
+            except Exception:  # noqa: BLE001 - a member that does not exit on SIGTERM: a finding
+                self.problems.append(f"member {proc.member_id} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM")
+                proc.kill()
+            time.sleep(down)
+            slot.start()
+        finally:
+            slot.busy = False
+
+    def _member_pause(self, slot: Slot, seconds: float) -> None:
+        try:
+            slot.proc.signal(signal.SIGSTOP)
+            time.sleep(seconds)
+            slot.proc.signal(signal.SIGCONT)
+        finally:
+            slot.busy = False
+
+    def _zk_pause(self, seconds: float) -> None:
+        try:
+            os.kill(self.zk.pid, signal.SIGSTOP)
+            time.sleep(seconds)
+        finally:
+            os.kill(self.zk.pid, signal.SIGCONT)
+            self.zk_busy = False
+
+    def _node_kill(self, node, down: float) -> None:  # noqa: ANN001
+        try:
+            node.kill()
+            time.sleep(down)
+            node.start()
+        finally:
+            self.node_busy = False
+
+    def heal(self) -> None:
+        """Stop scheduling, let every fault end (each is bounded), and bring back anything down."""
+        self.stop.set()
+        for t in self.threads:
+            t.join(EXIT_TIMEOUT + 60)
+        os.kill(self.zk.pid, signal.SIGCONT)
+        for node in self.cluster.nodes:
+            if node.proc is None or node.proc.poll() is not None:
+                node.start()
+        for slot in self.slots:
+            if slot.proc is not None and slot.running():
+                slot.proc.signal(signal.SIGCONT)
+            else:
+                slot.start()
+
+
+def settle(cluster: Cluster, slots: list[Slot], timeout: float = SETTLE_TIMEOUT) -> float:
+    """Seconds until the three members are the only members, every partition is assigned to
+    one of them (balanced) and each serves exactly the partitions assigned to it. A member
+    that rejoined after its session ended has a new id: members are matched by address."""
+    began = time.monotonic()
+    deadline = began + timeout
+    while True:
+        try:
+            view = cluster.view()
+            by_address = {a: m for m, a in view["members"].items()}
+            ids = {by_address.get(s.proc.uri) for s in slots}
+            owners = [m for m, _g in view["assignment"].values()]
+            counts = [owners.count(i) for i in ids]
+            if (None not in ids and len(view["members"]) == len(slots) and len(owners) == PARTITIONS
+                    and set(owners) <= ids and max(counts) - min(counts) <= 1
+                    and all(s.proc.metric("sediment_cluster_partitions_owned") == owners.count(by_address[s.proc.uri])
+                            for s in slots)):
+                return time.monotonic() - began
+        except Exception:  # noqa: BLE001 - a member or ZooKeeper still coming back: look again
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the cluster did not settle within {timeout:g} s")
+        time.sleep(0.2)
+
+
+def final_state(cluster: Cluster, slots: list[Slot], top: int) -> tuple[dict, dict]:
+    """Every relation sealed at ``top`` and read there: through the cluster's zk:// URI, and
+    through each member's address."""
+    def read_all(db) -> dict:  # noqa: ANN001
+        out = {}
+        for name in RELATIONS:
+            snap = db.snapshot(name, top)
+            out[name] = dict(zip(snap.column("k").to_pylist(), snap.column("diff").to_pylist(), strict=True))
+        return out
+
+    with sediment.connect(cluster.uri, token=TOKEN) as db:
+        for name in RELATIONS:
+            if db.sealed(name) < top:
+                db.seal(name, top)
+        final = read_all(db)
+    members = {}
+    for s in slots:
+        with sediment.connect(s.proc.uri, token=TOKEN) as db:
+            members[s.proc.uri] = read_all(db)
+    return final, members
+
+
+def report(f: Figures, nemesis: Nemesis, seed: int, seconds: float, settled: float, hung_threads: list[str],
+           absorbed: Counter) -> None:
+    faults = ", ".join(f"{k} {nemesis.applied[k]}" for k in KINDS)
+    skipped = sum(nemesis.skipped.values())
+    print(f"seed {seed}, {seconds:g} s: faults {sum(nemesis.applied.values())} ({faults}; {skipped} skipped: "
+          f"target busy), settled {settled:.1f} s after the heal")
+    o = f.outcomes
+    calls = sum(f.errors.values())
+    print(f"operations: appends {sum(o.values())} (acknowledged {o['ok']}, unknown {o['unknown']}, refused "
+          f"{o['refused']}), reads {f.reads}, sealed {f.sealed}, seals acknowledged {f.seals}, typed errors {calls}"
+          f" ({', '.join(f'{k} {v}' for k, v in f.errors.most_common())}), slowest call {f.slowest:.1f} s")
+    print(f"single tries of appends that failed and were resent by the client: {sum(absorbed.values())} "
+          f"({', '.join(f'{k} {v}' for k, v in absorbed.most_common())})")
+    print("must be zero: " + ", ".join(f"{name} {getattr(f, name)}" for name in Figures.MUST_BE_ZERO)
+          + f", untyped {sum(f.untyped.values())}" + (f" ({dict(f.untyped)})" if f.untyped else "")
+          + f", unexpected {sum(f.unexpected.values())}" + (f" ({dict(f.unexpected)})" if f.unexpected else ""))
+    for line in f.examples:
+        print("  " + line)
+    for line in nemesis.problems:
+        print("  problem: " + line)
+    if hung_threads:
+        print(f"  hung client threads: {hung_threads}")
+
+
+def span(text: str) -> tuple[float, float]:
+    low, _, high = text.partition("-")
+    return float(low), float(high or low)
+
+
+def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
+    """One run: the cluster, the clients, the nemesis, the heal and the check; violations."""
+    import multiprocessing
+
+    zk = ZooKeeperServer(tmp / "zk")
+    zk.start()
+    cluster = None
+    try:
+        cluster = Cluster(tmp / "cluster", zk.hosts, "/nemesis", endpoint, "bench", partitions=PARTITIONS,
+                          session_timeout=args.session_timeout)
+        slots = [Slot(cluster, f"member{i}") for i in range(3)]
+        for s in slots:
+            s.start()
+        settle(cluster, slots)
+        with sediment.connect(cluster.uri, token=TOKEN) as db:
+            for i, name in enumerate(RELATIONS):
+                db.add_relation(name, nemesis_client.SCHEMA, partition=i % PARTITIONS)
+        ctx = multiprocessing.get_context("spawn")
+        stop = ctx.Event()
+        paths = [str(tmp / f"client{i}.json") for i in range(args.clients)]
+        clients = [ctx.Process(target=nemesis_client.run, args=(i, cluster.uri, TOKEN, RELATIONS, args.seed,
+                                                                args.appenders, args.hang_bound, paths[i], stop))
+                   for i in range(args.clients)]
+        for p in clients:
+            p.start()
+        nemesis = Nemesis(cluster, slots, zk, args.seed, args.session_timeout, span(args.interval),
+                          {**KINDS, **{k: float(v) for k, v in (w.split("=") for w in args.weights.split(",") if w)}},
+                          span(args.zk_pause))
+        began = time.monotonic()
+        nemesis.run(args.seconds)
+        nemesis.heal()
+        print(f"nemesis ran {time.monotonic() - began:.0f} s; healed", flush=True)
+        try:
+            settled = settle(cluster, slots)
+        except RuntimeError as exc:
+            nemesis.problems.append(str(exc))
+            settled = float("nan")
+        stop.set()
+        for p in clients:
+            p.join(args.hang_bound * nemesis_client.ATTEMPTS + 60)
+            if p.is_alive():
+                nemesis.problems.append(f"client process {p.pid} did not end: killed")
+                p.kill()
+                p.join()
+        history, hung, absorbed = nemesis_client.load([p for p in paths if os.path.exists(p)])
+        top = max([a.time for a in history.appends], default=0) + 1
+        final, members = final_state(cluster, slots, top)
+        f = check(history, final, members, expected_errors())
+        report(f, nemesis, args.seed, args.seconds, settled, hung, absorbed)
+        return f.violations() + len(nemesis.problems) + (len(paths) - sum(os.path.exists(p) for p in paths))
+    finally:
+        if cluster is not None:
+            cluster.close()
+        zk.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--quick", action="store_true", help="30 s of faults")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--clients", type=int, default=3, help="client processes")
+    ap.add_argument("--appenders", type=int, default=2, help="appending threads (client ids) per client process")
+    ap.add_argument("--session-timeout", type=float, default=3.0)
+    ap.add_argument("--weights", default="", help="KIND=WEIGHT,... to change how often each fault is chosen "
+                    f"(default {','.join(f'{k}={v}' for k, v in KINDS.items())})")
+    ap.add_argument("--interval", default="1-4", help="seconds between the starts of two faults (uniform), MIN-MAX")
+    ap.add_argument("--zk-pause", default="1-4", help="seconds ZooKeeper stays SIGSTOPped (uniform), MIN-MAX")
+    ap.add_argument("--hang-bound", type=float, default=60.0,
+                    help="seconds a call may take before it counts as hung (the client's deadline is 30 s, plus "
+                         "one call's 10 s timeout past it)")
+    ap.add_argument("--workdir", help="keep the processes' files and logs here (default: a temporary directory)")
+    args = ap.parse_args()
+    if args.quick:
+        args.seconds = 30.0
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    try:
+        host, port = moto.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+        with tempfile.TemporaryDirectory() as scratch:
+            tmp = Path(args.workdir or scratch)
+            tmp.mkdir(parents=True, exist_ok=True)
+            bad = campaign(args, tmp, endpoint)
+    finally:
+        moto.stop()
+    print(f"load average {os.getloadavg()[0]:.1f}; {'FAILED: ' + str(bad) + ' violations' if bad else 'all held'}")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
