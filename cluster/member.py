@@ -358,7 +358,8 @@ class Member:
             try:
                 self._pass()
             except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable and the like: the next pass retries
-                log.warning("cluster member %s: %s", self.member_id, exc)
+                log.warning("cluster member %s: control pass failed (%s: %s); retrying in %s s", self.member_id,
+                            type(exc).__name__, exc or "no message", POLL)
 
     def _pass(self) -> None:
         if self._session_lost:
