@@ -138,6 +138,7 @@ class Engine:
         self.wal: WriteAheadLog | None = None
         self.read_stats: RunStats | None = None  # counters of consolidation on read, for tests and operators
         self.scheduler: Scheduler | None = None
+        self.frontiers: SealedFrontiers | None = None  # each live relation's sealed frontier in the log
         self.swept: list[str] = []
         self.blob_uri: str | None = None  # where the batches live, once open
         self.s3_endpoint: str | None = None
@@ -331,7 +332,8 @@ class Engine:
         """Replay the log; the PROGRESS and FRONTIERS records (the first kept record of a
         trimmed log is one) give each relation's sealed frontier, which the log carries
         across segment boundaries from then on (engine/frontiers.py)."""
-        view, book = self.view, SealedFrontiers()
+        view = self.view
+        book = self.frontiers = SealedFrontiers(lambda rel_id: view.relations.by_id(rel_id) is not None)
         take = getattr(log_, "recovered", None)  # what the log's own open verified: no second read
         records = take() if take is not None else None
         done = log_replay.replay(records if records is not None else map(log_replay.head_of, log_.scan()),
@@ -342,6 +344,7 @@ class Engine:
             rel = view.relations.by_id(rel_id)
             if rel is not None:
                 rel.sealed = rel.sealed_durable = max(rel.sealed, t)
+        book.forget_dropped()  # frontiers of relations dropped since the log's first record
         log_.set_preamble(book)
         dangling = view.txns.ids()
         if dangling:  # a crash left these without COMMIT: close them for good
@@ -399,8 +402,13 @@ class Engine:
         go away when the log is trimmed; its subscriptions end (their reads raise
         UnknownRelation)."""
         with self.compaction.pass_lock, self.view.lock:
-            self.collector.discard(self.registry.drop(name, self.compaction.forget))
+            self.collector.discard(self.registry.drop(name, self._forget))
         self.collector.collect()
+
+    def _forget(self, name: str, relation_id: int) -> None:
+        """What the engine's components keep of a relation being dropped (under the lock)."""
+        self.compaction.forget(name)
+        self.frontiers.forget(relation_id)
 
     def alter_relation(self, name: str, *, add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | None = None,
                        widen: Mapping[str, pa.DataType] | None = None, rename: Mapping[str, str] | None = None,

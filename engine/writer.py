@@ -50,7 +50,6 @@ class Writer:
         self._wake_compaction = wake_compaction
         self._lock: threading.RLock = view.lock
         self._txn_counter = 0
-        self._small: dict[tuple[int, int], SmallBodyEncoder] = {}  # (relation id, schema version) -> encoder
         self._bounds: dict[int, tuple[pa.Schema, BodyBounds]] = {}  # id(update schema) -> it, its body reader
         self._appending = 0  # appends between prepare and encode now, about
         self._observe_latency = metrics.append_latency.observe
@@ -88,10 +87,9 @@ class Writer:
         if n <= 64:  # small appends: one record, no sizing
             body = None
             if self._appending > 1:  # others append too: build it without releasing the GIL (engine/small_encode.py)
-                key = (rel.entry.id, version)
-                encoder = self._small.get(key)
+                encoder = rel.encoders.get(version)
                 if encoder is None:
-                    encoder = self._small[key] = SmallBodyEncoder(table.schema)
+                    encoder = rel.encoders[version] = SmallBodyEncoder(table.schema)
                 body = encoder.encode(table)
             if body is None:
                 batches = table.to_batches()
@@ -239,10 +237,9 @@ class Writer:
         version, target = rel.shape
         if not updates.schema.equals(target):
             return False
-        key = (rel.entry.id, version)
-        encoder = self._small.get(key)
+        encoder = rel.encoders.get(version)
         if encoder is None:
-            encoder = self._small[key] = SmallBodyEncoder(target)
+            encoder = rel.encoders[version] = SmallBodyEncoder(target)
         if locks is None and self._submit_joinable is not None and encoder.usable:
             return self._append_deferred(rel, name, updates, version, start)
         got = encoder.encode_with_times(updates)
