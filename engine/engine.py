@@ -360,10 +360,14 @@ class Engine:
                            s3_endpoint=self.storage.s3_endpoint, failure_count=self.compaction.failure_count)
         self.wal, self.read_stats = log_, self.reads.read_stats
         if compact:
-            self.scheduler = Scheduler(self.compaction.background_pass, self.compaction.merge_pass,
+            self.scheduler = Scheduler(self._background_pass, self.compaction.merge_pass,
                                        self.settings.interval, self.clock)
         self.writer = Writer(view, log_, self.locks, self.metrics, epoch=epoch,
                              max_record_bytes=self._max_record_bytes, wake_compaction=self._wake_for_backlog)
+
+    def _background_pass(self) -> None:
+        self.writer.abort_abandoned()  # first: the pass's cut may then pass them
+        self.compaction.background_pass()
 
     def _wake_for_backlog(self) -> None:
         if self.scheduler is not None:
@@ -394,7 +398,12 @@ class Engine:
     release_read = _forward("reads", Reads.release_read)
     replay = _forward("reads", Reads.replay)
     trace_info = _forward("reads", Reads.trace_info)
-    compact = _forward("compaction", Compaction.compact)
+
+    def compact(self, name: str | None = None) -> None:
+        self.writer.abort_abandoned()
+        self.compaction.compact(name)
+
+    compact.__doc__ = Compaction.compact.__doc__
     compaction_errors = _forward("compaction", Compaction.compaction_errors)
 
     def drop_relation(self, name: str) -> None:

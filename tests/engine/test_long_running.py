@@ -1,6 +1,7 @@
 """A long-running engine keeps bounded state: what it holds for a relation goes with the
-relation's drop, so that an engine that adds and drops relations for weeks does not keep
-something of each."""
+relation's drop, and a transaction whose object was dropped while open is aborted, so that
+an engine that adds and drops relations and begins transactions for weeks does not keep
+something of each (nor a WAL that can no longer be trimmed)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,45 @@ def test_the_frontiers_record_carries_live_relations_only(tmp_path):
         assert engine.wal.start_lsn == 0  # no trim: the dropped relations' PROGRESS records are replayed
         assert _last_frontiers(engine) == live
         assert {n: engine.sealed(n) for n in engine.relations() if n != "tick"} == {"r0": 1, "r2": 3, "r5": 6}
+
+
+def test_a_transaction_dropped_while_open_is_aborted(tmp_path):
+    """An open transaction holds back the WAL cut of every relation; one whose object was
+    garbage collected can never be committed, so the next compaction aborts it (and the log is
+    trimmed past it). A transaction still referenced stays open and commits."""
+    with sediment.open(tmp_path / "d", clock=ManualClock(), compact_interval=None, segment_bytes=1 << 16) as engine:
+        engine.add_relation("r", SCHEMA)
+        held = engine.transaction()
+        held.append("r", rows([1], 1))
+        for t in range(2, 40):
+            tx = engine.transaction()
+            tx.append("r", rows([t], t))
+            del tx
+            engine.append("r", rows([1000 + t], t))
+        gc.collect()
+        assert len(engine.view.txns) == 39
+        engine.compact()
+        assert engine.view.txns.ids() == [held.id] and held.state == "open"
+        held.commit()
+        engine.seal("r", 40)
+        engine.compact()
+        assert engine.stats()["wal"]["open_transactions"] == 0
+        assert engine.wal.start_lsn > 0  # trimmed past the aborted ones' records
+        got = sorted(engine.snapshot("r", 40).column("id").to_pylist())
+        assert got == [1] + [1000 + t for t in range(2, 40)]
+
+
+def test_the_background_pass_aborts_dropped_transactions(tmp_path):
+    with sediment.open(tmp_path / "d", compact_interval=0.05) as engine:
+        engine.add_relation("r", SCHEMA)
+        tx = engine.transaction()
+        tx.append("r", rows([1], 1))
+        assert len(engine.view.txns) == 1
+        del tx
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while len(engine.view.txns) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine.view.txns) == 0
+        engine.seal("r", 1)
+        assert engine.snapshot("r", 1).num_rows == 0
