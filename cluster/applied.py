@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -60,28 +60,62 @@ def load(engine: Any) -> dict[str, int]:
     return last
 
 
+class KeyLocks:
+    """A lock per key, kept only while a thread holds or waits for it: a member serves
+    clients that come and go (a client id per thread of each client), so a lock kept per id
+    ever seen would grow for as long as the member runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[Hashable, list] = {}  # key -> [its lock, threads holding or waiting]
+
+    @contextmanager
+    def hold(self, key: Hashable) -> Iterator[None]:
+        with self._lock:
+            entry = self._held.get(key)
+            if entry is None:
+                entry = self._held[key] = [threading.Lock(), 0]
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._held[key]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+
 class AppliedOnce:
     """The owner's side: each partition engine's table, loaded on first use after it opened.
     ``on_doubt(partition, engine)``: called once a keyed write on ``engine`` failed with its
-    outcome unknown (see the module doc); it should open the partition again."""
+    outcome unknown (see the module doc); it should open the partition again.
+
+    The table keeps one entry per client id that ever wrote to the partition (and the
+    relation one row each): see docs/formats.md. The engine it was loaded from is held
+    weakly, so a partition handed to another member does not keep its closed engine."""
 
     def __init__(self, on_doubt: Callable[[int, Any], None] | None = None) -> None:
         self._lock = threading.Lock()
-        self._tables: dict[int, tuple[Any, dict[str, int]]] = {}
-        self._client_locks: dict[tuple[int, str], threading.Lock] = defaultdict(threading.Lock)
+        self._tables: dict[int, tuple[weakref.ref, dict[str, int]]] = {}
+        self._client_locks = KeyLocks()  # (partition, client) while one of its writes is decided
         self._doubted: weakref.WeakSet = weakref.WeakSet()  # engines whose log may hold more than their table
         self._on_doubt = on_doubt
 
     def _table(self, engine: Any, partition: int) -> dict[str, int]:
         with self._lock:
             held = self._tables.get(partition)
-            if held is not None and held[0] is engine:
+            if held is not None and held[0]() is engine:
                 return held[1]
         table = load(engine)
         with self._lock:
             held = self._tables.get(partition)
-            if held is None or held[0] is not engine:
-                self._tables[partition] = held = (engine, table)
+            if held is None or held[0]() is not engine:
+                self._tables[partition] = held = (weakref.ref(engine), table)
             return held[1]
 
     def append_many(self, engine: Any, partition: int, updates: Mapping[str, pa.Table], client: str,
@@ -100,7 +134,7 @@ class AppliedOnce:
             raise InvalidArgument(f"an append's idempotency key must be a client id and a sequence number >= 0, "
                                   f"not ({client!r}, {seq!r})")
         table = self._table(engine, partition)
-        with self._client_locks[(partition, client)]:
+        with self._client_locks.hold((partition, client)):
             if engine in self._doubted:
                 raise NotPartitionOwner(f"partition {partition} is being opened again after a write whose outcome is "
                                         f"unknown; nothing was written for ({client!r}, {seq}): retry",

@@ -138,6 +138,7 @@ class Engine:
         self.wal: WriteAheadLog | None = None
         self.read_stats: RunStats | None = None  # counters of consolidation on read, for tests and operators
         self.scheduler: Scheduler | None = None
+        self.frontiers: SealedFrontiers | None = None  # each live relation's sealed frontier in the log
         self.swept: list[str] = []
         self.blob_uri: str | None = None  # where the batches live, once open
         self.s3_endpoint: str | None = None
@@ -331,7 +332,8 @@ class Engine:
         """Replay the log; the PROGRESS and FRONTIERS records (the first kept record of a
         trimmed log is one) give each relation's sealed frontier, which the log carries
         across segment boundaries from then on (engine/frontiers.py)."""
-        view, book = self.view, SealedFrontiers()
+        view = self.view
+        book = self.frontiers = SealedFrontiers(lambda rel_id: view.relations.by_id(rel_id) is not None)
         take = getattr(log_, "recovered", None)  # what the log's own open verified: no second read
         records = take() if take is not None else None
         done = log_replay.replay(records if records is not None else map(log_replay.head_of, log_.scan()),
@@ -342,6 +344,7 @@ class Engine:
             rel = view.relations.by_id(rel_id)
             if rel is not None:
                 rel.sealed = rel.sealed_durable = max(rel.sealed, t)
+        book.forget_dropped()  # frontiers of relations dropped since the log's first record
         log_.set_preamble(book)
         dangling = view.txns.ids()
         if dangling:  # a crash left these without COMMIT: close them for good
@@ -357,10 +360,14 @@ class Engine:
                            s3_endpoint=self.storage.s3_endpoint, failure_count=self.compaction.failure_count)
         self.wal, self.read_stats = log_, self.reads.read_stats
         if compact:
-            self.scheduler = Scheduler(self.compaction.background_pass, self.compaction.merge_pass,
+            self.scheduler = Scheduler(self._background_pass, self.compaction.merge_pass,
                                        self.settings.interval, self.clock)
         self.writer = Writer(view, log_, self.locks, self.metrics, epoch=epoch,
                              max_record_bytes=self._max_record_bytes, wake_compaction=self._wake_for_backlog)
+
+    def _background_pass(self) -> None:
+        self.writer.abort_abandoned()  # first: the pass's cut may then pass them
+        self.compaction.background_pass()
 
     def _wake_for_backlog(self) -> None:
         if self.scheduler is not None:
@@ -391,7 +398,12 @@ class Engine:
     release_read = _forward("reads", Reads.release_read)
     replay = _forward("reads", Reads.replay)
     trace_info = _forward("reads", Reads.trace_info)
-    compact = _forward("compaction", Compaction.compact)
+
+    def compact(self, name: str | None = None) -> None:
+        self.writer.abort_abandoned()
+        self.compaction.compact(name)
+
+    compact.__doc__ = Compaction.compact.__doc__
     compaction_errors = _forward("compaction", Compaction.compaction_errors)
 
     def drop_relation(self, name: str) -> None:
@@ -399,8 +411,13 @@ class Engine:
         go away when the log is trimmed; its subscriptions end (their reads raise
         UnknownRelation)."""
         with self.compaction.pass_lock, self.view.lock:
-            self.collector.discard(self.registry.drop(name, self.compaction.forget))
+            self.collector.discard(self.registry.drop(name, self._forget))
         self.collector.collect()
+
+    def _forget(self, name: str, relation_id: int) -> None:
+        """What the engine's components keep of a relation being dropped (under the lock)."""
+        self.compaction.forget(name)
+        self.frontiers.forget(relation_id)
 
     def alter_relation(self, name: str, *, add: Sequence[pa.Field] = (), defaults: Mapping[str, Any] | None = None,
                        widen: Mapping[str, pa.DataType] | None = None, rename: Mapping[str, str] | None = None,

@@ -12,7 +12,7 @@ trimmed log is a FRONTIERS record) before handing it to the log.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from sediment.wal.record import Record, RecordKind, decode_frontiers, encode_frontiers
 
@@ -35,13 +35,20 @@ def fold(sealed: dict[int, int], records: Iterable[Record]) -> None:
 
 
 class SealedFrontiers:
-    """The greatest ``close t`` of every relation id in the log (dropped relations too:
-    the log's records are kept as they are). Implements wal.protocol.SegmentPreamble;
-    thread-safe (a log's writer threads call it)."""
+    """The greatest ``close t`` of every live relation id in the log. Implements
+    wal.protocol.SegmentPreamble; thread-safe (a log's writer threads call it).
 
-    def __init__(self) -> None:
+    ``live(relation_id)`` says whether the engine still has the relation: a dropped one's
+    frontier is forgotten (:meth:`forget` at the drop; :meth:`record` leaves out, and
+    forgets, any other, such as one a replay found in the log or a seal in flight at the
+    drop), so neither the book nor the FRONTIERS record at every segment boundary grows with
+    every relation ever dropped. Ids are never reused, and replay ignores records of ids the
+    catalog does not hold, so nothing reads a dropped relation's frontier."""
+
+    def __init__(self, live: Callable[[int], bool] | None = None) -> None:
         self._lock = threading.Lock()
         self._sealed: dict[int, int] = {}
+        self._live = live
 
     def observe(self, records: Sequence[Record]) -> None:
         if len(records) == 1 and records[0].kind not in _SEALING:  # a lone append: nothing to fold
@@ -58,12 +65,28 @@ class SealedFrontiers:
                 if t > sealed.get(rel, -1):
                     sealed[rel] = t
 
+    def forget(self, relation_id: int) -> None:
+        """A dropped relation's frontier is no longer carried."""
+        with self._lock:
+            self._sealed.pop(relation_id, None)
+
+    def forget_dropped(self) -> None:
+        """Forget the frontiers of relations ``live`` says are gone."""
+        if self._live is None:
+            return
+        with self._lock:
+            for rel in [r for r in self._sealed if not self._live(r)]:
+                del self._sealed[rel]
+
     def record(self, pending: Sequence[Record] = ()) -> Record:
-        """The FRONTIERS record: every frontier observed, raised by ``pending`` (records
-        placed before it but not observed yet), without observing them."""
+        """The FRONTIERS record: every live relation's frontier observed, raised by ``pending``
+        (records placed before it but not observed yet), without observing them."""
+        self.forget_dropped()
         with self._lock:
             sealed = dict(self._sealed)
         fold(sealed, pending)
+        if self._live is not None:
+            sealed = {rel: t for rel, t in sealed.items() if self._live(rel)}
         return Record(RecordKind.FRONTIERS, count=len(sealed), body=encode_frontiers(sealed))
 
     def frontiers(self) -> dict[int, int]:

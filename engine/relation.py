@@ -48,6 +48,7 @@ class Relation:
     counters: Any = None  # sediment.metrics.RelationCounters: bumped as its appends become durable
     layout: Layout | None = None  # its schema versions, to read updates written under older ones
     shape: tuple[int, pa.Schema] = (0, pa.schema([]))  # (schema version, update schema), replaced as one
+    encoders: dict[int, Any] = field(default_factory=dict)  # schema version -> SmallBodyEncoder (engine/writer.py)
 
     @property
     def schema_version(self) -> int:

@@ -104,21 +104,22 @@ class RelationRegistry:
         with self.view.lock:
             return self.view.get(name).schema_version
 
-    def drop(self, name: str, forget: Callable[[str], None]) -> Iterable[str]:
+    def drop(self, name: str, forget: Callable[[str, int], None]) -> Iterable[str]:
         """Forget a relation (under the lock, with no compaction pass running): its blobs,
-        to be collected. ``forget`` clears what other components keep by its name."""
+        to be collected. ``forget(name, id)`` clears what other components keep by its name or id."""
         rel = self.view.get(name)
         self.catalog.drop(rel.entry)
         self.view.relations.remove(rel)
         rel.feed.close(dropped_as=name)
         self.metrics.forget_relation(name)
         self.view.backlog.remove(sum(e.bytes for e in rel.tail))
-        forget(name)
+        forget(name, rel.entry.id)
         staged.drop_staging(self.traces.blobs, rel.entry.id)
         try:
             self.meta.delete(names.trace_key(rel.entry.id))
         except Exception as exc:  # noqa: BLE001 - the start-up sweep removes what is left
             log.warning("could not delete the trace state of dropped relation %r: %s", name, exc)
+        self.traces.forget(rel.entry.id)
         return rel.trace.keys()
 
     def relations(self, include_internal: bool = False) -> list[str]:

@@ -17,6 +17,7 @@ the record is durable) none does.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Protocol
@@ -54,10 +55,17 @@ class TxnWriter(Protocol):
         """``ticket.wait()``; a failure of unknown outcome fails the engine first."""
         ...
 
+    def txn_abandoned(self, txn: TxnState) -> None:
+        """A begun transaction's object was garbage collected: abort it if still open. Called
+        by a finalizer, on any thread and at any moment: it must only note it."""
+        ...
+
 
 class Transaction:
     """Created by :meth:`Engine.transaction`. Use as a context manager: commits on success,
-    aborts on an exception."""
+    aborts on an exception. One that wrote and is garbage collected while still open is
+    aborted by the engine's next compaction pass: nothing can commit it any more, and an open
+    transaction holds back the WAL cut, and so every relation's compaction and the log's trim."""
 
     def __init__(self, writer: TxnWriter, txn_id: int):
         self._writer = writer
@@ -87,6 +95,8 @@ class Transaction:
             if not self._begun:
                 records.insert(0, Record(RecordKind.BEGIN, txn_id=self.id))
             ticket, _ = self._writer.txn_submit(records, [(rel, name, t_min)])
+            if not self._begun:  # the finalizer holds the state, not the transaction
+                weakref.finalize(self, self._writer.txn_abandoned, self._txn)
             self._begun = True
             prev = self._touched.get(name)
             self._touched[name] = (rel, t_min if prev is None else min(prev[1], t_min))

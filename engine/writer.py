@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 import pyarrow as pa
@@ -28,6 +29,7 @@ from sediment.engine.transaction import Admission, Transaction, commit_all
 from sediment.engine.view import RelationView
 from sediment.errors import FrontierRegression, InvalidArgument, TimeAlreadySealed, UnknownRelation
 from sediment.metrics import EngineMetrics
+from sediment.txn_state import ABORTED, TxnState
 from sediment.wal.protocol import Ticket, WriteAheadLog
 from sediment.wal.record import Record, RecordKind
 
@@ -50,9 +52,9 @@ class Writer:
         self._wake_compaction = wake_compaction
         self._lock: threading.RLock = view.lock
         self._txn_counter = 0
-        self._small: dict[tuple[int, int], SmallBodyEncoder] = {}  # (relation id, schema version) -> encoder
         self._bounds: dict[int, tuple[pa.Schema, BodyBounds]] = {}  # id(update schema) -> it, its body reader
         self._appending = 0  # appends between prepare and encode now, about
+        self._abandoned: deque[TxnState] = deque()  # open transactions garbage collected (txn_abandoned)
         self._observe_latency = metrics.append_latency.observe
         self._submit_joinable = getattr(log_, "submit_joinable", None)  # the file log's (wal/group_records.py)
         self._lead_lone = getattr(log_, "lead_lone", None)  # ... and its lead taken by an idle log's caller
@@ -88,10 +90,9 @@ class Writer:
         if n <= 64:  # small appends: one record, no sizing
             body = None
             if self._appending > 1:  # others append too: build it without releasing the GIL (engine/small_encode.py)
-                key = (rel.entry.id, version)
-                encoder = self._small.get(key)
+                encoder = rel.encoders.get(version)
                 if encoder is None:
-                    encoder = self._small[key] = SmallBodyEncoder(table.schema)
+                    encoder = rel.encoders[version] = SmallBodyEncoder(table.schema)
                 body = encoder.encode(table)
             if body is None:
                 batches = table.to_batches()
@@ -239,10 +240,9 @@ class Writer:
         version, target = rel.shape
         if not updates.schema.equals(target):
             return False
-        key = (rel.entry.id, version)
-        encoder = self._small.get(key)
+        encoder = rel.encoders.get(version)
         if encoder is None:
-            encoder = self._small[key] = SmallBodyEncoder(target)
+            encoder = rel.encoders[version] = SmallBodyEncoder(target)
         if locks is None and self._submit_joinable is not None and encoder.usable:
             return self._append_deferred(rel, name, updates, version, start)
         got = encoder.encode_with_times(updates)
@@ -392,6 +392,33 @@ class Writer:
     def txn_wait(self, ticket: Ticket) -> None:
         """Wait for a transaction's records (:meth:`RelationView.waited`)."""
         self.view.waited(ticket)
+
+    def txn_abandoned(self, txn: TxnState) -> None:
+        """A begun transaction was garbage collected: queued for :meth:`abort_abandoned` if
+        still open (a finalizer may run inside any lock of any thread: nothing more here)."""
+        if txn.is_open:
+            self._abandoned.append(txn)
+
+    def abort_abandoned(self) -> None:
+        """Abort the transactions queued by :meth:`txn_abandoned` (before each compaction pass):
+        each ABORT record closes one in the view, which lets the WAL cut and trim pass it."""
+        records = []
+        while True:
+            try:
+                txn = self._abandoned.popleft()
+            except IndexError:
+                break
+            if txn.is_open:
+                txn.finish(ABORTED)
+                records.append(Record(RecordKind.ABORT, txn_id=txn.txn_id))
+        if not records:
+            return
+        with self._lock:
+            view = self.view
+            if view.closed or view.failed is not None or view.superseded is not None:
+                return  # nothing more goes to this log; the next open's replay discards them
+            ticket = self.log.submit(records, view.on_durable)
+        view.waited(ticket)
 
     def seal(self, name: str, t: int) -> None:
         """Write ``close t``: no further updates at times <= t. Durable on return."""

@@ -543,8 +543,11 @@ class Client:
     # --- closing -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connection (transactions left open stay open on the server until it
-        stops); its subscriptions, shared or not, end with EngineClosed. Idempotent."""
+        """Close the connection; its subscriptions, shared or not, end with EngineClosed.
+        Transactions it left open stay open on the server (another client may still commit them
+        by id, as a Spark job's driver does its tasks') until a call names them, the server
+        aborts them after ``--txn-idle-timeout`` seconds without one (600 by default), or it
+        stops. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return

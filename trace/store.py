@@ -191,6 +191,13 @@ class TraceStore:
             return schema
         return layout.stored
 
+    def forget(self, relation_id: int) -> None:
+        """A dropped relation: let go of what is kept by its id (ids are never reused, so an
+        engine that adds and drops relations for weeks would otherwise keep every one). Its
+        compaction commits nothing after the drop (engine/compaction.py checks it is live)."""
+        for kept in (self._versions, self._unresolved, self._schemas, self._layouts, self._accepted):
+            kept.pop(relation_id, None)
+
     def schema_of(self, relation_id: int) -> pa.Schema | None:
         """The relation's update schema in the form Parquet gives it back (:func:`stored_schema`);
         None: never set, e.g. a dropped relation or a store used without an engine."""

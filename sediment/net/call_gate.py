@@ -84,6 +84,7 @@ class CallGate:
             self._closed = True
             waiting, self._waiting = list(self._waiting), set()
             readers = list(self._readers)
+        self._workers.close()
         for answer in waiting:
             try:
                 answer.set_exception(CallCancelled(
@@ -118,12 +119,15 @@ def _carry_out(call: Callable[[], T], answer: Future[T]) -> None:
 
 class Workers:
     """Daemon threads that run jobs, one each at a time; a new one starts when none is free,
-    and one ends after :data:`WORKER_IDLE_SECONDS` without a job."""
+    and one ends after :data:`WORKER_IDLE_SECONDS` without a job, or at once when it is free
+    after :meth:`close` (a process that connects and closes clients often would otherwise
+    hold every closed client's workers for that long)."""
 
     def __init__(self) -> None:
-        self._jobs: SimpleQueue[Callable[[], None]] = SimpleQueue()
+        self._jobs: SimpleQueue[Callable[[], None] | None] = SimpleQueue()
         self._lock = threading.Lock()
         self._free = 0  # workers waiting for a job that no submitted job has claimed
+        self._closed = False
 
     def submit(self, job: Callable[[], None]) -> None:
         with self._lock:
@@ -144,6 +148,19 @@ class Workers:
                         self._free -= 1
                         return
                 continue
+            if job is None:  # close(): a free worker ends
+                return
             job()
             with self._lock:
+                if self._closed:
+                    return
                 self._free += 1
+
+    def close(self) -> None:
+        """End the free workers now, and each busy one once its job is done. A job submitted
+        later still runs (on a worker that then ends)."""
+        with self._lock:
+            self._closed = True
+            free, self._free = self._free, 0
+        for _ in range(free):
+            self._jobs.put(None)

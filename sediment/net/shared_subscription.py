@@ -8,7 +8,8 @@ each waking the next once it has the event, where waking them all at once had ev
 of them wait for the interpreter lock together (docs/benchmarks.md, "Feed latency").
 Each subscription is the server's own engine subscription, so it has its own snapshot,
 position and ``max_lag``; closing one (``feed_leave``) leaves the others running, and the
-last one to close cancels the stream. A stream that breaks ends every subscription on it
+last one to close, or to be ended by the server (its relation dropped), cancels the stream,
+which the client then forgets. A stream that breaks ends every subscription on it
 with a typed error. Subscriptions read from asyncio (``async for``, ``await
 sub.next_async(timeout)``) sleep in their event loop: after each event the reading thread
 wakes each loop once for all its sleepers (:mod:`sediment.net.async_reads`). A server that
@@ -175,12 +176,13 @@ class SharedStream:
     _sids = count(1)
 
     def __init__(self, uri: str, relation: str, get: Callable[..., flight.FlightStreamReader],
-                 action: Callable[..., Any]) -> None:
+                 action: Callable[..., Any], on_end: Callable[[SharedStream], None] = lambda _s: None) -> None:
         self.uri = uri
         self.relation = relation
         self.id = uuid.uuid4().hex
         self._get = get
         self._action = action
+        self._on_end = on_end  # told once it has ended (outside its lock): its client forgets it
         self._lock = threading.Lock()
         self._subs: dict[str, SharedSubscription] = {}
         self._reader: flight.FlightStreamReader | None = None
@@ -214,6 +216,8 @@ class SharedStream:
                 self._subs.pop(sub.id, None)
                 if opening:
                     self.ended = True
+            if opening:
+                self._on_end(self)
             raise
         return sub
 
@@ -241,8 +245,10 @@ class SharedStream:
             if last:
                 self.ended = True
             reader = self._reader
-        if last and reader is not None:
-            reader.cancel()
+        if last:
+            self._on_end(self)
+            if reader is not None:
+                reader.cancel()
             return
         try:
             self._action(Action.FEED_LEAVE, within=LEAVE_SECONDS, stream=self.id, sub=sid)
@@ -295,16 +301,29 @@ class SharedStream:
             self.ended = True
             subs, self._subs = list(self._subs.values()), {}
             failure = self._closed_by or failure
+        self._on_end(self)
         self._end(subs, failure or EngineClosed(f"the sediment server at {self.uri} ended the feed (it stopped); "
                                                 "subscribe again with resume=True"))
 
     def _end(self, subs: list[SharedSubscription], failure: BaseException) -> None:
+        """End ``subs`` with ``failure``. When that leaves the stream without subscriptions
+        (the server ended the last ones: their relation was dropped, say), the stream is
+        cancelled as the last one's close would have: else it stayed open, with a thread on
+        each side, until the client closed, while later subscriptions opened new streams."""
         with self._lock:
             for sub in subs:
                 self._subs.pop(sub.id, None)
+            last = not self._subs and not self.ended
+            if last:
+                self.ended = True
+            reader = self._reader
         for sub in subs:
             sub.push(failure)
         self.loops.poke()
+        if last:
+            self._on_end(self)
+            if reader is not None:
+                reader.cancel()
 
 
 class FeedShares:
@@ -315,7 +334,7 @@ class FeedShares:
         self._uri = uri
         self._get = get
         self._action = action
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a stream that fails to open forgets itself inside subscribe
         self._streams: dict[str, SharedStream] = {}
         self.supported = True
 
@@ -326,7 +345,8 @@ class FeedShares:
             while self.supported:
                 stream = self._streams.get(name)
                 if stream is None or stream.ended:
-                    stream = self._streams[name] = SharedStream(self._uri, name, self._get, self._action)
+                    stream = self._streams[name] = SharedStream(self._uri, name, self._get, self._action,
+                                                                self._forget)
                 try:
                     sub = stream.add(as_of, resume, max_lag)
                 except ValueError as exc:
@@ -337,6 +357,19 @@ class FeedShares:
                 if sub is not None:
                     return sub
         return None
+
+    def _forget(self, stream: SharedStream) -> None:
+        """An ended stream: no longer kept under its relation's name (a long-lived client
+        subscribes to many relations over time)."""
+        with self._lock:
+            if self._streams.get(stream.relation) is stream:
+                del self._streams[stream.relation]
+
+    @property
+    def streams(self) -> int:
+        """How many shared streams are open (one per relation with subscriptions)."""
+        with self._lock:
+            return len(self._streams)
 
     def close(self) -> None:
         """End every shared stream: their subscriptions raise EngineClosed (the client closed)."""

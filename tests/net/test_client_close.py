@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 import pytest
-from support.served import Served, serve_again
+from support.served import Served, serve_again, served_engine
 from support.waiting import poll_until
 
 import sediment
@@ -264,3 +264,30 @@ def test_close_ends_an_append_under_way_on_another_thread_with_call_cancelled(tm
             assert set(again.snapshot("r", 1).column("id").to_pylist()) - {2, 3} == {1, 4}
     finally:
         server.kill()
+
+
+def test_a_closed_clients_call_threads_end_at_once(tmp_path):
+    """A client's blocking calls run on worker threads of its own (sediment/net/call_gate.py),
+    which wait 30 s for another call before they end; a closed client's end at once, so a
+    process that connects and closes clients often does not hold every closed one's threads."""
+    token = "close-" + os.urandom(8).hex()
+    with served_engine(tmp_path / "data", token, SCHEMA) as (_engine, server, _client):
+        before = set(threading.enumerate())
+        client = sediment.connect(server.uri, token=token)
+        start = threading.Barrier(4)
+
+        def calls() -> None:
+            start.wait()
+            for _ in range(20):
+                assert client.relations() == ["r"]
+                assert client.snapshot("r", 0).num_rows == 0
+
+        callers = [threading.Thread(target=calls) for _ in range(4)]
+        for th in callers:
+            th.start()
+        for th in callers:
+            th.join()
+        workers = [t for t in threading.enumerate() if t not in before and t.name == "sediment-call"]
+        assert workers, "the calls ran on no worker thread of the client"
+        client.close()
+        poll_until(lambda: not any(t.is_alive() for t in workers), 5, "the closed client's call threads to end")

@@ -255,9 +255,40 @@ def test_a_stream_whose_subscriptions_the_server_all_ended_is_let_go(served, sha
         while True:
             assert sub.next(timeout=10) is not None, "the dropped relation's subscription neither ended nor failed"
     assert server.wait_feeds_released(10), "the stream outlived every subscription on it"
+    poll_until(lambda: not server._shared._shares, 10, "the server's shared stream to end")
+    poll_until(lambda: client._feed_shares.streams == 0, 10, "the client to let its shared stream go")
+    sub.close()
     engine.add_relation("r", SCHEMA)
     again = client.subscribe("r", shared=shared)  # on a new stream
     assert again.next(timeout=10).kind == "snapshot"
     engine.append("r", row(7, 1))
     assert keys_until(again, 1) == [7]
     again.close()
+
+
+def test_subscriptions_to_relations_dropped_one_after_another_leave_no_stream_open(served):
+    """A long-lived client subscribing to relations that are then dropped (each subscription
+    closed after its error, as a reader does): every shared stream ends on both sides, so
+    neither the server's handler threads nor the client's reading threads pile up. A stream
+    that still has a live subscription stays."""
+    engine, server, client = served
+    kept = client.subscribe("r")
+    assert kept.next(timeout=10).kind == "snapshot"
+    for i in range(3):
+        name = f"gone{i}"
+        engine.add_relation(name, SCHEMA)
+        pair = [client.subscribe(name), client.subscribe(name)]
+        for sub in pair:
+            assert sub.next(timeout=10).kind == "snapshot"
+        engine.drop_relation(name)
+        for sub in pair:
+            with pytest.raises(UnknownRelation):
+                while True:
+                    assert sub.next(timeout=10) is not None
+            sub.close()
+        poll_until(lambda: len(server._shared._shares) == 1, 10, f"the server's stream of {name} to end")
+        poll_until(lambda: client._feed_shares.streams == 1, 10, f"the client's stream of {name} to be let go")
+    engine.append("r", row(3, 1))
+    assert keys_until(kept, 1) == [3]
+    kept.close()
+    poll_until(lambda: not server._shared._shares and client._feed_shares.streams == 0, 10, "the last stream to end")
