@@ -233,11 +233,15 @@ class FeedLog:
 
     def leave(self, sub: Subscription) -> None:
         """Forget ``sub``. Only the writer trims a window others still read; once no one is
-        left, the entries are let go (the next registration starts a fresh window)."""
+        left, the entries and the decoded events are let go (the next registration starts a
+        fresh window; a relation's feed lives as long as the relation)."""
         with self.changed:
             self.subs.pop(sub.id, None)
             if not self.subs:
                 self.window = (self.next_seq, [])
+                with self._cache_lock:
+                    self._events, self._bulk, self._progress = {}, {}, None
+                    self._cache_bytes = self._bulk_bytes = 0
             self.loops.forget_closed()
             release(sub.wake)
 

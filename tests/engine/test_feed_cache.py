@@ -97,3 +97,33 @@ def test_subscribers_share_the_latest_progress_event(tmp_path):
         assert [[e.time for e in events[1:]] for events in seen] == [[1, 2]] * 3
         assert all(seen[n][2] is seen[0][2] for n in range(3)), "each subscriber made its own event"
         assert all(sub.last_progress == 2 for sub in subs)
+
+
+def test_the_last_subscriber_to_leave_lets_the_decoded_events_go(tmp_path):
+    import sediment
+
+    with sediment.open(str(tmp_path / "d")) as eng:
+        eng.add_relation("r", SCHEMA)
+        feed = eng.view.relations["r"].feed
+        first, second = eng.subscribe("r"), eng.subscribe("r")
+        for i in range(50):
+            eng.append("r", one_row(i))
+        eng.seal("r", 50)
+        for sub in (first, second):
+            got = []
+            while len(got) < 50:
+                event = sub.next(timeout=5)
+                if event.kind == UPDATES:
+                    got.extend(event.table.column("k").to_pylist())
+            assert got == list(range(50))
+        assert feed._events
+        first.close()
+        assert feed._events, "a subscriber is left: the cache stays"
+        second.close()
+        assert not feed._events and not feed._bulk and feed._progress is None
+        assert feed._cache_bytes == 0 and feed._bulk_bytes == 0
+        again = eng.subscribe("r")  # a new subscriber after that reads on as before
+        assert again.next(timeout=5).kind == "snapshot"
+        eng.append("r", one_row(50))
+        assert again.next(timeout=5).table.column("k").to_pylist() == [50]
+        again.close()
