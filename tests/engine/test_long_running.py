@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 import weakref
 
 import pyarrow as pa
+from support.waiting import poll_until
 
 import sediment
 from sediment.clock import ManualClock
@@ -41,7 +41,6 @@ def _concurrent_small_appends(engine, name: str) -> list[weakref.ref]:
     the relation (engine/small_encode.py: only used while appends overlap); weak references
     to the encoders made."""
     _Recorded.made = []
-    deadline = time.monotonic() + 20
     stop = threading.Event()
 
     def work(w: int) -> None:
@@ -54,8 +53,7 @@ def _concurrent_small_appends(engine, name: str) -> list[weakref.ref]:
     for th in threads:
         th.start()
     try:
-        while not _Recorded.made and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll_until(lambda: _Recorded.made, 20, "a small-body encoder made by overlapping appends")
     finally:
         stop.set()
         for th in threads:
@@ -123,7 +121,10 @@ def test_a_dropped_relation_leaves_nothing_behind(tmp_path, monkeypatch):
 def test_the_frontiers_record_carries_live_relations_only(tmp_path):
     """The FRONTIERS record written at every segment boundary names the live relations only,
     also after an open that replays the PROGRESS records of relations dropped since."""
-    with sediment.open(tmp_path / "d", compact=False) as engine:
+    with sediment.open(tmp_path / "d", clock=ManualClock()) as engine:
+        engine.add_relation("pin", SCHEMA)
+        pin = engine.transaction()  # left open: it holds the log's cut, so the reopen replays it all
+        pin.append("pin", rows([1], 1))
         for i in range(6):
             engine.add_relation(f"r{i}", SCHEMA)
             engine.seal(f"r{i}", i + 1)
@@ -132,10 +133,11 @@ def test_the_frontiers_record_carries_live_relations_only(tmp_path):
             engine.drop_relation(f"r{i}")
         live = {ids["r0"]: 1, ids["r2"]: 3, ids["r5"]: 6}
         assert _last_frontiers(engine) == live
-    with sediment.open(tmp_path / "d", compact=False) as engine:
+    with sediment.open(tmp_path / "d", clock=ManualClock()) as engine:
         assert engine.wal.start_lsn == 0  # no trim: the dropped relations' PROGRESS records are replayed
         assert _last_frontiers(engine) == live
-        assert {n: engine.sealed(n) for n in engine.relations() if n != "tick"} == {"r0": 1, "r2": 3, "r5": 6}
+        assert {n: engine.sealed(n) for n in engine.relations() if n not in ("tick", "pin")} == \
+            {"r0": 1, "r2": 3, "r5": 6}
 
 
 def test_a_transaction_dropped_while_open_is_aborted(tmp_path):
@@ -165,16 +167,18 @@ def test_a_transaction_dropped_while_open_is_aborted(tmp_path):
 
 
 def test_the_background_pass_aborts_dropped_transactions(tmp_path):
-    with sediment.open(tmp_path / "d", compact_interval=0.05) as engine:
+    clock = ManualClock()
+    with sediment.open(tmp_path / "d", clock=clock, compact_interval=5.0) as engine:
         engine.add_relation("r", SCHEMA)
         tx = engine.transaction()
         tx.append("r", rows([1], 1))
         assert len(engine.view.txns) == 1
         del tx
         gc.collect()
-        deadline = time.monotonic() + 10
-        while len(engine.view.txns) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert len(engine.view.txns) == 1, "collected, not yet aborted: the pass does that"
+        passes = engine.scheduler.passes
+        clock.advance(5.0)
+        assert engine.scheduler.wait_passes(passes + 1, 30)
         assert len(engine.view.txns) == 0
         engine.seal("r", 1)
         assert engine.snapshot("r", 1).num_rows == 0
