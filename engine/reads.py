@@ -130,11 +130,11 @@ class Reads:
             rel = self.view.get(name)
             self._check_as_of(rel, as_of)
             trace, entries, shape = rel.trace, list(rel.tail), _Shape.of(rel)
-            self.collector.pin()
+            pinned = self.collector.pin()
         try:
             return self._snapshot_of(rel, trace, entries, as_of, shape)
         finally:
-            self.collector.unpin()
+            self.collector.unpin(pinned)
 
     def _check_as_of(self, rel: Relation, as_of: int) -> None:
         if not rel.entry.since <= as_of <= rel.sealed_durable:
@@ -269,7 +269,7 @@ class Reads:
 
             sub = Subscription(feed, [], load, lambda: not self.view.closed, name=name, max_lag=max_lag,
                                load_many=load_many)
-            self.collector.pin()
+            pinned = self.collector.pin()
         try:
             initial = []
             if not resume:
@@ -283,7 +283,7 @@ class Reads:
             sub.close()
             raise
         finally:
-            self.collector.unpin()
+            self.collector.unpin(pinned)
         sub.add_initial(initial, as_of)
         return sub
 
@@ -342,7 +342,7 @@ class Reads:
         with self._lock:
             rel = self.view.get(name)
             trace, entries, shape = rel.trace, list(rel.tail), _Shape.of(rel)
-            self.collector.pin()
+            pinned = self.collector.pin()
 
         def load(item: Any, sort: Callable[[Any], list[time_order.Block]]) -> Iterable[list[time_order.Block]]:
             if isinstance(item, _TailRun):
@@ -374,7 +374,7 @@ class Reads:
                 close = getattr(source, "close", None)
                 if close is not None:  # its reads ahead end with the replay, as a `yield from` closed them
                     close()
-                self.collector.unpin()
+                self.collector.unpin(pinned)
 
         replay = generate()
         next(replay)  # inside its try: a replay never iterated still releases its pin when dropped

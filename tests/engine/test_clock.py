@@ -38,28 +38,35 @@ def test_manual_clock_moves_only_when_told() -> None:
 
 
 def test_reader_pins_against_a_model() -> None:
-    """Random pins, leases, releases and clock moves: idle exactly when the model says no
-    read is in progress and no lease is both unreleased and before its deadline."""
+    """Random pins, leases, releases, new generations and clock moves: idle exactly when the
+    model says no read is in progress and no lease is both unreleased and before its deadline,
+    and the oldest generation held is the model's."""
     for seed in range(200):
         rnd = random.Random(seed)
         clock = ManualClock()
         pins = ReaderPins(clock)
-        model_pins, model_leases = 0, {}
+        model_pins: list[int] = []
+        model_leases: dict[int, float] = {}
+        lease_starts: dict[int, int] = {}
+        generation = 0
         for _ in range(40):
-            op = rnd.randrange(5)
+            op = rnd.randrange(6)
             if op == 0:
-                pins.pin()
-                model_pins += 1
+                assert pins.pin() == generation
+                model_pins.append(generation)
             elif op == 1 and model_pins:
-                pins.unpin()
-                model_pins -= 1
+                pins.unpin(model_pins.pop(rnd.randrange(len(model_pins))))
             elif op == 2:
                 seconds = rnd.choice([0, 1, 2.5, 10])
-                model_leases[pins.lease(seconds)] = clock.current_time() + seconds
+                lease = pins.lease(seconds)
+                model_leases[lease], lease_starts[lease] = clock.current_time() + seconds, generation
             elif op == 3:
                 lease = rnd.randrange(1, 12)
                 assert pins.release(lease) == (lease in model_leases)
                 model_leases.pop(lease, None)
+            elif op == 4:
+                generation += 1
+                assert pins.advance() == generation
             else:
                 clock.advance(rnd.choice([0, 0.5, 1, 3]))
             ended = pins.expire()
@@ -68,7 +75,9 @@ def test_reader_pins_against_a_model() -> None:
             for k in due:
                 del model_leases[k]
             assert pins.leases == model_leases
-            assert pins.idle == (model_pins == 0 and not model_leases)
+            starts = model_pins + [lease_starts[k] for k in model_leases]
+            assert pins.oldest() == (min(starts) if starts else None)
+            assert pins.idle == (not model_pins and not model_leases)
 
 
 def test_read_plan_lease_expires_on_the_engine_clock(tmp_path: Path) -> None:
