@@ -39,7 +39,6 @@ ZooKeeper, for ever), so the calls made on a client's thread and on the way out 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -50,16 +49,22 @@ from typing import Any
 
 from sediment.clock import Clock, MonotonicClock
 from sediment.cluster import layout
+from sediment.cluster.membership import LOST, CallUnanswered, Membership
 from sediment.cluster.metrics import ClusterMetrics
 from sediment.cluster.probe import PeerProbe
+from sediment.cluster.zk_membership import ZK_CALL_TIMEOUT, ZooKeeperMembership  # noqa: F401 - where callers found it
 from sediment.errors import MembershipLost, NotPartitionOwner
 
 POLL = 0.5  # seconds between the control loop's looks when no watch fires
 OPEN_RETRY = 1.0  # seconds before a partition whose open failed is tried again
 HANDOVER_WAIT = 5.0  # seconds a handed-over partition takes appends while its new owner has not fenced it
 LEAVE_COMPACT_WAIT = 3.0  # seconds a leaving member spends compacting its partitions' WAL tails first
-ZK_CALL_TIMEOUT = 5.0  # seconds a ZooKeeper call made for a client's request (or a leave) waits at most
 log = logging.getLogger(__name__)
+
+
+def open_membership(where: Any, clock: Clock | None = None) -> Membership:
+    """The membership of the cluster at ``where`` (a parsed cluster URI)."""
+    return ZooKeeperMembership(where)
 
 
 @dataclass
@@ -75,8 +80,9 @@ class _Handing:
 class Member:
     """A live member of the cluster at ``where``, advertised to clients as ``advertise``."""
 
-    def __init__(self, where: layout.ClusterPath, advertise: str, data_dir: str, *,
-                 engine_options: dict[str, Any] | None = None, clock: Clock | None = None) -> None:
+    def __init__(self, where: Any, advertise: str, data_dir: str, *,
+                 engine_options: dict[str, Any] | None = None, clock: Clock | None = None,
+                 membership: Membership | None = None) -> None:
         self.where = where
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.advertise = advertise
@@ -98,7 +104,7 @@ class Member:
         self._retry_at: dict[int, float] = {}
         self._open_failed: dict[int, str] = {}  # why an assigned partition's last open failed
         self._seen: dict[int, tuple[str, int]] = {}  # the assignment of the previous pass
-        self._zk: Any = None
+        self._membership: Membership = membership if membership is not None else open_membership(where, self.clock)
         self._probe: PeerProbe | None = None
         self.config: layout.ClusterConfig | None = None
         self._thread: threading.Thread | None = None
@@ -107,16 +113,8 @@ class Member:
 
     def start(self) -> None:
         """Connect, read the deployment, register and start the control loop."""
-        probe = layout.connect_zk(self.where)
-        try:
-            self.config = layout.read_config(probe, self.where)
-        finally:
-            probe.stop()
-            probe.close()
-        self._zk = layout.connect_zk(self.where, timeout=self.config.session_timeout)
-        self._zk.add_listener(self._on_state)
+        self.config = self._membership.start(self._on_state)
         self._connected.set()
-        self._zk_timeout = self._zk.handler.timeout_exception
         self._register()
         self._thread = threading.Thread(target=self._loop, name="cluster-member", daemon=True)
         self._thread.start()
@@ -134,8 +132,7 @@ class Member:
         self._leaving = True
         self._compact_before_leaving(min(timeout / 4, LEAVE_COMPACT_WAIT))
         try:
-            self.zk_call(lambda: self._zk.create_async(self.where.path("leaving", self.member_id), b"", ephemeral=True),
-                         "announce leaving", write=True)
+            self.zk_call(lambda: self._membership.announce_leaving(self.member_id), "announce leaving", write=True)
         except Exception as exc:  # noqa: BLE001 - the partitions then move when the session ends
             log.warning("could not announce leaving: %s", exc)
         self._wake.set()
@@ -187,47 +184,34 @@ class Member:
         engines = self._release_all()
         for partition, engine in engines:
             self._close_engine(partition, engine)
-        if self._zk is not None:
-            try:
-                self._zk.stop()  # bounded by kazoo (the session timeout, at least 10 s)
-            except Exception as exc:  # noqa: BLE001 - the session then ends on ZooKeeper's side
-                log.warning("member %s: ending the ZooKeeper session: %s: %s", self.member_id, type(exc).__name__, exc)
-            finally:
-                self._zk.close()
+        try:
+            self._membership.stop()
+        except Exception as exc:  # noqa: BLE001 - the session (or lease) then ends on the store's side
+            log.warning("member %s: ending the membership: %s: %s", self.member_id, type(exc).__name__, exc)
 
     # --- serving -------------------------------------------------------------------------------
 
     def partition_of(self, name: str, *, fresh: bool = False) -> int | None:
         """The relation's recorded partition (None: no such relation); ``fresh``: read from
-        ZooKeeper, not from the view of the last pass."""
-        from kazoo.exceptions import NoNodeError
-
+        the membership store, not from the view of the last pass."""
         p = None if fresh else self.view["relations"].get(name)
         if p is not None:
             return p
-        try:
-            value, _ = self.zk_call(lambda: self._zk.get_async(self.where.path("relations", name)),
-                                    f"find relation {name!r}'s partition")
-        except NoNodeError:
-            return None
-        return int(value)
+        got = self.zk_call(lambda: self._membership.relation(name), f"find relation {name!r}'s partition")
+        return None if got is None else got[0]
 
-    def zk_call(self, start: Callable[[], Any], what: str, *, write: bool = False) -> Any:
-        """The result of one kazoo async call ``start()``, for a thread that must not wait on
-        an unreachable ZooKeeper: refused at once while out of touch, and after
-        ``ZK_CALL_TIMEOUT`` seconds without an answer. A read that cannot be made is a
-        NotPartitionOwner (nothing done: ask another member); a write that was sent but not
-        answered is a MembershipLost (it may yet be applied). kazoo's own errors (NoNodeError,
-        ...) pass through."""
-        from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
-
+    def zk_call(self, call: Callable[[], Any], what: str, *, write: bool = False) -> Any:
+        """The result of one bounded membership call ``call()``, for a thread that must not
+        wait on an unreachable store: refused at once while out of touch, and after
+        ``ZK_CALL_TIMEOUT`` seconds without an answer (CallUnanswered). A read that cannot be
+        made is a NotPartitionOwner (nothing done: ask another member); a write that was sent
+        but not answered is a MembershipLost (it may yet be applied)."""
         if not self._connected.is_set() or self._session_lost:
             raise self._unreachable(what, "the connection is suspended or the session lost")
-        result = start()
         try:
-            return result.get(timeout=ZK_CALL_TIMEOUT)
-        except (self._zk_timeout, ConnectionLoss, SessionExpiredError, ConnectionClosedError) as exc:
-            why = f"no answer within {ZK_CALL_TIMEOUT:g} s" if isinstance(exc, self._zk_timeout) else type(exc).__name__
+            return call()
+        except CallUnanswered as exc:
+            why = exc.why
             if write:
                 raise MembershipLost(f"{self.advertise} sent ZooKeeper the request to {what} but got {why}: it may "
                                      "or may not be applied; read back (or retry at another member)") from None
@@ -239,12 +223,11 @@ class Member:
                                  "ask another member or connect with the cluster's zk:// URI")
 
     def _in_touch(self) -> bool:
-        """Connected, the session not lost, and ZooKeeper read within half the session timeout
-        (the one ZooKeeper granted, which may be less than the one asked): a process resumed
-        after a pause (SIGSTOP, a long GC) refuses before kazoo notices."""
-        timeout = layout.granted_timeout(self._zk, self.config.session_timeout)
+        """Connected, the session not lost, and the membership read recently enough
+        (``Membership.fresh``: on ZooKeeper within half the session timeout it granted): a
+        process resumed after a pause (SIGSTOP, a long GC) refuses before its client notices."""
         return (self._connected.is_set() and not self._session_lost
-                and self.clock.current_time() - self._heard < timeout / 2)
+                and self._membership.fresh(self.clock.current_time() - self._heard))
 
     def engine_for(self, partition: int, *, append: bool = False) -> tuple[Any, int]:
         """(engine, generation) of a partition this member serves now (``append``: or hands over,
@@ -317,19 +300,17 @@ class Member:
         with self._lock:
             return self._engines.get(partition)
 
-    def zk(self) -> Any:
-        return self._zk
+    def membership(self) -> Membership:
+        return self._membership
 
-    # --- ZooKeeper ---------------------------------------------------------------------------------
+    # --- the membership store --------------------------------------------------------------------
 
     def _on_state(self, state: str) -> None:
-        from kazoo.client import KazooState
-
-        if state == KazooState.CONNECTED:
+        if state == "CONNECTED":
             self._connected.set()
         else:
             self._connected.clear()
-            if state == KazooState.LOST:
+            if state == LOST:
                 self._session_lost = True
                 if self._stop.is_set():  # stop() ended the session itself: no loss to warn about
                     log.info("member %s ended its ZooKeeper session", self.member_id)
@@ -339,9 +320,7 @@ class Member:
         self._wake.set()
 
     def _register(self) -> None:
-        path = self._zk.create(self.where.path("members", "m-"), json.dumps({"advertise": self.advertise}).encode(),
-                               ephemeral=True, sequence=True)
-        self.member_id = path.rsplit("/", 1)[1]
+        self.member_id = self._membership.register(self.advertise)
         log.info("joined %s as %s (%s)", self.where.uri, self.member_id, self.advertise)
 
     def _watch(self, _event: object = None) -> None:
@@ -370,8 +349,7 @@ class Member:
             self._register()  # a new session: a new member
         if not self._connected.is_set():
             return
-        zk, where = self._zk, self.where
-        members = self._remove_refusing(zk.get_children(where.path("members"), watch=self._watch))
+        members = self._remove_refusing(self._membership.members(self._watch))
         if self.member_id not in members and not self._leaving:
             log.warning("member %s was removed from the members (its port refused a connection): it rejoins",
                         self.member_id)
@@ -379,9 +357,9 @@ class Member:
             self._register()
             self._wake.set()
             return
-        leaving = zk.get_children(where.path("leaving"), watch=self._watch)
+        leaving = self._membership.leaving(self._watch)
         data, stat = self._read_assignment()
-        view = layout.read_view(zk, where)
+        view = self._membership.read_view()
         self.view = view
         self._heard = self.clock.current_time()
         if view["manager"] == self.member_id:
@@ -391,12 +369,7 @@ class Member:
         self._apply(layout.decode_assignment(data))
 
     def _read_assignment(self) -> tuple[bytes, Any]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            return self._zk.get(self.where.path("assignment"), watch=self._watch)
-        except NoNodeError:
-            return b"", None
+        return self._membership.read_assignment(self._watch)
 
     def _probe_targets(self) -> dict[str, str]:
         """Whose ports to look at: the manager looks at every other member's, the others at
@@ -407,24 +380,17 @@ class Member:
         return {manager: members[manager]} if manager in members else {}
 
     def _remove_refusing(self, members: list[str]) -> list[str]:
-        """Delete the member znodes of members whose port refuses connections (a dead
-        process): the membership then changes for everyone at once, as when a session ends.
-        Returns the members left."""
-        from kazoo.exceptions import NoNodeError
-
+        """Remove the members whose port refuses connections (a dead process) from the
+        membership store: the membership then changes for everyone at once, as when a session
+        ends. Returns the members left."""
         dead = self._probe.refusing() & set(members) if self._probe is not None else set()
         for member in sorted(dead - {self.member_id}):
             log.info("member %s sees %s gone (connection refused): removed from the members", self.member_id, member)
-            try:
-                self._zk.delete(self.where.path("members", member))
-            except NoNodeError:
-                pass
+            self._membership.remove(member)
         return [m for m in members if m not in dead or m == self.member_id]
 
     def _manage(self, members: list[str], leaving: set[str], data: bytes, stat: Any) -> None:
         """The manager's part: plan from the live members and write it if it changed."""
-        from kazoo.exceptions import BadVersionError, NodeExistsError
-
         from sediment.cluster.assignment import PartitionOwner, plan_assignment
 
         current = {p: PartitionOwner(m, g) for p, (m, g) in layout.decode_assignment(data).items()}
@@ -437,13 +403,9 @@ class Member:
         new = {p: (o.member, o.generation) for p, o in planned.items()}
         if new == {p: (o.member, o.generation) for p, o in current.items()}:
             return
-        try:
-            if stat is None:
-                self._zk.create(self.where.path("assignment"), layout.encode_assignment(new))
-            else:
-                self._zk.set(self.where.path("assignment"), layout.encode_assignment(new), version=stat.version)
+        if self._membership.write_assignment(layout.encode_assignment(new), stat):
             log.info("manager %s assigned %s", self.member_id, new)
-        except (BadVersionError, NodeExistsError):
+        else:
             self._wake.set()  # another manager's write came first: plan again from it
 
     def _apply(self, assignment: dict[int, tuple[str, int]]) -> None:
@@ -477,14 +439,10 @@ class Member:
     def _open_partition(self, partition: int, generation: int, failover: bool) -> None:
         from sediment.engine.engine import Engine
 
-        cfg = self.config
         log.info("member %s opens partition %d (generation %d)", self.member_id, partition, generation)
         try:
             engine = Engine.open(os.path.join(self.data_dir, "partitions", str(partition)),
-                                 metadata=self.where.partition_metadata(partition), replicas=list(cfg.replicas),
-                                 cluster_key=cfg.cluster_key, log_partition=partition,
-                                 blob=layout.partition_blob(cfg.blob, partition), s3_endpoint=cfg.s3_endpoint,
-                                 **self._engine_options)
+                                 **self._membership.engine_options(partition), **self._engine_options)
         except Exception as exc:  # noqa: BLE001 - tried again on a later pass
             reason = f"{type(exc).__name__}: {exc}"
             with self._lock:

@@ -138,7 +138,7 @@ class ClusterEngine:
                 engine.add_relation(name, schema)
             except NothingWritten:
                 if created:  # refused (a bad schema): the record goes too, nothing is left changed
-                    self.member.zk_call(lambda: self.member.zk().delete_async(self.member.where.path("relations", name)),
+                    self.member.zk_call(lambda: self.member.membership().remove_relation(name),
                                         f"remove the record of refused relation {name!r}", write=True)
                 raise
             self.member.check_still_serving(partition, generation)
@@ -147,52 +147,31 @@ class ClusterEngine:
         """Record ``name`` in ``partition`` unless it is recorded already: the partition it is
         recorded in, and whether this call recorded it. The record is the arbiter between adds
         of one name at two members."""
-        from kazoo.exceptions import NodeExistsError, NoNodeError
-
-        zk, path = self.member.zk(), self.member.where.path("relations", name)
-        while True:
-            try:
-                self.member.zk_call(lambda: zk.create_async(path, str(partition).encode()),
-                                    f"record relation {name!r}", write=True)
-                return partition, True
-            except NodeExistsError:
-                pass
-            try:
-                value, _stat = self.member.zk_call(lambda: zk.get_async(path), f"read relation {name!r}'s record")
-                return int(value), False
-            except NoNodeError:
-                continue  # dropped meanwhile: record it again
+        return self.member.zk_call(lambda: self.member.membership().record_relation(name, partition),
+                                   f"record relation {name!r}", write=True)
 
     def drop_relation(self, name: str) -> None:
         """Drop ``name`` from its partition's catalog, then its record in ZooKeeper. A drop
         finding the record but no catalog entry (a drop or add whose owner stopped between
         its two writes) removes the record: the drop is complete, and the name free."""
-        from kazoo.exceptions import NoNodeError
-
-        zk, path = self.member.zk(), self.member.where.path("relations", name)
+        membership = self.member.membership()
         with self._relations_lock:
-            try:
-                value, stat = self.member.zk_call(lambda: zk.get_async(path), f"find relation {name!r}'s partition")
-            except NoNodeError:
-                raise UnknownRelation(f"no relation {name!r} in cluster {self.member.where.uri}; nothing was dropped") from None
-            partition = int(value)
+            got = self.member.zk_call(lambda: membership.relation(name), f"find relation {name!r}'s partition")
+            if got is None:
+                raise UnknownRelation(f"no relation {name!r} in cluster {self.member.where.uri}; nothing was dropped")
+            partition, record = got
             engine, generation = self.member.engine_for(partition)
             try:
                 engine.drop_relation(name)
             except UnknownRelation:
                 pass  # dropped already, or never added: only the record is left
             self.member.check_still_serving(partition, generation)
-            try:
-                _value, now = self.member.zk_call(lambda: zk.get_async(path), f"read relation {name!r}'s record")
-                if now.czxid != stat.czxid:
-                    return  # dropped and added again meanwhile (by a newer owner): that relation stays
-                self.member.zk_call(lambda: zk.delete_async(path), f"remove relation {name!r}", write=True)
-            except NoNodeError:  # already gone: the catalog drop is what counts
-                pass
+            # only that record: one dropped and added again meanwhile (by a newer owner) stays
+            self.member.zk_call(lambda: membership.remove_relation(name, record), f"remove relation {name!r}",
+                                write=True)
 
     def relations(self, include_internal: bool = False) -> list[str]:
-        path = self.member.where.path("relations")
-        names = self.member.zk_call(lambda: self.member.zk().get_children_async(path), "list the relations")
+        names = self.member.zk_call(lambda: self.member.membership().relation_names(), "list the relations")
         return sorted(n for n in names if include_internal or not n.startswith("_"))
 
     def schema(self, name: str) -> pa.Schema:

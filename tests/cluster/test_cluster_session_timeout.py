@@ -12,6 +12,7 @@ from support.fixtures_zookeeper import MAX_SESSION_MS, ZooKeeperServer
 from sediment.clock import ManualClock
 from sediment.cluster import layout
 from sediment.cluster.member import Member
+from sediment.cluster.zk_membership import ZooKeeperMembership
 
 
 def test_the_granted_session_timeout_is_recorded_at_connect(zookeeper: ZooKeeperServer, zk_root: str) -> None:
@@ -31,10 +32,11 @@ def test_a_member_is_out_of_touch_after_half_the_granted_timeout(
     where = layout.ClusterPath.parse(f"zk://127.0.0.1:{zookeeper.port}{zk_root}")
     granted_max = MAX_SESSION_MS / 1000
     clock = ManualClock(100.0)
-    member = Member(where, "127.0.0.1:1", str(tmp_path), clock=clock)
-    member.config = layout.ClusterConfig(partitions=1, replicas=[], cluster_key="k", blob="file:///x",
-                                         session_timeout=2 * granted_max)
-    member._zk = layout.connect_zk(where, timeout=member.config.session_timeout)
+    membership = ZooKeeperMembership(where)
+    member = Member(where, "127.0.0.1:1", str(tmp_path), clock=clock, membership=membership)
+    member.config = membership.config = layout.ClusterConfig(partitions=1, replicas=[], cluster_key="k",
+                                                             blob="file:///x", session_timeout=2 * granted_max)
+    membership._zk = layout.connect_zk(where, timeout=member.config.session_timeout)
     try:
         member._connected.set()
         member._heard = clock.current_time()  # as the control loop's last read of ZooKeeper
@@ -43,5 +45,5 @@ def test_a_member_is_out_of_touch_after_half_the_granted_timeout(
         clock.advance(2)  # past half the granted 60 s, well within half the asked 120 s
         assert not member._in_touch()
     finally:
-        member._zk.stop()
-        member._zk.close()
+        membership._zk.stop()
+        membership._zk.close()
