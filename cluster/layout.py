@@ -40,6 +40,7 @@ class ClusterConfig:
     blob: str
     s3_endpoint: str | None = None
     session_timeout: float = DEFAULT_SESSION_TIMEOUT
+    wal: str | None = None  # an S3-only cluster's log prefix (cluster/s3_layout.py); None on ZooKeeper
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ def create(zk: object, where: ClusterPath, config: ClusterConfig) -> None:
     for part in ("members", "leaving", "relations", "partitions"):
         zk.ensure_path(where.path(part))
     try:
-        zk.create(where.path("config"), json.dumps(asdict(config), sort_keys=True).encode())
+        record = {k: v for k, v in asdict(config).items() if k != "wal" or v is not None}
+        zk.create(where.path("config"), json.dumps(record, sort_keys=True).encode())
     except NodeExistsError:
         raise ClusterExists(f"{where.uri} already records a cluster; it is created once (use another NAME)") from None
 

@@ -63,7 +63,13 @@ log = logging.getLogger(__name__)
 
 
 def open_membership(where: Any, clock: Clock | None = None) -> Membership:
-    """The membership of the cluster at ``where`` (a parsed cluster URI)."""
+    """The membership of the cluster at ``where`` (a parsed zk:// or s3:// cluster URI)."""
+    from sediment.cluster.s3_layout import S3ClusterPath
+
+    if isinstance(where, S3ClusterPath):
+        from sediment.cluster.s3_membership import S3Membership
+
+        return S3Membership(where, clock)
     return ZooKeeperMembership(where)
 
 

@@ -39,7 +39,8 @@ class Lease:
     for ``lease_time`` seconds of ``clock``.
     """
 
-    def __init__(self, store: MetadataStore, key: str, holder: str, lease_time: float, clock: Clock) -> None:
+    def __init__(self, store: MetadataStore, key: str, holder: str, lease_time: float, clock: Clock,
+                 info: dict[str, object] | None = None) -> None:
         if not holder or not lease_time > 0:
             raise InvalidMetadataRequest(f"a lease needs a holder name and a lease time > 0, not {holder!r}, "
                                          f"{lease_time!r}")
@@ -47,6 +48,8 @@ class Lease:
         self._version: int | None = None  # the version we wrote, while we hold the lease
         self._value = b""  # what we wrote at _version (its token tells it from a later write's)
         self._seen: tuple[int, bytes, float] | None = None  # (another's write: version, value; when first seen)
+        self._info = dict(info or {})  # more fields of the value (a member's advertised address)
+        self._pending: tuple[int, bytes] | None = None  # a write whose answer did not come back
 
     @property
     def held(self) -> bool:
@@ -74,15 +77,32 @@ class Lease:
             return False
         return self._write(got.version)
 
+    def renew(self) -> bool:
+        """Renew the lease only if this member holds it: never take it, nor create it again once
+        another deleted it (a holder declared dead must know it); whether it still holds it.
+        A store that does not answer raises, and the lease stays as it was known."""
+        if self._version is None:
+            return False
+        got = self.store.get(self.key)
+        if got is not None and self._pending is not None and (got.version, got.value) == self._pending:
+            self._version, self._value = self._pending  # the write whose answer was lost landed
+        self._pending = None
+        if got is None or (got.version, got.value) != (self._version, self._value):
+            self._version = None
+            return False
+        return self._write(got.version)
+
     def _write(self, expected: int | None) -> bool:
         renewals = 0 if expected is None else expected + 1
-        value = json.dumps({"holder": self.holder, "renewals": renewals, "token": secrets.token_hex(8)}).encode()
+        value = json.dumps({**self._info, "holder": self.holder, "renewals": renewals,
+                            "token": secrets.token_hex(8)}).encode()
+        self._pending = (renewals, value)
         try:
             self._version = self.store.compare_and_set(self.key, value, expected)
         except MetadataConflict:
-            self._version = None
+            self._version = self._pending = None
             return False
-        self._value, self._seen = value, None
+        self._value, self._seen, self._pending = value, None, None
         return True
 
     def release(self) -> None:
@@ -91,3 +111,26 @@ class Lease:
             with contextlib.suppress(MetadataConflict):
                 self.store.delete(self.key, self._version)
             self._version = None
+
+
+class LeaseWatch:
+    """Others' leases as this member sees them: one has expired once this member has seen the
+    same write at its key for ``lease_time`` seconds of its own clock (as :class:`Lease` takes
+    one over). A key seen for the first time counts from that moment."""
+
+    def __init__(self, lease_time: float, clock: Clock) -> None:
+        self.lease_time, self._clock = lease_time, clock
+        self._seen: dict[str, tuple[int, bytes, float]] = {}
+
+    def expired(self, key: str, version: int, value: bytes) -> bool:
+        now = self._clock.current_time()
+        seen = self._seen.get(key)
+        if seen is None or seen[:2] != (version, value):
+            self._seen[key] = (version, value, now)
+            return False
+        return now - seen[2] >= self.lease_time
+
+    def keep_only(self, keys: set[str]) -> None:
+        """Forget the keys no longer there."""
+        for key in set(self._seen) - keys:
+            del self._seen[key]

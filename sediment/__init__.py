@@ -110,7 +110,7 @@ def connect(uri: str, token: str | None = None, **options: Any) -> Client:
     from sediment.net.connect_options import check_connect_options
 
     check_connect_options(uri, options)
-    if isinstance(uri, str) and uri.startswith("zk://"):  # a cluster of coordinators
+    if isinstance(uri, str) and uri.startswith(("zk://", "s3://")):  # a cluster of coordinators
         from sediment.cluster_client import ClusterClient
 
         return ClusterClient(uri, token, **options)

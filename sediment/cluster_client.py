@@ -2,7 +2,7 @@
 owner of the relation's partition.
 
 ``sediment.connect("zk://HOST:PORT/NAME")`` reads the cluster's members, assignment and
-relations from ZooKeeper; ``sediment.connect("grpc://any-member")`` starts from that member
+relations from ZooKeeper (``s3://BUCKET/PREFIX``: from an S3-only cluster's metadata store); ``sediment.connect("grpc://any-member")`` starts from that member
 alone. Either way a member that does not own a partition answers with a redirect
 (:class:`~sediment.errors.NotPartitionOwner`: owner's address and generation), which the
 client follows and remembers per partition. A hint older than the newest generation seen
@@ -31,6 +31,7 @@ import pyarrow.flight as flight
 
 from sediment.client import Client, RemoteTransaction, _as_table
 from sediment.cluster import layout
+from sediment.cluster.directory import Directory, is_cluster_uri
 from sediment.cluster.partition_transaction import PartitionTransaction
 from sediment.engine.args import check_number
 from sediment.errors import (
@@ -72,12 +73,9 @@ class ClusterClient:
         self._client_id = uuid.uuid4().hex
         self._threads = itertools.count(1)
         self._local = threading.local()
-        self._zk: Any = None
-        self._where: layout.ClusterPath | None = None
-        if uri.startswith(layout.SCHEME):
-            self._where = layout.ClusterPath.parse(uri)
-            self._zk = layout.connect_zk(self._where)
-            layout.read_config(self._zk, self._where)  # ClusterMissing now rather than at the first call
+        self._zk: Any = None  # the cluster's directory (cluster/directory.py), for a zk:// or s3:// client
+        if is_cluster_uri(uri):
+            self._zk = Directory(uri)  # ClusterMissing now rather than at the first call
             self._refresh()
         else:
             self._seeds.append(self._client(uri).uri)
@@ -108,11 +106,11 @@ class ClusterClient:
             closer.start()
 
     def _refresh(self, timeout: float | None = None) -> None:
-        """Learn owners and relations again from ZooKeeper (a zk:// client only), each read
-        waiting at most ``timeout`` seconds (None: as long as it takes)."""
+        """Learn owners and relations again from ZooKeeper (or S3; a zk:// or s3:// client only),
+        each read waiting at most ``timeout`` seconds (None: as long as it takes)."""
         if self._zk is None:
             return
-        view = layout.read_view(self._zk, self._where, timeout)
+        view = self._zk.read_view(timeout)
         with self._lock:
             self._seeds = list(view["members"].values())
             self._partition_of.update(view["relations"])
@@ -222,7 +220,7 @@ class ClusterClient:
     def add_relation(self, name: str, schema: pa.Schema, *, partition: int | None = None) -> None:
         """Create a relation in ``partition`` (default: a hash of the name)."""
         if partition is None and self._zk is not None:
-            partition = layout.default_partition(name, layout.read_config(self._zk, self._where).partitions)
+            partition = layout.default_partition(name, self._zk.config.partitions)
         if partition is not None:
             with self._lock:
                 self._partition_of.setdefault(name, partition)
@@ -414,7 +412,6 @@ class ClusterClient:
         for c in clients:
             c.close()
         if self._zk is not None:
-            self._zk.stop()
             self._zk.close()
             self._zk = None
 
@@ -474,14 +471,12 @@ class ClusterRemoteTransaction(PartitionTransaction):
 def cluster_status(uri: str, token: str | None = None) -> dict:
     """What ``sediment cluster status`` prints: members by advertised address, the manager, and
     per partition its owner, generation, sealed frontiers and WAL backlog (from its owner)."""
-    where = layout.ClusterPath.parse(uri)
-    zk = layout.connect_zk(where)
+    directory = Directory(uri)
     try:
-        layout.read_config(zk, where)
-        view = layout.read_view(zk, where)
+        view = directory.read_view()
     finally:
-        zk.stop()
-        zk.close()
+        directory.close()
+    where = directory.where
     members = view["members"]
     per_member: dict[str, dict] = {}
     for address in set(members.values()):

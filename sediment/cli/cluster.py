@@ -2,8 +2,14 @@
 
     sediment cluster create --metadata zk://HOST:PORT/NAME --partitions N --replicas H:P,...
                             --cluster-key K --blob s3://bucket/prefix [--session-timeout S]
+    sediment cluster create --metadata 's3://bucket/prefix?endpoint=URL' --partitions N
+                            --blob s3://bucket/blobs [--wal s3://bucket/wal] [--session-timeout S]
     sediment serve --cluster zk://HOST:PORT/NAME --listen HOST:PORT [--advertise grpc://HOST:PORT]
     sediment --connect zk://HOST:PORT/NAME cluster status [--json]
+
+A cluster on ``s3://`` is S3-only: no ZooKeeper, no storage nodes; each partition is an
+engine on the S3 log, and membership is by leases (cluster/s3_membership.py), whose lease
+time is ``--session-timeout``.
 
 The cluster's runtime is ``sediment.cluster`` (membership, assignment, routing); this module
 only parses, prints and runs the member behind the same Flight server as ``serve``.
@@ -34,8 +40,8 @@ def add_cluster_parser(sub: argparse._SubParsersAction, command: Any, add_common
                 "(with --metadata zk://HOST:PORT/NAME --replicas --cluster-key --blob)", cl_sub)
     p.add_argument("--partitions", type=int, required=True, metavar="N", help="how many partitions (fixed)")
     p.add_argument("--session-timeout", type=positive_seconds, default=10.0, metavar="SECONDS",
-                   help="members' ZooKeeper session timeout: a killed member's partitions move after it "
-                        "(default 10)")
+                   help="members' ZooKeeper session timeout (an S3-only cluster's lease time): a killed member's "
+                        "partitions move after it (default 10)")
     p = command("status", cmd_cluster_status, "members, the manager, and per partition its owner, generation, "
                 "sealed frontier and WAL backlog (with --connect zk://HOST:PORT/NAME)", cl_sub)
     p.add_argument("--json", action="store_true", help="print the same as JSON")
@@ -43,15 +49,18 @@ def add_cluster_parser(sub: argparse._SubParsersAction, command: Any, add_common
 
 def _cluster_uri(args: argparse.Namespace, option: str) -> str:
     uri = getattr(args, option, None) or ""
-    if not uri.startswith("zk://"):
-        raise UsageError(f"give the cluster as --{option} zk://HOST:PORT/NAME, not {uri!r}")
+    if not uri.startswith(("zk://", "s3://")):
+        raise UsageError(f"give the cluster as --{option} zk://HOST:PORT/NAME or s3://BUCKET/PREFIX, not {uri!r}")
     return uri
 
 
 def cmd_cluster_create(args: argparse.Namespace) -> int:
     from sediment.cluster import layout
 
-    where = layout.ClusterPath.parse(_cluster_uri(args, "metadata"))
+    uri = _cluster_uri(args, "metadata")
+    if uri.startswith("s3://"):
+        return _create_s3_cluster(args, uri)
+    where = layout.ClusterPath.parse(uri)
     if not args.replicas or not args.cluster_key or not args.blob:
         raise UsageError("cluster create needs --replicas H:P,..., --cluster-key K and --blob s3://... (or file://)")
     config = layout.ClusterConfig(partitions=args.partitions, replicas=args.replicas.split(","),
@@ -66,6 +75,31 @@ def cmd_cluster_create(args: argparse.Namespace) -> int:
         zk.stop()
         zk.close()
     print(f"created cluster {where.uri}: {config.partitions} partitions on {','.join(config.replicas)}")
+    return 0
+
+
+def _create_s3_cluster(args: argparse.Namespace, uri: str) -> int:
+    """An S3-only cluster: partition ``n`` on the S3 log at ``<wal>/p<n>`` (``--wal``, default
+    ``<blob>/wal``), its batches under ``<blob>/p<n>``, its metadata under the cluster's prefix."""
+    from sediment.cluster import layout, s3_layout
+
+    where = s3_layout.S3ClusterPath.parse(uri)
+    if args.replicas:
+        raise UsageError("an S3-only cluster (--metadata s3://...) has no storage nodes: leave --replicas out")
+    if not args.blob:
+        raise UsageError("cluster create needs --blob s3://bucket/prefix")
+    wal = args.wal or f"{args.blob.rstrip('/')}/wal"
+    config = layout.ClusterConfig(partitions=args.partitions, replicas=[], cluster_key=args.cluster_key or "",
+                                  blob=args.blob, s3_endpoint=args.s3_endpoint or where.endpoint,
+                                  session_timeout=args.session_timeout, wal=wal)
+    s3_layout.check_config(config)
+    _check_blob_reachable(config.blob, config.s3_endpoint)
+    store = s3_layout.open_store(where)
+    try:
+        s3_layout.create(store, where, config)
+    finally:
+        store.close()
+    print(f"created cluster {where.uri}: {config.partitions} partitions on the S3 log at {wal}")
     return 0
 
 
@@ -92,8 +126,8 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     from sediment.net.protocol import TOKEN_ENV
 
     uri = getattr(args, "connect", None) or getattr(args, "metadata", None) or ""
-    if not uri.startswith("zk://"):
-        raise UsageError(f"cluster status needs --connect zk://HOST:PORT/NAME, not {uri!r}")
+    if not uri.startswith(("zk://", "s3://")):
+        raise UsageError(f"cluster status needs --connect zk://HOST:PORT/NAME or s3://BUCKET/PREFIX, not {uri!r}")
     status = cluster_status(uri, getattr(args, "token", None) or os.environ.get(TOKEN_ENV))
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
@@ -146,9 +180,9 @@ def serve_cluster(args: argparse.Namespace, location: str, token: str, tls: tupl
     """Join the cluster as a member and serve its partitions until SIGTERM, then hand them over."""
     from sediment._fs import undo_makedirs
     from sediment.cli.common import data_dir_of
-    from sediment.cluster import layout
+    from sediment.cluster.directory import parse_cluster
 
-    where = layout.ClusterPath.parse(_cluster_uri(args, "cluster"))
+    where = parse_cluster(_cluster_uri(args, "cluster"))
     directory = os.path.abspath(data_dir_of(args))
     _lock, created = _member_directory(directory, where.uri)  # held until the process exits
     try:

@@ -132,7 +132,7 @@ def open_engine(args: argparse.Namespace, *, create: bool = False, discover: boo
         token = args.token if getattr(args, "token", None) else os.environ.get("SEDIMENT_TOKEN")
         if not token:
             raise UsageError("--connect needs a token: pass --token T or set $SEDIMENT_TOKEN")
-        if not args.connect.startswith("zk://"):
+        if not args.connect.startswith(("zk://", "s3://")):
             from sediment.errors import InvalidArgument
             from sediment.net.connect_options import server_location
 

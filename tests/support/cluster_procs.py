@@ -152,3 +152,44 @@ def running_cluster(root: Path, zookeeper, zk_root: str, moto_server, s3_bucket,
         yield c
     finally:
         c.close()
+
+
+class S3Cluster:
+    """An S3-only cluster (``s3://BUCKET/PREFIX?endpoint=...``) on moto: no ZooKeeper, no storage
+    nodes; members come and go as :class:`Cluster`'s do. ``lease_time`` is its session timeout."""
+
+    def __init__(self, root: Path, moto_endpoint: str, bucket: str, *, partitions: int = 2,
+                 lease_time: float = 3.0) -> None:
+        self.root = root
+        name = f"cluster-{uuid.uuid4().hex[:8]}"
+        self.uri = f"s3://{bucket}/{name}?endpoint={moto_endpoint}"
+        self.session_timeout = self.lease_time = lease_time
+        self.env = {**os.environ, "SEDIMENT_TOKEN": TOKEN, "AWS_ENDPOINT_URL": moto_endpoint}
+        self.members: list[MemberProc] = []
+        subprocess.run([sys.executable, "-m", "sediment", "cluster", "create", "--metadata", self.uri,
+                        "--partitions", str(partitions), "--blob", f"s3://{bucket}/{name}-blobs",
+                        "--wal", f"s3://{bucket}/{name}-wal", "--s3-endpoint", moto_endpoint,
+                        "--session-timeout", str(lease_time)], check=True, env=self.env, capture_output=True)
+
+    def start_member(self) -> MemberProc:
+        m = MemberProc(self.uri, self.root / f"member-{uuid.uuid4().hex[:6]}", self.env)
+        self.members.append(m)
+        return m
+
+    def view(self) -> dict:
+        from sediment.cluster.directory import Directory
+
+        directory = Directory(self.uri)
+        try:
+            return directory.read_view()
+        finally:
+            directory.close()
+
+    wait_assigned = Cluster.wait_assigned
+    owner_of = Cluster.owner_of
+    live = Cluster.live
+
+    def close(self) -> None:
+        for m in self.members:
+            if m.proc.returncode is None:
+                m.kill()

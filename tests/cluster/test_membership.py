@@ -1,0 +1,155 @@
+"""The membership protocol (cluster/membership.py) on both stores that implement it: a real
+ZooKeeper, and S3 alone (moto on 127.0.0.1). The same calls give the same answers; the
+S3 membership's leases are then checked on their own with a manual clock."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from sediment.clock import ManualClock
+from sediment.cluster import layout, s3_layout
+from sediment.cluster.membership import CONNECTED, LOST, Membership
+from sediment.cluster.s3_membership import IN_TOUCH, S3Membership
+from sediment.cluster.zk_membership import ZooKeeperMembership
+
+KEY = "5e5e5e5e-0000-4000-8000-00000000c0de"
+
+
+def s3_cluster(moto_server, bucket: str, lease_time: float) -> s3_layout.S3ClusterPath:
+    where = s3_layout.S3ClusterPath.parse(f"s3://{bucket}/c-{uuid.uuid4().hex[:8]}?endpoint={moto_server.endpoint}")
+    store = s3_layout.open_store(where)
+    try:
+        s3_layout.create(store, where, layout.ClusterConfig(
+            partitions=2, replicas=[], cluster_key="", blob=f"s3://{bucket}/b", session_timeout=lease_time,
+            wal=f"s3://{bucket}/w"))
+    finally:
+        store.close()
+    return where
+
+
+@pytest.fixture(params=[pytest.param("zk", marks=pytest.mark.zookeeper), pytest.param("s3", marks=pytest.mark.s3)])
+def memberships(request) -> Iterator[tuple[Membership, Membership]]:
+    """Two members' views of one new cluster, started; stopped at the end."""
+    if request.param == "zk":
+        zookeeper, zk_root = request.getfixturevalue("zookeeper"), request.getfixturevalue("zk_root")
+        where = layout.ClusterPath.parse(f"zk://127.0.0.1:{zookeeper.port}{zk_root}")
+        zk = layout.connect_zk(where)
+        try:
+            layout.create(zk, where, layout.ClusterConfig(partitions=2, replicas=["127.0.0.1:1"], cluster_key=KEY,
+                                                          blob="file:///x", session_timeout=10.0))
+        finally:
+            zk.stop()
+            zk.close()
+        pair = (ZooKeeperMembership(where), ZooKeeperMembership(where))
+    else:
+        moto_server, (_endpoint, bucket) = request.getfixturevalue("moto_server"), request.getfixturevalue("s3_bucket")
+        where = s3_cluster(moto_server, bucket, 30.0)
+        pair = (S3Membership(where), S3Membership(where))
+    for m in pair:
+        m.start(lambda _state: None)
+    try:
+        yield pair
+    finally:
+        for m in pair:
+            m.stop()
+
+
+def nothing() -> None:
+    pass
+
+
+def test_members_are_ordered_by_age_and_the_oldest_manages(memberships):
+    a, b = memberships
+    first = a.register("grpc://127.0.0.1:1")
+    second = b.register("grpc://127.0.0.1:2")
+    assert first < second
+    assert sorted(a.members(nothing)) == sorted(b.members(nothing)) == [first, second]
+    view = b.read_view()
+    assert view["manager"] == first
+    assert view["members"] == {first: "grpc://127.0.0.1:1", second: "grpc://127.0.0.1:2"}
+    b.announce_leaving(second)
+    assert a.leaving(nothing) == [second]
+    a.remove(second)
+    assert a.members(nothing) == [first]
+
+
+def test_the_assignment_is_written_by_compare_and_set(memberships):
+    a, b = memberships
+    a.register("grpc://127.0.0.1:1")
+    assert a.read_assignment(nothing) == (b"", None)
+    one = layout.encode_assignment({0: ("m-1", 1), 1: ("m-1", 1)})
+    assert a.write_assignment(one, None)
+    assert not b.write_assignment(one, None)  # another manager's write came first
+    data, version = b.read_assignment(nothing)
+    assert layout.decode_assignment(data) == {0: ("m-1", 1), 1: ("m-1", 1)}
+    two = layout.encode_assignment({0: ("m-1", 1), 1: ("m-2", 2)})
+    assert b.write_assignment(two, version)
+    assert not a.write_assignment(one, version)  # read before b's write: refused
+    assert layout.decode_assignment(a.read_assignment(nothing)[0]) == {0: ("m-1", 1), 1: ("m-2", 2)}
+
+
+def test_a_relation_is_recorded_once_and_removed_only_as_the_record_read(memberships):
+    a, b = memberships
+    assert a.record_relation("orders", 1) == (1, True)
+    assert b.record_relation("orders", 0) == (1, False)
+    partition, record = b.relation("orders")
+    assert partition == 1 and a.relation_names() == ["orders"]
+    a.remove_relation("orders")
+    assert a.record_relation("orders", 0) == (0, True)  # added again: a new record
+    b.remove_relation("orders", record)  # the drop read the old record: the new one stays
+    assert a.relation("orders")[0] == 0
+    a.remove_relation("orders", a.relation("orders")[1])
+    assert a.relation("orders") is None and b.relation_names() == []
+
+
+@pytest.mark.s3
+def test_an_s3_lease_unrenewed_for_the_lease_time_on_the_observers_clock_is_removed(moto_server, s3_bucket):
+    lease = 1000.0  # the renewal thread (every 200 s) never runs: the test renews by hand
+    where = s3_cluster(moto_server, s3_bucket[1], lease)
+    clock_a, clock_b = ManualClock(0.0), ManualClock(5000.0)  # no clocks are compared
+    states: list[str] = []
+    a, b = S3Membership(where, clock_a), S3Membership(where, clock_b)
+    a.start(states.append)
+    b.start(lambda _state: None)
+    try:
+        old = a.register("grpc://127.0.0.1:1")
+        young = b.register("grpc://127.0.0.1:2")
+        assert b.members(nothing) == [old, young]  # first look: counted from now
+        clock_b.advance(lease - 1)
+        assert b.members(nothing) == [old, young]
+        assert a.renew_now() == CONNECTED
+        clock_b.advance(2)
+        assert b.members(nothing) == [old, young]  # renewed: counted again from this look
+        clock_b.advance(lease - 1)
+        assert b.members(nothing) == [old, young]
+        clock_b.advance(1)
+        assert b.members(nothing) == [young]  # unchanged for the lease time: deleted, dead for everyone
+        assert a.members(nothing) == [young]
+        assert a.fresh(0.0)
+        assert a.renew_now() == LOST and states[-1] == LOST  # it learns so at its next renewal
+        assert a.renew_now() == CONNECTED  # S3 answers: it may join again, as a new member
+        again = a.register("grpc://127.0.0.1:1")
+        assert again > young and b.members(nothing) == [young, again]
+        assert b.read_view()["manager"] == young
+        clock_a.advance(lease * IN_TOUCH)
+        assert not a.fresh(0.0)  # not renewed for two thirds of the lease: it stops serving
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.s3
+def test_s3_cluster_values_carry_their_format_and_version(moto_server, s3_bucket):
+    where = s3_cluster(moto_server, s3_bucket[1], 30.0)
+    store = s3_layout.open_store(where)
+    try:
+        with pytest.raises(Exception, match="already records a cluster"):
+            s3_layout.create(store, where, s3_layout.read_config(store, where))
+        store.compare_and_set("relations/bad", b'{"format": "sediment-relation", "version": 2}', None)
+        with pytest.raises(Exception, match="sediment-relation record of version 1"):
+            s3_layout.read_relations(store)
+    finally:
+        store.close()
