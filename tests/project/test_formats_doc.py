@@ -519,3 +519,31 @@ def test_group_body_example_decodes():
              for k, t in ((1, 5), (2, 6))]
     assert join_updates(plain) == body
     assert [body[off] for off in (0xFC, 0x104, 0x10C, 0x204, 0x20C, 0x214)] == [1, 5, 1, 2, 6, 1]
+
+
+def test_s3_cluster_example_decodes():
+    from sediment.cluster import s3_layout
+    from sediment.cluster.membership import Membership
+    from sediment.cluster.s3_membership import S3Membership
+    from sediment.metadata.memory import MemoryMetadataStore
+
+    store = MemoryMetadataStore()
+    for line in _block_after("## Cluster state on S3").strip().splitlines():
+        key, value = line.split(None, 1)
+        store.compare_and_set(key, value.encode(), None)
+    where = s3_layout.S3ClusterPath.parse("s3://bucket/prod?endpoint=http://127.0.0.1:9000")
+    config = s3_layout.read_config(store, where)
+    assert (config.partitions, config.session_timeout, config.replicas) == (2, 10.0, [])
+    assert s3_layout.member_id(s3_layout.decode("member-seq", store.get("member-seq").value, "member-seq")["last"]) \
+        == "m-0000000003"
+    view = s3_layout.read_view(store)
+    assert view["members"] == {"m-0000000001": "grpc://10.0.0.1:8815", "m-0000000003": "grpc://10.0.0.3:8815"}
+    assert view["manager"] == "m-0000000001"
+    assert view["assignment"] == {0: ("m-0000000001", 3), 1: ("m-0000000003", 2)}
+    assert view["relations"] == {"orders": 1}
+    membership: Membership = S3Membership(where)
+    membership.config = config
+    assert membership.engine_options(1) == {
+        "metadata": "s3://bucket/prod/partitions/1?endpoint=http://127.0.0.1:9000",
+        "wal": "s3://bucket/prod-blobs/wal/p1", "blob": "s3://bucket/prod-blobs/p1",
+        "s3_endpoint": "http://127.0.0.1:9000"}
