@@ -16,7 +16,10 @@ the append stream carried keys; "stream": on the append stream), interleaved ove
 
     python bench/failover.py [--kills 20] [--terms 10] [--session-timeout 3] [--seconds 5]
                              [--node-segment-mib 64] [--no-throughput] [--workdir DIR]
-                             [--client-procs 4] [--rounds 3] [--modes put,stream]
+                             [--client-procs 4] [--rounds 3] [--modes put,stream] [--s3]
+
+``--s3``: the failovers of an S3-only cluster instead (no ZooKeeper, no storage nodes;
+membership by leases, ``--session-timeout`` being the lease time), without throughput.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import failover_timeline  # noqa: E402
 import pyarrow as pa  # noqa: E402
-from support.cluster_procs import TOKEN, Cluster  # noqa: E402
+from support.cluster_procs import TOKEN, Cluster, S3Cluster  # noqa: E402
 from support.fixtures_zookeeper import ZooKeeperServer, four_letter_word  # noqa: E402
 
 import sediment  # noqa: E402
@@ -318,6 +321,19 @@ def report(times: dict[int, list[float]], phases: list[dict], asked: float, gran
     print()
 
 
+def failovers_on_s3(args: argparse.Namespace, endpoint: str) -> None:
+    """The failovers of an S3-only cluster of four partitions; the lease time beside them."""
+    with tempfile.TemporaryDirectory() as scratch:
+        c = S3Cluster(Path(args.workdir or scratch) / "s3", endpoint, "bench", partitions=4,
+                      lease_time=args.session_timeout)
+        try:
+            times, phases = failovers(c, args.kills, args.terms)
+        finally:
+            c.close()
+    print(f"S3-only cluster, lease time {args.session_timeout:g} s (load {os.getloadavg()[0]:.1f})")
+    report(times, phases, args.session_timeout, "lease")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=20)
@@ -333,6 +349,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="put,stream", help="keyed appends as one do_put each (put, before) "
                     "and on the append stream (stream)")
+    ap.add_argument("--s3", action="store_true", help="an S3-only cluster (leases on S3), failovers only")
     args = ap.parse_args()
     from moto.server import ThreadedMotoServer
 
@@ -347,6 +364,10 @@ def main() -> None:
     import boto3
 
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+    if args.s3:
+        failovers_on_s3(args, endpoint)
+        moto.stop()
+        return
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.workdir or scratch
         zk = ZooKeeperServer(Path(tmp) / "zk")

@@ -35,9 +35,11 @@ from sediment.errors import (
     CrossPartitionTransaction,
     InvalidArgument,
     NothingWritten,
+    NotPartitionOwner,
     RelationExists,
     TransactionError,
     UnknownRelation,
+    WalFenced,
 )
 from sediment.txn_state import OPEN
 
@@ -91,9 +93,16 @@ class ClusterEngine:
         """``run()``'s result, answered only while partition ``p`` is still ours in
         ``generation``; its failure too, since a member that lost the partition meanwhile
         failed on state another owner may have moved past or closed (a batch deleted, the
-        engine's store closed): MembershipLost then, which the client retries at the owner."""
+        engine's store closed): MembershipLost then, which the client retries at the owner. A
+        write refused because a new owner claimed the partition's S3 log (WalFenced: nothing
+        written) is a redirect."""
         try:
             result = run()
+        except WalFenced:
+            self.metrics.redirects.inc()
+            raise NotPartitionOwner(f"partition {p} was taken over by its new owner while {self.member.advertise} "
+                                    "wrote to it; nothing was written: retry at the owner", partition=p, owner=None,
+                                    generation=generation) from None
         except Exception:
             self.member.check_still_serving(p, generation)  # lost meanwhile: that is the answer, not the failure
             raise
