@@ -25,7 +25,7 @@ class Directory:
 
     def __init__(self, uri: str) -> None:
         self.where = parse_cluster(uri)
-        self._zk: Any = None
+        self.zk: Any = None  # zk://: the kazoo client
         self._s3: Any = None
         if isinstance(self.where, s3_layout.S3ClusterPath):
             self._s3 = s3_layout.open_store(self.where)
@@ -35,9 +35,9 @@ class Directory:
                 self._s3.close()
                 raise
         else:
-            self._zk = layout.connect_zk(self.where)
+            self.zk = layout.connect_zk(self.where)
             try:
-                self.config = layout.read_config(self._zk, self.where)
+                self.config = layout.read_config(self.zk, self.where)
             except BaseException:
                 self.close()
                 raise
@@ -47,13 +47,13 @@ class Directory:
         the store's own timeouts."""
         if self._s3 is not None:
             return s3_layout.read_view(self._s3)
-        return layout.read_view(self._zk, self.where, timeout)
+        return layout.read_view(self.zk, self.where, timeout)
 
     def close(self) -> None:
-        if self._zk is not None:
-            self._zk.stop()
-            self._zk.close()
-            self._zk = None
+        if self.zk is not None:
+            self.zk.stop()
+            self.zk.close()
+            self.zk = None
         if self._s3 is not None:
             self._s3.close()
             self._s3 = None

@@ -1,6 +1,10 @@
 """One coordinator as a member of a cluster: membership, the manager's assignment, and the
 partitions it opens and closes.
 
+The membership store is reached through ``cluster/membership.py``: ZooKeeper, as described
+here (``cluster/zk_membership.py``), or leases on S3 (``cluster/s3_membership.py``), whose
+member ids, manager and compare-and-set follow the same rules.
+
 A member registers an ephemeral sequential znode (its id, e.g. ``m-0000000004``); the
 member with the lowest sequence number is the manager and writes the assignment
 (``cluster.assignment.plan_assignment``: balanced, sticky, generation + 1 on every move)

@@ -183,6 +183,7 @@ class S3Membership:
         return sorted(live)
 
     def remove(self, member: str) -> None:
+        self._live.pop(member, None)  # this pass's view goes without it too, as ZooKeeper's would
         got = self._store.get(f"members/{member}")
         if got is not None:
             try:

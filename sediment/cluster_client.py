@@ -73,9 +73,11 @@ class ClusterClient:
         self._client_id = uuid.uuid4().hex
         self._threads = itertools.count(1)
         self._local = threading.local()
-        self._zk: Any = None  # the cluster's directory (cluster/directory.py), for a zk:// or s3:// client
+        self._directory: Directory | None = None  # where a zk:// or s3:// client reads the cluster's state
+        self._zk: Any = None  # a zk:// client's kazoo client (the directory's)
         if is_cluster_uri(uri):
-            self._zk = Directory(uri)  # ClusterMissing now rather than at the first call
+            self._directory = Directory(uri)  # ClusterMissing now rather than at the first call
+            self._zk = self._directory.zk
             self._refresh()
         else:
             self._seeds.append(self._client(uri).uri)
@@ -108,9 +110,9 @@ class ClusterClient:
     def _refresh(self, timeout: float | None = None) -> None:
         """Learn owners and relations again from ZooKeeper (or S3; a zk:// or s3:// client only),
         each read waiting at most ``timeout`` seconds (None: as long as it takes)."""
-        if self._zk is None:
+        if self._directory is None:
             return
-        view = self._zk.read_view(timeout)
+        view = self._directory.read_view(timeout)
         with self._lock:
             self._seeds = list(view["members"].values())
             self._partition_of.update(view["relations"])
@@ -186,7 +188,7 @@ class ClusterClient:
                 if err.owner is None or err.owner == address:
                     self._pause_and_refresh(deadline, err)
             except UnknownRelation as err:
-                if name is None or name in self._partition_of or self._zk is None:
+                if name is None or name in self._partition_of or self._directory is None:
                     raise
                 self._pause_and_refresh(deadline, err)
             except _MOVED as err:
@@ -219,8 +221,8 @@ class ClusterClient:
 
     def add_relation(self, name: str, schema: pa.Schema, *, partition: int | None = None) -> None:
         """Create a relation in ``partition`` (default: a hash of the name)."""
-        if partition is None and self._zk is not None:
-            partition = layout.default_partition(name, self._zk.config.partitions)
+        if partition is None and self._directory is not None:
+            partition = layout.default_partition(name, self._directory.config.partitions)
         if partition is not None:
             with self._lock:
                 self._partition_of.setdefault(name, partition)
@@ -411,9 +413,9 @@ class ClusterClient:
             clients, self._clients = list(self._clients.values()), {}
         for c in clients:
             c.close()
-        if self._zk is not None:
-            self._zk.close()
-            self._zk = None
+        if self._directory is not None:
+            self._directory.close()
+            self._directory = self._zk = None
 
     def __enter__(self) -> ClusterClient:
         return self
