@@ -96,8 +96,9 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     p.add_argument("--max-append-bytes", type=positive_bytes, default=None, metavar="BYTES",
                    help="refuse an append (or a table staged for append_many) whose Arrow buffers pass this "
                         "many bytes: the server holds a whole append before applying it (default 1 GiB)")
-    p.add_argument("--cluster", default=None, metavar="zk://HOST:PORT/NAME",
-                   help="join this cluster of coordinators (`sediment cluster create` records it) and serve "
+    p.add_argument("--cluster", default=None, metavar="zk://HOST:PORT/NAME|s3://BUCKET/PREFIX",
+                   help="join this cluster of coordinators (`sediment cluster create` records it; s3://: an "
+                        "S3-only cluster, membership by leases) and serve "
                         "the partitions assigned to this member; --data-dir holds their local state. Its storage "
                         "comes from the cluster's record: --metadata, --blob, --s3-endpoint, --wal, --replicas and "
                         "--cluster-key on the command line are refused, exported ($SEDIMENT_BLOB, ...) ignored")
