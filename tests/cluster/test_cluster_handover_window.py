@@ -21,7 +21,7 @@ from support.waiting import poll_until
 
 import sediment
 from sediment.client import Client
-from sediment.errors import MembershipLost
+from sediment.errors import EngineFailed, MembershipLost, NotPartitionOwner, OutcomeUnknown, QuorumUnavailable
 
 pytestmark = [pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(180)]
 SCHEMA = pa.schema([("k", pa.int64())])
@@ -115,6 +115,65 @@ def test_a_read_failing_at_a_member_handing_its_partition_over_is_retried_at_the
             assert db.snapshot("r", 2).equals(expected)
             db.seal("r", 3)
             assert db.snapshot("r", 3).column("k").to_pylist() == [10, 11, 20, 21, 30]
+
+
+def test_a_read_failing_on_the_engine_before_a_reopen_in_the_same_generation_answers_membership_lost(
+        tmp_path, zookeeper, zk_root, moto_server, s3_bucket):
+    """A write of unknown outcome (two of three storage nodes gone: QuorumLost) fails the
+    engine, and its member opens the partition again under the same generation
+    (cluster/member.py ``reopen``). A read begun on the engine before, failing once the new
+    engine serves, answered the old engine's error: the check looked at the partition and
+    the generation, which the new engine has too, not at the engine the call ran on."""
+    with FaultyProxy(moto_server.endpoint) as proxy, running_cluster(
+            tmp_path, zookeeper, zk_root, ProxiedMoto(moto_server, proxy), s3_bucket, partitions=1,
+            session_timeout=SESSION) as cluster:
+        owner = cluster.start_member()
+        generation = cluster.wait_assigned([owner])["assignment"][0][1]
+        with sediment.connect(cluster.uri, token=TOKEN) as db:
+            db.add_relation("r", SCHEMA, partition=0)
+            db.append("r", rows([1, 2], 1))
+            db.seal("r", 1)
+            db.compact("r")
+        batches = proxy.hold_next(1, match=batch_get)
+        reader = Client(owner.uri, TOKEN, timeout=60)
+        got: list[object] = []
+
+        def read() -> None:
+            try:
+                got.append(reader.snapshot("r", 1))
+            except Exception as exc:  # noqa: BLE001 - the test's verdict
+                got.append(exc)
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        try:
+            assert batches.reached.wait(30), "the read never fetched its batch"
+            with Client(owner.uri, TOKEN) as c:
+                cluster.nodes[1].kill()
+                cluster.nodes[2].kill()
+                with pytest.raises(OutcomeUnknown):  # the engine fails; the member opens the partition again
+                    c.append("r", rows([3], 2))
+                cluster.nodes[1].start()
+
+                def serves() -> bool:
+                    try:
+                        c.sealed("r")
+                    except (NotPartitionOwner, QuorumUnavailable, EngineFailed, MembershipLost):
+                        return False
+                    return True
+
+                poll_until(serves, 60, "the member to open the partition again")
+            assert cluster.view()["assignment"][0][1] == generation  # the same generation, another engine
+            batches.fail(404, "NoSuchKey")
+            thread.join(30)
+            assert not thread.is_alive()
+        finally:
+            batches.release.set()
+            reader.close()
+        # before the fix: BatchCorruption from the engine the member had closed
+        assert len(got) == 1 and isinstance(got[0], MembershipLost), got
+        with sediment.connect(cluster.uri, token=TOKEN) as db:
+            assert sorted(db.snapshot("r", 1).column("k").to_pylist()) == [1, 2]
 
 
 def batches_held(proxy: FaultyProxy) -> list[str]:
