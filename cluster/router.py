@@ -12,9 +12,11 @@ its answer leaves, so a superseded owner never answers from stale state; nor doe
 from stale state: a call (or a replay's stream) that fails at a member that lost the
 partition meanwhile answers MembershipLost, not, say, that a batch the new owner compacted
 away is missing (BatchCorruption) or that the engine's store was closed (BlobError), which
-the client would not retry. A member that
-hands a partition over (SIGTERM) takes its appends and seals until the new owner's
-recovery fences it (cluster/member.py), its reads no longer.
+the client would not retry. The check is of the engine the call ran on: one fenced, closed
+or failed, or replaced by a reopen, answers nothing. A member that hands a partition over
+(SIGTERM) takes its appends and seals until the new owner's recovery fences it
+(cluster/member.py): only their success is answered there; its reads, and any failure,
+answer MembershipLost.
 """
 
 from __future__ import annotations
