@@ -31,7 +31,9 @@ new owner does before it takes the log (its metadata, blob store and catalog) th
 writers nothing. Those writes are safe as any fenced owner's: one acknowledged before the new
 store session took the storage nodes is in the log the new owner recovers, and after it the
 nodes refuse them. Reads of such a partition are redirected from the moment the new
-assignment is seen, so no read is answered from state another owner may have moved past.
+assignment is seen, so no read is answered from state another owner may have moved past;
+one begun before, and any call failing meanwhile, answers MembershipLost
+(:meth:`check_still_serving`), which the client retries at the new owner.
 
 A SUSPENDED or LOST ZooKeeper connection stops serving at once (:meth:`engine_for` refuses);
 a LOST session also closes every partition, and once connected again the member registers
@@ -85,6 +87,14 @@ class _Handing:
     generation: int
     fenced: threading.Event = field(default_factory=threading.Event)
     appends: int = 0  # appends and seals it took meanwhile
+
+
+def _usable(engine: Any) -> bool:
+    """Whether ``engine`` may still answer: not fenced by a newer owner, closed or failed (each
+    of which it learns before its member does, and answers its own error meanwhile)."""
+    view = getattr(engine, "view", None)
+    return (getattr(engine, "superseded", None) is None and not getattr(view, "closed", False)
+            and getattr(view, "failed", None) is None)
 
 
 class Member:
@@ -284,19 +294,31 @@ class Member:
 
         threading.Thread(target=run, name=f"reopen-partition-{partition}", daemon=True).start()
 
-    def check_still_serving(self, partition: int, generation: int) -> None:
-        """After a write: acknowledge only while the session holds and the partition is still ours."""
+    def check_still_serving(self, partition: int, generation: int, engine: Any = None, *,
+                            append: bool = False) -> None:
+        """After a call: answer (its result, or its failure) only while the session holds and
+        this member serves the partition in ``generation``, with ``engine`` (the one the call
+        ran on) open and not fenced; ``append``: a successful append or seal is also answered
+        while the partition is handed over and its new owner has not fenced it (the nodes
+        refuse one after that, so one that succeeded is in the log the new owner recovers).
+        MembershipLost otherwise: the call may have run on state the new owner has moved past
+        (a batch it compacted away), or met the engine closing; the client retries at the owner."""
         with self._lock:
-            held = self._engines.get(partition) or self._handed(partition)
-            ok = held is not None and held[1] == generation and self._in_touch()
+            held = self._engines.get(partition)
+            if held is None and append:
+                h = self._handing.get(partition)
+                held = (h.engine, h.generation) if h is not None and not h.fenced.is_set() else None
+            ok = (held is not None and held[1] == generation and (engine is None or held[0] is engine)
+                  and _usable(held[0]) and self._in_touch())
         if not ok:
-            raise MembershipLost(f"{self.advertise} lost partition {partition} (or its ZooKeeper session) while "
-                                 "the call ran: it may or may not have been applied; retry at the owner")
+            raise MembershipLost(f"{self.advertise} lost partition {partition} (it was handed over or taken, or the "
+                                 "ZooKeeper session lost) while the call ran: it may or may not have been applied; "
+                                 "retry at the owner")
 
     def _handed(self, partition: int) -> tuple[Any, int] | None:
         """A partition being handed over whose new owner has not fenced it yet (under the lock)."""
         h = self._handing.get(partition)
-        if h is None or h.fenced.is_set() or getattr(h.engine, "superseded", None) is not None:
+        if h is None or h.fenced.is_set() or not _usable(h.engine):
             return None
         h.appends += 1
         return h.engine, h.generation

@@ -12,9 +12,11 @@ its answer leaves, so a superseded owner never answers from stale state; nor doe
 from stale state: a call (or a replay's stream) that fails at a member that lost the
 partition meanwhile answers MembershipLost, not, say, that a batch the new owner compacted
 away is missing (BatchCorruption) or that the engine's store was closed (BlobError), which
-the client would not retry. A member that
-hands a partition over (SIGTERM) takes its appends and seals until the new owner's
-recovery fences it (cluster/member.py), its reads no longer.
+the client would not retry. The check is of the engine the call ran on: one fenced, closed
+or failed, or replaced by a reopen, answers nothing. A member that hands a partition over
+(SIGTERM) takes its appends and seals until the new owner's recovery fences it
+(cluster/member.py): only their success is answered there; its reads, and any failure,
+answer MembershipLost.
 """
 
 from __future__ import annotations
@@ -87,13 +89,17 @@ class ClusterEngine:
     def _served(self, name: str, call: str, *args: Any, append: bool = False, **kwargs: Any) -> tuple[Any, int, int]:
         """(result, partition, generation) of the engine's ``call``, as :meth:`_answered`."""
         engine, p, generation = self._engine(name, append=append)
-        return self._answered(p, generation, lambda: getattr(engine, call)(name, *args, **kwargs)), p, generation
+        result = self._answered(p, generation, engine, lambda: getattr(engine, call)(name, *args, **kwargs),
+                                append=append)
+        return result, p, generation
 
-    def _answered(self, p: int, generation: int, run: Callable[[], Any]) -> Any:
-        """``run()``'s result, answered only while partition ``p`` is still ours in
-        ``generation``; its failure too, since a member that lost the partition meanwhile
-        failed on state another owner may have moved past or closed (a batch deleted, the
-        engine's store closed): MembershipLost then, which the client retries at the owner. A
+    def _answered(self, p: int, generation: int, engine: Any, run: Callable[[], Any], *, append: bool = False) -> Any:
+        """``run()``'s result (on ``engine``), answered only while this member still serves
+        partition ``p`` in ``generation`` with that engine (``append``: a successful append or
+        seal also while the partition is handed over, not fenced yet); its failure only while
+        it serves it, since a member that hands the partition over, or lost it, may have failed
+        on state the new owner moved past or on the engine closing (a batch compacted away,
+        the store closed): MembershipLost then, which the client retries at the owner. A
         write refused because a new owner claimed the partition's S3 log (WalFenced: nothing
         written) is a redirect."""
         try:
@@ -104,22 +110,22 @@ class ClusterEngine:
                                     "wrote to it; nothing was written: retry at the owner", partition=p, owner=None,
                                     generation=generation) from None
         except Exception:
-            self.member.check_still_serving(p, generation)  # lost meanwhile: that is the answer, not the failure
+            self.member.check_still_serving(p, generation, engine)  # lost meanwhile: that is the answer
             raise
-        self.member.check_still_serving(p, generation)
+        self.member.check_still_serving(p, generation, engine, append=append)
         return result
 
     _read = _write  # a read's answer leaves only while the partition is still ours, as a write's
 
-    def _stream(self, batches: Iterator[Any], p: int, generation: int) -> Iterator[Any]:
+    def _stream(self, batches: Iterator[Any], p: int, generation: int, engine: Any) -> Iterator[Any]:
         """A stream read from an engine, whose failure mid-way is checked as a call's: an owner
-        that lost the partition while it streamed (paused past its session, say, and the
-        new owner deleted a batch it compacted away) answers that, which the client retries
-        at the owner, not that a batch of its old state is missing."""
+        that lost the partition while it streamed (handed it over, or paused past its session,
+        and the new owner deleted a batch it compacted away) answers that, which the client
+        retries at the owner, not that a batch of its old state is missing."""
         try:
             yield from batches
         except Exception:
-            self.member.check_still_serving(p, generation)
+            self.member.check_still_serving(p, generation, engine)
             raise
 
     # --- relations -----------------------------------------------------------------------------
@@ -144,13 +150,12 @@ class ClusterEngine:
                 raise RelationExists(f"relation {name!r} already exists in partition {recorded} of "
                                      f"{self.member.where.uri}; drop it first or pick another name")
             try:
-                engine.add_relation(name, schema)
+                self._answered(partition, generation, engine, lambda: engine.add_relation(name, schema))
             except NothingWritten:
                 if created:  # refused (a bad schema): the record goes too, nothing is left changed
                     self.member.zk_call(lambda: self.member.membership().remove_relation(name),
                                         f"remove the record of refused relation {name!r}", write=True)
                 raise
-            self.member.check_still_serving(partition, generation)
 
     def _record_relation(self, name: str, partition: int) -> tuple[int, bool]:
         """Record ``name`` in ``partition`` unless it is recorded already: the partition it is
@@ -171,10 +176,9 @@ class ClusterEngine:
             partition, record = got
             engine, generation = self.member.engine_for(partition)
             try:
-                engine.drop_relation(name)
+                self._answered(partition, generation, engine, lambda: engine.drop_relation(name))
             except UnknownRelation:
-                pass  # dropped already, or never added: only the record is left
-            self.member.check_still_serving(partition, generation)
+                pass  # dropped already, or never added: only the record is left (checked as still ours)
             # only that record: one dropped and added again meanwhile (by a newer owner) stays
             self.member.zk_call(lambda: membership.remove_relation(name, record), f"remove relation {name!r}",
                                 write=True)
@@ -203,13 +207,11 @@ class ClusterEngine:
         with self._alter_lock:
             engine, p, generation = self._engine(name)
             if base is not None:
-                landed = alter_once.check_base(name, engine.view.get(name).entry.schema_history, base, changes)
+                landed = self._answered(p, generation, engine, lambda: alter_once.check_base(
+                    name, engine.view.get(name).entry.schema_history, base, changes))
                 if landed is not None:
-                    self.member.check_still_serving(p, generation)
                     return landed
-            result = engine.alter_relation(name, **changes)
-            self.member.check_still_serving(p, generation)
-            return result
+            return self._answered(p, generation, engine, lambda: engine.alter_relation(name, **changes))
 
     def schema_version(self, name: str) -> int:
         return self._read(name, "schema_version")
@@ -228,8 +230,8 @@ class ClusterEngine:
         here or at a later owner (cluster/applied.py). ``locks`` are checked only when the key
         was not applied yet: a retry of a locked append that landed succeeds."""
         engine, p, generation = self._engine(name, append=True)
-        if not self._answered(p, generation, lambda: self._applied.append_many(engine, p, {name: updates}, client, seq,
-                                                                                locks)):
+        if not self._answered(p, generation, engine, lambda: self._applied.append_many(engine, p, {name: updates}, client,
+                                                                                        seq, locks), append=True):
             self.metrics.deduplicated.inc()
 
     def _one_partition(self, updates: Mapping[str, pa.Table]) -> int | None:
@@ -244,7 +246,7 @@ class ClusterEngine:
         if p is None:
             return
         engine, generation = self.member.engine_for(p, append=True)
-        self._answered(p, generation, lambda: engine.append_many(updates, locks=locks))
+        self._answered(p, generation, engine, lambda: engine.append_many(updates, locks=locks), append=True)
 
     def append_many_once(self, updates: Mapping[str, pa.Table], client: str, seq: int, *,
                          locks: Any = None) -> None:
@@ -253,7 +255,8 @@ class ClusterEngine:
         if p is None:
             return
         engine, generation = self.member.engine_for(p, append=True)
-        if not self._answered(p, generation, lambda: self._applied.append_many(engine, p, updates, client, seq, locks)):
+        if not self._answered(p, generation, engine, lambda: self._applied.append_many(engine, p, updates, client, seq,
+                                                                                        locks), append=True):
             self.metrics.deduplicated.inc()
 
     def commit_once(self, name: str, client: str, seq: int, commit: Callable[[int, pa.Table], None]) -> None:
@@ -262,8 +265,8 @@ class ClusterEngine:
         exactly when the commit is; a repeat of an applied key commits nothing and succeeds.
         ``name``: a relation the transaction wrote (it names the partition)."""
         engine, p, generation = self._engine(name)
-        if not self._answered(p, generation, lambda: self._applied.apply(engine, p, client, seq,
-                                                                          lambda marks: commit(p, marks))):
+        if not self._answered(p, generation, engine, lambda: self._applied.apply(engine, p, client, seq,
+                                                                                  lambda marks: commit(p, marks))):
             self.metrics.deduplicated.inc()
 
     def seal(self, name: str, t: int) -> None:
@@ -288,7 +291,7 @@ class ClusterEngine:
         if inner:
             (p,) = bound
             engine, generation = self.member.engine_for(p)
-            self._answered(p, generation, lambda: engine.commit_all(inner))
+            self._answered(p, generation, engine, lambda: engine.commit_all(inner))
         for t in transactions:
             t.finish_empty()
 
@@ -310,8 +313,9 @@ class ClusterEngine:
         return self._read(name, "snapshot", as_of)
 
     def replay(self, name: str, *, batch_rows: int = 65536) -> Any:
-        batches, p, generation = self._served(name, "replay", batch_rows=batch_rows)
-        return self._stream(batches, p, generation)
+        engine, p, generation = self._engine(name)
+        batches = self._answered(p, generation, engine, lambda: engine.replay(name, batch_rows=batch_rows))
+        return self._stream(batches, p, generation, engine)
 
     def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
                   max_lag: int | None = None) -> Any:
@@ -324,9 +328,13 @@ class ClusterEngine:
         return plan
 
     def release_read(self, lease: int) -> None:
+        """End a plan's lease. At a member that no longer holds the partition there is nothing
+        to end: the engine that granted the lease was closed when the partition moved, and its
+        leases with it (the server lets the plan's held tail go all the same)."""
         count = self.member.config.partitions
-        engine, _g = self.member.engine_for(lease % count)
-        engine.release_read(lease // count)
+        held = self.member.held(lease % count)
+        if held is not None:
+            held[0].release_read(lease // count)
 
     # --- the member as a whole -----------------------------------------------------------------
 
@@ -334,8 +342,14 @@ class ClusterEngine:
         if name is not None:
             self._write(name, "compact")
             return
-        for engine, _g in self.member.owned().values():
-            engine.compact()
+        for p, (engine, _g) in self.member.owned().items():
+            try:
+                engine.compact()
+            except Exception:
+                if (self.member.held(p) or (None,))[0] is engine:
+                    raise
+                # handed over or taken meanwhile: its new owner compacts it
+
 
     def compaction_errors(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -365,6 +379,7 @@ class ClusterTransaction(PartitionTransaction):
         self._router = router
         self._generation = -1
         self._mutex = threading.Lock()
+        self._engine: Any = None
 
     def _bind(self, p: int, elsewhere: str) -> int:
         """With ``_mutex`` held: the generation of partition ``p``, the transaction bound to it
@@ -376,7 +391,7 @@ class ClusterTransaction(PartitionTransaction):
                                             + elsewhere)
         engine, generation = self._router.member.engine_for(p)
         if self.inner is None:
-            self.partition, self.inner, self._generation = p, engine.transaction(), generation
+            self.partition, self.inner, self._generation, self._engine = p, engine.transaction(), generation, engine
         return generation
 
     def append(self, name: str, updates: pa.Table) -> None:
@@ -387,8 +402,7 @@ class ClusterTransaction(PartitionTransaction):
             if generation != self._generation:
                 raise TransactionError(f"partition {p} moved while transaction {self.id:#x} was open; it is lost: "
                                        "begin again at the new owner")
-        self.inner.append(name, updates)
-        self._router.member.check_still_serving(p, generation)
+        self._router._answered(p, generation, self._engine, lambda: self.inner.append(name, updates))
 
     def commit(self) -> None:
         self._router.commit_all([self])

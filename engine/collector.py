@@ -17,6 +17,7 @@ what was replaced while the oldest of them runs, not every deletion for as long 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -39,7 +40,7 @@ class ReaderPins:
         self.pins: Counter[int] = Counter()  # generation at the read's start -> reads in progress
         self.leases: dict[int, float] = {}  # lease id -> deadline (clock seconds)
         self._lease_starts: dict[int, int] = {}  # lease id -> generation at its start
-        self._last_lease = 0
+        self._last_lease = secrets.randbelow(1 << 48)  # ids unique across opens: an old plan's release ends no new lease
 
     def pin(self) -> int:
         """A read starts; the generation it started in, for :meth:`unpin`."""

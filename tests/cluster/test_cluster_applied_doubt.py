@@ -12,7 +12,7 @@ from test_cluster import SCHEMA, keys_of, rows
 
 import sediment
 from sediment.client import Client
-from sediment.errors import EngineFailed, NotPartitionOwner, OutcomeUnknown, QuorumUnavailable
+from sediment.errors import EngineFailed, MembershipLost, NotPartitionOwner, OutcomeUnknown, QuorumUnavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(240)]
 
@@ -63,7 +63,7 @@ def test_an_unkeyed_write_of_unknown_outcome_has_the_owner_open_the_partition_ag
         with pytest.raises(OutcomeUnknown):  # sent to node 0 only, durable there or not
             c.append("r", rows([2]))
         # no quorum can open the partition again yet: the failed engine refuses, where before it answered [1]
-        with pytest.raises((NotPartitionOwner, QuorumUnavailable, EngineFailed)):
+        with pytest.raises((NotPartitionOwner, QuorumUnavailable, EngineFailed, MembershipLost)):
             keys_of(c, "r", 1)
         cluster.nodes[1].start()  # node 2 stays away: the recovery's quorum is node 0 and node 1
         seen: list[list[int]] = []
@@ -71,7 +71,7 @@ def test_an_unkeyed_write_of_unknown_outcome_has_the_owner_open_the_partition_ag
         def answers() -> bool:
             try:
                 seen.append(keys_of(c, "r", 1))
-            except (NotPartitionOwner, QuorumUnavailable, EngineFailed):  # being opened again
+            except (NotPartitionOwner, QuorumUnavailable, EngineFailed, MembershipLost):  # being opened again
                 return False
             return True
 

@@ -173,3 +173,20 @@ def test_collector_against_a_model() -> None:
         collector.collect()
         assert set(store.deleted) == set(made) and len(store.deleted) == len(made)
         assert max(store.trimmed, default=0) == floor or not trims
+
+
+def test_a_plan_from_before_a_reopen_releases_no_lease_of_the_new_engine(tmp_path):
+    """Lease ids do not start again at each open: a reader's late release of a plan it got from
+    the engine before a reopen (a cluster member reopens a partition in the same generation)
+    must not end the lease of another reader's plan, whose batches would then go."""
+    with sediment.open(tmp_path / "d") as eng:
+        eng.add_relation("r", SCHEMA)
+        eng.append("r", rows(range(10), 1))
+        eng.seal("r", 1)
+        old = eng.plan_read("r", as_of=1)
+    with sediment.open(tmp_path / "d") as eng:
+        new = eng.plan_read("r", as_of=1)
+        eng.release_read(old.lease)
+        assert new.lease in eng.collector.readers.leases, "a release of the old engine's plan ended a new lease"
+        eng.release_read(new.lease)
+        assert not eng.collector.readers.leases

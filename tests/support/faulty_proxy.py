@@ -42,14 +42,23 @@ class _Fault:
     seconds: float = 0.0
     reached: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    answer: int = 0  # a hold's status to answer with instead of forwarding (0: forward)
 
 
 @dataclass
 class Hold:
-    """A held request: ``reached`` is set when it arrives at the proxy; set ``release`` to forward it."""
+    """A held request: ``reached`` is set when it arrives at the proxy; set ``release`` to forward it,
+    or call :meth:`fail` to answer it with an S3 error instead."""
 
     reached: threading.Event
     release: threading.Event
+    fault: _Fault
+
+    def fail(self, status: int, code: str) -> None:
+        """Answer the held requests with ``status`` and S3 error ``code`` (``404``, ``NoSuchKey``:
+        the object is gone, as if deleted while the request was held), without forwarding."""
+        self.fault.answer, self.fault.code = status, code
+        self.release.set()
 
 
 @dataclass
@@ -128,7 +137,7 @@ class FaultyProxy:
         """
         fault = _Fault("hold", n, match)
         self._add(fault)
-        return Hold(fault.reached, fault.release)
+        return Hold(fault.reached, fault.release, fault)
 
     def key_lock(self, path: str) -> threading.Lock:
         """The lock conditional requests on the object at ``path`` (no query) are forwarded under."""
@@ -223,6 +232,9 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "hold":
             fault.reached.set()
             fault.release.wait(HOLD_LIMIT)  # bounded: a test that fails while holding cannot hang the proxy
+            if fault.answer:
+                self._send_error(fault, fault.answer)
+                return
         status, reason, headers, payload = self._forward_in_order(body)
         if fault is not None and fault.kind == "drop":
             self.close_connection = True
@@ -262,13 +274,13 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             conn.close()
 
-    def _send_error(self, fault: _Fault) -> None:
+    def _send_error(self, fault: _Fault, status: int = 0) -> None:
         payload = (
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             f"<Error><Code>{fault.code}</Code><Message>injected by the faulty proxy</Message>"
             "<RequestId>faulty-proxy</RequestId></Error>"
         ).encode()
-        self.send_response_only(fault.status)
+        self.send_response_only(status or fault.status)
         self.send_header("Content-Type", "application/xml")
         self.send_header("Content-Length", "0" if self.command == "HEAD" else str(len(payload)))
         self.end_headers()
