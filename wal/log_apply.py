@@ -106,7 +106,7 @@ def record_open(root: str, plan: Plan, found: mf.Manifest | None, active: Segmen
     assert m is not None
     m.active_first = active.first_lsn
     end = max(m.durable_end, active.next_lsn) if not repair else active.next_lsn
-    same = (found is not None and not (plan.delete or plan.cuts or plan.salvage or plan.problems)
+    same = (found is not None and plan.new_active is None and not (plan.delete or plan.cuts or plan.salvage or plan.problems)
             and (m.start_lsn, m.active_first, m.finished) == (found.start_lsn, found.active_first, found.finished)
             and found.durable_end <= end)
     if same and found.durable_end == end:
