@@ -14,10 +14,12 @@ open when damage is followed by valid entries (that is lost acknowledged data, n
 crash). An open writes nothing unless recovery must (a torn tail, a .partial, leftovers
 of a crashed rename, a missing snapshot or journal, a journal a crash left unclosed), so
 a read-only session, or an open the engine refuses, leaves every file as it was. The
-journal a clean close left is folded into a new snapshot just before the session's first
-change, so a journal holds one writing session's changes and names the snapshot it
-follows (a deleted snapshot is then detected). Byte layouts are in docs/formats.md
-("Metadata store formats").
+journal a clean close left is appended to; only while it still follows the first, empty
+snapshot (base 0) is it folded into a new snapshot just before the session's first change,
+so from the second writing session on the journal names a snapshot base > 0 and a deleted
+snapshot is detected. So a session's first change costs one fdatasync, not a snapshot and a
+journal written anew (the journal is still folded whenever it grows past
+``checkpoint_bytes``). Byte layouts are in docs/formats.md ("Metadata store formats").
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ class JournalMetadataStore(MemoryMetadataStore):
         self._journal_base = 0
         self._next_txid = 1
         self._failed: str | None = None
-        self._fold_due = False  # the journal holds an earlier session's changes: checkpoint before a change
+        self._fold_due = False  # the journal still follows the first, empty snapshot: checkpoint before a change
         self._end_recorded: JournalEnd | None = None  # what journal.end holds, when it describes this journal
         makedirs_durable(self.directory)
         self._lock_fd = self._take_lock()
@@ -197,7 +199,7 @@ class JournalMetadataStore(MemoryMetadataStore):
         assert report.journal_base is not None
         self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND)
         self._journal_size, self._journal_base = report.journal_length, report.journal_base
-        self._fold_due = report.journal_entries > 0
+        self._fold_due = report.journal_entries > 0 and report.journal_base == 0
         if report.closed_cleanly:
             self._end_recorded = JournalEnd(self._journal_base, self._next_txid - 1, self._journal_size)
         return report

@@ -46,7 +46,7 @@ from sediment.wal.control import PartitionState
 from sediment.wal.direct_io import DirectWriter, pwritev_all
 from sediment.wal.group_commit import GroupAppend, GroupCommit
 from sediment.wal.group_records import MAX_JOINED_BODY, encode_alone, join_group, settle_joined
-from sediment.wal.log_apply import carry_out, create_segment_files
+from sediment.wal.log_apply import carry_out, create_segment_files, record_open
 from sediment.wal.log_open import open_control_and_manifest
 from sediment.wal.preallocation import FileRoom
 from sediment.wal.protocol import NO_PREAMBLE, OpenReport, SegmentPreamble, check_trim, notify
@@ -131,10 +131,11 @@ class FileLog:
         plan = lr.Plan(manifest=manifest) if self.created else \
             lr.plan(self.dir, manifest, repair=repair, rebuilt=how == "rebuilt", keep_heads=self._keep_recovered)
         self._recovered = [(k.heads, k.bodies) for k in plan.segments] if self._keep_recovered else None
-        self._apply(plan, repair)
+        self._apply(plan, repair, manifest if how == "read" else None)
         state = self.control.read_state(partition)
         last = self._segments[-1].next_lsn - 1
-        self.control.write_state(partition, PartitionState(state.session_id + 1, last, last), rewind=True)
+        if state.session_id == 0 or (state.low_water_mark, state.local_low_water_mark) != (last, last):
+            self.control.write_state(partition, PartitionState(state.session_id + 1, last, last), rewind=True)
         self._group = GroupCommit(self.dir, self._write_group, self._background,
                                   lambda: self._segments[-1].end >= self.segment_bytes, f"wal-finisher-{partition}")
 
@@ -149,9 +150,10 @@ class FileLog:
             return None
         return itertools.chain.from_iterable(rec.head_records(heads, bodies) for heads, bodies in segments)
 
-    def _apply(self, plan: lr.Plan, repair: bool) -> None:
+    def _apply(self, plan: lr.Plan, repair: bool, found: mf.Manifest | None) -> None:
         """Carry out what the shared reader (wal/log_reader.py) decided: refuse on a fatal
-        problem unless repairing, else delete garbage, make the cuts, record the manifest."""
+        problem unless repairing, else delete garbage, make the cuts, record the manifest.
+        ``found``: the manifest as read from its file (None: new or rebuilt)."""
         self.problems = plan.problems
         fatal = plan.fatal
         if fatal and not repair:
@@ -178,12 +180,8 @@ class FileLog:
         self._active = ActiveSegment(active)
         self._direct.open(active.path)
         self._room = FileRoom(self._active.fd, active.end, self.segment_bytes, FIRST_SEGMENT_BYTES)
-        os.fsync(self._active.fd)  # what was read back is now durable, so it may be recorded as the durable end
         self._idx_checkpoint = len(active.offsets)
-        m = self._manifest
-        m.active_first = active.first_lsn
-        m.durable_end = max(m.durable_end, active.next_lsn) if not repair else active.next_lsn
-        mf.write(self.root, m)
+        record_open(self.root, plan, found, active, self._active.fd, repair)
 
     def _rebuild_index(self, seg: Segment) -> None:
         header, entries = sg.read_index(seg.idx_path)

@@ -8,7 +8,10 @@ from collections.abc import Callable
 from contextlib import suppress
 
 from sediment._fs import fsync_dir, pwrite_all
+from sediment.wal import manifest as mf
 from sediment.wal.direct_io import allocate
+from sediment.wal.log_reader import Plan
+from sediment.wal.segment_writer import Segment
 
 
 def keep_copy(src: str, dst: str) -> str:
@@ -88,3 +91,29 @@ def create_segment_files(seg_path: str, idx_path: str, seg_header: bytes, idx_he
     write_new_file(seg_path, seg_header, segment_bytes)
     write_new_file(idx_path, idx_header)
     fsync_dir(os.path.dirname(seg_path))
+
+
+def record_open(root: str, plan: Plan, found: mf.Manifest | None, active: Segment, active_fd: int,
+                repair: bool) -> None:
+    """Record in ``plan``'s manifest the log as an open left it: ``active`` (the active
+    segment, open as ``active_fd``) and a durable end at its last record. ``found``: the
+    manifest as read from its file (None: new, or rebuilt by repair). Only what changed is
+    written: nothing when the file already says it (a reopen after a clean close), the end
+    slot in place when only the end moved on (records a crash left past the last
+    checkpoint), else the whole file. Why: every open rewrote the file and fsynced the
+    segment, three syncs and a rename for a log nothing had touched."""
+    m = plan.manifest
+    assert m is not None
+    m.active_first = active.first_lsn
+    end = max(m.durable_end, active.next_lsn) if not repair else active.next_lsn
+    same = (found is not None and plan.new_active is None and not (plan.delete or plan.cuts or plan.salvage or plan.problems)
+            and (m.start_lsn, m.active_first, m.finished) == (found.start_lsn, found.active_first, found.finished)
+            and found.durable_end <= end)
+    if same and found.durable_end == end:
+        return  # every record below the recorded end was durable before that end was recorded
+    os.fsync(active_fd)  # what was read back is now durable, so it may be recorded as the durable end
+    if same:
+        mf.write_end(root, m, end)
+        return
+    m.durable_end = end
+    mf.write(root, m)

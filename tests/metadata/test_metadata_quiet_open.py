@@ -92,3 +92,32 @@ def test_the_open_after_a_crash_makes_the_crashed_sessions_changes_durable(tmp_p
     with JournalMetadataStore(d) as s:
         assert s.report.checkpointed is None
     assert files(d) == quiet
+
+
+def test_a_session_after_the_first_fold_appends_its_changes_without_rewriting(tmp_path: Path) -> None:
+    """Only a journal that still follows the first, empty snapshot (base 0) is folded before a
+    session's first change (so a deleted snapshot is detected from the second writing session
+    on); later sessions append to the journal they found: a change costs one record, and the
+    snapshot and the journal's inode stay as they were."""
+    d = tmp_path / "meta"
+    with JournalMetadataStore(d) as s:
+        s.compare_and_set("a", b"1", None)
+    with JournalMetadataStore(d) as s:
+        s.compare_and_set("b", b"1", None)  # the one fold: base 0 -> 1
+    assert (d / JOURNAL_NAME).read_bytes()[:JOURNAL_HEADER_SIZE] == journal_header(1)
+    for i in range(3):
+        before = files(d)
+        with JournalMetadataStore(d) as s:
+            assert s.report.checkpointed is None
+            s.compare_and_set(f"c/{i}", b"x", None)
+        after = files(d)
+        assert after[SNAPSHOT_NAME] == before[SNAPSHOT_NAME]
+        journal, ino, _ = after[JOURNAL_NAME]
+        assert ino == before[JOURNAL_NAME][1] and journal.startswith(before[JOURNAL_NAME][0])
+        assert journal[:JOURNAL_HEADER_SIZE] == journal_header(1)
+    with JournalMetadataStore(d) as s:
+        assert s.list("") == ["a", "b", "c/0", "c/1", "c/2"]
+        assert s.report.journal_entries == 4
+    assert verify(d) == []
+    (d / SNAPSHOT_NAME).unlink()  # the journal names a snapshot: its loss is still detected
+    assert any("snapshot missing" in p for p in verify(d))

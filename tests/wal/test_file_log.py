@@ -256,11 +256,13 @@ def test_missing_or_stale_index_is_rebuilt(tmp_path):
 
 def test_control_file_torn_struct_falls_back_to_the_other_copy(tmp_path):
     root = str(tmp_path)
-    FileLog.open(root, create=True).close()
-    FileLog.open(root, create=True).close()
+    log = FileLog.open(root, create=True)
+    log.append([updates(1, 1, b"x")])
+    log.close()
+    FileLog.open(root, create=True).close()  # the log changed since the last session: a new one
     ctl = ControlFile.open(root)
     state = ctl.read_state(0)
-    assert state.session_id == 2
+    assert (state.session_id, state.low_water_mark, state.sequence) == (2, 0, 2)
     newer = ctl.write_state(0, PartitionState(3, 10, 10))
     off = 128 + 4 + (newer.sequence % 2) * 36
     with open(os.path.join(root, CONTROL_NAME), "r+b") as f:
@@ -272,6 +274,39 @@ def test_control_file_torn_struct_falls_back_to_the_other_copy(tmp_path):
         f.write(b"\x99")
     with pytest.raises(WalCorruption):
         ControlFile.open(root).read_state(0)
+
+
+def _wal_files(root: str) -> dict[str, tuple[int, int, bytes]]:
+    out = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            st = os.stat(p)
+            with open(p, "rb") as f:
+                out[p] = (st.st_ino, st.st_mtime_ns, f.read())
+    return out
+
+
+def test_a_reopen_after_a_clean_close_writes_nothing(tmp_path, monkeypatch):
+    """Manifest, control file, segments and indexes stay as they were (bytes, inode, mtime),
+    and no file is synced: the manifest already records the active segment and the durable
+    end, and the control file a session whose marks are the log's last LSN."""
+    root = str(tmp_path)
+    log = FileLog.open(root, segment_bytes=SMALL, create=True)
+    for i in range(40):  # some finished segments, and records in the active one
+        log.append([updates(1, i, bytes([i]) * 700)])
+    log.close()
+    FileLog.open(root, segment_bytes=SMALL).close()  # the session after the appends is recorded
+    before = _wal_files(root)
+    synced = []
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda fd, real=real: (synced.append(fd), real(fd))[1])
+    log = FileLog.open(root, segment_bytes=SMALL)
+    assert [r.body for r in log.scan() if r.kind == RecordKind.UPDATES] == [bytes([i]) * 700 for i in range(40)]
+    log.close()
+    assert synced == []
+    assert _wal_files(root) == before
 
 
 def test_segment_created_but_never_written_is_dropped(tmp_path):

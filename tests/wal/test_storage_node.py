@@ -274,3 +274,41 @@ def test_low_water_marks_only_move_forward_and_truncation_stays_in_range(tmp_pat
 def first_record(node: Node) -> int:
     from sediment.wal import segment as sg
     return min(p[0] for name in os.listdir(node.dir / "0") if (p := sg.parse_name(name)) and p[1] == "seg")
+
+
+def test_a_low_water_mark_the_node_already_holds_is_not_written_again(tmp_path: Path) -> None:
+    """A coordinator's open sends OPEN (a new session: written, it fences the older one) and
+    then SET_LWM with the cluster's high-water mark; when nothing was appended since the last
+    session that mark is the one stored, and the node answered it with a second write of the
+    same state. Now a SET_LWM that changes nothing writes nothing (the control file's state
+    sequence stays), and one that moves the mark is written as before."""
+
+    def stored() -> PartitionState:
+        return ControlFile.open(str(tmp_path)).read_state(0)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            address = await serve_in_process(nursery, StorageNode(KEY, open_directory(str(tmp_path), KEY)))
+            conn = await ReplicaConnection.open(nursery, address, tcp_connect, KEY, 0, 30.0)
+            assert (await conn.call(MsgType.OPEN, SESSION)).ok
+            assert (await conn.call(MsgType.APPEND, SESSION, 0, 0, frames(0, [b"a", b"b", b"c"]))).ok
+            assert (await conn.call(MsgType.SET_LWM, SESSION, 2)).low_water_mark == 2
+            first = stored()
+            assert (first.session_id, first.low_water_mark, first.local_low_water_mark) == (SESSION, 2, 2)
+            again = await conn.call(MsgType.SET_LWM, SESSION, 2)
+            assert again.ok and again.low_water_mark == 2 and stored() == first
+            assert (await conn.call(MsgType.OPEN, SESSION + 1)).ok  # the next session: written
+            opened = stored()
+            assert (opened.session_id, opened.sequence) == (SESSION + 1, first.sequence + 1)
+            same = await conn.call(MsgType.SET_LWM, SESSION + 1, 2)
+            assert same.ok and same.low_water_mark == 2 and stored() == opened
+            assert (await conn.call(MsgType.APPEND, SESSION + 1, 3, 0, frames(3, [b"d"]))).ok
+            moved = await conn.call(MsgType.SET_LWM, SESSION + 1, 3)
+            assert moved.ok and moved.low_water_mark == 3
+            last = stored()
+            assert (last.session_id, last.low_water_mark, last.sequence) == (SESSION + 1, 3, opened.sequence + 1)
+            conn.kill("done")
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    join_writers()

@@ -101,6 +101,10 @@ Done = Callable[[BaseException | None], None]  # an operation's completion: None
 _APPEND, _STATE, _CALL = "append", "state", "call"
 
 
+def _nothing(_lsn: int) -> None:
+    """A call that changes nothing: queued so that its reply waits for the operations before it."""
+
+
 class _Op(NamedTuple):
     """One storage operation of a partition and whom to tell once it is durable (or failed).
 
@@ -371,7 +375,10 @@ class StorageNode:
         part.enqueue(_CALL, (part.store.truncate, req.arg1), self._after(req, part, reply))
 
     def _set_lwm(self, req: Request, part: _Partition, reply: Reply) -> None:
-        """Low-water mark ``arg1`` (local: what this replica holds of it): never backwards."""
+        """Low-water mark ``arg1`` (local: what this replica holds of it): never backwards. A
+        state equal to the one queued (a coordinator's open right after OPEN, when nothing was
+        appended since the last session) is not written again: the reply waits behind the
+        queued operations only, so it still never reports a state that is not durable."""
         new = PartitionState(req.session_id, req.arg1, min(req.arg1, part.reserved_next - 1))
         old = part.queued_state
         if new.low_water_mark < old.low_water_mark or new.local_low_water_mark < old.local_low_water_mark:
@@ -379,6 +386,10 @@ class StorageNode:
                               f"partition {req.partition}: low-water mark {new.low_water_mark} (local "
                               f"{new.local_low_water_mark}) is below the stored {old.low_water_mark} (local "
                               f"{old.local_low_water_mark}); low-water marks only move forward"))
+            return
+        if (new.session_id, new.low_water_mark, new.local_low_water_mark) == (
+                old.session_id, old.low_water_mark, old.local_low_water_mark):
+            part.enqueue(_CALL, (_nothing, 0), self._after(req, part, reply))
             return
         part.queued_state = new
         part.enqueue(_STATE, new, self._after(req, part, reply))
