@@ -11,6 +11,7 @@ import csv
 import importlib
 import json
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.cli.arg_types import given_on_command_line
 from sediment.cli.common import data_dir_of, open_engine, progress_for, schema_spec
 from sediment.cli.discover import shared
 from sediment.cli.files import (
@@ -361,7 +363,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
                 try:
                     event = sub.next(timeout=args.idle_timeout)
                 except EngineClosed:
-                    raise EngineClosed(_tail_ended(args.name, done)) from None
+                    raise EngineClosed(_tail_ended(args, done)) from None
                 if event is None:
                     break
                 if event.kind == "schema":  # the columns change: say so in order, then go on in the new ones
@@ -377,15 +379,22 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tail_ended(name: str, done: tuple[str, int] | None) -> str:
+def _tail_ended(args: argparse.Namespace, done: tuple[str, int] | None) -> str:
     """A snapshot printed whole holds everything through its time, as a progress line does: a
-    feed that ended after one goes on from there, not with the whole relation again."""
+    feed that ended after one goes on from there, not with the whole relation again. The
+    command named reaches the same engine: with the ``--connect`` (or ``--data-dir``) and
+    ``--tls-root-certs`` given, never the token, so it can be pasted as it is."""
+    name = args.name
+    flags = (("--connect", "connect"), ("--data-dir", "data_dir"), ("--tls-root-certs", "tls_root_certs"))
+    where = [f"{flag} {shlex.quote(str(getattr(args, dest)))}" for flag, dest in flags
+             if given_on_command_line(args, dest) and not (dest == "data_dir" and getattr(args, "connect", None))]
+    command = " ".join(["sediment", *where, "tail", shlex.quote(name)])
     if done is None:
-        again = f"run `sediment tail {name}` again"
+        again = f"run `{command}` again"
     else:
         kind, t = done
         line = "progress line" if kind == "progress" else "snapshot"
-        again = f"`sediment tail {name} --as-of {t} --resume` goes on after the last {line} printed (time {t})"
+        again = f"`{command} --as-of {t} --resume` goes on after the last {line} printed (time {t})"
     return f"the feed of {name} ended because its engine or server stopped; {again}"
 
 

@@ -206,9 +206,25 @@ def test_connect_takes_host_port_and_tail_hint_speaks_the_cli(served):
     assert tail.wait(timeout=RUN_TIMEOUT) == 1
     err = tail.stderr.read()
     assert err.count("\n") == 1 and "resume=True" not in err
-    assert "`sediment tail orders --as-of 2 --resume`" in err, err
+    # the command named reaches the same server (never with the token), so it can be pasted
+    assert f"`sediment --connect 127.0.0.1:{port} tail orders --as-of 2 --resume`" in err, err
+    assert token not in err
     resumed = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "2", "--resume", "--idle-timeout", "0.5")
     assert (resumed.returncode, resumed.stdout) == (0, "event,time,id,diff\n")  # no snapshot again
+
+
+def test_a_tail_through_the_server_of_its_data_dir_names_that_data_dir_to_go_on(served):
+    proc, _port, token, d = served
+    tail = popen("--data-dir", d, "tail", "orders", env={**ENV, "SEDIMENT_TOKEN": token},
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = lines_of(tail.stdout)
+    assert out.get(timeout=RUN_TIMEOUT) == "event,time,id,diff\n"
+    assert sorted(out.get(timeout=RUN_TIMEOUT) for _ in range(2)) == ["snapshot,1,0,1\n", "snapshot,1,1,1\n"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=RUN_TIMEOUT) == 0
+    assert tail.wait(timeout=RUN_TIMEOUT) == 1
+    err = tail.stderr.read().splitlines()[-1]
+    assert f"`sediment --data-dir {d} tail orders --as-of 1 --resume`" in err, err
 
 
 def test_client_append_many_with_a_list_is_a_typed_error(tmp_path):
@@ -380,7 +396,8 @@ def test_a_tail_ended_after_its_snapshot_names_the_command_that_goes_on(tmp_path
         server.stop()
     assert tail.wait(timeout=RUN_TIMEOUT) == 1
     err = tail.stderr.read()
-    assert err.count("\n") == 1 and "`sediment tail orders --as-of 1 --resume`" in err and "snapshot" in err, err
+    hint = f"`sediment --connect 127.0.0.1:{server.port} tail orders --as-of 1 --resume`"
+    assert err.count("\n") == 1 and hint in err and "snapshot" in err and token not in err, err
     resumed = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "1", "--resume", "--idle-timeout", "0.5")
     assert (resumed.returncode, resumed.stdout) == (0, "event,time,id,diff\n"), resumed.stderr
 
