@@ -98,6 +98,19 @@ def test_a_ca_file_that_cannot_be_read_is_invalid_argument_naming_the_option_and
         server.stop()
 
 
+def test_a_ca_that_holds_no_certificate_is_invalid_argument_before_grpc_sees_it(tmp_path, certificate, capsys):
+    """The server's key given as the CA (file or bytes) made gRPC log several lines of its own
+    and fail the call with "empty address list", which reads as a network fault."""
+    _cert_pem, key_pem, _cert_file, key_file = certificate
+    with pytest.raises(InvalidArgument, match=f"the CA file '{key_file}' holds no PEM certificate .*found PRIVATE KEY"):
+        sediment.connect("grpc+tls://127.0.0.1:1", token="t", tls_root_certs=key_file)
+    with pytest.raises(InvalidArgument, match="holds no PEM certificate"):
+        sediment.connect("grpc+tls://127.0.0.1:1", token="t", tls_root_certs=key_pem)
+    assert cli_main(["--connect", "grpc+tls://127.0.0.1:1", "--token", "t", "--tls-root-certs", key_file, "stats"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no PEM certificate" in err and key_file in err, err
+
+
 def test_a_server_certificate_file_that_cannot_be_read_is_invalid_argument_naming_the_option(tmp_path, certificate):
     """``sediment serve --tls-cert`` naming no file said only "No such file or directory"."""
     _cert_pem, _key_pem, cert_file, key_file = certificate
