@@ -119,7 +119,8 @@ def alter_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_relation_describe(args: argparse.Namespace) -> int:
     """The relation's schema and version, then one tab-separated line per column: name, type,
-    field id, default (``--json``: Engine.describe's dictionary)."""
+    field id, then ``required`` for a column every append must give (one the relation was
+    created with) or the default an added one reads as (``--json``: Engine.describe's dictionary)."""
     check_name(args.name)
     with open_engine(args) as engine:
         info = engine.describe(args.name)
@@ -130,7 +131,8 @@ def cmd_relation_describe(args: argparse.Namespace) -> int:
           f"\tsealed={info['sealed']}")
     for col in info["columns"]:
         default = "" if col["default"] is None else f"\tdefault={col['default']}"
-        print(f"  {col['name']}\t{col['type']}\tfield_id={col['field_id']}{default}")
+        required = "\trequired" if col["required"] else ""
+        print(f"  {col['name']}\t{col['type']}\tfield_id={col['field_id']}{required}{default}")
     return 0
 
 

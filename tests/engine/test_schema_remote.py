@@ -189,7 +189,7 @@ def test_describe_on_the_engine_the_client_and_the_cli(tmp_path, capsys):
     assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "r\tid:int64,d:decimal128(5,2)\tschema_version=1\tsince=0\tsealed=-1",
-        "  id\tint64\tfield_id=1", "  d\tdecimal128(5,2)\tfield_id=3\tdefault=1.50"]
+        "  id\tint64\tfield_id=1\trequired", "  d\tdecimal128(5,2)\tfield_id=3\tdefault=1.50"]
     assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == want
 
