@@ -167,6 +167,33 @@ def test_ctrl_c_exits_quietly_with_130(tmp_path):
     assert proc.stderr.read() == ""
 
 
+# The console script's own lines, with a real SIGINT sent to the process as the command's
+# modules start loading (a Ctrl-C right after Enter, made to land at one place).
+CTRL_C_WHILE_LOADING = """
+import os, signal, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sediment.cli.app":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+from sediment.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_while_the_command_loads_exits_quietly_with_130(tmp_path):
+    """The modules of a command load for about 0.3 s (more on a loaded host); a Ctrl-C then
+    printed a KeyboardInterrupt traceback from the console script's import line."""
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_LOADING, "--data-dir", str(tmp_path), "stats"],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT, env=ENV,
+                          preexec_fn=sigint_as_at_a_terminal)
+    assert (proc.returncode, proc.stderr) == (130, ""), proc.stderr
+
+
 @pytest.fixture
 def served(tmp_path):
     """A real ``sediment serve`` on the seeded data directory: (process, port, token, data dir)."""
