@@ -33,6 +33,7 @@ from sediment.cli.files import (
     _print_stats,
     _write_atomically,
     _write_stdout_csv,
+    check_csv_writable,
     check_output_path,
 )
 from sediment.engine.schema import check_name, conform_updates, update_schema
@@ -305,6 +306,8 @@ def cmd_read(args: argparse.Namespace) -> int:
         if args.from_t is not None:
             table = _difference(table, _snapshot_for(engine, args.name, args.from_t, "--from"))
     what = f"as of {args.as_of}" if args.from_t is None else f"changes in ({args.from_t}, {args.as_of}]"
+    if fmt == "csv":
+        check_csv_writable(table, args.name)
     if args.out:
         _write_atomically(table, args.out, fmt)
         print(f"wrote {table.num_rows} rows of {args.name} {what} to {args.out}")

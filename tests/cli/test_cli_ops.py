@@ -71,6 +71,32 @@ def test_read_from_gives_the_changes_between_two_times(tmp_path, capsys):
     assert cli_main(["--data-dir", data, "read", "r", "--as-of", "2", "--from", "3"]) == 2
 
 
+def test_read_of_bytes_csv_cannot_carry_points_to_parquet_before_printing_anything(tmp_path, capsys):
+    """A binary column holding bytes that are not UTF-8 printed the CSV header, then only
+    "Invalid UTF8 payload"; UTF-8 bytes still go to CSV, and Parquet takes any bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import sediment
+
+    data = str(tmp_path / "d")
+    with sediment.open(data) as engine:
+        engine.add_relation("r", pa.schema([("id", pa.int64()), ("b", pa.binary())]))
+        engine.append("r", pa.table({"id": [1], "b": [b"tea"], "time": [1], "diff": [1]}))
+        engine.append("r", pa.table({"id": [2], "b": [b"\x00\xff"], "time": [2], "diff": [1]}))
+        engine.seal("r", 2)
+    assert cli_main(["--data-dir", data, "read", "r", "--as-of", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == ['"id","b","diff"', '1,"tea",1']
+    for out in ([], ["--out", str(tmp_path / "r.csv")]):
+        assert cli_main(["--data-dir", data, "read", "r", "--as-of", "2", *out]) == 2
+        got = capsys.readouterr()
+        assert got.out == "" and got.err.count("\n") == 1, got
+        assert "column 'b' of 'r' holds bytes that are not UTF-8" in got.err and "--out FILE.parquet" in got.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    assert cli_main(["--data-dir", data, "read", "r", "--as-of", "2", "--out", str(tmp_path / "r.parquet")]) == 0
+    assert pq.read_table(tmp_path / "r.parquet").column("b").to_pylist() == [b"tea", b"\x00\xff"]
+
+
 @pytest.mark.parametrize("level", ["verbose", "INFO"])
 def test_bad_log_level_is_a_usage_error(level, capsys):
     assert cli_main(["--log-level", level, "cluster-key"]) == 2
