@@ -35,6 +35,7 @@ from sediment.cli.files import (
     _write_stdout_csv,
     check_csv_writable,
     check_output_path,
+    csv_text,
 )
 from sediment.engine.schema import check_name, conform_updates, update_schema
 from sediment.engine.schema_text import parse_schema_spec
@@ -334,8 +335,9 @@ def _flag_named(t: int, flag: str) -> Iterator[None]:
             from None
 
 
-def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
-    """The CSV rows of one feed event: one per update, one ``progress`` row per progress event."""
+def _tail_rows(event: Any, names: list[str], relation: str) -> Iterator[list[object]]:
+    """The CSV rows of one feed event: one per update, one ``progress`` row per progress event;
+    values as ``sediment read`` prints them (:func:`csv_text`)."""
     if event.kind == "progress":
         yield ["progress", event.time, *([""] * len(names)), ""]
         return
@@ -343,7 +345,7 @@ def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
         yield ["schema", event.time, *names, "diff"]
         return
     kind = "snapshot" if event.kind == "snapshot" else "update"
-    for row in event.table.to_pylist():
+    for row in csv_text(event.table, relation).to_pylist():
         yield [kind, event.time if kind == "snapshot" else row["time"], *(row[n] for n in names), row["diff"]]
 
 
@@ -373,7 +375,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
                     break
                 if event.kind == "schema":  # the columns change: say so in order, then go on in the new ones
                     names = [n for n in event.table.column_names if n not in ("time", "diff")]
-                for row in _tail_rows(event, names):
+                for row in _tail_rows(event, names, args.name):
                     out.writerow(row)
                     printed += 1
                     if printed == args.count:

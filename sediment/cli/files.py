@@ -173,6 +173,23 @@ def _not_utf8(column: str, name: str) -> str:
             f"Parquet instead (sediment read {name} --as-of T --out FILE.parquet)")
 
 
+def csv_text(table: pa.Table, name: str) -> pa.Table:
+    """Every column as the text pyarrow's CSV writer gives it, which ``sediment read`` prints
+    and ``sediment append`` reads back; a row's Python values printed by ``csv`` came out as
+    ``b'tea'``, ``0:00:01.500000`` or ``True`` instead."""
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            columns.append(column)
+            continue
+        try:
+            columns.append(column.cast(pa.large_binary()).cast(pa.large_string())
+                           if pa.types.is_fixed_size_binary(field.type) else column.cast(pa.large_string()))
+        except pa.ArrowInvalid:
+            raise UsageError(_not_utf8(field.name, name)) from None
+    return pa.Table.from_arrays(columns, names=table.column_names)
+
+
 def _write_atomically(table: pa.Table, out: str, fmt: str) -> None:
     """Write to a temporary name beside ``out`` and rename, so a failure leaves no partial file;
     the rename is made durable too (the directory's fsync)."""
