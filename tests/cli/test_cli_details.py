@@ -509,6 +509,23 @@ def test_serve_cluster_ignores_storage_options_exported_in_the_environment(tmp_p
     assert code == 1 and err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{taken_port}" in err, err
 
 
+def test_serve_refuses_a_taken_metrics_port_before_it_makes_the_data_directory(tmp_path, capsys, monkeypatch,
+                                                                               taken_port):
+    """--metrics-listen on a taken port failed only after the engine was open: "Address already in
+    use" alone, and a new data directory left behind."""
+    monkeypatch.setenv("SEDIMENT_TOKEN", "t")
+    data = tmp_path / "data"
+    code = cli_main(["--data-dir", str(data), "serve", "--listen", "127.0.0.1:0",
+                     "--metrics-listen", f"127.0.0.1:{taken_port}"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"cannot listen on 127.0.0.1:{taken_port} (--metrics-listen)" in err, err
+    assert not data.exists()
+    assert cli_main(["--data-dir", str(data), "serve", "--metrics-listen", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --metrics-listen: invalid address 'bogus'" in err and "--listen '" not in err, err
+
+
 @pytest.mark.parametrize("given", [["--max-wal-backlog", "2000000"], ["--major-compaction-quiet", "5"],
                                    ["--take-over-blob-prefix"]])
 def test_serve_cluster_refuses_options_of_one_engine_it_would_ignore(tmp_path, capsys, monkeypatch, taken_port, given):
