@@ -257,3 +257,18 @@ def test_ctrl_c_stops_a_storage_node_quietly_with_130(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_taken_metrics_port_is_refused_before_the_node_directory_is_made(tmp_path):
+    """It failed after the directory and its control file were made, saying only "Address
+    already in use"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cli = subprocess.run([sys.executable, "-m", "sediment", "storage-node", "--dir", str(tmp_path / "node"),
+                              "--listen", "127.0.0.1:0", "--cluster-key", str(KEY),
+                              "--metrics-listen", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and cli.stderr.count("\n") == 1, cli.stderr
+    assert f"cannot listen on 127.0.0.1:{port} (--metrics-listen): Address already in use" in cli.stderr
+    assert not (tmp_path / "node").exists()
