@@ -448,6 +448,7 @@ class Member:
                       if self._leaving and assignment.get(p, (self.member_id, 0))[0] != self.member_id]
             for p, e in handed:
                 self._handing[p] = _Handing(e, held[p][1])
+                e.expect_takeover()
             closing = [(p, e) for p, (e, _g) in held.items() if p not in dict(handed)]
             now = self.clock.current_time()
             to_open = [(p, g) for p, g in mine.items()
@@ -526,11 +527,12 @@ class Member:
         def fenced(err: BaseException) -> None:
             with self._lock:
                 h = self._handing.get(partition)
-                if h is not None and h.engine is engine:
+                handed = h is not None and h.engine is engine
+                if handed:
                     h.fenced.set()
                 if self._engines.get(partition, (None, 0))[0] is engine:
                     del self._engines[partition]
-            log.warning("partition %d was taken over: %s", partition, err)
+            (log.info if handed else log.warning)("partition %d was taken over: %s", partition, err)
             self._wake.set()
 
         return fenced

@@ -37,9 +37,37 @@ META_NAME = "meta"
 WAL_NAME = "wal"
 BLOBS_NAME = "blobs"
 MARKER_NAME = "REPLICATED"
+SERVER_NAME = "SERVER"  # while a process serves the directory: where it listens (sediment/cli/discover.py)
+SERVER_FORMAT, SERVER_VERSION = "sediment-server", 1
 MEMBER_NAME = "MEMBER"  # a cluster member's directory (sediment serve --cluster): names its cluster
 MEMBER_FORMAT = "sediment-member"
 STORAGE_KEY = names.STORAGE
+
+
+def read_server_record(root: str) -> dict[str, Any] | None:
+    """The ``SERVER`` record of the directory as written, or None if there is none or it is
+    not one this version reads (docs/formats.md, "Server record")."""
+    try:
+        with open(os.path.join(root, SERVER_NAME), "rb") as f:
+            record = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != SERVER_FORMAT \
+            or record.get("version") != SERVER_VERSION or not isinstance(record.get("pid"), int) \
+            or not isinstance(record.get("uri"), str):
+        return None
+    return record
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class DataDir:
@@ -56,6 +84,12 @@ class DataDir:
         """The directory's exclusive lock (an open file descriptor); DataDirLocked if another process holds it."""
         fd = lock_file(self.lock)
         if fd is None:
+            record = read_server_record(self.root)
+            if record is not None and pid_alive(record["pid"]):
+                uri = record["uri"]
+                raise DataDirLocked(f"{self.root} is in use by process {record['pid']}, which serves it on {uri}: "
+                                    f"reach the engine there (sediment.connect({uri!r}, token=...), or "
+                                    f"sediment --connect {uri}), or stop that process first")
             raise DataDirLocked(f"{self.root} is in use by another sediment process (lock {self.lock}); "
                                 "stop it or use another --data-dir")
         return fd

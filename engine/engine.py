@@ -109,6 +109,7 @@ class Engine:
         self.data_dir = data_dir
         self.metadata_spec = metadata_spec
         self.superseded_listeners: list = []
+        self.takeover_expected = False  # handing over on purpose: the fence that ends it is no error
         self.fence_lock = threading.Lock()  # orders a fence against the end of the open (engine/takeover.py)
         self.opening = True
         self.clock: Clock = clock if clock is not None else MonotonicClock()
@@ -431,6 +432,14 @@ class Engine:
         check_name(name)
         with self.compaction.merge_lock, self.compaction.pass_lock, self.view.lock:  # no old-schema batch being written
             return self.registry.alter(name, add=add, defaults=defaults, widen=widen, rename=rename, drop=drop)
+
+    def expect_takeover(self) -> None:
+        """This coordinator hands its engine over (a cluster member leaving): the fence the new
+        owner's open brings is the plan, so it is logged as information, not as an error."""
+        self.takeover_expected = True
+        expect = getattr(self.storage.log, "expect_takeover", None)
+        if expect is not None:
+            expect()
 
     @property
     def superseded(self) -> Exception | None:

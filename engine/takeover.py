@@ -87,7 +87,7 @@ def close_when_fenced(engine: Any, on_fenced: Callable[[Callable[[BaseException]
                 f"the coordinator on {engine.data_dir} was superseded ({err}); its engine was closed: stop this "
                 "process, the new coordinator serves the data")
             opening = engine.opening
-        log.error("%s", engine.superseded)
+        (log.info if engine.takeover_expected else log.error)("%s", engine.superseded)
         if opening:
             return
 

@@ -75,7 +75,9 @@ def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A
     None: only on finished segments), ``clock`` (a :class:`sediment.clock.Clock` for the
     compacter's wake-ups and read-plan leases, e.g. ``sediment.clock.ManualClock`` or
     ``trio.testing.MockClock`` in tests), ``merge_factor``, ``memory_bound`` (bytes a merge may hold, default
-    256 MiB), ``lock_slots`` (size of the optimistic lock table), ``repair`` (cut a
+    256 MiB), ``lock_slots`` (size of the optimistic lock table), ``arrow_memory_pool`` (Arrow's
+    allocator for the process: "system" (default), "jemalloc", "mimalloc", or None to leave it;
+    ``ARROW_DEFAULT_MEMORY_POOL`` set wins), ``repair`` (cut a
     damaged log instead of refusing to open), ``take_over_blob_prefix`` (make this engine
     the owner of a blob prefix whose owner marker names another engine; only once that
     engine is gone for good: see docs/architecture.md), ``max_wal_backlog`` (bytes of

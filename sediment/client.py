@@ -54,7 +54,7 @@ from sediment.net.append_stream import (
     cancelled_append,
 )
 from sediment.net.call_gate import CallGate
-from sediment.net.connect_options import read_ca_file, server_location
+from sediment.net.connect_options import check_ca_pem, read_ca_file, server_location
 from sediment.net.held_tails import HELD_METADATA_KEY, encode_cuts
 from sediment.net.messages import Action, Get, Put, encode
 from sediment.net.pipelined import WINDOW as PIPELINE_WINDOW
@@ -104,6 +104,8 @@ class Client:
                                                  headers=[(AUTH_HEADER.encode(), f"Bearer {token}".encode())])
         if isinstance(tls_root_certs, str):
             tls_root_certs = read_ca_file(tls_root_certs)
+        elif tls_root_certs is not None:
+            tls_root_certs = check_ca_pem(tls_root_certs)
         if tls_root_certs is not None and not uri.startswith("grpc+tls://"):
             raise errors.InvalidArgument(f"tls_root_certs given for {uri!r}: use grpc+tls://HOST:PORT for a TLS "
                                          "coordinator")

@@ -9,8 +9,35 @@ checked before anything is written, and an append is one transaction, so it land
 whole or not at all.
 """
 
-from sediment.cli.app import main
-from sediment.cli.files import InputError, UsageError
-from sediment.cli.parser import build_parser
+
+from __future__ import annotations
+
+import os
+from typing import Any
 
 __all__ = ["InputError", "UsageError", "build_parser", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point (:func:`sediment.cli.app.main`). Its modules load here,
+    not when the console script imports this package, so a Ctrl-C while they load (about
+    0.3 s) is the same quiet exit 130 as one during the command, not a traceback."""
+    try:
+        from sediment.cli.app import main as run
+    except KeyboardInterrupt:
+        if os.environ.get("SEDIMENT_DEBUG", "").strip() not in ("", "0"):
+            raise
+        return 130  # app.EXIT_INTERRUPTED, which did not finish loading
+    return run(argv)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("InputError", "UsageError"):
+        from sediment.cli import files
+
+        return getattr(files, name)
+    if name == "build_parser":
+        from sediment.cli.parser import build_parser
+
+        return build_parser
+    raise AttributeError(f"module 'sediment.cli' has no attribute {name!r}")

@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         if _debug():
             raise
         return EXIT_INTERRUPTED
+    except BaseExceptionGroup as group:  # a trio loop's (storage-node): Ctrl-C arrives inside a group
+        if _debug() or group.split(KeyboardInterrupt)[1] is not None:
+            raise
+        return EXIT_INTERRUPTED
 
 
 def _debug() -> bool:

@@ -11,6 +11,7 @@ import csv
 import importlib
 import json
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sediment.cli.arg_types import given_on_command_line
 from sediment.cli.common import data_dir_of, open_engine, progress_for, schema_spec
 from sediment.cli.discover import shared
 from sediment.cli.files import (
@@ -31,7 +33,9 @@ from sediment.cli.files import (
     _print_stats,
     _write_atomically,
     _write_stdout_csv,
+    check_csv_writable,
     check_output_path,
+    csv_text,
 )
 from sediment.engine.schema import check_name, conform_updates, update_schema
 from sediment.engine.schema_text import parse_schema_spec
@@ -117,7 +121,8 @@ def alter_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_relation_describe(args: argparse.Namespace) -> int:
     """The relation's schema and version, then one tab-separated line per column: name, type,
-    field id, default (``--json``: Engine.describe's dictionary)."""
+    field id, then ``required`` for a column every append must give (one the relation was
+    created with) or the default an added one reads as (``--json``: Engine.describe's dictionary)."""
     check_name(args.name)
     with open_engine(args) as engine:
         info = engine.describe(args.name)
@@ -128,7 +133,8 @@ def cmd_relation_describe(args: argparse.Namespace) -> int:
           f"\tsealed={info['sealed']}")
     for col in info["columns"]:
         default = "" if col["default"] is None else f"\tdefault={col['default']}"
-        print(f"  {col['name']}\t{col['type']}\tfield_id={col['field_id']}{default}")
+        required = "\trequired" if col["required"] else ""
+        print(f"  {col['name']}\t{col['type']}\tfield_id={col['field_id']}{required}{default}")
     return 0
 
 
@@ -301,6 +307,8 @@ def cmd_read(args: argparse.Namespace) -> int:
         if args.from_t is not None:
             table = _difference(table, _snapshot_for(engine, args.name, args.from_t, "--from"))
     what = f"as of {args.as_of}" if args.from_t is None else f"changes in ({args.from_t}, {args.as_of}]"
+    if fmt == "csv":
+        check_csv_writable(table, args.name)
     if args.out:
         _write_atomically(table, args.out, fmt)
         print(f"wrote {table.num_rows} rows of {args.name} {what} to {args.out}")
@@ -327,8 +335,9 @@ def _flag_named(t: int, flag: str) -> Iterator[None]:
             from None
 
 
-def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
-    """The CSV rows of one feed event: one per update, one ``progress`` row per progress event."""
+def _tail_rows(event: Any, names: list[str], relation: str) -> Iterator[list[object]]:
+    """The CSV rows of one feed event: one per update, one ``progress`` row per progress event;
+    values as ``sediment read`` prints them (:func:`csv_text`)."""
     if event.kind == "progress":
         yield ["progress", event.time, *([""] * len(names)), ""]
         return
@@ -336,7 +345,7 @@ def _tail_rows(event: Any, names: list[str]) -> Iterator[list[object]]:
         yield ["schema", event.time, *names, "diff"]
         return
     kind = "snapshot" if event.kind == "snapshot" else "update"
-    for row in event.table.to_pylist():
+    for row in csv_text(event.table, relation).to_pylist():
         yield [kind, event.time if kind == "snapshot" else row["time"], *(row[n] for n in names), row["diff"]]
 
 
@@ -361,12 +370,12 @@ def cmd_tail(args: argparse.Namespace) -> int:
                 try:
                     event = sub.next(timeout=args.idle_timeout)
                 except EngineClosed:
-                    raise EngineClosed(_tail_ended(args.name, done)) from None
+                    raise EngineClosed(_tail_ended(args, done)) from None
                 if event is None:
                     break
                 if event.kind == "schema":  # the columns change: say so in order, then go on in the new ones
                     names = [n for n in event.table.column_names if n not in ("time", "diff")]
-                for row in _tail_rows(event, names):
+                for row in _tail_rows(event, names, args.name):
                     out.writerow(row)
                     printed += 1
                     if printed == args.count:
@@ -377,15 +386,22 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tail_ended(name: str, done: tuple[str, int] | None) -> str:
+def _tail_ended(args: argparse.Namespace, done: tuple[str, int] | None) -> str:
     """A snapshot printed whole holds everything through its time, as a progress line does: a
-    feed that ended after one goes on from there, not with the whole relation again."""
+    feed that ended after one goes on from there, not with the whole relation again. The
+    command named reaches the same engine: with the ``--connect`` (or ``--data-dir``) and
+    ``--tls-root-certs`` given, never the token, so it can be pasted as it is."""
+    name = args.name
+    flags = (("--connect", "connect"), ("--data-dir", "data_dir"), ("--tls-root-certs", "tls_root_certs"))
+    where = [f"{flag} {shlex.quote(str(getattr(args, dest)))}" for flag, dest in flags
+             if given_on_command_line(args, dest) and not (dest == "data_dir" and getattr(args, "connect", None))]
+    command = " ".join(["sediment", *where, "tail", shlex.quote(name)])
     if done is None:
-        again = f"run `sediment tail {name}` again"
+        again = f"run `{command}` again"
     else:
         kind, t = done
         line = "progress line" if kind == "progress" else "snapshot"
-        again = f"`sediment tail {name} --as-of {t} --resume` goes on after the last {line} printed (time {t})"
+        again = f"`{command} --as-of {t} --resume` goes on after the last {line} printed (time {t})"
     return f"the feed of {name} ended because its engine or server stopped; {again}"
 
 

@@ -30,12 +30,12 @@ from urllib.parse import urlparse
 
 from sediment._fs import fsync_dir, replace_durably
 from sediment.cli.files import UsageError
+from sediment.engine.data_dir import SERVER_FORMAT, SERVER_NAME, SERVER_VERSION, pid_alive, read_server_record
 from sediment.errors import DataDirLocked
 from sediment.net.protocol import TOKEN_ENV
 
-SERVER_FILE = "SERVER"
-FORMAT = "sediment-server"
-VERSION = 1
+SERVER_FILE = SERVER_NAME
+FORMAT, VERSION = SERVER_FORMAT, SERVER_VERSION
 ANSWER_TIMEOUT = 2.0  # seconds for a recorded address to accept a connection
 
 
@@ -75,25 +75,7 @@ def advertised(data_dir: str, uri: str, token: str | None = None) -> Iterator[No
 
 def read_record(data_dir: str) -> dict[str, Any] | None:
     """The record as written, or None if there is none or it is not one this version reads."""
-    try:
-        with open(record_path(data_dir), "rb") as f:
-            record = json.loads(f.read())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("version") != VERSION \
-            or not isinstance(record.get("pid"), int) or not isinstance(record.get("uri"), str):
-        return None
-    return record
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return read_server_record(data_dir)
 
 
 def _answers(uri: str) -> bool:
@@ -110,7 +92,7 @@ def _answers(uri: str) -> bool:
 def live_server(data_dir: str) -> dict[str, Any] | None:
     """The record of a server of ``data_dir`` that is running now, or None (none, or stale)."""
     record = read_record(data_dir)
-    if record is None or not _alive(record["pid"]) or not _answers(record["uri"]):
+    if record is None or not pid_alive(record["pid"]) or not _answers(record["uri"]):
         return None
     return record
 

@@ -155,6 +155,41 @@ def check_output_path(out: str) -> None:
         raise UsageError(f"--out {out} is a directory; name a file in it")
 
 
+def check_csv_writable(table: pa.Table, name: str) -> None:
+    """CSV is text: a binary column's bytes go out as they are, and pyarrow refuses bytes that
+    are not UTF-8 only once it has written the header (on stdout, a partial output ending in
+    "Invalid UTF8 payload"). Checked before anything is written, naming the way out."""
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type) \
+                or pa.types.is_fixed_size_binary(field.type):
+            try:
+                column.cast(pa.large_binary()).cast(pa.large_string())  # validates UTF-8
+            except pa.ArrowInvalid:
+                raise UsageError(_not_utf8(field.name, name)) from None
+
+
+def _not_utf8(column: str, name: str) -> str:
+    return (f"column {column!r} of {name!r} holds bytes that are not UTF-8, which CSV cannot carry: write "
+            f"Parquet instead (sediment read {name} --as-of T --out FILE.parquet)")
+
+
+def csv_text(table: pa.Table, name: str) -> pa.Table:
+    """Every column as the text pyarrow's CSV writer gives it, which ``sediment read`` prints
+    and ``sediment append`` reads back; a row's Python values printed by ``csv`` came out as
+    ``b'tea'``, ``0:00:01.500000`` or ``True`` instead."""
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            columns.append(column)
+            continue
+        try:
+            columns.append(column.cast(pa.large_binary()).cast(pa.large_string())
+                           if pa.types.is_fixed_size_binary(field.type) else column.cast(pa.large_string()))
+        except pa.ArrowInvalid:
+            raise UsageError(_not_utf8(field.name, name)) from None
+    return pa.Table.from_arrays(columns, names=table.column_names)
+
+
 def _write_atomically(table: pa.Table, out: str, fmt: str) -> None:
     """Write to a temporary name beside ``out`` and rename, so a failure leaves no partial file;
     the rename is made durable too (the directory's fsync)."""

@@ -54,7 +54,7 @@ def _listen_arg(text: str) -> tuple[str, int]:
     except ValueError:
         number = -1
     if not sep or not host or not 0 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"invalid --listen {text!r}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
+        raise argparse.ArgumentTypeError(f"invalid address {text!r}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
     return host, number
 
 
@@ -107,23 +107,24 @@ def add_serve_parser(command: Callable[..., argparse.ArgumentParser]) -> argpars
     return p
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Refuse an address another process listens on. gRPC would only fail once the engine
-    is open (and say little); a race with another process binding it in between is still
-    caught there."""
+def _check_port_free(host: str, port: int, option: str = "--listen") -> None:
+    """Refuse an address another process listens on. gRPC (or the metrics' HTTP server) would
+    only fail once the engine is open, and say little; a race with another process binding it
+    in between is still caught there."""
     if port == 0:
         return
     try:
         family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
-        raise UsageError(f"--listen {host}:{port}: cannot resolve {host!r} ({exc.strerror}); give an address of "
+        raise UsageError(f"{option} {host}:{port}: cannot resolve {host!r} ({exc.strerror}); give an address of "
                          "this machine, e.g. 127.0.0.1") from None
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no conflict
         try:
             probe.bind(address)
         except OSError as exc:
-            raise SedimentError(f"cannot listen on {host}:{port}: {exc.strerror}; is another process (another "
+            where = "" if option == "--listen" else f" ({option})"
+            raise SedimentError(f"cannot listen on {host}:{port}{where}: {exc.strerror}; is another process (another "
                                 "sediment serve?) using it? pick another port (0 picks a free one)") from None
 
 
@@ -292,6 +293,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tls = _tls_of(args)
     host, port = args.listen
     _check_port_free(host, port)  # before the engine opens: a first start then leaves no directory behind
+    if args.metrics_listen is not None:
+        _check_port_free(*args.metrics_listen, option="--metrics-listen")
     location = f"grpc://[{host}]:{port}" if ":" in host else f"grpc://{host}:{port}"
     if args.cluster:
         from sediment.cli.cluster import serve_cluster

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sediment import errors
+from sediment.net.tls import pem_kinds
 
 CONNECT_OPTIONS = {
     "timeout": "seconds each call may take",
@@ -49,11 +50,23 @@ def server_location(uri: str) -> str:
 
 
 def read_ca_file(path: str) -> bytes:
-    """The PEM of ``tls_root_certs`` given as a file name."""
+    """The PEM of ``tls_root_certs`` given as a file name, checked by :func:`check_ca_pem`."""
     try:
         with open(path, "rb") as f:
-            return f.read()
+            return check_ca_pem(f.read(), f"the CA file {path!r}")
     except OSError as exc:
         raise errors.InvalidArgument(f"tls_root_certs: cannot read the CA file {path!r} ({exc.strerror or exc}); "
                                      "give the PEM file of the CA that signed the server's certificate, or its "
                                      "PEM bytes") from None
+
+
+def check_ca_pem(pem: bytes, what: str = "the PEM bytes") -> bytes:
+    """``pem`` if it holds a PEM certificate. gRPC given anything else (a private key, a
+    DER file) logs several lines of its own and fails each call with "empty address
+    list", which reads as a network fault."""
+    kinds = pem_kinds(pem)
+    if "CERTIFICATE" not in kinds:
+        raise errors.InvalidArgument(f"tls_root_certs: {what} holds no PEM certificate (-----BEGIN CERTIFICATE-----, "
+                                     f"found {', '.join(sorted(kinds)) or 'none'}); give the certificate of the CA "
+                                     "that signed the server's (a self-signed server's own certificate), not a key")
+    return pem

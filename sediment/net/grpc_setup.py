@@ -24,8 +24,18 @@ EXPERIMENTS_ENV = "GRPC_EXPERIMENTS"
 INLINE_POLLING = "-event_engine_client,-event_engine_listener"  # gRPC's own switches, turned off
 
 
+VERBOSITY_ENV = "GRPC_VERBOSITY"
+QUIET = "ERROR"  # gRPC's own log lines on stderr: errors only
+
+
 def apply() -> bool:
-    """Ask gRPC for inline polling unless ``GRPC_EXPERIMENTS`` is already set; whether it did."""
+    """Ask gRPC for inline polling unless ``GRPC_EXPERIMENTS`` is already set; whether it did.
+
+    Also quiets gRPC's own logging to errors unless ``GRPC_VERBOSITY`` is set: a TLS handshake
+    that failed (a client without the server's CA, a plain client at a TLS server) printed
+    "WARNING: All log messages before absl::InitializeLog() ..." and an INFO line in both
+    processes, around the client's one-line typed error that says the same."""
+    os.environ.setdefault(VERBOSITY_ENV, QUIET)
     if EXPERIMENTS_ENV in os.environ:
         return False
     os.environ[EXPERIMENTS_ENV] = INLINE_POLLING

@@ -15,7 +15,8 @@ from sediment.errors import InvalidArgument
 _BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
 
 
-def _kinds(pem: bytes | str) -> set[str]:
+def pem_kinds(pem: bytes | str) -> set[str]:
+    """The kinds of PEM blocks in ``pem``: ``CERTIFICATE``, ``PRIVATE KEY``, ..."""
     return {m.decode() for m in _BEGIN.findall(pem.encode() if isinstance(pem, str) else pem)}
 
 
@@ -27,7 +28,7 @@ def check_tls_pem(cert: bytes | str, key: bytes | str, cert_name: str = "the cer
                   key_name: str = "the key") -> None:
     """Raise InvalidArgument unless ``cert`` holds a PEM certificate and ``key`` an unencrypted
     PEM private key; ``cert_name`` and ``key_name`` say where each came from."""
-    cert_kinds, key_kinds = _kinds(cert), _kinds(key)
+    cert_kinds, key_kinds = pem_kinds(cert), pem_kinds(key)
     if "CERTIFICATE" not in cert_kinds and _has_key(cert_kinds) and "CERTIFICATE" in key_kinds:
         raise InvalidArgument(f"{cert_name} holds a private key and {key_name} a certificate: the two are swapped; "
                               "give the certificate as the certificate and the key as the key")

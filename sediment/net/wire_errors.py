@@ -119,6 +119,10 @@ def transport_error(exc: flight.FlightError) -> BaseException:
     if isinstance(exc, flight.FlightTimedOutError):
         return errors.CallTimedOut(f"the coordinator did not answer within the call's deadline ({first}): the call "
                                    "may or may not have been carried out; read back before writing again")
+    if isinstance(exc, flight.FlightUnavailableError) and "certificate verify failed" in first:
+        return errors.CoordinatorUnavailable(f"the coordinator's TLS certificate is not one this client trusts "
+                                             f"({first}); give the CA that signed it: --tls-root-certs FILE, or "
+                                             "sediment.connect(..., tls_root_certs=FILE)")
     if isinstance(exc, flight.FlightUnavailableError):
         return errors.CoordinatorUnavailable(f"no coordinator answered ({first}); is `sediment serve` running "
                                              "there, on that port, with the same TLS setting?")

@@ -167,6 +167,33 @@ def test_ctrl_c_exits_quietly_with_130(tmp_path):
     assert proc.stderr.read() == ""
 
 
+# The console script's own lines, with a real SIGINT sent to the process as the command's
+# modules start loading (a Ctrl-C right after Enter, made to land at one place).
+CTRL_C_WHILE_LOADING = """
+import os, signal, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sediment.cli.app":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+from sediment.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_while_the_command_loads_exits_quietly_with_130(tmp_path):
+    """The modules of a command load for about 0.3 s (more on a loaded host); a Ctrl-C then
+    printed a KeyboardInterrupt traceback from the console script's import line."""
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_LOADING, "--data-dir", str(tmp_path), "stats"],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT, env=ENV,
+                          preexec_fn=sigint_as_at_a_terminal)
+    assert (proc.returncode, proc.stderr) == (130, ""), proc.stderr
+
+
 @pytest.fixture
 def served(tmp_path):
     """A real ``sediment serve`` on the seeded data directory: (process, port, token, data dir)."""
@@ -206,9 +233,25 @@ def test_connect_takes_host_port_and_tail_hint_speaks_the_cli(served):
     assert tail.wait(timeout=RUN_TIMEOUT) == 1
     err = tail.stderr.read()
     assert err.count("\n") == 1 and "resume=True" not in err
-    assert "`sediment tail orders --as-of 2 --resume`" in err, err
+    # the command named reaches the same server (never with the token), so it can be pasted
+    assert f"`sediment --connect 127.0.0.1:{port} tail orders --as-of 2 --resume`" in err, err
+    assert token not in err
     resumed = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "2", "--resume", "--idle-timeout", "0.5")
     assert (resumed.returncode, resumed.stdout) == (0, "event,time,id,diff\n")  # no snapshot again
+
+
+def test_a_tail_through_the_server_of_its_data_dir_names_that_data_dir_to_go_on(served):
+    proc, _port, token, d = served
+    tail = popen("--data-dir", d, "tail", "orders", env={**ENV, "SEDIMENT_TOKEN": token},
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = lines_of(tail.stdout)
+    assert out.get(timeout=RUN_TIMEOUT) == "event,time,id,diff\n"
+    assert sorted(out.get(timeout=RUN_TIMEOUT) for _ in range(2)) == ["snapshot,1,0,1\n", "snapshot,1,1,1\n"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=RUN_TIMEOUT) == 0
+    assert tail.wait(timeout=RUN_TIMEOUT) == 1
+    err = tail.stderr.read().splitlines()[-1]
+    assert f"`sediment --data-dir {d} tail orders --as-of 1 --resume`" in err, err
 
 
 def test_client_append_many_with_a_list_is_a_typed_error(tmp_path):
@@ -380,7 +423,8 @@ def test_a_tail_ended_after_its_snapshot_names_the_command_that_goes_on(tmp_path
         server.stop()
     assert tail.wait(timeout=RUN_TIMEOUT) == 1
     err = tail.stderr.read()
-    assert err.count("\n") == 1 and "`sediment tail orders --as-of 1 --resume`" in err and "snapshot" in err, err
+    hint = f"`sediment --connect 127.0.0.1:{server.port} tail orders --as-of 1 --resume`"
+    assert err.count("\n") == 1 and hint in err and "snapshot" in err and token not in err, err
     resumed = sediment_cmd("--data-dir", d, "tail", "orders", "--as-of", "1", "--resume", "--idle-timeout", "0.5")
     assert (resumed.returncode, resumed.stdout) == (0, "event,time,id,diff\n"), resumed.stderr
 
@@ -463,6 +507,23 @@ def test_serve_cluster_ignores_storage_options_exported_in_the_environment(tmp_p
                      "--data-dir", str(tmp_path / "member")])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{taken_port}" in err, err
+
+
+def test_serve_refuses_a_taken_metrics_port_before_it_makes_the_data_directory(tmp_path, capsys, monkeypatch,
+                                                                               taken_port):
+    """--metrics-listen on a taken port failed only after the engine was open: "Address already in
+    use" alone, and a new data directory left behind."""
+    monkeypatch.setenv("SEDIMENT_TOKEN", "t")
+    data = tmp_path / "data"
+    code = cli_main(["--data-dir", str(data), "serve", "--listen", "127.0.0.1:0",
+                     "--metrics-listen", f"127.0.0.1:{taken_port}"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"cannot listen on 127.0.0.1:{taken_port} (--metrics-listen)" in err, err
+    assert not data.exists()
+    assert cli_main(["--data-dir", str(data), "serve", "--metrics-listen", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --metrics-listen: invalid address 'bogus'" in err and "--listen '" not in err, err
 
 
 @pytest.mark.parametrize("given", [["--max-wal-backlog", "2000000"], ["--major-compaction-quiet", "5"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from support.terminal import sigint_as_at_a_terminal
 
 import sediment
 from sediment.cli.discover import SERVER_FILE, read_record
+from sediment.errors import DataDirLocked
 
 
 def test_the_record_is_written_and_removed_durably(tmp_path, monkeypatch):
@@ -95,6 +97,11 @@ def test_commands_on_a_served_directory_use_its_server(tmp_path):
         assert second.stderr.strip() == f"sediment: error: {data} is held by process {served.proc.pid}, which " \
                                         f"serves it on {served.uri}; stop that process first, or use the " \
                                         "directory through it"
+        # in Python too the lock names the server, and how to reach the engine through it
+        with pytest.raises(DataDirLocked, match=f"in use by process {served.proc.pid}, which serves it on "
+                                                f"{re.escape(served.uri)}: reach the engine there "
+                                                fr"\(sediment.connect\('{re.escape(served.uri)}', token=...\)"):
+            sediment.open(data)
         refused = _cli(data, "relation", "list", env=_env())
         assert refused.returncode == 2
         assert "pass --token T or set $SEDIMENT_TOKEN" in refused.stderr and str(served.proc.pid) in refused.stderr

@@ -71,6 +71,69 @@ def test_read_from_gives_the_changes_between_two_times(tmp_path, capsys):
     assert cli_main(["--data-dir", data, "read", "r", "--as-of", "2", "--from", "3"]) == 2
 
 
+def test_read_of_bytes_csv_cannot_carry_points_to_parquet_before_printing_anything(tmp_path, capsys):
+    """A binary column holding bytes that are not UTF-8 printed the CSV header, then only
+    "Invalid UTF8 payload"; UTF-8 bytes still go to CSV, and Parquet takes any bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import sediment
+
+    data = str(tmp_path / "d")
+    with sediment.open(data) as engine:
+        engine.add_relation("r", pa.schema([("id", pa.int64()), ("b", pa.binary())]))
+        engine.append("r", pa.table({"id": [1], "b": [b"tea"], "time": [1], "diff": [1]}))
+        engine.append("r", pa.table({"id": [2], "b": [b"\x00\xff"], "time": [2], "diff": [1]}))
+        engine.seal("r", 2)
+    assert cli_main(["--data-dir", data, "read", "r", "--as-of", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == ['"id","b","diff"', '1,"tea",1']
+    for out in ([], ["--out", str(tmp_path / "r.csv")]):
+        assert cli_main(["--data-dir", data, "read", "r", "--as-of", "2", *out]) == 2
+        got = capsys.readouterr()
+        assert got.out == "" and got.err.count("\n") == 1, got
+        assert "column 'b' of 'r' holds bytes that are not UTF-8" in got.err and "--out FILE.parquet" in got.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    assert cli_main(["--data-dir", data, "read", "r", "--as-of", "2", "--out", str(tmp_path / "r.parquet")]) == 0
+    assert pq.read_table(tmp_path / "r.parquet").column("b").to_pylist() == [b"tea", b"\x00\xff"]
+
+
+def test_tail_prints_each_value_as_read_does(tmp_path, capsys):
+    """tail wrote Python's str() of each value: b'tea' for bytes, 0:00:01.500000 for a duration,
+    True for a boolean, 0.10000000149011612 for a float32, none of which `sediment append` reads
+    back as the value; now its fields are read's, so a tailed row can be appended again."""
+    import csv
+    import datetime
+
+    import pyarrow as pa
+
+    import sediment
+
+    data = str(tmp_path / "d")
+    schema = pa.schema([("b", pa.binary()), ("ts", pa.timestamp("us", tz="UTC")), ("du", pa.duration("ms")),
+                        ("ok", pa.bool_()), ("f", pa.float32()), ("fb", pa.binary(2))])
+    with sediment.open(data) as engine:
+        engine.add_relation("r", schema)
+        row = pa.table({"b": [b"tea"], "ts": pa.array([datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)],
+                                                       schema.field("ts").type),
+                        "du": pa.array([1500], pa.duration("ms")), "ok": [True], "f": pa.array([0.1], pa.float32()),
+                        "fb": pa.array([b"ab"], pa.binary(2))}, schema=schema)
+        engine.append("r", row.append_column("time", pa.array([1], pa.int64())).append_column(
+            "diff", pa.array([1], pa.int64())))
+        engine.seal("r", 1)
+    assert cli_main(["--data-dir", data, "read", "r", "--as-of", "1"]) == 0
+    read_row = list(csv.reader(capsys.readouterr().out.splitlines()))[1]
+    assert cli_main(["--data-dir", data, "tail", "r", "--count", "1"]) == 0
+    tailed = list(csv.reader(capsys.readouterr().out.splitlines()))[1]
+    assert tailed[:2] == ["snapshot", "1"] and tailed[2:] == read_row, (tailed, read_row)
+    back = tmp_path / "back.csv"
+    back.write_text(",".join(schema.names) + ",time,diff\n" + ",".join(tailed[2:-1]) + ",2,-1\n")
+    assert cli_main(["--data-dir", data, "append", "r", str(back)]) == 0
+    assert cli_main(["--data-dir", data, "seal", "r", "2"]) == 0
+    capsys.readouterr()
+    assert cli_main(["--data-dir", data, "read", "r", "--as-of", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == []  # the tailed row, retracted, cancels it
+
+
 @pytest.mark.parametrize("level", ["verbose", "INFO"])
 def test_bad_log_level_is_a_usage_error(level, capsys):
     assert cli_main(["--log-level", level, "cluster-key"]) == 2

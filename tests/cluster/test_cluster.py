@@ -226,6 +226,13 @@ def test_join_rebalances_sigterm_hands_over_and_the_manager_is_replaced(cluster)
         # it ended its session itself: no warning that it lost it and "will rejoin"
         assert "lost its ZooKeeper session" not in Path(leaving.log.name).read_text()
         assert f"member {leaving.member_id} ended its ZooKeeper session" in Path(leaving.log.name).read_text()
+        # being fenced by the new owners is the plan of a hand-over: information, not 3 warnings and
+        # errors per partition on a member stopped with SIGTERM or Ctrl-C
+        leaving_log = Path(leaving.log.name).read_text().splitlines()
+        assert [line for line in leaving_log if " INFO sediment.cluster.member: partition 2 was taken over" in line]
+        noisy = [line for line in leaving_log if (" ERROR " in line or " WARNING " in line)
+                 and ("superseded" in line or "taken over" in line)]
+        assert noisy == [], noisy
         rest = [m for m in cluster.live()]
         cluster.wait_assigned(rest)
         manager = min(rest, key=lambda m: m.member_id)

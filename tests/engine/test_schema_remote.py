@@ -159,9 +159,10 @@ def test_cli_tail_prints_the_schema_change_in_order(tmp_path):
             event = sub.next(5)
             if event.kind == "schema":
                 names = [n for n in event.table.column_names if n not in ("time", "diff")]
-            rows += list(commands._tail_rows(event, names))
-        sub.close()
-    assert rows == [["update", 1, 1, "a", 1], ["schema", 1, "k", "w", "n", "diff"], ["update", 2, 2, "b", 3, 1]]
+            rows += list(commands._tail_rows(event, names, "r"))
+        sub.close()  # values as the CSV text `sediment read` prints
+    assert rows == [["update", "1", "1", "a", "1"], ["schema", 1, "k", "w", "n", "diff"],
+                    ["update", "2", "2", "b", "3", "1"]]
 
 
 def test_describe_on_the_engine_the_client_and_the_cli(tmp_path, capsys):
@@ -189,7 +190,7 @@ def test_describe_on_the_engine_the_client_and_the_cli(tmp_path, capsys):
     assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "r\tid:int64,d:decimal128(5,2)\tschema_version=1\tsince=0\tsealed=-1",
-        "  id\tint64\tfield_id=1", "  d\tdecimal128(5,2)\tfield_id=3\tdefault=1.50"]
+        "  id\tint64\tfield_id=1\trequired", "  d\tdecimal128(5,2)\tfield_id=3\tdefault=1.50"]
     assert main(["--data-dir", str(tmp_path / "data"), "relation", "describe", "r", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == want
 

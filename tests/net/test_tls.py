@@ -79,6 +79,33 @@ def test_sediment_serve_with_tls_and_the_remote_cli(tmp_path, certificate, capsy
         assert proc.wait(timeout=60) == 0
 
 
+def test_a_failed_handshake_is_one_line_in_the_client_and_none_in_the_server(tmp_path, certificate):
+    """A client without the server's CA (or a plain one) printed gRPC's "WARNING: All log messages
+    before absl::InitializeLog()" and an INFO line before its own error, and the server printed
+    the same for every such client; the untrusted certificate's error now says to give the CA."""
+    _cert_pem, _key_pem, cert_file, key_file = certificate
+    env = {k: v for k, v in os.environ.items() if k not in ("GRPC_VERBOSITY", "GRPC_EXPERIMENTS", "SEDIMENT_DEBUG")}
+    env["SEDIMENT_TOKEN"] = os.urandom(8).hex()
+    proc = subprocess.Popen([sys.executable, "-m", "sediment", "serve", "--data-dir", str(tmp_path / "data"),
+                             "--listen", "127.0.0.1:0", "--tls-cert", cert_file, "--tls-key", key_file],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        while not (line := lines.get(timeout=60)).startswith("serving "):
+            pass
+        uri = line.split()[-1]
+        for target, words in ((uri, "--tls-root-certs"), (uri.replace("grpc+tls://", "grpc://"), "TLS setting")):
+            client = subprocess.run([sys.executable, "-m", "sediment", "--connect", target, "stats"], env=env,
+                                    capture_output=True, text=True, timeout=60)
+            assert client.returncode == 1 and client.stderr.count("\n") == 1 and words in client.stderr, client.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    server_err = proc.stderr.read()
+    assert "absl" not in server_err and "andshake" not in server_err, server_err
+
+
 def test_a_ca_file_that_cannot_be_read_is_invalid_argument_naming_the_option_and_path(tmp_path, certificate):
     """``tls_root_certs`` given as a file name that does not exist (or is a directory) is the
     caller's mistake: InvalidArgument naming the option and the path, before any connection,
@@ -96,6 +123,19 @@ def test_a_ca_file_that_cannot_be_read_is_invalid_argument_naming_the_option_and
             assert client.relations() == []
     finally:
         server.stop()
+
+
+def test_a_ca_that_holds_no_certificate_is_invalid_argument_before_grpc_sees_it(tmp_path, certificate, capsys):
+    """The server's key given as the CA (file or bytes) made gRPC log several lines of its own
+    and fail the call with "empty address list", which reads as a network fault."""
+    _cert_pem, key_pem, _cert_file, key_file = certificate
+    with pytest.raises(InvalidArgument, match=f"the CA file '{key_file}' holds no PEM certificate .*found PRIVATE KEY"):
+        sediment.connect("grpc+tls://127.0.0.1:1", token="t", tls_root_certs=key_file)
+    with pytest.raises(InvalidArgument, match="holds no PEM certificate"):
+        sediment.connect("grpc+tls://127.0.0.1:1", token="t", tls_root_certs=key_pem)
+    assert cli_main(["--connect", "grpc+tls://127.0.0.1:1", "--token", "t", "--tls-root-certs", key_file, "stats"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no PEM certificate" in err and key_file in err, err
 
 
 def test_a_server_certificate_file_that_cannot_be_read_is_invalid_argument_naming_the_option(tmp_path, certificate):

@@ -5,6 +5,7 @@ refusal of a port in use is one typed line."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -236,3 +237,38 @@ def test_a_second_node_on_the_same_directory_is_refused_and_changes_nothing(tmp_
                           "127.0.0.1:0", "--cluster-key", str(KEY)], capture_output=True, text=True, timeout=60)
     assert cli.returncode == 1 and cli.stderr.count("\n") == 1 and "exists and is not a directory" in cli.stderr
     assert afile.read_text() == "mine"
+
+
+def test_ctrl_c_stops_a_storage_node_quietly_with_130(tmp_path):
+    """A Ctrl-C reached the node's trio loop as a KeyboardInterrupt inside an exception group,
+    which the command line's handler did not take for one: a traceback and exit 1."""
+    from support.terminal import sigint_as_at_a_terminal
+
+    proc = subprocess.Popen([sys.executable, "-m", "sediment", "storage-node", "--dir", str(tmp_path / "node"),
+                             "--listen", "127.0.0.1:0", "--cluster-key", str(KEY)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_at_a_terminal)
+    try:
+        assert proc.stdout.readline().startswith("listening on 127.0.0.1:")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        assert proc.stderr.read() == ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_taken_metrics_port_is_refused_before_the_node_directory_is_made(tmp_path):
+    """It failed after the directory and its control file were made, saying only "Address
+    already in use"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cli = subprocess.run([sys.executable, "-m", "sediment", "storage-node", "--dir", str(tmp_path / "node"),
+                              "--listen", "127.0.0.1:0", "--cluster-key", str(KEY),
+                              "--metrics-listen", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and cli.stderr.count("\n") == 1, cli.stderr
+    assert f"cannot listen on 127.0.0.1:{port} (--metrics-listen): Address already in use" in cli.stderr
+    assert not (tmp_path / "node").exists()

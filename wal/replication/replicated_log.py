@@ -89,6 +89,10 @@ class ReplicatedLog:
     def __init__(self) -> None:
         raise TypeError("use ReplicatedLog.open(replicas=..., metadata=..., partition=..., cluster_key=...)")
 
+    def expect_takeover(self) -> None:
+        """The partition is being handed over: its fence is logged as information."""
+        self.coordinator.takeover_expected = True
+
     @classmethod
     def open(cls, replicas: Sequence[str], metadata: MetadataStore, partition: int = 0,
              cluster_key: uuid.UUID | str | None = None, *, timeout: float = 5.0,

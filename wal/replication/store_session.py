@@ -92,6 +92,7 @@ class Coordinator:
         self.retained: deque[Batch] = deque()
         self._retained_bytes = 0
         self.fenced: SessionFenced | None = None
+        self.takeover_expected = False  # handed over on purpose: the fence is logged as information
         self._fence_suspect = ""  # a node answered FENCED: check the metadata before recovering
         self.writable = trio.Event()
         self.restarting = False  # a replica failed: a new session is recovering, submissions wait
@@ -126,7 +127,7 @@ class Coordinator:
         if self.fenced is None:
             self.fenced = SessionFenced(f"partition {self.partition} session {self.session}: {why}; this "
                                         "coordinator was superseded and must stop (open a new one to write)")
-            log.warning("%s", self.fenced)
+            (log.info if self.takeover_expected else log.warning)("%s", self.fenced)
         self.fail_all(self.fenced)
         if self._session_scope is not None:
             self._session_scope.cancel()

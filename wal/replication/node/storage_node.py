@@ -514,6 +514,9 @@ def cmd_storage_node(args: argparse.Namespace) -> int:
                        "created with") from None
 
     _check_listen(args.listen, host or "127.0.0.1", int(port))
+    if getattr(args, "metrics_listen", None):  # refused before the directory is made too, naming the option
+        m_host, _, m_port = args.metrics_listen.rpartition(":")
+        _check_listen(f"{args.metrics_listen} (--metrics-listen)", m_host or "127.0.0.1", int(m_port))
     lock_fd = lock_directory(args.dir)  # noqa: F841 - held until the process exits
     open_store = open_directory(args.dir, key, args.segment_bytes, args.checkpoint_records)  # refuses a lost control file before listening
 
