@@ -99,8 +99,13 @@ class AppliedOnce:
     relation one row each): see docs/formats.md. The engine it was loaded from is held
     weakly, so a partition handed to another member does not keep its closed engine."""
 
-    def __init__(self, on_doubt: Callable[[int, Any], None] | None = None) -> None:
+    def __init__(self, on_doubt: Callable[[int, Any], None] | None = None,
+                 doubted: Callable[[int, str, int], Exception] | None = None) -> None:
+        """``doubted(partition, client, seq)``: the error refusing a keyed write on an engine in
+        doubt (default: NotPartitionOwner, a cluster's redirect; a single engine, which refuses
+        everything once failed, says EngineFailed)."""
         self._lock = threading.Lock()
+        self._doubted_error = doubted
         self._tables: dict[int, tuple[weakref.ref, dict[str, int]]] = {}
         self._client_locks = KeyLocks()  # (partition, client) while one of its writes is decided
         self._doubted: weakref.WeakSet = weakref.WeakSet()  # engines whose log may hold more than their table
@@ -136,6 +141,8 @@ class AppliedOnce:
         table = self._table(engine, partition)
         with self._client_locks.hold((partition, client)):
             if engine in self._doubted:
+                if self._doubted_error is not None:
+                    raise self._doubted_error(partition, client, seq)
                 raise NotPartitionOwner(f"partition {partition} is being opened again after a write whose outcome is "
                                         f"unknown; nothing was written for ({client!r}, {seq}): retry",
                                         partition=partition)
