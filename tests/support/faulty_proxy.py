@@ -19,6 +19,7 @@ from __future__ import annotations
 import http.client
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -86,7 +87,7 @@ class FaultyProxy:
         class Handler(_Handler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = False
         self._server.block_on_close = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -202,6 +203,13 @@ class FaultyProxy:
                 pass
         self._server.server_close()
         self._thread.join()
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that reset its connection (a coordinator killed mid-request) is no error of the proxy's."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
