@@ -145,7 +145,7 @@ class S3Log:
         self.segment_bytes = max(segment_bytes, 4096)
         self.object_bytes = max(object_bytes, 1 << 16)
         self.store = SlotStore(bucket, prefix, endpoint, **s3_options)
-        self._store_args = (bucket, prefix, endpoint, s3_options)
+        self._new_store = lambda: SlotStore(bucket, prefix, endpoint, **s3_options)  # a client of its own
         self.dir = self.store.where(f"{partition}/")
         self.report = OpenReport()
         self._preamble: SegmentPreamble = NO_PREAMBLE
@@ -453,30 +453,11 @@ class S3Log:
                                      "nothing more: stop this coordinator, the one that took over serves the data"))
 
     def newer_writer_check(self) -> Callable[[], WalFenced | None]:
-        """A look, usable after this log failed or closed, at whether another writer claimed
-        the log since this one did: each call lists the slots from this writer's next one (on
-        a client of its own: one LIST, one GET) and returns WalFenced saying so, or None; the
-        store's WalError when S3 does not answer. A coordinator whose write had an unknown
-        outcome asks before it opens the engine again, which would take the log back from the
-        coordinator that replaced it."""
-        bucket, prefix, endpoint, options = self._store_args
-        partition, epoch = self.partition, self.epoch
+        """Whether another writer claimed the log since this one (``newer_writer``), asked after a
+        failure or close: a failed coordinator's reopen would take the log back from it."""
+        from sediment.wal.s3_objects import newer_writer
 
-        def check() -> WalFenced | None:
-            store = SlotStore(bucket, prefix, endpoint, **options)
-            try:
-                later = store.slots(partition, self._next_slot)
-                data = store.get(fmt.slot_name(partition, later[-1])) if later else None
-                head = fmt.decode_header(data) if data is not None else None
-                if head is None or head.epoch <= epoch:
-                    return None
-                return WalFenced(f"{store.where(fmt.slot_name(partition, head.slot))}: a newer writer (epoch "
-                                 f"{head.epoch}) claimed the log after this writer (epoch {epoch}) failed; stop this "
-                                 "coordinator, the one that took over serves the data")
-            finally:
-                store.close()
-
-        return check
+        return lambda: newer_writer(self._new_store(), self.partition, self.epoch, self._next_slot)
 
     # --- reading -------------------------------------------------------------------------------
 
