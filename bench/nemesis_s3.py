@@ -58,7 +58,7 @@ import sediment  # noqa: E402
 
 TOKEN = "nemesis-s3-token"
 BUCKET = "bench"
-KINDS = {"kill": 3, "takeover": 2, "pause": 2, "s3_stall": 2, "s3_reset": 2, "s3_5xx": 2}
+KINDS = {"kill": 3, "takeover": 3, "pause": 3, "s3_stall": 2, "s3_reset": 2, "s3_5xx": 2}
 # what an S3 fault longer than botocore's retries surfaces as where the outcome is known (nothing
 # was written: a read, or a keyed append whose table of applied keys could not be read)
 STORE_UNAVAILABLE = {"MetadataUnavailable", "BlobError"}
