@@ -435,11 +435,12 @@ class S3Log:
                     moved.clear()
                     moved.wait(min(1.0, max(0.0, sleep_time(deadline))))
                 if not self._closing:
-                    self._look_for_takeover()
+                    self.look_for_takeover()
 
         threading.Thread(target=poll, name=f"s3-wal-takeover-{self.partition}", daemon=True).start()
 
-    def _look_for_takeover(self) -> None:
+    def look_for_takeover(self) -> None:
+        """Fence this writer now if a newer one claimed the log (a failing read asks: why)."""
         try:
             later = self.store.slots(self.partition, self._next_slot)
             data = self.store.get(fmt.slot_name(self.partition, later[0])) if later else None
