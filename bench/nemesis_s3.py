@@ -165,11 +165,11 @@ class S3Nemesis:
             if old.running():
                 time.sleep(wake)
                 old.proc.signal(signal.SIGCONT)
-                self._await_exit(old)
+                self.await_exit(old)
         finally:
             self.coordinator_busy = False
 
-    def _await_exit(self, old: Slot) -> None:
+    def await_exit(self, old: Slot) -> None:
         try:
             code = old.proc.wait(FENCE_EXIT)
         except Exception:  # noqa: BLE001 - a replaced coordinator still running: a finding
@@ -264,7 +264,7 @@ def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
                 s.start()
                 nem.current = s
                 if previous is not None:
-                    nem._await_exit(previous)
+                    nem.await_exit(previous)
             clients = Clients(args, tmp, ",".join(s.uri for s in slots), TOKEN, nemesis_failover.connect)
             began = time.monotonic()
             nem.run(args.seconds)
@@ -280,7 +280,7 @@ def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
             final = read_all(nem.current.uri, top)
             old = nem.current
             nem.current = nem.take_over(0.0, exclude=old)  # one more takeover: the same state must be there
-            nem._await_exit(old)
+            nem.await_exit(old)
             members = {nem.current.uri: read_all(nem.current.uri, top)}
             f = check(history, final, members, expected_errors() | STORE_UNAVAILABLE)
             report(f, nem, args.seed, args.seconds, settled, hung, absorbed, nem.weights)
