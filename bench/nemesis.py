@@ -36,6 +36,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -249,8 +251,8 @@ def final_state(cluster: Cluster, slots: list[Slot], top: int) -> tuple[dict, di
 
 
 def report(f: Figures, nemesis: Nemesis, seed: int, seconds: float, settled: float, hung_threads: list[str],
-           absorbed: Counter) -> None:
-    faults = ", ".join(f"{k} {nemesis.applied[k]}" for k in KINDS)
+           absorbed: Counter, kinds: dict[str, float] = KINDS) -> None:
+    faults = ", ".join(f"{k} {nemesis.applied[k]}" for k in kinds)
     skipped = sum(nemesis.skipped.values())
     print(f"seed {seed}, {seconds:g} s: faults {sum(nemesis.applied.values())} ({faults}; {skipped} skipped: "
           f"target busy), settled {settled:.1f} s after the heal")
@@ -272,6 +274,40 @@ def report(f: Figures, nemesis: Nemesis, seed: int, seconds: float, settled: flo
         print(f"  hung client threads: {hung_threads}")
 
 
+class Clients:
+    """The client processes (bench/nemesis_client.py), started at once; ``connect``: how each
+    reaches ``uri`` (None: ``sediment.connect``)."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path, uri: str, token: str, connect=None) -> None:  # noqa: ANN001
+        import multiprocessing
+
+        self.args = args
+        ctx = multiprocessing.get_context("spawn")
+        self.event = ctx.Event()
+        self.paths = [str(tmp / f"client{i}.json") for i in range(args.clients)]
+        self.procs = [ctx.Process(target=nemesis_client.run, args=(i, uri, token, RELATIONS, args.seed, args.appenders,
+                                                                   args.hang_bound, self.paths[i], self.event, connect))
+                      for i in range(args.clients)]
+        for p in self.procs:
+            p.start()
+
+    def stop(self, problems: list[str]) -> tuple:
+        """Tell them to stop, wait (bounded: one that does not end is killed, a problem); their
+        history as one, the hung threads and the errors the appends' retries went past."""
+        self.event.set()
+        for p in self.procs:
+            p.join(self.args.hang_bound * nemesis_client.ATTEMPTS + 60)
+            if p.is_alive():
+                problems.append(f"client process {p.pid} did not end: killed")
+                p.kill()
+                p.join()
+        return nemesis_client.load([p for p in self.paths if os.path.exists(p)])
+
+    def missing(self) -> int:
+        """Client processes that wrote no history (each counts as a violation)."""
+        return len(self.paths) - sum(os.path.exists(p) for p in self.paths)
+
+
 def span(text: str) -> tuple[float, float]:
     low, _, high = text.partition("-")
     return float(low), float(high or low)
@@ -279,8 +315,6 @@ def span(text: str) -> tuple[float, float]:
 
 def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
     """One run: the cluster, the clients, the nemesis, the heal and the check; violations."""
-    import multiprocessing
-
     zk = ZooKeeperServer(tmp / "zk")
     zk.start()
     cluster = None
@@ -294,14 +328,7 @@ def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
         with sediment.connect(cluster.uri, token=TOKEN) as db:
             for i, name in enumerate(RELATIONS):
                 db.add_relation(name, nemesis_client.SCHEMA, partition=i % PARTITIONS)
-        ctx = multiprocessing.get_context("spawn")
-        stop = ctx.Event()
-        paths = [str(tmp / f"client{i}.json") for i in range(args.clients)]
-        clients = [ctx.Process(target=nemesis_client.run, args=(i, cluster.uri, TOKEN, RELATIONS, args.seed,
-                                                                args.appenders, args.hang_bound, paths[i], stop))
-                   for i in range(args.clients)]
-        for p in clients:
-            p.start()
+        clients = Clients(args, tmp, cluster.uri, TOKEN)
         nemesis = Nemesis(cluster, slots, zk, args.seed, args.session_timeout, span(args.interval),
                           {**KINDS, **{k: float(v) for k, v in (w.split("=") for w in args.weights.split(",") if w)}},
                           span(args.zk_pause))
@@ -314,23 +341,35 @@ def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
         except RuntimeError as exc:
             nemesis.problems.append(str(exc))
             settled = float("nan")
-        stop.set()
-        for p in clients:
-            p.join(args.hang_bound * nemesis_client.ATTEMPTS + 60)
-            if p.is_alive():
-                nemesis.problems.append(f"client process {p.pid} did not end: killed")
-                p.kill()
-                p.join()
-        history, hung, absorbed = nemesis_client.load([p for p in paths if os.path.exists(p)])
+        history, hung, absorbed = clients.stop(nemesis.problems)
         top = max([a.time for a in history.appends], default=0) + 1
         final, members = final_state(cluster, slots, top)
         f = check(history, final, members, expected_errors())
         report(f, nemesis, args.seed, args.seconds, settled, hung, absorbed)
-        return f.violations() + len(nemesis.problems) + (len(paths) - sum(os.path.exists(p) for p in paths))
+        return f.violations() + len(nemesis.problems) + clients.missing()
     finally:
         if cluster is not None:
             cluster.close()
         zk.stop()
+
+
+@contextmanager
+def moto_bucket(bucket: str) -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 in this process, with ``bucket`` made; its endpoint."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    try:
+        host, port = moto.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        moto.stop()
 
 
 def main() -> None:
@@ -352,24 +391,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.seconds = 30.0
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    moto.start()
-    try:
-        host, port = moto.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        import boto3
-
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
-        with tempfile.TemporaryDirectory() as scratch:
-            tmp = Path(args.workdir or scratch)
-            tmp.mkdir(parents=True, exist_ok=True)
-            bad = campaign(args, tmp, endpoint)
-    finally:
-        moto.stop()
+    with moto_bucket("bench") as endpoint, tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(args.workdir or scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        bad = campaign(args, tmp, endpoint)
     print(f"load average {os.getloadavg()[0]:.1f}; {'FAILED: ' + str(bad) + ' violations' if bad else 'all held'}")
     sys.exit(1 if bad else 0)
 

@@ -1,6 +1,7 @@
-"""One client process of the nemesis campaign (bench/nemesis.py): keyed appends, seals and
-snapshot reads through ``sediment.connect("zk://...")``, each call timed and its outcome
-recorded for the checker (tests/support/nemesis_checker.py).
+"""One client process of the nemesis campaigns (bench/nemesis.py, bench/nemesis_s3.py): keyed
+appends, seals and snapshot reads through ``sediment.connect("zk://...")`` (or the S3-only
+deployment's failover client), each call timed and its outcome recorded for the checker
+(tests/support/nemesis_checker.py).
 
 Appenders (one client id each) send ``append_once`` with their own sequence numbers and
 retry an append whose outcome is unknown with the same key, as the README tells users to
@@ -162,14 +163,16 @@ def read_loop(db: Any, rec: Recorder, who: str, relations: list[str], rng: rando
 
 
 def run(process: int, uri: str, token: str, relations: list[str], seed: int, appenders: int, hang_bound: float,
-        out_path: str, stop_event: Any) -> None:
-    """The client process: its threads until ``stop_event``, then the history to ``out_path``."""
+        out_path: str, stop_event: Any, connect: Callable[..., Any] | None = None) -> None:
+    """The client process: its threads until ``stop_event``, then the history to ``out_path``.
+    ``connect(uri, token=...)``: the client (default ``sediment.connect``; an S3-only
+    deployment's is bench/nemesis_failover.py's)."""
     import sediment
 
     os.environ["SEDIMENT_TOKEN"] = token
     rng = random.Random(seed * 1000 + process)
     rec = Recorder(hang_bound)
-    db = sediment.connect(uri, token=token)
+    db = (connect or sediment.connect)(uri, token=token)
     stop = threading.Event()
     who = f"p{process}"
     threads = [threading.Thread(target=append_loop, args=(db, rec, process, j, relations, random.Random(rng.random()),

@@ -20,6 +20,7 @@ from it.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
@@ -28,10 +29,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sediment.errors import InvalidArgument, NothingWritten, NotPartitionOwner, RelationExists
+from sediment.errors import (
+    AppliedKeysUnavailable,
+    InvalidArgument,
+    NothingWritten,
+    NotPartitionOwner,
+    RelationExists,
+)
 
 APPLIED = "_cluster.applied"
 SCHEMA = pa.schema([("client", pa.string()), ("seq", pa.int64())])
+CREATION_WAIT = 10.0  # seconds a keyed write waits for a replaced coordinator's entry of APPLIED to go
+CREATION_POLL = 0.1  # seconds between tries meanwhile
 
 
 def _marks(rows: list[tuple[str, int, int]]) -> pa.Table:
@@ -41,14 +50,29 @@ def _marks(rows: list[tuple[str, int, int]]) -> pa.Table:
                      "diff": pa.array([r[2] for r in rows], pa.int64())})
 
 
-def load(engine: Any) -> dict[str, int]:
-    """client -> last applied sequence, from the relation's committed rows (created if missing)."""
-    if APPLIED not in engine.relations(include_internal=True):
+def load(engine: Any, wait: float = CREATION_WAIT) -> dict[str, int]:
+    """client -> last applied sequence, from the relation's committed rows (created if missing).
+
+    The relation may exist in the metadata without being this engine's: a coordinator this one
+    replaced, not yet aware of it, wrote the entry, and its confirmation will remove it again
+    (engine/catalog.py). Taking RelationExists for "made" then cached an empty table over a
+    relation the engine does not have, and every keyed write failed with UnknownRelation. So
+    the creation is tried again until the entry is gone or the engine has it, for ``wait``
+    seconds at most, then AppliedKeysUnavailable (nothing written, not cached)."""
+    deadline = time.monotonic() + wait
+    while APPLIED not in engine.relations(include_internal=True):
         try:
             engine.add_relation(APPLIED, SCHEMA)
-        except RelationExists:
-            pass
-        return {}
+            return {}
+        except RelationExists as exc:
+            if APPLIED in engine.relations(include_internal=True):
+                break  # another thread of this engine made it
+            if time.monotonic() > deadline:
+                raise AppliedKeysUnavailable(f"{APPLIED} exists in the metadata but not in this engine ({exc}): a "
+                                             f"coordinator this one replaced created it and has not removed it "
+                                             f"within {wait:g} s; nothing was written: retry, or reopen the engine "
+                                             "(it then serves the relation)") from None
+        time.sleep(CREATION_POLL)
     batches = list(engine.replay(APPLIED))
     if not batches:
         return {}
@@ -99,8 +123,13 @@ class AppliedOnce:
     relation one row each): see docs/formats.md. The engine it was loaded from is held
     weakly, so a partition handed to another member does not keep its closed engine."""
 
-    def __init__(self, on_doubt: Callable[[int, Any], None] | None = None) -> None:
+    def __init__(self, on_doubt: Callable[[int, Any], None] | None = None,
+                 doubted: Callable[[int, str, int], Exception] | None = None) -> None:
+        """``doubted(partition, client, seq)``: the error refusing a keyed write on an engine in
+        doubt (default: NotPartitionOwner, a cluster's redirect; a single engine, which refuses
+        everything once failed, says EngineFailed)."""
         self._lock = threading.Lock()
+        self._doubted_error = doubted
         self._tables: dict[int, tuple[weakref.ref, dict[str, int]]] = {}
         self._client_locks = KeyLocks()  # (partition, client) while one of its writes is decided
         self._doubted: weakref.WeakSet = weakref.WeakSet()  # engines whose log may hold more than their table
@@ -136,6 +165,8 @@ class AppliedOnce:
         table = self._table(engine, partition)
         with self._client_locks.hold((partition, client)):
             if engine in self._doubted:
+                if self._doubted_error is not None:
+                    raise self._doubted_error(partition, client, seq)
                 raise NotPartitionOwner(f"partition {partition} is being opened again after a write whose outcome is "
                                         f"unknown; nothing was written for ({client!r}, {seq}): retry",
                                         partition=partition)

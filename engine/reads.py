@@ -24,6 +24,8 @@ from sediment.engine.relation import Relation, TailEntry
 from sediment.engine.view import RelationView
 from sediment.errors import (
     AsOfOutOfRange,
+    BatchCorruption,
+    BlobError,
     DiffOverflow,
     EngineClosed,
     InvalidArgument,
@@ -133,8 +135,23 @@ class Reads:
             pinned = self.collector.pin()
         try:
             return self._snapshot_of(rel, trace, entries, as_of, shape)
+        except (BatchCorruption, BlobError):
+            self._superseded_meanwhile()
+            raise
         finally:
             self.collector.unpin(pinned)
+
+    def _superseded_meanwhile(self) -> None:
+        """A read failed on its batches: with a log another coordinator can take over (S3: its
+        own look runs every 2 s), look now whether one did. If so, the new coordinator's
+        compaction deleting a batch this engine still named (or this engine closing on the
+        fence) is why, and the answer is CoordinatorSuperseded, which sends the client to the
+        new coordinator, not a false report of a missing batch."""
+        look = getattr(self.log, "look_for_takeover", None)
+        if look is not None and self.view.superseded is None:
+            look()
+        if self.view.superseded is not None:
+            raise self.view.superseded from None
 
     def _check_as_of(self, rel: Relation, as_of: int) -> None:
         if not rel.entry.since <= as_of <= rel.sealed_durable:
@@ -364,7 +381,11 @@ class Reads:
                 yield pa.record_batch([])  # primed past here: closing or collecting it unpins
                 view, source = self.view, batches()
                 while not view.closed:  # else its pin went with the engine: another open may compact the batches away
-                    batch = next(source, None)
+                    try:
+                        batch = next(source, None)
+                    except (BatchCorruption, BlobError):
+                        self._superseded_meanwhile()
+                        raise
                     if batch is None:
                         return
                     yield batch

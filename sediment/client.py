@@ -324,9 +324,10 @@ class Client:
                                     resend=lambda table: self._append(name, table), remote=self._remote)
 
     def append_once(self, name: str, updates: pa.Table, client: str, seq: int, *, locks: Any = None) -> None:
-        """Append with an idempotency key (``client``, ``seq``) to a cluster member: a retry of
-        an append it has applied returns success and applies nothing again (nor checks its
-        ``locks`` again). It goes on the append stream, so concurrent keyed appends join the
+        """Append with an idempotency key (``client``, ``seq``) to a cluster member or to a
+        server of one engine: a retry of an append it has applied returns success and applies
+        nothing again (nor checks its ``locks`` again), also at a coordinator that took the
+        deployment over. It goes on the append stream, so concurrent keyed appends join the
         owner's group commit."""
         self._append(name, _as_table(name, updates), locks=locks, key=(client, seq))
 

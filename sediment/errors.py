@@ -472,6 +472,14 @@ class CallRefused(NothingWritten):
     to change."""
 
 
+class AppliedKeysUnavailable(NothingWritten):
+    """A keyed write's coordinator could not make its table of applied idempotency keys (the
+    internal relation ``_cluster.applied``): the metadata holds an entry of that name its engine
+    does not serve, a creation by a coordinator it replaced that was neither removed nor
+    confirmed. Nothing was written; retry (a keyed write is safe to resend), or reopen the
+    engine, which serves the entry if it stays."""
+
+
 class StageMissing(NothingWritten, LookupError):
     """An ``append_many`` names staged tables the server does not hold: it restarted (or
     stopped) after they were staged, or they were appended or discarded already. Nothing was

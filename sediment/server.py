@@ -125,6 +125,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         self._stages = StagedTables(stage_idle, clock, lambda: self.uri)
         self._shared = SharedFeeds(self._feeds, self._engine_subscription, lambda: self._stopped, FEED_POLL)
         self._actions = self._action_table()
+        self._keys = keyed.engine_keys()  # applied idempotency keys, for an engine that is not a cluster member
         grpc_setup.apply()  # before gRPC's first use in the process, or it has no effect
         try:  # listens from here on, so everything a handler uses is set above
             super().__init__(location, middleware={"auth": BearerTokenMiddlewareFactory(self._token)},
@@ -290,7 +291,7 @@ class SedimentFlightServer(flight.FlightServerBase):
         tables = self._stages.take(str(field(args, "stage", "append_many")))
         locks = decode_locks(args.get("locks"))
         if "client" in args:
-            keyed.append_many_once(self.engine, tables, args)
+            keyed.append_many_once(self.engine, tables, args, self._keys)
         elif locks is None:
             self.engine.append_many(tables)
         else:
@@ -383,7 +384,7 @@ class SedimentFlightServer(flight.FlightServerBase):
             if meta is PLAIN_ARGS:
                 engine_append(name, table)
             elif "client" in meta:
-                keyed.append_once(self.engine, name, table, meta)
+                keyed.append_once(self.engine, name, table, meta, self._keys)
             else:
                 self._append(name, table, meta.get("txn"), meta.get("locks"))
 

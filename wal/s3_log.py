@@ -145,6 +145,7 @@ class S3Log:
         self.segment_bytes = max(segment_bytes, 4096)
         self.object_bytes = max(object_bytes, 1 << 16)
         self.store = SlotStore(bucket, prefix, endpoint, **s3_options)
+        self._new_store = lambda: SlotStore(bucket, prefix, endpoint, **s3_options)  # a client of its own
         self.dir = self.store.where(f"{partition}/")
         self.report = OpenReport()
         self._preamble: SegmentPreamble = NO_PREAMBLE
@@ -434,11 +435,12 @@ class S3Log:
                     moved.clear()
                     moved.wait(min(1.0, max(0.0, sleep_time(deadline))))
                 if not self._closing:
-                    self._look_for_takeover()
+                    self.look_for_takeover()
 
         threading.Thread(target=poll, name=f"s3-wal-takeover-{self.partition}", daemon=True).start()
 
-    def _look_for_takeover(self) -> None:
+    def look_for_takeover(self) -> None:
+        """Fence this writer now if a newer one claimed the log (a failing read asks: why)."""
         try:
             later = self.store.slots(self.partition, self._next_slot)
             data = self.store.get(fmt.slot_name(self.partition, later[0])) if later else None
@@ -450,6 +452,13 @@ class S3Log:
             self._fail([], WalFenced(f"{self.store.where(fmt.slot_name(self.partition, head.slot))}: a newer writer "
                                      f"(epoch {head.epoch}) claimed the log; this writer (epoch {self.epoch}) writes "
                                      "nothing more: stop this coordinator, the one that took over serves the data"))
+
+    def newer_writer_check(self) -> Callable[[], WalFenced | None]:
+        """Whether another writer claimed the log since this one (``newer_writer``), asked after a
+        failure or close: a failed coordinator's reopen would take the log back from it."""
+        from sediment.wal.s3_objects import newer_writer
+
+        return lambda: newer_writer(self._new_store(), self.partition, self.epoch, self._next_slot)
 
     # --- reading -------------------------------------------------------------------------------
 

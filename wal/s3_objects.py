@@ -21,7 +21,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sediment._s3 import Bucket, PreconditionFailed, read_object
-from sediment.errors import WalCorruption, WalError, WalMissing, WalOutcomeUnknown
+from sediment.errors import WalCorruption, WalError, WalFenced, WalMissing, WalOutcomeUnknown
 from sediment.wal import s3_format as fmt
 
 log = logging.getLogger(__name__)
@@ -261,3 +261,20 @@ def _check_follows(store: SlotStore, partition: int, prev: fmt.ObjectHeader | No
                        f"{prev.next_lsn - 1} that slot {prev.slot} ends with")
     if head.epoch < prev.epoch or head.epoch > prev.epoch and not head.claim:
         raise damaged(store, partition, head.slot, f"epoch {head.epoch} after epoch {prev.epoch} without a claim")
+
+
+def newer_writer(store: SlotStore, partition: int, epoch: int, start: int) -> WalFenced | None:
+    """WalFenced when the newest object of ``partition`` from slot ``start`` on was written by a
+    newer epoch than ``epoch`` (another writer claimed the log), else None: one LIST and one
+    GET, then ``store`` is closed. The store's WalError when S3 does not answer."""
+    try:
+        later = store.slots(partition, start)
+        data = store.get(fmt.slot_name(partition, later[-1])) if later else None
+        head = fmt.decode_header(data) if data is not None else None
+        if head is None or head.epoch <= epoch:
+            return None
+        return WalFenced(f"{store.where(fmt.slot_name(partition, head.slot))}: a newer writer (epoch {head.epoch}) "
+                         f"claimed the log after this writer (epoch {epoch}) failed; stop this coordinator, the one "
+                         "that took over serves the data")
+    finally:
+        store.close()

@@ -11,7 +11,8 @@ serves until SIGTERM or SIGINT. Then it stops listening, lets calls under way fi
 (for at most ``--shutdown-grace`` seconds), aborts the transactions clients left open
 and closes the engine, exiting 0. An engine that failed (a write whose outcome is unknown,
 such as a lost quorum: it refuses reads and writes until reopened) is closed and opened
-again in the same way, in this process, every second until it opens. A replicated
+again in the same way, in this process, every second until it opens, unless another
+coordinator took its log on S3 over meanwhile (then it stops as a fenced one does). A replicated
 coordinator superseded by a newer one
 (fenced) has closed its engine already: serve stops the same way and exits 3, with
 the reason on stderr, so a supervisor sees that this process must not simply restart
@@ -170,14 +171,24 @@ def _start(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes
 
 def _start_again(args: argparse.Namespace, location: str, token: str, tls: tuple[bytes, bytes] | None,
                  on_superseded: Callable[[BaseException], object], on_failed: Callable[[BaseException], object],
-                 stop: threading.Event) -> tuple[Any, Any] | None:
+                 stop: threading.Event, newer_writer: Callable[[], BaseException | None] | None,
+                 superseded: list[BaseException]) -> tuple[Any, Any] | None:
     """After the engine failed (a write of unknown outcome, engine/view.py ``fail``): open it
     again, whose recovery settles the log, every ``REOPEN_EVERY`` seconds until it opens (its
     storage may still be away) or a signal stops serving (None). Clients meanwhile find no
-    server (a transport error: they retry)."""
+    server (a transport error: they retry). Before each try, ``newer_writer()`` (a log on S3)
+    says whether another coordinator took the log over since the failed engine opened: the
+    reopen would take it back from that one (a coordinator woken from a pause, whose first
+    write had an unknown outcome rather than a refusal, did), so then it is recorded in
+    ``superseded`` and serve stops (exit 3); while the look itself fails, no try is made."""
     last = ""
     while not stop.is_set():
         try:
+            newer = newer_writer() if newer_writer is not None else None
+            if newer is not None:
+                print(f"sediment serve: {newer}", file=sys.stderr, flush=True)
+                superseded.append(newer)
+                return None
             return _start(args, location, token, tls, on_superseded, on_failed)
         except SedimentError as exc:
             if str(exc) != last:
@@ -250,6 +261,13 @@ def _serve_until_stopped(args: argparse.Namespace, engine: Any, server: Any, sto
     return clean
 
 
+def _newer_writer_check(engine: Any) -> Callable[[], BaseException | None] | None:
+    """How to ask, once ``engine`` failed, whether another coordinator took its log over
+    (None: its log cannot be taken over from elsewhere, or is told so: ZooKeeper's watch)."""
+    make = getattr(getattr(getattr(engine, "storage", None), "log", None), "newer_writer_check", None)
+    return make() if make is not None else None
+
+
 # a cluster member's storage, all from the cluster's record: (flag, dest)
 MEMBER_STORAGE = (("--metadata", "metadata"), ("--blob", "blob"), ("--s3-endpoint", "s3_endpoint"), ("--wal", "wal"),
                   ("--replicas", "replicas"), ("--cluster-key", "cluster_key"))
@@ -317,6 +335,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         started: tuple[Any, Any] | None = _start(args, location, token, tls, on_superseded, on_failed)
         while started is not None:
             engine, server = started
+            newer_writer = _newer_writer_check(engine)
             clean = _serve_until_stopped(args, engine, server, stop, superseded, failed)
             started = None
             location = server.uri  # the port it bound (--listen HOST:0 picked one): clients come back there
@@ -326,7 +345,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 stop.clear()
                 if signalled.is_set():  # a signal between the check and the clear
                     stop.set()
-                started = _start_again(args, location, token, tls, on_superseded, on_failed, stop)
+                started = _start_again(args, location, token, tls, on_superseded, on_failed, stop, newer_writer,
+                                       superseded)
     print(f"stopped serving {data_dir_of(args)}", flush=True)
     if not clean:
         # the engine is closed and everything acknowledged is durable; what is left are gRPC

@@ -6,7 +6,11 @@ start from.
 The key goes to the cluster member's engine (cluster/router.py), which records it in the
 partition's log with the write and answers a repeat of an applied key with success, so a
 client may resend a write whose answer it lost, here or at a later owner of the partition.
-A server of one engine (no cluster) has no such bookkeeping and refuses a key.
+A server of one engine (no cluster) keeps the same table itself for keyed appends and
+``append_many`` (:func:`engine_keys`): the key goes into the engine's log with the write, so
+a resend to this server, to a reopened engine or to a coordinator that took the deployment
+over (an S3-only or replicated one) is applied once. Keyed commits and alters stay a
+cluster member's.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sediment.errors import InvalidArgument
+from sediment.cluster.applied import AppliedOnce
+from sediment.errors import EngineFailed, InvalidArgument
 from sediment.net.protocol import decode_locks, field
 from sediment.txn_state import COMMITTED
 
@@ -28,7 +33,8 @@ def _key(args: dict[str, Any], what: str) -> tuple[Any, Any]:
 def _member(engine: Any, what: str) -> Any:
     if not hasattr(engine, "append_once"):
         raise InvalidArgument(f"{what} with an idempotency key (client, seq) is for a cluster member (sediment serve "
-                              "--cluster); this server runs one engine: send it without a key; nothing was written")
+                              "--cluster); this server runs one engine, which takes keys on appends and append_many "
+                              "only: send it without a key; nothing was written")
     return engine
 
 
@@ -42,16 +48,38 @@ def _outside_transactions(args: dict[str, Any], what: str) -> dict[str, Any]:
     return {} if locks is None else {"locks": decode_locks(locks)}
 
 
-def append_once(engine: Any, name: str, table: pa.Table, meta: dict[str, Any]) -> None:
-    """One keyed append of the append stream (``meta``: its metadata)."""
+def _failed(_partition: int, client: str, seq: int) -> Exception:
+    return EngineFailed(f"a keyed write on this engine failed with its outcome unknown, so its log may hold a key "
+                        f"its table of applied keys lacks; nothing was written for ({client!r}, {seq}): the engine "
+                        "must be opened again (sediment serve does so itself), then retry")
+
+
+def engine_keys() -> AppliedOnce:
+    """The applied keys of a server of one engine: one table (partition 0), loaded from the
+    engine's log at its first keyed write and again for a reopened engine. A keyed write whose
+    outcome is unknown fails the engine (engine/view.py ``fail``), which is then opened again."""
+    return AppliedOnce(doubted=_failed)
+
+
+def append_once(engine: Any, name: str, table: pa.Table, meta: dict[str, Any], keys: AppliedOnce) -> None:
+    """One keyed append of the append stream (``meta``: its metadata); ``keys``: the server's
+    :func:`engine_keys`, for an engine that is not a cluster member."""
     extra = _outside_transactions(meta, "an append")
-    _member(engine, "an append").append_once(name, table, *_key(meta, "append stream metadata"), **extra)
+    client, seq = _key(meta, "append stream metadata")
+    if hasattr(engine, "append_once"):
+        engine.append_once(name, table, client, seq, **extra)
+    else:
+        keys.append_many(engine, 0, {name: table}, client, seq, extra.get("locks"))
 
 
-def append_many_once(engine: Any, tables: dict[str, pa.Table], args: dict[str, Any]) -> None:
-    """A keyed ``append_many`` of the staged ``tables``."""
+def append_many_once(engine: Any, tables: dict[str, pa.Table], args: dict[str, Any], keys: AppliedOnce) -> None:
+    """A keyed ``append_many`` of the staged ``tables`` (``keys`` as in :func:`append_once`)."""
     extra = _outside_transactions(args, "append_many")
-    _member(engine, "append_many").append_many_once(tables, *_key(args, "append_many"), **extra)
+    client, seq = _key(args, "append_many")
+    if hasattr(engine, "append_many_once"):
+        engine.append_many_once(tables, client, seq, **extra)
+    elif tables:
+        keys.append_many(engine, 0, tables, client, seq, extra.get("locks"))
 
 
 def commit_once(engine: Any, args: dict[str, Any], txn: Callable[[], Any],

@@ -10,13 +10,16 @@ moto checks a conditional write's condition and then writes without a lock, so t
 racing ``If-None-Match: *`` PUTs can both win there. With ``serialize_conditional`` the
 proxy forwards conditional requests (``If-None-Match`` / ``If-Match``) one at a time per
 object, as S3 does, so race tests through it are meaningful. ``delay`` adds that many
-seconds to every request (S3's latency, for bench/s3_wal.py).
+seconds to every request (S3's latency, for bench/s3_wal.py). ``window`` sabotages every
+request for a while instead of the next N (an outage, for bench/nemesis_s3.py).
 """
 
 from __future__ import annotations
 
 import http.client
 import socket
+import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -80,6 +83,8 @@ class FaultyProxy:
         self.upstream_port: int = target.port
         self.log = ProxyLog()
         self._faults: list[_Fault] = []
+        self._windows: list[tuple[str, float, int]] = []  # (kind, monotonic end, status)
+        self._window_count = 0
         self._lock = threading.Lock()
         self.serialize_conditional = serialize_conditional
         self.delay = delay  # seconds added to every request (S3's latency, for benchmarks)
@@ -91,7 +96,7 @@ class FaultyProxy:
         class Handler(_Handler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = False
         self._server.block_on_close = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -139,6 +144,16 @@ class FaultyProxy:
         self._add(fault)
         return Hold(fault.reached, fault.release, fault)
 
+    def window(self, kind: str, seconds: float, status: int = 503) -> None:
+        """For the next ``seconds``, every request: ``stall`` (held unanswered until the window
+        ends, then its connection closed), ``reset`` (its connection reset: every other one
+        before it is forwarded, the others after, their answer lost) or ``fail`` (answered
+        ``status`` with an S3 error, not forwarded)."""
+        if kind not in ("stall", "reset", "fail"):
+            raise ValueError(f"window kind must be stall, reset or fail, not {kind!r}")
+        with self._lock:
+            self._windows.append((kind, time.monotonic() + seconds, status))
+
     def key_lock(self, path: str) -> threading.Lock:
         """The lock conditional requests on the object at ``path`` (no query) are forwarded under."""
         with self._lock:
@@ -150,12 +165,24 @@ class FaultyProxy:
             return sum(f.remaining for f in self._faults)
 
     def clear(self) -> None:
+        """Drop the faults not yet triggered and end every window."""
         with self._lock:
             self._faults.clear()
+            self._windows.clear()
 
     def _take(self, method: str, path: str) -> _Fault | None:
         with self._lock:
             self.log.requests.append((method, path))
+            now = time.monotonic()
+            self._windows = [w for w in self._windows if w[1] > now]
+            if self._windows:
+                kind, end, status = self._windows[0]
+                self._window_count += 1
+                if kind == "reset" and self._window_count % 2:
+                    kind = "reset_after"
+                self.log.faults.append((method, path, kind))
+                return _Fault(kind, 0, None, status=status, code=_S3_CODES.get(status, "InternalError"),
+                              seconds=end - now)
             for fault in self._faults:
                 if fault.remaining > 0 and (fault.match is None or fault.match(method, path)):
                     fault.remaining -= 1
@@ -185,6 +212,13 @@ class FaultyProxy:
                 pass
         self._server.server_close()
         self._thread.join()
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that reset its connection (a coordinator killed mid-request) is no error of the proxy's."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -229,6 +263,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner._release.wait(fault.seconds)
             self.close_connection = True
             return
+        if fault is not None and fault.kind == "reset":
+            self._reset()
+            return
         if fault is not None and fault.kind == "hold":
             fault.reached.set()
             fault.release.wait(HOLD_LIMIT)  # bounded: a test that fails while holding cannot hang the proxy
@@ -238,6 +275,9 @@ class _Handler(BaseHTTPRequestHandler):
         status, reason, headers, payload = self._forward_in_order(body)
         if fault is not None and fault.kind == "drop":
             self.close_connection = True
+            return
+        if fault is not None and fault.kind == "reset_after":
+            self._reset()
             return
         self.send_response_only(status, reason)
         for name, value in headers:
@@ -254,6 +294,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(payload)
+
+    def _reset(self) -> None:
+        """Close the connection with a TCP reset (SO_LINGER 0), as a dead peer or middlebox does."""
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
 
     def _forward_in_order(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
         conditional = "If-None-Match" in self.headers or "If-Match" in self.headers
