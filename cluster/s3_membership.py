@@ -8,7 +8,7 @@ version it saw as compare-and-set: a member is dead for everyone exactly when it
 gone, and a renewal racing the delete keeps it alive. A member that finds its key gone or
 rewritten, or cannot renew for the lease time, is out (``LOST``): it closes its partitions
 and registers anew under a new id, as a ZooKeeper member whose session ended. It stops
-serving sooner, once half the lease time has passed since the last renewal that succeeded
+serving sooner, once two thirds of the lease time have passed since the last renewal that succeeded
 began (``fresh``), which is before any other member can count it dead.
 
 The lease decides who *should* serve a partition, never who can: a paused member may write
