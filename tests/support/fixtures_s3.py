@@ -8,6 +8,7 @@ S3 under a random prefix of a shared bucket), so conformance tests run on all th
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -63,6 +64,7 @@ def moto_server() -> Iterator[MotoServer]:
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
         for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             mp.delenv(name, raising=False)
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # its request lines outlive a test's captured stream
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         try:
