@@ -385,7 +385,8 @@ class ClusterClient:
         try:
             self._refresh(self.deadline)  # bounded: ZooKeeper may be paused
         except Exception as exc:  # noqa: BLE001 - kazoo's errors and timeouts, typed for the caller
-            raise CoordinatorUnavailable(f"ZooKeeper of {self.uri} did not answer within {self.deadline:g} s "
+            store = "the S3 metadata store" if self.uri.startswith("s3://") else "ZooKeeper"
+            raise CoordinatorUnavailable(f"{store} of {self.uri} did not answer within {self.deadline:g} s "
                                          f"({type(exc).__name__}); retry once it is reachable") from None
         with self._lock:
             return sorted(set(self._seeds) | {a for a, _g in self._owners.values() if a is not None})
