@@ -27,6 +27,10 @@ def s3_env(token: str, base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+class DidNotServe(AssertionError):
+    """The coordinator exited before it served: its open failed (the reason is in its log's tail)."""
+
+
 class PortInUse(Exception):
     """The coordinator found its port taken (a restart at the same address retries)."""
 
@@ -50,7 +54,7 @@ class Coordinator:
                     tail = f.read()[-2000:]
                 if ADDRESS_IN_USE in tail or "port in use" in tail:
                     raise PortInUse(tail)
-                raise AssertionError(f"coordinator on {data_dir} did not serve: {line!r}; {tail}")
+                raise DidNotServe(f"coordinator on {data_dir} did not serve: {line!r}; {tail}")
         except BaseException:
             self.kill()
             raise
