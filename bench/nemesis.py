@@ -129,6 +129,7 @@ class Nemesis:
         self.zk_busy = False
         self.node_busy = False
         self.failed_starts: Counter = Counter()  # S3-only: restarts whose start met an S3 fault, tried again
+        self.timeline: list[str] = []  # "HH:MM:SS kind" of each fault started (UTC, as the members' logs)
 
     def run(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -140,6 +141,7 @@ class Nemesis:
                 self.skipped[kind] += 1
                 continue
             self.applied[kind] += 1
+            self.timeline.append(f"{time.strftime('%H:%M:%S', time.gmtime())} {kind}")
             t = threading.Thread(target=self._guard, args=(kind, action), name=f"nemesis-{kind}", daemon=True)
             self.threads.append(t)
             t.start()
@@ -401,6 +403,7 @@ def s3_campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
             faults = Counter(kind for _m, _p, kind in proxy.log.faults)
             print(f"restarts whose start failed, tried again: {dict(nemesis.failed_starts)}; S3 requests "
                   f"{len(proxy.log.requests)}, sabotaged {dict(faults)}")
+            print(f"faults started (UTC, as the members' logs in --workdir): {', '.join(nemesis.timeline)}")
             return bad
         finally:
             cluster.close()
