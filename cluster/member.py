@@ -376,8 +376,8 @@ class Member:
     def _pass(self) -> None:
         if self._session_lost:
             self._drop_all()
-            if not self._connected.is_set():
-                return
+            if not self._connected.is_set() or self._leaving:
+                return  # leaving (SIGTERM): it never joins again, though its lease was deleted under it
             self._session_lost = False
             self._register()  # a new session: a new member
         if not self._connected.is_set():
@@ -391,6 +391,10 @@ class Member:
             self._wake.set()
             return
         leaving = self._membership.leaving(self._watch)
+        if self._leaving and self.member_id not in leaving:
+            # a peer that counted it gone (its port refuses while its server drains) dropped its record
+            self._membership.announce_leaving(self.member_id)
+            leaving = [*leaving, self.member_id]
         data, stat = self._read_assignment()
         view = self._membership.read_view()
         self.view = view

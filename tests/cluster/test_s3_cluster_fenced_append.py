@@ -85,6 +85,11 @@ def test_an_append_that_meets_the_new_owners_claim_is_a_redirect(tmp_path, moto_
                 assert len(answers) == 1 and isinstance(answers[0], NotPartitionOwner), answers
                 direct.close()
                 assert leaving.wait(90) == 0
+                # db's append stream kept the leaving server draining (5 s grace) while its port refused
+                # new connections, and the other member's probe counted it gone: it left all the same,
+                # neither joining again under a new id nor taking a partition back on its way out
+                log = Path(leaving.log.name).read_text().split("leaving: handing partitions over")[1]
+                assert "joined " not in log and "opens partition" not in log, log
                 db.append("r0", rows([3]))  # nothing was written: the resend is the only copy
                 assert keys_of(db, "r0", 10) == [1, 2, 3]
         finally:
