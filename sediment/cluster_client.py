@@ -186,7 +186,10 @@ class ClusterClient:
                 refused = err
                 self._redirected(name, err)
                 if err.owner is None or err.owner == address:
-                    self._pause_and_refresh(deadline, err)
+                    try:
+                        self._pause_and_refresh(deadline, err)
+                    except NotPartitionOwner:
+                        break  # past the deadline: a redirect is no answer (an earlier try may have landed)
             except UnknownRelation as err:
                 if name is None or name in self._partition_of or self._directory is None:
                     raise
