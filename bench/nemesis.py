@@ -14,6 +14,15 @@ snapshot reads over every relation. Meanwhile the nemesis, every 1-4 s, starts o
 - ``zk_pause``: SIGSTOP ZooKeeper for 1-4 s (``--zk-pause``), then SIGCONT;
 - ``node_kill``: SIGKILL one storage node (never two at once), restart it 1-4 s later.
 
+With ``--membership s3`` (session 31) the cluster is an S3-only one: no ZooKeeper, no storage
+nodes; three ``serve --cluster s3://...`` members (tests/support/cluster_procs.py's S3Cluster,
+membership by leases on the S3 metadata store, ``--lease-time`` as the session timeout), every
+S3 request of members and clients through tests/support/faulty_proxy.py in front of moto.
+Instead of ``zk_pause`` and ``node_kill`` the nemesis opens S3 fault windows (``--s3-fault``,
+1-8 s): ``s3_stall`` (every request held unanswered), ``s3_reset`` (connections reset, before
+the request is forwarded or after) and ``s3_5xx`` (answered 500 or 503); a pause outlasts the
+lease, as it outlasts the ZooKeeper session.
+
 Faults overlap (at most two members faulted at once, so one serves). After ``--seconds`` the
 clients stop sending, every fault is healed, the cluster settles (bounded) and each relation
 is sealed past every append and read through the cluster and through each member; the
@@ -22,6 +31,7 @@ checker (tests/support/nemesis_checker.py, pure) counts what must be zero.
     python bench/nemesis.py [--seconds 60 | --quick] [--seed 1] [--clients 3] [--appenders 2]
                             [--session-timeout 3] [--interval 1-4] [--zk-pause 1-4]
                             [--weights kill=3,term=2,pause=3,zk_pause=1,node_kill=2] [--workdir DIR]
+    python bench/nemesis.py --membership s3 [--lease-time 4] [--s3-fault 1-8] [--seconds 60 | --quick] ...
 """
 
 from __future__ import annotations
@@ -43,7 +53,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import nemesis_client  # noqa: E402
-from support.cluster_procs import TOKEN, Cluster, MemberProc  # noqa: E402
+from support.cluster_procs import TOKEN, Cluster, MemberProc, S3Cluster  # noqa: E402
+from support.faulty_proxy import FaultyProxy  # noqa: E402
 from support.fixtures_zookeeper import ZooKeeperServer  # noqa: E402
 from support.nemesis_checker import Figures, check  # noqa: E402
 
@@ -53,10 +64,23 @@ PARTITIONS = 4
 RELATIONS = [f"r{i}" for i in range(6)]  # r_i in partition i % 4
 SETTLE_TIMEOUT = 120.0  # seconds the healed cluster has to serve every partition again
 EXIT_TIMEOUT = 90.0  # a SIGTERMed member's hand-over, grace and closes
+START_DEADLINE = 180.0  # seconds a member of an S3-only cluster is restarted for while S3 fails its start
 KINDS = {"kill": 3, "term": 2, "pause": 3, "zk_pause": 1, "node_kill": 2}
+S3_KINDS = {"kill": 3, "term": 2, "pause": 3, "s3_stall": 1, "s3_reset": 1, "s3_5xx": 1}
+# what an S3 fault longer than botocore's retries surfaces as where the outcome is known (nothing
+# was written: a read, or a keyed append whose table of applied keys could not be read)
+STORE_UNAVAILABLE = {"MetadataUnavailable", "BlobError"}
 # refusals the workload provokes: an append (or a resend of one) below a seal another client
 # made meanwhile, a seal behind another's
 REFUSALS = {"TimeAlreadySealed", "InvalidTime", "FrontierRegression"}
+
+
+def s3_window(proxy: FaultyProxy, kind: str, seconds: float, pick: float) -> None:
+    """An S3 fault window of ``kind`` (s3_stall, s3_reset, s3_5xx: 500 or 503 by ``pick``),
+    waited out."""
+    how = {"s3_stall": "stall", "s3_reset": "reset", "s3_5xx": "fail"}[kind]
+    proxy.window(how, seconds, status=500 if pick < 0.5 else 503)
+    time.sleep(seconds)
 
 
 def expected_errors() -> set[str]:
@@ -88,11 +112,12 @@ class Slot:
 class Nemesis:
     """Faults from a seeded schedule, each in a thread of its own, until stopped; then heals."""
 
-    def __init__(self, cluster: Cluster, slots: list[Slot], zk: ZooKeeperServer, seed: int, session: float,
-                 interval: tuple[float, float] = (1.0, 4.0), weights: dict[str, float] | None = None,
-                 zk_pause: tuple[float, float] = (1.0, 4.0)) -> None:
+    def __init__(self, cluster: Cluster | S3Cluster, slots: list[Slot], zk: ZooKeeperServer | None, seed: int,
+                 session: float, interval: tuple[float, float] = (1.0, 4.0), weights: dict[str, float] | None = None,
+                 zk_pause: tuple[float, float] = (1.0, 4.0), proxy: FaultyProxy | None = None) -> None:
         self.cluster, self.slots, self.zk, self.session, self.interval = cluster, slots, zk, session, interval
-        self.zk_pause = zk_pause
+        self.zk_pause = zk_pause  # with ``proxy`` (an S3-only cluster): how long an S3 fault window lasts
+        self.proxy = proxy
         self.weights = dict(weights or KINDS)
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
@@ -103,6 +128,8 @@ class Nemesis:
         self.problems: list[str] = []  # a member that did not exit on SIGTERM, a restart that failed
         self.zk_busy = False
         self.node_busy = False
+        self.failed_starts: Counter = Counter()  # S3-only: restarts whose start met an S3 fault, tried again
+        self.timeline: list[str] = []  # "HH:MM:SS kind" of each fault started (UTC, as the members' logs)
 
     def run(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -114,6 +141,7 @@ class Nemesis:
                 self.skipped[kind] += 1
                 continue
             self.applied[kind] += 1
+            self.timeline.append(f"{time.strftime('%H:%M:%S', time.gmtime())} {kind}")
             t = threading.Thread(target=self._guard, args=(kind, action), name=f"nemesis-{kind}", daemon=True)
             self.threads.append(t)
             t.start()
@@ -121,6 +149,12 @@ class Nemesis:
     def _claim(self, kind: str, pick: float, length: float):  # noqa: ANN202 - a closure or None
         """The fault to run now (its target taken), or None if none is free."""
         with self.lock:
+            if kind.startswith("s3_"):
+                if self.zk_busy:  # the metadata store's one fault at a time, as ZooKeeper's
+                    return None
+                self.zk_busy = True
+                low, high = self.zk_pause
+                return lambda: self._s3(kind, low + (high - low) * length, pick)
             if kind == "zk_pause":
                 if self.zk_busy:
                     return None
@@ -159,9 +193,24 @@ class Nemesis:
                 self.problems.append(f"member {proc.member_id} did not exit within {EXIT_TIMEOUT:g} s of SIGTERM")
                 proc.kill()
             time.sleep(down)
-            slot.start()
+            self._start(slot)
         finally:
             slot.busy = False
+
+    def _start(self, slot: Slot) -> None:
+        """Start a member on ``slot``; in an S3-only cluster, a start that fails (it could not
+        read the cluster's metadata: an S3 fault window) is counted and tried again, up to
+        ``START_DEADLINE``."""
+        deadline = time.monotonic() + START_DEADLINE
+        while True:
+            try:
+                slot.start()
+                return
+            except Exception as exc:  # noqa: BLE001 - counted; a problem only past the deadline
+                if self.proxy is None or time.monotonic() > deadline:
+                    raise
+                self.failed_starts[type(exc).__name__] += 1
+            time.sleep(1.0)
 
     def _member_pause(self, slot: Slot, seconds: float) -> None:
         try:
@@ -179,6 +228,12 @@ class Nemesis:
             os.kill(self.zk.pid, signal.SIGCONT)
             self.zk_busy = False
 
+    def _s3(self, kind: str, seconds: float, pick: float) -> None:
+        try:
+            s3_window(self.proxy, kind, seconds, pick)
+        finally:
+            self.zk_busy = False
+
     def _node_kill(self, node, down: float) -> None:  # noqa: ANN001
         try:
             node.kill()
@@ -192,18 +247,21 @@ class Nemesis:
         self.stop.set()
         for t in self.threads:
             t.join(EXIT_TIMEOUT + 60)
-        os.kill(self.zk.pid, signal.SIGCONT)
-        for node in self.cluster.nodes:
+        if self.zk is not None:
+            os.kill(self.zk.pid, signal.SIGCONT)
+        if self.proxy is not None:
+            self.proxy.clear()
+        for node in getattr(self.cluster, "nodes", []):
             if node.proc is None or node.proc.poll() is not None:
                 node.start()
         for slot in self.slots:
             if slot.proc is not None and slot.running():
                 slot.proc.signal(signal.SIGCONT)
             else:
-                slot.start()
+                self._start(slot)
 
 
-def settle(cluster: Cluster, slots: list[Slot], timeout: float = SETTLE_TIMEOUT) -> float:
+def settle(cluster: Cluster | S3Cluster, slots: list[Slot], timeout: float = SETTLE_TIMEOUT) -> float:
     """Seconds until the three members are the only members, every partition is assigned to
     one of them (balanced) and each serves exactly the partitions assigned to it. A member
     that rejoined after its session ended has a new id: members are matched by address."""
@@ -221,15 +279,15 @@ def settle(cluster: Cluster, slots: list[Slot], timeout: float = SETTLE_TIMEOUT)
                     and all(s.proc.metric("sediment_cluster_partitions_owned") == owners.count(by_address[s.proc.uri])
                             for s in slots)):
                 return time.monotonic() - began
-        except Exception:  # noqa: BLE001 - a member or ZooKeeper still coming back: look again
+        except Exception:  # noqa: BLE001 - a member or the metadata store still coming back: look again
             pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"the cluster did not settle within {timeout:g} s")
         time.sleep(0.2)
 
 
-def final_state(cluster: Cluster, slots: list[Slot], top: int) -> tuple[dict, dict]:
-    """Every relation sealed at ``top`` and read there: through the cluster's zk:// URI, and
+def final_state(cluster: Cluster | S3Cluster, slots: list[Slot], top: int) -> tuple[dict, dict]:
+    """Every relation sealed at ``top`` and read there: through the cluster's URI, and
     through each member's address."""
     def read_all(db) -> dict:  # noqa: ANN001
         out = {}
@@ -313,44 +371,70 @@ def span(text: str) -> tuple[float, float]:
     return float(low), float(high or low)
 
 
+def weights(args: argparse.Namespace, kinds: dict[str, float]) -> dict[str, float]:
+    return {**kinds, **{k: float(v) for k, v in (w.split("=") for w in args.weights.split(",") if w)}}
+
+
 def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
-    """One run: the cluster, the clients, the nemesis, the heal and the check; violations."""
+    """One run against the ZooKeeper cluster: the cluster, then :func:`run`."""
     zk = ZooKeeperServer(tmp / "zk")
     zk.start()
     cluster = None
     try:
         cluster = Cluster(tmp / "cluster", zk.hosts, "/nemesis", endpoint, "bench", partitions=PARTITIONS,
                           session_timeout=args.session_timeout)
-        slots = [Slot(cluster, f"member{i}") for i in range(3)]
-        for s in slots:
-            s.start()
-        settle(cluster, slots)
-        with sediment.connect(cluster.uri, token=TOKEN) as db:
-            for i, name in enumerate(RELATIONS):
-                db.add_relation(name, nemesis_client.SCHEMA, partition=i % PARTITIONS)
-        clients = Clients(args, tmp, cluster.uri, TOKEN)
-        nemesis = Nemesis(cluster, slots, zk, args.seed, args.session_timeout, span(args.interval),
-                          {**KINDS, **{k: float(v) for k, v in (w.split("=") for w in args.weights.split(",") if w)}},
-                          span(args.zk_pause))
-        began = time.monotonic()
-        nemesis.run(args.seconds)
-        nemesis.heal()
-        print(f"nemesis ran {time.monotonic() - began:.0f} s; healed", flush=True)
-        try:
-            settled = settle(cluster, slots)
-        except RuntimeError as exc:
-            nemesis.problems.append(str(exc))
-            settled = float("nan")
-        history, hung, absorbed = clients.stop(nemesis.problems)
-        top = max([a.time for a in history.appends], default=0) + 1
-        final, members = final_state(cluster, slots, top)
-        f = check(history, final, members, expected_errors())
-        report(f, nemesis, args.seed, args.seconds, settled, hung, absorbed)
-        return f.violations() + len(nemesis.problems) + clients.missing()
+        return run(args, tmp, cluster, Nemesis(cluster, [], zk, args.seed, args.session_timeout, span(args.interval),
+                                               weights(args, KINDS), span(args.zk_pause)), expected_errors())
     finally:
         if cluster is not None:
             cluster.close()
         zk.stop()
+
+
+def s3_campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
+    """One run against an S3-only cluster behind the fault proxy: the cluster, then :func:`run`."""
+    with FaultyProxy(endpoint, serialize_conditional=True) as proxy:
+        cluster = S3Cluster(tmp / "cluster", proxy.endpoint, "bench", partitions=PARTITIONS,
+                            lease_time=args.lease_time)
+        try:
+            nemesis = Nemesis(cluster, [], None, args.seed, args.lease_time, span(args.interval),
+                              weights(args, S3_KINDS), span(args.s3_fault), proxy)
+            bad = run(args, tmp, cluster, nemesis, expected_errors() | STORE_UNAVAILABLE)
+            faults = Counter(kind for _m, _p, kind in proxy.log.faults)
+            print(f"restarts whose start failed, tried again: {dict(nemesis.failed_starts)}; S3 requests "
+                  f"{len(proxy.log.requests)}, sabotaged {dict(faults)}")
+            print(f"faults started (UTC, as the members' logs in --workdir): {', '.join(nemesis.timeline)}")
+            return bad
+        finally:
+            cluster.close()
+
+
+def run(args: argparse.Namespace, tmp: Path, cluster: Cluster | S3Cluster, nemesis: Nemesis, expected: set[str]) -> int:
+    """The members, the clients, the nemesis, the heal and the check; violations."""
+    slots = [Slot(cluster, f"member{i}") for i in range(3)]
+    for s in slots:
+        s.start()
+    settle(cluster, slots)
+    with sediment.connect(cluster.uri, token=TOKEN) as db:
+        for i, name in enumerate(RELATIONS):
+            db.add_relation(name, nemesis_client.SCHEMA, partition=i % PARTITIONS)
+    clients = Clients(args, tmp, cluster.uri, TOKEN)
+    nemesis.slots = slots
+    began = time.monotonic()
+    nemesis.run(args.seconds)
+    nemesis.heal()
+    print(f"nemesis ran {time.monotonic() - began:.0f} s; healed", flush=True)
+    try:
+        settled = settle(cluster, slots)
+    except RuntimeError as exc:
+        nemesis.problems.append(str(exc))
+        settled = float("nan")
+    history, hung, absorbed = clients.stop(nemesis.problems)
+    top = max([a.time for a in history.appends], default=0) + 1
+    final, members = final_state(cluster, slots, top)
+    f = check(history, final, members, expected)
+    report(f, nemesis, args.seed, args.seconds, settled, hung, absorbed, nemesis.weights)
+    return f.violations() + len(nemesis.problems) + clients.missing()
 
 
 @contextmanager
@@ -379,9 +463,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--clients", type=int, default=3, help="client processes")
     ap.add_argument("--appenders", type=int, default=2, help="appending threads (client ids) per client process")
+    ap.add_argument("--membership", choices=("zk", "s3"), default="zk",
+                    help="zk: the ZooKeeper cluster with storage nodes; s3: an S3-only cluster behind a fault proxy")
     ap.add_argument("--session-timeout", type=float, default=3.0)
+    ap.add_argument("--lease-time", type=float, default=4.0, help="an S3-only cluster's lease time (seconds)")
+    ap.add_argument("--s3-fault", default="1-8", help="seconds an S3 fault window lasts (uniform), MIN-MAX")
     ap.add_argument("--weights", default="", help="KIND=WEIGHT,... to change how often each fault is chosen "
-                    f"(default {','.join(f'{k}={v}' for k, v in KINDS.items())})")
+                    f"(default {','.join(f'{k}={v}' for k, v in KINDS.items())}; with --membership s3 "
+                    f"{','.join(f'{k}={v}' for k, v in S3_KINDS.items())})")
     ap.add_argument("--interval", default="1-4", help="seconds between the starts of two faults (uniform), MIN-MAX")
     ap.add_argument("--zk-pause", default="1-4", help="seconds ZooKeeper stays SIGSTOPped (uniform), MIN-MAX")
     ap.add_argument("--hang-bound", type=float, default=60.0,
@@ -394,7 +483,7 @@ def main() -> None:
     with moto_bucket("bench") as endpoint, tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.workdir or scratch)
         tmp.mkdir(parents=True, exist_ok=True)
-        bad = campaign(args, tmp, endpoint)
+        bad = (s3_campaign if args.membership == "s3" else campaign)(args, tmp, endpoint)
     print(f"load average {os.getloadavg()[0]:.1f}; {'FAILED: ' + str(bad) + ' violations' if bad else 'all held'}")
     sys.exit(1 if bad else 0)
 

@@ -172,9 +172,13 @@ def run(process: int, uri: str, token: str, relations: list[str], seed: int, app
     os.environ["SEDIMENT_TOKEN"] = token
     rng = random.Random(seed * 1000 + process)
     rec = Recorder(hang_bound)
-    db = (connect or sediment.connect)(uri, token=token)
-    stop = threading.Event()
     who = f"p{process}"
+    db = None
+    while db is None and not stop_event.is_set():  # a connect that met a fault: a typed error, recorded; again
+        db, _error = rec.call(f"{who}-connect", "connect", lambda: (connect or sediment.connect)(uri, token=token))
+        if db is None:
+            stop_event.wait(0.5)
+    stop = threading.Event()
     threads = [threading.Thread(target=append_loop, args=(db, rec, process, j, relations, random.Random(rng.random()),
                                                           stop, f"nemesis-{seed}-{process}-{j}"), daemon=True)
                for j in range(appenders)]
@@ -182,6 +186,8 @@ def run(process: int, uri: str, token: str, relations: list[str], seed: int, app
                                                             random.Random(rng.random()), stop), daemon=True))
     threads.append(threading.Thread(target=read_loop, args=(db, rec, f"{who}-read", relations,
                                                             random.Random(rng.random()), stop), daemon=True))
+    if db is None:  # told to stop before it could connect: nothing sent
+        threads = []
     for t in threads:
         t.start()
     stop_event.wait()
@@ -200,7 +206,8 @@ def run(process: int, uri: str, token: str, relations: list[str], seed: int, app
     os.replace(tmp, out_path)
     if hung:
         os._exit(0)  # threads stuck in a call: do not wait for them at exit
-    db.close()
+    if db is not None:
+        db.close()
 
 
 def load(paths: list[str]) -> tuple[History, list[str], Counter]:

@@ -49,7 +49,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import nemesis_client  # noqa: E402
 import nemesis_failover  # noqa: E402
-from nemesis import RELATIONS, Clients, expected_errors, moto_bucket, report, span  # noqa: E402
+from nemesis import (  # noqa: E402
+    RELATIONS,
+    STORE_UNAVAILABLE,
+    Clients,
+    expected_errors,
+    moto_bucket,
+    report,
+    s3_window,
+    span,
+)
 from support.faulty_proxy import FaultyProxy  # noqa: E402
 from support.nemesis_checker import check  # noqa: E402
 from support.s3_only_procs import Coordinator, s3_env  # noqa: E402
@@ -59,9 +68,6 @@ import sediment  # noqa: E402
 TOKEN = "nemesis-s3-token"
 BUCKET = "bench"
 KINDS = {"kill": 3, "takeover": 3, "pause": 3, "s3_stall": 2, "s3_reset": 2, "s3_5xx": 2}
-# what an S3 fault longer than botocore's retries surfaces as where the outcome is known (nothing
-# was written: a read, or a keyed append whose table of applied keys could not be read)
-STORE_UNAVAILABLE = {"MetadataUnavailable", "BlobError"}
 FENCE_EXIT = 30.0  # seconds a replaced coordinator has to exit (it looks at the log every 2 s)
 START_DEADLINE = 180.0  # seconds the nemesis keeps trying to get a coordinator serving
 SERVE_TIMEOUT = 120.0  # seconds the healed deployment has to answer a call
@@ -147,9 +153,7 @@ class S3Nemesis:
 
     def _s3(self, kind: str, seconds: float, pick: float) -> None:
         try:
-            how = {"s3_stall": "stall", "s3_reset": "reset", "s3_5xx": "fail"}[kind]
-            self.proxy.window(how, seconds, status=500 if pick < 0.5 else 503)
-            time.sleep(seconds)
+            s3_window(self.proxy, kind, seconds, pick)
         finally:
             self.s3_busy = False
 

@@ -233,14 +233,15 @@ class Member:
         except CallUnanswered as exc:
             why = exc.why
             if write:
-                raise MembershipLost(f"{self.advertise} sent ZooKeeper the request to {what} but got {why}: it may "
-                                     "or may not be applied; read back (or retry at another member)") from None
+                raise MembershipLost(f"{self.advertise} sent {self._membership.store} the request to {what} but got "
+                                     f"{why}: it may or may not be applied; read back (or retry at another member)"
+                                     ) from None
             raise self._unreachable(what, why) from None
 
     def _unreachable(self, what: str, why: str) -> NotPartitionOwner:
         self.metrics.redirects.inc()
-        return NotPartitionOwner(f"{self.advertise} cannot reach ZooKeeper to {what} ({why}); nothing was done: "
-                                 "ask another member or connect with the cluster's zk:// URI")
+        return NotPartitionOwner(f"{self.advertise} cannot reach {self._membership.store} to {what} ({why}); nothing "
+                                 "was done: ask another member or connect with the cluster's URI")
 
     def _in_touch(self) -> bool:
         """Connected, the session not lost, and the membership read recently enough
@@ -312,7 +313,7 @@ class Member:
                   and _usable(held[0]) and self._in_touch())
         if not ok:
             raise MembershipLost(f"{self.advertise} lost partition {partition} (it was handed over or taken, or the "
-                                 "ZooKeeper session lost) while the call ran: it may or may not have been applied; "
+                                 f"{self._membership.tie} lost) while the call ran: it may or may not have been applied; "
                                  "retry at the owner")
 
     def _handed(self, partition: int) -> tuple[Any, int] | None:
@@ -345,10 +346,10 @@ class Member:
             if state == LOST:
                 self._session_lost = True
                 if self._stop.is_set():  # stop() ended the session itself: no loss to warn about
-                    log.info("member %s ended its ZooKeeper session", self.member_id)
+                    log.info("member %s ended its %s", self.member_id, self._membership.tie)
                 else:
-                    log.warning("member %s lost its ZooKeeper session: it stops serving and will rejoin",
-                                self.member_id)
+                    log.warning("member %s lost its %s: it stops serving and will rejoin", self.member_id,
+                                self._membership.tie)
         self._wake.set()
 
     def _register(self) -> None:
@@ -375,8 +376,8 @@ class Member:
     def _pass(self) -> None:
         if self._session_lost:
             self._drop_all()
-            if not self._connected.is_set():
-                return
+            if not self._connected.is_set() or self._leaving:
+                return  # leaving (SIGTERM): it never joins again, though its lease was deleted under it
             self._session_lost = False
             self._register()  # a new session: a new member
         if not self._connected.is_set():
@@ -390,6 +391,10 @@ class Member:
             self._wake.set()
             return
         leaving = self._membership.leaving(self._watch)
+        if self._leaving and self.member_id not in leaving:
+            # a peer that counted it gone (its port refuses while its server drains) dropped its record
+            self._membership.announce_leaving(self.member_id)
+            leaving = [*leaving, self.member_id]
         data, stat = self._read_assignment()
         view = self._membership.read_view()
         self.view = view

@@ -36,6 +36,8 @@ class Membership(Protocol):
     """The membership store of one cluster, as one member (or a client) sees it."""
 
     uri: str
+    store: str  # how messages name it: "ZooKeeper", "the S3 metadata store"
+    tie: str  # what a member holds there, as messages name it: "ZooKeeper session", "S3 lease"
 
     def start(self, on_state: Callable[[str], None]) -> ClusterConfig:
         """Connect, read the deployment record (ClusterMissing if none) and report state changes."""

@@ -42,6 +42,7 @@ class S3Membership:
     def __init__(self, where: s3_layout.S3ClusterPath, clock: Clock | None = None) -> None:
         self.where = where
         self.uri = where.uri
+        self.store, self.tie = "the S3 metadata store", "S3 lease"
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.config: layout.ClusterConfig | None = None
         self.lease_time = 0.0

@@ -29,6 +29,7 @@ class ZooKeeperMembership:
     def __init__(self, where: layout.ClusterPath) -> None:
         self.where = where
         self.uri = where.uri
+        self.store, self.tie = "ZooKeeper", "ZooKeeper session"
         self.config: layout.ClusterConfig | None = None
         self._zk: Any = None
 

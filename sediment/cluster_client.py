@@ -8,7 +8,9 @@ alone. Either way a member that does not own a partition answers with a redirect
 client follows and remembers per partition. A hint older than the newest generation seen
 for that partition is ignored, so a stale member cannot send the client back. Calls refused
 before anything was done (a redirect, an unreachable member, a partition being moved) are
-retried until ``deadline`` seconds have passed; then the last error reaches the caller.
+retried until ``deadline`` seconds have passed; then CoordinatorUnavailable, naming the last
+answer (a redirect met past the deadline is no answer of its own: a write tried in doubt before
+it may have landed).
 Writes whose outcome is unknown (the answer was lost, the owner died or was fenced) are
 resent too: appends and ``append_many`` (with or without locks), transaction commits and
 ``commit_all`` with an idempotency key (the owner applies each at most once, and checks a
@@ -186,7 +188,10 @@ class ClusterClient:
                 refused = err
                 self._redirected(name, err)
                 if err.owner is None or err.owner == address:
-                    self._pause_and_refresh(deadline, err)
+                    try:
+                        self._pause_and_refresh(deadline, err)
+                    except NotPartitionOwner:
+                        break  # past the deadline: a redirect is no answer (an earlier try may have landed)
             except UnknownRelation as err:
                 if name is None or name in self._partition_of or self._directory is None:
                     raise
