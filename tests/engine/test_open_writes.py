@@ -24,6 +24,7 @@ import pyarrow as pa
 import pytest
 
 import sediment
+from sediment.clock import ManualClock
 from sediment.wal import manifest as mf
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -79,7 +80,7 @@ def _files(root) -> dict[str, tuple[int, int, bytes]]:
 def _engine_with_data(d) -> None:
     """An engine with a relation, a batch and updates still in the log, opened and closed
     cleanly a few times (the metadata journal's one fold, see metadata/journal.py, is behind)."""
-    with sediment.open(d, compact_interval=None) as engine:
+    with sediment.open(d, clock=ManualClock()) as engine:
         engine.add_relation("r", SCHEMA)
         engine.append("r", rows(0, 100, 1))
         engine.seal("r", 1)
@@ -87,7 +88,7 @@ def _engine_with_data(d) -> None:
         engine.append("r", rows(100, 10, 2))
         engine.seal("r", 2)
     for _ in range(2):
-        sediment.open(d, compact=False).close()
+        sediment.open(d, clock=ManualClock()).close()
 
 
 def _ids(engine, as_of: int) -> list[int]:
@@ -99,7 +100,7 @@ def test_a_reopen_after_a_clean_close_syncs_only_the_epoch(tmp_path, monkeypatch
     _engine_with_data(d)
     before = _files(d)
     calls = Calls(monkeypatch)
-    engine = sediment.open(d, compact=False)
+    engine = sediment.open(d, clock=ManualClock())
     opened = calls.take()
     try:
         assert _ids(engine, 2) == list(range(110))
@@ -118,12 +119,12 @@ def test_a_reopen_after_a_clean_close_syncs_only_the_epoch(tmp_path, monkeypatch
 def test_a_reopen_after_a_session_that_appended_writes_no_log_file_but_the_control_state(tmp_path, monkeypatch):
     d = tmp_path / "data"
     _engine_with_data(d)
-    with sediment.open(d, compact=False) as engine:
+    with sediment.open(d, clock=ManualClock()) as engine:
         engine.append("r", rows(110, 5, 3))
         engine.seal("r", 3)
     manifest = (d / "wal" / mf.manifest_name(0)).read_bytes()
     calls = Calls(monkeypatch)
-    engine = sediment.open(d, compact=False)
+    engine = sediment.open(d, clock=ManualClock())
     syncs, renames = calls.take()
     try:
         assert _ids(engine, 3) == list(range(115))
@@ -138,7 +139,8 @@ CRASH = textwrap.dedent("""
     import os, signal, sys
     import pyarrow as pa
     import sediment
-    engine = sediment.open(sys.argv[1], compact=False)
+    from sediment.clock import ManualClock
+    engine = sediment.open(sys.argv[1], clock=ManualClock())
     for t in range(3, 6):
         engine.append("r", pa.table({"id": pa.array([1000 + t], pa.int64()), "time": pa.array([t], pa.int64()),
                                      "diff": pa.array([1], pa.int64())}))
@@ -157,7 +159,7 @@ def test_an_open_after_a_crash_makes_what_it_read_back_durable_before_recording_
     assert proc.returncode == -signal.SIGKILL
     recorded = mf.read(str(d / "wal"), 0)
     calls = Calls(monkeypatch)
-    engine = sediment.open(d, compact=False)
+    engine = sediment.open(d, clock=ManualClock())
     syncs, renames = calls.take()
     try:
         assert _ids(engine, 5) == [*range(110), 1003, 1004, 1005]
@@ -173,6 +175,6 @@ def test_an_open_after_a_crash_makes_what_it_read_back_durable_before_recording_
     assert got.durable_end == end > recorded.durable_end
     assert (got.generation, got.end_sequence) == (recorded.generation, recorded.end_sequence + 1)
     calls.take()
-    sediment.open(d, compact=False).close()
+    sediment.open(d, clock=ManualClock()).close()
     syncs, renames = calls.take()
     assert not [p for p in syncs + renames if p.startswith(str(d / "wal"))], (syncs, renames)
