@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from support.cluster_procs import TOKEN, S3Cluster
 from support.faulty_proxy import FaultyProxy
+from support.waiting import poll_until
 from test_cluster import SCHEMA, rows
 
 import sediment
@@ -44,10 +44,8 @@ def test_a_redirect_met_past_the_deadline_is_no_answer(tmp_path, moto_server, s3
             first.signal(signal.SIGKILL)
             first.wait()
             member = cluster.start_member()  # its open of partition 0 cannot claim the log
-            deadline = time.monotonic() + 90
-            while "could not open partition 0" not in Path(member.log.name).read_text():
-                assert time.monotonic() < deadline, "the member never tried to open partition 0"
-                time.sleep(0.1)
+            poll_until(lambda: "could not open partition 0" in Path(member.log.name).read_text(), 90,
+                       "the member's try to open partition 0")
             with sediment.connect(cluster.uri, token=TOKEN, timeout=30, deadline=DEADLINE) as db:
                 outcome: list[object] = []
 

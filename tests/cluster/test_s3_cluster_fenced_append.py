@@ -11,13 +11,13 @@ from __future__ import annotations
 import re
 import signal
 import threading
-import time
 from pathlib import Path
 
 import boto3
 import pytest
 from support.cluster_procs import TOKEN, S3Cluster
 from support.faulty_proxy import FaultyProxy
+from support.waiting import poll_until
 from test_cluster import SCHEMA, keys_of, rows
 
 import sediment
@@ -75,10 +75,8 @@ def test_an_append_that_meets_the_new_owners_claim_is_a_redirect(tmp_path, moto_
                 assert append.reached.wait(HOLD_WAIT), "the leaving owner's append never reached S3"
                 claimed = slot_objects(moto_server, s3_bucket[1], cluster, 0)
                 claim.release.set()
-                deadline = time.monotonic() + HOLD_WAIT
-                while slot_objects(moto_server, s3_bucket[1], cluster, 0) == claimed:  # the claim landed
-                    assert time.monotonic() < deadline, "the new owner's claim did not land"
-                    time.sleep(0.05)
+                poll_until(lambda: slot_objects(moto_server, s3_bucket[1], cluster, 0) != claimed, HOLD_WAIT,
+                           "the new owner's claim to land")
                 append.release.set()  # aimed at the slot the claim took
                 sender.join(120)
                 # a redirect (nothing written: the client may resend it anywhere), not MembershipLost
@@ -97,10 +95,7 @@ def test_an_append_that_meets_the_new_owners_claim_is_a_redirect(tmp_path, moto_
 
 
 def wait_logged(member, text: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + HOLD_WAIT
-    while text not in Path(member.log.name).read_text():
-        assert time.monotonic() < deadline, f"{member.member_id} did not log {text!r}"
-        time.sleep(0.01)
+    poll_until(lambda: text in Path(member.log.name).read_text(), HOLD_WAIT, f"{member.member_id} to log {text!r}")
 
 
 def slot_objects(moto_server, bucket: str, cluster: S3Cluster, partition: int) -> list[str]:  # noqa: ANN001

@@ -8,7 +8,6 @@ coordinator processes against moto, a TCP proxy on 127.0.0.1 that loses the answ
 from __future__ import annotations
 
 import signal
-import time
 
 import pyarrow as pa
 import pytest
@@ -16,6 +15,7 @@ from support.cut_proxy import CutProxy
 from support.faulty_proxy import FaultyProxy
 from support.s3_only_procs import Coordinator, s3_env
 from support.takeover_fence import in_thread, s3_options, ups
+from support.waiting import poll_until
 
 import sediment
 from sediment.errors import OutcomeUnknown, SedimentError
@@ -108,10 +108,9 @@ def test_a_keyed_append_waits_out_a_replaced_coordinators_creation_of_the_key_ta
                     def looks() -> int:
                         return sum("list-type=2" in p and "_cluster.applied" in p for _m, p in proxy.log.requests[mark:])
 
-                    deadline = time.monotonic() + 60
-                    while looks() < 2 and not call["done"].is_set():  # it found the entry, and looks again
-                        assert time.monotonic() < deadline, "the new coordinator never looked for the key table"
-                        time.sleep(0.02)
+                    # it found the entry, and looks again
+                    poll_until(lambda: looks() >= 2 or call["done"].is_set(), 60,
+                               "the new coordinator to look for the key table again")
                     assert not call["done"].is_set(), call  # before: UnknownRelation at once
                     confirmation.release.set()  # the woken one's confirmation fails: it removes the entry
                     assert call["done"].wait(60) and "error" not in call, call
