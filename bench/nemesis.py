@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -456,36 +456,48 @@ def moto_bucket(bucket: str) -> Iterator[str]:
         moto.stop()
 
 
-def main() -> None:
+def campaign_args(kinds: str, quick: str) -> argparse.ArgumentParser:
+    """The options every nemesis campaign takes (this one's and bench/nemesis_s3.py's);
+    ``kinds``: the default weights, for the help; ``quick``: what --quick means."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--quick", action="store_true", help="30 s of faults")
+    ap.add_argument("--quick", action="store_true", help=quick)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--clients", type=int, default=3, help="client processes")
     ap.add_argument("--appenders", type=int, default=2, help="appending threads (client ids) per client process")
-    ap.add_argument("--membership", choices=("zk", "s3"), default="zk",
-                    help="zk: the ZooKeeper cluster with storage nodes; s3: an S3-only cluster behind a fault proxy")
-    ap.add_argument("--session-timeout", type=float, default=3.0)
-    ap.add_argument("--lease-time", type=float, default=4.0, help="an S3-only cluster's lease time (seconds)")
-    ap.add_argument("--s3-fault", default="1-8", help="seconds an S3 fault window lasts (uniform), MIN-MAX")
-    ap.add_argument("--weights", default="", help="KIND=WEIGHT,... to change how often each fault is chosen "
-                    f"(default {','.join(f'{k}={v}' for k, v in KINDS.items())}; with --membership s3 "
-                    f"{','.join(f'{k}={v}' for k, v in S3_KINDS.items())})")
+    ap.add_argument("--weights", default="", help=f"KIND=WEIGHT,... to change how often each fault is chosen ({kinds})")
     ap.add_argument("--interval", default="1-4", help="seconds between the starts of two faults (uniform), MIN-MAX")
-    ap.add_argument("--zk-pause", default="1-4", help="seconds ZooKeeper stays SIGSTOPped (uniform), MIN-MAX")
+    ap.add_argument("--s3-fault", default="1-8", help="seconds an S3 fault window lasts (uniform), MIN-MAX")
     ap.add_argument("--hang-bound", type=float, default=60.0,
                     help="seconds a call may take before it counts as hung (the client's deadline is 30 s, plus "
                          "one call's 10 s timeout past it)")
     ap.add_argument("--workdir", help="keep the processes' files and logs here (default: a temporary directory)")
+    return ap
+
+
+def run_campaign(args: argparse.Namespace, bucket: str, run: Callable[..., int]) -> None:
+    """Run ``run(args, workdir, endpoint)`` beside moto's S3 and exit 1 on any violation."""
+    with moto_bucket(bucket) as endpoint, tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(args.workdir or scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        bad = run(args, tmp, endpoint)
+    print(f"load average {os.getloadavg()[0]:.1f}; {'FAILED: ' + str(bad) + ' violations' if bad else 'all held'}")
+    sys.exit(1 if bad else 0)
+
+
+def main() -> None:
+    weights = (f"default {','.join(f'{k}={v}' for k, v in KINDS.items())}; with --membership s3 "
+               f"{','.join(f'{k}={v}' for k, v in S3_KINDS.items())}")
+    ap = campaign_args(weights, "30 s of faults")
+    ap.add_argument("--membership", choices=("zk", "s3"), default="zk",
+                    help="zk: the ZooKeeper cluster with storage nodes; s3: an S3-only cluster behind a fault proxy")
+    ap.add_argument("--session-timeout", type=float, default=3.0)
+    ap.add_argument("--lease-time", type=float, default=4.0, help="an S3-only cluster's lease time (seconds)")
+    ap.add_argument("--zk-pause", default="1-4", help="seconds ZooKeeper stays SIGSTOPped (uniform), MIN-MAX")
     args = ap.parse_args()
     if args.quick:
         args.seconds = 30.0
-    with moto_bucket("bench") as endpoint, tempfile.TemporaryDirectory() as scratch:
-        tmp = Path(args.workdir or scratch)
-        tmp.mkdir(parents=True, exist_ok=True)
-        bad = (s3_campaign if args.membership == "s3" else campaign)(args, tmp, endpoint)
-    print(f"load average {os.getloadavg()[0]:.1f}; {'FAILED: ' + str(bad) + ' violations' if bad else 'all held'}")
-    sys.exit(1 if bad else 0)
+    run_campaign(args, "bench", s3_campaign if args.membership == "s3" else campaign)
 
 
 if __name__ == "__main__":

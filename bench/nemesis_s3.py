@@ -39,7 +39,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -53,9 +52,10 @@ from nemesis import (  # noqa: E402
     RELATIONS,
     STORE_UNAVAILABLE,
     Clients,
+    campaign_args,
     expected_errors,
-    moto_bucket,
     report,
+    run_campaign,
     s3_window,
     span,
 )
@@ -299,31 +299,13 @@ def campaign(args: argparse.Namespace, tmp: Path, endpoint: str) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--quick", action="store_true", help="45 s of faults (65-80 s in all)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--clients", type=int, default=3, help="client processes")
-    ap.add_argument("--appenders", type=int, default=2, help="appending threads (client ids) per client process")
+    ap = campaign_args(f"default {','.join(f'{k}={v}' for k, v in KINDS.items())}", "45 s of faults (65-80 s in all)")
     ap.add_argument("--coordinators", type=int, default=3, help="coordinator slots (data directories)")
-    ap.add_argument("--weights", default="", help="KIND=WEIGHT,... to change how often each fault is chosen "
-                    f"(default {','.join(f'{k}={v}' for k, v in KINDS.items())})")
-    ap.add_argument("--interval", default="1-4", help="seconds between the starts of two faults (uniform), MIN-MAX")
-    ap.add_argument("--s3-fault", default="1-8", help="seconds an S3 fault lasts (uniform), MIN-MAX")
-    ap.add_argument("--hang-bound", type=float, default=60.0,
-                    help="seconds a call may take before it counts as hung (the client's deadline is 30 s, plus "
-                         "one try's 10 s timeout past it)")
-    ap.add_argument("--workdir", help="keep the processes' files and logs here (default: a temporary directory)")
     args = ap.parse_args()
     if args.quick:
         args.seconds = 45.0
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the clients' gRPC notes on a coordinator going away
-    with moto_bucket(BUCKET) as endpoint, tempfile.TemporaryDirectory() as scratch:
-        tmp = Path(args.workdir or scratch)
-        tmp.mkdir(parents=True, exist_ok=True)
-        bad = campaign(args, tmp, endpoint)
-    print(f"load average {os.getloadavg()[0]:.1f}; {'FAILED: ' + str(bad) + ' violations' if bad else 'all held'}")
-    sys.exit(1 if bad else 0)
+    run_campaign(args, BUCKET, campaign)
 
 
 if __name__ == "__main__":
