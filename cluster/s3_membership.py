@@ -6,10 +6,18 @@ Another member counts it dead once it has seen the same write there for the leas
 *its own* clock (no clocks are compared across machines) and then deletes the key with the
 version it saw as compare-and-set: a member is dead for everyone exactly when its key is
 gone, and a renewal racing the delete keeps it alive. A member that finds its key gone or
-rewritten, or cannot renew for the lease time, is out (``LOST``): it closes its partitions
-and registers anew under a new id, as a ZooKeeper member whose session ended. It stops
-serving sooner, once two thirds of the lease time have passed since the last renewal that succeeded
-began (``fresh``), which is before any other member can count it dead.
+rewritten is out (``LOST``): it closes its partitions and registers anew under a new id, as
+a ZooKeeper member whose session ended. It stops serving once two thirds of the lease time
+have passed since the last renewal that succeeded began (``fresh``), which is before any
+other member can count it dead.
+
+A member that cannot reach S3 at all is ``SUSPENDED``, however long that lasts, and learns
+its fate from its key once S3 answers, as a ZooKeeper client learns its session's on
+reconnecting: a renewal that succeeds (nobody deleted the key) makes it a member again, with
+its id and its open partitions. And after such a gap a member judges the others' leases
+afresh (``LeaseWatch.restart``), as ZooKeeper restarts its sessions' timeouts after an
+election: when S3 was out for everyone, nobody could renew, and counting them dead the
+moment it answers again would end every lease at once.
 
 The lease decides who *should* serve a partition, never who can: a paused member may write
 once more, and the S3 log's epoch claim, taken by the new owner's open, refuses that write
@@ -126,15 +134,16 @@ class S3Membership:
             age = self.clock.current_time() - self._renewed
             log.warning("cannot renew the lease %s (%s: %s), last renewed %.1f s ago", lease and lease.key,
                         type(exc).__name__, exc, age)
-            if age >= self.lease_time:
-                self._lose(lease, f"not renewed for {age:.1f} s")
-            elif age >= self.lease_time / 2:
-                self._set_state(SUSPENDED)
+            if age >= self.lease_time / 2:
+                self._set_state(SUSPENDED)  # until S3 answers: then its key tells whether it is still a member
             return self._state
         if held:
             with self._lock:
+                gap = started - self._renewed if self._lease is lease else 0.0
                 if self._lease is lease:
                     self._renewed = started
+            if gap >= self.lease_time / 2 and self._watch is not None:
+                self._watch.restart()  # nobody else may have been able to renew meanwhile either
             self._set_state(CONNECTED)
         else:
             self._lose(lease, "its key was deleted or rewritten by another member")
@@ -167,10 +176,12 @@ class S3Membership:
         """The live members; a member whose lease this one has seen unchanged for the lease time
         is deleted (compare-and-set on the version seen) and so dead for everyone."""
         own = self._lease.holder if self._lease is not None else None
+        judge = self.fresh(0.0)  # a member out of touch itself cannot tell whether the others renewed
         present = s3_layout.read_members(self._store)
         live = {}
         for member, (address, version, value) in present.items():
-            if member != own and self._watch.expired(f"members/{member}", version, value):
+            expired = self._watch.expired(f"members/{member}", version, value)
+            if member != own and expired and judge:
                 try:
                     self._store.delete(f"members/{member}", version)
                     log.info("member %s sees %s's lease not renewed for %g s: removed from the members", own,

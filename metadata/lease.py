@@ -121,6 +121,7 @@ class LeaseWatch:
     def __init__(self, lease_time: float, clock: Clock) -> None:
         self.lease_time, self._clock = lease_time, clock
         self._seen: dict[str, tuple[int, bytes, float]] = {}
+        self._since = float("-inf")  # no lease counts as unchanged from before this (restart)
 
     def expired(self, key: str, version: int, value: bytes) -> bool:
         now = self._clock.current_time()
@@ -128,7 +129,12 @@ class LeaseWatch:
         if seen is None or seen[:2] != (version, value):
             self._seen[key] = (version, value, now)
             return False
-        return now - seen[2] >= self.lease_time
+        return now - max(seen[2], self._since) >= self.lease_time
+
+    def restart(self) -> None:
+        """Count every lease as unchanged only from now on: called after this member could not
+        reach the store for a while, when its holders may not have reached it either."""
+        self._since = self._clock.current_time()
 
     def keep_only(self, keys: set[str]) -> None:
         """Forget the keys no longer there."""

@@ -8,11 +8,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from support.faulty_proxy import FaultyProxy
 
 from sediment.clock import ManualClock
 from sediment.cluster import layout, s3_layout
-from sediment.cluster.membership import CONNECTED, LOST, Membership
-from sediment.cluster.s3_membership import IN_TOUCH, S3Membership
+from sediment.cluster.membership import CONNECTED, LOST, SUSPENDED, Membership
+from sediment.cluster.s3_membership import IN_TOUCH, RENEWALS, S3Membership
 from sediment.cluster.zk_membership import ZooKeeperMembership
 
 KEY = "5e5e5e5e-0000-4000-8000-00000000c0de"
@@ -115,17 +116,22 @@ def test_an_s3_lease_unrenewed_for_the_lease_time_on_the_observers_clock_is_remo
     a.start(states.append)
     b.start(lambda _state: None)
     try:
+        def b_lives(seconds: float) -> None:  # b's clock moves on, b renewing as its thread would
+            for _ in range(RENEWALS):
+                clock_b.advance(seconds / RENEWALS)
+                assert b.renew_now() == CONNECTED
+
         old = a.register("grpc://127.0.0.1:1")
         young = b.register("grpc://127.0.0.1:2")
         assert b.members(nothing) == [old, young]  # first look: counted from now
-        clock_b.advance(lease - 1)
+        b_lives(lease - 1)
         assert b.members(nothing) == [old, young]
         assert a.renew_now() == CONNECTED
-        clock_b.advance(2)
+        b_lives(2)
         assert b.members(nothing) == [old, young]  # renewed: counted again from this look
-        clock_b.advance(lease - 1)
+        b_lives(lease - 1)
         assert b.members(nothing) == [old, young]
-        clock_b.advance(1)
+        b_lives(1)
         assert b.members(nothing) == [young]  # unchanged for the lease time: deleted, dead for everyone
         assert a.members(nothing) == [young]
         assert a.fresh(0.0)
@@ -139,6 +145,77 @@ def test_an_s3_lease_unrenewed_for_the_lease_time_on_the_observers_clock_is_remo
     finally:
         a.stop()
         b.stop()
+
+
+def through(where: s3_layout.S3ClusterPath, endpoint: str) -> s3_layout.S3ClusterPath:
+    """The same cluster reached through another endpoint (a fault proxy in front of moto)."""
+    return s3_layout.S3ClusterPath.parse(f"s3://{where.bucket}/{where.prefix}?endpoint={endpoint}")
+
+
+@pytest.mark.s3
+def test_an_s3_outage_longer_than_the_lease_ends_no_lease_once_s3_answers_again(moto_server, s3_bucket):
+    lease = 1000.0  # renewals by hand, as in the test above
+    where = s3_cluster(moto_server, s3_bucket[1], lease)
+    clock_a, clock_b = ManualClock(0.0), ManualClock(7000.0)
+    states: list[str] = []
+    with FaultyProxy(moto_server.endpoint) as proxy:
+        a, b = S3Membership(through(where, proxy.endpoint), clock_a), S3Membership(through(where, proxy.endpoint),
+                                                                                   clock_b)
+        a.start(states.append)
+        b.start(lambda _state: None)
+        try:
+            old, young = a.register("grpc://127.0.0.1:1"), b.register("grpc://127.0.0.1:2")
+            assert b.members(nothing) == [old, young]
+            proxy.window("fail", 600.0)  # S3 answers nobody: nobody can renew
+            for _ in range(3):  # over two lease times, a look at S3 every 0.7 of one
+                clock_a.advance(lease * 0.7)
+                clock_b.advance(lease * 0.7)
+                assert a.renew_now() == SUSPENDED and b.renew_now() == SUSPENDED  # not LOST: its key may be intact
+                assert not a.fresh(0.0) and not b.fresh(0.0)  # and it serves nothing meanwhile
+            proxy.clear()
+            assert b.members(nothing) == [old, young]  # b, not renewed since, judges no one
+            assert b.renew_now() == CONNECTED
+            assert b.members(nothing) == [old, young]  # renewed after a gap: b counts a's lease afresh
+            assert a.renew_now() == CONNECTED  # a's key is intact: the same member, the same id
+            assert LOST not in states and states[-1] == CONNECTED
+            assert a.members(nothing) == [old, young] == b.members(nothing)
+            for _ in range(RENEWALS):
+                clock_b.advance(lease / RENEWALS * 0.99)
+                assert b.renew_now() == CONNECTED
+            assert b.members(nothing) == [old, young]
+            clock_b.advance(lease * 0.02)
+            assert b.members(nothing) == [young]  # a silent for a whole lease since b last saw it renew: dead
+        finally:
+            proxy.clear()
+            a.stop()
+            b.stop()
+
+
+@pytest.mark.s3
+def test_a_member_cut_off_from_s3_alone_is_removed_and_learns_it_once_s3_answers(moto_server, s3_bucket):
+    lease = 1000.0
+    where = s3_cluster(moto_server, s3_bucket[1], lease)
+    clock_a, clock_b = ManualClock(0.0), ManualClock(7000.0)
+    with FaultyProxy(moto_server.endpoint) as proxy:
+        a, b = S3Membership(through(where, proxy.endpoint), clock_a), S3Membership(where, clock_b)
+        a.start(lambda _state: None)
+        b.start(lambda _state: None)
+        try:
+            old, young = a.register("grpc://127.0.0.1:1"), b.register("grpc://127.0.0.1:2")
+            assert b.members(nothing) == [old, young]
+            proxy.window("fail", 600.0)  # only a's requests fail
+            clock_a.advance(lease * IN_TOUCH)
+            assert a.renew_now() == SUSPENDED and not a.fresh(0.0)  # stopped serving before b can judge it
+            for _ in range(RENEWALS):
+                clock_b.advance(lease / RENEWALS)
+                assert b.renew_now() == CONNECTED
+            assert b.members(nothing) == [young]  # unchanged for a lease while b could see it: dead
+            proxy.clear()
+            assert a.renew_now() == LOST and not a.fresh(0.0)  # its key is gone: out, to join anew
+        finally:
+            proxy.clear()
+            a.stop()
+            b.stop()
 
 
 @pytest.mark.s3
