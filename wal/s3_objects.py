@@ -26,7 +26,7 @@ from sediment.wal import s3_format as fmt
 
 log = logging.getLogger(__name__)
 
-_UNKNOWN_ROUNDS = 4
+OUTCOME_DEADLINE = 10.0  # seconds a PUT of unknown outcome is resolved for (SlotStore.create)
 _READERS = 16
 _WINDOW = 64  # objects read at a time by recovery
 
@@ -36,7 +36,9 @@ class SlotStore:
 
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None, region: str = "us-east-1", *,
                  connect_timeout: float = 5.0, read_timeout: float = 10.0, max_attempts: int = 5,
-                 conflict_attempts: int = 6, sleep: Callable[[float], None] = time.sleep) -> None:
+                 conflict_attempts: int = 6, sleep: Callable[[float], None] = time.sleep,
+                 outcome_deadline: float = OUTCOME_DEADLINE, now: Callable[[], float] = time.monotonic) -> None:
+        self._sleep, self._now, self.outcome_deadline = sleep, now, outcome_deadline
         self._s3 = Bucket(bucket, prefix, endpoint_url, region, connect_timeout=connect_timeout,
                           read_timeout=read_timeout, max_attempts=max_attempts, conflict_attempts=conflict_attempts,
                           sleep=sleep, pool=_READERS + 4)
@@ -81,11 +83,20 @@ class SlotStore:
     def create(self, name: str, body: bytes) -> bool | None:
         """Create ``name`` holding ``body``: True once it holds our bytes, False when another
         writer's object holds the slot, None when a resent PUT met 412 and the slot is empty
-        again (deleted since: whether our first attempt landed is unknown). WalOutcomeUnknown
-        when the outcome stays unknown (reading the slot back failed too)."""
+        again (deleted since: whether our first attempt landed is unknown).
+
+        A PUT whose outcome is unknown (no answer, 5xx past botocore's budget) is resolved by
+        reading the slot, and while S3 answers neither, by trying the PUT and the read again
+        (backing off up to a second) for ``outcome_deadline`` seconds: an outage shorter than
+        that costs the waiting appends time, not an unknown outcome and a reopen. The
+        conditional PUT makes the retry safe: it lands only on an empty slot, and a slot
+        holding our bytes (each object carries a random token) is our earlier attempt.
+        WalOutcomeUnknown once the deadline passes with the outcome still unknown."""
         retried = False
         unknown: Exception | None = None
-        for _ in range(_UNKNOWN_ROUNDS):
+        read_failed: WalError | None = None
+        deadline, pause = self._now() + self.outcome_deadline, 0.05
+        while True:
             self.requests["put"] += 1
             try:
                 self._s3.put_conditional(Key=self.root + name, Body=body, IfNoneMatch="*")
@@ -93,24 +104,30 @@ class SlotStore:
             except PreconditionFailed as e:
                 if not (e.retried or retried):
                     return False
-                stored = self._read_back(name, e)
-                if stored == body:
-                    log.info("S3 log: an earlier attempt of the PUT of %s landed", self.where(name))
-                return None if stored is None else stored == body
+                unknown = e
+                try:
+                    stored = self.get(name)
+                except WalError as e2:
+                    read_failed = e2
+                else:
+                    if stored == body:
+                        log.info("S3 log: an earlier attempt of the PUT of %s landed", self.where(name))
+                    return None if stored is None else stored == body
             except (ClientError, BotoCoreError) as e:
                 unknown = e
-            stored = self._read_back(name, unknown)
-            if stored is not None:
-                return stored == body
+                try:
+                    stored = self.get(name)
+                except WalError as e2:
+                    read_failed = e2
+                else:
+                    if stored is not None:
+                        return stored == body
+                    read_failed = None  # the slot is empty: our PUT has not landed (yet); PUT again
             retried = True
-        raise self._outcome_unknown(name, unknown)
-
-    def _read_back(self, name: str, cause: Exception | None) -> bytes | None:
-        """The slot after a PUT whose outcome is unknown; WalOutcomeUnknown if it cannot be read."""
-        try:
-            return self.get(name)
-        except WalError as e:
-            raise self._outcome_unknown(name, cause, e) from e
+            if self._now() >= deadline:
+                raise self._outcome_unknown(name, unknown, read_failed)
+            self._sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def _outcome_unknown(self, name: str, put: Exception | None, read: Exception | None = None) -> WalOutcomeUnknown:
         also = f"; reading the slot back failed too ({read})" if read is not None else ""

@@ -241,10 +241,10 @@ def test_a_put_that_landed_but_could_not_be_read_back_is_outcome_unknown(faulty_
     from sediment.errors import NothingWritten, OutcomeUnknown, WalOutcomeUnknown
 
     spec = spec_at(faulty_proxy.endpoint)
-    log = S3Log.open(spec, create=True, max_attempts=1, read_timeout=5.0)
+    log = S3Log.open(spec, create=True, max_attempts=1, read_timeout=5.0, outcome_deadline=1.0)
     log.append([row(0)])
     faulty_proxy.drop_response_next(1, match=is_log_put)
-    faulty_proxy.fail_next(50, status=503, match=lambda m, p: m == "GET")
+    faulty_proxy.fail_next(500, status=503, match=lambda m, p: m == "GET")
     with pytest.raises(WalOutcomeUnknown, match="may have landed") as got:
         log.append([row(1)])
     assert isinstance(got.value, OutcomeUnknown) and not isinstance(got.value, NothingWritten)
@@ -255,6 +255,57 @@ def test_a_put_that_landed_but_could_not_be_read_back_is_outcome_unknown(faulty_
         assert bodies(again).count(bytes(row(1).body)) == 1
     finally:
         again.close()
+
+
+@pytest.mark.parametrize("kind", ["fail", "reset"])
+def test_an_append_during_an_s3_outage_shorter_than_the_outcome_deadline_is_acknowledged_once(
+        faulty_proxy, spec_at, kind):
+    """Every request fails for about a second (5xx, or connections reset: a PUT may land with
+    its answer lost): the writer keeps resolving its PUT and the append is acknowledged once S3
+    answers, in the log exactly once. It used to end in WalOutcomeUnknown at the first failed
+    read-back, and the engine had to be reopened."""
+    import time
+
+    spec = spec_at(faulty_proxy.endpoint)
+    log = S3Log.open(spec, create=True, max_attempts=1, read_timeout=5.0)
+    try:
+        acked = [row(0)]
+        log.append(acked)
+        faulty_proxy.window(kind, 1.0)
+        began = time.monotonic()
+        r = row(1)
+        log.append([r])
+        acked.append(r)
+        assert faulty_proxy.log.faults, "the outage met the append"
+        assert time.monotonic() - began < 20.0
+        assert_once_each(log, acked)
+    finally:
+        faulty_proxy.clear()
+        log.close()
+    again = S3Log.open(spec)
+    try:
+        assert_once_each(again, acked)
+        assert len(bodies(again)) == len(acked)
+    finally:
+        again.close()
+
+
+def test_an_outage_past_the_outcome_deadline_ends_in_outcome_unknown(faulty_proxy, spec_at):
+    import time
+
+    from sediment.errors import WalOutcomeUnknown
+
+    log = S3Log.open(spec_at(faulty_proxy.endpoint), create=True, max_attempts=1, read_timeout=5.0,
+                     outcome_deadline=1.0)
+    try:
+        faulty_proxy.window("fail", 60.0)
+        began = time.monotonic()
+        with pytest.raises(WalOutcomeUnknown, match="may have landed"):
+            log.append([row(0)])
+        assert time.monotonic() - began < 10.0  # the deadline is 1 s; slack for a loaded machine
+    finally:
+        faulty_proxy.clear()
+        log.close()
 
 
 def test_close_while_s3_does_not_answer_is_bounded_and_reports_outcome_unknown(faulty_proxy, spec_at):
