@@ -8,7 +8,11 @@ owner's advertised address, generation). A write is acknowledged only if the mem
 owns the partition, in the same generation, with its ZooKeeper session, after the write
 (:class:`~sediment.errors.MembershipLost` otherwise, an outcome-unknown error the client
 retries at the owner). A read is refused the same way before it starts and again before
-its answer leaves, so a superseded owner never answers from stale state; nor does it fail
+its answer leaves, so an owner answers only while it still believes it serves the partition:
+one deposed by a move while live and in touch answers until its next pass sees the move
+(or, on S3, its log's look notices the new owner's claim, 2 s); a snapshot at a sealed time
+is the same there, but ``sealed()``, a replay of the unsealed tail and the schema may be
+behind the new owner's (docs/reliability.md, session 32). Nor does it fail
 from stale state: a call (or a replay's stream) that fails at a member that lost the
 partition meanwhile answers MembershipLost, not, say, that a batch the new owner compacted
 away is missing (BatchCorruption) or that the engine's store was closed (BlobError), which

@@ -115,5 +115,6 @@ def record_open(root: str, plan: Plan, found: mf.Manifest | None, active: Segmen
     if same:
         mf.write_end(root, m, end)
         return
+    fsync_dir(os.path.dirname(active.path))  # names a killed roll or open left in the page cache only
     m.durable_end = end
     mf.write(root, m)

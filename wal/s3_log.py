@@ -334,7 +334,7 @@ class S3Log:
             waiting, self._queue = self._queue, []
         err = exc if isinstance(exc, (*_TAKEN_OVER, OutcomeUnknown)) else \
             WalError(f"write to the log at {self.dir} failed: {exc}; not acknowledged")
-        for p in batch + waiting:
+        for p in [q for q in batch if not q.done.is_set()] + waiting:  # an answered one landed: it stays so
             p.error = err
             p.done.set()
         if isinstance(exc, _TAKEN_OVER):

@@ -377,3 +377,32 @@ def _append_or_error_of(ticket) -> BaseException | int:
         return ticket.wait()
     except BaseException as exc:  # noqa: BLE001 - the outcome is what the test looks at
         return exc
+
+
+def test_an_append_that_landed_stays_acknowledged_when_the_segment_boundary_after_it_meets_a_claim(
+        serializing_proxy, spec_at):
+    """The group's object lands (its waiters are told so), then the segment's end object the
+    writer writes right after it meets a new writer's claim. The append is in the log: its
+    ticket must not turn into WalFenced ("nothing written") afterwards, which a cluster member
+    answers as a redirect and a client resends at the new owner, doubling it."""
+    spec = spec_at(serializing_proxy.endpoint)
+    old = S3Log.open(spec, create=True, segment_bytes=4096)
+    try:
+        old.append([row(0)])
+        boundary = fmt.slot_name(0, old._next_slot + 1)  # the group takes the next slot, its end the one after
+        hold = serializing_proxy.hold_next(1, match=lambda m, p: m == "PUT" and p.split("?")[0].endswith(boundary))
+        big = rec.Record(K.UPDATES, relation_id=1, t_lo=1, t_hi=1, count=1, body=b"x" * 5000)
+        ticket = old.submit([big])
+        assert hold.reached.wait(30), "the segment's end object is on its way once the group landed"
+        assert ticket.settled()
+        new = S3Log.open(spec)  # claims the slot the segment's end is aimed at
+        try:
+            hold.release.set()
+            with pytest.raises(WalFenced):  # the writer is fenced for what comes next
+                old.finish_segment()
+            assert ticket.wait() == big.lsn  # what landed stays acknowledged
+            assert bodies(new).count(bytes(big.body)) == 1
+        finally:
+            new.close()
+    finally:
+        old.close()

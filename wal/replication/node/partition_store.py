@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from sediment._fs import lock_file, makedirs_durable
+from sediment._fs import fsync_dir, lock_file, makedirs_durable
 from sediment.errors import DataDirLocked, InvalidArgument, WalError, WalMissing
 from sediment.wal import log_reader as lr
 from sediment.wal import manifest as mf
@@ -145,6 +145,7 @@ class FilePartitionStore:
         os.fsync(files.fd)  # what was read back is now durable, so it may be recorded as the durable end
         self._manifest.active_first = active.first_lsn
         self._manifest.durable_end = max(self._manifest.durable_end, active.next_lsn)
+        fsync_dir(self.dir)  # names a killed roll left in the page cache only: the manifest records them now
         mf.write(self.root, self._manifest)
 
     def _interrupted_reset(self, plan: lr.Plan) -> bool:
