@@ -40,6 +40,7 @@ from sediment.wal.protocol import WriteAheadLog
 
 log = logging.getLogger(__name__)
 _MERGE_WORKERS = pool_workers()  # merge windows of a large snapshot sorted at once
+MAX_LEASE_SECONDS = 86400  # the longest read plan lease (plan_read)
 
 
 class _Stored(NamedTuple):
@@ -308,10 +309,16 @@ class Reads:
                   lease_seconds: float = 600.0) -> ReadPlan:
         """Pin the relation's current batches for ``lease_seconds`` and describe how to read it
         as of ``as_of`` (changes in (from_t, as_of] when ``from_t`` is given) directly from
-        the blob store. Call :meth:`release_read` when done."""
+        the blob store. Call :meth:`release_read` when done. A lease holds every batch that
+        compaction replaces and every trim of the log after it until it ends, so it is at most
+        ``MAX_LEASE_SECONDS`` (a day): a longer read plans again."""
         as_of = check_time(as_of, "as_of")
         from_t = args.check_optional_time(from_t, "from_t")
         args.check_number(lease_seconds, "lease_seconds")
+        if lease_seconds > MAX_LEASE_SECONDS:
+            raise InvalidArgument(f"lease_seconds must be at most {MAX_LEASE_SECONDS} (a day), not {lease_seconds!r}: "
+                                  "a lease keeps every replaced batch and the log's trim waiting until it ends; "
+                                  "plan again for a longer read")
         with self._lock:
             rel = self.view.get(name)
             low = rel.entry.since if from_t is None else from_t

@@ -104,6 +104,7 @@ def test_bad_arguments_are_invalid_argument_and_change_nothing(seeded, tmp_path)
         "plan_read lease 0": lambda: eng.plan_read("orders", 5, lease_seconds=0),
         "plan_read lease nan": lambda: eng.plan_read("orders", 5, lease_seconds=math.nan),
         "plan_read lease str": lambda: eng.plan_read("orders", 5, lease_seconds="60"),
+        "plan_read lease over a day": lambda: eng.plan_read("orders", 5, lease_seconds=86400.5),
         "release_read str": lambda: eng.release_read("1"),
         "release_read negative": lambda: eng.release_read(-1),
         "append locks str": lambda: eng.append("orders", ups([(3, "c", 8, 1)]), locks="w"),

@@ -164,6 +164,56 @@ def test_a_failed_group_write_fails_every_waiter_and_the_partition(tmp_path: Pat
     reopened.close()
 
 
+class HeldStateStore(FilePartitionStore):
+    """A real replica store whose state writes wait for ``release`` once ``hold`` is set."""
+
+    def __init__(self, root: str, partition: int) -> None:
+        control = ControlFile.create(root, KEY)
+        control.add_partition(partition)
+        super().__init__(root, partition, control, threading.Lock())
+        self.hold, self.entered, self.release = threading.Event(), threading.Event(), threading.Event()
+
+    def write_state(self, state: PartitionState) -> None:
+        if self.hold.is_set():
+            self.entered.set()
+            self.release.wait(60)
+        super().write_state(state)
+
+
+def test_a_resent_open_is_answered_only_once_the_session_it_names_is_durable(tmp_path: Path) -> None:
+    """A coordinator that resends OPEN (its first answer late) was answered at once when the
+    first OPEN's state write was still queued: a power cut then could bring the node back
+    with the older session, which it had been told was fenced. The resent OPEN now waits for
+    that write, as the first one does."""
+    store = HeldStateStore(str(tmp_path), 0)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            address = await serve_in_process(nursery, StorageNode(KEY, lambda pid: store))
+            conn = await ReplicaConnection.open(nursery, address, tcp_connect, KEY, 0, 30.0)
+            assert (await conn.call(MsgType.OPEN, SESSION)).ok
+            store.hold.set()
+            first = conn.request(MsgType.OPEN, SESSION + 1)
+            await trio.to_thread.run_sync(store.entered.wait)  # the writer is inside its state write
+            resent = conn.request(MsgType.OPEN, SESSION + 1)
+            info = await conn.call(MsgType.INFO, SESSION + 1)  # answered at once, after the resend was handled
+            assert info.ok
+            assert not resent.done.is_set() and not first.done.is_set()  # neither before the write is durable
+            store.release.set()
+            for call in (first, resent):
+                await call.done.wait()
+                assert call.response is not None and call.response.ok
+            assert ControlFile.open(str(tmp_path)).read_state(0).session_id == SESSION + 1
+            conn.kill("done")
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        store.release.set()
+    join_writers()
+
+
 def test_replies_larger_than_the_socket_buffer_do_not_interleave_with_acks(tmp_path: Path) -> None:
     """READ replies (from the trio thread) far larger than the socket buffers, with append
     acknowledgements (from the writer thread) arriving while they are being sent: every

@@ -314,8 +314,8 @@ class StorageNode:
         if req.type == MsgType.OPEN:
             before = part.queued_state
             part.highest_session = req.session_id
-            if before.session_id == req.session_id:
-                reply(self._reply(req, part, payload=OPEN_PAYLOAD.pack(before.session_id)))
+            if before.session_id == req.session_id:  # a resent OPEN: answered once its state write is durable
+                part.enqueue(_CALL, (_nothing, 0), self._after(req, part, reply, OPEN_PAYLOAD.pack(before.session_id)))
                 return None
             new = PartitionState(req.session_id, before.low_water_mark, before.local_low_water_mark)
             part.queued_state = new
