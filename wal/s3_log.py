@@ -134,10 +134,8 @@ class S3Log:
         whose log vanished must not start over). Every object from the start to the newest is
         read and checked (the rules of wal/s3_objects.py) after this writer's CLAIM is in
         place, so nothing a fenced writer acknowledged can be missed. ``close_timeout``: how long
-        :meth:`close` waits for the PUTs still to make. ``s3_options`` go to the boto3 client
-        (``connect_timeout``, ``read_timeout``, ``max_attempts``, ...) and to the slot store
-        (``outcome_deadline``: how long a PUT of unknown outcome is resolved before its appends
-        get WalOutcomeUnknown)."""
+        :meth:`close` waits for the PUTs still to make. ``s3_options`` go to the slot store
+        (``outcome_deadline``) and its boto3 client (``connect_timeout``, ``max_attempts``, ...)."""
         if repair:
             raise RepairRefused(f"{spec}: the log on S3 has no repair; restore the damaged objects (or delete the "
                                 "ones you accept to lose, then the rest from that slot up) and reopen")
