@@ -60,6 +60,7 @@ from sediment.cluster.metrics import ClusterMetrics
 from sediment.cluster.probe import PeerProbe
 from sediment.cluster.zk_membership import ZK_CALL_TIMEOUT, ZooKeeperMembership  # noqa: F401 - where callers found it
 from sediment.errors import MembershipLost, NotPartitionOwner
+from sediment.wording import counted
 
 POLL = 0.5  # seconds between the control loop's looks when no watch fires
 OPEN_RETRY = 1.0  # seconds before a partition whose open failed is tried again
@@ -190,8 +191,8 @@ class Member:
             t.start()
         for t in threads:
             t.join(max(0.0, started + wait - time.monotonic()))
-        log.info("member %s compacted the WAL tails of %d partitions before handing them over (%.3f s)",
-                 self.member_id, sum(not t.is_alive() for t in threads), time.monotonic() - started)
+        log.info("member %s compacted the WAL tails of %s before handing them over (%.3f s)",
+                 self.member_id, counted(sum(not t.is_alive() for t in threads), "partition"), time.monotonic() - started)
 
     def stop(self) -> None:
         """Close every partition and end the session (the ephemeral znode goes with it)."""

@@ -99,5 +99,8 @@ class PeerProbe:
             changed, self._refusing = now != self._refusing, now
         if changed:
             if now:
-                log.warning("members %s refuse connections: they are removed from the members", ",".join(sorted(now)))
+                one = len(now) == 1
+                log.warning("%s %s: %s removed from the members", "member" if one else "members",
+                            ", ".join(sorted(now)), "it refuses connections and is" if one else
+                            "they refuse connections and are")
             self._changed()

@@ -30,7 +30,8 @@ class VerifyReport:
     checked: list[str] = field(default_factory=list)
     wal_findings: list = field(default_factory=list)  # log_reader.Problem, for --json and repair reports
     wal_end: int | None = None  # the LSN after the last record the file log would hold after open
-    what: str = "files"  # what ``checked`` lists (a replicated engine's are not all files)
+    what: str = "file"  # what ``checked`` lists, one of them (a replicated engine's are not all files)
+    kinds: str = ""  # which kinds of items, for the summary line
 
     @property
     def ok(self) -> bool:

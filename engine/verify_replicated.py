@@ -28,6 +28,7 @@ from sediment.engine.data_dir import MARKER_NAME, StorageRecord, read_marker, tr
 from sediment.engine.verify import VerifyReport, verify_trace_batches
 from sediment.errors import SedimentError
 from sediment.metadata import names
+from sediment.wording import counted
 
 
 def verify_replicated(data_dir: str, spec: str, report: VerifyReport, *, blob: str | None = None,
@@ -35,7 +36,7 @@ def verify_replicated(data_dir: str, spec: str, report: VerifyReport, *, blob: s
     """Check the replicated engine whose metadata store is ``spec`` (see the module doc)."""
     from sediment.metadata.open_store import open_metadata_store
 
-    report.what = "items (marker, metadata keys, batches, storage-node partitions)"
+    report.what, report.kinds = "item", "marker, metadata keys, batches, storage-node partitions"
     try:
         store = open_metadata_store(spec, timeout=timeout) if spec.startswith("zk://") else open_metadata_store(spec)
     except SedimentError as exc:
@@ -69,14 +70,14 @@ def _verify_s3_log(meta: dict, record: StorageRecord, report: VerifyReport) -> N
     """The log on S3 as its open reads it (wal/s3_objects.py), then that it reaches every trace."""
     from sediment.wal.s3_log import check_log
 
-    report.what = "items (marker, metadata keys, batches, the log on S3)"
+    report.what, report.kinds = "item", "marker, metadata keys, batches, the log on S3"
     try:
         end, notes, checked = check_log(record.wal, record.s3_endpoint)
     except SedimentError as exc:
         report.problems.append(f"{type(exc).__name__}: {exc} (open refuses)")
         return
     report.notes += notes
-    report.checked.append(f"{record.wal}: {checked} objects, LSN up to {end - 1}")
+    report.checked.append(f"{record.wal}: {counted(checked, 'object')}, LSN up to {end - 1}")
     report.problems += [f"in the log on S3: {p}" for p in traces_past_log(record.wal, end, trace_ends(meta))]
 
 
@@ -124,7 +125,7 @@ def _verify_partition(meta: dict, record: StorageRecord, spec: str, report: Veri
         if not r.reachable:
             report.notes.append(f"{where}: not reachable, not checked ({r.error})")
             continue
-        report.checked.append(f"{where}: LSN {r.first_lsn}..{r.max_lsn} ({r.records} records)")
+        report.checked.append(f"{where}: LSN {r.first_lsn}..{r.max_lsn} ({counted(r.records, 'record')})")
         if r.node_session > partition.session_id:
             report.problems.append(f"{where}: at session {r.node_session}, newer than the metadata's "
                                    f"{partition.session_id}: another metadata store uses these nodes (open refuses)")

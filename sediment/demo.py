@@ -34,6 +34,7 @@ import pyarrow as pa
 import sediment
 from sediment.errors import SedimentError
 from sediment.progress import Progress
+from sediment.wording import counted
 
 if TYPE_CHECKING:
     from sediment.client import Client
@@ -163,7 +164,7 @@ def _verify(spark: Any, stream: Any, uri: str, s: _Settings) -> list[str]:
                 wrong = differences(got, expected(stream, as_of, from_t))
             if wrong:
                 what = f"as_of {as_of}" + (f" from {from_t}" if from_t is not None else "")
-                mismatches.append(f"{what}: {wrong} rows differ")
+                mismatches.append(f"{what}: {counted(wrong, 'row')} differ{'s' if wrong == 1 else ''}")
             bar.update(1)
     return mismatches
 
@@ -171,7 +172,8 @@ def _verify(spark: Any, stream: Any, uri: str, s: _Settings) -> list[str]:
 def _report(s: _Settings, total: int, info: dict, timings: dict[str, float], mismatches: list[str]) -> int:
     print(f"sediment demo: {total} updates over {s.times} times, fed by Spark in {s.jobs} jobs (each committed "
           f"atomically) into relation {RELATION!r}" + (f" (batches on {s.options['blob']})" if s.blob else ""))
-    print(f"  trace: {info['batches']} batches, {info['rows']} rows ({info['bytes'] / 1e6:.1f} MB), "
+    print(f"  trace: {counted(info['batches'], 'batch')}, {counted(info['rows'], 'row')} "
+          f"({info['bytes'] / 1e6:.1f} MB), "
           f"since {info['since']}, upper {info['upper']}; engine restarted before the reads")
     print("  timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     if mismatches:

@@ -40,13 +40,16 @@ def progress_forced() -> bool | None:
     return None
 
 
-def _human(n: float, unit: str) -> str:
-    """``1536, "B"`` -> ``1.5 KiB``; other units step by 1000 (``12.3k rows``)."""
+def _human(n: float, unit: str, *, rate: bool = False) -> str:
+    """``1536, "B"`` -> ``1.5 KiB``; other units step by 1000 (``12.3k rows``), and a count of
+    exactly one takes the singular (``1 row``; a rate keeps ``rows/s``)."""
     binary = unit == "B"
     steps, base = (("B", "KiB", "MiB", "GiB", "TiB"), 1024.0) if binary else (("", "k", "M", "G", "T"), 1000.0)
     for step in steps:
         if abs(n) < base or step == steps[-1]:
             text = f"{n:.0f}" if step in ("", "B") else f"{n:.1f}"
+            if not rate and text == "1" and step == "" and unit.endswith("s"):
+                unit = unit[:-1]
             return f"{text} {step}" if binary else f"{text}{step}" + (f" {unit}" if unit else "")
         n /= base
     raise AssertionError("unreachable")
@@ -83,7 +86,7 @@ class Progress:
                              file=self._stream, mininterval=0.1, dynamic_ncols=True, leave=True,
                              **({} if self.counts else {"bar_format": "{desc}: {elapsed}"}))
         elif self.mode == "lines":
-            of = f" of {_human(self.total, unit)}" if self.total else ""
+            of = f", {_human(self.total, unit)}" if self.total else ""
             self._write(f"{self.label}: started{of}")
 
     def _write(self, line: str) -> None:
@@ -107,7 +110,7 @@ class Progress:
         if not self.counts:
             return f"{self.label}: done in {elapsed:.1f} s"
         return (f"{self.label}: done, {_human(self.done, self.unit)} in {elapsed:.1f} s "
-                f"({_human(self.done / elapsed, self.unit)}/s)")
+                f"({_human(self.done / elapsed, self.unit, rate=True)}/s)")
 
     def close(self) -> None:
         """End the display: the bar's final state, or the closing line. Idempotent."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from sediment.cli.arg_types import positive_seconds
 from sediment.cli.files import UsageError
+from sediment.wording import counted
 
 LEAVE_TIMEOUT = 20.0  # seconds a SIGTERM'd member waits for its partitions to move before it exits anyway
 
@@ -74,7 +75,7 @@ def cmd_cluster_create(args: argparse.Namespace) -> int:
     finally:
         zk.stop()
         zk.close()
-    print(f"created cluster {where.uri}: {config.partitions} partitions on {','.join(config.replicas)}")
+    print(f"created cluster {where.uri}: {counted(config.partitions, 'partition')} on {','.join(config.replicas)}")
     return 0
 
 
@@ -99,7 +100,7 @@ def _create_s3_cluster(args: argparse.Namespace, uri: str) -> int:
         s3_layout.create(store, where, config)
     finally:
         store.close()
-    print(f"created cluster {where.uri}: {config.partitions} partitions on the S3 log at {wal}")
+    print(f"created cluster {where.uri}: {counted(config.partitions, 'partition')} on the S3 log at {wal}")
     return 0
 
 

@@ -40,6 +40,7 @@ from sediment.cli.files import (
 from sediment.engine.schema import check_name, conform_updates, update_schema
 from sediment.engine.schema_text import parse_schema_spec
 from sediment.errors import AsOfOutOfRange, EngineClosed, SchemaMismatch, SedimentError, TimeAlreadySealed
+from sediment.wording import counted
 
 KEEP_VALIDATED_BYTES = 256 << 20  # below this, the checked chunks are appended without reading the file again
 
@@ -222,7 +223,7 @@ def cmd_append(args: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):  # report the first failure, not the abort's
                 txn.abort()
             raise
-    print(f"appended {rows} rows to {args.name} from {path} (times {t_lo}..{t_hi})")
+    print(f"appended {counted(rows, 'row')} to {args.name} from {path} (times {t_lo}..{t_hi})")
     return 0
 
 
@@ -267,12 +268,13 @@ def cmd_compact(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         names = [args.name] if args.name else engine.relations()
         before = {n: engine.trace_info(n) for n in names}
-        with progress_for(args, 0, "compact " + (args.name or f"{len(names)} relations"), ""):
+        with progress_for(args, 0, "compact " + (args.name or counted(len(names), "relation")), ""):
             engine.compact(args.name)
         for n in names:
             info = engine.trace_info(n)
-            print(f"compacted {n}: {info['batches']} batches, {info['rows']} rows, upper {info['upper']}, "
-                  f"{info['tail_records']} WAL records left (was {before[n]['tail_records']})")
+            print(f"compacted {n}: {counted(info['batches'], 'batch')}, {counted(info['rows'], 'row')}, upper "
+                  f"{info['upper']}, {counted(info['tail_records'], 'WAL record')} left (was "
+                  f"{before[n]['tail_records']})")
     return 0
 
 
@@ -311,7 +313,7 @@ def cmd_read(args: argparse.Namespace) -> int:
         check_csv_writable(table, args.name)
     if args.out:
         _write_atomically(table, args.out, fmt)
-        print(f"wrote {table.num_rows} rows of {args.name} {what} to {args.out}")
+        print(f"wrote {counted(table.num_rows, 'row')} of {args.name} {what} to {args.out}")
     else:
         _write_stdout_csv(table)
     return 0

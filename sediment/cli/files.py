@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from sediment._fs import fsync_dir
 from sediment.errors import SedimentError
+from sediment.wording import counted
 
 FORMATS = ("csv", "parquet")
 _EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet"}
@@ -131,10 +132,10 @@ def _print_stats(stats: dict) -> None:
 
 def _print_engine_stats(stats: dict) -> None:
     wal, storage = stats["wal"], stats["storage"]
-    size = "" if wal.get("bytes") is None else f", {wal['segments']} segments, {wal['bytes']} bytes on disk"
+    size = "" if wal.get("bytes") is None else f", {counted(wal['segments'], 'segment')}, {wal['bytes']} bytes on disk"
     print(f"wal: {wal['kind']}, LSN {wal['start_lsn']}..{wal['end_lsn']}{size}, backlog "
-          f"{wal['backlog_records']} records / {wal['backlog_bytes']} bytes not yet compacted, "
-          f"{wal['open_transactions']} open transactions")
+          f"{counted(wal['backlog_records'], 'record')} / {wal['backlog_bytes']} bytes not yet compacted, "
+          f"{counted(wal['open_transactions'], 'open transaction')}")
     print(f"storage: data {storage['data_dir']}, blobs {storage['blob']}, metadata "
           f"{storage['metadata'] or '<data-dir>/meta'}")
     columns = ["relation", "rows", "batches", "stored_bytes", "since", "sealed", "trace_upper", "tail_records",

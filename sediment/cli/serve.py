@@ -37,6 +37,7 @@ from sediment.cli.common import data_dir_of, open_engine
 from sediment.cli.discover import advertised
 from sediment.cli.files import UsageError
 from sediment.errors import SedimentError
+from sediment.wording import counted
 
 DEFAULT_LISTEN = "127.0.0.1:8815"
 DEFAULT_GRACE = 30.0
@@ -249,7 +250,7 @@ def _serve_until_stopped(args: argparse.Namespace, engine: Any, server: Any, sto
                 pass
         if superseded:
             print(f"sediment serve: {superseded[0]}", file=sys.stderr, flush=True)
-        print(f"stopping: {len(server.open_transactions)} open transactions will be aborted",
+        print(f"stopping: {counted(len(server.open_transactions), 'open transaction')} will be aborted",
               file=sys.stderr, flush=True)
     finally:
         try:

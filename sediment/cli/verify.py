@@ -12,11 +12,12 @@ from sediment.engine.data_dir import DataDir, read_marker
 from sediment.engine.verify import VerifyReport, verify_data_dir
 from sediment.engine.verify_replicated import verify_engine
 from sediment.errors import InvalidArgument, SedimentError
+from sediment.wording import counted
 
 
 def _print_report(report: VerifyReport, verbose: bool) -> None:
     """One line per note and problem (each names its file and offset), so scripts can grep them."""
-    print(f"checked {len(report.checked)} {report.what}")
+    print(f"checked {counted(len(report.checked), report.what)}" + (f" ({report.kinds})" if report.kinds else ""))
     if verbose:
         for path in report.checked:
             print(f"  {path}")
@@ -25,7 +26,7 @@ def _print_report(report: VerifyReport, verbose: bool) -> None:
     for problem in report.problems:
         print(f"problem: {_one_line(problem)}")
     problems = len(report.problems)
-    print("ok: no problems" if not problems else f"{problems} problem{'s' if problems != 1 else ''} found")
+    print("ok: no problems" if not problems else f"{counted(problems, 'problem')} found")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

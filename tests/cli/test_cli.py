@@ -237,7 +237,7 @@ def test_format_override(ddir, tmp_path, capsys):
     src = write_csv(tmp_path / "updates.txt", "7,gus,3,1\n")
     rc, _, err = run(capsys, ddir, "append", "orders", src)
     assert_one_line_error(rc, err, "updates.txt", "--format", code=2)
-    assert "appended 1 rows" in ok(capsys, ddir, "append", "orders", src, "--format", "csv")
+    assert "appended 1 row to" in ok(capsys, ddir, "append", "orders", src, "--format", "csv")
     ok(capsys, ddir, "seal", "orders", "3")
     out = tmp_path / "snap.bin"
     ok(capsys, ddir, "read", "orders", "--as-of", "3", "--out", str(out), "--format", "parquet")
@@ -314,7 +314,7 @@ def test_progress_is_off_when_piped_lines_when_asked_and_nothing_when_off(tmp_pa
                                                                   "append u.csv"]
     assert "append u.csv: done, 500 rows in" in err
     rc, _, err = run(capsys, d, "compact", "--progress")  # a phase that counts nothing gives its time only
-    assert rc == 0 and re.search(r"^compact 1 relations: done in \d+\.\d s$", err, re.M), err
+    assert rc == 0 and re.search(r"^compact 1 relation: done in \d+\.\d s$", err, re.M), err
     rc, _, err = run(capsys, d, "append", "orders", src, "--no-progress")
     assert rc == 0 and err == ""
 
@@ -332,7 +332,7 @@ def test_progress_modes_and_summary(monkeypatch):
         clock.advance(8.0)
         bar.update(1000)
         assert bar.summary() == "copy: done, 1.0k rows in 8.0 s (125 rows/s)"
-    assert lines.getvalue().splitlines() == ["copy: started of 1.0k rows", "copy: done, 1.0k rows in 8.0 s (125 rows/s)"]
+    assert lines.getvalue().splitlines() == ["copy: started, 1.0k rows", "copy: done, 1.0k rows in 8.0 s (125 rows/s)"]
     uncounted = io.StringIO()
     with Progress(0, "start", stream=uncounted, clock=clock, force=True):
         clock.advance(1.5)

@@ -56,7 +56,7 @@ def test_an_append_that_meets_the_new_owners_claim_is_a_redirect(tmp_path, moto_
                 leaving.signal(signal.SIGTERM)  # partition 0 goes to the other member, which claims its log
                 # the leaving owner ends its log's segment and compacts first; only then is the partition
                 # reassigned, so the next PUT of its log after that is the new owner's claim
-                wait_logged(leaving, "compacted the WAL tails of 1 partitions")
+                wait_logged(leaving, "compacted the WAL tails of 1 partition before")
                 claim_slot = int(slot_objects(moto_server, s3_bucket[1], cluster, 0)[-1].rsplit("/", 1)[1]) + 1
                 claim = proxy.hold_next(1, match=wal_put(cluster, 0, claim_slot))
                 assert claim.reached.wait(HOLD_WAIT), "the new owner's claim never reached S3"

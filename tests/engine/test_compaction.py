@@ -287,7 +287,7 @@ def test_cli_compact_then_verify_names_a_damaged_or_missing_batch(tmp_path, caps
     assert main(["--data-dir", data, "append", "r", str(csv)]) == 0
     assert main(["--data-dir", data, "seal", "r", "2"]) == 0
     assert main(["--data-dir", data, "compact"]) == 0
-    assert "compacted r: 1 batches, 2 rows, upper 3" in capsys.readouterr().out
+    assert "compacted r: 1 batch, 2 rows, upper 3" in capsys.readouterr().out
     assert main(["--data-dir", data, "verify"]) == 0
     blobs = os.path.join(data, "blobs")
     (key,) = [os.path.relpath(os.path.join(b, f), blobs) for b, _d, fs in os.walk(blobs) for f in fs

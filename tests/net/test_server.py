@@ -620,7 +620,7 @@ def test_sediment_serve_process_serves_and_stops_cleanly_on_sigterm(tmp_path):
             proc.kill()
             proc.wait(timeout=10)
     assert _rest(lines) == [f"stopped serving {data}"]
-    assert "1 open transactions will be aborted" in proc.stderr.read()
+    assert "1 open transaction will be aborted" in proc.stderr.read()
     with sediment.open(data) as eng:
         assert eng.sealed("r") == 3 and rows(eng.snapshot("r", 3)) == expected == [(1, "a", 1), (2, "b", 1),
                                                                                      (3, "c", 1)]

@@ -1,0 +1,60 @@
+"""What a new user reads on a first run: counts in their grammar ("1 row", not "1 rows")."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from sediment.cli import main
+from sediment.clock import ManualClock
+from sediment.progress import Progress
+from sediment.wording import counted
+
+
+def run(capsys: pytest.CaptureFixture[str], data_dir, *argv: str) -> tuple[int, str, str]:
+    rc = main(["--data-dir", str(data_dir), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_row_relation(tmp_path, capsys) -> str:
+    """A relation holding one update at time 1, sealed through 1."""
+    data = tmp_path / "data"
+    src = tmp_path / "one.csv"
+    src.write_text("id,time,diff\n7,1,1\n")
+    for argv in (("relation", "add", "r", "--schema", "id:int64"), ("append", "r", str(src)), ("seal", "r", "1")):
+        rc, out, err = run(capsys, data, *argv)
+        assert rc == 0, err
+        if argv[0] == "append":
+            assert out == f"appended 1 row to r from {src} (times 1..1)\n", out
+    return str(data)
+
+
+def test_counted_says_one_in_the_singular():
+    assert counted(1, "batch") == "1 batch" and counted(2, "batch") == "2 batches"
+    assert counted(0, "row") == "0 rows" and counted(1, "row") == "1 row"
+    assert counted(1, "open transaction") == "1 open transaction"
+
+
+def test_commands_print_one_row_and_one_batch_in_the_singular(tmp_path, capsys):
+    data = one_row_relation(tmp_path, capsys)
+    rc, out, err = run(capsys, data, "compact", "--progress")
+    assert rc == 0, err
+    assert re.fullmatch(r"compacted r: 1 batch, 1 row, upper 2, 0 WAL records left \(was \d+\)\n", out), out
+    assert re.search(r"^compact 1 relation: done in", err, re.M), err
+    rc, out, err = run(capsys, data, "read", "r", "--as-of", "1", "--out", str(tmp_path / "r.csv"))
+    assert (rc, out) == (0, f"wrote 1 row of r as of 1 to {tmp_path / 'r.csv'}\n"), err
+    rc, out, err = run(capsys, data, "verify")
+    assert rc == 0 and " 1 problems" not in out and "1 files" not in out, out
+
+
+def test_progress_lines_count_one_row_in_the_singular():
+    lines = io.StringIO()
+    clock = ManualClock()
+    with Progress(1, "append f.csv", "rows", stream=lines, clock=clock, force=True) as bar:
+        clock.advance(2.0)
+        bar.update(1)
+    assert lines.getvalue().splitlines() == ["append f.csv: started, 1 row",
+                                             "append f.csv: done, 1 row in 2.0 s (0 rows/s)"]
