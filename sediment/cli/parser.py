@@ -60,13 +60,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _time_arg(text: str) -> int:
-    """A time on the command line: an integer in [0, 2**63)."""
+    """A time on the command line: an integer in [0, 2**63). Both refusals state the same
+    range, so a user who typed ``abc`` is not told less than one who typed ``-3``."""
     try:
         t = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid time {text!r}: times are integers >= 0") from None
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: not a whole number; a time is an integer in "
+                                         "[0, 2**63), such as 2") from None
     if not 0 <= t < 1 << 63:
-        raise argparse.ArgumentTypeError(f"invalid time {text!r}: times are integers in [0, 2**63)")
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: outside [0, 2**63); a time is an integer in that "
+                                         "range, such as 2")
     return t
 
 

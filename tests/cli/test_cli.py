@@ -267,7 +267,7 @@ def test_version_and_usage_errors(tmp_path, capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"sediment {sediment.__version__}"
     assert_one_line_error(main([]), capsys.readouterr().err, "COMMAND", code=2)
-    assert_one_line_error(main(["seal", "orders", "-3"]), capsys.readouterr().err, "invalid time", code=2)
+    assert_one_line_error(main(["seal", "orders", "-3"]), capsys.readouterr().err, "invalid time", "[0, 2**63)", code=2)
     assert_one_line_error(main(["seal", "orders", "soon"]), capsys.readouterr().err, "'soon'", code=2)
     assert_one_line_error(main(["frobnicate"]), capsys.readouterr().err, "frobnicate", code=2)
     assert_one_line_error(main(["read", "orders"]), capsys.readouterr().err, "--as-of", code=2)

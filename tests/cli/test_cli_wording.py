@@ -1,4 +1,5 @@
-"""What a new user reads on a first run: counts in their grammar ("1 row", not "1 rows")."""
+"""What a new user reads on a first run: counts in their grammar ("1 row", not "1 rows"), and
+one wording, with the range, for every refused time."""
 
 from __future__ import annotations
 
@@ -58,3 +59,14 @@ def test_progress_lines_count_one_row_in_the_singular():
         bar.update(1)
     assert lines.getvalue().splitlines() == ["append f.csv: started, 1 row",
                                              "append f.csv: done, 1 row in 2.0 s (0 rows/s)"]
+
+
+@pytest.mark.parametrize("word", ["abc", "1.5", "-3", str(1 << 63)])
+def test_a_refused_time_gets_one_wording_with_the_range(tmp_path, capsys, word):
+    data = one_row_relation(tmp_path, capsys)
+    rc, out, err = run(capsys, data, "seal", "r", word)
+    assert rc == 2 and out == "", err
+    assert err.count("\n") == 1 and err.startswith("sediment: error: argument T: invalid time "), err
+    assert "a time is an integer in" in err and "[0, 2**63)" in err and "such as 2" in err, err
+    rc, _out, err = run(capsys, data, "read", "r", "--as-of", word)
+    assert rc == 2 and "argument --as-of: invalid time" in err and "[0, 2**63)" in err, err
