@@ -304,11 +304,12 @@ def cmd_read(args: argparse.Namespace) -> int:
         raise UsageError(f"--from {args.from_t} is after --as-of {args.as_of}: changes run forward in time")
     if args.out:
         check_output_path(args.out)
-    with open_engine(args) as engine:
+    what = f"as of {args.as_of}" if args.from_t is None else f"changes in ({args.from_t}, {args.as_of}]"
+    with open_engine(args) as engine, progress_for(args, 0, f"read {args.name} {what}", "rows") as bar:
         table = _snapshot_for(engine, args.name, args.as_of, "--as-of")
         if args.from_t is not None:
             table = _difference(table, _snapshot_for(engine, args.name, args.from_t, "--from"))
-    what = f"as of {args.as_of}" if args.from_t is None else f"changes in ({args.from_t}, {args.as_of}]"
+        bar.update(table.num_rows)
     if fmt == "csv":
         check_csv_writable(table, args.name)
     if args.out:

@@ -1,5 +1,6 @@
-"""What a new user reads on a first run: counts in their grammar ("1 row", not "1 rows"), and
-one wording, with the range, for every refused time."""
+"""What a new user reads on a first run: counts in their grammar ("1 row", not "1 rows"), one
+wording for every refused time, and `read --progress` saying what it does, as the other
+commands' progress does."""
 
 from __future__ import annotations
 
@@ -70,3 +71,15 @@ def test_a_refused_time_gets_one_wording_with_the_range(tmp_path, capsys, word):
     assert "a time is an integer in" in err and "[0, 2**63)" in err and "such as 2" in err, err
     rc, _out, err = run(capsys, data, "read", "r", "--as-of", word)
     assert rc == 2 and "argument --as-of: invalid time" in err and "[0, 2**63)" in err, err
+
+
+def test_read_shows_progress_when_asked_and_nothing_otherwise(tmp_path, capsys):
+    data = one_row_relation(tmp_path, capsys)
+    rc, out, err = run(capsys, data, "read", "r", "--as-of", "1", "--progress")
+    assert rc == 0 and out.splitlines() == ['"id","diff"', "7,1"], err
+    assert [line.split(",")[0] for line in err.splitlines()] == ["read r as of 1: started", "read r as of 1: done"], err
+    assert "1 row in" in err
+    rc, out, err = run(capsys, data, "read", "r", "--as-of", "1", "--from", "0", "--progress")
+    assert rc == 0 and err.splitlines()[0] == "read r changes in (0, 1]: started", err
+    rc, out, err = run(capsys, data, "read", "r", "--as-of", "1")
+    assert rc == 0 and err == "", err
