@@ -303,6 +303,44 @@ def check_not_member(data_dir: str) -> None:
                           f"{cluster}) or use another directory")
 
 
+OWN_NAMES = frozenset({LOCK_NAME, META_NAME, WAL_NAME, BLOBS_NAME, MARKER_NAME, SERVER_NAME, "spill"})
+
+
+def foreign_entries(root: str) -> list[str]:
+    """What a directory holds that no engine makes in its data directory, sorted. A record's
+    temporary file (``NAME.<pid>.tmp``) and a repair report are an engine's own; ``lost+found``
+    is the file system's, at the top of a volume mounted for the data."""
+    try:
+        entries = os.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(n for n in entries if n.split(".", 1)[0] not in OWN_NAMES and n != "lost+found"
+                  and not n.startswith("repair-"))
+
+
+def foreign_dir_problem(data_dir: str) -> str | None:
+    """Why ``data_dir`` is no engine's and may not become one, or None: it holds no engine and
+    files of someone else's (a home or project directory given by mistake)."""
+    if not os.path.isdir(data_dir) or DataDir(data_dir).holds_engine():
+        return None
+    foreign = foreign_entries(data_dir)
+    if not foreign:
+        return None
+    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    return (f"{data_dir} is not a sediment data directory: it holds {shown} and no engine (none of meta/, wal/, "
+            "REPLICATED)")
+
+
+def check_not_foreign(data_dir: str) -> None:
+    """Before anything is created: an engine is made in a new or empty directory, or opened in
+    one that holds an engine (or its interrupted first open's own files), never among other
+    files, where its files would mix with them and removing the data directory removes them."""
+    problem = foreign_dir_problem(data_dir)
+    if problem is not None:
+        raise NotADataDir(f"{problem}; nothing was created: pass a new or empty directory, or the data directory "
+                          "of an existing engine")
+
+
 def check_marker(data_dir: str, metadata: object) -> str | None:
     """Before anything is created: a replicated engine's directory needs its metadata store,
     the one given or else the one its marker names. Returns the marker's spec (None: not a

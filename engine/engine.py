@@ -46,7 +46,14 @@ from sediment.engine.backlog import (
 from sediment.engine.catalog import Catalog
 from sediment.engine.collector import Collector, ReaderPins
 from sediment.engine.compaction import DEFAULT_MAJOR_COMPACTION_QUIET, Compaction, CompactionSettings
-from sediment.engine.data_dir import DataDir, check_marker, check_not_member, traces_past_log, write_marker
+from sediment.engine.data_dir import (
+    DataDir,
+    check_marker,
+    check_not_foreign,
+    check_not_member,
+    traces_past_log,
+    write_marker,
+)
 from sediment.engine.frontiers import SealedFrontiers
 from sediment.engine.locks import DEFAULT_SLOTS, Locks, LockTable
 from sediment.engine.memory import configure_memory_pool
@@ -183,6 +190,7 @@ class Engine:
             metadata = with_s3_endpoint(metadata, s3_endpoint)
         configure_memory_pool(arrow_memory_pool)
         check_not_member(data_dir)  # before anything is created
+        check_not_foreign(data_dir)
         marker = check_marker(data_dir, metadata)
         if metadata is None and marker is not None:
             metadata = marker  # a replicated engine's directory names its metadata store

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from sediment.engine.data_dir import (
     DataDir,
     WalSpec,
+    foreign_dir_problem,
     parse_wal,
     read_storage_record,
     trace_ends,
@@ -256,6 +257,16 @@ def verify_data_dir(data_dir: str, *, blob: str | None = None, s3_endpoint: str 
         report.problems.append(f"{data_dir}: no such data directory")
         return report
     paths = DataDir(data_dir)
+    cluster = paths.member_of()
+    if cluster is not None:  # its partitions are engines of their own, each in partitions/<n>
+        report.problems.append(f"{data_dir} is a cluster member's directory (a member of {cluster}), not an "
+                               "engine's: nothing was checked; verify each of its partitions with sediment "
+                               f"verify --data-dir {os.path.join(data_dir, 'partitions', 'N')}")
+        return report
+    foreign = foreign_dir_problem(data_dir)
+    if foreign is not None:
+        report.problems.append(f"{foreign}: nothing was checked; pass the data directory of an engine")
+        return report
     meta, unreadable = _read_meta(paths.meta)
     wal, recorded = _recorded_wal(meta, unreadable)
     missing = paths.meta_missing()

@@ -74,7 +74,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print("after repair:")
         report = verify_data_dir(data_dir, **blob_options)
         _print_report(report, args.verbose)
-    elif not report.ok and os.path.isdir(data_dir) and not replicated:
+    elif not report.ok and DataDir(data_dir).holds_engine() and not replicated:
         print("`sediment verify --repair` keeps every record that verifies and reports what is lost "
               "(--force to accept losing acknowledged records)")
     return 0 if report.ok else 1

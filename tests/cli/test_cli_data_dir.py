@@ -42,7 +42,10 @@ def test_a_directory_without_an_engine_is_refused_and_left_as_it_was(tmp_path, c
     rc, _out, err = run(capsys, d, *COMMANDS[command])
     assert listing(tmp_path) == before, f"{command} changed {d}"
     if command == "verify --repair":  # verify reports; there is nothing to repair
-        assert rc == 0 and err == ""
+        if holding == "nothing":
+            assert rc == 0 and err == ""
+        else:  # someone else's files: no engine's directory, and so not "ok"
+            assert rc == 1 and err == "" and f"problem: {d} is not a sediment data directory" in _out, _out
         return
     assert_one_line_error(rc, err, f"{d} is not a sediment data directory", "relation add")
 
