@@ -106,7 +106,8 @@ def _verify_partition(meta: dict, record: StorageRecord, spec: str, report: Veri
     from sediment.wal.replication.replica_check import inspect_replicas
     from sediment.wal.replication.vote import quorum_size
 
-    key = names.partition_key(0)
+    log_partition = record.log_partition or 0  # a cluster's partition n is log partition n on the nodes
+    key = names.partition_key(log_partition)
     got = meta.get(key)
     if got is None:
         report.problems.append(f"{spec}/{key}: no partition metadata although the storage record exists; "
@@ -118,10 +119,10 @@ def _verify_partition(meta: dict, record: StorageRecord, spec: str, report: Veri
         report.problems.append(str(exc))
         return
     replicas = list(record.replicas)
-    found = inspect_replicas(replicas, record.cluster_key, 0, timeout)
+    found = inspect_replicas(replicas, record.cluster_key, log_partition, timeout)
     good = []
     for r in found:
-        where = f"storage node {r.address} partition 0"
+        where = f"storage node {r.address} partition {log_partition}"
         if not r.reachable:
             report.notes.append(f"{where}: not reachable, not checked ({r.error})")
             continue

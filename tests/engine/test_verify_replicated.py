@@ -111,3 +111,20 @@ def test_verify_beside_a_running_coordinator_changes_nothing_it_relies_on(tmp_pa
         assert eng.wal.coordinator.fenced is None and eng.wal.coordinator.session == session
         assert eng.snapshot("r", 2).num_rows == 2
         assert not (tmp_path / "other").exists(), "verify created no directory"
+
+
+def test_verify_checks_the_log_partition_the_engine_uses(tmp_path, zookeeper, zk_root, nodes, capsys):
+    """A cluster's partition n keeps its log in partition n of the storage nodes (and its
+    metadata under store/partition/n): verify of its directory checks that one, not 0."""
+    spec = f"zk://{zookeeper.hosts}{zk_root}/p3"
+    data = tmp_path / "partition-3"
+    with sediment.open(data, replicas=[n.address for n in nodes], cluster_key=str(KEY), metadata=spec,
+                       log_partition=3, blob=f"file://{tmp_path}/shared-blobs", clock=ManualClock()) as eng:
+        eng.add_relation("r", SCHEMA)
+        eng.append("r", ups([1, 2], 1))
+        eng.seal("r", 1)
+    code, out = verify(capsys, "--data-dir", str(data), "verify", "--verbose")
+    assert code == 0, out
+    assert "no partition metadata" not in out and out.splitlines()[-1] == "ok: no problems", out
+    for n in nodes:
+        assert f"storage node {n.address} partition 3: LSN" in out, out
