@@ -50,20 +50,21 @@ def verify_replicated(data_dir: str, spec: str, report: VerifyReport, *, blob: s
         return
     finally:
         store.close()
-    report.checked += [f"{spec}/{key}" for key in sorted(meta)]
-    record = _storage_record(meta, spec, report)
+    at = spec.split("?", 1)[0].rstrip("/")  # where the keys are: an s3:// spec's ?endpoint= is no part of it
+    report.checked += [f"{at}/{key}" for key in sorted(meta)]
+    record = _storage_record(meta, at, report)
     if record is None:
         return
     uri = blob or record.blob
     if not uri:
-        report.problems.append(f"{spec}/{names.STORAGE}: records no blob store; the engine refuses to open "
+        report.problems.append(f"{at}/{names.STORAGE}: records no blob store; the engine refuses to open "
                                "(pass --blob s3://bucket/prefix)")
     else:
         verify_trace_batches(meta, uri, s3_endpoint or record.s3_endpoint, report)
     if record.wal_spec.kind == "s3":
         _verify_s3_log(meta, record, report)
     else:
-        _verify_partition(meta, record, spec, report, timeout)
+        _verify_partition(meta, record, at, report, timeout)
 
 
 def _verify_s3_log(meta: dict, record: StorageRecord, report: VerifyReport) -> None:

@@ -122,6 +122,8 @@ def test_the_cli_creates_serves_and_verifies_an_s3_only_engine(tmp_path, s3_buck
     assert main(["--data-dir", d, "verify", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "ok: no problems" in out and o["wal"] in out
+    assert f"  s3://{bucket}/meta/engine/storage\n" in out, out  # a key's path, not the spec's ?endpoint= before it
+    assert "?endpoint=" not in out, out
     elsewhere = tmp_path / "elsewhere"  # another machine: the metadata alone names the deployment
     assert main(["--data-dir", str(elsewhere), "--metadata", o["metadata"], "verify", "--verbose"]) == 0
     out = capsys.readouterr().out
