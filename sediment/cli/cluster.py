@@ -38,20 +38,23 @@ def add_cluster_parser(sub: argparse._SubParsersAction, command: Any, add_common
     add_common(cluster, top=False)
     cl_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     p = command("create", cmd_cluster_create, "record a cluster once: partitions, storage nodes, blob store "
-                "(with --metadata zk://HOST:PORT/NAME --replicas --cluster-key --blob)", cl_sub)
+                "(with --metadata zk://HOST:PORT/NAME --replicas --cluster-key --blob; or, S3 alone, "
+                "--metadata s3://BUCKET/PREFIX --blob [--wal])", cl_sub)
     p.add_argument("--partitions", type=int, required=True, metavar="N", help="how many partitions (fixed)")
     p.add_argument("--session-timeout", type=positive_seconds, default=10.0, metavar="SECONDS",
                    help="members' ZooKeeper session timeout (an S3-only cluster's lease time): a killed member's "
                         "partitions move after it (default 10)")
     p = command("status", cmd_cluster_status, "members, the manager, and per partition its owner, generation, "
-                "sealed frontier and WAL backlog (with --connect zk://HOST:PORT/NAME)", cl_sub)
+                "sealed frontiers and WAL backlog (with --connect zk://HOST:PORT/NAME or s3://BUCKET/PREFIX, and "
+                "--token or $SEDIMENT_TOKEN for the owners' figures)", cl_sub)
     p.add_argument("--json", action="store_true", help="print the same as JSON")
 
 
 def _cluster_uri(args: argparse.Namespace, option: str) -> str:
     uri = getattr(args, option, None) or ""
     if not uri.startswith(("zk://", "s3://")):
-        raise UsageError(f"give the cluster as --{option} zk://HOST:PORT/NAME or s3://BUCKET/PREFIX, not {uri!r}")
+        raise UsageError(f"give the cluster as --{option} zk://HOST:PORT/NAME or s3://BUCKET/PREFIX"
+                         + (f", not {uri!r}" if uri else ""))
     return uri
 
 
@@ -128,8 +131,10 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
 
     uri = getattr(args, "connect", None) or getattr(args, "metadata", None) or ""
     if not uri.startswith(("zk://", "s3://")):
-        raise UsageError(f"cluster status needs --connect zk://HOST:PORT/NAME or s3://BUCKET/PREFIX, not {uri!r}")
-    status = cluster_status(uri, getattr(args, "token", None) or os.environ.get(TOKEN_ENV))
+        raise UsageError("cluster status needs --connect zk://HOST:PORT/NAME or s3://BUCKET/PREFIX"
+                         + (f", not {uri!r}" if uri else ""))
+    token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV)
+    status = cluster_status(uri, token)
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
@@ -139,10 +144,20 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     for member in status["members"]:
         print(f"member {member['id']} {member['advertise']}")
     for p in status["partitions"]:
-        backlog = "unknown" if p["wal_backlog_bytes"] is None else p["wal_backlog_bytes"]
-        print(f"partition {p['partition']}: owner {p['owner'] or 'none'} generation {p['generation']} "
-              f"sealed {json.dumps(p['sealed'])} wal_backlog_bytes {backlog}")
+        print(f"partition {p['partition']}: owner {p['owner'] or 'none'} generation {p['generation']}, "
+              f"{_partition_figures(p, token is not None)}")
     return 0
+
+
+def _partition_figures(p: dict, token: bool) -> str:
+    """A partition's relations and WAL backlog in words (as `relation list` says sealed=T); a
+    Python dict printed as JSON (`sealed {}`) read as a syntax, not as "no relations"."""
+    if p["wal_backlog_bytes"] is None:  # its owner was not asked, or did not answer
+        why = "the owner did not answer" if token else "no token to ask the owner: pass --token or set $SEDIMENT_TOKEN"
+        return f"relations and WAL backlog unknown ({why})"
+    sealed = p["sealed"]
+    relations = " ".join(f"{name}={t}" for name, t in sorted(sealed.items()))
+    return (f"sealed {relations}" if sealed else "no relations") + f", WAL backlog {p['wal_backlog_bytes']} bytes"
 
 
 def _member_directory(directory: str, cluster: str) -> tuple[int, str | None]:

@@ -124,7 +124,8 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
         ("--connect", None, "URI",
          "talk to a served coordinator (sediment serve) at grpc://HOST:PORT or "
          "grpc+tls://HOST:PORT instead of opening --data-dir (a bare HOST:PORT means "
-         "grpc://HOST:PORT), or to a cluster of coordinators at zk://HOST:PORT/NAME"),
+         "grpc://HOST:PORT), or to a cluster of coordinators at zk://HOST:PORT/NAME (an S3-only "
+         "one: s3://BUCKET/PREFIX?endpoint=URL)"),
         ("--token", None, "T",
          "the shared secret: what --connect sends, what serve requires (default "
          "$SEDIMENT_TOKEN; prefer the variable: a command line is visible to other users)"),

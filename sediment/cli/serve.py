@@ -301,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.advertise is not None and not args.cluster:
         raise UsageError(f"--advertise {args.advertise} is the address of a cluster member: give it with "
-                         "--cluster zk://HOST:PORT/NAME, or leave it out")
+                         "--cluster zk://HOST:PORT/NAME (or s3://BUCKET/PREFIX), or leave it out")
     if args.cluster:
         _refuse_member_storage_options(args)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)

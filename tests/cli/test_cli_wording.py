@@ -83,3 +83,10 @@ def test_read_shows_progress_when_asked_and_nothing_otherwise(tmp_path, capsys):
     assert rc == 0 and err.splitlines()[0] == "read r changes in (0, 1]: started", err
     rc, out, err = run(capsys, data, "read", "r", "--as-of", "1")
     assert rc == 0 and err == "", err
+
+
+def test_cluster_status_without_a_cluster_names_the_flag_not_an_empty_string(capsys, monkeypatch):
+    monkeypatch.delenv("SEDIMENT_METADATA", raising=False)
+    assert main(["cluster", "status"]) == 2
+    err = capsys.readouterr().err
+    assert err == "sediment: error: cluster status needs --connect zk://HOST:PORT/NAME or s3://BUCKET/PREFIX\n", err

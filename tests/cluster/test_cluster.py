@@ -123,6 +123,16 @@ def test_redirects_stale_addresses_cross_partition_and_status(cluster, tmp_path)
         p0 = status["partitions"][0]
         assert (p0["owner"], p0["generation"], p0["sealed"]) == (owner.uri, view["assignment"][0][1], {"a": 2})
         assert isinstance(p0["wal_backlog_bytes"], int)
+        out = subprocess.run([sys.executable, "-m", "sediment", "--connect", cluster.uri, "cluster", "status"],
+                             env=cluster.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "{" not in out.stdout, out.stdout + out.stderr  # words, not a Python dict
+        assert re.search(rf"^partition 0: owner {re.escape(owner.uri)} generation {view['assignment'][0][1]}, "
+                         r"sealed a=2, WAL backlog \d+ bytes$", out.stdout, re.M), out.stdout
+        no_token = {k: v for k, v in cluster.env.items() if k != "SEDIMENT_TOKEN"}
+        out = subprocess.run([sys.executable, "-m", "sediment", "--connect", cluster.uri, "cluster", "status"],
+                             env=no_token, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and re.search(r"^partition 0: .*, relations and WAL backlog unknown \(no token to "
+                                                 r"ask the owner: pass --token", out.stdout, re.M), out.stdout
         # `stats` over the cluster and over one member: each partition under a line naming it
         # (it was an internal error, KeyError 'wal': the printer expected one engine's stats)
         for target, shown in ((cluster.uri, members), (owner.uri, [owner])):
