@@ -119,6 +119,7 @@ class Member:
         self._session_lost = False
         self._heard = 0.0  # clock time of the last pass that read ZooKeeper
         self._leaving = False
+        self._leaving_seen: set[str] = set()  # the members the last pass read as leaving
         self._engines: dict[int, tuple[Any, int]] = {}  # partition -> (engine, generation)
         self._handing: dict[int, _Handing] = {}  # partitions handed over while leaving, until fenced
         self._opening: set[int] = set()
@@ -147,9 +148,11 @@ class Member:
 
             threading.Thread(target=_s3.warm, name="s3-warm", daemon=True).start()
 
-    def leave(self, timeout: float) -> bool:
+    def leave(self, timeout: float) -> str | None:
         """SIGTERM: ask the manager to move this member's partitions, close each as it goes, and
-        return once none is left (True) or after ``timeout`` seconds (False)."""
+        return None once none is left, else why some are still held: after ``timeout`` seconds,
+        or at once when no member could take them (none other, or every other one leaving as
+        well: a whole cluster stopped together used to wait out the timeout in every member)."""
         self._leaving = True
         self._compact_before_leaving(min(timeout / 4, LEAVE_COMPACT_WAIT))
         try:
@@ -161,13 +164,17 @@ class Member:
         while time.monotonic() < deadline:
             with self._lock:
                 if not self._engines and not self._opening and not self._handing:
-                    return True
-            if set(self.view["members"]) <= {self.member_id}:
-                return False  # nobody to hand over to
+                    return None
+                others = set(self.view["members"]) - {self.member_id}
+                staying = others - self._leaving_seen
+            if not others:
+                return "no other member to hand them to"
+            if not staying:
+                return "every other member is leaving too"
             if not self._connected.is_set() or self._session_lost:
-                return False  # no new assignment can be read: the partitions move when the session ends
+                return "the membership store is out of reach (they move when this member's session ends)"
             time.sleep(0.05)
-        return False
+        return f"still held after {timeout:g} s"
 
     def _compact_before_leaving(self, wait: float) -> None:
         """Take each partition's WAL tail into batches (and trim the storage nodes to it) before
@@ -398,7 +405,8 @@ class Member:
             leaving = [*leaving, self.member_id]
         data, stat = self._read_assignment()
         view = self._membership.read_view()
-        self.view = view
+        with self._lock:
+            self.view, self._leaving_seen = view, set(leaving)
         self._heard = self.clock.current_time()
         if view["manager"] == self.member_id:
             self._manage(sorted(members), set(leaving) & set(members), data, stat)

@@ -234,10 +234,9 @@ def _serve_member(args: argparse.Namespace, where: Any, location: str, token: st
         while not stop.wait(0.5):
             pass
         print("leaving: handing partitions over", file=sys.stderr, flush=True)
-        handed = member.leave(LEAVE_TIMEOUT)
-        if not handed:
-            print(f"sediment serve: partitions still held after {LEAVE_TIMEOUT:g} s; closing them",
-                  file=sys.stderr, flush=True)
+        held = member.leave(LEAVE_TIMEOUT)
+        if held is not None:
+            print(f"sediment serve: partitions not handed over ({held}); closing them", file=sys.stderr, flush=True)
     finally:
         try:
             server.stop(grace=args.shutdown_grace)
