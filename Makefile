@@ -48,7 +48,8 @@ bench: $(STAMP)
 # The Spark data source on a standalone cluster (Master + Worker via spark-class on 127.0.0.1),
 # batches in moto's S3, credentials as data source options.
 cluster-demo: $(STAMP) java
-	SEDIMENT_SPARK_CLUSTER=1 $(BIN)/pytest -q tests/spark/test_spark_cluster.py
+	@echo "cluster-demo: the sediment data source on a Spark standalone cluster (a Master and a Worker on 127.0.0.1), batches in moto's S3; 30-80 s"
+	SEDIMENT_SPARK_CLUSTER=1 $(BIN)/pytest -q -rp tests/spark/test_spark_cluster.py
 
 # A replicated deployment on loopback through the CLI: ZooKeeper, moto (S3) and three storage
 # nodes, a coordinator killed and replaced; every process stopped by its PID at the end.
