@@ -331,16 +331,6 @@ def foreign_dir_problem(data_dir: str) -> str | None:
             "REPLICATED)")
 
 
-def check_not_foreign(data_dir: str) -> None:
-    """Before anything is created: an engine is made in a new or empty directory, or opened in
-    one that holds an engine (or its interrupted first open's own files), never among other
-    files, where its files would mix with them and removing the data directory removes them."""
-    problem = foreign_dir_problem(data_dir)
-    if problem is not None:
-        raise NotADataDir(f"{problem}; nothing was created: pass a new or empty directory, or the data directory "
-                          "of an existing engine")
-
-
 def check_marker(data_dir: str, metadata: object) -> str | None:
     """Before anything is created: a replicated engine's directory needs its metadata store,
     the one given or else the one its marker names. Returns the marker's spec (None: not a

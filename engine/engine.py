@@ -49,7 +49,6 @@ from sediment.engine.compaction import DEFAULT_MAJOR_COMPACTION_QUIET, Compactio
 from sediment.engine.data_dir import (
     DataDir,
     check_marker,
-    check_not_foreign,
     check_not_member,
     traces_past_log,
     write_marker,
@@ -190,7 +189,6 @@ class Engine:
             metadata = with_s3_endpoint(metadata, s3_endpoint)
         configure_memory_pool(arrow_memory_pool)
         check_not_member(data_dir)  # before anything is created
-        check_not_foreign(data_dir)
         marker = check_marker(data_dir, metadata)
         if metadata is None and marker is not None:
             metadata = marker  # a replicated engine's directory names its metadata store

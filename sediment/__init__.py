@@ -59,9 +59,7 @@ def __dir__() -> list[str]:
 
 
 def open(data_dir: str | os.PathLike[str], **options: Any) -> Engine:  # noqa: A001 - the API's name
-    """Open (creating if needed) the engine on ``data_dir``; use it as a context manager. An
-    engine is created only in a new or empty directory (``lost+found`` aside): one that holds
-    other files and no engine is refused with ``NotADataDir``, nothing created in it.
+    """Open (creating if needed) the engine on ``data_dir``; use it as a context manager.
 
     Options: ``wal`` ("file", or "device:<path>" with ``wal_capacity``),
     ``segment_bytes``, ``max_record_bytes``, ``metadata`` (a MetadataStore or a spec
