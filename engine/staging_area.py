@@ -98,12 +98,23 @@ def put_file(blobs: Any, key: str, path: str) -> None:
 
 def remove(blobs: Any, prefix: str) -> tuple[int, list[str]]:
     """Delete everything under ``prefix`` (a load's area, a relation's, or all of ``staging/``),
-    durably: (how many files or objects there were, the names directly under ``prefix``)."""
+    durably: (how many files or objects there were, the names directly under ``prefix``).
+
+    In S3 the markers go first and the prefix is listed again after: a task still running
+    looks for its load's marker after its PUT and deletes its object when the marker is gone
+    (spark_jobs/bulk_s3.py), so an object is either in the second listing or deleted by its
+    writer, never left behind by an abort, a commit's clean-up or a sweep."""
     local = _local(blobs)
     if local is None:
         keys = blobs.list(prefix)
-        for key in keys:
+        markers = [k for k in keys if k.rsplit("/", 1)[-1] == MARKER]
+        for key in markers:
             blobs.delete(key)
+        if markers:
+            keys = sorted({*keys, *blobs.list(prefix)})
+        for key in keys:
+            if key not in markers:
+                blobs.delete(key)
         return len(keys), sorted({k[len(prefix):].split("/", 1)[0] for k in keys})
     root = str(local(prefix.rstrip("/")))
     if not os.path.isdir(root):
