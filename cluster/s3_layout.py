@@ -107,6 +107,9 @@ def check_config(config: ClusterConfig) -> None:
         raise InvalidArgument(f"--partitions must be an integer in [1, 4096], not {config.partitions!r}")
     if config.replicas:
         raise InvalidArgument("an S3-only cluster (--metadata s3://...) has no storage nodes: leave --replicas out")
+    if config.cluster_key:
+        raise InvalidArgument("an S3-only cluster (--metadata s3://...) has no storage nodes, so no cluster key "
+                              "(their key): leave it out")
     if not config.blob.startswith(SCHEME):
         raise InvalidArgument(f"an S3-only cluster keeps its batches in S3: --blob s3://bucket/prefix, not "
                               f"{config.blob!r}")
