@@ -37,6 +37,7 @@ from sediment.cluster import alter_once, layout
 from sediment.cluster.applied import APPLIED, AppliedOnce
 from sediment.cluster.member import Member
 from sediment.cluster.partition_transaction import PartitionTransaction
+from sediment.engine import staged
 from sediment.errors import (
     CrossPartitionTransaction,
     InvalidArgument,
@@ -312,6 +313,22 @@ class ClusterEngine:
             self.commit_all(transactions)
 
     # --- reads ---------------------------------------------------------------------------------
+
+    def bulk_stage(self, name: str, job: str) -> str:
+        """Bulk loads (engine/staged.py) at the engine of the relation's partition: its files
+        are staged where that engine's blob store is, and the load, recorded in that engine's
+        memory, commits only there (a later owner refuses it: write it again)."""
+        return self._bulk(name, staged.stage, job)
+
+    def bulk_commit(self, name: str, job: str, time: int | None = None, diff: int | None = None) -> dict[str, Any]:
+        return self._bulk(name, staged.commit_staged, job, time, diff)
+
+    def bulk_abort(self, name: str, job: str) -> int:
+        return self._bulk(name, staged.abort_staged, job)
+
+    def _bulk(self, name: str, call: Callable[..., Any], *args: Any) -> Any:
+        engine, p, generation = self._engine(name)
+        return self._answered(p, generation, engine, lambda: call(engine, name, *args))
 
     def snapshot(self, name: str, as_of: int) -> pa.Table:
         return self._read(name, "snapshot", as_of)

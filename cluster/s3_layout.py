@@ -18,6 +18,7 @@ Every value is UTF-8 JSON with ``format`` and ``version`` (docs/formats.md). Par
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
@@ -32,6 +33,7 @@ from sediment.errors import (
 )
 
 SCHEME = "s3://"
+READERS = 8  # keys a pass reads at once (the S3 client keeps 10 connections)
 VERSION = 1
 MEMBER_DIGITS = 10
 
@@ -107,6 +109,9 @@ def check_config(config: ClusterConfig) -> None:
         raise InvalidArgument(f"--partitions must be an integer in [1, 4096], not {config.partitions!r}")
     if config.replicas:
         raise InvalidArgument("an S3-only cluster (--metadata s3://...) has no storage nodes: leave --replicas out")
+    if config.cluster_key:
+        raise InvalidArgument("an S3-only cluster (--metadata s3://...) has no storage nodes, so no cluster key "
+                              "(their key): leave it out")
     if not config.blob.startswith(SCHEME):
         raise InvalidArgument(f"an S3-only cluster keeps its batches in S3: --blob s3://bucket/prefix, not "
                               f"{config.blob!r}")
@@ -134,11 +139,21 @@ def read_config(store: Any, where: S3ClusterPath) -> ClusterConfig:
     return ClusterConfig(**decode("cluster", got.value, "config")["config"])
 
 
+def get_all(store: Any, keys: list[str]) -> list[Any]:
+    """Each key's value (None: gone), ``READERS`` at a time. Why: a member's control pass reads
+    every member's and relation's key, each a few S3 requests; one after another they were
+    about a second of an S3-only failover (docs/benchmarks.md, session 31)."""
+    if len(keys) < 2:
+        return [store.get(k) for k in keys]
+    with ThreadPoolExecutor(min(READERS, len(keys)), "sediment-s3-cluster-read") as pool:
+        return list(pool.map(store.get, keys))
+
+
 def read_members(store: Any) -> dict[str, tuple[str, int, bytes]]:
     """Every member key present: id -> (advertised address, version, value)."""
     out = {}
-    for key in store.list("members/"):
-        got = store.get(key)
+    keys = store.list("members/")
+    for key, got in zip(keys, get_all(store, keys), strict=True):
         if got is not None:
             out[key[len("members/"):]] = (decode("member", got.value, key)["advertise"], got.version, got.value)
     return out
@@ -146,8 +161,8 @@ def read_members(store: Any) -> dict[str, tuple[str, int, bytes]]:
 
 def read_relations(store: Any) -> dict[str, int]:
     out = {}
-    for key in store.list("relations/"):
-        got = store.get(key)
+    keys = store.list("relations/")
+    for key, got in zip(keys, get_all(store, keys), strict=True):
         if got is not None:
             out[key[len("relations/"):]] = int(decode("relation", got.value, key)["partition"])
     return out

@@ -2,7 +2,8 @@
 
 Why: rows written through the WAL cost a hand-off per batch into the coordinator and a second
 write (log, then trace). A bulk load lets writers (Spark executors, with Spark's own Parquet
-writer) put files under a staging prefix of the relation; :func:`commit_staged` checks them
+writer) put files under a staging prefix of the relation (a directory of a file blob store,
+or a key prefix of an S3 one: engine/staging_area.py); :func:`commit_staged` checks them
 and adds them to the trace as pending runs (docs/formats.md, "Trace state document") with
 one compare-and-set of the trace state, the same commit point as a compaction pass. The WAL
 is skipped: the files are durable in the blob store before the commit. Compaction folds the
@@ -36,6 +37,7 @@ their rows under the new footers).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -50,9 +52,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sediment._fs import fsync_dir, remove_tree_durable
+from sediment._fs import fsync_dir
+from sediment.engine import staging_area
 from sediment.engine.args import check_time
 from sediment.errors import (
+    BlobError,
     InvalidArgument,
     NothingWritten,
     SchemaMismatch,
@@ -78,7 +82,8 @@ if TYPE_CHECKING:
 Engine = Any  # sediment.engine.engine.Engine, which opens with sweep_staging (an import would be a cycle)
 
 STAGING = "staging"
-MARKER = "_sediment-staged"  # in a load's directory from stage() on: a directory without it was swept
+log = logging.getLogger(__name__)
+MARKER = staging_area.MARKER
 KEPT_LOADS = 64  # job names the trace state remembers: a retry comes long before 64 other loads
 _JOB = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
 _DECODE_ERRORS = (OSError, pa.ArrowException, ValueError)
@@ -109,15 +114,6 @@ def staging_prefix(relation_id: int, job: str) -> str:
     return f"{STAGING}/{relation_id:016x}/{job}/"
 
 
-def _local(engine: Engine, key: str) -> str:
-    blobs = engine.traces.blobs
-    local = getattr(blobs, "local_path", None)
-    if local is None:
-        raise InvalidArgument(f"bulk loads need a file blob store (this engine's is {blobs!r}): "
-                              "executors write staged files with Spark's file writer; write without bulk")
-    return str(local(key))
-
-
 def _check_job(job: object) -> str:
     if not isinstance(job, str) or not _JOB.match(job):
         raise InvalidArgument(f"bulk load job name {job!r} must match {_JOB.pattern}")
@@ -125,13 +121,12 @@ def _check_job(job: object) -> str:
 
 
 def stage(engine: Engine, name: str, job: str) -> str:
-    """The local directory where the load ``job`` of relation ``name`` writes its Parquet files
-    (created empty); nothing is visible until :func:`commit_staged`."""
+    """Where the load ``job`` of relation ``name`` writes its Parquet files, made empty: a local
+    directory, or ``s3://BUCKET/KEYS/[?endpoint=URL]`` for an S3 blob store
+    (engine/staging_area.py); nothing is visible until :func:`commit_staged`."""
     with engine.view.lock:
         rel = engine.view.get(name)
-    path = _local(engine, staging_prefix(rel.entry.id, _check_job(job)).rstrip("/"))
-    os.makedirs(path, exist_ok=True)
-    open(os.path.join(path, MARKER), "ab").close()
+    path = staging_area.open_area(engine, staging_prefix(rel.entry.id, _check_job(job)))
     with _opened_lock:
         _opened.setdefault(engine, set()).add((rel.entry.id, job))
     return path
@@ -326,7 +321,7 @@ def _as_run(engine: Engine, rel: Relation, staged: _Staged, since: int) -> Batch
         os.fsync(f.fileno())
     crc, footer_crc = file_checksums(staged.path, f"staged file {staged.key!r}")
     key = engine.traces.new_key(rid, staged.lo, staged.hi + 1)
-    engine.traces.blobs.put_file(key, staged.path, if_absent=True)
+    staging_area.put_file(engine.traces.blobs, key, staged.path)
     return BatchRef(key, staged.lo, staged.hi + 1, staged.rows, os.path.getsize(staged.path), 0, since,
                     None, None, crc, footer_crc, staged.raw, staged.time, staged.diff)
 
@@ -405,17 +400,17 @@ def _commit(engine: Engine, rel: Relation, name: str, job: str, time: int | None
             return _again(rel, job)
         version, keys, accepted = rel.schema_version, rel.keys, (engine.traces.schema_of(rel.entry.id),)
     where = f"bulk load {job!r} of relation {name!r}"
-    if not _staged_here(engine, rel.entry.id, job) or \
-            not os.path.exists(os.path.join(_local(engine, staging_prefix(rel.entry.id, job).rstrip("/")), MARKER)):
+    if not _staged_here(engine, rel.entry.id, job) or not staging_area.marked(engine, staging_prefix(rel.entry.id, job)):
         raise StagedFileInvalid(f"{where}: not staged since the coordinator opened (aborted, or staged before a "
                                 "restart, which collects its files even if a writer puts some back); write it again")
-    checked = [s for s in _map(lambda k: _check_file(k, _local(engine, k), accepted, keys, where, (time, diff)),
-                               staged_keys(engine, rel, job), "sediment-bulk-check") if s is not None]
-    lo, hi = min((s.lo for s in checked), default=None), max((s.hi for s in checked), default=None)
-    _check_sealed(rel, name, lo)
-    refs = engine.compaction.add_runs(
-        rel, lambda since: _as_runs(engine, rel, checked, since, where, version), job,
-        check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS, times=(lo, hi))
+    with staging_area.local_files(engine) as path_of:
+        checked = [s for s in _map(lambda k: _check_file(k, path_of(k), accepted, keys, where, (time, diff)),
+                                   staged_keys(engine, rel, job), "sediment-bulk-check") if s is not None]
+        lo, hi = min((s.lo for s in checked), default=None), max((s.hi for s in checked), default=None)
+        _check_sealed(rel, name, lo)
+        refs = engine.compaction.add_runs(
+            rel, lambda since: _as_runs(engine, rel, checked, since, where, version), job,
+            check=lambda: _check_sealed(rel, name, lo), keep_loads=KEPT_LOADS, times=(lo, hi))
     if refs is None:  # a commit of the same load got there first
         with engine.view.lock:
             return _again(rel, job)
@@ -480,35 +475,26 @@ def abort_staged(engine: Engine, name: str, job: str) -> int:
     _check_job(job)
     with engine.view.lock:
         rel = engine.view.get(name)
-    prefix = staging_prefix(rel.entry.id, job)
-    root = _local(engine, prefix.rstrip("/"))
     _staged_here(engine, rel.entry.id, job, forget=True)
-    files = sum(len(f) for _top, _dirs, f in os.walk(root))
-    if os.path.isdir(root):
-        remove_tree_durable(root)  # with the writer's own leftovers (_temporary/, .crc files)
-    return files
+    return staging_area.remove(engine.traces.blobs, staging_prefix(rel.entry.id, job))[0]
 
 
 def sweep_staging(blobs: BlobStore) -> list[str]:
     """At open: delete every staging directory. A load staged before a restart can no longer
-    commit (this open did not stage it: its commit says so), so its writer writes it again."""
-    return _remove_local(blobs, STAGING)
+    commit (this open did not stage it: its commit says so), so its writer writes it again.
+    Only collection: an S3 store that fails the listing leaves them to the next open."""
+    try:
+        return staging_area.remove(blobs, f"{STAGING}/")[1]
+    except BlobError as exc:
+        log.warning("could not collect the staged files of bulk loads under %s/: %s", STAGING, exc)
+        return []
 
 
 def drop_staging(blobs: BlobStore, relation_id: int) -> list[str]:
     """At a relation's drop: delete its loads' staging directories (their commits and aborts
     can only find the relation gone); returns the loads' names."""
     try:
-        return _remove_local(blobs, f"{STAGING}/{relation_id:016x}")
-    except OSError:  # the drop stands: the next open's sweep deletes what is left
+        return staging_area.remove(blobs, f"{STAGING}/{relation_id:016x}/")[1]
+    except (OSError, BlobError):  # the drop stands: the next open's sweep deletes what is left
         return []
 
-
-def _remove_local(blobs: BlobStore, key: str) -> list[str]:
-    local = getattr(blobs, "local_path", None)
-    root = str(local(key)) if local is not None else None
-    if root is None or not os.path.isdir(root):
-        return []
-    left = sorted(os.listdir(root))
-    remove_tree_durable(root)
-    return left

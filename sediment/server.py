@@ -148,9 +148,11 @@ class SedimentFlightServer(flight.FlightServerBase):
             Action.DROP_RELATION: eng.drop_relation, Action.SCHEMA_VERSION: eng.schema_version,
             Action.DESCRIBE: eng.describe, Action.SEAL: eng.seal, Action.SET_SINCE: eng.set_since,
             Action.SINCE: eng.since, Action.SEALED: eng.sealed, Action.TRACE_INFO: eng.trace_info,
-            Action.BULK_STAGE: functools.partial(staged.stage, eng),
-            Action.BULK_ABORT: functools.partial(staged.abort_staged, eng),
+            # a cluster member's engine sends bulk loads to its partition's engine
+            Action.BULK_STAGE: getattr(eng, "bulk_stage", None) or functools.partial(staged.stage, eng),
+            Action.BULK_ABORT: getattr(eng, "bulk_abort", None) or functools.partial(staged.abort_staged, eng),
         }
+        bulk_commit = getattr(eng, "bulk_commit", None) or functools.partial(staged.commit_staged, eng)
         return {op: by_fields(op, call) for op, call in positional.items()} | {
             Action.PING: lambda a: {"protocol": PROTOCOL_VERSION, "data_dir": eng.data_dir,
                                     "cluster": getattr(eng, "cluster_uri", None), "append_exchange": [EXCHANGE_VERSION]},
@@ -172,8 +174,8 @@ class SedimentFlightServer(flight.FlightServerBase):
             Action.RELEASE_READ: self._release_read,
             Action.FEED_JOIN: self._shared.join,
             Action.FEED_LEAVE: self._shared.leave,
-            Action.BULK_COMMIT: lambda a: staged.commit_staged(eng, field(a, "name", "bulk_commit"),  # time, diff optional
-                                                               field(a, "job", "bulk_commit"), a.get("time"), a.get("diff")),
+            Action.BULK_COMMIT: lambda a: bulk_commit(field(a, "name", "bulk_commit"),  # time, diff optional
+                                                      field(a, "job", "bulk_commit"), a.get("time"), a.get("diff")),
         }
 
     @property

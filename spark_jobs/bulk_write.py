@@ -23,8 +23,11 @@ disk, is the limit (0.73x ``df.write.parquet``). A bulk load keeps the rows in t
 
 The WAL is skipped (the files are fsynced into the blob store before the commit). Reads see
 the same rows, times and consolidated diffs as after a row-by-row write of the same frame.
-The coordinator must run on the same machine or shared file system as the executors, with a
-file blob store (this Spark build has no S3 file system). Relation columns must be of types
+With a file blob store the coordinator must run on the same machine or shared file system
+as the executors. A coordinator whose batches are in S3 (an S3-only cluster's members)
+stages the load under an S3 prefix instead, which this Spark build's writer cannot reach:
+there the tasks put the files themselves, one object per partition (bulk_s3.py), and the
+commit copies each object to a local spill file before it checks it. Relation columns must be of types
 Spark's Parquet writer writes as Arrow does (integers, floats, strings, binaries, booleans,
 dates); others are refused with ``SchemaMismatch`` at the commit, and the load is aborted.
 Columns an alter added may be left out (filled by :func:`bulk_fills`); Spark's files carry
@@ -50,6 +53,7 @@ from pyspark.sql.types import StructType
 from sediment.errors import BulkSealUnknown, InvalidArgument, SchemaMismatch, TimeAlreadySealed
 from sediment.spark_jobs.batch_write import READ_ONLY, check_columns, omitted
 from sediment.spark_jobs.bulk_commit import abort_load, commit_load
+from sediment.spark_jobs.bulk_s3 import staged_in_s3, target_schema, write_staged
 from sediment.spark_jobs.job_commit import seal_through
 from sediment.spark_jobs.options import (
     DIFF,
@@ -97,8 +101,11 @@ def bulk_load(df: DataFrame, options: Mapping[str, Any]) -> dict[str, Any]:
         path = client.bulk_stage(relation, job)
         marks = [perf_counter()]
         try:
-            with early_writeback(path):
-                frame.write.mode("append").parquet("file://" + path)
+            if staged_in_s3(path):  # the coordinator's batches are in S3: the tasks put the files there
+                write_staged(frame, path, target_schema(frame.schema, rel_schema), options)
+            else:
+                with early_writeback(path):
+                    frame.write.mode("append").parquet("file://" + path)
         except BaseException:
             abort_load(client, relation, job)  # nothing was committed: the job failed before the commit
             raise

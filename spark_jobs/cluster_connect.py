@@ -5,8 +5,9 @@ their group (begun in the tasks, committed by the driver with ``commit_all``), a
 lease and held tail parts, a bulk load's staging directory. Over a cluster that state lives
 at the member serving the relation's partition, so every call of a job for one relation
 goes to that member: :func:`connect_for` resolves the owner (through ZooKeeper for
-``zk://HOST:PORT/NAME``, or by following a member's redirects for its ``grpc://`` address)
-and returns a plain client of it, which also places the relations it creates (a stream
+``zk://HOST:PORT/NAME``, through the S3 metadata store for an S3-only cluster's
+``s3://BUCKET/PREFIX[?endpoint=URL]``, or by following a member's redirects for its
+``grpc://`` address) and returns a plain client of it, which also places the relations it creates (a stream
 sink's progress relation) in that partition, so a micro-batch's data and its progress mark
 commit together. A job over several relations therefore commits per partition.
 
@@ -38,7 +39,7 @@ class PartitionClient(Client):
 
 def connect_for(uri: str, token: str | None, relation: str | None) -> Any:
     """A client for the calls of one job about ``relation``: for a single coordinator, its
-    client; for a cluster (a ``zk://`` URI or a member's address), a :class:`PartitionClient`
+    client; for a cluster (a ``zk://`` or ``s3://`` URI, or a member's address), a :class:`PartitionClient`
     of the member serving the relation's partition (the cluster client itself when no
     relation is named)."""
     import sediment

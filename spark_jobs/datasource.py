@@ -1,7 +1,8 @@
 """The ``sediment`` PySpark data source: Spark jobs write updates to, and read the relation from,
 a sediment coordinator (``sediment serve``) without ever opening its data directory. ``uri``
-is the coordinator's ``grpc://HOST:PORT`` or a cluster's ``zk://HOST:PORT/NAME`` (each call
-then goes to the owner of the relation's partition: cluster_connect.py).
+is the coordinator's ``grpc://HOST:PORT`` or a cluster's ``zk://HOST:PORT/NAME`` or, for an
+S3-only cluster, ``s3://BUCKET/PREFIX?endpoint=URL`` (each call then goes to the owner of the
+relation's partition: cluster_connect.py).
 
 Reading::
 
@@ -51,6 +52,7 @@ from sediment.spark_jobs.batch_read import (
     pushdown_enabled,
 )
 from sediment.spark_jobs.batch_write import SedimentWriter
+from sediment.spark_jobs.bulk_s3 import STAGED_IN, StagedWriter
 from sediment.spark_jobs.bulk_write import route_bulk_writes
 from sediment.spark_jobs.errors import short_traceback as _short
 from sediment.spark_jobs.options import (  # noqa: F401 - re-exported names
@@ -164,8 +166,11 @@ class SedimentDataSource(DataSource):
         return cls(options, schema, schema_to_text(columns))
 
     @_short
-    def writer(self, schema: StructType, overwrite: bool) -> SedimentWriter:
-        return SedimentWriter(self._options(schema), schema, overwrite)
+    def writer(self, schema: StructType, overwrite: bool) -> SedimentWriter | StagedWriter:
+        options = self._options(schema)
+        if options.get(STAGED_IN):  # a bulk load's tasks putting its files into S3 (bulk_s3.py)
+            return StagedWriter(options)
+        return SedimentWriter(options, schema, overwrite)
 
     @_short
     def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - Spark's name

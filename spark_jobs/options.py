@@ -44,7 +44,8 @@ DEFAULT_LEASE_SECONDS = 3600.0
 STREAM_MARK = "readstream"  # the option register()'s readStream hook adds: schema() cannot tell otherwise
 TOKEN_ENV = "SEDIMENT_TOKEN"  # as sediment.net.protocol.TOKEN_ENV, without importing Flight here
 
-CONNECTION = {"uri": "the coordinator, grpc://HOST:PORT, or a cluster, zk://HOST:PORT/NAME",
+CONNECTION = {"uri": "the coordinator, grpc://HOST:PORT, or a cluster: zk://HOST:PORT/NAME, "
+                     "s3://BUCKET/PREFIX?endpoint=URL (S3-only) or a member's address",
               "token": "the coordinator's token",
               "relation": "the relation"}
 BATCH_READ = {"asof": "read as of this time (default: the sealed frontier)", "as_of": "as asOf",
@@ -55,7 +56,8 @@ BATCH_WRITE = {"time": "the time of every row (else a time column)", "diff": "th
                "seal": "true: seal the time written once the job commits",
                "batch_rows": "rows a task gathers per append",
                "mergeschema": "true: first add the DataFrame's columns the relation lacks (nullable)",
-               "bulk": "true: executors write Parquet with Spark's writer, committed as pending runs"}
+               "bulk": "true: executors write Parquet with Spark's writer, committed as pending runs",
+               "staged_in": "internal: a bulk load's S3 staging prefix", "staged_schema": "internal: its files' schema"}
 STREAM_READ = {"startingasof": "earliest | latest | a time: the first micro-batch's snapshot",
                "maxtimespertrigger": "at most this many sealed times per micro-batch",
                STREAM_MARK: "internal: set by readStream in sessions where register() ran"}
@@ -167,7 +169,8 @@ def token(options: Mapping[str, Any]) -> str:
 
 def connect(options_or_uri: Mapping[str, Any] | str, token_: str | None = None, relation: str | None = None) -> Any:
     """A client for one call site: opened inside read/write/commit, never pickled. Over a
-    cluster (``zk://HOST:PORT/NAME`` or a member's address), a client of the member serving
+    cluster (``zk://HOST:PORT/NAME``, ``s3://BUCKET/PREFIX[?endpoint=URL]`` or a member's
+    address), a client of the member serving
     the relation's partition (spark_jobs/cluster_connect.py); ``relation`` defaults to the
     options' relation."""
     from sediment.spark_jobs.cluster_connect import connect_for

@@ -332,7 +332,7 @@ class TraceStore:
         if not inputs:
             return BatchRef(None, lower, upper, level=level)
         desc = BatchDescription(relation_id, lower, upper, since, 0, level=level)
-        path = self._spill_path()
+        path = self.spill_path()
         try:  # the output's row groups are buffered whole: no larger than the inputs' chunks together
             final = merge_to_batch(inputs, key_columns, self._stamped(relation_id, schema), desc, path,
                                    chunk_rows=chunk_rows,
@@ -352,7 +352,7 @@ class TraceStore:
             if os.path.exists(path):
                 os.unlink(path)
 
-    def _spill_path(self) -> str:
+    def spill_path(self) -> str:
         """A fresh local file for a merge's output or a raw run's sorted piece: inside a file
         store (swept as a temporary after a crash), else under ``spill_dir`` (swept by
         :meth:`sweep_spills`)."""
@@ -376,7 +376,7 @@ class TraceStore:
 
     def _raw_spill(self) -> str:
         self.raw_spills += 1
-        return self._spill_path()
+        return self.spill_path()
 
     def read_stream(self, relation_id: int, ref: BatchRef, *, as_stored: bool = False,
                     memory: int | None = None, layout: Layout | None = None,

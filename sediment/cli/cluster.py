@@ -4,6 +4,7 @@
                             --cluster-key K --blob s3://bucket/prefix [--session-timeout S]
     sediment cluster create --metadata 's3://bucket/prefix?endpoint=URL' --partitions N
                             --blob s3://bucket/blobs [--wal s3://bucket/wal] [--session-timeout S]
+                            (no --replicas, no --cluster-key: it has no storage nodes)
     sediment serve --cluster zk://HOST:PORT/NAME --listen HOST:PORT [--advertise grpc://HOST:PORT]
     sediment --connect zk://HOST:PORT/NAME cluster status [--json]
 
@@ -90,10 +91,13 @@ def _create_s3_cluster(args: argparse.Namespace, uri: str) -> int:
     where = s3_layout.S3ClusterPath.parse(uri)
     if args.replicas:
         raise UsageError("an S3-only cluster (--metadata s3://...) has no storage nodes: leave --replicas out")
+    if args.cluster_key:
+        raise UsageError("--cluster-key is the storage nodes' key, and an S3-only cluster (--metadata s3://...) has "
+                         "none (its partitions' logs are on S3): leave --cluster-key out; nothing was created")
     if not args.blob:
         raise UsageError("cluster create needs --blob s3://bucket/prefix")
     wal = args.wal or f"{args.blob.rstrip('/')}/wal"
-    config = layout.ClusterConfig(partitions=args.partitions, replicas=[], cluster_key=args.cluster_key or "",
+    config = layout.ClusterConfig(partitions=args.partitions, replicas=[], cluster_key="",
                                   blob=args.blob, s3_endpoint=args.s3_endpoint or where.endpoint,
                                   session_timeout=args.session_timeout, wal=wal)
     s3_layout.check_config(config)

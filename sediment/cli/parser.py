@@ -119,8 +119,8 @@ def _add_common(p: argparse.ArgumentParser, top: bool) -> None:
          "creating an engine: replicate its log on these storage nodes (needs "
          "--metadata zk://... and --cluster-key; later opens read them from the metadata)"),
         ("--cluster-key", None, "UUID",
-         "creating a replicated engine: the key its storage nodes were started with "
-         "(`sediment cluster-key` makes one)"),
+         "creating a replicated engine (or a ZooKeeper cluster): the key its storage nodes were "
+         "started with (`sediment cluster-key` makes one); an S3-only cluster has none"),
         ("--connect", None, "URI",
          "talk to a served coordinator (sediment serve) at grpc://HOST:PORT or "
          "grpc+tls://HOST:PORT instead of opening --data-dir (a bare HOST:PORT means "

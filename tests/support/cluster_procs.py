@@ -163,11 +163,12 @@ class S3Cluster:
         self.root = root
         name = f"cluster-{uuid.uuid4().hex[:8]}"
         self.uri = f"s3://{bucket}/{name}?endpoint={moto_endpoint}"
+        self.bucket, self.blob_prefix = bucket, f"{name}-blobs"  # partition n's batches under <blob_prefix>/p<n>/
         self.session_timeout = self.lease_time = lease_time
         self.env = {**os.environ, "SEDIMENT_TOKEN": TOKEN, "AWS_ENDPOINT_URL": moto_endpoint}
         self.members: list[MemberProc] = []
         subprocess.run([sys.executable, "-m", "sediment", "cluster", "create", "--metadata", self.uri,
-                        "--partitions", str(partitions), "--blob", f"s3://{bucket}/{name}-blobs",
+                        "--partitions", str(partitions), "--blob", f"s3://{bucket}/{self.blob_prefix}",
                         "--wal", f"s3://{bucket}/{name}-wal", "--s3-endpoint", moto_endpoint,
                         "--session-timeout", str(lease_time)], check=True, env=self.env, capture_output=True)
 
