@@ -107,6 +107,9 @@ def check_read(options: dict[str, str], client: Any, relation: str) -> tuple[int
     as_of = as_of_option(options)
     from_t = int_option(options, "from")
     at = sealed if as_of is None else as_of
+    if as_of is None and sealed < 0:
+        raise AsOfOutOfRange(f"relation {relation!r} was never sealed, so no time of it is final to read: seal it "
+                             f"(`sediment seal {relation} T`, or a stream sink's option seal=true) or read it as a stream")
     if as_of is not None and not since <= as_of <= sealed:
         raise AsOfOutOfRange(f"relation {relation!r}: option asOf={as_of} is outside [since {since}, sealed {sealed}]"
                              ": below since, history is consolidated away; above sealed, updates may still arrive")

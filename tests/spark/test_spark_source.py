@@ -116,6 +116,10 @@ def test_bad_options_fail_on_the_driver_before_any_job_with_sediment_s_error(spa
                 load(spark, c, asOf=11)
         with pytest.raises(AsOfOutOfRange, match="asOf=2 is outside"):
             ds.read_relation(spark, c.uri, "orders", 2, token=c.token)
+        c.engine.add_relation("unsealed", SCHEMA)  # no asOf and never sealed: it says so, not "as_of ... -1"
+        with pytest.raises(AsOfOutOfRange, match="relation 'unsealed' was never sealed"):
+            with sediment_errors():
+                load(spark, c, relation="unsealed")
         with pytest.raises(AsOfOutOfRange, match="from=1 is outside"):
             with sediment_errors():
                 load(spark, c, asOf=5, **{"from": 1})
