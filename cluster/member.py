@@ -31,9 +31,10 @@ new owner does before it takes the log (its metadata, blob store and catalog) th
 writers nothing. Those writes are safe as any fenced owner's: one acknowledged before the new
 store session took the storage nodes is in the log the new owner recovers, and after it the
 nodes refuse them. Reads of such a partition are redirected from the moment the new
-assignment is seen, so no read is answered from state another owner may have moved past;
-one begun before, and any call failing meanwhile, answers MembershipLost
-(:meth:`check_still_serving`), which the client retries at the new owner.
+assignment is seen; one begun before, and any call failing meanwhile, answers MembershipLost
+(:meth:`check_still_serving`), which the client retries at the new owner. Before that, a
+read's answer waits for :meth:`confirm_owner` (the assignment read after it arrived), so no
+read is answered from state another owner may have moved past.
 
 A SUSPENDED or LOST ZooKeeper connection stops serving at once (:meth:`engine_for` refuses);
 a LOST session also closes every partition, and once connected again the member registers

@@ -7,12 +7,13 @@ new answer is the typed redirect :class:`~sediment.errors.NotPartitionOwner` (pa
 owner's advertised address, generation). A write is acknowledged only if the member still
 owns the partition, in the same generation, with its ZooKeeper session, after the write
 (:class:`~sediment.errors.MembershipLost` otherwise, an outcome-unknown error the client
-retries at the owner). A read is refused the same way before it starts and again before
-its answer leaves, so an owner answers only while it still believes it serves the partition:
-one deposed by a move while live and in touch answers until its next pass sees the move
-(or, on S3, its log's look notices the new owner's claim, 2 s); a snapshot at a sealed time
-is the same there, but ``sealed()``, a replay of the unsealed tail and the schema may be
-behind the new owner's (docs/reliability.md, session 32). Nor does it fail
+retries at the owner). A read is refused the same way before it starts, and its answer
+(or failure) leaves only once the membership store, read after the read arrived, still
+assigns the partition to this member in that generation (``Member.confirm_owner``; the
+reads waiting at one moment share one such read, cluster/read_confirm.py): a member deposed
+by a move while live and in touch, which has not seen the move yet, answers MembershipLost,
+so no read misses a write acknowledged anywhere before it arrived (docs/reliability.md,
+session 32). Nor does it fail
 from stale state: a call (or a replay's stream) that fails at a member that lost the
 partition meanwhile answers MembershipLost, not, say, that a batch the new owner compacted
 away is missing (BatchCorruption) or that the engine's store was closed (BlobError), which
