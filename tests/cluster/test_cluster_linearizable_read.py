@@ -29,7 +29,7 @@ from sediment.errors import MembershipLost, NotPartitionOwner
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(240)]
 SCHEMA = pa.schema([("k", pa.int64())])
-SESSION = 20.0  # ZooKeeper: the old member counts itself in touch for half of it without a pass
+SESSION = 30.0  # ZooKeeper: the old member counts itself in touch for half of it without a pass
 PASS = {"zk": "sediment.cluster.zk_membership:ZooKeeperMembership.read_assignment",
         "s3": "sediment.cluster.s3_membership:S3Membership.read_assignment"}
 LOOK = {"zk": "sediment.wal.replication.store_session:Coordinator.check_owner",
@@ -50,7 +50,7 @@ def cluster(request, tmp_path, moto_server, s3_bucket):
             c.kind = "zk"
             yield c
         return
-    c = S3Cluster(tmp_path, moto_server.endpoint, s3_bucket[1], partitions=4, lease_time=6.0)
+    c = S3Cluster(tmp_path, moto_server.endpoint, s3_bucket[1], partitions=4, lease_time=15.0)
     c.kind = "s3"
     try:
         yield c
