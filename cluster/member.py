@@ -31,9 +31,10 @@ new owner does before it takes the log (its metadata, blob store and catalog) th
 writers nothing. Those writes are safe as any fenced owner's: one acknowledged before the new
 store session took the storage nodes is in the log the new owner recovers, and after it the
 nodes refuse them. Reads of such a partition are redirected from the moment the new
-assignment is seen, so no read is answered from state another owner may have moved past;
-one begun before, and any call failing meanwhile, answers MembershipLost
-(:meth:`check_still_serving`), which the client retries at the new owner.
+assignment is seen; one begun before, and any call failing meanwhile, answers MembershipLost
+(:meth:`check_still_serving`), which the client retries at the new owner. Before that, a
+read's answer waits for :meth:`confirm_owner` (the assignment read after it arrived), so no
+read is answered from state another owner may have moved past.
 
 A SUSPENDED or LOST ZooKeeper connection stops serving at once (:meth:`engine_for` refuses);
 a LOST session also closes every partition, and once connected again the member registers
@@ -58,6 +59,7 @@ from sediment.cluster import layout
 from sediment.cluster.membership import LOST, CallUnanswered, Membership
 from sediment.cluster.metrics import ClusterMetrics
 from sediment.cluster.probe import PeerProbe
+from sediment.cluster.read_confirm import ReadConfirmer
 from sediment.cluster.zk_membership import ZK_CALL_TIMEOUT, ZooKeeperMembership  # noqa: F401 - where callers found it
 from sediment.errors import MembershipLost, NotPartitionOwner
 from sediment.wording import counted
@@ -128,6 +130,8 @@ class Member:
         self._seen: dict[int, tuple[str, int]] = {}  # the assignment of the previous pass
         self._membership: Membership = membership if membership is not None else open_membership(where, self.clock)
         self._probe: PeerProbe | None = None
+        self._confirmer = ReadConfirmer(self._membership.assignment_now, ZK_CALL_TIMEOUT,
+                                        self.metrics.read_confirmations.inc)
         self.config: layout.ClusterConfig | None = None
         self._thread: threading.Thread | None = None
 
@@ -304,14 +308,15 @@ class Member:
         threading.Thread(target=run, name=f"reopen-partition-{partition}", daemon=True).start()
 
     def check_still_serving(self, partition: int, generation: int, engine: Any = None, *,
-                            append: bool = False) -> None:
+                            append: bool = False, read: bool = False) -> None:
         """After a call: answer (its result, or its failure) only while the session holds and
         this member serves the partition in ``generation``, with ``engine`` (the one the call
         ran on) open and not fenced; ``append``: a successful append or seal is also answered
         while the partition is handed over and its new owner has not fenced it (the nodes
         refuse one after that, so one that succeeded is in the log the new owner recovers).
         MembershipLost otherwise: the call may have run on state the new owner has moved past
-        (a batch it compacted away), or met the engine closing; the client retries at the owner."""
+        (a batch it compacted away), or met the engine closing; the client retries at the owner.
+        ``read``: a read's answer (or failure) also waits for :meth:`confirm_owner`."""
         with self._lock:
             held = self._engines.get(partition)
             if held is None and append:
@@ -323,6 +328,24 @@ class Member:
             raise MembershipLost(f"{self.advertise} lost partition {partition} (it was handed over or taken, or the "
                                  f"{self._membership.tie} lost) while the call ran: it may or may not have been applied; "
                                  "retry at the owner")
+        if read:
+            self.confirm_owner(partition, generation)
+
+    def confirm_owner(self, partition: int, generation: int) -> None:
+        """Whether the membership store, read after this call began (one read shared by the
+        reads waiting then: cluster/read_confirm.py), still assigns ``partition`` to this
+        member in ``generation``: MembershipLost if not (the read is not answered; the client
+        retries it at the owner), NotPartitionOwner if no read answers in time."""
+        try:
+            assignment = self._confirmer.confirm()
+        except CallUnanswered as exc:
+            raise self._unreachable(f"confirm that it still owns partition {partition}", exc.why) from None
+        now = assignment.get(partition, (None, -1))
+        if now != (self.member_id, generation):
+            self._wake.set()  # the next pass sees the move
+            raise MembershipLost(f"{self.advertise} no longer owns partition {partition} (generation {generation}; "
+                                 f"{self._membership.store} now assigns it to {now[0] or 'nobody'}, generation "
+                                 f"{now[1]}): the read was not answered; retry at the owner")
 
     def _handed(self, partition: int) -> tuple[Any, int] | None:
         """A partition being handed over whose new owner has not fenced it yet (under the lock)."""

@@ -75,6 +75,13 @@ class Membership(Protocol):
         """Replace the assignment read at ``version`` (None: none yet); False if another write came first."""
         ...
 
+    def assignment_now(self) -> dict[int, tuple[str, int]]:
+        """The assignment (partition -> (member, generation)) as the store holds it when this
+        call is made: a linearizable read, unlike :meth:`read_assignment`'s (a ZooKeeper
+        follower may lag), so that a member confirms it still owns a partition after a read
+        request arrived (cluster/read_confirm.py). Bounded: CallUnanswered."""
+        ...
+
     def read_view(self) -> dict:
         """Members (id -> advertised address), manager, assignment and relations, as ``layout.read_view``."""
         ...

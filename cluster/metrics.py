@@ -21,5 +21,7 @@ class ClusterMetrics:
                                  "session had ended (not handed over)", registry=r)
         self.redirects = Counter(f"{PREFIX}_cluster_redirects_served", "Calls answered with a redirect to "
                                  "the partition's owner", registry=r)
+        self.read_confirmations = Counter(f"{PREFIX}_cluster_read_confirmations", "Reads of the assignment "
+                                          "that confirmed ownership for the reads waiting then", registry=r)
         self.deduplicated = Counter(f"{PREFIX}_cluster_appends_deduplicated", "Retried appends found already "
                                     "applied (answered success, not applied again)", registry=r)

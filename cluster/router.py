@@ -7,12 +7,13 @@ new answer is the typed redirect :class:`~sediment.errors.NotPartitionOwner` (pa
 owner's advertised address, generation). A write is acknowledged only if the member still
 owns the partition, in the same generation, with its ZooKeeper session, after the write
 (:class:`~sediment.errors.MembershipLost` otherwise, an outcome-unknown error the client
-retries at the owner). A read is refused the same way before it starts and again before
-its answer leaves, so an owner answers only while it still believes it serves the partition:
-one deposed by a move while live and in touch answers until its next pass sees the move
-(or, on S3, its log's look notices the new owner's claim, 2 s); a snapshot at a sealed time
-is the same there, but ``sealed()``, a replay of the unsealed tail and the schema may be
-behind the new owner's (docs/reliability.md, session 32). Nor does it fail
+retries at the owner). A read is refused the same way before it starts, and its answer
+(or failure) leaves only once the membership store, read after the read arrived, still
+assigns the partition to this member in that generation (``Member.confirm_owner``; the
+reads waiting at one moment share one such read, cluster/read_confirm.py): a member deposed
+by a move while live and in touch, which has not seen the move yet, answers MembershipLost,
+so no read misses a write acknowledged anywhere before it arrived (docs/reliability.md,
+session 32). Nor does it fail
 from stale state: a call (or a replay's stream) that fails at a member that lost the
 partition meanwhile answers MembershipLost, not, say, that a batch the new owner compacted
 away is missing (BatchCorruption) or that the engine's store was closed (BlobError), which
@@ -91,21 +92,30 @@ class ClusterEngine:
     def _write(self, name: str, call: str, *args: Any, append: bool = False, **kwargs: Any) -> Any:
         return self._served(name, call, *args, append=append, **kwargs)[0]
 
-    def _served(self, name: str, call: str, *args: Any, append: bool = False, **kwargs: Any) -> tuple[Any, int, int]:
+    def _served(self, name: str, call: str, *args: Any, append: bool = False, read: bool = False,
+                **kwargs: Any) -> tuple[Any, int, int]:
         """(result, partition, generation) of the engine's ``call``, as :meth:`_answered`."""
         engine, p, generation = self._engine(name, append=append)
         result = self._answered(p, generation, engine, lambda: getattr(engine, call)(name, *args, **kwargs),
-                                append=append)
+                                append=append, read=read)
         return result, p, generation
 
-    def _answered(self, p: int, generation: int, engine: Any, run: Callable[[], Any], *, append: bool = False) -> Any:
+    def _read(self, name: str, call: str, *args: Any, **kwargs: Any) -> Any:
+        """A read's result, answered only once ownership is confirmed after it arrived."""
+        return self._served(name, call, *args, read=True, **kwargs)[0]
+
+    def _answered(self, p: int, generation: int, engine: Any, run: Callable[[], Any], *, append: bool = False,
+                  read: bool = False, refused: Callable[[Any], None] | None = None) -> Any:
         """``run()``'s result (on ``engine``), answered only while this member still serves
         partition ``p`` in ``generation`` with that engine (``append``: a successful append or
         seal also while the partition is handed over, not fenced yet); its failure only while
         it serves it, since a member that hands the partition over, or lost it, may have failed
         on state the new owner moved past or on the engine closing (a batch compacted away,
-        the store closed): MembershipLost then, which the client retries at the owner. A
-        write refused because a new owner claimed the partition's S3 log (WalFenced: nothing
+        the store closed): MembershipLost then, which the client retries at the owner.
+        ``read``: its answer, or failure, leaves only once the membership store, read after
+        the call arrived, still names this member and ``generation`` for ``p``
+        (``Member.confirm_owner``); ``refused(result)`` lets go of what a result refused so
+        holds (a read plan's lease, a subscription). A write refused because a new owner claimed the partition's S3 log (WalFenced: nothing
         written) is a redirect."""
         try:
             result = run()
@@ -115,12 +125,18 @@ class ClusterEngine:
                                     "wrote to it; nothing was written: retry at the owner", partition=p, owner=None,
                                     generation=generation) from None
         except Exception:
-            self.member.check_still_serving(p, generation, engine)  # lost meanwhile: that is the answer
+            self.member.check_still_serving(p, generation, engine, read=read)  # lost meanwhile: that is the answer
             raise
-        self.member.check_still_serving(p, generation, engine, append=append)
+        try:
+            self.member.check_still_serving(p, generation, engine, append=append, read=read)
+        except Exception:
+            if refused is not None:
+                try:
+                    refused(result)
+                except Exception:  # noqa: BLE001, S110 - a closing engine lets go of it anyway
+                    pass
+            raise
         return result
-
-    _read = _write  # a read's answer leaves only while the partition is still ours, as a write's
 
     def _stream(self, batches: Iterator[Any], p: int, generation: int, engine: Any) -> Iterator[Any]:
         """A stream read from an engine, whose failure mid-way is checked as a call's: an owner
@@ -335,16 +351,22 @@ class ClusterEngine:
 
     def replay(self, name: str, *, batch_rows: int = 65536) -> Any:
         engine, p, generation = self._engine(name)
-        batches = self._answered(p, generation, engine, lambda: engine.replay(name, batch_rows=batch_rows))
+        batches = self._answered(p, generation, engine, lambda: engine.replay(name, batch_rows=batch_rows),
+                                 read=True, refused=lambda batches: batches.close())
         return self._stream(batches, p, generation, engine)
 
     def subscribe(self, name: str, as_of: int | None = None, *, resume: bool = False,
                   max_lag: int | None = None) -> Any:
-        return self._read(name, "subscribe", as_of, resume=resume, max_lag=max_lag)
+        engine, p, generation = self._engine(name)
+        return self._answered(p, generation, engine, lambda: engine.subscribe(name, as_of, resume=resume,
+                                                                             max_lag=max_lag),
+                              read=True, refused=lambda subscription: subscription.close())
 
     def plan_read(self, name: str, as_of: int, **options: Any) -> Any:
         """The partition's plan, its lease renumbered so that release_read finds the partition."""
-        plan = self._read(name, "plan_read", as_of, **options)
+        engine, p, generation = self._engine(name)
+        plan = self._answered(p, generation, engine, lambda: engine.plan_read(name, as_of, **options), read=True,
+                              refused=lambda plan: engine.release_read(plan.lease))
         plan.lease = plan.lease * self.member.config.partitions + self._partition(name)
         return plan
 

@@ -233,6 +233,12 @@ class S3Membership:
             return False
         return True
 
+    def assignment_now(self) -> dict[int, tuple[str, int]]:
+        """A read of the key now (S3's listings and GETs are strongly consistent), not the one
+        of the last pass, which it leaves as it is."""
+        data, _version = self._bounded(lambda: s3_layout.read_assignment(self._store))
+        return layout.decode_assignment(data)
+
     def read_view(self) -> dict:
         """The view of this pass: the members and the assignment it just read (each key read
         on S3 costs three requests), and the relations."""

@@ -106,6 +106,21 @@ class ZooKeeperMembership:
             return False
         return True
 
+    def assignment_now(self) -> dict[int, tuple[str, int]]:
+        """``sync``, then ``get``: the server this session reads from catches up with the
+        leader before it answers. Both are sent at once (a session's requests are served in
+        order), so the confirmation costs one round trip."""
+        from kazoo.exceptions import NoNodeError
+
+        path = self.where.path("assignment")
+        synced, got = self._zk.sync_async(path), self._zk.get_async(path)
+        self._bounded(synced)
+        try:
+            data, _stat = self._bounded(got)
+        except NoNodeError:
+            return {}
+        return layout.decode_assignment(data)
+
     def read_view(self) -> dict:
         return layout.read_view(self._zk, self.where)
 

@@ -4,15 +4,19 @@ S3 membership's leases are then checked on their own with a manual clock."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from support.faulty_proxy import FaultyProxy
+from support.waiting import poll_until
 
 from sediment.clock import ManualClock
 from sediment.cluster import layout, s3_layout
-from sediment.cluster.membership import CONNECTED, LOST, SUSPENDED, Membership
+from sediment.cluster.membership import CONNECTED, LOST, SUSPENDED, CallUnanswered, Membership
+from sediment.cluster.read_confirm import ReadConfirmer
 from sediment.cluster.s3_membership import IN_TOUCH, RENEWALS, S3Membership
 from sediment.cluster.zk_membership import ZooKeeperMembership
 
@@ -90,6 +94,84 @@ def test_the_assignment_is_written_by_compare_and_set(memberships):
     assert b.write_assignment(two, version)
     assert not a.write_assignment(one, version)  # read before b's write: refused
     assert layout.decode_assignment(a.read_assignment(nothing)[0]) == {0: ("m-1", 1), 1: ("m-2", 2)}
+
+
+def test_the_assignment_now_is_the_stores_not_the_last_pass(memberships):
+    a, b = memberships
+    a.register("grpc://127.0.0.1:1")
+    assert a.assignment_now() == {}
+    assert a.write_assignment(layout.encode_assignment({0: ("m-1", 1), 1: ("m-1", 1)}), None)
+    _data, version = b.read_assignment(nothing)  # b's pass
+    assert b.assignment_now() == {0: ("m-1", 1), 1: ("m-1", 1)}
+    assert a.write_assignment(layout.encode_assignment({0: ("m-1", 1), 1: ("m-2", 2)}), version)
+    assert b.assignment_now() == {0: ("m-1", 1), 1: ("m-2", 2)}  # written after b's pass: read now
+    assert layout.decode_assignment(b.read_assignment(nothing)[0]) == b.assignment_now()
+
+
+def test_reads_waiting_together_share_one_confirmation_that_began_after_they_arrived(memberships):
+    """ReadIndex's rule (cluster/read_confirm.py): a read arriving while a round is in flight
+    must not take that round's answer (it may predate a write completed before the read
+    arrived); it waits for the next round, which every read waiting then shares."""
+    a, b = memberships
+    a.register("grpc://127.0.0.1:1")
+    assert a.write_assignment(layout.encode_assignment({0: ("m-1", 1), 1: ("m-1", 1)}), None)
+    first_read, release = threading.Event(), threading.Event()
+    calls: list[dict] = []
+
+    def read() -> dict:
+        got = b.assignment_now()
+        calls.append(got)
+        if len(calls) == 1:  # the first round has read; it answers once released
+            first_read.set()
+            release.wait(30)
+        return got
+
+    confirmer = ReadConfirmer(read, timeout=30)
+    answers: dict[int, object] = {}
+
+    def confirm(i: int) -> None:
+        answers[i] = confirmer.confirm()
+
+    first = threading.Thread(target=confirm, args=(0,))
+    first.start()
+    assert first_read.wait(30)
+    _data, version = a.read_assignment(nothing)
+    assert a.write_assignment(layout.encode_assignment({0: ("m-1", 1), 1: ("m-2", 2)}), version)
+    later = [threading.Thread(target=confirm, args=(i,)) for i in range(1, 9)]
+    for t in later:
+        t.start()
+    poll_until(lambda: confirmer.waiting == 8, 30, "the later reads to wait")
+    release.set()
+    for t in (first, *later):
+        t.join(30)
+        assert not t.is_alive()
+    assert answers[0] == {0: ("m-1", 1), 1: ("m-1", 1)}  # it arrived before the write
+    assert all(answers[i] == {0: ("m-1", 1), 1: ("m-2", 2)} for i in range(1, 9)), answers  # arrived after it
+    assert len(calls) == 2  # the eight later reads rode on one round
+
+
+def test_a_read_waits_for_a_confirmation_at_most_the_timeout(memberships):
+    _a, b = memberships
+    began, release = threading.Event(), threading.Event()
+
+    def read() -> dict:
+        began.set()
+        release.wait(30)
+        return b.assignment_now()
+
+    confirmer = ReadConfirmer(read, timeout=0.5)
+    leader = threading.Thread(target=confirmer.confirm)
+    leader.start()
+    try:
+        assert began.wait(30), "the first round never began"
+        started = time.monotonic()
+        with pytest.raises(CallUnanswered, match="within 0.5 s"):
+            confirmer.confirm()
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        leader.join(30)
+    assert confirmer.confirm() == {}  # a round begun after the slow one answers again
 
 
 def test_a_relation_is_recorded_once_and_removed_only_as_the_record_read(memberships):

@@ -18,18 +18,25 @@ from support.replication import KEY, Node, start_all, stop_all
 
 TOKEN = "cluster-test-token"
 KILL_AT = str(Path(__file__).with_name("member_kill_at.py"))
+HOLD_AT = str(Path(__file__).with_name("member_hold_at.py"))
 
 
 class MemberProc:
-    """One ``sediment serve --cluster`` process; ready once it prints its ``serving`` line."""
+    """One ``sediment serve --cluster`` process; ready once it prints its ``serving`` line.
+    ``hold_at``: steps a test can hold (tests/support/member_hold_at.py), by files in ``holds``;
+    ``python``: the interpreter, whose install of sediment runs (a benchmark's other build)."""
 
     def __init__(self, cluster: str, data_dir: Path, env: dict[str, str], advertise: str | None = None,
-                 kill_at: tuple[str, ...] = ()) -> None:
+                 kill_at: tuple[str, ...] = (), hold_at: tuple[str, ...] = (), python: str = sys.executable) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115 - closed in wait()
         extra = ["--advertise", advertise] if advertise is not None else []
-        command = [sys.executable, "-m", "sediment"] if not kill_at else [sys.executable, KILL_AT, *kill_at, "--"]
+        self.holds = data_dir.parent / f"{data_dir.name}-holds"
+        command = [python, "-m", "sediment"] if not kill_at else [python, KILL_AT, *kill_at, "--"]
+        if hold_at:
+            self.holds.mkdir()
+            command = [python, HOLD_AT, str(self.holds), *hold_at, "--"]
         self.proc = subprocess.Popen([*command, "serve", "--cluster", cluster,
                                       "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", "--log-level", "info",
                                       "--shutdown-grace", "5", "--metrics-listen", "127.0.0.1:0", *extra],
@@ -80,8 +87,10 @@ class Cluster:
     """ZooKeeper path, nodes and members of one test cluster."""
 
     def __init__(self, root: Path, zk_hosts: str, zk_root: str, moto_endpoint: str, bucket: str, *,
-                 partitions: int = 4, session_timeout: float = 3.0, node_args: tuple[str, ...] = ()) -> None:
+                 partitions: int = 4, session_timeout: float = 3.0, node_args: tuple[str, ...] = (),
+                 python: str = sys.executable) -> None:
         self.root = root
+        self.python = python  # the members' interpreter
         self.uri = f"zk://{zk_hosts}{zk_root}"
         self.session_timeout = session_timeout
         self.env = {**os.environ, "SEDIMENT_TOKEN": TOKEN, "AWS_ENDPOINT_URL": moto_endpoint}
@@ -98,10 +107,13 @@ class Cluster:
             stop_all(self.nodes)  # the cluster was not made: its nodes are not left running
             raise
 
-    def start_member(self, advertise: str | None = None, kill_at: tuple[str, ...] = ()) -> MemberProc:
+    def start_member(self, advertise: str | None = None, kill_at: tuple[str, ...] = (),
+                     hold_at: tuple[str, ...] = ()) -> MemberProc:
         """A new member; ``advertise``: the address it names to clients (a proxy's) instead of its own;
-        ``kill_at``: steps at which it SIGKILLs itself (tests/support/member_kill_at.py)."""
-        m = MemberProc(self.uri, self.root / f"member-{uuid.uuid4().hex[:6]}", self.env, advertise, kill_at)
+        ``kill_at``: steps at which it SIGKILLs itself (tests/support/member_kill_at.py);
+        ``hold_at``: steps a test can hold (tests/support/member_hold_at.py)."""
+        m = MemberProc(self.uri, self.root / f"member-{uuid.uuid4().hex[:6]}", self.env, advertise, kill_at,
+                       hold_at, self.python)
         self.members.append(m)
         return m
 
@@ -159,8 +171,9 @@ class S3Cluster:
     nodes; members come and go as :class:`Cluster`'s do. ``lease_time`` is its session timeout."""
 
     def __init__(self, root: Path, moto_endpoint: str, bucket: str, *, partitions: int = 2,
-                 lease_time: float = 3.0) -> None:
+                 lease_time: float = 3.0, python: str = sys.executable) -> None:
         self.root = root
+        self.python = python  # the members' interpreter
         name = f"cluster-{uuid.uuid4().hex[:8]}"
         self.uri = f"s3://{bucket}/{name}?endpoint={moto_endpoint}"
         self.bucket, self.blob_prefix = bucket, f"{name}-blobs"  # partition n's batches under <blob_prefix>/p<n>/
@@ -172,8 +185,9 @@ class S3Cluster:
                         "--wal", f"s3://{bucket}/{name}-wal", "--s3-endpoint", moto_endpoint,
                         "--session-timeout", str(lease_time)], check=True, env=self.env, capture_output=True)
 
-    def start_member(self) -> MemberProc:
-        m = MemberProc(self.uri, self.root / f"member-{uuid.uuid4().hex[:6]}", self.env)
+    def start_member(self, hold_at: tuple[str, ...] = ()) -> MemberProc:
+        m = MemberProc(self.uri, self.root / f"member-{uuid.uuid4().hex[:6]}", self.env, hold_at=hold_at,
+                       python=self.python)
         self.members.append(m)
         return m
 
