@@ -9,6 +9,12 @@ fences an old one. A CLAIM object starts a writer's epoch; a SEGMENT object's fi
 is a segment boundary; ``cut_slot`` names a short object an older version's CLAIM cut
 (none is cut now: a short object is damage); the random ``token``
 tells a resent PUT of our own bytes from another writer's.
+
+Since session 32 an open may claim *ahead* of the newest object (CLAIM with AHEAD: it does
+not know the log's end when it writes it) and fills each slot below the claim the old writer
+has not written with a PLUG, a header-only fence (wal/s3_claim.py). Both are written with
+epoch ``slot + 1``, above every epoch below them; older builds refuse both flags (the header
+does not decode), so they never misread such a log.
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ MAGIC = b"SDSL"
 VERSION = 1
 CLAIM = 1
 SEGMENT = 2
+AHEAD = 4  # with CLAIM only: written ahead; first_lsn and start_slot are those the claimer saw
+PLUG = 8  # alone: a header-only fence in a slot a claim ahead left below it
 NONE = (1 << 64) - 1
 SLOT_DIGITS = 20
 HEADER = struct.Struct("<4sHHQQQIIQQ16sI")
 CRC = struct.Struct("<I")
 HEADER_SIZE = HEADER.size + CRC.size
 assert HEADER_SIZE == 80
+_FLAGS = frozenset({0, CLAIM, SEGMENT, CLAIM | SEGMENT, CLAIM | AHEAD, PLUG})
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,14 @@ class ObjectHeader:
     @property
     def segment(self) -> bool:
         return bool(self.flags & SEGMENT)
+
+    @property
+    def ahead(self) -> bool:
+        return bool(self.flags & AHEAD)
+
+    @property
+    def plug(self) -> bool:
+        return bool(self.flags & PLUG)
 
     @property
     def next_lsn(self) -> int:
@@ -86,14 +103,17 @@ def new_header(flags: int, epoch: int, slot: int, first_lsn: int, records: int, 
 
 def decode_header(data: bytes | bytearray | memoryview) -> ObjectHeader | None:
     """The header of an object, or None if it is short, fails its CRC, or has a wrong magic,
-    version or unknown flags. Never raises on garbage."""
+    version, unknown flags or flags no writer combines (AHEAD without CLAIM, PLUG with any
+    other; either with frames). Never raises on garbage."""
     if len(data) < HEADER_SIZE:
         return None
     view = memoryview(data)
     (magic, version, flags, epoch, slot, first, records, frames_len, start, cut, token,
      _reserved) = HEADER.unpack_from(view)
     (crc,) = CRC.unpack_from(view, HEADER.size)
-    if magic != MAGIC or version != VERSION or flags & ~(CLAIM | SEGMENT) or rec.crc32c(view[:HEADER.size]) != crc:
+    if magic != MAGIC or version != VERSION or flags not in _FLAGS or rec.crc32c(view[:HEADER.size]) != crc:
+        return None
+    if flags & (AHEAD | PLUG) and (records or frames_len):
         return None
     return ObjectHeader(flags, epoch, slot, first, records, frames_len, start, cut, bytes(token))
 

@@ -7,11 +7,14 @@ everything queued, writes it as one object at the next slot and wakes them when 
 answered. A PUT takes milliseconds, so batching is what keeps throughput: every append
 queued while one PUT is in flight goes into the next object.
 
-Opening claims the log with a CLAIM object at the slot after the newest, so a writer
-still running from before finds its next slot taken and stops (WalFenced). CLAIM objects
-are never deleted by a trim: a fenced writer's next PUT is always aimed at the slot the
-next epoch claimed, so keeping claims keeps every fenced writer out, however long it
-stalled (the hole of SlateDB issue 352, closed).
+Opening claims the log with a CLAIM object past the newest (wal/s3_claim.py: right after
+it, or further ahead when a writer still running from before keeps taking that slot) and
+fills every slot below the claim the old writer did not reach with a PLUG, so that writer
+finds its next slot taken and stops (WalFenced); the open wins within a bounded number of
+requests however fast the old writer appends. CLAIM and PLUG objects are never deleted by a
+trim: a fenced writer's next PUT is always aimed at a slot holding one of them, so keeping
+them keeps every fenced writer out, however long it stalled (the hole of SlateDB issue 352,
+closed).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from sediment.errors import (
 )
 from sediment.metadata.open_store import s3_endpoint_problem
 from sediment.wal import record as rec
+from sediment.wal import s3_claim
 from sediment.wal import s3_format as fmt
 from sediment.wal.protocol import (
     NO_PREAMBLE,
@@ -47,7 +51,7 @@ from sediment.wal.protocol import (
     check_usable,
     notify,
 )
-from sediment.wal.s3_objects import Loaded, Newest, SlotStore, damaged, no_log, read_newest, read_range
+from sediment.wal.s3_objects import Loaded, SlotStore, check_ahead, damaged, no_log, read_newest, read_range
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,6 @@ DEFAULT_CACHE_BYTES = 64 << 20
 TAKEOVER_POLL = 2.0  # seconds between looks for a newer writer (see S3Log.watch_takeover)
 LINGER_MAX = 0.005  # seconds a group waits at most for more appends (see S3Log._linger)
 CLOSE_TIMEOUT = 30.0  # seconds close() waits for the writer's PUTs before giving up on them (S3Log.close)
-_CLAIM_ROUNDS = 32
 _TAKEN_OVER = (WalFenced, WalTakenOverInFlight)
 
 
@@ -86,8 +89,12 @@ def check_log(spec: str, s3_endpoint: str | None = None, partition: int = 0) -> 
         newest = read_newest(store, partition)
         if newest is None:
             raise no_log(store, partition)
-        got = read_range(store, partition, newest, newest.slot + 1)
-        return newest.next_lsn, [], got.count
+        got = read_range(store, partition, newest.slots, newest.head.start_slot, newest.head.slot + 1)
+        ahead = check_ahead(store, partition, newest)
+        notes = [f"{store.where(f'{partition}/')}: {len(ahead)} claim(s) ahead at slots {ahead} and "
+                 f"{newest.slot - newest.head.slot - len(ahead)} empty slot(s) above slot {newest.head.slot}: an open "
+                 "under way, or one that stopped; the next open fills the empty slots"] if ahead else []
+        return newest.next_lsn, notes, got.count + len(ahead)
     finally:
         store.close()
 
@@ -177,35 +184,29 @@ class S3Log:
         newest = read_newest(self.store, self.partition)
         if newest is None and not create:
             raise no_log(self.store, self.partition)
-        for _ in range(_CLAIM_ROUNDS):
-            if newest is None:
-                head = fmt.new_header(fmt.CLAIM, 1, 0, 0, 0, 0)
-            else:
-                head = fmt.new_header(fmt.CLAIM, newest.head.epoch + 1, newest.slot + 1, newest.next_lsn, 0,
-                                      newest.head.start_slot)
-            if self.store.create(fmt.slot_name(self.partition, head.slot), fmt.encode(head, b"")) is True:
-                break  # (None: the slot is empty after a 412; a CLAIM of ours would still be there: not ours)
-            newest = read_newest(self.store, self.partition, newest.slot + 1 if newest else 0) or newest
-        else:
-            raise WalError(f"{self.dir}: another writer took every slot this open tried to claim ({_CLAIM_ROUNDS} "
-                           "in a row); two coordinators are competing for the log: stop one")
-        self.epoch = head.epoch
-        self.created = newest is None
+        head = s3_claim.create(self.store, self.partition) if newest is None else None
+        self.created = head is not None
+        self.claim_rounds, self.plugs = 1, 0
         self._objects: list[fmt.ObjectHeader] = []  # every object kept, in slot order
-        if newest is not None:
-            self._recover(newest, head.slot)
+        if head is None:
+            newest = newest or read_newest(self.store, self.partition)  # (None: another open created it)
+            if newest is None:
+                raise no_log(self.store, self.partition)
+            claimed = s3_claim.claim(self.store, self.partition, newest)
+            self.claim_rounds, self.plugs = claimed.rounds, claimed.plugs
+            got = read_range(self.store, self.partition, newest.slots, claimed.below.start_slot, claimed.head.slot,
+                             self._recovered_object, claimed.known)
+            # below the start: objects with frames are a trim's leftovers; header-only ones (CLAIMs,
+            # PLUGs, and rarely a trim's mark) stay, as they are fences (see the module doc)
+            garbage = [s for s in got.garbage if self.store.sizes.get(s, fmt.HEADER_SIZE) != fmt.HEADER_SIZE]
+            if garbage:
+                self.store.delete([fmt.slot_name(self.partition, s) for s in garbage])
+            head = claimed.head
+        self.epoch = head.epoch
         self._objects.append(head)
         self._start_slot = head.start_slot
         self._next_slot, self._next_lsn = head.slot + 1, head.first_lsn
         self._seg_first, self._seg_records, self._seg_bytes = self._segment_state()
-
-    def _recover(self, newest: Newest, claim_slot: int) -> None:
-        got = read_range(self.store, self.partition, newest, claim_slot, self._recovered_object)
-        # below the start: objects with frames are a trim's leftovers; header-only ones (CLAIMs,
-        # and rarely a trim's mark) stay, as a CLAIM is a fence (see the module doc)
-        garbage = [s for s in got.garbage if self.store.sizes.get(s, fmt.HEADER_SIZE) != fmt.HEADER_SIZE]
-        if garbage:
-            self.store.delete([fmt.slot_name(self.partition, s) for s in garbage])
 
     def _recovered_object(self, loaded: Loaded) -> None:
         self._objects.append(loaded.head)
@@ -533,7 +534,7 @@ class S3Log:
 
     def trim(self, lsn: int) -> None:
         """Record a new start (the newest segment boundary at or below ``lsn`` and the finished
-        LSN) in an object of its own, then delete the objects below it except CLAIMs."""
+        LSN) in an object of its own, then delete the objects below it except CLAIMs and PLUGs."""
         check_trim(self.dir, lsn, self.end_lsn)
         with self._trim_lock:
             with self._lock:
@@ -552,7 +553,8 @@ class S3Log:
                 for o in dropped:
                     cached = self._cache.pop(o.slot, None)
                     self._cache_bytes -= len(cached[0]) if cached else 0
-            self.store.delete([fmt.slot_name(self.partition, o.slot) for o in dropped if not o.flags & fmt.CLAIM])
+            self.store.delete([fmt.slot_name(self.partition, o.slot) for o in dropped
+                               if not o.flags & (fmt.CLAIM | fmt.PLUG)])
 
     @property
     def requests(self) -> dict[str, int]:

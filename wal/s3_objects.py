@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -160,7 +160,9 @@ class Loaded:
 
 @dataclass
 class Newest:
-    """The log's newest object and what it says: the slots listed, the start."""
+    """The log as a LIST and a few GETs show it: the slots listed, and ``head``, the newest
+    object that knows the log's end (the newest, unless claims ahead are above it; every
+    slot from the start to ``head`` is filled, the ones above it are claims ahead or empty)."""
 
     slots: list[int]
     head: fmt.ObjectHeader
@@ -177,7 +179,7 @@ class Newest:
 @dataclass
 class Range:
     """What reading the log from its start found: how many objects were good, and the slots
-    listed below the start (a trim's leftovers, and CLAIMs)."""
+    listed below the start (a trim's leftovers, and CLAIMs and PLUGs)."""
 
     count: int = 0
     garbage: list[int] = field(default_factory=list)
@@ -204,50 +206,89 @@ def no_log(store: SlotStore, partition: int) -> WalMissing:
                       "at the log's prefix, or restore its objects", path=where, reason="no log")
 
 
-def read_newest(store: SlotStore, partition: int, start: int = 0) -> Newest | None:
-    """The newest object of ``partition`` (listing from ``start``), or None when the log has none."""
+def read_newest(store: SlotStore, partition: int, start: int = 0, end: int | None = None) -> Newest | None:
+    """The newest object that knows the log's end (see :class:`Newest`) among the slots from
+    ``start`` (below ``end``), or None when there are none: one LIST, then a GET of the newest
+    slot and of each claim ahead below it. Only claims ahead in the whole log is damage; in a
+    part of it (``start`` > 0), None."""
     for _ in range(8):
-        slots = store.slots(partition, start)
+        slots = [s for s in store.slots(partition, start) if end is None or s < end]
         if not slots:
             return None
-        data = store.get(fmt.slot_name(partition, slots[-1]))
-        if data is None:  # trimmed meanwhile: list again
-            continue
-        head = fmt.decode_header(data)
-        if head is None or head.slot != slots[-1]:
-            raise damaged(store, partition, slots[-1], "the newest object's header is damaged")
-        _, why = fmt.frames(data, head)
-        if why and len(data) < fmt.HEADER_SIZE + head.frames_len:
-            raise cut_short(store, partition, slots[-1], why)
-        if why:
-            raise damaged(store, partition, slots[-1], why)
-        return Newest(slots, head)
+        for slot in reversed(slots):
+            data = store.get(fmt.slot_name(partition, slot))
+            if data is None:  # trimmed meanwhile: list again
+                break
+            head = fmt.decode_header(data)
+            if head is None or head.slot != slot:
+                below = "" if slot == slots[-1] else " below the claims ahead"
+                raise damaged(store, partition, slot, f"the newest object's header{below} is damaged")
+            _, why = fmt.frames(data, head)
+            if why and len(data) < fmt.HEADER_SIZE + head.frames_len:
+                raise cut_short(store, partition, slot, why)
+            if why:
+                raise damaged(store, partition, slot, why)
+            if not head.ahead:
+                return Newest(slots, head)
+        else:
+            if start > 0:
+                return None
+            raise damaged(store, partition, slots[0], "the log holds only claims ahead: none knows where it ends")
     raise WalError(f"{store.where(str(partition))}: the newest object kept vanishing while read; reopen")
 
 
-def read_range(store: SlotStore, partition: int, newest: Newest, end: int,
-               on_object: Callable[[Loaded], None] = lambda loaded: None) -> Range:
-    """Read and check every object in ``[newest.head.start_slot, end)`` (the newest object is
-    ``end - 1`` or below), ``_WINDOW`` at a time in parallel, handing each good one to
-    ``on_object`` in slot order (memory stays one window, however long the log); raise the
-    typed error of the first problem in slot order."""
-    start = newest.head.start_slot
-    out = Range(garbage=[s for s in newest.slots if s < start])
+def check_ahead(store: SlotStore, partition: int, newest: Newest) -> list[int]:
+    """The claims ahead above ``newest.head``, each checked as an open settling them checks
+    it (the slots between them are empty: an open under way, or one that stopped)."""
+    ahead = [s for s in newest.slots if s > newest.head.slot]
+    prev = newest.head
+    for slot, data in zip(ahead, fetch(store, partition, ahead), strict=True):
+        head = fmt.decode_header(data) if data is not None else None
+        if head is None or head.slot != slot:
+            raise damaged(store, partition, slot, "object header is damaged")
+        check_follows(store, partition, prev, head)
+        prev = effective(head, prev)
+    return ahead
+
+
+def effective(head: fmt.ObjectHeader, prev: fmt.ObjectHeader | None) -> fmt.ObjectHeader:
+    """``head`` as the log reads it: a claim ahead takes the next LSN and the start of the
+    object before it (its own are the ones its writer saw, maybe older)."""
+    if head.ahead and prev is not None:
+        return replace(head, first_lsn=prev.next_lsn, start_slot=prev.start_slot)
+    return head
+
+
+def read_range(store: SlotStore, partition: int, slots: list[int], start: int, end: int,
+               on_object: Callable[[Loaded], None] = lambda loaded: None,
+               known: dict[int, bytes] | None = None) -> Range:
+    """Read and check every object in ``[start, end)`` (``known``: the bytes of some, already
+    read), ``_WINDOW`` at a time in parallel, handing each good one to ``on_object`` in slot
+    order with its :func:`effective` header (memory stays one window, however long the log);
+    raise the typed error of the first problem in slot order. ``slots``: the listing, whose
+    slots below ``start`` are the range's garbage."""
+    out = Range(garbage=[s for s in slots if s < start])
     prev: fmt.ObjectHeader | None = None
-    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="s3-log-read") as pool:
-        for low in range(start, end, _WINDOW):
-            wanted = list(range(low, min(end, low + _WINDOW)))
-            datas = list(pool.map(lambda s: store.get(fmt.slot_name(partition, s)), wanted))
-            for slot, data in zip(wanted, datas, strict=True):
-                loaded = _check_object(store, partition, newest, slot, data, prev, start, end)
-                if loaded is not None:
-                    on_object(loaded)
-                    out.count += 1
-                    prev = loaded.head
+    for low in range(start, end, _WINDOW):
+        wanted = list(range(low, min(end, low + _WINDOW)))
+        for slot, data in zip(wanted, fetch(store, partition, wanted, known), strict=True):
+            loaded = _check_object(store, partition, slot, data, prev, start, end)
+            if loaded is not None:
+                on_object(loaded)
+                out.count += 1
+                prev = loaded.head
     return out
 
 
-def _check_object(store: SlotStore, partition: int, newest: Newest, slot: int, data: bytes | None,
+def fetch(store: SlotStore, partition: int, slots: list[int], known: dict[int, bytes] | None = None) -> list[bytes | None]:
+    """The bytes of each of ``slots`` (None: no such object), ``_READERS`` GETs at a time;
+    those in ``known`` are not read again."""
+    known = known or {}
+    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="s3-log-read") as pool:
+        return list(pool.map(lambda s: known[s] if s in known else store.get(fmt.slot_name(partition, s)), slots))
+
+
+def _check_object(store: SlotStore, partition: int, slot: int, data: bytes | None,
                   prev: fmt.ObjectHeader | None, start: int, end: int) -> Loaded | None:
     """The object at ``slot`` checked against the one before it; None for a short one that an
     older version's CLAIM cut (``cut_slot``: it no longer cuts, see :func:`cut_short`)."""
@@ -266,18 +307,30 @@ def _check_object(store: SlotStore, partition: int, newest: Newest, slot: int, d
         if following is not None and following.claim and following.cut_slot == slot:
             return None  # a torn object a later open cut
         raise damaged(store, partition, slot, why)
-    _check_follows(store, partition, prev, head)
-    return Loaded(head, data, offsets)
+    check_follows(store, partition, prev, head)
+    return Loaded(effective(head, prev), data, offsets)
 
 
-def _check_follows(store: SlotStore, partition: int, prev: fmt.ObjectHeader | None, head: fmt.ObjectHeader) -> None:
+def check_follows(store: SlotStore, partition: int, prev: fmt.ObjectHeader | None, head: fmt.ObjectHeader) -> None:
+    """WalCorruption unless ``head`` may follow ``prev`` (its :func:`effective` header): LSNs
+    continue (a claim ahead's may lag), epochs never fall and grow only at a claim or a plug,
+    whose epoch is its slot + 1, and nothing but a plug or a claim follows a plug."""
     if prev is None:
         return
-    if head.first_lsn != prev.next_lsn:
+    if head.ahead and head.first_lsn > prev.next_lsn:
+        raise damaged(store, partition, head.slot, f"this claim ahead names LSN {head.first_lsn}, past the LSN "
+                       f"{prev.next_lsn - 1} that slot {prev.slot} ends with")
+    if not head.ahead and head.first_lsn != prev.next_lsn:
         raise damaged(store, partition, head.slot, f"its first LSN {head.first_lsn} does not follow the LSN "
                        f"{prev.next_lsn - 1} that slot {prev.slot} ends with")
-    if head.epoch < prev.epoch or head.epoch > prev.epoch and not head.claim:
+    if head.epoch < prev.epoch or head.epoch > prev.epoch and not (head.claim or head.plug):
         raise damaged(store, partition, head.slot, f"epoch {head.epoch} after epoch {prev.epoch} without a claim")
+    if (head.ahead or head.plug) and head.epoch != head.slot + 1:
+        raise damaged(store, partition, head.slot, f"a {'plug' if head.plug else 'claim ahead'} of epoch "
+                       f"{head.epoch}, not its slot + 1")
+    if prev.plug and not (head.plug or head.claim):
+        raise damaged(store, partition, head.slot, f"it follows the plug at slot {prev.slot}, past which the writer "
+                       "the plug fenced cannot write")
 
 
 def newer_writer(store: SlotStore, partition: int, epoch: int, start: int) -> WalFenced | None:
