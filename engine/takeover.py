@@ -21,8 +21,8 @@ reason is kept in ``engine.superseded`` and ``sediment serve`` exits non-zero wi
 An engine whose log is on S3 (``wal="s3://bucket/prefix"``, :func:`open_s3_log`) follows
 the same rules: with ``metadata="s3://..."`` and ``blob="s3://..."`` it keeps nothing but
 caches in its data directory, so any coordinator can take it over from S3 alone. Opening
-the log claims it (a new epoch at the slot after the newest object), which fences the
-previous writer; that one closes at its next write or within 2 s of its clock
+the log claims it (a new epoch past the newest object, ahead of a writer still appending:
+wal/s3_claim.py), which fences the previous writer; that one closes at its next write or within 2 s of its clock
 (wal/s3_log.py ``watch_takeover``).
 """
 

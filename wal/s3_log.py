@@ -7,14 +7,12 @@ everything queued, writes it as one object at the next slot and wakes them when 
 answered. A PUT takes milliseconds, so batching is what keeps throughput: every append
 queued while one PUT is in flight goes into the next object.
 
-Opening claims the log with a CLAIM object past the newest (wal/s3_claim.py: right after
-it, or further ahead when a writer still running from before keeps taking that slot) and
-fills every slot below the claim the old writer did not reach with a PLUG, so that writer
-finds its next slot taken and stops (WalFenced); the open wins within a bounded number of
-requests however fast the old writer appends. CLAIM and PLUG objects are never deleted by a
-trim: a fenced writer's next PUT is always aimed at a slot holding one of them, so keeping
-them keeps every fenced writer out, however long it stalled (the hole of SlateDB issue 352,
-closed).
+Opening claims the log past the newest object (wal/s3_claim.py: right after it, or ahead of
+a writer still appending) and plugs each slot below the claim that writer did not reach, so
+it finds its next slot taken and stops (WalFenced), within a bounded number of requests.
+CLAIM and PLUG objects are never deleted by a trim: a fenced writer's next PUT is always
+aimed at one, so keeping them keeps every fenced writer out, however long it stalled (the
+hole of SlateDB issue 352, closed).
 """
 
 from __future__ import annotations
@@ -138,10 +136,10 @@ class S3Log:
         """Open (and claim) the log of ``partition`` at ``spec``, ``s3://bucket/prefix``.
 
         A log with no objects is created only with ``create`` (else WalMissing: a deployment
-        whose log vanished must not start over). Every object from the start to the newest is
-        read and checked (the rules of wal/s3_objects.py) after this writer's CLAIM is in
-        place, so nothing a fenced writer acknowledged can be missed. ``close_timeout``: how long
-        :meth:`close` waits for the PUTs still to make. ``s3_options`` go to the slot store
+        whose log vanished must not start over). Every object from the start to the claim is
+        read and checked (the rules of wal/s3_objects.py) once this writer's CLAIM and PLUGs
+        fence the old writer, so nothing it acknowledged can be missed. ``close_timeout``: how
+        long :meth:`close` waits for the PUTs still to make. ``s3_options`` go to the slot store
         (``outcome_deadline``) and its boto3 client (``connect_timeout``, ``max_attempts``, ...)."""
         if repair:
             raise RepairRefused(f"{spec}: the log on S3 has no repair; restore the damaged objects (or delete the "

@@ -378,6 +378,22 @@ def test_s3_log_object_example_decodes():
     assert fmt.encode(head, data[fmt.HEADER_SIZE:]) == data
 
 
+def test_s3_log_plug_and_claim_ahead_example_decodes():
+    from sediment.wal import s3_format as fmt
+    from sediment.wal.s3_objects import check_follows, effective
+
+    data = _annotated_bytes("**Worked example: a plug and a claim ahead.**")
+    plug, claim = fmt.decode_header(data[:fmt.HEADER_SIZE]), fmt.decode_header(data[fmt.HEADER_SIZE:])
+    assert plug is not None and claim is not None and len(data) == 2 * fmt.HEADER_SIZE
+    assert (plug.flags, plug.epoch, plug.slot, plug.first_lsn, plug.records, plug.start_slot, plug.token) == (
+        fmt.PLUG, 5, 4, 3, 0, 0, bytes(range(16)))
+    assert (claim.flags, claim.epoch, claim.slot, claim.first_lsn, claim.start_slot, claim.token) == (
+        fmt.CLAIM | fmt.AHEAD, 6, 5, 2, 0, bytes(range(16, 32)))
+    check_follows(None, 0, plug, claim)  # raises on a rule broken (it names the store only then)
+    assert effective(claim, plug).next_lsn == 3
+    assert fmt.encode(plug, b"") + fmt.encode(claim, b"") == data
+
+
 def test_schema_version_header_example_decodes():
     frame = _example_after("written under schema\nversion 2")
     head = rec.decode_header(frame)

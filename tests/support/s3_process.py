@@ -27,7 +27,7 @@ from support.faulty_proxy import FaultyProxy
 moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 moto.start()
 host, port = moto.get_host_and_port()
-proxy = FaultyProxy(f"http://{host}:{port}", serialize_conditional=True)
+proxy = FaultyProxy(f"http://{host}:{port}", serialize_conditional=True, delay=float(sys.argv[2]))
 print(f"http://{host}:{port}", proxy.endpoint, flush=True)
 sys.stdin.read()
 """
@@ -35,12 +35,12 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @contextmanager
-def s3_process(bucket: str) -> Iterator[str]:
+def s3_process(bucket: str, delay: float = 0.0) -> Iterator[str]:
     """Start S3 in a child process with ``bucket`` made; yields the serializing proxy's
-    endpoint (the environment must hold the test credentials, as the ``moto_server`` fixture
-    sets them)."""
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, TESTS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    endpoint, which adds ``delay`` seconds to every request (S3's latency). The environment
+    must hold credentials (the ``moto_server`` fixture sets test ones)."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, TESTS, str(delay)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     try:
         direct, proxy = proc.stdout.readline().split()
         client = boto3.client("s3", endpoint_url=direct, region_name="us-east-1")
