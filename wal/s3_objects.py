@@ -269,23 +269,27 @@ def read_range(store: SlotStore, partition: int, slots: list[int], start: int, e
     slots below ``start`` are the range's garbage."""
     out = Range(garbage=[s for s in slots if s < start])
     prev: fmt.ObjectHeader | None = None
-    for low in range(start, end, _WINDOW):
-        wanted = list(range(low, min(end, low + _WINDOW)))
-        for slot, data in zip(wanted, fetch(store, partition, wanted, known), strict=True):
-            loaded = _check_object(store, partition, slot, data, prev, start, end)
-            if loaded is not None:
-                on_object(loaded)
-                out.count += 1
-                prev = loaded.head
+    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="s3-log-read") as pool:
+        for low in range(start, end, _WINDOW):
+            wanted = list(range(low, min(end, low + _WINDOW)))
+            for slot, data in zip(wanted, fetch(store, partition, wanted, known, pool), strict=True):
+                loaded = _check_object(store, partition, slot, data, prev, start, end)
+                if loaded is not None:
+                    on_object(loaded)
+                    out.count += 1
+                    prev = loaded.head
     return out
 
 
-def fetch(store: SlotStore, partition: int, slots: list[int], known: dict[int, bytes] | None = None) -> list[bytes | None]:
-    """The bytes of each of ``slots`` (None: no such object), ``_READERS`` GETs at a time;
-    those in ``known`` are not read again."""
+def fetch(store: SlotStore, partition: int, slots: list[int], known: dict[int, bytes] | None = None,
+          pool: ThreadPoolExecutor | None = None) -> list[bytes | None]:
+    """The bytes of each of ``slots`` (None: no such object), ``_READERS`` GETs at a time (in
+    ``pool``, else one of its own); those in ``known`` are not read again."""
     known = known or {}
-    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="s3-log-read") as pool:
-        return list(pool.map(lambda s: known[s] if s in known else store.get(fmt.slot_name(partition, s)), slots))
+    if pool is None:
+        with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="s3-log-read") as own:
+            return fetch(store, partition, slots, known, own)
+    return list(pool.map(lambda s: known[s] if s in known else store.get(fmt.slot_name(partition, s)), slots))
 
 
 def _check_object(store: SlotStore, partition: int, slot: int, data: bytes | None,
