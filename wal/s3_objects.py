@@ -104,25 +104,22 @@ class SlotStore:
             except PreconditionFailed as e:
                 if not (e.retried or retried):
                     return False
-                unknown = e
-                try:
-                    stored = self.get(name)
-                except WalError as e2:
-                    read_failed = e2
-                else:
-                    if stored == body:
-                        log.info("S3 log: an earlier attempt of the PUT of %s landed", self.where(name))
-                    return None if stored is None else stored == body
+                unknown, taken = e, True  # a resend met 412: an earlier attempt of ours, or another's
             except (ClientError, BotoCoreError) as e:
-                unknown = e
-                try:
-                    stored = self.get(name)
-                except WalError as e2:
-                    read_failed = e2
-                else:
-                    if stored is not None:
-                        return stored == body
-                    read_failed = None  # the slot is empty: our PUT has not landed (yet); PUT again
+                unknown, taken = e, False
+            try:
+                stored = self.get(name)
+            except WalError as e:
+                read_failed = e
+            else:
+                read_failed = None
+                if stored is not None:
+                    if taken and stored == body:
+                        log.info("S3 log: an earlier attempt of the PUT of %s landed", self.where(name))
+                    return stored == body
+                if taken:
+                    return None  # taken after our first attempt, and empty again: deleted since
+                # empty after an error: our PUT has not landed (yet); PUT it again
             retried = True
             if self._now() >= deadline:
                 raise self._outcome_unknown(name, unknown, read_failed)
