@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import sediment
+from sediment.clock import ManualClock
 from sediment.engine import staged
 from sediment.errors import StagedFileInvalid, TimeAlreadySealed
 
@@ -26,7 +27,7 @@ def s3_engine(tmp_path, s3_bucket):
     endpoint, bucket = s3_bucket
 
     def open_it():
-        eng = sediment.open(tmp_path / "data", blob=f"s3://{bucket}/bulk", s3_endpoint=endpoint, compact_interval=None)
+        eng = sediment.open(tmp_path / "data", blob=f"s3://{bucket}/bulk", s3_endpoint=endpoint, clock=ManualClock(0.0))
         if "bulk" not in eng.relations():
             eng.add_relation("bulk", SCHEMA)
         return eng
