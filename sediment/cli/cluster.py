@@ -237,10 +237,12 @@ def _serve_member(args: argparse.Namespace, where: Any, location: str, token: st
               flush=True)
         while not stop.wait(0.5):
             pass
-        print("leaving: handing partitions over", file=sys.stderr, flush=True)
+        sys.stderr.write("leaving: handing partitions over\n")
+        sys.stderr.flush()
         held = member.leave(LEAVE_TIMEOUT)
         if held is not None:
-            print(f"sediment serve: partitions not handed over ({held}); closing them", file=sys.stderr, flush=True)
+            sys.stderr.write(f"sediment serve: partitions not handed over ({held}); closing them\n")  # one write:
+            sys.stderr.flush()  # the log lines of other threads go to the same stream
     finally:
         try:
             server.stop(grace=args.shutdown_grace)
