@@ -103,14 +103,21 @@ def test_pipelined_appends_are_acknowledged_in_order_and_survive_sigkill(tmp_pat
             node.kill()
 
 
-class FailingStore(FilePartitionStore):
-    """A real replica store whose disk fails on cue. Its first write waits for ``release``, so
-    the appends that arrive meanwhile queue up and reach the store as one group."""
+class NewStore(FilePartitionStore):
+    """A real replica store of a new control file, for a test to hook into."""
 
     def __init__(self, root: str, partition: int) -> None:
         control = ControlFile.create(root, KEY)
         control.add_partition(partition)
         super().__init__(root, partition, control, threading.Lock())
+
+
+class FailingStore(NewStore):
+    """A real replica store whose disk fails on cue. Its first write waits for ``release``, so
+    the appends that arrive meanwhile queue up and reach the store as one group."""
+
+    def __init__(self, root: str, partition: int) -> None:
+        super().__init__(root, partition)
         self.entered = threading.Event()
         self.release = threading.Event()
         self.fail_from_write = 2
@@ -164,13 +171,11 @@ def test_a_failed_group_write_fails_every_waiter_and_the_partition(tmp_path: Pat
     reopened.close()
 
 
-class HeldStateStore(FilePartitionStore):
+class HeldStateStore(NewStore):
     """A real replica store whose state writes wait for ``release`` once ``hold`` is set."""
 
     def __init__(self, root: str, partition: int) -> None:
-        control = ControlFile.create(root, KEY)
-        control.add_partition(partition)
-        super().__init__(root, partition, control, threading.Lock())
+        super().__init__(root, partition)
         self.hold, self.entered, self.release = threading.Event(), threading.Event(), threading.Event()
 
     def write_state(self, state: PartitionState) -> None:
