@@ -103,6 +103,14 @@ def test_pipelined_appends_are_acknowledged_in_order_and_survive_sigkill(tmp_pat
             node.kill()
 
 
+async def opened_on(nursery: trio.Nursery, store: FilePartitionStore) -> ReplicaConnection:
+    """A connection, in session SESSION, to a node served in process on ``store`` alone."""
+    address = await serve_in_process(nursery, StorageNode(KEY, lambda pid: store))
+    conn = await ReplicaConnection.open(nursery, address, tcp_connect, KEY, 0, 30.0)
+    assert (await conn.call(MsgType.OPEN, SESSION)).ok
+    return conn
+
+
 class NewStore(FilePartitionStore):
     """A real replica store of a new control file, for a test to hook into."""
 
@@ -138,9 +146,7 @@ def test_a_failed_group_write_fails_every_waiter_and_the_partition(tmp_path: Pat
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            address = await serve_in_process(nursery, StorageNode(KEY, lambda pid: store))
-            conn = await ReplicaConnection.open(nursery, address, tcp_connect, KEY, 0, 30.0)
-            assert (await conn.call(MsgType.OPEN, SESSION)).ok
+            conn = await opened_on(nursery, store)
             first = conn.request(MsgType.APPEND, SESSION, 0, 0, frames(0, [b"a"]))
             await trio.to_thread.run_sync(store.entered.wait)  # the writer is inside write #1
             group = [conn.request(MsgType.APPEND, SESSION, lsn, 0, frames(lsn, [b"x%d" % lsn]))
@@ -194,9 +200,7 @@ def test_a_resent_open_is_answered_only_once_the_session_it_names_is_durable(tmp
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            address = await serve_in_process(nursery, StorageNode(KEY, lambda pid: store))
-            conn = await ReplicaConnection.open(nursery, address, tcp_connect, KEY, 0, 30.0)
-            assert (await conn.call(MsgType.OPEN, SESSION)).ok
+            conn = await opened_on(nursery, store)
             store.hold.set()
             first = conn.request(MsgType.OPEN, SESSION + 1)
             await trio.to_thread.run_sync(store.entered.wait)  # the writer is inside its state write
